@@ -1,0 +1,196 @@
+/*
+ * common/kiln.h - the small base every Kiln module stands on: error codes and
+ * their messages, logging, checked allocation, time helpers, xxh64 hashing
+ * and a did-you-mean helper. Nothing here knows about jobs, tables or HTTP.
+ *
+ * Error convention: a function returns 0 on success or a negative KILN_E*
+ * code. A function that fails for a reason worth telling the user also
+ * records a sentence with kiln_errf(); the caller reads it with kiln_errmsg()
+ * (thread-local, overwritten by the next kiln_errf on the same thread).
+ *
+ * This header is C11 and safe to include from a .cu file.
+ */
+#ifndef KILN_COMMON_KILN_H
+#define KILN_COMMON_KILN_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors --------------------------------------------------------------
+ * One list: name, value, message. kiln_strerror() and kiln_errname() walk it.
+ */
+#define KILN_ERRORS(X)                                                        \
+    X(OK, 0, "success")                                                       \
+    X(EINVAL, -1, "invalid argument")                                         \
+    X(ENOMEM, -2, "out of memory")                                            \
+    X(EIO, -3, "input/output error")                                          \
+    X(ENOENT, -4, "not found")                                                \
+    X(EEXIST, -5, "already exists")                                           \
+    X(ESPEC, -6, "invalid job spec")                                          \
+    X(ECRON, -7, "invalid cron expression")                                   \
+    X(EDB, -8, "database error")                                              \
+    X(EBUSY, -9, "resource busy")                                             \
+    X(ECORRUPT, -10, "corrupt data")                                          \
+    X(ECHECKSUM, -11, "checksum mismatch")                                    \
+    X(ENOSPC, -12, "no space left on device")                                 \
+    X(ETIMEDOUT, -13, "timed out")                                            \
+    X(ECANCELED, -14, "canceled")                                             \
+    X(EFULL, -15, "table full")                                               \
+    X(ENET, -16, "network error")                                             \
+    X(EHTTP, -17, "HTTP error")                                               \
+    X(EMPI, -18, "MPI error")                                                 \
+    X(ECUDA, -19, "CUDA error")                                               \
+    X(ESTATE, -20, "invalid state transition")                                \
+    X(EVERSION, -21, "unsupported version")                                   \
+    X(EUSAGE, -22, "bad usage")                                               \
+    X(ERANGE, -23, "value out of range")                                      \
+    X(ENODEV, -24, "no device")                                               \
+    X(EAUTH, -25, "not authorized")                                           \
+    X(ECONFLICT, -26, "conflict")                                             \
+    X(EINTERNAL, -27, "internal error")
+
+enum {
+#define KILN_ERR_ENUM(name, val, msg) KILN_##name = (val),
+    KILN_ERRORS(KILN_ERR_ENUM)
+#undef KILN_ERR_ENUM
+};
+
+/* Returns a static sentence for code (never NULL; unknown codes say so). */
+const char *kiln_strerror(int code);
+/* Returns the symbolic name, e.g. "KILN_ENOENT" (never NULL). */
+const char *kiln_errname(int code);
+
+/* Records a detailed message for the current thread and returns code, so that
+ * `return kiln_errf(KILN_ENOENT, "no job named '%s'", name);` reads well. */
+int kiln_errf(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Returns the last detailed message of this thread, or kiln_strerror of the
+ * last code when none was given. Empty string when nothing failed yet. */
+const char *kiln_errmsg(void);
+/* Returns the code recorded with the last kiln_errf on this thread. */
+int kiln_errcode(void);
+/* Forgets the thread's last error. */
+void kiln_errclear(void);
+
+/* ---- logging ------------------------------------------------------------- */
+typedef enum {
+    KILN_LOG_DEBUG = 0,
+    KILN_LOG_INFO = 1,
+    KILN_LOG_WARN = 2,
+    KILN_LOG_ERROR = 3,
+    KILN_LOG_OFF = 4
+} kiln_log_level_t;
+
+/* Sends log lines to path (appending) or to stderr when path is NULL, and
+ * drops lines below level. Returns 0 or KILN_EIO when path cannot be opened. */
+int kiln_log_open(const char *path, kiln_log_level_t level);
+/* Closes a log file opened by kiln_log_open and returns to stderr. */
+void kiln_log_close(void);
+void kiln_log_set_level(kiln_log_level_t level);
+kiln_log_level_t kiln_log_get_level(void);
+/* Parses "debug", "info", "warn", "error" or "off". Returns 0 or KILN_EINVAL. */
+int kiln_log_level_parse(const char *s, kiln_log_level_t *out /* OUT */);
+/* Writes "2024-05-02T00:00:00.123Z LEVEL [where] message\n" as one write. */
+void kiln_log(kiln_log_level_t level, const char *where, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define KILN_STR2(x) #x
+#define KILN_STR(x) KILN_STR2(x)
+#define KILN_WHERE __FILE__ ":" KILN_STR(__LINE__)
+#define KILN_DEBUG(...) kiln_log(KILN_LOG_DEBUG, KILN_WHERE, __VA_ARGS__)
+#define KILN_INFO(...) kiln_log(KILN_LOG_INFO, KILN_WHERE, __VA_ARGS__)
+#define KILN_WARN(...) kiln_log(KILN_LOG_WARN, KILN_WHERE, __VA_ARGS__)
+#define KILN_ERROR(...) kiln_log(KILN_LOG_ERROR, KILN_WHERE, __VA_ARGS__)
+
+/* NCCL-style checks: on failure log file:line at debug level (a trail like a
+ * backtrace with KILN_LOG=debug) and return / jump with the code. */
+#define KILN_CHECK(call)                                                      \
+    do {                                                                      \
+        int kiln_rc_ = (call);                                                \
+        if (kiln_rc_ < 0) {                                                   \
+            KILN_DEBUG("%s -> %s", #call, kiln_errname(kiln_rc_));            \
+            return kiln_rc_;                                                  \
+        }                                                                     \
+    } while (0)
+
+#define KILN_CHECK_GOTO(call, rc, label)                                      \
+    do {                                                                      \
+        (rc) = (call);                                                        \
+        if ((rc) < 0) {                                                       \
+            KILN_DEBUG("%s -> %s", #call, kiln_errname(rc));                  \
+            goto label;                                                       \
+        }                                                                     \
+    } while (0)
+
+/* ---- checked allocation ----------------------------------------------------
+ * These return NULL on failure after recording KILN_ENOMEM with the size
+ * asked for; kiln_calloc and kiln_reallocarray also refuse n*size overflow.
+ * Free with free(). */
+void *kiln_malloc(size_t size);
+void *kiln_calloc(size_t n, size_t size);
+void *kiln_reallocarray(void *p, size_t n, size_t size);
+char *kiln_strdup(const char *s);
+char *kiln_strndup(const char *s, size_t n);
+/* Returns a malloc'd printf result, or NULL (KILN_ENOMEM). */
+char *kiln_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- time ------------------------------------------------------------------
+ * Wall time is Unix seconds (int64, UTC). Durations are milliseconds. */
+/* Monotonic clock in nanoseconds, for measuring. */
+int64_t kiln_mono_ns(void);
+/* Wall clock in Unix seconds / milliseconds. */
+int64_t kiln_now_s(void);
+int64_t kiln_now_ms(void);
+/* Writes "2024-05-02T00:00:00Z" into buf (at least 21 bytes). Returns buf. */
+char *kiln_time_iso(int64_t unix_s, char *buf, size_t bufsz);
+#define KILN_ISO_LEN 32
+/* Parses ISO 8601 "YYYY-MM-DDTHH:MM[:SS[.fff]](Z|+HH:MM|-HH:MM)", also with
+ * a space instead of 'T' and a bare date "YYYY-MM-DD" (midnight UTC).
+ * Returns 0 or KILN_EINVAL (message says what was expected). */
+int kiln_time_parse_iso(const char *s, int64_t *unix_s /* OUT */);
+/* Parses a duration: a sequence of <number><unit> with units ms, s, m, h, d
+ * ("30s", "2h", "1h30m", "500ms"); a bare number means seconds.
+ * Returns 0, KILN_EINVAL or KILN_ERANGE. */
+int kiln_duration_parse(const char *s, int64_t *ms /* OUT */);
+/* Formats ms as the shortest exact form ("2h", "1h30m", "1500ms"). */
+char *kiln_duration_format(int64_t ms, char *buf, size_t bufsz);
+/* Days from 1970-01-01 to the civil date (proleptic Gregorian). */
+int64_t kiln_days_from_civil(int64_t y, unsigned m, unsigned d);
+/* Inverse of kiln_days_from_civil. */
+void kiln_civil_from_days(int64_t days, int64_t *y /* OUT */,
+                          unsigned *m /* OUT */, unsigned *d /* OUT */);
+
+/* ---- hashing (xxh64) ------------------------------------------------------ */
+uint64_t kiln_xxh64(const void *data, size_t len, uint64_t seed);
+/* Writes 16 lowercase hex digits and a NUL into buf (>= 17 bytes). */
+char *kiln_hash_hex(uint64_t h, char *buf, size_t bufsz);
+/* Parses 16 hex digits. Returns 0 or KILN_EINVAL. */
+int kiln_hash_parse_hex(const char *s, uint64_t *out /* OUT */);
+
+typedef struct kiln_hasher kiln_hasher_t;
+/* Streaming xxh64. Returns NULL on allocation failure. */
+kiln_hasher_t *kiln_hasher_create(uint64_t seed);
+void kiln_hasher_update(kiln_hasher_t *h, const void *data, size_t len);
+uint64_t kiln_hasher_digest(const kiln_hasher_t *h);
+void kiln_hasher_destroy(kiln_hasher_t *h);
+/* Hashes a whole file. Returns 0, KILN_ENOENT or KILN_EIO. */
+int kiln_xxh64_file(const char *path, uint64_t seed, uint64_t *out /* OUT */,
+                    uint64_t *size /* OUT, may be NULL */);
+
+/* ---- strings ---------------------------------------------------------------- */
+/* Levenshtein distance, capped at 255. */
+int kiln_edit_distance(const char *a, const char *b);
+/* Returns the candidate closest to word if it is close enough to be a likely
+ * typo (distance <= max(1, len/3)), else NULL. candidates ends with NULL. */
+const char *kiln_did_you_mean(const char *word, const char *const *candidates);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_COMMON_KILN_H */

@@ -1,0 +1,47 @@
+/*
+ * common/strings.c - small string helpers: edit distance and did-you-mean,
+ * used by the spec parser for unknown keys and by the CLI for commands.
+ */
+#include "kiln.h"
+
+#include <string.h>
+
+int kiln_edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64)
+        return 255;
+    int prev[65], cur[65];
+    for (size_t j = 0; j <= lb; j++)
+        prev[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            int best = sub < del ? sub : del;
+            cur[j] = best < ins ? best : ins;
+        }
+        memcpy(prev, cur, sizeof(int) * (lb + 1));
+    }
+    return prev[lb] > 255 ? 255 : prev[lb];
+}
+
+const char *kiln_did_you_mean(const char *word, const char *const *candidates)
+{
+    const char *best = NULL;
+    int best_d = 255;
+    for (size_t i = 0; candidates[i] != NULL; i++) {
+        int d = kiln_edit_distance(word, candidates[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = candidates[i];
+        }
+    }
+    int limit = (int)strlen(word) / 3;
+    if (limit < 1)
+        limit = 1;
+    if (limit > 3)
+        limit = 3;
+    return best_d <= limit ? best : NULL;
+}

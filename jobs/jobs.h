@@ -1,0 +1,222 @@
+/*
+ * jobs/jobs.h - the job spec model and cron expressions.
+ *
+ * A job spec is YAML (docs/job-spec.md). job_spec_parse() turns it into a
+ * validated job_spec_t with every default filled in, or into a list of
+ * diagnostics that each name file:line:col and the field path, e.g.
+ *   job.yaml:14:7: model.embedding.dim: expected a positive integer, got "sixteen"
+ * Only jobs/ includes yaml.h.
+ *
+ * Cron: 5-field Vixie-cron expressions, @macros and "@every <duration>".
+ * job_cron_next() gives the first fire time strictly after an instant.
+ */
+#ifndef KILN_JOBS_JOBS_H
+#define KILN_JOBS_JOBS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- enumerations (each has a _name() that returns the spec spelling) ---- */
+typedef enum { JOB_CONC_FORBID, JOB_CONC_ALLOW, JOB_CONC_REPLACE } job_concurrency_t;
+typedef enum { JOB_CATCHUP_NONE, JOB_CATCHUP_LATEST, JOB_CATCHUP_ALL } job_catchup_t;
+typedef enum { JOB_LAUNCH_LOCAL, JOB_LAUNCH_HOSTFILE, JOB_LAUNCH_SLURM } job_launcher_t;
+typedef enum { JOB_DEVICE_AUTO, JOB_DEVICE_CPU, JOB_DEVICE_CUDA } job_device_t;
+typedef enum { JOB_FMT_CRITEO_TSV, JOB_FMT_KILN_BIN } job_format_t;
+typedef enum { JOB_MODEL_LR, JOB_MODEL_FM, JOB_MODEL_DLRM } job_model_type_t;
+typedef enum { JOB_COMB_SUM, JOB_COMB_MEAN } job_combiner_t;
+typedef enum { JOB_EVICT_LRU, JOB_EVICT_LFU, JOB_EVICT_NONE } job_eviction_t;
+typedef enum { JOB_INIT_UNIFORM, JOB_INIT_NORMAL, JOB_INIT_ZEROS } job_init_t;
+typedef enum { JOB_OPT_SGD, JOB_OPT_ADAGRAD, JOB_OPT_ADAM } job_optimizer_type_t;
+typedef enum { JOB_INITFROM_LATEST, JOB_INITFROM_NONE, JOB_INITFROM_CHECKPOINT } job_init_from_t;
+typedef enum { JOB_EXPORT_NONE, JOB_EXPORT_FULL, JOB_EXPORT_INCREMENTAL } job_export_mode_t;
+typedef enum { JOB_MODE_BATCH, JOB_MODE_ONLINE } job_train_mode_t;
+
+const char *job_concurrency_name(job_concurrency_t v);
+const char *job_catchup_name(job_catchup_t v);
+const char *job_launcher_name(job_launcher_t v);
+const char *job_device_name(job_device_t v);
+const char *job_format_name(job_format_t v);
+const char *job_model_type_name(job_model_type_t v);
+const char *job_combiner_name(job_combiner_t v);
+const char *job_eviction_name(job_eviction_t v);
+const char *job_init_name(job_init_t v);
+const char *job_optimizer_type_name(job_optimizer_type_t v);
+const char *job_export_mode_name(job_export_mode_t v);
+
+/* ---- the spec --------------------------------------------------------------- */
+typedef struct job_embedding {
+    int dim;                 /* > 0 */
+    job_combiner_t combiner; /* sum */
+    int64_t capacity;        /* rows per table per job (all ranks together) */
+    job_eviction_t eviction; /* lru */
+    job_init_t init;         /* uniform */
+    double init_scale;       /* uniform: U(-s, s); normal: N(0, s); default 0.01 */
+} job_embedding_t;
+
+/* One embedding table. Without a `tables:` list there is one table per
+ * categorical slot, named "slot<i>", with model.embedding's settings. */
+typedef struct job_table {
+    char *name;
+    int *slots; /* categorical slot indices [0, data.cat_slots) read by this table */
+    int nslots;
+    job_embedding_t emb;
+} job_table_t;
+
+typedef struct job_optimizer {
+    job_optimizer_type_t type;
+    double lr;
+    double beta1, beta2, eps;    /* adam; eps also for adagrad */
+    double initial_accumulator;  /* adagrad */
+    double weight_decay;
+} job_optimizer_t;
+
+typedef struct job_endpoint {
+    char *url;
+    char *model;
+    char *label;
+} job_endpoint_t;
+
+typedef struct job_spec {
+    char *name;        /* [a-zA-Z0-9_.-]{1,64} */
+    char *description; /* may be NULL */
+    char *schedule;    /* NULL: a one-off job, run once when submitted */
+    char *timezone;    /* "UTC" by default */
+    job_concurrency_t concurrency;
+    job_catchup_t catchup;
+    int priority; /* -1000..1000, higher runs first */
+
+    struct {
+        int ranks;
+        job_launcher_t launcher;
+        char *hostfile; /* required for launcher: hostfile */
+        job_device_t device;
+        int64_t timeout_ms; /* 0: none */
+        int threads;        /* OpenMP threads per rank; 0: automatic */
+    } resources;
+
+    struct {
+        int count;
+        int64_t backoff_ms;     /* first retry delay; doubles each attempt */
+        int64_t max_backoff_ms; /* cap */
+    } retries;
+
+    struct {
+        job_format_t format;
+        char *train; /* glob */
+        char *eval;  /* path or glob, may be NULL */
+        bool incremental;
+        int dense_features; /* 13 for Criteo */
+        int cat_slots;      /* 26 for Criteo */
+    } data;
+
+    struct {
+        job_model_type_t type;
+        job_embedding_t embedding;
+        int *bottom_mlp;
+        int nbottom;
+        int *top_mlp;
+        int ntop;
+        job_table_t *tables; /* always filled: defaulted to one per slot */
+        int ntables;
+    } model;
+
+    struct {
+        job_train_mode_t mode;
+        int batch_size; /* per rank */
+        int epochs;
+        job_optimizer_t sparse;
+        job_optimizer_t dense;
+        uint64_t seed;
+        job_init_from_t init_from;
+        char *init_from_checkpoint; /* for JOB_INITFROM_CHECKPOINT */
+        int64_t max_steps;          /* 0: no limit */
+        int64_t log_every;          /* steps between progress lines */
+    } train;
+
+    struct {
+        char *dir;
+        int full_every; /* a full dump every N checkpoints, incremental between */
+        int keep;
+        bool include_optimizer;
+        int64_t every_steps; /* 0: only at the end of a run */
+    } checkpoint;
+
+    struct {
+        job_export_mode_t on_success;
+        int64_t every_ms; /* online jobs: export this often while training; 0: never */
+    } export_;
+
+    struct {
+        char *token_env;
+        int retries;
+        int64_t timeout_ms;
+        job_endpoint_t *endpoints;
+        int nendpoints;
+    } push;
+} job_spec_t;
+
+/* One problem found in a spec. line and col are 1-based (0: unknown). */
+typedef struct job_diag {
+    int line, col;
+    char *path;    /* field path, e.g. "model.embedding.dim" ("" for the document) */
+    char *message; /* the full line: "file:line:col: path: what" */
+} job_diag_t;
+
+typedef struct job_diags {
+    job_diag_t *items;
+    size_t n, cap;
+} job_diags_t;
+
+void job_diags_init(job_diags_t *d);
+void job_diags_fini(job_diags_t *d);
+
+/* Parses and validates YAML text. filename is used in messages only.
+ * On success returns 0 and fills *spec (free with job_spec_fini).
+ * On a bad spec returns KILN_ESPEC, fills diags (every problem found, in
+ * document order) and leaves *spec zeroed. Other codes: KILN_ENOMEM. */
+int job_spec_parse(const char *text, size_t len, const char *filename,
+                   job_spec_t *spec /* OUT */, job_diags_t *diags /* OUT */);
+/* Reads path and parses it. KILN_ENOENT / KILN_EIO when it cannot be read. */
+int job_spec_load(const char *path, job_spec_t *spec /* OUT */, job_diags_t *diags /* OUT */);
+void job_spec_fini(job_spec_t *spec);
+
+/* ---- cron ----------------------------------------------------------------------
+ * Vixie-cron semantics. Fields: minute hour day-of-month month day-of-week,
+ * names (jan..dec, sun..sat), ranges a-b, steps */n and a-b/n, lists; 7 is
+ * Sunday as well as 0. When both day fields are restricted (neither starts
+ * with '*'), a day matches if EITHER matches; otherwise both must.
+ * Macros @yearly @annually @monthly @weekly @daily @midnight @hourly, and
+ * "@every <duration>" (fires at multiples of the duration since the Unix
+ * epoch, so that fire times do not drift across restarts). */
+typedef struct job_cron {
+    uint64_t minutes; /* bit m: minute m */
+    uint32_t hours;
+    uint32_t doms;   /* bit d: day d (1..31) */
+    uint16_t months; /* bit m: month m (1..12) */
+    uint8_t dows;    /* bit w: weekday w (0 = Sunday) */
+    bool dom_star, dow_star;
+    int64_t every_s; /* > 0 for @every */
+    int tz_offset_s; /* fixed offset east of UTC ("UTC+02:00"); 0 for UTC */
+} job_cron_t;
+
+/* Parses expr. Returns 0, or KILN_ECRON with kiln_errmsg() naming the field
+ * ("day-of-month: 32 is out of range 1-31"). Expressions that can never fire
+ * (0 0 30 2 *) are rejected too. */
+int job_cron_parse(const char *expr, job_cron_t *out /* OUT */);
+/* Applies a timezone: "UTC", "Z", "UTC+HH:MM" / "UTC-HH:MM" or an IANA zone
+ * name available in the system zoneinfo. Returns 0 or KILN_EINVAL. */
+int job_cron_set_timezone(job_cron_t *c, const char *tz);
+/* First fire time strictly after `after` (Unix seconds). Returns 0 or
+ * KILN_ERANGE when there is none within 8 years. */
+int job_cron_next(const job_cron_t *c, int64_t after, int64_t *next /* OUT */);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_JOBS_JOBS_H */

@@ -1,0 +1,219 @@
+/*
+ * state/state.h - Kiln's SQLite store: jobs, runs, inputs, metrics,
+ * checkpoints, exports, pushes, endpoints, events. Every query the system
+ * makes lives behind this header; nothing else includes sqlite3.h.
+ *
+ * The database runs in WAL mode with a busy timeout and foreign keys on; the
+ * schema is migrated on open (PRAGMA user_version). Several processes (the
+ * CLI, kilnd, trainer ranks) may open the same file at once; every write is
+ * one transaction and none is lost to SQLITE_BUSY.
+ *
+ * Times are Unix seconds (UTC) unless a name ends in _ms. Strings returned in
+ * structs are owned by the struct: free with the matching _fini / _free.
+ */
+#ifndef KILN_STATE_STATE_H
+#define KILN_STATE_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct state state_t;
+
+/* The schema version this build writes. */
+#define STATE_SCHEMA_VERSION 1
+
+/* Opens (creating if needed, with parent directories) and migrates path.
+ * Returns 0, KILN_EDB (message names the file and SQLite's reason) or
+ * KILN_EVERSION when the file was written by a newer Kiln. */
+int state_open(const char *path, state_t **out /* OUT */);
+void state_close(state_t *st); /* accepts NULL */
+/* The database file's schema version (PRAGMA user_version). */
+int state_schema_version(state_t *st, int *out /* OUT */);
+
+/* ---- jobs --------------------------------------------------------------------- */
+typedef struct state_job {
+    int64_t id;
+    char *name;
+    char *spec_yaml;   /* the spec text as submitted */
+    char *spec_hash;   /* xxh64 hex of spec_yaml */
+    char *schedule;    /* NULL for a one-off job */
+    int priority;
+    int version;       /* 1 on first submit, +1 each time a different spec is submitted */
+    bool paused;
+    int64_t created_at, updated_at;
+    int64_t last_scheduled_at; /* newest scheduled time a run was created for; 0: none */
+} state_job_t;
+
+/* Inserts a job or, when name exists, replaces its spec (version+1 only when
+ * spec_hash differs). *created says which. */
+int state_job_put(state_t *st, const char *name, const char *spec_yaml, const char *spec_hash,
+                  const char *schedule, int priority, int64_t *job_id /* OUT */,
+                  bool *created /* OUT, may be NULL */);
+/* KILN_ENOENT when there is no such job. */
+int state_job_get(state_t *st, const char *name, state_job_t *out /* OUT */);
+int state_job_get_by_id(state_t *st, int64_t id, state_job_t *out /* OUT */);
+/* All jobs ordered by name. Free with state_jobs_free. */
+int state_job_list(state_t *st, state_job_t **out /* OUT */, size_t *n /* OUT */);
+int state_job_set_paused(state_t *st, int64_t job_id, bool paused);
+/* Records the newest scheduled time served (monotonic: never moves back). */
+int state_job_set_last_scheduled(state_t *st, int64_t job_id, int64_t scheduled_at);
+void state_job_fini(state_job_t *j);
+void state_jobs_free(state_job_t *js, size_t n);
+
+/* ---- runs ---------------------------------------------------------------------
+ * States: queued -> launching -> running -> succeeded | failed | canceled |
+ * timed_out; queued -> canceled | skipped. A terminal state never changes. */
+#define STATE_RUN_STATES(X)                                                    \
+    X(QUEUED, "queued")                                                        \
+    X(LAUNCHING, "launching")                                                  \
+    X(RUNNING, "running")                                                      \
+    X(SUCCEEDED, "succeeded")                                                  \
+    X(FAILED, "failed")                                                        \
+    X(CANCELED, "canceled")                                                    \
+    X(TIMED_OUT, "timed_out")                                                  \
+    X(SKIPPED, "skipped")
+
+typedef enum {
+#define STATE_RUN_ENUM(name, str) STATE_RUN_##name,
+    STATE_RUN_STATES(STATE_RUN_ENUM)
+#undef STATE_RUN_ENUM
+    STATE_RUN_NSTATES
+} state_run_state_t;
+
+const char *state_run_state_name(state_run_state_t s);
+/* Returns 0 and sets *out, or KILN_EINVAL for an unknown name. */
+int state_run_state_parse(const char *s, state_run_state_t *out /* OUT */);
+bool state_run_state_terminal(state_run_state_t s);
+
+typedef enum { STATE_TRIGGER_MANUAL, STATE_TRIGGER_CRON, STATE_TRIGGER_RETRY,
+               STATE_TRIGGER_CATCHUP } state_trigger_t;
+const char *state_trigger_name(state_trigger_t t);
+
+typedef struct state_run {
+    int64_t id;
+    int64_t job_id;
+    char *job_name;
+    int job_version;
+    state_run_state_t state;
+    state_trigger_t trigger;
+    int attempt;          /* 1 for the first try */
+    int64_t retry_of;     /* run id this one retries; 0: none */
+    int64_t scheduled_at; /* the cron time it serves; 0 for manual */
+    int64_t queued_at, started_at, ended_at; /* 0: not yet */
+    int64_t not_before;   /* earliest launch time (retry backoff); 0: now */
+    int exit_code;        /* -1 until it ended */
+    char *error;          /* why it failed; NULL when none */
+    char *run_dir;        /* NULL until launched */
+    int64_t pgid;         /* process group of the launched run; 0: none */
+    char *host;
+    bool cancel_requested;
+} state_run_t;
+
+/* Queues a run. A cron run (scheduled_at != 0) is unique per (job,
+ * scheduled_at): a second create for the same time returns KILN_EEXIST, which
+ * is how a scheduled time is never run twice. */
+int state_run_create(state_t *st, int64_t job_id, state_trigger_t trigger,
+                     int64_t scheduled_at, int attempt, int64_t retry_of,
+                     int64_t *run_id /* OUT */);
+int state_run_get(state_t *st, int64_t run_id, state_run_t *out /* OUT */);
+/* Newest first; job_name NULL for all jobs; limit <= 0 for no limit. */
+int state_run_list(state_t *st, const char *job_name, int limit, state_run_t **out /* OUT */,
+                   size_t *n /* OUT */);
+/* Runs in a state, oldest first (the daemon's queue and recovery scans). */
+int state_run_list_in_state(state_t *st, state_run_state_t s, state_run_t **out /* OUT */,
+                            size_t *n /* OUT */);
+/* Moves a run from `from` to `to` atomically (compare-and-set): returns
+ * KILN_ESTATE, with the actual state in the message, when it was not in
+ * `from`. Entering running sets started_at; a terminal state sets ended_at,
+ * exit_code and error (may be NULL). */
+int state_run_transition(state_t *st, int64_t run_id, state_run_state_t from,
+                         state_run_state_t to, int exit_code, const char *error);
+/* Records where and how a run was launched. */
+int state_run_set_launch(state_t *st, int64_t run_id, const char *run_dir, int64_t pgid,
+                         const char *host);
+int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before);
+/* Asks for a run to stop. A queued run becomes canceled at once (*done =
+ * true); a launching/running run is flagged for the daemon (*done = false).
+ * KILN_ESTATE when the run already ended. */
+int state_run_request_cancel(state_t *st, int64_t run_id, bool *done /* OUT */);
+void state_run_fini(state_run_t *r);
+void state_runs_free(state_run_t *rs, size_t n);
+
+/* ---- run inputs (the data partitions a run consumed) ---------------------------- */
+typedef struct state_input {
+    char *path;
+    int64_t size, mtime;
+    char *checksum; /* xxh64 hex */
+} state_input_t;
+
+int state_input_add(state_t *st, int64_t run_id, const state_input_t *in);
+int state_input_list(state_t *st, int64_t run_id, state_input_t **out /* OUT */,
+                     size_t *n /* OUT */);
+/* True when a succeeded run of job_id consumed exactly this (path, size,
+ * mtime, checksum). */
+int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in,
+                         bool *consumed /* OUT */);
+void state_inputs_free(state_input_t *ins, size_t n);
+
+/* ---- metrics -------------------------------------------------------------------- */
+int state_metric_add(state_t *st, int64_t run_id, int64_t step, const char *name, double value);
+typedef struct state_metric {
+    int64_t step;
+    double value;
+    int64_t at;
+} state_metric_t;
+/* Points of one metric of a run in step order. Free with free(). */
+int state_metric_series(state_t *st, int64_t run_id, const char *name,
+                        state_metric_t **out /* OUT */, size_t *n /* OUT */);
+
+/* ---- checkpoints, exports, pushes, endpoints ----------------------------------- */
+typedef struct state_checkpoint {
+    int64_t id;
+    char *uid; /* the checkpoint's own id (its directory name) */
+    int64_t run_id, parent_id; /* parent_id 0: a full dump with no base */
+    char *kind;                /* "full" | "incremental" */
+    char *path;
+    int64_t step, keys, bytes;
+    char *checksum; /* xxh64 hex of the manifest */
+    int64_t created_at;
+} state_checkpoint_t;
+
+int state_checkpoint_add(state_t *st, const state_checkpoint_t *c, int64_t *id /* OUT */);
+int state_checkpoint_get(state_t *st, const char *uid, state_checkpoint_t *out /* OUT */);
+/* Newest checkpoint of a job (any kind); KILN_ENOENT when none. */
+int state_checkpoint_latest(state_t *st, int64_t job_id, state_checkpoint_t *out /* OUT */);
+void state_checkpoint_fini(state_checkpoint_t *c);
+
+int state_export_add(state_t *st, int64_t checkpoint_id, int64_t base_checkpoint_id,
+                     const char *format, const char *path, int64_t bytes, int64_t *id /* OUT */);
+
+int state_endpoint_put(state_t *st, const char *url, const char *model, const char *label,
+                       int64_t *id /* OUT */);
+int state_push_add(state_t *st, int64_t export_id, int64_t endpoint_id, int64_t *id /* OUT */);
+/* Ends a push: http_status 0 when no response; error NULL on success. On
+ * success the endpoint's holding becomes checkpoint_id. */
+int state_push_finish(state_t *st, int64_t push_id, bool ok, int http_status, const char *error,
+                      int attempts, int64_t checkpoint_id);
+
+/* ---- events (an append-only audit log per run or job) --------------------------- */
+int state_event_add(state_t *st, int64_t job_id, int64_t run_id, const char *kind,
+                    const char *message);
+typedef struct state_event {
+    int64_t id, job_id, run_id, at;
+    char *kind, *message;
+} state_event_t;
+/* Events of a run (run_id > 0) or of a job (run_id == 0), oldest first. */
+int state_event_list(state_t *st, int64_t job_id, int64_t run_id, state_event_t **out /* OUT */,
+                     size_t *n /* OUT */);
+void state_events_free(state_event_t *es, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_STATE_STATE_H */
