@@ -47,6 +47,8 @@ const char *job_eviction_name(job_eviction_t v);
 const char *job_init_name(job_init_t v);
 const char *job_optimizer_type_name(job_optimizer_type_t v);
 const char *job_export_mode_name(job_export_mode_t v);
+const char *job_init_from_name(job_init_from_t v);
+const char *job_train_mode_name(job_train_mode_t v);
 
 /* ---- the spec --------------------------------------------------------------- */
 typedef struct job_embedding {
@@ -178,7 +180,11 @@ void job_diags_fini(job_diags_t *d);
 /* Parses and validates YAML text. filename is used in messages only.
  * On success returns 0 and fills *spec (free with job_spec_fini).
  * On a bad spec returns KILN_ESPEC, fills diags (every problem found, in
- * document order) and leaves *spec zeroed. Other codes: KILN_ENOMEM. */
+ * document order) and leaves *spec zeroed. Other codes: KILN_ENOMEM.
+ * diags must have been set up with job_diags_init (or zeroed); problems are
+ * appended to it, and the caller frees it with job_diags_fini. It may be
+ * NULL when only kiln_errmsg() is wanted (the first problem, and how many
+ * more there are). */
 int job_spec_parse(const char *text, size_t len, const char *filename,
                    job_spec_t *spec /* OUT */, job_diags_t *diags /* OUT */);
 /* Reads path and parses it. KILN_ENOENT / KILN_EIO when it cannot be read. */
@@ -186,13 +192,18 @@ int job_spec_load(const char *path, job_spec_t *spec /* OUT */, job_diags_t *dia
 void job_spec_fini(job_spec_t *spec);
 
 /* ---- cron ----------------------------------------------------------------------
- * Vixie-cron semantics. Fields: minute hour day-of-month month day-of-week,
- * names (jan..dec, sun..sat), ranges a-b, steps */n and a-b/n, lists; 7 is
- * Sunday as well as 0. When both day fields are restricted (neither starts
- * with '*'), a day matches if EITHER matches; otherwise both must.
+ * Vixie-cron semantics (docs/cron.md). Fields: minute hour day-of-month month
+ * day-of-week; names (jan..dec, sun..sat, any case), ranges a-b, steps a-b/n,
+ * a/n (a to the field's maximum) and the star with /n, lists; 7 is Sunday as
+ * well as 0. When both day fields are restricted (neither field's text starts
+ * with a star), a day matches if EITHER matches; otherwise both must, so a
+ * stepped star ("star-slash-2") still counts as unrestricted.
  * Macros @yearly @annually @monthly @weekly @daily @midnight @hourly, and
- * "@every <duration>" (fires at multiples of the duration since the Unix
- * epoch, so that fire times do not drift across restarts). */
+ * "@every <duration>" (at least 1s, whole seconds; fires at multiples of the
+ * duration since the Unix epoch, so that fire times do not drift across
+ * restarts; the timezone does not apply to @every).
+ *
+ * job_cron_t is a plain value: copy it freely, nothing to free. */
 typedef struct job_cron {
     uint64_t minutes; /* bit m: minute m */
     uint32_t hours;
@@ -202,17 +213,24 @@ typedef struct job_cron {
     bool dom_star, dow_star;
     int64_t every_s; /* > 0 for @every */
     int tz_offset_s; /* fixed offset east of UTC ("UTC+02:00"); 0 for UTC */
+    char tz_name[64]; /* IANA zone ("Europe/Berlin"); "" for UTC or a fixed offset */
 } job_cron_t;
 
 /* Parses expr. Returns 0, or KILN_ECRON with kiln_errmsg() naming the field
  * ("day-of-month: 32 is out of range 1-31"). Expressions that can never fire
  * (0 0 30 2 *) are rejected too. */
 int job_cron_parse(const char *expr, job_cron_t *out /* OUT */);
-/* Applies a timezone: "UTC", "Z", "UTC+HH:MM" / "UTC-HH:MM" or an IANA zone
- * name available in the system zoneinfo. Returns 0 or KILN_EINVAL. */
+/* Applies a timezone: NULL, "", "UTC", "Z", "UTC+HH:MM" / "UTC-HH:MM" (at most
+ * 14 hours) or an IANA zone name available in the system zoneinfo ($TZDIR or
+ * /usr/share/zoneinfo). Fire times then follow that zone's wall clock; a wall
+ * time skipped by a DST jump fires once at the jump, a repeated one fires once,
+ * at its first occurrence. Returns 0 or KILN_EINVAL (c unchanged). */
 int job_cron_set_timezone(job_cron_t *c, const char *tz);
-/* First fire time strictly after `after` (Unix seconds). Returns 0 or
- * KILN_ERANGE when there is none within 8 years. */
+/* First fire time strictly after `after` (Unix seconds, UTC). Returns 0 or
+ * KILN_ERANGE (message says why) when there is none within 8 years, or when
+ * `after` or the answer falls outside the years 1-9999. For an IANA zone it
+ * briefly sets TZ under a mutex and restores it; other threads that read TZ
+ * (localtime) at that moment may see the zone. */
 int job_cron_next(const job_cron_t *c, int64_t after, int64_t *next /* OUT */);
 
 #ifdef __cplusplus
