@@ -1,0 +1,750 @@
+/*
+ * tests/test_spec.c - jobs/spec.c: the reference spec (tests/specs/good/
+ * ctr-hourly.yaml) field by field, the defaults of a minimal spec, a spec
+ * that sets every field, shared and overridden embedding tables, a table of
+ * bad specs each with the exact diagnostic it must produce, collection of
+ * several problems in document order, and every file in examples/ and
+ * tests/specs/good/ parsing cleanly.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "jobs.h"
+#include "kiln.h"
+
+/* Parses text as "job.yaml"; returns the code and leaves spec/diags filled. */
+static int parse(const char *text, job_spec_t *spec, job_diags_t *d)
+{
+    job_diags_init(d);
+    return job_spec_parse(text, strlen(text), "job.yaml", spec, d);
+}
+
+static void print_diags(const job_diags_t *d)
+{
+    for (size_t i = 0; i < d->n; i++)
+        print_message("  diag: %s\n", d->items[i].message);
+}
+
+/* Parses text, which must be valid, into spec. */
+static void parse_ok(const char *text, job_spec_t *spec)
+{
+    job_diags_t d;
+    int rc = parse(text, spec, &d);
+    if (rc != 0)
+        print_diags(&d);
+    assert_int_equal(rc, 0);
+    assert_int_equal(d.n, 0);
+    job_diags_fini(&d);
+}
+
+static void load_ok(const char *path, job_spec_t *spec)
+{
+    job_diags_t d;
+    job_diags_init(&d);
+    int rc = job_spec_load(path, spec, &d);
+    if (rc != 0) {
+        print_message("%s: %s\n", path, kiln_errmsg());
+        print_diags(&d);
+    }
+    assert_int_equal(rc, 0);
+    job_diags_fini(&d);
+}
+
+static const job_table_t *table_named(const job_spec_t *s, const char *name)
+{
+    for (int i = 0; i < s->model.ntables; i++)
+        if (strcmp(s->model.tables[i].name, name) == 0)
+            return &s->model.tables[i];
+    return NULL;
+}
+
+static void test_ctr_hourly(void **state)
+{
+    (void)state;
+    job_spec_t s;
+    load_ok(KILN_SOURCE_DIR "/tests/specs/good/ctr-hourly.yaml", &s);
+    assert_string_equal(s.name, "ctr-hourly");
+    assert_null(s.description);
+    assert_string_equal(s.schedule, "15 * * * *");
+    assert_string_equal(s.timezone, "UTC");
+    assert_int_equal(s.concurrency, JOB_CONC_FORBID);
+    assert_int_equal(s.catchup, JOB_CATCHUP_LATEST);
+    assert_int_equal(s.priority, 0);
+    assert_int_equal(s.resources.ranks, 2);
+    assert_int_equal(s.resources.launcher, JOB_LAUNCH_LOCAL);
+    assert_null(s.resources.hostfile);
+    assert_int_equal(s.resources.device, JOB_DEVICE_AUTO);
+    assert_int_equal(s.resources.timeout_ms, 2 * 3600 * 1000);
+    assert_int_equal(s.resources.threads, 0);
+    assert_int_equal(s.retries.count, 3);
+    assert_int_equal(s.retries.backoff_ms, 30000);
+    assert_int_equal(s.retries.max_backoff_ms, 3600 * 1000);
+    assert_int_equal(s.data.format, JOB_FMT_CRITEO_TSV);
+    assert_string_equal(s.data.train, "data/day=*/part-*.tsv");
+    assert_string_equal(s.data.eval, "data/eval.tsv");
+    assert_true(s.data.incremental);
+    assert_int_equal(s.data.dense_features, 13);
+    assert_int_equal(s.data.cat_slots, 26);
+    assert_int_equal(s.model.type, JOB_MODEL_DLRM);
+    assert_int_equal(s.model.embedding.dim, 16);
+    assert_int_equal(s.model.embedding.combiner, JOB_COMB_SUM);
+    assert_int_equal(s.model.embedding.capacity, 4000000);
+    assert_int_equal(s.model.embedding.eviction, JOB_EVICT_LRU);
+    assert_int_equal(s.model.embedding.init, JOB_INIT_UNIFORM);
+    assert_true(s.model.embedding.init_scale == 0.01);
+    assert_int_equal(s.model.nbottom, 2);
+    assert_int_equal(s.model.bottom_mlp[0], 64);
+    assert_int_equal(s.model.bottom_mlp[1], 16);
+    assert_int_equal(s.model.ntop, 3);
+    assert_int_equal(s.model.top_mlp[0], 256);
+    assert_int_equal(s.model.top_mlp[1], 128);
+    assert_int_equal(s.model.top_mlp[2], 1);
+    assert_int_equal(s.model.ntables, 26);
+    for (int i = 0; i < 26; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "slot%d", i);
+        assert_string_equal(s.model.tables[i].name, name);
+        assert_int_equal(s.model.tables[i].nslots, 1);
+        assert_int_equal(s.model.tables[i].slots[0], i);
+        assert_int_equal(s.model.tables[i].emb.dim, 16);
+        assert_int_equal(s.model.tables[i].emb.capacity, 4000000);
+    }
+    assert_int_equal(s.train.mode, JOB_MODE_BATCH);
+    assert_int_equal(s.train.batch_size, 4096);
+    assert_int_equal(s.train.epochs, 1);
+    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAGRAD);
+    assert_true(s.train.sparse.lr == 0.05);
+    assert_true(s.train.sparse.eps == 1e-10);
+    assert_true(s.train.sparse.initial_accumulator == 0.0);
+    assert_int_equal(s.train.dense.type, JOB_OPT_ADAGRAD);
+    assert_true(s.train.dense.lr == 0.05);
+    assert_int_equal(s.train.seed, 42);
+    assert_int_equal(s.train.init_from, JOB_INITFROM_LATEST);
+    assert_null(s.train.init_from_checkpoint);
+    assert_int_equal(s.train.max_steps, 0);
+    assert_int_equal(s.train.log_every, 100);
+    assert_string_equal(s.checkpoint.dir, "ckpt/ctr-hourly");
+    assert_int_equal(s.checkpoint.full_every, 24);
+    assert_int_equal(s.checkpoint.keep, 5);
+    assert_true(s.checkpoint.include_optimizer);
+    assert_int_equal(s.checkpoint.every_steps, 0);
+    assert_int_equal(s.export_.on_success, JOB_EXPORT_INCREMENTAL);
+    assert_int_equal(s.export_.every_ms, 0);
+    assert_string_equal(s.push.token_env, "KILN_SERVE_TOKEN");
+    assert_int_equal(s.push.retries, 5);
+    assert_int_equal(s.push.timeout_ms, 30000);
+    assert_int_equal(s.push.nendpoints, 1);
+    assert_string_equal(s.push.endpoints[0].url, "http://127.0.0.1:8501");
+    assert_string_equal(s.push.endpoints[0].model, "ctr");
+    assert_string_equal(s.push.endpoints[0].label, "B");
+    job_spec_fini(&s);
+    assert_null(s.name);
+}
+
+static void test_minimal_defaults(void **state)
+{
+    (void)state;
+    job_spec_t s;
+    parse_ok("name: tiny\ndata: {train: \"data/*.tsv\"}\n", &s);
+    assert_string_equal(s.name, "tiny");
+    assert_null(s.description);
+    assert_null(s.schedule); /* one-off */
+    assert_string_equal(s.timezone, "UTC");
+    assert_int_equal(s.concurrency, JOB_CONC_FORBID);
+    assert_int_equal(s.catchup, JOB_CATCHUP_LATEST);
+    assert_int_equal(s.priority, 0);
+    assert_int_equal(s.resources.ranks, 1);
+    assert_int_equal(s.resources.launcher, JOB_LAUNCH_LOCAL);
+    assert_int_equal(s.resources.device, JOB_DEVICE_AUTO);
+    assert_int_equal(s.resources.timeout_ms, 0);
+    assert_int_equal(s.resources.threads, 0);
+    assert_int_equal(s.retries.count, 0);
+    assert_int_equal(s.retries.backoff_ms, 30000);
+    assert_int_equal(s.retries.max_backoff_ms, 3600000);
+    assert_int_equal(s.data.format, JOB_FMT_CRITEO_TSV);
+    assert_null(s.data.eval);
+    assert_false(s.data.incremental);
+    assert_int_equal(s.data.dense_features, 13);
+    assert_int_equal(s.data.cat_slots, 26);
+    assert_int_equal(s.model.type, JOB_MODEL_LR);
+    assert_int_equal(s.model.embedding.dim, 16);
+    assert_int_equal(s.model.embedding.combiner, JOB_COMB_SUM);
+    assert_int_equal(s.model.embedding.capacity, 1000000);
+    assert_int_equal(s.model.embedding.eviction, JOB_EVICT_LRU);
+    assert_int_equal(s.model.embedding.init, JOB_INIT_UNIFORM);
+    assert_true(s.model.embedding.init_scale == 0.01);
+    assert_int_equal(s.model.nbottom, 0); /* lr has no MLPs */
+    assert_int_equal(s.model.ntop, 0);
+    assert_int_equal(s.model.ntables, 26);
+    assert_int_equal(s.train.mode, JOB_MODE_BATCH);
+    assert_int_equal(s.train.batch_size, 4096);
+    assert_int_equal(s.train.epochs, 1);
+    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAGRAD);
+    assert_true(s.train.sparse.lr == 0.05);
+    assert_true(s.train.sparse.beta1 == 0.9);
+    assert_true(s.train.sparse.beta2 == 0.999);
+    assert_true(s.train.sparse.eps == 1e-10);
+    assert_true(s.train.sparse.initial_accumulator == 0.0);
+    assert_true(s.train.sparse.weight_decay == 0.0);
+    assert_int_equal(s.train.dense.type, JOB_OPT_ADAGRAD);
+    assert_true(s.train.dense.lr == 0.05);
+    assert_int_equal(s.train.seed, 42);
+    assert_int_equal(s.train.init_from, JOB_INITFROM_LATEST);
+    assert_string_equal(s.checkpoint.dir, "ckpt/tiny");
+    assert_int_equal(s.checkpoint.full_every, 24);
+    assert_int_equal(s.checkpoint.keep, 5);
+    assert_true(s.checkpoint.include_optimizer);
+    assert_int_equal(s.export_.on_success, JOB_EXPORT_NONE);
+    assert_int_equal(s.export_.every_ms, 0);
+    assert_string_equal(s.push.token_env, "KILN_SERVE_TOKEN");
+    assert_int_equal(s.push.retries, 5);
+    assert_int_equal(s.push.timeout_ms, 30000);
+    assert_int_equal(s.push.nendpoints, 0);
+    assert_null(s.push.endpoints);
+    job_spec_fini(&s);
+
+    /* dlrm's MLP defaults follow the embedding dim; adam's eps is 1e-8;
+     * null values keep defaults. */
+    parse_ok(
+        "name: d\ndata: {train: t}\ndescription: ~\nmodel: {type: dlrm, embedding: {dim: 32}}\n"
+        "train: {optimizer: {sparse: {type: adam}, dense: null}}\n",
+        &s);
+    assert_null(s.description);
+    assert_int_equal(s.model.nbottom, 2);
+    assert_int_equal(s.model.bottom_mlp[0], 64);
+    assert_int_equal(s.model.bottom_mlp[1], 32);
+    assert_int_equal(s.model.ntop, 3);
+    assert_int_equal(s.model.top_mlp[2], 1);
+    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAM);
+    assert_true(s.train.sparse.eps == 1e-8);
+    assert_int_equal(s.train.dense.type, JOB_OPT_ADAGRAD);
+    assert_true(s.train.dense.eps == 1e-10);
+    job_spec_fini(&s);
+}
+
+static void test_every_field(void **state)
+{
+    (void)state;
+    job_spec_t s;
+    load_ok(KILN_SOURCE_DIR "/tests/specs/good/everything.yaml", &s);
+    assert_string_equal(s.name, "every_field.v2");
+    assert_string_equal(s.description, "sets every field at least once");
+    assert_string_equal(s.schedule, "@every 30s");
+    assert_string_equal(s.timezone, "UTC+02:00");
+    assert_int_equal(s.concurrency, JOB_CONC_REPLACE);
+    assert_int_equal(s.catchup, JOB_CATCHUP_ALL);
+    assert_int_equal(s.priority, -7);
+    assert_int_equal(s.resources.ranks, 8);
+    assert_int_equal(s.resources.launcher, JOB_LAUNCH_HOSTFILE);
+    assert_string_equal(s.resources.hostfile, "hosts.txt");
+    assert_int_equal(s.resources.device, JOB_DEVICE_CPU);
+    assert_int_equal(s.resources.timeout_ms, 5400000);
+    assert_int_equal(s.resources.threads, 4);
+    assert_int_equal(s.retries.count, 2);
+    assert_int_equal(s.retries.backoff_ms, 10000);
+    assert_int_equal(s.retries.max_backoff_ms, 300000);
+    assert_int_equal(s.data.format, JOB_FMT_KILN_BIN);
+    assert_string_equal(s.data.train, "bin/part-*.kb");
+    assert_string_equal(s.data.eval, "bin/eval.kb");
+    assert_true(s.data.incremental);
+    assert_int_equal(s.data.dense_features, 4);
+    assert_int_equal(s.data.cat_slots, 6);
+    assert_int_equal(s.model.type, JOB_MODEL_FM);
+    assert_int_equal(s.model.embedding.dim, 8);
+    assert_int_equal(s.model.embedding.combiner, JOB_COMB_MEAN);
+    assert_int_equal(s.model.embedding.capacity, 5000);
+    assert_int_equal(s.model.embedding.eviction, JOB_EVICT_LFU);
+    assert_int_equal(s.model.embedding.init, JOB_INIT_NORMAL);
+    assert_true(s.model.embedding.init_scale == 0.5);
+    /* users (0, 2), items (4), then defaults for 1, 3, 5 */
+    assert_int_equal(s.model.ntables, 5);
+    const job_table_t *u = &s.model.tables[0];
+    assert_string_equal(u->name, "users");
+    assert_int_equal(u->nslots, 2);
+    assert_int_equal(u->slots[0], 0);
+    assert_int_equal(u->slots[1], 2);
+    assert_int_equal(u->emb.dim, 8);
+    assert_int_equal(u->emb.capacity, 100000);
+    assert_int_equal(u->emb.eviction, JOB_EVICT_NONE);
+    assert_int_equal(u->emb.combiner, JOB_COMB_SUM);
+    assert_int_equal(u->emb.init, JOB_INIT_ZEROS);
+    assert_true(u->emb.init_scale == 0.0);
+    const job_table_t *it = &s.model.tables[1];
+    assert_string_equal(it->name, "items");
+    assert_int_equal(it->nslots, 1);
+    assert_int_equal(it->slots[0], 4);
+    assert_int_equal(it->emb.capacity, 5000);
+    assert_int_equal(it->emb.combiner, JOB_COMB_MEAN);
+    assert_string_equal(s.model.tables[2].name, "slot1");
+    assert_string_equal(s.model.tables[3].name, "slot3");
+    assert_string_equal(s.model.tables[4].name, "slot5");
+    assert_int_equal(s.model.tables[4].slots[0], 5);
+    assert_int_equal(s.model.tables[4].emb.eviction, JOB_EVICT_LFU);
+    assert_int_equal(s.train.mode, JOB_MODE_ONLINE);
+    assert_int_equal(s.train.batch_size, 512);
+    assert_int_equal(s.train.epochs, 3);
+    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAM);
+    assert_true(s.train.sparse.lr == 0.001);
+    assert_true(s.train.sparse.beta1 == 0.8);
+    assert_true(s.train.sparse.beta2 == 0.99);
+    assert_true(s.train.sparse.eps == 1e-6);
+    assert_true(s.train.sparse.weight_decay == 0.0001);
+    assert_int_equal(s.train.dense.type, JOB_OPT_SGD);
+    assert_true(s.train.dense.lr == 0.1);
+    assert_true(s.train.dense.initial_accumulator == 0.1);
+    assert_int_equal(s.train.seed, 7);
+    assert_int_equal(s.train.init_from, JOB_INITFROM_CHECKPOINT);
+    assert_string_equal(s.train.init_from_checkpoint, "ckpt-000123");
+    assert_int_equal(s.train.max_steps, 100000);
+    assert_int_equal(s.train.log_every, 50);
+    assert_string_equal(s.checkpoint.dir, "/var/lib/kiln/ckpt/every");
+    assert_int_equal(s.checkpoint.full_every, 6);
+    assert_int_equal(s.checkpoint.keep, 2);
+    assert_false(s.checkpoint.include_optimizer);
+    assert_int_equal(s.checkpoint.every_steps, 1000);
+    assert_int_equal(s.export_.on_success, JOB_EXPORT_FULL);
+    assert_int_equal(s.export_.every_ms, 30000);
+    assert_string_equal(s.push.token_env, "MY_TOKEN");
+    assert_int_equal(s.push.retries, 0);
+    assert_int_equal(s.push.timeout_ms, 500);
+    assert_int_equal(s.push.nendpoints, 2);
+    assert_string_equal(s.push.endpoints[0].url, "https://serve-a.example.com:8501");
+    assert_string_equal(s.push.endpoints[0].label, "A");
+    assert_string_equal(s.push.endpoints[1].model, "ctr2");
+    assert_string_equal(s.push.endpoints[1].label, "canary-1");
+    job_spec_fini(&s);
+
+    /* the remaining enum spellings and init_from: none */
+    parse_ok("name: e\ndata: {train: t}\nconcurrency: allow\ncatchup: none\n"
+             "resources: {launcher: slurm, device: cuda, timeout: none}\n"
+             "train: {init_from: none, optimizer: {sparse: {type: sgd}}}\n"
+             "export: {on_success: none}\n",
+             &s);
+    assert_int_equal(s.concurrency, JOB_CONC_ALLOW);
+    assert_int_equal(s.catchup, JOB_CATCHUP_NONE);
+    assert_int_equal(s.resources.launcher, JOB_LAUNCH_SLURM);
+    assert_int_equal(s.resources.device, JOB_DEVICE_CUDA);
+    assert_int_equal(s.resources.timeout_ms, 0);
+    assert_int_equal(s.train.init_from, JOB_INITFROM_NONE);
+    assert_null(s.train.init_from_checkpoint);
+    assert_int_equal(s.train.sparse.type, JOB_OPT_SGD);
+    job_spec_fini(&s);
+}
+
+static void test_tables(void **state)
+{
+    (void)state;
+    job_spec_t s;
+    /* sharing: slots 0 and 1 read one table; override: slot 3 wider */
+    parse_ok("name: t\ndata: {train: d, cat_slots: 5}\n"
+             "model:\n"
+             "  embedding: {dim: 8, capacity: 1000}\n"
+             "  tables:\n"
+             "    - {name: user, slots: [1, 0]}\n"
+             "    - {name: item, slots: 3, capacity: 99, dim: 4, init: normal}\n",
+             &s);
+    assert_int_equal(s.model.ntables, 4);
+    const job_table_t *u = table_named(&s, "user");
+    assert_non_null(u);
+    assert_int_equal(u->nslots, 2);
+    assert_int_equal(u->slots[0], 1);
+    assert_int_equal(u->slots[1], 0);
+    assert_int_equal(u->emb.dim, 8);
+    assert_int_equal(u->emb.capacity, 1000);
+    const job_table_t *it = table_named(&s, "item");
+    assert_non_null(it);
+    assert_int_equal(it->nslots, 1);
+    assert_int_equal(it->slots[0], 3);
+    assert_int_equal(it->emb.capacity, 99);
+    assert_int_equal(it->emb.dim, 4); /* lr: per-table dims are allowed */
+    assert_int_equal(it->emb.init, JOB_INIT_NORMAL);
+    /* every slot is covered exactly once */
+    int covered[5] = {0};
+    for (int i = 0; i < s.model.ntables; i++)
+        for (int j = 0; j < s.model.tables[i].nslots; j++)
+            covered[s.model.tables[i].slots[j]]++;
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(covered[i], 1);
+    assert_non_null(table_named(&s, "slot2"));
+    assert_non_null(table_named(&s, "slot4"));
+    assert_null(table_named(&s, "slot0"));
+    assert_int_equal(table_named(&s, "slot4")->emb.capacity, 1000);
+    job_spec_fini(&s);
+
+    /* model.embedding given after tables still seeds them */
+    parse_ok("name: t\ndata: {train: d, cat_slots: 2}\n"
+             "model:\n  tables: [{name: both, slots: [0, 1]}]\n  embedding: {dim: 24}\n",
+             &s);
+    assert_int_equal(s.model.ntables, 1);
+    assert_int_equal(s.model.tables[0].emb.dim, 24);
+    job_spec_fini(&s);
+}
+
+/* ---- bad specs ------------------------------------------------------------------- */
+#define P "name: j\ndata: {train: d}\n" /* a valid prefix: lines 1-2 */
+
+static const struct bad {
+    const char *yaml;
+    const char *expect; /* one diagnostic must be exactly this */
+} bad_specs[] = {
+    /* documents */
+    {"name: j\ndata: [1, 2\n", "job.yaml:3:1: YAML syntax error: did not find expected ',' or ']' "
+                               "(while parsing a flow sequence at 2:7)"},
+    {"name: j\n\tdata: x\n",
+     "job.yaml:2:1: YAML syntax error: found a tab character that violates indentation "
+     "(while scanning a plain scalar at 1:7)"},
+    {"", "job.yaml:1:1: the job spec is empty (it needs at least name: and data: {train: ...})"},
+    {"# only a comment\n",
+     "job.yaml:1:1: the job spec is empty (it needs at least name: and data: {train: ...})"},
+    {"- name: j\n",
+     "job.yaml:1:1: the top level must be a mapping of fields (name: ..., data: ...), got a list"},
+    {P "---\nname: k\n", "job.yaml:4:1: a job spec is one YAML document; a second one starts here"},
+    /* required fields */
+    {"data: {train: d}\n", "job.yaml:1:1: name: required field is missing"},
+    {"name: j\n", "job.yaml:1:1: data.train: required field is missing"},
+    {"name: j\ndata:\n", "job.yaml:1:1: data.train: required field is missing"},
+    {"name: j\ndata: {eval: e}\n", "job.yaml:2:7: data.train: required field is missing"},
+    {"name: j\ndata: {train: \"\"}\n", "job.yaml:2:15: data.train: must not be empty"},
+    /* keys */
+    {P "concurency: forbid\n",
+     "job.yaml:3:1: concurency: unknown field (did you mean \"concurrency\"?)"},
+    {P "model:\n  embeding: {dim: 8}\n",
+     "job.yaml:4:3: model.embeding: unknown field (did you mean \"embedding\"?)"},
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: m, labl: A}\n",
+     "job.yaml:5:37: push.endpoints[0].labl: unknown field (did you mean \"label\"?)"},
+    {P "colour: red\n",
+     "job.yaml:3:1: colour: unknown field (expected one of: name, description, schedule, "
+     "timezone, concurrency, catchup, priority, resources, retries, data, model, train, "
+     "checkpoint, export, push)"},
+    {P "name: k\n", "job.yaml:3:1: name: duplicate field (first given at line 1)"},
+    {P "[a]: 1\n", "job.yaml:3:1: field names must be plain strings, got a list"},
+    /* types */
+    {P "model:\n  embedding:\n    dim: sixteen\n",
+     "job.yaml:5:10: model.embedding.dim: expected a positive integer, got \"sixteen\""},
+    {P "resources: [1, 2]\n", "job.yaml:3:12: resources: expected a mapping of fields, got a list"},
+    {"name: {a: 1}\ndata: {train: d}\n", "job.yaml:1:7: name: expected a string, got a mapping"},
+    {P "priority: high\n", "job.yaml:3:11: priority: expected an integer, got \"high\""},
+    {"name: j\ndata: {train: d, incremental: yes}\n",
+     "job.yaml:2:31: data.incremental: expected true or false, got \"yes\""},
+    {P "resources: {timeout: forever}\n",
+     "job.yaml:3:22: resources.timeout: expected a duration like 30s, 5m, 2h or 1h30m (or none), "
+     "got \"forever\""},
+    {P "train: {seed: -1}\n", "job.yaml:3:15: train.seed: must be >= 0, got -1"},
+    {P "model: {type: dlrm, bottom_mlp: [64, x]}\n",
+     "job.yaml:3:38: model.bottom_mlp[1]: expected a positive integer, got \"x\""},
+    {P "model: {type: dlrm, top_mlp: 1}\n",
+     "job.yaml:3:30: model.top_mlp: expected a list of layer widths like [64, 16], got \"1\""},
+    {P "train: {optimizer: {sparse: {lr: fast}}}\n",
+     "job.yaml:3:34: train.optimizer.sparse.lr: expected a number, got \"fast\""},
+    /* names and strings */
+    {"name: \"ctr hourly\"\ndata: {train: d}\n",
+     "job.yaml:1:7: name: \"ctr hourly\" is not a valid name (1 to 64 letters, digits, '_', '.' "
+     "or '-')"},
+    {"name: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\ndata: {train: d}\n",
+     "job.yaml:1:7: name: \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\" is "
+     "not "
+     "a valid name (1 to 64 letters, digits, '_', '.' or '-')"},
+    {P "push: {token_env: KILN-TOKEN}\n",
+     "job.yaml:3:19: push.token_env: \"KILN-TOKEN\" is not an environment variable name (letters, "
+     "digits and '_', not starting with a digit)"},
+    {P "train: {init_from: \"\"}\n",
+     "job.yaml:3:20: train.init_from: expected latest, none or a checkpoint id, got an empty "
+     "string"},
+    /* enums */
+    {P "concurrency: forbd\n",
+     "job.yaml:3:14: concurrency: \"forbd\" is not one of forbid | allow | replace (did you mean "
+     "\"forbid\"?)"},
+    {P "catchup: sometimes\n",
+     "job.yaml:3:10: catchup: \"sometimes\" is not one of none | latest | all"},
+    {P "model: {type: [lr]}\n", "job.yaml:3:15: model.type: a list is not one of lr | fm | dlrm"},
+    {P "model: {embedding: {combiner: avg}}\n",
+     "job.yaml:3:31: model.embedding.combiner: \"avg\" is not one of sum | mean"},
+    /* ranges */
+    {P "resources: {ranks: 0}\n", "job.yaml:3:20: resources.ranks: 0 is out of range 1..4096"},
+    {P "resources: {ranks: 5000}\n",
+     "job.yaml:3:20: resources.ranks: 5000 is out of range 1..4096"},
+    {P "priority: 2000\n", "job.yaml:3:11: priority: 2000 is out of range -1000..1000"},
+    {P "model: {embedding: {dim: 2048}}\n",
+     "job.yaml:3:26: model.embedding.dim: 2048 is out of range 1..1024"},
+    {P "model: {embedding: {capacity: 0}}\n",
+     "job.yaml:3:31: model.embedding.capacity: 0 is out of range 1..1099511627776"},
+    {P "train: {batch_size: 0}\n", "job.yaml:3:21: train.batch_size: 0 is out of range 1..1048576"},
+    {P "train: {optimizer: {dense: {lr: -0.1}}}\n",
+     "job.yaml:3:33: train.optimizer.dense.lr: must be >= 0, got -0.1"},
+    {P "train: {optimizer: {sparse: {type: adam, beta1: 1.0}}}\n",
+     "job.yaml:3:49: train.optimizer.sparse.beta1: must be in [0, 1), got 1.0"},
+    {P "train: {optimizer: {sparse: {eps: 0}}}\n",
+     "job.yaml:3:35: train.optimizer.sparse.eps: must be > 0, got 0"},
+    {P "checkpoint: {keep: 0}\n", "job.yaml:3:20: checkpoint.keep: 0 is out of range 1..100000"},
+    {P "checkpoint: {full_every: 0}\n",
+     "job.yaml:3:26: checkpoint.full_every: 0 is out of range 1..100000"},
+    {P "push: {timeout: 0s}\n", "job.yaml:3:17: push.timeout: must be at least 1ms, got 0ms"},
+    {P "retries: {backoff: 2m, max_backoff: 1m}\n",
+     "job.yaml:3:37: retries.max_backoff: 1m is shorter than retries.backoff (2m)"},
+    /* schedule and timezone (messages from jobs/cron.c) */
+    {P "schedule: \"\"\n", "job.yaml:3:11: schedule: must not be empty"},
+    /* resources */
+    {P "resources: {launcher: hostfile}\n",
+     "job.yaml:3:23: resources.hostfile: required with launcher: hostfile (a file listing the "
+     "hosts to run on)"},
+    {P "resources: {hostfile: hosts}\n",
+     "job.yaml:3:23: resources.hostfile: only used with launcher: hostfile (launcher is local)"},
+    /* endpoints */
+    {P "push:\n  endpoints:\n    - {url: \"ftp://h\", model: m, label: A}\n",
+     "job.yaml:5:13: push.endpoints[0].url: \"ftp://h\" must start with http:// or https://"},
+    {P "push:\n  endpoints:\n    - {url: \"http://\", model: m, label: A}\n",
+     "job.yaml:5:13: push.endpoints[0].url: \"http://\" names no host"},
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\"}\n",
+     "job.yaml:5:7: push.endpoints[0].model: required field is missing"},
+    {P "push:\n  endpoints:\n    - url: \"http://h:1\"\n      model: m\n",
+     "job.yaml:5:7: push.endpoints[0].label: required field is missing"},
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: m, label: \"A B\"}\n",
+     "job.yaml:5:44: push.endpoints[0].label: \"A B\" is not a valid label (1 to 32 letters, "
+     "digits, '_', '.' or '-')"},
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: m, label: A}\n"
+       "    - {url: \"http://h:1\", model: m, label: B}\n",
+     "job.yaml:6:7: push.endpoints[1]: same url and model as push.endpoints[0]; list each "
+     "endpoint once"},
+    {P "push: {endpoints: {url: x}}\n",
+     "job.yaml:3:19: push.endpoints: expected a list of {url, model, label}, got a mapping"},
+    /* online / batch */
+    {P "export: {every: 30s}\n",
+     "job.yaml:3:17: export.every: only online jobs export while training (train.mode is batch; "
+     "a batch job exports at its end with export.on_success)"},
+    {P "train: {mode: online}\n",
+     "job.yaml:3:15: export.every: required with train.mode: online (how often the running "
+     "trainer exports, e.g. 30s; 0 or none for never)"},
+    /* model shapes */
+    {P "model: {type: dlrm, top_mlp: [256, 2]}\n",
+     "job.yaml:3:30: model.top_mlp: the last layer must have width 1 (the logit), got 2"},
+    {P "model: {type: dlrm, bottom_mlp: [64, 32]}\n",
+     "job.yaml:3:33: model.bottom_mlp: the last width (32) must equal model.embedding.dim (16): "
+     "DLRM's dot interaction multiplies the dense vector with every embedding"},
+    {P "model: {type: lr, top_mlp: [1]}\n",
+     "job.yaml:3:28: model.top_mlp: only dlrm has MLPs (model.type is lr)"},
+    {P "model: {type: dlrm, bottom_mlp: []}\n",
+     "job.yaml:3:33: model.bottom_mlp: must list 1 to 16 widths, got 0"},
+    {P "model:\n  type: fm\n  tables: [{name: a, slots: 0, dim: 8}]\n",
+     "job.yaml:5:37: model.tables[0].dim: fm needs every table to have model.embedding.dim (16), "
+     "got 8"},
+    /* tables */
+    {P "model:\n  tables: [{name: a, slots: [0, 26]}]\n",
+     "job.yaml:4:33: model.tables[0].slots[1]: slot 26 is out of range 0..25 (data.cat_slots is "
+     "26)"},
+    {P "model:\n  tables:\n    - {name: a, slots: [0, 1]}\n    - {name: b, slots: [2, 1]}\n",
+     "job.yaml:6:28: model.tables[1].slots[1]: slot 1 is already read by model.tables[0]; each "
+     "slot belongs to exactly one table"},
+    {P "model:\n  tables: [{name: a, slots: [3, 3]}]\n",
+     "job.yaml:4:33: model.tables[0].slots[1]: slot 3 is listed twice in this table"},
+    {P "model:\n  tables: [{name: a, slots: []}]\n",
+     "job.yaml:4:29: model.tables[0].slots: a table must read at least one slot"},
+    {P "model:\n  tables: [{slots: 1}]\n",
+     "job.yaml:4:12: model.tables[0].name: required field is missing"},
+    {P "model:\n  tables: [{name: a}]\n",
+     "job.yaml:4:12: model.tables[0].slots: required field is missing"},
+    {P "model:\n  tables: [{name: a, slots: 0}, {name: a, slots: 1}]\n",
+     "job.yaml:4:40: model.tables[1].name: \"a\" is also the name of model.tables[0]"},
+    {P "model:\n  tables: [{name: slot5, slots: 0}]\n",
+     "job.yaml:4:19: model.tables[0].name: \"slot5\" is the name of slot 5's default table (no "
+     "table lists slot 5); pick another name or list slot 5"},
+    {P "model:\n  tables: [{name: a, slots: 0, dim: 0}]\n",
+     "job.yaml:4:37: model.tables[0].dim: 0 is out of range 1..1024"},
+    {P "model:\n  tables: [{name: a, slots: 0, capacity: -5}]\n",
+     "job.yaml:4:42: model.tables[0].capacity: -5 is out of range 1..1099511627776"},
+    {P "model:\n  tables: {name: a}\n",
+     "job.yaml:4:11: model.tables: expected a list of tables, got a mapping"},
+};
+
+static void test_bad_specs(void **state)
+{
+    (void)state;
+    int failures = 0;
+    for (size_t i = 0; i < sizeof bad_specs / sizeof bad_specs[0]; i++) {
+        job_spec_t s;
+        job_diags_t d;
+        int rc = parse(bad_specs[i].yaml, &s, &d);
+        bool found = false;
+        for (size_t j = 0; j < d.n; j++)
+            found = found || strcmp(d.items[j].message, bad_specs[i].expect) == 0;
+        if (rc != KILN_ESPEC || !found) {
+            print_message("case %zu: rc %d, want: %s\n", i, rc, bad_specs[i].expect);
+            print_diags(&d);
+            failures++;
+        }
+        /* a failed parse leaves the spec zeroed */
+        assert_null(s.name);
+        assert_null(s.model.tables);
+        job_diags_fini(&d);
+    }
+    assert_int_equal(failures, 0);
+    assert_true(sizeof bad_specs / sizeof bad_specs[0] >= 30);
+}
+
+/* Problems from jobs/cron.c keep its message after "schedule: ". */
+static void test_bad_schedule_and_timezone(void **state)
+{
+    (void)state;
+    job_spec_t s;
+    job_diags_t d;
+    job_cron_t cron;
+    assert_true(job_cron_parse("61 * * * *", &cron) < 0);
+    char want[512];
+    snprintf(want, sizeof want, "job.yaml:3:11: schedule: %s", kiln_errmsg());
+    assert_int_equal(parse(P "schedule: \"61 * * * *\"\n", &s, &d), KILN_ESPEC);
+    assert_int_equal(d.n, 1);
+    assert_string_equal(d.items[0].message, want);
+    assert_string_equal(d.items[0].path, "schedule");
+    assert_int_equal(d.items[0].line, 3);
+    assert_int_equal(d.items[0].col, 11);
+    job_diags_fini(&d);
+
+    assert_int_equal(parse(P "timezone: Mars/Olympus_Mons\n", &s, &d), KILN_ESPEC);
+    assert_int_equal(d.n, 1);
+    assert_non_null(strstr(d.items[0].message, "job.yaml:3:11: timezone: "));
+    job_diags_fini(&d);
+}
+
+/* Every problem is reported, in document order, not only the first. */
+static void test_collects_all(void **state)
+{
+    (void)state;
+    job_spec_t s;
+    job_diags_t d;
+    const char *text = "name: bad name\n"                  /* 1 */
+                       "data: {train: d}\n"                /* 2 */
+                       "resources: {launcher: hostfile}\n" /* 3: found after the walk */
+                       "model:\n"                          /* 4 */
+                       "  embedding: {dim: sixteen}\n"     /* 5 */
+                       "concurency: allow\n"               /* 6 */
+                       "push: {retries: -1}\n";            /* 7 */
+    assert_int_equal(parse(text, &s, &d), KILN_ESPEC);
+    if (d.n != 5)
+        print_diags(&d);
+    assert_int_equal(d.n, 5);
+    int lines[] = {1, 3, 5, 6, 7};
+    for (size_t i = 0; i < d.n; i++)
+        assert_int_equal(d.items[i].line, lines[i]);
+    assert_string_equal(d.items[1].path, "resources.hostfile");
+    assert_string_equal(d.items[2].path, "model.embedding.dim");
+    /* kiln_errmsg carries the first problem and the count of the others */
+    assert_non_null(strstr(kiln_errmsg(), "job.yaml:1:7: name: "));
+    assert_non_null(strstr(kiln_errmsg(), "(and 4 more problems)"));
+    job_diags_fini(&d);
+
+    /* NULL diags is allowed */
+    assert_int_equal(job_spec_parse("name: j\n", 8, "x.yaml", &s, NULL), KILN_ESPEC);
+    assert_string_equal(kiln_errmsg(), "x.yaml:1:1: data.train: required field is missing");
+}
+
+static void test_load_errors(void **state)
+{
+    (void)state;
+    job_spec_t s;
+    job_diags_t d;
+    job_diags_init(&d);
+    assert_int_equal(job_spec_load("/nonexistent/kiln/job.yaml", &s, &d), KILN_ENOENT);
+    assert_non_null(strstr(kiln_errmsg(), "/nonexistent/kiln/job.yaml"));
+    assert_int_equal(d.n, 0);
+
+    /* diagnostics name the file as given */
+    char dir[] = "/tmp/kiln-spec-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/job.yaml", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("name: j\ndata: {train: d}\nresources: {ranks: many}\n", f);
+    fclose(f);
+    assert_int_equal(job_spec_load(path, &s, &d), KILN_ESPEC);
+    assert_int_equal(d.n, 1);
+    char want[128];
+    snprintf(want, sizeof want,
+             "%s:3:20: resources.ranks: expected a positive integer, got \"many\"", path);
+    assert_string_equal(d.items[0].message, want);
+    job_diags_fini(&d);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    assert_string_equal(job_concurrency_name(JOB_CONC_REPLACE), "replace");
+    assert_string_equal(job_catchup_name(JOB_CATCHUP_ALL), "all");
+    assert_string_equal(job_launcher_name(JOB_LAUNCH_HOSTFILE), "hostfile");
+    assert_string_equal(job_device_name(JOB_DEVICE_CUDA), "cuda");
+    assert_string_equal(job_format_name(JOB_FMT_KILN_BIN), "kiln-bin");
+    assert_string_equal(job_model_type_name(JOB_MODEL_DLRM), "dlrm");
+    assert_string_equal(job_combiner_name(JOB_COMB_MEAN), "mean");
+    assert_string_equal(job_eviction_name(JOB_EVICT_LFU), "lfu");
+    assert_string_equal(job_init_name(JOB_INIT_ZEROS), "zeros");
+    assert_string_equal(job_optimizer_type_name(JOB_OPT_ADAM), "adam");
+    assert_string_equal(job_export_mode_name(JOB_EXPORT_INCREMENTAL), "incremental");
+    assert_string_equal(job_init_from_name(JOB_INITFROM_CHECKPOINT), "checkpoint");
+    assert_string_equal(job_train_mode_name(JOB_MODE_ONLINE), "online");
+    assert_string_equal(job_model_type_name((job_model_type_t)42), "?");
+}
+
+static int glob_parse(const char *pattern, size_t min_files)
+{
+    glob_t g;
+    assert_int_equal(glob(pattern, 0, NULL, &g), 0);
+    assert_true(g.gl_pathc >= min_files);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        job_spec_t s;
+        load_ok(g.gl_pathv[i], &s);
+        assert_non_null(s.name);
+        assert_non_null(s.data.train);
+        job_spec_fini(&s);
+    }
+    size_t n = g.gl_pathc;
+    globfree(&g);
+    return (int)n;
+}
+
+static void test_examples_parse(void **state)
+{
+    (void)state;
+    glob_parse(KILN_SOURCE_DIR "/examples/*.yaml", 3);
+    glob_parse(KILN_SOURCE_DIR "/tests/specs/good/*.yaml", 3);
+
+    /* the examples promised by the docs */
+    job_spec_t s;
+    load_ok(KILN_SOURCE_DIR "/examples/ctr-hourly.yaml", &s);
+    assert_string_equal(s.schedule, "15 * * * *");
+    assert_true(s.data.incremental);
+    assert_string_equal(s.push.endpoints[0].label, "B");
+    job_spec_fini(&s);
+    load_ok(KILN_SOURCE_DIR "/examples/oneoff.yaml", &s);
+    assert_null(s.schedule);
+    assert_int_equal(s.resources.ranks, 2);
+    assert_string_equal(s.data.train, "data/day=*/part-*.tsv");
+    job_spec_fini(&s);
+    load_ok(KILN_SOURCE_DIR "/examples/online.yaml", &s);
+    assert_int_equal(s.train.mode, JOB_MODE_ONLINE);
+    assert_int_equal(s.export_.every_ms, 30000);
+    assert_true(s.push.nendpoints > 0);
+    job_spec_fini(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ctr_hourly),   cmocka_unit_test(test_minimal_defaults),
+        cmocka_unit_test(test_every_field),  cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_bad_specs),    cmocka_unit_test(test_bad_schedule_and_timezone),
+        cmocka_unit_test(test_collects_all), cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_names),        cmocka_unit_test(test_examples_parse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
