@@ -1,0 +1,232 @@
+/*
+ * kernels/kern.h - the compute kernels of Kiln's sharded-embedding trainer:
+ * the dynamic embedding table one rank holds for one table (int64 keys ->
+ * rows of a dense slab, seeded initializer, eviction, change tracking) and
+ * the fused ops of a training step over all tables at once (gather+combine
+ * per bag, backward reduce to unique rows, sparse optimizer update).
+ *
+ * Every op has one C signature per backend: kern_cpu_* (C11 + OpenMP, the
+ * readable reference) and, when built with CUDA (KILN_HAVE_CUDA=1, library
+ * kiln_kernels_cuda), kern_cuda_* with the same argument shapes whose array
+ * pointers are device pointers. The ops do not know the table type: they
+ * read and write slabs (kern_slab_t), which kern_table_slab() describes for
+ * a host table and which a device mirror describes for the GPU.
+ *
+ * Row ids are int32 (a table holds at most KERN_MAX_CAPACITY rows per rank);
+ * bag offsets and counts are int64. See docs/kernels.md for the layout.
+ * This header is C11 and safe to include from a .cu file.
+ */
+#ifndef KILN_KERNELS_KERN_H
+#define KILN_KERNELS_KERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { KERN_INIT_ZEROS = 0, KERN_INIT_UNIFORM = 1, KERN_INIT_NORMAL = 2 } kern_init_t;
+typedef enum { KERN_EVICT_NONE = 0, KERN_EVICT_LRU = 1, KERN_EVICT_LFU = 2 } kern_evict_t;
+typedef enum { KERN_OPT_SGD = 0, KERN_OPT_ADAGRAD = 1, KERN_OPT_ADAM = 2 } kern_opt_kind_t;
+typedef enum { KERN_COMBINE_SUM = 0, KERN_COMBINE_MEAN = 1 } kern_combine_t;
+
+#define KERN_MAX_CAPACITY ((int64_t)0x7ffffff0)
+#define KERN_MAX_DIM 65536
+
+/* ---- the dynamic embedding table -------------------------------------------- */
+
+typedef struct {
+    const char *name;       /* for messages, e.g. "slot3" (copied) */
+    int dim;                /* floats per row, 1..KERN_MAX_DIM */
+    int64_t capacity;       /* rows this rank can hold, 1..KERN_MAX_CAPACITY */
+    kern_opt_kind_t opt;    /* decides the optimizer state kept per row */
+    kern_init_t init;       /* initializer of a new key's row */
+    float init_scale;       /* s of U(-s, s) or N(0, s) */
+    uint64_t seed;          /* the table's seed: init depends on (seed, key) only */
+    kern_evict_t evict;     /* what to do when full */
+    float evict_fraction;   /* share of capacity evicted per batch; 0 -> 0.01 */
+} kern_table_config_t;
+
+typedef struct kern_table kern_table_t;
+
+/* What a fused op needs of one table: its dense arrays, row r at r*dim.
+ * Pointers are host memory for kern_cpu_* and device memory for kern_cuda_*.
+ * Fields the op does not use may be NULL (gather needs only values). */
+typedef struct {
+    float *values;        /* (capacity, dim) */
+    float *opt_state;     /* (capacity, nstate*dim): adagrad acc | adam m then v; NULL for sgd */
+    int64_t *stamps;      /* (capacity) step of the row's last change, -1 for a free row */
+    uint32_t *opt_steps;  /* (capacity) updates this row has had; adam only, else NULL */
+    int64_t capacity;
+    int dim;
+    int nstate;           /* 0 sgd, 1 adagrad, 2 adam */
+} kern_slab_t;
+
+/* A removed key: evicted or deleted at `step`, last changed at `stamp`. */
+typedef struct {
+    int64_t key;
+    int64_t stamp;
+    int64_t step;
+} kern_evicted_t;
+
+typedef struct {
+    int64_t size;             /* live rows */
+    int64_t capacity;
+    int64_t nslots;           /* hash index slots (a power of two) */
+    int64_t evictions;        /* rows evicted since creation */
+    int64_t eviction_batches; /* eviction rounds run since creation */
+    int64_t changed_pending;  /* rows on the change list */
+    int64_t last_visited;     /* rows the last changed_since looked at */
+} kern_table_stats_t;
+
+/* Creates an empty table; the slab for `capacity` rows is allocated now.
+ * Returns 0, KILN_EINVAL (bad config, message names the field) or
+ * KILN_ENOMEM. Free with kern_table_destroy. */
+int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT */);
+/* Frees the table (NULL is fine). */
+void kern_table_destroy(kern_table_t *t);
+
+/* Maps each of keys[n] to its row, inserting missing keys with their seeded
+ * initial row (zero optimizer state, stamp = step, put on the change list)
+ * and counting a use of every key at `step` (for lru/lfu). Duplicates in
+ * keys get the same row. When the new keys do not fit, lru/lfu evict a batch
+ * first (see docs/kernels.md; rows used at `step` are never evicted) and
+ * `none` refuses: nothing is inserted and KILN_EFULL says which table.
+ * Returns 0, KILN_EFULL or KILN_ENOMEM. rows is (n). */
+int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,
+                              int32_t *rows /* OUT (n) */);
+/* Looks keys up without inserting or counting a use; a missing key gets -1.
+ * Returns the number of keys found. */
+int64_t kern_table_find(const kern_table_t *t, int64_t n, const int64_t *keys,
+                        int32_t *rows /* OUT (n) */);
+/* Removes keys (missing ones are ignored), logging each as removed at step.
+ * Returns 0 or KILN_ENOMEM (the log could not grow). */
+int kern_table_delete(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,
+                      int64_t *ndeleted /* OUT, may be NULL */);
+/* Bulk load: sets each key's row to values (n, dim) and optimizer state
+ * opt_state (n, nstate*dim; NULL -> zeros) and opt_steps (n; NULL -> 0),
+ * inserting keys as needed (never evicts), stamping rows with step.
+ * Returns 0 or KILN_EFULL (nothing changed). */
+int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
+                           const float *values, const float *opt_state,
+                           const uint32_t *opt_steps, int64_t step);
+
+/* Puts rows (n) on the change list; call it with the unique rows of an
+ * optimizer update (kern_*_sparse_update stamps them, this remembers them).
+ * O(n). Rows out of range are ignored. */
+void kern_table_mark_changed(kern_table_t *t, int64_t n, const int32_t *rows);
+/* Writes the live rows whose stamp is > since into rows (cap entries;
+ * cap >= kern_table_size() always suffices), in no particular order. When
+ * since >= the stamp of the last kern_table_set_base, the cost is
+ * proportional to the change list, not the table; an older `since` falls
+ * back to a scan of the whole slab. Returns 0 or KILN_ERANGE (cap too small). */
+int kern_table_changed_since(kern_table_t *t, int64_t since, int32_t *rows /* OUT (cap) */,
+                             int64_t cap, int64_t *n /* OUT */);
+/* Records that a dump holds every row with stamp <= base: drops those rows
+ * from the change list (O(change list)). */
+void kern_table_set_base(kern_table_t *t, int64_t base);
+/* Writes every live row id into rows (cap entries), ascending. Returns 0 or
+ * KILN_ERANGE (cap too small). */
+int kern_table_scan(const kern_table_t *t, int32_t *rows /* OUT (cap) */, int64_t cap,
+                    int64_t *n /* OUT */);
+
+/* The keys removed since the last kern_table_evicted_clear, oldest first;
+ * the array belongs to the table and is valid until the next change. */
+const kern_evicted_t *kern_table_evicted(const kern_table_t *t, int64_t *n /* OUT */);
+void kern_table_evicted_clear(kern_table_t *t);
+
+/* Describes the table's arrays for the fused ops (borrowed, host memory). */
+void kern_table_slab(kern_table_t *t, kern_slab_t *slab /* OUT */);
+/* keys[r] is the key of live row r (capacity entries; free rows hold junk). */
+const int64_t *kern_table_keys(const kern_table_t *t);
+int64_t kern_table_size(const kern_table_t *t);
+int64_t kern_table_capacity(const kern_table_t *t);
+int kern_table_dim(const kern_table_t *t);
+const char *kern_table_name(const kern_table_t *t);
+void kern_table_stats(const kern_table_t *t, kern_table_stats_t *st /* OUT */);
+/* Bytes the table holds now (slab, index, bookkeeping, eviction log). */
+size_t kern_table_bytes(const kern_table_t *t);
+/* Bytes of one raw row: key 8 + dim*4 values + optimizer state + stamp 8.
+ * kern_table_bytes() stays under 1.3 x capacity x this for dim >= 16. */
+size_t kern_table_row_bytes(const kern_table_t *t);
+
+/* ---- fused ops over all tables of a step ---------------------------------------- */
+
+/* One table's part of a batch: nbags bags (the same nbags for all tables) in
+ * CSR form. Bag b of this table holds rows[offsets[b] .. offsets[b+1]).
+ * Its combined vector lands at out[b*out_stride + out_col .. + dim). */
+typedef struct {
+    const float *values;    /* (capacity, dim): the table's slab */
+    int64_t capacity;       /* rows in the slab; row ids are checked against it */
+    int dim;
+    kern_combine_t combine; /* sum, or mean over the bag's rows */
+    const int64_t *offsets; /* (nbags+1), offsets[0] = 0, non-decreasing */
+    const int32_t *rows;    /* (offsets[nbags]) row ids, repeats allowed */
+    int64_t out_col;        /* first column of this table in out */
+} kern_bags_t;
+
+/* Per-table gradients of unique rows: the output of the backward reduce and
+ * the input of the sparse update. Caller allocates rows and grads with room
+ * for the table's offsets[nbags] entries (an upper bound on unique rows). */
+typedef struct {
+    int32_t *rows;  /* (n) unique row ids, ascending */
+    float *grads;   /* (n, dim) */
+    int64_t n;
+} kern_row_grads_t;
+
+typedef struct {
+    kern_opt_kind_t kind;
+    float lr;
+    float eps;    /* adagrad, adam */
+    float beta1;  /* adam */
+    float beta2;  /* adam */
+} kern_opt_t;
+
+/* Forward: for each bag b and table t, out[b, col_t .. col_t+dim_t) =
+ * combine over the bag's rows of values[row] (empty bag -> zeros).
+ * out is (nbags, out_stride); columns no table writes are left alone.
+ * Returns 0 or KILN_EINVAL (bad shapes or a row id out of range). */
+int kern_cpu_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
+                            int64_t out_stride, float *out /* OUT (nbags, out_stride) */);
+
+/* Backward: grad_out is (nbags, out_stride), laid out like the forward out.
+ * For each table, every row that occurs in its bags gets the sum over its
+ * occurrences of grad_out[bag, col..col+dim) * scale(bag) (1 for sum,
+ * 1/len for mean); rows come out unique and ascending. The sum runs in bag
+ * order, so the result does not depend on the thread count. grads[t] must
+ * have room for offsets[nbags] rows. Returns 0, KILN_EINVAL or KILN_ENOMEM. */
+int kern_cpu_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
+                             int64_t out_stride, const float *grad_out,
+                             kern_row_grads_t *grads /* OUT (ntables) */);
+
+/* Applies one optimizer step to each table's unique rows: slabs[t] rows
+ * grads[t].rows get grads[t].grads, and their stamps become step. Adam
+ * corrects the bias with the row's own update count (opt_steps, incremented
+ * here), so a row first seen late starts with a full-size step. Rows must be
+ * unique within a table. Returns 0 or KILN_EINVAL. */
+int kern_cpu_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t *slabs,
+                           const kern_row_grads_t *grads, int64_t step);
+
+#ifdef KILN_HAVE_CUDA
+/* ---- CUDA backend (kiln_kernels_cuda) --------------------------------------------
+ * Same shapes as kern_cpu_*; the arrays inside bags, slabs and grads and the
+ * d_ arguments are device memory, the descriptor arrays themselves are host
+ * memory. stream is a cudaStream_t (NULL: the default stream); the calls are
+ * asynchronous. Returns 0, KILN_EINVAL or KILN_ECUDA (message names the
+ * CUDA error). Row ids are not range-checked on the device. */
+int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
+                             int64_t out_stride, float *d_out, void *stream);
+int kern_cuda_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t *slabs,
+                            const kern_row_grads_t *grads, int64_t step, void *stream);
+/* Number of CUDA devices visible (0 when none or the driver is missing). */
+int kern_cuda_device_count(void);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_KERNELS_KERN_H */

@@ -1,0 +1,251 @@
+/*
+ * kernels/kern_cpu.c - the CPU backend of the fused step ops: gather+combine
+ * per bag over all tables, the backward reduce of bag gradients to unique
+ * rows, and the sparse optimizer update. C11 + OpenMP; the per-element math
+ * comes from kern_ops.h, shared with kern_cuda.cu. This file is the
+ * readable reference the CUDA backend is checked against.
+ *
+ * Parallel schedule: forward over bags (each thread owns whole output rows),
+ * backward over unique rows after a serial stable radix sort of the
+ * (row, position) pairs (no atomics; each row's sum runs in bag order, so
+ * the result does not depend on the thread count), update over unique rows.
+ */
+#include "kern.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_ops.h"
+
+/* Checks what every op needs of a table's batch. */
+static int check_bags(int ntables, const kern_bags_t *bags, int64_t nbags,
+                      int64_t out_stride)
+{
+    if (ntables < 0 || nbags < 0 || (ntables > 0 && !bags))
+        return kiln_errf(KILN_EINVAL, "gather: bad table count %d or bag count %lld", ntables,
+                         (long long)nbags);
+    for (int t = 0; t < ntables; t++) {
+        const kern_bags_t *g = &bags[t];
+        if (!g->values || !g->offsets || g->dim < 1 || g->out_col < 0 ||
+            g->out_col + g->dim > out_stride)
+            return kiln_errf(KILN_EINVAL,
+                             "gather: table %d has no slab/offsets, dim %d, or columns "
+                             "[%lld, %lld) outside the output stride %lld",
+                             t, g->dim, (long long)g->out_col,
+                             (long long)(g->out_col + g->dim), (long long)out_stride);
+        if (g->offsets[0] != 0 || (g->offsets[nbags] > 0 && !g->rows))
+            return kiln_errf(KILN_EINVAL, "gather: table %d offsets must start at 0", t);
+    }
+    return 0;
+}
+
+/* ---- forward ------------------------------------------------------------------ */
+
+int kern_cpu_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
+                            int64_t out_stride, float *out /* OUT (nbags, out_stride) */)
+{
+    KILN_CHECK(check_bags(ntables, bags, nbags, out_stride));
+    int bad = 0;
+
+#pragma omp parallel for schedule(static) reduction(| : bad)
+    for (int64_t b = 0; b < nbags; b++) {
+        for (int t = 0; t < ntables; t++) {
+            const kern_bags_t *g = &bags[t];
+            const int dim = g->dim;
+            float *restrict o = out + b * out_stride + g->out_col; /* (dim) */
+            const int64_t s = g->offsets[b], e = g->offsets[b + 1];
+            for (int j = 0; j < dim; j++)
+                o[j] = 0.0f;
+            if (e < s) {
+                bad = 1;
+                continue;
+            }
+            for (int64_t p = s; p < e; p++) {
+                const int32_t r = g->rows[p];
+                if (r < 0 || r >= g->capacity) {
+                    bad = 1;
+                    continue;
+                }
+                const float *restrict v = g->values + (size_t)r * (size_t)dim;
+#pragma omp simd
+                for (int j = 0; j < dim; j++)
+                    o[j] += v[j];
+            }
+            if (g->combine == KERN_COMBINE_MEAN && e > s) {
+                const float sc = kern_combine_scale(g->combine, e - s);
+#pragma omp simd
+                for (int j = 0; j < dim; j++)
+                    o[j] *= sc;
+            }
+        }
+    }
+    if (bad)
+        return kiln_errf(KILN_EINVAL, "gather: a bag has decreasing offsets or a row id "
+                         "outside its table's slab");
+    return 0;
+}
+
+/* ---- backward ------------------------------------------------------------------- */
+
+/* Stable LSD radix sort of positions idx[n] by rows[idx], 8 bits a pass,
+ * only as many passes as the largest row needs. tmp is scratch (n). */
+static int64_t *radix_sort_positions(const int32_t *rows, int64_t n, int32_t maxrow,
+                                     int64_t *idx, int64_t *tmp)
+{
+    int64_t count[256];
+    for (int shift = 0; shift < 32 && (maxrow >> shift) > 0; shift += 8) {
+        memset(count, 0, sizeof count);
+        for (int64_t i = 0; i < n; i++)
+            count[((uint32_t)rows[idx[i]] >> shift) & 0xff]++;
+        int64_t sum = 0;
+        for (int d = 0; d < 256; d++) {
+            int64_t c = count[d];
+            count[d] = sum;
+            sum += c;
+        }
+        for (int64_t i = 0; i < n; i++)
+            tmp[count[((uint32_t)rows[idx[i]] >> shift) & 0xff]++] = idx[i];
+        int64_t *sw = idx;
+        idx = tmp;
+        tmp = sw;
+    }
+    return idx;
+}
+
+static int reduce_table(const kern_bags_t *g, int64_t nbags, int64_t out_stride,
+                        const float *grad_out, kern_row_grads_t *gr)
+{
+    int rc = 0;
+    const int64_t nnz = g->offsets[nbags];
+    const int dim = g->dim;
+    int64_t *bag_of = NULL, *idx = NULL, *tmp = NULL, *seg = NULL;
+    gr->n = 0;
+    if (nnz == 0)
+        return 0;
+    bag_of = kiln_malloc(sizeof(int64_t) * (size_t)nnz);
+    idx = kiln_malloc(sizeof(int64_t) * (size_t)nnz);
+    tmp = kiln_malloc(sizeof(int64_t) * (size_t)nnz);
+    seg = kiln_malloc(sizeof(int64_t) * (size_t)(nnz + 1));
+    if (!bag_of || !idx || !tmp || !seg) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+
+    int bad = 0;
+    int32_t maxrow = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) reduction(max : maxrow)
+    for (int64_t b = 0; b < nbags; b++) {
+        if (g->offsets[b + 1] < g->offsets[b])
+            bad = 1;
+        for (int64_t p = g->offsets[b]; p < g->offsets[b + 1]; p++) {
+            bag_of[p] = b;
+            idx[p] = p;
+            if (g->rows[p] < 0 || g->rows[p] >= g->capacity)
+                bad = 1;
+            else if (g->rows[p] > maxrow)
+                maxrow = g->rows[p];
+        }
+    }
+    if (bad) {
+        rc = kiln_errf(KILN_EINVAL, "backward: a bag has decreasing offsets or a row id "
+                       "outside its table's slab");
+        goto out;
+    }
+
+    int64_t *sorted = radix_sort_positions(g->rows, nnz, maxrow, idx, tmp);
+    int64_t nu = 0;
+    for (int64_t i = 0; i < nnz; i++)
+        if (i == 0 || g->rows[sorted[i]] != g->rows[sorted[i - 1]])
+            seg[nu++] = i;
+    seg[nu] = nnz;
+
+#pragma omp parallel for schedule(static)
+    for (int64_t u = 0; u < nu; u++) {
+        float *restrict acc = gr->grads + (size_t)u * (size_t)dim; /* (dim) */
+        for (int j = 0; j < dim; j++)
+            acc[j] = 0.0f;
+        gr->rows[u] = g->rows[sorted[seg[u]]];
+        for (int64_t i = seg[u]; i < seg[u + 1]; i++) {
+            const int64_t b = bag_of[sorted[i]];
+            const float sc = kern_combine_scale(g->combine, g->offsets[b + 1] - g->offsets[b]);
+            const float *restrict go = grad_out + b * out_stride + g->out_col;
+#pragma omp simd
+            for (int j = 0; j < dim; j++)
+                acc[j] += go[j] * sc;
+        }
+    }
+    gr->n = nu;
+out:
+    free(bag_of);
+    free(idx);
+    free(tmp);
+    free(seg);
+    return rc;
+}
+
+int kern_cpu_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
+                             int64_t out_stride, const float *grad_out,
+                             kern_row_grads_t *grads /* OUT (ntables) */)
+{
+    KILN_CHECK(check_bags(ntables, bags, nbags, out_stride));
+    for (int t = 0; t < ntables; t++) {
+        if (bags[t].offsets[nbags] > 0 && (!grads[t].rows || !grads[t].grads))
+            return kiln_errf(KILN_EINVAL, "backward: table %d has no output arrays", t);
+        KILN_CHECK(reduce_table(&bags[t], nbags, out_stride, grad_out, &grads[t]));
+    }
+    return 0;
+}
+
+/* ---- sparse optimizer update ------------------------------------------------------ */
+
+int kern_cpu_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t *slabs,
+                           const kern_row_grads_t *grads, int64_t step)
+{
+    const int nstate = kern_opt_nstate(opt->kind);
+    for (int t = 0; t < ntables; t++) {
+        const kern_slab_t *s = &slabs[t];
+        if (!s->values || !s->stamps || s->nstate != nstate || (nstate > 0 && !s->opt_state) ||
+            (opt->kind == KERN_OPT_ADAM && !s->opt_steps))
+            return kiln_errf(KILN_EINVAL,
+                             "update: table %d does not carry the state of this optimizer "
+                             "(it has %d state floats per element, the optimizer needs %d)",
+                             t, s->nstate, nstate);
+        for (int64_t i = 0; i < grads[t].n; i++)
+            if (grads[t].rows[i] < 0 || grads[t].rows[i] >= s->capacity)
+                return kiln_errf(KILN_EINVAL, "update: table %d row %d is outside its slab",
+                                 t, grads[t].rows[i]);
+    }
+    const float lr = opt->lr, eps = opt->eps, b1 = opt->beta1, b2 = opt->beta2;
+
+    for (int t = 0; t < ntables; t++) {
+        const kern_slab_t *s = &slabs[t];
+        const kern_row_grads_t *g = &grads[t];
+        const size_t dim = (size_t)s->dim;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < g->n; i++) {
+            const size_t r = (size_t)g->rows[i];
+            float *restrict w = s->values + r * dim;           /* (dim) */
+            const float *restrict gi = g->grads + (size_t)i * dim; /* (dim) */
+            if (opt->kind == KERN_OPT_SGD) {
+#pragma omp simd
+                for (size_t j = 0; j < dim; j++)
+                    kern_sgd_elem(&w[j], gi[j], lr);
+            } else if (opt->kind == KERN_OPT_ADAGRAD) {
+                float *restrict acc = s->opt_state + r * dim;
+#pragma omp simd
+                for (size_t j = 0; j < dim; j++)
+                    kern_adagrad_elem(&w[j], &acc[j], gi[j], lr, eps);
+            } else {
+                float *restrict m = s->opt_state + r * 2 * dim;
+                float *restrict v = m + dim;
+                const uint32_t tt = ++s->opt_steps[r];
+                const float bc1 = kern_adam_bias(b1, tt), bc2 = kern_adam_bias(b2, tt);
+#pragma omp simd
+                for (size_t j = 0; j < dim; j++)
+                    kern_adam_elem(&w[j], &m[j], &v[j], gi[j], lr, b1, b2, eps, bc1, bc2);
+            }
+            s->stamps[r] = step;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,119 @@
+/*
+ * kernels/kern_ops.h - the per-element math that both backends share: the
+ * counter-based RNG behind the seeded row initializer, the combine scale of
+ * a bag, and the element update of each sparse optimizer. kern_cpu.c and
+ * kern_table.c loop over these with OpenMP; kern_cuda.cu calls the very same
+ * functions from its kernels, so the two backends differ only in how they
+ * schedule the loops (and in whether the compiler fuses a*b+c).
+ *
+ * The file compiles as C11 and as CUDA C++: KERN_HD expands to
+ * `__host__ __device__` under nvcc and to nothing in C. Everything here is
+ * `static inline`, takes plain scalars and touches no global state.
+ */
+#ifndef KILN_KERNELS_KERN_OPS_H
+#define KILN_KERNELS_KERN_OPS_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "kern.h" /* the enums: kern_init_t, kern_combine_t, kern_opt_kind_t */
+
+#if defined(__CUDACC__)
+#define KERN_HD __host__ __device__
+#else
+#define KERN_HD
+#endif
+
+/* ---- counter-based RNG ------------------------------------------------------
+ * Element j of the initial row of key k in a table seeded s is a pure
+ * function of (s, k, j): no state, no insertion order, no rank. The mixer is
+ * the splitmix64 finalizer (Steele, Lea, Flood 2014). */
+KERN_HD static inline uint64_t kern_mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Returns the 64 random bits number `ctr` of key under seed. */
+KERN_HD static inline uint64_t kern_rand_bits(uint64_t seed, int64_t key, uint64_t ctr)
+{
+    return kern_mix64(kern_mix64(seed ^ kern_mix64((uint64_t)key)) + ctr);
+}
+
+/* Maps the top 24 bits of h to a float in [0, 1) (exact in float). */
+KERN_HD static inline float kern_u01(uint64_t h)
+{
+    return (float)(h >> 40) * (1.0f / 16777216.0f);
+}
+
+/* Returns element j of the initial row of key: U(-scale, scale),
+ * N(0, scale) (Box-Muller on two counter draws) or 0. */
+KERN_HD static inline float kern_init_elem(int kind, float scale, uint64_t seed,
+                                           int64_t key, int j)
+{
+    if (kind == KERN_INIT_UNIFORM) {
+        float u = kern_u01(kern_rand_bits(seed, key, (uint64_t)j));
+        return (2.0f * u - 1.0f) * scale;
+    }
+    if (kind == KERN_INIT_NORMAL) {
+        /* u1 in (0, 1] so the log is finite. */
+        float u1 = 1.0f - kern_u01(kern_rand_bits(seed, key, 2 * (uint64_t)j));
+        float u2 = kern_u01(kern_rand_bits(seed, key, 2 * (uint64_t)j + 1));
+        return scale * sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
+    }
+    return 0.0f;
+}
+
+/* ---- combine ------------------------------------------------------------------ */
+/* Returns the factor a bag's summed rows (and, backward, its gradient) are
+ * multiplied by: 1 for sum, 1/len for mean, 0 for an empty bag. */
+KERN_HD static inline float kern_combine_scale(int combine, int64_t len)
+{
+    if (len <= 0)
+        return 0.0f;
+    return combine == KERN_COMBINE_MEAN ? 1.0f / (float)len : 1.0f;
+}
+
+/* ---- optimizers -----------------------------------------------------------------
+ * State per element: sgd none, adagrad one float (sum of squared gradients),
+ * adam two (first and second moment, stored as the row's first dim floats
+ * then its next dim floats). */
+KERN_HD static inline int kern_opt_nstate(int kind)
+{
+    return kind == KERN_OPT_ADAM ? 2 : kind == KERN_OPT_ADAGRAD ? 1 : 0;
+}
+
+KERN_HD static inline void kern_sgd_elem(float *w, float g, float lr)
+{
+    *w -= lr * g;
+}
+
+KERN_HD static inline void kern_adagrad_elem(float *w, float *acc, float g, float lr,
+                                             float eps)
+{
+    float a = *acc + g * g;
+    *acc = a;
+    *w -= lr * g / (sqrtf(a) + eps);
+}
+
+/* Bias correction 1 - beta^t for a row updated for the t-th time (t >= 1). */
+KERN_HD static inline float kern_adam_bias(float beta, uint32_t t)
+{
+    return 1.0f - powf(beta, (float)t);
+}
+
+/* One Adam element step; bc1 and bc2 are kern_adam_bias(beta1|beta2, t). */
+KERN_HD static inline void kern_adam_elem(float *w, float *m, float *v, float g, float lr,
+                                          float beta1, float beta2, float eps, float bc1,
+                                          float bc2)
+{
+    float mm = beta1 * *m + (1.0f - beta1) * g;
+    float vv = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mm;
+    *v = vv;
+    *w -= lr * (mm / bc1) / (sqrtf(vv / bc2) + eps);
+}
+
+#endif /* KILN_KERNELS_KERN_OPS_H */

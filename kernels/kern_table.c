@@ -1,0 +1,704 @@
+/*
+ * kernels/kern_table.c - the dynamic embedding table one rank holds for one
+ * table: int64 keys mapped to rows of a dense slab.
+ *
+ * Layout (docs/kernels.md has the numbers): rows live densely in
+ * capacity-sized arrays indexed by row id - keys, values (dim floats),
+ * optimizer state, adam update counts, stamps, and for lru/lfu the step of
+ * last use (and the use count). The hash index is an open-addressing table
+ * of 4-byte slots holding row id + 1 (0 = empty), a power of two of at least
+ * capacity / 0.8 slots, probed linearly and compared through keys[row];
+ * deletion shifts the probe run back instead of leaving tombstones. Free
+ * rows are chained through their keys[] entry, and their stamp is -1.
+ *
+ * A new key's row is a pure function of (table seed, key) (kern_ops.h), so
+ * training is reproducible across rank counts and insertion orders.
+ *
+ * Change tracking: rows whose stamp moved past the base (the stamp of the
+ * last dump) are listed once each in chg[] (guarded by a bit per row), so an
+ * incremental dump costs O(changed rows). Removed keys go to a log.
+ */
+#include "kern.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_ops.h"
+
+#define MAX_LOAD 0.8
+#define EVICT_SAMPLE 4096
+#define NO_ROW (-1)
+
+struct kern_table {
+    char *name;
+    int dim;
+    int nstate;
+    int64_t capacity;
+    kern_init_t init;
+    float init_scale;
+    uint64_t seed;
+    kern_evict_t evict;
+    int64_t evict_batch;
+
+    /* The slab, (capacity) rows. */
+    int64_t *keys;       /* key of a live row; next free row of a free one */
+    float *values;       /* (capacity, dim) */
+    float *opt;          /* (capacity, nstate*dim) or NULL */
+    uint32_t *opt_steps; /* adam only */
+    int64_t *stamps;     /* -1 for a free row */
+    uint32_t *used;      /* lru/lfu: low 32 bits of the step of last use */
+    uint32_t *freq;      /* lfu: uses, saturating */
+
+    /* The index. */
+    uint32_t *slots; /* (nslots) row id + 1, 0 = empty */
+    int64_t nslots;
+    uint64_t mask;
+
+    int64_t size;      /* live rows */
+    int64_t hiwater;   /* rows [0, hiwater) have been handed out once */
+    int64_t free_head; /* first row of the free chain, NO_ROW when empty */
+
+    /* Change tracking. */
+    uint32_t *chg;    /* (capacity) rows changed since base */
+    int64_t nchg;
+    uint8_t *chg_bit; /* (capacity/8) row is on chg[] */
+    int64_t base;
+    int64_t last_visited;
+
+    /* Removed keys. */
+    kern_evicted_t *log;
+    int64_t nlog, caplog;
+
+    int64_t evictions, eviction_batches;
+};
+
+/* ---- index ------------------------------------------------------------------ */
+
+static inline uint64_t slot_of(const kern_table_t *t, int64_t key)
+{
+    return kern_mix64((uint64_t)key ^ 0x6b696c6e5f6b6579ULL) & t->mask;
+}
+
+/* Returns the slot holding key, or the empty slot where it would go;
+ * *found says which. */
+static inline uint64_t probe(const kern_table_t *t, int64_t key, int *found)
+{
+    uint64_t i = slot_of(t, key);
+    for (;;) {
+        uint32_t s = t->slots[i];
+        if (s == 0) {
+            *found = 0;
+            return i;
+        }
+        if (t->keys[s - 1] == key) {
+            *found = 1;
+            return i;
+        }
+        i = (i + 1) & t->mask;
+    }
+}
+
+/* Empties slot i and shifts the rest of its probe run back so that every
+ * remaining key stays reachable from its home slot. */
+static void index_remove(kern_table_t *t, uint64_t i)
+{
+    uint64_t j = i;
+    for (;;) {
+        j = (j + 1) & t->mask;
+        uint32_t s = t->slots[j];
+        if (s == 0)
+            break;
+        uint64_t home = slot_of(t, t->keys[s - 1]);
+        /* The entry at j may move to the hole at i unless its home lies
+         * cyclically in (i, j]. */
+        int stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+        if (!stays) {
+            t->slots[i] = s;
+            i = j;
+        }
+    }
+    t->slots[i] = 0;
+}
+
+/* ---- rows --------------------------------------------------------------------- */
+
+static inline int is_live(const kern_table_t *t, int64_t r)
+{
+    return r >= 0 && r < t->hiwater && t->stamps[r] >= 0;
+}
+
+static void mark_one(kern_table_t *t, int64_t r)
+{
+    uint8_t bit = (uint8_t)(1u << (r & 7));
+    if (!(t->chg_bit[r >> 3] & bit)) {
+        t->chg_bit[r >> 3] |= bit;
+        t->chg[t->nchg++] = (uint32_t)r;
+    }
+}
+
+static inline void touch(kern_table_t *t, int64_t r, int64_t step)
+{
+    if (t->used)
+        t->used[r] = (uint32_t)step;
+    if (t->freq && t->freq[r] != UINT32_MAX)
+        t->freq[r]++;
+}
+
+/* Takes a free row; NO_ROW when the slab is full. */
+static int64_t alloc_row(kern_table_t *t)
+{
+    int64_t r;
+    if (t->free_head != NO_ROW) {
+        r = t->free_head;
+        t->free_head = t->keys[r];
+    } else if (t->hiwater < t->capacity) {
+        r = t->hiwater++;
+    } else {
+        return NO_ROW;
+    }
+    t->size++;
+    return r;
+}
+
+static int log_removed(kern_table_t *t, int64_t key, int64_t stamp, int64_t step)
+{
+    if (t->nlog == t->caplog) {
+        int64_t ncap = t->caplog ? 2 * t->caplog : 64;
+        kern_evicted_t *p = kiln_reallocarray(t->log, (size_t)ncap, sizeof *p);
+        if (!p)
+            return KILN_ENOMEM;
+        t->log = p;
+        t->caplog = ncap;
+    }
+    t->log[t->nlog++] = (kern_evicted_t){.key = key, .stamp = stamp, .step = step};
+    return 0;
+}
+
+/* Frees live row r whose key sits in slot i, logging it as removed. */
+static int free_row(kern_table_t *t, int64_t r, uint64_t i, int64_t step)
+{
+    int rc = log_removed(t, t->keys[r], t->stamps[r], step);
+    if (rc < 0)
+        return rc;
+    index_remove(t, i);
+    t->stamps[r] = -1;
+    t->keys[r] = t->free_head;
+    t->free_head = r;
+    t->size--;
+    return 0;
+}
+
+/* Writes the seeded initial row of key into row r and zeroes its state. */
+static void init_row(kern_table_t *t, int64_t r, int64_t key)
+{
+    float *v = t->values + (size_t)r * (size_t)t->dim;
+    for (int j = 0; j < t->dim; j++)
+        v[j] = kern_init_elem(t->init, t->init_scale, t->seed, key, j);
+    if (t->opt)
+        memset(t->opt + (size_t)r * (size_t)t->nstate * (size_t)t->dim, 0,
+               sizeof(float) * (size_t)t->nstate * (size_t)t->dim);
+    if (t->opt_steps)
+        t->opt_steps[r] = 0;
+    if (t->freq)
+        t->freq[r] = 0;
+}
+
+/* ---- eviction ---------------------------------------------------------------------
+ * A round evicts max(need, evict_batch) rows of lowest priority (lru: step of
+ * last use, lfu: use count), never a row used at the current step. The
+ * priority threshold is the k-th smallest of a sample of EVICT_SAMPLE live
+ * rows (all rows when fewer, which makes small tables exact); one scan of
+ * the slab then evicts rows below it, a second rows equal to it, in row
+ * order, until enough are gone. Cost: O(capacity) per round, so O(1/fraction)
+ * amortised per inserted key. */
+
+static inline uint32_t priority(const kern_table_t *t, int64_t r)
+{
+    return t->evict == KERN_EVICT_LFU ? t->freq[r] : t->used[r];
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int evict_round(kern_table_t *t, int64_t need, int64_t step, int64_t *freed /* OUT */)
+{
+    const uint32_t now = (uint32_t)step;
+    int64_t want = need > t->evict_batch ? need : t->evict_batch;
+    int rc = 0;
+    *freed = 0;
+    uint32_t *sample = kiln_malloc(sizeof(uint32_t) * EVICT_SAMPLE);
+    if (!sample)
+        return KILN_ENOMEM;
+
+    /* Sample evictable rows (all of them when the table is small). */
+    int64_t ns = 0;
+    if (t->hiwater <= EVICT_SAMPLE) {
+        for (int64_t r = 0; r < t->hiwater; r++)
+            if (t->stamps[r] >= 0 && t->used[r] != now)
+                sample[ns++] = priority(t, r);
+    } else {
+        uint64_t x = kern_mix64(t->seed ^ (uint64_t)step ^ (uint64_t)t->eviction_batches);
+        for (int64_t k = 0; k < 4 * EVICT_SAMPLE && ns < EVICT_SAMPLE; k++) {
+            x = kern_mix64(x);
+            int64_t r = (int64_t)(x % (uint64_t)t->hiwater);
+            if (t->stamps[r] >= 0 && t->used[r] != now)
+                sample[ns++] = priority(t, r);
+        }
+    }
+    if (ns == 0)
+        goto out;
+    qsort(sample, (size_t)ns, sizeof *sample, cmp_u32);
+    int64_t live = t->hiwater <= EVICT_SAMPLE ? ns : t->size;
+    int64_t k = (int64_t)((double)want * (double)ns / (double)live);
+    if (k >= ns)
+        k = ns - 1;
+    uint32_t thr = sample[k];
+
+    /* Pass 0: strictly below the threshold; 1: equal to it; 2: anything
+     * evictable (only when the sample misled us and need is not met). */
+    for (int pass = 0; pass < 3 && *freed < want; pass++) {
+        if (pass == 2 && *freed >= need)
+            break;
+        for (int64_t r = 0; r < t->hiwater && *freed < want; r++) {
+            if (t->stamps[r] < 0 || t->used[r] == now)
+                continue;
+            uint32_t p = priority(t, r);
+            if ((pass == 0 && p >= thr) || (pass == 1 && p != thr))
+                continue;
+            int found;
+            uint64_t i = probe(t, t->keys[r], &found);
+            KILN_CHECK_GOTO(free_row(t, r, i, step), rc, out);
+            (*freed)++;
+        }
+    }
+    t->evictions += *freed;
+    t->eviction_batches++;
+out:
+    free(sample);
+    return rc;
+}
+
+static int full_error(const kern_table_t *t)
+{
+    if (t->evict == KERN_EVICT_NONE)
+        return kiln_errf(KILN_EFULL,
+                         "table '%s' is full (capacity %lld rows); raise "
+                         "model.embedding.capacity or set eviction: lru",
+                         t->name, (long long)t->capacity);
+    return kiln_errf(KILN_EFULL,
+                     "table '%s' is full (capacity %lld rows) and every row was used in the "
+                     "current step, so none can be evicted; raise model.embedding.capacity "
+                     "or use smaller batches",
+                     t->name, (long long)t->capacity);
+}
+
+/* ---- public: life cycle ------------------------------------------------------------ */
+
+int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT */)
+{
+    int rc = 0;
+    kern_table_t *t = NULL;
+    *out = NULL;
+    const char *name = cfg->name ? cfg->name : "?";
+    if (cfg->dim < 1 || cfg->dim > KERN_MAX_DIM)
+        return kiln_errf(KILN_EINVAL, "table '%s': dim %d is out of range 1..%d", name,
+                         cfg->dim, KERN_MAX_DIM);
+    if (cfg->capacity < 1 || cfg->capacity > KERN_MAX_CAPACITY)
+        return kiln_errf(KILN_EINVAL, "table '%s': capacity %lld is out of range 1..%lld",
+                         name, (long long)cfg->capacity, (long long)KERN_MAX_CAPACITY);
+    if ((unsigned)cfg->opt > KERN_OPT_ADAM || (unsigned)cfg->init > KERN_INIT_NORMAL ||
+        (unsigned)cfg->evict > KERN_EVICT_LFU)
+        return kiln_errf(KILN_EINVAL, "table '%s': unknown optimizer, init or eviction kind",
+                         name);
+    if (!(cfg->evict_fraction >= 0.0f && cfg->evict_fraction <= 1.0f))
+        return kiln_errf(KILN_EINVAL, "table '%s': evict_fraction %g is not in [0, 1]", name,
+                         (double)cfg->evict_fraction);
+
+    t = kiln_calloc(1, sizeof *t);
+    if (!t)
+        return KILN_ENOMEM;
+    t->name = kiln_strdup(name);
+    t->dim = cfg->dim;
+    t->nstate = kern_opt_nstate(cfg->opt);
+    t->capacity = cfg->capacity;
+    t->init = cfg->init;
+    t->init_scale = cfg->init_scale;
+    t->seed = cfg->seed;
+    t->evict = cfg->evict;
+    double frac = cfg->evict_fraction > 0.0f ? cfg->evict_fraction : 0.01;
+    t->evict_batch = (int64_t)(frac * (double)cfg->capacity);
+    if (t->evict_batch < 1)
+        t->evict_batch = 1;
+    t->free_head = NO_ROW;
+    t->base = -1;
+    t->nslots = 8;
+    while ((double)t->nslots * MAX_LOAD < (double)cfg->capacity)
+        t->nslots *= 2;
+    t->mask = (uint64_t)t->nslots - 1;
+
+    size_t cap = (size_t)cfg->capacity, dim = (size_t)cfg->dim;
+    t->keys = kiln_malloc(sizeof(int64_t) * cap);
+    t->values = kiln_malloc(sizeof(float) * cap * dim);
+    t->stamps = kiln_malloc(sizeof(int64_t) * cap);
+    t->slots = kiln_calloc((size_t)t->nslots, sizeof(uint32_t));
+    t->chg = kiln_malloc(sizeof(uint32_t) * cap);
+    t->chg_bit = kiln_calloc((cap + 7) / 8, 1);
+    if (!t->name || !t->keys || !t->values || !t->stamps || !t->slots || !t->chg ||
+        !t->chg_bit) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    if (t->nstate > 0 && !(t->opt = kiln_malloc(sizeof(float) * cap * dim * (size_t)t->nstate))) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    if (cfg->opt == KERN_OPT_ADAM && !(t->opt_steps = kiln_malloc(sizeof(uint32_t) * cap))) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    if (cfg->evict != KERN_EVICT_NONE && !(t->used = kiln_malloc(sizeof(uint32_t) * cap))) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    if (cfg->evict == KERN_EVICT_LFU && !(t->freq = kiln_malloc(sizeof(uint32_t) * cap))) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    *out = t;
+    t = NULL;
+out:
+    kern_table_destroy(t);
+    return rc;
+}
+
+void kern_table_destroy(kern_table_t *t)
+{
+    if (!t)
+        return;
+    free(t->name);
+    free(t->keys);
+    free(t->values);
+    free(t->opt);
+    free(t->opt_steps);
+    free(t->stamps);
+    free(t->used);
+    free(t->freq);
+    free(t->slots);
+    free(t->chg);
+    free(t->chg_bit);
+    free(t->log);
+    free(t);
+}
+
+/* ---- public: keys ----------------------------------------------------------------------- */
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,
+                              int32_t *rows /* OUT (n) */)
+{
+    int rc = 0;
+    int64_t *missing = NULL, nmiss = 0;
+
+    /* Pass 1: existing keys, counting a use; collect the missing ones. */
+    for (int64_t i = 0; i < n; i++) {
+        int found;
+        uint64_t s = probe(t, keys[i], &found);
+        if (found) {
+            rows[i] = (int32_t)(t->slots[s] - 1);
+            touch(t, rows[i], step);
+        } else {
+            rows[i] = -1;
+            if (!missing && !(missing = kiln_malloc(sizeof(int64_t) * (size_t)(n - i)))) {
+                rc = KILN_ENOMEM;
+                goto out;
+            }
+            missing[nmiss++] = keys[i];
+        }
+    }
+    if (nmiss == 0)
+        goto out;
+
+    /* Make room for the distinct new keys before inserting any. */
+    qsort(missing, (size_t)nmiss, sizeof *missing, cmp_i64);
+    int64_t nnew = 1;
+    for (int64_t i = 1; i < nmiss; i++)
+        nnew += missing[i] != missing[i - 1];
+    int64_t room = t->capacity - t->size;
+    if (nnew > room) {
+        if (t->evict == KERN_EVICT_NONE) {
+            rc = full_error(t);
+            goto out;
+        }
+        int64_t freed;
+        KILN_CHECK_GOTO(evict_round(t, nnew - room, step, &freed), rc, out);
+        if (t->capacity - t->size < nnew) {
+            rc = full_error(t);
+            goto out;
+        }
+    }
+
+    /* Pass 2: insert (a repeated new key finds the row its first copy got). */
+    for (int64_t i = 0; i < n; i++) {
+        if (rows[i] >= 0)
+            continue;
+        int found;
+        uint64_t s = probe(t, keys[i], &found);
+        int64_t r;
+        if (found) {
+            r = t->slots[s] - 1;
+        } else {
+            r = alloc_row(t);
+            t->keys[r] = keys[i];
+            t->slots[s] = (uint32_t)(r + 1);
+            init_row(t, r, keys[i]);
+            t->stamps[r] = step;
+            mark_one(t, r);
+        }
+        rows[i] = (int32_t)r;
+        touch(t, r, step);
+    }
+out:
+    free(missing);
+    return rc;
+}
+
+int64_t kern_table_find(const kern_table_t *t, int64_t n, const int64_t *keys,
+                        int32_t *rows /* OUT (n) */)
+{
+    int64_t nfound = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int found;
+        uint64_t s = probe(t, keys[i], &found);
+        rows[i] = found ? (int32_t)(t->slots[s] - 1) : -1;
+        nfound += found;
+    }
+    return nfound;
+}
+
+int kern_table_delete(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,
+                      int64_t *ndeleted /* OUT, may be NULL */)
+{
+    int64_t nd = 0;
+    int rc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int found;
+        uint64_t s = probe(t, keys[i], &found);
+        if (!found)
+            continue;
+        KILN_CHECK_GOTO(free_row(t, t->slots[s] - 1, s, step), rc, out);
+        nd++;
+    }
+out:
+    if (ndeleted)
+        *ndeleted = nd;
+    return rc;
+}
+
+int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
+                           const float *values, const float *opt_state,
+                           const uint32_t *opt_steps, int64_t step)
+{
+    int32_t *rows = kiln_malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    if (!rows)
+        return KILN_ENOMEM;
+    int64_t nmiss = n - kern_table_find(t, n, keys, rows);
+    int rc = 0;
+    if (nmiss > t->capacity - t->size) {
+        /* Count distinct missing keys before refusing. */
+        int64_t *miss = kiln_malloc(sizeof(int64_t) * (size_t)nmiss), k = 0, nnew = 0;
+        if (!miss) {
+            rc = KILN_ENOMEM;
+            goto out;
+        }
+        for (int64_t i = 0; i < n; i++)
+            if (rows[i] < 0)
+                miss[k++] = keys[i];
+        qsort(miss, (size_t)k, sizeof *miss, cmp_i64);
+        for (int64_t i = 0; i < k; i++)
+            nnew += i == 0 || miss[i] != miss[i - 1];
+        free(miss);
+        if (nnew > t->capacity - t->size) {
+            rc = kiln_errf(KILN_EFULL,
+                           "table '%s' is full (capacity %lld rows): cannot load %lld new "
+                           "keys into %lld free rows; raise model.embedding.capacity",
+                           t->name, (long long)t->capacity, (long long)nnew,
+                           (long long)(t->capacity - t->size));
+            goto out;
+        }
+    }
+    size_t dim = (size_t)t->dim, sdim = (size_t)t->nstate * dim;
+    for (int64_t i = 0; i < n; i++) {
+        int found;
+        uint64_t s = probe(t, keys[i], &found);
+        int64_t r;
+        if (found) {
+            r = t->slots[s] - 1;
+        } else {
+            r = alloc_row(t);
+            t->keys[r] = keys[i];
+            t->slots[s] = (uint32_t)(r + 1);
+            if (t->freq)
+                t->freq[r] = 0;
+        }
+        memcpy(t->values + (size_t)r * dim, values + (size_t)i * dim, sizeof(float) * dim);
+        if (t->opt) {
+            if (opt_state)
+                memcpy(t->opt + (size_t)r * sdim, opt_state + (size_t)i * sdim,
+                       sizeof(float) * sdim);
+            else
+                memset(t->opt + (size_t)r * sdim, 0, sizeof(float) * sdim);
+        }
+        if (t->opt_steps)
+            t->opt_steps[r] = opt_steps ? opt_steps[i] : 0;
+        t->stamps[r] = step;
+        mark_one(t, r);
+        touch(t, r, step);
+    }
+out:
+    free(rows);
+    return rc;
+}
+
+/* ---- public: change tracking and export ---------------------------------------------- */
+
+void kern_table_mark_changed(kern_table_t *t, int64_t n, const int32_t *rows)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (is_live(t, rows[i]))
+            mark_one(t, rows[i]);
+}
+
+int kern_table_changed_since(kern_table_t *t, int64_t since, int32_t *rows /* OUT (cap) */,
+                             int64_t cap, int64_t *n /* OUT */)
+{
+    int64_t k = 0;
+    *n = 0;
+    if (since >= t->base) {
+        /* Every row with stamp > base is on chg[]; a listed row may have been
+         * freed (stamp -1) or reused since, which the stamp test sorts out. */
+        for (int64_t i = 0; i < t->nchg; i++) {
+            int64_t r = t->chg[i];
+            if (t->stamps[r] > since) {
+                if (k == cap)
+                    return kiln_errf(KILN_ERANGE, "table '%s': changed_since needs more "
+                                     "than %lld entries", t->name, (long long)cap);
+                rows[k++] = (int32_t)r;
+            }
+        }
+        t->last_visited = t->nchg;
+    } else {
+        for (int64_t r = 0; r < t->hiwater; r++) {
+            if (t->stamps[r] > since) {
+                if (k == cap)
+                    return kiln_errf(KILN_ERANGE, "table '%s': changed_since needs more "
+                                     "than %lld entries", t->name, (long long)cap);
+                rows[k++] = (int32_t)r;
+            }
+        }
+        t->last_visited = t->hiwater;
+    }
+    *n = k;
+    return 0;
+}
+
+void kern_table_set_base(kern_table_t *t, int64_t base)
+{
+    int64_t k = 0;
+    for (int64_t i = 0; i < t->nchg; i++) {
+        uint32_t r = t->chg[i];
+        if (t->stamps[r] > base)
+            t->chg[k++] = r;
+        else
+            t->chg_bit[r >> 3] &= (uint8_t)~(1u << (r & 7));
+    }
+    t->nchg = k;
+    t->base = base;
+}
+
+int kern_table_scan(const kern_table_t *t, int32_t *rows /* OUT (cap) */, int64_t cap,
+                    int64_t *n /* OUT */)
+{
+    int64_t k = 0;
+    *n = 0;
+    if (cap < t->size)
+        return kiln_errf(KILN_ERANGE, "table '%s' has %lld live rows, more than %lld",
+                         t->name, (long long)t->size, (long long)cap);
+    for (int64_t r = 0; r < t->hiwater; r++)
+        if (t->stamps[r] >= 0)
+            rows[k++] = (int32_t)r;
+    *n = k;
+    return 0;
+}
+
+const kern_evicted_t *kern_table_evicted(const kern_table_t *t, int64_t *n /* OUT */)
+{
+    *n = t->nlog;
+    return t->log;
+}
+
+void kern_table_evicted_clear(kern_table_t *t)
+{
+    free(t->log);
+    t->log = NULL;
+    t->nlog = t->caplog = 0;
+}
+
+/* ---- public: accessors --------------------------------------------------------------- */
+
+void kern_table_slab(kern_table_t *t, kern_slab_t *slab /* OUT */)
+{
+    *slab = (kern_slab_t){.values = t->values,
+                          .opt_state = t->opt,
+                          .stamps = t->stamps,
+                          .opt_steps = t->opt_steps,
+                          .capacity = t->capacity,
+                          .dim = t->dim,
+                          .nstate = t->nstate};
+}
+
+const int64_t *kern_table_keys(const kern_table_t *t) { return t->keys; }
+int64_t kern_table_size(const kern_table_t *t) { return t->size; }
+int64_t kern_table_capacity(const kern_table_t *t) { return t->capacity; }
+int kern_table_dim(const kern_table_t *t) { return t->dim; }
+const char *kern_table_name(const kern_table_t *t) { return t->name; }
+
+void kern_table_stats(const kern_table_t *t, kern_table_stats_t *st /* OUT */)
+{
+    *st = (kern_table_stats_t){.size = t->size,
+                               .capacity = t->capacity,
+                               .nslots = t->nslots,
+                               .evictions = t->evictions,
+                               .eviction_batches = t->eviction_batches,
+                               .changed_pending = t->nchg,
+                               .last_visited = t->last_visited};
+}
+
+size_t kern_table_bytes(const kern_table_t *t)
+{
+    size_t cap = (size_t)t->capacity, dim = (size_t)t->dim;
+    size_t b = sizeof *t + strlen(t->name) + 1;
+    b += cap * (sizeof(int64_t) + sizeof(int64_t) + sizeof(float) * dim); /* keys stamps values */
+    b += cap * dim * (size_t)t->nstate * sizeof(float);
+    b += t->opt_steps ? cap * sizeof(uint32_t) : 0;
+    b += t->used ? cap * sizeof(uint32_t) : 0;
+    b += t->freq ? cap * sizeof(uint32_t) : 0;
+    b += (size_t)t->nslots * sizeof(uint32_t);
+    b += cap * sizeof(uint32_t) + (cap + 7) / 8; /* change list and its bits */
+    b += (size_t)t->caplog * sizeof(kern_evicted_t);
+    return b;
+}
+
+size_t kern_table_row_bytes(const kern_table_t *t)
+{
+    size_t dim = (size_t)t->dim;
+    return sizeof(int64_t) + dim * sizeof(float) + dim * (size_t)t->nstate * sizeof(float) +
+           (t->opt_steps ? sizeof(uint32_t) : 0) + sizeof(int64_t);
+}
