@@ -1,0 +1,247 @@
+/*
+ * tests/test_common.c - common/: error names and messages, durations, ISO
+ * instants and civil dates, xxh64 (against the reference vectors published
+ * with xxHash), did-you-mean and the log line format.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kiln.h"
+
+static void test_errors(void **state)
+{
+    (void)state;
+    assert_string_equal(kiln_strerror(KILN_OK), "success");
+    assert_string_equal(kiln_strerror(KILN_ENOENT), "not found");
+    assert_string_equal(kiln_errname(KILN_ESPEC), "KILN_ESPEC");
+    assert_string_equal(kiln_strerror(-9999), "unknown error");
+    kiln_errclear();
+    assert_string_equal(kiln_errmsg(), "");
+    int rc = kiln_errf(KILN_ENOENT, "no job named '%s'", "x");
+    assert_int_equal(rc, KILN_ENOENT);
+    assert_int_equal(kiln_errcode(), KILN_ENOENT);
+    assert_string_equal(kiln_errmsg(), "no job named 'x'");
+}
+
+static int check_fn(int v) { return v; }
+
+static int uses_check(int v, int *reached)
+{
+    KILN_CHECK(check_fn(v));
+    *reached = 1;
+    return 0;
+}
+
+static void test_check_macros(void **state)
+{
+    (void)state;
+    int reached = 0;
+    assert_int_equal(uses_check(KILN_EIO, &reached), KILN_EIO);
+    assert_int_equal(reached, 0);
+    assert_int_equal(uses_check(0, &reached), 0);
+    assert_int_equal(reached, 1);
+}
+
+static void test_durations(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        int64_t ms;
+    } good[] = {{"30s", 30000},   {"2h", 7200000}, {"1h30m", 5400000}, {"500ms", 500},
+                {"45", 45000},    {"1d", 86400000}, {"5m", 300000},    {"1m30s", 90000}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        int64_t ms = -1;
+        assert_int_equal(kiln_duration_parse(good[i].text, &ms), 0);
+        assert_int_equal(ms, good[i].ms);
+        char buf[64], back[64];
+        kiln_duration_format(ms, buf, sizeof buf);
+        int64_t again = -1;
+        assert_int_equal(kiln_duration_parse(buf, &again), 0);
+        assert_int_equal(again, ms);
+        (void)back;
+    }
+    static const char *const bad[] = {"", "s", "10x", "-5s", "1.5h", "h1", "10 s"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t ms;
+        assert_int_equal(kiln_duration_parse(bad[i], &ms), KILN_EINVAL);
+        assert_non_null(strstr(kiln_errmsg(), "not a duration"));
+    }
+    int64_t ms;
+    assert_int_equal(kiln_duration_parse("99999999999999999999s", &ms), KILN_ERANGE);
+    char buf[32];
+    assert_string_equal(kiln_duration_format(5400000, buf, sizeof buf), "1h30m");
+    assert_string_equal(kiln_duration_format(1500, buf, sizeof buf), "1500ms");
+}
+
+static void test_civil_dates(void **state)
+{
+    (void)state;
+    assert_int_equal(kiln_days_from_civil(1970, 1, 1), 0);
+    assert_int_equal(kiln_days_from_civil(2000, 3, 1), 11017);
+    assert_int_equal(kiln_days_from_civil(1969, 12, 31), -1);
+    /* Every day from 1900 to 2400 round-trips and advances by one. */
+    int64_t start = kiln_days_from_civil(1900, 1, 1), end = kiln_days_from_civil(2400, 12, 31);
+    int64_t py = 1899;
+    unsigned pm = 12, pd = 31;
+    for (int64_t z = start; z <= end; z++) {
+        int64_t y;
+        unsigned m, d;
+        kiln_civil_from_days(z, &y, &m, &d);
+        assert_int_equal(kiln_days_from_civil(y, m, d), z);
+        int next_day = (y == py && m == pm && d == pd + 1);
+        int next_month = (y == py && m == pm + 1 && d == 1);
+        int next_year = (y == py + 1 && m == 1 && d == 1 && pm == 12 && pd == 31);
+        assert_true(next_day || next_month || next_year);
+        py = y, pm = m, pd = d;
+    }
+    /* 2000 was a leap year, 1900 and 2100 were not. */
+    assert_int_equal(kiln_days_from_civil(2000, 3, 1) - kiln_days_from_civil(2000, 2, 28), 2);
+    assert_int_equal(kiln_days_from_civil(1900, 3, 1) - kiln_days_from_civil(1900, 2, 28), 1);
+    assert_int_equal(kiln_days_from_civil(2100, 3, 1) - kiln_days_from_civil(2100, 2, 28), 1);
+}
+
+static void test_iso_instants(void **state)
+{
+    (void)state;
+    char buf[KILN_ISO_LEN];
+    assert_string_equal(kiln_time_iso(0, buf, sizeof buf), "1970-01-01T00:00:00Z");
+    assert_string_equal(kiln_time_iso(1714608000, buf, sizeof buf), "2024-05-02T00:00:00Z");
+    assert_string_equal(kiln_time_iso(951782400, buf, sizeof buf), "2000-02-29T00:00:00Z");
+    assert_string_equal(kiln_time_iso(-1, buf, sizeof buf), "1969-12-31T23:59:59Z");
+    static const struct {
+        const char *text;
+        int64_t t;
+    } good[] = {
+        {"2024-05-02T00:00:00Z", 1714608000},     {"2024-05-02T02:00:00+02:00", 1714608000},
+        {"2024-05-01T19:00:00-05:00", 1714608000}, {"2024-05-02", 1714608000},
+        {"2024-05-02 00:00Z", 1714608000},        {"2024-05-02T00:00:00.250Z", 1714608000},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        int64_t t = 0;
+        assert_int_equal(kiln_time_parse_iso(good[i].text, &t), 0);
+        assert_int_equal(t, good[i].t);
+    }
+    static const char *const bad[] = {"2024-13-01T00:00:00Z", "2023-02-29", "2024-05-02T00:00:00",
+                                      "yesterday", "2024-05-02T24:00Z", "2024-05-02T00:00:00Zx"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t t;
+        assert_int_equal(kiln_time_parse_iso(bad[i], &t), KILN_EINVAL);
+    }
+}
+
+static void test_xxh64(void **state)
+{
+    (void)state;
+    /* Reference values of XXH64 from the xxHash specification's examples. */
+    assert_true(kiln_xxh64("", 0, 0) == 0xEF46DB3751D8E999ULL);
+    assert_true(kiln_xxh64("a", 1, 0) == 0xD24EC4F1A98C6E5BULL);
+    assert_true(kiln_xxh64("abc", 3, 0) == 0x44BC2CF5AD770999ULL);
+    char hex[17];
+    assert_string_equal(kiln_hash_hex(0xEF46DB3751D8E999ULL, hex, sizeof hex), "ef46db3751d8e999");
+    uint64_t back = 0;
+    assert_int_equal(kiln_hash_parse_hex(hex, &back), 0);
+    assert_true(back == 0xEF46DB3751D8E999ULL);
+    assert_int_equal(kiln_hash_parse_hex("xyz", &back), KILN_EINVAL);
+
+    /* Streaming and file hashing agree with one-shot hashing. */
+    char data[100000];
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (char)(i * 7 + 3);
+    kiln_hasher_t *h = kiln_hasher_create(42);
+    assert_non_null(h);
+    for (size_t off = 0; off < sizeof data; off += 333)
+        kiln_hasher_update(h, data + off, off + 333 <= sizeof data ? 333 : sizeof data - off);
+    assert_true(kiln_hasher_digest(h) == kiln_xxh64(data, sizeof data, 42));
+    kiln_hasher_destroy(h);
+    kiln_hasher_destroy(NULL);
+
+    char path[] = "/tmp/kiln-test-common-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, data, sizeof data), (ssize_t)sizeof data);
+    close(fd);
+    uint64_t fh = 0, size = 0;
+    assert_int_equal(kiln_xxh64_file(path, 42, &fh, &size), 0);
+    assert_true(fh == kiln_xxh64(data, sizeof data, 42));
+    assert_int_equal(size, sizeof data);
+    unlink(path);
+    assert_int_equal(kiln_xxh64_file(path, 42, &fh, NULL), KILN_ENOENT);
+    assert_non_null(strstr(kiln_errmsg(), path));
+}
+
+static void test_did_you_mean(void **state)
+{
+    (void)state;
+    static const char *const keys[] = {"concurrency", "catchup", "schedule", "priority", NULL};
+    assert_string_equal(kiln_did_you_mean("concurency", keys), "concurrency");
+    assert_string_equal(kiln_did_you_mean("schedul", keys), "schedule");
+    assert_string_equal(kiln_did_you_mean("prority", keys), "priority");
+    assert_null(kiln_did_you_mean("banana", keys));
+    assert_int_equal(kiln_edit_distance("kitten", "sitting"), 3);
+    assert_int_equal(kiln_edit_distance("", "abc"), 3);
+}
+
+static void test_alloc(void **state)
+{
+    (void)state;
+    assert_null(kiln_calloc(SIZE_MAX / 2, 4));
+    assert_int_equal(kiln_errcode(), KILN_ENOMEM);
+    char *s = kiln_asprintf("%s-%d", "run", 7);
+    assert_string_equal(s, "run-7");
+    free(s);
+    s = kiln_strndup("abcdef", 3);
+    assert_string_equal(s, "abc");
+    free(s);
+}
+
+static void test_log_file(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kiln-test-log-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(kiln_log_open(path, KILN_LOG_INFO), 0);
+    KILN_DEBUG("hidden %d", 1);
+    KILN_WARN("visible %d", 2);
+    kiln_log_close();
+    FILE *f = fopen(path, "r");
+    char line[256] = "";
+    assert_non_null(fgets(line, sizeof line, f));
+    assert_null(fgets(line + 128, 128, f)); /* exactly one line */
+    fclose(f);
+    unlink(path);
+    /* "2024-05-02T00:00:00.123Z warn  visible 2" */
+    assert_int_equal(strlen(line) > 25, 1);
+    assert_int_equal(line[4], '-');
+    assert_int_equal(line[19], '.');
+    assert_int_equal(line[23], 'Z');
+    assert_non_null(strstr(line, "warn  visible 2\n"));
+    kiln_log_level_t lv;
+    assert_int_equal(kiln_log_level_parse("debug", &lv), 0);
+    assert_int_equal(lv, KILN_LOG_DEBUG);
+    assert_int_equal(kiln_log_level_parse("loud", &lv), KILN_EINVAL);
+    assert_int_equal(kiln_log_open("/nonexistent/dir/log", KILN_LOG_INFO), KILN_EIO);
+    kiln_log_set_level(KILN_LOG_INFO);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),     cmocka_unit_test(test_check_macros),
+        cmocka_unit_test(test_durations),  cmocka_unit_test(test_civil_dates),
+        cmocka_unit_test(test_iso_instants), cmocka_unit_test(test_xxh64),
+        cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_alloc),
+        cmocka_unit_test(test_log_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
