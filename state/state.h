@@ -24,13 +24,16 @@ extern "C" {
 
 typedef struct state state_t;
 
-/* The schema version this build writes. */
-#define STATE_SCHEMA_VERSION 1
+/* The schema version this build writes. Version 0 is an empty file; each
+ * migration in state/schema.c brings version i-1 to i (see docs/state.md). */
+#define STATE_SCHEMA_VERSION 2
 
 /* Opens (creating if needed, with parent directories) and migrates path.
  * Returns 0, KILN_EDB (message names the file and SQLite's reason) or
  * KILN_EVERSION when the file was written by a newer Kiln. */
 int state_open(const char *path, state_t **out /* OUT */);
+/* A state_t is one SQLite connection: use it from one thread at a time (open
+ * one per thread or process; they share the file safely). */
 void state_close(state_t *st); /* accepts NULL */
 /* The database file's schema version (PRAGMA user_version). */
 int state_schema_version(state_t *st, int *out /* OUT */);
@@ -121,7 +124,8 @@ int state_run_create(state_t *st, int64_t job_id, state_trigger_t trigger,
                      int64_t scheduled_at, int attempt, int64_t retry_of,
                      int64_t *run_id /* OUT */);
 int state_run_get(state_t *st, int64_t run_id, state_run_t *out /* OUT */);
-/* Newest first; job_name NULL for all jobs; limit <= 0 for no limit. */
+/* Newest first; job_name NULL for all jobs; limit <= 0 for no limit.
+ * KILN_ENOENT when job_name names no job. */
 int state_run_list(state_t *st, const char *job_name, int limit, state_run_t **out /* OUT */,
                    size_t *n /* OUT */);
 /* Runs in a state, oldest first (the daemon's queue and recovery scans). */
@@ -129,7 +133,10 @@ int state_run_list_in_state(state_t *st, state_run_state_t s, state_run_t **out 
                             size_t *n /* OUT */);
 /* Moves a run from `from` to `to` atomically (compare-and-set): returns
  * KILN_ESTATE, with the actual state in the message, when it was not in
- * `from`. Entering running sets started_at; a terminal state sets ended_at,
+ * `from` or when the state machine has no edge from -> to (legal edges:
+ * queued -> launching | canceled | skipped | failed; launching -> running |
+ * succeeded | failed | canceled | timed_out; running -> succeeded | failed |
+ * canceled | timed_out). Records a "state" event. Entering running sets started_at; a terminal state sets ended_at,
  * exit_code and error (may be NULL). */
 int state_run_transition(state_t *st, int64_t run_id, state_run_state_t from,
                          state_run_state_t to, int exit_code, const char *error);
@@ -196,18 +203,27 @@ int state_endpoint_put(state_t *st, const char *url, const char *model, const ch
                        int64_t *id /* OUT */);
 int state_push_add(state_t *st, int64_t export_id, int64_t endpoint_id, int64_t *id /* OUT */);
 /* Ends a push: http_status 0 when no response; error NULL on success. On
- * success the endpoint's holding becomes checkpoint_id. */
+ * success the endpoint's holding becomes checkpoint_id (0: the checkpoint of
+ * the push's export). A push ends once: KILN_ESTATE when it already ended. */
 int state_push_finish(state_t *st, int64_t push_id, bool ok, int http_status, const char *error,
                       int attempts, int64_t checkpoint_id);
+/* What an endpoint holds now (the base a delta must be built against), and
+ * since when. KILN_ENOENT when no push to it has succeeded yet. Earlier
+ * holdings stay in the table as history. */
+int state_endpoint_holding(state_t *st, int64_t endpoint_id, int64_t *checkpoint_id /* OUT */,
+                           int64_t *since /* OUT, may be NULL */);
 
 /* ---- events (an append-only audit log per run or job) --------------------------- */
+/* job_id 0 with run_id > 0 files the event under the run's job; run_id 0:
+ * a job event. KILN_ENOENT when the job or run does not exist. */
 int state_event_add(state_t *st, int64_t job_id, int64_t run_id, const char *kind,
                     const char *message);
 typedef struct state_event {
     int64_t id, job_id, run_id, at;
     char *kind, *message;
 } state_event_t;
-/* Events of a run (run_id > 0) or of a job (run_id == 0), oldest first. */
+/* Events of a run (run_id > 0) or of a job (run_id == 0; includes the events
+ * of its runs), oldest first; both 0 lists every event. */
 int state_event_list(state_t *st, int64_t job_id, int64_t run_id, state_event_t **out /* OUT */,
                      size_t *n /* OUT */);
 void state_events_free(state_event_t *es, size_t n);

@@ -1,0 +1,259 @@
+/*
+ * state/jobs.c - the jobs table: submitting a spec (insert, or replace with a
+ * version bump when its hash changed, keeping every version in job_versions),
+ * reading jobs back, pausing them, and the scheduler's high-water mark of
+ * scheduled times served.
+ */
+#include "state_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Reads a row of STATE_JOB_COLS. */
+static int read_job(sqlite3_stmt *s, state_job_t *j)
+{
+    memset(j, 0, sizeof *j);
+    j->id = state_col_i64(s, 0);
+    j->priority = sqlite3_column_int(s, 5);
+    j->version = sqlite3_column_int(s, 6);
+    j->paused = sqlite3_column_int(s, 7) != 0;
+    j->created_at = state_col_i64(s, 8);
+    j->updated_at = state_col_i64(s, 9);
+    j->last_scheduled_at = state_col_i64(s, 10);
+    if (state_col_str(s, 1, &j->name) < 0 || state_col_str(s, 2, &j->spec_yaml) < 0 ||
+        state_col_str(s, 3, &j->spec_hash) < 0 || state_col_str(s, 4, &j->schedule) < 0) {
+        state_job_fini(j);
+        return KILN_ENOMEM;
+    }
+    return 0;
+}
+
+void state_job_fini(state_job_t *j)
+{
+    if (j == NULL)
+        return;
+    free(j->name);
+    free(j->spec_yaml);
+    free(j->spec_hash);
+    free(j->schedule);
+    memset(j, 0, sizeof *j);
+}
+
+void state_jobs_free(state_job_t *js, size_t n)
+{
+    for (size_t i = 0; js != NULL && i < n; i++)
+        state_job_fini(&js[i]);
+    free(js);
+}
+
+/* ---- put ------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name, *spec_yaml, *spec_hash, *schedule;
+    int priority;
+    int64_t id;
+    bool created;
+} job_put_t;
+
+static int job_put_tx(state_t *st, job_put_t *p)
+{
+    sqlite3_stmt *s = NULL;
+    int rc, version = 0;
+    int64_t now = kiln_now_s();
+    char *old_hash = NULL;
+    const char *what = "submitting a job";
+
+    p->id = 0;
+    p->created = false;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_FIND, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "t", p->name), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 1) {
+        p->id = state_col_i64(s, 0);
+        KILN_CHECK_GOTO(state_col_str(s, 1, &old_hash), rc, out);
+        version = sqlite3_column_int(s, 2);
+    }
+    state_stmt_done(s);
+
+    if (p->id == 0) {
+        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_INSERT, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "ttttiI", p->name, p->spec_yaml, p->spec_hash,
+                                   p->schedule, p->priority, now),
+                        rc, out);
+        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+        p->id = sqlite3_last_insert_rowid(st->db);
+        p->created = true;
+        version = 1;
+    } else if (old_hash == NULL || strcmp(old_hash, p->spec_hash) != 0) {
+        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_UPDATE_SPEC, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "ItttiI", p->id, p->spec_yaml, p->spec_hash,
+                                   p->schedule, p->priority, now),
+                        rc, out);
+        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+        version++;
+    } else {
+        /* Same spec: nothing to version; keep derived fields in step. */
+        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_UPDATE_SAME, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "Iti", p->id, p->schedule, p->priority), rc, out);
+        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+        rc = 0;
+        goto out;
+    }
+    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_VERSION_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", p->id), rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    KILN_CHECK_GOTO(state_event_insert(st, p->id, 0, "spec", "%s version %d (spec %s)",
+                                       p->created ? "submitted" : "updated to", version,
+                                       p->spec_hash),
+                    rc, out);
+    rc = 0;
+out:
+    state_stmt_done(s);
+    free(old_hash);
+    return rc;
+}
+
+int state_job_put(state_t *st, const char *name, const char *spec_yaml, const char *spec_hash,
+                  const char *schedule, int priority, int64_t *job_id, bool *created)
+{
+    if (name == NULL || name[0] == '\0' || spec_yaml == NULL || spec_hash == NULL)
+        return kiln_errf(KILN_EINVAL, "a job needs a name, a spec and its hash");
+    job_put_t p = {name, spec_yaml, spec_hash, schedule, priority, 0, false};
+    int rc;
+    STATE_WRITE(st, "submitting a job", rc, job_put_tx(st, &p));
+    if (rc < 0)
+        return rc;
+    *job_id = p.id;
+    if (created != NULL)
+        *created = p.created;
+    return 0;
+}
+
+/* ---- get / list -------------------------------------------------------------------- */
+
+static int job_get_tx(state_t *st, state_stmt_id_t id, const char *name, int64_t job_id,
+                      state_job_t *out)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading a job";
+    KILN_CHECK_GOTO(state_stmt(st, id, &s), rc, out);
+    if (name != NULL)
+        KILN_CHECK_GOTO(state_bind(st, s, what, "t", name), rc, out);
+    else
+        KILN_CHECK_GOTO(state_bind(st, s, what, "I", job_id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = name != NULL ? kiln_errf(KILN_ENOENT, "no job named '%s'; see kiln jobs", name)
+                          : kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
+        goto out;
+    }
+    rc = read_job(s, out);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_job_get(state_t *st, const char *name, state_job_t *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    if (name == NULL)
+        return kiln_errf(KILN_EINVAL, "no job name given");
+    STATE_READ(st, "reading a job", rc, job_get_tx(st, STMT_JOB_GET_BY_NAME, name, 0, out));
+    return rc;
+}
+
+int state_job_get_by_id(state_t *st, int64_t id, state_job_t *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    STATE_READ(st, "reading a job", rc, job_get_tx(st, STMT_JOB_GET_BY_ID, NULL, id, out));
+    return rc;
+}
+
+static int job_list_tx(state_t *st, state_job_t **out, size_t *n)
+{
+    sqlite3_stmt *s = NULL;
+    state_job_t *js = NULL;
+    size_t cap = 0, len = 0;
+    int rc;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_LIST, &s), rc, out);
+    for (;;) {
+        KILN_CHECK_GOTO(state_step(st, s, "listing jobs"), rc, out);
+        if (rc == 0)
+            break;
+        KILN_CHECK_GOTO(state_grow((void **)&js, &cap, len, sizeof *js), rc, out);
+        KILN_CHECK_GOTO(read_job(s, &js[len]), rc, out);
+        len++;
+    }
+out:
+    state_stmt_done(s);
+    if (rc < 0) {
+        state_jobs_free(js, len);
+        return rc;
+    }
+    *out = js;
+    *n = len;
+    return 0;
+}
+
+int state_job_list(state_t *st, state_job_t **out, size_t *n)
+{
+    int rc;
+    *out = NULL;
+    *n = 0;
+    STATE_READ(st, "listing jobs", rc, job_list_tx(st, out, n));
+    return rc;
+}
+
+/* ---- updates ----------------------------------------------------------------------- */
+
+static int job_set_paused_tx(state_t *st, int64_t job_id, bool paused)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = paused ? "pausing a job" : "resuming a job";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_SET_PAUSED, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "IbI", job_id, paused, kiln_now_s()), rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    if (sqlite3_changes(st->db) == 0) {
+        rc = kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
+        goto out;
+    }
+    rc = state_event_insert(st, job_id, 0, paused ? "pause" : "resume", "%s",
+                            paused ? "paused" : "resumed");
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_job_set_paused(state_t *st, int64_t job_id, bool paused)
+{
+    int rc;
+    STATE_WRITE(st, "pausing a job", rc, job_set_paused_tx(st, job_id, paused));
+    return rc;
+}
+
+static int job_set_last_tx(state_t *st, int64_t job_id, int64_t at)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "recording the last scheduled time";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_SET_LAST_SCHEDULED, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "II", job_id, at), rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    if (sqlite3_changes(st->db) == 0)
+        rc = kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_job_set_last_scheduled(state_t *st, int64_t job_id, int64_t scheduled_at)
+{
+    int rc;
+    STATE_WRITE(st, "recording the last scheduled time", rc,
+                job_set_last_tx(st, job_id, scheduled_at));
+    return rc;
+}

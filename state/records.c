@@ -1,0 +1,539 @@
+/*
+ * state/records.c - what runs consume and produce: the input partitions a run
+ * read (and whether a job already consumed one, the data watermark), training
+ * metrics, checkpoints and their parent chain, exports, serving endpoints,
+ * pushes, and what each endpoint holds (now, and since when) as a result.
+ */
+#include "state_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Maps a FOREIGN KEY violation of the last write to KILN_ENOENT. */
+static int missing_ref(state_t *st, int rc, const char *what)
+{
+    if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
+        return kiln_errf(KILN_ENOENT,
+                         "cannot %s: it refers to a run, checkpoint, export or "
+                         "endpoint that does not exist",
+                         what);
+    return rc;
+}
+
+/* Runs one bound INSERT/UPDATE (already bound to s) and returns the new rowid. */
+static int insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id)
+{
+    int rc = missing_ref(st, state_exec(st, s, what), what);
+    if (rc == 0 && id != NULL)
+        *id = sqlite3_last_insert_rowid(st->db);
+    return rc;
+}
+
+/* ---- inputs ------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t run_id;
+    const state_input_t *in;
+} input_add_t;
+
+static int input_add_tx(state_t *st, const input_add_t *a)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "record a run input";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "ItIIt", a->run_id, a->in->path, a->in->size,
+                               a->in->mtime, a->in->checksum),
+                    rc, out);
+    rc = insert_one(st, s, what, NULL);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_input_add(state_t *st, int64_t run_id, const state_input_t *in)
+{
+    if (in == NULL || in->path == NULL)
+        return kiln_errf(KILN_EINVAL, "an input needs a path");
+    input_add_t a = {run_id, in};
+    int rc;
+    STATE_WRITE(st, "recording a run input", rc, input_add_tx(st, &a));
+    return rc;
+}
+
+void state_inputs_free(state_input_t *ins, size_t n)
+{
+    for (size_t i = 0; ins != NULL && i < n; i++) {
+        free(ins[i].path);
+        free(ins[i].checksum);
+    }
+    free(ins);
+}
+
+static int input_list_tx(state_t *st, int64_t run_id, state_input_t **out, size_t *n)
+{
+    sqlite3_stmt *s = NULL;
+    state_input_t *ins = NULL;
+    size_t cap = 0, len = 0;
+    int rc;
+    const char *what = "listing run inputs";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_LIST, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
+    for (;;) {
+        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+        if (rc == 0)
+            break;
+        KILN_CHECK_GOTO(state_grow((void **)&ins, &cap, len, sizeof *ins), rc, out);
+        state_input_t *in = &ins[len];
+        memset(in, 0, sizeof *in);
+        len++;
+        in->size = state_col_i64(s, 1);
+        in->mtime = state_col_i64(s, 2);
+        KILN_CHECK_GOTO(state_col_str(s, 0, &in->path), rc, out);
+        KILN_CHECK_GOTO(state_col_str(s, 3, &in->checksum), rc, out);
+    }
+out:
+    state_stmt_done(s);
+    if (rc < 0) {
+        state_inputs_free(ins, len);
+        return rc;
+    }
+    *out = ins;
+    *n = len;
+    return 0;
+}
+
+int state_input_list(state_t *st, int64_t run_id, state_input_t **out, size_t *n)
+{
+    int rc;
+    *out = NULL;
+    *n = 0;
+    STATE_READ(st, "listing run inputs", rc, input_list_tx(st, run_id, out, n));
+    return rc;
+}
+
+static int input_consumed_tx(state_t *st, int64_t job_id, const state_input_t *in, bool *consumed)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "checking whether an input was consumed";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_CONSUMED, &s), rc, out);
+    KILN_CHECK_GOTO(
+        state_bind(st, s, what, "ItIIt", job_id, in->path, in->size, in->mtime, in->checksum), rc,
+        out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    *consumed = rc == 1;
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in, bool *consumed)
+{
+    int rc;
+    *consumed = false;
+    if (in == NULL || in->path == NULL)
+        return kiln_errf(KILN_EINVAL, "an input needs a path");
+    STATE_READ(st, "checking whether an input was consumed", rc,
+               input_consumed_tx(st, job_id, in, consumed));
+    return rc;
+}
+
+/* ---- metrics ----------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t run_id, step;
+    const char *name;
+    double value;
+} metric_add_t;
+
+static int metric_add_tx(state_t *st, const metric_add_t *m)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "record a metric";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_METRIC_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(
+        state_bind(st, s, what, "IItdI", m->run_id, m->step, m->name, m->value, kiln_now_s()), rc,
+        out);
+    rc = insert_one(st, s, what, NULL);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_metric_add(state_t *st, int64_t run_id, int64_t step, const char *name, double value)
+{
+    if (name == NULL || name[0] == '\0')
+        return kiln_errf(KILN_EINVAL, "a metric needs a name");
+    metric_add_t m = {run_id, step, name, value};
+    int rc;
+    STATE_WRITE(st, "recording a metric", rc, metric_add_tx(st, &m));
+    return rc;
+}
+
+static int metric_series_tx(state_t *st, int64_t run_id, const char *name, state_metric_t **out,
+                            size_t *n)
+{
+    sqlite3_stmt *s = NULL;
+    state_metric_t *ms = NULL;
+    size_t cap = 0, len = 0;
+    int rc;
+    const char *what = "reading a metric series";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_METRIC_SERIES, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "It", run_id, name), rc, out);
+    for (;;) {
+        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+        if (rc == 0)
+            break;
+        KILN_CHECK_GOTO(state_grow((void **)&ms, &cap, len, sizeof *ms), rc, out);
+        ms[len].step = state_col_i64(s, 0);
+        /* SQLite stores NaN as NULL; give it back as NaN. */
+        ms[len].value =
+            sqlite3_column_type(s, 1) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 1);
+        ms[len].at = state_col_i64(s, 2);
+        len++;
+    }
+out:
+    state_stmt_done(s);
+    if (rc < 0) {
+        free(ms);
+        return rc;
+    }
+    *out = ms;
+    *n = len;
+    return 0;
+}
+
+int state_metric_series(state_t *st, int64_t run_id, const char *name, state_metric_t **out,
+                        size_t *n)
+{
+    int rc;
+    *out = NULL;
+    *n = 0;
+    if (name == NULL)
+        return kiln_errf(KILN_EINVAL, "no metric name given");
+    STATE_READ(st, "reading a metric series", rc, metric_series_tx(st, run_id, name, out, n));
+    return rc;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------- */
+
+static int read_ckpt(sqlite3_stmt *s, state_checkpoint_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->id = state_col_i64(s, 0);
+    c->run_id = state_col_i64(s, 2);
+    c->parent_id = state_col_i64(s, 3);
+    c->step = state_col_i64(s, 6);
+    c->keys = state_col_i64(s, 7);
+    c->bytes = state_col_i64(s, 8);
+    c->created_at = state_col_i64(s, 10);
+    if (state_col_str(s, 1, &c->uid) < 0 || state_col_str(s, 4, &c->kind) < 0 ||
+        state_col_str(s, 5, &c->path) < 0 || state_col_str(s, 9, &c->checksum) < 0) {
+        state_checkpoint_fini(c);
+        return KILN_ENOMEM;
+    }
+    return 0;
+}
+
+void state_checkpoint_fini(state_checkpoint_t *c)
+{
+    if (c == NULL)
+        return;
+    free(c->uid);
+    free(c->kind);
+    free(c->path);
+    free(c->checksum);
+    memset(c, 0, sizeof *c);
+}
+
+static int ckpt_add_tx(state_t *st, const state_checkpoint_t *c, int64_t *id)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "record a checkpoint";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "tJJttIIItI", c->uid, c->run_id, c->parent_id, c->kind,
+                               c->path, c->step, c->keys, c->bytes, c->checksum,
+                               c->created_at != 0 ? c->created_at : kiln_now_s()),
+                    rc, out);
+    rc = insert_one(st, s, what, id);
+    if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_UNIQUE)
+        rc = kiln_errf(KILN_EEXIST, "checkpoint %s is already recorded", c->uid);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_checkpoint_add(state_t *st, const state_checkpoint_t *c, int64_t *id)
+{
+    if (c == NULL || c->uid == NULL || c->path == NULL || c->kind == NULL)
+        return kiln_errf(KILN_EINVAL, "a checkpoint needs a uid, a kind and a path");
+    if (strcmp(c->kind, "full") != 0 && strcmp(c->kind, "incremental") != 0)
+        return kiln_errf(KILN_EINVAL, "checkpoint %s: kind must be full or incremental, not '%s'",
+                         c->uid, c->kind);
+    int64_t nid = 0;
+    int rc;
+    STATE_WRITE(st, "recording a checkpoint", rc, ckpt_add_tx(st, c, &nid));
+    if (rc == 0 && id != NULL)
+        *id = nid;
+    return rc;
+}
+
+static int ckpt_get_tx(state_t *st, state_stmt_id_t id, const char *uid, int64_t job_id,
+                       state_checkpoint_t *out)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading a checkpoint";
+    KILN_CHECK_GOTO(state_stmt(st, id, &s), rc, out);
+    if (uid != NULL)
+        KILN_CHECK_GOTO(state_bind(st, s, what, "t", uid), rc, out);
+    else
+        KILN_CHECK_GOTO(state_bind(st, s, what, "I", job_id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = uid != NULL
+                 ? kiln_errf(KILN_ENOENT, "no checkpoint %s", uid)
+                 : kiln_errf(KILN_ENOENT, "job %lld has no checkpoints yet", (long long)job_id);
+        goto out;
+    }
+    rc = read_ckpt(s, out);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_checkpoint_get(state_t *st, const char *uid, state_checkpoint_t *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    if (uid == NULL)
+        return kiln_errf(KILN_EINVAL, "no checkpoint uid given");
+    STATE_READ(st, "reading a checkpoint", rc, ckpt_get_tx(st, STMT_CKPT_GET, uid, 0, out));
+    return rc;
+}
+
+int state_checkpoint_latest(state_t *st, int64_t job_id, state_checkpoint_t *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    STATE_READ(st, "reading a checkpoint", rc,
+               ckpt_get_tx(st, STMT_CKPT_LATEST, NULL, job_id, out));
+    return rc;
+}
+
+/* ---- exports ----------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t checkpoint_id, base_id;
+    const char *format, *path;
+    int64_t bytes;
+} export_add_t;
+
+static int export_add_tx(state_t *st, const export_add_t *e, int64_t *id)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "record an export";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_EXPORT_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "IJttII", e->checkpoint_id, e->base_id, e->format,
+                               e->path, e->bytes, kiln_now_s()),
+                    rc, out);
+    rc = insert_one(st, s, what, id);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_export_add(state_t *st, int64_t checkpoint_id, int64_t base_checkpoint_id,
+                     const char *format, const char *path, int64_t bytes, int64_t *id)
+{
+    if (format == NULL || path == NULL)
+        return kiln_errf(KILN_EINVAL, "an export needs a format and a path");
+    export_add_t e = {checkpoint_id, base_checkpoint_id, format, path, bytes};
+    int64_t nid = 0;
+    int rc;
+    STATE_WRITE(st, "recording an export", rc, export_add_tx(st, &e, &nid));
+    if (rc == 0 && id != NULL)
+        *id = nid;
+    return rc;
+}
+
+/* ---- endpoints --------------------------------------------------------------------- */
+
+typedef struct {
+    const char *url, *model, *label;
+} endpoint_put_t;
+
+static int endpoint_put_tx(state_t *st, const endpoint_put_t *e, int64_t *id)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "record an endpoint";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_FIND, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "tt", e->url, e->model), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 1) {
+        *id = state_col_i64(s, 0);
+        state_stmt_done(s);
+        KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_SET_LABEL, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "It", *id, e->label), rc, out);
+        rc = state_exec(st, s, what);
+        goto out;
+    }
+    state_stmt_done(s);
+    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "tttI", e->url, e->model, e->label, kiln_now_s()), rc,
+                    out);
+    rc = insert_one(st, s, what, id);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_endpoint_put(state_t *st, const char *url, const char *model, const char *label,
+                       int64_t *id)
+{
+    if (url == NULL || url[0] == '\0')
+        return kiln_errf(KILN_EINVAL, "an endpoint needs a URL");
+    endpoint_put_t e = {url, model != NULL ? model : "", label};
+    int64_t nid = 0;
+    int rc;
+    STATE_WRITE(st, "recording an endpoint", rc, endpoint_put_tx(st, &e, &nid));
+    if (rc == 0 && id != NULL)
+        *id = nid;
+    return rc;
+}
+
+static int holding_tx(state_t *st, int64_t endpoint_id, int64_t *ckpt, int64_t *since)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading what an endpoint holds";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_CURRENT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", endpoint_id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT,
+                       "endpoint %lld holds no checkpoint yet (no push to it has "
+                       "succeeded)",
+                       (long long)endpoint_id);
+        goto out;
+    }
+    *ckpt = state_col_i64(s, 0);
+    *since = state_col_i64(s, 1);
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_endpoint_holding(state_t *st, int64_t endpoint_id, int64_t *checkpoint_id, int64_t *since)
+{
+    int64_t c = 0, t = 0;
+    int rc;
+    STATE_READ(st, "reading what an endpoint holds", rc, holding_tx(st, endpoint_id, &c, &t));
+    *checkpoint_id = c;
+    if (since != NULL)
+        *since = t;
+    return rc;
+}
+
+/* ---- pushes ------------------------------------------------------------------------ */
+
+static int push_add_tx(state_t *st, int64_t export_id, int64_t endpoint_id, int64_t *id)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "record a push";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "III", export_id, endpoint_id, kiln_now_s()), rc, out);
+    rc = insert_one(st, s, what, id);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_push_add(state_t *st, int64_t export_id, int64_t endpoint_id, int64_t *id)
+{
+    int64_t nid = 0;
+    int rc;
+    STATE_WRITE(st, "recording a push", rc, push_add_tx(st, export_id, endpoint_id, &nid));
+    if (rc == 0 && id != NULL)
+        *id = nid;
+    return rc;
+}
+
+typedef struct {
+    int64_t push_id;
+    bool ok;
+    int http_status;
+    const char *error;
+    int attempts;
+    int64_t checkpoint_id;
+} push_finish_t;
+
+static int push_finish_tx(state_t *st, const push_finish_t *p)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    int64_t now = kiln_now_s(), endpoint_id, ckpt, held = 0, since;
+    char *state = NULL;
+    const char *what = "finishing a push";
+
+    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_GET, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", p->push_id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "no push %lld", (long long)p->push_id);
+        goto out;
+    }
+    KILN_CHECK_GOTO(state_col_str(s, 0, &state), rc, out);
+    endpoint_id = state_col_i64(s, 1);
+    ckpt = p->checkpoint_id != 0 ? p->checkpoint_id : state_col_i64(s, 2);
+    state_stmt_done(s);
+    if (state == NULL || strcmp(state, "pending") != 0) {
+        rc = kiln_errf(KILN_ESTATE, "push %lld already %s", (long long)p->push_id,
+                       state != NULL ? state : "ended");
+        goto out;
+    }
+
+    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_FINISH, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "ItitiI", p->push_id, p->ok ? "succeeded" : "failed",
+                               p->http_status, p->error, p->attempts, now),
+                    rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    if (!p->ok)
+        goto out;
+
+    /* The endpoint now holds ckpt: close the current span unless it is the
+     * same checkpoint, and open a new one. */
+    rc = holding_tx(st, endpoint_id, &held, &since);
+    if (rc < 0 && rc != KILN_ENOENT)
+        goto out;
+    if (rc == 0 && held == ckpt)
+        goto out;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_CLOSE, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "II", endpoint_id, now), rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "IIII", endpoint_id, ckpt, p->push_id, now), rc, out);
+    rc = insert_one(st, s, what, NULL);
+out:
+    state_stmt_done(s);
+    free(state);
+    return rc;
+}
+
+int state_push_finish(state_t *st, int64_t push_id, bool ok, int http_status, const char *error,
+                      int attempts, int64_t checkpoint_id)
+{
+    push_finish_t p = {push_id, ok, http_status, error, attempts, checkpoint_id};
+    int rc;
+    STATE_WRITE(st, "finishing a push", rc, push_finish_tx(st, &p));
+    return rc;
+}

@@ -1,0 +1,506 @@
+/*
+ * state/runs.c - the runs table and the run state machine. Creating a run
+ * (where the partial unique index runs_scheduled_once makes a cron time run
+ * once), reading runs, and every state change: a compare-and-set inside BEGIN
+ * IMMEDIATE that refuses edges the machine lacks and never leaves a terminal
+ * state, with an event recorded for each change and each cancel request.
+ */
+#include "state_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Legal edges of the run state machine: edges[from] has bit `to` set. */
+#define BIT(s) (1u << (s))
+static const unsigned edges[STATE_RUN_NSTATES] = {
+    [STATE_RUN_QUEUED] = BIT(STATE_RUN_LAUNCHING) | BIT(STATE_RUN_CANCELED) |
+                         BIT(STATE_RUN_SKIPPED) | BIT(STATE_RUN_FAILED),
+    [STATE_RUN_LAUNCHING] = BIT(STATE_RUN_RUNNING) | BIT(STATE_RUN_SUCCEEDED) |
+                            BIT(STATE_RUN_FAILED) | BIT(STATE_RUN_CANCELED) |
+                            BIT(STATE_RUN_TIMED_OUT),
+    [STATE_RUN_RUNNING] = BIT(STATE_RUN_SUCCEEDED) | BIT(STATE_RUN_FAILED) |
+                          BIT(STATE_RUN_CANCELED) | BIT(STATE_RUN_TIMED_OUT),
+};
+
+static int parse_trigger(const char *s, state_trigger_t *out)
+{
+    for (int t = STATE_TRIGGER_MANUAL; t <= STATE_TRIGGER_CATCHUP; t++) {
+        if (s != NULL && strcmp(s, state_trigger_name((state_trigger_t)t)) == 0) {
+            *out = (state_trigger_t)t;
+            return 0;
+        }
+    }
+    return kiln_errf(KILN_ECORRUPT, "unknown run trigger '%s' in the database",
+                     s != NULL ? s : "(null)");
+}
+
+/* Reads a row of STATE_RUN_COLS. */
+static int read_run(sqlite3_stmt *s, state_run_t *r)
+{
+    int rc;
+    memset(r, 0, sizeof *r);
+    r->id = state_col_i64(s, 0);
+    r->job_id = state_col_i64(s, 1);
+    r->job_version = sqlite3_column_int(s, 3);
+    r->attempt = sqlite3_column_int(s, 6);
+    r->retry_of = state_col_i64(s, 7);
+    r->scheduled_at = state_col_i64(s, 8);
+    r->queued_at = state_col_i64(s, 9);
+    r->started_at = state_col_i64(s, 10);
+    r->ended_at = state_col_i64(s, 11);
+    r->not_before = state_col_i64(s, 12);
+    r->exit_code = sqlite3_column_int(s, 13);
+    r->pgid = state_col_i64(s, 16);
+    r->cancel_requested = sqlite3_column_int(s, 18) != 0;
+    const char *state = (const char *)sqlite3_column_text(s, 4);
+    if (state_run_state_parse(state, &r->state) < 0) {
+        rc = kiln_errf(KILN_ECORRUPT, "run %lld has unknown state '%s' in the database",
+                       (long long)r->id, state != NULL ? state : "(null)");
+        goto out;
+    }
+    KILN_CHECK_GOTO(parse_trigger((const char *)sqlite3_column_text(s, 5), &r->trigger), rc, out);
+    KILN_CHECK_GOTO(state_col_str(s, 2, &r->job_name), rc, out);
+    KILN_CHECK_GOTO(state_col_str(s, 14, &r->error), rc, out);
+    KILN_CHECK_GOTO(state_col_str(s, 15, &r->run_dir), rc, out);
+    KILN_CHECK_GOTO(state_col_str(s, 17, &r->host), rc, out);
+    rc = 0;
+out:
+    if (rc < 0)
+        state_run_fini(r);
+    return rc;
+}
+
+void state_run_fini(state_run_t *r)
+{
+    if (r == NULL)
+        return;
+    free(r->job_name);
+    free(r->error);
+    free(r->run_dir);
+    free(r->host);
+    memset(r, 0, sizeof *r);
+}
+
+void state_runs_free(state_run_t *rs, size_t n)
+{
+    for (size_t i = 0; rs != NULL && i < n; i++)
+        state_run_fini(&rs[i]);
+    free(rs);
+}
+
+/* ---- create ------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t job_id;
+    state_trigger_t trigger;
+    int64_t scheduled_at;
+    int attempt;
+    int64_t retry_of;
+    int64_t id;
+} run_create_t;
+
+/* After a UNIQUE violation: names the run that already serves the time. */
+static int scheduled_exists(state_t *st, const run_create_t *c)
+{
+    sqlite3_stmt *s = NULL;
+    int64_t other = 0;
+    char iso[KILN_ISO_LEN];
+    if (state_stmt(st, STMT_RUN_FIND_SCHEDULED, &s) == 0 &&
+        state_bind(st, s, "finding a scheduled run", "II", c->job_id, c->scheduled_at) == 0 &&
+        state_step(st, s, "finding a scheduled run") == 1)
+        other = state_col_i64(s, 0);
+    state_stmt_done(s);
+    return kiln_errf(KILN_EEXIST, "job %lld already has run %lld for the scheduled time %s",
+                     (long long)c->job_id, (long long)other,
+                     kiln_time_iso(c->scheduled_at, iso, sizeof iso));
+}
+
+static int run_create_tx(state_t *st, run_create_t *c)
+{
+    sqlite3_stmt *s = NULL;
+    int rc, version;
+    const char *what = "queuing a run";
+    char iso[KILN_ISO_LEN] = "";
+
+    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_VERSION_OF, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", c->job_id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc =
+            kiln_errf(KILN_ENOENT, "cannot queue a run: no job with id %lld", (long long)c->job_id);
+        goto out;
+    }
+    version = sqlite3_column_int(s, 0);
+    state_stmt_done(s);
+
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "IitiJII", c->job_id, version,
+                               state_trigger_name(c->trigger), c->attempt, c->retry_of,
+                               c->scheduled_at, kiln_now_s()),
+                    rc, out);
+    rc = state_exec(st, s, what);
+    if (rc < 0) {
+        if (st->last_sqlite_rc == SQLITE_CONSTRAINT_UNIQUE)
+            rc = scheduled_exists(st, c);
+        else if (st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
+            rc = kiln_errf(KILN_ENOENT, "cannot queue a retry of run %lld: no such run",
+                           (long long)c->retry_of);
+        goto out;
+    }
+    c->id = sqlite3_last_insert_rowid(st->db);
+    if (c->scheduled_at != 0)
+        kiln_time_iso(c->scheduled_at, iso, sizeof iso);
+    rc = state_event_insert(st, c->job_id, c->id, "state", "queued (%s, attempt %d%s%s)",
+                            state_trigger_name(c->trigger), c->attempt,
+                            iso[0] != '\0' ? ", scheduled " : "", iso);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_run_create(state_t *st, int64_t job_id, state_trigger_t trigger, int64_t scheduled_at,
+                     int attempt, int64_t retry_of, int64_t *run_id)
+{
+    if ((int)trigger < STATE_TRIGGER_MANUAL || trigger > STATE_TRIGGER_CATCHUP)
+        return kiln_errf(KILN_EINVAL, "unknown run trigger %d", (int)trigger);
+    if (attempt < 1)
+        return kiln_errf(KILN_EINVAL, "run attempt must be 1 or more, not %d", attempt);
+    if (scheduled_at < 0)
+        return kiln_errf(KILN_EINVAL, "scheduled time %lld is negative", (long long)scheduled_at);
+    run_create_t c = {job_id, trigger, scheduled_at, attempt, retry_of, 0};
+    int rc;
+    STATE_WRITE(st, "queuing a run", rc, run_create_tx(st, &c));
+    if (rc < 0)
+        return rc;
+    *run_id = c.id;
+    return 0;
+}
+
+/* ---- read ------------------------------------------------------------------------- */
+
+static int run_get_tx(state_t *st, int64_t run_id, state_run_t *out)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_GET, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, "reading a run", "I", run_id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, "reading a run"), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "no run %lld; see kiln runs", (long long)run_id);
+        goto out;
+    }
+    rc = read_run(s, out);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_run_get(state_t *st, int64_t run_id, state_run_t *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    STATE_READ(st, "reading a run", rc, run_get_tx(st, run_id, out));
+    return rc;
+}
+
+/* Collects the rows of a bound SELECT of STATE_RUN_COLS. */
+static int collect_runs(state_t *st, sqlite3_stmt *s, state_run_t **out, size_t *n)
+{
+    state_run_t *rs = NULL;
+    size_t cap = 0, len = 0;
+    int rc;
+    for (;;) {
+        KILN_CHECK_GOTO(state_step(st, s, "listing runs"), rc, out);
+        if (rc == 0)
+            break;
+        KILN_CHECK_GOTO(state_grow((void **)&rs, &cap, len, sizeof *rs), rc, out);
+        KILN_CHECK_GOTO(read_run(s, &rs[len]), rc, out);
+        len++;
+    }
+out:
+    if (rc < 0) {
+        state_runs_free(rs, len);
+        return rc;
+    }
+    *out = rs;
+    *n = len;
+    return 0;
+}
+
+static int run_list_tx(state_t *st, const char *job_name, int limit, state_run_t **out, size_t *n)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    int64_t lim = limit > 0 ? limit : -1;
+    const char *what = "listing runs";
+    if (job_name == NULL) {
+        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_LIST_ALL, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "I", lim), rc, out);
+    } else {
+        int64_t job_id;
+        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_FIND, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "t", job_name), rc, out);
+        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+        if (rc == 0) {
+            rc = kiln_errf(KILN_ENOENT, "no job named '%s'; see kiln jobs", job_name);
+            goto out;
+        }
+        job_id = state_col_i64(s, 0);
+        state_stmt_done(s);
+        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_LIST_JOB, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "II", job_id, lim), rc, out);
+    }
+    rc = collect_runs(st, s, out, n);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_run_list(state_t *st, const char *job_name, int limit, state_run_t **out, size_t *n)
+{
+    int rc;
+    *out = NULL;
+    *n = 0;
+    STATE_READ(st, "listing runs", rc, run_list_tx(st, job_name, limit, out, n));
+    return rc;
+}
+
+static int run_list_state_tx(state_t *st, state_run_state_t state, state_run_t **out, size_t *n)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_LIST_STATE, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, "listing runs", "t", state_run_state_name(state)), rc, out);
+    rc = collect_runs(st, s, out, n);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_run_list_in_state(state_t *st, state_run_state_t s, state_run_t **out, size_t *n)
+{
+    int rc;
+    *out = NULL;
+    *n = 0;
+    if ((int)s < 0 || s >= STATE_RUN_NSTATES)
+        return kiln_errf(KILN_EINVAL, "unknown run state %d", (int)s);
+    STATE_READ(st, "listing runs", rc, run_list_state_tx(st, s, out, n));
+    return rc;
+}
+
+/* ---- state changes ---------------------------------------------------------------- */
+
+/* Reads a run's state, its job and its cancel flag (inside a transaction). */
+static int run_state_of(state_t *st, int64_t run_id, state_run_state_t *state, int64_t *job_id,
+                        bool *cancel_requested)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading a run's state";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_STATE_OF, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "no run %lld; see kiln runs", (long long)run_id);
+        goto out;
+    }
+    const char *name = (const char *)sqlite3_column_text(s, 0);
+    if (state_run_state_parse(name, state) < 0) {
+        rc = kiln_errf(KILN_ECORRUPT, "run %lld has unknown state '%s' in the database",
+                       (long long)run_id, name != NULL ? name : "(null)");
+        goto out;
+    }
+    *job_id = state_col_i64(s, 1);
+    *cancel_requested = sqlite3_column_int(s, 2) != 0;
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+/* Sets the state and the times and exit that come with it; the caller has
+ * checked the edge. */
+static int set_state(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
+                     int exit_code, const char *error)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    int64_t now = kiln_now_s();
+    const char *what = "changing a run's state";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_STATE, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "Itt", run_id, state_run_state_name(from),
+                               state_run_state_name(to)),
+                    rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    if (sqlite3_changes(st->db) != 1) {
+        rc = kiln_errf(KILN_EINTERNAL, "run %lld left %s under our write lock", (long long)run_id,
+                       state_run_state_name(from));
+        goto out;
+    }
+    if (to == STATE_RUN_RUNNING) {
+        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_STARTED, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "II", run_id, now), rc, out);
+        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    }
+    if (state_run_state_terminal(to)) {
+        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_ENDED, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "IIit", run_id, now, exit_code, error), rc, out);
+        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    }
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+static int refuse(int64_t run_id, state_run_state_t actual, state_run_state_t from,
+                  state_run_state_t to)
+{
+    if (state_run_state_terminal(actual))
+        return kiln_errf(KILN_ESTATE, "run %lld already %s", (long long)run_id,
+                         state_run_state_name(actual));
+    if (actual != from)
+        return kiln_errf(KILN_ESTATE, "run %lld is %s, not %s", (long long)run_id,
+                         state_run_state_name(actual), state_run_state_name(from));
+    return kiln_errf(KILN_ESTATE, "run %lld cannot go from %s to %s", (long long)run_id,
+                     state_run_state_name(from), state_run_state_name(to));
+}
+
+typedef struct {
+    int64_t run_id;
+    state_run_state_t from, to;
+    int exit_code;
+    const char *error;
+} transition_t;
+
+static int transition_tx(state_t *st, const transition_t *t)
+{
+    state_run_state_t actual;
+    int64_t job_id;
+    bool cancel;
+    char detail[64] = "";
+    KILN_CHECK(run_state_of(st, t->run_id, &actual, &job_id, &cancel));
+    if (actual != t->from || (edges[t->from] & BIT(t->to)) == 0)
+        return refuse(t->run_id, actual, t->from, t->to);
+    KILN_CHECK(set_state(st, t->run_id, t->from, t->to, t->exit_code, t->error));
+    if (state_run_state_terminal(t->to) && t->exit_code >= 0)
+        snprintf(detail, sizeof detail, " (exit %d)", t->exit_code);
+    return state_event_insert(st, job_id, t->run_id, "state", "%s -> %s%s%s%s",
+                              state_run_state_name(t->from), state_run_state_name(t->to), detail,
+                              t->error != NULL ? ": " : "", t->error != NULL ? t->error : "");
+}
+
+int state_run_transition(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
+                         int exit_code, const char *error)
+{
+    if ((int)from < 0 || from >= STATE_RUN_NSTATES || (int)to < 0 || to >= STATE_RUN_NSTATES)
+        return kiln_errf(KILN_EINVAL, "unknown run state %d or %d", (int)from, (int)to);
+    transition_t t = {run_id, from, to, exit_code, error};
+    int rc;
+    STATE_WRITE(st, "changing a run's state", rc, transition_tx(st, &t));
+    return rc;
+}
+
+static int cancel_tx(state_t *st, int64_t run_id, bool *done)
+{
+    state_run_state_t actual;
+    int64_t job_id;
+    bool already;
+    KILN_CHECK(run_state_of(st, run_id, &actual, &job_id, &already));
+    if (state_run_state_terminal(actual))
+        return kiln_errf(KILN_ESTATE, "run %lld already %s", (long long)run_id,
+                         state_run_state_name(actual));
+    if (actual == STATE_RUN_QUEUED) {
+        KILN_CHECK(
+            state_event_insert(st, job_id, run_id, "cancel", "cancel requested while queued"));
+        KILN_CHECK(set_state(st, run_id, actual, STATE_RUN_CANCELED, -1, NULL));
+        *done = true;
+        return state_event_insert(st, job_id, run_id, "state", "queued -> canceled");
+    }
+    *done = false;
+    if (already)
+        return 0;
+    sqlite3_stmt *s = NULL;
+    int rc;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_CANCEL, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, "requesting cancel", "I", run_id), rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, "requesting cancel"), rc, out);
+    rc = state_event_insert(st, job_id, run_id, "cancel", "cancel requested while %s",
+                            state_run_state_name(actual));
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_run_request_cancel(state_t *st, int64_t run_id, bool *done)
+{
+    bool d = false;
+    int rc;
+    STATE_WRITE(st, "canceling a run", rc, cancel_tx(st, run_id, &d));
+    if (rc == 0 && done != NULL)
+        *done = d;
+    return rc;
+}
+
+/* ---- launch details ---------------------------------------------------------------- */
+
+typedef struct {
+    int64_t run_id;
+    const char *run_dir;
+    int64_t pgid;
+    const char *host;
+} launch_t;
+
+static int set_launch_tx(state_t *st, const launch_t *l)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "recording a launch";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_LAUNCH, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "ItIt", l->run_id, l->run_dir, l->pgid, l->host), rc,
+                    out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    if (sqlite3_changes(st->db) == 0) {
+        rc = kiln_errf(KILN_ENOENT, "no run %lld", (long long)l->run_id);
+        goto out;
+    }
+    rc = state_event_insert(st, 0, l->run_id, "launch", "launched on %s, process group %lld, in %s",
+                            l->host != NULL ? l->host : "?", (long long)l->pgid,
+                            l->run_dir != NULL ? l->run_dir : "?");
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_run_set_launch(state_t *st, int64_t run_id, const char *run_dir, int64_t pgid,
+                         const char *host)
+{
+    launch_t l = {run_id, run_dir, pgid, host};
+    int rc;
+    STATE_WRITE(st, "recording a launch", rc, set_launch_tx(st, &l));
+    return rc;
+}
+
+static int set_not_before_tx(state_t *st, int64_t run_id, int64_t not_before)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "setting a run's earliest start";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_NOT_BEFORE, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "II", run_id, not_before), rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    if (sqlite3_changes(st->db) == 0)
+        rc = kiln_errf(KILN_ENOENT, "no run %lld", (long long)run_id);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before)
+{
+    int rc;
+    STATE_WRITE(st, "setting a run's earliest start", rc,
+                set_not_before_tx(st, run_id, not_before));
+    return rc;
+}

@@ -1,0 +1,169 @@
+/*
+ * state/schema.c - Kiln's schema as a list of migrations. Migration i (1-based)
+ * brings a database from PRAGMA user_version i-1 to i; state_open applies the
+ * missing ones in order, each in its own BEGIN IMMEDIATE transaction, so a file
+ * at any earlier version (an empty file is version 0) reaches
+ * STATE_SCHEMA_VERSION. Each script ends by setting user_version itself, and
+ * the runner checks it did.
+ *
+ * The policy (docs/state.md): append a migration, never edit one that shipped.
+ * Times are Unix seconds; 0 means "not yet" where a column says so; optional
+ * references are NULL, never 0.
+ */
+#include "state_int.h"
+
+/* v1: the core - jobs, their runs and the audit log. */
+static const char migration_1[] =
+    "CREATE TABLE jobs ("
+    "  id INTEGER PRIMARY KEY,"
+    "  name TEXT NOT NULL UNIQUE,"
+    "  spec_yaml TEXT NOT NULL,"
+    "  spec_hash TEXT NOT NULL,"
+    "  schedule TEXT,"
+    "  priority INTEGER NOT NULL DEFAULT 0,"
+    "  version INTEGER NOT NULL DEFAULT 1 CHECK (version >= 1),"
+    "  paused INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1)),"
+    "  created_at INTEGER NOT NULL,"
+    "  updated_at INTEGER NOT NULL,"
+    "  last_scheduled_at INTEGER NOT NULL DEFAULT 0"
+    ");"
+    "CREATE TABLE runs ("
+    "  id INTEGER PRIMARY KEY,"
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  job_version INTEGER NOT NULL,"
+    "  state TEXT NOT NULL CHECK (state IN ('queued', 'launching', 'running',"
+    "    'succeeded', 'failed', 'canceled', 'timed_out', 'skipped')),"
+    "  trigger TEXT NOT NULL CHECK (trigger IN ('manual', 'cron', 'retry', 'catchup')),"
+    "  attempt INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1),"
+    "  retry_of INTEGER REFERENCES runs(id),"
+    "  scheduled_at INTEGER NOT NULL DEFAULT 0,"
+    "  queued_at INTEGER NOT NULL,"
+    "  started_at INTEGER NOT NULL DEFAULT 0,"
+    "  ended_at INTEGER NOT NULL DEFAULT 0,"
+    "  not_before INTEGER NOT NULL DEFAULT 0,"
+    "  exit_code INTEGER NOT NULL DEFAULT -1,"
+    "  error TEXT,"
+    "  run_dir TEXT,"
+    "  pgid INTEGER NOT NULL DEFAULT 0,"
+    "  host TEXT,"
+    "  cancel_requested INTEGER NOT NULL DEFAULT 0 CHECK (cancel_requested IN (0, 1))"
+    ");"
+    /* A scheduled time is served once: the first attempt of a cron or catch-up
+     * run is unique per (job, time). Retries (attempt > 1, or trigger
+     * 'retry') carry the same scheduled_at and are not in the index. */
+    "CREATE UNIQUE INDEX runs_scheduled_once ON runs (job_id, scheduled_at)"
+    "  WHERE scheduled_at > 0 AND trigger IN ('cron', 'catchup') AND attempt = 1;"
+    "CREATE INDEX runs_by_job ON runs (job_id, id);"
+    "CREATE INDEX runs_by_state ON runs (state, id);"
+    "CREATE TABLE events ("
+    "  id INTEGER PRIMARY KEY,"
+    "  job_id INTEGER REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  run_id INTEGER REFERENCES runs(id) ON DELETE CASCADE,"
+    "  at INTEGER NOT NULL,"
+    "  kind TEXT NOT NULL,"
+    "  message TEXT NOT NULL"
+    ");"
+    "CREATE INDEX events_by_run ON events (run_id, id);"
+    "PRAGMA user_version = 1;";
+
+/* v2: what runs consume and produce - inputs, metrics, checkpoints, exports,
+ * endpoints and pushes - plus the spec history of jobs (backfilled from jobs)
+ * and indexes for the job event log and retry chains. */
+static const char migration_2[] =
+    "CREATE TABLE job_versions ("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  version INTEGER NOT NULL,"
+    "  spec_yaml TEXT NOT NULL,"
+    "  spec_hash TEXT NOT NULL,"
+    "  created_at INTEGER NOT NULL,"
+    "  PRIMARY KEY (job_id, version)"
+    ");"
+    "INSERT INTO job_versions (job_id, version, spec_yaml, spec_hash, created_at)"
+    "  SELECT id, version, spec_yaml, spec_hash, updated_at FROM jobs;"
+    "CREATE INDEX events_by_job ON events (job_id, id);"
+    "CREATE INDEX runs_by_retry_of ON runs (retry_of) WHERE retry_of IS NOT NULL;"
+    "CREATE TABLE run_inputs ("
+    "  id INTEGER PRIMARY KEY,"
+    "  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,"
+    "  path TEXT NOT NULL,"
+    "  size INTEGER NOT NULL,"
+    "  mtime INTEGER NOT NULL,"
+    "  checksum TEXT"
+    ");"
+    "CREATE INDEX run_inputs_by_run ON run_inputs (run_id, id);"
+    "CREATE INDEX run_inputs_by_path ON run_inputs (path, size, mtime);"
+    "CREATE TABLE metrics ("
+    "  id INTEGER PRIMARY KEY,"
+    "  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,"
+    "  step INTEGER NOT NULL,"
+    "  name TEXT NOT NULL,"
+    "  value REAL," /* NULL stores NaN (SQLite has no NaN) */
+    "  at INTEGER NOT NULL"
+    ");"
+    "CREATE INDEX metrics_by_run ON metrics (run_id, name, step);"
+    "CREATE TABLE checkpoints ("
+    "  id INTEGER PRIMARY KEY,"
+    "  uid TEXT NOT NULL UNIQUE,"
+    "  run_id INTEGER REFERENCES runs(id) ON DELETE SET NULL,"
+    "  parent_id INTEGER REFERENCES checkpoints(id),"
+    "  kind TEXT NOT NULL CHECK (kind IN ('full', 'incremental')),"
+    "  path TEXT NOT NULL,"
+    "  step INTEGER NOT NULL DEFAULT 0,"
+    "  keys INTEGER NOT NULL DEFAULT 0,"
+    "  bytes INTEGER NOT NULL DEFAULT 0,"
+    "  checksum TEXT,"
+    "  created_at INTEGER NOT NULL"
+    ");"
+    "CREATE INDEX checkpoints_by_run ON checkpoints (run_id, created_at);"
+    "CREATE INDEX checkpoints_by_parent ON checkpoints (parent_id);"
+    "CREATE TABLE exports ("
+    "  id INTEGER PRIMARY KEY,"
+    "  checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),"
+    "  base_checkpoint_id INTEGER REFERENCES checkpoints(id),"
+    "  format TEXT NOT NULL,"
+    "  path TEXT NOT NULL,"
+    "  bytes INTEGER NOT NULL DEFAULT 0,"
+    "  created_at INTEGER NOT NULL"
+    ");"
+    "CREATE INDEX exports_by_checkpoint ON exports (checkpoint_id);"
+    "CREATE TABLE endpoints ("
+    "  id INTEGER PRIMARY KEY,"
+    "  url TEXT NOT NULL,"
+    "  model TEXT NOT NULL DEFAULT '',"
+    "  label TEXT,"
+    "  created_at INTEGER NOT NULL,"
+    "  UNIQUE (url, model)"
+    ");"
+    "CREATE TABLE pushes ("
+    "  id INTEGER PRIMARY KEY,"
+    "  export_id INTEGER NOT NULL REFERENCES exports(id),"
+    "  endpoint_id INTEGER NOT NULL REFERENCES endpoints(id),"
+    "  state TEXT NOT NULL CHECK (state IN ('pending', 'succeeded', 'failed')),"
+    "  http_status INTEGER NOT NULL DEFAULT 0,"
+    "  error TEXT,"
+    "  attempts INTEGER NOT NULL DEFAULT 0,"
+    "  started_at INTEGER NOT NULL,"
+    "  ended_at INTEGER NOT NULL DEFAULT 0"
+    ");"
+    "CREATE INDEX pushes_by_export ON pushes (export_id);"
+    "CREATE INDEX pushes_by_endpoint ON pushes (endpoint_id, id);"
+    /* One row per (endpoint, checkpoint held) span; until_at NULL is now. */
+    "CREATE TABLE endpoint_holdings ("
+    "  id INTEGER PRIMARY KEY,"
+    "  endpoint_id INTEGER NOT NULL REFERENCES endpoints(id),"
+    "  checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),"
+    "  push_id INTEGER REFERENCES pushes(id),"
+    "  since INTEGER NOT NULL,"
+    "  until_at INTEGER"
+    ");"
+    "CREATE UNIQUE INDEX endpoint_holdings_now ON endpoint_holdings (endpoint_id)"
+    "  WHERE until_at IS NULL;"
+    "CREATE INDEX endpoint_holdings_by_checkpoint ON endpoint_holdings (checkpoint_id);"
+    "PRAGMA user_version = 2;";
+
+const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
+    {"v1: jobs, runs, events", migration_1},
+    {"v2: job_versions, run_inputs, metrics, checkpoints, exports, endpoints, "
+     "endpoint_holdings, pushes",
+     migration_2},
+};

@@ -1,0 +1,302 @@
+/*
+ * state/state_int.h - what the files of state/ share and nothing outside the
+ * module includes (tests/test_state.c excepted, for the hooks at the end):
+ * the connection struct, the table of SQL statements, the helpers that bind,
+ * step and read them, the transaction runner with its SQLITE_BUSY retry loop,
+ * and the migration table.
+ */
+#ifndef KILN_STATE_STATE_INT_H
+#define KILN_STATE_STATE_INT_H
+
+#include "state.h"
+
+#include <sqlite3.h>
+
+#include "kiln.h"
+
+/* How long one statement waits for a lock before SQLite gives up, and how many
+ * times a whole transaction is rerun after that (so a writer waits up to
+ * STATE_BUSY_TIMEOUT_MS * STATE_BUSY_TRIES before reporting the file busy). */
+#define STATE_BUSY_TIMEOUT_MS 10000
+#define STATE_BUSY_TRIES 4
+
+/* ---- the statement table ----------------------------------------------------
+ * Every statement Kiln runs, with bound parameters only. Prepared on first use
+ * and cached on the state_t (state_stmt). Column lists shared by several
+ * SELECTs are macros so that one row reader serves them all. */
+#define STATE_JOB_COLS                                                          \
+    "id, name, spec_yaml, spec_hash, schedule, priority, version, paused, "     \
+    "created_at, updated_at, last_scheduled_at"
+#define STATE_RUN_COLS                                                          \
+    "r.id, r.job_id, j.name, r.job_version, r.state, r.trigger, r.attempt, "    \
+    "r.retry_of, r.scheduled_at, r.queued_at, r.started_at, r.ended_at, "       \
+    "r.not_before, r.exit_code, r.error, r.run_dir, r.pgid, r.host, "           \
+    "r.cancel_requested"
+#define STATE_RUN_FROM " FROM runs r JOIN jobs j ON j.id = r.job_id "
+#define STATE_CKPT_COLS                                                         \
+    "c.id, c.uid, c.run_id, c.parent_id, c.kind, c.path, c.step, c.keys, "      \
+    "c.bytes, c.checksum, c.created_at"
+#define STATE_EVENT_COLS "id, job_id, run_id, at, kind, message"
+
+#define STATE_STMTS(X)                                                          \
+    X(USER_VERSION, "PRAGMA user_version")                                      \
+    X(BEGIN, "BEGIN IMMEDIATE")                                                 \
+    X(COMMIT, "COMMIT")                                                         \
+    X(ROLLBACK, "ROLLBACK")                                                     \
+    /* jobs */                                                                  \
+    X(JOB_FIND, "SELECT id, spec_hash, version FROM jobs WHERE name = ?1")      \
+    X(JOB_INSERT,                                                               \
+      "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, priority, "      \
+      "version, paused, created_at, updated_at, last_scheduled_at) "            \
+      "VALUES (?1, ?2, ?3, ?4, ?5, 1, 0, ?6, ?6, 0)")                           \
+    X(JOB_UPDATE_SPEC,                                                          \
+      "UPDATE jobs SET spec_yaml = ?2, spec_hash = ?3, schedule = ?4, "         \
+      "priority = ?5, version = version + 1, updated_at = ?6 WHERE id = ?1")    \
+    X(JOB_UPDATE_SAME, "UPDATE jobs SET schedule = ?2, priority = ?3 WHERE id = ?1") \
+    X(JOB_VERSION_INSERT,                                                       \
+      "INSERT INTO job_versions (job_id, version, spec_yaml, spec_hash, "       \
+      "created_at) SELECT id, version, spec_yaml, spec_hash, updated_at "       \
+      "FROM jobs WHERE id = ?1")                                                \
+    X(JOB_GET_BY_NAME, "SELECT " STATE_JOB_COLS " FROM jobs WHERE name = ?1")   \
+    X(JOB_GET_BY_ID, "SELECT " STATE_JOB_COLS " FROM jobs WHERE id = ?1")       \
+    X(JOB_LIST, "SELECT " STATE_JOB_COLS " FROM jobs ORDER BY name")            \
+    X(JOB_SET_PAUSED, "UPDATE jobs SET paused = ?2, updated_at = ?3 WHERE id = ?1") \
+    X(JOB_SET_LAST_SCHEDULED,                                                   \
+      "UPDATE jobs SET last_scheduled_at = max(last_scheduled_at, ?2) "         \
+      "WHERE id = ?1")                                                          \
+    X(JOB_VERSION_OF, "SELECT version FROM jobs WHERE id = ?1")                 \
+    /* runs */                                                                  \
+    X(RUN_INSERT,                                                               \
+      "INSERT INTO runs (job_id, job_version, state, trigger, attempt, "        \
+      "retry_of, scheduled_at, queued_at) "                                     \
+      "VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7)")                          \
+    X(RUN_FIND_SCHEDULED,                                                       \
+      "SELECT id FROM runs WHERE job_id = ?1 AND scheduled_at = ?2 "            \
+      "AND scheduled_at > 0 AND trigger IN ('cron', 'catchup') AND attempt = 1") \
+    X(RUN_GET, "SELECT " STATE_RUN_COLS STATE_RUN_FROM "WHERE r.id = ?1")       \
+    X(RUN_LIST_ALL,                                                             \
+      "SELECT " STATE_RUN_COLS STATE_RUN_FROM "ORDER BY r.id DESC LIMIT ?1")    \
+    X(RUN_LIST_JOB,                                                             \
+      "SELECT " STATE_RUN_COLS STATE_RUN_FROM                                   \
+      "WHERE r.job_id = ?1 ORDER BY r.id DESC LIMIT ?2")                        \
+    X(RUN_LIST_STATE,                                                           \
+      "SELECT " STATE_RUN_COLS STATE_RUN_FROM "WHERE r.state = ?1 ORDER BY r.id") \
+    X(RUN_STATE_OF, "SELECT state, job_id, cancel_requested FROM runs WHERE id = ?1") \
+    X(RUN_SET_STATE, "UPDATE runs SET state = ?3 WHERE id = ?1 AND state = ?2") \
+    X(RUN_SET_STARTED, "UPDATE runs SET started_at = ?2 WHERE id = ?1 AND started_at = 0") \
+    X(RUN_SET_ENDED,                                                            \
+      "UPDATE runs SET ended_at = ?2, exit_code = ?3, error = ?4 WHERE id = ?1") \
+    X(RUN_SET_LAUNCH,                                                           \
+      "UPDATE runs SET run_dir = ?2, pgid = ?3, host = ?4 WHERE id = ?1")       \
+    X(RUN_SET_NOT_BEFORE, "UPDATE runs SET not_before = ?2 WHERE id = ?1")      \
+    X(RUN_SET_CANCEL, "UPDATE runs SET cancel_requested = 1 WHERE id = ?1")     \
+    X(RUN_JOB_OF, "SELECT job_id FROM runs WHERE id = ?1")                      \
+    /* events */                                                                \
+    X(EVENT_INSERT,                                                             \
+      "INSERT INTO events (job_id, run_id, at, kind, message) "                 \
+      "VALUES (?1, ?2, ?3, ?4, ?5)")                                            \
+    X(EVENT_LIST_RUN,                                                           \
+      "SELECT " STATE_EVENT_COLS " FROM events WHERE run_id = ?1 ORDER BY id")  \
+    X(EVENT_LIST_JOB,                                                           \
+      "SELECT " STATE_EVENT_COLS " FROM events WHERE job_id = ?1 ORDER BY id")  \
+    X(EVENT_LIST_ALL, "SELECT " STATE_EVENT_COLS " FROM events ORDER BY id")    \
+    /* inputs */                                                                \
+    X(INPUT_INSERT,                                                             \
+      "INSERT INTO run_inputs (run_id, path, size, mtime, checksum) "           \
+      "VALUES (?1, ?2, ?3, ?4, ?5)")                                            \
+    X(INPUT_LIST,                                                               \
+      "SELECT path, size, mtime, checksum FROM run_inputs WHERE run_id = ?1 "   \
+      "ORDER BY id")                                                            \
+    X(INPUT_CONSUMED,                                                           \
+      "SELECT 1 FROM run_inputs i JOIN runs r ON r.id = i.run_id "              \
+      "WHERE r.job_id = ?1 AND r.state = 'succeeded' AND i.path = ?2 "          \
+      "AND i.size = ?3 AND i.mtime = ?4 AND i.checksum IS ?5 LIMIT 1")          \
+    /* metrics */                                                               \
+    X(METRIC_INSERT,                                                            \
+      "INSERT INTO metrics (run_id, step, name, value, at) "                    \
+      "VALUES (?1, ?2, ?3, ?4, ?5)")                                            \
+    X(METRIC_SERIES,                                                            \
+      "SELECT step, value, at FROM metrics WHERE run_id = ?1 AND name = ?2 "    \
+      "ORDER BY step, id")                                                      \
+    /* checkpoints, exports, endpoints, pushes */                               \
+    X(CKPT_INSERT,                                                              \
+      "INSERT INTO checkpoints (uid, run_id, parent_id, kind, path, step, "     \
+      "keys, bytes, checksum, created_at) "                                     \
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")                       \
+    X(CKPT_GET, "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.uid = ?1") \
+    X(CKPT_LATEST,                                                              \
+      "SELECT " STATE_CKPT_COLS " FROM checkpoints c "                          \
+      "JOIN runs r ON r.id = c.run_id WHERE r.job_id = ?1 "                     \
+      "ORDER BY c.created_at DESC, c.id DESC LIMIT 1")                          \
+    X(EXPORT_INSERT,                                                            \
+      "INSERT INTO exports (checkpoint_id, base_checkpoint_id, format, path, "  \
+      "bytes, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")                     \
+    X(ENDPOINT_FIND, "SELECT id FROM endpoints WHERE url = ?1 AND model = ?2")  \
+    X(ENDPOINT_INSERT,                                                          \
+      "INSERT INTO endpoints (url, model, label, created_at) "                  \
+      "VALUES (?1, ?2, ?3, ?4)")                                                \
+    X(ENDPOINT_SET_LABEL, "UPDATE endpoints SET label = ?2 WHERE id = ?1")      \
+    X(PUSH_INSERT,                                                              \
+      "INSERT INTO pushes (export_id, endpoint_id, state, attempts, "           \
+      "started_at) VALUES (?1, ?2, 'pending', 0, ?3)")                          \
+    X(PUSH_GET,                                                                 \
+      "SELECT p.state, p.endpoint_id, e.checkpoint_id FROM pushes p "           \
+      "JOIN exports e ON e.id = p.export_id WHERE p.id = ?1")                   \
+    X(PUSH_FINISH,                                                              \
+      "UPDATE pushes SET state = ?2, http_status = ?3, error = ?4, "            \
+      "attempts = ?5, ended_at = ?6 WHERE id = ?1 AND state = 'pending'")       \
+    X(HOLDING_CURRENT,                                                          \
+      "SELECT checkpoint_id, since FROM endpoint_holdings "                     \
+      "WHERE endpoint_id = ?1 AND until_at IS NULL")                            \
+    X(HOLDING_CLOSE,                                                            \
+      "UPDATE endpoint_holdings SET until_at = ?2 "                             \
+      "WHERE endpoint_id = ?1 AND until_at IS NULL")                            \
+    X(HOLDING_INSERT,                                                           \
+      "INSERT INTO endpoint_holdings (endpoint_id, checkpoint_id, push_id, "    \
+      "since) VALUES (?1, ?2, ?3, ?4)")
+
+typedef enum {
+#define STATE_STMT_ENUM(name, sql) STMT_##name,
+    STATE_STMTS(STATE_STMT_ENUM)
+#undef STATE_STMT_ENUM
+    STMT_COUNT
+} state_stmt_id_t;
+
+struct state {
+    sqlite3 *db;
+    char *path;
+    sqlite3_stmt *stmts[STMT_COUNT];
+    /* Set when the last SQLite failure was SQLITE_BUSY/SQLITE_LOCKED: the
+     * transaction runner then reruns the whole transaction. */
+    bool busy;
+    /* The extended result code of the last SQLite failure (to tell a UNIQUE
+     * from a FOREIGN KEY violation). */
+    int last_sqlite_rc;
+    char last_sqlite_msg[160]; /* and its sqlite3_errmsg */
+    int busy_timeout_ms;       /* STATE_BUSY_TIMEOUT_MS but in tests */
+};
+
+/* ---- helpers (state.c) --------------------------------------------------------- */
+
+/* Records a SQLite failure: returns KILN_EDB with "database <path>: <what>:
+ * <sqlite3_errmsg>", and notes busy / the extended code on st. */
+int state_sql_err(state_t *st, int sqlite_rc, const char *what);
+
+/* SQL_CHECK(st, call, what): call returns a SQLite code; anything but OK, ROW
+ * or DONE sets `rc` (which must be in scope) to KILN_EDB and jumps to `out`. */
+#define SQL_CHECK(st, call, what)                                               \
+    do {                                                                        \
+        int sql_rc_ = (call);                                                   \
+        if (sql_rc_ != SQLITE_OK && sql_rc_ != SQLITE_ROW && sql_rc_ != SQLITE_DONE) { \
+            rc = state_sql_err((st), sql_rc_, (what));                          \
+            goto out;                                                           \
+        }                                                                       \
+    } while (0)
+
+/* Sets *out to the cached statement `id`, preparing it on first use. Returns
+ * 0 or KILN_EDB. The statement comes back reset with no bindings; hand it
+ * back with state_stmt_done. */
+int state_stmt(state_t *st, state_stmt_id_t id, sqlite3_stmt **out /* OUT */);
+/* Resets a statement and clears its bindings; accepts NULL. */
+void state_stmt_done(sqlite3_stmt *s);
+
+/* Binds parameters 1..n from a format: 'i' int, 'I' int64_t, 'J' int64_t
+ * stored as NULL when 0 (optional foreign keys), 'd' double, 't' const char *
+ * (NULL binds NULL), 'b' bool. Returns 0 or KILN_EDB. */
+int state_bind(state_t *st, sqlite3_stmt *s, const char *what, const char *fmt, ...);
+
+/* Steps s: returns 1 for a row, 0 when done, or KILN_EDB. */
+int state_step(state_t *st, sqlite3_stmt *s, const char *what);
+/* Steps a write to completion and resets it: 0 or KILN_EDB. */
+int state_exec(state_t *st, sqlite3_stmt *s, const char *what);
+
+/* Column readers. state_col_str duplicates a text column into *out (NULL for
+ * SQL NULL); returns 0 or KILN_ENOMEM. */
+int state_col_str(sqlite3_stmt *s, int col, char **out /* OUT */);
+int64_t state_col_i64(sqlite3_stmt *s, int col); /* NULL reads as 0 */
+
+/* Transactions: BEGIN IMMEDIATE (takes the write lock up front, so a
+ * read-then-write inside is atomic) and COMMIT or ROLLBACK. tx_end commits
+ * when rc is 0 and rolls back otherwise; it returns rc or the COMMIT error. */
+int state_tx_begin(state_t *st, const char *what);
+int state_tx_end(state_t *st, int rc, const char *what);
+/* Sleeps before the next try of a busy transaction (a few ms, growing). */
+void state_busy_backoff(int attempt);
+/* Turns the last error into "database <path> is busy ..." after the retries
+ * ran out. Returns rc. */
+int state_busy_giveup(state_t *st, int rc, const char *what);
+
+/* STATE_WRITE(st, what, rc, body): runs the int expression `body` in one
+ * BEGIN IMMEDIATE transaction, committing when it returns 0. When SQLite
+ * reported busy anywhere (the lock was held past the busy timeout), the whole
+ * transaction is rolled back and rerun, up to STATE_BUSY_TRIES times, so no
+ * write is lost to a contended file. body must be safe to rerun (free what a
+ * failed try allocated). STATE_READ is the same without a transaction. */
+#define STATE_WRITE(st, what, rc, body)                                         \
+    do {                                                                        \
+        for (int try_ = 0;; try_++) {                                           \
+            (st)->busy = false;                                                 \
+            (rc) = state_tx_begin((st), (what));                                \
+            if ((rc) == 0) {                                                    \
+                (rc) = (body);                                                  \
+                (rc) = state_tx_end((st), (rc), (what));                        \
+            }                                                                   \
+            if ((rc) == 0 || !(st)->busy)                                       \
+                break;                                                          \
+            if (try_ + 1 >= STATE_BUSY_TRIES) {                                 \
+                (rc) = state_busy_giveup((st), (rc), (what));                   \
+                break;                                                          \
+            }                                                                   \
+            state_busy_backoff(try_);                                           \
+        }                                                                       \
+    } while (0)
+
+#define STATE_READ(st, what, rc, body)                                          \
+    do {                                                                        \
+        for (int try_ = 0;; try_++) {                                           \
+            (st)->busy = false;                                                 \
+            (rc) = (body);                                                      \
+            if ((rc) == 0 || !(st)->busy)                                       \
+                break;                                                          \
+            if (try_ + 1 >= STATE_BUSY_TRIES) {                                 \
+                (rc) = state_busy_giveup((st), (rc), (what));                   \
+                break;                                                          \
+            }                                                                   \
+            state_busy_backoff(try_);                                           \
+        }                                                                       \
+    } while (0)
+
+/* Appends an event inside the caller's transaction (events.c). job_id 0 with
+ * run_id > 0 uses the run's job. message is printf-formatted. */
+int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *kind,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Grows *arr (of *cap elements of size sz) so that index n fits. 0 or
+ * KILN_ENOMEM. */
+int state_grow(void **arr, size_t *cap, size_t n, size_t sz);
+
+/* ---- migrations (schema.c) ----------------------------------------------------
+ * state_migrations[i] is the SQL script that brings user_version i to i+1;
+ * there are STATE_SCHEMA_VERSION of them. Append, never edit. */
+typedef struct state_migration {
+    const char *what; /* one line for logs and errors */
+    const char *sql;  /* statements separated by ';' with no values in them */
+} state_migration_t;
+extern const state_migration_t state_migrations[STATE_SCHEMA_VERSION];
+
+/* ---- test hooks -------------------------------------------------------------------
+ * Used by tests/test_state.c to build databases as older Kilns left them. */
+
+/* state_open, but migrates only up to version (0 <= version <=
+ * STATE_SCHEMA_VERSION). Refuses a newer file the same way. */
+int state_open_at_version(const char *path, int version, state_t **out /* OUT */);
+/* Runs a fixed SQL script (no parameters). 0 or KILN_EDB. */
+int state_test_exec(state_t *st, const char *sql);
+/* Runs a fixed query and returns the first column of its first row (0 when
+ * no row). 0 or KILN_EDB. */
+int state_test_scalar(state_t *st, const char *sql, int64_t *out /* OUT */);
+/* Shortens the busy timeout (normally STATE_BUSY_TIMEOUT_MS), so a test can
+ * reach the retry loop without waiting 10 s. */
+void state_test_set_busy_timeout(state_t *st, int ms);
+
+#endif /* KILN_STATE_STATE_INT_H */

@@ -1,0 +1,1054 @@
+/*
+ * tests/test_state.c - unit tests of state/, Kiln's SQLite store: opening and
+ * creating the file, migration from an empty file and from every earlier
+ * schema version (databases built with the first k migrations and filled with
+ * rows as that version wrote them), refusing a newer file, jobs, runs and the
+ * run state machine, cancel, cron uniqueness vs retries, inputs, metrics,
+ * checkpoints, endpoints and pushes, events, and several processes writing the
+ * same file at once without losing a write.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kiln.h"
+#include "state.h"
+#include "state_int.h"
+
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        int ok_rc_ = (call);                                                                       \
+        if (ok_rc_ != 0)                                                                           \
+            fail_msg("%s -> %s: %s", #call, kiln_errname(ok_rc_), kiln_errmsg());                  \
+    } while (0)
+
+#define HASH_A "00000000000000aa"
+#define HASH_B "00000000000000bb"
+
+typedef struct {
+    char dir[64];
+    char path[160];
+    state_t *st;
+} fixture_t;
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    return remove(p);
+}
+
+static void rm_rf(const char *dir)
+{
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A temp dir and a database path two directories below it (state_open makes
+ * them). The state is opened unless the test opens it itself. */
+static int setup_dir(void **state)
+{
+    fixture_t *f = calloc(1, sizeof *f);
+    if (f == NULL)
+        return -1;
+    snprintf(f->dir, sizeof f->dir, "/tmp/kiln-state-XXXXXX");
+    if (mkdtemp(f->dir) == NULL) {
+        free(f);
+        return -1;
+    }
+    snprintf(f->path, sizeof f->path, "%s/var/lib/kiln.db", f->dir);
+    *state = f;
+    return 0;
+}
+
+static int setup_open(void **state)
+{
+    if (setup_dir(state) != 0)
+        return -1;
+    fixture_t *f = *state;
+    return state_open(f->path, &f->st) == 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *f = *state;
+    state_close(f->st);
+    rm_rf(f->dir);
+    free(f);
+    return 0;
+}
+
+static int64_t scalar(state_t *st, const char *sql)
+{
+    int64_t v = -1;
+    OK(state_test_scalar(st, sql, &v));
+    return v;
+}
+
+static int64_t new_job(state_t *st, const char *name)
+{
+    int64_t id = 0;
+    OK(state_job_put(st, name, "name: x\n", HASH_A, NULL, 0, &id, NULL));
+    return id;
+}
+
+static int64_t new_run(state_t *st, int64_t job_id)
+{
+    int64_t id = 0;
+    OK(state_run_create(st, job_id, STATE_TRIGGER_MANUAL, 0, 1, 0, &id));
+    return id;
+}
+
+/* Moves a run through queued -> launching -> running -> to. */
+static void finish_run(state_t *st, int64_t run_id, state_run_state_t to, int exit_code)
+{
+    OK(state_run_transition(st, run_id, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, 0, NULL));
+    OK(state_run_transition(st, run_id, STATE_RUN_LAUNCHING, STATE_RUN_RUNNING, 0, NULL));
+    OK(state_run_transition(st, run_id, STATE_RUN_RUNNING, to, exit_code, NULL));
+}
+
+/* ---- open ------------------------------------------------------------------------ */
+
+static void test_open_creates(void **state)
+{
+    fixture_t *f = *state;
+    struct stat sb;
+    int v = -1;
+    OK(state_open(f->path, &f->st));
+    assert_int_equal(stat(f->path, &sb), 0);
+    OK(state_schema_version(f->st, &v));
+    assert_int_equal(v, STATE_SCHEMA_VERSION);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM pragma_journal_mode "
+                                   "WHERE journal_mode = 'wal'"),
+                     1);
+    assert_int_equal(scalar(f->st, "SELECT foreign_keys FROM pragma_foreign_keys"), 1);
+    /* Reopening an up-to-date file changes nothing. */
+    state_close(f->st);
+    f->st = NULL;
+    OK(state_open(f->path, &f->st));
+    OK(state_schema_version(f->st, &v));
+    assert_int_equal(v, STATE_SCHEMA_VERSION);
+}
+
+static void test_open_errors(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = NULL;
+    char path[256];
+
+    /* A parent that is a file, not a directory. */
+    snprintf(path, sizeof path, "%s/plain", f->dir);
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs("this is not a database, it is a text file of some length\n", fp);
+    fclose(fp);
+    snprintf(path, sizeof path, "%s/plain/kiln.db", f->dir);
+    assert_int_equal(state_open(path, &st), KILN_EDB);
+    assert_null(st);
+    assert_non_null(strstr(kiln_errmsg(), "cannot open database"));
+    assert_non_null(strstr(kiln_errmsg(), "--db"));
+
+    /* A file that is not a database. */
+    snprintf(path, sizeof path, "%s/plain", f->dir);
+    assert_int_equal(state_open(path, &st), KILN_EDB);
+    assert_non_null(strstr(kiln_errmsg(), path));
+    assert_non_null(strstr(kiln_errmsg(), "not a database"));
+
+    assert_int_equal(state_open("", &st), KILN_EINVAL);
+}
+
+/* ---- migrations ---------------------------------------------------------------------
+ * seeds[v-1] writes rows the way schema version v knew them; checks[v-1] finds
+ * them again through the current API after migration. Add a pair with each
+ * new migration. */
+static const char *const seeds[STATE_SCHEMA_VERSION] = {
+    "INSERT INTO jobs (id, name, spec_yaml, spec_hash, schedule, priority, version, paused,"
+    "  created_at, updated_at, last_scheduled_at)"
+    "  VALUES (1, 'old', 'name: old\n', '00000000000000aa', '@daily', 5, 3, 1, 1000, 2000, 1500);"
+    "INSERT INTO runs (id, job_id, job_version, state, trigger, attempt, scheduled_at,"
+    "  queued_at, started_at, ended_at, exit_code, run_dir, pgid, host)"
+    "  VALUES (1, 1, 3, 'succeeded', 'cron', 1, 1500, 1500, 1501, 1600, 0, '/runs/1', 77, 'h1');"
+    "INSERT INTO runs (id, job_id, job_version, state, trigger, attempt, scheduled_at, queued_at)"
+    "  VALUES (2, 1, 3, 'queued', 'manual', 1, 0, 1700);"
+    "INSERT INTO events (job_id, run_id, at, kind, message)"
+    "  VALUES (1, 1, 1600, 'state', 'running -> succeeded (exit 0)');",
+
+    "INSERT INTO run_inputs (run_id, path, size, mtime, checksum)"
+    "  VALUES (1, '/data/p1', 10, 20, '0123456789abcdef');"
+    "INSERT INTO metrics (run_id, step, name, value, at) VALUES (1, 1, 'loss', 0.5, 1550);"
+    "INSERT INTO metrics (run_id, step, name, value, at) VALUES (1, 2, 'loss', 0.25, 1560);"
+    "INSERT INTO checkpoints (uid, run_id, parent_id, kind, path, step, keys, bytes, checksum,"
+    "  created_at) VALUES ('ck-old', 1, NULL, 'full', '/ck/old', 100, 10, 1000, 'ff', 1590);",
+};
+
+static void check_v1(state_t *st)
+{
+    state_job_t j;
+    state_run_t r;
+    state_event_t *es;
+    size_t n;
+    OK(state_job_get(st, "old", &j));
+    assert_int_equal(j.id, 1);
+    assert_int_equal(j.version, 3);
+    assert_string_equal(j.spec_yaml, "name: old\n");
+    assert_string_equal(j.schedule, "@daily");
+    assert_int_equal(j.priority, 5);
+    assert_true(j.paused);
+    assert_int_equal(j.last_scheduled_at, 1500);
+    state_job_fini(&j);
+    OK(state_run_get(st, 1, &r));
+    assert_int_equal(r.state, STATE_RUN_SUCCEEDED);
+    assert_int_equal(r.trigger, STATE_TRIGGER_CRON);
+    assert_string_equal(r.job_name, "old");
+    assert_string_equal(r.host, "h1");
+    assert_int_equal(r.pgid, 77);
+    assert_int_equal(r.exit_code, 0);
+    assert_null(r.error);
+    state_run_fini(&r);
+    OK(state_event_list(st, 0, 1, &es, &n));
+    assert_int_equal(n, 1);
+    assert_string_equal(es[0].message, "running -> succeeded (exit 0)");
+    state_events_free(es, n);
+}
+
+static void check_v2(state_t *st)
+{
+    state_metric_t *ms;
+    size_t n;
+    bool consumed = false;
+    state_checkpoint_t c;
+    state_input_t in = {(char *)"/data/p1", 10, 20, (char *)"0123456789abcdef"};
+    OK(state_metric_series(st, 1, "loss", &ms, &n));
+    assert_int_equal(n, 2);
+    assert_true(ms[1].value == 0.25);
+    free(ms);
+    OK(state_input_consumed(st, 1, &in, &consumed));
+    assert_true(consumed);
+    OK(state_checkpoint_latest(st, 1, &c));
+    assert_string_equal(c.uid, "ck-old");
+    assert_int_equal(c.keys, 10);
+    state_checkpoint_fini(&c);
+}
+
+static void (*const checks[STATE_SCHEMA_VERSION])(state_t *) = {check_v1, check_v2};
+
+static void test_migrate_every_version(void **state)
+{
+    fixture_t *f = *state;
+    for (int k = 0; k <= STATE_SCHEMA_VERSION; k++) {
+        char path[256];
+        state_t *st = NULL;
+        int v = -1;
+        snprintf(path, sizeof path, "%s/v%d/kiln.db", f->dir, k);
+        if (k == 0) {
+            /* An empty file, as `touch` leaves it. */
+            snprintf(path, sizeof path, "%s/v0.db", f->dir);
+            FILE *fp = fopen(path, "w");
+            assert_non_null(fp);
+            fclose(fp);
+        } else {
+            OK(state_open_at_version(path, k, &st));
+            OK(state_schema_version(st, &v));
+            assert_int_equal(v, k);
+            for (int s = 0; s < k; s++)
+                OK(state_test_exec(st, seeds[s]));
+            state_close(st);
+            st = NULL;
+        }
+        OK(state_open(path, &st));
+        OK(state_schema_version(st, &v));
+        assert_int_equal(v, STATE_SCHEMA_VERSION);
+        for (int s = 0; s < k; s++)
+            checks[s](st);
+        if (k >= 1) {
+            /* v2 backfills job_versions from jobs; later writes keep using it. */
+            if (k < 2)
+                assert_int_equal(scalar(st, "SELECT count(*) FROM job_versions "
+                                            "WHERE job_id = 1 AND version = 3"),
+                                 1);
+            int64_t id = 0, run = 0;
+            bool created = true;
+            OK(state_job_put(st, "old", "name: old\nx: 1\n", HASH_B, "@daily", 5, &id, &created));
+            assert_false(created);
+            assert_int_equal(scalar(st, "SELECT version FROM jobs WHERE id = 1"), 4);
+            /* The cron run migrated from version k still owns its time. */
+            assert_int_equal(state_run_create(st, 1, STATE_TRIGGER_CRON, 1500, 1, 0, &run),
+                             KILN_EEXIST);
+        } else {
+            assert_int_equal(scalar(st, "SELECT count(*) FROM jobs"), 0);
+        }
+        state_close(st);
+    }
+}
+
+static void test_open_at_version_zero(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = NULL;
+    int v = -1;
+    OK(state_open_at_version(f->path, 0, &st));
+    OK(state_schema_version(st, &v));
+    assert_int_equal(v, 0);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM sqlite_master"), 0);
+    state_close(st);
+    OK(state_open_at_version(f->path, 1, &st));
+    assert_int_equal(scalar(st, "SELECT count(*) FROM sqlite_master WHERE name = 'runs'"), 1);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM sqlite_master WHERE name = 'metrics'"), 0);
+    state_close(st);
+}
+
+static void test_refuse_newer(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = NULL;
+    char want[64];
+    OK(state_open(f->path, &st));
+    OK(state_test_exec(st, "PRAGMA user_version = 99"));
+    state_close(st);
+    st = NULL;
+    assert_int_equal(state_open(f->path, &st), KILN_EVERSION);
+    assert_null(st);
+    assert_non_null(strstr(kiln_errmsg(), "version 99"));
+    snprintf(want, sizeof want, "up to %d", STATE_SCHEMA_VERSION);
+    assert_non_null(strstr(kiln_errmsg(), want));
+    assert_non_null(strstr(kiln_errmsg(), f->path));
+}
+
+/* ---- jobs ----------------------------------------------------------------------------- */
+
+static void test_jobs(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t id = 0, id2 = 0, other = 0;
+    bool created = false;
+    state_job_t j;
+    state_job_t *js;
+    size_t n;
+
+    OK(state_job_put(st, "ctr", "spec: 1\n", HASH_A, "0 * * * *", 3, &id, &created));
+    assert_true(created);
+    OK(state_job_get(st, "ctr", &j));
+    assert_int_equal(j.id, id);
+    assert_int_equal(j.version, 1);
+    assert_string_equal(j.spec_hash, HASH_A);
+    assert_string_equal(j.schedule, "0 * * * *");
+    assert_int_equal(j.priority, 3);
+    assert_false(j.paused);
+    assert_true(j.created_at > 0 && j.updated_at == j.created_at);
+    state_job_fini(&j);
+
+    /* Same hash: no new version. */
+    OK(state_job_put(st, "ctr", "spec: 1\n", HASH_A, "0 * * * *", 3, &id2, &created));
+    assert_false(created);
+    assert_int_equal(id2, id);
+    OK(state_job_get_by_id(st, id, &j));
+    assert_int_equal(j.version, 1);
+    state_job_fini(&j);
+
+    /* A different spec: version 2 and the new text. */
+    OK(state_job_put(st, "ctr", "spec: 2\n", HASH_B, NULL, 1, &id2, NULL));
+    assert_int_equal(id2, id);
+    OK(state_job_get(st, "ctr", &j));
+    assert_int_equal(j.version, 2);
+    assert_string_equal(j.spec_yaml, "spec: 2\n");
+    assert_null(j.schedule);
+    assert_int_equal(j.priority, 1);
+    state_job_fini(&j);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM job_versions"), 2);
+
+    assert_int_equal(state_job_get(st, "nope", &j), KILN_ENOENT);
+    assert_non_null(strstr(kiln_errmsg(), "nope"));
+    assert_int_equal(state_job_get_by_id(st, 999, &j), KILN_ENOENT);
+    assert_int_equal(state_job_put(st, "", "x", HASH_A, NULL, 0, &other, NULL), KILN_EINVAL);
+
+    OK(state_job_put(st, "abc", "a: 1\n", HASH_A, NULL, 0, &other, NULL));
+    OK(state_job_list(st, &js, &n));
+    assert_int_equal(n, 2);
+    assert_string_equal(js[0].name, "abc");
+    assert_string_equal(js[1].name, "ctr");
+    state_jobs_free(js, n);
+
+    OK(state_job_set_paused(st, id, true));
+    OK(state_job_get(st, "ctr", &j));
+    assert_true(j.paused);
+    state_job_fini(&j);
+    OK(state_job_set_paused(st, id, false));
+    assert_int_equal(state_job_set_paused(st, 999, true), KILN_ENOENT);
+
+    OK(state_job_set_last_scheduled(st, id, 100));
+    OK(state_job_set_last_scheduled(st, id, 50)); /* never moves back */
+    OK(state_job_get(st, "ctr", &j));
+    assert_int_equal(j.last_scheduled_at, 100);
+    state_job_fini(&j);
+    assert_int_equal(state_job_set_last_scheduled(st, 999, 1), KILN_ENOENT);
+}
+
+/* ---- runs ----------------------------------------------------------------------------- */
+
+static void test_runs_create_list(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t a = new_job(st, "a"), b = new_job(st, "b");
+    int64_t r1 = new_run(st, a), r2 = new_run(st, b), r3 = new_run(st, a);
+    state_run_t r;
+    state_run_t *rs;
+    size_t n;
+
+    OK(state_run_get(st, r1, &r));
+    assert_int_equal(r.job_id, a);
+    assert_string_equal(r.job_name, "a");
+    assert_int_equal(r.job_version, 1);
+    assert_int_equal(r.state, STATE_RUN_QUEUED);
+    assert_int_equal(r.trigger, STATE_TRIGGER_MANUAL);
+    assert_int_equal(r.attempt, 1);
+    assert_int_equal(r.retry_of, 0);
+    assert_int_equal(r.exit_code, -1);
+    assert_true(r.queued_at > 0);
+    assert_int_equal(r.started_at, 0);
+    assert_null(r.run_dir);
+    assert_false(r.cancel_requested);
+    state_run_fini(&r);
+    assert_int_equal(state_run_get(st, 999, &r), KILN_ENOENT);
+
+    OK(state_run_list(st, NULL, 0, &rs, &n));
+    assert_int_equal(n, 3);
+    assert_int_equal(rs[0].id, r3);
+    assert_int_equal(rs[1].id, r2);
+    assert_int_equal(rs[2].id, r1);
+    state_runs_free(rs, n);
+
+    OK(state_run_list(st, "a", 0, &rs, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(rs[0].id, r3);
+    assert_int_equal(rs[1].id, r1);
+    state_runs_free(rs, n);
+
+    OK(state_run_list(st, NULL, 1, &rs, &n));
+    assert_int_equal(n, 1);
+    assert_int_equal(rs[0].id, r3);
+    state_runs_free(rs, n);
+
+    assert_int_equal(state_run_list(st, "zzz", 0, &rs, &n), KILN_ENOENT);
+
+    OK(state_run_transition(st, r2, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, 0, NULL));
+    OK(state_run_list_in_state(st, STATE_RUN_QUEUED, &rs, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(rs[0].id, r1); /* oldest first */
+    assert_int_equal(rs[1].id, r3);
+    state_runs_free(rs, n);
+
+    OK(state_run_set_launch(st, r2, "/runs/2", 4242, "node1"));
+    OK(state_run_set_not_before(st, r1, 12345));
+    OK(state_run_get(st, r2, &r));
+    assert_string_equal(r.run_dir, "/runs/2");
+    assert_int_equal(r.pgid, 4242);
+    assert_string_equal(r.host, "node1");
+    state_run_fini(&r);
+    OK(state_run_get(st, r1, &r));
+    assert_int_equal(r.not_before, 12345);
+    state_run_fini(&r);
+    assert_int_equal(state_run_set_launch(st, 999, "/x", 1, "h"), KILN_ENOENT);
+
+    int64_t bad;
+    assert_int_equal(state_run_create(st, 999, STATE_TRIGGER_MANUAL, 0, 1, 0, &bad), KILN_ENOENT);
+    assert_int_equal(state_run_create(st, a, STATE_TRIGGER_MANUAL, 0, 0, 0, &bad), KILN_EINVAL);
+    assert_int_equal(state_run_create(st, a, STATE_TRIGGER_RETRY, 0, 2, 999, &bad), KILN_ENOENT);
+}
+
+static void test_run_transitions(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "j"), id = new_run(st, job);
+    state_run_t r;
+    state_event_t *es;
+    size_t n;
+
+    /* No edge queued -> running: launching comes first. */
+    assert_int_equal(state_run_transition(st, id, STATE_RUN_QUEUED, STATE_RUN_RUNNING, 0, NULL),
+                     KILN_ESTATE);
+    assert_non_null(strstr(kiln_errmsg(), "cannot go from queued to running"));
+    OK(state_run_transition(st, id, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, 0, NULL));
+    /* Compare-and-set: the run is not queued any more. */
+    assert_int_equal(state_run_transition(st, id, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, 0, NULL),
+                     KILN_ESTATE);
+    assert_non_null(strstr(kiln_errmsg(), "is launching, not queued"));
+    OK(state_run_transition(st, id, STATE_RUN_LAUNCHING, STATE_RUN_RUNNING, 0, NULL));
+    OK(state_run_get(st, id, &r));
+    assert_int_equal(r.state, STATE_RUN_RUNNING);
+    assert_true(r.started_at > 0);
+    assert_int_equal(r.ended_at, 0);
+    state_run_fini(&r);
+    /* Backwards is not an edge. */
+    assert_int_equal(state_run_transition(st, id, STATE_RUN_RUNNING, STATE_RUN_QUEUED, 0, NULL),
+                     KILN_ESTATE);
+    OK(state_run_transition(st, id, STATE_RUN_RUNNING, STATE_RUN_FAILED, 3, "rank 2 died on n2"));
+    OK(state_run_get(st, id, &r));
+    assert_int_equal(r.state, STATE_RUN_FAILED);
+    assert_int_equal(r.exit_code, 3);
+    assert_string_equal(r.error, "rank 2 died on n2");
+    assert_true(r.ended_at >= r.started_at);
+    state_run_fini(&r);
+    /* A terminal state never changes. */
+    assert_int_equal(state_run_transition(st, id, STATE_RUN_FAILED, STATE_RUN_RUNNING, 0, NULL),
+                     KILN_ESTATE);
+    assert_non_null(strstr(kiln_errmsg(), "already failed"));
+    assert_int_equal(state_run_transition(st, id, STATE_RUN_RUNNING, STATE_RUN_SUCCEEDED, 0, NULL),
+                     KILN_ESTATE);
+    assert_int_equal(state_run_transition(st, 999, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, 0, NULL),
+                     KILN_ENOENT);
+
+    /* queued, 3 transitions; each an event of kind "state". */
+    OK(state_event_list(st, 0, id, &es, &n));
+    assert_int_equal(n, 4);
+    for (size_t i = 0; i < n; i++)
+        assert_string_equal(es[i].kind, "state");
+    assert_non_null(strstr(es[3].message, "running -> failed (exit 3): rank 2 died"));
+    state_events_free(es, n);
+
+    /* Names and parsing. */
+    state_run_state_t s;
+    for (int i = 0; i < STATE_RUN_NSTATES; i++) {
+        OK(state_run_state_parse(state_run_state_name((state_run_state_t)i), &s));
+        assert_int_equal(s, i);
+    }
+    assert_int_equal(state_run_state_parse("runing", &s), KILN_EINVAL);
+    assert_non_null(strstr(kiln_errmsg(), "running"));
+    assert_true(state_run_state_terminal(STATE_RUN_SKIPPED));
+    assert_false(state_run_state_terminal(STATE_RUN_LAUNCHING));
+    assert_string_equal(state_trigger_name(STATE_TRIGGER_CATCHUP), "catchup");
+}
+
+static void test_run_cancel(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "j");
+    int64_t q = new_run(st, job), run = new_run(st, job), done_run = new_run(st, job);
+    bool done = false;
+    state_run_t r;
+    state_event_t *es;
+    size_t n;
+
+    OK(state_run_request_cancel(st, q, &done));
+    assert_true(done);
+    OK(state_run_get(st, q, &r));
+    assert_int_equal(r.state, STATE_RUN_CANCELED);
+    assert_true(r.ended_at > 0);
+    state_run_fini(&r);
+
+    OK(state_run_transition(st, run, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, 0, NULL));
+    OK(state_run_transition(st, run, STATE_RUN_LAUNCHING, STATE_RUN_RUNNING, 0, NULL));
+    OK(state_run_request_cancel(st, run, &done));
+    assert_false(done);
+    OK(state_run_get(st, run, &r));
+    assert_int_equal(r.state, STATE_RUN_RUNNING);
+    assert_true(r.cancel_requested);
+    state_run_fini(&r);
+    OK(state_run_request_cancel(st, run, &done)); /* asking twice is fine */
+    assert_false(done);
+    OK(state_run_transition(st, run, STATE_RUN_RUNNING, STATE_RUN_CANCELED, 143, NULL));
+
+    finish_run(st, done_run, STATE_RUN_SUCCEEDED, 0);
+    assert_int_equal(state_run_request_cancel(st, done_run, &done), KILN_ESTATE);
+    char want[64];
+    snprintf(want, sizeof want, "run %lld already succeeded", (long long)done_run);
+    assert_string_equal(kiln_errmsg(), want);
+    assert_int_equal(state_run_request_cancel(st, q, &done), KILN_ESTATE);
+    assert_non_null(strstr(kiln_errmsg(), "already canceled"));
+    assert_int_equal(state_run_request_cancel(st, 999, &done), KILN_ENOENT);
+
+    OK(state_event_list(st, 0, run, &es, &n));
+    size_t cancels = 0;
+    for (size_t i = 0; i < n; i++)
+        cancels += strcmp(es[i].kind, "cancel") == 0;
+    assert_int_equal(cancels, 1);
+    state_events_free(es, n);
+    OK(state_event_list(st, 0, q, &es, &n));
+    assert_int_equal(n, 3); /* queued, cancel, queued -> canceled */
+    assert_string_equal(es[1].kind, "cancel");
+    assert_string_equal(es[2].message, "queued -> canceled");
+    state_events_free(es, n);
+}
+
+static void test_cron_unique(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "cron"), other = new_job(st, "other");
+    const int64_t t = 1714608000; /* 2024-05-02T00:00:00Z */
+    int64_t first = 0, id = 0;
+
+    OK(state_run_create(st, job, STATE_TRIGGER_CRON, t, 1, 0, &first));
+    assert_int_equal(state_run_create(st, job, STATE_TRIGGER_CRON, t, 1, 0, &id), KILN_EEXIST);
+    assert_non_null(strstr(kiln_errmsg(), "2024-05-02T00:00:00Z"));
+    /* A catch-up run of a time already served is the same time. */
+    assert_int_equal(state_run_create(st, job, STATE_TRIGGER_CATCHUP, t, 1, 0, &id), KILN_EEXIST);
+    /* Retries carry the time on: allowed, as trigger retry or as a later
+     * attempt of the cron trigger, and a user may retry the same run twice. */
+    finish_run(st, first, STATE_RUN_FAILED, 1);
+    OK(state_run_create(st, job, STATE_TRIGGER_RETRY, t, 2, first, &id));
+    OK(state_run_create(st, job, STATE_TRIGGER_RETRY, t, 2, first, &id));
+    OK(state_run_create(st, job, STATE_TRIGGER_CRON, t, 3, id, &id));
+    /* Other times and other jobs are free; manual runs are never unique. */
+    OK(state_run_create(st, job, STATE_TRIGGER_CRON, t + 3600, 1, 0, &id));
+    OK(state_run_create(st, other, STATE_TRIGGER_CRON, t, 1, 0, &id));
+    OK(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &id));
+    OK(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &id));
+    assert_int_equal(scalar(st, "SELECT count(*) FROM runs"), 8);
+
+    state_run_t r;
+    OK(state_run_get(st, first + 1, &r));
+    assert_int_equal(r.trigger, STATE_TRIGGER_RETRY);
+    assert_int_equal(r.retry_of, first);
+    assert_int_equal(r.scheduled_at, t);
+    assert_int_equal(r.attempt, 2);
+    state_run_fini(&r);
+}
+
+/* ---- inputs, metrics, checkpoints, pushes, events ----------------------------------- */
+
+static void test_inputs(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "j"), other = new_job(st, "k");
+    int64_t run = new_run(st, job), failed = new_run(st, job);
+    state_input_t p1 = {(char *)"/data/2024-05-01/part-0", 1000, 1714521600,
+                        (char *)"0123456789abcdef"};
+    state_input_t p2 = {(char *)"/data/2024-05-02/part-0", 2000, 1714608000, NULL};
+    state_input_t *ins;
+    size_t n;
+    bool consumed = true;
+
+    OK(state_input_add(st, run, &p1));
+    OK(state_input_add(st, run, &p2));
+    OK(state_input_add(st, failed, &p2));
+    assert_int_equal(state_input_add(st, 999, &p1), KILN_ENOENT);
+    OK(state_input_list(st, run, &ins, &n));
+    assert_int_equal(n, 2);
+    assert_string_equal(ins[0].path, p1.path);
+    assert_int_equal(ins[0].size, 1000);
+    assert_int_equal(ins[0].mtime, 1714521600);
+    assert_string_equal(ins[0].checksum, p1.checksum);
+    assert_null(ins[1].checksum);
+    state_inputs_free(ins, n);
+
+    /* Only succeeded runs count. */
+    OK(state_input_consumed(st, job, &p1, &consumed));
+    assert_false(consumed);
+    finish_run(st, failed, STATE_RUN_FAILED, 1);
+    finish_run(st, run, STATE_RUN_SUCCEEDED, 0);
+    OK(state_input_consumed(st, job, &p1, &consumed));
+    assert_true(consumed);
+    OK(state_input_consumed(st, job, &p2, &consumed)); /* NULL checksum matches NULL */
+    assert_true(consumed);
+    /* Same path, changed file: new input. Another job: its own watermark. */
+    state_input_t changed = p1;
+    changed.mtime++;
+    OK(state_input_consumed(st, job, &changed, &consumed));
+    assert_false(consumed);
+    changed = p1;
+    changed.checksum = (char *)"fedcba9876543210";
+    OK(state_input_consumed(st, job, &changed, &consumed));
+    assert_false(consumed);
+    OK(state_input_consumed(st, other, &p1, &consumed));
+    assert_false(consumed);
+}
+
+static void test_metrics(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t run = new_run(st, new_job(st, "j"));
+    state_metric_t *ms;
+    size_t n;
+
+    OK(state_metric_add(st, run, 3, "loss", 0.3));
+    OK(state_metric_add(st, run, 1, "loss", 0.9));
+    OK(state_metric_add(st, run, 2, "loss", NAN));
+    OK(state_metric_add(st, run, 1, "auc", 0.7));
+    assert_int_equal(state_metric_add(st, 999, 1, "loss", 1.0), KILN_ENOENT);
+    OK(state_metric_series(st, run, "loss", &ms, &n));
+    assert_int_equal(n, 3);
+    assert_int_equal(ms[0].step, 1);
+    assert_true(ms[0].value == 0.9);
+    assert_int_equal(ms[1].step, 2);
+    assert_true(isnan(ms[1].value));
+    assert_int_equal(ms[2].step, 3);
+    assert_true(ms[2].value == 0.3);
+    assert_true(ms[0].at > 0);
+    free(ms);
+    OK(state_metric_series(st, run, "nothing", &ms, &n));
+    assert_int_equal(n, 0);
+    free(ms);
+}
+
+static void test_checkpoints(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "j"), empty = new_job(st, "empty");
+    int64_t run = new_run(st, job), full = 0, inc = 0, id = 0;
+    state_checkpoint_t c = {0,
+                            (char *)"ck-1",
+                            run,
+                            0,
+                            (char *)"full",
+                            (char *)"/ck/1",
+                            100,
+                            5000,
+                            1 << 20,
+                            (char *)"00000000000000ff",
+                            1000};
+    state_checkpoint_t got;
+
+    OK(state_checkpoint_add(st, &c, &full));
+    c.uid = (char *)"ck-2";
+    c.kind = (char *)"incremental";
+    c.parent_id = full;
+    c.path = (char *)"/ck/2";
+    c.step = 200;
+    c.created_at = 2000;
+    OK(state_checkpoint_add(st, &c, &inc));
+    assert_true(inc > full);
+
+    OK(state_checkpoint_get(st, "ck-2", &got));
+    assert_int_equal(got.id, inc);
+    assert_int_equal(got.parent_id, full);
+    assert_int_equal(got.run_id, run);
+    assert_string_equal(got.kind, "incremental");
+    assert_int_equal(got.step, 200);
+    assert_int_equal(got.keys, 5000);
+    assert_int_equal(got.bytes, 1 << 20);
+    state_checkpoint_fini(&got);
+    OK(state_checkpoint_get(st, "ck-1", &got));
+    assert_int_equal(got.parent_id, 0);
+    state_checkpoint_fini(&got);
+    OK(state_checkpoint_latest(st, job, &got));
+    assert_string_equal(got.uid, "ck-2");
+    state_checkpoint_fini(&got);
+
+    assert_int_equal(state_checkpoint_latest(st, empty, &got), KILN_ENOENT);
+    assert_int_equal(state_checkpoint_get(st, "ck-9", &got), KILN_ENOENT);
+    assert_int_equal(state_checkpoint_add(st, &c, &id), KILN_EEXIST);
+    c.uid = (char *)"ck-3";
+    c.kind = (char *)"delta";
+    assert_int_equal(state_checkpoint_add(st, &c, &id), KILN_EINVAL);
+    c.kind = (char *)"full";
+    c.parent_id = 999;
+    assert_int_equal(state_checkpoint_add(st, &c, &id), KILN_ENOENT);
+}
+
+static void test_endpoints_pushes(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t run = new_run(st, new_job(st, "j"));
+    int64_t ck1 = 0, ck2 = 0, ex1 = 0, ex2 = 0, ep = 0, ep2 = 0, p = 0, held = 0, since = 0;
+    state_checkpoint_t c = {0, (char *)"ck-1", run, 0, (char *)"full", (char *)"/ck/1", 1, 1,
+                            1, NULL,           0};
+
+    OK(state_checkpoint_add(st, &c, &ck1));
+    c.uid = (char *)"ck-2";
+    c.kind = (char *)"incremental";
+    c.parent_id = ck1;
+    OK(state_checkpoint_add(st, &c, &ck2));
+    OK(state_export_add(st, ck1, 0, "kiln-delta", "/ex/1", 100, &ex1));
+    OK(state_export_add(st, ck2, ck1, "kiln-delta", "/ex/2", 10, &ex2));
+    assert_int_equal(state_export_add(st, 999, 0, "kiln-delta", "/x", 1, &p), KILN_ENOENT);
+
+    OK(state_endpoint_put(st, "http://127.0.0.1:8500", "ctr", "A", &ep));
+    OK(state_endpoint_put(st, "http://127.0.0.1:8500", "ctr", "B", &ep2));
+    assert_int_equal(ep2, ep);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM endpoints WHERE label = 'B'"), 1);
+    OK(state_endpoint_put(st, "http://127.0.0.1:8500", "other", "A", &ep2));
+    assert_true(ep2 != ep);
+
+    assert_int_equal(state_endpoint_holding(st, ep, &held, &since), KILN_ENOENT);
+    /* A failed push changes nothing the endpoint holds. */
+    OK(state_push_add(st, ex1, ep, &p));
+    OK(state_push_finish(st, p, false, 503, "HTTP 503 from http://127.0.0.1:8500", 3, 0));
+    assert_int_equal(state_endpoint_holding(st, ep, &held, NULL), KILN_ENOENT);
+    assert_int_equal(state_push_finish(st, p, true, 200, NULL, 1, 0), KILN_ESTATE);
+    OK(state_push_add(st, ex1, ep, &p));
+    OK(state_push_finish(st, p, true, 200, NULL, 1, 0)); /* 0: the export's checkpoint */
+    OK(state_endpoint_holding(st, ep, &held, &since));
+    assert_int_equal(held, ck1);
+    assert_true(since > 0);
+    OK(state_push_add(st, ex2, ep, &p));
+    OK(state_push_finish(st, p, true, 200, NULL, 2, ck2));
+    OK(state_endpoint_holding(st, ep, &held, NULL));
+    assert_int_equal(held, ck2);
+    assert_int_equal(state_endpoint_holding(st, ep2, &held, NULL), KILN_ENOENT);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM endpoint_holdings"), 2);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM endpoint_holdings WHERE until_at IS NULL"),
+                     1);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM pushes WHERE state = 'succeeded'"), 2);
+    assert_int_equal(scalar(st, "SELECT http_status FROM pushes WHERE state = 'failed'"), 503);
+    assert_int_equal(scalar(st, "SELECT attempts FROM pushes WHERE state = 'failed'"), 3);
+    assert_int_equal(state_push_add(st, ex1, 999, &p), KILN_ENOENT);
+    assert_int_equal(state_push_finish(st, 999, true, 200, NULL, 1, 0), KILN_ENOENT);
+}
+
+static void test_events(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "j"), other = new_job(st, "k");
+    int64_t run = new_run(st, job);
+    state_event_t *es;
+    size_t n, all;
+
+    OK(state_event_list(st, 0, 0, &es, &all));
+    state_events_free(es, all);
+    OK(state_event_add(st, job, 0, "note", "spec reviewed"));
+    OK(state_event_add(st, 0, run, "progress", "step 100, loss 0.3"));
+    OK(state_event_add(st, other, 0, "note", "other job"));
+    assert_int_equal(state_event_add(st, 0, 999, "x", "y"), KILN_ENOENT);
+    assert_int_equal(state_event_add(st, 999, 0, "x", "y"), KILN_ENOENT);
+
+    OK(state_event_list(st, 0, run, &es, &n));
+    assert_int_equal(n, 2); /* queued, progress */
+    assert_string_equal(es[1].kind, "progress");
+    assert_string_equal(es[1].message, "step 100, loss 0.3");
+    assert_int_equal(es[1].job_id, job); /* filed under the run's job */
+    assert_int_equal(es[1].run_id, run);
+    assert_true(es[1].at > 0 && es[1].id > es[0].id);
+    state_events_free(es, n);
+
+    /* The job's log: its spec event, its run's events and its own notes. */
+    OK(state_event_list(st, job, 0, &es, &n));
+    assert_int_equal(n, 4);
+    assert_string_equal(es[0].kind, "spec");
+    assert_string_equal(es[2].message, "spec reviewed");
+    state_events_free(es, n);
+    OK(state_event_list(st, 0, 0, &es, &n));
+    assert_int_equal(n, all + 3);
+    state_events_free(es, n);
+}
+
+/* ---- several processes at once ------------------------------------------------------ */
+
+#define NPROC 4
+#ifndef NITER
+#define NITER 500
+#endif
+#define NCRON 40
+
+/* One child: opens the file itself and writes as fast as it can. Each
+ * iteration is 3 transactions (create, transition, event); then every child
+ * races for the same NCRON cron times. Exit status 0 or 1. */
+static int writer(const char *path, int64_t job, int me)
+{
+    state_t *st = NULL;
+    int rc;
+    int64_t id;
+    char msg[64];
+    KILN_CHECK_GOTO(state_open(path, &st), rc, out);
+    for (int i = 0; i < NITER; i++) {
+        KILN_CHECK_GOTO(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &id), rc, out);
+        KILN_CHECK_GOTO(
+            state_run_transition(st, id, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, 0, NULL), rc, out);
+        snprintf(msg, sizeof msg, "writer %d iteration %d", me, i);
+        KILN_CHECK_GOTO(state_event_add(st, job, id, "test", msg), rc, out);
+    }
+    for (int t = 1; t <= NCRON; t++) {
+        rc = state_run_create(st, job, STATE_TRIGGER_CRON, 1000 * t, 1, 0, &id);
+        if (rc < 0 && rc != KILN_EEXIST)
+            goto out;
+    }
+    rc = 0;
+out:
+    if (rc < 0)
+        fprintf(stderr, "writer %d: %s: %s\n", me, kiln_errname(rc), kiln_errmsg());
+    state_close(st);
+    return rc < 0 ? 1 : 0;
+}
+
+static void run_children(const char *path, int64_t job)
+{
+    pid_t pids[NPROC];
+    for (int i = 0; i < NPROC; i++) {
+        fflush(NULL);
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (pids[i] == 0)
+            _exit(writer(path, job, i));
+    }
+    for (int i = 0; i < NPROC; i++) {
+        int status = 0;
+        assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+    }
+}
+
+static void test_concurrent_writers(void **state)
+{
+    fixture_t *f = *state;
+    int64_t job;
+    state_run_t *rs;
+    size_t n;
+    state_event_t *es;
+
+    /* Create the file and the job, and hold no connection across fork(). */
+    OK(state_open(f->path, &f->st));
+    job = new_job(f->st, "busy");
+    state_close(f->st);
+    f->st = NULL;
+
+    run_children(f->path, job);
+
+    OK(state_open(f->path, &f->st));
+    OK(state_run_list_in_state(f->st, STATE_RUN_LAUNCHING, &rs, &n));
+    assert_int_equal(n, NPROC * NITER);
+    state_runs_free(rs, n);
+    OK(state_run_list(f->st, "busy", 0, &rs, &n));
+    assert_int_equal(n, NPROC * NITER + NCRON); /* each cron time exactly once */
+    state_runs_free(rs, n);
+    OK(state_event_list(f->st, job, 0, &es, &n));
+    /* spec + per run (queued, queued -> launching, test) + per cron run (queued). */
+    assert_int_equal(n, 1 + 3 * NPROC * NITER + NCRON);
+    state_events_free(es, n);
+    assert_int_equal(scalar(f->st, "SELECT count(DISTINCT message) FROM events "
+                                   "WHERE kind = 'test'"),
+                     NPROC * NITER);
+}
+
+/* Several processes opening (and so creating and migrating) one new file. */
+static int opener(const char *path, int me)
+{
+    state_t *st = NULL;
+    char name[32];
+    int64_t id;
+    int rc;
+    snprintf(name, sizeof name, "job-%d", me);
+    KILN_CHECK_GOTO(state_open(path, &st), rc, out);
+    KILN_CHECK_GOTO(state_job_put(st, name, "x: 1\n", HASH_A, NULL, 0, &id, NULL), rc, out);
+out:
+    if (rc < 0)
+        fprintf(stderr, "opener %d: %s: %s\n", me, kiln_errname(rc), kiln_errmsg());
+    state_close(st);
+    return rc < 0 ? 1 : 0;
+}
+
+static void test_concurrent_open(void **state)
+{
+    fixture_t *f = *state;
+    pid_t pids[4];
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        fflush(NULL);
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (pids[i] == 0)
+            _exit(opener(f->path, i));
+    }
+    for (int i = 0; i < 4; i++) {
+        int status = 0;
+        assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    OK(state_open(f->path, &f->st));
+    OK(state_schema_version(f->st, &v));
+    assert_int_equal(v, STATE_SCHEMA_VERSION);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM jobs"), 4);
+}
+
+/* A child holds the write lock for hold_ms; the parent, with a busy timeout
+ * of timeout_ms, then submits a job. Returns the parent's result and how long
+ * it took. */
+static int write_while_locked(const char *path, int hold_ms, int timeout_ms, int64_t *took_ms)
+{
+    int fds[2];
+    char c = 0;
+    state_t *st = NULL;
+    int64_t id;
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        state_t *holder = NULL;
+        int bad = state_open(path, &holder) != 0 || state_test_exec(holder, "BEGIN IMMEDIATE") != 0;
+        if (write(fds[1], "x", 1) != 1 || bad)
+            _exit(1);
+        usleep((useconds_t)hold_ms * 1000);
+        bad = state_test_exec(holder, "COMMIT") != 0;
+        state_close(holder);
+        _exit(bad);
+    }
+    close(fds[1]);
+    assert_int_equal(read(fds[0], &c, 1), 1);
+    close(fds[0]);
+    OK(state_open(path, &st));
+    state_test_set_busy_timeout(st, timeout_ms);
+    int64_t t0 = kiln_mono_ns();
+    int rc = state_job_put(st, "locked", "x: 1\n", HASH_A, NULL, 0, &id, NULL);
+    *took_ms = (kiln_mono_ns() - t0) / 1000000;
+    state_close(st);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    return rc;
+}
+
+static void test_busy_retry(void **state)
+{
+    fixture_t *f = *state;
+    int64_t took = 0;
+    state_t *st = NULL;
+    OK(state_open(f->path, &st));
+    state_close(st);
+
+    /* The lock outlives one busy timeout but not the retries: no write lost. */
+    OK(write_while_locked(f->path, 300, 100, &took));
+    assert_true(took >= 150);
+    /* Held far longer than every try together: a bounded wait, then an
+     * error that says what happened. */
+    assert_int_equal(write_while_locked(f->path, 1500, 50, &took), KILN_EDB);
+    assert_true(took < 1500);
+    assert_non_null(strstr(kiln_errmsg(), "stayed locked by another process"));
+    assert_non_null(strstr(kiln_errmsg(), f->path));
+}
+
+int main(void)
+{
+    kiln_log_set_level(KILN_LOG_WARN);
+    /* TEST_FILTER=test_concurrent* runs a subset (cmocka glob). */
+    if (getenv("TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_open_creates, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_open_errors, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_every_version, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_open_at_version_zero, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_refuse_newer, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_jobs, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_runs_create_list, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_run_transitions, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_run_cancel, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_cron_unique, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_inputs, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_metrics, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoints, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_endpoints_pushes, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_events, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_writers, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_open, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_retry, setup_dir, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
