@@ -1,0 +1,825 @@
+/*
+ * tests/test_data.c - the trainer's input side (runtime/rt_data.h): Criteo
+ * TSV parsing and key hashing, malformed lines, block-cyclic partitioning
+ * over 1, 2 and 3 ranks, TSV -> kiln-bin round trips (multi-hot too),
+ * corruption detection, the prefetch thread, and the data generator.
+ * Files live in a mkdtemp directory under /tmp and are small.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kiln.h"
+#include "rt_data.h"
+
+static char tmpdir[64];
+
+static char *tpath(const char *name)
+{
+    char *p = kiln_asprintf("%s/%s", tmpdir, name);
+    assert_non_null(p);
+    return p;
+}
+
+static void write_file(const char *path, const char *text, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, len, f), len);
+    fclose(f);
+}
+
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf;
+    long n;
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    buf[n] = '\0';
+    *len = (size_t)n;
+    return buf;
+}
+
+/* A TSV line with 13 integer and 26 categorical fields; row i gets values
+ * that tell rows apart, and empty fields here and there. */
+static void append_line(char **buf, size_t *len, size_t *cap, int i)
+{
+    char line[1024];
+    int n = snprintf(line, sizeof line, "%d", i % 3 == 0);
+    for (int j = 0; j < 13; j++) {
+        if ((i + j) % 7 == 0)
+            n += snprintf(line + n, sizeof line - (size_t)n, "\t");
+        else
+            n += snprintf(line + n, sizeof line - (size_t)n, "\t%d", (i * 13 + j) % 50 - 3);
+    }
+    for (int s = 0; s < 26; s++) {
+        if ((i + s) % 11 == 0)
+            n += snprintf(line + n, sizeof line - (size_t)n, "\t");
+        else
+            n += snprintf(line + n, sizeof line - (size_t)n, "\t%08x", (unsigned)(i * 31 + s));
+    }
+    n += snprintf(line + n, sizeof line - (size_t)n, "\n");
+    if (*len + (size_t)n + 1 > *cap) {
+        *cap = (*cap + (size_t)n + 1) * 2;
+        *buf = realloc(*buf, *cap);
+        assert_non_null(*buf);
+    }
+    memcpy(*buf + *len, line, (size_t)n + 1);
+    *len += (size_t)n;
+}
+
+/* Writes rows [from, to) of the synthetic sequence to path; without the
+ * last newline when drop_last_newline. */
+static void write_rows(const char *path, int from, int to, int drop_last_newline)
+{
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (int i = from; i < to; i++)
+        append_line(&buf, &len, &cap, i);
+    if (drop_last_newline && len > 0)
+        len--;
+    write_file(path, buf ? buf : "", len);
+    free(buf);
+}
+
+/* ---- one row of a batch, for comparisons ------------------------------------------- */
+
+typedef struct {
+    float label;
+    float dense[16];
+    int nkeys[32];
+    int64_t keys[32][4];
+} row_t;
+
+static void batch_row(const rt_batch_t *b, int i, row_t *r)
+{
+    memset(r, 0, sizeof *r);
+    assert_true(b->ndense <= 16 && b->nslots <= 32);
+    r->label = b->labels[i];
+    memcpy(r->dense, b->dense + (size_t)i * (size_t)b->ndense, (size_t)b->ndense * sizeof(float));
+    for (int s = 0; s < b->nslots; s++) {
+        const int64_t *o = b->offsets + (size_t)s * (size_t)(b->n + 1);
+        int64_t c = o[i + 1] - o[i];
+        assert_true(c >= 0 && c <= 4);
+        r->nkeys[s] = (int)c;
+        for (int64_t k = 0; k < c; k++)
+            r->keys[s][k] = b->keys[o[i] + k];
+    }
+}
+
+/* Checks the CSR invariants of a batch. */
+static void check_batch(const rt_batch_t *b)
+{
+    int64_t prev = 0;
+    for (int s = 0; s < b->nslots; s++) {
+        const int64_t *o = b->offsets + (size_t)s * (size_t)(b->n + 1);
+        assert_int_equal(o[0], prev);
+        for (int i = 0; i < b->n; i++)
+            assert_true(o[i + 1] >= o[i]);
+        prev = o[b->n];
+    }
+    assert_int_equal(prev, b->nkeys);
+    for (int64_t k = 0; k < b->nkeys; k++)
+        assert_true(b->keys[k] >= 0);
+}
+
+typedef struct {
+    int nsteps;
+    int *step_rows; /* [nsteps] */
+    int nrows;
+    row_t *rows;    /* [nrows] in the order read */
+    rt_reader_stats_t stats;
+} run_t;
+
+static void run_reader(const char *const *paths, int npaths, rt_format_t fmt, int rank,
+                       int nranks, int batch, int prefetch, run_t *out)
+{
+    rt_reader_t *r = NULL;
+    rt_batch_t *b;
+    int rc, cap = 64;
+    memset(out, 0, sizeof *out);
+    rc = rt_reader_open(paths, npaths, fmt, rank, nranks, batch, RT_DIMS_AUTO, RT_DIMS_AUTO,
+                        prefetch, &r);
+    if (rc < 0)
+        fail_msg("rt_reader_open: %s", kiln_errmsg());
+    out->rows = calloc((size_t)cap, sizeof(row_t));
+    out->step_rows = calloc((size_t)rt_reader_nsteps(r) + 1, sizeof(int));
+    assert_non_null(out->rows);
+    while ((rc = rt_reader_next(r, &b)) == 1) {
+        assert_int_equal(b->step, out->nsteps);
+        assert_true(b->n <= batch);
+        check_batch(b);
+        out->step_rows[out->nsteps++] = b->n;
+        for (int i = 0; i < b->n; i++) {
+            if (out->nrows == cap) {
+                cap *= 2;
+                out->rows = realloc(out->rows, (size_t)cap * sizeof(row_t));
+                assert_non_null(out->rows);
+            }
+            batch_row(b, i, &out->rows[out->nrows++]);
+        }
+    }
+    if (rc < 0)
+        fail_msg("rt_reader_next: %s", kiln_errmsg());
+    assert_int_equal(out->nsteps, rt_reader_nsteps(r));
+    rt_reader_stats(r, &out->stats);
+    rt_reader_close(r);
+}
+
+static void run_free(run_t *r)
+{
+    free(r->rows);
+    free(r->step_rows);
+}
+
+static void assert_rows_equal(const row_t *a, const row_t *b)
+{
+    assert_memory_equal(a, b, sizeof *a);
+}
+
+/* ---- parsing ----------------------------------------------------------------------- */
+
+static void test_parse_good_line(void **state)
+{
+    (void)state;
+    /* label 1; dense: 0, empty, 5, -3 (clamped), 1000000, then 8 x 7;
+     * cats: "68fd1e64" in slot 0, empty slot 1, "abc" in slot 2, rest "x". */
+    char line[1024];
+    int n = snprintf(line, sizeof line, "1\t0\t\t5\t-3\t1000000");
+    for (int j = 5; j < 13; j++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "\t7");
+    n += snprintf(line + n, sizeof line - (size_t)n, "\t68fd1e64\t\tabc");
+    for (int s = 3; s < 26; s++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "\tx");
+    n += snprintf(line + n, sizeof line - (size_t)n, "\r"); /* CRLF files work too */
+
+    float label = -1, dense[13];
+    int64_t keys[26];
+    unsigned char has[26];
+    char why[RT_MESSAGE_LEN] = "";
+    int rc = rt_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
+                               sizeof why);
+    assert_int_equal(rc, 0);
+    assert_true(label == 1.0f);
+    assert_true(dense[0] == 0.0f);
+    assert_true(dense[1] == 0.0f);
+    assert_true(fabsf(dense[2] - (float)log1p(5.0)) < 1e-6f);
+    assert_true(dense[3] == 0.0f);
+    assert_true(fabsf(dense[4] - (float)log1p(1e6)) < 1e-5f);
+    assert_true(fabsf(dense[12] - (float)log1p(7.0)) < 1e-6f);
+    assert_int_equal(has[0], 1);
+    assert_int_equal(has[1], 0);
+    assert_int_equal(has[2], 1);
+    assert_int_equal(keys[0], rt_key_hash(0, "68fd1e64", 8));
+    assert_int_equal(keys[2], rt_key_hash(2, "abc", 3));
+    assert_int_equal(keys[25], rt_key_hash(25, "x", 1));
+}
+
+static void test_key_hash(void **state)
+{
+    (void)state;
+    int64_t a0 = rt_key_hash(0, "68fd1e64", 8);
+    int64_t a1 = rt_key_hash(1, "68fd1e64", 8);
+    assert_true(a0 != a1);
+    assert_int_equal(a0, rt_key_hash(0, "68fd1e64", 8));
+    assert_true(a0 >= 0 && a1 >= 0);
+    assert_int_equal(a0, (int64_t)(kiln_xxh64("68fd1e64", 8, 0) & (uint64_t)RT_KEY_MASK));
+    assert_int_equal(a1, (int64_t)(kiln_xxh64("68fd1e64", 8, 1) & (uint64_t)RT_KEY_MASK));
+    assert_true(rt_key_hash(3, "a", 1) != rt_key_hash(3, "b", 1));
+}
+
+static void test_parse_bad_lines(void **state)
+{
+    (void)state;
+    float label, dense[13];
+    int64_t keys[26];
+    unsigned char has[26];
+    char why[RT_MESSAGE_LEN];
+    char line[1024];
+    int n;
+
+    /* too few fields */
+    assert_int_equal(rt_tsv_parse_line("1\t2\t3", 5, 13, 26, &label, dense, keys, has, why,
+                                       sizeof why), -1);
+    assert_non_null(strstr(why, "wrong number of fields: 3 (expected 40"));
+    /* empty line */
+    assert_int_equal(rt_tsv_parse_line("", 0, 13, 26, &label, dense, keys, has, why, sizeof why),
+                     -1);
+    assert_non_null(strstr(why, "wrong number of fields: 1"));
+    /* a full line with a bad label, then with a bad integer */
+    n = snprintf(line, sizeof line, "2");
+    for (int j = 0; j < 13; j++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "\t1");
+    for (int s = 0; s < 26; s++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "\tab");
+    assert_int_equal(rt_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
+                                       sizeof why), -1);
+    assert_non_null(strstr(why, "label must be 0 or 1, got '2'"));
+    line[0] = '0';
+    line[4] = 'z'; /* "0\t1\tz..." : the second integer field */
+    assert_int_equal(rt_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
+                                       sizeof why), -1);
+    assert_non_null(strstr(why, "integer feature 2 (field 3) is not an integer: 'z'"));
+    line[4] = '1';
+    assert_int_equal(rt_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
+                                       sizeof why), 0);
+    /* one field too many */
+    line[n] = '\t';
+    line[n + 1] = 'q';
+    assert_int_equal(rt_tsv_parse_line(line, (size_t)n + 2, 13, 26, &label, dense, keys, has, why,
+                                       sizeof why), -1);
+    assert_non_null(strstr(why, "wrong number of fields: 41"));
+}
+
+/* A file with good and malformed lines read through the reader. */
+static void test_malformed_lines_in_reader(void **state)
+{
+    (void)state;
+    char *path = tpath("bad.tsv");
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    append_line(&buf, &len, &cap, 1);                /* line 1: good */
+    const char *extra = "1\t2\t3\n";                 /* line 2: wrong field count */
+    cap = len + 200000;
+    buf = realloc(buf, cap);
+    assert_non_null(buf);
+    memcpy(buf + len, extra, strlen(extra));
+    len += strlen(extra);
+    size_t l3 = len;
+    append_line(&buf, &len, &cap, 2);                /* line 3: bad label */
+    buf[l3] = '7';
+    size_t l4 = len;
+    append_line(&buf, &len, &cap, 4);                /* line 4: bad integer */
+    buf[l4 + 2] = 'x';
+    cap = len + 200000;
+    buf = realloc(buf, cap);
+    assert_non_null(buf);
+    memset(buf + len, 'a', 100000);                  /* line 5: very long */
+    len += 100000;
+    buf[len++] = '\n';
+    append_line(&buf, &len, &cap, 5);                /* line 6: good */
+    buf[len++] = '\n';                               /* line 7: empty */
+    append_line(&buf, &len, &cap, 6);                /* line 8: good */
+    append_line(&buf, &len, &cap, 7);                /* line 9: a field too many */
+    buf[len - 2] = '\t';
+    write_file(path, buf, len);
+
+    run_t run;
+    const char *paths[] = {path};
+    run_reader(paths, 1, RT_FMT_TSV, 0, 1, 4, 2, &run);
+    assert_int_equal(run.nsteps, 3); /* 9 rows, batches of 4 */
+    assert_int_equal(run.step_rows[0], 1);
+    assert_int_equal(run.step_rows[1], 2);
+    assert_int_equal(run.step_rows[2], 0);
+    assert_int_equal(run.stats.rows, 3);
+    assert_int_equal(run.stats.malformed, 6);
+    assert_int_equal(run.stats.nmessages, RT_MAX_MESSAGES);
+    char want[512];
+    snprintf(want, sizeof want, "%s:2: wrong number of fields: 3", path);
+    assert_non_null(strstr(run.stats.messages[0], want));
+    snprintf(want, sizeof want, "%s:3: label must be 0 or 1, got '7'", path);
+    assert_non_null(strstr(run.stats.messages[1], want));
+    snprintf(want, sizeof want, "%s:4: integer feature 1", path);
+    assert_non_null(strstr(run.stats.messages[2], want));
+    snprintf(want, sizeof want, "%s:5: line longer than", path);
+    assert_non_null(strstr(run.stats.messages[3], want));
+    snprintf(want, sizeof want, "%s:7: wrong number of fields: 1", path);
+    assert_non_null(strstr(run.stats.messages[4], want));
+    run_free(&run);
+
+    /* Two ranks skip over each other's malformed lines (the long one too)
+     * and still agree on positions and step counts. */
+    run_t r0, r1;
+    run_reader(paths, 1, RT_FMT_TSV, 0, 2, 2, 1, &r0);
+    run_reader(paths, 1, RT_FMT_TSV, 1, 2, 2, 1, &r1);
+    assert_int_equal(r0.nsteps, 3);
+    assert_int_equal(r1.nsteps, 3);
+    assert_int_equal(r0.stats.malformed + r1.stats.malformed, 6);
+    assert_int_equal(r0.stats.rows + r1.stats.rows, 3);
+    assert_int_equal(r0.stats.rows, 2); /* lines 1 and 6 */
+    run_free(&r0);
+    run_free(&r1);
+
+    /* An empty file has no rows and no steps. */
+    char *empty = tpath("empty.tsv");
+    write_file(empty, "", 0);
+    const char *epaths[] = {empty};
+    run_reader(epaths, 1, RT_FMT_TSV, 0, 2, 4, 2, &run);
+    assert_int_equal(run.nsteps, 0);
+    run_free(&run);
+    free(empty);
+    free(buf);
+    free(path);
+}
+
+static void test_missing_file(void **state)
+{
+    (void)state;
+    rt_reader_t *r = NULL;
+    char *path = tpath("no-such-file.tsv");
+    const char *paths[] = {path};
+    int rc = rt_reader_open(paths, 1, RT_FMT_TSV, 0, 1, 8, 13, 26, 2, &r);
+    assert_int_equal(rc, KILN_ENOENT);
+    assert_null(r);
+    assert_non_null(strstr(kiln_errmsg(), path));
+    rc = rt_reader_open(paths, 1, RT_FMT_BIN, 0, 1, 8, 13, 26, 2, &r);
+    assert_int_equal(rc, KILN_ENOENT);
+    free(path);
+}
+
+/* ---- partitioning -------------------------------------------------------------------- */
+
+/* 103 rows over two files, the first without a final newline. */
+static void make_partition_files(char **a, char **b)
+{
+    *a = tpath("part-a.tsv");
+    *b = tpath("part-b.tsv");
+    write_rows(*a, 0, 47, 1);
+    write_rows(*b, 47, 103, 0);
+}
+
+/* Rank runs of size nranks, batch B must interleave into the 1-rank run of
+ * batch B*nranks, step by step. */
+static void check_partition(const char *const *paths, int npaths, rt_format_t fmt, int nranks,
+                            int B, int total)
+{
+    run_t whole;
+    run_t parts[4];
+    int per_step = B * nranks;
+    int nsteps = (total + per_step - 1) / per_step;
+    run_reader(paths, npaths, fmt, 0, 1, per_step, 3, &whole);
+    assert_int_equal(whole.nsteps, nsteps);
+    assert_int_equal(whole.nrows, total);
+    for (int r = 0; r < nranks; r++) {
+        run_reader(paths, npaths, fmt, r, nranks, B, 1 + r, &parts[r]);
+        assert_int_equal(parts[r].nsteps, nsteps); /* equal batch counts on every rank */
+    }
+    int wi = 0;
+    int pi[4] = {0};
+    for (int k = 0; k < nsteps; k++) {
+        int sum = 0;
+        for (int r = 0; r < nranks; r++) {
+            int expect = total - (k * per_step + r * B);
+            expect = expect < 0 ? 0 : expect > B ? B : expect;
+            assert_int_equal(parts[r].step_rows[k], expect);
+            for (int i = 0; i < parts[r].step_rows[k]; i++)
+                assert_rows_equal(&parts[r].rows[pi[r]++], &whole.rows[wi++]);
+            sum += parts[r].step_rows[k];
+        }
+        assert_int_equal(sum, whole.step_rows[k]);
+    }
+    assert_int_equal(wi, total);
+    run_free(&whole);
+    for (int r = 0; r < nranks; r++)
+        run_free(&parts[r]);
+}
+
+static void test_block_cyclic_tsv(void **state)
+{
+    (void)state;
+    char *a, *b;
+    make_partition_files(&a, &b);
+    const char *paths[] = {a, b};
+    /* 2 ranks x 5: 10 full steps and a last step of 3 rows, rank 1 empty. */
+    check_partition(paths, 2, RT_FMT_TSV, 2, 5, 103);
+    /* 3 ranks x 4: last step 96..102 -> 4, 3, 0 rows. */
+    check_partition(paths, 2, RT_FMT_TSV, 3, 4, 103);
+    /* batches larger than the data */
+    check_partition(paths, 2, RT_FMT_TSV, 2, 80, 103);
+
+    /* The 1-rank run is the file order: row 0 has label 1 and no key in slot 0. */
+    run_t one;
+    run_reader(paths, 2, RT_FMT_TSV, 0, 1, 7, 2, &one);
+    assert_int_equal(one.nrows, 103);
+    assert_true(one.rows[0].label == 1.0f && one.rows[1].label == 0.0f);
+    assert_int_equal(one.rows[0].nkeys[0], 0);
+    assert_int_equal(one.rows[1].nkeys[0], 1);
+    assert_int_equal(one.rows[1].keys[0][0], rt_key_hash(0, "0000001f", 8));
+    assert_int_equal(one.rows[102].keys[25][0], rt_key_hash(25, "00000c73", 8));
+    run_free(&one);
+    free(a);
+    free(b);
+}
+
+/* Malformed lines keep their row positions: every rank agrees. */
+static void test_block_cyclic_with_malformed(void **state)
+{
+    (void)state;
+    char *path = tpath("part-bad.tsv");
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (int i = 0; i < 30; i++) {
+        append_line(&buf, &len, &cap, i);
+        if (i == 4 || i == 17) { /* a bad label */
+            char *lastline = buf + len - 2;
+            while (lastline > buf && lastline[-1] != '\n')
+                lastline--;
+            lastline[0] = 'y';
+        }
+    }
+    write_file(path, buf, len);
+    const char *paths[] = {path};
+    run_t r0, r1;
+    run_reader(paths, 1, RT_FMT_TSV, 0, 2, 4, 2, &r0);
+    run_reader(paths, 1, RT_FMT_TSV, 1, 2, 4, 2, &r1);
+    assert_int_equal(r0.nsteps, 4);
+    assert_int_equal(r1.nsteps, 4);
+    /* row 4 is rank 1's first row of step 0; row 17 is rank 0's second of step 2 */
+    assert_int_equal(r1.step_rows[0], 3);
+    assert_int_equal(r0.step_rows[2], 3);
+    assert_int_equal(r0.stats.malformed, 1);
+    assert_int_equal(r1.stats.malformed, 1);
+    assert_int_equal(r0.step_rows[3], 4);
+    assert_int_equal(r1.step_rows[3], 2);
+    run_free(&r0);
+    run_free(&r1);
+    free(buf);
+    free(path);
+}
+
+/* ---- kiln-bin ------------------------------------------------------------------------- */
+
+static void test_bin_roundtrip(void **state)
+{
+    (void)state;
+    char *a, *b;
+    char *bin = tpath("part.kbin");
+    make_partition_files(&a, &b);
+    const char *tsv[] = {a, b};
+    rt_convert_opts_t o = {.chunk_rows = 16};
+    rt_reader_stats_t st;
+    int rc = rt_convert_tsv_to_bin(tsv, 2, bin, &o, &st);
+    if (rc < 0)
+        fail_msg("convert: %s", kiln_errmsg());
+    assert_int_equal(st.rows, 103);
+    assert_int_equal(st.malformed, 0);
+    rt_format_t f;
+    assert_int_equal(rt_format_detect(bin, &f), 0);
+    assert_int_equal(f, RT_FMT_BIN);
+    assert_int_equal(rt_format_detect(a, &f), 0);
+    assert_int_equal(f, RT_FMT_TSV);
+
+    const char *bins[] = {bin};
+    for (int nranks = 1; nranks <= 3; nranks++) {
+        for (int B = 3; B <= 40; B += 37 - 3 * nranks) {
+            for (int r = 0; r < nranks; r++) {
+                run_t x, y;
+                run_reader(tsv, 2, RT_FMT_TSV, r, nranks, B, 2, &x);
+                run_reader(bins, 1, RT_FMT_AUTO, r, nranks, B, 2, &y);
+                assert_int_equal(x.nsteps, y.nsteps);
+                assert_int_equal(x.nrows, y.nrows);
+                assert_memory_equal(x.step_rows, y.step_rows, (size_t)x.nsteps * sizeof(int));
+                for (int i = 0; i < x.nrows; i++)
+                    assert_rows_equal(&x.rows[i], &y.rows[i]);
+                run_free(&x);
+                run_free(&y);
+            }
+        }
+    }
+    /* Two kiln-bin files read as one sequence, partitioned like anything else. */
+    char *ba = tpath("a.kbin"), *bb = tpath("b.kbin");
+    const char *ta[] = {a}, *tb[] = {b};
+    assert_int_equal(rt_convert_tsv_to_bin(ta, 1, ba, &o, NULL), 0);
+    assert_int_equal(rt_convert_tsv_to_bin(tb, 1, bb, NULL, NULL), 0);
+    const char *two[] = {ba, bb};
+    check_partition(two, 2, RT_FMT_BIN, 3, 4, 103);
+    free(ba);
+    free(bb);
+    free(a);
+    free(b);
+    free(bin);
+}
+
+static void test_bin_multihot(void **state)
+{
+    (void)state;
+    char *path = tpath("multi.kbin");
+    rt_batch_t b;
+    rt_bin_writer_t *w = NULL;
+    const int n = 50, D = 2, S = 3;
+    assert_int_equal(rt_batch_init(&b, n, D, S), 0);
+    b.keys_cap = 4 * n * S;
+    b.keys = realloc(b.keys, (size_t)b.keys_cap * sizeof(int64_t));
+    assert_non_null(b.keys);
+    /* slot s, row i has (i + s) % 4 keys: 0..3, values 1000*s + 10*i + j */
+    int64_t pos = 0;
+    b.n = n;
+    for (int i = 0; i < n; i++) {
+        b.labels[i] = (float)(i % 2);
+        b.dense[i * D] = (float)i;
+        b.dense[i * D + 1] = 0.5f * (float)i;
+    }
+    for (int s = 0; s < S; s++) {
+        for (int i = 0; i < n; i++) {
+            b.offsets[s * (n + 1) + i] = pos;
+            for (int j = 0; j < (i + s) % 4; j++)
+                b.keys[pos++] = 1000 * s + 10 * i + j;
+        }
+        b.offsets[s * (n + 1) + n] = pos;
+    }
+    b.nkeys = pos;
+    assert_int_equal(rt_bin_writer_create(path, D, S, 7, &w), 0);
+    assert_int_equal(rt_bin_writer_add(w, &b), 0);
+    assert_int_equal(rt_bin_writer_add(w, &b), 0); /* 100 rows: the batch twice */
+    assert_int_equal(rt_bin_writer_commit(w), 0);
+
+    const char *paths[] = {path};
+    run_t run;
+    run_reader(paths, 1, RT_FMT_BIN, 1, 2, 9, 2, &run); /* rank 1 of 2, batch 9 */
+    assert_int_equal(run.nsteps, 6);                    /* ceil(100 / 18) */
+    int got = 0;
+    for (int k = 0; k < run.nsteps; k++) {
+        for (int i = 0; i < run.step_rows[k]; i++) {
+            int g = k * 18 + 9 + i, src = g % n;
+            row_t want;
+            batch_row(&b, src, &want);
+            assert_rows_equal(&run.rows[got++], &want);
+        }
+    }
+    assert_int_equal(got, 9 * 5 + 1); /* last step: rows 99 only */
+    run_free(&run);
+    rt_batch_fini(&b);
+
+    /* ndense / nslots that do not match the file are refused */
+    rt_reader_t *r = NULL;
+    assert_int_equal(rt_reader_open(paths, 1, RT_FMT_BIN, 0, 1, 8, 13, 26, 1, &r), KILN_EINVAL);
+    assert_non_null(strstr(kiln_errmsg(), path));
+    free(path);
+}
+
+static void flip_byte(const char *path, long off)
+{
+    FILE *f = fopen(path, "r+b");
+    int c;
+    assert_non_null(f);
+    fseek(f, off, SEEK_SET);
+    c = fgetc(f);
+    fseek(f, off, SEEK_SET);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+}
+
+static void test_bin_corrupt(void **state)
+{
+    (void)state;
+    char *a, *b;
+    char *bin = tpath("corrupt.kbin");
+    make_partition_files(&a, &b);
+    const char *tsv[] = {a, b};
+    rt_convert_opts_t o = {.chunk_rows = 10};
+    assert_int_equal(rt_convert_tsv_to_bin(tsv, 2, bin, &o, NULL), 0);
+    struct stat sb;
+    assert_int_equal(stat(bin, &sb), 0);
+    /* a byte in the middle of the data: some chunk past the first */
+    flip_byte(bin, (long)sb.st_size / 2);
+    const char *paths[] = {bin};
+    rt_reader_t *r = NULL;
+    rt_batch_t *batch;
+    int rc;
+    int nb = 0;
+    assert_int_equal(rt_reader_open(paths, 1, RT_FMT_BIN, 0, 1, 10, 13, 26, 2, &r), 0);
+    while ((rc = rt_reader_next(r, &batch)) == 1)
+        nb++;
+    assert_int_equal(rc, KILN_ECHECKSUM);
+    assert_true(nb >= 1 && nb < 10); /* the good chunks before it came through */
+    char want[512];
+    snprintf(want, sizeof want, "%s: chunk %d of 11", bin, nb);
+    if (!strstr(kiln_errmsg(), want))
+        fail_msg("message '%s' lacks '%s'", kiln_errmsg(), want);
+    assert_non_null(strstr(kiln_errmsg(), "checksum"));
+    assert_int_equal(rt_reader_next(r, &batch), KILN_ECHECKSUM); /* stays failed */
+    rt_reader_close(r);
+
+    /* a corrupt header is caught at open */
+    flip_byte(bin, (long)sb.st_size / 2);
+    flip_byte(bin, 20);
+    r = NULL;
+    assert_int_equal(rt_reader_open(paths, 1, RT_FMT_BIN, 0, 1, 10, 13, 26, 2, &r),
+                     KILN_ECHECKSUM);
+    assert_non_null(strstr(kiln_errmsg(), bin));
+    flip_byte(bin, 20);
+    /* a truncated file too */
+    assert_int_equal(truncate(bin, sb.st_size - 5), 0);
+    assert_int_equal(rt_reader_open(paths, 1, RT_FMT_BIN, 0, 1, 10, 13, 26, 2, &r),
+                     KILN_ECORRUPT);
+    /* TSV handed to the bin reader */
+    assert_int_equal(rt_reader_open(tsv, 1, RT_FMT_BIN, 0, 1, 10, 13, 26, 2, &r), KILN_ECORRUPT);
+    assert_non_null(strstr(kiln_errmsg(), "not a kiln-bin file"));
+    free(a);
+    free(b);
+    free(bin);
+}
+
+/* ---- prefetch ----------------------------------------------------------------------------- */
+
+static void test_prefetch_repeat_and_close(void **state)
+{
+    (void)state;
+    char *path = tpath("gen-prefetch.tsv");
+    rt_datagen_opts_t g = {.path = path, .rows = 20000, .seed = 3, .day = 0};
+    assert_int_equal(rt_datagen(&g), 0);
+    const char *paths[] = {path};
+    run_t x, y;
+    run_reader(paths, 1, RT_FMT_TSV, 0, 1, 256, 4, &x);
+    run_reader(paths, 1, RT_FMT_TSV, 0, 1, 256, 1, &y);
+    assert_int_equal(x.nrows, 20000);
+    assert_int_equal(x.nrows, y.nrows);
+    for (int i = 0; i < x.nrows; i++)
+        assert_rows_equal(&x.rows[i], &y.rows[i]);
+    run_free(&x);
+    run_free(&y);
+
+    /* Closing mid-stream (the producer is blocked on a full ring, or still
+     * parsing) and closing before the first batch are both clean. */
+    for (int take = 0; take < 4; take++) {
+        rt_reader_t *r = NULL;
+        rt_batch_t *b;
+        assert_int_equal(rt_reader_open(paths, 1, RT_FMT_AUTO, 0, 1, 64, RT_DIMS_AUTO,
+                                        RT_DIMS_AUTO, 2, &r), 0);
+        for (int i = 0; i < take; i++)
+            assert_int_equal(rt_reader_next(r, &b), 1);
+        if (take == 3)
+            usleep(20000);
+        rt_reader_close(r);
+    }
+    rt_reader_close(NULL);
+    free(path);
+}
+
+/* ---- datagen ---------------------------------------------------------------------------------- */
+
+static void test_datagen(void **state)
+{
+    (void)state;
+    char *p1 = tpath("gen1.tsv"), *p2 = tpath("gen2.tsv"), *p3 = tpath("gen3.tsv");
+    char *p4 = tpath("gen4.tsv");
+    rt_datagen_opts_t g = {.path = p1, .rows = 30000, .seed = 42, .day = 0};
+    assert_int_equal(rt_datagen(&g), 0);
+    g.path = p2;
+    assert_int_equal(rt_datagen(&g), 0);
+    g.path = p3;
+    g.day = 1;
+    assert_int_equal(rt_datagen(&g), 0);
+    g.path = p4;
+    g.day = 0;
+    g.seed = 43;
+    assert_int_equal(rt_datagen(&g), 0);
+
+    size_t l1, l2, l3, l4;
+    char *t1 = read_all(p1, &l1), *t2 = read_all(p2, &l2), *t3 = read_all(p3, &l3);
+    char *t4 = read_all(p4, &l4);
+    assert_int_equal(l1, l2);
+    assert_memory_equal(t1, t2, l1);
+    assert_true(l1 != l3 || memcmp(t1, t3, l1) != 0);
+    assert_true(l1 != l4 || memcmp(t1, t4, l1) != 0);
+    free(t2);
+    free(t3);
+    free(t4);
+
+    /* It parses cleanly, has a sensible click rate, empty fields and
+     * repeated ids, and the dense signal is there. */
+    const char *paths[] = {p1};
+    run_t run;
+    run_reader(paths, 1, RT_FMT_TSV, 0, 1, 1000, 2, &run);
+    assert_int_equal(run.nrows, 30000);
+    assert_int_equal(run.stats.malformed, 0);
+    double pos = 0;
+    int empty0 = 0, empty18 = 0;
+    double hi_pos = 0, hi_n = 0, lo_pos = 0, lo_n = 0;
+    for (int i = 0; i < run.nrows; i++) {
+        const row_t *r = &run.rows[i];
+        pos += r->label;
+        empty0 += r->nkeys[0] == 0;
+        empty18 += r->nkeys[18] == 0;
+        /* I11 carries weight +0.3 in the hidden model */
+        if (r->dense[10] >= 2.0f) {
+            hi_pos += r->label;
+            hi_n++;
+        } else {
+            lo_pos += r->label;
+            lo_n++;
+        }
+    }
+    double ctr = pos / run.nrows;
+    if (ctr < 0.18 || ctr > 0.32)
+        fail_msg("base CTR %.3f out of [0.18, 0.32]", ctr);
+    assert_true(empty0 > 0 && empty0 < run.nrows / 10);
+    assert_true(empty18 > run.nrows / 5);
+    assert_true(hi_n > 100 && lo_n > 100);
+    if (hi_pos / hi_n < lo_pos / lo_n + 0.02)
+        fail_msg("no dense signal: CTR %.3f (I11 high) vs %.3f", hi_pos / hi_n, lo_pos / lo_n);
+    /* the head of the small slots repeats a lot */
+    int same = 0;
+    for (int i = 1; i < run.nrows; i++)
+        same += run.rows[i].nkeys[0] && run.rows[0].nkeys[0] &&
+                run.rows[i].keys[0][0] == run.rows[0].keys[0][0];
+    assert_true(same > 100);
+    run_free(&run);
+
+    /* A line of the text format: label, 13 integers, 26 ids of 8 hex digits or empty. */
+    char *nl = strchr(t1, '\n');
+    assert_non_null(nl);
+    int tabs = 0;
+    for (char *c = t1; c < nl; c++)
+        tabs += *c == '\t';
+    assert_int_equal(tabs, 39);
+    free(t1);
+
+    rt_datagen_opts_t bad = {.path = NULL, .rows = 1};
+    assert_int_equal(rt_datagen(&bad), KILN_EINVAL);
+    free(p1);
+    free(p2);
+    free(p3);
+    free(p4);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-test-data-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char *cmd = kiln_asprintf("rm -rf '%s'", tmpdir);
+    int rc = cmd ? system(cmd) : -1;
+    free(cmd);
+    return rc == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_good_line),
+        cmocka_unit_test(test_key_hash),
+        cmocka_unit_test(test_parse_bad_lines),
+        cmocka_unit_test(test_malformed_lines_in_reader),
+        cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_block_cyclic_tsv),
+        cmocka_unit_test(test_block_cyclic_with_malformed),
+        cmocka_unit_test(test_bin_roundtrip),
+        cmocka_unit_test(test_bin_multihot),
+        cmocka_unit_test(test_bin_corrupt),
+        cmocka_unit_test(test_prefetch_repeat_and_close),
+        cmocka_unit_test(test_datagen),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
