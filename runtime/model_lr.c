@@ -1,0 +1,49 @@
+/*
+ * runtime/model_lr.c - logistic regression on Kiln's pooled inputs:
+ *
+ *   logit_i = sum_s E[i, s, 0] + w . X[i] + b          E (n, S, 1), X (n, F)
+ *
+ * The per-key weight of slot s IS its embedding (tables of width 1), so the
+ * sparse side learns it; only w (F) and b are dense parameters here.
+ */
+#define RT_MODEL_IMPL
+#include "rt_model.h"
+
+#include <cblas.h>
+
+void rt_model_lr_forward(rt_model_t *m, int n, const float *E, const float *X)
+{
+    const int S = m->S, F = m->F;
+    const float *w = m->params + m->w_off;
+    const float b = m->params[m->b_off];
+    float *z = m->logits;
+    /* z (n) = X (n, F) w (F) */
+    if (F > 0)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, F, 1.0f, X, F, w, 1, 0.0f, z, 1);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float acc = b + (F > 0 ? z[i] : 0.0f);
+        const float *e = E + (size_t)i * (size_t)S;
+        for (int s = 0; s < S; s++)
+            acc += e[s];
+        z[i] = acc;
+    }
+}
+
+void rt_model_lr_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE)
+{
+    const int S = m->S, F = m->F;
+    const float *g = m->gz;
+    float *gw = m->grads + m->w_off;
+    /* dw (F) += X^T (F, n) g (n); db += sum g */
+    if (F > 0)
+        cblas_sgemv(CblasRowMajor, CblasTrans, n, F, 1.0f, X, F, g, 1, 1.0f, gw, 1);
+    m->grads[m->b_off] += cblas_sdot(n, g, 1, m->ones, 1);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *de = dE + (size_t)i * (size_t)S;
+        for (int s = 0; s < S; s++)
+            de[s] = g[i];
+    }
+    (void)E;
+}

@@ -1,0 +1,836 @@
+/*
+ * tests/test_model.c - runtime/'s dense models (rt_model.h): every model's
+ * forward against a naive double-precision reference written from the
+ * formulas in docs/models.md, its gradients (dE and every dense parameter
+ * group) against central differences of that reference, and a deliberately
+ * wrong gradient that the checker must reject; the stable loss (known values,
+ * |z| = 50); the dense optimizers against a plain reference for 3 steps;
+ * deterministic init; checkpoint state round trips; config errors; that lr,
+ * fm and dlrm learn a synthetic separable problem; and exact AUC with ties.
+ */
+/* cmocka.h needs these four first. */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_model.h"
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+/* splitmix64: the test's own deterministic stream. */
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = (*s += 0x9E3779B97F4A7C15ull);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* Uniform in [lo, hi). */
+static float rng_uniform(uint64_t *s, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0));
+}
+
+typedef struct {
+    rt_model_type_t type;
+    int S, F, d;
+    int bottom[4], nb;
+    int top[4], nt;
+    int fm_dense;
+} shape_t;
+
+static rt_model_config_t make_cfg(const shape_t *sh, int max_batch, uint64_t seed,
+                                  rt_dense_opt_t opt)
+{
+    rt_model_config_t c = {0};
+    c.type = sh->type;
+    c.nslots = sh->S;
+    c.ndense = sh->F;
+    c.dim = sh->d;
+    c.bottom = sh->bottom;
+    c.nbottom = sh->nb;
+    c.top = sh->top;
+    c.ntop = sh->nt;
+    c.fm_dense_factors = sh->fm_dense;
+    c.max_batch = max_batch;
+    c.seed = seed;
+    c.opt = opt;
+    return c;
+}
+
+static rt_dense_opt_t sgd(float lr)
+{
+    rt_dense_opt_t o = {RT_DENSE_SGD, lr, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    return o;
+}
+
+static rt_model_t *make_model(const shape_t *sh, int max_batch, uint64_t seed, rt_dense_opt_t opt)
+{
+    rt_model_config_t c = make_cfg(sh, max_batch, seed, opt);
+    rt_model_t *m = NULL;
+    int rc = rt_model_create(&c, &m);
+    if (rc != 0)
+        fprintf(stderr, "rt_model_create: %s\n", kiln_errmsg());
+    assert_int_equal(rc, 0);
+    assert_non_null(m);
+    return m;
+}
+
+/* ---- the reference: docs/models.md's formulas, naively, in double ---------------- */
+#define RMAX 128
+
+static double dotd(const double *a, const double *b, int d)
+{
+    double s = 0.0;
+    for (int j = 0; j < d; j++)
+        s += a[j] * b[j];
+    return s;
+}
+
+/* y (out) = W (out, in) a (in) + b, optionally ReLU; returns floats used. */
+static size_t ref_layer(const double *p, int in, int out, const double *a, double *y, int relu)
+{
+    for (int o = 0; o < out; o++) {
+        double v = p[(size_t)out * in + o];
+        for (int j = 0; j < in; j++)
+            v += p[(size_t)o * in + j] * a[j];
+        y[o] = relu && v < 0.0 ? 0.0 : v;
+    }
+    return (size_t)out * in + out;
+}
+
+/* Logit of one row: e (S, d), x (F), parameters p in the documented layout. */
+static double ref_logit(const shape_t *sh, const double *p, const double *e, const double *x)
+{
+    const int S = sh->S, F = sh->F, d = sh->d;
+    if (sh->type == RT_MODEL_LR || sh->type == RT_MODEL_FM) {
+        /* [w (F), b, vx (k, F) when fm_dense] */
+        double z = p[F];
+        for (int j = 0; j < F; j++)
+            z += p[j] * x[j];
+        for (int s = 0; s < S; s++)
+            z += e[s * d];
+        if (sh->type == RT_MODEL_LR)
+            return z;
+        int k = d - 1;
+        double vec[9][RMAX];
+        int nv = 0;
+        for (int s = 0; s < S; s++, nv++)
+            for (int f = 0; f < k; f++)
+                vec[nv][f] = e[s * d + 1 + f];
+        if (sh->fm_dense && k > 0 && F > 0) {
+            for (int f = 0; f < k; f++) {
+                vec[nv][f] = 0.0;
+                for (int j = 0; j < F; j++)
+                    vec[nv][f] += p[F + 1 + f * F + j] * x[j];
+            }
+            nv++;
+        }
+        for (int a = 0; a < nv; a++)
+            for (int b = a + 1; b < nv; b++)
+                z += dotd(vec[a], vec[b], k);
+        return z;
+    }
+    /* dlrm: [bottom.0.weight, bottom.0.bias, ..., top.0.weight, top.0.bias, ...] */
+    double a[RMAX], t[RMAX];
+    size_t off = 0;
+    int in = F;
+    memcpy(a, x, sizeof(double) * (size_t)F);
+    for (int l = 0; l < sh->nb; l++) {
+        off += ref_layer(p + off, in, sh->bottom[l], a, t, 1);
+        in = sh->bottom[l];
+        memcpy(a, t, sizeof(double) * (size_t)in);
+    }
+    /* vectors [bot, e_0 .. e_S-1]; R = [bot | dots of pairs a < b, row-major] */
+    double R[RMAX];
+    int r = 0;
+    for (int j = 0; j < d; j++)
+        R[r++] = a[j];
+    for (int va = 0; va <= S; va++)
+        for (int vb = va + 1; vb <= S; vb++)
+            R[r++] = dotd(va == 0 ? a : e + (va - 1) * d, e + (vb - 1) * d, d);
+    in = r;
+    memcpy(a, R, sizeof(double) * (size_t)r);
+    for (int l = 0; l < sh->nt; l++) {
+        off += ref_layer(p + off, in, sh->top[l], a, t, l + 1 < sh->nt);
+        in = sh->top[l];
+        memcpy(a, t, sizeof(double) * (size_t)in);
+    }
+    return a[0];
+}
+
+/* loss_scale * sum_i logloss(z_i, y_i) */
+static double ref_loss(const shape_t *sh, const double *p, const double *E, const double *X,
+                       const float *y, int n, double scale)
+{
+    double L = 0.0;
+    for (int i = 0; i < n; i++) {
+        double z = ref_logit(sh, p, E + (size_t)i * sh->S * sh->d, X + (size_t)i * sh->F);
+        L += (z > 0 ? z : 0) - z * y[i] + log1p(exp(-fabs(z)));
+    }
+    return scale * L;
+}
+
+/* Mismatches of analytic against numeric under |a - r| <= 1e-4 + 1e-2 |r|. */
+static int count_bad(const char *what, const float *a, const double *r, size_t cnt, int loud)
+{
+    int bad = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        double err = fabs((double)a[i] - r[i]);
+        if (!(err <= 1e-4 + 1e-2 * fabs(r[i]))) {
+            if (loud)
+                fprintf(stderr, "%s[%zu]: analytic %.7g numeric %.7g\n", what, i, a[i], r[i]);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* ---- gradient checks --------------------------------------------------------------- */
+static void grad_check(const shape_t *sh)
+{
+    const int n = 3, S = sh->S, F = sh->F, d = sh->d;
+    const double h = 1e-5, scale = 1.0 / n;
+    uint64_t rs = 1234 + (uint64_t)sh->type * 7 + (uint64_t)d;
+    rt_model_t *m = make_model(sh, 4, 99, sgd(0.1f));
+    const size_t np = rt_model_nparams(m), ne = (size_t)n * S * d;
+    float *params = rt_model_params(m);
+    float *E = calloc(ne + 1, sizeof(float)), *X = calloc((size_t)n * F + 1, sizeof(float));
+    float *dE = calloc(ne + 1, sizeof(float)), probs[3];
+    double *pd = calloc(np, sizeof(double)), *Ed = calloc(ne + 1, sizeof(double));
+    double *Xd = calloc((size_t)n * F + 1, sizeof(double));
+    double *num = calloc((np > ne ? np : ne) + 1, sizeof(double));
+    const float y[3] = {1.0f, 0.0f, 1.0f};
+    assert_true(E && X && dE && pd && Ed && Xd && num);
+
+    /* Random weights (nonzero biases, mixed ReLU patterns) and inputs. */
+    for (size_t i = 0; i < np; i++)
+        pd[i] = params[i] = rng_uniform(&rs, -0.6f, 0.6f);
+    for (size_t i = 0; i < ne; i++)
+        Ed[i] = E[i] = rng_uniform(&rs, -0.8f, 0.8f);
+    for (size_t i = 0; i < (size_t)n * F; i++)
+        Xd[i] = X[i] = rng_uniform(&rs, 0.0f, 2.0f);
+
+    double loss = -1.0;
+    assert_int_equal(rt_model_forward(m, n, E, X, y, probs, &loss), 0);
+    double want = ref_loss(sh, pd, Ed, Xd, y, n, 1.0);
+    assert_true(fabs(loss - want) <= 1e-5 * (1.0 + fabs(want)));
+    for (int i = 0; i < n; i++) {
+        double z = ref_logit(sh, pd, Ed + (size_t)i * S * d, Xd + (size_t)i * F);
+        assert_true(fabs(probs[i] - 1.0 / (1.0 + exp(-z))) < 1e-5);
+    }
+    rt_model_zero_grad(m);
+    assert_int_equal(rt_model_backward(m, (float)scale, dE), 0);
+    const float *grads = rt_model_grads(m);
+
+    /* dE against central differences. */
+    for (size_t i = 0; i < ne; i++) {
+        double keep = Ed[i];
+        Ed[i] = keep + h;
+        double lp = ref_loss(sh, pd, Ed, Xd, y, n, scale);
+        Ed[i] = keep - h;
+        double lm = ref_loss(sh, pd, Ed, Xd, y, n, scale);
+        Ed[i] = keep;
+        num[i] = (lp - lm) / (2 * h);
+    }
+    assert_int_equal(count_bad("dE", dE, num, ne, 1), 0);
+    /* A wrong dE would fail: nudge one element past the tolerance. */
+    if (ne > 1) {
+        float keep = dE[1];
+        dE[1] += 1e-3f + 0.05f * fabsf(dE[1]);
+        assert_true(count_bad("dE(wrong)", dE, num, ne, 0) > 0);
+        dE[1] = keep;
+    }
+
+    /* Every dense parameter group against central differences. */
+    for (size_t i = 0; i < np; i++) {
+        double keep = pd[i];
+        pd[i] = keep + h;
+        double lp = ref_loss(sh, pd, Ed, Xd, y, n, scale);
+        pd[i] = keep - h;
+        double lm = ref_loss(sh, pd, Ed, Xd, y, n, scale);
+        pd[i] = keep;
+        num[i] = (lp - lm) / (2 * h);
+    }
+    for (int gi = 0; gi < rt_model_ngroups(m); gi++) {
+        const rt_model_group_t *g = rt_model_group(m, gi);
+        size_t cnt = (size_t)g->rows * g->cols;
+        assert_int_equal(count_bad(g->name, grads + g->offset, num + g->offset, cnt, 1), 0);
+    }
+    /* ... and a wrong parameter gradient would fail. */
+    float *gw = rt_model_grads(m);
+    float keep = gw[0];
+    gw[0] += 1e-3f + 0.05f * fabsf(gw[0]);
+    assert_true(count_bad("grad(wrong)", gw, num, np, 0) > 0);
+    gw[0] = keep;
+
+    /* Gradients accumulate: a second forward+backward doubles them. */
+    float *g1 = malloc(np * sizeof(float));
+    assert_non_null(g1);
+    memcpy(g1, grads, np * sizeof(float));
+    assert_int_equal(rt_model_forward(m, n, E, X, y, NULL, NULL), 0);
+    assert_int_equal(rt_model_backward(m, (float)scale, dE), 0);
+    for (size_t i = 0; i < np; i++)
+        assert_true(fabsf(grads[i] - 2.0f * g1[i]) <= 1e-6f + 1e-5f * fabsf(g1[i]));
+
+    /* dE may alias E: the gradient replaces the embeddings. */
+    float *EE = malloc((ne + 1) * sizeof(float));
+    assert_non_null(EE);
+    memcpy(EE, E, ne * sizeof(float));
+    assert_int_equal(rt_model_forward(m, n, EE, X, y, NULL, NULL), 0);
+    assert_int_equal(rt_model_backward(m, (float)scale, EE), 0);
+    for (size_t i = 0; i < ne; i++)
+        assert_float_equal(EE[i], dE[i], 1e-7);
+
+    /* predict gives forward's probabilities and leaves nothing for backward. */
+    float pp[3];
+    assert_int_equal(rt_model_predict(m, n, E, X, pp), 0);
+    for (int i = 0; i < n; i++)
+        assert_float_equal(pp[i], probs[i], 1e-7);
+    assert_int_equal(rt_model_backward(m, 1.0f, dE), KILN_ESTATE);
+
+    free(g1);
+    free(EE);
+    free(E);
+    free(X);
+    free(dE);
+    free(pd);
+    free(Ed);
+    free(Xd);
+    free(num);
+    rt_model_destroy(m);
+}
+
+static void test_grad_lr(void **state)
+{
+    (void)state;
+    shape_t sh = {.type = RT_MODEL_LR, .S = 4, .F = 3, .d = 1};
+    grad_check(&sh);
+}
+
+static void test_grad_fm(void **state)
+{
+    (void)state;
+    shape_t sh = {.type = RT_MODEL_FM, .S = 4, .F = 3, .d = 4};
+    grad_check(&sh);
+    sh.fm_dense = 1;
+    grad_check(&sh);
+    sh.d = 3;
+    sh.F = 2;
+    grad_check(&sh);
+}
+
+static void test_grad_dlrm(void **state)
+{
+    (void)state;
+    shape_t sh = {.type = RT_MODEL_DLRM,
+                  .S = 4,
+                  .F = 3,
+                  .d = 3,
+                  .bottom = {5, 3},
+                  .nb = 2,
+                  .top = {6, 4, 1},
+                  .nt = 3};
+    grad_check(&sh);
+    shape_t small = {
+        .type = RT_MODEL_DLRM, .S = 3, .F = 2, .d = 2, .bottom = {2}, .nb = 1, .top = {1}, .nt = 1};
+    grad_check(&small);
+}
+
+/* ---- the layout and the loss ---------------------------------------------------------- */
+static void test_layout(void **state)
+{
+    (void)state;
+    shape_t sh = {.type = RT_MODEL_DLRM,
+                  .S = 4,
+                  .F = 3,
+                  .d = 3,
+                  .bottom = {5, 3},
+                  .nb = 2,
+                  .top = {6, 1},
+                  .nt = 2};
+    rt_model_t *m = make_model(&sh, 8, 1, sgd(0.1f));
+    static const struct {
+        const char *name;
+        int rows, cols;
+    } want[] = {{"bottom.0.weight", 5, 3}, {"bottom.0.bias", 5, 1},
+                {"bottom.1.weight", 3, 5}, {"bottom.1.bias", 3, 1},
+                {"top.0.weight", 6, 13},   {"top.0.bias", 6, 1}, /* 13 = d + S(S+1)/2 */
+                {"top.1.weight", 1, 6},    {"top.1.bias", 1, 1}};
+    assert_int_equal(rt_model_ngroups(m), 8);
+    size_t off = 0;
+    for (int i = 0; i < 8; i++) {
+        const rt_model_group_t *g = rt_model_group(m, i);
+        assert_string_equal(g->name, want[i].name);
+        assert_int_equal(g->rows, want[i].rows);
+        assert_int_equal(g->cols, want[i].cols);
+        assert_int_equal(g->offset, off);
+        off += (size_t)g->rows * g->cols;
+    }
+    assert_int_equal(rt_model_nparams(m), off);
+    assert_null(rt_model_group(m, 8));
+    rt_model_destroy(m);
+
+    shape_t fm = {.type = RT_MODEL_FM, .S = 2, .F = 4, .d = 3, .fm_dense = 1};
+    m = make_model(&fm, 8, 1, sgd(0.1f));
+    assert_int_equal(rt_model_nparams(m), 4 + 1 + 2 * 4);
+    assert_string_equal(rt_model_group(m, 2)->name, "vx");
+    rt_model_destroy(m);
+
+    assert_int_equal(rt_model_table_dim(RT_MODEL_LR, 16), 1);
+    assert_int_equal(rt_model_table_dim(RT_MODEL_FM, 16), 17);
+    assert_int_equal(rt_model_table_dim(RT_MODEL_DLRM, 16), 16);
+    assert_int_equal(rt_model_table_dim(RT_MODEL_DLRM, 0), KILN_EINVAL);
+}
+
+static void test_loss_known(void **state)
+{
+    (void)state;
+    /* lr, S = 2, F = 1: w = 0.5, b = -0.25, e = (0.1, 0.2), x = 2:
+     * z = 0.1 + 0.2 + 1.0 - 0.25 = 1.05; loss(y=1) = log(1 + e^-1.05)
+     * = 0.3000584796, loss(y=0) = z + that = 1.3500584796. */
+    shape_t sh = {.type = RT_MODEL_LR, .S = 2, .F = 1, .d = 1};
+    rt_model_t *m = make_model(&sh, 2, 1, sgd(0.1f));
+    float *p = rt_model_params(m);
+    p[0] = 0.5f;
+    p[1] = -0.25f;
+    const float E[4] = {0.1f, 0.2f, 0.1f, 0.2f}, X[2] = {2.0f, 2.0f}, y[2] = {1.0f, 0.0f};
+    float probs[2];
+    double loss = 0.0;
+    assert_int_equal(rt_model_forward(m, 1, E, X, y, probs, &loss), 0);
+    assert_float_equal(loss, 0.3000584796, 1e-6);
+    assert_int_equal(rt_model_forward(m, 2, E, X, y, probs, &loss), 0);
+    assert_float_equal(loss, 0.3000584796 + 1.3500584796, 2e-6);
+    assert_float_equal(probs[0], 1.0 / (1.0 + exp(-1.05)), 1e-6);
+    rt_model_destroy(m);
+
+    /* fm, S = 2, k = 2: e0 = (0.1 | 1, 2), e1 = (0.2 | 3, -1), w = b = 0:
+     * z = 0.3 + <(1,2),(3,-1)> = 1.3; loss(y=1) = log(1 + e^-1.3) = 0.2410084538. */
+    shape_t fm = {.type = RT_MODEL_FM, .S = 2, .F = 1, .d = 3};
+    m = make_model(&fm, 1, 1, sgd(0.1f));
+    const float Ef[6] = {0.1f, 1.0f, 2.0f, 0.2f, 3.0f, -1.0f};
+    assert_int_equal(rt_model_forward(m, 1, Ef, X, y, probs, &loss), 0);
+    assert_float_equal(loss, 0.2410084538, 1e-6);
+    assert_float_equal(probs[0], 0.7858349831, 1e-6);
+    rt_model_destroy(m);
+}
+
+static void test_loss_stable(void **state)
+{
+    (void)state;
+    /* log1p(e^-50) = 1.9287498479639178e-22 */
+    assert_float_equal(rt_model_logloss(50.0, 1.0) / 1.9287498479639178e-22, 1.0, 1e-9);
+    assert_float_equal(rt_model_logloss(50.0, 0.0), 50.0, 1e-12);
+    assert_float_equal(rt_model_logloss(-50.0, 1.0), 50.0, 1e-12);
+    assert_float_equal(rt_model_logloss(-50.0, 0.0) / 1.9287498479639178e-22, 1.0, 1e-9);
+    assert_float_equal(rt_model_logloss(1000.0, 0.0), 1000.0, 1e-9);
+    assert_true(isfinite(rt_model_logloss(-1e4, 1.0)));
+    assert_true(rt_model_sigmoid(-50.0f) > 0.0f && rt_model_sigmoid(-50.0f) < 1e-21f);
+    assert_float_equal(rt_model_sigmoid(50.0f), 1.0f, 0.0);
+    assert_float_equal(rt_model_sigmoid(-1000.0f), 0.0f, 0.0);
+    assert_float_equal(rt_model_sigmoid(0.0f), 0.5f, 0.0);
+
+    /* Through a model: b = 50 with y = 0, and b = -50 with y = 1; the
+     * gradient stays finite and is ~(p - y). */
+    shape_t sh = {.type = RT_MODEL_LR, .S = 1, .F = 0, .d = 1};
+    rt_model_t *m = make_model(&sh, 1, 1, sgd(0.1f));
+    const float E[1] = {0.0f};
+    float dE[1];
+    for (int sign = -1; sign <= 1; sign += 2) {
+        rt_model_params(m)[0] = 50.0f * (float)sign;
+        const float y[1] = {sign > 0 ? 0.0f : 1.0f};
+        double loss = 0.0;
+        assert_int_equal(rt_model_forward(m, 1, E, NULL, y, NULL, &loss), 0);
+        assert_float_equal(loss, 50.0, 1e-5);
+        assert_int_equal(rt_model_backward(m, 1.0f, dE), 0);
+        assert_float_equal(dE[0], (float)sign, 1e-6);
+    }
+    rt_model_destroy(m);
+}
+
+/* ---- the dense optimizers ------------------------------------------------------------- */
+static void opt_check(rt_dense_opt_t opt)
+{
+    shape_t sh = {.type = RT_MODEL_LR, .S = 1, .F = 3, .d = 1}; /* 4 params */
+    rt_model_t *m = make_model(&sh, 1, 1, opt);
+    assert_int_equal(rt_model_nparams(m), 4);
+    float *p = rt_model_params(m), *g = rt_model_grads(m);
+    double w[4] = {0.5, -1.0, 2.0, 0.0}, a[4], mo[4] = {0}, v[4] = {0};
+    for (int i = 0; i < 4; i++) {
+        p[i] = (float)w[i];
+        a[i] = opt.initial_accumulator;
+    }
+    for (int t = 1; t <= 3; t++) {
+        for (int i = 0; i < 4; i++)
+            g[i] = (float)(0.3 * (i + 1) * (t % 2 ? 1 : -1) + 0.05 * t);
+        assert_int_equal(rt_model_step(m), 0);
+        for (int i = 0; i < 4; i++) {
+            double gi = (double)g[i] + opt.weight_decay * w[i];
+            switch (opt.type) {
+            case RT_DENSE_SGD:
+                w[i] -= opt.lr * gi;
+                break;
+            case RT_DENSE_ADAGRAD:
+                a[i] += gi * gi;
+                w[i] -= opt.lr * gi / (sqrt(a[i]) + opt.eps);
+                break;
+            case RT_DENSE_ADAM:
+                mo[i] = opt.beta1 * mo[i] + (1 - opt.beta1) * gi;
+                v[i] = opt.beta2 * v[i] + (1 - opt.beta2) * gi * gi;
+                w[i] -= opt.lr * (mo[i] / (1 - pow(opt.beta1, t))) /
+                        (sqrt(v[i] / (1 - pow(opt.beta2, t))) + opt.eps);
+                break;
+            }
+            assert_float_equal(p[i], w[i], 1e-5 * (1 + fabs(w[i])));
+        }
+    }
+    rt_model_array_t arr[RT_MODEL_MAX_STATE];
+    int na = 0;
+    int64_t step = -1;
+    rt_model_state(m, arr, &na, &step);
+    assert_int_equal(step, 3);
+    assert_int_equal(na, opt.type == RT_DENSE_SGD ? 1 : opt.type == RT_DENSE_ADAGRAD ? 2 : 3);
+    if (opt.type == RT_DENSE_ADAGRAD)
+        assert_float_equal(arr[1].data[2], a[2], 1e-5 * a[2]);
+    if (opt.type == RT_DENSE_ADAM)
+        assert_float_equal(arr[2].data[3], v[3], 1e-5 * v[3]);
+    rt_model_destroy(m);
+}
+
+static void test_optimizers(void **state)
+{
+    (void)state;
+    opt_check((rt_dense_opt_t){RT_DENSE_SGD, 0.1f, 0, 0, 0, 0, 0});
+    opt_check((rt_dense_opt_t){RT_DENSE_SGD, 0.1f, 0, 0, 0, 0.01f, 0});
+    opt_check((rt_dense_opt_t){RT_DENSE_ADAGRAD, 0.05f, 1e-8f, 0, 0, 0, 0.1f});
+    opt_check((rt_dense_opt_t){RT_DENSE_ADAGRAD, 0.05f, 1e-6f, 0, 0, 0.02f, 0.0f});
+    opt_check((rt_dense_opt_t){RT_DENSE_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0, 0});
+    opt_check((rt_dense_opt_t){RT_DENSE_ADAM, 0.01f, 1e-8f, 0.8f, 0.99f, 0.05f, 0});
+}
+
+/* ---- init, state, errors --------------------------------------------------------------- */
+static void test_init_deterministic(void **state)
+{
+    (void)state;
+    shape_t sh = {.type = RT_MODEL_DLRM,
+                  .S = 5,
+                  .F = 4,
+                  .d = 4,
+                  .bottom = {8, 4},
+                  .nb = 2,
+                  .top = {8, 1},
+                  .nt = 2};
+    rt_model_t *a = make_model(&sh, 16, 42, sgd(0.1f));
+    rt_model_t *b = make_model(&sh, 64, 42, sgd(0.1f)); /* batch size is not an input */
+    rt_model_t *c = make_model(&sh, 16, 43, sgd(0.1f));
+    size_t np = rt_model_nparams(a);
+    assert_memory_equal(rt_model_params(a), rt_model_params(b), np * sizeof(float));
+    assert_memory_not_equal(rt_model_params(a), rt_model_params(c), np * sizeof(float));
+    for (int gi = 0; gi < rt_model_ngroups(a); gi++) {
+        const rt_model_group_t *g = rt_model_group(a, gi);
+        const float *p = rt_model_params(a) + g->offset;
+        size_t cnt = (size_t)g->rows * g->cols;
+        int nonzero = 0;
+        if (g->cols == 1) { /* a bias: zero */
+            for (size_t i = 0; i < cnt; i++)
+                assert_true(p[i] == 0.0f);
+            continue;
+        }
+        double lim = sqrt(6.0 / (g->rows + g->cols)); /* Xavier uniform */
+        for (size_t i = 0; i < cnt; i++) {
+            assert_true(fabs(p[i]) <= lim);
+            nonzero += p[i] != 0.0f;
+        }
+        assert_true(nonzero > (int)cnt / 2);
+    }
+    rt_model_destroy(a);
+    rt_model_destroy(b);
+    rt_model_destroy(c);
+}
+
+static void test_state_roundtrip(void **state)
+{
+    (void)state;
+    shape_t sh = {.type = RT_MODEL_DLRM,
+                  .S = 3,
+                  .F = 2,
+                  .d = 2,
+                  .bottom = {4, 2},
+                  .nb = 2,
+                  .top = {3, 1},
+                  .nt = 2};
+    rt_dense_opt_t adam = {RT_DENSE_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0.0f, 0.0f};
+    rt_model_t *a = make_model(&sh, 4, 1, adam);
+    rt_model_t *b = make_model(&sh, 4, 2, adam);
+    size_t np = rt_model_nparams(a);
+    for (int t = 0; t < 2; t++) {
+        for (size_t i = 0; i < np; i++)
+            rt_model_grads(a)[i] = 0.01f * (float)((i % 7) + 1);
+        rt_model_step(a);
+    }
+    rt_model_array_t arr[RT_MODEL_MAX_STATE];
+    int na;
+    int64_t step;
+    rt_model_state(a, arr, &na, &step);
+    assert_int_equal(na, 3);
+    assert_int_equal(step, 2);
+    assert_string_equal(arr[0].name, "dense.params");
+    assert_int_equal(rt_model_load(b, arr, na, step), 0);
+    /* The same next step gives bit-identical weights. */
+    for (size_t i = 0; i < np; i++)
+        rt_model_grads(a)[i] = rt_model_grads(b)[i] = 0.02f;
+    rt_model_step(a);
+    rt_model_step(b);
+    assert_memory_equal(rt_model_params(a), rt_model_params(b), np * sizeof(float));
+
+    /* Without optimizer state: params load, adam starts fresh. */
+    rt_model_state(a, arr, &na, &step);
+    assert_int_equal(rt_model_load(b, arr, 1, step), 0);
+    rt_model_array_t barr[RT_MODEL_MAX_STATE];
+    int nb;
+    int64_t bstep;
+    rt_model_state(b, barr, &nb, &bstep);
+    assert_int_equal(bstep, 0);
+    assert_true(barr[1].data[0] == 0.0f && barr[2].data[np - 1] == 0.0f);
+
+    /* A model of another shape refuses the state; nothing changes. */
+    shape_t other = sh;
+    other.top[0] = 5;
+    rt_model_t *c = make_model(&other, 4, 1, adam);
+    float before = rt_model_params(c)[0];
+    assert_int_equal(rt_model_load(c, arr, na, step), KILN_ECONFLICT);
+    assert_non_null(strstr(kiln_errmsg(), "dense.params"));
+    assert_true(rt_model_params(c)[0] == before);
+    assert_int_equal(rt_model_load(c, arr + 1, 2, step), KILN_ENOENT);
+    rt_model_destroy(a);
+    rt_model_destroy(b);
+    rt_model_destroy(c);
+}
+
+static void test_config_errors(void **state)
+{
+    (void)state;
+    rt_model_t *m = (rt_model_t *)&m; /* must become NULL */
+    shape_t sh = {.type = RT_MODEL_DLRM,
+                  .S = 3,
+                  .F = 2,
+                  .d = 4,
+                  .bottom = {8, 3},
+                  .nb = 2,
+                  .top = {4, 1},
+                  .nt = 2};
+    rt_model_config_t c = make_cfg(&sh, 8, 1, sgd(0.1f));
+    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    assert_null(m);
+    assert_non_null(strstr(kiln_errmsg(), "bottom_mlp"));
+    sh.bottom[1] = 4;
+    sh.top[1] = 2;
+    c = make_cfg(&sh, 8, 1, sgd(0.1f));
+    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    assert_non_null(strstr(kiln_errmsg(), "top_mlp"));
+    shape_t lr = {.type = RT_MODEL_LR, .S = 3, .F = 2, .d = 4};
+    c = make_cfg(&lr, 8, 1, sgd(0.1f));
+    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    lr.d = 1;
+    c = make_cfg(&lr, 0, 1, sgd(0.1f));
+    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    c = make_cfg(&lr, 8, 1, (rt_dense_opt_t){RT_DENSE_ADAM, 0.1f, 1e-8f, 1.0f, 0.9f, 0, 0});
+    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    assert_non_null(strstr(kiln_errmsg(), "betas"));
+
+    /* Calls out of order or out of range. */
+    c = make_cfg(&lr, 2, 1, sgd(0.1f));
+    assert_int_equal(rt_model_create(&c, &m), 0);
+    float E[9] = {0}, X[6] = {0}, y[3] = {0}, dE[9];
+    assert_int_equal(rt_model_backward(m, 1.0f, dE), KILN_ESTATE);
+    assert_int_equal(rt_model_forward(m, 3, E, X, y, NULL, NULL), KILN_EINVAL);
+    assert_int_equal(rt_model_forward(m, 2, E, NULL, y, NULL, NULL), KILN_EINVAL);
+    double loss = -1;
+    assert_int_equal(rt_model_forward(m, 2, E, X, NULL, NULL, &loss), KILN_EINVAL);
+    assert_int_equal(rt_model_forward(m, 2, E, X, NULL, NULL, NULL), 0);
+    assert_int_equal(rt_model_backward(m, 1.0f, dE), KILN_ESTATE); /* no labels */
+    assert_int_equal(rt_model_forward(m, 2, E, X, y, NULL, &loss), 0);
+    assert_int_equal(rt_model_backward(m, 1.0f, dE), 0);
+    assert_int_equal(rt_model_backward(m, 1.0f, dE), KILN_ESTATE); /* once per forward */
+    assert_int_equal(rt_model_forward(m, 0, NULL, NULL, NULL, NULL, &loss), 0);
+    assert_float_equal(loss, 0.0, 0.0);
+    assert_int_equal(rt_model_backward(m, 1.0f, NULL), 0);
+    rt_model_destroy(m);
+    rt_model_destroy(NULL);
+}
+
+/* ---- learning a synthetic separable problem --------------------------------------------
+ * S slots of V keys; each key has a hidden score in [-1, 1]; y = 1 when the
+ * row's scores plus 0.8 (x0 - x1) are positive. The test keeps the embedding
+ * tables (one key per slot per row) and updates them with adagrad from dE,
+ * as the sparse side would. Returns the mean loss of the first step and of
+ * the last 20 steps. */
+#define TS 4
+#define TV 10
+#define TF 3
+#define TN 64
+
+static void train_synthetic(const shape_t *sh, int steps, double *first, double *last)
+{
+    const int d = sh->d;
+    uint64_t rs = 777;
+    float score[TS][TV];
+    for (int s = 0; s < TS; s++)
+        for (int v = 0; v < TV; v++)
+            score[s][v] = rng_uniform(&rs, -1.0f, 1.0f);
+    rt_dense_opt_t ada = {RT_DENSE_ADAGRAD, 0.1f, 1e-8f, 0, 0, 0, 0};
+    rt_model_t *m = make_model(sh, TN, 5, ada);
+    float *tab = malloc(sizeof(float) * TS * TV * d), *acc = calloc(TS * TV * d, sizeof(float));
+    float *tg = malloc(sizeof(float) * TS * TV * d);
+    float *E = malloc(sizeof(float) * TN * TS * d), *dE = malloc(sizeof(float) * TN * TS * d);
+    float X[TN * TF], y[TN];
+    int keys[TN][TS];
+    assert_true(tab && acc && tg && E && dE);
+    for (int i = 0; i < TS * TV * d; i++)
+        tab[i] = rng_uniform(&rs, -0.1f, 0.1f);
+    *first = *last = 0.0;
+    for (int t = 0; t < steps; t++) {
+        for (int i = 0; i < TN; i++) {
+            float sc = 0.0f;
+            for (int s = 0; s < TS; s++) {
+                keys[i][s] = (int)(rng_next(&rs) % TV);
+                sc += score[s][keys[i][s]];
+                memcpy(E + ((size_t)i * TS + s) * d, tab + ((size_t)s * TV + keys[i][s]) * d,
+                       sizeof(float) * d);
+            }
+            for (int f = 0; f < TF; f++)
+                X[i * TF + f] = rng_uniform(&rs, 0.0f, 2.0f);
+            y[i] = sc + 0.8f * (X[i * TF] - X[i * TF + 1]) > 0.0f ? 1.0f : 0.0f;
+        }
+        double loss = 0.0;
+        assert_int_equal(rt_model_forward(m, TN, E, X, y, NULL, &loss), 0);
+        if (t == 0)
+            *first = loss / TN;
+        if (t >= steps - 20)
+            *last += loss / TN / 20;
+        rt_model_zero_grad(m);
+        assert_int_equal(rt_model_backward(m, 1.0f / TN, dE), 0);
+        assert_int_equal(rt_model_step(m), 0);
+        memset(tg, 0, sizeof(float) * TS * TV * d);
+        for (int i = 0; i < TN; i++)
+            for (int s = 0; s < TS; s++)
+                for (int j = 0; j < d; j++)
+                    tg[((size_t)s * TV + keys[i][s]) * d + j] += dE[((size_t)i * TS + s) * d + j];
+        for (int i = 0; i < TS * TV * d; i++) {
+            if (tg[i] == 0.0f)
+                continue;
+            acc[i] += tg[i] * tg[i];
+            tab[i] -= 0.1f * tg[i] / (sqrtf(acc[i]) + 1e-8f);
+        }
+    }
+    free(tab);
+    free(acc);
+    free(tg);
+    free(E);
+    free(dE);
+    rt_model_destroy(m);
+}
+
+static void test_trains(void **state)
+{
+    (void)state;
+    const shape_t shapes[] = {
+        {.type = RT_MODEL_LR, .S = TS, .F = TF, .d = 1},
+        {.type = RT_MODEL_FM, .S = TS, .F = TF, .d = 5, .fm_dense = 1},
+        {.type = RT_MODEL_DLRM,
+         .S = TS,
+         .F = TF,
+         .d = 4,
+         .bottom = {8, 4},
+         .nb = 2,
+         .top = {16, 1},
+         .nt = 2},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        double first, last;
+        train_synthetic(&shapes[i], 200, &first, &last);
+        printf("# %s: mean loss %.4f at the first step, %.4f over the last 20\n",
+               rt_model_type_name(shapes[i].type), first, last);
+        assert_true(first > 0.6);
+        assert_true(last < 0.5 * first);
+    }
+}
+
+/* ---- metrics ------------------------------------------------------------------------------ */
+static double auc_brute(const float *s, const float *l, size_t n)
+{
+    double num = 0.0, pairs = 0.0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++)
+            if (l[i] > 0.5f && l[j] <= 0.5f) {
+                pairs += 1.0;
+                num += s[i] > s[j] ? 1.0 : s[i] == s[j] ? 0.5 : 0.0;
+            }
+    return num / pairs;
+}
+
+static void test_auc(void **state)
+{
+    (void)state;
+    double auc = -1.0;
+    const float l4[4] = {0, 0, 1, 1};
+    const float perfect[4] = {0.1f, 0.2f, 0.8f, 0.9f}, reversed[4] = {0.9f, 0.8f, 0.2f, 0.1f};
+    assert_int_equal(rt_metrics_auc(perfect, l4, 4, &auc), 0);
+    assert_float_equal(auc, 1.0, 1e-12);
+    assert_int_equal(rt_metrics_auc(reversed, l4, 4, &auc), 0);
+    assert_float_equal(auc, 0.0, 1e-12);
+    /* scikit-learn's roc_auc_score docstring example: 0.75. */
+    const float sk[4] = {0.1f, 0.4f, 0.35f, 0.8f};
+    assert_int_equal(rt_metrics_auc(sk, l4, 4, &auc), 0);
+    assert_float_equal(auc, 0.75, 1e-12);
+    /* A positive tied with a negative counts one half: (0.5 + 1 + 1 + 1) / 4. */
+    const float ts[4] = {0.5f, 0.5f, 0.2f, 0.8f}, tl[4] = {1, 0, 0, 1};
+    assert_int_equal(rt_metrics_auc(ts, tl, 4, &auc), 0);
+    assert_float_equal(auc, 0.875, 1e-12);
+    const float same[4] = {0.3f, 0.3f, 0.3f, 0.3f};
+    assert_int_equal(rt_metrics_auc(same, l4, 4, &auc), 0);
+    assert_float_equal(auc, 0.5, 1e-12);
+    const float ones[3] = {1, 1, 1};
+    assert_int_equal(rt_metrics_auc(perfect, ones, 3, &auc), 0);
+    assert_true(isnan(auc));
+
+    /* Against all pairs, with many ties (scores on 12 levels). */
+    enum { N = 600 };
+    float s[N], l[N];
+    uint64_t rs = 5;
+    for (int i = 0; i < N; i++) {
+        l[i] = rng_next(&rs) % 3 == 0 ? 1.0f : 0.0f;
+        s[i] = (float)(rng_next(&rs) % 12) / 12.0f + 0.05f * l[i] * (float)(i % 2);
+    }
+    assert_int_equal(rt_metrics_auc(s, l, N, &auc), 0);
+    assert_float_equal(auc, auc_brute(s, l, N), 1e-12);
+
+    /* logloss: -(log 0.8 + log 0.6) / 2, and clamping keeps p = 0 finite. */
+    const float pr[2] = {0.8f, 0.4f}, lb[2] = {1, 0};
+    assert_float_equal(rt_metrics_logloss(pr, lb, 2), -(log(0.8) + log(0.6)) / 2, 1e-6);
+    const float zero[1] = {0.0f}, one[1] = {1.0f};
+    assert_float_equal(rt_metrics_logloss(zero, one, 1), -log(1e-7), 1e-6);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grad_lr),         cmocka_unit_test(test_grad_fm),
+        cmocka_unit_test(test_grad_dlrm),       cmocka_unit_test(test_layout),
+        cmocka_unit_test(test_loss_known),      cmocka_unit_test(test_loss_stable),
+        cmocka_unit_test(test_optimizers),      cmocka_unit_test(test_init_deterministic),
+        cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_trains),          cmocka_unit_test(test_auc),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
