@@ -1,0 +1,553 @@
+/*
+ * runtime/shard.c - the exchange that makes embedding tables model parallel:
+ * keys to their owners, rows back, gradients to the owners, with one
+ * all-to-all each for all tables of a step. See rt_shard.h for the contract.
+ *
+ * Buffers are laid out destination-major, table-minor: the segment of
+ * (rank d, table t) follows (d, t-1). Keys travel as int64, rows and
+ * gradients as float32 with each table's own width, so a segment of table t
+ * holds count x dim_t floats. All buffers grow and are reused across steps.
+ */
+#include "rt_shard.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln.h"
+
+/* ---- dedupe ----------------------------------------------------------------- */
+
+struct rt_dedupe {
+    int64_t *slot_keys; /* (cap) */
+    int32_t *slot_idx;  /* (cap) -1: empty */
+    int64_t cap;        /* power of two */
+    int64_t *uniq;
+    int64_t uniq_cap;
+};
+
+int rt_dedupe_create(rt_dedupe_t **out)
+{
+    rt_dedupe_t *d = kiln_calloc(1, sizeof *d);
+    if (d == NULL)
+        return KILN_ENOMEM;
+    *out = d;
+    return 0;
+}
+
+void rt_dedupe_destroy(rt_dedupe_t *d)
+{
+    if (d == NULL)
+        return;
+    free(d->slot_keys);
+    free(d->slot_idx);
+    free(d->uniq);
+    free(d);
+}
+
+static inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+int rt_dedupe_run(rt_dedupe_t *d, const int64_t *keys, int64_t n, int32_t *inverse,
+                  const int64_t **uniq, int64_t *nuniq)
+{
+    int64_t want = 16;
+    while (want < 2 * n)
+        want *= 2;
+    if (want > d->cap) {
+        free(d->slot_keys);
+        free(d->slot_idx);
+        d->slot_keys = kiln_malloc((size_t)want * sizeof *d->slot_keys);
+        d->slot_idx = kiln_malloc((size_t)want * sizeof *d->slot_idx);
+        d->cap = d->slot_keys && d->slot_idx ? want : 0;
+        if (d->cap == 0)
+            return KILN_ENOMEM;
+    }
+    if (n > d->uniq_cap) {
+        int64_t *u = kiln_reallocarray(d->uniq, (size_t)n, sizeof *u);
+        if (u == NULL)
+            return KILN_ENOMEM;
+        d->uniq = u;
+        d->uniq_cap = n;
+    }
+    /* Only the first `want` slots are used this time; clear just those. */
+    memset(d->slot_idx, 0xff, (size_t)want * sizeof *d->slot_idx);
+    uint64_t mask = (uint64_t)want - 1;
+    int64_t u = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = keys[i];
+        uint64_t h = mix64((uint64_t)k) & mask;
+        for (;;) {
+            int32_t idx = d->slot_idx[h];
+            if (idx < 0) {
+                d->slot_idx[h] = (int32_t)u;
+                d->slot_keys[h] = k;
+                d->uniq[u] = k;
+                inverse[i] = (int32_t)u++;
+                break;
+            }
+            if (d->slot_keys[h] == k) {
+                inverse[i] = idx;
+                break;
+            }
+            h = (h + 1) & mask;
+        }
+    }
+    *uniq = d->uniq;
+    *nuniq = u;
+    return 0;
+}
+
+/* ---- the exchange ------------------------------------------------------------ */
+
+/* A growable buffer of bytes. */
+typedef struct {
+    void *p;
+    size_t cap;
+} buf_t;
+
+static void *buf_need(buf_t *b, size_t bytes)
+{
+    if (bytes > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < bytes)
+            cap *= 2;
+        void *p = realloc(b->p, cap);
+        if (p == NULL) {
+            kiln_errf(KILN_ENOMEM, "out of memory growing an exchange buffer to %zu bytes", cap);
+            return NULL;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    return b->p;
+}
+
+struct rt_shard {
+    MPI_Comm comm;
+    int rank, nranks, ntables;
+    kern_table_t **tables; /* (ntables) this rank's shards */
+    int *dims;             /* (ntables) */
+
+    /* counts of keys, (nranks x ntables): scnt for what this rank asks of
+     * each owner, rcnt for what each requester asks of this rank */
+    int *scnt, *rcnt;
+    int *key_sc, *key_sd, *key_rc, *key_rd; /* (nranks) per-rank key counts and displacements */
+    int *flt_sc, *flt_sd, *flt_rc, *flt_rd; /* (nranks) the same in floats */
+
+    /* requester side, per table: where key i went (rank and index in segment) */
+    int32_t **loc_rank, **loc_pos;
+    int64_t *loc_cap;
+    int64_t *nkeys; /* (ntables) of the last lookup */
+    float **values; /* (ntables) (nkeys, dim) results */
+    int64_t *values_cap;
+
+    /* owner side: rows of the received keys, aligned with rkeys */
+    buf_t skeys, rkeys, rrows, sflt, rflt;
+
+    /* owner side, update: per-table unique rows and summed grads */
+    int32_t **mark;      /* (ntables) (capacity) row -> unique index, -1 */
+    kern_row_grads_t *ug;
+    buf_t *ug_rows, *ug_grads;
+    int64_t bytes_last;
+};
+
+int rt_shard_create(MPI_Comm comm, int ntables, kern_table_t *const *tables, rt_shard_t **out)
+{
+    int rc = 0;
+    rt_shard_t *s = kiln_calloc(1, sizeof *s);
+    if (s == NULL)
+        return KILN_ENOMEM;
+    s->comm = comm;
+    MPI_Comm_rank(comm, &s->rank);
+    MPI_Comm_size(comm, &s->nranks);
+    s->ntables = ntables;
+    size_t R = (size_t)s->nranks, T = (size_t)ntables;
+    s->tables = kiln_calloc(T, sizeof *s->tables);
+    s->dims = kiln_calloc(T, sizeof *s->dims);
+    s->scnt = kiln_calloc(R * T, sizeof(int));
+    s->rcnt = kiln_calloc(R * T, sizeof(int));
+    int **ints[] = {&s->key_sc, &s->key_sd, &s->key_rc, &s->key_rd,
+                    &s->flt_sc, &s->flt_sd, &s->flt_rc, &s->flt_rd};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        *ints[i] = kiln_calloc(R, sizeof(int));
+    s->loc_rank = kiln_calloc(T, sizeof *s->loc_rank);
+    s->loc_pos = kiln_calloc(T, sizeof *s->loc_pos);
+    s->loc_cap = kiln_calloc(T, sizeof *s->loc_cap);
+    s->nkeys = kiln_calloc(T, sizeof *s->nkeys);
+    s->values = kiln_calloc(T, sizeof *s->values);
+    s->values_cap = kiln_calloc(T, sizeof *s->values_cap);
+    s->mark = kiln_calloc(T, sizeof *s->mark);
+    s->ug = kiln_calloc(T, sizeof *s->ug);
+    s->ug_rows = kiln_calloc(T, sizeof *s->ug_rows);
+    s->ug_grads = kiln_calloc(T, sizeof *s->ug_grads);
+    if (!s->tables || !s->dims || !s->scnt || !s->rcnt || !s->flt_rd || !s->loc_rank ||
+        !s->loc_pos || !s->loc_cap || !s->nkeys || !s->values || !s->values_cap || !s->mark ||
+        !s->ug || !s->ug_rows || !s->ug_grads) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (int t = 0; t < ntables; t++) {
+        s->tables[t] = tables[t];
+        s->dims[t] = kern_table_dim(tables[t]);
+    }
+    *out = s;
+    return 0;
+out:
+    rt_shard_destroy(s);
+    return rc;
+}
+
+void rt_shard_destroy(rt_shard_t *s)
+{
+    if (s == NULL)
+        return;
+    for (int t = 0; s->values && t < s->ntables; t++) {
+        free(s->loc_rank[t]);
+        free(s->loc_pos[t]);
+        free(s->values[t]);
+        free(s->mark[t]);
+        free(s->ug_rows[t].p);
+        free(s->ug_grads[t].p);
+    }
+    free(s->tables);
+    free(s->dims);
+    free(s->scnt);
+    free(s->rcnt);
+    free(s->key_sc);
+    free(s->key_sd);
+    free(s->key_rc);
+    free(s->key_rd);
+    free(s->flt_sc);
+    free(s->flt_sd);
+    free(s->flt_rc);
+    free(s->flt_rd);
+    free(s->loc_rank);
+    free(s->loc_pos);
+    free(s->loc_cap);
+    free(s->nkeys);
+    free(s->values);
+    free(s->values_cap);
+    free(s->mark);
+    free(s->ug);
+    free(s->ug_rows);
+    free(s->ug_grads);
+    free(s->skeys.p);
+    free(s->rkeys.p);
+    free(s->rrows.p);
+    free(s->sflt.p);
+    free(s->rflt.p);
+    free(s);
+}
+
+static int mpi_fail(int err, const char *what)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(err, msg, &len);
+    return kiln_errf(KILN_EMPI, "%s failed: %s", what, msg);
+}
+
+#define MPI_CHECK(call, what)                                                 \
+    do {                                                                      \
+        int mpi_rc_ = (call);                                                 \
+        if (mpi_rc_ != MPI_SUCCESS)                                           \
+            return mpi_fail(mpi_rc_, what);                                   \
+    } while (0)
+
+/* Fills per-rank counts and displacements (in keys and in floats) from a
+ * (nranks x ntables) count matrix. Returns the totals. */
+static void layout(const rt_shard_t *s, const int *cnt, int *kc, int *kd, int *fc, int *fd,
+                   int64_t *keys_total, int64_t *floats_total)
+{
+    int64_t ko = 0, fo = 0;
+    for (int r = 0; r < s->nranks; r++) {
+        int64_t k = 0, f = 0;
+        for (int t = 0; t < s->ntables; t++) {
+            k += cnt[r * s->ntables + t];
+            f += (int64_t)cnt[r * s->ntables + t] * s->dims[t];
+        }
+        kc[r] = (int)k;
+        kd[r] = (int)ko;
+        fc[r] = (int)f;
+        fd[r] = (int)fo;
+        ko += k;
+        fo += f;
+    }
+    *keys_total = ko;
+    *floats_total = fo;
+}
+
+/* Start (in keys, then in floats) of segment (rank r, table t) given the
+ * rank's displacements. */
+static void segment_start(const rt_shard_t *s, const int *cnt, const int *kd, const int *fd,
+                          int r, int t, int64_t *k0, int64_t *f0)
+{
+    int64_t k = kd[r], f = fd[r];
+    for (int u = 0; u < t; u++) {
+        k += cnt[r * s->ntables + u];
+        f += (int64_t)cnt[r * s->ntables + u] * s->dims[u];
+    }
+    *k0 = k;
+    *f0 = f;
+}
+
+int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nkeys, int64_t step,
+                    bool insert, float *const **values)
+{
+    const int R = s->nranks, T = s->ntables;
+    memset(s->scnt, 0, sizeof(int) * (size_t)R * (size_t)T);
+
+    /* 1. Where each key goes. */
+    for (int t = 0; t < T; t++) {
+        int64_t n = nkeys[t];
+        if (n > s->loc_cap[t]) {
+            free(s->loc_rank[t]);
+            free(s->loc_pos[t]);
+            s->loc_rank[t] = kiln_malloc((size_t)n * sizeof(int32_t));
+            s->loc_pos[t] = kiln_malloc((size_t)n * sizeof(int32_t));
+            s->loc_cap[t] = s->loc_rank[t] && s->loc_pos[t] ? n : 0;
+            if (s->loc_cap[t] == 0)
+                return KILN_ENOMEM;
+        }
+        int32_t *lr = s->loc_rank[t], *lp = s->loc_pos[t];
+        for (int64_t i = 0; i < n; i++) {
+            int r = R == 1 ? 0 : rt_shard_owner(keys[t][i], R);
+            lr[i] = r;
+            lp[i] = s->scnt[r * T + t]++;
+        }
+        s->nkeys[t] = n;
+    }
+    MPI_CHECK(MPI_Alltoall(s->scnt, T, MPI_INT, s->rcnt, T, MPI_INT, s->comm),
+              "MPI_Alltoall of key counts");
+
+    int64_t sk_total, sf_total, rk_total, rf_total;
+    layout(s, s->scnt, s->key_sc, s->key_sd, s->flt_sc, s->flt_sd, &sk_total, &sf_total);
+    layout(s, s->rcnt, s->key_rc, s->key_rd, s->flt_rc, s->flt_rd, &rk_total, &rf_total);
+
+    /* 2. Pack keys destination-major and send them to their owners. */
+    int64_t *sk = buf_need(&s->skeys, (size_t)(sk_total ? sk_total : 1) * sizeof(int64_t));
+    int64_t *rk = buf_need(&s->rkeys, (size_t)(rk_total ? rk_total : 1) * sizeof(int64_t));
+    int32_t *rows = buf_need(&s->rrows, (size_t)(rk_total ? rk_total : 1) * sizeof(int32_t));
+    if (sk == NULL || rk == NULL || rows == NULL)
+        return KILN_ENOMEM;
+    for (int t = 0; t < T; t++) {
+        for (int r = 0; r < R; r++) {
+            int64_t k0, f0;
+            segment_start(s, s->scnt, s->key_sd, s->flt_sd, r, t, &k0, &f0);
+            (void)f0;
+            /* reuse loc_pos to place keys: segment start + position */
+            int32_t *lr = s->loc_rank[t], *lp = s->loc_pos[t];
+            for (int64_t i = 0; i < nkeys[t]; i++)
+                if (lr[i] == r)
+                    sk[k0 + lp[i]] = keys[t][i];
+        }
+    }
+    MPI_CHECK(MPI_Alltoallv(sk, s->key_sc, s->key_sd, MPI_INT64_T, rk, s->key_rc, s->key_rd,
+                            MPI_INT64_T, s->comm),
+              "MPI_Alltoallv of keys");
+
+    /* 3. Owners find (or insert) the keys, all tables, all requesters. */
+    int rc = 0;
+    for (int r = 0; r < R && rc == 0; r++) {
+        for (int t = 0; t < T && rc == 0; t++) {
+            int64_t k0, f0;
+            segment_start(s, s->rcnt, s->key_rd, s->flt_rd, r, t, &k0, &f0);
+            int64_t n = s->rcnt[r * T + t];
+            if (n == 0)
+                continue;
+            if (insert)
+                rc = kern_table_find_or_insert(s->tables[t], n, rk + k0, step, rows + k0);
+            else
+                kern_table_find(s->tables[t], n, rk + k0, rows + k0);
+        }
+    }
+    /* Every rank must learn whether any owner failed before going on. */
+    int worst = rc;
+    MPI_CHECK(MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, s->comm), "MPI_Allreduce of status");
+    if (worst < 0) {
+        if (rc == 0)
+            return kiln_errf(worst, "another rank failed its embedding lookup (%s)",
+                             kiln_strerror(worst));
+        return kiln_errf(rc, "rank %d: %s", s->rank, kiln_errmsg());
+    }
+
+    /* 4. Owners gather the rows and send them back. */
+    float *sf = buf_need(&s->sflt, (size_t)(rf_total ? rf_total : 1) * sizeof(float));
+    float *rf = buf_need(&s->rflt, (size_t)(sf_total ? sf_total : 1) * sizeof(float));
+    if (sf == NULL || rf == NULL)
+        return KILN_ENOMEM;
+    for (int t = 0; t < T; t++) {
+        kern_slab_t slab;
+        kern_table_slab(s->tables[t], &slab);
+        const int dim = s->dims[t];
+        for (int r = 0; r < R; r++) {
+            int64_t k0, f0;
+            segment_start(s, s->rcnt, s->key_rd, s->flt_rd, r, t, &k0, &f0);
+            int64_t n = s->rcnt[r * T + t];
+#pragma omp parallel for schedule(static) if (n > 4096)
+            for (int64_t i = 0; i < n; i++) {
+                int32_t row = rows[k0 + i];
+                float *dst = sf + f0 + i * dim;
+                if (row >= 0)
+                    memcpy(dst, slab.values + (int64_t)row * dim, sizeof(float) * (size_t)dim);
+                else
+                    memset(dst, 0, sizeof(float) * (size_t)dim);
+            }
+        }
+    }
+    MPI_CHECK(MPI_Alltoallv(sf, s->flt_rc, s->flt_rd, MPI_FLOAT, rf, s->flt_sc, s->flt_sd,
+                            MPI_FLOAT, s->comm),
+              "MPI_Alltoallv of rows");
+
+    /* 5. Unpack into per-table arrays in the caller's key order. */
+    for (int t = 0; t < T; t++) {
+        const int dim = s->dims[t];
+        int64_t n = nkeys[t];
+        if (n * dim > s->values_cap[t]) {
+            free(s->values[t]);
+            s->values[t] = kiln_malloc((size_t)(n * dim) * sizeof(float));
+            s->values_cap[t] = s->values[t] ? n * dim : 0;
+            if (s->values[t] == NULL)
+                return KILN_ENOMEM;
+        }
+        int64_t f0s[64];
+        int64_t *f0 = R <= 64 ? f0s : kiln_malloc(sizeof(int64_t) * (size_t)R);
+        if (f0 == NULL)
+            return KILN_ENOMEM;
+        for (int r = 0; r < R; r++) {
+            int64_t k0;
+            segment_start(s, s->scnt, s->key_sd, s->flt_sd, r, t, &k0, &f0[r]);
+        }
+        float *v = s->values[t];
+        const int32_t *lr = s->loc_rank[t], *lp = s->loc_pos[t];
+#pragma omp parallel for schedule(static) if (n > 4096)
+        for (int64_t i = 0; i < n; i++)
+            memcpy(v + i * dim, rf + f0[lr[i]] + (int64_t)lp[i] * dim, sizeof(float) * (size_t)dim);
+        if (f0 != f0s)
+            free(f0);
+    }
+    s->bytes_last = (sk_total + rk_total) * (int64_t)sizeof(int64_t) +
+                    (sf_total + rf_total) * (int64_t)sizeof(float);
+    *values = s->values;
+    return 0;
+}
+
+int rt_shard_update(rt_shard_t *s, const float *const *grads, const kern_opt_t *opt, int64_t step)
+{
+    const int R = s->nranks, T = s->ntables;
+    int64_t sf_total = 0, rf_total = 0;
+    for (int r = 0; r < R; r++) {
+        sf_total += s->flt_sc[r];
+        rf_total += s->flt_rc[r];
+    }
+    /* 1. Pack gradients exactly where the rows came from, and send them. */
+    float *sf = buf_need(&s->rflt, (size_t)(sf_total ? sf_total : 1) * sizeof(float));
+    float *rf = buf_need(&s->sflt, (size_t)(rf_total ? rf_total : 1) * sizeof(float));
+    if (sf == NULL || rf == NULL)
+        return KILN_ENOMEM;
+    for (int t = 0; t < T; t++) {
+        const int dim = s->dims[t];
+        int64_t f0s[64];
+        int64_t *f0 = R <= 64 ? f0s : kiln_malloc(sizeof(int64_t) * (size_t)R);
+        if (f0 == NULL)
+            return KILN_ENOMEM;
+        for (int r = 0; r < R; r++) {
+            int64_t k0;
+            segment_start(s, s->scnt, s->key_sd, s->flt_sd, r, t, &k0, &f0[r]);
+        }
+        const int32_t *lr = s->loc_rank[t], *lp = s->loc_pos[t];
+        int64_t n = s->nkeys[t];
+#pragma omp parallel for schedule(static) if (n > 4096)
+        for (int64_t i = 0; i < n; i++)
+            memcpy(sf + f0[lr[i]] + (int64_t)lp[i] * dim, grads[t] + i * dim,
+                   sizeof(float) * (size_t)dim);
+        if (f0 != f0s)
+            free(f0);
+    }
+    MPI_CHECK(MPI_Alltoallv(sf, s->flt_sc, s->flt_sd, MPI_FLOAT, rf, s->flt_rc, s->flt_rd,
+                            MPI_FLOAT, s->comm),
+              "MPI_Alltoallv of gradients");
+
+    /* 2. Owners sum the gradients of a row sent by several requesters, in
+     * requester order, into one entry per unique row. */
+    const int32_t *rows = s->rrows.p;
+    kern_slab_t *slabs = kiln_calloc((size_t)T, sizeof *slabs);
+    if (slabs == NULL)
+        return KILN_ENOMEM;
+    int rc = 0;
+    for (int t = 0; t < T; t++) {
+        kern_table_slab(s->tables[t], &slabs[t]);
+        const int dim = s->dims[t];
+        int64_t m = 0;
+        for (int r = 0; r < R; r++)
+            m += s->rcnt[r * T + t];
+        int32_t *urows = buf_need(&s->ug_rows[t], (size_t)(m ? m : 1) * sizeof(int32_t));
+        float *ugrad = buf_need(&s->ug_grads[t], (size_t)(m ? m : 1) * (size_t)dim * sizeof(float));
+        if (urows == NULL || ugrad == NULL) {
+            rc = KILN_ENOMEM;
+            goto out;
+        }
+        int64_t u = 0;
+        if (R == 1) {
+            /* One requester: its keys were unique already. */
+            int64_t k0, f0;
+            segment_start(s, s->rcnt, s->key_rd, s->flt_rd, 0, t, &k0, &f0);
+            memcpy(urows, rows + k0, sizeof(int32_t) * (size_t)m);
+            memcpy(ugrad, rf + f0, sizeof(float) * (size_t)(m * dim));
+            u = m;
+        } else {
+            if (s->mark[t] == NULL) {
+                int64_t cap = kern_table_capacity(s->tables[t]);
+                s->mark[t] = kiln_malloc((size_t)cap * sizeof(int32_t));
+                if (s->mark[t] == NULL) {
+                    rc = KILN_ENOMEM;
+                    goto out;
+                }
+                memset(s->mark[t], 0xff, (size_t)cap * sizeof(int32_t));
+            }
+            int32_t *mark = s->mark[t];
+            for (int r = 0; r < R; r++) {
+                int64_t k0, f0;
+                segment_start(s, s->rcnt, s->key_rd, s->flt_rd, r, t, &k0, &f0);
+                int64_t n = s->rcnt[r * T + t];
+                for (int64_t i = 0; i < n; i++) {
+                    int32_t row = rows[k0 + i];
+                    const float *g = rf + f0 + i * dim;
+                    int32_t at = mark[row];
+                    if (at < 0) {
+                        at = (int32_t)u++;
+                        mark[row] = at;
+                        urows[at] = row;
+                        memcpy(ugrad + (int64_t)at * dim, g, sizeof(float) * (size_t)dim);
+                    } else {
+                        float *acc = ugrad + (int64_t)at * dim;
+                        for (int j = 0; j < dim; j++)
+                            acc[j] += g[j];
+                    }
+                }
+            }
+            for (int64_t i = 0; i < u; i++)
+                mark[urows[i]] = -1;
+        }
+        s->ug[t].rows = urows;
+        s->ug[t].grads = ugrad;
+        s->ug[t].n = u;
+    }
+    /* 3. One fused optimizer update over every table. */
+    rc = kern_cpu_sparse_update(opt, T, slabs, s->ug, step);
+    if (rc == 0)
+        for (int t = 0; t < T; t++)
+            kern_table_mark_changed(s->tables[t], s->ug[t].n, s->ug[t].rows);
+out:
+    free(slabs);
+    return rc;
+}
+
+int64_t rt_shard_bytes_last_step(const rt_shard_t *s) { return s->bytes_last; }

@@ -1,0 +1,980 @@
+/*
+ * runtime/train.c - kiln-train: one MPI rank of Kiln's trainer.
+ *
+ *   mpirun -np N kiln-train --spec FILE --run-dir DIR [options]
+ *
+ * Embedding tables are model parallel (key k of table t lives on rank
+ * rt_shard_owner(k)), the dense model is data parallel (replicated, gradients
+ * allreduced). One step of one rank:
+ *
+ *   batch (n rows, S slots, CSR)      from the prefetching reader
+ *   keys per table -> dedupe          (a table may serve several slots)
+ *   rt_shard_lookup                   one all-to-all of keys, one of rows
+ *   kern_cpu_gather_combine           pooled E (n, S, d), all slots at once
+ *   rt_model_forward / _backward      loss, dE (n, S, d), dense grads
+ *   kern_cpu_backward_reduce          dE -> gradients of unique rows
+ *   rt_shard_update                   one all-to-all of gradients, fused update
+ *   MPI_Allreduce(dense grads)        then the dense optimizer step
+ *
+ * Global batch = batch_size x ranks, and the reader deals rows so that any
+ * rank count sees the same global batches (docs/data-formats.md). Exit codes
+ * are in docs/trainer.md.
+ */
+#include <cblas.h>
+#include <errno.h>
+#include <glob.h>
+#include <jansson.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <libgen.h>
+#include <math.h>
+#include <mpi.h>
+#include <omp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "jobs.h"
+#include "kern.h"
+#include "kiln.h"
+#include "rt_data.h"
+#include "rt_model.h"
+#include "rt_shard.h"
+
+/* Exit codes (docs/trainer.md): kilnd retries only TRAIN_EXIT_RETRY. */
+enum {
+    TRAIN_EXIT_OK = 0,
+    TRAIN_EXIT_FAIL = 1,  /* an internal error: a bug to report */
+    TRAIN_EXIT_INPUT = 2, /* bad spec, options or data: retrying will not help */
+    TRAIN_EXIT_RETRY = 3, /* I/O, MPI, memory: a retry may succeed */
+};
+
+static int exit_for(int rc)
+{
+    switch (rc) {
+    case 0:
+        return TRAIN_EXIT_OK;
+    case KILN_ESPEC:
+    case KILN_EINVAL:
+    case KILN_ENOENT:
+    case KILN_EFULL:
+    case KILN_ECORRUPT:
+    case KILN_ECHECKSUM:
+    case KILN_EVERSION:
+    case KILN_EUSAGE:
+        return TRAIN_EXIT_INPUT;
+    case KILN_EIO:
+    case KILN_EMPI:
+    case KILN_ENOMEM:
+    case KILN_ENOSPC:
+    case KILN_ETIMEDOUT:
+        return TRAIN_EXIT_RETRY;
+    default:
+        return TRAIN_EXIT_FAIL;
+    }
+}
+
+typedef struct options {
+    const char *spec_path;
+    const char *run_dir;
+    const char *data;   /* overrides data.train (a glob, relative to the cwd) */
+    const char *inputs; /* a file listing the training files, one per line */
+    const char *eval;   /* overrides data.eval */
+    int64_t max_steps;  /* overrides train.max_steps when > 0 */
+    int threads;        /* overrides resources.threads when > 0 */
+    bool quiet;
+} options_t;
+
+typedef struct trainer {
+    options_t opt;
+    int rank, nranks;
+    job_spec_t spec;
+    char *spec_dir;
+
+    int S, F, d, T;   /* slots, dense features, pooled width, tables */
+    int *slot_table;  /* (S) */
+    kern_table_t **tables;
+    rt_shard_t *shard;
+    rt_model_t *model;
+    rt_dedupe_t *dedupe;
+    kern_opt_t sparse_opt;
+    kern_combine_t *combine; /* (S) */
+
+    /* per-step scratch, sized for the largest batch seen */
+    int64_t **tkeys, *tkeys_cap, *tn; /* (T) keys of each table's slots, concatenated */
+    int32_t **tinv;                   /* (T) inverse index into the table's unique keys */
+    int64_t **tuniq, *tuniq_cap, *nuniq;
+    float **tgrad;                    /* (T) (nuniq, d) gradients of the unique keys */
+    int64_t *tgrad_cap;
+    int64_t *slot_koff;               /* (S) first key of slot s in its table's list */
+    int64_t *boff;                    /* (S, max_batch + 1) bag offsets rebased to 0 */
+    kern_bags_t *bags;                /* (S) */
+    kern_row_grads_t *rg;             /* (S) */
+    int64_t *rg_cap;
+    float *E, *probs;                 /* (max_batch, S, d), (max_batch) */
+    int max_batch;
+
+    FILE *progress;
+    bool error_told; /* this rank's failure was reported elsewhere (another rank, diags) */
+    int64_t samples, steps;
+    int64_t malformed;
+} trainer_t;
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+static void say(const trainer_t *tr, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(const trainer_t *tr, const char *fmt, ...)
+{
+    if (tr->rank != 0 || tr->opt.quiet)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
+/* Every rank learns the worst (most negative) code and returns it. A rank
+ * that did not fail itself leaves the telling to the rank that did. */
+static int agree_on(trainer_t *tr, int rc)
+{
+    int worst = rc;
+    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rc == 0 && worst < 0)
+        tr->error_told = true;
+    return worst;
+}
+#define agree(rc) agree_on(tr, (rc))
+
+static int mkdir_p(const char *path)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+                return kiln_errf(KILN_EIO, "cannot create directory %s: %s", tmp, strerror(errno));
+            *p = '/';
+        }
+    }
+    if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+        return kiln_errf(KILN_EIO, "cannot create directory %s: %s", tmp, strerror(errno));
+    return 0;
+}
+
+static int grow(void **p, int64_t *cap, int64_t want, size_t elem)
+{
+    if (want <= *cap)
+        return 0;
+    int64_t c = *cap ? *cap : 1024;
+    while (c < want)
+        c *= 2;
+    void *q = kiln_reallocarray(*p, (size_t)c, elem);
+    if (q == NULL)
+        return KILN_ENOMEM;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+/* A path from the spec is relative to the spec file's directory. */
+static char *spec_relative(const trainer_t *tr, const char *path)
+{
+    if (path[0] == '/')
+        return kiln_strdup(path);
+    return kiln_asprintf("%s/%s", tr->spec_dir, path);
+}
+
+/* Expands a glob into a sorted list of files. Returns 0 or KILN_ENOENT. */
+static int expand(const char *pattern, const char *what, char ***out, int *n)
+{
+    glob_t g;
+    int grc = glob(pattern, 0, NULL, &g);
+    if (grc != 0 || g.gl_pathc == 0) {
+        if (grc == 0)
+            globfree(&g);
+        return kiln_errf(KILN_ENOENT, "%s: no file matches %s; check the path (relative paths "
+                                      "are relative to the spec file) or generate data with "
+                                      "'kiln datagen'",
+                         what, pattern);
+    }
+    char **files = kiln_calloc(g.gl_pathc, sizeof *files);
+    if (files == NULL) {
+        globfree(&g);
+        return KILN_ENOMEM;
+    }
+    for (size_t i = 0; i < g.gl_pathc; i++)
+        files[i] = kiln_strdup(g.gl_pathv[i]);
+    *n = (int)g.gl_pathc;
+    *out = files;
+    globfree(&g);
+    return 0;
+}
+
+/* Reads a list of files, one per line (kilnd's --inputs). */
+static int read_list(const char *path, char ***out, int *n)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return kiln_errf(KILN_ENOENT, "cannot read input list %s: %s", path, strerror(errno));
+    char line[4096];
+    char **files = NULL;
+    int cnt = 0, cap = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        if (line[0] == '\0' || line[0] == '#')
+            continue;
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nf = kiln_reallocarray(files, (size_t)cap, sizeof *nf);
+            if (nf == NULL) {
+                rc = KILN_ENOMEM;
+                break;
+            }
+            files = nf;
+        }
+        files[cnt++] = kiln_strdup(line);
+    }
+    fclose(f);
+    if (rc == 0 && cnt == 0)
+        rc = kiln_errf(KILN_ENOENT, "input list %s names no files", path);
+    if (rc < 0) {
+        for (int i = 0; i < cnt; i++)
+            free(files[i]);
+        free(files);
+        return rc;
+    }
+    *out = files;
+    *n = cnt;
+    return 0;
+}
+
+static void free_list(char **files, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(files[i]);
+    free(files);
+}
+
+/* ---- set-up ----------------------------------------------------------------------- */
+
+static kern_init_t kern_init_of(job_init_t i)
+{
+    return i == JOB_INIT_NORMAL ? KERN_INIT_NORMAL
+                                : i == JOB_INIT_ZEROS ? KERN_INIT_ZEROS : KERN_INIT_UNIFORM;
+}
+
+static kern_evict_t kern_evict_of(job_eviction_t e)
+{
+    return e == JOB_EVICT_LFU ? KERN_EVICT_LFU : e == JOB_EVICT_NONE ? KERN_EVICT_NONE
+                                                                    : KERN_EVICT_LRU;
+}
+
+static kern_opt_kind_t kern_opt_of(job_optimizer_type_t t)
+{
+    return t == JOB_OPT_SGD ? KERN_OPT_SGD : t == JOB_OPT_ADAM ? KERN_OPT_ADAM : KERN_OPT_ADAGRAD;
+}
+
+static rt_dense_opt_type_t dense_opt_of(job_optimizer_type_t t)
+{
+    return t == JOB_OPT_SGD ? RT_DENSE_SGD : t == JOB_OPT_ADAM ? RT_DENSE_ADAM : RT_DENSE_ADAGRAD;
+}
+
+static rt_model_type_t model_type_of(job_model_type_t t)
+{
+    return t == JOB_MODEL_FM ? RT_MODEL_FM : t == JOB_MODEL_DLRM ? RT_MODEL_DLRM : RT_MODEL_LR;
+}
+
+static int setup_tables(trainer_t *tr)
+{
+    const job_spec_t *sp = &tr->spec;
+    tr->S = sp->data.cat_slots;
+    tr->F = sp->data.dense_features;
+    tr->T = sp->model.ntables;
+    rt_model_type_t mt = model_type_of(sp->model.type);
+    tr->d = rt_model_table_dim(mt, sp->model.embedding.dim);
+    if (tr->d < 1)
+        return kiln_errf(KILN_EINVAL, "model.embedding.dim %d does not suit model %s",
+                         sp->model.embedding.dim, job_model_type_name(sp->model.type));
+    tr->slot_table = kiln_calloc((size_t)tr->S, sizeof(int));
+    tr->combine = kiln_calloc((size_t)tr->S, sizeof *tr->combine);
+    tr->tables = kiln_calloc((size_t)tr->T, sizeof *tr->tables);
+    if (!tr->slot_table || !tr->combine || !tr->tables)
+        return KILN_ENOMEM;
+    for (int s = 0; s < tr->S; s++)
+        tr->slot_table[s] = -1;
+    const job_optimizer_t *so = &sp->train.sparse;
+    for (int t = 0; t < tr->T; t++) {
+        const job_table_t *jt = &sp->model.tables[t];
+        int d = rt_model_table_dim(mt, jt->emb.dim);
+        if (d != tr->d)
+            return kiln_errf(KILN_EINVAL, "table %s has dim %d but the model needs %d for every "
+                                          "table",
+                             jt->name, jt->emb.dim, tr->d);
+        /* Capacity is for the whole job; each rank holds its share plus
+         * slack for the hash's imbalance between ranks. */
+        int64_t per_rank = (jt->emb.capacity + tr->nranks - 1) / tr->nranks;
+        if (tr->nranks > 1)
+            per_rank += per_rank / 20 + 64;
+        kern_table_config_t cfg = {
+            .name = jt->name,
+            .dim = d,
+            .capacity = per_rank,
+            .opt = kern_opt_of(so->type),
+            .init = kern_init_of(jt->emb.init),
+            .init_scale = (float)jt->emb.init_scale,
+            .seed = sp->train.seed ^ kiln_xxh64(jt->name, strlen(jt->name), 0x6b696c6e),
+            .evict = kern_evict_of(jt->emb.eviction),
+            .evict_fraction = 0.0f,
+        };
+        KILN_CHECK(kern_table_create(&cfg, &tr->tables[t]));
+        for (int i = 0; i < jt->nslots; i++) {
+            int s = jt->slots[i];
+            if (s >= 0 && s < tr->S) {
+                tr->slot_table[s] = t;
+                tr->combine[s] = jt->emb.combiner == JOB_COMB_MEAN ? KERN_COMBINE_MEAN
+                                                                   : KERN_COMBINE_SUM;
+            }
+        }
+    }
+    for (int s = 0; s < tr->S; s++)
+        if (tr->slot_table[s] < 0)
+            return kiln_errf(KILN_EINVAL, "slot %d has no embedding table", s);
+    tr->sparse_opt = (kern_opt_t){.kind = kern_opt_of(so->type),
+                                  .lr = (float)so->lr,
+                                  .eps = (float)so->eps,
+                                  .beta1 = (float)so->beta1,
+                                  .beta2 = (float)so->beta2};
+    KILN_CHECK(rt_shard_create(MPI_COMM_WORLD, tr->T, tr->tables, &tr->shard));
+    KILN_CHECK(rt_dedupe_create(&tr->dedupe));
+    return 0;
+}
+
+static int setup_model(trainer_t *tr)
+{
+    const job_spec_t *sp = &tr->spec;
+    const job_optimizer_t *o = &sp->train.dense;
+    rt_model_config_t cfg = {
+        .type = model_type_of(sp->model.type),
+        .nslots = tr->S,
+        .ndense = tr->F,
+        .dim = tr->d,
+        .bottom = sp->model.bottom_mlp,
+        .nbottom = sp->model.nbottom,
+        .top = sp->model.top_mlp,
+        .ntop = sp->model.ntop,
+        .fm_dense_factors = 1,
+        .max_batch = sp->train.batch_size,
+        .seed = sp->train.seed,
+        .opt = {.type = dense_opt_of(o->type),
+                .lr = (float)o->lr,
+                .eps = (float)o->eps,
+                .beta1 = (float)o->beta1,
+                .beta2 = (float)o->beta2,
+                .weight_decay = (float)o->weight_decay,
+                .initial_accumulator = (float)o->initial_accumulator},
+    };
+    KILN_CHECK(rt_model_create(&cfg, &tr->model));
+    tr->max_batch = sp->train.batch_size;
+    size_t S = (size_t)tr->S, T = (size_t)tr->T, B = (size_t)tr->max_batch;
+    tr->tkeys = kiln_calloc(T, sizeof *tr->tkeys);
+    tr->tkeys_cap = kiln_calloc(T, sizeof(int64_t));
+    tr->tn = kiln_calloc(T, sizeof(int64_t));
+    tr->tinv = kiln_calloc(T, sizeof *tr->tinv);
+    tr->tuniq = kiln_calloc(T, sizeof *tr->tuniq);
+    tr->tuniq_cap = kiln_calloc(T, sizeof(int64_t));
+    tr->nuniq = kiln_calloc(T, sizeof(int64_t));
+    tr->tgrad = kiln_calloc(T, sizeof *tr->tgrad);
+    tr->tgrad_cap = kiln_calloc(T, sizeof(int64_t));
+    tr->slot_koff = kiln_calloc(S, sizeof(int64_t));
+    tr->boff = kiln_calloc(S * (B + 1), sizeof(int64_t));
+    tr->bags = kiln_calloc(S, sizeof *tr->bags);
+    tr->rg = kiln_calloc(S, sizeof *tr->rg);
+    tr->rg_cap = kiln_calloc(S, sizeof(int64_t));
+    tr->E = kiln_calloc(B * S * (size_t)tr->d, sizeof(float));
+    tr->probs = kiln_calloc(B, sizeof(float));
+    if (!tr->tkeys || !tr->tkeys_cap || !tr->tn || !tr->tinv || !tr->tuniq || !tr->tuniq_cap ||
+        !tr->nuniq || !tr->tgrad || !tr->tgrad_cap || !tr->slot_koff || !tr->boff || !tr->bags ||
+        !tr->rg || !tr->rg_cap || !tr->E || !tr->probs)
+        return KILN_ENOMEM;
+    return 0;
+}
+
+/* ---- one step ------------------------------------------------------------------------ */
+
+/* Collects each table's keys from its slots, dedupes them, and looks the
+ * unique keys up on their owners. Fills the per-slot bag descriptors. */
+static int lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert)
+{
+    const int n = b->n, S = tr->S, T = tr->T;
+    for (int t = 0; t < T; t++)
+        tr->tn[t] = 0;
+    for (int s = 0; s < S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
+        int t = tr->slot_table[s];
+        tr->tn[t] += off[n] - off[0];
+    }
+    for (int t = 0; t < T; t++) {
+        int64_t cap = tr->tkeys_cap[t];
+        KILN_CHECK(grow((void **)&tr->tkeys[t], &tr->tkeys_cap[t], tr->tn[t], sizeof(int64_t)));
+        if (tr->tkeys_cap[t] != cap) {
+            int32_t *inv = kiln_reallocarray(tr->tinv[t], (size_t)tr->tkeys_cap[t], sizeof *inv);
+            if (inv == NULL)
+                return KILN_ENOMEM;
+            tr->tinv[t] = inv;
+        }
+        tr->tn[t] = 0;
+    }
+    for (int s = 0; s < S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
+        int t = tr->slot_table[s];
+        int64_t cnt = off[n] - off[0];
+        tr->slot_koff[s] = tr->tn[t];
+        memcpy(tr->tkeys[t] + tr->tn[t], b->keys + off[0], (size_t)cnt * sizeof(int64_t));
+        tr->tn[t] += cnt;
+        int64_t *bo = tr->boff + (int64_t)s * (tr->max_batch + 1);
+        for (int i = 0; i <= n; i++)
+            bo[i] = off[i] - off[0];
+    }
+    for (int t = 0; t < T; t++) {
+        const int64_t *u;
+        int64_t nu;
+        KILN_CHECK(rt_dedupe_run(tr->dedupe, tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu));
+        KILN_CHECK(grow((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t)));
+        memcpy(tr->tuniq[t], u, (size_t)nu * sizeof(int64_t));
+        tr->nuniq[t] = nu;
+    }
+    float *const *values;
+    KILN_CHECK(rt_shard_lookup(tr->shard, (const int64_t *const *)tr->tuniq, tr->nuniq, step,
+                               insert, &values));
+    for (int s = 0; s < S; s++) {
+        int t = tr->slot_table[s];
+        tr->bags[s] = (kern_bags_t){
+            .values = values[t],
+            .capacity = tr->nuniq[t],
+            .dim = tr->d,
+            .combine = tr->combine[s],
+            .offsets = tr->boff + (int64_t)s * (tr->max_batch + 1),
+            .rows = tr->tinv[t] + tr->slot_koff[s],
+            .out_col = (int64_t)s * tr->d,
+        };
+    }
+    return kern_cpu_gather_combine(S, tr->bags, n, (int64_t)S * tr->d, tr->E);
+}
+
+/* One training step. global_n is the rows of all ranks in this step. */
+static int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
+                      double *loss_sum)
+{
+    const int n = b->n, S = tr->S, T = tr->T, d = tr->d;
+    KILN_CHECK(lookup_batch(tr, b, step, true));
+    KILN_CHECK(rt_model_forward(tr->model, n, tr->E, b->dense, b->labels, NULL, loss_sum));
+    /* dE replaces E: the pooled vectors are not needed after forward. */
+    KILN_CHECK(rt_model_backward(tr->model, 1.0f / (float)global_n, tr->E));
+
+    /* Bag gradients -> per-slot unique-row gradients -> per-table gradients
+     * of the unique keys (a table shared by slots sums them). */
+    for (int s = 0; s < S; s++) {
+        int64_t m = tr->bags[s].offsets[n];
+        if (m > tr->rg_cap[s]) {
+            free(tr->rg[s].rows);
+            free(tr->rg[s].grads);
+            tr->rg[s].rows = kiln_malloc((size_t)m * 2 * sizeof(int32_t));
+            tr->rg[s].grads = kiln_malloc((size_t)m * 2 * (size_t)d * sizeof(float));
+            tr->rg_cap[s] = tr->rg[s].rows && tr->rg[s].grads ? m * 2 : 0;
+            if (tr->rg_cap[s] == 0)
+                return KILN_ENOMEM;
+        }
+    }
+    KILN_CHECK(kern_cpu_backward_reduce(S, tr->bags, n, (int64_t)S * d, tr->E, tr->rg));
+    for (int t = 0; t < T; t++) {
+        KILN_CHECK(grow((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
+                        sizeof(float)));
+        memset(tr->tgrad[t], 0, (size_t)(tr->nuniq[t] * d) * sizeof(float));
+    }
+    for (int s = 0; s < S; s++) {
+        float *g = tr->tgrad[tr->slot_table[s]];
+        const kern_row_grads_t *r = &tr->rg[s];
+        for (int64_t i = 0; i < r->n; i++) {
+            float *dst = g + (int64_t)r->rows[i] * d;
+            const float *src = r->grads + i * d;
+            for (int j = 0; j < d; j++)
+                dst[j] += src[j];
+        }
+    }
+    KILN_CHECK(rt_shard_update(tr->shard, (const float *const *)tr->tgrad, &tr->sparse_opt, step));
+
+    float *g = rt_model_grads(tr->model);
+    size_t np = rt_model_nparams(tr->model);
+    if (tr->nranks > 1) {
+        int mrc = MPI_Allreduce(MPI_IN_PLACE, g, (int)np, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        if (mrc != MPI_SUCCESS)
+            return kiln_errf(KILN_EMPI, "MPI_Allreduce of dense gradients failed");
+    }
+    KILN_CHECK(rt_model_step(tr->model));
+    rt_model_zero_grad(tr->model);
+    return 0;
+}
+
+/* ---- training and evaluation ------------------------------------------------------- */
+
+static int open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r)
+{
+    rt_format_t fmt = tr->spec.data.format == JOB_FMT_KILN_BIN ? RT_FMT_BIN : RT_FMT_TSV;
+    return rt_reader_open((const char *const *)files, nfiles, fmt, tr->rank, tr->nranks,
+                          tr->spec.train.batch_size, tr->F, tr->S, 4, r);
+}
+
+static void log_malformed(trainer_t *tr, rt_reader_t *r, const char *what)
+{
+    rt_reader_stats_t st;
+    rt_reader_stats(r, &st);
+    for (int i = 0; i < st.nmessages; i++)
+        KILN_WARN("rank %d: malformed %s line skipped: %s", tr->rank, what, st.messages[i]);
+    if (st.malformed > st.nmessages)
+        KILN_WARN("rank %d: %" PRId64 " more malformed %s lines skipped", tr->rank,
+                  st.malformed - st.nmessages, what);
+    tr->malformed += st.malformed;
+}
+
+static void report_progress(trainer_t *tr, int64_t step, int64_t nsteps, double loss_sum,
+                            int64_t rows, double seconds, bool last)
+{
+    double in[2] = {loss_sum, (double)rows}, out[2];
+    MPI_Reduce(in, out, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (tr->rank != 0)
+        return;
+    double loss = out[1] > 0 ? out[0] / out[1] : NAN;
+    double sps = seconds > 0 ? (double)tr->samples / seconds : 0.0;
+    if (tr->progress) {
+        fprintf(tr->progress,
+                "{\"step\": %" PRId64 ", \"samples\": %" PRId64 ", \"loss\": %.6f, "
+                "\"samples_per_s\": %.1f, \"seconds\": %.3f, \"time\": %" PRId64 "}\n",
+                step, tr->samples, loss, sps, seconds, kiln_now_s());
+        fflush(tr->progress);
+    }
+    if (!tr->opt.quiet) {
+        bool tty = isatty(STDERR_FILENO);
+        fprintf(stderr, "%sstep %" PRId64 "/%" PRId64 "  samples %" PRId64 "  loss %.4f  "
+                        "samples/s %.0f%s",
+                tty ? "\r" : "", step, nsteps, tr->samples, loss, sps,
+                tty && !last ? "   " : "\n");
+        fflush(stderr);
+    }
+}
+
+static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
+{
+    const job_spec_t *sp = &tr->spec;
+    int64_t max_steps = tr->opt.max_steps > 0 ? tr->opt.max_steps : sp->train.max_steps;
+    int64_t log_every = sp->train.log_every > 0 ? sp->train.log_every : 100;
+    int64_t t0 = kiln_mono_ns();
+    int rc = 0;
+    for (int epoch = 0; epoch < sp->train.epochs && rc == 0; epoch++) {
+        rt_reader_t *r = NULL;
+        rc = agree(open_reader(tr, files, nfiles, &r));
+        if (rc < 0) {
+            rt_reader_close(r);
+            break;
+        }
+        int64_t nsteps = rt_reader_nsteps(r);
+        if (max_steps > 0 && nsteps > max_steps - tr->steps)
+            nsteps = max_steps - tr->steps;
+        double loss_acc = 0.0;
+        int64_t rows_acc = 0;
+        for (int64_t k = 0; k < nsteps; k++) {
+            rt_batch_t *b = NULL;
+            int got = rt_reader_next(r, &b);
+            /* Agree on the rows of this step and on whether any rank failed. */
+            int64_t in[2] = {got == 1 ? b->n : 0, got == 1 ? 0 : 1}, out[2];
+            if (MPI_Allreduce(in, out, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) {
+                rc = kiln_errf(KILN_EMPI, "MPI_Allreduce of batch sizes failed");
+                break;
+            }
+            if (out[1] != 0) {
+                rc = got < 0 ? got
+                             : kiln_errf(KILN_EIO, "another rank could not read its part of "
+                                                   "step %" PRId64, k);
+                if (got == 0)
+                    rc = kiln_errf(KILN_EINTERNAL, "rank %d ran out of batches at step %" PRId64,
+                                   tr->rank, k);
+                break;
+            }
+            if (out[0] == 0)
+                continue;
+            double loss_sum = 0.0;
+            rc = train_step(tr, b, tr->steps + 1, out[0], &loss_sum);
+            if (rc < 0)
+                break;
+            tr->steps++;
+            tr->samples += out[0];
+            loss_acc += loss_sum;
+            rows_acc += b->n;
+            bool last = k + 1 == nsteps && epoch + 1 == sp->train.epochs;
+            if (tr->steps % log_every == 0 || last) {
+                report_progress(tr, tr->steps, nsteps, loss_acc, rows_acc,
+                                (double)(kiln_mono_ns() - t0) / 1e9, last);
+                loss_acc = 0.0;
+                rows_acc = 0;
+            }
+        }
+        log_malformed(tr, r, "training");
+        rt_reader_close(r);
+        if (max_steps > 0 && tr->steps >= max_steps)
+            break;
+    }
+    *seconds = (double)(kiln_mono_ns() - t0) / 1e9;
+    return rc;
+}
+
+/* Predicts every eval row (lookups insert nothing) and computes logloss and
+ * AUC on rank 0 over all ranks' predictions. */
+static int evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, double *logloss,
+                    double *auc)
+{
+    rt_reader_t *r = NULL;
+    int rc = agree(open_reader(tr, files, nfiles, &r));
+    float *probs = NULL, *labels = NULL;
+    int64_t n = 0, cap = 0, capl = 0;
+    if (rc < 0)
+        goto out;
+    int64_t nsteps = rt_reader_nsteps(r);
+    for (int64_t k = 0; k < nsteps; k++) {
+        rt_batch_t *b = NULL;
+        int got = rt_reader_next(r, &b);
+        rc = agree(got < 0 ? got : got == 0 ? KILN_EINTERNAL : 0);
+        if (rc < 0)
+            goto out;
+        rc = agree(lookup_batch(tr, b, tr->steps, false));
+        if (rc < 0)
+            goto out;
+        if ((rc = grow((void **)&probs, &cap, n + b->n, sizeof(float))) < 0 ||
+            (rc = grow((void **)&labels, &capl, n + b->n, sizeof(float))) < 0)
+            goto out;
+        rc = rt_model_predict(tr->model, b->n, tr->E, b->dense, probs + n);
+        if (rc < 0)
+            goto out;
+        memcpy(labels + n, b->labels, (size_t)b->n * sizeof(float));
+        n += b->n;
+    }
+    log_malformed(tr, r, "eval");
+
+    /* Gather every rank's predictions on rank 0. */
+    int mine = (int)n;
+    int *counts = tr->rank == 0 ? kiln_calloc((size_t)tr->nranks, sizeof(int)) : NULL;
+    int *displs = tr->rank == 0 ? kiln_calloc((size_t)tr->nranks, sizeof(int)) : NULL;
+    MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    int64_t total = 0;
+    float *all_p = NULL, *all_l = NULL;
+    if (tr->rank == 0) {
+        for (int i = 0; i < tr->nranks; i++) {
+            displs[i] = (int)total;
+            total += counts[i];
+        }
+        all_p = kiln_calloc((size_t)total + 1, sizeof(float));
+        all_l = kiln_calloc((size_t)total + 1, sizeof(float));
+    }
+    MPI_Gatherv(probs, mine, MPI_FLOAT, all_p, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    MPI_Gatherv(labels, mine, MPI_FLOAT, all_l, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    if (tr->rank == 0) {
+        *rows = total;
+        *logloss = rt_metrics_logloss(all_p, all_l, (size_t)total);
+        rc = rt_metrics_auc(all_p, all_l, (size_t)total, auc);
+    }
+    free(all_p);
+    free(all_l);
+    free(counts);
+    free(displs);
+out:
+    rt_reader_close(r);
+    free(probs);
+    free(labels);
+    return rc;
+}
+
+/* ---- main ------------------------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mpirun -np N kiln-train --spec FILE --run-dir DIR [options]\n\n"
+            "One MPI rank of Kiln's trainer (started by kilnd or mpirun).\n\n"
+            "options:\n"
+            "  --spec FILE        the job spec (YAML)\n"
+            "  --run-dir DIR      where progress.jsonl and result.json go (created)\n"
+            "  --data GLOB        train on these files instead of data.train\n"
+            "  --inputs FILE      train on the files listed in FILE, one per line\n"
+            "  --eval GLOB        evaluate on these files instead of data.eval ('none': skip)\n"
+            "  --max-steps N      stop after N steps\n"
+            "  --threads N        OpenMP/BLAS threads per rank (default: cores / local ranks)\n"
+            "  --quiet            no progress on stderr\n\n"
+            "At the end rank 0 prints one JSON line on stdout. Exit codes: 0 ok, 1 internal "
+            "error, 2 bad input (do not retry), 3 retryable failure (docs/trainer.md).\n");
+}
+
+static int parse_options(int argc, char **argv, options_t *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **target = NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        } else if (strcmp(a, "--quiet") == 0) {
+            o->quiet = true;
+            continue;
+        } else if (strcmp(a, "--spec") == 0) {
+            target = &o->spec_path;
+        } else if (strcmp(a, "--run-dir") == 0) {
+            target = &o->run_dir;
+        } else if (strcmp(a, "--data") == 0) {
+            target = &o->data;
+        } else if (strcmp(a, "--inputs") == 0) {
+            target = &o->inputs;
+        } else if (strcmp(a, "--eval") == 0) {
+            target = &o->eval;
+        } else if (strcmp(a, "--max-steps") == 0 || strcmp(a, "--threads") == 0) {
+            if (i + 1 >= argc)
+                return kiln_errf(KILN_EUSAGE, "%s needs a value", a);
+            char *end;
+            long long v = strtoll(argv[++i], &end, 10);
+            if (*end != '\0' || v < 1)
+                return kiln_errf(KILN_EUSAGE, "%s: expected a positive integer, got '%s'", a,
+                                 argv[i]);
+            if (a[2] == 'm')
+                o->max_steps = v;
+            else
+                o->threads = (int)v;
+            continue;
+        } else {
+            return kiln_errf(KILN_EUSAGE, "unknown option '%s' (see kiln-train --help)", a);
+        }
+        if (i + 1 >= argc)
+            return kiln_errf(KILN_EUSAGE, "%s needs a value", a);
+        *target = argv[++i];
+    }
+    if (o->spec_path == NULL || o->run_dir == NULL)
+        return kiln_errf(KILN_EUSAGE, "--spec and --run-dir are required (see kiln-train --help)");
+    return 0;
+}
+
+static int set_threads(trainer_t *tr)
+{
+    MPI_Comm local;
+    int local_ranks = 1;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local) ==
+        MPI_SUCCESS) {
+        MPI_Comm_size(local, &local_ranks);
+        MPI_Comm_free(&local);
+    }
+    int threads = tr->opt.threads > 0 ? tr->opt.threads : tr->spec.resources.threads;
+    if (threads <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = (int)(cores / local_ranks);
+        if (threads < 1)
+            threads = 1;
+    }
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    return threads;
+}
+
+static void trainer_fini(trainer_t *tr)
+{
+    for (int t = 0; tr->tables && t < tr->T; t++) {
+        kern_table_destroy(tr->tables[t]);
+        if (tr->tkeys) {
+            free(tr->tkeys[t]);
+            free(tr->tinv[t]);
+            free(tr->tuniq[t]);
+            free(tr->tgrad[t]);
+        }
+    }
+    for (int s = 0; tr->rg && s < tr->S; s++) {
+        free(tr->rg[s].rows);
+        free(tr->rg[s].grads);
+    }
+    rt_shard_destroy(tr->shard);
+    rt_dedupe_destroy(tr->dedupe);
+    rt_model_destroy(tr->model);
+    free(tr->tables);
+    free(tr->slot_table);
+    free(tr->combine);
+    free(tr->tkeys);
+    free(tr->tkeys_cap);
+    free(tr->tn);
+    free(tr->tinv);
+    free(tr->tuniq);
+    free(tr->tuniq_cap);
+    free(tr->nuniq);
+    free(tr->tgrad);
+    free(tr->tgrad_cap);
+    free(tr->slot_koff);
+    free(tr->boff);
+    free(tr->bags);
+    free(tr->rg);
+    free(tr->rg_cap);
+    free(tr->E);
+    free(tr->probs);
+    free(tr->spec_dir);
+    if (tr->progress)
+        fclose(tr->progress);
+    job_spec_fini(&tr->spec);
+}
+
+static int run(trainer_t *tr)
+{
+    int rc = 0;
+    char **files = NULL, **eval_files = NULL;
+    int nfiles = 0, neval = 0;
+    job_diags_t diags;
+    job_diags_init(&diags);
+
+    rc = job_spec_load(tr->opt.spec_path, &tr->spec, &diags);
+    if (rc < 0) {
+        /* Every rank read the same file: rank 0 tells. */
+        if (tr->rank == 0)
+            for (size_t i = 0; i < diags.n; i++)
+                fprintf(stderr, "%s\n", diags.items[i].message);
+        tr->error_told = diags.n > 0 || tr->rank != 0;
+        job_diags_fini(&diags);
+        return rc;
+    }
+    job_diags_fini(&diags);
+    char *dup = kiln_strdup(tr->opt.spec_path);
+    tr->spec_dir = kiln_strdup(dup ? dirname(dup) : ".");
+    free(dup);
+
+    int threads = set_threads(tr);
+
+    /* Training files: --inputs, else --data, else data.train. */
+    if (tr->opt.inputs) {
+        rc = read_list(tr->opt.inputs, &files, &nfiles);
+    } else if (tr->opt.data) {
+        rc = expand(tr->opt.data, "--data", &files, &nfiles);
+    } else {
+        char *pattern = spec_relative(tr, tr->spec.data.train);
+        rc = pattern ? expand(pattern, "data.train", &files, &nfiles) : KILN_ENOMEM;
+        free(pattern);
+    }
+    if (rc == 0) {
+        const char *ev = tr->opt.eval ? tr->opt.eval : tr->spec.data.eval;
+        if (ev != NULL && strcmp(ev, "none") != 0) {
+            char *pattern = tr->opt.eval ? kiln_strdup(ev) : spec_relative(tr, ev);
+            rc = pattern ? expand(pattern, tr->opt.eval ? "--eval" : "data.eval", &eval_files,
+                                  &neval)
+                         : KILN_ENOMEM;
+            free(pattern);
+        }
+    }
+    if (rc == 0 && tr->rank == 0) {
+        rc = mkdir_p(tr->opt.run_dir);
+        if (rc == 0) {
+            char *p = kiln_asprintf("%s/progress.jsonl", tr->opt.run_dir);
+            tr->progress = p ? fopen(p, "a") : NULL;
+            if (tr->progress == NULL)
+                rc = kiln_errf(KILN_EIO, "cannot write %s: %s", p ? p : "progress.jsonl",
+                               strerror(errno));
+            free(p);
+        }
+    }
+    if (rc == 0)
+        rc = setup_tables(tr);
+    if (rc == 0)
+        rc = setup_model(tr);
+    rc = agree(rc);
+    if (rc < 0)
+        goto out;
+
+    say(tr, "kiln-train: job %s, model %s, %d tables, %d ranks x %d threads, batch %d x %d, "
+            "%d training file%s\n",
+        tr->spec.name, job_model_type_name(tr->spec.model.type), tr->T, tr->nranks, threads,
+        tr->spec.train.batch_size, tr->nranks, nfiles, nfiles == 1 ? "" : "s");
+
+    double seconds = 0.0;
+    rc = train(tr, files, nfiles, &seconds);
+    if (rc < 0)
+        goto out;
+    int64_t eval_rows = 0;
+    double logloss = NAN, auc = NAN;
+    if (neval > 0) {
+        rc = evaluate(tr, eval_files, neval, &eval_rows, &logloss, &auc);
+        if (rc < 0)
+            goto out;
+    }
+    int64_t keys = 0, mine_keys = 0, malformed = 0;
+    for (int t = 0; t < tr->T; t++)
+        mine_keys += kern_table_size(tr->tables[t]);
+    MPI_Reduce(&mine_keys, &keys, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    MPI_Reduce(&tr->malformed, &malformed, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (tr->rank == 0) {
+        json_t *res = json_pack(
+            "{s:s, s:s, s:I, s:i, s:i, s:I, s:f, s:f, s:I, s:o, s:o, s:I, s:I}", "job",
+            tr->spec.name, "model", job_model_type_name(tr->spec.model.type), "rows",
+            (json_int_t)tr->samples, "ranks", tr->nranks, "threads", threads, "steps",
+            (json_int_t)tr->steps, "train_seconds", seconds, "train_samples_per_s",
+            seconds > 0 ? (double)tr->samples / seconds : 0.0, "eval_rows",
+            (json_int_t)eval_rows, "eval_logloss", isnan(logloss) ? json_null() : json_real(logloss),
+            "eval_auc", isnan(auc) ? json_null() : json_real(auc), "keys", (json_int_t)keys,
+            "malformed", (json_int_t)malformed);
+        char *text = res ? json_dumps(res, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8)) : NULL;
+        json_decref(res);
+        if (text == NULL) {
+            rc = KILN_ENOMEM;
+            goto out;
+        }
+        printf("%s\n", text);
+        fflush(stdout);
+        char *path = kiln_asprintf("%s/result.json", tr->opt.run_dir);
+        FILE *f = path ? fopen(path, "w") : NULL;
+        if (f) {
+            fprintf(f, "%s\n", text);
+            fclose(f);
+        }
+        free(path);
+        free(text);
+    }
+out:
+    free_list(files, nfiles);
+    free_list(eval_files, neval);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    trainer_t tr = {0};
+    int provided;
+    const char *level = getenv("KILN_LOG");
+    kiln_log_level_t lv;
+    if (level != NULL && kiln_log_level_parse(level, &lv) == 0)
+        kiln_log_set_level(lv);
+
+    int prc = parse_options(argc, argv, &tr.opt);
+    if (prc == 1)
+        return TRAIN_EXIT_OK;
+    if (prc < 0) {
+        fprintf(stderr, "kiln-train: %s\n", kiln_errmsg());
+        return TRAIN_EXIT_INPUT;
+    }
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &tr.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &tr.nranks);
+    /* Errors come back as codes so that every rank can report and exit. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+
+    int rc = run(&tr);
+    int code = exit_for(rc);
+    if (rc < 0 && !tr.error_told) {
+        char host[256] = "?";
+        gethostname(host, sizeof host);
+        const char *msg = kiln_errmsg();
+        fprintf(stderr, "kiln-train: rank %d on %s: %s\n", tr.rank, host,
+                msg[0] ? msg : kiln_strerror(rc));
+    }
+    trainer_fini(&tr);
+    MPI_Finalize();
+    return code;
+}

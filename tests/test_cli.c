@@ -1,0 +1,387 @@
+/*
+ * tests/test_cli.c - the `kiln` command end to end: the real binary, run as a
+ * child process against a real SQLite file in a temp directory. Checks
+ * output (tables and --json), exit codes, --help on every command and round
+ * trips: submit -> jobs/runs/show -> cancel.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <glob.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef KILN_BIN
+#error "KILN_BIN must name the kiln executable"
+#endif
+
+static char tmpdir[256];
+static char dbpath[320];
+
+typedef struct {
+    int code;
+    char out[65536];
+    char err[65536];
+} result_t;
+
+static void slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+}
+
+/* Runs kiln with argv (NULL-terminated, without argv[0]); env_home non-NULL
+ * sets KILN_HOME for the child. */
+static void run_env(result_t *r, const char *env_home, const char *const *args)
+{
+    char outp[400], errp[400];
+    snprintf(outp, sizeof outp, "%s/stdout", tmpdir);
+    snprintf(errp, sizeof errp, "%s/stderr", tmpdir);
+    const char *argv[32] = {KILN_BIN};
+    int n = 1;
+    for (; args[n - 1] != NULL && n < 31; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(o, 1);
+        dup2(e, 2);
+        if (env_home)
+            setenv("KILN_HOME", env_home, 1);
+        execv(KILN_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    r->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    slurp(outp, r->out, sizeof r->out);
+    slurp(errp, r->err, sizeof r->err);
+}
+
+#define KILN(r, ...)                                                                  \
+    do {                                                                             \
+        const char *a_[] = {__VA_ARGS__, NULL};                                       \
+        run_env((r), NULL, a_);                                                      \
+    } while (0)
+
+static void write_file(const char *name, const char *text, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-test-cli-XXXXXX");
+    if (mkdtemp(tmpdir) == NULL)
+        return -1;
+    snprintf(dbpath, sizeof dbpath, "%s/db/kiln.db", tmpdir);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static json_t *parse_json(const char *text)
+{
+    json_error_t e;
+    json_t *v = json_loads(text, 0, &e);
+    if (v == NULL)
+        fail_msg("not JSON (%s): %s", e.text, text);
+    return v;
+}
+
+static const char oneoff_spec[] = "name: oneoff-lr\n"
+                                  "data:\n"
+                                  "  train: \"data/day=*/part-*.tsv\"\n"
+                                  "model: {type: lr}\n"
+                                  "resources: {ranks: 2}\n";
+
+static const char hourly_spec[] = "name: hourly\n"
+                                  "schedule: \"15 * * * *\"\n"
+                                  "data: {train: \"data/*.tsv\", incremental: true}\n";
+
+static void test_help(void **state)
+{
+    (void)state;
+    result_t r;
+    KILN(&r, "--help");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "usage: kiln"));
+    static const char *const cmds[] = {"submit", "jobs", "runs", "show", "cancel", "schedule"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        KILN(&r, cmds[i], "--help");
+        assert_int_equal(r.code, 0);
+        char want[64];
+        snprintf(want, sizeof want, "usage: kiln %s", cmds[i]);
+        assert_non_null(strstr(r.out, want));
+        assert_non_null(strstr(r.out, "--db PATH"));
+    }
+    KILN(&r, "help", "runs");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "--limit N"));
+}
+
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    result_t r;
+    const char *none[] = {NULL};
+    run_env(&r, NULL, none);
+    assert_int_equal(r.code, 2);
+    KILN(&r, "sumbit", "x.yaml");
+    assert_int_equal(r.code, 2);
+    assert_non_null(strstr(r.err, "did you mean 'submit'"));
+    KILN(&r, "--db", dbpath, "runs", "--limt", "3");
+    assert_int_equal(r.code, 2);
+    assert_non_null(strstr(r.err, "did you mean --limit"));
+    KILN(&r, "--db", dbpath, "show");
+    assert_int_equal(r.code, 2);
+    KILN(&r, "--db", dbpath, "runs", "--limit");
+    assert_int_equal(r.code, 2);
+    KILN(&r, "--db", dbpath, "runs", "--limit", "many");
+    assert_int_equal(r.code, 3);
+    KILN(&r, "--db", dbpath, "runs", "--state", "sleeping");
+    assert_int_equal(r.code, 3);
+}
+
+static void test_dry_run_examples(void **state)
+{
+    (void)state;
+    glob_t g;
+    assert_int_equal(glob(KILN_SOURCE_DIR "/examples/*.yaml", 0, NULL, &g), 0);
+    assert_true(g.gl_pathc >= 3);
+    char nodb[400];
+    snprintf(nodb, sizeof nodb, "%s/never/kiln.db", tmpdir);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        result_t r;
+        KILN(&r, "--db", nodb, "submit", g.gl_pathv[i], "--dry-run");
+        if (r.code != 0)
+            fail_msg("%s: %s", g.gl_pathv[i], r.err);
+        assert_non_null(strstr(r.out, "valid spec"));
+        assert_non_null(strstr(r.out, "nothing was submitted"));
+    }
+    globfree(&g);
+    struct stat sb;
+    assert_int_not_equal(stat(nodb, &sb), 0); /* a dry run touches no database */
+}
+
+static void test_bad_spec(void **state)
+{
+    (void)state;
+    char path[400];
+    write_file("typo.yaml",
+               "name: typo\n"
+               "schedule: \"@hourly\"\n"
+               "concurency: forbid\n"
+               "data: {train: x.tsv}\n"
+               "model:\n"
+               "  embedding: {dim: sixteen}\n",
+               path, sizeof path);
+    result_t r;
+    KILN(&r, "--db", dbpath, "submit", path);
+    assert_int_equal(r.code, 3);
+    char want[512];
+    snprintf(want, sizeof want, "%s:3:1: concurency: unknown field (did you mean \"concurrency\"?)",
+             path);
+    assert_non_null(strstr(r.err, want));
+    snprintf(want, sizeof want, "%s:6:20: model.embedding.dim: expected a positive integer, "
+                                "got \"sixteen\"",
+             path);
+    assert_non_null(strstr(r.err, want));
+    assert_non_null(strstr(r.err, "nothing was submitted"));
+    KILN(&r, "--db", dbpath, "submit", "/nonexistent/spec.yaml");
+    assert_int_equal(r.code, 4);
+    assert_non_null(strstr(r.err, "/nonexistent/spec.yaml"));
+}
+
+static void test_submit_round_trip(void **state)
+{
+    (void)state;
+    char path[400], path2[400];
+    write_file("oneoff.yaml", oneoff_spec, path, sizeof path);
+    result_t r;
+    KILN(&r, "--db", dbpath, "submit", path);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "submitted job oneoff-lr (version 1); queued run"));
+
+    KILN(&r, "--db", dbpath, "--json", "runs");
+    assert_int_equal(r.code, 0);
+    json_t *runs = parse_json(r.out);
+    assert_int_equal(json_array_size(runs), 1);
+    json_t *run = json_array_get(runs, 0);
+    assert_string_equal(json_string_value(json_object_get(run, "job")), "oneoff-lr");
+    assert_string_equal(json_string_value(json_object_get(run, "state")), "queued");
+    assert_string_equal(json_string_value(json_object_get(run, "trigger")), "manual");
+    json_int_t run_id = json_integer_value(json_object_get(run, "id"));
+    assert_true(run_id > 0);
+    json_decref(runs);
+
+    /* The same spec again keeps the version; a changed spec bumps it. */
+    KILN(&r, "--db", dbpath, "--json", "submit", path);
+    assert_int_equal(r.code, 0);
+    json_t *o = parse_json(r.out);
+    assert_int_equal(json_integer_value(json_object_get(o, "version")), 1);
+    assert_false(json_boolean_value(json_object_get(o, "created")));
+    json_decref(o);
+    char changed[sizeof oneoff_spec + 64];
+    snprintf(changed, sizeof changed, "%spriority: 5\n", oneoff_spec);
+    write_file("oneoff2.yaml", changed, path2, sizeof path2);
+    KILN(&r, "--db", dbpath, "--json", "submit", path2);
+    assert_int_equal(r.code, 0);
+    o = parse_json(r.out);
+    assert_int_equal(json_integer_value(json_object_get(o, "version")), 2);
+    json_decref(o);
+
+    /* A scheduled job registers its schedule and queues nothing. */
+    write_file("hourly.yaml", hourly_spec, path, sizeof path);
+    KILN(&r, "--db", dbpath, "submit", path);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "registered job hourly"));
+    assert_non_null(strstr(r.out, "next run 20"));
+    KILN(&r, "--db", dbpath, "--json", "runs", "--job", "hourly");
+    assert_int_equal(r.code, 0);
+    runs = parse_json(r.out);
+    assert_int_equal(json_array_size(runs), 0);
+    json_decref(runs);
+
+    KILN(&r, "--db", dbpath, "--json", "jobs");
+    assert_int_equal(r.code, 0);
+    json_t *jobs = parse_json(r.out);
+    assert_int_equal(json_array_size(jobs), 2);
+    json_t *hourly = json_array_get(jobs, 0); /* ordered by name */
+    assert_string_equal(json_string_value(json_object_get(hourly, "name")), "hourly");
+    assert_string_equal(json_string_value(json_object_get(hourly, "schedule")), "15 * * * *");
+    const char *next = json_string_value(json_object_get(hourly, "next_fire"));
+    assert_non_null(next);
+    assert_non_null(strstr(next, ":15:00Z"));
+    json_decref(jobs);
+
+    /* The table for people is aligned: every line starts its columns at
+     * the header's offsets. */
+    KILN(&r, "--db", dbpath, "jobs");
+    assert_int_equal(r.code, 0);
+    char *second = strchr(r.out, '\n') + 1;
+    size_t vcol = (size_t)(strstr(r.out, "VERSION") - r.out);
+    size_t scol = (size_t)(strstr(r.out, "SCHEDULE") - r.out);
+    assert_memory_equal(second, "hourly ", 7);
+    assert_int_equal(second[vcol], '1'); /* hourly is version 1 */
+    assert_int_equal(second[vcol - 1], ' ');
+    assert_memory_equal(second + scol, "15 * * * *", 10);
+
+    /* show: a run and a job; unknown ones are "not found" (4). */
+    char id[32];
+    snprintf(id, sizeof id, "%lld", (long long)run_id);
+    KILN(&r, "--db", dbpath, "show", id);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "of job oneoff-lr"));
+    assert_non_null(strstr(r.out, "queued"));
+    KILN(&r, "--db", dbpath, "show", "oneoff-lr");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "priority: 5"));
+    KILN(&r, "--db", dbpath, "show", "99999");
+    assert_int_equal(r.code, 4);
+    KILN(&r, "--db", dbpath, "show", "no-such-job");
+    assert_int_equal(r.code, 4);
+    KILN(&r, "--db", dbpath, "runs", "--job", "no-such-job");
+    assert_int_equal(r.code, 4);
+
+    /* cancel: a queued run ends at once; a second cancel is refused (5). */
+    KILN(&r, "--db", dbpath, "cancel", id);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "canceled run"));
+    KILN(&r, "--db", dbpath, "--json", "show", id);
+    o = parse_json(r.out);
+    assert_string_equal(json_string_value(json_object_get(o, "state")), "canceled");
+    assert_true(json_array_size(json_object_get(o, "events")) >= 1);
+    json_decref(o);
+    KILN(&r, "--db", dbpath, "cancel", id);
+    assert_int_equal(r.code, 5);
+    KILN(&r, "--db", dbpath, "--json", "runs", "--state", "canceled");
+    runs = parse_json(r.out);
+    assert_int_equal(json_array_size(runs), 1);
+    json_decref(runs);
+}
+
+static void test_kiln_home(void **state)
+{
+    (void)state;
+    char home[400], db[450];
+    snprintf(home, sizeof home, "%s/home", tmpdir);
+    snprintf(db, sizeof db, "%s/kiln.db", home);
+    result_t r;
+    const char *args[] = {"jobs", NULL};
+    run_env(&r, home, args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "no jobs yet"));
+    struct stat sb;
+    assert_int_equal(stat(db, &sb), 0);
+}
+
+static void test_schedule_next(void **state)
+{
+    (void)state;
+    result_t r;
+    KILN(&r, "schedule", "next", "15 * * * *", "--after", "2024-05-02T00:00:00Z", "--count", "3");
+    assert_int_equal(r.code, 0);
+    assert_string_equal(r.out, "2024-05-02T00:15:00Z\n2024-05-02T01:15:00Z\n2024-05-02T02:15:00Z\n");
+    /* Strictly after: an instant that is itself a fire time is not printed. */
+    KILN(&r, "schedule", "next", "@daily", "--after", "2024-02-28T00:00:00Z", "--count", "2");
+    assert_int_equal(r.code, 0);
+    assert_string_equal(r.out, "2024-02-29T00:00:00Z\n2024-03-01T00:00:00Z\n");
+    KILN(&r, "--json", "schedule", "next", "@every 30s", "--after", "2024-05-02T00:00:10Z",
+         "--count", "2");
+    assert_int_equal(r.code, 0);
+    json_t *a = parse_json(r.out);
+    assert_string_equal(json_string_value(json_array_get(a, 0)), "2024-05-02T00:00:30Z");
+    assert_string_equal(json_string_value(json_array_get(a, 1)), "2024-05-02T00:01:00Z");
+    json_decref(a);
+    KILN(&r, "schedule", "next", "0 0 30 2 *");
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "day-of-month"));
+    KILN(&r, "schedule", "next", "0 0 32 * *");
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "day-of-month"));
+    KILN(&r, "schedule", "next", "* * *", "--after", "2024-05-02T00:00:00Z");
+    assert_int_equal(r.code, 3);
+    KILN(&r, "schedule", "next", "@hourly", "--after", "tomorrow");
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "ISO 8601"));
+    KILN(&r, "schedule", "later", "@hourly");
+    assert_int_equal(r.code, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help),          cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_dry_run_examples), cmocka_unit_test(test_bad_spec),
+        cmocka_unit_test(test_submit_round_trip), cmocka_unit_test(test_kiln_home),
+        cmocka_unit_test(test_schedule_next),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,151 @@
+/*
+ * tools/cli_util.c - output helpers of the `kiln` command: aligned tables
+ * for people, JSON for scripts, error lines and the exit-code mapping.
+ */
+#include "cli.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln.h"
+
+const char *cli_opt(const cli_t *cli, const char *name)
+{
+    for (int i = 0; cli->opts != NULL && cli->opts[i].name != NULL; i++)
+        if (strcmp(cli->opts[i].name, name) == 0)
+            return cli->values[i];
+    return NULL;
+}
+
+static const struct {
+    int rc;
+    int exit;
+} exit_map[] = {
+    {KILN_EINVAL, CLI_EXIT_INPUT},     {KILN_ESPEC, CLI_EXIT_INPUT},
+    {KILN_ECRON, CLI_EXIT_INPUT},      {KILN_ERANGE, CLI_EXIT_INPUT},
+    {KILN_ENOENT, CLI_EXIT_NOTFOUND},  {KILN_ESTATE, CLI_EXIT_CONFLICT},
+    {KILN_ECONFLICT, CLI_EXIT_CONFLICT}, {KILN_EEXIST, CLI_EXIT_CONFLICT},
+    {KILN_EUSAGE, CLI_EXIT_USAGE},
+};
+
+int cli_exit_for(int rc)
+{
+    if (rc == 0)
+        return CLI_EXIT_OK;
+    for (size_t i = 0; i < sizeof exit_map / sizeof exit_map[0]; i++)
+        if (exit_map[i].rc == rc)
+            return exit_map[i].exit;
+    return CLI_EXIT_FAIL;
+}
+
+int cli_fail(int rc, const char *fmt, ...)
+{
+    fputs("kiln: ", stderr);
+    if (fmt == NULL) {
+        const char *msg = kiln_errmsg();
+        fputs(msg[0] ? msg : kiln_strerror(rc), stderr);
+    } else {
+        va_list ap;
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+    }
+    fputc('\n', stderr);
+    return cli_exit_for(rc);
+}
+
+void cli_print_json(json_t *v)
+{
+    if (v == NULL) {
+        fputs("null\n", stdout);
+        return;
+    }
+    json_dumpf(v, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    fputc('\n', stdout);
+    json_decref(v);
+}
+
+struct cli_table {
+    int ncols;
+    size_t nrows, cap;
+    char **cells; /* (nrows + 1) x ncols, row 0 the header */
+};
+
+cli_table_t *cli_table_create(int ncols, const char *const *headers)
+{
+    cli_table_t *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return NULL;
+    t->ncols = ncols;
+    cli_table_add(t, headers);
+    return t;
+}
+
+void cli_table_add(cli_table_t *t, const char *const *cells)
+{
+    if (t == NULL)
+        return;
+    if (t->nrows == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 16;
+        char **c = kiln_reallocarray(t->cells, cap * (size_t)t->ncols, sizeof *c);
+        if (c == NULL)
+            return;
+        t->cells = c;
+        t->cap = cap;
+    }
+    for (int j = 0; j < t->ncols; j++)
+        t->cells[t->nrows * (size_t)t->ncols + (size_t)j] =
+            kiln_strdup(cells[j] ? cells[j] : "-");
+    t->nrows++;
+}
+
+void cli_table_print(const cli_table_t *t)
+{
+    if (t == NULL)
+        return;
+    size_t width[32] = {0};
+    for (size_t i = 0; i < t->nrows; i++)
+        for (int j = 0; j < t->ncols && j < 32; j++) {
+            const char *c = t->cells[i * (size_t)t->ncols + (size_t)j];
+            size_t w = c ? strlen(c) : 0;
+            if (w > width[j])
+                width[j] = w;
+        }
+    for (size_t i = 0; i < t->nrows; i++) {
+        for (int j = 0; j < t->ncols; j++) {
+            const char *c = t->cells[i * (size_t)t->ncols + (size_t)j];
+            if (j == t->ncols - 1)
+                printf("%s\n", c ? c : "");
+            else
+                printf("%-*s  ", (int)width[j], c ? c : "");
+        }
+    }
+}
+
+void cli_table_destroy(cli_table_t *t)
+{
+    if (t == NULL)
+        return;
+    for (size_t i = 0; i < t->nrows * (size_t)t->ncols; i++)
+        free(t->cells[i]);
+    free(t->cells);
+    free(t);
+}
+
+const char *cli_time(int64_t t, char *buf, size_t bufsz)
+{
+    if (t == 0)
+        return "-";
+    kiln_time_iso(t, buf, bufsz);
+    return buf;
+}
+
+json_t *cli_json_time(int64_t t)
+{
+    if (t == 0)
+        return json_null();
+    char buf[KILN_ISO_LEN];
+    return json_string(kiln_time_iso(t, buf, sizeof buf));
+}

@@ -1,0 +1,580 @@
+/*
+ * tools/cmd_job.c - the job and run commands of `kiln`: submit, jobs, runs,
+ * show and cancel. They validate with jobs/ and read and write the SQLite
+ * store through state/; nothing here knows SQL or YAML.
+ */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jobs.h"
+#include "kiln.h"
+#include "state.h"
+
+/* Reads a whole file into a NUL-terminated buffer. */
+static int read_file(const char *path, char **out, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return kiln_errf(errno == ENOENT ? KILN_ENOENT : KILN_EIO, "cannot read %s: %s", path,
+                         strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = kiln_malloc(cap);
+    int rc = 0;
+    for (;;) {
+        if (buf == NULL) {
+            rc = KILN_ENOMEM;
+            break;
+        }
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (ferror(f)) {
+            rc = kiln_errf(KILN_EIO, "error reading %s: %s", path, strerror(errno));
+            break;
+        }
+        if (feof(f))
+            break;
+        if (cap > (64u << 20)) {
+            rc = kiln_errf(KILN_EINVAL, "%s is larger than 64 MiB; is it really a job spec?", path);
+            break;
+        }
+        cap *= 2;
+        char *nb = realloc(buf, cap);
+        if (nb == NULL)
+            free(buf);
+        buf = nb;
+    }
+    fclose(f);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+/* Next fire time of a schedule in a zone, after `after`; 0 when none. */
+static int64_t next_fire(const char *schedule, const char *tz, int64_t after)
+{
+    job_cron_t c;
+    int64_t next = 0;
+    if (schedule == NULL || job_cron_parse(schedule, &c) < 0)
+        return 0;
+    if (tz != NULL && job_cron_set_timezone(&c, tz) < 0)
+        return 0;
+    if (job_cron_next(&c, after, &next) < 0)
+        return 0;
+    return next;
+}
+
+/* The timezone of a stored spec (specs were validated when submitted). */
+static char *stored_timezone(const char *yaml)
+{
+    job_spec_t spec;
+    job_diags_t diags;
+    job_diags_init(&diags);
+    char *tz = NULL;
+    if (job_spec_parse(yaml, strlen(yaml), "stored spec", &spec, &diags) == 0) {
+        tz = spec.timezone ? kiln_strdup(spec.timezone) : NULL;
+        job_spec_fini(&spec);
+    }
+    job_diags_fini(&diags);
+    return tz;
+}
+
+int cmd_submit(cli_t *cli)
+{
+    const char *path = cli->pos[0];
+    char *text = NULL;
+    size_t len = 0;
+    job_spec_t spec;
+    job_diags_t diags;
+    job_diags_init(&diags);
+    state_t *st = NULL;
+    int exit_code = CLI_EXIT_OK;
+    bool dry_run = cli_opt(cli, "dry-run") != NULL;
+
+    int rc = read_file(path, &text, &len);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    rc = job_spec_parse(text, len, path, &spec, &diags);
+    if (rc == KILN_ESPEC) {
+        for (size_t i = 0; i < diags.n; i++)
+            fprintf(stderr, "%s\n", diags.items[i].message);
+        fprintf(stderr, "kiln: %s: %zu problem%s; nothing was submitted\n", path, diags.n,
+                diags.n == 1 ? "" : "s");
+        exit_code = CLI_EXIT_INPUT;
+        goto out_nospec;
+    }
+    if (rc < 0) {
+        exit_code = cli_fail(rc, NULL);
+        goto out_nospec;
+    }
+
+    int64_t now = kiln_now_s();
+    int64_t next = next_fire(spec.schedule, spec.timezone, now);
+    char nbuf[KILN_ISO_LEN];
+    if (dry_run) {
+        if (cli->json) {
+            json_t *o = json_pack("{s:s, s:b, s:s, s:s, s:i, s:i, s:s?, s:s, s:o}", "job", spec.name,
+                                  "valid", 1, "file", path, "model",
+                                  job_model_type_name(spec.model.type), "tables",
+                                  spec.model.ntables, "ranks", spec.resources.ranks, "schedule",
+                                  spec.schedule, "timezone", spec.timezone, "next_fire",
+                                  cli_json_time(next));
+            cli_print_json(o);
+        } else {
+            printf("ok: %s is a valid spec for job %s\n", path, spec.name);
+            printf("  model %s, %d table%s, %d rank%s, launcher %s\n",
+                   job_model_type_name(spec.model.type), spec.model.ntables,
+                   spec.model.ntables == 1 ? "" : "s", spec.resources.ranks,
+                   spec.resources.ranks == 1 ? "" : "s",
+                   job_launcher_name(spec.resources.launcher));
+            if (spec.schedule)
+                printf("  schedule \"%s\" (%s), next fire %s\n", spec.schedule, spec.timezone,
+                       cli_time(next, nbuf, sizeof nbuf));
+            else
+                printf("  one-off: submitting queues one run\n");
+            printf("dry run: nothing was submitted\n");
+        }
+        goto out;
+    }
+
+    rc = state_open(cli->db_path, &st);
+    if (rc < 0) {
+        exit_code = cli_fail(rc, NULL);
+        goto out;
+    }
+    char hash[17];
+    kiln_hash_hex(kiln_xxh64(text, len, 0), hash, sizeof hash);
+    int64_t job_id = 0, run_id = 0;
+    bool created = false;
+    rc = state_job_put(st, spec.name, text, hash, spec.schedule, spec.priority, &job_id, &created);
+    if (rc < 0) {
+        exit_code = cli_fail(rc, NULL);
+        goto out;
+    }
+    state_job_t job;
+    rc = state_job_get_by_id(st, job_id, &job);
+    if (rc < 0) {
+        exit_code = cli_fail(rc, NULL);
+        goto out;
+    }
+    int version = job.version;
+    state_job_fini(&job);
+    if (spec.schedule == NULL) {
+        rc = state_run_create(st, job_id, STATE_TRIGGER_MANUAL, 0, 1, 0, &run_id);
+        if (rc < 0) {
+            exit_code = cli_fail(rc, NULL);
+            goto out;
+        }
+    }
+    char *msg = kiln_asprintf("submitted from %s (version %d)", path, version);
+    state_event_add(st, job_id, run_id, "submit", msg ? msg : "submitted");
+    free(msg);
+    if (cli->json) {
+        json_t *o = json_pack("{s:s, s:I, s:i, s:b, s:o, s:s?, s:o}", "job", spec.name, "job_id",
+                              (json_int_t)job_id, "version", version, "created", created,
+                              "run_id", run_id ? json_integer(run_id) : json_null(), "schedule",
+                              spec.schedule, "next_fire", cli_json_time(next));
+        cli_print_json(o);
+    } else if (spec.schedule) {
+        printf("%s job %s (version %d): schedule \"%s\" (%s), next run %s\n",
+               created ? "registered" : "updated", spec.name, version, spec.schedule,
+               spec.timezone, cli_time(next, nbuf, sizeof nbuf));
+    } else {
+        printf("%s job %s (version %d); queued run %" PRId64 "\n",
+               created ? "submitted" : "resubmitted", spec.name, version, run_id);
+    }
+out:
+    job_spec_fini(&spec);
+out_nospec:
+    state_close(st);
+    job_diags_fini(&diags);
+    free(text);
+    return exit_code;
+}
+
+static json_t *run_json(const state_run_t *r)
+{
+    return json_pack("{s:I, s:s, s:I, s:i, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:s?, "
+                     "s:s?, s:b}",
+                     "id", (json_int_t)r->id, "job", r->job_name ? r->job_name : "", "job_id",
+                     (json_int_t)r->job_id, "job_version", r->job_version, "state",
+                     state_run_state_name(r->state), "trigger", state_trigger_name(r->trigger),
+                     "attempt", r->attempt, "scheduled_at", cli_json_time(r->scheduled_at),
+                     "queued_at", cli_json_time(r->queued_at), "started_at",
+                     cli_json_time(r->started_at), "ended_at", cli_json_time(r->ended_at),
+                     "exit_code",
+                     state_run_state_terminal(r->state) && r->exit_code >= 0
+                         ? json_integer(r->exit_code)
+                         : json_null(),
+                     "retry_of", r->retry_of ? json_integer(r->retry_of) : json_null(), "error",
+                     r->error, "run_dir", r->run_dir, "cancel_requested", r->cancel_requested);
+}
+
+static void format_duration_s(int64_t secs, char *buf, size_t bufsz)
+{
+    if (secs < 0)
+        snprintf(buf, bufsz, "-");
+    else
+        kiln_duration_format(secs * 1000, buf, bufsz);
+}
+
+static void run_duration(const state_run_t *r, char *buf, size_t bufsz)
+{
+    if (r->started_at == 0) {
+        snprintf(buf, bufsz, "-");
+        return;
+    }
+    int64_t end = r->ended_at ? r->ended_at : kiln_now_s();
+    format_duration_s(end - r->started_at, buf, bufsz);
+    if (end == r->started_at)
+        snprintf(buf, bufsz, "0s");
+}
+
+static void print_runs(cli_t *cli, state_run_t *runs, size_t n)
+{
+    if (cli->json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(arr, run_json(&runs[i]));
+        cli_print_json(arr);
+        return;
+    }
+    static const char *const hdr[] = {"RUN",      "JOB",     "ATTEMPT", "TRIGGER", "STATE",
+                                      "SCHEDULED", "STARTED", "DURATION", "EXIT"};
+    cli_table_t *t = cli_table_create(9, hdr);
+    for (size_t i = 0; i < n; i++) {
+        const state_run_t *r = &runs[i];
+        char id[24], att[16], sched[KILN_ISO_LEN], started[KILN_ISO_LEN], dur[32], ex[16];
+        snprintf(id, sizeof id, "%" PRId64, r->id);
+        snprintf(att, sizeof att, "%d", r->attempt);
+        run_duration(r, dur, sizeof dur);
+        if (state_run_state_terminal(r->state) && r->exit_code >= 0)
+            snprintf(ex, sizeof ex, "%d", r->exit_code);
+        else
+            snprintf(ex, sizeof ex, "-");
+        const char *row[] = {id,
+                             r->job_name,
+                             att,
+                             state_trigger_name(r->trigger),
+                             state_run_state_name(r->state),
+                             cli_time(r->scheduled_at, sched, sizeof sched),
+                             cli_time(r->started_at, started, sizeof started),
+                             dur,
+                             ex};
+        cli_table_add(t, row);
+    }
+    cli_table_print(t);
+    cli_table_destroy(t);
+}
+
+int cmd_jobs(cli_t *cli)
+{
+    state_t *st = NULL;
+    state_job_t *jobs = NULL;
+    size_t n = 0;
+    int rc = state_open(cli->db_path, &st);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    rc = state_job_list(st, &jobs, &n);
+    if (rc < 0) {
+        int e = cli_fail(rc, NULL);
+        state_close(st);
+        return e;
+    }
+    int64_t now = kiln_now_s();
+    json_t *arr = cli->json ? json_array() : NULL;
+    static const char *const hdr[] = {"JOB", "VERSION", "SCHEDULE", "PRIORITY", "NEXT FIRE",
+                                      "LAST RUN", "STATE"};
+    cli_table_t *t = cli->json ? NULL : cli_table_create(7, hdr);
+    for (size_t i = 0; i < n; i++) {
+        const state_job_t *j = &jobs[i];
+        char *tz = j->schedule ? stored_timezone(j->spec_yaml) : NULL;
+        int64_t next = j->paused ? 0 : next_fire(j->schedule, tz, now);
+        free(tz);
+        state_run_t *last = NULL;
+        size_t nlast = 0;
+        if (state_run_list(st, j->name, 1, &last, &nlast) < 0)
+            nlast = 0;
+        if (cli->json) {
+            json_array_append_new(
+                arr, json_pack("{s:I, s:s, s:i, s:s?, s:i, s:b, s:s, s:o, s:o, s:o, s:o}", "id",
+                               (json_int_t)j->id, "name", j->name, "version", j->version,
+                               "schedule", j->schedule, "priority", j->priority, "paused",
+                               j->paused, "spec_hash", j->spec_hash, "next_fire",
+                               cli_json_time(next), "created_at", cli_json_time(j->created_at),
+                               "last_run", nlast ? json_integer(last[0].id) : json_null(),
+                               "last_state",
+                               nlast ? json_string(state_run_state_name(last[0].state))
+                                     : json_null()));
+        } else {
+            char ver[16], pri[16], nbuf[KILN_ISO_LEN], lr[24];
+            snprintf(ver, sizeof ver, "%d", j->version);
+            snprintf(pri, sizeof pri, "%d", j->priority);
+            snprintf(lr, sizeof lr, "%" PRId64, nlast ? last[0].id : 0);
+            const char *row[] = {j->name,
+                                 ver,
+                                 j->schedule ? j->schedule : "(one-off)",
+                                 pri,
+                                 j->paused ? "paused" : cli_time(next, nbuf, sizeof nbuf),
+                                 nlast ? lr : "-",
+                                 nlast ? state_run_state_name(last[0].state) : "-"};
+            cli_table_add(t, row);
+        }
+        state_runs_free(last, nlast);
+    }
+    if (cli->json)
+        cli_print_json(arr);
+    else if (n == 0)
+        printf("no jobs yet: submit one with 'kiln submit FILE' (examples/ has some)\n");
+    else
+        cli_table_print(t);
+    cli_table_destroy(t);
+    state_jobs_free(jobs, n);
+    state_close(st);
+    return CLI_EXIT_OK;
+}
+
+static int parse_count(const char *s, const char *what, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end != '\0' || v < 0 || v > max)
+        return kiln_errf(KILN_EINVAL, "%s: expected an integer from 0 to %ld, got \"%s\"", what,
+                         max, s);
+    *out = v;
+    return 0;
+}
+
+int cmd_runs(cli_t *cli)
+{
+    const char *job = cli_opt(cli, "job"), *state_s = cli_opt(cli, "state");
+    const char *limit_s = cli_opt(cli, "limit");
+    long limit = 50;
+    if (limit_s != NULL && parse_count(limit_s, "--limit", 1000000000L, &limit) < 0)
+        return cli_fail(KILN_EINVAL, NULL);
+    state_run_state_t want = STATE_RUN_QUEUED;
+    if (state_s != NULL && state_run_state_parse(state_s, &want) < 0)
+        return cli_fail(KILN_EINVAL, NULL);
+
+    state_t *st = NULL;
+    int rc = state_open(cli->db_path, &st);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    int exit_code = CLI_EXIT_OK;
+    state_job_t j;
+    if (job != NULL) {
+        rc = state_job_get(st, job, &j);
+        if (rc < 0) {
+            exit_code = cli_fail(rc, "no job named '%s' (see 'kiln jobs')", job);
+            goto out;
+        }
+        state_job_fini(&j);
+    }
+    state_run_t *runs = NULL;
+    size_t n = 0;
+    rc = state_run_list(st, job, state_s ? 0 : (int)limit, &runs, &n);
+    if (rc < 0) {
+        exit_code = cli_fail(rc, NULL);
+        goto out;
+    }
+    if (state_s != NULL) { /* filter in place, keeping newest-first order */
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (runs[i].state == want && (limit == 0 || k < (size_t)limit)) {
+                state_run_t tmp = runs[k];
+                runs[k] = runs[i];
+                runs[i] = tmp;
+                k++;
+            }
+        }
+        for (size_t i = k; i < n; i++)
+            state_run_fini(&runs[i]);
+        n = k;
+    }
+    if (n == 0 && !cli->json)
+        printf("no runs%s%s\n", job ? " of job " : "", job ? job : "");
+    else
+        print_runs(cli, runs, n);
+    state_runs_free(runs, n);
+out:
+    state_close(st);
+    return exit_code;
+}
+
+static bool all_digits(const char *s)
+{
+    if (*s == '\0')
+        return false;
+    for (; *s; s++)
+        if (!isdigit((unsigned char)*s))
+            return false;
+    return true;
+}
+
+static int show_run(cli_t *cli, state_t *st, int64_t id)
+{
+    state_run_t r;
+    int rc = state_run_get(st, id, &r);
+    if (rc == KILN_ENOENT)
+        return cli_fail(rc, "no run %" PRId64 " (see 'kiln runs')", id);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    state_event_t *ev = NULL;
+    size_t nev = 0;
+    if (state_event_list(st, r.job_id, r.id, &ev, &nev) < 0)
+        nev = 0;
+    if (cli->json) {
+        json_t *o = run_json(&r);
+        json_t *arr = json_array();
+        for (size_t i = 0; i < nev; i++)
+            json_array_append_new(arr, json_pack("{s:o, s:s, s:s}", "at", cli_json_time(ev[i].at),
+                                                 "kind", ev[i].kind, "message", ev[i].message));
+        json_object_set_new(o, "events", arr);
+        cli_print_json(o);
+    } else {
+        char b1[KILN_ISO_LEN], dur[32];
+        run_duration(&r, dur, sizeof dur);
+        printf("run %" PRId64 " of job %s (version %d)\n", r.id, r.job_name, r.job_version);
+        printf("  state       %s%s\n", state_run_state_name(r.state),
+               r.cancel_requested && !state_run_state_terminal(r.state) ? " (cancel requested)"
+                                                                         : "");
+        printf("  trigger     %s, attempt %d", state_trigger_name(r.trigger), r.attempt);
+        if (r.retry_of)
+            printf(" (retry of run %" PRId64 ")", r.retry_of);
+        printf("\n");
+        if (r.scheduled_at)
+            printf("  scheduled   %s\n", cli_time(r.scheduled_at, b1, sizeof b1));
+        printf("  queued      %s\n", cli_time(r.queued_at, b1, sizeof b1));
+        printf("  started     %s\n", cli_time(r.started_at, b1, sizeof b1));
+        printf("  ended       %s\n", cli_time(r.ended_at, b1, sizeof b1));
+        printf("  duration    %s\n", dur);
+        if (state_run_state_terminal(r.state) && r.exit_code >= 0)
+            printf("  exit        %d\n", r.exit_code);
+        if (r.error)
+            printf("  error       %s\n", r.error);
+        if (r.run_dir)
+            printf("  run dir     %s\n", r.run_dir);
+        if (r.host)
+            printf("  host        %s (process group %" PRId64 ")\n", r.host, r.pgid);
+        if (nev) {
+            printf("events:\n");
+            for (size_t i = 0; i < nev; i++)
+                printf("  %s  %-8s %s\n", cli_time(ev[i].at, b1, sizeof b1), ev[i].kind,
+                       ev[i].message);
+        }
+    }
+    state_events_free(ev, nev);
+    state_run_fini(&r);
+    return CLI_EXIT_OK;
+}
+
+static int show_job(cli_t *cli, state_t *st, const char *name)
+{
+    state_job_t j;
+    int rc = state_job_get(st, name, &j);
+    if (rc == KILN_ENOENT)
+        return cli_fail(rc, "no job named '%s' (see 'kiln jobs')", name);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    char *tz = j.schedule ? stored_timezone(j.spec_yaml) : NULL;
+    int64_t next = j.paused ? 0 : next_fire(j.schedule, tz, kiln_now_s());
+    state_run_t *runs = NULL;
+    size_t n = 0;
+    if (state_run_list(st, j.name, 10, &runs, &n) < 0)
+        n = 0;
+    if (cli->json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(arr, run_json(&runs[i]));
+        json_t *o = json_pack("{s:I, s:s, s:i, s:s?, s:s?, s:i, s:b, s:s, s:o, s:o, s:o, s:s, "
+                              "s:o}",
+                              "id", (json_int_t)j.id, "name", j.name, "version", j.version,
+                              "schedule", j.schedule, "timezone", tz, "priority", j.priority,
+                              "paused", j.paused, "spec_hash", j.spec_hash, "next_fire",
+                              cli_json_time(next), "created_at", cli_json_time(j.created_at),
+                              "updated_at", cli_json_time(j.updated_at), "spec", j.spec_yaml,
+                              "runs", arr);
+        cli_print_json(o);
+    } else {
+        char b1[KILN_ISO_LEN];
+        printf("job %s (version %d, spec %s)\n", j.name, j.version, j.spec_hash);
+        printf("  schedule    %s\n", j.schedule ? j.schedule : "(one-off)");
+        if (j.schedule)
+            printf("  next fire   %s%s\n", j.paused ? "paused" : cli_time(next, b1, sizeof b1),
+                   tz && !j.paused ? (strcmp(tz, "UTC") ? " (UTC; schedule in zone)" : "") : "");
+        printf("  priority    %d\n", j.priority);
+        printf("  created     %s\n", cli_time(j.created_at, b1, sizeof b1));
+        printf("  updated     %s\n", cli_time(j.updated_at, b1, sizeof b1));
+        printf("spec:\n");
+        const char *p = j.spec_yaml;
+        while (*p) {
+            size_t l = strcspn(p, "\n");
+            printf("  | %.*s\n", (int)l, p);
+            p += l + (p[l] == '\n');
+        }
+        if (n) {
+            printf("latest runs:\n");
+            print_runs(cli, runs, n);
+        } else {
+            printf("no runs yet\n");
+        }
+    }
+    state_runs_free(runs, n);
+    free(tz);
+    state_job_fini(&j);
+    return CLI_EXIT_OK;
+}
+
+int cmd_show(cli_t *cli)
+{
+    state_t *st = NULL;
+    int rc = state_open(cli->db_path, &st);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    const char *what = cli->pos[0];
+    int e = all_digits(what) ? show_run(cli, st, strtoll(what, NULL, 10)) : show_job(cli, st, what);
+    state_close(st);
+    return e;
+}
+
+int cmd_cancel(cli_t *cli)
+{
+    const char *what = cli->pos[0];
+    if (!all_digits(what))
+        return cli_fail(KILN_EUSAGE, "cancel expects a run number (see 'kiln runs'), got '%s'",
+                        what);
+    int64_t id = strtoll(what, NULL, 10);
+    state_t *st = NULL;
+    int rc = state_open(cli->db_path, &st);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    bool done = false;
+    int exit_code = CLI_EXIT_OK;
+    rc = state_run_request_cancel(st, id, &done);
+    if (rc == KILN_ENOENT) {
+        exit_code = cli_fail(rc, "no run %" PRId64 " (see 'kiln runs')", id);
+    } else if (rc < 0) {
+        exit_code = cli_fail(rc, NULL);
+    } else if (cli->json) {
+        cli_print_json(json_pack("{s:I, s:s}", "run", (json_int_t)id, "result",
+                                 done ? "canceled" : "cancel_requested"));
+    } else if (done) {
+        printf("canceled run %" PRId64 " (it had not started)\n", id);
+    } else {
+        printf("cancel requested for run %" PRId64 ": kilnd sends SIGTERM to its process group, "
+               "then SIGKILL after the grace period\n",
+               id);
+    }
+    state_close(st);
+    return exit_code;
+}

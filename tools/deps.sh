@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# tools/deps.sh - installs the Debian 12 packages Kiln builds, tests and runs
+# with. Skips apt entirely when everything is already there; otherwise runs
+# `apt-get update` then `apt-get install -y` (as root, or through sudo).
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libyaml-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev
+  libopenmpi-dev openmpi-bin libcmocka-dev libmicrohttpd-dev libjansson-dev
+  libopenblas-dev libxxhash-dev python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
+fi
+
+echo "kiln: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "kiln: need root (or sudo) to install: ${missing[*]}" >&2; exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

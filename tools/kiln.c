@@ -1,0 +1,290 @@
+/*
+ * tools/kiln.c - the `kiln` command: global options, the command table,
+ * --help for every command, and dispatch. Each command lives in a cmd_*.c
+ * file and returns one of the exit codes documented in docs/cli.md.
+ */
+#include "cli.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln.h"
+
+static const cli_opt_t no_opts[] = {{NULL, NULL, NULL}};
+
+static const cli_opt_t submit_opts[] = {
+    {"dry-run", NULL, "validate the spec and show what would be scheduled; touch no database"},
+    {NULL, NULL, NULL}};
+
+static const cli_opt_t runs_opts[] = {
+    {"job", "NAME", "only runs of this job"},
+    {"state", "STATE", "only runs in this state (queued, running, succeeded, failed, ...)"},
+    {"limit", "N", "show at most N runs, newest first (default 50; 0 for all)"},
+    {NULL, NULL, NULL}};
+
+static const cli_opt_t schedule_opts[] = {
+    {"after", "TIME", "ISO 8601 instant to start after (default: now), e.g. 2024-05-02T00:00:00Z"},
+    {"count", "N", "how many fire times to print (default 5, at most 10000)"},
+    {"timezone", "TZ", "evaluate the expression in this zone (default UTC)"},
+    {NULL, NULL, NULL}};
+
+static const cli_opt_t datagen_opts[] = {
+    {"rows", "N", "rows to write"},
+    {"out", "FILE", "output file (Criteo-format TSV)"},
+    {"seed", "S", "seed of the hidden model and the ids (default 42)"},
+    {"day", "D", "day number: popularity and weights drift from day to day (default 0)"},
+    {NULL, NULL, NULL}};
+
+static const cli_opt_t convert_opts[] = {
+    {"out", "FILE", "the kiln-bin file to write"},
+    {NULL, NULL, NULL}};
+
+static const cli_cmd_t commands[] = {
+    {"submit", "FILE", "validate a job spec and queue it (or register its schedule)",
+     "Parses and validates FILE. A job without `schedule` gets one run queued now; a job with "
+     "a schedule is registered and kilnd fires it. Submitting a job name that exists replaces "
+     "its spec (the job's version goes up when the text changed). Errors name "
+     "file:line:col and the field.",
+     submit_opts, 1, 1, true, cmd_submit},
+    {"jobs", "", "list jobs", NULL, no_opts, 0, 0, true, cmd_jobs},
+    {"runs", "", "list runs, newest first", NULL, runs_opts, 0, 0, true, cmd_runs},
+    {"show", "RUN|JOB", "show one run (by number) or one job (by name)",
+     "A run shows its state, times, exit, error and events; a job shows its spec and its latest "
+     "runs.",
+     no_opts, 1, 1, true, cmd_show},
+    {"cancel", "RUN", "cancel a run",
+     "A queued run is canceled at once. A running run is flagged; kilnd sends SIGTERM to its "
+     "process group, waits the grace period, then SIGKILL.",
+     no_opts, 1, 1, true, cmd_cancel},
+    {"schedule", "next EXPR", "print the next fire times of a cron expression",
+     "`kiln schedule next \"EXPR\" --after 2024-05-02T00:00:00Z --count N` prints the next N "
+     "fire times strictly after the instant, ISO 8601 UTC, one per line. See docs/cron.md.",
+     schedule_opts, 2, 2, false, cmd_schedule},
+    {"datagen", "", "write synthetic Criteo-format data",
+     "`kiln datagen --rows N --out FILE [--seed S] [--day D]` writes N rows with power-law ids, "
+     "a learnable signal and drift from day to day (docs/data-formats.md).",
+     datagen_opts, 0, 0, false, cmd_datagen},
+    {"convert", "TSV...", "convert Criteo TSV files to kiln-bin",
+     "Reads the TSV files in order and writes one kiln-bin file (docs/data-formats.md); "
+     "malformed lines are skipped and reported.",
+     convert_opts, 1, CLI_MAX_POS, false, cmd_convert},
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static const cli_opt_t global_opts[] = {
+    {"db", "PATH", "database file (default $KILN_HOME/kiln.db, KILN_HOME defaults to ~/.kiln)"},
+    {"json", NULL, "print JSON for scripts instead of tables"},
+    {"help", NULL, "show help"},
+    {NULL, NULL, NULL}};
+
+static void print_opts(FILE *f, const cli_opt_t *opts)
+{
+    for (const cli_opt_t *o = opts; o->name != NULL; o++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        fprintf(f, "  %-22s %s\n", left, o->help);
+    }
+}
+
+static void usage_main(FILE *f)
+{
+    fprintf(f, "usage: kiln [--db PATH] [--json] COMMAND [ARGS]\n\n"
+               "Kiln keeps embedding-heavy recommender models fresh.\n\ncommands:\n");
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nglobal options:\n");
+    print_opts(f, global_opts);
+    fprintf(f, "\n`kiln COMMAND --help` describes a command. Exit codes: 0 ok, 1 failure, "
+               "2 usage, 3 bad input, 4 not found, 5 refused by state (docs/cli.md).\n");
+}
+
+static void usage_cmd(FILE *f, const cli_cmd_t *c)
+{
+    fprintf(f, "usage: kiln %s%s%s [options]\n\n%s.\n", c->name, c->args[0] ? " " : "", c->args,
+            c->summary);
+    if (c->details != NULL)
+        fprintf(f, "\n%s\n", c->details);
+    if (c->opts[0].name != NULL) {
+        fprintf(f, "\noptions:\n");
+        print_opts(f, c->opts);
+    }
+    fprintf(f, "\nglobal options:\n");
+    print_opts(f, global_opts);
+}
+
+static const cli_cmd_t *find_command(const char *name)
+{
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        if (strcmp(commands[i].name, name) == 0)
+            return &commands[i];
+    return NULL;
+}
+
+static int opt_index(const cli_opt_t *opts, const char *name, size_t len)
+{
+    for (int i = 0; opts[i].name != NULL; i++)
+        if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0)
+            return i;
+    return -1;
+}
+
+static int unknown_option(const char *arg, const cli_opt_t *opts, const char *cmd)
+{
+    const char *names[2 * CLI_MAX_OPTS + 4];
+    size_t n = 0;
+    for (const cli_opt_t *o = opts; o && o->name && n < CLI_MAX_OPTS; o++)
+        names[n++] = o->name;
+    for (const cli_opt_t *o = global_opts; o->name; o++)
+        names[n++] = o->name;
+    names[n] = NULL;
+    const char *bare = arg + 2;
+    char word[64];
+    snprintf(word, sizeof word, "%.*s", (int)strcspn(bare, "="), bare);
+    const char *hint = kiln_did_you_mean(word, names);
+    fprintf(stderr, "kiln: unknown option '%s'", arg);
+    if (hint)
+        fprintf(stderr, " (did you mean --%s?)", hint);
+    fprintf(stderr, "; see 'kiln %s--help'\n", cmd ? cmd : "");
+    return CLI_EXIT_USAGE;
+}
+
+/* Parses argv[from..] into cli: the global options anywhere, the command's
+ * own options, and positionals. Returns -1 to go on, or an exit code. */
+static int parse_args(int argc, char **argv, int from, const cli_cmd_t *cmd, cli_t *cli,
+                      bool *help)
+{
+    const cli_opt_t *opts = cmd ? cmd->opts : no_opts;
+    char cmdsp[32] = "";
+    if (cmd)
+        snprintf(cmdsp, sizeof cmdsp, "%s ", cmd->name);
+    for (int i = from; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            for (i++; i < argc; i++) {
+                if (cli->npos >= CLI_MAX_POS)
+                    return CLI_EXIT_USAGE;
+                cli->pos[cli->npos++] = argv[i];
+            }
+            break;
+        }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            *help = true;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+            if (cmd == NULL)
+                return -2 - i; /* the command word */
+            if (cli->npos >= CLI_MAX_POS) {
+                fprintf(stderr, "kiln: too many arguments\n");
+                return CLI_EXIT_USAGE;
+            }
+            cli->pos[cli->npos++] = a;
+            continue;
+        }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const char *value = eq ? eq + 1 : NULL;
+        int gi = opt_index(global_opts, name, len);
+        int ci = opt_index(opts, name, len);
+        const cli_opt_t *o = ci >= 0 ? &opts[ci] : gi >= 0 ? &global_opts[gi] : NULL;
+        if (o == NULL)
+            return unknown_option(a, opts, cmd ? cmdsp : NULL);
+        if (o->arg != NULL && value == NULL) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kiln: option --%s needs a value (%s)\n", o->name, o->arg);
+                return CLI_EXIT_USAGE;
+            }
+            value = argv[++i];
+        } else if (o->arg == NULL && value != NULL) {
+            fprintf(stderr, "kiln: option --%s takes no value\n", o->name);
+            return CLI_EXIT_USAGE;
+        }
+        if (ci >= 0) {
+            cli->values[ci] = value ? value : "";
+        } else if (strcmp(o->name, "db") == 0) {
+            cli->db_path = value;
+        } else if (strcmp(o->name, "json") == 0) {
+            cli->json = true;
+        }
+    }
+    return -1;
+}
+
+static char *default_db_path(void)
+{
+    const char *home = getenv("KILN_HOME");
+    if (home != NULL && home[0] != '\0')
+        return kiln_asprintf("%s/kiln.db", home);
+    const char *user_home = getenv("HOME");
+    if (user_home == NULL || user_home[0] == '\0')
+        return NULL;
+    return kiln_asprintf("%s/.kiln/kiln.db", user_home);
+}
+
+int main(int argc, char **argv)
+{
+    cli_t cli = {0};
+    bool help = false;
+    const char *level = getenv("KILN_LOG");
+    kiln_log_level_t lv;
+    if (level != NULL && kiln_log_level_parse(level, &lv) == 0)
+        kiln_log_set_level(lv);
+
+    /* First pass: global options up to the command word. */
+    int rc = parse_args(argc, argv, 1, NULL, &cli, &help);
+    if (rc >= 0)
+        return rc;
+    if (rc == -1) {
+        usage_main(help ? stdout : stderr);
+        return help ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+    }
+    int cmd_at = -2 - rc;
+    const char *name = argv[cmd_at];
+    if (strcmp(name, "help") == 0) {
+        const cli_cmd_t *c = cmd_at + 1 < argc ? find_command(argv[cmd_at + 1]) : NULL;
+        if (c)
+            usage_cmd(stdout, c);
+        else
+            usage_main(stdout);
+        return CLI_EXIT_OK;
+    }
+    const cli_cmd_t *cmd = find_command(name);
+    if (cmd == NULL) {
+        const char *names[NCOMMANDS + 1];
+        for (size_t i = 0; i < NCOMMANDS; i++)
+            names[i] = commands[i].name;
+        names[NCOMMANDS] = NULL;
+        const char *hint = kiln_did_you_mean(name, names);
+        fprintf(stderr, "kiln: unknown command '%s'%s%s%s; see 'kiln --help'\n", name,
+                hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "");
+        return CLI_EXIT_USAGE;
+    }
+    cli.opts = cmd->opts;
+    rc = parse_args(argc, argv, cmd_at + 1, cmd, &cli, &help);
+    if (rc >= 0)
+        return rc;
+    if (help) {
+        usage_cmd(stdout, cmd);
+        return CLI_EXIT_OK;
+    }
+    if (cli.npos < cmd->min_pos || cli.npos > cmd->max_pos) {
+        fprintf(stderr, "kiln: %s expects %s%s; see 'kiln %s --help'\n", cmd->name,
+                cmd->args[0] ? cmd->args : "no arguments",
+                cli.npos > cmd->max_pos ? " (too many arguments)" : "", cmd->name);
+        return CLI_EXIT_USAGE;
+    }
+    char *owned_db = NULL;
+    if (cmd->needs_db && cli.db_path == NULL) {
+        owned_db = default_db_path();
+        if (owned_db == NULL) {
+            fprintf(stderr, "kiln: neither KILN_HOME nor HOME is set; pass --db PATH\n");
+            return CLI_EXIT_USAGE;
+        }
+        cli.db_path = owned_db;
+    }
+    rc = cmd->run(&cli);
+    free(owned_db);
+    return rc;
+}
