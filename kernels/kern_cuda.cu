@@ -14,6 +14,8 @@
  * are coalesced.
  */
 #include <cuda_runtime.h>
+#include <cublas_api.h>
+#include <nccl.h>
 
 #include "kern.h"
 #include "kern_ops.h"
@@ -176,6 +178,19 @@ extern "C" int kern_cuda_sparse_update(const kern_opt_t *opt, int ntables,
         CUDA_CHECK(cudaGetLastError());
     }
     return 0;
+}
+
+extern "C" void kern_cuda_versions(int *runtime, int *cublas, int *nccl)
+{
+    int v = 0, major = 0, minor = 0, patch = 0;
+    *runtime = cudaRuntimeGetVersion(&v) == cudaSuccess ? v : 0;
+    if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+        *cublas = major * 10000 + minor * 100 + patch;
+    else
+        *cublas = 0;
+    *nccl = ncclGetVersion(&v) == ncclSuccess ? v : 0;
 }
 
 extern "C" int kern_cuda_device_count(void)

@@ -205,6 +205,9 @@ static void test_update_parity_adam(void **state) { (void)state; update_parity(K
 
 int main(void)
 {
+    int rt = 0, cublas = 0, nccl = 0;
+    kern_cuda_versions(&rt, &cublas, &nccl);
+    printf("linked: CUDA runtime %d, cuBLAS %d, NCCL %d\n", rt, cublas, nccl);
     if (kern_cuda_device_count() < 1) {
         printf("skipped: no CUDA device\n");
         return 77;
