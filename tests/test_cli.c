@@ -10,7 +10,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <fcntl.h>
 #include <glob.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -20,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "proc.h"
+
 #ifndef KILN_BIN
 #error "KILN_BIN must name the kiln executable"
 #endif
@@ -27,50 +28,21 @@
 static char tmpdir[256];
 static char dbpath[320];
 
-typedef struct {
-    int code;
-    char out[65536];
-    char err[65536];
-} result_t;
+typedef proc_result_t result_t;
 
-static void slurp(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-}
-
-/* Runs kiln with argv (NULL-terminated, without argv[0]); env_home non-NULL
+/* Runs kiln with args (NULL-terminated, without argv[0]); env_home non-NULL
  * sets KILN_HOME for the child. */
 static void run_env(result_t *r, const char *env_home, const char *const *args)
 {
-    char outp[400], errp[400];
-    snprintf(outp, sizeof outp, "%s/stdout", tmpdir);
-    snprintf(errp, sizeof errp, "%s/stderr", tmpdir);
     const char *argv[32] = {KILN_BIN};
     int n = 1;
     for (; args[n - 1] != NULL && n < 31; n++)
         argv[n] = args[n - 1];
     argv[n] = NULL;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(o, 1);
-        dup2(e, 2);
-        if (env_home)
-            setenv("KILN_HOME", env_home, 1);
-        execv(KILN_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    r->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    slurp(outp, r->out, sizeof r->out);
-    slurp(errp, r->err, sizeof r->err);
+    char home[400];
+    snprintf(home, sizeof home, "KILN_HOME=%s", env_home ? env_home : "");
+    const char *env[] = {home, NULL};
+    proc_run_env(r, tmpdir, env_home ? env : NULL, argv);
 }
 
 #define KILN(r, ...)                                                                  \
@@ -91,8 +63,7 @@ static void write_file(const char *name, const char *text, char *path, size_t ca
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-test-cli-XXXXXX");
-    if (mkdtemp(tmpdir) == NULL)
+    if (proc_tmpdir("cli", tmpdir, sizeof tmpdir) < 0)
         return -1;
     snprintf(dbpath, sizeof dbpath, "%s/db/kiln.db", tmpdir);
     return 0;
@@ -101,9 +72,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return proc_rmtree(tmpdir);
 }
 
 static json_t *parse_json(const char *text)

@@ -21,61 +21,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "proc.h"
+
 #ifndef KILN_BIN
 #error "KILN_BIN and KILN_TRAIN_BIN must name the executables"
 #endif
 
 static char tmpdir[256];
 
-typedef struct {
-    int code;
-    char out[16384];
-    char err[65536];
-} result_t;
+typedef proc_result_t result_t;
 
-static void slurp(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-}
-
-static void run(result_t *r, const char *const *argv)
-{
-    char outp[400], errp[400];
-    snprintf(outp, sizeof outp, "%s/stdout", tmpdir);
-    snprintf(errp, sizeof errp, "%s/stderr", tmpdir);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(o, 1);
-        dup2(e, 2);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-        setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-        /* Under ASan, Open MPI's runtime and its dlopen'ed components leave
-         * allocations behind at exit that LeakSanitizer cannot name (and so
-         * cannot suppress); leak checking of the ranks is off, every other
-         * ASan/UBSan check stays on. The unit tests keep leak checking. */
-        const char *asan = getenv("ASAN_OPTIONS");
-        if (asan != NULL) {
-            char opts[1024];
-            snprintf(opts, sizeof opts, "%s:detect_leaks=0", asan);
-            setenv("ASAN_OPTIONS", opts, 1);
-        }
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    r->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    slurp(outp, r->out, sizeof r->out);
-    slurp(errp, r->err, sizeof r->err);
-}
+static void run(result_t *r, const char *const *argv) { proc_run(r, tmpdir, argv); }
 
 static void write_spec(const char *name, const char *model, int batch, const char *extra,
                        char *path, size_t cap)
@@ -150,8 +106,7 @@ static int losses(const char *run_name, double *out, int cap)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-test-train-XXXXXX");
-    if (mkdtemp(tmpdir) == NULL)
+    if (proc_tmpdir("train", tmpdir, sizeof tmpdir) < 0)
         return -1;
     char data[400], eval[400];
     snprintf(data, sizeof data, "%s/data/day=0.tsv", tmpdir);
@@ -175,9 +130,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return proc_rmtree(tmpdir);
 }
 
 /* 1 rank with batch N*B and N ranks with batch B see the same global

@@ -1,0 +1,102 @@
+/*
+ * tests/proc.h - what the integration tests share for running the real
+ * programs: a temp directory per test executable, running a command with
+ * its stdout, stderr and exit status captured, and reading files whole.
+ * Header-only (static functions) so that each test stays one .c file.
+ */
+#ifndef KILN_TESTS_PROC_H
+#define KILN_TESTS_PROC_H
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A finished command: exit code (128 + signal when killed) and its output. */
+typedef struct proc_result {
+    int code;
+    char out[65536];
+    char err[65536];
+} proc_result_t;
+
+/* Reads a file into buf (NUL-terminated, cut at cap - 1 bytes); "" when it
+ * cannot be read. */
+static inline void proc_slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+}
+
+/* Makes a fresh directory /tmp/kiln-test-<name>-XXXXXX into dir. Returns 0
+ * or -1. */
+static inline int proc_tmpdir(const char *name, char *dir, size_t cap)
+{
+    snprintf(dir, cap, "/tmp/kiln-test-%s-XXXXXX", name);
+    return mkdtemp(dir) != NULL ? 0 : -1;
+}
+
+/* Removes a directory tree made by proc_tmpdir. Returns 0 or -1. */
+static inline int proc_rmtree(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Runs argv (argv[0] looked up in PATH) with stdout and stderr captured via
+ * files in scratch_dir, after setting each "NAME=VALUE" of env (NULL-ended,
+ * may be NULL) in the child. Open MPI is told it may run as root and
+ * oversubscribe. Under ASan, leak checking is off in the child: Open MPI's
+ * runtime and its dlopen'ed components leave allocations at exit that
+ * LeakSanitizer cannot name, so they cannot be suppressed; every other
+ * ASan/UBSan check stays on, and the unit tests keep leak checking. */
+static inline void proc_run_env(proc_result_t *r, const char *scratch_dir,
+                                const char *const *env, const char *const *argv)
+{
+    char outp[600], errp[600];
+    snprintf(outp, sizeof outp, "%s/.stdout", scratch_dir);
+    snprintf(errp, sizeof errp, "%s/.stderr", scratch_dir);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0)
+            _exit(126);
+        dup2(o, 1);
+        dup2(e, 2);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+        setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+        const char *asan = getenv("ASAN_OPTIONS");
+        if (asan != NULL) {
+            char opts[1024];
+            snprintf(opts, sizeof opts, "%s:detect_leaks=0", asan);
+            setenv("ASAN_OPTIONS", opts, 1);
+        }
+        for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+            putenv((char *)env[i]);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    r->code = 127;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid)
+        r->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    proc_slurp(outp, r->out, sizeof r->out);
+    proc_slurp(errp, r->err, sizeof r->err);
+}
+
+static inline void proc_run(proc_result_t *r, const char *scratch_dir, const char *const *argv)
+{
+    proc_run_env(r, scratch_dir, NULL, argv);
+}
+
+#endif /* KILN_TESTS_PROC_H */
