@@ -182,6 +182,13 @@ void kiln_hasher_destroy(kiln_hasher_t *h);
 int kiln_xxh64_file(const char *path, uint64_t seed, uint64_t *out /* OUT */,
                     uint64_t *size /* OUT, may be NULL */);
 
+/* ---- files ------------------------------------------------------------------- */
+/* Creates dir and its missing parents (mode 0755), like mkdir -p. Returns 0
+ * or KILN_EIO naming the directory that could not be made. */
+int kiln_mkdir_p(const char *dir);
+/* Creates the missing parent directories of a file path. Returns 0 or KILN_EIO. */
+int kiln_mkdir_parent(const char *path);
+
 /* ---- strings ---------------------------------------------------------------- */
 /* Levenshtein distance, capped at 255. */
 int kiln_edit_distance(const char *a, const char *b);

@@ -276,39 +276,15 @@ static int open_err(const char *path, const char *why)
                      path, why);
 }
 
-/* mkdir -p of the directory part of path. */
+/* mkdir -p of the directory part of path, with the database's context. */
 static int make_parent_dirs(const char *path)
 {
-    int rc = 0;
-    char *dir = kiln_strdup(path);
-    if (dir == NULL)
-        return KILN_ENOMEM;
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL || slash == dir)
-        goto out;
-    *slash = '\0';
-    for (char *p = dir + 1;; p++) {
-        bool end = *p == '\0';
-        if (*p != '/' && !end)
-            continue;
-        *p = '\0';
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-            rc = kiln_errf(KILN_EDB,
-                           "cannot open database %s: cannot create directory %s: %s; "
-                           "check the path and permissions or pass --db",
-                           path, dir, strerror(errno));
-            goto out;
-        }
-        if (end)
-            break;
-        *p = '/';
+    if (kiln_mkdir_parent(path) < 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kiln_errmsg());
+        return open_err(path, why);
     }
-    struct stat sb;
-    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
-        rc = open_err(path, "its parent is not a directory");
-out:
-    free(dir);
-    return rc;
+    return 0;
 }
 
 static int journal_cb(void *ctx, int ncol, char **vals, char **names)

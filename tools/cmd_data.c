@@ -38,6 +38,8 @@ int cmd_datagen(cli_t *cli)
         (seed_s && parse_i64(seed_s, "--seed", 0, INT64_MAX, &seed) < 0) ||
         (day_s && parse_i64(day_s, "--day", 0, 1000000, &day) < 0))
         return cli_fail(KILN_EINVAL, NULL);
+    if (kiln_mkdir_parent(out) < 0)
+        return cli_fail(KILN_EIO, NULL);
     rt_datagen_opts_t o = {.path = out, .rows = rows, .seed = (uint64_t)seed, .day = (int)day};
     int64_t t0 = kiln_mono_ns();
     int rc = rt_datagen(&o);
@@ -59,6 +61,8 @@ int cmd_convert(cli_t *cli)
     const char *out = cli_opt(cli, "out");
     if (out == NULL)
         return cli_fail(KILN_EUSAGE, "convert needs --out FILE");
+    if (kiln_mkdir_parent(out) < 0)
+        return cli_fail(KILN_EIO, NULL);
     rt_reader_stats_t st;
     int rc = rt_convert_tsv_to_bin(cli->pos, cli->npos, out, NULL, &st);
     if (rc < 0)
