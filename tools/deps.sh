@@ -9,6 +9,7 @@ packages=(
   libyaml-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev
   libopenmpi-dev openmpi-bin libcmocka-dev libmicrohttpd-dev libjansson-dev
   libopenblas-dev libxxhash-dev python3
+  clang libclang-rt-14-dev
 )
 
 missing=()
