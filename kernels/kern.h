@@ -150,7 +150,9 @@ void kern_table_stats(const kern_table_t *t, kern_table_stats_t *st /* OUT */);
 /* Bytes the table holds now (slab, index, bookkeeping, eviction log). */
 size_t kern_table_bytes(const kern_table_t *t);
 /* Bytes of one raw row: key 8 + dim*4 values + optimizer state + stamp 8.
- * kern_table_bytes() stays under 1.3 x capacity x this for dim >= 16. */
+ * kern_table_bytes() stays under 1.3 x capacity x this for dim >= 4 with
+ * any optimizer and policy, and for dim 1 with adagrad or adam under lru or
+ * none (docs/kernels.md has the table). */
 size_t kern_table_row_bytes(const kern_table_t *t);
 
 /* ---- fused ops over all tables of a step ---------------------------------------- */

@@ -54,6 +54,18 @@ int kern_cpu_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
             const int dim = g->dim;
             float *restrict o = out + b * out_stride + g->out_col; /* (dim) */
             const int64_t s = g->offsets[b], e = g->offsets[b + 1];
+            /* Start the row of this table's bag two ahead on its way. */
+            if (b + 2 < nbags && g->offsets[b + 2] < g->offsets[b + 3] &&
+                (uint32_t)g->rows[g->offsets[b + 2]] < (uint64_t)g->capacity)
+                __builtin_prefetch(g->values + (size_t)g->rows[g->offsets[b + 2]] * (size_t)dim);
+            if (e == s + 1 && g->rows[s] >= 0 && g->rows[s] < g->capacity) {
+                /* One row: a copy (its mean is itself). */
+                const float *restrict v = g->values + (size_t)g->rows[s] * (size_t)dim;
+#pragma omp simd
+                for (int j = 0; j < dim; j++)
+                    o[j] = v[j];
+                continue;
+            }
             for (int j = 0; j < dim; j++)
                 o[j] = 0.0f;
             if (e < s) {
@@ -217,11 +229,15 @@ int kern_cpu_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t
     }
     const float lr = opt->lr, eps = opt->eps, b1 = opt->beta1, b2 = opt->beta2;
 
+    /* One parallel region for all tables; a table's rows are unique and
+     * tables are independent, so threads go on to the next table without
+     * waiting (nowait). */
+#pragma omp parallel
     for (int t = 0; t < ntables; t++) {
         const kern_slab_t *s = &slabs[t];
         const kern_row_grads_t *g = &grads[t];
         const size_t dim = (size_t)s->dim;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
         for (int64_t i = 0; i < g->n; i++) {
             const size_t r = (size_t)g->rows[i];
             float *restrict w = s->values + r * dim;           /* (dim) */

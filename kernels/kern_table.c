@@ -28,11 +28,17 @@
 #define MAX_LOAD 0.8
 #define EVICT_SAMPLE 4096
 #define NO_ROW (-1)
+/* lru/lfu keep the low 16 bits of the step of last use. A sweep at least
+ * every AGE_SWEEP steps caps every row's age at AGE_CAP, so true ages stay
+ * below AGE_CAP + AGE_SWEEP < 65536 and the 16-bit difference is exact. */
+#define AGE_CAP 32768u
+#define AGE_SWEEP 16384
 
 struct kern_table {
     char *name;
     int dim;
     int nstate;
+    kern_opt_kind_t opt_kind;
     int64_t capacity;
     kern_init_t init;
     float init_scale;
@@ -46,22 +52,24 @@ struct kern_table {
     float *opt;          /* (capacity, nstate*dim) or NULL */
     uint32_t *opt_steps; /* adam only */
     int64_t *stamps;     /* -1 for a free row */
-    uint32_t *used;      /* lru/lfu: low 32 bits of the step of last use */
-    uint32_t *freq;      /* lfu: uses, saturating */
+    uint16_t *used;      /* lru/lfu: low 16 bits of the step of last use */
+    uint16_t *freq;      /* lfu: uses, saturating */
+    int64_t last_step;   /* the largest step seen by a use */
+    int64_t swept;       /* step of the last age sweep */
 
     /* The index. */
-    uint32_t *slots; /* (nslots) row id + 1, 0 = empty */
-    int64_t nslots;
-    uint64_t mask;
+    uint32_t *slots;   /* (nslots) row id + 1, 0 = empty */
+    int64_t nslots;    /* now: grows with the live rows ... */
+    int64_t max_slots; /* ... up to capacity / MAX_LOAD */
 
     int64_t size;      /* live rows */
     int64_t hiwater;   /* rows [0, hiwater) have been handed out once */
     int64_t free_head; /* first row of the free chain, NO_ROW when empty */
 
-    /* Change tracking. */
-    uint32_t *chg;    /* (capacity) rows changed since base */
-    int64_t nchg;
-    uint8_t *chg_bit; /* (capacity/8) row is on chg[] */
+    /* Change tracking: a bit per row, and a summary bit per 64-row word. */
+    uint64_t *chg;     /* (capacity/64) row changed since base */
+    uint64_t *chg_sum; /* (capacity/4096) word w of chg is nonzero */
+    int64_t nchg;      /* bits set in chg */
     int64_t base;
     int64_t last_visited;
 
@@ -72,11 +80,37 @@ struct kern_table {
     int64_t evictions, eviction_batches;
 };
 
+/* ---- big arrays ----------------------------------------------------------------
+ * A table's arrays are sized for its capacity up front but filled as keys
+ * arrive; calloc maps large ones lazily, so a 1 M-row table costs little
+ * until used. (2 MB pages were tried: zeroing a whole huge page on the first
+ * touch of each array cost more than the TLB misses it saved; see
+ * docs/benchmarks.md.) */
+
+static void *big_alloc(size_t bytes)
+{
+    return kiln_calloc(bytes ? bytes : 1, 1);
+}
+
+static void big_free(void *p, size_t bytes)
+{
+    (void)bytes;
+    free(p);
+}
+
 /* ---- index ------------------------------------------------------------------ */
 
+/* The home slot of key: the top 32 bits of its hash scaled to [0, nslots)
+ * (nslots < 2^32, and need not be a power of two). */
 static inline uint64_t slot_of(const kern_table_t *t, int64_t key)
 {
-    return kern_mix64((uint64_t)key ^ 0x6b696c6e5f6b6579ULL) & t->mask;
+    uint64_t h = kern_mix64((uint64_t)key ^ 0x6b696c6e5f6b6579ULL);
+    return ((h >> 32) * (uint64_t)t->nslots) >> 32;
+}
+
+static inline uint64_t next_slot(const kern_table_t *t, uint64_t i)
+{
+    return i + 1 == (uint64_t)t->nslots ? 0 : i + 1;
 }
 
 /* Returns the slot holding key, or the empty slot where it would go;
@@ -94,7 +128,7 @@ static inline uint64_t probe(const kern_table_t *t, int64_t key, int *found)
             *found = 1;
             return i;
         }
-        i = (i + 1) & t->mask;
+        i = next_slot(t, i);
     }
 }
 
@@ -104,7 +138,7 @@ static void index_remove(kern_table_t *t, uint64_t i)
 {
     uint64_t j = i;
     for (;;) {
-        j = (j + 1) & t->mask;
+        j = next_slot(t, j);
         uint32_t s = t->slots[j];
         if (s == 0)
             break;
@@ -120,6 +154,36 @@ static void index_remove(kern_table_t *t, uint64_t i)
     t->slots[i] = 0;
 }
 
+/* Makes the index big enough for `want` live rows at load <= MAX_LOAD:
+ * doubles it (never past max_slots) and reinserts every live row. The index
+ * starts small, so a big table that holds few keys stays cache-sized.
+ * Returns 0 or KILN_ENOMEM. */
+static int index_reserve(kern_table_t *t, int64_t want)
+{
+    if ((double)want <= (double)t->nslots * MAX_LOAD || t->nslots >= t->max_slots)
+        return 0;
+    int64_t ns = t->nslots;
+    while ((double)want > (double)ns * MAX_LOAD && ns < t->max_slots)
+        ns *= 2;
+    if (ns > t->max_slots)
+        ns = t->max_slots;
+    uint32_t *slots = big_alloc(sizeof(uint32_t) * (size_t)ns);
+    if (!slots)
+        return kiln_errf(KILN_ENOMEM, "table '%s': out of memory growing its index to %lld "
+                         "slots", t->name, (long long)ns);
+    big_free(t->slots, sizeof(uint32_t) * (size_t)t->nslots);
+    t->slots = slots;
+    t->nslots = ns;
+    for (int64_t r = 0; r < t->hiwater; r++) {
+        if (t->stamps[r] < 0)
+            continue;
+        int found;
+        uint64_t i = probe(t, t->keys[r], &found);
+        t->slots[i] = (uint32_t)(r + 1);
+    }
+    return 0;
+}
+
 /* ---- rows --------------------------------------------------------------------- */
 
 static inline int is_live(const kern_table_t *t, int64_t r)
@@ -127,21 +191,60 @@ static inline int is_live(const kern_table_t *t, int64_t r)
     return r >= 0 && r < t->hiwater && t->stamps[r] >= 0;
 }
 
-static void mark_one(kern_table_t *t, int64_t r)
+static inline void mark_one(kern_table_t *t, int64_t r)
 {
-    uint8_t bit = (uint8_t)(1u << (r & 7));
-    if (!(t->chg_bit[r >> 3] & bit)) {
-        t->chg_bit[r >> 3] |= bit;
-        t->chg[t->nchg++] = (uint32_t)r;
+    uint64_t bit = (uint64_t)1 << (r & 63);
+    if (!(t->chg[r >> 6] & bit)) {
+        t->chg[r >> 6] |= bit;
+        t->chg_sum[r >> 12] |= (uint64_t)1 << ((r >> 6) & 63);
+        t->nchg++;
     }
 }
 
 static inline void touch(kern_table_t *t, int64_t r, int64_t step)
 {
     if (t->used)
-        t->used[r] = (uint32_t)step;
-    if (t->freq && t->freq[r] != UINT32_MAX)
+        t->used[r] = (uint16_t)step;
+    if (t->freq && t->freq[r] != UINT16_MAX)
         t->freq[r]++;
+}
+
+/* Steps since row r was last used (t->used present, r live, step >= the
+ * last use); exact while the sweep keeps ages below 65536. */
+static inline uint32_t age_of(const kern_table_t *t, int64_t r, int64_t step)
+{
+    return (uint16_t)((uint16_t)step - t->used[r]);
+}
+
+static inline int used_now(const kern_table_t *t, int64_t r, int64_t step)
+{
+    return t->used[r] == (uint16_t)step;
+}
+
+/* Called before uses at step: caps every live row's age at AGE_CAP when
+ * AGE_SWEEP steps have passed since the last sweep (or the step went back,
+ * after which every row counts as old). O(capacity) per AGE_SWEEP steps. */
+static void age_sweep(kern_table_t *t, int64_t step)
+{
+    if (!t->used)
+        return;
+    if (step >= t->last_step && step - t->swept < AGE_SWEEP) {
+        t->last_step = step;
+        return;
+    }
+    const int back = step < t->last_step;
+    const int64_t gap = back ? 0 : step - t->last_step;
+    const uint16_t now = (uint16_t)step;
+    for (int64_t r = 0; r < t->hiwater; r++) {
+        if (t->stamps[r] < 0)
+            continue;
+        int64_t age = back ? AGE_CAP : (int64_t)age_of(t, r, t->last_step) + gap;
+        if (age > (int64_t)AGE_CAP)
+            age = AGE_CAP;
+        t->used[r] = (uint16_t)(now - (uint16_t)age);
+    }
+    t->swept = step;
+    t->last_step = step;
 }
 
 /* Takes a free row; NO_ROW when the slab is full. */
@@ -212,9 +315,10 @@ static void init_row(kern_table_t *t, int64_t r, int64_t key)
  * order, until enough are gone. Cost: O(capacity) per round, so O(1/fraction)
  * amortised per inserted key. */
 
-static inline uint32_t priority(const kern_table_t *t, int64_t r)
+/* Lower goes first: lfu the use count, lru the age counted down. */
+static inline uint32_t priority(const kern_table_t *t, int64_t r, int64_t step)
 {
-    return t->evict == KERN_EVICT_LFU ? t->freq[r] : t->used[r];
+    return t->evict == KERN_EVICT_LFU ? t->freq[r] : 65535u - age_of(t, r, step);
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -225,7 +329,6 @@ static int cmp_u32(const void *a, const void *b)
 
 static int evict_round(kern_table_t *t, int64_t need, int64_t step, int64_t *freed /* OUT */)
 {
-    const uint32_t now = (uint32_t)step;
     int64_t want = need > t->evict_batch ? need : t->evict_batch;
     int rc = 0;
     *freed = 0;
@@ -237,15 +340,15 @@ static int evict_round(kern_table_t *t, int64_t need, int64_t step, int64_t *fre
     int64_t ns = 0;
     if (t->hiwater <= EVICT_SAMPLE) {
         for (int64_t r = 0; r < t->hiwater; r++)
-            if (t->stamps[r] >= 0 && t->used[r] != now)
-                sample[ns++] = priority(t, r);
+            if (t->stamps[r] >= 0 && !used_now(t, r, step))
+                sample[ns++] = priority(t, r, step);
     } else {
         uint64_t x = kern_mix64(t->seed ^ (uint64_t)step ^ (uint64_t)t->eviction_batches);
         for (int64_t k = 0; k < 4 * EVICT_SAMPLE && ns < EVICT_SAMPLE; k++) {
             x = kern_mix64(x);
             int64_t r = (int64_t)(x % (uint64_t)t->hiwater);
-            if (t->stamps[r] >= 0 && t->used[r] != now)
-                sample[ns++] = priority(t, r);
+            if (t->stamps[r] >= 0 && !used_now(t, r, step))
+                sample[ns++] = priority(t, r, step);
         }
     }
     if (ns == 0)
@@ -263,9 +366,9 @@ static int evict_round(kern_table_t *t, int64_t need, int64_t step, int64_t *fre
         if (pass == 2 && *freed >= need)
             break;
         for (int64_t r = 0; r < t->hiwater && *freed < want; r++) {
-            if (t->stamps[r] < 0 || t->used[r] == now)
+            if (t->stamps[r] < 0 || used_now(t, r, step))
                 continue;
-            uint32_t p = priority(t, r);
+            uint32_t p = priority(t, r, step);
             if ((pass == 0 && p >= thr) || (pass == 1 && p != thr))
                 continue;
             int found;
@@ -296,6 +399,38 @@ static int full_error(const kern_table_t *t)
 }
 
 /* ---- public: life cycle ------------------------------------------------------------ */
+
+/* One per-row (or per-slot) array of the table and its size in bytes. */
+typedef struct {
+    void **p;
+    size_t bytes;
+} array_t;
+
+#define MAX_ARRAYS 10
+
+/* Lists the arrays a table of this shape has (capacity, dim, nstate,
+ * nslots, opt_kind and evict set); returns how many. The one list that
+ * create, destroy and kern_table_bytes walk. */
+static int table_arrays(kern_table_t *t, array_t a[MAX_ARRAYS] /* OUT */)
+{
+    size_t cap = (size_t)t->capacity, dim = (size_t)t->dim;
+    int n = 0;
+    a[n++] = (array_t){(void **)&t->keys, sizeof(int64_t) * cap};
+    a[n++] = (array_t){(void **)&t->values, sizeof(float) * cap * dim};
+    a[n++] = (array_t){(void **)&t->stamps, sizeof(int64_t) * cap};
+    a[n++] = (array_t){(void **)&t->slots, sizeof(uint32_t) * (size_t)t->nslots};
+    a[n++] = (array_t){(void **)&t->chg, sizeof(uint64_t) * ((cap + 63) / 64)};
+    a[n++] = (array_t){(void **)&t->chg_sum, sizeof(uint64_t) * ((cap + 4095) / 4096)};
+    if (t->nstate > 0)
+        a[n++] = (array_t){(void **)&t->opt, sizeof(float) * cap * dim * (size_t)t->nstate};
+    if (t->opt_kind == KERN_OPT_ADAM)
+        a[n++] = (array_t){(void **)&t->opt_steps, sizeof(uint32_t) * cap};
+    if (t->evict != KERN_EVICT_NONE)
+        a[n++] = (array_t){(void **)&t->used, sizeof(uint16_t) * cap};
+    if (t->evict == KERN_EVICT_LFU)
+        a[n++] = (array_t){(void **)&t->freq, sizeof(uint16_t) * cap};
+    return n;
+}
 
 int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT */)
 {
@@ -334,38 +469,27 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
         t->evict_batch = 1;
     t->free_head = NO_ROW;
     t->base = -1;
-    t->nslots = 8;
-    while ((double)t->nslots * MAX_LOAD < (double)cfg->capacity)
-        t->nslots *= 2;
-    t->mask = (uint64_t)t->nslots - 1;
+    /* The smallest slot count with load <= MAX_LOAD (not rounded up to a
+     * power of two: slot_of scales the hash instead of masking it). */
+    t->max_slots = (int64_t)((double)cfg->capacity / MAX_LOAD) + 1;
+    if (t->max_slots < 8)
+        t->max_slots = 8;
+    t->nslots = t->max_slots < 1024 ? t->max_slots : 1024;
+    t->opt_kind = cfg->opt;
 
-    size_t cap = (size_t)cfg->capacity, dim = (size_t)cfg->dim;
-    t->keys = kiln_malloc(sizeof(int64_t) * cap);
-    t->values = kiln_malloc(sizeof(float) * cap * dim);
-    t->stamps = kiln_malloc(sizeof(int64_t) * cap);
-    t->slots = kiln_calloc((size_t)t->nslots, sizeof(uint32_t));
-    t->chg = kiln_malloc(sizeof(uint32_t) * cap);
-    t->chg_bit = kiln_calloc((cap + 7) / 8, 1);
-    if (!t->name || !t->keys || !t->values || !t->stamps || !t->slots || !t->chg ||
-        !t->chg_bit) {
+    if (!t->name) {
         rc = KILN_ENOMEM;
         goto out;
     }
-    if (t->nstate > 0 && !(t->opt = kiln_malloc(sizeof(float) * cap * dim * (size_t)t->nstate))) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    if (cfg->opt == KERN_OPT_ADAM && !(t->opt_steps = kiln_malloc(sizeof(uint32_t) * cap))) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    if (cfg->evict != KERN_EVICT_NONE && !(t->used = kiln_malloc(sizeof(uint32_t) * cap))) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    if (cfg->evict == KERN_EVICT_LFU && !(t->freq = kiln_malloc(sizeof(uint32_t) * cap))) {
-        rc = KILN_ENOMEM;
-        goto out;
+    array_t arr[MAX_ARRAYS];
+    int narr = table_arrays(t, arr);
+    for (int i = 0; i < narr; i++) {
+        if (!(*arr[i].p = big_alloc(arr[i].bytes))) {
+            rc = kiln_errf(KILN_ENOMEM, "table '%s': out of memory for %zu bytes (capacity "
+                           "%lld rows); lower model.embedding.capacity",
+                           name, arr[i].bytes, (long long)cfg->capacity);
+            goto out;
+        }
     }
     *out = t;
     t = NULL;
@@ -378,17 +502,11 @@ void kern_table_destroy(kern_table_t *t)
 {
     if (!t)
         return;
+    array_t arr[MAX_ARRAYS];
+    int narr = table_arrays(t, arr);
+    for (int i = 0; i < narr; i++)
+        big_free(*arr[i].p, arr[i].bytes);
     free(t->name);
-    free(t->keys);
-    free(t->values);
-    free(t->opt);
-    free(t->opt_steps);
-    free(t->stamps);
-    free(t->used);
-    free(t->freq);
-    free(t->slots);
-    free(t->chg);
-    free(t->chg_bit);
     free(t->log);
     free(t);
 }
@@ -406,6 +524,7 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
 {
     int rc = 0;
     int64_t *missing = NULL, nmiss = 0;
+    age_sweep(t, step);
 
     /* Pass 1: existing keys, counting a use; collect the missing ones. */
     for (int64_t i = 0; i < n; i++) {
@@ -426,12 +545,15 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
     if (nmiss == 0)
         goto out;
 
-    /* Make room for the distinct new keys before inserting any. */
-    qsort(missing, (size_t)nmiss, sizeof *missing, cmp_i64);
-    int64_t nnew = 1;
-    for (int64_t i = 1; i < nmiss; i++)
-        nnew += missing[i] != missing[i - 1];
-    int64_t room = t->capacity - t->size;
+    /* Make room for the distinct new keys before inserting any. nmiss
+     * bounds them; count them exactly (a sort) only when it matters. */
+    int64_t room = t->capacity - t->size, nnew = nmiss;
+    if (nmiss > room) {
+        qsort(missing, (size_t)nmiss, sizeof *missing, cmp_i64);
+        nnew = 1;
+        for (int64_t i = 1; i < nmiss; i++)
+            nnew += missing[i] != missing[i - 1];
+    }
     if (nnew > room) {
         if (t->evict == KERN_EVICT_NONE) {
             rc = full_error(t);
@@ -444,6 +566,7 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
             goto out;
         }
     }
+    KILN_CHECK_GOTO(index_reserve(t, t->size + nnew), rc, out);
 
     /* Pass 2: insert (a repeated new key finds the row its first copy got). */
     for (int64_t i = 0; i < n; i++) {
@@ -509,6 +632,7 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
     int32_t *rows = kiln_malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
     if (!rows)
         return KILN_ENOMEM;
+    age_sweep(t, step);
     int64_t nmiss = n - kern_table_find(t, n, keys, rows);
     int rc = 0;
     if (nmiss > t->capacity - t->size) {
@@ -534,6 +658,7 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
             goto out;
         }
     }
+    KILN_CHECK_GOTO(index_reserve(t, t->size + nmiss), rc, out);
     size_t dim = (size_t)t->dim, sdim = (size_t)t->nstate * dim;
     for (int64_t i = 0; i < n; i++) {
         int found;
@@ -582,15 +707,23 @@ int kern_table_changed_since(kern_table_t *t, int64_t since, int32_t *rows /* OU
     int64_t k = 0;
     *n = 0;
     if (since >= t->base) {
-        /* Every row with stamp > base is on chg[]; a listed row may have been
-         * freed (stamp -1) or reused since, which the stamp test sorts out. */
-        for (int64_t i = 0; i < t->nchg; i++) {
-            int64_t r = t->chg[i];
-            if (t->stamps[r] > since) {
-                if (k == cap)
-                    return kiln_errf(KILN_ERANGE, "table '%s': changed_since needs more "
-                                     "than %lld entries", t->name, (long long)cap);
-                rows[k++] = (int32_t)r;
+        /* Every row with stamp > base has its bit in chg; a marked row may
+         * have been freed (stamp -1) or reused since, which the stamp test
+         * sorts out. The summary words skip empty stretches 4096 rows at a
+         * time. */
+        int64_t nsum = (t->capacity + 4095) / 4096;
+        for (int64_t sw = 0; sw < nsum; sw++) {
+            for (uint64_t sm = t->chg_sum[sw]; sm; sm &= sm - 1) {
+                int64_t w = sw * 64 + __builtin_ctzll(sm);
+                for (uint64_t bits = t->chg[w]; bits; bits &= bits - 1) {
+                    int64_t r = w * 64 + __builtin_ctzll(bits);
+                    if (t->stamps[r] > since) {
+                        if (k == cap)
+                            return kiln_errf(KILN_ERANGE, "table '%s': changed_since needs "
+                                             "more than %lld entries", t->name, (long long)cap);
+                        rows[k++] = (int32_t)r;
+                    }
+                }
             }
         }
         t->last_visited = t->nchg;
@@ -611,13 +744,24 @@ int kern_table_changed_since(kern_table_t *t, int64_t since, int32_t *rows /* OU
 
 void kern_table_set_base(kern_table_t *t, int64_t base)
 {
-    int64_t k = 0;
-    for (int64_t i = 0; i < t->nchg; i++) {
-        uint32_t r = t->chg[i];
-        if (t->stamps[r] > base)
-            t->chg[k++] = r;
-        else
-            t->chg_bit[r >> 3] &= (uint8_t)~(1u << (r & 7));
+    int64_t k = 0, nsum = (t->capacity + 4095) / 4096;
+    for (int64_t sw = 0; sw < nsum; sw++) {
+        uint64_t keep_sum = 0;
+        for (uint64_t sm = t->chg_sum[sw]; sm; sm &= sm - 1) {
+            int b = __builtin_ctzll(sm);
+            int64_t w = sw * 64 + b;
+            uint64_t keep = 0;
+            for (uint64_t bits = t->chg[w]; bits; bits &= bits - 1) {
+                int64_t r = w * 64 + __builtin_ctzll(bits);
+                if (t->stamps[r] > base)
+                    keep |= bits & -bits;
+            }
+            t->chg[w] = keep;
+            k += __builtin_popcountll(keep);
+            if (keep)
+                keep_sum |= (uint64_t)1 << b;
+        }
+        t->chg_sum[sw] = keep_sum;
     }
     t->nchg = k;
     t->base = base;
@@ -683,15 +827,11 @@ void kern_table_stats(const kern_table_t *t, kern_table_stats_t *st /* OUT */)
 
 size_t kern_table_bytes(const kern_table_t *t)
 {
-    size_t cap = (size_t)t->capacity, dim = (size_t)t->dim;
+    array_t arr[MAX_ARRAYS];
+    int narr = table_arrays((kern_table_t *)t, arr);
     size_t b = sizeof *t + strlen(t->name) + 1;
-    b += cap * (sizeof(int64_t) + sizeof(int64_t) + sizeof(float) * dim); /* keys stamps values */
-    b += cap * dim * (size_t)t->nstate * sizeof(float);
-    b += t->opt_steps ? cap * sizeof(uint32_t) : 0;
-    b += t->used ? cap * sizeof(uint32_t) : 0;
-    b += t->freq ? cap * sizeof(uint32_t) : 0;
-    b += (size_t)t->nslots * sizeof(uint32_t);
-    b += cap * sizeof(uint32_t) + (cap + 7) / 8; /* change list and its bits */
+    for (int i = 0; i < narr; i++)
+        b += arr[i].bytes;
     b += (size_t)t->caplog * sizeof(kern_evicted_t);
     return b;
 }

@@ -7,6 +7,7 @@
 #define RT_MODEL_IMPL
 #include "rt_model.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,6 +208,9 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
     rt_model_t *m = NULL;
     *out = NULL;
     KILN_CHECK(check_config(cfg));
+    /* The models split their GEMMs over OpenMP threads themselves
+     * (model_dlrm.c); OpenBLAS's own thread pool would compete with them. */
+    openblas_set_num_threads(1);
     m = kiln_calloc(1, sizeof *m);
     if (!m)
         return KILN_ENOMEM;

@@ -15,7 +15,38 @@
 #include "rt_model.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <string.h>
+
+/* ---- GEMM over OpenMP threads ------------------------------------------------------
+ * C (m, nn) = alpha op(A) (m, k) op(B) (k, nn) + beta C, row-major, with the
+ * m rows of C split into one contiguous block per OpenMP thread, each a
+ * single-threaded BLAS call (rt_model_create sets OpenBLAS to one thread).
+ * OpenBLAS's own pool would otherwise spin beside the OpenMP team on the same
+ * cores. Every element of C is computed by one call over the full k, so the
+ * result does not depend on where the blocks split. */
+static void gemm_rows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int nn, int k, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                      int ldc)
+{
+    if ((int64_t)m * nn * k < 262144 || omp_in_parallel()) {
+        cblas_sgemm(CblasRowMajor, ta, tb, m, nn, k, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        /* blocks of whole 16-row panels */
+        const int panels = (m + 15) / 16;
+        const int p0 = (int)((int64_t)panels * id / nt), p1 = (int)((int64_t)panels * (id + 1) / nt);
+        const int m0 = p0 * 16, m1 = p1 * 16 < m ? p1 * 16 : m;
+        if (m1 > m0) {
+            const float *a = ta == CblasNoTrans ? A + (size_t)m0 * (size_t)lda : A + m0;
+            cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, nn, k, alpha, a, lda, B, ldb, beta,
+                        C + (size_t)m0 * (size_t)ldc, ldc);
+        }
+    }
+}
 
 /* ---- the dense layer ------------------------------------------------------------ */
 void rt_dense_linear_fwd(int n, const rt_model_layer_t *L, const float *params, const float *A,
@@ -24,8 +55,7 @@ void rt_dense_linear_fwd(int n, const rt_model_layer_t *L, const float *params, 
     const int in = L->in, out = L->out, relu = L->relu;
     const float *W = params + L->w_off, *b = params + L->b_off;
     /* Y (n, out) = A (n, in) W^T (in, out) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, A, lda, W, in, 0.0f, Y,
-                ldy);
+    gemm_rows(CblasNoTrans, CblasTrans, n, out, in, 1.0f, A, lda, W, in, 0.0f, Y, ldy);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float *yi = Y + (size_t)i * (size_t)ldy;
@@ -49,15 +79,15 @@ void rt_dense_linear_bwd(int n, const rt_model_layer_t *L, const float *params, 
 {
     const int in = L->in, out = L->out;
     /* dW (out, in) += dY^T (out, n) A (n, in) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dY, ldy, A, lda, 1.0f,
-                grads + L->w_off, in);
+    gemm_rows(CblasTrans, CblasNoTrans, out, in, n, 1.0f, dY, ldy, A, lda, 1.0f, grads + L->w_off,
+              in);
     /* db (out) += dY^T (out, n) 1 (n) */
     cblas_sgemv(CblasRowMajor, CblasTrans, n, out, 1.0f, dY, ldy, ones, 1, 1.0f, grads + L->b_off,
                 1);
     /* dA (n, in) = dY (n, out) W (out, in) */
     if (dA)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dY, ldy,
-                    params + L->w_off, in, 0.0f, dA, ldda);
+        gemm_rows(CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dY, ldy, params + L->w_off, in,
+                  0.0f, dA, ldda);
 }
 
 /* dA *= (act > 0): the ReLU's gradient, act (n, w; lda), dA (n, w; ldd). */

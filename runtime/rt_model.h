@@ -30,7 +30,10 @@
  * All arrays are float32, row-major, C-contiguous. Everything a step needs
  * is allocated once by rt_model_create for max_batch rows; forward, backward
  * and step allocate nothing. A model is not thread-safe (one per rank); the
- * calls use OpenMP and OpenBLAS threads inside.
+ * calls use OpenMP threads inside: the GEMMs are split by rows over the
+ * OpenMP team, one single-threaded OpenBLAS call per thread, and
+ * rt_model_create sets OpenBLAS to one thread (openblas_set_num_threads(1))
+ * so that its own pool never spins beside the team on the same cores.
  */
 #ifndef KILN_RUNTIME_RT_MODEL_H
 #define KILN_RUNTIME_RT_MODEL_H

@@ -10,6 +10,7 @@
  */
 #include "rt_shard.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -298,10 +299,138 @@ static void segment_start(const rt_shard_t *s, const int *cnt, const int *kd, co
     *f0 = f;
 }
 
+/* Grows values[t] to (n, dim) floats. Returns 0 or KILN_ENOMEM. */
+static int values_need(rt_shard_t *s, int t, int64_t n)
+{
+    const int64_t want = n * s->dims[t];
+    if (want <= s->values_cap[t])
+        return 0;
+    free(s->values[t]);
+    s->values[t] = kiln_malloc((size_t)(want ? want : 1) * sizeof(float));
+    s->values_cap[t] = s->values[t] ? want : 0;
+    return s->values[t] ? 0 : KILN_ENOMEM;
+}
+
+/* Finds (or inserts) the keys of every table: table t looks up the segments
+ * of all requesters, rank 0 first, so each table sees its keys in the same
+ * order whatever the thread count. Tables run in parallel. seg(t, r) gives
+ * requester r's keys of table t (k0, n) in keys/rows. Returns 0 or the
+ * first failing table's code, with its message on this thread. */
+typedef struct {
+    int64_t k0, n;
+} seg_t;
+
+static int find_all(rt_shard_t *s, int nreq, const seg_t *seg /* (T, nreq) */,
+                    const int64_t *keys, int32_t *rows, int64_t step, bool insert)
+{
+    const int T = s->ntables;
+    int first_bad = T, bad_rc = 0;
+    char msg[512] = "";
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int t = 0; t < T; t++) {
+        int rc = 0;
+        for (int r = 0; r < nreq && rc == 0; r++) {
+            const seg_t *g = &seg[(size_t)t * (size_t)nreq + (size_t)r];
+            if (g->n == 0)
+                continue;
+            if (insert)
+                rc = kern_table_find_or_insert(s->tables[t], g->n, keys + g->k0, step,
+                                               rows + g->k0);
+            else
+                kern_table_find(s->tables[t], g->n, keys + g->k0, rows + g->k0);
+        }
+        if (rc < 0) {
+#pragma omp critical(shard_find_err)
+            if (t < first_bad) {
+                first_bad = t;
+                bad_rc = rc;
+                snprintf(msg, sizeof msg, "%s", kiln_errmsg());
+            }
+        }
+    }
+    if (bad_rc < 0)
+        return kiln_errf(bad_rc, "%s", msg);
+    return 0;
+}
+
+/* One rank owns every key: no exchange, no packing. The rows of table t's
+ * keys land in loc_pos[t]; the values are gathered straight from the slab.
+ * The result is bitwise what the general path computes for one rank. */
+static int lookup_local(rt_shard_t *s, const int64_t *const *keys, const int64_t *nkeys,
+                        int64_t step, bool insert, float *const **values)
+{
+    const int T = s->ntables;
+    int rc = 0;
+    for (int t = 0; t < T; t++) {
+        int64_t n = nkeys[t];
+        if (n > s->loc_cap[t]) {
+            free(s->loc_rank[t]);
+            free(s->loc_pos[t]);
+            s->loc_rank[t] = NULL;
+            s->loc_pos[t] = kiln_malloc((size_t)n * sizeof(int32_t));
+            s->loc_cap[t] = s->loc_pos[t] ? n : 0;
+            if (s->loc_cap[t] == 0)
+                return KILN_ENOMEM;
+        }
+        s->nkeys[t] = n;
+        KILN_CHECK(values_need(s, t, n));
+    }
+    /* Per table: find_or_insert, then copy its rows out, in one parallel
+     * loop over tables. */
+    int first_bad = T, bad_rc = 0;
+    char msg[512] = "";
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int t = 0; t < T; t++) {
+        const int64_t n = nkeys[t];
+        int32_t *rows = s->loc_pos[t];
+        int trc = 0;
+        if (n == 0)
+            continue;
+        if (insert)
+            trc = kern_table_find_or_insert(s->tables[t], n, keys[t], step, rows);
+        else
+            kern_table_find(s->tables[t], n, keys[t], rows);
+        if (trc < 0) {
+#pragma omp critical(shard_find_err)
+            if (t < first_bad) {
+                first_bad = t;
+                bad_rc = trc;
+                snprintf(msg, sizeof msg, "%s", kiln_errmsg());
+            }
+            continue;
+        }
+        kern_slab_t slab;
+        kern_table_slab(s->tables[t], &slab);
+        const int dim = s->dims[t];
+        float *v = s->values[t];
+        if (dim == 1) {
+            for (int64_t i = 0; i < n; i++)
+                v[i] = rows[i] >= 0 ? slab.values[rows[i]] : 0.0f;
+        } else {
+            for (int64_t i = 0; i < n; i++) {
+                if (rows[i] >= 0)
+                    memcpy(v + i * dim, slab.values + (int64_t)rows[i] * dim,
+                           sizeof(float) * (size_t)dim);
+                else
+                    memset(v + i * dim, 0, sizeof(float) * (size_t)dim);
+            }
+        }
+    }
+    if (bad_rc < 0) {
+        rc = kiln_errf(bad_rc, "rank %d: %s", s->rank, msg);
+        return rc;
+    }
+    s->bytes_last = 0;
+    *values = s->values;
+    return 0;
+}
+
 int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nkeys, int64_t step,
                     bool insert, float *const **values)
 {
     const int R = s->nranks, T = s->ntables;
+    if (R == 1)
+        return lookup_local(s, keys, nkeys, step, insert, values);
     memset(s->scnt, 0, sizeof(int) * (size_t)R * (size_t)T);
 
     /* 1. Where each key goes. */
@@ -354,20 +483,18 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
               "MPI_Alltoallv of keys");
 
     /* 3. Owners find (or insert) the keys, all tables, all requesters. */
-    int rc = 0;
-    for (int r = 0; r < R && rc == 0; r++) {
-        for (int t = 0; t < T && rc == 0; t++) {
+    seg_t *seg = kiln_malloc(sizeof(seg_t) * (size_t)T * (size_t)R);
+    if (seg == NULL)
+        return KILN_ENOMEM;
+    for (int t = 0; t < T; t++) {
+        for (int r = 0; r < R; r++) {
             int64_t k0, f0;
             segment_start(s, s->rcnt, s->key_rd, s->flt_rd, r, t, &k0, &f0);
-            int64_t n = s->rcnt[r * T + t];
-            if (n == 0)
-                continue;
-            if (insert)
-                rc = kern_table_find_or_insert(s->tables[t], n, rk + k0, step, rows + k0);
-            else
-                kern_table_find(s->tables[t], n, rk + k0, rows + k0);
+            seg[(size_t)t * (size_t)R + (size_t)r] = (seg_t){k0, s->rcnt[r * T + t]};
         }
     }
+    int rc = find_all(s, R, seg, rk, rows, step, insert);
+    free(seg);
     /* Every rank must learn whether any owner failed before going on. */
     int worst = rc;
     MPI_CHECK(MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, s->comm), "MPI_Allreduce of status");
@@ -410,13 +537,7 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
     for (int t = 0; t < T; t++) {
         const int dim = s->dims[t];
         int64_t n = nkeys[t];
-        if (n * dim > s->values_cap[t]) {
-            free(s->values[t]);
-            s->values[t] = kiln_malloc((size_t)(n * dim) * sizeof(float));
-            s->values_cap[t] = s->values[t] ? n * dim : 0;
-            if (s->values[t] == NULL)
-                return KILN_ENOMEM;
-        }
+        KILN_CHECK(values_need(s, t, n));
         int64_t f0s[64];
         int64_t *f0 = R <= 64 ? f0s : kiln_malloc(sizeof(int64_t) * (size_t)R);
         if (f0 == NULL)
@@ -439,9 +560,34 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
     return 0;
 }
 
+/* One rank: the gradients are already aligned with the unique rows found
+ * by lookup_local (loc_pos); update the tables from them in place. */
+static int update_local(rt_shard_t *s, const float *const *grads, const kern_opt_t *opt,
+                        int64_t step)
+{
+    const int T = s->ntables;
+    kern_slab_t *slabs = kiln_calloc((size_t)T, sizeof *slabs);
+    if (slabs == NULL)
+        return KILN_ENOMEM;
+    for (int t = 0; t < T; t++) {
+        kern_table_slab(s->tables[t], &slabs[t]);
+        s->ug[t].rows = s->loc_pos[t];
+        s->ug[t].grads = (float *)grads[t];
+        s->ug[t].n = s->nkeys[t];
+    }
+    int rc = kern_cpu_sparse_update(opt, T, slabs, s->ug, step);
+    if (rc == 0)
+        for (int t = 0; t < T; t++)
+            kern_table_mark_changed(s->tables[t], s->ug[t].n, s->ug[t].rows);
+    free(slabs);
+    return rc;
+}
+
 int rt_shard_update(rt_shard_t *s, const float *const *grads, const kern_opt_t *opt, int64_t step)
 {
     const int R = s->nranks, T = s->ntables;
+    if (R == 1)
+        return update_local(s, grads, opt, step);
     int64_t sf_total = 0, rf_total = 0;
     for (int r = 0; r < R; r++) {
         sf_total += s->flt_sc[r];
