@@ -19,6 +19,18 @@
  * Global batch = batch_size x ranks, and the reader deals rows so that any
  * rank count sees the same global batches (docs/data-formats.md). Exit codes
  * are in docs/trainer.md.
+ *
+ * Checkpoints (docs/checkpoint-format.md): a run starts from --resume DIR
+ * (same run continued: state and data position) or train.init_from (a warm
+ * start: state, not position), dumps every checkpoint.every_steps steps, on
+ * request (SIGUSR1 or <run-dir>/export.request, checked at step boundaries,
+ * and every export.every_ms), and at the end; then applies checkpoint.keep.
+ *
+ * Prediction mode (`--predict GLOB --resume DIR --out FILE`): no training;
+ * the ranks load the checkpoint, predict every row of the files with the
+ * same lookup and forward path as the eval, and rank 0 writes one
+ * probability per row, in file order. kiln-serve's consistency test compares
+ * its answers with these.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -30,6 +42,7 @@
 #include <math.h>
 #include <mpi.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,8 +54,10 @@
 #include "kern.h"
 #include "kiln.h"
 #include "rt_data.h"
+#include "rt_ckpt.h"
 #include "rt_model.h"
 #include "rt_shard.h"
+#include "state.h"
 
 /* Exit codes (docs/trainer.md): kilnd retries only TRAIN_EXIT_RETRY. */
 enum {
@@ -65,6 +80,7 @@ static int exit_for(int rc)
     case KILN_ECHECKSUM:
     case KILN_EVERSION:
     case KILN_EUSAGE:
+    case KILN_ECONFLICT:
         return TRAIN_EXIT_INPUT;
     case KILN_EIO:
     case KILN_EMPI:
@@ -86,6 +102,11 @@ typedef struct options {
     int64_t max_steps;  /* overrides train.max_steps when > 0 */
     int threads;        /* overrides resources.threads when > 0 */
     bool quiet;
+    const char *resume; /* a checkpoint directory to continue from */
+    const char *db;     /* record checkpoints in this SQLite file (rank 0) */
+    int64_t run_id;     /* the run they belong to (with --db) */
+    const char *predict; /* prediction mode: the rows to predict (a glob) */
+    const char *out;     /* prediction mode: where rank 0 writes the probabilities */
 } options_t;
 
 typedef struct trainer {
@@ -119,9 +140,35 @@ typedef struct trainer {
 
     FILE *progress;
     bool error_told; /* this rank's failure was reported elsewhere (another rank, diags) */
+    bool abort_needed; /* failed mid-step, where other ranks cannot learn of it */
     int64_t samples, steps;
     int64_t malformed;
+
+    /* checkpoints */
+    char *ckpt_root;                 /* spec checkpoint.dir, resolved */
+    char last_uid[RT_CKPT_UID_MAX];  /* the newest checkpoint of this lineage, "" none */
+    char base_uid[RT_CKPT_UID_MAX];  /* the full dump last_uid stands on */
+    int64_t last_step;               /* step of last_uid (incremental dumps start after it) */
+    int chain;                       /* incrementals since base_uid */
+    bool chain_elsewhere;            /* last_uid is not in ckpt_root: next dump is full */
+    bool resumed;                    /* --resume: continue the data position too */
+    int64_t steps0;                  /* steps when this run started */
+    int64_t start_epoch, start_k;    /* where the data resumes */
+    int64_t pos_epoch, pos_k;        /* where the data stands now */
+    char spec_hash[17], inputs_hash[17];
+    char *lock;                      /* rank 0's pin on the checkpoint it started from */
+    state_t *db;                     /* rank 0, with --db */
+    int64_t last_export_ms;          /* mono ms of the last export (export.every_ms) */
 } trainer_t;
+
+/* Set by SIGUSR1: write an incremental dump at the next step boundary. */
+static volatile sig_atomic_t export_signal;
+
+static void on_sigusr1(int sig)
+{
+    (void)sig;
+    export_signal = 1;
+}
 
 /* ---- small helpers ------------------------------------------------------------ */
 
@@ -462,6 +509,8 @@ static int lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool i
             .out_col = (int64_t)s * tr->d,
         };
     }
+    if (n == 0) /* this rank has no rows in this step; it only served lookups */
+        return 0;
     return kern_cpu_gather_combine(S, tr->bags, n, (int64_t)S * tr->d, tr->E);
 }
 
@@ -475,34 +524,35 @@ static int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t 
     /* dE replaces E: the pooled vectors are not needed after forward. */
     KILN_CHECK(rt_model_backward(tr->model, 1.0f / (float)global_n, tr->E));
 
-    /* Bag gradients -> per-slot unique-row gradients -> per-table gradients
-     * of the unique keys (a table shared by slots sums them). */
-    for (int s = 0; s < S; s++) {
-        int64_t m = tr->bags[s].offsets[n];
-        if (m > tr->rg_cap[s]) {
-            free(tr->rg[s].rows);
-            free(tr->rg[s].grads);
-            tr->rg[s].rows = kiln_malloc((size_t)m * 2 * sizeof(int32_t));
-            tr->rg[s].grads = kiln_malloc((size_t)m * 2 * (size_t)d * sizeof(float));
-            tr->rg_cap[s] = tr->rg[s].rows && tr->rg[s].grads ? m * 2 : 0;
-            if (tr->rg_cap[s] == 0)
-                return KILN_ENOMEM;
-        }
-    }
-    KILN_CHECK(kern_cpu_backward_reduce(S, tr->bags, n, (int64_t)S * d, tr->E, tr->rg));
-    for (int t = 0; t < T; t++) {
+    /* Bag gradients -> gradients of each table's unique keys, scattered by
+     * the dedupe's inverse index (bags[s].rows are indices into the table's
+     * unique keys, so no sort is needed). Each table sums its slots in slot
+     * order and each slot in bag order; tables run in parallel, so the sums
+     * do not depend on the thread count. */
+    for (int t = 0; t < T; t++)
         KILN_CHECK(grow((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
                         sizeof(float)));
-        memset(tr->tgrad[t], 0, (size_t)(tr->nuniq[t] * d) * sizeof(float));
-    }
-    for (int s = 0; s < S; s++) {
-        float *g = tr->tgrad[tr->slot_table[s]];
-        const kern_row_grads_t *r = &tr->rg[s];
-        for (int64_t i = 0; i < r->n; i++) {
-            float *dst = g + (int64_t)r->rows[i] * d;
-            const float *src = r->grads + i * d;
-            for (int j = 0; j < d; j++)
-                dst[j] += src[j];
+    const float *dE = tr->E;
+    const int64_t ldE = (int64_t)S * d;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int t = 0; t < T; t++) {
+        float *g = tr->tgrad[t]; /* (nuniq[t], d) */
+        memset(g, 0, (size_t)(tr->nuniq[t] * d) * sizeof(float));
+        for (int s = 0; s < S; s++) {
+            if (tr->slot_table[s] != t)
+                continue;
+            const kern_bags_t *bg = &tr->bags[s];
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t p0 = bg->offsets[i], p1 = bg->offsets[i + 1];
+                const float sc = /* as kern_ops.h's kern_combine_scale */
+                    bg->combine == KERN_COMBINE_MEAN && p1 > p0 ? 1.0f / (float)(p1 - p0) : 1.0f;
+                const float *go = dE + i * ldE + (int64_t)s * d; /* (d) */
+                for (int64_t p = p0; p < p1; p++) {
+                    float *acc = g + (int64_t)bg->rows[p] * d;
+                    for (int j = 0; j < d; j++)
+                        acc[j] += go[j] * sc;
+                }
+            }
         }
     }
     KILN_CHECK(rt_shard_update(tr->shard, (const float *const *)tr->tgrad, &tr->sparse_opt, step));
@@ -517,6 +567,309 @@ static int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t 
     KILN_CHECK(rt_model_step(tr->model));
     rt_model_zero_grad(tr->model);
     return 0;
+}
+
+/* ---- checkpoints ---------------------------------------------------------------------- */
+
+static const char *sparse_opt_name(kern_opt_kind_t k)
+{
+    return k == KERN_OPT_SGD ? "sgd" : k == KERN_OPT_ADAM ? "adam" : "adagrad";
+}
+
+/* xxh64 hex of a file's bytes (the spec) or "" when unreadable. */
+static void hash_file(const char *path, char out[17])
+{
+    uint64_t h = 0;
+    out[0] = '\0';
+    if (kiln_xxh64_file(path, 0, &h, NULL) == 0)
+        kiln_hash_hex(h, out, 17);
+}
+
+/* xxh64 hex of the training file list: a resumed run continues its data
+ * position only on the same inputs. */
+static void hash_inputs(char **files, int nfiles, char out[17])
+{
+    kiln_hasher_t *h = kiln_hasher_create(0);
+    out[0] = '\0';
+    if (h == NULL)
+        return;
+    for (int i = 0; i < nfiles; i++)
+        kiln_hasher_update(h, files[i], strlen(files[i]) + 1);
+    kiln_hash_hex(kiln_hasher_digest(h), out, 17);
+    kiln_hasher_destroy(h);
+}
+
+/* Retention pin: an endpoint holds the checkpoint now (per the DB). */
+static bool pinned_by_db(const char *uid, void *ctx)
+{
+    state_t *db = ctx;
+    state_checkpoint_t c = {0};
+    if (db == NULL || state_checkpoint_get(db, uid, &c) < 0)
+        return false;
+    state_served_t *sv = NULL;
+    size_t n = 0;
+    bool held = false;
+    if (state_lineage_served(db, c.id, &sv, &n) == 0) {
+        for (size_t i = 0; i < n; i++)
+            held = held || sv[i].holding;
+        state_served_free(sv, n);
+    }
+    state_checkpoint_fini(&c);
+    return held;
+}
+
+/* Rank 0: records a checkpoint (and an online export) in the DB. A failure
+ * is a warning: the checkpoint is on disk whatever the DB says. */
+static void record_checkpoint(trainer_t *tr, const rt_ckpt_info_t *in, const char *path,
+                              bool online)
+{
+    if (tr->db == NULL)
+        return;
+    int64_t parent_id = 0, id = 0;
+    state_checkpoint_t p = {0};
+    if (in->parent[0] != '\0' && state_checkpoint_get(tr->db, in->parent, &p) == 0)
+        parent_id = p.id;
+    state_checkpoint_fini(&p);
+    state_checkpoint_t c = {
+        .uid = (char *)in->uid,
+        .run_id = tr->opt.run_id,
+        .parent_id = parent_id,
+        .kind = (char *)rt_ckpt_kind_name(in->kind),
+        .path = (char *)path,
+        .step = in->step,
+        .keys = in->keys,
+        .bytes = in->bytes,
+        .checksum = (char *)in->checksum,
+    };
+    int rc = state_checkpoint_add(tr->db, &c, &id);
+    if (rc == 0 && online)
+        rc = state_export_add(tr->db, id, parent_id, "kiln", path, in->bytes, NULL);
+    if (rc < 0)
+        KILN_WARN("checkpoint %s not recorded in %s: %s", in->uid, tr->opt.db, kiln_errmsg());
+}
+
+/* Rank 0, after an online export: <run-dir>/export.last says which. */
+static void note_export(trainer_t *tr, const rt_ckpt_info_t *in, const char *path)
+{
+    char *tmp = kiln_asprintf("%s/export.last.tmp", tr->opt.run_dir);
+    char *dst = kiln_asprintf("%s/export.last", tr->opt.run_dir);
+    FILE *f = tmp && dst ? fopen(tmp, "w") : NULL;
+    if (f != NULL) {
+        fprintf(f, "{\"uid\": \"%s\", \"path\": \"%s\", \"kind\": \"%s\", \"step\": %" PRId64
+                   ", \"parent\": \"%s\"}\n",
+                in->uid, path, rt_ckpt_kind_name(in->kind), in->step, in->parent);
+        fclose(f);
+        rename(tmp, dst);
+    }
+    free(tmp);
+    free(dst);
+}
+
+/* Writes a checkpoint of the current state on every rank (collective).
+ * online: an export requested while training (incremental when there is a
+ * parent). A checkpoint at the step of the last one is skipped. */
+static int checkpoint(trainer_t *tr, bool online)
+{
+    const job_spec_t *sp = &tr->spec;
+    if (tr->last_uid[0] != '\0' && tr->last_step == tr->steps)
+        return 0;
+    rt_ckpt_info_t *in = kiln_calloc(1, sizeof *in);
+    if (in == NULL)
+        return KILN_ENOMEM;
+    bool full = tr->last_uid[0] == '\0' || tr->chain_elsewhere ||
+                (!online && tr->chain + 1 >= (sp->checkpoint.full_every > 0
+                                                  ? sp->checkpoint.full_every
+                                                  : 1));
+    in->kind = full ? RT_CKPT_FULL : RT_CKPT_INCREMENTAL;
+    snprintf(in->parent, sizeof in->parent, "%s", tr->last_uid);
+    snprintf(in->base, sizeof in->base, "%s", full ? "" : tr->base_uid);
+    in->chain = full ? 0 : tr->chain + 1;
+    in->since = full ? -1 : tr->last_step;
+    in->step = tr->steps;
+    in->epoch = tr->pos_epoch;
+    in->epoch_step = tr->pos_k;
+    in->samples = tr->samples;
+    in->include_optimizer = sp->checkpoint.include_optimizer;
+    snprintf(in->job, sizeof in->job, "%s", sp->name);
+    snprintf(in->model, sizeof in->model, "%s", job_model_type_name(sp->model.type));
+    snprintf(in->optimizer, sizeof in->optimizer, "%s", sparse_opt_name(tr->sparse_opt.kind));
+    snprintf(in->spec_hash, sizeof in->spec_hash, "%s", tr->spec_hash);
+    snprintf(in->inputs_hash, sizeof in->inputs_hash, "%s", tr->inputs_hash);
+    rt_model_array_t ma[RT_MODEL_MAX_STATE];
+    rt_ckpt_array_t ca[RT_MODEL_MAX_STATE];
+    int na = 0;
+    rt_model_state(tr->model, ma, &na, &in->dense_step);
+    if (!in->include_optimizer)
+        na = 1; /* "dense.params" only */
+    for (int i = 0; i < na; i++)
+        ca[i] = (rt_ckpt_array_t){.name = ma[i].name, .data = ma[i].data, .count = ma[i].count};
+    int64_t t0 = kiln_mono_ns();
+    int rc = rt_ckpt_dump(MPI_COMM_WORLD, tr->ckpt_root, tr->T, tr->tables, ca, na, in);
+    if (rc < 0) {
+        if (kiln_errmsg()[0] && strstr(kiln_errmsg(), "failed to write its part") != NULL)
+            tr->error_told = true;
+        free(in);
+        return rc;
+    }
+    snprintf(tr->last_uid, sizeof tr->last_uid, "%s", in->uid);
+    snprintf(tr->base_uid, sizeof tr->base_uid, "%s", full ? in->uid : in->base);
+    tr->last_step = in->step;
+    tr->chain = in->chain;
+    tr->chain_elsewhere = false;
+    if (tr->rank == 0) {
+        double secs = (double)(kiln_mono_ns() - t0) / 1e9;
+        char *path = kiln_asprintf("%s/%s", tr->ckpt_root, in->uid);
+        say(tr, "checkpoint %s: %s, step %" PRId64 ", %" PRId64 " rows, %" PRId64
+                " evicted, %" PRId64 " bytes, %.3f s%s\n",
+            in->uid, rt_ckpt_kind_name(in->kind), in->step, in->keys, in->evicted, in->bytes,
+            secs, online ? " (online export)" : "");
+        if (tr->progress) {
+            fprintf(tr->progress,
+                    "{\"checkpoint\": \"%s\", \"kind\": \"%s\", \"step\": %" PRId64
+                    ", \"keys\": %" PRId64 ", \"bytes\": %" PRId64 ", \"seconds\": %.3f, "
+                    "\"online\": %s, \"time\": %" PRId64 "}\n",
+                    in->uid, rt_ckpt_kind_name(in->kind), in->step, in->keys, in->bytes, secs,
+                    online ? "true" : "false", kiln_now_s());
+            fflush(tr->progress);
+        }
+        if (path != NULL) {
+            record_checkpoint(tr, in, path, online);
+            if (online)
+                note_export(tr, in, path);
+        }
+        free(path);
+        int removed = 0;
+        if (rt_ckpt_retain(tr->ckpt_root, sp->checkpoint.keep, pinned_by_db, tr->db, &removed) <
+            0)
+            KILN_WARN("retention in %s: %s", tr->ckpt_root, kiln_errmsg());
+        else if (removed > 0)
+            KILN_INFO("removed %d old checkpoint%s from %s (keep: %d)", removed,
+                      removed == 1 ? "" : "s", tr->ckpt_root, sp->checkpoint.keep);
+    }
+    free(in);
+    return 0;
+}
+
+/* Whether an export was asked for: SIGUSR1 on any rank, the control file or
+ * the export.every_ms timer on rank 0. Collective when nranks > 1. */
+static int export_requested(trainer_t *tr, bool *want)
+{
+    int mine = export_signal ? 1 : 0;
+    export_signal = 0;
+    if (tr->rank == 0) {
+        char *ctl = kiln_asprintf("%s/export.request", tr->opt.run_dir);
+        if (ctl != NULL && access(ctl, F_OK) == 0) {
+            unlink(ctl);
+            mine = 1;
+        }
+        free(ctl);
+        int64_t every = tr->spec.export_.every_ms;
+        if (every > 0 && kiln_mono_ns() / 1000000 - tr->last_export_ms >= every)
+            mine = 1;
+    }
+    int any = mine;
+    if (tr->nranks > 1 &&
+        MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "MPI_Allreduce of the export flag failed");
+    if (any)
+        tr->last_export_ms = kiln_mono_ns() / 1000000;
+    *want = any != 0;
+    return 0;
+}
+
+/* Loads the checkpoint the run starts from, if any: --resume DIR (state and
+ * data position) or train.init_from (state only). Every rank reads every
+ * shard file and keeps its own keys. */
+static int load_start(trainer_t *tr)
+{
+    const job_spec_t *sp = &tr->spec;
+    char *dir = NULL;
+    char uid[RT_CKPT_UID_MAX];
+    int rc = 0;
+    if (tr->opt.resume != NULL) {
+        dir = kiln_strdup(tr->opt.resume);
+        tr->resumed = true;
+    } else if (sp->train.init_from == JOB_INITFROM_LATEST) {
+        if (rt_ckpt_latest(tr->ckpt_root, uid) < 0) {
+            kiln_errclear();
+            return 0;
+        }
+        dir = kiln_asprintf("%s/%s", tr->ckpt_root, uid);
+    } else if (sp->train.init_from == JOB_INITFROM_CHECKPOINT) {
+        const char *id = sp->train.init_from_checkpoint;
+        dir = id[0] == '/' ? kiln_strdup(id) : kiln_asprintf("%s/%s", tr->ckpt_root, id);
+    } else {
+        return 0;
+    }
+    if (dir == NULL)
+        return KILN_ENOMEM;
+    rt_ckpt_chain_t ch = {0};
+    rt_ckpt_array_t *dense = NULL;
+    int nd = 0;
+    rc = rt_ckpt_chain_open(dir, true, &ch);
+    if (rc == KILN_ENOENT)
+        rc = kiln_errf(KILN_ENOENT, "no checkpoint %s to start from; check --resume or "
+                                    "train.init_from",
+                       dir);
+    if (rc < 0)
+        goto out;
+    const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
+    if (strcmp(in->model, job_model_type_name(sp->model.type)) != 0) {
+        rc = kiln_errf(KILN_ECONFLICT, "checkpoint %s holds a %s model but the spec says %s; "
+                                       "use init_from: none to start fresh",
+                       dir, in->model, job_model_type_name(sp->model.type));
+        goto out;
+    }
+    KILN_CHECK_GOTO(rt_ckpt_load_tables(&ch, tr->rank, tr->nranks, tr->T, tr->tables), rc, out);
+    KILN_CHECK_GOTO(rt_ckpt_read_dense(ch.items[ch.n - 1], &dense, &nd), rc, out);
+    rt_model_array_t ma[8];
+    int nm = 0;
+    for (int i = 0; i < nd && nm < 8; i++)
+        ma[nm++] = (rt_model_array_t){.name = dense[i].name, .data = dense[i].data,
+                                      .count = dense[i].count};
+    rc = rt_model_load(tr->model, ma, nm, in->dense_step);
+    if (rc < 0) {
+        rc = kiln_errf(rc, "checkpoint %s does not fit this model: %s", dir, kiln_errmsg());
+        goto out;
+    }
+    tr->steps = in->step;
+    tr->last_step = in->step;
+    snprintf(tr->last_uid, sizeof tr->last_uid, "%s", in->uid);
+    snprintf(tr->base_uid, sizeof tr->base_uid, "%s",
+             in->kind == RT_CKPT_FULL ? in->uid : in->base);
+    tr->chain = in->chain;
+    /* A chain cannot span directories: after starting from a checkpoint
+     * outside checkpoint.dir, the first dump is a full one. */
+    char *here = realpath(tr->ckpt_root, NULL), *there = NULL;
+    char *cdir = kiln_asprintf("%s/..", rt_ckpt_path(ch.items[ch.n - 1]));
+    if (cdir != NULL)
+        there = realpath(cdir, NULL);
+    tr->chain_elsewhere = here == NULL || there == NULL || strcmp(here, there) != 0;
+    free(here);
+    free(there);
+    free(cdir);
+    if (tr->resumed && tr->opt.predict == NULL) {
+        tr->samples = in->samples;
+        if (strcmp(in->inputs_hash, tr->inputs_hash) == 0) {
+            tr->start_epoch = in->epoch;
+            tr->start_k = in->epoch_step;
+        } else if (tr->rank == 0) {
+            KILN_WARN("the training files differ from those of checkpoint %s: reading them "
+                      "from the start",
+                      in->uid);
+        }
+    }
+    if (tr->rank == 0)
+        rc = rt_ckpt_lock(rt_ckpt_path(ch.items[ch.n - 1]), &tr->lock);
+    say(tr, "kiln-train: %s checkpoint %s (%s, step %" PRId64 ", chain of %d, written by %d "
+            "rank%s)\n",
+        tr->resumed ? "resuming from" : "starting from", in->uid, rt_ckpt_kind_name(in->kind),
+        in->step, ch.n, in->world_size, in->world_size == 1 ? "" : "s");
+out:
+    rt_ckpt_arrays_free(dense, nd);
+    rt_ckpt_chain_fini(&ch);
+    free(dir);
+    return rc;
 }
 
 /* ---- training and evaluation ------------------------------------------------------- */
@@ -566,14 +919,51 @@ static void report_progress(trainer_t *tr, int64_t step, int64_t nsteps, double 
     }
 }
 
+/* ---- kilnd hooks (scheduler/ owns these two) ------------------------------------------ */
+
+/* The directory a spec's relative paths resolve against. kilnd runs a copy of
+ * the spec in the run directory and names the submitted file's directory in
+ * KILN_SPEC_DIR; otherwise it is the spec file's own directory. */
+static char *spec_base_dir(const char *spec_path)
+{
+    const char *env = getenv("KILN_SPEC_DIR");
+    if (env != NULL && env[0] != '\0')
+        return kiln_strdup(env);
+    char *dup = kiln_strdup(spec_path);
+    char *dir = kiln_strdup(dup ? dirname(dup) : ".");
+    free(dup);
+    return dir;
+}
+
+/* Test-only fault injection for tests/test_sched.c: KILN_TEST_KILL_RANK=R and
+ * KILN_TEST_KILL_STEP=S make rank R kill itself with SIGKILL at step S, on a
+ * run's first attempt only (KILN_ATTEMPT unset or 1), so that the retry can
+ * succeed. Without those variables it does nothing. */
+static void test_kill_hook(int rank, int64_t step)
+{
+    const char *r = getenv("KILN_TEST_KILL_RANK"), *s = getenv("KILN_TEST_KILL_STEP");
+    const char *attempt = getenv("KILN_ATTEMPT");
+    if (r == NULL || s == NULL || (attempt != NULL && atoi(attempt) > 1))
+        return;
+    if (atoi(r) == rank && atoll(s) == step)
+        raise(SIGKILL);
+}
+
 static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
 {
     const job_spec_t *sp = &tr->spec;
     int64_t max_steps = tr->opt.max_steps > 0 ? tr->opt.max_steps : sp->train.max_steps;
+    /* A resumed run counts steps from the start of its lineage; a warm start
+     * (init_from) counts this run's own. */
+    int64_t limit = max_steps <= 0 ? 0 : tr->resumed ? max_steps : tr->steps0 + max_steps;
     int64_t log_every = sp->train.log_every > 0 ? sp->train.log_every : 100;
+    int64_t every_steps = sp->checkpoint.every_steps;
     int64_t t0 = kiln_mono_ns();
     int rc = 0;
-    for (int epoch = 0; epoch < sp->train.epochs && rc == 0; epoch++) {
+    tr->last_export_ms = t0 / 1000000;
+    for (int64_t epoch = tr->start_epoch; epoch < sp->train.epochs && rc == 0; epoch++) {
+        if (limit > 0 && tr->steps >= limit)
+            break;
         rt_reader_t *r = NULL;
         rc = agree(open_reader(tr, files, nfiles, &r));
         if (rc < 0) {
@@ -581,11 +971,28 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
             break;
         }
         int64_t nsteps = rt_reader_nsteps(r);
-        if (max_steps > 0 && nsteps > max_steps - tr->steps)
-            nsteps = max_steps - tr->steps;
+        int64_t k0 = epoch == tr->start_epoch ? tr->start_k : 0;
+        if (k0 > nsteps)
+            k0 = nsteps;
+        /* Continue a resumed run where it stopped: skip the batches it took. */
+        for (int64_t k = 0; k < k0; k++) {
+            rt_batch_t *b = NULL;
+            int got = rt_reader_next(r, &b);
+            rc = agree(got < 0 ? got : got == 0 ? kiln_errf(KILN_EINTERNAL, "rank %d ran out of "
+                                                                             "batches skipping "
+                                                                             "to step %" PRId64,
+                                                             tr->rank, k0)
+                                                : 0);
+            if (rc < 0)
+                break;
+        }
+        if (limit > 0 && nsteps - k0 > limit - tr->steps)
+            nsteps = k0 + (limit - tr->steps);
+        tr->pos_epoch = epoch;
+        tr->pos_k = k0;
         double loss_acc = 0.0;
         int64_t rows_acc = 0;
-        for (int64_t k = 0; k < nsteps; k++) {
+        for (int64_t k = k0; k < nsteps && rc == 0; k++) {
             rt_batch_t *b = NULL;
             int got = rt_reader_next(r, &b);
             /* Agree on the rows of this step and on whether any rank failed. */
@@ -603,13 +1010,19 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
                                    tr->rank, k);
                 break;
             }
+            tr->pos_k = k + 1;
             if (out[0] == 0)
                 continue;
             double loss_sum = 0.0;
             rc = train_step(tr, b, tr->steps + 1, out[0], &loss_sum);
-            if (rc < 0)
+            if (rc < 0) {
+                /* The other ranks may be waiting in a collective of this
+                 * step: only MPI_Abort can stop them (see main). */
+                tr->abort_needed = true;
                 break;
+            }
             tr->steps++;
+            test_kill_hook(tr->rank, tr->steps);
             tr->samples += out[0];
             loss_acc += loss_sum;
             rows_acc += b->n;
@@ -620,10 +1033,17 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
                 loss_acc = 0.0;
                 rows_acc = 0;
             }
+            /* Step boundary: periodic checkpoints and online exports. */
+            bool want = false;
+            rc = export_requested(tr, &want);
+            if (rc == 0 && want)
+                rc = checkpoint(tr, true);
+            if (rc == 0 && every_steps > 0 && tr->steps % every_steps == 0)
+                rc = checkpoint(tr, false);
         }
         log_malformed(tr, r, "training");
         rt_reader_close(r);
-        if (max_steps > 0 && tr->steps >= max_steps)
+        if (limit > 0 && tr->steps >= limit)
             break;
     }
     *seconds = (double)(kiln_mono_ns() - t0) / 1e9;
@@ -695,6 +1115,146 @@ out:
     return rc;
 }
 
+/* ---- prediction mode ------------------------------------------------------------------- */
+
+/* Predicts every row of files with the loaded state, as evaluate() does, and
+ * gathers the probabilities on rank 0 in file order: the reader deals rows
+ * block-cyclically, so each rank tags its rows with their global index
+ * (batch first_row + i) and rank 0 places them. A malformed line would
+ * leave a hole in that order, so it is an error here. probs_out (rank 0):
+ * malloc'd (nrows). */
+static int predict_rows(trainer_t *tr, char **files, int nfiles, float **probs_out,
+                        int64_t *nrows)
+{
+    rt_reader_t *r = NULL;
+    float *probs = NULL, *all_p = NULL;
+    int64_t *idx = NULL, *all_i = NULL;
+    int *counts = NULL, *displs = NULL;
+    int64_t n = 0, capp = 0, capi = 0;
+    int rc = agree(open_reader(tr, files, nfiles, &r));
+    if (rc < 0)
+        goto out;
+    int64_t nsteps = rt_reader_nsteps(r);
+    for (int64_t k = 0; k < nsteps; k++) {
+        rt_batch_t *b = NULL;
+        int got = rt_reader_next(r, &b);
+        rc = got < 0 ? got : got == 0 ? KILN_EINTERNAL : 0;
+        if (rc == 0 && b->nskipped > 0)
+            rc = kiln_errf(KILN_ECORRUPT, "--predict: rows near global row %" PRId64
+                                          " are malformed; predictions must keep the file's "
+                                          "row order, so fix or drop those lines",
+                           b->first_row);
+        rc = agree(rc);
+        if (rc < 0)
+            goto out;
+        rc = agree(lookup_batch(tr, b, tr->steps, false));
+        if (rc < 0)
+            goto out;
+        if ((rc = grow((void **)&probs, &capp, n + b->n, sizeof(float))) < 0 ||
+            (rc = grow((void **)&idx, &capi, n + b->n, sizeof(int64_t))) < 0)
+            goto out;
+        if ((rc = rt_model_predict(tr->model, b->n, tr->E, b->dense, probs + n)) < 0)
+            goto out;
+        for (int i = 0; i < b->n; i++)
+            idx[n + i] = b->first_row + i;
+        n += b->n;
+    }
+    log_malformed(tr, r, "predict");
+
+    int mine = (int)n;
+    if (tr->rank == 0) {
+        counts = kiln_calloc((size_t)tr->nranks, sizeof(int));
+        displs = kiln_calloc((size_t)tr->nranks, sizeof(int));
+    }
+    MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    int64_t total = 0;
+    if (tr->rank == 0) {
+        for (int i = 0; i < tr->nranks; i++) {
+            displs[i] = (int)total;
+            total += counts[i];
+        }
+        all_p = kiln_calloc((size_t)total + 1, sizeof(float));
+        all_i = kiln_calloc((size_t)total + 1, sizeof(int64_t));
+    }
+    MPI_Gatherv(probs, mine, MPI_FLOAT, all_p, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    MPI_Gatherv(idx, mine, MPI_INT64_T, all_i, counts, displs, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (tr->rank == 0) {
+        float *ordered = kiln_calloc((size_t)total + 1, sizeof(float));
+        if (ordered == NULL || all_p == NULL || all_i == NULL) {
+            free(ordered);
+            rc = KILN_ENOMEM;
+            goto out;
+        }
+        for (int64_t i = 0; i < total; i++) {
+            if (all_i[i] < 0 || all_i[i] >= total) {
+                free(ordered);
+                rc = kiln_errf(KILN_EINTERNAL, "--predict: row index %" PRId64
+                                               " outside the %" PRId64 " rows read",
+                               all_i[i], total);
+                goto out;
+            }
+            ordered[all_i[i]] = all_p[i];
+        }
+        *probs_out = ordered;
+        *nrows = total;
+    }
+out:
+    rt_reader_close(r);
+    free(probs);
+    free(idx);
+    free(all_p);
+    free(all_i);
+    free(counts);
+    free(displs);
+    return rc;
+}
+
+/* kiln-train --predict GLOB --resume DIR --out FILE: loads the checkpoint,
+ * predicts the rows, and rank 0 writes one "%.9g" probability per line
+ * (write-temp + rename) and a JSON line on stdout. */
+static int predict_mode(trainer_t *tr)
+{
+    char **files = NULL;
+    int nfiles = 0;
+    float *probs = NULL;
+    int64_t nrows = 0;
+    char *tmp = NULL;
+    int rc = expand(tr->opt.predict, "--predict", &files, &nfiles);
+    if (rc == 0)
+        rc = setup_tables(tr);
+    if (rc == 0)
+        rc = setup_model(tr);
+    if (rc == 0 && (tr->ckpt_root = spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
+        rc = KILN_ENOMEM;
+    rc = agree(rc);
+    if (rc == 0)
+        rc = agree(load_start(tr));
+    if (rc == 0)
+        rc = predict_rows(tr, files, nfiles, &probs, &nrows);
+    if (rc < 0 || tr->rank != 0)
+        goto out;
+    tmp = kiln_asprintf("%s.tmp", tr->opt.out);
+    FILE *f = tmp ? fopen(tmp, "w") : NULL;
+    if (f == NULL) {
+        rc = kiln_errf(KILN_EIO, "cannot write %s: %s", tmp ? tmp : tr->opt.out, strerror(errno));
+        goto out;
+    }
+    for (int64_t i = 0; i < nrows; i++)
+        fprintf(f, "%.9g\n", (double)probs[i]);
+    if (fclose(f) != 0 || rename(tmp, tr->opt.out) != 0) {
+        rc = kiln_errf(KILN_EIO, "cannot write %s: %s", tr->opt.out, strerror(errno));
+        goto out;
+    }
+    printf("{\"predict\": \"%s\", \"rows\": %" PRId64 ", \"checkpoint\": \"%s\"}\n",
+           tr->opt.out, nrows, tr->last_uid);
+    fflush(stdout);
+out:
+    free(tmp);
+    free(probs);
+    free_list(files, nfiles);
+    return rc;
+}
+
 /* ---- main ------------------------------------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -710,7 +1270,15 @@ static void usage(FILE *f)
             "  --eval GLOB        evaluate on these files instead of data.eval ('none': skip)\n"
             "  --max-steps N      stop after N steps\n"
             "  --threads N        OpenMP/BLAS threads per rank (default: cores / local ranks)\n"
-            "  --quiet            no progress on stderr\n\n"
+            "  --resume DIR       continue from this checkpoint (its chain is followed), data\n"
+            "                     position included; without it train.init_from decides\n"
+            "  --db PATH          record checkpoints and online exports in this database\n"
+            "  --run-id N         ... as checkpoints of run N (required with --db)\n"
+            "  --quiet            no progress on stderr\n"
+            "  --predict GLOB     predict these rows with the --resume checkpoint, no training;\n"
+            "  --out FILE         ... rank 0 writes one probability per row, in file order\n\n"
+            "Online export: SIGUSR1, or a file <run-dir>/export.request, makes the trainer write\n"
+            "an incremental checkpoint at the next step boundary (<run-dir>/export.last names it).\n\n"
             "At the end rank 0 prints one JSON line on stdout. Exit codes: 0 ok, 1 internal "
             "error, 2 bad input (do not retry), 3 retryable failure (docs/trainer.md).\n");
 }
@@ -736,7 +1304,16 @@ static int parse_options(int argc, char **argv, options_t *o)
             target = &o->inputs;
         } else if (strcmp(a, "--eval") == 0) {
             target = &o->eval;
-        } else if (strcmp(a, "--max-steps") == 0 || strcmp(a, "--threads") == 0) {
+        } else if (strcmp(a, "--resume") == 0) {
+            target = &o->resume;
+        } else if (strcmp(a, "--db") == 0) {
+            target = &o->db;
+        } else if (strcmp(a, "--predict") == 0) {
+            target = &o->predict;
+        } else if (strcmp(a, "--out") == 0) {
+            target = &o->out;
+        } else if (strcmp(a, "--max-steps") == 0 || strcmp(a, "--threads") == 0 ||
+                   strcmp(a, "--run-id") == 0) {
             if (i + 1 >= argc)
                 return kiln_errf(KILN_EUSAGE, "%s needs a value", a);
             char *end;
@@ -746,6 +1323,8 @@ static int parse_options(int argc, char **argv, options_t *o)
                                  argv[i]);
             if (a[2] == 'm')
                 o->max_steps = v;
+            else if (a[2] == 'r')
+                o->run_id = v;
             else
                 o->threads = (int)v;
             continue;
@@ -756,8 +1335,18 @@ static int parse_options(int argc, char **argv, options_t *o)
             return kiln_errf(KILN_EUSAGE, "%s needs a value", a);
         *target = argv[++i];
     }
+    if (o->predict != NULL) {
+        if (o->spec_path == NULL || o->resume == NULL || o->out == NULL)
+            return kiln_errf(KILN_EUSAGE, "--predict needs --spec FILE, --resume CHECKPOINT_DIR "
+                                          "and --out FILE (see kiln-train --help)");
+        if (o->db != NULL)
+            return kiln_errf(KILN_EUSAGE, "--predict records nothing: drop --db");
+        return 0;
+    }
     if (o->spec_path == NULL || o->run_dir == NULL)
         return kiln_errf(KILN_EUSAGE, "--spec and --run-dir are required (see kiln-train --help)");
+    if (o->db != NULL && o->run_id <= 0)
+        return kiln_errf(KILN_EUSAGE, "--db needs --run-id N (the run the checkpoints belong to)");
     return 0;
 }
 
@@ -820,6 +1409,9 @@ static void trainer_fini(trainer_t *tr)
     free(tr->E);
     free(tr->probs);
     free(tr->spec_dir);
+    free(tr->ckpt_root);
+    rt_ckpt_unlock(tr->lock);
+    state_close(tr->db);
     if (tr->progress)
         fclose(tr->progress);
     job_spec_fini(&tr->spec);
@@ -844,11 +1436,11 @@ static int run(trainer_t *tr)
         return rc;
     }
     job_diags_fini(&diags);
-    char *dup = kiln_strdup(tr->opt.spec_path);
-    tr->spec_dir = kiln_strdup(dup ? dirname(dup) : ".");
-    free(dup);
+    tr->spec_dir = spec_base_dir(tr->opt.spec_path);
 
     int threads = set_threads(tr);
+    if (tr->opt.predict != NULL)
+        return predict_mode(tr);
 
     /* Training files: --inputs, else --data, else data.train. */
     if (tr->opt.inputs) {
@@ -885,9 +1477,33 @@ static int run(trainer_t *tr)
         rc = setup_tables(tr);
     if (rc == 0)
         rc = setup_model(tr);
+    if (rc == 0 && (tr->ckpt_root = spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
+        rc = KILN_ENOMEM;
+    if (rc == 0 && tr->ckpt_root[0] != '/') {
+        /* Absolute, so that SQLite and export.last name it from anywhere. */
+        char cwd[4096];
+        char *abs = getcwd(cwd, sizeof cwd) ? kiln_asprintf("%s/%s", cwd, tr->ckpt_root) : NULL;
+        if (abs != NULL) {
+            free(tr->ckpt_root);
+            tr->ckpt_root = abs;
+        }
+    }
+    if (rc == 0 && tr->rank == 0 && tr->opt.db != NULL)
+        rc = state_open(tr->opt.db, &tr->db);
     rc = agree(rc);
     if (rc < 0)
         goto out;
+    hash_file(tr->opt.spec_path, tr->spec_hash);
+    hash_inputs(files, nfiles, tr->inputs_hash);
+    rc = agree(load_start(tr));
+    if (rc < 0)
+        goto out;
+    tr->steps0 = tr->steps;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_sigusr1;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
 
     say(tr, "kiln-train: job %s, model %s, %d tables, %d ranks x %d threads, batch %d x %d, "
             "%d training file%s\n",
@@ -896,6 +1512,8 @@ static int run(trainer_t *tr)
 
     double seconds = 0.0;
     rc = train(tr, files, nfiles, &seconds);
+    if (rc == 0)
+        rc = checkpoint(tr, false);
     if (rc < 0)
         goto out;
     int64_t eval_rows = 0;
@@ -920,6 +1538,9 @@ static int run(trainer_t *tr)
             (json_int_t)eval_rows, "eval_logloss", isnan(logloss) ? json_null() : json_real(logloss),
             "eval_auc", isnan(auc) ? json_null() : json_real(auc), "keys", (json_int_t)keys,
             "malformed", (json_int_t)malformed);
+        if (res != NULL)
+            json_object_set_new(res, "checkpoint",
+                                tr->last_uid[0] ? json_string(tr->last_uid) : json_null());
         char *text = res ? json_dumps(res, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8)) : NULL;
         json_decref(res);
         if (text == NULL) {
@@ -973,6 +1594,10 @@ int main(int argc, char **argv)
         const char *msg = kiln_errmsg();
         fprintf(stderr, "kiln-train: rank %d on %s: %s\n", tr.rank, host,
                 msg[0] ? msg : kiln_strerror(rc));
+    }
+    if (tr.abort_needed) {
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, code);
     }
     trainer_fini(&tr);
     MPI_Finalize();

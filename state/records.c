@@ -537,3 +537,211 @@ int state_push_finish(state_t *st, int64_t push_id, bool ok, int http_status, co
     STATE_WRITE(st, "finishing a push", rc, push_finish_tx(st, &p));
     return rc;
 }
+
+/* ---- the scheduler's change detector and lineage queries ----------------------------- */
+
+static int data_version_tx(state_t *st, int64_t *out)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_DATA_VERSION, &s), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, "reading the data version"), rc, out);
+    *out = rc == 1 ? state_col_i64(s, 0) : 0;
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_data_version(state_t *st, int64_t *out)
+{
+    int rc;
+    STATE_READ(st, "reading the data version", rc, data_version_tx(st, out));
+    return rc;
+}
+
+static int ckpt_by_id_tx(state_t *st, int64_t id, state_checkpoint_t *out)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading a checkpoint";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_GET_BY_ID, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)id);
+        goto out;
+    }
+    rc = read_ckpt(s, out);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_checkpoint_get_by_id(state_t *st, int64_t id, state_checkpoint_t *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    STATE_READ(st, "reading a checkpoint", rc, ckpt_by_id_tx(st, id, out));
+    return rc;
+}
+
+void state_checkpoints_free(state_checkpoint_t *cs, size_t n)
+{
+    for (size_t i = 0; cs != NULL && i < n; i++)
+        state_checkpoint_fini(&cs[i]);
+    free(cs);
+}
+
+static int ckpt_list_run_tx(state_t *st, int64_t run_id, state_checkpoint_t **out, size_t *n)
+{
+    sqlite3_stmt *s = NULL;
+    state_checkpoint_t *cs = NULL;
+    size_t cap = 0, len = 0;
+    int rc;
+    const char *what = "listing checkpoints";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_LIST_RUN, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
+    for (;;) {
+        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+        if (rc == 0)
+            break;
+        KILN_CHECK_GOTO(state_grow((void **)&cs, &cap, len, sizeof *cs), rc, out);
+        KILN_CHECK_GOTO(read_ckpt(s, &cs[len]), rc, out);
+        len++;
+    }
+out:
+    state_stmt_done(s);
+    if (rc < 0) {
+        state_checkpoints_free(cs, len);
+        return rc;
+    }
+    *out = cs;
+    *n = len;
+    return 0;
+}
+
+int state_checkpoint_list_by_run(state_t *st, int64_t run_id, state_checkpoint_t **out, size_t *n)
+{
+    int rc;
+    *out = NULL;
+    *n = 0;
+    STATE_READ(st, "listing checkpoints", rc, ckpt_list_run_tx(st, run_id, out, n));
+    return rc;
+}
+
+void state_served_free(state_served_t *sv, size_t n)
+{
+    for (size_t i = 0; sv != NULL && i < n; i++) {
+        free(sv[i].format);
+        free(sv[i].export_path);
+        free(sv[i].push_state);
+        free(sv[i].url);
+        free(sv[i].model);
+        free(sv[i].label);
+    }
+    free(sv);
+}
+
+static int served_tx(state_t *st, int64_t ckpt_id, state_served_t **out, size_t *n)
+{
+    sqlite3_stmt *s = NULL;
+    state_served_t *sv = NULL;
+    size_t cap = 0, len = 0;
+    int rc;
+    const char *what = "reading exports and pushes";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_LINEAGE_SERVED, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", ckpt_id), rc, out);
+    for (;;) {
+        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+        if (rc == 0)
+            break;
+        KILN_CHECK_GOTO(state_grow((void **)&sv, &cap, len, sizeof *sv), rc, out);
+        state_served_t *v = &sv[len++];
+        memset(v, 0, sizeof *v);
+        v->export_id = state_col_i64(s, 0);
+        v->push_id = state_col_i64(s, 3);
+        v->http_status = sqlite3_column_int(s, 5);
+        v->endpoint_id = state_col_i64(s, 6);
+        v->holding = sqlite3_column_int(s, 10) != 0;
+        if (state_col_str(s, 1, &v->format) < 0 || state_col_str(s, 2, &v->export_path) < 0 ||
+            state_col_str(s, 4, &v->push_state) < 0 || state_col_str(s, 7, &v->url) < 0 ||
+            state_col_str(s, 8, &v->model) < 0 || state_col_str(s, 9, &v->label) < 0) {
+            rc = KILN_ENOMEM;
+            goto out;
+        }
+    }
+out:
+    state_stmt_done(s);
+    if (rc < 0) {
+        state_served_free(sv, len);
+        return rc;
+    }
+    *out = sv;
+    *n = len;
+    return 0;
+}
+
+int state_lineage_served(state_t *st, int64_t checkpoint_id, state_served_t **out, size_t *n)
+{
+    int rc;
+    *out = NULL;
+    *n = 0;
+    STATE_READ(st, "reading exports and pushes", rc, served_tx(st, checkpoint_id, out, n));
+    return rc;
+}
+
+static int endpoint_find_tx(state_t *st, const char *url, const char *model, int64_t *id)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "finding an endpoint";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_BY_URL, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "tt", url, model), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "no endpoint %s%s%s is recorded (nothing was pushed to it)",
+                       url, model ? " for model " : "", model ? model : "");
+        goto out;
+    }
+    *id = state_col_i64(s, 0);
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_endpoint_find(state_t *st, const char *url, const char *model, int64_t *id)
+{
+    int rc;
+    if (url == NULL)
+        return kiln_errf(KILN_EINVAL, "no endpoint URL given");
+    STATE_READ(st, "finding an endpoint", rc, endpoint_find_tx(st, url, model, id));
+    return rc;
+}
+
+static int event_last_tx(state_t *st, int64_t job_id, const char *kind, char **message)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading an event";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_EVENT_LAST_OF_KIND, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "It", job_id, kind), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "job %lld has no %s event", (long long)job_id, kind);
+        goto out;
+    }
+    rc = state_col_str(s, 0, message);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_event_last(state_t *st, int64_t job_id, const char *kind, char **message)
+{
+    int rc;
+    *message = NULL;
+    STATE_READ(st, "reading an event", rc, event_last_tx(st, job_id, kind, message));
+    return rc;
+}

@@ -504,3 +504,56 @@ int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before)
                 set_not_before_tx(st, run_id, not_before));
     return rc;
 }
+
+/* ---- ending a run and queuing its retry (the scheduler) ---------------------------- */
+
+typedef struct {
+    transition_t t;
+    int64_t not_before; /* < 0: no retry */
+    int64_t retry_id;
+} run_end_t;
+
+static int run_end_tx(state_t *st, run_end_t *e)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "queuing a retry";
+    e->retry_id = 0;
+    KILN_CHECK(transition_tx(st, &e->t));
+    if (e->not_before < 0)
+        return 0;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_RETRY_OF, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", e->t.run_id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 1) {
+        rc = kiln_errf(KILN_EEXIST, "run %lld was already retried by run %lld",
+                       (long long)e->t.run_id, (long long)state_col_i64(s, 0));
+        goto out;
+    }
+    state_stmt_done(s);
+    s = NULL;
+    state_run_t r;
+    KILN_CHECK_GOTO(run_get_tx(st, e->t.run_id, &r), rc, out);
+    run_create_t c = {r.job_id, STATE_TRIGGER_RETRY, r.scheduled_at, r.attempt + 1, r.id, 0};
+    state_run_fini(&r);
+    KILN_CHECK_GOTO(run_create_tx(st, &c), rc, out);
+    KILN_CHECK_GOTO(set_not_before_tx(st, c.id, e->not_before), rc, out);
+    e->retry_id = c.id;
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_run_end(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
+                  int exit_code, const char *error, int64_t retry_not_before, int64_t *retry_id)
+{
+    if ((int)from < 0 || from >= STATE_RUN_NSTATES || (int)to < 0 || to >= STATE_RUN_NSTATES)
+        return kiln_errf(KILN_EINVAL, "unknown run state %d or %d", (int)from, (int)to);
+    run_end_t e = {{run_id, from, to, exit_code, error}, retry_not_before, 0};
+    int rc;
+    STATE_WRITE(st, "ending a run", rc, run_end_tx(st, &e));
+    if (retry_id != NULL)
+        *retry_id = rc == 0 ? e.retry_id : 0;
+    return rc;
+}

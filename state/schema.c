@@ -161,9 +161,68 @@ static const char migration_2[] =
     "CREATE INDEX endpoint_holdings_by_checkpoint ON endpoint_holdings (checkpoint_id);"
     "PRAGMA user_version = 2;";
 
+/* v3: what the web page and /metrics read without scanning runs: run counts
+ * per (job, state) and a histogram of run durations per job, both kept by
+ * triggers and backfilled here; an index for paging a job's runs by state.
+ * The bucket bounds are STATE_DURATION_BOUNDS (seconds) and +Inf. */
+static const char migration_3[] =
+    "CREATE INDEX runs_by_job_state ON runs (job_id, state, id);"
+    "CREATE TABLE run_counts ("
+    "  job_id INTEGER NOT NULL,"
+    "  state TEXT NOT NULL,"
+    "  n INTEGER NOT NULL,"
+    "  PRIMARY KEY (job_id, state)"
+    ") WITHOUT ROWID;"
+    "INSERT INTO run_counts (job_id, state, n)"
+    "  SELECT job_id, state, count(*) FROM runs GROUP BY job_id, state;"
+    "CREATE TRIGGER run_counts_insert AFTER INSERT ON runs BEGIN"
+    "  INSERT INTO run_counts (job_id, state, n) VALUES (new.job_id, new.state, 1)"
+    "    ON CONFLICT (job_id, state) DO UPDATE SET n = n + 1;"
+    "END;"
+    "CREATE TRIGGER run_counts_update AFTER UPDATE OF state ON runs"
+    "  WHEN old.state IS NOT new.state BEGIN"
+    "  UPDATE run_counts SET n = n - 1 WHERE job_id = old.job_id AND state = old.state;"
+    "  INSERT INTO run_counts (job_id, state, n) VALUES (new.job_id, new.state, 1)"
+    "    ON CONFLICT (job_id, state) DO UPDATE SET n = n + 1;"
+    "END;"
+    "CREATE TRIGGER run_counts_delete AFTER DELETE ON runs BEGIN"
+    "  UPDATE run_counts SET n = n - 1 WHERE job_id = old.job_id AND state = old.state;"
+    "END;"
+    "CREATE TABLE run_duration_bounds (le INTEGER PRIMARY KEY);"
+    "INSERT INTO run_duration_bounds (le) VALUES (1), (5), (15), (60), (300), (900),"
+    "  (3600), (10800), (43200), (86400), (9223372036854775807);"
+    "CREATE TABLE run_durations ("
+    "  job_id INTEGER NOT NULL,"
+    "  le INTEGER NOT NULL,"
+    "  n INTEGER NOT NULL,"
+    "  sum_s INTEGER NOT NULL,"
+    "  PRIMARY KEY (job_id, le)"
+    ") WITHOUT ROWID;"
+    "INSERT INTO run_durations (job_id, le, n, sum_s)"
+    "  SELECT job_id, b, count(*), sum(d) FROM (SELECT job_id,"
+    "    max(ended_at - started_at, 0) AS d, (SELECT min(le) FROM run_duration_bounds"
+    "    WHERE le >= max(ended_at - started_at, 0)) AS b FROM runs"
+    "    WHERE ended_at > 0 AND started_at > 0) GROUP BY job_id, b;"
+    "CREATE TRIGGER run_durations_end AFTER UPDATE OF ended_at ON runs"
+    "  WHEN old.ended_at = 0 AND new.ended_at > 0 AND new.started_at > 0 BEGIN"
+    "  INSERT INTO run_durations (job_id, le, n, sum_s) VALUES (new.job_id,"
+    "    (SELECT min(le) FROM run_duration_bounds"
+    "     WHERE le >= max(new.ended_at - new.started_at, 0)),"
+    "    1, max(new.ended_at - new.started_at, 0))"
+    "    ON CONFLICT (job_id, le) DO UPDATE SET n = n + 1, sum_s = sum_s + excluded.sum_s;"
+    "END;"
+    "CREATE TRIGGER run_durations_delete AFTER DELETE ON runs"
+    "  WHEN old.ended_at > 0 AND old.started_at > 0 BEGIN"
+    "  UPDATE run_durations SET n = n - 1, sum_s = sum_s - max(old.ended_at - old.started_at, 0)"
+    "    WHERE job_id = old.job_id AND le = (SELECT min(le) FROM run_duration_bounds"
+    "    WHERE le >= max(old.ended_at - old.started_at, 0));"
+    "END;"
+    "PRAGMA user_version = 3;";
+
 const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
     {"v1: jobs, runs, events", migration_1},
     {"v2: job_versions, run_inputs, metrics, checkpoints, exports, endpoints, "
      "endpoint_holdings, pushes",
      migration_2},
+    {"v3: run_counts, run_durations (kept by triggers), runs_by_job_state", migration_3},
 };

@@ -26,7 +26,7 @@ typedef struct state state_t;
 
 /* The schema version this build writes. Version 0 is an empty file; each
  * migration in state/schema.c brings version i-1 to i (see docs/state.md). */
-#define STATE_SCHEMA_VERSION 2
+#define STATE_SCHEMA_VERSION 3
 
 /* Opens (creating if needed, with parent directories) and migrates path.
  * Returns 0, KILN_EDB (message names the file and SQLite's reason) or
@@ -227,6 +227,129 @@ typedef struct state_event {
 int state_event_list(state_t *st, int64_t job_id, int64_t run_id, state_event_t **out /* OUT */,
                      size_t *n /* OUT */);
 void state_events_free(state_event_t *es, size_t n);
+
+/* ---- the scheduler's queries ---------------------------------------------------- */
+/* SQLite's PRAGMA data_version: it changes when another connection commits to
+ * the file (not on this connection's own writes), so kilnd polls it cheaply
+ * to notice a submit or cancel from the CLI. */
+int state_data_version(state_t *st, int64_t *out /* OUT */);
+/* Ends a run (the compare-and-set of state_run_transition) and, when
+ * retry_not_before >= 0, queues its retry in the same transaction: a new run
+ * of the same job and scheduled time, trigger retry, attempt + 1, retry_of
+ * run_id, not_before retry_not_before. So a run that failed is never left
+ * without the retry its policy promised, and a run is retried at most once
+ * (KILN_EEXIST when a retry of it exists). *retry_id is 0 when none was
+ * queued; retry_id may be NULL. */
+int state_run_end(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
+                  int exit_code, const char *error, int64_t retry_not_before,
+                  int64_t *retry_id /* OUT, may be NULL */);
+
+/* The message of the newest event of a kind filed under a job (e.g. "submit",
+ * whose message names the spec file). KILN_ENOENT when there is none. */
+int state_event_last(state_t *st, int64_t job_id, const char *kind, char **message /* OUT */);
+
+/* ---- lineage queries (kiln lineage, the web page) ------------------------------- */
+int state_checkpoint_get_by_id(state_t *st, int64_t id, state_checkpoint_t *out /* OUT */);
+/* Checkpoints a run wrote, oldest first. Free with state_checkpoints_free. */
+int state_checkpoint_list_by_run(state_t *st, int64_t run_id, state_checkpoint_t **out /* OUT */,
+                                 size_t *n /* OUT */);
+void state_checkpoints_free(state_checkpoint_t *cs, size_t n);
+
+/* One export of a checkpoint and (when pushed) one push of it to one endpoint. */
+typedef struct state_served {
+    int64_t export_id;
+    char *format, *export_path;
+    int64_t push_id;   /* 0: the export was never pushed */
+    char *push_state;  /* "pending" | "succeeded" | "failed"; NULL without a push */
+    int http_status;
+    int64_t endpoint_id;
+    char *url, *model, *label;
+    bool holding; /* the endpoint holds this checkpoint now */
+} state_served_t;
+/* Exports of a checkpoint with their pushes and endpoints, oldest first. Free
+ * with state_served_free. */
+int state_lineage_served(state_t *st, int64_t checkpoint_id, state_served_t **out /* OUT */,
+                         size_t *n /* OUT */);
+void state_served_free(state_served_t *sv, size_t n);
+/* The endpoint with this URL (and model, when not NULL). KILN_ENOENT when none. */
+int state_endpoint_find(state_t *st, const char *url, const char *model, int64_t *id /* OUT */);
+
+/* ---- the web page's queries (state/queries_web.c) ------------------------------
+ * Read-only; each costs what it returns, not what the database holds. */
+#define STATE_PAGE_MAX 1000
+
+/* One page of runs, newest first: runs with id < before_id (0: from the
+ * newest), of job_id (0: any job), in state (a state_run_state_t, -1: any),
+ * at most limit (1..STATE_PAGE_MAX). Walks an index (keyset pagination), so
+ * a page costs the same at run 10 and at run 100000. The next page starts
+ * before the last id returned. Free with state_runs_free. */
+int state_run_page(state_t *st, int64_t job_id, int state, int64_t before_id, int limit,
+                   state_run_t **out /* OUT */, size_t *n /* OUT */);
+
+typedef struct state_job_last {
+    int64_t last_run_id; /* 0: the job has no run */
+    state_run_state_t last_state;
+    int64_t last_queued_at;
+    int64_t last_success_at; /* ended_at of the newest succeeded run; 0: none */
+} state_job_last_t;
+/* The newest run of a job and the time of its last success. */
+int state_job_last(state_t *st, int64_t job_id, state_job_last_t *out /* OUT */);
+
+/* The value at the highest step of a run's metric; *found false when none. */
+int state_metric_last(state_t *st, int64_t run_id, const char *name, double *value /* OUT */,
+                      bool *found /* OUT */);
+
+/* Runs per (job, state), kept up to date by triggers. Free with free(). */
+typedef struct state_run_count {
+    int64_t job_id;
+    state_run_state_t state;
+    int64_t n;
+} state_run_count_t;
+int state_run_counts(state_t *st, state_run_count_t **out /* OUT */, size_t *n /* OUT */);
+
+/* Durations (ended_at - started_at, seconds) of the runs that ended after
+ * they started, per job, as a histogram with the upper bounds
+ * STATE_DURATION_BOUNDS (and INT64_MAX for +Inf). Rows are per (job_id, le),
+ * NOT cumulative; sum_s is the sum of the durations in the bucket. Kept by
+ * triggers. Free with free(). */
+#define STATE_DURATION_BOUNDS 1, 5, 15, 60, 300, 900, 3600, 10800, 43200, 86400
+typedef struct state_duration_bucket {
+    int64_t job_id, le, n, sum_s;
+} state_duration_bucket_t;
+int state_run_durations(state_t *st, state_duration_bucket_t **out /* OUT */,
+                        size_t *n /* OUT */);
+
+/* Every endpoint with what it holds now and its push counts, by label then URL. */
+typedef struct state_endpoint_info {
+    int64_t id;
+    char *url, *model, *label; /* label may be NULL */
+    int64_t created_at;
+    int64_t checkpoint_id; /* held now; 0: nothing yet */
+    char *checkpoint_uid;  /* NULL when nothing is held */
+    int64_t since;         /* held since; 0: nothing */
+    int64_t pushes_failed, pushes_succeeded, pushes_pending;
+    int64_t last_push_at;
+} state_endpoint_info_t;
+int state_endpoint_list(state_t *st, state_endpoint_info_t **out /* OUT */, size_t *n /* OUT */);
+void state_endpoint_infos_free(state_endpoint_info_t *es, size_t n);
+
+/* The checkpoints an endpoint held, newest first (until_at 0: held now). */
+typedef struct state_holding {
+    int64_t checkpoint_id;
+    char *checkpoint_uid;
+    int64_t since, until_at, push_id;
+} state_holding_t;
+int state_endpoint_history(state_t *st, int64_t endpoint_id, int limit /* <= 0: all */,
+                           state_holding_t **out /* OUT */, size_t *n /* OUT */);
+void state_holdings_free(state_holding_t *hs, size_t n);
+
+/* The run that retries run_id (its retry_of), or 0 when none. */
+int state_run_retry_find(state_t *st, int64_t run_id, int64_t *retry_id /* OUT */);
+
+/* Checkpoints built on checkpoint_id (incrementals whose parent it is), oldest
+ * first, at most limit (1..STATE_PAGE_MAX). Free with state_checkpoints_free. */
+int state_checkpoint_children(state_t *st, int64_t checkpoint_id, int limit,
+                              state_checkpoint_t **out /* OUT */, size_t *n /* OUT */);
 
 #ifdef __cplusplus
 }

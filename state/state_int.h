@@ -153,7 +153,70 @@
       "WHERE endpoint_id = ?1 AND until_at IS NULL")                            \
     X(HOLDING_INSERT,                                                           \
       "INSERT INTO endpoint_holdings (endpoint_id, checkpoint_id, push_id, "    \
-      "since) VALUES (?1, ?2, ?3, ?4)")
+      "since) VALUES (?1, ?2, ?3, ?4)") \
+    /* the scheduler and lineage (sched.c) */                                   \
+    X(DATA_VERSION, "PRAGMA data_version")                                      \
+    X(RUN_RETRY_OF, "SELECT id FROM runs WHERE retry_of = ?1 LIMIT 1")          \
+    X(CKPT_GET_BY_ID, "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.id = ?1") \
+    X(CKPT_LIST_RUN,                                                            \
+      "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.run_id = ?1 "      \
+      "ORDER BY c.created_at, c.id")                                            \
+    X(LINEAGE_SERVED,                                                           \
+      "SELECT e.id, e.format, e.path, p.id, p.state, p.http_status, n.id, "     \
+      "n.url, n.model, n.label, EXISTS (SELECT 1 FROM endpoint_holdings h "     \
+      "WHERE h.endpoint_id = n.id AND h.checkpoint_id = e.checkpoint_id "       \
+      "AND h.until_at IS NULL) FROM exports e "                                 \
+      "LEFT JOIN pushes p ON p.export_id = e.id "                               \
+      "LEFT JOIN endpoints n ON n.id = p.endpoint_id "                          \
+      "WHERE e.checkpoint_id = ?1 ORDER BY e.id, p.id")                         \
+    X(ENDPOINT_BY_URL,                                                          \
+      "SELECT id FROM endpoints WHERE url = ?1 AND (?2 IS NULL OR model = ?2) " \
+      "ORDER BY id LIMIT 1")                                                    \
+    X(EVENT_LAST_OF_KIND,                                                       \
+      "SELECT message FROM events WHERE job_id = ?1 AND kind = ?2 "             \
+      "ORDER BY id DESC LIMIT 1")                                               \
+    /* the web page (queries_web.c); ?1 before id, ?2 limit, ?3 job, ?4 state */ \
+    X(WEB_RUN_PAGE_ALL, "SELECT id FROM runs WHERE id < ?1 ORDER BY id DESC LIMIT ?2") \
+    X(WEB_RUN_PAGE_JOB,                                                         \
+      "SELECT id FROM runs WHERE job_id = ?3 AND id < ?1 ORDER BY id DESC LIMIT ?2") \
+    X(WEB_RUN_PAGE_STATE,                                                       \
+      "SELECT id FROM runs WHERE state = ?4 AND id < ?1 ORDER BY id DESC LIMIT ?2") \
+    X(WEB_RUN_PAGE_JOB_STATE,                                                   \
+      "SELECT id FROM runs WHERE job_id = ?3 AND state = ?4 AND id < ?1 "       \
+      "ORDER BY id DESC LIMIT ?2")                                              \
+    X(WEB_JOB_LAST_RUN,                                                         \
+      "SELECT id, state, queued_at FROM runs WHERE job_id = ?1 "                \
+      "ORDER BY id DESC LIMIT 1")                                               \
+    X(WEB_JOB_LAST_SUCCESS,                                                     \
+      "SELECT ended_at FROM runs WHERE job_id = ?1 AND state = 'succeeded' "    \
+      "ORDER BY id DESC LIMIT 1")                                               \
+    X(WEB_METRIC_LAST,                                                          \
+      "SELECT value FROM metrics WHERE run_id = ?1 AND name = ?2 "              \
+      "ORDER BY step DESC, id DESC LIMIT 1")                                    \
+    X(WEB_RUN_COUNTS, "SELECT job_id, state, n FROM run_counts WHERE n > 0 "    \
+      "ORDER BY job_id, state")                                                 \
+    X(WEB_RUN_DURATIONS,                                                        \
+      "SELECT job_id, le, n, sum_s FROM run_durations ORDER BY job_id, le")     \
+    X(WEB_ENDPOINT_LIST,                                                        \
+      "SELECT n.id, n.url, n.model, n.label, n.created_at, h.checkpoint_id, "   \
+      "h.since, c.uid, "                                                        \
+      "(SELECT count(*) FROM pushes p WHERE p.endpoint_id = n.id "              \
+      " AND p.state = 'failed'), "                                              \
+      "(SELECT count(*) FROM pushes p WHERE p.endpoint_id = n.id "              \
+      " AND p.state = 'succeeded'), "                                           \
+      "(SELECT count(*) FROM pushes p WHERE p.endpoint_id = n.id "              \
+      " AND p.state = 'pending'), "                                             \
+      "(SELECT max(p.started_at) FROM pushes p WHERE p.endpoint_id = n.id) "    \
+      "FROM endpoints n LEFT JOIN endpoint_holdings h "                         \
+      "ON h.endpoint_id = n.id AND h.until_at IS NULL "                         \
+      "LEFT JOIN checkpoints c ON c.id = h.checkpoint_id "                      \
+      "ORDER BY n.label, n.url, n.model")                                       \
+    X(WEB_HOLDING_HISTORY,                                                      \
+      "SELECT h.checkpoint_id, c.uid, h.since, h.until_at, h.push_id "          \
+      "FROM endpoint_holdings h JOIN checkpoints c ON c.id = h.checkpoint_id "  \
+      "WHERE h.endpoint_id = ?1 ORDER BY h.since DESC, h.id DESC LIMIT ?2")     \
+    X(WEB_CKPT_CHILDREN,                                                        \
+      "SELECT id FROM checkpoints WHERE parent_id = ?1 ORDER BY id LIMIT ?2")
 
 typedef enum {
 #define STATE_STMT_ENUM(name, sql) STMT_##name,

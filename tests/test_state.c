@@ -188,6 +188,10 @@ static const char *const seeds[STATE_SCHEMA_VERSION] = {
     "INSERT INTO metrics (run_id, step, name, value, at) VALUES (1, 2, 'loss', 0.25, 1560);"
     "INSERT INTO checkpoints (uid, run_id, parent_id, kind, path, step, keys, bytes, checksum,"
     "  created_at) VALUES ('ck-old', 1, NULL, 'full', '/ck/old', 100, 10, 1000, 'ff', 1590);",
+
+    "INSERT INTO runs (id, job_id, job_version, state, trigger, attempt, scheduled_at,"
+    "  queued_at, started_at, ended_at, exit_code, error)"
+    "  VALUES (3, 1, 3, 'failed', 'manual', 1, 0, 1800, 1801, 1900, 3, 'disk full');",
 };
 
 static void check_v1(state_t *st)
@@ -239,7 +243,26 @@ static void check_v2(state_t *st)
     state_checkpoint_fini(&c);
 }
 
-static void (*const checks[STATE_SCHEMA_VERSION])(state_t *) = {check_v1, check_v2};
+/* v3 keeps run counts per (job, state) by triggers and backfills them: they
+ * must match the runs table whatever version the file came from. */
+static void check_v3(state_t *st)
+{
+    state_run_t r;
+    OK(state_run_get(st, 3, &r));
+    assert_int_equal(r.state, STATE_RUN_FAILED);
+    assert_string_equal(r.error, "disk full");
+    state_run_fini(&r);
+}
+
+static void check_counts(state_t *st)
+{
+    assert_int_equal(scalar(st, "SELECT count(*) FROM (SELECT job_id, state, count(*) AS c "
+                                "FROM runs GROUP BY job_id, state) r LEFT JOIN run_counts rc "
+                                "USING (job_id, state) WHERE rc.n IS NOT r.c"),
+                     0);
+}
+
+static void (*const checks[STATE_SCHEMA_VERSION])(state_t *) = {check_v1, check_v2, check_v3};
 
 static void test_migrate_every_version(void **state)
 {
@@ -269,6 +292,7 @@ static void test_migrate_every_version(void **state)
         assert_int_equal(v, STATE_SCHEMA_VERSION);
         for (int s = 0; s < k; s++)
             checks[s](st);
+        check_counts(st);
         if (k >= 1) {
             /* v2 backfills job_versions from jobs; later writes keep using it. */
             if (k < 2)

@@ -43,7 +43,7 @@ static void write_spec(const char *name, const char *model, int batch, const cha
             "name: %s\n"
             "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
             "model:\n  type: %s\n  embedding: {dim: 8, capacity: 200000}\n%s"
-            "train: {batch_size: %d, seed: 7, log_every: 1}\n",
+            "train: {batch_size: %d, seed: 7, log_every: 1, init_from: none}\n",
             name, model, strcmp(model, "dlrm") == 0 ? "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
                                                     : "",
             batch);

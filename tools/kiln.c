@@ -41,6 +41,38 @@ static const cli_opt_t convert_opts[] = {
     {"out", "FILE", "the kiln-bin file to write"},
     {NULL, NULL, NULL}};
 
+/* cmd_export.c (checkpoints) keeps its options next to the command. */
+extern const cli_opt_t export_opts[];
+int cmd_export(cli_t *cli);
+
+/* cmd_sched.c (scheduler): daemon, retry, logs, lineage. */
+int cmd_daemon(cli_t *cli);
+int cmd_retry(cli_t *cli);
+int cmd_logs(cli_t *cli);
+int cmd_lineage(cli_t *cli);
+
+static const cli_opt_t daemon_opts[] = {
+    {"home", "DIR", "run directories go in DIR/runs (default $KILN_HOME or ~/.kiln)"},
+    {"listen", "ADDR", "address of the status page (default 127.0.0.1:8480)"},
+    {"max-ranks", "N", "ranks in use at once (default: the number of cores)"},
+    {"grace", "DURATION", "SIGTERM to SIGKILL on cancel and timeout (default 10s)"},
+    {"poll", "DURATION", "database change poll (default 1s)"},
+    {"drain", NULL, "on SIGTERM, wait for running runs to end"},
+    {"trainer", "PATH", "kiln-train to launch"},
+    {"mpirun", "PATH", "mpirun to launch it with"},
+    {"log", "FILE", "append the daemon's log to FILE"},
+    {NULL, NULL, NULL}};
+
+static const cli_opt_t logs_opts[] = {
+    {"follow", NULL, "keep printing until the run ends"},
+    {NULL, NULL, NULL}};
+
+/* cmd_serve.c (serving): push, promote, rollback. */
+extern const cli_opt_t push_opts[], promote_opts[], rollback_opts[];
+int cmd_push(cli_t *cli);
+int cmd_promote(cli_t *cli);
+int cmd_rollback(cli_t *cli);
+
 static const cli_cmd_t commands[] = {
     {"submit", "FILE", "validate a job spec and queue it (or register its schedule)",
      "Parses and validates FILE. A job without `schedule` gets one run queued now; a job with "
@@ -70,6 +102,40 @@ static const cli_cmd_t commands[] = {
      "Reads the TSV files in order and writes one kiln-bin file (docs/data-formats.md); "
      "malformed lines are skipped and reported.",
      convert_opts, 1, CLI_MAX_POS, false, cmd_convert},
+    {"export", "CHECKPOINT", "write a checkpoint in HugeCTR's sparse-model layout or as .npy",
+     "`kiln export CKPT_DIR --format hugectr|npy --out DIR` resolves the checkpoint (an "
+     "incremental one with its chain), checks every file against the manifest and writes one "
+     "folder per table with raw int64 `key` and float32 `emb_vector` files (hugectr) or .npy "
+     "arrays (npy). With --db the export is recorded (docs/checkpoint-format.md).",
+     export_opts, 1, 1, false, cmd_export},
+    {"daemon", "", "run kilnd, the scheduler daemon, in the foreground",
+     "The same daemon as `kilnd`: fires schedules, launches and supervises runs, retries and "
+     "recovers. SIGTERM or ^C stops it; runs keep going and are adopted at the next start "
+     "(--drain waits for them). See docs/operations.md.",
+     daemon_opts, 0, 0, true, cmd_daemon},
+    {"retry", "RUN", "queue a new attempt of a failed, canceled or timed-out run",
+     "The new run has trigger retry, attempt + 1 and serves the same scheduled time; it "
+     "resumes from the job's latest checkpoint when the spec says init_from: latest.",
+     no_opts, 1, 1, true, cmd_retry},
+    {"logs", "RUN", "print a run's combined log (every rank, mpirun, the supervisor)",
+     "With --follow, keeps printing as the log grows until the run ends.", logs_opts, 1, 1, true,
+     cmd_logs},
+    {"lineage", "CHECKPOINT|RUN|ENDPOINT", "trace a checkpoint, run or endpoint URL",
+     "Prints the chain back to the input files (run, retries, inputs with size, mtime and "
+     "checksum; parent checkpoints) and forward to the exports, pushes and endpoints that "
+     "serve it.",
+     no_opts, 1, 1, true, cmd_lineage},
+#ifdef KILN_HAVE_SERVE_OPS
+    {"push", "", "push a job's latest checkpoint to its endpoints of a label",
+     "Sends each endpoint a delta on what it holds (a full push when it holds something "
+     "else), in parallel, with the job's push.retries and push.timeout; records every push. "
+     "For system cron: `kiln push --job NAME` after each export.",
+     push_opts, 0, 0, true, cmd_push},
+    {"promote", "", "push what one label's endpoints hold to another label's",
+     NULL, promote_opts, 0, 0, true, cmd_promote},
+    {"rollback", "", "push the checkpoint a label held before its current one",
+     NULL, rollback_opts, 0, 0, true, cmd_rollback},
+#endif
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

@@ -1,0 +1,159 @@
+/*
+ * scheduler/sched_int.h - what the files of scheduler/ share: the daemon's
+ * state (sched_t), the runs it supervises (sched_active_t), the launcher
+ * interface, the supervisor, the run directory helpers. Not included from
+ * outside scheduler/.
+ */
+#ifndef KILN_SCHEDULER_SCHED_INT_H
+#define KILN_SCHEDULER_SCHED_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "jobs.h"
+#include "kiln.h"
+#include "sched.h"
+#include "state.h"
+
+/* ---- launchers ------------------------------------------------------------------
+ * A launcher turns a run into the command the supervisor execs. `local` and
+ * `hostfile` are mpirun; a `slurm` launcher would build srun here. */
+typedef struct sched_launch_ctx {
+    const char *mpirun, *trainer;
+    const job_spec_t *spec;
+    const char *hostfile; /* resolved against the spec's directory */
+    const char *spec_path, *run_dir, *inputs_path; /* inputs_path NULL: none */
+    const char *db_path;
+    int64_t run_id;
+    bool trainer_has_db; /* kiln-train takes --db/--run-id (checkpoint records) */
+} sched_launch_ctx_t;
+
+typedef struct sched_launcher {
+    const char *name;
+    /* Builds a NULL-terminated argv (free with sched_argv_free). Returns 0,
+     * KILN_ENOMEM or KILN_EINVAL (message says what is missing). */
+    int (*build_argv)(const sched_launch_ctx_t *ctx, char ***argv /* OUT */);
+} sched_launcher_t;
+
+/* The launcher of spec.resources.launcher, or NULL (message set) when this
+ * build has none for it. */
+const sched_launcher_t *sched_launcher_for(job_launcher_t which);
+void sched_argv_free(char **argv);
+
+/* ---- the supervisor (sched_supervise.c) -----------------------------------------
+ * A forked child of kilnd that calls setsid() (so it leads its own session and
+ * process group, and kilnd's death does not reach it), starts argv with the
+ * run directory's `log` as stdout and stderr, waits for it and writes
+ * run_dir/status atomically (tmp + rename). SIGTERM to the supervisor stops
+ * the run: SIGTERM to every process of the session (mpirun and each rank,
+ * which Open MPI puts in process groups of their own), SIGKILL after
+ * grace_ms. The reason is read from run_dir/stop (written by kilnd first). */
+int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace_ms,
+                          pid_t *pid /* OUT */);
+
+/* What run_dir/status says. */
+typedef struct sched_status {
+    int exit_code; /* mpirun's exit code, or -1 when killed by a signal */
+    int signal;    /* the signal that killed mpirun; 0: none */
+    char stop[32]; /* the stop reason kilnd gave ("canceled", "timed_out", ...), "" none */
+    int64_t ended_at;
+} sched_status_t;
+/* Reads run_dir/status. KILN_ENOENT when the supervisor has not written it. */
+int sched_status_read(const char *run_dir, sched_status_t *out /* OUT */);
+/* Writes run_dir/stop (atomically) with reason, then SIGTERMs the
+ * supervisor. Returns 0 or KILN_EIO. */
+int sched_stop_request(const char *run_dir, pid_t sup_pid, const char *reason);
+/* True when pid is alive (not a zombie) and, when start_ticks != 0, started
+ * at that time (so a reused pid is not mistaken for the supervisor). */
+bool sched_pid_alive(pid_t pid, uint64_t start_ticks);
+/* The start time of pid in clock ticks since boot (/proc/PID/stat field 22), 0 if gone. */
+uint64_t sched_pid_start(pid_t pid);
+/* Sends sig to every process of session sid except the caller; returns how many. */
+int sched_kill_session(pid_t sid, int sig);
+/* Reads run_dir/supervisor.pid ("PID START_TICKS"). */
+int sched_pidfile_read(const char *run_dir, pid_t *pid /* OUT */, uint64_t *start /* OUT */);
+/* Why a run failed, from the tail of its log: a dead rank with its host and
+ * signal, or kiln-train's own "rank R on HOST: ..." line. Returns a malloc'd
+ * sentence. */
+char *sched_failure_reason(const char *run_dir, const sched_status_t *stat);
+
+/* Writes data to path atomically (path.tmp, fsync, rename). 0 or KILN_EIO. */
+int sched_write_atomic(const char *path, const char *data, size_t len);
+
+/* ---- the daemon ------------------------------------------------------------------ */
+typedef enum { STOP_NONE, STOP_CANCELED, STOP_TIMED_OUT, STOP_REPLACED } sched_stop_t;
+
+typedef struct sched_active {
+    int64_t run_id, job_id;
+    int attempt;
+    pid_t pid;   /* the supervisor */
+    int pidfd;   /* readable when the supervisor exited */
+    bool child;  /* our child (reap it) or adopted from an earlier kilnd */
+    int ranks;
+    char *run_dir;
+    int64_t started_ms;  /* when it was launched (or adopted) */
+    int64_t deadline_ms; /* timeout; 0: none */
+    int64_t backstop_ms; /* after a stop: SIGKILL the session if still alive; 0: none */
+    sched_stop_t stop;
+    int64_t replaced_by;
+    int64_t progress_off; /* bytes of progress.jsonl already recorded as metrics */
+} sched_active_t;
+
+typedef struct sched_job {
+    state_job_t row;
+    bool spec_ok;
+    job_spec_t spec;
+    bool has_cron;
+    job_cron_t cron;
+} sched_job_t;
+
+typedef struct sched {
+    sched_options_t o;
+    char *db_path, *home, *trainer;
+    state_t *st;
+    int epfd, sigfd, timerfd, inofd, lockfd;
+    char host[256];
+    bool trainer_has_db;
+    int64_t data_version;
+    bool dirty;      /* something changed: rescan jobs, cron and the queue */
+    bool stopping;   /* SIGTERM seen */
+    bool quit;
+    sched_active_t *act;
+    size_t nact, capact;
+    sched_job_t *jobs;
+    size_t njobs;
+    int64_t next_progress_ms;
+    uint64_t rng;
+} sched_t;
+
+/* sched_queue.c: jobs cache, cron fires and catch-up, the queue and launch. */
+int sched_jobs_reload(sched_t *s);
+sched_job_t *sched_job_find(sched_t *s, int64_t job_id);
+int sched_cron_tick(sched_t *s, int64_t now_s, int64_t *next_ms /* IN/OUT: earliest wake */);
+int sched_dispatch(sched_t *s, int64_t now_ms, int64_t *next_ms /* IN/OUT */);
+int sched_ranks_in_use(const sched_t *s);
+
+/* sched_run.c: launching one run and ending it. */
+int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job);
+/* The supervisor of a is gone: read its status, record the outcome, queue a
+ * retry by policy, forget a. */
+void sched_finish(sched_t *s, sched_active_t *a);
+/* Records the progress lines of a run written since the last call as metrics. */
+void sched_import_progress(sched_t *s, sched_active_t *a);
+/* Adopts or ends the launching/running runs a previous kilnd left. */
+int sched_recover(sched_t *s);
+/* Stops a running run (cancel, timeout, replace). */
+void sched_stop(sched_t *s, sched_active_t *a, sched_stop_t why, int64_t now_ms);
+/* Starts watching a supervisor (pidfd into the epoll set). */
+int sched_watch(sched_t *s, sched_active_t *a);
+sched_active_t *sched_active_add(sched_t *s);
+void sched_active_remove(sched_t *s, sched_active_t *a);
+/* Ends a run that never launched (or was lost) as failed and queues a retry
+ * by policy. */
+void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
+                    const job_spec_t *spec, bool retryable, int exit_code, const char *error);
+/* Backoff before attempt+1: backoff * 2^(attempt-1), capped, plus up to 20% jitter. */
+int64_t sched_backoff_ms(sched_t *s, const job_spec_t *spec, int attempt);
+
+#endif /* KILN_SCHEDULER_SCHED_INT_H */

@@ -1,0 +1,565 @@
+/*
+ * scheduler/sched_run.c - one run's life as kilnd sees it: picking the new
+ * input partitions of an incremental job, making the run directory
+ * ($KILN_HOME/runs/<id>/: spec.yaml, inputs.txt, log, progress.jsonl,
+ * status, supervisor.pid, mpirun.pid, stop), launching it under a
+ * supervisor, stopping it (cancel, timeout, replace), recording its progress
+ * as metrics, ending it with its real outcome and queuing the retry its
+ * policy asks for, and at start-up adopting or ending the runs that an
+ * earlier kilnd left behind.
+ */
+#include "sched_int.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int64_t now_ms(void)
+{
+    return kiln_now_ms();
+}
+
+/* ---- the active set ------------------------------------------------------------- */
+
+sched_active_t *sched_active_add(sched_t *s)
+{
+    if (s->nact == s->capact) {
+        size_t cap = s->capact ? s->capact * 2 : 16;
+        sched_active_t *na = kiln_reallocarray(s->act, cap, sizeof *na);
+        if (na == NULL)
+            return NULL;
+        s->act = na;
+        s->capact = cap;
+    }
+    sched_active_t *a = &s->act[s->nact++];
+    memset(a, 0, sizeof *a);
+    a->pidfd = -1;
+    return a;
+}
+
+void sched_active_remove(sched_t *s, sched_active_t *a)
+{
+    if (a->pidfd >= 0) {
+        epoll_ctl(s->epfd, EPOLL_CTL_DEL, a->pidfd, NULL);
+        close(a->pidfd);
+    }
+    free(a->run_dir);
+    size_t i = (size_t)(a - s->act);
+    s->act[i] = s->act[--s->nact];
+}
+
+int sched_watch(sched_t *s, sched_active_t *a)
+{
+    a->pidfd = (int)syscall(SYS_pidfd_open, a->pid, 0);
+    if (a->pidfd < 0)
+        return kiln_errf(KILN_EIO, "pidfd_open(%d): %s", (int)a->pid, strerror(errno));
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)a->run_id};
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, a->pidfd, &ev) < 0)
+        return kiln_errf(KILN_EIO, "epoll_ctl: %s", strerror(errno));
+    return 0;
+}
+
+/* ---- retries --------------------------------------------------------------------- */
+
+int64_t sched_backoff_ms(sched_t *s, const job_spec_t *spec, int attempt)
+{
+    int64_t d = spec->retries.backoff_ms;
+    for (int i = 1; i < attempt && d < spec->retries.max_backoff_ms; i++)
+        d *= 2;
+    if (spec->retries.max_backoff_ms > 0 && d > spec->retries.max_backoff_ms)
+        d = spec->retries.max_backoff_ms;
+    /* xorshift jitter: up to 20% more, so retries of many runs spread out. */
+    s->rng ^= s->rng << 13;
+    s->rng ^= s->rng >> 7;
+    s->rng ^= s->rng << 17;
+    if (d > 0)
+        d += (int64_t)(s->rng % (uint64_t)(d / 5 + 1));
+    return d;
+}
+
+void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
+                    const job_spec_t *spec, bool retryable, int exit_code, const char *error)
+{
+    int64_t not_before = -1;
+    if (retryable && spec != NULL && attempt <= spec->retries.count) {
+        int64_t ms = sched_backoff_ms(s, spec, attempt);
+        not_before = (now_ms() + ms + 999) / 1000;
+    }
+    int64_t retry = 0;
+    int rc = state_run_end(s->st, run_id, from, STATE_RUN_FAILED, exit_code, error, not_before,
+                           &retry);
+    if (rc < 0)
+        KILN_WARN("run %lld: cannot record its failure: %s", (long long)run_id, kiln_errmsg());
+    else if (retry)
+        KILN_INFO("run %lld failed (%s); retry %lld queued (attempt %d)", (long long)run_id, error,
+                  (long long)retry, attempt + 1);
+    else
+        KILN_INFO("run %lld failed: %s", (long long)run_id, error);
+}
+
+/* ---- the run directory -------------------------------------------------------------- */
+
+static int mkdir_p(const char *path)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+            return kiln_errf(KILN_EIO, "cannot create %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+        return kiln_errf(KILN_EIO, "cannot create %s: %s", buf, strerror(errno));
+    return 0;
+}
+
+/* The directory relative paths of the job's spec resolve against: the
+ * directory of the file it was submitted from (the submit event names it),
+ * when that was an absolute path; NULL when unknown (then the run directory). */
+static char *spec_base_dir(sched_t *s, int64_t job_id)
+{
+    char *msg = NULL;
+    if (state_event_last(s->st, job_id, "submit", &msg) < 0)
+        return NULL;
+    char *base = NULL;
+    const char *p = strstr(msg, "submitted from ");
+    if (p != NULL && p[15] == '/') {
+        p += 15;
+        const char *end = strstr(p, " (version");
+        char *path = kiln_strndup(p, end ? (size_t)(end - p) : strlen(p));
+        if (path != NULL)
+            base = kiln_strdup(dirname(path));
+        free(path);
+    }
+    free(msg);
+    return base;
+}
+
+static char *resolve(const char *base, const char *path)
+{
+    if (path == NULL)
+        return NULL;
+    if (path[0] == '/' || base == NULL)
+        return kiln_strdup(path);
+    return kiln_asprintf("%s/%s", base, path);
+}
+
+/* The partitions of data.train no succeeded run of the job consumed. */
+static int new_inputs(sched_t *s, const sched_job_t *job, const char *base,
+                      state_input_t **out, size_t *nout)
+{
+    char *pattern = resolve(base, job->spec.data.train);
+    glob_t g = {0};
+    state_input_t *ins = NULL;
+    size_t n = 0;
+    int rc = 0;
+    *out = NULL;
+    *nout = 0;
+    if (pattern == NULL)
+        return KILN_ENOMEM;
+    int grc = glob(pattern, 0, NULL, &g);
+    if (grc != 0 && grc != GLOB_NOMATCH) {
+        rc = kiln_errf(KILN_EIO, "cannot expand data.train %s", pattern);
+        goto out;
+    }
+    ins = kiln_calloc(g.gl_pathc + 1, sizeof *ins);
+    if (ins == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        struct stat sb;
+        if (stat(g.gl_pathv[i], &sb) < 0 || !S_ISREG(sb.st_mode))
+            continue;
+        uint64_t h = 0;
+        char hex[17];
+        if (kiln_xxh64_file(g.gl_pathv[i], 0, &h, NULL) < 0)
+            continue; /* vanished or unreadable: a later fire sees it again */
+        kiln_hash_hex(h, hex, sizeof hex);
+        state_input_t in = {g.gl_pathv[i], (int64_t)sb.st_size, (int64_t)sb.st_mtime, hex};
+        bool consumed = false;
+        KILN_CHECK_GOTO(state_input_consumed(s->st, job->row.id, &in, &consumed), rc, out);
+        if (consumed)
+            continue;
+        ins[n].path = kiln_strdup(in.path);
+        ins[n].checksum = kiln_strdup(hex);
+        ins[n].size = in.size;
+        ins[n].mtime = in.mtime;
+        n++;
+    }
+out:
+    globfree(&g);
+    free(pattern);
+    if (rc < 0) {
+        state_inputs_free(ins, n);
+        return rc;
+    }
+    *out = ins;
+    *nout = n;
+    return 0;
+}
+
+static int write_file(const char *dir, const char *name, const char *text)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return sched_write_atomic(path, text, strlen(text));
+}
+
+/* ---- launch -------------------------------------------------------------------------- */
+
+int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
+{
+    const job_spec_t *spec = &job->spec;
+    char *base = spec_base_dir(s, job->row.id);
+    state_input_t *ins = NULL;
+    size_t nins = 0;
+    char *run_dir = NULL, *hostfile = NULL, *list = NULL;
+    char **argv = NULL;
+    int rc = 0;
+    bool launching = false;
+
+    if (spec->data.incremental) {
+        rc = new_inputs(s, job, base, &ins, &nins);
+        if (rc < 0) {
+            KILN_WARN("run %lld: %s; trying again later", (long long)run->id, kiln_errmsg());
+            goto out;
+        }
+        if (nins == 0) {
+            char *why = kiln_asprintf("no new data: every file matching %s was consumed by an "
+                                      "earlier successful run",
+                                      spec->data.train);
+            rc = state_run_transition(s->st, run->id, STATE_RUN_QUEUED, STATE_RUN_SKIPPED, -1,
+                                      why);
+            KILN_INFO("run %lld skipped: no new data", (long long)run->id);
+            free(why);
+            rc = rc == KILN_ESTATE ? 0 : rc;
+            goto out;
+        }
+    }
+    rc = state_run_transition(s->st, run->id, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, -1, NULL);
+    if (rc == KILN_ESTATE) { /* canceled meanwhile, or another kilnd took it */
+        rc = 0;
+        goto out;
+    }
+    KILN_CHECK_GOTO(rc, rc, out);
+    launching = true;
+
+    run_dir = kiln_asprintf("%s/runs/%lld", s->home, (long long)run->id);
+    if (run_dir == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    KILN_CHECK_GOTO(mkdir_p(run_dir), rc, out);
+    KILN_CHECK_GOTO(write_file(run_dir, "spec.yaml", job->row.spec_yaml), rc, out);
+    char inputs_path[4096] = "", spec_path[4096];
+    snprintf(spec_path, sizeof spec_path, "%s/spec.yaml", run_dir);
+    if (spec->data.incremental) {
+        size_t len = 1;
+        for (size_t i = 0; i < nins; i++)
+            len += strlen(ins[i].path) + 1;
+        list = kiln_calloc(1, len);
+        if (list == NULL) {
+            rc = KILN_ENOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < nins; i++) {
+            strcat(list, ins[i].path);
+            strcat(list, "\n");
+        }
+        KILN_CHECK_GOTO(write_file(run_dir, "inputs.txt", list), rc, out);
+        snprintf(inputs_path, sizeof inputs_path, "%s/inputs.txt", run_dir);
+        for (size_t i = 0; i < nins; i++)
+            KILN_CHECK_GOTO(state_input_add(s->st, run->id, &ins[i]), rc, out);
+    }
+    const sched_launcher_t *l = sched_launcher_for(spec->resources.launcher);
+    if (l == NULL) {
+        rc = KILN_EINVAL;
+        goto out;
+    }
+    hostfile = resolve(base, spec->resources.hostfile);
+    sched_launch_ctx_t ctx = {s->o.mpirun, s->trainer, spec, hostfile, spec_path, run_dir,
+                              inputs_path[0] ? inputs_path : NULL, s->db_path, run->id,
+                              s->trainer_has_db};
+    KILN_CHECK_GOTO(l->build_argv(&ctx, &argv), rc, out);
+
+    /* The run's environment: who it is, and where its spec's relative paths
+     * point (kiln-train honours KILN_SPEC_DIR). */
+    char num[32];
+    snprintf(num, sizeof num, "%lld", (long long)run->id);
+    setenv("KILN_RUN_ID", num, 1);
+    snprintf(num, sizeof num, "%d", run->attempt);
+    setenv("KILN_ATTEMPT", num, 1);
+    if (base != NULL)
+        setenv("KILN_SPEC_DIR", base, 1);
+    else
+        unsetenv("KILN_SPEC_DIR");
+    /* The run directory is recorded before the supervisor starts: a kilnd
+     * killed in between finds no supervisor.pid there and retries the run as
+     * lost, and one killed later finds the pid file and adopts it. */
+    KILN_CHECK_GOTO(state_run_set_launch(s->st, run->id, run_dir, 0, s->host), rc, out);
+    pid_t pid = 0;
+    rc = sched_supervise_spawn(run_dir, argv, s->o.grace_ms, &pid);
+    unsetenv("KILN_SPEC_DIR");
+    KILN_CHECK_GOTO(rc, rc, out);
+
+    sched_active_t *a = sched_active_add(s);
+    if (a == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    a->run_id = run->id;
+    a->job_id = run->job_id;
+    a->attempt = run->attempt;
+    a->pid = pid;
+    a->child = true;
+    a->ranks = spec->resources.ranks;
+    a->run_dir = run_dir;
+    run_dir = NULL;
+    a->started_ms = now_ms();
+    a->deadline_ms = spec->resources.timeout_ms > 0 ? a->started_ms + spec->resources.timeout_ms : 0;
+    launching = false; /* from here on the supervisor's status decides */
+    if (sched_watch(s, a) < 0)
+        KILN_WARN("run %lld: %s; its end is noticed on SIGCHLD only", (long long)run->id,
+                  kiln_errmsg());
+    if (state_run_set_launch(s->st, a->run_id, a->run_dir, pid, s->host) < 0 ||
+        state_run_transition(s->st, a->run_id, STATE_RUN_LAUNCHING, STATE_RUN_RUNNING, -1,
+                             NULL) < 0)
+        KILN_WARN("run %lld: %s", (long long)a->run_id, kiln_errmsg());
+    KILN_INFO("run %lld of job %s launched: %d rank%s, supervisor %d, %s", (long long)a->run_id,
+              job->row.name, a->ranks, a->ranks == 1 ? "" : "s", (int)pid, a->run_dir);
+out:
+    if (rc < 0 && launching) {
+        char *err = kiln_asprintf("launch failed: %s", kiln_errmsg());
+        sched_fail_run(s, run->id, STATE_RUN_LAUNCHING, run->attempt, spec, rc != KILN_EINVAL,
+                       -1, err ? err : "launch failed");
+        free(err);
+        rc = 0;
+    }
+    sched_argv_free(argv);
+    state_inputs_free(ins, nins);
+    free(list);
+    free(hostfile);
+    free(run_dir);
+    free(base);
+    return rc;
+}
+
+/* ---- stop ------------------------------------------------------------------------------ */
+
+static const char *stop_name(sched_stop_t why)
+{
+    switch (why) {
+    case STOP_CANCELED:
+        return "canceled";
+    case STOP_TIMED_OUT:
+        return "timed_out";
+    case STOP_REPLACED:
+        return "replaced";
+    default:
+        return "";
+    }
+}
+
+void sched_stop(sched_t *s, sched_active_t *a, sched_stop_t why, int64_t now)
+{
+    if (a->stop != STOP_NONE)
+        return;
+    a->stop = why;
+    a->backstop_ms = now + s->o.grace_ms + 10000;
+    KILN_INFO("run %lld: stopping (%s): SIGTERM, SIGKILL after %lld ms", (long long)a->run_id,
+              stop_name(why), (long long)s->o.grace_ms);
+    if (sched_stop_request(a->run_dir, a->pid, stop_name(why)) < 0)
+        KILN_WARN("run %lld: %s", (long long)a->run_id, kiln_errmsg());
+}
+
+/* ---- progress as metrics ----------------------------------------------------------------- */
+
+void sched_import_progress(sched_t *s, sched_active_t *a)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/progress.jsonl", a->run_dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    if (fseek(f, (long)a->progress_off, SEEK_SET) == 0) {
+        char line[1024];
+        while (fgets(line, sizeof line, f) != NULL) {
+            size_t len = strlen(line);
+            if (len == 0 || line[len - 1] != '\n')
+                break; /* a line still being written: next time */
+            a->progress_off += (int64_t)len;
+            json_t *v = json_loads(line, 0, NULL);
+            if (v == NULL)
+                continue;
+            int64_t step = json_integer_value(json_object_get(v, "step"));
+            const char *names[] = {"loss", "samples_per_s"};
+            for (size_t i = 0; i < 2; i++) {
+                json_t *x = json_object_get(v, names[i]);
+                if (json_is_number(x))
+                    state_metric_add(s->st, a->run_id, step, names[i], json_number_value(x));
+            }
+            json_decref(v);
+        }
+    }
+    fclose(f);
+}
+
+static void import_result(sched_t *s, sched_active_t *a)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/result.json", a->run_dir);
+    json_t *v = json_load_file(path, 0, NULL);
+    if (v == NULL)
+        return;
+    int64_t step = json_integer_value(json_object_get(v, "steps"));
+    const char *names[] = {"eval_logloss", "eval_auc", "train_samples_per_s", "train_seconds"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        json_t *x = json_object_get(v, names[i]);
+        if (json_is_number(x))
+            state_metric_add(s->st, a->run_id, step, names[i], json_number_value(x));
+    }
+    json_decref(v);
+}
+
+/* ---- the end of a run -------------------------------------------------------------------- */
+
+void sched_finish(sched_t *s, sched_active_t *a)
+{
+    if (a->child) {
+        int st;
+        waitpid(a->pid, &st, WNOHANG);
+    }
+    sched_import_progress(s, a);
+    import_result(s, a);
+    sched_job_t *job = sched_job_find(s, a->job_id);
+    const job_spec_t *spec = job != NULL && job->spec_ok ? &job->spec : NULL;
+
+    sched_status_t stat;
+    int src = sched_status_read(a->run_dir, &stat);
+    state_run_state_t to = STATE_RUN_FAILED;
+    char *error = NULL;
+    bool retryable = false;
+    int code = src == 0 ? stat.exit_code : -1;
+    sched_stop_t stop = a->stop;
+    if (src == 0 && stop == STOP_NONE) /* a stop asked by a kilnd before a restart */
+        stop = strcmp(stat.stop, "canceled") == 0    ? STOP_CANCELED
+               : strcmp(stat.stop, "timed_out") == 0 ? STOP_TIMED_OUT
+               : strcmp(stat.stop, "replaced") == 0  ? STOP_REPLACED
+                                                     : STOP_NONE;
+    if (src == 0 && stat.exit_code == 0 && stat.signal == 0) {
+        to = STATE_RUN_SUCCEEDED;
+    } else if (stop == STOP_CANCELED) {
+        to = STATE_RUN_CANCELED;
+        error = kiln_strdup("canceled on request");
+    } else if (stop == STOP_REPLACED) {
+        to = STATE_RUN_CANCELED;
+        error = kiln_asprintf("replaced by a newer run (concurrency: replace)");
+    } else if (stop == STOP_TIMED_OUT) {
+        char d[32] = "?";
+        if (spec != NULL)
+            kiln_duration_format(spec->resources.timeout_ms, d, sizeof d);
+        to = STATE_RUN_TIMED_OUT;
+        error = kiln_asprintf("timed out after %s (resources.timeout)", d);
+    } else if (src < 0) {
+        error = kiln_asprintf("lost: the supervisor (pid %d) ended without writing %s/status",
+                              (int)a->pid, a->run_dir);
+        retryable = true;
+    } else {
+        error = sched_failure_reason(a->run_dir, &stat);
+        /* 3: kiln-train says a retry may help; > 128 or a signal: a rank or
+         * mpirun was killed. 2 (bad input) and 1 (a bug) are not retried. */
+        retryable = stat.exit_code == 3 || stat.exit_code > 128 || stat.signal != 0;
+    }
+    int rc;
+    if (to == STATE_RUN_FAILED) {
+        sched_fail_run(s, a->run_id, STATE_RUN_RUNNING, a->attempt, spec, retryable, code,
+                       error ? error : "failed");
+    } else {
+        rc = state_run_transition(s->st, a->run_id, STATE_RUN_RUNNING, to, code, error);
+        if (rc == KILN_ESTATE)
+            rc = state_run_transition(s->st, a->run_id, STATE_RUN_LAUNCHING, to, code, error);
+        if (rc < 0)
+            KILN_WARN("run %lld: cannot record its end: %s", (long long)a->run_id, kiln_errmsg());
+        else
+            KILN_INFO("run %lld %s%s%s", (long long)a->run_id, state_run_state_name(to),
+                      error ? ": " : "", error ? error : "");
+    }
+    free(error);
+    sched_active_remove(s, a);
+    s->dirty = true;
+}
+
+/* ---- recovery ------------------------------------------------------------------------------ */
+
+static void recover_one(sched_t *s, const state_run_t *r)
+{
+    sched_job_t *job = sched_job_find(s, r->job_id);
+    const job_spec_t *spec = job != NULL && job->spec_ok ? &job->spec : NULL;
+    if (r->host != NULL && strcmp(r->host, s->host) != 0) {
+        KILN_INFO("run %lld runs on %s, not here; leaving it to that host's kilnd",
+                  (long long)r->id, r->host);
+        return;
+    }
+    if (r->run_dir == NULL) {
+        sched_fail_run(s, r->id, r->state, r->attempt, spec, true, -1,
+                       "lost: kilnd stopped while launching it");
+        return;
+    }
+    sched_active_t *a = sched_active_add(s);
+    if (a == NULL)
+        return;
+    a->run_id = r->id;
+    a->job_id = r->job_id;
+    a->attempt = r->attempt;
+    a->run_dir = kiln_strdup(r->run_dir);
+    a->ranks = spec ? spec->resources.ranks : 1;
+    a->started_ms = r->started_at > 0 ? r->started_at * 1000 : now_ms();
+    a->deadline_ms = spec && spec->resources.timeout_ms > 0 ? a->started_ms + spec->resources.timeout_ms
+                                                            : 0;
+    sched_status_t stat;
+    pid_t pid = 0;
+    uint64_t start = 0;
+    if (sched_status_read(a->run_dir, &stat) < 0 &&
+        sched_pidfile_read(a->run_dir, &pid, &start) == 0 && sched_pid_alive(pid, start)) {
+        a->pid = pid;
+        a->child = false;
+        if (sched_watch(s, a) == 0) {
+            KILN_INFO("run %lld adopted: supervisor %d still running", (long long)r->id,
+                      (int)pid);
+            return;
+        }
+    }
+    a->pid = pid;
+    if (r->state == STATE_RUN_LAUNCHING)
+        state_run_transition(s->st, r->id, STATE_RUN_LAUNCHING, STATE_RUN_RUNNING, -1, NULL);
+    KILN_INFO("run %lld ended while kilnd was away; recording its outcome", (long long)r->id);
+    sched_finish(s, a);
+}
+
+int sched_recover(sched_t *s)
+{
+    state_run_state_t states[] = {STATE_RUN_LAUNCHING, STATE_RUN_RUNNING};
+    for (size_t k = 0; k < 2; k++) {
+        state_run_t *rs = NULL;
+        size_t n = 0;
+        KILN_CHECK(state_run_list_in_state(s->st, states[k], &rs, &n));
+        for (size_t i = 0; i < n; i++)
+            recover_one(s, &rs[i]);
+        state_runs_free(rs, n);
+    }
+    return 0;
+}

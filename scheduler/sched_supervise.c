@@ -1,0 +1,418 @@
+/*
+ * scheduler/sched_supervise.c - the per-run supervisor and what kilnd learns
+ * from it. The supervisor is a fork of kilnd that execs nothing: it leads a
+ * new session (setsid), so the run's processes share one session id and
+ * kilnd's death or a terminal's ^C does not reach them; it starts the
+ * launcher's command with the run's log as stdout/stderr, waits, and writes
+ * run_dir/status with the exit code or signal (tmp + rename, so a reader
+ * never sees half a file). A kilnd that restarts reads that file to learn how
+ * a run ended while it was down. Also here: pid files with start times (a
+ * reused pid is not a live supervisor), killing a session, and turning a
+ * log tail into one sentence naming the dead rank, its host and signal.
+ */
+#include "sched_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int sched_write_atomic(const char *path, const char *data, size_t len)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return kiln_errf(KILN_EIO, "cannot write %s: %s", tmp, strerror(errno));
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, data + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            int e = errno;
+            close(fd);
+            return kiln_errf(KILN_EIO, "cannot write %s: %s", tmp, strerror(e));
+        }
+        off += (size_t)w;
+    }
+    fsync(fd);
+    close(fd);
+    if (rename(tmp, path) < 0)
+        return kiln_errf(KILN_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    return 0;
+}
+
+/* /proc/PID/stat: the state letter, the session and the start time. */
+static int proc_stat(pid_t pid, char *state, pid_t *sid, uint64_t *start)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command may hold spaces and parens */
+    if (p == NULL)
+        return -1;
+    /* After ") ": state(3) ppid(4) pgrp(5) session(6) ... starttime(22). */
+    char st = 0;
+    int ppid, pgrp, session;
+    unsigned long long starttime = 0;
+    if (sscanf(p + 2, "%c %d %d %d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+               &st, &ppid, &pgrp, &session, &starttime) != 5)
+        return -1;
+    if (state)
+        *state = st;
+    if (sid)
+        *sid = session;
+    if (start)
+        *start = starttime;
+    return 0;
+}
+
+uint64_t sched_pid_start(pid_t pid)
+{
+    uint64_t start = 0;
+    return proc_stat(pid, NULL, NULL, &start) == 0 ? start : 0;
+}
+
+bool sched_pid_alive(pid_t pid, uint64_t start_ticks)
+{
+    char st;
+    uint64_t start;
+    if (pid <= 0 || proc_stat(pid, &st, NULL, &start) < 0)
+        return false;
+    if (st == 'Z' || st == 'X')
+        return false;
+    return start_ticks == 0 || start == start_ticks;
+}
+
+int sched_kill_session(pid_t sid, int sig)
+{
+    DIR *d = opendir("/proc");
+    if (d == NULL)
+        return 0;
+    int n = 0;
+    pid_t self = getpid();
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end != '\0' || pid <= 0 || pid == self)
+            continue;
+        pid_t psid;
+        char st;
+        if (proc_stat((pid_t)pid, &st, &psid, NULL) == 0 && psid == sid && st != 'Z' &&
+            kill((pid_t)pid, sig) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+int sched_pidfile_read(const char *run_dir, pid_t *pid, uint64_t *start)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/supervisor.pid", run_dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return kiln_errf(KILN_ENOENT, "no %s", path);
+    int p = 0;
+    unsigned long long s = 0;
+    int got = fscanf(f, "%d %llu", &p, &s);
+    fclose(f);
+    if (got != 2 || p <= 0)
+        return kiln_errf(KILN_ECORRUPT, "%s does not hold 'PID START'", path);
+    *pid = p;
+    *start = s;
+    return 0;
+}
+
+/* ---- the supervisor process ------------------------------------------------------ */
+
+static int64_t mono_ms(void)
+{
+    return kiln_mono_ns() / 1000000;
+}
+
+static void read_stop(const char *run_dir, char *out, size_t cap)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/stop", run_dir);
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    if (fgets(out, (int)cap, f) == NULL)
+        out[0] = '\0';
+    out[strcspn(out, "\r\n")] = '\0';
+    fclose(f);
+}
+
+/* The supervisor's whole life; never returns. */
+static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms, int ready_fd)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    sigprocmask(SIG_SETMASK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char path[4096], buf[256];
+    snprintf(path, sizeof path, "%s/supervisor.pid", run_dir);
+    int n = snprintf(buf, sizeof buf, "%d %llu\n", (int)getpid(),
+                     (unsigned long long)sched_pid_start(getpid()));
+    sched_write_atomic(path, buf, (size_t)n);
+
+    int64_t started = kiln_now_s();
+    pid_t child = fork();
+    if (child == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        signal(SIGPIPE, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        setpgid(0, 0);
+        if (chdir(run_dir) < 0)
+            _exit(126);
+        execvp(argv[0], argv);
+        fprintf(stderr, "kilnd supervisor: cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    if (child < 0) {
+        fprintf(stderr, "kilnd supervisor: fork: %s\n", strerror(errno));
+    } else {
+        snprintf(path, sizeof path, "%s/mpirun.pid", run_dir);
+        n = snprintf(buf, sizeof buf, "%d\n", (int)child);
+        sched_write_atomic(path, buf, (size_t)n);
+    }
+    /* Tell kilnd we are set up (pid files written), then close the pipe. */
+    char ok = child > 0 ? 'k' : 'x';
+    if (write(ready_fd, &ok, 1) < 0) {
+        /* kilnd is gone already; carry on regardless. */
+    }
+    close(ready_fd);
+
+    int status = 0;
+    bool stopping = false, killed = false;
+    int64_t kill_at = 0;
+    while (child > 0) {
+        pid_t w = waitpid(child, &status, WNOHANG);
+        if (w == child)
+            break;
+        struct timespec ts = {1, 0};
+        if (stopping && !killed) {
+            int64_t left = kill_at - mono_ms();
+            if (left <= 0) {
+                fprintf(stderr, "kilnd supervisor: grace period over; SIGKILL to the run\n");
+                kill(-child, SIGKILL);
+                sched_kill_session(getsid(0), SIGKILL);
+                killed = true;
+            } else if (left < 1000) {
+                ts.tv_sec = 0;
+                ts.tv_nsec = (long)left * 1000000L;
+            }
+        }
+        siginfo_t si;
+        int sig = sigtimedwait(&set, &si, &ts);
+        if (sig == SIGTERM && !stopping) {
+            char why[32];
+            read_stop(run_dir, why, sizeof why);
+            fprintf(stderr, "kilnd supervisor: stopping the run (%s): SIGTERM to every rank\n",
+                    why[0] ? why : "SIGTERM");
+            kill(-child, SIGTERM);
+            sched_kill_session(getsid(0), SIGTERM);
+            stopping = true;
+            kill_at = mono_ms() + grace_ms;
+        }
+    }
+    /* Stragglers (a rank that outlived mpirun) go with the run. */
+    sched_kill_session(getsid(0), SIGKILL);
+
+    char stop[32];
+    read_stop(run_dir, stop, sizeof stop);
+    int code = child < 0 ? 126 : WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int sig = child > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    char json[512];
+    n = snprintf(json, sizeof json,
+                 "{\"exit_code\": %d, \"signal\": %d, \"stop\": \"%s\", \"started_at\": %lld, "
+                 "\"ended_at\": %lld}\n",
+                 code, sig, stop, (long long)started, (long long)kiln_now_s());
+    snprintf(path, sizeof path, "%s/status", run_dir);
+    sched_write_atomic(path, json, (size_t)n);
+    _exit(0);
+}
+
+int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace_ms, pid_t *pid)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return kiln_errf(KILN_EIO, "pipe: %s", strerror(errno));
+    char logp[4096];
+    snprintf(logp, sizeof logp, "%s/log", run_dir);
+    int logfd = open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (logfd < 0) {
+        close(p[0]);
+        close(p[1]);
+        return kiln_errf(KILN_EIO, "cannot open %s: %s", logp, strerror(errno));
+    }
+    fflush(NULL);
+    pid_t c = fork();
+    if (c < 0) {
+        int e = errno;
+        close(p[0]);
+        close(p[1]);
+        close(logfd);
+        return kiln_errf(KILN_EIO, "fork: %s", strerror(e));
+    }
+    if (c == 0) {
+        setsid();
+        int devnull = open("/dev/null", O_RDONLY);
+        dup2(devnull, 0);
+        dup2(logfd, 1);
+        dup2(logfd, 2);
+        /* Keep only stdio and the ready pipe: not the database, the epoll
+         * set or kilnd's lock (which must die with kilnd). */
+        int ready = fcntl(p[1], F_DUPFD, 3);
+        if (ready > 3)
+            dup2(ready, 3);
+        ready = 3;
+        close_range(4, ~0U, 0);
+        for (int sig = 1; sig < NSIG; sig++)
+            if (sig != SIGKILL && sig != SIGSTOP)
+                signal(sig, SIG_DFL);
+        supervise(run_dir, argv, grace_ms, ready);
+    }
+    close(p[1]);
+    close(logfd);
+    char ok = 0;
+    ssize_t r;
+    do
+        r = read(p[0], &ok, 1);
+    while (r < 0 && errno == EINTR);
+    close(p[0]);
+    *pid = c;
+    if (r != 1 || ok != 'k')
+        KILN_WARN("supervisor %d of %s did not start the run cleanly", (int)c, run_dir);
+    return 0;
+}
+
+int sched_stop_request(const char *run_dir, pid_t sup_pid, const char *reason)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/stop", run_dir);
+    int rc = sched_write_atomic(path, reason, strlen(reason));
+    if (sup_pid > 0 && kill(sup_pid, SIGTERM) < 0 && errno != ESRCH)
+        KILN_WARN("SIGTERM to supervisor %d: %s", (int)sup_pid, strerror(errno));
+    return rc;
+}
+
+int sched_status_read(const char *run_dir, sched_status_t *out)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/status", run_dir);
+    memset(out, 0, sizeof *out);
+    json_error_t e;
+    json_t *v = json_load_file(path, 0, &e);
+    if (v == NULL) {
+        if (access(path, F_OK) != 0)
+            return kiln_errf(KILN_ENOENT, "no %s", path);
+        return kiln_errf(KILN_ECORRUPT, "%s: %s", path, e.text);
+    }
+    out->exit_code = (int)json_integer_value(json_object_get(v, "exit_code"));
+    out->signal = (int)json_integer_value(json_object_get(v, "signal"));
+    out->ended_at = json_integer_value(json_object_get(v, "ended_at"));
+    const char *stop = json_string_value(json_object_get(v, "stop"));
+    snprintf(out->stop, sizeof out->stop, "%s", stop ? stop : "");
+    json_decref(v);
+    return 0;
+}
+
+/* ---- why a run failed ----------------------------------------------------------- */
+
+static const char *signame(int sig, char *buf, size_t cap)
+{
+    const char *abbr = sigabbrev_np(sig);
+    snprintf(buf, cap, "SIG%s", abbr ? abbr : "?");
+    return buf;
+}
+
+char *sched_failure_reason(const char *run_dir, const sched_status_t *stat)
+{
+    char path[4096], sb[32];
+    snprintf(path, sizeof path, "%s/log", run_dir);
+    char *tail = NULL;
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        fseek(f, 0, SEEK_END);
+        long size = ftell(f);
+        long from = size > 65536 ? size - 65536 : 0;
+        fseek(f, from, SEEK_SET);
+        tail = kiln_calloc(1, (size_t)(size - from) + 1);
+        if (tail != NULL && fread(tail, 1, (size_t)(size - from), f) == 0)
+            tail[0] = '\0';
+        fclose(f);
+    }
+    char *out = NULL;
+    char trainer_line[512] = "", last_line[512] = "";
+    int dead_rank = -1, dead_sig = 0, dead_code = -1;
+    char dead_host[256] = "?";
+    for (char *line = tail, *next; line != NULL && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next != NULL)
+            *next++ = '\0';
+        int r, pid, sig;
+        char host[256];
+        const char *p;
+        if ((p = strstr(line, "noticed that process rank")) != NULL &&
+            sscanf(p, "noticed that process rank %d with PID %d on node %255s exited on signal %d",
+                   &r, &pid, host, &sig) == 4 &&
+            dead_rank < 0) {
+            dead_rank = r;
+            dead_sig = sig;
+            snprintf(dead_host, sizeof dead_host, "%s", host);
+        } else if ((p = strstr(line, "kiln-train: rank ")) != NULL && trainer_line[0] == '\0') {
+            snprintf(trainer_line, sizeof trainer_line, "%s", p + strlen("kiln-train: "));
+        } else if ((p = strstr(line, "Process name: [[")) != NULL) {
+            const char *comma = strchr(p, ',');
+            if (comma != NULL && dead_rank < 0)
+                dead_rank = atoi(comma + 1);
+        } else if ((p = strstr(line, "Exit code:")) != NULL && dead_code < 0) {
+            dead_code = atoi(p + strlen("Exit code:"));
+        }
+        if (line[0] != '\0' && line[0] != '-' && strspn(line, " \t") < strlen(line))
+            snprintf(last_line, sizeof last_line, "%s", line);
+    }
+    if (dead_sig > 0)
+        out = kiln_asprintf("rank %d on host %s was killed by signal %d (%s)", dead_rank, dead_host,
+                            dead_sig, signame(dead_sig, sb, sizeof sb));
+    else if (trainer_line[0] != '\0')
+        out = kiln_asprintf("%s (exit %d)", trainer_line, stat->exit_code);
+    else if (stat->signal > 0)
+        out = kiln_asprintf("mpirun was killed by signal %d (%s)", stat->signal,
+                            signame(stat->signal, sb, sizeof sb));
+    else if (dead_rank >= 0)
+        out = kiln_asprintf("rank %d exited with code %d", dead_rank, dead_code);
+    else if (stat->exit_code == 127 || stat->exit_code == 126)
+        out = kiln_asprintf("the launcher could not be started: %s", last_line);
+    else
+        out = kiln_asprintf("exit code %d; last log line: %s", stat->exit_code,
+                            last_line[0] ? last_line : "(empty log)");
+    free(tail);
+    return out;
+}

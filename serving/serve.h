@@ -1,0 +1,261 @@
+/*
+ * serving/serve.h - Kiln's serving side: the push wire format (a stream of
+ * checksummed chunks, docs/serving-protocol.md), update sources (what a push
+ * sends: a model description, embedding rows, deleted keys and the dense
+ * weights of one checkpoint, full or as a delta on a base), the push client
+ * (libcurl multi: every endpoint of a label in parallel, retries, fallback to
+ * a full push on 409) and the job-level operations behind `kiln push`,
+ * `kiln promote` and `kiln rollback` that record every push in SQLite.
+ * kiln-serve (serve_main.c, serve_http.c, serve_store.c) is the program that
+ * receives pushes; its internals are in serve_int.h.
+ *
+ * The wire format is little endian; a chunk is
+ *   [type u32][len u32][payload: len bytes][xxh64(payload, seed 0) u64]
+ * and a push is HEADER, then any number of ROWS / DELETE chunks in the order
+ * they are to be applied, at most one DENSE, and END with the totals.
+ */
+#ifndef KILN_SERVING_SERVE_H
+#define KILN_SERVING_SERVE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- wire format -------------------------------------------------------------- */
+
+#define SERVE_WIRE_MAGIC 0x3153504bu /* "KPS1" read as little-endian bytes */
+#define SERVE_WIRE_VERSION 1u
+#define SERVE_NAME_MAX 64
+#define SERVE_UID_MAX 64
+#define SERVE_MAX_TABLES 256
+#define SERVE_MAX_SLOTS 1024
+#define SERVE_MAX_LAYERS 16
+#define SERVE_MAX_DIM 4096
+/* The largest chunk payload a decoder accepts unless told otherwise. */
+#define SERVE_MAX_CHUNK (64u << 20)
+/* Rows per ROWS chunk an encoder writes unless told otherwise. */
+#define SERVE_ROWS_PER_CHUNK 8192
+
+typedef enum {
+    SERVE_CHUNK_HEADER = 1,
+    SERVE_CHUNK_ROWS = 2,
+    SERVE_CHUNK_DELETE = 3,
+    SERVE_CHUNK_DENSE = 4,
+    SERVE_CHUNK_END = 5,
+} serve_chunk_type_t;
+
+/* One embedding table of a model. */
+typedef struct serve_table_desc {
+    char name[SERVE_NAME_MAX];
+    int dim; /* floats per row, 1..SERVE_MAX_DIM */
+} serve_table_desc_t;
+
+/* What kiln-serve needs to rebuild the trainer's forward path: the dense
+ * model's shape (rt_model_config_t without the optimizer and seed), the
+ * tables, and which table and combiner each categorical slot uses. */
+typedef struct serve_model_desc {
+    int model_type;       /* rt_model_type_t: 0 lr, 1 fm, 2 dlrm */
+    int nslots, ndense;   /* S, F */
+    int dim;              /* the pooled width d */
+    int fm_dense_factors; /* fm: X projected to the factors (kiln-train: 1) */
+    int nbottom, bottom[SERVE_MAX_LAYERS];
+    int ntop, top[SERVE_MAX_LAYERS];
+    int ntables;
+    serve_table_desc_t tables[SERVE_MAX_TABLES];
+    int slot_table[SERVE_MAX_SLOTS];         /* (nslots) table of each slot */
+    unsigned char slot_mean[SERVE_MAX_SLOTS]; /* (nslots) 1: mean combiner, 0: sum */
+    int64_t nparams; /* dense parameter count (the DENSE chunk's length) */
+} serve_model_desc_t;
+
+/* Checks a description for internal consistency (ranges, slot -> table,
+ * every table dim == dim). Returns 0 or KILN_EINVAL naming the field. */
+int serve_desc_check(const serve_model_desc_t *d);
+
+/* What the END chunk promises: counts over the whole push. */
+typedef struct serve_totals {
+    uint64_t rows;    /* rows in all ROWS chunks */
+    uint64_t deletes; /* keys in all DELETE chunks */
+    uint64_t dense;   /* floats in the DENSE chunk (0: none) */
+    uint64_t chunks;  /* chunks before END (HEADER included) */
+} serve_totals_t;
+
+/* ---- update sources ----------------------------------------------------------------
+ * A source yields one push's content item by item. Items are borrowed: valid
+ * until the next call of next() or destroy(). A source is read once, from
+ * the start; a retry opens a new one. */
+typedef enum { SERVE_ITEM_ROWS = 0, SERVE_ITEM_DELETE = 1, SERVE_ITEM_DENSE = 2 } serve_item_kind_t;
+
+typedef struct serve_item {
+    serve_item_kind_t kind;
+    int table;            /* ROWS, DELETE: index into desc->tables */
+    int64_t n;            /* rows, keys, or dense floats */
+    const int64_t *keys;  /* (n) ROWS, DELETE */
+    const float *values;  /* ROWS: (n, dim); DENSE: (n) */
+} serve_item_t;
+
+typedef struct serve_source serve_source_t;
+typedef struct serve_source_ops {
+    /* Returns 1 with *item set, 0 at the end, or a negative KILN_E* code. */
+    int (*next)(serve_source_t *s, serve_item_t *item /* OUT */);
+    void (*destroy)(serve_source_t *s);
+} serve_source_ops_t;
+
+struct serve_source {
+    const serve_source_ops_t *ops;
+    void *impl;
+    const serve_model_desc_t *desc; /* owned by impl */
+    char uid[SERVE_UID_MAX];        /* the checkpoint this push makes the endpoint hold */
+    char base[SERVE_UID_MAX];       /* "" for a full push, else the uid it applies on */
+};
+
+/* Calls s->ops->destroy. Accepts NULL. */
+void serve_source_destroy(serve_source_t *s);
+
+/* Opens a source for an endpoint that holds `held` ("" when nothing or
+ * unknown): a delta on held when the opener can build one, else a full push.
+ * Returns 0 or a KILN_E* code. */
+typedef int (*serve_source_open_fn)(void *ctx, const char *held,
+                                     serve_source_t **out /* OUT */);
+
+/* An in-memory source (tests, benchmarks): a description, a full state or a
+ * delta built with the add functions, in order. Arrays are copied. */
+typedef struct serve_memsrc serve_memsrc_t;
+int serve_memsrc_create(const serve_model_desc_t *desc, const char *uid, const char *base,
+                        serve_memsrc_t **out /* OUT */);
+void serve_memsrc_destroy(serve_memsrc_t *m); /* accepts NULL */
+int serve_memsrc_add_rows(serve_memsrc_t *m, int table, int64_t n, const int64_t *keys,
+                          const float *values /* (n, dim) */);
+int serve_memsrc_add_deletes(serve_memsrc_t *m, int table, int64_t n, const int64_t *keys);
+int serve_memsrc_set_dense(serve_memsrc_t *m, int64_t n, const float *values);
+/* A source reading m (borrowed: m must outlive it). */
+int serve_memsrc_open(serve_memsrc_t *m, serve_source_t **out /* OUT */);
+
+/* A source over a checkpoint directory (docs/checkpoint-format.md) and the
+ * job spec's model description. held in the checkpoint's chain: a delta of
+ * the links after held; otherwise a full push of the whole chain (its full
+ * dump, then each incremental's deletions and rows in order). Reads the
+ * .npy files chunk by chunk; never the whole table. Returns 0, KILN_ENOENT,
+ * KILN_ECORRUPT (manifest or file named) or KILN_ENOMEM. */
+int serve_ckptsrc_open(const char *ckpt_dir, const serve_model_desc_t *desc, const char *held,
+                       serve_source_t **out /* OUT */);
+
+/* ---- encoder: source -> bytes ------------------------------------------------------- */
+typedef struct serve_enc serve_enc_t;
+/* Takes ownership of src. rows_per_chunk 0: SERVE_ROWS_PER_CHUNK. */
+int serve_enc_create(serve_source_t *src, int64_t rows_per_chunk, serve_enc_t **out /* OUT */);
+void serve_enc_destroy(serve_enc_t *e); /* accepts NULL; destroys the source */
+/* Copies up to cap bytes of the stream into buf; *n == 0 at the end.
+ * Returns 0 or the source's error. */
+int serve_enc_read(serve_enc_t *e, void *buf, size_t cap, size_t *n /* OUT */);
+/* Bytes produced so far. */
+uint64_t serve_enc_bytes(const serve_enc_t *e);
+const serve_source_t *serve_enc_source(const serve_enc_t *e);
+
+/* ---- decoder: bytes -> callbacks ---------------------------------------------------
+ * Fed arbitrary pieces of a stream; buffers at most one chunk; checks each
+ * checksum, each chunk's structure against the header, the order of
+ * chunks and the END totals. A callback returning < 0 stops decoding with
+ * that code. The callbacks are optional (NULL: ignored). */
+typedef struct serve_dec_cb {
+    int (*header)(void *ctx, const serve_model_desc_t *desc, const char *uid, const char *base);
+    int (*rows)(void *ctx, int table, int64_t n, const int64_t *keys, const float *values);
+    int (*deletes)(void *ctx, int table, int64_t n, const int64_t *keys);
+    int (*dense)(void *ctx, int64_t n, const float *values);
+    int (*end)(void *ctx, const serve_totals_t *totals);
+} serve_dec_cb_t;
+
+typedef struct serve_dec serve_dec_t;
+/* max_chunk 0: SERVE_MAX_CHUNK. */
+int serve_dec_create(const serve_dec_cb_t *cb, void *ctx, size_t max_chunk,
+                     serve_dec_t **out /* OUT */);
+void serve_dec_destroy(serve_dec_t *d); /* accepts NULL */
+/* Returns 0, KILN_ECORRUPT (message says which chunk and what), KILN_ECHECKSUM,
+ * KILN_ERANGE (a chunk over max_chunk), KILN_ENOMEM or a callback's code.
+ * After an error every further call returns the same code. */
+int serve_dec_feed(serve_dec_t *d, const void *data, size_t len);
+/* The stream ended: KILN_ECORRUPT unless it ended right after END. */
+int serve_dec_finish(serve_dec_t *d);
+/* The header (NULL before it arrived) and the totals counted so far. */
+const serve_model_desc_t *serve_dec_desc(const serve_dec_t *d);
+const serve_totals_t *serve_dec_counted(const serve_dec_t *d);
+
+/* ---- push client ------------------------------------------------------------------- */
+typedef struct serve_target {
+    const char *url;   /* http://host:port of a kiln-serve */
+    const char *model;
+    const char *label;
+    const char *held;  /* what the endpoint holds per our records ("" or NULL: unknown) */
+    serve_source_open_fn open;
+    void *open_ctx;
+} serve_target_t;
+
+typedef struct serve_push_opts {
+    const char *token;     /* bearer token; NULL: none */
+    int retries;           /* further attempts after the first (5xx, network) */
+    int64_t timeout_ms;    /* per attempt; 0: none */
+    int64_t backoff_ms;    /* first retry delay (default 200), doubled each retry, +-50% jitter */
+    int64_t max_backoff_ms;/* cap (default 10 s) */
+    const char *idem_nonce;/* mixed into idempotency keys (default: time and pid) */
+} serve_push_opts_t;
+
+typedef struct serve_push_result {
+    bool ok;
+    int http_status;   /* of the last attempt; 0: no response */
+    int attempts;
+    bool full;         /* the push that succeeded (or the last one) was full */
+    char uid[SERVE_UID_MAX];  /* what the endpoint holds after an ok push */
+    char base[SERVE_UID_MAX]; /* the base of the last attempt ("" full) */
+    uint64_t bytes;    /* body bytes of the last attempt */
+    int64_t duration_ms;
+    char error[512];   /* "http://...: HTTP 503: ..." when !ok */
+} serve_push_result_t;
+
+/* Pushes to every target in parallel (one libcurl multi handle): each gets
+ * a delta on what it holds (or a full push), retried with exponential
+ * backoff and jitter on network errors and 5xx, re-sent in full once on 409.
+ * results is (n). Returns 0 when every push succeeded, else KILN_EHTTP with
+ * the first failure's error as the message (results say which). */
+int serve_push(const serve_target_t *targets, int n, const serve_push_opts_t *opts,
+               serve_push_result_t *results /* OUT (n) */);
+
+/* ---- job-level operations (serve_ops.c): what the kiln commands do ----------------- */
+struct state;
+struct job_spec;
+
+/* The model description of a job spec (tables, slots, combiners, MLP). */
+int serve_desc_from_spec(const struct job_spec *spec, serve_model_desc_t *out /* OUT */);
+
+typedef struct serve_op_result {
+    int npushes, nfailed;
+    char checkpoint[SERVE_UID_MAX];
+} serve_op_result_t;
+
+/* Pushes the job's latest checkpoint (or `ckpt_uid` when not NULL) to the
+ * job's endpoints of `label` (NULL: all of them), records exports, pushes
+ * and holdings in st. Each endpoint gets a delta on what it holds per st
+ * (a full push where it holds nothing or a checkpoint outside the chain);
+ * with full, every endpoint gets a full push. Returns 0, KILN_EHTTP (some
+ * failed; message names endpoint and status), KILN_ENOENT (no job /
+ * checkpoint / endpoint of that label), KILN_EAUTH (no token). */
+int serve_op_push_job(struct state *st, const char *job, const char *label,
+                      const char *ckpt_uid, bool full, serve_op_result_t *res /* OUT */);
+/* Pushes the checkpoint the endpoints of model/from hold to those of
+ * model/to. token_env: variable holding the token (NULL: the job's). */
+int serve_op_promote(struct state *st, const char *model, const char *from, const char *to,
+                     const char *token_env, serve_op_result_t *res /* OUT */);
+/* Pushes to every endpoint of model/label the checkpoint it held before the
+ * current one. */
+int serve_op_rollback(struct state *st, const char *model, const char *label,
+                      const char *token_env, serve_op_result_t *res /* OUT */);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_SERVING_SERVE_H */

@@ -1,0 +1,303 @@
+/*
+ * serving/serve_http.c - kiln-serve's HTTP front on libmicrohttpd: the route
+ * table, bearer-token auth for pushes, bounded request bodies (a push body
+ * streams to the store chunk by chunk and is bounded by the chunk limit
+ * instead), and JSON answers. One internal polling thread serves every
+ * connection; MHD bounds the connection count and idle time.
+ */
+#include <stdlib.h>
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "serve_int.h"
+
+typedef enum { R_PUSH, R_VERSION, R_LOOKUP, R_PREDICT, R_STATS, R_METRICS, R_HEALTH } route_id_t;
+
+typedef struct route {
+    const char *method;
+    const char *pattern; /* '*' matches one path segment */
+    route_id_t id;
+} route_t;
+
+static const route_t routes[] = {
+    {"PUT", "/v1/models/*/versions/*", R_PUSH},
+    {"GET", "/v1/models/*/versions/*", R_VERSION},
+    {"POST", "/v1/models/*/lookup", R_LOOKUP},
+    {"POST", "/v1/models/*/predict", R_PREDICT},
+    {"GET", "/v1/stats", R_STATS},
+    {"GET", "/metrics", R_METRICS},
+    {"GET", "/healthz", R_HEALTH},
+};
+
+struct sv_http {
+    struct MHD_Daemon *d;
+    sv_store_t *store;
+    char *token;
+    size_t max_body;
+};
+
+typedef struct conn {
+    const route_t *route;
+    char seg[2][SERVE_NAME_MAX]; /* the '*' parts: model, label */
+    sv_push_t *push;
+    char *body;
+    size_t len, cap;
+    bool too_big;
+    bool answered;
+} conn_t;
+
+/* Matches url against pattern, capturing up to two '*' segments. */
+static bool match(const char *pattern, const char *url, char seg[2][SERVE_NAME_MAX])
+{
+    int k = 0;
+    while (*pattern && *url) {
+        if (*pattern == '*') {
+            const char *e = strchr(url, '/');
+            size_t n = e ? (size_t)(e - url) : strlen(url);
+            if (n == 0 || n >= SERVE_NAME_MAX || k == 2)
+                return false;
+            memcpy(seg[k], url, n);
+            seg[k++][n] = '\0';
+            url += n;
+            pattern++;
+            continue;
+        }
+        if (*pattern++ != *url++)
+            return false;
+    }
+    return *pattern == '\0' && *url == '\0';
+}
+
+static enum MHD_Result send_answer(struct MHD_Connection *con, int status, char *body,
+                                   const char *type)
+{
+    if (body == NULL) {
+        status = 503;
+        body = kiln_strdup("{\"error\":\"out of memory\"}");
+    }
+    size_t n = body ? strlen(body) : 0;
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(n, body, body ? MHD_RESPMEM_MUST_FREE
+                                                      : MHD_RESPMEM_PERSISTENT);
+    if (r == NULL) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result ret = MHD_queue_response(con, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *con, sv_answer_t *a)
+{
+    return send_answer(con, a->status, a->body, "application/json");
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *con, int status, const char *msg)
+{
+    char *body = kiln_asprintf("{\"error\":\"%s\"}", msg);
+    return send_answer(con, status, body, "application/json");
+}
+
+/* Constant-time comparison of the Authorization header with the token. */
+static bool authorized(const sv_http_t *h, struct MHD_Connection *con)
+{
+    const char *a = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Authorization");
+    if (h->token == NULL || a == NULL || strncmp(a, "Bearer ", 7) != 0)
+        return false;
+    const char *given = a + 7;
+    size_t n = strlen(h->token), m = strlen(given);
+    unsigned char diff = (unsigned char)(n != m);
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)(h->token[i] ^ (i < m ? given[i] : 0));
+    return diff == 0;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_size, void **con_cls)
+{
+    sv_http_t *h = cls;
+    conn_t *c = *con_cls;
+    if (c == NULL) {
+        c = kiln_calloc(1, sizeof *c);
+        if (c == NULL)
+            return MHD_NO;
+        *con_cls = c;
+        bool path_known = false;
+        for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+            char seg[2][SERVE_NAME_MAX];
+            if (!match(routes[i].pattern, url, seg))
+                continue;
+            path_known = true;
+            if (strcmp(routes[i].method, method) == 0) {
+                c->route = &routes[i];
+                memcpy(c->seg, seg, sizeof seg);
+                break;
+            }
+        }
+        if (c->route == NULL) {
+            c->answered = true;
+            return path_known ? send_error(con, 405, "method not allowed on this path")
+                              : send_error(con, 404, "no such path (see docs/serving-protocol.md)");
+        }
+        if (c->route->id == R_PUSH) {
+            if (!authorized(h, con)) {
+                c->answered = true;
+                return send_error(con, 401, "a push needs Authorization: Bearer <token> with "
+                                            "kiln-serve's token");
+            }
+            sv_answer_t a = {0};
+            c->push = sv_push_begin(
+                h->store, c->seg[0], c->seg[1],
+                MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Kiln-Checkpoint"),
+                MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Kiln-Base"),
+                MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Idempotency-Key"), &a);
+            if (c->push == NULL) {
+                c->answered = true;
+                return send_json(con, &a);
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_size > 0) {
+        if (c->answered) {
+            *upload_size = 0;
+            return MHD_YES;
+        }
+        if (c->push != NULL) {
+            sv_push_feed(c->push, upload, *upload_size);
+        } else if (!c->too_big) {
+            if (c->len + *upload_size > h->max_body) {
+                c->too_big = true;
+            } else {
+                if (c->len + *upload_size + 1 > c->cap) {
+                    size_t cap = c->cap ? c->cap : 4096;
+                    while (cap < c->len + *upload_size + 1)
+                        cap *= 2;
+                    char *p = kiln_reallocarray(c->body, cap, 1);
+                    if (p == NULL)
+                        return MHD_NO;
+                    c->body = p;
+                    c->cap = cap;
+                }
+                memcpy(c->body + c->len, upload, *upload_size);
+                c->len += *upload_size;
+                c->body[c->len] = '\0';
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (c->answered)
+        return MHD_YES;
+    c->answered = true;
+    if (c->too_big) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", h->max_body);
+        return send_error(con, 413, msg);
+    }
+    sv_answer_t a = {0};
+    switch (c->route->id) {
+    case R_PUSH:
+        sv_push_end(c->push, &a);
+        c->push = NULL;
+        break;
+    case R_VERSION:
+        sv_version_info(h->store, c->seg[0], c->seg[1], &a);
+        break;
+    case R_LOOKUP:
+        sv_lookup(h->store, c->seg[0], c->body ? c->body : "", c->len, &a);
+        break;
+    case R_PREDICT:
+        sv_predict(h->store, c->seg[0],
+                   MHD_lookup_connection_value(con, MHD_GET_ARGUMENT_KIND, "label"),
+                   MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Kiln-Request-Key"),
+                   c->body ? c->body : "", c->len, &a);
+        break;
+    case R_STATS:
+        sv_stats(h->store, false, &a);
+        break;
+    case R_METRICS:
+        sv_stats(h->store, true, &a);
+        return send_answer(con, a.status, a.body, "text/plain; version=0.0.4");
+    case R_HEALTH:
+        a.status = 200;
+        a.body = kiln_strdup("{\"ok\":true}");
+        break;
+    }
+    return send_json(con, &a);
+}
+
+static void completed(void *cls, struct MHD_Connection *con, void **con_cls,
+                      enum MHD_RequestTerminationCode toe)
+{
+    conn_t *c = *con_cls;
+    if (c == NULL)
+        return;
+    if (c->push != NULL) {
+        KILN_WARN("a push to %s/%s ended before its body did (connection closed); dropped",
+                  c->seg[0], c->seg[1]);
+        sv_push_abort(c->push);
+    }
+    free(c->body);
+    free(c);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    size_t n = strlen(buf);
+    while (n > 0 && buf[n - 1] == '\n')
+        buf[--n] = '\0';
+    KILN_DEBUG("microhttpd: %s", buf);
+}
+
+int sv_http_start(sv_store_t *store, const sv_http_opts_t *o, sv_http_t **out)
+{
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
+    if (inet_pton(AF_INET, o->host, &addr.sin_addr) != 1)
+        return kiln_errf(KILN_EINVAL, "--listen: '%s' is not an IPv4 address", o->host);
+    sv_http_t *h = kiln_calloc(1, sizeof *h);
+    if (h == NULL)
+        return KILN_ENOMEM;
+    h->store = store;
+    h->token = o->token ? kiln_strdup(o->token) : NULL;
+    h->max_body = o->max_body ? o->max_body : (4u << 20);
+    h->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, handle, h,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)(o->max_connections > 0 ? o->max_connections : 64),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s > 0 ? o->timeout_s : 30),
+        MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
+        MHD_OPTION_END);
+    if (h->d == NULL) {
+        free(h->token);
+        free(h);
+        return kiln_errf(KILN_EIO, "cannot listen on %s:%d (in use, or not an address of this "
+                                   "host)",
+                         o->host, o->port);
+    }
+    *out = h;
+    return 0;
+}
+
+int sv_http_port(const sv_http_t *h)
+{
+    const union MHD_DaemonInfo *i = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    return i ? (int)i->port : 0;
+}
+
+void sv_http_stop(sv_http_t *h)
+{
+    if (h == NULL)
+        return;
+    MHD_stop_daemon(h->d);
+    free(h->token);
+    free(h);
+}

@@ -1,0 +1,332 @@
+/*
+ * serving/serve_push.c - the push client: one libcurl multi handle drives a
+ * PUT to every target at once, each body streamed from its encoder by a
+ * read callback (chunked transfer encoding; never the whole push in
+ * memory). A transfer that fails on the network or with a 5xx is retried
+ * after an exponential backoff with +-50% jitter, up to opts->retries more
+ * times; a 409 (the endpoint holds something other than the delta's base)
+ * is re-sent once as a full push; 401, 400, 404, 413 and 422 are final.
+ * The only file in Kiln besides the CLI's callers that includes curl.h.
+ */
+#include <stdlib.h>
+#include <curl/curl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "serve.h"
+
+typedef struct xfer {
+    const serve_target_t *t;
+    serve_push_result_t *res;
+    CURL *easy;
+    struct curl_slist *hdrs;
+    serve_enc_t *enc;
+    char held[SERVE_UID_MAX];
+    bool force_full, running, done;
+    int64_t next_at_ms;
+    int64_t t0_ms;
+    char resp[4096];
+    size_t resp_len;
+    int enc_err;
+    char enc_msg[256];
+} xfer_t;
+
+static size_t on_read(char *buf, size_t size, size_t nitems, void *ud)
+{
+    xfer_t *x = ud;
+    size_t n = 0;
+    int rc = serve_enc_read(x->enc, buf, size * nitems, &n);
+    if (rc < 0) {
+        x->enc_err = rc;
+        snprintf(x->enc_msg, sizeof x->enc_msg, "%s", kiln_errmsg());
+        return CURL_READFUNC_ABORT;
+    }
+    return n;
+}
+
+static size_t on_write(char *buf, size_t size, size_t nitems, void *ud)
+{
+    xfer_t *x = ud;
+    size_t n = size * nitems, room = sizeof x->resp - 1 - x->resp_len;
+    size_t take = n < room ? n : room;
+    memcpy(x->resp + x->resp_len, buf, take);
+    x->resp_len += take;
+    x->resp[x->resp_len] = '\0';
+    return n;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+static void fail(xfer_t *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(xfer_t *x, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(x->res->error, sizeof x->res->error, "%s (%s/%s): %s", x->t->url, x->t->model,
+             x->t->label, msg);
+    x->res->ok = false;
+    x->done = true;
+}
+
+/* Starts one attempt: opens a source for what the endpoint holds (or a
+ * full one), builds the request and adds it to the multi handle. */
+static int start(CURLM *multi, xfer_t *x, const serve_push_opts_t *o)
+{
+    serve_source_t *src = NULL;
+    int rc = x->t->open(x->t->open_ctx, x->force_full ? "" : x->held, &src);
+    if (rc < 0) {
+        fail(x, "cannot build the push: %s", kiln_errmsg());
+        return rc;
+    }
+    serve_enc_destroy(x->enc);
+    x->enc = NULL;
+    if ((rc = serve_enc_create(src, 0, &x->enc)) < 0) {
+        serve_source_destroy(src);
+        fail(x, "out of memory");
+        return rc;
+    }
+    x->res->attempts++;
+    x->res->full = src->base[0] == '\0';
+    snprintf(x->res->base, sizeof x->res->base, "%s", src->base);
+    x->resp_len = 0;
+    x->resp[0] = '\0';
+    x->enc_err = 0;
+
+    /* The idempotency key names this push (nonce, endpoint, uid, base): a
+     * retry of it carries the same key, a fallback to full a new one. */
+    char idem_src[1024], idem[17];
+    snprintf(idem_src, sizeof idem_src, "%s|%s|%s|%s|%s|%s", o->idem_nonce ? o->idem_nonce : "",
+             x->t->url, x->t->model, x->t->label, src->uid, src->base);
+    kiln_hash_hex(kiln_xxh64(idem_src, strlen(idem_src), 0), idem, sizeof idem);
+
+    char line[512];
+    curl_slist_free_all(x->hdrs);
+    x->hdrs = NULL;
+    const char *hv[5];
+    char h0[600], h1[128], h2[128], h3[64];
+    snprintf(h0, sizeof h0, "Authorization: Bearer %s", o->token ? o->token : "");
+    snprintf(h1, sizeof h1, "Kiln-Checkpoint: %s", src->uid);
+    snprintf(h2, sizeof h2, "Kiln-Base: %s", src->base[0] ? src->base : "none");
+    snprintf(h3, sizeof h3, "Idempotency-Key: %s", idem);
+    hv[0] = h0;
+    hv[1] = h1;
+    hv[2] = h2;
+    hv[3] = h3;
+    hv[4] = "Content-Type: application/x-kiln-push";
+    for (int i = 0; i < 5; i++) {
+        if (i == 0 && o->token == NULL)
+            continue;
+        struct curl_slist *l = curl_slist_append(x->hdrs, hv[i]);
+        if (l == NULL) {
+            fail(x, "out of memory");
+            return KILN_ENOMEM;
+        }
+        x->hdrs = l;
+    }
+    snprintf(line, sizeof line, "%s/v1/models/%s/versions/%s", x->t->url, x->t->model,
+             x->t->label);
+    if (x->easy == NULL)
+        x->easy = curl_easy_init();
+    else
+        curl_easy_reset(x->easy);
+    if (x->easy == NULL) {
+        fail(x, "curl_easy_init failed");
+        return KILN_ENOMEM;
+    }
+    CURL *e = x->easy;
+    curl_easy_setopt(e, CURLOPT_URL, line);
+    curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+    curl_easy_setopt(e, CURLOPT_READDATA, x);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, x->hdrs);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024);
+    curl_easy_setopt(e, CURLOPT_EXPECT_100_TIMEOUT_MS, 2000L);
+    if (o->timeout_ms > 0) {
+        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)o->timeout_ms);
+        curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
+                         (long)(o->timeout_ms < 5000 ? o->timeout_ms : 5000));
+    }
+    curl_easy_setopt(e, CURLOPT_PRIVATE, x);
+    if (curl_multi_add_handle(multi, e) != CURLM_OK) {
+        fail(x, "curl_multi_add_handle failed");
+        return KILN_EINTERNAL;
+    }
+    x->running = true;
+    return 0;
+}
+
+/* What the endpoint says it holds, from a 409 or 200 body ("" if none). */
+static void json_field(const char *body, const char *field, char *out, size_t cap)
+{
+    json_error_t err;
+    json_t *j = json_loads(body, 0, &err);
+    const char *v = json_string_value(json_object_get(j, field));
+    snprintf(out, cap, "%s", v ? v : "");
+    json_decref(j);
+}
+
+/* An attempt ended: decide ok / retry / fallback / fail. */
+static void finished(xfer_t *x, CURLcode cc, const serve_push_opts_t *o, uint64_t *rng)
+{
+    long status = 0;
+    curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &status);
+    x->running = false;
+    x->res->http_status = (int)status;
+    x->res->bytes = serve_enc_bytes(x->enc);
+    const serve_source_t *src = serve_enc_source(x->enc);
+    char err[256];
+    json_field(x->resp, "error", err, sizeof err);
+    if (x->enc_err < 0) {
+        fail(x, "reading the checkpoint failed: %s", x->enc_msg);
+        return;
+    }
+    if (cc == CURLE_OK && status >= 200 && status < 300) {
+        x->res->ok = true;
+        snprintf(x->res->uid, sizeof x->res->uid, "%s", src->uid);
+        x->done = true;
+        return;
+    }
+    if (cc == CURLE_OK && status == 409) {
+        char holds[SERVE_UID_MAX];
+        json_field(x->resp, "holds", holds, sizeof holds);
+        if (strcmp(holds, src->uid) == 0) { /* it already holds what we push */
+            x->res->ok = true;
+            snprintf(x->res->uid, sizeof x->res->uid, "%s", src->uid);
+            x->done = true;
+            return;
+        }
+        if (!x->force_full && src->base[0] != '\0') {
+            KILN_INFO("%s (%s/%s) holds '%s', not the delta's base %s: pushing in full",
+                      x->t->url, x->t->model, x->t->label, holds, src->base);
+            x->force_full = true;
+            x->next_at_ms = 0;
+            return;
+        }
+    }
+    bool retryable = cc != CURLE_OK || status >= 500 || status == 408 || status == 429;
+    if (cc == CURLE_ABORTED_BY_CALLBACK)
+        retryable = false;
+    if (retryable && x->res->attempts <= o->retries) {
+        int64_t base = o->backoff_ms > 0 ? o->backoff_ms : 200;
+        int64_t cap = o->max_backoff_ms > 0 ? o->max_backoff_ms : 10000;
+        int64_t d = base;
+        for (int i = 1; i < x->res->attempts && d < cap; i++)
+            d *= 2;
+        if (d > cap)
+            d = cap;
+        d = d / 2 + (int64_t)(rng_next(rng) % (uint64_t)(d + 1)); /* [d/2, 3d/2] */
+        char why[400];
+        if (cc != CURLE_OK)
+            snprintf(why, sizeof why, "%s", curl_easy_strerror(cc));
+        else
+            snprintf(why, sizeof why, "HTTP %ld%s%s", status, err[0] ? ": " : "", err);
+        KILN_WARN("push to %s (%s/%s) attempt %d failed (%s): retrying in %lld ms", x->t->url,
+                  x->t->model, x->t->label, x->res->attempts, why, (long long)d);
+        x->next_at_ms = kiln_now_ms() + d;
+        return;
+    }
+    if (cc != CURLE_OK)
+        fail(x, "no HTTP response after %d attempt(s): %s", x->res->attempts,
+             curl_easy_strerror(cc));
+    else
+        fail(x, "HTTP %ld after %d attempt(s)%s%s", status, x->res->attempts, err[0] ? ": " : "",
+             err);
+}
+
+int serve_push(const serve_target_t *targets, int n, const serve_push_opts_t *opts,
+               serve_push_result_t *results)
+{
+    static int curl_ready;
+    if (!curl_ready) {
+        if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0)
+            return kiln_errf(KILN_EINTERNAL, "curl_global_init failed");
+        curl_ready = 1;
+    }
+    serve_push_opts_t o = *opts;
+    char nonce[64];
+    if (o.idem_nonce == NULL) {
+        snprintf(nonce, sizeof nonce, "%lld-%d", (long long)kiln_now_ms(), (int)getpid());
+        o.idem_nonce = nonce;
+    }
+    xfer_t *xs = kiln_calloc((size_t)n + 1, sizeof *xs);
+    CURLM *multi = curl_multi_init();
+    if (xs == NULL || multi == NULL) {
+        free(xs);
+        if (multi)
+            curl_multi_cleanup(multi);
+        return KILN_ENOMEM;
+    }
+    uint64_t rng = (uint64_t)kiln_mono_ns() | 1;
+    for (int i = 0; i < n; i++) {
+        memset(&results[i], 0, sizeof results[i]);
+        xs[i].t = &targets[i];
+        xs[i].res = &results[i];
+        snprintf(xs[i].held, sizeof xs[i].held, "%s", targets[i].held ? targets[i].held : "");
+        xs[i].t0_ms = kiln_now_ms();
+    }
+    for (;;) {
+        int pending = 0;
+        int64_t now = kiln_now_ms(), wake = now + 1000;
+        for (int i = 0; i < n; i++) {
+            xfer_t *x = &xs[i];
+            if (x->done)
+                continue;
+            pending++;
+            if (!x->running && x->next_at_ms <= now)
+                start(multi, x, &o);
+            if (!x->running && !x->done && x->next_at_ms < wake)
+                wake = x->next_at_ms;
+        }
+        if (pending == 0)
+            break;
+        int still = 0;
+        curl_multi_perform(multi, &still);
+        CURLMsg *m;
+        int left;
+        while ((m = curl_multi_info_read(multi, &left)) != NULL) {
+            if (m->msg != CURLMSG_DONE)
+                continue;
+            xfer_t *x = NULL;
+            curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+            CURLcode cc = m->data.result;
+            curl_multi_remove_handle(multi, m->easy_handle);
+            finished(x, cc, &o, &rng);
+            if (x->done)
+                x->res->duration_ms = kiln_now_ms() - x->t0_ms;
+        }
+        int64_t wait = wake - kiln_now_ms();
+        if (wait < 0)
+            wait = 0;
+        if (wait > 100)
+            wait = 100;
+        curl_multi_poll(multi, NULL, 0, (int)wait, NULL);
+    }
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        xfer_t *x = &xs[i];
+        if (x->easy != NULL)
+            curl_easy_cleanup(x->easy);
+        curl_slist_free_all(x->hdrs);
+        serve_enc_destroy(x->enc);
+        if (!results[i].ok && rc == 0)
+            rc = kiln_errf(KILN_EHTTP, "push failed: %s", results[i].error);
+    }
+    curl_multi_cleanup(multi);
+    free(xs);
+    return rc;
+}

@@ -1,0 +1,1162 @@
+/*
+ * tests/test_ckpt.c - checkpoints. Unit part (kernels tables, no MPI): .npy
+ * files numpy loads, full + incremental chain equal to a full dump bitwise
+ * (with evictions and deletions), incremental cost proportional to changed
+ * rows, loading any world size into any rank count, integrity refusals that
+ * name the file, retention that keeps chains and pinned checkpoints, and a
+ * full disk (RLIMIT_FSIZE) failing with KILN_ENOSPC. Integration part
+ * (kiln-train under real mpirun): two halves with a checkpoint between equal
+ * one straight run (bitwise on 2 ranks; 1e-6 across 2->1, 1->2, 2->3),
+ * online export through the control file, kill -9 during a dump, a full disk
+ * during a dump, a corrupt checkpoint refused with exit 2, `kiln export
+ * --format hugectr` of a chain, and lineage rows in SQLite.
+ */
+/* cmocka.h needs these first. */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kern.h"
+#include "kiln.h"
+#include "rt_ckpt.h"
+#include "rt_shard.h"
+#include "state.h"
+
+#ifndef KILN_BIN
+#error "KILN_BIN and KILN_TRAIN_BIN must name the executables"
+#endif
+
+static char tmpdir[256];
+
+/* ---- process helpers (the pattern of test_train.c) ------------------------------------ */
+
+typedef struct {
+    int code;
+    char out[16384];
+    char err[65536];
+} result_t;
+
+static void slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+}
+
+/* Child side: redirect, MPI-as-root env, optional env var and file size cap. */
+static void child_exec(const char *const *argv, const char *env, long fsize)
+{
+    char outp[512], errp[512];
+    snprintf(outp, sizeof outp, "%s/stdout", tmpdir);
+    snprintf(errp, sizeof errp, "%s/stderr", tmpdir);
+    int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    /* Under ASan, Open MPI leaves allocations behind at exit that
+     * LeakSanitizer cannot name: leak checking is off for MPI ranks only
+     * (the kiln CLI and this test keep it). */
+    if (strcmp(argv[0], "mpirun") == 0) {
+        const char *asan = getenv("ASAN_OPTIONS");
+        char opts[1024];
+        snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
+        setenv("ASAN_OPTIONS", opts, 1);
+    }
+    if (env != NULL)
+        putenv((char *)env);
+    if (fsize > 0) {
+        /* A full disk: writes past fsize fail with EFBIG (SIGXFSZ ignored). */
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {(rlim_t)fsize, (rlim_t)fsize};
+        setrlimit(RLIMIT_FSIZE, &rl);
+    }
+    execvp(argv[0], (char *const *)argv);
+    _exit(127);
+}
+
+static void run_full(result_t *r, const char *const *argv, const char *env, long fsize)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        child_exec(argv, env, fsize);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    r->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    char p[512];
+    snprintf(p, sizeof p, "%s/stdout", tmpdir);
+    slurp(p, r->out, sizeof r->out);
+    snprintf(p, sizeof p, "%s/stderr", tmpdir);
+    slurp(p, r->err, sizeof r->err);
+}
+
+static void write_spec(const char *name, int batch, const char *extra, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "name: %s\n"
+            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+            "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
+            "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
+            "train: {batch_size: %d, seed: 7, log_every: 1, epochs: 2, init_from: none,\n"
+            "        optimizer: {sparse: {type: adam, lr: 0.01}}}\n"
+            "%s",
+            name, batch, extra ? extra : "checkpoint: {full_every: 3, keep: 10}\n");
+    fclose(f);
+}
+
+/* mpirun -np N kiln-train --spec SPEC --run-dir tmp/RUN [extra...] */
+static json_t *train_full(int np, const char *spec, const char *run_name, const char *const *extra,
+                          const char *env, long fsize, result_t *r)
+{
+    char run_dir[512], nps[16];
+    snprintf(run_dir, sizeof run_dir, "%s/%s", tmpdir, run_name);
+    snprintf(nps, sizeof nps, "%d", np);
+    const char *argv[40] = {"mpirun", "-np", nps, "--oversubscribe"};
+    int n = 4;
+    char sh[128];
+    if (fsize > 0) {
+        /* The cap goes on the ranks only (mpirun's own PMIx files need room):
+         * a shell ignores SIGXFSZ, sets the limit and execs kiln-train. */
+        snprintf(sh, sizeof sh, "trap '' XFSZ; ulimit -f %ld; exec \"$0\" \"$@\"", fsize / 512);
+        argv[n++] = "/bin/sh";
+        argv[n++] = "-c";
+        argv[n++] = sh;
+    }
+    const char *rest[] = {KILN_TRAIN_BIN, "--spec",  spec,        "--run-dir",
+                          run_dir,        "--quiet", "--threads", "1"};
+    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
+        argv[n++] = rest[i];
+    for (int i = 0; extra && extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    run_full(r, argv, env, 0);
+    if (r->code != 0)
+        return NULL;
+    json_t *v = json_loads(r->out, 0, NULL);
+    if (v == NULL)
+        fail_msg("kiln-train printed no JSON: %s / %s", r->out, r->err);
+    return v;
+}
+
+static json_t *train(int np, const char *spec, const char *run_name, const char *const *extra,
+                     result_t *r)
+{
+    json_t *v = train_full(np, spec, run_name, extra, NULL, 0, r);
+    if (v == NULL)
+        fail_msg("kiln-train -np %d %s failed (%d): %s", np, spec, r->code, r->err);
+    return v;
+}
+
+/* The directory of checkpoint uid of job. */
+static void ckpt_dir(const char *job, const char *uid, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/ckpt/%s/%s", tmpdir, job, uid);
+}
+
+static const char *jstr(json_t *o, const char *k)
+{
+    const char *s = json_string_value(json_object_get(o, k));
+    assert_non_null(s);
+    return s;
+}
+
+static double jnum(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    assert_non_null(v);
+    return json_number_value(v);
+}
+
+/* The training loss of each logged step of a run, from progress.jsonl
+ * (checkpoint lines skipped). */
+static int losses(const char *run_name, double *out, int cap)
+{
+    char path[512], line[512];
+    snprintf(path, sizeof path, "%s/%s/progress.jsonl", tmpdir, run_name);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int n = 0;
+    while (n < cap && fgets(line, sizeof line, f)) {
+        json_t *v = json_loads(line, 0, NULL);
+        assert_non_null(v);
+        if (json_object_get(v, "loss") != NULL)
+            out[n++] = json_number_value(json_object_get(v, "loss"));
+        json_decref(v);
+    }
+    fclose(f);
+    return n;
+}
+
+/* Compares two checkpoints (chains resolved) table by table and the dense
+ * arrays: rel 0 means byte for byte. */
+static void compare_ckpts(const char *a, const char *b, double rel)
+{
+    rt_ckpt_chain_t ca, cb;
+    assert_int_equal(rt_ckpt_chain_open(a, true, &ca), 0);
+    assert_int_equal(rt_ckpt_chain_open(b, true, &cb), 0);
+    const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
+    const rt_ckpt_info_t *ib = rt_ckpt_info(cb.items[cb.n - 1]);
+    assert_int_equal(ia->step, ib->step);
+    assert_int_equal(ia->ntables, ib->ntables);
+    for (int t = 0; t < ia->ntables; t++) {
+        rt_ckpt_rows_t x, y;
+        assert_int_equal(rt_ckpt_read_table(&ca, ia->tables[t].name, &x), 0);
+        assert_int_equal(rt_ckpt_read_table(&cb, ia->tables[t].name, &y), 0);
+        assert_int_equal(x.n, y.n);
+        assert_memory_equal(x.keys, y.keys, (size_t)x.n * 8);
+        size_t nv = (size_t)x.n * (size_t)x.dim, no = nv * (size_t)x.nstate;
+        if (rel == 0) {
+            assert_memory_equal(x.values, y.values, nv * 4);
+            if (no)
+                assert_memory_equal(x.opt, y.opt, no * 4);
+            if (x.opt_steps)
+                assert_memory_equal(x.opt_steps, y.opt_steps, (size_t)x.n * 4);
+        } else {
+            for (size_t i = 0; i < nv; i++)
+                if (fabs(x.values[i] - y.values[i]) > rel * fmax(fabs(x.values[i]), 1e-2))
+                    fail_msg("table %s value %zu: %.9g vs %.9g", ia->tables[t].name, i, x.values[i],
+                             y.values[i]);
+            if (x.opt_steps)
+                assert_memory_equal(x.opt_steps, y.opt_steps, (size_t)x.n * 4);
+        }
+        rt_ckpt_rows_fini(&x);
+        rt_ckpt_rows_fini(&y);
+    }
+    rt_ckpt_array_t *da, *db;
+    int na, nb;
+    assert_int_equal(rt_ckpt_read_dense(ca.items[ca.n - 1], &da, &na), 0);
+    assert_int_equal(rt_ckpt_read_dense(cb.items[cb.n - 1], &db, &nb), 0);
+    assert_int_equal(na, nb);
+    for (int i = 0; i < na; i++) {
+        assert_string_equal(da[i].name, db[i].name);
+        assert_int_equal(da[i].count, db[i].count);
+        if (rel == 0)
+            assert_memory_equal(da[i].data, db[i].data, da[i].count * 4);
+        else
+            for (size_t j = 0; j < da[i].count; j++)
+                if (fabs(da[i].data[j] - db[i].data[j]) > rel * fmax(fabs(da[i].data[j]), 1e-2))
+                    fail_msg("%s[%zu]: %.9g vs %.9g", da[i].name, j, da[i].data[j], db[i].data[j]);
+    }
+    rt_ckpt_arrays_free(da, na);
+    rt_ckpt_arrays_free(db, nb);
+    rt_ckpt_chain_fini(&ca);
+    rt_ckpt_chain_fini(&cb);
+}
+
+/* ---- unit helpers: tables trained by hand ---------------------------------------------- */
+
+static kern_table_t *make_table(const char *name, kern_opt_kind_t opt, int64_t cap, kern_evict_t ev)
+{
+    kern_table_config_t cfg = {.name = name,
+                               .dim = 4,
+                               .capacity = cap,
+                               .opt = opt,
+                               .init = KERN_INIT_UNIFORM,
+                               .init_scale = 0.1f,
+                               .seed = 11,
+                               .evict = ev};
+    kern_table_t *t = NULL;
+    assert_int_equal(kern_table_create(&cfg, &t), 0);
+    return t;
+}
+
+static uint64_t rng_state = 88172645463325252ULL;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* One "training step" on a table: n random keys from [0, range), inserted,
+ * updated with random gradients and marked changed; sometimes a delete. */
+static void sim_step(kern_table_t *t, int64_t step, int64_t range, int n)
+{
+    int64_t keys[256];
+    int32_t rows[256];
+    for (int i = 0; i < n; i++)
+        keys[i] = (int64_t)(rnd() % (uint64_t)range) * 7919 + 3;
+    assert_int_equal(kern_table_find_or_insert(t, n, keys, step, rows), 0);
+    /* unique rows, ascending, for the update */
+    int32_t u[256];
+    int nu = 0;
+    for (int i = 0; i < n; i++) {
+        bool seen = false;
+        for (int j = 0; j < nu; j++)
+            seen = seen || u[j] == rows[i];
+        if (!seen)
+            u[nu++] = rows[i];
+    }
+    for (int i = 1; i < nu; i++)
+        for (int j = i; j > 0 && u[j - 1] > u[j]; j--) {
+            int32_t x = u[j];
+            u[j] = u[j - 1];
+            u[j - 1] = x;
+        }
+    float g[256 * 4];
+    for (int i = 0; i < nu * 4; i++)
+        g[i] = (float)((double)(rnd() % 2001) / 1000.0 - 1.0);
+    kern_slab_t sl;
+    kern_table_slab(t, &sl);
+    kern_row_grads_t rg = {.rows = u, .grads = g, .n = nu};
+    kern_opt_kind_t kind = sl.nstate == 2   ? KERN_OPT_ADAM
+                           : sl.nstate == 1 ? KERN_OPT_ADAGRAD
+                                            : KERN_OPT_SGD;
+    kern_opt_t opt = {.kind = kind, .lr = 0.05f, .eps = 1e-8f, .beta1 = 0.9f, .beta2 = 0.999f};
+    assert_int_equal(kern_cpu_sparse_update(&opt, 1, &sl, &rg, step), 0);
+    kern_table_mark_changed(t, nu, u);
+    if (step % 4 == 0) {
+        int64_t del = keys[0];
+        assert_int_equal(kern_table_delete(t, 1, &del, step, NULL), 0);
+    }
+}
+
+/* A single-process dump of `nparts` tables as if each were a rank's shard. */
+static void local_dump(const char *root, int nparts, kern_table_t **tables, rt_ckpt_kind_t kind,
+                       int64_t since, int64_t step, const char *parent, const char *base,
+                       char *uid /* OUT */)
+{
+    rt_ckpt_info_t *in = calloc(1, sizeof *in);
+    assert_non_null(in);
+    rt_ckpt_new_uid(step, in->uid);
+    in->kind = kind;
+    in->since = since;
+    in->step = step;
+    in->world_size = nparts;
+    in->include_optimizer = true;
+    snprintf(in->parent, sizeof in->parent, "%s", parent ? parent : "");
+    snprintf(in->base, sizeof in->base, "%s", base ? base : "");
+    snprintf(in->model, sizeof in->model, "lr");
+    assert_int_equal(mkdir(root, 0755) == 0 || errno == EEXIST, 1);
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", root, in->uid);
+    assert_int_equal(mkdir(tmp, 0755), 0);
+    rt_ckpt_part_t *all = NULL;
+    assert_int_equal(rt_ckpt_part_create(&all), 0);
+    for (int r = 0; r < nparts; r++) {
+        rt_ckpt_part_t *p = NULL;
+        assert_int_equal(rt_ckpt_part_create(&p), 0);
+        assert_int_equal(
+            rt_ckpt_write_tables(tmp, r, 1, &tables[r], kind == RT_CKPT_FULL ? -1 : since, true, p),
+            0);
+        if (r == 0) {
+            float dense[5] = {1, 2, 3, 4, (float)step};
+            rt_ckpt_array_t a = {"dense.params", dense, 5};
+            assert_int_equal(rt_ckpt_write_dense(tmp, &a, 1, p), 0);
+        }
+        char *text = rt_ckpt_part_encode(p);
+        assert_non_null(text);
+        assert_int_equal(rt_ckpt_part_merge(all, text), 0);
+        free(text);
+        rt_ckpt_part_destroy(p);
+    }
+    assert_int_equal(rt_ckpt_commit(root, tmp, in, all), 0);
+    rt_ckpt_part_destroy(all);
+    for (int r = 0; r < nparts; r++)
+        rt_ckpt_mark_dumped(1, &tables[r], step);
+    snprintf(uid, RT_CKPT_UID_MAX, "%s", in->uid);
+    free(in);
+}
+
+static void mkroot(const char *name, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s", tmpdir, name);
+    mkdir(out, 0755);
+}
+
+/* ---- unit tests --------------------------------------------------------------------------- */
+
+static void test_npy_numpy_loads(void **state)
+{
+    (void)state;
+    char root[512], uid[RT_CKPT_UID_MAX], path[1024];
+    mkroot("npy", root, sizeof root);
+    kern_table_t *t = make_table("emb", KERN_OPT_ADAM, 1000, KERN_EVICT_NONE);
+    for (int s = 1; s <= 5; s++)
+        sim_step(t, s, 300, 64);
+    int64_t n = kern_table_size(t);
+    local_dump(root, 1, &t, RT_CKPT_FULL, -1, 5, NULL, NULL, uid);
+    snprintf(path, sizeof path, "%s/%s/emb.r0.values.npy", root, uid);
+    unsigned char hdr[10];
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(hdr, 1, 10, f), 10);
+    fclose(f);
+    assert_memory_equal(hdr, "\x93NUMPY\x01\x00", 8);
+    assert_int_equal((10 + (hdr[8] | hdr[9] << 8)) % 64, 0);
+    if (system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) {
+        fprintf(stderr, "note: numpy not installed; .npy checked by header only\n");
+        kern_table_destroy(t);
+        return;
+    }
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 -c \"import numpy as np, sys; d='%s/%s/';"
+             "k=np.load(d+'emb.r0.keys.npy'); v=np.load(d+'emb.r0.values.npy');"
+             "o=np.load(d+'emb.r0.opt.npy'); s=np.load(d+'emb.r0.opt_steps.npy');"
+             "p=np.load(d+'dense.params.npy');"
+             "ok=k.dtype==np.int64 and k.shape==(%lld,) and v.dtype==np.float32 and "
+             "v.shape==(%lld,4) and o.shape==(%lld,8) and s.dtype==np.uint32 and "
+             "list(p)==[1,2,3,4,5] and len(set(k.tolist()))==len(k);"
+             "sys.exit(0 if ok else 1)\"",
+             root, uid, (long long)n, (long long)n, (long long)n);
+    assert_int_equal(system(cmd), 0);
+    kern_table_destroy(t);
+}
+
+/* full(10) <- inc(20) <- inc(30), and full(30): the chain resolves to the
+ * full dump byte for byte, with evictions (lru) and deletions on the way. */
+static void check_chain(kern_opt_kind_t opt)
+{
+    char root[512], root2[512], u1[RT_CKPT_UID_MAX], u2[RT_CKPT_UID_MAX], u3[RT_CKPT_UID_MAX],
+        uf[RT_CKPT_UID_MAX], d3[1024], df[1024];
+    char rn[64];
+    snprintf(rn, sizeof rn, "chain%d", (int)opt);
+    mkroot(rn, root, sizeof root);
+    snprintf(rn, sizeof rn, "chainfull%d", (int)opt);
+    mkroot(rn, root2, sizeof root2);
+    kern_table_t *t = make_table("emb", opt, 600, KERN_EVICT_LRU);
+    int64_t s = 0;
+    for (; s < 10; s++)
+        sim_step(t, s + 1, 2000, 100);
+    local_dump(root, 1, &t, RT_CKPT_FULL, -1, s, NULL, NULL, u1);
+    for (; s < 20; s++)
+        sim_step(t, s + 1, 2000, 100);
+    kern_table_stats_t st;
+    kern_table_stats(t, &st);
+    assert_true(st.evictions > 0);
+    local_dump(root, 1, &t, RT_CKPT_INCREMENTAL, 10, s, u1, u1, u2);
+    for (; s < 30; s++)
+        sim_step(t, s + 1, 2000, 100);
+    local_dump(root, 1, &t, RT_CKPT_INCREMENTAL, 20, s, u2, u1, u3);
+    local_dump(root2, 1, &t, RT_CKPT_FULL, -1, s, NULL, NULL, uf);
+    snprintf(d3, sizeof d3, "%s/%s", root, u3);
+    snprintf(df, sizeof df, "%s/%s", root2, uf);
+    rt_ckpt_chain_t ch;
+    assert_int_equal(rt_ckpt_chain_open(d3, true, &ch), 0);
+    assert_int_equal(ch.n, 3);
+    assert_true(rt_ckpt_info(ch.items[1])->evicted > 0);
+    rt_ckpt_chain_fini(&ch);
+    compare_ckpts(d3, df, 0);
+    /* And the live table is what the chain says. */
+    rt_ckpt_rows_t rows;
+    assert_int_equal(rt_ckpt_chain_open(d3, false, &ch), 0);
+    assert_int_equal(rt_ckpt_read_table(&ch, "emb", &rows), 0);
+    assert_int_equal(rows.n, kern_table_size(t));
+    int32_t r[1];
+    assert_int_equal(kern_table_find(t, 1, &rows.keys[rows.n / 2], r), 1);
+    kern_slab_t sl;
+    kern_table_slab(t, &sl);
+    assert_memory_equal(sl.values + (int64_t)r[0] * 4, rows.values + (rows.n / 2) * 4, 16);
+    rt_ckpt_rows_fini(&rows);
+    rt_ckpt_chain_fini(&ch);
+    kern_table_destroy(t);
+}
+
+static void test_chain_bitwise_adagrad(void **state)
+{
+    (void)state;
+    check_chain(KERN_OPT_ADAGRAD);
+}
+
+static void test_chain_bitwise_adam(void **state)
+{
+    (void)state;
+    check_chain(KERN_OPT_ADAM);
+}
+
+/* An incremental dump looks at the changed rows only. */
+static void test_incremental_cost(void **state)
+{
+    (void)state;
+    char root[512], u1[RT_CKPT_UID_MAX], u2[RT_CKPT_UID_MAX];
+    mkroot("cost", root, sizeof root);
+    kern_table_t *t = make_table("big", KERN_OPT_SGD, 300000, KERN_EVICT_NONE);
+    int64_t *keys = malloc(200000 * sizeof *keys);
+    float *vals = calloc(200000 * 4, sizeof *vals);
+    for (int64_t i = 0; i < 200000; i++)
+        keys[i] = i * 31 + 1;
+    assert_int_equal(kern_table_insert_rows(t, 200000, keys, vals, NULL, NULL, 1), 0);
+    local_dump(root, 1, &t, RT_CKPT_FULL, -1, 1, NULL, NULL, u1);
+    sim_step(t, 2, 1000, 50);
+    local_dump(root, 1, &t, RT_CKPT_INCREMENTAL, 1, 2, u1, u1, u2);
+    kern_table_stats_t st;
+    kern_table_stats(t, &st);
+    assert_true(st.last_visited <= 100);
+    char d[1024];
+    snprintf(d, sizeof d, "%s/%s", root, u2);
+    rt_ckpt_t *c;
+    assert_int_equal(rt_ckpt_open(d, &c), 0);
+    assert_true(rt_ckpt_info(c)->keys <= 50 && rt_ckpt_info(c)->keys > 0);
+    assert_true(rt_ckpt_info(c)->bytes < 10000);
+    rt_ckpt_close(c);
+    free(keys);
+    free(vals);
+    kern_table_destroy(t);
+}
+
+/* Two shards written as ranks 0 and 1 load into 1 and into 3 ranks: every
+ * key lands on its owner, nothing is lost or doubled. */
+static void test_load_any_rank_count(void **state)
+{
+    (void)state;
+    char root[512], uid[RT_CKPT_UID_MAX], d[1024];
+    mkroot("ranks", root, sizeof root);
+    kern_table_t *src = make_table("emb", KERN_OPT_ADAGRAD, 5000, KERN_EVICT_NONE);
+    for (int s = 1; s <= 10; s++)
+        sim_step(src, s, 1500, 120);
+    /* Split src by owner among 2 "ranks". */
+    kern_table_t *sh[2] = {make_table("emb", KERN_OPT_ADAGRAD, 5000, KERN_EVICT_NONE),
+                           make_table("emb", KERN_OPT_ADAGRAD, 5000, KERN_EVICT_NONE)};
+    int64_t n = kern_table_size(src), got = 0;
+    int32_t *rows = malloc((size_t)n * sizeof *rows);
+    assert_int_equal(kern_table_scan(src, rows, n, &got), 0);
+    kern_slab_t sl;
+    kern_table_slab(src, &sl);
+    const int64_t *keys = kern_table_keys(src);
+    for (int64_t i = 0; i < got; i++) {
+        int r = rt_shard_owner(keys[rows[i]], 2);
+        assert_int_equal(kern_table_insert_rows(sh[r], 1, &keys[rows[i]],
+                                                sl.values + (int64_t)rows[i] * 4,
+                                                sl.opt_state + (int64_t)rows[i] * 4, NULL, 10),
+                         0);
+    }
+    local_dump(root, 2, sh, RT_CKPT_FULL, -1, 10, NULL, NULL, uid);
+    snprintf(d, sizeof d, "%s/%s", root, uid);
+    rt_ckpt_chain_t ch;
+    assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
+    assert_int_equal(rt_ckpt_info(ch.items[0])->world_size, 2);
+    for (int nr = 1; nr <= 3; nr++) {
+        int64_t total = 0;
+        for (int r = 0; r < nr; r++) {
+            kern_table_t *t = make_table("emb", KERN_OPT_ADAGRAD, 5000, KERN_EVICT_NONE);
+            assert_int_equal(rt_ckpt_load_tables(&ch, r, nr, 1, &t), 0);
+            int64_t m = kern_table_size(t), g2 = 0;
+            int32_t *rr = malloc((size_t)(m + 1) * sizeof *rr);
+            assert_int_equal(kern_table_scan(t, rr, m + 1, &g2), 0);
+            kern_slab_t ts;
+            kern_table_slab(t, &ts);
+            for (int64_t i = 0; i < g2; i++) {
+                int64_t k = kern_table_keys(t)[rr[i]];
+                assert_int_equal(rt_shard_owner(k, nr), r);
+                int32_t sr;
+                assert_int_equal(kern_table_find(src, 1, &k, &sr), 1);
+                assert_memory_equal(ts.values + (int64_t)rr[i] * 4, sl.values + (int64_t)sr * 4,
+                                    16);
+                assert_memory_equal(ts.opt_state + (int64_t)rr[i] * 4,
+                                    sl.opt_state + (int64_t)sr * 4, 16);
+            }
+            /* Loaded rows are the base: nothing pending for the next dump. */
+            int64_t nc = 0;
+            assert_int_equal(kern_table_changed_since(t, 10, rr, m + 1, &nc), 0);
+            assert_int_equal(nc, 0);
+            total += g2;
+            free(rr);
+            kern_table_destroy(t);
+        }
+        assert_int_equal(total, got);
+    }
+    rt_ckpt_chain_fini(&ch);
+    free(rows);
+    kern_table_destroy(src);
+    kern_table_destroy(sh[0]);
+    kern_table_destroy(sh[1]);
+}
+
+static void expect_refused(const char *dir, int code, const char *names)
+{
+    rt_ckpt_chain_t ch;
+    int rc = rt_ckpt_chain_open(dir, true, &ch);
+    if (rc == 0)
+        rt_ckpt_chain_fini(&ch);
+    if (rc != code)
+        fail_msg("expected %s, got %s: %s", kiln_errname(code), kiln_errname(rc), kiln_errmsg());
+    if (strstr(kiln_errmsg(), names) == NULL)
+        fail_msg("message does not name %s: %s", names, kiln_errmsg());
+}
+
+static void test_integrity(void **state)
+{
+    (void)state;
+    char root[512], uid[RT_CKPT_UID_MAX], d[1024], p[1200], cmd[2048];
+    mkroot("integrity", root, sizeof root);
+    kern_table_t *t = make_table("emb", KERN_OPT_ADAGRAD, 1000, KERN_EVICT_NONE);
+    sim_step(t, 1, 500, 100);
+    char dirs[4][1024];
+    for (int i = 0; i < 4; i++) {
+        local_dump(root, 1, &t, RT_CKPT_FULL, -1, 1 + i, NULL, NULL, uid);
+        snprintf(dirs[i], sizeof dirs[i], "%s/%s", root, uid);
+    }
+    snprintf(d, sizeof d, "%s", dirs[0]);
+    expect_refused(d, 0, "");
+    /* No manifest. */
+    snprintf(p, sizeof p, "%s/manifest.json", dirs[0]);
+    assert_int_equal(unlink(p), 0);
+    expect_refused(dirs[0], KILN_ECORRUPT, "manifest.json");
+    /* A missing file. */
+    snprintf(p, sizeof p, "%s/emb.r0.opt.npy", dirs[1]);
+    assert_int_equal(unlink(p), 0);
+    expect_refused(dirs[1], KILN_ECORRUPT, "emb.r0.opt.npy");
+    /* One flipped byte. */
+    snprintf(p, sizeof p, "%s/emb.r0.values.npy", dirs[2]);
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    fseek(f, 200, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, 200, SEEK_SET);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+    expect_refused(dirs[2], KILN_ECHECKSUM, "emb.r0.values.npy");
+    /* A truncated manifest. */
+    snprintf(cmd, sizeof cmd, "truncate -s 100 '%s/manifest.json'", dirs[3]);
+    assert_int_equal(system(cmd), 0);
+    expect_refused(dirs[3], KILN_ECORRUPT, "manifest.json");
+    kern_table_destroy(t);
+}
+
+static bool pin_uid(const char *uid, void *ctx)
+{
+    return strcmp(uid, (const char *)ctx) == 0;
+}
+
+static void test_retention(void **state)
+{
+    (void)state;
+    char root[512], u[7][RT_CKPT_UID_MAX], d[1024];
+    mkroot("retain", root, sizeof root);
+    kern_table_t *t = make_table("emb", KERN_OPT_SGD, 1000, KERN_EVICT_NONE);
+    /* f0 <- i1 <- i2, f3 <- i4, f5, f6: keep 2 keeps f6 and f5; pin i4 (so f3);
+     * a lock on f0 keeps f0; i1, i2 go. */
+    const rt_ckpt_kind_t kinds[7] = {RT_CKPT_FULL, RT_CKPT_INCREMENTAL, RT_CKPT_INCREMENTAL,
+                                     RT_CKPT_FULL, RT_CKPT_INCREMENTAL, RT_CKPT_FULL,
+                                     RT_CKPT_FULL};
+    for (int i = 0; i < 7; i++) {
+        sim_step(t, i + 1, 500, 10);
+        bool inc = kinds[i] == RT_CKPT_INCREMENTAL;
+        local_dump(root, 1, &t, kinds[i], inc ? i : -1, i + 1, i > 0 ? u[i - 1] : NULL,
+                   inc ? u[i - 1] : NULL, u[i]);
+    }
+    snprintf(d, sizeof d, "%s/%s", root, u[0]);
+    char *lock = NULL;
+    assert_int_equal(rt_ckpt_lock(d, &lock), 0);
+    int removed = -1;
+    assert_int_equal(rt_ckpt_retain(root, 2, pin_uid, u[4], &removed), 0);
+    assert_int_equal(removed, 2);
+    const bool kept[7] = {true, false, false, true, true, true, true};
+    for (int i = 0; i < 7; i++) {
+        snprintf(d, sizeof d, "%s/%s", root, u[i]);
+        assert_int_equal(access(d, F_OK) == 0, kept[i]);
+    }
+    /* Unpinned, the chain of i4 still stays as long as i4 is among the newest. */
+    rt_ckpt_unlock(lock);
+    assert_int_equal(rt_ckpt_retain(root, 3, NULL, NULL, &removed), 0);
+    assert_int_equal(removed, 1); /* f0 */
+    snprintf(d, sizeof d, "%s/%s", root, u[3]);
+    assert_int_equal(access(d, F_OK), 0);
+    char latest[RT_CKPT_UID_MAX];
+    assert_int_equal(rt_ckpt_latest(root, latest), 0);
+    assert_string_equal(latest, u[6]);
+    kern_table_destroy(t);
+}
+
+/* A write past RLIMIT_FSIZE (a full disk) fails with KILN_ENOSPC naming the
+ * file; run in a child so the limit stays there. */
+static void test_enospc_unit(void **state)
+{
+    (void)state;
+    char root[512], tmp[1024];
+    mkroot("enospc", root, sizeof root);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-x", root);
+    assert_int_equal(mkdir(tmp, 0755), 0);
+    /* The table is trained before the fork: OpenMP does not survive one. */
+    kern_table_t *t = make_table("emb", KERN_OPT_ADAGRAD, 5000, KERN_EVICT_NONE);
+    for (int s = 1; s <= 20; s++)
+        sim_step(t, s, 3000, 200);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {20000, 20000};
+        setrlimit(RLIMIT_FSIZE, &rl);
+        rt_ckpt_part_t *p = NULL;
+        rt_ckpt_part_create(&p);
+        int rc = rt_ckpt_write_tables(tmp, 0, 1, &t, -1, true, p);
+        int ok = rc == KILN_ENOSPC && strstr(kiln_errmsg(), "emb.r0.") != NULL &&
+                 strstr(kiln_errmsg(), "free space") != NULL;
+        if (!ok)
+            fprintf(stderr, "got %s: %s\n", kiln_errname(rc), kiln_errmsg());
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    kern_table_destroy(t);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(rt_ckpt_remove(tmp), 0);
+    assert_int_not_equal(access(tmp, F_OK), 0);
+}
+
+/* ---- integration: kiln-train ---------------------------------------------------------------- */
+
+/* Two halves (--max-steps, then --resume) equal one straight run, byte for
+ * byte on the same rank count. */
+static void test_resume_same_ranks_bitwise(void **state)
+{
+    (void)state;
+    char s1[512], s2[512], a[1024], b[1024], half[1024];
+    result_t *r = malloc(sizeof *r);
+    write_spec("straight", 120, NULL, s1, sizeof s1);
+    write_spec("halves", 120, NULL, s2, sizeof s2);
+    json_t *v1 = train(2, s1, "straight", NULL, r);
+    const char *h1[] = {"--max-steps", "17", "--eval", "none", NULL};
+    json_t *v2 = train(2, s2, "halves1", h1, r);
+    assert_int_equal((int)jnum(v2, "steps"), 17);
+    ckpt_dir("halves", jstr(v2, "checkpoint"), half, sizeof half);
+    const char *h2[] = {"--resume", half, NULL};
+    json_t *v3 = train(2, s2, "halves2", h2, r);
+    assert_int_equal((int)jnum(v3, "steps"), (int)jnum(v1, "steps"));
+    assert_true(jnum(v1, "eval_logloss") == jnum(v3, "eval_logloss"));
+    ckpt_dir("straight", jstr(v1, "checkpoint"), a, sizeof a);
+    ckpt_dir("halves", jstr(v3, "checkpoint"), b, sizeof b);
+    /* The second half's checkpoint is an incremental on top of the first. */
+    rt_ckpt_t *c;
+    assert_int_equal(rt_ckpt_open(b, &c), 0);
+    assert_int_equal(rt_ckpt_info(c)->kind, RT_CKPT_INCREMENTAL);
+    assert_string_equal(rt_ckpt_info(c)->parent, jstr(v2, "checkpoint"));
+    rt_ckpt_close(c);
+    compare_ckpts(a, b, 0);
+    json_decref(v1);
+    json_decref(v2);
+    json_decref(v3);
+    free(r);
+}
+
+/* 2->1, 1->2, 2->3 ranks (the same global batch of 240): within 1e-6 of a
+ * straight run. */
+static void test_resume_across_rank_counts(void **state)
+{
+    (void)state;
+    const int pairs[3][2] = {{2, 1}, {1, 2}, {2, 3}};
+    char s0[512], sp[512], a[1024], b[1024], half[1024], name[64];
+    result_t *r = malloc(sizeof *r);
+    write_spec("x1", 240, NULL, s0, sizeof s0);
+    json_t *v0 = train(1, s0, "x1", NULL, r);
+    ckpt_dir("x1", jstr(v0, "checkpoint"), a, sizeof a);
+    for (int i = 0; i < 3; i++) {
+        int n1 = pairs[i][0], n2 = pairs[i][1];
+        snprintf(name, sizeof name, "x%dto%d", n1, n2);
+        write_spec(name, 240 / n1, NULL, sp, sizeof sp);
+        const char *h1[] = {"--max-steps", "13", "--eval", "none", NULL};
+        char rn[80];
+        snprintf(rn, sizeof rn, "%s-a", name);
+        json_t *v1 = train(n1, sp, rn, h1, r);
+        ckpt_dir(name, jstr(v1, "checkpoint"), half, sizeof half);
+        char sp2[512], name2[80];
+        snprintf(name2, sizeof name2, "%s-b", name);
+        write_spec(name2, 240 / n2, NULL, sp2, sizeof sp2);
+        const char *h2[] = {"--resume", half, NULL};
+        json_t *v2 = train(n2, sp2, name2, h2, r);
+        assert_int_equal((int)jnum(v2, "ranks"), n2);
+        assert_int_equal((int)jnum(v2, "steps"), (int)jnum(v0, "steps"));
+        assert_int_equal((int)jnum(v2, "keys"), (int)jnum(v0, "keys"));
+        double x = jnum(v0, "eval_logloss"), y = jnum(v2, "eval_logloss");
+        if (fabs(x - y) > 1e-6 * fabs(x))
+            fail_msg("%s: eval logloss %.9g vs straight %.9g", name, y, x);
+        /* The training loss of every step of the second half, too. */
+        double la[64], lb[64];
+        int na = losses("x1", la, 64), nb = losses(name2, lb, 64);
+        assert_true(nb >= 5 && na >= nb);
+        for (int j = 0; j < nb; j++)
+            if (fabs(la[na - nb + j] - lb[j]) > 1e-6 * fabs(la[na - nb + j]))
+                fail_msg("%s: step loss %.9g vs straight %.9g", name, lb[j], la[na - nb + j]);
+        /* Rows and dense weights: the same keys; values as close as float
+         * summation order allows (adam's normalised steps amplify the last
+         * bits, hence 1e-3 here and 1e-6 on the losses). */
+        ckpt_dir(name2, jstr(v2, "checkpoint"), b, sizeof b);
+        compare_ckpts(a, b, 1e-3);
+        json_decref(v1);
+        json_decref(v2);
+    }
+    json_decref(v0);
+    free(r);
+}
+
+/* A control file makes the trainer export an incremental checkpoint at the
+ * next step boundary and keep training. */
+static void test_online_export(void **state)
+{
+    (void)state;
+    char s[512], d[1024], p[1024], buf[2048];
+    result_t *r = malloc(sizeof *r);
+    write_spec("online", 120, NULL, s, sizeof s);
+    const char *h1[] = {"--max-steps", "5", "--eval", "none", NULL};
+    json_t *v1 = train(2, s, "online1", h1, r);
+    char run2[512];
+    snprintf(run2, sizeof run2, "%s/online2", tmpdir);
+    mkdir(run2, 0755);
+    snprintf(p, sizeof p, "%s/export.request", run2);
+    FILE *f = fopen(p, "w");
+    fclose(f);
+    ckpt_dir("online", jstr(v1, "checkpoint"), d, sizeof d);
+    const char *h2[] = {"--resume", d, "--eval", "none", NULL};
+    json_t *v2 = train(2, s, "online2", h2, r);
+    assert_int_not_equal(access(p, F_OK), 0); /* consumed */
+    snprintf(p, sizeof p, "%s/export.last", run2);
+    slurp(p, buf, sizeof buf);
+    json_t *e = json_loads(buf, 0, NULL);
+    assert_non_null(e);
+    assert_string_equal(jstr(e, "kind"), "incremental");
+    assert_int_equal((int)jnum(e, "step"), 6);
+    assert_string_equal(jstr(e, "parent"), jstr(v1, "checkpoint"));
+    /* Training went on to the end, and the final checkpoint stands on it. */
+    assert_true(jnum(v2, "steps") > 6);
+    ckpt_dir("online", jstr(v2, "checkpoint"), d, sizeof d);
+    rt_ckpt_chain_t ch;
+    assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
+    assert_int_equal(ch.n, 3);
+    assert_string_equal(rt_ckpt_info(ch.items[1])->uid, jstr(e, "uid"));
+    rt_ckpt_chain_fini(&ch);
+    json_decref(e);
+    json_decref(v1);
+    json_decref(v2);
+    free(r);
+}
+
+/* The .tmp- directory of job's checkpoint dir, or "" when there is none. */
+static void find_tmp(const char *job, char *out, size_t cap)
+{
+    char root[512];
+    snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, job);
+    out[0] = '\0';
+    DIR *dd = opendir(root);
+    struct dirent *e;
+    while (dd && (e = readdir(dd)) != NULL)
+        if (strncmp(e->d_name, ".tmp-", 5) == 0)
+            snprintf(out, cap, "%s/%s", root, e->d_name);
+    if (dd)
+        closedir(dd);
+}
+
+static int count_files(const char *dir)
+{
+    int n = 0;
+    DIR *dd = opendir(dir);
+    struct dirent *e;
+    while (dd && (e = readdir(dd)) != NULL)
+        n += e->d_name[0] != '.';
+    if (dd)
+        closedir(dd);
+    return n;
+}
+
+/* kill -9 while the shard files are written: no loadable partial checkpoint,
+ * the previous one intact, and the next run starts from it. */
+static void test_kill9_during_dump(void **state)
+{
+    (void)state;
+    char s[512], prev[1024], tmp[1024], run_dir[512];
+    result_t *r = malloc(sizeof *r);
+    write_spec("kill", 120, "checkpoint: {full_every: 1, keep: 10}\n", s, sizeof s);
+    const char *h1[] = {"--max-steps", "5", "--eval", "none", NULL};
+    json_t *v1 = train(2, s, "kill1", h1, r);
+    ckpt_dir("kill", jstr(v1, "checkpoint"), prev, sizeof prev);
+    snprintf(run_dir, sizeof run_dir, "%s/kill2", tmpdir);
+    const char *argv[] = {"mpirun",
+                          "-np",
+                          "2",
+                          "--oversubscribe",
+                          KILN_TRAIN_BIN,
+                          "--spec",
+                          s,
+                          "--run-dir",
+                          run_dir,
+                          "--quiet",
+                          "--threads",
+                          "1",
+                          "--resume",
+                          prev,
+                          "--eval",
+                          "none",
+                          NULL};
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        child_exec(argv, "KILN_TEST_DUMP_DELAY_MS=30000", 0);
+    }
+    setpgid(pid, pid);
+    /* Wait for the temp dir to fill with shard files. */
+    int waited = 0;
+    for (; waited < 200; waited++) {
+        find_tmp("kill", tmp, sizeof tmp);
+        if (tmp[0] && count_files(tmp) >= 26 * 2 * 3)
+            break;
+        struct timespec ts = {0, 100000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(waited < 200);
+    struct timespec ts = {0, 200000000L};
+    nanosleep(&ts, NULL);
+    kill(-pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    assert_true(WIFSIGNALED(status));
+    /* The partial dump is not a checkpoint; the previous one is whole. */
+    rt_ckpt_t *c = NULL;
+    assert_int_equal(rt_ckpt_open(tmp, &c), KILN_ECORRUPT);
+    char latest[RT_CKPT_UID_MAX], root[512];
+    snprintf(root, sizeof root, "%s/ckpt/kill", tmpdir);
+    assert_int_equal(rt_ckpt_latest(root, latest), 0);
+    assert_string_equal(latest, jstr(v1, "checkpoint"));
+    rt_ckpt_chain_t ch;
+    assert_int_equal(rt_ckpt_chain_open(prev, true, &ch), 0);
+    rt_ckpt_chain_fini(&ch);
+    const char *h3[] = {"--resume", prev, "--eval", "none", NULL};
+    json_t *v3 = train(2, s, "kill3", h3, r);
+    assert_true(jnum(v3, "steps") > 5);
+    json_decref(v1);
+    json_decref(v3);
+    free(r);
+}
+
+/* A full disk during the end-of-run dump: exit 3 (retry), the message names
+ * the file and asks for space, no temp dir stays, the previous checkpoint
+ * still loads. */
+static void test_full_disk_during_dump(void **state)
+{
+    (void)state;
+    char s[512], prev[1024], tmp[1024];
+    result_t *r = malloc(sizeof *r);
+    write_spec("disk", 120, "checkpoint: {full_every: 1, keep: 10}\n", s, sizeof s);
+    const char *h1[] = {"--max-steps", "5", "--eval", "none", NULL};
+    json_t *v1 = train(2, s, "disk1", h1, r);
+    ckpt_dir("disk", jstr(v1, "checkpoint"), prev, sizeof prev);
+    const char *h2[] = {"--resume", prev, "--eval", "none", NULL};
+    json_t *v2 = train_full(2, s, "disk2", h2, NULL, 16384, r);
+    assert_null(v2);
+    if (r->code != 3)
+        fail_msg("expected exit 3, got %d: %s", r->code, r->err);
+    assert_non_null(strstr(r->err, "no space left"));
+    assert_non_null(strstr(r->err, ".npy"));
+    assert_non_null(strstr(r->err, "free space"));
+    find_tmp("disk", tmp, sizeof tmp);
+    assert_string_equal(tmp, "");
+    char latest[RT_CKPT_UID_MAX], root[512];
+    snprintf(root, sizeof root, "%s/ckpt/disk", tmpdir);
+    assert_int_equal(rt_ckpt_latest(root, latest), 0);
+    assert_string_equal(latest, jstr(v1, "checkpoint"));
+    rt_ckpt_chain_t ch;
+    assert_int_equal(rt_ckpt_chain_open(prev, true, &ch), 0);
+    rt_ckpt_chain_fini(&ch);
+    json_decref(v1);
+    free(r);
+}
+
+/* A damaged checkpoint is refused: exit 2 and the file in the message. */
+static void test_corrupt_refused(void **state)
+{
+    (void)state;
+    char s[512], prev[1024], p[1200];
+    result_t *r = malloc(sizeof *r);
+    write_spec("corrupt", 120, NULL, s, sizeof s);
+    const char *h1[] = {"--max-steps", "3", "--eval", "none", NULL};
+    json_t *v1 = train(1, s, "corrupt1", h1, r);
+    ckpt_dir("corrupt", jstr(v1, "checkpoint"), prev, sizeof prev);
+    snprintf(p, sizeof p, "%s/slot5.r0.values.npy", prev);
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    fseek(f, 130, SEEK_SET);
+    fputc(0x5a, f);
+    fclose(f);
+    const char *h2[] = {"--resume", prev, NULL};
+    assert_null(train_full(2, s, "corrupt2", h2, NULL, 0, r));
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "slot5.r0.values.npy"));
+    assert_non_null(strstr(r->err, "checksum"));
+    json_decref(v1);
+    free(r);
+}
+
+/* `kiln export --format hugectr` of an incremental chain: one folder per
+ * table, raw keys and vectors, row n matching the resolved chain. */
+static void test_export_hugectr(void **state)
+{
+    (void)state;
+    char s[512], d[1024], out[512], p[1024], db[512];
+    result_t *r = malloc(sizeof *r);
+    write_spec("exp", 120, NULL, s, sizeof s);
+    const char *h1[] = {"--max-steps", "4", "--eval", "none", NULL};
+    json_t *v1 = train(2, s, "exp1", h1, r);
+    ckpt_dir("exp", jstr(v1, "checkpoint"), d, sizeof d);
+    const char *h2[] = {"--resume", d, "--eval", "none", NULL};
+    json_t *v2 = train(2, s, "exp2", h2, r);
+    ckpt_dir("exp", jstr(v2, "checkpoint"), d, sizeof d);
+    snprintf(out, sizeof out, "%s/hugectr", tmpdir);
+    snprintf(db, sizeof db, "%s/export.db", tmpdir);
+    const char *argv[] = {KILN_BIN,   "--db",    db,      "export", d,
+                          "--format", "hugectr", "--out", out,      NULL};
+    run_full(r, argv, NULL, 0);
+    if (r->code != 0)
+        fail_msg("kiln export failed (%d): %s", r->code, r->err);
+    rt_ckpt_chain_t ch;
+    assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
+    assert_int_equal(ch.n, 2);
+    rt_ckpt_rows_t rows;
+    assert_int_equal(rt_ckpt_read_table(&ch, "slot7", &rows), 0);
+    assert_true(rows.n > 0);
+    snprintf(p, sizeof p, "%s/slot7/key", out);
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    assert_int_equal(st.st_size, rows.n * 8);
+    int64_t *k = malloc((size_t)st.st_size);
+    FILE *f = fopen(p, "rb");
+    assert_int_equal(fread(k, 8, (size_t)rows.n, f), (size_t)rows.n);
+    fclose(f);
+    assert_memory_equal(k, rows.keys, (size_t)rows.n * 8);
+    snprintf(p, sizeof p, "%s/slot7/emb_vector", out);
+    assert_int_equal(stat(p, &st), 0);
+    assert_int_equal(st.st_size, rows.n * rows.dim * 4);
+    float *v = malloc((size_t)st.st_size);
+    f = fopen(p, "rb");
+    assert_int_equal(fread(v, 4, (size_t)(rows.n * rows.dim), f), (size_t)(rows.n * rows.dim));
+    fclose(f);
+    assert_memory_equal(v, rows.values, (size_t)st.st_size);
+    /* --db given but the checkpoint is not in it: the export still works
+     * and says it was not recorded. */
+    assert_non_null(strstr(r->err, "not recorded"));
+    free(k);
+    free(v);
+    rt_ckpt_rows_fini(&rows);
+    rt_ckpt_chain_fini(&ch);
+    json_decref(v1);
+    json_decref(v2);
+    free(r);
+}
+
+/* With --db and --run-id rank 0 records each checkpoint: run, parent, kind,
+ * step, keys, bytes, checksum; kiln export records the export. */
+static void test_lineage_in_db(void **state)
+{
+    (void)state;
+    char s[512], db[512], d[1024], rid[32];
+    result_t *r = malloc(sizeof *r);
+    write_spec("lin", 120, "checkpoint: {full_every: 2, keep: 10, every_steps: 10}\n", s, sizeof s);
+    snprintf(db, sizeof db, "%s/lin.db", tmpdir);
+    state_t *st = NULL;
+    assert_int_equal(state_open(db, &st), 0);
+    int64_t job = 0, run = 0;
+    assert_int_equal(
+        state_job_put(st, "lin", "name: lin\n", "0000000000000000", NULL, 0, &job, NULL), 0);
+    assert_int_equal(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &run), 0);
+    snprintf(rid, sizeof rid, "%lld", (long long)run);
+    const char *h[] = {"--db", db, "--run-id", rid, "--eval", "none", "--max-steps", "25", NULL};
+    json_t *v = train(2, s, "lin1", h, r);
+    /* Dumps at 10 (full), 20 (incremental), 25 (full: full_every 2). */
+    state_checkpoint_t c = {0}, parent = {0};
+    assert_int_equal(state_checkpoint_get(st, jstr(v, "checkpoint"), &c), 0);
+    assert_int_equal(c.run_id, run);
+    assert_string_equal(c.kind, "full");
+    assert_int_equal(c.step, 25);
+    assert_true(c.keys > 0 && c.bytes > 0);
+    assert_non_null(c.checksum);
+    assert_int_equal(strlen(c.checksum), 16);
+    ckpt_dir("lin", jstr(v, "checkpoint"), d, sizeof d);
+    rt_ckpt_t *ck;
+    assert_int_equal(rt_ckpt_open(d, &ck), 0);
+    assert_string_equal(c.checksum, rt_ckpt_info(ck)->checksum);
+    assert_int_equal(c.bytes, rt_ckpt_info(ck)->bytes);
+    assert_true(c.parent_id > 0);
+    assert_int_equal(state_checkpoint_get(st, rt_ckpt_info(ck)->parent, &parent), 0);
+    assert_int_equal(parent.id, c.parent_id);
+    assert_string_equal(parent.kind, "incremental");
+    assert_int_equal(parent.step, 20);
+    rt_ckpt_close(ck);
+    state_checkpoint_fini(&c);
+    state_checkpoint_fini(&parent);
+    state_close(st);
+    json_decref(v);
+    free(r);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-test-ckpt-XXXXXX");
+    if (mkdtemp(tmpdir) == NULL)
+        return -1;
+    char data[512], eval[512], dir[512];
+    snprintf(dir, sizeof dir, "%s/data", tmpdir);
+    snprintf(data, sizeof data, "%s/data/day=0.tsv", tmpdir);
+    snprintf(eval, sizeof eval, "%s/data/eval.tsv", tmpdir);
+    if (mkdir(dir, 0755) < 0)
+        return -1;
+    result_t *r = malloc(sizeof *r);
+    const char *g1[] = {KILN_BIN, "datagen", "--rows", "3600", "--out", data, "--seed", "5", NULL};
+    run_full(r, g1, NULL, 0);
+    int rc = r->code;
+    const char *g2[] = {KILN_BIN, "datagen", "--rows", "600", "--out", eval,
+                        "--seed", "5",       "--day",  "1",   NULL};
+    run_full(r, g2, NULL, 0);
+    rc |= r->code;
+    free(r);
+    return rc == 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_npy_numpy_loads),
+        cmocka_unit_test(test_chain_bitwise_adagrad),
+        cmocka_unit_test(test_chain_bitwise_adam),
+        cmocka_unit_test(test_incremental_cost),
+        cmocka_unit_test(test_load_any_rank_count),
+        cmocka_unit_test(test_integrity),
+        cmocka_unit_test(test_retention),
+        cmocka_unit_test(test_enospc_unit),
+        cmocka_unit_test(test_resume_same_ranks_bitwise),
+        cmocka_unit_test(test_resume_across_rank_counts),
+        cmocka_unit_test(test_online_export),
+        cmocka_unit_test(test_kill9_during_dump),
+        cmocka_unit_test(test_full_disk_during_dump),
+        cmocka_unit_test(test_corrupt_refused),
+        cmocka_unit_test(test_export_hugectr),
+        cmocka_unit_test(test_lineage_in_db),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,1426 @@
+/*
+ * tests/test_serve.c - serving: the wire format (round trip in arbitrary
+ * pieces, every kind of corruption the decoder must refuse), kiln-serve's
+ * key -> row table against a naive model, and real kiln-serve processes on
+ * loopback driven by the push client and by raw HTTP (libcurl): full and
+ * delta pushes, lookup, predict against the trainer's model code, A/B split,
+ * auth, bad requests, and the faults of issue 6 (endpoint down during a
+ * push, endpoint killed mid-push, duplicate push, wrong base).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kern.h"
+#include "proc.h"
+#include "rt_data.h"
+#include "rt_model.h"
+#include "serve.h"
+#include "serve_int.h"
+
+#define TOKEN "s3cret-token"
+
+static char tmp_root[256];
+
+/* ---- a small fm model: 3 slots (tables t0..t2), 2 dense features, d = 3 ---------- */
+
+static void make_desc(serve_model_desc_t *d, size_t *nparams)
+{
+    memset(d, 0, sizeof *d);
+    d->model_type = RT_MODEL_FM;
+    d->nslots = 3;
+    d->ndense = 2;
+    d->dim = 3;
+    d->fm_dense_factors = 1;
+    d->ntables = 3;
+    for (int t = 0; t < 3; t++) {
+        snprintf(d->tables[t].name, SERVE_NAME_MAX, "t%d", t);
+        d->tables[t].dim = 3;
+        d->slot_table[t] = t;
+        d->slot_mean[t] = t == 2;
+    }
+    rt_model_config_t cfg = {.type = RT_MODEL_FM, .nslots = 3, .ndense = 2, .dim = 3,
+                             .fm_dense_factors = 1, .max_batch = 8, .seed = 7,
+                             .opt = {.type = RT_DENSE_SGD, .lr = 0.1f}};
+    rt_model_t *m = NULL;
+    assert_int_equal(rt_model_create(&cfg, &m), 0);
+    *nparams = rt_model_nparams(m);
+    d->nparams = (int64_t)*nparams;
+    rt_model_destroy(m);
+}
+
+/* Deterministic row values for (table, key, version). */
+static float rowval(int table, int64_t key, int j, int version)
+{
+    uint64_t h = (uint64_t)key * 31u + (uint64_t)table * 7u + (uint64_t)j * 3u +
+                 (uint64_t)version * 11u;
+    return (float)((int)(h % 97u) - 48) / 100.0f;
+}
+
+/* A memsrc with keys [first, first+n) of every table at `version`, deletes
+ * of dels[0..ndel) in table 0, and dense weights scaled by version. */
+static serve_memsrc_t *build(const char *uid, const char *base, int64_t first, int64_t n,
+                             int version, const int64_t *dels, int ndel)
+{
+    serve_model_desc_t d;
+    size_t np;
+    make_desc(&d, &np);
+    serve_memsrc_t *m = NULL;
+    assert_int_equal(serve_memsrc_create(&d, uid, base, &m), 0);
+    int64_t *keys = calloc((size_t)n + 1, sizeof *keys);
+    float *vals = calloc((size_t)n * 3 + 1, sizeof *vals);
+    for (int t = 0; t < 3; t++) {
+        for (int64_t i = 0; i < n; i++) {
+            keys[i] = first + i;
+            for (int j = 0; j < 3; j++)
+                vals[i * 3 + j] = rowval(t, keys[i], j, version);
+        }
+        assert_int_equal(serve_memsrc_add_rows(m, t, n, keys, vals), 0);
+    }
+    if (ndel > 0)
+        assert_int_equal(serve_memsrc_add_deletes(m, 0, ndel, dels), 0);
+    float *dense = calloc(np, sizeof *dense);
+    for (size_t i = 0; i < np; i++)
+        dense[i] = 0.05f * (float)((int)(i % 7) - 3) * (float)version;
+    assert_int_equal(serve_memsrc_set_dense(m, (int64_t)np, dense), 0);
+    free(keys);
+    free(vals);
+    free(dense);
+    return m;
+}
+
+/* Encodes a whole source into a malloc'd buffer. */
+static unsigned char *encode_all(serve_memsrc_t *m, int64_t rows_per_chunk, size_t *len)
+{
+    serve_source_t *src = NULL;
+    serve_enc_t *e = NULL;
+    assert_int_equal(serve_memsrc_open(m, &src), 0);
+    assert_int_equal(serve_enc_create(src, rows_per_chunk, &e), 0);
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *buf = malloc(cap);
+    for (;;) {
+        if (cap - n < 1000) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+        size_t got = 0;
+        assert_int_equal(serve_enc_read(e, buf + n, 1000, &got), 0);
+        if (got == 0)
+            break;
+        n += got;
+    }
+    assert_int_equal(serve_enc_bytes(e), n);
+    serve_enc_destroy(e);
+    *len = n;
+    return buf;
+}
+
+/* ---- wire ------------------------------------------------------------------------- */
+
+typedef struct seen {
+    int headers, rows_chunks, ends;
+    int64_t rows, deletes, dense;
+    double sum;
+    char uid[64], base[64];
+} seen_t;
+
+static int cb_header(void *ctx, const serve_model_desc_t *d, const char *uid, const char *base)
+{
+    seen_t *s = ctx;
+    s->headers++;
+    snprintf(s->uid, sizeof s->uid, "%s", uid);
+    snprintf(s->base, sizeof s->base, "%s", base);
+    return d->ntables == 3 ? 0 : -1;
+}
+static int cb_rows(void *ctx, int t, int64_t n, const int64_t *k, const float *v)
+{
+    seen_t *s = ctx;
+    s->rows_chunks++;
+    s->rows += n;
+    for (int64_t i = 0; i < n; i++)
+        for (int j = 0; j < 3; j++) {
+            if (v[i * 3 + j] != rowval(t, k[i], j, 1))
+                return KILN_EINTERNAL;
+            s->sum += v[i * 3 + j];
+        }
+    return 0;
+}
+static int cb_del(void *ctx, int t, int64_t n, const int64_t *k)
+{
+    ((seen_t *)ctx)->deletes += n;
+    return 0;
+}
+static int cb_dense(void *ctx, int64_t n, const float *v)
+{
+    ((seen_t *)ctx)->dense += n;
+    return 0;
+}
+static int cb_end(void *ctx, const serve_totals_t *t)
+{
+    ((seen_t *)ctx)->ends++;
+    return 0;
+}
+static const serve_dec_cb_t seen_cb = {cb_header, cb_rows, cb_del, cb_dense, cb_end};
+
+static int decode(const unsigned char *buf, size_t len, size_t piece, seen_t *s)
+{
+    serve_dec_t *d = NULL;
+    memset(s, 0, sizeof *s);
+    assert_int_equal(serve_dec_create(&seen_cb, s, 1 << 20, &d), 0);
+    int rc = 0;
+    for (size_t off = 0; off < len && rc == 0; off += piece)
+        rc = serve_dec_feed(d, buf + off, len - off < piece ? len - off : piece);
+    if (rc == 0)
+        rc = serve_dec_finish(d);
+    serve_dec_destroy(d);
+    return rc;
+}
+
+static void test_wire_roundtrip(void **state)
+{
+    int64_t dels[] = {5, 6, 7};
+    serve_memsrc_t *m = build("ck-2", "ck-1", 100, 1000, 1, dels, 3);
+    size_t len;
+    unsigned char *buf = encode_all(m, 128, &len);
+    size_t pieces[] = {1, 7, 8, 13, 4096, len};
+    for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) {
+        seen_t s;
+        assert_int_equal(decode(buf, len, pieces[i], &s), 0);
+        assert_int_equal(s.headers, 1);
+        assert_int_equal(s.ends, 1);
+        assert_int_equal(s.rows, 3000);
+        assert_int_equal(s.rows_chunks, 3 * 8); /* 1000 rows in chunks of 128 */
+        assert_int_equal(s.deletes, 3);
+        assert_true(s.dense > 0);
+        assert_string_equal(s.uid, "ck-2");
+        assert_string_equal(s.base, "ck-1");
+    }
+    free(buf);
+    serve_memsrc_destroy(m);
+}
+
+/* Rewrites the checksum of the chunk at off so that a structural change
+ * is what the decoder meets. */
+static void fix_sum(unsigned char *buf, size_t off)
+{
+    uint32_t len;
+    memcpy(&len, buf + off + 4, 4);
+    uint64_t h = kiln_xxh64(buf + off + 8, len, 0);
+    memcpy(buf + off + 8 + len, &h, 8);
+}
+
+static void test_wire_corrupt(void **state)
+{
+    serve_memsrc_t *m = build("ck-1", "", 0, 50, 1, NULL, 0);
+    size_t len;
+    unsigned char *good = encode_all(m, 16, &len);
+    unsigned char *b = malloc(len + 16);
+    seen_t s;
+    uint32_t hlen;
+    memcpy(&hlen, good + 4, 4);
+    size_t rows_off = 8 + hlen + 8; /* the first ROWS chunk */
+
+    /* A flipped payload byte fails that chunk's checksum. */
+    memcpy(b, good, len);
+    b[rows_off + 20] ^= 0x40;
+    assert_int_equal(decode(b, len, 100, &s), KILN_ECHECKSUM);
+    /* A stream cut anywhere before END is refused at finish. */
+    assert_int_equal(decode(good, len - 1, 100, &s), KILN_ECORRUPT);
+    assert_int_equal(decode(good, rows_off, 100, &s), KILN_ECORRUPT);
+    /* Bytes after END. */
+    memcpy(b, good, len);
+    b[len] = 1;
+    assert_int_equal(decode(b, len + 1, 100, &s), KILN_ECORRUPT);
+    /* A table id out of range (checksum fixed so structure is what fails). */
+    memcpy(b, good, len);
+    uint32_t bad_table = 9;
+    memcpy(b + rows_off + 8, &bad_table, 4);
+    fix_sum(b, rows_off);
+    assert_int_equal(decode(b, len, 100, &s), KILN_ECORRUPT);
+    /* A row count that disagrees with the chunk length. */
+    memcpy(b, good, len);
+    uint32_t bad_n = 17;
+    memcpy(b + rows_off + 12, &bad_n, 4);
+    fix_sum(b, rows_off);
+    assert_int_equal(decode(b, len, 100, &s), KILN_ECORRUPT);
+    /* A chunk longer than the decoder's limit is refused before buffering. */
+    memcpy(b, good, len);
+    uint32_t huge = 0x7fffffff;
+    memcpy(b + rows_off + 4, &huge, 4);
+    assert_int_equal(decode(b, len, 100, &s), KILN_ERANGE);
+    /* An unknown chunk type. */
+    memcpy(b, good, len);
+    uint32_t bad_type = 77;
+    memcpy(b + rows_off, &bad_type, 4);
+    assert_int_equal(decode(b, len, 100, &s), KILN_ECORRUPT);
+    /* A stream that does not start with a header. */
+    assert_int_equal(decode(good + rows_off, len - rows_off, 100, &s), KILN_ECORRUPT);
+    /* END totals that lie. */
+    memcpy(b, good, len);
+    size_t end_off = len - 8 - 32 - 8;
+    uint64_t rows;
+    memcpy(&rows, b + end_off + 8, 8);
+    rows++;
+    memcpy(b + end_off + 8, &rows, 8);
+    fix_sum(b, end_off);
+    assert_int_equal(decode(b, len, 100, &s), KILN_ECORRUPT);
+    /* A header with a bad magic. */
+    memcpy(b, good, len);
+    b[8] ^= 1;
+    fix_sum(b, 0);
+    assert_int_equal(decode(b, len, 100, &s), KILN_ECORRUPT);
+    /* Random garbage never crashes and is refused. */
+    srand(3);
+    for (int it = 0; it < 200; it++) {
+        memcpy(b, good, len);
+        for (int k = 0; k < 4; k++)
+            b[(size_t)rand() % len] = (unsigned char)rand();
+        int rc = decode(b, len, 1 + (size_t)(rand() % 64), &s);
+        assert_true(rc <= 0);
+    }
+    free(b);
+    free(good);
+    serve_memsrc_destroy(m);
+}
+
+static void test_table_model(void **state)
+{
+    serve_table_t *t = NULL;
+    assert_int_equal(serve_table_create(2, &t), 0);
+    enum { K = 3000 };
+    static float naive[K][2];
+    static int present[K];
+    memset(present, 0, sizeof present);
+    srand(11);
+    for (int it = 0; it < 20000; it++) {
+        int64_t k = rand() % K;
+        if (rand() % 3 == 0) {
+            serve_table_remove(t, 1, &k);
+            present[k] = 0;
+        } else {
+            float v[2] = {(float)it, (float)-it};
+            assert_int_equal(serve_table_upsert(t, 1, &k, v), 0);
+            present[k] = 1;
+            naive[k][0] = v[0];
+            naive[k][1] = v[1];
+        }
+    }
+    int64_t live = 0;
+    for (int64_t k = 0; k < K; k++) {
+        const float *r = serve_table_find(t, k);
+        live += present[k];
+        if (!present[k]) {
+            assert_null(r);
+            continue;
+        }
+        assert_non_null(r);
+        assert_true(r[0] == naive[k][0] && r[1] == naive[k][1]);
+    }
+    assert_int_equal(serve_table_size(t), live);
+    int64_t missing = K + 5;
+    assert_null(serve_table_find(t, missing));
+    serve_table_destroy(t);
+}
+
+/* ---- real kiln-serve processes ----------------------------------------------------- */
+
+typedef struct server {
+    pid_t pid;
+    int port;
+    char dir[512];
+    char url[64];
+} server_t;
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    bind(fd, (struct sockaddr *)&a, sizeof a);
+    getsockname(fd, (struct sockaddr *)&a, &al);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Starts kiln-serve on srv->port (0: any) with state in srv->dir, after
+ * delay_ms, and (when wait) waits until it listens. */
+static void server_start(server_t *srv, const char *split, int delay_ms, bool wait)
+{
+    char portfile[600], listen[64];
+    snprintf(portfile, sizeof portfile, "%s.port", srv->dir);
+    unlink(portfile);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", srv->port);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (delay_ms > 0)
+            sleep_ms(delay_ms);
+        setenv("KILN_TEST_TOKEN", TOKEN, 1);
+        char logp[600];
+        snprintf(logp, sizeof logp, "%s.log", srv->dir);
+        FILE *lf = freopen(logp, "a", stderr);
+        (void)lf;
+        const char *argv[] = {KILN_SERVE_BIN, "--listen", listen, "--state-dir", srv->dir,
+                              "--token-env", "KILN_TEST_TOKEN", "--port-file", portfile,
+                              split ? "--split" : NULL, split, NULL};
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    srv->pid = pid;
+    if (!wait)
+        return;
+    char buf[32] = "";
+    for (int i = 0; i < 1000 && buf[0] == '\0'; i++) {
+        proc_slurp(portfile, buf, sizeof buf);
+        if (buf[0] == '\0')
+            sleep_ms(10);
+    }
+    assert_true(buf[0] != '\0');
+    srv->port = atoi(buf);
+    snprintf(srv->url, sizeof srv->url, "http://127.0.0.1:%d", srv->port);
+}
+
+static void server_kill(server_t *srv, int sig)
+{
+    if (srv->pid > 0) {
+        kill(srv->pid, sig);
+        waitpid(srv->pid, NULL, 0);
+        srv->pid = 0;
+    }
+}
+
+static void server_new(server_t *srv, const char *name)
+{
+    memset(srv, 0, sizeof *srv);
+    snprintf(srv->dir, sizeof srv->dir, "%s/%s", tmp_root, name);
+}
+
+typedef struct resp {
+    char body[1 << 16];
+    size_t len;
+} resp_t;
+
+static size_t resp_write(char *p, size_t s, size_t n, void *ud)
+{
+    resp_t *r = ud;
+    size_t take = s * n;
+    if (take > sizeof r->body - 1 - r->len)
+        take = sizeof r->body - 1 - r->len;
+    memcpy(r->body + r->len, p, take);
+    r->len += take;
+    r->body[r->len] = '\0';
+    return s * n;
+}
+
+/* One HTTP request; returns the status (0: no response). hdrs NULL-ended. */
+static long http(const char *method, const char *url, const char *const *hdrs, const void *body,
+                 size_t len, resp_t *r)
+{
+    CURL *e = curl_easy_init();
+    struct curl_slist *h = NULL;
+    for (int i = 0; hdrs != NULL && hdrs[i] != NULL; i++)
+        h = curl_slist_append(h, hdrs[i]);
+    r->len = 0;
+    r->body[0] = '\0';
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, resp_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT, 20L);
+    if (body != NULL) {
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    long status = 0;
+    if (curl_easy_perform(e) == CURLE_OK)
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(e);
+    return status;
+}
+
+/* What srv holds for m/label ("" when nothing). */
+static void holds(const server_t *srv, const char *label, char *out, size_t cap)
+{
+    char url[256];
+    resp_t *r = calloc(1, sizeof *r);
+    snprintf(url, sizeof url, "%s/v1/models/ctr/versions/%s", srv->url, label);
+    long st = http("GET", url, NULL, NULL, 0, r);
+    json_t *j = json_loads(r->body, 0, NULL);
+    const char *v = st == 200 ? json_string_value(json_object_get(j, "checkpoint")) : NULL;
+    snprintf(out, cap, "%s", v ? v : "");
+    json_decref(j);
+    free(r);
+}
+
+static int64_t stat_int(const server_t *srv, const char *field)
+{
+    char url[256];
+    resp_t *r = calloc(1, sizeof *r);
+    snprintf(url, sizeof url, "%s/v1/stats", srv->url);
+    assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
+    json_t *j = json_loads(r->body, 0, NULL);
+    int64_t v = (int64_t)json_integer_value(json_object_get(j, field));
+    json_decref(j);
+    free(r);
+    return v;
+}
+
+/* A push opener over two memsrcs: a delta (on its base) when the endpoint
+ * holds that base, else the full one. Counts opens. */
+typedef struct opener {
+    serve_memsrc_t *full, *delta;
+    const char *delta_base;
+    int opens;
+    /* fault injection: on open number kill_on_open, the source kills srv
+     * after kill_after items and restarts it */
+    int kill_on_open, kill_after;
+    server_t *srv;
+    char held_after_restart[64];
+} opener_t;
+
+typedef struct killsrc {
+    serve_source_t *inner;
+    opener_t *o;
+    int items;
+} killsrc_t;
+
+static int kill_next(serve_source_t *s, serve_item_t *item)
+{
+    killsrc_t *k = s->impl;
+    if (++k->items == k->o->kill_after) {
+        server_kill(k->o->srv, SIGKILL);
+        server_start(k->o->srv, NULL, 0, true);
+        holds(k->o->srv, "A", k->o->held_after_restart, sizeof k->o->held_after_restart);
+    }
+    return k->inner->ops->next(k->inner, item);
+}
+
+static void kill_destroy(serve_source_t *s)
+{
+    killsrc_t *k = s->impl;
+    serve_source_destroy(k->inner);
+    free(k);
+    free(s);
+}
+
+static const serve_source_ops_t kill_ops = {kill_next, kill_destroy};
+
+static int open_src(void *ctx, const char *held, serve_source_t **out)
+{
+    opener_t *o = ctx;
+    o->opens++;
+    bool delta = o->delta != NULL && held != NULL && strcmp(held, o->delta_base) == 0;
+    KILN_CHECK(serve_memsrc_open(delta ? o->delta : o->full, out));
+    if (o->opens == o->kill_on_open) {
+        serve_source_t *w = calloc(1, sizeof *w);
+        killsrc_t *k = calloc(1, sizeof *k);
+        k->inner = *out;
+        k->o = o;
+        *w = **out;
+        w->ops = &kill_ops;
+        w->impl = k;
+        *out = w;
+    }
+    return 0;
+}
+
+static serve_push_opts_t popts(void)
+{
+    return (serve_push_opts_t){.token = TOKEN, .retries = 6, .timeout_ms = 20000,
+                               .backoff_ms = 100, .max_backoff_ms = 800};
+}
+
+static int push_one(server_t *srv, const char *label, opener_t *o, const char *held,
+                    const serve_push_opts_t *opt, serve_push_result_t *res)
+{
+    serve_target_t t = {srv->url, "ctr", label, held, open_src, o};
+    return serve_push(&t, 1, opt, res);
+}
+
+/* Predictions of kiln-serve for lines, with ?label=. */
+static int predict(const server_t *srv, const char *label, const char *lines, double *out,
+                   int max)
+{
+    char url[256];
+    resp_t *r = calloc(1, sizeof *r);
+    snprintf(url, sizeof url, "%s/v1/models/ctr/predict?label=%s", srv->url, label);
+    long st = http("POST", url, NULL, lines, strlen(lines), r);
+    assert_int_equal(st, 200);
+    json_t *j = json_loads(r->body, 0, NULL);
+    json_t *p = json_object_get(j, "probabilities");
+    int n = (int)json_array_size(p);
+    for (int i = 0; i < n && i < max; i++)
+        out[i] = json_real_value(json_array_get(p, i));
+    json_decref(j);
+    free(r);
+    return n;
+}
+
+/* The reference: the same rows through the trainer's own pieces in-process
+ * (rt_tsv_parse_line, kern_cpu_gather_combine, rt_model_predict) with the
+ * version's content computed from rowval. */
+static void reference(const char *lines, int version, int64_t first, int64_t n, double *out,
+                      int *count)
+{
+    serve_model_desc_t d;
+    size_t np;
+    make_desc(&d, &np);
+    rt_model_config_t cfg = {.type = RT_MODEL_FM, .nslots = 3, .ndense = 2, .dim = 3,
+                             .fm_dense_factors = 1, .max_batch = 64, .seed = 1,
+                             .opt = {.type = RT_DENSE_SGD}};
+    rt_model_t *m = NULL;
+    assert_int_equal(rt_model_create(&cfg, &m), 0);
+    float *dense = calloc(np, sizeof *dense);
+    for (size_t i = 0; i < np; i++)
+        dense[i] = 0.05f * (float)((int)(i % 7) - 3) * (float)version;
+    rt_model_array_t arr = {"dense.params", dense, np};
+    assert_int_equal(rt_model_load(m, &arr, 1, 0), 0);
+    int k = 0;
+    const char *p = lines;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        size_t ll = nl ? (size_t)(nl - p) : strlen(p);
+        float y, X[2], E[9] = {0};
+        int64_t keys[3];
+        unsigned char has[3];
+        char why[256];
+        assert_int_equal(rt_tsv_parse_line(p, ll, 2, 3, &y, X, keys, has, why, sizeof why), 0);
+        for (int s = 0; s < 3; s++) {
+            if (!has[s] || keys[s] < first || keys[s] >= first + n)
+                continue; /* missing keys read as zeros, as in kiln-train's eval */
+            for (int j = 0; j < 3; j++)
+                E[s * 3 + j] = rowval(s, keys[s], j, version);
+        }
+        float prob;
+        assert_int_equal(rt_model_predict(m, 1, E, X, &prob), 0);
+        out[k++] = prob;
+        p = nl ? nl + 1 : p + ll;
+    }
+    *count = k;
+    free(dense);
+    rt_model_destroy(m);
+}
+
+/* TSV lines whose categorical values hash into [0, 64) mostly miss; so
+ * the tests push the keys the lines hash to. */
+static const char *LINES = "1\t3\t10\ta\tb\tc\n0\t0\t2\tx\t\ty\n1\t7\t1\tz\tq\t\n";
+
+static int64_t line_keys[9];
+static int nline_keys;
+
+static void collect_keys(void)
+{
+    nline_keys = 0;
+    const char *p = LINES;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        float y, X[2];
+        int64_t keys[3];
+        unsigned char has[3];
+        char why[256];
+        assert_int_equal(rt_tsv_parse_line(p, (size_t)(nl - p), 2, 3, &y, X, keys, has, why,
+                                           sizeof why),
+                         0);
+        for (int s = 0; s < 3; s++)
+            if (has[s])
+                line_keys[nline_keys++] = keys[s];
+        p = nl + 1;
+    }
+}
+
+/* A source holding every line key in every table (values from rowval at
+ * version) besides the range rows. */
+static serve_memsrc_t *build_with_lines(const char *uid, const char *base, int version)
+{
+    serve_memsrc_t *m = build(uid, base, 1000, 500, version, NULL, 0);
+    for (int t = 0; t < 3; t++)
+        for (int i = 0; i < nline_keys; i++) {
+            float v[3];
+            for (int j = 0; j < 3; j++)
+                v[j] = rowval(t, line_keys[i], j, version);
+            assert_int_equal(serve_memsrc_add_rows(m, t, 1, &line_keys[i], v), 0);
+        }
+    return m;
+}
+
+static void test_push_lookup_predict(void **state)
+{
+    server_t srv;
+    server_new(&srv, "basic");
+    server_start(&srv, "A=50,B=50", 0, true);
+    collect_keys();
+    serve_memsrc_t *full = build_with_lines("ck-1", "", 1);
+    opener_t o = {.full = full};
+    serve_push_opts_t opt = popts();
+    serve_push_result_t res;
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    assert_true(res.ok);
+    assert_true(res.full);
+    assert_int_equal(res.http_status, 200);
+    assert_int_equal(res.attempts, 1);
+    assert_true(res.bytes > 500 * 3 * 12);
+    char h[64];
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "ck-1");
+
+    /* lookup: a pushed key has its row; a missing one is null. */
+    char url[256], body[256];
+    resp_t *r = calloc(1, sizeof *r);
+    snprintf(url, sizeof url, "%s/v1/models/ctr/lookup", srv.url);
+    snprintf(body, sizeof body, "{\"label\":\"A\",\"table\":\"t1\",\"keys\":[1003, 5]}");
+    assert_int_equal(http("POST", url, NULL, body, strlen(body), r), 200);
+    json_t *j = json_loads(r->body, 0, NULL);
+    json_t *row0 = json_array_get(json_object_get(j, "rows"), 0);
+    assert_int_equal(json_array_size(row0), 3);
+    for (int k = 0; k < 3; k++)
+        assert_true(fabs(json_real_value(json_array_get(row0, (size_t)k)) -
+                         rowval(1, 1003, k, 1)) < 1e-6);
+    assert_true(json_is_null(json_array_get(json_object_get(j, "rows"), 1)));
+    json_decref(j);
+
+    /* predict answers one probability per line (exact values: see
+     * test_predict_matches_model). */
+    double got[8];
+    int ng = predict(&srv, "A", LINES, got, 8);
+    assert_int_equal(ng, 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(got[i] > 0.0 && got[i] < 1.0);
+
+    /* delta: rows 1400..1599 at version 2 (overwrites 100, adds 100), deletes 1000..1009. */
+    int64_t dels[10];
+    for (int i = 0; i < 10; i++)
+        dels[i] = 1000 + i;
+    serve_memsrc_t *delta = build("ck-2", "ck-1", 1400, 200, 2, dels, 10);
+    opener_t o2 = {.full = full, .delta = delta, .delta_base = "ck-1"};
+    assert_int_equal(push_one(&srv, "A", &o2, "ck-1", &opt, &res), 0);
+    assert_false(res.full);
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "ck-2");
+    snprintf(body, sizeof body,
+             "{\"label\":\"A\",\"table\":\"t0\",\"keys\":[1000, 1399, 1400, 1599, 1600]}");
+    assert_int_equal(http("POST", url, NULL, body, strlen(body), r), 200);
+    j = json_loads(r->body, 0, NULL);
+    json_t *rows = json_object_get(j, "rows");
+    assert_true(json_is_null(json_array_get(rows, 0)));       /* deleted */
+    assert_true(fabs(json_real_value(json_array_get(json_array_get(rows, 1), 0)) -
+                     rowval(0, 1399, 0, 1)) < 1e-6);          /* untouched */
+    assert_true(fabs(json_real_value(json_array_get(json_array_get(rows, 2), 0)) -
+                     rowval(0, 1400, 0, 2)) < 1e-6);          /* updated */
+    assert_false(json_is_null(json_array_get(rows, 3)));      /* added */
+    assert_true(json_is_null(json_array_get(rows, 4)));
+    json_decref(j);
+
+    /* split: B holds the same; sticky keys always land on the same label and
+     * both labels get traffic. */
+    assert_int_equal(push_one(&srv, "B", &o, "", &opt, &res), 0);
+    snprintf(url, sizeof url, "%s/v1/models/ctr/predict", srv.url);
+    int hitsA = 0, hitsB = 0;
+    for (int i = 0; i < 40; i++) {
+        char hk[64], first_label[8] = "";
+        snprintf(hk, sizeof hk, "Kiln-Request-Key: user-%d", i);
+        const char *hd[] = {hk, NULL};
+        for (int rep = 0; rep < 2; rep++) {
+            assert_int_equal(http("POST", url, hd, LINES, strlen(LINES), r), 200);
+            j = json_loads(r->body, 0, NULL);
+            const char *lab = json_string_value(json_object_get(j, "label"));
+            if (rep == 0) {
+                snprintf(first_label, sizeof first_label, "%s", lab);
+                hitsA += lab[0] == 'A';
+                hitsB += lab[0] == 'B';
+            } else {
+                assert_string_equal(first_label, lab); /* sticky */
+            }
+            json_decref(j);
+        }
+    }
+    assert_true(hitsA > 5 && hitsB > 5);
+    snprintf(url, sizeof url, "%s/metrics", srv.url);
+    assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
+    assert_non_null(strstr(r->body, "kiln_serve_predict_requests_total{model=\"ctr\",label=\"B\"}"));
+
+    /* restart keeps versions */
+    server_kill(&srv, SIGTERM);
+    server_start(&srv, NULL, 0, true);
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "ck-2");
+    holds(&srv, "B", h, sizeof h);
+    assert_string_equal(h, "ck-1");
+    snprintf(url, sizeof url, "%s/v1/models/ctr/lookup", srv.url);
+    assert_int_equal(http("POST", url, NULL, body, strlen(body), r), 200);
+    j = json_loads(r->body, 0, NULL);
+    rows = json_object_get(j, "rows");
+    assert_true(json_is_null(json_array_get(rows, 0)));
+    assert_true(fabs(json_real_value(json_array_get(json_array_get(rows, 2), 0)) -
+                     rowval(0, 1400, 0, 2)) < 1e-6);
+    json_decref(j);
+
+    server_kill(&srv, SIGTERM);
+    free(r);
+    serve_memsrc_destroy(full);
+    serve_memsrc_destroy(delta);
+}
+
+/* predict equals the trainer's forward path for a version whose content
+ * the reference knows exactly (range keys only; line keys mostly miss). */
+static void test_predict_matches_model(void **state)
+{
+    server_t srv;
+    server_new(&srv, "predict");
+    server_start(&srv, NULL, 0, true);
+    serve_memsrc_t *full = build("ck-9", "", 0, 2000, 3, NULL, 0);
+    opener_t o = {.full = full};
+    serve_push_opts_t opt = popts();
+    serve_push_result_t res;
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    /* Lines whose keys (hashes) are looked up; plus rows of both kinds. */
+    const char *lines = "0\t1\t2\tu\tv\tw\n1\t0\t0\t\t\t\n0\t5\t9\tfoo\tbar\tbaz\n";
+    double got[8], want[8];
+    int nw = 0;
+    int ng = predict(&srv, "A", lines, got, 8);
+    reference(lines, 3, 0, 2000, want, &nw);
+    assert_int_equal(ng, nw);
+    for (int i = 0; i < ng; i++)
+        assert_true(fabs(got[i] - want[i]) <= 1e-6);
+    server_kill(&srv, SIGTERM);
+    serve_memsrc_destroy(full);
+}
+
+static void test_auth_and_bad_requests(void **state)
+{
+    server_t srv;
+    server_new(&srv, "auth");
+    server_start(&srv, NULL, 0, true);
+    serve_memsrc_t *full = build("ck-1", "", 0, 100, 1, NULL, 0);
+    size_t len;
+    unsigned char *body = encode_all(full, 0, &len);
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/versions/A", srv.url);
+    resp_t *r = calloc(1, sizeof *r);
+    const char *noauth[] = {"Kiln-Checkpoint: ck-1", "Kiln-Base: none", NULL};
+    const char *badauth[] = {"Authorization: Bearer nope", "Kiln-Checkpoint: ck-1",
+                             "Kiln-Base: none", NULL};
+    assert_int_equal(http("PUT", url, noauth, body, len, r), 401);
+    assert_non_null(strstr(r->body, "error"));
+    assert_int_equal(http("PUT", url, badauth, body, len, r), 401);
+    char h[64];
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, ""); /* nothing applied */
+
+    const char *good[] = {"Authorization: Bearer " TOKEN, "Kiln-Checkpoint: ck-1",
+                          "Kiln-Base: none", "Idempotency-Key: k1", NULL};
+    /* A corrupt body: 400 and nothing applied. */
+    body[len / 2] ^= 0x10;
+    assert_int_equal(http("PUT", url, good, body, len, r), 400);
+    assert_non_null(strstr(r->body, "checksum"));
+    body[len / 2] ^= 0x10;
+    /* A truncated body: 400. */
+    assert_int_equal(http("PUT", url, good, body, len - 9, r), 400);
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "");
+    /* Headers that disagree with the body. */
+    const char *liar[] = {"Authorization: Bearer " TOKEN, "Kiln-Checkpoint: ck-7",
+                          "Kiln-Base: none", NULL};
+    assert_int_equal(http("PUT", url, liar, body, len, r), 400);
+    /* Missing headers. */
+    const char *nohdr[] = {"Authorization: Bearer " TOKEN, NULL};
+    assert_int_equal(http("PUT", url, nohdr, body, len, r), 400);
+
+    /* Duplicate push (same idempotency key): applied once, same answer. */
+    assert_int_equal(http("PUT", url, good, body, len, r), 200);
+    char *first = strdup(r->body);
+    assert_int_equal(stat_int(&srv, "pushes_applied"), 1);
+    assert_int_equal(http("PUT", url, good, body, len, r), 200);
+    assert_string_equal(first, r->body);
+    free(first);
+    assert_int_equal(stat_int(&srv, "pushes_applied"), 1);
+
+    /* Delta on a base it does not hold: 409 naming what it holds. */
+    const char *wrongbase[] = {"Authorization: Bearer " TOKEN, "Kiln-Checkpoint: ck-3",
+                               "Kiln-Base: ck-2", NULL};
+    assert_int_equal(http("PUT", url, wrongbase, body, len, r), 409);
+    json_t *j = json_loads(r->body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "holds")), "ck-1");
+    json_decref(j);
+
+    /* Bad reads: 4xx with a JSON message, never a crash. */
+    struct {
+        const char *method, *path, *body;
+        long status;
+    } bad[] = {
+        {"GET", "/nope", NULL, 404},
+        {"DELETE", "/v1/stats", NULL, 405},
+        {"GET", "/v1/models/ctr/versions/Z", NULL, 404},
+        {"POST", "/v1/models/ctr/lookup", "not json", 400},
+        {"POST", "/v1/models/ctr/lookup", "{\"table\":\"zz\",\"keys\":[1]}", 404},
+        {"POST", "/v1/models/ctr/predict", "1\t2\n", 400},
+        {"POST", "/v1/models/ctr/predict", "{\"rows\": 5}", 400},
+        {"POST", "/v1/models/ctr/predict", "{\"rows\": [7]}", 400},
+        {"POST", "/v1/models/nomodel/predict", "1\t1\t1\ta\tb\tc\n", 404},
+        {"PUT", "/v1/models/bad%2Fname/versions/A", "", 404}, /* %2F decodes to a 3rd segment */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(url, sizeof url, "%s%s", srv.url, bad[i].path);
+        long st = http(bad[i].method, url, NULL, bad[i].body,
+                       bad[i].body ? strlen(bad[i].body) : 0, r);
+        if (st != bad[i].status)
+            fprintf(stderr, "%s %s -> %ld %s\n", bad[i].method, bad[i].path, st, r->body);
+        assert_int_equal(st, bad[i].status);
+        assert_non_null(strstr(r->body, "\"error\""));
+    }
+    /* A body over --max-body: 413. */
+    size_t big = 5u << 20;
+    char *huge = malloc(big);
+    memset(huge, 'x', big);
+    snprintf(url, sizeof url, "%s/v1/models/ctr/predict", srv.url);
+    assert_int_equal(http("POST", url, NULL, huge, big, r), 413);
+    free(huge);
+    /* Still alive. */
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "ck-1");
+    server_kill(&srv, SIGTERM);
+    free(r);
+    free(body);
+    serve_memsrc_destroy(full);
+}
+
+static void test_fault_wrong_base_full(void **state)
+{
+    server_t srv;
+    server_new(&srv, "base");
+    server_start(&srv, NULL, 0, true);
+    serve_memsrc_t *full1 = build("ck-1", "", 0, 100, 1, NULL, 0);
+    serve_memsrc_t *full2 = build("ck-3", "", 0, 300, 2, NULL, 0);
+    serve_memsrc_t *delta = build("ck-3", "ck-2", 100, 200, 2, NULL, 0);
+    opener_t o1 = {.full = full1};
+    serve_push_opts_t opt = popts();
+    serve_push_result_t res;
+    assert_int_equal(push_one(&srv, "A", &o1, "", &opt, &res), 0);
+    /* Our records say it holds ck-2 (it holds ck-1): the delta gets 409, the
+     * client re-sends in full. */
+    opener_t o2 = {.full = full2, .delta = delta, .delta_base = "ck-2"};
+    assert_int_equal(push_one(&srv, "A", &o2, "ck-2", &opt, &res), 0);
+    assert_true(res.ok);
+    assert_true(res.full);
+    assert_int_equal(res.attempts, 2);
+    assert_int_equal(o2.opens, 2);
+    char h[64];
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "ck-3");
+    /* Wrong token through the client: 401 named with the endpoint, nothing applied. */
+    serve_push_opts_t bad = opt;
+    bad.token = "wrong";
+    opener_t o3 = {.full = full1};
+    assert_int_equal(push_one(&srv, "A", &o3, "", &bad, &res), KILN_EHTTP);
+    assert_int_equal(res.http_status, 401);
+    assert_int_equal(res.attempts, 1);
+    assert_non_null(strstr(res.error, srv.url));
+    assert_non_null(strstr(res.error, "401"));
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "ck-3");
+    server_kill(&srv, SIGTERM);
+    serve_memsrc_destroy(full1);
+    serve_memsrc_destroy(full2);
+    serve_memsrc_destroy(delta);
+}
+
+static void test_fault_endpoint_down(void **state)
+{
+    server_t srv;
+    server_new(&srv, "down");
+    srv.port = free_port();
+    snprintf(srv.url, sizeof srv.url, "http://127.0.0.1:%d", srv.port);
+    /* Nothing listens yet; kiln-serve comes up after 700 ms. */
+    server_start(&srv, NULL, 700, false);
+    serve_memsrc_t *full = build("ck-1", "", 0, 100, 1, NULL, 0);
+    opener_t o = {.full = full};
+    serve_push_opts_t opt = popts();
+    serve_push_result_t res;
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    assert_true(res.ok);
+    assert_true(res.attempts >= 2);
+    char h[64];
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "ck-1");
+    server_kill(&srv, SIGTERM);
+    /* Down for good: the failure names the endpoint and says no response. */
+    opt.retries = 2;
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), KILN_EHTTP);
+    assert_int_equal(res.attempts, 3);
+    assert_int_equal(res.http_status, 0);
+    assert_non_null(strstr(res.error, srv.url));
+    serve_memsrc_destroy(full);
+}
+
+static void test_fault_killed_mid_push(void **state)
+{
+    server_t srv;
+    server_new(&srv, "killed");
+    server_start(&srv, NULL, 0, true);
+    serve_memsrc_t *full = build("ck-1", "", 0, 1000, 1, NULL, 0);
+    opener_t o1 = {.full = full};
+    serve_push_opts_t opt = popts();
+    serve_push_result_t res;
+    assert_int_equal(push_one(&srv, "A", &o1, "", &opt, &res), 0);
+    /* A big delta; its source kills kiln-serve (SIGKILL) after the 2nd item
+     * has been sent and restarts it, then the transfer fails and is retried. */
+    serve_memsrc_t *delta = build("ck-2", "ck-1", 500, 60000, 2, NULL, 0);
+    opener_t o2 = {.full = full, .delta = delta, .delta_base = "ck-1", .kill_on_open = 1,
+                   .kill_after = 3, .srv = &srv};
+    assert_int_equal(push_one(&srv, "A", &o2, "ck-1", &opt, &res), 0);
+    assert_string_equal(o2.held_after_restart, "ck-1"); /* the old version, intact */
+    assert_true(res.attempts >= 2);
+    assert_false(res.full);
+    char h[64];
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "ck-2");
+    server_kill(&srv, SIGTERM);
+    serve_memsrc_destroy(full);
+    serve_memsrc_destroy(delta);
+}
+
+static void test_parallel_two_endpoints(void **state)
+{
+    server_t a, b;
+    server_new(&a, "par-a");
+    server_new(&b, "par-b");
+    server_start(&a, NULL, 0, true);
+    server_start(&b, NULL, 0, true);
+    serve_memsrc_t *full = build("ck-1", "", 0, 5000, 1, NULL, 0);
+    opener_t o = {.full = full};
+    serve_target_t t[2] = {{a.url, "ctr", "A", "", open_src, &o},
+                           {b.url, "ctr", "A", "", open_src, &o}};
+    serve_push_result_t res[2];
+    serve_push_opts_t opt = popts();
+    assert_int_equal(serve_push(t, 2, &opt, res), 0);
+    assert_true(res[0].ok && res[1].ok);
+    char h[64];
+    holds(&a, "A", h, sizeof h);
+    assert_string_equal(h, "ck-1");
+    holds(&b, "A", h, sizeof h);
+    assert_string_equal(h, "ck-1");
+    /* One endpoint down for good: the other still gets it; the error names
+     * the dead one. */
+    server_kill(&b, SIGTERM);
+    serve_memsrc_t *full2 = build("ck-2", "", 0, 10, 2, NULL, 0);
+    opener_t o2 = {.full = full2};
+    t[0].open_ctx = t[1].open_ctx = &o2;
+    opt.retries = 1;
+    assert_int_equal(serve_push(t, 2, &opt, res), KILN_EHTTP);
+    assert_true(res[0].ok);
+    assert_false(res[1].ok);
+    assert_non_null(strstr(res[1].error, b.url));
+    server_kill(&a, SIGTERM);
+    serve_memsrc_destroy(full);
+    serve_memsrc_destroy(full2);
+}
+
+/* ---- end to end: kiln-train checkpoints through kiln push to kiln-serve ------------- */
+
+#ifdef KILN_HAVE_SERVE_OPS
+#include "rt_ckpt.h"
+#include "state.h"
+
+#define E2E_KILN KILN_BINARY_DIR "/tools/kiln"
+#define E2E_TRAIN KILN_BINARY_DIR "/runtime/kiln-train"
+
+/* What the end-to-end tests share: they run in order, each on the state the
+ * one before left (two kiln-serve processes, a database, a checkpoint dir). */
+static struct e2e {
+    bool ready;         /* test_e2e_consistency got through */
+    bool promoted;      /* test_e2e_promote_rollback got through */
+    char dir[512], db[600], spec[600];
+    server_t a, b;      /* endpoints of labels A and B */
+    int64_t job_id;
+    char ck1[64], ck2[64];
+    double p1[512], p2[512]; /* kiln-train --predict of ck1, ck2 */
+    int nrows;
+} e2e;
+
+static proc_result_t e2e_res;
+
+/* Runs argv to success (the failure message shows its output). */
+static void e2e_run(const char *const *argv)
+{
+    /* Open MPI's leftovers at exit are not Kiln's leaks (see proc.h); proc.h
+     * turns leak checks off for children only when ASAN_OPTIONS is set. */
+    const char *mpi_env[] = {"ASAN_OPTIONS=detect_leaks=0", NULL};
+    bool mpi = strcmp(argv[0], "mpirun") == 0 && getenv("ASAN_OPTIONS") == NULL;
+    proc_run_env(&e2e_res, e2e.dir, mpi ? mpi_env : NULL, argv);
+    if (e2e_res.code != 0)
+        fail_msg("%s %s failed (%d): %s %s", argv[0], argv[1], e2e_res.code, e2e_res.out,
+                 e2e_res.err);
+}
+
+/* A new run of the job in the database (kiln-train --run-id records its
+ * checkpoints under it). */
+static int64_t e2e_new_run(void)
+{
+    state_t *st = NULL;
+    int64_t run = 0;
+    assert_int_equal(state_open(e2e.db, &st), 0);
+    assert_int_equal(state_run_create(st, e2e.job_id, STATE_TRIGGER_MANUAL, 0, 1, 0, &run), 0);
+    state_close(st);
+    return run;
+}
+
+/* mpirun -np 2 kiln-train on `data` (warm start from the job's latest
+ * checkpoint, spec train.init_from: latest); the new checkpoint's uid goes
+ * to uid. */
+static void e2e_train(const char *data, const char *run_name, char *uid, size_t cap)
+{
+    char run_dir[700], rid[32];
+    snprintf(run_dir, sizeof run_dir, "%s/%s", e2e.dir, run_name);
+    snprintf(rid, sizeof rid, "%lld", (long long)e2e_new_run());
+    const char *argv[] = {"mpirun",  "-np",     "2",      E2E_TRAIN, "--spec",  e2e.spec,
+                          "--run-dir", run_dir, "--data", data,      "--eval",  "none",
+                          "--quiet", "--threads", "1",    "--db",    e2e.db,    "--run-id",
+                          rid,       NULL};
+    e2e_run(argv);
+    json_t *j = json_loads(e2e_res.out, 0, NULL);
+    const char *c = json_string_value(json_object_get(j, "checkpoint"));
+    assert_non_null(c);
+    snprintf(uid, cap, "%s", c);
+    json_decref(j);
+}
+
+/* kiln-train's own predictions of checkpoint uid on the eval file. */
+static int e2e_train_predict(const char *uid, double *out, int max)
+{
+    char ck[700], eval[700], preds[700];
+    snprintf(ck, sizeof ck, "%s/ckpt/e2e/%s", e2e.dir, uid);
+    snprintf(eval, sizeof eval, "%s/data/eval.tsv", e2e.dir);
+    snprintf(preds, sizeof preds, "%s/preds-%s.txt", e2e.dir, uid);
+    const char *argv[] = {"mpirun", "-np",   "2",  E2E_TRAIN, "--spec", e2e.spec,  "--predict",
+                          eval,     "--resume", ck, "--out",  preds,    "--threads", "1",
+                          "--quiet", NULL};
+    e2e_run(argv);
+    FILE *f = fopen(preds, "r");
+    assert_non_null(f);
+    int n = 0;
+    while (n < max && fscanf(f, "%lf", &out[n]) == 1)
+        n++;
+    fclose(f);
+    return n;
+}
+
+/* Asserts that srv's predictions for label on the eval file are ref
+ * (kiln-train's) within 1e-6, and that srv says it serves checkpoint uid. */
+static void e2e_expect(server_t *srv, const char *label, const char *uid, const double *ref)
+{
+    char eval[700], h[64];
+    snprintf(eval, sizeof eval, "%s/data/eval.tsv", e2e.dir);
+    char *lines = calloc(1, 1 << 20);
+    proc_slurp(eval, lines, 1 << 20);
+    double *got = calloc(512, sizeof *got);
+    int n = predict(srv, label, lines, got, 512);
+    assert_int_equal(n, e2e.nrows);
+    double worst = 0.0;
+    for (int i = 0; i < n; i++)
+        worst = fmax(worst, fabs(got[i] - ref[i]));
+    if (worst > 1e-6)
+        fail_msg("%s/%s: kiln-serve and kiln-train differ by %g", srv->url, label, worst);
+    holds(srv, label, h, sizeof h);
+    assert_string_equal(h, uid);
+    free(lines);
+    free(got);
+}
+
+/* The "push" events of the job since event index *seen: how many, and how
+ * many say "pushed full" / "pushed delta" to url. */
+static void e2e_pushes(size_t *seen, const char *url, int *full, int *delta, int *failed)
+{
+    state_t *st = NULL;
+    state_event_t *ev = NULL;
+    size_t n = 0;
+    *full = *delta = *failed = 0;
+    assert_int_equal(state_open(e2e.db, &st), 0);
+    assert_int_equal(state_event_list(st, e2e.job_id, 0, &ev, &n), 0);
+    for (size_t i = *seen; i < n; i++) {
+        if (strcmp(ev[i].kind, "push") != 0 || strstr(ev[i].message, url) == NULL)
+            continue;
+        *full += strstr(ev[i].message, "pushed full") != NULL;
+        *delta += strstr(ev[i].message, "pushed delta") != NULL;
+        *failed += strstr(ev[i].message, "FAILED") != NULL;
+    }
+    *seen = n;
+    state_events_free(ev, n);
+    state_close(st);
+}
+
+/* What the database says the endpoint at url holds now. */
+static void e2e_db_holds(const char *url, char *out, size_t cap)
+{
+    state_t *st = NULL;
+    state_endpoint_info_t *all = NULL;
+    size_t n = 0;
+    out[0] = '\0';
+    assert_int_equal(state_open(e2e.db, &st), 0);
+    assert_int_equal(state_endpoint_list(st, &all, &n), 0);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(all[i].url, url) == 0 && all[i].checkpoint_uid != NULL)
+            snprintf(out, cap, "%s", all[i].checkpoint_uid);
+    state_endpoint_infos_free(all, n);
+    state_close(st);
+}
+
+static size_t e2e_events;
+
+/* kiln datagen -> kiln-train (2 ranks) -> kiln push (full, both labels) ->
+ * kiln-serve predicts what kiln-train --predict says; then a warm-started
+ * run writes an incremental checkpoint, `kiln push --label B` sends B a
+ * delta, and B predicts the new checkpoint while A keeps the old one. */
+static void test_e2e_consistency(void **state)
+{
+    (void)state;
+    char data[700], h[64];
+    snprintf(e2e.dir, sizeof e2e.dir, "%s/e2e", tmp_root);
+    assert_int_equal(mkdir(e2e.dir, 0755), 0);
+    snprintf(data, sizeof data, "%s/data", e2e.dir);
+    assert_int_equal(mkdir(data, 0755), 0);
+    const char *days[][2] = {{"day=0.tsv", "0"}, {"day=1.tsv", "1"}, {"day=2.tsv", "2"},
+                             {"eval.tsv", "3"}};
+    for (int i = 0; i < 4; i++) {
+        char out[800];
+        snprintf(out, sizeof out, "%s/%s", data, days[i][0]);
+        const char *argv[] = {E2E_KILN, "datagen", "--rows", i == 3 ? "301" : "1500", "--out",
+                              out,      "--seed",  "5",      "--day", days[i][1],     NULL};
+        e2e_run(argv);
+    }
+    server_new(&e2e.a, "e2e-a");
+    server_new(&e2e.b, "e2e-b");
+    server_start(&e2e.a, NULL, 0, true);
+    server_start(&e2e.b, NULL, 0, true);
+
+    /* The job: dlrm, sum and mean combiners, pushed to A and B. */
+    snprintf(e2e.spec, sizeof e2e.spec, "%s/e2e.yaml", e2e.dir);
+    char *text = calloc(1, 4096);
+    snprintf(text, 4096,
+             "name: e2e\n"
+             "data: {train: \"data/day=0.tsv\"}\n"
+             "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
+             "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
+             "train: {batch_size: 64, seed: 7, epochs: 1, init_from: latest,\n"
+             "        optimizer: {sparse: {type: adagrad, lr: 0.05}}}\n"
+             "checkpoint: {full_every: 10, keep: 10}\n"
+             "push:\n  token_env: KILN_TEST_TOKEN\n  retries: 2\n  timeout: 20s\n"
+             "  endpoints:\n"
+             "    - {url: \"%s\", model: ctr, label: A}\n"
+             "    - {url: \"%s\", model: ctr, label: B}\n",
+             e2e.a.url, e2e.b.url);
+    FILE *f = fopen(e2e.spec, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    snprintf(e2e.db, sizeof e2e.db, "%s/kiln.db", e2e.dir);
+    state_t *st = NULL;
+    assert_int_equal(state_open(e2e.db, &st), 0);
+    assert_int_equal(state_job_put(st, "e2e", text, "0000000000000001", NULL, 0, &e2e.job_id,
+                                   NULL),
+                     0);
+    state_close(st);
+    free(text);
+    setenv("KILN_TEST_TOKEN", TOKEN, 1);
+
+    /* 1. Train, push in full to both labels, compare. */
+    char day0[800], day1[800];
+    snprintf(day0, sizeof day0, "%s/day=0.tsv", data);
+    snprintf(day1, sizeof day1, "%s/day=1.tsv", data);
+    e2e_train(day0, "run1", e2e.ck1, sizeof e2e.ck1);
+    const char *push_all[] = {E2E_KILN, "--db", e2e.db, "push", "--job", "e2e", NULL};
+    e2e_run(push_all);
+    int full, delta, failed;
+    e2e_pushes(&e2e_events, e2e.a.url, &full, &delta, &failed);
+    assert_int_equal(full, 1);
+    e2e.nrows = e2e_train_predict(e2e.ck1, e2e.p1, 512);
+    assert_int_equal(e2e.nrows, 301);
+    e2e_expect(&e2e.a, "A", e2e.ck1, e2e.p1);
+    e2e_expect(&e2e.b, "B", e2e.ck1, e2e.p1);
+
+    /* 2. Train more (warm start from ck1): an incremental checkpoint. */
+    e2e_train(day1, "run2", e2e.ck2, sizeof e2e.ck2);
+    char ck2dir[800];
+    snprintf(ck2dir, sizeof ck2dir, "%s/ckpt/e2e/%s", e2e.dir, e2e.ck2);
+    rt_ckpt_t *ck = NULL;
+    assert_int_equal(rt_ckpt_open(ck2dir, &ck), 0);
+    assert_int_equal(rt_ckpt_info(ck)->kind, RT_CKPT_INCREMENTAL);
+    assert_string_equal(rt_ckpt_info(ck)->parent, e2e.ck1);
+    rt_ckpt_close(ck);
+
+    /* 3. A delta to B only. */
+    size_t before = e2e_events;
+    const char *push_b[] = {E2E_KILN, "--db", e2e.db, "push", "--job", "e2e", "--label", "B",
+                            NULL};
+    e2e_run(push_b);
+    e2e_pushes(&e2e_events, e2e.b.url, &full, &delta, &failed);
+    assert_int_equal(delta, 1);
+    assert_int_equal(full, 0);
+    e2e_events = before;
+    e2e_pushes(&e2e_events, e2e.a.url, &full, &delta, &failed);
+    assert_int_equal(full + delta, 0); /* A was not pushed */
+    int n2 = e2e_train_predict(e2e.ck2, e2e.p2, 512);
+    assert_int_equal(n2, e2e.nrows);
+    double moved = 0.0;
+    for (int i = 0; i < n2; i++)
+        moved = fmax(moved, fabs(e2e.p2[i] - e2e.p1[i]));
+    assert_true(moved > 1e-4); /* the second run changed the model */
+    e2e_expect(&e2e.b, "B", e2e.ck2, e2e.p2);
+    e2e_expect(&e2e.a, "A", e2e.ck1, e2e.p1);
+    e2e_db_holds(e2e.a.url, h, sizeof h);
+    assert_string_equal(h, e2e.ck1);
+    e2e_db_holds(e2e.b.url, h, sizeof h);
+    assert_string_equal(h, e2e.ck2);
+    e2e.ready = true;
+}
+
+/* kiln promote --from B --to A sends A a delta to B's checkpoint; kiln
+ * rollback --label A sends A back to what it held before (in full: ck1 is
+ * not in ck2's future). Both recorded in SQLite. */
+static void test_e2e_promote_rollback(void **state)
+{
+    (void)state;
+    if (!e2e.ready)
+        fail_msg("test_e2e_consistency did not finish; nothing to promote");
+    char h[64];
+    int full, delta, failed;
+    const char *promote[] = {E2E_KILN, "--db", e2e.db, "promote", "--model", "ctr", "--from",
+                             "B",      "--to", "A",    NULL};
+    e2e_run(promote);
+    e2e_pushes(&e2e_events, e2e.a.url, &full, &delta, &failed);
+    assert_int_equal(delta, 1); /* A held ck1, ck2's parent */
+    assert_int_equal(full + failed, 0);
+    e2e_expect(&e2e.a, "A", e2e.ck2, e2e.p2);
+    e2e_db_holds(e2e.a.url, h, sizeof h);
+    assert_string_equal(h, e2e.ck2);
+
+    const char *rollback[] = {E2E_KILN, "--db", e2e.db, "rollback", "--model", "ctr", "--label",
+                              "A",      NULL};
+    e2e_run(rollback);
+    e2e_pushes(&e2e_events, e2e.a.url, &full, &delta, &failed);
+    assert_int_equal(full, 1);
+    assert_int_equal(delta + failed, 0);
+    e2e_expect(&e2e.a, "A", e2e.ck1, e2e.p1);
+    e2e_expect(&e2e.b, "B", e2e.ck2, e2e.p2); /* B untouched */
+    e2e_db_holds(e2e.a.url, h, sizeof h);
+    assert_string_equal(h, e2e.ck1);
+
+    /* The endpoint's history in the database: ck1, ck2, ck1 (newest first). */
+    state_t *st = NULL;
+    int64_t id = 0;
+    state_holding_t *hs = NULL;
+    size_t nh = 0;
+    assert_int_equal(state_open(e2e.db, &st), 0);
+    assert_int_equal(state_endpoint_find(st, e2e.a.url, "ctr", &id), 0);
+    assert_int_equal(state_endpoint_history(st, id, 0, &hs, &nh), 0);
+    assert_int_equal(nh, 3);
+    assert_string_equal(hs[0].checkpoint_uid, e2e.ck1);
+    assert_string_equal(hs[1].checkpoint_uid, e2e.ck2);
+    assert_string_equal(hs[2].checkpoint_uid, e2e.ck1);
+    state_holdings_free(hs, nh);
+    state_close(st);
+    e2e.promoted = true;
+}
+
+/* The cron line: after a third run, `kiln export --job e2e --incremental
+ * --push` sends each endpoint a delta on what it holds (A: ck1, B: ck2), and
+ * both serve what kiln-train predicts for the new checkpoint. */
+static void test_e2e_export_incremental_push(void **state)
+{
+    (void)state;
+    if (!e2e.promoted)
+        fail_msg("the end-to-end tests before this one did not finish");
+    char ck3[64], data[800], h[64];
+    snprintf(data, sizeof data, "%s/data/day=2.tsv", e2e.dir);
+    e2e_train(data, "run3", ck3, sizeof ck3);
+    static double p3[512];
+    assert_int_equal(e2e_train_predict(ck3, p3, 512), e2e.nrows);
+    const char *exp[] = {E2E_KILN, "--db", e2e.db, "export", "--job", "e2e", "--incremental",
+                         "--push", NULL};
+    e2e_run(exp);
+    assert_non_null(strstr(e2e_res.out, ck3));
+    int full, delta, failed;
+    size_t mark = e2e_events;
+    e2e_pushes(&e2e_events, e2e.a.url, &full, &delta, &failed);
+    assert_int_equal(delta, 1);
+    assert_int_equal(full + failed, 0);
+    e2e_events = mark;
+    e2e_pushes(&e2e_events, e2e.b.url, &full, &delta, &failed);
+    assert_int_equal(delta, 1);
+    assert_int_equal(full + failed, 0);
+    e2e_expect(&e2e.a, "A", ck3, p3);
+    e2e_expect(&e2e.b, "B", ck3, p3);
+    e2e_db_holds(e2e.b.url, h, sizeof h);
+    assert_string_equal(h, ck3);
+    /* A mistake gets a usage error, not a push. */
+    const char *bad[] = {E2E_KILN, "--db", e2e.db, "export", "--job", "e2e", NULL};
+    proc_run(&e2e_res, e2e.dir, bad);
+    assert_int_equal(e2e_res.code, 2);
+    server_kill(&e2e.a, SIGTERM);
+    server_kill(&e2e.b, SIGTERM);
+}
+#endif /* KILN_HAVE_SERVE_OPS */
+
+static int setup(void **state)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    kiln_log_set_level(KILN_LOG_ERROR);
+    return proc_tmpdir("serve", tmp_root, sizeof tmp_root);
+}
+
+static int teardown(void **state)
+{
+#ifdef KILN_HAVE_SERVE_OPS
+    server_kill(&e2e.a, SIGTERM); /* when an end-to-end test failed half way */
+    server_kill(&e2e.b, SIGTERM);
+#endif
+    if (getenv("KILN_TEST_KEEP") == NULL)
+        proc_rmtree(tmp_root);
+    curl_global_cleanup();
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wire_roundtrip),
+        cmocka_unit_test(test_wire_corrupt),
+        cmocka_unit_test(test_table_model),
+        cmocka_unit_test(test_push_lookup_predict),
+        cmocka_unit_test(test_predict_matches_model),
+        cmocka_unit_test(test_auth_and_bad_requests),
+        cmocka_unit_test(test_fault_wrong_base_full),
+        cmocka_unit_test(test_fault_endpoint_down),
+        cmocka_unit_test(test_fault_killed_mid_push),
+        cmocka_unit_test(test_parallel_two_endpoints),
+#ifdef KILN_HAVE_SERVE_OPS
+        cmocka_unit_test(test_e2e_consistency),
+        cmocka_unit_test(test_e2e_promote_rollback),
+        cmocka_unit_test(test_e2e_export_incremental_push),
+#endif
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
