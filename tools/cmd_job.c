@@ -175,7 +175,11 @@ int cmd_submit(cli_t *cli)
             goto out;
         }
     }
-    char *msg = kiln_asprintf("submitted from %s (version %d)", path, version);
+    /* The absolute path: kilnd resolves the spec's relative data and
+     * checkpoint paths against its directory. */
+    char *abs = realpath(path, NULL);
+    char *msg = kiln_asprintf("submitted from %s (version %d)", abs ? abs : path, version);
+    free(abs);
     state_event_add(st, job_id, run_id, "submit", msg ? msg : "submitted");
     free(msg);
     if (cli->json) {

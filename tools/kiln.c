@@ -102,12 +102,15 @@ static const cli_cmd_t commands[] = {
      "Reads the TSV files in order and writes one kiln-bin file (docs/data-formats.md); "
      "malformed lines are skipped and reported.",
      convert_opts, 1, CLI_MAX_POS, false, cmd_convert},
-    {"export", "CHECKPOINT", "write a checkpoint in HugeCTR's sparse-model layout or as .npy",
+    {"export", "[CHECKPOINT]", "export a checkpoint to files, or a job's latest to its endpoints",
      "`kiln export CKPT_DIR --format hugectr|npy --out DIR` resolves the checkpoint (an "
      "incremental one with its chain), checks every file against the manifest and writes one "
      "folder per table with raw int64 `key` and float32 `emb_vector` files (hugectr) or .npy "
-     "arrays (npy). With --db the export is recorded (docs/checkpoint-format.md).",
-     export_opts, 1, 1, false, cmd_export},
+     "arrays (npy). With --db the export is recorded (docs/checkpoint-format.md). "
+     "`kiln export --job NAME --incremental --push [--label B]` (for system cron) pushes the "
+     "job's latest checkpoint to its endpoints, as a delta on what each holds "
+     "(docs/serving-protocol.md).",
+     export_opts, 0, 1, false, cmd_export},
     {"daemon", "", "run kilnd, the scheduler daemon, in the foreground",
      "The same daemon as `kilnd`: fires schedules, launches and supervises runs, retries and "
      "recovers. SIGTERM or ^C stops it; runs keep going and are adopted at the next start "
