@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libyaml-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev
   libopenmpi-dev openmpi-bin libcmocka-dev libmicrohttpd-dev libjansson-dev
-  libopenblas-dev libxxhash-dev python3
+  libopenblas-dev libxxhash-dev python3 curl
   chromium prometheus  # the web tests: headless browser, promtool (Prometheus parser)
   clang libclang-rt-14-dev
 )
