@@ -24,6 +24,7 @@ typedef struct sched_launch_ctx {
     const job_spec_t *spec;
     const char *hostfile; /* resolved against the spec's directory */
     const char *spec_path, *run_dir, *inputs_path; /* inputs_path NULL: none */
+    const char *resume_path; /* a retry: the failed attempt's newest checkpoint, or NULL */
     const char *db_path;
     int64_t run_id;
     bool trainer_has_db; /* kiln-train takes --db/--run-id (checkpoint records) */

@@ -4,7 +4,7 @@
  * cores) and `hostfile` (mpirun --hostfile FILE spreads the ranks over the
  * hosts listed). Both build
  *   mpirun -np N [--allow-run-as-root] ... kiln-train --spec S --run-dir D
- *          [--inputs F] [--db DB --run-id R] --quiet
+ *          [--inputs F] [--resume CKPT] [--db DB --run-id R] --quiet
  * A `slurm` launcher (srun inside an allocation) would be one more table entry
  * with its own build_argv; this build has none and says so.
  */
@@ -85,6 +85,10 @@ static void trainer_tail(argv_t *a, const sched_launch_ctx_t *c)
     if (c->inputs_path != NULL) {
         push(a, "--inputs");
         push(a, c->inputs_path);
+    }
+    if (c->resume_path != NULL) {
+        push(a, "--resume");
+        push(a, c->resume_path);
     }
     if (c->trainer_has_db) {
         snprintf(id, sizeof id, "%lld", (long long)c->run_id);

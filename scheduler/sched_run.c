@@ -221,13 +221,38 @@ static int write_file(const char *dir, const char *name, const char *text)
 
 /* ---- launch -------------------------------------------------------------------------- */
 
+/* The checkpoint a retry resumes from: the newest one written by the run it
+ * retries, or by that run's own predecessors when it wrote none. With
+ * --resume kiln-train continues the data where the failed attempt's
+ * checkpoint stood, so the retry ends with the model a fault-free run would
+ * have (docs/chaos.md). NULL: start as the spec says (train.init_from). */
+static char *retry_checkpoint(sched_t *s, int64_t run_id)
+{
+    for (int depth = 0; run_id > 0 && depth < 100; depth++) {
+        state_checkpoint_t *cs = NULL;
+        size_t n = 0;
+        char *path = NULL;
+        if (state_checkpoint_list_by_run(s->st, run_id, &cs, &n) == 0 && n > 0)
+            path = kiln_strdup(cs[n - 1].path); /* oldest first: the last is newest */
+        state_checkpoints_free(cs, n);
+        if (path != NULL)
+            return path;
+        state_run_t r;
+        if (state_run_get(s->st, run_id, &r) < 0)
+            return NULL;
+        run_id = r.retry_of;
+        state_run_fini(&r);
+    }
+    return NULL;
+}
+
 int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
 {
     const job_spec_t *spec = &job->spec;
     char *base = spec_base_dir(s, job->row.id);
     state_input_t *ins = NULL;
     size_t nins = 0;
-    char *run_dir = NULL, *hostfile = NULL, *list = NULL;
+    char *run_dir = NULL, *hostfile = NULL, *list = NULL, *resume = NULL;
     char **argv = NULL;
     int rc = 0;
     bool launching = false;
@@ -291,8 +316,10 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
         goto out;
     }
     hostfile = resolve(base, spec->resources.hostfile);
+    if (run->trigger == STATE_TRIGGER_RETRY)
+        resume = retry_checkpoint(s, run->retry_of);
     sched_launch_ctx_t ctx = {s->o.mpirun, s->trainer, spec, hostfile, spec_path, run_dir,
-                              inputs_path[0] ? inputs_path : NULL, s->db_path, run->id,
+                              inputs_path[0] ? inputs_path : NULL, resume, s->db_path, run->id,
                               s->trainer_has_db};
     KILN_CHECK_GOTO(l->build_argv(&ctx, &argv), rc, out);
 
@@ -353,6 +380,7 @@ out:
     state_inputs_free(ins, nins);
     free(list);
     free(hostfile);
+    free(resume);
     free(run_dir);
     free(base);
     return rc;
