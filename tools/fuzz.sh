@@ -16,7 +16,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DKILN_FUZZ=ON -DKILN_C
       -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 harnesses=("$@")
 if [ "${#harnesses[@]}" -eq 0 ]; then
-  harnesses=($(sed -n 's/^kiln_fuzzer(\([a-z_]*\).*/\1/p' tests/fuzz/CMakeLists.txt))
+  harnesses=($(sed -n 's/^ *kiln_fuzzer(\([a-z_]*\).*/\1/p' tests/fuzz/CMakeLists.txt))
 fi
 targets=()
 for h in "${harnesses[@]}"; do targets+=("fuzz_$h"); done
