@@ -599,23 +599,56 @@ static void hash_inputs(char **files, int nfiles, char out[17])
     kiln_hasher_destroy(h);
 }
 
-/* Retention pin: an endpoint holds the checkpoint now (per the DB). */
+/* Retention pins from the DB: the uids of the checkpoints some endpoint
+ * holds now (whatever export or promotion put them there), read once per
+ * retention pass. */
+typedef struct held {
+    char **uids;
+    size_t n;
+} held_t;
+
 static bool pinned_by_db(const char *uid, void *ctx)
 {
-    state_t *db = ctx;
-    state_checkpoint_t c = {0};
-    if (db == NULL || state_checkpoint_get(db, uid, &c) < 0)
-        return false;
-    state_served_t *sv = NULL;
+    const held_t *h = ctx;
+    for (size_t i = 0; h != NULL && i < h->n; i++)
+        if (strcmp(h->uids[i], uid) == 0)
+            return true;
+    return false;
+}
+
+/* Fills h from the endpoints' holdings. On failure the caller must not
+ * prune: a checkpoint an endpoint needs could go. */
+static int held_load(state_t *db, held_t *h)
+{
+    state_endpoint_info_t *es = NULL;
     size_t n = 0;
-    bool held = false;
-    if (state_lineage_served(db, c.id, &sv, &n) == 0) {
-        for (size_t i = 0; i < n; i++)
-            held = held || sv[i].holding;
-        state_served_free(sv, n);
+    h->uids = NULL;
+    h->n = 0;
+    if (db == NULL)
+        return 0;
+    int rc = state_endpoint_list(db, &es, &n);
+    if (rc < 0)
+        return rc;
+    h->uids = kiln_calloc(n + 1, sizeof *h->uids);
+    if (h->uids == NULL)
+        rc = KILN_ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if (es[i].checkpoint_uid == NULL)
+            continue;
+        if ((h->uids[h->n] = kiln_strdup(es[i].checkpoint_uid)) == NULL)
+            rc = KILN_ENOMEM;
+        else
+            h->n++;
     }
-    state_checkpoint_fini(&c);
-    return held;
+    state_endpoint_infos_free(es, n);
+    return rc;
+}
+
+static void held_fini(held_t *h)
+{
+    for (size_t i = 0; i < h->n; i++)
+        free(h->uids[i]);
+    free(h->uids);
 }
 
 /* Rank 0: records a checkpoint (and an online export) in the DB. A failure
@@ -738,14 +771,27 @@ static int checkpoint(trainer_t *tr, bool online)
                 note_export(tr, in, path);
         }
         free(path);
+        /* Retention: never while the DB cannot say what endpoints hold. */
         int removed = 0;
-        if (rt_ckpt_retain(tr->ckpt_root, sp->checkpoint.keep, pinned_by_db, tr->db, &removed) <
-            0)
+        held_t held = {0};
+        if (held_load(tr->db, &held) < 0)
+            KILN_WARN("retention in %s skipped: cannot read what endpoints hold from %s: %s",
+                      tr->ckpt_root, tr->opt.db, kiln_errmsg());
+        else if (rt_ckpt_retain(tr->ckpt_root, sp->checkpoint.keep, pinned_by_db, &held,
+                                &removed) < 0)
             KILN_WARN("retention in %s: %s", tr->ckpt_root, kiln_errmsg());
         else if (removed > 0)
             KILN_INFO("removed %d old checkpoint%s from %s (keep: %d)", removed,
                       removed == 1 ? "" : "s", tr->ckpt_root, sp->checkpoint.keep);
+        held_fini(&held);
     }
+    /* A SIGUSR1 that reached some rank while this boundary's export was
+     * agreed on and written asks for the state this export holds (no rank
+     * could step on meanwhile): it is served. Without this, one signal sent
+     * to every rank at once could straddle the flag exchange and give two
+     * exports a step apart. */
+    if (online)
+        export_signal = 0;
     free(in);
     return 0;
 }
