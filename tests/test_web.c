@@ -1,0 +1,748 @@
+/*
+ * tests/test_web.c - the web server over real HTTP (libcurl): every page and
+ * API route against the fixture database, HTML escaping of hostile values,
+ * self-refresh of running runs, keyset pagination over more than a page,
+ * the token rule (401 without it, nothing changes on GET), cancel / retry /
+ * submit, the limits (413, 404, 405, 400), and /metrics read back by a real
+ * Prometheus parser (promtool; that one test is skipped when it is absent).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln.h"
+#include "proc.h"
+#include "state.h"
+#include "web.h"
+
+typedef struct web_fixture {
+    int64_t job_cron, job_oneoff;
+    int64_t run_ok, run_running, run_queued, run_failed;
+    int64_t ckpt_full, ckpt_incr;
+    int64_t ep_a, ep_b;
+} web_fixture_t;
+int web_fixture_build(const char *db, const char *dir, web_fixture_t *f);
+
+#define TOKEN "s3cret-token"
+
+static char dir[256], db[320];
+static web_fixture_t fx;
+static web_t *server;
+static char base[64];
+
+/* One HTTP exchange: status, a few headers and the body. */
+typedef struct reply {
+    long status;
+    char ctype[128];
+    char location[128];
+    char *body;
+    size_t len;
+} reply_t;
+
+static size_t on_body(char *p, size_t sz, size_t n, void *ud)
+{
+    reply_t *r = ud;
+    char *nb = realloc(r->body, r->len + sz * n + 1);
+    assert_non_null(nb);
+    memcpy(nb + r->len, p, sz * n);
+    r->body = nb;
+    r->len += sz * n;
+    r->body[r->len] = '\0';
+    return sz * n;
+}
+
+static size_t on_header(char *p, size_t sz, size_t n, void *ud)
+{
+    reply_t *r = ud;
+    size_t len = sz * n;
+    static const struct {
+        const char *name;
+        size_t off;
+    } keep[] = {{"content-type:", offsetof(reply_t, ctype)},
+                {"location:", offsetof(reply_t, location)}};
+    for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {
+        size_t kl = strlen(keep[k].name);
+        if (len > kl && strncasecmp(p, keep[k].name, kl) == 0) {
+            char *dst = (char *)r + keep[k].off;
+            size_t vl = len - kl;
+            const char *v = p + kl;
+            while (vl > 0 && *v == ' ')
+                v++, vl--;
+            while (vl > 0 && (v[vl - 1] == '\r' || v[vl - 1] == '\n'))
+                vl--;
+            if (vl > 127)
+                vl = 127;
+            memcpy(dst, v, vl);
+            dst[vl] = '\0';
+        }
+    }
+    return len;
+}
+
+/* Sends method path (with body and extra headers, each may be NULL). */
+static void http(reply_t *r, const char *method, const char *path, const char *body,
+                 const char *const *headers)
+{
+    memset(r, 0, sizeof *r);
+    char url[512];
+    snprintf(url, sizeof url, "%s%s", base, path);
+    CURL *c = curl_easy_init();
+    assert_non_null(c);
+    struct curl_slist *hs = NULL;
+    for (int i = 0; headers && headers[i]; i++)
+        hs = curl_slist_append(hs, headers[i]);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (strcmp(method, "HEAD") == 0)
+        curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+    if (body != NULL) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
+    CURLcode cc = curl_easy_perform(c);
+    if (cc != CURLE_OK)
+        fail_msg("%s %s: %s", method, path, curl_easy_strerror(cc));
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
+    curl_slist_free_all(hs);
+    curl_easy_cleanup(c);
+    if (r->body == NULL)
+        r->body = calloc(1, 1);
+}
+
+static void get(reply_t *r, const char *path)
+{
+    http(r, "GET", path, NULL, NULL);
+}
+
+static void reply_free(reply_t *r)
+{
+    free(r->body);
+    r->body = NULL;
+}
+
+static json_t *get_json(const char *path, long want_status)
+{
+    reply_t r;
+    get(&r, path);
+    if (r.status != want_status)
+        fail_msg("GET %s: %ld, want %ld: %s", path, r.status, want_status, r.body);
+    assert_string_equal(r.ctype, "application/json");
+    json_error_t err;
+    json_t *doc = json_loads(r.body, 0, &err);
+    if (doc == NULL)
+        fail_msg("GET %s: not JSON (%s): %s", path, err.text, r.body);
+    reply_free(&r);
+    return doc;
+}
+
+static const char *run_state(int64_t id)
+{
+    static char buf[32];
+    char path[64];
+    snprintf(path, sizeof path, "/api/runs/%lld", (long long)id);
+    json_t *doc = get_json(path, 200);
+    snprintf(buf, sizeof buf, "%s", json_string_value(json_object_get(json_object_get(doc, "run"), "state")));
+    json_decref(doc);
+    return buf;
+}
+
+static int setup(void **state)
+{
+    if (proc_tmpdir("web", dir, sizeof dir) < 0)
+        return -1;
+    snprintf(db, sizeof db, "%s/kiln.db", dir);
+    if (web_fixture_build(db, dir, &fx) < 0)
+        return -1;
+    web_config_t cfg;
+    web_config_init(&cfg);
+    cfg.db_path = db;
+    cfg.listen = "127.0.0.1:0";
+    cfg.token = TOKEN;
+    cfg.threads = 3;
+    cfg.max_body = 64 * 1024;
+    if (web_start(&cfg, &server) < 0) {
+        fprintf(stderr, "web_start: %s\n", kiln_errmsg());
+        return -1;
+    }
+    snprintf(base, sizeof base, "http://127.0.0.1:%u", (unsigned)web_port(server));
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    web_stop(server);
+    curl_global_cleanup();
+    proc_rmtree(dir);
+    return 0;
+}
+
+/* ---- pages ------------------------------------------------------------------------------ */
+
+static void test_pages(void **state)
+{
+    char p[6][64];
+    snprintf(p[0], 64, "/runs/%lld", (long long)fx.run_ok);
+    snprintf(p[1], 64, "/lineage/checkpoint/%lld", (long long)fx.ckpt_incr);
+    snprintf(p[2], 64, "/lineage/endpoint/%lld", (long long)fx.ep_a);
+    snprintf(p[3], 64, "/runs/%lld/loss.svg", (long long)fx.run_ok);
+    static const char *fixed[][2] = {
+        {"/", "<table id=\"jobs\""},          {"/jobs", "@hourly"},
+        {"/runs", "<table id=\"runs\""},      {"/endpoints", "<table id=\"endpoints\""},
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        reply_t r;
+        get(&r, fixed[i][0]);
+        assert_int_equal(r.status, 200);
+        assert_string_equal(r.ctype, "text/html; charset=utf-8");
+        if (strstr(r.body, fixed[i][1]) == NULL)
+            fail_msg("%s lacks %s", fixed[i][0], fixed[i][1]);
+        reply_free(&r);
+    }
+    /* The run page: timeline, loss plot from progress.jsonl, figures from
+     * result.json, inputs, checkpoints, pushes, the log tail (escaped). */
+    static const char *run_has[] = {
+        "<table id=\"timeline\"", "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"loss-plot\"",
+        "<polyline class=\"series\"", "51234", "0.46125", "/data/day=0/part-0.tsv", "ck-0001",
+        "ck-0002", "http://127.0.0.1:9001",
+        "done &lt;ok&gt; &amp; &quot;quoted&quot;", "running -&gt; succeeded"};
+    reply_t r;
+    get(&r, p[0]);
+    assert_int_equal(r.status, 200);
+    for (size_t i = 0; i < sizeof run_has / sizeof run_has[0]; i++)
+        if (strstr(r.body, run_has[i]) == NULL)
+            fail_msg("run page lacks %s", run_has[i]);
+    assert_null(strstr(r.body, "http-equiv=\"refresh\"")); /* it ended */
+    assert_non_null(strstr(r.body, "503"));                /* the failed push to B */
+    reply_free(&r);
+    get(&r, p[1]);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"lineage\""));
+    assert_non_null(strstr(r.body, "ck-0001")); /* the base */
+    assert_non_null(strstr(r.body, ">holds<"));
+    reply_free(&r);
+    get(&r, p[2]);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "<table id=\"holdings\""));
+    assert_non_null(strstr(r.body, "[A] http://127.0.0.1:9001"));
+    reply_free(&r);
+    get(&r, p[3]);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.ctype, "image/svg+xml");
+    assert_non_null(strstr(r.body, "<polyline"));
+    reply_free(&r);
+    /* The endpoints page says what A holds and since when. */
+    get(&r, "/endpoints");
+    assert_non_null(strstr(r.body, "ck-0002"));
+    reply_free(&r);
+}
+
+static void test_escaping(void **state)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/runs/%lld", (long long)fx.run_failed);
+    reply_t r;
+    get(&r, path);
+    assert_int_equal(r.status, 200);
+    assert_null(strstr(r.body, "<script"));
+    assert_null(strstr(r.body, "<b>\"x\""));
+    assert_non_null(strstr(r.body, "&lt;script&gt;alert(1)&lt;/script&gt; died &amp; "
+                                   "&quot;quit&quot;"));
+    assert_non_null(strstr(r.body, "/data/&lt;b&gt;&quot;x&quot;&amp;&#39;y&#39;.tsv"));
+    reply_free(&r);
+    /* A hostile query string comes back escaped (in the filter form's value). */
+    get(&r, "/runs?job=%3Cscript%3E");
+    assert_int_equal(r.status, 404);
+    assert_null(strstr(r.body, "<script>"));
+    reply_free(&r);
+    /* The API carries the same text as JSON. */
+    snprintf(path, sizeof path, "/api/runs/%lld", (long long)fx.run_failed);
+    json_t *doc = get_json(path, 200);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(doc, "run"), "error")),
+                        "rank 1 on <script>alert(1)</script> died & \"quit\"");
+    json_decref(doc);
+}
+
+static void test_refresh(void **state)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/runs/%lld", (long long)fx.run_running);
+    reply_t r;
+    get(&r, path);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "<meta http-equiv=\"refresh\" content=\"5\">"));
+    /* Its loss curve comes from metric rows (no run directory). */
+    assert_non_null(strstr(r.body, "<polyline class=\"series\""));
+    reply_free(&r);
+}
+
+/* ---- API --------------------------------------------------------------------------------- */
+
+static void test_api(void **state)
+{
+    json_t *doc = get_json("/api/jobs", 200);
+    json_t *jobs = json_object_get(doc, "jobs");
+    assert_int_equal(json_array_size(jobs), 2);
+    json_t *ctr = json_array_get(jobs, 0);
+    assert_string_equal(json_string_value(json_object_get(ctr, "name")), "ctr");
+    assert_non_null(json_string_value(json_object_get(ctr, "next_fire")));
+    assert_string_equal(json_string_value(json_object_get(json_object_get(ctr, "last_run"), "state")),
+                        "running");
+    assert_non_null(json_string_value(json_object_get(ctr, "last_success_at")));
+    json_decref(doc);
+
+    char path[64];
+    snprintf(path, sizeof path, "/api/runs/%lld", (long long)fx.run_ok);
+    doc = get_json(path, 200);
+    json_t *run = json_object_get(doc, "run");
+    assert_string_equal(json_string_value(json_object_get(run, "state")), "succeeded");
+    assert_true(json_real_value(json_object_get(run, "eval_logloss")) == 0.46125);
+    assert_true(json_real_value(json_object_get(run, "samples_per_s")) == 51234.5);
+    json_t *loss = json_object_get(json_object_get(doc, "loss"), "loss");
+    assert_int_equal(json_array_size(loss), 60);
+    json_t *cks = json_object_get(doc, "checkpoints");
+    assert_int_equal(json_array_size(cks), 2);
+    json_t *ex = json_object_get(json_array_get(cks, 0), "exports");
+    assert_int_equal(json_array_size(ex), 2); /* pushed to A and to B */
+    assert_true(json_array_size(json_object_get(doc, "events")) >= 3);
+    assert_non_null(strstr(json_string_value(json_object_get(doc, "log_tail")), "step 600"));
+    json_decref(doc);
+
+    doc = get_json("/api/endpoints", 200);
+    json_t *eps = json_object_get(doc, "endpoints");
+    assert_int_equal(json_array_size(eps), 2);
+    json_t *a = json_array_get(eps, 0);
+    assert_string_equal(json_string_value(json_object_get(a, "label")), "A");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(a, "holds"), "uid")),
+                        "ck-0002");
+    json_t *b = json_array_get(eps, 1);
+    assert_true(json_is_null(json_object_get(b, "holds")));
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(b, "pushes"), "failed")), 1);
+    json_decref(doc);
+
+    snprintf(path, sizeof path, "/api/lineage/checkpoint/%lld", (long long)fx.ckpt_full);
+    doc = get_json(path, 200);
+    /* run, 2 checkpoints, 2 exports, 2 endpoints */
+    assert_int_equal(json_array_size(json_object_get(doc, "nodes")), 7);
+    json_decref(doc);
+    snprintf(path, sizeof path, "/api/lineage/endpoint/%lld", (long long)fx.ep_a);
+    doc = get_json(path, 200);
+    assert_int_equal(json_array_size(json_object_get(doc, "holdings")), 2);
+    json_decref(doc);
+
+    snprintf(path, sizeof path, "/api/runs/%lld/log", (long long)fx.run_ok);
+    reply_t r;
+    get(&r, path);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "rank 0: starting"));
+    reply_free(&r);
+    doc = get_json("/api/runs/999999", 404);
+    assert_non_null(strstr(json_string_value(json_object_get(doc, "error")), "no run 999999"));
+    json_decref(doc);
+}
+
+static void test_pagination(void **state)
+{
+    /* 130 more runs: three pages of 50, walked by next_before. */
+    state_t *st = NULL;
+    assert_int_equal(state_open(db, &st), 0);
+    for (int i = 0; i < 130; i++) {
+        int64_t id;
+        assert_int_equal(state_run_create(st, fx.job_oneoff, STATE_TRIGGER_MANUAL, 0, 1, 0, &id), 0);
+    }
+    state_close(st);
+    int64_t before = 0, last = INT64_MAX;
+    size_t total = 0, pages = 0;
+    for (;;) {
+        char path[96];
+        snprintf(path, sizeof path, "/api/runs?limit=50&job=oneoff&before=%lld", (long long)before);
+        json_t *doc = get_json(path, 200);
+        json_t *runs = json_object_get(doc, "runs");
+        for (size_t i = 0; i < json_array_size(runs); i++) {
+            json_t *run = json_array_get(runs, i);
+            int64_t id = json_integer_value(json_object_get(run, "id"));
+            assert_true(id < last);
+            last = id;
+            assert_string_equal(json_string_value(json_object_get(run, "job")), "oneoff");
+            total++;
+        }
+        pages++;
+        json_t *next = json_object_get(doc, "next_before");
+        before = json_is_integer(next) ? json_integer_value(next) : 0;
+        json_decref(doc);
+        if (before == 0)
+            break;
+    }
+    assert_int_equal(total, 132); /* 130 + the failed and the queued one */
+    assert_int_equal(pages, 3);
+    /* The HTML page links the next page, and a state filter works. */
+    reply_t r;
+    get(&r, "/runs?job=oneoff&limit=50");
+    assert_non_null(strstr(r.body, "rel=\"next\""));
+    reply_free(&r);
+    json_t *doc = get_json("/api/runs?state=succeeded", 200);
+    assert_int_equal(json_array_size(json_object_get(doc, "runs")), 1);
+    json_decref(doc);
+    doc = get_json("/api/runs?limit=abc", 400);
+    json_decref(doc);
+    doc = get_json("/api/runs?state=bogus", 400);
+    json_decref(doc);
+}
+
+/* ---- safety and state changes -------------------------------------------------------------- */
+
+static void test_token(void **state)
+{
+    char path[96];
+    reply_t r;
+    snprintf(path, sizeof path, "/api/runs/%lld/cancel", (long long)fx.run_queued);
+    http(&r, "POST", path, NULL, NULL);
+    assert_int_equal(r.status, 401);
+    reply_free(&r);
+    static const char *const wrong[] = {"Authorization: Bearer s3cret-toke", NULL};
+    http(&r, "POST", path, NULL, wrong);
+    assert_int_equal(r.status, 401);
+    reply_free(&r);
+    static const char *const longer[] = {"Authorization: Bearer " TOKEN "x", NULL};
+    http(&r, "POST", path, NULL, longer);
+    assert_int_equal(r.status, 401);
+    reply_free(&r);
+    /* A wrong token in a form, and a GET on the action: nothing changes. */
+    snprintf(path, sizeof path, "/runs/%lld/cancel", (long long)fx.run_queued);
+    http(&r, "POST", path, "token=nope", NULL);
+    assert_int_equal(r.status, 401);
+    reply_free(&r);
+    http(&r, "GET", path, NULL, NULL);
+    assert_int_equal(r.status, 405);
+    reply_free(&r);
+    snprintf(path, sizeof path, "/api/runs/%lld/cancel", (long long)fx.run_queued);
+    http(&r, "GET", path, NULL, NULL);
+    assert_int_equal(r.status, 405);
+    reply_free(&r);
+    http(&r, "DELETE", "/api/runs", NULL, NULL);
+    assert_int_equal(r.status, 405);
+    reply_free(&r);
+    assert_string_equal(run_state(fx.run_queued), "queued");
+}
+
+static void test_cancel_retry(void **state)
+{
+    char path[96];
+    reply_t r;
+    static const char *const auth[] = {"Authorization: Bearer " TOKEN, NULL};
+    /* The HTML form: token in the body, 303 back to the run. */
+    snprintf(path, sizeof path, "/runs/%lld/cancel", (long long)fx.run_queued);
+    http(&r, "POST", path, "token=" TOKEN, NULL);
+    assert_int_equal(r.status, 303);
+    char want[64];
+    snprintf(want, sizeof want, "/runs/%lld", (long long)fx.run_queued);
+    assert_string_equal(r.location, want);
+    reply_free(&r);
+    assert_string_equal(run_state(fx.run_queued), "canceled");
+    /* Cancelling an ended run is a conflict. */
+    snprintf(path, sizeof path, "/api/runs/%lld/cancel", (long long)fx.run_ok);
+    http(&r, "POST", path, NULL, auth);
+    assert_int_equal(r.status, 409);
+    reply_free(&r);
+    /* A running run is flagged for kilnd. */
+    snprintf(path, sizeof path, "/api/runs/%lld/cancel", (long long)fx.run_running);
+    http(&r, "POST", path, NULL, auth);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"cancel_requested\""));
+    reply_free(&r);
+    /* Retry the failed run once; a second retry conflicts; a succeeded run is refused. */
+    snprintf(path, sizeof path, "/api/runs/%lld/retry", (long long)fx.run_failed);
+    http(&r, "POST", path, NULL, auth);
+    assert_int_equal(r.status, 200);
+    json_t *doc = json_loads(r.body, 0, NULL);
+    assert_non_null(doc);
+    int64_t rid = json_integer_value(json_object_get(doc, "run_id"));
+    assert_int_equal(json_integer_value(json_object_get(doc, "attempt")), 2);
+    json_decref(doc);
+    reply_free(&r);
+    snprintf(want, sizeof want, "/api/runs/%lld", (long long)rid);
+    doc = get_json(want, 200);
+    json_t *run = json_object_get(doc, "run");
+    assert_string_equal(json_string_value(json_object_get(run, "trigger")), "retry");
+    assert_int_equal(json_integer_value(json_object_get(run, "retry_of")), fx.run_failed);
+    json_decref(doc);
+    http(&r, "POST", path, NULL, auth);
+    assert_int_equal(r.status, 409);
+    reply_free(&r);
+    snprintf(path, sizeof path, "/api/runs/%lld/retry", (long long)fx.run_ok);
+    http(&r, "POST", path, NULL, auth);
+    assert_int_equal(r.status, 409);
+    reply_free(&r);
+}
+
+static void test_submit(void **state)
+{
+    static const char *const auth[] = {"Authorization: Bearer " TOKEN,
+                                       "Content-Type: application/yaml", NULL};
+    char spec[4096];
+    proc_slurp(KILN_SOURCE_DIR "/examples/oneoff.yaml", spec, sizeof spec);
+    assert_true(strlen(spec) > 0);
+    char *renamed = strstr(spec, "name: oneoff");
+    assert_non_null(renamed);
+    memcpy(renamed, "name: webjob", 12); /* the same length as "name: oneoff" */
+    reply_t r;
+    http(&r, "POST", "/api/jobs", spec, NULL);
+    assert_int_equal(r.status, 401);
+    reply_free(&r);
+    http(&r, "POST", "/api/jobs", spec, auth);
+    if (r.status != 201)
+        fail_msg("submit: %ld %s", r.status, r.body);
+    json_t *doc = json_loads(r.body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(doc, "job")), "webjob");
+    assert_true(json_is_integer(json_object_get(doc, "run_id")));
+    assert_string_equal(run_state(json_integer_value(json_object_get(doc, "run_id"))), "queued");
+    json_decref(doc);
+    reply_free(&r);
+    http(&r, "POST", "/api/jobs", "name: bad\nmodel: {type: nope}\n", auth);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "problems"));
+    reply_free(&r);
+}
+
+static void test_limits(void **state)
+{
+    reply_t r;
+    size_t big = 80 * 1024;
+    char *body = malloc(big + 1);
+    assert_non_null(body);
+    memset(body, 'a', big);
+    body[big] = '\0';
+    static const char *const auth[] = {"Authorization: Bearer " TOKEN, NULL};
+    http(&r, "POST", "/api/jobs", body, auth);
+    assert_int_equal(r.status, 413);
+    reply_free(&r);
+    free(body);
+    get(&r, "/no/such/page");
+    assert_int_equal(r.status, 404);
+    reply_free(&r);
+    get(&r, "/runs/0");
+    assert_int_equal(r.status, 404);
+    reply_free(&r);
+    get(&r, "/runs/99999999999999999999");
+    assert_int_equal(r.status, 404);
+    reply_free(&r);
+    http(&r, "HEAD", "/runs", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+}
+
+/* ---- /metrics -------------------------------------------------------------------------------- */
+
+static void test_metrics(void **state)
+{
+    reply_t r;
+    get(&r, "/metrics");
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.ctype, "text/plain; version=0.0.4; charset=utf-8");
+    static const char *const has[] = {
+        "kiln_runs{job=\"ctr\",state=\"succeeded\"} 1\n",
+        "kiln_run_duration_seconds_bucket{job=\"ctr\",le=\"+Inf\"} 1\n",
+        "kiln_run_duration_seconds_count{job=\"ctr\"} 1\n",
+        "kiln_push_failures_total{endpoint=\"http://127.0.0.1:9002\",model=\"ctr\",label=\"B\"} 1\n",
+        "kiln_job_last_success_timestamp_seconds{job=\"ctr\"} ",
+        "kiln_queue_depth ",
+        "# TYPE kiln_run_duration_seconds histogram\n",
+    };
+    for (size_t i = 0; i < sizeof has / sizeof has[0]; i++)
+        if (strstr(r.body, has[i]) == NULL)
+            fail_msg("/metrics lacks %s\n%s", has[i], r.body);
+    char path[400];
+    snprintf(path, sizeof path, "%s/metrics.txt", dir);
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fwrite(r.body, 1, r.len, fp);
+    fclose(fp);
+    reply_free(&r);
+    if (access("/usr/bin/promtool", X_OK) != 0) {
+        fprintf(stderr, "promtool not installed (apt-get install prometheus); skipping the parse\n");
+        skip();
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "/usr/bin/promtool check metrics < '%s' > '%s.out' 2>&1", path,
+             path);
+    int rc = system(cmd);
+    char out[4096];
+    snprintf(cmd, sizeof cmd, "%s.out", path);
+    proc_slurp(cmd, out, sizeof out);
+    if (rc != 0)
+        fail_msg("promtool check metrics failed (%d):\n%s", rc, out);
+}
+
+
+/* ---- a real kilnd holding real runs -------------------------------------------------------- */
+#if defined(KILND_BIN) && defined(KILN_BIN) && defined(KILN_TRAIN_BIN)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) < 0)
+        return -1;
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* kilnd with its page on a free port, a real one-off job submitted with the
+ * kiln CLI and trained by kiln-train under mpirun; the page, API and metrics
+ * are then read from kilnd itself. */
+static void test_kilnd(void **state)
+{
+    char home[400], kdb[500], spec[500], data[500], cmd[2048], log[500];
+    snprintf(home, sizeof home, "%s/kilnd", dir);
+    snprintf(kdb, sizeof kdb, "%s/kiln.db", home);
+    snprintf(data, sizeof data, "%s/day0.tsv", home);
+    snprintf(spec, sizeof spec, "%s/webrun.yaml", home);
+    snprintf(log, sizeof log, "%s/kilnd.log", home);
+    assert_int_equal(kiln_mkdir_p(home), 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    snprintf(cmd, sizeof cmd, "'%s' datagen --rows 3000 --out '%s' --seed 5 > /dev/null", KILN_BIN,
+             data);
+    assert_int_equal(system(cmd), 0);
+    FILE *f = fopen(spec, "w");
+    assert_non_null(f);
+    fprintf(f, "name: webrun\nresources: {ranks: 2, threads: 1}\n"
+               "model: {type: lr, embedding: {dim: 4, capacity: 100000}}\n"
+               "data: {train: \"%s\", eval: \"%s\"}\ntrain: {batch_size: 256, log_every: 2}\n",
+            data, data);
+    fclose(f);
+    int port = free_port();
+    assert_true(port > 0);
+    char listen[32], url[48];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(url, sizeof url, "http://%s", listen);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        setenv("KILN_WEB_TOKEN", TOKEN, 1);
+        execl(KILND_BIN, KILND_BIN, "--db", kdb, "--home", home, "--trainer", KILN_TRAIN_BIN,
+              "--poll", "200ms", "--listen", listen, (char *)NULL);
+        _exit(127);
+    }
+    assert_true(pid > 0);
+    snprintf(cmd, sizeof cmd, "'%s' --db '%s' submit '%s' > /dev/null", KILN_BIN, kdb, spec);
+    assert_int_equal(system(cmd), 0);
+    /* Talk to kilnd's own page from here on. */
+    char saved[64];
+    snprintf(saved, sizeof saved, "%s", base);
+    snprintf(base, sizeof base, "%s", url);
+    const char *st = "";
+    for (int i = 0; i < 600; i++) {
+        reply_t r;
+        memset(&r, 0, sizeof r);
+        CURL *c = curl_easy_init();
+        char u[160];
+        snprintf(u, sizeof u, "%s/api/runs/1", url);
+        curl_easy_setopt(c, CURLOPT_URL, u);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+        CURLcode cc = curl_easy_perform(c);
+        curl_easy_cleanup(c);
+        if (cc == CURLE_OK && r.body != NULL) {
+            json_t *doc = json_loads(r.body, 0, NULL);
+            static char buf[32];
+            snprintf(buf, sizeof buf, "%s",
+                     doc ? json_string_value(json_object_get(json_object_get(doc, "run"), "state"))
+                         : "");
+            st = buf;
+            json_decref(doc);
+        }
+        free(r.body);
+        if (strcmp(st, "succeeded") == 0 || strcmp(st, "failed") == 0 ||
+            strcmp(st, "canceled") == 0 || strcmp(st, "timed_out") == 0)
+            break;
+        sleep_ms(100);
+    }
+    if (strcmp(st, "succeeded") != 0) {
+        char text[8192];
+        proc_slurp(log, text, sizeof text);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        fail_msg("the run did not succeed (state '%s'); kilnd log:\n%s", st, text);
+    }
+    json_t *doc = get_json("/api/runs/1", 200);
+    json_t *run = json_object_get(doc, "run");
+    assert_true(json_array_size(json_object_get(json_object_get(doc, "loss"), "loss")) > 0);
+    assert_true(json_is_real(json_object_get(run, "eval_logloss")));
+    assert_true(json_array_size(json_object_get(doc, "events")) >= 3);
+    json_decref(doc);
+    reply_t r;
+    get(&r, "/runs/1");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "<polyline class=\"series\""));
+    reply_free(&r);
+    get(&r, "/metrics");
+    assert_non_null(strstr(r.body, "kiln_runs{job=\"webrun\",state=\"succeeded\"} 1\n"));
+    assert_non_null(strstr(r.body, "kiln_run_duration_seconds_count{job=\"webrun\"} 1\n"));
+    reply_free(&r);
+    http(&r, "POST", "/api/runs/1/retry", NULL, NULL);
+    assert_int_equal(r.status, 401);
+    reply_free(&r);
+    snprintf(base, sizeof base, "%s", saved);
+    kill(pid, SIGTERM);
+    int wst = 0;
+    for (int i = 0; i < 100 && waitpid(pid, &wst, WNOHANG) != pid; i++)
+        sleep_ms(100);
+    if (kill(pid, 0) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &wst, 0);
+        fail_msg("kilnd did not stop on SIGTERM");
+    }
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+}
+#endif
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pages),        cmocka_unit_test(test_escaping),
+        cmocka_unit_test(test_refresh),      cmocka_unit_test(test_api),
+        cmocka_unit_test(test_metrics),      cmocka_unit_test(test_pagination),
+        cmocka_unit_test(test_token),        cmocka_unit_test(test_cancel_retry),
+        cmocka_unit_test(test_submit),       cmocka_unit_test(test_limits),
+#if defined(KILND_BIN) && defined(KILN_BIN) && defined(KILN_TRAIN_BIN)
+        cmocka_unit_test(test_kilnd),
+#endif
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

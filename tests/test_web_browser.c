@@ -1,0 +1,149 @@
+/*
+ * tests/test_web_browser.c - the pages in a real browser: Debian's chromium,
+ * headless, loads the runs page, a run's page and a lineage page from the
+ * server over the fixture database, and the DOM it builds (--dump-dom) must
+ * hold the runs table, the loss plot's SVG with its polyline and the lineage
+ * graph's SVG with its nodes. Screenshots are kept in
+ * KILN_BINARY_DIR/web-screens/ for a person to look at. Reports itself
+ * skipped (77) when chromium is not installed (tools/deps.sh installs it).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kiln.h"
+#include "proc.h"
+#include "web.h"
+
+typedef struct web_fixture {
+    int64_t job_cron, job_oneoff;
+    int64_t run_ok, run_running, run_queued, run_failed;
+    int64_t ckpt_full, ckpt_incr;
+    int64_t ep_a, ep_b;
+} web_fixture_t;
+int web_fixture_build(const char *db, const char *dir, web_fixture_t *f);
+
+#define CHROMIUM "/usr/bin/chromium"
+
+static char dir[256], db[320], base[64];
+static web_fixture_t fx;
+static web_t *server;
+static char *dom; /* the last --dump-dom */
+
+static int setup(void **state)
+{
+    if (proc_tmpdir("webui", dir, sizeof dir) < 0)
+        return -1;
+    snprintf(db, sizeof db, "%s/kiln.db", dir);
+    if (web_fixture_build(db, dir, &fx) < 0)
+        return -1;
+    web_config_t cfg;
+    web_config_init(&cfg);
+    cfg.db_path = db;
+    cfg.listen = "127.0.0.1:0";
+    if (web_start(&cfg, &server) < 0)
+        return -1;
+    snprintf(base, sizeof base, "http://127.0.0.1:%u", (unsigned)web_port(server));
+    dom = malloc(1 << 20);
+    return dom ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    web_stop(server);
+    free(dom);
+    proc_rmtree(dir);
+    return 0;
+}
+
+/* Runs chromium headless on path: its DOM into `dom`, and a screenshot to
+ * KILN_BINARY_DIR/web-screens/<shot>.png when shot is not NULL. */
+static void browse(const char *path, const char *shot)
+{
+    char url[256], profile[400], mode[600];
+    snprintf(url, sizeof url, "%s%s", base, path);
+    snprintf(profile, sizeof profile, "--user-data-dir=%s/profile-%s", dir, shot ? shot : "dom");
+    if (shot != NULL) {
+        char out[400];
+        snprintf(out, sizeof out, "%s/web-screens", KILN_BINARY_DIR);
+        assert_int_equal(kiln_mkdir_p(out), 0);
+        snprintf(mode, sizeof mode, "--screenshot=%s/web-screens/%s.png", KILN_BINARY_DIR, shot);
+    } else {
+        snprintf(mode, sizeof mode, "--dump-dom");
+    }
+    const char *argv[] = {CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                          "--disable-quic", "--no-first-run", "--disable-background-networking",
+                          "--disable-component-update", "--disable-sync",
+                          "--disable-dev-shm-usage", "--hide-scrollbars", profile,
+                          "--window-size=1280,900", mode, url, NULL};
+    static proc_result_t r;
+    proc_run(&r, dir, argv);
+    if (r.code != 0)
+        fail_msg("chromium on %s exited %d:\n%s", url, r.code, r.err);
+    snprintf(dom, 1 << 20, "%s", r.out);
+}
+
+static void test_runs_table(void **state)
+{
+    browse("/runs", NULL);
+    assert_non_null(strstr(dom, "<table id=\"runs\">"));
+    char want[64];
+    snprintf(want, sizeof want, "<a href=\"/runs/%lld\">", (long long)fx.run_ok);
+    assert_non_null(strstr(dom, want));
+    assert_non_null(strstr(dom, "succeeded"));
+    browse("/runs", "runs");
+}
+
+static void test_run_page(void **state)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/runs/%lld", (long long)fx.run_ok);
+    browse(path, NULL);
+    /* The browser parsed the inline SVG into the DOM: the plot and its line. */
+    assert_non_null(strstr(dom, "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"loss-plot\""));
+    assert_non_null(strstr(dom, "<polyline class=\"series\""));
+    assert_non_null(strstr(dom, "<table id=\"timeline\">"));
+    assert_non_null(strstr(dom, "<pre class=\"log\" id=\"log\">"));
+    browse(path, "run");
+    /* The failed run: its hostile error is text in the DOM, not an element. */
+    snprintf(path, sizeof path, "/runs/%lld", (long long)fx.run_failed);
+    browse(path, NULL);
+    assert_null(strstr(dom, "<script"));
+    assert_non_null(strstr(dom, "&lt;script&gt;alert(1)&lt;/script&gt;"));
+}
+
+static void test_lineage_graph(void **state)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/lineage/checkpoint/%lld", (long long)fx.ckpt_incr);
+    browse(path, NULL);
+    assert_non_null(strstr(dom, "id=\"lineage\""));
+    assert_non_null(strstr(dom, "<g class=\"node checkpoint\">"));
+    assert_non_null(strstr(dom, "<g class=\"node endpoint\">"));
+    assert_non_null(strstr(dom, "<g class=\"edge\">"));
+    browse(path, "lineage");
+    browse("/endpoints", "endpoints");
+    browse("/jobs", "jobs");
+}
+
+int main(void)
+{
+    if (access(CHROMIUM, X_OK) != 0) {
+        printf("chromium is not installed (apt-get install chromium); skipping\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_runs_table),
+        cmocka_unit_test(test_run_page),
+        cmocka_unit_test(test_lineage_graph),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,672 @@
+/*
+ * web/web_pages.c - the HTML pages: jobs, runs (paged), one run (timeline,
+ * loss curve, inputs, checkpoints, exports and pushes, log tail, error,
+ * cancel/retry forms), endpoints, and lineage graphs. Server-rendered, no
+ * script: a running run's page refreshes itself with <meta http-equiv>.
+ * Every value goes into the page through web_esc.
+ */
+#include "web_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char css[] =
+    "body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#202124;background:#fafafa}"
+    "header{background:#3c1f0f;color:#fff;padding:8px 16px;display:flex;gap:18px;"
+    "align-items:baseline}header b{font-size:18px;margin-right:12px}"
+    "header a{color:#ffd8b0;text-decoration:none}main{padding:12px 16px}"
+    "table{border-collapse:collapse;background:#fff;margin:6px 0 14px}"
+    "th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;white-space:nowrap}"
+    "th{background:#f1f3f4}td.num{text-align:right;font-variant-numeric:tabular-nums}"
+    ".st{padding:1px 6px;border-radius:8px;font-size:12px}"
+    ".st-succeeded{background:#e6f4ea;color:#137333}.st-failed,.st-timed_out{background:#fce8e6;"
+    "color:#a50e0e}.st-running,.st-launching{background:#e8f0fe;color:#1967d2}"
+    ".st-queued{background:#fef7e0;color:#b06000}.st-canceled,.st-skipped{background:#eee;"
+    "color:#555}pre.log{background:#111;color:#ddd;padding:8px;max-height:420px;overflow:auto;"
+    "font-size:12px}.error{background:#fce8e6;border:1px solid #d93025;padding:6px 10px}"
+    "dl.kv{display:grid;grid-template-columns:max-content auto;gap:2px 14px}dl.kv dt{color:#555}"
+    "dl.kv dd{margin:0}form.act{display:inline-block;margin-right:12px}"
+    "nav.pages a{margin-right:14px}h2{font-size:16px;margin:18px 0 4px}";
+
+/* One navigation entry per top page. */
+static const struct {
+    const char *href, *label;
+} nav[] = {
+    {"/jobs", "Jobs"}, {"/runs", "Runs"}, {"/endpoints", "Endpoints"},
+    {"/api/runs", "API"}, {"/metrics", "Metrics"},
+};
+
+static void head(web_req_t *r, const char *title, int refresh_s)
+{
+    web_buf_t *b = &r->out;
+    web_buf_puts(b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
+    if (refresh_s > 0)
+        web_buf_printf(b, "<meta http-equiv=\"refresh\" content=\"%d\">", refresh_s);
+    web_buf_puts(b, "<title>");
+    web_esc(b, title);
+    web_buf_printf(b, " - kiln</title><style>%s</style></head>\n<body><header><b>kiln</b>", css);
+    for (size_t i = 0; i < sizeof nav / sizeof nav[0]; i++)
+        web_buf_printf(b, "<a href=\"%s\">%s</a>", nav[i].href, nav[i].label);
+    web_buf_puts(b, "</header><main>\n<h1>");
+    web_esc(b, title);
+    web_buf_puts(b, "</h1>\n");
+}
+
+static void foot(web_req_t *r)
+{
+    web_buf_puts(&r->out, "</main></body></html>\n");
+}
+
+void web_page_error(web_req_t *r, int status, const char *msg)
+{
+    char title[32];
+    snprintf(title, sizeof title, "Error %d", status);
+    head(r, title, 0);
+    web_buf_puts(&r->out, "<p class=\"error\">");
+    web_esc(&r->out, msg);
+    web_buf_puts(&r->out, "</p>\n");
+    foot(r);
+}
+
+/* ---- cells --------------------------------------------------------------------------- */
+
+static void td_time(web_buf_t *b, int64_t t)
+{
+    char iso[KILN_ISO_LEN];
+    if (t <= 0) {
+        web_buf_puts(b, "<td>-</td>");
+        return;
+    }
+    web_buf_puts(b, "<td>");
+    web_esc(b, kiln_time_iso(t, iso, sizeof iso));
+    web_buf_puts(b, "</td>");
+}
+
+static void td_text(web_buf_t *b, const char *s)
+{
+    web_buf_puts(b, "<td>");
+    web_esc(b, s && *s ? s : "-");
+    web_buf_puts(b, "</td>");
+}
+
+static void td_num(web_buf_t *b, double v, const char *fmt)
+{
+    if (isnan(v)) {
+        web_buf_puts(b, "<td class=\"num\">-</td>");
+        return;
+    }
+    web_buf_puts(b, "<td class=\"num\">");
+    web_buf_printf(b, fmt, v);
+    web_buf_puts(b, "</td>");
+}
+
+static void duration_text(web_buf_t *b, int64_t s)
+{
+    if (s < 0)
+        web_buf_puts(b, "-");
+    else if (s < 60)
+        web_buf_printf(b, "%llds", (long long)s);
+    else if (s < 3600)
+        web_buf_printf(b, "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
+    else
+        web_buf_printf(b, "%lldh%02lldm", (long long)(s / 3600), (long long)(s % 3600 / 60));
+}
+
+static void state_badge(web_buf_t *b, state_run_state_t s)
+{
+    const char *name = state_run_state_name(s);
+    web_buf_puts(b, "<span class=\"st st-");
+    web_esc(b, name);
+    web_buf_puts(b, "\">");
+    web_esc(b, name);
+    web_buf_puts(b, "</span>");
+}
+
+static void link_run(web_buf_t *b, int64_t id)
+{
+    web_buf_printf(b, "<a href=\"/runs/%lld\">%lld</a>", (long long)id, (long long)id);
+}
+
+/* ---- jobs ---------------------------------------------------------------------------- */
+
+int web_page_jobs(web_req_t *r)
+{
+    state_job_t *js = NULL;
+    size_t n = 0;
+    KILN_CHECK(state_job_list(r->st, &js, &n));
+    web_buf_t *b = &r->out;
+    head(r, "Jobs", 0);
+    if (n == 0)
+        web_buf_puts(b, "<p>No jobs yet: submit one with <code>kiln submit FILE</code>.</p>\n");
+    web_buf_puts(b, "<table id=\"jobs\"><tr><th>job</th><th>version</th><th>schedule</th>"
+                    "<th>next fire</th><th>last run</th><th>last state</th>"
+                    "<th>last success</th><th>paused</th></tr>\n");
+    int64_t now = kiln_now_s();
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        state_job_last_t last;
+        rc = state_job_last(r->st, js[i].id, &last);
+        if (rc < 0)
+            break;
+        web_buf_puts(b, "<tr><td><a href=\"/runs?job=");
+        web_esc(b, js[i].name);
+        web_buf_puts(b, "\">");
+        web_esc(b, js[i].name);
+        web_buf_printf(b, "</a></td><td class=\"num\">%d</td>", js[i].version);
+        td_text(b, js[i].schedule ? js[i].schedule : "one-off");
+        td_time(b, web_next_fire(&js[i], now));
+        if (last.last_run_id > 0) {
+            web_buf_puts(b, "<td>");
+            link_run(b, last.last_run_id);
+            web_buf_puts(b, "</td><td>");
+            state_badge(b, last.last_state);
+            web_buf_puts(b, "</td>");
+        } else {
+            web_buf_puts(b, "<td>-</td><td>-</td>");
+        }
+        td_time(b, last.last_success_at);
+        td_text(b, js[i].paused ? "yes" : "no");
+        web_buf_puts(b, "</tr>\n");
+    }
+    web_buf_puts(b, "</table>\n");
+    foot(r);
+    state_jobs_free(js, n);
+    return rc;
+}
+
+/* ---- runs ---------------------------------------------------------------------------- */
+
+/* Reads ?job=NAME&state=S&before=ID&limit=N. */
+typedef struct runs_query {
+    const char *job, *state_name;
+    int64_t job_id, before, limit;
+    int state;
+} runs_query_t;
+
+static int runs_query(web_req_t *r, runs_query_t *q)
+{
+    memset(q, 0, sizeof *q);
+    q->state = -1;
+    q->job = web_arg(r, "job");
+    q->state_name = web_arg(r, "state");
+    KILN_CHECK(web_arg_i64(r, "before", 0, 0, INT64_MAX, &q->before));
+    KILN_CHECK(web_arg_i64(r, "limit", WEB_PAGE_DEFAULT, 1, STATE_PAGE_MAX, &q->limit));
+    if (q->job != NULL && *q->job) {
+        state_job_t j;
+        KILN_CHECK(state_job_get(r->st, q->job, &j));
+        q->job_id = j.id;
+        state_job_fini(&j);
+    }
+    if (q->state_name != NULL && *q->state_name) {
+        state_run_state_t s;
+        KILN_CHECK(state_run_state_parse(q->state_name, &s));
+        q->state = (int)s;
+    }
+    return 0;
+}
+
+/* The query string of a runs page with the same filters. */
+static void runs_href(web_buf_t *b, const runs_query_t *q, int64_t before)
+{
+    web_buf_puts(b, "/runs?limit=");
+    web_buf_printf(b, "%lld", (long long)q->limit);
+    if (q->job_id > 0) {
+        web_buf_puts(b, "&amp;job=");
+        web_esc(b, q->job);
+    }
+    if (q->state >= 0) {
+        web_buf_puts(b, "&amp;state=");
+        web_esc(b, q->state_name);
+    }
+    if (before > 0)
+        web_buf_printf(b, "&amp;before=%lld", (long long)before);
+}
+
+int web_page_runs(web_req_t *r)
+{
+    runs_query_t q;
+    KILN_CHECK(runs_query(r, &q));
+    state_run_t *rs = NULL;
+    size_t n = 0;
+    KILN_CHECK(state_run_page(r->st, q.job_id, q.state, q.before, (int)q.limit + 1, &rs, &n));
+    bool more = n > (size_t)q.limit;
+    if (more)
+        n--;
+    bool live = false;
+    for (size_t i = 0; i < n; i++)
+        live |= !state_run_state_terminal(rs[i].state);
+    web_buf_t *b = &r->out;
+    head(r, "Runs", live && q.before == 0 ? web_refresh_s(r->w) : 0);
+    web_buf_puts(b, "<form method=\"get\" action=\"/runs\">job <input name=\"job\" value=\"");
+    web_esc(b, q.job);
+    web_buf_puts(b, "\"> state <select name=\"state\"><option value=\"\">any</option>");
+    for (int s = 0; s < STATE_RUN_NSTATES; s++) {
+        const char *name = state_run_state_name((state_run_state_t)s);
+        web_buf_printf(b, "<option%s>%s</option>", s == q.state ? " selected" : "", name);
+    }
+    web_buf_puts(b, "</select> <button>filter</button></form>\n");
+    web_buf_puts(b, "<table id=\"runs\"><tr><th>run</th><th>job</th><th>state</th>"
+                    "<th>trigger</th><th>attempt</th><th>queued</th><th>started</th>"
+                    "<th>duration</th><th>samples/s</th><th>eval logloss</th><th>exit</th></tr>\n");
+    for (size_t i = 0; i < n; i++) {
+        const state_run_t *run = &rs[i];
+        web_run_figures_t fig;
+        web_run_figures(r->st, run, &fig);
+        web_buf_puts(b, "<tr><td>");
+        link_run(b, run->id);
+        web_buf_puts(b, "</td>");
+        td_text(b, run->job_name);
+        web_buf_puts(b, "<td>");
+        state_badge(b, run->state);
+        web_buf_puts(b, "</td>");
+        td_text(b, state_trigger_name(run->trigger));
+        web_buf_printf(b, "<td class=\"num\">%d</td>", run->attempt);
+        td_time(b, run->queued_at);
+        td_time(b, run->started_at);
+        web_buf_puts(b, "<td class=\"num\">");
+        duration_text(b, web_run_duration(run));
+        web_buf_puts(b, "</td>");
+        td_num(b, fig.samples_per_s, "%.0f");
+        td_num(b, fig.eval_logloss, "%.5f");
+        if (run->exit_code >= 0 && state_run_state_terminal(run->state))
+            web_buf_printf(b, "<td class=\"num\">%d</td>", run->exit_code);
+        else
+            web_buf_puts(b, "<td>-</td>");
+        web_buf_puts(b, "</tr>\n");
+    }
+    web_buf_puts(b, "</table>\n<nav class=\"pages\">");
+    if (q.before > 0) {
+        web_buf_puts(b, "<a rel=\"first\" href=\"");
+        runs_href(b, &q, 0);
+        web_buf_puts(b, "\">newest</a>");
+    }
+    if (more && n > 0) {
+        web_buf_puts(b, "<a rel=\"next\" href=\"");
+        runs_href(b, &q, rs[n - 1].id);
+        web_buf_puts(b, "\">older runs</a>");
+    }
+    web_buf_puts(b, "</nav>\n");
+    foot(r);
+    state_runs_free(rs, n + (more ? 1 : 0));
+    return 0;
+}
+
+/* ---- one run --------------------------------------------------------------------------- */
+
+static void kv_text(web_buf_t *b, const char *k, const char *v)
+{
+    web_buf_puts(b, "<dt>");
+    web_esc(b, k);
+    web_buf_puts(b, "</dt><dd>");
+    web_esc(b, v && *v ? v : "-");
+    web_buf_puts(b, "</dd>");
+}
+
+static void kv_time(web_buf_t *b, const char *k, int64_t t)
+{
+    char iso[KILN_ISO_LEN];
+    kv_text(b, k, t > 0 ? kiln_time_iso(t, iso, sizeof iso) : NULL);
+}
+
+/* A POST form guarded by the token (no script: the browser sends the field). */
+static void action_form(web_buf_t *b, int64_t run_id, const char *action, const char *label)
+{
+    web_buf_printf(b,
+                   "<form class=\"act\" method=\"post\" action=\"/runs/%lld/%s\">"
+                   "<input type=\"password\" name=\"token\" placeholder=\"web token\" "
+                   "autocomplete=\"off\"> <button>%s</button></form>",
+                   (long long)run_id, action, label);
+}
+
+static int run_sections(web_req_t *r, const state_run_t *run);
+
+int web_page_run(web_req_t *r)
+{
+    state_run_t run;
+    int rc = state_run_get(r->st, r->id, &run);
+    if (rc == KILN_ENOENT)
+        return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
+    KILN_CHECK(rc);
+    web_buf_t *b = &r->out;
+    char title[64];
+    snprintf(title, sizeof title, "Run %lld", (long long)run.id);
+    head(r, title, state_run_state_terminal(run.state) ? 0 : web_refresh_s(r->w));
+    web_buf_puts(b, "<p>");
+    state_badge(b, run.state);
+    web_buf_puts(b, " job <a href=\"/runs?job=");
+    web_esc(b, run.job_name);
+    web_buf_puts(b, "\">");
+    web_esc(b, run.job_name);
+    web_buf_printf(b, "</a> (spec version %d)", run.job_version);
+    if (!state_run_state_terminal(run.state))
+        web_buf_printf(b, " &middot; this page refreshes every %d s", web_refresh_s(r->w));
+    web_buf_puts(b, "</p>\n");
+    if (run.error != NULL) {
+        web_buf_puts(b, "<p class=\"error\" id=\"error\">");
+        web_esc(b, run.error);
+        web_buf_puts(b, "</p>\n");
+    }
+    web_buf_puts(b, "<dl class=\"kv\">");
+    char num[64];
+    kv_text(b, "trigger", state_trigger_name(run.trigger));
+    snprintf(num, sizeof num, "%d", run.attempt);
+    kv_text(b, "attempt", num);
+    if (run.retry_of > 0) {
+        web_buf_printf(b, "<dt>retry of</dt><dd>");
+        link_run(b, run.retry_of);
+        web_buf_puts(b, "</dd>");
+    }
+    kv_time(b, "scheduled for", run.scheduled_at);
+    kv_time(b, "queued", run.queued_at);
+    kv_time(b, "started", run.started_at);
+    kv_time(b, "ended", run.ended_at);
+    web_buf_puts(b, "<dt>duration</dt><dd>");
+    duration_text(b, web_run_duration(&run));
+    web_buf_puts(b, "</dd>");
+    if (state_run_state_terminal(run.state)) {
+        snprintf(num, sizeof num, "%d", run.exit_code);
+        kv_text(b, "exit code", num);
+    }
+    kv_text(b, "host", run.host);
+    kv_text(b, "run directory", run.run_dir);
+    web_run_figures_t fig;
+    web_run_figures(r->st, &run, &fig);
+    static const struct {
+        const char *name, *fmt;
+        size_t off;
+    } figs[] = {
+        {"samples/s", "%.0f", offsetof(web_run_figures_t, samples_per_s)},
+        {"eval logloss", "%.5f", offsetof(web_run_figures_t, eval_logloss)},
+        {"eval AUC", "%.5f", offsetof(web_run_figures_t, eval_auc)},
+    };
+    for (size_t i = 0; i < sizeof figs / sizeof figs[0]; i++) {
+        double v = *(const double *)((const char *)&fig + figs[i].off);
+        if (isnan(v))
+            continue;
+        snprintf(num, sizeof num, figs[i].fmt, v);
+        kv_text(b, figs[i].name, num);
+    }
+    web_buf_puts(b, "</dl>\n");
+    if (!state_run_state_terminal(run.state))
+        action_form(b, run.id, "cancel", "cancel run");
+    else if (run.state != STATE_RUN_SUCCEEDED)
+        action_form(b, run.id, "retry", "retry run");
+    rc = run_sections(r, &run);
+    foot(r);
+    state_run_fini(&run);
+    return rc;
+}
+
+static int section_timeline(web_req_t *r, const state_run_t *run)
+{
+    web_buf_t *b = &r->out;
+    state_event_t *es = NULL;
+    size_t n = 0;
+    KILN_CHECK(state_event_list(r->st, 0, run->id, &es, &n));
+    web_buf_puts(b, "<h2>Timeline</h2><table id=\"timeline\"><tr><th>time</th><th>event</th>"
+                    "<th>what</th></tr>\n");
+    for (size_t i = 0; i < n; i++) {
+        web_buf_puts(b, "<tr>");
+        td_time(b, es[i].at);
+        td_text(b, es[i].kind);
+        td_text(b, es[i].message);
+        web_buf_puts(b, "</tr>\n");
+    }
+    web_buf_puts(b, "</table>\n");
+    state_events_free(es, n);
+    return 0;
+}
+
+static int section_loss(web_req_t *r, const state_run_t *run)
+{
+    double *x = NULL, *y = NULL;
+    size_t n = 0;
+    KILN_CHECK(web_loss_series(r->st, run, &x, &y, &n));
+    web_buf_puts(&r->out, "<h2>Loss</h2>\n");
+    web_svg_plot(&r->out, x, y, n, "loss-plot", "step", "training loss");
+    free(x);
+    free(y);
+    return 0;
+}
+
+static int section_inputs(web_req_t *r, const state_run_t *run)
+{
+    web_buf_t *b = &r->out;
+    state_input_t *ins = NULL;
+    size_t n = 0;
+    KILN_CHECK(state_input_list(r->st, run->id, &ins, &n));
+    web_buf_printf(b, "<h2>Inputs (%zu)</h2><table id=\"inputs\"><tr><th>path</th>"
+                      "<th>bytes</th><th>modified</th><th>checksum</th></tr>\n", n);
+    for (size_t i = 0; i < n; i++) {
+        web_buf_puts(b, "<tr>");
+        td_text(b, ins[i].path);
+        web_buf_printf(b, "<td class=\"num\">%lld</td>", (long long)ins[i].size);
+        td_time(b, ins[i].mtime);
+        td_text(b, ins[i].checksum);
+        web_buf_puts(b, "</tr>\n");
+    }
+    web_buf_puts(b, "</table>\n");
+    state_inputs_free(ins, n);
+    return 0;
+}
+
+static int section_outputs(web_req_t *r, const state_run_t *run)
+{
+    web_buf_t *b = &r->out;
+    state_checkpoint_t *cs = NULL;
+    size_t n = 0;
+    int rc = 0;
+    KILN_CHECK(state_checkpoint_list_by_run(r->st, run->id, &cs, &n));
+    web_buf_printf(b, "<h2>Checkpoints (%zu)</h2><table id=\"checkpoints\"><tr><th>checkpoint"
+                      "</th><th>kind</th><th>base</th><th>step</th><th>keys</th><th>bytes</th>"
+                      "<th>written</th><th>path</th></tr>\n", n);
+    for (size_t i = 0; i < n; i++) {
+        web_buf_printf(b, "<tr><td><a href=\"/lineage/checkpoint/%lld\">", (long long)cs[i].id);
+        web_esc(b, cs[i].uid);
+        web_buf_puts(b, "</a></td>");
+        td_text(b, cs[i].kind);
+        if (cs[i].parent_id > 0)
+            web_buf_printf(b, "<td><a href=\"/lineage/checkpoint/%lld\">%lld</a></td>",
+                           (long long)cs[i].parent_id, (long long)cs[i].parent_id);
+        else
+            web_buf_puts(b, "<td>-</td>");
+        web_buf_printf(b, "<td class=\"num\">%lld</td><td class=\"num\">%lld</td>"
+                          "<td class=\"num\">%lld</td>",
+                       (long long)cs[i].step, (long long)cs[i].keys, (long long)cs[i].bytes);
+        td_time(b, cs[i].created_at);
+        td_text(b, cs[i].path);
+        web_buf_puts(b, "</tr>\n");
+    }
+    web_buf_puts(b, "</table>\n<h2>Exports and pushes</h2><table id=\"pushes\"><tr>"
+                    "<th>checkpoint</th><th>export</th><th>format</th><th>endpoint</th>"
+                    "<th>label</th><th>push</th><th>HTTP</th><th>holds it now</th></tr>\n");
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        state_served_t *sv = NULL;
+        size_t ns = 0;
+        rc = state_lineage_served(r->st, cs[i].id, &sv, &ns);
+        for (size_t k = 0; k < ns; k++) {
+            web_buf_puts(b, "<tr>");
+            td_text(b, cs[i].uid);
+            web_buf_printf(b, "<td class=\"num\">%lld</td>", (long long)sv[k].export_id);
+            td_text(b, sv[k].format);
+            if (sv[k].push_id > 0) {
+                web_buf_printf(b, "<td><a href=\"/lineage/endpoint/%lld\">",
+                               (long long)sv[k].endpoint_id);
+                web_esc(b, sv[k].url);
+                web_buf_puts(b, "</a></td>");
+                td_text(b, sv[k].label);
+                td_text(b, sv[k].push_state);
+                web_buf_printf(b, "<td class=\"num\">%d</td>", sv[k].http_status);
+                td_text(b, sv[k].holding ? "yes" : "no");
+            } else {
+                web_buf_puts(b, "<td colspan=\"5\">not pushed</td>");
+            }
+            web_buf_puts(b, "</tr>\n");
+        }
+        state_served_free(sv, ns);
+    }
+    web_buf_puts(b, "</table>\n");
+    state_checkpoints_free(cs, n);
+    return rc;
+}
+
+static int section_log(web_req_t *r, const state_run_t *run)
+{
+    web_buf_t *b = &r->out;
+    char *tail = web_log_tail(run, 16 * 1024);
+    web_buf_printf(b, "<h2>Log (tail; all of it: <a href=\"/api/runs/%lld/log\">text</a>)</h2>",
+                   (long long)run->id);
+    web_buf_puts(b, "<pre class=\"log\" id=\"log\">");
+    web_esc(b, tail ? tail : "(no log yet)");
+    web_buf_puts(b, "</pre>\n");
+    free(tail);
+    return 0;
+}
+
+/* The sections of a run's page, in order. */
+static int (*const run_section[])(web_req_t *, const state_run_t *) = {
+    section_timeline, section_loss, section_inputs, section_outputs, section_log,
+};
+
+static int run_sections(web_req_t *r, const state_run_t *run)
+{
+    for (size_t i = 0; i < sizeof run_section / sizeof run_section[0]; i++)
+        KILN_CHECK(run_section[i](r, run));
+    return 0;
+}
+
+int web_svg_loss(web_req_t *r)
+{
+    state_run_t run;
+    int rc = state_run_get(r->st, r->id, &run);
+    if (rc == KILN_ENOENT)
+        return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
+    KILN_CHECK(rc);
+    double *x = NULL, *y = NULL;
+    size_t n = 0;
+    rc = web_loss_series(r->st, &run, &x, &y, &n);
+    if (rc == 0)
+        web_svg_plot(&r->out, x, y, n, "loss-plot", "step", "training loss");
+    free(x);
+    free(y);
+    state_run_fini(&run);
+    return rc;
+}
+
+/* ---- endpoints and lineage ---------------------------------------------------------------- */
+
+int web_page_endpoints(web_req_t *r)
+{
+    state_endpoint_info_t *es = NULL;
+    size_t n = 0;
+    KILN_CHECK(state_endpoint_list(r->st, &es, &n));
+    web_buf_t *b = &r->out;
+    head(r, "Endpoints", 0);
+    if (n == 0)
+        web_buf_puts(b, "<p>No endpoint has been pushed to yet.</p>\n");
+    web_buf_puts(b, "<table id=\"endpoints\"><tr><th>label</th><th>endpoint</th><th>model</th>"
+                    "<th>holds checkpoint</th><th>since</th><th>pushes ok</th>"
+                    "<th>failed</th><th>pending</th><th>last push</th></tr>\n");
+    for (size_t i = 0; i < n; i++) {
+        const state_endpoint_info_t *e = &es[i];
+        web_buf_puts(b, "<tr>");
+        td_text(b, e->label);
+        web_buf_printf(b, "<td><a href=\"/lineage/endpoint/%lld\">", (long long)e->id);
+        web_esc(b, e->url);
+        web_buf_puts(b, "</a></td>");
+        td_text(b, e->model);
+        if (e->checkpoint_id > 0) {
+            web_buf_printf(b, "<td><a href=\"/lineage/checkpoint/%lld\">",
+                           (long long)e->checkpoint_id);
+            web_esc(b, e->checkpoint_uid);
+            web_buf_puts(b, "</a></td>");
+        } else {
+            web_buf_puts(b, "<td>nothing yet</td>");
+        }
+        td_time(b, e->since);
+        web_buf_printf(b, "<td class=\"num\">%lld</td><td class=\"num\">%lld</td>"
+                          "<td class=\"num\">%lld</td>",
+                       (long long)e->pushes_succeeded, (long long)e->pushes_failed,
+                       (long long)e->pushes_pending);
+        td_time(b, e->last_push_at);
+        web_buf_puts(b, "</tr>\n");
+    }
+    web_buf_puts(b, "</table>\n");
+    foot(r);
+    state_endpoint_infos_free(es, n);
+    return 0;
+}
+
+static void graph_page(web_req_t *r, const char *title, const web_graph_t *g)
+{
+    head(r, title, 0);
+    web_buf_puts(&r->out, "<p>Runs write checkpoints; an incremental checkpoint is built on its "
+                          "base; exports of a checkpoint are pushed to endpoints. A thick green "
+                          "edge: the endpoint holds it now. Boxes are links.</p>\n");
+    web_svg_graph(&r->out, g, "lineage");
+    if (g->truncated)
+        web_buf_puts(&r->out, "<p>(more lineage exists than is drawn)</p>\n");
+}
+
+int web_page_lineage_ckpt(web_req_t *r)
+{
+    web_graph_t *g = kiln_malloc(sizeof *g);
+    if (g == NULL)
+        return KILN_ENOMEM;
+    int rc = web_graph_checkpoint(r->st, r->id, g);
+    if (rc == 0) {
+        char title[160];
+        const char *uid = "";
+        for (int i = 0; i < g->nnodes; i++)
+            if (g->nodes[i].focus)
+                uid = g->nodes[i].title;
+        snprintf(title, sizeof title, "Lineage of checkpoint %s", uid);
+        graph_page(r, title, g);
+        foot(r);
+    }
+    free(g);
+    return rc;
+}
+
+int web_page_lineage_endpoint(web_req_t *r)
+{
+    web_graph_t *g = kiln_malloc(sizeof *g);
+    state_holding_t *hs = NULL;
+    size_t nh = 0;
+    if (g == NULL)
+        return KILN_ENOMEM;
+    int rc = web_graph_endpoint(r->st, r->id, g);
+    if (rc == 0)
+        rc = state_endpoint_history(r->st, r->id, 50, &hs, &nh);
+    if (rc == 0) {
+        char title[160];
+        const char *name = "";
+        for (int i = 0; i < g->nnodes; i++)
+            if (g->nodes[i].focus)
+                name = g->nodes[i].title;
+        snprintf(title, sizeof title, "Lineage of endpoint %s", name);
+        graph_page(r, title, g);
+        web_buf_t *b = &r->out;
+        web_buf_puts(b, "<h2>What it held</h2><table id=\"holdings\"><tr><th>checkpoint</th>"
+                        "<th>since</th><th>until</th></tr>\n");
+        for (size_t i = 0; i < nh; i++) {
+            web_buf_printf(b, "<tr><td><a href=\"/lineage/checkpoint/%lld\">",
+                           (long long)hs[i].checkpoint_id);
+            web_esc(b, hs[i].checkpoint_uid);
+            web_buf_puts(b, "</a></td>");
+            td_time(b, hs[i].since);
+            if (hs[i].until_at > 0)
+                td_time(b, hs[i].until_at);
+            else
+                web_buf_puts(b, "<td>now</td>");
+            web_buf_puts(b, "</tr>\n");
+        }
+        web_buf_puts(b, "</table>\n");
+        foot(r);
+    }
+    state_holdings_free(hs, nh);
+    free(g);
+    return rc;
+}
