@@ -127,6 +127,18 @@ static double box_y(const web_node_t *n)
     return MARGIN + 14 + n->row * (BOX_H + ROW_GAP);
 }
 
+/* Copies s into out (cap bytes), ending in "..." when it does not fit. */
+static void ellipsize(char *out, size_t cap, const char *s)
+{
+    size_t n = strlen(s);
+    if (n < cap) {
+        memcpy(out, s, n + 1);
+        return;
+    }
+    memcpy(out, s, cap - 4);
+    memcpy(out + cap - 4, "...", 4);
+}
+
 void web_svg_graph(web_buf_t *b, const web_graph_t *g, const char *svg_id)
 {
     int rows = 1;
@@ -210,15 +222,11 @@ void web_svg_graph(web_buf_t *b, const web_graph_t *g, const char *svg_id)
                           "font-weight=\"bold\">",
                        x + 8, y + 18);
         char cut[34];
-        snprintf(cut, sizeof cut, "%s", n->title);
-        if (strlen(n->title) >= sizeof cut)
-            memcpy(cut + sizeof cut - 4, "...", 4);
+        ellipsize(cut, sizeof cut, n->title);
         web_esc(b, cut);
         web_buf_printf(b, "</text><text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#444\">",
                        x + 8, y + 35);
-        snprintf(cut, sizeof cut, "%s", n->detail);
-        if (strlen(n->detail) >= sizeof cut)
-            memcpy(cut + sizeof cut - 4, "...", 4);
+        ellipsize(cut, sizeof cut, n->detail);
         web_esc(b, cut);
         web_buf_puts(b, "</text>");
         if (n->href[0])
