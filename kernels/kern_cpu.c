@@ -5,13 +5,15 @@
  * comes from kern_ops.h, shared with kern_cuda.cu. This file is the
  * readable reference the CUDA backend is checked against.
  *
- * Parallel schedule: forward over bags (each thread owns whole output rows),
+ * Parallel schedule: forward over blocks of bags (each thread owns whole
+ * output rows and walks its block table by table, prefetching ahead),
  * backward over unique rows after a serial stable radix sort of the
  * (row, position) pairs (no atomics; each row's sum runs in bag order, so
  * the result does not depend on the thread count), update over unique rows.
  */
 #include "kern.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,53 +43,97 @@ static int check_bags(int ntables, const kern_bags_t *bags, int64_t nbags,
 
 /* ---- forward ------------------------------------------------------------------ */
 
+/* Bags per block: a thread takes a block of bags and walks it table by
+ * table, so a table's descriptor is read once per block, its row ids are
+ * read in order and the rows of the next few positions are prefetched.
+ * Long runs through one table are faster (measured with bench/lookup_bench:
+ * 256 bags ahead of 16-64), but a block is never more than a quarter of
+ * a thread's share, so that small batches still spread over the team. */
+#define GATHER_BLOCK_MAX 256
+#define GATHER_BLOCK_MIN 16
+/* Positions ahead of the one being combined whose rows are prefetched. */
+#define GATHER_AHEAD 8
+
+/* out[0..dim) = the combined rows rows[s..e) of values; returns 1 when a row
+ * id is outside [0, cap), 0 otherwise. A one-row bag is a copy (its mean is
+ * itself); otherwise the rows are summed in order from zero, then scaled
+ * (mean), so every path gives the same bits. Always inlined, so that a call
+ * with a constant dim (16, the common case) compiles to fixed-width code:
+ * the copy becomes four vector moves instead of a libc memmove call. */
+__attribute__((always_inline)) static inline int
+combine_bag(const float *restrict values, int64_t cap, int dim, int combine,
+            const int32_t *restrict rows, int64_t s, int64_t e, float *restrict o)
+{
+    if (e == s + 1 && rows[s] >= 0 && rows[s] < cap) {
+        memcpy(o, values + (size_t)rows[s] * (size_t)dim, sizeof(float) * (size_t)dim);
+        return 0;
+    }
+    int bad = 0;
+    for (int j = 0; j < dim; j++)
+        o[j] = 0.0f;
+    for (int64_t p = s; p < e; p++) {
+        const int32_t r = rows[p];
+        if (r < 0 || r >= cap) {
+            bad = 1;
+            continue;
+        }
+        const float *restrict v = values + (size_t)r * (size_t)dim;
+#pragma omp simd
+        for (int j = 0; j < dim; j++)
+            o[j] += v[j];
+    }
+    if (combine == KERN_COMBINE_MEAN && e > s) {
+        const float sc = kern_combine_scale(combine, e - s);
+#pragma omp simd
+        for (int j = 0; j < dim; j++)
+            o[j] *= sc;
+    }
+    return bad;
+}
+
 int kern_cpu_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
                             int64_t out_stride, float *out /* OUT (nbags, out_stride) */)
 {
     KILN_CHECK(check_bags(ntables, bags, nbags, out_stride));
     int bad = 0;
+    int64_t block = nbags / (4 * (int64_t)omp_get_max_threads());
+    if (block > GATHER_BLOCK_MAX)
+        block = GATHER_BLOCK_MAX;
+    if (block < GATHER_BLOCK_MIN)
+        block = GATHER_BLOCK_MIN;
+    const int64_t nblocks = (nbags + block - 1) / block;
 
 #pragma omp parallel for schedule(static) reduction(| : bad)
-    for (int64_t b = 0; b < nbags; b++) {
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+        const int64_t b0 = blk * block;
+        const int64_t b1 = b0 + block < nbags ? b0 + block : nbags;
         for (int t = 0; t < ntables; t++) {
             const kern_bags_t *g = &bags[t];
-            const int dim = g->dim;
-            float *restrict o = out + b * out_stride + g->out_col; /* (dim) */
-            const int64_t s = g->offsets[b], e = g->offsets[b + 1];
-            /* Start the row of this table's bag two ahead on its way. */
-            if (b + 2 < nbags && g->offsets[b + 2] < g->offsets[b + 3] &&
-                (uint32_t)g->rows[g->offsets[b + 2]] < (uint64_t)g->capacity)
-                __builtin_prefetch(g->values + (size_t)g->rows[g->offsets[b + 2]] * (size_t)dim);
-            if (e == s + 1 && g->rows[s] >= 0 && g->rows[s] < g->capacity) {
-                /* One row: a copy (its mean is itself). */
-                const float *restrict v = g->values + (size_t)g->rows[s] * (size_t)dim;
-#pragma omp simd
-                for (int j = 0; j < dim; j++)
-                    o[j] = v[j];
-                continue;
-            }
-            for (int j = 0; j < dim; j++)
-                o[j] = 0.0f;
-            if (e < s) {
-                bad = 1;
-                continue;
-            }
-            for (int64_t p = s; p < e; p++) {
-                const int32_t r = g->rows[p];
-                if (r < 0 || r >= g->capacity) {
+            const float *restrict values = g->values;
+            const int32_t *restrict rows = g->rows;
+            const int64_t *restrict offsets = g->offsets;
+            const int64_t cap = g->capacity;
+            const int dim = g->dim, combine = g->combine;
+            float *restrict o = out + b0 * out_stride + g->out_col; /* (dim) per bag */
+            /* The positions of this block; prefetch the first few rows. */
+            const int64_t p0 = offsets[b0], p1 = offsets[b1];
+            for (int64_t p = p0; p < p1 && p < p0 + GATHER_AHEAD; p++)
+                if ((uint32_t)rows[p] < (uint64_t)cap)
+                    __builtin_prefetch(values + (size_t)rows[p] * (size_t)dim);
+            for (int64_t b = b0; b < b1; b++, o += out_stride) {
+                const int64_t s = offsets[b], e = offsets[b + 1];
+                /* Start the rows GATHER_AHEAD positions past this bag. */
+                for (int64_t p = s + GATHER_AHEAD; p < e + GATHER_AHEAD && p < p1; p++)
+                    if ((uint32_t)rows[p] < (uint64_t)cap)
+                        __builtin_prefetch(values + (size_t)rows[p] * (size_t)dim);
+                if (e < s) {
+                    for (int j = 0; j < dim; j++)
+                        o[j] = 0.0f;
                     bad = 1;
                     continue;
                 }
-                const float *restrict v = g->values + (size_t)r * (size_t)dim;
-#pragma omp simd
-                for (int j = 0; j < dim; j++)
-                    o[j] += v[j];
-            }
-            if (g->combine == KERN_COMBINE_MEAN && e > s) {
-                const float sc = kern_combine_scale(g->combine, e - s);
-#pragma omp simd
-                for (int j = 0; j < dim; j++)
-                    o[j] *= sc;
+                bad |= dim == 16 ? combine_bag(values, cap, 16, combine, rows, s, e, o)
+                                 : combine_bag(values, cap, dim, combine, rows, s, e, o);
             }
         }
     }

@@ -4,12 +4,13 @@
  *
  * Layout (docs/kernels.md has the numbers): rows live densely in
  * capacity-sized arrays indexed by row id - keys, values (dim floats),
- * optimizer state, adam update counts, stamps, and for lru/lfu the step of
- * last use (and the use count). The hash index is an open-addressing table
- * of 4-byte slots holding row id + 1 (0 = empty), a power of two of at least
- * capacity / 0.8 slots, probed linearly and compared through keys[row];
- * deletion shifts the probe run back instead of leaving tombstones. Free
- * rows are chained through their keys[] entry, and their stamp is -1.
+ * optimizer state, adam update counts, stamps, for lru the step of last use
+ * and for lfu the use count. The hash index is an open-addressing table of
+ * 3-byte slots (4 when the capacity needs 25 bits or more) holding row id + 1
+ * (0 = empty), growing up to capacity / 0.8 slots, probed linearly and
+ * compared through keys[row]; deletion shifts the probe run back instead of
+ * leaving tombstones. Free rows are chained through their keys[] entry, and
+ * their stamp is -1.
  *
  * A new key's row is a pure function of (table seed, key) (kern_ops.h), so
  * training is reproducible across rank counts and insertion orders.
@@ -28,11 +29,18 @@
 #define MAX_LOAD 0.8
 #define EVICT_SAMPLE 4096
 #define NO_ROW (-1)
-/* lru/lfu keep the low 16 bits of the step of last use. A sweep at least
+/* lru keeps the low 16 bits of the step of last use. A sweep at least
  * every AGE_SWEEP steps caps every row's age at AGE_CAP, so true ages stay
  * below AGE_CAP + AGE_SWEEP < 65536 and the 16-bit difference is exact. */
 #define AGE_CAP 32768u
 #define AGE_SWEEP 16384
+/* lfu packs a row's use count (15 bits, saturating) and a flag "used at the
+ * step in use_step[row / 64]" into one 16-bit word; a group's flags are
+ * cleared when the first of its rows is used at a new step. */
+#define FREQ_MAX 0x7fffu
+#define FREQ_USED 0x8000u
+/* A slot holds row id + 1 in SLOT3 bytes when that fits in 24 bits. */
+#define SLOT3 3
 
 struct kern_table {
     char *name;
@@ -52,13 +60,15 @@ struct kern_table {
     float *opt;          /* (capacity, nstate*dim) or NULL */
     uint32_t *opt_steps; /* adam only */
     int64_t *stamps;     /* -1 for a free row */
-    uint16_t *used;      /* lru/lfu: low 16 bits of the step of last use */
-    uint16_t *freq;      /* lfu: uses, saturating */
+    uint16_t *used;      /* lru: low 16 bits of the step of last use */
+    uint16_t *freq;      /* lfu: uses (FREQ_MAX saturating) | FREQ_USED */
+    uint32_t *use_step;  /* lfu: (capacity/64) the step whose uses the group's flags show */
     int64_t last_step;   /* the largest step seen by a use */
     int64_t swept;       /* step of the last age sweep */
 
     /* The index. */
-    uint32_t *slots;   /* (nslots) row id + 1, 0 = empty */
+    uint8_t *slots;    /* (nslots * slot_bytes) row id + 1, little endian, 0 = empty */
+    int slot_bytes;    /* 3, or 4 when capacity >= 2^24 */
     int64_t nslots;    /* now: grows with the live rows ... */
     int64_t max_slots; /* ... up to capacity / MAX_LOAD */
 
@@ -100,6 +110,24 @@ static void big_free(void *p, size_t bytes)
 
 /* ---- index ------------------------------------------------------------------ */
 
+/* Returns slot i's content: row id + 1, 0 when empty. */
+static inline uint32_t slot_get(const kern_table_t *t, uint64_t i)
+{
+    const uint8_t *p = t->slots + i * (uint64_t)t->slot_bytes;
+    uint32_t v = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
+    return t->slot_bytes == SLOT3 ? v : v | (uint32_t)p[3] << 24;
+}
+
+static inline void slot_set(kern_table_t *t, uint64_t i, uint32_t v)
+{
+    uint8_t *p = t->slots + i * (uint64_t)t->slot_bytes;
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    if (t->slot_bytes != SLOT3)
+        p[3] = (uint8_t)(v >> 24);
+}
+
 /* The home slot of key: the top 32 bits of its hash scaled to [0, nslots)
  * (nslots < 2^32, and need not be a power of two). */
 static inline uint64_t slot_of(const kern_table_t *t, int64_t key)
@@ -119,7 +147,7 @@ static inline uint64_t probe(const kern_table_t *t, int64_t key, int *found)
 {
     uint64_t i = slot_of(t, key);
     for (;;) {
-        uint32_t s = t->slots[i];
+        uint32_t s = slot_get(t, i);
         if (s == 0) {
             *found = 0;
             return i;
@@ -139,7 +167,7 @@ static void index_remove(kern_table_t *t, uint64_t i)
     uint64_t j = i;
     for (;;) {
         j = next_slot(t, j);
-        uint32_t s = t->slots[j];
+        uint32_t s = slot_get(t, j);
         if (s == 0)
             break;
         uint64_t home = slot_of(t, t->keys[s - 1]);
@@ -147,11 +175,11 @@ static void index_remove(kern_table_t *t, uint64_t i)
          * cyclically in (i, j]. */
         int stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
         if (!stays) {
-            t->slots[i] = s;
+            slot_set(t, i, s);
             i = j;
         }
     }
-    t->slots[i] = 0;
+    slot_set(t, i, 0);
 }
 
 /* Makes the index big enough for `want` live rows at load <= MAX_LOAD:
@@ -167,11 +195,11 @@ static int index_reserve(kern_table_t *t, int64_t want)
         ns *= 2;
     if (ns > t->max_slots)
         ns = t->max_slots;
-    uint32_t *slots = big_alloc(sizeof(uint32_t) * (size_t)ns);
+    uint8_t *slots = big_alloc((size_t)t->slot_bytes * (size_t)ns);
     if (!slots)
         return kiln_errf(KILN_ENOMEM, "table '%s': out of memory growing its index to %lld "
                          "slots", t->name, (long long)ns);
-    big_free(t->slots, sizeof(uint32_t) * (size_t)t->nslots);
+    big_free(t->slots, (size_t)t->slot_bytes * (size_t)t->nslots);
     t->slots = slots;
     t->nslots = ns;
     for (int64_t r = 0; r < t->hiwater; r++) {
@@ -179,7 +207,7 @@ static int index_reserve(kern_table_t *t, int64_t want)
             continue;
         int found;
         uint64_t i = probe(t, t->keys[r], &found);
-        t->slots[i] = (uint32_t)(r + 1);
+        slot_set(t, i, (uint32_t)(r + 1));
     }
     return 0;
 }
@@ -201,12 +229,25 @@ static inline void mark_one(kern_table_t *t, int64_t r)
     }
 }
 
+/* Counts a use of row r at step (lru: the step; lfu: the count and the
+ * used-now flag, clearing the stale flags of r's group first). */
 static inline void touch(kern_table_t *t, int64_t r, int64_t step)
 {
     if (t->used)
         t->used[r] = (uint16_t)step;
-    if (t->freq && t->freq[r] != UINT16_MAX)
-        t->freq[r]++;
+    if (t->freq) {
+        const int64_t w = r >> 6;
+        if (t->use_step[w] != (uint32_t)step) {
+            const int64_t e = (w + 1) * 64 < t->capacity ? (w + 1) * 64 : t->capacity;
+            for (int64_t q = w * 64; q < e; q++)
+                t->freq[q] &= (uint16_t)~FREQ_USED;
+            t->use_step[w] = (uint32_t)step;
+        }
+        uint16_t f = t->freq[r];
+        if ((f & FREQ_MAX) != FREQ_MAX)
+            f++;
+        t->freq[r] = (uint16_t)(f | FREQ_USED);
+    }
 }
 
 /* Steps since row r was last used (t->used present, r live, step >= the
@@ -218,6 +259,8 @@ static inline uint32_t age_of(const kern_table_t *t, int64_t r, int64_t step)
 
 static inline int used_now(const kern_table_t *t, int64_t r, int64_t step)
 {
+    if (t->freq)
+        return t->use_step[r >> 6] == (uint32_t)step && (t->freq[r] & FREQ_USED);
     return t->used[r] == (uint16_t)step;
 }
 
@@ -318,7 +361,7 @@ static void init_row(kern_table_t *t, int64_t r, int64_t key)
 /* Lower goes first: lfu the use count, lru the age counted down. */
 static inline uint32_t priority(const kern_table_t *t, int64_t r, int64_t step)
 {
-    return t->evict == KERN_EVICT_LFU ? t->freq[r] : 65535u - age_of(t, r, step);
+    return t->evict == KERN_EVICT_LFU ? t->freq[r] & FREQ_MAX : 65535u - age_of(t, r, step);
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -418,17 +461,19 @@ static int table_arrays(kern_table_t *t, array_t a[MAX_ARRAYS] /* OUT */)
     a[n++] = (array_t){(void **)&t->keys, sizeof(int64_t) * cap};
     a[n++] = (array_t){(void **)&t->values, sizeof(float) * cap * dim};
     a[n++] = (array_t){(void **)&t->stamps, sizeof(int64_t) * cap};
-    a[n++] = (array_t){(void **)&t->slots, sizeof(uint32_t) * (size_t)t->nslots};
+    a[n++] = (array_t){(void **)&t->slots, (size_t)t->slot_bytes * (size_t)t->nslots};
     a[n++] = (array_t){(void **)&t->chg, sizeof(uint64_t) * ((cap + 63) / 64)};
     a[n++] = (array_t){(void **)&t->chg_sum, sizeof(uint64_t) * ((cap + 4095) / 4096)};
     if (t->nstate > 0)
         a[n++] = (array_t){(void **)&t->opt, sizeof(float) * cap * dim * (size_t)t->nstate};
     if (t->opt_kind == KERN_OPT_ADAM)
         a[n++] = (array_t){(void **)&t->opt_steps, sizeof(uint32_t) * cap};
-    if (t->evict != KERN_EVICT_NONE)
+    if (t->evict == KERN_EVICT_LRU)
         a[n++] = (array_t){(void **)&t->used, sizeof(uint16_t) * cap};
-    if (t->evict == KERN_EVICT_LFU)
+    if (t->evict == KERN_EVICT_LFU) {
         a[n++] = (array_t){(void **)&t->freq, sizeof(uint16_t) * cap};
+        a[n++] = (array_t){(void **)&t->use_step, sizeof(uint32_t) * ((cap + 63) / 64)};
+    }
     return n;
 }
 
@@ -476,6 +521,7 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
         t->max_slots = 8;
     t->nslots = t->max_slots < 1024 ? t->max_slots : 1024;
     t->opt_kind = cfg->opt;
+    t->slot_bytes = cfg->capacity < ((int64_t)1 << 24) ? SLOT3 : 4;
 
     if (!t->name) {
         rc = KILN_ENOMEM;
@@ -531,7 +577,7 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
         int found;
         uint64_t s = probe(t, keys[i], &found);
         if (found) {
-            rows[i] = (int32_t)(t->slots[s] - 1);
+            rows[i] = (int32_t)(slot_get(t, s) - 1);
             touch(t, rows[i], step);
         } else {
             rows[i] = -1;
@@ -576,11 +622,11 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
         uint64_t s = probe(t, keys[i], &found);
         int64_t r;
         if (found) {
-            r = t->slots[s] - 1;
+            r = slot_get(t, s) - 1;
         } else {
             r = alloc_row(t);
             t->keys[r] = keys[i];
-            t->slots[s] = (uint32_t)(r + 1);
+            slot_set(t, s, (uint32_t)(r + 1));
             init_row(t, r, keys[i]);
             t->stamps[r] = step;
             mark_one(t, r);
@@ -600,7 +646,7 @@ int64_t kern_table_find(const kern_table_t *t, int64_t n, const int64_t *keys,
     for (int64_t i = 0; i < n; i++) {
         int found;
         uint64_t s = probe(t, keys[i], &found);
-        rows[i] = found ? (int32_t)(t->slots[s] - 1) : -1;
+        rows[i] = found ? (int32_t)(slot_get(t, s) - 1) : -1;
         nfound += found;
     }
     return nfound;
@@ -616,7 +662,7 @@ int kern_table_delete(kern_table_t *t, int64_t n, const int64_t *keys, int64_t s
         uint64_t s = probe(t, keys[i], &found);
         if (!found)
             continue;
-        KILN_CHECK_GOTO(free_row(t, t->slots[s] - 1, s, step), rc, out);
+        KILN_CHECK_GOTO(free_row(t, slot_get(t, s) - 1, s, step), rc, out);
         nd++;
     }
 out:
@@ -665,11 +711,11 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
         uint64_t s = probe(t, keys[i], &found);
         int64_t r;
         if (found) {
-            r = t->slots[s] - 1;
+            r = slot_get(t, s) - 1;
         } else {
             r = alloc_row(t);
             t->keys[r] = keys[i];
-            t->slots[s] = (uint32_t)(r + 1);
+            slot_set(t, s, (uint32_t)(r + 1));
             if (t->freq)
                 t->freq[r] = 0;
         }

@@ -1,10 +1,12 @@
 /*
  * tests/test_kernels.c - kernels/: the dynamic embedding table (seeded init,
  * find-or-insert, lru/lfu eviction and its log, eviction none, delete, the
- * memory bound, change tracking, scan, bulk load) and the fused CPU ops
- * (gather+combine, backward reduce, sgd/adagrad/adam), each against a naive
- * reference written plainly here, plus OpenMP-vs-one-thread equality.
- * Floats are compared with atol + rtol*|ref|.
+ * memory bound (dim 1 with every optimizer and policy among its cases), the
+ * 4-byte index of 2^24-row tables, change tracking, scan, bulk load) and the
+ * fused CPU ops (gather+combine, backward reduce, sgd/adagrad/adam), each
+ * against a naive reference written plainly here, the gather also bit for
+ * bit against its documented float order, plus OpenMP-vs-one-thread
+ * equality. Floats are compared with atol + rtol*|ref|.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -371,6 +373,17 @@ static void test_memory_bound(void **state)
         {16, 100000, KERN_OPT_SGD, KERN_EVICT_LRU},
         {32, 50000, KERN_OPT_ADAGRAD, KERN_EVICT_NONE},
         {64, 30000, KERN_OPT_ADAM, KERN_EVICT_LRU},
+        /* dim 1 (lr), where the raw row is only 20 (sgd), 24 (adagrad) or
+         * 32 (adam) bytes: every optimizer under every eviction policy. */
+        {1, 100000, KERN_OPT_SGD, KERN_EVICT_NONE},
+        {1, 100000, KERN_OPT_SGD, KERN_EVICT_LRU},
+        {1, 100000, KERN_OPT_SGD, KERN_EVICT_LFU},
+        {1, 100000, KERN_OPT_ADAGRAD, KERN_EVICT_NONE},
+        {1, 100000, KERN_OPT_ADAGRAD, KERN_EVICT_LRU},
+        {1, 104858, KERN_OPT_ADAGRAD, KERN_EVICT_LFU},
+        {1, 100000, KERN_OPT_ADAM, KERN_EVICT_NONE},
+        {1, 100000, KERN_OPT_ADAM, KERN_EVICT_LRU},
+        {1, 100000, KERN_OPT_ADAM, KERN_EVICT_LFU},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         kern_table_t *t = make_table("mem", cases[c].dim, cases[c].cap, cases[c].opt, cases[c].ev);
@@ -388,10 +401,38 @@ static void test_memory_bound(void **state)
         double per_key = (double)kern_table_bytes(t) / (double)cap;
         if (!(per_key <= 1.3 * (double)raw))
             fail_msg("case %zu: %.2f bytes per key > 1.3 x %zu", c, per_key, raw);
+        /* Every key is still there (the 3-byte index slots hold them all). */
+        int32_t *again = malloc(sizeof(int32_t) * (size_t)cap);
+        assert_int_equal(kern_table_find(t, cap, keys, again), cap);
+        assert_memory_equal(again, rows, sizeof(int32_t) * (size_t)cap);
+        free(again);
         free(keys);
         free(rows);
         kern_table_destroy(t);
     }
+}
+
+/* A capacity of 2^24 rows needs 4-byte index slots (row id + 1 no longer
+ * fits in 3): insert, delete and find there. The arrays are allocated
+ * lazily, so only the rows touched cost memory. */
+static void test_wide_index(void **state)
+{
+    (void)state;
+    enum { N = 5000 };
+    kern_table_t *t = make_table("wide", 1, (int64_t)1 << 24, KERN_OPT_SGD, KERN_EVICT_LFU);
+    int64_t keys[N];
+    int32_t rows[N], again[N];
+    for (int i = 0; i < N; i++)
+        keys[i] = (int64_t)i * 104729 - 7;
+    assert_int_equal(kern_table_find_or_insert(t, N, keys, 1, rows), 0);
+    assert_int_equal(kern_table_size(t), N);
+    int64_t nd;
+    assert_int_equal(kern_table_delete(t, N / 2, keys, 2, &nd), 0);
+    assert_int_equal(nd, N / 2);
+    assert_int_equal(kern_table_find(t, N, keys, again), N - N / 2);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(again[i], i < N / 2 ? -1 : rows[i]);
+    kern_table_destroy(t);
 }
 
 static void test_changed_since(void **state)
@@ -583,6 +624,81 @@ static void test_gather_combine(void **state)
     free(out);
     free(ref);
     batch_free(&B);
+}
+
+/* The gather's exact float semantics, bit for bit, on the widths it has
+ * special paths for (16) and others (1, 5): a one-row bag is a copy of the
+ * row (so -0.0 stays -0.0), a longer bag sums its rows in order starting
+ * from +0.0, and a mean bag is that sum times 1/len. Slabs hold -0.0 and
+ * values of mixed magnitude so that any other order or a fused a*b+c would
+ * show. 300 bags: several blocks of the parallel loop and a partial one. */
+static void test_gather_bitwise(void **state)
+{
+    (void)state;
+    enum { GT = 4, GCAP = 200, GBAGS = 300 };
+    const int dims[GT] = {16, 16, 1, 5};
+    const kern_combine_t comb[GT] = {KERN_COMBINE_SUM, KERN_COMBINE_MEAN, KERN_COMBINE_SUM,
+                                     KERN_COMBINE_MEAN};
+    float *vals[GT];
+    int64_t *offs[GT];
+    int32_t *rws[GT];
+    kern_bags_t bags[GT];
+    int64_t col = 0;
+    for (int t = 0; t < GT; t++) {
+        vals[t] = malloc(sizeof(float) * GCAP * (size_t)dims[t]);
+        for (int i = 0; i < GCAP * dims[t]; i++)
+            vals[t][i] = i % 11 == 0 ? -0.0f : (float)((int)(rnd() % 2001) - 1000) *
+                                                   (i % 3 ? 1e-3f : 7.3f);
+        offs[t] = malloc(sizeof(int64_t) * (GBAGS + 1));
+        rws[t] = malloc(sizeof(int32_t) * GBAGS * 6 + 4);
+        offs[t][0] = 0;
+        for (int b = 0; b < GBAGS; b++) {
+            int len = (int)(rnd() % 7);
+            for (int k = 0; k < len; k++)
+                rws[t][offs[t][b] + k] = (int32_t)(rnd() % GCAP);
+            offs[t][b + 1] = offs[t][b] + len;
+        }
+        bags[t] = (kern_bags_t){.values = vals[t], .capacity = GCAP, .dim = dims[t],
+                                .combine = comb[t], .offsets = offs[t], .rows = rws[t],
+                                .out_col = col};
+        col += dims[t];
+    }
+    const int64_t stride = col;
+    float *out = malloc(sizeof(float) * GBAGS * (size_t)stride);
+    float *ref = malloc(sizeof(float) * GBAGS * (size_t)stride);
+    for (int b = 0; b < GBAGS; b++)
+        for (int t = 0; t < GT; t++) {
+            float *o = ref + b * stride + bags[t].out_col;
+            int64_t s0 = offs[t][b], e0 = offs[t][b + 1];
+            for (int j = 0; j < dims[t]; j++) {
+                float acc;
+                if (e0 - s0 == 1) {
+                    acc = vals[t][rws[t][s0] * dims[t] + j];
+                } else {
+                    acc = 0.0f;
+                    for (int64_t p = s0; p < e0; p++)
+                        acc += vals[t][rws[t][p] * dims[t] + j];
+                    if (comb[t] == KERN_COMBINE_MEAN && e0 > s0)
+                        acc *= 1.0f / (float)(e0 - s0);
+                }
+                o[j] = acc;
+            }
+        }
+    const int saved = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads += 2) {
+        omp_set_num_threads(threads);
+        memset(out, 0x5a, sizeof(float) * GBAGS * (size_t)stride);
+        assert_int_equal(kern_cpu_gather_combine(GT, bags, GBAGS, stride, out), 0);
+        assert_memory_equal(out, ref, sizeof(float) * GBAGS * (size_t)stride);
+    }
+    omp_set_num_threads(saved);
+    for (int t = 0; t < GT; t++) {
+        free(vals[t]);
+        free(offs[t]);
+        free(rws[t]);
+    }
+    free(out);
+    free(ref);
 }
 
 static void alloc_grads(const batch_t *B, kern_row_grads_t *g)
@@ -783,9 +899,11 @@ int main(void)
         cmocka_unit_test(test_evict_none_is_full),
         cmocka_unit_test(test_delete_against_reference),
         cmocka_unit_test(test_memory_bound),
+        cmocka_unit_test(test_wide_index),
         cmocka_unit_test(test_changed_since),
         cmocka_unit_test(test_insert_rows),
         cmocka_unit_test(test_gather_combine),
+        cmocka_unit_test(test_gather_bitwise),
         cmocka_unit_test(test_backward_reduce),
         cmocka_unit_test(test_sgd),
         cmocka_unit_test(test_adagrad),

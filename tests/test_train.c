@@ -1,7 +1,9 @@
 /*
  * tests/test_train.c - kiln-train end to end under real mpirun: 1 rank vs 2
- * and 3 ranks on the same global batches agree (eval loss, AUC and the
- * training loss curve within 1e-4 relative) for lr, fm and dlrm; the same
+ * and 3 ranks on the same global batches agree for lr, fm and dlrm: the
+ * final WEIGHTS (every embedding row with its optimizer state, every dense
+ * array, read back from each run's checkpoint) within atol + 1e-4 |ref|, and
+ * eval loss, AUC and the training loss curve within 1e-4 relative; the same
  * seed gives the same result; bad specs, missing data and malformed lines
  * are reported with the exit codes of docs/trainer.md.
  */
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include "proc.h"
+#include "rt_ckpt.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN and KILN_TRAIN_BIN must name the executables"
@@ -33,8 +36,132 @@ typedef proc_result_t result_t;
 
 static void run(result_t *r, const char *const *argv) { proc_run(r, tmpdir, argv); }
 
-static void write_spec(const char *name, const char *model, int batch, const char *extra,
-                       char *path, size_t cap)
+/* ---- comparing the weights of two checkpoints ---------------------------------------
+ * Parameters are compared element by element as |x - ref| <= ATOL + RTOL |ref|.
+ *
+ * Why an absolute floor: 1 rank and N ranks add the same float32 terms in
+ * different orders (the dense allreduce sums N partial gradients where one
+ * rank sums one batch; an embedding owner adds its duplicate-key gradients
+ * shard by shard), so every update carries a rounding difference of a few
+ * ulp of the GRADIENT's magnitude, not of the parameter's. A parameter that
+ * drifts through zero ends with an absolute difference of the same size as
+ * everyone else's and an arbitrarily large relative one. Every array here
+ * holds values of order 1e-2..1 (initial scale, learning rate 0.05 and
+ * adagrad's normalised steps of about lr), and ATOL = 1e-6 is 1e-4 of the
+ * smallest of those scales (0.01): below it a value is "zero" for the
+ * purpose of a 1e-4 relative check. Optimizer state (adagrad's sums of
+ * squared gradients, 1e-20..1e-2) is far smaller than the weights, so it
+ * gets a floor of ATOL_STATE = 1e-12 only: below that an accumulator holds
+ * gradients of 1e-6 in all, at the level of the gradients' own rounding.
+ * Its relative error is twice its gradients', so the rows whose gradients
+ * are near-cancelling sums (see below) show there too. The worst differences of real runs
+ * are printed so the margin is visible in the test log;
+ * test_weights_compare_can_fail shows that a 2e-4 relative error in one
+ * element fails. */
+#define RTOL 1e-4
+#define ATOL 1e-6
+#define ATOL_STATE 1e-12
+
+typedef struct {
+    int64_t checked, bad;
+    double worst_rel;      /* max |x - ref| / |ref| over |ref| >= 100 atol */
+    double worst_abs;      /* max |x - ref| */
+    char first_bad[200];
+} wcmp_t;
+
+static void cmp_floats(wcmp_t *c, const char *what, const float *ref, const float *x, size_t n,
+                       double atol)
+{
+    for (size_t i = 0; i < n; i++) {
+        double r = ref[i], d = fabs((double)x[i] - r);
+        c->checked++;
+        if (d > c->worst_abs)
+            c->worst_abs = d;
+        if (fabs(r) >= 100 * atol && d / fabs(r) > c->worst_rel)
+            c->worst_rel = d / fabs(r);
+        if (!(d <= atol + RTOL * fabs(r))) { /* NaN fails too */
+            if (c->bad++ == 0)
+                snprintf(c->first_bad, sizeof c->first_bad, "%s[%zu]: %.9g (ref %.9g)", what,
+                         i, (double)x[i], r);
+        }
+    }
+}
+
+/* Opens the newest checkpoint under root (every file verified). */
+static void open_latest(const char *root, rt_ckpt_chain_t *ch)
+{
+    char uid[RT_CKPT_UID_MAX], dir[600];
+    if (rt_ckpt_latest(root, uid) != 0)
+        fail_msg("no checkpoint under %s: %s", root, kiln_errmsg());
+    snprintf(dir, sizeof dir, "%s/%s", root, uid);
+    if (rt_ckpt_chain_open(dir, true, ch) != 0)
+        fail_msg("cannot open checkpoint %s: %s", dir, kiln_errmsg());
+}
+
+/* Compares every table (keys exactly; rows, optimizer state and adam
+ * counts) and every dense array of the checkpoints under roots a (the
+ * reference) and b into c. */
+static void compare_weights(const char *a, const char *b, wcmp_t *c)
+{
+    rt_ckpt_chain_t ca, cb;
+    open_latest(a, &ca);
+    open_latest(b, &cb);
+    const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
+    const rt_ckpt_info_t *ib = rt_ckpt_info(cb.items[cb.n - 1]);
+    assert_int_equal(ia->step, ib->step);
+    assert_int_equal(ia->ntables, ib->ntables);
+    assert_true(ia->ntables > 0);
+    for (int t = 0; t < ia->ntables; t++) {
+        rt_ckpt_rows_t x, y;
+        const char *name = ia->tables[t].name;
+        assert_int_equal(rt_ckpt_read_table(&ca, name, &x), 0);
+        if (rt_ckpt_read_table(&cb, name, &y) != 0)
+            fail_msg("table %s: %s", name, kiln_errmsg());
+        /* Both resolved tables are sorted by key: the same key set means
+         * the same arrays row for row. */
+        assert_int_equal(x.n, y.n);
+        assert_int_equal(x.dim, y.dim);
+        assert_int_equal(x.nstate, y.nstate);
+        assert_true(x.n > 0);
+        assert_memory_equal(x.keys, y.keys, sizeof(int64_t) * (size_t)x.n);
+        char what[160];
+        size_t nv = (size_t)x.n * (size_t)x.dim;
+        snprintf(what, sizeof what, "%s.values", name);
+        cmp_floats(c, what, x.values, y.values, nv, ATOL);
+        if (x.nstate > 0) {
+            assert_non_null(x.opt);
+            assert_non_null(y.opt);
+            snprintf(what, sizeof what, "%s.opt", name);
+            cmp_floats(c, what, x.opt, y.opt, nv * (size_t)x.nstate, ATOL_STATE);
+        }
+        if (x.opt_steps)
+            assert_memory_equal(x.opt_steps, y.opt_steps, sizeof(uint32_t) * (size_t)x.n);
+        rt_ckpt_rows_fini(&x);
+        rt_ckpt_rows_fini(&y);
+    }
+    rt_ckpt_array_t *da, *db;
+    int na, nb;
+    assert_int_equal(rt_ckpt_read_dense(ca.items[ca.n - 1], &da, &na), 0);
+    assert_int_equal(rt_ckpt_read_dense(cb.items[cb.n - 1], &db, &nb), 0);
+    assert_int_equal(na, nb);
+    assert_true(na > 0);
+    for (int i = 0; i < na; i++) {
+        assert_string_equal(da[i].name, db[i].name);
+        assert_int_equal(da[i].count, db[i].count);
+        /* dense.params are weights; the other dense arrays optimizer state. */
+        cmp_floats(c, da[i].name, da[i].data, db[i].data, da[i].count,
+                   strcmp(da[i].name, "dense.params") == 0 ? ATOL : ATOL_STATE);
+    }
+    rt_ckpt_arrays_free(da, na);
+    rt_ckpt_arrays_free(db, nb);
+    rt_ckpt_chain_fini(&ca);
+    rt_ckpt_chain_fini(&cb);
+}
+
+/* train_opt (may be NULL) goes inside the train mapping, extra (may be
+ * NULL) after it. */
+static void write_spec(const char *name, const char *model, int batch, const char *train_opt,
+                       const char *extra, char *path, size_t cap)
 {
     snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
     FILE *f = fopen(path, "w");
@@ -43,10 +170,12 @@ static void write_spec(const char *name, const char *model, int batch, const cha
             "name: %s\n"
             "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
             "model:\n  type: %s\n  embedding: {dim: 8, capacity: 200000}\n%s"
-            "train: {batch_size: %d, seed: 7, log_every: 1, init_from: none}\n",
+            "train: {%sbatch_size: %d, seed: 7, log_every: 1, init_from: none}\n",
             name, model, strcmp(model, "dlrm") == 0 ? "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
                                                     : "",
-            batch);
+            train_opt ? train_opt : "", batch);
+    /* Each run checkpoints (once, at its end) into its own directory. */
+    fprintf(f, "checkpoint: {dir: ckpt/%s, full_every: 1, keep: 1}\n", name);
     if (extra)
         fputs(extra, f);
     fclose(f);
@@ -133,15 +262,40 @@ static int teardown(void **state)
     return proc_rmtree(tmpdir);
 }
 
+/* The optimizers the weight comparison runs under (sparse and dense alike).
+ *
+ * sgd: an update is lr * g, so a rounding difference in a gradient moves a
+ * weight by lr times that difference: every weight must agree within
+ * ATOL + RTOL |ref|, no exception.
+ *
+ * adagrad (the default): an update is lr * g / sqrt(sum of g^2), which
+ * normalises the gradient away, so the weight moves by lr times the
+ * gradient's RELATIVE error. A row seen once or twice whose gradient is a
+ * near-cancelling sum (in dlrm, accumulators of 1e-20..1e-9, i.e. gradients
+ * of 1e-10..1e-5 against typical ones of 1e-3) has a large relative error
+ * from summation order alone, and its weight differs by up to ~lr/60 after
+ * a step (measured: fm 8 of 115 508 values outside the bound, all in one
+ * row of slot11 whose single update's gradient, a sum over the other 25
+ * slots' factors, differs by 9e-5 relative; dlrm 6 of 114 738, worst |diff|
+ * 8.3e-4 on a row whose accumulator is 4e-20; sgd on the same data has
+ * none). That is the arithmetic of Adagrad, not a sharding bug, so with
+ * adagrad at most 1 in 10^4 values may lie outside the bound and the rest
+ * must meet it. */
+typedef enum { OPT_ADAGRAD, OPT_SGD } opt_t;
+
 /* 1 rank with batch N*B and N ranks with batch B see the same global
  * batches, so they train the same model up to float summation order. */
-static void check_ranks_agree(const char *model, int nranks)
+static void check_ranks_agree(const char *model, int nranks, opt_t opt)
 {
     char spec1[400], specn[400], name1[64], namen[64];
-    snprintf(name1, sizeof name1, "%s-1for%d", model, nranks);
-    snprintf(namen, sizeof namen, "%s-%d", model, nranks);
-    write_spec(name1, model, 240 * nranks, NULL, spec1, sizeof spec1);
-    write_spec(namen, model, 240, NULL, specn, sizeof specn);
+    const char *oname = opt == OPT_SGD ? "sgd" : "adagrad";
+    const char *train_opt = opt == OPT_SGD ? "optimizer: {sparse: {type: sgd, lr: 0.05}, "
+                                             "dense: {type: sgd, lr: 0.05}}, "
+                                           : NULL;
+    snprintf(name1, sizeof name1, "%s-%s-1for%d", model, oname, nranks);
+    snprintf(namen, sizeof namen, "%s-%s-%d", model, oname, nranks);
+    write_spec(name1, model, 240 * nranks, train_opt, NULL, spec1, sizeof spec1);
+    write_spec(namen, model, 240, train_opt, NULL, specn, sizeof specn);
     result_t *r = malloc(sizeof *r);
     json_t *a = train(1, spec1, name1, r);
     if (a == NULL)
@@ -165,6 +319,22 @@ static void check_ranks_agree(const char *model, int nranks)
         assert_close(la[i], lb[i], 1e-4, "training loss");
     /* The model learned something: later losses are below the first. */
     assert_true(la[na - 1] < la[0]);
+
+    /* The weights themselves. */
+    char ck1[400], ckn[400];
+    snprintf(ck1, sizeof ck1, "%s/ckpt/%s", tmpdir, name1);
+    snprintf(ckn, sizeof ckn, "%s/ckpt/%s", tmpdir, namen);
+    wcmp_t c = {0};
+    compare_weights(ck1, ckn, &c);
+    print_message("%s %s 1 vs %d ranks: %lld parameters and state values, %lld beyond atol + "
+                  "%g |ref|, worst |diff| %.3g, worst relative (|ref| >= 100 atol) %.3g\n",
+                  model, oname, nranks, (long long)c.checked, (long long)c.bad, RTOL,
+                  c.worst_abs, c.worst_rel);
+    int64_t allowed = opt == OPT_SGD ? 0 : c.checked / 10000;
+    if (c.bad > allowed)
+        fail_msg("%s %s: %lld of %lld values differ by more than atol + %g |ref| (allowed "
+                 "%lld); first: %s", model, oname, (long long)c.bad, (long long)c.checked, RTOL,
+                 (long long)allowed, c.first_bad);
     json_decref(a);
     json_decref(b);
     free(r);
@@ -173,32 +343,63 @@ static void check_ranks_agree(const char *model, int nranks)
 static void test_lr_1_vs_2(void **state)
 {
     (void)state;
-    check_ranks_agree("lr", 2);
+    check_ranks_agree("lr", 2, OPT_ADAGRAD);
+    check_ranks_agree("lr", 2, OPT_SGD);
 }
 
 static void test_fm_1_vs_2(void **state)
 {
     (void)state;
-    check_ranks_agree("fm", 2);
+    check_ranks_agree("fm", 2, OPT_ADAGRAD);
+    check_ranks_agree("fm", 2, OPT_SGD);
 }
 
 static void test_dlrm_1_vs_2(void **state)
 {
     (void)state;
-    check_ranks_agree("dlrm", 2);
+    check_ranks_agree("dlrm", 2, OPT_ADAGRAD);
+    check_ranks_agree("dlrm", 2, OPT_SGD);
 }
 
 static void test_dlrm_1_vs_3(void **state)
 {
     (void)state;
-    check_ranks_agree("dlrm", 3);
+    check_ranks_agree("dlrm", 3, OPT_ADAGRAD);
+    check_ranks_agree("dlrm", 3, OPT_SGD);
+}
+
+/* The weight comparison fails where it should: a 2e-4 relative error, an
+ * absolute error above the floor on a near-zero value, a NaN; it passes at
+ * 0.5e-4 relative and below the floor. */
+static void test_weights_compare_can_fail(void **state)
+{
+    (void)state;
+    const float ref[4] = {0.25f, -1.5f, 0.0f, 3e-7f};
+    const struct {
+        float x[4];
+        int64_t bad;
+    } cases[] = {
+        {{0.25f, -1.5f, 0.0f, 3e-7f}, 0},
+        {{0.25f * (1 + 0.5e-4f), -1.5f * (1 - 0.5e-4f), 0.5e-6f, -0.5e-6f}, 0},
+        {{0.25f * (1 + 2e-4f), -1.5f, 0.0f, 3e-7f}, 1},
+        {{0.25f, -1.5f * (1 + 2e-4f), 2e-6f, 3e-7f}, 2},
+        {{0.25f, -1.5f, 0.0f, NAN}, 1},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        wcmp_t c = {0};
+        cmp_floats(&c, "case", ref, cases[k].x, 4, ATOL);
+        assert_int_equal(c.checked, 4);
+        if (c.bad != cases[k].bad)
+            fail_msg("case %zu: %lld bad, expected %lld (%s)", k, (long long)c.bad,
+                     (long long)cases[k].bad, c.first_bad);
+    }
 }
 
 static void test_same_seed_same_result(void **state)
 {
     (void)state;
     char spec[400];
-    write_spec("det", "dlrm", 300, NULL, spec, sizeof spec);
+    write_spec("det", "dlrm", 300, NULL, NULL, spec, sizeof spec);
     result_t *r = malloc(sizeof *r);
     json_t *a = train(2, spec, "det-a", r);
     assert_non_null(a);
@@ -287,6 +488,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lr_1_vs_2),   cmocka_unit_test(test_fm_1_vs_2),
         cmocka_unit_test(test_dlrm_1_vs_2), cmocka_unit_test(test_dlrm_1_vs_3),
+        cmocka_unit_test(test_weights_compare_can_fail),
         cmocka_unit_test(test_same_seed_same_result), cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_malformed_lines),
     };
