@@ -12,7 +12,7 @@
  *   rt_shard_lookup                   one all-to-all of keys, one of rows
  *   kern_cpu_gather_combine           pooled E (n, S, d), all slots at once
  *   rt_model_forward / _backward      loss, dE (n, S, d), dense grads
- *   kern_cpu_backward_reduce          dE -> gradients of unique rows
+ *   scatter by the dedupe's inverse   dE -> gradients of each table's unique keys
  *   rt_shard_update                   one all-to-all of gradients, fused update
  *   MPI_Allreduce(dense grads)        then the dense optimizer step
  *
@@ -133,8 +133,6 @@ typedef struct trainer {
     int64_t *slot_koff;               /* (S) first key of slot s in its table's list */
     int64_t *boff;                    /* (S, max_batch + 1) bag offsets rebased to 0 */
     kern_bags_t *bags;                /* (S) */
-    kern_row_grads_t *rg;             /* (S) */
-    int64_t *rg_cap;
     float *E, *probs;                 /* (max_batch, S, d), (max_batch) */
     int max_batch;
 
@@ -194,23 +192,6 @@ static int agree_on(trainer_t *tr, int rc)
     return worst;
 }
 #define agree(rc) agree_on(tr, (rc))
-
-static int mkdir_p(const char *path)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
-                return kiln_errf(KILN_EIO, "cannot create directory %s: %s", tmp, strerror(errno));
-            *p = '/';
-        }
-    }
-    if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
-        return kiln_errf(KILN_EIO, "cannot create directory %s: %s", tmp, strerror(errno));
-    return 0;
-}
 
 static int grow(void **p, int64_t *cap, int64_t want, size_t elem)
 {
@@ -439,13 +420,11 @@ static int setup_model(trainer_t *tr)
     tr->slot_koff = kiln_calloc(S, sizeof(int64_t));
     tr->boff = kiln_calloc(S * (B + 1), sizeof(int64_t));
     tr->bags = kiln_calloc(S, sizeof *tr->bags);
-    tr->rg = kiln_calloc(S, sizeof *tr->rg);
-    tr->rg_cap = kiln_calloc(S, sizeof(int64_t));
     tr->E = kiln_calloc(B * S * (size_t)tr->d, sizeof(float));
     tr->probs = kiln_calloc(B, sizeof(float));
     if (!tr->tkeys || !tr->tkeys_cap || !tr->tn || !tr->tinv || !tr->tuniq || !tr->tuniq_cap ||
         !tr->nuniq || !tr->tgrad || !tr->tgrad_cap || !tr->slot_koff || !tr->boff || !tr->bags ||
-        !tr->rg || !tr->rg_cap || !tr->E || !tr->probs)
+        !tr->E || !tr->probs)
         return KILN_ENOMEM;
     return 0;
 }
@@ -817,8 +796,6 @@ static int export_requested(trainer_t *tr, bool *want)
     if (tr->nranks > 1 &&
         MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
         return kiln_errf(KILN_EMPI, "MPI_Allreduce of the export flag failed");
-    if (any)
-        tr->last_export_ms = kiln_mono_ns() / 1000000;
     *want = any != 0;
     return 0;
 }
@@ -1082,8 +1059,12 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
             /* Step boundary: periodic checkpoints and online exports. */
             bool want = false;
             rc = export_requested(tr, &want);
-            if (rc == 0 && want)
+            if (rc == 0 && want) {
                 rc = checkpoint(tr, true);
+                /* export.every_ms counts from the end of an export, so a
+                 * slow disk gets training time between exports. */
+                tr->last_export_ms = kiln_mono_ns() / 1000000;
+            }
             if (rc == 0 && every_steps > 0 && tr->steps % every_steps == 0)
                 rc = checkpoint(tr, false);
         }
@@ -1428,10 +1409,6 @@ static void trainer_fini(trainer_t *tr)
             free(tr->tgrad[t]);
         }
     }
-    for (int s = 0; tr->rg && s < tr->S; s++) {
-        free(tr->rg[s].rows);
-        free(tr->rg[s].grads);
-    }
     rt_shard_destroy(tr->shard);
     rt_dedupe_destroy(tr->dedupe);
     rt_model_destroy(tr->model);
@@ -1450,8 +1427,6 @@ static void trainer_fini(trainer_t *tr)
     free(tr->slot_koff);
     free(tr->boff);
     free(tr->bags);
-    free(tr->rg);
-    free(tr->rg_cap);
     free(tr->E);
     free(tr->probs);
     free(tr->spec_dir);
@@ -1509,7 +1484,7 @@ static int run(trainer_t *tr)
         }
     }
     if (rc == 0 && tr->rank == 0) {
-        rc = mkdir_p(tr->opt.run_dir);
+        rc = kiln_mkdir_p(tr->opt.run_dir);
         if (rc == 0) {
             char *p = kiln_asprintf("%s/progress.jsonl", tr->opt.run_dir);
             tr->progress = p ? fopen(p, "a") : NULL;
