@@ -44,6 +44,7 @@
 #include <omp.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1310,57 +1311,63 @@ static void usage(FILE *f)
             "error, 2 bad input (do not retry), 3 retryable failure (docs/trainer.md).\n");
 }
 
+/* The command line, as data: strings, positive integers (int64 or int) and flags. */
+typedef enum { OPT_STR, OPT_I64, OPT_INT, OPT_FLAG } opt_kind_t;
+
+static const struct {
+    const char *name;
+    opt_kind_t kind;
+    size_t offset; /* into options_t */
+} option_table[] = {
+    {"--spec", OPT_STR, offsetof(options_t, spec_path)},
+    {"--run-dir", OPT_STR, offsetof(options_t, run_dir)},
+    {"--data", OPT_STR, offsetof(options_t, data)},
+    {"--inputs", OPT_STR, offsetof(options_t, inputs)},
+    {"--eval", OPT_STR, offsetof(options_t, eval)},
+    {"--resume", OPT_STR, offsetof(options_t, resume)},
+    {"--db", OPT_STR, offsetof(options_t, db)},
+    {"--predict", OPT_STR, offsetof(options_t, predict)},
+    {"--out", OPT_STR, offsetof(options_t, out)},
+    {"--max-steps", OPT_I64, offsetof(options_t, max_steps)},
+    {"--run-id", OPT_I64, offsetof(options_t, run_id)},
+    {"--threads", OPT_INT, offsetof(options_t, threads)},
+    {"--quiet", OPT_FLAG, offsetof(options_t, quiet)},
+};
+
 static int parse_options(int argc, char **argv, options_t *o)
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char **target = NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 1;
-        } else if (strcmp(a, "--quiet") == 0) {
-            o->quiet = true;
-            continue;
-        } else if (strcmp(a, "--spec") == 0) {
-            target = &o->spec_path;
-        } else if (strcmp(a, "--run-dir") == 0) {
-            target = &o->run_dir;
-        } else if (strcmp(a, "--data") == 0) {
-            target = &o->data;
-        } else if (strcmp(a, "--inputs") == 0) {
-            target = &o->inputs;
-        } else if (strcmp(a, "--eval") == 0) {
-            target = &o->eval;
-        } else if (strcmp(a, "--resume") == 0) {
-            target = &o->resume;
-        } else if (strcmp(a, "--db") == 0) {
-            target = &o->db;
-        } else if (strcmp(a, "--predict") == 0) {
-            target = &o->predict;
-        } else if (strcmp(a, "--out") == 0) {
-            target = &o->out;
-        } else if (strcmp(a, "--max-steps") == 0 || strcmp(a, "--threads") == 0 ||
-                   strcmp(a, "--run-id") == 0) {
-            if (i + 1 >= argc)
-                return kiln_errf(KILN_EUSAGE, "%s needs a value", a);
-            char *end;
-            long long v = strtoll(argv[++i], &end, 10);
-            if (*end != '\0' || v < 1)
-                return kiln_errf(KILN_EUSAGE, "%s: expected a positive integer, got '%s'", a,
-                                 argv[i]);
-            if (a[2] == 'm')
-                o->max_steps = v;
-            else if (a[2] == 'r')
-                o->run_id = v;
-            else
-                o->threads = (int)v;
-            continue;
-        } else {
+        }
+        size_t k = 0, nopts = sizeof option_table / sizeof option_table[0];
+        while (k < nopts && strcmp(a, option_table[k].name) != 0)
+            k++;
+        if (k == nopts)
             return kiln_errf(KILN_EUSAGE, "unknown option '%s' (see kiln-train --help)", a);
+        char *field = (char *)o + option_table[k].offset;
+        if (option_table[k].kind == OPT_FLAG) {
+            *(bool *)field = true;
+            continue;
         }
         if (i + 1 >= argc)
             return kiln_errf(KILN_EUSAGE, "%s needs a value", a);
-        *target = argv[++i];
+        const char *value = argv[++i];
+        if (option_table[k].kind == OPT_STR) {
+            *(const char **)field = value;
+            continue;
+        }
+        char *end;
+        long long v = strtoll(value, &end, 10);
+        if (*end != '\0' || end == value || v < 1 ||
+            (option_table[k].kind == OPT_INT && v > INT32_MAX))
+            return kiln_errf(KILN_EUSAGE, "%s: expected a positive integer, got '%s'", a, value);
+        if (option_table[k].kind == OPT_INT)
+            *(int *)field = (int)v;
+        else
+            *(int64_t *)field = v;
     }
     if (o->predict != NULL) {
         if (o->spec_path == NULL || o->resume == NULL || o->out == NULL)
