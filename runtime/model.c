@@ -233,19 +233,16 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
 
     size_t B = (size_t)m->max_batch;
     m->params = alloc_f(m->nparams);
-    m->grads = alloc_f(m->nparams);
-    m->ones = alloc_f(B);
+    m->grads = kiln_calloc(m->nparams ? m->nparams : 1, sizeof(double));
     m->logits = alloc_f(B);
     m->probs = alloc_f(B);
     m->gz = alloc_f(B);
-    if (!m->params || !m->grads || !m->ones || !m->logits || !m->probs || !m->gz)
+    if (!m->params || !m->grads || !m->logits || !m->probs || !m->gz)
         goto nomem;
     if (m->opt.type != RT_DENSE_SGD && !(m->opt_a = alloc_f(m->nparams)))
         goto nomem;
     if (m->opt.type == RT_DENSE_ADAM && !(m->opt_b = alloc_f(m->nparams)))
         goto nomem;
-    for (size_t i = 0; i < B; i++)
-        m->ones[i] = 1.0f;
 
     if (m->type == RT_MODEL_FM && m->k > 0) {
         if (!(m->fm_sum = alloc_f(B * (size_t)m->k)) || !(m->fm_u = alloc_f(B * (size_t)m->k)))
@@ -272,6 +269,17 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
                 goto nomem;
         }
     }
+    /* rt_grad_gemm's float64 operand copies: as wide as any operand. */
+    m->maxc = m->F > m->k ? m->F : m->k;
+    if (m->maxw > m->maxc)
+        m->maxc = m->maxw;
+    if (m->maxc < 1)
+        m->maxc = 1;
+    if (!(m->wgA = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
+        !(m->wgB = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
+        !(m->tailA = alloc_f((size_t)RT_ROW_BLOCK * (size_t)m->maxc)) ||
+        !(m->tailC = alloc_f((size_t)RT_ROW_BLOCK * (size_t)m->maxc)))
+        goto nomem;
     init_params(m);
     reset_opt_state(m);
     *out = m;
@@ -297,7 +305,10 @@ void rt_model_destroy(rt_model_t *m)
     free(m->grads);
     free(m->opt_a);
     free(m->opt_b);
-    free(m->ones);
+    free(m->wgA);
+    free(m->wgB);
+    free(m->tailA);
+    free(m->tailC);
     free(m->logits);
     free(m->probs);
     free(m->gz);
@@ -319,7 +330,7 @@ float *rt_model_params(rt_model_t *m)
 {
     return m->params;
 }
-float *rt_model_grads(rt_model_t *m)
+double *rt_model_grads(rt_model_t *m)
 {
     return m->grads;
 }
@@ -355,7 +366,7 @@ const rt_model_group_t *rt_model_group(const rt_model_t *m, int i)
 
 void rt_model_zero_grad(rt_model_t *m)
 {
-    memset(m->grads, 0, m->nparams * sizeof(float));
+    memset(m->grads, 0, m->nparams * sizeof(double));
 }
 
 /* ---- loss ------------------------------------------------------------------------ */

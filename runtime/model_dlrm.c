@@ -14,48 +14,16 @@
 #define RT_MODEL_IMPL
 #include "rt_model.h"
 
-#include <cblas.h>
-#include <omp.h>
 #include <string.h>
 
-/* ---- GEMM over OpenMP threads ------------------------------------------------------
- * C (m, nn) = alpha op(A) (m, k) op(B) (k, nn) + beta C, row-major, with the
- * m rows of C split into one contiguous block per OpenMP thread, each a
- * single-threaded BLAS call (rt_model_create sets OpenBLAS to one thread).
- * OpenBLAS's own pool would otherwise spin beside the OpenMP team on the same
- * cores. Every element of C is computed by one call over the full k, so the
- * result does not depend on where the blocks split. */
-static void gemm_rows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int nn, int k, float alpha,
-                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                      int ldc)
-{
-    if ((int64_t)m * nn * k < 262144 || omp_in_parallel()) {
-        cblas_sgemm(CblasRowMajor, ta, tb, m, nn, k, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-#pragma omp parallel
-    {
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        /* blocks of whole 16-row panels */
-        const int panels = (m + 15) / 16;
-        const int p0 = (int)((int64_t)panels * id / nt), p1 = (int)((int64_t)panels * (id + 1) / nt);
-        const int m0 = p0 * 16, m1 = p1 * 16 < m ? p1 * 16 : m;
-        if (m1 > m0) {
-            const float *a = ta == CblasNoTrans ? A + (size_t)m0 * (size_t)lda : A + m0;
-            cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, nn, k, alpha, a, lda, B, ldb, beta,
-                        C + (size_t)m0 * (size_t)ldc, ldc);
-        }
-    }
-}
-
 /* ---- the dense layer ------------------------------------------------------------ */
-void rt_dense_linear_fwd(int n, const rt_model_layer_t *L, const float *params, const float *A,
-                         int lda, float *Y, int ldy)
+void rt_dense_linear_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+                         float *Y, int ldy)
 {
     const int in = L->in, out = L->out, relu = L->relu;
-    const float *W = params + L->w_off, *b = params + L->b_off;
-    /* Y (n, out) = A (n, in) W^T (in, out) */
-    gemm_rows(CblasNoTrans, CblasTrans, n, out, in, 1.0f, A, lda, W, in, 0.0f, Y, ldy);
+    const float *W = m->params + L->w_off, *b = m->params + L->b_off;
+    /* Y (n, out) = A (n, in) W^T (in, out), in fixed row blocks (model_blas.c) */
+    rt_gemm_rows(m, n, out, in, A, lda, 1, W, in, Y, ldy);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float *yi = Y + (size_t)i * (size_t)ldy;
@@ -73,21 +41,17 @@ void rt_dense_linear_fwd(int n, const rt_model_layer_t *L, const float *params, 
     }
 }
 
-void rt_dense_linear_bwd(int n, const rt_model_layer_t *L, const float *params, float *grads,
-                         const float *A, int lda, const float *dY, int ldy, float *dA, int ldda,
-                         const float *ones)
+void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+                         const float *dY, int ldy, float *dA, int ldda)
 {
     const int in = L->in, out = L->out;
-    /* dW (out, in) += dY^T (out, n) A (n, in) */
-    gemm_rows(CblasTrans, CblasNoTrans, out, in, n, 1.0f, dY, ldy, A, lda, 1.0f, grads + L->w_off,
-              in);
-    /* db (out) += dY^T (out, n) 1 (n) */
-    cblas_sgemv(CblasRowMajor, CblasTrans, n, out, 1.0f, dY, ldy, ones, 1, 1.0f, grads + L->b_off,
-                1);
-    /* dA (n, in) = dY (n, out) W (out, in) */
+    /* dW (out, in) += dY^T (out, n) A (n, in), in float64 (model_blas.c) */
+    rt_grad_gemm(m, n, out, in, dY, ldy, A, lda, m->grads + L->w_off);
+    /* db (out) += the column sums of dY */
+    rt_grad_colsum(n, out, dY, ldy, m->grads + L->b_off);
+    /* dA (n, in) = dY (n, out) W (out, in), in fixed row blocks */
     if (dA)
-        gemm_rows(CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dY, ldy, params + L->w_off, in,
-                  0.0f, dA, ldda);
+        rt_gemm_rows(m, n, in, out, dY, ldy, 0, m->params + L->w_off, in, dA, ldda);
 }
 
 /* dA *= (act > 0): the ReLU's gradient, act (n, w; lda), dA (n, w; ldd). */
@@ -129,7 +93,7 @@ void rt_model_dlrm_forward(rt_model_t *m, int n, const float *E, const float *X)
     int lda = m->F;
     for (int l = 0; l < nb; l++) {
         int ldy = l == nb - 1 ? m->ldr : m->layers[l].out;
-        rt_dense_linear_fwd(n, &m->layers[l], m->params, A, lda, m->act[l], ldy);
+        rt_dense_linear_fwd(m, n, &m->layers[l], A, lda, m->act[l], ldy);
         A = m->act[l];
         lda = ldy;
     }
@@ -154,7 +118,7 @@ void rt_model_dlrm_forward(rt_model_t *m, int n, const float *E, const float *X)
     A = R;
     lda = m->ldr;
     for (int l = nb; l < nl; l++) {
-        rt_dense_linear_fwd(n, &m->layers[l], m->params, A, lda, m->act[l], m->layers[l].out);
+        rt_dense_linear_fwd(m, n, &m->layers[l], A, lda, m->act[l], m->layers[l].out);
         A = m->act[l];
         lda = m->layers[l].out;
     }
@@ -175,7 +139,7 @@ void rt_model_dlrm_backward(rt_model_t *m, int n, const float *E, const float *X
         const float *Ap = l == nb ? m->R : m->act[l - 1];
         int lda = l == nb ? m->ldr : m->layers[l - 1].out;
         float *dA = m->gbuf[cb ^ 1];
-        rt_dense_linear_bwd(n, L, m->params, m->grads, Ap, lda, cur, ldc, dA, L->in, m->ones);
+        rt_dense_linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in);
         if (l > nb)
             relu_mask(n, L->in, Ap, lda, dA, L->in);
         cur = dA;
@@ -229,7 +193,7 @@ void rt_model_dlrm_backward(rt_model_t *m, int n, const float *E, const float *X
         const float *Ap = l == 0 ? X : m->act[l - 1];
         int lda = l == 0 ? m->F : m->layers[l - 1].out;
         float *dA = l == 0 ? NULL : m->gbuf[cb ^ 1];
-        rt_dense_linear_bwd(n, L, m->params, m->grads, Ap, lda, cur, ldc, dA, L->in, m->ones);
+        rt_dense_linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in);
         if (l > 0)
             relu_mask(n, L->in, Ap, lda, dA, L->in);
         cur = dA;

@@ -13,7 +13,6 @@
 #define RT_MODEL_IMPL
 #include "rt_model.h"
 
-#include <cblas.h>
 
 void rt_model_fm_forward(rt_model_t *m, int n, const float *E, const float *X)
 {
@@ -24,10 +23,9 @@ void rt_model_fm_forward(rt_model_t *m, int n, const float *E, const float *X)
     float *z = m->logits, *sum = m->fm_sum, *u = m->fm_u;
     /* z (n) = X (n, F) w (F); u (n, k) = X (n, F) Vx^T (F, k) */
     if (F > 0)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, F, 1.0f, X, F, w, 1, 0.0f, z, 1);
+        rt_gemm_rows(m, n, 1, F, X, F, 0, w, 1, z, 1);
     if (dense)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, k, F, 1.0f, X, F, vx, F, 0.0f, u,
-                    k);
+        rt_gemm_rows(m, n, k, F, X, F, 1, vx, F, u, k);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         const float *e = E + (size_t)i * (size_t)S * (size_t)d;
@@ -60,11 +58,10 @@ void rt_model_fm_backward(rt_model_t *m, int n, const float *E, const float *X, 
     const float *g = m->gz;
     const float *sum = m->fm_sum;
     float *u = m->fm_u;
-    /* dw (F) += X^T g; db += sum g */
+    /* dw (F) += X^T g; db += sum g; in float64 (model_blas.c) */
     if (F > 0)
-        cblas_sgemv(CblasRowMajor, CblasTrans, n, F, 1.0f, X, F, g, 1, 1.0f, m->grads + m->w_off,
-                    1);
-    m->grads[m->b_off] += cblas_sdot(n, g, 1, m->ones, 1);
+        rt_grad_gemm(m, n, F, 1, X, F, g, 1, m->grads + m->w_off);
+    rt_grad_colsum(n, 1, g, 1, m->grads + m->b_off);
     /* d logit / d v_sf = (sum_f - v_sf); elementwise, so dE may alias E. */
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
@@ -87,6 +84,5 @@ void rt_model_fm_backward(rt_model_t *m, int n, const float *E, const float *X, 
     }
     /* dVx (k, F) += du^T (k, n) X (n, F) */
     if (dense)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, F, n, 1.0f, u, k, X, F, 1.0f,
-                    m->grads + m->vx_off, F);
+        rt_grad_gemm(m, n, k, F, u, k, X, F, m->grads + m->vx_off);
 }

@@ -9,7 +9,6 @@
 #define RT_MODEL_IMPL
 #include "rt_model.h"
 
-#include <cblas.h>
 
 void rt_model_lr_forward(rt_model_t *m, int n, const float *E, const float *X)
 {
@@ -19,7 +18,7 @@ void rt_model_lr_forward(rt_model_t *m, int n, const float *E, const float *X)
     float *z = m->logits;
     /* z (n) = X (n, F) w (F) */
     if (F > 0)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, F, 1.0f, X, F, w, 1, 0.0f, z, 1);
+        rt_gemm_rows(m, n, 1, F, X, F, 0, w, 1, z, 1);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float acc = b + (F > 0 ? z[i] : 0.0f);
@@ -34,11 +33,10 @@ void rt_model_lr_backward(rt_model_t *m, int n, const float *E, const float *X, 
 {
     const int S = m->S, F = m->F;
     const float *g = m->gz;
-    float *gw = m->grads + m->w_off;
-    /* dw (F) += X^T (F, n) g (n); db += sum g */
+    /* dw (F) += X^T (F, n) g (n); db += sum g; in float64 (model_blas.c) */
     if (F > 0)
-        cblas_sgemv(CblasRowMajor, CblasTrans, n, F, 1.0f, X, F, g, 1, 1.0f, gw, 1);
-    m->grads[m->b_off] += cblas_sdot(n, g, 1, m->ones, 1);
+        rt_grad_gemm(m, n, F, 1, X, F, g, 1, m->grads + m->w_off);
+    rt_grad_colsum(n, 1, g, 1, m->grads + m->b_off);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float *de = dE + (size_t)i * (size_t)S;

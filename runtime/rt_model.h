@@ -18,8 +18,21 @@
  *   rt_model_forward(m, n, E, X, y, probs, &loss_sum)  saves what backward needs
  *   rt_model_backward(m, loss_scale, dE)               dE (n, S, d); ACCUMULATES
  *                                                      into rt_model_grads(m)
- *   MPI_Allreduce(SUM) of rt_model_grads(m), nparams floats    (the trainer)
+ *   MPI_Allreduce(SUM) of rt_model_grads(m), nparams DOUBLES   (the trainer)
  *   rt_model_step(m); rt_model_zero_grad(m);
+ *
+ * Gradients are sums over rows, and a float32 sum depends on its order:
+ * 1 rank with 2B rows and 2 ranks with B rows each would add the same terms
+ * in a different order, and adagrad (whose first steps are about lr * sign(g))
+ * turns the last-bit differences of a near-cancelling sum into visible weight
+ * differences. So every sum over rows (the weight GEMMs, the bias sums) runs
+ * in float64 and the gradient buffer is float64: the sum is then exact to far
+ * below float32's resolution whatever its order or split, and the optimizer
+ * reads it rounded to float32 once, after the allreduce. Per-row products
+ * run in fixed blocks of RT_ROW_BLOCK rows (model_blas.c). The result is
+ * that 1 and N ranks on the same global batches train the same weights,
+ * bit for bit when every rank's batch_size is a multiple of RT_ROW_BLOCK
+ * (docs/models.md, "Rank-count invariance").
  *
  * Loss scaling for data parallelism: backward differentiates
  * loss_scale * sum_i loss_i over the local rows, so with loss_scale =
@@ -30,10 +43,11 @@
  * All arrays are float32, row-major, C-contiguous. Everything a step needs
  * is allocated once by rt_model_create for max_batch rows; forward, backward
  * and step allocate nothing. A model is not thread-safe (one per rank); the
- * calls use OpenMP threads inside: the GEMMs are split by rows over the
- * OpenMP team, one single-threaded OpenBLAS call per thread, and
- * rt_model_create sets OpenBLAS to one thread (openblas_set_num_threads(1))
- * so that its own pool never spins beside the team on the same cores.
+ * calls use OpenMP threads inside: the GEMMs run as fixed 16-row blocks
+ * spread over the OpenMP team, one single-threaded OpenBLAS call per block
+ * (model_blas.c), and rt_model_create sets OpenBLAS to one thread
+ * (openblas_set_num_threads(1)) so that its own pool never spins beside the
+ * team on the same cores.
  */
 #ifndef KILN_RUNTIME_RT_MODEL_H
 #define KILN_RUNTIME_RT_MODEL_H
@@ -130,12 +144,12 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */);
 /* Frees m and everything it owns. Accepts NULL. */
 void rt_model_destroy(rt_model_t *m);
 
-/* The flat dense parameter vector and its gradient, nparams floats each,
- * owned by m. The trainer allreduces rt_model_grads as one buffer and may
- * broadcast rt_model_params. */
+/* The flat dense parameter vector (nparams floats) and its gradient
+ * (nparams doubles, see above), owned by m. The trainer allreduces
+ * rt_model_grads as one buffer and may broadcast rt_model_params. */
 size_t rt_model_nparams(const rt_model_t *m);
 float *rt_model_params(rt_model_t *m);
-float *rt_model_grads(rt_model_t *m);
+double *rt_model_grads(rt_model_t *m);
 /* The parameter groups in layout order (0 <= i < ngroups); NULL out of range. */
 int rt_model_ngroups(const rt_model_t *m);
 const rt_model_group_t *rt_model_group(const rt_model_t *m, int i);
@@ -168,7 +182,8 @@ int rt_model_forward(rt_model_t *m, int n, const float *E, const float *X, const
 int rt_model_backward(rt_model_t *m, float loss_scale, float *dE /* OUT (n, S, d) */);
 
 /* One dense optimizer update of the parameters from rt_model_grads (after
- * the trainer's allreduce). Does not zero the gradients. Returns 0. */
+ * the trainer's allreduce), each gradient rounded to float32 first. Does not
+ * zero the gradients. Returns 0. */
 int rt_model_step(rt_model_t *m);
 
 /* Forward for eval and serving: probs (n) only, nothing kept for backward
@@ -230,7 +245,8 @@ struct rt_model {
     rt_dense_opt_t opt;
 
     size_t nparams;
-    float *params, *grads;
+    float *params;
+    double *grads; /* float64 sums over rows; see the top of this file */
     float *opt_a, *opt_b; /* adagrad acc | adam m; adam v */
     int64_t opt_t;
     rt_model_group_t groups[RT_MODEL_MAX_GROUPS];
@@ -250,7 +266,6 @@ struct rt_model {
     int saved;
 
     /* Workspaces, each for max_batch rows. */
-    float *ones;   /* (max_batch) 1.0f, for bias gradients by sgemv */
     float *logits; /* (max_batch) */
     float *probs;  /* (max_batch) */
     float *gz;     /* (max_batch) d loss / d logit, scaled */
@@ -262,6 +277,11 @@ struct rt_model {
     float *R;       /* dlrm: (max_batch, d + P) top input [bottom out | dots] */
     float *gbuf[2]; /* dlrm: (max_batch, maxw) ping-pong activation gradients */
     float *dT;      /* dlrm: (max_batch, S + 1, d) interaction gradients */
+    /* rt_grad_gemm: float64 copies of its two operands, (max_batch, maxc)
+     * each; rt_gemm_rows: the padded last block, (RT_ROW_BLOCK, maxc) each. */
+    double *wgA, *wgB;
+    float *tailA, *tailC;
+    int maxc; /* the widest operand of any product */
 };
 
 /* model_lr.c, model_fm.c, model_dlrm.c: the per-type halves. forward fills
@@ -275,12 +295,28 @@ void rt_model_dlrm_backward(rt_model_t *m, int n, const float *E, const float *X
 
 /* model_dlrm.c: the dense layer on BLAS, shared by the models.
  * Y (n, out; leading dim ldy) = A (n, in; lda) W^T + b, then ReLU if relu. */
-void rt_dense_linear_fwd(int n, const rt_model_layer_t *L, const float *params, const float *A,
-                         int lda, float *Y, int ldy);
-/* dW += dY^T A, db += dY^T 1, dA = dY W (skipped when dA is NULL). */
-void rt_dense_linear_bwd(int n, const rt_model_layer_t *L, const float *params, float *grads,
-                         const float *A, int lda, const float *dY, int ldy, float *dA, int ldda,
-                         const float *ones);
+void rt_dense_linear_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+                         float *Y, int ldy);
+/* dW += dY^T A, db += dY^T 1 (both in float64), dA = dY W (skipped when dA
+ * is NULL). */
+void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+                         const float *dY, int ldy, float *dA, int ldda);
+
+/* model_blas.c: the BLAS calls, arranged so that no result depends on how a
+ * batch is split over ranks or threads (see model_blas.c).
+ *
+ * C (n, nn; ldc) = A (n, k; lda) op(B), op(B) = B^T (B (nn, k)) when transb,
+ * else B (B (k, nn)); computed in calls of exactly RT_ROW_BLOCK rows. */
+#define RT_ROW_BLOCK 16
+void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+                  const float *B, int ldb, float *C, int ldc);
+/* The float64 sums over rows every weight gradient is made of.
+ * G (rows, cols) += A^T B for A (n, rows; lda) and B (n, cols; ldb), float32
+ * inputs, float64 products and sums; rows, cols <= m->maxc. */
+void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+                  const float *B, int ldb, double *G);
+/* g (cols) += sum over the n rows of A (n, cols; lda), in float64. */
+void rt_grad_colsum(int n, int cols, const float *A, int lda, double *g);
 
 #endif /* RT_MODEL_IMPL */
 

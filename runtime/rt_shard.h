@@ -67,10 +67,13 @@ void rt_shard_destroy(rt_shard_t *s);
 int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nkeys, int64_t step,
                     bool insert, float *const **values /* OUT */);
 
-/* grads[t] is (nkeys[t], dim_t), aligned with the keys of the last lookup.
- * Sends them to the owners, which apply opt to their rows and stamp them
- * with step. Collective. Returns 0, KILN_EMPI or KILN_ENOMEM. */
-int rt_shard_update(rt_shard_t *s, const float *const *grads, const kern_opt_t *opt,
+/* grads[t] is (nkeys[t], dim_t) float64 sums, aligned with the keys of the
+ * last lookup. Sends them to the owners, which add the sums for one row from
+ * several ranks in float64, round once to float32, apply opt to their rows
+ * and stamp them with step (float64 keeps the rounded sum independent of how
+ * the batch was split over ranks; rt_model.h). Collective. Returns 0,
+ * KILN_EMPI or KILN_ENOMEM. */
+int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t *opt,
                     int64_t step);
 
 /* Bytes moved by this rank in the last lookup + update (for progress). */

@@ -155,7 +155,8 @@ struct rt_shard {
     /* owner side, update: per-table unique rows and summed grads */
     int32_t **mark;      /* (ntables) (capacity) row -> unique index, -1 */
     kern_row_grads_t *ug;
-    buf_t *ug_rows, *ug_grads;
+    buf_t *ug_rows, *ug_grads; /* the update's unique rows, float32 gradients */
+    buf_t *ug_sum;             /* owners' float64 sums before rounding */
     int64_t bytes_last;
 };
 
@@ -188,9 +189,10 @@ int rt_shard_create(MPI_Comm comm, int ntables, kern_table_t *const *tables, rt_
     s->ug = kiln_calloc(T, sizeof *s->ug);
     s->ug_rows = kiln_calloc(T, sizeof *s->ug_rows);
     s->ug_grads = kiln_calloc(T, sizeof *s->ug_grads);
+    s->ug_sum = kiln_calloc(T, sizeof *s->ug_sum);
     if (!s->tables || !s->dims || !s->scnt || !s->rcnt || !s->flt_rd || !s->loc_rank ||
         !s->loc_pos || !s->loc_cap || !s->nkeys || !s->values || !s->values_cap || !s->mark ||
-        !s->ug || !s->ug_rows || !s->ug_grads) {
+        !s->ug || !s->ug_rows || !s->ug_grads || !s->ug_sum) {
         rc = KILN_ENOMEM;
         goto out;
     }
@@ -216,6 +218,7 @@ void rt_shard_destroy(rt_shard_t *s)
         free(s->mark[t]);
         free(s->ug_rows[t].p);
         free(s->ug_grads[t].p);
+        free(s->ug_sum[t].p);
     }
     free(s->tables);
     free(s->dims);
@@ -239,6 +242,7 @@ void rt_shard_destroy(rt_shard_t *s)
     free(s->ug);
     free(s->ug_rows);
     free(s->ug_grads);
+    free(s->ug_sum);
     free(s->skeys.p);
     free(s->rkeys.p);
     free(s->rrows.p);
@@ -560,30 +564,48 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
     return 0;
 }
 
+/* float32 out (n) = the float64 sums in (n), rounded once. */
+static void round_grads(int64_t n, const double *in, float *out)
+{
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (float)in[i];
+}
+
 /* One rank: the gradients are already aligned with the unique rows found
- * by lookup_local (loc_pos); update the tables from them in place. */
-static int update_local(rt_shard_t *s, const float *const *grads, const kern_opt_t *opt,
+ * by lookup_local (loc_pos); round them and update the tables in place. */
+static int update_local(rt_shard_t *s, const double *const *grads, const kern_opt_t *opt,
                         int64_t step)
 {
     const int T = s->ntables;
     kern_slab_t *slabs = kiln_calloc((size_t)T, sizeof *slabs);
     if (slabs == NULL)
         return KILN_ENOMEM;
+    int rc = 0;
     for (int t = 0; t < T; t++) {
         kern_table_slab(s->tables[t], &slabs[t]);
+        int64_t nf = s->nkeys[t] * s->dims[t];
+        float *g = buf_need(&s->ug_grads[t], (size_t)(nf ? nf : 1) * sizeof(float));
+        if (g == NULL) {
+            rc = KILN_ENOMEM;
+            goto out;
+        }
+        round_grads(nf, grads[t], g);
         s->ug[t].rows = s->loc_pos[t];
-        s->ug[t].grads = (float *)grads[t];
+        s->ug[t].grads = g;
         s->ug[t].n = s->nkeys[t];
     }
-    int rc = kern_cpu_sparse_update(opt, T, slabs, s->ug, step);
+    rc = kern_cpu_sparse_update(opt, T, slabs, s->ug, step);
     if (rc == 0)
         for (int t = 0; t < T; t++)
             kern_table_mark_changed(s->tables[t], s->ug[t].n, s->ug[t].rows);
+out:
     free(slabs);
     return rc;
 }
 
-int rt_shard_update(rt_shard_t *s, const float *const *grads, const kern_opt_t *opt, int64_t step)
+int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t *opt,
+                    int64_t step)
 {
     const int R = s->nranks, T = s->ntables;
     if (R == 1)
@@ -593,9 +615,11 @@ int rt_shard_update(rt_shard_t *s, const float *const *grads, const kern_opt_t *
         sf_total += s->flt_sc[r];
         rf_total += s->flt_rc[r];
     }
-    /* 1. Pack gradients exactly where the rows came from, and send them. */
-    float *sf = buf_need(&s->rflt, (size_t)(sf_total ? sf_total : 1) * sizeof(float));
-    float *rf = buf_need(&s->sflt, (size_t)(rf_total ? rf_total : 1) * sizeof(float));
+    /* 1. Pack the float64 gradients exactly where the rows came from, and
+     * send them (the float counts and displacements of the lookup, in
+     * doubles). */
+    double *sf = buf_need(&s->rflt, (size_t)(sf_total ? sf_total : 1) * sizeof(double));
+    double *rf = buf_need(&s->sflt, (size_t)(rf_total ? rf_total : 1) * sizeof(double));
     if (sf == NULL || rf == NULL)
         return KILN_ENOMEM;
     for (int t = 0; t < T; t++) {
@@ -613,16 +637,18 @@ int rt_shard_update(rt_shard_t *s, const float *const *grads, const kern_opt_t *
 #pragma omp parallel for schedule(static) if (n > 4096)
         for (int64_t i = 0; i < n; i++)
             memcpy(sf + f0[lr[i]] + (int64_t)lp[i] * dim, grads[t] + i * dim,
-                   sizeof(float) * (size_t)dim);
+                   sizeof(double) * (size_t)dim);
         if (f0 != f0s)
             free(f0);
     }
-    MPI_CHECK(MPI_Alltoallv(sf, s->flt_sc, s->flt_sd, MPI_FLOAT, rf, s->flt_rc, s->flt_rd,
-                            MPI_FLOAT, s->comm),
+    MPI_CHECK(MPI_Alltoallv(sf, s->flt_sc, s->flt_sd, MPI_DOUBLE, rf, s->flt_rc, s->flt_rd,
+                            MPI_DOUBLE, s->comm),
               "MPI_Alltoallv of gradients");
+    s->bytes_last += (sf_total + rf_total) * (int64_t)sizeof(double);
 
     /* 2. Owners sum the gradients of a row sent by several requesters, in
-     * requester order, into one entry per unique row. */
+     * requester order and in float64, into one entry per unique row, and
+     * round each sum to float32 once. */
     const int32_t *rows = s->rrows.p;
     kern_slab_t *slabs = kiln_calloc((size_t)T, sizeof *slabs);
     if (slabs == NULL)
@@ -635,53 +661,46 @@ int rt_shard_update(rt_shard_t *s, const float *const *grads, const kern_opt_t *
         for (int r = 0; r < R; r++)
             m += s->rcnt[r * T + t];
         int32_t *urows = buf_need(&s->ug_rows[t], (size_t)(m ? m : 1) * sizeof(int32_t));
+        double *usum = buf_need(&s->ug_sum[t], (size_t)(m ? m : 1) * (size_t)dim * sizeof(double));
         float *ugrad = buf_need(&s->ug_grads[t], (size_t)(m ? m : 1) * (size_t)dim * sizeof(float));
-        if (urows == NULL || ugrad == NULL) {
+        if (urows == NULL || usum == NULL || ugrad == NULL) {
             rc = KILN_ENOMEM;
             goto out;
         }
-        int64_t u = 0;
-        if (R == 1) {
-            /* One requester: its keys were unique already. */
-            int64_t k0, f0;
-            segment_start(s, s->rcnt, s->key_rd, s->flt_rd, 0, t, &k0, &f0);
-            memcpy(urows, rows + k0, sizeof(int32_t) * (size_t)m);
-            memcpy(ugrad, rf + f0, sizeof(float) * (size_t)(m * dim));
-            u = m;
-        } else {
+        if (s->mark[t] == NULL) {
+            int64_t cap = kern_table_capacity(s->tables[t]);
+            s->mark[t] = kiln_malloc((size_t)cap * sizeof(int32_t));
             if (s->mark[t] == NULL) {
-                int64_t cap = kern_table_capacity(s->tables[t]);
-                s->mark[t] = kiln_malloc((size_t)cap * sizeof(int32_t));
-                if (s->mark[t] == NULL) {
-                    rc = KILN_ENOMEM;
-                    goto out;
-                }
-                memset(s->mark[t], 0xff, (size_t)cap * sizeof(int32_t));
+                rc = KILN_ENOMEM;
+                goto out;
             }
-            int32_t *mark = s->mark[t];
-            for (int r = 0; r < R; r++) {
-                int64_t k0, f0;
-                segment_start(s, s->rcnt, s->key_rd, s->flt_rd, r, t, &k0, &f0);
-                int64_t n = s->rcnt[r * T + t];
-                for (int64_t i = 0; i < n; i++) {
-                    int32_t row = rows[k0 + i];
-                    const float *g = rf + f0 + i * dim;
-                    int32_t at = mark[row];
-                    if (at < 0) {
-                        at = (int32_t)u++;
-                        mark[row] = at;
-                        urows[at] = row;
-                        memcpy(ugrad + (int64_t)at * dim, g, sizeof(float) * (size_t)dim);
-                    } else {
-                        float *acc = ugrad + (int64_t)at * dim;
-                        for (int j = 0; j < dim; j++)
-                            acc[j] += g[j];
-                    }
-                }
-            }
-            for (int64_t i = 0; i < u; i++)
-                mark[urows[i]] = -1;
+            memset(s->mark[t], 0xff, (size_t)cap * sizeof(int32_t));
         }
+        int32_t *mark = s->mark[t];
+        int64_t u = 0;
+        for (int r = 0; r < R; r++) {
+            int64_t k0, f0;
+            segment_start(s, s->rcnt, s->key_rd, s->flt_rd, r, t, &k0, &f0);
+            int64_t n = s->rcnt[r * T + t];
+            for (int64_t i = 0; i < n; i++) {
+                int32_t row = rows[k0 + i];
+                const double *g = rf + f0 + i * dim;
+                int32_t at = mark[row];
+                if (at < 0) {
+                    at = (int32_t)u++;
+                    mark[row] = at;
+                    urows[at] = row;
+                    memcpy(usum + (int64_t)at * dim, g, sizeof(double) * (size_t)dim);
+                } else {
+                    double *acc = usum + (int64_t)at * dim;
+                    for (int j = 0; j < dim; j++)
+                        acc[j] += g[j];
+                }
+            }
+        }
+        for (int64_t i = 0; i < u; i++)
+            mark[urows[i]] = -1;
+        round_grads(u * dim, usum, ugrad);
         s->ug[t].rows = urows;
         s->ug[t].grads = ugrad;
         s->ug[t].n = u;

@@ -129,7 +129,7 @@ typedef struct trainer {
     int64_t **tkeys, *tkeys_cap, *tn; /* (T) keys of each table's slots, concatenated */
     int32_t **tinv;                   /* (T) inverse index into the table's unique keys */
     int64_t **tuniq, *tuniq_cap, *nuniq;
-    float **tgrad;                    /* (T) (nuniq, d) gradients of the unique keys */
+    double **tgrad;                   /* (T) (nuniq, d) float64 gradients of the unique keys */
     int64_t *tgrad_cap;
     int64_t *slot_koff;               /* (S) first key of slot s in its table's list */
     int64_t *boff;                    /* (S, max_batch + 1) bag offsets rebased to 0 */
@@ -511,13 +511,13 @@ static int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t 
      * do not depend on the thread count. */
     for (int t = 0; t < T; t++)
         KILN_CHECK(grow((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
-                        sizeof(float)));
+                        sizeof(double)));
     const float *dE = tr->E;
     const int64_t ldE = (int64_t)S * d;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < T; t++) {
-        float *g = tr->tgrad[t]; /* (nuniq[t], d) */
-        memset(g, 0, (size_t)(tr->nuniq[t] * d) * sizeof(float));
+        double *g = tr->tgrad[t]; /* (nuniq[t], d) */
+        memset(g, 0, (size_t)(tr->nuniq[t] * d) * sizeof(double));
         for (int s = 0; s < S; s++) {
             if (tr->slot_table[s] != t)
                 continue;
@@ -528,19 +528,20 @@ static int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t 
                     bg->combine == KERN_COMBINE_MEAN && p1 > p0 ? 1.0f / (float)(p1 - p0) : 1.0f;
                 const float *go = dE + i * ldE + (int64_t)s * d; /* (d) */
                 for (int64_t p = p0; p < p1; p++) {
-                    float *acc = g + (int64_t)bg->rows[p] * d;
+                    double *acc = g + (int64_t)bg->rows[p] * d;
                     for (int j = 0; j < d; j++)
-                        acc[j] += go[j] * sc;
+                        acc[j] += (double)(go[j] * sc);
                 }
             }
         }
     }
-    KILN_CHECK(rt_shard_update(tr->shard, (const float *const *)tr->tgrad, &tr->sparse_opt, step));
+    KILN_CHECK(rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
 
-    float *g = rt_model_grads(tr->model);
+    /* float64 sums over the ranks too; rt_model_step rounds them once. */
+    double *g = rt_model_grads(tr->model);
     size_t np = rt_model_nparams(tr->model);
     if (tr->nranks > 1) {
-        int mrc = MPI_Allreduce(MPI_IN_PLACE, g, (int)np, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        int mrc = MPI_Allreduce(MPI_IN_PLACE, g, (int)np, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         if (mrc != MPI_SUCCESS)
             return kiln_errf(KILN_EMPI, "MPI_Allreduce of dense gradients failed");
     }

@@ -860,29 +860,30 @@ static void test_resume_same_ranks_bitwise(void **state)
     free(r);
 }
 
-/* 2->1, 1->2, 2->3 ranks (the same global batch of 240): within 1e-6 of a
- * straight run. */
+/* 2->1, 1->2, 2->3 ranks (the same global batch of 480, so every rank's
+ * batch is a multiple of RT_ROW_BLOCK = 16 rows; rt_model.h): within 1e-6 of
+ * a straight run (bitwise on this machine, printed). */
 static void test_resume_across_rank_counts(void **state)
 {
     (void)state;
     const int pairs[3][2] = {{2, 1}, {1, 2}, {2, 3}};
     char s0[512], sp[512], a[1024], b[1024], half[1024], name[64];
     result_t *r = malloc(sizeof *r);
-    write_spec("x1", 240, NULL, s0, sizeof s0);
+    write_spec("x1", 480, NULL, s0, sizeof s0);
     json_t *v0 = train(1, s0, "x1", NULL, r);
     ckpt_dir("x1", jstr(v0, "checkpoint"), a, sizeof a);
     for (int i = 0; i < 3; i++) {
         int n1 = pairs[i][0], n2 = pairs[i][1];
         snprintf(name, sizeof name, "x%dto%d", n1, n2);
-        write_spec(name, 240 / n1, NULL, sp, sizeof sp);
-        const char *h1[] = {"--max-steps", "13", "--eval", "none", NULL};
+        write_spec(name, 480 / n1, NULL, sp, sizeof sp);
+        const char *h1[] = {"--max-steps", "5", "--eval", "none", NULL};
         char rn[80];
         snprintf(rn, sizeof rn, "%s-a", name);
         json_t *v1 = train(n1, sp, rn, h1, r);
         ckpt_dir(name, jstr(v1, "checkpoint"), half, sizeof half);
         char sp2[512], name2[80];
         snprintf(name2, sizeof name2, "%s-b", name);
-        write_spec(name2, 240 / n2, NULL, sp2, sizeof sp2);
+        write_spec(name2, 480 / n2, NULL, sp2, sizeof sp2);
         const char *h2[] = {"--resume", half, NULL};
         json_t *v2 = train(n2, sp2, name2, h2, r);
         assert_int_equal((int)jnum(v2, "ranks"), n2);
@@ -898,11 +899,19 @@ static void test_resume_across_rank_counts(void **state)
         for (int j = 0; j < nb; j++)
             if (fabs(la[na - nb + j] - lb[j]) > 1e-6 * fabs(la[na - nb + j]))
                 fail_msg("%s: step loss %.9g vs straight %.9g", name, lb[j], la[na - nb + j]);
-        /* Rows and dense weights: the same keys; values as close as float
-         * summation order allows (adam's normalised steps amplify the last
-         * bits, hence 1e-3 here and 1e-6 on the losses). */
+        /* Rows, their adam state and the dense weights: the same keys, and
+         * every value within 1e-6 relative (a floor of 1e-2 for the weights,
+         * 1e-12 for the optimizer state, whose values start at 0). */
         ckpt_dir(name2, jstr(v2, "checkpoint"), b, sizeof b);
-        compare_ckpts(a, b, 1e-3);
+        ckpt_diff_t d, ds;
+        ckpt_diff(a, b, 1e-2, &d);
+        ckpt_diff(a, b, 1e-12, &ds);
+        print_message("%s: rows %.3g, row state %.3g, dense %.3g, dense state %.3g relative\n",
+                      name, d.rel_values, ds.rel_opt, d.rel_dense, ds.rel_dense_opt);
+        if (d.rel_values > 1e-6 || ds.rel_opt > 1e-6 || d.rel_dense > 1e-6 ||
+            ds.rel_dense_opt > 1e-6)
+            fail_msg("%s: rows %.3g, row state %.3g, dense %.3g, dense state %.3g relative", name,
+                     d.rel_values, ds.rel_opt, d.rel_dense, ds.rel_dense_opt);
         json_decref(v1);
         json_decref(v2);
     }
@@ -910,30 +919,26 @@ static void test_resume_across_rank_counts(void **state)
     free(r);
 }
 
-/* With sgd (no adaptive step) the weights themselves meet 1e-6 relative
- * across rank counts: |x - y| <= 1e-6 max(|x|, 1e-2), i.e. an absolute
- * floor of 1e-8 for values near zero (observed: rows 1.4e-7, dense 2.9e-7,
- * absolute <= 3e-8). adagrad and adam do not (docs/checkpoint-format.md,
- * "Resume across rank counts"): their state does, and the eval loss. */
+/* The same with sgd (sparse and dense): |x - y| <= 1e-6 max(|x|, 1e-2). */
 static void test_resume_across_rank_counts_sgd(void **state)
 {
     (void)state;
     const int pairs[3][2] = {{2, 1}, {1, 2}, {2, 3}};
     char s0[512], sp[512], sp2[512], a[1024], b[1024], half[1024], name[64], name2[80], rn[80];
     result_t *r = malloc(sizeof *r);
-    write_spec_opt("g1", 240, "sgd", NULL, s0, sizeof s0);
+    write_spec_opt("g1", 480, "sgd", NULL, s0, sizeof s0);
     json_t *v0 = train(1, s0, "g1", NULL, r);
     ckpt_dir("g1", jstr(v0, "checkpoint"), a, sizeof a);
     for (int i = 0; i < 3; i++) {
         int n1 = pairs[i][0], n2 = pairs[i][1];
         snprintf(name, sizeof name, "g%dto%d", n1, n2);
-        write_spec_opt(name, 240 / n1, "sgd", NULL, sp, sizeof sp);
-        const char *h1[] = {"--max-steps", "13", "--eval", "none", NULL};
+        write_spec_opt(name, 480 / n1, "sgd", NULL, sp, sizeof sp);
+        const char *h1[] = {"--max-steps", "5", "--eval", "none", NULL};
         snprintf(rn, sizeof rn, "%s-a", name);
         json_t *v1 = train(n1, sp, rn, h1, r);
         ckpt_dir(name, jstr(v1, "checkpoint"), half, sizeof half);
         snprintf(name2, sizeof name2, "%s-b", name);
-        write_spec_opt(name2, 240 / n2, "sgd", NULL, sp2, sizeof sp2);
+        write_spec_opt(name2, 480 / n2, "sgd", NULL, sp2, sizeof sp2);
         const char *h2[] = {"--resume", half, NULL};
         json_t *v2 = train(n2, sp2, name2, h2, r);
         ckpt_dir(name2, jstr(v2, "checkpoint"), b, sizeof b);
@@ -1276,13 +1281,17 @@ static void test_online_export_sigusr1(void **state)
         struct timespec ts = {0, 10000000L};
         nanosleep(&ts, NULL);
     }
+    /* A signal that lands while an export is still being finished is served
+     * by that export (train.c), so each round waits for the last to settle:
+     * its directory appears before the trainer is done with it. */
+    struct timespec settle = {0, 300000000L};
     ok = ok && kill(ranks[0], SIGUSR1) == 0 && wait_exports("sig1", 1);
+    nanosleep(&settle, NULL);
     int after_rank0 = online_exports("sig1");
     for (int i = 0; ok && i < 3; i++)
         ok = kill(ranks[i], SIGUSR1) == 0;
     ok = ok && wait_exports("sig1", 2);
     /* Give a stray second export time to show up (steps take ~1 ms). */
-    struct timespec settle = {0, 300000000L};
     nanosleep(&settle, NULL);
     int after_all = online_exports("sig1");
     ok = ok && kill(pid, SIGUSR1) == 0 && wait_exports("sig1", 3);
@@ -1621,6 +1630,10 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    if (getenv("KILN_TEST_KEEP")) { /* for a look at the runs after a failure */
+        fprintf(stderr, "kept %s\n", tmpdir);
+        return 0;
+    }
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     return system(cmd) == 0 ? 0 : -1;

@@ -1,0 +1,132 @@
+/*
+ * runtime/model_blas.c - the models' BLAS calls, arranged so that a row's
+ * numbers do not depend on how a global batch is split over ranks and
+ * threads. That is what lets 1 rank and N ranks on the same global batches
+ * train the same weights (rt_model.h, docs/models.md "Rank-count invariance").
+ *
+ * Two kinds of product, two remedies:
+ *
+ * - Per-row products (a layer's output, its input gradient): OpenBLAS's
+ *   float32 GEMM rounds a row differently depending on where the row sits in
+ *   the call and how many rows the call has (measured: 80 rows in one call vs
+ *   the same rows inside a 720-row call differ in the last bit for about a
+ *   third of the outputs). rt_gemm_rows therefore always calls BLAS with
+ *   exactly RT_ROW_BLOCK rows, blocks starting at the batch's row 0, the last
+ *   one zero-padded in a scratch block. A row's result is then a function of
+ *   its data and of its index mod RT_ROW_BLOCK; with the block-cyclic reader
+ *   (rank r starts at row r * batch_size of each global batch) that index is
+ *   the same for every rank count as long as batch_size is a multiple of
+ *   RT_ROW_BLOCK. Fixed 16-row calls run as fast as one big call (0.8-1.1x
+ *   the time for the bench dlrm's layers).
+ *
+ * - Sums over rows (every weight gradient): float64 (rt_grad_gemm,
+ *   rt_grad_colsum), so the order of the terms stops mattering once the sum is
+ *   rounded to float32 (a float64 sum's rounding error is about 2^-29 of a
+ *   float32 ulp of its largest term). Large ones convert both operands once
+ *   and run one DGEMM per OpenMP thread over a block of G's rows; small ones
+ *   are a plain loop.
+ *
+ * OpenBLAS is single-threaded here (rt_model_create); the blocks are spread
+ * over the OpenMP team, which changes no result.
+ */
+#define RT_MODEL_IMPL
+#include "rt_model.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <string.h>
+
+void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+                  const float *B, int ldb, float *C, int ldc)
+{
+    if (n <= 0 || nn <= 0)
+        return;
+    const int RB = RT_ROW_BLOCK;
+    const CBLAS_TRANSPOSE tb = transb ? CblasTrans : CblasNoTrans;
+    const int full = n / RB, nblk = (n + RB - 1) / RB;
+#pragma omp parallel for schedule(static) if ((int64_t)n * nn * k >= 262144 && !omp_in_parallel())
+    for (int blk = 0; blk < nblk; blk++) {
+        const size_t r0 = (size_t)blk * RB;
+        if (blk < full) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, A + r0 * (size_t)lda, lda,
+                        B, ldb, 0.0f, C + r0 * (size_t)ldc, ldc);
+            continue;
+        }
+        /* The short last block, padded to RB rows (one block, one user). */
+        const int rows = n - (int)r0;
+        float *a = m->tailA, *c = m->tailC;
+        memset(a, 0, sizeof(float) * (size_t)RB * (size_t)k);
+        for (int i = 0; i < rows; i++)
+            memcpy(a + (size_t)i * (size_t)k, A + (r0 + (size_t)i) * (size_t)lda,
+                   sizeof(float) * (size_t)k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, a, k, B, ldb, 0.0f, c, nn);
+        for (int i = 0; i < rows; i++)
+            memcpy(C + (r0 + (size_t)i) * (size_t)ldc, c + (size_t)i * (size_t)nn,
+                   sizeof(float) * (size_t)nn);
+    }
+}
+
+/* dst (n, cols) float64, dense = src (n, cols; ld) float32 */
+static void widen(int n, int cols, const float *src, int ld, double *dst)
+{
+#pragma omp parallel for schedule(static) if (n * cols > 65536)
+    for (int i = 0; i < n; i++) {
+        const float *s = src + (size_t)i * (size_t)ld;
+        double *d = dst + (size_t)i * (size_t)cols;
+#pragma omp simd
+        for (int j = 0; j < cols; j++)
+            d[j] = (double)s[j];
+    }
+}
+
+void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+                  const float *B, int ldb, double *G)
+{
+    if (n <= 0 || rows <= 0 || cols <= 0)
+        return;
+    if ((int64_t)n * rows * cols < 262144) {
+        for (int i = 0; i < n; i++) {
+            const float *a = A + (size_t)i * (size_t)lda, *b = B + (size_t)i * (size_t)ldb;
+            for (int r = 0; r < rows; r++) {
+                const double ar = (double)a[r];
+                double *g = G + (size_t)r * (size_t)cols;
+#pragma omp simd
+                for (int c = 0; c < cols; c++)
+                    g[c] += ar * (double)b[c];
+            }
+        }
+        return;
+    }
+    double *a64 = m->wgA, *b64 = m->wgB;
+    widen(n, rows, A, lda, a64);
+    widen(n, cols, B, ldb, b64);
+    /* G (rows, cols) += a64^T (rows, n) b64 (n, cols); each thread owns a
+     * block of G's rows and computes each of its elements over all n rows. */
+#pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        const int r0 = (int)((int64_t)rows * id / nt), r1 = (int)((int64_t)rows * (id + 1) / nt);
+        if (r1 > r0)
+            cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, cols, n, 1.0, a64 + r0,
+                        rows, b64, cols, 1.0, G + (size_t)r0 * (size_t)cols, cols);
+    }
+}
+
+void rt_grad_colsum(int n, int cols, const float *A, int lda, double *g)
+{
+    /* Columns in blocks of 16 over the threads; each column is summed over
+     * the rows in order, so the result does not depend on the thread count. */
+    const int nblk = (cols + 15) / 16;
+#pragma omp parallel for schedule(static) if ((int64_t)n * cols > 65536)
+    for (int blk = 0; blk < nblk; blk++) {
+        const int c0 = blk * 16, c1 = c0 + 16 < cols ? c0 + 16 : cols;
+        double acc[16] = {0};
+        for (int i = 0; i < n; i++) {
+            const float *a = A + (size_t)i * (size_t)lda;
+            for (int c = c0; c < c1; c++)
+                acc[c - c0] += (double)a[c];
+        }
+        for (int c = c0; c < c1; c++)
+            g[c] += acc[c - c0];
+    }
+}
