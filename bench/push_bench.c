@@ -10,6 +10,12 @@
  *
  *   push_bench --serve PATH/kiln-serve [--table N] [--runs R] [--dir DIR]
  *
+ * The peer, run in the same process: the same number of body bytes POSTed
+ * the same way (libcurl multi, both at once) to two do-nothing
+ * libmicrohttpd sinks in child processes on loopback, which read and drop
+ * the body. That is the transport bound: what HTTP over loopback costs on
+ * this machine before kiln-serve verifies, persists and swaps anything in.
+ *
  * The issue's bar: a 100k-row delta live on both endpoints in under 1 s.
  * Results and the command used are in docs/benchmarks.md ("Serving").
  */
@@ -24,6 +30,7 @@
 #include <unistd.h>
 
 #include <curl/curl.h>
+#include <microhttpd.h>
 
 #include "kiln.h"
 #include "rt_model.h"
@@ -183,6 +190,124 @@ static int push_both(server_t *sv, serve_memsrc_t *src, const char *held, double
     return rc;
 }
 
+/* ---- the peer: a sink that reads and drops a POST body ------------------------- */
+static enum MHD_Result sink_handler(void *cls, struct MHD_Connection *c, const char *url,
+                                    const char *method, const char *version,
+                                    const char *upload, size_t *upload_size, void **con_cls)
+{
+    (void)cls, (void)url, (void)method, (void)version, (void)upload;
+    if (*con_cls == NULL) {
+        *con_cls = (void *)1;
+        return MHD_YES;
+    }
+    if (*upload_size > 0) {
+        *upload_size = 0; /* dropped */
+        return MHD_YES;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(2, (void *)"ok",
+                                                             MHD_RESPMEM_PERSISTENT);
+    enum MHD_Result q = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return q;
+}
+
+/* Starts a sink in a child process; its port comes back through a pipe. */
+static pid_t sink_start(int *port)
+{
+    int fd[2];
+    if (pipe(fd) < 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        struct MHD_Daemon *d =
+            MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, sink_handler, NULL,
+                             MHD_OPTION_END);
+        int p = 0;
+        if (d != NULL)
+            p = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT)->port;
+        if (write(fd[1], &p, sizeof p) != (ssize_t)sizeof p || p == 0)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(fd[1]);
+    *port = 0;
+    if (pid < 0 || read(fd[0], port, sizeof *port) != (ssize_t)sizeof *port || *port == 0) {
+        if (pid > 0)
+            kill(pid, SIGKILL);
+        pid = -1;
+    }
+    close(fd[0]);
+    return pid;
+}
+
+static size_t drop_reply(char *p, size_t size, size_t n, void *u)
+{
+    (void)p, (void)u;
+    return size * n;
+}
+
+/* POSTs len bytes to both sinks at once; the seconds until both answered. */
+static double sink_post(const int *ports, const char *body, size_t len)
+{
+    CURLM *multi = curl_multi_init();
+    CURL *e[2];
+    char url[2][64];
+    for (int i = 0; i < 2; i++) {
+        snprintf(url[i], sizeof url[i], "http://127.0.0.1:%d/sink", ports[i]);
+        e[i] = curl_easy_init();
+        curl_easy_setopt(e[i], CURLOPT_URL, url[i]);
+        curl_easy_setopt(e[i], CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(e[i], CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+        curl_easy_setopt(e[i], CURLOPT_WRITEFUNCTION, drop_reply);
+        curl_multi_add_handle(multi, e[i]);
+    }
+    int64_t t0 = kiln_mono_ns();
+    int running = 2;
+    while (running > 0) {
+        curl_multi_perform(multi, &running);
+        if (running > 0)
+            curl_multi_poll(multi, NULL, 0, 1000, NULL);
+    }
+    double secs = (double)(kiln_mono_ns() - t0) / 1e9;
+    for (int i = 0; i < 2; i++) {
+        long code = 0;
+        curl_easy_getinfo(e[i], CURLINFO_RESPONSE_CODE, &code);
+        if (code != 200)
+            secs = -1.0;
+        curl_multi_remove_handle(multi, e[i]);
+        curl_easy_cleanup(e[i]);
+    }
+    curl_multi_cleanup(multi);
+    return secs;
+}
+
+/* The peer's median seconds for len bytes to both sinks, or -1. */
+static double sink_bench(size_t len, int runs)
+{
+    int ports[2] = {0, 0};
+    pid_t pids[2] = {sink_start(&ports[0]), sink_start(&ports[1])};
+    double t[50], med = -1.0;
+    char *body = malloc(len ? len : 1);
+    if (pids[0] > 0 && pids[1] > 0 && body != NULL) {
+        for (size_t i = 0; i < len; i++)
+            body[i] = (char)rnd();
+        int ok = 1;
+        for (int r = 0; r < runs && ok; r++)
+            ok = (t[r] = sink_post(ports, body, len)) > 0.0;
+        if (ok)
+            med = median(t, runs);
+    }
+    free(body);
+    for (int i = 0; i < 2; i++)
+        if (pids[i] > 0) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+        }
+    return med;
+}
+
 int main(int argc, char **argv)
 {
     const char *bin = NULL, *dir = "/tmp";
@@ -257,6 +382,8 @@ int main(int argc, char **argv)
         return 1;
     }
     double fs = median(full_s, runs), s100k = median(d100k, runs), s1m = median(d1m, runs);
+    double peer_full = sink_bench((size_t)full_bytes, runs);
+    double peer_100k = sink_bench((size_t)b100k, runs);
     printf("push_bench: 2 kiln-serve endpoints on loopback, one table of %" PRId64
            " rows x dim %d, median of %d runs\n",
            table, DIM, runs);
@@ -268,6 +395,16 @@ int main(int argc, char **argv)
            (double)b100k / 1e6, s100k, s100k < 1.0 ? " (goal < 1 s: met)" : " (goal < 1 s: NOT met)");
     printf("  delta        %8d rows  %7.1f MB/endpoint  %7.3f s  live on both\n", 1000000,
            (double)b1m / 1e6, s1m);
+    if (peer_full > 0.0 && peer_100k > 0.0) {
+        printf("  peer: the same bytes to 2 do-nothing libmicrohttpd sinks on loopback\n");
+        printf("  full push    %7.3f s  %7.1f MB/s per endpoint: kiln-serve at %.2f of the "
+               "transport bound\n",
+               peer_full, (double)full_bytes / 1e6 / peer_full, peer_full / fs);
+        printf("  delta 100k   %7.3f s: kiln-serve live in %.1fx the bare transfer time\n",
+               peer_100k, s100k / peer_100k);
+    } else {
+        printf("  peer: the loopback sinks failed to start or answer\n");
+    }
     curl_global_cleanup();
     return 0;
 }

@@ -11,6 +11,10 @@
  * Then it leaves kilnd idle for 10 s and reads its utime+stime from
  * /proc/PID/stat. Results go to stdout as a Markdown table
  * (docs/benchmarks.md, "Scheduler").
+ *
+ * The bound, measured in the same run: fork + exec + exit of /bin/true from
+ * this process (median of N), the least any launcher that starts a process
+ * per run can take.
  */
 #include <errno.h>
 #include <signal.h>
@@ -133,6 +137,39 @@ static int bench(const char *kilnd, int history, int samples)
     return system(sql) == 0 ? 0 : 1;
 }
 
+static int cmp_ms(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median ms of fork + exec /bin/true + waitpid over n tries, or -1. */
+static double spawn_floor(int n)
+{
+    double *t = malloc(sizeof(double) * (size_t)n), med = -1.0;
+    if (t == NULL)
+        return -1.0;
+    int i = 0;
+    for (; i < n; i++) {
+        int64_t t0 = kiln_mono_ns();
+        pid_t pid = fork();
+        if (pid == 0) {
+            execl("/bin/true", "true", (char *)NULL);
+            _exit(127);
+        }
+        int st = 0;
+        if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            break;
+        t[i] = (double)(kiln_mono_ns() - t0) / 1e6;
+    }
+    if (i == n) {
+        qsort(t, (size_t)n, sizeof *t, cmp_ms);
+        med = t[n / 2];
+    }
+    free(t);
+    return med;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -146,5 +183,7 @@ int main(int argc, char **argv)
            "|---|---|---|---|---|\n");
     int rc = bench(argv[1], 10000, samples);
     rc |= bench(argv[1], 100000, samples);
+    printf("\nbound: fork + exec + exit of /bin/true, median of %d: %.2f ms\n", samples,
+           spawn_floor(samples));
     return rc;
 }
