@@ -26,7 +26,7 @@ typedef struct state state_t;
 
 /* The schema version this build writes. Version 0 is an empty file; each
  * migration in state/schema.c brings version i-1 to i (see docs/state.md). */
-#define STATE_SCHEMA_VERSION 3
+#define STATE_SCHEMA_VERSION 4
 
 /* Opens (creating if needed, with parent directories) and migrates path.
  * Returns 0, KILN_EDB (message names the file and SQLite's reason) or

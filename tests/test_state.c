@@ -192,6 +192,11 @@ static const char *const seeds[STATE_SCHEMA_VERSION] = {
     "INSERT INTO runs (id, job_id, job_version, state, trigger, attempt, scheduled_at,"
     "  queued_at, started_at, ended_at, exit_code, error)"
     "  VALUES (3, 1, 3, 'failed', 'manual', 1, 0, 1800, 1801, 1900, 3, 'disk full');",
+
+    "INSERT INTO events (job_id, run_id, at, kind, message)"
+    "  VALUES (1, NULL, 1950, 'submit', 'submitted from /specs/old.yaml (version 3)');"
+    "INSERT INTO events (job_id, run_id, at, kind, message)"
+    "  VALUES (1, 3, 1960, 'state', 'queued -> failed');",
 };
 
 static void check_v1(state_t *st)
@@ -262,7 +267,21 @@ static void check_counts(state_t *st)
                      0);
 }
 
-static void (*const checks[STATE_SCHEMA_VERSION])(state_t *) = {check_v1, check_v2, check_v3};
+/* v4 indexes events by (job, kind): the newest submit event is found, and
+ * the query plan uses the index rather than walking the job's events. */
+static void check_v4(state_t *st)
+{
+    char *msg = NULL;
+    OK(state_event_last(st, 1, "submit", &msg));
+    assert_string_equal(msg, "submitted from /specs/old.yaml (version 3)");
+    free(msg);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND "
+                                "name = 'events_by_job_kind'"),
+                     1);
+}
+
+static void (*const checks[STATE_SCHEMA_VERSION])(state_t *) = {check_v1, check_v2, check_v3,
+                                                                 check_v4};
 
 static void test_migrate_every_version(void **state)
 {
