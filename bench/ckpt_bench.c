@@ -17,30 +17,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "kern.h"
 #include "kiln.h"
 #include "rt_ckpt.h"
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static uint64_t rng = 0x9e3779b97f4a7c15ULL;
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 
 /* One dump of t (since < 0: full) into root; returns seconds, or -1. */
 static double dump(const char *root, kern_table_t *t, int64_t since, int64_t step, char *uid,
@@ -87,11 +67,11 @@ static int change_rows(kern_table_t *t, int64_t n, int64_t m, int64_t step)
     if (rows == NULL || g == NULL)
         return KILN_ENOMEM;
     /* m evenly spaced rows from a random start: distinct and ascending. */
-    int64_t stride = n / m, start = (int64_t)(rnd() % (uint64_t)stride);
+    int64_t stride = n / m, start = (int64_t)(bench_rnd() % (uint64_t)stride);
     for (int64_t i = 0; i < m; i++)
         rows[i] = (int32_t)(start + i * stride);
     for (int64_t i = 0; i < m * sl.dim; i++)
-        g[i] = (float)((double)(rnd() % 1000) / 1000.0 - 0.5);
+        g[i] = (float)((double)(bench_rnd() % 1000) / 1000.0 - 0.5);
     kern_row_grads_t rg = {.rows = rows, .grads = g, .n = m};
     kern_opt_t opt = {.kind = KERN_OPT_ADAGRAD, .lr = 0.01f, .eps = 1e-8f};
     int rc = kern_cpu_sparse_update(&opt, 1, &sl, &rg, step);
@@ -148,10 +128,10 @@ int main(int argc, char **argv)
     for (int64_t at = 0; at < n; at += chunk) {
         int64_t m = n - at < chunk ? n - at : chunk;
         for (int64_t i = 0; i < m; i++)
-            keys[i] = (int64_t)(rnd() >> 1);
+            keys[i] = (int64_t)(bench_rnd() >> 1);
         for (int64_t i = 0; i < m * dim; i++) {
-            vals[i] = (float)((double)(rnd() % 2000) / 1000.0 - 1.0);
-            acc[i] = (float)((double)(rnd() % 1000) / 1000.0);
+            vals[i] = (float)((double)(bench_rnd() % 2000) / 1000.0 - 1.0);
+            acc[i] = (float)((double)(bench_rnd() % 1000) / 1000.0);
         }
         if (kern_table_insert_rows(t, m, keys, vals, acc, NULL, 1) < 0) {
             fprintf(stderr, "ckpt_bench: %s\n", kiln_errmsg());
@@ -220,16 +200,16 @@ int main(int argc, char **argv)
     rt_ckpt_remove(base_path);
     rmdir(root);
 
-    double f = median(full, runs);
+    double f = bench_median(full, runs);
     printf("full dump:         %8.3f s  %7.1f MB  %6.0f MB/s  (median of %d)\n", f,
            (double)full_bytes / 1e6, (double)full_bytes / 1e6 / f, runs);
     for (int k = 0; k < 3; k++) {
-        double x = median(inc[k], runs);
+        double x = bench_median(inc[k], runs);
         printf("incremental %5.1f%%: %8.3f s  %7.1f MB  %5.2f%% of the full dump's time\n",
                fr[k] * 100, x, (double)inc_bytes[k] / 1e6, 100 * x / f);
     }
-    printf("load (verify+insert): %5.3f s  (median of %d)\n", median(load, lruns), lruns);
-    double one = median(inc[1], runs);
+    printf("load (verify+insert): %5.3f s  (median of %d)\n", bench_median(load, lruns), lruns);
+    double one = bench_median(inc[1], runs);
     printf("1%% incremental / full = %.2f%% (bar: <= 5%%): %s\n", 100 * one / f,
            one <= 0.05 * f ? "ok" : "MISSED");
     return one <= 0.05 * f ? 0 : 3;

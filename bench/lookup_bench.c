@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench.h"
 #include "kern.h"
 #include "kiln.h"
 
@@ -50,18 +51,6 @@ static uint64_t rng(void)
 static double u01(void)
 {
     return (double)(rng() >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static double now_s(void)
@@ -224,8 +213,8 @@ int main(int argc, char **argv)
     }
     /* The ratio is the median of the runs' ratios: fused and plain run back
      * to back, so noise from other work on the machine mostly cancels. */
-    double q = median(ratio, runs);
-    double f = median(fused, runs), p = median(plain, runs), g = median(gemm_s, runs);
+    double q = bench_median(ratio, runs);
+    double f = bench_median(fused, runs), p = bench_median(plain, runs), g = bench_median(gemm_s, runs);
     double gemm_gflops = flops / g / 1e9;
     /* Bound per step: GEMMs at the measured rate plus moving 2 x 26 x 4096
      * rows (gather forward, scatter backward) at the fused gather rate. */

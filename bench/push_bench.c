@@ -32,33 +32,13 @@
 #include <curl/curl.h>
 #include <microhttpd.h>
 
+#include "bench.h"
 #include "kiln.h"
 #include "rt_model.h"
 #include "serve.h"
 
 #define DIM 16
 #define TOKEN "push-bench-token"
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static uint64_t rng = 0x9e3779b97f4a7c15ULL;
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 
 /* One table of dim 16 behind an fm model with one slot and one dense feature. */
 static int make_desc(serve_model_desc_t *d)
@@ -155,9 +135,9 @@ static int build(const serve_model_desc_t *d, const char *uid, const char *base,
         goto out;
     }
     for (int64_t i = 0; i < n; i++) {
-        keys[i] = full ? i : (int64_t)(rnd() % (uint64_t)table);
+        keys[i] = full ? i : (int64_t)(bench_rnd() % (uint64_t)table);
         for (int j = 0; j < DIM; j++)
-            vals[i * DIM + j] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+            vals[i * DIM + j] = (float)(bench_rnd() % 2001) / 1000.0f - 1.0f;
     }
     for (int64_t i = 0; i < d->nparams; i++)
         dense[i] = 0.01f * (float)(i % 5);
@@ -292,12 +272,12 @@ static double sink_bench(size_t len, int runs)
     char *body = malloc(len ? len : 1);
     if (pids[0] > 0 && pids[1] > 0 && body != NULL) {
         for (size_t i = 0; i < len; i++)
-            body[i] = (char)rnd();
+            body[i] = (char)bench_rnd();
         int ok = 1;
         for (int r = 0; r < runs && ok; r++)
             ok = (t[r] = sink_post(ports, body, len)) > 0.0;
         if (ok)
-            med = median(t, runs);
+            med = bench_median(t, runs);
     }
     free(body);
     for (int i = 0; i < 2; i++)
@@ -381,7 +361,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "push_bench: %s\n", kiln_errmsg());
         return 1;
     }
-    double fs = median(full_s, runs), s100k = median(d100k, runs), s1m = median(d1m, runs);
+    double fs = bench_median(full_s, runs), s100k = bench_median(d100k, runs), s1m = bench_median(d1m, runs);
     double peer_full = sink_bench((size_t)full_bytes, runs);
     double peer_100k = sink_bench((size_t)b100k, runs);
     printf("push_bench: 2 kiln-serve endpoints on loopback, one table of %" PRId64

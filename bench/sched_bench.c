@@ -137,12 +137,6 @@ static int bench(const char *kilnd, int history, int samples)
     return system(sql) == 0 ? 0 : 1;
 }
 
-static int cmp_ms(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median ms of fork + exec /bin/true + waitpid over n tries, or -1. */
 static double spawn_floor(int n)
 {
@@ -163,7 +157,7 @@ static double spawn_floor(int n)
         t[i] = (double)(kiln_mono_ns() - t0) / 1e6;
     }
     if (i == n) {
-        qsort(t, (size_t)n, sizeof *t, cmp_ms);
+        qsort(t, (size_t)n, sizeof *t, cmp_d);
         med = t[n / 2];
     }
     free(t);

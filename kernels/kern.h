@@ -213,22 +213,7 @@ int kern_cpu_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t
                            const kern_row_grads_t *grads, int64_t step);
 
 #ifdef KILN_HAVE_CUDA
-/* ---- CUDA backend (kiln_kernels_cuda) --------------------------------------------
- * Same shapes as kern_cpu_*; the arrays inside bags, slabs and grads and the
- * d_ arguments are device memory, the descriptor arrays themselves are host
- * memory. stream is a cudaStream_t (NULL: the default stream); the calls are
- * asynchronous. Returns 0, KILN_EINVAL or KILN_ECUDA (message names the
- * CUDA error). Row ids are not range-checked on the device. */
-int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
-                             int64_t out_stride, float *d_out, void *stream);
-int kern_cuda_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t *slabs,
-                            const kern_row_grads_t *grads, int64_t step, void *stream);
-/* Versions of the CUDA runtime, cuBLAS (major*10000 + minor*100 + patch)
- * and NCCL the backend is linked against; 0 for one that cannot say. Needs
- * no device. */
-void kern_cuda_versions(int *runtime /* OUT */, int *cublas /* OUT */, int *nccl /* OUT */);
-/* Number of CUDA devices visible (0 when none or the driver is missing). */
-int kern_cuda_device_count(void);
+#include "kern_cuda.h"
 #endif
 
 #ifdef __cplusplus

@@ -1,53 +1,82 @@
 /*
- * kernels/kern_cuda.cu - the CUDA backend of the fused step ops: gather +
- * combine per bag over all tables and the sparse optimizer update, with the
- * same argument shapes as kern_cpu.c but device arrays. The per-element math
- * is kern_ops.h, the same code the CPU runs. Kernels come first, their host
- * launchers after. The hash table stays on the host for now (the runtime
- * maps keys to rows there and ships row ids), and the backward reduce still
- * runs on the CPU (kern_cpu_backward_reduce).
+ * kernels/kern_cuda.cu - the CUDA backend (kern_cuda.h): the fused step ops
+ * with the shapes of kern_cpu.c but device arrays (gather + combine,
+ * backward reduce, sparse optimizer update), and the GPU hash table whose
+ * slab those ops read. The per-element math is kern_ops.h, the code the CPU
+ * backend runs: the seeded row initializer, the key hash and bucket index,
+ * the eviction priority, the combine scale and the optimizer element steps.
+ * Each kernel sits just above its host launcher; every launch is followed
+ * by a cudaGetLastError check.
  *
  * Fusing: a launch covers up to CHUNK tables, whose descriptors travel by
  * value as the kernel parameter (no device copy of the descriptor array);
- * blockIdx.y picks the table, blockIdx.x strides over bags or rows, and the
- * threads of a block stride over the dim floats of a row, so loads of a row
- * are coalesced.
+ * blockIdx.y picks the table, blockIdx.x strides over bags, rows or tiles,
+ * and the threads of a block stride over the dim floats of a row, so loads
+ * of a row are coalesced.
+ *
+ * The table: buckets of 32 slots, a warp per key. A key's slot is found by
+ * one coalesced read of its bucket and a ballot; a missing key claims the
+ * first free slot with atomicCAS on the key word (a lost race re-reads the
+ * bucket; slots only fill during this pass, so two copies of a key always
+ * race for the same slot). Keys whose bucket is full go to a second pass
+ * that takes a per-bucket lock and replaces the bucket's lowest-priority row
+ * not used at this step. docs/gpu.md has the design and its limits.
  */
 #include <cuda_runtime.h>
 #include <cublas_api.h>
 #include <nccl.h>
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "kern.h"
 #include "kern_ops.h"
+#include "kiln_cuda.h"
 
 #define CHUNK 32
 #define MAX_BLOCKS_X 65536
+#define WARP_ALL 0xffffffffu
+#define WARPS_PER_BLOCK 4 /* keys in flight per block of the table kernels */
+#define TILE 1024         /* slab rows per block of the backward reduce's scan */
+#define TILE_THREADS 256
 
-#define CUDA_CHECK(call)                                                                  \
-    do {                                                                                  \
-        cudaError_t cuda_err_ = (call);                                                   \
-        if (cuda_err_ != cudaSuccess)                                                     \
-            return kiln_errf(KILN_ECUDA, "%s: %s (%s)", #call, cudaGetErrorString(cuda_err_), \
-                             KILN_WHERE);                                                 \
-    } while (0)
+static unsigned threads_for(int maxdim)
+{
+    unsigned th = (unsigned)((maxdim + 31) / 32 * 32);
+    return th > 256 ? 256 : th;
+}
+
+static unsigned blocks_for(int64_t n)
+{
+    return (unsigned)(n < 1 ? 1 : n > MAX_BLOCKS_X ? MAX_BLOCKS_X : n);
+}
+
+/* Checks what every fused op needs of a table's batch (host side). */
+static int check_bags(const char *op, int ntables, const kern_bags_t *bags, int64_t nbags,
+                      int64_t out_stride)
+{
+    if (ntables < 0 || nbags < 0 || (ntables > 0 && !bags))
+        return kiln_errf(KILN_EINVAL, "cuda %s: bad table count %d or bag count %lld", op,
+                         ntables, (long long)nbags);
+    for (int t = 0; t < ntables; t++)
+        if (!bags[t].values || !bags[t].offsets || bags[t].dim < 1 || bags[t].out_col < 0 ||
+            bags[t].out_col + bags[t].dim > out_stride)
+            return kiln_errf(KILN_EINVAL, "cuda %s: table %d has no slab/offsets or its "
+                             "columns fall outside the output stride %lld",
+                             op, t, (long long)out_stride);
+    return 0;
+}
+
+/* ==== fused step ops ============================================================= */
 
 struct bags_chunk {
     kern_bags_t t[CHUNK];
 };
 
-struct update_chunk {
-    kern_slab_t s[CHUNK];
-    const int32_t *rows[CHUNK]; /* (n[t]) */
-    const float *grads[CHUNK];  /* (n[t], dim) */
-    int64_t n[CHUNK];
-};
-
-/* ---- kernels ------------------------------------------------------------------ */
-
 /* grid (bags, tables of the chunk), block (threads over dim).
  * out is (nbags, out_stride). */
-__global__ void gather_combine_kernel(const bags_chunk c, int64_t nbags, int64_t out_stride,
-                                      float *out)
+static __global__ void gather_combine_kernel(const bags_chunk c, int64_t nbags, int64_t out_stride,
+                                             float *out)
 {
     const kern_bags_t &g = c.t[blockIdx.y];
     const int dim = g.dim;
@@ -65,8 +94,280 @@ __global__ void gather_combine_kernel(const bags_chunk c, int64_t nbags, int64_t
     }
 }
 
+extern "C" int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
+                                        int64_t out_stride, float *d_out, void *stream)
+{
+    KILN_CHECK(check_bags("gather", ntables, bags, nbags, out_stride));
+    if (ntables > 0 && !d_out)
+        return kiln_errf(KILN_EINVAL, "cuda gather: no output array");
+    if (nbags == 0)
+        return 0;
+    for (int t0 = 0; t0 < ntables; t0 += CHUNK) {
+        bags_chunk c;
+        int nt = ntables - t0 < CHUNK ? ntables - t0 : CHUNK, maxdim = 1;
+        for (int k = 0; k < nt; k++) {
+            c.t[k] = bags[t0 + k];
+            maxdim = c.t[k].dim > maxdim ? c.t[k].dim : maxdim;
+        }
+        dim3 grid(blocks_for(nbags), (unsigned)nt);
+        gather_combine_kernel<<<grid, threads_for(maxdim), 0, (cudaStream_t)stream>>>(
+            c, nbags, out_stride, d_out);
+        CUDA_CHECK(cudaGetLastError());
+    }
+    return 0;
+}
+
+/* ---- backward reduce --------------------------------------------------------------
+ * Five launches per chunk of tables, each fused over the chunk: mark the
+ * rows the bags use (idx[row] = 1), count marks per tile of TILE rows, scan
+ * the tile counts, give each marked row its rank among the marked rows (so
+ * unique rows come out ascending, as on the CPU) and zero its gradient, then
+ * add every bag's gradient into its rows with float atomics. The scratch is
+ * O(capacity) per table; a sort of the (row, position) pairs would make it
+ * O(positions) and the sum order fixed, at the price of a radix sort. */
+struct reduce_chunk {
+    kern_bags_t t[CHUNK];
+    int32_t *idx[CHUNK];  /* (capacity) 0, 1 = used, then the row's rank */
+    int32_t *tile[CHUNK]; /* (tiles) marks per tile, then their exclusive sum */
+    int32_t *rows[CHUNK]; /* (unique) */
+    float *grads[CHUNK];  /* (unique, dim) */
+    int64_t *n;           /* (CHUNK + 1) unique rows per table; [CHUNK] != 0: bad input */
+};
+
+/* Exclusive sum of v over the block (blockDim.x a multiple of 32); the
+ * block's total goes to *total. Every thread of the block must call it. */
+__device__ static int block_excl_scan(int v, int *total)
+{
+    __shared__ int warp_sums[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(WARP_ALL, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    if (lane == 31)
+        warp_sums[w] = x;
+    __syncthreads();
+    if (w == 0) {
+        int sum = lane < nw ? warp_sums[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(WARP_ALL, sum, o);
+            if (lane >= o)
+                sum += y;
+        }
+        warp_sums[lane] = sum; /* inclusive over warps */
+    }
+    __syncthreads();
+    const int base = w > 0 ? warp_sums[w - 1] : 0;
+    *total = warp_sums[nw - 1];
+    __syncthreads(); /* warp_sums is reused by the next call */
+    return base + x - v;
+}
+
+static __device__ __host__ int64_t tiles_of(int64_t capacity)
+{
+    return (capacity + TILE - 1) / TILE;
+}
+
+/* grid (bags, tables), block (threads over the bag's positions). */
+static __global__ void reduce_mark_kernel(const reduce_chunk c, int64_t nbags)
+{
+    const kern_bags_t &g = c.t[blockIdx.y];
+    int32_t *idx = c.idx[blockIdx.y];
+    for (int64_t b = blockIdx.x; b < nbags; b += gridDim.x) {
+        const int64_t s = g.offsets[b], e = g.offsets[b + 1];
+        if (e < s && threadIdx.x == 0)
+            c.n[CHUNK] = 1;
+        for (int64_t p = s + threadIdx.x; p < e; p += blockDim.x) {
+            const int32_t r = g.rows[p];
+            if (r >= 0 && r < g.capacity)
+                idx[r] = 1;
+            else
+                c.n[CHUNK] = 1;
+        }
+    }
+}
+
+/* grid (tiles, tables), block TILE_THREADS. */
+static __global__ void reduce_count_kernel(const reduce_chunk c)
+{
+    const int t = blockIdx.y;
+    const int64_t cap = c.t[t].capacity;
+    if ((int64_t)blockIdx.x >= tiles_of(cap))
+        return;
+    int cnt = 0;
+    for (int k = 0; k < TILE / TILE_THREADS; k++) {
+        const int64_t r = (int64_t)blockIdx.x * TILE + k * TILE_THREADS + threadIdx.x;
+        cnt += __syncthreads_count(r < cap && c.idx[t][r] != 0);
+    }
+    if (threadIdx.x == 0)
+        c.tile[t][blockIdx.x] = cnt;
+}
+
+/* grid (1, tables), block 1024: tile counts -> exclusive offsets, n[t]. */
+static __global__ void reduce_offsets_kernel(const reduce_chunk c)
+{
+    const int t = blockIdx.y;
+    const int64_t ntiles = tiles_of(c.t[t].capacity);
+    int run = 0;
+    for (int64_t i0 = 0; i0 < ntiles; i0 += blockDim.x) {
+        const int64_t i = i0 + threadIdx.x;
+        int total;
+        const int x = block_excl_scan(i < ntiles ? c.tile[t][i] : 0, &total);
+        if (i < ntiles)
+            c.tile[t][i] = run + x;
+        run += total;
+    }
+    if (threadIdx.x == 0)
+        c.n[t] = run;
+}
+
+/* grid (tiles, tables), block TILE_THREADS: ranks of the marked rows. */
+static __global__ void reduce_assign_kernel(const reduce_chunk c)
+{
+    const int t = blockIdx.y;
+    const int64_t cap = c.t[t].capacity;
+    if ((int64_t)blockIdx.x >= tiles_of(cap))
+        return;
+    const size_t dim = (size_t)c.t[t].dim;
+    int base = c.tile[t][blockIdx.x];
+    for (int k = 0; k < TILE / TILE_THREADS; k++) {
+        const int64_t r = (int64_t)blockIdx.x * TILE + k * TILE_THREADS + threadIdx.x;
+        const int m = r < cap && c.idx[t][r] != 0;
+        int total;
+        const int x = block_excl_scan(m, &total);
+        if (m) {
+            const int u = base + x;
+            c.idx[t][r] = u;
+            c.rows[t][u] = (int32_t)r;
+            for (size_t j = 0; j < dim; j++)
+                c.grads[t][(size_t)u * dim + j] = 0.0f;
+        }
+        base += total;
+    }
+}
+
+/* grid (bags, tables), block (threads over dim). grad_out is (nbags, out_stride). */
+static __global__ void reduce_accumulate_kernel(const reduce_chunk c, int64_t nbags,
+                                                int64_t out_stride, const float *grad_out)
+{
+    const kern_bags_t &g = c.t[blockIdx.y];
+    const int32_t *idx = c.idx[blockIdx.y];
+    float *gr = c.grads[blockIdx.y];
+    const size_t dim = (size_t)g.dim;
+    for (int64_t b = blockIdx.x; b < nbags; b += gridDim.x) {
+        const int64_t s = g.offsets[b], e = g.offsets[b + 1];
+        const float sc = kern_combine_scale(g.combine, e - s);
+        const float *go = grad_out + b * out_stride + g.out_col;
+        for (int64_t p = s; p < e; p++) {
+            const int32_t r = g.rows[p];
+            if (r < 0 || r >= g.capacity)
+                continue;
+            float *acc = gr + (size_t)idx[r] * dim;
+            for (size_t j = threadIdx.x; j < dim; j += blockDim.x)
+                atomicAdd(&acc[j], go[j] * sc);
+        }
+    }
+}
+
+/* Runs the five launches for the tables of one chunk; n (nt) gets the
+ * unique row counts. Synchronizes the stream. */
+static int reduce_chunk_run(reduce_chunk *c, int nt, int64_t nbags, int64_t out_stride,
+                            const float *d_grad_out, cudaStream_t st, int64_t *n /* OUT */)
+{
+    int rc = 0, maxdim = 1;
+    int64_t maxtiles = 1, hn[CHUNK + 1];
+    size_t bytes = sizeof(int64_t) * (CHUNK + 1);
+    for (int k = 0; k < nt; k++) {
+        const int64_t tiles = tiles_of(c->t[k].capacity);
+        bytes += sizeof(int32_t) * (size_t)(tiles * TILE + tiles + 1);
+        maxtiles = tiles > maxtiles ? tiles : maxtiles;
+        maxdim = c->t[k].dim > maxdim ? c->t[k].dim : maxdim;
+    }
+    char *d_scr = NULL;
+    CUDA_CHECK(cudaMallocAsync((void **)&d_scr, bytes, st));
+    CUDA_CHECK_GOTO(cudaMemsetAsync(d_scr, 0, bytes, st), rc, out);
+    c->n = (int64_t *)d_scr;
+    {
+        int32_t *p = (int32_t *)(d_scr + sizeof(int64_t) * (CHUNK + 1));
+        for (int k = 0; k < nt; k++) {
+            const int64_t tiles = tiles_of(c->t[k].capacity);
+            c->idx[k] = p;
+            c->tile[k] = p + tiles * TILE;
+            p += tiles * TILE + tiles + 1;
+        }
+    }
+    {
+        const dim3 bag_grid(blocks_for(nbags), (unsigned)nt);
+        const dim3 tile_grid((unsigned)maxtiles, (unsigned)nt);
+        reduce_mark_kernel<<<bag_grid, 128, 0, st>>>(*c, nbags);
+        CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
+        reduce_count_kernel<<<tile_grid, TILE_THREADS, 0, st>>>(*c);
+        CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
+        reduce_offsets_kernel<<<dim3(1, (unsigned)nt), 1024, 0, st>>>(*c);
+        CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
+        reduce_assign_kernel<<<tile_grid, TILE_THREADS, 0, st>>>(*c);
+        CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
+        reduce_accumulate_kernel<<<bag_grid, threads_for(maxdim), 0, st>>>(*c, nbags,
+                                                                         out_stride, d_grad_out);
+        CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
+    }
+    CUDA_CHECK_GOTO(cudaMemcpyAsync(hn, c->n, sizeof hn, cudaMemcpyDeviceToHost, st), rc, out);
+    CUDA_CHECK_GOTO(cudaStreamSynchronize(st), rc, out);
+    if (hn[CHUNK])
+        rc = kiln_errf(KILN_EINVAL, "cuda backward: a bag has decreasing offsets or a row id "
+                       "outside its table's slab");
+    for (int k = 0; k < nt; k++)
+        n[k] = hn[k];
+out:
+    cudaFreeAsync(d_scr, st);
+    return rc;
+}
+
+extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
+                                         int64_t out_stride, const float *d_grad_out,
+                                         kern_row_grads_t *grads /* OUT (ntables) */,
+                                         void *stream)
+{
+    KILN_CHECK(check_bags("backward", ntables, bags, nbags, out_stride));
+    for (int t = 0; t < ntables; t++) {
+        grads[t].n = 0;
+        if (nbags > 0 && (!grads[t].rows || !grads[t].grads || !bags[t].rows || !d_grad_out))
+            return kiln_errf(KILN_EINVAL, "cuda backward: table %d has no rows, gradient "
+                             "input or output arrays", t);
+    }
+    if (nbags == 0)
+        return 0;
+    for (int t0 = 0; t0 < ntables; t0 += CHUNK) {
+        reduce_chunk c;
+        int64_t n[CHUNK];
+        const int nt = ntables - t0 < CHUNK ? ntables - t0 : CHUNK;
+        for (int k = 0; k < nt; k++) {
+            c.t[k] = bags[t0 + k];
+            c.rows[k] = grads[t0 + k].rows;
+            c.grads[k] = grads[t0 + k].grads;
+        }
+        KILN_CHECK(reduce_chunk_run(&c, nt, nbags, out_stride, d_grad_out,
+                                    (cudaStream_t)stream, n));
+        for (int k = 0; k < nt; k++)
+            grads[t0 + k].n = n[k];
+    }
+    return 0;
+}
+
+/* ---- sparse optimizer update ------------------------------------------------------ */
+
+struct update_chunk {
+    kern_slab_t s[CHUNK];
+    const int32_t *rows[CHUNK]; /* (n[t]) */
+    const float *grads[CHUNK];  /* (n[t], dim) */
+    int64_t n[CHUNK];
+};
+
 /* grid (unique rows, tables of the chunk), block (threads over dim). */
-__global__ void sparse_update_kernel(const update_chunk c, const kern_opt_t opt, int64_t step)
+static __global__ void sparse_update_kernel(const update_chunk c, const kern_opt_t opt,
+                                            int64_t step)
 {
     const int t = blockIdx.y;
     const kern_slab_t &s = c.s[t];
@@ -100,47 +401,6 @@ __global__ void sparse_update_kernel(const update_chunk c, const kern_opt_t opt,
             s.stamps[r] = step;
         }
     }
-}
-
-/* ---- launchers ------------------------------------------------------------------- */
-
-static unsigned threads_for(int maxdim)
-{
-    unsigned th = (unsigned)((maxdim + 31) / 32 * 32);
-    return th > 256 ? 256 : th;
-}
-
-static unsigned blocks_for(int64_t n)
-{
-    return (unsigned)(n < 1 ? 1 : n > MAX_BLOCKS_X ? MAX_BLOCKS_X : n);
-}
-
-extern "C" int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
-                                        int64_t out_stride, float *d_out, void *stream)
-{
-    if (ntables < 0 || nbags < 0 || (ntables > 0 && (!bags || !d_out)))
-        return kiln_errf(KILN_EINVAL, "cuda gather: bad arguments");
-    for (int t = 0; t < ntables; t++)
-        if (!bags[t].values || !bags[t].offsets || bags[t].dim < 1 || bags[t].out_col < 0 ||
-            bags[t].out_col + bags[t].dim > out_stride)
-            return kiln_errf(KILN_EINVAL, "cuda gather: table %d has no slab/offsets or its "
-                             "columns fall outside the output stride %lld",
-                             t, (long long)out_stride);
-    if (nbags == 0)
-        return 0;
-    for (int t0 = 0; t0 < ntables; t0 += CHUNK) {
-        bags_chunk c;
-        int nt = ntables - t0 < CHUNK ? ntables - t0 : CHUNK, maxdim = 1;
-        for (int k = 0; k < nt; k++) {
-            c.t[k] = bags[t0 + k];
-            maxdim = c.t[k].dim > maxdim ? c.t[k].dim : maxdim;
-        }
-        dim3 grid(blocks_for(nbags), (unsigned)nt);
-        gather_combine_kernel<<<grid, threads_for(maxdim), 0, (cudaStream_t)stream>>>(
-            c, nbags, out_stride, d_out);
-        CUDA_CHECK(cudaGetLastError());
-    }
-    return 0;
 }
 
 extern "C" int kern_cuda_sparse_update(const kern_opt_t *opt, int ntables,
@@ -179,6 +439,553 @@ extern "C" int kern_cuda_sparse_update(const kern_opt_t *opt, int ntables,
     }
     return 0;
 }
+
+/* ==== the GPU hash table ============================================================ */
+
+/* What the kernels need of a table, passed by value. Per slot s: keys[s],
+ * values (dim), opt (nstate*dim), stamps[s] (-1 free), opt_steps (adam),
+ * used[s] (step of the last use, -1 never) and freq[s] (lfu use count). */
+struct table_dev {
+    int64_t *keys;
+    float *values;
+    float *opt;
+    int64_t *stamps;
+    uint32_t *opt_steps;
+    int64_t *used;
+    uint32_t *freq;
+    int *locks; /* (nbuckets) 0 free, 1 held (second pass only) */
+    int64_t nbuckets;
+    int dim, nstate, init, evict;
+    float init_scale;
+    uint64_t seed;
+};
+
+/* Counters of one find_or_insert / export call, in device memory. */
+struct counters {
+    unsigned long long nnew;   /* slots the first pass filled (ids in newslots) */
+    unsigned long long npend;  /* keys the first pass found no room for */
+    unsigned long long nfill;  /* free slots the second pass filled */
+    unsigned long long nevict; /* rows the second pass evicted (in the log) */
+    unsigned long long nfull;  /* keys whose bucket had nothing evictable */
+    unsigned long long nout;   /* rows the export scan found */
+    unsigned long long badkey; /* reserved keys seen */
+};
+
+struct kern_cuda_table {
+    char *name;
+    table_dev d;
+    kern_opt_kind_t opt;
+    int64_t nslots;
+    counters *d_ctr;
+    int64_t *d_scratch;    /* (2 * scratch_cap): new slots, then pending key indices */
+    kern_evicted_t *d_log; /* (scratch_cap) */
+    int64_t scratch_cap;
+    int64_t size;
+    kern_evicted_t *log; /* host copy of the evictions */
+    int64_t nlog, caplog;
+};
+
+__device__ static inline int64_t load_i64(const int64_t *p)
+{
+    return *(const volatile int64_t *)p;
+}
+
+static __device__ __host__ int64_t bucket_of(int64_t key, int64_t nbuckets)
+{
+    return (int64_t)kern_hash_index(kern_key_hash(key), (uint64_t)nbuckets);
+}
+
+/* The warp writes key's seeded initial row into slot s, zeroes its
+ * optimizer state and stamps it with step. */
+__device__ static void init_slot(const table_dev &d, int64_t s, int64_t key, int64_t step,
+                                 int lane)
+{
+    const size_t dim = (size_t)d.dim, sdim = dim * (size_t)d.nstate;
+    for (size_t j = lane; j < dim; j += 32)
+        d.values[(size_t)s * dim + j] = kern_init_elem(d.init, d.init_scale, d.seed, key, (int)j);
+    for (size_t j = lane; j < sdim; j += 32)
+        d.opt[(size_t)s * sdim + j] = 0.0f;
+    if (lane == 0) {
+        if (d.opt_steps)
+            d.opt_steps[s] = 0;
+        d.stamps[s] = step;
+    }
+}
+
+/* Counts a use of slot s at step (one thread). */
+__device__ static inline void touch_slot(const table_dev &d, int64_t s, int64_t step)
+{
+    d.used[s] = step;
+    if (d.freq && d.freq[s] < KERN_FREQ_MAX)
+        atomicAdd(&d.freq[s], 1u);
+}
+
+/* First pass, a warp per key: find the key in its bucket or claim a free
+ * slot by atomicCAS. insert = 0 only looks (no use counted). Keys without
+ * room get row -1 and their index in pending. */
+static __global__ void table_find_insert_kernel(const table_dev d, int64_t n, const int64_t *keys,
+                                                int64_t step, int insert, int32_t *rows,
+                                                int64_t *newslots, int64_t *pending, counters *ctr)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t i = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; i < n;
+         i += nw) {
+        const int64_t key = keys[i];
+        if (key == KERN_CUDA_EMPTY_KEY) {
+            if (lane == 0) {
+                rows[i] = -1;
+                if (ctr)
+                    atomicAdd(&ctr->badkey, 1ull);
+            }
+            continue;
+        }
+        const int64_t b = bucket_of(key, d.nbuckets);
+        int64_t *bk = d.keys + b * KERN_CUDA_BUCKET; /* (32) */
+        int at = -1, fresh = 0;
+        for (;;) {
+            const int64_t k = load_i64(&bk[lane]);
+            const unsigned hit = __ballot_sync(WARP_ALL, k == key);
+            if (hit) {
+                at = __ffs(hit) - 1;
+                break;
+            }
+            const unsigned empty = __ballot_sync(WARP_ALL, k == KERN_CUDA_EMPTY_KEY);
+            if (!insert || !empty)
+                break;
+            const int e = __ffs(empty) - 1;
+            unsigned long long old = 0;
+            if (lane == e)
+                old = atomicCAS((unsigned long long *)&bk[e],
+                                (unsigned long long)KERN_CUDA_EMPTY_KEY, (unsigned long long)key);
+            old = __shfl_sync(WARP_ALL, old, e);
+            if ((int64_t)old == KERN_CUDA_EMPTY_KEY || (int64_t)old == key) {
+                at = e;
+                fresh = (int64_t)old == KERN_CUDA_EMPTY_KEY;
+                break;
+            }
+            /* Another key took the slot: read the bucket again. */
+        }
+        if (at < 0) {
+            if (lane == 0) {
+                rows[i] = -1;
+                if (insert)
+                    pending[atomicAdd(&ctr->npend, 1ull)] = i;
+            }
+            continue;
+        }
+        const int64_t s = b * KERN_CUDA_BUCKET + at;
+        if (fresh)
+            init_slot(d, s, key, step, lane);
+        if (lane == 0) {
+            rows[i] = (int32_t)s;
+            if (fresh)
+                newslots[atomicAdd(&ctr->nnew, 1ull)] = s;
+            if (insert)
+                touch_slot(d, s, step);
+        }
+    }
+}
+
+/* Second pass, a warp per pending key, under its bucket's lock: the key
+ * (inserted meanwhile by another copy), else a free slot, else the slot of
+ * lowest kern_evict_priority not used at step, whose key goes to the log. */
+static __global__ void table_evict_insert_kernel(const table_dev d, int64_t npend,
+                                                 const int64_t *pending, const int64_t *keys,
+                                                 int64_t step, int32_t *rows, kern_evicted_t *log,
+                                                 counters *ctr)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t q = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; q < npend;
+         q += nw) {
+        const int64_t i = pending[q], key = keys[i];
+        const int64_t b = bucket_of(key, d.nbuckets), s0 = b * KERN_CUDA_BUCKET;
+        if (lane == 0)
+            while (atomicCAS(&d.locks[b], 0, 1) != 0) {
+            }
+        __syncwarp();
+        __threadfence();
+        const int64_t k = load_i64(&d.keys[s0 + lane]);
+        const unsigned hit = __ballot_sync(WARP_ALL, k == key);
+        const unsigned empty = __ballot_sync(WARP_ALL, k == KERN_CUDA_EMPTY_KEY);
+        int at;
+        if (hit) {
+            at = __ffs(hit) - 1;
+        } else if (empty) {
+            at = __ffs(empty) - 1;
+        } else {
+            const int64_t u = load_i64(&d.used[s0 + lane]);
+            unsigned long long best = ~0ull;
+            if (u != step) {
+                const uint32_t age = u > step || step - u > (int64_t)KERN_AGE_MAX
+                                         ? KERN_AGE_MAX
+                                         : (uint32_t)(step - u);
+                const uint32_t f = d.freq ? ((const volatile uint32_t *)d.freq)[s0 + lane] : 0;
+                best = (unsigned long long)kern_evict_priority(d.evict, age, f) << 32 |
+                       (unsigned)lane;
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                const unsigned long long x = __shfl_xor_sync(WARP_ALL, best, o);
+                best = x < best ? x : best;
+            }
+            at = best == ~0ull ? -1 : (int)(best & 31);
+        }
+        const int64_t s = s0 + at;
+        if (at < 0) {
+            if (lane == 0) {
+                rows[i] = -1;
+                atomicAdd(&ctr->nfull, 1ull);
+            }
+        } else if (!hit) {
+            if (lane == 0) {
+                const int64_t old = load_i64(&d.keys[s]);
+                if (old != KERN_CUDA_EMPTY_KEY) {
+                    kern_evicted_t *ev = &log[atomicAdd(&ctr->nevict, 1ull)];
+                    ev->key = old;
+                    ev->stamp = load_i64(&d.stamps[s]);
+                    ev->step = step;
+                } else {
+                    atomicAdd(&ctr->nfill, 1ull);
+                }
+                *(volatile int64_t *)&d.keys[s] = key;
+                if (d.freq)
+                    d.freq[s] = 0;
+            }
+            __syncwarp();
+            init_slot(d, s, key, step, lane);
+        }
+        __syncwarp();
+        if (at >= 0 && lane == 0) {
+            rows[i] = (int32_t)s;
+            touch_slot(d, s, step);
+        }
+        __threadfence();
+        __syncwarp();
+        if (lane == 0)
+            atomicExch(&d.locks[b], 0);
+        __syncwarp();
+    }
+}
+
+/* Frees the slots newslots (n) that the first pass of a refused call filled. */
+static __global__ void table_rollback_kernel(const table_dev d, int64_t n, const int64_t *newslots)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t s = newslots[i];
+        d.stamps[s] = -1;
+        d.used[s] = -1;
+        if (d.freq)
+            d.freq[s] = 0;
+        d.keys[s] = KERN_CUDA_EMPTY_KEY;
+    }
+}
+
+/* Sets p[0..n) to v. */
+static __global__ void fill_i64_kernel(int64_t *p, int64_t n, int64_t v)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = v;
+}
+
+/* The device arrays of a table of this shape; the one list that create and
+ * destroy walk. fill: the byte every array starts as (keys: a kernel). */
+typedef struct {
+    void **p;
+    size_t bytes;
+    int fill;
+} dev_array_t;
+
+#define MAX_DEV_ARRAYS 9
+
+static int table_arrays(kern_cuda_table_t *t, dev_array_t a[MAX_DEV_ARRAYS] /* OUT */)
+{
+    const size_t ns = (size_t)t->nslots, dim = (size_t)t->d.dim;
+    int n = 0;
+    a[n++] = (dev_array_t){(void **)&t->d.keys, sizeof(int64_t) * ns, 0};
+    a[n++] = (dev_array_t){(void **)&t->d.values, sizeof(float) * ns * dim, 0};
+    a[n++] = (dev_array_t){(void **)&t->d.stamps, sizeof(int64_t) * ns, 0xff};
+    a[n++] = (dev_array_t){(void **)&t->d.used, sizeof(int64_t) * ns, 0xff};
+    a[n++] = (dev_array_t){(void **)&t->d.locks, sizeof(int) * (size_t)t->d.nbuckets, 0};
+    a[n++] = (dev_array_t){(void **)&t->d_ctr, sizeof(counters), 0};
+    if (t->d.nstate > 0)
+        a[n++] = (dev_array_t){(void **)&t->d.opt, sizeof(float) * ns * dim * (size_t)t->d.nstate,
+                               0};
+    if (t->opt == KERN_OPT_ADAM)
+        a[n++] = (dev_array_t){(void **)&t->d.opt_steps, sizeof(uint32_t) * ns, 0};
+    if (t->d.evict == KERN_EVICT_LFU)
+        a[n++] = (dev_array_t){(void **)&t->d.freq, sizeof(uint32_t) * ns, 0};
+    return n;
+}
+
+extern "C" void kern_cuda_table_destroy(kern_cuda_table_t *t)
+{
+    if (!t)
+        return;
+    cudaDeviceSynchronize();
+    dev_array_t arr[MAX_DEV_ARRAYS];
+    const int narr = table_arrays(t, arr);
+    for (int i = 0; i < narr; i++)
+        cudaFree(*arr[i].p);
+    cudaFree(t->d_scratch);
+    cudaFree(t->d_log);
+    free(t->log);
+    free(t->name);
+    free(t);
+}
+
+extern "C" int kern_cuda_table_create(const kern_table_config_t *cfg,
+                                      kern_cuda_table_t **out /* OUT */)
+{
+    int rc = 0;
+    *out = NULL;
+    const char *name = cfg->name ? cfg->name : "?";
+    if (cfg->dim < 1 || cfg->dim > KERN_MAX_DIM || cfg->capacity < 1 ||
+        cfg->capacity > KERN_MAX_CAPACITY || (unsigned)cfg->opt > KERN_OPT_ADAM ||
+        (unsigned)cfg->init > KERN_INIT_NORMAL || (unsigned)cfg->evict > KERN_EVICT_LFU)
+        return kiln_errf(KILN_EINVAL, "GPU table '%s': dim %d (1..%d), capacity %lld "
+                         "(1..%lld) or the optimizer, init or eviction kind is out of range",
+                         name, cfg->dim, KERN_MAX_DIM, (long long)cfg->capacity,
+                         (long long)KERN_MAX_CAPACITY);
+    kern_cuda_table_t *t = (kern_cuda_table_t *)kiln_calloc(1, sizeof *t);
+    if (!t)
+        return KILN_ENOMEM;
+    t->opt = cfg->opt;
+    t->d.nbuckets = (cfg->capacity + KERN_CUDA_BUCKET - 1) / KERN_CUDA_BUCKET;
+    t->nslots = t->d.nbuckets * KERN_CUDA_BUCKET;
+    t->d.dim = cfg->dim;
+    t->d.nstate = kern_opt_nstate(cfg->opt);
+    t->d.init = cfg->init;
+    t->d.evict = cfg->evict;
+    t->d.init_scale = cfg->init_scale;
+    t->d.seed = cfg->seed;
+    dev_array_t arr[MAX_DEV_ARRAYS];
+    const int narr = table_arrays(t, arr);
+    if (!(t->name = kiln_strdup(name))) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (int i = 0; i < narr; i++) {
+        cudaError_t e = cudaMalloc(arr[i].p, arr[i].bytes);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            rc = kiln_errf(KILN_ECUDA, "GPU table '%s': cannot allocate %zu bytes of device "
+                           "memory (%s) for %lld slots; lower model.embedding.capacity",
+                           name, arr[i].bytes, cudaGetErrorString(e), (long long)t->nslots);
+            goto out;
+        }
+        CUDA_CHECK_GOTO(cudaMemset(*arr[i].p, arr[i].fill, arr[i].bytes), rc, out);
+    }
+    fill_i64_kernel<<<blocks_for((t->nslots + 255) / 256), 256>>>(t->d.keys, t->nslots,
+                                                                   KERN_CUDA_EMPTY_KEY);
+    CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
+    CUDA_CHECK_GOTO(cudaDeviceSynchronize(), rc, out);
+    *out = t;
+    t = NULL;
+out:
+    kern_cuda_table_destroy(t);
+    return rc;
+}
+
+/* Copies the counters back; synchronizes st. */
+static int read_counters(const kern_cuda_table_t *t, counters *h /* OUT */, cudaStream_t st)
+{
+    CUDA_CHECK(cudaMemcpyAsync(h, t->d_ctr, sizeof *h, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    return 0;
+}
+
+/* Makes the per-call scratch hold n keys. */
+static int reserve_scratch(kern_cuda_table_t *t, int64_t n)
+{
+    if (n <= t->scratch_cap)
+        return 0;
+    CUDA_CHECK(cudaDeviceSynchronize()); /* the old scratch may be in use */
+    cudaFree(t->d_scratch);
+    cudaFree(t->d_log);
+    t->d_scratch = NULL;
+    t->d_log = NULL;
+    t->scratch_cap = 0;
+    CUDA_CHECK(cudaMalloc((void **)&t->d_scratch, sizeof(int64_t) * 2 * (size_t)n));
+    CUDA_CHECK(cudaMalloc((void **)&t->d_log, sizeof(kern_evicted_t) * (size_t)n));
+    t->scratch_cap = n;
+    return 0;
+}
+
+/* Appends the second pass's nev evictions to the host log. */
+static int fetch_evictions(kern_cuda_table_t *t, int64_t nev, cudaStream_t st)
+{
+    if (t->nlog + nev > t->caplog) {
+        int64_t ncap = t->caplog ? 2 * t->caplog : 64;
+        while (ncap < t->nlog + nev)
+            ncap *= 2;
+        kern_evicted_t *p =
+            (kern_evicted_t *)kiln_reallocarray(t->log, (size_t)ncap, sizeof *p);
+        if (!p)
+            return KILN_ENOMEM;
+        t->log = p;
+        t->caplog = ncap;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(t->log + t->nlog, t->d_log, sizeof(kern_evicted_t) * (size_t)nev,
+                               cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    t->nlog += nev;
+    return 0;
+}
+
+extern "C" int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n,
+                                              const int64_t *d_keys, int64_t step,
+                                              int32_t *d_rows /* OUT (n) */, void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    counters h;
+    if (n < 0 || (n > 0 && (!d_keys || !d_rows)))
+        return kiln_errf(KILN_EINVAL, "GPU table '%s': bad key count %lld or arrays", t->name,
+                         (long long)n);
+    if (n == 0)
+        return 0;
+    KILN_CHECK(reserve_scratch(t, n));
+    int64_t *newslots = t->d_scratch, *pending = t->d_scratch + t->scratch_cap;
+    const unsigned blocks = blocks_for((n + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK);
+    CUDA_CHECK(cudaMemsetAsync(t->d_ctr, 0, sizeof(counters), st));
+    table_find_insert_kernel<<<blocks, 32 * WARPS_PER_BLOCK, 0, st>>>(
+        t->d, n, d_keys, step, 1, d_rows, newslots, pending, t->d_ctr);
+    CUDA_CHECK(cudaGetLastError());
+    KILN_CHECK(read_counters(t, &h, st));
+    t->size += (int64_t)h.nnew;
+    if (h.badkey)
+        return kiln_errf(KILN_EINVAL, "GPU table '%s': %llu keys equal the reserved key "
+                         "INT64_MIN, which marks a free slot; map it to another key",
+                         t->name, h.badkey);
+    if (h.npend == 0)
+        return 0;
+    if (t->d.evict == KERN_EVICT_NONE) {
+        table_rollback_kernel<<<blocks_for(((int64_t)h.nnew + 255) / 256), 256, 0, st>>>(
+            t->d, (int64_t)h.nnew, newslots);
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        t->size -= (int64_t)h.nnew;
+        return kiln_errf(KILN_EFULL,
+                         "GPU table '%s': %llu keys found their bucket of %d slots full "
+                         "(capacity %lld slots, %lld live), so nothing was inserted; raise "
+                         "model.embedding.capacity (a bucketed table needs 2 to 3 times "
+                         "the keys it holds) or set eviction: lru",
+                         t->name, h.npend, KERN_CUDA_BUCKET, (long long)t->nslots,
+                         (long long)t->size);
+    }
+    table_evict_insert_kernel<<<blocks_for(((int64_t)h.npend + WARPS_PER_BLOCK - 1) /
+                                           WARPS_PER_BLOCK),
+                                32 * WARPS_PER_BLOCK, 0, st>>>(
+        t->d, (int64_t)h.npend, pending, d_keys, step, d_rows, t->d_log, t->d_ctr);
+    CUDA_CHECK(cudaGetLastError());
+    KILN_CHECK(read_counters(t, &h, st));
+    t->size += (int64_t)h.nfill;
+    if (h.nevict > 0)
+        KILN_CHECK(fetch_evictions(t, (int64_t)h.nevict, st));
+    if (h.nfull > 0)
+        return kiln_errf(KILN_EFULL,
+                         "GPU table '%s': %llu keys found every row of their bucket used in "
+                         "the current step, so none could be evicted; raise "
+                         "model.embedding.capacity or use smaller batches",
+                         t->name, h.nfull);
+    return 0;
+}
+
+extern "C" int kern_cuda_table_find(const kern_cuda_table_t *t, int64_t n,
+                                    const int64_t *d_keys, int32_t *d_rows /* OUT (n) */,
+                                    void *stream)
+{
+    if (n < 0 || (n > 0 && (!d_keys || !d_rows)))
+        return kiln_errf(KILN_EINVAL, "GPU table '%s': bad key count %lld or arrays", t->name,
+                         (long long)n);
+    if (n == 0)
+        return 0;
+    table_find_insert_kernel<<<blocks_for((n + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK),
+                               32 * WARPS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
+        t->d, n, d_keys, 0, 0, d_rows, NULL, NULL, NULL);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* ---- export scan ---------------------------------------------------------------------- */
+
+/* A thread per slot: live rows stamped after since go to rows/keys_out at
+ * the index an atomic counter hands out (the first cap of them). */
+static __global__ void table_changed_kernel(const table_dev d, int64_t nslots, int64_t since,
+                                            int64_t cap, int32_t *rows, int64_t *keys_out,
+                                            counters *ctr)
+{
+    for (int64_t s = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; s < nslots;
+         s += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t k = d.keys[s];
+        if (k == KERN_CUDA_EMPTY_KEY || d.stamps[s] <= since)
+            continue;
+        const int64_t at = (int64_t)atomicAdd(&ctr->nout, 1ull);
+        if (at < cap) {
+            rows[at] = (int32_t)s;
+            if (keys_out)
+                keys_out[at] = k;
+        }
+    }
+}
+
+extern "C" int kern_cuda_table_changed_since(const kern_cuda_table_t *t, int64_t since,
+                                             int32_t *d_rows /* OUT (cap) */,
+                                             int64_t *d_keys /* OUT (cap) */, int64_t cap,
+                                             int64_t *n /* OUT */, void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    counters h;
+    *n = 0;
+    if (cap < 0 || (cap > 0 && !d_rows))
+        return kiln_errf(KILN_EINVAL, "GPU table '%s': changed_since needs an output array",
+                         t->name);
+    CUDA_CHECK(cudaMemsetAsync(t->d_ctr, 0, sizeof(counters), st));
+    table_changed_kernel<<<blocks_for((t->nslots + 255) / 256), 256, 0, st>>>(
+        t->d, t->nslots, since, cap, d_rows, d_keys, t->d_ctr);
+    CUDA_CHECK(cudaGetLastError());
+    KILN_CHECK(read_counters(t, &h, st));
+    *n = (int64_t)h.nout;
+    if (*n > cap)
+        return kiln_errf(KILN_ERANGE, "GPU table '%s': changed_since found %lld rows, more "
+                         "than the %lld entries given", t->name, (long long)*n, (long long)cap);
+    return 0;
+}
+
+/* ---- accessors -------------------------------------------------------------------------- */
+
+extern "C" const kern_evicted_t *kern_cuda_table_evicted(const kern_cuda_table_t *t,
+                                                         int64_t *n /* OUT */)
+{
+    *n = t->nlog;
+    return t->log;
+}
+
+extern "C" void kern_cuda_table_evicted_clear(kern_cuda_table_t *t)
+{
+    free(t->log);
+    t->log = NULL;
+    t->nlog = t->caplog = 0;
+}
+
+extern "C" void kern_cuda_table_slab(kern_cuda_table_t *t, kern_slab_t *slab /* OUT */)
+{
+    slab->values = t->d.values;
+    slab->opt_state = t->d.opt;
+    slab->stamps = t->d.stamps;
+    slab->opt_steps = t->d.opt_steps;
+    slab->capacity = t->nslots;
+    slab->dim = t->d.dim;
+    slab->nstate = t->d.nstate;
+}
+
+extern "C" const int64_t *kern_cuda_table_keys(const kern_cuda_table_t *t) { return t->d.keys; }
+extern "C" int64_t kern_cuda_table_size(const kern_cuda_table_t *t) { return t->size; }
+extern "C" int64_t kern_cuda_table_capacity(const kern_cuda_table_t *t) { return t->nslots; }
+
+/* ==== the runtime ================================================================== */
 
 extern "C" void kern_cuda_versions(int *runtime, int *cublas, int *nccl)
 {

@@ -16,7 +16,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "kern.h" /* the enums: kern_init_t, kern_combine_t, kern_opt_kind_t */
+#include "kern.h" /* the enums: kern_init_t, kern_evict_t, kern_combine_t, kern_opt_kind_t */
 
 #if defined(__CUDACC__)
 #define KERN_HD __host__ __device__
@@ -64,6 +64,41 @@ KERN_HD static inline float kern_init_elem(int kind, float scale, uint64_t seed,
         return scale * sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
     }
     return 0.0f;
+}
+
+/* Writes the initial row of key, v[0..dim), element by element. */
+KERN_HD static inline void kern_init_row(float *v, int dim, int kind, float scale,
+                                         uint64_t seed, int64_t key)
+{
+    for (int j = 0; j < dim; j++)
+        v[j] = kern_init_elem(kind, scale, seed, key, j);
+}
+
+/* ---- hashing and eviction (the CPU table and the GPU table) ------------------
+ * Where a key lives: its hash's top 32 bits scaled to [0, n), n < 2^32 (n
+ * need not be a power of two). The CPU table's n is its slot count, the GPU
+ * table's its bucket count; the hash is the same. */
+KERN_HD static inline uint64_t kern_key_hash(int64_t key)
+{
+    return kern_mix64((uint64_t)key ^ 0x6b696c6e5f6b6579ULL);
+}
+
+KERN_HD static inline uint64_t kern_hash_index(uint64_t h, uint64_t n)
+{
+    return ((h >> 32) * n) >> 32;
+}
+
+/* The largest use count lfu tells apart, and the largest age lru does. */
+#define KERN_FREQ_MAX 0x7fffu
+#define KERN_AGE_MAX 65535u
+
+/* Returns a row's eviction priority, lower goes first: lfu its use count,
+ * lru its age (steps since its last use) counted down; both saturate. */
+KERN_HD static inline uint32_t kern_evict_priority(int evict, uint32_t age, uint32_t freq)
+{
+    if (evict == KERN_EVICT_LFU)
+        return freq < KERN_FREQ_MAX ? freq : KERN_FREQ_MAX;
+    return KERN_AGE_MAX - (age < KERN_AGE_MAX ? age : KERN_AGE_MAX);
 }
 
 /* ---- combine ------------------------------------------------------------------ */

@@ -37,7 +37,7 @@
 /* lfu packs a row's use count (15 bits, saturating) and a flag "used at the
  * step in use_step[row / 64]" into one 16-bit word; a group's flags are
  * cleared when the first of its rows is used at a new step. */
-#define FREQ_MAX 0x7fffu
+#define FREQ_MAX KERN_FREQ_MAX
 #define FREQ_USED 0x8000u
 /* A slot holds row id + 1 in SLOT3 bytes when that fits in 24 bits. */
 #define SLOT3 3
@@ -132,8 +132,7 @@ static inline void slot_set(kern_table_t *t, uint64_t i, uint32_t v)
  * (nslots < 2^32, and need not be a power of two). */
 static inline uint64_t slot_of(const kern_table_t *t, int64_t key)
 {
-    uint64_t h = kern_mix64((uint64_t)key ^ 0x6b696c6e5f6b6579ULL);
-    return ((h >> 32) * (uint64_t)t->nslots) >> 32;
+    return kern_hash_index(kern_key_hash(key), (uint64_t)t->nslots);
 }
 
 static inline uint64_t next_slot(const kern_table_t *t, uint64_t i)
@@ -337,9 +336,8 @@ static int free_row(kern_table_t *t, int64_t r, uint64_t i, int64_t step)
 /* Writes the seeded initial row of key into row r and zeroes its state. */
 static void init_row(kern_table_t *t, int64_t r, int64_t key)
 {
-    float *v = t->values + (size_t)r * (size_t)t->dim;
-    for (int j = 0; j < t->dim; j++)
-        v[j] = kern_init_elem(t->init, t->init_scale, t->seed, key, j);
+    kern_init_row(t->values + (size_t)r * (size_t)t->dim, t->dim, t->init, t->init_scale,
+                  t->seed, key);
     if (t->opt)
         memset(t->opt + (size_t)r * (size_t)t->nstate * (size_t)t->dim, 0,
                sizeof(float) * (size_t)t->nstate * (size_t)t->dim);
@@ -361,7 +359,9 @@ static void init_row(kern_table_t *t, int64_t r, int64_t key)
 /* Lower goes first: lfu the use count, lru the age counted down. */
 static inline uint32_t priority(const kern_table_t *t, int64_t r, int64_t step)
 {
-    return t->evict == KERN_EVICT_LFU ? t->freq[r] & FREQ_MAX : 65535u - age_of(t, r, step);
+    if (t->evict == KERN_EVICT_LFU)
+        return kern_evict_priority(KERN_EVICT_LFU, 0, t->freq[r] & FREQ_MAX);
+    return kern_evict_priority(t->evict, age_of(t, r, step), 0);
 }
 
 static int cmp_u32(const void *a, const void *b)

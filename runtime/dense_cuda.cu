@@ -13,6 +13,7 @@
  * by a cudaGetLastError check.
  */
 #include "rt_dense_cuda.h"
+#include "kiln_cuda.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -78,14 +79,6 @@ __global__ void relu_mask_kernel(int n, int w, const float *act, int lda, float 
 }
 
 /* ---- launchers ------------------------------------------------------------------ */
-
-#define CUDA_CHECK(call)                                                                           \
-    do {                                                                                           \
-        cudaError_t cuda_err_ = (call);                                                            \
-        if (cuda_err_ != cudaSuccess)                                                              \
-            return kiln_errf(KILN_ECUDA, "%s: %s (%s)", #call, cudaGetErrorString(cuda_err_),      \
-                             KILN_WHERE);                                                          \
-    } while (0)
 
 #define CUBLAS_CHECK(call)                                                                         \
     do {                                                                                           \

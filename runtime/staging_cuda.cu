@@ -12,6 +12,7 @@
  * The events are made with cudaEventDisableTiming (they only order work).
  */
 #include "rt_staging.h"
+#include "kiln_cuda.h"
 
 #include <cuda_runtime.h>
 #include <stdlib.h>
@@ -26,14 +27,6 @@ struct rt_staging {
     int staged[RT_STAGING_SLOTS]; /* the slot has been staged at least once */
     int next;
 };
-
-#define CUDA_CHECK(call)                                                                           \
-    do {                                                                                           \
-        cudaError_t cuda_err_ = (call);                                                            \
-        if (cuda_err_ != cudaSuccess)                                                              \
-            return kiln_errf(KILN_ECUDA, "%s: %s (%s)", #call, cudaGetErrorString(cuda_err_),      \
-                             KILN_WHERE);                                                          \
-    } while (0)
 
 static int setup(rt_staging_t *s)
 {

@@ -1,8 +1,16 @@
 /*
  * tests/test_kernels_gpu.c - parity of the CUDA backend with the CPU one:
- * the same seeded tables and batches go through kern_cpu_* and kern_cuda_*
- * and must agree within atol + rtol*|cpu| (nvcc fuses multiply-adds and its
- * powf/sqrtf may differ in the last bit). Labelled gpu; exits 77, which
+ * the same seeded tables and batches go through kern_cpu_* / kern_table_*
+ * and kern_cuda_* and must agree within atol + rtol*|cpu| (nvcc fuses
+ * multiply-adds, its logf/powf/sqrtf may differ in the last bit, and the
+ * GPU backward reduce adds with atomics in no fixed order). Covered: gather
+ * + combine (sum, mean, empty and multi-hot bags), backward reduce, the
+ * sgd/adagrad/adam update, the GPU table (same keys -> same initial rows as
+ * the CPU table, duplicates, find, lru/lfu eviction under pressure keeping
+ * the table consistent, `none` refusing and taking its inserts back) and
+ * 20 steps of lookup -> loss gradient -> reduce -> update on both backends,
+ * compared at every forward and at the end, with the export scan returning
+ * the key set of kern_table_changed_since. Labelled gpu; exits 77, which
  * CTest reports as skipped, when no CUDA device is visible.
  */
 #include <setjmp.h>
@@ -35,22 +43,43 @@ static uint64_t rnd(void)
     return rng_state;
 }
 
+/* A device copy of h (bytes); h NULL: uninitialised device memory. */
 static void *to_dev(const void *h, size_t bytes)
 {
     void *d = NULL;
     assert_int_equal(cudaMalloc(&d, bytes ? bytes : 4), cudaSuccess);
-    if (bytes)
+    if (h && bytes)
         assert_int_equal(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
     return d;
 }
 
-static void assert_close(const float *a, const float *ref, size_t n)
+static void *from_dev(const void *d, size_t bytes)
+{
+    void *h = malloc(bytes ? bytes : 4);
+    assert_non_null(h);
+    if (bytes)
+        assert_int_equal(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+}
+
+static void assert_close_tol(const float *a, const float *ref, size_t n, float atol, float rtol)
 {
     for (size_t i = 0; i < n; i++) {
-        float tol = 1e-5f + 1e-4f * fabsf(ref[i]);
+        float tol = atol + rtol * fabsf(ref[i]);
         if (!(fabsf(a[i] - ref[i]) <= tol))
             fail_msg("element %zu: cuda %.9g vs cpu %.9g", i, (double)a[i], (double)ref[i]);
     }
+}
+
+static void assert_close(const float *a, const float *ref, size_t n)
+{
+    assert_close_tol(a, ref, n, 1e-5f, 1e-4f);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
 }
 
 /* Builds NT tables of 500 rows and random bags (lengths 0..5). */
@@ -203,6 +232,408 @@ static void test_update_parity_adagrad(void **state)
 }
 static void test_update_parity_adam(void **state) { (void)state; update_parity(KERN_OPT_ADAM); }
 
+/* GPU backward reduce vs the CPU one on the same bags and gradient:
+ * the same unique rows, ascending, and the same sums within tolerance. */
+static void test_backward_parity(void **state)
+{
+    (void)state;
+    kern_table_t *tabs[NT];
+    kern_bags_t bags[NT], dbags[NT];
+    int64_t *offs[NT], stride;
+    int32_t *rows[NT];
+    make_batch(tabs, bags, offs, rows, &stride, KERN_OPT_SGD);
+    size_t nout = NBAGS * (size_t)stride;
+    float *gout = malloc(sizeof(float) * nout);
+    for (size_t i = 0; i < nout; i++)
+        gout[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+    float *d_gout = to_dev(gout, sizeof(float) * nout);
+    kern_row_grads_t cg[NT], dg[NT];
+    for (int t = 0; t < NT; t++) {
+        size_t nnz = (size_t)offs[t][NBAGS] + 1, d = (size_t)dims[t];
+        cg[t] = (kern_row_grads_t){.rows = malloc(sizeof(int32_t) * nnz),
+                                   .grads = malloc(sizeof(float) * nnz * d)};
+        dg[t] = (kern_row_grads_t){.rows = to_dev(NULL, sizeof(int32_t) * nnz),
+                                   .grads = to_dev(NULL, sizeof(float) * nnz * d)};
+        dbags[t] = bags[t];
+        dbags[t].values = to_dev(bags[t].values, sizeof(float) * 500 * d);
+        dbags[t].offsets = to_dev(offs[t], sizeof(int64_t) * (NBAGS + 1));
+        dbags[t].rows = to_dev(rows[t], sizeof(int32_t) * (nnz - 1));
+    }
+    assert_int_equal(kern_cpu_backward_reduce(NT, bags, NBAGS, stride, gout, cg), 0);
+    assert_int_equal(kern_cuda_backward_reduce(NT, dbags, NBAGS, stride, d_gout, dg, NULL), 0);
+    for (int t = 0; t < NT; t++) {
+        assert_true(cg[t].n > 0);
+        assert_int_equal(dg[t].n, cg[t].n);
+        int32_t *hr = from_dev(dg[t].rows, sizeof(int32_t) * (size_t)cg[t].n);
+        float *hg = from_dev(dg[t].grads, sizeof(float) * (size_t)cg[t].n * (size_t)dims[t]);
+        assert_memory_equal(hr, cg[t].rows, sizeof(int32_t) * (size_t)cg[t].n);
+        assert_close(hg, cg[t].grads, (size_t)cg[t].n * (size_t)dims[t]);
+        free(hr);
+        free(hg);
+        cudaFree(dg[t].rows);
+        cudaFree(dg[t].grads);
+        cudaFree((void *)dbags[t].values);
+        cudaFree((void *)dbags[t].offsets);
+        cudaFree((void *)dbags[t].rows);
+        free(cg[t].rows);
+        free(cg[t].grads);
+        kern_table_destroy(tabs[t]);
+        free(offs[t]);
+        free(rows[t]);
+    }
+    cudaFree(d_gout);
+    free(gout);
+}
+
+/* ---- the GPU table ------------------------------------------------------------------ */
+
+static kern_table_config_t table_cfg(int dim, int64_t capacity, kern_evict_t evict)
+{
+    return (kern_table_config_t){.name = "gpu", .dim = dim, .capacity = capacity,
+                                 .opt = KERN_OPT_ADAM, .init = KERN_INIT_NORMAL,
+                                 .init_scale = 0.5f, .seed = 99, .evict = evict};
+}
+
+/* Checks that the GPU table maps keys (n, host) to d_rows consistently:
+ * keys[rows[i]] == key, and its row values equal the CPU table's row of
+ * the same key in cpu (the seeded init; nothing was trained). */
+static void check_rows(kern_cuda_table_t *g, kern_table_t *cpu, int64_t n, const int64_t *keys,
+                       const int32_t *d_rows)
+{
+    kern_slab_t gs, cs;
+    kern_cuda_table_slab(g, &gs);
+    kern_table_slab(cpu, &cs);
+    const size_t dim = (size_t)gs.dim, cap = (size_t)gs.capacity;
+    int32_t *gr = from_dev(d_rows, sizeof(int32_t) * (size_t)n);
+    int64_t *gk = from_dev(kern_cuda_table_keys(g), sizeof(int64_t) * cap);
+    float *gv = from_dev(gs.values, sizeof(float) * cap * dim);
+    int32_t *cr = malloc(sizeof(int32_t) * (size_t)n);
+    assert_int_equal(kern_table_find_or_insert(cpu, n, keys, 1, cr), 0);
+    for (int64_t i = 0; i < n; i++) {
+        assert_true(gr[i] >= 0 && (size_t)gr[i] < cap);
+        assert_true(gk[gr[i]] == keys[i]);
+        assert_close(gv + (size_t)gr[i] * dim, cs.values + (size_t)cr[i] * dim, dim);
+    }
+    free(gr);
+    free(gk);
+    free(gv);
+    free(cr);
+}
+
+/* Counts the live keys of the GPU table and checks that they are unique. */
+static int64_t count_live(kern_cuda_table_t *g)
+{
+    size_t cap = (size_t)kern_cuda_table_capacity(g);
+    int64_t *gk = from_dev(kern_cuda_table_keys(g), sizeof(int64_t) * cap), n = 0;
+    for (size_t s = 0; s < cap; s++)
+        if (gk[s] != KERN_CUDA_EMPTY_KEY)
+            gk[n++] = gk[s];
+    qsort(gk, (size_t)n, sizeof *gk, cmp_i64);
+    for (int64_t i = 1; i < n; i++)
+        assert_true(gk[i] != gk[i - 1]);
+    free(gk);
+    return n;
+}
+
+/* Same keys (with duplicates) -> the CPU table's initial rows; a second
+ * call and a find return the same rows; size counts distinct keys. */
+static void test_table_insert_parity(void **state)
+{
+    (void)state;
+    kern_table_config_t cfg = table_cfg(24, 4096, KERN_EVICT_NONE);
+    kern_cuda_table_t *g = NULL;
+    kern_table_t *cpu = NULL;
+    assert_int_equal(kern_cuda_table_create(&cfg, &g), 0);
+    assert_int_equal(kern_table_create(&cfg, &cpu), 0);
+    assert_int_equal(kern_cuda_table_capacity(g), 4096);
+    enum { N = 2000 };
+    int64_t keys[N];
+    for (int i = 0; i < N; i++)
+        keys[i] = (int64_t)(rnd() % 1500) - 700; /* duplicates and negative keys */
+    int64_t *d_keys = to_dev(keys, sizeof keys);
+    int32_t *d_rows = to_dev(NULL, sizeof(int32_t) * N);
+    int32_t *d_rows2 = to_dev(NULL, sizeof(int32_t) * N);
+    assert_int_equal(kern_cuda_table_find_or_insert(g, N, d_keys, 1, d_rows, NULL), 0);
+    check_rows(g, cpu, N, keys, d_rows);
+    assert_int_equal(kern_cuda_table_size(g), kern_table_size(cpu));
+    assert_int_equal(count_live(g), kern_table_size(cpu));
+
+    int32_t *r1 = from_dev(d_rows, sizeof(int32_t) * N);
+    assert_int_equal(kern_cuda_table_find_or_insert(g, N, d_keys, 2, d_rows2, NULL), 0);
+    int32_t *r2 = from_dev(d_rows2, sizeof(int32_t) * N);
+    assert_memory_equal(r1, r2, sizeof(int32_t) * N);
+    assert_int_equal(kern_cuda_table_find(g, N, d_keys, d_rows2, NULL), 0);
+    free(r2);
+    r2 = from_dev(d_rows2, sizeof(int32_t) * N);
+    assert_memory_equal(r1, r2, sizeof(int32_t) * N);
+    assert_int_equal(kern_cuda_table_size(g), kern_table_size(cpu));
+
+    /* A key never inserted is not found. */
+    int64_t other = 1000000;
+    int64_t *d_other = to_dev(&other, sizeof other);
+    int32_t miss = 0;
+    assert_int_equal(kern_cuda_table_find(g, 1, d_other, d_rows2, NULL), 0);
+    assert_int_equal(cudaMemcpy(&miss, d_rows2, sizeof miss, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    assert_int_equal(miss, -1);
+    free(r1);
+    free(r2);
+    cudaFree(d_keys);
+    cudaFree(d_other);
+    cudaFree(d_rows);
+    cudaFree(d_rows2);
+    kern_cuda_table_destroy(g);
+    kern_table_destroy(cpu);
+}
+
+/* lru/lfu under pressure: 40 steps of 64 new keys into 256 slots. Every
+ * call succeeds, the batch's keys sit in their rows with their seeded
+ * initial values, live keys stay unique, and live + evicted = inserted. */
+static void eviction_pressure(kern_evict_t evict)
+{
+    kern_table_config_t cfg = table_cfg(8, 256, evict);
+    kern_table_config_t ref_cfg = table_cfg(8, 4096, KERN_EVICT_NONE);
+    kern_cuda_table_t *g = NULL;
+    kern_table_t *cpu = NULL;
+    assert_int_equal(kern_cuda_table_create(&cfg, &g), 0);
+    assert_int_equal(kern_table_create(&ref_cfg, &cpu), 0);
+    enum { B = 64, STEPS = 40 };
+    int64_t keys[B];
+    int32_t *d_rows = to_dev(NULL, sizeof(int32_t) * B);
+    for (int step = 1; step <= STEPS; step++) {
+        for (int i = 0; i < B; i++)
+            keys[i] = (int64_t)step * 1000 + i;
+        int64_t *d_keys = to_dev(keys, sizeof keys);
+        assert_int_equal(kern_cuda_table_find_or_insert(g, B, d_keys, step, d_rows, NULL), 0);
+        check_rows(g, cpu, B, keys, d_rows);
+        cudaFree(d_keys);
+        int64_t nev = 0;
+        const kern_evicted_t *ev = kern_cuda_table_evicted(g, &nev);
+        assert_true(kern_cuda_table_size(g) <= 256);
+        assert_int_equal(kern_cuda_table_size(g) + nev, (int64_t)step * B);
+        assert_int_equal(count_live(g), kern_cuda_table_size(g));
+        for (int64_t e = 0; e < nev; e++)
+            assert_true(ev[e].key / 1000 < ev[e].step && ev[e].step <= step);
+    }
+    int64_t nev = 0;
+    (void)kern_cuda_table_evicted(g, &nev);
+    assert_true(nev >= STEPS * B - 256);
+    kern_cuda_table_evicted_clear(g);
+    (void)kern_cuda_table_evicted(g, &nev);
+    assert_int_equal(nev, 0);
+    cudaFree(d_rows);
+    kern_cuda_table_destroy(g);
+    kern_table_destroy(cpu);
+}
+
+static void test_table_evict_lru(void **state) { (void)state; eviction_pressure(KERN_EVICT_LRU); }
+static void test_table_evict_lfu(void **state) { (void)state; eviction_pressure(KERN_EVICT_LFU); }
+
+/* `none`: a batch that overflows a bucket is refused as a whole. */
+static void test_table_full_none(void **state)
+{
+    (void)state;
+    kern_table_config_t cfg = table_cfg(4, 64, KERN_EVICT_NONE);
+    kern_cuda_table_t *g = NULL;
+    assert_int_equal(kern_cuda_table_create(&cfg, &g), 0);
+    enum { N = 100 };
+    int64_t keys[N];
+    for (int i = 0; i < N; i++)
+        keys[i] = 5000 + i;
+    int64_t *d_keys = to_dev(keys, sizeof keys);
+    int32_t *d_rows = to_dev(NULL, sizeof(int32_t) * N);
+    assert_int_equal(kern_cuda_table_find_or_insert(g, N, d_keys, 1, d_rows, NULL), KILN_EFULL);
+    assert_int_equal(kern_cuda_table_size(g), 0);
+    assert_int_equal(count_live(g), 0);
+    assert_int_equal(kern_cuda_table_find(g, N, d_keys, d_rows, NULL), 0);
+    int32_t *r = from_dev(d_rows, sizeof(int32_t) * N);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(r[i], -1);
+    /* The reserved key is refused. */
+    int64_t bad = KERN_CUDA_EMPTY_KEY;
+    int64_t *d_bad = to_dev(&bad, sizeof bad);
+    assert_int_equal(kern_cuda_table_find_or_insert(g, 1, d_bad, 2, d_rows, NULL), KILN_EINVAL);
+    free(r);
+    cudaFree(d_bad);
+    cudaFree(d_keys);
+    cudaFree(d_rows);
+    kern_cuda_table_destroy(g);
+}
+
+/* ---- N training steps on both backends ------------------------------------------------- */
+
+#define TR_T 2
+#define TR_BAGS 64
+#define TR_STEPS 20
+#define TR_UNIVERSE 300
+
+static const int tr_dims[TR_T] = {16, 5};
+
+/* Each step: keys -> rows (each backend its own table) -> gather -> loss
+ * 0.5*|out|^2, whose gradient is out -> reduce -> update. The forward
+ * outputs are compared at every step, the rows of every key at the end,
+ * and the export scan against kern_table_changed_since. */
+static void train_parity(kern_opt_kind_t kind)
+{
+    kern_opt_t opt = {.kind = kind, .lr = 0.05f, .eps = 1e-6f, .beta1 = 0.9f, .beta2 = 0.999f};
+    kern_table_t *ct[TR_T];
+    kern_cuda_table_t *gt[TR_T];
+    int64_t stride = 0, col[TR_T];
+    for (int t = 0; t < TR_T; t++) {
+        kern_table_config_t cfg = {.name = "train", .dim = tr_dims[t], .capacity = 1024,
+                                   .opt = kind, .init = KERN_INIT_UNIFORM, .init_scale = 0.3f,
+                                   .seed = 5 + (uint64_t)t, .evict = KERN_EVICT_NONE};
+        assert_int_equal(kern_table_create(&cfg, &ct[t]), 0);
+        assert_int_equal(kern_cuda_table_create(&cfg, &gt[t]), 0);
+        col[t] = stride;
+        stride += tr_dims[t];
+    }
+    const size_t nout = TR_BAGS * (size_t)stride, maxnnz = TR_BAGS * 4;
+    float *cout = malloc(sizeof(float) * nout), *d_out = to_dev(NULL, sizeof(float) * nout);
+    for (int64_t step = 1; step <= TR_STEPS; step++) {
+        kern_bags_t cb[TR_T], gb[TR_T];
+        kern_slab_t cs[TR_T], gs[TR_T];
+        kern_row_grads_t cg[TR_T], gg[TR_T];
+        int64_t offs[TR_T][TR_BAGS + 1], keys[TR_T][TR_BAGS * 4];
+        int32_t crows[TR_T][TR_BAGS * 4];
+        void *dev[TR_T][5];
+        for (int t = 0; t < TR_T; t++) {
+            offs[t][0] = 0;
+            for (int b = 0; b < TR_BAGS; b++) {
+                int len = (int)(rnd() % 5); /* 0..4: empty and multi-hot bags */
+                for (int k = 0; k < len; k++)
+                    keys[t][offs[t][b] + k] = (int64_t)(rnd() % TR_UNIVERSE);
+                offs[t][b + 1] = offs[t][b] + len;
+            }
+            int64_t nnz = offs[t][TR_BAGS];
+            size_t d = (size_t)tr_dims[t];
+            assert_int_equal(kern_table_find_or_insert(ct[t], nnz, keys[t], step, crows[t]), 0);
+            dev[t][0] = to_dev(keys[t], sizeof(int64_t) * (size_t)nnz);
+            dev[t][1] = to_dev(NULL, sizeof(int32_t) * maxnnz);
+            dev[t][2] = to_dev(offs[t], sizeof offs[t]);
+            dev[t][3] = to_dev(NULL, sizeof(int32_t) * maxnnz);
+            dev[t][4] = to_dev(NULL, sizeof(float) * maxnnz * d);
+            assert_int_equal(kern_cuda_table_find_or_insert(gt[t], nnz, dev[t][0], step,
+                                                            dev[t][1], NULL), 0);
+            kern_table_slab(ct[t], &cs[t]);
+            kern_cuda_table_slab(gt[t], &gs[t]);
+            kern_combine_t comb = t == 0 ? KERN_COMBINE_MEAN : KERN_COMBINE_SUM;
+            cb[t] = (kern_bags_t){.values = cs[t].values, .capacity = cs[t].capacity,
+                                  .dim = tr_dims[t], .combine = comb, .offsets = offs[t],
+                                  .rows = crows[t], .out_col = col[t]};
+            gb[t] = (kern_bags_t){.values = gs[t].values, .capacity = gs[t].capacity,
+                                  .dim = tr_dims[t], .combine = comb, .offsets = dev[t][2],
+                                  .rows = dev[t][1], .out_col = col[t]};
+            cg[t] = (kern_row_grads_t){.rows = malloc(sizeof(int32_t) * maxnnz),
+                                       .grads = malloc(sizeof(float) * maxnnz * d)};
+            gg[t] = (kern_row_grads_t){.rows = dev[t][3], .grads = dev[t][4]};
+        }
+        assert_int_equal(kern_cpu_gather_combine(TR_T, cb, TR_BAGS, stride, cout), 0);
+        assert_int_equal(kern_cuda_gather_combine(TR_T, gb, TR_BAGS, stride, d_out, NULL), 0);
+        float *gout = from_dev(d_out, sizeof(float) * nout);
+        assert_close_tol(gout, cout, nout, 1e-4f, 1e-3f);
+        free(gout);
+        /* d_out now serves as the gradient of 0.5*|out|^2, which is out. */
+        assert_int_equal(kern_cpu_backward_reduce(TR_T, cb, TR_BAGS, stride, cout, cg), 0);
+        assert_int_equal(kern_cuda_backward_reduce(TR_T, gb, TR_BAGS, stride, d_out, gg, NULL),
+                         0);
+        for (int t = 0; t < TR_T; t++) {
+            assert_int_equal(gg[t].n, cg[t].n);
+            kern_table_mark_changed(ct[t], cg[t].n, cg[t].rows);
+        }
+        assert_int_equal(kern_cpu_sparse_update(&opt, TR_T, cs, cg, step), 0);
+        assert_int_equal(kern_cuda_sparse_update(&opt, TR_T, gs, gg, step, NULL), 0);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        for (int t = 0; t < TR_T; t++) {
+            for (int k = 0; k < 5; k++)
+                cudaFree(dev[t][k]);
+            free(cg[t].rows);
+            free(cg[t].grads);
+        }
+    }
+
+    /* Every key's row, optimizer state and stamp, looked up on each side. */
+    for (int t = 0; t < TR_T; t++) {
+        int64_t keys[TR_UNIVERSE];
+        int32_t crow[TR_UNIVERSE];
+        for (int i = 0; i < TR_UNIVERSE; i++)
+            keys[i] = i;
+        int64_t nfound = kern_table_find(ct[t], TR_UNIVERSE, keys, crow);
+        assert_true(nfound > TR_UNIVERSE / 2);
+        assert_int_equal(kern_cuda_table_size(gt[t]), nfound);
+        int64_t *d_keys = to_dev(keys, sizeof keys);
+        int32_t *d_rows = to_dev(NULL, sizeof(int32_t) * TR_UNIVERSE);
+        assert_int_equal(kern_cuda_table_find(gt[t], TR_UNIVERSE, d_keys, d_rows, NULL), 0);
+        int32_t *grow = from_dev(d_rows, sizeof(int32_t) * TR_UNIVERSE);
+        kern_slab_t cs, gs;
+        kern_table_slab(ct[t], &cs);
+        kern_cuda_table_slab(gt[t], &gs);
+        const size_t d = (size_t)tr_dims[t], sd = d * (size_t)cs.nstate, cap = (size_t)gs.capacity;
+        float *gv = from_dev(gs.values, sizeof(float) * cap * d);
+        float *go = sd ? from_dev(gs.opt_state, sizeof(float) * cap * sd) : NULL;
+        int64_t *gst = from_dev(gs.stamps, sizeof(int64_t) * cap);
+        for (int i = 0; i < TR_UNIVERSE; i++) {
+            assert_int_equal(grow[i] < 0, crow[i] < 0);
+            if (crow[i] < 0)
+                continue;
+            assert_close_tol(gv + (size_t)grow[i] * d, cs.values + (size_t)crow[i] * d, d, 1e-4f,
+                             1e-3f);
+            if (sd)
+                assert_close_tol(go + (size_t)grow[i] * sd, cs.opt_state + (size_t)crow[i] * sd,
+                                 sd, 1e-4f, 1e-3f);
+            assert_int_equal(gst[grow[i]], cs.stamps[crow[i]]);
+        }
+
+        /* The export scan finds the key set of the CPU change tracking. */
+        for (int64_t since = 0; since <= TR_STEPS; since += 10) {
+            int32_t crows[TR_UNIVERSE];
+            int64_t cn = 0, gn = 0, ckeys[TR_UNIVERSE];
+            assert_int_equal(kern_table_changed_since(ct[t], since, crows, TR_UNIVERSE, &cn), 0);
+            for (int64_t i = 0; i < cn; i++)
+                ckeys[i] = kern_table_keys(ct[t])[crows[i]];
+            int64_t *d_ek = to_dev(NULL, sizeof(int64_t) * TR_UNIVERSE);
+            assert_int_equal(kern_cuda_table_changed_since(gt[t], since, d_rows, d_ek,
+                                                           TR_UNIVERSE, &gn, NULL), 0);
+            assert_int_equal(gn, cn);
+            int64_t *gk = from_dev(d_ek, sizeof(int64_t) * (size_t)gn);
+            qsort(ckeys, (size_t)cn, sizeof *ckeys, cmp_i64);
+            qsort(gk, (size_t)gn, sizeof *gk, cmp_i64);
+            assert_memory_equal(gk, ckeys, sizeof(int64_t) * (size_t)cn);
+            if (since == TR_STEPS)
+                assert_int_equal(gn, 0);
+            else
+                assert_true(gn > 0);
+            /* A cap too small is ERANGE with the true count. */
+            if (gn > 1) {
+                int64_t n2 = 0;
+                assert_int_equal(kern_cuda_table_changed_since(gt[t], since, d_rows, d_ek, 1,
+                                                               &n2, NULL), KILN_ERANGE);
+                assert_int_equal(n2, gn);
+            }
+            free(gk);
+            cudaFree(d_ek);
+        }
+        free(gv);
+        free(go);
+        free(gst);
+        free(grow);
+        cudaFree(d_keys);
+        cudaFree(d_rows);
+        kern_table_destroy(ct[t]);
+        kern_cuda_table_destroy(gt[t]);
+    }
+    free(cout);
+    cudaFree(d_out);
+}
+
+static void test_train_parity_adagrad(void **state)
+{
+    (void)state;
+    train_parity(KERN_OPT_ADAGRAD);
+}
+static void test_train_parity_adam(void **state) { (void)state; train_parity(KERN_OPT_ADAM); }
+
+
 int main(void)
 {
     int rt = 0, cublas = 0, nccl = 0;
@@ -217,6 +648,13 @@ int main(void)
         cmocka_unit_test(test_update_parity_sgd),
         cmocka_unit_test(test_update_parity_adagrad),
         cmocka_unit_test(test_update_parity_adam),
+        cmocka_unit_test(test_backward_parity),
+        cmocka_unit_test(test_table_insert_parity),
+        cmocka_unit_test(test_table_evict_lru),
+        cmocka_unit_test(test_table_evict_lfu),
+        cmocka_unit_test(test_table_full_none),
+        cmocka_unit_test(test_train_parity_adagrad),
+        cmocka_unit_test(test_train_parity_adam),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,34 @@
+/*
+ * common/kiln_cuda.h - the CUDA error checks every .cu file of Kiln uses:
+ * a failed CUDA runtime call (or the cudaGetLastError after a launch)
+ * becomes KILN_ECUDA with the call's text, CUDA's message and the place.
+ * Only CUDA translation units include this header.
+ */
+#ifndef KILN_COMMON_KILN_CUDA_H
+#define KILN_COMMON_KILN_CUDA_H
+
+#include <cuda_runtime.h>
+
+#include "kiln.h"
+
+/* Returns KILN_ECUDA from the enclosing function when call fails. */
+#define CUDA_CHECK(call)                                                                   \
+    do {                                                                                   \
+        cudaError_t cuda_err_ = (call);                                                    \
+        if (cuda_err_ != cudaSuccess)                                                      \
+            return kiln_errf(KILN_ECUDA, "%s: %s (%s)", #call, cudaGetErrorString(cuda_err_), \
+                             KILN_WHERE);                                                  \
+    } while (0)
+
+/* Sets rc to KILN_ECUDA and jumps to label when call fails. */
+#define CUDA_CHECK_GOTO(call, rc, label)                                                   \
+    do {                                                                                   \
+        cudaError_t cuda_err_ = (call);                                                    \
+        if (cuda_err_ != cudaSuccess) {                                                    \
+            (rc) = kiln_errf(KILN_ECUDA, "%s: %s (%s)", #call,                             \
+                             cudaGetErrorString(cuda_err_), KILN_WHERE);                   \
+            goto label;                                                                    \
+        }                                                                                  \
+    } while (0)
+
+#endif /* KILN_COMMON_KILN_CUDA_H */
