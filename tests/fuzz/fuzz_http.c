@@ -16,6 +16,7 @@
  * crash": every request gets an HTTP/1.x status line.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kiln.h"
@@ -153,19 +155,16 @@ static void next_line(const uint8_t **p, const uint8_t *end, char *out, size_t c
 static int send_all(int fd, const void *buf, size_t len);
 
 /* Whether the server on port answers GET / with a status line within 30 s. */
+static int connect_to(int port);
+
 static bool alive(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = connect_to(port);
     if (fd < 0)
         return false;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    a.sin_port = htons((uint16_t)port);
-    struct timeval tv = {30, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     static const char req[] = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     char buf[16] = "";
-    bool ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-              send_all(fd, req, sizeof req - 1) == 0 && recv(fd, buf, 7, MSG_WAITALL) == 7 &&
+    bool ok = send_all(fd, req, sizeof req - 1) == 0 && recv(fd, buf, 7, MSG_WAITALL) == 7 &&
               strncmp(buf, "HTTP/1.", 7) == 0;
     close(fd);
     return ok;
@@ -184,6 +183,39 @@ static int send_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
+/* A connected socket to the server on port, or -1 (after printing why).
+ * The client end closes with RST (SO_LINGER 0), so hundreds of thousands of
+ * requests leave no TIME_WAIT sockets behind: a 5-minute run used to run
+ * out of loopback ports and fail in connect() with the servers fine. A
+ * refused connection (the server is gone) fails at once; running out of
+ * local ports is waited out for a while. */
+static int connect_to(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    a.sin_port = htons((uint16_t)port);
+    for (int tries = 0; tries < 300; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0)
+            break;
+        struct timeval tv = {30, 0};
+        struct linger lg = {1, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+            return fd;
+        int err = errno;
+        close(fd);
+        if (err != EADDRNOTAVAIL && err != EAGAIN && err != EINTR) {
+            fprintf(stderr, "fuzz_http: connect to port %d: %s\n", port, strerror(err));
+            return -1;
+        }
+        struct timespec ts = {0, 100000000L};
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "fuzz_http: no local port to connect to port %d from\n", port);
+    return -1;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (serve_port == 0)
@@ -200,8 +232,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (char *c = target; *c; c++)
         if (*c == ' ')
             *c = '+';
-    if (target[0] != '/')
-        memmove(target + 1, target, strnlen(target, sizeof target - 2) + 1), target[0] = '/';
+    if (target[0] != '/') {
+        /* Prefix '/', dropping the last byte when full (the terminator
+         * must survive: a 5-minute run found the copy that lost it). */
+        size_t tl = strnlen(target, sizeof target - 2);
+        memmove(target + 1, target, tl);
+        target[0] = '/';
+        target[tl + 1] = '\0';
+    }
     size_t blen = (size_t)(end - p);
     char head[2048];
     int hn = snprintf(head, sizeof head,
@@ -211,12 +249,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                       strchr(extra, ':') ? extra : "", strchr(extra, ':') ? "\r\n" : "",
                       (data[0] & 4) ? "Content-Type: application/x-www-form-urlencoded" : "",
                       (data[0] & 4) ? "" : "X-Fuzz: 1", blen);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    a.sin_port = htons((uint16_t)((data[0] & 1) ? web_port_no : serve_port));
-    struct timeval tv = {30, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+    int fd = connect_to((data[0] & 1) ? web_port_no : serve_port);
+    if (fd < 0)
         abort();
     char resp[256];
     size_t got = 0;
