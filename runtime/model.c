@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,6 +276,23 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
         m->maxc = m->maxw;
     if (m->maxc < 1)
         m->maxc = 1;
+    /* rt_grad_gemm's 256-row path: a float32 product per OpenMP thread. */
+    m->wgT_cap = 1;
+    if (m->type == RT_MODEL_DLRM)
+        for (int l = 0; l < m->nbottom + m->ntop; l++)
+            if ((size_t)m->layers[l].out * (size_t)m->layers[l].in > m->wgT_cap)
+                m->wgT_cap = (size_t)m->layers[l].out * (size_t)m->layers[l].in;
+    if ((size_t)m->k * (size_t)m->F > m->wgT_cap)
+        m->wgT_cap = (size_t)m->k * (size_t)m->F;
+    if ((size_t)m->F > m->wgT_cap)
+        m->wgT_cap = (size_t)m->F;
+    m->grad_blocks = m->max_batch % RT_GRAD_BLOCK == 0;
+    m->wgT_n = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
+    if (!(m->wgT = kiln_calloc((size_t)m->wgT_n, sizeof *m->wgT)))
+        goto nomem;
+    for (int t = 0; t < m->wgT_n; t++)
+        if (!(m->wgT[t] = alloc_f(m->wgT_cap)))
+            goto nomem;
     if (!(m->wgA = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
         !(m->wgB = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
         !(m->tailA = alloc_f((size_t)RT_ROW_BLOCK * (size_t)m->maxc)) ||
@@ -309,6 +327,9 @@ void rt_model_destroy(rt_model_t *m)
     free(m->wgB);
     free(m->tailA);
     free(m->tailC);
+    for (int t = 0; m->wgT && t < m->wgT_n; t++)
+        free(m->wgT[t]);
+    free(m->wgT);
     free(m->logits);
     free(m->probs);
     free(m->gz);

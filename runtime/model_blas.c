@@ -22,9 +22,24 @@
  * - Sums over rows (every weight gradient): float64 (rt_grad_gemm,
  *   rt_grad_colsum), so the order of the terms stops mattering once the sum is
  *   rounded to float32 (a float64 sum's rounding error is about 2^-29 of a
- *   float32 ulp of its largest term). Large ones convert both operands once
- *   and run one DGEMM per OpenMP thread over a block of G's rows; small ones
- *   are a plain loop.
+ *   float32 ulp of its largest term). Three ways, by size:
+ *     a model whose max_batch (the per-rank train.batch_size) is a multiple
+ *       of RT_GRAD_BLOCK = 256 computes each whole 256-row block of a
+ *       gradient with one float32 SGEMM, always of the same shape, and adds
+ *       it to G in float64; the rows after the last whole block go the
+ *       float64 way below. With every rank's batch a multiple of 256, rank r
+ *       starts at global row r * batch_size, so the blocks are the same rows
+ *       on every rank count and so are their float32 products. This costs
+ *       what one big SGEMM costs (the DGEMM below made the dlrm step 30%
+ *       slower);
+ *     every other product is summed in float64 outright: a plain loop when
+ *       small, else both operands converted once and one DGEMM per OpenMP
+ *       thread over a block of G's rows.
+ *   Which way a product goes depends on the model and the product's shape,
+ *   never on n. The two ways agree to float32 rounding of a 256-row sum, not
+ *   bitwise, so runs compared across rank counts are bitwise equal when
+ *   every rank's batch_size is a multiple of 256 in all of them, or a
+ *   multiple of 16 but not of 256 in all of them.
  *
  * OpenBLAS is single-threaded here (rt_model_create); the blocks are spread
  * over the OpenMP team, which changes no result.
@@ -79,10 +94,13 @@ static void widen(int n, int cols, const float *src, int ld, double *dst)
     }
 }
 
-void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
-                  const float *B, int ldb, double *G)
+/* G (rows, cols) += A^T B over n rows, in float64: a plain loop when small,
+ * else DGEMM on float64 copies, one call per thread over a block of G's rows
+ * (each element still summed over all n rows). */
+static void grad_f64(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+                     const float *B, int ldb, double *G)
 {
-    if (n <= 0 || rows <= 0 || cols <= 0)
+    if (n <= 0)
         return;
     if ((int64_t)n * rows * cols < 262144) {
         for (int i = 0; i < n; i++) {
@@ -100,8 +118,6 @@ void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int 
     double *a64 = m->wgA, *b64 = m->wgB;
     widen(n, rows, A, lda, a64);
     widen(n, cols, B, ldb, b64);
-    /* G (rows, cols) += a64^T (rows, n) b64 (n, cols); each thread owns a
-     * block of G's rows and computes each of its elements over all n rows. */
 #pragma omp parallel
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -110,6 +126,41 @@ void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int 
             cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, cols, n, 1.0, a64 + r0,
                         rows, b64, cols, 1.0, G + (size_t)r0 * (size_t)cols, cols);
     }
+}
+
+void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+                  const float *B, int ldb, double *G)
+{
+    if (n <= 0 || rows <= 0 || cols <= 0)
+        return;
+    /* The path may depend on the model and the product's shape, never on n:
+     * n is what differs between rank counts. */
+    const size_t cnt = (size_t)rows * (size_t)cols;
+    int done = 0;
+    if (m->grad_blocks && cnt >= 1024 && cnt <= m->wgT_cap) {
+        /* Whole 256-row blocks: one float32 SGEMM each, always of the same
+         * shape, added into G in float64 (order does not matter there). */
+        const int nblk = n / RT_GRAD_BLOCK;
+        const int nt = omp_get_max_threads() < m->wgT_n ? omp_get_max_threads() : m->wgT_n;
+#pragma omp parallel num_threads(nt) if (nblk > 1)
+        {
+            float *t = m->wgT[omp_get_thread_num()];
+#pragma omp for schedule(static)
+            for (int blk = 0; blk < nblk; blk++) {
+                const size_t r0 = (size_t)blk * RT_GRAD_BLOCK;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, cols, RT_GRAD_BLOCK,
+                            1.0f, A + r0 * (size_t)lda, lda, B + r0 * (size_t)ldb, ldb, 0.0f, t,
+                            cols);
+#pragma omp critical(kiln_grad_add)
+                for (size_t i = 0; i < cnt; i++)
+                    G[i] += (double)t[i];
+            }
+        }
+        done = nblk * RT_GRAD_BLOCK;
+    }
+    /* The rest (all of it without blocks): float64 throughout. */
+    grad_f64(m, n - done, rows, cols, A + (size_t)done * (size_t)lda, lda,
+             B + (size_t)done * (size_t)ldb, ldb, G);
 }
 
 void rt_grad_colsum(int n, int cols, const float *A, int lda, double *g)

@@ -32,7 +32,8 @@
  * run in fixed blocks of RT_ROW_BLOCK rows (model_blas.c). The result is
  * that 1 and N ranks on the same global batches train the same weights,
  * bit for bit when every rank's batch_size is a multiple of RT_ROW_BLOCK
- * (docs/models.md, "Rank-count invariance").
+ * and either a multiple of RT_GRAD_BLOCK in every run compared or in none
+ * (model_blas.c; docs/models.md, "Rank-count invariance").
  *
  * Loss scaling for data parallelism: backward differentiates
  * loss_scale * sum_i loss_i over the local rows, so with loss_scale =
@@ -281,6 +282,12 @@ struct rt_model {
      * each; rt_gemm_rows: the padded last block, (RT_ROW_BLOCK, maxc) each. */
     double *wgA, *wgB;
     float *tailA, *tailC;
+    /* rt_grad_gemm's 256-row path: one float32 product per thread, each of
+     * wgT_cap floats (the largest rows x cols of any weight gradient). */
+    float **wgT;
+    int wgT_n;
+    size_t wgT_cap;
+    int grad_blocks; /* max_batch % RT_GRAD_BLOCK == 0: the 256-row path */
     int maxc; /* the widest operand of any product */
 };
 
@@ -308,6 +315,7 @@ void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const 
  * C (n, nn; ldc) = A (n, k; lda) op(B), op(B) = B^T (B (nn, k)) when transb,
  * else B (B (k, nn)); computed in calls of exactly RT_ROW_BLOCK rows. */
 #define RT_ROW_BLOCK 16
+#define RT_GRAD_BLOCK 256
 void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
                   const float *B, int ldb, float *C, int ldc);
 /* The float64 sums over rows every weight gradient is made of.

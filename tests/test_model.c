@@ -758,17 +758,18 @@ static void train_synthetic(const shape_t *sh, int steps, double *first, double 
 }
 
 /* ---- rank-count invariance ----------------------------------------------------------
- * One call over 240 rows vs the same rows as two calls of 80 and 160 (two
- * ranks' batches, each a multiple of RT_ROW_BLOCK): the probabilities and dE
+ * One call over n rows vs the same rows as two calls of cut and n - cut (two
+ * ranks' batches, each a multiple of RT_ROW_BLOCK), on models made for the
+ * batch sizes the trainer would give them: the probabilities and dE
  * must be bit-identical and the dense gradients, rounded to float32 as the
  * optimizer reads them, too. Plain float32 BLAS over the whole batch fails
  * this (docs/models.md, "Rank-count invariance"). The shapes are big enough
  * for the threaded and DGEMM paths and have a padded last block. */
-static void split_check(const shape_t *sh)
+static void split_check(const shape_t *sh, int n, int cut, int max_a, int max_b)
 {
-    const int n = 240, cut = 80, S = sh->S, F = sh->F, d = sh->d;
-    rt_model_t *a = make_model(sh, n, 5, sgd(0.1f));
-    rt_model_t *b = make_model(sh, n, 5, sgd(0.1f));
+    const int S = sh->S, F = sh->F, d = sh->d;
+    rt_model_t *a = make_model(sh, max_a, 5, sgd(0.1f));
+    rt_model_t *b = make_model(sh, max_b, 5, sgd(0.1f));
     size_t ne = (size_t)n * S * d, np = rt_model_nparams(a);
     float *E = malloc(ne * sizeof(float)), *X = malloc((size_t)n * F * sizeof(float));
     float *y = malloc(n * sizeof(float)), *pa = malloc(n * sizeof(float)), *pb = malloc(n * sizeof(float));
@@ -809,9 +810,15 @@ static void test_split_invariance(void **state)
     shape_t fm = {.type = RT_MODEL_FM, .S = 26, .F = 13, .d = 17, .fm_dense = 1};
     shape_t dl = {.type = RT_MODEL_DLRM, .S = 8, .F = 13, .d = 8, .bottom = {64, 8}, .nb = 2,
                   .top = {128, 64, 1}, .nt = 3};
-    split_check(&lr);
-    split_check(&fm);
-    split_check(&dl);
+    /* float64 weight gradients (batch sizes not multiples of 256) */
+    split_check(&lr, 240, 80, 240, 160);
+    split_check(&fm, 240, 80, 240, 160);
+    split_check(&dl, 240, 80, 240, 160);
+    /* 256-row float32 blocks: 512 = 256 + 256, and a short last batch of
+     * 368 = one whole block on the first "rank" + 112 rows in float64 */
+    split_check(&fm, 512, 256, 512, 256);
+    split_check(&dl, 512, 256, 512, 256);
+    split_check(&dl, 368, 256, 512, 256);
 }
 
 static void test_trains(void **state)
