@@ -276,6 +276,11 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
         m->maxc = m->maxw;
     if (m->maxc < 1)
         m->maxc = 1;
+    /* Batches that are multiples of 256 rows per rank run the per-row GEMMs
+     * in 256-row calls and the weight gradients in 256-row float32 blocks;
+     * others in 16-row calls and float64 (model_blas.c). */
+    m->grad_blocks = m->max_batch % RT_GRAD_BLOCK == 0;
+    m->row_block = m->grad_blocks ? RT_GRAD_BLOCK : RT_ROW_BLOCK;
     /* rt_grad_gemm's 256-row path: a float32 product per OpenMP thread. */
     m->wgT_cap = 1;
     if (m->type == RT_MODEL_DLRM)
@@ -286,7 +291,6 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
         m->wgT_cap = (size_t)m->k * (size_t)m->F;
     if ((size_t)m->F > m->wgT_cap)
         m->wgT_cap = (size_t)m->F;
-    m->grad_blocks = m->max_batch % RT_GRAD_BLOCK == 0;
     m->wgT_n = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
     if (!(m->wgT = kiln_calloc((size_t)m->wgT_n, sizeof *m->wgT)))
         goto nomem;
@@ -295,8 +299,8 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
             goto nomem;
     if (!(m->wgA = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
         !(m->wgB = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
-        !(m->tailA = alloc_f((size_t)RT_ROW_BLOCK * (size_t)m->maxc)) ||
-        !(m->tailC = alloc_f((size_t)RT_ROW_BLOCK * (size_t)m->maxc)))
+        !(m->tailA = alloc_f((size_t)m->row_block * (size_t)m->maxc)) ||
+        !(m->tailC = alloc_f((size_t)m->row_block * (size_t)m->maxc)))
         goto nomem;
     init_params(m);
     reset_opt_state(m);

@@ -16,8 +16,9 @@
  *   its data and of its index mod RT_ROW_BLOCK; with the block-cyclic reader
  *   (rank r starts at row r * batch_size of each global batch) that index is
  *   the same for every rank count as long as batch_size is a multiple of
- *   RT_ROW_BLOCK. Fixed 16-row calls run as fast as one big call (0.8-1.1x
- *   the time for the bench dlrm's layers).
+ *   the block. The block is 16 rows (RT_ROW_BLOCK), or 256 (RT_GRAD_BLOCK)
+ *   when max_batch is a multiple of 256: 16-row calls repack the weights
+ *   for every call (10% of the bench dlrm's profile), 256-row calls do not.
  *
  * - Sums over rows (every weight gradient): float64 (rt_grad_gemm,
  *   rt_grad_colsum), so the order of the terms stops mattering once the sum is
@@ -56,7 +57,7 @@ void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, 
 {
     if (n <= 0 || nn <= 0)
         return;
-    const int RB = RT_ROW_BLOCK;
+    const int RB = m->row_block;
     const CBLAS_TRANSPOSE tb = transb ? CblasTrans : CblasNoTrans;
     const int full = n / RB, nblk = (n + RB - 1) / RB;
 #pragma omp parallel for schedule(static) if ((int64_t)n * nn * k >= 262144 && !omp_in_parallel())

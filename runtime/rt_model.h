@@ -279,7 +279,7 @@ struct rt_model {
     float *gbuf[2]; /* dlrm: (max_batch, maxw) ping-pong activation gradients */
     float *dT;      /* dlrm: (max_batch, S + 1, d) interaction gradients */
     /* rt_grad_gemm: float64 copies of its two operands, (max_batch, maxc)
-     * each; rt_gemm_rows: the padded last block, (RT_ROW_BLOCK, maxc) each. */
+     * each; rt_gemm_rows: the padded last block, (row_block, maxc) each. */
     double *wgA, *wgB;
     float *tailA, *tailC;
     /* rt_grad_gemm's 256-row path: one float32 product per thread, each of
@@ -287,7 +287,8 @@ struct rt_model {
     float **wgT;
     int wgT_n;
     size_t wgT_cap;
-    int grad_blocks; /* max_batch % RT_GRAD_BLOCK == 0: the 256-row path */
+    int grad_blocks; /* max_batch % RT_GRAD_BLOCK == 0: the 256-row paths */
+    int row_block;   /* rt_gemm_rows' rows per call: 256 with grad_blocks, else 16 */
     int maxc; /* the widest operand of any product */
 };
 
@@ -313,7 +314,8 @@ void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const 
  * batch is split over ranks or threads (see model_blas.c).
  *
  * C (n, nn; ldc) = A (n, k; lda) op(B), op(B) = B^T (B (nn, k)) when transb,
- * else B (B (k, nn)); computed in calls of exactly RT_ROW_BLOCK rows. */
+ * else B (B (k, nn)); computed in calls of exactly m->row_block rows
+ * (RT_ROW_BLOCK, or RT_GRAD_BLOCK when max_batch is a multiple of it). */
 #define RT_ROW_BLOCK 16
 #define RT_GRAD_BLOCK 256
 void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
