@@ -235,10 +235,11 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
     size_t B = (size_t)m->max_batch;
     m->params = alloc_f(m->nparams);
     m->grads = kiln_calloc(m->nparams ? m->nparams : 1, sizeof(double));
+    m->grads_lo = kiln_calloc(m->nparams ? m->nparams : 1, sizeof(double));
     m->logits = alloc_f(B);
     m->probs = alloc_f(B);
     m->gz = alloc_f(B);
-    if (!m->params || !m->grads || !m->logits || !m->probs || !m->gz)
+    if (!m->params || !m->grads || !m->grads_lo || !m->logits || !m->probs || !m->gz)
         goto nomem;
     if (m->opt.type != RT_DENSE_SGD && !(m->opt_a = alloc_f(m->nparams)))
         goto nomem;
@@ -325,6 +326,7 @@ void rt_model_destroy(rt_model_t *m)
             free(m->act[l]);
     free(m->params);
     free(m->grads);
+    free(m->grads_lo);
     free(m->opt_a);
     free(m->opt_b);
     free(m->wgA);
@@ -359,6 +361,11 @@ double *rt_model_grads(rt_model_t *m)
 {
     return m->grads;
 }
+
+double *rt_model_grads_lo(rt_model_t *m)
+{
+    return m->grads_lo;
+}
 int rt_model_ngroups(const rt_model_t *m)
 {
     return m->ngroups;
@@ -392,6 +399,7 @@ const rt_model_group_t *rt_model_group(const rt_model_t *m, int i)
 void rt_model_zero_grad(rt_model_t *m)
 {
     memset(m->grads, 0, m->nparams * sizeof(double));
+    memset(m->grads_lo, 0, m->nparams * sizeof(double));
 }
 
 /* ---- loss ------------------------------------------------------------------------ */

@@ -52,6 +52,8 @@
 #include <omp.h>
 #include <string.h>
 
+#include "rt_dd.h"
+
 void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
                   const float *B, int ldb, float *C, int ldc)
 {
@@ -99,23 +101,27 @@ static void widen(int n, int cols, const float *src, int ld, double *dst)
  * else DGEMM on float64 copies, one call per thread over a block of G's rows
  * (each element still summed over all n rows). */
 static void grad_f64(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
-                     const float *B, int ldb, double *G)
+                     const float *B, int ldb, double *G, double *L)
 {
     if (n <= 0)
         return;
     if ((int64_t)n * rows * cols < 262144) {
+        /* A product of two floats is exact in float64, and the double-double
+         * sum of exact terms is order-independent: this path is exact. */
         for (int i = 0; i < n; i++) {
             const float *a = A + (size_t)i * (size_t)lda, *b = B + (size_t)i * (size_t)ldb;
             for (int r = 0; r < rows; r++) {
                 const double ar = (double)a[r];
-                double *g = G + (size_t)r * (size_t)cols;
+                double *g = G + (size_t)r * (size_t)cols, *l = L + (size_t)r * (size_t)cols;
 #pragma omp simd
                 for (int c = 0; c < cols; c++)
-                    g[c] += ar * (double)b[c];
+                    rt_dd_add(&g[c], &l[c], ar * (double)b[c]);
             }
         }
         return;
     }
+    /* DGEMM rounds inside: order-dependent in the last float64 bit (the
+     * batch_size-not-a-multiple-of-256 path; docs/models.md). */
     double *a64 = m->wgA, *b64 = m->wgB;
     widen(n, rows, A, lda, a64);
     widen(n, cols, B, ldb, b64);
@@ -137,6 +143,7 @@ void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int 
     /* The path may depend on the model and the product's shape, never on n:
      * n is what differs between rank counts. */
     const size_t cnt = (size_t)rows * (size_t)cols;
+    double *L = m->grads_lo + (G - m->grads); /* G's low parts */
     int done = 0;
     if (m->grad_blocks && cnt >= 1024 && cnt <= m->wgT_cap) {
         /* Whole 256-row blocks: one float32 SGEMM each, always of the same
@@ -154,31 +161,32 @@ void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int 
                             cols);
 #pragma omp critical(kiln_grad_add)
                 for (size_t i = 0; i < cnt; i++)
-                    G[i] += (double)t[i];
+                    rt_dd_add(&G[i], &L[i], (double)t[i]);
             }
         }
         done = nblk * RT_GRAD_BLOCK;
     }
     /* The rest (all of it without blocks): float64 throughout. */
     grad_f64(m, n - done, rows, cols, A + (size_t)done * (size_t)lda, lda,
-             B + (size_t)done * (size_t)ldb, ldb, G);
+             B + (size_t)done * (size_t)ldb, ldb, G, L);
 }
 
-void rt_grad_colsum(int n, int cols, const float *A, int lda, double *g)
+void rt_grad_colsum(rt_model_t *m, int n, int cols, const float *A, int lda, double *g)
 {
-    /* Columns in blocks of 16 over the threads; each column is summed over
-     * the rows in order, so the result does not depend on the thread count. */
+    /* Columns in blocks of 16 over the threads; each column a double-double
+     * sum of its float terms, so exact whatever the order. */
+    double *gl = m->grads_lo + (g - m->grads);
     const int nblk = (cols + 15) / 16;
 #pragma omp parallel for schedule(static) if ((int64_t)n * cols > 65536)
     for (int blk = 0; blk < nblk; blk++) {
         const int c0 = blk * 16, c1 = c0 + 16 < cols ? c0 + 16 : cols;
-        double acc[16] = {0};
+        double hi[16] = {0}, lo[16] = {0};
         for (int i = 0; i < n; i++) {
             const float *a = A + (size_t)i * (size_t)lda;
             for (int c = c0; c < c1; c++)
-                acc[c - c0] += (double)a[c];
+                rt_dd_add(&hi[c - c0], &lo[c - c0], (double)a[c]);
         }
         for (int c = c0; c < c1; c++)
-            g[c] += acc[c - c0];
+            rt_dd_add_dd(&g[c], &gl[c], hi[c - c0], lo[c - c0]);
     }
 }

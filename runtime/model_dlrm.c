@@ -48,7 +48,7 @@ void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const 
     /* dW (out, in) += dY^T (out, n) A (n, in), in float64 (model_blas.c) */
     rt_grad_gemm(m, n, out, in, dY, ldy, A, lda, m->grads + L->w_off);
     /* db (out) += the column sums of dY */
-    rt_grad_colsum(n, out, dY, ldy, m->grads + L->b_off);
+    rt_grad_colsum(m, n, out, dY, ldy, m->grads + L->b_off);
     /* dA (n, in) = dY (n, out) W (out, in), in fixed row blocks */
     if (dA)
         rt_gemm_rows(m, n, in, out, dY, ldy, 0, m->params + L->w_off, in, dA, ldda);

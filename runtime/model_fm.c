@@ -61,7 +61,7 @@ void rt_model_fm_backward(rt_model_t *m, int n, const float *E, const float *X, 
     /* dw (F) += X^T g; db += sum g; in float64 (model_blas.c) */
     if (F > 0)
         rt_grad_gemm(m, n, F, 1, X, F, g, 1, m->grads + m->w_off);
-    rt_grad_colsum(n, 1, g, 1, m->grads + m->b_off);
+    rt_grad_colsum(m, n, 1, g, 1, m->grads + m->b_off);
     /* d logit / d v_sf = (sum_f - v_sf); elementwise, so dE may alias E. */
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {

@@ -6,6 +6,7 @@
  */
 #define RT_MODEL_IMPL
 #include "rt_model.h"
+#include "rt_dd.h"
 
 #include <math.h>
 
@@ -13,20 +14,21 @@ int rt_model_step(rt_model_t *m)
 {
     const long P = (long)m->nparams;
     float *w = m->params;
-    const double *g = m->grads; /* float64 sums, rounded once here */
+    /* double-double sums (rt_dd.h), rounded once here */
+    const double *g = m->grads, *gl = m->grads_lo;
     const float lr = m->opt.lr, wd = m->opt.weight_decay, eps = m->opt.eps;
 
     switch (m->opt.type) {
     case RT_DENSE_SGD:
 #pragma omp parallel for simd schedule(static)
         for (long i = 0; i < P; i++)
-            w[i] -= lr * ((float)g[i] + wd * w[i]);
+            w[i] -= lr * (rt_dd_float(g[i], gl[i]) + wd * w[i]);
         break;
     case RT_DENSE_ADAGRAD: {
         float *acc = m->opt_a;
 #pragma omp parallel for simd schedule(static)
         for (long i = 0; i < P; i++) {
-            float gi = (float)g[i] + wd * w[i];
+            float gi = rt_dd_float(g[i], gl[i]) + wd * w[i];
             float a = acc[i] + gi * gi;
             acc[i] = a;
             w[i] -= lr * gi / (sqrtf(a) + eps);
@@ -41,7 +43,7 @@ int rt_model_step(rt_model_t *m)
         const float bc2 = (float)(1.0 - pow(b2, (double)m->opt_t));
 #pragma omp parallel for simd schedule(static)
         for (long i = 0; i < P; i++) {
-            float gi = (float)g[i] + wd * w[i];
+            float gi = rt_dd_float(g[i], gl[i]) + wd * w[i];
             float mi = b1 * mm[i] + (1.0f - b1) * gi;
             float vi = b2 * vv[i] + (1.0f - b2) * gi * gi;
             mm[i] = mi;

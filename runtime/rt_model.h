@@ -145,12 +145,15 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */);
 /* Frees m and everything it owns. Accepts NULL. */
 void rt_model_destroy(rt_model_t *m);
 
-/* The flat dense parameter vector (nparams floats) and its gradient
- * (nparams doubles, see above), owned by m. The trainer allreduces
- * rt_model_grads as one buffer and may broadcast rt_model_params. */
+/* The flat dense parameter vector (nparams floats) and its gradient, owned
+ * by m: a double-double sum (runtime/rt_dd.h), nparams doubles of high
+ * parts and nparams of low parts; the value is hi + lo. The trainer
+ * allreduces the pairs (rt_dd_mpi_init's op) and may broadcast
+ * rt_model_params. */
 size_t rt_model_nparams(const rt_model_t *m);
 float *rt_model_params(rt_model_t *m);
 double *rt_model_grads(rt_model_t *m);
+double *rt_model_grads_lo(rt_model_t *m);
 /* The parameter groups in layout order (0 <= i < ngroups); NULL out of range. */
 int rt_model_ngroups(const rt_model_t *m);
 const rt_model_group_t *rt_model_group(const rt_model_t *m, int i);
@@ -247,7 +250,7 @@ struct rt_model {
 
     size_t nparams;
     float *params;
-    double *grads; /* float64 sums over rows; see the top of this file */
+    double *grads, *grads_lo; /* double-double sums over rows (rt_dd.h) */
     float *opt_a, *opt_b; /* adagrad acc | adam m; adam v */
     int64_t opt_t;
     rt_model_group_t groups[RT_MODEL_MAX_GROUPS];
@@ -325,8 +328,9 @@ void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, 
  * inputs, float64 products and sums; rows, cols <= m->maxc. */
 void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
                   const float *B, int ldb, double *G);
-/* g (cols) += sum over the n rows of A (n, cols; lda), in float64. */
-void rt_grad_colsum(int n, int cols, const float *A, int lda, double *g);
+/* g (cols) += sum over the n rows of A (n, cols; lda), as double-double;
+ * g points into m's gradient. */
+void rt_grad_colsum(rt_model_t *m, int n, int cols, const float *A, int lda, double *g);
 
 #endif /* RT_MODEL_IMPL */
 

@@ -67,14 +67,20 @@ void rt_shard_destroy(rt_shard_t *s);
 int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nkeys, int64_t step,
                     bool insert, float *const **values /* OUT */);
 
-/* grads[t] is (nkeys[t], dim_t) float64 sums, aligned with the keys of the
- * last lookup. Sends them to the owners, which add the sums for one row from
- * several ranks in float64, round once to float32, apply opt to their rows
- * and stamp them with step (float64 keeps the rounded sum independent of how
- * the batch was split over ranks; rt_model.h). Collective. Returns 0,
- * KILN_EMPI or KILN_ENOMEM. */
+/* grads[t] is (nkeys[t], dim_t, 2): double-double sums (hi, lo; rt_dd.h),
+ * aligned with the keys of the last lookup. Sends them to the owners, which
+ * add the pairs for one row from several ranks, round once to float32,
+ * apply opt to their rows and stamp them with step (the rounded sum does not
+ * depend on how the batch was split over ranks; rt_model.h). Collective.
+ * Returns 0, KILN_EMPI or KILN_ENOMEM. */
 int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t *opt,
                     int64_t step);
+
+/* MPI's view of double-double pairs stored interleaved (hi, lo): a datatype
+ * of two MPI_DOUBLEs and a commutative op that adds pairs (rt_dd_add_dd).
+ * Create once after MPI_Init. Returns 0 or KILN_EMPI. */
+int rt_dd_mpi_init(MPI_Datatype *type /* OUT */, MPI_Op *op /* OUT */);
+void rt_dd_mpi_fini(MPI_Datatype *type, MPI_Op *op);
 
 /* Bytes moved by this rank in the last lookup + update (for progress). */
 int64_t rt_shard_bytes_last_step(const rt_shard_t *s);

@@ -9,6 +9,7 @@
  * holds count x dim_t floats. All buffers grow and are reused across steps.
  */
 #include "rt_shard.h"
+#include "rt_dd.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,6 +159,7 @@ struct rt_shard {
     buf_t *ug_rows, *ug_grads; /* the update's unique rows, float32 gradients */
     buf_t *ug_sum;             /* owners' float64 sums before rounding */
     int64_t bytes_last;
+    MPI_Datatype dd_type; /* a (hi, lo) gradient pair; MPI_DATATYPE_NULL on 1 rank */
 };
 
 int rt_shard_create(MPI_Comm comm, int ntables, kern_table_t *const *tables, rt_shard_t **out)
@@ -167,8 +169,15 @@ int rt_shard_create(MPI_Comm comm, int ntables, kern_table_t *const *tables, rt_
     if (s == NULL)
         return KILN_ENOMEM;
     s->comm = comm;
+    s->dd_type = MPI_DATATYPE_NULL;
     MPI_Comm_rank(comm, &s->rank);
     MPI_Comm_size(comm, &s->nranks);
+    if (s->nranks > 1 && (MPI_Type_contiguous(2, MPI_DOUBLE, &s->dd_type) != MPI_SUCCESS ||
+                          MPI_Type_commit(&s->dd_type) != MPI_SUCCESS)) {
+        s->dd_type = MPI_DATATYPE_NULL;
+        rc = kiln_errf(KILN_EMPI, "cannot create the MPI type of a gradient pair");
+        goto out;
+    }
     s->ntables = ntables;
     size_t R = (size_t)s->nranks, T = (size_t)ntables;
     s->tables = kiln_calloc(T, sizeof *s->tables);
@@ -248,6 +257,8 @@ void rt_shard_destroy(rt_shard_t *s)
     free(s->rrows.p);
     free(s->sflt.p);
     free(s->rflt.p);
+    if (s->dd_type != MPI_DATATYPE_NULL)
+        MPI_Type_free(&s->dd_type);
     free(s);
 }
 
@@ -564,12 +575,37 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
     return 0;
 }
 
-/* float32 out (n) = the float64 sums in (n), rounded once. */
+/* float32 out (n) = the double-double sums in (n, 2), rounded once. */
 static void round_grads(int64_t n, const double *in, float *out)
 {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++)
-        out[i] = (float)in[i];
+        out[i] = rt_dd_float(in[2 * i], in[2 * i + 1]);
+}
+
+static void dd_sum_op(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    const double *a = in;
+    double *b = inout;
+    for (int i = 0; i < *len; i++)
+        rt_dd_add_dd(&b[2 * i], &b[2 * i + 1], a[2 * i], a[2 * i + 1]);
+}
+
+int rt_dd_mpi_init(MPI_Datatype *type, MPI_Op *op)
+{
+    if (MPI_Type_contiguous(2, MPI_DOUBLE, type) != MPI_SUCCESS ||
+        MPI_Type_commit(type) != MPI_SUCCESS || MPI_Op_create(dd_sum_op, 1, op) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "cannot create the MPI type and op for double-double sums");
+    return 0;
+}
+
+void rt_dd_mpi_fini(MPI_Datatype *type, MPI_Op *op)
+{
+    if (*op != MPI_OP_NULL)
+        MPI_Op_free(op);
+    if (*type != MPI_DATATYPE_NULL)
+        MPI_Type_free(type);
 }
 
 /* One rank: the gradients are already aligned with the unique rows found
@@ -615,11 +651,11 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
         sf_total += s->flt_sc[r];
         rf_total += s->flt_rc[r];
     }
-    /* 1. Pack the float64 gradients exactly where the rows came from, and
-     * send them (the float counts and displacements of the lookup, in
-     * doubles). */
-    double *sf = buf_need(&s->rflt, (size_t)(sf_total ? sf_total : 1) * sizeof(double));
-    double *rf = buf_need(&s->sflt, (size_t)(rf_total ? rf_total : 1) * sizeof(double));
+    /* 1. Pack the double-double gradients exactly where the rows came from,
+     * and send them (the float counts and displacements of the lookup, in
+     * pairs). */
+    double *sf = buf_need(&s->rflt, (size_t)(sf_total ? sf_total : 1) * 2 * sizeof(double));
+    double *rf = buf_need(&s->sflt, (size_t)(rf_total ? rf_total : 1) * 2 * sizeof(double));
     if (sf == NULL || rf == NULL)
         return KILN_ENOMEM;
     for (int t = 0; t < T; t++) {
@@ -636,19 +672,19 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
         int64_t n = s->nkeys[t];
 #pragma omp parallel for schedule(static) if (n > 4096)
         for (int64_t i = 0; i < n; i++)
-            memcpy(sf + f0[lr[i]] + (int64_t)lp[i] * dim, grads[t] + i * dim,
-                   sizeof(double) * (size_t)dim);
+            memcpy(sf + 2 * (f0[lr[i]] + (int64_t)lp[i] * dim), grads[t] + 2 * i * dim,
+                   2 * sizeof(double) * (size_t)dim);
         if (f0 != f0s)
             free(f0);
     }
-    MPI_CHECK(MPI_Alltoallv(sf, s->flt_sc, s->flt_sd, MPI_DOUBLE, rf, s->flt_rc, s->flt_rd,
-                            MPI_DOUBLE, s->comm),
+    MPI_CHECK(MPI_Alltoallv(sf, s->flt_sc, s->flt_sd, s->dd_type, rf, s->flt_rc, s->flt_rd,
+                            s->dd_type, s->comm),
               "MPI_Alltoallv of gradients");
-    s->bytes_last += (sf_total + rf_total) * (int64_t)sizeof(double);
+    s->bytes_last += (sf_total + rf_total) * 2 * (int64_t)sizeof(double);
 
-    /* 2. Owners sum the gradients of a row sent by several requesters, in
-     * requester order and in float64, into one entry per unique row, and
-     * round each sum to float32 once. */
+    /* 2. Owners sum the gradients of a row sent by several requesters as
+     * double-double pairs into one entry per unique row, and round each sum
+     * to float32 once. */
     const int32_t *rows = s->rrows.p;
     kern_slab_t *slabs = kiln_calloc((size_t)T, sizeof *slabs);
     if (slabs == NULL)
@@ -661,7 +697,8 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
         for (int r = 0; r < R; r++)
             m += s->rcnt[r * T + t];
         int32_t *urows = buf_need(&s->ug_rows[t], (size_t)(m ? m : 1) * sizeof(int32_t));
-        double *usum = buf_need(&s->ug_sum[t], (size_t)(m ? m : 1) * (size_t)dim * sizeof(double));
+        double *usum =
+            buf_need(&s->ug_sum[t], (size_t)(m ? m : 1) * (size_t)dim * 2 * sizeof(double));
         float *ugrad = buf_need(&s->ug_grads[t], (size_t)(m ? m : 1) * (size_t)dim * sizeof(float));
         if (urows == NULL || usum == NULL || ugrad == NULL) {
             rc = KILN_ENOMEM;
@@ -684,17 +721,17 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
             int64_t n = s->rcnt[r * T + t];
             for (int64_t i = 0; i < n; i++) {
                 int32_t row = rows[k0 + i];
-                const double *g = rf + f0 + i * dim;
+                const double *g = rf + 2 * (f0 + i * dim);
                 int32_t at = mark[row];
                 if (at < 0) {
                     at = (int32_t)u++;
                     mark[row] = at;
                     urows[at] = row;
-                    memcpy(usum + (int64_t)at * dim, g, sizeof(double) * (size_t)dim);
+                    memcpy(usum + 2 * (int64_t)at * dim, g, 2 * sizeof(double) * (size_t)dim);
                 } else {
-                    double *acc = usum + (int64_t)at * dim;
+                    double *acc = usum + 2 * (int64_t)at * dim;
                     for (int j = 0; j < dim; j++)
-                        acc[j] += g[j];
+                        rt_dd_add_dd(&acc[2 * j], &acc[2 * j + 1], g[2 * j], g[2 * j + 1]);
                 }
             }
         }

@@ -55,6 +55,7 @@
 #include "kern.h"
 #include "kiln.h"
 #include "rt_data.h"
+#include "rt_dd.h"
 #include "rt_device.h"
 #include "rt_ckpt.h"
 #include "rt_model.h"
@@ -130,8 +131,12 @@ typedef struct trainer {
     int64_t **tkeys, *tkeys_cap, *tn; /* (T) keys of each table's slots, concatenated */
     int32_t **tinv;                   /* (T) inverse index into the table's unique keys */
     int64_t **tuniq, *tuniq_cap, *nuniq;
-    double **tgrad;                   /* (T) (nuniq, d) float64 gradients of the unique keys */
+    double **tgrad;                   /* (T) (nuniq, d, 2) double-double gradients of the unique
+                                         keys (rt_dd.h) */
     int64_t *tgrad_cap;
+    double *dense_pairs;              /* (nparams, 2) the dense gradient for the allreduce */
+    MPI_Datatype dd_type;             /* a (hi, lo) pair, and the op that adds pairs */
+    MPI_Op dd_op;
     int64_t *slot_koff;               /* (S) first key of slot s in its table's list */
     int64_t *boff;                    /* (S, max_batch + 1) bag offsets rebased to 0 */
     kern_bags_t *bags;                /* (S) */
@@ -408,6 +413,12 @@ static int setup_model(trainer_t *tr)
                 .initial_accumulator = (float)o->initial_accumulator},
     };
     KILN_CHECK(rt_model_create(&cfg, &tr->model));
+    if (tr->nranks > 1) {
+        KILN_CHECK(rt_dd_mpi_init(&tr->dd_type, &tr->dd_op));
+        tr->dense_pairs = kiln_calloc(2 * rt_model_nparams(tr->model) + 2, sizeof(double));
+        if (tr->dense_pairs == NULL)
+            return KILN_ENOMEM;
+    }
     tr->max_batch = sp->train.batch_size;
     size_t S = (size_t)tr->S, T = (size_t)tr->T, B = (size_t)tr->max_batch;
     tr->tkeys = kiln_calloc(T, sizeof *tr->tkeys);
@@ -512,13 +523,13 @@ static int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t 
      * do not depend on the thread count. */
     for (int t = 0; t < T; t++)
         KILN_CHECK(grow((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
-                        sizeof(double)));
+                        2 * sizeof(double)));
     const float *dE = tr->E;
     const int64_t ldE = (int64_t)S * d;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < T; t++) {
-        double *g = tr->tgrad[t]; /* (nuniq[t], d) */
-        memset(g, 0, (size_t)(tr->nuniq[t] * d) * sizeof(double));
+        double *g = tr->tgrad[t]; /* (nuniq[t], d, 2) */
+        memset(g, 0, (size_t)(tr->nuniq[t] * d) * 2 * sizeof(double));
         for (int s = 0; s < S; s++) {
             if (tr->slot_table[s] != t)
                 continue;
@@ -529,22 +540,32 @@ static int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t 
                     bg->combine == KERN_COMBINE_MEAN && p1 > p0 ? 1.0f / (float)(p1 - p0) : 1.0f;
                 const float *go = dE + i * ldE + (int64_t)s * d; /* (d) */
                 for (int64_t p = p0; p < p1; p++) {
-                    double *acc = g + (int64_t)bg->rows[p] * d;
+                    double *acc = g + 2 * (int64_t)bg->rows[p] * d;
                     for (int j = 0; j < d; j++)
-                        acc[j] += (double)(go[j] * sc);
+                        rt_dd_add(&acc[2 * j], &acc[2 * j + 1], (double)(go[j] * sc));
                 }
             }
         }
     }
     KILN_CHECK(rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
 
-    /* float64 sums over the ranks too; rt_model_step rounds them once. */
-    double *g = rt_model_grads(tr->model);
+    /* Double-double sums over the ranks too; rt_model_step rounds them once. */
+    double *g = rt_model_grads(tr->model), *gl = rt_model_grads_lo(tr->model);
     size_t np = rt_model_nparams(tr->model);
     if (tr->nranks > 1) {
-        int mrc = MPI_Allreduce(MPI_IN_PLACE, g, (int)np, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        double *pair = tr->dense_pairs; /* (np, 2) */
+        for (size_t i = 0; i < np; i++) {
+            pair[2 * i] = g[i];
+            pair[2 * i + 1] = gl[i];
+        }
+        int mrc = MPI_Allreduce(MPI_IN_PLACE, pair, (int)np, tr->dd_type, tr->dd_op,
+                                MPI_COMM_WORLD);
         if (mrc != MPI_SUCCESS)
             return kiln_errf(KILN_EMPI, "MPI_Allreduce of dense gradients failed");
+        for (size_t i = 0; i < np; i++) {
+            g[i] = pair[2 * i];
+            gl[i] = pair[2 * i + 1];
+        }
     }
     KILN_CHECK(rt_model_step(tr->model));
     rt_model_zero_grad(tr->model);
@@ -1462,6 +1483,8 @@ static void trainer_fini(trainer_t *tr)
     free(tr->nuniq);
     free(tr->tgrad);
     free(tr->tgrad_cap);
+    free(tr->dense_pairs);
+    rt_dd_mpi_fini(&tr->dd_type, &tr->dd_op);
     free(tr->slot_koff);
     free(tr->boff);
     free(tr->bags);
@@ -1627,6 +1650,8 @@ out:
 int main(int argc, char **argv)
 {
     trainer_t tr = {0};
+    tr.dd_type = MPI_DATATYPE_NULL;
+    tr.dd_op = MPI_OP_NULL;
     int provided;
     const char *level = getenv("KILN_LOG");
     kiln_log_level_t lv;
