@@ -158,10 +158,10 @@ static char *resolve(const char *base, const char *path)
 }
 
 /* The partitions of data.train no succeeded run of the job consumed. */
-static int new_inputs(sched_t *s, const sched_job_t *job, const char *base,
-                      state_input_t **out, size_t *nout)
+static int new_inputs(sched_t *s, const sched_job_t *job, const job_spec_t *spec,
+                      const char *base, state_input_t **out, size_t *nout)
 {
-    char *pattern = resolve(base, job->spec.data.train);
+    char *pattern = resolve(base, spec->data.train);
     glob_t g = {0};
     state_input_t *ins = NULL;
     size_t n = 0;
@@ -249,7 +249,11 @@ static char *retry_checkpoint(sched_t *s, int64_t run_id)
 int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
 {
     const job_spec_t *spec = &job->spec;
-    char *base = spec_base_dir(s, job->row.id);
+    const char *spec_yaml = job->row.spec_yaml;
+    job_spec_t queued_spec;
+    char *queued_yaml = NULL;
+    bool own_spec = false;
+    char *base = NULL;
     state_input_t *ins = NULL;
     size_t nins = 0;
     char *run_dir = NULL, *hostfile = NULL, *list = NULL, *resume = NULL;
@@ -257,8 +261,34 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     int rc = 0;
     bool launching = false;
 
+    /* A run launches with the spec version it was queued under: the job may
+     * have been resubmitted since, and the run's lineage names its version. */
+    if (run->job_version > 0 && run->job_version != job->row.version) {
+        rc = state_job_version_spec(s->st, job->row.id, run->job_version, &queued_yaml);
+        if (rc == 0) {
+            rc = job_spec_parse(queued_yaml, strlen(queued_yaml), job->row.name, &queued_spec,
+                                NULL);
+            own_spec = rc == 0;
+        }
+        if (rc < 0) {
+            char *why = kiln_asprintf("spec version %d of job %s cannot be used: %s",
+                                      run->job_version, job->row.name, kiln_errmsg());
+            rc = state_run_transition(s->st, run->id, STATE_RUN_QUEUED, STATE_RUN_FAILED, -1,
+                                      why);
+            KILN_WARN("run %lld: %s", (long long)run->id, why ? why : "out of memory");
+            free(why);
+            rc = rc == KILN_ESTATE ? 0 : rc;
+            goto out;
+        }
+        spec = &queued_spec;
+        spec_yaml = queued_yaml;
+        KILN_INFO("run %lld launches with spec version %d of job %s (the job is at version %d)",
+                  (long long)run->id, run->job_version, job->row.name, job->row.version);
+    }
+    base = spec_base_dir(s, job->row.id);
+
     if (spec->data.incremental) {
-        rc = new_inputs(s, job, base, &ins, &nins);
+        rc = new_inputs(s, job, spec, base, &ins, &nins);
         if (rc < 0) {
             KILN_WARN("run %lld: %s; trying again later", (long long)run->id, kiln_errmsg());
             goto out;
@@ -289,7 +319,7 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
         goto out;
     }
     KILN_CHECK_GOTO(mkdir_p(run_dir), rc, out);
-    KILN_CHECK_GOTO(write_file(run_dir, "spec.yaml", job->row.spec_yaml), rc, out);
+    KILN_CHECK_GOTO(write_file(run_dir, "spec.yaml", spec_yaml), rc, out);
     char inputs_path[4096] = "", spec_path[4096];
     snprintf(spec_path, sizeof spec_path, "%s/spec.yaml", run_dir);
     if (spec->data.incremental) {
@@ -383,6 +413,9 @@ out:
     free(resume);
     free(run_dir);
     free(base);
+    if (own_spec)
+        job_spec_fini(&queued_spec);
+    free(queued_yaml);
     return rc;
 }
 

@@ -164,6 +164,32 @@ int state_job_get(state_t *st, const char *name, state_job_t *out)
     return rc;
 }
 
+static int version_spec_tx(state_t *st, int64_t job_id, int version, char **yaml)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading a job version";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_VERSION_SPEC, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", job_id, version), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "job %lld has no version %d", (long long)job_id, version);
+        goto out;
+    }
+    rc = state_col_str(s, 0, yaml);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_job_version_spec(state_t *st, int64_t job_id, int version, char **yaml)
+{
+    int rc;
+    *yaml = NULL;
+    STATE_READ(st, "reading a job version", rc, version_spec_tx(st, job_id, version, yaml));
+    return rc;
+}
+
 int state_job_get_by_id(state_t *st, int64_t id, state_job_t *out)
 {
     int rc;

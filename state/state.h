@@ -60,6 +60,9 @@ int state_job_put(state_t *st, const char *name, const char *spec_yaml, const ch
 /* KILN_ENOENT when there is no such job. */
 int state_job_get(state_t *st, const char *name, state_job_t *out /* OUT */);
 int state_job_get_by_id(state_t *st, int64_t id, state_job_t *out /* OUT */);
+/* The spec text of version `version` of a job (every version is kept), in
+ * *yaml (free it). KILN_ENOENT when the job has no such version. */
+int state_job_version_spec(state_t *st, int64_t job_id, int version, char **yaml /* OUT */);
 /* All jobs ordered by name. Free with state_jobs_free. */
 int state_job_list(state_t *st, state_job_t **out /* OUT */, size_t *n /* OUT */);
 int state_job_set_paused(state_t *st, int64_t job_id, bool paused);

@@ -65,6 +65,8 @@
       "UPDATE jobs SET last_scheduled_at = max(last_scheduled_at, ?2) "         \
       "WHERE id = ?1")                                                          \
     X(JOB_VERSION_OF, "SELECT version FROM jobs WHERE id = ?1")                 \
+    X(JOB_VERSION_SPEC,                                                         \
+      "SELECT spec_yaml FROM job_versions WHERE job_id = ?1 AND version = ?2")  \
     /* runs */                                                                  \
     X(RUN_INSERT,                                                               \
       "INSERT INTO runs (job_id, job_version, state, trigger, attempt, "        \

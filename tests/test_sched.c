@@ -310,6 +310,39 @@ static void test_submit_to_success(void **state)
     stop_kilnd(k, SIGTERM);
 }
 
+/* A run queued under spec version 1 launches with version 1 even though the
+ * job was resubmitted (version 2) before kilnd got to it; the run after it
+ * gets version 2. */
+static void test_queued_run_keeps_its_version(void **state)
+{
+    (void)state;
+    char spec[400], path[600], text[2048];
+    write_spec("ver", "train: {batch_size: 256, log_every: 2}\n", spec, sizeof spec);
+    submit(spec);
+    write_spec("ver", "train: {batch_size: 256, log_every: 3}\n", spec, sizeof spec);
+    submit(spec);
+    pid_t k = start_kilnd();
+    wait_run(1, STATE_RUN_SUCCEEDED, 60);
+    wait_run(2, STATE_RUN_SUCCEEDED, 60);
+    for (int id = 1; id <= 2; id++) {
+        state_run_t r;
+        get_run(id, &r);
+        assert_int_equal(r.job_version, id);
+        snprintf(path, sizeof path, "%s/spec.yaml", r.run_dir);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        text[n] = '\0';
+        fclose(f);
+        const char *want = id == 1 ? "log_every: 2" : "log_every: 3";
+        if (strstr(text, want) == NULL)
+            fail_msg("run %d (version %d) ran with a spec without \"%s\":\n%s", id,
+                     r.job_version, want, text);
+        state_run_fini(&r);
+    }
+    stop_kilnd(k, SIGTERM);
+}
+
 static void test_cancel(void **state)
 {
     (void)state;
@@ -507,7 +540,15 @@ static void test_kill9_recovery(void **state)
     state_run_fini(&r);
     for (int i = 0; i < 600 && access(status, F_OK) != 0; i++) /* ASan builds are slow */
         sleep_ms(100);
-    assert_int_equal(access(status, F_OK), 0);
+    if (access(status, F_OK) != 0) {
+        char cmd[1400];
+        fprintf(stderr, "no %s after 60 s; the run's log and kilnd's:\n", status);
+        snprintf(cmd, sizeof cmd, "tail -n 20 \"$(dirname '%.600s')/log\" '%s/kilnd.log' >&2",
+                 status, home);
+        if (system(cmd) != 0)
+            fprintf(stderr, "(could not show the logs)\n");
+        fail_msg("the run's supervisor wrote no status while kilnd was down");
+    }
     wait_run(2, STATE_RUN_RUNNING, 1); /* still recorded as running, still alive */
     k = start_kilnd();
     wait_run(1, STATE_RUN_SUCCEEDED, 10);
@@ -535,6 +576,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_submit_to_success, setup_home, teardown_home),
+        cmocka_unit_test_setup_teardown(test_queued_run_keeps_its_version, setup_home,
+                                        teardown_home),
         cmocka_unit_test_setup_teardown(test_cancel, setup_home, teardown_home),
         cmocka_unit_test_setup_teardown(test_timeout, setup_home, teardown_home),
         cmocka_unit_test_setup_teardown(test_rank_killed_then_retry, setup_home, teardown_home),
