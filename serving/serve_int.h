@@ -26,6 +26,11 @@ int serve_table_upsert(serve_table_t *t, int64_t n, const int64_t *keys,
 void serve_table_remove(serve_table_t *t, int64_t n, const int64_t *keys);
 /* The row of key, or NULL. Valid until the next change of t. */
 const float *serve_table_find(const serve_table_t *t, int64_t key);
+/* Copies up to cap live rows, starting at slot *pos (0 at first), into keys
+ * (cap) and values (cap, dim); returns how many, 0 at the end, and advances
+ * *pos. The order is the table's slot order. */
+int64_t serve_table_rows(const serve_table_t *t, size_t *pos, int64_t cap, int64_t *keys,
+                         float *values);
 int64_t serve_table_size(const serve_table_t *t);
 int serve_table_dim(const serve_table_t *t);
 

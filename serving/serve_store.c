@@ -19,8 +19,11 @@
  * of its recent pushes. chain.json is replaced by write-temp, fsync, rename,
  * so a kiln-serve killed at any point restarts with the old version or the
  * new one, never a mix; a restart replays the chain (checking checksums
- * again). A chain longer than CHAIN_MAX is not compacted yet: pushes keep
- * appending (see docs/serving-protocol.md, "Limits").
+ * again). A chain of more than CHAIN_MAX files is compacted after the delta
+ * that made it so: the version as it is in memory is written as one full
+ * push file (the same format, encoded by serve_wire), chain.json is switched
+ * to name it alone, and the old files are removed; a failure anywhere leaves
+ * the old chain in place (docs/serving-protocol.md, "On disk").
  */
 #include <stdlib.h>
 #include <dirent.h>
@@ -42,6 +45,8 @@
 #define PREDICT_BATCH 256
 #define MAX_SPLIT 16
 #define MAX_LABELS 64
+#define CHAIN_MAX 8           /* push files in a label's chain before compaction */
+#define COMPACT_ROWS 65536    /* rows copied per table per round while compacting */
 
 typedef struct idem {
     char key[128];
@@ -391,6 +396,138 @@ out:
     free(tmp);
     free(fin);
     return rc;
+}
+
+/* Writes version v (as held in memory) to dir/name as one full push file:
+ * temp file, fsync, rename, fsync dir. Returns 0 or a KILN_E* code. */
+static int write_full_file(const version_t *v, const char *dir, const char *name)
+{
+    serve_memsrc_t *m = NULL;
+    serve_source_t *src = NULL;
+    serve_enc_t *e = NULL;
+    int64_t *keys = NULL;
+    float *vals = NULL;
+    int fd = -1, rc = 0;
+    char *tmp = kiln_asprintf("%s/%s.tmp", dir, name);
+    char *dest = kiln_asprintf("%s/%s", dir, name);
+    int maxdim = 1;
+    for (int t = 0; t < v->desc.ntables; t++)
+        if (v->desc.tables[t].dim > maxdim)
+            maxdim = v->desc.tables[t].dim;
+    keys = kiln_malloc(sizeof *keys * COMPACT_ROWS);
+    vals = kiln_malloc(sizeof *vals * COMPACT_ROWS * (size_t)maxdim);
+    if (tmp == NULL || dest == NULL || keys == NULL || vals == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    KILN_CHECK_GOTO(serve_memsrc_create(&v->desc, v->uid, "", &m), rc, out);
+    for (int t = 0; t < v->desc.ntables; t++) {
+        size_t pos = 0;
+        int64_t n;
+        while ((n = serve_table_rows(v->tables[t], &pos, COMPACT_ROWS, keys, vals)) > 0)
+            KILN_CHECK_GOTO(serve_memsrc_add_rows(m, t, n, keys, vals), rc, out);
+    }
+    if (v->desc.nparams > 0)
+        KILN_CHECK_GOTO(serve_memsrc_set_dense(m, v->desc.nparams, v->dense), rc, out);
+    KILN_CHECK_GOTO(serve_memsrc_open(m, &src), rc, out);
+    KILN_CHECK_GOTO(serve_enc_create(src, 0, &e), rc, out);
+    src = NULL; /* owned by e */
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = kiln_errf(KILN_EIO, "cannot create %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    char buf[1 << 16];
+    for (;;) {
+        size_t got = 0;
+        KILN_CHECK_GOTO(serve_enc_read(e, buf, sizeof buf, &got), rc, out);
+        if (got == 0)
+            break;
+        for (size_t off = 0; off < got;) {
+            ssize_t w = write(fd, buf + off, got - off);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                rc = kiln_errf(errno == ENOSPC ? KILN_ENOSPC : KILN_EIO, "cannot write %s: %s",
+                               tmp, strerror(errno));
+                goto out;
+            }
+            off += (size_t)w;
+        }
+    }
+    if (fsync(fd) != 0) {
+        rc = kiln_errf(KILN_EIO, "fsync %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    close(fd);
+    fd = -1;
+    if (rename(tmp, dest) != 0) {
+        rc = kiln_errf(KILN_EIO, "cannot rename %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    rc = fsync_path(dir, true);
+out:
+    if (fd >= 0)
+        close(fd);
+    if (rc < 0 && tmp != NULL)
+        unlink(tmp);
+    serve_enc_destroy(e);
+    serve_source_destroy(src);
+    serve_memsrc_destroy(m);
+    free(keys);
+    free(vals);
+    free(tmp);
+    free(dest);
+    return rc;
+}
+
+/* Replaces v's chain of push files by one full file of its current state,
+ * once the chain is longer than CHAIN_MAX. The switch is chain.json's atomic
+ * replace: a crash before it leaves the old chain (and an orphan file that a
+ * later compaction overwrites or nobody reads), after it the new one. */
+static void compact_chain(sv_store_t *s, version_t *v, const char *dir)
+{
+    if (v->nfiles <= CHAIN_MAX)
+        return;
+    int64_t t0 = kiln_mono_ns();
+    char *name = kiln_asprintf("%08lld.kpush", (long long)v->next_seq);
+    char **files = kiln_calloc(1, sizeof *files);
+    if (name == NULL || files == NULL || write_full_file(v, dir, name) < 0) {
+        KILN_WARN("%s/%s: could not compact its %d push files (they stay as they are): %s",
+                  v->model, v->label, v->nfiles, name && files ? kiln_errmsg() : "out of memory");
+        free(name);
+        free(files);
+        return;
+    }
+    char **old = v->files;
+    int nold = v->nfiles;
+    files[0] = name;
+    v->files = files;
+    v->nfiles = 1;
+    v->next_seq++;
+    if (write_chain(s, v) < 0) {
+        KILN_WARN("%s/%s: compaction not committed, the old chain stays: %s", v->model,
+                  v->label, kiln_errmsg());
+        char *p = kiln_asprintf("%s/%s", dir, name);
+        if (p != NULL)
+            unlink(p);
+        free(p);
+        free(name);
+        free(files);
+        v->files = old;
+        v->nfiles = nold;
+        return;
+    }
+    for (int i = 0; i < nold; i++) {
+        char *p = kiln_asprintf("%s/%s", dir, old[i]);
+        if (p != NULL)
+            unlink(p);
+        free(p);
+        free(old[i]);
+    }
+    free(old);
+    KILN_INFO("%s/%s: compacted %d push files into %s in %.1f ms", v->model, v->label, nold,
+              v->files[0], (double)(kiln_mono_ns() - t0) / 1e6);
 }
 
 /* Loads one label directory. A directory without chain.json (a first push
@@ -824,6 +961,8 @@ void sv_push_end(sv_push_t *p, sv_answer_t *ans)
     remember(target, p->idem, ans);
     if (write_chain(s, target) < 0)
         KILN_ERROR("%s", kiln_errmsg());
+    else if (!full)
+        compact_chain(s, target, dir);
     if (full) {
         if (install_version(s, built) < 0) {
             answer_error(ans, 503, "out of memory");

@@ -181,3 +181,20 @@ const float *serve_table_find(const serve_table_t *t, int64_t key)
 
 int64_t serve_table_size(const serve_table_t *t) { return t->n; }
 int serve_table_dim(const serve_table_t *t) { return t->dim; }
+
+int64_t serve_table_rows(const serve_table_t *t, size_t *pos, int64_t cap, int64_t *keys,
+                         float *values)
+{
+    int64_t n = 0;
+    const size_t slots = t->mask + 1;
+    while (*pos < slots && n < cap) {
+        size_t i = (*pos)++;
+        if (t->srow[i] < 0)
+            continue;
+        keys[n] = t->skeys[i];
+        memcpy(values + (size_t)n * (size_t)t->dim, t->rows + (size_t)t->srow[i] * (size_t)t->dim,
+               sizeof(float) * (size_t)t->dim);
+        n++;
+    }
+    return n;
+}

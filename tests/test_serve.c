@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <jansson.h>
+#include <dirent.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -785,6 +786,95 @@ static void test_push_lookup_predict(void **state)
     serve_memsrc_destroy(delta);
 }
 
+static int count_push_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (d == NULL)
+        return -1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        n += len > 6 && strcmp(e->d_name + len - 6, ".kpush") == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The rows of a lookup of keys 1000..1299 in each table, as JSON. */
+static json_t *lookup_all(const server_t *srv, resp_t *r)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/lookup", srv->url);
+    json_t *all = json_array();
+    for (int t = 0; t < 3; t++) {
+        char body[4096];
+        int off = snprintf(body, sizeof body, "{\"label\":\"A\",\"table\":\"t%d\",\"keys\":[", t);
+        for (int k = 1000; k < 1300; k += 3)
+            off += snprintf(body + off, sizeof body - (size_t)off, "%s%d", k > 1000 ? "," : "", k);
+        snprintf(body + off, sizeof body - (size_t)off, "]}");
+        assert_int_equal(http("POST", url, NULL, body, strlen(body), r), 200);
+        json_t *j = json_loads(r->body, 0, NULL);
+        assert_non_null(j);
+        json_array_append(all, json_object_get(j, "rows"));
+        json_decref(j);
+    }
+    return all;
+}
+
+/* Eleven deltas on a full push: after the eighth the chain of nine push
+ * files is compacted into one full file, so the label directory ends with
+ * that file and the three deltas after it. What is served does not change,
+ * and a restart loads the compacted chain to the same rows and predictions. */
+static void test_chain_compacted(void **state)
+{
+    (void)state;
+    server_t srv;
+    server_new(&srv, "compact");
+    server_start(&srv, NULL, 0, true);
+    serve_memsrc_t *full = build("c-0", "", 1000, 300, 1, NULL, 0);
+    opener_t o = {.full = full};
+    serve_push_opts_t opt = popts();
+    serve_push_result_t res;
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    char uid[32], base[32] = "c-0", dir[700], h[64];
+    for (int i = 1; i <= 11; i++) {
+        int64_t del = 1000 + i;
+        snprintf(uid, sizeof uid, "c-%d", i);
+        serve_memsrc_t *d = build(uid, base, 1000 + 20 * i, 40, i + 1, &del, 1);
+        opener_t od = {.full = full, .delta = d, .delta_base = base};
+        assert_int_equal(push_one(&srv, "A", &od, base, &opt, &res), 0);
+        assert_true(res.ok);
+        assert_false(res.full);
+        serve_memsrc_destroy(d);
+        snprintf(base, sizeof base, "%s", uid);
+    }
+    snprintf(dir, sizeof dir, "%s/models/ctr/A", srv.dir);
+    assert_int_equal(count_push_files(dir), 4);
+    resp_t *r = calloc(1, sizeof *r);
+    json_t *before = lookup_all(&srv, r);
+    double p1[8], p2[8];
+    assert_int_equal(predict(&srv, "A", LINES, p1, 8), 3);
+
+    server_kill(&srv, SIGTERM);
+    server_start(&srv, NULL, 0, true);
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "c-11");
+    json_t *after = lookup_all(&srv, r);
+    assert_true(json_equal(before, after));
+    assert_int_equal(predict(&srv, "A", LINES, p2, 8), 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(p1[i] == p2[i]);
+    /* A deleted key stays deleted through the compaction. */
+    json_t *t0 = json_array_get(after, 0);
+    assert_true(json_is_null(json_array_get(t0, 1))); /* key 1003: deleted by c-3 */
+    json_decref(before);
+    json_decref(after);
+    server_kill(&srv, SIGTERM);
+    free(r);
+    serve_memsrc_destroy(full);
+}
+
 /* predict equals the trainer's forward path for a version whose content
  * the reference knows exactly (range keys only; line keys mostly miss). */
 static void test_predict_matches_model(void **state)
@@ -1410,6 +1500,7 @@ int main(void)
         cmocka_unit_test(test_wire_corrupt),
         cmocka_unit_test(test_table_model),
         cmocka_unit_test(test_push_lookup_predict),
+        cmocka_unit_test(test_chain_compacted),
         cmocka_unit_test(test_predict_matches_model),
         cmocka_unit_test(test_auth_and_bad_requests),
         cmocka_unit_test(test_fault_wrong_base_full),
