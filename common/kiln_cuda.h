@@ -1,7 +1,8 @@
 /*
  * common/kiln_cuda.h - the CUDA error checks every .cu file of Kiln uses:
  * a failed CUDA runtime call (or the cudaGetLastError after a launch)
- * becomes KILN_ECUDA with the call's text, CUDA's message and the place.
+ * becomes KILN_ECUDA with the call's text, CUDA's message, the place and
+ * what to check.
  * Only CUDA translation units include this header.
  */
 #ifndef KILN_COMMON_KILN_CUDA_H
@@ -11,13 +12,18 @@
 
 #include "kiln.h"
 
+/* What a user can check when a CUDA call fails. */
+#define KILN_CUDA_HINT                                                                     \
+    "check the GPU with nvidia-smi and that CUDA_VISIBLE_DEVICES lists a GPU for this "    \
+    "rank, or set device: cpu"
+
 /* Returns KILN_ECUDA from the enclosing function when call fails. */
 #define CUDA_CHECK(call)                                                                   \
     do {                                                                                   \
         cudaError_t cuda_err_ = (call);                                                    \
         if (cuda_err_ != cudaSuccess)                                                      \
-            return kiln_errf(KILN_ECUDA, "%s: %s (%s)", #call, cudaGetErrorString(cuda_err_), \
-                             KILN_WHERE);                                                  \
+            return kiln_errf(KILN_ECUDA, "%s: %s (%s); " KILN_CUDA_HINT, #call,           \
+                             cudaGetErrorString(cuda_err_), KILN_WHERE);                   \
     } while (0)
 
 /* Sets rc to KILN_ECUDA and jumps to label when call fails. */
@@ -25,7 +31,7 @@
     do {                                                                                   \
         cudaError_t cuda_err_ = (call);                                                    \
         if (cuda_err_ != cudaSuccess) {                                                    \
-            (rc) = kiln_errf(KILN_ECUDA, "%s: %s (%s)", #call,                             \
+            (rc) = kiln_errf(KILN_ECUDA, "%s: %s (%s); " KILN_CUDA_HINT, #call,            \
                              cudaGetErrorString(cuda_err_), KILN_WHERE);                   \
             goto label;                                                                    \
         }                                                                                  \

@@ -12,6 +12,7 @@
  */
 #define RT_COMM_IMPL
 #include "rt_comm.h"
+#include "rt_mpi.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -30,39 +31,6 @@ const char *rt_comm_kind_name(rt_comm_kind_t kind)
         return "nccl";
     }
     return "?";
-}
-
-static int mpi_fail(int err, const char *what)
-{
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS)
-        snprintf(msg, sizeof msg, "MPI error %d", err);
-    return kiln_errf(KILN_EMPI,
-                     "%s failed: %s (a rank may have died or the network failed; the "
-                     "mpirun output names the rank and host)",
-                     what, msg);
-}
-
-#define MPI_CHECK(call, what)                                                                      \
-    do {                                                                                           \
-        int mpi_rc_ = (call);                                                                      \
-        if (mpi_rc_ != MPI_SUCCESS)                                                                \
-            return mpi_fail(mpi_rc_, what);                                                        \
-    } while (0)
-
-/* Returns the smallest (worst) rc over the ranks of comm, so that every rank
- * takes the same branch (a rank that was fine gets a message pointing at the
- * others); KILN_EMPI when the agreement itself fails. Collective. */
-static int agree(MPI_Comm comm, int rc)
-{
-    int worst = rc;
-    int mrc = MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, comm);
-    if (mrc != MPI_SUCCESS)
-        return mpi_fail(mrc, "MPI_Allreduce of the comm status");
-    if (worst < 0 && rc == 0)
-        return kiln_errf(worst, "another rank failed (%s); see its log", kiln_errname(worst));
-    return worst;
 }
 
 int rt_comm_create(rt_comm_kind_t kind, MPI_Comm comm, rt_comm_t **out)
@@ -87,14 +55,14 @@ int rt_comm_create(rt_comm_kind_t kind, MPI_Comm comm, rt_comm_t **out)
     int mrc = MPI_Comm_dup(comm, &c->comm);
     if (mrc != MPI_SUCCESS) {
         c->comm = MPI_COMM_NULL;
-        rc = mpi_fail(mrc, "MPI_Comm_dup of the trainer's communicator");
+        rc = rt_mpi_fail(mrc, "MPI_Comm_dup of the trainer's communicator");
         goto out;
     }
     MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c->comm, &c->rank);
     MPI_Comm_size(c->comm, &c->size);
     c->iarg = kiln_calloc((size_t)4 * (size_t)c->size, sizeof *c->iarg);
-    KILN_CHECK_GOTO(agree(c->comm, c->iarg ? 0 : KILN_ENOMEM), rc, out);
+    KILN_CHECK_GOTO(rt_mpi_agree(c->comm, c->iarg ? 0 : KILN_ENOMEM, "rt_comm_create"), rc, out);
 #ifdef KILN_HAVE_CUDA
     if (kind == RT_COMM_NCCL)
         KILN_CHECK_GOTO(rt_comm_nccl_create(c, &c->nccl), rc, out);
@@ -192,8 +160,8 @@ int rt_comm_alltoallv(rt_comm_t *c, const void *sendbuf, const size_t *sendcount
     /* A rank whose sizes do not fit must not leave the others waiting in
      * MPI_Alltoallv: the ranks agree first (one int, cheap next to the
      * exchange). */
-    KILN_CHECK(agree(c->comm, rc));
-    MPI_CHECK(MPI_Alltoallv(sendbuf, sc, sd, MPI_BYTE, recvbuf, rcn, rd, MPI_BYTE, c->comm),
+    KILN_CHECK(rt_mpi_agree(c->comm, rc, "a collective"));
+    RT_MPI_CHECK(MPI_Alltoallv(sendbuf, sc, sd, MPI_BYTE, recvbuf, rcn, rd, MPI_BYTE, c->comm),
               "MPI_Alltoallv");
     return 0;
 }
@@ -208,7 +176,7 @@ int rt_comm_allreduce_sum_f64(rt_comm_t *c, double *buf, size_t count)
 #endif
     for (size_t off = 0; off < count; off += CHUNK) {
         const size_t k = count - off < CHUNK ? count - off : CHUNK;
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + off, (int)k, MPI_DOUBLE, MPI_SUM, c->comm),
+        RT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + off, (int)k, MPI_DOUBLE, MPI_SUM, c->comm),
                   "MPI_Allreduce of float64 sums");
     }
     return 0;
@@ -227,7 +195,7 @@ int rt_comm_bcast(rt_comm_t *c, void *buf, size_t bytes, int root)
 #endif
     for (size_t off = 0; off < bytes; off += CHUNK) {
         const size_t k = bytes - off < CHUNK ? bytes - off : CHUNK;
-        MPI_CHECK(MPI_Bcast((char *)buf + off, (int)k, MPI_BYTE, root, c->comm), "MPI_Bcast");
+        RT_MPI_CHECK(MPI_Bcast((char *)buf + off, (int)k, MPI_BYTE, root, c->comm), "MPI_Bcast");
     }
     return 0;
 }

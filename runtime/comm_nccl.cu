@@ -19,6 +19,8 @@
 #define MPICH_SKIP_MPICXX 1
 #define RT_COMM_IMPL
 #include "rt_comm.h"
+#include "rt_mpi.h"
+#include "kiln_cuda.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -32,14 +34,6 @@ struct rt_comm_nccl {
     int device;
 };
 
-static int cuda_fail(cudaError_t e, const char *call, const char *where)
-{
-    return kiln_errf(KILN_ECUDA,
-                     "%s: %s (%s); check the GPU with nvidia-smi and that CUDA_VISIBLE_DEVICES "
-                     "lists a GPU for this rank, or set device: cpu",
-                     call, cudaGetErrorString(e), where);
-}
-
 static int nccl_fail(ncclResult_t r, ncclComm_t comm, const char *what, const char *where)
 {
     const char *last = ncclGetLastError(comm);
@@ -50,13 +44,6 @@ static int nccl_fail(ncclResult_t r, ncclComm_t comm, const char *what, const ch
                      where);
 }
 
-#define CUDA_CHECK(call)                                                                           \
-    do {                                                                                           \
-        cudaError_t cuda_err_ = (call);                                                            \
-        if (cuda_err_ != cudaSuccess)                                                              \
-            return cuda_fail(cuda_err_, #call, KILN_WHERE);                                        \
-    } while (0)
-
 #define NCCL_CHECK(call, comm, what)                                                               \
     do {                                                                                           \
         ncclResult_t nccl_rc_ = (call);                                                            \
@@ -64,38 +51,13 @@ static int nccl_fail(ncclResult_t r, ncclComm_t comm, const char *what, const ch
             return nccl_fail(nccl_rc_, (comm), (what), KILN_WHERE);                                \
     } while (0)
 
-/* The MPI and agreement helpers of comm_mpi.c, repeated here so that
- * kiln_runtime_cuda needs nothing from kiln_comm (which links it). */
-static int mpi_fail(int err, const char *what)
-{
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS)
-        snprintf(msg, sizeof msg, "MPI error %d", err);
-    return kiln_errf(KILN_EMPI, "%s failed: %s (the mpirun output names a rank that died)", what,
-                     msg);
-}
-
-/* Returns the worst rc over the ranks so that all take the same branch. */
-static int agree(MPI_Comm comm, int rc)
-{
-    int worst = rc;
-    int mrc = MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, comm);
-    if (mrc != MPI_SUCCESS)
-        return mpi_fail(mrc, "MPI_Allreduce of the NCCL setup status");
-    if (worst < 0 && rc == 0)
-        return kiln_errf(worst, "NCCL setup failed on another rank (%s); see its log",
-                         kiln_errname(worst));
-    return worst;
-}
-
 /* This rank's index among the ranks of its host, and how many there are. */
 static int local_rank(MPI_Comm comm, int rank, int *lrank, int *lsize)
 {
     MPI_Comm local;
     int mrc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
     if (mrc != MPI_SUCCESS)
-        return mpi_fail(mrc, "MPI_Comm_split_type (ranks per host)");
+        return rt_mpi_fail(mrc, "MPI_Comm_split_type (ranks per host)");
     MPI_Comm_rank(local, lrank);
     MPI_Comm_size(local, lsize);
     MPI_Comm_free(&local);
@@ -141,7 +103,7 @@ extern "C" int rt_comm_nccl_create(rt_comm_t *c, rt_comm_nccl_t **out)
         rc = KILN_ENOMEM;
     else
         rc = bind_device(c, n, lrank, lsize);
-    KILN_CHECK_GOTO(agree(c->comm, rc), rc, out);
+    KILN_CHECK_GOTO(rt_mpi_agree(c->comm, rc, "NCCL setup"), rc, out);
 
     memset(&msg, 0, sizeof msg);
     if (c->rank == 0) {
@@ -152,7 +114,7 @@ extern "C" int rt_comm_nccl_create(rt_comm_t *c, rt_comm_nccl_t **out)
     {
         int mrc = MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, c->comm);
         if (mrc != MPI_SUCCESS) {
-            rc = mpi_fail(mrc, "MPI_Bcast of the NCCL unique id");
+            rc = rt_mpi_fail(mrc, "MPI_Bcast of the NCCL unique id");
             goto out;
         }
     }
@@ -169,7 +131,7 @@ extern "C" int rt_comm_nccl_create(rt_comm_t *c, rt_comm_nccl_t **out)
             rc = nccl_fail(r, NULL, "ncclCommInitRank", KILN_WHERE);
         }
     }
-    KILN_CHECK_GOTO(agree(c->comm, rc), rc, out);
+    KILN_CHECK_GOTO(rt_mpi_agree(c->comm, rc, "NCCL setup"), rc, out);
     *out = n;
     n = NULL;
 out:

@@ -280,8 +280,7 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
     /* Batches that are multiples of 256 rows per rank run the per-row GEMMs
      * in 256-row calls and the weight gradients in 256-row float32 blocks;
      * others in 16-row calls and float64 (model_blas.c). */
-    m->grad_blocks = m->max_batch % RT_GRAD_BLOCK == 0;
-    m->row_block = m->grad_blocks ? RT_GRAD_BLOCK : RT_ROW_BLOCK;
+    m->row_block = m->max_batch % RT_GRAD_BLOCK == 0 ? RT_GRAD_BLOCK : RT_ROW_BLOCK;
     /* rt_grad_gemm's 256-row path: a float32 product per OpenMP thread. */
     m->wgT_cap = 1;
     if (m->type == RT_MODEL_DLRM)

@@ -145,7 +145,7 @@ void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int 
     const size_t cnt = (size_t)rows * (size_t)cols;
     double *L = m->grads_lo + (G - m->grads); /* G's low parts */
     int done = 0;
-    if (m->grad_blocks && cnt >= 1024 && cnt <= m->wgT_cap) {
+    if (m->row_block == RT_GRAD_BLOCK && cnt >= 1024 && cnt <= m->wgT_cap) {
         /* Whole 256-row blocks: one float32 SGEMM each, always of the same
          * shape, added into G in float64 (order does not matter there). */
         const int nblk = n / RT_GRAD_BLOCK;

@@ -290,8 +290,10 @@ struct rt_model {
     float **wgT;
     int wgT_n;
     size_t wgT_cap;
-    int grad_blocks; /* max_batch % RT_GRAD_BLOCK == 0: the 256-row paths */
-    int row_block;   /* rt_gemm_rows' rows per call: 256 with grad_blocks, else 16 */
+    /* rows per BLAS call of rt_gemm_rows: RT_GRAD_BLOCK when max_batch is a
+     * multiple of it (then rt_grad_gemm takes its 256-row path too), else
+     * RT_ROW_BLOCK */
+    int row_block;
     int maxc; /* the widest operand of any product */
 };
 

@@ -10,6 +10,7 @@
  */
 #include "rt_shard.h"
 #include "rt_dd.h"
+#include "rt_mpi.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +161,7 @@ struct rt_shard {
     buf_t *ug_sum;             /* owners' float64 sums before rounding */
     int64_t bytes_last;
     MPI_Datatype dd_type; /* a (hi, lo) gradient pair; MPI_DATATYPE_NULL on 1 rank */
+    MPI_Op dd_op;         /* (rt_dd_mpi_init makes both; only the type is used here) */
 };
 
 int rt_shard_create(MPI_Comm comm, int ntables, kern_table_t *const *tables, rt_shard_t **out)
@@ -170,14 +172,11 @@ int rt_shard_create(MPI_Comm comm, int ntables, kern_table_t *const *tables, rt_
         return KILN_ENOMEM;
     s->comm = comm;
     s->dd_type = MPI_DATATYPE_NULL;
+    s->dd_op = MPI_OP_NULL;
     MPI_Comm_rank(comm, &s->rank);
     MPI_Comm_size(comm, &s->nranks);
-    if (s->nranks > 1 && (MPI_Type_contiguous(2, MPI_DOUBLE, &s->dd_type) != MPI_SUCCESS ||
-                          MPI_Type_commit(&s->dd_type) != MPI_SUCCESS)) {
-        s->dd_type = MPI_DATATYPE_NULL;
-        rc = kiln_errf(KILN_EMPI, "cannot create the MPI type of a gradient pair");
-        goto out;
-    }
+    if (s->nranks > 1)
+        KILN_CHECK_GOTO(rt_dd_mpi_init(&s->dd_type, &s->dd_op), rc, out);
     s->ntables = ntables;
     size_t R = (size_t)s->nranks, T = (size_t)ntables;
     s->tables = kiln_calloc(T, sizeof *s->tables);
@@ -257,25 +256,9 @@ void rt_shard_destroy(rt_shard_t *s)
     free(s->rrows.p);
     free(s->sflt.p);
     free(s->rflt.p);
-    if (s->dd_type != MPI_DATATYPE_NULL)
-        MPI_Type_free(&s->dd_type);
+    rt_dd_mpi_fini(&s->dd_type, &s->dd_op);
     free(s);
 }
-
-static int mpi_fail(int err, const char *what)
-{
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(err, msg, &len);
-    return kiln_errf(KILN_EMPI, "%s failed: %s", what, msg);
-}
-
-#define MPI_CHECK(call, what)                                                 \
-    do {                                                                      \
-        int mpi_rc_ = (call);                                                 \
-        if (mpi_rc_ != MPI_SUCCESS)                                           \
-            return mpi_fail(mpi_rc_, what);                                   \
-    } while (0)
 
 /* Fills per-rank counts and displacements (in keys and in floats) from a
  * (nranks x ntables) count matrix. Returns the totals. */
@@ -468,7 +451,7 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
         }
         s->nkeys[t] = n;
     }
-    MPI_CHECK(MPI_Alltoall(s->scnt, T, MPI_INT, s->rcnt, T, MPI_INT, s->comm),
+    RT_MPI_CHECK(MPI_Alltoall(s->scnt, T, MPI_INT, s->rcnt, T, MPI_INT, s->comm),
               "MPI_Alltoall of key counts");
 
     int64_t sk_total, sf_total, rk_total, rf_total;
@@ -493,7 +476,7 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
                     sk[k0 + lp[i]] = keys[t][i];
         }
     }
-    MPI_CHECK(MPI_Alltoallv(sk, s->key_sc, s->key_sd, MPI_INT64_T, rk, s->key_rc, s->key_rd,
+    RT_MPI_CHECK(MPI_Alltoallv(sk, s->key_sc, s->key_sd, MPI_INT64_T, rk, s->key_rc, s->key_rd,
                             MPI_INT64_T, s->comm),
               "MPI_Alltoallv of keys");
 
@@ -512,7 +495,7 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
     free(seg);
     /* Every rank must learn whether any owner failed before going on. */
     int worst = rc;
-    MPI_CHECK(MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, s->comm), "MPI_Allreduce of status");
+    RT_MPI_CHECK(MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, s->comm), "MPI_Allreduce of status");
     if (worst < 0) {
         if (rc == 0)
             return kiln_errf(worst, "another rank failed its embedding lookup (%s)",
@@ -544,7 +527,7 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
             }
         }
     }
-    MPI_CHECK(MPI_Alltoallv(sf, s->flt_rc, s->flt_rd, MPI_FLOAT, rf, s->flt_sc, s->flt_sd,
+    RT_MPI_CHECK(MPI_Alltoallv(sf, s->flt_rc, s->flt_rd, MPI_FLOAT, rf, s->flt_sc, s->flt_sd,
                             MPI_FLOAT, s->comm),
               "MPI_Alltoallv of rows");
 
@@ -594,9 +577,16 @@ static void dd_sum_op(void *in, void *inout, int *len, MPI_Datatype *type)
 
 int rt_dd_mpi_init(MPI_Datatype *type, MPI_Op *op)
 {
-    if (MPI_Type_contiguous(2, MPI_DOUBLE, type) != MPI_SUCCESS ||
-        MPI_Type_commit(type) != MPI_SUCCESS || MPI_Op_create(dd_sum_op, 1, op) != MPI_SUCCESS)
-        return kiln_errf(KILN_EMPI, "cannot create the MPI type and op for double-double sums");
+    MPI_Datatype t = MPI_DATATYPE_NULL;
+    *type = MPI_DATATYPE_NULL;
+    *op = MPI_OP_NULL;
+    if (MPI_Type_contiguous(2, MPI_DOUBLE, &t) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "cannot create the MPI type of double-double sums");
+    *type = t;
+    if (MPI_Type_commit(type) != MPI_SUCCESS || MPI_Op_create(dd_sum_op, 1, op) != MPI_SUCCESS) {
+        rt_dd_mpi_fini(type, op);
+        return kiln_errf(KILN_EMPI, "cannot create the MPI type and op of double-double sums");
+    }
     return 0;
 }
 
@@ -677,7 +667,7 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
         if (f0 != f0s)
             free(f0);
     }
-    MPI_CHECK(MPI_Alltoallv(sf, s->flt_sc, s->flt_sd, s->dd_type, rf, s->flt_rc, s->flt_rd,
+    RT_MPI_CHECK(MPI_Alltoallv(sf, s->flt_sc, s->flt_sd, s->dd_type, rf, s->flt_rc, s->flt_rd,
                             s->dd_type, s->comm),
               "MPI_Alltoallv of gradients");
     s->bytes_last += (sf_total + rf_total) * 2 * (int64_t)sizeof(double);

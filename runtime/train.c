@@ -1101,6 +1101,23 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
     return rc;
 }
 
+/* Gathers every rank's row count on rank 0 and lays the rows out one rank
+ * after another there: *counts, *displs (freed by the caller) and *total on
+ * rank 0, NULL and 0 elsewhere. Collective. */
+static void gather_layout(const trainer_t *tr, int mine, int **counts, int **displs,
+                          int64_t *total)
+{
+    *counts = tr->rank == 0 ? kiln_calloc((size_t)tr->nranks, sizeof(int)) : NULL;
+    *displs = tr->rank == 0 ? kiln_calloc((size_t)tr->nranks, sizeof(int)) : NULL;
+    MPI_Gather(&mine, 1, MPI_INT, *counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    *total = 0;
+    if (tr->rank == 0)
+        for (int i = 0; i < tr->nranks; i++) {
+            (*displs)[i] = (int)*total;
+            *total += (*counts)[i];
+        }
+}
+
 /* Predicts every eval row (lookups insert nothing) and computes logloss and
  * AUC on rank 0 over all ranks' predictions. */
 static int evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, double *logloss,
@@ -1135,16 +1152,11 @@ static int evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, doub
 
     /* Gather every rank's predictions on rank 0. */
     int mine = (int)n;
-    int *counts = tr->rank == 0 ? kiln_calloc((size_t)tr->nranks, sizeof(int)) : NULL;
-    int *displs = tr->rank == 0 ? kiln_calloc((size_t)tr->nranks, sizeof(int)) : NULL;
-    MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    int64_t total = 0;
+    int *counts, *displs;
+    int64_t total;
+    gather_layout(tr, mine, &counts, &displs, &total);
     float *all_p = NULL, *all_l = NULL;
     if (tr->rank == 0) {
-        for (int i = 0; i < tr->nranks; i++) {
-            displs[i] = (int)total;
-            total += counts[i];
-        }
         all_p = kiln_calloc((size_t)total + 1, sizeof(float));
         all_l = kiln_calloc((size_t)total + 1, sizeof(float));
     }
@@ -1213,17 +1225,9 @@ static int predict_rows(trainer_t *tr, char **files, int nfiles, float **probs_o
     log_malformed(tr, r, "predict");
 
     int mine = (int)n;
+    int64_t total;
+    gather_layout(tr, mine, &counts, &displs, &total);
     if (tr->rank == 0) {
-        counts = kiln_calloc((size_t)tr->nranks, sizeof(int));
-        displs = kiln_calloc((size_t)tr->nranks, sizeof(int));
-    }
-    MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    int64_t total = 0;
-    if (tr->rank == 0) {
-        for (int i = 0; i < tr->nranks; i++) {
-            displs[i] = (int)total;
-            total += counts[i];
-        }
         all_p = kiln_calloc((size_t)total + 1, sizeof(float));
         all_i = kiln_calloc((size_t)total + 1, sizeof(int64_t));
     }

@@ -398,38 +398,95 @@ out:
     return rc;
 }
 
-/* Writes version v (as held in memory) to dir/name as one full push file:
- * temp file, fsync, rename, fsync dir. Returns 0 or a KILN_E* code. */
-static int write_full_file(const version_t *v, const char *dir, const char *name)
+/* A push source over a version as held in memory: every table's rows in
+ * rounds of COMPACT_ROWS (copied into one buffer, so compaction needs memory
+ * for a round, not for a second copy of the version), then the dense model.
+ * Compaction encodes it; the write lock keeps the version still meanwhile. */
+typedef struct vsrc {
+    const version_t *v;
+    int table;
+    size_t pos;
+    bool dense_done;
+    int64_t *keys;
+    float *vals;
+} vsrc_t;
+
+static int vsrc_next(serve_source_t *s, serve_item_t *item)
 {
-    serve_memsrc_t *m = NULL;
-    serve_source_t *src = NULL;
-    serve_enc_t *e = NULL;
-    int64_t *keys = NULL;
-    float *vals = NULL;
-    int fd = -1, rc = 0;
-    char *tmp = kiln_asprintf("%s/%s.tmp", dir, name);
-    char *dest = kiln_asprintf("%s/%s", dir, name);
+    vsrc_t *c = s->impl;
+    const version_t *v = c->v;
+    for (; c->table < v->desc.ntables; c->table++, c->pos = 0) {
+        int64_t n = serve_table_rows(v->tables[c->table], &c->pos, COMPACT_ROWS, c->keys, c->vals);
+        if (n > 0) {
+            *item = (serve_item_t){SERVE_ITEM_ROWS, c->table, n, c->keys, c->vals};
+            return 1;
+        }
+    }
+    if (!c->dense_done && v->desc.nparams > 0) {
+        c->dense_done = true;
+        *item = (serve_item_t){SERVE_ITEM_DENSE, 0, v->desc.nparams, NULL, v->dense};
+        return 1;
+    }
+    return 0;
+}
+
+static void vsrc_destroy(serve_source_t *s)
+{
+    vsrc_t *c = s->impl;
+    if (c != NULL) {
+        free(c->keys);
+        free(c->vals);
+    }
+    free(c);
+    free(s);
+}
+
+static const serve_source_ops_t vsrc_ops = {vsrc_next, vsrc_destroy};
+
+static int vsrc_open(const version_t *v, serve_source_t **out)
+{
+    serve_source_t *s = kiln_calloc(1, sizeof *s);
+    vsrc_t *c = kiln_calloc(1, sizeof *c);
     int maxdim = 1;
     for (int t = 0; t < v->desc.ntables; t++)
         if (v->desc.tables[t].dim > maxdim)
             maxdim = v->desc.tables[t].dim;
-    keys = kiln_malloc(sizeof *keys * COMPACT_ROWS);
-    vals = kiln_malloc(sizeof *vals * COMPACT_ROWS * (size_t)maxdim);
-    if (tmp == NULL || dest == NULL || keys == NULL || vals == NULL) {
+    if (c != NULL) {
+        c->v = v;
+        c->keys = kiln_malloc(sizeof *c->keys * COMPACT_ROWS);
+        c->vals = kiln_malloc(sizeof *c->vals * COMPACT_ROWS * (size_t)maxdim);
+    }
+    if (s == NULL || c == NULL || c->keys == NULL || c->vals == NULL) {
+        free(s);
+        if (c != NULL) {
+            free(c->keys);
+            free(c->vals);
+        }
+        free(c);
+        return KILN_ENOMEM;
+    }
+    s->ops = &vsrc_ops;
+    s->impl = c;
+    s->desc = &v->desc;
+    snprintf(s->uid, sizeof s->uid, "%s", v->uid);
+    *out = s;
+    return 0;
+}
+
+/* Writes version v (as held in memory) to dir/name as one full push file:
+ * temp file, fsync, rename, fsync dir. Returns 0 or a KILN_E* code. */
+static int write_full_file(const version_t *v, const char *dir, const char *name)
+{
+    serve_source_t *src = NULL;
+    serve_enc_t *e = NULL;
+    int fd = -1, rc = 0;
+    char *tmp = kiln_asprintf("%s/%s.tmp", dir, name);
+    char *dest = kiln_asprintf("%s/%s", dir, name);
+    if (tmp == NULL || dest == NULL) {
         rc = KILN_ENOMEM;
         goto out;
     }
-    KILN_CHECK_GOTO(serve_memsrc_create(&v->desc, v->uid, "", &m), rc, out);
-    for (int t = 0; t < v->desc.ntables; t++) {
-        size_t pos = 0;
-        int64_t n;
-        while ((n = serve_table_rows(v->tables[t], &pos, COMPACT_ROWS, keys, vals)) > 0)
-            KILN_CHECK_GOTO(serve_memsrc_add_rows(m, t, n, keys, vals), rc, out);
-    }
-    if (v->desc.nparams > 0)
-        KILN_CHECK_GOTO(serve_memsrc_set_dense(m, v->desc.nparams, v->dense), rc, out);
-    KILN_CHECK_GOTO(serve_memsrc_open(m, &src), rc, out);
+    KILN_CHECK_GOTO(vsrc_open(v, &src), rc, out);
     KILN_CHECK_GOTO(serve_enc_create(src, 0, &e), rc, out);
     src = NULL; /* owned by e */
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -473,9 +530,6 @@ out:
         unlink(tmp);
     serve_enc_destroy(e);
     serve_source_destroy(src);
-    serve_memsrc_destroy(m);
-    free(keys);
-    free(vals);
     free(tmp);
     free(dest);
     return rc;
