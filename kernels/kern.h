@@ -47,7 +47,9 @@ typedef struct {
     float init_scale;       /* s of U(-s, s) or N(0, s) */
     uint64_t seed;          /* the table's seed: init depends on (seed, key) only */
     kern_evict_t evict;     /* what to do when full */
-    float evict_fraction;   /* share of capacity evicted per batch; 0 -> 0.01 */
+    float evict_fraction;   /* share of a segment's rows evicted per batch; 0 -> 0.01 */
+    int64_t segment_rows;   /* most rows per index segment; 0 -> 2^24 - 1, the most a
+                               3-byte slot addresses (tests set it low to get segments) */
 } kern_table_config_t;
 
 typedef struct kern_table kern_table_t;
@@ -75,7 +77,8 @@ typedef struct {
 typedef struct {
     int64_t size;             /* live rows */
     int64_t capacity;
-    int64_t nslots;           /* hash index slots (a power of two) */
+    int64_t nslots;           /* hash index slots, all segments */
+    int nsegments;            /* index segments (1 below 2^24 rows) */
     int64_t evictions;        /* rows evicted since creation */
     int64_t eviction_batches; /* eviction rounds run since creation */
     int64_t changed_pending;  /* rows on the change list */
@@ -92,7 +95,8 @@ void kern_table_destroy(kern_table_t *t);
 /* Maps each of keys[n] to its row, inserting missing keys with their seeded
  * initial row (zero optimizer state, stamp = step, put on the change list)
  * and counting a use of every key at `step` (for lru/lfu). Duplicates in
- * keys get the same row. When the new keys do not fit, lru/lfu evict a batch
+ * keys get the same row. When the new keys do not fit (in the index segment
+ * they hash to, for tables of 2^24 rows or more), lru/lfu evict a batch there
  * first (see docs/kernels.md; rows used at `step` are never evicted) and
  * `none` refuses: nothing is inserted and KILN_EFULL says which table.
  * Returns 0, KILN_EFULL or KILN_ENOMEM. rows is (n). */

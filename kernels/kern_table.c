@@ -6,11 +6,16 @@
  * capacity-sized arrays indexed by row id - keys, values (dim floats),
  * optimizer state, adam update counts, stamps, for lru the step of last use
  * and for lfu the use count. The hash index is an open-addressing table of
- * 3-byte slots (4 when the capacity needs 25 bits or more) holding row id + 1
- * (0 = empty), growing up to capacity / 0.8 slots, probed linearly and
- * compared through keys[row]; deletion shifts the probe run back instead of
- * leaving tombstones. Free rows are chained through their keys[] entry, and
- * their stamp is -1.
+ * 3-byte slots holding row id + 1 (0 = empty), growing up to capacity / 0.8
+ * slots, probed linearly and compared through keys[row]; deletion shifts the
+ * probe run back instead of leaving tombstones. Free rows are chained through
+ * their keys[] entry, and their stamp is -1.
+ *
+ * Segments: a 3-byte slot addresses 2^24 - 1 rows, so a table with more rows
+ * is split into segments of at most that many: each owns a contiguous range
+ * of the slab, its own index, free chain and high-water mark, and evicts
+ * within itself. A key's segment is picked by the low 32 bits of its hash
+ * (the home slot uses the top 32). A table below 2^24 rows is one segment.
  *
  * A new key's row is a pure function of (table seed, key) (kern_ops.h), so
  * training is reproducible across rank counts and insertion orders.
@@ -21,6 +26,7 @@
  */
 #include "kern.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,8 +45,23 @@
  * cleared when the first of its rows is used at a new step. */
 #define FREQ_MAX KERN_FREQ_MAX
 #define FREQ_USED 0x8000u
-/* A slot holds row id + 1 in SLOT3 bytes when that fits in 24 bits. */
-#define SLOT3 3
+/* A slot holds a segment-local row id + 1 in SLOT_BYTES bytes, so a
+ * segment has at most SEG_MAX_ROWS rows. */
+#define SLOT_BYTES 3
+#define SEG_MAX_ROWS (((int64_t)1 << 24) - 1)
+
+/* One segment: rows [base, base + cap) of the slab and the index over them. */
+typedef struct {
+    int64_t base;
+    int64_t cap;
+    int64_t hiwater;   /* rows [base, base + hiwater) have been handed out once */
+    int64_t size;      /* live rows */
+    int64_t free_head; /* first row (a slab row id) of the free chain, NO_ROW when empty */
+    int64_t pending;   /* scratch: new keys an insert brings to this segment */
+    uint8_t *slots;    /* (nslots * SLOT_BYTES) local row id + 1, little endian, 0 = empty */
+    int64_t nslots;    /* now: grows with the live rows ... */
+    int64_t max_slots; /* ... up to cap / MAX_LOAD */
+} seg_t;
 
 struct kern_table {
     char *name;
@@ -52,7 +73,7 @@ struct kern_table {
     float init_scale;
     uint64_t seed;
     kern_evict_t evict;
-    int64_t evict_batch;
+    double evict_fraction; /* of a segment's rows, per eviction round */
 
     /* The slab, (capacity) rows. */
     int64_t *keys;       /* key of a live row; next free row of a free one */
@@ -66,15 +87,12 @@ struct kern_table {
     int64_t last_step;   /* the largest step seen by a use */
     int64_t swept;       /* step of the last age sweep */
 
-    /* The index. */
-    uint8_t *slots;    /* (nslots * slot_bytes) row id + 1, little endian, 0 = empty */
-    int slot_bytes;    /* 3, or 4 when capacity >= 2^24 */
-    int64_t nslots;    /* now: grows with the live rows ... */
-    int64_t max_slots; /* ... up to capacity / MAX_LOAD */
+    /* The index, in segments of seg_rows rows (the last may be shorter). */
+    seg_t *seg;
+    int nseg;
+    int64_t seg_rows;
 
-    int64_t size;      /* live rows */
-    int64_t hiwater;   /* rows [0, hiwater) have been handed out once */
-    int64_t free_head; /* first row of the free chain, NO_ROW when empty */
+    int64_t size; /* live rows, all segments */
 
     /* Change tracking: a bit per row, and a summary bit per 64-row word. */
     uint64_t *chg;     /* (capacity/64) row changed since base */
@@ -110,103 +128,125 @@ static void big_free(void *p, size_t bytes)
 
 /* ---- index ------------------------------------------------------------------ */
 
-/* Returns slot i's content: row id + 1, 0 when empty. */
-static inline uint32_t slot_get(const kern_table_t *t, uint64_t i)
+/* Returns slot i's content: local row id + 1, 0 when empty. */
+static inline uint32_t slot_get(const seg_t *g, uint64_t i)
 {
-    const uint8_t *p = t->slots + i * (uint64_t)t->slot_bytes;
-    uint32_t v = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
-    return t->slot_bytes == SLOT3 ? v : v | (uint32_t)p[3] << 24;
+    const uint8_t *p = g->slots + i * SLOT_BYTES;
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
 }
 
-static inline void slot_set(kern_table_t *t, uint64_t i, uint32_t v)
+static inline void slot_set(seg_t *g, uint64_t i, uint32_t v)
 {
-    uint8_t *p = t->slots + i * (uint64_t)t->slot_bytes;
+    uint8_t *p = g->slots + i * SLOT_BYTES;
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
     p[2] = (uint8_t)(v >> 16);
-    if (t->slot_bytes != SLOT3)
-        p[3] = (uint8_t)(v >> 24);
 }
 
-/* The home slot of key: the top 32 bits of its hash scaled to [0, nslots)
- * (nslots < 2^32, and need not be a power of two). */
-static inline uint64_t slot_of(const kern_table_t *t, int64_t key)
+/* The slab row slot i of segment g points to (it must not be empty). */
+static inline int64_t slot_row(const seg_t *g, uint64_t i)
 {
-    return kern_hash_index(kern_key_hash(key), (uint64_t)t->nslots);
+    return g->base + (int64_t)slot_get(g, i) - 1;
 }
 
-static inline uint64_t next_slot(const kern_table_t *t, uint64_t i)
+static inline void slot_put(seg_t *g, uint64_t i, int64_t row)
 {
-    return i + 1 == (uint64_t)t->nslots ? 0 : i + 1;
+    slot_set(g, i, (uint32_t)(row - g->base + 1));
 }
 
-/* Returns the slot holding key, or the empty slot where it would go;
+/* The segment of key: the low 32 bits of its hash scaled to [0, nseg). */
+static inline seg_t *seg_of_key(const kern_table_t *t, int64_t key)
+{
+    if (t->nseg == 1)
+        return t->seg;
+    uint64_t lo = kern_key_hash(key) & 0xffffffffu;
+    return t->seg + ((lo * (uint64_t)t->nseg) >> 32);
+}
+
+static inline seg_t *seg_of_row(const kern_table_t *t, int64_t r)
+{
+    return t->seg + r / t->seg_rows;
+}
+
+/* The home slot of key in g: the top 32 bits of its hash scaled to
+ * [0, nslots) (nslots < 2^32, and need not be a power of two). */
+static inline uint64_t slot_of(const seg_t *g, int64_t key)
+{
+    return kern_hash_index(kern_key_hash(key), (uint64_t)g->nslots);
+}
+
+static inline uint64_t next_slot(const seg_t *g, uint64_t i)
+{
+    return i + 1 == (uint64_t)g->nslots ? 0 : i + 1;
+}
+
+/* Returns the slot of g holding key, or the empty slot where it would go;
  * *found says which. */
-static inline uint64_t probe(const kern_table_t *t, int64_t key, int *found)
+static inline uint64_t probe(const kern_table_t *t, const seg_t *g, int64_t key, int *found)
 {
-    uint64_t i = slot_of(t, key);
+    uint64_t i = slot_of(g, key);
     for (;;) {
-        uint32_t s = slot_get(t, i);
+        uint32_t s = slot_get(g, i);
         if (s == 0) {
             *found = 0;
             return i;
         }
-        if (t->keys[s - 1] == key) {
+        if (t->keys[g->base + (int64_t)s - 1] == key) {
             *found = 1;
             return i;
         }
-        i = next_slot(t, i);
+        i = next_slot(g, i);
     }
 }
 
-/* Empties slot i and shifts the rest of its probe run back so that every
- * remaining key stays reachable from its home slot. */
-static void index_remove(kern_table_t *t, uint64_t i)
+/* Empties slot i of g and shifts the rest of its probe run back so that
+ * every remaining key stays reachable from its home slot. */
+static void index_remove(const kern_table_t *t, seg_t *g, uint64_t i)
 {
     uint64_t j = i;
     for (;;) {
-        j = next_slot(t, j);
-        uint32_t s = slot_get(t, j);
+        j = next_slot(g, j);
+        uint32_t s = slot_get(g, j);
         if (s == 0)
             break;
-        uint64_t home = slot_of(t, t->keys[s - 1]);
+        uint64_t home = slot_of(g, t->keys[g->base + (int64_t)s - 1]);
         /* The entry at j may move to the hole at i unless its home lies
          * cyclically in (i, j]. */
         int stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
         if (!stays) {
-            slot_set(t, i, s);
+            slot_set(g, i, s);
             i = j;
         }
     }
-    slot_set(t, i, 0);
+    slot_set(g, i, 0);
 }
 
-/* Makes the index big enough for `want` live rows at load <= MAX_LOAD:
+/* Makes g's index big enough for `want` live rows at load <= MAX_LOAD:
  * doubles it (never past max_slots) and reinserts every live row. The index
  * starts small, so a big table that holds few keys stays cache-sized.
  * Returns 0 or KILN_ENOMEM. */
-static int index_reserve(kern_table_t *t, int64_t want)
+static int index_reserve(kern_table_t *t, seg_t *g, int64_t want)
 {
-    if ((double)want <= (double)t->nslots * MAX_LOAD || t->nslots >= t->max_slots)
+    if ((double)want <= (double)g->nslots * MAX_LOAD || g->nslots >= g->max_slots)
         return 0;
-    int64_t ns = t->nslots;
-    while ((double)want > (double)ns * MAX_LOAD && ns < t->max_slots)
+    int64_t ns = g->nslots;
+    while ((double)want > (double)ns * MAX_LOAD && ns < g->max_slots)
         ns *= 2;
-    if (ns > t->max_slots)
-        ns = t->max_slots;
-    uint8_t *slots = big_alloc((size_t)t->slot_bytes * (size_t)ns);
+    if (ns > g->max_slots)
+        ns = g->max_slots;
+    uint8_t *slots = big_alloc((size_t)SLOT_BYTES * (size_t)ns);
     if (!slots)
         return kiln_errf(KILN_ENOMEM, "table '%s': out of memory growing its index to %lld "
                          "slots", t->name, (long long)ns);
-    big_free(t->slots, (size_t)t->slot_bytes * (size_t)t->nslots);
-    t->slots = slots;
-    t->nslots = ns;
-    for (int64_t r = 0; r < t->hiwater; r++) {
+    big_free(g->slots, (size_t)SLOT_BYTES * (size_t)g->nslots);
+    g->slots = slots;
+    g->nslots = ns;
+    for (int64_t r = g->base; r < g->base + g->hiwater; r++) {
         if (t->stamps[r] < 0)
             continue;
         int found;
-        uint64_t i = probe(t, t->keys[r], &found);
-        slot_set(t, i, (uint32_t)(r + 1));
+        uint64_t i = probe(t, g, t->keys[r], &found);
+        slot_put(g, i, r);
     }
     return 0;
 }
@@ -215,7 +255,8 @@ static int index_reserve(kern_table_t *t, int64_t want)
 
 static inline int is_live(const kern_table_t *t, int64_t r)
 {
-    return r >= 0 && r < t->hiwater && t->stamps[r] >= 0;
+    return r >= 0 && r < t->capacity && r - seg_of_row(t, r)->base < seg_of_row(t, r)->hiwater &&
+           t->stamps[r] >= 0;
 }
 
 static inline void mark_one(kern_table_t *t, int64_t r)
@@ -277,30 +318,33 @@ static void age_sweep(kern_table_t *t, int64_t step)
     const int back = step < t->last_step;
     const int64_t gap = back ? 0 : step - t->last_step;
     const uint16_t now = (uint16_t)step;
-    for (int64_t r = 0; r < t->hiwater; r++) {
-        if (t->stamps[r] < 0)
-            continue;
-        int64_t age = back ? AGE_CAP : (int64_t)age_of(t, r, t->last_step) + gap;
-        if (age > (int64_t)AGE_CAP)
-            age = AGE_CAP;
-        t->used[r] = (uint16_t)(now - (uint16_t)age);
+    for (const seg_t *g = t->seg; g < t->seg + t->nseg; g++) {
+        for (int64_t r = g->base; r < g->base + g->hiwater; r++) {
+            if (t->stamps[r] < 0)
+                continue;
+            int64_t age = back ? AGE_CAP : (int64_t)age_of(t, r, t->last_step) + gap;
+            if (age > (int64_t)AGE_CAP)
+                age = AGE_CAP;
+            t->used[r] = (uint16_t)(now - (uint16_t)age);
+        }
     }
     t->swept = step;
     t->last_step = step;
 }
 
-/* Takes a free row; NO_ROW when the slab is full. */
-static int64_t alloc_row(kern_table_t *t)
+/* Takes a free row of segment g; NO_ROW when g is full. */
+static int64_t alloc_row(kern_table_t *t, seg_t *g)
 {
     int64_t r;
-    if (t->free_head != NO_ROW) {
-        r = t->free_head;
-        t->free_head = t->keys[r];
-    } else if (t->hiwater < t->capacity) {
-        r = t->hiwater++;
+    if (g->free_head != NO_ROW) {
+        r = g->free_head;
+        g->free_head = t->keys[r];
+    } else if (g->hiwater < g->cap) {
+        r = g->base + g->hiwater++;
     } else {
         return NO_ROW;
     }
+    g->size++;
     t->size++;
     return r;
 }
@@ -319,16 +363,18 @@ static int log_removed(kern_table_t *t, int64_t key, int64_t stamp, int64_t step
     return 0;
 }
 
-/* Frees live row r whose key sits in slot i, logging it as removed. */
-static int free_row(kern_table_t *t, int64_t r, uint64_t i, int64_t step)
+/* Frees live row r of segment g whose key sits in g's slot i, logging it
+ * as removed. */
+static int free_row(kern_table_t *t, seg_t *g, int64_t r, uint64_t i, int64_t step)
 {
     int rc = log_removed(t, t->keys[r], t->stamps[r], step);
     if (rc < 0)
         return rc;
-    index_remove(t, i);
+    index_remove(t, g, i);
     t->stamps[r] = -1;
-    t->keys[r] = t->free_head;
-    t->free_head = r;
+    t->keys[r] = g->free_head;
+    g->free_head = r;
+    g->size--;
     t->size--;
     return 0;
 }
@@ -348,13 +394,14 @@ static void init_row(kern_table_t *t, int64_t r, int64_t key)
 }
 
 /* ---- eviction ---------------------------------------------------------------------
- * A round evicts max(need, evict_batch) rows of lowest priority (lru: step of
- * last use, lfu: use count), never a row used at the current step. The
- * priority threshold is the k-th smallest of a sample of EVICT_SAMPLE live
- * rows (all rows when fewer, which makes small tables exact); one scan of
- * the slab then evicts rows below it, a second rows equal to it, in row
- * order, until enough are gone. Cost: O(capacity) per round, so O(1/fraction)
- * amortised per inserted key. */
+ * Eviction works within one segment (the one that lacks room). A round
+ * evicts max(need, evict_fraction x the segment's rows) rows of lowest
+ * priority (lru: step of last use, lfu: use count), never a row used at the
+ * current step. The priority threshold is the k-th smallest of a sample of
+ * EVICT_SAMPLE live rows (all rows when fewer, which makes small tables
+ * exact); one scan of the segment then evicts rows below it, a second rows
+ * equal to it, in row order, until enough are gone. Cost: O(segment rows)
+ * per round, so O(1/fraction) amortised per inserted key. */
 
 /* Lower goes first: lfu the use count, lru the age counted down. */
 static inline uint32_t priority(const kern_table_t *t, int64_t r, int64_t step)
@@ -370,26 +417,35 @@ static int cmp_u32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int evict_round(kern_table_t *t, int64_t need, int64_t step, int64_t *freed /* OUT */)
+static int cmp_i64(const void *a, const void *b)
 {
-    int64_t want = need > t->evict_batch ? need : t->evict_batch;
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step,
+                       int64_t *freed /* OUT */)
+{
+    int64_t batch = (int64_t)(t->evict_fraction * (double)g->cap);
+    int64_t want = need > batch ? need : batch > 1 ? batch : 1;
+    const int64_t lo = g->base, hi = g->base + g->hiwater;
     int rc = 0;
     *freed = 0;
     uint32_t *sample = kiln_malloc(sizeof(uint32_t) * EVICT_SAMPLE);
     if (!sample)
         return KILN_ENOMEM;
 
-    /* Sample evictable rows (all of them when the table is small). */
+    /* Sample evictable rows (all of them when the segment is small). */
     int64_t ns = 0;
-    if (t->hiwater <= EVICT_SAMPLE) {
-        for (int64_t r = 0; r < t->hiwater; r++)
+    if (g->hiwater <= EVICT_SAMPLE) {
+        for (int64_t r = lo; r < hi; r++)
             if (t->stamps[r] >= 0 && !used_now(t, r, step))
                 sample[ns++] = priority(t, r, step);
     } else {
         uint64_t x = kern_mix64(t->seed ^ (uint64_t)step ^ (uint64_t)t->eviction_batches);
         for (int64_t k = 0; k < 4 * EVICT_SAMPLE && ns < EVICT_SAMPLE; k++) {
             x = kern_mix64(x);
-            int64_t r = (int64_t)(x % (uint64_t)t->hiwater);
+            int64_t r = lo + (int64_t)(x % (uint64_t)g->hiwater);
             if (t->stamps[r] >= 0 && !used_now(t, r, step))
                 sample[ns++] = priority(t, r, step);
         }
@@ -397,7 +453,7 @@ static int evict_round(kern_table_t *t, int64_t need, int64_t step, int64_t *fre
     if (ns == 0)
         goto out;
     qsort(sample, (size_t)ns, sizeof *sample, cmp_u32);
-    int64_t live = t->hiwater <= EVICT_SAMPLE ? ns : t->size;
+    int64_t live = g->hiwater <= EVICT_SAMPLE ? ns : g->size;
     int64_t k = (int64_t)((double)want * (double)ns / (double)live);
     if (k >= ns)
         k = ns - 1;
@@ -408,15 +464,15 @@ static int evict_round(kern_table_t *t, int64_t need, int64_t step, int64_t *fre
     for (int pass = 0; pass < 3 && *freed < want; pass++) {
         if (pass == 2 && *freed >= need)
             break;
-        for (int64_t r = 0; r < t->hiwater && *freed < want; r++) {
+        for (int64_t r = lo; r < hi && *freed < want; r++) {
             if (t->stamps[r] < 0 || used_now(t, r, step))
                 continue;
             uint32_t p = priority(t, r, step);
             if ((pass == 0 && p >= thr) || (pass == 1 && p != thr))
                 continue;
             int found;
-            uint64_t i = probe(t, t->keys[r], &found);
-            KILN_CHECK_GOTO(free_row(t, r, i, step), rc, out);
+            uint64_t i = probe(t, g, t->keys[r], &found);
+            KILN_CHECK_GOTO(free_row(t, g, r, i, step), rc, out);
             (*freed)++;
         }
     }
@@ -427,18 +483,58 @@ out:
     return rc;
 }
 
-static int full_error(const kern_table_t *t)
+/* The error for new keys that do not fit segment g. */
+static int full_error(const kern_table_t *t, const seg_t *g)
 {
+    char where[200] = "";
+    if (t->nseg > 1)
+        snprintf(where, sizeof where,
+                 "; index segment %d of %d, where these keys hash, is full at %lld rows while "
+                 "the table holds %lld",
+                 (int)(g - t->seg), t->nseg, (long long)g->cap, (long long)t->size);
     if (t->evict == KERN_EVICT_NONE)
         return kiln_errf(KILN_EFULL,
-                         "table '%s' is full (capacity %lld rows); raise "
+                         "table '%s' is full (capacity %lld rows%s); raise "
                          "model.embedding.capacity or set eviction: lru",
-                         t->name, (long long)t->capacity);
+                         t->name, (long long)t->capacity, where);
     return kiln_errf(KILN_EFULL,
-                     "table '%s' is full (capacity %lld rows) and every row was used in the "
+                     "table '%s' is full (capacity %lld rows%s) and every row was used in the "
                      "current step, so none can be evicted; raise model.embedding.capacity "
                      "or use smaller batches",
-                     t->name, (long long)t->capacity);
+                     t->name, (long long)t->capacity, where);
+}
+
+/* Sets each segment's `pending` to the number of keys of missing[n] (keys
+ * not in the table) that go to it: distinct keys (missing gets sorted) when
+ * counting duplicates too would overflow some segment. Returns the first
+ * segment without room for its new keys, or NULL when all fit. */
+static seg_t *count_new(kern_table_t *t, int64_t *missing, int64_t n)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        for (seg_t *g = t->seg; g < t->seg + t->nseg; g++)
+            g->pending = 0;
+        if (pass == 1)
+            qsort(missing, (size_t)n, sizeof *missing, cmp_i64);
+        for (int64_t i = 0; i < n; i++)
+            if (pass == 0 || i == 0 || missing[i] != missing[i - 1])
+                seg_of_key(t, missing[i])->pending++;
+        seg_t *over = NULL;
+        for (seg_t *g = t->seg; g < t->seg + t->nseg && !over; g++)
+            if (g->pending > g->cap - g->size)
+                over = g;
+        if (!over || pass == 1)
+            return over;
+    }
+    return NULL;
+}
+
+/* Grows the index of every segment that gets new keys. */
+static int reserve_pending(kern_table_t *t)
+{
+    for (seg_t *g = t->seg; g < t->seg + t->nseg; g++)
+        if (g->pending > 0)
+            KILN_CHECK(index_reserve(t, g, g->size + g->pending));
+    return 0;
 }
 
 /* ---- public: life cycle ------------------------------------------------------------ */
@@ -451,9 +547,9 @@ typedef struct {
 
 #define MAX_ARRAYS 10
 
-/* Lists the arrays a table of this shape has (capacity, dim, nstate,
- * nslots, opt_kind and evict set); returns how many. The one list that
- * create, destroy and kern_table_bytes walk. */
+/* Lists the slab arrays a table of this shape has (capacity, dim, nstate,
+ * opt_kind and evict set); returns how many. The one list that create,
+ * destroy and kern_table_bytes walk (the segments' indexes are apart). */
 static int table_arrays(kern_table_t *t, array_t a[MAX_ARRAYS] /* OUT */)
 {
     size_t cap = (size_t)t->capacity, dim = (size_t)t->dim;
@@ -461,7 +557,6 @@ static int table_arrays(kern_table_t *t, array_t a[MAX_ARRAYS] /* OUT */)
     a[n++] = (array_t){(void **)&t->keys, sizeof(int64_t) * cap};
     a[n++] = (array_t){(void **)&t->values, sizeof(float) * cap * dim};
     a[n++] = (array_t){(void **)&t->stamps, sizeof(int64_t) * cap};
-    a[n++] = (array_t){(void **)&t->slots, (size_t)t->slot_bytes * (size_t)t->nslots};
     a[n++] = (array_t){(void **)&t->chg, sizeof(uint64_t) * ((cap + 63) / 64)};
     a[n++] = (array_t){(void **)&t->chg_sum, sizeof(uint64_t) * ((cap + 4095) / 4096)};
     if (t->nstate > 0)
@@ -496,6 +591,9 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     if (!(cfg->evict_fraction >= 0.0f && cfg->evict_fraction <= 1.0f))
         return kiln_errf(KILN_EINVAL, "table '%s': evict_fraction %g is not in [0, 1]", name,
                          (double)cfg->evict_fraction);
+    if (cfg->segment_rows < 0 || cfg->segment_rows > SEG_MAX_ROWS)
+        return kiln_errf(KILN_EINVAL, "table '%s': segment_rows %lld is out of range 0..%lld",
+                         name, (long long)cfg->segment_rows, (long long)SEG_MAX_ROWS);
 
     t = kiln_calloc(1, sizeof *t);
     if (!t)
@@ -508,24 +606,40 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     t->init_scale = cfg->init_scale;
     t->seed = cfg->seed;
     t->evict = cfg->evict;
-    double frac = cfg->evict_fraction > 0.0f ? cfg->evict_fraction : 0.01;
-    t->evict_batch = (int64_t)(frac * (double)cfg->capacity);
-    if (t->evict_batch < 1)
-        t->evict_batch = 1;
-    t->free_head = NO_ROW;
+    t->evict_fraction = cfg->evict_fraction > 0.0f ? cfg->evict_fraction : 0.01;
     t->base = -1;
-    /* The smallest slot count with load <= MAX_LOAD (not rounded up to a
-     * power of two: slot_of scales the hash instead of masking it). */
-    t->max_slots = (int64_t)((double)cfg->capacity / MAX_LOAD) + 1;
-    if (t->max_slots < 8)
-        t->max_slots = 8;
-    t->nslots = t->max_slots < 1024 ? t->max_slots : 1024;
     t->opt_kind = cfg->opt;
-    t->slot_bytes = cfg->capacity < ((int64_t)1 << 24) ? SLOT3 : 4;
-
     if (!t->name) {
         rc = KILN_ENOMEM;
         goto out;
+    }
+
+    /* Segments of equal size (the last takes the remainder), as few as
+     * SEG_MAX_ROWS (or the configured segment_rows) allow. */
+    int64_t most = cfg->segment_rows > 0 ? cfg->segment_rows : SEG_MAX_ROWS;
+    t->nseg = (int)((cfg->capacity + most - 1) / most);
+    t->seg_rows = (cfg->capacity + t->nseg - 1) / t->nseg; /* <= most; no segment is empty */
+    t->seg = kiln_calloc((size_t)t->nseg, sizeof *t->seg);
+    if (!t->seg) {
+        t->nseg = 0;
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (int k = 0; k < t->nseg; k++) {
+        seg_t *g = &t->seg[k];
+        g->base = k * t->seg_rows;
+        g->cap = cfg->capacity - g->base < t->seg_rows ? cfg->capacity - g->base : t->seg_rows;
+        g->free_head = NO_ROW;
+        /* The smallest slot count with load <= MAX_LOAD (not rounded up to
+         * a power of two: slot_of scales the hash instead of masking it). */
+        g->max_slots = (int64_t)((double)g->cap / MAX_LOAD) + 1;
+        if (g->max_slots < 8)
+            g->max_slots = 8;
+        g->nslots = g->max_slots < 1024 ? g->max_slots : 1024;
+        if (!(g->slots = big_alloc((size_t)SLOT_BYTES * (size_t)g->nslots))) {
+            rc = KILN_ENOMEM;
+            goto out;
+        }
     }
     array_t arr[MAX_ARRAYS];
     int narr = table_arrays(t, arr);
@@ -552,18 +666,15 @@ void kern_table_destroy(kern_table_t *t)
     int narr = table_arrays(t, arr);
     for (int i = 0; i < narr; i++)
         big_free(*arr[i].p, arr[i].bytes);
+    for (int k = 0; k < t->nseg; k++)
+        big_free(t->seg[k].slots, (size_t)SLOT_BYTES * (size_t)t->seg[k].nslots);
+    free(t->seg);
     free(t->name);
     free(t->log);
     free(t);
 }
 
 /* ---- public: keys ----------------------------------------------------------------------- */
-
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
 
 int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,
                               int32_t *rows /* OUT (n) */)
@@ -574,10 +685,11 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
 
     /* Pass 1: existing keys, counting a use; collect the missing ones. */
     for (int64_t i = 0; i < n; i++) {
+        seg_t *g = seg_of_key(t, keys[i]);
         int found;
-        uint64_t s = probe(t, keys[i], &found);
+        uint64_t s = probe(t, g, keys[i], &found);
         if (found) {
-            rows[i] = (int32_t)(slot_get(t, s) - 1);
+            rows[i] = (int32_t)slot_row(g, s);
             touch(t, rows[i], step);
         } else {
             rows[i] = -1;
@@ -591,42 +703,40 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
     if (nmiss == 0)
         goto out;
 
-    /* Make room for the distinct new keys before inserting any. nmiss
-     * bounds them; count them exactly (a sort) only when it matters. */
-    int64_t room = t->capacity - t->size, nnew = nmiss;
-    if (nmiss > room) {
-        qsort(missing, (size_t)nmiss, sizeof *missing, cmp_i64);
-        nnew = 1;
-        for (int64_t i = 1; i < nmiss; i++)
-            nnew += missing[i] != missing[i - 1];
+    /* Make room for the distinct new keys in their segments before
+     * inserting any: `none` refuses as a whole, lru/lfu evict a round in
+     * each segment that lacks room. */
+    seg_t *over = count_new(t, missing, nmiss);
+    if (over && t->evict == KERN_EVICT_NONE) {
+        rc = full_error(t, over);
+        goto out;
     }
-    if (nnew > room) {
-        if (t->evict == KERN_EVICT_NONE) {
-            rc = full_error(t);
-            goto out;
-        }
-        int64_t freed;
-        KILN_CHECK_GOTO(evict_round(t, nnew - room, step, &freed), rc, out);
-        if (t->capacity - t->size < nnew) {
-            rc = full_error(t);
+    for (seg_t *g = t->seg; over && g < t->seg + t->nseg; g++) {
+        int64_t room = g->cap - g->size, freed;
+        if (g->pending <= room)
+            continue;
+        KILN_CHECK_GOTO(evict_round(t, g, g->pending - room, step, &freed), rc, out);
+        if (g->cap - g->size < g->pending) {
+            rc = full_error(t, g);
             goto out;
         }
     }
-    KILN_CHECK_GOTO(index_reserve(t, t->size + nnew), rc, out);
+    KILN_CHECK_GOTO(reserve_pending(t), rc, out);
 
     /* Pass 2: insert (a repeated new key finds the row its first copy got). */
     for (int64_t i = 0; i < n; i++) {
         if (rows[i] >= 0)
             continue;
+        seg_t *g = seg_of_key(t, keys[i]);
         int found;
-        uint64_t s = probe(t, keys[i], &found);
+        uint64_t s = probe(t, g, keys[i], &found);
         int64_t r;
         if (found) {
-            r = slot_get(t, s) - 1;
+            r = slot_row(g, s);
         } else {
-            r = alloc_row(t);
+            r = alloc_row(t, g);
             t->keys[r] = keys[i];
-            slot_set(t, s, (uint32_t)(r + 1));
+            slot_put(g, s, r);
             init_row(t, r, keys[i]);
             t->stamps[r] = step;
             mark_one(t, r);
@@ -644,9 +754,10 @@ int64_t kern_table_find(const kern_table_t *t, int64_t n, const int64_t *keys,
 {
     int64_t nfound = 0;
     for (int64_t i = 0; i < n; i++) {
+        const seg_t *g = seg_of_key(t, keys[i]);
         int found;
-        uint64_t s = probe(t, keys[i], &found);
-        rows[i] = found ? (int32_t)(slot_get(t, s) - 1) : -1;
+        uint64_t s = probe(t, g, keys[i], &found);
+        rows[i] = found ? (int32_t)slot_row(g, s) : -1;
         nfound += found;
     }
     return nfound;
@@ -658,11 +769,12 @@ int kern_table_delete(kern_table_t *t, int64_t n, const int64_t *keys, int64_t s
     int64_t nd = 0;
     int rc = 0;
     for (int64_t i = 0; i < n; i++) {
+        seg_t *g = seg_of_key(t, keys[i]);
         int found;
-        uint64_t s = probe(t, keys[i], &found);
+        uint64_t s = probe(t, g, keys[i], &found);
         if (!found)
             continue;
-        KILN_CHECK_GOTO(free_row(t, slot_get(t, s) - 1, s, step), rc, out);
+        KILN_CHECK_GOTO(free_row(t, g, slot_row(g, s), s, step), rc, out);
         nd++;
     }
 out:
@@ -676,46 +788,47 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
                            const uint32_t *opt_steps, int64_t step)
 {
     int32_t *rows = kiln_malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    int64_t *missing = NULL;
     if (!rows)
         return KILN_ENOMEM;
     age_sweep(t, step);
     int64_t nmiss = n - kern_table_find(t, n, keys, rows);
     int rc = 0;
-    if (nmiss > t->capacity - t->size) {
-        /* Count distinct missing keys before refusing. */
-        int64_t *miss = kiln_malloc(sizeof(int64_t) * (size_t)nmiss), k = 0, nnew = 0;
-        if (!miss) {
+    if (nmiss > 0) {
+        if (!(missing = kiln_malloc(sizeof(int64_t) * (size_t)nmiss))) {
             rc = KILN_ENOMEM;
             goto out;
         }
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = 0, k = 0; i < n; i++)
             if (rows[i] < 0)
-                miss[k++] = keys[i];
-        qsort(miss, (size_t)k, sizeof *miss, cmp_i64);
-        for (int64_t i = 0; i < k; i++)
-            nnew += i == 0 || miss[i] != miss[i - 1];
-        free(miss);
-        if (nnew > t->capacity - t->size) {
+                missing[k++] = keys[i];
+        seg_t *over = count_new(t, missing, nmiss);
+        if (over) {
+            char where[160] = "";
+            if (t->nseg > 1)
+                snprintf(where, sizeof where, " in its index segment %d of %d",
+                         (int)(over - t->seg), t->nseg);
             rc = kiln_errf(KILN_EFULL,
                            "table '%s' is full (capacity %lld rows): cannot load %lld new "
-                           "keys into %lld free rows; raise model.embedding.capacity",
-                           t->name, (long long)t->capacity, (long long)nnew,
-                           (long long)(t->capacity - t->size));
+                           "keys into %lld free rows%s; raise model.embedding.capacity",
+                           t->name, (long long)t->capacity, (long long)over->pending,
+                           (long long)(over->cap - over->size), where);
             goto out;
         }
+        KILN_CHECK_GOTO(reserve_pending(t), rc, out);
     }
-    KILN_CHECK_GOTO(index_reserve(t, t->size + nmiss), rc, out);
     size_t dim = (size_t)t->dim, sdim = (size_t)t->nstate * dim;
     for (int64_t i = 0; i < n; i++) {
+        seg_t *g = seg_of_key(t, keys[i]);
         int found;
-        uint64_t s = probe(t, keys[i], &found);
+        uint64_t s = probe(t, g, keys[i], &found);
         int64_t r;
         if (found) {
-            r = slot_get(t, s) - 1;
+            r = slot_row(g, s);
         } else {
-            r = alloc_row(t);
+            r = alloc_row(t, g);
             t->keys[r] = keys[i];
-            slot_set(t, s, (uint32_t)(r + 1));
+            slot_put(g, s, r);
             if (t->freq)
                 t->freq[r] = 0;
         }
@@ -734,6 +847,7 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
         touch(t, r, step);
     }
 out:
+    free(missing);
     free(rows);
     return rc;
 }
@@ -774,15 +888,18 @@ int kern_table_changed_since(kern_table_t *t, int64_t since, int32_t *rows /* OU
         }
         t->last_visited = t->nchg;
     } else {
-        for (int64_t r = 0; r < t->hiwater; r++) {
-            if (t->stamps[r] > since) {
-                if (k == cap)
-                    return kiln_errf(KILN_ERANGE, "table '%s': changed_since needs more "
-                                     "than %lld entries", t->name, (long long)cap);
-                rows[k++] = (int32_t)r;
+        t->last_visited = 0;
+        for (const seg_t *g = t->seg; g < t->seg + t->nseg; g++) {
+            for (int64_t r = g->base; r < g->base + g->hiwater; r++) {
+                if (t->stamps[r] > since) {
+                    if (k == cap)
+                        return kiln_errf(KILN_ERANGE, "table '%s': changed_since needs more "
+                                         "than %lld entries", t->name, (long long)cap);
+                    rows[k++] = (int32_t)r;
+                }
             }
+            t->last_visited += g->hiwater;
         }
-        t->last_visited = t->hiwater;
     }
     *n = k;
     return 0;
@@ -821,9 +938,10 @@ int kern_table_scan(const kern_table_t *t, int32_t *rows /* OUT (cap) */, int64_
     if (cap < t->size)
         return kiln_errf(KILN_ERANGE, "table '%s' has %lld live rows, more than %lld",
                          t->name, (long long)t->size, (long long)cap);
-    for (int64_t r = 0; r < t->hiwater; r++)
-        if (t->stamps[r] >= 0)
-            rows[k++] = (int32_t)r;
+    for (const seg_t *g = t->seg; g < t->seg + t->nseg; g++)
+        for (int64_t r = g->base; r < g->base + g->hiwater; r++)
+            if (t->stamps[r] >= 0)
+                rows[k++] = (int32_t)r;
     *n = k;
     return 0;
 }
@@ -862,9 +980,13 @@ const char *kern_table_name(const kern_table_t *t) { return t->name; }
 
 void kern_table_stats(const kern_table_t *t, kern_table_stats_t *st /* OUT */)
 {
+    int64_t nslots = 0;
+    for (const seg_t *g = t->seg; g < t->seg + t->nseg; g++)
+        nslots += g->nslots;
     *st = (kern_table_stats_t){.size = t->size,
                                .capacity = t->capacity,
-                               .nslots = t->nslots,
+                               .nslots = nslots,
+                               .nsegments = t->nseg,
                                .evictions = t->evictions,
                                .eviction_batches = t->eviction_batches,
                                .changed_pending = t->nchg,
@@ -878,6 +1000,9 @@ size_t kern_table_bytes(const kern_table_t *t)
     size_t b = sizeof *t + strlen(t->name) + 1;
     for (int i = 0; i < narr; i++)
         b += arr[i].bytes;
+    b += sizeof(seg_t) * (size_t)t->nseg;
+    for (const seg_t *g = t->seg; g < t->seg + t->nseg; g++)
+        b += (size_t)SLOT_BYTES * (size_t)g->nslots;
     b += (size_t)t->caplog * sizeof(kern_evicted_t);
     return b;
 }

@@ -412,20 +412,30 @@ static void test_memory_bound(void **state)
     }
 }
 
-/* A capacity of 2^24 rows needs 4-byte index slots (row id + 1 no longer
- * fits in 3): insert, delete and find there. The arrays are allocated
- * lazily, so only the rows touched cost memory. */
+/* A capacity of 2^24 rows is past what a 3-byte slot addresses, so the
+ * index comes in two segments: insert, delete and find there, with keys in
+ * both. The arrays are allocated lazily, so only the rows touched cost
+ * memory. */
 static void test_wide_index(void **state)
 {
     (void)state;
     enum { N = 5000 };
     kern_table_t *t = make_table("wide", 1, (int64_t)1 << 24, KERN_OPT_SGD, KERN_EVICT_LFU);
+    kern_table_stats_t st;
+    kern_table_stats(t, &st);
+    assert_int_equal(st.nsegments, 2);
     int64_t keys[N];
     int32_t rows[N], again[N];
     for (int i = 0; i < N; i++)
         keys[i] = (int64_t)i * 104729 - 7;
     assert_int_equal(kern_table_find_or_insert(t, N, keys, 1, rows), 0);
     assert_int_equal(kern_table_size(t), N);
+    int upper = 0; /* rows in the second segment, [2^23, 2^24) */
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(kern_table_keys(t)[rows[i]], keys[i]);
+        upper += rows[i] >= (1 << 23);
+    }
+    assert_true(upper > N / 4 && upper < 3 * N / 4);
     int64_t nd;
     assert_int_equal(kern_table_delete(t, N / 2, keys, 2, &nd), 0);
     assert_int_equal(nd, N / 2);
@@ -433,6 +443,147 @@ static void test_wide_index(void **state)
     for (int i = 0; i < N; i++)
         assert_int_equal(again[i], i < N / 2 ? -1 : rows[i]);
     kern_table_destroy(t);
+}
+
+/* A table in 7 segments (2000 rows, at most 300 per segment) under lru
+ * eviction pressure, with deletes, against a reference set: the table
+ * holds exactly the keys inserted and not since evicted or deleted, each at
+ * a distinct row, and never evicts a key used at the current step. Then the
+ * same shape with `none` refuses new keys naming the full segment. */
+static void test_segments_against_reference(void **state)
+{
+    (void)state;
+    enum { U = 6000, CAP = 2000, B = 64 };
+    kern_table_config_t cfg = {.name = "segs", .dim = 2, .capacity = CAP, .opt = KERN_OPT_SGD,
+                               .init = KERN_INIT_UNIFORM, .init_scale = 0.05f, .seed = 7,
+                               .evict = KERN_EVICT_LRU, .evict_fraction = 0.05f,
+                               .segment_rows = 300};
+    kern_table_t *t = NULL;
+    assert_int_equal(kern_table_create(&cfg, &t), 0);
+    kern_table_stats_t st;
+    kern_table_stats(t, &st);
+    assert_int_equal(st.nsegments, 7);
+    static char present[U];
+    memset(present, 0, sizeof present);
+    int64_t seen_log = 0, keys[B];
+    int32_t rows[B], *scan = malloc(sizeof(int32_t) * CAP);
+    for (int64_t step = 1; step <= 400; step++) {
+        for (int i = 0; i < B; i++)
+            keys[i] = (int64_t)(rnd() % U);
+        if (step % 5 == 0) {
+            int64_t nd;
+            assert_int_equal(kern_table_delete(t, B / 4, keys, step, &nd), 0);
+            for (int i = 0; i < B / 4; i++)
+                present[keys[i]] = 0;
+        } else {
+            assert_int_equal(kern_table_find_or_insert(t, B, keys, step, rows), 0);
+            for (int i = 0; i < B; i++)
+                assert_int_equal(kern_table_keys(t)[rows[i]], keys[i]);
+        }
+        int64_t nlog;
+        const kern_evicted_t *log = kern_table_evicted(t, &nlog);
+        for (; seen_log < nlog; seen_log++) {
+            if (log[seen_log].step == step && step % 5 != 0)
+                for (int i = 0; i < B; i++) /* used now: never a victim */
+                    assert_int_not_equal(log[seen_log].key, keys[i]);
+            present[log[seen_log].key] = 0;
+        }
+        if (step % 5 != 0)
+            for (int i = 0; i < B; i++)
+                present[keys[i]] = 1;
+        int64_t npresent = 0;
+        for (int u = 0; u < U; u++)
+            npresent += present[u];
+        assert_int_equal(kern_table_size(t), npresent);
+    }
+    kern_table_stats(t, &st);
+    assert_true(st.evictions > 0);
+    int64_t n;
+    assert_int_equal(kern_table_scan(t, scan, CAP, &n), 0);
+    assert_int_equal(n, kern_table_size(t));
+    for (int64_t i = 0; i < n; i++) { /* ascending rows, each holding a present key */
+        assert_true(i == 0 || scan[i] > scan[i - 1]);
+        assert_int_equal(present[kern_table_keys(t)[scan[i]]], 1);
+    }
+    for (int64_t u = 0; u < U; u++) {
+        int32_t r;
+        kern_table_find(t, 1, &u, &r);
+        assert_int_equal(r >= 0, present[u]);
+    }
+    free(scan);
+    kern_table_destroy(t);
+
+    cfg.evict = KERN_EVICT_NONE;
+    assert_int_equal(kern_table_create(&cfg, &t), 0);
+    int rc = 0;
+    for (int64_t k = 0; k < CAP && rc == 0; k++) {
+        int32_t r;
+        rc = kern_table_find_or_insert(t, 1, &k, 1, &r);
+    }
+    assert_int_equal(rc, KILN_EFULL);
+    assert_non_null(strstr(kiln_errmsg(), "while the table holds"));
+    printf("%s\n", kiln_errmsg());
+    assert_non_null(strstr(kiln_errmsg(), "index segment"));
+    assert_true(kern_table_size(t) > CAP * 8 / 10 && kern_table_size(t) < CAP);
+    kern_table_destroy(t);
+}
+
+/* Fills a table with distinct keys in batches of capacity / 1000 until the first
+ * eviction, i.e. until one segment is full; the others are then within a
+ * hair of it and every index has grown to its final size. Returns the live
+ * rows. */
+static int64_t fill_table(kern_table_t *t, int64_t cap)
+{
+    const int64_t B = cap / 1000 > 0 ? cap / 1000 : 1;
+    int64_t *keys = malloc(sizeof(int64_t) * (size_t)B);
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)B);
+    int64_t next = 0, step = 1;
+    kern_table_stats_t st = {0};
+    while (st.evictions == 0 && kern_table_size(t) < cap) {
+        for (int i = 0; i < B; i++)
+            keys[i] = 7919 * next++ + 13;
+        assert_int_equal(kern_table_find_or_insert(t, B, keys, step++, rows), 0);
+        kern_table_stats(t, &st);
+    }
+    free(keys);
+    free(rows);
+    return kern_table_size(t);
+}
+
+/* The memory bound where it is tightest (dim 1, sgd, lru: a 20-byte raw
+ * row) on segmented tables: many small segments, and a real one of 2^24 + 2
+ * rows (two segments of 2^23 + 1). The slab is sized for the capacity up
+ * front, so bytes / capacity once the indexes are full grown is the cost
+ * per key of a full table. */
+static void test_memory_bound_segmented(void **state)
+{
+    (void)state;
+    const struct {
+        int64_t cap, seg_rows;
+    } cases[] = {{100000, 3000}, {((int64_t)1 << 24) + 2, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        kern_table_config_t cfg = {.name = "seg", .dim = 1, .capacity = cases[c].cap,
+                                   .opt = KERN_OPT_SGD, .init = KERN_INIT_UNIFORM,
+                                   .init_scale = 0.05f, .seed = 42, .evict = KERN_EVICT_LRU,
+                                   .segment_rows = cases[c].seg_rows};
+        kern_table_t *t = NULL;
+        assert_int_equal(kern_table_create(&cfg, &t), 0);
+        int64_t live = fill_table(t, cases[c].cap);
+        kern_table_stats_t st;
+        kern_table_stats(t, &st);
+        assert_true(st.nsegments > 1);
+        assert_true(live >= cases[c].cap * 95 / 100);
+        kern_table_evicted_clear(t); /* the removal log is drained by every dump */
+        double per_key = (double)kern_table_bytes(t) / (double)cases[c].cap;
+        size_t raw = kern_table_row_bytes(t);
+        printf("capacity %lld in %d segments, %.2f%% full at the first eviction: %.3f bytes "
+               "per row, %.4f x the raw %zu\n",
+               (long long)cases[c].cap, st.nsegments, 100.0 * (double)live / (double)cases[c].cap,
+               per_key, per_key / (double)raw, raw);
+        if (!(per_key <= 1.3 * (double)raw))
+            fail_msg("case %zu: %.3f bytes per key > 1.3 x %zu", c, per_key, raw);
+        kern_table_destroy(t);
+    }
 }
 
 static void test_changed_since(void **state)
@@ -900,6 +1051,8 @@ int main(void)
         cmocka_unit_test(test_delete_against_reference),
         cmocka_unit_test(test_memory_bound),
         cmocka_unit_test(test_wide_index),
+        cmocka_unit_test(test_segments_against_reference),
+        cmocka_unit_test(test_memory_bound_segmented),
         cmocka_unit_test(test_changed_since),
         cmocka_unit_test(test_insert_rows),
         cmocka_unit_test(test_gather_combine),
