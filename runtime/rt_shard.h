@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "kern.h"
+#include "rt_store.h"
 
 /* ---- per-table dedupe ------------------------------------------------------
  * A reusable hash set: unique keys of a batch, in first-seen order, and for
@@ -51,8 +52,9 @@ static inline int rt_shard_owner(int64_t key, int nranks)
 
 typedef struct rt_shard rt_shard_t;
 
-/* tables: this rank's shard of each table (borrowed; they outlive s). */
-int rt_shard_create(MPI_Comm comm, int ntables, kern_table_t *const *tables,
+/* store: this rank's shard of each table (borrowed; it outlives s), whose
+ * rows are dims[t] floats. */
+int rt_shard_create(MPI_Comm comm, int ntables, rt_store_t *store, const int *dims,
                     rt_shard_t **out /* OUT */);
 void rt_shard_destroy(rt_shard_t *s);
 

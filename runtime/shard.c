@@ -135,7 +135,7 @@ static void *buf_need(buf_t *b, size_t bytes)
 struct rt_shard {
     MPI_Comm comm;
     int rank, nranks, ntables;
-    kern_table_t **tables; /* (ntables) this rank's shards */
+    rt_store_t *store;     /* this rank's shards (borrowed) */
     int *dims;             /* (ntables) */
 
     /* counts of keys, (nranks x ntables): scnt for what this rank asks of
@@ -164,7 +164,8 @@ struct rt_shard {
     MPI_Op dd_op;         /* (rt_dd_mpi_init makes both; only the type is used here) */
 };
 
-int rt_shard_create(MPI_Comm comm, int ntables, kern_table_t *const *tables, rt_shard_t **out)
+int rt_shard_create(MPI_Comm comm, int ntables, rt_store_t *store, const int *dims,
+                    rt_shard_t **out)
 {
     int rc = 0;
     rt_shard_t *s = kiln_calloc(1, sizeof *s);
@@ -179,7 +180,7 @@ int rt_shard_create(MPI_Comm comm, int ntables, kern_table_t *const *tables, rt_
         KILN_CHECK_GOTO(rt_dd_mpi_init(&s->dd_type, &s->dd_op), rc, out);
     s->ntables = ntables;
     size_t R = (size_t)s->nranks, T = (size_t)ntables;
-    s->tables = kiln_calloc(T, sizeof *s->tables);
+    s->store = store;
     s->dims = kiln_calloc(T, sizeof *s->dims);
     s->scnt = kiln_calloc(R * T, sizeof(int));
     s->rcnt = kiln_calloc(R * T, sizeof(int));
@@ -198,16 +199,14 @@ int rt_shard_create(MPI_Comm comm, int ntables, kern_table_t *const *tables, rt_
     s->ug_rows = kiln_calloc(T, sizeof *s->ug_rows);
     s->ug_grads = kiln_calloc(T, sizeof *s->ug_grads);
     s->ug_sum = kiln_calloc(T, sizeof *s->ug_sum);
-    if (!s->tables || !s->dims || !s->scnt || !s->rcnt || !s->flt_rd || !s->loc_rank ||
+    if (!s->dims || !s->scnt || !s->rcnt || !s->flt_rd || !s->loc_rank ||
         !s->loc_pos || !s->loc_cap || !s->nkeys || !s->values || !s->values_cap || !s->mark ||
         !s->ug || !s->ug_rows || !s->ug_grads || !s->ug_sum) {
         rc = KILN_ENOMEM;
         goto out;
     }
-    for (int t = 0; t < ntables; t++) {
-        s->tables[t] = tables[t];
-        s->dims[t] = kern_table_dim(tables[t]);
-    }
+    for (int t = 0; t < ntables; t++)
+        s->dims[t] = dims[t];
     *out = s;
     return 0;
 out:
@@ -228,7 +227,6 @@ void rt_shard_destroy(rt_shard_t *s)
         free(s->ug_grads[t].p);
         free(s->ug_sum[t].p);
     }
-    free(s->tables);
     free(s->dims);
     free(s->scnt);
     free(s->rcnt);
@@ -324,18 +322,14 @@ static int find_all(rt_shard_t *s, int nreq, const seg_t *seg /* (T, nreq) */,
     const int T = s->ntables;
     int first_bad = T, bad_rc = 0;
     char msg[512] = "";
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (rt_store_parallel(s->store))
     for (int t = 0; t < T; t++) {
         int rc = 0;
         for (int r = 0; r < nreq && rc == 0; r++) {
             const seg_t *g = &seg[(size_t)t * (size_t)nreq + (size_t)r];
             if (g->n == 0)
                 continue;
-            if (insert)
-                rc = kern_table_find_or_insert(s->tables[t], g->n, keys + g->k0, step,
-                                               rows + g->k0);
-            else
-                kern_table_find(s->tables[t], g->n, keys + g->k0, rows + g->k0);
+            rc = rt_store_find(s->store, t, g->n, keys + g->k0, step, insert, rows + g->k0);
         }
         if (rc < 0) {
 #pragma omp critical(shard_find_err)
@@ -377,17 +371,15 @@ static int lookup_local(rt_shard_t *s, const int64_t *const *keys, const int64_t
      * loop over tables. */
     int first_bad = T, bad_rc = 0;
     char msg[512] = "";
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (rt_store_parallel(s->store))
     for (int t = 0; t < T; t++) {
         const int64_t n = nkeys[t];
         int32_t *rows = s->loc_pos[t];
-        int trc = 0;
         if (n == 0)
             continue;
-        if (insert)
-            trc = kern_table_find_or_insert(s->tables[t], n, keys[t], step, rows);
-        else
-            kern_table_find(s->tables[t], n, keys[t], rows);
+        int trc = rt_store_find(s->store, t, n, keys[t], step, insert, rows);
+        if (trc == 0)
+            trc = rt_store_read(s->store, t, n, rows, s->values[t]);
         if (trc < 0) {
 #pragma omp critical(shard_find_err)
             if (t < first_bad) {
@@ -396,22 +388,6 @@ static int lookup_local(rt_shard_t *s, const int64_t *const *keys, const int64_t
                 snprintf(msg, sizeof msg, "%s", kiln_errmsg());
             }
             continue;
-        }
-        kern_slab_t slab;
-        kern_table_slab(s->tables[t], &slab);
-        const int dim = s->dims[t];
-        float *v = s->values[t];
-        if (dim == 1) {
-            for (int64_t i = 0; i < n; i++)
-                v[i] = rows[i] >= 0 ? slab.values[rows[i]] : 0.0f;
-        } else {
-            for (int64_t i = 0; i < n; i++) {
-                if (rows[i] >= 0)
-                    memcpy(v + i * dim, slab.values + (int64_t)rows[i] * dim,
-                           sizeof(float) * (size_t)dim);
-                else
-                    memset(v + i * dim, 0, sizeof(float) * (size_t)dim);
-            }
         }
     }
     if (bad_rc < 0) {
@@ -509,22 +485,10 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
     if (sf == NULL || rf == NULL)
         return KILN_ENOMEM;
     for (int t = 0; t < T; t++) {
-        kern_slab_t slab;
-        kern_table_slab(s->tables[t], &slab);
-        const int dim = s->dims[t];
         for (int r = 0; r < R; r++) {
             int64_t k0, f0;
             segment_start(s, s->rcnt, s->key_rd, s->flt_rd, r, t, &k0, &f0);
-            int64_t n = s->rcnt[r * T + t];
-#pragma omp parallel for schedule(static) if (n > 4096)
-            for (int64_t i = 0; i < n; i++) {
-                int32_t row = rows[k0 + i];
-                float *dst = sf + f0 + i * dim;
-                if (row >= 0)
-                    memcpy(dst, slab.values + (int64_t)row * dim, sizeof(float) * (size_t)dim);
-                else
-                    memset(dst, 0, sizeof(float) * (size_t)dim);
-            }
+            KILN_CHECK(rt_store_read(s->store, t, s->rcnt[r * T + t], rows + k0, sf + f0));
         }
     }
     RT_MPI_CHECK(MPI_Alltoallv(sf, s->flt_rc, s->flt_rd, MPI_FLOAT, rf, s->flt_sc, s->flt_sd,
@@ -604,30 +568,17 @@ static int update_local(rt_shard_t *s, const double *const *grads, const kern_op
                         int64_t step)
 {
     const int T = s->ntables;
-    kern_slab_t *slabs = kiln_calloc((size_t)T, sizeof *slabs);
-    if (slabs == NULL)
-        return KILN_ENOMEM;
-    int rc = 0;
     for (int t = 0; t < T; t++) {
-        kern_table_slab(s->tables[t], &slabs[t]);
         int64_t nf = s->nkeys[t] * s->dims[t];
         float *g = buf_need(&s->ug_grads[t], (size_t)(nf ? nf : 1) * sizeof(float));
-        if (g == NULL) {
-            rc = KILN_ENOMEM;
-            goto out;
-        }
+        if (g == NULL)
+            return KILN_ENOMEM;
         round_grads(nf, grads[t], g);
         s->ug[t].rows = s->loc_pos[t];
         s->ug[t].grads = g;
         s->ug[t].n = s->nkeys[t];
     }
-    rc = kern_cpu_sparse_update(opt, T, slabs, s->ug, step);
-    if (rc == 0)
-        for (int t = 0; t < T; t++)
-            kern_table_mark_changed(s->tables[t], s->ug[t].n, s->ug[t].rows);
-out:
-    free(slabs);
-    return rc;
+    return rt_store_update(s->store, opt, s->ug, step);
 }
 
 int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t *opt,
@@ -676,12 +627,7 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
      * double-double pairs into one entry per unique row, and round each sum
      * to float32 once. */
     const int32_t *rows = s->rrows.p;
-    kern_slab_t *slabs = kiln_calloc((size_t)T, sizeof *slabs);
-    if (slabs == NULL)
-        return KILN_ENOMEM;
-    int rc = 0;
     for (int t = 0; t < T; t++) {
-        kern_table_slab(s->tables[t], &slabs[t]);
         const int dim = s->dims[t];
         int64_t m = 0;
         for (int r = 0; r < R; r++)
@@ -690,17 +636,13 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
         double *usum =
             buf_need(&s->ug_sum[t], (size_t)(m ? m : 1) * (size_t)dim * 2 * sizeof(double));
         float *ugrad = buf_need(&s->ug_grads[t], (size_t)(m ? m : 1) * (size_t)dim * sizeof(float));
-        if (urows == NULL || usum == NULL || ugrad == NULL) {
-            rc = KILN_ENOMEM;
-            goto out;
-        }
+        if (urows == NULL || usum == NULL || ugrad == NULL)
+            return KILN_ENOMEM;
         if (s->mark[t] == NULL) {
-            int64_t cap = kern_table_capacity(s->tables[t]);
+            int64_t cap = rt_store_rows_bound(s->store, t);
             s->mark[t] = kiln_malloc((size_t)cap * sizeof(int32_t));
-            if (s->mark[t] == NULL) {
-                rc = KILN_ENOMEM;
-                goto out;
-            }
+            if (s->mark[t] == NULL)
+                return KILN_ENOMEM;
             memset(s->mark[t], 0xff, (size_t)cap * sizeof(int32_t));
         }
         int32_t *mark = s->mark[t];
@@ -733,13 +675,7 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
         s->ug[t].n = u;
     }
     /* 3. One fused optimizer update over every table. */
-    rc = kern_cpu_sparse_update(opt, T, slabs, s->ug, step);
-    if (rc == 0)
-        for (int t = 0; t < T; t++)
-            kern_table_mark_changed(s->tables[t], s->ug[t].n, s->ug[t].rows);
-out:
-    free(slabs);
-    return rc;
+    return rt_store_update(s->store, opt, s->ug, step);
 }
 
 int64_t rt_shard_bytes_last_step(const rt_shard_t *s) { return s->bytes_last; }

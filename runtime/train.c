@@ -16,6 +16,10 @@
  *   rt_shard_update                   one all-to-all of gradients, fused update
  *   MPI_Allreduce(dense grads)        then the dense optimizer step
  *
+ * The owners' side of the two rt_shard calls goes through the rank's store
+ * (rt_store.h): host tables, or GPU hash tables with the host tables as the
+ * checkpoints' mirror (resources.device; docs/gpu.md).
+ *
  * Global batch = batch_size x ranks, and the reader deals rows so that any
  * rank count sees the same global batches (docs/data-formats.md). Exit codes
  * are in docs/trainer.md.
@@ -110,6 +114,7 @@ typedef struct options {
     int64_t run_id;     /* the run they belong to (with --db) */
     const char *predict; /* prediction mode: the rows to predict (a glob) */
     const char *out;     /* prediction mode: where rank 0 writes the probabilities */
+    const char *store;   /* "twin": the GPU store's protocol on a host working copy (tests) */
 } options_t;
 
 typedef struct trainer {
@@ -120,7 +125,10 @@ typedef struct trainer {
 
     int S, F, d, T;   /* slots, dense features, pooled width, tables */
     int *slot_table;  /* (S) */
-    kern_table_t **tables;
+    kern_table_t **tables;   /* (T) this rank's shards; with a GPU, the checkpoint mirror */
+    rt_store_t *store;       /* where the rows of the step live (rt_store.h) */
+    rt_store_kind_t store_kind;
+    int cuda_device;         /* RT_STORE_CUDA: this rank's GPU */
     rt_shard_t *shard;
     rt_model_t *model;
     rt_dedupe_t *dedupe;
@@ -337,24 +345,31 @@ static int setup_tables(trainer_t *tr)
     tr->slot_table = kiln_calloc((size_t)tr->S, sizeof(int));
     tr->combine = kiln_calloc((size_t)tr->S, sizeof *tr->combine);
     tr->tables = kiln_calloc((size_t)tr->T, sizeof *tr->tables);
-    if (!tr->slot_table || !tr->combine || !tr->tables)
-        return KILN_ENOMEM;
+    kern_table_config_t *cfgs = kiln_calloc((size_t)tr->T, sizeof *cfgs);
+    int *dims = kiln_calloc((size_t)tr->T, sizeof *dims);
+    int rc = 0;
+    if (!tr->slot_table || !tr->combine || !tr->tables || !cfgs || !dims) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
     for (int s = 0; s < tr->S; s++)
         tr->slot_table[s] = -1;
     const job_optimizer_t *so = &sp->train.sparse;
     for (int t = 0; t < tr->T; t++) {
         const job_table_t *jt = &sp->model.tables[t];
         int d = rt_model_table_dim(mt, jt->emb.dim);
-        if (d != tr->d)
-            return kiln_errf(KILN_EINVAL, "table %s has dim %d but the model needs %d for every "
-                                          "table",
-                             jt->name, jt->emb.dim, tr->d);
+        if (d != tr->d) {
+            rc = kiln_errf(KILN_EINVAL, "table %s has dim %d but the model needs %d for every "
+                                        "table",
+                           jt->name, jt->emb.dim, tr->d);
+            goto out;
+        }
         /* Capacity is for the whole job; each rank holds its share plus
          * slack for the hash's imbalance between ranks. */
         int64_t per_rank = (jt->emb.capacity + tr->nranks - 1) / tr->nranks;
         if (tr->nranks > 1)
             per_rank += per_rank / 20 + 64;
-        kern_table_config_t cfg = {
+        cfgs[t] = (kern_table_config_t){
             .name = jt->name,
             .dim = d,
             .capacity = per_rank,
@@ -365,7 +380,14 @@ static int setup_tables(trainer_t *tr)
             .evict = kern_evict_of(jt->emb.eviction),
             .evict_fraction = 0.0f,
         };
-        KILN_CHECK(kern_table_create(&cfg, &tr->tables[t]));
+        dims[t] = d;
+        /* The mirror of a GPU table must take every row the GPU holds: its
+         * slots come in whole buckets, and a segmented host table can fill
+         * a segment a little before the whole (docs/kernels.md). */
+        kern_table_config_t mcfg = cfgs[t];
+        if (tr->store_kind == RT_STORE_CUDA)
+            mcfg.capacity = per_rank + per_rank / 50 + 1024;
+        KILN_CHECK_GOTO(kern_table_create(&mcfg, &tr->tables[t]), rc, out);
         for (int i = 0; i < jt->nslots; i++) {
             int s = jt->slots[i];
             if (s >= 0 && s < tr->S) {
@@ -375,17 +397,26 @@ static int setup_tables(trainer_t *tr)
             }
         }
     }
-    for (int s = 0; s < tr->S; s++)
-        if (tr->slot_table[s] < 0)
-            return kiln_errf(KILN_EINVAL, "slot %d has no embedding table", s);
+    for (int s = 0; s < tr->S; s++) {
+        if (tr->slot_table[s] < 0) {
+            rc = kiln_errf(KILN_EINVAL, "slot %d has no embedding table", s);
+            goto out;
+        }
+    }
     tr->sparse_opt = (kern_opt_t){.kind = kern_opt_of(so->type),
                                   .lr = (float)so->lr,
                                   .eps = (float)so->eps,
                                   .beta1 = (float)so->beta1,
                                   .beta2 = (float)so->beta2};
-    KILN_CHECK(rt_shard_create(MPI_COMM_WORLD, tr->T, tr->tables, &tr->shard));
-    KILN_CHECK(rt_dedupe_create(&tr->dedupe));
-    return 0;
+    KILN_CHECK_GOTO(rt_store_create(tr->store_kind, tr->T, tr->tables, cfgs, tr->cuda_device,
+                                    &tr->store),
+                    rc, out);
+    KILN_CHECK_GOTO(rt_shard_create(MPI_COMM_WORLD, tr->T, tr->store, dims, &tr->shard), rc, out);
+    KILN_CHECK_GOTO(rt_dedupe_create(&tr->dedupe), rc, out);
+out:
+    free(cfgs);
+    free(dims);
+    return rc;
 }
 
 static int setup_model(trainer_t *tr)
@@ -740,7 +771,11 @@ static int checkpoint(trainer_t *tr, bool online)
     for (int i = 0; i < na; i++)
         ca[i] = (rt_ckpt_array_t){.name = ma[i].name, .data = ma[i].data, .count = ma[i].count};
     int64_t t0 = kiln_mono_ns();
-    int rc = rt_ckpt_dump(MPI_COMM_WORLD, tr->ckpt_root, tr->T, tr->tables, ca, na, in);
+    /* With a GPU store the checkpoint reads the host mirror: bring it up to
+     * date first (every rank, or none dumps). */
+    int rc = agree(rt_store_sync(tr->store, tr->steps));
+    if (rc == 0)
+        rc = rt_ckpt_dump(MPI_COMM_WORLD, tr->ckpt_root, tr->T, tr->tables, ca, na, in);
     if (rc < 0) {
         if (kiln_errmsg()[0] && strstr(kiln_errmsg(), "failed to write its part") != NULL)
             tr->error_told = true;
@@ -868,6 +903,7 @@ static int load_start(trainer_t *tr)
         goto out;
     }
     KILN_CHECK_GOTO(rt_ckpt_load_tables(&ch, tr->rank, tr->nranks, tr->T, tr->tables), rc, out);
+    KILN_CHECK_GOTO(rt_store_upload(tr->store, in->step), rc, out);
     KILN_CHECK_GOTO(rt_ckpt_read_dense(ch.items[ch.n - 1], &dense, &nd), rc, out);
     rt_model_array_t ma[8];
     int nm = 0;
@@ -1331,7 +1367,9 @@ static void usage(FILE *f)
             "  --run-id N         ... as checkpoints of run N (required with --db)\n"
             "  --quiet            no progress on stderr\n"
             "  --predict GLOB     predict these rows with the --resume checkpoint, no training;\n"
-            "  --out FILE         ... rank 0 writes one probability per row, in file order\n\n"
+            "  --out FILE         ... rank 0 writes one probability per row, in file order\n"
+            "  --store twin       (tests) keep the working tables apart from the checkpoint\n"
+            "                     mirror in host memory, as a GPU run keeps them on the GPU\n\n"
             "Online export: SIGUSR1, or a file <run-dir>/export.request, makes the trainer write\n"
             "an incremental checkpoint at the next step boundary (<run-dir>/export.last names it).\n\n"
             "At the end rank 0 prints one JSON line on stdout. Exit codes: 0 ok, 1 internal "
@@ -1355,6 +1393,7 @@ static const struct {
     {"--db", OPT_STR, offsetof(options_t, db)},
     {"--predict", OPT_STR, offsetof(options_t, predict)},
     {"--out", OPT_STR, offsetof(options_t, out)},
+    {"--store", OPT_STR, offsetof(options_t, store)},
     {"--max-steps", OPT_I64, offsetof(options_t, max_steps)},
     {"--run-id", OPT_I64, offsetof(options_t, run_id)},
     {"--threads", OPT_INT, offsetof(options_t, threads)},
@@ -1396,6 +1435,8 @@ static int parse_options(int argc, char **argv, options_t *o)
         else
             *(int64_t *)field = v;
     }
+    if (o->store != NULL && strcmp(o->store, "twin") != 0)
+        return kiln_errf(KILN_EUSAGE, "--store: the only value is twin, got '%s'", o->store);
     if (o->predict != NULL) {
         if (o->spec_path == NULL || o->resume == NULL || o->out == NULL)
             return kiln_errf(KILN_EUSAGE, "--predict needs --spec FILE, --resume CHECKPOINT_DIR "
@@ -1411,32 +1452,53 @@ static int parse_options(int argc, char **argv, options_t *o)
     return 0;
 }
 
-/* resources.device (rt_device.h). Every step runs on the CPU backend: the
- * CUDA pieces (kernels, NCCL comm, cuBLAS layers) are built and have parity
- * tests for GPU hosts, but the training step has no CUDA path yet
- * (docs/gpu.md). So auto says so in its log line when it sees a GPU, and an
- * explicit `device: cuda` is refused rather than quietly run on the CPU. */
+/* resources.device (rt_device.h) decides where the embedding tables of the
+ * step live: cuda puts this rank's shards in GPU hash tables (RT_STORE_CUDA;
+ * lookups, inserts, evictions and the sparse optimizer run as CUDA
+ * kernels), cpu keeps them in host tables. The dense part of every model
+ * and the exchange run on the CPU either way (docs/gpu.md, "Training on a
+ * GPU"). The ranks agree: auto falls back to the CPU everywhere if one rank
+ * sees no GPU. Each rank takes GPU (local rank mod visible GPUs). Not
+ * collective before the agreement, so a refusal is every rank's. */
 static int pick_device(trainer_t *tr)
 {
     rt_device_t dev = RT_DEVICE_CPU;
     char why[320];
     const int gpus = rt_device_visible_gpus();
-    KILN_CHECK(rt_device_pick(tr->spec.resources.device, rt_device_built_cuda(), gpus, &dev, why,
-                              sizeof why));
-    if (dev == RT_DEVICE_CUDA) {
-        if (tr->spec.resources.device == JOB_DEVICE_CUDA)
-            return kiln_errf(KILN_EINVAL,
-                             "resources.device is cuda, but kiln-train's training step has no "
-                             "CUDA path yet (the CUDA kernels, NCCL comm and cuBLAS layers are "
-                             "built and parity-tested but not wired in; docs/gpu.md): use "
-                             "device: auto or cpu");
-        snprintf(why, sizeof why,
-                 "device auto: %d CUDA device%s visible, but the training step runs on the CPU "
-                 "backend in this version (docs/gpu.md)",
-                 gpus, gpus == 1 ? "" : "s");
+    int rc = rt_device_pick(tr->spec.resources.device, rt_device_built_cuda(), gpus, &dev, why,
+                            sizeof why);
+    rc = agree(rc);
+    if (rc < 0)
+        return rc;
+    int mine = dev == RT_DEVICE_CUDA, all = mine;
+    if (MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "MPI_Allreduce of the device choice failed");
+    if (mine && !all) {
+        dev = RT_DEVICE_CPU;
+        snprintf(why, sizeof why, "device auto: another rank sees no CUDA device; every rank "
+                                  "uses the CPU backend");
     }
-    if (tr->rank == 0)
+    tr->store_kind = dev == RT_DEVICE_CUDA ? RT_STORE_CUDA : RT_STORE_HOST;
+    if (dev == RT_DEVICE_CUDA) {
+        MPI_Comm local;
+        int lrank = 0, lsize = 1;
+        if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, tr->rank, MPI_INFO_NULL,
+                                &local) == MPI_SUCCESS) {
+            MPI_Comm_rank(local, &lrank);
+            MPI_Comm_size(local, &lsize);
+            MPI_Comm_free(&local);
+        }
+        tr->cuda_device = lrank % gpus;
+        if (tr->rank == 0)
+            KILN_INFO("%s: embedding tables on the GPU (%d rank%s on this host, %d GPU%s%s); "
+                      "dense layers and the exchange on the CPU",
+                      why, lsize, lsize == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s",
+                      lsize > gpus ? ", so ranks share GPUs" : "");
+    } else if (tr->rank == 0) {
         KILN_INFO("%s", why);
+    }
+    if (tr->opt.store != NULL)
+        tr->store_kind = RT_STORE_TWIN;
     return 0;
 }
 
@@ -1473,6 +1535,7 @@ static void trainer_fini(trainer_t *tr)
         }
     }
     rt_shard_destroy(tr->shard);
+    rt_store_destroy(tr->store);
     rt_dedupe_destroy(tr->dedupe);
     rt_model_destroy(tr->model);
     free(tr->tables);
@@ -1612,7 +1675,7 @@ static int run(trainer_t *tr)
     }
     int64_t keys = 0, mine_keys = 0, malformed = 0;
     for (int t = 0; t < tr->T; t++)
-        mine_keys += kern_table_size(tr->tables[t]);
+        mine_keys += rt_store_size(tr->store, t);
     MPI_Reduce(&mine_keys, &keys, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     MPI_Reduce(&tr->malformed, &malformed, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     if (tr->rank == 0) {

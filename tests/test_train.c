@@ -175,15 +175,18 @@ static void write_spec(const char *name, const char *model, int batch, const cha
     fclose(f);
 }
 
-/* Runs kiln-train on np ranks and returns its result JSON (or NULL). */
-static json_t *train(int np, const char *spec, const char *run_name, result_t *r)
+/* Runs kiln-train on np ranks, with up to 4 more arguments (NULL-ended),
+ * and returns its result JSON (or NULL). */
+static json_t *train_with(int np, const char *spec, const char *run_name, result_t *r,
+                          const char *const *more)
 {
     char run_dir[400], nps[16];
     snprintf(run_dir, sizeof run_dir, "%s/%s", tmpdir, run_name);
     snprintf(nps, sizeof nps, "%d", np);
-    const char *argv[] = {"mpirun", "-np", nps, "--oversubscribe", KILN_TRAIN_BIN,
-                          "--spec", spec, "--run-dir", run_dir, "--quiet", "--threads", "1",
-                          NULL};
+    const char *argv[17] = {"mpirun", "-np", nps, "--oversubscribe", KILN_TRAIN_BIN,
+                            "--spec", spec, "--run-dir", run_dir, "--quiet", "--threads", "1"};
+    for (int i = 0; more != NULL && more[i] != NULL && i < 4; i++)
+        argv[12 + i] = more[i];
     run(r, argv);
     if (r->code != 0)
         return NULL;
@@ -192,6 +195,11 @@ static json_t *train(int np, const char *spec, const char *run_name, result_t *r
     if (v == NULL)
         fail_msg("kiln-train printed no JSON: %s / %s", r->out, r->err);
     return v;
+}
+
+static json_t *train(int np, const char *spec, const char *run_name, result_t *r)
+{
+    return train_with(np, spec, run_name, r, NULL);
 }
 
 static double num(json_t *o, const char *k)
@@ -407,6 +415,184 @@ static void test_same_seed_same_result(void **state)
     free(r);
 }
 
+/* An fm spec with adagrad over lru tables of `capacity` rows, batch 100
+ * per rank, dumps every `every` steps in chains of full_every into
+ * ckpt/<name>, on `device` (NULL: the spec's default). The file is
+ * <name>-<capacity>.yaml. */
+static void write_fm_spec(const char *name, int capacity, const char *device, int every,
+                          int full_every, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s-%d.yaml", tmpdir, name, capacity);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "name: %s\n"
+            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+            "model:\n  type: fm\n  embedding: {dim: 8, capacity: %d, eviction: lru}\n"
+            "train: {batch_size: 100, seed: 7, log_every: 1, init_from: none}\n"
+            "checkpoint: {dir: ckpt/%s, every_steps: %d, full_every: %d, keep: 10}\n",
+            name, capacity, name, every, full_every);
+    if (device != NULL)
+        fprintf(f, "resources: {device: %s}\n", device);
+    fclose(f);
+}
+
+/* Trains host and twin (extra args more[0] and more[1]) and checks that
+ * their newest checkpoints hold the same bits. */
+static void host_and_twin(const char *const spec[2], const char *run, const char *const *more[2])
+{
+    static const char *const names[2] = {"store-host", "store-twin"};
+    result_t *r = malloc(sizeof *r);
+    json_t *res[2];
+    for (int k = 0; k < 2; k++) {
+        char rn[80];
+        snprintf(rn, sizeof rn, "%s-%s", names[k], run);
+        res[k] = train_with(2, spec[k], rn, r, more[k]);
+        if (res[k] == NULL)
+            fail_msg("%s, %s: kiln-train failed (%d): %s", names[k], run, r->code, r->err);
+    }
+    assert_int_equal((int)num(res[0], "keys"), (int)num(res[1], "keys"));
+    assert_true(num(res[0], "eval_logloss") == num(res[1], "eval_logloss"));
+    json_decref(res[0]);
+    json_decref(res[1]);
+    free(r);
+    char ra[400], rb[400];
+    snprintf(ra, sizeof ra, "%s/ckpt/%s", tmpdir, names[0]);
+    snprintf(rb, sizeof rb, "%s/ckpt/%s", tmpdir, names[1]);
+    wcmp_t c = {0};
+    compare_weights(ra, rb, &c);
+    print_message("twin vs host store, %s: %lld values compared, worst |diff| %.3g\n", run,
+                  (long long)c.checked, c.worst_abs);
+    assert_true(c.checked > 0);
+    assert_true(c.worst_abs == 0.0);
+}
+
+/* The mirror protocol a GPU run uses (rt_store.h: the working tables apart
+ * from the host tables that checkpoints read, synced at every dump, uploaded
+ * after a load), run with --store twin, whose working copy is a second set
+ * of host tables: the CPU stand-in for the GPU.
+ *
+ * Part 1, to step 10 under lru pressure: every dump of the twin run (a full
+ * one, then incrementals carrying evicted keys) must resolve to the plain
+ * host store's rows, adagrad sums and dense weights bit for bit. Part 2
+ * resumes both from their step-10 checkpoints and trains to the end: the
+ * upload must give the same bits again. Part 2 runs with room to spare,
+ * because an upload lays rows out afresh (a GPU table has its own layout
+ * anyway) and lru breaks ties between equally old rows by position, so under
+ * pressure the two would evict different, equally old, keys. */
+static void test_twin_store_matches_host(void **state)
+{
+    (void)state;
+    const char *names[2] = {"store-host", "store-twin"};
+    char small[2][400], big[2][400];
+    for (int k = 0; k < 2; k++) {
+        write_fm_spec(names[k], 300, NULL, 4, 3, small[k], sizeof small[k]);
+        write_fm_spec(names[k], 4000, NULL, 4, 3, big[k], sizeof big[k]);
+    }
+    const char *const specs1[2] = {small[0], small[1]};
+    const char *stop_host[] = {"--max-steps", "10", NULL};
+    const char *stop_twin[] = {"--max-steps", "10", "--store", "twin", NULL};
+    const char *const *more1[2] = {stop_host, stop_twin};
+    host_and_twin(specs1, "part1", more1);
+
+    char ck[2][400];
+    for (int k = 0; k < 2; k++) {
+        rt_ckpt_chain_t ch;
+        char root[400];
+        snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, names[k]);
+        open_latest(root, &ch);
+        assert_int_equal(rt_ckpt_info(ch.items[ch.n - 1])->step, 10);
+        assert_true(ch.n >= 2); /* a full dump and at least one incremental */
+        int64_t evicted = 0;
+        for (int i = 1; i < ch.n; i++)
+            evicted += rt_ckpt_info(ch.items[i])->evicted;
+        if (evicted == 0)
+            fail_msg("%s: no incremental dump carried an evicted key; the test needs "
+                     "eviction pressure", names[k]);
+        snprintf(ck[k], sizeof ck[k], "%s", rt_ckpt_path(ch.items[ch.n - 1]));
+        rt_ckpt_chain_fini(&ch);
+    }
+    const char *const specs2[2] = {big[0], big[1]};
+    const char *res_host[] = {"--resume", ck[0], NULL};
+    const char *res_twin[] = {"--resume", ck[1], "--store", "twin", NULL};
+    const char *const *more2[2] = {res_host, res_twin};
+    host_and_twin(specs2, "part2", more2);
+}
+
+/* ---- on a GPU (ctest label gpu: test_train_gpu runs these alone) ---------------------- */
+
+/* Returns 0 when kiln-train can train on a GPU here, else prints why not. */
+static int gpu_probe(void)
+{
+    char spec[400];
+    write_fm_spec("probe", 200000, "cuda", 5, 2, spec, sizeof spec);
+    result_t *r = malloc(sizeof *r);
+    const char *more[] = {"--max-steps", "1", "--eval", "none", NULL};
+    json_t *v = train_with(1, spec, "probe", r, more);
+    int rc = v != NULL ? 0 : -1;
+    if (v == NULL)
+        printf("no GPU training here (kiln-train exit %d): %.300s\n", r->code, r->err);
+    json_decref(v);
+    free(r);
+    return rc;
+}
+
+/* kiln-train with device: cuda (tables in GPU hash tables, rt_store.h)
+ * against device: cpu on the same data, 2 ranks: the same keys, losses step
+ * by step and eval logloss within float tolerance (the GPU update contracts
+ * to FMAs; the hash table's layout differs), incremental dumps on the way;
+ * then the GPU run's checkpoint resumes on the CPU and a CPU checkpoint on
+ * the GPU. */
+static void test_cuda_matches_cpu(void **state)
+{
+    (void)state;
+    char cpu[400], gpu[400];
+    /* Ample capacity: no eviction, so both devices hold the same keys. */
+    write_fm_spec("dev-cpu", 200000, "cpu", 5, 2, cpu, sizeof cpu);
+    write_fm_spec("dev-cuda", 200000, "cuda", 5, 2, gpu, sizeof gpu);
+    result_t *r = malloc(sizeof *r);
+    json_t *a = train(2, cpu, "dev-cpu", r);
+    if (a == NULL)
+        fail_msg("cpu run failed (%d): %s", r->code, r->err);
+    json_t *b = train(2, gpu, "dev-cuda", r);
+    if (b == NULL)
+        fail_msg("cuda run failed (%d): %s", r->code, r->err);
+    assert_int_equal((int)num(a, "keys"), (int)num(b, "keys"));
+    assert_close(num(a, "eval_logloss"), num(b, "eval_logloss"), 1e-3, "eval_logloss");
+    double la[64], lb[64];
+    int na = losses("dev-cpu", la, 64), nb = losses("dev-cuda", lb, 64);
+    assert_int_equal(na, nb);
+    for (int i = 0; i < na; i++)
+        assert_close(la[i], lb[i], 1e-3, "training loss");
+    char ra[400], rb[400];
+    snprintf(ra, sizeof ra, "%s/ckpt/dev-cpu", tmpdir);
+    snprintf(rb, sizeof rb, "%s/ckpt/dev-cuda", tmpdir);
+    wcmp_t c = {0};
+    compare_weights(ra, rb, &c);
+    print_message("cuda vs cpu: %lld values, %lld beyond atol + %g |ref|, worst |diff| %.3g\n",
+                  (long long)c.checked, (long long)c.bad, RTOL, c.worst_abs);
+    json_decref(a);
+    json_decref(b);
+    /* Cross resumes: each device continues from the other's checkpoint. */
+    const char *roots[2] = {rb, ra};
+    const char *specs[2] = {cpu, gpu};
+    const char *runs[2] = {"cuda-on-cpu", "cpu-on-cuda"};
+    for (int k = 0; k < 2; k++) {
+        rt_ckpt_chain_t ch;
+        open_latest(roots[k], &ch);
+        char ck[400];
+        snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
+        rt_ckpt_chain_fini(&ch);
+        const char *more[] = {"--resume", ck, "--max-steps", "3", NULL};
+        json_t *v = train_with(2, specs[k], runs[k], r, more);
+        if (v == NULL)
+            fail_msg("%s failed (%d): %s", runs[k], r->code, r->err);
+        assert_true(num(v, "keys") > 0);
+        json_decref(v);
+    }
+    free(r);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -482,7 +668,25 @@ int main(void)
         cmocka_unit_test(test_dlrm_1_vs_3),
         cmocka_unit_test(test_weights_compare_can_fail),
         cmocka_unit_test(test_same_seed_same_result), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_twin_store_matches_host),
+        cmocka_unit_test(test_cuda_matches_cpu),
         cmocka_unit_test(test_malformed_lines),
     };
+    /* KILN_TEST_FILTER=test_twin* runs matching tests (cmocka glob).
+     * KILN_TEST_GPU=1 (ctest's test_train_gpu) runs the GPU tests alone, or
+     * exits 77 (skipped) when kiln-train cannot train on a GPU here. */
+    if (getenv("KILN_TEST_GPU") != NULL) {
+        if (setup(NULL) != 0)
+            return 1;
+        int probe = gpu_probe();
+        teardown(NULL);
+        if (probe != 0)
+            return 77;
+        cmocka_set_test_filter("test_cuda*");
+    } else {
+        cmocka_set_skip_filter("test_cuda*");
+    }
+    if (getenv("KILN_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }
