@@ -244,13 +244,24 @@ int cw_changed(rt_store_work_t *w, int t, int64_t since, int64_t step, rt_store_
 {
     (void)step; /* the GPU scan reads stamps, it keeps no change list */
     cuda_work *c = W(w);
-    const int64_t cap = kern_cuda_table_capacity(c->tables[t]);
     const int dim = c->dims[t], sw = c->nstate[t] * dim;
-    KILN_CHECK(dneed(&c->rows, sizeof(int32_t) * (size_t)cap));
-    KILN_CHECK(dneed(&c->keys, sizeof(int64_t) * (size_t)cap));
-    int64_t n = 0;
-    KILN_CHECK(kern_cuda_table_changed_since(c->tables[t], since, (int32_t *)c->rows.p,
-                                             (int64_t *)c->keys.p, cap, &n, c->stream));
+    /* Changed rows are live rows: room for the live count (exact after the
+     * last call, which synchronized), grown and retried if the scan says
+     * more (it returns KILN_ERANGE and the count). Not the capacity: that
+     * would be 12 bytes of scratch per slot. */
+    int64_t cap = kern_cuda_table_size(c->tables[t]) + 1024, n = 0;
+    for (int attempt = 0;; attempt++) {
+        KILN_CHECK(dneed(&c->rows, sizeof(int32_t) * (size_t)cap));
+        KILN_CHECK(dneed(&c->keys, sizeof(int64_t) * (size_t)cap));
+        int rc = kern_cuda_table_changed_since(c->tables[t], since, (int32_t *)c->rows.p,
+                                               (int64_t *)c->keys.p, cap, &n, c->stream);
+        if (rc == KILN_ERANGE && attempt == 0 && n > cap) {
+            cap = n;
+            continue;
+        }
+        KILN_CHECK(rc);
+        break;
+    }
     KILN_CHECK(hneed(&c->h_keys, &c->h_keys_cap, sizeof(int64_t) * (size_t)(n ? n : 1)));
     KILN_CHECK(hneed(&c->h_vals, &c->h_vals_cap, sizeof(float) * (size_t)(n ? n : 1) * dim));
     CUDA_CHECK(cudaMemcpyAsync(c->h_keys, c->keys.p, sizeof(int64_t) * (size_t)n,
