@@ -87,12 +87,21 @@ void state_events_free(state_event_t *es, size_t n)
     free(es);
 }
 
+static int read_event(sqlite3_stmt *s, void *item)
+{
+    state_event_t *e = item;
+    e->id = state_col_i64(s, 0);
+    e->job_id = state_col_i64(s, 1);
+    e->run_id = state_col_i64(s, 2);
+    e->at = state_col_i64(s, 3);
+    KILN_CHECK(state_col_str(s, 4, &e->kind));
+    return state_col_str(s, 5, &e->message);
+}
+
 static int event_list_tx(state_t *st, int64_t job_id, int64_t run_id, state_event_t **out,
                          size_t *n)
 {
     sqlite3_stmt *s = NULL;
-    state_event_t *es = NULL;
-    size_t cap = 0, len = 0;
     int rc;
     const char *what = "listing events";
     if (run_id > 0) {
@@ -104,31 +113,15 @@ static int event_list_tx(state_t *st, int64_t job_id, int64_t run_id, state_even
     } else {
         KILN_CHECK_GOTO(state_stmt(st, STMT_EVENT_LIST_ALL, &s), rc, out);
     }
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&es, &cap, len, sizeof *es), rc, out);
-        state_event_t *e = &es[len];
-        memset(e, 0, sizeof *e);
-        len++;
-        e->id = state_col_i64(s, 0);
-        e->job_id = state_col_i64(s, 1);
-        e->run_id = state_col_i64(s, 2);
-        e->at = state_col_i64(s, 3);
-        KILN_CHECK_GOTO(state_col_str(s, 4, &e->kind), rc, out);
-        KILN_CHECK_GOTO(state_col_str(s, 5, &e->message), rc, out);
-    }
-    rc = 0;
+    rc = state_collect(st, s, what, sizeof **out, read_event, (void **)out, n);
 out:
     state_stmt_done(s);
     if (rc < 0) {
-        state_events_free(es, len);
-        return rc;
+        state_events_free(*out, *n);
+        *out = NULL;
+        *n = 0;
     }
-    *out = es;
-    *n = len;
-    return 0;
+    return rc;
 }
 
 int state_event_list(state_t *st, int64_t job_id, int64_t run_id, state_event_t **out, size_t *n)

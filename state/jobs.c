@@ -198,30 +198,22 @@ int state_job_get_by_id(state_t *st, int64_t id, state_job_t *out)
     return rc;
 }
 
+static int read_job_row(sqlite3_stmt *s, void *item) { return read_job(s, item); }
+
 static int job_list_tx(state_t *st, state_job_t **out, size_t *n)
 {
     sqlite3_stmt *s = NULL;
-    state_job_t *js = NULL;
-    size_t cap = 0, len = 0;
     int rc;
     KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_LIST, &s), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, "listing jobs"), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&js, &cap, len, sizeof *js), rc, out);
-        KILN_CHECK_GOTO(read_job(s, &js[len]), rc, out);
-        len++;
-    }
+    rc = state_collect(st, s, "listing jobs", sizeof **out, read_job_row, (void **)out, n);
 out:
     state_stmt_done(s);
     if (rc < 0) {
-        state_jobs_free(js, len);
-        return rc;
+        state_jobs_free(*out, *n);
+        *out = NULL;
+        *n = 0;
     }
-    *out = js;
-    *n = len;
-    return 0;
+    return rc;
 }
 
 int state_job_list(state_t *st, state_job_t **out, size_t *n)

@@ -163,37 +163,30 @@ int state_metric_last(state_t *st, int64_t run_id, const char *name, double *val
 
 /* ---- aggregates for /metrics ----------------------------------------------------- */
 
+static int read_run_count(sqlite3_stmt *s, void *item)
+{
+    state_run_count_t *c = item;
+    c->job_id = state_col_i64(s, 0);
+    c->n = state_col_i64(s, 2);
+    if (state_run_state_parse((const char *)sqlite3_column_text(s, 1), &c->state) < 0)
+        return kiln_errf(KILN_ECORRUPT, "run_counts holds an unknown state");
+    return 0;
+}
+
 static int run_counts_tx(state_t *st, state_run_count_t **out, size_t *n)
 {
     sqlite3_stmt *s = NULL;
-    state_run_count_t *cs = NULL;
-    size_t cap = 0, len = 0;
     int rc;
-    const char *what = "counting runs";
     KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_RUN_COUNTS, &s), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&cs, &cap, len, sizeof *cs), rc, out);
-        state_run_count_t *c = &cs[len];
-        c->job_id = state_col_i64(s, 0);
-        c->n = state_col_i64(s, 2);
-        if (state_run_state_parse((const char *)sqlite3_column_text(s, 1), &c->state) < 0) {
-            rc = kiln_errf(KILN_ECORRUPT, "run_counts holds an unknown state");
-            goto out;
-        }
-        len++;
-    }
+    rc = state_collect(st, s, "counting runs", sizeof **out, read_run_count, (void **)out, n);
 out:
     state_stmt_done(s);
     if (rc < 0) {
-        free(cs);
-        return rc;
+        free(*out);
+        *out = NULL;
+        *n = 0;
     }
-    *out = cs;
-    *n = len;
-    return 0;
+    return rc;
 }
 
 int state_run_counts(state_t *st, state_run_count_t **out, size_t *n)
@@ -205,34 +198,31 @@ int state_run_counts(state_t *st, state_run_count_t **out, size_t *n)
     return rc;
 }
 
+static int read_duration(sqlite3_stmt *s, void *item)
+{
+    state_duration_bucket_t *b = item;
+    b->job_id = state_col_i64(s, 0);
+    b->le = state_col_i64(s, 1);
+    b->n = state_col_i64(s, 2);
+    b->sum_s = state_col_i64(s, 3);
+    return 0;
+}
+
 static int run_durations_tx(state_t *st, state_duration_bucket_t **out, size_t *n)
 {
     sqlite3_stmt *s = NULL;
-    state_duration_bucket_t *bs = NULL;
-    size_t cap = 0, len = 0;
     int rc;
-    const char *what = "reading run durations";
     KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_RUN_DURATIONS, &s), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&bs, &cap, len, sizeof *bs), rc, out);
-        bs[len].job_id = state_col_i64(s, 0);
-        bs[len].le = state_col_i64(s, 1);
-        bs[len].n = state_col_i64(s, 2);
-        bs[len].sum_s = state_col_i64(s, 3);
-        len++;
-    }
+    rc = state_collect(st, s, "reading run durations", sizeof **out, read_duration, (void **)out,
+                       n);
 out:
     state_stmt_done(s);
     if (rc < 0) {
-        free(bs);
-        return rc;
+        free(*out);
+        *out = NULL;
+        *n = 0;
     }
-    *out = bs;
-    *n = len;
-    return 0;
+    return rc;
 }
 
 int state_run_durations(state_t *st, state_duration_bucket_t **out, size_t *n)
@@ -257,44 +247,37 @@ void state_endpoint_infos_free(state_endpoint_info_t *es, size_t n)
     free(es);
 }
 
+static int read_endpoint(sqlite3_stmt *s, void *item)
+{
+    state_endpoint_info_t *e = item;
+    e->id = state_col_i64(s, 0);
+    e->created_at = state_col_i64(s, 4);
+    e->checkpoint_id = state_col_i64(s, 5);
+    e->since = state_col_i64(s, 6);
+    e->pushes_failed = state_col_i64(s, 8);
+    e->pushes_succeeded = state_col_i64(s, 9);
+    e->pushes_pending = state_col_i64(s, 10);
+    e->last_push_at = state_col_i64(s, 11);
+    KILN_CHECK(state_col_str(s, 1, &e->url));
+    KILN_CHECK(state_col_str(s, 2, &e->model));
+    KILN_CHECK(state_col_str(s, 3, &e->label));
+    return state_col_str(s, 7, &e->checkpoint_uid);
+}
+
 static int endpoint_list_tx(state_t *st, state_endpoint_info_t **out, size_t *n)
 {
     sqlite3_stmt *s = NULL;
-    state_endpoint_info_t *es = NULL;
-    size_t cap = 0, len = 0;
     int rc;
-    const char *what = "listing endpoints";
     KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_ENDPOINT_LIST, &s), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&es, &cap, len, sizeof *es), rc, out);
-        state_endpoint_info_t *e = &es[len];
-        memset(e, 0, sizeof *e);
-        len++;
-        e->id = state_col_i64(s, 0);
-        e->created_at = state_col_i64(s, 4);
-        e->checkpoint_id = state_col_i64(s, 5);
-        e->since = state_col_i64(s, 6);
-        e->pushes_failed = state_col_i64(s, 8);
-        e->pushes_succeeded = state_col_i64(s, 9);
-        e->pushes_pending = state_col_i64(s, 10);
-        e->last_push_at = state_col_i64(s, 11);
-        KILN_CHECK_GOTO(state_col_str(s, 1, &e->url), rc, out);
-        KILN_CHECK_GOTO(state_col_str(s, 2, &e->model), rc, out);
-        KILN_CHECK_GOTO(state_col_str(s, 3, &e->label), rc, out);
-        KILN_CHECK_GOTO(state_col_str(s, 7, &e->checkpoint_uid), rc, out);
-    }
+    rc = state_collect(st, s, "listing endpoints", sizeof **out, read_endpoint, (void **)out, n);
 out:
     state_stmt_done(s);
     if (rc < 0) {
-        state_endpoint_infos_free(es, len);
-        return rc;
+        state_endpoint_infos_free(*out, *n);
+        *out = NULL;
+        *n = 0;
     }
-    *out = es;
-    *n = len;
-    return 0;
+    return rc;
 }
 
 int state_endpoint_list(state_t *st, state_endpoint_info_t **out, size_t *n)
@@ -313,30 +296,26 @@ typedef struct history_q {
     size_t n;
 } history_q_t;
 
+static int read_holding(sqlite3_stmt *s, void *item)
+{
+    state_holding_t *h = item;
+    h->checkpoint_id = state_col_i64(s, 0);
+    h->since = state_col_i64(s, 2);
+    h->until_at = state_col_i64(s, 3);
+    h->push_id = state_col_i64(s, 4);
+    return state_col_str(s, 1, &h->checkpoint_uid);
+}
+
 static int endpoint_history_tx(state_t *st, history_q_t *q)
 {
     sqlite3_stmt *s = NULL;
-    size_t cap = 0;
     int rc;
     const char *what = "reading an endpoint's holdings";
     q->hs = NULL;
     q->n = 0;
     KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_HOLDING_HISTORY, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", q->endpoint_id, q->limit), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&q->hs, &cap, q->n, sizeof *q->hs), rc, out);
-        state_holding_t *h = &q->hs[q->n];
-        memset(h, 0, sizeof *h);
-        q->n++;
-        h->checkpoint_id = state_col_i64(s, 0);
-        h->since = state_col_i64(s, 2);
-        h->until_at = state_col_i64(s, 3);
-        h->push_id = state_col_i64(s, 4);
-        KILN_CHECK_GOTO(state_col_str(s, 1, &h->checkpoint_uid), rc, out);
-    }
+    rc = state_collect(st, s, what, sizeof *q->hs, read_holding, (void **)&q->hs, &q->n);
 out:
     state_stmt_done(s);
     if (rc < 0) {

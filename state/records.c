@@ -71,37 +71,31 @@ void state_inputs_free(state_input_t *ins, size_t n)
     free(ins);
 }
 
+static int read_input(sqlite3_stmt *s, void *item)
+{
+    state_input_t *in = item;
+    in->size = state_col_i64(s, 1);
+    in->mtime = state_col_i64(s, 2);
+    KILN_CHECK(state_col_str(s, 0, &in->path));
+    return state_col_str(s, 3, &in->checksum);
+}
+
 static int input_list_tx(state_t *st, int64_t run_id, state_input_t **out, size_t *n)
 {
     sqlite3_stmt *s = NULL;
-    state_input_t *ins = NULL;
-    size_t cap = 0, len = 0;
     int rc;
     const char *what = "listing run inputs";
     KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_LIST, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&ins, &cap, len, sizeof *ins), rc, out);
-        state_input_t *in = &ins[len];
-        memset(in, 0, sizeof *in);
-        len++;
-        in->size = state_col_i64(s, 1);
-        in->mtime = state_col_i64(s, 2);
-        KILN_CHECK_GOTO(state_col_str(s, 0, &in->path), rc, out);
-        KILN_CHECK_GOTO(state_col_str(s, 3, &in->checksum), rc, out);
-    }
+    rc = state_collect(st, s, what, sizeof **out, read_input, (void **)out, n);
 out:
     state_stmt_done(s);
     if (rc < 0) {
-        state_inputs_free(ins, len);
-        return rc;
+        state_inputs_free(*out, *n);
+        *out = NULL;
+        *n = 0;
     }
-    *out = ins;
-    *n = len;
-    return 0;
+    return rc;
 }
 
 int state_input_list(state_t *st, int64_t run_id, state_input_t **out, size_t *n)
@@ -174,37 +168,33 @@ int state_metric_add(state_t *st, int64_t run_id, int64_t step, const char *name
     return rc;
 }
 
+static int read_metric(sqlite3_stmt *s, void *item)
+{
+    state_metric_t *m = item;
+    m->step = state_col_i64(s, 0);
+    /* SQLite stores NaN as NULL; give it back as NaN. */
+    m->value = sqlite3_column_type(s, 1) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 1);
+    m->at = state_col_i64(s, 2);
+    return 0;
+}
+
 static int metric_series_tx(state_t *st, int64_t run_id, const char *name, state_metric_t **out,
                             size_t *n)
 {
     sqlite3_stmt *s = NULL;
-    state_metric_t *ms = NULL;
-    size_t cap = 0, len = 0;
     int rc;
     const char *what = "reading a metric series";
     KILN_CHECK_GOTO(state_stmt(st, STMT_METRIC_SERIES, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "It", run_id, name), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&ms, &cap, len, sizeof *ms), rc, out);
-        ms[len].step = state_col_i64(s, 0);
-        /* SQLite stores NaN as NULL; give it back as NaN. */
-        ms[len].value =
-            sqlite3_column_type(s, 1) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 1);
-        ms[len].at = state_col_i64(s, 2);
-        len++;
-    }
+    rc = state_collect(st, s, what, sizeof **out, read_metric, (void **)out, n);
 out:
     state_stmt_done(s);
     if (rc < 0) {
-        free(ms);
-        return rc;
+        free(*out);
+        *out = NULL;
+        *n = 0;
     }
-    *out = ms;
-    *n = len;
-    return 0;
+    return rc;
 }
 
 int state_metric_series(state_t *st, int64_t run_id, const char *name, state_metric_t **out,
@@ -593,32 +583,24 @@ void state_checkpoints_free(state_checkpoint_t *cs, size_t n)
     free(cs);
 }
 
+static int read_ckpt_row(sqlite3_stmt *s, void *item) { return read_ckpt(s, item); }
+
 static int ckpt_list_run_tx(state_t *st, int64_t run_id, state_checkpoint_t **out, size_t *n)
 {
     sqlite3_stmt *s = NULL;
-    state_checkpoint_t *cs = NULL;
-    size_t cap = 0, len = 0;
     int rc;
     const char *what = "listing checkpoints";
     KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_LIST_RUN, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&cs, &cap, len, sizeof *cs), rc, out);
-        KILN_CHECK_GOTO(read_ckpt(s, &cs[len]), rc, out);
-        len++;
-    }
+    rc = state_collect(st, s, what, sizeof **out, read_ckpt_row, (void **)out, n);
 out:
     state_stmt_done(s);
     if (rc < 0) {
-        state_checkpoints_free(cs, len);
-        return rc;
+        state_checkpoints_free(*out, *n);
+        *out = NULL;
+        *n = 0;
     }
-    *out = cs;
-    *n = len;
-    return 0;
+    return rc;
 }
 
 int state_checkpoint_list_by_run(state_t *st, int64_t run_id, state_checkpoint_t **out, size_t *n)
@@ -643,43 +625,37 @@ void state_served_free(state_served_t *sv, size_t n)
     free(sv);
 }
 
+static int read_served(sqlite3_stmt *s, void *item)
+{
+    state_served_t *v = item;
+    v->export_id = state_col_i64(s, 0);
+    v->push_id = state_col_i64(s, 3);
+    v->http_status = sqlite3_column_int(s, 5);
+    v->endpoint_id = state_col_i64(s, 6);
+    v->holding = sqlite3_column_int(s, 10) != 0;
+    if (state_col_str(s, 1, &v->format) < 0 || state_col_str(s, 2, &v->export_path) < 0 ||
+        state_col_str(s, 4, &v->push_state) < 0 || state_col_str(s, 7, &v->url) < 0 ||
+        state_col_str(s, 8, &v->model) < 0 || state_col_str(s, 9, &v->label) < 0)
+        return KILN_ENOMEM;
+    return 0;
+}
+
 static int served_tx(state_t *st, int64_t ckpt_id, state_served_t **out, size_t *n)
 {
     sqlite3_stmt *s = NULL;
-    state_served_t *sv = NULL;
-    size_t cap = 0, len = 0;
     int rc;
     const char *what = "reading exports and pushes";
     KILN_CHECK_GOTO(state_stmt(st, STMT_LINEAGE_SERVED, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "I", ckpt_id), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&sv, &cap, len, sizeof *sv), rc, out);
-        state_served_t *v = &sv[len++];
-        memset(v, 0, sizeof *v);
-        v->export_id = state_col_i64(s, 0);
-        v->push_id = state_col_i64(s, 3);
-        v->http_status = sqlite3_column_int(s, 5);
-        v->endpoint_id = state_col_i64(s, 6);
-        v->holding = sqlite3_column_int(s, 10) != 0;
-        if (state_col_str(s, 1, &v->format) < 0 || state_col_str(s, 2, &v->export_path) < 0 ||
-            state_col_str(s, 4, &v->push_state) < 0 || state_col_str(s, 7, &v->url) < 0 ||
-            state_col_str(s, 8, &v->model) < 0 || state_col_str(s, 9, &v->label) < 0) {
-            rc = KILN_ENOMEM;
-            goto out;
-        }
-    }
+    rc = state_collect(st, s, what, sizeof **out, read_served, (void **)out, n);
 out:
     state_stmt_done(s);
     if (rc < 0) {
-        state_served_free(sv, len);
-        return rc;
+        state_served_free(*out, *n);
+        *out = NULL;
+        *n = 0;
     }
-    *out = sv;
-    *n = len;
-    return 0;
+    return rc;
 }
 
 int state_lineage_served(state_t *st, int64_t checkpoint_id, state_served_t **out, size_t *n)

@@ -205,27 +205,17 @@ int state_run_get(state_t *st, int64_t run_id, state_run_t *out)
 }
 
 /* Collects the rows of a bound SELECT of STATE_RUN_COLS. */
+static int read_run_row(sqlite3_stmt *s, void *item) { return read_run(s, item); }
+
 static int collect_runs(state_t *st, sqlite3_stmt *s, state_run_t **out, size_t *n)
 {
-    state_run_t *rs = NULL;
-    size_t cap = 0, len = 0;
-    int rc;
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, "listing runs"), rc, out);
-        if (rc == 0)
-            break;
-        KILN_CHECK_GOTO(state_grow((void **)&rs, &cap, len, sizeof *rs), rc, out);
-        KILN_CHECK_GOTO(read_run(s, &rs[len]), rc, out);
-        len++;
-    }
-out:
+    int rc = state_collect(st, s, "listing runs", sizeof **out, read_run_row, (void **)out, n);
     if (rc < 0) {
-        state_runs_free(rs, len);
-        return rc;
+        state_runs_free(*out, *n);
+        *out = NULL;
+        *n = 0;
     }
-    *out = rs;
-    *n = len;
-    return 0;
+    return rc;
 }
 
 static int run_list_tx(state_t *st, const char *job_name, int limit, state_run_t **out, size_t *n)

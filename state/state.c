@@ -220,6 +220,24 @@ int state_grow(void **arr, size_t *cap, size_t n, size_t sz)
     return 0;
 }
 
+int state_collect(state_t *st, sqlite3_stmt *s, const char *what, size_t elem,
+                  int (*read_row)(sqlite3_stmt *s, void *item), void **out, size_t *n)
+{
+    size_t cap = 0;
+    *out = NULL;
+    *n = 0;
+    for (;;) {
+        int rc = state_step(st, s, what);
+        if (rc <= 0)
+            return rc;
+        KILN_CHECK(state_grow(out, &cap, *n, elem));
+        void *item = (char *)*out + *n * elem;
+        memset(item, 0, elem);
+        (*n)++; /* counted before it is filled, so that the caller frees what it holds */
+        KILN_CHECK(read_row(s, item));
+    }
+}
+
 /* ---- transactions ------------------------------------------------------------------ */
 
 int state_tx_begin(state_t *st, const char *what)

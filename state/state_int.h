@@ -340,6 +340,14 @@ int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *
  * KILN_ENOMEM. */
 int state_grow(void **arr, size_t *cap, size_t n, size_t sz);
 
+/* Steps s (prepared and bound) to its end and returns its rows as an array
+ * in *out (NULL when none) of *n items of elem bytes, each zeroed and then
+ * filled by read_row(s, item) (0 or an error). On an error the items so
+ * far, the failing one included, stay in *out / *n for the caller to free
+ * with the array's own free function. */
+int state_collect(state_t *st, sqlite3_stmt *s, const char *what, size_t elem,
+                  int (*read_row)(sqlite3_stmt *s, void *item), void **out, size_t *n);
+
 /* ---- migrations (schema.c) ----------------------------------------------------
  * state_migrations[i] is the SQL script that brings user_version i to i+1;
  * there are STATE_SCHEMA_VERSION of them. Append, never edit. */
