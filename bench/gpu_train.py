@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 
+from trainer_vs_torch import make_data
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
@@ -62,13 +64,7 @@ def main():
     build = os.path.abspath(a.build)
     work = tempfile.mkdtemp(prefix="kiln-gpu-bench-")
     try:
-        kiln = os.path.join(build, "tools", "kiln")
-        run([kiln, "datagen", "--rows", str(a.rows), "--out", os.path.join(work, "day0.tsv")])
-        run([kiln, "datagen", "--rows", str(max(1000, a.rows // 10)), "--out",
-             os.path.join(work, "eval.tsv"), "--day", "1"])
-        for name in ("day0", "eval"):
-            run([kiln, "convert", os.path.join(work, name + ".tsv"), "--out",
-                 os.path.join(work, name + ".bin")])
+        make_data(build, work, a.rows)
         probe, why = train(build, work, "lr", "cuda", a.ranks, 1, check=False)
         if probe is None:
             line = [l for l in why.splitlines() if "device" in l]

@@ -48,6 +48,19 @@ def run(cmd, **kw):
     return p.stdout
 
 
+def make_data(build, work, rows):
+    """Day-0 training rows and rows/10 day-1 eval rows in work, as Criteo TSV
+    (day0.tsv, eval.tsv) and kiln-bin (day0.bin, eval.bin)."""
+    kiln = os.path.join(build, "tools", "kiln")
+    run([kiln, "datagen", "--rows", str(rows), "--out", os.path.join(work, "day0.tsv"),
+         "--day", "0"])
+    run([kiln, "datagen", "--rows", str(max(1000, rows // 10)), "--out",
+         os.path.join(work, "eval.tsv"), "--day", "1"])
+    for name in ("day0", "eval"):
+        run([kiln, "convert", os.path.join(work, name + ".tsv"), "--out",
+             os.path.join(work, name + ".bin")])
+
+
 def kiln_run(build, work, model, fmt, ranks, threads, seed):
     ext = "bin" if fmt == "bin" else "tsv"
     spec = os.path.join(work, "%s-%s-%d-%d.yaml" % (model, fmt, ranks, seed))
@@ -81,14 +94,7 @@ def main():
     fmts = ["bin", "tsv"] if a.format == "both" else [a.format]
     work = tempfile.mkdtemp(prefix="kiln-bench-")
     try:
-        kiln = os.path.join(build, "tools", "kiln")
-        run([kiln, "datagen", "--rows", str(a.rows), "--out", os.path.join(work, "day0.tsv"),
-             "--day", "0"])
-        run([kiln, "datagen", "--rows", str(max(1000, a.rows // 10)), "--out",
-             os.path.join(work, "eval.tsv"), "--day", "1"])
-        for name in ("day0", "eval"):
-            run([kiln, "convert", os.path.join(work, name + ".tsv"), "--out",
-                 os.path.join(work, name + ".bin")])
+        make_data(build, work, a.rows)
 
         res = {}  # (side, model) -> list of (sps, logloss)
         for m in models:

@@ -165,7 +165,7 @@ static inline seg_t *seg_of_key(const kern_table_t *t, int64_t key)
 
 static inline seg_t *seg_of_row(const kern_table_t *t, int64_t r)
 {
-    return t->seg + r / t->seg_rows;
+    return t->nseg == 1 ? t->seg : t->seg + r / t->seg_rows;
 }
 
 /* The home slot of key in g: the top 32 bits of its hash scaled to
@@ -255,8 +255,10 @@ static int index_reserve(kern_table_t *t, seg_t *g, int64_t want)
 
 static inline int is_live(const kern_table_t *t, int64_t r)
 {
-    return r >= 0 && r < t->capacity && r - seg_of_row(t, r)->base < seg_of_row(t, r)->hiwater &&
-           t->stamps[r] >= 0;
+    if (r < 0 || r >= t->capacity)
+        return 0;
+    const seg_t *g = seg_of_row(t, r);
+    return r - g->base < g->hiwater && t->stamps[r] >= 0;
 }
 
 static inline void mark_one(kern_table_t *t, int64_t r)

@@ -51,19 +51,6 @@ static int nccl_fail(ncclResult_t r, ncclComm_t comm, const char *what, const ch
             return nccl_fail(nccl_rc_, (comm), (what), KILN_WHERE);                                \
     } while (0)
 
-/* This rank's index among the ranks of its host, and how many there are. */
-static int local_rank(MPI_Comm comm, int rank, int *lrank, int *lsize)
-{
-    MPI_Comm local;
-    int mrc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-    if (mrc != MPI_SUCCESS)
-        return rt_mpi_fail(mrc, "MPI_Comm_split_type (ranks per host)");
-    MPI_Comm_rank(local, lrank);
-    MPI_Comm_size(local, lsize);
-    MPI_Comm_free(&local);
-    return 0;
-}
-
 /* Binds this rank to its GPU and makes the stream; local, no collective. */
 static int bind_device(rt_comm_t *c, rt_comm_nccl_t *n, int lrank, int lsize)
 {
@@ -97,7 +84,7 @@ extern "C" int rt_comm_nccl_create(rt_comm_t *c, rt_comm_nccl_t **out)
         int rc;
         ncclUniqueId id;
     } msg;
-    KILN_CHECK(local_rank(c->comm, c->rank, &lrank, &lsize));
+    KILN_CHECK(rt_mpi_local_rank(c->comm, &lrank, &lsize));
     rt_comm_nccl_t *n = (rt_comm_nccl_t *)kiln_calloc(1, sizeof *n);
     if (n == NULL)
         rc = KILN_ENOMEM;

@@ -1,8 +1,9 @@
 /*
  * runtime/rt_mpi.h - the MPI error handling runtime/ shares (shard.c,
  * comm_mpi.c, comm_nccl.cu): a failed MPI call becomes KILN_EMPI with MPI's
- * own message and a hint, and rt_mpi_agree makes every rank take the same
- * branch after a step that may have failed on some of them. Header-only, so
+ * own message and a hint, rt_mpi_agree makes every rank take the same
+ * branch after a step that may have failed on some of them, and
+ * rt_mpi_local_rank says where a rank stands on its host. Header-only, so
  * that kiln_runtime_cuda needs nothing from the libraries that link it.
  */
 #ifndef KILN_RUNTIME_RT_MPI_H
@@ -47,6 +48,22 @@ static inline int rt_mpi_agree(MPI_Comm comm, int rc, const char *step)
         return kiln_errf(worst, "%s failed on another rank (%s); see its log", step,
                          kiln_errname(worst));
     return worst;
+}
+
+/* This rank's index among the ranks of comm on its host, and how many
+ * there are. Collective over comm. 0 or KILN_EMPI. */
+static inline int rt_mpi_local_rank(MPI_Comm comm, int *lrank, int *lsize)
+{
+    MPI_Comm local;
+    int rank = 0;
+    MPI_Comm_rank(comm, &rank);
+    int mrc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+    if (mrc != MPI_SUCCESS)
+        return rt_mpi_fail(mrc, "MPI_Comm_split_type (ranks per host)");
+    MPI_Comm_rank(local, lrank);
+    MPI_Comm_size(local, lsize);
+    MPI_Comm_free(&local);
+    return 0;
 }
 
 #endif /* KILN_RUNTIME_RT_MPI_H */

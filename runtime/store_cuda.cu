@@ -310,12 +310,8 @@ int cw_insert(rt_store_work_t *w, int t, const rt_store_rows_t *r, int64_t step)
     kern_slab_t sl;
     kern_cuda_table_slab(c->tables[t], &sl);
     KILN_CHECK(write_from_host(c, sl.values, c->dims[t], n, r->values));
-    if (sl.opt_state != nullptr && c->nstate[t] > 0) {
-        const int sw = c->nstate[t] * c->dims[t];
-        if (r->opt != nullptr) {
-            KILN_CHECK(write_from_host(c, sl.opt_state, sw, n, r->opt));
-        }
-    }
+    if (sl.opt_state != nullptr && r->opt != nullptr)
+        KILN_CHECK(write_from_host(c, sl.opt_state, c->nstate[t] * c->dims[t], n, r->opt));
     if (sl.opt_steps != nullptr && r->steps != nullptr)
         KILN_CHECK(write_from_host(c, sl.opt_steps, 1, n, r->steps));
     return 0;

@@ -63,6 +63,7 @@
 #include "rt_device.h"
 #include "rt_ckpt.h"
 #include "rt_model.h"
+#include "rt_mpi.h"
 #include "rt_shard.h"
 #include "state.h"
 
@@ -1480,14 +1481,8 @@ static int pick_device(trainer_t *tr)
     }
     tr->store_kind = dev == RT_DEVICE_CUDA ? RT_STORE_CUDA : RT_STORE_HOST;
     if (dev == RT_DEVICE_CUDA) {
-        MPI_Comm local;
         int lrank = 0, lsize = 1;
-        if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, tr->rank, MPI_INFO_NULL,
-                                &local) == MPI_SUCCESS) {
-            MPI_Comm_rank(local, &lrank);
-            MPI_Comm_size(local, &lsize);
-            MPI_Comm_free(&local);
-        }
+        KILN_CHECK(rt_mpi_local_rank(MPI_COMM_WORLD, &lrank, &lsize));
         tr->cuda_device = lrank % gpus;
         if (tr->rank == 0)
             KILN_INFO("%s: embedding tables on the GPU (%d rank%s on this host, %d GPU%s%s); "
@@ -1504,13 +1499,9 @@ static int pick_device(trainer_t *tr)
 
 static int set_threads(trainer_t *tr)
 {
-    MPI_Comm local;
-    int local_ranks = 1;
-    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local) ==
-        MPI_SUCCESS) {
-        MPI_Comm_size(local, &local_ranks);
-        MPI_Comm_free(&local);
-    }
+    int lrank = 0, local_ranks = 1;
+    if (rt_mpi_local_rank(MPI_COMM_WORLD, &lrank, &local_ranks) < 0)
+        local_ranks = 1;
     int threads = tr->opt.threads > 0 ? tr->opt.threads : tr->spec.resources.threads;
     if (threads <= 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
