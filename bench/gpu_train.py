@@ -77,7 +77,7 @@ def main():
             for dev in ("cpu", "cuda"):
                 for r in range(a.repeat):
                     j, _ = train(build, work, m, dev, a.ranks, 42 + r)
-                    res.setdefault(dev, []).append((j["train_samples_per_s"], j["eval_logloss"]))
+                    res.setdefault(dev, []).append((j["samples_per_s"], j["eval_logloss"]))
             med = {d: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
                    for d, v in res.items()}
             print("%-5s %12.0f %12.0f %6.2fx %9.5f %9.5f" % (

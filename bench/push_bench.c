@@ -157,8 +157,8 @@ static int push_both(server_t *sv, serve_memsrc_t *src, const char *held, double
                      uint64_t *bytes)
 {
     opener_t o = {src};
-    serve_target_t t[2] = {{sv[0].url, "bench", "A", held, open_src, &o},
-                           {sv[1].url, "bench", "A", held, open_src, &o}};
+    serve_target_t t[2] = {{sv[0].url, "bench", "A", held, open_src, &o, NULL},
+                           {sv[1].url, "bench", "A", held, open_src, &o, NULL}};
     serve_push_result_t r[2];
     serve_push_opts_t opt = {.token = TOKEN, .retries = 0, .timeout_ms = 600000};
     int64_t t0 = kiln_mono_ns();

@@ -104,10 +104,10 @@ def main():
                     for r in range(a.repeat):
                         j = kiln_run(build, work, m, fmt, ranks, threads, 42 + r)
                         res.setdefault(key, []).append(
-                            (j["train_samples_per_s"], j["eval_logloss"]))
+                            (j["samples_per_s"], j["eval_logloss"]))
                         print(json.dumps({"side": key[0], "model": m, "run": r,
                                           "train_seconds": j["train_seconds"],
-                                          "samples_per_s": j["train_samples_per_s"],
+                                          "samples_per_s": j["samples_per_s"],
                                           "eval_logloss": j["eval_logloss"]}), flush=True)
         out = run(["/usr/bin/python3", os.path.join(HERE, "torch_models.py"), "--train",
                    os.path.join(work, "day0.tsv"), "--eval", os.path.join(work, "eval.tsv"),

@@ -103,11 +103,15 @@ int main(int argc, char **argv)
                                 .kind = (char *)(parent ? "incremental" : "full"), .path = path,
                                 .step = i * 100, .keys = 1000, .bytes = 1 << 20,
                                 .created_at = 1700000000 + i};
-        int64_t id, ex, push;
+        int64_t id, push;
         state_checkpoint_add(st, &c, &id);
-        state_export_add(st, id, parent, "kiln", path, 100, &ex);
-        state_push_add(st, ex, ep[i % 2], &push);
-        state_push_finish(st, push, i % 5 != 4, i % 5 != 4 ? 200 : 503, NULL, 1, 0);
+        state_push_req_t req = {i % 2 ? "http://127.0.0.1:9002" : "http://127.0.0.1:9001", "m",
+                                i % 2 ? "B" : "A", id, false, "bench", NULL, false};
+        state_push_outcome_t o = {.state = i % 5 != 4 ? STATE_PUSH_SUCCEEDED : STATE_PUSH_FAILED,
+                                  .http_status = i % 5 != 4 ? 200 : 503, .attempts = 1,
+                                  .sent = true, .bytes = 100};
+        state_push_enqueue(st, 0, nruns / 2, &req, 1, "bench", 60000, &push);
+        state_push_end(st, push, "bench", &o);
         parent = id;
         last_ckpt = id;
     }

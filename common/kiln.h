@@ -13,9 +13,11 @@
 #ifndef KILN_COMMON_KILN_H
 #define KILN_COMMON_KILN_H
 
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -92,6 +94,8 @@ int kiln_log_open(const char *path, kiln_log_level_t level);
 /* Closes a log file opened by kiln_log_open and returns to stderr. */
 void kiln_log_close(void);
 void kiln_log_set_level(kiln_log_level_t level);
+/* Log lines as JSON objects ({"time", "level", "msg"}), one per line. */
+void kiln_log_set_json(bool json);
 kiln_log_level_t kiln_log_get_level(void);
 /* Parses "debug", "info", "warn", "error" or "off". Returns 0 or KILN_EINVAL. */
 int kiln_log_level_parse(const char *s, kiln_log_level_t *out /* OUT */);
@@ -188,6 +192,23 @@ int kiln_xxh64_file(const char *path, uint64_t seed, uint64_t *out /* OUT */,
 int kiln_mkdir_p(const char *dir);
 /* Creates the missing parent directories of a file path. Returns 0 or KILN_EIO. */
 int kiln_mkdir_parent(const char *path);
+/* Replaces path with data so that a crash at any moment leaves the old file
+ * or the new one, never a mix: writes path.tmp.PID, fsyncs it, renames it
+ * over path and fsyncs the directory. Returns 0 or KILN_EIO naming the file
+ * (the temporary file is removed then). */
+int kiln_write_atomic(const char *path, const void *data, size_t len);
+
+/* ---- processes ---------------------------------------------------------------- */
+/* The start time of pid in clock ticks since boot (/proc/PID/stat), 0 when
+ * it is gone: with the pid it names a process, where a pid alone may be
+ * reused. */
+uint64_t kiln_pid_start(pid_t pid);
+/* True when pid is alive (not a zombie) and, when start_ticks != 0, started
+ * at that time. */
+bool kiln_pid_alive(pid_t pid, uint64_t start_ticks);
+/* The state letter, session and start time of pid (each out may be NULL).
+ * Returns 0, or -1 when pid is gone. */
+int kiln_pid_stat(pid_t pid, char *state, pid_t *sid, uint64_t *start_ticks);
 
 /* ---- strings ---------------------------------------------------------------- */
 /* Levenshtein distance, capped at 255. */

@@ -1,11 +1,15 @@
 /*
- * common/log.c - leveled, timestamped log lines to stderr or to a file.
- * Each line goes out in one write() so that lines from several processes
- * appending to the same run log do not interleave mid-line.
+ * common/log.c - leveled, timestamped log lines to stderr or to a file, as
+ * text or as one JSON object per line (kiln_log_set_json: {"time", "level",
+ * "msg", and "where" at debug level}). Each line goes out in one write() so
+ * that lines from several processes appending to the same run log do not
+ * interleave mid-line.
  */
 #include "kiln.h"
 
 #include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +19,9 @@
 
 static int log_fd = -1; /* -1: stderr */
 static kiln_log_level_t log_level = KILN_LOG_INFO;
+static bool log_json;
+
+void kiln_log_set_json(bool json) { log_json = json; }
 
 static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
 
@@ -70,6 +77,29 @@ void kiln_log(kiln_log_level_t level, const char *where, const char *fmt, ...)
     char iso[KILN_ISO_LEN];
     kiln_time_iso((int64_t)ts.tv_sec, iso, sizeof iso);
     iso[strlen(iso) - 1] = '\0'; /* drop the Z, the milliseconds go first */
+    if (log_json) {
+        char when[KILN_ISO_LEN + 8], msg[2048];
+        snprintf(when, sizeof when, "%s.%03ldZ", iso, ts.tv_nsec / 1000000L);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        json_t *o = json_pack("{s:s, s:s, s:s}", "time", when, "level", level_names[level], "msg",
+                              msg);
+        if (o != NULL && level == KILN_LOG_DEBUG && where != NULL)
+            json_object_set_new(o, "where", json_string(where));
+        char *text = o != NULL ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(o);
+        if (text != NULL) {
+            size_t len = strlen(text);
+            text[len] = '\n'; /* json_dumps leaves room for its NUL */
+            ssize_t w = write(log_fd >= 0 ? log_fd : STDERR_FILENO, text, len + 1);
+            (void)w;
+        }
+        free(text);
+        errno = saved_errno;
+        return;
+    }
     int n = snprintf(line, sizeof line, "%s.%03ldZ %-5s ", iso, ts.tv_nsec / 1000000L,
                      level_names[level]);
     if (level == KILN_LOG_DEBUG && where != NULL && n < (int)sizeof line)

@@ -77,10 +77,13 @@ typedef struct job_optimizer {
     double weight_decay;
 } job_optimizer_t;
 
+/* An endpoint is (url, model, label): one kiln-serve may hold several labels. */
 typedef struct job_endpoint {
     char *url;
     char *model;
     char *label;
+    bool auto_push; /* `auto`: kilnd pushes to it after a run and for online exports; false:
+                       only kiln push --label, promote and rollback do (a champion) */
 } job_endpoint_t;
 
 typedef struct job_spec {
@@ -157,6 +160,7 @@ typedef struct job_spec {
         char *token_env;
         int retries;
         int64_t timeout_ms;
+        double max_regression; /* the quality gate; NAN: none */
         job_endpoint_t *endpoints;
         int nendpoints;
     } push;

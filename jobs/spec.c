@@ -222,7 +222,7 @@ enum {
     F_NONEMPTY = 1u << 1, /* T_STR: "" is an error */
     F_LO_OPEN = 1u << 2,  /* T_NUM: value must be > dlo */
     F_HI_OPEN = 1u << 3,  /* T_NUM: value must be < dhi */
-    F_NONE_OK = 1u << 4,  /* T_DUR: "none" means 0 */
+    F_NONE_OK = 1u << 4,  /* T_DUR: "none" means 0; T_NUM: "none" means NAN (unset) */
     F_DEFINT = 1u << 5    /* T_FN: write def_i as an int at off before the walk */
 };
 
@@ -506,13 +506,15 @@ static const field_t export_fields[] = {
 static const field_t endpoint_fields[] = {
     STR("url", job_endpoint_t, url, NULL, F_REQUIRED, check_url),
     STR("model", job_endpoint_t, model, NULL, F_REQUIRED | F_NONEMPTY, NULL),
-    STR("label", job_endpoint_t, label, NULL, F_REQUIRED, check_label), FIELD_END};
+    STR("label", job_endpoint_t, label, NULL, F_REQUIRED, check_label),
+    BOOL("auto", job_endpoint_t, auto_push, true), FIELD_END};
 
 static const field_t push_fields[] = {
     STR("token_env", job_spec_t, push.token_env, "KILN_SERVE_TOKEN", 0, check_env_name),
     INT("retries", job_spec_t, push.retries, 5, 0, 100),
-    DUR("timeout", job_spec_t, push.timeout_ms, 30 * S_, 1, 0), FN("endpoints", parse_endpoints, 0),
-    FIELD_END};
+    DUR("timeout", job_spec_t, push.timeout_ms, 30 * S_, 1, 0),
+    NUM("max_regression", job_spec_t, push.max_regression, NAN, 0.0, INFINITY, F_NONE_OK),
+    FN("endpoints", parse_endpoints, 0), FIELD_END};
 
 static const field_t top_fields[] = {
     STR("name", job_spec_t, name, NULL, F_REQUIRED, check_name),
@@ -809,6 +811,10 @@ static void set_field(ctx_t *c, const field_t *f, const yaml_node_t *val, char *
             *(uint64_t *)p = (uint64_t)iv;
         break;
     case T_NUM: {
+        if ((f->flags & F_NONE_OK) && strcmp(scalar(val), "none") == 0) {
+            *(double *)p = NAN;
+            break;
+        }
         if (parse_num(scalar(val), &dv) < 0) {
             diag(c, val, path, "expected a number, got %s", got(val, gb, sizeof gb));
             return;
@@ -1024,9 +1030,12 @@ static void parse_endpoints(ctx_t *c, const field_t *f, const yaml_node_t *val, 
         index_path(ip, path, i);
         walk_map(c, endpoint_fields, item, (char *)&eps[i], ip);
         for (int j = 0; j < i; j++) {
-            if (eps[i].url && eps[j].url && eps[i].model && eps[j].model &&
-                strcmp(eps[i].url, eps[j].url) == 0 && strcmp(eps[i].model, eps[j].model) == 0) {
-                diag(c, item, ip, "same url and model as %s[%d]; list each endpoint once", path, j);
+            if (eps[i].url && eps[j].url && eps[i].model && eps[j].model && eps[i].label &&
+                eps[j].label && strcmp(eps[i].url, eps[j].url) == 0 &&
+                strcmp(eps[i].model, eps[j].model) == 0 &&
+                strcmp(eps[i].label, eps[j].label) == 0) {
+                diag(c, item, ip, "same url, model and label as %s[%d]; list each endpoint once",
+                     path, j);
                 break;
             }
         }

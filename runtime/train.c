@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "jobs.h"
@@ -65,21 +66,16 @@
 #include "rt_model.h"
 #include "rt_mpi.h"
 #include "rt_shard.h"
+#include "run.h"
 #include "state.h"
 
-/* Exit codes (docs/trainer.md): kilnd retries only TRAIN_EXIT_RETRY. */
-enum {
-    TRAIN_EXIT_OK = 0,
-    TRAIN_EXIT_FAIL = 1,  /* an internal error: a bug to report */
-    TRAIN_EXIT_INPUT = 2, /* bad spec, options or data: retrying will not help */
-    TRAIN_EXIT_RETRY = 3, /* I/O, MPI, memory: a retry may succeed */
-};
-
+/* The exit code of a failure (run/run.h): kilnd retries only
+ * RUN_EXIT_RETRY. */
 static int exit_for(int rc)
 {
     switch (rc) {
     case 0:
-        return TRAIN_EXIT_OK;
+        return RUN_EXIT_OK;
     case KILN_ESPEC:
     case KILN_EINVAL:
     case KILN_ENOENT:
@@ -89,15 +85,15 @@ static int exit_for(int rc)
     case KILN_EVERSION:
     case KILN_EUSAGE:
     case KILN_ECONFLICT:
-        return TRAIN_EXIT_INPUT;
+        return RUN_EXIT_INPUT;
     case KILN_EIO:
     case KILN_EMPI:
     case KILN_ENOMEM:
     case KILN_ENOSPC:
     case KILN_ETIMEDOUT:
-        return TRAIN_EXIT_RETRY;
+        return RUN_EXIT_RETRY;
     default:
-        return TRAIN_EXIT_FAIL;
+        return RUN_EXIT_BUG;
     }
 }
 
@@ -172,7 +168,12 @@ typedef struct trainer {
     char spec_hash[17], inputs_hash[17];
     char *lock;                      /* rank 0's pin on the checkpoint it started from */
     state_t *db;                     /* rank 0, with --db */
+    int64_t last_ckpt_id;            /* rank 0: the database id of last_uid; 0 */
     int64_t last_export_ms;          /* mono ms of the last export (export.every_ms) */
+    int64_t rec_every;               /* steps between progress records (the loss curve) */
+    int64_t train_ns;                /* time in the training loop so far */
+    char **eval_files;               /* data.eval, expanded (neval); NULL: none */
+    int neval;
 } trainer_t;
 
 /* Set by SIGUSR1: write an incremental dump at the next step boundary. */
@@ -686,11 +687,16 @@ static void held_fini(held_t *h)
     free(h->uids);
 }
 
-/* Rank 0: records a checkpoint (and an online export) in the DB. A failure
- * is a warning: the checkpoint is on disk whatever the DB says. */
+/* Rank 0: records a checkpoint in the DB: an online export with its export
+ * row and, when measured, the eval figures the quality gate compares (kilnd
+ * queues an export's pushes as soon as the row appears, so the figures go
+ * in with it). An online run's inputs count as consumed once a checkpoint
+ * holds them. A failure is a warning: the checkpoint is on disk whatever the
+ * DB says. */
 static void record_checkpoint(trainer_t *tr, const rt_ckpt_info_t *in, const char *path,
-                              bool online)
+                              bool online, double logloss, double auc)
 {
+    tr->last_ckpt_id = 0;
     if (tr->db == NULL)
         return;
     int64_t parent_id = 0, id = 0;
@@ -708,29 +714,44 @@ static void record_checkpoint(trainer_t *tr, const rt_ckpt_info_t *in, const cha
         .keys = in->keys,
         .bytes = in->bytes,
         .checksum = (char *)in->checksum,
+        .has_eval = !isnan(logloss),
+        .eval_logloss = logloss,
+        .eval_auc = auc,
+        .online = online,
     };
     int rc = state_checkpoint_add(tr->db, &c, &id);
     if (rc == 0 && online)
         rc = state_export_add(tr->db, id, parent_id, "kiln", path, in->bytes, NULL);
+    if (rc == 0 && tr->spec.train.mode == JOB_MODE_ONLINE)
+        rc = state_inputs_cover(tr->db, tr->opt.run_id, id);
     if (rc < 0)
         KILN_WARN("checkpoint %s not recorded in %s: %s", in->uid, tr->opt.db, kiln_errmsg());
+    else
+        tr->last_ckpt_id = id;
 }
 
-/* Rank 0, after an online export: <run-dir>/export.last says which. */
+/* Rank 0, after an online export: RUN_FILE_EXPORT_LAST says which. */
 static void note_export(trainer_t *tr, const rt_ckpt_info_t *in, const char *path)
 {
-    char *tmp = kiln_asprintf("%s/export.last.tmp", tr->opt.run_dir);
-    char *dst = kiln_asprintf("%s/export.last", tr->opt.run_dir);
-    FILE *f = tmp && dst ? fopen(tmp, "w") : NULL;
-    if (f != NULL) {
-        fprintf(f, "{\"uid\": \"%s\", \"path\": \"%s\", \"kind\": \"%s\", \"step\": %" PRId64
-                   ", \"parent\": \"%s\"}\n",
-                in->uid, path, rt_ckpt_kind_name(in->kind), in->step, in->parent);
-        fclose(f);
-        rename(tmp, dst);
-    }
-    free(tmp);
-    free(dst);
+    run_export_t e = {.step = in->step, .keys = in->keys, .bytes = in->bytes,
+                      .time = kiln_now_s()};
+    snprintf(e.checkpoint, sizeof e.checkpoint, "%s", in->uid);
+    snprintf(e.kind, sizeof e.kind, "%s", rt_ckpt_kind_name(in->kind));
+    snprintf(e.parent, sizeof e.parent, "%s", in->parent);
+    snprintf(e.path, sizeof e.path, "%s", path);
+    if (run_export_last_write(tr->opt.run_dir, &e) < 0)
+        KILN_WARN("%s", kiln_errmsg());
+}
+
+static int evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, double *logloss,
+                    double *auc);
+
+/* Whether each online export is evaluated first: the quality gate
+ * (push.max_regression) needs the figures, and there is data to measure. */
+static bool eval_exports(const trainer_t *tr)
+{
+    return !isnan(tr->spec.push.max_regression) && tr->neval > 0 &&
+           tr->spec.push.nendpoints > 0;
 }
 
 /* Writes a checkpoint of the current state on every rank (collective).
@@ -788,24 +809,35 @@ static int checkpoint(trainer_t *tr, bool online)
     tr->last_step = in->step;
     tr->chain = in->chain;
     tr->chain_elsewhere = false;
+    double secs = (double)(kiln_mono_ns() - t0) / 1e9;
+    /* An online export that the quality gate will judge is measured before
+     * kilnd can see it (collective). */
+    double logloss = NAN, auc = NAN;
+    if (online && eval_exports(tr)) {
+        int64_t rows = 0;
+        rc = evaluate(tr, tr->eval_files, tr->neval, &rows, &logloss, &auc);
+        if (rc < 0) {
+            free(in);
+            return rc;
+        }
+    }
     if (tr->rank == 0) {
-        double secs = (double)(kiln_mono_ns() - t0) / 1e9;
         char *path = kiln_asprintf("%s/%s", tr->ckpt_root, in->uid);
         say(tr, "checkpoint %s: %s, step %" PRId64 ", %" PRId64 " rows, %" PRId64
                 " evicted, %" PRId64 " bytes, %.3f s%s\n",
             in->uid, rt_ckpt_kind_name(in->kind), in->step, in->keys, in->evicted, in->bytes,
             secs, online ? " (online export)" : "");
         if (tr->progress) {
-            fprintf(tr->progress,
-                    "{\"checkpoint\": \"%s\", \"kind\": \"%s\", \"step\": %" PRId64
-                    ", \"keys\": %" PRId64 ", \"bytes\": %" PRId64 ", \"seconds\": %.3f, "
-                    "\"online\": %s, \"time\": %" PRId64 "}\n",
-                    in->uid, rt_ckpt_kind_name(in->kind), in->step, in->keys, in->bytes, secs,
-                    online ? "true" : "false", kiln_now_s());
-            fflush(tr->progress);
+            run_progress_t rec = {.kind = RUN_REC_CHECKPOINT, .step = in->step,
+                                  .time = kiln_now_s(), .keys = in->keys, .bytes = in->bytes,
+                                  .ckpt_seconds = secs, .online = online};
+            snprintf(rec.checkpoint, sizeof rec.checkpoint, "%s", in->uid);
+            snprintf(rec.ckpt_kind, sizeof rec.ckpt_kind, "%s", rt_ckpt_kind_name(in->kind));
+            if (run_progress_write(tr->progress, &rec) < 0)
+                KILN_WARN("%s", kiln_errmsg());
         }
         if (path != NULL) {
-            record_checkpoint(tr, in, path, online);
+            record_checkpoint(tr, in, path, online, logloss, auc);
             if (online)
                 note_export(tr, in, path);
         }
@@ -842,12 +874,8 @@ static int export_requested(trainer_t *tr, bool *want)
     int mine = export_signal ? 1 : 0;
     export_signal = 0;
     if (tr->rank == 0) {
-        char *ctl = kiln_asprintf("%s/export.request", tr->opt.run_dir);
-        if (ctl != NULL && access(ctl, F_OK) == 0) {
-            unlink(ctl);
+        if (run_export_take_request(tr->opt.run_dir))
             mine = 1;
-        }
-        free(ctl);
         int64_t every = tr->spec.export_.every_ms;
         if (every > 0 && kiln_mono_ns() / 1000000 - tr->last_export_ms >= every)
             mine = 1;
@@ -977,8 +1005,11 @@ static void log_malformed(trainer_t *tr, rt_reader_t *r, const char *what)
     tr->malformed += st.malformed;
 }
 
+/* A progress record of the rows since the last one (collective: the loss is
+ * summed over the ranks); `human` also prints the line on stderr, which
+ * kilnd's run log (and `kiln logs --follow`) shows. */
 static void report_progress(trainer_t *tr, int64_t step, int64_t nsteps, double loss_sum,
-                            int64_t rows, double seconds, bool last)
+                            int64_t rows, double seconds, bool human, bool last)
 {
     double in[2] = {loss_sum, (double)rows}, out[2];
     MPI_Reduce(in, out, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
@@ -987,13 +1018,13 @@ static void report_progress(trainer_t *tr, int64_t step, int64_t nsteps, double 
     double loss = out[1] > 0 ? out[0] / out[1] : NAN;
     double sps = seconds > 0 ? (double)tr->samples / seconds : 0.0;
     if (tr->progress) {
-        fprintf(tr->progress,
-                "{\"step\": %" PRId64 ", \"samples\": %" PRId64 ", \"loss\": %.6f, "
-                "\"samples_per_s\": %.1f, \"seconds\": %.3f, \"time\": %" PRId64 "}\n",
-                step, tr->samples, loss, sps, seconds, kiln_now_s());
-        fflush(tr->progress);
+        run_progress_t rec = {.kind = RUN_REC_STEP, .step = step, .time = kiln_now_s(),
+                              .samples = tr->samples, .loss = loss, .samples_per_s = sps,
+                              .seconds = seconds};
+        if (run_progress_write(tr->progress, &rec) < 0)
+            KILN_WARN("%s", kiln_errmsg());
     }
-    if (!tr->opt.quiet) {
+    if (human && !tr->opt.quiet) {
         bool tty = isatty(STDERR_FILENO);
         fprintf(stderr, "%sstep %" PRId64 "/%" PRId64 "  samples %" PRId64 "  loss %.4f  "
                         "samples/s %.0f%s",
@@ -1003,14 +1034,14 @@ static void report_progress(trainer_t *tr, int64_t step, int64_t nsteps, double 
     }
 }
 
-/* ---- kilnd hooks (scheduler/ owns these two) ------------------------------------------ */
+/* ---- kilnd hooks (the contract is run/run.h) ------------------------------------------ */
 
 /* The directory a spec's relative paths resolve against. kilnd runs a copy of
  * the spec in the run directory and names the submitted file's directory in
- * KILN_SPEC_DIR; otherwise it is the spec file's own directory. */
+ * RUN_ENV_SPEC_DIR; otherwise it is the spec file's own directory. */
 static char *spec_base_dir(const char *spec_path)
 {
-    const char *env = getenv("KILN_SPEC_DIR");
+    const char *env = getenv(RUN_ENV_SPEC_DIR);
     if (env != NULL && env[0] != '\0')
         return kiln_strdup(env);
     char *dup = kiln_strdup(spec_path);
@@ -1026,26 +1057,32 @@ static char *spec_base_dir(const char *spec_path)
 static void test_kill_hook(int rank, int64_t step)
 {
     const char *r = getenv("KILN_TEST_KILL_RANK"), *s = getenv("KILN_TEST_KILL_STEP");
-    const char *attempt = getenv("KILN_ATTEMPT");
+    const char *attempt = getenv(RUN_ENV_ATTEMPT);
     if (r == NULL || s == NULL || (attempt != NULL && atoi(attempt) > 1))
         return;
     if (atoi(r) == rank && atoll(s) == step)
         raise(SIGKILL);
 }
 
-static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
+/* The step at which training stops (0: none): a resumed run counts steps
+ * from the start of its lineage; a warm start (init_from) counts its own. */
+static int64_t step_limit(const trainer_t *tr)
+{
+    int64_t max_steps = tr->opt.max_steps > 0 ? tr->opt.max_steps : tr->spec.train.max_steps;
+    return max_steps <= 0 ? 0 : tr->resumed ? max_steps : tr->steps0 + max_steps;
+}
+
+/* Trains `epochs` passes over files (continuing a resumed run's position
+ * within them). The loop's time adds to tr->train_ns. */
+static int train(trainer_t *tr, char **files, int nfiles, int64_t epochs)
 {
     const job_spec_t *sp = &tr->spec;
-    int64_t max_steps = tr->opt.max_steps > 0 ? tr->opt.max_steps : sp->train.max_steps;
-    /* A resumed run counts steps from the start of its lineage; a warm start
-     * (init_from) counts this run's own. */
-    int64_t limit = max_steps <= 0 ? 0 : tr->resumed ? max_steps : tr->steps0 + max_steps;
+    int64_t limit = step_limit(tr);
     int64_t log_every = sp->train.log_every > 0 ? sp->train.log_every : 100;
     int64_t every_steps = sp->checkpoint.every_steps;
     int64_t t0 = kiln_mono_ns();
     int rc = 0;
-    tr->last_export_ms = t0 / 1000000;
-    for (int64_t epoch = tr->start_epoch; epoch < sp->train.epochs && rc == 0; epoch++) {
+    for (int64_t epoch = tr->start_epoch; epoch < epochs && rc == 0; epoch++) {
         if (limit > 0 && tr->steps >= limit)
             break;
         rt_reader_t *r = NULL;
@@ -1055,6 +1092,12 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
             break;
         }
         int64_t nsteps = rt_reader_nsteps(r);
+        /* The loss curve: a record every few steps, at most ~256 over the
+         * run, every step of a short one. */
+        if (tr->rec_every <= 0)
+            tr->rec_every = (nsteps * (epochs - tr->start_epoch) + 255) / 256;
+        if (tr->rec_every <= 0)
+            tr->rec_every = 1;
         int64_t k0 = epoch == tr->start_epoch ? tr->start_k : 0;
         if (k0 > nsteps)
             k0 = nsteps;
@@ -1110,10 +1153,11 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
             tr->samples += out[0];
             loss_acc += loss_sum;
             rows_acc += b->n;
-            bool last = k + 1 == nsteps && epoch + 1 == sp->train.epochs;
-            if (tr->steps % log_every == 0 || last) {
+            bool last = k + 1 == nsteps && epoch + 1 == epochs;
+            bool human = tr->steps % log_every == 0 || last;
+            if (human || tr->steps % tr->rec_every == 0) {
                 report_progress(tr, tr->steps, nsteps, loss_acc, rows_acc,
-                                (double)(kiln_mono_ns() - t0) / 1e9, last);
+                                (double)(tr->train_ns + kiln_mono_ns() - t0) / 1e9, human, last);
                 loss_acc = 0.0;
                 rows_acc = 0;
             }
@@ -1134,7 +1178,233 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
         if (limit > 0 && tr->steps >= limit)
             break;
     }
-    *seconds = (double)(kiln_mono_ns() - t0) / 1e9;
+    tr->train_ns += kiln_mono_ns() - t0;
+    return rc;
+}
+
+/* ---- online training -------------------------------------------------------------------
+ * train.mode: online keeps the run training as partitions land: rank 0 looks
+ * at data.train's glob twice a second and names the files it has not seen
+ * (path, size and mtime: a file is taken once it has landed; write
+ * partitions under another name and rename them into place) to every rank;
+ * each new set is trained on once, in order, and recorded as an input of
+ * the run. Exports (export.every, the control file, SIGUSR1) are written
+ * between sets and while waiting; kilnd pushes each as it appears. The run
+ * ends when kilnd stops it (cancel, resources.timeout) or at
+ * train.max_steps. */
+
+#define ONLINE_POLL_MS 500
+
+typedef struct seen {
+    char **path;
+    int64_t *size, *mtime;
+    int n, cap;
+} seen_t;
+
+static bool seen_has(const seen_t *s, const char *path, int64_t size, int64_t mtime)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->size[i] == size && s->mtime[i] == mtime && strcmp(s->path[i], path) == 0)
+            return true;
+    return false;
+}
+
+static int seen_add(seen_t *s, const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) < 0)
+        return 0; /* gone again: nothing to remember */
+    if (s->n == s->cap) {
+        int cap = s->cap ? s->cap * 2 : 64;
+        char **np = kiln_reallocarray(s->path, (size_t)cap, sizeof *np);
+        if (np == NULL)
+            return KILN_ENOMEM;
+        s->path = np;
+        int64_t *ns = kiln_reallocarray(s->size, (size_t)cap, sizeof *ns);
+        if (ns == NULL)
+            return KILN_ENOMEM;
+        s->size = ns;
+        int64_t *nm = kiln_reallocarray(s->mtime, (size_t)cap, sizeof *nm);
+        if (nm == NULL)
+            return KILN_ENOMEM;
+        s->mtime = nm;
+        s->cap = cap;
+    }
+    if ((s->path[s->n] = kiln_strdup(path)) == NULL)
+        return KILN_ENOMEM;
+    s->size[s->n] = (int64_t)sb.st_size;
+    s->mtime[s->n] = (int64_t)sb.st_mtime;
+    s->n++;
+    return 0;
+}
+
+static void seen_fini(seen_t *s)
+{
+    for (int i = 0; i < s->n; i++)
+        free(s->path[i]);
+    free(s->path);
+    free(s->size);
+    free(s->mtime);
+}
+
+/* Rank 0: new files of pattern (regular, not empty, not seen), marked seen,
+ * as one '\n'-joined list (malloc'd; "" when none). */
+static int find_new(seen_t *seen, const char *pattern, char **list)
+{
+    glob_t g;
+    size_t len = 0, cap = 256;
+    char *out = kiln_calloc(1, cap);
+    int rc = 0;
+    *list = NULL;
+    if (out == NULL)
+        return KILN_ENOMEM;
+    int grc = glob(pattern, 0, NULL, &g);
+    for (size_t i = 0; grc == 0 && rc == 0 && i < g.gl_pathc; i++) {
+        struct stat sb;
+        const char *p = g.gl_pathv[i];
+        if (stat(p, &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_size == 0 ||
+            seen_has(seen, p, (int64_t)sb.st_size, (int64_t)sb.st_mtime))
+            continue;
+        size_t pl = strlen(p);
+        if (len + pl + 2 > cap) {
+            while (len + pl + 2 > cap)
+                cap *= 2;
+            char *n = realloc(out, cap);
+            if (n == NULL) {
+                rc = KILN_ENOMEM;
+                break;
+            }
+            out = n;
+        }
+        memcpy(out + len, p, pl);
+        out[len + pl] = '\n';
+        len += pl + 1;
+        out[len] = '\0';
+        rc = seen_add(seen, p);
+    }
+    if (grc == 0)
+        globfree(&g);
+    if (rc < 0) {
+        free(out);
+        return rc;
+    }
+    *list = out;
+    return 0;
+}
+
+/* Rank 0 with --db: records files as inputs of this run (lineage walks from
+ * a file to what was trained on it; an online run's inputs are its data
+ * watermark). */
+static void record_inputs(trainer_t *tr, char **files, int n)
+{
+    for (int i = 0; tr->db != NULL && i < n; i++) {
+        struct stat sb;
+        uint64_t h = 0;
+        char hex[17];
+        if (stat(files[i], &sb) < 0 || kiln_xxh64_file(files[i], 0, &h, NULL) < 0)
+            continue;
+        kiln_hash_hex(h, hex, sizeof hex);
+        state_input_t in = {files[i], (int64_t)sb.st_size, (int64_t)sb.st_mtime, hex};
+        if (state_input_add(tr->db, tr->opt.run_id, &in) < 0)
+            KILN_WARN("input %s not recorded: %s", files[i], kiln_errmsg());
+    }
+}
+
+/* Rank 0's list of new files, to every rank (collective). */
+static int share_list(trainer_t *tr, char **list)
+{
+    int64_t len = tr->rank == 0 ? (int64_t)strlen(*list) : 0;
+    if (MPI_Bcast(&len, 1, MPI_INT64_T, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "MPI_Bcast of the new files failed");
+    if (tr->rank != 0) {
+        free(*list);
+        if ((*list = kiln_calloc(1, (size_t)len + 1)) == NULL)
+            return KILN_ENOMEM;
+    }
+    if (len > 0 && MPI_Bcast(*list, (int)len, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "MPI_Bcast of the new files failed");
+    return 0;
+}
+
+/* Splits a '\n'-joined list into files (malloc'd strings). */
+static int split_list(const char *list, char ***files, int *n)
+{
+    int cnt = 0;
+    for (const char *p = list; *p; p++)
+        cnt += *p == '\n';
+    *files = kiln_calloc((size_t)cnt + 1, sizeof **files);
+    *n = 0;
+    if (*files == NULL)
+        return KILN_ENOMEM;
+    for (const char *p = list; *p;) {
+        size_t l = strcspn(p, "\n");
+        if (((*files)[(*n)++] = kiln_strndup(p, l)) == NULL)
+            return KILN_ENOMEM;
+        p += l + (p[l] == '\n');
+    }
+    return 0;
+}
+
+static int train_online(trainer_t *tr, char **files, int nfiles)
+{
+    const job_spec_t *sp = &tr->spec;
+    seen_t seen = {0};
+    char *pattern = tr->opt.data ? kiln_strdup(tr->opt.data) : spec_relative(tr, sp->data.train);
+    char **cur = files, *list = NULL;
+    int ncur = nfiles, rc = 0;
+    if (pattern == NULL)
+        return KILN_ENOMEM;
+    if (tr->rank == 0) {
+        for (int i = 0; i < nfiles && rc == 0; i++)
+            rc = seen_add(&seen, files[i]);
+        /* An incremental job's earlier runs consumed what kilnd did not list. */
+        if (rc == 0 && tr->opt.inputs != NULL)
+            rc = find_new(&seen, pattern, &list);
+        free(list);
+        list = NULL;
+    }
+    int64_t limit = step_limit(tr);
+    tr->rec_every = sp->train.log_every / 10 > 0 ? sp->train.log_every / 10 : 1;
+    say(tr, "kiln-train: online: training as files matching %s land\n", pattern);
+    for (bool first = true; (rc = agree(rc)) == 0; first = false) {
+        if (ncur > 0) {
+            if (!first && tr->rank == 0)
+                record_inputs(tr, cur, ncur);
+            hash_inputs(cur, ncur, tr->inputs_hash);
+            rc = train(tr, cur, ncur, 1);
+            tr->start_epoch = tr->start_k = 0; /* a resume's position was in the first set */
+            if (rc < 0)
+                break;
+        }
+        if (cur != files)
+            free_list(cur, ncur);
+        cur = NULL;
+        ncur = 0;
+        if (limit > 0 && tr->steps >= limit)
+            break;
+        bool want = false;
+        rc = export_requested(tr, &want);
+        if (rc == 0 && want) {
+            rc = checkpoint(tr, true);
+            tr->last_export_ms = kiln_mono_ns() / 1000000;
+        }
+        if (rc == 0 && tr->rank == 0)
+            rc = find_new(&seen, pattern, &list);
+        if (agree(rc) < 0 || (rc = share_list(tr, &list)) < 0)
+            continue; /* the loop's agree() ends it */
+        rc = split_list(list != NULL ? list : "", &cur, &ncur);
+        free(list);
+        list = NULL;
+        if (rc == 0 && ncur == 0) {
+            struct timespec ts = {0, ONLINE_POLL_MS * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (cur != files)
+        free_list(cur, ncur);
+    free(list);
+    free(pattern);
+    seen_fini(&seen);
     return rc;
 }
 
@@ -1583,15 +1853,21 @@ static int run(trainer_t *tr)
     if (tr->opt.predict != NULL)
         return predict_mode(tr);
 
-    /* Training files: --inputs, else --data, else data.train. */
+    /* Training files: --inputs, else --data, else data.train. An online run
+     * may start with none: it waits for partitions to land. */
+    bool online = tr->spec.train.mode == JOB_MODE_ONLINE;
     if (tr->opt.inputs) {
         rc = read_list(tr->opt.inputs, &files, &nfiles);
-    } else if (tr->opt.data) {
-        rc = expand(tr->opt.data, "--data", &files, &nfiles);
     } else {
-        char *pattern = spec_relative(tr, tr->spec.data.train);
-        rc = pattern ? expand(pattern, "data.train", &files, &nfiles) : KILN_ENOMEM;
+        char *pattern = tr->opt.data ? kiln_strdup(tr->opt.data)
+                                     : spec_relative(tr, tr->spec.data.train);
+        rc = pattern ? expand(pattern, tr->opt.data ? "--data" : "data.train", &files, &nfiles)
+                     : KILN_ENOMEM;
         free(pattern);
+    }
+    if (online && rc == KILN_ENOENT) {
+        kiln_errclear();
+        rc = 0;
     }
     if (rc == 0) {
         const char *ev = tr->opt.eval ? tr->opt.eval : tr->spec.data.eval;
@@ -1606,10 +1882,10 @@ static int run(trainer_t *tr)
     if (rc == 0 && tr->rank == 0) {
         rc = kiln_mkdir_p(tr->opt.run_dir);
         if (rc == 0) {
-            char *p = kiln_asprintf("%s/progress.jsonl", tr->opt.run_dir);
+            char *p = run_path(tr->opt.run_dir, RUN_FILE_PROGRESS);
             tr->progress = p ? fopen(p, "a") : NULL;
             if (tr->progress == NULL)
-                rc = kiln_errf(KILN_EIO, "cannot write %s: %s", p ? p : "progress.jsonl",
+                rc = kiln_errf(KILN_EIO, "cannot write %s: %s", p ? p : RUN_FILE_PROGRESS,
                                strerror(errno));
             free(p);
         }
@@ -1640,6 +1916,21 @@ static int run(trainer_t *tr)
     if (rc < 0)
         goto out;
     tr->steps0 = tr->steps;
+    tr->eval_files = eval_files;
+    tr->neval = neval;
+    if (tr->rank == 0 && tr->db != NULL) {
+        /* Lineage: the checkpoint this run starts from, and the files it
+         * reads (kilnd recorded them already when it named them). */
+        state_checkpoint_t c = {0};
+        if (tr->last_uid[0] != '\0' && (state_checkpoint_get(tr->db, tr->last_uid, &c) < 0 ||
+                                         state_run_set_start_checkpoint(tr->db, tr->opt.run_id,
+                                                                        c.id) < 0))
+            KILN_WARN("the checkpoint this run started from is not recorded: %s",
+                      kiln_errmsg());
+        state_checkpoint_fini(&c);
+        if (tr->opt.inputs == NULL)
+            record_inputs(tr, files, nfiles);
+    }
     struct sigaction sa = {0};
     sa.sa_handler = on_sigusr1;
     sigemptyset(&sa.sa_mask);
@@ -1651,8 +1942,8 @@ static int run(trainer_t *tr)
         tr->spec.name, job_model_type_name(tr->spec.model.type), tr->T, tr->nranks, threads,
         tr->spec.train.batch_size, tr->nranks, nfiles, nfiles == 1 ? "" : "s");
 
-    double seconds = 0.0;
-    rc = train(tr, files, nfiles, &seconds);
+    tr->last_export_ms = kiln_mono_ns() / 1000000;
+    rc = online ? train_online(tr, files, nfiles) : train(tr, files, nfiles, tr->spec.train.epochs);
     if (rc == 0)
         rc = checkpoint(tr, false);
     if (rc < 0)
@@ -1663,6 +1954,12 @@ static int run(trainer_t *tr)
         rc = evaluate(tr, eval_files, neval, &eval_rows, &logloss, &auc);
         if (rc < 0)
             goto out;
+        /* The figures of the run's final checkpoint: the quality gate and the
+         * endpoints page read them. */
+        if (tr->rank == 0 && tr->db != NULL && tr->last_ckpt_id > 0 &&
+            state_checkpoint_set_eval(tr->db, tr->last_ckpt_id, logloss, auc) < 0)
+            KILN_WARN("the eval figures of %s are not recorded: %s", tr->last_uid,
+                      kiln_errmsg());
     }
     int64_t keys = 0, mine_keys = 0, malformed = 0;
     for (int t = 0; t < tr->T; t++)
@@ -1670,34 +1967,24 @@ static int run(trainer_t *tr)
     MPI_Reduce(&mine_keys, &keys, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     MPI_Reduce(&tr->malformed, &malformed, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     if (tr->rank == 0) {
-        json_t *res = json_pack(
-            "{s:s, s:s, s:I, s:i, s:i, s:I, s:f, s:f, s:I, s:o, s:o, s:I, s:I}", "job",
-            tr->spec.name, "model", job_model_type_name(tr->spec.model.type), "rows",
-            (json_int_t)tr->samples, "ranks", tr->nranks, "threads", threads, "steps",
-            (json_int_t)tr->steps, "train_seconds", seconds, "train_samples_per_s",
-            seconds > 0 ? (double)tr->samples / seconds : 0.0, "eval_rows",
-            (json_int_t)eval_rows, "eval_logloss", isnan(logloss) ? json_null() : json_real(logloss),
-            "eval_auc", isnan(auc) ? json_null() : json_real(auc), "keys", (json_int_t)keys,
-            "malformed", (json_int_t)malformed);
-        if (res != NULL)
-            json_object_set_new(res, "checkpoint",
-                                tr->last_uid[0] ? json_string(tr->last_uid) : json_null());
-        char *text = res ? json_dumps(res, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8)) : NULL;
-        json_decref(res);
-        if (text == NULL) {
-            rc = KILN_ENOMEM;
+        double seconds = (double)tr->train_ns / 1e9;
+        run_result_t res = {.rows = tr->samples,
+                            .ranks = tr->nranks,
+                            .threads = threads,
+                            .steps = tr->steps,
+                            .train_seconds = seconds,
+                            .samples_per_s = seconds > 0 ? (double)tr->samples / seconds : 0.0,
+                            .eval_rows = eval_rows,
+                            .eval_logloss = logloss,
+                            .eval_auc = auc,
+                            .keys = keys,
+                            .malformed = malformed};
+        snprintf(res.job, sizeof res.job, "%s", tr->spec.name);
+        snprintf(res.model, sizeof res.model, "%s", job_model_type_name(tr->spec.model.type));
+        snprintf(res.checkpoint, sizeof res.checkpoint, "%s", tr->last_uid);
+        rc = run_result_write(tr->opt.run_dir, &res, stdout);
+        if (rc < 0)
             goto out;
-        }
-        printf("%s\n", text);
-        fflush(stdout);
-        char *path = kiln_asprintf("%s/result.json", tr->opt.run_dir);
-        FILE *f = path ? fopen(path, "w") : NULL;
-        if (f) {
-            fprintf(f, "%s\n", text);
-            fclose(f);
-        }
-        free(path);
-        free(text);
     }
 out:
     free_list(files, nfiles);
@@ -1718,10 +2005,10 @@ int main(int argc, char **argv)
 
     int prc = parse_options(argc, argv, &tr.opt);
     if (prc == 1)
-        return TRAIN_EXIT_OK;
+        return RUN_EXIT_OK;
     if (prc < 0) {
         fprintf(stderr, "kiln-train: %s\n", kiln_errmsg());
-        return TRAIN_EXIT_INPUT;
+        return RUN_EXIT_INPUT;
     }
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &tr.rank);

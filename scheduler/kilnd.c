@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "kiln.h"
-#include "sched.h"
+#include "scheduler.h"
 
 int main(int argc, char **argv)
 {

@@ -13,7 +13,8 @@
 
 #include "jobs.h"
 #include "kiln.h"
-#include "sched.h"
+#include "run.h"
+#include "scheduler.h"
 #include "state.h"
 
 /* ---- launchers ------------------------------------------------------------------
@@ -27,7 +28,6 @@ typedef struct sched_launch_ctx {
     const char *resume_path; /* a retry: the failed attempt's newest checkpoint, or NULL */
     const char *db_path;
     int64_t run_id;
-    bool trainer_has_db; /* kiln-train takes --db/--run-id (checkpoint records) */
 } sched_launch_ctx_t;
 
 typedef struct sched_launcher {
@@ -45,42 +45,21 @@ void sched_argv_free(char **argv);
 /* ---- the supervisor (sched_supervise.c) -----------------------------------------
  * A forked child of kilnd that calls setsid() (so it leads its own session and
  * process group, and kilnd's death does not reach it), starts argv with the
- * run directory's `log` as stdout and stderr, waits for it and writes
- * run_dir/status atomically (tmp + rename). SIGTERM to the supervisor stops
- * the run: SIGTERM to every process of the session (mpirun and each rank,
- * which Open MPI puts in process groups of their own), SIGKILL after
- * grace_ms. The reason is read from run_dir/stop (written by kilnd first). */
+ * run directory's RUN_FILE_LOG as stdout and stderr, waits for it and writes
+ * RUN_FILE_STATUS (run/run.h). SIGTERM to the supervisor stops the run:
+ * SIGTERM to every process of the session (mpirun and each rank, which Open
+ * MPI puts in process groups of their own), SIGKILL after grace_ms. The
+ * reason is read from RUN_FILE_STOP (written by kilnd first). */
 int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace_ms,
                           pid_t *pid /* OUT */);
-
-/* What run_dir/status says. */
-typedef struct sched_status {
-    int exit_code; /* mpirun's exit code, or -1 when killed by a signal */
-    int signal;    /* the signal that killed mpirun; 0: none */
-    char stop[32]; /* the stop reason kilnd gave ("canceled", "timed_out", ...), "" none */
-    int64_t ended_at;
-} sched_status_t;
-/* Reads run_dir/status. KILN_ENOENT when the supervisor has not written it. */
-int sched_status_read(const char *run_dir, sched_status_t *out /* OUT */);
-/* Writes run_dir/stop (atomically) with reason, then SIGTERMs the
- * supervisor. Returns 0 or KILN_EIO. */
+/* Writes the stop reason, then SIGTERMs the supervisor. Returns 0 or KILN_EIO. */
 int sched_stop_request(const char *run_dir, pid_t sup_pid, const char *reason);
-/* True when pid is alive (not a zombie) and, when start_ticks != 0, started
- * at that time (so a reused pid is not mistaken for the supervisor). */
-bool sched_pid_alive(pid_t pid, uint64_t start_ticks);
-/* The start time of pid in clock ticks since boot (/proc/PID/stat field 22), 0 if gone. */
-uint64_t sched_pid_start(pid_t pid);
 /* Sends sig to every process of session sid except the caller; returns how many. */
 int sched_kill_session(pid_t sid, int sig);
-/* Reads run_dir/supervisor.pid ("PID START_TICKS"). */
-int sched_pidfile_read(const char *run_dir, pid_t *pid /* OUT */, uint64_t *start /* OUT */);
 /* Why a run failed, from the tail of its log: a dead rank with its host and
  * signal, or kiln-train's own "rank R on HOST: ..." line. Returns a malloc'd
  * sentence. */
-char *sched_failure_reason(const char *run_dir, const sched_status_t *stat);
-
-/* Writes data to path atomically (path.tmp, fsync, rename). 0 or KILN_EIO. */
-int sched_write_atomic(const char *path, const char *data, size_t len);
+char *sched_failure_reason(const char *run_dir, const run_status_t *stat);
 
 /* ---- the daemon ------------------------------------------------------------------ */
 typedef enum { STOP_NONE, STOP_CANCELED, STOP_TIMED_OUT, STOP_REPLACED } sched_stop_t;
@@ -99,6 +78,7 @@ typedef struct sched_active {
     sched_stop_t stop;
     int64_t replaced_by;
     int64_t progress_off; /* bytes of progress.jsonl already recorded as metrics */
+    int64_t export_seen;  /* the newest online export whose pushes are queued (its id) */
 } sched_active_t;
 
 typedef struct sched_job {
@@ -109,13 +89,15 @@ typedef struct sched_job {
     job_cron_t cron;
 } sched_job_t;
 
+/* sched_push.c: the push dispatcher and workers, and the stats reader. */
+typedef struct sched_pusher sched_pusher_t;
+
 typedef struct sched {
     sched_options_t o;
     char *db_path, *home, *trainer;
     state_t *st;
     int epfd, sigfd, timerfd, inofd, lockfd;
     char host[256];
-    bool trainer_has_db;
     int64_t data_version;
     bool dirty;      /* something changed: rescan jobs, cron and the queue */
     bool stopping;   /* SIGTERM seen */
@@ -126,7 +108,19 @@ typedef struct sched {
     size_t njobs;
     int64_t next_progress_ms;
     uint64_t rng;
+    sched_pusher_t *pusher;
 } sched_t;
+
+/* Starts the threads that deliver queued pushes and (stats_every_ms > 0)
+ * read endpoints' stats, each with its own connection to db_path. */
+int sched_pusher_start(const char *db_path, int64_t stats_every_ms,
+                       sched_pusher_t **out /* OUT */);
+/* Something was queued: the dispatcher looks now instead of at its next poll. */
+void sched_pusher_kick(sched_t *s);
+/* Stops the threads (a push in hand gets a few seconds to finish). Accepts NULL. */
+void sched_pusher_stop(sched_pusher_t *p);
+/* Queues the pushes of a running run's newest online export, once (sched_run.c). */
+void sched_scan_exports(sched_t *s, sched_active_t *a);
 
 /* sched_queue.c: jobs cache, cron fires and catch-up, the queue and launch. */
 int sched_jobs_reload(sched_t *s);

@@ -4,7 +4,7 @@
  * cores) and `hostfile` (mpirun --hostfile FILE spreads the ranks over the
  * hosts listed). Both build
  *   mpirun -np N [--allow-run-as-root] ... kiln-train --spec S --run-dir D
- *          [--inputs F] [--resume CKPT] [--db DB --run-id R] --quiet
+ *          [--inputs F] [--resume CKPT] --db DB --run-id R
  * A `slurm` launcher (srun inside an allocation) would be one more table entry
  * with its own build_argv; this build has none and says so.
  */
@@ -97,14 +97,14 @@ static void trainer_tail(argv_t *a, const sched_launch_ctx_t *c)
         push(a, "--resume");
         push(a, c->resume_path);
     }
-    if (c->trainer_has_db) {
-        snprintf(id, sizeof id, "%lld", (long long)c->run_id);
-        push(a, "--db");
-        push(a, c->db_path);
-        push(a, "--run-id");
-        push(a, id);
-    }
-    push(a, "--quiet");
+    /* Rank 0 records checkpoints, online exports, inputs and the checkpoint
+     * the run started from in the database. No --quiet: the progress lines go
+     * to the run's log, which `kiln logs --follow` shows as the run trains. */
+    snprintf(id, sizeof id, "%lld", (long long)c->run_id);
+    push(a, "--db");
+    push(a, c->db_path);
+    push(a, "--run-id");
+    push(a, id);
 }
 
 static int local_argv(const sched_launch_ctx_t *c, char ***out)

@@ -59,6 +59,7 @@ void sched_options_init(sched_options_t *o)
     o->max_ranks = cores > 0 ? (int)cores : 1;
     o->grace_ms = 10000;
     o->poll_ms = 1000;
+    o->stats_every_ms = 10000;
 }
 
 typedef struct {
@@ -73,10 +74,13 @@ static const opt_t opts[] = {
                        "run asking for more runs alone"},
     {"grace", "DURATION", "SIGTERM to SIGKILL on cancel and timeout (default 10s)"},
     {"poll", "DURATION", "database change poll (default 1s)"},
+    {"stats-every", "DURATION", "read each endpoint's /v1/stats this often for the endpoints "
+                                "page (default 10s; 0: never)"},
     {"drain", NULL, "on SIGTERM, wait for running runs to end (a second SIGTERM stops now)"},
     {"trainer", "PATH", "kiln-train (default $KILN_TRAIN, else next to kilnd, else PATH)"},
     {"mpirun", "PATH", "mpirun (default: from PATH)"},
     {"log", "FILE", "append the daemon's log to FILE instead of stderr"},
+    {"log-format", "FORMAT", "text (default) or json: one JSON object per log line"},
     {"help", NULL, "show this help"},
     {NULL, NULL, NULL}};
 
@@ -151,14 +155,22 @@ int sched_options_parse(int argc, char **argv, int from, sched_options_t *o)
             o->log_path = v;
         else if (strcmp(opt->name, "drain") == 0)
             o->drain = true;
+        else if (strcmp(opt->name, "log-format") == 0) {
+            if (strcmp(v, "text") != 0 && strcmp(v, "json") != 0)
+                return kiln_errf(KILN_EUSAGE, "--log-format is text or json, not '%s'", v);
+            o->log_json = strcmp(v, "json") == 0;
+        }
         else if (strcmp(opt->name, "max-ranks") == 0)
             KILN_CHECK(parse_int(opt->name, v, &o->max_ranks));
-        else if (strcmp(opt->name, "grace") == 0 || strcmp(opt->name, "poll") == 0) {
+        else if (strcmp(opt->name, "grace") == 0 || strcmp(opt->name, "poll") == 0 ||
+                 strcmp(opt->name, "stats-every") == 0) {
             if (kiln_duration_parse(v, &ms) < 0 || ms < 0)
                 return kiln_errf(KILN_EUSAGE, "--%s expects a duration like 10s or 500ms, not '%s'",
                                  opt->name, v);
             if (opt->name[0] == 'g')
                 o->grace_ms = ms;
+            else if (opt->name[0] == 's')
+                o->stats_every_ms = ms;
             else
                 o->poll_ms = ms < 50 ? 50 : ms;
         }
@@ -192,25 +204,6 @@ static char *find_trainer(const char *given)
         }
     }
     return kiln_strdup("kiln-train");
-}
-
-/* Whether kiln-train records checkpoints itself (--db and --run-id). */
-static bool trainer_takes_db(const char *trainer)
-{
-    char cmd[PATH_MAX + 32];
-    snprintf(cmd, sizeof cmd, "'%s' --help 2>&1", trainer);
-    FILE *p = popen(cmd, "r");
-    if (p == NULL)
-        return false;
-    char line[512];
-    bool yes = false;
-    while (fgets(line, sizeof line, p) != NULL)
-        if (strstr(line, "--db") != NULL && strstr(line, "--run-id") != NULL)
-            yes = true;
-        else if (strstr(line, "--run-id") != NULL)
-            yes = true;
-    pclose(p);
-    return yes;
 }
 
 /* ---- one tick ----------------------------------------------------------------------- */
@@ -248,6 +241,9 @@ static int64_t tick(sched_t *s, bool changed)
         if (sched_jobs_reload(s) < 0)
             KILN_WARN("cannot read the jobs: %s", kiln_errmsg());
         check_cancels(s, now);
+        /* A trainer recorded an online export: queue its pushes. */
+        for (size_t i = 0; i < s->nact; i++)
+            sched_scan_exports(s, &s->act[i]);
     }
     for (size_t i = 0; i < s->nact; i++) {
         sched_active_t *a = &s->act[i];
@@ -427,6 +423,7 @@ int sched_run(const sched_options_t *o)
 #ifdef KILN_HAVE_WEB
     web_t *web = NULL;
 #endif
+    kiln_log_set_json(o->log_json);
     if (o->log_path != NULL && kiln_log_open(o->log_path, kiln_log_get_level()) < 0)
         return kiln_errf(KILN_EIO, "cannot open the log %s", o->log_path);
     s->home = kiln_strdup(o->home);
@@ -444,12 +441,10 @@ int sched_run(const sched_options_t *o)
     KILN_CHECK_GOTO(take_lock(s), rc, out);
     KILN_CHECK_GOTO(setup(s), rc, out);
     gethostname(s->host, sizeof s->host - 1);
-    s->trainer_has_db = trainer_takes_db(s->trainer);
     if (s->o.max_ranks < 1)
         s->o.max_ranks = 1;
-    KILN_INFO("kilnd %d on %s: database %s, runs in %s/runs, trainer %s%s, max %d ranks",
-              (int)getpid(), s->host, s->db_path, s->home, s->trainer,
-              s->trainer_has_db ? " (records checkpoints)" : "", s->o.max_ranks);
+    KILN_INFO("kilnd %d on %s: database %s, runs in %s/runs, trainer %s, max %d ranks",
+              (int)getpid(), s->host, s->db_path, s->home, s->trainer, s->o.max_ranks);
 #ifdef KILN_HAVE_WEB
     /* The status page (web/): its threads start after setup() blocked the
      * signals, so SIGTERM still reaches the signalfd. A page that cannot bind
@@ -468,6 +463,10 @@ int sched_run(const sched_options_t *o)
     state_data_version(s->st, &s->data_version);
     KILN_CHECK_GOTO(sched_jobs_reload(s), rc, out);
     KILN_CHECK_GOTO(sched_recover(s), rc, out);
+    /* Pushes go out from threads of their own; a push that cannot start
+     * is logged and the scheduling goes on. */
+    if (sched_pusher_start(s->db_path, s->o.stats_every_ms, &s->pusher) < 0)
+        KILN_ERROR("pushes will not be delivered: %s", kiln_errmsg());
 
     bool changed = true;
     while (!s->quit) {
@@ -508,6 +507,7 @@ int sched_run(const sched_options_t *o)
         changed = db_changed(s);
     }
 out:
+    sched_pusher_stop(s->pusher);
 #ifdef KILN_HAVE_WEB
     web_stop(web);
 #endif

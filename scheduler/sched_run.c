@@ -1,19 +1,21 @@
 /*
  * scheduler/sched_run.c - one run's life as kilnd sees it: picking the new
  * input partitions of an incremental job, making the run directory
- * ($KILN_HOME/runs/<id>/: spec.yaml, inputs.txt, log, progress.jsonl,
- * status, supervisor.pid, mpirun.pid, stop), launching it under a
+ * ($KILN_HOME/runs/<id>/, its files named in run/run.h), launching it under a
  * supervisor, stopping it (cancel, timeout, replace), recording its progress
- * as metrics, ending it with its real outcome and queuing the retry its
- * policy asks for, and at start-up adopting or ending the runs that an
+ * as metrics and queuing the pushes of its online exports while it runs,
+ * ending it with its real outcome (a success queues the pushes its job's
+ * export.on_success asks for, in the same transaction; a failure the retry
+ * its policy asks for), and at start-up adopting or ending the runs that an
  * earlier kilnd left behind.
  */
 #include "sched_int.h"
 
+#include "ops.h"
+
 #include <errno.h>
 #include <glob.h>
-#include <jansson.h>
-#include <libgen.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,43 +111,18 @@ void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int atte
 
 /* ---- the run directory -------------------------------------------------------------- */
 
-static int mkdir_p(const char *path)
+/* The directory the run's relative paths resolve against: the directory of
+ * the spec file it was submitted from (runs.spec_dir, written with the run),
+ * or, for a spec that came from no file (the web API), $KILN_HOME/jobs/NAME,
+ * made here. NULL only when out of memory. */
+static char *spec_base_dir(sched_t *s, const state_run_t *run, const char *job_name)
 {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) < 0 && errno != EEXIST)
-            return kiln_errf(KILN_EIO, "cannot create %s: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
-        return kiln_errf(KILN_EIO, "cannot create %s: %s", buf, strerror(errno));
-    return 0;
-}
-
-/* The directory relative paths of the job's spec resolve against: the
- * directory of the file it was submitted from (the submit event names it),
- * when that was an absolute path; NULL when unknown (then the run directory). */
-static char *spec_base_dir(sched_t *s, int64_t job_id)
-{
-    char *msg = NULL;
-    if (state_event_last(s->st, job_id, "submit", &msg) < 0)
-        return NULL;
-    char *base = NULL;
-    const char *p = strstr(msg, "submitted from ");
-    if (p != NULL && p[15] == '/') {
-        p += 15;
-        const char *end = strstr(p, " (version");
-        char *path = kiln_strndup(p, end ? (size_t)(end - p) : strlen(p));
-        if (path != NULL)
-            base = kiln_strdup(dirname(path));
-        free(path);
-    }
-    free(msg);
-    return base;
+    if (run->spec_dir != NULL && run->spec_dir[0] == '/')
+        return kiln_strdup(run->spec_dir);
+    char *dir = kiln_asprintf("%s/jobs/%s", s->home, job_name);
+    if (dir != NULL && kiln_mkdir_p(dir) < 0)
+        KILN_WARN("job %s: %s", job_name, kiln_errmsg());
+    return dir;
 }
 
 static char *resolve(const char *base, const char *path)
@@ -214,9 +191,10 @@ out:
 
 static int write_file(const char *dir, const char *name, const char *text)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    return sched_write_atomic(path, text, strlen(text));
+    char *path = run_path(dir, name);
+    int rc = path != NULL ? kiln_write_atomic(path, text, strlen(text)) : KILN_ENOMEM;
+    free(path);
+    return rc;
 }
 
 /* ---- launch -------------------------------------------------------------------------- */
@@ -285,7 +263,7 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
         KILN_INFO("run %lld launches with spec version %d of job %s (the job is at version %d)",
                   (long long)run->id, run->job_version, job->row.name, job->row.version);
     }
-    base = spec_base_dir(s, job->row.id);
+    base = spec_base_dir(s, run, job->row.name);
 
     if (spec->data.incremental) {
         rc = new_inputs(s, job, spec, base, &ins, &nins);
@@ -293,7 +271,9 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
             KILN_WARN("run %lld: %s; trying again later", (long long)run->id, kiln_errmsg());
             goto out;
         }
-        if (nins == 0) {
+        /* An online run waits for partitions to land; a batch run with
+         * nothing new has nothing to do. */
+        if (nins == 0 && spec->train.mode != JOB_MODE_ONLINE) {
             char *why = kiln_asprintf("no new data: every file matching %s was consumed by an "
                                       "earlier successful run",
                                       spec->data.train);
@@ -318,10 +298,10 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
         rc = KILN_ENOMEM;
         goto out;
     }
-    KILN_CHECK_GOTO(mkdir_p(run_dir), rc, out);
-    KILN_CHECK_GOTO(write_file(run_dir, "spec.yaml", spec_yaml), rc, out);
+    KILN_CHECK_GOTO(kiln_mkdir_p(run_dir), rc, out);
+    KILN_CHECK_GOTO(write_file(run_dir, RUN_FILE_SPEC, spec_yaml), rc, out);
     char inputs_path[4096] = "", spec_path[4096];
-    snprintf(spec_path, sizeof spec_path, "%s/spec.yaml", run_dir);
+    snprintf(spec_path, sizeof spec_path, "%s/%s", run_dir, RUN_FILE_SPEC);
     if (spec->data.incremental) {
         size_t len = 1;
         for (size_t i = 0; i < nins; i++)
@@ -335,8 +315,8 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
             strcat(list, ins[i].path);
             strcat(list, "\n");
         }
-        KILN_CHECK_GOTO(write_file(run_dir, "inputs.txt", list), rc, out);
-        snprintf(inputs_path, sizeof inputs_path, "%s/inputs.txt", run_dir);
+        KILN_CHECK_GOTO(write_file(run_dir, RUN_FILE_INPUTS, list), rc, out);
+        snprintf(inputs_path, sizeof inputs_path, "%s/%s", run_dir, RUN_FILE_INPUTS);
         for (size_t i = 0; i < nins; i++)
             KILN_CHECK_GOTO(state_input_add(s->st, run->id, &ins[i]), rc, out);
     }
@@ -349,28 +329,27 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     if (run->trigger == STATE_TRIGGER_RETRY)
         resume = retry_checkpoint(s, run->retry_of);
     sched_launch_ctx_t ctx = {s->o.mpirun, s->trainer, spec, hostfile, spec_path, run_dir,
-                              inputs_path[0] ? inputs_path : NULL, resume, s->db_path, run->id,
-                              s->trainer_has_db};
+                              inputs_path[0] ? inputs_path : NULL, resume, s->db_path, run->id};
     KILN_CHECK_GOTO(l->build_argv(&ctx, &argv), rc, out);
 
     /* The run's environment: who it is, and where its spec's relative paths
-     * point (kiln-train honours KILN_SPEC_DIR). */
+     * point (kiln-train honours RUN_ENV_SPEC_DIR). */
     char num[32];
     snprintf(num, sizeof num, "%lld", (long long)run->id);
-    setenv("KILN_RUN_ID", num, 1);
+    setenv(RUN_ENV_RUN_ID, num, 1);
     snprintf(num, sizeof num, "%d", run->attempt);
-    setenv("KILN_ATTEMPT", num, 1);
+    setenv(RUN_ENV_ATTEMPT, num, 1);
     if (base != NULL)
-        setenv("KILN_SPEC_DIR", base, 1);
+        setenv(RUN_ENV_SPEC_DIR, base, 1);
     else
-        unsetenv("KILN_SPEC_DIR");
+        unsetenv(RUN_ENV_SPEC_DIR);
     /* The run directory is recorded before the supervisor starts: a kilnd
      * killed in between finds no supervisor.pid there and retries the run as
      * lost, and one killed later finds the pid file and adopts it. */
     KILN_CHECK_GOTO(state_run_set_launch(s->st, run->id, run_dir, 0, s->host), rc, out);
     pid_t pid = 0;
     rc = sched_supervise_spawn(run_dir, argv, s->o.grace_ms, &pid);
-    unsetenv("KILN_SPEC_DIR");
+    unsetenv(RUN_ENV_SPEC_DIR);
     KILN_CHECK_GOTO(rc, rc, out);
 
     sched_active_t *a = sched_active_add(s);
@@ -425,11 +404,11 @@ static const char *stop_name(sched_stop_t why)
 {
     switch (why) {
     case STOP_CANCELED:
-        return "canceled";
+        return RUN_STOP_CANCELED;
     case STOP_TIMED_OUT:
-        return "timed_out";
+        return RUN_STOP_TIMED_OUT;
     case STOP_REPLACED:
-        return "replaced";
+        return RUN_STOP_REPLACED;
     default:
         return "";
     }
@@ -451,49 +430,69 @@ void sched_stop(sched_t *s, sched_active_t *a, sched_stop_t why, int64_t now)
 
 void sched_import_progress(sched_t *s, sched_active_t *a)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/progress.jsonl", a->run_dir);
-    FILE *f = fopen(path, "r");
+    char *path = run_path(a->run_dir, RUN_FILE_PROGRESS);
+    FILE *f = path != NULL ? fopen(path, "r") : NULL;
+    free(path);
     if (f == NULL)
         return;
     if (fseek(f, (long)a->progress_off, SEEK_SET) == 0) {
-        char line[1024];
+        char line[2048];
         while (fgets(line, sizeof line, f) != NULL) {
             size_t len = strlen(line);
             if (len == 0 || line[len - 1] != '\n')
                 break; /* a line still being written: next time */
             a->progress_off += (int64_t)len;
-            json_t *v = json_loads(line, 0, NULL);
-            if (v == NULL)
+            run_progress_t p;
+            if (run_progress_parse(line, &p) < 0 || p.kind != RUN_REC_STEP)
                 continue;
-            int64_t step = json_integer_value(json_object_get(v, "step"));
-            const char *names[] = {"loss", "samples_per_s"};
-            for (size_t i = 0; i < 2; i++) {
-                json_t *x = json_object_get(v, names[i]);
-                if (json_is_number(x))
-                    state_metric_add(s->st, a->run_id, step, names[i], json_number_value(x));
-            }
-            json_decref(v);
+            state_metric_add(s->st, a->run_id, p.step, RUN_FIG_LOSS, p.loss);
+            state_metric_add(s->st, a->run_id, p.step, RUN_FIG_SAMPLES_PER_S, p.samples_per_s);
         }
     }
     fclose(f);
 }
 
-static void import_result(sched_t *s, sched_active_t *a)
+/* The result of a run that ended, as metrics (the figures of its page). */
+static void import_result(sched_t *s, sched_active_t *a, run_result_t *res)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/result.json", a->run_dir);
-    json_t *v = json_load_file(path, 0, NULL);
-    if (v == NULL)
+    if (run_result_read(a->run_dir, res) < 0)
         return;
-    int64_t step = json_integer_value(json_object_get(v, "steps"));
-    const char *names[] = {"eval_logloss", "eval_auc", "train_samples_per_s", "train_seconds"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        json_t *x = json_object_get(v, names[i]);
-        if (json_is_number(x))
-            state_metric_add(s->st, a->run_id, step, names[i], json_number_value(x));
+    const struct {
+        const char *name;
+        double v;
+    } figs[] = {{RUN_FIG_EVAL_LOGLOSS, res->eval_logloss},
+                {RUN_FIG_EVAL_AUC, res->eval_auc},
+                {RUN_FIG_SAMPLES_PER_S, res->samples_per_s},
+                {RUN_FIG_TRAIN_SECONDS, res->train_seconds}};
+    for (size_t i = 0; i < sizeof figs / sizeof figs[0]; i++)
+        if (!isnan(figs[i].v))
+            state_metric_add(s->st, a->run_id, res->steps, figs[i].name, figs[i].v);
+}
+
+/* An online export of a running run (kiln-train records it in the database
+ * as it writes it): queue its pushes, once, superseding the pushes of an
+ * older export that have not gone out. */
+void sched_scan_exports(sched_t *s, sched_active_t *a)
+{
+    sched_job_t *job = sched_job_find(s, a->job_id);
+    if (job == NULL || !job->spec_ok || job->spec.push.nendpoints == 0)
+        return;
+    state_checkpoint_t c = {0};
+    if (state_checkpoint_newest_of_run(s->st, a->run_id, true, &c) < 0)
+        return;
+    if (c.id > a->export_seen) {
+        a->export_seen = c.id;
+        int n = 0;
+        if (ops_after_export(s->st, a->run_id, &job->spec, c.id, &n) < 0)
+            KILN_WARN("run %lld: the pushes of export %s were not queued: %s",
+                      (long long)a->run_id, c.uid, kiln_errmsg());
+        else if (n > 0) {
+            KILN_INFO("run %lld: online export %s queued for %d endpoint%s", (long long)a->run_id,
+                      c.uid, n, n == 1 ? "" : "s");
+            sched_pusher_kick(s);
+        }
     }
-    json_decref(v);
+    state_checkpoint_fini(&c);
 }
 
 /* ---- the end of a run -------------------------------------------------------------------- */
@@ -505,22 +504,24 @@ void sched_finish(sched_t *s, sched_active_t *a)
         waitpid(a->pid, &st, WNOHANG);
     }
     sched_import_progress(s, a);
-    import_result(s, a);
+    sched_scan_exports(s, a);
+    run_result_t res = {0};
+    import_result(s, a, &res);
     sched_job_t *job = sched_job_find(s, a->job_id);
     const job_spec_t *spec = job != NULL && job->spec_ok ? &job->spec : NULL;
 
-    sched_status_t stat;
-    int src = sched_status_read(a->run_dir, &stat);
+    run_status_t stat;
+    int src = run_status_read(a->run_dir, &stat);
     state_run_state_t to = STATE_RUN_FAILED;
     char *error = NULL;
     bool retryable = false;
     int code = src == 0 ? stat.exit_code : -1;
     sched_stop_t stop = a->stop;
     if (src == 0 && stop == STOP_NONE) /* a stop asked by a kilnd before a restart */
-        stop = strcmp(stat.stop, "canceled") == 0    ? STOP_CANCELED
-               : strcmp(stat.stop, "timed_out") == 0 ? STOP_TIMED_OUT
-               : strcmp(stat.stop, "replaced") == 0  ? STOP_REPLACED
-                                                     : STOP_NONE;
+        stop = strcmp(stat.stop, RUN_STOP_CANCELED) == 0    ? STOP_CANCELED
+               : strcmp(stat.stop, RUN_STOP_TIMED_OUT) == 0 ? STOP_TIMED_OUT
+               : strcmp(stat.stop, RUN_STOP_REPLACED) == 0  ? STOP_REPLACED
+                                                            : STOP_NONE;
     if (src == 0 && stat.exit_code == 0 && stat.signal == 0) {
         to = STATE_RUN_SUCCEEDED;
     } else if (stop == STOP_CANCELED) {
@@ -536,19 +537,31 @@ void sched_finish(sched_t *s, sched_active_t *a)
         to = STATE_RUN_TIMED_OUT;
         error = kiln_asprintf("timed out after %s (resources.timeout)", d);
     } else if (src < 0) {
-        error = kiln_asprintf("lost: the supervisor (pid %d) ended without writing %s/status",
-                              (int)a->pid, a->run_dir);
+        error = kiln_asprintf("lost: the supervisor (pid %d) ended without writing %s/%s",
+                              (int)a->pid, a->run_dir, RUN_FILE_STATUS);
         retryable = true;
     } else {
         error = sched_failure_reason(a->run_dir, &stat);
-        /* 3: kiln-train says a retry may help; > 128 or a signal: a rank or
-         * mpirun was killed. 2 (bad input) and 1 (a bug) are not retried. */
-        retryable = stat.exit_code == 3 || stat.exit_code > 128 || stat.signal != 0;
+        /* kiln-train says a retry may help, or a rank or mpirun was killed;
+         * bad input and bugs are not retried (run/run.h). */
+        retryable = run_exit_retryable(stat.exit_code, stat.signal);
     }
     int rc;
     if (to == STATE_RUN_FAILED) {
         sched_fail_run(s, a->run_id, STATE_RUN_RUNNING, a->attempt, spec, retryable, code,
                        error ? error : "failed");
+    } else if (to == STATE_RUN_SUCCEEDED) {
+        /* The pushes export.on_success asks for commit with the success. */
+        int n = 0;
+        rc = ops_run_succeeded(s->st, a->run_id, spec, res.checkpoint, code, &n);
+        if (rc < 0)
+            KILN_WARN("run %lld: cannot record its end: %s", (long long)a->run_id, kiln_errmsg());
+        else if (n > 0) {
+            KILN_INFO("run %lld succeeded; checkpoint %s queued for %d endpoint%s",
+                      (long long)a->run_id, res.checkpoint, n, n == 1 ? "" : "s");
+            sched_pusher_kick(s);
+        } else
+            KILN_INFO("run %lld succeeded", (long long)a->run_id);
     } else {
         rc = state_run_transition(s->st, a->run_id, STATE_RUN_RUNNING, to, code, error);
         if (rc == KILN_ESTATE)
@@ -591,11 +604,12 @@ static void recover_one(sched_t *s, const state_run_t *r)
     a->started_ms = r->started_at > 0 ? r->started_at * 1000 : now_ms();
     a->deadline_ms = spec && spec->resources.timeout_ms > 0 ? a->started_ms + spec->resources.timeout_ms
                                                             : 0;
-    sched_status_t stat;
+    run_status_t stat;
     pid_t pid = 0;
     uint64_t start = 0;
-    if (sched_status_read(a->run_dir, &stat) < 0 &&
-        sched_pidfile_read(a->run_dir, &pid, &start) == 0 && sched_pid_alive(pid, start)) {
+    if (run_status_read(a->run_dir, &stat) < 0 &&
+        run_pidfile_read(a->run_dir, RUN_FILE_SUPERVISOR, &pid, &start) == 0 &&
+        kiln_pid_alive(pid, start)) {
         a->pid = pid;
         a->child = false;
         if (sched_watch(s, a) == 0) {

@@ -4,8 +4,8 @@
  * new session (setsid), so the run's processes share one session id and
  * kilnd's death or a terminal's ^C does not reach them; it starts the
  * launcher's command with the run's log as stdout/stderr, waits, and writes
- * run_dir/status with the exit code or signal (tmp + rename, so a reader
- * never sees half a file). A kilnd that restarts reads that file to learn how
+ * the run's status with the exit code or signal (run/run.h; written
+ * atomically, so a reader never sees half a file). A kilnd that restarts reads that file to learn how
  * a run ended while it was down. Also here: pid files with start times (a
  * reused pid is not a live supervisor), killing a session, and turning a
  * log tail into one sentence naming the dead rank, its host and signal.
@@ -15,7 +15,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,81 +23,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-int sched_write_atomic(const char *path, const char *data, size_t len)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return kiln_errf(KILN_EIO, "cannot write %s: %s", tmp, strerror(errno));
-    size_t off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, data + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            int e = errno;
-            close(fd);
-            return kiln_errf(KILN_EIO, "cannot write %s: %s", tmp, strerror(e));
-        }
-        off += (size_t)w;
-    }
-    fsync(fd);
-    close(fd);
-    if (rename(tmp, path) < 0)
-        return kiln_errf(KILN_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    return 0;
-}
-
-/* /proc/PID/stat: the state letter, the session and the start time. */
-static int proc_stat(pid_t pid, char *state, pid_t *sid, uint64_t *start)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* the command may hold spaces and parens */
-    if (p == NULL)
-        return -1;
-    /* After ") ": state(3) ppid(4) pgrp(5) session(6) ... starttime(22). */
-    char st = 0;
-    int ppid, pgrp, session;
-    unsigned long long starttime = 0;
-    if (sscanf(p + 2, "%c %d %d %d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-               &st, &ppid, &pgrp, &session, &starttime) != 5)
-        return -1;
-    if (state)
-        *state = st;
-    if (sid)
-        *sid = session;
-    if (start)
-        *start = starttime;
-    return 0;
-}
-
-uint64_t sched_pid_start(pid_t pid)
-{
-    uint64_t start = 0;
-    return proc_stat(pid, NULL, NULL, &start) == 0 ? start : 0;
-}
-
-bool sched_pid_alive(pid_t pid, uint64_t start_ticks)
-{
-    char st;
-    uint64_t start;
-    if (pid <= 0 || proc_stat(pid, &st, NULL, &start) < 0)
-        return false;
-    if (st == 'Z' || st == 'X')
-        return false;
-    return start_ticks == 0 || start == start_ticks;
-}
 
 int sched_kill_session(pid_t sid, int sig)
 {
@@ -115,7 +39,7 @@ int sched_kill_session(pid_t sid, int sig)
             continue;
         pid_t psid;
         char st;
-        if (proc_stat((pid_t)pid, &st, &psid, NULL) == 0 && psid == sid && st != 'Z' &&
+        if (kiln_pid_stat((pid_t)pid, &st, &psid, NULL) == 0 && psid == sid && st != 'Z' &&
             kill((pid_t)pid, sig) == 0)
             n++;
     }
@@ -123,43 +47,11 @@ int sched_kill_session(pid_t sid, int sig)
     return n;
 }
 
-int sched_pidfile_read(const char *run_dir, pid_t *pid, uint64_t *start)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/supervisor.pid", run_dir);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return kiln_errf(KILN_ENOENT, "no %s", path);
-    int p = 0;
-    unsigned long long s = 0;
-    int got = fscanf(f, "%d %llu", &p, &s);
-    fclose(f);
-    if (got != 2 || p <= 0)
-        return kiln_errf(KILN_ECORRUPT, "%s does not hold 'PID START'", path);
-    *pid = p;
-    *start = s;
-    return 0;
-}
-
 /* ---- the supervisor process ------------------------------------------------------ */
 
 static int64_t mono_ms(void)
 {
     return kiln_mono_ns() / 1000000;
-}
-
-static void read_stop(const char *run_dir, char *out, size_t cap)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stop", run_dir);
-    out[0] = '\0';
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return;
-    if (fgets(out, (int)cap, f) == NULL)
-        out[0] = '\0';
-    out[strcspn(out, "\r\n")] = '\0';
-    fclose(f);
 }
 
 /* The supervisor's whole life; never returns. */
@@ -174,11 +66,7 @@ static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms,
     sigprocmask(SIG_SETMASK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    char path[4096], buf[256];
-    snprintf(path, sizeof path, "%s/supervisor.pid", run_dir);
-    int n = snprintf(buf, sizeof buf, "%d %llu\n", (int)getpid(),
-                     (unsigned long long)sched_pid_start(getpid()));
-    sched_write_atomic(path, buf, (size_t)n);
+    run_pidfile_write(run_dir, RUN_FILE_SUPERVISOR, getpid(), kiln_pid_start(getpid()));
 
     int64_t started = kiln_now_s();
     pid_t child = fork();
@@ -197,9 +85,7 @@ static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms,
     if (child < 0) {
         fprintf(stderr, "kilnd supervisor: fork: %s\n", strerror(errno));
     } else {
-        snprintf(path, sizeof path, "%s/mpirun.pid", run_dir);
-        n = snprintf(buf, sizeof buf, "%d\n", (int)child);
-        sched_write_atomic(path, buf, (size_t)n);
+        run_pidfile_write(run_dir, RUN_FILE_LAUNCHER, child, kiln_pid_start(child));
     }
     /* Tell kilnd we are set up (pid files written), then close the pipe. */
     char ok = child > 0 ? 'k' : 'x';
@@ -232,7 +118,7 @@ static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms,
         int sig = sigtimedwait(&set, &si, &ts);
         if (sig == SIGTERM && !stopping) {
             char why[32];
-            read_stop(run_dir, why, sizeof why);
+            run_stop_read(run_dir, why, sizeof why);
             fprintf(stderr, "kilnd supervisor: stopping the run (%s): SIGTERM to every rank\n",
                     why[0] ? why : "SIGTERM");
             kill(-child, SIGTERM);
@@ -244,17 +130,12 @@ static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms,
     /* Stragglers (a rank that outlived mpirun) go with the run. */
     sched_kill_session(getsid(0), SIGKILL);
 
-    char stop[32];
-    read_stop(run_dir, stop, sizeof stop);
-    int code = child < 0 ? 126 : WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    int sig = child > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    char json[512];
-    n = snprintf(json, sizeof json,
-                 "{\"exit_code\": %d, \"signal\": %d, \"stop\": \"%s\", \"started_at\": %lld, "
-                 "\"ended_at\": %lld}\n",
-                 code, sig, stop, (long long)started, (long long)kiln_now_s());
-    snprintf(path, sizeof path, "%s/status", run_dir);
-    sched_write_atomic(path, json, (size_t)n);
+    run_status_t end = {.exit_code = child < 0 ? 126 : WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                        .signal = child > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : 0,
+                        .started_at = started,
+                        .ended_at = kiln_now_s()};
+    run_stop_read(run_dir, end.stop, sizeof end.stop);
+    run_status_write(run_dir, &end);
     _exit(0);
 }
 
@@ -263,14 +144,18 @@ int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0)
         return kiln_errf(KILN_EIO, "pipe: %s", strerror(errno));
-    char logp[4096];
-    snprintf(logp, sizeof logp, "%s/log", run_dir);
-    int logfd = open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    char *logp = run_path(run_dir, RUN_FILE_LOG);
+    int logfd = logp != NULL ? open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
     if (logfd < 0) {
+        int e = errno;
         close(p[0]);
         close(p[1]);
-        return kiln_errf(KILN_EIO, "cannot open %s: %s", logp, strerror(errno));
+        int rc = logp == NULL ? KILN_ENOMEM
+                              : kiln_errf(KILN_EIO, "cannot open %s: %s", logp, strerror(e));
+        free(logp);
+        return rc;
     }
+    free(logp);
     fflush(NULL);
     pid_t c = fork();
     if (c < 0) {
@@ -314,33 +199,10 @@ int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace
 
 int sched_stop_request(const char *run_dir, pid_t sup_pid, const char *reason)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stop", run_dir);
-    int rc = sched_write_atomic(path, reason, strlen(reason));
+    int rc = run_stop_write(run_dir, reason);
     if (sup_pid > 0 && kill(sup_pid, SIGTERM) < 0 && errno != ESRCH)
         KILN_WARN("SIGTERM to supervisor %d: %s", (int)sup_pid, strerror(errno));
     return rc;
-}
-
-int sched_status_read(const char *run_dir, sched_status_t *out)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/status", run_dir);
-    memset(out, 0, sizeof *out);
-    json_error_t e;
-    json_t *v = json_load_file(path, 0, &e);
-    if (v == NULL) {
-        if (access(path, F_OK) != 0)
-            return kiln_errf(KILN_ENOENT, "no %s", path);
-        return kiln_errf(KILN_ECORRUPT, "%s: %s", path, e.text);
-    }
-    out->exit_code = (int)json_integer_value(json_object_get(v, "exit_code"));
-    out->signal = (int)json_integer_value(json_object_get(v, "signal"));
-    out->ended_at = json_integer_value(json_object_get(v, "ended_at"));
-    const char *stop = json_string_value(json_object_get(v, "stop"));
-    snprintf(out->stop, sizeof out->stop, "%s", stop ? stop : "");
-    json_decref(v);
-    return 0;
 }
 
 /* ---- why a run failed ----------------------------------------------------------- */
@@ -352,12 +214,13 @@ static const char *signame(int sig, char *buf, size_t cap)
     return buf;
 }
 
-char *sched_failure_reason(const char *run_dir, const sched_status_t *stat)
+char *sched_failure_reason(const char *run_dir, const run_status_t *stat)
 {
-    char path[4096], sb[32];
-    snprintf(path, sizeof path, "%s/log", run_dir);
+    char sb[32];
+    char *path = run_path(run_dir, RUN_FILE_LOG);
     char *tail = NULL;
-    FILE *f = fopen(path, "r");
+    FILE *f = path != NULL ? fopen(path, "r") : NULL;
+    free(path);
     if (f != NULL) {
         fseek(f, 0, SEEK_END);
         long size = ftell(f);

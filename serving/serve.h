@@ -4,8 +4,8 @@
  * sends: a model description, embedding rows, deleted keys and the dense
  * weights of one checkpoint, full or as a delta on a base), the push client
  * (libcurl multi: every endpoint of a label in parallel, retries, fallback to
- * a full push on 409) and the job-level operations behind `kiln push`,
- * `kiln promote` and `kiln rollback` that record every push in SQLite.
+ * a full push on 409), and a reader of an endpoint's stats. What to push
+ * where, and the records of it, are the use cases of ops/ (ops.h).
  * kiln-serve (serve_main.c, serve_http.c, serve_store.c) is the program that
  * receives pushes; its internals are in serve_int.h.
  *
@@ -186,6 +186,8 @@ const serve_model_desc_t *serve_dec_desc(const serve_dec_t *d);
 const serve_totals_t *serve_dec_counted(const serve_dec_t *d);
 
 /* ---- push client ------------------------------------------------------------------- */
+typedef struct serve_push_opts serve_push_opts_t;
+
 typedef struct serve_target {
     const char *url;   /* http://host:port of a kiln-serve */
     const char *model;
@@ -193,16 +195,19 @@ typedef struct serve_target {
     const char *held;  /* what the endpoint holds per our records ("" or NULL: unknown) */
     serve_source_open_fn open;
     void *open_ctx;
+    const serve_push_opts_t *opts; /* this target's token, retries, ...; NULL: the call's */
 } serve_target_t;
 
-typedef struct serve_push_opts {
+struct serve_push_opts {
     const char *token;     /* bearer token; NULL: none */
     int retries;           /* further attempts after the first (5xx, network) */
     int64_t timeout_ms;    /* per attempt; 0: none */
     int64_t backoff_ms;    /* first retry delay (default 200), doubled each retry, +-50% jitter */
     int64_t max_backoff_ms;/* cap (default 10 s) */
-    const char *idem_nonce;/* mixed into idempotency keys (default: time and pid) */
-} serve_push_opts_t;
+    const char *idem_nonce;/* mixed into idempotency keys (default: time and pid); the same
+                              nonce, endpoint, uid and base give the same key, so a push
+                              re-sent after a crash is applied at most once */
+};
 
 typedef struct serve_push_result {
     bool ok;
@@ -224,35 +229,17 @@ typedef struct serve_push_result {
 int serve_push(const serve_target_t *targets, int n, const serve_push_opts_t *opts,
                serve_push_result_t *results /* OUT (n) */);
 
-/* ---- job-level operations (serve_ops.c): what the kiln commands do ----------------- */
-struct state;
-struct job_spec;
-
-/* The model description of a job spec (tables, slots, combiners, MLP). */
-int serve_desc_from_spec(const struct job_spec *spec, serve_model_desc_t *out /* OUT */);
-
-typedef struct serve_op_result {
-    int npushes, nfailed;
-    char checkpoint[SERVE_UID_MAX];
-} serve_op_result_t;
-
-/* Pushes the job's latest checkpoint (or `ckpt_uid` when not NULL) to the
- * job's endpoints of `label` (NULL: all of them), records exports, pushes
- * and holdings in st. Each endpoint gets a delta on what it holds per st
- * (a full push where it holds nothing or a checkpoint outside the chain);
- * with full, every endpoint gets a full push. Returns 0, KILN_EHTTP (some
- * failed; message names endpoint and status), KILN_ENOENT (no job /
- * checkpoint / endpoint of that label), KILN_EAUTH (no token). */
-int serve_op_push_job(struct state *st, const char *job, const char *label,
-                      const char *ckpt_uid, bool full, serve_op_result_t *res /* OUT */);
-/* Pushes the checkpoint the endpoints of model/from hold to those of
- * model/to. token_env: variable holding the token (NULL: the job's). */
-int serve_op_promote(struct state *st, const char *model, const char *from, const char *to,
-                     const char *token_env, serve_op_result_t *res /* OUT */);
-/* Pushes to every endpoint of model/label the checkpoint it held before the
- * current one. */
-int serve_op_rollback(struct state *st, const char *model, const char *label,
-                      const char *token_env, serve_op_result_t *res /* OUT */);
+/* ---- endpoint stats ------------------------------------------------------------------ */
+/* What an endpoint's GET /v1/stats says about one (model, label). */
+typedef struct serve_label_stats {
+    char model[SERVE_NAME_MAX], label[SERVE_NAME_MAX];
+    int64_t predict_requests, predict_rows;
+} serve_label_stats_t;
+/* Reads url's /v1/stats (one request, timeout_ms) into *out (malloc'd, *n
+ * labels; free()). Returns 0, KILN_EHTTP (message names the URL and the
+ * status or network error) or KILN_ENOMEM. */
+int serve_stats_fetch(const char *url, int64_t timeout_ms, serve_label_stats_t **out /* OUT */,
+                      size_t *n /* OUT */);
 
 #ifdef __cplusplus
 }

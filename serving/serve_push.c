@@ -8,6 +8,7 @@
  * is re-sent once as a full push; 401, 400, 404, 413 and 422 are final.
  * The only file in Kiln besides the CLI's callers that includes curl.h.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <curl/curl.h>
 #include <jansson.h>
@@ -82,8 +83,9 @@ static void fail(xfer_t *x, const char *fmt, ...)
 
 /* Starts one attempt: opens a source for what the endpoint holds (or a
  * full one), builds the request and adds it to the multi handle. */
-static int start(CURLM *multi, xfer_t *x, const serve_push_opts_t *o)
+static int start(CURLM *multi, xfer_t *x, const serve_push_opts_t *call)
 {
+    const serve_push_opts_t *o = x->t->opts != NULL ? x->t->opts : call;
     serve_source_t *src = NULL;
     int rc = x->t->open(x->t->open_ctx, x->force_full ? "" : x->held, &src);
     if (rc < 0) {
@@ -181,8 +183,9 @@ static void json_field(const char *body, const char *field, char *out, size_t ca
 }
 
 /* An attempt ended: decide ok / retry / fallback / fail. */
-static void finished(xfer_t *x, CURLcode cc, const serve_push_opts_t *o, uint64_t *rng)
+static void finished(xfer_t *x, CURLcode cc, const serve_push_opts_t *call, uint64_t *rng)
 {
+    const serve_push_opts_t *o = x->t->opts != NULL ? x->t->opts : call;
     long status = 0;
     curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &status);
     x->running = false;
@@ -248,15 +251,28 @@ static void finished(xfer_t *x, CURLcode cc, const serve_push_opts_t *o, uint64_
              err);
 }
 
+/* libcurl's global set-up, once per process, whichever thread comes first
+ * (kilnd pushes and reads stats from threads of its own). */
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_ready;
+
+static void curl_setup(void)
+{
+    curl_ready = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static int client_init(void)
+{
+    pthread_once(&curl_once, curl_setup);
+    return curl_ready == CURLE_OK ? 0
+                                  : kiln_errf(KILN_EINTERNAL, "curl_global_init failed: %s",
+                                              curl_easy_strerror(curl_ready));
+}
+
 int serve_push(const serve_target_t *targets, int n, const serve_push_opts_t *opts,
                serve_push_result_t *results)
 {
-    static int curl_ready;
-    if (!curl_ready) {
-        if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0)
-            return kiln_errf(KILN_EINTERNAL, "curl_global_init failed");
-        curl_ready = 1;
-    }
+    KILN_CHECK(client_init());
     serve_push_opts_t o = *opts;
     char nonce[64];
     if (o.idem_nonce == NULL) {
@@ -328,5 +344,85 @@ int serve_push(const serve_target_t *targets, int n, const serve_push_opts_t *op
     }
     curl_multi_cleanup(multi);
     free(xs);
+    return rc;
+}
+
+/* ---- endpoint stats ----------------------------------------------------------------- */
+
+static size_t on_body(char *buf, size_t size, size_t nitems, void *ud)
+{
+    char **body = ud;
+    size_t n = size * nitems, have = *body ? strlen(*body) : 0;
+    if (have + n > (1u << 20))
+        return 0; /* a stats answer is small; more is not one */
+    char *nb = realloc(*body, have + n + 1);
+    if (nb == NULL)
+        return 0;
+    memcpy(nb + have, buf, n);
+    nb[have + n] = '\0';
+    *body = nb;
+    return n;
+}
+
+int serve_stats_fetch(const char *url, int64_t timeout_ms, serve_label_stats_t **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    KILN_CHECK(client_init());
+    char *where = kiln_asprintf("%s/v1/stats", url);
+    CURL *e = curl_easy_init();
+    char *body = NULL;
+    int rc = 0;
+    json_t *doc = NULL;
+    if (where == NULL || e == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    curl_easy_setopt(e, CURLOPT_URL, where);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &body);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)timeout_ms);
+    CURLcode cc = curl_easy_perform(e);
+    long status = 0;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+    if (cc != CURLE_OK) {
+        rc = kiln_errf(KILN_EHTTP, "%s: %s", where, curl_easy_strerror(cc));
+        goto out;
+    }
+    if (status != 200) {
+        rc = kiln_errf(KILN_EHTTP, "%s: HTTP %ld", where, status);
+        goto out;
+    }
+    doc = body != NULL ? json_loads(body, 0, NULL) : NULL;
+    json_t *labels = json_object_get(doc, "predict");
+    if (!json_is_array(labels)) {
+        rc = kiln_errf(KILN_EHTTP, "%s: the answer has no \"predict\" list", where);
+        goto out;
+    }
+    size_t k = json_array_size(labels);
+    serve_label_stats_t *ls = kiln_calloc(k + 1, sizeof *ls);
+    if (ls == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < k; i++) {
+        json_t *l = json_array_get(labels, i);
+        const char *m = json_string_value(json_object_get(l, "model"));
+        const char *lab = json_string_value(json_object_get(l, "label"));
+        snprintf(ls[i].model, sizeof ls[i].model, "%s", m ? m : "");
+        snprintf(ls[i].label, sizeof ls[i].label, "%s", lab ? lab : "");
+        ls[i].predict_requests = json_integer_value(json_object_get(l, "requests"));
+        ls[i].predict_rows = json_integer_value(json_object_get(l, "rows"));
+    }
+    *out = ls;
+    *n = k;
+out:
+    json_decref(doc);
+    free(body);
+    free(where);
+    if (e != NULL)
+        curl_easy_cleanup(e);
     return rc;
 }

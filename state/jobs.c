@@ -21,7 +21,8 @@ static int read_job(sqlite3_stmt *s, state_job_t *j)
     j->updated_at = state_col_i64(s, 9);
     j->last_scheduled_at = state_col_i64(s, 10);
     if (state_col_str(s, 1, &j->name) < 0 || state_col_str(s, 2, &j->spec_yaml) < 0 ||
-        state_col_str(s, 3, &j->spec_hash) < 0 || state_col_str(s, 4, &j->schedule) < 0) {
+        state_col_str(s, 3, &j->spec_hash) < 0 || state_col_str(s, 4, &j->schedule) < 0 ||
+        state_col_str(s, 11, &j->spec_dir) < 0) {
         state_job_fini(j);
         return KILN_ENOMEM;
     }
@@ -36,6 +37,7 @@ void state_job_fini(state_job_t *j)
     free(j->spec_yaml);
     free(j->spec_hash);
     free(j->schedule);
+    free(j->spec_dir);
     memset(j, 0, sizeof *j);
 }
 
@@ -51,7 +53,9 @@ void state_jobs_free(state_job_t *js, size_t n)
 typedef struct {
     const char *name, *spec_yaml, *spec_hash, *schedule;
     int priority;
+    const char *spec_dir; /* NULL: leave it */
     int64_t id;
+    int version;
     bool created;
 } job_put_t;
 
@@ -77,8 +81,8 @@ static int job_put_tx(state_t *st, job_put_t *p)
 
     if (p->id == 0) {
         KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_INSERT, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "ttttiI", p->name, p->spec_yaml, p->spec_hash,
-                                   p->schedule, p->priority, now),
+        KILN_CHECK_GOTO(state_bind(st, s, what, "ttttiIt", p->name, p->spec_yaml, p->spec_hash,
+                                   p->schedule, p->priority, now, p->spec_dir),
                         rc, out);
         KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
         p->id = sqlite3_last_insert_rowid(st->db);
@@ -86,16 +90,19 @@ static int job_put_tx(state_t *st, job_put_t *p)
         version = 1;
     } else if (old_hash == NULL || strcmp(old_hash, p->spec_hash) != 0) {
         KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_UPDATE_SPEC, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "ItttiI", p->id, p->spec_yaml, p->spec_hash,
-                                   p->schedule, p->priority, now),
+        KILN_CHECK_GOTO(state_bind(st, s, what, "ItttiIt", p->id, p->spec_yaml, p->spec_hash,
+                                   p->schedule, p->priority, now, p->spec_dir),
                         rc, out);
         KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
         version++;
     } else {
         /* Same spec: nothing to version; keep derived fields in step. */
         KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_UPDATE_SAME, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "Iti", p->id, p->schedule, p->priority), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "Itit", p->id, p->schedule, p->priority,
+                                   p->spec_dir),
+                        rc, out);
         KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+        p->version = version;
         rc = 0;
         goto out;
     }
@@ -106,6 +113,7 @@ static int job_put_tx(state_t *st, job_put_t *p)
                                        p->created ? "submitted" : "updated to", version,
                                        p->spec_hash),
                     rc, out);
+    p->version = version;
     rc = 0;
 out:
     state_stmt_done(s);
@@ -118,7 +126,7 @@ int state_job_put(state_t *st, const char *name, const char *spec_yaml, const ch
 {
     if (name == NULL || name[0] == '\0' || spec_yaml == NULL || spec_hash == NULL)
         return kiln_errf(KILN_EINVAL, "a job needs a name, a spec and its hash");
-    job_put_t p = {name, spec_yaml, spec_hash, schedule, priority, 0, false};
+    job_put_t p = {name, spec_yaml, spec_hash, schedule, priority, NULL, 0, 0, false};
     int rc;
     STATE_WRITE(st, "submitting a job", rc, job_put_tx(st, &p));
     if (rc < 0)
@@ -127,6 +135,45 @@ int state_job_put(state_t *st, const char *name, const char *spec_yaml, const ch
     if (created != NULL)
         *created = p.created;
     return 0;
+}
+
+/* ---- submit ------------------------------------------------------------------------ */
+
+typedef struct {
+    const state_submit_t *in;
+    state_submitted_t out;
+} submit_t;
+
+static int submit_tx(state_t *st, submit_t *x)
+{
+    const state_submit_t *in = x->in;
+    job_put_t p = {in->name, in->spec_yaml, in->spec_hash, in->schedule, in->priority,
+                   in->spec_dir, 0, 0, false};
+    memset(&x->out, 0, sizeof x->out);
+    KILN_CHECK(job_put_tx(st, &p));
+    x->out.job_id = p.id;
+    x->out.version = p.version;
+    x->out.created = p.created;
+    if (in->queue_run)
+        KILN_CHECK(state_run_create_tx(st, p.id, STATE_TRIGGER_MANUAL, 0, 1, 0, &x->out.run_id));
+    return state_event_insert(st, p.id, x->out.run_id, "submit", "submitted from %s (version %d)",
+                              in->source != NULL ? in->source : "an unknown source", p.version);
+}
+
+int state_submit(state_t *st, const state_submit_t *in, state_submitted_t *out)
+{
+    if (in == NULL || in->name == NULL || in->name[0] == '\0' || in->spec_yaml == NULL ||
+        in->spec_hash == NULL)
+        return kiln_errf(KILN_EINVAL, "a job needs a name, a spec and its hash");
+    if (in->spec_dir != NULL && in->spec_dir[0] != '/')
+        return kiln_errf(KILN_EINVAL, "the spec directory must be absolute, not '%s'",
+                         in->spec_dir);
+    submit_t x = {in, {0}};
+    int rc;
+    STATE_WRITE(st, "submitting a job", rc, submit_tx(st, &x));
+    if (rc == 0)
+        *out = x.out;
+    return rc;
 }
 
 /* ---- get / list -------------------------------------------------------------------- */

@@ -7,6 +7,7 @@
  */
 #include "state_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -236,14 +237,23 @@ int state_run_durations(state_t *st, state_duration_bucket_t **out, size_t *n)
 
 /* ---- endpoints ------------------------------------------------------------------- */
 
+void state_endpoint_info_fini(state_endpoint_info_t *e)
+{
+    if (e == NULL)
+        return;
+    free(e->url);
+    free(e->model);
+    free(e->label);
+    free(e->checkpoint_uid);
+    free(e->last_error);
+    free(e->stats_error);
+    memset(e, 0, sizeof *e);
+}
+
 void state_endpoint_infos_free(state_endpoint_info_t *es, size_t n)
 {
-    for (size_t i = 0; es != NULL && i < n; i++) {
-        free(es[i].url);
-        free(es[i].model);
-        free(es[i].label);
-        free(es[i].checkpoint_uid);
-    }
+    for (size_t i = 0; es != NULL && i < n; i++)
+        state_endpoint_info_fini(&es[i]);
     free(es);
 }
 
@@ -257,7 +267,18 @@ static int read_endpoint(sqlite3_stmt *s, void *item)
     e->pushes_failed = state_col_i64(s, 8);
     e->pushes_succeeded = state_col_i64(s, 9);
     e->pushes_pending = state_col_i64(s, 10);
-    e->last_push_at = state_col_i64(s, 11);
+    e->pushes_held = state_col_i64(s, 11);
+    e->last_push_at = state_col_i64(s, 12);
+    e->checkpoint_created_at = state_col_i64(s, 13);
+    e->eval_logloss = sqlite3_column_type(s, 14) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 14);
+    e->eval_auc = sqlite3_column_type(s, 15) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 15);
+    e->last_http_status = sqlite3_column_int(s, 17);
+    e->stats_at = state_col_i64(s, 18);
+    e->predict_requests = state_col_i64(s, 19);
+    e->predict_rows = state_col_i64(s, 20);
+    e->request_rate = sqlite3_column_type(s, 21) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 21);
+    KILN_CHECK(state_col_str(s, 16, &e->last_error));
+    KILN_CHECK(state_col_str(s, 22, &e->stats_error));
     KILN_CHECK(state_col_str(s, 1, &e->url));
     KILN_CHECK(state_col_str(s, 2, &e->model));
     KILN_CHECK(state_col_str(s, 3, &e->label));
@@ -347,6 +368,7 @@ void state_holdings_free(state_holding_t *hs, size_t n)
 /* ---- checkpoints ----------------------------------------------------------------- */
 
 typedef struct children_q {
+    state_stmt_id_t stmt;
     int64_t parent_id;
     int limit;
     int64_t *ids;
@@ -359,7 +381,7 @@ static int children_tx(state_t *st, children_q_t *q)
     int rc;
     const char *what = "listing a checkpoint's children";
     q->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_CKPT_CHILDREN, &s), rc, out);
+    KILN_CHECK_GOTO(state_stmt(st, q->stmt, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", q->parent_id, q->limit), rc, out);
     for (;;) {
         KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
@@ -372,15 +394,16 @@ out:
     return rc;
 }
 
-int state_checkpoint_children(state_t *st, int64_t checkpoint_id, int limit,
-                              state_checkpoint_t **out, size_t *n)
+/* The checkpoints a query of ids (children or descendants) names, in order. */
+static int ckpts_of(state_t *st, state_stmt_id_t stmt, int64_t checkpoint_id, int limit,
+                    state_checkpoint_t **out, size_t *n)
 {
     int rc;
     *out = NULL;
     *n = 0;
     if (limit < 1 || limit > STATE_PAGE_MAX)
-        return kiln_errf(KILN_EINVAL, "asked for %d children; 1 to %d", limit, STATE_PAGE_MAX);
-    children_q_t q = {checkpoint_id, limit, kiln_calloc((size_t)limit, sizeof(int64_t)), 0};
+        return kiln_errf(KILN_EINVAL, "asked for %d checkpoints; 1 to %d", limit, STATE_PAGE_MAX);
+    children_q_t q = {stmt, checkpoint_id, limit, kiln_calloc((size_t)limit, sizeof(int64_t)), 0};
     if (q.ids == NULL)
         return KILN_ENOMEM;
     STATE_READ(st, "listing a checkpoint's children", rc, children_tx(st, &q));
@@ -408,6 +431,18 @@ int state_checkpoint_children(state_t *st, int64_t checkpoint_id, int limit,
 out:
     free(q.ids);
     return rc;
+}
+
+int state_checkpoint_children(state_t *st, int64_t checkpoint_id, int limit,
+                              state_checkpoint_t **out, size_t *n)
+{
+    return ckpts_of(st, STMT_WEB_CKPT_CHILDREN, checkpoint_id, limit, out, n);
+}
+
+int state_checkpoint_descendants(state_t *st, int64_t checkpoint_id, int limit,
+                                 state_checkpoint_t **out, size_t *n)
+{
+    return ckpts_of(st, STMT_CKPT_DESCENDANTS, checkpoint_id, limit, out, n);
 }
 
 /* ---- retries --------------------------------------------------------------------- */

@@ -1,8 +1,8 @@
 /*
  * state/records.c - what runs consume and produce: the input partitions a run
  * read (and whether a job already consumed one, the data watermark), training
- * metrics, checkpoints and their parent chain, exports, serving endpoints,
- * pushes, and what each endpoint holds (now, and since when) as a result.
+ * metrics, checkpoints with their parent chain and the eval figures measured
+ * on them, and exports. Endpoints, pushes and holdings are in pushes.c.
  */
 #include "state_int.h"
 
@@ -10,24 +10,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Maps a FOREIGN KEY violation of the last write to KILN_ENOENT. */
-static int missing_ref(state_t *st, int rc, const char *what)
+int state_insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id)
 {
+    int rc = state_exec(st, s, what);
     if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
         return kiln_errf(KILN_ENOENT,
                          "cannot %s: it refers to a run, checkpoint, export or "
                          "endpoint that does not exist",
                          what);
-    return rc;
-}
-
-/* Runs one bound INSERT/UPDATE (already bound to s) and returns the new rowid. */
-static int insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id)
-{
-    int rc = missing_ref(st, state_exec(st, s, what), what);
     if (rc == 0 && id != NULL)
         *id = sqlite3_last_insert_rowid(st->db);
     return rc;
+}
+
+static int insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id)
+{
+    return state_insert_one(st, s, what, id);
 }
 
 /* ---- inputs ------------------------------------------------------------------------ */
@@ -135,6 +133,75 @@ int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in, b
     return rc;
 }
 
+static int inputs_cover_tx(state_t *st, int64_t run_id, int64_t ckpt_id)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "marking an online run's inputs as covered";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_COVER, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "II", run_id, ckpt_id), rc, out);
+    rc = insert_one(st, s, what, NULL);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_inputs_cover(state_t *st, int64_t run_id, int64_t checkpoint_id)
+{
+    int rc;
+    STATE_WRITE(st, "marking an online run's inputs as covered", rc,
+                inputs_cover_tx(st, run_id, checkpoint_id));
+    return rc;
+}
+
+typedef struct {
+    const char *path;
+    int limit;
+    int64_t *ids;
+    size_t n;
+} input_runs_t;
+
+static int input_runs_tx(state_t *st, input_runs_t *q)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "finding the runs that read a file";
+    q->n = 0;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_RUNS, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "ti", q->path, q->limit), rc, out);
+    for (;;) {
+        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+        if (rc == 0)
+            break;
+        q->ids[q->n++] = state_col_i64(s, 0);
+    }
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_input_runs(state_t *st, const char *path, int limit, int64_t **run_ids, size_t *n)
+{
+    *run_ids = NULL;
+    *n = 0;
+    if (path == NULL)
+        return kiln_errf(KILN_EINVAL, "no input path given");
+    if (limit < 1 || limit > STATE_PAGE_MAX)
+        return kiln_errf(KILN_EINVAL, "asked for %d runs; 1 to %d", limit, STATE_PAGE_MAX);
+    input_runs_t q = {path, limit, kiln_calloc((size_t)limit, sizeof(int64_t)), 0};
+    if (q.ids == NULL)
+        return KILN_ENOMEM;
+    int rc;
+    STATE_READ(st, "finding the runs that read a file", rc, input_runs_tx(st, &q));
+    if (rc < 0) {
+        free(q.ids);
+        return rc;
+    }
+    *run_ids = q.ids;
+    *n = q.n;
+    return 0;
+}
+
 /* ---- metrics ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -221,6 +288,10 @@ static int read_ckpt(sqlite3_stmt *s, state_checkpoint_t *c)
     c->keys = state_col_i64(s, 7);
     c->bytes = state_col_i64(s, 8);
     c->created_at = state_col_i64(s, 10);
+    c->has_eval = sqlite3_column_type(s, 11) != SQLITE_NULL;
+    c->eval_logloss = sqlite3_column_type(s, 11) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 11);
+    c->eval_auc = sqlite3_column_type(s, 12) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 12);
+    c->online = sqlite3_column_int(s, 13) != 0;
     if (state_col_str(s, 1, &c->uid) < 0 || state_col_str(s, 4, &c->kind) < 0 ||
         state_col_str(s, 5, &c->path) < 0 || state_col_str(s, 9, &c->checksum) < 0) {
         state_checkpoint_fini(c);
@@ -246,9 +317,12 @@ static int ckpt_add_tx(state_t *st, const state_checkpoint_t *c, int64_t *id)
     int rc;
     const char *what = "record a checkpoint";
     KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "tJJttIIItI", c->uid, c->run_id, c->parent_id, c->kind,
-                               c->path, c->step, c->keys, c->bytes, c->checksum,
-                               c->created_at != 0 ? c->created_at : kiln_now_s()),
+    /* The eval figures only when measured (SQL NULL otherwise). */
+    KILN_CHECK_GOTO(state_bind(st, s, what, "tJJttIIItIbnn", c->uid, c->run_id, c->parent_id,
+                               c->kind, c->path, c->step, c->keys, c->bytes, c->checksum,
+                               c->created_at != 0 ? c->created_at : kiln_now_s(), c->online,
+                               c->has_eval ? c->eval_logloss : NAN,
+                               c->has_eval ? c->eval_auc : NAN),
                     rc, out);
     rc = insert_one(st, s, what, id);
     if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_UNIQUE)
@@ -307,12 +381,69 @@ int state_checkpoint_get(state_t *st, const char *uid, state_checkpoint_t *out)
     return rc;
 }
 
+static int ckpt_newest_tx(state_t *st, int64_t run_id, bool online, state_checkpoint_t *out)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading a run's newest checkpoint";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_NEWEST_RUN, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "Ib", run_id, online), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "run %lld recorded no %scheckpoint", (long long)run_id,
+                       online ? "online " : "");
+        goto out;
+    }
+    rc = read_ckpt(s, out);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_checkpoint_newest_of_run(state_t *st, int64_t run_id, bool online_only,
+                                   state_checkpoint_t *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    STATE_READ(st, "reading a run's newest checkpoint", rc,
+               ckpt_newest_tx(st, run_id, online_only, out));
+    return rc;
+}
+
 int state_checkpoint_latest(state_t *st, int64_t job_id, state_checkpoint_t *out)
 {
     int rc;
     memset(out, 0, sizeof *out);
     STATE_READ(st, "reading a checkpoint", rc,
                ckpt_get_tx(st, STMT_CKPT_LATEST, NULL, job_id, out));
+    return rc;
+}
+
+typedef struct {
+    int64_t id;
+    double logloss, auc;
+} ckpt_eval_t;
+
+static int ckpt_set_eval_tx(state_t *st, const ckpt_eval_t *e)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "recording a checkpoint's eval figures";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_SET_EVAL, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "Inn", e->id, e->logloss, e->auc), rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    if (sqlite3_changes(st->db) == 0)
+        rc = kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)e->id);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_checkpoint_set_eval(state_t *st, int64_t checkpoint_id, double logloss, double auc)
+{
+    ckpt_eval_t e = {checkpoint_id, logloss, auc};
+    int rc;
+    STATE_WRITE(st, "recording a checkpoint's eval figures", rc, ckpt_set_eval_tx(st, &e));
     return rc;
 }
 
@@ -350,181 +481,6 @@ int state_export_add(state_t *st, int64_t checkpoint_id, int64_t base_checkpoint
     STATE_WRITE(st, "recording an export", rc, export_add_tx(st, &e, &nid));
     if (rc == 0 && id != NULL)
         *id = nid;
-    return rc;
-}
-
-/* ---- endpoints --------------------------------------------------------------------- */
-
-typedef struct {
-    const char *url, *model, *label;
-} endpoint_put_t;
-
-static int endpoint_put_tx(state_t *st, const endpoint_put_t *e, int64_t *id)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "record an endpoint";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_FIND, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "tt", e->url, e->model), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 1) {
-        *id = state_col_i64(s, 0);
-        state_stmt_done(s);
-        KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_SET_LABEL, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "It", *id, e->label), rc, out);
-        rc = state_exec(st, s, what);
-        goto out;
-    }
-    state_stmt_done(s);
-    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "tttI", e->url, e->model, e->label, kiln_now_s()), rc,
-                    out);
-    rc = insert_one(st, s, what, id);
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
-int state_endpoint_put(state_t *st, const char *url, const char *model, const char *label,
-                       int64_t *id)
-{
-    if (url == NULL || url[0] == '\0')
-        return kiln_errf(KILN_EINVAL, "an endpoint needs a URL");
-    endpoint_put_t e = {url, model != NULL ? model : "", label};
-    int64_t nid = 0;
-    int rc;
-    STATE_WRITE(st, "recording an endpoint", rc, endpoint_put_tx(st, &e, &nid));
-    if (rc == 0 && id != NULL)
-        *id = nid;
-    return rc;
-}
-
-static int holding_tx(state_t *st, int64_t endpoint_id, int64_t *ckpt, int64_t *since)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading what an endpoint holds";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_CURRENT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", endpoint_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT,
-                       "endpoint %lld holds no checkpoint yet (no push to it has "
-                       "succeeded)",
-                       (long long)endpoint_id);
-        goto out;
-    }
-    *ckpt = state_col_i64(s, 0);
-    *since = state_col_i64(s, 1);
-    rc = 0;
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
-int state_endpoint_holding(state_t *st, int64_t endpoint_id, int64_t *checkpoint_id, int64_t *since)
-{
-    int64_t c = 0, t = 0;
-    int rc;
-    STATE_READ(st, "reading what an endpoint holds", rc, holding_tx(st, endpoint_id, &c, &t));
-    *checkpoint_id = c;
-    if (since != NULL)
-        *since = t;
-    return rc;
-}
-
-/* ---- pushes ------------------------------------------------------------------------ */
-
-static int push_add_tx(state_t *st, int64_t export_id, int64_t endpoint_id, int64_t *id)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "record a push";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "III", export_id, endpoint_id, kiln_now_s()), rc, out);
-    rc = insert_one(st, s, what, id);
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
-int state_push_add(state_t *st, int64_t export_id, int64_t endpoint_id, int64_t *id)
-{
-    int64_t nid = 0;
-    int rc;
-    STATE_WRITE(st, "recording a push", rc, push_add_tx(st, export_id, endpoint_id, &nid));
-    if (rc == 0 && id != NULL)
-        *id = nid;
-    return rc;
-}
-
-typedef struct {
-    int64_t push_id;
-    bool ok;
-    int http_status;
-    const char *error;
-    int attempts;
-    int64_t checkpoint_id;
-} push_finish_t;
-
-static int push_finish_tx(state_t *st, const push_finish_t *p)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    int64_t now = kiln_now_s(), endpoint_id, ckpt, held = 0, since;
-    char *state = NULL;
-    const char *what = "finishing a push";
-
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_GET, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", p->push_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no push %lld", (long long)p->push_id);
-        goto out;
-    }
-    KILN_CHECK_GOTO(state_col_str(s, 0, &state), rc, out);
-    endpoint_id = state_col_i64(s, 1);
-    ckpt = p->checkpoint_id != 0 ? p->checkpoint_id : state_col_i64(s, 2);
-    state_stmt_done(s);
-    if (state == NULL || strcmp(state, "pending") != 0) {
-        rc = kiln_errf(KILN_ESTATE, "push %lld already %s", (long long)p->push_id,
-                       state != NULL ? state : "ended");
-        goto out;
-    }
-
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_FINISH, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ItitiI", p->push_id, p->ok ? "succeeded" : "failed",
-                               p->http_status, p->error, p->attempts, now),
-                    rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (!p->ok)
-        goto out;
-
-    /* The endpoint now holds ckpt: close the current span unless it is the
-     * same checkpoint, and open a new one. */
-    rc = holding_tx(st, endpoint_id, &held, &since);
-    if (rc < 0 && rc != KILN_ENOENT)
-        goto out;
-    if (rc == 0 && held == ckpt)
-        goto out;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_CLOSE, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "II", endpoint_id, now), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IIII", endpoint_id, ckpt, p->push_id, now), rc, out);
-    rc = insert_one(st, s, what, NULL);
-out:
-    state_stmt_done(s);
-    free(state);
-    return rc;
-}
-
-int state_push_finish(state_t *st, int64_t push_id, bool ok, int http_status, const char *error,
-                      int attempts, int64_t checkpoint_id)
-{
-    push_finish_t p = {push_id, ok, http_status, error, attempts, checkpoint_id};
-    int rc;
-    STATE_WRITE(st, "finishing a push", rc, push_finish_tx(st, &p));
     return rc;
 }
 
@@ -612,89 +568,6 @@ int state_checkpoint_list_by_run(state_t *st, int64_t run_id, state_checkpoint_t
     return rc;
 }
 
-void state_served_free(state_served_t *sv, size_t n)
-{
-    for (size_t i = 0; sv != NULL && i < n; i++) {
-        free(sv[i].format);
-        free(sv[i].export_path);
-        free(sv[i].push_state);
-        free(sv[i].url);
-        free(sv[i].model);
-        free(sv[i].label);
-    }
-    free(sv);
-}
-
-static int read_served(sqlite3_stmt *s, void *item)
-{
-    state_served_t *v = item;
-    v->export_id = state_col_i64(s, 0);
-    v->push_id = state_col_i64(s, 3);
-    v->http_status = sqlite3_column_int(s, 5);
-    v->endpoint_id = state_col_i64(s, 6);
-    v->holding = sqlite3_column_int(s, 10) != 0;
-    if (state_col_str(s, 1, &v->format) < 0 || state_col_str(s, 2, &v->export_path) < 0 ||
-        state_col_str(s, 4, &v->push_state) < 0 || state_col_str(s, 7, &v->url) < 0 ||
-        state_col_str(s, 8, &v->model) < 0 || state_col_str(s, 9, &v->label) < 0)
-        return KILN_ENOMEM;
-    return 0;
-}
-
-static int served_tx(state_t *st, int64_t ckpt_id, state_served_t **out, size_t *n)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading exports and pushes";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_LINEAGE_SERVED, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", ckpt_id), rc, out);
-    rc = state_collect(st, s, what, sizeof **out, read_served, (void **)out, n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        state_served_free(*out, *n);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
-}
-
-int state_lineage_served(state_t *st, int64_t checkpoint_id, state_served_t **out, size_t *n)
-{
-    int rc;
-    *out = NULL;
-    *n = 0;
-    STATE_READ(st, "reading exports and pushes", rc, served_tx(st, checkpoint_id, out, n));
-    return rc;
-}
-
-static int endpoint_find_tx(state_t *st, const char *url, const char *model, int64_t *id)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "finding an endpoint";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_BY_URL, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "tt", url, model), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no endpoint %s%s%s is recorded (nothing was pushed to it)",
-                       url, model ? " for model " : "", model ? model : "");
-        goto out;
-    }
-    *id = state_col_i64(s, 0);
-    rc = 0;
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
-int state_endpoint_find(state_t *st, const char *url, const char *model, int64_t *id)
-{
-    int rc;
-    if (url == NULL)
-        return kiln_errf(KILN_EINVAL, "no endpoint URL given");
-    STATE_READ(st, "finding an endpoint", rc, endpoint_find_tx(st, url, model, id));
-    return rc;
-}
 
 static int event_last_tx(state_t *st, int64_t job_id, const char *kind, char **message)
 {

@@ -53,6 +53,7 @@ static int read_run(sqlite3_stmt *s, state_run_t *r)
     r->exit_code = sqlite3_column_int(s, 13);
     r->pgid = state_col_i64(s, 16);
     r->cancel_requested = sqlite3_column_int(s, 18) != 0;
+    r->start_checkpoint_id = state_col_i64(s, 20);
     const char *state = (const char *)sqlite3_column_text(s, 4);
     if (state_run_state_parse(state, &r->state) < 0) {
         rc = kiln_errf(KILN_ECORRUPT, "run %lld has unknown state '%s' in the database",
@@ -64,6 +65,7 @@ static int read_run(sqlite3_stmt *s, state_run_t *r)
     KILN_CHECK_GOTO(state_col_str(s, 14, &r->error), rc, out);
     KILN_CHECK_GOTO(state_col_str(s, 15, &r->run_dir), rc, out);
     KILN_CHECK_GOTO(state_col_str(s, 17, &r->host), rc, out);
+    KILN_CHECK_GOTO(state_col_str(s, 19, &r->spec_dir), rc, out);
     rc = 0;
 out:
     if (rc < 0)
@@ -79,6 +81,7 @@ void state_run_fini(state_run_t *r)
     free(r->error);
     free(r->run_dir);
     free(r->host);
+    free(r->spec_dir);
     memset(r, 0, sizeof *r);
 }
 
@@ -157,6 +160,15 @@ static int run_create_tx(state_t *st, run_create_t *c)
 out:
     state_stmt_done(s);
     return rc;
+}
+
+int state_run_create_tx(state_t *st, int64_t job_id, state_trigger_t trigger,
+                        int64_t scheduled_at, int attempt, int64_t retry_of, int64_t *run_id)
+{
+    run_create_t c = {job_id, trigger, scheduled_at, attempt, retry_of, 0};
+    KILN_CHECK(run_create_tx(st, &c));
+    *run_id = c.id;
+    return 0;
 }
 
 int state_run_create(state_t *st, int64_t job_id, state_trigger_t trigger, int64_t scheduled_at,
@@ -495,6 +507,31 @@ int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before)
     return rc;
 }
 
+static int set_start_tx(state_t *st, int64_t run_id, int64_t ckpt_id)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "recording the checkpoint a run started from";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_START_CKPT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "IJ", run_id, ckpt_id), rc, out);
+    rc = state_exec(st, s, what);
+    if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
+        rc = kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)ckpt_id);
+    else if (rc == 0 && sqlite3_changes(st->db) == 0)
+        rc = kiln_errf(KILN_ENOENT, "no run %lld", (long long)run_id);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_run_set_start_checkpoint(state_t *st, int64_t run_id, int64_t checkpoint_id)
+{
+    int rc;
+    STATE_WRITE(st, "recording the checkpoint a run started from", rc,
+                set_start_tx(st, run_id, checkpoint_id));
+    return rc;
+}
+
 /* ---- ending a run and queuing its retry (the scheduler) ---------------------------- */
 
 typedef struct {
@@ -532,6 +569,44 @@ static int run_end_tx(state_t *st, run_end_t *e)
     rc = 0;
 out:
     state_stmt_done(s);
+    return rc;
+}
+
+typedef struct {
+    transition_t t;
+    const state_push_req_t *reqs;
+    size_t n;
+    int64_t *ids;
+} run_succeed_t;
+
+static int run_succeed_tx(state_t *st, run_succeed_t *x)
+{
+    KILN_CHECK(transition_tx(st, &x->t));
+    if (x->n == 0)
+        return 0;
+    int64_t job_id = 0;
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "queuing a run's pushes";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_JOB_OF, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", x->t.run_id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    job_id = rc == 1 ? state_col_i64(s, 0) : 0;
+    state_stmt_done(s);
+    s = NULL;
+    rc = state_push_enqueue_tx(st, job_id, x->t.run_id, x->reqs, x->n, NULL, 0, x->ids);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_run_succeed(state_t *st, int64_t run_id, state_run_state_t from, int exit_code,
+                      const state_push_req_t *pushes, size_t npushes, int64_t *push_ids)
+{
+    run_succeed_t x = {{run_id, from, STATE_RUN_SUCCEEDED, exit_code, NULL}, pushes, npushes,
+                       push_ids};
+    int rc;
+    STATE_WRITE(st, "recording a run's success", rc, run_succeed_tx(st, &x));
     return rc;
 }
 

@@ -227,11 +227,110 @@ static const char migration_4[] =
     "CREATE INDEX events_by_job_kind ON events (job_id, kind, id);"
     "PRAGMA user_version = 4;";
 
+
+/* v5: the loop closes (docs/operations.md, "After a run").
+ * - jobs, job_versions and runs get spec_dir: the directory the spec's
+ *   relative paths resolve against, written with the job and copied onto
+ *   each run in the transaction that queues it (kilnd no longer reads it out
+ *   of the text of a "submit" event).
+ * - runs.start_checkpoint_id: the checkpoint a run started from (resume or
+ *   warm start), so that lineage reaches the checkpoints derived from a run
+ *   across full dumps.
+ * - checkpoints get the eval figures measured on them (the quality gate and
+ *   the endpoints page read them) and whether it was an online export.
+ * - run_inputs.covered_by: an online run's input once a checkpoint holds
+ *   what was learnt from it (the data watermark of online jobs).
+ * - endpoints are keyed by (url, model, label): one kiln-serve holds several
+ *   labels. The table is rebuilt (SQLite cannot drop a UNIQUE constraint),
+ *   keeping every id; it also keeps the last numbers read from the
+ *   endpoint's /v1/stats.
+ * - pushes become the push queue: a row is the intent to make an endpoint
+ *   hold a checkpoint (full or as a delta), pending until kilnd (or the CLI
+ *   that made it) delivers it, retried with backoff, superseded by a newer
+ *   push to the same endpoint, held back by the quality gate. Rebuilt with
+ *   every id kept; the old rows become ended pushes of their export's
+ *   checkpoint.
+ * Runs with foreign keys off (state.c turns them off around a migration that
+ * rebuilds tables, and checks every reference before it commits). */
+static const char migration_5[] =
+    "ALTER TABLE jobs ADD COLUMN spec_dir TEXT;"
+    "ALTER TABLE job_versions ADD COLUMN spec_dir TEXT;"
+    "ALTER TABLE runs ADD COLUMN spec_dir TEXT;"
+    "ALTER TABLE runs ADD COLUMN start_checkpoint_id INTEGER REFERENCES checkpoints(id);"
+    "CREATE INDEX runs_by_start_checkpoint ON runs (start_checkpoint_id)"
+    "  WHERE start_checkpoint_id IS NOT NULL;"
+    "ALTER TABLE checkpoints ADD COLUMN eval_logloss REAL;"
+    "ALTER TABLE checkpoints ADD COLUMN eval_auc REAL;"
+    "ALTER TABLE checkpoints ADD COLUMN online INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE run_inputs ADD COLUMN covered_by INTEGER REFERENCES checkpoints(id);"
+    "CREATE TABLE endpoints_v5 ("
+    "  id INTEGER PRIMARY KEY,"
+    "  url TEXT NOT NULL,"
+    "  model TEXT NOT NULL DEFAULT '',"
+    "  label TEXT NOT NULL DEFAULT '',"
+    "  created_at INTEGER NOT NULL,"
+    "  stats_at INTEGER NOT NULL DEFAULT 0,"
+    "  predict_requests INTEGER NOT NULL DEFAULT 0,"
+    "  predict_rows INTEGER NOT NULL DEFAULT 0,"
+    "  request_rate REAL,"
+    "  stats_error TEXT,"
+    "  UNIQUE (url, model, label)"
+    ");"
+    "INSERT INTO endpoints_v5 (id, url, model, label, created_at)"
+    "  SELECT id, url, model, coalesce(label, ''), created_at FROM endpoints;"
+    "DROP TABLE endpoints;"
+    "ALTER TABLE endpoints_v5 RENAME TO endpoints;"
+    "CREATE TABLE pushes_v5 ("
+    "  id INTEGER PRIMARY KEY,"
+    "  job_id INTEGER REFERENCES jobs(id),"
+    "  run_id INTEGER REFERENCES runs(id),"
+    "  checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),"
+    "  endpoint_id INTEGER NOT NULL REFERENCES endpoints(id),"
+    "  export_id INTEGER REFERENCES exports(id),"
+    "  mode TEXT NOT NULL CHECK (mode IN ('full', 'incremental')),"
+    "  reason TEXT NOT NULL DEFAULT '',"
+    "  state TEXT NOT NULL CHECK (state IN ('pending', 'sending', 'succeeded', 'failed',"
+    "    'superseded', 'held')),"
+    "  http_status INTEGER NOT NULL DEFAULT 0,"
+    "  error TEXT,"
+    "  attempts INTEGER NOT NULL DEFAULT 0,"
+    "  rounds INTEGER NOT NULL DEFAULT 0,"
+    "  not_before_ms INTEGER NOT NULL DEFAULT 0,"
+    "  claimed_by TEXT,"
+    "  lease_until_ms INTEGER NOT NULL DEFAULT 0,"
+    "  token_env TEXT,"
+    "  gated INTEGER NOT NULL DEFAULT 1 CHECK (gated IN (0, 1)),"
+    "  created_at INTEGER NOT NULL,"
+    "  started_at INTEGER NOT NULL DEFAULT 0,"
+    "  ended_at INTEGER NOT NULL DEFAULT 0"
+    ");"
+    "INSERT INTO pushes_v5 (id, checkpoint_id, endpoint_id, export_id, mode, reason, state,"
+    "  http_status, error, attempts, rounds, created_at, started_at, ended_at)"
+    "  SELECT p.id, e.checkpoint_id, p.endpoint_id, p.export_id,"
+    "    CASE WHEN e.format = 'push-full' THEN 'full' ELSE 'incremental' END, 'push', p.state,"
+    "    p.http_status, p.error, p.attempts, 1, p.started_at, p.started_at, p.ended_at"
+    "  FROM pushes p JOIN exports e ON e.id = p.export_id;"
+    "UPDATE pushes_v5 SET job_id = (SELECT r.job_id FROM checkpoints c JOIN runs r"
+    "  ON r.id = c.run_id WHERE c.id = pushes_v5.checkpoint_id),"
+    "  run_id = (SELECT c.run_id FROM checkpoints c WHERE c.id = pushes_v5.checkpoint_id);"
+    "DROP TABLE pushes;"
+    "ALTER TABLE pushes_v5 RENAME TO pushes;"
+    "CREATE INDEX pushes_by_export ON pushes (export_id) WHERE export_id IS NOT NULL;"
+    "CREATE INDEX pushes_by_endpoint ON pushes (endpoint_id, id);"
+    "CREATE INDEX pushes_by_checkpoint ON pushes (checkpoint_id, id);"
+    "CREATE INDEX pushes_by_run ON pushes (run_id, id) WHERE run_id IS NOT NULL;"
+    "CREATE INDEX pushes_open ON pushes (state, not_before_ms)"
+    "  WHERE state IN ('pending', 'sending');"
+    "PRAGMA user_version = 5;";
+
 const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
-    {"v1: jobs, runs, events", migration_1},
+    {"v1: jobs, runs, events", migration_1, false},
     {"v2: job_versions, run_inputs, metrics, checkpoints, exports, endpoints, "
      "endpoint_holdings, pushes",
-     migration_2},
-    {"v3: run_counts, run_durations (kept by triggers), runs_by_job_state", migration_3},
-    {"v4: events_by_job_kind", migration_4},
+     migration_2, false},
+    {"v3: run_counts, run_durations (kept by triggers), runs_by_job_state", migration_3, false},
+    {"v4: events_by_job_kind", migration_4, false},
+    {"v5: spec_dir, start checkpoints, checkpoint eval figures, endpoints by label, the push "
+     "queue",
+     migration_5, true},
 };

@@ -8,6 +8,8 @@
  */
 #include "state_int.h"
 
+#include <math.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,6 +154,11 @@ int state_bind(state_t *st, sqlite3_stmt *s, const char *what, const char *fmt, 
         case 'd':
             src = sqlite3_bind_double(s, idx, va_arg(ap, double));
             break;
+        case 'n': { /* a figure that may be unknown: NaN binds NULL */
+            double v = va_arg(ap, double);
+            src = isnan(v) ? sqlite3_bind_null(s, idx) : sqlite3_bind_double(s, idx, v);
+            break;
+        }
         case 't': {
             const char *t = va_arg(ap, const char *);
             src = t != NULL ? sqlite3_bind_text(s, idx, t, -1, SQLITE_TRANSIENT)
@@ -332,6 +339,15 @@ static int set_wal(state_t *st)
     return rc;
 }
 
+static int fk_violation_cb(void *ctx, int ncol, char **vals, char **names)
+{
+    (void)ncol;
+    (void)vals;
+    (void)names;
+    (*(int64_t *)ctx)++;
+    return 0;
+}
+
 static int read_version(state_t *st, int *v)
 {
     sqlite3_stmt *s;
@@ -370,11 +386,28 @@ static int migrate_one(state_t *st, int to)
     snprintf(what, sizeof what, "migrating from schema version %d to %d (%s)", v, to,
              state_migrations[to - 1].what);
     KILN_CHECK(exec_script(st, state_migrations[to - 1].sql, what, NULL, NULL));
+    if (state_migrations[to - 1].rebuilds_tables) {
+        int64_t broken = 0;
+        KILN_CHECK(exec_script(st, "PRAGMA foreign_key_check", what, fk_violation_cb, &broken));
+        if (broken > 0)
+            return kiln_errf(KILN_ECORRUPT,
+                             "database %s: migration %d would leave %lld rows referring to "
+                             "rows that do not exist; the file is left at version %d",
+                             st->path, to, (long long)broken, v);
+    }
     KILN_CHECK(read_version(st, &v));
     if (v != to)
         return kiln_errf(KILN_EINTERNAL, "database %s: migration %d left schema version %d",
                          st->path, to, v);
     return 0;
+}
+
+/* Foreign keys on or off for a migration that rebuilds tables. The pragma
+ * is a no-op inside a transaction, so it is set around one. */
+static int set_foreign_keys(state_t *st, bool on)
+{
+    return exec_script(st, on ? "PRAGMA foreign_keys = ON" : "PRAGMA foreign_keys = OFF",
+                       "switching foreign keys", NULL, NULL);
 }
 
 static int migrate(state_t *st, int target)
@@ -386,7 +419,14 @@ static int migrate(state_t *st, int target)
     if (v > STATE_SCHEMA_VERSION)
         return too_new(st, v);
     for (int to = v + 1; to <= target; to++) {
+        bool fk_off = state_migrations[to - 1].rebuilds_tables;
+        if (fk_off && (rc = set_foreign_keys(st, false)) < 0)
+            return rc;
         STATE_WRITE(st, "migrating the schema", rc, migrate_one(st, to));
+        if (fk_off) {
+            int frc = set_foreign_keys(st, true);
+            rc = rc < 0 ? rc : frc;
+        }
         if (rc < 0)
             return rc;
         KILN_DEBUG("database %s: at schema version %d", st->path, to);

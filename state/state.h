@@ -26,7 +26,7 @@ typedef struct state state_t;
 
 /* The schema version this build writes. Version 0 is an empty file; each
  * migration in state/schema.c brings version i-1 to i (see docs/state.md). */
-#define STATE_SCHEMA_VERSION 4
+#define STATE_SCHEMA_VERSION 5
 
 /* Opens (creating if needed, with parent directories) and migrates path.
  * Returns 0, KILN_EDB (message names the file and SQLite's reason) or
@@ -50,10 +50,33 @@ typedef struct state_job {
     bool paused;
     int64_t created_at, updated_at;
     int64_t last_scheduled_at; /* newest scheduled time a run was created for; 0: none */
+    char *spec_dir;    /* where the spec's relative paths resolve; NULL: kilnd's default */
 } state_job_t;
 
+/* A submit, as one transaction: the job is inserted or its spec replaced
+ * (version + 1 only when spec_hash differs), the directory its relative
+ * paths resolve against is recorded, a one-off job's run is queued (with that
+ * directory on the run), and a "submit" event names the source. So kilnd
+ * never sees a run whose spec directory is not yet written. */
+typedef struct state_submit {
+    const char *name, *spec_yaml, *spec_hash;
+    const char *schedule; /* NULL: one-off */
+    int priority;
+    const char *spec_dir; /* absolute; NULL: none (kilnd then uses $KILN_HOME/jobs/NAME) */
+    bool queue_run;       /* queue one run (a one-off job) */
+    const char *source;   /* for the event: the spec file, or "the web API" */
+} state_submit_t;
+typedef struct state_submitted {
+    int64_t job_id;
+    int64_t run_id; /* 0 when no run was queued */
+    int version;
+    bool created; /* a new job (else an existing one's spec was replaced) */
+} state_submitted_t;
+int state_submit(state_t *st, const state_submit_t *in, state_submitted_t *out /* OUT */);
+
 /* Inserts a job or, when name exists, replaces its spec (version+1 only when
- * spec_hash differs). *created says which. */
+ * spec_hash differs). *created says which. Leaves spec_dir as it was (NULL
+ * for a new job); state_submit is the submit path. */
 int state_job_put(state_t *st, const char *name, const char *spec_yaml, const char *spec_hash,
                   const char *schedule, int priority, int64_t *job_id /* OUT */,
                   bool *created /* OUT, may be NULL */);
@@ -118,6 +141,8 @@ typedef struct state_run {
     int64_t pgid;         /* process group of the launched run; 0: none */
     char *host;
     bool cancel_requested;
+    char *spec_dir;              /* copied from the job when the run was queued; NULL: none */
+    int64_t start_checkpoint_id; /* the checkpoint it started from (resume, warm start); 0 */
 } state_run_t;
 
 /* Queues a run. A cron run (scheduled_at != 0) is unique per (job,
@@ -147,6 +172,10 @@ int state_run_transition(state_t *st, int64_t run_id, state_run_state_t from,
 int state_run_set_launch(state_t *st, int64_t run_id, const char *run_dir, int64_t pgid,
                          const char *host);
 int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before);
+/* Records the checkpoint a run started from (kiln-train's resume or warm
+ * start), the edge lineage follows from a run's checkpoints to the runs
+ * built on them. */
+int state_run_set_start_checkpoint(state_t *st, int64_t run_id, int64_t checkpoint_id);
 /* Asks for a run to stop. A queued run becomes canceled at once (*done =
  * true); a launching/running run is flagged for the daemon (*done = false).
  * KILN_ESTATE when the run already ended. */
@@ -164,11 +193,19 @@ typedef struct state_input {
 int state_input_add(state_t *st, int64_t run_id, const state_input_t *in);
 int state_input_list(state_t *st, int64_t run_id, state_input_t **out /* OUT */,
                      size_t *n /* OUT */);
-/* True when a succeeded run of job_id consumed exactly this (path, size,
- * mtime, checksum). */
+/* True when job_id consumed exactly this (path, size, mtime, checksum): a
+ * succeeded run read it, or an online run trained on it and wrote a
+ * checkpoint since (state_inputs_cover). */
 int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in,
                          bool *consumed /* OUT */);
 void state_inputs_free(state_input_t *ins, size_t n);
+/* An online run's inputs that no checkpoint covered yet are covered by
+ * checkpoint_id (they count as consumed from now on). */
+int state_inputs_cover(state_t *st, int64_t run_id, int64_t checkpoint_id);
+/* The runs that read a file at path (any size or mtime), newest first, at
+ * most limit (1..STATE_PAGE_MAX). Free with free(). */
+int state_input_runs(state_t *st, const char *path, int limit, int64_t **run_ids /* OUT */,
+                     size_t *n /* OUT */);
 
 /* ---- metrics -------------------------------------------------------------------- */
 int state_metric_add(state_t *st, int64_t run_id, int64_t step, const char *name, double value);
@@ -191,6 +228,9 @@ typedef struct state_checkpoint {
     int64_t step, keys, bytes;
     char *checksum; /* xxh64 hex of the manifest */
     int64_t created_at;
+    bool has_eval;                 /* eval_* were measured (state_checkpoint_add stores them) */
+    double eval_logloss, eval_auc; /* measured on this checkpoint; NAN: not measured */
+    bool online;                   /* an online export (written while the run trained) */
 } state_checkpoint_t;
 
 int state_checkpoint_add(state_t *st, const state_checkpoint_t *c, int64_t *id /* OUT */);
@@ -198,23 +238,157 @@ int state_checkpoint_get(state_t *st, const char *uid, state_checkpoint_t *out /
 /* Newest checkpoint of a job (any kind); KILN_ENOENT when none. */
 int state_checkpoint_latest(state_t *st, int64_t job_id, state_checkpoint_t *out /* OUT */);
 void state_checkpoint_fini(state_checkpoint_t *c);
+/* The newest checkpoint a run recorded (online_only: its newest online
+ * export). KILN_ENOENT when none. */
+int state_checkpoint_newest_of_run(state_t *st, int64_t run_id, bool online_only,
+                                   state_checkpoint_t *out /* OUT */);
+/* Records the eval figures measured on a checkpoint (NAN: not measured). */
+int state_checkpoint_set_eval(state_t *st, int64_t checkpoint_id, double logloss, double auc);
 
 int state_export_add(state_t *st, int64_t checkpoint_id, int64_t base_checkpoint_id,
                      const char *format, const char *path, int64_t bytes, int64_t *id /* OUT */);
 
+/* An endpoint is (url, model, label): one kiln-serve holds several labels of
+ * a model, and each is an endpoint of its own here. Inserts it when new. */
 int state_endpoint_put(state_t *st, const char *url, const char *model, const char *label,
                        int64_t *id /* OUT */);
-int state_push_add(state_t *st, int64_t export_id, int64_t endpoint_id, int64_t *id /* OUT */);
-/* Ends a push: http_status 0 when no response; error NULL on success. On
- * success the endpoint's holding becomes checkpoint_id (0: the checkpoint of
- * the push's export). A push ends once: KILN_ESTATE when it already ended. */
-int state_push_finish(state_t *st, int64_t push_id, bool ok, int http_status, const char *error,
-                      int attempts, int64_t checkpoint_id);
 /* What an endpoint holds now (the base a delta must be built against), and
  * since when. KILN_ENOENT when no push to it has succeeded yet. Earlier
  * holdings stay in the table as history. */
 int state_endpoint_holding(state_t *st, int64_t endpoint_id, int64_t *checkpoint_id /* OUT */,
                            int64_t *since /* OUT, may be NULL */);
+/* The numbers last read from an endpoint's /v1/stats (kilnd polls them):
+ * predict requests and rows of its label since kiln-serve started, and the
+ * request rate between the last two reads. error: why the last read failed
+ * (NULL: it worked; the numbers then stay as they were). */
+typedef struct state_endpoint_stats {
+    int64_t at; /* when they were read */
+    int64_t predict_requests, predict_rows;
+    double request_rate; /* requests/s; NAN: not known yet */
+    const char *error;
+} state_endpoint_stats_t;
+int state_endpoint_set_stats(state_t *st, int64_t endpoint_id, const state_endpoint_stats_t *s);
+
+/* ---- pushes: the push queue -------------------------------------------------------
+ * A push is the intent to make one endpoint hold one checkpoint, in full or
+ * as a delta on what the endpoint holds (a full push where it holds nothing
+ * or something outside the checkpoint's chain). It is queued (pending),
+ * claimed by one deliverer at a time (sending: kilnd, or the CLI command that
+ * queued it), and ends succeeded, failed (a refusal no retry can fix),
+ * superseded (a newer push to the same endpoint was queued before it went
+ * out) or held (the quality gate, push.max_regression). A delivery that fails
+ * in a way a retry may fix goes back to pending with a later not_before. */
+#define STATE_PUSH_STATES(X)                                                   \
+    X(PENDING, "pending")                                                      \
+    X(SENDING, "sending")                                                      \
+    X(SUCCEEDED, "succeeded")                                                  \
+    X(FAILED, "failed")                                                        \
+    X(SUPERSEDED, "superseded")                                                \
+    X(HELD, "held")
+
+typedef enum {
+#define STATE_PUSH_ENUM(name, str) STATE_PUSH_##name,
+    STATE_PUSH_STATES(STATE_PUSH_ENUM)
+#undef STATE_PUSH_ENUM
+    STATE_PUSH_NSTATES
+} state_push_state_t;
+
+const char *state_push_state_name(state_push_state_t s);
+int state_push_state_parse(const char *s, state_push_state_t *out /* OUT */);
+/* succeeded, failed, superseded, held. */
+bool state_push_state_ended(state_push_state_t s);
+
+/* What to push where (state_push_enqueue). */
+typedef struct state_push_req {
+    const char *url, *model, *label; /* the endpoint (recorded when new) */
+    int64_t checkpoint_id;
+    bool full;              /* a full push even where a delta would do */
+    const char *reason;     /* for people: "run 12 succeeded", "online export", "kiln push" */
+    const char *token_env;  /* the variable holding the token; NULL: the job's push.token_env */
+    bool no_gate;           /* the quality gate does not apply (promote, rollback, --force) */
+} state_push_req_t;
+
+/* Queues reqs[0..n) for job_id (0: none) and run_id (0: none) in one
+ * transaction. A pending push to the same endpoint that nobody is sending
+ * yet is superseded by the new one (an event says so). claimer NULL: the
+ * pushes are pending, for kilnd to deliver; else they are created claimed by
+ * claimer (sending, lease lease_ms) for the caller to deliver at once. ids
+ * (n) gets the new push ids (may be NULL). */
+int state_push_enqueue(state_t *st, int64_t job_id, int64_t run_id, const state_push_req_t *reqs,
+                       size_t n, const char *claimer, int64_t lease_ms, int64_t *ids /* OUT */);
+
+/* One push with what a deliverer or a page needs to know about it. */
+typedef struct state_push {
+    int64_t id, job_id, run_id, checkpoint_id, endpoint_id, export_id;
+    char *job_name;         /* NULL when the push has no job */
+    char *checkpoint_uid, *checkpoint_path;
+    char *url, *model, *label;
+    bool full;              /* a full push was asked for (else a delta where one will do) */
+    bool sent_full;         /* the last body sent was a full push (false: a delta, or none) */
+    char *reason;
+    state_push_state_t state;
+    int http_status;        /* of the last attempt; 0: no answer */
+    char *error;            /* of the last attempt; NULL when none */
+    int attempts;           /* HTTP attempts over every delivery round */
+    int rounds;             /* delivery rounds that ended */
+    int64_t not_before_ms;  /* a pending push waits until then */
+    char *claimed_by;       /* the deliverer sending it; NULL */
+    int64_t lease_until_ms;
+    char *token_env;
+    int64_t created_at, started_at, ended_at;
+    bool gated;             /* the quality gate applies (push.max_regression) */
+} state_push_t;
+/* "full" or "delta": what the push sent, or, before it sent anything, what it
+ * asks for. */
+const char *state_push_mode_name(const state_push_t *p);
+void state_push_fini(state_push_t *p);
+void state_pushes_free(state_push_t *ps, size_t n);
+int state_push_get(state_t *st, int64_t push_id, state_push_t *out /* OUT */);
+
+/* Pushes by what they belong to (each filter 0: any), newest first, at most
+ * limit (1..STATE_PAGE_MAX); open_only: pending and sending ones. */
+typedef struct state_push_filter {
+    int64_t job_id, run_id, checkpoint_id, endpoint_id;
+    bool open_only;
+} state_push_filter_t;
+int state_push_list(state_t *st, const state_push_filter_t *f, int limit,
+                    state_push_t **out /* OUT */, size_t *n /* OUT */);
+
+/* Claims for claimer, in one transaction, up to max pushes that are due:
+ * pending with not_before_ms <= now_ms, or sending under a lease that ran
+ * out. At most one push per endpoint is out at a time (an endpoint with a
+ * push being sent is passed over), and a push that a newer push to the same
+ * endpoint follows is superseded instead of claimed. The claimed pushes are
+ * sending, leased until now_ms + lease_ms. */
+int state_push_claim(state_t *st, const char *claimer, int64_t now_ms, int64_t lease_ms, int max,
+                     state_push_t **out /* OUT */, size_t *n /* OUT */);
+/* Gives back to pending every push claimed by a deliverer that dead() says
+ * is gone (kilnd or a CLI killed mid-delivery), so it is sent again;
+ * *n (may be NULL) says how many. */
+int state_push_reclaim(state_t *st, bool (*dead)(const char *claimer, void *ctx), void *ctx,
+                       int *n /* OUT */);
+/* The earliest not_before_ms of a pending push (0: none pending). */
+int state_push_next_due(state_t *st, int64_t *at_ms /* OUT */);
+
+/* How one delivery round of a push ended (state_push_end). */
+typedef struct state_push_outcome {
+    state_push_state_t state; /* SUCCEEDED, FAILED, HELD, or PENDING: try again */
+    int64_t not_before_ms;    /* PENDING: not before then */
+    int http_status;          /* of the last attempt; 0: none */
+    int attempts;             /* HTTP attempts in this round */
+    const char *error;        /* NULL on success */
+    bool sent;                /* a body went out: an exports row records it */
+    bool full;                /* it was a full push (else a delta on base) */
+    int64_t base_checkpoint_id; /* the delta's base; 0 */
+    int64_t bytes;
+    const char *event;        /* the "push" event's message; NULL: none */
+} state_push_outcome_t;
+/* Ends a delivery round of push_id, which claimer must hold (KILN_ESTATE
+ * otherwise: the lease ran out and another deliverer took it, or it ended).
+ * On success the endpoint's holding moves to the push's checkpoint; the
+ * export, the push and the event commit together. */
+int state_push_end(state_t *st, int64_t push_id, const char *claimer,
+                   const state_push_outcome_t *o);
 
 /* ---- events (an append-only audit log per run or job) --------------------------- */
 /* job_id 0 with run_id > 0 files the event under the run's job; run_id 0:
@@ -247,6 +421,15 @@ int state_run_end(state_t *st, int64_t run_id, state_run_state_t from, state_run
                   int exit_code, const char *error, int64_t retry_not_before,
                   int64_t *retry_id /* OUT, may be NULL */);
 
+/* A run succeeded: the compare-and-set of state_run_transition to
+ * succeeded and, in the same transaction, the pushes its job's
+ * export.on_success asks for (state_push_enqueue, pending for kilnd), so a
+ * kilnd killed right after the run ended loses no push. push_ids (npushes)
+ * may be NULL. */
+int state_run_succeed(state_t *st, int64_t run_id, state_run_state_t from, int exit_code,
+                      const state_push_req_t *pushes, size_t npushes,
+                      int64_t *push_ids /* OUT */);
+
 /* The message of the newest event of a kind filed under a job (e.g. "submit",
  * whose message names the spec file). KILN_ENOENT when there is none. */
 int state_event_last(state_t *st, int64_t job_id, const char *kind, char **message /* OUT */);
@@ -258,24 +441,28 @@ int state_checkpoint_list_by_run(state_t *st, int64_t run_id, state_checkpoint_t
                                  size_t *n /* OUT */);
 void state_checkpoints_free(state_checkpoint_t *cs, size_t n);
 
-/* One export of a checkpoint and (when pushed) one push of it to one endpoint. */
+/* One push of a checkpoint (with the export it sent, if any), or an export
+ * of it that was never pushed (a file export: npy, hugectr, an online
+ * export's own record). */
 typedef struct state_served {
-    int64_t export_id;
+    int64_t export_id; /* 0: the push sent nothing yet (pending, superseded, held) */
     char *format, *export_path;
-    int64_t push_id;   /* 0: the export was never pushed */
-    char *push_state;  /* "pending" | "succeeded" | "failed"; NULL without a push */
+    int64_t push_id;   /* 0: an export that is not a push */
+    char *push_state;  /* a state_push_state_t name; NULL without a push */
     int http_status;
     int64_t endpoint_id;
     char *url, *model, *label;
     bool holding; /* the endpoint holds this checkpoint now */
 } state_served_t;
-/* Exports of a checkpoint with their pushes and endpoints, oldest first. Free
- * with state_served_free. */
+/* The pushes and exports of a checkpoint, oldest first. Free with
+ * state_served_free. */
 int state_lineage_served(state_t *st, int64_t checkpoint_id, state_served_t **out /* OUT */,
                          size_t *n /* OUT */);
 void state_served_free(state_served_t *sv, size_t n);
-/* The endpoint with this URL (and model, when not NULL). KILN_ENOENT when none. */
-int state_endpoint_find(state_t *st, const char *url, const char *model, int64_t *id /* OUT */);
+/* The endpoint with this URL (and model and label, when not NULL; the
+ * lowest id when several match). KILN_ENOENT when none. */
+int state_endpoint_find(state_t *st, const char *url, const char *model, const char *label,
+                        int64_t *id /* OUT */);
 
 /* ---- the web page's queries (state/queries_web.c) ------------------------------
  * Read-only; each costs what it returns, not what the database holds. */
@@ -322,18 +509,29 @@ typedef struct state_duration_bucket {
 int state_run_durations(state_t *st, state_duration_bucket_t **out /* OUT */,
                         size_t *n /* OUT */);
 
-/* Every endpoint with what it holds now and its push counts, by label then URL. */
+/* Every endpoint with what it holds now and its push counts, by model, label
+ * then URL. */
 typedef struct state_endpoint_info {
     int64_t id;
-    char *url, *model, *label; /* label may be NULL */
+    char *url, *model, *label;
     int64_t created_at;
     int64_t checkpoint_id; /* held now; 0: nothing yet */
     char *checkpoint_uid;  /* NULL when nothing is held */
     int64_t since;         /* held since; 0: nothing */
-    int64_t pushes_failed, pushes_succeeded, pushes_pending;
+    int64_t checkpoint_created_at;  /* when the held checkpoint was written; 0 */
+    double eval_logloss, eval_auc;  /* measured on the held checkpoint; NAN */
+    int64_t pushes_failed, pushes_succeeded, pushes_pending; /* pending: pending + sending */
+    int64_t pushes_held;
     int64_t last_push_at;
+    char *last_error;      /* of the newest push that did not succeed; NULL */
+    int last_http_status;  /* and its HTTP status */
+    int64_t stats_at;      /* the last /v1/stats read (state_endpoint_set_stats); 0 */
+    int64_t predict_requests, predict_rows;
+    double request_rate;   /* NAN: not known */
+    char *stats_error;
 } state_endpoint_info_t;
 int state_endpoint_list(state_t *st, state_endpoint_info_t **out /* OUT */, size_t *n /* OUT */);
+void state_endpoint_info_fini(state_endpoint_info_t *e);
 void state_endpoint_infos_free(state_endpoint_info_t *es, size_t n);
 
 /* The checkpoints an endpoint held, newest first (until_at 0: held now). */
@@ -348,6 +546,13 @@ void state_holdings_free(state_holding_t *hs, size_t n);
 
 /* The run that retries run_id (its retry_of), or 0 when none. */
 int state_run_retry_find(state_t *st, int64_t run_id, int64_t *retry_id /* OUT */);
+
+/* Checkpoints derived from checkpoint_id, oldest first, at most limit
+ * (1..STATE_PAGE_MAX): its incremental children and, recursively, theirs,
+ * and every checkpoint of a run that started from one of them (a resume or
+ * warm start, whatever kind its dumps are). Free with state_checkpoints_free. */
+int state_checkpoint_descendants(state_t *st, int64_t checkpoint_id, int limit,
+                                 state_checkpoint_t **out /* OUT */, size_t *n /* OUT */);
 
 /* Checkpoints built on checkpoint_id (incrementals whose parent it is), oldest
  * first, at most limit (1..STATE_PAGE_MAX). Free with state_checkpoints_free. */

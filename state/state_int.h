@@ -26,16 +26,26 @@
  * SELECTs are macros so that one row reader serves them all. */
 #define STATE_JOB_COLS                                                          \
     "id, name, spec_yaml, spec_hash, schedule, priority, version, paused, "     \
-    "created_at, updated_at, last_scheduled_at"
+    "created_at, updated_at, last_scheduled_at, spec_dir"
 #define STATE_RUN_COLS                                                          \
     "r.id, r.job_id, j.name, r.job_version, r.state, r.trigger, r.attempt, "    \
     "r.retry_of, r.scheduled_at, r.queued_at, r.started_at, r.ended_at, "       \
     "r.not_before, r.exit_code, r.error, r.run_dir, r.pgid, r.host, "           \
-    "r.cancel_requested"
+    "r.cancel_requested, r.spec_dir, r.start_checkpoint_id"
 #define STATE_RUN_FROM " FROM runs r JOIN jobs j ON j.id = r.job_id "
 #define STATE_CKPT_COLS                                                         \
     "c.id, c.uid, c.run_id, c.parent_id, c.kind, c.path, c.step, c.keys, "      \
-    "c.bytes, c.checksum, c.created_at"
+    "c.bytes, c.checksum, c.created_at, c.eval_logloss, c.eval_auc, c.online"
+#define STATE_PUSH_COLS                                                         \
+    "p.id, p.job_id, p.run_id, p.checkpoint_id, p.endpoint_id, p.export_id, "   \
+    "j.name, c.uid, c.path, n.url, n.model, n.label, p.mode, p.reason, "        \
+    "p.state, p.http_status, p.error, p.attempts, p.rounds, p.not_before_ms, "  \
+    "p.claimed_by, p.lease_until_ms, p.token_env, p.created_at, p.started_at, " \
+    "p.ended_at, p.gated, x.format"
+#define STATE_PUSH_FROM                                                         \
+    " FROM pushes p JOIN checkpoints c ON c.id = p.checkpoint_id "              \
+    "JOIN endpoints n ON n.id = p.endpoint_id LEFT JOIN jobs j ON j.id = p.job_id " \
+    "LEFT JOIN exports x ON x.id = p.export_id "
 #define STATE_EVENT_COLS "id, job_id, run_id, at, kind, message"
 
 #define STATE_STMTS(X)                                                          \
@@ -47,16 +57,20 @@
     X(JOB_FIND, "SELECT id, spec_hash, version FROM jobs WHERE name = ?1")      \
     X(JOB_INSERT,                                                               \
       "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, priority, "      \
-      "version, paused, created_at, updated_at, last_scheduled_at) "            \
-      "VALUES (?1, ?2, ?3, ?4, ?5, 1, 0, ?6, ?6, 0)")                           \
+      "version, paused, created_at, updated_at, last_scheduled_at, spec_dir) "  \
+      "VALUES (?1, ?2, ?3, ?4, ?5, 1, 0, ?6, ?6, 0, ?7)")                       \
+    /* ?7 NULL keeps the job's spec_dir (a spec with no file of its own). */    \
     X(JOB_UPDATE_SPEC,                                                          \
       "UPDATE jobs SET spec_yaml = ?2, spec_hash = ?3, schedule = ?4, "         \
-      "priority = ?5, version = version + 1, updated_at = ?6 WHERE id = ?1")    \
-    X(JOB_UPDATE_SAME, "UPDATE jobs SET schedule = ?2, priority = ?3 WHERE id = ?1") \
+      "priority = ?5, version = version + 1, updated_at = ?6, "                 \
+      "spec_dir = coalesce(?7, spec_dir) WHERE id = ?1")                        \
+    X(JOB_UPDATE_SAME,                                                          \
+      "UPDATE jobs SET schedule = ?2, priority = ?3, "                          \
+      "spec_dir = coalesce(?4, spec_dir) WHERE id = ?1")                        \
     X(JOB_VERSION_INSERT,                                                       \
       "INSERT INTO job_versions (job_id, version, spec_yaml, spec_hash, "       \
-      "created_at) SELECT id, version, spec_yaml, spec_hash, updated_at "       \
-      "FROM jobs WHERE id = ?1")                                                \
+      "created_at, spec_dir) SELECT id, version, spec_yaml, spec_hash, "        \
+      "updated_at, spec_dir FROM jobs WHERE id = ?1")                           \
     X(JOB_GET_BY_NAME, "SELECT " STATE_JOB_COLS " FROM jobs WHERE name = ?1")   \
     X(JOB_GET_BY_ID, "SELECT " STATE_JOB_COLS " FROM jobs WHERE id = ?1")       \
     X(JOB_LIST, "SELECT " STATE_JOB_COLS " FROM jobs ORDER BY name")            \
@@ -70,8 +84,9 @@
     /* runs */                                                                  \
     X(RUN_INSERT,                                                               \
       "INSERT INTO runs (job_id, job_version, state, trigger, attempt, "        \
-      "retry_of, scheduled_at, queued_at) "                                     \
-      "VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7)")                          \
+      "retry_of, scheduled_at, queued_at, spec_dir) "                           \
+      "VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, "                          \
+      "(SELECT spec_dir FROM jobs WHERE id = ?1))")                             \
     X(RUN_FIND_SCHEDULED,                                                       \
       "SELECT id FROM runs WHERE job_id = ?1 AND scheduled_at = ?2 "            \
       "AND scheduled_at > 0 AND trigger IN ('cron', 'catchup') AND attempt = 1") \
@@ -91,6 +106,7 @@
     X(RUN_SET_LAUNCH,                                                           \
       "UPDATE runs SET run_dir = ?2, pgid = ?3, host = ?4 WHERE id = ?1")       \
     X(RUN_SET_NOT_BEFORE, "UPDATE runs SET not_before = ?2 WHERE id = ?1")      \
+    X(RUN_SET_START_CKPT, "UPDATE runs SET start_checkpoint_id = ?2 WHERE id = ?1") \
     X(RUN_SET_CANCEL, "UPDATE runs SET cancel_requested = 1 WHERE id = ?1")     \
     X(RUN_JOB_OF, "SELECT job_id FROM runs WHERE id = ?1")                      \
     /* events */                                                                \
@@ -111,8 +127,13 @@
       "ORDER BY id")                                                            \
     X(INPUT_CONSUMED,                                                           \
       "SELECT 1 FROM run_inputs i JOIN runs r ON r.id = i.run_id "              \
-      "WHERE r.job_id = ?1 AND r.state = 'succeeded' AND i.path = ?2 "          \
-      "AND i.size = ?3 AND i.mtime = ?4 AND i.checksum IS ?5 LIMIT 1")          \
+      "WHERE r.job_id = ?1 AND (r.state = 'succeeded' OR i.covered_by IS NOT NULL) " \
+      "AND i.path = ?2 AND i.size = ?3 AND i.mtime = ?4 AND i.checksum IS ?5 LIMIT 1") \
+    X(INPUT_COVER,                                                              \
+      "UPDATE run_inputs SET covered_by = ?2 WHERE run_id = ?1 AND covered_by IS NULL") \
+    X(INPUT_RUNS,                                                               \
+      "SELECT DISTINCT run_id FROM run_inputs WHERE path = ?1 "                 \
+      "ORDER BY run_id DESC LIMIT ?2")                                          \
     /* metrics */                                                               \
     X(METRIC_INSERT,                                                            \
       "INSERT INTO metrics (run_id, step, name, value, at) "                    \
@@ -123,30 +144,95 @@
     /* checkpoints, exports, endpoints, pushes */                               \
     X(CKPT_INSERT,                                                              \
       "INSERT INTO checkpoints (uid, run_id, parent_id, kind, path, step, "     \
-      "keys, bytes, checksum, created_at) "                                     \
-      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")                       \
+      "keys, bytes, checksum, created_at, online, eval_logloss, eval_auc) "     \
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)")        \
     X(CKPT_GET, "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.uid = ?1") \
     X(CKPT_LATEST,                                                              \
       "SELECT " STATE_CKPT_COLS " FROM checkpoints c "                          \
       "JOIN runs r ON r.id = c.run_id WHERE r.job_id = ?1 "                     \
       "ORDER BY c.created_at DESC, c.id DESC LIMIT 1")                          \
+    X(CKPT_NEWEST_RUN,                                                          \
+      "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.run_id = ?1 "      \
+      "AND (?2 = 0 OR c.online = 1) ORDER BY c.id DESC LIMIT 1")                \
+    X(CKPT_SET_EVAL,                                                            \
+      "UPDATE checkpoints SET eval_logloss = ?2, eval_auc = ?3 WHERE id = ?1")  \
+    X(CKPT_DESCENDANTS,                                                         \
+      "WITH RECURSIVE d(id) AS (SELECT ?1 UNION "                               \
+      "SELECT c.id FROM checkpoints c JOIN d ON c.parent_id = d.id UNION "      \
+      "SELECT c.id FROM runs r JOIN d ON r.start_checkpoint_id = d.id "         \
+      "JOIN checkpoints c ON c.run_id = r.id) "                                 \
+      "SELECT id FROM d WHERE id != ?1 ORDER BY id LIMIT ?2")                   \
     X(EXPORT_INSERT,                                                            \
       "INSERT INTO exports (checkpoint_id, base_checkpoint_id, format, path, "  \
       "bytes, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")                     \
-    X(ENDPOINT_FIND, "SELECT id FROM endpoints WHERE url = ?1 AND model = ?2")  \
+    X(ENDPOINT_FIND,                                                            \
+      "SELECT id FROM endpoints WHERE url = ?1 AND model = ?2 AND label = ?3")  \
     X(ENDPOINT_INSERT,                                                          \
       "INSERT INTO endpoints (url, model, label, created_at) "                  \
       "VALUES (?1, ?2, ?3, ?4)")                                                \
-    X(ENDPOINT_SET_LABEL, "UPDATE endpoints SET label = ?2 WHERE id = ?1")      \
+    /* ?6 NULL: a good read (numbers and time); else only the error and time. */ \
+    X(ENDPOINT_SET_STATS,                                                       \
+      "UPDATE endpoints SET stats_at = ?2, "                                    \
+      "predict_requests = CASE WHEN ?6 IS NULL THEN ?3 ELSE predict_requests END, " \
+      "predict_rows = CASE WHEN ?6 IS NULL THEN ?4 ELSE predict_rows END, "     \
+      "request_rate = CASE WHEN ?6 IS NULL THEN ?5 ELSE request_rate END, "     \
+      "stats_error = ?6 WHERE id = ?1")                                         \
+    /* the push queue (pushes.c) */                                             \
     X(PUSH_INSERT,                                                              \
-      "INSERT INTO pushes (export_id, endpoint_id, state, attempts, "           \
-      "started_at) VALUES (?1, ?2, 'pending', 0, ?3)")                          \
-    X(PUSH_GET,                                                                 \
-      "SELECT p.state, p.endpoint_id, e.checkpoint_id FROM pushes p "           \
-      "JOIN exports e ON e.id = p.export_id WHERE p.id = ?1")                   \
-    X(PUSH_FINISH,                                                              \
+      "INSERT INTO pushes (job_id, run_id, checkpoint_id, endpoint_id, mode, "  \
+      "reason, state, claimed_by, lease_until_ms, token_env, created_at, "      \
+      "started_at, gated) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, " \
+      "?12, ?13)")                                                              \
+    X(PUSH_PENDING_TO,                                                          \
+      "SELECT id FROM pushes WHERE endpoint_id = ?1 AND state = 'pending' "     \
+      "AND id < ?2")                                                            \
+    X(PUSH_SUPERSEDE,                                                           \
+      "UPDATE pushes SET state = 'superseded', ended_at = ?2, error = ?3, "     \
+      "claimed_by = NULL, lease_until_ms = 0 WHERE id = ?1")                    \
+    X(PUSH_GET, "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.id = ?1")    \
+    /* ?2: open only (pending, sending); ?3: limit */                           \
+    X(PUSH_LIST_RUN,                                                            \
+      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.run_id = ?1 AND "      \
+      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
+    X(PUSH_LIST_CKPT,                                                           \
+      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.checkpoint_id = ?1 AND " \
+      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
+    X(PUSH_LIST_ENDPOINT,                                                       \
+      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.endpoint_id = ?1 AND " \
+      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
+    X(PUSH_LIST_JOB,                                                            \
+      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.job_id = ?1 AND "      \
+      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
+    X(PUSH_LIST_ALL,                                                            \
+      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE ?1 = ?1 AND "            \
+      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
+    X(PUSH_DUE,                                                                 \
+      "SELECT id, endpoint_id FROM pushes WHERE state IN ('pending', 'sending') " \
+      "AND ((state = 'pending' AND not_before_ms <= ?1) OR "                    \
+      "(state = 'sending' AND lease_until_ms < ?1)) ORDER BY id LIMIT ?2")      \
+    X(PUSH_ENDPOINT_BUSY,                                                       \
+      "SELECT 1 FROM pushes WHERE endpoint_id = ?1 AND state = 'sending' "      \
+      "AND lease_until_ms >= ?2 AND id != ?3 LIMIT 1")                          \
+    X(PUSH_NEWER,                                                               \
+      "SELECT id FROM pushes WHERE endpoint_id = ?1 AND id > ?2 "               \
+      "AND state IN ('pending', 'sending', 'succeeded') ORDER BY id LIMIT 1")   \
+    X(PUSH_CLAIM,                                                               \
+      "UPDATE pushes SET state = 'sending', claimed_by = ?2, lease_until_ms = ?3, " \
+      "started_at = CASE WHEN started_at = 0 THEN ?4 ELSE started_at END "      \
+      "WHERE id = ?1")                                                          \
+    X(PUSH_CLAIMED, "SELECT id, claimed_by FROM pushes WHERE state = 'sending'") \
+    X(PUSH_UNCLAIM,                                                             \
+      "UPDATE pushes SET state = 'pending', claimed_by = NULL, "                \
+      "lease_until_ms = 0 WHERE id = ?1 AND state = 'sending'")                 \
+    X(PUSH_NEXT_DUE, "SELECT min(not_before_ms) FROM pushes WHERE state = 'pending'") \
+    X(PUSH_OWNER,                                                               \
+      "SELECT state, claimed_by, endpoint_id, checkpoint_id, job_id, run_id "   \
+      "FROM pushes WHERE id = ?1")                                              \
+    X(PUSH_END,                                                                 \
       "UPDATE pushes SET state = ?2, http_status = ?3, error = ?4, "            \
-      "attempts = ?5, ended_at = ?6 WHERE id = ?1 AND state = 'pending'")       \
+      "attempts = attempts + ?5, rounds = rounds + 1, not_before_ms = ?6, "     \
+      "export_id = coalesce(?7, export_id), claimed_by = NULL, "                \
+      "lease_until_ms = 0, ended_at = ?8 WHERE id = ?1")                        \
     X(HOLDING_CURRENT,                                                          \
       "SELECT checkpoint_id, since FROM endpoint_holdings "                     \
       "WHERE endpoint_id = ?1 AND until_at IS NULL")                            \
@@ -164,16 +250,18 @@
       "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.run_id = ?1 "      \
       "ORDER BY c.created_at, c.id")                                            \
     X(LINEAGE_SERVED,                                                           \
-      "SELECT e.id, e.format, e.path, p.id, p.state, p.http_status, n.id, "     \
+      "SELECT x.id, x.format, x.path, p.id, p.state, p.http_status, n.id, "     \
       "n.url, n.model, n.label, EXISTS (SELECT 1 FROM endpoint_holdings h "     \
-      "WHERE h.endpoint_id = n.id AND h.checkpoint_id = e.checkpoint_id "       \
-      "AND h.until_at IS NULL) FROM exports e "                                 \
-      "LEFT JOIN pushes p ON p.export_id = e.id "                               \
-      "LEFT JOIN endpoints n ON n.id = p.endpoint_id "                          \
-      "WHERE e.checkpoint_id = ?1 ORDER BY e.id, p.id")                         \
+      "WHERE h.endpoint_id = n.id AND h.checkpoint_id = p.checkpoint_id "       \
+      "AND h.until_at IS NULL) FROM pushes p "                                  \
+      "JOIN endpoints n ON n.id = p.endpoint_id "                               \
+      "LEFT JOIN exports x ON x.id = p.export_id WHERE p.checkpoint_id = ?1 "   \
+      "UNION ALL SELECT x.id, x.format, x.path, NULL, NULL, 0, NULL, NULL, "    \
+      "NULL, NULL, 0 FROM exports x WHERE x.checkpoint_id = ?1 AND NOT EXISTS " \
+      "(SELECT 1 FROM pushes p WHERE p.export_id = x.id) ORDER BY 4, 1")        \
     X(ENDPOINT_BY_URL,                                                          \
       "SELECT id FROM endpoints WHERE url = ?1 AND (?2 IS NULL OR model = ?2) " \
-      "ORDER BY id LIMIT 1")                                                    \
+      "AND (?3 IS NULL OR label = ?3) ORDER BY id LIMIT 1")                     \
     X(EVENT_LAST_OF_KIND,                                                       \
       "SELECT message FROM events WHERE job_id = ?1 AND kind = ?2 "             \
       "ORDER BY id DESC LIMIT 1")                                               \
@@ -201,18 +289,22 @@
       "SELECT job_id, le, n, sum_s FROM run_durations ORDER BY job_id, le")     \
     X(WEB_ENDPOINT_LIST,                                                        \
       "SELECT n.id, n.url, n.model, n.label, n.created_at, h.checkpoint_id, "   \
-      "h.since, c.uid, "                                                        \
-      "(SELECT count(*) FROM pushes p WHERE p.endpoint_id = n.id "              \
-      " AND p.state = 'failed'), "                                              \
-      "(SELECT count(*) FROM pushes p WHERE p.endpoint_id = n.id "              \
-      " AND p.state = 'succeeded'), "                                           \
-      "(SELECT count(*) FROM pushes p WHERE p.endpoint_id = n.id "              \
-      " AND p.state = 'pending'), "                                             \
-      "(SELECT max(p.started_at) FROM pushes p WHERE p.endpoint_id = n.id) "    \
-      "FROM endpoints n LEFT JOIN endpoint_holdings h "                         \
+      "h.since, c.uid, coalesce(a.failed, 0), coalesce(a.ok, 0), "              \
+      "coalesce(a.open, 0), coalesce(a.held, 0), a.last, c.created_at, "        \
+      "c.eval_logloss, c.eval_auc, "                                            \
+      "(SELECT CASE WHEN p.state = 'succeeded' THEN NULL ELSE p.error END "     \
+      " FROM pushes p WHERE p.endpoint_id = n.id ORDER BY p.id DESC LIMIT 1), " \
+      "(SELECT CASE WHEN p.state = 'succeeded' THEN 0 ELSE p.http_status END "  \
+      " FROM pushes p WHERE p.endpoint_id = n.id ORDER BY p.id DESC LIMIT 1), " \
+      "n.stats_at, n.predict_requests, n.predict_rows, n.request_rate, "        \
+      "n.stats_error FROM endpoints n LEFT JOIN endpoint_holdings h "           \
       "ON h.endpoint_id = n.id AND h.until_at IS NULL "                         \
       "LEFT JOIN checkpoints c ON c.id = h.checkpoint_id "                      \
-      "ORDER BY n.label, n.url, n.model")                                       \
+      "LEFT JOIN (SELECT endpoint_id, sum(state = 'failed') AS failed, "        \
+      "sum(state = 'succeeded') AS ok, sum(state IN ('pending', 'sending')) "   \
+      "AS open, sum(state = 'held') AS held, max(created_at) AS last "          \
+      "FROM pushes GROUP BY endpoint_id) a ON a.endpoint_id = n.id "            \
+      "ORDER BY n.model, n.label, n.url")                                       \
     X(WEB_HOLDING_HISTORY,                                                      \
       "SELECT h.checkpoint_id, c.uid, h.since, h.until_at, h.push_id "          \
       "FROM endpoint_holdings h JOIN checkpoints c ON c.id = h.checkpoint_id "  \
@@ -266,7 +358,8 @@ int state_stmt(state_t *st, state_stmt_id_t id, sqlite3_stmt **out /* OUT */);
 void state_stmt_done(sqlite3_stmt *s);
 
 /* Binds parameters 1..n from a format: 'i' int, 'I' int64_t, 'J' int64_t
- * stored as NULL when 0 (optional foreign keys), 'd' double, 't' const char *
+ * stored as NULL when 0 (optional foreign keys), 'd' double, 'n' double stored
+ * as NULL when NaN (a figure not measured), 't' const char *
  * (NULL binds NULL), 'b' bool. Returns 0 or KILN_EDB. */
 int state_bind(state_t *st, sqlite3_stmt *s, const char *what, const char *fmt, ...);
 
@@ -336,6 +429,22 @@ int state_busy_giveup(state_t *st, int rc, const char *what);
 int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *kind,
                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* Steps a bound INSERT or UPDATE to its end (records.c): a FOREIGN KEY
+ * violation becomes KILN_ENOENT ("cannot <what>: it refers to ... that does
+ * not exist"); *id (may be NULL) gets the new rowid. */
+int state_insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id /* OUT */);
+
+/* Queues a run inside the caller's transaction (runs.c): state_run_create's
+ * work without its own BEGIN. */
+int state_run_create_tx(state_t *st, int64_t job_id, state_trigger_t trigger,
+                        int64_t scheduled_at, int attempt, int64_t retry_of,
+                        int64_t *run_id /* OUT */);
+
+/* state_push_enqueue inside the caller's transaction (pushes.c). */
+int state_push_enqueue_tx(state_t *st, int64_t job_id, int64_t run_id,
+                          const state_push_req_t *reqs, size_t n, const char *claimer,
+                          int64_t lease_ms, int64_t *ids /* OUT */);
+
 /* Grows *arr (of *cap elements of size sz) so that index n fits. 0 or
  * KILN_ENOMEM. */
 int state_grow(void **arr, size_t *cap, size_t n, size_t sz);
@@ -354,6 +463,11 @@ int state_collect(state_t *st, sqlite3_stmt *s, const char *what, size_t elem,
 typedef struct state_migration {
     const char *what; /* one line for logs and errors */
     const char *sql;  /* statements separated by ';' with no values in them */
+    /* The script rebuilds tables that others refer to (create new, copy,
+     * drop old, rename): it runs with foreign keys off, as SQLite's own
+     * procedure for such changes says, and every reference is checked
+     * (PRAGMA foreign_key_check) before it commits. */
+    bool rebuilds_tables;
 } state_migration_t;
 extern const state_migration_t state_migrations[STATE_SCHEMA_VERSION];
 

@@ -522,7 +522,7 @@ static bool push(server_t *s, opener_t *o, int retries, serve_push_result_t *res
 {
     serve_push_opts_t opt = {.token = TOKEN, .retries = retries, .timeout_ms = 20000,
                              .backoff_ms = 100, .max_backoff_ms = 400};
-    serve_target_t tg = {s->url, "ctr", "A", NULL, open_src, o};
+    serve_target_t tg = {s->url, "ctr", "A", NULL, open_src, o, NULL};
     memset(res, 0, sizeof *res);
     return serve_push(&tg, 1, &opt, res) == 0 && res->ok;
 }

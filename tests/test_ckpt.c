@@ -990,11 +990,11 @@ static void test_retention_keeps_endpoint_holding(void **state)
     snprintf(held, sizeof held, "%s", cs[1].uid);
     snprintf(other, sizeof other, "%s", cs[2].uid);
     /* An endpoint now holds the step-4 incremental. */
-    int64_t ep = 0, ex = 0, push = 0;
-    assert_int_equal(state_endpoint_put(st, "http://127.0.0.1:9/", "pin", "A", &ep), 0);
-    assert_int_equal(state_export_add(st, cs[1].id, 0, "kiln", cs[1].path, cs[1].bytes, &ex), 0);
-    assert_int_equal(state_push_add(st, ex, ep, &push), 0);
-    assert_int_equal(state_push_finish(st, push, true, 200, NULL, 1, 0), 0);
+    int64_t push = 0;
+    state_push_req_t req = {"http://127.0.0.1:9/", "pin", "A", cs[1].id, false, "test", NULL, true};
+    assert_int_equal(state_push_enqueue(st, job, run1, &req, 1, "test", 60000, &push), 0);
+    state_push_outcome_t ok = {.state = STATE_PUSH_SUCCEEDED, .http_status = 200, .attempts = 1};
+    assert_int_equal(state_push_end(st, push, "test", &ok), 0);
     state_checkpoints_free(cs, n);
     /* Run 2, a fresh start in the same directory: 6 dumps, keep 2. */
     snprintf(rid, sizeof rid, "%lld", (long long)run2);
@@ -1098,7 +1098,7 @@ static void test_export_lineage_in_db(void **state)
     slurp(p, buf, sizeof buf);
     json_t *e = json_loads(buf, 0, NULL);
     assert_non_null(e);
-    ckpt_dir("elin", jstr(e, "uid"), d1, sizeof d1);
+    ckpt_dir("elin", jstr(e, "checkpoint"), d1, sizeof d1);
     rt_ckpt_t *c = NULL;
     assert_int_equal(rt_ckpt_open(d1, &c), 0);
     int64_t online_bytes = rt_ckpt_info(c)->bytes;
@@ -1121,7 +1121,7 @@ static void test_export_lineage_in_db(void **state)
         fail_msg("kiln export failed (%d): %s", r->code, r->err);
     export_rows(db, buf, sizeof buf);
     snprintf(want, sizeof want,
-             "%s|kiln|%s|%lld|%s\n%s|hugectr|%s|%lld|\n%s|npy|%s|%lld|\n", jstr(e, "uid"), d1,
+             "%s|kiln|%s|%lld|%s\n%s|hugectr|%s|%lld|\n%s|npy|%s|%lld|\n", jstr(e, "checkpoint"), d1,
              (long long)online_bytes, jstr(v1, "checkpoint"), jstr(v2, "checkpoint"), out1,
              (long long)dir_bytes(out1), jstr(v2, "checkpoint"), out2,
              (long long)dir_bytes(out2));
@@ -1165,7 +1165,7 @@ static void test_online_export(void **state)
     rt_ckpt_chain_t ch;
     assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
     assert_int_equal(ch.n, 3);
-    assert_string_equal(rt_ckpt_info(ch.items[1])->uid, jstr(e, "uid"));
+    assert_string_equal(rt_ckpt_info(ch.items[1])->uid, jstr(e, "checkpoint"));
     rt_ckpt_chain_fini(&ch);
     json_decref(e);
     json_decref(v1);
@@ -1316,7 +1316,7 @@ static void test_online_export_sigusr1(void **state)
     json_t *e = json_loads(buf, 0, NULL);
     assert_non_null(e);
     assert_string_equal(jstr(e, "kind"), "incremental");
-    ckpt_dir("sig", jstr(e, "uid"), d, sizeof d);
+    ckpt_dir("sig", jstr(e, "checkpoint"), d, sizeof d);
     rt_ckpt_chain_t ch;
     assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
     assert_int_equal(ch.n, 3);
@@ -1328,21 +1328,70 @@ static void test_online_export_sigusr1(void **state)
 
 /* An online job (train.mode: online) with export.every: 200ms exports on
  * its own while it trains: at least two, and no more than the time allows. */
+/* Lands a copy of src as dir/part-<i>.tsv every every_ms (written under a
+ * hidden name, then renamed into place, as data should land), until it is
+ * killed or the test that started it is gone. Returns the lander's pid. */
+static pid_t lander_start(const char *dir, const char *src, int every_ms)
+{
+    mkdir(dir, 0755);
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    char buf[1 << 16];
+    for (int i = 0; i < 2000 && getppid() != 1; i++) {
+        char tmp[700], dst[700];
+        snprintf(tmp, sizeof tmp, "%s/.part-%d.tmp", dir, i);
+        snprintf(dst, sizeof dst, "%s/part-%d.tsv", dir, i);
+        FILE *in = fopen(src, "r"), *out = fopen(tmp, "w");
+        size_t n;
+        while (in && out && (n = fread(buf, 1, sizeof buf, in)) > 0)
+            fwrite(buf, 1, n, out);
+        if (in)
+            fclose(in);
+        if (out)
+            fclose(out);
+        rename(tmp, dst);
+        struct timespec ts = {every_ms / 1000, (long)(every_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    _exit(0);
+}
+
+static void lander_stop(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+/* An online run trains on partitions as they land and exports every 200 ms
+ * while it does: at least two exports, and never more than the period allows. */
 static void test_online_export_every_ms(void **state)
 {
     (void)state;
-    char s[512];
+    char s[512], dir[512], src[512];
     result_t *r = malloc(sizeof *r);
-    write_spec_train("every", "train: {mode: online, batch_size: 80, seed: 7, log_every: 100,\n"
-                            "        epochs: 100000, init_from: none}\n"
-                            "export: {every: 200ms}\ncheckpoint: {full_every: 3, keep: 3}\n",
-               s, sizeof s);
-    const char *h[] = {"--eval", "none", "--max-steps", "1500", NULL};
+    snprintf(s, sizeof s, "%s/every.yaml", tmpdir);
+    FILE *f = fopen(s, "w");
+    assert_non_null(f);
+    fprintf(f, "name: every\n"
+               "data: {train: \"data/online/part-*.tsv\"}\n"
+               "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
+               "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
+               "train: {mode: online, batch_size: 80, seed: 7, log_every: 100, init_from: none}\n"
+               "export: {every: 200ms}\ncheckpoint: {full_every: 3, keep: 3}\n");
+    fclose(f);
+    snprintf(dir, sizeof dir, "%s/data/online", tmpdir);
+    snprintf(src, sizeof src, "%s/data/day=0.tsv", tmpdir);
+    pid_t lander = lander_start(dir, src, 50);
+    int64_t t0 = kiln_now_ms();
+    const char *h[] = {"--eval", "none", "--max-steps", "600", NULL};
     json_t *v = train(2, s, "every1", h, r);
-    double secs = jnum(v, "train_seconds");
+    double secs = (double)(kiln_now_ms() - t0) / 1000.0;
+    lander_stop(lander);
     int n = online_exports("every1");
     if (n < 2 || n > (int)(secs / 0.2) + 1)
-        fail_msg("%d online exports in %.3f s of training (every 200 ms)", n, secs);
+        fail_msg("%d online exports in %.3f s (every 200 ms)", n, secs);
+    assert_int_equal((int)jnum(v, "steps"), 600);
     json_decref(v);
     free(r);
 }

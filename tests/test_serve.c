@@ -559,7 +559,7 @@ static serve_push_opts_t popts(void)
 static int push_one(server_t *srv, const char *label, opener_t *o, const char *held,
                     const serve_push_opts_t *opt, serve_push_result_t *res)
 {
-    serve_target_t t = {srv->url, "ctr", label, held, open_src, o};
+    serve_target_t t = {srv->url, "ctr", label, held, open_src, o, NULL};
     return serve_push(&t, 1, opt, res);
 }
 
@@ -1102,8 +1102,8 @@ static void test_parallel_two_endpoints(void **state)
     server_start(&b, NULL, 0, true);
     serve_memsrc_t *full = build("ck-1", "", 0, 5000, 1, NULL, 0);
     opener_t o = {.full = full};
-    serve_target_t t[2] = {{a.url, "ctr", "A", "", open_src, &o},
-                           {b.url, "ctr", "A", "", open_src, &o}};
+    serve_target_t t[2] = {{a.url, "ctr", "A", "", open_src, &o, NULL},
+                           {b.url, "ctr", "A", "", open_src, &o, NULL}};
     serve_push_result_t res[2];
     serve_push_opts_t opt = popts();
     assert_int_equal(serve_push(t, 2, &opt, res), 0);
@@ -1131,7 +1131,6 @@ static void test_parallel_two_endpoints(void **state)
 
 /* ---- end to end: kiln-train checkpoints through kiln push to kiln-serve ------------- */
 
-#ifdef KILN_HAVE_SERVE_OPS
 #include "rt_ckpt.h"
 #include "state.h"
 
@@ -1242,23 +1241,30 @@ static void e2e_expect(server_t *srv, const char *label, const char *uid, const 
 
 /* The "push" events of the job since event index *seen: how many, and how
  * many say "pushed full" / "pushed delta" to url. */
-static void e2e_pushes(size_t *seen, const char *url, int *full, int *delta, int *failed)
+/* The pushes to the endpoints at url recorded since push *seen (a push id),
+ * by outcome; *seen moves to the newest. */
+static void e2e_pushes(int64_t *seen, const char *url, int *full, int *delta, int *failed)
 {
     state_t *st = NULL;
-    state_event_t *ev = NULL;
+    state_push_t *ps = NULL;
     size_t n = 0;
     *full = *delta = *failed = 0;
     assert_int_equal(state_open(e2e.db, &st), 0);
-    assert_int_equal(state_event_list(st, e2e.job_id, 0, &ev, &n), 0);
-    for (size_t i = *seen; i < n; i++) {
-        if (strcmp(ev[i].kind, "push") != 0 || strstr(ev[i].message, url) == NULL)
+    state_push_filter_t f = {.job_id = e2e.job_id};
+    assert_int_equal(state_push_list(st, &f, STATE_PAGE_MAX, &ps, &n), 0);
+    int64_t newest = *seen;
+    for (size_t i = 0; i < n; i++) {
+        if (ps[i].id > newest)
+            newest = ps[i].id;
+        if (ps[i].id <= *seen || strcmp(ps[i].url, url) != 0)
             continue;
-        *full += strstr(ev[i].message, "pushed full") != NULL;
-        *delta += strstr(ev[i].message, "pushed delta") != NULL;
-        *failed += strstr(ev[i].message, "FAILED") != NULL;
+        bool ok = ps[i].state == STATE_PUSH_SUCCEEDED;
+        *full += ok && ps[i].sent_full;
+        *delta += ok && !ps[i].sent_full;
+        *failed += !ok;
     }
-    *seen = n;
-    state_events_free(ev, n);
+    *seen = newest;
+    state_pushes_free(ps, n);
     state_close(st);
 }
 
@@ -1278,7 +1284,7 @@ static void e2e_db_holds(const char *url, char *out, size_t cap)
     state_close(st);
 }
 
-static size_t e2e_events;
+static int64_t e2e_events; /* the newest push id seen */
 
 /* kiln datagen -> kiln-train (2 ranks) -> kiln push (full, both labels) ->
  * kiln-serve predicts what kiln-train --predict says; then a warm-started
@@ -1362,7 +1368,7 @@ static void test_e2e_consistency(void **state)
     rt_ckpt_close(ck);
 
     /* 3. A delta to B only. */
-    size_t before = e2e_events;
+    int64_t before = e2e_events;
     const char *push_b[] = {E2E_KILN, "--db", e2e.db, "push", "--job", "e2e", "--label", "B",
                             NULL};
     e2e_run(push_b);
@@ -1424,7 +1430,7 @@ static void test_e2e_promote_rollback(void **state)
     state_holding_t *hs = NULL;
     size_t nh = 0;
     assert_int_equal(state_open(e2e.db, &st), 0);
-    assert_int_equal(state_endpoint_find(st, e2e.a.url, "ctr", &id), 0);
+    assert_int_equal(state_endpoint_find(st, e2e.a.url, "ctr", "A", &id), 0);
     assert_int_equal(state_endpoint_history(st, id, 0, &hs, &nh), 0);
     assert_int_equal(nh, 3);
     assert_string_equal(hs[0].checkpoint_uid, e2e.ck1);
@@ -1453,7 +1459,7 @@ static void test_e2e_export_incremental_push(void **state)
     e2e_run(exp);
     assert_non_null(strstr(e2e_res.out, ck3));
     int full, delta, failed;
-    size_t mark = e2e_events;
+    int64_t mark = e2e_events;
     e2e_pushes(&e2e_events, e2e.a.url, &full, &delta, &failed);
     assert_int_equal(delta, 1);
     assert_int_equal(full + failed, 0);
@@ -1472,7 +1478,6 @@ static void test_e2e_export_incremental_push(void **state)
     server_kill(&e2e.a, SIGTERM);
     server_kill(&e2e.b, SIGTERM);
 }
-#endif /* KILN_HAVE_SERVE_OPS */
 
 static int setup(void **state)
 {
@@ -1483,10 +1488,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-#ifdef KILN_HAVE_SERVE_OPS
     server_kill(&e2e.a, SIGTERM); /* when an end-to-end test failed half way */
     server_kill(&e2e.b, SIGTERM);
-#endif
     if (getenv("KILN_TEST_KEEP") == NULL)
         proc_rmtree(tmp_root);
     curl_global_cleanup();
@@ -1507,11 +1510,9 @@ int main(void)
         cmocka_unit_test(test_fault_endpoint_down),
         cmocka_unit_test(test_fault_killed_mid_push),
         cmocka_unit_test(test_parallel_two_endpoints),
-#ifdef KILN_HAVE_SERVE_OPS
         cmocka_unit_test(test_e2e_consistency),
         cmocka_unit_test(test_e2e_promote_rollback),
         cmocka_unit_test(test_e2e_export_incremental_push),
-#endif
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

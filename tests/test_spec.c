@@ -512,8 +512,8 @@ static const struct bad {
      "job.yaml:5:44: push.endpoints[0].label: \"A B\" is not a valid label (1 to 32 letters, "
      "digits, '_', '.' or '-')"},
     {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: m, label: A}\n"
-       "    - {url: \"http://h:1\", model: m, label: B}\n",
-     "job.yaml:6:7: push.endpoints[1]: same url and model as push.endpoints[0]; list each "
+       "    - {url: \"http://h:1\", model: m, label: A}\n",
+     "job.yaml:6:7: push.endpoints[1]: same url, model and label as push.endpoints[0]; list each "
      "endpoint once"},
     {P "push: {endpoints: {url: x}}\n",
      "job.yaml:3:19: push.endpoints: expected a list of {url, model, label}, got a mapping"},

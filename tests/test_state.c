@@ -101,6 +101,13 @@ static int64_t new_job(state_t *st, const char *name)
     return id;
 }
 
+/* A claimer is dead when its name starts with "dead" (state_push_reclaim). */
+static bool dead_if_named_dead(const char *claimer, void *ctx)
+{
+    (void)ctx;
+    return strncmp(claimer, "dead", 4) == 0;
+}
+
 static int64_t new_run(state_t *st, int64_t job_id)
 {
     int64_t id = 0;
@@ -197,6 +204,16 @@ static const char *const seeds[STATE_SCHEMA_VERSION] = {
     "  VALUES (1, NULL, 1950, 'submit', 'submitted from /specs/old.yaml (version 3)');"
     "INSERT INTO events (job_id, run_id, at, kind, message)"
     "  VALUES (1, 3, 1960, 'state', 'queued -> failed');",
+
+    "UPDATE jobs SET spec_dir = '/specs' WHERE id = 1;"
+    "INSERT INTO runs (id, job_id, job_version, state, trigger, attempt, scheduled_at,"
+    "  queued_at, spec_dir) VALUES (4, 1, 3, 'queued', 'manual', 1, 0, 2000, '/specs');"
+    "INSERT INTO checkpoints (id, uid, run_id, kind, path, created_at, eval_logloss, online)"
+    "  VALUES (20, 'ck-v5', 4, 'full', '/ck/v5', 1000, 0.5, 1);"
+    "INSERT INTO endpoints (id, url, model, label, created_at)"
+    "  VALUES (30, 'http://h:9', 'old', 'B', 2000);"
+    "INSERT INTO pushes (id, job_id, run_id, checkpoint_id, endpoint_id, mode, reason, state,"
+    "  created_at) VALUES (40, 1, 4, 20, 30, 'incremental', 'run 4 succeeded', 'pending', 2002);",
 };
 
 static void check_v1(state_t *st)
@@ -280,8 +297,28 @@ static void check_v4(state_t *st)
                      1);
 }
 
+/* v5: spec directories, checkpoint eval figures, endpoints by label, the
+ * push queue. */
+static void check_v5(state_t *st)
+{
+    state_run_t r;
+    OK(state_run_get(st, 4, &r));
+    assert_string_equal(r.spec_dir, "/specs");
+    state_run_fini(&r);
+    state_checkpoint_t c;
+    OK(state_checkpoint_get(st, "ck-v5", &c));
+    assert_true(c.eval_logloss == 0.5);
+    assert_true(c.online);
+    state_checkpoint_fini(&c);
+    state_push_t p;
+    OK(state_push_get(st, 40, &p));
+    assert_int_equal(p.state, STATE_PUSH_PENDING);
+    assert_string_equal(p.label, "B");
+    state_push_fini(&p);
+}
+
 static void (*const checks[STATE_SCHEMA_VERSION])(state_t *) = {check_v1, check_v2, check_v3,
-                                                                 check_v4};
+                                                                 check_v4, check_v5};
 
 static void test_migrate_every_version(void **state)
 {
@@ -744,17 +781,15 @@ static void test_checkpoints(void **state)
     state_t *st = f->st;
     int64_t job = new_job(st, "j"), empty = new_job(st, "empty");
     int64_t run = new_run(st, job), full = 0, inc = 0, id = 0;
-    state_checkpoint_t c = {0,
-                            (char *)"ck-1",
-                            run,
-                            0,
-                            (char *)"full",
-                            (char *)"/ck/1",
-                            100,
-                            5000,
-                            1 << 20,
-                            (char *)"00000000000000ff",
-                            1000};
+    state_checkpoint_t c = {.uid = (char *)"ck-1",
+                            .run_id = run,
+                            .kind = (char *)"full",
+                            .path = (char *)"/ck/1",
+                            .step = 100,
+                            .keys = 5000,
+                            .bytes = 1 << 20,
+                            .checksum = (char *)"00000000000000ff",
+                            .created_at = 1000};
     state_checkpoint_t got;
 
     OK(state_checkpoint_add(st, &c, &full));
@@ -794,55 +829,294 @@ static void test_checkpoints(void **state)
     assert_int_equal(state_checkpoint_add(st, &c, &id), KILN_ENOENT);
 }
 
-static void test_endpoints_pushes(void **state)
+/* A checkpoint of run `run` named uid (parent 0: full). */
+static int64_t new_ckpt(state_t *st, int64_t run, const char *uid, int64_t parent)
+{
+    int64_t id = 0;
+    state_checkpoint_t c = {.uid = (char *)uid,
+                            .run_id = run,
+                            .parent_id = parent,
+                            .kind = (char *)(parent ? "incremental" : "full"),
+                            .path = (char *)"/ck",
+                            .step = 1,
+                            .keys = 1,
+                            .bytes = 1};
+    OK(state_checkpoint_add(st, &c, &id));
+    return id;
+}
+
+static state_push_outcome_t outcome(state_push_state_t s, int http, const char *error)
+{
+    state_push_outcome_t o = {.state = s, .http_status = http, .attempts = 1, .error = error,
+                              .sent = http != 0, .bytes = 100, .event = "a push ended"};
+    return o;
+}
+
+static void test_endpoints_by_label(void **state)
 {
     fixture_t *f = *state;
     state_t *st = f->st;
-    int64_t run = new_run(st, new_job(st, "j"));
-    int64_t ck1 = 0, ck2 = 0, ex1 = 0, ex2 = 0, ep = 0, ep2 = 0, p = 0, held = 0, since = 0;
-    state_checkpoint_t c = {0, (char *)"ck-1", run, 0, (char *)"full", (char *)"/ck/1", 1, 1,
-                            1, NULL,           0};
+    int64_t a = 0, b = 0, again = 0, other = 0;
+    /* One kiln-serve holding A and B is two endpoints, each kept. */
+    OK(state_endpoint_put(st, "http://127.0.0.1:8500", "ctr", "A", &a));
+    OK(state_endpoint_put(st, "http://127.0.0.1:8500", "ctr", "B", &b));
+    assert_true(a != b);
+    OK(state_endpoint_put(st, "http://127.0.0.1:8500", "ctr", "A", &again));
+    assert_int_equal(again, a);
+    OK(state_endpoint_put(st, "http://127.0.0.1:8500", "other", "A", &other));
+    assert_true(other != a && other != b);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM endpoints"), 3);
+    int64_t id = 0;
+    OK(state_endpoint_find(st, "http://127.0.0.1:8500", "ctr", "B", &id));
+    assert_int_equal(id, b);
+    assert_int_equal(state_endpoint_find(st, "http://127.0.0.1:8500", "ctr", "C", &id),
+                     KILN_ENOENT);
+    state_endpoint_stats_t x = {.at = 100, .predict_requests = 40, .predict_rows = 400,
+                                .request_rate = 2.5};
+    OK(state_endpoint_set_stats(st, b, &x));
+    state_endpoint_info_t *es = NULL;
+    size_t n = 0;
+    OK(state_endpoint_list(st, &es, &n));
+    assert_int_equal(n, 3);
+    bool seen = false;
+    for (size_t i = 0; i < n; i++)
+        if (es[i].id == b) {
+            seen = true;
+            assert_int_equal(es[i].predict_requests, 40);
+            assert_true(es[i].request_rate == 2.5);
+            assert_null(es[i].stats_error);
+        }
+    assert_true(seen);
+    state_endpoint_infos_free(es, n);
+}
 
-    OK(state_checkpoint_add(st, &c, &ck1));
-    c.uid = (char *)"ck-2";
-    c.kind = (char *)"incremental";
-    c.parent_id = ck1;
-    OK(state_checkpoint_add(st, &c, &ck2));
-    OK(state_export_add(st, ck1, 0, "kiln-delta", "/ex/1", 100, &ex1));
-    OK(state_export_add(st, ck2, ck1, "kiln-delta", "/ex/2", 10, &ex2));
-    assert_int_equal(state_export_add(st, 999, 0, "kiln-delta", "/x", 1, &p), KILN_ENOENT);
+static void test_push_queue(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "j"), run = new_run(st, job);
+    int64_t ck1 = new_ckpt(st, run, "ck-1", 0), ck2 = new_ckpt(st, run, "ck-2", ck1);
+    int64_t ids[2] = {0}, held = 0, since = 0, ep = 0;
+    state_push_req_t reqs[2] = {
+        {"http://127.0.0.1:8500", "ctr", "A", ck1, false, "test", NULL, false},
+        {"http://127.0.0.1:8500", "ctr", "B", ck1, true, "test", "VAR", true},
+    };
+    state_push_t *ps = NULL;
+    size_t n = 0;
 
-    OK(state_endpoint_put(st, "http://127.0.0.1:8500", "ctr", "A", &ep));
-    OK(state_endpoint_put(st, "http://127.0.0.1:8500", "ctr", "B", &ep2));
-    assert_int_equal(ep2, ep);
-    assert_int_equal(scalar(st, "SELECT count(*) FROM endpoints WHERE label = 'B'"), 1);
-    OK(state_endpoint_put(st, "http://127.0.0.1:8500", "other", "A", &ep2));
-    assert_true(ep2 != ep);
-
+    OK(state_push_enqueue(st, job, run, reqs, 2, NULL, 0, ids));
+    OK(state_endpoint_find(st, "http://127.0.0.1:8500", "ctr", "A", &ep));
     assert_int_equal(state_endpoint_holding(st, ep, &held, &since), KILN_ENOENT);
-    /* A failed push changes nothing the endpoint holds. */
-    OK(state_push_add(st, ex1, ep, &p));
-    OK(state_push_finish(st, p, false, 503, "HTTP 503 from http://127.0.0.1:8500", 3, 0));
-    assert_int_equal(state_endpoint_holding(st, ep, &held, NULL), KILN_ENOENT);
-    assert_int_equal(state_push_finish(st, p, true, 200, NULL, 1, 0), KILN_ESTATE);
-    OK(state_push_add(st, ex1, ep, &p));
-    OK(state_push_finish(st, p, true, 200, NULL, 1, 0)); /* 0: the export's checkpoint */
+    int64_t due = 0;
+    OK(state_push_next_due(st, &due));
+    assert_true(due >= 0);
+
+    /* Both are due and go to different endpoints: one claim takes both. */
+    OK(state_push_claim(st, "kilnd@h:1:1", kiln_now_ms(), 60000, 10, &ps, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(ps[0].state, STATE_PUSH_SENDING);
+    assert_string_equal(ps[0].claimed_by, "kilnd@h:1:1");
+    assert_string_equal(ps[0].checkpoint_uid, "ck-1");
+    assert_true(ps[1].full);
+    assert_false(ps[1].gated);
+    assert_string_equal(ps[1].token_env, "VAR");
+    state_pushes_free(ps, n);
+    /* Nothing is claimed twice while the lease holds. */
+    OK(state_push_claim(st, "other@h:2:2", kiln_now_ms(), 60000, 10, &ps, &n));
+    assert_int_equal(n, 0);
+    state_pushes_free(ps, n);
+
+    /* Only the claimer ends it. */
+    state_push_outcome_t ok = outcome(STATE_PUSH_SUCCEEDED, 200, NULL);
+    assert_int_equal(state_push_end(st, ids[0], "other@h:2:2", &ok), KILN_ESTATE);
+    OK(state_push_end(st, ids[0], "kilnd@h:1:1", &ok));
     OK(state_endpoint_holding(st, ep, &held, &since));
     assert_int_equal(held, ck1);
-    assert_true(since > 0);
-    OK(state_push_add(st, ex2, ep, &p));
-    OK(state_push_finish(st, p, true, 200, NULL, 2, ck2));
-    OK(state_endpoint_holding(st, ep, &held, NULL));
-    assert_int_equal(held, ck2);
-    assert_int_equal(state_endpoint_holding(st, ep2, &held, NULL), KILN_ENOENT);
-    assert_int_equal(scalar(st, "SELECT count(*) FROM endpoint_holdings"), 2);
-    assert_int_equal(scalar(st, "SELECT count(*) FROM endpoint_holdings WHERE until_at IS NULL"),
-                     1);
-    assert_int_equal(scalar(st, "SELECT count(*) FROM pushes WHERE state = 'succeeded'"), 2);
-    assert_int_equal(scalar(st, "SELECT http_status FROM pushes WHERE state = 'failed'"), 503);
-    assert_int_equal(scalar(st, "SELECT attempts FROM pushes WHERE state = 'failed'"), 3);
-    assert_int_equal(state_push_add(st, ex1, 999, &p), KILN_ENOENT);
-    assert_int_equal(state_push_finish(st, 999, true, 200, NULL, 1, 0), KILN_ENOENT);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM exports WHERE format = 'push-delta'"), 1);
+    assert_int_equal(state_push_end(st, ids[0], "kilnd@h:1:1", &ok), KILN_ESTATE);
+
+    /* A failure a retry may help goes back to the queue, due later; the
+     * endpoint's holding does not move. */
+    state_push_outcome_t again = outcome(STATE_PUSH_PENDING, 503, "HTTP 503");
+    again.not_before_ms = kiln_now_ms() + 3600000;
+    OK(state_push_end(st, ids[1], "kilnd@h:1:1", &again));
+    state_push_t p;
+    OK(state_push_get(st, ids[1], &p));
+    assert_int_equal(p.state, STATE_PUSH_PENDING);
+    assert_int_equal(p.http_status, 503);
+    assert_int_equal(p.rounds, 1);
+    assert_null(p.claimed_by);
+    state_push_fini(&p);
+    OK(state_push_claim(st, "kilnd@h:1:1", kiln_now_ms(), 60000, 10, &ps, &n));
+    assert_int_equal(n, 0); /* not due yet */
+    state_pushes_free(ps, n);
+    OK(state_push_next_due(st, &due));
+    assert_true(due > kiln_now_ms());
+
+    /* A newer push to the same endpoint supersedes the pending one. */
+    reqs[1].checkpoint_id = ck2;
+    int64_t newer = 0;
+    OK(state_push_enqueue(st, job, run, &reqs[1], 1, NULL, 0, &newer));
+    OK(state_push_get(st, ids[1], &p));
+    assert_int_equal(p.state, STATE_PUSH_SUPERSEDED);
+    assert_non_null(strstr(p.error, "superseded by push"));
+    state_push_fini(&p);
+
+    /* Claimed by a deliverer that died: given back, then delivered once. */
+    OK(state_push_claim(st, "dead@h:3:3", kiln_now_ms(), 3600000, 10, &ps, &n));
+    assert_int_equal(n, 1);
+    assert_int_equal(ps[0].id, newer);
+    state_pushes_free(ps, n);
+    int back = 0;
+    OK(state_push_reclaim(st, dead_if_named_dead, NULL, &back));
+    assert_int_equal(back, 1);
+    OK(state_push_claim(st, "kilnd@h:1:1", kiln_now_ms(), 60000, 10, &ps, &n));
+    assert_int_equal(n, 1);
+    state_pushes_free(ps, n);
+    state_push_outcome_t fail = outcome(STATE_PUSH_FAILED, 422, "the model cannot be built");
+    OK(state_push_end(st, newer, "kilnd@h:1:1", &fail));
+    OK(state_endpoint_find(st, "http://127.0.0.1:8500", "ctr", "B", &ep));
+    assert_int_equal(state_endpoint_holding(st, ep, &held, NULL), KILN_ENOENT);
+
+    /* Listing by run, newest first; open ones only. */
+    state_push_filter_t pf = {.run_id = run};
+    OK(state_push_list(st, &pf, 10, &ps, &n));
+    assert_int_equal(n, 3);
+    assert_int_equal(ps[0].id, newer);
+    state_pushes_free(ps, n);
+    pf.open_only = true;
+    OK(state_push_list(st, &pf, 10, &ps, &n));
+    assert_int_equal(n, 0);
+    state_pushes_free(ps, n);
+
+    /* Bad references. */
+    state_push_req_t bad = {"http://127.0.0.1:8500", "ctr", "A", 999, false, "x", NULL, false};
+    assert_int_equal(state_push_enqueue(st, job, run, &bad, 1, NULL, 0, NULL), KILN_ENOENT);
+    assert_int_equal(state_push_end(st, 999, "kilnd@h:1:1", &ok), KILN_ENOENT);
+}
+
+/* A run's success and its pushes commit together. */
+static void test_run_succeed_queues(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "j"), run = new_run(st, job), ck = new_ckpt(st, run, "ck", 0);
+    OK(state_run_transition(st, run, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, -1, NULL));
+    OK(state_run_transition(st, run, STATE_RUN_LAUNCHING, STATE_RUN_RUNNING, -1, NULL));
+    state_push_req_t req = {"http://127.0.0.1:8500", "ctr", "B", ck, false, "run 1", NULL, false};
+    int64_t id = 0;
+    /* From the wrong state: nothing is queued. */
+    assert_int_equal(state_run_succeed(st, run, STATE_RUN_QUEUED, 0, &req, 1, &id), KILN_ESTATE);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM pushes"), 0);
+    OK(state_run_succeed(st, run, STATE_RUN_RUNNING, 0, &req, 1, &id));
+    state_push_t p;
+    OK(state_push_get(st, id, &p));
+    assert_int_equal(p.state, STATE_PUSH_PENDING);
+    assert_int_equal(p.run_id, run);
+    assert_int_equal(p.job_id, job);
+    state_push_fini(&p);
+    state_run_t r;
+    OK(state_run_get(st, run, &r));
+    assert_int_equal(r.state, STATE_RUN_SUCCEEDED);
+    state_run_fini(&r);
+}
+
+/* Lineage forward: incrementals and the checkpoints of runs started from
+ * one; back: the runs that read a file. */
+static void test_lineage_queries(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "j"), r1 = new_run(st, job), r2 = new_run(st, job);
+    int64_t c1 = new_ckpt(st, r1, "c1", 0), c2 = new_ckpt(st, r1, "c2", c1);
+    int64_t c3 = new_ckpt(st, r2, "c3", 0); /* a full dump of a run warm-started from c2 */
+    OK(state_run_set_start_checkpoint(st, r2, c2));
+    state_checkpoint_t *cs = NULL;
+    size_t n = 0;
+    OK(state_checkpoint_descendants(st, c1, 10, &cs, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(cs[0].id, c2);
+    assert_int_equal(cs[1].id, c3);
+    state_checkpoints_free(cs, n);
+    OK(state_checkpoint_descendants(st, c3, 10, &cs, &n));
+    assert_int_equal(n, 0);
+    state_checkpoints_free(cs, n);
+    state_input_t in = {(char *)"/data/p", 1, 2, (char *)"00"};
+    OK(state_input_add(st, r1, &in));
+    OK(state_input_add(st, r2, &in));
+    int64_t *rs = NULL;
+    OK(state_input_runs(st, "/data/p", 10, &rs, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(rs[0], r2);
+    free(rs);
+    /* An online run's input counts as consumed once a checkpoint covers it. */
+    bool consumed = true;
+    OK(state_input_consumed(st, job, &in, &consumed));
+    assert_false(consumed);
+    OK(state_inputs_cover(st, r2, c3));
+    OK(state_input_consumed(st, job, &in, &consumed));
+    assert_true(consumed);
+    /* Eval figures of a checkpoint. */
+    state_checkpoint_t c;
+    OK(state_checkpoint_set_eval(st, c3, 0.45, 0.8));
+    OK(state_checkpoint_get_by_id(st, c3, &c));
+    assert_true(c.eval_logloss == 0.45);
+    assert_true(c.has_eval);
+    state_checkpoint_fini(&c);
+    OK(state_checkpoint_get_by_id(st, c1, &c));
+    assert_true(isnan(c.eval_logloss));
+    assert_false(c.has_eval);
+    state_checkpoint_fini(&c);
+}
+
+/* v4 -> v5 rebuilds endpoints and pushes: every id and holding survives,
+ * an old push becomes an ended push of its export's checkpoint. */
+static void test_migrate_v5_pushes(void **state)
+{
+    fixture_t *f = *state;
+    char path[256];
+    snprintf(path, sizeof path, "%s/v4p.db", f->dir);
+    state_t *st = NULL;
+    OK(state_open_at_version(path, 4, &st));
+    OK(state_test_exec(
+        st,
+        "INSERT INTO jobs (id, name, spec_yaml, spec_hash, version, created_at, updated_at)"
+        "  VALUES (1, 'j', 'x', '00', 1, 1, 1);"
+        "INSERT INTO runs (id, job_id, job_version, state, trigger, queued_at)"
+        "  VALUES (1, 1, 1, 'succeeded', 'manual', 1);"
+        "INSERT INTO checkpoints (id, uid, run_id, kind, path, created_at)"
+        "  VALUES (7, 'ck-7', 1, 'full', '/ck/7', 1);"
+        "INSERT INTO exports (id, checkpoint_id, format, path, bytes, created_at)"
+        "  VALUES (3, 7, 'push-full', '/ck/7', 10, 1);"
+        "INSERT INTO endpoints (id, url, model, label, created_at)"
+        "  VALUES (5, 'http://h:1', 'ctr', 'A', 1);"
+        "INSERT INTO endpoints (id, url, model, label, created_at)"
+        "  VALUES (6, 'http://h:2', 'ctr', NULL, 1);"
+        "INSERT INTO pushes (id, export_id, endpoint_id, state, http_status, attempts,"
+        "  started_at, ended_at) VALUES (9, 3, 5, 'succeeded', 200, 1, 50, 51);"
+        "INSERT INTO endpoint_holdings (endpoint_id, checkpoint_id, push_id, since)"
+        "  VALUES (5, 7, 9, 51);"));
+    state_close(st);
+    OK(state_open(path, &st));
+    state_push_t p;
+    OK(state_push_get(st, 9, &p));
+    assert_int_equal(p.checkpoint_id, 7);
+    assert_int_equal(p.endpoint_id, 5);
+    assert_int_equal(p.export_id, 3);
+    assert_int_equal(p.job_id, 1);
+    assert_true(p.full);
+    assert_int_equal(p.state, STATE_PUSH_SUCCEEDED);
+    assert_string_equal(p.label, "A");
+    state_push_fini(&p);
+    int64_t held = 0;
+    OK(state_endpoint_holding(st, 5, &held, NULL));
+    assert_int_equal(held, 7);
+    int64_t id = 0;
+    OK(state_endpoint_find(st, "http://h:2", "ctr", "", &id));
+    assert_int_equal(id, 6);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
+    assert_int_equal(scalar(st, "PRAGMA foreign_keys"), 1);
+    state_close(st);
 }
 
 static void test_events(void **state)
@@ -1087,7 +1361,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_inputs, setup_open, teardown),
         cmocka_unit_test_setup_teardown(test_metrics, setup_open, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoints, setup_open, teardown),
-        cmocka_unit_test_setup_teardown(test_endpoints_pushes, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_endpoints_by_label, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_push_queue, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_run_succeed_queues, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_lineage_queries, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_v5_pushes, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_events, setup_open, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_writers, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_open, setup_dir, teardown),

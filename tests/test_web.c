@@ -337,8 +337,8 @@ static void test_api(void **state)
 
     snprintf(path, sizeof path, "/api/lineage/checkpoint/%lld", (long long)fx.ckpt_full);
     doc = get_json(path, 200);
-    /* run, 2 checkpoints, 2 exports, 2 endpoints */
-    assert_int_equal(json_array_size(json_object_get(doc, "nodes")), 7);
+    /* run, 2 checkpoints, 3 exports (the body each push sent), 2 endpoints */
+    assert_int_equal(json_array_size(json_object_get(doc, "nodes")), 8);
     json_decref(doc);
     snprintf(path, sizeof path, "/api/lineage/endpoint/%lld", (long long)fx.ep_a);
     doc = get_json(path, 200);

@@ -83,7 +83,7 @@ int web_fixture_build(const char *db, const char *dir, web_fixture_t *f)
     free(progress);
     TRY(wrc);
     TRY(write_file(run_dir, "result.json",
-                   "{\"steps\": 600, \"train_samples_per_s\": 51234.5, \"eval_logloss\": 0.46125,"
+                   "{\"steps\": 600, \"samples_per_s\": 51234.5, \"eval_logloss\": 0.46125,"
                    " \"eval_auc\": 0.7311}\n"));
     TRY(write_file(run_dir, "log",
                    "rank 0: starting\nrank 1: starting\nstep 600 loss 0.4512\n"
@@ -103,18 +103,28 @@ int web_fixture_build(const char *db, const char *dir, web_fixture_t *f)
     c.keys = 700;
     c.created_at = 1714601100;
     TRY(state_checkpoint_add(st, &c, &f->ckpt_incr));
-    int64_t exp_full, exp_delta, push;
-    TRY(state_export_add(st, f->ckpt_full, 0, "kiln", "/ex/full", 1 << 20, &exp_full));
-    TRY(state_export_add(st, f->ckpt_incr, f->ckpt_full, "kiln-delta", "/ex/delta", 4096,
-                         &exp_delta));
+    int64_t push;
     TRY(state_endpoint_put(st, "http://127.0.0.1:9001", "ctr", "A", &f->ep_a));
     TRY(state_endpoint_put(st, "http://127.0.0.1:9002", "ctr", "B", &f->ep_b));
-    TRY(state_push_add(st, exp_full, f->ep_a, &push));
-    TRY(state_push_finish(st, push, true, 200, NULL, 1, 0));
-    TRY(state_push_add(st, exp_delta, f->ep_a, &push));
-    TRY(state_push_finish(st, push, true, 200, NULL, 1, 0));
-    TRY(state_push_add(st, exp_full, f->ep_b, &push));
-    TRY(state_push_finish(st, push, false, 503, "endpoint busy", 3, 0));
+    /* Pushes as a deliverer records them: queued claimed, then ended. */
+    const struct {
+        int64_t ckpt;
+        const char *url, *label;
+        bool ok;
+    } pushes[] = {{f->ckpt_full, "http://127.0.0.1:9001", "A", true},
+                  {f->ckpt_incr, "http://127.0.0.1:9001", "A", true},
+                  {f->ckpt_full, "http://127.0.0.1:9002", "B", false}};
+    for (size_t i = 0; i < sizeof pushes / sizeof pushes[0]; i++) {
+        state_push_req_t req = {pushes[i].url, "ctr", pushes[i].label, pushes[i].ckpt,
+                                i == 0,        "fixture", NULL,         false};
+        state_push_outcome_t o = {.state = pushes[i].ok ? STATE_PUSH_SUCCEEDED : STATE_PUSH_FAILED,
+                                  .http_status = pushes[i].ok ? 200 : 503,
+                                  .attempts = pushes[i].ok ? 1 : 3,
+                                  .error = pushes[i].ok ? NULL : "endpoint busy",
+                                  .sent = true, .full = i == 0, .bytes = 4096};
+        TRY(state_push_enqueue(st, f->job_cron, f->run_ok, &req, 1, "fixture", 60000, &push));
+        TRY(state_push_end(st, push, "fixture", &o));
+    }
 
     /* A running run, a queued one, and a failed one with hostile text. */
     TRY(state_run_create(st, f->job_cron, STATE_TRIGGER_CRON, 1714604400, 1, 0, &f->run_running));

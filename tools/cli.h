@@ -81,6 +81,10 @@ void cli_table_add(cli_table_t *t, const char *const *cells);
 void cli_table_print(const cli_table_t *t);
 void cli_table_destroy(cli_table_t *t);
 
+struct state_push;
+/* One push as JSON: id, endpoint, state, mode, HTTP status, error, reason, times. */
+json_t *cli_push_json(const struct state_push *p);
+
 /* "2024-05-02T00:00:00Z" or "-" for 0. */
 const char *cli_time(int64_t t, char *buf, size_t bufsz);
 /* json integer, or null for 0. */

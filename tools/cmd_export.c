@@ -9,8 +9,8 @@
  * system cron: it takes the job's newest checkpoint from the database and
  * pushes it to the job's endpoints (push.endpoints), each as a delta on what
  * that endpoint holds per the database (without --incremental: in full).
- * serving/serve_ops.c does the work and records the exports, pushes and
- * holdings, exactly as `kiln push` does.
+ * ops/ (ops_push_job) does the work and records it, exactly as `kiln push`
+ * does.
  */
 #include "cli.h"
 
@@ -20,11 +20,9 @@
 #include <string.h>
 
 #include "kiln.h"
+#include "ops.h"
 #include "rt_ckpt.h"
 #include "state.h"
-#ifdef KILN_HAVE_SERVE_OPS
-#include "serve.h"
-#endif
 
 const cli_opt_t export_opts[] = {
     {"format", "FORMAT", "hugectr (a folder per table: raw int64 key, float32 emb_vector) or npy"},
@@ -77,7 +75,6 @@ static int export_job_push(cli_t *cli, const char *job)
                                      "CHECKPOINT directory with --out DIR");
     if (cli_opt(cli, "out") != NULL || cli_opt(cli, "format") != NULL)
         return cli_fail(KILN_EUSAGE, "export --job ... --push takes no --out / --format");
-#ifdef KILN_HAVE_SERVE_OPS
     char *db = job_db_path(cli);
     if (db == NULL)
         return cli_fail(KILN_EUSAGE, "neither KILN_HOME nor HOME is set; pass --db PATH");
@@ -87,27 +84,30 @@ static int export_job_push(cli_t *cli, const char *job)
     if (rc < 0)
         return cli_fail(rc, NULL);
     bool full = cli_opt(cli, "incremental") == NULL;
-    serve_op_result_t r = {0};
-    rc = serve_op_push_job(st, job, cli_opt(cli, "label"), NULL, full, &r);
+    ops_push_report_t r = {0};
+    rc = ops_push_job(st, job, cli_opt(cli, "label"), NULL, full, false, &r);
     state_close(st);
     if (cli->json) {
-        json_t *j = json_pack("{s:s, s:s, s:b, s:i, s:i}", "job", job, "checkpoint",
-                              r.checkpoint, "ok", rc == 0, "pushes", r.npushes, "failed",
-                              r.nfailed);
+        json_t *arr = json_array();
+        for (size_t i = 0; i < r.n; i++)
+            json_array_append_new(arr, cli_push_json(&r.pushes[i]));
+        json_t *j = json_pack("{s:s, s:s, s:b, s:i, s:i, s:o}", "job", job, "checkpoint",
+                              r.checkpoint, "ok", rc == 0, "pushes", (int)r.n, "failed",
+                              (int)r.n - r.nsucceeded, "results", arr);
         if (rc < 0)
             json_object_set_new(j, "error", json_string(kiln_errmsg()));
         cli_print_json(j);
     }
+    size_t n = r.n;
+    char uid[SERVE_UID_MAX];
+    snprintf(uid, sizeof uid, "%s", r.checkpoint);
+    ops_push_report_fini(&r);
     if (rc < 0)
         return cli_fail(rc, NULL);
     if (!cli->json)
-        printf("exported %s of job %s %s to %d endpoint(s)\n", r.checkpoint, job,
-               full ? "in full" : "as deltas", r.npushes);
+        printf("exported %s of job %s %s to %zu endpoint(s)\n", uid, job,
+               full ? "in full" : "as deltas", n);
     return CLI_EXIT_OK;
-#else
-    (void)job;
-    return cli_fail(KILN_EUSAGE, "this kiln was built without serving/: --push is unavailable");
-#endif
 }
 
 int cmd_export(cli_t *cli)

@@ -14,6 +14,7 @@
 
 #include "jobs.h"
 #include "kiln.h"
+#include "ops.h"
 #include "state.h"
 
 /* Reads a whole file into a NUL-terminated buffer. */
@@ -93,121 +94,135 @@ int cmd_submit(cli_t *cli)
     const char *path = cli->pos[0];
     char *text = NULL;
     size_t len = 0;
-    job_spec_t spec;
     job_diags_t diags;
     job_diags_init(&diags);
     state_t *st = NULL;
+    ops_submitted_t sub;
+    memset(&sub, 0, sizeof sub);
     int exit_code = CLI_EXIT_OK;
     bool dry_run = cli_opt(cli, "dry-run") != NULL;
 
     int rc = read_file(path, &text, &len);
     if (rc < 0)
         return cli_fail(rc, NULL);
-    rc = job_spec_parse(text, len, path, &spec, &diags);
+    if (!dry_run && (rc = state_open(cli->db_path, &st)) < 0) {
+        exit_code = cli_fail(rc, NULL);
+        goto out;
+    }
+    ops_submit_t in = {text, len, path, NULL, dry_run};
+    rc = ops_submit(st, &in, &diags, &sub);
     if (rc == KILN_ESPEC) {
         for (size_t i = 0; i < diags.n; i++)
             fprintf(stderr, "%s\n", diags.items[i].message);
         fprintf(stderr, "kiln: %s: %zu problem%s; nothing was submitted\n", path, diags.n,
                 diags.n == 1 ? "" : "s");
         exit_code = CLI_EXIT_INPUT;
-        goto out_nospec;
+        goto out;
     }
     if (rc < 0) {
         exit_code = cli_fail(rc, NULL);
-        goto out_nospec;
+        goto out;
     }
-
-    int64_t now = kiln_now_s();
-    int64_t next = next_fire(spec.schedule, spec.timezone, now);
+    const job_spec_t *spec = &sub.spec;
     char nbuf[KILN_ISO_LEN];
     if (dry_run) {
         if (cli->json) {
-            json_t *o = json_pack("{s:s, s:b, s:s, s:s, s:i, s:i, s:s?, s:s, s:o}", "job", spec.name,
+            json_t *o = json_pack("{s:s, s:b, s:s, s:s, s:i, s:i, s:s?, s:s, s:o}", "job", spec->name,
                                   "valid", 1, "file", path, "model",
-                                  job_model_type_name(spec.model.type), "tables",
-                                  spec.model.ntables, "ranks", spec.resources.ranks, "schedule",
-                                  spec.schedule, "timezone", spec.timezone, "next_fire",
-                                  cli_json_time(next));
+                                  job_model_type_name(spec->model.type), "tables",
+                                  spec->model.ntables, "ranks", spec->resources.ranks, "schedule",
+                                  spec->schedule, "timezone", spec->timezone, "next_fire",
+                                  cli_json_time(sub.next_fire));
             cli_print_json(o);
         } else {
-            printf("ok: %s is a valid spec for job %s\n", path, spec.name);
+            printf("ok: %s is a valid spec for job %s\n", path, spec->name);
             printf("  model %s, %d table%s, %d rank%s, launcher %s\n",
-                   job_model_type_name(spec.model.type), spec.model.ntables,
-                   spec.model.ntables == 1 ? "" : "s", spec.resources.ranks,
-                   spec.resources.ranks == 1 ? "" : "s",
-                   job_launcher_name(spec.resources.launcher));
-            if (spec.schedule)
-                printf("  schedule \"%s\" (%s), next fire %s\n", spec.schedule, spec.timezone,
-                       cli_time(next, nbuf, sizeof nbuf));
+                   job_model_type_name(spec->model.type), spec->model.ntables,
+                   spec->model.ntables == 1 ? "" : "s", spec->resources.ranks,
+                   spec->resources.ranks == 1 ? "" : "s",
+                   job_launcher_name(spec->resources.launcher));
+            if (spec->schedule)
+                printf("  schedule \"%s\" (%s), next fire %s\n", spec->schedule, spec->timezone,
+                       cli_time(sub.next_fire, nbuf, sizeof nbuf));
             else
                 printf("  one-off: submitting queues one run\n");
             printf("dry run: nothing was submitted\n");
         }
         goto out;
     }
-
-    rc = state_open(cli->db_path, &st);
-    if (rc < 0) {
-        exit_code = cli_fail(rc, NULL);
-        goto out;
-    }
-    char hash[17];
-    kiln_hash_hex(kiln_xxh64(text, len, 0), hash, sizeof hash);
-    int64_t job_id = 0, run_id = 0;
-    bool created = false;
-    rc = state_job_put(st, spec.name, text, hash, spec.schedule, spec.priority, &job_id, &created);
-    if (rc < 0) {
-        exit_code = cli_fail(rc, NULL);
-        goto out;
-    }
-    state_job_t job;
-    rc = state_job_get_by_id(st, job_id, &job);
-    if (rc < 0) {
-        exit_code = cli_fail(rc, NULL);
-        goto out;
-    }
-    int version = job.version;
-    state_job_fini(&job);
-    if (spec.schedule == NULL) {
-        rc = state_run_create(st, job_id, STATE_TRIGGER_MANUAL, 0, 1, 0, &run_id);
-        if (rc < 0) {
-            exit_code = cli_fail(rc, NULL);
-            goto out;
-        }
-    }
-    /* The absolute path: kilnd resolves the spec's relative data and
-     * checkpoint paths against its directory. */
-    char *abs = realpath(path, NULL);
-    char *msg = kiln_asprintf("submitted from %s (version %d)", abs ? abs : path, version);
-    free(abs);
-    state_event_add(st, job_id, run_id, "submit", msg ? msg : "submitted");
-    free(msg);
     if (cli->json) {
-        json_t *o = json_pack("{s:s, s:I, s:i, s:b, s:o, s:s?, s:o}", "job", spec.name, "job_id",
-                              (json_int_t)job_id, "version", version, "created", created,
-                              "run_id", run_id ? json_integer(run_id) : json_null(), "schedule",
-                              spec.schedule, "next_fire", cli_json_time(next));
+        json_t *o = json_pack("{s:s, s:I, s:i, s:b, s:o, s:s?, s:o}", "job", spec->name, "job_id",
+                              (json_int_t)sub.r.job_id, "version", sub.r.version, "created",
+                              sub.r.created, "run_id",
+                              sub.r.run_id ? json_integer(sub.r.run_id) : json_null(), "schedule",
+                              spec->schedule, "next_fire", cli_json_time(sub.next_fire));
         cli_print_json(o);
-    } else if (spec.schedule) {
+    } else if (spec->schedule) {
         printf("%s job %s (version %d): schedule \"%s\" (%s), next run %s\n",
-               created ? "registered" : "updated", spec.name, version, spec.schedule,
-               spec.timezone, cli_time(next, nbuf, sizeof nbuf));
+               sub.r.created ? "registered" : "updated", spec->name, sub.r.version, spec->schedule,
+               spec->timezone, cli_time(sub.next_fire, nbuf, sizeof nbuf));
     } else {
         printf("%s job %s (version %d); queued run %" PRId64 "\n",
-               created ? "submitted" : "resubmitted", spec.name, version, run_id);
+               sub.r.created ? "submitted" : "resubmitted", spec->name, sub.r.version,
+               sub.r.run_id);
     }
 out:
-    job_spec_fini(&spec);
-out_nospec:
+    ops_submitted_fini(&sub);
     state_close(st);
     job_diags_fini(&diags);
     free(text);
     return exit_code;
 }
 
-static json_t *run_json(const state_run_t *r)
+/* The pushes of a run's checkpoints, newest first (a run's export reaches
+ * serving through them; pending or failed ones say why). */
+static json_t *pushes_json(state_t *st, int64_t run_id)
 {
-    return json_pack("{s:I, s:s, s:I, s:i, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:s?, "
+    state_push_filter_t f = {.run_id = run_id};
+    state_push_t *ps = NULL;
+    size_t n = 0;
+    json_t *arr = json_array();
+    if (state_push_list(st, &f, 100, &ps, &n) < 0)
+        return arr;
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, cli_push_json(&ps[i]));
+    state_pushes_free(ps, n);
+    return arr;
+}
+
+/* "B ok, A pending (HTTP 503)": the newest push to each endpoint of a run. */
+static void push_summary(state_t *st, int64_t run_id, char *buf, size_t cap)
+{
+    state_push_filter_t f = {.run_id = run_id};
+    state_push_t *ps = NULL;
+    size_t n = 0, len = 0;
+    snprintf(buf, cap, "-");
+    if (state_push_list(st, &f, 32, &ps, &n) < 0 || n == 0) {
+        state_pushes_free(ps, n);
+        return;
+    }
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && len < cap; i++) {
+        bool newer = false; /* an endpoint is shown once, with its newest push */
+        for (size_t k = 0; k < i; k++)
+            newer |= ps[k].endpoint_id == ps[i].endpoint_id;
+        if (newer)
+            continue;
+        char status[24] = "";
+        if (ps[i].state != STATE_PUSH_SUCCEEDED && ps[i].http_status != 0)
+            snprintf(status, sizeof status, " (HTTP %d)", ps[i].http_status);
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s %s%s", len ? ", " : "", ps[i].label,
+                                ps[i].state == STATE_PUSH_SUCCEEDED
+                                    ? "ok"
+                                    : state_push_state_name(ps[i].state),
+                                status);
+    }
+    state_pushes_free(ps, n);
+}
+
+static json_t *run_json(state_t *st, const state_run_t *r)
+{
+    json_t *o = json_pack("{s:I, s:s, s:I, s:i, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:s?, "
                      "s:s?, s:b}",
                      "id", (json_int_t)r->id, "job", r->job_name ? r->job_name : "", "job_id",
                      (json_int_t)r->job_id, "job_version", r->job_version, "state",
@@ -221,6 +236,9 @@ static json_t *run_json(const state_run_t *r)
                          : json_null(),
                      "retry_of", r->retry_of ? json_integer(r->retry_of) : json_null(), "error",
                      r->error, "run_dir", r->run_dir, "cancel_requested", r->cancel_requested);
+    if (o != NULL)
+        json_object_set_new(o, "pushes", pushes_json(st, r->id));
+    return o;
 }
 
 static void format_duration_s(int64_t secs, char *buf, size_t bufsz)
@@ -243,21 +261,23 @@ static void run_duration(const state_run_t *r, char *buf, size_t bufsz)
         snprintf(buf, bufsz, "0s");
 }
 
-static void print_runs(cli_t *cli, state_run_t *runs, size_t n)
+static void print_runs(cli_t *cli, state_t *st, state_run_t *runs, size_t n)
 {
     if (cli->json) {
         json_t *arr = json_array();
         for (size_t i = 0; i < n; i++)
-            json_array_append_new(arr, run_json(&runs[i]));
+            json_array_append_new(arr, run_json(st, &runs[i]));
         cli_print_json(arr);
         return;
     }
-    static const char *const hdr[] = {"RUN",      "JOB",     "ATTEMPT", "TRIGGER", "STATE",
-                                      "SCHEDULED", "STARTED", "DURATION", "EXIT"};
-    cli_table_t *t = cli_table_create(9, hdr);
+    static const char *const hdr[] = {"RUN",     "JOB",     "ATTEMPT",  "TRIGGER", "STATE",
+                                      "SCHEDULED", "STARTED", "DURATION", "EXIT", "PUSHES"};
+    cli_table_t *t = cli_table_create(10, hdr);
     for (size_t i = 0; i < n; i++) {
         const state_run_t *r = &runs[i];
         char id[24], att[16], sched[KILN_ISO_LEN], started[KILN_ISO_LEN], dur[32], ex[16];
+        char pushes[256];
+        push_summary(st, r->id, pushes, sizeof pushes);
         snprintf(id, sizeof id, "%" PRId64, r->id);
         snprintf(att, sizeof att, "%d", r->attempt);
         run_duration(r, dur, sizeof dur);
@@ -273,7 +293,8 @@ static void print_runs(cli_t *cli, state_run_t *runs, size_t n)
                              cli_time(r->scheduled_at, sched, sizeof sched),
                              cli_time(r->started_at, started, sizeof started),
                              dur,
-                             ex};
+                             ex,
+                             pushes};
         cli_table_add(t, row);
     }
     cli_table_print(t);
@@ -408,7 +429,7 @@ int cmd_runs(cli_t *cli)
     if (n == 0 && !cli->json)
         printf("no runs%s%s\n", job ? " of job " : "", job ? job : "");
     else
-        print_runs(cli, runs, n);
+        print_runs(cli, st, runs, n);
     state_runs_free(runs, n);
 out:
     state_close(st);
@@ -438,7 +459,7 @@ static int show_run(cli_t *cli, state_t *st, int64_t id)
     if (state_event_list(st, r.job_id, r.id, &ev, &nev) < 0)
         nev = 0;
     if (cli->json) {
-        json_t *o = run_json(&r);
+        json_t *o = run_json(st, &r);
         json_t *arr = json_array();
         for (size_t i = 0; i < nev; i++)
             json_array_append_new(arr, json_pack("{s:o, s:s, s:s}", "at", cli_json_time(ev[i].at),
@@ -470,6 +491,23 @@ static int show_run(cli_t *cli, state_t *st, int64_t id)
             printf("  run dir     %s\n", r.run_dir);
         if (r.host)
             printf("  host        %s (process group %" PRId64 ")\n", r.host, r.pgid);
+        state_push_filter_t pf = {.run_id = r.id};
+        state_push_t *ps = NULL;
+        size_t np = 0;
+        if (state_push_list(st, &pf, 100, &ps, &np) == 0 && np > 0) {
+            printf("pushes:\n");
+            for (size_t i = np; i-- > 0;) {
+                char status[64] = "";
+                if (ps[i].http_status != 0)
+                    snprintf(status, sizeof status, ", HTTP %d", ps[i].http_status);
+                printf("  push %" PRId64 " of %s to %s (%s/%s): %s%s, %s%s%s\n", ps[i].id,
+                       ps[i].checkpoint_uid, ps[i].url, ps[i].model, ps[i].label,
+                       state_push_state_name(ps[i].state), status,
+                       state_push_mode_name(&ps[i]), ps[i].error ? ": " : "",
+                       ps[i].error ? ps[i].error : "");
+            }
+        }
+        state_pushes_free(ps, np);
         if (nev) {
             printf("events:\n");
             for (size_t i = 0; i < nev; i++)
@@ -499,7 +537,7 @@ static int show_job(cli_t *cli, state_t *st, const char *name)
     if (cli->json) {
         json_t *arr = json_array();
         for (size_t i = 0; i < n; i++)
-            json_array_append_new(arr, run_json(&runs[i]));
+            json_array_append_new(arr, run_json(st, &runs[i]));
         json_t *o = json_pack("{s:I, s:s, s:i, s:s?, s:s?, s:i, s:b, s:s, s:o, s:o, s:o, s:s, "
                               "s:o}",
                               "id", (json_int_t)j.id, "name", j.name, "version", j.version,
@@ -528,7 +566,7 @@ static int show_job(cli_t *cli, state_t *st, const char *name)
         }
         if (n) {
             printf("latest runs:\n");
-            print_runs(cli, runs, n);
+            print_runs(cli, st, runs, n);
         } else {
             printf("no runs yet\n");
         }
@@ -564,7 +602,7 @@ int cmd_cancel(cli_t *cli)
         return cli_fail(rc, NULL);
     bool done = false;
     int exit_code = CLI_EXIT_OK;
-    rc = state_run_request_cancel(st, id, &done);
+    rc = ops_cancel(st, id, &done);
     if (rc == KILN_ENOENT) {
         exit_code = cli_fail(rc, "no run %" PRId64 " (see 'kiln runs')", id);
     } else if (rc < 0) {

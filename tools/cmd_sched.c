@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include "kiln.h"
-#include "sched.h"
+#include "ops.h"
+#include "run.h"
+#include "scheduler.h"
 #include "state.h"
 
 static bool digits(const char *s)
@@ -33,8 +35,9 @@ static bool digits(const char *s)
 int cmd_daemon(cli_t *cli)
 {
     /* Hand the command's options to kilnd's own parser, so both read alike. */
-    static const char *const names[] = {"home",  "listen",  "max-ranks", "grace", "poll",
-                                        "drain", "trainer", "mpirun",    "log"};
+    static const char *const names[] = {"home",    "listen", "max-ranks", "grace",
+                                        "poll",    "drain",  "trainer",   "mpirun",
+                                        "log",     "stats-every"};
     char *argv[2 * (sizeof names / sizeof names[0]) + 4];
     int argc = 0;
     argv[argc++] = (char *)"kiln daemon";
@@ -56,6 +59,7 @@ int cmd_daemon(cli_t *cli)
     int rc = sched_options_parse(argc, argv, 1, &o);
     if (rc < 0)
         return cli_fail(rc, NULL);
+    o.log_json = cli->json; /* --json: the daemon's log lines as JSON */
     rc = sched_run(&o);
     return rc < 0 ? cli_fail(rc, NULL) : CLI_EXIT_OK;
 }
@@ -69,51 +73,43 @@ int cmd_retry(cli_t *cli)
         return cli_fail(KILN_EUSAGE, "retry expects a run number (see 'kiln runs'), got '%s'",
                         what);
     int64_t id = strtoll(what, NULL, 10), new_id = 0;
+    int attempt = 0;
     state_t *st = NULL;
-    state_run_t r = {0};
-    int exit_code = CLI_EXIT_OK;
     int rc = state_open(cli->db_path, &st);
     if (rc == 0)
-        rc = state_run_get(st, id, &r);
-    if (rc < 0) {
-        exit_code = cli_fail(rc, NULL);
-        goto out;
-    }
-    if (!state_run_state_terminal(r.state) || r.state == STATE_RUN_SUCCEEDED) {
-        exit_code = cli_fail(KILN_ESTATE, "run %" PRId64 " is %s; only a failed, canceled, "
-                                          "timed-out or skipped run can be retried",
-                             id, state_run_state_name(r.state));
-        goto out;
-    }
-    rc = state_run_create(st, r.job_id, STATE_TRIGGER_RETRY, r.scheduled_at, r.attempt + 1, r.id,
-                          &new_id);
-    if (rc == 0)
-        state_event_add(st, 0, new_id, "retry", "retry asked with kiln retry");
-    if (rc < 0) {
-        exit_code = cli_fail(rc, NULL);
-    } else if (cli->json) {
-        cli_print_json(json_pack("{s:I, s:I, s:i}", "run", (json_int_t)new_id, "retry_of",
-                                 (json_int_t)id, "attempt", r.attempt + 1));
-    } else {
-        printf("queued run %" PRId64 " (retry of run %" PRId64 ", attempt %d)\n", new_id, id,
-               r.attempt + 1);
-    }
-out:
-    state_run_fini(&r);
+        rc = ops_retry(st, id, "kiln retry", &new_id, &attempt);
     state_close(st);
-    return exit_code;
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    if (cli->json)
+        cli_print_json(json_pack("{s:I, s:I, s:i}", "run", (json_int_t)new_id, "retry_of",
+                                 (json_int_t)id, "attempt", attempt));
+    else
+        printf("queued run %" PRId64 " (retry of run %" PRId64 ", attempt %d)\n", new_id, id,
+               attempt);
+    return CLI_EXIT_OK;
 }
 
 /* ---- logs -------------------------------------------------------------------------- */
 
-/* Copies what f has from *off on to stdout. */
-static void copy_from(FILE *f, long *off)
+/* What f has from *off on: to stdout, or with --json as one JSON line per
+ * piece ({"run", "text"}). */
+static void copy_from(const cli_t *cli, int64_t run, FILE *f, long *off)
 {
     char buf[8192];
     size_t n;
     fseek(f, *off, SEEK_SET);
     while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
-        fwrite(buf, 1, n, stdout);
+        if (cli->json) {
+            json_t *o = json_pack("{s:I, s:s%}", "run", (json_int_t)run, "text", buf, n);
+            char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+            if (line != NULL)
+                printf("%s\n", line);
+            free(line);
+            json_decref(o);
+        } else {
+            fwrite(buf, 1, n, stdout);
+        }
         *off += (long)n;
     }
     clearerr(f);
@@ -142,12 +138,12 @@ int cmd_logs(cli_t *cli)
     long off = 0;
     for (;;) {
         if (f == NULL && r.run_dir != NULL) {
-            char path[4096];
-            snprintf(path, sizeof path, "%s/log", r.run_dir);
-            f = fopen(path, "r");
+            char *path = run_path(r.run_dir, RUN_FILE_LOG);
+            f = path != NULL ? fopen(path, "r") : NULL;
+            free(path);
         }
         if (f != NULL)
-            copy_from(f, &off);
+            copy_from(cli, id, f, &off);
         if (!follow || state_run_state_terminal(r.state))
             break;
         struct timespec ts = {0, 250 * 1000000L};
@@ -157,10 +153,21 @@ int cmd_logs(cli_t *cli)
             break;
     }
     if (f != NULL)
-        copy_from(f, &off);
+        copy_from(cli, id, f, &off);
     else if (!follow)
         exit_code = cli_fail(KILN_ENOENT, "run %" PRId64 " has no log yet (it is %s)", id,
                              state_run_state_name(r.state));
+    if (exit_code == CLI_EXIT_OK && cli->json) {
+        /* The last line says how the run stands. */
+        json_t *o = json_pack("{s:I, s:s, s:b}", "run", (json_int_t)id, "state",
+                              state_run_state_name(r.state), "ended",
+                              state_run_state_terminal(r.state));
+        char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        if (line != NULL)
+            printf("%s\n", line);
+        free(line);
+        json_decref(o);
+    }
 out:
     if (f != NULL)
         fclose(f);
@@ -171,133 +178,122 @@ out:
 
 /* ---- lineage ------------------------------------------------------------------------- */
 
-static void print_inputs(state_t *st, int64_t run_id, const char *indent)
+static const char *jstr(const json_t *o, const char *key)
 {
-    state_input_t *ins = NULL;
-    size_t n = 0;
-    if (state_input_list(st, run_id, &ins, &n) < 0)
-        return;
-    if (n == 0)
-        printf("%sinputs: (not recorded: the run read data.train as it was)\n", indent);
-    for (size_t i = 0; i < n; i++)
-        printf("%sinput %s (%" PRId64 " bytes, mtime %" PRId64 ", xxh64 %s)\n", indent,
-               ins[i].path, ins[i].size, ins[i].mtime, ins[i].checksum ? ins[i].checksum : "-");
-    state_inputs_free(ins, n);
+    const char *v = json_string_value(json_object_get(o, key));
+    return v != NULL ? v : "-";
 }
 
-/* The run, its retry chain and its inputs. */
-static void print_run_back(state_t *st, int64_t run_id, const char *indent)
+static void print_pushes(const json_t *c, const char *indent)
 {
-    state_run_t r;
-    char t[KILN_ISO_LEN];
-    if (state_run_get(st, run_id, &r) < 0) {
-        printf("%srun %" PRId64 " (no longer recorded)\n", indent, run_id);
-        return;
+    size_t i;
+    json_t *p;
+    json_array_foreach(json_object_get(c, "pushes"), i, p)
+    {
+        int status = (int)json_integer_value(json_object_get(p, "http_status"));
+        printf("%s-> push %lld (%s) %s %s to %s (%s/%s)", indent,
+               (long long)json_integer_value(json_object_get(p, "id")), jstr(p, "reason"),
+               jstr(p, "state"), jstr(p, "mode"),
+               jstr(p, "url"), jstr(p, "model"), jstr(p, "label"));
+        if (status != 0)
+            printf(", HTTP %d", status);
+        if (json_is_string(json_object_get(p, "error")))
+            printf(": %s", jstr(p, "error"));
+        printf("\n");
     }
-    printf("%srun %" PRId64 " of job %s (version %d): %s, %s, attempt %d, %s\n", indent, r.id,
-           r.job_name, r.job_version, state_run_state_name(r.state), state_trigger_name(r.trigger),
-           r.attempt, cli_time(r.started_at, t, sizeof t));
-    print_inputs(st, r.id, indent);
-    if (r.retry_of != 0) {
-        printf("%s  retry of:\n", indent);
-        char deeper[64];
-        snprintf(deeper, sizeof deeper, "%s    ", indent);
-        print_run_back(st, r.retry_of, deeper);
-    }
-    state_run_fini(&r);
 }
 
-static void print_served(state_t *st, int64_t ckpt_id, const char *indent)
+static void print_checkpoint(const json_t *c, const char *indent)
 {
-    state_served_t *sv = NULL;
-    size_t n = 0;
-    if (state_lineage_served(st, ckpt_id, &sv, &n) < 0)
-        return;
-    for (size_t i = 0; i < n; i++) {
-        printf("%s-> export %" PRId64 " (%s) %s\n", indent, sv[i].export_id,
-               sv[i].format ? sv[i].format : "?", sv[i].export_path ? sv[i].export_path : "");
-        if (sv[i].push_id != 0)
-            printf("%s   -> push %" PRId64 " %s (HTTP %d) to %s model %s label %s%s\n", indent,
-                   sv[i].push_id, sv[i].push_state ? sv[i].push_state : "?", sv[i].http_status,
-                   sv[i].url ? sv[i].url : "?", sv[i].model ? sv[i].model : "-",
-                   sv[i].label ? sv[i].label : "-", sv[i].holding ? " [serving it now]" : "");
-    }
-    if (n == 0)
-        printf("%s-> (not exported or pushed yet)\n", indent);
-    state_served_free(sv, n);
+    json_t *run = json_object_get(c, "run_id");
+    printf("%scheckpoint %s (%s, step %lld, %lld keys", indent, jstr(c, "uid"), jstr(c, "kind"),
+           (long long)json_integer_value(json_object_get(c, "step")),
+           (long long)json_integer_value(json_object_get(c, "keys")));
+    if (json_is_integer(run))
+        printf(", run %lld", (long long)json_integer_value(run));
+    if (json_is_string(json_object_get(c, "parent")))
+        printf(", on %s", jstr(c, "parent"));
+    if (json_is_number(json_object_get(c, "eval_logloss")))
+        printf(", eval logloss %.5f", json_number_value(json_object_get(c, "eval_logloss")));
+    printf(")\n");
 }
 
-/* A checkpoint: the run that wrote it (and its inputs), its parent chain
- * back to a full dump, and what serves it. */
-static int lineage_checkpoint(state_t *st, state_checkpoint_t *c)
+/* The lineage document as text: back, forward, and the endpoints. */
+static void print_lineage(const json_t *doc)
 {
-    printf("checkpoint %s (%s, step %" PRId64 ", %" PRId64 " keys) at %s\n", c->uid, c->kind,
-           c->step, c->keys, c->path);
-    printf("  serves:\n");
-    print_served(st, c->id, "    ");
-    printf("  made by:\n");
-    if (c->run_id != 0)
-        print_run_back(st, c->run_id, "    ");
-    int64_t parent = c->parent_id;
-    for (int depth = 0; parent != 0 && depth < 1000; depth++) {
-        state_checkpoint_t p;
-        if (state_checkpoint_get_by_id(st, parent, &p) < 0)
-            break;
-        printf("  based on checkpoint %s (%s, step %" PRId64 ")\n", p.uid, p.kind, p.step);
-        if (p.run_id != 0 && p.run_id != c->run_id)
-            print_run_back(st, p.run_id, "    ");
-        parent = p.parent_id;
-        state_checkpoint_fini(&p);
+    const json_t *from = json_object_get(doc, "from");
+    printf("lineage of %s %s\n", jstr(from, "kind"), jstr(from, "ref"));
+    size_t i;
+    json_t *v;
+    printf("back:\n");
+    json_array_foreach(json_object_get(doc, "runs"), i, v)
+    {
+        printf("  run %lld of job %s (version %lld): %s, %s, attempt %lld, started %s\n",
+               (long long)json_integer_value(json_object_get(v, "id")), jstr(v, "job"),
+               (long long)json_integer_value(json_object_get(v, "job_version")), jstr(v, "state"),
+               jstr(v, "trigger"), (long long)json_integer_value(json_object_get(v, "attempt")),
+               jstr(v, "started_at"));
+        if (json_is_integer(json_object_get(v, "retry_of")))
+            printf("    retry of run %lld\n",
+                   (long long)json_integer_value(json_object_get(v, "retry_of")));
+        if (json_is_string(json_object_get(v, "started_from")))
+            printf("    started from checkpoint %s\n", jstr(v, "started_from"));
+        size_t k;
+        json_t *path;
+        json_array_foreach(json_object_get(v, "inputs"), k, path)
+        {
+            const json_t *in = NULL;
+            size_t m;
+            json_t *x;
+            json_array_foreach(json_object_get(doc, "inputs"), m, x)
+            if (strcmp(jstr(x, "path"), json_string_value(path)) == 0)
+                in = x;
+            printf("    input %s", json_string_value(path));
+            if (in != NULL)
+                printf(" (%lld bytes, mtime %s, xxh64 %s)",
+                       (long long)json_integer_value(json_object_get(in, "size")),
+                       jstr(in, "mtime"), jstr(in, "checksum"));
+            printf("\n");
+        }
+        if (json_array_size(json_object_get(v, "inputs")) == 0)
+            printf("    inputs: not recorded\n");
     }
-    return 0;
+    json_array_foreach(json_object_get(doc, "earlier_checkpoints"), i, v)
+        print_checkpoint(v, "  ");
+    printf("forward:\n");
+    json_array_foreach(json_object_get(doc, "checkpoints"), i, v)
+    {
+        print_checkpoint(v, "  ");
+        print_pushes(v, "    ");
+    }
+    if (json_array_size(json_object_get(doc, "checkpoints")) == 0)
+        printf("  (no checkpoints recorded)\n");
+    printf("endpoints:\n");
+    json_array_foreach(json_object_get(doc, "endpoints"), i, v)
+        printf("  %s (%s/%s) holds %s since %s%s\n", jstr(v, "url"), jstr(v, "model"),
+               jstr(v, "label"), jstr(v, "holds"), jstr(v, "since"),
+               json_is_true(json_object_get(v, "serves_this_lineage"))
+                   ? " [serving this lineage now]"
+                   : "");
+    if (json_array_size(json_object_get(doc, "endpoints")) == 0)
+        printf("  (none reached yet)\n");
 }
 
 int cmd_lineage(cli_t *cli)
 {
-    const char *what = cli->pos[0];
     state_t *st = NULL;
+    json_t *doc = NULL;
     int rc = state_open(cli->db_path, &st);
+    if (rc == 0)
+        rc = ops_lineage(st, cli->pos[0], &doc);
+    state_close(st);
     if (rc < 0)
         return cli_fail(rc, NULL);
-    state_checkpoint_t c = {0};
-    if (digits(what)) {
-        int64_t run_id = strtoll(what, NULL, 10);
-        state_run_t r;
-        rc = state_run_get(st, run_id, &r);
-        if (rc == 0) {
-            state_run_fini(&r);
-            print_run_back(st, run_id, "");
-            state_checkpoint_t *cs = NULL;
-            size_t n = 0;
-            rc = state_checkpoint_list_by_run(st, run_id, &cs, &n);
-            if (rc == 0 && n == 0)
-                printf("  -> (no checkpoints recorded)\n");
-            for (size_t i = 0; rc == 0 && i < n; i++) {
-                printf("  -> checkpoint %s (%s, step %" PRId64 ")\n", cs[i].uid, cs[i].kind,
-                       cs[i].step);
-                print_served(st, cs[i].id, "       ");
-            }
-            state_checkpoints_free(cs, n);
-        }
-    } else if (strncmp(what, "http://", 7) == 0 || strncmp(what, "https://", 8) == 0) {
-        int64_t ep = 0, ckpt = 0, since = 0;
-        rc = state_endpoint_find(st, what, NULL, &ep);
-        if (rc == 0)
-            rc = state_endpoint_holding(st, ep, &ckpt, &since);
-        if (rc == 0)
-            rc = state_checkpoint_get_by_id(st, ckpt, &c);
-        if (rc == 0) {
-            char t[KILN_ISO_LEN];
-            printf("endpoint %s holds since %s:\n", what, cli_time(since, t, sizeof t));
-            rc = lineage_checkpoint(st, &c);
-        }
-    } else {
-        rc = state_checkpoint_get(st, what, &c);
-        if (rc == 0)
-            rc = lineage_checkpoint(st, &c);
+    if (cli->json)
+        cli_print_json(doc);
+    else {
+        print_lineage(doc);
+        json_decref(doc);
     }
-    int exit_code = rc < 0 ? cli_fail(rc, NULL) : CLI_EXIT_OK;
-    state_checkpoint_fini(&c);
-    state_close(st);
-    return exit_code;
+    return CLI_EXIT_OK;
 }

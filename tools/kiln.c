@@ -57,6 +57,7 @@ static const cli_opt_t daemon_opts[] = {
     {"max-ranks", "N", "ranks in use at once (default: the number of cores)"},
     {"grace", "DURATION", "SIGTERM to SIGKILL on cancel and timeout (default 10s)"},
     {"poll", "DURATION", "database change poll (default 1s)"},
+    {"stats-every", "DURATION", "read endpoints' /v1/stats this often (default 10s; 0: never)"},
     {"drain", NULL, "on SIGTERM, wait for running runs to end"},
     {"trainer", "PATH", "kiln-train to launch"},
     {"mpirun", "PATH", "mpirun to launch it with"},
@@ -64,7 +65,7 @@ static const cli_opt_t daemon_opts[] = {
     {NULL, NULL, NULL}};
 
 static const cli_opt_t logs_opts[] = {
-    {"follow", NULL, "keep printing until the run ends"},
+    {"follow", NULL, "keep printing until the run ends (with --json: one JSON line per piece)"},
     {NULL, NULL, NULL}};
 
 /* cmd_serve.c (serving): push, promote, rollback. */
@@ -123,22 +124,23 @@ static const cli_cmd_t commands[] = {
     {"logs", "RUN", "print a run's combined log (every rank, mpirun, the supervisor)",
      "With --follow, keeps printing as the log grows until the run ends.", logs_opts, 1, 1, true,
      cmd_logs},
-    {"lineage", "CHECKPOINT|RUN|ENDPOINT", "trace a checkpoint, run or endpoint URL",
-     "Prints the chain back to the input files (run, retries, inputs with size, mtime and "
-     "checksum; parent checkpoints) and forward to the exports, pushes and endpoints that "
-     "serve it.",
+    {"lineage", "FILE|RUN|CHECKPOINT|ENDPOINT", "trace lineage both ways",
+     "Starts from an input file, a run number, a checkpoint uid or an endpoint URL. Back: the "
+     "runs that read the data (retries, inputs with size, mtime and checksum, the checkpoint "
+     "each started from). Forward: their checkpoints and every checkpoint derived from them, "
+     "each with its pushes, and the endpoints that serve one of them now.",
      no_opts, 1, 1, true, cmd_lineage},
-#ifdef KILN_HAVE_SERVE_OPS
     {"push", "", "push a job's latest checkpoint to its endpoints of a label",
      "Sends each endpoint a delta on what it holds (a full push when it holds something "
      "else), in parallel, with the job's push.retries and push.timeout; records every push. "
-     "For system cron: `kiln push --job NAME` after each export.",
+     "A push that fails in a way a retry may fix stays queued and kilnd retries it. kilnd "
+     "pushes after every successful run by itself (export.on_success): use this for a label "
+     "with auto: false, or by hand.",
      push_opts, 0, 0, true, cmd_push},
     {"promote", "", "push what one label's endpoints hold to another label's",
      NULL, promote_opts, 0, 0, true, cmd_promote},
     {"rollback", "", "push the checkpoint a label held before its current one",
      NULL, rollback_opts, 0, 0, true, cmd_rollback},
-#endif
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

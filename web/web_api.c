@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "jobs.h"
+#include "ops.h"
 
 static json_t *jtime(int64_t t)
 {
@@ -62,6 +63,32 @@ static json_t *run_json(state_t *st, const state_run_t *run)
     json_object_set_new(o, "eval_logloss", jnum(fig.eval_logloss));
     json_object_set_new(o, "eval_auc", jnum(fig.eval_auc));
     return o;
+}
+
+static json_t *push_json(const state_push_t *p)
+{
+    return json_pack("{s:I, s:s, s:I, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:i, s:s, s:o, s:o}",
+                     "id", (json_int_t)p->id, "checkpoint", p->checkpoint_uid, "endpoint_id",
+                     (json_int_t)p->endpoint_id, "url", p->url, "model", p->model, "label",
+                     p->label, "mode", state_push_mode_name(p), "state",
+                     state_push_state_name(p->state), "http_status", p->http_status, "error",
+                     jstr(p->error), "attempts", p->attempts, "reason",
+                     p->reason ? p->reason : "", "created_at", jtime(p->created_at), "ended_at",
+                     jtime(p->ended_at));
+}
+
+/* The pushes of a run's checkpoints, oldest first. */
+static json_t *run_pushes_json(state_t *st, int64_t run_id, int *rc)
+{
+    state_push_filter_t f = {.run_id = run_id};
+    state_push_t *ps = NULL;
+    size_t n = 0;
+    json_t *arr = json_array();
+    *rc = state_push_list(st, &f, STATE_PAGE_MAX, &ps, &n);
+    for (size_t i = n; i-- > 0;)
+        json_array_append_new(arr, push_json(&ps[i]));
+    state_pushes_free(ps, n);
+    return arr;
 }
 
 /* ---- reads ----------------------------------------------------------------------------- */
@@ -218,6 +245,8 @@ int web_api_run(web_req_t *r)
         json_object_set_new(doc, "inputs", inputs_json(r->st, run.id, &rc));
     if (rc == 0)
         json_object_set_new(doc, "checkpoints", outputs_json(r->st, run.id, &rc));
+    if (rc == 0)
+        json_object_set_new(doc, "pushes", run_pushes_json(r->st, run.id, &rc));
     double *x = NULL, *y = NULL;
     size_t n = 0;
     if (rc == 0)
@@ -267,18 +296,33 @@ int web_api_endpoints(web_req_t *r)
     json_t *arr = json_array();
     for (size_t i = 0; i < n; i++) {
         const state_endpoint_info_t *e = &es[i];
+        web_endpoint_view_t v;
+        web_endpoint_view(es, n, i, &v);
         json_t *holds = e->checkpoint_id > 0
-                            ? json_pack("{s:I, s:o, s:o}", "checkpoint_id",
+                            ? json_pack("{s:I, s:o, s:o, s:o, s:o, s:o}", "checkpoint_id",
                                         (json_int_t)e->checkpoint_id, "uid",
-                                        jstr(e->checkpoint_uid), "since", jtime(e->since))
+                                        jstr(e->checkpoint_uid), "since", jtime(e->since),
+                                        "age_s", v.age_s >= 0 ? json_integer(v.age_s) : json_null(),
+                                        "eval_logloss", jnum(e->eval_logloss), "eval_auc",
+                                        jnum(e->eval_auc))
                             : json_null();
+        json_t *traffic = json_pack("{s:o, s:I, s:I, s:o, s:o, s:o}", "share", jnum(v.share),
+                                    "predict_requests", (json_int_t)e->predict_requests,
+                                    "predict_rows", (json_int_t)e->predict_rows, "request_rate",
+                                    jnum(e->request_rate), "read_at", jtime(e->stats_at),
+                                    "error", jstr(e->stats_error));
         json_array_append_new(
-            arr, json_pack("{s:I, s:s, s:o, s:o, s:o, s:{s:I, s:I, s:I}, s:o}", "id",
-                           (json_int_t)e->id, "url", e->url, "model", jstr(e->model), "label",
-                           jstr(e->label), "holds", holds, "pushes", "succeeded",
-                           (json_int_t)e->pushes_succeeded, "failed", (json_int_t)e->pushes_failed,
-                           "pending", (json_int_t)e->pushes_pending, "last_push_at",
-                           jtime(e->last_push_at)));
+            arr, json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:{s:I, s:I, s:I, s:I}, s:o, s:o, "
+                           "s:o}",
+                           "id", (json_int_t)e->id, "url", e->url, "model", jstr(e->model),
+                           "label", jstr(e->label), "holds", holds, "traffic", traffic,
+                           "pushes", "succeeded", (json_int_t)e->pushes_succeeded, "failed",
+                           (json_int_t)e->pushes_failed, "pending",
+                           (json_int_t)e->pushes_pending, "held", (json_int_t)e->pushes_held,
+                           "last_push_at", jtime(e->last_push_at), "last_error",
+                           jstr(e->last_error), "last_http_status",
+                           e->last_http_status ? json_integer(e->last_http_status)
+                                               : json_null()));
     }
     state_endpoint_infos_free(es, n);
     return web_json_reply(r, json_pack("{s:o}", "endpoints", arr));
@@ -341,12 +385,10 @@ static int acted(web_req_t *r, int64_t run_id, json_t *doc)
 int web_act_cancel(web_req_t *r)
 {
     bool done = false;
-    int rc = state_run_request_cancel(r->st, r->id, &done);
+    int rc = ops_cancel(r->st, r->id, &done);
     if (rc == KILN_ENOENT)
         return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
     KILN_CHECK(rc);
-    state_event_add(r->st, 0, r->id, "cancel",
-                    done ? "canceled from the web page" : "cancel requested from the web page");
     return acted(r, r->id,
                  json_pack("{s:I, s:b, s:s}", "run_id", (json_int_t)r->id, "canceled", done,
                            "state", done ? "canceled" : "cancel_requested"));
@@ -354,44 +396,24 @@ int web_act_cancel(web_req_t *r)
 
 int web_act_retry(web_req_t *r)
 {
-    state_run_t run;
-    int rc = state_run_get(r->st, r->id, &run);
+    int64_t new_id = 0;
+    int attempt = 0;
+    int rc = ops_retry(r->st, r->id, "the web API", &new_id, &attempt);
     if (rc == KILN_ENOENT)
         return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
     KILN_CHECK(rc);
-    int64_t retry = 0, new_id = 0;
-    if (!state_run_state_terminal(run.state) || run.state == STATE_RUN_SUCCEEDED) {
-        rc = kiln_errf(KILN_ESTATE, "run %lld is %s; only a failed, canceled, timed-out or "
-                                    "skipped run can be retried",
-                       (long long)run.id, state_run_state_name(run.state));
-        goto out;
-    }
-    KILN_CHECK_GOTO(state_run_retry_find(r->st, run.id, &retry), rc, out);
-    if (retry > 0) {
-        rc = kiln_errf(KILN_ECONFLICT, "run %lld was already retried by run %lld",
-                       (long long)run.id, (long long)retry);
-        goto out;
-    }
-    KILN_CHECK_GOTO(state_run_create(r->st, run.job_id, STATE_TRIGGER_RETRY, run.scheduled_at,
-                                     run.attempt + 1, run.id, &new_id),
-                    rc, out);
-    char msg[96];
-    snprintf(msg, sizeof msg, "retry of run %lld queued from the web page", (long long)run.id);
-    state_event_add(r->st, 0, new_id, "retry", msg);
-    rc = acted(r, new_id,
-               json_pack("{s:I, s:I, s:i}", "run_id", (json_int_t)new_id, "retry_of",
-                         (json_int_t)run.id, "attempt", run.attempt + 1));
-out:
-    state_run_fini(&run);
-    return rc;
+    return acted(r, new_id,
+                 json_pack("{s:I, s:I, s:i}", "run_id", (json_int_t)new_id, "retry_of",
+                           (json_int_t)r->id, "attempt", attempt));
 }
 
 int web_act_submit(web_req_t *r)
 {
-    job_spec_t spec;
     job_diags_t diags;
     job_diags_init(&diags);
-    int rc = job_spec_parse(r->body, r->body_len, "submitted spec", &spec, &diags);
+    ops_submitted_t sub;
+    ops_submit_t in = {r->body, r->body_len, NULL, "the web API", false};
+    int rc = ops_submit(r->st, &in, &diags, &sub);
     if (rc == KILN_ESPEC) {
         json_t *probs = json_array();
         for (size_t i = 0; i < diags.n; i++)
@@ -404,31 +426,13 @@ int web_act_submit(web_req_t *r)
     }
     job_diags_fini(&diags);
     KILN_CHECK(rc);
-    char hash[17];
-    kiln_hash_hex(kiln_xxh64(r->body, r->body_len, 0), hash, sizeof hash);
-    int64_t job_id = 0, run_id = 0;
-    bool created = false;
-    state_job_t job;
-    memset(&job, 0, sizeof job);
-    KILN_CHECK_GOTO(state_job_put(r->st, spec.name, r->body, hash, spec.schedule, spec.priority,
-                                  &job_id, &created),
-                    rc, out);
-    KILN_CHECK_GOTO(state_job_get_by_id(r->st, job_id, &job), rc, out);
-    if (spec.schedule == NULL)
-        KILN_CHECK_GOTO(state_run_create(r->st, job_id, STATE_TRIGGER_MANUAL, 0, 1, 0, &run_id),
-                        rc, out);
-    char msg[64];
-    snprintf(msg, sizeof msg, "submitted from the web API (version %d)", job.version);
-    state_event_add(r->st, job_id, run_id, "submit", msg);
     r->status = 201;
-    rc = web_json_reply(r, json_pack("{s:s, s:I, s:i, s:b, s:o, s:o, s:o}", "job", spec.name,
-                                     "job_id", (json_int_t)job_id, "version", job.version,
-                                     "created", created, "run_id",
-                                     run_id ? json_integer(run_id) : json_null(), "schedule",
-                                     jstr(spec.schedule), "next_fire",
-                                     jtime(web_next_fire(&job, kiln_now_s()))));
-out:
-    state_job_fini(&job);
-    job_spec_fini(&spec);
+    rc = web_json_reply(r, json_pack("{s:s, s:I, s:i, s:b, s:o, s:o, s:o}", "job", sub.spec.name,
+                                     "job_id", (json_int_t)sub.r.job_id, "version", sub.r.version,
+                                     "created", sub.r.created, "run_id",
+                                     sub.r.run_id ? json_integer(sub.r.run_id) : json_null(),
+                                     "schedule", jstr(sub.spec.schedule), "next_fire",
+                                     jtime(sub.next_fire)));
+    ops_submitted_fini(&sub);
     return rc;
 }

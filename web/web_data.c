@@ -17,18 +17,20 @@
 #include <unistd.h>
 
 #include "jobs.h"
+#include "run.h"
 
-/* Where each figure may be found: metric names first, then the key of
- * result.json. */
+/* Each figure: its metric name (run/run.h), and where it sits in the result
+ * when the metric rows are missing. */
 static const struct {
     size_t off;
-    const char *metrics[2];
-    const char *result_key;
+    const char *metric;
+    size_t result_off;
 } figures[] = {
-    {offsetof(web_run_figures_t, samples_per_s), {"samples_per_s", "train_samples_per_s"},
-     "train_samples_per_s"},
-    {offsetof(web_run_figures_t, eval_logloss), {"eval_logloss", NULL}, "eval_logloss"},
-    {offsetof(web_run_figures_t, eval_auc), {"eval_auc", NULL}, "eval_auc"},
+    {offsetof(web_run_figures_t, samples_per_s), RUN_FIG_SAMPLES_PER_S,
+     offsetof(run_result_t, samples_per_s)},
+    {offsetof(web_run_figures_t, eval_logloss), RUN_FIG_EVAL_LOGLOSS,
+     offsetof(run_result_t, eval_logloss)},
+    {offsetof(web_run_figures_t, eval_auc), RUN_FIG_EVAL_AUC, offsetof(run_result_t, eval_auc)},
 };
 #define NFIGURES (sizeof figures / sizeof figures[0])
 
@@ -44,31 +46,47 @@ void web_run_figures(state_t *st, const state_run_t *run, web_run_figures_t *out
     bool missing = false;
     for (size_t i = 0; i < NFIGURES; i++) {
         double *v = (double *)((char *)out + figures[i].off);
+        bool found = false;
+        double x;
         *v = NAN;
-        for (int k = 0; k < 2 && figures[i].metrics[k] && isnan(*v); k++) {
-            bool found = false;
-            double x;
-            if (state_metric_last(st, run->id, figures[i].metrics[k], &x, &found) == 0 && found)
-                *v = x;
-        }
+        if (state_metric_last(st, run->id, figures[i].metric, &x, &found) == 0 && found)
+            *v = x;
         missing |= isnan(*v);
     }
-    if (!missing || !state_run_state_terminal(run->state))
-        return;
-    char *path = run_file(run, "result.json");
-    if (path == NULL)
-        return;
-    json_t *doc = json_load_file(path, 0, NULL);
-    free(path);
-    if (doc == NULL)
+    run_result_t res;
+    if (!missing || !state_run_state_terminal(run->state) || run->run_dir == NULL ||
+        run_result_read(run->run_dir, &res) < 0)
         return;
     for (size_t i = 0; i < NFIGURES; i++) {
         double *v = (double *)((char *)out + figures[i].off);
-        json_t *x = json_object_get(doc, figures[i].result_key);
-        if (isnan(*v) && json_is_number(x))
-            *v = json_number_value(x);
+        if (isnan(*v))
+            *v = *(const double *)((const char *)&res + figures[i].result_off);
     }
-    json_decref(doc);
+}
+
+void web_endpoint_view(const state_endpoint_info_t *es, size_t n, size_t i,
+                       web_endpoint_view_t *out)
+{
+    const state_endpoint_info_t *e = &es[i];
+    out->age_s = e->checkpoint_id > 0 && e->checkpoint_created_at > 0
+                     ? kiln_now_s() - e->checkpoint_created_at
+                     : -1;
+    double rate_sum = 0, req_sum = 0;
+    bool rates = true;
+    for (size_t k = 0; k < n; k++) {
+        if (strcmp(es[k].url, e->url) != 0 || strcmp(es[k].model, e->model) != 0 ||
+            es[k].stats_at <= 0)
+            continue;
+        rates &= !isnan(es[k].request_rate);
+        rate_sum += isnan(es[k].request_rate) ? 0 : es[k].request_rate;
+        req_sum += (double)es[k].predict_requests;
+    }
+    if (e->stats_at <= 0)
+        out->share = NAN;
+    else if (rates && rate_sum > 0)
+        out->share = e->request_rate / rate_sum;
+    else
+        out->share = req_sum > 0 ? (double)e->predict_requests / req_sum : NAN;
 }
 
 int64_t web_run_duration(const state_run_t *run)
@@ -97,7 +115,7 @@ static size_t thin(double *x, double *y, size_t n)
 /* Reads progress.jsonl: one {"step", "loss", ...} object per line. */
 static int progress_series(const state_run_t *run, double **xs, double **ys, size_t *n)
 {
-    char *path = run_file(run, "progress.jsonl");
+    char *path = run_file(run, RUN_FILE_PROGRESS);
     if (path == NULL)
         return 0;
     FILE *f = fopen(path, "r");
@@ -109,9 +127,8 @@ static int progress_series(const state_run_t *run, double **xs, double **ys, siz
     char line[1024];
     int rc = 0;
     while (fgets(line, sizeof line, f) != NULL && len < 1000000) {
-        json_t *o = json_loads(line, JSON_DISABLE_EOF_CHECK, NULL);
-        json_t *step = json_object_get(o, "step"), *loss = json_object_get(o, "loss");
-        if (json_is_number(step) && json_is_number(loss)) {
+        run_progress_t p;
+        if (run_progress_parse(line, &p) == 0 && p.kind == RUN_REC_STEP && !isnan(p.loss)) {
             if (len == cap) {
                 size_t nc = cap ? cap * 2 : 256;
                 double *nx = kiln_reallocarray(x, nc, sizeof *x);
@@ -121,17 +138,15 @@ static int progress_series(const state_run_t *run, double **xs, double **ys, siz
                 if (ny != NULL)
                     y = ny;
                 if (nx == NULL || ny == NULL) {
-                    json_decref(o);
                     rc = KILN_ENOMEM;
                     break;
                 }
                 cap = nc;
             }
-            x[len] = json_number_value(step);
-            y[len] = json_number_value(loss);
+            x[len] = (double)p.step;
+            y[len] = p.loss;
             len++;
         }
-        json_decref(o);
     }
     fclose(f);
     if (rc < 0) {
@@ -151,7 +166,7 @@ int web_loss_series(state_t *st, const state_run_t *run, double **xs, double **y
     size_t nm = 0;
     *xs = *ys = NULL;
     *n = 0;
-    KILN_CHECK(state_metric_series(st, run->id, "loss", &ms, &nm));
+    KILN_CHECK(state_metric_series(st, run->id, RUN_FIG_LOSS, &ms, &nm));
     if (nm == 0) {
         free(ms);
         KILN_CHECK(progress_series(run, xs, ys, n));
@@ -182,7 +197,7 @@ int web_loss_series(state_t *st, const state_run_t *run, double **xs, double **y
 
 char *web_log_tail(const state_run_t *run, size_t max)
 {
-    char *path = run_file(run, "log");
+    char *path = run_file(run, RUN_FILE_LOG);
     if (path == NULL)
         return NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -8,6 +8,8 @@
  */
 #include "web_int.h"
 
+#include <math.h>
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +82,19 @@ static void durations(web_buf_t *b, const state_job_t *js, size_t nj,
     }
 }
 
+/* Starts a series of an endpoint: NAME{endpoint="...",model="...",label="..." (the
+ * caller adds more labels and the closing brace). */
+static void endpoint_series(web_buf_t *b, const char *name, const state_endpoint_info_t *e)
+{
+    web_buf_printf(b, "%s{endpoint=\"", name);
+    label_value(b, e->url);
+    web_buf_puts(b, "\",model=\"");
+    label_value(b, e->model);
+    web_buf_puts(b, "\",label=\"");
+    label_value(b, e->label);
+    web_buf_puts(b, "\"");
+}
+
 int web_metrics(web_req_t *r)
 {
     web_buf_t *b = &r->out;
@@ -121,42 +136,41 @@ int web_metrics(web_req_t *r)
 
     family(b, "kiln_push_failures_total", "counter", "Pushes to an endpoint that failed.");
     for (size_t i = 0; i < ne; i++) {
-        web_buf_puts(b, "kiln_push_failures_total{endpoint=\"");
-        label_value(b, es[i].url);
-        web_buf_puts(b, "\",model=\"");
-        label_value(b, es[i].model);
-        web_buf_puts(b, "\",label=\"");
-        label_value(b, es[i].label);
-        web_buf_printf(b, "\"} %lld\n", (long long)es[i].pushes_failed);
+        endpoint_series(b, "kiln_push_failures_total", &es[i]);
+        web_buf_printf(b, "} %lld\n", (long long)es[i].pushes_failed);
     }
     family(b, "kiln_pushes_total", "counter", "Pushes to an endpoint that ended, by result.");
     for (size_t i = 0; i < ne; i++) {
-        static const char *const results[] = {"succeeded", "failed"};
-        const int64_t v[] = {es[i].pushes_succeeded, es[i].pushes_failed};
-        for (int k = 0; k < 2; k++) {
-            web_buf_puts(b, "kiln_pushes_total{endpoint=\"");
-            label_value(b, es[i].url);
-            web_buf_puts(b, "\",model=\"");
-            label_value(b, es[i].model);
-            web_buf_puts(b, "\",label=\"");
-            label_value(b, es[i].label);
-            web_buf_printf(b, "\",result=\"%s\"} %lld\n", results[k], (long long)v[k]);
+        static const char *const results[] = {"succeeded", "failed", "held"};
+        const int64_t v[] = {es[i].pushes_succeeded, es[i].pushes_failed, es[i].pushes_held};
+        for (int k = 0; k < 3; k++) {
+            endpoint_series(b, "kiln_pushes_total", &es[i]);
+            web_buf_printf(b, ",result=\"%s\"} %lld\n", results[k], (long long)v[k]);
         }
+    }
+    family(b, "kiln_pushes_pending", "gauge",
+           "Pushes queued for an endpoint that have not landed yet (pending or being sent).");
+    for (size_t i = 0; i < ne; i++) {
+        endpoint_series(b, "kiln_pushes_pending", &es[i]);
+        web_buf_printf(b, "} %lld\n", (long long)es[i].pushes_pending);
     }
     family(b, "kiln_endpoint_holding_since_timestamp_seconds", "gauge",
            "When the endpoint started holding its current checkpoint (Unix seconds).");
     for (size_t i = 0; i < ne; i++) {
         if (es[i].checkpoint_id <= 0)
             continue;
-        web_buf_puts(b, "kiln_endpoint_holding_since_timestamp_seconds{endpoint=\"");
-        label_value(b, es[i].url);
-        web_buf_puts(b, "\",model=\"");
-        label_value(b, es[i].model);
-        web_buf_puts(b, "\",label=\"");
-        label_value(b, es[i].label);
-        web_buf_puts(b, "\",checkpoint=\"");
+        endpoint_series(b, "kiln_endpoint_holding_since_timestamp_seconds", &es[i]);
+        web_buf_puts(b, ",checkpoint=\"");
         label_value(b, es[i].checkpoint_uid);
         web_buf_printf(b, "\"} %lld\n", (long long)es[i].since);
+    }
+    family(b, "kiln_endpoint_checkpoint_eval_logloss", "gauge",
+           "The eval logloss measured on the checkpoint the endpoint holds.");
+    for (size_t i = 0; i < ne; i++) {
+        if (es[i].checkpoint_id <= 0 || isnan(es[i].eval_logloss))
+            continue;
+        endpoint_series(b, "kiln_endpoint_checkpoint_eval_logloss", &es[i]);
+        web_buf_printf(b, "} %.6f\n", es[i].eval_logloss);
     }
 
     family(b, "kiln_job_last_success_timestamp_seconds", "gauge",

@@ -479,35 +479,43 @@ static int section_outputs(web_req_t *r, const state_run_t *run)
         td_text(b, cs[i].path);
         web_buf_puts(b, "</tr>\n");
     }
-    web_buf_puts(b, "</table>\n<h2>Exports and pushes</h2><table id=\"pushes\"><tr>"
-                    "<th>checkpoint</th><th>export</th><th>format</th><th>endpoint</th>"
-                    "<th>label</th><th>push</th><th>HTTP</th><th>holds it now</th></tr>\n");
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        state_served_t *sv = NULL;
-        size_t ns = 0;
-        rc = state_lineage_served(r->st, cs[i].id, &sv, &ns);
-        for (size_t k = 0; k < ns; k++) {
-            web_buf_puts(b, "<tr>");
-            td_text(b, cs[i].uid);
-            web_buf_printf(b, "<td class=\"num\">%lld</td>", (long long)sv[k].export_id);
-            td_text(b, sv[k].format);
-            if (sv[k].push_id > 0) {
-                web_buf_printf(b, "<td><a href=\"/lineage/endpoint/%lld\">",
-                               (long long)sv[k].endpoint_id);
-                web_esc(b, sv[k].url);
-                web_buf_puts(b, "</a></td>");
-                td_text(b, sv[k].label);
-                td_text(b, sv[k].push_state);
-                web_buf_printf(b, "<td class=\"num\">%d</td>", sv[k].http_status);
-                td_text(b, sv[k].holding ? "yes" : "no");
-            } else {
-                web_buf_puts(b, "<td colspan=\"5\">not pushed</td>");
-            }
+    web_buf_puts(b, "</table>\n");
+    /* The pushes of the run's export: how each checkpoint reached (or did
+     * not yet reach) serving. */
+    state_push_filter_t f = {.run_id = run->id};
+    state_push_t *ps = NULL;
+    size_t np = 0;
+    rc = state_push_list(r->st, &f, STATE_PAGE_MAX, &ps, &np);
+    if (rc == 0) {
+        web_buf_printf(b, "<h2>Pushes (%zu)</h2><table id=\"pushes\"><tr><th>push</th>"
+                          "<th>checkpoint</th><th>endpoint</th><th>model</th><th>label</th>"
+                          "<th>mode</th><th>state</th><th>HTTP</th><th>attempts</th>"
+                          "<th>why</th><th>queued</th><th>ended</th><th>problem</th></tr>\n",
+                       np);
+        for (size_t k = np; k-- > 0;) {
+            const state_push_t *p = &ps[k];
+            web_buf_printf(b, "<tr class=\"push st-%s\"><td class=\"num\">%lld</td>",
+                           state_push_state_name(p->state), (long long)p->id);
+            td_text(b, p->checkpoint_uid);
+            web_buf_printf(b, "<td><a href=\"/lineage/endpoint/%lld\">",
+                           (long long)p->endpoint_id);
+            web_esc(b, p->url);
+            web_buf_puts(b, "</a></td>");
+            td_text(b, p->model);
+            td_text(b, p->label);
+            td_text(b, state_push_mode_name(p));
+            td_text(b, state_push_state_name(p->state));
+            web_buf_printf(b, "<td class=\"num\">%d</td><td class=\"num\">%d</td>",
+                           p->http_status, p->attempts);
+            td_text(b, p->reason);
+            td_time(b, p->created_at);
+            td_time(b, p->ended_at);
+            td_text(b, p->error != NULL ? p->error : "");
             web_buf_puts(b, "</tr>\n");
         }
-        state_served_free(sv, ns);
+        web_buf_puts(b, "</table>\n");
     }
-    web_buf_puts(b, "</table>\n");
+    state_pushes_free(ps, np);
     state_checkpoints_free(cs, n);
     return rc;
 }
@@ -557,43 +565,86 @@ int web_svg_loss(web_req_t *r)
 
 /* ---- endpoints and lineage ---------------------------------------------------------------- */
 
+/* "3m", "2h", "4d": how long ago, for people. */
+static void td_age(web_buf_t *b, int64_t secs)
+{
+    if (secs < 0) {
+        web_buf_puts(b, "<td>-</td>");
+        return;
+    }
+    char d[32];
+    int64_t unit = secs >= 86400 ? 86400 : secs >= 3600 ? 3600 : secs >= 60 ? 60 : 1;
+    kiln_duration_format(secs / unit * unit * 1000, d, sizeof d);
+    web_buf_printf(b, "<td class=\"num\">%s</td>", d);
+}
+
 int web_page_endpoints(web_req_t *r)
 {
     state_endpoint_info_t *es = NULL;
     size_t n = 0;
     KILN_CHECK(state_endpoint_list(r->st, &es, &n));
     web_buf_t *b = &r->out;
-    head(r, "Endpoints", 0);
+    head(r, "Endpoints", 15);
     if (n == 0)
-        web_buf_puts(b, "<p>No endpoint has been pushed to yet.</p>\n");
-    web_buf_puts(b, "<table id=\"endpoints\"><tr><th>label</th><th>endpoint</th><th>model</th>"
-                    "<th>holds checkpoint</th><th>since</th><th>pushes ok</th>"
-                    "<th>failed</th><th>pending</th><th>last push</th></tr>\n");
+        web_buf_puts(b, "<p>No endpoint yet: a job's push.endpoints are listed here once the "
+                        "job is submitted.</p>\n");
+    web_buf_puts(b, "<table id=\"endpoints\"><tr><th>model</th><th>label</th><th>endpoint</th>"
+                    "<th>holds checkpoint</th><th>age</th><th>eval logloss</th>"
+                    "<th>eval AUC</th><th>traffic share</th><th>requests/s</th>"
+                    "<th>pushes ok</th><th>failed</th><th>pending</th><th>held</th>"
+                    "<th>last push</th><th>last problem</th></tr>\n");
     for (size_t i = 0; i < n; i++) {
         const state_endpoint_info_t *e = &es[i];
-        web_buf_puts(b, "<tr>");
+        web_endpoint_view_t v;
+        web_endpoint_view(es, n, i, &v);
+        web_buf_printf(b, "<tr data-label=\"");
+        web_esc(b, e->label);
+        web_buf_puts(b, "\">");
+        td_text(b, e->model);
         td_text(b, e->label);
         web_buf_printf(b, "<td><a href=\"/lineage/endpoint/%lld\">", (long long)e->id);
         web_esc(b, e->url);
         web_buf_puts(b, "</a></td>");
-        td_text(b, e->model);
         if (e->checkpoint_id > 0) {
-            web_buf_printf(b, "<td><a href=\"/lineage/checkpoint/%lld\">",
+            web_buf_printf(b, "<td class=\"holds\"><a href=\"/lineage/checkpoint/%lld\">",
                            (long long)e->checkpoint_id);
             web_esc(b, e->checkpoint_uid);
             web_buf_puts(b, "</a></td>");
         } else {
-            web_buf_puts(b, "<td>nothing yet</td>");
+            web_buf_puts(b, "<td class=\"holds\">nothing yet</td>");
         }
-        td_time(b, e->since);
+        td_age(b, v.age_s);
+        td_num(b, e->eval_logloss, "%.5f");
+        td_num(b, e->eval_auc, "%.5f");
+        if (isnan(v.share))
+            web_buf_puts(b, "<td class=\"share\">-</td>");
+        else
+            web_buf_printf(b, "<td class=\"num share\">%.1f%%</td>", v.share * 100);
+        td_num(b, e->request_rate, "%.2f");
         web_buf_printf(b, "<td class=\"num\">%lld</td><td class=\"num\">%lld</td>"
-                          "<td class=\"num\">%lld</td>",
+                          "<td class=\"num pending\">%lld</td><td class=\"num\">%lld</td>",
                        (long long)e->pushes_succeeded, (long long)e->pushes_failed,
-                       (long long)e->pushes_pending);
+                       (long long)e->pushes_pending, (long long)e->pushes_held);
         td_time(b, e->last_push_at);
+        if (e->last_error != NULL) {
+            char what[640];
+            if (e->last_http_status)
+                snprintf(what, sizeof what, "HTTP %d: %s", e->last_http_status, e->last_error);
+            else
+                snprintf(what, sizeof what, "%s", e->last_error);
+            td_text(b, what);
+        } else if (e->stats_error != NULL) {
+            char what[640];
+            snprintf(what, sizeof what, "stats: %s", e->stats_error);
+            td_text(b, what);
+        } else {
+            web_buf_puts(b, "<td></td>");
+        }
         web_buf_puts(b, "</tr>\n");
     }
-    web_buf_puts(b, "</table>\n");
+    web_buf_puts(b, "</table>\n<p>Traffic and request rate come from each endpoint's "
+                    "/v1/stats, read by kilnd every few seconds; eval figures are those "
+                    "measured on the checkpoint when it was written.</p>\n");
     foot(r);
     state_endpoint_infos_free(es, n);
     return 0;

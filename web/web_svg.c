@@ -15,16 +15,39 @@
 
 enum { PLOT_W = 720, PLOT_H = 280, PLOT_L = 64, PLOT_R = 16, PLOT_T = 16, PLOT_B = 44 };
 
-/* A short label for an axis value. */
-static void tick_label(char *buf, size_t n, double v)
+/* A short label for an axis value that is a multiple of step. */
+static void tick_label(char *buf, size_t n, double v, double step)
 {
     double a = fabs(v);
-    if (a != 0 && (a >= 1e6 || a < 1e-3))
-        snprintf(buf, n, "%.2e", v);
-    else if (a >= 100 || v == floor(v))
-        snprintf(buf, n, "%.0f", v);
+    if (fabs(v) < step * 1e-9)
+        v = 0.0, a = 0.0; /* -0.000 is 0 */
+    int decimals = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
+    if (a != 0 && (a >= 1e7 || a < 1e-4))
+        snprintf(buf, n, "%.2g", v);
     else
-        snprintf(buf, n, "%.4g", v);
+        snprintf(buf, n, "%.*f", decimals, v);
+}
+
+/* Round axis ticks over [*lo, *hi]: a step of 1, 2 or 5 times a power of
+ * ten giving at most `most` intervals, and the range widened to multiples
+ * of it. Returns the step. */
+static double nice_axis(double *lo, double *hi, int most)
+{
+    double span = *hi - *lo;
+    if (!(span > 0))
+        span = fabs(*hi) > 0 ? fabs(*hi) : 1.0;
+    double raw = span / most, mag = pow(10.0, floor(log10(raw))), step = mag;
+    const double mult[] = {1, 2, 5, 10};
+    for (size_t i = 0; i < 4; i++)
+        if (mag * mult[i] >= raw - 1e-12 * raw) {
+            step = mag * mult[i];
+            break;
+        }
+    *lo = floor(*lo / step + 1e-9) * step;
+    *hi = ceil(*hi / step - 1e-9) * step;
+    if (*hi <= *lo)
+        *hi = *lo + step;
+    return step;
 }
 
 void web_svg_plot(web_buf_t *b, const double *x, const double *y, size_t n, const char *svg_id,
@@ -61,28 +84,38 @@ void web_svg_plot(web_buf_t *b, const double *x, const double *y, size_t n, cons
                        PLOT_L + pw / 2, PLOT_T + ph / 2);
         return;
     }
-    if (x1 == x0)
-        x1 = x0 + 1;
-    if (y1 == y0) {
-        y0 -= 0.5;
-        y1 += 0.5;
-    }
-    double pad = (y1 - y0) * 0.05;
-    y0 -= pad;
-    y1 += pad;
-    /* Grid lines and tick labels: 5 on each axis. */
-    for (int k = 0; k <= 4; k++) {
+    /* A loss is never negative: the axis does not go below 0 when no point
+     * does. */
+    bool nonneg = y0 >= 0;
+    double ypad = (y1 - y0) * 0.05;
+    if (y1 == y0)
+        ypad = fabs(y0) > 0 ? fabs(y0) * 0.1 : 0.5;
+    y0 -= ypad;
+    y1 += ypad;
+    if (nonneg && y0 < 0)
+        y0 = 0;
+    double ystep = nice_axis(&y0, &y1, 5);
+    if (nonneg && y0 < 0)
+        y0 = 0;
+    double xstep = nice_axis(&x0, &x1, 6);
+    if (xstep < 1 && x0 == floor(x0))
+        xstep = 1, x1 = ceil(x1); /* steps are whole numbers */
+    for (double v = y0; v <= y1 + ystep * 1e-6; v += ystep) {
         char lab[32];
-        double fy = PLOT_T + ph - (double)ph * k / 4.0;
-        tick_label(lab, sizeof lab, y0 + (y1 - y0) * k / 4.0);
+        double fy = PLOT_T + ph - (v - y0) / (y1 - y0) * ph;
+        tick_label(lab, sizeof lab, v, ystep);
         web_buf_printf(b,
                        "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>"
-                       "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\" font-size=\"11\">%s</text>\n",
+                       "<text class=\"ytick\" x=\"%d\" y=\"%.1f\" text-anchor=\"end\" "
+                       "font-size=\"11\">%s</text>\n",
                        PLOT_L, fy, PLOT_L + pw, fy, PLOT_L - 6, fy + 4, lab);
-        double fx = PLOT_L + (double)pw * k / 4.0;
-        tick_label(lab, sizeof lab, x0 + (x1 - x0) * k / 4.0);
+    }
+    for (double v = x0; v <= x1 + xstep * 1e-6; v += xstep) {
+        char lab[32];
+        double fx = PLOT_L + (v - x0) / (x1 - x0) * pw;
+        tick_label(lab, sizeof lab, v, xstep);
         web_buf_printf(b,
-                       "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" "
+                       "<text class=\"xtick\" x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" "
                        "font-size=\"11\">%s</text>\n",
                        fx, PLOT_T + ph + 16, lab);
     }
@@ -94,8 +127,9 @@ void web_svg_plot(web_buf_t *b, const double *x, const double *y, size_t n, cons
                    "transform=\"rotate(-90 14 %d)\">",
                    PLOT_T + ph / 2, PLOT_T + ph / 2);
     web_esc(b, y_label);
-    web_buf_puts(b, "</text>\n<polyline class=\"series\" fill=\"none\" stroke=\"#c0392b\" "
-                    "stroke-width=\"1.5\" points=\"");
+    web_buf_printf(b, "</text>\n<polyline class=\"series\" data-points=\"%zu\" fill=\"none\" "
+                      "stroke=\"#c0392b\" stroke-width=\"1.5\" points=\"",
+                   n);
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(x[i]) || !isfinite(y[i]))
             continue;

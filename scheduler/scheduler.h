@@ -1,5 +1,5 @@
 /*
- * scheduler/sched.h - kilnd, Kiln's scheduler daemon, as a library: the
+ * scheduler/scheduler.h - kilnd, Kiln's scheduler daemon, as a library: the
  * `kilnd` program and `kiln daemon` both parse their options with
  * sched_options_parse() and run sched_run(), which returns when the daemon
  * was told to stop (SIGTERM / SIGINT) or could not start.
@@ -12,8 +12,8 @@
  * behind. One event loop (epoll over a signalfd, a timerfd, an inotify on the
  * database's directory and a pidfd per run); idle, it sleeps.
  */
-#ifndef KILN_SCHEDULER_SCHED_H
-#define KILN_SCHEDULER_SCHED_H
+#ifndef KILN_SCHEDULER_SCHEDULER_H
+#define KILN_SCHEDULER_SCHEDULER_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -33,7 +33,9 @@ typedef struct sched_options {
     int max_ranks;        /* ranks in use at once; default the number of cores */
     int64_t grace_ms;     /* SIGTERM -> SIGKILL on cancel and timeout; default 10 s */
     int64_t poll_ms;      /* database change poll; default 1 s */
+    int64_t stats_every_ms; /* reads of endpoints' /v1/stats; default 10 s; 0: none */
     bool drain;           /* on SIGTERM, wait for running runs instead of leaving them */
+    bool log_json;        /* log lines as JSON objects */
 } sched_options_t;
 
 /* Fills the defaults (which read KILN_HOME, HOME, KILN_TRAIN). */
@@ -55,4 +57,4 @@ int sched_run(const sched_options_t *o);
 }
 #endif
 
-#endif /* KILN_SCHEDULER_SCHED_H */
+#endif /* KILN_SCHEDULER_SCHEDULER_H */

@@ -1,0 +1,150 @@
+/*
+ * ops/ops.h - Kiln's use cases, each written once. The kiln CLI, the web API
+ * and kilnd call these; none of them holds a use case of its own.
+ *
+ *   submit, retry, cancel            ops_jobs.c
+ *   push, promote, rollback          ops_push.c  (queue, then deliver now)
+ *   after a run, after an export     ops_push.c  (queue for kilnd)
+ *   delivering queued pushes         ops_deliver.c (claim, quality gate,
+ *                                    push in parallel, record, back off)
+ *   endpoints' stats                 ops_deliver.c
+ *   lineage, both ways               ops_lineage.c
+ *
+ * A push is queued in SQLite (state/state.h, "the push queue") before any
+ * byte goes out, so a crash loses none and, with its idempotency key, sends
+ * none twice. docs/operations.md ("After a run") and docs/serving-protocol.md
+ * tell the rules.
+ */
+#ifndef KILN_OPS_OPS_H
+#define KILN_OPS_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "jobs.h"
+#include "serve.h"
+#include "state.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- submit, retry, cancel ----------------------------------------------------------- */
+typedef struct ops_submit {
+    const char *text; /* the spec (not necessarily NUL-terminated) */
+    size_t len;
+    const char *path; /* the file it came from: its directory is where the spec's relative
+                         paths resolve; NULL: no file (kilnd then uses $KILN_HOME/jobs/NAME) */
+    const char *source; /* for the submit event when path is NULL ("the web API") */
+    bool dry_run;       /* validate and describe; write nothing */
+} ops_submit_t;
+
+typedef struct ops_submitted {
+    state_submitted_t r; /* zero on a dry run */
+    job_spec_t spec;     /* the parsed spec; ops_submitted_fini frees it */
+    int64_t next_fire;   /* the schedule's next fire time (Unix s); 0: one-off */
+} ops_submitted_t;
+
+/* Validates a spec (every problem in diags, then KILN_ESPEC), records it with
+ * its directory and its push endpoints, queues a one-off job's run, all in
+ * one transaction, and names the source in a "submit" event. */
+int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags /* OUT */,
+               ops_submitted_t *out /* OUT */);
+void ops_submitted_fini(ops_submitted_t *s);
+
+/* Queues a new attempt of an ended run that did not succeed (it resumes from
+ * the failed attempt's newest checkpoint). KILN_ESTATE for a run that is not
+ * over or succeeded; KILN_ECONFLICT when it was retried already. */
+int ops_retry(state_t *st, int64_t run_id, const char *source, int64_t *new_run_id /* OUT */,
+              int *attempt /* OUT */);
+/* Cancels a queued run at once (*done true) or asks kilnd to stop a running
+ * one (*done false). KILN_ESTATE when it ended already. */
+int ops_cancel(state_t *st, int64_t run_id, bool *done /* OUT */);
+
+/* ---- pushes: deliberate (CLI, web) --------------------------------------------------------
+ * Each queues its pushes claimed by this process and delivers them at once;
+ * a push that fails in a way a retry may fix goes back to the queue, where
+ * kilnd keeps retrying it. */
+typedef struct ops_push_report {
+    char checkpoint[SERVE_UID_MAX]; /* what was pushed */
+    state_push_t *pushes;           /* each push as it stands after delivery */
+    size_t n;
+    int nsucceeded, nfailed, nheld, npending;
+} ops_push_report_t;
+void ops_push_report_fini(ops_push_report_t *r);
+
+/* A job's newest checkpoint (or ckpt_uid) to the job's endpoints (of label,
+ * or all of them): a delta on what each holds, full with `full`. The quality
+ * gate (push.max_regression) applies unless force. Returns 0 when every push
+ * succeeded; KILN_EHTTP (some failed or are pending: the message names the
+ * endpoint and the HTTP status), KILN_ENOENT, KILN_EAUTH. */
+int ops_push_job(state_t *st, const char *job, const char *label, const char *ckpt_uid,
+                 bool full, bool force, ops_push_report_t *rep /* OUT */);
+/* What the endpoints of model/from hold, to every endpoint of model/to. */
+int ops_promote(state_t *st, const char *model, const char *from, const char *to,
+                const char *token_env, ops_push_report_t *rep /* OUT */);
+/* The checkpoint model/label held before its current one, to its endpoints. */
+int ops_rollback(state_t *st, const char *model, const char *label, const char *token_env,
+                 ops_push_report_t *rep /* OUT */);
+
+/* ---- after a run (kilnd) ------------------------------------------------------------------- */
+/* Records that run_id succeeded (from running, or from launching for a run
+ * that ended before kilnd saw it run) and queues, in the same transaction,
+ * what spec's export.on_success asks for: the run's final checkpoint
+ * (ckpt_uid, from its result) to each `auto` endpoint of push.endpoints, in
+ * full or as a delta. spec NULL (the job's spec does not parse): nothing is
+ * queued. *npushes (may be NULL) says how many were queued. */
+int ops_run_succeeded(state_t *st, int64_t run_id, const job_spec_t *spec, const char *ckpt_uid,
+                      int exit_code, int *npushes /* OUT */);
+/* Queues an online export (a checkpoint written while run_id trains) to each
+ * `auto` endpoint, superseding older pushes that have not gone out. Nothing
+ * when the export was queued before (a kilnd restart sees it again). */
+int ops_after_export(state_t *st, int64_t run_id, const job_spec_t *spec, int64_t checkpoint_id,
+                     int *npushes /* OUT */);
+
+/* ---- delivering queued pushes ------------------------------------------------------------- */
+/* Who delivers: "ROLE@HOST:PID:START" (malloc'd), so that a claim of a
+ * process that died can be told (ops_claimer_dead). */
+char *ops_claimer(const char *role);
+/* True when claimer names a process of this host that is gone. */
+bool ops_claimer_dead(const char *claimer, void *ctx);
+
+/* Delivers pushes claimed by claimer (state_push_claim, or queued claimed):
+ * the quality gate, then every push in parallel (libcurl multi), each with
+ * its job's token, retries and timeout; records how each ended (succeeded,
+ * failed, held, or back to pending with a backoff). Returns 0, or an error
+ * of the database. */
+int ops_deliver(state_t *st, const char *claimer, state_push_t *ps, size_t n);
+
+/* The backoff before delivery round `rounds` + 1 of a push: 2 s doubled per
+ * round, at most 5 min, plus up to 20 % jitter. */
+int64_t ops_push_backoff_ms(int rounds);
+
+/* Reads every endpoint's /v1/stats (each URL once, timeout_ms) and records
+ * the numbers of each (model, label) with the request rate since the last
+ * read. Returns 0 or an error of the database; an endpoint that does not
+ * answer has the error recorded. */
+int ops_poll_stats(state_t *st, int64_t timeout_ms);
+
+/* ---- lineage ---------------------------------------------------------------------------- */
+/* Lineage from `what`: a run number, a checkpoint uid, an endpoint URL (every
+ * label it holds) or a file some run read. *out (json_decref it):
+ *   {"from": {"kind", "ref"}, "inputs": [{path, size, mtime, checksum, runs}],
+ *    "runs": [...], "earlier_checkpoints": [...] (back),
+ *    "checkpoints": [... with "pushes"] (forward: the runs' own and every
+ *    checkpoint derived from them), "endpoints": [{url, model, label, holds,
+ *    since, serves_this_lineage}]}
+ * KILN_ENOENT when what names nothing Kiln recorded. */
+int ops_lineage(state_t *st, const char *what, json_t **out /* OUT */);
+
+/* The push description (tables, slots, layers) of a job spec's model. */
+int ops_model_desc(const job_spec_t *spec, serve_model_desc_t *out /* OUT */);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_OPS_OPS_H */

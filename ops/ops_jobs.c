@@ -1,0 +1,135 @@
+/*
+ * ops/ops_jobs.c - submit, retry and cancel, as the CLI and the web API both
+ * do them. A submit is one transaction (state_submit): the job, the
+ * directory its relative paths resolve against, its endpoints and a
+ * one-off's run appear together, so kilnd never sees a run it cannot place.
+ */
+#include "ops.h"
+
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Next fire time of a parsed spec's schedule after now; 0 when none. */
+static int64_t next_fire(const job_spec_t *spec)
+{
+    job_cron_t c;
+    int64_t next = 0;
+    if (spec->schedule == NULL || job_cron_parse(spec->schedule, &c) < 0)
+        return 0;
+    if (spec->timezone != NULL && job_cron_set_timezone(&c, spec->timezone) < 0)
+        return 0;
+    if (job_cron_next(&c, kiln_now_s(), &next) < 0)
+        return 0;
+    return next;
+}
+
+void ops_submitted_fini(ops_submitted_t *s)
+{
+    if (s == NULL)
+        return;
+    job_spec_fini(&s->spec);
+    memset(s, 0, sizeof *s);
+}
+
+int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags, ops_submitted_t *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *name = in->path != NULL ? in->path : (in->source ? in->source : "spec");
+    KILN_CHECK(job_spec_parse(in->text, in->len, name, &out->spec, diags));
+    out->next_fire = next_fire(&out->spec);
+    if (in->dry_run)
+        return 0;
+
+    /* The spec's directory, absolute: relative data, eval and checkpoint
+     * paths resolve against it whoever reads them (kilnd, kiln-train). */
+    char *real = NULL, *dir = NULL, *source = NULL;
+    int rc = 0;
+    if (in->path != NULL) {
+        real = realpath(in->path, NULL);
+        char *copy = kiln_strdup(real != NULL ? real : in->path);
+        if (real == NULL || copy == NULL) {
+            free(copy);
+            rc = real == NULL ? kiln_errf(KILN_ENOENT, "cannot resolve %s", in->path)
+                              : KILN_ENOMEM;
+            goto out;
+        }
+        dir = kiln_strdup(dirname(copy));
+        free(copy);
+        source = kiln_strdup(real);
+    } else {
+        source = kiln_strdup(in->source != NULL ? in->source : "an unnamed source");
+    }
+    if (source == NULL || (in->path != NULL && dir == NULL)) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    char hash[17];
+    kiln_hash_hex(kiln_xxh64(in->text, in->len, 0), hash, sizeof hash);
+    char *text = kiln_strndup(in->text, in->len);
+    if (text == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    state_submit_t sub = {out->spec.name,         text, hash, out->spec.schedule,
+                          out->spec.priority,     dir,  out->spec.schedule == NULL,
+                          source};
+    rc = state_submit(st, &sub, &out->r);
+    free(text);
+    if (rc < 0)
+        goto out;
+    /* The job's endpoints are known from now on: the endpoints page lists
+     * them, and promote / rollback find a label's endpoints before anything
+     * was pushed to them. */
+    for (int i = 0; i < out->spec.push.nendpoints && rc == 0; i++) {
+        const job_endpoint_t *e = &out->spec.push.endpoints[i];
+        rc = state_endpoint_put(st, e->url, e->model, e->label, NULL);
+    }
+out:
+    free(real);
+    free(dir);
+    free(source);
+    if (rc < 0)
+        ops_submitted_fini(out);
+    return rc;
+}
+
+int ops_retry(state_t *st, int64_t run_id, const char *source, int64_t *new_run_id, int *attempt)
+{
+    state_run_t r;
+    int64_t retry = 0;
+    int rc = state_run_get(st, run_id, &r);
+    if (rc < 0)
+        return rc;
+    if (!state_run_state_terminal(r.state) || r.state == STATE_RUN_SUCCEEDED) {
+        rc = kiln_errf(KILN_ESTATE,
+                       "run %lld is %s; only a failed, canceled, timed-out or skipped run can "
+                       "be retried",
+                       (long long)run_id, state_run_state_name(r.state));
+        goto out;
+    }
+    KILN_CHECK_GOTO(state_run_retry_find(st, run_id, &retry), rc, out);
+    if (retry > 0) {
+        rc = kiln_errf(KILN_ECONFLICT, "run %lld was already retried by run %lld",
+                       (long long)run_id, (long long)retry);
+        goto out;
+    }
+    KILN_CHECK_GOTO(state_run_create(st, r.job_id, STATE_TRIGGER_RETRY, r.scheduled_at,
+                                     r.attempt + 1, r.id, new_run_id),
+                    rc, out);
+    *attempt = r.attempt + 1;
+    char msg[160];
+    snprintf(msg, sizeof msg, "retry of run %lld queued from %s", (long long)run_id,
+             source != NULL ? source : "an unnamed source");
+    state_event_add(st, 0, *new_run_id, "retry", msg);
+out:
+    state_run_fini(&r);
+    return rc;
+}
+
+int ops_cancel(state_t *st, int64_t run_id, bool *done)
+{
+    return state_run_request_cancel(st, run_id, done);
+}

@@ -1,0 +1,780 @@
+/*
+ * state/pushes.c - what serves what: endpoints (url, model, label) with the
+ * numbers last read from their /v1/stats, the push queue (a push is the
+ * intent to make one endpoint hold one checkpoint: queued, claimed by one
+ * deliverer under a lease, ended succeeded, failed, superseded or held, or
+ * sent back to pending with a backoff), what each endpoint holds (now and
+ * since when) as the result, and the pushes and exports of a checkpoint for
+ * lineage. docs/state.md ("The push queue") tells the rules.
+ */
+#include "state_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- names ----------------------------------------------------------------------- */
+
+static const char *const push_state_names[STATE_PUSH_NSTATES] = {
+#define STATE_PUSH_NAME(name, str) str,
+    STATE_PUSH_STATES(STATE_PUSH_NAME)
+#undef STATE_PUSH_NAME
+};
+
+const char *state_push_state_name(state_push_state_t s)
+{
+    return (int)s >= 0 && s < STATE_PUSH_NSTATES ? push_state_names[s] : "?";
+}
+
+int state_push_state_parse(const char *s, state_push_state_t *out)
+{
+    for (int i = 0; i < STATE_PUSH_NSTATES; i++)
+        if (s != NULL && strcmp(s, push_state_names[i]) == 0) {
+            *out = (state_push_state_t)i;
+            return 0;
+        }
+    return kiln_errf(KILN_EINVAL, "unknown push state '%s' (pending, sending, succeeded, failed, "
+                                  "superseded, held)",
+                     s != NULL ? s : "(null)");
+}
+
+bool state_push_state_ended(state_push_state_t s)
+{
+    return s == STATE_PUSH_SUCCEEDED || s == STATE_PUSH_FAILED || s == STATE_PUSH_SUPERSEDED ||
+           s == STATE_PUSH_HELD;
+}
+
+/* ---- endpoints --------------------------------------------------------------------- */
+
+typedef struct {
+    const char *url, *model, *label;
+} endpoint_put_t;
+
+static int endpoint_put_tx(state_t *st, const endpoint_put_t *e, int64_t *id)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "record an endpoint";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_FIND, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "ttt", e->url, e->model, e->label), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 1) {
+        *id = state_col_i64(s, 0);
+        rc = 0;
+        goto out;
+    }
+    state_stmt_done(s);
+    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "tttI", e->url, e->model, e->label, kiln_now_s()), rc,
+                    out);
+    rc = state_insert_one(st, s, what, id);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_endpoint_put(state_t *st, const char *url, const char *model, const char *label,
+                       int64_t *id)
+{
+    if (url == NULL || url[0] == '\0')
+        return kiln_errf(KILN_EINVAL, "an endpoint needs a URL");
+    endpoint_put_t e = {url, model != NULL ? model : "", label != NULL ? label : ""};
+    int64_t nid = 0;
+    int rc;
+    STATE_WRITE(st, "recording an endpoint", rc, endpoint_put_tx(st, &e, &nid));
+    if (rc == 0 && id != NULL)
+        *id = nid;
+    return rc;
+}
+
+static int holding_tx(state_t *st, int64_t endpoint_id, int64_t *ckpt, int64_t *since)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading what an endpoint holds";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_CURRENT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", endpoint_id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT,
+                       "endpoint %lld holds no checkpoint yet (no push to it has "
+                       "succeeded)",
+                       (long long)endpoint_id);
+        goto out;
+    }
+    *ckpt = state_col_i64(s, 0);
+    *since = state_col_i64(s, 1);
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_endpoint_holding(state_t *st, int64_t endpoint_id, int64_t *checkpoint_id, int64_t *since)
+{
+    int64_t c = 0, t = 0;
+    int rc;
+    STATE_READ(st, "reading what an endpoint holds", rc, holding_tx(st, endpoint_id, &c, &t));
+    *checkpoint_id = c;
+    if (since != NULL)
+        *since = t;
+    return rc;
+}
+
+/* The endpoint now holds ckpt (a push of it succeeded): close the current
+ * span unless it is the same checkpoint, and open a new one. */
+static int hold_tx(state_t *st, int64_t endpoint_id, int64_t ckpt, int64_t push_id, int64_t now)
+{
+    sqlite3_stmt *s = NULL;
+    int64_t held = 0, since = 0;
+    const char *what = "recording what an endpoint holds";
+    int rc = holding_tx(st, endpoint_id, &held, &since);
+    if (rc < 0 && rc != KILN_ENOENT)
+        return rc;
+    if (rc == 0 && held == ckpt)
+        return 0;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_CLOSE, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "II", endpoint_id, now), rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_INSERT, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "IIII", endpoint_id, ckpt, push_id, now), rc, out);
+    rc = state_insert_one(st, s, what, NULL);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+static int set_stats_tx(state_t *st, int64_t id, const state_endpoint_stats_t *x)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "recording an endpoint's stats";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_SET_STATS, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "IIIInt", id, x->at, x->predict_requests,
+                               x->predict_rows, x->request_rate, x->error),
+                    rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    if (sqlite3_changes(st->db) == 0)
+        rc = kiln_errf(KILN_ENOENT, "no endpoint %lld", (long long)id);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_endpoint_set_stats(state_t *st, int64_t endpoint_id, const state_endpoint_stats_t *x)
+{
+    int rc;
+    STATE_WRITE(st, "recording an endpoint's stats", rc, set_stats_tx(st, endpoint_id, x));
+    return rc;
+}
+
+static int endpoint_find_tx(state_t *st, const char *url, const char *model, const char *label,
+                            int64_t *id)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "finding an endpoint";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_BY_URL, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "ttt", url, model, label), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "no endpoint %s%s%s%s%s is recorded (nothing was pushed to it)",
+                       url, model ? " for model " : "", model ? model : "",
+                       label ? " label " : "", label ? label : "");
+        goto out;
+    }
+    *id = state_col_i64(s, 0);
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_endpoint_find(state_t *st, const char *url, const char *model, const char *label,
+                        int64_t *id)
+{
+    int rc;
+    if (url == NULL)
+        return kiln_errf(KILN_EINVAL, "no endpoint URL given");
+    STATE_READ(st, "finding an endpoint", rc, endpoint_find_tx(st, url, model, label, id));
+    return rc;
+}
+
+/* ---- reading pushes -------------------------------------------------------------- */
+
+const char *state_push_mode_name(const state_push_t *p)
+{
+    bool full = p->export_id > 0 ? p->sent_full : p->full;
+    return full ? "full" : "delta";
+}
+
+void state_push_fini(state_push_t *p)
+{
+    if (p == NULL)
+        return;
+    free(p->job_name);
+    free(p->checkpoint_uid);
+    free(p->checkpoint_path);
+    free(p->url);
+    free(p->model);
+    free(p->label);
+    free(p->reason);
+    free(p->error);
+    free(p->claimed_by);
+    free(p->token_env);
+    memset(p, 0, sizeof *p);
+}
+
+void state_pushes_free(state_push_t *ps, size_t n)
+{
+    for (size_t i = 0; ps != NULL && i < n; i++)
+        state_push_fini(&ps[i]);
+    free(ps);
+}
+
+/* Reads a row of STATE_PUSH_COLS. */
+static int read_push(sqlite3_stmt *s, void *item)
+{
+    state_push_t *p = item;
+    p->id = state_col_i64(s, 0);
+    p->job_id = state_col_i64(s, 1);
+    p->run_id = state_col_i64(s, 2);
+    p->checkpoint_id = state_col_i64(s, 3);
+    p->endpoint_id = state_col_i64(s, 4);
+    p->export_id = state_col_i64(s, 5);
+    const char *mode = (const char *)sqlite3_column_text(s, 12);
+    p->full = mode != NULL && strcmp(mode, "full") == 0;
+    if (state_push_state_parse((const char *)sqlite3_column_text(s, 14), &p->state) < 0)
+        return kiln_errf(KILN_ECORRUPT, "push %lld has an unknown state in the database",
+                         (long long)p->id);
+    p->http_status = sqlite3_column_int(s, 15);
+    p->attempts = sqlite3_column_int(s, 17);
+    p->rounds = sqlite3_column_int(s, 18);
+    p->not_before_ms = state_col_i64(s, 19);
+    p->lease_until_ms = state_col_i64(s, 21);
+    p->created_at = state_col_i64(s, 23);
+    p->started_at = state_col_i64(s, 24);
+    p->ended_at = state_col_i64(s, 25);
+    p->gated = sqlite3_column_int(s, 26) != 0;
+    const char *sent = (const char *)sqlite3_column_text(s, 27);
+    p->sent_full = sent != NULL && strcmp(sent, "push-full") == 0;
+    static const struct {
+        int col;
+        size_t off;
+    } strs[] = {{6, offsetof(state_push_t, job_name)},  {7, offsetof(state_push_t, checkpoint_uid)},
+                {8, offsetof(state_push_t, checkpoint_path)}, {9, offsetof(state_push_t, url)},
+                {10, offsetof(state_push_t, model)},    {11, offsetof(state_push_t, label)},
+                {13, offsetof(state_push_t, reason)},   {16, offsetof(state_push_t, error)},
+                {20, offsetof(state_push_t, claimed_by)}, {22, offsetof(state_push_t, token_env)}};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+        KILN_CHECK(state_col_str(s, strs[i].col, (char **)((char *)p + strs[i].off)));
+    return 0;
+}
+
+static int push_get_tx(state_t *st, int64_t id, state_push_t *out)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading a push";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_GET, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "no push %lld", (long long)id);
+        goto out;
+    }
+    memset(out, 0, sizeof *out);
+    rc = read_push(s, out);
+    if (rc < 0)
+        state_push_fini(out);
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_push_get(state_t *st, int64_t push_id, state_push_t *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    STATE_READ(st, "reading a push", rc, push_get_tx(st, push_id, out));
+    return rc;
+}
+
+typedef struct {
+    const state_push_filter_t *f;
+    int limit;
+    state_push_t *ps;
+    size_t n;
+} push_list_t;
+
+static int push_list_tx(state_t *st, push_list_t *q)
+{
+    const state_push_filter_t *f = q->f;
+    /* One statement per filter, each along its own index. */
+    state_stmt_id_t id = STMT_PUSH_LIST_ALL;
+    int64_t key = 0;
+    if (f->run_id > 0)
+        id = STMT_PUSH_LIST_RUN, key = f->run_id;
+    else if (f->checkpoint_id > 0)
+        id = STMT_PUSH_LIST_CKPT, key = f->checkpoint_id;
+    else if (f->endpoint_id > 0)
+        id = STMT_PUSH_LIST_ENDPOINT, key = f->endpoint_id;
+    else if (f->job_id > 0)
+        id = STMT_PUSH_LIST_JOB, key = f->job_id;
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "listing pushes";
+    q->ps = NULL;
+    q->n = 0;
+    KILN_CHECK_GOTO(state_stmt(st, id, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "Iii", key, f->open_only ? 1 : 0, q->limit), rc, out);
+    rc = state_collect(st, s, what, sizeof *q->ps, read_push, (void **)&q->ps, &q->n);
+out:
+    state_stmt_done(s);
+    if (rc < 0) {
+        state_pushes_free(q->ps, q->n);
+        q->ps = NULL;
+        q->n = 0;
+    }
+    return rc;
+}
+
+int state_push_list(state_t *st, const state_push_filter_t *f, int limit, state_push_t **out,
+                    size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (limit < 1 || limit > STATE_PAGE_MAX)
+        return kiln_errf(KILN_EINVAL, "asked for %d pushes; 1 to %d", limit, STATE_PAGE_MAX);
+    state_push_filter_t none = {0};
+    push_list_t q = {f != NULL ? f : &none, limit, NULL, 0};
+    int rc;
+    STATE_READ(st, "listing pushes", rc, push_list_tx(st, &q));
+    *out = q.ps;
+    *n = q.n;
+    return rc;
+}
+
+/* ---- queuing ----------------------------------------------------------------------- */
+
+/* Supersedes the pending pushes to endpoint_id older than push newest. */
+static int supersede_older_tx(state_t *st, int64_t endpoint_id, int64_t newest, int64_t now)
+{
+    sqlite3_stmt *s = NULL;
+    int64_t ids[64];
+    size_t n = 0;
+    int rc;
+    const char *what = "superseding older pushes";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_PENDING_TO, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "II", endpoint_id, newest), rc, out);
+    while (n < sizeof ids / sizeof ids[0]) {
+        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+        if (rc == 0)
+            break;
+        ids[n++] = state_col_i64(s, 0);
+    }
+    state_stmt_done(s);
+    s = NULL;
+    char why[96];
+    snprintf(why, sizeof why, "superseded by push %lld before it went out", (long long)newest);
+    for (size_t i = 0; i < n; i++) {
+        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_SUPERSEDE, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "IIt", ids[i], now, why), rc, out);
+        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+        state_stmt_done(s);
+        s = NULL;
+    }
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_push_enqueue_tx(state_t *st, int64_t job_id, int64_t run_id,
+                          const state_push_req_t *reqs, size_t n, const char *claimer,
+                          int64_t lease_ms, int64_t *ids)
+{
+    sqlite3_stmt *s = NULL;
+    int rc = 0;
+    const char *what = "queue a push";
+    int64_t now = kiln_now_s(), now_ms = kiln_now_ms();
+    for (size_t i = 0; i < n; i++) {
+        const state_push_req_t *q = &reqs[i];
+        if (q->url == NULL || q->url[0] == '\0' || q->checkpoint_id <= 0)
+            return kiln_errf(KILN_EINVAL, "a push needs an endpoint URL and a checkpoint");
+        endpoint_put_t e = {q->url, q->model != NULL ? q->model : "",
+                            q->label != NULL ? q->label : ""};
+        int64_t ep = 0, id = 0;
+        KILN_CHECK(endpoint_put_tx(st, &e, &ep));
+        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_INSERT, &s), rc, out);
+        KILN_CHECK_GOTO(
+            state_bind(st, s, what, "JJIIttttItIIb", job_id, run_id, q->checkpoint_id, ep,
+                       q->full ? "full" : "incremental", q->reason != NULL ? q->reason : "",
+                       claimer != NULL ? "sending" : "pending", claimer,
+                       claimer != NULL ? now_ms + lease_ms : 0, q->token_env, now,
+                       claimer != NULL ? now : 0, !q->no_gate),
+            rc, out);
+        KILN_CHECK_GOTO(state_insert_one(st, s, what, &id), rc, out);
+        state_stmt_done(s);
+        s = NULL;
+        KILN_CHECK_GOTO(supersede_older_tx(st, ep, id, now), rc, out);
+        if (ids != NULL)
+            ids[i] = id;
+    }
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+typedef struct {
+    int64_t job_id, run_id;
+    const state_push_req_t *reqs;
+    size_t n;
+    const char *claimer;
+    int64_t lease_ms;
+    int64_t *ids;
+} enqueue_t;
+
+static int enqueue_tx(state_t *st, const enqueue_t *e)
+{
+    return state_push_enqueue_tx(st, e->job_id, e->run_id, e->reqs, e->n, e->claimer,
+                                 e->lease_ms, e->ids);
+}
+
+int state_push_enqueue(state_t *st, int64_t job_id, int64_t run_id, const state_push_req_t *reqs,
+                       size_t n, const char *claimer, int64_t lease_ms, int64_t *ids)
+{
+    enqueue_t e = {job_id, run_id, reqs, n, claimer, lease_ms, ids};
+    int rc;
+    STATE_WRITE(st, "queuing pushes", rc, enqueue_tx(st, &e));
+    return rc;
+}
+
+/* ---- claiming ----------------------------------------------------------------------- */
+
+typedef struct {
+    const char *claimer;
+    int64_t now_ms, lease_ms;
+    int max;
+    int64_t *ids; /* (max) claimed */
+    size_t n;
+} claim_t;
+
+/* The first row of a one-column query with n (0..3) int64 parameters a, b,
+ * c, or 0. */
+static int first_id(state_t *st, state_stmt_id_t id, const char *what, int n, int64_t a,
+                    int64_t b, int64_t c, int64_t *out)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    *out = 0;
+    KILN_CHECK_GOTO(state_stmt(st, id, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, &"III"[3 - n], a, b, c), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 1)
+        *out = sqlite3_column_type(s, 0) == SQLITE_NULL ? 0 : state_col_i64(s, 0);
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+static int claim_tx(state_t *st, claim_t *c)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "claiming pushes";
+    int64_t cand[256][2], claimed_ep[256];
+    size_t nc = 0;
+    c->n = 0;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_DUE, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", c->now_ms, 256), rc, out);
+    while (nc < 256) {
+        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+        if (rc == 0)
+            break;
+        cand[nc][0] = state_col_i64(s, 0);
+        cand[nc][1] = state_col_i64(s, 1);
+        nc++;
+    }
+    state_stmt_done(s);
+    s = NULL;
+    int64_t now = kiln_now_s();
+    for (size_t i = 0; i < nc && c->n < (size_t)c->max; i++) {
+        int64_t push = cand[i][0], ep = cand[i][1], newer = 0, busy = 0;
+        KILN_CHECK_GOTO(first_id(st, STMT_PUSH_NEWER, what, 2, ep, push, 0, &newer), rc, out);
+        if (newer > 0) {
+            char why[96];
+            snprintf(why, sizeof why, "superseded by push %lld before it went out",
+                     (long long)newer);
+            KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_SUPERSEDE, &s), rc, out);
+            KILN_CHECK_GOTO(state_bind(st, s, what, "IIt", push, now, why), rc, out);
+            KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+            state_stmt_done(s);
+            s = NULL;
+            continue;
+        }
+        KILN_CHECK_GOTO(first_id(st, STMT_PUSH_ENDPOINT_BUSY, what, 3, ep, c->now_ms, push, &busy), rc,
+                        out);
+        /* One push per endpoint at a time, in this claim too. */
+        bool dup = busy != 0;
+        for (size_t k = 0; k < c->n && !dup; k++)
+            dup = claimed_ep[k] == ep;
+        if (dup)
+            continue;
+        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_CLAIM, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "ItII", push, c->claimer, c->now_ms + c->lease_ms,
+                                   now),
+                        rc, out);
+        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+        state_stmt_done(s);
+        s = NULL;
+        claimed_ep[c->n] = ep;
+        c->ids[c->n++] = push;
+    }
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_push_claim(state_t *st, const char *claimer, int64_t now_ms, int64_t lease_ms, int max,
+                     state_push_t **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (claimer == NULL || claimer[0] == '\0' || max < 1)
+        return kiln_errf(KILN_EINVAL, "a claim needs a claimer and room for one push");
+    if (max > 256)
+        max = 256;
+    claim_t c = {claimer, now_ms, lease_ms, max, kiln_calloc((size_t)max, sizeof(int64_t)), 0};
+    if (c.ids == NULL)
+        return KILN_ENOMEM;
+    int rc;
+    STATE_WRITE(st, "claiming pushes", rc, claim_tx(st, &c));
+    state_push_t *ps = NULL;
+    if (rc == 0 && c.n > 0 && (ps = kiln_calloc(c.n, sizeof *ps)) == NULL)
+        rc = KILN_ENOMEM;
+    size_t got = 0;
+    for (size_t i = 0; rc == 0 && i < c.n; i++) {
+        rc = state_push_get(st, c.ids[i], &ps[got]);
+        if (rc == 0)
+            got++;
+    }
+    free(c.ids);
+    if (rc < 0) {
+        state_pushes_free(ps, got);
+        return rc;
+    }
+    *out = ps;
+    *n = got;
+    return 0;
+}
+
+typedef struct {
+    bool (*dead)(const char *claimer, void *ctx);
+    void *ctx;
+    int n;
+} reclaim_t;
+
+static int reclaim_tx(state_t *st, reclaim_t *r)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "taking back pushes of a deliverer that is gone";
+    int64_t ids[256];
+    size_t n = 0;
+    r->n = 0;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_CLAIMED, &s), rc, out);
+    while (n < sizeof ids / sizeof ids[0]) {
+        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+        if (rc == 0)
+            break;
+        const char *by = (const char *)sqlite3_column_text(s, 1);
+        if (by == NULL || r->dead(by, r->ctx))
+            ids[n++] = state_col_i64(s, 0);
+    }
+    state_stmt_done(s);
+    s = NULL;
+    for (size_t i = 0; i < n; i++) {
+        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_UNCLAIM, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "I", ids[i]), rc, out);
+        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+        state_stmt_done(s);
+        s = NULL;
+        KILN_CHECK_GOTO(state_event_insert(st, 0, 0, "push",
+                                           "push %lld: its deliverer is gone; queued again",
+                                           (long long)ids[i]),
+                        rc, out);
+        r->n++;
+    }
+    rc = 0;
+out:
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_push_reclaim(state_t *st, bool (*dead)(const char *claimer, void *ctx), void *ctx,
+                       int *n)
+{
+    reclaim_t r = {dead, ctx, 0};
+    int rc;
+    STATE_WRITE(st, "taking back pushes of a deliverer that is gone", rc, reclaim_tx(st, &r));
+    if (n != NULL)
+        *n = rc == 0 ? r.n : 0;
+    return rc;
+}
+
+static int next_due_tx(state_t *st, int64_t *at)
+{
+    return first_id(st, STMT_PUSH_NEXT_DUE, "reading the next push due", 0, 0, 0, 0, at);
+}
+
+int state_push_next_due(state_t *st, int64_t *at_ms)
+{
+    int rc;
+    *at_ms = 0;
+    STATE_READ(st, "reading the next push due", rc, next_due_tx(st, at_ms));
+    return rc;
+}
+
+/* ---- ending a delivery round ---------------------------------------------------------- */
+
+typedef struct {
+    int64_t id;
+    const char *claimer;
+    const state_push_outcome_t *o;
+} push_end_t;
+
+static int push_end_tx(state_t *st, const push_end_t *e)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const state_push_outcome_t *o = e->o;
+    const char *what = "ending a push";
+    char *state = NULL, *by = NULL;
+    int64_t now = kiln_now_s(), endpoint_id, ckpt, job_id, run_id, export_id = 0;
+
+    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_OWNER, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", e->id), rc, out);
+    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    if (rc == 0) {
+        rc = kiln_errf(KILN_ENOENT, "no push %lld", (long long)e->id);
+        goto out;
+    }
+    KILN_CHECK_GOTO(state_col_str(s, 0, &state), rc, out);
+    KILN_CHECK_GOTO(state_col_str(s, 1, &by), rc, out);
+    endpoint_id = state_col_i64(s, 2);
+    ckpt = state_col_i64(s, 3);
+    job_id = state_col_i64(s, 4);
+    run_id = state_col_i64(s, 5);
+    state_stmt_done(s);
+    s = NULL;
+    if (state == NULL || strcmp(state, "sending") != 0 || by == NULL ||
+        strcmp(by, e->claimer) != 0) {
+        rc = kiln_errf(KILN_ESTATE, "push %lld is %s%s%s, not being sent by %s", (long long)e->id,
+                       state != NULL ? state : "?", by != NULL ? " by " : "", by ? by : "",
+                       e->claimer);
+        goto out;
+    }
+    if (o->sent) {
+        KILN_CHECK_GOTO(state_stmt(st, STMT_EXPORT_INSERT, &s), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "IJttII", ckpt, o->base_checkpoint_id,
+                                   o->full ? "push-full" : "push-delta", "(http)", o->bytes, now),
+                        rc, out);
+        KILN_CHECK_GOTO(state_insert_one(st, s, what, &export_id), rc, out);
+        state_stmt_done(s);
+        s = NULL;
+    }
+    bool again = o->state == STATE_PUSH_PENDING;
+    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_END, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "ItitiIJI", e->id, state_push_state_name(o->state),
+                               o->http_status, o->error, o->attempts,
+                               again ? o->not_before_ms : 0, export_id, again ? 0 : now),
+                    rc, out);
+    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    state_stmt_done(s);
+    s = NULL;
+    if (o->state == STATE_PUSH_SUCCEEDED)
+        KILN_CHECK_GOTO(hold_tx(st, endpoint_id, ckpt, e->id, now), rc, out);
+    if (o->event != NULL && (job_id > 0 || run_id > 0))
+        KILN_CHECK_GOTO(state_event_insert(st, job_id, 0, "push", "%s", o->event), rc, out);
+    rc = 0;
+out:
+    state_stmt_done(s);
+    free(state);
+    free(by);
+    return rc;
+}
+
+int state_push_end(state_t *st, int64_t push_id, const char *claimer,
+                   const state_push_outcome_t *o)
+{
+    if (claimer == NULL || o == NULL)
+        return kiln_errf(KILN_EINVAL, "ending a push needs its claimer and outcome");
+    if (o->state == STATE_PUSH_SENDING || o->state == STATE_PUSH_SUPERSEDED)
+        return kiln_errf(KILN_EINVAL, "a delivery round cannot end %s",
+                         state_push_state_name(o->state));
+    push_end_t e = {push_id, claimer, o};
+    int rc;
+    STATE_WRITE(st, "ending a push", rc, push_end_tx(st, &e));
+    return rc;
+}
+
+/* ---- lineage: the pushes and exports of a checkpoint ------------------------------- */
+
+void state_served_free(state_served_t *sv, size_t n)
+{
+    for (size_t i = 0; sv != NULL && i < n; i++) {
+        free(sv[i].format);
+        free(sv[i].export_path);
+        free(sv[i].push_state);
+        free(sv[i].url);
+        free(sv[i].model);
+        free(sv[i].label);
+    }
+    free(sv);
+}
+
+static int read_served(sqlite3_stmt *s, void *item)
+{
+    state_served_t *v = item;
+    v->export_id = state_col_i64(s, 0);
+    v->push_id = state_col_i64(s, 3);
+    v->http_status = sqlite3_column_int(s, 5);
+    v->endpoint_id = state_col_i64(s, 6);
+    v->holding = sqlite3_column_int(s, 10) != 0;
+    if (state_col_str(s, 1, &v->format) < 0 || state_col_str(s, 2, &v->export_path) < 0 ||
+        state_col_str(s, 4, &v->push_state) < 0 || state_col_str(s, 7, &v->url) < 0 ||
+        state_col_str(s, 8, &v->model) < 0 || state_col_str(s, 9, &v->label) < 0)
+        return KILN_ENOMEM;
+    return 0;
+}
+
+static int served_tx(state_t *st, int64_t ckpt_id, state_served_t **out, size_t *n)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    const char *what = "reading exports and pushes";
+    KILN_CHECK_GOTO(state_stmt(st, STMT_LINEAGE_SERVED, &s), rc, out);
+    KILN_CHECK_GOTO(state_bind(st, s, what, "I", ckpt_id), rc, out);
+    rc = state_collect(st, s, what, sizeof **out, read_served, (void **)out, n);
+out:
+    state_stmt_done(s);
+    if (rc < 0) {
+        state_served_free(*out, *n);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+int state_lineage_served(state_t *st, int64_t checkpoint_id, state_served_t **out, size_t *n)
+{
+    int rc;
+    *out = NULL;
+    *n = 0;
+    STATE_READ(st, "reading exports and pushes", rc, served_tx(st, checkpoint_id, out, n));
+    return rc;
+}
