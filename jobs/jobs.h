@@ -177,6 +177,16 @@ typedef struct job_diags {
 void job_diags_init(job_diags_t *d);
 void job_diags_fini(job_diags_t *d);
 
+/* Limits that keep a hostile spec's cost linear in its size (each is an
+ * error naming the limit): bytes of text, levels of nesting, diagnostics
+ * kept (the rest are counted in one last line), and nodes walked (aliases
+ * can repeat a node). A real spec is a few KB, nests 6 levels and has a
+ * few hundred nodes. */
+#define JOB_SPEC_MAX_BYTES (1 << 20)
+#define JOB_SPEC_MAX_DEPTH 64
+#define JOB_SPEC_MAX_PROBLEMS 100
+#define JOB_SPEC_MAX_NODES (1 << 20)
+
 /* Parses and validates YAML text. filename is used in messages only.
  * On success returns 0 and fills *spec (free with job_spec_fini).
  * On a bad spec returns KILN_ESPEC, fills diags (every problem found, in
