@@ -344,21 +344,49 @@ static bool is_ident(const char *s, size_t max)
     return true;
 }
 
+/* Job and table names: a job's name becomes a directory (ckpt/<name>), so
+ * "." and ".." (which name the directory itself or its parent) are not
+ * names. */
 static const char *check_name(const char *s, char *buf, size_t bufsz)
 {
-    if (is_ident(s, 64))
+    if (is_ident(s, 64) && strcmp(s, ".") != 0 && strcmp(s, "..") != 0)
         return NULL;
-    snprintf(buf, bufsz, "\"%.80s\" is not a valid name (1 to 64 letters, digits, '_', '.' or '-')",
+    snprintf(buf, bufsz,
+             "\"%.80s\" is not a valid name (1 to 64 letters, digits, '_', '.' or '-', and not "
+             ". or ..)",
              s);
     return buf;
 }
 
+/* kiln-serve's rule for the model and label names a push carries: 1 to 63
+ * of [A-Za-z0-9_.-], not starting with '.' (they name directories of its
+ * state). It MUST match good_name() in serving/serve_store.c, which refuses
+ * every push (HTTP 400) to a name it rejects; there is no shared function for
+ * it yet (serving/serve.h). */
+static bool serve_accepts_name(const char *s)
+{
+    return is_ident(s, 63) && s[0] != '.';
+}
+
 static const char *check_label(const char *s, char *buf, size_t bufsz)
 {
-    if (is_ident(s, 32))
+    if (is_ident(s, 32) && serve_accepts_name(s))
         return NULL;
     snprintf(buf, bufsz,
-             "\"%.80s\" is not a valid label (1 to 32 letters, digits, '_', '.' or '-')", s);
+             "\"%.80s\" is not a valid label (1 to 32 letters, digits, '_', '.' or '-', not "
+             "starting with '.'; kiln-serve refuses others)",
+             s);
+    return buf;
+}
+
+static const char *check_model_name(const char *s, char *buf, size_t bufsz)
+{
+    if (serve_accepts_name(s))
+        return NULL;
+    snprintf(buf, bufsz,
+             "\"%.80s\" is not a model name kiln-serve accepts (1 to 63 letters, digits, '_', "
+             "'.' or '-', not starting with '.')",
+             s);
     return buf;
 }
 
@@ -456,6 +484,7 @@ static const field_t data_fields[] = {
     BOOL("incremental", job_spec_t, data.incremental, false),
     INT("dense_features", job_spec_t, data.dense_features, 13, 0, 4096),
     INT("cat_slots", job_spec_t, data.cat_slots, 26, 1, 1024),
+    NUM("max_malformed", job_spec_t, data.max_malformed, 0.01, 0.0, 1.0, 0),
     FIELD_END};
 
 static const field_t embedding_fields[] = {
@@ -528,7 +557,7 @@ static const field_t export_fields[] = {
 
 static const field_t endpoint_fields[] = {
     STR("url", job_endpoint_t, url, NULL, F_REQUIRED, check_url),
-    STR("model", job_endpoint_t, model, NULL, F_REQUIRED | F_NONEMPTY, NULL),
+    STR("model", job_endpoint_t, model, NULL, F_REQUIRED | F_NONEMPTY, check_model_name),
     STR("label", job_endpoint_t, label, NULL, F_REQUIRED, check_label), FIELD_END};
 
 static const field_t push_fields[] = {
@@ -670,7 +699,10 @@ static int get_int(ctx_t *c, const yaml_node_t *n, const char *path, int64_t lo,
         return -1;
     }
     if (rc == -2 || v < lo || v > hi) {
-        if (hi == INT64_MAX)
+        /* "must be >= lo" only for a value below lo; one too big for int64
+         * (a seed of 2^63) is above the range, which then is named. */
+        bool below = rc == -2 ? scalar(n)[0] == '-' : v < lo;
+        if (hi == INT64_MAX && below)
             diag(c, n, path, "must be >= %" PRId64 ", got %s", lo, scalar(n));
         else
             diag(c, n, path, "%s is out of range %" PRId64 "..%" PRId64, scalar(n), lo, hi);
@@ -1320,6 +1352,56 @@ static void check_model(ctx_t *c)
     }
 }
 
+int64_t job_rows_per_rank(int64_t capacity, int nranks, bool gpu_mirror)
+{
+    if (nranks < 1)
+        nranks = 1;
+    int64_t rows = capacity / nranks + (capacity % nranks != 0);
+    if (nranks > 1)
+        rows += rows / 20 + 64;
+    if (gpu_mirror)
+        rows += rows / 50 + 1024;
+    return rows;
+}
+
+/* A table's capacity is split over resources.ranks; each rank's share must
+ * fit the trainer's tables (JOB_MAX_ROWS_PER_RANK), or kiln-train refuses
+ * the spec the check passed. With device auto or cuda the share is counted
+ * with the GPU store's host mirror, which holds a little more. */
+static void check_capacity(ctx_t *c)
+{
+    const job_spec_t *s = c->spec;
+    bool gpu = s->resources.device != JOB_DEVICE_CPU;
+    int ranks = s->resources.ranks;
+    char path[PATH_MAX_LEN];
+    for (int i = -1; i < s->model.ntables; i++) {
+        int64_t cap = i < 0 ? s->model.embedding.capacity : s->model.tables[i].emb.capacity;
+        if (i < 0)
+            snprintf(path, sizeof path, "model.embedding.capacity");
+        else
+            snprintf(path, sizeof path, "model.tables[%d].capacity", i);
+        if ((i >= 0 && seen(c, path) == NULL) ||
+            job_rows_per_rank(cap, ranks, gpu) <= JOB_MAX_ROWS_PER_RANK)
+            continue;
+        int need = ranks;
+        while (need <= 4096 && job_rows_per_rank(cap, need, gpu) > JOB_MAX_ROWS_PER_RANK)
+            need++;
+        char fix[96];
+        if (need <= 4096)
+            snprintf(fix, sizeof fix, "lower it or raise resources.ranks to at least %d", need);
+        else
+            snprintf(fix, sizeof fix, "lower it");
+        int line, col;
+        where(c, &line, &col, path, "resources.ranks", NULL);
+        diag_at(c, line, col, path,
+                "%" PRId64 " rows over %d rank%s is %" PRId64 " rows per rank%s, more than the "
+                "%" PRId64 " a rank's table can hold (row ids are 32-bit): %s",
+                cap, ranks, ranks == 1 ? "" : "s", job_rows_per_rank(cap, ranks, gpu),
+                gpu ? " (with device auto or cuda, counting the GPU's host mirror)" : "",
+                JOB_MAX_ROWS_PER_RANK, fix);
+    }
+}
+
 /* Checks and defaults that span fields; run after the walk. */
 static void check_spec(ctx_t *c)
 {
@@ -1358,6 +1440,7 @@ static void check_spec(ctx_t *c)
 
     build_tables(c);
     check_model(c);
+    check_capacity(c);
 
     if (s->train.mode == JOB_MODE_BATCH && s->export_.every_ms > 0) {
         where(c, &line, &col, "export.every", NULL);

@@ -67,6 +67,9 @@
 #include "rt_shard.h"
 #include "state.h"
 
+_Static_assert(JOB_MAX_ROWS_PER_RANK == KERN_MAX_CAPACITY,
+               "the spec's capacity check must use the tables' real limit");
+
 /* Exit codes (docs/trainer.md): kilnd retries only TRAIN_EXIT_RETRY. */
 enum {
     TRAIN_EXIT_OK = 0,
@@ -366,10 +369,9 @@ static int setup_tables(trainer_t *tr)
             goto out;
         }
         /* Capacity is for the whole job; each rank holds its share plus
-         * slack for the hash's imbalance between ranks. */
-        int64_t per_rank = (jt->emb.capacity + tr->nranks - 1) / tr->nranks;
-        if (tr->nranks > 1)
-            per_rank += per_rank / 20 + 64;
+         * slack for the hash's imbalance between ranks (the spec check
+         * uses the same function). */
+        int64_t per_rank = job_rows_per_rank(jt->emb.capacity, tr->nranks, false);
         cfgs[t] = (kern_table_config_t){
             .name = jt->name,
             .dim = d,
@@ -387,7 +389,7 @@ static int setup_tables(trainer_t *tr)
          * a segment a little before the whole (docs/kernels.md). */
         kern_table_config_t mcfg = cfgs[t];
         if (tr->store_kind == RT_STORE_CUDA)
-            mcfg.capacity = per_rank + per_rank / 50 + 1024;
+            mcfg.capacity = job_rows_per_rank(jt->emb.capacity, tr->nranks, true);
         KILN_CHECK_GOTO(kern_table_create(&mcfg, &tr->tables[t]), rc, out);
         for (int i = 0; i < jt->nslots; i++) {
             int s = jt->slots[i];

@@ -96,6 +96,7 @@ static void test_ctr_hourly(void **state)
     assert_true(s.data.incremental);
     assert_int_equal(s.data.dense_features, 13);
     assert_int_equal(s.data.cat_slots, 26);
+    assert_true(s.data.max_malformed == 0.01);
     assert_int_equal(s.model.type, JOB_MODEL_DLRM);
     assert_int_equal(s.model.embedding.dim, 16);
     assert_int_equal(s.model.embedding.combiner, JOB_COMB_SUM);
@@ -177,6 +178,7 @@ static void test_minimal_defaults(void **state)
     assert_false(s.data.incremental);
     assert_int_equal(s.data.dense_features, 13);
     assert_int_equal(s.data.cat_slots, 26);
+    assert_true(s.data.max_malformed == 0.01);
     assert_int_equal(s.model.type, JOB_MODEL_LR);
     assert_int_equal(s.model.embedding.dim, 16);
     assert_int_equal(s.model.embedding.combiner, JOB_COMB_SUM);
@@ -260,6 +262,7 @@ static void test_every_field(void **state)
     assert_true(s.data.incremental);
     assert_int_equal(s.data.dense_features, 4);
     assert_int_equal(s.data.cat_slots, 6);
+    assert_true(s.data.max_malformed == 0.25);
     assert_int_equal(s.model.type, JOB_MODEL_FM);
     assert_int_equal(s.model.embedding.dim, 8);
     assert_int_equal(s.model.embedding.combiner, JOB_COMB_MEAN);
@@ -441,6 +444,12 @@ static const struct bad {
      "job.yaml:3:22: resources.timeout: expected a duration like 30s, 5m, 2h or 1h30m (or none), "
      "got \"forever\""},
     {P "train: {seed: -1}\n", "job.yaml:3:15: train.seed: must be >= 0, got -1"},
+    {P "train: {seed: 9223372036854775808}\n",
+     "job.yaml:3:15: train.seed: 9223372036854775808 is out of range 0..9223372036854775807"},
+    {P "train: {seed: -9223372036854775809}\n",
+     "job.yaml:3:15: train.seed: must be >= 0, got -9223372036854775809"},
+    {"name: j\ndata: {train: d, max_malformed: 1.5}\n",
+     "job.yaml:2:33: data.max_malformed: must be in [0, 1], got 1.5"},
     {P "model: {type: dlrm, bottom_mlp: [64, x]}\n",
      "job.yaml:3:38: model.bottom_mlp[1]: expected a positive integer, got \"x\""},
     {P "model: {type: dlrm, top_mlp: 1}\n",
@@ -450,11 +459,18 @@ static const struct bad {
     /* names and strings */
     {"name: \"ctr hourly\"\ndata: {train: d}\n",
      "job.yaml:1:7: name: \"ctr hourly\" is not a valid name (1 to 64 letters, digits, '_', '.' "
-     "or '-')"},
+     "or '-', and not . or ..)"},
     {"name: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\ndata: {train: d}\n",
      "job.yaml:1:7: name: \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\" is "
      "not "
-     "a valid name (1 to 64 letters, digits, '_', '.' or '-')"},
+     "a valid name (1 to 64 letters, digits, '_', '.' or '-', and not . or ..)"},
+    /* a job's name is a directory (ckpt/<name>): not the directory itself or its parent */
+    {"name: .\ndata: {train: d}\n",
+     "job.yaml:1:7: name: \".\" is not a valid name (1 to 64 letters, digits, '_', '.' or '-', "
+     "and not . or ..)"},
+    {"name: \"..\"\ndata: {train: d}\n",
+     "job.yaml:1:7: name: \"..\" is not a valid name (1 to 64 letters, digits, '_', '.' or '-', "
+     "and not . or ..)"},
     {P "push: {token_env: KILN-TOKEN}\n",
      "job.yaml:3:19: push.token_env: \"KILN-TOKEN\" is not an environment variable name (letters, "
      "digits and '_', not starting with a digit)"},
@@ -480,6 +496,21 @@ static const struct bad {
     {P "model: {embedding: {capacity: 0}}\n",
      "job.yaml:3:31: model.embedding.capacity: 0 is out of range 1..1099511627776"},
     {P "train: {batch_size: 0}\n", "job.yaml:3:21: train.batch_size: 0 is out of range 1..1048576"},
+    /* a rank's share of a table must fit kiln-train's tables (JOB_MAX_ROWS_PER_RANK) */
+    {P "resources: {ranks: 2}\nmodel: {embedding: {capacity: 1099511627776}}\n",
+     "job.yaml:4:31: model.embedding.capacity: 1099511627776 rows over 2 ranks is 588788477762 "
+     "rows per rank (with device auto or cuda, counting the GPU's host mirror), more than the "
+     "2147483632 a rank's table can hold (row ids are 32-bit): lower it or raise "
+     "resources.ranks to at least 549"},
+    {P "resources: {device: cpu}\nmodel: {embedding: {capacity: 2147483633}}\n",
+     "job.yaml:4:31: model.embedding.capacity: 2147483633 rows over 1 rank is 2147483633 rows "
+     "per rank, more than the 2147483632 a rank's table can hold (row ids are 32-bit): lower it "
+     "or raise resources.ranks to at least 2"},
+    {P "resources: {device: cpu, ranks: 2}\nmodel:\n  tables: [{name: a, slots: 0, "
+       "capacity: 8589934592}]\n",
+     "job.yaml:5:42: model.tables[0].capacity: 8589934592 rows over 2 ranks is 4509715724 "
+     "rows per rank, more than the 2147483632 a rank's table can hold (row ids are 32-bit): "
+     "lower it or raise resources.ranks to at least 5"},
     {P "train: {optimizer: {dense: {lr: -0.1}}}\n",
      "job.yaml:3:33: train.optimizer.dense.lr: must be >= 0, got -0.1"},
     {P "train: {optimizer: {sparse: {type: adam, beta1: 1.0}}}\n",
@@ -511,7 +542,20 @@ static const struct bad {
      "job.yaml:5:7: push.endpoints[0].label: required field is missing"},
     {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: m, label: \"A B\"}\n",
      "job.yaml:5:44: push.endpoints[0].label: \"A B\" is not a valid label (1 to 32 letters, "
-     "digits, '_', '.' or '-')"},
+     "digits, '_', '.' or '-', not starting with '.'; kiln-serve refuses others)"},
+    /* names kiln-serve refuses (serving/serve_store.c good_name) are refused here */
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: m, label: .B}\n",
+     "job.yaml:5:44: push.endpoints[0].label: \".B\" is not a valid label (1 to 32 letters, "
+     "digits, '_', '.' or '-', not starting with '.'; kiln-serve refuses others)"},
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: \"ctr v2\", label: A}\n",
+     "job.yaml:5:34: push.endpoints[0].model: \"ctr v2\" is not a model name kiln-serve accepts "
+     "(1 to 63 letters, digits, '_', '.' or '-', not starting with '.')"},
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: .ctr, label: A}\n",
+     "job.yaml:5:34: push.endpoints[0].model: \".ctr\" is not a model name kiln-serve accepts "
+     "(1 to 63 letters, digits, '_', '.' or '-', not starting with '.')"},
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: ../x, label: A}\n",
+     "job.yaml:5:34: push.endpoints[0].model: \"../x\" is not a model name kiln-serve accepts "
+     "(1 to 63 letters, digits, '_', '.' or '-', not starting with '.')"},
     {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: m, label: A}\n"
        "    - {url: \"http://h:1\", model: m, label: B}\n",
      "job.yaml:6:7: push.endpoints[1]: same url and model as push.endpoints[0]; list each "
