@@ -92,6 +92,7 @@ static int exit_for(int rc)
     case KILN_EVERSION:
     case KILN_EUSAGE:
     case KILN_ECONFLICT:
+    case KILN_ERANGE: /* diverged: the same spec and data diverge again */
         return TRAIN_EXIT_INPUT;
     case KILN_EIO:
     case KILN_EMPI:
@@ -160,6 +161,8 @@ typedef struct trainer {
     bool abort_needed; /* failed mid-step, where other ranks cannot learn of it */
     int64_t samples, steps;
     int64_t malformed;
+    int64_t run_rows, run_malformed; /* good rows and malformed lines trained on in this
+                                        run, all ranks (every rank agrees) */
 
     /* checkpoints */
     char *ckpt_root;                 /* spec checkpoint.dir, resolved */
@@ -1035,6 +1038,75 @@ static void test_kill_hook(int rank, int64_t step)
         raise(SIGKILL);
 }
 
+/* Before a checkpoint other than the last, data.max_malformed is checked
+ * only once this many lines were read: one bad line among the first few
+ * (a header) should not fail a run whose data is good. */
+#define MALFORMED_MIN_LINES 10000
+
+/* data.max_malformed, and a run that read lines but no good row: every
+ * rank agrees on the counts (they come from the per-step allreduce), so
+ * every rank returns the same code; rank 0 tells. final: the end of the
+ * run. Returns 0, or KILN_ECORRUPT / KILN_EINVAL (exit 2: the same files fail
+ * again). */
+static int check_data(trainer_t *tr, bool final)
+{
+    const int64_t bad = tr->run_malformed, lines = tr->run_rows + bad;
+    const double max = tr->spec.data.max_malformed;
+    if (lines == 0 || (!final && lines < MALFORMED_MIN_LINES))
+        return 0;
+    if ((double)bad > max * (double)lines) {
+        tr->error_told = tr->rank != 0;
+        return kiln_errf(KILN_ECORRUPT,
+                         "%" PRId64 " of the %" PRId64 " training lines read (%.2f%%) are "
+                         "malformed, more than data.max_malformed (%g%%) allows, so no "
+                         "checkpoint is written; the first are logged above (FILE:LINE: "
+                         "reason). Check data.format, data.dense_features (%d) and "
+                         "data.cat_slots (%d) against the files, or raise data.max_malformed",
+                         bad, lines, 100.0 * (double)bad / (double)lines, 100.0 * max, tr->F,
+                         tr->S);
+    }
+    if (final && tr->run_rows == 0) {
+        tr->error_told = tr->rank != 0;
+        return kiln_errf(KILN_EINVAL,
+                         "the %" PRId64 " training lines read hold no good row (all "
+                         "malformed): nothing was trained and no checkpoint is "
+                         "written",
+                         lines);
+    }
+    return 0;
+}
+
+/* A run that diverged stops at the step it diverged, before anything of it
+ * reaches a checkpoint: a loss that is not finite on any rank, or dense
+ * weights that are not (they are the same on every rank). Embedding rows
+ * that blew up show in the loss of the step that reads them, and the
+ * checkpoint writer refuses any that is not finite. Collective. */
+static int check_finite(trainer_t *tr, double loss_sum, int64_t step)
+{
+    int bad = isfinite(loss_sum) ? 0 : 1;
+    if (bad == 0) {
+        const float *p = rt_model_params(tr->model);
+        const size_t np = rt_model_nparams(tr->model);
+        for (size_t i = 0; i < np && bad == 0; i++)
+            if (!isfinite(p[i]))
+                bad = 2;
+    }
+    int worst = bad;
+    if (tr->nranks > 1 &&
+        MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "MPI_Allreduce of the divergence check failed");
+    if (worst == 0)
+        return 0;
+    tr->error_told = tr->rank != 0;
+    const job_optimizer_t *so = &tr->spec.train.sparse, *d = &tr->spec.train.dense;
+    return kiln_errf(KILN_ERANGE,
+                     "step %" PRId64 ": training diverged: the %s not finite (NaN or "
+                     "infinite), so the run stops and writes no checkpoint of it. Lower the "
+                     "learning rates (train.optimizer.sparse.lr %g, train.optimizer.dense.lr "
+                     "%g) or check the data",
+                     step, worst == 1 ? "loss is" : "dense model's weights are", so->lr, d->lr);
+}
+
 static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
 {
     const job_spec_t *sp = &tr->spec;
@@ -1053,6 +1125,17 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
         rt_reader_t *r = NULL;
         rc = agree(open_reader(tr, files, nfiles, &r));
         if (rc < 0) {
+            rt_reader_close(r);
+            break;
+        }
+        if (rt_reader_total_rows(r) == 0) {
+            /* Every rank counted the same files. */
+            tr->error_told = tr->rank != 0;
+            rc = kiln_errf(KILN_EINVAL,
+                           "the %d training file%s (%s%s) hold%s no lines: nothing "
+                           "to train on; check data.train",
+                           nfiles, nfiles == 1 ? "" : "s", files[0], nfiles > 1 ? ", ..." : "",
+                           nfiles == 1 ? "s" : "");
             rt_reader_close(r);
             break;
         }
@@ -1081,9 +1164,11 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
         for (int64_t k = k0; k < nsteps && rc == 0; k++) {
             rt_batch_t *b = NULL;
             int got = rt_reader_next(r, &b);
-            /* Agree on the rows of this step and on whether any rank failed. */
-            int64_t in[2] = {got == 1 ? b->n : 0, got == 1 ? 0 : 1}, out[2];
-            if (MPI_Allreduce(in, out, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) {
+            /* Agree on the rows of this step, whether any rank failed, and
+             * the malformed lines it skipped (data.max_malformed). */
+            int64_t in[3] = {got == 1 ? b->n : 0, got == 1 ? 0 : 1, got == 1 ? b->nskipped : 0};
+            int64_t out[3];
+            if (MPI_Allreduce(in, out, 3, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) {
                 rc = kiln_errf(KILN_EMPI, "MPI_Allreduce of batch sizes failed");
                 break;
             }
@@ -1097,6 +1182,8 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
                 break;
             }
             tr->pos_k = k + 1;
+            tr->run_rows += out[0];
+            tr->run_malformed += out[2];
             if (out[0] == 0)
                 continue;
             double loss_sum = 0.0;
@@ -1107,6 +1194,9 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
                 tr->abort_needed = true;
                 break;
             }
+            rc = check_finite(tr, loss_sum, tr->steps + 1);
+            if (rc < 0)
+                break;
             tr->steps++;
             test_kill_hook(tr->rank, tr->steps);
             tr->samples += out[0];
@@ -1122,6 +1212,8 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
             /* Step boundary: periodic checkpoints and online exports. */
             bool want = false;
             rc = export_requested(tr, &want);
+            if (rc == 0 && (want || (every_steps > 0 && tr->steps % every_steps == 0)))
+                rc = check_data(tr, false);
             if (rc == 0 && want) {
                 rc = checkpoint(tr, true);
                 /* export.every_ms counts from the end of an export, so a
@@ -1137,6 +1229,8 @@ static int train(trainer_t *tr, char **files, int nfiles, double *seconds)
             break;
     }
     *seconds = (double)(kiln_mono_ns() - t0) / 1e9;
+    if (rc == 0)
+        rc = check_data(tr, true);
     return rc;
 }
 

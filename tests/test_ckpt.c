@@ -825,6 +825,66 @@ static void test_enospc_unit(void **state)
     assert_int_not_equal(access(tmp, F_OK), 0);
 }
 
+/* A value that is not finite never reaches a checkpoint: a NaN row, an
+ * infinite optimizer state and an infinite dense weight are each refused
+ * with KILN_ERANGE naming the table and key (or the array), and nothing is
+ * written. */
+static void test_nonfinite_refused(void **state)
+{
+    (void)state;
+    char root[512], tmp[1024];
+    mkroot("nonfinite", root, sizeof root);
+    kern_table_t *t = make_table("emb", KERN_OPT_ADAGRAD, 1000, KERN_EVICT_NONE);
+    sim_step(t, 1, 500, 100);
+    int32_t rows[1000];
+    int64_t n = 0;
+    assert_int_equal(kern_table_scan(t, rows, 1000, &n), 0);
+    assert_true(n > 10);
+    kern_slab_t sl;
+    kern_table_slab(t, &sl);
+    const int64_t key = kern_table_keys(t)[rows[7]];
+    char want[160];
+    for (int k = 0; k < 2; k++) {
+        float *slot = k == 0 ? &sl.values[rows[7] * sl.dim + 2] : &sl.opt_state[rows[7] * sl.dim];
+        float keep = *slot;
+        *slot = k == 0 ? NAN : INFINITY;
+        snprintf(tmp, sizeof tmp, "%s/.tmp-%d", root, k);
+        assert_int_equal(mkdir(tmp, 0755), 0);
+        rt_ckpt_part_t *p = NULL;
+        assert_int_equal(rt_ckpt_part_create(&p), 0);
+        assert_int_equal(rt_ckpt_write_tables(tmp, 0, 1, &t, -1, true, p), KILN_ERANGE);
+        snprintf(want, sizeof want, "table 'emb' (rank 0): the %s of key %lld holds %s",
+                 k == 0 ? "row" : "optimizer state", (long long)key,
+                 k == 0 ? "NaN" : "an infinite value");
+        if (strstr(kiln_errmsg(), want) == NULL)
+            fail_msg("got: %s; want: %s", kiln_errmsg(), want);
+        assert_non_null(strstr(kiln_errmsg(), "training diverged"));
+        rt_ckpt_part_destroy(p);
+        /* Nothing of it stays in the temp dir. */
+        DIR *d = opendir(tmp);
+        assert_non_null(d);
+        struct dirent *e;
+        int files = 0;
+        while ((e = readdir(d)) != NULL)
+            files += e->d_name[0] != '.';
+        closedir(d);
+        assert_int_equal(files, 0);
+        assert_int_equal(rt_ckpt_remove(tmp), 0);
+        *slot = keep;
+    }
+    float dense[4] = {1, 2, INFINITY, 4};
+    rt_ckpt_array_t a = {"dense.params", dense, 4};
+    rt_ckpt_part_t *p = NULL;
+    assert_int_equal(rt_ckpt_part_create(&p), 0);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-dense", root);
+    assert_int_equal(mkdir(tmp, 0755), 0);
+    assert_int_equal(rt_ckpt_write_dense(tmp, &a, 1, p), KILN_ERANGE);
+    assert_non_null(strstr(kiln_errmsg(), "dense array dense.params (element 2) holds an infinite "
+                                          "value"));
+    rt_ckpt_part_destroy(p);
+    kern_table_destroy(t);
+}
+
 /* ---- integration: kiln-train ---------------------------------------------------------------- */
 
 /* Two halves (--max-steps, then --resume) equal one straight run, byte for
@@ -1650,6 +1710,7 @@ int main(void)
         cmocka_unit_test(test_integrity),
         cmocka_unit_test(test_retention),
         cmocka_unit_test(test_enospc_unit),
+        cmocka_unit_test(test_nonfinite_refused),
         cmocka_unit_test(test_resume_same_ranks_bitwise),
         cmocka_unit_test(test_resume_across_rank_counts),
         cmocka_unit_test(test_online_export),
@@ -1664,5 +1725,7 @@ int main(void)
         cmocka_unit_test(test_online_export_sigusr1),
         cmocka_unit_test(test_online_export_every_ms),
     };
+    if (getenv("KILN_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }
