@@ -865,42 +865,77 @@ static int export_requested(trainer_t *tr, bool *want)
     return 0;
 }
 
+/* Rank 0, for init_from: latest: a checkpoint newer than the one the run
+ * starts from cannot be used. Said in the run's log and, with --db, as a
+ * "warning" event of the run. */
+static void skipped_checkpoint(const char *dir, const char *why, void *ctx)
+{
+    trainer_t *tr = ctx;
+    char *msg = kiln_asprintf("init_from latest: checkpoint %s cannot be used (%s); trying the "
+                              "next older one",
+                              dir, why);
+    if (msg == NULL)
+        return;
+    KILN_WARN("%s", msg);
+    if (tr->db != NULL && state_event_add(tr->db, 0, tr->opt.run_id, "warning", msg) < 0)
+        KILN_WARN("the warning was not recorded in %s: %s", tr->opt.db, kiln_errmsg());
+    free(msg);
+}
+
 /* Loads the checkpoint the run starts from, if any: --resume DIR (state and
  * data position) or train.init_from (state only). Every rank reads every
- * shard file and keeps its own keys. */
+ * shard file and keeps its own keys. init_from: latest takes the newest
+ * checkpoint that can be used, saying which newer ones cannot, and fails
+ * when there are some and none can. */
 static int load_start(trainer_t *tr)
 {
     const job_spec_t *sp = &tr->spec;
     char *dir = NULL;
-    char uid[RT_CKPT_UID_MAX];
     int rc = 0;
+    rt_ckpt_chain_t ch = {0};
+    rt_ckpt_array_t *dense = NULL;
+    int nd = 0;
     if (tr->opt.resume != NULL) {
         dir = kiln_strdup(tr->opt.resume);
         tr->resumed = true;
     } else if (sp->train.init_from == JOB_INITFROM_LATEST) {
-        if (rt_ckpt_latest(tr->ckpt_root, uid) < 0) {
+        rc = rt_ckpt_latest_chain(tr->ckpt_root, true, tr->rank == 0 ? skipped_checkpoint : NULL,
+                                  tr, &ch);
+        if (rc == KILN_ENOENT) {
             kiln_errclear();
             return 0;
         }
-        dir = kiln_asprintf("%s/%s", tr->ckpt_root, uid);
+        if (rc == KILN_ECORRUPT) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", kiln_errmsg());
+            rc = kiln_errf(rc,
+                           "init_from latest: %s. Move the damaged checkpoints out of %s, or "
+                           "set train.init_from: none to start fresh",
+                           why, tr->ckpt_root);
+        }
+        if (rc < 0)
+            goto out;
+        dir = kiln_strdup(rt_ckpt_path(ch.items[ch.n - 1]));
     } else if (sp->train.init_from == JOB_INITFROM_CHECKPOINT) {
         const char *id = sp->train.init_from_checkpoint;
         dir = id[0] == '/' ? kiln_strdup(id) : kiln_asprintf("%s/%s", tr->ckpt_root, id);
     } else {
         return 0;
     }
-    if (dir == NULL)
-        return KILN_ENOMEM;
-    rt_ckpt_chain_t ch = {0};
-    rt_ckpt_array_t *dense = NULL;
-    int nd = 0;
-    rc = rt_ckpt_chain_open(dir, true, &ch);
-    if (rc == KILN_ENOENT)
-        rc = kiln_errf(KILN_ENOENT, "no checkpoint %s to start from; check --resume or "
-                                    "train.init_from",
-                       dir);
-    if (rc < 0)
+    if (dir == NULL) {
+        rc = KILN_ENOMEM;
         goto out;
+    }
+    if (ch.n == 0) {
+        rc = rt_ckpt_chain_open(dir, true, &ch);
+        if (rc == KILN_ENOENT)
+            rc = kiln_errf(KILN_ENOENT,
+                           "no checkpoint %s to start from; check --resume or "
+                           "train.init_from",
+                           dir);
+        if (rc < 0)
+            goto out;
+    }
     const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
     if (strcmp(in->model, job_model_type_name(sp->model.type)) != 0) {
         rc = kiln_errf(KILN_ECONFLICT, "checkpoint %s holds a %s model but the spec says %s; "
