@@ -1047,13 +1047,17 @@ static void report_progress(trainer_t *tr, int64_t step, int64_t nsteps, double 
 
 /* The directory a spec's relative paths resolve against. kilnd runs a copy of
  * the spec in the run directory and names the submitted file's directory in
- * KILN_SPEC_DIR; otherwise it is the spec file's own directory. */
+ * KILN_SPEC_DIR; otherwise it is the directory of the spec file itself, with
+ * symlinks resolved: `kiln submit` records the real path too, so a spec
+ * reached through a link reads the same data whether kilnd or a person
+ * starts the trainer (docs/job-spec.md, "Paths"). */
 static char *spec_base_dir(const char *spec_path)
 {
     const char *env = getenv("KILN_SPEC_DIR");
     if (env != NULL && env[0] != '\0')
         return kiln_strdup(env);
-    char *dup = kiln_strdup(spec_path);
+    char *real = realpath(spec_path, NULL);
+    char *dup = real != NULL ? real : kiln_strdup(spec_path);
     char *dir = kiln_strdup(dup ? dirname(dup) : ".");
     free(dup);
     return dir;

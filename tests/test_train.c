@@ -758,6 +758,35 @@ static void test_bad_data_fails(void **state)
     free(r);
 }
 
+/* A spec reached through a symlink resolves its relative paths against the
+ * directory of the real file (as `kiln submit`, which records the real
+ * path, and kilnd do), not the link's: here only the real file's
+ * directory has data/. */
+static void test_spec_through_symlink(void **state)
+{
+    (void)state;
+    char cmd[2000], link[400];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%1$s/symA' '%1$s/symB' && ln -sfn '%1$s/data' '%1$s/symA/data' && "
+             "printf 'name: sym\\ndata: {train: \"data/day=*.tsv\"}\\n"
+             "train: {batch_size: 500}\\n' > '%1$s/symA/spec.yaml' && "
+             "ln -sfn ../symA/spec.yaml '%1$s/symB/link.yaml'",
+             tmpdir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(link, sizeof link, "%s/symB/link.yaml", tmpdir);
+    result_t *r = malloc(sizeof *r);
+    json_t *v = train(2, link, "sym", r);
+    if (v == NULL)
+        fail_msg("through the link (%d): %s", r->code, r->err);
+    assert_int_equal((int)num(v, "rows"), 6000);
+    json_decref(v);
+    /* ... and the checkpoint went to the real file's ckpt/sym. */
+    char root[400], uid[RT_CKPT_UID_MAX];
+    snprintf(root, sizeof root, "%s/symA/ckpt/sym", tmpdir);
+    assert_int_equal(rt_ckpt_latest(root, uid), 0);
+    free(r);
+}
+
 /* Training on gzip and zstd partitions gives the plain files' model. */
 static void test_compressed_input(void **state)
 {
@@ -817,6 +846,7 @@ int main(void)
         cmocka_unit_test(test_malformed_lines),
         cmocka_unit_test(test_bad_data_fails),
         cmocka_unit_test(test_compressed_input),
+        cmocka_unit_test(test_spec_through_symlink),
     };
     /* KILN_TEST_FILTER=test_twin* runs matching tests (cmocka glob).
      * KILN_TEST_GPU=1 (ctest's test_train_gpu) runs the GPU tests alone, or
