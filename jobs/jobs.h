@@ -213,6 +213,26 @@ int job_spec_parse(const char *text, size_t len, const char *filename,
 int job_spec_load(const char *path, job_spec_t *spec /* OUT */, job_diags_t *diags /* OUT */);
 void job_spec_fini(job_spec_t *spec);
 
+/* ---- who owns a checkpoint directory (jobs/ckpt_owner.c) -----------------------
+ * Uses the SQLite store (state/state.h); only this part of jobs/ does. */
+struct state;
+
+/* The directory a job's relative paths resolve against, from the message of
+ * its newest "submit" event ("submitted from /abs/dir/spec.yaml (version
+ * N)"), malloc'd; NULL when it was not submitted from an absolute path (the
+ * web API): then they resolve against each run's directory. */
+char *job_submit_spec_dir(const char *submit_message);
+
+/* The check every submit path runs before storing a job: refuses a spec
+ * whose checkpoint.dir (resolved against spec_dir, the directory its
+ * relative paths resolve against; NULL when it has none) is the checkpoint
+ * directory of another stored job. Two such jobs would resume from each
+ * other's model (init_from: latest) and prune each other's checkpoints.
+ * Paths are compared canonical (symlinks resolved as far as they exist). A
+ * resubmit of the same job name is not a conflict. Returns 0, KILN_ECONFLICT
+ * naming the other job and the directory, or KILN_EDB / KILN_ENOMEM. */
+int job_checkpoint_dir_check(struct state *st, const job_spec_t *spec, const char *spec_dir);
+
 /* ---- cron ----------------------------------------------------------------------
  * Vixie-cron semantics (docs/cron.md). Fields: minute hour day-of-month month
  * day-of-week; names (jan..dec, sun..sat, any case), ranges a-b, steps a-b/n,

@@ -142,16 +142,7 @@ static char *spec_base_dir(sched_t *s, int64_t job_id)
     char *msg = NULL;
     if (state_event_last(s->st, job_id, "submit", &msg) < 0)
         return NULL;
-    char *base = NULL;
-    const char *p = strstr(msg, "submitted from ");
-    if (p != NULL && p[15] == '/') {
-        p += 15;
-        const char *end = strstr(p, " (version");
-        char *path = kiln_strndup(p, end ? (size_t)(end - p) : strlen(p));
-        if (path != NULL)
-            base = kiln_strdup(dirname(path));
-        free(path);
-    }
+    char *base = job_submit_spec_dir(msg);
     free(msg);
     return base;
 }

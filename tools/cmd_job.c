@@ -8,6 +8,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +148,17 @@ int cmd_submit(cli_t *cli)
     }
 
     rc = state_open(cli->db_path, &st);
+    if (rc < 0) {
+        exit_code = cli_fail(rc, NULL);
+        goto out;
+    }
+    /* Relative paths resolve against the real spec file's directory (the
+     * submit event below records that file). */
+    char *real = realpath(path, NULL);
+    char *spec_dir = real != NULL ? kiln_strdup(dirname(real)) : NULL;
+    free(real);
+    rc = job_checkpoint_dir_check(st, &spec, spec_dir);
+    free(spec_dir);
     if (rc < 0) {
         exit_code = cli_fail(rc, NULL);
         goto out;

@@ -410,6 +410,9 @@ int web_act_submit(web_req_t *r)
     bool created = false;
     state_job_t job;
     memset(&job, 0, sizeof job);
+    /* No spec file: a relative checkpoint.dir is per run, an absolute one
+     * may be another job's (409). */
+    KILN_CHECK_GOTO(job_checkpoint_dir_check(r->st, &spec, NULL), rc, out);
     KILN_CHECK_GOTO(state_job_put(r->st, spec.name, r->body, hash, spec.schedule, spec.priority,
                                   &job_id, &created),
                     rc, out);
