@@ -117,6 +117,7 @@ typedef struct job_spec {
         bool incremental;
         int dense_features; /* 13 for Criteo */
         int cat_slots;      /* 26 for Criteo */
+        double max_malformed; /* fraction of input lines that may be malformed, 0..1 */
     } data;
 
     struct {
@@ -180,6 +181,27 @@ typedef struct job_diags {
 
 void job_diags_init(job_diags_t *d);
 void job_diags_fini(job_diags_t *d);
+
+/* The most rows one rank's shard of a table can hold: kernels/kern.h's
+ * KERN_MAX_CAPACITY (row ids are int32), which kiln-train asserts equal. */
+#define JOB_MAX_ROWS_PER_RANK INT64_C(0x7ffffff0)
+/* The rows one rank's shard of a table of `capacity` rows holds when the
+ * table is split over nranks: ceil(capacity / nranks), plus 5% and 64 rows
+ * of slack for the hash's imbalance when nranks > 1, plus 2% and 1024 rows
+ * for the host mirror of a GPU table (gpu_mirror). kiln-train sizes its
+ * tables with it and the spec check refuses a capacity whose share exceeds
+ * JOB_MAX_ROWS_PER_RANK. */
+int64_t job_rows_per_rank(int64_t capacity, int nranks, bool gpu_mirror);
+
+/* Limits that keep a hostile spec's cost linear in its size (each is an
+ * error naming the limit): bytes of text, levels of nesting, diagnostics
+ * kept (the rest are counted in one last line), and nodes walked (aliases
+ * can repeat a node). A real spec is a few KB, nests 6 levels and has a
+ * few hundred nodes. */
+#define JOB_SPEC_MAX_BYTES (1 << 20)
+#define JOB_SPEC_MAX_DEPTH 64
+#define JOB_SPEC_MAX_PROBLEMS 100
+#define JOB_SPEC_MAX_NODES (1 << 20)
 
 /* Parses and validates YAML text. filename is used in messages only.
  * On success returns 0 and fills *spec (free with job_spec_fini).

@@ -13,6 +13,14 @@
  * Every problem becomes one diagnostic "FILE:LINE:COL: FIELD.PATH: what";
  * all of them are collected and reported in document order, except after a
  * YAML syntax error, where libyaml cannot go on.
+ *
+ * Hostile input costs time linear in its size: a spec is at most
+ * JOB_SPEC_MAX_BYTES and nests at most JOB_SPEC_MAX_DEPTH levels (checked on
+ * libyaml's event stream before the document is loaded, since libyaml's
+ * scanner costs O(depth) per token), duplicate keys are found with a hash set,
+ * at most JOB_SPEC_MAX_PROBLEMS diagnostics are kept, and the walk visits at
+ * most JOB_SPEC_MAX_NODES nodes (aliases can make a small document walk a
+ * large one).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -21,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <yaml.h>
 
@@ -99,12 +108,26 @@ typedef struct ctx {
     size_t nseen, capseen;
     const yaml_node_t *tables; /* model.tables, walked after everything else */
     int *slot_owner;           /* [data.cat_slots]: user table reading slot, or -1 */
+    size_t first;              /* diags->n when this parse started */
+    size_t dropped;            /* problems past JOB_SPEC_MAX_PROBLEMS, counted only */
+    size_t visits;             /* nodes walked so far (mapping pairs, list items) */
+    bool over_budget;          /* visits passed JOB_SPEC_MAX_NODES: the walk stopped */
 } ctx_t;
 
 #define PATH_MAX_LEN 256
 
+/* True when no more diagnostics are kept (the rest are only counted). */
+static bool diags_full(const ctx_t *c)
+{
+    return c->diags->n - c->first >= JOB_SPEC_MAX_PROBLEMS;
+}
+
 static void vdiag(ctx_t *c, int line, int col, const char *path, const char *fmt, va_list ap)
 {
+    if (diags_full(c)) {
+        c->dropped++;
+        return;
+    }
     char what[768];
     vsnprintf(what, sizeof what, fmt, ap);
     job_diags_t *d = c->diags;
@@ -321,21 +344,49 @@ static bool is_ident(const char *s, size_t max)
     return true;
 }
 
+/* Job and table names: a job's name becomes a directory (ckpt/<name>), so
+ * "." and ".." (which name the directory itself or its parent) are not
+ * names. */
 static const char *check_name(const char *s, char *buf, size_t bufsz)
 {
-    if (is_ident(s, 64))
+    if (is_ident(s, 64) && strcmp(s, ".") != 0 && strcmp(s, "..") != 0)
         return NULL;
-    snprintf(buf, bufsz, "\"%.80s\" is not a valid name (1 to 64 letters, digits, '_', '.' or '-')",
+    snprintf(buf, bufsz,
+             "\"%.80s\" is not a valid name (1 to 64 letters, digits, '_', '.' or '-', and not "
+             ". or ..)",
              s);
     return buf;
 }
 
+/* kiln-serve's rule for the model and label names a push carries: 1 to 63
+ * of [A-Za-z0-9_.-], not starting with '.' (they name directories of its
+ * state). It MUST match good_name() in serving/serve_store.c, which refuses
+ * every push (HTTP 400) to a name it rejects; there is no shared function for
+ * it yet (serving/serve.h). */
+static bool serve_accepts_name(const char *s)
+{
+    return is_ident(s, 63) && s[0] != '.';
+}
+
 static const char *check_label(const char *s, char *buf, size_t bufsz)
 {
-    if (is_ident(s, 32))
+    if (is_ident(s, 32) && serve_accepts_name(s))
         return NULL;
     snprintf(buf, bufsz,
-             "\"%.80s\" is not a valid label (1 to 32 letters, digits, '_', '.' or '-')", s);
+             "\"%.80s\" is not a valid label (1 to 32 letters, digits, '_', '.' or '-', not "
+             "starting with '.'; kiln-serve refuses others)",
+             s);
+    return buf;
+}
+
+static const char *check_model_name(const char *s, char *buf, size_t bufsz)
+{
+    if (serve_accepts_name(s))
+        return NULL;
+    snprintf(buf, bufsz,
+             "\"%.80s\" is not a model name kiln-serve accepts (1 to 63 letters, digits, '_', "
+             "'.' or '-', not starting with '.')",
+             s);
     return buf;
 }
 
@@ -433,6 +484,7 @@ static const field_t data_fields[] = {
     BOOL("incremental", job_spec_t, data.incremental, false),
     INT("dense_features", job_spec_t, data.dense_features, 13, 0, 4096),
     INT("cat_slots", job_spec_t, data.cat_slots, 26, 1, 1024),
+    NUM("max_malformed", job_spec_t, data.max_malformed, 0.01, 0.0, 1.0, 0),
     FIELD_END};
 
 static const field_t embedding_fields[] = {
@@ -505,7 +557,7 @@ static const field_t export_fields[] = {
 
 static const field_t endpoint_fields[] = {
     STR("url", job_endpoint_t, url, NULL, F_REQUIRED, check_url),
-    STR("model", job_endpoint_t, model, NULL, F_REQUIRED | F_NONEMPTY, NULL),
+    STR("model", job_endpoint_t, model, NULL, F_REQUIRED | F_NONEMPTY, check_model_name),
     STR("label", job_endpoint_t, label, NULL, F_REQUIRED, check_label),
     BOOL("auto", job_endpoint_t, auto_push, true), FIELD_END};
 
@@ -649,7 +701,10 @@ static int get_int(ctx_t *c, const yaml_node_t *n, const char *path, int64_t lo,
         return -1;
     }
     if (rc == -2 || v < lo || v > hi) {
-        if (hi == INT64_MAX)
+        /* "must be >= lo" only for a value below lo; one too big for int64
+         * (a seed of 2^63) is above the range, which then is named. */
+        bool below = rc == -2 ? scalar(n)[0] == '-' : v < lo;
+        if (hi == INT64_MAX && below)
             diag(c, n, path, "must be >= %" PRId64 ", got %s", lo, scalar(n));
         else
             diag(c, n, path, "%s is out of range %" PRId64 "..%" PRId64, scalar(n), lo, hi);
@@ -731,6 +786,10 @@ static size_t collect_keys(const field_t *fields, const char **out, size_t n, si
 
 static void unknown_key(ctx_t *c, const field_t *fields, const yaml_node_t *key, const char *path)
 {
+    if (diags_full(c)) { /* counted, not described: skip the did-you-mean */
+        c->dropped++;
+        return;
+    }
     const char *keys[64];
     size_t n = collect_keys(fields, keys, 0, sizeof keys / sizeof keys[0]);
     const char *guess = kiln_did_you_mean(scalar(key), keys);
@@ -924,6 +983,58 @@ static void set_field(ctx_t *c, const field_t *f, const yaml_node_t *val, char *
     }
 }
 
+/* Counts one more node walked; false once the budget is spent (reported
+ * once, at the node that spent it). */
+static bool visit(ctx_t *c, const yaml_node_t *n)
+{
+    if (c->over_budget)
+        return false;
+    if (++c->visits <= JOB_SPEC_MAX_NODES)
+        return true;
+    c->over_budget = true;
+    size_t first = c->first; /* this one is kept even when the list is full */
+    c->first = c->diags->n;
+    diag(c, n, "",
+         "the job spec expands to more than %d nodes (through aliases?); a job spec needs "
+         "a few hundred",
+         JOB_SPEC_MAX_NODES);
+    c->first = first;
+    return false;
+}
+
+/* For each pair of a mapping, the index of the earlier pair with the same
+ * (scalar) key, or -1: dup[n]. A hash set of the keys seen, so a mapping of
+ * many keys costs linear time. Returns 0 or -1 (out of memory). */
+static int find_duplicates(ctx_t *c, const yaml_node_pair_t *pairs, size_t n, int64_t *dup)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    size_t *slot = kiln_calloc(cap, sizeof *slot); /* pair index + 1, 0: empty */
+    if (slot == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_t *key = yaml_document_get_node(c->doc, pairs[i].key);
+        dup[i] = -1;
+        if (key->type != YAML_SCALAR_NODE)
+            continue;
+        size_t h = (size_t)kiln_xxh64(key->data.scalar.value, key->data.scalar.length, 0);
+        for (size_t at = h & (cap - 1);; at = (at + 1) & (cap - 1)) {
+            if (slot[at] == 0) {
+                slot[at] = i + 1;
+                break;
+            }
+            const yaml_node_t *prev = yaml_document_get_node(c->doc, pairs[slot[at] - 1].key);
+            if (strcmp(scalar(prev), scalar(key)) == 0) {
+                dup[i] = (int64_t)(slot[at] - 1);
+                break;
+            }
+        }
+    }
+    free(slot);
+    return 0;
+}
+
 /* Walks one mapping against fields: every key must be a known field given
  * once; a null value keeps the default; required fields must be present. */
 static void walk_map(ctx_t *c, const field_t *fields, const yaml_node_t *map, char *base,
@@ -936,9 +1047,17 @@ static void walk_map(ctx_t *c, const field_t *fields, const yaml_node_t *map, ch
     }
     yaml_node_pair_t *pairs = map->data.mapping.pairs.start;
     size_t n = (size_t)(map->data.mapping.pairs.top - pairs);
+    int64_t *dup = kiln_calloc(n + 1, sizeof *dup);
+    if (dup == NULL || find_duplicates(c, pairs, n, dup) < 0) {
+        free(dup);
+        c->nomem = true;
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         const yaml_node_t *key = yaml_document_get_node(c->doc, pairs[i].key);
         const yaml_node_t *val = yaml_document_get_node(c->doc, pairs[i].value);
+        if (!visit(c, key))
+            break;
         if (key->type != YAML_SCALAR_NODE) {
             diag(c, key, path, "field names must be plain strings, got %s",
                  got(key, gb, sizeof gb));
@@ -946,17 +1065,12 @@ static void walk_map(ctx_t *c, const field_t *fields, const yaml_node_t *map, ch
         }
         const char *k = scalar(key);
         join(child, path, k);
-        bool dup = false;
-        for (size_t j = 0; j < i && !dup; j++) {
-            const yaml_node_t *prev = yaml_document_get_node(c->doc, pairs[j].key);
-            if (prev->type == YAML_SCALAR_NODE && strcmp(scalar(prev), k) == 0) {
-                diag(c, key, child, "duplicate field (first given at line %d)",
-                     (int)prev->start_mark.line + 1);
-                dup = true;
-            }
-        }
-        if (dup)
+        if (dup[i] >= 0) {
+            const yaml_node_t *prev = yaml_document_get_node(c->doc, pairs[dup[i]].key);
+            diag(c, key, child, "duplicate field (first given at line %d)",
+                 (int)prev->start_mark.line + 1);
             continue;
+        }
         size_t extra = 0;
         const field_t *f = find_field(fields, k, &extra);
         if (f == NULL) {
@@ -968,6 +1082,7 @@ static void walk_map(ctx_t *c, const field_t *fields, const yaml_node_t *map, ch
         note_seen(c, child, val);
         set_field(c, f, val, base + extra, child);
     }
+    free(dup);
     for (const field_t *f = fields; f->key != NULL; f++) {
         if (!(f->flags & F_REQUIRED))
             continue;
@@ -1077,6 +1192,8 @@ static void parse_slots(ctx_t *c, const field_t *f, const yaml_node_t *val, char
     }
     for (int i = 0; i < n; i++) {
         const yaml_node_t *node = items ? yaml_document_get_node(c->doc, items[i]) : one;
+        if (!visit(c, node))
+            break;
         if (items)
             index_path(ip, path, i);
         else
@@ -1244,6 +1361,56 @@ static void check_model(ctx_t *c)
     }
 }
 
+int64_t job_rows_per_rank(int64_t capacity, int nranks, bool gpu_mirror)
+{
+    if (nranks < 1)
+        nranks = 1;
+    int64_t rows = capacity / nranks + (capacity % nranks != 0);
+    if (nranks > 1)
+        rows += rows / 20 + 64;
+    if (gpu_mirror)
+        rows += rows / 50 + 1024;
+    return rows;
+}
+
+/* A table's capacity is split over resources.ranks; each rank's share must
+ * fit the trainer's tables (JOB_MAX_ROWS_PER_RANK), or kiln-train refuses
+ * the spec the check passed. With device auto or cuda the share is counted
+ * with the GPU store's host mirror, which holds a little more. */
+static void check_capacity(ctx_t *c)
+{
+    const job_spec_t *s = c->spec;
+    bool gpu = s->resources.device != JOB_DEVICE_CPU;
+    int ranks = s->resources.ranks;
+    char path[PATH_MAX_LEN];
+    for (int i = -1; i < s->model.ntables; i++) {
+        int64_t cap = i < 0 ? s->model.embedding.capacity : s->model.tables[i].emb.capacity;
+        if (i < 0)
+            snprintf(path, sizeof path, "model.embedding.capacity");
+        else
+            snprintf(path, sizeof path, "model.tables[%d].capacity", i);
+        if ((i >= 0 && seen(c, path) == NULL) ||
+            job_rows_per_rank(cap, ranks, gpu) <= JOB_MAX_ROWS_PER_RANK)
+            continue;
+        int need = ranks;
+        while (need <= 4096 && job_rows_per_rank(cap, need, gpu) > JOB_MAX_ROWS_PER_RANK)
+            need++;
+        char fix[96];
+        if (need <= 4096)
+            snprintf(fix, sizeof fix, "lower it or raise resources.ranks to at least %d", need);
+        else
+            snprintf(fix, sizeof fix, "lower it");
+        int line, col;
+        where(c, &line, &col, path, "resources.ranks", NULL);
+        diag_at(c, line, col, path,
+                "%" PRId64 " rows over %d rank%s is %" PRId64 " rows per rank%s, more than the "
+                "%" PRId64 " a rank's table can hold (row ids are 32-bit): %s",
+                cap, ranks, ranks == 1 ? "" : "s", job_rows_per_rank(cap, ranks, gpu),
+                gpu ? " (with device auto or cuda, counting the GPU's host mirror)" : "",
+                JOB_MAX_ROWS_PER_RANK, fix);
+    }
+}
+
 /* Checks and defaults that span fields; run after the walk. */
 static void check_spec(ctx_t *c)
 {
@@ -1282,6 +1449,7 @@ static void check_spec(ctx_t *c)
 
     build_tables(c);
     check_model(c);
+    check_capacity(c);
 
     if (s->train.mode == JOB_MODE_BATCH && s->export_.every_ms > 0) {
         where(c, &line, &col, "export.every", NULL);
@@ -1374,6 +1542,61 @@ static void sort_diags(job_diags_t *d)
     }
 }
 
+/* Reports a spec over JOB_SPEC_MAX_BYTES (size: its size in bytes). */
+static int refuse_size(const char *file, uint64_t size, job_diags_t *diags)
+{
+    job_diags_t local;
+    job_diags_init(&local);
+    ctx_t c = {.file = file ? file : "<spec>", .diags = diags ? diags : &local};
+    c.first = c.diags->n;
+    diag_at(&c, 0, 0, "",
+            "the job spec is %" PRIu64 " bytes; a job spec may be at most %d bytes (1 MiB): is "
+            "it the right file?",
+            size, JOB_SPEC_MAX_BYTES);
+    int rc = c.nomem ? kiln_errf(KILN_ENOMEM, "out of memory while checking the job spec")
+                     : kiln_errf(KILN_ESPEC, "%s", c.diags->items[c.diags->n - 1].message);
+    job_diags_fini(&local);
+    return rc;
+}
+
+/* Walks libyaml's events (no document is built) and reports the first
+ * mapping or list that opens more than JOB_SPEC_MAX_DEPTH levels deep.
+ * Returns true when the depth is fine or the text is not valid YAML (the
+ * loader then reports the syntax error); false after the diagnostic. Stops
+ * at the first level too deep, so the scanner's O(depth) per token never
+ * meets a deep document. */
+static bool depth_ok(ctx_t *c, const char *text, size_t len)
+{
+    yaml_parser_t p;
+    yaml_event_t ev;
+    int depth = 0;
+    bool ok = true, more = true;
+    if (!yaml_parser_initialize(&p)) {
+        c->nomem = true;
+        return false;
+    }
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
+    while (more && yaml_parser_parse(&p, &ev)) {
+        if (ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_MAPPING_START_EVENT) {
+            if (++depth > JOB_SPEC_MAX_DEPTH) {
+                diag_at(c, (int)ev.start_mark.line + 1, (int)ev.start_mark.column + 1, "",
+                        "the job spec nests more than %d levels deep here; a job spec needs "
+                        "at most 6",
+                        JOB_SPEC_MAX_DEPTH);
+                ok = false;
+                more = false;
+            }
+        } else if (ev.type == YAML_SEQUENCE_END_EVENT || ev.type == YAML_MAPPING_END_EVENT) {
+            depth--;
+        } else if (ev.type == YAML_STREAM_END_EVENT) {
+            more = false;
+        }
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&p);
+    return ok;
+}
+
 int job_spec_parse(const char *text, size_t len, const char *filename, job_spec_t *spec,
                    job_diags_t *diags)
 {
@@ -1381,19 +1604,23 @@ int job_spec_parse(const char *text, size_t len, const char *filename, job_spec_
     yaml_document_t doc, extra;
     bool have_doc = false, have_extra = false;
     job_diags_t local;
-    job_diags_init(&local);
     ctx_t c = {.file = filename ? filename : "<spec>",
                .doc = &doc,
                .spec = spec,
                .diags = diags ? diags : &local};
-    size_t first = c.diags->n;
     int rc = 0;
 
     memset(spec, 0, sizeof *spec);
+    if (len > JOB_SPEC_MAX_BYTES)
+        return refuse_size(filename, len, diags);
+    job_diags_init(&local);
+    c.first = c.diags->n;
     if (!yaml_parser_initialize(&parser))
         return kiln_errf(KILN_ENOMEM, "cannot allocate a YAML parser");
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
 
+    if (!depth_ok(&c, text, len))
+        goto done;
     if (!yaml_parser_load(&parser, &doc)) {
         if (parser.error == YAML_MEMORY_ERROR) {
             rc = kiln_errf(KILN_ENOMEM, "out of memory while reading the job spec");
@@ -1429,22 +1656,33 @@ int job_spec_parse(const char *text, size_t len, const char *filename, job_spec_
     }
     apply_defaults(&c, top_fields, (char *)spec);
     walk_map(&c, top_fields, root, (char *)spec, "");
-    check_spec(&c);
+    if (!c.over_budget)
+        check_spec(&c);
 
 done:
     if (c.nomem) {
         rc = kiln_errf(KILN_ENOMEM, "out of memory while checking the job spec");
         goto out;
     }
-    if (c.diags->n > first) {
-        job_diags_t view = {c.diags->items + first, c.diags->n - first, 0};
+    if (c.diags->n > c.first) {
+        size_t first = c.first, shown = c.diags->n - first, dropped = c.dropped;
+        job_diags_t view = {c.diags->items + first, shown, 0};
         sort_diags(&view);
-        size_t more = view.n - 1;
-        if (more > 0)
-            rc = kiln_errf(KILN_ESPEC, "%s (and %zu more problem%s)", view.items[0].message, more,
+        if (dropped > 0) {
+            /* One last line, after the sorted ones, counts what was left out. */
+            c.first = c.diags->n;
+            diag_at(&c, 0, 0, "", "%zu more problem%s not listed (the first %d are above)", dropped,
+                    dropped == 1 ? "" : "s", JOB_SPEC_MAX_PROBLEMS);
+        }
+        size_t more = shown - 1 + dropped;
+        const char *msg = c.diags->items[first].message;
+        if (c.nomem)
+            rc = kiln_errf(KILN_ENOMEM, "out of memory while checking the job spec");
+        else if (more > 0)
+            rc = kiln_errf(KILN_ESPEC, "%s (and %zu more problem%s)", msg, more,
                            more == 1 ? "" : "s");
         else
-            rc = kiln_errf(KILN_ESPEC, "%s", view.items[0].message);
+            rc = kiln_errf(KILN_ESPEC, "%s", msg);
     }
 out:
     if (rc < 0)
@@ -1469,24 +1707,16 @@ int job_spec_load(const char *path, job_spec_t *spec, job_diags_t *diags)
     if (f == NULL)
         return kiln_errf(errno == ENOENT ? KILN_ENOENT : KILN_EIO, "cannot open job spec %s: %s",
                          path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
+    /* One byte more than a spec may hold tells a file that is too big
+     * without reading all of it. */
+    size_t cap = (size_t)JOB_SPEC_MAX_BYTES + 1, len = 0;
+    char *buf = kiln_malloc(cap);
     int rc = 0;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : 4096;
-            if (cap > (size_t)16 << 20) {
-                rc = kiln_errf(KILN_EIO, "job spec %s is larger than 16 MiB; is it the right file?",
-                               path);
-                goto out;
-            }
-            char *nb = realloc(buf, cap);
-            if (nb == NULL) {
-                rc = kiln_errf(KILN_ENOMEM, "cannot read job spec %s: out of memory", path);
-                goto out;
-            }
-            buf = nb;
-        }
+    if (buf == NULL) {
+        rc = kiln_errf(KILN_ENOMEM, "cannot read job spec %s: out of memory", path);
+        goto out;
+    }
+    while (len < cap) {
         size_t got_n = fread(buf + len, 1, cap - len, f);
         len += got_n;
         if (got_n == 0)
@@ -1494,6 +1724,13 @@ int job_spec_load(const char *path, job_spec_t *spec, job_diags_t *diags)
     }
     if (ferror(f)) {
         rc = kiln_errf(KILN_EIO, "cannot read job spec %s: %s", path, strerror(errno));
+        goto out;
+    }
+    if (len > JOB_SPEC_MAX_BYTES) {
+        struct stat st;
+        uint64_t size = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) ? (uint64_t)st.st_size
+                                                                          : (uint64_t)len;
+        rc = refuse_size(path, size, diags);
         goto out;
     }
     rc = job_spec_parse(buf, len, path, spec, diags);

@@ -55,6 +55,16 @@ int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags /* OUT */
                ops_submitted_t *out /* OUT */);
 void ops_submitted_fini(ops_submitted_t *s);
 
+/* The rule ops_submit applies before storing a job: its checkpoint.dir
+ * (resolved against spec_dir, the directory its relative paths resolve
+ * against; NULL: none) must not be the checkpoint directory of another
+ * stored job, which would resume from this one's model (init_from: latest)
+ * and prune its checkpoints. Paths are compared canonical (symlinks
+ * resolved as far as they exist). A resubmit of the same job name is not a
+ * conflict. Returns 0, KILN_ECONFLICT naming the other job and the
+ * directory, or KILN_EDB / KILN_ENOMEM. */
+int ops_checkpoint_dir_check(state_t *st, const job_spec_t *spec, const char *spec_dir);
+
 /* Queues a new attempt of an ended run that did not succeed (it resumes from
  * the failed attempt's newest checkpoint). KILN_ESTATE for a run that is not
  * over or succeeded; KILN_ECONFLICT when it was retried already. */
@@ -98,7 +108,7 @@ int ops_rollback(state_t *st, const char *model, const char *label, const char *
  * full or as a delta. spec NULL (the job's spec does not parse): nothing is
  * queued. *npushes (may be NULL) says how many were queued. */
 int ops_run_succeeded(state_t *st, int64_t run_id, const job_spec_t *spec, const char *ckpt_uid,
-                      int exit_code, int *npushes /* OUT */);
+                      int exit_code, int64_t ended_at /* 0: now */, int *npushes /* OUT */);
 /* Queues an online export (a checkpoint written while run_id trains) to each
  * `auto` endpoint, superseding older pushes that have not gone out. Nothing
  * when the export was queued before (a kilnd restart sees it again). */

@@ -66,6 +66,7 @@ int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags, ops_subm
         rc = KILN_ENOMEM;
         goto out;
     }
+    KILN_CHECK_GOTO(ops_checkpoint_dir_check(st, &out->spec, dir), rc, out);
     char hash[17];
     kiln_hash_hex(kiln_xxh64(in->text, in->len, 0), hash, sizeof hash);
     char *text = kiln_strndup(in->text, in->len);

@@ -88,7 +88,7 @@ static int reqs_for(const job_spec_t *spec, const char *label, bool only_auto, i
 /* ---- after a run, after an export (kilnd) ------------------------------------------------- */
 
 int ops_run_succeeded(state_t *st, int64_t run_id, const job_spec_t *spec, const char *ckpt_uid,
-                      int exit_code, int *npushes)
+                      int exit_code, int64_t ended_at, int *npushes)
 {
     state_push_req_t *reqs = NULL;
     size_t n = 0;
@@ -115,9 +115,10 @@ int ops_run_succeeded(state_t *st, int64_t run_id, const job_spec_t *spec, const
                                  spec->export_.on_success == JOB_EXPORT_FULL, true, reason, NULL,
                                  &reqs, &n),
                         rc, out);
-    rc = state_run_succeed(st, run_id, STATE_RUN_RUNNING, exit_code, reqs, n, NULL);
+    rc = state_run_succeed(st, run_id, STATE_RUN_RUNNING, exit_code, ended_at, reqs, n, NULL);
     if (rc == KILN_ESTATE) /* it ended before kilnd saw it running */
-        rc = state_run_succeed(st, run_id, STATE_RUN_LAUNCHING, exit_code, reqs, n, NULL);
+        rc = state_run_succeed(st, run_id, STATE_RUN_LAUNCHING, exit_code, ended_at, reqs, n,
+                               NULL);
     if (rc == 0 && npushes != NULL)
         *npushes = (int)n;
 out:

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,6 +305,25 @@ void npy_abort(npy_writer_t *w)
 
 /* ---- shard files ------------------------------------------------------------------------- */
 
+/* Index of the first value of v[0..n) that is NaN or infinite, or -1. */
+static int64_t first_nonfinite(const float *v, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return i;
+    return -1;
+}
+
+/* A checkpoint never holds a value that is not finite: a diverged run's
+ * state would be served (or resumed) as if it were a model. */
+static int refuse_nonfinite(const char *what, float v)
+{
+    return kiln_errf(KILN_ERANGE,
+                     "%s holds %s: training diverged; the checkpoint is not written "
+                     "(lower the learning rates or check the data)",
+                     what, isnan(v) ? "NaN" : "an infinite value");
+}
+
 /* The arrays of one table's shard, written side by side chunk by chunk. */
 enum { A_KEYS, A_VALUES, A_OPT, A_STEPS, A_COUNT };
 static const char *const array_names[A_COUNT] = {"keys", "values", "opt", "opt_steps"};
@@ -352,6 +372,17 @@ static int write_rows(const char *dir, int rank, kern_table_t *t, const int32_t 
                        (size_t)(ns * dim) * sizeof(float));
             if (steps)
                 sb[i] = sl.opt_steps[r];
+        }
+        int64_t bad = first_nonfinite(vb, m * dim), bad_opt = -1;
+        if (bad < 0 && ns > 0)
+            bad_opt = first_nonfinite(ob, m * ns * dim);
+        if (bad >= 0 || bad_opt >= 0) {
+            char what[256];
+            int64_t row = bad >= 0 ? bad / dim : bad_opt / (ns * dim);
+            snprintf(what, sizeof what, "table '%s' (rank %d): the %s of key %" PRId64, tname, rank,
+                     bad >= 0 ? "row" : "optimizer state", kb[row]);
+            rc = refuse_nonfinite(what, bad >= 0 ? vb[bad] : ob[bad_opt]);
+            goto out;
         }
         KILN_CHECK_GOTO(npy_write(&w[A_KEYS], kb, (size_t)m * 8), rc, out);
         KILN_CHECK_GOTO(npy_write(&w[A_VALUES], vb, (size_t)(m * dim) * 4), rc, out);
@@ -470,6 +501,13 @@ int rt_ckpt_write_dense(const char *dir, const rt_ckpt_array_t *arrays, int narr
     for (int i = 0; i < narrays; i++) {
         char name[160];
         snprintf(name, sizeof name, "%s.npy", arrays[i].name);
+        int64_t bad = first_nonfinite(arrays[i].data, (int64_t)arrays[i].count);
+        if (bad >= 0) {
+            char what[200];
+            snprintf(what, sizeof what, "dense array %s (element %" PRId64 ")", arrays[i].name,
+                     bad);
+            return refuse_nonfinite(what, arrays[i].data[bad]);
+        }
         npy_writer_t w;
         KILN_CHECK(npy_open(&w, dir, name, NPY_F4, (int64_t)arrays[i].count, 0));
         int rc = npy_write(&w, arrays[i].data, arrays[i].count * sizeof(float));

@@ -762,6 +762,70 @@ int rt_ckpt_latest(const char *root, char *uid)
     return rc;
 }
 
+/* True when name has the shape of a uid: 13 digits, '-', 12 digits. */
+static bool uid_like(const char *name)
+{
+    if (strlen(name) != 26 || name[13] != '-')
+        return false;
+    for (int i = 0; i < 26; i++)
+        if (i != 13 && (name[i] < '0' || name[i] > '9'))
+            return false;
+    return true;
+}
+
+int rt_ckpt_latest_chain(const char *root, bool verify, rt_ckpt_skip_fn skip, void *ctx,
+                         rt_ckpt_chain_t *out)
+{
+    char **names = NULL;
+    int n = 0, tried = 0, rc = KILN_ENOENT;
+    char newest[RT_CKPT_UID_MAX] = "", why[600] = "";
+    *out = (rt_ckpt_chain_t){0};
+    KILN_CHECK(list_dir(root, &names, &n));
+    for (int i = n - 1; i >= 0; i--) {
+        char *dir = kiln_asprintf("%s/%s", root, names[i]);
+        char *man = kiln_asprintf("%s/%s/%s", root, names[i], RT_CKPT_MANIFEST);
+        if (dir == NULL || man == NULL) {
+            free(dir);
+            free(man);
+            rc = KILN_ENOMEM;
+            break;
+        }
+        /* What looks like a checkpoint: a uid-shaped name or a manifest.
+         * Anything else in root is not ours. */
+        bool candidate = uid_like(names[i]) || access(man, F_OK) == 0;
+        free(man);
+        if (!candidate) {
+            free(dir);
+            continue;
+        }
+        tried++;
+        rc = rt_ckpt_chain_open(dir, verify, out);
+        if (rc == 0 || (rc != KILN_ECORRUPT && rc != KILN_ECHECKSUM && rc != KILN_EVERSION &&
+                        rc != KILN_ENOENT)) {
+            /* Found, or a failure that is not the checkpoint's fault (an I/O
+             * error, memory): not a reason to take an older one. */
+            free(dir);
+            break;
+        }
+        if (tried == 1) {
+            snprintf(newest, sizeof newest, "%s", names[i]);
+            snprintf(why, sizeof why, "%s", kiln_errmsg());
+        }
+        if (skip != NULL)
+            skip(dir, kiln_errmsg(), ctx);
+        free(dir);
+        rc = KILN_ENOENT;
+    }
+    free_names(names, n);
+    if (rc == KILN_ENOENT && tried == 0)
+        return kiln_errf(KILN_ENOENT, "no checkpoint in %s", root);
+    if (rc == KILN_ENOENT)
+        return kiln_errf(KILN_ECORRUPT,
+                         "none of the %d checkpoint%s in %s can be used; the newest, %s: %s", tried,
+                         tried == 1 ? "" : "s", root, newest, why);
+    return rc;
+}
+
 int rt_ckpt_lock(const char *dir, char **lock)
 {
     char host[128] = "localhost";
@@ -867,32 +931,47 @@ int rt_ckpt_retain(const char *root, int keep, rt_ckpt_pin_fn pin, void *ctx, in
         }
     }
     for (int i = 0; i < n; i++) {
-        if (need[i])
+        if (need[i] || cks[i] == NULL)
             continue;
-        /* A directory without a manifest that looks like a uid is what an
-         * interrupted removal left; anything else in root is not ours. */
-        if (cks[i] == NULL && !(strlen(names[i]) == 26 && names[i][13] == '-'))
-            continue;
+        /* Renamed first: a removal cut short leaves a .rm-* directory that
+         * the next pass finishes, never a uid-named one without its
+         * manifest, which could as well be a damaged checkpoint. */
         char *p = kiln_asprintf("%s/%s", root, names[i]);
-        if (p == NULL) {
+        char *gone_p = kiln_asprintf("%s/.rm-%s", root, names[i]);
+        if (p == NULL || gone_p == NULL) {
+            free(p);
+            free(gone_p);
             rc = KILN_ENOMEM;
             goto out;
         }
-        rc = rt_ckpt_remove(p);
+        if (rename(p, gone_p) < 0)
+            rc = kiln_errf(KILN_EIO, "cannot retire checkpoint %s: %s", p, strerror(errno));
+        else
+            rc = rt_ckpt_remove(gone_p);
         free(p);
+        free(gone_p);
         if (rc < 0)
             goto out;
         gone++;
     }
-    /* Temp dirs of dumps that were killed more than a day ago. */
+    /* Never delete what cannot be read: it may be the newest checkpoint
+     * with a damaged manifest, wanted for inspection or repair. */
+    for (int i = 0; i < n; i++)
+        if (cks[i] == NULL && uid_like(names[i]))
+            KILN_WARN("retention in %s: %s has no readable manifest; kept (inspect it, then "
+                      "delete it by hand)",
+                      root, names[i]);
+    /* Temp dirs of dumps that were killed more than a day ago, and
+     * removals that were cut short. */
     DIR *d = opendir(root);
     struct dirent *e;
     while (d && (e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, ".tmp-", 5) != 0)
+        bool rm = strncmp(e->d_name, ".rm-", 4) == 0;
+        if (strncmp(e->d_name, ".tmp-", 5) != 0 && !rm)
             continue;
         char *p = kiln_asprintf("%s/%s", root, e->d_name);
         struct stat st;
-        if (p && stat(p, &st) == 0 && st.st_mtime < time(NULL) - 86400)
+        if (p && (rm || (stat(p, &st) == 0 && st.st_mtime < time(NULL) - 86400)))
             rt_ckpt_remove(p);
         free(p);
     }

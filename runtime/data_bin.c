@@ -507,16 +507,27 @@ int rt_bin_open(const char *path, rt_bin_file_t **out)
     if (!f)
         return KILN_ENOMEM;
     f->cached = -1;
+    f->fd = -1;
     f->path = kiln_strdup(path);
     if (!f->path) {
         rc = KILN_ENOMEM;
         goto out;
     }
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        rc = kiln_errf(errno == ENOENT ? KILN_ENOENT : KILN_EIO, "cannot open data file %s: %s",
-                       path, strerror(errno));
-        goto out;
+    KILN_CHECK_GOTO(rt_data_open(path, &f->fd), rc, out);
+    if (fstat(f->fd, &sb) == 0 && sb.st_size >= 4) {
+        /* A reader seeks to each rank's chunks: a compressed stream has no
+         * chunks to seek to. */
+        unsigned char head[4];
+        KILN_CHECK_GOTO(pread_all(f->fd, head, sizeof head, 0, path), rc, out);
+        rt_comp_t comp = rt_comp_detect(head, sizeof head);
+        if (comp != RT_COMP_NONE) {
+            rc = kiln_errf(KILN_EINVAL,
+                           "%s is %s-compressed; kiln-bin files are read by seeking "
+                           "to their chunks and cannot be compressed: decompress it, or compress "
+                           "the TSV and use format criteo-tsv",
+                           path, rt_comp_name(comp));
+            goto out;
+        }
     }
     if (fstat(f->fd, &sb) < 0 || sb.st_size < BIN_HEADER_SIZE) {
         rc = kiln_errf(KILN_ECORRUPT, "%s is not a kiln-bin file (shorter than its %d-byte "

@@ -4,8 +4,9 @@
  * holds the line parser (a hand-written loop over the bytes, no strtok or
  * sscanf), the key hash, the line cursor that walks several files as one
  * sequence of lines through a big read buffer, and the newline-count pre-pass
- * that tells the reader how many rows there are. The rules are in
- * docs/data-formats.md.
+ * that tells the reader how many rows there are. Both read a file's bytes
+ * through rt_src (data_src.c), so gzip and zstd files read like plain ones.
+ * The rules are in docs/data-formats.md.
  */
 #include "rt_data.h"
 
@@ -188,15 +189,23 @@ const char *rt_format_name(rt_format_t f)
 int rt_format_detect(const char *path, rt_format_t *out)
 {
     char magic[8];
-    ssize_t n;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_errf(errno == ENOENT ? KILN_ENOENT : KILN_EIO, "cannot open data file %s: %s",
-                         path, strerror(errno));
-    n = read(fd, magic, sizeof magic);
-    close(fd);
-    if (n < 0)
-        return kiln_errf(KILN_EIO, "cannot read data file %s: %s", path, strerror(errno));
+    int64_t n = 0;
+    rt_src_t *src = NULL;
+    /* The decompressed start: a compressed kiln-bin file is detected as
+     * kiln-bin, whose reader then says why it cannot be read. */
+    int rc = rt_src_open(path, &src);
+    while (rc == 0 && n < 8) {
+        int64_t got = rt_src_read(src, magic + n, sizeof magic - (size_t)n);
+        if (got < 0)
+            rc = (int)got;
+        else if (got == 0)
+            break;
+        else
+            n += got;
+    }
+    rt_src_close(src);
+    if (rc < 0)
+        return rc;
     *out = (n == 8 && memcmp(magic, "KILNBIN1", 8) == 0) ? RT_FMT_BIN : RT_FMT_TSV;
     return 0;
 }
@@ -209,23 +218,18 @@ int rt_tsv_count_rows(const char *path, int64_t *rows, int64_t *bytes)
     int64_t nl = 0, total = 0;
     char last = '\n';
     char *buf = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_errf(errno == ENOENT ? KILN_ENOENT : KILN_EIO, "cannot open data file %s: %s",
-                         path, strerror(errno));
-    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    rt_src_t *src = NULL;
+    KILN_CHECK(rt_src_open(path, &src));
     buf = kiln_malloc(READ_CHUNK);
     if (!buf) {
         rc = KILN_ENOMEM;
         goto out;
     }
     for (;;) {
-        ssize_t n = read(fd, buf, READ_CHUNK);
+        int64_t n = rt_src_read(src, buf, READ_CHUNK);
         const char *p, *e;
         if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            rc = kiln_errf(KILN_EIO, "cannot read data file %s: %s", path, strerror(errno));
+            rc = (int)n;
             goto out;
         }
         if (n == 0)
@@ -241,10 +245,10 @@ int rt_tsv_count_rows(const char *path, int64_t *rows, int64_t *bytes)
     }
     *rows = nl + (total > 0 && last != '\n' ? 1 : 0);
     if (bytes)
-        *bytes = total;
+        *bytes = rt_src_file_bytes(src);
 out:
     free(buf);
-    close(fd);
+    rt_src_close(src);
     return rc;
 }
 
@@ -254,7 +258,7 @@ struct rt_tsv_cursor {
     const char *const *paths; /* borrowed: must outlive the cursor */
     int npaths;
     int fi;      /* index of the open file, -1 before the first */
-    int fd;      /* -1 when none is open */
+    rt_src_t *src; /* the open file's bytes (decompressed); NULL when none is open */
     char *buf;   /* [cap] */
     size_t cap, beg, end;
     int eof;     /* the open file has no more bytes */
@@ -271,7 +275,6 @@ int rt_tsv_cursor_create(const char *const *paths, int npaths, rt_tsv_cursor_t *
     c->paths = paths;
     c->npaths = npaths;
     c->fi = -1;
-    c->fd = -1;
     c->cap = READ_CHUNK + RT_TSV_MAX_LINE + 1;
     c->buf = kiln_malloc(c->cap);
     if (!c->buf) {
@@ -287,8 +290,7 @@ void rt_tsv_cursor_destroy(rt_tsv_cursor_t *c)
 {
     if (!c)
         return;
-    if (c->fd >= 0)
-        close(c->fd);
+    rt_src_close(c->src);
     free(c->buf);
     free(c);
 }
@@ -301,18 +303,12 @@ int64_t rt_tsv_cursor_bytes(const rt_tsv_cursor_t *c)
 /* Opens the next file. Returns 1, 0 when there is none, or an error. */
 static int open_next(rt_tsv_cursor_t *c)
 {
-    if (c->fd >= 0) {
-        close(c->fd);
-        c->fd = -1;
-    }
+    rt_src_close(c->src);
+    c->src = NULL;
     if (c->fi + 1 >= c->npaths)
         return 0;
     c->fi++;
-    c->fd = open(c->paths[c->fi], O_RDONLY | O_CLOEXEC);
-    if (c->fd < 0)
-        return kiln_errf(errno == ENOENT ? KILN_ENOENT : KILN_EIO,
-                         "cannot open data file %s: %s", c->paths[c->fi], strerror(errno));
-    (void)posix_fadvise(c->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    KILN_CHECK(rt_src_open(c->paths[c->fi], &c->src));
     c->beg = c->end = 0;
     c->eof = 0;
     c->partial = 0;
@@ -320,7 +316,8 @@ static int open_next(rt_tsv_cursor_t *c)
     return 1;
 }
 
-/* Moves the unread bytes to the front and reads more. Returns 0 or KILN_EIO. */
+/* Moves the unread bytes to the front and reads more (decompressed).
+ * Returns 0, KILN_EIO or KILN_ECORRUPT (bad compressed data). */
 static int fill(rt_tsv_cursor_t *c)
 {
     if (c->beg > 0) {
@@ -328,19 +325,15 @@ static int fill(rt_tsv_cursor_t *c)
         c->end -= c->beg;
         c->beg = 0;
     }
-    for (;;) {
-        ssize_t n = read(c->fd, c->buf + c->end, c->cap - c->end);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return kiln_errf(KILN_EIO, "cannot read data file %s: %s", c->paths[c->fi],
-                             strerror(errno));
-        if (n == 0)
-            c->eof = 1;
-        c->end += (size_t)n;
-        c->bytes += n;
-        return 0;
-    }
+    int64_t before = rt_src_file_bytes(c->src);
+    int64_t n = rt_src_read(c->src, c->buf + c->end, c->cap - c->end);
+    if (n < 0)
+        return (int)n;
+    if (n == 0)
+        c->eof = 1;
+    c->end += (size_t)n;
+    c->bytes += rt_src_file_bytes(c->src) - before;
+    return 0;
 }
 
 int rt_tsv_cursor_next(rt_tsv_cursor_t *c, const char **line, size_t *len, int *too_long,
@@ -350,7 +343,7 @@ int rt_tsv_cursor_next(rt_tsv_cursor_t *c, const char **line, size_t *len, int *
     for (;;) {
         char *s, *nl;
         size_t avail;
-        if (c->fd < 0) {
+        if (c->src == NULL) {
             rc = open_next(c);
             if (rc <= 0)
                 return rc;
@@ -371,8 +364,8 @@ int rt_tsv_cursor_next(rt_tsv_cursor_t *c, const char **line, size_t *len, int *
             return 1;
         }
         if (c->eof) {
-            close(c->fd);
-            c->fd = -1;
+            rt_src_close(c->src);
+            c->src = NULL;
             continue;
         }
         if (avail > RT_TSV_MAX_LINE) {
@@ -391,7 +384,7 @@ int rt_tsv_cursor_skip(rt_tsv_cursor_t *c, int64_t n)
     int rc;
     while (n > 0) {
         char *s, *e, *nl;
-        if (c->fd < 0) {
+        if (c->src == NULL) {
             rc = open_next(c);
             if (rc < 0)
                 return rc;
@@ -417,8 +410,8 @@ int rt_tsv_cursor_skip(rt_tsv_cursor_t *c, int64_t n)
                 c->lineno++;
                 n--;
             }
-            close(c->fd);
-            c->fd = -1;
+            rt_src_close(c->src);
+            c->src = NULL;
             continue;
         }
         if (c->beg < c->end) {

@@ -204,6 +204,22 @@ void rt_ckpt_rows_fini(rt_ckpt_rows_t *r);
  * Returns 0, or KILN_ENOENT when there is none. uid holds RT_CKPT_UID_MAX. */
 int rt_ckpt_latest(const char *root, char *uid /* OUT */);
 
+/* Told of each checkpoint rt_ckpt_latest_chain passes over: its directory
+ * and why it cannot be used (the open or verify error). */
+typedef void (*rt_ckpt_skip_fn)(const char *dir, const char *why, void *ctx);
+
+/* Opens the chain of the newest checkpoint in root that can be used:
+ * candidates are the entries with a uid-shaped name or a manifest, newest
+ * first; one whose manifest, chain or (verify) files are damaged (KILN_ECORRUPT,
+ * KILN_ECHECKSUM, KILN_EVERSION) is passed to skip (may be NULL) and the next
+ * older one tried. Returns 0 with the chain in *out (free with
+ * rt_ckpt_chain_fini), KILN_ENOENT when root holds no checkpoint at all,
+ * KILN_ECORRUPT when it holds some and none can be used (the message names
+ * the newest and why), or another code (KILN_EIO, ...) that is no reason to
+ * fall back. */
+int rt_ckpt_latest_chain(const char *root, bool verify, rt_ckpt_skip_fn skip, void *ctx,
+                         rt_ckpt_chain_t *out /* OUT */);
+
 /* Pins dir for a running job: creates dir/.lock-<host>-<pid>; the malloc'd
  * path goes to *lock for rt_ckpt_unlock. Returns 0 or KILN_EIO. */
 int rt_ckpt_lock(const char *dir, char **lock /* OUT */);
@@ -216,8 +232,11 @@ typedef bool (*rt_ckpt_pin_fn)(const char *uid, void *ctx);
 
 /* Keeps the newest `keep` checkpoints of root and deletes the others,
  * except any that is pinned (a live .lock-* file: a running job; or pin()
- * says so) and any that a kept one needs (every link of its chain). Also
- * removes .tmp-* directories older than a day (left by a killed dump).
+ * says so) and any that a kept one needs (every link of its chain). A
+ * directory whose manifest cannot be read is never deleted (a warning names
+ * it). A checkpoint is renamed to .rm-<uid> before its files go, so a
+ * removal cut short is finished by the next pass. Also removes .tmp-*
+ * directories older than a day (left by a killed dump).
  * *removed (may be NULL) gets the number deleted. Returns 0 or KILN_EIO. */
 int rt_ckpt_retain(const char *root, int keep, rt_ckpt_pin_fn pin, void *ctx,
                    int *removed /* OUT, may be NULL */);

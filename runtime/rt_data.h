@@ -15,6 +15,7 @@
 #ifndef KILN_RUNTIME_RT_DATA_H
 #define KILN_RUNTIME_RT_DATA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -196,6 +197,33 @@ typedef struct rt_datagen_opts {
 int rt_datagen(const rt_datagen_opts_t *o);
 
 /* ---- shared by the data_*.c files (not for other modules) ---------------------- */
+
+/* Opens a data file for reading: *fd, or KILN_ENOENT / KILN_EIO naming the
+ * file, or KILN_EINVAL when it is not a regular file (/dev/zero, a FIFO, a
+ * directory: training would read it forever, or block, or fail later). */
+int rt_data_open(const char *path, int *fd /* OUT */);
+
+/* How a data file's bytes are stored, told by its first bytes. */
+typedef enum { RT_COMP_NONE = 0, RT_COMP_GZIP = 1, RT_COMP_ZSTD = 2 } rt_comp_t;
+/* gzip for 1f 8b, zstd for 28 b5 2f fd, else none; head holds n bytes. */
+rt_comp_t rt_comp_detect(const unsigned char *head, size_t n);
+/* "plain", "gzip" or "zstd". */
+const char *rt_comp_name(rt_comp_t c);
+
+/* The decompressed bytes of one file (data_src.c): plain, gzip or zstd by
+ * the magic bytes, concatenated members or frames as one stream. */
+typedef struct rt_src rt_src_t;
+/* Opens path (rt_data_open's checks) and reads its first bytes to pick the
+ * decoder. Returns 0 or KILN_E* naming the file. */
+int rt_src_open(const char *path, rt_src_t **out /* OUT */);
+/* Reads up to cap decompressed bytes into buf: returns how many (> 0), 0 at
+ * the end of the file, KILN_EIO (reading), or KILN_ECORRUPT (corrupt or
+ * truncated compressed data, naming the file and the byte). */
+int64_t rt_src_read(rt_src_t *s, char *buf, size_t cap);
+/* Bytes read from the file itself so far (compressed bytes for gzip/zstd). */
+int64_t rt_src_file_bytes(const rt_src_t *s);
+rt_comp_t rt_src_comp(const rt_src_t *s);
+void rt_src_close(rt_src_t *s); /* accepts NULL */
 
 /* The growing parts of a batch while rows are appended (producer-owned). */
 typedef struct rt_batch_builder {

@@ -69,6 +69,9 @@
 #include "run.h"
 #include "state.h"
 
+_Static_assert(JOB_MAX_ROWS_PER_RANK == KERN_MAX_CAPACITY,
+               "the spec's capacity check must use the tables' real limit");
+
 /* The exit code of a failure (run/run.h): kilnd retries only
  * RUN_EXIT_RETRY. */
 static int exit_for(int rc)
@@ -85,6 +88,7 @@ static int exit_for(int rc)
     case KILN_EVERSION:
     case KILN_EUSAGE:
     case KILN_ECONFLICT:
+    case KILN_ERANGE: /* diverged: the same spec and data diverge again */
         return RUN_EXIT_INPUT;
     case KILN_EIO:
     case KILN_EMPI:
@@ -153,6 +157,8 @@ typedef struct trainer {
     bool abort_needed; /* failed mid-step, where other ranks cannot learn of it */
     int64_t samples, steps;
     int64_t malformed;
+    int64_t run_rows, run_malformed; /* good rows and malformed lines trained on in this
+                                        run, all ranks (every rank agrees) */
 
     /* checkpoints */
     char *ckpt_root;                 /* spec checkpoint.dir, resolved */
@@ -367,10 +373,9 @@ static int setup_tables(trainer_t *tr)
             goto out;
         }
         /* Capacity is for the whole job; each rank holds its share plus
-         * slack for the hash's imbalance between ranks. */
-        int64_t per_rank = (jt->emb.capacity + tr->nranks - 1) / tr->nranks;
-        if (tr->nranks > 1)
-            per_rank += per_rank / 20 + 64;
+         * slack for the hash's imbalance between ranks (the spec check
+         * uses the same function). */
+        int64_t per_rank = job_rows_per_rank(jt->emb.capacity, tr->nranks, false);
         cfgs[t] = (kern_table_config_t){
             .name = jt->name,
             .dim = d,
@@ -388,7 +393,7 @@ static int setup_tables(trainer_t *tr)
          * a segment a little before the whole (docs/kernels.md). */
         kern_table_config_t mcfg = cfgs[t];
         if (tr->store_kind == RT_STORE_CUDA)
-            mcfg.capacity = per_rank + per_rank / 50 + 1024;
+            mcfg.capacity = job_rows_per_rank(jt->emb.capacity, tr->nranks, true);
         KILN_CHECK_GOTO(kern_table_create(&mcfg, &tr->tables[t]), rc, out);
         for (int i = 0; i < jt->nslots; i++) {
             int s = jt->slots[i];
@@ -888,42 +893,77 @@ static int export_requested(trainer_t *tr, bool *want)
     return 0;
 }
 
+/* Rank 0, for init_from: latest: a checkpoint newer than the one the run
+ * starts from cannot be used. Said in the run's log and, with --db, as a
+ * "warning" event of the run. */
+static void skipped_checkpoint(const char *dir, const char *why, void *ctx)
+{
+    trainer_t *tr = ctx;
+    char *msg = kiln_asprintf("init_from latest: checkpoint %s cannot be used (%s); trying the "
+                              "next older one",
+                              dir, why);
+    if (msg == NULL)
+        return;
+    KILN_WARN("%s", msg);
+    if (tr->db != NULL && state_event_add(tr->db, 0, tr->opt.run_id, "warning", msg) < 0)
+        KILN_WARN("the warning was not recorded in %s: %s", tr->opt.db, kiln_errmsg());
+    free(msg);
+}
+
 /* Loads the checkpoint the run starts from, if any: --resume DIR (state and
  * data position) or train.init_from (state only). Every rank reads every
- * shard file and keeps its own keys. */
+ * shard file and keeps its own keys. init_from: latest takes the newest
+ * checkpoint that can be used, saying which newer ones cannot, and fails
+ * when there are some and none can. */
 static int load_start(trainer_t *tr)
 {
     const job_spec_t *sp = &tr->spec;
     char *dir = NULL;
-    char uid[RT_CKPT_UID_MAX];
     int rc = 0;
+    rt_ckpt_chain_t ch = {0};
+    rt_ckpt_array_t *dense = NULL;
+    int nd = 0;
     if (tr->opt.resume != NULL) {
         dir = kiln_strdup(tr->opt.resume);
         tr->resumed = true;
     } else if (sp->train.init_from == JOB_INITFROM_LATEST) {
-        if (rt_ckpt_latest(tr->ckpt_root, uid) < 0) {
+        rc = rt_ckpt_latest_chain(tr->ckpt_root, true, tr->rank == 0 ? skipped_checkpoint : NULL,
+                                  tr, &ch);
+        if (rc == KILN_ENOENT) {
             kiln_errclear();
             return 0;
         }
-        dir = kiln_asprintf("%s/%s", tr->ckpt_root, uid);
+        if (rc == KILN_ECORRUPT) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", kiln_errmsg());
+            rc = kiln_errf(rc,
+                           "init_from latest: %s. Move the damaged checkpoints out of %s, or "
+                           "set train.init_from: none to start fresh",
+                           why, tr->ckpt_root);
+        }
+        if (rc < 0)
+            goto out;
+        dir = kiln_strdup(rt_ckpt_path(ch.items[ch.n - 1]));
     } else if (sp->train.init_from == JOB_INITFROM_CHECKPOINT) {
         const char *id = sp->train.init_from_checkpoint;
         dir = id[0] == '/' ? kiln_strdup(id) : kiln_asprintf("%s/%s", tr->ckpt_root, id);
     } else {
         return 0;
     }
-    if (dir == NULL)
-        return KILN_ENOMEM;
-    rt_ckpt_chain_t ch = {0};
-    rt_ckpt_array_t *dense = NULL;
-    int nd = 0;
-    rc = rt_ckpt_chain_open(dir, true, &ch);
-    if (rc == KILN_ENOENT)
-        rc = kiln_errf(KILN_ENOENT, "no checkpoint %s to start from; check --resume or "
-                                    "train.init_from",
-                       dir);
-    if (rc < 0)
+    if (dir == NULL) {
+        rc = KILN_ENOMEM;
         goto out;
+    }
+    if (ch.n == 0) {
+        rc = rt_ckpt_chain_open(dir, true, &ch);
+        if (rc == KILN_ENOENT)
+            rc = kiln_errf(KILN_ENOENT,
+                           "no checkpoint %s to start from; check --resume or "
+                           "train.init_from",
+                           dir);
+        if (rc < 0)
+            goto out;
+    }
     const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
     if (strcmp(in->model, job_model_type_name(sp->model.type)) != 0) {
         rc = kiln_errf(KILN_ECONFLICT, "checkpoint %s holds a %s model but the spec says %s; "
@@ -1038,13 +1078,17 @@ static void report_progress(trainer_t *tr, int64_t step, int64_t nsteps, double 
 
 /* The directory a spec's relative paths resolve against. kilnd runs a copy of
  * the spec in the run directory and names the submitted file's directory in
- * RUN_ENV_SPEC_DIR; otherwise it is the spec file's own directory. */
+ * RUN_ENV_SPEC_DIR; otherwise it is the directory of the spec file itself, with
+ * symlinks resolved: `kiln submit` records the real path too, so a spec
+ * reached through a link reads the same data whether kilnd or a person
+ * starts the trainer (docs/job-spec.md, "Paths"). */
 static char *spec_base_dir(const char *spec_path)
 {
     const char *env = getenv(RUN_ENV_SPEC_DIR);
     if (env != NULL && env[0] != '\0')
         return kiln_strdup(env);
-    char *dup = kiln_strdup(spec_path);
+    char *real = realpath(spec_path, NULL);
+    char *dup = real != NULL ? real : kiln_strdup(spec_path);
     char *dir = kiln_strdup(dup ? dirname(dup) : ".");
     free(dup);
     return dir;
@@ -1062,6 +1106,75 @@ static void test_kill_hook(int rank, int64_t step)
         return;
     if (atoi(r) == rank && atoll(s) == step)
         raise(SIGKILL);
+}
+
+/* Before a checkpoint other than the last, data.max_malformed is checked
+ * only once this many lines were read: one bad line among the first few
+ * (a header) should not fail a run whose data is good. */
+#define MALFORMED_MIN_LINES 10000
+
+/* data.max_malformed, and a run that read lines but no good row: every
+ * rank agrees on the counts (they come from the per-step allreduce), so
+ * every rank returns the same code; rank 0 tells. final: the end of the
+ * run. Returns 0, or KILN_ECORRUPT / KILN_EINVAL (exit 2: the same files fail
+ * again). */
+static int check_data(trainer_t *tr, bool final)
+{
+    const int64_t bad = tr->run_malformed, lines = tr->run_rows + bad;
+    const double max = tr->spec.data.max_malformed;
+    if (lines == 0 || (!final && lines < MALFORMED_MIN_LINES))
+        return 0;
+    if ((double)bad > max * (double)lines) {
+        tr->error_told = tr->rank != 0;
+        return kiln_errf(KILN_ECORRUPT,
+                         "%" PRId64 " of the %" PRId64 " training lines read (%.2f%%) are "
+                         "malformed, more than data.max_malformed (%g%%) allows, so no "
+                         "checkpoint is written; the first are logged above (FILE:LINE: "
+                         "reason). Check data.format, data.dense_features (%d) and "
+                         "data.cat_slots (%d) against the files, or raise data.max_malformed",
+                         bad, lines, 100.0 * (double)bad / (double)lines, 100.0 * max, tr->F,
+                         tr->S);
+    }
+    if (final && tr->run_rows == 0) {
+        tr->error_told = tr->rank != 0;
+        return kiln_errf(KILN_EINVAL,
+                         "the %" PRId64 " training lines read hold no good row (all "
+                         "malformed): nothing was trained and no checkpoint is "
+                         "written",
+                         lines);
+    }
+    return 0;
+}
+
+/* A run that diverged stops at the step it diverged, before anything of it
+ * reaches a checkpoint: a loss that is not finite on any rank, or dense
+ * weights that are not (they are the same on every rank). Embedding rows
+ * that blew up show in the loss of the step that reads them, and the
+ * checkpoint writer refuses any that is not finite. Collective. */
+static int check_finite(trainer_t *tr, double loss_sum, int64_t step)
+{
+    int bad = isfinite(loss_sum) ? 0 : 1;
+    if (bad == 0) {
+        const float *p = rt_model_params(tr->model);
+        const size_t np = rt_model_nparams(tr->model);
+        for (size_t i = 0; i < np && bad == 0; i++)
+            if (!isfinite(p[i]))
+                bad = 2;
+    }
+    int worst = bad;
+    if (tr->nranks > 1 &&
+        MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "MPI_Allreduce of the divergence check failed");
+    if (worst == 0)
+        return 0;
+    tr->error_told = tr->rank != 0;
+    const job_optimizer_t *so = &tr->spec.train.sparse, *d = &tr->spec.train.dense;
+    return kiln_errf(KILN_ERANGE,
+                     "step %" PRId64 ": training diverged: the %s not finite (NaN or "
+                     "infinite), so the run stops and writes no checkpoint of it. Lower the "
+                     "learning rates (train.optimizer.sparse.lr %g, train.optimizer.dense.lr "
+                     "%g) or check the data",
+                     step, worst == 1 ? "loss is" : "dense model's weights are", so->lr, d->lr);
 }
 
 /* The step at which training stops (0: none): a resumed run counts steps
@@ -1088,6 +1201,17 @@ static int train(trainer_t *tr, char **files, int nfiles, int64_t epochs)
         rt_reader_t *r = NULL;
         rc = agree(open_reader(tr, files, nfiles, &r));
         if (rc < 0) {
+            rt_reader_close(r);
+            break;
+        }
+        if (rt_reader_total_rows(r) == 0) {
+            /* Every rank counted the same files. */
+            tr->error_told = tr->rank != 0;
+            rc = kiln_errf(KILN_EINVAL,
+                           "the %d training file%s (%s%s) hold%s no lines: nothing "
+                           "to train on; check data.train",
+                           nfiles, nfiles == 1 ? "" : "s", files[0], nfiles > 1 ? ", ..." : "",
+                           nfiles == 1 ? "s" : "");
             rt_reader_close(r);
             break;
         }
@@ -1122,9 +1246,11 @@ static int train(trainer_t *tr, char **files, int nfiles, int64_t epochs)
         for (int64_t k = k0; k < nsteps && rc == 0; k++) {
             rt_batch_t *b = NULL;
             int got = rt_reader_next(r, &b);
-            /* Agree on the rows of this step and on whether any rank failed. */
-            int64_t in[2] = {got == 1 ? b->n : 0, got == 1 ? 0 : 1}, out[2];
-            if (MPI_Allreduce(in, out, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) {
+            /* Agree on the rows of this step, whether any rank failed, and
+             * the malformed lines it skipped (data.max_malformed). */
+            int64_t in[3] = {got == 1 ? b->n : 0, got == 1 ? 0 : 1, got == 1 ? b->nskipped : 0};
+            int64_t out[3];
+            if (MPI_Allreduce(in, out, 3, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) {
                 rc = kiln_errf(KILN_EMPI, "MPI_Allreduce of batch sizes failed");
                 break;
             }
@@ -1138,6 +1264,8 @@ static int train(trainer_t *tr, char **files, int nfiles, int64_t epochs)
                 break;
             }
             tr->pos_k = k + 1;
+            tr->run_rows += out[0];
+            tr->run_malformed += out[2];
             if (out[0] == 0)
                 continue;
             double loss_sum = 0.0;
@@ -1148,6 +1276,9 @@ static int train(trainer_t *tr, char **files, int nfiles, int64_t epochs)
                 tr->abort_needed = true;
                 break;
             }
+            rc = check_finite(tr, loss_sum, tr->steps + 1);
+            if (rc < 0)
+                break;
             tr->steps++;
             test_kill_hook(tr->rank, tr->steps);
             tr->samples += out[0];
@@ -1164,6 +1295,8 @@ static int train(trainer_t *tr, char **files, int nfiles, int64_t epochs)
             /* Step boundary: periodic checkpoints and online exports. */
             bool want = false;
             rc = export_requested(tr, &want);
+            if (rc == 0 && (want || (every_steps > 0 && tr->steps % every_steps == 0)))
+                rc = check_data(tr, false);
             if (rc == 0 && want) {
                 rc = checkpoint(tr, true);
                 /* export.every_ms counts from the end of an export, so a
@@ -1179,6 +1312,8 @@ static int train(trainer_t *tr, char **files, int nfiles, int64_t epochs)
             break;
     }
     tr->train_ns += kiln_mono_ns() - t0;
+    if (rc == 0)
+        rc = check_data(tr, true);
     return rc;
 }
 

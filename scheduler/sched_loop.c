@@ -375,10 +375,14 @@ static int setup(sched_t *s)
 }
 
 /* One kilnd per database: an flock on DB.kilnd.lock, held for kilnd's life
- * (the supervisors do not inherit it). */
+ * (the supervisors do not inherit it). DB is the database's real path
+ * (symlinks resolved; it exists, state_open made it), so a second kilnd
+ * given a link to the same file finds the same lock. */
 static int take_lock(sched_t *s)
 {
-    char *path = kiln_asprintf("%s.kilnd.lock", s->db_path);
+    char *real = realpath(s->db_path, NULL);
+    char *path = kiln_asprintf("%s.kilnd.lock", real != NULL ? real : s->db_path);
+    free(real);
     if (path == NULL)
         return KILN_ENOMEM;
     s->lockfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -402,6 +406,53 @@ static int take_lock(sched_t *s)
     return rc;
 }
 
+/* Whether prog names an executable regular file: a path when it holds a
+ * '/', else a name looked up in PATH. *where gets the file found. */
+static bool executable(const char *prog, char *where, size_t cap)
+{
+    struct stat sb;
+    if (strchr(prog, '/') != NULL) {
+        snprintf(where, cap, "%s", prog);
+        return stat(prog, &sb) == 0 && S_ISREG(sb.st_mode) && access(prog, X_OK) == 0;
+    }
+    const char *path = getenv("PATH");
+    for (const char *p = path ? path : ""; *p != '\0';) {
+        const char *end = strchr(p, ':');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        snprintf(where, cap, "%.*s/%s", (int)len, len ? p : ".", prog);
+        if (stat(where, &sb) == 0 && S_ISREG(sb.st_mode) && access(where, X_OK) == 0)
+            return true;
+        p += len + (end ? 1 : 0);
+    }
+    snprintf(where, cap, "%s", prog);
+    return false;
+}
+
+/* kilnd starts only with a trainer it can run (else every run would fail
+ * with mpirun's exit code for a missing program), and with the mpirun it
+ * was told to use. The default mpirun missing from PATH is a warning: a
+ * job with another launcher needs none. */
+static int check_programs(const sched_t *s)
+{
+    char where[PATH_MAX + 64];
+    if (!executable(s->trainer, where, sizeof where))
+        return kiln_errf(KILN_ENOENT,
+                         "the trainer %s is not an executable file, so every run would fail: "
+                         "pass --trainer with the path of kiln-train (or set KILN_TRAIN; the "
+                         "default is kiln-train next to kilnd, else in PATH)",
+                         where);
+    if (!executable(s->o.mpirun, where, sizeof where)) {
+        if (strcmp(s->o.mpirun, "mpirun") != 0)
+            return kiln_errf(KILN_ENOENT,
+                             "--mpirun %s is not an executable file: pass the path of Open "
+                             "MPI's mpirun (Debian: openmpi-bin)",
+                             where);
+        KILN_WARN("mpirun is not in PATH: runs with launcher local or hostfile will fail "
+                  "(install openmpi-bin or pass --mpirun PATH)");
+    }
+    return 0;
+}
+
 static void arm(sched_t *s, int64_t at_ms)
 {
     struct itimerspec its = {0};
@@ -420,6 +471,7 @@ int sched_run(const sched_options_t *o)
     s->sigfd = s->timerfd = s->epfd = s->inofd = s->lockfd = -1;
     s->rng = (uint64_t)kiln_mono_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ULL;
     int rc = 0;
+    bool started = false; /* past the start-up checks and recovery */
 #ifdef KILN_HAVE_WEB
     web_t *web = NULL;
 #endif
@@ -433,6 +485,7 @@ int sched_run(const sched_options_t *o)
         rc = KILN_ENOMEM;
         goto out;
     }
+    KILN_CHECK_GOTO(check_programs(s), rc, out);
     if (mkdir(s->home, 0755) < 0 && errno != EEXIST) {
         rc = kiln_errf(KILN_EIO, "cannot create %s: %s", s->home, strerror(errno));
         goto out;
@@ -468,6 +521,7 @@ int sched_run(const sched_options_t *o)
     if (sched_pusher_start(s->db_path, s->o.stats_every_ms, &s->pusher) < 0)
         KILN_ERROR("pushes will not be delivered: %s", kiln_errmsg());
 
+    started = true;
     bool changed = true;
     while (!s->quit) {
         int64_t next = tick(s, changed || s->dirty);
@@ -507,6 +561,14 @@ int sched_run(const sched_options_t *o)
         changed = db_changed(s);
     }
 out:
+    if (rc < 0 && o->log_path != NULL) {
+        /* The reason goes to --log too (kilnd's caller prints it on stderr,
+         * which a daemon's supervisor may not keep). */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", kiln_errmsg()[0] ? kiln_errmsg() : kiln_strerror(rc));
+        KILN_ERROR("kilnd %s: %s", started ? "stops" : "cannot start", why);
+        kiln_errf(rc, "%s", why);
+    }
     sched_pusher_stop(s->pusher);
 #ifdef KILN_HAVE_WEB
     web_stop(web);

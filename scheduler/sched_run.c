@@ -89,8 +89,10 @@ int64_t sched_backoff_ms(sched_t *s, const job_spec_t *spec, int attempt)
     return d;
 }
 
-void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
-                    const job_spec_t *spec, bool retryable, int exit_code, const char *error)
+/* sched_fail_run, with the time the run ended (0: now). */
+static void fail_run_at(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
+                        const job_spec_t *spec, bool retryable, int exit_code, const char *error,
+                        int64_t ended_at)
 {
     int64_t not_before = -1;
     if (retryable && spec != NULL && attempt <= spec->retries.count) {
@@ -98,8 +100,8 @@ void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int atte
         not_before = (now_ms() + ms + 999) / 1000;
     }
     int64_t retry = 0;
-    int rc = state_run_end(s->st, run_id, from, STATE_RUN_FAILED, exit_code, error, not_before,
-                           &retry);
+    int rc = state_run_end_at(s->st, run_id, from, STATE_RUN_FAILED, exit_code, error, ended_at,
+                              not_before, &retry);
     if (rc < 0)
         KILN_WARN("run %lld: cannot record its failure: %s", (long long)run_id, kiln_errmsg());
     else if (retry)
@@ -107,6 +109,12 @@ void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int atte
                   (long long)retry, attempt + 1);
     else
         KILN_INFO("run %lld failed: %s", (long long)run_id, error);
+}
+
+void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
+                    const job_spec_t *spec, bool retryable, int exit_code, const char *error)
+{
+    fail_run_at(s, run_id, from, attempt, spec, retryable, exit_code, error, 0);
 }
 
 /* ---- the run directory -------------------------------------------------------------- */
@@ -547,13 +555,16 @@ void sched_finish(sched_t *s, sched_active_t *a)
         retryable = run_exit_retryable(stat.exit_code, stat.signal);
     }
     int rc;
+    /* When the run ended, as its supervisor wrote it: for a run that ended
+     * while kilnd was down, that is not now. */
+    int64_t ended_at = src == 0 && stat.ended_at > 0 ? stat.ended_at : 0;
     if (to == STATE_RUN_FAILED) {
-        sched_fail_run(s, a->run_id, STATE_RUN_RUNNING, a->attempt, spec, retryable, code,
-                       error ? error : "failed");
+        fail_run_at(s, a->run_id, STATE_RUN_RUNNING, a->attempt, spec, retryable, code,
+                    error ? error : "failed", ended_at);
     } else if (to == STATE_RUN_SUCCEEDED) {
         /* The pushes export.on_success asks for commit with the success. */
         int n = 0;
-        rc = ops_run_succeeded(s->st, a->run_id, spec, res.checkpoint, code, &n);
+        rc = ops_run_succeeded(s->st, a->run_id, spec, res.checkpoint, code, ended_at, &n);
         if (rc < 0)
             KILN_WARN("run %lld: cannot record its end: %s", (long long)a->run_id, kiln_errmsg());
         else if (n > 0) {
@@ -563,9 +574,11 @@ void sched_finish(sched_t *s, sched_active_t *a)
         } else
             KILN_INFO("run %lld succeeded", (long long)a->run_id);
     } else {
-        rc = state_run_transition(s->st, a->run_id, STATE_RUN_RUNNING, to, code, error);
+        rc = state_run_end_at(s->st, a->run_id, STATE_RUN_RUNNING, to, code, error, ended_at, -1,
+                              NULL);
         if (rc == KILN_ESTATE)
-            rc = state_run_transition(s->st, a->run_id, STATE_RUN_LAUNCHING, to, code, error);
+            rc = state_run_end_at(s->st, a->run_id, STATE_RUN_LAUNCHING, to, code, error, ended_at,
+                                  -1, NULL);
         if (rc < 0)
             KILN_WARN("run %lld: cannot record its end: %s", (long long)a->run_id, kiln_errmsg());
         else

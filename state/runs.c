@@ -322,9 +322,9 @@ out:
 }
 
 /* Sets the state and the times and exit that come with it; the caller has
- * checked the edge. */
+ * checked the edge. ended_at > 0: when a terminal run really ended (else now). */
 static int set_state(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
-                     int exit_code, const char *error)
+                     int exit_code, const char *error, int64_t ended_at)
 {
     sqlite3_stmt *s = NULL;
     int rc;
@@ -347,7 +347,9 @@ static int set_state(state_t *st, int64_t run_id, state_run_state_t from, state_
     }
     if (state_run_state_terminal(to)) {
         KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_ENDED, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "IIit", run_id, now, exit_code, error), rc, out);
+        KILN_CHECK_GOTO(state_bind(st, s, what, "IIit", run_id, ended_at > 0 ? ended_at : now,
+                                   exit_code, error),
+                        rc, out);
         KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
     }
     rc = 0;
@@ -374,6 +376,7 @@ typedef struct {
     state_run_state_t from, to;
     int exit_code;
     const char *error;
+    int64_t ended_at; /* 0: now */
 } transition_t;
 
 static int transition_tx(state_t *st, const transition_t *t)
@@ -385,7 +388,7 @@ static int transition_tx(state_t *st, const transition_t *t)
     KILN_CHECK(run_state_of(st, t->run_id, &actual, &job_id, &cancel));
     if (actual != t->from || (edges[t->from] & BIT(t->to)) == 0)
         return refuse(t->run_id, actual, t->from, t->to);
-    KILN_CHECK(set_state(st, t->run_id, t->from, t->to, t->exit_code, t->error));
+    KILN_CHECK(set_state(st, t->run_id, t->from, t->to, t->exit_code, t->error, t->ended_at));
     if (state_run_state_terminal(t->to) && t->exit_code >= 0)
         snprintf(detail, sizeof detail, " (exit %d)", t->exit_code);
     return state_event_insert(st, job_id, t->run_id, "state", "%s -> %s%s%s%s",
@@ -398,7 +401,7 @@ int state_run_transition(state_t *st, int64_t run_id, state_run_state_t from, st
 {
     if ((int)from < 0 || from >= STATE_RUN_NSTATES || (int)to < 0 || to >= STATE_RUN_NSTATES)
         return kiln_errf(KILN_EINVAL, "unknown run state %d or %d", (int)from, (int)to);
-    transition_t t = {run_id, from, to, exit_code, error};
+    transition_t t = {run_id, from, to, exit_code, error, 0};
     int rc;
     STATE_WRITE(st, "changing a run's state", rc, transition_tx(st, &t));
     return rc;
@@ -416,7 +419,7 @@ static int cancel_tx(state_t *st, int64_t run_id, bool *done)
     if (actual == STATE_RUN_QUEUED) {
         KILN_CHECK(
             state_event_insert(st, job_id, run_id, "cancel", "cancel requested while queued"));
-        KILN_CHECK(set_state(st, run_id, actual, STATE_RUN_CANCELED, -1, NULL));
+        KILN_CHECK(set_state(st, run_id, actual, STATE_RUN_CANCELED, -1, NULL, 0));
         *done = true;
         return state_event_insert(st, job_id, run_id, "state", "queued -> canceled");
     }
@@ -601,24 +604,32 @@ out:
 }
 
 int state_run_succeed(state_t *st, int64_t run_id, state_run_state_t from, int exit_code,
-                      const state_push_req_t *pushes, size_t npushes, int64_t *push_ids)
+                      int64_t ended_at, const state_push_req_t *pushes, size_t npushes,
+                      int64_t *push_ids)
 {
-    run_succeed_t x = {{run_id, from, STATE_RUN_SUCCEEDED, exit_code, NULL}, pushes, npushes,
-                       push_ids};
+    run_succeed_t x = {{run_id, from, STATE_RUN_SUCCEEDED, exit_code, NULL, ended_at}, pushes,
+                       npushes, push_ids};
     int rc;
     STATE_WRITE(st, "recording a run's success", rc, run_succeed_tx(st, &x));
+    return rc;
+}
+
+int state_run_end_at(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
+                     int exit_code, const char *error, int64_t ended_at, int64_t retry_not_before,
+                     int64_t *retry_id)
+{
+    if ((int)from < 0 || from >= STATE_RUN_NSTATES || (int)to < 0 || to >= STATE_RUN_NSTATES)
+        return kiln_errf(KILN_EINVAL, "unknown run state %d or %d", (int)from, (int)to);
+    run_end_t e = {{run_id, from, to, exit_code, error, ended_at}, retry_not_before, 0};
+    int rc;
+    STATE_WRITE(st, "ending a run", rc, run_end_tx(st, &e));
+    if (retry_id != NULL)
+        *retry_id = rc == 0 ? e.retry_id : 0;
     return rc;
 }
 
 int state_run_end(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
                   int exit_code, const char *error, int64_t retry_not_before, int64_t *retry_id)
 {
-    if ((int)from < 0 || from >= STATE_RUN_NSTATES || (int)to < 0 || to >= STATE_RUN_NSTATES)
-        return kiln_errf(KILN_EINVAL, "unknown run state %d or %d", (int)from, (int)to);
-    run_end_t e = {{run_id, from, to, exit_code, error}, retry_not_before, 0};
-    int rc;
-    STATE_WRITE(st, "ending a run", rc, run_end_tx(st, &e));
-    if (retry_id != NULL)
-        *retry_id = rc == 0 ? e.retry_id : 0;
-    return rc;
+    return state_run_end_at(st, run_id, from, to, exit_code, error, 0, retry_not_before, retry_id);
 }

@@ -420,6 +420,14 @@ int state_data_version(state_t *st, int64_t *out /* OUT */);
 int state_run_end(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
                   int exit_code, const char *error, int64_t retry_not_before,
                   int64_t *retry_id /* OUT, may be NULL */);
+/* state_run_end with the time the run really ended (ended_at > 0, Unix
+ * seconds; 0: now): kilnd records a run that ended while it was down with
+ * the time its supervisor wrote into the run's status file, not the time
+ * kilnd came back. retry_not_before < 0 queues no retry, so this also ends
+ * a run that did not fail. */
+int state_run_end_at(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
+                     int exit_code, const char *error, int64_t ended_at, int64_t retry_not_before,
+                     int64_t *retry_id /* OUT, may be NULL */);
 
 /* A run succeeded: the compare-and-set of state_run_transition to
  * succeeded and, in the same transaction, the pushes its job's
@@ -427,8 +435,8 @@ int state_run_end(state_t *st, int64_t run_id, state_run_state_t from, state_run
  * kilnd killed right after the run ended loses no push. push_ids (npushes)
  * may be NULL. */
 int state_run_succeed(state_t *st, int64_t run_id, state_run_state_t from, int exit_code,
-                      const state_push_req_t *pushes, size_t npushes,
-                      int64_t *push_ids /* OUT */);
+                      int64_t ended_at /* 0: now */, const state_push_req_t *pushes,
+                      size_t npushes, int64_t *push_ids /* OUT */);
 
 /* The message of the newest event of a kind filed under a job (e.g. "submit",
  * whose message names the spec file). KILN_ENOENT when there is none. */

@@ -11,8 +11,9 @@
  * control file, SIGUSR1 (rank 0, every rank, mpirun) and export.every, kill -9
  * during a dump, a full disk during a dump, a corrupt checkpoint refused with
  * exit 2, `kiln export --format hugectr` of a chain, lineage rows in SQLite
- * (checkpoints, online and CLI exports), and retention that keeps what an
- * endpoint holds.
+ * (checkpoints, online and CLI exports), retention that keeps what an
+ * endpoint holds, non-finite values refused by the writer, and init_from:
+ * latest falling back past damaged checkpoints (which retention keeps).
  */
 /* cmocka.h needs these first. */
 /* clang-format off */
@@ -788,6 +789,52 @@ static void test_retention(void **state)
     kern_table_destroy(t);
 }
 
+/* Retention never deletes a checkpoint directory it cannot read (its
+ * manifest gone: the damaged newest one, say), and finishes a removal that
+ * was cut short (.rm-*). */
+static void test_retention_keeps_unreadable(void **state)
+{
+    (void)state;
+    char root[512], u[3][RT_CKPT_UID_MAX], d[1400], p[1200];
+    mkroot("retain-unreadable", root, sizeof root);
+    kern_table_t *t = make_table("emb", KERN_OPT_SGD, 1000, KERN_EVICT_NONE);
+    for (int i = 0; i < 3; i++) {
+        sim_step(t, i + 1, 500, 10);
+        local_dump(root, 1, &t, RT_CKPT_FULL, -1, i + 1, NULL, NULL, u[i]);
+    }
+    /* The oldest and the newest lose their manifests. */
+    for (int i = 0; i < 3; i += 2) {
+        snprintf(p, sizeof p, "%s/%s/manifest.json", root, u[i]);
+        assert_int_equal(unlink(p), 0);
+    }
+    snprintf(p, sizeof p, "%s/.rm-0000000000001-000000000001", root);
+    assert_int_equal(mkdir(p, 0755), 0);
+    snprintf(d, sizeof d, "%s/leftover.npy", p);
+    fclose(fopen(d, "w"));
+    int removed = -1;
+    assert_int_equal(rt_ckpt_retain(root, 1, NULL, NULL, &removed), 0);
+    assert_int_equal(removed, 0); /* u[1] is the newest readable one: kept */
+    for (int i = 0; i < 3; i++) {
+        snprintf(d, sizeof d, "%s/%s", root, u[i]);
+        assert_int_equal(access(d, F_OK), 0);
+    }
+    assert_int_not_equal(access(p, F_OK), 0); /* the cut-short removal is finished */
+    /* A newer readable one: u[1] goes (renamed, then removed), u[0] and u[2] stay. */
+    sim_step(t, 4, 500, 10);
+    char u3[RT_CKPT_UID_MAX];
+    local_dump(root, 1, &t, RT_CKPT_FULL, -1, 4, NULL, NULL, u3);
+    assert_int_equal(rt_ckpt_retain(root, 1, NULL, NULL, &removed), 0);
+    assert_int_equal(removed, 1);
+    const bool kept[3] = {true, false, true};
+    for (int i = 0; i < 3; i++) {
+        snprintf(d, sizeof d, "%s/%s", root, u[i]);
+        assert_int_equal(access(d, F_OK) == 0, kept[i]);
+    }
+    snprintf(d, sizeof d, "%s/.rm-%s", root, u[1]);
+    assert_int_not_equal(access(d, F_OK), 0);
+    kern_table_destroy(t);
+}
+
 /* A write past RLIMIT_FSIZE (a full disk) fails with KILN_ENOSPC naming the
  * file; run in a child so the limit stays there. */
 static void test_enospc_unit(void **state)
@@ -823,6 +870,66 @@ static void test_enospc_unit(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
     assert_int_equal(rt_ckpt_remove(tmp), 0);
     assert_int_not_equal(access(tmp, F_OK), 0);
+}
+
+/* A value that is not finite never reaches a checkpoint: a NaN row, an
+ * infinite optimizer state and an infinite dense weight are each refused
+ * with KILN_ERANGE naming the table and key (or the array), and nothing is
+ * written. */
+static void test_nonfinite_refused(void **state)
+{
+    (void)state;
+    char root[512], tmp[1024];
+    mkroot("nonfinite", root, sizeof root);
+    kern_table_t *t = make_table("emb", KERN_OPT_ADAGRAD, 1000, KERN_EVICT_NONE);
+    sim_step(t, 1, 500, 100);
+    int32_t rows[1000];
+    int64_t n = 0;
+    assert_int_equal(kern_table_scan(t, rows, 1000, &n), 0);
+    assert_true(n > 10);
+    kern_slab_t sl;
+    kern_table_slab(t, &sl);
+    const int64_t key = kern_table_keys(t)[rows[7]];
+    char want[160];
+    for (int k = 0; k < 2; k++) {
+        float *slot = k == 0 ? &sl.values[rows[7] * sl.dim + 2] : &sl.opt_state[rows[7] * sl.dim];
+        float keep = *slot;
+        *slot = k == 0 ? NAN : INFINITY;
+        snprintf(tmp, sizeof tmp, "%s/.tmp-%d", root, k);
+        assert_int_equal(mkdir(tmp, 0755), 0);
+        rt_ckpt_part_t *p = NULL;
+        assert_int_equal(rt_ckpt_part_create(&p), 0);
+        assert_int_equal(rt_ckpt_write_tables(tmp, 0, 1, &t, -1, true, p), KILN_ERANGE);
+        snprintf(want, sizeof want, "table 'emb' (rank 0): the %s of key %lld holds %s",
+                 k == 0 ? "row" : "optimizer state", (long long)key,
+                 k == 0 ? "NaN" : "an infinite value");
+        if (strstr(kiln_errmsg(), want) == NULL)
+            fail_msg("got: %s; want: %s", kiln_errmsg(), want);
+        assert_non_null(strstr(kiln_errmsg(), "training diverged"));
+        rt_ckpt_part_destroy(p);
+        /* Nothing of it stays in the temp dir. */
+        DIR *d = opendir(tmp);
+        assert_non_null(d);
+        struct dirent *e;
+        int files = 0;
+        while ((e = readdir(d)) != NULL)
+            files += e->d_name[0] != '.';
+        closedir(d);
+        assert_int_equal(files, 0);
+        assert_int_equal(rt_ckpt_remove(tmp), 0);
+        *slot = keep;
+    }
+    float dense[4] = {1, 2, INFINITY, 4};
+    rt_ckpt_array_t a = {"dense.params", dense, 4};
+    rt_ckpt_part_t *p = NULL;
+    assert_int_equal(rt_ckpt_part_create(&p), 0);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-dense", root);
+    assert_int_equal(mkdir(tmp, 0755), 0);
+    assert_int_equal(rt_ckpt_write_dense(tmp, &a, 1, p), KILN_ERANGE);
+    assert_non_null(strstr(kiln_errmsg(), "dense array dense.params (element 2) holds an infinite "
+                                          "value"));
+    rt_ckpt_part_destroy(p);
+    kern_table_destroy(t);
 }
 
 /* ---- integration: kiln-train ---------------------------------------------------------------- */
@@ -1652,6 +1759,105 @@ static void test_lineage_in_db(void **state)
     free(r);
 }
 
+/* The uid of the newest checkpoint kiln-train wrote (its result line). */
+static void last_uid(json_t *v, char *out)
+{
+    snprintf(out, RT_CKPT_UID_MAX, "%s", jstr(v, "checkpoint"));
+    json_decref(v);
+}
+
+/* init_from: latest never silently drops a checkpoint: with the newest
+ * one's manifest gone, a run starts from the one before it, says so in its
+ * log and as a "warning" event of the run, and retention keeps the damaged
+ * directory; a checksum failure falls back the same way; with none usable
+ * the run fails (exit 2) instead of starting from step 0. 2 ranks, a real
+ * SQLite file. */
+static void test_latest_falls_back(void **state)
+{
+    (void)state;
+    char s[512], db[512], rid[32], d[1024], p[1200];
+    char u[4][RT_CKPT_UID_MAX];
+    result_t *r = malloc(sizeof *r);
+    write_spec_train("fb",
+                     "train: {batch_size: 120, seed: 7, log_every: 1, init_from: latest}\n"
+                     "checkpoint: {full_every: 1, keep: 2}\n",
+                     s, sizeof s);
+    const char *two[] = {"--max-steps", "2", "--eval", "none", NULL};
+    /* Three runs of 2 steps, each warm-starting from the last: steps 2, 4, 6. */
+    for (int i = 0; i < 3; i++) {
+        char run[16];
+        snprintf(run, sizeof run, "fb%d", i);
+        json_t *v = train(2, s, run, two, r);
+        assert_int_equal((int)jnum(v, "steps"), 2 * (i + 1));
+        last_uid(v, u[i]);
+    }
+    ckpt_dir("fb", u[0], d, sizeof d);
+    assert_int_not_equal(access(d, F_OK), 0); /* keep: 2 */
+    ckpt_dir("fb", u[2], d, sizeof d);
+    snprintf(p, sizeof p, "%s/manifest.json", d);
+    assert_int_equal(unlink(p), 0);
+
+    snprintf(db, sizeof db, "%s/fb.db", tmpdir);
+    state_t *st = NULL;
+    assert_int_equal(state_open(db, &st), 0);
+    int64_t job = 0, run = 0;
+    assert_int_equal(state_job_put(st, "fb", "name: fb\n", "0000000000000000", NULL, 0, &job, NULL),
+                     0);
+    assert_int_equal(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &run), 0);
+    snprintf(rid, sizeof rid, "%lld", (long long)run);
+    const char *withdb[] = {"--max-steps", "2", "--eval", "none", "--db", db,
+                            "--run-id",    rid, NULL};
+    json_t *v = train(2, s, "fb3", withdb, r);
+    /* From u[1] (step 4), not from scratch (2) nor the damaged u[2] (8). */
+    assert_int_equal((int)jnum(v, "steps"), 6);
+    last_uid(v, u[3]);
+    char want[2400];
+    snprintf(want, sizeof want,
+             "init_from latest: checkpoint %s cannot be used (%s has no "
+             "manifest.json",
+             d, d);
+    if (strstr(r->err, want) == NULL)
+        fail_msg("no warning in the log: %s", r->err);
+    state_event_t *es = NULL;
+    size_t ne = 0;
+    assert_int_equal(state_event_list(st, 0, run, &es, &ne), 0);
+    bool found = false;
+    for (size_t i = 0; i < ne; i++)
+        found = found || (strcmp(es[i].kind, "warning") == 0 && strstr(es[i].message, want));
+    state_events_free(es, ne);
+    assert_true(found);
+    /* Retention (keep: 2) kept u[3] and u[1], and did not delete u[2]. */
+    assert_int_equal(access(d, F_OK), 0);
+    snprintf(p, sizeof p, "%s/slot0.r0.values.npy", d);
+    assert_int_equal(access(p, F_OK), 0);
+
+    /* A checksum failure in the newest: back to u[1] again. */
+    ckpt_dir("fb", u[3], d, sizeof d);
+    snprintf(p, sizeof p, "%s/slot3.r1.values.npy", d);
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    fseek(f, 140, SEEK_SET);
+    fputc(0x5a, f);
+    fclose(f);
+    v = train(2, s, "fb4", two, r);
+    assert_int_equal((int)jnum(v, "steps"), 6);
+    json_decref(v);
+    assert_non_null(strstr(r->err, "slot3.r1.values.npy"));
+    assert_non_null(strstr(r->err, "trying the next older one"));
+
+    /* None usable: exit 2 with the reason, not a fresh start. */
+    char all[RT_CKPT_UID_MAX * 2 + 2048];
+    snprintf(all, sizeof all, "rm -f '%s/ckpt/fb'/*/manifest.json", tmpdir);
+    assert_int_equal(system(all), 0);
+    assert_null(train_full(2, s, "fb5", two, NULL, 0, r));
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "init_from latest: none of the "));
+    assert_non_null(strstr(r->err, "can be used"));
+    assert_non_null(strstr(r->err, "set train.init_from: none to start fresh"));
+    state_close(st);
+    free(r);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1698,7 +1904,9 @@ int main(void)
         cmocka_unit_test(test_load_any_rank_count),
         cmocka_unit_test(test_integrity),
         cmocka_unit_test(test_retention),
+        cmocka_unit_test(test_retention_keeps_unreadable),
         cmocka_unit_test(test_enospc_unit),
+        cmocka_unit_test(test_nonfinite_refused),
         cmocka_unit_test(test_resume_same_ranks_bitwise),
         cmocka_unit_test(test_resume_across_rank_counts),
         cmocka_unit_test(test_online_export),
@@ -1712,6 +1920,9 @@ int main(void)
         cmocka_unit_test(test_export_lineage_in_db),
         cmocka_unit_test(test_online_export_sigusr1),
         cmocka_unit_test(test_online_export_every_ms),
+        cmocka_unit_test(test_latest_falls_back),
     };
+    if (getenv("KILN_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

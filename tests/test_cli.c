@@ -344,13 +344,70 @@ static void test_schedule_next(void **state)
     assert_int_equal(r.code, 2);
 }
 
+/* Two jobs may not share a checkpoint directory (the second would resume
+ * from the first's model): refused at submit (exit 5, nothing stored), however
+ * the second spells the directory (relative from elsewhere, through a
+ * symlink, absolute); a resubmit of the same job and a job with its own
+ * directory are fine. */
+static void test_submit_shared_checkpoint_dir(void **state)
+{
+    (void)state;
+    char db[400], a[400], path[400], cmd[1200];
+    snprintf(db, sizeof db, "%s/ckdb/kiln.db", tmpdir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%1$s/jobs/sub' && ln -sfn shared '%1$s/jobs/alias'",
+             tmpdir);
+    assert_int_equal(system(cmd), 0);
+    write_file("jobs/a.yaml", "name: a\ndata: {train: d.tsv}\ncheckpoint: {dir: shared}\n", a,
+               sizeof a);
+    result_t r;
+    KILN(&r, "--db", db, "submit", a);
+    if (r.code != 0)
+        fail_msg("first submit: %d %s", r.code, r.err);
+    char abs_spec[1024];
+    snprintf(abs_spec, sizeof abs_spec,
+             "name: b4\ndata: {train: d.tsv}\ncheckpoint: {dir: "
+             "%s/jobs/./shared/}\n",
+             tmpdir);
+    const struct {
+        const char *file, *text;
+    } clash[] = {
+        {"jobs/b1.yaml", "name: b1\ndata: {train: d.tsv}\ncheckpoint: {dir: shared}\n"},
+        {"jobs/sub/b2.yaml", "name: b2\ndata: {train: d.tsv}\ncheckpoint: {dir: ../shared}\n"},
+        {"jobs/b3.yaml", "name: b3\ndata: {train: d.tsv}\ncheckpoint: {dir: alias}\n"},
+        {"jobs/b4.yaml", abs_spec},
+    };
+    for (size_t i = 0; i < sizeof clash / sizeof clash[0]; i++) {
+        write_file(clash[i].file, clash[i].text, path, sizeof path);
+        KILN(&r, "--db", db, "submit", path);
+        if (r.code != 5 || strstr(r.err, "is already the checkpoint directory of job a") == NULL)
+            fail_msg("%s: exit %d (want 5): %s", clash[i].file, r.code, r.err);
+        assert_non_null(strstr(r.err, "/jobs/shared"));
+    }
+    KILN(&r, "--db", db, "--json", "jobs");
+    assert_int_equal(r.code, 0);
+    json_t *jobs = parse_json(r.out);
+    assert_int_equal(json_array_size(jobs), 1); /* none of them was stored */
+    json_decref(jobs);
+    KILN(&r, "--db", db, "submit", a); /* the same job again */
+    assert_int_equal(r.code, 0);
+    write_file("jobs/c.yaml", "name: c\ndata: {train: d.tsv}\n", path, sizeof path);
+    KILN(&r, "--db", db, "submit", path); /* ckpt/c */
+    assert_int_equal(r.code, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_help),          cmocka_unit_test(test_usage_errors),
-        cmocka_unit_test(test_dry_run_examples), cmocka_unit_test(test_bad_spec),
-        cmocka_unit_test(test_submit_round_trip), cmocka_unit_test(test_kiln_home),
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_dry_run_examples),
+        cmocka_unit_test(test_bad_spec),
+        cmocka_unit_test(test_submit_round_trip),
+        cmocka_unit_test(test_kiln_home),
         cmocka_unit_test(test_schedule_next),
+        cmocka_unit_test(test_submit_shared_checkpoint_dir),
     };
+    if (getenv("KILN_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,7 +2,9 @@
  * tests/test_data.c - the trainer's input side (runtime/rt_data.h): Criteo
  * TSV parsing and key hashing, malformed lines, block-cyclic partitioning
  * over 1, 2 and 3 ranks, TSV -> kiln-bin round trips (multi-hot too),
- * corruption detection, the prefetch thread, and the data generator.
+ * corruption detection, the prefetch thread, the data generator, gzip and
+ * zstd files (made by the real gzip and zstd), and files that are not
+ * regular files (/dev/zero, a FIFO, a directory).
  * Files live in a mkdtemp directory under /tmp and are small.
  */
 #include <stdarg.h>
@@ -789,6 +791,176 @@ static void test_datagen(void **state)
     free(p4);
 }
 
+/* ---- compressed files and files that are not files ------------------------------------
+ * The gzip and zstd files are made by the real gzip and zstd programs. */
+
+/* Runs a shell command (the test's own paths only); fails the test if it fails. */
+static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sh(const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0)
+        fail_msg("command failed: %s", cmd);
+}
+
+/* Reads paths on nranks ranks with batch B and checks every rank's rows
+ * equal the plain files' rows, step by step. */
+static void check_same_rows(const char *const *plain, const char *const *other, int npaths,
+                            int nranks, int B)
+{
+    for (int r = 0; r < nranks; r++) {
+        run_t x, y;
+        run_reader(plain, npaths, RT_FMT_TSV, r, nranks, B, 2, &x);
+        run_reader(other, npaths, RT_FMT_TSV, r, nranks, B, 2, &y);
+        assert_int_equal(x.nsteps, y.nsteps);
+        assert_int_equal(x.nrows, y.nrows);
+        assert_true(x.nrows > 0);
+        assert_int_equal(y.stats.malformed, 0);
+        assert_memory_equal(x.step_rows, y.step_rows, (size_t)x.nsteps * sizeof(int));
+        for (int i = 0; i < x.nrows; i++)
+            assert_rows_equal(&x.rows[i], &y.rows[i]);
+        run_free(&x);
+        run_free(&y);
+    }
+}
+
+/* gzip and zstd files (several members / frames too) read exactly as the
+ * plain files do, on 1, 2 and 3 ranks, whatever their names say; so does
+ * kiln convert. A file bigger than the decoders' buffers crosses line and
+ * buffer boundaries many times. */
+static void test_compressed_tsv(void **state)
+{
+    (void)state;
+    char *a, *b;
+    make_partition_files(&a, &b);
+    /* a as gzip in two members (named .tsv: the magic decides), b as zstd in two frames. */
+    char *agz = tpath("part-a-gzip.tsv"), *bzst = tpath("part-b.zst");
+    char *half1 = tpath("half1"), *half2 = tpath("half2");
+    sh("head -n 20 '%s' > '%s' && tail -n +21 '%s' > '%s'", a, half1, a, half2);
+    sh("gzip -c '%s' > '%s' && gzip -c '%s' >> '%s'", half1, agz, half2, agz);
+    sh("head -n 30 '%s' > '%s' && tail -n +31 '%s' > '%s'", b, half1, b, half2);
+    sh("zstd -q -c '%s' > '%s' && zstd -q -c '%s' >> '%s'", half1, bzst, half2, bzst);
+    const char *plain[] = {a, b}, *comp[] = {agz, bzst};
+    for (int nranks = 1; nranks <= 3; nranks++)
+        check_same_rows(plain, comp, 2, nranks, 4 + nranks);
+    check_partition(comp, 2, RT_FMT_TSV, 2, 5, 103);
+    int64_t rows = 0, bytes = 0;
+    assert_int_equal(rt_tsv_count_rows(agz, &rows, &bytes), 0);
+    assert_int_equal(rows, 47);
+    struct stat sb;
+    assert_int_equal(stat(agz, &sb), 0);
+    assert_int_equal(bytes, sb.st_size); /* the file's bytes, not the text's */
+
+    /* A plain file named .gz is read as plain text. */
+    char *fake = tpath("plain-text.gz");
+    sh("cp '%s' '%s'", b, fake);
+    const char *p1[] = {b}, *p2[] = {fake};
+    check_same_rows(p1, p2, 1, 2, 8);
+
+    /* Big: 12000 generated rows, about 2 MB of text, each format. */
+    char *big = tpath("big.tsv"), *biggz = tpath("big.tsv.gz"), *bigzst = tpath("big.tsv.zst");
+    rt_datagen_opts_t g = {.path = big, .rows = 12000, .seed = 5, .day = 0};
+    assert_int_equal(rt_datagen(&g), 0);
+    sh("gzip -c '%s' > '%s' && zstd -q -c '%s' > '%s'", big, biggz, big, bigzst);
+    const char *bp[] = {big}, *bg[] = {biggz}, *bz[] = {bigzst};
+    check_same_rows(bp, bg, 1, 2, 1000);
+    check_same_rows(bp, bz, 1, 3, 700);
+
+    /* kiln convert reads them too. */
+    char *kb1 = tpath("from-plain.kbin"), *kb2 = tpath("from-comp.kbin");
+    assert_int_equal(rt_convert_tsv_to_bin(plain, 2, kb1, NULL, NULL), 0);
+    if (rt_convert_tsv_to_bin(comp, 2, kb2, NULL, NULL) != 0)
+        fail_msg("convert: %s", kiln_errmsg());
+    size_t l1, l2;
+    char *c1 = read_all(kb1, &l1), *c2 = read_all(kb2, &l2);
+    assert_int_equal(l1, l2);
+    assert_memory_equal(c1, c2, l1);
+    free(c1);
+    free(c2);
+    char *all[] = {a, b, agz, bzst, half1, half2, fake, big, biggz, bigzst, kb1, kb2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+/* Opens paths as TSV (rank 0 of 1) and expects code with every `want`
+ * string in the message. */
+static void open_fails(const char *path, rt_format_t fmt, int code, const char *want1,
+                       const char *want2)
+{
+    rt_reader_t *r = NULL;
+    const char *paths[] = {path};
+    int rc = rt_reader_open(paths, 1, fmt, 0, 1, 8, RT_DIMS_AUTO, RT_DIMS_AUTO, 2, &r);
+    if (rc == 0) {
+        rt_batch_t *b;
+        while ((rc = rt_reader_next(r, &b)) == 1) {
+        }
+        rt_reader_close(r);
+    }
+    if (rc != code || strstr(kiln_errmsg(), want1) == NULL ||
+        (want2 != NULL && strstr(kiln_errmsg(), want2) == NULL))
+        fail_msg("%s: rc %d (want %d), message: %s (want: %s / %s)", path, rc, code, kiln_errmsg(),
+                 want1, want2 ? want2 : "");
+}
+
+/* A compressed file that is cut short or damaged is an error naming the
+ * file; a compressed kiln-bin file is refused with the reason. */
+static void test_compressed_damaged(void **state)
+{
+    (void)state;
+    char *big = tpath("dmg.tsv"), *gz = tpath("dmg.tsv.gz"), *zst = tpath("dmg.tsv.zst");
+    char *cut = tpath("cut.tsv.gz"), *cutz = tpath("cut.tsv.zst"), *bad = tpath("bad.tsv.zst");
+    rt_datagen_opts_t g = {.path = big, .rows = 3000, .seed = 9, .day = 0};
+    assert_int_equal(rt_datagen(&g), 0);
+    sh("gzip -c '%s' > '%s' && zstd -q -c '%s' > '%s'", big, gz, big, zst);
+    sh("head -c 20000 '%s' > '%s' && head -c 20000 '%s' > '%s'", gz, cut, zst, cutz);
+    open_fails(cut, RT_FMT_TSV, KILN_ECORRUPT, cut, "the gzip stream ends early at byte 20000");
+    open_fails(cutz, RT_FMT_TSV, KILN_ECORRUPT, cutz, "the zstd stream ends early at byte 20000");
+    /* Bytes 5000..5099 of the zstd file overwritten. */
+    sh("cp '%s' '%s' && printf '%%0100d' 0 | dd of='%s' bs=1 seek=5000 conv=notrunc 2>/dev/null",
+       zst, bad, bad);
+    open_fails(bad, RT_FMT_TSV, KILN_ECORRUPT, bad, "the zstd data is corrupt near byte");
+
+    char *kb = tpath("dmg.kbin"), *kbgz = tpath("dmg.kbin.gz"), *kbz = tpath("dmg.kbin.zst");
+    const char *in[] = {big};
+    assert_int_equal(rt_convert_tsv_to_bin(in, 1, kb, NULL, NULL), 0);
+    sh("gzip -c '%s' > '%s' && zstd -q -c '%s' > '%s'", kb, kbgz, kb, kbz);
+    open_fails(kbgz, RT_FMT_BIN, KILN_EINVAL,
+               "is gzip-compressed; kiln-bin files are read by "
+               "seeking to their chunks and cannot be compressed",
+               kbgz);
+    open_fails(kbz, RT_FMT_AUTO, KILN_EINVAL, "is zstd-compressed", kbz);
+    char *all[] = {big, gz, zst, cut, cutz, bad, kb, kbgz, kbz};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+/* /dev/zero (endless), a FIFO (blocks) and a directory are refused at open,
+ * in either format. alarm(): the reader used to read /dev/zero forever. */
+static void test_not_regular_files(void **state)
+{
+    (void)state;
+    alarm(60);
+    char *fifo = tpath("fifo.tsv"), *dir = tpath("dir.tsv");
+    assert_int_equal(mkfifo(fifo, 0644), 0);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    const rt_format_t fmts[] = {RT_FMT_TSV, RT_FMT_BIN, RT_FMT_AUTO};
+    for (size_t i = 0; i < 3; i++) {
+        open_fails("/dev/zero", fmts[i], KILN_EINVAL,
+                   "data file /dev/zero is a character device, not a regular file", NULL);
+        open_fails(fifo, fmts[i], KILN_EINVAL, "is a FIFO, not a regular file", fifo);
+        open_fails(dir, fmts[i], KILN_EINVAL, "is a directory, not a regular file", dir);
+    }
+    int64_t rows, bytes;
+    assert_int_equal(rt_tsv_count_rows("/dev/zero", &rows, &bytes), KILN_EINVAL);
+    alarm(0);
+    free(fifo);
+    free(dir);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -820,6 +992,11 @@ int main(void)
         cmocka_unit_test(test_bin_corrupt),
         cmocka_unit_test(test_prefetch_repeat_and_close),
         cmocka_unit_test(test_datagen),
+        cmocka_unit_test(test_compressed_tsv),
+        cmocka_unit_test(test_compressed_damaged),
+        cmocka_unit_test(test_not_regular_files),
     };
+    if (getenv("KILN_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -9,7 +9,9 @@
  * during a run are recorded as skipped; no time served twice); catch-up
  * after downtime (catchup: all runs every missed time, once); kill -9 of
  * kilnd during runs (the live one is adopted, the one that ended meanwhile
- * gets its real outcome, nothing duplicated).
+ * gets its real outcome and end time, nothing duplicated); one kilnd per
+ * database through a symlinked --db; refusing to start, with the reason in
+ * --log, on a corrupt database or a trainer or mpirun that cannot run.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +32,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "proc.h"
 #include "state.h"
 
 #ifndef KILN_BIN
@@ -618,12 +621,27 @@ static void test_kill9_recovery(void **state)
             fprintf(stderr, "(could not show the logs)\n");
         fail_msg("the run's supervisor wrote no status while kilnd was down");
     }
+    /* kilnd comes back well after run 1 ended: its record must keep the
+     * time its supervisor wrote, not take the restart's. */
+    char st_text[512];
+    proc_slurp(status, st_text, sizeof st_text);
+    const char *ea = strstr(st_text, "\"ended_at\": ");
+    assert_non_null(ea);
+    long long status_ended = atoll(ea + 12);
+    while (time(NULL) < status_ended + 3)
+        sleep_ms(200);
     k = start_kilnd();
     bool adopted = log_has("run 2 adopted", 30);
     assert_int_equal(signal_ranks(slow_dir, SIGCONT), 2);
     if (!adopted)
         fail_msg("kilnd did not adopt the live run 2 within 30 s; see %s/kilnd.log", home);
     wait_run(1, STATE_RUN_SUCCEEDED, 10);
+    get_run(1, &r);
+    if (r.ended_at != status_ended)
+        fail_msg("run 1 ended at %lld by its status file, but is recorded as ended at %lld "
+                 "(kilnd's restart)",
+                 status_ended, (long long)r.ended_at);
+    state_run_fini(&r);
     wait_run(2, STATE_RUN_SUCCEEDED, 120);
     stop_kilnd(k, SIGTERM);
     state_t *st = open_db();
@@ -634,6 +652,123 @@ static void test_kill9_recovery(void **state)
     state_runs_free(rs, n);
     state_close(st);
     assert_true(log_has("run 1 ended while kilnd was away", 0));
+}
+
+/* Runs kilnd with argv[1..] (argv[0] is ignored), its stdout and stderr in
+ * home/NAME.out, and waits up to timeout_s for it to exit: returns its exit
+ * code, or -1 when it was still running (it is then killed). */
+static int kilnd_exits(const char *name, const char *const *args, int timeout_s, char *out,
+                       size_t cap)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s.out", home, name);
+    const char *argv[32] = {KILND_BIN};
+    int n = 1;
+    for (int i = 0; args[i] != NULL && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(KILND_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0, code = -1;
+    for (int i = 0; i < timeout_s * 10; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            break;
+        }
+        sleep_ms(100);
+    }
+    if (code < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+    proc_slurp(path, out, cap);
+    return code;
+}
+
+/* One kilnd per database, however the database is named: a second kilnd
+ * given a symlink to the first one's database refuses to start, naming the
+ * first one's pid (it used to start, and both adopted and launched the same
+ * runs). */
+static void test_lock_through_symlink(void **state)
+{
+    (void)state;
+    char link[400], out[4096], want[600];
+    pid_t k = start_kilnd();
+    assert_true(log_has("max 4 ranks", 20)); /* the first one is up, holding its lock */
+    snprintf(link, sizeof link, "%s/link.db", home);
+    assert_int_equal(symlink(db, link), 0);
+    const char *args[] = {"--db",         link,       "--home", home, "--trainer",
+                          KILN_TRAIN_BIN, "--listen", "",       NULL};
+    int code = kilnd_exits("second", args, 10, out, sizeof out);
+    if (code != 1)
+        fail_msg("a second kilnd on a link to the database: exit %d (want 1): %s", code, out);
+    snprintf(want, sizeof want, "another kilnd (pid %d) is running on %s", (int)k, link);
+    if (strstr(out, want) == NULL)
+        fail_msg("wanted \"%s\" in: %s", want, out);
+    stop_kilnd(k, SIGTERM);
+}
+
+/* kilnd refuses to start, with the reason on stderr and in --log, on a
+ * database that is not one and on a corrupt one, and with a trainer or an
+ * mpirun it cannot run (it used to start and fail every run with exit
+ * code 132). */
+static void test_refuses_to_start(void **state)
+{
+    (void)state;
+    char bad[400], log[400], out[4096], text[8192], cmd[2400];
+    snprintf(log, sizeof log, "%s/refuse.log", home);
+    /* Not a database: 8 KiB of random bytes. A corrupt one: a real
+     * database with its pages after the header overwritten. */
+    snprintf(bad, sizeof bad, "%s/random.db", home);
+    snprintf(cmd, sizeof cmd, "head -c 8192 /dev/urandom > '%s'", bad);
+    assert_int_equal(system(cmd), 0);
+    const struct {
+        const char *db, *trainer, *mpirun, *want;
+    } cases[] = {
+        {bad, KILN_TRAIN_BIN, "mpirun", "file is not a database"},
+        {"CORRUPT", KILN_TRAIN_BIN, "mpirun", "database disk image is malformed"},
+        {"GOOD", "/nonexistent/kiln-train", "mpirun",
+         "the trainer /nonexistent/kiln-train is not an executable file, so every run would "
+         "fail"},
+        {"GOOD", "NOEXEC", "mpirun", "/not-executable is not an executable file"},
+        {"GOOD", KILN_TRAIN_BIN, "/nonexistent/mpirun",
+         "--mpirun /nonexistent/mpirun is not an executable file"},
+    };
+    state_close(open_db()); /* GOOD: a real database */
+    char corrupt[400];
+    snprintf(corrupt, sizeof corrupt, "%s/corrupt.db", home);
+    snprintf(cmd, sizeof cmd,
+             "cp '%s' '%s' && dd if=/dev/zero bs=1 seek=100 count=3996 conv=notrunc of='%s' "
+             "2>/dev/null && head -c 4096 /dev/urandom >> '%s'",
+             db, corrupt, corrupt, corrupt);
+    assert_int_equal(system(cmd), 0);
+    char noexec[400]; /* a file that exists, without execute permission */
+    snprintf(noexec, sizeof noexec, "%s/not-executable", home);
+    fclose(fopen(noexec, "w"));
+    chmod(noexec, 0644);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *trainer = strcmp(cases[i].trainer, "NOEXEC") == 0 ? noexec : cases[i].trainer;
+        const char *d = strcmp(cases[i].db, "GOOD") == 0      ? db
+                        : strcmp(cases[i].db, "CORRUPT") == 0 ? corrupt
+                                                              : cases[i].db;
+        unlink(log);
+        const char *args[] = {
+            "--db",          d,       "--home", home,       "--trainer", trainer, "--mpirun",
+            cases[i].mpirun, "--log", log,      "--listen", "",          NULL};
+        int code = kilnd_exits("refuse", args, 10, out, sizeof out);
+        proc_slurp(log, text, sizeof text);
+        if (code != 1 || strstr(out, cases[i].want) == NULL ||
+            strstr(text, "kilnd cannot start: ") == NULL || strstr(text, cases[i].want) == NULL)
+            fail_msg("case %zu: exit %d (want 1); want \"%s\" on stderr and in --log.\n"
+                     "stderr: %s\nlog: %s",
+                     i, code, cases[i].want, out, text);
+    }
 }
 
 int main(void)
@@ -648,6 +783,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cron_forbid, setup_home, teardown_home),
         cmocka_unit_test_setup_teardown(test_catchup_after_downtime, setup_home, teardown_home),
         cmocka_unit_test_setup_teardown(test_kill9_recovery, setup_home, teardown_home),
+        cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
+        cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home),
     };
     /* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
     if (getenv("KILN_TEST_FILTER") != NULL)

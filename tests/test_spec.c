@@ -4,7 +4,8 @@
  * that sets every field, shared and overridden embedding tables, a table of
  * bad specs each with the exact diagnostic it must produce, collection of
  * several problems in document order, and every file in examples/ and
- * tests/specs/good/ parsing cleanly.
+ * tests/specs/good/ parsing cleanly; hostile specs (too big, too deep, too
+ * many keys, alias bombs) answered with their error.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -95,6 +96,7 @@ static void test_ctr_hourly(void **state)
     assert_true(s.data.incremental);
     assert_int_equal(s.data.dense_features, 13);
     assert_int_equal(s.data.cat_slots, 26);
+    assert_true(s.data.max_malformed == 0.01);
     assert_int_equal(s.model.type, JOB_MODEL_DLRM);
     assert_int_equal(s.model.embedding.dim, 16);
     assert_int_equal(s.model.embedding.combiner, JOB_COMB_SUM);
@@ -176,6 +178,7 @@ static void test_minimal_defaults(void **state)
     assert_false(s.data.incremental);
     assert_int_equal(s.data.dense_features, 13);
     assert_int_equal(s.data.cat_slots, 26);
+    assert_true(s.data.max_malformed == 0.01);
     assert_int_equal(s.model.type, JOB_MODEL_LR);
     assert_int_equal(s.model.embedding.dim, 16);
     assert_int_equal(s.model.embedding.combiner, JOB_COMB_SUM);
@@ -259,6 +262,7 @@ static void test_every_field(void **state)
     assert_true(s.data.incremental);
     assert_int_equal(s.data.dense_features, 4);
     assert_int_equal(s.data.cat_slots, 6);
+    assert_true(s.data.max_malformed == 0.25);
     assert_int_equal(s.model.type, JOB_MODEL_FM);
     assert_int_equal(s.model.embedding.dim, 8);
     assert_int_equal(s.model.embedding.combiner, JOB_COMB_MEAN);
@@ -440,6 +444,12 @@ static const struct bad {
      "job.yaml:3:22: resources.timeout: expected a duration like 30s, 5m, 2h or 1h30m (or none), "
      "got \"forever\""},
     {P "train: {seed: -1}\n", "job.yaml:3:15: train.seed: must be >= 0, got -1"},
+    {P "train: {seed: 9223372036854775808}\n",
+     "job.yaml:3:15: train.seed: 9223372036854775808 is out of range 0..9223372036854775807"},
+    {P "train: {seed: -9223372036854775809}\n",
+     "job.yaml:3:15: train.seed: must be >= 0, got -9223372036854775809"},
+    {"name: j\ndata: {train: d, max_malformed: 1.5}\n",
+     "job.yaml:2:33: data.max_malformed: must be in [0, 1], got 1.5"},
     {P "model: {type: dlrm, bottom_mlp: [64, x]}\n",
      "job.yaml:3:38: model.bottom_mlp[1]: expected a positive integer, got \"x\""},
     {P "model: {type: dlrm, top_mlp: 1}\n",
@@ -449,11 +459,18 @@ static const struct bad {
     /* names and strings */
     {"name: \"ctr hourly\"\ndata: {train: d}\n",
      "job.yaml:1:7: name: \"ctr hourly\" is not a valid name (1 to 64 letters, digits, '_', '.' "
-     "or '-')"},
+     "or '-', and not . or ..)"},
     {"name: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\ndata: {train: d}\n",
      "job.yaml:1:7: name: \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\" is "
      "not "
-     "a valid name (1 to 64 letters, digits, '_', '.' or '-')"},
+     "a valid name (1 to 64 letters, digits, '_', '.' or '-', and not . or ..)"},
+    /* a job's name is a directory (ckpt/<name>): not the directory itself or its parent */
+    {"name: .\ndata: {train: d}\n",
+     "job.yaml:1:7: name: \".\" is not a valid name (1 to 64 letters, digits, '_', '.' or '-', "
+     "and not . or ..)"},
+    {"name: \"..\"\ndata: {train: d}\n",
+     "job.yaml:1:7: name: \"..\" is not a valid name (1 to 64 letters, digits, '_', '.' or '-', "
+     "and not . or ..)"},
     {P "push: {token_env: KILN-TOKEN}\n",
      "job.yaml:3:19: push.token_env: \"KILN-TOKEN\" is not an environment variable name (letters, "
      "digits and '_', not starting with a digit)"},
@@ -479,6 +496,21 @@ static const struct bad {
     {P "model: {embedding: {capacity: 0}}\n",
      "job.yaml:3:31: model.embedding.capacity: 0 is out of range 1..1099511627776"},
     {P "train: {batch_size: 0}\n", "job.yaml:3:21: train.batch_size: 0 is out of range 1..1048576"},
+    /* a rank's share of a table must fit kiln-train's tables (JOB_MAX_ROWS_PER_RANK) */
+    {P "resources: {ranks: 2}\nmodel: {embedding: {capacity: 1099511627776}}\n",
+     "job.yaml:4:31: model.embedding.capacity: 1099511627776 rows over 2 ranks is 588788477762 "
+     "rows per rank (with device auto or cuda, counting the GPU's host mirror), more than the "
+     "2147483632 a rank's table can hold (row ids are 32-bit): lower it or raise "
+     "resources.ranks to at least 549"},
+    {P "resources: {device: cpu}\nmodel: {embedding: {capacity: 2147483633}}\n",
+     "job.yaml:4:31: model.embedding.capacity: 2147483633 rows over 1 rank is 2147483633 rows "
+     "per rank, more than the 2147483632 a rank's table can hold (row ids are 32-bit): lower it "
+     "or raise resources.ranks to at least 2"},
+    {P "resources: {device: cpu, ranks: 2}\nmodel:\n  tables: [{name: a, slots: 0, "
+       "capacity: 8589934592}]\n",
+     "job.yaml:5:42: model.tables[0].capacity: 8589934592 rows over 2 ranks is 4509715724 "
+     "rows per rank, more than the 2147483632 a rank's table can hold (row ids are 32-bit): "
+     "lower it or raise resources.ranks to at least 5"},
     {P "train: {optimizer: {dense: {lr: -0.1}}}\n",
      "job.yaml:3:33: train.optimizer.dense.lr: must be >= 0, got -0.1"},
     {P "train: {optimizer: {sparse: {type: adam, beta1: 1.0}}}\n",
@@ -510,7 +542,20 @@ static const struct bad {
      "job.yaml:5:7: push.endpoints[0].label: required field is missing"},
     {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: m, label: \"A B\"}\n",
      "job.yaml:5:44: push.endpoints[0].label: \"A B\" is not a valid label (1 to 32 letters, "
-     "digits, '_', '.' or '-')"},
+     "digits, '_', '.' or '-', not starting with '.'; kiln-serve refuses others)"},
+    /* names kiln-serve refuses (serving/serve_store.c good_name) are refused here */
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: m, label: .B}\n",
+     "job.yaml:5:44: push.endpoints[0].label: \".B\" is not a valid label (1 to 32 letters, "
+     "digits, '_', '.' or '-', not starting with '.'; kiln-serve refuses others)"},
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: \"ctr v2\", label: A}\n",
+     "job.yaml:5:34: push.endpoints[0].model: \"ctr v2\" is not a model name kiln-serve accepts "
+     "(1 to 63 letters, digits, '_', '.' or '-', not starting with '.')"},
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: .ctr, label: A}\n",
+     "job.yaml:5:34: push.endpoints[0].model: \".ctr\" is not a model name kiln-serve accepts "
+     "(1 to 63 letters, digits, '_', '.' or '-', not starting with '.')"},
+    {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: ../x, label: A}\n",
+     "job.yaml:5:34: push.endpoints[0].model: \"../x\" is not a model name kiln-serve accepts "
+     "(1 to 63 letters, digits, '_', '.' or '-', not starting with '.')"},
     {P "push:\n  endpoints:\n    - {url: \"http://h:1\", model: m, label: A}\n"
        "    - {url: \"http://h:1\", model: m, label: A}\n",
      "job.yaml:6:7: push.endpoints[1]: same url, model and label as push.endpoints[0]; list each "
@@ -695,6 +740,190 @@ static void test_names(void **state)
     assert_string_equal(job_model_type_name((job_model_type_t)42), "?");
 }
 
+/* ---- hostile specs: each answers with its error and returns ---------------------------
+ * The old parser took O(n^2) in the keys of a mapping and in the nesting
+ * depth (200k brackets: 60 s; 10 MB of unknown keys: did not finish), so
+ * these tests would hang there; their timing is in the report, not here. */
+
+/* A growing text buffer. */
+typedef struct {
+    char *p;
+    size_t n, cap;
+} text_t;
+
+static void text_add(text_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void text_add(text_t *t, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int k = vsnprintf(t->p ? t->p + t->n : NULL, t->p ? t->cap - t->n : 0, fmt, ap);
+        va_end(ap);
+        assert_true(k >= 0);
+        if (t->p != NULL && t->n + (size_t)k < t->cap) {
+            t->n += (size_t)k;
+            return;
+        }
+        t->cap = (t->cap + (size_t)k + 1) * 2;
+        t->p = realloc(t->p, t->cap);
+        assert_non_null(t->p);
+    }
+}
+
+/* Parses t and expects KILN_ESPEC with a diagnostic containing want. */
+static void parse_fails_with(const text_t *t, const char *want, job_diags_t *d)
+{
+    job_spec_t s;
+    job_diags_init(d);
+    int rc = job_spec_parse(t->p, t->n, "job.yaml", &s, d);
+    bool found = false;
+    for (size_t i = 0; i < d->n; i++)
+        found = found || strstr(d->items[i].message, want) != NULL;
+    if (rc != KILN_ESPEC || !found) {
+        print_message("rc %d, wanted a diagnostic with: %s\n", rc, want);
+        for (size_t i = 0; i < d->n && i < 5; i++)
+            print_message("  diag: %.300s\n", d->items[i].message);
+    }
+    assert_int_equal(rc, KILN_ESPEC);
+    assert_true(found);
+    assert_null(s.name);
+}
+
+/* Bigger than JOB_SPEC_MAX_BYTES, from text and from a file: refused by
+ * size, with the size in the message. */
+static void test_hostile_size(void **state)
+{
+    (void)state;
+    text_t t = {0};
+    text_add(&t, "name: j\ndata: {train: d}\n");
+    for (int i = 0; t.n < (size_t)10 << 20; i++)
+        text_add(&t, "k%07d: 1\n", i);
+    job_diags_t d;
+    char want[128];
+    snprintf(want, sizeof want,
+             "job.yaml: the job spec is %zu bytes; a job spec may be at most "
+             "1048576 bytes (1 MiB)",
+             t.n);
+    parse_fails_with(&t, want, &d);
+    assert_int_equal(d.n, 1);
+    job_diags_fini(&d);
+
+    char dir[] = "/tmp/kiln-spec-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/big.yaml", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(t.p, 1, t.n, f), t.n);
+    fclose(f);
+    job_spec_t s;
+    job_diags_init(&d);
+    assert_int_equal(job_spec_load(path, &s, &d), KILN_ESPEC);
+    assert_int_equal(d.n, 1);
+    snprintf(want, sizeof want, "%s: the job spec is %zu bytes;", path, t.n);
+    assert_non_null(strstr(d.items[0].message, want));
+    job_diags_fini(&d);
+    unlink(path);
+    rmdir(dir);
+    free(t.p);
+}
+
+/* Just under the size limit, all unknown keys: every key is checked (the
+ * last one too: it is a duplicate), the first JOB_SPEC_MAX_PROBLEMS are
+ * described and one last line counts the rest. */
+static void test_hostile_many_keys(void **state)
+{
+    (void)state;
+    text_t t = {0};
+    text_add(&t, "name: j\ndata: {train: d}\n");
+    int nkeys = 0;
+    while (t.n < JOB_SPEC_MAX_BYTES - 100)
+        text_add(&t, "k%07d: 1\n", nkeys++);
+    text_add(&t, "k0000000: 2\n"); /* a duplicate of line 3, found among ~100k keys */
+    job_diags_t d;
+    parse_fails_with(&t, "job.yaml:3:1: k0000000: unknown field (expected one of: name,", &d);
+    assert_int_equal(d.n, JOB_SPEC_MAX_PROBLEMS + 1);
+    char want[128];
+    snprintf(want, sizeof want, "job.yaml: %d more problems not listed (the first %d are above)",
+             nkeys + 1 - JOB_SPEC_MAX_PROBLEMS, JOB_SPEC_MAX_PROBLEMS);
+    assert_string_equal(d.items[d.n - 1].message, want);
+    assert_non_null(strstr(kiln_errmsg(), "more problems)"));
+    job_diags_fini(&d);
+
+    /* The hash-set duplicate finder still names the first occurrence. */
+    free(t.p);
+    t = (text_t){0};
+    text_add(&t, "name: j\ndata: {train: d}\nmodel:\n");
+    for (int i = 0; i < 40; i++)
+        text_add(&t, "  x%d: 1\n", i);
+    text_add(&t, "  type: fm\n  type: lr\n");
+    parse_fails_with(&t, "job.yaml:45:3: model.type: duplicate field (first given at line 44)", &d);
+    job_diags_fini(&d);
+    free(t.p);
+}
+
+/* 200k nested brackets, and mappings nested in block style: one error at
+ * the first level too deep. */
+static void test_hostile_depth(void **state)
+{
+    (void)state;
+    text_t t = {0};
+    text_add(&t, "name: j\ndata: {train: d}\nmodel: ");
+    for (int i = 0; i < 200000; i++)
+        text_add(&t, "[");
+    for (int i = 0; i < 200000; i++)
+        text_add(&t, "]");
+    text_add(&t, "\n");
+    job_diags_t d;
+    /* model's value opens at column 8: level 2 (the top mapping is 1), so
+     * the 64th bracket there is level 65. */
+    parse_fails_with(&t, "job.yaml:3:71: the job spec nests more than 64 levels deep here", &d);
+    assert_int_equal(d.n, 1);
+    job_diags_fini(&d);
+    free(t.p);
+
+    t = (text_t){0};
+    text_add(&t, "name: j\ndata: {train: d}\n");
+    for (int i = 0; i < 70; i++)
+        text_add(&t, "%*sk%d:\n", i, "", i);
+    /* k0 is a field of the top mapping (level 1); k64's mapping is level 65. */
+    parse_fails_with(&t, "job.yaml:67:65: the job spec nests more than 64 levels deep here", &d);
+    job_diags_fini(&d);
+    free(t.p);
+
+    /* 64 levels is allowed (as YAML; the fields are then unknown). */
+    t = (text_t){0};
+    text_add(&t, "name: j\ndata: {train: d}\nx: ");
+    for (int i = 0; i < 63; i++)
+        text_add(&t, "[");
+    for (int i = 0; i < 63; i++)
+        text_add(&t, "]");
+    text_add(&t, "\n");
+    parse_fails_with(&t, "job.yaml:3:1: x: unknown field", &d);
+    assert_int_equal(d.n, 1);
+    job_diags_fini(&d);
+    free(t.p);
+}
+
+/* Aliases make a small text walk a large tree: 1024 tables that are each
+ * the same mapping of 2000 keys stop at the node budget. */
+static void test_hostile_aliases(void **state)
+{
+    (void)state;
+    text_t t = {0};
+    text_add(&t, "name: j\ndata: {train: d, cat_slots: 1024}\nmodel:\n  tables: [&t {");
+    for (int i = 0; i < 2000; i++)
+        text_add(&t, "%sk%d: 1", i ? ", " : "", i);
+    text_add(&t, "}");
+    for (int i = 1; i < 1024; i++)
+        text_add(&t, ", *t");
+    text_add(&t, "]\n");
+    assert_true(t.n < JOB_SPEC_MAX_BYTES);
+    job_diags_t d;
+    parse_fails_with(&t, "the job spec expands to more than 1048576 nodes (through aliases?)", &d);
+    job_diags_fini(&d);
+    free(t.p);
+}
+
 static int glob_parse(const char *pattern, size_t min_files)
 {
     glob_t g;
@@ -740,11 +969,15 @@ static void test_examples_parse(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ctr_hourly),   cmocka_unit_test(test_minimal_defaults),
-        cmocka_unit_test(test_every_field),  cmocka_unit_test(test_tables),
-        cmocka_unit_test(test_bad_specs),    cmocka_unit_test(test_bad_schedule_and_timezone),
-        cmocka_unit_test(test_collects_all), cmocka_unit_test(test_load_errors),
-        cmocka_unit_test(test_names),        cmocka_unit_test(test_examples_parse),
+        cmocka_unit_test(test_ctr_hourly),    cmocka_unit_test(test_minimal_defaults),
+        cmocka_unit_test(test_every_field),   cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_bad_specs),     cmocka_unit_test(test_bad_schedule_and_timezone),
+        cmocka_unit_test(test_collects_all),  cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_names),         cmocka_unit_test(test_examples_parse),
+        cmocka_unit_test(test_hostile_size),  cmocka_unit_test(test_hostile_many_keys),
+        cmocka_unit_test(test_hostile_depth), cmocka_unit_test(test_hostile_aliases),
     };
+    if (getenv("KILN_TEST_FILTER") != NULL) /* e.g. KILN_TEST_FILTER='test_hostile*' */
+        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

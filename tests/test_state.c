@@ -1006,9 +1006,9 @@ static void test_run_succeed_queues(void **state)
     state_push_req_t req = {"http://127.0.0.1:8500", "ctr", "B", ck, false, "run 1", NULL, false};
     int64_t id = 0;
     /* From the wrong state: nothing is queued. */
-    assert_int_equal(state_run_succeed(st, run, STATE_RUN_QUEUED, 0, &req, 1, &id), KILN_ESTATE);
+    assert_int_equal(state_run_succeed(st, run, STATE_RUN_QUEUED, 0, 0, &req, 1, &id), KILN_ESTATE);
     assert_int_equal(scalar(st, "SELECT count(*) FROM pushes"), 0);
-    OK(state_run_succeed(st, run, STATE_RUN_RUNNING, 0, &req, 1, &id));
+    OK(state_run_succeed(st, run, STATE_RUN_RUNNING, 0, 1234, &req, 1, &id));
     state_push_t p;
     OK(state_push_get(st, id, &p));
     assert_int_equal(p.state, STATE_PUSH_PENDING);
@@ -1018,6 +1018,7 @@ static void test_run_succeed_queues(void **state)
     state_run_t r;
     OK(state_run_get(st, run, &r));
     assert_int_equal(r.state, STATE_RUN_SUCCEEDED);
+    assert_int_equal(r.ended_at, 1234); /* when its status file says it ended */
     state_run_fini(&r);
 }
 

@@ -5,7 +5,9 @@
  * array, read back from each run's checkpoint) within atol + 1e-4 |ref|, and
  * eval loss, AUC and the training loss curve within 1e-4 relative; the same
  * seed gives the same result; bad specs, missing data and malformed lines
- * are reported with the exit codes of docs/trainer.md.
+ * are reported with the exit codes of docs/trainer.md; a run over bad data
+ * (all malformed, empty, /dev/zero) or one that diverges fails and writes no
+ * checkpoint; gzip and zstd partitions train the plain files' model.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -232,6 +234,15 @@ static int losses(const char *run_name, double *out, int cap)
     }
     fclose(f);
     return n;
+}
+
+/* No checkpoint was written under tmpdir/root (the directory may exist). */
+static void assert_no_checkpoint(const char *root)
+{
+    char dir[400], uid[RT_CKPT_UID_MAX];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, root);
+    if (rt_ckpt_latest(dir, uid) == 0)
+        fail_msg("%s holds checkpoint %s", dir, uid);
 }
 
 static int setup(void **state)
@@ -643,9 +654,10 @@ static void test_malformed_lines(void **state)
           "\ta\tb\tc\td\te\tf\tg\th\ti\tj\tk\tl\tm\tn\to\tp\tq\tr\ts\tt\tu\tv\tw\tx\ty\tz\n",
           f);
     fclose(f);
+    /* 3 of 43 lines (7%) are malformed: data.max_malformed 0.1 lets them go. */
     snprintf(spec, sizeof spec, "%s/mal.yaml", tmpdir);
     f = fopen(spec, "w");
-    fputs("name: mal\ndata: {train: mal.tsv}\ntrain: {batch_size: 8}\n", f);
+    fputs("name: mal\ndata: {train: mal.tsv, max_malformed: 0.1}\ntrain: {batch_size: 8}\n", f);
     fclose(f);
     result_t *r = malloc(sizeof *r);
     json_t *v = train(2, spec, "mal", r);
@@ -657,20 +669,184 @@ static void test_malformed_lines(void **state)
     assert_non_null(strstr(r->err, "mal.tsv:42"));
     assert_non_null(strstr(r->err, "mal.tsv:43"));
     json_decref(v);
+
+    /* The default (1%) does not: exit 2, the count, and no checkpoint. */
+    f = fopen(spec, "w");
+    fputs("name: mal2\ndata: {train: mal.tsv}\ntrain: {batch_size: 8}\n", f);
+    fclose(f);
+    v = train(2, spec, "mal2", r);
+    assert_null(v);
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "3 of the 43 training lines read (6.98%) are malformed, more "
+                                   "than data.max_malformed (1%) allows"));
+    assert_non_null(strstr(r->err, "mal.tsv:41"));
+    assert_no_checkpoint("ckpt/mal2");
+    free(r);
+}
+
+/* A run over bad data fails (exit 2, not retried) and writes no checkpoint
+ * (kiln-serve would serve it): every line malformed (a file with 12 dense
+ * columns read as 13), an empty file, /dev/zero; so does a run that
+ * diverges (sparse sgd at lr 1e30), naming the step. */
+static void test_bad_data_fails(void **state)
+{
+    (void)state;
+    result_t *r = malloc(sizeof *r);
+    char spec[400], path[400];
+    /* Generated rows with their last column cut: 12 + 26 fields... all malformed. */
+    snprintf(path, sizeof path, "%s/narrow.tsv", tmpdir);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cut -f 1-13,15- '%s/data/day=0.tsv' > '%s'", tmpdir, path);
+    assert_int_equal(system(cmd), 0);
+    snprintf(spec, sizeof spec, "%s/narrow.yaml", tmpdir);
+    FILE *f = fopen(spec, "w");
+    fputs("name: narrow\ndata: {train: narrow.tsv}\ntrain: {batch_size: 256}\n", f);
+    fclose(f);
+    assert_null(train(2, spec, "narrow", r));
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "6000 of the 6000 training lines read (100.00%) are "
+                                   "malformed"));
+    assert_non_null(strstr(r->err, "wrong number of fields: 39 (expected 40"));
+    assert_no_checkpoint("ckpt/narrow");
+    /* ... and with every line allowed to be malformed, still no good row. */
+    f = fopen(spec, "w");
+    fputs("name: narrow2\ndata: {train: narrow.tsv, max_malformed: 1}\n"
+          "train: {batch_size: 256}\n",
+          f);
+    fclose(f);
+    assert_null(train(2, spec, "narrow2", r));
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "the 6000 training lines read hold no good row"));
+    assert_no_checkpoint("ckpt/narrow2");
+
+    /* An empty file. */
+    snprintf(path, sizeof path, "%s/empty.tsv", tmpdir);
+    fclose(fopen(path, "w"));
+    f = fopen(spec, "w");
+    fputs("name: empty\ndata: {train: empty.tsv}\n", f);
+    fclose(f);
+    assert_null(train(2, spec, "empty", r));
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "empty.tsv) holds no lines: nothing to train on"));
+    assert_no_checkpoint("ckpt/empty");
+
+    /* /dev/zero: refused, not read forever. */
+    f = fopen(spec, "w");
+    fputs("name: zero\ndata: {train: /dev/zero}\n", f);
+    fclose(f);
+    assert_null(train(2, spec, "zero", r));
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "data file /dev/zero is a character device, not a regular "
+                                   "file"));
+
+    /* Diverged: the issue's dlrm with sparse sgd at lr 1e30 used to end
+     * "succeeded" with NaN weights. */
+    char spec2[400];
+    write_spec("diverge", "dlrm", 240,
+               "optimizer: {sparse: {type: sgd, lr: 1e30}, dense: {type: sgd, lr: 0.05}}, ", NULL,
+               spec2, sizeof spec2);
+    assert_null(train(2, spec2, "diverge", r));
+    assert_int_equal(r->code, 2);
+    if (strstr(r->err, ": training diverged: the ") == NULL)
+        fail_msg("no divergence message: %s", r->err);
+    assert_non_null(strstr(r->err, "train.optimizer.sparse.lr 1e+30"));
+    /* Named once (rank 0), with the step. */
+    const char *at = strstr(r->err, "step ");
+    assert_non_null(at);
+    assert_null(strstr(strstr(r->err, "training diverged") + 1, "training diverged"));
+    assert_no_checkpoint("ckpt/diverge");
+    free(r);
+}
+
+/* A spec reached through a symlink resolves its relative paths against the
+ * directory of the real file (as `kiln submit`, which records the real
+ * path, and kilnd do), not the link's: here only the real file's
+ * directory has data/. */
+static void test_spec_through_symlink(void **state)
+{
+    (void)state;
+    char cmd[2000], link[400];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%1$s/symA' '%1$s/symB' && ln -sfn '%1$s/data' '%1$s/symA/data' && "
+             "printf 'name: sym\\ndata: {train: \"data/day=*.tsv\"}\\n"
+             "train: {batch_size: 500}\\n' > '%1$s/symA/spec.yaml' && "
+             "ln -sfn ../symA/spec.yaml '%1$s/symB/link.yaml'",
+             tmpdir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(link, sizeof link, "%s/symB/link.yaml", tmpdir);
+    result_t *r = malloc(sizeof *r);
+    json_t *v = train(2, link, "sym", r);
+    if (v == NULL)
+        fail_msg("through the link (%d): %s", r->code, r->err);
+    assert_int_equal((int)num(v, "rows"), 6000);
+    json_decref(v);
+    /* ... and the checkpoint went to the real file's ckpt/sym. */
+    char root[400], uid[RT_CKPT_UID_MAX];
+    snprintf(root, sizeof root, "%s/symA/ckpt/sym", tmpdir);
+    assert_int_equal(rt_ckpt_latest(root, uid), 0);
+    free(r);
+}
+
+/* Training on gzip and zstd partitions gives the plain files' model. */
+static void test_compressed_input(void **state)
+{
+    (void)state;
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%1$s/comp' && gzip -c '%1$s/data/day=0.tsv' > '%1$s/comp/day=0.tsv.gz' "
+             "&& zstd -q -c '%1$s/data/eval.tsv' > '%1$s/comp/eval.zst'",
+             tmpdir);
+    assert_int_equal(system(cmd), 0);
+    char plain[400], comp[400];
+    write_spec("plain", "fm", 240, NULL, NULL, plain, sizeof plain);
+    snprintf(comp, sizeof comp, "%s/comp.yaml", tmpdir);
+    FILE *f = fopen(comp, "w");
+    fprintf(f, "name: comp\ndata: {train: \"comp/day=*.tsv.gz\", eval: comp/eval.zst}\n"
+               "model: {type: fm, embedding: {dim: 8, capacity: 200000}}\n"
+               "train: {batch_size: 240, seed: 7, log_every: 1, init_from: none}\n"
+               "checkpoint: {dir: ckpt/comp, full_every: 1, keep: 1}\n");
+    fclose(f);
+    result_t *r = malloc(sizeof *r);
+    json_t *a = train(2, plain, "plain", r);
+    if (a == NULL)
+        fail_msg("plain failed (%d): %s", r->code, r->err);
+    json_t *b = train(2, comp, "comp", r);
+    if (b == NULL)
+        fail_msg("compressed failed (%d): %s", r->code, r->err);
+    assert_int_equal((int)num(b, "rows"), 6000);
+    assert_int_equal((int)num(b, "malformed"), 0);
+    assert_int_equal((int)num(b, "eval_rows"), 1500);
+    assert_true(num(a, "eval_logloss") == num(b, "eval_logloss"));
+    assert_int_equal((int)num(a, "keys"), (int)num(b, "keys"));
+    char ra[400], rb[400];
+    snprintf(ra, sizeof ra, "%s/ckpt/plain", tmpdir);
+    snprintf(rb, sizeof rb, "%s/ckpt/comp", tmpdir);
+    wcmp_t c = {0};
+    compare_weights(ra, rb, &c);
+    assert_true(c.checked > 0);
+    assert_true(c.worst_abs == 0.0);
+    json_decref(a);
+    json_decref(b);
     free(r);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lr_1_vs_2),   cmocka_unit_test(test_fm_1_vs_2),
-        cmocka_unit_test(test_dlrm_1_vs_2), cmocka_unit_test(test_dlrm_1_vs_2_blocks),
+        cmocka_unit_test(test_lr_1_vs_2),
+        cmocka_unit_test(test_fm_1_vs_2),
+        cmocka_unit_test(test_dlrm_1_vs_2),
+        cmocka_unit_test(test_dlrm_1_vs_2_blocks),
         cmocka_unit_test(test_dlrm_1_vs_3),
         cmocka_unit_test(test_weights_compare_can_fail),
-        cmocka_unit_test(test_same_seed_same_result), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_same_seed_same_result),
+        cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_twin_store_matches_host),
         cmocka_unit_test(test_cuda_matches_cpu),
         cmocka_unit_test(test_malformed_lines),
+        cmocka_unit_test(test_bad_data_fails),
+        cmocka_unit_test(test_compressed_input),
+        cmocka_unit_test(test_spec_through_symlink),
     };
     /* KILN_TEST_FILTER=test_twin* runs matching tests (cmocka glob).
      * KILN_TEST_GPU=1 (ctest's test_train_gpu) runs the GPU tests alone, or

@@ -519,6 +519,40 @@ static void test_submit(void **state)
     reply_free(&r);
 }
 
+/* The web API runs the same checkpoint.dir check as kiln submit: a second
+ * job naming the first's (absolute) checkpoint directory is refused with
+ * 409; a relative one is per run (no spec file), so it never clashes. */
+static void test_submit_shared_checkpoint_dir(void **state)
+{
+    static const char *const auth[] = {"Authorization: Bearer " TOKEN,
+                                       "Content-Type: application/yaml", NULL};
+    reply_t r;
+    http(&r, "POST", "/api/jobs",
+         "name: web-ck1\ndata: {train: /d.tsv}\ncheckpoint: {dir: /tmp/kiln-web-shared-ckpt}\n",
+         auth);
+    if (r.status != 201)
+        fail_msg("first: %ld %s", r.status, r.body);
+    reply_free(&r);
+    http(&r, "POST", "/api/jobs",
+         "name: web-ck2\ndata: {train: /d.tsv}\ncheckpoint: {dir: /tmp/./kiln-web-shared-ckpt}\n",
+         auth);
+    if (r.status != 409 ||
+        strstr(r.body, "is already the checkpoint directory of job web-ck1") == NULL)
+        fail_msg("second: %ld %s", r.status, r.body);
+    reply_free(&r);
+    for (int i = 0; i < 2; i++) {
+        char spec[128];
+        snprintf(spec, sizeof spec,
+                 "name: web-rel%d\ndata: {train: /d.tsv}\n"
+                 "checkpoint: {dir: ckpt/same}\n",
+                 i);
+        http(&r, "POST", "/api/jobs", spec, auth);
+        if (r.status != 201)
+            fail_msg("relative %d: %ld %s", i, r.status, r.body);
+        reply_free(&r);
+    }
+}
+
 static void test_limits(void **state)
 {
     reply_t r;
@@ -735,11 +769,17 @@ static void test_kilnd(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pages),        cmocka_unit_test(test_escaping),
-        cmocka_unit_test(test_refresh),      cmocka_unit_test(test_api),
-        cmocka_unit_test(test_metrics),      cmocka_unit_test(test_pagination),
-        cmocka_unit_test(test_token),        cmocka_unit_test(test_cancel_retry),
-        cmocka_unit_test(test_submit),       cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_pages),
+        cmocka_unit_test(test_escaping),
+        cmocka_unit_test(test_refresh),
+        cmocka_unit_test(test_api),
+        cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_pagination),
+        cmocka_unit_test(test_token),
+        cmocka_unit_test(test_cancel_retry),
+        cmocka_unit_test(test_submit),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_submit_shared_checkpoint_dir),
 #if defined(KILND_BIN) && defined(KILN_BIN) && defined(KILN_TRAIN_BIN)
         cmocka_unit_test(test_kilnd),
 #endif
