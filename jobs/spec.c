@@ -1143,6 +1143,7 @@ static void parse_endpoints(ctx_t *c, const field_t *f, const yaml_node_t *val, 
     for (int i = 0; i < n; i++) {
         const yaml_node_t *item = yaml_document_get_node(c->doc, items[i]);
         index_path(ip, path, i);
+        apply_defaults(c, endpoint_fields, (char *)&eps[i]); /* auto: true */
         walk_map(c, endpoint_fields, item, (char *)&eps[i], ip);
         for (int j = 0; j < i; j++) {
             if (eps[i].url && eps[j].url && eps[i].model && eps[j].model && eps[i].label &&

@@ -20,7 +20,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+/* Test hook (tests/test_loop.c): KILN_TEST_PUSH_HOLD_MS holds the outcomes
+ * of a delivery that long after the endpoints answered and before they are
+ * recorded, so that a test can kill -9 the deliverer in between. */
+static void test_hold(void)
+{
+    const char *ms = getenv("KILN_TEST_PUSH_HOLD_MS");
+    if (ms != NULL && atoll(ms) > 0) {
+        struct timespec ts = {atoll(ms) / 1000, (atoll(ms) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
 
 /* ---- claimers ----------------------------------------------------------------------- */
 
@@ -310,6 +323,7 @@ int ops_deliver(state_t *st, const char *claimer, state_push_t *ps, size_t n)
         (void)serve_push(targets, (int)nt, &call, res); /* each result says how it went */
         for (size_t k = 0; k < nt; k++)
             outcome(&items[which[k]], &res[k]);
+        test_hold();
     }
     for (size_t i = 0; i < n; i++) {
         item_t *it = &items[i];

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include <glob.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +150,8 @@ static void test_ctr_hourly(void **state)
     assert_string_equal(s.push.endpoints[0].url, "http://127.0.0.1:8501");
     assert_string_equal(s.push.endpoints[0].model, "ctr");
     assert_string_equal(s.push.endpoints[0].label, "B");
+    assert_true(s.push.endpoints[0].auto_push);
+    assert_true(isnan(s.push.max_regression)); /* no quality gate unless asked */
     job_spec_fini(&s);
     assert_null(s.name);
 }
@@ -322,10 +325,13 @@ static void test_every_field(void **state)
     assert_int_equal(s.push.retries, 0);
     assert_int_equal(s.push.timeout_ms, 500);
     assert_int_equal(s.push.nendpoints, 2);
+    assert_true(s.push.max_regression == 0.002);
     assert_string_equal(s.push.endpoints[0].url, "https://serve-a.example.com:8501");
     assert_string_equal(s.push.endpoints[0].label, "A");
+    assert_false(s.push.endpoints[0].auto_push);
     assert_string_equal(s.push.endpoints[1].model, "ctr2");
     assert_string_equal(s.push.endpoints[1].label, "canary-1");
+    assert_true(s.push.endpoints[1].auto_push); /* the default */
     job_spec_fini(&s);
 
     /* the remaining enum spellings and init_from: none */

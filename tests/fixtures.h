@@ -1,0 +1,293 @@
+/*
+ * tests/fixtures.h - the real programs as test fixtures: a kilnd on a
+ * database and home of the test's own, kiln-serve endpoints on ephemeral
+ * loopback ports (or a port given back to a restarted one), `kiln` commands
+ * with their output captured, and small HTTP reads (libcurl). Header-only
+ * (static functions), built on proc.h; every process a fixture starts is
+ * stopped by fx_stop_all() even when a test fails half way.
+ */
+#ifndef KILN_TESTS_FIXTURES_H
+#define KILN_TESTS_FIXTURES_H
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <time.h>
+
+#include "proc.h"
+
+#define FX_TOKEN "kiln-test-token"
+#define FX_MAX_PROCS 16
+
+static inline void fx_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Every process a fixture started, for fx_stop_all. */
+static pid_t fx_procs[FX_MAX_PROCS];
+
+static inline void fx_track(pid_t pid)
+{
+    for (int i = 0; i < FX_MAX_PROCS; i++)
+        if (fx_procs[i] == 0) {
+            fx_procs[i] = pid;
+            return;
+        }
+}
+
+static inline void fx_untrack(pid_t pid)
+{
+    for (int i = 0; i < FX_MAX_PROCS; i++)
+        if (fx_procs[i] == pid)
+            fx_procs[i] = 0;
+}
+
+/* Sends sig to pid and reaps it (SIGKILL after 10 s). */
+static inline void fx_stop(pid_t pid, int sig)
+{
+    if (pid <= 0)
+        return;
+    kill(pid, sig);
+    int st;
+    for (int i = 0; i < 100; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            fx_untrack(pid);
+            return;
+        }
+        fx_sleep_ms(100);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    fx_untrack(pid);
+}
+
+static inline void fx_stop_all(void)
+{
+    for (int i = 0; i < FX_MAX_PROCS; i++)
+        if (fx_procs[i] > 0)
+            fx_stop(fx_procs[i], SIGKILL);
+}
+
+/* Forks argv with stdout and stderr appended to log and env ("NAME=VALUE",
+ * NULL-ended, may be NULL) set; the child gets Open MPI's root and
+ * oversubscribe settings. Returns the pid. */
+static inline pid_t fx_spawn(const char *log, const char *const *env, const char *const *argv)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+        setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+        for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+            putenv((char *)env[i]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    fx_track(pid);
+    return pid;
+}
+
+/* ---- kilnd ------------------------------------------------------------------------- */
+
+typedef struct fx_kilnd {
+    char home[400], db[480], log[480];
+    pid_t pid;
+} fx_kilnd_t;
+
+/* Starts kilnd on home/kiln.db (runs in home/runs), fast polls, no status
+ * page, endpoint stats every second; env is added to its environment. */
+static inline void fx_kilnd_start(fx_kilnd_t *k, const char *home, const char *const *env)
+{
+    snprintf(k->home, sizeof k->home, "%s", home);
+    snprintf(k->db, sizeof k->db, "%s/kiln.db", home);
+    snprintf(k->log, sizeof k->log, "%s/kilnd.log", home);
+    const char *argv[] = {KILND_BIN,  "--db",          k->db,      "--home", k->home,
+                          "--trainer", KILN_TRAIN_BIN, "--grace",  "1s",     "--poll",
+                          "200ms",     "--stats-every", "1s",      "--max-ranks", "4",
+                          "--listen",  "",             NULL};
+    const char *base[16] = {"KILN_TEST_TOKEN=" FX_TOKEN};
+    size_t n = 1;
+    for (size_t i = 0; env != NULL && env[i] != NULL && n + 1 < 16; i++)
+        base[n++] = env[i];
+    base[n] = NULL;
+    k->pid = fx_spawn(k->log, base, argv);
+}
+
+static inline void fx_kilnd_stop(fx_kilnd_t *k, int sig)
+{
+    fx_stop(k->pid, sig);
+    k->pid = 0;
+}
+
+/* Runs `kiln --db DB args...` into r (proc_run's capture in home). */
+static inline void fx_kiln(const fx_kilnd_t *k, proc_result_t *r, const char *const *args)
+{
+    const char *argv[32] = {KILN_BIN, "--db", k->db};
+    size_t n = 3;
+    for (size_t i = 0; args[i] != NULL && n + 1 < 32; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    const char *env[] = {"KILN_TEST_TOKEN=" FX_TOKEN, NULL};
+    proc_run_env(r, k->home, env, argv);
+}
+
+/* ---- kiln-serve ---------------------------------------------------------------------- */
+
+typedef struct fx_serve {
+    char dir[400];
+    int port; /* 0 until started; kept for a restart on the same port */
+    char url[64];
+    pid_t pid;
+} fx_serve_t;
+
+/* Starts kiln-serve with its state in dir, on s->port (0: any free port,
+ * read back from its port file). Waits until it answers. */
+static inline bool fx_serve_start(fx_serve_t *s, const char *dir)
+{
+    char portfile[480], listen[64], log[480], buf[32] = "";
+    snprintf(s->dir, sizeof s->dir, "%s", dir);
+    snprintf(portfile, sizeof portfile, "%s.port", dir);
+    snprintf(log, sizeof log, "%s.log", dir);
+    unlink(portfile);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", s->port);
+    const char *argv[] = {KILN_SERVE_BIN, "--listen",  listen,   "--state-dir",
+                          dir,            "--token-env", "KILN_TEST_TOKEN", "--port-file",
+                          portfile,       NULL};
+    const char *env[] = {"KILN_TEST_TOKEN=" FX_TOKEN, NULL};
+    s->pid = fx_spawn(log, env, argv);
+    for (int i = 0; i < 1000 && buf[0] == '\0'; i++) {
+        proc_slurp(portfile, buf, sizeof buf);
+        if (buf[0] == '\0')
+            fx_sleep_ms(10);
+    }
+    if (buf[0] == '\0')
+        return false;
+    s->port = atoi(buf);
+    snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", s->port);
+    return true;
+}
+
+static inline void fx_serve_stop(fx_serve_t *s, int sig)
+{
+    fx_stop(s->pid, sig);
+    s->pid = 0;
+}
+
+/* ---- HTTP ------------------------------------------------------------------------------- */
+
+static inline size_t fx_body_cb(char *p, size_t size, size_t n, void *ud)
+{
+    char **b = ud;
+    size_t have = *b ? strlen(*b) : 0, add = size * n;
+    char *nb = realloc(*b, have + add + 1);
+    if (nb == NULL)
+        return 0;
+    memcpy(nb + have, p, add);
+    nb[have + add] = '\0';
+    *b = nb;
+    return add;
+}
+
+/* GET url as JSON (NULL when it does not answer 200 with JSON). */
+static inline json_t *fx_get_json(const char *url)
+{
+    CURL *e = curl_easy_init();
+    char *body = NULL;
+    long status = 0;
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, fx_body_cb);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &body);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT, 10L);
+    if (curl_easy_perform(e) == CURLE_OK)
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(e);
+    json_t *v = status == 200 && body != NULL ? json_loads(body, 0, NULL) : NULL;
+    free(body);
+    return v;
+}
+
+/* The checkpoint model/label holds on s ("" when none). */
+static inline void fx_holds(const fx_serve_t *s, const char *model, const char *label, char *out,
+                            size_t cap)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/models/%s/versions/%s", s->url, model, label);
+    json_t *v = fx_get_json(url);
+    const char *uid = json_string_value(json_object_get(v, "checkpoint"));
+    snprintf(out, cap, "%s", uid != NULL ? uid : "");
+    json_decref(v);
+}
+
+/* kiln-serve's count of pushes it applied since it started. */
+static inline int64_t fx_pushes_applied(const fx_serve_t *s)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/stats", s->url);
+    json_t *v = fx_get_json(url);
+    int64_t n = json_integer_value(json_object_get(v, "pushes_applied"));
+    json_decref(v);
+    return n;
+}
+
+/* ---- data -------------------------------------------------------------------------------- */
+
+/* `kiln datagen` of rows rows (seed, day) into path. */
+static inline int fx_datagen(const char *path, int rows, int seed, int day)
+{
+    char r[32], s[32], d[32];
+    snprintf(r, sizeof r, "%d", rows);
+    snprintf(s, sizeof s, "%d", seed);
+    snprintf(d, sizeof d, "%d", day);
+    const char *argv[] = {KILN_BIN, "datagen", "--rows", r, "--out", path, "--seed", s,
+                          "--day",  d,         NULL};
+    proc_result_t *res = calloc(1, sizeof *res);
+    char dir[480];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    proc_run(res, dir, argv);
+    int code = res->code;
+    free(res);
+    return code;
+}
+
+/* Lands a copy of src at dst the way data should land: written under a
+ * hidden name in the same directory, then renamed into place. */
+static inline int fx_land(const char *src, const char *dst)
+{
+    char tmp[700], dir[600];
+    snprintf(dir, sizeof dir, "%s", dst);
+    char *slash = strrchr(dir, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+        if (system(cmd) != 0)
+            return -1;
+    }
+    snprintf(tmp, sizeof tmp, "%s/.landing-%d", dir, (int)getpid());
+    FILE *in = fopen(src, "r"), *out = fopen(tmp, "w");
+    char buf[1 << 16];
+    size_t n;
+    while (in && out && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        fwrite(buf, 1, n, out);
+    int ok = in != NULL && out != NULL;
+    if (in)
+        fclose(in);
+    if (out)
+        fclose(out);
+    return ok && rename(tmp, dst) == 0 ? 0 : -1;
+}
+
+#endif /* KILN_TESTS_FIXTURES_H */

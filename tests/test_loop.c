@@ -1,0 +1,699 @@
+/*
+ * tests/test_loop.c - the loop closed, with the real programs: kilnd, kiln-
+ * train under mpirun, kiln-serve endpoints on loopback, the kiln command,
+ * one SQLite file per test. Covered:
+ *   - five fresh jobs with relative data paths submitted to a running kilnd
+ *     all succeed (the submit race: the run and its spec directory commit
+ *     together);
+ *   - one kiln-serve holding labels A and B keeps both in Kiln's records
+ *     through push, promote and rollback;
+ *   - a cron job with incremental data: three partitions arrive over time,
+ *     each run's delta reaches B with no command typed, and `kiln lineage`
+ *     walks from each partition file to B;
+ *   - an endpoint down when a run succeeds: the push is pending with the
+ *     reason, then lands once the endpoint is back;
+ *   - kilnd killed -9 between a run's success and its push (before the push
+ *     went out, and after the endpoint applied it but before kilnd recorded
+ *     it): after a restart the push lands exactly once;
+ *   - the quality gate holds back a worse model;
+ *   - an online job: at least three exports reach the endpoint while it
+ *     trains.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fixtures.h"
+#include "kiln.h"
+#include "state.h"
+
+#ifndef KILN_BIN
+#error "KILN_BIN, KILND_BIN, KILN_TRAIN_BIN and KILN_SERVE_BIN must name the executables"
+#endif
+
+static char data_dir[256]; /* shared generated data: day0.tsv, day1.tsv, eval.tsv */
+static char home[256];     /* this test's home: kilnd, specs, data, endpoints */
+static fx_kilnd_t kd;
+
+static int setup_all(void **state)
+{
+    (void)state;
+    if (proc_tmpdir("loop-data", data_dir, sizeof data_dir) < 0)
+        return -1;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    char p[400];
+    int rc = 0;
+    snprintf(p, sizeof p, "%s/day0.tsv", data_dir);
+    rc |= fx_datagen(p, 1200, 5, 0);
+    snprintf(p, sizeof p, "%s/day1.tsv", data_dir);
+    rc |= fx_datagen(p, 1200, 5, 1);
+    snprintf(p, sizeof p, "%s/eval.tsv", data_dir);
+    rc |= fx_datagen(p, 400, 5, 2);
+    return rc == 0 ? 0 : -1;
+}
+
+static int teardown_all(void **state)
+{
+    (void)state;
+    curl_global_cleanup();
+    return getenv("KILN_TEST_KEEP") ? 0 : proc_rmtree(data_dir);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    memset(&kd, 0, sizeof kd);
+    return proc_tmpdir("loop", home, sizeof home);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    fx_stop_all();
+    /* Runs still going (a test that failed half way) go with their session. */
+    if (system("pkill -KILL -f 'kiln-test-loop-' >/dev/null 2>&1") < 0) {
+    }
+    if (getenv("KILN_TEST_KEEP") != NULL) {
+        fprintf(stderr, "kept %s\n", home);
+        return 0;
+    }
+    return proc_rmtree(home);
+}
+
+/* Writes home/<dir>/job.yaml: an lr job over dir's data/day=*.tsv (relative
+ * paths) with `extra` appended. */
+static void write_job(const char *dir, const char *name, const char *extra, char *path,
+                      size_t cap)
+{
+    char d[400];
+    snprintf(d, sizeof d, "%s/%s", home, dir);
+    mkdir(d, 0755);
+    snprintf(path, cap, "%s/job.yaml", d);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "name: %s\n"
+            "resources: {ranks: 1, threads: 1}\n"
+            "model: {type: lr, embedding: {dim: 4, capacity: 100000}}\n"
+            "%s",
+            name, extra);
+    if (strncmp(extra, "train:", 6) != 0 && strstr(extra, "\ntrain:") == NULL)
+        fprintf(f, "train: {batch_size: 128, log_every: 2}\n");
+    if (strstr(extra, "data:") == NULL)
+        fprintf(f, "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\"}\n", data_dir);
+    fclose(f);
+}
+
+/* Lands the shared data file `which` as home/<dir>/data/day=<n>.tsv. */
+static void land(const char *dir, const char *which, int n)
+{
+    char src[400], dst[500];
+    snprintf(src, sizeof src, "%s/%s", data_dir, which);
+    snprintf(dst, sizeof dst, "%s/%s/data/day=%d.tsv", home, dir, n);
+    assert_int_equal(fx_land(src, dst), 0);
+}
+
+static void kiln_ok(const char *const *args)
+{
+    proc_result_t *r = calloc(1, sizeof *r);
+    fx_kiln(&kd, r, args);
+    if (r->code != 0)
+        fail_msg("kiln %s %s exited %d: %s%s", args[0], args[1] ? args[1] : "", r->code, r->err,
+                 r->out);
+    free(r);
+}
+
+static state_t *db(void)
+{
+    state_t *st = NULL;
+    assert_int_equal(state_open(kd.db, &st), 0);
+    return st;
+}
+
+/* The newest run of job (0: none yet). */
+static int64_t newest_run(const char *job)
+{
+    state_t *st = db();
+    state_run_t *rs = NULL;
+    size_t n = 0;
+    int64_t id = 0;
+    if (state_run_list(st, job, 1, &rs, &n) == 0 && n > 0)
+        id = rs[0].id;
+    state_runs_free(rs, n);
+    state_close(st);
+    return id;
+}
+
+/* Waits until run id ends; returns its state. */
+static state_run_state_t wait_end(int64_t id, int timeout_s)
+{
+    state_t *st = db();
+    state_run_state_t got = STATE_RUN_NSTATES;
+    for (int i = 0; i < timeout_s * 10; i++) {
+        state_run_t r;
+        if (state_run_get(st, id, &r) == 0) {
+            got = r.state;
+            state_run_fini(&r);
+            if (state_run_state_terminal(got))
+                break;
+        }
+        fx_sleep_ms(100);
+    }
+    state_close(st);
+    if (!state_run_state_terminal(got))
+        fail_msg("run %lld did not end within %d s (see %s/kilnd.log)", (long long)id, timeout_s,
+                 home);
+    return got;
+}
+
+/* The pushes of run id, oldest first, into ps (state_pushes_free). */
+static size_t run_pushes(int64_t id, state_push_t **ps)
+{
+    state_t *st = db();
+    state_push_filter_t f = {.run_id = id};
+    size_t n = 0;
+    assert_int_equal(state_push_list(st, &f, STATE_PAGE_MAX, ps, &n), 0);
+    state_close(st);
+    for (size_t i = 0; i < n / 2; i++) { /* newest first -> oldest first */
+        state_push_t t = (*ps)[i];
+        (*ps)[i] = (*ps)[n - 1 - i];
+        (*ps)[n - 1 - i] = t;
+    }
+    return n;
+}
+
+/* Waits until run id has a push in state `want` (or any ended one when want
+ * is STATE_PUSH_NSTATES); returns that push's state. */
+static state_push_state_t wait_push(int64_t id, state_push_state_t want, int timeout_s)
+{
+    state_push_state_t got = STATE_PUSH_NSTATES;
+    for (int i = 0; i < timeout_s * 10; i++) {
+        state_push_t *ps = NULL;
+        size_t n = run_pushes(id, &ps);
+        for (size_t k = 0; k < n; k++)
+            if (ps[k].state == want ||
+                (want == STATE_PUSH_NSTATES && state_push_state_ended(ps[k].state)))
+                got = ps[k].state;
+        state_pushes_free(ps, n);
+        if (got != STATE_PUSH_NSTATES)
+            return got;
+        fx_sleep_ms(100);
+    }
+    fail_msg("run %lld has no push %s within %d s (see %s/kilnd.log)", (long long)id,
+             want < STATE_PUSH_NSTATES ? state_push_state_name(want) : "that ended", timeout_s,
+             home);
+    return got;
+}
+
+/* The uid of the final checkpoint of run id. */
+static void run_checkpoint(int64_t id, char *out, size_t cap)
+{
+    state_t *st = db();
+    state_checkpoint_t c;
+    assert_int_equal(state_checkpoint_newest_of_run(st, id, false, &c), 0);
+    snprintf(out, cap, "%s", c.uid);
+    state_checkpoint_fini(&c);
+    state_close(st);
+}
+
+/* Waits until endpoint s holds uid for model/label. */
+static void wait_holds(const fx_serve_t *s, const char *model, const char *label, const char *uid,
+                       int timeout_s)
+{
+    char h[64] = "";
+    for (int i = 0; i < timeout_s * 10; i++) {
+        fx_holds(s, model, label, h, sizeof h);
+        if (strcmp(h, uid) == 0)
+            return;
+        fx_sleep_ms(100);
+    }
+    fail_msg("%s %s/%s holds '%s', not %s, after %d s (see %s/kilnd.log)", s->url, model, label,
+             h, uid, timeout_s, home);
+}
+
+/* ---- the submit race ------------------------------------------------------------------- */
+
+static void test_five_relative_submits(void **state)
+{
+    (void)state;
+    fx_kilnd_start(&kd, home, NULL);
+    char spec[5][500];
+    for (int i = 0; i < 5; i++) {
+        char dir[32], name[32];
+        snprintf(dir, sizeof dir, "j%d", i);
+        snprintf(name, sizeof name, "fresh%d", i);
+        write_job(dir, name, "", spec[i], sizeof spec[i]);
+        land(dir, "day0.tsv", 0);
+    }
+    /* Submitted back to back while kilnd watches: each run must see its
+     * spec's directory at once. */
+    for (int i = 0; i < 5; i++) {
+        const char *args[] = {"submit", spec[i], NULL};
+        kiln_ok(args);
+    }
+    for (int i = 0; i < 5; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "fresh%d", i);
+        int64_t id = newest_run(name);
+        assert_true(id > 0);
+        if (wait_end(id, 120) != STATE_RUN_SUCCEEDED) {
+            state_t *st = db();
+            state_run_t r;
+            assert_int_equal(state_run_get(st, id, &r), 0);
+            fail_msg("run %lld of %s: %s", (long long)id, name, r.error ? r.error : "?");
+        }
+    }
+}
+
+/* ---- one kiln-serve, labels A and B ------------------------------------------------------- */
+
+static void test_one_serve_two_labels(void **state)
+{
+    (void)state;
+    fx_serve_t s = {0};
+    char sdir[400], spec[500], extra[1024];
+    snprintf(sdir, sizeof sdir, "%s/serve", home);
+    assert_true(fx_serve_start(&s, sdir));
+    /* A is the champion (auto: false): only deliberate pushes change it. */
+    snprintf(extra, sizeof extra,
+             "export: {on_success: incremental}\n"
+             "push:\n  token_env: KILN_TEST_TOKEN\n  endpoints:\n"
+             "    - {url: \"%s\", model: ctr, label: A, auto: false}\n"
+             "    - {url: \"%s\", model: ctr, label: B}\n",
+             s.url, s.url);
+    write_job("ab", "ab", extra, spec, sizeof spec);
+    land("ab", "day0.tsv", 0);
+    fx_kilnd_start(&kd, home, NULL);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    int64_t r1 = newest_run("ab");
+    assert_int_equal(wait_end(r1, 120), STATE_RUN_SUCCEEDED);
+    assert_int_equal(wait_push(r1, STATE_PUSH_SUCCEEDED, 60), STATE_PUSH_SUCCEEDED);
+    char ck1[64], ck2[64], h[64];
+    run_checkpoint(r1, ck1, sizeof ck1);
+    wait_holds(&s, "ctr", "B", ck1, 30);
+    fx_holds(&s, "ctr", "A", h, sizeof h);
+    assert_string_equal(h, ""); /* auto: false */
+
+    /* promote B -> A: both labels on one URL stay in the records. */
+    const char *promote[] = {"promote", "--model", "ctr", "--from", "B", "--to", "A", NULL};
+    kiln_ok(promote);
+    wait_holds(&s, "ctr", "A", ck1, 10);
+
+    /* A second run: B gets its delta, A keeps ck1. */
+    land("ab", "day1.tsv", 1);
+    kiln_ok(sub);
+    int64_t r2 = newest_run("ab");
+    assert_true(r2 > r1);
+    assert_int_equal(wait_end(r2, 120), STATE_RUN_SUCCEEDED);
+    run_checkpoint(r2, ck2, sizeof ck2);
+    wait_holds(&s, "ctr", "B", ck2, 60);
+    /* promote reads what B holds from Kiln's records: wait for kilnd to
+     * record the push it made. */
+    assert_int_equal(wait_push(r2, STATE_PUSH_SUCCEEDED, 30), STATE_PUSH_SUCCEEDED);
+    fx_holds(&s, "ctr", "A", h, sizeof h);
+    assert_string_equal(h, ck1);
+    const char *promote2[] = {"promote", "--model", "ctr", "--from", "B", "--to", "A", NULL};
+    kiln_ok(promote2);
+    wait_holds(&s, "ctr", "A", ck2, 10);
+    /* rollback of A: back to ck1; B untouched. */
+    const char *rollback[] = {"rollback", "--model", "ctr", "--label", "A", NULL};
+    kiln_ok(rollback);
+    wait_holds(&s, "ctr", "A", ck1, 10);
+    fx_holds(&s, "ctr", "B", h, sizeof h);
+    assert_string_equal(h, ck2);
+
+    /* The records agree with the endpoint, label by label. */
+    state_t *st = db();
+    state_endpoint_info_t *es = NULL;
+    size_t n = 0;
+    assert_int_equal(state_endpoint_list(st, &es, &n), 0);
+    int seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(es[i].url, s.url) != 0)
+            continue;
+        seen++;
+        assert_non_null(es[i].checkpoint_uid);
+        assert_string_equal(es[i].checkpoint_uid, strcmp(es[i].label, "A") == 0 ? ck1 : ck2);
+    }
+    assert_int_equal(seen, 2);
+    state_endpoint_infos_free(es, n);
+    state_close(st);
+}
+
+/* ---- a cron job, three partitions ----------------------------------------------------------- */
+
+static void test_cron_three_partitions(void **state)
+{
+    (void)state;
+    fx_serve_t s = {0};
+    char sdir[400], spec[500], extra[1024];
+    snprintf(sdir, sizeof sdir, "%s/serve", home);
+    assert_true(fx_serve_start(&s, sdir));
+    snprintf(extra, sizeof extra,
+             "schedule: \"@every 2s\"\n"
+             "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\", incremental: true}\n"
+             "export: {on_success: incremental}\n"
+             "push:\n  token_env: KILN_TEST_TOKEN\n  endpoints:\n"
+             "    - {url: \"%s\", model: ctr, label: B}\n",
+             data_dir, s.url);
+    write_job("cron", "hourly", extra, spec, sizeof spec);
+    fx_kilnd_start(&kd, home, NULL);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    const char *src[] = {"day0.tsv", "day1.tsv", "day0.tsv"};
+    char ck[3][64];
+    int64_t prev = 0;
+    for (int p = 0; p < 3; p++) {
+        /* Partition p lands; with no command typed, its delta reaches B. */
+        land("cron", src[p], p);
+        int64_t id = 0;
+        for (int i = 0; i < 600 && id == 0; i++) {
+            state_t *st = db();
+            state_run_t *rs = NULL;
+            size_t n = 0;
+            assert_int_equal(state_run_list(st, "hourly", 50, &rs, &n), 0);
+            for (size_t k = 0; k < n && id == 0; k++)
+                if (rs[k].id > prev && rs[k].state == STATE_RUN_SUCCEEDED)
+                    id = rs[k].id;
+            state_runs_free(rs, n);
+            state_close(st);
+            if (id == 0)
+                fx_sleep_ms(100);
+        }
+        if (id == 0)
+            fail_msg("no run consumed partition %d within 60 s (see %s/kilnd.log)", p, home);
+        run_checkpoint(id, ck[p], sizeof ck[p]);
+        wait_holds(&s, "ctr", "B", ck[p], 60);
+        assert_int_equal(wait_push(id, STATE_PUSH_SUCCEEDED, 30), STATE_PUSH_SUCCEEDED);
+        state_push_t *ps = NULL;
+        size_t n = run_pushes(id, &ps);
+        assert_true(n >= 1);
+        assert_int_equal(ps[n - 1].state, STATE_PUSH_SUCCEEDED);
+        /* The first push is full (B held nothing); the others are deltas. */
+        assert_int_equal(ps[n - 1].sent_full, p == 0);
+        state_pushes_free(ps, n);
+        prev = id;
+    }
+    /* kiln lineage walks from each partition file to B. */
+    for (int p = 0; p < 3; p++) {
+        char file[500];
+        snprintf(file, sizeof file, "%s/cron/data/day=%d.tsv", home, p);
+        proc_result_t *r = calloc(1, sizeof *r);
+        const char *args[] = {"--json", "lineage", file, NULL};
+        fx_kiln(&kd, r, args);
+        assert_int_equal(r->code, 0);
+        json_t *doc = json_loads(r->out, 0, NULL);
+        assert_non_null(doc);
+        json_t *eps = json_object_get(doc, "endpoints");
+        bool reaches = false;
+        for (size_t i = 0; i < json_array_size(eps); i++) {
+            json_t *e = json_array_get(eps, i);
+            if (strcmp(json_string_value(json_object_get(e, "label")), "B") == 0 &&
+                json_is_true(json_object_get(e, "serves_this_lineage")))
+                reaches = true;
+        }
+        if (!reaches)
+            fail_msg("lineage of %s does not reach B: %s", file, r->out);
+        json_decref(doc);
+        free(r);
+    }
+}
+
+/* ---- an endpoint down, then back ------------------------------------------------------------ */
+
+static void test_endpoint_down_then_up(void **state)
+{
+    (void)state;
+    fx_serve_t s = {0};
+    char sdir[400], spec[500], extra[1024];
+    snprintf(sdir, sizeof sdir, "%s/serve", home);
+    assert_true(fx_serve_start(&s, sdir)); /* for a port of its own */
+    fx_serve_stop(&s, SIGTERM);
+    snprintf(extra, sizeof extra,
+             "export: {on_success: full}\n"
+             "push:\n  token_env: KILN_TEST_TOKEN\n  retries: 0\n  timeout: 2s\n"
+             "  endpoints:\n    - {url: \"%s\", model: ctr, label: B}\n",
+             s.url);
+    write_job("down", "down", extra, spec, sizeof spec);
+    land("down", "day0.tsv", 0);
+    fx_kilnd_start(&kd, home, NULL);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    int64_t id = newest_run("down");
+    /* The run succeeds whatever the endpoint does. */
+    assert_int_equal(wait_end(id, 120), STATE_RUN_SUCCEEDED);
+    /* Its push is pending, with the reason. */
+    state_push_t *ps = NULL;
+    size_t n = 0;
+    for (int i = 0; i < 300; i++) {
+        n = run_pushes(id, &ps);
+        if (n > 0 && ps[0].state == STATE_PUSH_PENDING && ps[0].rounds > 0)
+            break;
+        state_pushes_free(ps, n);
+        ps = NULL;
+        n = 0;
+        fx_sleep_ms(100);
+    }
+    assert_int_equal(n, 1);
+    assert_int_equal(ps[0].state, STATE_PUSH_PENDING);
+    assert_non_null(ps[0].error);
+    assert_int_equal(ps[0].http_status, 0); /* nothing answered */
+    state_pushes_free(ps, n);
+    /* `kiln show` names it. */
+    proc_result_t *r = calloc(1, sizeof *r);
+    char ids[32];
+    snprintf(ids, sizeof ids, "%lld", (long long)id);
+    const char *show[] = {"show", ids, NULL};
+    fx_kiln(&kd, r, show);
+    assert_non_null(strstr(r->out, "pending"));
+    assert_non_null(strstr(r->out, s.url));
+    free(r);
+    /* The endpoint comes back on its port: kilnd's retry lands the push. */
+    assert_true(fx_serve_start(&s, sdir));
+    char ck[64];
+    run_checkpoint(id, ck, sizeof ck);
+    wait_holds(&s, "ctr", "B", ck, 60);
+    assert_int_equal(wait_push(id, STATE_PUSH_SUCCEEDED, 30), STATE_PUSH_SUCCEEDED);
+}
+
+/* ---- kill -9 between success and push -------------------------------------------------------- */
+
+/* kilnd holds a claimed push (KILN_TEST_PUSH_DELAY_MS before sending, or
+ * KILN_TEST_PUSH_HOLD_MS after the endpoint answered and before recording)
+ * and is killed -9 meanwhile; a new kilnd delivers it, once. */
+static void kill9_case(const char *hook)
+{
+    fx_serve_t s = {0};
+    char sdir[400], spec[500], extra[1024];
+    snprintf(sdir, sizeof sdir, "%s/serve", home);
+    assert_true(fx_serve_start(&s, sdir));
+    snprintf(extra, sizeof extra,
+             "export: {on_success: incremental}\n"
+             "push:\n  token_env: KILN_TEST_TOKEN\n  endpoints:\n"
+             "    - {url: \"%s\", model: ctr, label: B}\n",
+             s.url);
+    write_job("k9", "k9", extra, spec, sizeof spec);
+    land("k9", "day0.tsv", 0);
+    const char *env[] = {hook, NULL};
+    fx_kilnd_start(&kd, home, env);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    int64_t id = newest_run("k9");
+    assert_int_equal(wait_end(id, 120), STATE_RUN_SUCCEEDED);
+    assert_int_equal(wait_push(id, STATE_PUSH_SENDING, 30), STATE_PUSH_SENDING);
+    if (strstr(hook, "HOLD") != NULL) {
+        /* Wait for the endpoint to apply it; kilnd has not recorded it. */
+        for (int i = 0; i < 300 && fx_pushes_applied(&s) < 1; i++)
+            fx_sleep_ms(100);
+        assert_int_equal(fx_pushes_applied(&s), 1);
+    }
+    fx_kilnd_stop(&kd, SIGKILL);
+    state_push_t *ps = NULL;
+    size_t n = run_pushes(id, &ps);
+    assert_int_equal(n, 1);
+    assert_int_equal(ps[0].state, STATE_PUSH_SENDING); /* claimed by the dead kilnd */
+    state_pushes_free(ps, n);
+    fx_kilnd_start(&kd, home, NULL);
+    assert_int_equal(wait_push(id, STATE_PUSH_SUCCEEDED, 60), STATE_PUSH_SUCCEEDED);
+    char ck[64];
+    run_checkpoint(id, ck, sizeof ck);
+    wait_holds(&s, "ctr", "B", ck, 10);
+    /* Exactly once: one push recorded, one applied by the endpoint. */
+    n = run_pushes(id, &ps);
+    assert_int_equal(n, 1);
+    state_pushes_free(ps, n);
+    fx_sleep_ms(1500);
+    assert_int_equal(fx_pushes_applied(&s), 1);
+}
+
+static void test_kill9_before_push(void **state)
+{
+    (void)state;
+    kill9_case("KILN_TEST_PUSH_DELAY_MS=4000");
+}
+
+static void test_kill9_after_apply(void **state)
+{
+    (void)state;
+    kill9_case("KILN_TEST_PUSH_HOLD_MS=4000");
+}
+
+/* ---- the quality gate ---------------------------------------------------------------------------- */
+
+/* day0.tsv with every label flipped: what a model learns from it is worse
+ * on the eval data than what it learnt before. */
+static void write_flipped(const char *dst)
+{
+    char src[400], line[65536];
+    snprintf(src, sizeof src, "%s/day0.tsv", data_dir);
+    FILE *in = fopen(src, "r"), *out = fopen(dst, "w");
+    assert_non_null(in);
+    assert_non_null(out);
+    while (fgets(line, sizeof line, in) != NULL) {
+        line[0] = line[0] == '1' ? '0' : '1';
+        fputs(line, out);
+    }
+    fclose(in);
+    fclose(out);
+}
+
+static void test_quality_gate(void **state)
+{
+    (void)state;
+    fx_serve_t s = {0};
+    char sdir[400], spec[500], extra[1024], bad[500];
+    snprintf(sdir, sizeof sdir, "%s/serve", home);
+    assert_true(fx_serve_start(&s, sdir));
+    snprintf(extra, sizeof extra,
+             "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\", incremental: true}\n"
+             "export: {on_success: incremental}\n"
+             "push:\n  token_env: KILN_TEST_TOKEN\n  max_regression: 0.001\n  endpoints:\n"
+             "    - {url: \"%s\", model: ctr, label: B}\n",
+             data_dir, s.url);
+    write_job("gate", "gate", extra, spec, sizeof spec);
+    land("gate", "day0.tsv", 0);
+    fx_kilnd_start(&kd, home, NULL);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    int64_t r1 = newest_run("gate");
+    assert_int_equal(wait_end(r1, 120), STATE_RUN_SUCCEEDED);
+    char ck1[64], h[64];
+    run_checkpoint(r1, ck1, sizeof ck1);
+    wait_holds(&s, "ctr", "B", ck1, 60);
+    /* A partition of flipped labels: the next model is worse. */
+    snprintf(bad, sizeof bad, "%s/gate/flipped.tsv", home);
+    write_flipped(bad);
+    char dst[500];
+    snprintf(dst, sizeof dst, "%s/gate/data/day=1.tsv", home);
+    assert_int_equal(fx_land(bad, dst), 0);
+    kiln_ok(sub);
+    int64_t r2 = newest_run("gate");
+    assert_true(r2 > r1);
+    assert_int_equal(wait_end(r2, 120), STATE_RUN_SUCCEEDED);
+    assert_int_equal(wait_push(r2, STATE_PUSH_NSTATES, 60), STATE_PUSH_HELD);
+    fx_holds(&s, "ctr", "B", h, sizeof h);
+    assert_string_equal(h, ck1); /* serving kept the better model */
+    /* An event says why. */
+    state_t *st = db();
+    state_event_t *ev = NULL;
+    size_t n = 0;
+    assert_int_equal(state_event_list(st, 0, 0, &ev, &n), 0);
+    bool said = false;
+    for (size_t i = 0; i < n; i++)
+        said |= strstr(ev[i].message, "push.max_regression") != NULL;
+    state_events_free(ev, n);
+    state_close(st);
+    assert_true(said);
+    /* kiln push --force overrides the gate. */
+    const char *force[] = {"push", "--job", "gate", "--force", NULL};
+    kiln_ok(force);
+    char ck2[64];
+    run_checkpoint(r2, ck2, sizeof ck2);
+    wait_holds(&s, "ctr", "B", ck2, 10);
+}
+
+/* ---- an online job --------------------------------------------------------------------------------- */
+
+static void test_online_job(void **state)
+{
+    (void)state;
+    fx_serve_t s = {0};
+    char sdir[400], spec[500], extra[1024];
+    snprintf(sdir, sizeof sdir, "%s/serve", home);
+    assert_true(fx_serve_start(&s, sdir));
+    snprintf(extra, sizeof extra,
+             "train: {mode: online, batch_size: 128, log_every: 2}\n"
+             "export: {every: 1s, on_success: incremental}\n"
+             "checkpoint: {keep: 3}\n"
+             "push:\n  token_env: KILN_TEST_TOKEN\n  endpoints:\n"
+             "    - {url: \"%s\", model: ctr, label: B}\n",
+             s.url);
+    write_job("online", "online", extra, spec, sizeof spec);
+    land("online", "day0.tsv", 0);
+    fx_kilnd_start(&kd, home, NULL);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    int64_t id = newest_run("online");
+    /* Partitions keep landing; exports reach B while the run trains. */
+    int landed = 1, reached = 0;
+    char last[64] = "";
+    for (int i = 0; i < 900 && reached < 3; i++) {
+        if (i % 10 == 0)
+            land("online", landed % 2 ? "day1.tsv" : "day0.tsv", landed), landed++;
+        state_push_t *ps = NULL;
+        size_t n = run_pushes(id, &ps);
+        reached = 0;
+        for (size_t k = 0; k < n; k++)
+            reached += ps[k].state == STATE_PUSH_SUCCEEDED;
+        if (n > 0 && ps[n - 1].state == STATE_PUSH_SUCCEEDED)
+            snprintf(last, sizeof last, "%s", ps[n - 1].checkpoint_uid);
+        state_pushes_free(ps, n);
+        fx_sleep_ms(100);
+    }
+    if (reached < 3)
+        fail_msg("%d online exports reached B in 90 s (see %s/kilnd.log)", reached, home);
+    state_t *st = db();
+    state_run_t r;
+    assert_int_equal(state_run_get(st, id, &r), 0);
+    assert_int_equal(r.state, STATE_RUN_RUNNING); /* while it trains */
+    state_run_fini(&r);
+    state_close(st);
+    wait_holds(&s, "ctr", "B", last, 10);
+    const char *cancel[] = {"cancel", "1", NULL};
+    char ids[32];
+    snprintf(ids, sizeof ids, "%lld", (long long)id);
+    cancel[1] = ids;
+    kiln_ok(cancel);
+    assert_int_equal(wait_end(id, 60), STATE_RUN_CANCELED);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_five_relative_submits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_one_serve_two_labels, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cron_three_partitions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_endpoint_down_then_up, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill9_before_push, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill9_after_apply, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_online_job, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, setup_all, teardown_all);
+}
