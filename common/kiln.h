@@ -66,7 +66,9 @@ const char *kiln_strerror(int code);
 const char *kiln_errname(int code);
 
 /* Records a detailed message for the current thread and returns code, so that
- * `return kiln_errf(KILN_ENOENT, "no job named '%s'", name);` reads well. */
+ * `return kiln_errf(KILN_ENOENT, "no job named '%s'", name);` reads well. The
+ * arguments may include kiln_errmsg() itself, to wrap the last message with
+ * context: `kiln_errf(rc, "rank %d: %s", rank, kiln_errmsg())`. */
 int kiln_errf(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Returns the last detailed message of this thread, or kiln_strerror of the

@@ -31,6 +31,37 @@ static void test_errors(void **state)
     assert_string_equal(kiln_errmsg(), "no job named 'x'");
 }
 
+/* A message wrapped with its own text (`kiln_errf(rc, "ctx: %s", kiln_errmsg())`,
+ * the way a caller adds context) reads as the context and then the whole
+ * inner message, at any depth, wherever the inner message sits among the
+ * arguments, and a wrap that overflows the buffer is cut, not garbled. */
+static void test_errors_wrapped(void **state)
+{
+    (void)state;
+    kiln_errf(KILN_EFULL, "table 'slot0' is full");
+    kiln_errf(KILN_EFULL, "rank %d: %s", 1, kiln_errmsg());
+    assert_string_equal(kiln_errmsg(), "rank 1: table 'slot0' is full");
+    kiln_errf(kiln_errcode(), "run 7: %s", kiln_errmsg());
+    assert_string_equal(kiln_errmsg(), "run 7: rank 1: table 'slot0' is full");
+    assert_int_equal(kiln_errcode(), KILN_EFULL);
+    /* The inner message after other arguments, and twice. */
+    kiln_errf(KILN_EINVAL, "top layer must end in 1");
+    kiln_errf(KILN_EINVAL, "%s/%s: %s (%s)", "dir", "f.kpush", kiln_errmsg(), kiln_errmsg());
+    assert_string_equal(kiln_errmsg(),
+                        "dir/f.kpush: top layer must end in 1 (top layer must end in 1)");
+    /* A long inner message wrapped past the buffer is cut at its end. */
+    char longmsg[1500];
+    memset(longmsg, 'x', sizeof longmsg - 1);
+    longmsg[sizeof longmsg - 1] = '\0';
+    kiln_errf(KILN_EIO, "%s", longmsg);
+    kiln_errf(KILN_EIO, "ctx: %s", kiln_errmsg());
+    const char *m = kiln_errmsg();
+    assert_int_equal(strncmp(m, "ctx: xxxx", 9), 0);
+    assert_true(strlen(m) > 900);
+    assert_int_equal(strspn(m + 5, "x"), strlen(m) - 5);
+    kiln_errclear();
+}
+
 static int check_fn(int v) { return v; }
 
 static int uses_check(int v, int *reached)
@@ -237,7 +268,8 @@ static void test_log_file(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),     cmocka_unit_test(test_check_macros),
+        cmocka_unit_test(test_errors),     cmocka_unit_test(test_errors_wrapped),
+        cmocka_unit_test(test_check_macros),
         cmocka_unit_test(test_durations),  cmocka_unit_test(test_civil_dates),
         cmocka_unit_test(test_iso_instants), cmocka_unit_test(test_xxh64),
         cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_alloc),
