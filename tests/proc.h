@@ -127,4 +127,34 @@ static inline int proc_connect_from(const char *src, int port, const char *first
     return fd;
 }
 
+/* The slow clients of the server tests: PROC_SLOW_IDLE connections from
+ * 127.0.0.2 that send nothing, then PROC_SLOW_TRICKLE from 127.0.0.3 that
+ * sent the start of a request (first) and add a header byte at each
+ * proc_slow_trickle. */
+enum { PROC_SLOW_IDLE = 300, PROC_SLOW_TRICKLE = 40, PROC_SLOW_ALL = 340 };
+typedef struct proc_slow {
+    int fds[PROC_SLOW_ALL]; /* -1 where the connection failed */
+} proc_slow_t;
+
+static inline void proc_slow_open(proc_slow_t *s, int port, const char *first)
+{
+    for (int i = 0; i < PROC_SLOW_ALL; i++)
+        s->fds[i] = i < PROC_SLOW_IDLE ? proc_connect_from("127.0.0.2", port, NULL)
+                                       : proc_connect_from("127.0.0.3", port, first);
+}
+
+static inline void proc_slow_trickle(const proc_slow_t *s)
+{
+    for (int i = PROC_SLOW_IDLE; i < PROC_SLOW_ALL; i++)
+        if (s->fds[i] >= 0)
+            send(s->fds[i], "x", 1, MSG_NOSIGNAL);
+}
+
+static inline void proc_slow_close(proc_slow_t *s)
+{
+    for (int i = 0; i < PROC_SLOW_ALL; i++)
+        if (s->fds[i] >= 0)
+            close(s->fds[i]);
+}
+
 #endif /* KILN_TESTS_PROC_H */

@@ -1735,12 +1735,8 @@ static void test_slow_clients(void **state)
     server_t srv;
     server_new(&srv, "slow");
     server_start(&srv, NULL, 0, true);
-    enum { IDLE = 300, TRICKLE = 40 };
-    int fds[IDLE + TRICKLE], n = 0;
-    for (int i = 0; i < IDLE; i++)
-        fds[n++] = proc_connect_from("127.0.0.2", srv.port, NULL);
-    for (int i = 0; i < TRICKLE; i++)
-        fds[n++] = proc_connect_from("127.0.0.3", srv.port, "GET /healthz HTTP/1.1\r\nHost: x");
+    static proc_slow_t slow;
+    proc_slow_open(&slow, srv.port, "GET /healthz HTTP/1.1\r\nHost: x");
     resp_t *r = calloc(1, sizeof *r);
     char url[256];
     snprintf(url, sizeof url, "%s/healthz", srv.url);
@@ -1749,13 +1745,9 @@ static void test_slow_clients(void **state)
         if (st != 200)
             fail_msg("kiln-serve did not answer under slow clients (round %d: status %ld)", round,
                      st);
-        for (int i = IDLE; i < n; i++)
-            if (fds[i] >= 0)
-                send(fds[i], "x", 1, MSG_NOSIGNAL);
+        proc_slow_trickle(&slow);
     }
-    for (int i = 0; i < n; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
+    proc_slow_close(&slow);
     assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
     server_kill(&srv, SIGTERM);
     free(r);

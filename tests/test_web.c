@@ -765,14 +765,8 @@ static void test_kilnd_slow_clients(void **state)
     for (int i = 0; i < 300 && (st = get_within(url, "/api/jobs")) != 200; i++)
         sleep_ms(50); /* until kilnd's page is up */
     assert_int_equal(st, 200);
-    int port = atoi(strrchr(url, ':') + 1);
-    enum { IDLE = 300, TRICKLE = 40 };
-    static int fds[IDLE + TRICKLE];
-    int n = 0;
-    for (int i = 0; i < IDLE; i++)
-        fds[n++] = proc_connect_from("127.0.0.2", port, NULL);
-    for (int i = 0; i < TRICKLE; i++)
-        fds[n++] = proc_connect_from("127.0.0.3", port, "GET / HTTP/1.1\r\nHost: x");
+    static proc_slow_t slow;
+    proc_slow_open(&slow, atoi(strrchr(url, ':') + 1), "GET / HTTP/1.1\r\nHost: x");
     for (int round = 0; round < 3; round++) {
         st = get_within(url, "/");
         if (st != 200) {
@@ -780,13 +774,9 @@ static void test_kilnd_slow_clients(void **state)
             waitpid(pid, NULL, 0);
             fail_msg("kilnd's page did not answer under slow clients (round %d: %ld)", round, st);
         }
-        for (int i = IDLE; i < n; i++)
-            if (fds[i] >= 0)
-                send(fds[i], "x", 1, MSG_NOSIGNAL);
+        proc_slow_trickle(&slow);
     }
-    for (int i = 0; i < n; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
+    proc_slow_close(&slow);
     assert_int_equal(get_within(url, "/api/jobs"), 200);
     /* The Host check of the real kilnd. */
     char saved[64];
