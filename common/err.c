@@ -2,6 +2,11 @@
  * common/err.c - error codes, their names and messages, and the thread-local
  * "last error" sentence that carries context (which file, which field, which
  * endpoint) from where a failure happens to where it is shown.
+ *
+ * A caller adds context by wrapping the message it got:
+ * `kiln_errf(rc, "rank %d: %s", rank, kiln_errmsg())`. The arguments then
+ * point into the buffer being written, so kiln_errf formats into a scratch
+ * buffer first and copies the result over: wrapping is safe at any depth.
  */
 #include "kiln.h"
 
@@ -35,10 +40,12 @@ const char *kiln_errname(int code)
 
 int kiln_errf(int code, const char *fmt, ...)
 {
+    char msg[sizeof last_msg]; /* the arguments may point into last_msg */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_msg, msg, strlen(msg) + 1);
     last_code = code;
     return code;
 }

@@ -1,7 +1,8 @@
 /*
  * common/kiln.h - the small base every Kiln module stands on: error codes and
- * their messages, logging, checked allocation, time helpers, xxh64 hashing
- * and a did-you-mean helper. Nothing here knows about jobs, tables or HTTP.
+ * their messages, logging, checked allocation, time helpers, xxh64 hashing,
+ * a did-you-mean helper and the Host check both HTTP servers share. Nothing
+ * here knows about jobs or tables.
  *
  * Error convention: a function returns 0 on success or a negative KILN_E*
  * code. A function that fails for a reason worth telling the user also
@@ -15,6 +16,7 @@
 
 #include <stdbool.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -68,7 +70,9 @@ const char *kiln_strerror(int code);
 const char *kiln_errname(int code);
 
 /* Records a detailed message for the current thread and returns code, so that
- * `return kiln_errf(KILN_ENOENT, "no job named '%s'", name);` reads well. */
+ * `return kiln_errf(KILN_ENOENT, "no job named '%s'", name);` reads well. The
+ * arguments may include kiln_errmsg() itself, to wrap the last message with
+ * context: `kiln_errf(rc, "rank %d: %s", rank, kiln_errmsg())`. */
 int kiln_errf(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Returns the last detailed message of this thread, or kiln_strerror of the
@@ -216,6 +220,21 @@ int kiln_edit_distance(const char *a, const char *b);
 /* Returns the candidate closest to word if it is close enough to be a likely
  * typo (distance <= max(1, len/3)), else NULL. candidates ends with NULL. */
 const char *kiln_did_you_mean(const char *word, const char *const *candidates);
+
+/* ---- the Host check (host.c) ------------------------------------------------
+ * Against DNS rebinding, kilnd's page and kiln-serve answer only requests
+ * sent to one of their own names. */
+/* Whether host (a request's Host header: "name", "name:port", "[v6]:port";
+ * NULL when absent) names a server bound to bind_addr (numeric IPv4 or IPv6):
+ * the bind address itself; "localhost" when that is a loopback or wildcard
+ * address; any IP address and this machine's host name when it is a
+ * wildcard (0.0.0.0, ::); or a name of allowed (comma-separated,
+ * case-insensitive, a trailing dot ignored; "*" allows any; NULL: none).
+ * A request without Host passes (HTTP/1.0; browsers always send one). */
+bool kiln_host_allowed(const char *host, const char *bind_addr, const char *allowed);
+/* Checks a list for kiln_host_allowed: names separated by commas, or "*".
+ * Returns 0 or KILN_EINVAL naming `what` (the option) and the bad entry. */
+int kiln_host_list_check(const char *list, const char *what);
 
 #ifdef __cplusplus
 }

@@ -34,6 +34,7 @@
 #include <yaml.h>
 
 #include "jobs.h"
+#include "serve.h"
 #include "kiln.h"
 
 /* ---- enumeration spellings (index = enum value; NULL-terminated) ------- */
@@ -358,14 +359,12 @@ static const char *check_name(const char *s, char *buf, size_t bufsz)
     return buf;
 }
 
-/* kiln-serve's rule for the model and label names a push carries: 1 to 63
- * of [A-Za-z0-9_.-], not starting with '.' (they name directories of its
- * state). It MUST match good_name() in serving/serve_store.c, which refuses
- * every push (HTTP 400) to a name it rejects; there is no shared function for
- * it yet (serving/serve.h). */
+/* kiln-serve's own rule for the model and label names a push carries
+ * (serve_name_check, serving/serve.h): a name it would refuse at every push
+ * is refused at submit. */
 static bool serve_accepts_name(const char *s)
 {
-    return is_ident(s, 63) && s[0] != '.';
+    return serve_name_check(s, NULL, 0) == 0;
 }
 
 static const char *check_label(const char *s, char *buf, size_t bufsz)

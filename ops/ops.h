@@ -150,7 +150,8 @@ int ops_poll_stats(state_t *st, int64_t timeout_ms);
  * KILN_ENOENT when what names nothing Kiln recorded. */
 int ops_lineage(state_t *st, const char *what, json_t **out /* OUT */);
 
-/* The push description (tables, slots, layers) of a job spec's model. */
+/* The push description (tables, slots, layers) of a job spec's model; its
+ * nparams is 0 (serve_ckptsrc_open takes it from the checkpoint). */
 int ops_model_desc(const job_spec_t *spec, serve_model_desc_t *out /* OUT */);
 
 #ifdef __cplusplus

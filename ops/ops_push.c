@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_model.h"
+#include "rt_model.h" /* rt_model_table_dim: no BLAS, nothing built */
 
 int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
 {
@@ -45,14 +45,7 @@ int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
                 d->slot_mean[jt->slots[i]] = jt->emb.combiner == JOB_COMB_MEAN;
             }
     }
-    rt_model_config_t cfg = {.type = mt, .nslots = d->nslots, .ndense = d->ndense,
-                             .dim = d->dim, .bottom = d->bottom, .nbottom = d->nbottom,
-                             .top = d->top, .ntop = d->ntop, .fm_dense_factors = 1,
-                             .max_batch = 1, .opt = {.type = RT_DENSE_SGD}};
-    rt_model_t *m = NULL;
-    KILN_CHECK(rt_model_create(&cfg, &m));
-    d->nparams = (int64_t)rt_model_nparams(m);
-    rt_model_destroy(m);
+    /* nparams: the checkpoint source reads it from the checkpoint itself. */
     return serve_desc_check(d);
 }
 

@@ -14,29 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int rt_model_table_dim(rt_model_type_t type, int spec_dim)
-{
-    switch (type) {
-    case RT_MODEL_LR:
-        return 1;
-    case RT_MODEL_FM:
-        if (spec_dim < 1)
-            return kiln_errf(KILN_EINVAL, "fm: model.embedding.dim must be >= 1, got %d", spec_dim);
-        return spec_dim + 1;
-    case RT_MODEL_DLRM:
-        if (spec_dim < 1)
-            return kiln_errf(KILN_EINVAL, "dlrm: model.embedding.dim must be >= 1, got %d",
-                             spec_dim);
-        return spec_dim;
-    }
-    return kiln_errf(KILN_EINVAL, "unknown model type %d", (int)type);
-}
 
-const char *rt_model_type_name(rt_model_type_t type)
-{
-    static const char *const names[] = {"lr", "fm", "dlrm"};
-    return (unsigned)type < 3 ? names[type] : "?";
-}
 
 /* ---- initialisation ------------------------------------------------------------
  * A counter-based generator: the value of parameter idx depends only on

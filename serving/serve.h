@@ -73,6 +73,14 @@ typedef struct serve_model_desc {
     int64_t nparams; /* dense parameter count (the DENSE chunk's length) */
 } serve_model_desc_t;
 
+/* The rule for model names and labels, the same at submit (jobs/spec.c) and
+ * in kiln-serve (which makes them directory names): 1 to 63 characters of
+ * [A-Za-z0-9_.-], not starting with '.'. Returns 0, or KILN_EINVAL with a
+ * sentence saying what is wrong written to why (cap bytes; why may be NULL).
+ * Leaves kiln_errmsg() alone. In library kiln_serve_name, which needs only
+ * the C library. */
+int serve_name_check(const char *name, char *why /* OUT */, size_t cap);
+
 /* Checks a description for internal consistency (ranges, slot -> table,
  * every table dim == dim). Returns 0 or KILN_EINVAL naming the field. */
 int serve_desc_check(const serve_model_desc_t *d);
@@ -137,7 +145,9 @@ int serve_memsrc_set_dense(serve_memsrc_t *m, int64_t n, const float *values);
 int serve_memsrc_open(serve_memsrc_t *m, serve_source_t **out /* OUT */);
 
 /* A source over a checkpoint directory (docs/checkpoint-format.md) and the
- * job spec's model description. held in the checkpoint's chain: a delta of
+ * job spec's model description (its nparams is taken from the checkpoint's
+ * dense.params; kiln-serve checks it against the layers). held in the
+ * checkpoint's chain: a delta of
  * the links after held; otherwise a full push of the whole chain (its full
  * dump, then each incremental's deletions and rows in order). Reads the
  * .npy files chunk by chunk; never the whole table. Returns 0, KILN_ENOENT,

@@ -283,6 +283,11 @@ int serve_ckptsrc_open(const char *ckpt_dir, const serve_model_desc_t *desc, con
     for (int i = from; i < ch.n; i++)
         KILN_CHECK_GOTO(add_link(c, rt_ckpt_path(ch.items[i])), rc, out);
     KILN_CHECK_GOTO(rt_ckpt_read_dense(ch.items[ch.n - 1], &c->dense, &c->ndense), rc, out);
+    /* The dense parameter count is the checkpoint's own: whoever built the
+     * description need not build the model to count them. */
+    for (int i = 0; i < c->ndense; i++)
+        if (strcmp(c->dense[i].name, "dense.params") == 0)
+            c->desc.nparams = (int64_t)c->dense[i].count;
 out:
     rt_ckpt_chain_fini(&ch);
     if (rc < 0) {

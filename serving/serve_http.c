@@ -3,10 +3,14 @@
  * table, bearer-token auth for pushes, bounded request bodies (a push body
  * streams to the store chunk by chunk and is bounded by the chunk limit
  * instead), and JSON answers. One internal polling thread serves every
- * connection; MHD bounds the connection count and idle time.
+ * connection; MHD bounds the connection count, the connections of one
+ * client address and idle time. A request whose Host is not one of this
+ * server's names gets 403 before anything else (DNS rebinding:
+ * kiln_host_allowed).
  */
 #include <stdlib.h>
 #include <arpa/inet.h>
+#include <jansson.h>
 #include <microhttpd.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,6 +40,8 @@ struct sv_http {
     sv_store_t *store;
     char *token;
     size_t max_body;
+    char bind[64];     /* the --listen address */
+    char *allow_hosts; /* --allow-host, NULL: none */
 };
 
 typedef struct conn {
@@ -127,6 +133,18 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
         if (c == NULL)
             return MHD_NO;
         *con_cls = c;
+        const char *host = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Host");
+        if (!kiln_host_allowed(host, h->bind, h->allow_hosts)) {
+            c->answered = true;
+            char *msg = kiln_asprintf("Host '%.100s' is not a name of this kiln-serve; start it "
+                                      "with --allow-host NAME to serve that name",
+                                      host);
+            json_t *j = json_pack("{s:s}", "error", msg ? msg : "Host not served");
+            free(msg);
+            char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+            json_decref(j);
+            return send_answer(con, 403, body, "application/json");
+        }
         bool path_known = false;
         for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
             char seg[2][SERVE_NAME_MAX];
@@ -268,16 +286,21 @@ int sv_http_start(sv_store_t *store, const sv_http_opts_t *o, sv_http_t **out)
         return KILN_ENOMEM;
     h->store = store;
     h->token = o->token ? kiln_strdup(o->token) : NULL;
+    h->allow_hosts = o->allow_hosts ? kiln_strdup(o->allow_hosts) : NULL;
     h->max_body = o->max_body ? o->max_body : (4u << 20);
+    snprintf(h->bind, sizeof h->bind, "%s", o->host);
+    unsigned conns = (unsigned)(o->max_connections > 0 ? o->max_connections : 64);
+    unsigned per_client = o->max_per_client > 0 ? (unsigned)o->max_per_client
+                                                : (conns + 3) / 4;
     h->d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, handle, h,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)(o->max_connections > 0 ? o->max_connections : 64),
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s > 0 ? o->timeout_s : 30),
-        MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
-        MHD_OPTION_END);
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, conns,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)(o->timeout_s > 0 ? o->timeout_s : 30), MHD_OPTION_NOTIFY_COMPLETED,
+        completed, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_END);
     if (h->d == NULL) {
         free(h->token);
+        free(h->allow_hosts);
         free(h);
         return kiln_errf(KILN_EIO, "cannot listen on %s:%d (in use, or not an address of this "
                                    "host)",
@@ -299,5 +322,6 @@ void sv_http_stop(sv_http_t *h)
         return;
     MHD_stop_daemon(h->d);
     free(h->token);
+    free(h->allow_hosts);
     free(h);
 }

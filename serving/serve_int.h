@@ -37,9 +37,14 @@ int serve_table_dim(const serve_table_t *t);
 /* ---- serve_store.c: versions ---------------------------------------------------- */
 typedef struct sv_store sv_store_t;
 
-/* Opens (creating) state_dir and loads every version persisted there
- * (replaying each version's chain of pushes). Returns 0, KILN_EIO or the
- * decoder's codes naming the file. */
+/* Opens (creating) state_dir, takes its lock (<state_dir>/lock, held until
+ * sv_store_close; the file holds the holder's pid) and loads every version
+ * persisted there (replaying each version's chain of pushes). A version that
+ * cannot be loaded (a corrupt push file or chain.json) is not served and is
+ * reported as broken (log, sv_stats) with its files left in place; a full
+ * push to its label moves them to <state_dir>/broken/ and replaces it.
+ * Returns 0, KILN_EBUSY (another process holds the lock: the message names
+ * its pid), KILN_EIO or KILN_ENOMEM. */
 int sv_store_open(const char *state_dir, sv_store_t **out /* OUT */);
 void sv_store_close(sv_store_t *s); /* accepts NULL */
 
@@ -79,19 +84,37 @@ void sv_lookup(sv_store_t *s, const char *model, const char *body, size_t len,
 void sv_predict(sv_store_t *s, const char *model, const char *label, const char *request_key,
                 const char *body, size_t len, sv_answer_t *ans /* OUT */);
 
-/* Traffic split: "A=90,B=10". Returns 0 or KILN_EINVAL. */
-int sv_store_set_split(sv_store_t *s, const char *split);
+/* A traffic split between labels: "A=90,B=10". */
+#define SV_MAX_SPLIT 16
+typedef struct sv_split {
+    char label[SV_MAX_SPLIT][SERVE_NAME_MAX];
+    int weight[SV_MAX_SPLIT]; /* 1..SV_MAX_WEIGHT */
+    int n;
+} sv_split_t;
+#define SV_MAX_WEIGHT 1000000
+/* Parses text: up to SV_MAX_SPLIT entries LABEL=WEIGHT separated by commas,
+ * each label valid (serve_name_check) and named once, each weight a whole
+ * number from 1 to SV_MAX_WEIGHT (a label without traffic is left out).
+ * Returns 0 or KILN_EINVAL with a message that starts with "--split". */
+int sv_split_parse(const char *text, sv_split_t *out /* OUT */);
+/* Sets the split predict follows (before serving starts). */
+void sv_store_set_split(sv_store_t *s, const sv_split_t *split);
 /* GET /v1/stats (JSON) and /metrics (Prometheus text). */
 void sv_stats(sv_store_t *s, bool prometheus, sv_answer_t *ans /* OUT */);
 
 /* ---- serve_http.c --------------------------------------------------------------- */
 typedef struct sv_http_opts {
-    const char *host;
+    const char *host;   /* the IPv4 address to bind */
     int port;           /* 0: any free port (see sv_http_port) */
     const char *token;  /* NULL: refuse every push */
     int max_connections;
+    int max_per_client; /* connections from one client address; 0: a quarter of
+                           max_connections */
     int timeout_s;
     size_t max_body;    /* requests other than pushes */
+    const char *allow_hosts; /* Host names served besides the bind address's
+                                (comma-separated, "*": any; NULL: none), see
+                                kiln_host_allowed */
 } sv_http_opts_t;
 
 typedef struct sv_http sv_http_t;

@@ -3,12 +3,15 @@
  *
  *   kiln-serve --listen 127.0.0.1:8501 --state-dir DIR --token-env VAR
  *              [--split A=90,B=10] [--port-file FILE] [--max-connections N]
- *              [--timeout SECONDS] [--max-body BYTES] [--log-level LEVEL]
+ *              [--max-per-client N] [--timeout SECONDS] [--max-body BYTES]
+ *              [--allow-host NAMES] [--log-level LEVEL]
  *
  * Loads the versions persisted in DIR, serves the API of
  * docs/serving-protocol.md until SIGINT or SIGTERM, and exits 0 (1 on a
- * startup failure, 2 on a bad command line).
+ * startup failure, 2 on a bad command line). Every value is checked here,
+ * once, before anything starts.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -28,10 +31,56 @@ static void usage(FILE *f)
             "  --split A=90,B=10      predict traffic split between labels (sticky per\n"
             "                         Kiln-Request-Key)\n"
             "  --port-file FILE       write the bound port to FILE once listening\n"
-            "  --max-connections N    concurrent connections (default 64)\n"
-            "  --timeout SECONDS      idle connection timeout (default 30)\n"
-            "  --max-body BYTES       largest lookup/predict body (default 4194304)\n"
+            "  --max-connections N    concurrent connections, 1-1000 (default 64)\n"
+            "  --max-per-client N     of those from one client address (default a\n"
+            "                         quarter of --max-connections)\n"
+            "  --timeout SECONDS      idle connection timeout, 1-86400 (default 30)\n"
+            "  --max-body BYTES       largest lookup/predict body, 1-1073741824 (default\n"
+            "                         4194304)\n"
+            "  --allow-host NAMES     Host names served besides those of the --listen\n"
+            "                         address (comma-separated; * for any)\n"
             "  --log-level LEVEL      debug, info, warn, error (default info)\n");
+}
+
+/* The numeric limits: one rule each (a whole number in [lo, hi]). */
+typedef struct limit {
+    const char *flag;
+    long long lo, hi;
+    const char *unit;
+} limit_t;
+
+enum { L_CONNECTIONS, L_PER_CLIENT, L_TIMEOUT, L_BODY, L_COUNT };
+
+static const limit_t limits[L_COUNT] = {
+    [L_CONNECTIONS] = {"--max-connections", 1, 1000, "connections"}, /* select(): < FD_SETSIZE */
+    [L_PER_CLIENT] = {"--max-per-client", 1, 1000, "connections"},
+    [L_TIMEOUT] = {"--timeout", 1, 86400, "seconds"},
+    [L_BODY] = {"--max-body", 1, 1LL << 30, "bytes"},
+};
+
+/* The index in limits of flag, or -1. */
+static int find_limit(const char *flag)
+{
+    for (int i = 0; i < L_COUNT; i++)
+        if (strcmp(limits[i].flag, flag) == 0)
+            return i;
+    return -1;
+}
+
+/* Parses v for limit l into *out. Returns 0, or 2 after saying what is wrong. */
+static int parse_limit(const limit_t *l, const char *v, long long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end != '\0' || errno != 0 || x < l->lo || x > l->hi) {
+        fprintf(stderr, "kiln-serve: %s must be a whole number of %s from %lld to %lld, got "
+                        "'%s'\n",
+                l->flag, l->unit, l->lo, l->hi, v);
+        return 2;
+    }
+    *out = x;
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -39,6 +88,9 @@ int main(int argc, char **argv)
     const char *listen = NULL, *state_dir = NULL, *token_env = NULL, *split = NULL,
                *port_file = NULL, *level = "info";
     sv_http_opts_t o = {.max_connections = 64, .timeout_s = 30, .max_body = 4u << 20};
+    sv_split_t parsed_split = {0};
+    long long num;
+    int li;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -62,13 +114,22 @@ int main(int argc, char **argv)
             split = v;
         else if (strcmp(a, "--port-file") == 0)
             port_file = v;
-        else if (strcmp(a, "--max-connections") == 0)
-            o.max_connections = atoi(v);
-        else if (strcmp(a, "--timeout") == 0)
-            o.timeout_s = atoi(v);
-        else if (strcmp(a, "--max-body") == 0)
-            o.max_body = (size_t)strtoull(v, NULL, 10);
-        else if (strcmp(a, "--log-level") == 0)
+        else if ((li = find_limit(a)) >= 0) {
+            if (parse_limit(&limits[li], v, &num) != 0)
+                return 2;
+            switch (li) {
+            case L_CONNECTIONS: o.max_connections = (int)num; break;
+            case L_PER_CLIENT: o.max_per_client = (int)num; break;
+            case L_TIMEOUT: o.timeout_s = (int)num; break;
+            default: o.max_body = (size_t)num; break;
+            }
+        } else if (strcmp(a, "--allow-host") == 0) {
+            if (kiln_host_list_check(v, "--allow-host") < 0) {
+                fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
+                return 2;
+            }
+            o.allow_hosts = v;
+        } else if (strcmp(a, "--log-level") == 0)
             level = v;
         else {
             fprintf(stderr, "kiln-serve: unknown option %s\n", a);
@@ -79,6 +140,15 @@ int main(int argc, char **argv)
     if (listen == NULL || state_dir == NULL || token_env == NULL) {
         fprintf(stderr, "kiln-serve: --listen, --state-dir and --token-env are required\n");
         usage(stderr);
+        return 2;
+    }
+    if (o.max_per_client > o.max_connections) {
+        fprintf(stderr, "kiln-serve: --max-per-client %d is more than --max-connections %d\n",
+                o.max_per_client, o.max_connections);
+        return 2;
+    }
+    if (split != NULL && sv_split_parse(split, &parsed_split) < 0) {
+        fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
         return 2;
     }
     kiln_log_level_t lv;
@@ -121,8 +191,8 @@ int main(int argc, char **argv)
     sv_store_t *store = NULL;
     sv_http_t *http = NULL;
     int rc = sv_store_open(state_dir, &store);
-    if (rc == 0 && split != NULL)
-        rc = sv_store_set_split(store, split);
+    if (rc == 0)
+        sv_store_set_split(store, &parsed_split);
     if (rc == 0)
         rc = sv_http_start(store, &o, &http);
     if (rc < 0) {

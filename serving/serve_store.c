@@ -25,14 +25,17 @@
  * to name it alone, and the old files are removed; a failure anywhere leaves
  * the old chain in place (docs/serving-protocol.md, "On disk").
  */
+#include <stdarg.h>
 #include <stdlib.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,7 +46,6 @@
 
 #define IDEM_PER_LABEL 64
 #define PREDICT_BATCH 256
-#define MAX_SPLIT 16
 #define MAX_LABELS 64
 #define CHAIN_MAX 8           /* push files in a label's chain before compaction */
 #define COMPACT_ROWS 65536    /* rows copied per table per round while compacting */
@@ -70,18 +72,25 @@ typedef struct version {
 
 typedef struct counter {
     char model[SERVE_NAME_MAX], label[SERVE_NAME_MAX];
-    int64_t requests, rows;
+    int64_t requests, rows, nonfinite;
 } counter_t;
+
+/* A label whose files could not be loaded at start: not served, reported. */
+typedef struct broken {
+    char model[SERVE_NAME_MAX], label[SERVE_NAME_MAX];
+    char *error;
+} broken_t;
 
 struct sv_store {
     char *dir;
+    int lock_fd; /* <dir>/lock, flock'ed while the store is open */
     pthread_rwlock_t lock;
     pthread_mutex_t stats_lock;
     version_t **v;
     int nv, capv;
-    char split_label[MAX_SPLIT][SERVE_NAME_MAX];
-    int split_weight[MAX_SPLIT];
-    int nsplit;
+    broken_t *broken;
+    int nbroken;
+    sv_split_t split;
     counter_t counters[MAX_LABELS];
     int ncounters;
     int64_t staging_seq;
@@ -125,16 +134,7 @@ static int status_for(int rc)
 
 static bool good_name(const char *s)
 {
-    size_t n = strlen(s);
-    if (n == 0 || n >= SERVE_NAME_MAX || s[0] == '.')
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-' || c == '.'))
-            return false;
-    }
-    return true;
+    return serve_name_check(s, NULL, 0) == 0;
 }
 
 static int mkdir_p(const char *path)
@@ -607,9 +607,18 @@ static int load_label(sv_store_t *s, const char *model, const char *label)
     }
     json_t *files = json_object_get(doc, "files");
     size_t nf = json_array_size(files);
+    if (!json_is_array(files)) {
+        rc = kiln_errf(KILN_ECORRUPT, "%s: no list of push files (\"files\")", path);
+        goto out;
+    }
     for (size_t i = 0; i < nf; i++) {
         const char *name = json_string_value(json_array_get(files, i));
-        char *fp = kiln_asprintf("%s/%s", dir, name ? name : "?");
+        if (name == NULL || !good_name(name)) {
+            rc = kiln_errf(KILN_ECORRUPT, "%s: file %zu of the chain is not a push file name",
+                           path, i);
+            goto out;
+        }
+        char *fp = kiln_asprintf("%s/%s", dir, name);
         if (fp == NULL) {
             rc = KILN_ENOMEM;
             goto out;
@@ -618,7 +627,7 @@ static int load_label(sv_store_t *s, const char *model, const char *label)
         rc = apply_file(&a, fp);
         free(fp);
         if (rc < 0) {
-            rc = kiln_errf(rc, "%s/%s: %s", dir, name ? name : "?", kiln_errmsg());
+            rc = kiln_errf(rc, "%s/%s: %s", dir, name, kiln_errmsg());
             goto out;
         }
         v = a.v;
@@ -658,11 +667,108 @@ out:
     return rc;
 }
 
+/* Takes <dir>/lock (flock, released when the process ends however it ends)
+ * and writes this pid into it; a second kiln-serve on the same directory
+ * would delete the first one's staging files and race its chain.json. */
+static int lock_state_dir(sv_store_t *s)
+{
+    char *path = kiln_asprintf("%s/lock", s->dir);
+    if (path == NULL)
+        return KILN_ENOMEM;
+    int rc = 0;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = kiln_errf(KILN_EIO, "cannot open %s: %s", path, strerror(errno));
+    } else if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char pid[24] = "";
+        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        rc = err == EWOULDBLOCK
+                 ? kiln_errf(KILN_EBUSY, "--state-dir %s is in use by another kiln-serve "
+                                         "(pid %s); stop that one or give this one its own "
+                                         "--state-dir",
+                             s->dir, pid[0] ? pid : "unknown")
+                 : kiln_errf(KILN_EIO, "cannot lock %s: %s", path, strerror(err));
+        close(fd);
+    } else {
+        char pid[24];
+        int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+            KILN_WARN("cannot write the pid into %s: %s", path, strerror(errno));
+        s->lock_fd = fd;
+    }
+    free(path);
+    return rc;
+}
+
+/* Records model/label as broken with error (the log says it once). */
+static int mark_broken(sv_store_t *s, const char *model, const char *label, const char *error)
+{
+    broken_t *b = kiln_reallocarray(s->broken, (size_t)s->nbroken + 1, sizeof *b);
+    if (b == NULL)
+        return KILN_ENOMEM;
+    s->broken = b;
+    b += s->nbroken;
+    snprintf(b->model, sizeof b->model, "%.63s", model); /* good names: < 64 */
+    snprintf(b->label, sizeof b->label, "%.63s", label);
+    b->error = kiln_strdup(error);
+    if (b->error == NULL)
+        return KILN_ENOMEM;
+    s->nbroken++;
+    KILN_ERROR("%s/%s is not served: %s (its files stay as they are for inspection; a full push "
+               "to it replaces it)",
+               model, label, error);
+    return 0;
+}
+
+static const broken_t *find_broken(const sv_store_t *s, const char *model, const char *label)
+{
+    for (int i = 0; i < s->nbroken; i++)
+        if (strcmp(s->broken[i].model, model) == 0 && strcmp(s->broken[i].label, label) == 0)
+            return &s->broken[i];
+    return NULL;
+}
+
+/* Before a full push replaces a broken version: moves its directory to
+ * <dir>/broken/<model>/<label>.<unix ms> (kept for inspection) and forgets
+ * it. Returns 0 or KILN_EIO. */
+static int set_broken_aside(sv_store_t *s, const char *model, const char *label)
+{
+    const broken_t *b = find_broken(s, model, label);
+    if (b == NULL)
+        return 0;
+    char *from = label_dir(s, model, label);
+    char *parent = kiln_asprintf("%s/broken/%s", s->dir, model);
+    char *to = kiln_asprintf("%s/broken/%s/%s.%lld", s->dir, model, label,
+                             (long long)kiln_now_ms());
+    int rc = 0;
+    if (from == NULL || parent == NULL || to == NULL) {
+        rc = KILN_ENOMEM;
+    } else if ((rc = mkdir_p(parent)) == 0 && rename(from, to) != 0 && errno != ENOENT) {
+        rc = kiln_errf(KILN_EIO, "cannot move the broken version %s/%s aside to %s: %s", model,
+                       label, to, strerror(errno));
+    }
+    if (rc == 0) {
+        KILN_WARN("%s/%s: a full push replaces the broken version; its files are kept in %s",
+                  model, label, to);
+        int i = (int)(b - s->broken);
+        free(s->broken[i].error);
+        s->broken[i] = s->broken[--s->nbroken];
+    }
+    free(from);
+    free(parent);
+    free(to);
+    return rc;
+}
+
 int sv_store_open(const char *state_dir, sv_store_t **out)
 {
     sv_store_t *s = kiln_calloc(1, sizeof *s);
     if (s == NULL)
         return KILN_ENOMEM;
+    s->lock_fd = -1;
     pthread_rwlock_init(&s->lock, NULL);
     pthread_mutex_init(&s->stats_lock, NULL);
     s->dir = kiln_strdup(state_dir);
@@ -675,6 +781,7 @@ int sv_store_open(const char *state_dir, sv_store_t **out)
     }
     KILN_CHECK_GOTO(mkdir_p(staging), rc, out);
     KILN_CHECK_GOTO(mkdir_p(models), rc, out);
+    KILN_CHECK_GOTO(lock_state_dir(s), rc, out);
     /* Staging files are pushes that never finished: drop them. */
     DIR *dd = opendir(staging);
     for (struct dirent *e; dd != NULL && (e = readdir(dd)) != NULL;) {
@@ -693,9 +800,11 @@ int sv_store_open(const char *state_dir, sv_store_t **out)
             continue;
         char *mp = kiln_asprintf("%s/%s", models, m->d_name);
         DIR *ld = mp ? opendir(mp) : NULL;
+        /* A label that cannot be loaded is reported, not fatal: the others
+         * are served. */
         for (struct dirent *l; rc == 0 && ld != NULL && (l = readdir(ld)) != NULL;)
-            if (good_name(l->d_name))
-                rc = load_label(s, m->d_name, l->d_name);
+            if (good_name(l->d_name) && load_label(s, m->d_name, l->d_name) < 0)
+                rc = mark_broken(s, m->d_name, l->d_name, kiln_errmsg());
         if (ld != NULL)
             closedir(ld);
         free(mp);
@@ -720,6 +829,11 @@ void sv_store_close(sv_store_t *s)
     for (int i = 0; i < s->nv; i++)
         version_destroy(s->v[i]);
     free(s->v);
+    for (int i = 0; i < s->nbroken; i++)
+        free(s->broken[i].error);
+    free(s->broken);
+    if (s->lock_fd >= 0)
+        close(s->lock_fd);
     free(s->dir);
     pthread_rwlock_destroy(&s->lock);
     pthread_mutex_destroy(&s->stats_lock);
@@ -779,8 +893,10 @@ static int p1_rows(void *ctx, int table, int64_t n, const int64_t *keys, const f
 sv_push_t *sv_push_begin(sv_store_t *s, const char *model, const char *label, const char *uid,
                          const char *base, const char *idem, sv_answer_t *ans)
 {
-    if (!good_name(model) || !good_name(label)) {
-        answer_error(ans, 400, "model and label must be 1-63 characters of [A-Za-z0-9_.-]");
+    char why[256];
+    if (serve_name_check(model, why, sizeof why) < 0 ||
+        serve_name_check(label, why, sizeof why) < 0) {
+        answer_error(ans, 400, why);
         return NULL;
     }
     if (uid == NULL || uid[0] == '\0' || strlen(uid) >= SERVE_UID_MAX || base == NULL ||
@@ -945,7 +1061,7 @@ void sv_push_end(sv_push_t *p, sv_answer_t *ans)
         goto out;
     }
     dir = label_dir(s, p->model, p->label);
-    if (dir == NULL || mkdir_p(dir) < 0) {
+    if (dir == NULL || (full && set_broken_aside(s, p->model, p->label) < 0) || mkdir_p(dir) < 0) {
         answer_error(ans, 500, kiln_errmsg());
         goto out;
     }
@@ -1055,7 +1171,15 @@ void sv_version_info(sv_store_t *s, const char *model, const char *label, sv_ans
 {
     pthread_rwlock_rdlock(&s->lock);
     const version_t *v = find_version(s, model, label);
-    if (v == NULL) {
+    const broken_t *b = v == NULL ? find_broken(s, model, label) : NULL;
+    if (b != NULL) {
+        char *msg = kiln_asprintf("this version could not be loaded at start (%s); a full push "
+                                  "replaces it",
+                                  b->error);
+        answer(ans, 404, json_pack("{s:s,s:s,s:s}", "error", msg ? msg : "broken", "holds", "",
+                                   "broken", b->error));
+        free(msg);
+    } else if (v == NULL) {
         answer(ans, 404, json_pack("{s:s,s:s}", "error", "this endpoint holds no such version",
                                    "holds", ""));
     } else {
@@ -1111,8 +1235,8 @@ void sv_lookup(sv_store_t *s, const char *model, const char *body, size_t len, s
             json_t *row = json_null();
             if (r != NULL) {
                 row = json_array();
-                for (int j = 0; j < v->desc.tables[t].dim; j++)
-                    json_array_append_new(row, json_real(r[j]));
+                for (int j = 0; j < v->desc.tables[t].dim; j++) /* finite: checked at push */
+                    json_array_append_new(row, isfinite(r[j]) ? json_real(r[j]) : json_null());
             }
             json_array_append_new(rows, row);
         }
@@ -1123,41 +1247,64 @@ void sv_lookup(sv_store_t *s, const char *model, const char *body, size_t len, s
     json_decref(req);
 }
 
-int sv_store_set_split(sv_store_t *s, const char *split)
+int sv_split_parse(const char *text, sv_split_t *out)
 {
-    s->nsplit = 0;
-    const char *p = split;
-    while (*p) {
-        const char *eq = strchr(p, '='), *comma = strchr(p, ',');
-        if (comma == NULL)
-            comma = p + strlen(p);
-        if (eq == NULL || eq > comma || eq == p || (size_t)(eq - p) >= SERVE_NAME_MAX ||
-            s->nsplit == MAX_SPLIT)
-            return kiln_errf(KILN_EINVAL, "--split wants LABEL=WEIGHT,... (e.g. A=90,B=10), "
-                                          "got '%s'",
-                             split);
+    memset(out, 0, sizeof *out);
+    const char *p = text;
+    if (*p == '\0')
+        return kiln_errf(KILN_EINVAL, "--split is empty; it wants LABEL=WEIGHT,... (e.g. "
+                                      "A=90,B=10)");
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        if (eq == NULL || eq == p)
+            return kiln_errf(KILN_EINVAL, "--split wants LABEL=WEIGHT,... (e.g. A=90,B=10); "
+                                          "'%.*s' in '%s' is not one",
+                             (int)len, p, text);
+        if (out->n == SV_MAX_SPLIT)
+            return kiln_errf(KILN_EINVAL, "--split '%s' names more than %d labels", text,
+                             SV_MAX_SPLIT);
+        char label[SERVE_NAME_MAX + 1], why[256];
+        snprintf(label, sizeof label, "%.*s", (int)(eq - p), p);
+        if (serve_name_check(label, why, sizeof why) < 0)
+            return kiln_errf(KILN_EINVAL, "--split: bad label in '%s': %s", text, why);
+        for (int i = 0; i < out->n; i++)
+            if (strcmp(out->label[i], label) == 0)
+                return kiln_errf(KILN_EINVAL, "--split: label %s appears twice in '%s'", label,
+                                 text);
         char *end;
+        errno = 0;
         long w = strtol(eq + 1, &end, 10);
-        if (end != comma || w < 0 || w > 1000000)
-            return kiln_errf(KILN_EINVAL, "--split: bad weight in '%s'", split);
-        snprintf(s->split_label[s->nsplit], SERVE_NAME_MAX, "%.*s", (int)(eq - p), p);
-        s->split_weight[s->nsplit++] = (int)w;
-        p = *comma ? comma + 1 : comma;
+        if (end != p + len || end == eq + 1 || errno != 0 || w < 1 || w > SV_MAX_WEIGHT)
+            return kiln_errf(KILN_EINVAL, "--split: the weight of %s in '%s' must be a whole "
+                                          "number from 1 to %d (leave a label out to give it "
+                                          "no traffic)",
+                             label, text, SV_MAX_WEIGHT);
+        snprintf(out->label[out->n], SERVE_NAME_MAX, "%.63s", label);
+        out->weight[out->n++] = (int)w;
+        if (comma == NULL)
+            return 0;
+        p = comma + 1;
     }
-    return 0;
+}
+
+void sv_store_set_split(sv_store_t *s, const sv_split_t *split)
+{
+    s->split = *split;
 }
 
 /* The label a request goes to: by the split's weights, sticky on key (a
  * hash of it), among the labels this model has. NULL when none. */
 static const version_t *choose(const sv_store_t *s, const char *model, const char *key)
 {
-    const version_t *cand[MAX_SPLIT];
-    int w[MAX_SPLIT], n = 0, total = 0;
-    for (int i = 0; i < s->nsplit; i++) {
-        const version_t *v = find_version(s, model, s->split_label[i]);
-        if (v != NULL && s->split_weight[i] > 0) {
+    const version_t *cand[SV_MAX_SPLIT];
+    int w[SV_MAX_SPLIT], n = 0, total = 0;
+    for (int i = 0; i < s->split.n; i++) {
+        const version_t *v = find_version(s, model, s->split.label[i]);
+        if (v != NULL && s->split.weight[i] > 0) {
             cand[n] = v;
-            w[n] = s->split_weight[i];
+            w[n] = s->split.weight[i];
             total += w[n++];
         }
     }
@@ -1180,7 +1327,8 @@ static const version_t *choose(const sv_store_t *s, const char *model, const cha
     return cand[n - 1];
 }
 
-static void count(sv_store_t *s, const char *model, const char *label, int64_t rows)
+static void count(sv_store_t *s, const char *model, const char *label, int64_t rows,
+                  int64_t nonfinite)
 {
     pthread_mutex_lock(&s->stats_lock);
     int i = 0;
@@ -1195,6 +1343,7 @@ static void count(sv_store_t *s, const char *model, const char *label, int64_t r
     if (i < s->ncounters) {
         s->counters[i].requests++;
         s->counters[i].rows += rows;
+        s->counters[i].nonfinite += nonfinite;
     }
     pthread_mutex_unlock(&s->stats_lock);
 }
@@ -1276,9 +1425,16 @@ void sv_predict(sv_store_t *s, const char *model, const char *label, const char 
     int64_t *keys = NULL;
     unsigned char *has = NULL;
     char *line = NULL;
-    json_t *res = NULL;
+    json_t *res = NULL, *bad = NULL;
     if (v == NULL) {
-        answer_error(ans, 404, "this endpoint holds no version of that model (and label)");
+        const broken_t *b = label ? find_broken(s, model, label) : NULL;
+        char *msg = b ? kiln_asprintf("this version could not be loaded at start (%s); a full "
+                                      "push replaces it",
+                                      b->error)
+                      : NULL;
+        answer_error(ans, 404, msg ? msg : "this endpoint holds no version of that model (and "
+                                           "label)");
+        free(msg);
         goto out;
     }
     const int S = v->desc.nslots, F = v->desc.ndense;
@@ -1288,7 +1444,9 @@ void sv_predict(sv_store_t *s, const char *model, const char *label, const char 
     probs = kiln_calloc(PREDICT_BATCH, sizeof(float));
     line = kiln_malloc(RT_TSV_MAX_LINE + 3);
     res = json_array();
-    if (X == NULL || keys == NULL || has == NULL || probs == NULL || line == NULL) {
+    bad = json_array();
+    if (X == NULL || keys == NULL || has == NULL || probs == NULL || line == NULL ||
+        res == NULL || bad == NULL) {
         answer_error(ans, 503, "out of memory");
         goto out;
     }
@@ -1357,16 +1515,25 @@ void sv_predict(sv_store_t *s, const char *model, const char *label, const char 
             answer_error(ans, 500, kiln_errmsg());
             goto out;
         }
-        for (int i = 0; i < n; i++)
-            json_array_append_new(res, json_real(probs[i]));
+        /* One entry per row, always: a probability that is not finite (weights
+         * that overflow) is null and its row is listed, so rows never shift. */
+        for (int i = 0; i < n; i++) {
+            bool finite = isfinite(probs[i]);
+            if (json_array_append_new(res, finite ? json_real(probs[i]) : json_null()) < 0 ||
+                (!finite && json_array_append_new(bad, json_integer(total + i)) < 0)) {
+                answer_error(ans, 503, "out of memory");
+                goto out;
+            }
+        }
         total += n;
     }
-    count(s, v->model, v->label, total);
-    answer(ans, 200, json_pack("{s:s,s:s,s:O}", "label", v->label, "checkpoint", v->uid,
-                               "probabilities", res));
+    count(s, v->model, v->label, total, (int64_t)json_array_size(bad));
+    answer(ans, 200, json_pack("{s:s,s:s,s:O,s:O}", "label", v->label, "checkpoint", v->uid,
+                               "probabilities", res, "nonfinite_rows", bad));
 out:
     pthread_rwlock_unlock(&s->lock);
     json_decref(res);
+    json_decref(bad);
     json_decref(jreq);
     free(X);
     free(keys);
@@ -1375,56 +1542,80 @@ out:
     free(line);
 }
 
+/* Appends to b (cap bytes, *n used) what fits, never past cap. */
+static void bput(char *b, size_t cap, size_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void bput(char *b, size_t cap, size_t *n, const char *fmt, ...)
+{
+    if (*n >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(b + *n, cap - *n, fmt, ap);
+    va_end(ap);
+    *n = k < 0 ? *n : (*n + (size_t)k < cap ? *n + (size_t)k : cap - 1);
+}
+
 void sv_stats(sv_store_t *s, bool prometheus, sv_answer_t *ans)
 {
     pthread_rwlock_rdlock(&s->lock);
     pthread_mutex_lock(&s->stats_lock);
     if (prometheus) {
-        size_t cap = 4096 + (size_t)(s->ncounters + s->nv) * 512, n = 0;
+        /* A line is at most ~100 bytes besides a model and a label (63 each). */
+        size_t cap = 4096 + (size_t)(3 * s->ncounters + s->nv + s->nbroken) * 256, n = 0;
         char *b = kiln_malloc(cap);
         if (b != NULL) {
-            n += (size_t)snprintf(b + n, cap - n,
-                                  "# TYPE kiln_serve_predict_requests_total counter\n"
-                                  "# TYPE kiln_serve_predict_rows_total counter\n");
-            for (int i = 0; i < s->ncounters; i++)
-                n += (size_t)snprintf(
-                    b + n, cap - n,
-                    "kiln_serve_predict_requests_total{model=\"%s\",label=\"%s\"} %lld\n"
-                    "kiln_serve_predict_rows_total{model=\"%s\",label=\"%s\"} %lld\n",
-                    s->counters[i].model, s->counters[i].label,
-                    (long long)s->counters[i].requests, s->counters[i].model,
-                    s->counters[i].label, (long long)s->counters[i].rows);
-            n += (size_t)snprintf(b + n, cap - n,
-                                  "# TYPE kiln_serve_version_rows gauge\n");
+            bput(b, cap, &n,
+                 "# TYPE kiln_serve_predict_requests_total counter\n"
+                 "# TYPE kiln_serve_predict_rows_total counter\n"
+                 "# TYPE kiln_serve_predict_nonfinite_total counter\n");
+            for (int i = 0; i < s->ncounters; i++) {
+                const counter_t *c = &s->counters[i];
+                bput(b, cap, &n,
+                     "kiln_serve_predict_requests_total{model=\"%s\",label=\"%s\"} %lld\n"
+                     "kiln_serve_predict_rows_total{model=\"%s\",label=\"%s\"} %lld\n"
+                     "kiln_serve_predict_nonfinite_total{model=\"%s\",label=\"%s\"} %lld\n",
+                     c->model, c->label, (long long)c->requests, c->model, c->label,
+                     (long long)c->rows, c->model, c->label, (long long)c->nonfinite);
+            }
+            bput(b, cap, &n, "# TYPE kiln_serve_version_rows gauge\n");
             for (int i = 0; i < s->nv; i++)
-                n += (size_t)snprintf(b + n, cap - n,
-                                      "kiln_serve_version_rows{model=\"%s\",label=\"%s\"} %lld\n",
-                                      s->v[i]->model, s->v[i]->label,
-                                      (long long)version_rows(s->v[i]));
-            snprintf(b + n, cap - n,
-                     "# TYPE kiln_serve_pushes_total counter\n"
-                     "kiln_serve_pushes_total{result=\"applied\"} %lld\n"
-                     "kiln_serve_pushes_total{result=\"rejected\"} %lld\n",
-                     (long long)s->pushes_applied, (long long)s->pushes_rejected);
+                bput(b, cap, &n, "kiln_serve_version_rows{model=\"%s\",label=\"%s\"} %lld\n",
+                     s->v[i]->model, s->v[i]->label, (long long)version_rows(s->v[i]));
+            bput(b, cap, &n, "# TYPE kiln_serve_version_broken gauge\n");
+            for (int i = 0; i < s->nbroken; i++)
+                bput(b, cap, &n, "kiln_serve_version_broken{model=\"%s\",label=\"%s\"} 1\n",
+                     s->broken[i].model, s->broken[i].label);
+            bput(b, cap, &n,
+                 "# TYPE kiln_serve_pushes_total counter\n"
+                 "kiln_serve_pushes_total{result=\"applied\"} %lld\n"
+                 "kiln_serve_pushes_total{result=\"rejected\"} %lld\n",
+                 (long long)s->pushes_applied, (long long)s->pushes_rejected);
         }
         ans->status = b ? 200 : 503;
         ans->body = b;
     } else {
-        json_t *labels = json_array(), *versions = json_array();
+        json_t *labels = json_array(), *versions = json_array(), *broken = json_array();
         for (int i = 0; i < s->ncounters; i++)
-            json_array_append_new(labels, json_pack("{s:s,s:s,s:I,s:I}", "model",
+            json_array_append_new(labels, json_pack("{s:s,s:s,s:I,s:I,s:I}", "model",
                                                     s->counters[i].model, "label",
                                                     s->counters[i].label, "requests",
                                                     (json_int_t)s->counters[i].requests, "rows",
-                                                    (json_int_t)s->counters[i].rows));
+                                                    (json_int_t)s->counters[i].rows, "nonfinite",
+                                                    (json_int_t)s->counters[i].nonfinite));
         for (int i = 0; i < s->nv; i++)
             json_array_append_new(versions,
                                   json_pack("{s:s,s:s,s:s,s:I}", "model", s->v[i]->model, "label",
                                             s->v[i]->label, "checkpoint", s->v[i]->uid, "rows",
                                             (json_int_t)version_rows(s->v[i])));
-        answer(ans, 200, json_pack("{s:o,s:o,s:I,s:I}", "predict", labels, "versions", versions,
-                                   "pushes_applied", (json_int_t)s->pushes_applied,
-                                   "pushes_rejected", (json_int_t)s->pushes_rejected));
+        for (int i = 0; i < s->nbroken; i++)
+            json_array_append_new(broken, json_pack("{s:s,s:s,s:s}", "model", s->broken[i].model,
+                                                    "label", s->broken[i].label, "error",
+                                                    s->broken[i].error));
+        answer(ans, 200, json_pack("{s:o,s:o,s:o,s:I,s:I}", "predict", labels, "versions",
+                                   versions, "broken", broken, "pushes_applied",
+                                   (json_int_t)s->pushes_applied, "pushes_rejected",
+                                   (json_int_t)s->pushes_rejected));
     }
     pthread_mutex_unlock(&s->stats_lock);
     pthread_rwlock_unlock(&s->lock);

@@ -1,13 +1,14 @@
 /*
  * serving/serve_wire.c - the push wire format: the encoder that turns an
  * update source into the chunk stream and the streaming decoder that checks
- * it (checksums, structure, order, totals) and hands the content to
- * callbacks. The decoder is the part of kiln-serve that sees untrusted
- * bytes, so it lives alone in this file for a fuzzer to target: it never
- * trusts a length before checking it against the header and max_chunk.
+ * it (checksums, structure, order, totals, finite weights) and hands the
+ * content to callbacks. The decoder is the part of kiln-serve that sees
+ * untrusted bytes, so it lives alone in this file for a fuzzer to target: it
+ * never trusts a length before checking it against the header and max_chunk.
  *
  * Layout of each chunk and payload: docs/serving-protocol.md.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -435,6 +436,20 @@ static int dec_header(serve_dec_t *d, const unsigned char *p, size_t len)
     return d->cb.header ? d->cb.header(d->ctx, m, d->uid, d->base) : 0;
 }
 
+/* Why a non-finite weight is refused, said after where it is. */
+#define NONFINITE_WHY                                                                      \
+    "a model with NaN or Inf weights answers wrong for every row that meets them (did "    \
+    "training diverge?)"
+
+/* The index of the first NaN or Inf among v (n), or n when all are finite. */
+static size_t first_nonfinite(const float *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return i;
+    return n;
+}
+
 static int dec_chunk(serve_dec_t *d)
 {
     const unsigned char *p = d->payload;
@@ -477,6 +492,13 @@ static int dec_chunk(serve_dec_t *d)
         if (d->type == SERVE_CHUNK_ROWS) {
             d->counted.rows += n;
             const float *vals = (const float *)(const void *)(p + 8 + (size_t)n * 8);
+            size_t bad = first_nonfinite(vals, (size_t)n * dim);
+            if (bad < (size_t)n * dim)
+                return kiln_errf(KILN_ECORRUPT, "chunk %llu (rows of table %s) holds a non-finite "
+                                                "value (%g) at key %lld, column %zu: %s",
+                                 (unsigned long long)d->chunk_index, m->tables[table].name,
+                                 (double)vals[bad], (long long)keys[bad / dim], (size_t)(bad % dim),
+                                 NONFINITE_WHY);
             return d->cb.rows ? d->cb.rows(d->ctx, (int)table, n, keys, vals) : 0;
         }
         d->counted.deletes += n;
@@ -493,11 +515,17 @@ static int dec_chunk(serve_dec_t *d)
             return kiln_errf(KILN_ECORRUPT, "the dense chunk holds %llu floats in %zu bytes; "
                                             "the header says %lld",
                              (unsigned long long)n, len, (long long)m->nparams);
+        const float *vals = (const float *)(const void *)(p + 8);
+        size_t bad = first_nonfinite(vals, (size_t)n);
+        if (bad < (size_t)n)
+            return kiln_errf(KILN_ECORRUPT, "chunk %llu (the dense weights) holds a non-finite "
+                                            "value (%g) at index %zu: %s",
+                             (unsigned long long)d->chunk_index, (double)vals[bad], bad,
+                             NONFINITE_WHY);
         d->dense_seen = true;
         d->counted.dense = n;
         d->counted.chunks++;
-        return d->cb.dense ? d->cb.dense(d->ctx, (int64_t)n, (const float *)(const void *)(p + 8))
-                           : 0;
+        return d->cb.dense ? d->cb.dense(d->ctx, (int64_t)n, vals) : 0;
     }
     case SERVE_CHUNK_END: {
         if (len != 32)

@@ -1,17 +1,22 @@
 /*
  * tests/proc.h - what the integration tests share for running the real
  * programs: a temp directory per test executable, running a command with
- * its stdout, stderr and exit status captured, and reading files whole.
- * Header-only (static functions) so that each test stays one .c file.
+ * its stdout, stderr and exit status captured, reading files whole, and
+ * raw TCP connections from a chosen loopback address (the slow clients of
+ * the server tests). Header-only (static functions) so that each test stays one .c file.
  */
 #ifndef KILN_TESTS_PROC_H
 #define KILN_TESTS_PROC_H
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,6 +102,59 @@ static inline void proc_run_env(proc_result_t *r, const char *scratch_dir,
 static inline void proc_run(proc_result_t *r, const char *scratch_dir, const char *const *argv)
 {
     proc_run_env(r, scratch_dir, NULL, argv);
+}
+
+/* A TCP connection from source address src (any 127.x.y.z: all of 127/8 is
+ * loopback on Linux, so one test can play several clients) to 127.0.0.1:port,
+ * with `first` sent on it when not NULL. Returns the socket or -1. Sends
+ * time out after 5 s, so a server that stopped reading cannot hang a test. */
+static inline int proc_connect_from(const char *src, int port, const char *first)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in from = {.sin_family = AF_INET};
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct timeval tv = {5, 0};
+    if (fd < 0 || inet_pton(AF_INET, src, &from.sin_addr) != 1 ||
+        inet_pton(AF_INET, "127.0.0.1", &to.sin_addr) != 1 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ||
+        bind(fd, (struct sockaddr *)&from, sizeof from) != 0 ||
+        connect(fd, (struct sockaddr *)&to, sizeof to) != 0 ||
+        (first != NULL && send(fd, first, strlen(first), MSG_NOSIGNAL) < 0)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* The slow clients of the server tests: PROC_SLOW_IDLE connections from
+ * 127.0.0.2 that send nothing, then PROC_SLOW_TRICKLE from 127.0.0.3 that
+ * sent the start of a request (first) and add a header byte at each
+ * proc_slow_trickle. */
+enum { PROC_SLOW_IDLE = 300, PROC_SLOW_TRICKLE = 40, PROC_SLOW_ALL = 340 };
+typedef struct proc_slow {
+    int fds[PROC_SLOW_ALL]; /* -1 where the connection failed */
+} proc_slow_t;
+
+static inline void proc_slow_open(proc_slow_t *s, int port, const char *first)
+{
+    for (int i = 0; i < PROC_SLOW_ALL; i++)
+        s->fds[i] = i < PROC_SLOW_IDLE ? proc_connect_from("127.0.0.2", port, NULL)
+                                       : proc_connect_from("127.0.0.3", port, first);
+}
+
+static inline void proc_slow_trickle(const proc_slow_t *s)
+{
+    for (int i = PROC_SLOW_IDLE; i < PROC_SLOW_ALL; i++)
+        if (s->fds[i] >= 0)
+            send(s->fds[i], "x", 1, MSG_NOSIGNAL);
+}
+
+static inline void proc_slow_close(proc_slow_t *s)
+{
+    for (int i = 0; i < PROC_SLOW_ALL; i++)
+        if (s->fds[i] >= 0)
+            close(s->fds[i]);
 }
 
 #endif /* KILN_TESTS_PROC_H */

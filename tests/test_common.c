@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "kiln.h"
@@ -29,6 +30,90 @@ static void test_errors(void **state)
     assert_int_equal(rc, KILN_ENOENT);
     assert_int_equal(kiln_errcode(), KILN_ENOENT);
     assert_string_equal(kiln_errmsg(), "no job named 'x'");
+}
+
+/* A message wrapped with its own text (`kiln_errf(rc, "ctx: %s", kiln_errmsg())`,
+ * the way a caller adds context) reads as the context and then the whole
+ * inner message, at any depth, wherever the inner message sits among the
+ * arguments, and a wrap that overflows the buffer is cut, not garbled. */
+static void test_errors_wrapped(void **state)
+{
+    (void)state;
+    kiln_errf(KILN_EFULL, "table 'slot0' is full");
+    kiln_errf(KILN_EFULL, "rank %d: %s", 1, kiln_errmsg());
+    assert_string_equal(kiln_errmsg(), "rank 1: table 'slot0' is full");
+    kiln_errf(kiln_errcode(), "run 7: %s", kiln_errmsg());
+    assert_string_equal(kiln_errmsg(), "run 7: rank 1: table 'slot0' is full");
+    assert_int_equal(kiln_errcode(), KILN_EFULL);
+    /* The inner message after other arguments, and twice. */
+    kiln_errf(KILN_EINVAL, "top layer must end in 1");
+    kiln_errf(KILN_EINVAL, "%s/%s: %s (%s)", "dir", "f.kpush", kiln_errmsg(), kiln_errmsg());
+    assert_string_equal(kiln_errmsg(),
+                        "dir/f.kpush: top layer must end in 1 (top layer must end in 1)");
+    /* A long inner message wrapped past the buffer is cut at its end. */
+    char longmsg[1500];
+    memset(longmsg, 'x', sizeof longmsg - 1);
+    longmsg[sizeof longmsg - 1] = '\0';
+    kiln_errf(KILN_EIO, "%s", longmsg);
+    kiln_errf(KILN_EIO, "ctx: %s", kiln_errmsg());
+    const char *m = kiln_errmsg();
+    assert_int_equal(strncmp(m, "ctx: xxxx", 9), 0);
+    assert_true(strlen(m) > 900);
+    assert_int_equal(strspn(m + 5, "x"), strlen(m) - 5);
+    kiln_errclear();
+}
+
+/* The Host check against DNS rebinding: the names of the bind address, and
+ * those configured. */
+static void test_host_allowed(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *host, *bind, *allowed;
+        bool ok;
+    } cases[] = {
+        {NULL, "127.0.0.1", NULL, true}, /* HTTP/1.0 without Host */
+        {"127.0.0.1", "127.0.0.1", NULL, true},
+        {"127.0.0.1:8480", "127.0.0.1", NULL, true},
+        {"localhost:8480", "127.0.0.1", NULL, true},
+        {"LocalHost.", "127.0.0.1", NULL, true},
+        {"evil.example", "127.0.0.1", NULL, false},
+        {"evil.example:8480", "127.0.0.1", NULL, false},
+        {"127.0.0.2", "127.0.0.1", NULL, false},
+        {"127.0.0.1.evil.example", "127.0.0.1", NULL, false},
+        {"127.0.0.1:80x", "127.0.0.1", NULL, false},
+        {"", "127.0.0.1", NULL, false},
+        {"[::1]:8480", "::1", NULL, true},
+        {"localhost", "::1", NULL, true},
+        {"::1", "::1", NULL, false}, /* IPv6 needs brackets */
+        {"[::1]", "127.0.0.1", NULL, false},
+        {"10.1.2.3:8480", "10.1.2.3", NULL, true},
+        {"localhost", "10.1.2.3", NULL, false},
+        {"10.9.9.9", "0.0.0.0", NULL, true}, /* a wildcard bind: any address of the host */
+        {"[fe80::1]", "::", NULL, true},
+        {"localhost", "0.0.0.0", NULL, true},
+        {"evil.example", "0.0.0.0", NULL, false},
+        {"status.example:443", "127.0.0.1", "a.example, Status.Example.", true},
+        {"b.example", "127.0.0.1", "a.example,status.example", false},
+        {"anything.example", "127.0.0.1", "*", true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (kiln_host_allowed(cases[i].host, cases[i].bind, cases[i].allowed) != cases[i].ok)
+            fail_msg("Host '%s' bound to %s, allowed '%s': want %s", cases[i].host ? cases[i].host
+                                                                                   : "(none)",
+                     cases[i].bind, cases[i].allowed ? cases[i].allowed : "",
+                     cases[i].ok ? "allowed" : "refused");
+    char self[256] = "";
+    if (gethostname(self, sizeof self - 1) == 0 && self[0] != '\0') {
+        assert_true(kiln_host_allowed(self, "0.0.0.0", NULL));
+        assert_false(kiln_host_allowed(self, "127.0.0.1", NULL) &&
+                     strcasecmp(self, "localhost") != 0);
+    }
+    assert_int_equal(kiln_host_list_check("a.example,*,b.example:80", "--allow-host"), 0);
+    assert_int_equal(kiln_host_list_check("", "--allow-host"), KILN_EINVAL);
+    assert_int_equal(kiln_host_list_check("a.example,,b", "--allow-host"), KILN_EINVAL);
+    assert_int_equal(kiln_host_list_check("http://a.example", "--allow-host"), KILN_EINVAL);
+    assert_non_null(strstr(kiln_errmsg(), "--allow-host"));
 }
 
 static int check_fn(int v) { return v; }
@@ -237,7 +322,8 @@ static void test_log_file(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),     cmocka_unit_test(test_check_macros),
+        cmocka_unit_test(test_errors),     cmocka_unit_test(test_errors_wrapped),
+        cmocka_unit_test(test_check_macros), cmocka_unit_test(test_host_allowed),
         cmocka_unit_test(test_durations),  cmocka_unit_test(test_civil_dates),
         cmocka_unit_test(test_iso_instants), cmocka_unit_test(test_xxh64),
         cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_alloc),

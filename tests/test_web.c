@@ -3,8 +3,9 @@
  * API route against the fixture database, HTML escaping of hostile values,
  * self-refresh of running runs, keyset pagination over more than a page,
  * the token rule (401 without it, nothing changes on GET), cancel / retry /
- * submit, the limits (413, 404, 405, 400), and /metrics read back by a real
- * Prometheus parser (promtool; that one test is skipped when it is absent).
+ * submit, the limits (413, 404, 405, 400), the Host check, /metrics read
+ * back by a real Prometheus parser (promtool; that one test is skipped when
+ * it is absent), and a real kilnd under slow clients.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -580,6 +581,74 @@ static void test_limits(void **state)
     reply_free(&r);
 }
 
+/* Against DNS rebinding: only the names of the bind address (and those
+ * configured) are served; another Host gets 403, on pages and API alike. */
+static void test_host_check(void **state)
+{
+    static const struct {
+        const char *path, *host;
+        long status;
+    } cases[] = {
+        {"/", "127.0.0.1", 200},           {"/", "localhost", 200},
+        {"/api/jobs", "LOCALHOST:1", 200}, {"/", "evil.example", 403},
+        {"/api/jobs", "evil.example", 403}, {"/metrics", "127.0.0.1.evil.example", 403},
+        {"/api/jobs", "status.example", 403},
+    };
+    reply_t r;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char hh[128];
+        snprintf(hh, sizeof hh, "Host: %s", cases[i].host);
+        const char *const hd[] = {hh, NULL};
+        http(&r, "GET", cases[i].path, NULL, hd);
+        if (r.status != cases[i].status)
+            fail_msg("GET %s with Host %s: %ld, want %ld", cases[i].path, cases[i].host, r.status,
+                     cases[i].status);
+        if (r.status == 403 && strstr(r.body, "KILN_WEB_ALLOWED_HOSTS") == NULL)
+            fail_msg("the 403 does not say how to allow a name: %s", r.body);
+        reply_free(&r);
+    }
+    /* A POST with the token too: nothing is submitted. */
+    json_t *doc = get_json("/api/jobs", 200);
+    size_t njobs = json_array_size(json_object_get(doc, "jobs"));
+    json_decref(doc);
+    static const char *const evil[] = {"Host: evil.example", "Authorization: Bearer " TOKEN, NULL};
+    http(&r, "POST", "/api/jobs", "name: rebound\nmodel: {type: lr}\n", evil);
+    assert_int_equal(r.status, 403);
+    reply_free(&r);
+    doc = get_json("/api/jobs", 200);
+    assert_int_equal(json_array_size(json_object_get(doc, "jobs")), njobs);
+    json_decref(doc);
+    /* Names configured (here through $KILN_WEB_ALLOWED_HOSTS, as kilnd does). */
+    setenv("KILN_WEB_ALLOWED_HOSTS", "status.example,other.example", 1);
+    web_config_t cfg;
+    web_config_init(&cfg);
+    cfg.db_path = db;
+    cfg.listen = "127.0.0.1:0";
+    web_t *w = NULL;
+    int rc = web_start(&cfg, &w);
+    unsetenv("KILN_WEB_ALLOWED_HOSTS");
+    assert_int_equal(rc, 0);
+    char saved[64];
+    snprintf(saved, sizeof saved, "%s", base);
+    snprintf(base, sizeof base, "http://127.0.0.1:%u", (unsigned)web_port(w));
+    static const char *const ok[] = {"Host: status.example:8480", NULL};
+    http(&r, "GET", "/", NULL, ok);
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    static const char *const bad[] = {"Host: evil.example", NULL};
+    http(&r, "GET", "/", NULL, bad);
+    assert_int_equal(r.status, 403);
+    reply_free(&r);
+    snprintf(base, sizeof base, "%s", saved);
+    web_stop(w);
+    /* A malformed list is refused at start, naming the variable. */
+    setenv("KILN_WEB_ALLOWED_HOSTS", "a.example,,b", 1);
+    rc = web_start(&cfg, &w);
+    unsetenv("KILN_WEB_ALLOWED_HOSTS");
+    assert_int_equal(rc, KILN_EINVAL);
+    assert_non_null(strstr(kiln_errmsg(), "KILN_WEB_ALLOWED_HOSTS"));
+}
+
 /* ---- /metrics -------------------------------------------------------------------------------- */
 
 static void test_metrics(void **state)
@@ -649,6 +718,117 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+/* Starts kilnd with home (its database home/kiln.db, its log home/kilnd.log)
+ * and its page on a free port of 127.0.0.1; env ("NAME=VALUE", NULL-ended,
+ * may be NULL) is set in it. Writes the page's URL to url. Returns its pid. */
+static pid_t kilnd_start(const char *home, const char *const *env, char *url, size_t cap)
+{
+    char kdb[500], log[500], listen[32];
+    snprintf(kdb, sizeof kdb, "%s/kiln.db", home);
+    snprintf(log, sizeof log, "%s/kilnd.log", home);
+    assert_int_equal(kiln_mkdir_p(home), 0);
+    int port = free_port();
+    assert_true(port > 0);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(url, cap, "http://%s", listen);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        setenv("KILN_WEB_TOKEN", TOKEN, 1);
+        for (int i = 0; env != NULL && env[i] != NULL; i++)
+            putenv((char *)env[i]);
+        execl(KILND_BIN, KILND_BIN, "--db", kdb, "--home", home, "--trainer", KILN_TRAIN_BIN,
+              "--poll", "200ms", "--listen", listen, (char *)NULL);
+        _exit(127);
+    }
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* Stops kilnd with SIGTERM and checks that it exits 0. */
+static void kilnd_stop(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    int wst = 0;
+    for (int i = 0; i < 100 && waitpid(pid, &wst, WNOHANG) != pid; i++)
+        sleep_ms(100);
+    if (kill(pid, 0) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &wst, 0);
+        fail_msg("kilnd did not stop on SIGTERM");
+    }
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+}
+
+/* GET url+path with a 10 s limit (generous: the page only has to answer);
+ * the status, 0 when none came. */
+static long get_within(const char *url, const char *path)
+{
+    char u[256];
+    snprintf(u, sizeof u, "%s%s", url, path);
+    CURL *c = curl_easy_init();
+    reply_t r;
+    memset(&r, 0, sizeof r);
+    curl_easy_setopt(c, CURLOPT_URL, u);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
+    long status = 0;
+    if (curl_easy_perform(c) == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    free(r.body);
+    return status;
+}
+
+/* kilnd's page survives slow clients: 300 idle connections from one address
+ * and 40 that trickle their headers from another do not keep a third
+ * client's page from being answered (the limit per client address, with
+ * the thread pool), and the page answers right after they close. No speed
+ * is measured; the page has 10 s to answer. Also the Host check of the real
+ * kilnd, with a name allowed through $KILN_WEB_ALLOWED_HOSTS. */
+static void test_kilnd_slow_clients(void **state)
+{
+    char home[400], url[64];
+    snprintf(home, sizeof home, "%s/kilnd-slow", dir);
+    const char *env[] = {"KILN_WEB_ALLOWED_HOSTS=status.example", NULL};
+    pid_t pid = kilnd_start(home, env, url, sizeof url);
+    long st = 0;
+    for (int i = 0; i < 300 && (st = get_within(url, "/api/jobs")) != 200; i++)
+        sleep_ms(50); /* until kilnd's page is up */
+    assert_int_equal(st, 200);
+    static proc_slow_t slow;
+    proc_slow_open(&slow, atoi(strrchr(url, ':') + 1), "GET / HTTP/1.1\r\nHost: x");
+    for (int round = 0; round < 3; round++) {
+        st = get_within(url, "/");
+        if (st != 200) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            fail_msg("kilnd's page did not answer under slow clients (round %d: %ld)", round, st);
+        }
+        proc_slow_trickle(&slow);
+    }
+    proc_slow_close(&slow);
+    assert_int_equal(get_within(url, "/api/jobs"), 200);
+    /* The Host check of the real kilnd. */
+    char saved[64];
+    snprintf(saved, sizeof saved, "%s", base);
+    snprintf(base, sizeof base, "%s", url);
+    reply_t r;
+    static const char *const allowed[] = {"Host: status.example", NULL};
+    static const char *const evil[] = {"Host: evil.example", NULL};
+    http(&r, "GET", "/", NULL, allowed);
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    http(&r, "GET", "/", NULL, evil);
+    assert_int_equal(r.status, 403);
+    reply_free(&r);
+    snprintf(base, sizeof base, "%s", saved);
+    kilnd_stop(pid);
+}
+
 /* kilnd with its page on a free port, a real one-off job submitted with the
  * kiln CLI and trained by kiln-train under mpirun; the page, API and metrics
  * are then read from kilnd itself. */
@@ -678,22 +858,8 @@ static void test_kilnd(void **state)
                "data: {train: \"%s\", eval: \"%s\"}\ntrain: {batch_size: 256, log_every: 2}\n",
             data, data);
     fclose(f);
-    int port = free_port();
-    assert_true(port > 0);
-    char listen[32], url[48];
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-    snprintf(url, sizeof url, "http://%s", listen);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("KILN_WEB_TOKEN", TOKEN, 1);
-        execl(KILND_BIN, KILND_BIN, "--db", kdb, "--home", home, "--trainer", KILN_TRAIN_BIN,
-              "--poll", "200ms", "--listen", listen, (char *)NULL);
-        _exit(127);
-    }
-    assert_true(pid > 0);
+    char url[64];
+    pid_t pid = kilnd_start(home, NULL, url, sizeof url);
     snprintf(cmd, sizeof cmd, "'%s' --db '%s' submit '%s' > /dev/null", KILN_BIN, kdb, spec);
     assert_int_equal(system(cmd), 0);
     /* Talk to kilnd's own page from here on. */
@@ -753,16 +919,7 @@ static void test_kilnd(void **state)
     assert_int_equal(r.status, 401);
     reply_free(&r);
     snprintf(base, sizeof base, "%s", saved);
-    kill(pid, SIGTERM);
-    int wst = 0;
-    for (int i = 0; i < 100 && waitpid(pid, &wst, WNOHANG) != pid; i++)
-        sleep_ms(100);
-    if (kill(pid, 0) == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &wst, 0);
-        fail_msg("kilnd did not stop on SIGTERM");
-    }
-    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    kilnd_stop(pid);
 }
 #endif
 
@@ -780,9 +937,13 @@ int main(void)
         cmocka_unit_test(test_submit),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_submit_shared_checkpoint_dir),
+        cmocka_unit_test(test_host_check),
 #if defined(KILND_BIN) && defined(KILN_BIN) && defined(KILN_TRAIN_BIN)
-        cmocka_unit_test(test_kilnd),
+        cmocka_unit_test(test_kilnd_slow_clients), cmocka_unit_test(test_kilnd),
 #endif
     };
+    /* KILN_TEST_FILTER=test_kilnd* runs matching tests (cmocka glob). */
+    if (getenv("KILN_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,9 +1,15 @@
 /*
  * web/web.c - the HTTP server: libmicrohttpd with a thread pool, the route
  * table and the one loop that walks it, the token check that guards every
- * POST, the limits (connections, header memory, body size, idle time), and
- * the pool of database connections the workers borrow (a state_t serves one
- * thread at a time). Pages, API and metrics live in the other files.
+ * POST, the Host check (DNS rebinding), the limits (connections in all and
+ * per client address, header memory, body size, idle time), and the pool of
+ * database connections the workers borrow (a state_t serves one thread at a
+ * time). Pages, API and metrics live in the other files.
+ *
+ * Slow clients: every worker of the thread pool polls its connections with
+ * epoll, so an idle or trickling connection costs a slot, never a thread;
+ * the limit per client address keeps one client from holding every slot,
+ * and the idle timeout frees the slots it holds.
  */
 #include "web_int.h"
 
@@ -20,6 +26,8 @@
 struct web {
     struct MHD_Daemon *d;
     char *token; /* NULL: no POST is accepted */
+    char bind[64];       /* the listen address, for the Host check */
+    char *allowed_hosts; /* more Host names served; NULL: none */
     size_t max_body;
     int refresh_s;
     uint16_t port;
@@ -177,6 +185,7 @@ static void pool_put(web_t *w, state_t *st)
 typedef struct upload {
     web_buf_t body;
     bool too_big;
+    bool wrong_host; /* Host is not a name of this server */
 } upload_t;
 
 static enum MHD_Result send_reply(struct MHD_Connection *c, web_req_t *r)
@@ -286,6 +295,11 @@ static enum MHD_Result dispatch(web_t *w, struct MHD_Connection *c, const char *
     }
     if (strncmp(url, "/api/", 5) == 0)
         r.kind = route ? route->kind : WEB_JSON;
+    if (u->wrong_host) {
+        fail(&r, 403, "this server does not answer to that Host name (against DNS "
+                      "rebinding); to serve it, add it to KILN_WEB_ALLOWED_HOSTS of kilnd");
+        goto reply;
+    }
     if (route == NULL) {
         if (path_known)
             fail(&r, 405, "method not allowed on this path; state changes are POSTs");
@@ -343,6 +357,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (u == NULL)
             return MHD_NO;
         *con_cls = u;
+        const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+        if (!kiln_host_allowed(host, w->bind, w->allowed_hosts)) {
+            u->wrong_host = true;
+            return dispatch(w, c, url, method, u); /* answer before reading a body */
+        }
         if (post) {
             const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
             if (cl != NULL && strtoull(cl, NULL, 10) > w->max_body) {
@@ -382,6 +401,7 @@ void web_config_init(web_config_t *cfg)
     cfg->listen = WEB_DEFAULT_LISTEN;
     cfg->threads = 4;
     cfg->max_connections = 64;
+    cfg->max_per_client = 16;
     cfg->max_body = 1 << 20;
     cfg->timeout_s = 10;
     cfg->refresh_s = 5;
@@ -416,8 +436,10 @@ static int read_token(const web_config_t *cfg, char **out)
     return *out ? 0 : KILN_ENOMEM;
 }
 
-/* Parses "HOST:PORT" or "[V6]:PORT" into a numeric socket address. */
-static int parse_listen(const char *listen, struct sockaddr_storage *ss, bool *v6)
+/* Parses "HOST:PORT" or "[V6]:PORT" into a numeric socket address; the
+ * address goes to bind_host (64 bytes). */
+static int parse_listen(const char *listen, struct sockaddr_storage *ss, bool *v6,
+                        char *bind_host)
 {
     char host[256];
     const char *colon = strrchr(listen, ':');
@@ -451,6 +473,7 @@ static int parse_listen(const char *listen, struct sockaddr_storage *ss, bool *v
     memcpy(ss, ai->ai_addr, ai->ai_addrlen);
     *v6 = ai->ai_family == AF_INET6;
     freeaddrinfo(ai);
+    snprintf(bind_host, 64, "%.63s", host);
     return 0;
 }
 
@@ -461,13 +484,22 @@ int web_start(const web_config_t *cfg, web_t **out)
     if (cfg == NULL || cfg->db_path == NULL)
         return kiln_errf(KILN_EINVAL, "web_start: no database path");
     if (cfg->threads < 1 || cfg->threads > 64 || cfg->max_connections < 1 || cfg->max_body < 1 ||
-        cfg->timeout_s < 1)
+        cfg->timeout_s < 1 || cfg->max_per_client < 1 ||
+        cfg->max_per_client > cfg->max_connections)
         return kiln_errf(KILN_EINVAL, "web_start: threads 1-64, max_connections, max_body and "
-                                      "timeout_s must be positive");
+                                      "timeout_s must be positive, max_per_client from 1 to "
+                                      "max_connections");
     const char *listen = cfg->listen ? cfg->listen : WEB_DEFAULT_LISTEN;
     struct sockaddr_storage ss;
     bool v6 = false;
-    KILN_CHECK(parse_listen(listen, &ss, &v6));
+    char bind_host[64];
+    KILN_CHECK(parse_listen(listen, &ss, &v6, bind_host));
+    const char *allowed = cfg->allowed_hosts ? cfg->allowed_hosts
+                                             : getenv("KILN_WEB_ALLOWED_HOSTS");
+    if (allowed != NULL &&
+        kiln_host_list_check(allowed, cfg->allowed_hosts ? "allowed_hosts"
+                                                         : "KILN_WEB_ALLOWED_HOSTS") < 0)
+        return KILN_EINVAL;
 
     web_t *w = kiln_calloc(1, sizeof *w);
     if (w == NULL)
@@ -476,6 +508,11 @@ int web_start(const web_config_t *cfg, web_t **out)
     pthread_cond_init(&w->cv, NULL);
     w->max_body = cfg->max_body;
     w->refresh_s = cfg->refresh_s > 0 ? cfg->refresh_s : 5;
+    snprintf(w->bind, sizeof w->bind, "%s", bind_host);
+    if (allowed != NULL && (w->allowed_hosts = kiln_strdup(allowed)) == NULL) {
+        rc = KILN_ENOMEM;
+        goto fail;
+    }
     KILN_CHECK_GOTO(read_token(cfg, &w->token), rc, fail);
     w->all = kiln_calloc((size_t)cfg->threads, sizeof *w->all);
     w->idle = kiln_calloc((size_t)cfg->threads, sizeof *w->idle);
@@ -494,7 +531,8 @@ int web_start(const web_config_t *cfg, web_t **out)
     w->d = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, w, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
+        (unsigned)cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)cfg->max_per_client, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_NOTIFY_COMPLETED,
         on_completed, w, MHD_OPTION_END);
     if (w->d == NULL) {
@@ -531,6 +569,7 @@ void web_stop(web_t *w)
     free(w->all);
     free(w->idle);
     free(w->token);
+    free(w->allowed_hosts);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);

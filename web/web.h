@@ -7,8 +7,11 @@
  * and HEAD never change anything; the three state changes (cancel a run,
  * retry a run, submit a job) are POSTs that must carry the token
  * ("Authorization: Bearer TOKEN", or a form field `token` for the HTML
- * forms); without a configured token every POST is refused. Routes, the
- * JSON API and the metrics are described in docs/api.md.
+ * forms); without a configured token every POST is refused. A request whose
+ * Host is not one of the server's names gets 403 (DNS rebinding), and one
+ * client address holds at most max_per_client connections, so slow or idle
+ * clients cannot take the page down. Routes, the JSON API and the metrics
+ * are described in docs/api.md.
  */
 #ifndef KILN_WEB_WEB_H
 #define KILN_WEB_WEB_H
@@ -30,6 +33,10 @@ typedef struct web_config {
     const char *token_file; /* NULL: none */
     int threads;            /* worker threads (and database connections); default 4 */
     int max_connections;    /* open connections at once; default 64 */
+    int max_per_client;     /* of those from one client address; default 16 */
+    const char *allowed_hosts; /* Host names served besides those of the listen
+                                  address (comma-separated, "*": any); NULL:
+                                  $KILN_WEB_ALLOWED_HOSTS, else none */
     size_t max_body;        /* largest POST body in bytes; default 1 MiB */
     int timeout_s;          /* idle connection timeout; default 10 s */
     int refresh_s;          /* meta refresh of a running run's page; default 5 s */
@@ -42,7 +49,8 @@ void web_config_init(web_config_t *cfg);
 
 /* Opens the database (KILN_EDB / KILN_EVERSION as state_open), reads the
  * token, binds the address and starts serving. Returns 0, KILN_EINVAL for a
- * bad listen address or limit, KILN_EIO when the token file cannot be read,
+ * bad listen address, limit or list of allowed hosts, KILN_EIO when the
+ * token file cannot be read,
  * or KILN_ENET when the address cannot be bound (message names it). *out is
  * owned by the caller: stop it with web_stop. */
 int web_start(const web_config_t *cfg, web_t **out /* OUT */);
