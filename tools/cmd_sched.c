@@ -60,6 +60,8 @@ int cmd_daemon(cli_t *cli)
     if (rc < 0)
         return cli_fail(rc, NULL);
     o.log_json = cli->json; /* --json: the daemon's log lines as JSON */
+    if (getenv("KILN_LOG") == NULL)
+        kiln_log_set_level(KILN_LOG_INFO); /* a daemon says what it does */
     rc = sched_run(&o);
     return rc < 0 ? cli_fail(rc, NULL) : CLI_EXIT_OK;
 }

@@ -298,10 +298,14 @@ int main(int argc, char **argv)
 {
     cli_t cli = {0};
     bool help = false;
+    /* A command prints what it did itself; the library's info lines (a push
+     * landed) would say it twice. Warnings and errors still show, and
+     * KILN_LOG asks for more (kiln daemon logs at info by default). */
     const char *level = getenv("KILN_LOG");
-    kiln_log_level_t lv;
-    if (level != NULL && kiln_log_level_parse(level, &lv) == 0)
-        kiln_log_set_level(lv);
+    kiln_log_level_t lv = KILN_LOG_WARN;
+    if (level != NULL && kiln_log_level_parse(level, &lv) < 0)
+        lv = KILN_LOG_WARN;
+    kiln_log_set_level(lv);
 
     /* First pass: global options up to the command word. */
     int rc = parse_args(argc, argv, 1, NULL, &cli, &help);
