@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
 # tools/demo.sh - the README's first command: Kiln's main job end to end on
-# the embedded defaults, in a fresh temporary KILN_HOME:
+# the embedded defaults, set up the way a user runs it, in a fresh temporary
+# KILN_HOME:
 #
 #   kilnd (SQLite file, local mpirun, status page on 127.0.0.1:8480)
-#   two kiln-serve endpoints on loopback holding labels A and B
-#   day-0 data -> train -> full push to A and B
-#   day-1 data -> incremental training from the day-0 checkpoint -> delta push to B
-#   eval logloss of A and B on held-out day-1 data (B should be better),
-#   the lineage of B, the status page URL, and one JSON line at the end.
+#   two kiln-serve endpoints on loopback: A, the champion, and B, the challenger
+#   one cron job (@every 3s) training a DLRM on 2 MPI ranks on each new
+#   partition (data.incremental), pushing the rows that changed to B by
+#   itself (export.on_success: incremental); A is listed with auto: false
+#
+#   day 0 lands -> kilnd trains -> the model reaches B -> promoted to A
+#   day 1 lands -> kilnd trains on it from the day-0 checkpoint -> the delta
+#                  reaches B with no command typed
+#
+# It prints how fresh B is (from the day-1 file landing to its delta live on
+# B, with the parts), the held-out day-1 eval logloss of A and B (B should be
+# better), the lineage of B and the status page URL, and ends with one JSON
+# line (A_eval_logloss, B_eval_logloss, B_better, freshness_s, status_url,
+# kiln_home).
 #
 # KILN_DEMO_ROWS (default 200000 per day) sets the data size. On a terminal,
 # kilnd and the endpoints keep running after the script so that the status
@@ -28,6 +38,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 kiln="$root/build/tools/kiln"
 listen="${KILN_DEMO_LISTEN:-127.0.0.1:8480}"
 say() { printf '\n== %s\n' "$*" >&2; }
+now() { date +%s.%N; }
+py() { /usr/bin/python3 "$@"; }
 
 keep="${KILN_DEMO_KEEP:-}"
 if [ -z "$keep" ]; then
@@ -55,18 +67,23 @@ for label in A B; do
   for _ in $(seq 100); do [ -s "$KILN_HOME/serve-$label.port" ] && break; sleep 0.1; done
 done
 portA=$(cat "$KILN_HOME/serve-A.port"); portB=$(cat "$KILN_HOME/serve-B.port")
-say "kiln-serve A on 127.0.0.1:$portA, B on 127.0.0.1:$portB"
+say "kiln-serve A (champion) on 127.0.0.1:$portA, B (challenger) on 127.0.0.1:$portB"
 
-"$root/build/scheduler/kilnd" --listen "$listen" --log "$KILN_HOME/kilnd.log" &
+# kilnd, with the push token in its environment, reading the endpoints'
+# traffic every 2 s for its endpoints page.
+"$root/build/scheduler/kilnd" --listen "$listen" --log "$KILN_HOME/kilnd.log" \
+    --stats-every 2s &
 pids+=($!)
 say "kilnd started (log $KILN_HOME/kilnd.log)"
 
-mkdir -p "$KILN_HOME/job"
+mkdir -p "$KILN_HOME/job/data"
 cat > "$KILN_HOME/job/ctr.yaml" <<EOF
-# The demo job: DLRM on Criteo-format partitions, trained incrementally
-# (each run consumes only partitions no earlier run did) from the latest
-# checkpoint, with endpoints for labels A and B.
+# The demo job: a DLRM on Criteo-format partitions. Every 3 s kilnd looks
+# for partitions no earlier run consumed (data.incremental), trains on them
+# from the latest checkpoint and pushes the rows that changed to B
+# (export.on_success). A is the champion: only a promote changes it.
 name: ctr
+schedule: "@every 3s"
 resources: {ranks: 2, timeout: 10m}
 retries: {count: 2, backoff: 5s}
 data:
@@ -82,58 +99,113 @@ train:
   batch_size: 2048
   init_from: latest
 checkpoint: {dir: ckpt, full_every: 4, keep: 5}
+export: {on_success: incremental}
 push:
   token_env: KILN_SERVE_TOKEN
   endpoints:
-    - {url: "http://127.0.0.1:$portA", model: ctr, label: A}
+    - {url: "http://127.0.0.1:$portA", model: ctr, label: A, auto: false}
     - {url: "http://127.0.0.1:$portB", model: ctr, label: B}
 EOF
 
-# Waits for the newest run of the job to end; fails unless it succeeded.
-wait_run() {
-  local state=""
-  for _ in $(seq 600); do
-    state=$("$kiln" --json runs --job ctr --limit 1 | /usr/bin/python3 -c \
-      'import json,sys; r=json.load(sys.stdin); print(r[0]["state"] if r else "none")')
-    case "$state" in
-      succeeded) return 0 ;;
-      failed|canceled|timed_out|skipped)
-        "$kiln" runs --job ctr >&2
-        "$kiln" logs "$("$kiln" --json runs --job ctr --limit 1 | /usr/bin/python3 -c \
-          'import json,sys; print(json.load(sys.stdin)[0]["id"])')" >&2 || true
-        echo "kiln demo: the run ended $state" >&2
-        return 1 ;;
-    esac
-    sleep 1
+# What B (or A) holds now, "" when nothing.
+holds() {
+  curl -sS "http://127.0.0.1:$1/v1/models/ctr/versions/$2" 2>/dev/null | py -c \
+    'import json,sys
+try: print(json.load(sys.stdin).get("checkpoint", ""))
+except Exception: print("")'
+}
+# Waits until B holds something other than $1; prints it.
+wait_b_moves() {
+  local was="$1" got=""
+  for _ in $(seq 6000); do
+    got=$(holds "$portB" B)
+    if [ -n "$got" ] && [ "$got" != "$was" ]; then echo "$got"; return 0; fi
+    sleep 0.05
   done
-  echo "kiln demo: the run did not end in 10 minutes" >&2
+  echo "kiln demo: B did not receive a new model in 5 minutes; see $KILN_HOME/kilnd.log" >&2
+  "$kiln" runs --job ctr >&2 || true
   return 1
 }
+# Lands a file the way data should land: written elsewhere, renamed into place.
+land() { mkdir -p "$(dirname "$2")"; cp "$1" "$2.landing"; mv "$2.landing" "$2"; }
 
-say "day 0: generate $rows rows, train, push the full model to A and B"
-"$kiln" datagen --rows "$rows" --day 0 --seed 7 --out "$KILN_HOME/job/data/day=0/part-0.tsv"
-# Day 1 comes from the same hidden model (seed) after a day of drift; its last
-# tenth is held out as the evaluation set and never trained on.
-"$kiln" datagen --rows $((rows + rows / 10)) --day 1 --seed 7 --out "$KILN_HOME/day1-all.tsv"
+say "generate day 0 and day 1 ($rows rows each; the last tenth of day 1 is held out)"
+"$kiln" datagen --rows "$rows" --day 0 --seed 7 --out "$KILN_HOME/day0.tsv" >/dev/null
+"$kiln" datagen --rows $((rows + rows / 10)) --day 1 --seed 7 --out "$KILN_HOME/day1-all.tsv" >/dev/null
+head -n "$rows" "$KILN_HOME/day1-all.tsv" > "$KILN_HOME/day1.tsv"
 tail -n $((rows / 10)) "$KILN_HOME/day1-all.tsv" > "$KILN_HOME/job/data/eval.tsv"
-"$kiln" submit "$KILN_HOME/job/ctr.yaml"
-wait_run
-"$kiln" push --job ctr
 
-say "day 1: new partition arrives; train incrementally from the day-0 checkpoint, push the delta to B"
-mkdir -p "$KILN_HOME/job/data/day=1"
-head -n "$rows" "$KILN_HOME/day1-all.tsv" > "$KILN_HOME/job/data/day=1/part-0.tsv"
+say "submit the cron job (the only command the loop needs)"
 "$kiln" submit "$KILN_HOME/job/ctr.yaml"
-wait_run
-"$kiln" push --job ctr --label B
-"$kiln" runs --job ctr
+
+say "day 0 lands; kilnd trains on it and pushes the model to B by itself"
+land "$KILN_HOME/day0.tsv" "$KILN_HOME/job/data/day=0/part-0.tsv"
+day0=$(wait_b_moves "")
+echo "B holds $day0"
+# Kiln records the push once B answered it; promote reads those records.
+for _ in $(seq 200); do
+  recorded=$("$kiln" --json lineage "http://127.0.0.1:$portB" 2>/dev/null | py -c     'import json,sys; print(" ".join(e["holds"] or "" for e in json.load(sys.stdin)["endpoints"]))'     2>/dev/null || true)
+  case " $recorded " in *" $day0 "*) break ;; esac
+  sleep 0.05
+done
+say "promote B to A: the day-0 model becomes the champion"
+"$kiln" promote --model ctr --from B --to A
+
+say "day 1 lands; no command is typed until it is live on B"
+# Watches from outside, as a user would: when kilnd queues a run for the new
+# partition, when that run ends, and when B serves its delta.
+land_and_watch() {
+  py - "$kiln" "$portB" "$day0" "$KILN_HOME/day1.tsv" "$KILN_HOME/job/data/day=1/part-0.tsv" <<'PY'
+import json, os, shutil, subprocess, sys, time, urllib.request
+kiln, port, was, src, dst = sys.argv[1:]
+def newest():
+    out = subprocess.run([kiln, "--json", "runs", "--job", "ctr", "--limit", "3"],
+                         capture_output=True, text=True).stdout
+    runs = [r for r in json.loads(out or "[]") if r["state"] != "skipped"]
+    return runs[0] if runs else None
+def holds():
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/ctr/versions/B") as r:
+            return json.load(r).get("checkpoint", "")
+    except Exception:
+        return ""
+before = newest()["id"]
+os.makedirs(os.path.dirname(dst), exist_ok=True)
+shutil.copy(src, dst + ".landing")
+t_land = time.time()
+os.rename(dst + ".landing", dst)
+t_queued = t_ended = None
+while time.time() - t_land < 300:
+    r = newest()
+    now = time.time()
+    if r and r["id"] > before and t_queued is None:
+        t_queued = now
+    if r and r["id"] > before and r["state"] == "succeeded" and t_ended is None:
+        t_ended = now
+    h = holds()
+    if h and h != was:
+        t_live = time.time()
+        t_queued = t_queued or t_live
+        t_ended = t_ended or t_live
+        print(f"{t_live - t_land:.2f} {t_queued - t_land:.2f} {t_ended - t_queued:.2f} "
+              f"{t_live - t_ended:.2f} {h}")
+        sys.exit(0)
+    time.sleep(0.02)
+sys.exit("kiln demo: the day-1 delta did not reach B in 5 minutes")
+PY
+}
+read -r freshness t_cron t_train t_push day1 < <(land_and_watch)
+echo "B holds $day1, live ${freshness} s after the partition landed:"
+echo "  until the cron fire queued the run: ${t_cron} s (schedule: @every 3s)"
+echo "  launch, training on 2 ranks, eval:  ${t_train} s"
+echo "  export and delta push to B:         ${t_push} s (observed every 20 ms)"
 
 say "eval logloss of A and B on held-out day-1 data"
 # Each endpoint predicts the held-out rows with its own label.
 logloss() {
   curl -sS --fail --data-binary @"$KILN_HOME/job/data/eval.tsv" \
     "http://127.0.0.1:$1/v1/models/ctr/predict?label=$2" > "$KILN_HOME/pred-$2.json"
-  /usr/bin/python3 - "$KILN_HOME/job/data/eval.tsv" "$KILN_HOME/pred-$2.json" <<'PY'
+  py - "$KILN_HOME/job/data/eval.tsv" "$KILN_HOME/pred-$2.json" <<'PY'
 import json, math, sys
 labels = [float(l.split("\t", 1)[0]) for l in open(sys.argv[1]) if l.strip()]
 probs = json.load(open(sys.argv[2]))["probabilities"]
@@ -146,17 +218,18 @@ PY
 }
 llA=$(logloss "$portA" A)
 llB=$(logloss "$portB" B)
-echo "A (day 0 model):          eval logloss $llA"
-echo "B (day 0 + day 1 delta):  eval logloss $llB"
+echo "A (champion: day 0):              eval logloss $llA"
+echo "B (challenger: day 0 + day 1):    eval logloss $llB"
 
 say "lineage of B"
 "$kiln" lineage "http://127.0.0.1:$portB"
 
 status_url="http://$listen/"
-say "status page: $status_url"
+say "status page: $status_url (endpoints: ${status_url}endpoints)"
 if [ "$keep" = "1" ]; then
-  echo "kilnd and both endpoints keep running; stop them with: kill ${pids[*]}" >&2
+  echo "kilnd and both endpoints keep running; land more partitions under" \
+       "$KILN_HOME/job/data/day=N/ and watch B; stop them with: kill ${pids[*]}" >&2
 fi
-printf '{"A_eval_logloss": %s, "B_eval_logloss": %s, "B_better": %s, "status_url": "%s", "kiln_home": "%s"}\n' \
-  "$llA" "$llB" "$(/usr/bin/python3 -c "print('true' if $llB < $llA else 'false')")" \
+printf '{"A_eval_logloss": %s, "B_eval_logloss": %s, "B_better": %s, "freshness_s": %s, "status_url": "%s", "kiln_home": "%s"}\n' \
+  "$llA" "$llB" "$(py -c "print('true' if $llB < $llA else 'false')")" "$freshness" \
   "$status_url" "$KILN_HOME"
