@@ -767,6 +767,26 @@ static void test_gather_combine(void **state)
         assert_true(out[j] == 0.0f); /* bag 0 is empty in every table */
     /* Bag 1 of a mean table holds row 17 three times: its mean is the row. */
     assert_close(out + B.stride + B.bags[1].out_col, B.bags[1].values + 17 * 8, 8, 1e-7f, 1e-6f);
+    /* A table whose bags are all empty in this batch (a column empty in
+     * every row) reads no rows, so it needs no slab: its columns are zeros
+     * and its backward reduce has no rows. */
+    kern_bags_t saved = B.bags[2];
+    int64_t *none = calloc((size_t)B.nbags + 1, sizeof(int64_t));
+    B.bags[2].values = NULL;
+    B.bags[2].rows = NULL;
+    B.bags[2].offsets = none;
+    assert_int_equal(kern_cpu_gather_combine(NT, B.bags, B.nbags, B.stride, out), 0);
+    for (int64_t b = 0; b < B.nbags; b++)
+        for (int j = 0; j < B.bags[2].dim; j++)
+            assert_true(out[b * B.stride + B.bags[2].out_col + j] == 0.0f);
+    kern_row_grads_t eg = {0};
+    assert_int_equal(kern_cpu_backward_reduce(1, &B.bags[2], B.nbags, B.stride, out, &eg), 0);
+    assert_int_equal(eg.n, 0);
+    /* ... but positions without a slab are refused. */
+    none[B.nbags] = 1;
+    assert_int_equal(kern_cpu_gather_combine(NT, B.bags, B.nbags, B.stride, out), KILN_EINVAL);
+    B.bags[2] = saved;
+    free(none);
     /* A row id outside the slab is refused. */
     B.rows[2][B.offs[2][1]] = 300;
     assert_int_equal(kern_cpu_gather_combine(NT, B.bags, B.nbags, B.stride, out), KILN_EINVAL);
