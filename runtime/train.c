@@ -348,8 +348,9 @@ static int setup_tables(trainer_t *tr)
     tr->tables = kiln_calloc((size_t)tr->T, sizeof *tr->tables);
     kern_table_config_t *cfgs = kiln_calloc((size_t)tr->T, sizeof *cfgs);
     int *dims = kiln_calloc((size_t)tr->T, sizeof *dims);
+    char (*notes)[128] = kiln_calloc((size_t)tr->T, sizeof *notes);
     int rc = 0;
-    if (!tr->slot_table || !tr->combine || !tr->tables || !cfgs || !dims) {
+    if (!tr->slot_table || !tr->combine || !tr->tables || !cfgs || !dims || !notes) {
         rc = KILN_ENOMEM;
         goto out;
     }
@@ -365,15 +366,30 @@ static int setup_tables(trainer_t *tr)
                            jt->name, jt->emb.dim, tr->d);
             goto out;
         }
-        /* Capacity is for the whole job; each rank holds its share plus
-         * slack for the hash's imbalance between ranks. */
-        int64_t per_rank = (jt->emb.capacity + tr->nranks - 1) / tr->nranks;
+        /* Capacity is for the whole job: each rank keeps at most its share,
+         * and allocates room beyond it only for loading a checkpoint whose
+         * keys hash unevenly over this rank count (rt_shard.h). */
+        if (jt->emb.capacity < tr->nranks) {
+            rc = kiln_errf(KILN_EINVAL, "table %s: capacity %" PRId64 " is less than the %d "
+                           "ranks, and each rank needs a row; raise it to at least %d",
+                           jt->name, jt->emb.capacity, tr->nranks, tr->nranks);
+            goto out;
+        }
+        int64_t share = rt_shard_capacity_share(jt->emb.capacity, tr->rank, tr->nranks);
+        int64_t per_rank = share + rt_shard_capacity_room(share, tr->nranks);
         if (tr->nranks > 1)
-            per_rank += per_rank / 20 + 64;
+            snprintf(notes[t], sizeof notes[t],
+                     "%" PRId64 " rows on this rank, its share of capacity %" PRId64
+                     " over %d ranks",
+                     share, jt->emb.capacity, tr->nranks);
+        else
+            snprintf(notes[t], sizeof notes[t], "capacity %" PRId64 " rows", share);
         cfgs[t] = (kern_table_config_t){
             .name = jt->name,
             .dim = d,
             .capacity = per_rank,
+            .limit = share,
+            .capacity_note = notes[t],
             .opt = kern_opt_of(so->type),
             .init = kern_init_of(jt->emb.init),
             .init_scale = (float)jt->emb.init_scale,
@@ -417,6 +433,7 @@ static int setup_tables(trainer_t *tr)
 out:
     free(cfgs);
     free(dims);
+    free(notes);
     return rc;
 }
 
@@ -913,7 +930,9 @@ static int load_start(trainer_t *tr)
                                       .count = dense[i].count};
     rc = rt_model_load(tr->model, ma, nm, in->dense_step);
     if (rc < 0) {
-        rc = kiln_errf(rc, "checkpoint %s does not fit this model: %s", dir, kiln_errmsg());
+        char why[512]; /* a copy: kiln_errf must not read the buffer it writes */
+        snprintf(why, sizeof why, "%s", kiln_errmsg());
+        rc = kiln_errf(rc, "checkpoint %s does not fit this model: %s", dir, why);
         goto out;
     }
     tr->steps = in->step;

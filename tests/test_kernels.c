@@ -303,6 +303,70 @@ static void test_evict_none_is_full(void **state)
     kern_table_destroy(t);
 }
 
+/* A limit below the capacity: find_or_insert keeps at most `limit` rows
+ * (lru evicts down to it, none refuses with the note in its message), a
+ * load may go past it up to the capacity, and the next insert after such a
+ * load evicts back under the limit. */
+static void test_limit(void **state)
+{
+    (void)state;
+    for (int ev = KERN_EVICT_NONE; ev <= KERN_EVICT_LFU; ev++) {
+        kern_table_config_t cfg = {.name = "slot4", .dim = 2, .capacity = 200, .limit = 100,
+                                   .opt = KERN_OPT_ADAGRAD, .init = KERN_INIT_UNIFORM,
+                                   .init_scale = 0.05f, .seed = 42, .evict = (kern_evict_t)ev,
+                                   .capacity_note = "100 rows on this rank, its share of "
+                                                    "capacity 200 over 2 ranks"};
+        kern_table_t *t = NULL;
+        assert_int_equal(kern_table_create(&cfg, &t), 0);
+        kern_table_stats_t st;
+        kern_table_stats(t, &st);
+        assert_int_equal(st.capacity, 200);
+        assert_int_equal(st.limit, 100);
+        int64_t keys[10];
+        int32_t rows[10];
+        int64_t next = 1;
+        int rc = 0;
+        for (int step = 1; step <= 40 && rc == 0; step++) {
+            for (int i = 0; i < 10; i++)
+                keys[i] = next++;
+            rc = kern_table_find_or_insert(t, 10, keys, step, rows);
+            assert_true(kern_table_size(t) <= 100);
+        }
+        if (ev == KERN_EVICT_NONE) {
+            assert_int_equal(rc, KILN_EFULL);
+            assert_int_equal(kern_table_size(t), 100);
+            assert_string_equal(kiln_errmsg(),
+                                "table 'slot4' is full (100 rows on this rank, its share of "
+                                "capacity 200 over 2 ranks); raise model.embedding.capacity "
+                                "or set eviction: lru");
+        } else {
+            assert_int_equal(rc, 0);
+            assert_true(kern_table_size(t) >= 90);
+        }
+        /* A load fills past the limit, up to the capacity and no further. */
+        int64_t lk[150];
+        float lv[300] = {0};
+        for (int i = 0; i < 150; i++)
+            lk[i] = 100000 + i;
+        int64_t before = kern_table_size(t);
+        assert_int_equal(kern_table_insert_rows(t, 200 - before, lk, lv, NULL, NULL, 50), 0);
+        assert_int_equal(kern_table_size(t), 200);
+        assert_int_equal(kern_table_insert_rows(t, 1, lk + 149, lv, NULL, NULL, 50), KILN_EFULL);
+        /* Training again: lru/lfu evict back under the limit, none refuses new keys
+         * but still finds the loaded ones. */
+        keys[0] = 999999;
+        rc = kern_table_find_or_insert(t, 1, keys, 51, rows);
+        if (ev == KERN_EVICT_NONE) {
+            assert_int_equal(rc, KILN_EFULL);
+            assert_int_equal(kern_table_find_or_insert(t, 1, lk, 52, rows), 0);
+        } else {
+            assert_int_equal(rc, 0);
+            assert_true(kern_table_size(t) <= 100);
+        }
+        kern_table_destroy(t);
+    }
+}
+
 /* Random inserts and deletes against a plain array of present keys. */
 static void test_delete_against_reference(void **state)
 {
@@ -1068,6 +1132,7 @@ int main(void)
         cmocka_unit_test(test_lru_batch_eviction),
         cmocka_unit_test(test_lfu_eviction),
         cmocka_unit_test(test_evict_none_is_full),
+        cmocka_unit_test(test_limit),
         cmocka_unit_test(test_delete_against_reference),
         cmocka_unit_test(test_memory_bound),
         cmocka_unit_test(test_wide_index),

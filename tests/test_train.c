@@ -722,6 +722,151 @@ static void test_empty_column_first_batch(void **state)
     free(r);
 }
 
+/* Rows of every table in the newest checkpoint under root (resolved over
+ * all ranks); returns the table count and fills names/rows. */
+static int table_rows(const char *root, char names[][64], int64_t *rows, int cap)
+{
+    rt_ckpt_chain_t ch;
+    open_latest(root, &ch);
+    const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
+    int n = in->ntables < cap ? in->ntables : cap;
+    for (int t = 0; t < n; t++) {
+        rt_ckpt_rows_t x;
+        snprintf(names[t], 64, "%s", in->tables[t].name);
+        if (rt_ckpt_read_table(&ch, names[t], &x) != 0)
+            fail_msg("table %s: %s", names[t], kiln_errmsg());
+        rows[t] = x.n;
+        rt_ckpt_rows_fini(&x);
+    }
+    rt_ckpt_chain_fini(&ch);
+    return n;
+}
+
+/* Occurrences of needle in hay. */
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p != NULL; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* model.embedding.capacity and a table's own capacity are job-wide bounds:
+ * on 2 ranks with lru, no table ever holds more rows than its capacity (it
+ * held 2 x (50 + 2 + 64) = 232 for capacity 100 before). The 2-rank
+ * checkpoint at capacity resumes on 1 rank; with a capacity too small for
+ * its rows, the resume fails once, saying what to set. */
+static void test_capacity_is_job_wide(void **state)
+{
+    (void)state;
+    char spec[400], spec_small[400], root[400];
+    static const char body[] =
+        "data: {train: \"data/day=*.tsv\"}\n"
+        "model:\n  type: lr\n  embedding: {capacity: %d, eviction: lru}\n"
+        "  tables: [{name: big, slots: 3, capacity: 300}]\n"
+        "train: {batch_size: 16, init_from: none}\n"
+        "checkpoint: {dir: ckpt/cap, full_every: 1, keep: 3}\n";
+    snprintf(spec, sizeof spec, "%s/cap.yaml", tmpdir);
+    snprintf(spec_small, sizeof spec_small, "%s/cap-small.yaml", tmpdir);
+    FILE *f = fopen(spec, "w");
+    fprintf(f, "name: cap\n");
+    fprintf(f, body, 100);
+    fclose(f);
+    f = fopen(spec_small, "w");
+    fprintf(f, "name: cap\n");
+    fprintf(f, body, 40);
+    fclose(f);
+    snprintf(root, sizeof root, "%s/ckpt/cap", tmpdir);
+    result_t *r = malloc(sizeof *r);
+    const char *more[] = {"--max-steps", "150", NULL};
+    json_t *v = train_with(2, spec, "cap2", r, more);
+    if (v == NULL)
+        fail_msg("2 ranks, capacity 100: exit %d: %s", r->code, r->err);
+    json_decref(v);
+    char names[32][64];
+    int64_t rows[32];
+    int n = table_rows(root, names, rows, 32);
+    assert_int_equal(n, 26);
+    int64_t most = 0;
+    for (int t = 0; t < n; t++) {
+        int64_t cap = strcmp(names[t], "big") == 0 ? 300 : 100;
+        if (rows[t] > cap)
+            fail_msg("table %s holds %lld rows on 2 ranks, over its capacity %lld", names[t],
+                     (long long)rows[t], (long long)cap);
+        if (strcmp(names[t], "big") != 0 && rows[t] > most)
+            most = rows[t];
+    }
+    assert_true(most >= 95); /* the tables did fill up: the bound was tested */
+
+    /* The 2-rank checkpoint at capacity resumes on 1 rank. */
+    rt_ckpt_chain_t ch;
+    open_latest(root, &ch);
+    char ck[400];
+    snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
+    rt_ckpt_chain_fini(&ch);
+    const char *resume[] = {"--resume", ck, "--max-steps", "160", NULL};
+    v = train_with(1, spec, "cap1", r, resume);
+    if (v == NULL)
+        fail_msg("resume of a 2-rank checkpoint at capacity on 1 rank: exit %d: %s", r->code,
+                 r->err);
+    json_decref(v);
+    n = table_rows(root, names, rows, 32);
+    for (int t = 0; t < n; t++)
+        assert_true(rows[t] <= (strcmp(names[t], "big") == 0 ? 300 : 100));
+
+    /* Capacity 40 cannot hold the checkpoint's rows: one error, what to set. */
+    v = train_with(1, spec_small, "cap-small", r, resume);
+    assert_null(v);
+    assert_int_equal(r->code, 2);
+    assert_int_equal(count_of(r->err, "does not fit"), 1);
+    assert_non_null(strstr(r->err, "does not fit on rank 0 of 1: this rank's share of its rows "
+                                   "is "));
+    assert_non_null(strstr(r->err, "raise model.embedding.capacity (or the table's capacity in "
+                                   "model.tables) to at least "));
+    /* ... and the number it asks for works. */
+    const char *p = strstr(r->err, "to at least ");
+    long want = strtol(p + strlen("to at least "), NULL, 10);
+    assert_true(want > 40 && want <= 100);
+    free(r);
+}
+
+/* A full table says which table, how full, what the capacity means on this
+ * many ranks and what to do, once per rank and without a doubled prefix
+ * (it read "rank 1: rank 1: lot0' is full (capacity 116 rows)"). */
+static void test_table_full_message(void **state)
+{
+    (void)state;
+    char spec[400];
+    snprintf(spec, sizeof spec, "%s/full.yaml", tmpdir);
+    FILE *f = fopen(spec, "w");
+    fputs("name: full\ndata: {train: \"data/day=*.tsv\"}\n"
+          "model: {type: lr, embedding: {capacity: 100, eviction: none}}\n"
+          "train: {batch_size: 64, init_from: none}\ncheckpoint: {dir: ckpt/full}\n",
+          f);
+    fclose(f);
+    result_t *r = malloc(sizeof *r);
+    json_t *v = train(2, spec, "full", r);
+    assert_null(v);
+    assert_int_equal(r->code, 2);
+    const char *want = "' is full (50 rows on this rank, its share of capacity 100 over 2 "
+                       "ranks); raise model.embedding.capacity or set eviction: lru\n";
+    if (strstr(r->err, want) == NULL)
+        fail_msg("no full-table message in: %s", r->err);
+    /* Each line that says so starts with the rank, then the table. */
+    for (const char *p = strstr(r->err, want); p != NULL; p = strstr(p + 1, want)) {
+        const char *bol = p;
+        while (bol > r->err && bol[-1] != '\n')
+            bol--;
+        assert_true(strncmp(bol, "kiln-train: rank ", 17) == 0);
+        const char *tab = strstr(bol, ": table 'slot");
+        assert_true(tab != NULL && tab < p);
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)(p - bol), bol);
+        assert_int_equal(count_of(line, "rank "), 1);
+    }
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -734,6 +879,8 @@ int main(void)
         cmocka_unit_test(test_cuda_matches_cpu),
         cmocka_unit_test(test_malformed_lines),
         cmocka_unit_test(test_empty_column_first_batch),
+        cmocka_unit_test(test_capacity_is_job_wide),
+        cmocka_unit_test(test_table_full_message),
     };
     /* KILN_TEST_FILTER=test_twin* runs matching tests (cmocka glob).
      * KILN_TEST_GPU=1 (ctest's test_train_gpu) runs the GPU tests alone, or
