@@ -456,6 +456,7 @@ static const field_t model_fields[] = {
     INTLIST("bottom_mlp", job_spec_t, model.bottom_mlp, model.nbottom, 1, 65536, 16),
     INTLIST("top_mlp", job_spec_t, model.top_mlp, model.ntop, 1, 65536, 16),
     FN("tables", defer_tables, 0),
+    BOOL("fm_dense_factors", job_spec_t, model.fm_dense_factors, false),
     FIELD_END};
 
 /* adagrad's eps default (1e-10) is in the table; adam's (1e-8) is applied
@@ -1188,6 +1189,11 @@ static void check_model(ctx_t *c)
     int line, col;
     char ip[PATH_MAX_LEN];
     const char *type = job_model_type_name(s->model.type);
+    if (s->model.type != JOB_MODEL_FM && seen(c, "model.fm_dense_factors") != NULL) {
+        where(c, &line, &col, "model.fm_dense_factors", NULL);
+        diag_at(c, line, col, "model.fm_dense_factors",
+                "only fm has dense factors (model.type is %s)", type);
+    }
     if (s->model.type != JOB_MODEL_DLRM) {
         static const char *const mlps[] = {"model.bottom_mlp", "model.top_mlp"};
         for (int i = 0; i < 2; i++) {

@@ -450,7 +450,7 @@ static int setup_model(trainer_t *tr)
         .nbottom = sp->model.nbottom,
         .top = sp->model.top_mlp,
         .ntop = sp->model.ntop,
-        .fm_dense_factors = 1,
+        .fm_dense_factors = sp->model.fm_dense_factors,
         .max_batch = sp->train.batch_size,
         .seed = sp->train.seed,
         .opt = {.type = dense_opt_of(o->type),

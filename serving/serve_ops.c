@@ -26,7 +26,7 @@ int serve_desc_from_spec(const job_spec_t *sp, serve_model_desc_t *d)
     d->nslots = sp->data.cat_slots;
     d->ndense = sp->data.dense_features;
     d->dim = rt_model_table_dim(mt, sp->model.embedding.dim);
-    d->fm_dense_factors = 1; /* as kiln-train builds it */
+    d->fm_dense_factors = sp->model.fm_dense_factors; /* as kiln-train builds it */
     if (d->nslots > SERVE_MAX_SLOTS || sp->model.ntables > SERVE_MAX_TABLES ||
         sp->model.nbottom > SERVE_MAX_LAYERS || sp->model.ntop > SERVE_MAX_LAYERS)
         return kiln_errf(KILN_ERANGE, "the model of job %s is too large for the push format",
@@ -48,7 +48,8 @@ int serve_desc_from_spec(const job_spec_t *sp, serve_model_desc_t *d)
     }
     rt_model_config_t cfg = {.type = mt, .nslots = d->nslots, .ndense = d->ndense,
                              .dim = d->dim, .bottom = d->bottom, .nbottom = d->nbottom,
-                             .top = d->top, .ntop = d->ntop, .fm_dense_factors = 1,
+                             .top = d->top, .ntop = d->ntop,
+                             .fm_dense_factors = d->fm_dense_factors,
                              .max_batch = 1, .opt = {.type = RT_DENSE_SGD}};
     rt_model_t *m = NULL;
     KILN_CHECK(rt_model_create(&cfg, &m));

@@ -532,6 +532,8 @@ static const struct bad {
      "DLRM's dot interaction multiplies the dense vector with every embedding"},
     {P "model: {type: lr, top_mlp: [1]}\n",
      "job.yaml:3:28: model.top_mlp: only dlrm has MLPs (model.type is lr)"},
+    {P "model: {type: dlrm, fm_dense_factors: true}\n",
+     "job.yaml:3:39: model.fm_dense_factors: only fm has dense factors (model.type is dlrm)"},
     {P "model: {type: dlrm, bottom_mlp: []}\n",
      "job.yaml:3:33: model.bottom_mlp: must list 1 to 16 widths, got 0"},
     {P "model:\n  type: fm\n  tables: [{name: a, slots: 0, dim: 8}]\n",

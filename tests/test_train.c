@@ -25,6 +25,7 @@
 
 #include "proc.h"
 #include "rt_ckpt.h"
+#include "rt_data.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN and KILN_TRAIN_BIN must name the executables"
@@ -867,6 +868,503 @@ static void test_table_full_message(void **state)
     free(r);
 }
 
+/* ---- one step against a straightforward reference -----------------------------------
+ * kiln-train runs ONE step of fm and of dlrm on 2 ranks, on a small Zipf-
+ * skewed file (kiln datagen --zipf 1.15: heavy hitters occur dozens of
+ * times in the batch, most ids once, 4% empty fields), twice: with learning
+ * rate 0 (its checkpoint is the initial state S0, and its adagrad
+ * accumulators hold g^2) and with 0.05 (S1). The test then computes that
+ * step itself, in double precision and without any of Kiln's code: the
+ * models exactly as docs/models.md writes them (fm's pairwise interaction
+ * as a plain double loop over slot pairs, dlrm's MLPs and dot products
+ * written out), their backward by hand, per-key sums of the bag gradients
+ * and PyTorch's Adagrad (acc = g^2, w -= lr g / (sqrt(acc) + eps)). It
+ * compares, element by element:
+ *   - the forward: every row's probability (kiln-train --predict on S0),
+ *     and the step's mean loss (progress.jsonl);
+ *   - every gradient (|g| = sqrt of S1's accumulator, its sign from the
+ *     update) within 1e-5 of the sum of the absolute values of its terms:
+ *     float32 products summed exactly, as Kiln sums them;
+ *   - the updated rows and dense weights: where |g| exceeds that bound,
+ *     w1 = w0 - lr g / (|g| + eps) within 1e-6; where it does not (a sum
+ *     that cancels to noise), only |w1 - w0| <= lr.
+ * Before the fix, fm failed here: kiln-train always projected the dense
+ * features into the interaction (model.fm_dense_factors did not exist,
+ * and docs/models.md said they enter only linearly by default). */
+
+#define ST_F 13
+#define ST_S 26
+#define ST_D 4              /* pooled width: fm 1 + 3 factors; dlrm dim 4 */
+#define ST_B 8              /* dlrm bottom [8, 4], top [8, 1] */
+#define ST_P (ST_S * (ST_S + 1) / 2)
+#define ST_R (ST_D + ST_P)  /* dlrm top input */
+#define ST_ROWS 512         /* the global batch: 256 per rank */
+#define ST_LR 0.05
+#define ST_EPS 1e-10
+
+typedef struct {
+    int64_t *keys; /* sorted */
+    float *v;      /* (n, dim) */
+    float *acc;    /* (n, dim) */
+    int64_t n;
+} st_table_t;
+
+typedef struct {
+    st_table_t tab[ST_S];
+    float *params, *acc;
+    size_t np;
+} st_state_t;
+
+static void st_load(const char *root, st_state_t *st)
+{
+    rt_ckpt_chain_t ch;
+    open_latest(root, &ch);
+    for (int s = 0; s < ST_S; s++) {
+        char name[16];
+        snprintf(name, sizeof name, "slot%d", s);
+        rt_ckpt_rows_t x;
+        if (rt_ckpt_read_table(&ch, name, &x) != 0)
+            fail_msg("%s: %s", name, kiln_errmsg());
+        assert_int_equal(x.dim, ST_D);
+        assert_int_equal(x.nstate, 1);
+        st_table_t *t = &st->tab[s];
+        t->n = x.n;
+        t->keys = malloc(sizeof(int64_t) * (size_t)(x.n + 1));
+        t->v = malloc(sizeof(float) * (size_t)(x.n * ST_D + 1));
+        t->acc = malloc(sizeof(float) * (size_t)(x.n * ST_D + 1));
+        memcpy(t->keys, x.keys, sizeof(int64_t) * (size_t)x.n);
+        memcpy(t->v, x.values, sizeof(float) * (size_t)(x.n * ST_D));
+        memcpy(t->acc, x.opt, sizeof(float) * (size_t)(x.n * ST_D));
+        rt_ckpt_rows_fini(&x);
+    }
+    rt_ckpt_array_t *da;
+    int na;
+    assert_int_equal(rt_ckpt_read_dense(ch.items[ch.n - 1], &da, &na), 0);
+    for (int i = 0; i < na; i++) {
+        float **dst = strcmp(da[i].name, "dense.params") == 0        ? &st->params
+                      : strcmp(da[i].name, "dense.adagrad_acc") == 0 ? &st->acc
+                                                                      : NULL;
+        if (dst == NULL)
+            continue;
+        st->np = da[i].count;
+        *dst = malloc(sizeof(float) * (da[i].count + 1));
+        memcpy(*dst, da[i].data, sizeof(float) * da[i].count);
+    }
+    assert_non_null(st->params);
+    assert_non_null(st->acc);
+    rt_ckpt_arrays_free(da, na);
+    rt_ckpt_chain_fini(&ch);
+}
+
+static void st_free(st_state_t *st)
+{
+    for (int s = 0; s < ST_S; s++) {
+        free(st->tab[s].keys);
+        free(st->tab[s].v);
+        free(st->tab[s].acc);
+    }
+    free(st->params);
+    free(st->acc);
+}
+
+static int cmp_key(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Row index of key in table t, or -1. */
+static int64_t st_find(const st_table_t *t, int64_t key)
+{
+    const int64_t *p = bsearch(&key, t->keys, (size_t)t->n, sizeof key, cmp_key);
+    return p ? p - t->keys : -1;
+}
+
+/* The batch: labels, log1p'd dense features and the key (or -1) of each
+ * slot, parsed from the first ST_ROWS lines of path. */
+typedef struct {
+    double y[ST_ROWS], x[ST_ROWS][ST_F];
+    int64_t key[ST_ROWS][ST_S];
+} st_batch_t;
+
+static void st_read_batch(const char *path, st_batch_t *b)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[4096], why[256];
+    for (int i = 0; i < ST_ROWS; i++) {
+        assert_non_null(fgets(line, sizeof line, f));
+        float label, dense[ST_F];
+        int64_t keys[ST_S];
+        unsigned char has[ST_S];
+        size_t len = strcspn(line, "\n");
+        assert_int_equal(rt_tsv_parse_line(line, len, ST_F, ST_S, &label, dense, keys, has, why,
+                                           sizeof why),
+                         0);
+        b->y[i] = label;
+        for (int j = 0; j < ST_F; j++)
+            b->x[i][j] = dense[j];
+        for (int s = 0; s < ST_S; s++)
+            b->key[i][s] = has[s] ? keys[s] : -1;
+    }
+    fclose(f);
+}
+
+/* The reference step's results: logits, loss, and the gradient of every
+ * table row (aligned with S0's rows) and dense parameter, each with the
+ * sum of the absolute values of its terms (mag). */
+typedef struct {
+    double z[ST_ROWS], loss;
+    double *g[ST_S], *gmag[ST_S];
+    double *dg, *dmag;
+} st_ref_t;
+
+/* The model on row i: e (S, D) pooled rows, params w. absmode computes the
+ * same backward with |.| of every factor, for the error scale. Returns the
+ * logit (forward) and adds gz * d logit / d(everything) to de, dw. */
+static double st_fm(const double e[ST_S][ST_D], const double *x, const float *w, int back,
+                    double gz, int absmode, double de[ST_S][ST_D], double *dw)
+{
+    /* logit = b + w.x + sum_s e_s0 + sum_{s<t} <v_s, v_t>, w (F), b */
+    double z = w[ST_F];
+    for (int j = 0; j < ST_F; j++)
+        z += (double)w[j] * x[j];
+    for (int s = 0; s < ST_S; s++) {
+        z += e[s][0];
+        for (int t = s + 1; t < ST_S; t++)
+            for (int f = 1; f < ST_D; f++)
+                z += e[s][f] * e[t][f];
+    }
+    if (!back)
+        return z;
+    double A = absmode ? fabs(gz) : gz;
+    for (int j = 0; j < ST_F; j++)
+        dw[j] += A * (absmode ? fabs(x[j]) : x[j]);
+    dw[ST_F] += A;
+    for (int s = 0; s < ST_S; s++) {
+        de[s][0] += A;
+        for (int t = 0; t < ST_S; t++)
+            if (t != s)
+                for (int f = 1; f < ST_D; f++)
+                    de[s][f] += A * (absmode ? fabs(e[t][f]) : e[t][f]);
+    }
+    return z;
+}
+
+/* Parameter layout (docs/models.md): bottom.0 W (B, F), b (B); bottom.1 W
+ * (D, B), b (D); top.0 W (B, R), b (B); top.1 W (1, B), b (1). */
+enum {
+    ST_W1 = 0,
+    ST_B1 = ST_W1 + ST_B * ST_F,
+    ST_W2 = ST_B1 + ST_B,
+    ST_B2 = ST_W2 + ST_D * ST_B,
+    ST_T1 = ST_B2 + ST_D,
+    ST_C1 = ST_T1 + ST_B * ST_R,
+    ST_T2 = ST_C1 + ST_B,
+    ST_C2 = ST_T2 + ST_B,
+    ST_NP_DLRM = ST_C2 + 1
+};
+
+static double st_dlrm(const double e[ST_S][ST_D], const double *x, const float *p, int back,
+                      double gz, int absmode, double de[ST_S][ST_D], double *dw)
+{
+#define AB(v) (absmode ? fabs(v) : (v))
+    double h1[ST_B], v[ST_S + 1][ST_D], R[ST_R], t1[ST_B];
+    for (int o = 0; o < ST_B; o++) {
+        double a = p[ST_B1 + o];
+        for (int j = 0; j < ST_F; j++)
+            a += (double)p[ST_W1 + o * ST_F + j] * x[j];
+        h1[o] = a > 0 ? a : 0;
+    }
+    for (int o = 0; o < ST_D; o++) {
+        double a = p[ST_B2 + o];
+        for (int j = 0; j < ST_B; j++)
+            a += (double)p[ST_W2 + o * ST_B + j] * h1[j];
+        v[0][o] = a > 0 ? a : 0; /* ReLU after the last bottom layer too */
+        R[o] = v[0][o];
+    }
+    for (int s = 0; s < ST_S; s++)
+        for (int f = 0; f < ST_D; f++)
+            v[s + 1][f] = e[s][f];
+    int k = ST_D;
+    for (int a = 0; a <= ST_S; a++)
+        for (int b = a + 1; b <= ST_S; b++) {
+            double d = 0;
+            for (int f = 0; f < ST_D; f++)
+                d += v[a][f] * v[b][f];
+            R[k++] = d;
+        }
+    for (int o = 0; o < ST_B; o++) {
+        double a = p[ST_C1 + o];
+        for (int j = 0; j < ST_R; j++)
+            a += (double)p[ST_T1 + o * ST_R + j] * R[j];
+        t1[o] = a > 0 ? a : 0;
+    }
+    double z = p[ST_C2];
+    for (int j = 0; j < ST_B; j++)
+        z += (double)p[ST_T2 + j] * t1[j];
+    if (!back)
+        return z;
+    double G = AB(gz), dt1[ST_B], dR[ST_R] = {0}, dv[ST_S + 1][ST_D] = {{0}}, dh1[ST_B] = {0};
+    dw[ST_C2] += G;
+    for (int j = 0; j < ST_B; j++) {
+        dw[ST_T2 + j] += G * t1[j];
+        dt1[j] = t1[j] > 0 ? G * AB((double)p[ST_T2 + j]) : 0;
+    }
+    for (int o = 0; o < ST_B; o++) {
+        dw[ST_C1 + o] += dt1[o];
+        for (int j = 0; j < ST_R; j++) {
+            dw[ST_T1 + o * ST_R + j] += dt1[o] * AB(R[j]);
+            dR[j] += dt1[o] * AB((double)p[ST_T1 + o * ST_R + j]);
+        }
+    }
+    k = ST_D;
+    for (int a = 0; a <= ST_S; a++)
+        for (int b = a + 1; b <= ST_S; b++, k++)
+            for (int f = 0; f < ST_D; f++) {
+                dv[a][f] += dR[k] * AB(v[b][f]);
+                dv[b][f] += dR[k] * AB(v[a][f]);
+            }
+    for (int o = 0; o < ST_D; o++) {
+        double g = v[0][o] > 0 ? dR[o] + dv[0][o] : 0;
+        dw[ST_B2 + o] += g;
+        for (int j = 0; j < ST_B; j++) {
+            dw[ST_W2 + o * ST_B + j] += g * h1[j];
+            dh1[j] += g * AB((double)p[ST_W2 + o * ST_B + j]);
+        }
+    }
+    for (int o = 0; o < ST_B; o++) {
+        double g = h1[o] > 0 ? dh1[o] : 0;
+        dw[ST_B1 + o] += g;
+        for (int j = 0; j < ST_F; j++)
+            dw[ST_W1 + o * ST_F + j] += g * AB(x[j]);
+    }
+    for (int s = 0; s < ST_S; s++)
+        for (int f = 0; f < ST_D; f++)
+            de[s][f] += dv[s + 1][f];
+    return z;
+#undef AB
+}
+
+typedef double (*st_model_fn)(const double e[ST_S][ST_D], const double *x, const float *p,
+                              int back, double gz, int absmode, double de[ST_S][ST_D],
+                              double *dw);
+
+static void st_reference(st_model_fn model, const st_state_t *s0, const st_batch_t *b,
+                         st_ref_t *ref)
+{
+    for (int s = 0; s < ST_S; s++) {
+        ref->g[s] = calloc((size_t)(s0->tab[s].n * ST_D + 1), sizeof(double));
+        ref->gmag[s] = calloc((size_t)(s0->tab[s].n * ST_D + 1), sizeof(double));
+    }
+    ref->dg = calloc(s0->np, sizeof(double));
+    ref->dmag = calloc(s0->np, sizeof(double));
+    ref->loss = 0;
+    for (int i = 0; i < ST_ROWS; i++) {
+        double e[ST_S][ST_D] = {{0}};
+        int64_t row[ST_S];
+        for (int s = 0; s < ST_S; s++) {
+            row[s] = b->key[i][s] < 0 ? -1 : st_find(&s0->tab[s], b->key[i][s]);
+            if (b->key[i][s] >= 0 && row[s] < 0)
+                fail_msg("row %d slot %d: key %lld of the batch is not in S0", i, s,
+                         (long long)b->key[i][s]);
+            for (int f = 0; f < ST_D && row[s] >= 0; f++)
+                e[s][f] = s0->tab[s].v[row[s] * ST_D + f];
+        }
+        double z = model(e, b->x[i], s0->params, 0, 0, 0, NULL, NULL);
+        ref->z[i] = z;
+        ref->loss += (z > 0 ? z : 0) - z * b->y[i] + log1p(exp(-fabs(z)));
+        double p = 1.0 / (1.0 + exp(-z)), gz = (p - b->y[i]) / ST_ROWS;
+        for (int pass = 0; pass < 2; pass++) {
+            double de[ST_S][ST_D] = {{0}};
+            model(e, b->x[i], s0->params, 1, gz, pass, de, pass ? ref->dmag : ref->dg);
+            for (int s = 0; s < ST_S; s++)
+                for (int f = 0; f < ST_D && row[s] >= 0; f++)
+                    (pass ? ref->gmag : ref->g)[s][row[s] * ST_D + f] += de[s][f];
+        }
+    }
+    ref->loss /= ST_ROWS;
+}
+
+typedef struct {
+    int64_t checked, bad, noisy;
+    double worst_g, worst_w;
+    char first[300];
+} st_cmp_t;
+
+/* One parameter: w0 -> w1 with accumulator 0 -> a1 in Kiln; the reference
+ * gradient g with error scale mag. */
+static void st_check(st_cmp_t *c, const char *what, int64_t i, float w0, float w1, float a1,
+                     double g, double mag)
+{
+    double tol = 1e-5 * mag + 1e-12;
+    double gk = sqrt((double)a1) * (w1 > w0 ? -1.0 : 1.0);
+    double dg = fabs(sqrt((double)a1) - fabs(g));
+    int bad = !(dg <= tol);
+    c->checked++;
+    if (dg / (mag + 1e-30) > c->worst_g)
+        c->worst_g = dg / (mag + 1e-30);
+    if (fabs(g) > tol) {
+        /* g / (|g| + eps) moves by lr eps / (|g| + eps)^2 per unit of g:
+         * nothing for |g| >> eps, but a gradient near eps carries its
+         * error bound into the update. */
+        double w1ref = (double)w0 - ST_LR * g / (fabs(g) + ST_EPS);
+        double dw = fabs((double)w1 - w1ref), lo = fabs(g) - tol + ST_EPS;
+        if (dw > c->worst_w)
+            c->worst_w = dw;
+        bad |= !(dw <= 1e-6 + ST_LR * ST_EPS * tol / (lo * lo));
+    } else {
+        c->noisy++;
+        bad |= !(fabs((double)w1 - w0) <= ST_LR * (1 + 1e-6));
+    }
+    if (bad && c->bad++ == 0)
+        snprintf(c->first, sizeof c->first,
+                 "%s[%lld]: kiln g %.9g (w %.9g -> %.9g), reference g %.9g (scale %.3g)", what,
+                 (long long)i, gk, (double)w0, (double)w1, g, mag);
+}
+
+static void step_case(const char *model, const char *data, const char *batch_path)
+{
+    char spec0[400], spec1[400], root0[400], root1[400], probs[400];
+    const char *mlp = strcmp(model, "dlrm") == 0 ? ", bottom_mlp: [8, 4], top_mlp: [8, 1]" : "";
+    int dim = strcmp(model, "fm") == 0 ? ST_D - 1 : ST_D;
+    for (int k = 0; k < 2; k++) {
+        char *sp = k ? spec1 : spec0;
+        snprintf(sp, 400, "%s/step-%s-%d.yaml", tmpdir, model, k);
+        FILE *f = fopen(sp, "w");
+        fprintf(f,
+                "name: step-%s-%d\ndata: {train: %s}\n"
+                "model: {type: %s, embedding: {dim: %d}%s}\n"
+                "train:\n  batch_size: %d\n  log_every: 1\n  init_from: none\n"
+                "  optimizer: {sparse: {lr: %g}, dense: {lr: %g}}\n"
+                "checkpoint: {dir: ckpt/step-%s-%d}\n",
+                model, k, data, model, dim, mlp, ST_ROWS / 2, k ? ST_LR : 0.0, k ? ST_LR : 0.0,
+                model, k);
+        fclose(f);
+    }
+    snprintf(root0, sizeof root0, "%s/ckpt/step-%s-0", tmpdir, model);
+    snprintf(root1, sizeof root1, "%s/ckpt/step-%s-1", tmpdir, model);
+    result_t *r = malloc(sizeof *r);
+    const char *one[] = {"--max-steps", "1", NULL};
+    char run0[64], run1[64];
+    snprintf(run0, sizeof run0, "step0-%s", model);
+    snprintf(run1, sizeof run1, "step1-%s", model);
+    json_t *v = train_with(2, spec0, run0, r, one);
+    if (v == NULL)
+        fail_msg("%s, lr 0: exit %d: %s", model, r->code, r->err);
+    json_decref(v);
+    v = train_with(2, spec1, run1, r, one);
+    if (v == NULL)
+        fail_msg("%s, lr 0.05: exit %d: %s", model, r->code, r->err);
+    json_decref(v);
+    double kloss;
+    assert_int_equal(losses(run1, &kloss, 1), 1);
+
+    /* The forward on S0, row by row, through kiln-train's predict mode. */
+    rt_ckpt_chain_t ch;
+    open_latest(root0, &ch);
+    char ck0[400];
+    snprintf(ck0, sizeof ck0, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
+    rt_ckpt_chain_fini(&ch);
+    snprintf(probs, sizeof probs, "%s/step-%s.probs", tmpdir, model);
+    char run_dir[400];
+    snprintf(run_dir, sizeof run_dir, "%s/step-predict", tmpdir);
+    const char *pa[] = {"mpirun", "-np", "2", "--oversubscribe", KILN_TRAIN_BIN, "--spec", spec0,
+                        "--run-dir", run_dir, "--quiet", "--predict", batch_path, "--resume", ck0,
+                        "--out", probs, NULL};
+    run(r, pa);
+    if (r->code != 0)
+        fail_msg("%s --predict: exit %d: %s", model, r->code, r->err);
+    free(r);
+
+    st_state_t s0 = {0}, s1 = {0};
+    st_load(root0, &s0);
+    st_load(root1, &s1);
+    size_t want_np = strcmp(model, "fm") == 0 ? ST_F + 1 : (size_t)ST_NP_DLRM;
+    if (s0.np != want_np)
+        fail_msg("%s: %zu dense parameters, the model of docs/models.md has %zu", model, s0.np,
+                 want_np);
+    st_batch_t *b = malloc(sizeof *b);
+    st_read_batch(batch_path, b);
+    st_ref_t ref;
+    st_reference(strcmp(model, "fm") == 0 ? (st_model_fn)st_fm : (st_model_fn)st_dlrm, &s0, b,
+                 &ref);
+
+    /* forward: probabilities and the step's loss */
+    FILE *f = fopen(probs, "r");
+    assert_non_null(f);
+    double worst_p = 0;
+    for (int i = 0; i < ST_ROWS; i++) {
+        double pk;
+        assert_int_equal(fscanf(f, "%lf", &pk), 1);
+        double pr = 1.0 / (1.0 + exp(-ref.z[i]));
+        worst_p = fmax(worst_p, fabs(pk - pr));
+    }
+    fclose(f);
+    if (!(worst_p <= 1e-5))
+        fail_msg("%s: a row's probability differs from the reference by %.3g", model, worst_p);
+    assert_close(kloss, ref.loss, 1e-5, "the step's mean loss");
+
+    /* every gradient, row and accumulator */
+    st_cmp_t c = {0};
+    int64_t hits = 0;
+    for (int s = 0; s < ST_S; s++) {
+        const st_table_t *t0 = &s0.tab[s], *t1 = &s1.tab[s];
+        assert_int_equal(t0->n, t1->n); /* the same keys: the batch's */
+        assert_memory_equal(t0->keys, t1->keys, sizeof(int64_t) * (size_t)t0->n);
+        char what[32];
+        snprintf(what, sizeof what, "slot%d", s);
+        for (int64_t i = 0; i < t0->n * ST_D; i++)
+            st_check(&c, what, i, t0->v[i], t1->v[i], t1->acc[i], ref.g[s][i], ref.gmag[s][i]);
+        hits += t0->n;
+    }
+    assert_int_equal(s1.np, s0.np);
+    for (size_t i = 0; i < s0.np; i++)
+        st_check(&c, "dense.params", (int64_t)i, s0.params[i], s1.params[i], s1.acc[i], ref.dg[i],
+                 ref.dmag[i]);
+    print_message("%s one step: %lld keys, %lld values checked, %lld with a gradient below its "
+                  "error bound; worst |p - ref| %.3g, worst gradient error %.3g of its scale, "
+                  "worst |w1 - ref| %.3g\n",
+                  model, (long long)hits, (long long)c.checked, (long long)c.noisy, worst_p,
+                  c.worst_g, c.worst_w);
+    if (c.bad > 0)
+        fail_msg("%s: %lld of %lld values differ from the reference step; first: %s", model,
+                 (long long)c.bad, (long long)c.checked, c.first);
+    assert_true(c.noisy * 20 < c.checked); /* the check is not vacuous */
+    for (int s = 0; s < ST_S; s++) {
+        free(ref.g[s]);
+        free(ref.gmag[s]);
+    }
+    free(ref.dg);
+    free(ref.dmag);
+    free(b);
+    st_free(&s0);
+    st_free(&s1);
+}
+
+static void test_step_matches_reference(void **state)
+{
+    (void)state;
+    char data[400], batch[400];
+    snprintf(data, sizeof data, "%s/skewed.tsv", tmpdir);
+    snprintf(batch, sizeof batch, "%s/skewed-batch.tsv", tmpdir);
+    result_t *r = malloc(sizeof *r);
+    const char *g[] = {KILN_BIN, "datagen", "--rows", "2048", "--out", data, "--seed", "11",
+                       "--zipf", "1.15", "--vocab", "3000", "--empty", "0.04", NULL};
+    run(r, g);
+    assert_int_equal(r->code, 0);
+    free(r);
+    /* The first step's rows, for --predict. */
+    FILE *in = fopen(data, "r"), *out = fopen(batch, "w");
+    char line[4096];
+    for (int i = 0; i < ST_ROWS && fgets(line, sizeof line, in); i++)
+        fputs(line, out);
+    fclose(in);
+    fclose(out);
+    step_case("fm", data, batch);
+    step_case("dlrm", data, batch);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -881,6 +1379,7 @@ int main(void)
         cmocka_unit_test(test_empty_column_first_batch),
         cmocka_unit_test(test_capacity_is_job_wide),
         cmocka_unit_test(test_table_full_message),
+        cmocka_unit_test(test_step_matches_reference),
     };
     /* KILN_TEST_FILTER=test_twin* runs matching tests (cmocka glob).
      * KILN_TEST_GPU=1 (ctest's test_train_gpu) runs the GPU tests alone, or
