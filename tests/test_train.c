@@ -662,8 +662,10 @@ static void test_malformed_lines(void **state)
 }
 
 /* Copies the first `rows` lines of src to dst with TSV field `field`
- * (1-based) emptied in the first `blank` of them. */
-static void blank_field(const char *src, const char *dst, int field, int blank, int rows)
+ * (1-based; slot s is field 15 + s) set to `value` ("" empties it) in the
+ * first `upto` of them. */
+static void set_field(const char *src, const char *dst, int field, const char *value, int upto,
+                      int rows)
 {
     FILE *in = fopen(src, "r"), *out = fopen(dst, "w");
     assert_non_null(in);
@@ -675,11 +677,11 @@ static void blank_field(const char *src, const char *dst, int field, int blank, 
             p = strchr(p, '\t');
             p = p ? p + 1 : NULL;
         }
-        if (i < blank && p) {
-            char *e = p + strcspn(p, "\t\n");
-            memmove(p, e, strlen(e) + 1);
-        }
-        fputs(line, out);
+        assert_non_null(p);
+        if (i < upto)
+            fprintf(out, "%.*s%s%s", (int)(p - line), line, value, p + strcspn(p, "\t\n"));
+        else
+            fputs(line, out);
     }
     fclose(in);
     fclose(out);
@@ -697,8 +699,8 @@ static void test_empty_column_first_batch(void **state)
     snprintf(src, sizeof src, "%s/data/day=0.tsv", tmpdir);
     snprintf(dst, sizeof dst, "%s/blank.tsv", tmpdir);
     snprintf(ev, sizeof ev, "%s/blank-eval.tsv", tmpdir);
-    blank_field(src, dst, 20, 3000, 6000); /* field 20: slot 5 */
-    blank_field(src, ev, 20, 1000, 1000);
+    set_field(src, dst, 20, "", 3000, 6000); /* field 20: slot 5 */
+    set_field(src, ev, 20, "", 1000, 1000);
     static const char *const models[] = {"lr", "fm", "dlrm"};
     result_t *r = malloc(sizeof *r);
     for (int m = 0; m < 3; m++) {
@@ -864,6 +866,62 @@ static void test_table_full_message(void **state)
         char line[512];
         snprintf(line, sizeof line, "%.*s", (int)(p - bol), bol);
         assert_int_equal(count_of(line, "rank "), 1);
+    }
+    free(r);
+}
+
+/* A key never seen in training reads as zeros at evaluation and prediction
+ * (as in kiln-serve): the row scores exactly as with that field empty, and
+ * nothing is inserted, so eval does not grow the tables. lr, fm and dlrm. */
+static void test_unseen_keys_read_as_zeros(void **state)
+{
+    (void)state;
+    char src[400], novel[400], empty[400], spec[400], ck[400], pa_out[400], pb_out[400];
+    snprintf(src, sizeof src, "%s/data/eval.tsv", tmpdir);
+    snprintf(novel, sizeof novel, "%s/novel.tsv", tmpdir);
+    snprintf(empty, sizeof empty, "%s/novel-empty.tsv", tmpdir);
+    set_field(src, novel, 17, "zz-never-seen", 300, 300); /* slot 2 */
+    set_field(src, empty, 17, "", 300, 300);
+    static const char *const models[] = {"lr", "fm", "dlrm"};
+    result_t *r = malloc(sizeof *r);
+    for (int m = 0; m < 3; m++) {
+        char name[64];
+        snprintf(name, sizeof name, "unseen-%s", models[m]);
+        write_spec(name, models[m], 256, NULL, "", spec, sizeof spec);
+        /* Evaluate on the file with the never-seen ids: the key count is
+         * the training count. */
+        const char *ev[] = {"--eval", novel, NULL};
+        json_t *a = train_with(2, spec, name, r, ev);
+        if (a == NULL)
+            fail_msg("%s: exit %d: %s", models[m], r->code, r->err);
+        rt_ckpt_chain_t ch;
+        char root[400];
+        snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, name);
+        open_latest(root, &ch);
+        snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
+        assert_int_equal((int64_t)num(a, "keys"), rt_ckpt_info(ch.items[ch.n - 1])->keys);
+        rt_ckpt_chain_fini(&ch);
+        json_decref(a);
+        char run_dir[400];
+        snprintf(run_dir, sizeof run_dir, "%s/unseen-predict", tmpdir);
+        snprintf(pa_out, sizeof pa_out, "%s/unseen-a.txt", tmpdir);
+        snprintf(pb_out, sizeof pb_out, "%s/unseen-b.txt", tmpdir);
+        const char *pa[] = {"mpirun", "-np", "2", "--oversubscribe", KILN_TRAIN_BIN, "--spec",
+                            spec, "--run-dir", run_dir, "--quiet", "--predict", novel, "--resume",
+                            ck, "--out", pa_out, NULL};
+        run(r, pa);
+        assert_int_equal(r->code, 0);
+        pa[11] = empty;
+        pa[15] = pb_out;
+        run(r, pa);
+        assert_int_equal(r->code, 0);
+        char *x = malloc(65536), *y = malloc(65536);
+        proc_slurp(pa_out, x, 65536);
+        proc_slurp(pb_out, y, 65536);
+        assert_true(strlen(x) > 300);
+        assert_string_equal(x, y);
+        free(x);
+        free(y);
     }
     free(r);
 }
@@ -1380,6 +1438,7 @@ int main(void)
         cmocka_unit_test(test_capacity_is_job_wide),
         cmocka_unit_test(test_table_full_message),
         cmocka_unit_test(test_step_matches_reference),
+        cmocka_unit_test(test_unseen_keys_read_as_zeros),
     };
     /* KILN_TEST_FILTER=test_twin* runs matching tests (cmocka glob).
      * KILN_TEST_GPU=1 (ctest's test_train_gpu) runs the GPU tests alone, or
