@@ -458,7 +458,7 @@ int rt_model_forward(rt_model_t *m, int n, const float *E, const float *X, const
     float *p = m->probs;
     double sum = 0.0;
     if (y) {
-#pragma omp parallel for schedule(static) reduction(+ : sum)
+#pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= 16384)
         for (int i = 0; i < n; i++) {
             p[i] = rt_model_sigmoid(z[i]);
             sum += rt_model_logloss(z[i], y[i]);

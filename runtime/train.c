@@ -132,7 +132,7 @@ typedef struct trainer {
     int cuda_device;         /* RT_STORE_CUDA: this rank's GPU */
     rt_shard_t *shard;
     rt_model_t *model;
-    rt_dedupe_t *dedupe;
+    rt_dedupe_t **dedupe;    /* (T) one per table, so that tables dedupe in parallel */
     kern_opt_t sparse_opt;
     kern_combine_t *combine; /* (S) */
 
@@ -429,7 +429,12 @@ static int setup_tables(trainer_t *tr)
                                     &tr->store),
                     rc, out);
     KILN_CHECK_GOTO(rt_shard_create(MPI_COMM_WORLD, tr->T, tr->store, dims, &tr->shard), rc, out);
-    KILN_CHECK_GOTO(rt_dedupe_create(&tr->dedupe), rc, out);
+    if ((tr->dedupe = kiln_calloc((size_t)tr->T, sizeof *tr->dedupe)) == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (int t = 0; t < tr->T; t++)
+        KILN_CHECK_GOTO(rt_dedupe_create(&tr->dedupe[t]), rc, out);
 out:
     free(cfgs);
     free(dims);
@@ -527,14 +532,22 @@ static int lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool i
         for (int i = 0; i <= n; i++)
             bo[i] = off[i] - off[0];
     }
+    /* Tables dedupe in parallel (each has its own hash set). */
+    int drc = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(min : drc)
     for (int t = 0; t < T; t++) {
         const int64_t *u;
-        int64_t nu;
-        KILN_CHECK(rt_dedupe_run(tr->dedupe, tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu));
-        KILN_CHECK(grow((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t)));
-        memcpy(tr->tuniq[t], u, (size_t)nu * sizeof(int64_t));
+        int64_t nu = 0;
+        int trc = rt_dedupe_run(tr->dedupe[t], tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu);
+        if (trc == 0)
+            trc = grow((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t));
+        if (trc == 0)
+            memcpy(tr->tuniq[t], u, (size_t)nu * sizeof(int64_t));
         tr->nuniq[t] = nu;
+        drc = trc < drc ? trc : drc;
     }
+    if (drc < 0)
+        return kiln_errf(drc, "out of memory deduplicating the batch's keys");
     float *const *values;
     KILN_CHECK(rt_shard_lookup(tr->shard, (const int64_t *const *)tr->tuniq, tr->nuniq, step,
                                insert, &values));
@@ -1546,7 +1559,9 @@ static void trainer_fini(trainer_t *tr)
     }
     rt_shard_destroy(tr->shard);
     rt_store_destroy(tr->store);
-    rt_dedupe_destroy(tr->dedupe);
+    for (int t = 0; tr->dedupe && t < tr->T; t++)
+        rt_dedupe_destroy(tr->dedupe[t]);
+    free(tr->dedupe);
     rt_model_destroy(tr->model);
     free(tr->tables);
     free(tr->slot_table);
