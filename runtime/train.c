@@ -526,7 +526,8 @@ static int lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool i
         int t = tr->slot_table[s];
         int64_t cnt = off[n] - off[0];
         tr->slot_koff[s] = tr->tn[t];
-        memcpy(tr->tkeys[t] + tr->tn[t], b->keys + off[0], (size_t)cnt * sizeof(int64_t));
+        if (cnt > 0) /* an empty column: the table may have no key buffer yet */
+            memcpy(tr->tkeys[t] + tr->tn[t], b->keys + off[0], (size_t)cnt * sizeof(int64_t));
         tr->tn[t] += cnt;
         int64_t *bo = tr->boff + (int64_t)s * (tr->max_batch + 1);
         for (int i = 0; i <= n; i++)
@@ -541,7 +542,7 @@ static int lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool i
         int trc = rt_dedupe_run(tr->dedupe[t], tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu);
         if (trc == 0)
             trc = grow((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t));
-        if (trc == 0)
+        if (trc == 0 && nu > 0)
             memcpy(tr->tuniq[t], u, (size_t)nu * sizeof(int64_t));
         tr->nuniq[t] = nu;
         drc = trc < drc ? trc : drc;
@@ -591,6 +592,8 @@ static int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t 
 #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < T; t++) {
         double *g = tr->tgrad[t]; /* (nuniq[t], d, 2) */
+        if (tr->nuniq[t] == 0) /* a column empty in every row: no key, maybe no buffer */
+            continue;
         memset(g, 0, (size_t)(tr->nuniq[t] * d) * 2 * sizeof(double));
         for (int s = 0; s < S; s++) {
             if (tr->slot_table[s] != t)
