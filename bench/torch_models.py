@@ -19,8 +19,9 @@ so the timed loop is forward + backward + optimizer step alone.
 
 The models are the ones docs/models.md describes, with kiln-train's defaults:
   lr:   logit = sum_s e_s + w.x + b               (e_s: the slot's weight, dim 1)
-  fm:   + 1/2 sum_f [(sum_s v_sf + u_f)^2 - sum_s v_sf^2 - u_f^2], u = Vx x,
-        tables of width 1 + k (element 0 the linear weight), k = 16
+  fm:   + 1/2 sum_f [(sum_s v_sf)^2 - sum_s v_sf^2], tables of width 1 + k
+        (element 0 the linear weight), k = 16; with --fm-dense-factors (kiln's
+        model.fm_dense_factors) u = Vx x joins the sums as one more slot
   dlrm: bottom MLP 13 -> 64 -> 16 (ReLU), dot products of every pair among
         [bot, e_0 .. e_25], top MLP (16 + 351) -> 256 -> 128 -> 1
 One nn.EmbeddingBag (mode sum, sparse gradients) holds every slot's table
@@ -98,17 +99,18 @@ def make_batches(labels, dense, ids, base, batch):
 
 
 class Model(nn.Module):
-    def __init__(self, kind, nrows, dim, seed):
+    def __init__(self, kind, nrows, dim, seed, fm_dense_factors=False):
         super().__init__()
         torch.manual_seed(seed)
         self.kind = kind
+        self.fm_dense = kind == "fm" and fm_dense_factors
         self.d = {"lr": 1, "fm": dim + 1, "dlrm": dim}[kind]
         self.emb = nn.EmbeddingBag(nrows, self.d, mode="sum", sparse=True)
         nn.init.uniform_(self.emb.weight, -0.01, 0.01)
         if kind in ("lr", "fm"):
             self.w = nn.Parameter(torch.zeros(NDENSE))
             self.b = nn.Parameter(torch.zeros(()))
-        if kind == "fm":
+        if self.fm_dense:
             self.vx = nn.Parameter(torch.empty(dim, NDENSE))
             nn.init.xavier_uniform_(self.vx)
         if kind == "dlrm":
@@ -136,9 +138,12 @@ class Model(nn.Module):
         if self.kind == "fm":
             lin = e[:, :, 0].sum(1) + x @ self.w + self.b
             v = e[:, :, 1:]                       # (n, S, k)
-            u = x @ self.vx.t()                   # (n, k)
-            s = v.sum(1) + u
-            sq = (v * v).sum((1, 2)) + (u * u).sum(1)
+            s = v.sum(1)
+            sq = (v * v).sum((1, 2))
+            if self.fm_dense:
+                u = x @ self.vx.t()               # (n, k)
+                s = s + u
+                sq = sq + (u * u).sum(1)
             return lin + 0.5 * ((s * s).sum(1) - sq)
         bot = self.bottom(x)                      # (n, d)
         t = torch.cat([bot.unsqueeze(1), e], 1)   # (n, S+1, d)
@@ -166,8 +171,8 @@ def auc(p, y):
     return float((ranks[ys == 1].sum() - npos * (npos + 1) / 2) / (npos * nneg))
 
 
-def run_once(kind, nrows, dim, train, evalb, seed):
-    model = Model(kind, nrows, dim, seed)
+def run_once(kind, nrows, dim, train, evalb, seed, fm_dense_factors=False):
+    model = Model(kind, nrows, dim, seed, fm_dense_factors)
     opt = torch.optim.Adagrad(model.parameters(), lr=0.05, eps=1e-10)
     t0 = time.perf_counter()
     for y, x, flat, off in train:
@@ -194,6 +199,8 @@ def main():
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--fm-dense-factors", action="store_true",
+                    help="fm: dense features join the interaction (kiln's model.fm_dense_factors)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
@@ -212,7 +219,8 @@ def main():
                       "threads": torch.get_num_threads()}), flush=True)
     for kind in a.models.split(","):
         for r in range(a.repeat):
-            secs, ll, au = run_once(kind, nrows, a.dim, train, evalb, a.seed + r)
+            secs, ll, au = run_once(kind, nrows, a.dim, train, evalb, a.seed + r,
+                                    a.fm_dense_factors)
             print(json.dumps({"side": "torch", "model": kind, "run": r,
                               "train_seconds": round(secs, 4),
                               "samples_per_s": round(len(ytr) / secs, 1),

@@ -6,6 +6,7 @@ the results and how to read them.
 
     /usr/bin/python3 bench/trainer_vs_torch.py [--build build] [--repeat 3]
         [--rows 200000] [--models lr,fm,dlrm] [--format bin|tsv|both]
+        [--zipf S --vocab N --empty F]
 
 Needs Debian's python3-torch and python3-numpy (apt-get install -y
 python3-torch python3-numpy; they import under /usr/bin/python3 only), a
@@ -13,10 +14,13 @@ build with kiln, kiln-train and lookup_bench, and mpirun.
 
 What it does:
   1. kiln datagen: --rows Criteo-format training rows (day 0) and rows/10
-     eval rows (day 1) in a temporary directory; kiln convert makes kiln-bin
+     eval rows (day 1) in a temporary directory; with --zipf/--vocab/--empty
+     (kiln datagen's skew options) the eval rows are --part 1 of day 0
+     instead, the same ids and model; kiln convert makes kiln-bin
      copies (the trainer's preprocessed format; PyTorch's preprocessing, a
      dict from raw value to id, also happens before its timed loop).
-  2. Each model, --repeat runs on each side, run r with seed 42 + r:
+  2. Each model, --repeat runs on each side, run r with seed 42 + r (kiln's
+     runs of a model, its layouts alternating, then torch's of that model):
      kiln-train 1 rank x 2 threads (mpirun --bind-to none) and 2 ranks x 1
      thread (one core each; batch_size 2048 per rank = the same global batch
      4096); PyTorch with torch.set_num_threads(2). Both time the training
@@ -48,14 +52,15 @@ def run(cmd, **kw):
     return p.stdout
 
 
-def make_data(build, work, rows):
-    """Day-0 training rows and rows/10 day-1 eval rows in work, as Criteo TSV
-    (day0.tsv, eval.tsv) and kiln-bin (day0.bin, eval.bin)."""
+def make_data(build, work, rows, skew):
+    """Day-0 training rows and rows/10 eval rows in work, as Criteo TSV
+    (day0.tsv, eval.tsv) and kiln-bin (day0.bin, eval.bin). skew: extra
+    datagen options (then eval is part 1 of day 0), or [] (eval is day 1)."""
     kiln = os.path.join(build, "tools", "kiln")
     run([kiln, "datagen", "--rows", str(rows), "--out", os.path.join(work, "day0.tsv"),
-         "--day", "0"])
+         "--day", "0"] + skew)
     run([kiln, "datagen", "--rows", str(max(1000, rows // 10)), "--out",
-         os.path.join(work, "eval.tsv"), "--day", "1"])
+         os.path.join(work, "eval.tsv")] + (skew + ["--part", "1"] if skew else ["--day", "1"]))
     for name in ("day0", "eval"):
         run([kiln, "convert", os.path.join(work, name + ".tsv"), "--out",
              os.path.join(work, name + ".bin")])
@@ -88,20 +93,29 @@ def main():
     ap.add_argument("--models", default="lr,fm,dlrm")
     ap.add_argument("--format", default="bin", choices=["bin", "tsv", "both"])
     ap.add_argument("--keep", action="store_true", help="keep the data directory")
+    ap.add_argument("--zipf", help="kiln datagen --zipf for both files")
+    ap.add_argument("--vocab", help="kiln datagen --vocab")
+    ap.add_argument("--empty", help="kiln datagen --empty")
     a = ap.parse_args()
+    skew = []
+    for k in ("zipf", "vocab", "empty"):
+        if getattr(a, k) is not None:
+            skew += ["--" + k, getattr(a, k)]
     build = os.path.abspath(a.build)
     models = a.models.split(",")
     fmts = ["bin", "tsv"] if a.format == "both" else [a.format]
     work = tempfile.mkdtemp(prefix="kiln-bench-")
     try:
-        make_data(build, work, a.rows)
+        make_data(build, work, a.rows, skew)
 
         res = {}  # (side, model) -> list of (sps, logloss)
+        # Model by model, kiln's runs then torch's, so that the two sides of a
+        # ratio are measured minutes apart, not a whole benchmark apart.
         for m in models:
-            for fmt in fmts:
-                for ranks, threads in ((1, 2), (2, 1)):
-                    key = ("kiln %s %dx%d" % (fmt, ranks, threads), m)
-                    for r in range(a.repeat):
+            for r in range(a.repeat):
+                for fmt in fmts:
+                    for ranks, threads in ((1, 2), (2, 1)):
+                        key = ("kiln %s %dx%d" % (fmt, ranks, threads), m)
                         j = kiln_run(build, work, m, fmt, ranks, threads, 42 + r)
                         res.setdefault(key, []).append(
                             (j["samples_per_s"], j["eval_logloss"]))
@@ -109,15 +123,15 @@ def main():
                                           "train_seconds": j["train_seconds"],
                                           "samples_per_s": j["samples_per_s"],
                                           "eval_logloss": j["eval_logloss"]}), flush=True)
-        out = run(["/usr/bin/python3", os.path.join(HERE, "torch_models.py"), "--train",
-                   os.path.join(work, "day0.tsv"), "--eval", os.path.join(work, "eval.tsv"),
-                   "--models", ",".join(models), "--repeat", str(a.repeat), "--threads", "2"])
-        for line in out.splitlines():
-            print(line, flush=True)
-            j = json.loads(line)
-            if j.get("side") == "torch":
-                res.setdefault(("torch 2 threads", j["model"]), []).append(
-                    (j["samples_per_s"], j["eval_logloss"]))
+            out = run(["/usr/bin/python3", os.path.join(HERE, "torch_models.py"), "--train",
+                       os.path.join(work, "day0.tsv"), "--eval", os.path.join(work, "eval.tsv"),
+                       "--models", m, "--repeat", str(a.repeat), "--threads", "2"])
+            for line in out.splitlines():
+                print(line, flush=True)
+                j = json.loads(line)
+                if j.get("side") == "torch":
+                    res.setdefault(("torch 2 threads", j["model"]), []).append(
+                        (j["samples_per_s"], j["eval_logloss"]))
 
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
                for k, v in res.items()}

@@ -129,6 +129,7 @@ typedef struct job_spec {
         int ntop;
         job_table_t *tables; /* always filled: defaulted to one per slot */
         int ntables;
+        bool fm_dense_factors; /* fm: the dense features also join the interaction */
     } model;
 
     struct {

@@ -507,6 +507,7 @@ static const field_t model_fields[] = {
     INTLIST("bottom_mlp", job_spec_t, model.bottom_mlp, model.nbottom, 1, 65536, 16),
     INTLIST("top_mlp", job_spec_t, model.top_mlp, model.ntop, 1, 65536, 16),
     FN("tables", defer_tables, 0),
+    BOOL("fm_dense_factors", job_spec_t, model.fm_dense_factors, false),
     FIELD_END};
 
 /* adagrad's eps default (1e-10) is in the table; adam's (1e-8) is applied
@@ -1314,6 +1315,11 @@ static void check_model(ctx_t *c)
     int line, col;
     char ip[PATH_MAX_LEN];
     const char *type = job_model_type_name(s->model.type);
+    if (s->model.type != JOB_MODEL_FM && seen(c, "model.fm_dense_factors") != NULL) {
+        where(c, &line, &col, "model.fm_dense_factors", NULL);
+        diag_at(c, line, col, "model.fm_dense_factors",
+                "only fm has dense factors (model.type is %s)", type);
+    }
     if (s->model.type != JOB_MODEL_DLRM) {
         static const char *const mlps[] = {"model.bottom_mlp", "model.top_mlp"};
         for (int i = 0; i < 2; i++) {
@@ -1389,8 +1395,18 @@ static void check_capacity(ctx_t *c)
             snprintf(path, sizeof path, "model.embedding.capacity");
         else
             snprintf(path, sizeof path, "model.tables[%d].capacity", i);
-        if ((i >= 0 && seen(c, path) == NULL) ||
-            job_rows_per_rank(cap, ranks, gpu) <= JOB_MAX_ROWS_PER_RANK)
+        if (i >= 0 && seen(c, path) == NULL)
+            continue;
+        if (cap < ranks) {
+            int line, col;
+            where(c, &line, &col, path, "resources.ranks", NULL);
+            diag_at(c, line, col, path,
+                    "%" PRId64 " rows over %d ranks leaves a rank without a row: raise it to at "
+                    "least %d or lower resources.ranks",
+                    cap, ranks, ranks);
+            continue;
+        }
+        if (job_rows_per_rank(cap, ranks, gpu) <= JOB_MAX_ROWS_PER_RANK)
             continue;
         int need = ranks;
         while (need <= 4096 && job_rows_per_rank(cap, need, gpu) > JOB_MAX_ROWS_PER_RANK)

@@ -50,6 +50,13 @@ typedef struct {
     float evict_fraction;   /* share of a segment's rows evicted per batch; 0 -> 0.01 */
     int64_t segment_rows;   /* most rows per index segment; 0 -> 2^24 - 1, the most a
                                3-byte slot addresses (tests set it low to get segments) */
+    int64_t limit;          /* rows find_or_insert keeps, 1..capacity; 0 -> capacity. The
+                               rows above it are room for kern_table_insert_rows only (a
+                               checkpoint whose keys hash unevenly over a new rank count);
+                               find_or_insert evicts (or refuses) down to the limit. */
+    const char *capacity_note; /* for the "is full" message: what the limit is (copied),
+                                  e.g. "50 rows on this rank, its share of capacity 100
+                                  over 2 ranks"; NULL -> "capacity <limit> rows" */
 } kern_table_config_t;
 
 typedef struct kern_table kern_table_t;
@@ -77,6 +84,7 @@ typedef struct {
 typedef struct {
     int64_t size;             /* live rows */
     int64_t capacity;
+    int64_t limit;            /* rows find_or_insert keeps (kern_table_config_t.limit) */
     int64_t nslots;           /* hash index slots, all segments */
     int nsegments;            /* index segments (1 below 2^24 rows) */
     int64_t evictions;        /* rows evicted since creation */
@@ -95,10 +103,12 @@ void kern_table_destroy(kern_table_t *t);
 /* Maps each of keys[n] to its row, inserting missing keys with their seeded
  * initial row (zero optimizer state, stamp = step, put on the change list)
  * and counting a use of every key at `step` (for lru/lfu). Duplicates in
- * keys get the same row. When the new keys do not fit (in the index segment
- * they hash to, for tables of 2^24 rows or more), lru/lfu evict a batch there
- * first (see docs/kernels.md; rows used at `step` are never evicted) and
- * `none` refuses: nothing is inserted and KILN_EFULL says which table.
+ * keys get the same row. When the new keys do not fit under the limit (in
+ * the index segment they hash to, for tables of 2^24 rows or more), lru/lfu
+ * evict a batch there first (see docs/kernels.md; rows used at `step` are
+ * never evicted) and `none` refuses: nothing is inserted and KILN_EFULL says
+ * which table. A table that holds more than its limit (after a load) evicts
+ * down to it on its next insert.
  * Returns 0, KILN_EFULL or KILN_ENOMEM. rows is (n). */
 int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,
                               int32_t *rows /* OUT (n) */);
@@ -112,8 +122,9 @@ int kern_table_delete(kern_table_t *t, int64_t n, const int64_t *keys, int64_t s
                       int64_t *ndeleted /* OUT, may be NULL */);
 /* Bulk load: sets each key's row to values (n, dim) and optimizer state
  * opt_state (n, nstate*dim; NULL -> zeros) and opt_steps (n; NULL -> 0),
- * inserting keys as needed (never evicts), stamping rows with step.
- * Returns 0 or KILN_EFULL (nothing changed). */
+ * inserting keys as needed (never evicts; up to the capacity, past the
+ * limit), stamping rows with step. Returns 0 or KILN_EFULL (nothing
+ * changed). */
 int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
                            const float *values, const float *opt_state,
                            const uint32_t *opt_steps, int64_t step);

@@ -28,15 +28,19 @@ static int check_bags(int ntables, const kern_bags_t *bags, int64_t nbags,
                          (long long)nbags);
     for (int t = 0; t < ntables; t++) {
         const kern_bags_t *g = &bags[t];
-        if (!g->values || !g->offsets || g->dim < 1 || g->out_col < 0 ||
-            g->out_col + g->dim > out_stride)
+        if (!g->offsets || g->dim < 1 || g->out_col < 0 || g->out_col + g->dim > out_stride)
             return kiln_errf(KILN_EINVAL,
-                             "gather: table %d has no slab/offsets, dim %d, or columns "
+                             "gather: table %d has no offsets, dim %d, or columns "
                              "[%lld, %lld) outside the output stride %lld",
                              t, g->dim, (long long)g->out_col,
                              (long long)(g->out_col + g->dim), (long long)out_stride);
-        if (g->offsets[0] != 0 || (g->offsets[nbags] > 0 && !g->rows))
+        if (g->offsets[0] != 0)
             return kiln_errf(KILN_EINVAL, "gather: table %d offsets must start at 0", t);
+        /* A table whose bags are all empty (a column empty in every row of
+         * the batch) reads no rows: it needs no slab, and gives zeros. */
+        if (g->offsets[nbags] > 0 && (!g->values || !g->rows))
+            return kiln_errf(KILN_EINVAL, "gather: table %d has %lld positions but no slab "
+                             "or row ids", t, (long long)g->offsets[nbags]);
     }
     return 0;
 }

@@ -58,10 +58,14 @@ static int check_bags(const char *op, int ntables, const kern_bags_t *bags, int6
     if (ntables < 0 || nbags < 0 || (ntables > 0 && !bags))
         return kiln_errf(KILN_EINVAL, "cuda %s: bad table count %d or bag count %lld", op,
                          ntables, (long long)nbags);
+    /* A table without a slab is fine when none of its bags holds a row
+     * (a column empty in every row of the batch). The offsets live on the
+     * device, so that cannot be checked here: the caller passes a slab
+     * whenever a table has positions. */
     for (int t = 0; t < ntables; t++)
-        if (!bags[t].values || !bags[t].offsets || bags[t].dim < 1 || bags[t].out_col < 0 ||
+        if (!bags[t].offsets || bags[t].dim < 1 || bags[t].out_col < 0 ||
             bags[t].out_col + bags[t].dim > out_stride)
-            return kiln_errf(KILN_EINVAL, "cuda %s: table %d has no slab/offsets or its "
+            return kiln_errf(KILN_EINVAL, "cuda %s: table %d has no offsets or its "
                              "columns fall outside the output stride %lld",
                              op, t, (long long)out_stride);
     return 0;

@@ -54,6 +54,8 @@
 typedef struct {
     int64_t base;
     int64_t cap;
+    int64_t lim;       /* rows find_or_insert keeps here: the table's limit, shared
+                          out over the segments in proportion to cap */
     int64_t hiwater;   /* rows [base, base + hiwater) have been handed out once */
     int64_t size;      /* live rows */
     int64_t free_head; /* first row (a slab row id) of the free chain, NO_ROW when empty */
@@ -69,6 +71,8 @@ struct kern_table {
     int nstate;
     kern_opt_kind_t opt_kind;
     int64_t capacity;
+    int64_t limit;        /* rows find_or_insert keeps (<= capacity) */
+    char *capacity_note;  /* what the limit is, for the full message; NULL: plain */
     kern_init_t init;
     float init_scale;
     uint64_t seed;
@@ -428,7 +432,7 @@ static int cmp_i64(const void *a, const void *b)
 static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step,
                        int64_t *freed /* OUT */)
 {
-    int64_t batch = (int64_t)(t->evict_fraction * (double)g->cap);
+    int64_t batch = (int64_t)(t->evict_fraction * (double)g->lim);
     int64_t want = need > batch ? need : batch > 1 ? batch : 1;
     const int64_t lo = g->base, hi = g->base + g->hiwater;
     int rc = 0;
@@ -488,29 +492,34 @@ out:
 /* The error for new keys that do not fit segment g. */
 static int full_error(const kern_table_t *t, const seg_t *g)
 {
-    char where[200] = "";
+    char what[300], where[200] = "";
+    if (t->capacity_note)
+        snprintf(what, sizeof what, "%s", t->capacity_note);
+    else
+        snprintf(what, sizeof what, "capacity %lld rows", (long long)t->limit);
     if (t->nseg > 1)
         snprintf(where, sizeof where,
                  "; index segment %d of %d, where these keys hash, is full at %lld rows while "
                  "the table holds %lld",
-                 (int)(g - t->seg), t->nseg, (long long)g->cap, (long long)t->size);
+                 (int)(g - t->seg), t->nseg, (long long)g->lim, (long long)t->size);
     if (t->evict == KERN_EVICT_NONE)
         return kiln_errf(KILN_EFULL,
-                         "table '%s' is full (capacity %lld rows%s); raise "
+                         "table '%s' is full (%s%s); raise "
                          "model.embedding.capacity or set eviction: lru",
-                         t->name, (long long)t->capacity, where);
+                         t->name, what, where);
     return kiln_errf(KILN_EFULL,
-                     "table '%s' is full (capacity %lld rows%s) and every row was used in the "
+                     "table '%s' is full (%s%s) and every row was used in the "
                      "current step, so none can be evicted; raise model.embedding.capacity "
                      "or use smaller batches",
-                     t->name, (long long)t->capacity, where);
+                     t->name, what, where);
 }
 
 /* Sets each segment's `pending` to the number of keys of missing[n] (keys
  * not in the table) that go to it: distinct keys (missing gets sorted) when
  * counting duplicates too would overflow some segment. Returns the first
- * segment without room for its new keys, or NULL when all fit. */
-static seg_t *count_new(kern_table_t *t, int64_t *missing, int64_t n)
+ * segment without room for its new keys under its limit (to_limit) or its
+ * capacity, or NULL when all fit. */
+static seg_t *count_new(kern_table_t *t, int64_t *missing, int64_t n, int to_limit)
 {
     for (int pass = 0; pass < 2; pass++) {
         for (seg_t *g = t->seg; g < t->seg + t->nseg; g++)
@@ -522,7 +531,7 @@ static seg_t *count_new(kern_table_t *t, int64_t *missing, int64_t n)
                 seg_of_key(t, missing[i])->pending++;
         seg_t *over = NULL;
         for (seg_t *g = t->seg; g < t->seg + t->nseg && !over; g++)
-            if (g->pending > g->cap - g->size)
+            if (g->pending > (to_limit ? g->lim : g->cap) - g->size)
                 over = g;
         if (!over || pass == 1)
             return over;
@@ -604,6 +613,7 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     t->dim = cfg->dim;
     t->nstate = kern_opt_nstate(cfg->opt);
     t->capacity = cfg->capacity;
+    t->limit = cfg->limit > 0 && cfg->limit < cfg->capacity ? cfg->limit : cfg->capacity;
     t->init = cfg->init;
     t->init_scale = cfg->init_scale;
     t->seed = cfg->seed;
@@ -611,7 +621,7 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     t->evict_fraction = cfg->evict_fraction > 0.0f ? cfg->evict_fraction : 0.01;
     t->base = -1;
     t->opt_kind = cfg->opt;
-    if (!t->name) {
+    if (!t->name || (cfg->capacity_note && !(t->capacity_note = kiln_strdup(cfg->capacity_note)))) {
         rc = KILN_ENOMEM;
         goto out;
     }
@@ -631,6 +641,9 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
         seg_t *g = &t->seg[k];
         g->base = k * t->seg_rows;
         g->cap = cfg->capacity - g->base < t->seg_rows ? cfg->capacity - g->base : t->seg_rows;
+        g->lim = t->limit == t->capacity ? g->cap : g->cap * t->limit / t->capacity;
+        if (g->lim < 1)
+            g->lim = 1;
         g->free_head = NO_ROW;
         /* The smallest slot count with load <= MAX_LOAD (not rounded up to
          * a power of two: slot_of scales the hash instead of masking it). */
@@ -672,6 +685,7 @@ void kern_table_destroy(kern_table_t *t)
         big_free(t->seg[k].slots, (size_t)SLOT_BYTES * (size_t)t->seg[k].nslots);
     free(t->seg);
     free(t->name);
+    free(t->capacity_note);
     free(t->log);
     free(t);
 }
@@ -708,17 +722,17 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
     /* Make room for the distinct new keys in their segments before
      * inserting any: `none` refuses as a whole, lru/lfu evict a round in
      * each segment that lacks room. */
-    seg_t *over = count_new(t, missing, nmiss);
+    seg_t *over = count_new(t, missing, nmiss, 1);
     if (over && t->evict == KERN_EVICT_NONE) {
         rc = full_error(t, over);
         goto out;
     }
     for (seg_t *g = t->seg; over && g < t->seg + t->nseg; g++) {
-        int64_t room = g->cap - g->size, freed;
+        int64_t room = g->lim - g->size, freed; /* < 0 after a load past the limit */
         if (g->pending <= room)
             continue;
         KILN_CHECK_GOTO(evict_round(t, g, g->pending - room, step, &freed), rc, out);
-        if (g->cap - g->size < g->pending) {
+        if (g->lim - g->size < g->pending) {
             rc = full_error(t, g);
             goto out;
         }
@@ -804,7 +818,7 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
         for (int64_t i = 0, k = 0; i < n; i++)
             if (rows[i] < 0)
                 missing[k++] = keys[i];
-        seg_t *over = count_new(t, missing, nmiss);
+        seg_t *over = count_new(t, missing, nmiss, 0);
         if (over) {
             char where[160] = "";
             if (t->nseg > 1)
@@ -987,6 +1001,7 @@ void kern_table_stats(const kern_table_t *t, kern_table_stats_t *st /* OUT */)
         nslots += g->nslots;
     *st = (kern_table_stats_t){.size = t->size,
                                .capacity = t->capacity,
+                               .limit = t->limit,
                                .nslots = nslots,
                                .nsegments = t->nseg,
                                .evictions = t->evictions,

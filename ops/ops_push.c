@@ -25,7 +25,7 @@ int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
     d->nslots = sp->data.cat_slots;
     d->ndense = sp->data.dense_features;
     d->dim = rt_model_table_dim(mt, sp->model.embedding.dim);
-    d->fm_dense_factors = 1; /* as kiln-train builds it */
+    d->fm_dense_factors = sp->model.fm_dense_factors; /* as kiln-train builds it */
     if (d->nslots > SERVE_MAX_SLOTS || sp->model.ntables > SERVE_MAX_TABLES ||
         sp->model.nbottom > SERVE_MAX_LAYERS || sp->model.ntop > SERVE_MAX_LAYERS)
         return kiln_errf(KILN_ERANGE, "the model of job %s is too large for the push format",

@@ -514,6 +514,64 @@ out:
     return rc;
 }
 
+/* Adds to *n the keys of table ti in checkpoint c that rank owns and t does
+ * not hold yet (what a load still has to insert). */
+static int count_missing(const rt_ckpt_t *c, const rt_ckpt_table_info_t *ti, int rank,
+                         int nranks, const kern_table_t *t, int64_t *n)
+{
+    int64_t *keys = kiln_malloc(LOAD_CHUNK * sizeof *keys);
+    int32_t *rows = kiln_malloc(LOAD_CHUNK * sizeof *rows);
+    int rc = keys && rows ? 0 : KILN_ENOMEM;
+    for (int src = 0; rc == 0 && src < c->info.world_size; src++) {
+        const ckpt_file_t *fk = find_file(c, ti->name, src, "keys");
+        npy_reader_t r;
+        char *path = NULL;
+        if (fk == NULL || (rc = open_array(c, fk, NPY_I8, 0, &r, &path)) < 0) {
+            free(path);
+            continue;
+        }
+        for (int64_t at = 0; at < r.rows && rc == 0; at += LOAD_CHUNK) {
+            int64_t m = r.rows - at < LOAD_CHUNK ? r.rows - at : LOAD_CHUNK, k = 0;
+            rc = npy_read_rows(&r, path, at, m, keys);
+            for (int64_t i = 0; rc == 0 && i < m; i++)
+                if (nranks == 1 || rt_shard_owner(keys[i], nranks) == rank)
+                    keys[k++] = keys[i];
+            if (rc == 0)
+                *n += k - kern_table_find(t, k, keys, rows);
+        }
+        npy_read_close(&r);
+        free(path);
+    }
+    free(keys);
+    free(rows);
+    return rc;
+}
+
+/* The error for a table whose rows do not fit on this rank: how many it
+ * would hold (an upper bound over the rest of the chain) and the job-wide
+ * capacity that makes room for them. */
+static int load_full_error(const rt_ckpt_chain_t *ch, int level, const rt_ckpt_table_info_t *ti,
+                           int rank, int nranks, const kern_table_t *t)
+{
+    int64_t need = kern_table_size(t);
+    for (int l = level; l < ch->n; l++) {
+        const rt_ckpt_table_info_t *tl = find_table(&ch->items[l]->info, ti->name);
+        if (tl != NULL)
+            KILN_CHECK(count_missing(ch->items[l], tl, rank, nranks, t, &need));
+    }
+    const rt_ckpt_t *last = ch->items[ch->n - 1];
+    int ws = last->info.world_size;
+    return kiln_errf(KILN_EFULL,
+                     "checkpoint %s: table '%s' does not fit on rank %d of %d: this rank's "
+                     "share of its rows is %lld but it holds at most %lld here; raise "
+                     "model.embedding.capacity (or the table's capacity in model.tables) to "
+                     "at least %lld%s",
+                     last->path, ti->name, rank, nranks, (long long)need,
+                     (long long)kern_table_capacity(t),
+                     (long long)rt_shard_capacity_for(need, rank, nranks),
+                     ws != nranks && ws > 0 ? ", or resume on as many ranks as wrote it" : "");
+}
+
 int rt_ckpt_load_tables(const rt_ckpt_chain_t *ch, int rank, int nranks, int ntables,
                         kern_table_t *const *tables)
 {
@@ -540,10 +598,7 @@ int rt_ckpt_load_tables(const rt_ckpt_chain_t *ch, int rank, int nranks, int nta
             for (int src = 0; src < c->info.world_size; src++) {
                 int rc = load_rows(c, ti, src, rank, nranks, tables[t], step);
                 if (rc == KILN_EFULL)
-                    return kiln_errf(KILN_EFULL,
-                                     "checkpoint %s: table %s does not fit on rank %d "
-                                     "of %d: %s; raise model.embedding.capacity",
-                                     c->path, ti->name, rank, nranks, kiln_errmsg());
+                    return load_full_error(ch, l, ti, rank, nranks, tables[t]);
                 if (rc < 0)
                     return rc;
             }

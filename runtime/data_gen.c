@@ -8,8 +8,12 @@
  * with the bias tuned on a pilot sample so the click rate is near 25%.
  * From one day to the next ids within a popularity tier swap ranks, a share
  * of traffic goes to ids new that day, and a fifth of the ids get new
- * weights. Same (seed, day, rows) -> same bytes. docs/data-formats.md has
- * the numbers.
+ * weights. Same (seed, day, part, rows, skew options) -> same bytes.
+ * `kiln datagen --zipf S --vocab N --empty F` replaces the per-slot mix of
+ * exponents, vocabularies and empty shares with one value for every slot,
+ * and the generator reports the Bayes-optimal logloss of what it wrote (it
+ * knows each row's true click probability). docs/data-formats.md has the
+ * numbers.
  */
 #include "rt_data.h"
 
@@ -27,11 +31,13 @@
 #define G_NEW_ID_SHARE 0.08 /* share of draws that go to ids new on this day */
 #define G_VOLATILE 51       /* of 256: ids whose hidden weight changes every day */
 #define G_OUTBUF ((size_t)1 << 20)
+#define G_MAX_VOCAB INT64_C(100000000) /* ids print as 32-bit hashes: keep collisions rare */
 
 typedef struct {
     int64_t vocab;     /* ids in the stable vocabulary */
     int64_t vocab_new; /* ids new on each day */
-    double zipf_c, zipf_inv, zipf_cn; /* inverse-CDF constants (stable, new) */
+    double zipf_c, zipf_inv, zipf_cn; /* inverse-CDF constants (stable, new);
+                                         zipf_inv 0: exponent 1, the log form */
     double empty;      /* probability that the field is empty */
     double sigma;      /* spread of the hidden weights */
     uint64_t wseed;    /* hash seed of the slot's weights */
@@ -79,9 +85,18 @@ static inline double rng_unit(rng_t *r)
     return (double)((rng_next(r) >> 11) + 1) * (1.0 / 9007199254740992.0);
 }
 
-static void slot_models(slot_model_t *m, int64_t rows, uint64_t seed)
+/* The inverse-CDF constant of a power law of exponent a on [1, V + 1):
+ * (V + 1)^(1 - a) - 1, or log(V + 1) for a = 1 (zipf_rank's log form). */
+static double zipf_const(double a, int64_t v)
 {
+    return fabs(1.0 - a) < 1e-9 ? log((double)v + 1.0) : pow((double)v + 1.0, 1.0 - a) - 1.0;
+}
+
+static void slot_models(slot_model_t *m, const rt_datagen_opts_t *o)
+{
+    int64_t rows = o->rows;
     double scale = rows >= 1000000 ? 1.0 : (double)(rows > 0 ? rows : 1) / 1e6;
+    uint64_t seed = o->seed;
     for (int s = 0; s < G_NSLOTS; s++) {
         /* A fixed shuffle of the slots spreads the sizes 10 .. 1e6. */
         double t = (double)((s * 7) % G_NSLOTS) / (G_NSLOTS - 1);
@@ -90,24 +105,33 @@ static void slot_models(slot_model_t *m, int64_t rows, uint64_t seed)
         double a = 1.1 + 0.1 * (double)((s * 11) % G_NSLOTS) / (G_NSLOTS - 1);
         if (v < (base < 10.0 ? base : 10.0))
             v = base < 10.0 ? base : 10.0;
+        if (o->vocab > 0)
+            v = (double)o->vocab;
+        if (o->zipf_set)
+            a = o->zipf;
         m[s].vocab = (int64_t)v;
         m[s].vocab_new = m[s].vocab / 8 > 0 ? m[s].vocab / 8 : 1;
-        m[s].zipf_inv = 1.0 / (1.0 - a);
-        m[s].zipf_c = pow((double)m[s].vocab + 1.0, 1.0 - a) - 1.0;
-        m[s].zipf_cn = pow((double)m[s].vocab_new + 1.0, 1.0 - a) - 1.0;
+        m[s].zipf_inv = fabs(1.0 - a) < 1e-9 ? 0.0 : 1.0 / (1.0 - a);
+        m[s].zipf_c = zipf_const(a, m[s].vocab);
+        m[s].zipf_cn = zipf_const(a, m[s].vocab_new);
         m[s].empty = 0.02 + 0.03 * (double)((s * 5) % G_NSLOTS) / (G_NSLOTS - 1);
         if (s == 5 || s == 11 || s == 18 || s == 19 || s == 21 || s == 24)
             m[s].empty = 0.30 + 0.03 * (double)(s % 5);
+        if (o->empty_set)
+            m[s].empty = o->empty;
         m[s].sigma = 0.1 + 0.4 * (double)((s * 3) % G_NSLOTS) / (G_NSLOTS - 1);
         m[s].wseed = mix64(seed ^ mix64(UINT64_C(0x5eed0000) + (uint64_t)s));
         m[s].idseed = mix64(seed ^ mix64(UINT64_C(0x1d000000) + (uint64_t)s));
     }
 }
 
-/* Continuous inverse CDF of a power law on [1, V+1), floored: rank in [0, V). */
+/* Continuous inverse CDF of a power law x^-a on [1, V+1), floored: rank in
+ * [0, V), so P(rank k) ~ (k + 1)^-a for large k: a Zipf law of exponent a
+ * (a = 0: uniform). inv = 1 / (1 - a), or 0 for a = 1 (then c = log(V + 1)). */
 static inline int64_t zipf_rank(double u, double c, double inv, int64_t v)
 {
-    int64_t k = (int64_t)pow(1.0 + u * c, inv) - 1;
+    double x = inv == 0.0 ? exp(u * c) : pow(1.0 + u * c, inv);
+    int64_t k = x < 9.2e18 ? (int64_t)x - 1 : v - 1;
     return k < 0 ? 0 : k >= v ? v - 1 : k;
 }
 
@@ -241,16 +265,29 @@ int rt_datagen(const rt_datagen_opts_t *o)
     slot_model_t m[G_NSLOTS];
     rng_t r;
     row_t row;
-    double bias;
+    double bias, entropy = 0.0;
+    int64_t clicks = 0;
     char *buf = NULL, *p, *tmp = NULL;
     FILE *fp = NULL;
     int rc = 0;
 
-    if (!o || !o->path || o->rows < 0 || o->day < 0)
-        return kiln_errf(KILN_EINVAL, "datagen needs an output path, rows >= 0 and day >= 0");
-    slot_models(m, o->rows, o->seed);
+    if (!o || !o->path || o->rows < 0 || o->day < 0 || o->part < 0)
+        return kiln_errf(KILN_EINVAL,
+                         "datagen needs an output path, rows >= 0, day >= 0 and part >= 0");
+    if (o->zipf_set && !(o->zipf >= 0.0 && o->zipf <= 10.0))
+        return kiln_errf(KILN_EINVAL, "datagen: the Zipf exponent must be in [0, 10], got %g",
+                         o->zipf);
+    if (o->empty_set && !(o->empty >= 0.0 && o->empty <= 1.0))
+        return kiln_errf(KILN_EINVAL,
+                         "datagen: the share of empty fields must be in [0, 1], got %g", o->empty);
+    if (o->vocab < 0 || o->vocab > G_MAX_VOCAB)
+        return kiln_errf(KILN_EINVAL, "datagen: the vocabulary must be 1 to %lld ids, got %lld",
+                         (long long)G_MAX_VOCAB, (long long)o->vocab);
+    slot_models(m, o);
     bias = calibrate_bias(m, o->seed, o->day);
     r.s = mix64(o->seed ^ mix64(UINT64_C(0xda7a000000) + (uint64_t)o->day));
+    if (o->part > 0) /* part 0 keeps the stream it always had */
+        r.s = mix64(r.s ^ mix64(UINT64_C(0x9a27000000) + (uint64_t)o->part));
     tmp = kiln_asprintf("%s.tmp.%ld", o->path, (long)getpid());
     buf = kiln_malloc(G_OUTBUF + 4096);
     if (!tmp || !buf) {
@@ -265,7 +302,13 @@ int rt_datagen(const rt_datagen_opts_t *o)
     p = buf;
     for (int64_t i = 0; i < o->rows; i++) {
         draw_row(&r, m, o->day, &row);
-        *p++ = rng_unit(&r) < sigmoid(row.logit + bias) ? '1' : '0';
+        double pc = sigmoid(row.logit + bias);
+        int label = rng_unit(&r) < pc;
+        /* binary entropy of the true probability: the Bayes-optimal loss */
+        if (pc > 0.0 && pc < 1.0)
+            entropy -= pc * log(pc) + (1.0 - pc) * log1p(-pc);
+        clicks += label;
+        *p++ = label ? '1' : '0';
         for (int j = 0; j < G_NDENSE; j++) {
             *p++ = '\t';
             if (!row.dense_empty[j])
@@ -303,6 +346,10 @@ int rt_datagen(const rt_datagen_opts_t *o)
         rc = kiln_errf(KILN_EIO, "cannot rename %s to %s: %s", tmp, o->path, strerror(errno));
         goto out;
     }
+    if (o->bayes_logloss)
+        *o->bayes_logloss = o->rows > 0 ? entropy / (double)o->rows : 0.0;
+    if (o->ctr)
+        *o->ctr = o->rows > 0 ? (double)clicks / (double)o->rows : 0.0;
 out:
     if (fp)
         fclose(fp);

@@ -436,7 +436,7 @@ int rt_model_forward(rt_model_t *m, int n, const float *E, const float *X, const
     float *p = m->probs;
     double sum = 0.0;
     if (y) {
-#pragma omp parallel for schedule(static) reduction(+ : sum)
+#pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= 16384)
         for (int i = 0; i < n; i++) {
             p[i] = rt_model_sigmoid(z[i]);
             sum += rt_model_logloss(z[i], y[i]);
@@ -542,12 +542,21 @@ int rt_model_load(rt_model_t *m, const rt_model_array_t *arrays, int narrays, in
             have_opt = 0;
             continue;
         }
+        /* An fm checkpoint differs by exactly vx (k, F) when it was
+         * written with the other model.fm_dense_factors. */
+        size_t vx = (size_t)m->k * (size_t)m->F;
+        const char *fm_hint =
+            m->type != RT_MODEL_FM || vx == 0 ? ""
+            : a->count + vx == mine[i].count ? "; it was written with model.fm_dense_factors: false"
+            : a->count == mine[i].count + vx ? "; it was written with model.fm_dense_factors: true"
+                                             : "";
         if (a->count != mine[i].count || !a->data)
             return kiln_errf(KILN_ECONFLICT,
                              "dense state: '%s' has %zu floats but this %s model needs %zu; "
                              "the model's shape (slots, dense features, dim, MLP widths) "
-                             "differs from the checkpoint's",
-                             mine[i].name, a->count, rt_model_type_name(m->type), mine[i].count);
+                             "differs from the checkpoint's%s",
+                             mine[i].name, a->count, rt_model_type_name(m->type), mine[i].count,
+                             fm_hint);
     }
     for (int i = 0; i < nmine; i++) {
         const rt_model_array_t *a = find_array(arrays, narrays, mine[i].name);

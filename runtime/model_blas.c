@@ -125,7 +125,9 @@ static void grad_f64(rt_model_t *m, int n, int rows, int cols, const float *A, i
     double *a64 = m->wgA, *b64 = m->wgB;
     widen(n, rows, A, lda, a64);
     widen(n, cols, B, ldb, b64);
-#pragma omp parallel
+    /* Each thread's rows are their own DGEMM, so the split does not change
+     * a bit; a small product (lr's 13 x 1) is not worth waking the team. */
+#pragma omp parallel if ((int64_t)n * rows * cols >= 262144)
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
         const int r0 = (int)((int64_t)rows * id / nt), r1 = (int)((int64_t)rows * (id + 1) / nt);

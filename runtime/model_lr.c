@@ -19,7 +19,9 @@ void rt_model_lr_forward(rt_model_t *m, int n, const float *E, const float *X)
     /* z (n) = X (n, F) w (F) */
     if (F > 0)
         rt_gemm_rows(m, n, 1, F, X, F, 0, w, 1, z, 1);
-#pragma omp parallel for schedule(static)
+    /* S adds a row: below ~256k of them a parallel region costs more
+     * than it saves (and on a busy machine, a wait for the other thread). */
+#pragma omp parallel for schedule(static) if ((int64_t)n * S >= 262144)
     for (int i = 0; i < n; i++) {
         float acc = b + (F > 0 ? z[i] : 0.0f);
         const float *e = E + (size_t)i * (size_t)S;
@@ -37,7 +39,7 @@ void rt_model_lr_backward(rt_model_t *m, int n, const float *E, const float *X, 
     if (F > 0)
         rt_grad_gemm(m, n, F, 1, X, F, g, 1, m->grads + m->w_off);
     rt_grad_colsum(m, n, 1, g, 1, m->grads + m->b_off);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)n * S >= 262144)
     for (int i = 0; i < n; i++) {
         float *de = dE + (size_t)i * (size_t)S;
         for (int s = 0; s < S; s++)

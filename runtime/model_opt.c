@@ -20,13 +20,13 @@ int rt_model_step(rt_model_t *m)
 
     switch (m->opt.type) {
     case RT_DENSE_SGD:
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (P >= 65536)
         for (long i = 0; i < P; i++)
             w[i] -= lr * (rt_dd_float(g[i], gl[i]) + wd * w[i]);
         break;
     case RT_DENSE_ADAGRAD: {
         float *acc = m->opt_a;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (P >= 65536)
         for (long i = 0; i < P; i++) {
             float gi = rt_dd_float(g[i], gl[i]) + wd * w[i];
             float a = acc[i] + gi * gi;
@@ -41,7 +41,7 @@ int rt_model_step(rt_model_t *m)
         m->opt_t++;
         const float bc1 = (float)(1.0 - pow(b1, (double)m->opt_t));
         const float bc2 = (float)(1.0 - pow(b2, (double)m->opt_t));
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (P >= 65536)
         for (long i = 0; i < P; i++) {
             float gi = rt_dd_float(g[i], gl[i]) + wd * w[i];
             float mi = b1 * mm[i] + (1.0f - b1) * gi;

@@ -186,14 +186,28 @@ typedef struct rt_datagen_opts {
     int64_t rows;     /* lines to write (>= 0) */
     uint64_t seed;    /* the hidden model and the id strings */
     int day;          /* >= 0; moves popularity, adds new ids, drifts weights */
+    /* Skew (`kiln datagen --zipf --vocab --empty`). Zero-initialised fields
+     * keep the default mix described in docs/data-formats.md. */
+    int zipf_set;     /* nonzero: every slot's ids follow a power law of exponent zipf */
+    double zipf;      /* >= 0; 0 is uniform over the vocabulary */
+    int64_t vocab;    /* > 0: every slot has this many stable ids (0: 10 .. 1e6 by slot) */
+    int empty_set;    /* nonzero: every categorical field is empty with probability empty */
+    double empty;     /* in [0, 1] */
+    int part;         /* >= 0: another draw of rows from the same model and ids (0: default) */
+    /* OUT, may be NULL: the Bayes-optimal logloss of the written rows, the
+     * mean over rows of the binary entropy of their true click probability
+     * (what a model that knows the hidden model scores, in expectation). */
+    double *bayes_logloss;
+    double *ctr; /* OUT, may be NULL: the share of written rows labelled 1 */
 } rt_datagen_opts_t;
 
 /* Writes rows lines of Criteo-format TSV (label, 13 integers, 26 categorical
- * 8-hex-digit ids) drawn from a hidden logistic model: Zipf-like ids per slot
- * with vocabularies from 10 to 1e6 (scaled down for small files), some empty
- * fields, heavy-tailed integers, a base CTR near 25%, and day-to-day drift.
- * Deterministic given (seed, day, rows). See docs/data-formats.md. Returns 0,
- * KILN_EINVAL or KILN_EIO naming the file. */
+ * 8-hex-digit ids) drawn from a hidden logistic model: power-law ids per slot
+ * with vocabularies from 10 to 1e6 (scaled down for small files) unless the
+ * skew fields say otherwise, some empty fields, heavy-tailed integers, a base
+ * CTR near 25%, and day-to-day drift. Deterministic given (seed, day, part,
+ * rows and the skew fields). See docs/data-formats.md. Returns 0, KILN_EINVAL
+ * (naming the bad field) or KILN_EIO naming the file. */
 int rt_datagen(const rt_datagen_opts_t *o);
 
 /* ---- shared by the data_*.c files (not for other modules) ---------------------- */

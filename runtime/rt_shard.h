@@ -50,6 +50,41 @@ static inline int rt_shard_owner(int64_t key, int nranks)
     return (int)((x >> 16) % (uint64_t)nranks);
 }
 
+/* ---- capacity ------------------------------------------------------------------
+ * A table's capacity (the spec's model.embedding.capacity or its own) is
+ * job-wide: rank r keeps at most its share, floor(C / nranks), plus one for
+ * the first C % nranks ranks, so the shares add up to C exactly and the job
+ * never holds more than C rows of the table. On more than one rank a table
+ * also allocates room for rt_shard_capacity_room(share) rows beyond its
+ * share, which only a checkpoint load may use (keys hash unevenly over a
+ * new rank count); training evicts (or, with eviction: none, refuses) down
+ * to the share (kern_table_config_t.limit). */
+static inline int64_t rt_shard_capacity_share(int64_t capacity, int rank, int nranks)
+{
+    return capacity / nranks + (rank < capacity % nranks ? 1 : 0);
+}
+
+static inline int64_t rt_shard_capacity_room(int64_t share, int nranks)
+{
+    return nranks > 1 ? share / 20 + 64 : 0;
+}
+
+/* The least job-wide capacity under which rank `rank` of nranks can load
+ * `rows` rows (its share plus room >= rows). */
+static inline int64_t rt_shard_capacity_for(int64_t rows, int rank, int nranks)
+{
+    int64_t lo = 1, hi = rows * nranks > 0 ? rows * nranks : 1;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int64_t sh = rt_shard_capacity_share(mid, rank, nranks);
+        if (sh + rt_shard_capacity_room(sh, nranks) >= rows)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
 typedef struct rt_shard rt_shard_t;
 
 /* store: this rank's shard of each table (borrowed; it outlives s), whose

@@ -352,7 +352,6 @@ static int lookup_local(rt_shard_t *s, const int64_t *const *keys, const int64_t
                         int64_t step, bool insert, float *const **values)
 {
     const int T = s->ntables;
-    int rc = 0;
     for (int t = 0; t < T; t++) {
         int64_t n = nkeys[t];
         if (n > s->loc_cap[t]) {
@@ -390,10 +389,9 @@ static int lookup_local(rt_shard_t *s, const int64_t *const *keys, const int64_t
             continue;
         }
     }
-    if (bad_rc < 0) {
-        rc = kiln_errf(bad_rc, "rank %d: %s", s->rank, msg);
-        return rc;
-    }
+    /* The message is the table's own; kiln-train's report names the rank. */
+    if (bad_rc < 0)
+        return kiln_errf(bad_rc, "%s", msg);
     s->bytes_last = 0;
     *values = s->values;
     return 0;
@@ -476,7 +474,7 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
         if (rc == 0)
             return kiln_errf(worst, "another rank failed its embedding lookup (%s)",
                              kiln_strerror(worst));
-        return kiln_errf(rc, "rank %d: %s", s->rank, kiln_errmsg());
+        return rc; /* find_all's message, which kiln-train reports with the rank */
     }
 
     /* 4. Owners gather the rows and send them back. */

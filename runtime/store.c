@@ -103,9 +103,12 @@ static int host_update(kern_table_t *const *tables, int ntables, const kern_opt_
     for (int t = 0; t < ntables; t++)
         kern_table_slab(tables[t], &slabs[t]);
     int rc = kern_cpu_sparse_update(opt, ntables, slabs, ug, step);
-    if (rc == 0)
+    /* Tables are independent: remember their changed rows in parallel. */
+    if (rc == 0) {
+#pragma omp parallel for schedule(dynamic, 1)
         for (int t = 0; t < ntables; t++)
             kern_table_mark_changed(tables[t], ug[t].n, ug[t].rows);
+    }
     free(slabs);
     return rc;
 }

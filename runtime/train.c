@@ -132,7 +132,7 @@ typedef struct trainer {
     int cuda_device;         /* RT_STORE_CUDA: this rank's GPU */
     rt_shard_t *shard;
     rt_model_t *model;
-    rt_dedupe_t *dedupe;
+    rt_dedupe_t **dedupe;    /* (T) one per table, so that tables dedupe in parallel */
     kern_opt_t sparse_opt;
     kern_combine_t *combine; /* (S) */
 
@@ -355,8 +355,9 @@ static int setup_tables(trainer_t *tr)
     tr->tables = kiln_calloc((size_t)tr->T, sizeof *tr->tables);
     kern_table_config_t *cfgs = kiln_calloc((size_t)tr->T, sizeof *cfgs);
     int *dims = kiln_calloc((size_t)tr->T, sizeof *dims);
+    char (*notes)[128] = kiln_calloc((size_t)tr->T, sizeof *notes);
     int rc = 0;
-    if (!tr->slot_table || !tr->combine || !tr->tables || !cfgs || !dims) {
+    if (!tr->slot_table || !tr->combine || !tr->tables || !cfgs || !dims || !notes) {
         rc = KILN_ENOMEM;
         goto out;
     }
@@ -372,14 +373,30 @@ static int setup_tables(trainer_t *tr)
                            jt->name, jt->emb.dim, tr->d);
             goto out;
         }
-        /* Capacity is for the whole job; each rank holds its share plus
-         * slack for the hash's imbalance between ranks (the spec check
-         * uses the same function). */
-        int64_t per_rank = job_rows_per_rank(jt->emb.capacity, tr->nranks, false);
+        /* Capacity is for the whole job: each rank keeps at most its share,
+         * and allocates room beyond it only for loading a checkpoint whose
+         * keys hash unevenly over this rank count (rt_shard.h). */
+        if (jt->emb.capacity < tr->nranks) {
+            rc = kiln_errf(KILN_EINVAL, "table %s: capacity %" PRId64 " is less than the %d "
+                           "ranks, and each rank needs a row; raise it to at least %d",
+                           jt->name, jt->emb.capacity, tr->nranks, tr->nranks);
+            goto out;
+        }
+        int64_t share = rt_shard_capacity_share(jt->emb.capacity, tr->rank, tr->nranks);
+        int64_t per_rank = share + rt_shard_capacity_room(share, tr->nranks);
+        if (tr->nranks > 1)
+            snprintf(notes[t], sizeof notes[t],
+                     "%" PRId64 " rows on this rank, its share of capacity %" PRId64
+                     " over %d ranks",
+                     share, jt->emb.capacity, tr->nranks);
+        else
+            snprintf(notes[t], sizeof notes[t], "capacity %" PRId64 " rows", share);
         cfgs[t] = (kern_table_config_t){
             .name = jt->name,
             .dim = d,
             .capacity = per_rank,
+            .limit = share,
+            .capacity_note = notes[t],
             .opt = kern_opt_of(so->type),
             .init = kern_init_of(jt->emb.init),
             .init_scale = (float)jt->emb.init_scale,
@@ -393,7 +410,7 @@ static int setup_tables(trainer_t *tr)
          * a segment a little before the whole (docs/kernels.md). */
         kern_table_config_t mcfg = cfgs[t];
         if (tr->store_kind == RT_STORE_CUDA)
-            mcfg.capacity = job_rows_per_rank(jt->emb.capacity, tr->nranks, true);
+            mcfg.capacity = per_rank + per_rank / 50 + 1024; /* as job_rows_per_rank */
         KILN_CHECK_GOTO(kern_table_create(&mcfg, &tr->tables[t]), rc, out);
         for (int i = 0; i < jt->nslots; i++) {
             int s = jt->slots[i];
@@ -419,10 +436,16 @@ static int setup_tables(trainer_t *tr)
                                     &tr->store),
                     rc, out);
     KILN_CHECK_GOTO(rt_shard_create(MPI_COMM_WORLD, tr->T, tr->store, dims, &tr->shard), rc, out);
-    KILN_CHECK_GOTO(rt_dedupe_create(&tr->dedupe), rc, out);
+    if ((tr->dedupe = kiln_calloc((size_t)tr->T, sizeof *tr->dedupe)) == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (int t = 0; t < tr->T; t++)
+        KILN_CHECK_GOTO(rt_dedupe_create(&tr->dedupe[t]), rc, out);
 out:
     free(cfgs);
     free(dims);
+    free(notes);
     return rc;
 }
 
@@ -439,7 +462,7 @@ static int setup_model(trainer_t *tr)
         .nbottom = sp->model.nbottom,
         .top = sp->model.top_mlp,
         .ntop = sp->model.ntop,
-        .fm_dense_factors = 1,
+        .fm_dense_factors = sp->model.fm_dense_factors,
         .max_batch = sp->train.batch_size,
         .seed = sp->train.seed,
         .opt = {.type = dense_opt_of(o->type),
@@ -510,20 +533,29 @@ static int lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool i
         int t = tr->slot_table[s];
         int64_t cnt = off[n] - off[0];
         tr->slot_koff[s] = tr->tn[t];
-        memcpy(tr->tkeys[t] + tr->tn[t], b->keys + off[0], (size_t)cnt * sizeof(int64_t));
+        if (cnt > 0) /* an empty column: the table may have no key buffer yet */
+            memcpy(tr->tkeys[t] + tr->tn[t], b->keys + off[0], (size_t)cnt * sizeof(int64_t));
         tr->tn[t] += cnt;
         int64_t *bo = tr->boff + (int64_t)s * (tr->max_batch + 1);
         for (int i = 0; i <= n; i++)
             bo[i] = off[i] - off[0];
     }
+    /* Tables dedupe in parallel (each has its own hash set). */
+    int drc = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(min : drc)
     for (int t = 0; t < T; t++) {
         const int64_t *u;
-        int64_t nu;
-        KILN_CHECK(rt_dedupe_run(tr->dedupe, tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu));
-        KILN_CHECK(grow((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t)));
-        memcpy(tr->tuniq[t], u, (size_t)nu * sizeof(int64_t));
+        int64_t nu = 0;
+        int trc = rt_dedupe_run(tr->dedupe[t], tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu);
+        if (trc == 0)
+            trc = grow((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t));
+        if (trc == 0 && nu > 0)
+            memcpy(tr->tuniq[t], u, (size_t)nu * sizeof(int64_t));
         tr->nuniq[t] = nu;
+        drc = trc < drc ? trc : drc;
     }
+    if (drc < 0)
+        return kiln_errf(drc, "out of memory deduplicating the batch's keys");
     float *const *values;
     KILN_CHECK(rt_shard_lookup(tr->shard, (const int64_t *const *)tr->tuniq, tr->nuniq, step,
                                insert, &values));
@@ -567,6 +599,8 @@ static int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t 
 #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < T; t++) {
         double *g = tr->tgrad[t]; /* (nuniq[t], d, 2) */
+        if (tr->nuniq[t] == 0) /* a column empty in every row: no key, maybe no buffer */
+            continue;
         memset(g, 0, (size_t)(tr->nuniq[t] * d) * 2 * sizeof(double));
         for (int s = 0; s < S; s++) {
             if (tr->slot_table[s] != t)
@@ -981,7 +1015,9 @@ static int load_start(trainer_t *tr)
                                       .count = dense[i].count};
     rc = rt_model_load(tr->model, ma, nm, in->dense_step);
     if (rc < 0) {
-        rc = kiln_errf(rc, "checkpoint %s does not fit this model: %s", dir, kiln_errmsg());
+        char why[512]; /* a copy: kiln_errf must not read the buffer it writes */
+        snprintf(why, sizeof why, "%s", kiln_errmsg());
+        rc = kiln_errf(rc, "checkpoint %s does not fit this model: %s", dir, why);
         goto out;
     }
     tr->steps = in->step;
@@ -1932,7 +1968,9 @@ static void trainer_fini(trainer_t *tr)
     }
     rt_shard_destroy(tr->shard);
     rt_store_destroy(tr->store);
-    rt_dedupe_destroy(tr->dedupe);
+    for (int t = 0; tr->dedupe && t < tr->T; t++)
+        rt_dedupe_destroy(tr->dedupe[t]);
+    free(tr->dedupe);
     rt_model_destroy(tr->model);
     free(tr->tables);
     free(tr->slot_table);

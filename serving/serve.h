@@ -63,7 +63,7 @@ typedef struct serve_model_desc {
     int model_type;       /* rt_model_type_t: 0 lr, 1 fm, 2 dlrm */
     int nslots, ndense;   /* S, F */
     int dim;              /* the pooled width d */
-    int fm_dense_factors; /* fm: X projected to the factors (kiln-train: 1) */
+    int fm_dense_factors; /* fm: X projected to the factors (model.fm_dense_factors) */
     int nbottom, bottom[SERVE_MAX_LAYERS];
     int ntop, top[SERVE_MAX_LAYERS];
     int ntables;

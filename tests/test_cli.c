@@ -12,6 +12,7 @@
 
 #include <glob.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -395,6 +396,51 @@ static void test_submit_shared_checkpoint_dir(void **state)
     assert_int_equal(r.code, 0);
 }
 
+/* kiln datagen's skew flags reach the generator (a skewed file repeats its
+ * head id, a uniform one does not) and the JSON reports the Bayes-optimal
+ * logloss; out-of-range values are input errors naming the flag. */
+static void test_datagen_skew_flags(void **state)
+{
+    (void)state;
+    result_t r;
+    char out[400];
+    snprintf(out, sizeof out, "%s/skew.tsv", tmpdir);
+    KILN(&r, "--json", "datagen", "--rows", "3000", "--out", out, "--zipf", "1.15", "--vocab",
+         "100000", "--empty", "0.04");
+    assert_int_equal(r.code, 0);
+    json_t *o = parse_json(r.out);
+    double bayes = json_number_value(json_object_get(o, "bayes_logloss"));
+    double ctr = json_number_value(json_object_get(o, "ctr"));
+    assert_true(ctr > 0.1 && ctr < 0.4);
+    assert_true(bayes > 0.05 && bayes < -(ctr * log(ctr) + (1 - ctr) * log(1 - ctr)));
+    json_decref(o);
+    /* The head id of the first slot (field 15) is in ~10% of 3000 rows. */
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "cut -f15 '%s' | grep . | sort | uniq -c | sort -rn | head -1", out);
+    FILE *p = popen(cmd, "r");
+    int top = 0;
+    assert_int_equal(fscanf(p, "%d", &top), 1);
+    pclose(p);
+    if (top < 150 || top > 500)
+        fail_msg("head id in %d of 3000 rows, expected about 300", top);
+    KILN(&r, "datagen", "--rows", "3000", "--out", out, "--zipf", "0", "--vocab", "100000");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "Bayes-optimal logloss"));
+    p = popen(cmd, "r");
+    assert_int_equal(fscanf(p, "%d", &top), 1);
+    pclose(p);
+    assert_true(top < 10);
+    KILN(&r, "datagen", "--rows", "10", "--out", out, "--zipf", "-1");
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "--zipf: expected a number from 0 to 10, got \"-1\""));
+    KILN(&r, "datagen", "--rows", "10", "--out", out, "--empty", "5%");
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "--empty"));
+    KILN(&r, "datagen", "--rows", "10", "--out", out, "--vocab", "0");
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "--vocab"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -406,6 +452,7 @@ int main(void)
         cmocka_unit_test(test_kiln_home),
         cmocka_unit_test(test_schedule_next),
         cmocka_unit_test(test_submit_shared_checkpoint_dir),
+        cmocka_unit_test(test_datagen_skew_flags),
     };
     if (getenv("KILN_TEST_FILTER") != NULL)
         cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));

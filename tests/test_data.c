@@ -961,6 +961,113 @@ static void test_not_regular_files(void **state)
     free(dir);
 }
 
+/* Share of rows whose slot s holds its most frequent key, and of empty
+ * fields, over a run of rows. */
+static void slot_stats(const run_t *run, int s, double *top_share, double *empty_share,
+                       int64_t *top_key)
+{
+    int64_t *k = malloc(sizeof(int64_t) * (size_t)run->nrows);
+    int n = 0, empty = 0;
+    for (int i = 0; i < run->nrows; i++) {
+        if (run->rows[i].nkeys[s] == 0)
+            empty++;
+        else
+            k[n++] = run->rows[i].keys[s][0];
+    }
+    int best = 0;
+    *top_key = -1;
+    for (int i = 0; i < n; i++) { /* O(n^2) is fine for a test's sample */
+        if (i > 2000)
+            break;
+        int c = 0;
+        for (int j = 0; j < n; j++)
+            c += k[j] == k[i];
+        if (c > best) {
+            best = c;
+            *top_key = k[i];
+        }
+    }
+    *top_share = (double)best / run->nrows;
+    *empty_share = (double)empty / run->nrows;
+    free(k);
+}
+
+/* kiln datagen's skew options: the Zipf exponent decides how often the head
+ * id occurs, --vocab bounds the distinct ids, --empty the share of empty
+ * fields; a second part is another draw of the same ids; the Bayes-optimal
+ * logloss is reported and lies below the entropy of the click rate. */
+static void test_datagen_skew(void **state)
+{
+    (void)state;
+    char *pz = tpath("gen-zipf.tsv"), *pu = tpath("gen-uniform.tsv"), *pp = tpath("gen-part1.tsv");
+    double bayes = -1.0, ctr = -1.0;
+    rt_datagen_opts_t g = {.path = pz, .rows = 20000, .seed = 5, .zipf_set = 1, .zipf = 1.15,
+                           .vocab = 200000, .empty_set = 1, .empty = 0.04,
+                           .bayes_logloss = &bayes, .ctr = &ctr};
+    assert_int_equal(rt_datagen(&g), 0);
+    assert_true(ctr > 0.1 && ctr < 0.4);
+    double h = -(ctr * log(ctr) + (1 - ctr) * log(1 - ctr));
+    if (!(bayes > 0.05 && bayes < h))
+        fail_msg("Bayes logloss %.4f not in (0.05, %.4f), the entropy of the click rate", bayes,
+                 h);
+    g.path = pp;
+    g.part = 1;
+    g.bayes_logloss = NULL;
+    assert_int_equal(rt_datagen(&g), 0);
+    g.path = pu;
+    g.part = 0;
+    g.zipf = 0.0; /* uniform over the vocabulary */
+    g.vocab = 1000;
+    g.empty = 0.5;
+    assert_int_equal(rt_datagen(&g), 0);
+
+    const char *paths[] = {pz}, *ppart[] = {pp}, *punif[] = {pu};
+    run_t z, p, u;
+    run_reader(paths, 1, RT_FMT_TSV, 0, 1, 1000, 2, &z);
+    run_reader(ppart, 1, RT_FMT_TSV, 0, 1, 1000, 2, &p);
+    run_reader(punif, 1, RT_FMT_TSV, 0, 1, 1000, 2, &u);
+    assert_int_equal(z.stats.malformed + p.stats.malformed + u.stats.malformed, 0);
+    /* A power law of exponent a on [1, V+1), floored: the head rank holds
+     * (2^(1-a) - 1) / ((V+1)^(1-a) - 1) of the draws, 11.8% for a = 1.15,
+     * V = 200k (less the 8% of draws that go to the day's new ids). */
+    double head = (pow(2.0, -0.15) - 1.0) / (pow(200001.0, -0.15) - 1.0) * 0.92 * 0.96;
+    for (int s = 0; s < 26; s += 5) {
+        double top, empty, top_u, empty_u, top_p, empty_p;
+        int64_t key, key_u, key_p;
+        slot_stats(&z, s, &top, &empty, &key);
+        slot_stats(&u, s, &top_u, &empty_u, &key_u);
+        slot_stats(&p, s, &top_p, &empty_p, &key_p);
+        if (fabs(top - head) > 0.015 || fabs(empty - 0.04) > 0.01)
+            fail_msg("slot %d: head id in %.4f of rows (expected %.4f), %.4f empty (0.04)", s,
+                     top, head, empty);
+        /* part 1 draws other rows of the same ids: same head id */
+        assert_true(key_p == key && fabs(top_p - top) < 0.015);
+        /* uniform over 1000 ids: no id above ~0.1% + noise; half empty */
+        if (top_u > 0.004 || fabs(empty_u - 0.5) > 0.02)
+            fail_msg("uniform slot %d: head id in %.4f of rows, %.4f empty", s, top_u, empty_u);
+    }
+    /* Two parts of one day are different rows. */
+    size_t lz, lp;
+    char *tz = read_all(pz, &lz), *tp = read_all(pp, &lp);
+    assert_true(lz != lp || memcmp(tz, tp, lz) != 0);
+    free(tz);
+    free(tp);
+    run_free(&z);
+    run_free(&p);
+    run_free(&u);
+
+    /* Out-of-range skew is refused with a message naming it. */
+    rt_datagen_opts_t bad = {.path = pz, .rows = 1, .zipf_set = 1, .zipf = -1.0};
+    assert_int_equal(rt_datagen(&bad), KILN_EINVAL);
+    assert_non_null(strstr(kiln_errmsg(), "Zipf exponent"));
+    bad = (rt_datagen_opts_t){.path = pz, .rows = 1, .empty_set = 1, .empty = 1.5};
+    assert_int_equal(rt_datagen(&bad), KILN_EINVAL);
+    assert_non_null(strstr(kiln_errmsg(), "empty fields"));
+    free(pz);
+    free(pu);
+    free(pp);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -995,6 +1102,7 @@ int main(void)
         cmocka_unit_test(test_compressed_tsv),
         cmocka_unit_test(test_compressed_damaged),
         cmocka_unit_test(test_not_regular_files),
+        cmocka_unit_test(test_datagen_skew),
     };
     if (getenv("KILN_TEST_FILTER") != NULL)
         cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));

@@ -303,6 +303,70 @@ static void test_evict_none_is_full(void **state)
     kern_table_destroy(t);
 }
 
+/* A limit below the capacity: find_or_insert keeps at most `limit` rows
+ * (lru evicts down to it, none refuses with the note in its message), a
+ * load may go past it up to the capacity, and the next insert after such a
+ * load evicts back under the limit. */
+static void test_limit(void **state)
+{
+    (void)state;
+    for (int ev = KERN_EVICT_NONE; ev <= KERN_EVICT_LFU; ev++) {
+        kern_table_config_t cfg = {.name = "slot4", .dim = 2, .capacity = 200, .limit = 100,
+                                   .opt = KERN_OPT_ADAGRAD, .init = KERN_INIT_UNIFORM,
+                                   .init_scale = 0.05f, .seed = 42, .evict = (kern_evict_t)ev,
+                                   .capacity_note = "100 rows on this rank, its share of "
+                                                    "capacity 200 over 2 ranks"};
+        kern_table_t *t = NULL;
+        assert_int_equal(kern_table_create(&cfg, &t), 0);
+        kern_table_stats_t st;
+        kern_table_stats(t, &st);
+        assert_int_equal(st.capacity, 200);
+        assert_int_equal(st.limit, 100);
+        int64_t keys[10];
+        int32_t rows[10];
+        int64_t next = 1;
+        int rc = 0;
+        for (int step = 1; step <= 40 && rc == 0; step++) {
+            for (int i = 0; i < 10; i++)
+                keys[i] = next++;
+            rc = kern_table_find_or_insert(t, 10, keys, step, rows);
+            assert_true(kern_table_size(t) <= 100);
+        }
+        if (ev == KERN_EVICT_NONE) {
+            assert_int_equal(rc, KILN_EFULL);
+            assert_int_equal(kern_table_size(t), 100);
+            assert_string_equal(kiln_errmsg(),
+                                "table 'slot4' is full (100 rows on this rank, its share of "
+                                "capacity 200 over 2 ranks); raise model.embedding.capacity "
+                                "or set eviction: lru");
+        } else {
+            assert_int_equal(rc, 0);
+            assert_true(kern_table_size(t) >= 90);
+        }
+        /* A load fills past the limit, up to the capacity and no further. */
+        int64_t lk[150];
+        float lv[300] = {0};
+        for (int i = 0; i < 150; i++)
+            lk[i] = 100000 + i;
+        int64_t before = kern_table_size(t);
+        assert_int_equal(kern_table_insert_rows(t, 200 - before, lk, lv, NULL, NULL, 50), 0);
+        assert_int_equal(kern_table_size(t), 200);
+        assert_int_equal(kern_table_insert_rows(t, 1, lk + 149, lv, NULL, NULL, 50), KILN_EFULL);
+        /* Training again: lru/lfu evict back under the limit, none refuses new keys
+         * but still finds the loaded ones. */
+        keys[0] = 999999;
+        rc = kern_table_find_or_insert(t, 1, keys, 51, rows);
+        if (ev == KERN_EVICT_NONE) {
+            assert_int_equal(rc, KILN_EFULL);
+            assert_int_equal(kern_table_find_or_insert(t, 1, lk, 52, rows), 0);
+        } else {
+            assert_int_equal(rc, 0);
+            assert_true(kern_table_size(t) <= 100);
+        }
+        kern_table_destroy(t);
+    }
+}
+
 /* Random inserts and deletes against a plain array of present keys. */
 static void test_delete_against_reference(void **state)
 {
@@ -767,6 +831,26 @@ static void test_gather_combine(void **state)
         assert_true(out[j] == 0.0f); /* bag 0 is empty in every table */
     /* Bag 1 of a mean table holds row 17 three times: its mean is the row. */
     assert_close(out + B.stride + B.bags[1].out_col, B.bags[1].values + 17 * 8, 8, 1e-7f, 1e-6f);
+    /* A table whose bags are all empty in this batch (a column empty in
+     * every row) reads no rows, so it needs no slab: its columns are zeros
+     * and its backward reduce has no rows. */
+    kern_bags_t saved = B.bags[2];
+    int64_t *none = calloc((size_t)B.nbags + 1, sizeof(int64_t));
+    B.bags[2].values = NULL;
+    B.bags[2].rows = NULL;
+    B.bags[2].offsets = none;
+    assert_int_equal(kern_cpu_gather_combine(NT, B.bags, B.nbags, B.stride, out), 0);
+    for (int64_t b = 0; b < B.nbags; b++)
+        for (int j = 0; j < B.bags[2].dim; j++)
+            assert_true(out[b * B.stride + B.bags[2].out_col + j] == 0.0f);
+    kern_row_grads_t eg = {0};
+    assert_int_equal(kern_cpu_backward_reduce(1, &B.bags[2], B.nbags, B.stride, out, &eg), 0);
+    assert_int_equal(eg.n, 0);
+    /* ... but positions without a slab are refused. */
+    none[B.nbags] = 1;
+    assert_int_equal(kern_cpu_gather_combine(NT, B.bags, B.nbags, B.stride, out), KILN_EINVAL);
+    B.bags[2] = saved;
+    free(none);
     /* A row id outside the slab is refused. */
     B.rows[2][B.offs[2][1]] = 300;
     assert_int_equal(kern_cpu_gather_combine(NT, B.bags, B.nbags, B.stride, out), KILN_EINVAL);
@@ -1048,6 +1132,7 @@ int main(void)
         cmocka_unit_test(test_lru_batch_eviction),
         cmocka_unit_test(test_lfu_eviction),
         cmocka_unit_test(test_evict_none_is_full),
+        cmocka_unit_test(test_limit),
         cmocka_unit_test(test_delete_against_reference),
         cmocka_unit_test(test_memory_bound),
         cmocka_unit_test(test_wide_index),

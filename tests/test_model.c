@@ -631,6 +631,21 @@ static void test_state_roundtrip(void **state)
     rt_model_destroy(a);
     rt_model_destroy(b);
     rt_model_destroy(c);
+
+    /* fm with and without dense factors differ by vx: the message says
+     * which setting wrote the checkpoint. */
+    shape_t fm = {.type = RT_MODEL_FM, .S = 3, .F = 2, .d = 4, .fm_dense = 1};
+    rt_model_t *with = make_model(&fm, 4, 1, adam);
+    fm.fm_dense = 0;
+    rt_model_t *without = make_model(&fm, 4, 1, adam);
+    rt_model_state(with, arr, &na, &step);
+    assert_int_equal(rt_model_load(without, arr, na, step), KILN_ECONFLICT);
+    assert_non_null(strstr(kiln_errmsg(), "it was written with model.fm_dense_factors: true"));
+    rt_model_state(without, arr, &na, &step);
+    assert_int_equal(rt_model_load(with, arr, na, step), KILN_ECONFLICT);
+    assert_non_null(strstr(kiln_errmsg(), "it was written with model.fm_dense_factors: false"));
+    rt_model_destroy(with);
+    rt_model_destroy(without);
 }
 
 static void test_config_errors(void **state)

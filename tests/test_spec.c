@@ -517,6 +517,9 @@ static const struct bad {
      "job.yaml:5:42: model.tables[0].capacity: 8589934592 rows over 2 ranks is 4509715724 "
      "rows per rank, more than the 2147483632 a rank's table can hold (row ids are 32-bit): "
      "lower it or raise resources.ranks to at least 5"},
+    {P "resources: {ranks: 4}\nmodel:\n  tables: [{name: a, slots: 0, capacity: 3}]\n",
+     "job.yaml:5:42: model.tables[0].capacity: 3 rows over 4 ranks leaves a rank without a row: "
+     "raise it to at least 4 or lower resources.ranks"},
     {P "train: {optimizer: {dense: {lr: -0.1}}}\n",
      "job.yaml:3:33: train.optimizer.dense.lr: must be >= 0, got -0.1"},
     {P "train: {optimizer: {sparse: {type: adam, beta1: 1.0}}}\n",
@@ -583,6 +586,8 @@ static const struct bad {
      "DLRM's dot interaction multiplies the dense vector with every embedding"},
     {P "model: {type: lr, top_mlp: [1]}\n",
      "job.yaml:3:28: model.top_mlp: only dlrm has MLPs (model.type is lr)"},
+    {P "model: {type: dlrm, fm_dense_factors: true}\n",
+     "job.yaml:3:39: model.fm_dense_factors: only fm has dense factors (model.type is dlrm)"},
     {P "model: {type: dlrm, bottom_mlp: []}\n",
      "job.yaml:3:33: model.bottom_mlp: must list 1 to 16 widths, got 0"},
     {P "model:\n  type: fm\n  tables: [{name: a, slots: 0, dim: 8}]\n",

@@ -27,32 +27,64 @@ static int parse_i64(const char *s, const char *what, int64_t min, int64_t max, 
     return 0;
 }
 
+static int parse_num(const char *s, const char *what, double min, double max, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end != '\0' || end == s || !(v >= min && v <= max))
+        return kiln_errf(KILN_EINVAL, "%s: expected a number from %g to %g, got \"%s\"", what,
+                         min, max, s);
+    *out = v;
+    return 0;
+}
+
 int cmd_datagen(cli_t *cli)
 {
     const char *rows_s = cli_opt(cli, "rows"), *out = cli_opt(cli, "out");
     const char *seed_s = cli_opt(cli, "seed"), *day_s = cli_opt(cli, "day");
+    const char *zipf_s = cli_opt(cli, "zipf"), *vocab_s = cli_opt(cli, "vocab");
+    const char *empty_s = cli_opt(cli, "empty"), *part_s = cli_opt(cli, "part");
     if (rows_s == NULL || out == NULL)
         return cli_fail(KILN_EUSAGE, "datagen needs --rows N and --out FILE");
-    int64_t rows, seed = 42, day = 0;
+    int64_t rows, seed = 42, day = 0, vocab = 0, part = 0;
+    double zipf = 0.0, empty = 0.0, bayes = 0.0, ctr = 0.0;
     if (parse_i64(rows_s, "--rows", 0, INT64_C(1) << 40, &rows) < 0 ||
         (seed_s && parse_i64(seed_s, "--seed", 0, INT64_MAX, &seed) < 0) ||
-        (day_s && parse_i64(day_s, "--day", 0, 1000000, &day) < 0))
+        (day_s && parse_i64(day_s, "--day", 0, 1000000, &day) < 0) ||
+        (zipf_s && parse_num(zipf_s, "--zipf", 0.0, 10.0, &zipf) < 0) ||
+        (vocab_s && parse_i64(vocab_s, "--vocab", 1, 100000000, &vocab) < 0) ||
+        (empty_s && parse_num(empty_s, "--empty", 0.0, 1.0, &empty) < 0) ||
+        (part_s && parse_i64(part_s, "--part", 0, 1000000, &part) < 0))
         return cli_fail(KILN_EINVAL, NULL);
     if (kiln_mkdir_parent(out) < 0)
         return cli_fail(KILN_EIO, NULL);
-    rt_datagen_opts_t o = {.path = out, .rows = rows, .seed = (uint64_t)seed, .day = (int)day};
+    rt_datagen_opts_t o = {.path = out,
+                           .rows = rows,
+                           .seed = (uint64_t)seed,
+                           .day = (int)day,
+                           .zipf_set = zipf_s != NULL,
+                           .zipf = zipf,
+                           .vocab = vocab,
+                           .empty_set = empty_s != NULL,
+                           .empty = empty,
+                           .part = (int)part,
+                           .bayes_logloss = &bayes,
+                           .ctr = &ctr};
     int64_t t0 = kiln_mono_ns();
     int rc = rt_datagen(&o);
     if (rc < 0)
         return cli_fail(rc, NULL);
     double secs = (double)(kiln_mono_ns() - t0) / 1e9;
     if (cli->json)
-        cli_print_json(json_pack("{s:s, s:I, s:I, s:i, s:f}", "out", out, "rows",
+        cli_print_json(json_pack("{s:s, s:I, s:I, s:i, s:i, s:f, s:f, s:f}", "out", out, "rows",
                                  (json_int_t)rows, "seed", (json_int_t)seed, "day", (int)day,
+                                 "part", (int)part, "ctr", ctr, "bayes_logloss", bayes,
                                  "seconds", secs));
     else
-        printf("wrote %" PRId64 " rows to %s (seed %" PRId64 ", day %" PRId64 ") in %.2f s\n",
-               rows, out, seed, day, secs);
+        printf("wrote %" PRId64 " rows to %s (seed %" PRId64 ", day %" PRId64 ", part %" PRId64
+               ") in %.2f s; click rate %.4f, Bayes-optimal logloss %.5f\n",
+               rows, out, seed, day, part, secs, ctr, bayes);
     return CLI_EXIT_OK;
 }
 

@@ -35,6 +35,10 @@ static const cli_opt_t datagen_opts[] = {
     {"out", "FILE", "output file (Criteo-format TSV)"},
     {"seed", "S", "seed of the hidden model and the ids (default 42)"},
     {"day", "D", "day number: popularity and weights drift from day to day (default 0)"},
+    {"zipf", "S", "Zipf exponent of every slot's ids (0: uniform; default: 1.1-1.2 by slot)"},
+    {"vocab", "N", "distinct ids per slot (default: 10 to 1e6 by slot, scaled to --rows)"},
+    {"empty", "F", "share of empty categorical fields, 0..1 (default: 2-5%, 30-42% in 6 slots)"},
+    {"part", "P", "another draw of rows from the same model and ids, e.g. eval rows (default 0)"},
     {NULL, NULL, NULL}};
 
 static const cli_opt_t convert_opts[] = {
@@ -96,8 +100,10 @@ static const cli_cmd_t commands[] = {
      "fire times strictly after the instant, ISO 8601 UTC, one per line. See docs/cron.md.",
      schedule_opts, 2, 2, false, cmd_schedule},
     {"datagen", "", "write synthetic Criteo-format data",
-     "`kiln datagen --rows N --out FILE [--seed S] [--day D]` writes N rows with power-law ids, "
-     "a learnable signal and drift from day to day (docs/data-formats.md).",
+     "`kiln datagen --rows N --out FILE [--seed S] [--day D] [--zipf S] [--vocab N] "
+     "[--empty F] [--part P]` writes N rows with power-law ids, a learnable signal and drift "
+     "from day to day, and prints the Bayes-optimal logloss of the rows it wrote "
+     "(docs/data-formats.md).",
      datagen_opts, 0, 0, false, cmd_datagen},
     {"convert", "TSV...", "convert Criteo TSV files to kiln-bin",
      "Reads the TSV files in order and writes one kiln-bin file (docs/data-formats.md); "
