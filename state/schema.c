@@ -227,6 +227,19 @@ static const char migration_4[] =
     "CREATE INDEX events_by_job_kind ON events (job_id, kind, id);"
     "PRAGMA user_version = 4;";
 
+/* v5: the Slurm job of each run of launcher: slurm (its id, state and nodes,
+ * as kilnd last saw them), for the run page and for finding the job again. */
+static const char migration_5[] =
+    "CREATE TABLE slurm_jobs ("
+    "  run_id INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,"
+    "  job_id INTEGER NOT NULL,"
+    "  state TEXT NOT NULL,"
+    "  nodes TEXT,"
+    "  partition TEXT,"
+    "  updated_at INTEGER NOT NULL"
+    ");"
+    "PRAGMA user_version = 5;";
+
 const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
     {"v1: jobs, runs, events", migration_1},
     {"v2: job_versions, run_inputs, metrics, checkpoints, exports, endpoints, "
@@ -234,4 +247,5 @@ const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
      migration_2},
     {"v3: run_counts, run_durations (kept by triggers), runs_by_job_state", migration_3},
     {"v4: events_by_job_kind", migration_4},
+    {"v5: slurm_jobs", migration_5},
 };
