@@ -33,6 +33,7 @@ typedef struct sched_options {
     int max_ranks;        /* ranks in use at once; default the number of cores */
     int64_t grace_ms;     /* SIGTERM -> SIGKILL on cancel and timeout; default 10 s */
     int64_t poll_ms;      /* database change poll; default 1 s */
+    int64_t slurm_poll_ms; /* how often a Slurm run's supervisor asks about its job; 5 s */
     bool drain;           /* on SIGTERM, wait for running runs instead of leaving them */
 } sched_options_t;
 

@@ -59,6 +59,7 @@ void sched_options_init(sched_options_t *o)
     o->max_ranks = cores > 0 ? (int)cores : 1;
     o->grace_ms = 10000;
     o->poll_ms = 1000;
+    o->slurm_poll_ms = 5000;
 }
 
 typedef struct {
@@ -73,6 +74,8 @@ static const opt_t opts[] = {
                        "run asking for more runs alone"},
     {"grace", "DURATION", "SIGTERM to SIGKILL on cancel and timeout (default 10s)"},
     {"poll", "DURATION", "database change poll (default 1s)"},
+    {"slurm-poll", "DURATION", "how often a Slurm run's supervisor asks Slurm about its job "
+                               "(default 5s)"},
     {"drain", NULL, "on SIGTERM, wait for running runs to end (a second SIGTERM stops now)"},
     {"trainer", "PATH", "kiln-train (default $KILN_TRAIN, else next to kilnd, else PATH)"},
     {"mpirun", "PATH", "mpirun (default: from PATH)"},
@@ -153,14 +156,17 @@ int sched_options_parse(int argc, char **argv, int from, sched_options_t *o)
             o->drain = true;
         else if (strcmp(opt->name, "max-ranks") == 0)
             KILN_CHECK(parse_int(opt->name, v, &o->max_ranks));
-        else if (strcmp(opt->name, "grace") == 0 || strcmp(opt->name, "poll") == 0) {
+        else if (strcmp(opt->name, "grace") == 0 || strcmp(opt->name, "poll") == 0 ||
+                 strcmp(opt->name, "slurm-poll") == 0) {
             if (kiln_duration_parse(v, &ms) < 0 || ms < 0)
                 return kiln_errf(KILN_EUSAGE, "--%s expects a duration like 10s or 500ms, not '%s'",
                                  opt->name, v);
             if (opt->name[0] == 'g')
                 o->grace_ms = ms;
-            else
+            else if (opt->name[0] == 'p')
                 o->poll_ms = ms < 50 ? 50 : ms;
+            else
+                o->slurm_poll_ms = ms < 100 ? 100 : ms;
         }
     }
     return 0;

@@ -162,8 +162,32 @@ static void read_stop(const char *run_dir, char *out, size_t cap)
     fclose(f);
 }
 
+/* Writes run_dir/status (tmp + rename) from st, started_at and now. */
+static void write_status(const char *run_dir, const sched_status_t *st, int64_t started)
+{
+    json_t *o = json_pack("{s:i, s:i, s:s, s:I, s:I}", "exit_code", st->exit_code, "signal",
+                          st->signal, "stop", st->stop, "started_at", (json_int_t)started,
+                          "ended_at", (json_int_t)kiln_now_s());
+    if (o != NULL && st->job_state[0] != '\0') {
+        json_object_set_new(o, "job_id", json_integer(st->job_id));
+        json_object_set_new(o, "job_state", json_string(st->job_state));
+        json_object_set_new(o, "job_nodes", json_string(st->job_nodes));
+        json_object_set_new(o, "job_reason", json_string(st->job_reason));
+    }
+    char *text = o ? json_dumps(o, JSON_PRESERVE_ORDER) : NULL;
+    char *line = text ? kiln_asprintf("%s\n", text) : NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/status", run_dir);
+    if (line != NULL)
+        sched_write_atomic(path, line, strlen(line));
+    free(line);
+    free(text);
+    json_decref(o);
+}
+
 /* The supervisor's whole life; never returns. */
-static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms, int ready_fd)
+static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms,
+                      sched_follow_fn follow, int64_t poll_ms, int ready_fd)
 {
     sigset_t set;
     sigemptyset(&set);
@@ -181,6 +205,20 @@ static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms,
     sched_write_atomic(path, buf, (size_t)n);
 
     int64_t started = kiln_now_s();
+    if (follow != NULL) { /* a run elsewhere (slurm): the launcher's body follows it */
+        char ok = 'k';
+        if (write(ready_fd, &ok, 1) < 0) {
+            /* kilnd is gone already; carry on regardless. */
+        }
+        close(ready_fd);
+        sched_status_t st;
+        memset(&st, 0, sizeof st);
+        sched_follow_opts_t fo = {&set, poll_ms};
+        follow(run_dir, argv, &fo, &st);
+        read_stop(run_dir, st.stop, sizeof st.stop);
+        write_status(run_dir, &st, started);
+        _exit(0);
+    }
     pid_t child = fork();
     if (child == 0) {
         sigset_t none;
@@ -244,21 +282,22 @@ static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms,
     /* Stragglers (a rank that outlived mpirun) go with the run. */
     sched_kill_session(getsid(0), SIGKILL);
 
-    char stop[32];
-    read_stop(run_dir, stop, sizeof stop);
-    int code = child < 0 ? 126 : WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    int sig = child > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    char json[512];
-    n = snprintf(json, sizeof json,
-                 "{\"exit_code\": %d, \"signal\": %d, \"stop\": \"%s\", \"started_at\": %lld, "
-                 "\"ended_at\": %lld}\n",
-                 code, sig, stop, (long long)started, (long long)kiln_now_s());
-    snprintf(path, sizeof path, "%s/status", run_dir);
-    sched_write_atomic(path, json, (size_t)n);
+    sched_status_t st;
+    memset(&st, 0, sizeof st);
+    read_stop(run_dir, st.stop, sizeof st.stop);
+    st.exit_code = child < 0 ? 126 : WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    st.signal = child > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    write_status(run_dir, &st, started);
     _exit(0);
 }
 
 int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace_ms, pid_t *pid)
+{
+    return sched_supervise_spawn_follow(run_dir, argv, grace_ms, NULL, 0, pid);
+}
+
+int sched_supervise_spawn_follow(const char *run_dir, char *const argv[], int64_t grace_ms,
+                                 sched_follow_fn follow, int64_t poll_ms, pid_t *pid)
 {
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0)
@@ -296,7 +335,7 @@ int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace
         for (int sig = 1; sig < NSIG; sig++)
             if (sig != SIGKILL && sig != SIGSTOP)
                 signal(sig, SIG_DFL);
-        supervise(run_dir, argv, grace_ms, ready);
+        supervise(run_dir, argv, grace_ms, follow, poll_ms, ready);
     }
     close(p[1]);
     close(logfd);
@@ -339,6 +378,14 @@ int sched_status_read(const char *run_dir, sched_status_t *out)
     out->ended_at = json_integer_value(json_object_get(v, "ended_at"));
     const char *stop = json_string_value(json_object_get(v, "stop"));
     snprintf(out->stop, sizeof out->stop, "%s", stop ? stop : "");
+    out->job_id = json_integer_value(json_object_get(v, "job_id"));
+    const char *fields[] = {"job_state", "job_nodes", "job_reason"};
+    char *dst[] = {out->job_state, out->job_nodes, out->job_reason};
+    size_t cap[] = {sizeof out->job_state, sizeof out->job_nodes, sizeof out->job_reason};
+    for (size_t i = 0; i < 3; i++) {
+        const char *x = json_string_value(json_object_get(v, fields[i]));
+        snprintf(dst[i], cap[i], "%s", x ? x : "");
+    }
     json_decref(v);
     return 0;
 }
