@@ -146,6 +146,7 @@ typedef struct sched_active {
     sched_stop_t stop;
     int64_t replaced_by;
     int64_t progress_off; /* bytes of progress.jsonl already recorded as metrics */
+    bool followed;        /* its supervisor follows a job elsewhere (slurm): no backstop */
     int follows;          /* followers started for this run (slurm: re-adoptions) */
 } sched_active_t;
 

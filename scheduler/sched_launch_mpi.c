@@ -15,6 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
+extern char **environ;
+
 void sched_argv_free(char **argv)
 {
     for (size_t i = 0; argv != NULL && argv[i] != NULL; i++)
@@ -132,13 +134,34 @@ static int hostfile_argv(const sched_launch_ctx_t *c, char ***out)
     mpirun_head(&a, c);
     sched_argv_push(&a, "--hostfile");
     sched_argv_push(&a, c->hostfile);
-    /* mpirun passes ranks on other hosts only the variables it is told to. */
+    /* mpirun gives ranks on other hosts only the variables it is told to
+     * (sbatch passes the whole environment): the run's own, and kilnd's
+     * KILN_*, OMP_* and OPENBLAS_* (OpenBLAS picks its kernels by
+     * OPENBLAS_CORETYPE: ranks with other kernels train other bits). */
     const char *env[] = {"KILN_RUN_ID", "KILN_ATTEMPT", c->spec_dir ? "KILN_SPEC_DIR" : NULL};
     for (size_t i = 0; i < sizeof env / sizeof env[0]; i++) {
         if (env[i] == NULL)
             continue;
         sched_argv_push(&a, "-x");
         sched_argv_push(&a, env[i]);
+    }
+    static const char *const prefixes[] = {"KILN_", "OMP_", "OPENBLAS_"};
+    for (char **e = environ; *e != NULL; e++) {
+        size_t len = strcspn(*e, "=");
+        char name[256];
+        bool forward = false;
+        for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+            forward = forward || strncmp(*e, prefixes[i], strlen(prefixes[i])) == 0;
+        if (!forward || len >= sizeof name || (*e)[len] != '=')
+            continue;
+        snprintf(name, sizeof name, "%.*s", (int)len, *e);
+        bool dup = false;
+        for (size_t i = 0; i < sizeof env / sizeof env[0]; i++)
+            dup = dup || (env[i] != NULL && strcmp(env[i], name) == 0);
+        if (dup)
+            continue;
+        sched_argv_push(&a, "-x");
+        sched_argv_push(&a, name);
     }
     sched_argv_trainer(&a, c);
     return sched_argv_finish(&a, out);

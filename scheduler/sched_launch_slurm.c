@@ -478,11 +478,17 @@ void sched_slurm_follow(const char *run_dir, char *const argv[], const sched_fol
     }
     out->job_id = j.job_id;
     bool stopping = false;
+    int64_t cancel_at = 0; /* when scancel last ran */
     int64_t poll_ms = o->poll_ms > 0 ? o->poll_ms : 5000;
     int64_t unreachable_since = 0;
     for (;;) {
-        if (!stopping && stop_asked(run_dir)) { /* asked before we were (re)started */
+        /* Asked before this supervisor started (a re-adoption), or scancel
+         * did not take (slurmctld away): ask again every 10 s. */
+        if ((!stopping && stop_asked(run_dir)) ||
+            (stopping && kiln_now_s() - cancel_at >= 10 && !terminal(j.state) &&
+             strcmp(j.state, "COMPLETING") != 0)) {
             cancel(run_dir, j.job_id);
+            cancel_at = kiln_now_s();
             stopping = true;
         }
         ask_t r = ask(j.job_id, &j, err, sizeof err);
@@ -519,6 +525,7 @@ void sched_slurm_follow(const char *run_dir, char *const argv[], const sched_fol
         int sig = sigtimedwait(sigs, &si, &ts);
         if ((sig == SIGTERM || sig == SIGINT) && !stopping) {
             cancel(run_dir, j.job_id);
+            cancel_at = kiln_now_s();
             stopping = true;
         }
     }
@@ -583,6 +590,8 @@ bool sched_slurm_readopt(sched_t *s, sched_active_t *a)
     }
     a->pid = pid;
     a->child = true;
+    a->followed = true;
+    a->backstop_ms = 0;
     a->follows++;
     if (sched_watch(s, a) < 0)
         KILN_WARN("run %lld: %s; its end is noticed on SIGCHLD only", (long long)a->run_id,

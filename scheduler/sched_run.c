@@ -396,6 +396,7 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     a->pid = pid;
     a->child = true;
     a->ranks = spec->resources.ranks;
+    a->followed = l->follow != NULL;
     a->run_dir = run_dir;
     run_dir = NULL;
     a->started_ms = now_ms();
@@ -452,7 +453,8 @@ void sched_stop(sched_t *s, sched_active_t *a, sched_stop_t why, int64_t now)
     if (a->stop != STOP_NONE)
         return;
     a->stop = why;
-    a->backstop_ms = now + s->o.grace_ms + 10000;
+    /* A followed run's supervisor waits for the scheduler (scancel, KillWait). */
+    a->backstop_ms = a->followed ? 0 : now + s->o.grace_ms + 10000;
     KILN_INFO("run %lld: stopping (%s): SIGTERM, SIGKILL after %lld ms", (long long)a->run_id,
               stop_name(why), (long long)s->o.grace_ms);
     if (sched_stop_request(a->run_dir, a->pid, stop_name(why)) < 0)
@@ -608,6 +610,7 @@ static void recover_one(sched_t *s, const state_run_t *r)
     a->attempt = r->attempt;
     a->run_dir = kiln_strdup(r->run_dir);
     a->ranks = spec ? spec->resources.ranks : 1;
+    a->followed = spec && spec->resources.launcher == JOB_LAUNCH_SLURM;
     a->started_ms = r->started_at > 0 ? r->started_at * 1000 : now_ms();
     a->deadline_ms = deadline_of(spec, a->started_ms);
     sched_status_t stat;
