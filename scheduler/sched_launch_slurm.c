@@ -347,8 +347,8 @@ static ask_t ask_sacct(int64_t job_id, job_info_t *j, char *err, size_t errcap)
     char *argv[] = {"sacct", "--noheader", "--parsable2", "--allocations", "--jobs", id,
                     "--format=State,ExitCode,NodeList,Partition", NULL};
     int rc = run_cmd(argv, out, sizeof out);
-    char st[64] = "", code[32] = "", nodes[256] = "", part[128] = "";
-    if (rc != 0 || sscanf(out, "%63[^|]|%31[^|]|%255[^|]|%127[^|\n]", st, code, nodes, part) < 2) {
+    char st[32] = "", code[32] = "", nodes[256] = "", part[128] = "";
+    if (rc != 0 || sscanf(out, "%31[^|]|%31[^|]|%255[^|]|%127[^|\n]", st, code, nodes, part) < 2) {
         last_line(out, err, errcap);
         return ASK_GONE;
     }
@@ -399,9 +399,16 @@ static bool submit(const char *run_dir, char *const argv[], job_info_t *j, sched
 {
     char text[8192], line[512];
     int rc = run_cmd(argv, text, sizeof text);
+    /* --parsable: "ID" or "ID;CLUSTER" on a line of its own (warnings may
+     * come before it: stderr is in text too). */
     long long id = 0;
-    char rest[8];
-    if (rc == 0 && sscanf(text, "%lld%7[;\n]", &id, rest) >= 1 && id > 0) {
+    for (const char *l = text; rc == 0 && *l; l += strcspn(l, "\n") + (l[strcspn(l, "\n")] != 0)) {
+        char *end;
+        long long v = strtoll(l, &end, 10);
+        if (end != l && (*end == '\n' || *end == ';' || *end == '\0') && v > 0)
+            id = v;
+    }
+    if (id > 0) {
         j->job_id = id;
         snprintf(j->state, sizeof j->state, "PENDING");
         info_write(run_dir, j); /* first: a supervisor killed from here on is re-adopted */
@@ -411,7 +418,9 @@ static bool submit(const char *run_dir, char *const argv[], job_info_t *j, sched
     last_line(text, line, sizeof line);
     say("sbatch failed (exit %d): %s", rc, line);
     snprintf(out->job_state, sizeof out->job_state, "%s",
-             transient(text) ? "SUBMIT_RETRY" : "SUBMIT_FAILED");
+             rc == 127      ? "SUBMIT_NOCMD"
+             : transient(text) ? "SUBMIT_RETRY"
+                               : "SUBMIT_FAILED");
     snprintf(out->job_reason, sizeof out->job_reason, "%s", line[0] ? line : "no output");
     out->exit_code = rc;
     return false;
@@ -518,15 +527,24 @@ void sched_slurm_follow(const char *run_dir, char *const argv[], const sched_fol
             if (terminal(j.state))
                 break;
         }
-        /* Wait one poll, or less after a stop (the end comes soon). */
+        /* Wait one poll, or less after a stop (the end comes soon); a stop
+         * ends the wait, the SIGCHLD of a finished scontrol does not. */
         int64_t wait = stopping ? (poll_ms < 1000 ? poll_ms : 1000) : poll_ms;
-        struct timespec ts = {wait / 1000, (long)(wait % 1000) * 1000000L};
-        siginfo_t si;
-        int sig = sigtimedwait(sigs, &si, &ts);
-        if ((sig == SIGTERM || sig == SIGINT) && !stopping) {
-            cancel(run_dir, j.job_id);
-            cancel_at = kiln_now_s();
-            stopping = true;
+        int64_t until = kiln_mono_ns() / 1000000 + wait;
+        for (int64_t left = wait; left > 0; left = until - kiln_mono_ns() / 1000000) {
+            struct timespec ts = {left / 1000, (long)(left % 1000) * 1000000L};
+            siginfo_t si;
+            int sig = sigtimedwait(sigs, &si, &ts);
+            if (sig < 0 && errno != EINTR)
+                break; /* the poll is up */
+            if (sig == SIGTERM || sig == SIGINT) {
+                if (!stopping) {
+                    cancel(run_dir, j.job_id);
+                    cancel_at = kiln_now_s();
+                    stopping = true;
+                }
+                break;
+            }
         }
     }
     out->exit_code = j.exit_code;
@@ -641,6 +659,10 @@ void sched_slurm_outcome(const char *run_dir, const sched_status_t *st, const jo
     if (strcmp(state, "SUBMIT_FAILED") == 0) {
         *error = kiln_asprintf("Slurm refused the job: %s (check resources.partition, account, "
                                "gpus_per_node and sbatch_args)",
+                               st->job_reason);
+    } else if (strcmp(state, "SUBMIT_NOCMD") == 0) {
+        *error = kiln_asprintf("cannot submit to Slurm from kilnd's host: %s (install "
+                               "slurm-client there, or put sbatch on kilnd's PATH)",
                                st->job_reason);
     } else if (strcmp(state, "SUBMIT_RETRY") == 0) {
         *error = kiln_asprintf("could not submit to Slurm: %s", st->job_reason);
