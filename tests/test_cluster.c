@@ -23,6 +23,8 @@
  *                     ends bitwise equal to the fault-free model
  *   slurm_preempted   a job in a higher-priority partition preempts the run:
  *                     PREEMPTED, retried from its checkpoint, same model
+ *   installed         the package's files where a node sees them: programs,
+ *                     docs, example specs, systemd units that systemd accepts
  *   kilnd_kill9       kill -9 of kilnd during a Slurm run: the next kilnd
  *                     adopts the supervisor; kill -9 of kilnd and the
  *                     supervisor: the next adopts the Slurm job by its id;
@@ -270,7 +272,7 @@ static int64_t wait_last(state_run_state_t want, int timeout_s)
         }
         sleep_ms(100);
     }
-    wait_run(id, want, 0); /* fails, with the logs */
+    wait_run(id, want, 1); /* fails, with the state and the logs */
     return id;
 }
 
@@ -543,6 +545,41 @@ static int teardown_all(void **state)
 }
 
 /* ---- tests --------------------------------------------------------------------------------- */
+
+/* What the .deb put in /usr, as a node sees it (the overlay of
+ * tools/testcluster.sh --package); skipped with the build tree's programs. */
+static void test_installed(void **state)
+{
+    (void)state;
+    const char *prefix = getenv("KILN_CLUSTER_PREFIX");
+    if (prefix == NULL) {
+        printf("  (not the package's programs: nothing to check)\n");
+        return;
+    }
+    const char *files[] = {"bin/kilnd", "bin/kiln", "bin/kiln-train", "bin/kiln-serve",
+                           "share/doc/kiln/cluster.md", "share/doc/kiln/job-spec.md",
+                           "share/doc/kiln/examples/oneoff.yaml",
+                           "share/doc/kiln/examples/kiln.default",
+                           "lib/systemd/system/kilnd.service",
+                           "lib/systemd/system/kiln-serve.service"};
+    char path[600];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", prefix, files[i]);
+        if (access(path, strncmp(files[i], "bin/", 4) == 0 ? X_OK : R_OK) != 0)
+            fail_msg("the package did not install %s", path);
+    }
+    const char *help[] = {kilnd, "--help", NULL};
+    assert_int_equal(run(help), 0);
+    assert_non_null(strstr(res.out, "--slurm-poll"));
+    /* systemd parses the units and finds their programs. */
+    if (sh("command -v systemd-analyze >/dev/null") == 0) {
+        if (sh("systemd-analyze verify %s/lib/systemd/system/kilnd.service "
+               "%s/lib/systemd/system/kiln-serve.service",
+               prefix, prefix) != 0)
+            fail_msg("systemd-analyze verify: %s%s", res.out, res.err);
+        printf("  systemd-analyze verify: kilnd.service, kiln-serve.service\n");
+    }
+}
 
 /* Retried when something the test did not cause fails a start (last_run). */
 #define RETRY "retries: {count: 2, backoff: 1s, max_backoff: 2s}\n"
@@ -843,6 +880,7 @@ static void test_kilnd_kill9(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_installed),
         cmocka_unit_test_setup_teardown(test_slurm_two_nodes, setup_home, teardown_home),
         cmocka_unit_test_setup_teardown(test_hostfile, setup_home, teardown_home),
         cmocka_unit_test_setup_teardown(test_slurm_refuses, setup_home, teardown_home),
