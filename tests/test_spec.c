@@ -793,6 +793,11 @@ static void test_examples_parse(void **state)
     assert_int_equal(s.export_.every_ms, 30000);
     assert_true(s.push.nendpoints > 0);
     job_spec_fini(&s);
+    load_ok(KILN_SOURCE_DIR "/examples/cluster-slurm.yaml", &s);
+    assert_int_equal(s.resources.launcher, JOB_LAUNCH_SLURM);
+    assert_int_equal(s.resources.gpus_per_node, 4);
+    assert_string_equal(s.resources.mpi.interfaces, "10.20.0.0/16");
+    job_spec_fini(&s);
 }
 
 int main(void)
