@@ -709,4 +709,14 @@ void sched_slurm_outcome(const char *run_dir, const sched_status_t *st, const jo
         free(why);
         *retryable = st->exit_code == 3 || st->exit_code > 128 || st->signal != 0;
     }
+    /* What the user can do about a run lost to the cluster, when Kiln will not. */
+    if (*retryable && *error != NULL && spec != NULL && spec->retries.count == 0) {
+        char *more = kiln_asprintf("%s; with retries.count > 0 Kiln retries it from its newest "
+                                   "checkpoint",
+                                   *error);
+        if (more != NULL) {
+            free(*error);
+            *error = more;
+        }
+    }
 }

@@ -249,7 +249,7 @@ static void note_retries(int64_t id)
     for (int64_t prev = r.retry_of; prev > 0;) {
         state_run_t p;
         get_run(prev, &p);
-        printf("  note: run %lld was retried (%s)\n", (long long)p.id, p.error ? p.error : "?");
+        printf("  run %lld was retried: %s\n", (long long)p.id, p.error ? p.error : "?");
         prev = p.retry_of;
         state_run_fini(&p);
     }

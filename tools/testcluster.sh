@@ -375,6 +375,10 @@ case "$cmd" in
       kill -KILL $pids 2>/dev/null || true
       sleep 0.1
     done
+    # Its /tmp and /dev/shm (its own tmpfs) start empty, as after a real
+    # reboot; the cluster dir in /tmp is the shared filesystem and stays.
+    in_host "$node" find /tmp /dev/shm -mindepth 1 -maxdepth 1 ! -path "$dir" \
+      -exec rm -rf {} +
     start_node_daemons "${node#kn}"
     wait_idle "$(nodes_of | wc -l)"
     say "$node rebooted" ;;
