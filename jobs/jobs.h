@@ -26,6 +26,7 @@ typedef enum { JOB_CONC_FORBID, JOB_CONC_ALLOW, JOB_CONC_REPLACE } job_concurren
 typedef enum { JOB_CATCHUP_NONE, JOB_CATCHUP_LATEST, JOB_CATCHUP_ALL } job_catchup_t;
 typedef enum { JOB_LAUNCH_LOCAL, JOB_LAUNCH_HOSTFILE, JOB_LAUNCH_SLURM } job_launcher_t;
 typedef enum { JOB_DEVICE_AUTO, JOB_DEVICE_CPU, JOB_DEVICE_CUDA } job_device_t;
+typedef enum { JOB_MPI_AUTO, JOB_MPI_TCP } job_mpi_transport_t;
 typedef enum { JOB_FMT_CRITEO_TSV, JOB_FMT_KILN_BIN } job_format_t;
 typedef enum { JOB_MODEL_LR, JOB_MODEL_FM, JOB_MODEL_DLRM } job_model_type_t;
 typedef enum { JOB_COMB_SUM, JOB_COMB_MEAN } job_combiner_t;
@@ -40,6 +41,7 @@ const char *job_concurrency_name(job_concurrency_t v);
 const char *job_catchup_name(job_catchup_t v);
 const char *job_launcher_name(job_launcher_t v);
 const char *job_device_name(job_device_t v);
+const char *job_mpi_transport_name(job_mpi_transport_t v);
 const char *job_format_name(job_format_t v);
 const char *job_model_type_name(job_model_type_t v);
 const char *job_combiner_name(job_combiner_t v);
@@ -102,6 +104,18 @@ typedef struct job_spec {
         job_device_t device;
         int64_t timeout_ms; /* 0: none */
         int threads;        /* OpenMP threads per rank; 0: automatic */
+        /* launcher: slurm only (sbatch's options; docs/cluster.md) */
+        int nodes;          /* --nodes; 0: as Slurm places the tasks */
+        char *partition;    /* --partition; NULL: the cluster's default */
+        char *account;      /* --account; NULL: the user's default */
+        int gpus_per_node;  /* --gpus-per-node; 0: none asked for */
+        char **sbatch_args; /* [nsbatch_args] more sbatch arguments, one each, verbatim */
+        int nsbatch_args;
+        /* Open MPI's network, every launcher */
+        struct {
+            char *interfaces; /* "eth0,10.1.0.0/16": TCP only over these; NULL: any */
+            job_mpi_transport_t transport; /* auto: shared memory within a host; tcp: none */
+        } mpi;
     } resources;
 
     struct {

@@ -42,6 +42,7 @@ static const char *const concurrency_names[] = {"forbid", "allow", "replace", NU
 static const char *const catchup_names[] = {"none", "latest", "all", NULL};
 static const char *const launcher_names[] = {"local", "hostfile", "slurm", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
+static const char *const mpi_transport_names[] = {"auto", "tcp", NULL};
 static const char *const format_names[] = {"criteo-tsv", "kiln-bin", NULL};
 static const char *const model_type_names[] = {"lr", "fm", "dlrm", NULL};
 static const char *const combiner_names[] = {"sum", "mean", NULL};
@@ -65,6 +66,7 @@ ENUM_NAME_FN(job_concurrency_name, job_concurrency_t, concurrency_names)
 ENUM_NAME_FN(job_catchup_name, job_catchup_t, catchup_names)
 ENUM_NAME_FN(job_launcher_name, job_launcher_t, launcher_names)
 ENUM_NAME_FN(job_device_name, job_device_t, device_names)
+ENUM_NAME_FN(job_mpi_transport_name, job_mpi_transport_t, mpi_transport_names)
 ENUM_NAME_FN(job_format_name, job_format_t, format_names)
 ENUM_NAME_FN(job_model_type_name, job_model_type_t, model_type_names)
 ENUM_NAME_FN(job_combiner_name, job_combiner_t, combiner_names)
@@ -446,6 +448,29 @@ static const char *check_env_name(const char *s, char *buf, size_t bufsz)
     return buf;
 }
 
+/* True when s is made of letters, digits and the characters in extra only. */
+static bool made_of(const char *s, const char *extra)
+{
+    for (const char *p = s; *p; p++)
+        if (!isalnum((unsigned char)*p) && strchr(extra, *p) == NULL)
+            return false;
+    return true;
+}
+
+/* Slurm names: a partition (or a comma-separated list of them), an account. */
+static const char *check_slurm_names(const char *s, char *buf, size_t bufsz)
+{
+    size_t n = strlen(s);
+    if (n > 0 && n <= 256 && s[0] != ',' && s[n - 1] != ',' && made_of(s, "_.-,") &&
+        strstr(s, ",,") == NULL)
+        return NULL;
+    snprintf(buf, bufsz,
+             "\"%.80s\" is not a Slurm name (letters, digits, '_', '.', '-'; partitions may be "
+             "a comma-separated list)",
+             s);
+    return buf;
+}
+
 /* ---- custom field parsers (defined further down) ---------------------------------- */
 static void parse_init_from(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                             const char *path);
@@ -455,12 +480,24 @@ static void defer_tables(ctx_t *c, const field_t *f, const yaml_node_t *val, cha
                          const char *path);
 static void parse_slots(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                         const char *path);
+static void parse_interfaces(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                             const char *path);
+static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                              const char *path);
 
 /* ---- the schema ------------------------------------------------------------------------
  * Offsets of rows inside a GROUP are relative to job_spec_t (the group is an
  * anonymous struct of it); rows of a MAP are relative to the MAP's member. */
 #define MS(ms) ((int64_t)(ms))
 #define S_ (MS(1000))
+
+static const field_t mpi_fields[] = {
+    {.key = "interfaces",
+     .type = T_FN,
+     .fn = parse_interfaces,
+     .off = offsetof(job_spec_t, resources.mpi.interfaces)},
+    ENUM("transport", job_spec_t, resources.mpi.transport, JOB_MPI_AUTO, mpi_transport_names),
+    FIELD_END};
 
 static const field_t resources_fields[] = {
     INT("ranks", job_spec_t, resources.ranks, 1, 1, 4096),
@@ -469,6 +506,16 @@ static const field_t resources_fields[] = {
     ENUM("device", job_spec_t, resources.device, JOB_DEVICE_AUTO, device_names),
     DUR("timeout", job_spec_t, resources.timeout_ms, 0, 0, F_NONE_OK),
     INT("threads", job_spec_t, resources.threads, 0, 0, 1024),
+    INT("nodes", job_spec_t, resources.nodes, 0, 0, 4096),
+    STR("partition", job_spec_t, resources.partition, NULL, F_NONEMPTY, check_slurm_names),
+    STR("account", job_spec_t, resources.account, NULL, F_NONEMPTY, check_slurm_names),
+    INT("gpus_per_node", job_spec_t, resources.gpus_per_node, 0, 0, 64),
+    {.key = "sbatch_args",
+     .type = T_FN,
+     .fn = parse_sbatch_args,
+     .off = offsetof(job_spec_t, resources.sbatch_args),
+     .off2 = offsetof(job_spec_t, resources.nsbatch_args)},
+    GROUP("mpi", mpi_fields, 0),
     FIELD_END};
 
 static const field_t retries_fields[] = {
@@ -1116,6 +1163,165 @@ static void parse_init_from(ctx_t *c, const field_t *f, const yaml_node_t *val, 
     }
 }
 
+/* A list of strings (a single string is a list of one), each checked by
+ * check(); NULL when the node is not that (reported), *n the count. */
+static char **string_items(ctx_t *c, const yaml_node_t *val, const char *path, int max,
+                           const char *what, check_fn check, int *n)
+{
+    char gb[80], buf[512], ip[PATH_MAX_LEN];
+    const yaml_node_t *one[1] = {val};
+    yaml_node_item_t *items = NULL;
+    *n = 1;
+    if (val->type == YAML_SEQUENCE_NODE) {
+        items = val->data.sequence.items.start;
+        *n = (int)(val->data.sequence.items.top - items);
+    } else if (val->type != YAML_SCALAR_NODE) {
+        diag(c, val, path, "expected %s, got %s", what, got(val, gb, sizeof gb));
+        return NULL;
+    }
+    if (*n < 1 || *n > max) {
+        diag(c, val, path, "must list 1 to %d items, got %d", max, *n);
+        return NULL;
+    }
+    char **out = kiln_calloc((size_t)*n + 1, sizeof *out);
+    if (out == NULL) {
+        c->nomem = true;
+        return NULL;
+    }
+    bool ok = true;
+    for (int i = 0; i < *n; i++) {
+        const yaml_node_t *it = items ? yaml_document_get_node(c->doc, items[i]) : one[0];
+        if (items)
+            index_path(ip, path, i);
+        else
+            snprintf(ip, sizeof ip, "%s", path);
+        const char *why = it->type != YAML_SCALAR_NODE ? "expected a string"
+                                                        : check(scalar(it), buf, sizeof buf);
+        if (why != NULL) {
+            diag(c, it, ip, "%s", why);
+            ok = false;
+        } else if ((out[i] = kiln_strdup(scalar(it))) == NULL) {
+            c->nomem = true;
+            ok = false;
+        }
+    }
+    if (!ok) {
+        for (int i = 0; i < *n; i++)
+            free(out[i]);
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* An interface name (eth0, ib0, enp1s0f0.100) or an IPv4 subnet (10.1.0.0/16). */
+static const char *check_interface(const char *s, char *buf, size_t bufsz)
+{
+    unsigned a, b, cc, d, bits;
+    char end;
+    if (sscanf(s, "%u.%u.%u.%u/%u%c", &a, &b, &cc, &d, &bits, &end) == 5 && a < 256 &&
+        b < 256 && cc < 256 && d < 256 && bits <= 32)
+        return NULL;
+    if (*s != '\0' && strlen(s) <= 15 && made_of(s, "_.:@-"))
+        return NULL;
+    snprintf(buf, bufsz,
+             "\"%.80s\" is neither a network interface name (like eth0) nor an IPv4 subnet "
+             "(like 10.1.0.0/16)",
+             s);
+    return buf;
+}
+
+static void parse_interfaces(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                             const char *path)
+{
+    int n = 0;
+    char **v = string_items(c, val, path, 16, "an interface or a list of them", check_interface,
+                            &n);
+    if (v == NULL)
+        return;
+    size_t len = 1;
+    for (int i = 0; i < n; i++)
+        len += strlen(v[i]) + 1;
+    char *joined = kiln_calloc(1, len);
+    for (int i = 0; i < n; i++) {
+        if (joined != NULL) {
+            strcat(joined, i ? "," : "");
+            strcat(joined, v[i]);
+        }
+        free(v[i]);
+    }
+    free(v);
+    if (joined == NULL)
+        c->nomem = true;
+    char **p = (char **)(base + f->off);
+    free(*p);
+    *p = joined;
+}
+
+/* sbatch options Kiln sets itself, and the spec field that says each. */
+static const struct {
+    char shrt; /* 0: no short form */
+    const char *lng, *field;
+} sbatch_owned[] = {
+    {'n', "--ntasks", "resources.ranks"},
+    {'N', "--nodes", "resources.nodes"},
+    {'p', "--partition", "resources.partition"},
+    {'A', "--account", "resources.account"},
+    {'t', "--time", "resources.timeout"},
+    {'c', "--cpus-per-task", "resources.threads"},
+    {0, "--gpus-per-node", "resources.gpus_per_node"},
+    {'J', "--job-name", NULL},
+    {'o', "--output", NULL},
+    {'e', "--error", NULL},
+    {'D', "--chdir", NULL},
+    {0, "--open-mode", NULL},
+    {'W', "--wait", NULL},
+    {0, "--parsable", NULL},
+    {0, "--requeue", NULL},
+    {0, "--no-requeue", NULL},
+    {0, "--wrap", NULL},
+};
+
+static const char *check_sbatch_arg(const char *s, char *buf, size_t bufsz)
+{
+    if (s[0] != '-' || s[1] == '\0' || strpbrk(s, "\n\r") != NULL) {
+        snprintf(buf, bufsz,
+                 "\"%.80s\" is not an option: give each sbatch option as one item, "
+                 "--name=value (like --qos=high) or -xVALUE",
+                 s);
+        return buf;
+    }
+    for (size_t i = 0; i < sizeof sbatch_owned / sizeof sbatch_owned[0]; i++) {
+        size_t l = strlen(sbatch_owned[i].lng);
+        bool hit = (strncmp(s, sbatch_owned[i].lng, l) == 0 && (s[l] == '\0' || s[l] == '=')) ||
+                   (sbatch_owned[i].shrt != 0 && s[1] == sbatch_owned[i].shrt);
+        if (!hit)
+            continue;
+        if (sbatch_owned[i].field != NULL)
+            snprintf(buf, bufsz, "%s is set from %s; give it there", sbatch_owned[i].lng,
+                     sbatch_owned[i].field);
+        else
+            snprintf(buf, bufsz, "%s is set by Kiln (docs/cluster.md)", sbatch_owned[i].lng);
+        return buf;
+    }
+    return NULL;
+}
+
+static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                              const char *path)
+{
+    int n = 0;
+    char **v = string_items(c, val, path, 64, "a list of sbatch options", check_sbatch_arg, &n);
+    if (v == NULL)
+        return;
+    char ***p = (char ***)(base + f->off);
+    for (int i = 0; *p != NULL && (*p)[i] != NULL; i++)
+        free((*p)[i]);
+    free(*p);
+    *p = v;
+    *(int *)(base + f->off2) = n;
+}
+
 static void parse_endpoints(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                             const char *path)
 {
@@ -1427,6 +1633,38 @@ static void check_capacity(ctx_t *c)
     }
 }
 
+/* The resources only launcher: slurm reads, and what they must agree with. */
+static void check_slurm_fields(ctx_t *c)
+{
+    static const char *const only[] = {"resources.nodes", "resources.partition",
+                                       "resources.account", "resources.gpus_per_node",
+                                       "resources.sbatch_args"};
+    job_spec_t *s = c->spec;
+    int line, col;
+    if (s->resources.launcher != JOB_LAUNCH_SLURM) {
+        for (size_t i = 0; i < sizeof only / sizeof only[0]; i++) {
+            if (seen(c, only[i]) == NULL)
+                continue;
+            where(c, &line, &col, only[i], NULL);
+            diag_at(c, line, col, only[i], "only used with launcher: slurm (launcher is %s)",
+                    job_launcher_name(s->resources.launcher));
+        }
+        return;
+    }
+    if (s->resources.nodes > s->resources.ranks) {
+        where(c, &line, &col, "resources.nodes", NULL);
+        diag_at(c, line, col, "resources.nodes",
+                "%d nodes for %d ranks: every node runs at least one rank (raise "
+                "resources.ranks or lower resources.nodes)",
+                s->resources.nodes, s->resources.ranks);
+    }
+    if (s->resources.gpus_per_node > 0 && s->resources.device == JOB_DEVICE_CPU) {
+        where(c, &line, &col, "resources.gpus_per_node", NULL);
+        diag_at(c, line, col, "resources.gpus_per_node",
+                "asks for GPUs but resources.device is cpu (use auto or cuda)");
+    }
+}
+
 /* Checks and defaults that span fields; run after the walk. */
 static void check_spec(ctx_t *c)
 {
@@ -1454,6 +1692,8 @@ static void check_spec(ctx_t *c)
                 "only used with launcher: hostfile (launcher is %s)",
                 job_launcher_name(s->resources.launcher));
     }
+
+    check_slurm_fields(c);
 
     if (s->retries.max_backoff_ms < s->retries.backoff_ms) {
         char d1[32], d2[32];
@@ -1490,6 +1730,12 @@ void job_spec_fini(job_spec_t *s)
     free(s->schedule);
     free(s->timezone);
     free(s->resources.hostfile);
+    free(s->resources.partition);
+    free(s->resources.account);
+    for (int i = 0; i < s->resources.nsbatch_args; i++)
+        free(s->resources.sbatch_args[i]);
+    free(s->resources.sbatch_args);
+    free(s->resources.mpi.interfaces);
     free(s->data.train);
     free(s->data.eval);
     free(s->model.bottom_mlp);

@@ -196,10 +196,16 @@ int run_result_read(const char *run_dir, run_result_t *out)
 
 int run_status_write(const char *run_dir, const run_status_t *s)
 {
-    return write_json(run_dir, RUN_FILE_STATUS,
-                      json_pack("{s:i, s:i, s:s, s:I, s:I}", "exit_code", s->exit_code, "signal",
-                                s->signal, "stop", s->stop, "started_at",
-                                (json_int_t)s->started_at, "ended_at", (json_int_t)s->ended_at));
+    json_t *o = json_pack("{s:i, s:i, s:s, s:I, s:I}", "exit_code", s->exit_code, "signal",
+                          s->signal, "stop", s->stop, "started_at", (json_int_t)s->started_at,
+                          "ended_at", (json_int_t)s->ended_at);
+    if (o != NULL && s->job_state[0] != '\0') {
+        json_object_set_new(o, "job_id", json_integer(s->job_id));
+        json_object_set_new(o, "job_state", json_string(s->job_state));
+        json_object_set_new(o, "job_nodes", json_string(s->job_nodes));
+        json_object_set_new(o, "job_reason", json_string(s->job_reason));
+    }
+    return write_json(run_dir, RUN_FILE_STATUS, o);
 }
 
 int run_status_read(const char *run_dir, run_status_t *out)
@@ -212,6 +218,10 @@ int run_status_read(const char *run_dir, run_status_t *out)
     out->started_at = int_of(o, "started_at");
     out->ended_at = int_of(o, "ended_at");
     str_of(o, "stop", out->stop, sizeof out->stop);
+    out->job_id = int_of(o, "job_id");
+    str_of(o, "job_state", out->job_state, sizeof out->job_state);
+    str_of(o, "job_nodes", out->job_nodes, sizeof out->job_nodes);
+    str_of(o, "job_reason", out->job_reason, sizeof out->job_reason);
     json_decref(o);
     return 0;
 }

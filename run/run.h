@@ -36,6 +36,8 @@ extern "C" {
 #define RUN_FILE_STATUS "status"            /* supervisor: run_status_t, at the end */
 #define RUN_FILE_EXPORT_REQUEST "export.request" /* anyone: export at the next step */
 #define RUN_FILE_EXPORT_LAST "export.last"  /* kiln-train rank 0: the newest online export */
+#define RUN_FILE_SLURM "slurm.json"         /* supervisor (slurm): the job it follows */
+#define RUN_FILE_SLURM_SCRIPT "slurm.sh"    /* kilnd (slurm): the batch script */
 
 /* run_dir/name, malloc'd (NULL: out of memory). */
 char *run_path(const char *run_dir, const char *name);
@@ -123,6 +125,12 @@ typedef struct run_status {
     int signal;       /* the signal that killed the launcher; 0: none */
     char stop[32];    /* the reason kilnd gave in RUN_FILE_STOP; "" none */
     int64_t started_at, ended_at; /* Unix seconds */
+    /* A run followed elsewhere (launcher: slurm): the scheduler's job and how
+     * it ended; job_state "" for a local process tree. */
+    int64_t job_id;
+    char job_state[32];   /* COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ... */
+    char job_nodes[256];  /* Slurm's node list, e.g. kn[1-2] */
+    char job_reason[512]; /* what the scheduler (or the follower) said */
 } run_status_t;
 int run_status_write(const char *run_dir, const run_status_t *s);
 /* KILN_ENOENT while the supervisor has not written it; KILN_ECORRUPT. */

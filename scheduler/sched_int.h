@@ -19,7 +19,9 @@
 
 /* ---- launchers ------------------------------------------------------------------
  * A launcher turns a run into the command the supervisor execs. `local` and
- * `hostfile` are mpirun; a `slurm` launcher would build srun here. */
+ * `hostfile` are mpirun (sched_launch_mpi.c); `slurm` is sbatch of a batch
+ * script that starts the ranks with srun, and the supervisor follows the
+ * Slurm job instead of waiting for a local process (sched_launch_slurm.c). */
 typedef struct sched_launch_ctx {
     const char *mpirun, *trainer;
     const job_spec_t *spec;
@@ -28,19 +30,54 @@ typedef struct sched_launch_ctx {
     const char *resume_path; /* a retry: the failed attempt's newest checkpoint, or NULL */
     const char *db_path;
     int64_t run_id;
+    const char *spec_dir; /* KILN_SPEC_DIR of the run, or NULL (remote ranks need it passed) */
 } sched_launch_ctx_t;
+
+typedef struct sched_follow_opts sched_follow_opts_t;
+
+/* The supervisor's body for a run that is not a local process tree: starts
+ * it (argv, or nothing when the run directory already names the job it
+ * follows: adoption), follows it until it ended, and fills *out (exit code,
+ * the scheduler's end state) for run_dir/status. SIGTERM arrives through
+ * sigs (blocked; sigtimedwait) and means: stop the run, reason in run_dir/stop. */
+typedef void (*sched_follow_fn)(const char *run_dir, char *const argv[],
+                                const sched_follow_opts_t *o, run_status_t *out /* OUT */);
+struct sched_follow_opts {
+    const void *sigs; /* const sigset_t *: SIGTERM and friends, blocked */
+    int64_t poll_ms;  /* how often to ask the scheduler */
+};
 
 typedef struct sched_launcher {
     const char *name;
     /* Builds a NULL-terminated argv (free with sched_argv_free). Returns 0,
      * KILN_ENOMEM or KILN_EINVAL (message says what is missing). */
     int (*build_argv)(const sched_launch_ctx_t *ctx, char ***argv /* OUT */);
+    /* NULL: the supervisor execs argv and waits for it (mpirun). */
+    sched_follow_fn follow;
 } sched_launcher_t;
 
 /* The launcher of spec.resources.launcher, or NULL (message set) when this
  * build has none for it. */
 const sched_launcher_t *sched_launcher_for(job_launcher_t which);
 void sched_argv_free(char **argv);
+
+/* Building an argv (sched_launch_mpi.c): push copies s; after an allocation
+ * failure pushes do nothing and finish returns KILN_ENOMEM (argv freed). */
+typedef struct sched_argv {
+    char **v;
+    size_t n, cap;
+    bool oom;
+} sched_argv_t;
+void sched_argv_push(sched_argv_t *a, const char *s);
+int sched_argv_finish(sched_argv_t *a, char ***out /* OUT */);
+/* Pushes `kiln-train --spec S --run-dir D [...]` for ctx: the
+ * command every launcher ends with. */
+void sched_argv_trainer(sched_argv_t *a, const sched_launch_ctx_t *c);
+
+/* ---- launcher: slurm (sched_launch_slurm.c) -------------------------------------- */
+int sched_slurm_argv(const sched_launch_ctx_t *ctx, char ***argv /* OUT */);
+void sched_slurm_follow(const char *run_dir, char *const argv[], const sched_follow_opts_t *o,
+                        run_status_t *out /* OUT */);
 
 /* ---- the supervisor (sched_supervise.c) -----------------------------------------
  * A forked child of kilnd that calls setsid() (so it leads its own session and
@@ -52,6 +89,10 @@ void sched_argv_free(char **argv);
  * reason is read from RUN_FILE_STOP (written by kilnd first). */
 int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace_ms,
                           pid_t *pid /* OUT */);
+/* The same with the launcher's follow (NULL: as above) as the supervisor's
+ * body; argv may then be NULL (adopting the job named in run_dir). */
+int sched_supervise_spawn_follow(const char *run_dir, char *const argv[], int64_t grace_ms,
+                                 sched_follow_fn follow, int64_t poll_ms, pid_t *pid /* OUT */);
 /* Writes the stop reason, then SIGTERMs the supervisor. Returns 0 or KILN_EIO. */
 int sched_stop_request(const char *run_dir, pid_t sup_pid, const char *reason);
 /* Sends sig to every process of session sid except the caller; returns how many. */
@@ -79,6 +120,8 @@ typedef struct sched_active {
     int64_t replaced_by;
     int64_t progress_off; /* bytes of progress.jsonl already recorded as metrics */
     int64_t export_seen;  /* the newest online export whose pushes are queued (its id) */
+    bool followed;        /* its supervisor follows a job elsewhere (slurm): no backstop */
+    int follows;          /* followers started for this run (slurm: re-adoptions) */
 } sched_active_t;
 
 typedef struct sched_job {
@@ -150,5 +193,18 @@ void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int atte
                     const job_spec_t *spec, bool retryable, int exit_code, const char *error);
 /* Backoff before attempt+1: backoff * 2^(attempt-1), capped, plus up to 20% jitter. */
 int64_t sched_backoff_ms(sched_t *s, const job_spec_t *spec, int attempt);
+
+/* sched_launch_slurm.c, kilnd's side of a Slurm run. */
+/* Records run_dir/slurm.json (job id, state, nodes) in the database when it changed. */
+void sched_slurm_import(sched_t *s, sched_active_t *a);
+/* The supervisor of a Slurm run is gone without a status while its job may
+ * still run (kilnd and the supervisor were killed, or the supervisor alone):
+ * starts a new supervisor that follows the same job id. True when it did. */
+bool sched_slurm_readopt(sched_t *s, sched_active_t *a);
+/* The run's outcome from the Slurm end state in stat (no kilnd stop):
+ * *to, a malloc'd *error and whether a retry may help. */
+void sched_slurm_outcome(const char *run_dir, const run_status_t *stat, const job_spec_t *spec,
+                         state_run_state_t *to /* OUT */, char **error /* OUT */,
+                         bool *retryable /* OUT */);
 
 #endif /* KILN_SCHEDULER_SCHED_INT_H */

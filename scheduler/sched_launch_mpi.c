@@ -15,6 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
+extern char **environ;
+
 void sched_argv_free(char **argv)
 {
     for (size_t i = 0; argv != NULL && argv[i] != NULL; i++)
@@ -22,13 +24,7 @@ void sched_argv_free(char **argv)
     free(argv);
 }
 
-typedef struct {
-    char **v;
-    size_t n, cap;
-    bool oom;
-} argv_t;
-
-static void push(argv_t *a, const char *s)
+void sched_argv_push(sched_argv_t *a, const char *s)
 {
     if (a->oom)
         return;
@@ -50,7 +46,7 @@ static void push(argv_t *a, const char *s)
     a->v[++a->n] = NULL;
 }
 
-static int finish(argv_t *a, char ***out)
+int sched_argv_finish(sched_argv_t *a, char ***out)
 {
     if (a->oom) {
         sched_argv_free(a->v);
@@ -60,77 +56,121 @@ static int finish(argv_t *a, char ***out)
     return 0;
 }
 
-static void mpirun_head(argv_t *a, const sched_launch_ctx_t *c)
+static void mca(sched_argv_t *a, const char *name, const char *value)
+{
+    sched_argv_push(a, "--mca");
+    sched_argv_push(a, name);
+    sched_argv_push(a, value);
+}
+
+static void mpirun_head(sched_argv_t *a, const sched_launch_ctx_t *c)
 {
     char np[16];
     snprintf(np, sizeof np, "%d", c->spec->resources.ranks);
-    push(a, c->mpirun);
-    push(a, "-np");
-    push(a, np);
+    sched_argv_push(a, c->mpirun);
+    sched_argv_push(a, "-np");
+    sched_argv_push(a, np);
     if (geteuid() == 0)
-        push(a, "--allow-run-as-root");
+        sched_argv_push(a, "--allow-run-as-root");
     /* Ranks set their own thread counts; do not pin them to one core each. */
-    push(a, "--bind-to");
-    push(a, "none");
+    sched_argv_push(a, "--bind-to");
+    sched_argv_push(a, "none");
     /* A rank waiting in a collective yields the core instead of spinning.
      * Open MPI turns this on by itself only when ONE job oversubscribes a
      * host; two 2-rank jobs on a 2-core host each spun against the other's
      * ranks and ran 25x slower (a 1 s job took over 60 s). */
-    push(a, "--mca");
-    push(a, "mpi_yield_when_idle");
-    push(a, "1");
+    mca(a, "mpi_yield_when_idle", "1");
+    /* resources.mpi: the ranks' traffic (btl) and mpirun's own with its
+     * daemons on other hosts (oob) only over these interfaces or subnets;
+     * transport tcp leaves out shared memory (vader) between ranks on one host. */
+    if (c->spec->resources.mpi.interfaces != NULL) {
+        mca(a, "btl_tcp_if_include", c->spec->resources.mpi.interfaces);
+        mca(a, "oob_tcp_if_include", c->spec->resources.mpi.interfaces);
+    }
+    if (c->spec->resources.mpi.transport == JOB_MPI_TCP)
+        mca(a, "btl", "tcp,self");
 }
 
-static void trainer_tail(argv_t *a, const sched_launch_ctx_t *c)
+void sched_argv_trainer(sched_argv_t *a, const sched_launch_ctx_t *c)
 {
     char id[32];
-    push(a, c->trainer);
-    push(a, "--spec");
-    push(a, c->spec_path);
-    push(a, "--run-dir");
-    push(a, c->run_dir);
+    sched_argv_push(a, c->trainer);
+    sched_argv_push(a, "--spec");
+    sched_argv_push(a, c->spec_path);
+    sched_argv_push(a, "--run-dir");
+    sched_argv_push(a, c->run_dir);
     if (c->inputs_path != NULL) {
-        push(a, "--inputs");
-        push(a, c->inputs_path);
+        sched_argv_push(a, "--inputs");
+        sched_argv_push(a, c->inputs_path);
     }
     if (c->resume_path != NULL) {
-        push(a, "--resume");
-        push(a, c->resume_path);
+        sched_argv_push(a, "--resume");
+        sched_argv_push(a, c->resume_path);
     }
     /* Rank 0 records checkpoints, online exports, inputs and the checkpoint
      * the run started from in the database. No --quiet: the progress lines go
      * to the run's log, which `kiln logs --follow` shows as the run trains. */
     snprintf(id, sizeof id, "%lld", (long long)c->run_id);
-    push(a, "--db");
-    push(a, c->db_path);
-    push(a, "--run-id");
-    push(a, id);
+    sched_argv_push(a, "--db");
+    sched_argv_push(a, c->db_path);
+    sched_argv_push(a, "--run-id");
+    sched_argv_push(a, id);
 }
 
 static int local_argv(const sched_launch_ctx_t *c, char ***out)
 {
-    argv_t a = {0};
+    sched_argv_t a = {0};
     mpirun_head(&a, c);
-    push(&a, "--oversubscribe");
-    trainer_tail(&a, c);
-    return finish(&a, out);
+    sched_argv_push(&a, "--oversubscribe");
+    sched_argv_trainer(&a, c);
+    return sched_argv_finish(&a, out);
 }
 
 static int hostfile_argv(const sched_launch_ctx_t *c, char ***out)
 {
     if (c->hostfile == NULL)
         return kiln_errf(KILN_EINVAL, "launcher hostfile needs resources.hostfile");
-    argv_t a = {0};
+    sched_argv_t a = {0};
     mpirun_head(&a, c);
-    push(&a, "--hostfile");
-    push(&a, c->hostfile);
-    trainer_tail(&a, c);
-    return finish(&a, out);
+    sched_argv_push(&a, "--hostfile");
+    sched_argv_push(&a, c->hostfile);
+    /* mpirun gives ranks on other hosts only the variables it is told to
+     * (sbatch passes the whole environment): the run's own, and kilnd's
+     * KILN_*, OMP_* and OPENBLAS_* (OpenBLAS picks its kernels by
+     * OPENBLAS_CORETYPE: ranks with other kernels train other bits). */
+    const char *env[] = {"KILN_RUN_ID", "KILN_ATTEMPT", c->spec_dir ? "KILN_SPEC_DIR" : NULL};
+    for (size_t i = 0; i < sizeof env / sizeof env[0]; i++) {
+        if (env[i] == NULL)
+            continue;
+        sched_argv_push(&a, "-x");
+        sched_argv_push(&a, env[i]);
+    }
+    static const char *const prefixes[] = {"KILN_", "OMP_", "OPENBLAS_"};
+    for (char **e = environ; *e != NULL; e++) {
+        size_t len = strcspn(*e, "=");
+        char name[256];
+        bool forward = false;
+        for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+            forward = forward || strncmp(*e, prefixes[i], strlen(prefixes[i])) == 0;
+        if (!forward || len >= sizeof name || (*e)[len] != '=')
+            continue;
+        snprintf(name, sizeof name, "%.*s", (int)len, *e);
+        bool dup = false;
+        for (size_t i = 0; i < sizeof env / sizeof env[0]; i++)
+            dup = dup || (env[i] != NULL && strcmp(env[i], name) == 0);
+        if (dup)
+            continue;
+        sched_argv_push(&a, "-x");
+        sched_argv_push(&a, name);
+    }
+    sched_argv_trainer(&a, c);
+    return sched_argv_finish(&a, out);
 }
 
 static const sched_launcher_t launchers[] = {
-    {"local", local_argv},
-    {"hostfile", hostfile_argv},
+    {"local", local_argv, NULL},
+    {"hostfile", hostfile_argv, NULL},
+    {"slurm", sched_slurm_argv, sched_slurm_follow},
 };
 
 const sched_launcher_t *sched_launcher_for(job_launcher_t which)
@@ -139,7 +179,6 @@ const sched_launcher_t *sched_launcher_for(job_launcher_t which)
     for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++)
         if (strcmp(launchers[i].name, name) == 0)
             return &launchers[i];
-    kiln_errf(KILN_EINVAL, "launcher %s is not available in this build (local and hostfile are)",
-              name);
+    kiln_errf(KILN_EINVAL, "launcher %s is not available in this build", name);
     return NULL;
 }

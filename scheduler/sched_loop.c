@@ -60,6 +60,7 @@ void sched_options_init(sched_options_t *o)
     o->grace_ms = 10000;
     o->poll_ms = 1000;
     o->stats_every_ms = 10000;
+    o->slurm_poll_ms = 5000;
 }
 
 typedef struct {
@@ -76,6 +77,8 @@ static const opt_t opts[] = {
     {"poll", "DURATION", "database change poll (default 1s)"},
     {"stats-every", "DURATION", "read each endpoint's /v1/stats this often for the endpoints "
                                 "page (default 10s; 0: never)"},
+    {"slurm-poll", "DURATION", "how often a Slurm run's supervisor asks Slurm about its job "
+                               "(default 5s)"},
     {"drain", NULL, "on SIGTERM, wait for running runs to end (a second SIGTERM stops now)"},
     {"trainer", "PATH", "kiln-train (default $KILN_TRAIN, else next to kilnd, else PATH)"},
     {"mpirun", "PATH", "mpirun (default: from PATH)"},
@@ -163,16 +166,18 @@ int sched_options_parse(int argc, char **argv, int from, sched_options_t *o)
         else if (strcmp(opt->name, "max-ranks") == 0)
             KILN_CHECK(parse_int(opt->name, v, &o->max_ranks));
         else if (strcmp(opt->name, "grace") == 0 || strcmp(opt->name, "poll") == 0 ||
-                 strcmp(opt->name, "stats-every") == 0) {
+                 strcmp(opt->name, "stats-every") == 0 || strcmp(opt->name, "slurm-poll") == 0) {
             if (kiln_duration_parse(v, &ms) < 0 || ms < 0)
                 return kiln_errf(KILN_EUSAGE, "--%s expects a duration like 10s or 500ms, not '%s'",
                                  opt->name, v);
             if (opt->name[0] == 'g')
                 o->grace_ms = ms;
-            else if (opt->name[0] == 's')
+            else if (strcmp(opt->name, "stats-every") == 0)
                 o->stats_every_ms = ms;
-            else
+            else if (opt->name[0] == 'p')
                 o->poll_ms = ms < 50 ? 50 : ms;
+            else
+                o->slurm_poll_ms = ms < 100 ? 100 : ms;
         }
     }
     return 0;

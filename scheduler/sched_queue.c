@@ -89,7 +89,8 @@ int sched_ranks_in_use(const sched_t *s)
 {
     int used = 0;
     for (size_t i = 0; i < s->nact; i++)
-        used += s->act[i].ranks;
+        if (!s->act[i].followed) /* Slurm places its runs' ranks, not this host */
+            used += s->act[i].ranks;
     return used;
 }
 
@@ -253,8 +254,8 @@ int sched_dispatch(sched_t *s, int64_t now_ms, int64_t *next_ms)
                         sched_stop(s, &s->act[k], STOP_REPLACED, now_ms);
             continue; /* it launches once the running one ended */
         }
-        int need = j->spec.resources.ranks;
-        if (used > 0 && used + need > s->o.max_ranks)
+        int need = j->spec.resources.launcher == JOB_LAUNCH_SLURM ? 0 : j->spec.resources.ranks;
+        if (need > 0 && used > 0 && used + need > s->o.max_ranks)
             break; /* strict priority order: nothing smaller jumps the queue */
         rc = sched_launch(s, r, j);
         if (rc < 0)

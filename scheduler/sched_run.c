@@ -232,6 +232,17 @@ static char *retry_checkpoint(sched_t *s, int64_t run_id)
     return NULL;
 }
 
+/* When kilnd stops a run for resources.timeout; 0: never. Slurm enforces a
+ * Slurm run's limit itself (--time, counted from the job's start, not from
+ * its submission), and the run ends TIMEOUT from there. */
+static int64_t deadline_of(const job_spec_t *spec, int64_t started_ms)
+{
+    if (spec == NULL || spec->resources.timeout_ms <= 0 ||
+        spec->resources.launcher == JOB_LAUNCH_SLURM)
+        return 0;
+    return started_ms + spec->resources.timeout_ms;
+}
+
 int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
 {
     const job_spec_t *spec = &job->spec;
@@ -337,7 +348,8 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     if (run->trigger == STATE_TRIGGER_RETRY)
         resume = retry_checkpoint(s, run->retry_of);
     sched_launch_ctx_t ctx = {s->o.mpirun, s->trainer, spec, hostfile, spec_path, run_dir,
-                              inputs_path[0] ? inputs_path : NULL, resume, s->db_path, run->id};
+                              inputs_path[0] ? inputs_path : NULL, resume, s->db_path, run->id,
+                              base};
     KILN_CHECK_GOTO(l->build_argv(&ctx, &argv), rc, out);
 
     /* The run's environment: who it is, and where its spec's relative paths
@@ -356,7 +368,8 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
      * lost, and one killed later finds the pid file and adopts it. */
     KILN_CHECK_GOTO(state_run_set_launch(s->st, run->id, run_dir, 0, s->host), rc, out);
     pid_t pid = 0;
-    rc = sched_supervise_spawn(run_dir, argv, s->o.grace_ms, &pid);
+    rc = sched_supervise_spawn_follow(run_dir, argv, s->o.grace_ms, l->follow,
+                                      s->o.slurm_poll_ms, &pid);
     unsetenv(RUN_ENV_SPEC_DIR);
     KILN_CHECK_GOTO(rc, rc, out);
 
@@ -371,10 +384,11 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     a->pid = pid;
     a->child = true;
     a->ranks = spec->resources.ranks;
+    a->followed = l->follow != NULL;
     a->run_dir = run_dir;
     run_dir = NULL;
     a->started_ms = now_ms();
-    a->deadline_ms = spec->resources.timeout_ms > 0 ? a->started_ms + spec->resources.timeout_ms : 0;
+    a->deadline_ms = deadline_of(spec, a->started_ms);
     launching = false; /* from here on the supervisor's status decides */
     if (sched_watch(s, a) < 0)
         KILN_WARN("run %lld: %s; its end is noticed on SIGCHLD only", (long long)run->id,
@@ -427,7 +441,8 @@ void sched_stop(sched_t *s, sched_active_t *a, sched_stop_t why, int64_t now)
     if (a->stop != STOP_NONE)
         return;
     a->stop = why;
-    a->backstop_ms = now + s->o.grace_ms + 10000;
+    /* A followed run's supervisor waits for the scheduler (scancel, KillWait). */
+    a->backstop_ms = a->followed ? 0 : now + s->o.grace_ms + 10000;
     KILN_INFO("run %lld: stopping (%s): SIGTERM, SIGKILL after %lld ms", (long long)a->run_id,
               stop_name(why), (long long)s->o.grace_ms);
     if (sched_stop_request(a->run_dir, a->pid, stop_name(why)) < 0)
@@ -458,6 +473,7 @@ void sched_import_progress(sched_t *s, sched_active_t *a)
         }
     }
     fclose(f);
+    sched_slurm_import(s, a);
 }
 
 /* The result of a run that ended, as metrics (the figures of its page). */
@@ -511,6 +527,8 @@ void sched_finish(sched_t *s, sched_active_t *a)
         int st;
         waitpid(a->pid, &st, WNOHANG);
     }
+    if (sched_slurm_readopt(s, a)) /* its Slurm job runs on: follow it again */
+        return;
     sched_import_progress(s, a);
     sched_scan_exports(s, a);
     run_result_t res = {0};
@@ -530,8 +548,13 @@ void sched_finish(sched_t *s, sched_active_t *a)
                : strcmp(stat.stop, RUN_STOP_TIMED_OUT) == 0 ? STOP_TIMED_OUT
                : strcmp(stat.stop, RUN_STOP_REPLACED) == 0  ? STOP_REPLACED
                                                             : STOP_NONE;
-    if (src == 0 && stat.exit_code == 0 && stat.signal == 0) {
+    /* A followed run (slurm) succeeded only when its scheduler says so. */
+    bool followed = src == 0 && stat.job_state[0] != '\0';
+    if (src == 0 && stat.exit_code == 0 && stat.signal == 0 &&
+        (!followed || strcmp(stat.job_state, "COMPLETED") == 0)) {
         to = STATE_RUN_SUCCEEDED;
+    } else if (followed && stop == STOP_NONE) {
+        sched_slurm_outcome(a->run_dir, &stat, spec, &to, &error, &retryable);
     } else if (stop == STOP_CANCELED) {
         to = STATE_RUN_CANCELED;
         error = kiln_strdup("canceled on request");
@@ -614,9 +637,9 @@ static void recover_one(sched_t *s, const state_run_t *r)
     a->attempt = r->attempt;
     a->run_dir = kiln_strdup(r->run_dir);
     a->ranks = spec ? spec->resources.ranks : 1;
+    a->followed = spec && spec->resources.launcher == JOB_LAUNCH_SLURM;
     a->started_ms = r->started_at > 0 ? r->started_at * 1000 : now_ms();
-    a->deadline_ms = spec && spec->resources.timeout_ms > 0 ? a->started_ms + spec->resources.timeout_ms
-                                                            : 0;
+    a->deadline_ms = deadline_of(spec, a->started_ms);
     run_status_t stat;
     pid_t pid = 0;
     uint64_t start = 0;
@@ -634,6 +657,8 @@ static void recover_one(sched_t *s, const state_run_t *r)
     a->pid = pid;
     if (r->state == STATE_RUN_LAUNCHING)
         state_run_transition(s->st, r->id, STATE_RUN_LAUNCHING, STATE_RUN_RUNNING, -1, NULL);
+    if (sched_slurm_readopt(s, a)) /* a Slurm job whose supervisor died too */
+        return;
     KILN_INFO("run %lld ended while kilnd was away; recording its outcome", (long long)r->id);
     sched_finish(s, a);
 }

@@ -323,6 +323,19 @@ static const char migration_5[] =
     "  WHERE state IN ('pending', 'sending');"
     "PRAGMA user_version = 5;";
 
+/* v6: the Slurm job of each run of launcher: slurm (its id, state and nodes,
+ * as kilnd last saw them), for the run page and for finding the job again. */
+static const char migration_6[] =
+    "CREATE TABLE slurm_jobs ("
+    "  run_id INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,"
+    "  job_id INTEGER NOT NULL,"
+    "  state TEXT NOT NULL,"
+    "  nodes TEXT,"
+    "  partition TEXT,"
+    "  updated_at INTEGER NOT NULL"
+    ");"
+    "PRAGMA user_version = 6;";
+
 const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
     {"v1: jobs, runs, events", migration_1, false},
     {"v2: job_versions, run_inputs, metrics, checkpoints, exports, endpoints, "
@@ -333,4 +346,5 @@ const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
     {"v5: spec_dir, start checkpoints, checkpoint eval figures, endpoints by label, the push "
      "queue",
      migration_5, true},
+    {"v6: slurm_jobs", migration_6, false},
 };

@@ -26,7 +26,7 @@ typedef struct state state_t;
 
 /* The schema version this build writes. Version 0 is an empty file; each
  * migration in state/schema.c brings version i-1 to i (see docs/state.md). */
-#define STATE_SCHEMA_VERSION 5
+#define STATE_SCHEMA_VERSION 6
 
 /* Opens (creating if needed, with parent directories) and migrates path.
  * Returns 0, KILN_EDB (message names the file and SQLite's reason) or
@@ -441,6 +441,23 @@ int state_run_succeed(state_t *st, int64_t run_id, state_run_state_t from, int e
 /* The message of the newest event of a kind filed under a job (e.g. "submit",
  * whose message names the spec file). KILN_ENOENT when there is none. */
 int state_event_last(state_t *st, int64_t job_id, const char *kind, char **message /* OUT */);
+
+/* ---- Slurm jobs (runs of launcher: slurm) ---------------------------------------- */
+typedef struct state_slurm_job {
+    int64_t run_id;
+    int64_t job_id;   /* Slurm's job id */
+    char *state;      /* Slurm's job state when last seen: PENDING, RUNNING, COMPLETED, ... */
+    char *nodes;      /* Slurm's node list, e.g. "kn[1-2]"; NULL before the job ran */
+    char *partition;  /* NULL: not known yet */
+    int64_t updated_at;
+} state_slurm_job_t;
+
+/* Records the Slurm job of a run, or what changed about it; the run's events
+ * say so ("slurm": submitted, a new state, its nodes). */
+int state_slurm_job_put(state_t *st, const state_slurm_job_t *j);
+/* The Slurm job of run_id; KILN_ENOENT when it has none. */
+int state_slurm_job_get(state_t *st, int64_t run_id, state_slurm_job_t *out /* OUT */);
+void state_slurm_job_fini(state_slurm_job_t *j); /* accepts NULL */
 
 /* ---- lineage queries (kiln lineage, the web page) ------------------------------- */
 int state_checkpoint_get_by_id(state_t *st, int64_t id, state_checkpoint_t *out /* OUT */);

@@ -310,7 +310,17 @@
       "FROM endpoint_holdings h JOIN checkpoints c ON c.id = h.checkpoint_id "  \
       "WHERE h.endpoint_id = ?1 ORDER BY h.since DESC, h.id DESC LIMIT ?2")     \
     X(WEB_CKPT_CHILDREN,                                                        \
-      "SELECT id FROM checkpoints WHERE parent_id = ?1 ORDER BY id LIMIT ?2")
+      "SELECT id FROM checkpoints WHERE parent_id = ?1 ORDER BY id LIMIT ?2")     \
+    /* Slurm jobs of runs (slurm.c) */                                          \
+    X(SLURM_JOB_GET,                                                            \
+      "SELECT run_id, job_id, state, nodes, partition, updated_at "             \
+      "FROM slurm_jobs WHERE run_id = ?1")                                      \
+    X(SLURM_JOB_PUT,                                                            \
+      "INSERT INTO slurm_jobs (run_id, job_id, state, nodes, partition, "       \
+      "updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run_id) DO "    \
+      "UPDATE SET job_id = excluded.job_id, state = excluded.state, "           \
+      "nodes = excluded.nodes, partition = excluded.partition, "                \
+      "updated_at = excluded.updated_at")
 
 typedef enum {
 #define STATE_STMT_ENUM(name, sql) STMT_##name,

@@ -9,8 +9,11 @@
 #define KILN_TESTS_PROC_H
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +158,43 @@ static inline void proc_slow_close(proc_slow_t *s)
     for (int i = 0; i < PROC_SLOW_ALL; i++)
         if (s->fds[i] >= 0)
             close(s->fds[i]);
+}
+
+/* Sends sig to every process of program prog (the base name of argv[0])
+ * that has arg among its arguments, e.g. the ranks of one run (kiln-train
+ * with the run directory); returns how many it signalled. Processes of
+ * every host of the test cluster are here too (one process table). */
+static inline int proc_signal_matching(const char *prog, const char *arg, int sig)
+{
+    DIR *d = opendir("/proc");
+    if (d == NULL)
+        return 0;
+    int count = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char *end = NULL;
+        long pid = strtol(e->d_name, &end, 10);
+        if (pid <= 0 || *end != '\0')
+            continue;
+        char path[300], args[8192];
+        snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        size_t len = fread(args, 1, sizeof args - 1, f);
+        fclose(f);
+        args[len] = '\0';
+        const char *base = strrchr(args, '/');
+        if (strcmp(base ? base + 1 : args, prog) != 0)
+            continue;
+        bool match = false;
+        for (size_t i = 0; i < len; i += strlen(args + i) + 1)
+            match = match || strcmp(args + i, arg) == 0;
+        if (match && kill((pid_t)pid, sig) == 0)
+            count++;
+    }
+    closedir(d);
+    return count;
 }
 
 #endif /* KILN_TESTS_PROC_H */

@@ -522,39 +522,10 @@ static void test_catchup_after_downtime(void **state)
     state_close(st);
 }
 
-/* Sends sig to every kiln-train process whose arguments include run_dir (the
- * ranks of that run) and returns how many it signalled. */
+/* Sends sig to the ranks of the run in run_dir; returns how many. */
 static int signal_ranks(const char *run_dir, int sig)
 {
-    DIR *d = opendir("/proc");
-    if (d == NULL)
-        return 0;
-    int count = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        char *end = NULL;
-        long pid = strtol(e->d_name, &end, 10);
-        if (pid <= 0 || *end != '\0')
-            continue;
-        char path[300], args[4096];
-        snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        size_t len = fread(args, 1, sizeof args - 1, f);
-        fclose(f);
-        args[len] = '\0';
-        const char *base = strrchr(args, '/');
-        if (strcmp(base ? base + 1 : args, "kiln-train") != 0)
-            continue;
-        bool match = false;
-        for (size_t i = 0; i < len; i += strlen(args + i) + 1)
-            match = match || strcmp(args + i, run_dir) == 0;
-        if (match && kill((pid_t)pid, sig) == 0)
-            count++;
-    }
-    closedir(d);
-    return count;
+    return proc_signal_matching("kiln-train", run_dir, sig);
 }
 
 /* Waits up to timeout_s for kilnd.log to contain text. */

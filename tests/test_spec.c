@@ -348,6 +348,35 @@ static void test_every_field(void **state)
     assert_int_equal(s.train.init_from, JOB_INITFROM_NONE);
     assert_null(s.train.init_from_checkpoint);
     assert_int_equal(s.train.sparse.type, JOB_OPT_SGD);
+    assert_int_equal(s.resources.nodes, 0);
+    assert_null(s.resources.partition);
+    assert_null(s.resources.sbatch_args);
+    assert_int_equal(s.resources.mpi.transport, JOB_MPI_AUTO);
+    job_spec_fini(&s);
+
+    /* every Slurm field and the MPI network settings */
+    parse_ok("name: e\ndata: {train: t}\n"
+             "resources:\n"
+             "  ranks: 4\n  launcher: slurm\n  nodes: 2\n  partition: gpu,cpu\n"
+             "  account: ml-team\n  gpus_per_node: 2\n  timeout: 90s\n"
+             "  sbatch_args: [\"--qos=high\", \"--constraint=a100\", \"-x\"]\n"
+             "  mpi: {interfaces: [eth0, 10.1.0.0/16], transport: tcp}\n",
+             &s);
+    assert_int_equal(s.resources.nodes, 2);
+    assert_string_equal(s.resources.partition, "gpu,cpu");
+    assert_string_equal(s.resources.account, "ml-team");
+    assert_int_equal(s.resources.gpus_per_node, 2);
+    assert_int_equal(s.resources.nsbatch_args, 3);
+    assert_string_equal(s.resources.sbatch_args[1], "--constraint=a100");
+    assert_null(s.resources.sbatch_args[3]);
+    assert_string_equal(s.resources.mpi.interfaces, "eth0,10.1.0.0/16");
+    assert_int_equal(s.resources.mpi.transport, JOB_MPI_TCP);
+    assert_string_equal(job_mpi_transport_name(s.resources.mpi.transport), "tcp");
+    job_spec_fini(&s);
+    parse_ok("name: e\ndata: {train: t}\n"
+             "resources: {launcher: hostfile, hostfile: h, mpi: {interfaces: ib0}}\n",
+             &s);
+    assert_string_equal(s.resources.mpi.interfaces, "ib0");
     job_spec_fini(&s);
 }
 
@@ -540,6 +569,35 @@ static const struct bad {
      "hosts to run on)"},
     {P "resources: {hostfile: hosts}\n",
      "job.yaml:3:23: resources.hostfile: only used with launcher: hostfile (launcher is local)"},
+    {P "resources: {partition: gpu}\n",
+     "job.yaml:3:24: resources.partition: only used with launcher: slurm (launcher is local)"},
+    {P "resources: {launcher: hostfile, hostfile: h, sbatch_args: [\"--qos=x\"]}\n",
+     "job.yaml:3:59: resources.sbatch_args: only used with launcher: slurm (launcher is hostfile)"},
+    {P "resources: {launcher: slurm, ranks: 2, nodes: 3}\n",
+     "job.yaml:3:47: resources.nodes: 3 nodes for 2 ranks: every node runs at least one rank "
+     "(raise resources.ranks or lower resources.nodes)"},
+    {P "resources: {launcher: slurm, device: cpu, gpus_per_node: 1}\n",
+     "job.yaml:3:58: resources.gpus_per_node: asks for GPUs but resources.device is cpu (use "
+     "auto or cuda)"},
+    {P "resources: {launcher: slurm, partition: \"a b\"}\n",
+     "job.yaml:3:41: resources.partition: \"a b\" is not a Slurm name (letters, digits, '_', "
+     "'.', '-'; partitions may be a comma-separated list)"},
+    {P "resources: {launcher: slurm, sbatch_args: [\"--time=5\"]}\n",
+     "job.yaml:3:44: resources.sbatch_args[0]: --time is set from resources.timeout; give it "
+     "there"},
+    {P "resources: {launcher: slurm, sbatch_args: [\"-N2\"]}\n",
+     "job.yaml:3:44: resources.sbatch_args[0]: --nodes is set from resources.nodes; give it "
+     "there"},
+    {P "resources: {launcher: slurm, sbatch_args: [\"--output=x\"]}\n",
+     "job.yaml:3:44: resources.sbatch_args[0]: --output is set by Kiln (docs/cluster.md)"},
+    {P "resources: {launcher: slurm, sbatch_args: [\"--qos\", high]}\n",
+     "job.yaml:3:53: resources.sbatch_args[1]: \"high\" is not an option: give each sbatch "
+     "option as one item, --name=value (like --qos=high) or -xVALUE"},
+    {P "resources: {mpi: {interfaces: \"eth0,eth1\"}}\n",
+     "job.yaml:3:31: resources.mpi.interfaces: \"eth0,eth1\" is neither a network interface "
+     "name (like eth0) nor an IPv4 subnet (like 10.1.0.0/16)"},
+    {P "resources: {mpi: {transport: shm}}\n",
+     "job.yaml:3:30: resources.mpi.transport: \"shm\" is not one of auto | tcp"},
     /* endpoints */
     {P "push:\n  endpoints:\n    - {url: \"ftp://h\", model: m, label: A}\n",
      "job.yaml:5:13: push.endpoints[0].url: \"ftp://h\" must start with http:// or https://"},
@@ -974,6 +1032,11 @@ static void test_examples_parse(void **state)
     assert_int_equal(s.train.mode, JOB_MODE_ONLINE);
     assert_int_equal(s.export_.every_ms, 30000);
     assert_true(s.push.nendpoints > 0);
+    job_spec_fini(&s);
+    load_ok(KILN_SOURCE_DIR "/examples/cluster-slurm.yaml", &s);
+    assert_int_equal(s.resources.launcher, JOB_LAUNCH_SLURM);
+    assert_int_equal(s.resources.gpus_per_node, 4);
+    assert_string_equal(s.resources.mpi.interfaces, "10.20.0.0/16");
     job_spec_fini(&s);
 }
 

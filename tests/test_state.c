@@ -214,6 +214,8 @@ static const char *const seeds[STATE_SCHEMA_VERSION] = {
     "  VALUES (30, 'http://h:9', 'old', 'B', 2000);"
     "INSERT INTO pushes (id, job_id, run_id, checkpoint_id, endpoint_id, mode, reason, state,"
     "  created_at) VALUES (40, 1, 4, 20, 30, 'incremental', 'run 4 succeeded', 'pending', 2002);",
+    "INSERT INTO slurm_jobs (run_id, job_id, state, nodes, partition, updated_at)"
+    "  VALUES (3, 4242, 'FAILED', 'kn[1-2]', 'kiln', 1900);",
 };
 
 static void check_v1(state_t *st)
@@ -317,8 +319,34 @@ static void check_v5(state_t *st)
     state_push_fini(&p);
 }
 
+/* v6 records the Slurm job of a run: read back, updated (an event says what
+ * changed), and gone with its run. */
+static void check_v6(state_t *st)
+{
+    state_slurm_job_t j;
+    OK(state_slurm_job_get(st, 3, &j));
+    assert_int_equal(j.job_id, 4242);
+    assert_string_equal(j.state, "FAILED");
+    assert_string_equal(j.nodes, "kn[1-2]");
+    assert_string_equal(j.partition, "kiln");
+    state_slurm_job_fini(&j);
+    assert_int_equal(state_slurm_job_get(st, 1, &j), KILN_ENOENT);
+    state_slurm_job_t put = {1, 77, (char *)"PENDING", NULL, (char *)"kiln", 0};
+    OK(state_slurm_job_put(st, &put));
+    put.state = (char *)"RUNNING";
+    put.nodes = (char *)"kn1";
+    OK(state_slurm_job_put(st, &put));
+    OK(state_slurm_job_put(st, &put)); /* unchanged: no event */
+    OK(state_slurm_job_get(st, 1, &j));
+    assert_string_equal(j.state, "RUNNING");
+    assert_string_equal(j.nodes, "kn1");
+    state_slurm_job_fini(&j);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM events WHERE run_id = 1 AND kind = 'slurm'"),
+                     2);
+}
+
 static void (*const checks[STATE_SCHEMA_VERSION])(state_t *) = {check_v1, check_v2, check_v3,
-                                                                 check_v4, check_v5};
+                                                                 check_v4, check_v5, check_v6};
 
 static void test_migrate_every_version(void **state)
 {

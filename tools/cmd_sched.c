@@ -35,9 +35,9 @@ static bool digits(const char *s)
 int cmd_daemon(cli_t *cli)
 {
     /* Hand the command's options to kilnd's own parser, so both read alike. */
-    static const char *const names[] = {"home",    "listen", "max-ranks", "grace",
-                                        "poll",    "drain",  "trainer",   "mpirun",
-                                        "log",     "stats-every"};
+    static const char *const names[] = {"home",  "listen",  "max-ranks",   "grace",
+                                        "poll",  "drain",   "trainer",     "mpirun",
+                                        "log",   "stats-every", "slurm-poll"};
     char *argv[2 * (sizeof names / sizeof names[0]) + 4];
     int argc = 0;
     argv[argc++] = (char *)"kiln daemon";

@@ -12,6 +12,10 @@ packages=(
   zlib1g-dev libzstd-dev gzip zstd  # compressed training data (runtime/data_src.c and its tests)
   chromium prometheus  # the web tests: headless browser, promtool (Prometheus parser)
   clang libclang-rt-14-dev
+  # the cluster tests (tools/testcluster.sh): Slurm, munge, sshd, namespaces;
+  # libpmix-dev holds the libpmix.so that Slurm's mpi/pmix plugin loads
+  slurmctld slurmd slurm-client munge openssh-server openssh-client libpmix-dev
+  iproute2 util-linux dpkg-dev
 )
 
 missing=()

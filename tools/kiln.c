@@ -62,6 +62,7 @@ static const cli_opt_t daemon_opts[] = {
     {"grace", "DURATION", "SIGTERM to SIGKILL on cancel and timeout (default 10s)"},
     {"poll", "DURATION", "database change poll (default 1s)"},
     {"stats-every", "DURATION", "read endpoints' /v1/stats this often (default 10s; 0: never)"},
+    {"slurm-poll", "DURATION", "how often a Slurm run's supervisor asks about its job (default 5s)"},
     {"drain", NULL, "on SIGTERM, wait for running runs to end"},
     {"trainer", "PATH", "kiln-train to launch"},
     {"mpirun", "PATH", "mpirun to launch it with"},

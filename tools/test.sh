@@ -4,15 +4,23 @@
 # run the whole test suite with CTest.
 #
 #   tools/test.sh                    plain build in build/
-#   KILN_SANITIZE=1 tools/test.sh    ASan+UBSan build in build-san/ (CPU only)
+#   KILN_SANITIZE=1 tools/test.sh    ASan+UBSan build in build-san/ (CPU only;
+#                                    without the `cluster` label: the cluster
+#                                    tests run the .deb's programs, which a
+#                                    sanitizer build does not package)
 #   extra arguments go to ctest, e.g. tools/test.sh -L unit
+#
+# The `cluster` tests (tests/test_cluster.c) bring up the test cluster of
+# tools/testcluster.sh themselves (root: network namespaces) and tear it down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/deps.sh
 
 jobs="${KILN_JOBS:-2}"
+label_args=()
 if [ "${KILN_SANITIZE:-0}" = "1" ]; then
+  label_args=(-LE cluster)
   build="${KILN_BUILD_DIR:-build-san}"
   flags=(-DKILN_ASAN=ON -DKILN_UBSAN=ON -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug)
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1"
@@ -30,4 +38,4 @@ if grep -q "KILN_HAVE_CUDA:INTERNAL=ON" "$build/CMakeCache.txt" 2>/dev/null; the
   echo "kiln: CUDA backend compiled with nvcc (GPU tests report themselves skipped without a device)"
 fi
 cd "$build"
-ctest --output-on-failure -j "$jobs" "$@"
+ctest --output-on-failure -j "$jobs" "${label_args[@]}" "$@"

@@ -239,7 +239,19 @@ int web_api_run(web_req_t *r)
         return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
     KILN_CHECK(rc);
     json_t *doc = json_object();
-    json_object_set_new(doc, "run", run_json(r->st, &run));
+    json_t *rj = run_json(r->st, &run);
+    /* launcher: slurm: the Slurm job as kilnd last saw it; null for others. */
+    state_slurm_job_t sj;
+    if (state_slurm_job_get(r->st, run.id, &sj) == 0) {
+        json_object_set_new(rj, "slurm",
+                            json_pack("{s:I, s:o, s:o, s:o}", "job_id", (json_int_t)sj.job_id,
+                                      "state", jstr(sj.state), "nodes", jstr(sj.nodes),
+                                      "partition", jstr(sj.partition)));
+        state_slurm_job_fini(&sj);
+    } else {
+        json_object_set_new(rj, "slurm", json_null());
+    }
+    json_object_set_new(doc, "run", rj);
     json_object_set_new(doc, "events", events_json(r->st, run.id, &rc));
     if (rc == 0)
         json_object_set_new(doc, "inputs", inputs_json(r->st, run.id, &rc));

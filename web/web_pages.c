@@ -370,6 +370,17 @@ int web_page_run(web_req_t *r)
         kv_text(b, "exit code", num);
     }
     kv_text(b, "host", run.host);
+    state_slurm_job_t sj; /* launcher: slurm */
+    if (state_slurm_job_get(r->st, run.id, &sj) == 0) {
+        web_buf_printf(b, "<dt>Slurm job</dt><dd id=\"slurm\">%lld ", (long long)sj.job_id);
+        web_esc(b, sj.state);
+        web_buf_puts(b, sj.nodes ? " on " : "");
+        web_esc(b, sj.nodes ? sj.nodes : "");
+        web_buf_puts(b, sj.partition ? " (partition " : "");
+        web_esc(b, sj.partition ? sj.partition : "");
+        web_buf_puts(b, sj.partition ? ")</dd>" : "</dd>");
+        state_slurm_job_fini(&sj);
+    }
     kv_text(b, "run directory", run.run_dir);
     web_run_figures_t fig;
     web_run_figures(r->st, &run, &fig);

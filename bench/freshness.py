@@ -1,0 +1,290 @@
+#!/usr/bin/python3
+"""bench/freshness.py - how fresh serving stays, measured from outside.
+
+Two measurements with the real programs (kilnd, kiln-train under mpirun,
+two kiln-serve endpoints on loopback), each with its bound measured in the
+same run:
+
+1. Batch freshness: a cron job (`@every 3s`, data.incremental,
+   export.on_success: incremental, DLRM on 2 ranks) and partitions of
+   --rows rows landing one after another. For each partition: the time from
+   its file landing (rename into place) to its delta being live on B,
+   split into the wait for the cron fire, launch + training + eval, and the
+   export + push. Bound: the same kiln-train run alone (mpirun, the same
+   spec and partition, no kilnd, no push), timed the same way.
+
+2. Online export-to-live: an online job (export.every 1s) pushing to A and B
+   while partitions keep landing. For each export: from the moment the
+   trainer publishes it (export.last appears or changes) to the moment both
+   endpoints serve it. Bound: a `kiln push --job` of the same kind of delta
+   by hand, timed end to end.
+
+Medians of --runs measurements; the observer polls every 10 ms. Run:
+
+    /usr/bin/python3 bench/freshness.py --build build --runs 5 --rows 100000
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def sh(*args, **kw):
+    return subprocess.run([str(a) for a in args], check=True, capture_output=True, text=True,
+                          **kw)
+
+
+class Bench:
+    def __init__(self, build, home, rows):
+        self.build, self.home, self.rows = build, home, rows
+        self.kiln = os.path.join(build, "tools", "kiln")
+        self.procs = []
+        self.env = dict(os.environ, KILN_HOME=home, KILN_SERVE_TOKEN="bench-token",
+                        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                        OMPI_MCA_rmaps_base_oversubscribe="1")
+
+    def start(self, args, log):
+        p = subprocess.Popen([str(a) for a in args], stdout=open(log, "a"),
+                             stderr=subprocess.STDOUT, env=self.env)
+        self.procs.append(p)
+        return p
+
+    def serve(self, label):
+        d = os.path.join(self.home, "serve-" + label)
+        port_file = d + ".port"
+        self.start([os.path.join(self.build, "serving", "kiln-serve"), "--listen", "127.0.0.1:0",
+                    "--state-dir", d, "--token-env", "KILN_SERVE_TOKEN", "--port-file",
+                    port_file, "--max-body", str(64 << 20)], d + ".log")
+        for _ in range(500):
+            if os.path.exists(port_file) and open(port_file).read().strip():
+                return int(open(port_file).read())
+            time.sleep(0.01)
+        sys.exit(f"kiln-serve {label} did not start")
+
+    def kilnd(self):
+        self.start([os.path.join(self.build, "scheduler", "kilnd"), "--listen", "",
+                    "--stats-every", "0", "--poll", "200ms"],
+                   os.path.join(self.home, "kilnd.log"))
+
+    def kiln_json(self, *args):
+        out = subprocess.run([self.kiln, "--json", *args], capture_output=True, text=True,
+                             env=self.env).stdout
+        return json.loads(out) if out.strip() else None
+
+    def stop(self):
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def holds(port, label):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/ctr/versions/{label}",
+                                    timeout=2) as r:
+            return json.load(r).get("checkpoint", "")
+    except Exception:
+        return ""
+
+
+SPEC = """name: {name}
+{schedule}resources: {{ranks: 2, timeout: 10m}}
+data:
+  train: "{data}/day=*/part-*.tsv"
+  eval: "{data}/eval.tsv"
+  incremental: true
+model:
+  type: dlrm
+  embedding: {{dim: 16, capacity: 4000000}}
+  bottom_mlp: [64, 16]
+  top_mlp: [128, 64, 1]
+train: {{batch_size: 2048, init_from: latest{mode}}}
+checkpoint: {{dir: ckpt-{name}, full_every: 1000, keep: 5}}
+export: {{on_success: incremental{every}}}
+push:
+  token_env: KILN_SERVE_TOKEN
+  endpoints:
+{endpoints}"""
+
+
+def land(src, dst):
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.copy(src, dst + ".landing")
+    t = time.time()
+    os.rename(dst + ".landing", dst)
+    return t
+
+
+def batch(b, parts, port_b, data, runs):
+    """Each partition landing to its delta live on B, with its parts."""
+    spec = os.path.join(b.home, "batch.yaml")
+    open(spec, "w").write(SPEC.format(
+        name="fresh", schedule='schedule: "@every 3s"\n', data=data, mode="", every="",
+        endpoints=f'    - {{url: "http://127.0.0.1:{port_b}", model: ctr, label: B}}\n'))
+    sh(b.kiln, "submit", spec, env=b.env)
+    rows = []
+    was = ""
+    for i in range(runs + 1):
+        before = max([r["id"] for r in b.kiln_json("runs", "--job", "fresh") or []], default=0)
+        t_land = land(parts[i], os.path.join(data, f"day={i}", "part-0.tsv"))
+        t_q = t_e = None
+        while time.time() - t_land < 600:
+            now = time.time()
+            rs = [r for r in b.kiln_json("runs", "--job", "fresh", "--limit", "3") or []
+                  if r["id"] > before and r["state"] != "skipped"]
+            if rs and t_q is None:
+                t_q = now
+            if rs and rs[0]["state"] == "succeeded" and t_e is None:
+                t_e = now
+            h = holds(port_b, "B")
+            if h and h != was:
+                t_l = time.time()
+                t_q, t_e = t_q or t_l, t_e or t_l
+                was = h
+                break
+            time.sleep(0.01)
+        else:
+            sys.exit(f"partition {i} did not reach B in 10 minutes; see {b.home}/kilnd.log")
+        if i > 0:  # the first is the full push of a fresh model: not a delta
+            rows.append((t_l - t_land, t_q - t_land, t_e - t_q, t_l - t_e))
+            print(f"  partition {i}: live on B {t_l - t_land:.2f} s after landing "
+                  f"(cron {t_q - t_land:.2f}, run {t_e - t_q:.2f}, push {t_l - t_e:.2f})",
+                  flush=True)
+    return rows
+
+
+def alone(b, part, data):
+    """The bound: kiln-train on one partition by itself, no kilnd, no push."""
+    spec = os.path.join(b.home, "alone.yaml")
+    open(spec, "w").write(SPEC.format(name="alone", schedule="", data=data, mode="", every="",
+                                      endpoints="    []\n").replace("  endpoints:\n    []\n",
+                                                                     "  endpoints: []\n"))
+    times = []
+    for i in range(3):
+        t0 = time.time()
+        sh("mpirun", "-np", 2, "--bind-to", "none", "--oversubscribe",
+           os.path.join(b.build, "runtime", "kiln-train"), "--spec", spec, "--run-dir",
+           os.path.join(b.home, f"alone-{i}"), "--data", part, "--quiet", env=b.env)
+        times.append(time.time() - t0)
+    return statistics.median(times)
+
+
+def online(b, parts, ports, data, runs):
+    """From an export published to both endpoints serving it."""
+    spec = os.path.join(b.home, "online.yaml")
+    eps = "".join(f'    - {{url: "http://127.0.0.1:{p}", model: ctr, label: {lab}}}\n'
+                  for lab, p in ports.items())
+    open(spec, "w").write(SPEC.format(name="online", schedule="", data=data,
+                                      mode=", mode: online", every=", every: 1s",
+                                      endpoints=eps))
+    sh(b.kiln, "submit", spec, env=b.env)
+    run = None
+    for _ in range(3000):
+        rs = b.kiln_json("runs", "--job", "online") or []
+        if rs and rs[0]["state"] == "running" and rs[0].get("run_dir"):
+            run = rs[0]
+            break
+        time.sleep(0.01)
+    if run is None:
+        sys.exit("the online run did not start")
+    last = os.path.join(run["run_dir"], "export.last")
+    lat, seen, k, t_next = [], "", 0, 0.0
+    t0 = time.time()
+    while len(lat) < runs and time.time() - t0 < 600:
+        if time.time() >= t_next:  # keep data landing so that exports have news
+            land(parts[k % len(parts)], os.path.join(data, f"online={k}", "part-0.tsv"))
+            k += 1
+            t_next = time.time() + 1.5
+        try:
+            e = json.load(open(last))
+        except Exception:
+            time.sleep(0.01)
+            continue
+        uid = e.get("checkpoint", "")
+        if uid and uid != seen:
+            t_exp = time.time()
+            seen = uid
+            while time.time() - t_exp < 60:
+                if all(holds(p, lab) == uid for lab, p in ports.items()):
+                    break
+                # a newer export may supersede this one before it goes out
+                try:
+                    if json.load(open(last)).get("checkpoint", "") != uid:
+                        break
+                except Exception:
+                    pass
+                time.sleep(0.01)
+            if all(holds(p, lab) == uid for lab, p in ports.items()):
+                lat.append(time.time() - t_exp)
+                print(f"  export {uid}: live on A and B {lat[-1]:.3f} s after it was written",
+                      flush=True)
+        time.sleep(0.01)
+    sh(b.kiln, "cancel", run["id"], env=b.env)
+    return lat
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=100000)
+    ap.add_argument("--keep", action="store_true", help="keep the temporary home")
+    a = ap.parse_args()
+    build = os.path.abspath(a.build)
+    home = tempfile.mkdtemp(prefix="kiln-fresh-")
+    b = Bench(build, home, a.rows)
+    try:
+        data, odata = os.path.join(home, "data"), os.path.join(home, "odata")
+        os.makedirs(data)
+        os.makedirs(odata)
+        parts = []
+        for i in range(a.runs + 1):
+            p = os.path.join(home, f"part{i}.tsv")
+            sh(b.kiln, "datagen", "--rows", a.rows, "--day", i, "--seed", 7, "--out", p)
+            parts.append(p)
+        for d in (data, odata):
+            sh(b.kiln, "datagen", "--rows", 20000, "--day", a.runs + 1, "--seed", 7, "--out",
+               os.path.join(d, "eval.tsv"))
+        ports = {"A": b.serve("A"), "B": b.serve("B")}
+        b.kilnd()
+        print(f"batch: {a.rows}-row partitions, cron @every 3s, DLRM on 2 ranks -> B", flush=True)
+        rows = batch(b, parts, ports["B"], data, a.runs)
+        bound = alone(b, parts[1], data)
+        med = [statistics.median(c) for c in zip(*rows)]
+        print(f"\nbatch freshness, median of {len(rows)}: {med[0]:.2f} s from landing to live "
+              f"on B (goal < 10 s)")
+        print(f"  wait for the cron fire {med[1]:.2f} s, launch + train + eval {med[2]:.2f} s, "
+              f"export + push {med[3]:.2f} s")
+        print(f"  bound: kiln-train alone on the same partition {bound:.2f} s; "
+              f"freshness / bound = {med[0] / bound:.2f}x")
+        print("\nonline: export every 1 s -> A and B while partitions land", flush=True)
+        lat = online(b, parts, ports, odata, a.runs)
+        res = {"rows": a.rows, "batch_freshness_s": round(med[0], 3),
+               "batch_parts_s": {"cron": round(med[1], 3), "run": round(med[2], 3),
+                                 "push": round(med[3], 3)},
+               "train_alone_s": round(bound, 3), "ratio": round(med[0] / bound, 3)}
+        if lat:
+            print(f"\nonline export-to-live, median of {len(lat)}: {statistics.median(lat):.3f} s "
+                  f"(goal < 1 s on every endpoint)")
+            res["online_export_to_live_s"] = round(statistics.median(lat), 3)
+        print(json.dumps(res))
+    finally:
+        b.stop()
+        if not a.keep:
+            shutil.rmtree(home, ignore_errors=True)
+        else:
+            print(f"kept {home}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
