@@ -129,9 +129,13 @@ wait_b_moves() {
 # Lands a file the way data should land: written elsewhere, renamed into place.
 land() { mkdir -p "$(dirname "$2")"; cp "$1" "$2.landing"; mv "$2.landing" "$2"; }
 
-say "generate day 0 and day 1 ($rows rows each; the last tenth of day 1 is held out)"
-"$kiln" datagen --rows "$rows" --day 0 --seed 7 --out "$KILN_HOME/day0.tsv" >/dev/null
-"$kiln" datagen --rows $((rows + rows / 10)) --day 1 --seed 7 --out "$KILN_HOME/day1-all.tsv" >/dev/null
+# Skewed like real traffic: a few ids in a large share of rows (Zipf 1.15),
+# 200k ids per slot, 4% of fields empty.
+skew=(--zipf 1.15 --vocab 200000 --empty 0.04)
+say "generate day 0 and day 1 ($rows rows each, Zipf-skewed ids; the last tenth of day 1 is held out)"
+"$kiln" datagen --rows "$rows" --day 0 --seed 7 "${skew[@]}" --out "$KILN_HOME/day0.tsv" >/dev/null
+"$kiln" datagen --rows $((rows + rows / 10)) --day 1 --seed 7 "${skew[@]}" \
+  --out "$KILN_HOME/day1-all.tsv" >/dev/null
 head -n "$rows" "$KILN_HOME/day1-all.tsv" > "$KILN_HOME/day1.tsv"
 tail -n $((rows / 10)) "$KILN_HOME/day1-all.tsv" > "$KILN_HOME/job/data/eval.tsv"
 
