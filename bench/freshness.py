@@ -36,6 +36,10 @@ import time
 import urllib.request
 
 
+# Zipf-skewed ids, as real traffic (a few ids in a large share of rows).
+SKEW = ["--zipf", "1.15", "--vocab", "200000", "--empty", "0.04"]
+
+
 def sh(*args, **kw):
     return subprocess.run([str(a) for a in args], check=True, capture_output=True, text=True,
                           **kw)
@@ -202,7 +206,7 @@ def online(b, parts, ports, data, runs):
     t0 = time.time()
     while len(lat) < runs and time.time() - t0 < 600:
         if time.time() >= t_next:  # keep data landing so that exports have news
-            land(parts[k % len(parts)], os.path.join(data, f"online={k}", "part-0.tsv"))
+            land(parts[k % len(parts)], os.path.join(data, f"day={k}", "part-0.tsv"))
             k += 1
             t_next = time.time() + 1.5
         try:
@@ -250,10 +254,10 @@ def main():
         parts = []
         for i in range(a.runs + 1):
             p = os.path.join(home, f"part{i}.tsv")
-            sh(b.kiln, "datagen", "--rows", a.rows, "--day", i, "--seed", 7, "--out", p)
+            sh(b.kiln, "datagen", "--rows", a.rows, "--day", i, "--seed", 7, *SKEW, "--out", p)
             parts.append(p)
         for d in (data, odata):
-            sh(b.kiln, "datagen", "--rows", 20000, "--day", a.runs + 1, "--seed", 7, "--out",
+            sh(b.kiln, "datagen", "--rows", 20000, "--day", a.runs + 1, "--seed", 7, *SKEW, "--out",
                os.path.join(d, "eval.tsv"))
         ports = {"A": b.serve("A"), "B": b.serve("B")}
         b.kilnd()

@@ -176,6 +176,8 @@ typedef struct trainer {
     state_t *db;                     /* rank 0, with --db */
     int64_t last_ckpt_id;            /* rank 0: the database id of last_uid; 0 */
     int64_t last_export_ms;          /* mono ms of the last export (export.every_ms) */
+    int64_t export_step;             /* tr->steps at the last export (or the start): a timed
+                                        export with no step since would push nothing new */
     int64_t rec_every;               /* steps between progress records (the loss curve) */
     int64_t train_ns;                /* time in the training loop so far */
     char **eval_files;               /* data.eval, expanded (neval); NULL: none */
@@ -915,9 +917,13 @@ static int export_requested(trainer_t *tr, bool *want)
     if (tr->rank == 0) {
         if (run_export_take_request(tr->opt.run_dir))
             mine = 1;
-        int64_t every = tr->spec.export_.every_ms;
-        if (every > 0 && kiln_mono_ns() / 1000000 - tr->last_export_ms >= every)
-            mine = 1;
+        int64_t every = tr->spec.export_.every_ms, now = kiln_mono_ns() / 1000000;
+        if (every > 0 && now - tr->last_export_ms >= every) {
+            if (tr->steps > tr->export_step)
+                mine = 1;
+            else
+                tr->last_export_ms = now; /* nothing learnt since: the next period */
+        }
     }
     int any = mine;
     if (tr->nranks > 1 &&
@@ -1338,6 +1344,7 @@ static int train(trainer_t *tr, char **files, int nfiles, int64_t epochs)
                 /* export.every_ms counts from the end of an export, so a
                  * slow disk gets training time between exports. */
                 tr->last_export_ms = kiln_mono_ns() / 1000000;
+                tr->export_step = tr->steps;
             }
             if (rc == 0 && every_steps > 0 && tr->steps % every_steps == 0)
                 rc = checkpoint(tr, false);
@@ -1558,6 +1565,7 @@ static int train_online(trainer_t *tr, char **files, int nfiles)
         if (rc == 0 && want) {
             rc = checkpoint(tr, true);
             tr->last_export_ms = kiln_mono_ns() / 1000000;
+            tr->export_step = tr->steps;
         }
         if (rc == 0 && tr->rank == 0)
             rc = find_new(&seen, pattern, &list);
@@ -2116,6 +2124,7 @@ static int run(trainer_t *tr)
         tr->spec.train.batch_size, tr->nranks, nfiles, nfiles == 1 ? "" : "s");
 
     tr->last_export_ms = kiln_mono_ns() / 1000000;
+    tr->export_step = tr->steps;
     rc = online ? train_online(tr, files, nfiles) : train(tr, files, nfiles, tr->spec.train.epochs);
     if (rc == 0)
         rc = checkpoint(tr, false);

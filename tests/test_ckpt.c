@@ -1503,6 +1503,53 @@ static void test_online_export_every_ms(void **state)
     free(r);
 }
 
+/* A timed online export needs something learnt since the last one: an
+ * online run with no data exports nothing (serving never gets an untrained
+ * or unchanged model), and one partition gives one or two exports however
+ * long the run then waits for more. */
+static void test_online_export_needs_news(void **state)
+{
+    (void)state;
+    char s[512], dir[512], src[512], dst[2200], run_dir[512];
+    snprintf(s, sizeof s, "%s/news.yaml", tmpdir);
+    FILE *f = fopen(s, "w");
+    assert_non_null(f);
+    fprintf(f, "name: news\n"
+               "data: {train: \"data/news/part-*.tsv\"}\n"
+               "model:\n  type: lr\n  embedding: {capacity: 200000}\n"
+               "train: {mode: online, batch_size: 80, seed: 7, init_from: none}\n"
+               "export: {every: 100ms}\n");
+    fclose(f);
+    snprintf(dir, sizeof dir, "%s/data/news", tmpdir);
+    mkdir(dir, 0755);
+    snprintf(run_dir, sizeof run_dir, "%s/news1", tmpdir);
+    const char *argv[] = {"mpirun",  "-np", "2",         "--oversubscribe", KILN_TRAIN_BIN,
+                          "--spec",  s,     "--run-dir", run_dir,           "--quiet",
+                          "--threads", "1", "--eval",    "none",            NULL};
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        child_exec(argv, NULL, 0);
+    }
+    setpgid(pid, pid);
+    struct timespec idle = {1, 0};
+    nanosleep(&idle, NULL); /* ten export periods with no data */
+    int before = online_exports("news1");
+    snprintf(src, sizeof src, "%s/data/day=0.tsv", tmpdir);
+    snprintf(dst, sizeof dst, "cp '%s' '%s/.p' && mv '%s/.p' '%s/part-0.tsv'", src, dir, dir, dir);
+    bool landed = system(dst) == 0;
+    bool got = landed && wait_exports("news1", 1);
+    nanosleep(&idle, NULL); /* ten more periods with nothing new */
+    int after = online_exports("news1");
+    kill(-pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    if (before != 0 || !got || after > 2)
+        fail_msg("online exports: %d with no data (want 0), %d after one partition and 1 s "
+                 "(want 1 or 2)%s",
+                 before, after, got ? "" : "; none came within 30 s");
+}
+
 /* The .tmp- directory of job's checkpoint dir, or "" when there is none. */
 static void find_tmp(const char *job, char *out, size_t cap)
 {
@@ -1920,6 +1967,7 @@ int main(void)
         cmocka_unit_test(test_export_lineage_in_db),
         cmocka_unit_test(test_online_export_sigusr1),
         cmocka_unit_test(test_online_export_every_ms),
+        cmocka_unit_test(test_online_export_needs_news),
         cmocka_unit_test(test_latest_falls_back),
     };
     if (getenv("KILN_TEST_FILTER") != NULL)
