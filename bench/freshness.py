@@ -16,8 +16,10 @@ same run:
 2. Online export-to-live: an online job (export.every 1s) pushing to A and B
    while partitions keep landing. For each export: from the moment the
    trainer publishes it (export.last appears or changes) to the moment both
-   endpoints serve it. Bound: a `kiln push --job` of the same kind of delta
-   by hand, timed end to end.
+   endpoints serve it. Peer: the same delta (the last export on the one
+   before) pushed by hand with `kiln push` to a third endpoint C (auto:
+   false, so kilnd leaves it alone), timed from the command's start to its
+   exit; the ratio says what finding the export and queueing its pushes add.
 
 Medians of --runs measurements; the observer polls every 10 ms. Run:
 
@@ -183,11 +185,12 @@ def alone(b, part, data):
     return statistics.median(times)
 
 
-def online(b, parts, ports, data, runs):
-    """From an export published to both endpoints serving it."""
+def online(b, parts, ports, port_c, data, runs):
+    """From an export published to both endpoints serving it; and the peer."""
     spec = os.path.join(b.home, "online.yaml")
     eps = "".join(f'    - {{url: "http://127.0.0.1:{p}", model: ctr, label: {lab}}}\n'
                   for lab, p in ports.items())
+    eps += f'    - {{url: "http://127.0.0.1:{port_c}", model: ctr, label: C, auto: false}}\n'
     open(spec, "w").write(SPEC.format(name="online", schedule="", data=data,
                                       mode=", mode: online", every=", every: 1s",
                                       endpoints=eps))
@@ -202,7 +205,7 @@ def online(b, parts, ports, data, runs):
     if run is None:
         sys.exit("the online run did not start")
     last = os.path.join(run["run_dir"], "export.last")
-    lat, seen, k, t_next = [], "", 0, 0.0
+    lat, seen, k, t_next, uids = [], "", 0, 0.0, []
     t0 = time.time()
     while len(lat) < runs and time.time() - t0 < 600:
         if time.time() >= t_next:  # keep data landing so that exports have news
@@ -230,11 +233,23 @@ def online(b, parts, ports, data, runs):
                 time.sleep(0.01)
             if all(holds(p, lab) == uid for lab, p in ports.items()):
                 lat.append(time.time() - t_exp)
+                uids.append(uid)
                 print(f"  export {uid}: live on A and B {lat[-1]:.3f} s after it was written",
                       flush=True)
         time.sleep(0.01)
     sh(b.kiln, "cancel", run["id"], env=b.env)
-    return lat
+    # The peer: the last export as a delta on the one before, by hand, to C.
+    hand = None
+    if len(uids) >= 2:
+        sh(b.kiln, "push", "--job", "online", "--label", "C", "--checkpoint", uids[-2],
+           env=b.env)
+        t = time.time()
+        sh(b.kiln, "push", "--job", "online", "--label", "C", "--checkpoint", uids[-1],
+           env=b.env)
+        hand = time.time() - t
+        if holds(port_c, "C") != uids[-1]:
+            sys.exit("the hand push did not reach C")
+    return lat, hand
 
 
 def main():
@@ -260,6 +275,7 @@ def main():
             sh(b.kiln, "datagen", "--rows", 20000, "--day", a.runs + 1, "--seed", 7, *SKEW, "--out",
                os.path.join(d, "eval.tsv"))
         ports = {"A": b.serve("A"), "B": b.serve("B")}
+        port_c = b.serve("C")
         b.kilnd()
         print(f"batch: {a.rows}-row partitions, cron @every 3s, DLRM on 2 ranks -> B", flush=True)
         rows = batch(b, parts, ports["B"], data, a.runs)
@@ -272,7 +288,7 @@ def main():
         print(f"  bound: kiln-train alone on the same partition {bound:.2f} s; "
               f"freshness / bound = {med[0] / bound:.2f}x")
         print("\nonline: export every 1 s -> A and B while partitions land", flush=True)
-        lat = online(b, parts, ports, odata, a.runs)
+        lat, hand = online(b, parts, ports, port_c, odata, a.runs)
         res = {"rows": a.rows, "batch_freshness_s": round(med[0], 3),
                "batch_parts_s": {"cron": round(med[1], 3), "run": round(med[2], 3),
                                  "push": round(med[3], 3)},
@@ -281,6 +297,11 @@ def main():
             print(f"\nonline export-to-live, median of {len(lat)}: {statistics.median(lat):.3f} s "
                   f"(goal < 1 s on every endpoint)")
             res["online_export_to_live_s"] = round(statistics.median(lat), 3)
+        if lat and hand:
+            print(f"  peer: the last export's delta pushed by hand (kiln push, to C) {hand:.3f} s; "
+                  f"export-to-live / hand push = {statistics.median(lat) / hand:.2f}x")
+            res["online_hand_push_s"] = round(hand, 3)
+            res["online_ratio"] = round(statistics.median(lat) / hand, 3)
         print(json.dumps(res))
     finally:
         b.stop()
