@@ -102,19 +102,24 @@ static inline pid_t fx_spawn(const char *log, const char *const *env, const char
 typedef struct fx_kilnd {
     char home[400], db[480], log[480];
     pid_t pid;
+    int web_port; /* set before fx_kilnd_start: serve the status page on 127.0.0.1:port */
 } fx_kilnd_t;
 
-/* Starts kilnd on home/kiln.db (runs in home/runs), fast polls, no status
- * page, endpoint stats every second; env is added to its environment. */
+/* Starts kilnd on home/kiln.db (runs in home/runs), fast polls, endpoint
+ * stats every second, the status page only when k->web_port is set; env is
+ * added to its environment. */
 static inline void fx_kilnd_start(fx_kilnd_t *k, const char *home, const char *const *env)
 {
+    char listen[64] = "";
     snprintf(k->home, sizeof k->home, "%s", home);
     snprintf(k->db, sizeof k->db, "%s/kiln.db", home);
     snprintf(k->log, sizeof k->log, "%s/kilnd.log", home);
+    if (k->web_port > 0)
+        snprintf(listen, sizeof listen, "127.0.0.1:%d", k->web_port);
     const char *argv[] = {KILND_BIN,  "--db",          k->db,      "--home", k->home,
                           "--trainer", KILN_TRAIN_BIN, "--grace",  "1s",     "--poll",
                           "200ms",     "--stats-every", "1s",      "--max-ranks", "4",
-                          "--listen",  "",             NULL};
+                          "--listen",  listen,         NULL};
     const char *base[16] = {"KILN_TEST_TOKEN=" FX_TOKEN};
     size_t n = 1;
     for (size_t i = 0; env != NULL && env[i] != NULL && n + 1 < 16; i++)
@@ -198,8 +203,8 @@ static inline size_t fx_body_cb(char *p, size_t size, size_t n, void *ud)
     return add;
 }
 
-/* GET url as JSON (NULL when it does not answer 200 with JSON). */
-static inline json_t *fx_get_json(const char *url)
+/* GET url: the body (malloc'd; NULL when none) unless the status is not 200. */
+static inline char *fx_get(const char *url)
 {
     CURL *e = curl_easy_init();
     char *body = NULL;
@@ -211,7 +216,18 @@ static inline json_t *fx_get_json(const char *url)
     if (curl_easy_perform(e) == CURLE_OK)
         curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
     curl_easy_cleanup(e);
-    json_t *v = status == 200 && body != NULL ? json_loads(body, 0, NULL) : NULL;
+    if (status != 200) {
+        free(body);
+        return NULL;
+    }
+    return body;
+}
+
+/* GET url as JSON (NULL when it does not answer 200 with JSON). */
+static inline json_t *fx_get_json(const char *url)
+{
+    char *body = fx_get(url);
+    json_t *v = body != NULL ? json_loads(body, 0, NULL) : NULL;
     free(body);
     return v;
 }

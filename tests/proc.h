@@ -107,6 +107,22 @@ static inline void proc_run(proc_result_t *r, const char *scratch_dir, const cha
     proc_run_env(r, scratch_dir, NULL, argv);
 }
 
+/* A loopback TCP port that was free a moment ago (bound and released), for a
+ * server that takes a fixed --listen address. */
+static inline int proc_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
 /* A TCP connection from source address src (any 127.x.y.z: all of 127/8 is
  * loopback on Linux, so one test can play several clients) to 127.0.0.1:port,
  * with `first` sent on it when not NULL. Returns the socket or -1. Sends

@@ -358,6 +358,181 @@ static void test_one_serve_two_labels(void **state)
 
 /* ---- a cron job, three partitions ----------------------------------------------------------- */
 
+/* `kiln --json lineage REF` as JSON (the test fails if the command does). */
+static json_t *lineage_json(const char *ref)
+{
+    proc_result_t *r = calloc(1, sizeof *r);
+    const char *args[] = {"--json", "lineage", ref, NULL};
+    fx_kiln(&kd, r, args);
+    if (r->code != 0)
+        fail_msg("kiln lineage %s: exit %d: %s", ref, r->code, r->err);
+    json_t *doc = json_loads(r->out, 0, NULL);
+    if (doc == NULL)
+        fail_msg("kiln lineage %s printed no JSON: %s", ref, r->out);
+    free(r);
+    return doc;
+}
+
+/* Lineage walks forward from the first run, across the later runs that
+ * started from its checkpoint, to B; and back from B's URL to every
+ * partition file. */
+static void check_lineage_from_run_and_endpoint(int64_t first, const fx_serve_t *s)
+{
+    char ref[32];
+    snprintf(ref, sizeof ref, "%lld", (long long)first);
+    json_t *doc = lineage_json(ref);
+    json_t *eps = json_object_get(doc, "endpoints");
+    bool reaches = false;
+    for (size_t i = 0; i < json_array_size(eps); i++) {
+        json_t *e = json_array_get(eps, i);
+        reaches = reaches || (strcmp(json_string_value(json_object_get(e, "label")), "B") == 0 &&
+                              json_is_true(json_object_get(e, "serves_this_lineage")));
+    }
+    if (!reaches)
+        fail_msg("lineage forward from run %s does not reach B", ref);
+    json_decref(doc);
+    doc = lineage_json(s->url);
+    char *text = json_dumps(doc, 0);
+    for (int p = 0; p < 3; p++) {
+        char file[64];
+        snprintf(file, sizeof file, "/cron/data/day=%d.tsv", p);
+        if (strstr(text, file) == NULL)
+            fail_msg("lineage back from %s does not name %s: %s", s->url, file, text);
+    }
+    free(text);
+    json_decref(doc);
+}
+
+/* `kiln logs` shows the trainer's progress: step, loss and samples/s. */
+static void check_logs(int64_t id)
+{
+    char ref[32];
+    snprintf(ref, sizeof ref, "%lld", (long long)id);
+    proc_result_t *r = calloc(1, sizeof *r);
+    const char *args[] = {"logs", ref, NULL};
+    fx_kiln(&kd, r, args);
+    assert_int_equal(r->code, 0);
+    if (strstr(r->out, "step ") == NULL || strstr(r->out, "loss ") == NULL ||
+        strstr(r->out, "samples/s") == NULL)
+        fail_msg("kiln logs %s shows no progress line: %s", ref, r->out);
+    free(r);
+}
+
+/* The numbers of an SVG's <text class="CLS"> labels, in order. */
+static int svg_ticks(const char *svg, const char *cls, double *v, int cap)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "class=\"%s\"", cls);
+    int n = 0;
+    for (const char *p = strstr(svg, pat); p != NULL && n < cap; p = strstr(p + 1, pat)) {
+        const char *gt = strchr(p, '>');
+        if (gt != NULL)
+            v[n++] = strtod(gt + 1, NULL);
+    }
+    return n;
+}
+
+/* Ticks at round numbers: evenly spaced by 1, 2 or 5 times a power of ten. */
+static void assert_round_ticks(const double *v, int n, const char *axis)
+{
+    if (n < 2)
+        fail_msg("%s axis: %d ticks", axis, n);
+    double step = v[1] - v[0];
+    double e = pow(10.0, floor(log10(fabs(step))));
+    double m = fabs(step) / e;
+    if (!(fabs(m - 1) < 1e-6 || fabs(m - 2) < 1e-6 || fabs(m - 5) < 1e-6))
+        fail_msg("%s axis: tick step %g is not 1, 2 or 5 times a power of ten", axis, step);
+    for (int i = 0; i < n; i++) {
+        if (fabs(v[i] / step - round(v[i] / step)) > 1e-6)
+            fail_msg("%s axis: tick %g is not a multiple of %g", axis, v[i], step);
+        if (i > 0 && fabs(v[i] - v[i - 1] - step) > 1e-6 * fabs(step))
+            fail_msg("%s axis: ticks %g and %g are not %g apart", axis, v[i - 1], v[i], step);
+    }
+}
+
+/* kilnd's status page: the run's pushes and loss curve (one point per step
+ * of this short run, round ticks, no loss below 0), and the endpoints page
+ * with what B holds, its eval figures and its traffic from /v1/stats. */
+static void check_pages(int64_t id, const fx_serve_t *s, const char *uid)
+{
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/runs/%lld", kd.web_port, (long long)id);
+    json_t *doc = fx_get_json(url);
+    if (doc == NULL)
+        fail_msg("kilnd's page does not answer %s (see %s)", url, kd.log);
+    json_t *pushes = json_object_get(doc, "pushes");
+    assert_true(json_array_size(pushes) >= 1);
+    json_t *last = json_array_get(pushes, json_array_size(pushes) - 1);
+    assert_string_equal(json_string_value(json_object_get(last, "state")), "succeeded");
+    assert_string_equal(json_string_value(json_object_get(last, "label")), "B");
+    assert_int_equal(json_integer_value(json_object_get(last, "http_status")), 200);
+    /* This run resumed at some step and trained to result.json's steps. */
+    json_t *xs = json_object_get(json_object_get(doc, "loss"), "step");
+    size_t points = json_array_size(xs);
+    int64_t from = json_integer_value(json_array_get(xs, 0));
+    int64_t to = json_integer_value(json_array_get(xs, points - 1));
+    const char *rdir = json_string_value(json_object_get(json_object_get(doc, "run"), "run_dir"));
+    char path[600], res[4096];
+    snprintf(path, sizeof path, "%s/result.json", rdir);
+    proc_slurp(path, res, sizeof res);
+    json_t *result = json_loads(res, 0, NULL);
+    int64_t steps = json_integer_value(json_object_get(result, "steps"));
+    json_decref(result);
+    if (points < 2 || to != steps || (int64_t)points != to - from + 1)
+        fail_msg("run %lld: %zu loss points, steps %lld..%lld, result.json says %lld steps "
+                 "(a short run shows every step)",
+                 (long long)id, points, (long long)from, (long long)to, (long long)steps);
+    json_decref(doc);
+
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/runs/%lld/loss.svg", kd.web_port,
+             (long long)id);
+    char *svg = fx_get(url);
+    assert_non_null(svg);
+    double v[64];
+    int n = svg_ticks(svg, "ytick", v, 64);
+    assert_round_ticks(v, n, "loss");
+    for (int i = 0; i < n; i++)
+        if (v[i] < 0)
+            fail_msg("loss axis has a tick below 0: %g", v[i]);
+    assert_round_ticks(v, svg_ticks(svg, "xtick", v, 64), "step");
+    free(svg);
+
+    /* One predict request to B; kilnd reads /v1/stats every second. */
+    char purl[300], eval[400], cmd[1200];
+    snprintf(purl, sizeof purl, "%s/v1/models/ctr/predict?label=B", s->url);
+    snprintf(eval, sizeof eval, "%s/eval.tsv", data_dir);
+    snprintf(cmd, sizeof cmd, "head -n 5 '%s' | curl -sf --data-binary @- '%s' > /dev/null", eval,
+             purl);
+    assert_int_equal(system(cmd), 0);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/endpoints", kd.web_port);
+    bool seen = false;
+    for (int i = 0; i < 100 && !seen; i++) {
+        doc = fx_get_json(url);
+        json_t *e = json_array_get(json_object_get(doc, "endpoints"), 0);
+        json_t *holds = json_object_get(e, "holds");
+        json_t *traffic = json_object_get(e, "traffic");
+        seen = json_integer_value(json_object_get(traffic, "predict_requests")) >= 1;
+        if (seen) {
+            assert_string_equal(json_string_value(json_object_get(e, "label")), "B");
+            assert_string_equal(json_string_value(json_object_get(holds, "uid")), uid);
+            assert_true(json_is_number(json_object_get(holds, "eval_logloss")));
+            assert_true(json_is_number(json_object_get(holds, "age_s")));
+            assert_true(json_number_value(json_object_get(traffic, "share")) == 1.0);
+        }
+        json_decref(doc);
+        if (!seen)
+            fx_sleep_ms(100);
+    }
+    if (!seen)
+        fail_msg("the endpoints API never showed B's predict traffic");
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/endpoints", kd.web_port);
+    char *html = fx_get(url);
+    assert_non_null(html);
+    if (strstr(html, uid) == NULL || strstr(html, "100.0%") == NULL)
+        fail_msg("the endpoints page does not show %s and B's traffic share: %s", uid, html);
+    free(html);
+}
+
 static void test_cron_three_partitions(void **state)
 {
     (void)state;
@@ -373,12 +548,13 @@ static void test_cron_three_partitions(void **state)
              "    - {url: \"%s\", model: ctr, label: B}\n",
              data_dir, s.url);
     write_job("cron", "hourly", extra, spec, sizeof spec);
+    kd.web_port = proc_free_port();
     fx_kilnd_start(&kd, home, NULL);
     const char *sub[] = {"submit", spec, NULL};
     kiln_ok(sub);
     const char *src[] = {"day0.tsv", "day1.tsv", "day0.tsv"};
     char ck[3][64];
-    int64_t prev = 0;
+    int64_t prev = 0, first = 0;
     for (int p = 0; p < 3; p++) {
         /* Partition p lands; with no command typed, its delta reaches B. */
         land("cron", src[p], p);
@@ -408,6 +584,8 @@ static void test_cron_three_partitions(void **state)
         /* The first push is full (B held nothing); the others are deltas. */
         assert_int_equal(ps[n - 1].sent_full, p == 0);
         state_pushes_free(ps, n);
+        if (first == 0)
+            first = id;
         prev = id;
     }
     /* kiln lineage walks from each partition file to B. */
@@ -433,6 +611,9 @@ static void test_cron_three_partitions(void **state)
         json_decref(doc);
         free(r);
     }
+    check_lineage_from_run_and_endpoint(first, &s);
+    check_logs(prev);
+    check_pages(prev, &s, ck[2]);
 }
 
 /* ---- an endpoint down, then back ------------------------------------------------------------ */
@@ -695,5 +876,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_online_job, setup, teardown),
     };
+    /* KILN_TEST_FILTER=test_cron* runs matching tests (cmocka glob). */
+    if (getenv("KILN_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

@@ -361,17 +361,6 @@ typedef struct server {
     char url[64];
 } server_t;
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    getsockname(fd, (struct sockaddr *)&a, &al);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -1084,7 +1073,7 @@ static void test_fault_endpoint_down(void **state)
 {
     server_t srv;
     server_new(&srv, "down");
-    srv.port = free_port();
+    srv.port = proc_free_port();
     snprintf(srv.url, sizeof srv.url, "http://127.0.0.1:%d", srv.port);
     /* Nothing listens yet; kiln-serve comes up after 700 ms. */
     server_start(&srv, NULL, 700, false);

@@ -357,6 +357,40 @@ static void test_api(void **state)
     json_decref(doc);
 }
 
+/* A long run's loss curve is thinned to at most a few hundred points (the
+ * last step kept); the loss axis never goes below 0. */
+static void test_long_loss_curve(void **state)
+{
+    (void)state;
+    state_t *st = NULL;
+    int64_t id;
+    assert_int_equal(state_open(db, &st), 0);
+    assert_int_equal(state_run_create(st, fx.job_cron, STATE_TRIGGER_MANUAL, 0, 1, 0, &id), 0);
+    for (int step = 1; step <= 5000; step++)
+        assert_int_equal(state_metric_add(st, id, step, "loss", 0.02 + 0.5 / step), 0);
+    state_close(st);
+    char path[96];
+    snprintf(path, sizeof path, "/api/runs/%lld", (long long)id);
+    json_t *doc = get_json(path, 200);
+    json_t *xs = json_object_get(json_object_get(doc, "loss"), "step");
+    size_t n = json_array_size(xs);
+    if (n < 100 || n > 300)
+        fail_msg("5000 steps drawn as %zu points (want a curve of at most 300)", n);
+    assert_int_equal(json_integer_value(json_array_get(xs, n - 1)), 5000);
+    json_decref(doc);
+    reply_t r;
+    snprintf(path, sizeof path, "/runs/%lld/loss.svg", (long long)id);
+    get(&r, path);
+    assert_int_equal(r.status, 200);
+    for (const char *p = strstr(r.body, "class=\"ytick\""); p != NULL;
+         p = strstr(p + 1, "class=\"ytick\"")) {
+        const char *gt = strchr(p, '>');
+        if (gt != NULL && strtod(gt + 1, NULL) < 0)
+            fail_msg("loss axis tick below 0: %.20s", gt + 1);
+    }
+    reply_free(&r);
+}
+
 static void test_pagination(void **state)
 {
     /* 130 more runs: three pages of 50, walked by next_before. */
@@ -700,18 +734,6 @@ static void test_metrics(void **state)
 #include <sys/socket.h>
 #include <time.h>
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) < 0)
-        return -1;
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -727,7 +749,7 @@ static pid_t kilnd_start(const char *home, const char *const *env, char *url, si
     snprintf(kdb, sizeof kdb, "%s/kiln.db", home);
     snprintf(log, sizeof log, "%s/kilnd.log", home);
     assert_int_equal(kiln_mkdir_p(home), 0);
-    int port = free_port();
+    int port = proc_free_port();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     snprintf(url, cap, "http://%s", listen);
@@ -931,6 +953,7 @@ int main(void)
         cmocka_unit_test(test_refresh),
         cmocka_unit_test(test_api),
         cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_long_loss_curve),
         cmocka_unit_test(test_pagination),
         cmocka_unit_test(test_token),
         cmocka_unit_test(test_cancel_retry),
