@@ -4,7 +4,8 @@
 same data. docs/benchmarks.md and docs/gpu.md say how to read it.
 
     /usr/bin/python3 bench/gpu_train.py [--build build-gpu] [--repeat 3]
-        [--rows 200000] [--models lr,fm,dlrm] [--ranks 1]
+        [--rows 200000] [--models lr,fm,dlrm] [--ranks 1] [--zipf 1.15]
+        [--threads 2,0]
 
 Needs a build with kiln and kiln-train (CUDA on for the GPU side) and mpirun.
 Per model, --repeat runs of each device (seed 42 + r, batch 4096 / ranks per
@@ -35,14 +36,14 @@ def run(cmd, check=True):
     return p
 
 
-def train(build, work, model, device, ranks, seed, check=True):
+def train(build, work, model, device, ranks, seed, threads=0, check=True):
     spec = os.path.join(work, "%s-%s-%d.yaml" % (model, device, seed))
     with open(spec, "w") as f:
         f.write("name: gpu-bench-%s\n" % model)
         f.write("data: {train: day0.bin, eval: eval.bin, format: kiln-bin}\n")
         f.write("model: {type: %s}\n" % model)
         f.write("train: {batch_size: %d, seed: %d, init_from: none}\n" % (4096 // ranks, seed))
-        f.write("resources: {device: %s}\n" % device)
+        f.write("resources: {device: %s, threads: %d}\n" % (device, threads))
     rundir = os.path.join(work, "run")
     shutil.rmtree(rundir, ignore_errors=True)
     p = run(["mpirun", "-np", str(ranks), "--bind-to", "none",
@@ -60,29 +61,37 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--models", default="lr,fm,dlrm")
     ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--zipf", type=float, default=1.15)
+    ap.add_argument("--threads", default="2,0")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
+    threads = [int(t) for t in a.threads.split(",")]
+    skew = (["--zipf", str(a.zipf), "--vocab", "200000", "--empty", "0.04"] if a.zipf > 0 else [])
     work = tempfile.mkdtemp(prefix="kiln-gpu-bench-")
     try:
-        make_data(build, work, a.rows)
+        make_data(build, work, a.rows, skew)
         probe, why = train(build, work, "lr", "cuda", a.ranks, 1, check=False)
         if probe is None:
             line = [l for l in why.splitlines() if "device" in l]
             print("skipped: %s" % (line[0].strip() if line else why.strip()[-300:]))
             return
-        print("%-5s %12s %12s %7s %9s %9s" % ("model", "cpu sps", "cuda sps", "ratio", "cpu ll",
-                                             "cuda ll"))
+        runs = [("cuda", 0)] + [("cpu", t) for t in threads]
+        names = ["cuda"] + ["cpu%s" % (t if t else "-all") for t in threads]
+        print("%d rows, ranks %d, zipf %s, %d cores here; medians of %d" % (
+            a.rows, a.ranks, a.zipf, os.cpu_count(), a.repeat))
+        print("%-5s %s %s %s" % ("model", " ".join("%11s" % (n + " sps") for n in names),
+                                 " ".join("%10s" % ("cuda/" + n) for n in names[1:]),
+                                 " ".join("%9s" % (n + " ll") for n in names)))
         for m in a.models.split(","):
-            res = {}
-            for dev in ("cpu", "cuda"):
-                for r in range(a.repeat):
-                    j, _ = train(build, work, m, dev, a.ranks, 42 + r)
-                    res.setdefault(dev, []).append((j["samples_per_s"], j["eval_logloss"]))
-            med = {d: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
-                   for d, v in res.items()}
-            print("%-5s %12.0f %12.0f %6.2fx %9.5f %9.5f" % (
-                m, med["cpu"][0], med["cuda"][0], med["cuda"][0] / med["cpu"][0], med["cpu"][1],
-                med["cuda"][1]), flush=True)
+            med = []
+            for dev, t in runs:
+                v = [train(build, work, m, dev, a.ranks, 42 + r, t)[0] for r in range(a.repeat)]
+                med.append((statistics.median(j["samples_per_s"] for j in v),
+                            statistics.median(j["eval_logloss"] for j in v)))
+            print("%-5s %s %s %s" % (
+                m, " ".join("%11.0f" % x[0] for x in med),
+                " ".join("%9.2fx" % (med[0][0] / x[0]) for x in med[1:]),
+                " ".join("%9.5f" % x[1] for x in med)), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

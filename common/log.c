@@ -79,7 +79,8 @@ void kiln_log(kiln_log_level_t level, const char *where, const char *fmt, ...)
     iso[strlen(iso) - 1] = '\0'; /* drop the Z, the milliseconds go first */
     if (log_json) {
         char when[KILN_ISO_LEN + 8], msg[2048];
-        snprintf(when, sizeof when, "%s.%03ldZ", iso, ts.tv_nsec / 1000000L);
+        unsigned ms = (unsigned)(ts.tv_nsec / 1000000L) % 1000u; /* three digits, always */
+        snprintf(when, sizeof when, "%s.%03uZ", iso, ms);
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
