@@ -166,7 +166,9 @@ void sched_pusher_stop(sched_pusher_t *p);
 void sched_scan_exports(sched_t *s, sched_active_t *a);
 
 /* sched_queue.c: jobs cache, cron fires and catch-up, the queue and launch. */
+/* sched_jobs.c: the job table. */
 int sched_jobs_reload(sched_t *s);
+void sched_job_clear(sched_job_t *j);
 sched_job_t *sched_job_find(sched_t *s, int64_t job_id);
 int sched_cron_tick(sched_t *s, int64_t now_s, int64_t *next_ms /* IN/OUT: earliest wake */);
 int sched_dispatch(sched_t *s, int64_t now_ms, int64_t *next_ms /* IN/OUT */);

@@ -11,9 +11,7 @@
  * the queue allows, and sleep again. Idle, that is one cheap query per poll.
  */
 #include "sched_int.h"
-#ifdef KILN_HAVE_WEB
 #include "web.h"
-#endif
 
 #include <errno.h>
 #include <fcntl.h>
@@ -477,9 +475,7 @@ int sched_run(const sched_options_t *o)
     s->rng = (uint64_t)kiln_mono_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ULL;
     int rc = 0;
     bool started = false; /* past the start-up checks and recovery */
-#ifdef KILN_HAVE_WEB
     web_t *web = NULL;
-#endif
     kiln_log_set_json(o->log_json);
     if (o->log_path != NULL && kiln_log_open(o->log_path, kiln_log_get_level()) < 0)
         return kiln_errf(KILN_EIO, "cannot open the log %s", o->log_path);
@@ -503,7 +499,6 @@ int sched_run(const sched_options_t *o)
         s->o.max_ranks = 1;
     KILN_INFO("kilnd %d on %s: database %s, runs in %s/runs, trainer %s, max %d ranks",
               (int)getpid(), s->host, s->db_path, s->home, s->trainer, s->o.max_ranks);
-#ifdef KILN_HAVE_WEB
     /* The status page (web/): its threads start after setup() blocked the
      * signals, so SIGTERM still reaches the signalfd. A page that cannot bind
      * is logged, not fatal: scheduling goes on without it. --listen "" turns
@@ -517,7 +512,6 @@ int sched_run(const sched_options_t *o)
         if (web_start(&wc, &web) < 0)
             KILN_ERROR("the web status page did not start: %s", kiln_errmsg());
     }
-#endif
     state_data_version(s->st, &s->data_version);
     KILN_CHECK_GOTO(sched_jobs_reload(s), rc, out);
     KILN_CHECK_GOTO(sched_recover(s), rc, out);
@@ -575,20 +569,15 @@ out:
         kiln_errf(rc, "%s", why);
     }
     sched_pusher_stop(s->pusher);
-#ifdef KILN_HAVE_WEB
     web_stop(web);
-#endif
     for (size_t i = 0; i < s->nact; i++) {
         if (s->act[i].pidfd >= 0)
             close(s->act[i].pidfd);
         free(s->act[i].run_dir);
     }
     free(s->act);
-    for (size_t i = 0; i < s->njobs; i++) {
-        if (s->jobs[i].spec_ok)
-            job_spec_fini(&s->jobs[i].spec);
-        state_job_fini(&s->jobs[i].row);
-    }
+    for (size_t i = 0; i < s->njobs; i++)
+        sched_job_clear(&s->jobs[i]);
     free(s->jobs);
     int fds[] = {s->sigfd, s->timerfd, s->epfd, s->inofd, s->lockfd};
     for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)

@@ -116,49 +116,6 @@ static bool match(const char *pattern, const char *path, int64_t *id)
     return *p == '\0' && *s == '\0';
 }
 
-/* ---- small accessors the handlers use ------------------------------------------- */
-
-const char *web_arg(web_req_t *r, const char *name)
-{
-    return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
-}
-
-int web_arg_i64(web_req_t *r, const char *name, int64_t def, int64_t lo, int64_t hi,
-                int64_t *out)
-{
-    const char *v = web_arg(r, name);
-    *out = def;
-    if (v == NULL || *v == '\0')
-        return 0;
-    char *end = NULL;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi)
-        return kiln_errf(KILN_EINVAL, "query argument %s must be a number from %lld to %lld", name,
-                         (long long)lo, (long long)hi);
-    *out = x;
-    return 0;
-}
-
-int web_refresh_s(const web_t *w)
-{
-    return w->refresh_s;
-}
-
-int web_json_reply(web_req_t *r, json_t *doc)
-{
-    if (doc == NULL)
-        return kiln_errf(KILN_ENOMEM, "out of memory building JSON");
-    char *s = json_dumps(doc, JSON_COMPACT);
-    json_decref(doc);
-    if (s == NULL)
-        return kiln_errf(KILN_ENOMEM, "out of memory writing JSON");
-    web_buf_puts(&r->out, s);
-    web_buf_puts(&r->out, "\n");
-    free(s);
-    return 0;
-}
-
 /* ---- the connection pool ----------------------------------------------------------- */
 
 static state_t *pool_get(web_t *w)
@@ -276,7 +233,7 @@ static bool authorized(web_t *w, struct MHD_Connection *c, const upload_t *u)
 static enum MHD_Result dispatch(web_t *w, struct MHD_Connection *c, const char *url,
                                 const char *method, upload_t *u)
 {
-    web_req_t r = {.w = w, .conn = c, .status = 200, .kind = WEB_HTML};
+    web_req_t r = {.w = w, .conn = c, .status = 200, .kind = WEB_HTML, .refresh_s = w->refresh_s};
     bool head = strcmp(method, "HEAD") == 0;
     bool path_known = false;
     const route_t *route = NULL;

@@ -49,7 +49,7 @@ typedef enum { WEB_HTML, WEB_JSON, WEB_TEXT, WEB_SVG, WEB_FORM } web_kind_t;
 typedef struct web_req {
     web_t *w;
     state_t *st;             /* a pooled connection, this request's alone */
-    void *conn;              /* the MHD connection (web.c only) */
+    void *conn;              /* the MHD connection (web.c, web_req.c) */
     web_kind_t kind;         /* of the route */
     int64_t id;              /* the number in the path, for routes with one */
     const char *body;        /* POST body (NUL-terminated), NULL for GET */
@@ -59,19 +59,17 @@ typedef struct web_req {
     web_buf_t out;
     char *location;          /* for 303 redirects (malloc'd) */
     const char *content_type; /* NULL: by kind */
+    int refresh_s;            /* how often pages of running runs refresh */
 } web_req_t;
 
 typedef int (*web_handler_t)(web_req_t *r);
 
-/* A query-string argument, or NULL. */
+/* web_req.c: a query-string argument, or NULL. */
 const char *web_arg(web_req_t *r, const char *name);
 /* A query argument as a positive integer; def when absent, KILN_EINVAL when
  * malformed (message names it). */
 int web_arg_i64(web_req_t *r, const char *name, int64_t def, int64_t lo, int64_t hi,
                 int64_t *out /* OUT */);
-/* The page refresh of running runs and the DB path (for run directories). */
-int web_refresh_s(const web_t *w);
-
 /* Writes a JSON document as the answer (takes the reference). */
 int web_json_reply(web_req_t *r, json_t *doc);
 

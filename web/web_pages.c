@@ -238,7 +238,7 @@ int web_page_runs(web_req_t *r)
     for (size_t i = 0; i < n; i++)
         live |= !state_run_state_terminal(rs[i].state);
     web_buf_t *b = &r->out;
-    head(r, "Runs", live && q.before == 0 ? web_refresh_s(r->w) : 0);
+    head(r, "Runs", live && q.before == 0 ? r->refresh_s : 0);
     web_buf_puts(b, "<form method=\"get\" action=\"/runs\">job <input name=\"job\" value=\"");
     web_esc(b, q.job);
     web_buf_puts(b, "\"> state <select name=\"state\"><option value=\"\">any</option>");
@@ -332,7 +332,7 @@ int web_page_run(web_req_t *r)
     web_buf_t *b = &r->out;
     char title[64];
     snprintf(title, sizeof title, "Run %lld", (long long)run.id);
-    head(r, title, state_run_state_terminal(run.state) ? 0 : web_refresh_s(r->w));
+    head(r, title, state_run_state_terminal(run.state) ? 0 : r->refresh_s);
     web_buf_puts(b, "<p>");
     state_badge(b, run.state);
     web_buf_puts(b, " job <a href=\"/runs?job=");
@@ -341,7 +341,7 @@ int web_page_run(web_req_t *r)
     web_esc(b, run.job_name);
     web_buf_printf(b, "</a> (spec version %d)", run.job_version);
     if (!state_run_state_terminal(run.state))
-        web_buf_printf(b, " &middot; this page refreshes every %d s", web_refresh_s(r->w));
+        web_buf_printf(b, " &middot; this page refreshes every %d s", r->refresh_s);
     web_buf_puts(b, "</p>\n");
     if (run.error != NULL) {
         web_buf_puts(b, "<p class=\"error\" id=\"error\">");
