@@ -470,9 +470,13 @@ static int set_launch_tx(state_t *st, const launch_t *l)
         rc = kiln_errf(KILN_ENOENT, "no run %lld", (long long)l->run_id);
         goto out;
     }
-    rc = state_event_insert(st, 0, l->run_id, "launch", "launched on %s, process group %lld, in %s",
-                            l->host != NULL ? l->host : "?", (long long)l->pgid,
-                            l->run_dir != NULL ? l->run_dir : "?");
+    /* kilnd records the directory first (pgid 0) and the process group once
+     * the supervisor runs: only the second is the launch. */
+    if (l->pgid > 0)
+        rc = state_event_insert(st, 0, l->run_id, "launch",
+                                "launched on %s, process group %lld, in %s",
+                                l->host != NULL ? l->host : "?", (long long)l->pgid,
+                                l->run_dir != NULL ? l->run_dir : "?");
 out:
     state_stmt_done(s);
     return rc;

@@ -556,7 +556,22 @@ static void test_runs_create_list(void **state)
     assert_int_equal(rs[1].id, r3);
     state_runs_free(rs, n);
 
+    /* kilnd records the directory first (process group 0), then the launch:
+     * one "launch" event, naming the process group. */
+    OK(state_run_set_launch(st, r2, "/runs/2", 0, "node1"));
     OK(state_run_set_launch(st, r2, "/runs/2", 4242, "node1"));
+    {
+        state_event_t *ev = NULL;
+        size_t nev = 0, launches = 0;
+        OK(state_event_list(st, 0, r2, &ev, &nev));
+        for (size_t i = 0; i < nev; i++)
+            if (strcmp(ev[i].kind, "launch") == 0) {
+                launches++;
+                assert_non_null(strstr(ev[i].message, "process group 4242"));
+            }
+        assert_int_equal(launches, 1);
+        state_events_free(ev, nev);
+    }
     OK(state_run_set_not_before(st, r1, 12345));
     OK(state_run_get(st, r2, &r));
     assert_string_equal(r.run_dir, "/runs/2");
