@@ -30,10 +30,12 @@ int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
         sp->model.nbottom > SERVE_MAX_LAYERS || sp->model.ntop > SERVE_MAX_LAYERS)
         return kiln_errf(KILN_ERANGE, "the model of job %s is too large for the push format",
                          sp->name);
-    d->nbottom = sp->model.nbottom;
-    memcpy(d->bottom, sp->model.bottom_mlp, (size_t)d->nbottom * sizeof(int));
+    d->nbottom = sp->model.nbottom; /* 0 with no list (lr, fm): nothing to copy */
+    if (d->nbottom > 0)
+        memcpy(d->bottom, sp->model.bottom_mlp, (size_t)d->nbottom * sizeof(int));
     d->ntop = sp->model.ntop;
-    memcpy(d->top, sp->model.top_mlp, (size_t)d->ntop * sizeof(int));
+    if (d->ntop > 0)
+        memcpy(d->top, sp->model.top_mlp, (size_t)d->ntop * sizeof(int));
     d->ntables = sp->model.ntables;
     for (int t = 0; t < d->ntables; t++) {
         const job_table_t *jt = &sp->model.tables[t];
