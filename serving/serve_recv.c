@@ -300,9 +300,10 @@ int sv_push_end(sv_push_t *p, sv_pushed_t *ans)
         goto out;
     }
     dir = sv_label_dir(s, p->model, p->label);
-    if (dir == NULL)
-        rc = KILN_ENOMEM;
-    else if ((!full || (rc = sv_broken_set_aside(s, p->model, p->label)) == 0))
+    rc = dir == NULL ? KILN_ENOMEM : 0;
+    if (rc == 0 && full)
+        rc = sv_broken_set_aside(s, p->model, p->label);
+    if (rc == 0)
         rc = kiln_mkdir_p(dir);
     if (rc == 0)
         rc = apply_locked(p, v, built, dir, &old, &nold);
