@@ -7,7 +7,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,51 +48,86 @@ int kiln_mkdir_parent(const char *path)
     return kiln_mkdir_p(tmp);
 }
 
+int kiln_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return kiln_errf(KILN_EIO, "cannot open directory %s: %s", dir, strerror(errno));
+    int rc = fsync(fd) == 0 ? 0 : kiln_errf(KILN_EIO, "fsync %s: %s", dir, strerror(errno));
+    close(fd);
+    return rc;
+}
+
+int kiln_atomic_open(const char *path, kiln_atomic_t *a)
+{
+    *a = (kiln_atomic_t){0};
+    a->path = kiln_strdup(path);
+    a->tmp = kiln_asprintf("%s.tmp.%d", path, (int)getpid());
+    if (a->path == NULL || a->tmp == NULL) {
+        kiln_atomic_abort(a);
+        return KILN_ENOMEM;
+    }
+    a->f = fopen(a->tmp, "we");
+    if (a->f == NULL) {
+        int rc = kiln_errf(KILN_EIO, "cannot write %s: %s", a->tmp, strerror(errno));
+        kiln_atomic_abort(a);
+        return rc;
+    }
+    return 0;
+}
+
+int kiln_atomic_commit(kiln_atomic_t *a)
+{
+    int rc = 0;
+    if (fflush(a->f) != 0 || ferror(a->f) || fsync(fileno(a->f)) != 0) {
+        rc = kiln_errf(errno == ENOSPC ? KILN_ENOSPC : KILN_EIO, "cannot write %s: %s", a->tmp,
+                       strerror(errno));
+    } else if (fclose(a->f) != 0) {
+        a->f = NULL;
+        rc = kiln_errf(KILN_EIO, "cannot write %s: %s", a->tmp, strerror(errno));
+    } else {
+        a->f = NULL;
+        if (rename(a->tmp, a->path) != 0)
+            rc = kiln_errf(KILN_EIO, "cannot rename %s to %s: %s", a->tmp, a->path,
+                           strerror(errno));
+    }
+    if (rc < 0) {
+        kiln_atomic_abort(a);
+        return rc;
+    }
+    char *slash = strrchr(a->path, '/');
+    if (slash != NULL && slash != a->path) {
+        *slash = '\0'; /* a->path becomes its directory; freed below */
+        rc = kiln_fsync_dir(a->path);
+    } else {
+        rc = kiln_fsync_dir(slash == a->path ? "/" : ".");
+    }
+    free(a->tmp);
+    free(a->path);
+    *a = (kiln_atomic_t){0};
+    return rc;
+}
+
+void kiln_atomic_abort(kiln_atomic_t *a)
+{
+    if (a->f != NULL)
+        fclose(a->f);
+    if (a->tmp != NULL)
+        unlink(a->tmp);
+    free(a->tmp);
+    free(a->path);
+    *a = (kiln_atomic_t){0};
+}
+
 int kiln_write_atomic(const char *path, const void *data, size_t len)
 {
-    char *tmp = kiln_asprintf("%s.tmp.%d", path, (int)getpid());
-    char *dir = kiln_strdup(path);
-    int rc = 0, fd = -1;
-    if (tmp == NULL || dir == NULL) {
-        rc = KILN_ENOMEM;
-        goto out;
+    kiln_atomic_t a;
+    KILN_CHECK(kiln_atomic_open(path, &a));
+    if (len > 0 && fwrite(data, 1, len, a.f) != len) {
+        int rc = kiln_errf(errno == ENOSPC ? KILN_ENOSPC : KILN_EIO, "cannot write %s: %s",
+                           a.tmp, strerror(errno));
+        kiln_atomic_abort(&a);
+        return rc;
     }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = kiln_errf(KILN_EIO, "cannot write %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    for (size_t off = 0; off < len;) {
-        ssize_t w = write(fd, (const char *)data + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            rc = kiln_errf(KILN_EIO, "cannot write %s: %s", tmp, strerror(errno));
-            goto out;
-        }
-        off += (size_t)w;
-    }
-    if (fsync(fd) < 0) {
-        rc = kiln_errf(KILN_EIO, "cannot write %s: fsync: %s", tmp, strerror(errno));
-        goto out;
-    }
-    close(fd);
-    fd = -1;
-    if (rename(tmp, path) < 0) {
-        rc = kiln_errf(KILN_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        goto out;
-    }
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd); /* the rename itself survives a crash */
-        close(dfd);
-    }
-out:
-    if (fd >= 0)
-        close(fd);
-    if (rc < 0 && tmp != NULL)
-        unlink(tmp);
-    free(tmp);
-    free(dir);
-    return rc;
+    return kiln_atomic_commit(&a);
 }

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -201,6 +202,22 @@ int kiln_mkdir_parent(const char *path);
  * over path and fsyncs the directory. Returns 0 or KILN_EIO naming the file
  * (the temporary file is removed then). */
 int kiln_write_atomic(const char *path, const void *data, size_t len);
+/* The same for a file written as a stream: kiln_atomic_open creates
+ * path.tmp.PID beside path and opens a->f on it; the caller writes into a->f;
+ * kiln_atomic_commit flushes and fsyncs it, renames it over path and fsyncs
+ * the directory; kiln_atomic_abort (or a failed commit) closes and removes
+ * it. Open and commit return 0 or KILN_EIO / KILN_ENOSPC / KILN_ENOMEM naming
+ * the file; after commit or abort *a holds nothing. */
+typedef struct kiln_atomic {
+    FILE *f;
+    char *tmp, *path;
+} kiln_atomic_t;
+int kiln_atomic_open(const char *path, kiln_atomic_t *a /* OUT */);
+int kiln_atomic_commit(kiln_atomic_t *a);
+void kiln_atomic_abort(kiln_atomic_t *a); /* accepts a closed or zeroed a */
+/* fsyncs a directory, so that a rename or a new file in it survives a crash.
+ * Returns 0 or KILN_EIO. */
+int kiln_fsync_dir(const char *dir);
 
 /* ---- processes ---------------------------------------------------------------- */
 /* The start time of pid in clock ticks since boot (/proc/PID/stat), 0 when

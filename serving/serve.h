@@ -6,8 +6,9 @@
  * (libcurl multi: every endpoint of a label in parallel, retries, fallback to
  * a full push on 409), and a reader of an endpoint's stats. What to push
  * where, and the records of it, are the use cases of ops/ (ops.h).
- * kiln-serve (serve_main.c, serve_http.c, serve_store.c) is the program that
- * receives pushes; its internals are in serve_int.h.
+ * kiln-serve (serve_main.c, serve_http.c and the store, serve_store.c and its
+ * siblings) is the program that receives pushes; its internals are in
+ * serve_int.h.
  *
  * The wire format is little endian; a chunk is
  *   [type u32][len u32][payload: len bytes][xxh64(payload, seed 0) u64]

@@ -169,7 +169,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
                                             "kiln-serve's token");
             }
             sv_answer_t a = {0};
-            c->push = sv_push_begin(
+            c->push = sv_answer_push_begin(
                 h->store, c->seg[0], c->seg[1],
                 MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Kiln-Checkpoint"),
                 MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Kiln-Base"),
@@ -221,26 +221,26 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
     sv_answer_t a = {0};
     switch (c->route->id) {
     case R_PUSH:
-        sv_push_end(c->push, &a);
+        sv_answer_push_end(c->push, &a);
         c->push = NULL;
         break;
     case R_VERSION:
-        sv_version_info(h->store, c->seg[0], c->seg[1], &a);
+        sv_answer_version(h->store, c->seg[0], c->seg[1], &a);
         break;
     case R_LOOKUP:
-        sv_lookup(h->store, c->seg[0], c->body ? c->body : "", c->len, &a);
+        sv_answer_lookup(h->store, c->seg[0], c->body ? c->body : "", c->len, &a);
         break;
     case R_PREDICT:
-        sv_predict(h->store, c->seg[0],
+        sv_answer_predict(h->store, c->seg[0],
                    MHD_lookup_connection_value(con, MHD_GET_ARGUMENT_KIND, "label"),
                    MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Kiln-Request-Key"),
                    c->body ? c->body : "", c->len, &a);
         break;
     case R_STATS:
-        sv_stats(h->store, false, &a);
+        sv_answer_stats(h->store, false, &a);
         break;
     case R_METRICS:
-        sv_stats(h->store, true, &a);
+        sv_answer_stats(h->store, true, &a);
         return send_answer(con, a.status, a.body, "text/plain; version=0.0.4");
     case R_HEALTH:
         a.status = 200;

@@ -1,8 +1,9 @@
 /*
  * serving/serve_int.h - what kiln-serve's files share and nothing outside
  * serving/ includes: the key -> row table, the version store (versions in
- * memory and on disk, push sessions, idempotency, predict) and the HTTP
- * front (serve_http.c).
+ * memory and on disk, push sessions, idempotency, queries), which answers
+ * with Kiln error codes and typed results, and the HTTP front (serve_answer.c
+ * turns those into statuses and bodies, serve_http.c routes and serves).
  */
 #ifndef KILN_SERVING_SERVE_INT_H
 #define KILN_SERVING_SERVE_INT_H
@@ -34,55 +35,113 @@ int64_t serve_table_rows(const serve_table_t *t, size_t *pos, int64_t cap, int64
 int64_t serve_table_size(const serve_table_t *t);
 int serve_table_dim(const serve_table_t *t);
 
-/* ---- serve_store.c: versions ---------------------------------------------------- */
+/* ---- the version store: serve_store.c, serve_chain.c, serve_recv.c, serve_query.c ----
+ * The store answers in Kiln's terms: 0 and a typed result, or a negative
+ * KILN_E* code with a sentence for a person (kiln_errmsg). serve_answer.c
+ * turns both into an HTTP status and a body. */
 typedef struct sv_store sv_store_t;
 
 /* Opens (creating) state_dir, takes its lock (<state_dir>/lock, held until
  * sv_store_close; the file holds the holder's pid) and loads every version
  * persisted there (replaying each version's chain of pushes). A version that
  * cannot be loaded (a corrupt push file or chain.json) is not served and is
- * reported as broken (log, sv_stats) with its files left in place; a full
+ * reported as broken (log, sv_stats_get) with its files left in place; a full
  * push to its label moves them to <state_dir>/broken/ and replaces it.
  * Returns 0, KILN_EBUSY (another process holds the lock: the message names
  * its pid), KILN_EIO or KILN_ENOMEM. */
 int sv_store_open(const char *state_dir, sv_store_t **out /* OUT */);
 void sv_store_close(sv_store_t *s); /* accepts NULL */
 
-/* An HTTP answer: status and a malloc'd JSON body. */
-typedef struct sv_answer {
-    int status;
-    char *body;
-} sv_answer_t;
+/* What an applied push answers (and a repeat of its Idempotency-Key again). */
+typedef struct sv_pushed {
+    char model[SERVE_NAME_MAX], label[SERVE_NAME_MAX];
+    char uid[SERVE_UID_MAX];  /* the checkpoint the version holds now */
+    char base[SERVE_UID_MAX]; /* "none" for a full push */
+    int64_t rows, applied_at; /* the version's rows; unix ms */
+    uint64_t bytes;           /* of the push's body */
+    bool full;
+    char holds[SERVE_UID_MAX]; /* after KILN_ECONFLICT: what the version holds ("": nothing) */
+} sv_pushed_t;
 
 /* A push being received. */
 typedef struct sv_push sv_push_t;
 
 /* Starts a push of model/label with the request's headers (base "none" for
- * a full push, NULL idem: none). Returns NULL with *ans filled when the push
- * is answered at once (a repeated idempotency key, a base conflict, a bad
- * header); else a session. */
-sv_push_t *sv_push_begin(sv_store_t *s, const char *model, const char *label, const char *uid,
-                         const char *base, const char *idem, sv_answer_t *ans /* OUT */);
+ * a full push, NULL idem: none). Returns 0 with *out a session; 1 when a
+ * push with this idempotency key was applied already (*ans its answer);
+ * KILN_EUSAGE (a bad name or header), KILN_ECONFLICT (a delta whose base is
+ * not what the version holds: ans->holds), KILN_ENOMEM or KILN_EIO (the
+ * push cannot be staged). */
+int sv_push_begin(sv_store_t *s, const char *model, const char *label, const char *uid,
+                  const char *base, const char *idem, sv_pushed_t *ans /* OUT */,
+                  sv_push_t **out /* OUT */);
 /* Streams body bytes to the staging file and the checking decoder. A
- * failure is remembered and answered by sv_push_end. */
+ * failure is remembered and returned by sv_push_end. */
 void sv_push_feed(sv_push_t *p, const void *data, size_t len);
-/* The body ended: verifies it, persists and swaps in the new version.
- * Always fills *ans; frees p. */
-void sv_push_end(sv_push_t *p, sv_answer_t *ans /* OUT */);
+/* The body ended: verifies it, persists and swaps in the new version; frees
+ * p. Returns 0 with *ans filled (also when the same push finished on another
+ * connection meanwhile), or the body's fault: KILN_ECORRUPT, KILN_ECHECKSUM,
+ * KILN_EVERSION, KILN_ERANGE (a chunk too large), KILN_EINVAL (a model that
+ * cannot be built, or a delta for another model), KILN_ECONFLICT
+ * (ans->holds); or the server's: KILN_ENOMEM, KILN_EIO, KILN_ENOSPC. */
+int sv_push_end(sv_push_t *p, sv_pushed_t *ans /* OUT */);
 /* Drops an unfinished push (connection closed early); frees p. */
-void sv_push_abort(sv_push_t *p);
+void sv_push_abort(sv_push_t *p); /* accepts NULL */
 
-/* GET of a version: 200 with its uid, rows, applied_at; 404. */
-void sv_version_info(sv_store_t *s, const char *model, const char *label,
-                     sv_answer_t *ans /* OUT */);
-/* POST lookup: body {"label": L?, "table": T, "keys": [...]}. */
-void sv_lookup(sv_store_t *s, const char *model, const char *body, size_t len,
-               sv_answer_t *ans /* OUT */);
-/* POST predict: TSV lines (Criteo format, a label column first) or JSON
- * {"rows": ["tsv line", ...]}. label NULL: chosen by the split, sticky on
- * request_key. */
-void sv_predict(sv_store_t *s, const char *model, const char *label, const char *request_key,
-                const char *body, size_t len, sv_answer_t *ans /* OUT */);
+/* A version as GET /v1/models/M/versions/L shows it. */
+typedef struct sv_version_info {
+    char model[SERVE_NAME_MAX], label[SERVE_NAME_MAX], uid[SERVE_UID_MAX];
+    int64_t rows, applied_at;
+    const char *model_type; /* "lr", "fm", "dlrm" (static) */
+    int chain;              /* push files on disk */
+    int ntables;
+    struct {
+        char name[SERVE_NAME_MAX];
+        int dim;
+        int64_t rows;
+    } tables[SERVE_MAX_TABLES];
+    char *broken; /* after KILN_ENOENT: why the label could not be loaded (malloc'd), or NULL */
+} sv_version_info_t;
+/* Fills *out. Returns 0 or KILN_ENOENT (no such version, or a broken one:
+ * out->broken, to be freed by the caller). */
+int sv_version_get(sv_store_t *s, const char *model, const char *label,
+                   sv_version_info_t *out /* OUT */);
+
+/* Rows looked up in one table of a version. */
+typedef struct sv_rows {
+    char label[SERVE_NAME_MAX], uid[SERVE_UID_MAX];
+    int dim;
+    int64_t n;
+    float *values;        /* (n, dim) */
+    unsigned char *found; /* (n) 0: no such key (or none asked) */
+} sv_rows_t;
+/* Looks up keys (n; valid (n): 0 for a key that was not an integer and is
+ * not found) in table of model's version label (NULL: its first). Returns 0
+ * or KILN_ENOENT (no such model, label or table) or KILN_ENOMEM. Free
+ * with sv_rows_fini. */
+int sv_lookup(sv_store_t *s, const char *model, const char *label, const char *table,
+              int64_t n, const int64_t *keys, const unsigned char *valid,
+              sv_rows_t *out /* OUT */);
+void sv_rows_fini(sv_rows_t *r);
+
+/* One row of a predict request: a TSV line (Criteo format, the label column
+ * optional), len bytes without the newline; p NULL: an element that was not
+ * a string. */
+typedef struct sv_line {
+    const char *p;
+    size_t len;
+} sv_line_t;
+typedef struct sv_predicted {
+    char label[SERVE_NAME_MAX], uid[SERVE_UID_MAX];
+    int64_t n;
+    float *probs; /* (n) a probability per line, NaN or inf where the weights overflow */
+} sv_predicted_t;
+/* Predicts n lines with model's version label (NULL: chosen by the split,
+ * sticky on request_key). Returns 0, KILN_ENOENT (no such version, or a
+ * broken one), KILN_EINVAL (a line that does not parse: its number and
+ * why), KILN_ENOMEM or the model's error. Free out->probs. */
+int sv_predict(sv_store_t *s, const char *model, const char *label, const char *request_key,
+               int64_t n, const sv_line_t *lines, sv_predicted_t *out /* OUT */);
 
 /* A traffic split between labels: "A=90,B=10". */
 #define SV_MAX_SPLIT 16
@@ -99,8 +158,62 @@ typedef struct sv_split {
 int sv_split_parse(const char *text, sv_split_t *out /* OUT */);
 /* Sets the split predict follows (before serving starts). */
 void sv_store_set_split(sv_store_t *s, const sv_split_t *split);
+
+/* A snapshot of the store's counters and versions (arrays malloc'd; free
+ * with sv_stats_fini). */
+typedef struct sv_stats {
+    struct sv_stats_predict {
+        char model[SERVE_NAME_MAX], label[SERVE_NAME_MAX];
+        int64_t requests, rows, nonfinite;
+    } *predict;
+    int npredict;
+    struct sv_stats_version {
+        char model[SERVE_NAME_MAX], label[SERVE_NAME_MAX], uid[SERVE_UID_MAX];
+        int64_t rows;
+    } *versions;
+    int nversions;
+    struct sv_stats_broken {
+        char model[SERVE_NAME_MAX], label[SERVE_NAME_MAX];
+        char *error;
+    } *broken;
+    int nbroken;
+    int64_t pushes_applied, pushes_rejected;
+} sv_stats_t;
+/* Returns 0 or KILN_ENOMEM. */
+int sv_stats_get(sv_store_t *s, sv_stats_t *out /* OUT */);
+void sv_stats_fini(sv_stats_t *st);
+
+/* ---- serve_answer.c: the store's results as HTTP answers ------------------------- */
+/* An HTTP answer: status and a malloc'd body (JSON, but Prometheus text
+ * for sv_answer_stats with prometheus). */
+typedef struct sv_answer {
+    int status;
+    char *body;
+} sv_answer_t;
+
+/* PUT of a version, before its body: NULL with *ans filled when the push
+ * is answered at once (a repeated idempotency key: its earlier answer; 409
+ * on a base conflict; 400 on a bad header); else a session. */
+sv_push_t *sv_answer_push_begin(sv_store_t *s, const char *model, const char *label,
+                                const char *uid, const char *base, const char *idem,
+                                sv_answer_t *ans /* OUT */);
+/* PUT of a version, after its body: 200 with what the version holds now,
+ * or the status of the failure. Frees p. */
+void sv_answer_push_end(sv_push_t *p, sv_answer_t *ans /* OUT */);
+/* GET of a version: 200 with its uid, rows, applied_at; 404. */
+void sv_answer_version(sv_store_t *s, const char *model, const char *label,
+                       sv_answer_t *ans /* OUT */);
+/* POST lookup: body {"label": L?, "table": T, "keys": [...]}. */
+void sv_answer_lookup(sv_store_t *s, const char *model, const char *body, size_t len,
+                      sv_answer_t *ans /* OUT */);
+/* POST predict: TSV lines (Criteo format, a label column first) or JSON
+ * {"rows": ["tsv line", ...]}. label NULL: chosen by the split, sticky on
+ * request_key. */
+void sv_answer_predict(sv_store_t *s, const char *model, const char *label,
+                       const char *request_key, const char *body, size_t len,
+                       sv_answer_t *ans /* OUT */);
 /* GET /v1/stats (JSON) and /metrics (Prometheus text). */
-void sv_stats(sv_store_t *s, bool prometheus, sv_answer_t *ans /* OUT */);
+void sv_answer_stats(sv_store_t *s, bool prometheus, sv_answer_t *ans /* OUT */);
 
 /* ---- serve_http.c --------------------------------------------------------------- */
 typedef struct sv_http_opts {

@@ -202,12 +202,11 @@ int main(int argc, char **argv)
     }
     int bound = sv_http_port(http);
     if (port_file != NULL) {
-        char tmp[1024];
-        snprintf(tmp, sizeof tmp, "%s.tmp", port_file);
-        FILE *f = fopen(tmp, "w");
-        if (f == NULL || fprintf(f, "%d\n", bound) < 0 || fclose(f) != 0 ||
-            rename(tmp, port_file) != 0) {
-            fprintf(stderr, "kiln-serve: cannot write --port-file %s\n", port_file);
+        char text[16];
+        int n = snprintf(text, sizeof text, "%d\n", bound);
+        if (kiln_write_atomic(port_file, text, (size_t)n) < 0) {
+            fprintf(stderr, "kiln-serve: cannot write --port-file %s: %s\n", port_file,
+                    kiln_errmsg());
             sv_http_stop(http);
             sv_store_close(store);
             return 1;

@@ -1,7 +1,7 @@
 /*
  * tests/fuzz/fuzz_http.c - libFuzzer harness for Kiln's two HTTP fronts:
  * kiln-serve's router and handlers (push, version, lookup, predict, stats,
- * metrics; serving/serve_http.c over serve_store.c) and kilnd's status page
+ * metrics; serving/serve_http.c and serve_answer.c over the store) and kilnd's status page
  * and JSON API (web/). Both servers start once in this process on loopback
  * port 0 (kiln-serve with one pushed version, the web front on the fixture
  * database of tests/test_web_fixture.c); each input becomes one request
@@ -80,7 +80,7 @@ static void push_seed_version(sv_store_t *st)
     if (serve_memsrc_open(m, &src) != 0 || serve_enc_create(src, 2, &e) != 0)
         abort();
     sv_answer_t a = {0};
-    sv_push_t *p = sv_push_begin(st, "ctr", "A", "ck-1", "none", NULL, &a);
+    sv_push_t *p = sv_answer_push_begin(st, "ctr", "A", "ck-1", "none", NULL, &a);
     if (p == NULL) {
         fprintf(stderr, "fuzz_http: seed push refused: %s\n", a.body ? a.body : "");
         abort();
@@ -92,7 +92,7 @@ static void push_seed_version(sv_store_t *st)
             abort();
         sv_push_feed(p, buf, n);
     } while (n > 0);
-    sv_push_end(p, &a);
+    sv_answer_push_end(p, &a);
     if (a.status != 200) {
         fprintf(stderr, "fuzz_http: seed push answered %d: %s\n", a.status, a.body);
         abort();
