@@ -70,13 +70,13 @@ static int write_script(const sched_launch_ctx_t *c, const char *path)
     char **trainer = NULL;
     sched_argv_trainer(&t, c);
     KILN_CHECK(sched_argv_finish(&t, &trainer));
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL) {
+    kiln_atomic_t out;
+    int rc = kiln_atomic_open(path, &out);
+    if (rc < 0) {
         sched_argv_free(trainer);
-        return kiln_errf(KILN_EIO, "cannot write %s: %s", tmp, strerror(errno));
+        return rc;
     }
+    FILE *f = out.f;
     fprintf(f, "#!/bin/sh\n"
                "# Kiln run %lld of job %s: written by kilnd, submitted with sbatch.\n",
             (long long)c->run_id, spec->name);
@@ -102,11 +102,12 @@ static int write_script(const sched_launch_ctx_t *c, const char *path)
     }
     fputc('\n', f);
     sched_argv_free(trainer);
-    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || chmod(tmp, 0755) < 0 || rename(tmp, path) < 0)
-        return kiln_errf(KILN_EIO, "cannot write %s: %s", path, strerror(errno));
-    return 0;
+    if (fchmod(fileno(f), 0755) < 0) {
+        rc = kiln_errf(KILN_EIO, "cannot make %s executable: %s", path, strerror(errno));
+        kiln_atomic_abort(&out);
+        return rc;
+    }
+    return kiln_atomic_commit(&out);
 }
 
 /* Pushes one printf-formatted argument. */
