@@ -56,12 +56,6 @@ static char data[320], evalf[320];
 static int trials = 2;
 static unsigned seed;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static int rnd(int lo, int hi) /* uniform in [lo, hi] */
 {
     return lo + (int)(rand() % (unsigned)(hi - lo + 1));
@@ -116,7 +110,7 @@ static void kilnd_stop(home_t *h, int sig)
     kill(h->kilnd, sig);
     int st = 0;
     for (int i = 0; i < 150 && waitpid(h->kilnd, &st, WNOHANG) != h->kilnd; i++)
-        sleep_ms(100);
+        proc_sleep_ms(100);
     kill(h->kilnd, SIGKILL); /* no-op when it is gone */
     waitpid(h->kilnd, &st, WNOHANG);
     h->kilnd = 0;
@@ -182,7 +176,7 @@ static int64_t wait_state(const home_t *h, const char *job, state_run_state_t wa
         state_runs_free(rs, n);
         if (id > 0)
             return id;
-        sleep_ms(200);
+        proc_sleep_ms(200);
     }
     return 0;
 }
@@ -344,9 +338,9 @@ static void test_kilnd_kill(void **state)
         kilnd_start(&h);
         int kills = rnd(1, 3);
         for (int k = 0; k < kills; k++) {
-            sleep_ms(rnd(300, 3000));
+            proc_sleep_ms(rnd(300, 3000));
             kilnd_stop(&h, SIGKILL);
-            sleep_ms(rnd(0, 1500));
+            proc_sleep_ms(rnd(0, 1500));
             kilnd_start(&h);
         }
         /* Wait for every run to end. */
@@ -359,7 +353,7 @@ static void test_kilnd_kill(void **state)
                 done = done && state_run_state_terminal(rs[r].state);
             state_runs_free(rs, n);
             if (!done)
-                sleep_ms(200);
+                proc_sleep_ms(200);
         }
         kilnd_stop(&h, SIGTERM);
         size_t n = 0;
@@ -417,7 +411,7 @@ static void server_start(server_t *s)
     for (int i = 0; i < 1000 && buf[0] == '\0'; i++) {
         proc_slurp(portfile, buf, sizeof buf);
         if (buf[0] == '\0')
-            sleep_ms(10);
+            proc_sleep_ms(10);
     }
     assert_true(buf[0] != '\0');
     snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", atoi(buf));
@@ -647,13 +641,8 @@ static int setup(void **state)
     srand(seed);
     printf("chaos: %d trials per scenario, seed %u (KILN_CHAOS_SEED=%u replays it)\n", trials,
            seed, seed);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
+    proc_mpi_env(true);
     if (proc_tmpdir("chaos", root, sizeof root) < 0)
         return -1;
     snprintf(data, sizeof data, "%s/day0.tsv", root);

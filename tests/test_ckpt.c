@@ -41,6 +41,7 @@
 
 #include "kern.h"
 #include "kiln.h"
+#include "proc.h"
 #include "rt_ckpt.h"
 #include "rt_shard.h"
 #include "state.h"
@@ -78,18 +79,9 @@ static void child_exec(const char *const *argv, const char *env, long fsize)
     int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(o, 1);
     dup2(e, 2);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    /* Under ASan, Open MPI leaves allocations behind at exit that
-     * LeakSanitizer cannot name: leak checking is off for MPI ranks only
-     * (the kiln CLI and this test keep it). */
-    if (strcmp(argv[0], "mpirun") == 0) {
-        const char *asan = getenv("ASAN_OPTIONS");
-        char opts[1024];
-        snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-        setenv("ASAN_OPTIONS", opts, 1);
-    }
+    /* Leak checking is off for MPI ranks only (the kiln CLI and this test
+     * keep it). */
+    proc_mpi_env(strcmp(argv[0], "mpirun") == 0);
     if (env != NULL)
         putenv((char *)env);
     if (fsize > 0) {

@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "fixtures.h"
 #include "proc.h"
 #include "rt_ckpt.h"
 #include "state.h"
@@ -81,12 +82,6 @@ static proc_result_t res;
     "data: {train: \"../data/train.tsv\"}\n"                                                       \
     "train: {batch_size: 256, epochs: 100000, log_every: 50}\n"
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Runs argv (PATH lookup) into res; returns the exit code. */
 static int run(const char *const *argv)
 {
@@ -94,57 +89,27 @@ static int run(const char *const *argv)
     return res.code;
 }
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
-    return run(argv);
-}
+/* Runs the shell command made from fmt into res; returns the exit code. */
+#define sh(...) proc_sh(&res, root, __VA_ARGS__)
 
 /* ---- kilnd and the database ------------------------------------------------------- */
 
 static void start_kilnd(const char *listen, const char *dump_delay_ms)
 {
-    char log[900];
+    char log[900], delay[64];
     snprintf(log, sizeof log, "%s/kilnd.log", home);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-        setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-        if (dump_delay_ms != NULL)
-            setenv("KILN_TEST_DUMP_DELAY_MS", dump_delay_ms, 1);
-        execl(kilnd, kilnd, "--db", db, "--home", home, "--trainer", trainer, "--grace", "1s",
-              "--poll", "200ms", "--slurm-poll", "1s", "--max-ranks", "8", "--listen",
-              listen ? listen : "", (char *)NULL);
-        _exit(127);
-    }
-    kilnd_pid = pid;
+    snprintf(delay, sizeof delay, "KILN_TEST_DUMP_DELAY_MS=%s", dump_delay_ms ? dump_delay_ms : "");
+    const char *env[] = {dump_delay_ms != NULL ? delay : NULL, NULL};
+    const char *argv[] = {kilnd,    "--db",         db,    "--home",      home,  "--trainer",
+                          trainer,  "--grace",      "1s",  "--poll",      "200ms",
+                          "--slurm-poll", "1s",     "--max-ranks", "8",   "--listen",
+                          listen ? listen : "", NULL};
+    kilnd_pid = fx_spawn(log, env, argv);
 }
 
 static void stop_kilnd(int sig)
 {
-    if (kilnd_pid <= 0)
-        return;
-    kill(kilnd_pid, sig);
-    int st;
-    for (int i = 0; i < 100; i++) {
-        if (waitpid(kilnd_pid, &st, WNOHANG) == kilnd_pid) {
-            kilnd_pid = 0;
-            return;
-        }
-        sleep_ms(100);
-    }
-    kill(kilnd_pid, SIGKILL);
-    waitpid(kilnd_pid, &st, 0);
+    fx_stop(kilnd_pid, sig);
     kilnd_pid = 0;
 }
 
@@ -202,7 +167,7 @@ static void wait_run(int64_t id, state_run_state_t want, int timeout_s)
             state_run_fini(&r);
         }
         if (got != want)
-            sleep_ms(100);
+            proc_sleep_ms(100);
     }
     state_close(st);
     if (got != want) {
@@ -270,7 +235,7 @@ static int64_t wait_last(state_run_state_t want, int timeout_s)
             note_retries(id);
             return id;
         }
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     wait_run(id, want, 1); /* fails, with the state and the logs */
     return id;
@@ -285,7 +250,7 @@ static bool kilnd_log_has(const char *text, int timeout_s)
         proc_slurp(path, buf, sizeof buf);
         if (strstr(buf, text) != NULL)
             return true;
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     return false;
 }
@@ -329,7 +294,7 @@ static int64_t wait_running(bool checkpoint, int timeout_s)
                 return id;
             }
         }
-        sleep_ms(50);
+        proc_sleep_ms(50);
     }
     show_logs(last_run());
     fail_msg("no run got its Slurm job running%s within %d s",
@@ -372,7 +337,7 @@ static void freeze_ranks(int64_t id)
     for (int i = 0; i < 100 && n < RANKS; i++) {
         n = signal_ranks(dir, SIGSTOP);
         if (n < RANKS)
-            sleep_ms(100);
+            proc_sleep_ms(100);
     }
     if (n < RANKS)
         fail_msg("found %d of the %d ranks of run %lld to stop", n, RANKS, (long long)id);
@@ -380,23 +345,13 @@ static void freeze_ranks(int64_t id)
 
 /* ---- comparing models bit for bit ------------------------------------------------------- */
 
-static void open_latest(const char *ckroot, rt_ckpt_chain_t *ch)
-{
-    char uid[RT_CKPT_UID_MAX], dir[1200];
-    if (rt_ckpt_latest(ckroot, uid) != 0)
-        fail_msg("no checkpoint under %s: %s", ckroot, kiln_errmsg());
-    snprintf(dir, sizeof dir, "%s/%s", ckroot, uid);
-    if (rt_ckpt_chain_open(dir, true, ch) != 0)
-        fail_msg("cannot open checkpoint %s: %s", dir, kiln_errmsg());
-}
-
 /* Every table (keys, values, optimizer state) and every dense array of the
  * newest checkpoints under a and b are the same bytes. */
 static void assert_same_model(const char *a, const char *b)
 {
     rt_ckpt_chain_t ca, cb;
-    open_latest(a, &ca);
-    open_latest(b, &cb);
+    fx_open_latest(a, &ca);
+    fx_open_latest(b, &cb);
     const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
     const rt_ckpt_info_t *ib = rt_ckpt_info(cb.items[cb.n - 1]);
     assert_int_equal(ia->step, ib->step);
@@ -472,7 +427,7 @@ static int teardown_home(void **state)
         const char *argv[] = {"squeue", "-h", NULL};
         if (run(argv) == 0 && res.out[0] == '\0')
             break;
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     /* A node a failed test left crashed comes back. */
     const char *nodes[] = {"sinfo", "-h", "-N", "-p", "kiln", "-o", "%N %t", NULL};
@@ -615,7 +570,7 @@ static void test_slurm_two_nodes(void **state)
         const char *curl[] = {"curl", "-sf", url, NULL};
         if (run(curl) == 0 && strstr(res.out, want) != NULL)
             break;
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     if (strstr(res.out, want) == NULL)
         fail_msg("the run page lacks \"%s\":\n%.2000s", want, res.out);
@@ -671,7 +626,7 @@ static void test_slurm_refuses(void **state)
         printf("  run %d: %s\n", id, r.error);
         state_run_fini(&r);
     }
-    sleep_ms(2500); /* past the retry backoff: nothing was queued */
+    proc_sleep_ms(2500); /* past the retry backoff: nothing was queued */
     assert_int_equal(count_runs(), 2);
     stop_kilnd(SIGTERM);
 }
@@ -689,7 +644,7 @@ static void test_slurm_cancel(void **state)
     char dir[900], num[32];
     run_dir_of(id, dir, sizeof dir);
     for (int i = 0; i < 100 && signal_ranks(dir, 0) < RANKS; i++)
-        sleep_ms(100);
+        proc_sleep_ms(100);
     assert_int_equal(signal_ranks(dir, 0), RANKS);
     snprintf(num, sizeof num, "%lld", (long long)id);
     const char *argv[] = {kiln, "--db", db, "cancel", num, NULL};
@@ -700,7 +655,7 @@ static void test_slurm_cancel(void **state)
     assert_string_equal(st, "CANCELLED");
     assert_non_null(strstr(scontrol_job(job), "JobState=CANCELLED"));
     for (int i = 0; i < 100 && signal_ranks(dir, 0) > 0; i++)
-        sleep_ms(100);
+        proc_sleep_ms(100);
     assert_int_equal(signal_ranks(dir, 0), 0);
     state_run_t r;
     get_run(id, &r);
@@ -735,7 +690,7 @@ static void test_slurm_time_limit(void **state)
     snprintf(dir, sizeof dir, "%s", r.run_dir);
     state_run_fini(&r);
     for (int i = 0; i < 100 && signal_ranks(dir, 0) > 0; i++)
-        sleep_ms(100);
+        proc_sleep_ms(100);
     assert_int_equal(signal_ranks(dir, 0), 0);
     assert_int_equal(last_run(), id); /* a time-out is not retried */
     stop_kilnd(SIGTERM);
@@ -854,7 +809,7 @@ static void test_kilnd_kill9(void **state)
     proc_slurp(pidfile, text, sizeof text);
     assert_true(atoi(text) > 0);
     assert_int_equal(kill(atoi(text), SIGKILL), 0);
-    sleep_ms(300);
+    proc_sleep_ms(300);
     start_kilnd(NULL, "400");
     snprintf(want, sizeof want, "run %lld: adopted Slurm job %lld by its id", (long long)id,
              (long long)job);

@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <curl/curl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -52,10 +53,7 @@ static int setup_all(void **state)
         return -1;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    proc_mpi_env(true);
     char p[400];
     int rc = 0;
     snprintf(p, sizeof p, "%s/day0.tsv", data_dir);
@@ -172,7 +170,7 @@ static state_run_state_t wait_end(int64_t id, int timeout_s)
             if (state_run_state_terminal(got))
                 break;
         }
-        fx_sleep_ms(100);
+        proc_sleep_ms(100);
     }
     state_close(st);
     if (!state_run_state_terminal(got))
@@ -212,7 +210,7 @@ static state_push_state_t wait_push(int64_t id, state_push_state_t want, int tim
         state_pushes_free(ps, n);
         if (got != STATE_PUSH_NSTATES)
             return got;
-        fx_sleep_ms(100);
+        proc_sleep_ms(100);
     }
     fail_msg("run %lld has no push %s within %d s (see %s/kilnd.log)", (long long)id,
              want < STATE_PUSH_NSTATES ? state_push_state_name(want) : "that ended", timeout_s,
@@ -240,7 +238,7 @@ static void wait_holds(const fx_serve_t *s, const char *model, const char *label
         fx_holds(s, model, label, h, sizeof h);
         if (strcmp(h, uid) == 0)
             return;
-        fx_sleep_ms(100);
+        proc_sleep_ms(100);
     }
     fail_msg("%s %s/%s holds '%s', not %s, after %d s (see %s/kilnd.log)", s->url, model, label,
              h, uid, timeout_s, home);
@@ -521,7 +519,7 @@ static void check_pages(int64_t id, const fx_serve_t *s, const char *uid)
         }
         json_decref(doc);
         if (!seen)
-            fx_sleep_ms(100);
+            proc_sleep_ms(100);
     }
     if (!seen)
         fail_msg("the endpoints API never showed B's predict traffic");
@@ -570,7 +568,7 @@ static void test_cron_three_partitions(void **state)
             state_runs_free(rs, n);
             state_close(st);
             if (id == 0)
-                fx_sleep_ms(100);
+                proc_sleep_ms(100);
         }
         if (id == 0)
             fail_msg("no run consumed partition %d within 60 s (see %s/kilnd.log)", p, home);
@@ -649,7 +647,7 @@ static void test_endpoint_down_then_up(void **state)
         state_pushes_free(ps, n);
         ps = NULL;
         n = 0;
-        fx_sleep_ms(100);
+        proc_sleep_ms(100);
     }
     assert_int_equal(n, 1);
     assert_int_equal(ps[0].state, STATE_PUSH_PENDING);
@@ -701,7 +699,7 @@ static void kill9_case(const char *hook)
     if (strstr(hook, "HOLD") != NULL) {
         /* Wait for the endpoint to apply it; kilnd has not recorded it. */
         for (int i = 0; i < 300 && fx_pushes_applied(&s) < 1; i++)
-            fx_sleep_ms(100);
+            proc_sleep_ms(100);
         assert_int_equal(fx_pushes_applied(&s), 1);
     }
     fx_kilnd_stop(&kd, SIGKILL);
@@ -719,7 +717,7 @@ static void kill9_case(const char *hook)
     n = run_pushes(id, &ps);
     assert_int_equal(n, 1);
     state_pushes_free(ps, n);
-    fx_sleep_ms(1500);
+    proc_sleep_ms(1500);
     assert_int_equal(fx_pushes_applied(&s), 1);
 }
 
@@ -845,7 +843,7 @@ static void test_online_job(void **state)
         if (n > 0 && ps[n - 1].state == STATE_PUSH_SUCCEEDED)
             snprintf(last, sizeof last, "%s", ps[n - 1].checkpoint_uid);
         state_pushes_free(ps, n);
-        fx_sleep_ms(100);
+        proc_sleep_ms(100);
     }
     if (reached < 3)
         fail_msg("%d online exports reached B in 90 s (see %s/kilnd.log)", reached, home);

@@ -43,12 +43,6 @@ static char data_dir[256]; /* shared generated data */
 static char home[256];     /* this test's KILN_HOME */
 static char db[320];
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Runs argv to completion with output to home/cmd.out; returns the exit code. */
 static int run_cmd(const char *const *argv)
 {
@@ -96,7 +90,7 @@ static int stop_kilnd(pid_t pid, int sig)
     for (int i = 0; i < 100; i++) {
         if (waitpid(pid, &st, WNOHANG) == pid)
             return st;
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     kill(pid, SIGKILL);
     waitpid(pid, &st, 0);
@@ -151,7 +145,7 @@ static state_run_state_t wait_run(int64_t run_id, state_run_state_t want, int ti
             if (got == want || (want == STATE_RUN_NSTATES && state_run_state_terminal(got)))
                 break;
         }
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     state_close(st);
     if (want != STATE_RUN_NSTATES && got != want)
@@ -205,7 +199,7 @@ static void stop_leftovers(void)
             continue;
         kill(sup, SIGTERM);
         for (int i = 0; i < 100 && !file_exists(dir, "status"); i++)
-            sleep_ms(100);
+            proc_sleep_ms(100);
     }
 }
 
@@ -229,14 +223,8 @@ static int setup_all(void **state)
     snprintf(data_dir, sizeof data_dir, "/tmp/kiln-test-sched-data-XXXXXX");
     if (mkdtemp(data_dir) == NULL)
         return -1;
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
     /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    proc_mpi_env(true);
     char out[400];
     snprintf(out, sizeof out, "%s/day0.tsv", data_dir);
     const char *argv[] = {KILN_BIN, "datagen", "--rows", "3000", "--out", out, "--seed", "5", NULL};
@@ -356,7 +344,7 @@ static void test_cancel(void **state)
     submit(spec);
     pid_t k = start_kilnd();
     wait_run(1, STATE_RUN_RUNNING, 15);
-    sleep_ms(1000);
+    proc_sleep_ms(1000);
     const char *argv[] = {KILN_BIN, "--db", db, "cancel", "1", NULL};
     assert_int_equal(run_cmd(argv), 0);
     wait_run(1, STATE_RUN_CANCELED, 15);
@@ -461,7 +449,7 @@ static void test_cron_forbid(void **state)
                spec, sizeof spec);
     submit(spec);
     pid_t k = start_kilnd();
-    sleep_ms(9000);
+    proc_sleep_ms(9000);
     stop_kilnd(k, SIGTERM);
     state_t *st = open_db();
     state_run_t *rs = NULL;
@@ -495,9 +483,9 @@ static void test_catchup_after_downtime(void **state)
     pid_t k = start_kilnd();
     wait_run(1, STATE_RUN_SUCCEEDED, 20);
     stop_kilnd(k, SIGTERM);
-    sleep_ms(6000); /* three fire times pass while kilnd is down */
+    proc_sleep_ms(6000); /* three fire times pass while kilnd is down */
     k = start_kilnd();
-    sleep_ms(5000);
+    proc_sleep_ms(5000);
     stop_kilnd(k, SIGTERM);
     state_t *st = open_db();
     state_run_t *rs = NULL;
@@ -542,7 +530,7 @@ static bool log_has(const char *text, int timeout_s)
             if (strstr(buf, text) != NULL)
                 return true;
         }
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     return false;
 }
@@ -571,7 +559,7 @@ static void test_kill9_recovery(void **state)
     for (int i = 0; i < 150 && stopped < 2; i++) {
         stopped = signal_ranks(slow_dir, SIGSTOP);
         if (stopped < 2)
-            sleep_ms(100);
+            proc_sleep_ms(100);
     }
     assert_int_equal(stopped, 2);
     stop_kilnd(k, SIGKILL);
@@ -581,7 +569,7 @@ static void test_kill9_recovery(void **state)
     snprintf(status, sizeof status, "%s/status", r.run_dir);
     state_run_fini(&r);
     for (int i = 0; i < 600 && access(status, F_OK) != 0; i++) /* ASan builds are slow */
-        sleep_ms(100);
+        proc_sleep_ms(100);
     if (access(status, F_OK) != 0) {
         char cmd[1400];
         signal_ranks(slow_dir, SIGCONT);
@@ -600,7 +588,7 @@ static void test_kill9_recovery(void **state)
     assert_non_null(ea);
     long long status_ended = atoll(ea + 12);
     while (time(NULL) < status_ended + 3)
-        sleep_ms(200);
+        proc_sleep_ms(200);
     k = start_kilnd();
     bool adopted = log_has("run 2 adopted", 30);
     assert_int_equal(signal_ranks(slow_dir, SIGCONT), 2);
@@ -652,7 +640,7 @@ static int kilnd_exits(const char *name, const char *const *args, int timeout_s,
             code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
             break;
         }
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     if (code < 0) {
         kill(pid, SIGKILL);

@@ -361,12 +361,6 @@ typedef struct server {
     char url[64];
 } server_t;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Every kiln-serve started and not yet killed: teardown stops them, so that a
  * test failing half way leaves no server behind. */
 static pid_t live_servers[64];
@@ -393,7 +387,7 @@ static void server_start_ex(server_t *srv, const char *const *extra, int delay_m
     pid_t pid = fork();
     if (pid == 0) {
         if (delay_ms > 0)
-            sleep_ms(delay_ms);
+            proc_sleep_ms(delay_ms);
         setenv("KILN_TEST_TOKEN", TOKEN, 1);
         char logp[600];
         snprintf(logp, sizeof logp, "%s.log", srv->dir);
@@ -416,7 +410,7 @@ static void server_start_ex(server_t *srv, const char *const *extra, int delay_m
     for (int i = 0; i < 1000 && buf[0] == '\0'; i++) {
         proc_slurp(portfile, buf, sizeof buf);
         if (buf[0] == '\0')
-            sleep_ms(10);
+            proc_sleep_ms(10);
     }
     if (buf[0] == '\0') {
         char logp[600], text[4096];
@@ -1380,7 +1374,7 @@ static int serve_try(const char *const *args, char *err, size_t cap)
         else if (access(portfile, F_OK) == 0)
             code = -1;
         else
-            sleep_ms(10);
+            proc_sleep_ms(10);
     }
     if (code < 0) {
         kill(pid, SIGTERM);

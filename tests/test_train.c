@@ -29,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "proc.h"
 #include "rt_ckpt.h"
 #include "rt_data.h"
@@ -88,25 +89,14 @@ static void cmp_floats(wcmp_t *c, const char *what, const float *ref, const floa
     }
 }
 
-/* Opens the newest checkpoint under root (every file verified). */
-static void open_latest(const char *root, rt_ckpt_chain_t *ch)
-{
-    char uid[RT_CKPT_UID_MAX], dir[600];
-    if (rt_ckpt_latest(root, uid) != 0)
-        fail_msg("no checkpoint under %s: %s", root, kiln_errmsg());
-    snprintf(dir, sizeof dir, "%s/%s", root, uid);
-    if (rt_ckpt_chain_open(dir, true, ch) != 0)
-        fail_msg("cannot open checkpoint %s: %s", dir, kiln_errmsg());
-}
-
 /* Compares every table (keys exactly; rows, optimizer state and adam
  * counts) and every dense array of the checkpoints under roots a (the
  * reference) and b into c. */
 static void compare_weights(const char *a, const char *b, wcmp_t *c)
 {
     rt_ckpt_chain_t ca, cb;
-    open_latest(a, &ca);
-    open_latest(b, &cb);
+    fx_open_latest(a, &ca);
+    fx_open_latest(b, &cb);
     const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
     const rt_ckpt_info_t *ib = rt_ckpt_info(cb.items[cb.n - 1]);
     assert_int_equal(ia->step, ib->step);
@@ -516,7 +506,7 @@ static void test_twin_store_matches_host(void **state)
         rt_ckpt_chain_t ch;
         char root[400];
         snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, names[k]);
-        open_latest(root, &ch);
+        fx_open_latest(root, &ch);
         assert_int_equal(rt_ckpt_info(ch.items[ch.n - 1])->step, 10);
         assert_true(ch.n >= 2); /* a full dump and at least one incremental */
         int64_t evicted = 0;
@@ -595,7 +585,7 @@ static void test_cuda_matches_cpu(void **state)
     const char *runs[2] = {"cuda-on-cpu", "cpu-on-cuda"};
     for (int k = 0; k < 2; k++) {
         rt_ckpt_chain_t ch;
-        open_latest(roots[k], &ch);
+        fx_open_latest(roots[k], &ch);
         char ck[400];
         snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
         rt_ckpt_chain_fini(&ch);
@@ -904,7 +894,7 @@ static void test_empty_column_first_batch(void **state)
 static int table_rows(const char *root, char names[][64], int64_t *rows, int cap)
 {
     rt_ckpt_chain_t ch;
-    open_latest(root, &ch);
+    fx_open_latest(root, &ch);
     const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
     int n = in->ntables < cap ? in->ntables : cap;
     for (int t = 0; t < n; t++) {
@@ -977,7 +967,7 @@ static void test_capacity_is_job_wide(void **state)
 
     /* The 2-rank checkpoint at capacity resumes on 1 rank. */
     rt_ckpt_chain_t ch;
-    open_latest(root, &ch);
+    fx_open_latest(root, &ch);
     char ck[400];
     snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
     rt_ckpt_chain_fini(&ch);
@@ -1071,7 +1061,7 @@ static void test_unseen_keys_read_as_zeros(void **state)
         rt_ckpt_chain_t ch;
         char root[400];
         snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, name);
-        open_latest(root, &ch);
+        fx_open_latest(root, &ch);
         snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
         assert_int_equal((int64_t)num(a, "keys"), rt_ckpt_info(ch.items[ch.n - 1])->keys);
         rt_ckpt_chain_fini(&ch);
@@ -1150,7 +1140,7 @@ typedef struct {
 static void st_load(const char *root, st_state_t *st)
 {
     rt_ckpt_chain_t ch;
-    open_latest(root, &ch);
+    fx_open_latest(root, &ch);
     for (int s = 0; s < ST_S; s++) {
         char name[16];
         snprintf(name, sizeof name, "slot%d", s);
@@ -1494,7 +1484,7 @@ static void step_case(const char *model, const char *data, const char *batch_pat
 
     /* The forward on S0, row by row, through kiln-train's predict mode. */
     rt_ckpt_chain_t ch;
-    open_latest(root0, &ch);
+    fx_open_latest(root0, &ch);
     char ck0[400];
     snprintf(ck0, sizeof ck0, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
     rt_ckpt_chain_fini(&ch);

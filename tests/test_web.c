@@ -16,29 +16,23 @@
 
 #include <curl/curl.h>
 #include <jansson.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kiln.h"
 #include "proc.h"
 #include "state.h"
 #include "web.h"
+#include "web_fixture.h"
 
-typedef struct web_fixture {
-    int64_t job_cron, job_oneoff;
-    int64_t run_ok, run_running, run_queued, run_failed;
-    int64_t ckpt_full, ckpt_incr;
-    int64_t ep_a, ep_b;
-} web_fixture_t;
-int web_fixture_build(const char *db, const char *dir, web_fixture_t *f);
 
 #define TOKEN "s3cret-token"
 
-static char dir[256], db[320];
 static web_fixture_t fx;
-static web_t *server;
-static char base[64];
 
 /* One HTTP exchange: status, a few headers and the body. */
 typedef struct reply {
@@ -95,7 +89,7 @@ static void http(reply_t *r, const char *method, const char *path, const char *b
 {
     memset(r, 0, sizeof *r);
     char url[512];
-    snprintf(url, sizeof url, "%s%s", base, path);
+    snprintf(url, sizeof url, "%s%s", fx.base, path);
     CURL *c = curl_easy_init();
     assert_non_null(c);
     struct curl_slist *hs = NULL;
@@ -164,32 +158,21 @@ static const char *run_state(int64_t id)
 
 static int setup(void **state)
 {
-    if (proc_tmpdir("web", dir, sizeof dir) < 0)
-        return -1;
-    snprintf(db, sizeof db, "%s/kiln.db", dir);
-    if (web_fixture_build(db, dir, &fx) < 0)
-        return -1;
     web_config_t cfg;
     web_config_init(&cfg);
-    cfg.db_path = db;
-    cfg.listen = "127.0.0.1:0";
     cfg.token = TOKEN;
     cfg.threads = 3;
     cfg.max_body = 64 * 1024;
-    if (web_start(&cfg, &server) < 0) {
-        fprintf(stderr, "web_start: %s\n", kiln_errmsg());
+    if (web_fixture_start(&fx, "web", &cfg) < 0)
         return -1;
-    }
-    snprintf(base, sizeof base, "http://127.0.0.1:%u", (unsigned)web_port(server));
     curl_global_init(CURL_GLOBAL_DEFAULT);
     return 0;
 }
 
 static int teardown(void **state)
 {
-    web_stop(server);
+    web_fixture_stop(&fx);
     curl_global_cleanup();
-    proc_rmtree(dir);
     return 0;
 }
 
@@ -364,7 +347,7 @@ static void test_long_loss_curve(void **state)
     (void)state;
     state_t *st = NULL;
     int64_t id;
-    assert_int_equal(state_open(db, &st), 0);
+    assert_int_equal(state_open(fx.db, &st), 0);
     assert_int_equal(state_run_create(st, fx.job_cron, STATE_TRIGGER_MANUAL, 0, 1, 0, &id), 0);
     for (int step = 1; step <= 5000; step++)
         assert_int_equal(state_metric_add(st, id, step, "loss", 0.02 + 0.5 / step), 0);
@@ -395,7 +378,7 @@ static void test_pagination(void **state)
 {
     /* 130 more runs: three pages of 50, walked by next_before. */
     state_t *st = NULL;
-    assert_int_equal(state_open(db, &st), 0);
+    assert_int_equal(state_open(fx.db, &st), 0);
     for (int i = 0; i < 130; i++) {
         int64_t id;
         assert_int_equal(state_run_create(st, fx.job_oneoff, STATE_TRIGGER_MANUAL, 0, 1, 0, &id), 0);
@@ -656,15 +639,15 @@ static void test_host_check(void **state)
     setenv("KILN_WEB_ALLOWED_HOSTS", "status.example,other.example", 1);
     web_config_t cfg;
     web_config_init(&cfg);
-    cfg.db_path = db;
+    cfg.db_path = fx.db;
     cfg.listen = "127.0.0.1:0";
     web_t *w = NULL;
     int rc = web_start(&cfg, &w);
     unsetenv("KILN_WEB_ALLOWED_HOSTS");
     assert_int_equal(rc, 0);
     char saved[64];
-    snprintf(saved, sizeof saved, "%s", base);
-    snprintf(base, sizeof base, "http://127.0.0.1:%u", (unsigned)web_port(w));
+    snprintf(saved, sizeof saved, "%s", fx.base);
+    snprintf(fx.base, sizeof fx.base, "http://127.0.0.1:%u", (unsigned)web_port(w));
     static const char *const ok[] = {"Host: status.example:8480", NULL};
     http(&r, "GET", "/", NULL, ok);
     assert_int_equal(r.status, 200);
@@ -673,7 +656,7 @@ static void test_host_check(void **state)
     http(&r, "GET", "/", NULL, bad);
     assert_int_equal(r.status, 403);
     reply_free(&r);
-    snprintf(base, sizeof base, "%s", saved);
+    snprintf(fx.base, sizeof fx.base, "%s", saved);
     web_stop(w);
     /* A malformed list is refused at start, naming the variable. */
     setenv("KILN_WEB_ALLOWED_HOSTS", "a.example,,b", 1);
@@ -704,7 +687,7 @@ static void test_metrics(void **state)
         if (strstr(r.body, has[i]) == NULL)
             fail_msg("/metrics lacks %s\n%s", has[i], r.body);
     char path[400];
-    snprintf(path, sizeof path, "%s/metrics.txt", dir);
+    snprintf(path, sizeof path, "%s/metrics.txt", fx.dir);
     FILE *fp = fopen(path, "w");
     assert_non_null(fp);
     fwrite(r.body, 1, r.len, fp);
@@ -733,12 +716,6 @@ static void test_metrics(void **state)
 #include <signal.h>
 #include <sys/socket.h>
 #include <time.h>
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* Starts kilnd with home (its database home/kiln.db, its log home/kilnd.log)
  * and its page on a free port of 127.0.0.1; env ("NAME=VALUE", NULL-ended,
@@ -775,7 +752,7 @@ static void kilnd_stop(pid_t pid)
     kill(pid, SIGTERM);
     int wst = 0;
     for (int i = 0; i < 100 && waitpid(pid, &wst, WNOHANG) != pid; i++)
-        sleep_ms(100);
+        proc_sleep_ms(100);
     if (kill(pid, 0) == 0) {
         kill(pid, SIGKILL);
         waitpid(pid, &wst, 0);
@@ -814,12 +791,12 @@ static long get_within(const char *url, const char *path)
 static void test_kilnd_slow_clients(void **state)
 {
     char home[400], url[64];
-    snprintf(home, sizeof home, "%s/kilnd-slow", dir);
+    snprintf(home, sizeof home, "%s/kilnd-slow", fx.dir);
     const char *env[] = {"KILN_WEB_ALLOWED_HOSTS=status.example", NULL};
     pid_t pid = kilnd_start(home, env, url, sizeof url);
     long st = 0;
     for (int i = 0; i < 300 && (st = get_within(url, "/api/jobs")) != 200; i++)
-        sleep_ms(50); /* until kilnd's page is up */
+        proc_sleep_ms(50); /* until kilnd's page is up */
     assert_int_equal(st, 200);
     static proc_slow_t slow;
     proc_slow_open(&slow, atoi(strrchr(url, ':') + 1), "GET / HTTP/1.1\r\nHost: x");
@@ -836,8 +813,8 @@ static void test_kilnd_slow_clients(void **state)
     assert_int_equal(get_within(url, "/api/jobs"), 200);
     /* The Host check of the real kilnd. */
     char saved[64];
-    snprintf(saved, sizeof saved, "%s", base);
-    snprintf(base, sizeof base, "%s", url);
+    snprintf(saved, sizeof saved, "%s", fx.base);
+    snprintf(fx.base, sizeof fx.base, "%s", url);
     reply_t r;
     static const char *const allowed[] = {"Host: status.example", NULL};
     static const char *const evil[] = {"Host: evil.example", NULL};
@@ -847,7 +824,7 @@ static void test_kilnd_slow_clients(void **state)
     http(&r, "GET", "/", NULL, evil);
     assert_int_equal(r.status, 403);
     reply_free(&r);
-    snprintf(base, sizeof base, "%s", saved);
+    snprintf(fx.base, sizeof fx.base, "%s", saved);
     kilnd_stop(pid);
 }
 
@@ -857,19 +834,14 @@ static void test_kilnd_slow_clients(void **state)
 static void test_kilnd(void **state)
 {
     char home[400], kdb[500], spec[500], data[500], cmd[2048], log[500];
-    snprintf(home, sizeof home, "%s/kilnd", dir);
+    snprintf(home, sizeof home, "%s/kilnd", fx.dir);
     snprintf(kdb, sizeof kdb, "%s/kiln.db", home);
     snprintf(data, sizeof data, "%s/day0.tsv", home);
     snprintf(spec, sizeof spec, "%s/webrun.yaml", home);
     snprintf(log, sizeof log, "%s/kilnd.log", home);
     assert_int_equal(kiln_mkdir_p(home), 0);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
+    proc_mpi_env(true);
     snprintf(cmd, sizeof cmd, "'%s' datagen --rows 3000 --out '%s' --seed 5 > /dev/null", KILN_BIN,
              data);
     assert_int_equal(system(cmd), 0);
@@ -886,8 +858,8 @@ static void test_kilnd(void **state)
     assert_int_equal(system(cmd), 0);
     /* Talk to kilnd's own page from here on. */
     char saved[64];
-    snprintf(saved, sizeof saved, "%s", base);
-    snprintf(base, sizeof base, "%s", url);
+    snprintf(saved, sizeof saved, "%s", fx.base);
+    snprintf(fx.base, sizeof fx.base, "%s", url);
     const char *st = "";
     for (int i = 0; i < 600; i++) {
         reply_t r;
@@ -913,7 +885,7 @@ static void test_kilnd(void **state)
         if (strcmp(st, "succeeded") == 0 || strcmp(st, "failed") == 0 ||
             strcmp(st, "canceled") == 0 || strcmp(st, "timed_out") == 0)
             break;
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     if (strcmp(st, "succeeded") != 0) {
         char text[8192];
@@ -940,7 +912,7 @@ static void test_kilnd(void **state)
     http(&r, "POST", "/api/runs/1/retry", NULL, NULL);
     assert_int_equal(r.status, 401);
     reply_free(&r);
-    snprintf(base, sizeof base, "%s", saved);
+    snprintf(fx.base, sizeof fx.base, "%s", saved);
     kilnd_stop(pid);
 }
 #endif

@@ -22,45 +22,28 @@
 #include "kiln.h"
 #include "proc.h"
 #include "web.h"
+#include "web_fixture.h"
 
-typedef struct web_fixture {
-    int64_t job_cron, job_oneoff;
-    int64_t run_ok, run_running, run_queued, run_failed;
-    int64_t ckpt_full, ckpt_incr;
-    int64_t ep_a, ep_b;
-} web_fixture_t;
-int web_fixture_build(const char *db, const char *dir, web_fixture_t *f);
 
 #define CHROMIUM "/usr/bin/chromium"
 
-static char dir[256], db[320], base[64];
 static web_fixture_t fx;
-static web_t *server;
 static char *dom; /* the last --dump-dom */
 
 static int setup(void **state)
 {
-    if (proc_tmpdir("webui", dir, sizeof dir) < 0)
-        return -1;
-    snprintf(db, sizeof db, "%s/kiln.db", dir);
-    if (web_fixture_build(db, dir, &fx) < 0)
-        return -1;
     web_config_t cfg;
     web_config_init(&cfg);
-    cfg.db_path = db;
-    cfg.listen = "127.0.0.1:0";
-    if (web_start(&cfg, &server) < 0)
+    if (web_fixture_start(&fx, "webui", &cfg) < 0)
         return -1;
-    snprintf(base, sizeof base, "http://127.0.0.1:%u", (unsigned)web_port(server));
     dom = malloc(1 << 20);
     return dom ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
-    web_stop(server);
+    web_fixture_stop(&fx);
     free(dom);
-    proc_rmtree(dir);
     return 0;
 }
 
@@ -69,8 +52,8 @@ static int teardown(void **state)
 static void browse(const char *path, const char *shot)
 {
     char url[256], profile[400], mode[600];
-    snprintf(url, sizeof url, "%s%s", base, path);
-    snprintf(profile, sizeof profile, "--user-data-dir=%s/profile-%s", dir, shot ? shot : "dom");
+    snprintf(url, sizeof url, "%s%s", fx.base, path);
+    snprintf(profile, sizeof profile, "--user-data-dir=%s/profile-%s", fx.dir, shot ? shot : "dom");
     if (shot != NULL) {
         char out[400];
         snprintf(out, sizeof out, "%s/web-screens", KILN_BINARY_DIR);
@@ -85,7 +68,7 @@ static void browse(const char *path, const char *shot)
                           "--disable-dev-shm-usage", "--hide-scrollbars", profile,
                           "--window-size=1280,900", mode, url, NULL};
     static proc_result_t r;
-    proc_run(&r, dir, argv);
+    proc_run(&r, fx.dir, argv);
     if (r.code != 0)
         fail_msg("chromium on %s exited %d:\n%s", url, r.code, r.err);
     snprintf(dom, 1 << 20, "%s", r.out);

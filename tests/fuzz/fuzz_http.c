@@ -4,7 +4,7 @@
  * metrics; serving/serve_http.c over serve_store.c) and kilnd's status page
  * and JSON API (web/). Both servers start once in this process on loopback
  * port 0 (kiln-serve with one pushed version, the web front on the fixture
- * database of tests/test_web_fixture.c); each input becomes one request
+ * database of tests/support/web_fixture.c); each input becomes one request
  * sent over a socket, and the answer is read to the end.
  *
  * Input layout (lines split at '\n'): byte 0 picks the server (bit 0), and
@@ -32,16 +32,9 @@
 #include "serve.h"
 #include "serve_int.h"
 #include "web.h"
+#include "web_fixture.h"
 
 #define TOKEN "fuzz-token"
-
-typedef struct web_fixture {
-    int64_t job_cron, job_oneoff;
-    int64_t run_ok, run_running, run_queued, run_failed;
-    int64_t ckpt_full, ckpt_incr;
-    int64_t ep_a, ep_b;
-} web_fixture_t;
-int web_fixture_build(const char *db, const char *dir, web_fixture_t *f);
 
 static int serve_port, web_port_no;
 

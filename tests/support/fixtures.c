@@ -1,35 +1,37 @@
 /*
- * tests/fixtures.h - the real programs as test fixtures: a kilnd on a
- * database and home of the test's own, kiln-serve endpoints on ephemeral
- * loopback ports (or a port given back to a restarted one), `kiln` commands
- * with their output captured, and small HTTP reads (libcurl). Header-only
- * (static functions), built on proc.h; every process a fixture starts is
- * stopped by fx_stop_all() even when a test fails half way.
+ * tests/support/fixtures.c - the real programs as test fixtures: kilnd,
+ * kiln-serve, `kiln` commands, HTTP reads and landed data
+ * (tests/support/fixtures.h).
  */
-#ifndef KILN_TESTS_FIXTURES_H
-#define KILN_TESTS_FIXTURES_H
+#include "fixtures.h"
 
 #include <curl/curl.h>
-#include <jansson.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
 #include <signal.h>
-#include <stdbool.h>
-#include <time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
-#include "proc.h"
+#include "kiln.h"
+#include "rt_ckpt.h"
 
-#define FX_TOKEN "kiln-test-token"
-#define FX_MAX_PROCS 16
-
-static inline void fx_sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
+#ifndef KILN_BIN
+#error "KILN_BIN, KILND_BIN, KILN_TRAIN_BIN and KILN_SERVE_BIN must name the executables"
+#endif
 
 /* Every process a fixture started, for fx_stop_all. */
 static pid_t fx_procs[FX_MAX_PROCS];
 
-static inline void fx_track(pid_t pid)
+static void fx_track(pid_t pid)
 {
     for (int i = 0; i < FX_MAX_PROCS; i++)
         if (fx_procs[i] == 0) {
@@ -38,15 +40,14 @@ static inline void fx_track(pid_t pid)
         }
 }
 
-static inline void fx_untrack(pid_t pid)
+static void fx_untrack(pid_t pid)
 {
     for (int i = 0; i < FX_MAX_PROCS; i++)
         if (fx_procs[i] == pid)
             fx_procs[i] = 0;
 }
 
-/* Sends sig to pid and reaps it (SIGKILL after 10 s). */
-static inline void fx_stop(pid_t pid, int sig)
+void fx_stop(pid_t pid, int sig)
 {
     if (pid <= 0)
         return;
@@ -57,24 +58,21 @@ static inline void fx_stop(pid_t pid, int sig)
             fx_untrack(pid);
             return;
         }
-        fx_sleep_ms(100);
+        proc_sleep_ms(100);
     }
     kill(pid, SIGKILL);
     waitpid(pid, &st, 0);
     fx_untrack(pid);
 }
 
-static inline void fx_stop_all(void)
+void fx_stop_all(void)
 {
     for (int i = 0; i < FX_MAX_PROCS; i++)
         if (fx_procs[i] > 0)
             fx_stop(fx_procs[i], SIGKILL);
 }
 
-/* Forks argv with stdout and stderr appended to log and env ("NAME=VALUE",
- * NULL-ended, may be NULL) set; the child gets Open MPI's root and
- * oversubscribe settings. Returns the pid. */
-static inline pid_t fx_spawn(const char *log, const char *const *env, const char *const *argv)
+pid_t fx_spawn(const char *log, const char *const *env, const char *const *argv)
 {
     fflush(stdout);
     fflush(stderr);
@@ -85,9 +83,7 @@ static inline pid_t fx_spawn(const char *log, const char *const *env, const char
             dup2(fd, 1);
             dup2(fd, 2);
         }
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-        setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+        proc_mpi_env(false);
         for (size_t i = 0; env != NULL && env[i] != NULL; i++)
             putenv((char *)env[i]);
         execv(argv[0], (char *const *)argv);
@@ -99,16 +95,7 @@ static inline pid_t fx_spawn(const char *log, const char *const *env, const char
 
 /* ---- kilnd ------------------------------------------------------------------------- */
 
-typedef struct fx_kilnd {
-    char home[400], db[480], log[480];
-    pid_t pid;
-    int web_port; /* set before fx_kilnd_start: serve the status page on 127.0.0.1:port */
-} fx_kilnd_t;
-
-/* Starts kilnd on home/kiln.db (runs in home/runs), fast polls, endpoint
- * stats every second, the status page only when k->web_port is set; env is
- * added to its environment. */
-static inline void fx_kilnd_start(fx_kilnd_t *k, const char *home, const char *const *env)
+void fx_kilnd_start(fx_kilnd_t *k, const char *home, const char *const *env)
 {
     char listen[64] = "";
     snprintf(k->home, sizeof k->home, "%s", home);
@@ -116,10 +103,10 @@ static inline void fx_kilnd_start(fx_kilnd_t *k, const char *home, const char *c
     snprintf(k->log, sizeof k->log, "%s/kilnd.log", home);
     if (k->web_port > 0)
         snprintf(listen, sizeof listen, "127.0.0.1:%d", k->web_port);
-    const char *argv[] = {KILND_BIN,  "--db",          k->db,      "--home", k->home,
-                          "--trainer", KILN_TRAIN_BIN, "--grace",  "1s",     "--poll",
+    const char *argv[] = {KILND_BIN,   "--db",          k->db,     "--home",      k->home,
+                          "--trainer", KILN_TRAIN_BIN,  "--grace", "1s",          "--poll",
                           "200ms",     "--stats-every", "1s",      "--max-ranks", "4",
-                          "--listen",  listen,         NULL};
+                          "--listen",  listen,          NULL};
     const char *base[16] = {"KILN_TEST_TOKEN=" FX_TOKEN};
     size_t n = 1;
     for (size_t i = 0; env != NULL && env[i] != NULL && n + 1 < 16; i++)
@@ -128,14 +115,13 @@ static inline void fx_kilnd_start(fx_kilnd_t *k, const char *home, const char *c
     k->pid = fx_spawn(k->log, base, argv);
 }
 
-static inline void fx_kilnd_stop(fx_kilnd_t *k, int sig)
+void fx_kilnd_stop(fx_kilnd_t *k, int sig)
 {
     fx_stop(k->pid, sig);
     k->pid = 0;
 }
 
-/* Runs `kiln --db DB args...` into r (proc_run's capture in home). */
-static inline void fx_kiln(const fx_kilnd_t *k, proc_result_t *r, const char *const *args)
+void fx_kiln(const fx_kilnd_t *k, proc_result_t *r, const char *const *args)
 {
     const char *argv[32] = {KILN_BIN, "--db", k->db};
     size_t n = 3;
@@ -148,16 +134,7 @@ static inline void fx_kiln(const fx_kilnd_t *k, proc_result_t *r, const char *co
 
 /* ---- kiln-serve ---------------------------------------------------------------------- */
 
-typedef struct fx_serve {
-    char dir[400];
-    int port; /* 0 until started; kept for a restart on the same port */
-    char url[64];
-    pid_t pid;
-} fx_serve_t;
-
-/* Starts kiln-serve with its state in dir, on s->port (0: any free port,
- * read back from its port file). Waits until it answers. */
-static inline bool fx_serve_start(fx_serve_t *s, const char *dir)
+bool fx_serve_start(fx_serve_t *s, const char *dir)
 {
     char portfile[480], listen[64], log[480], buf[32] = "";
     snprintf(s->dir, sizeof s->dir, "%s", dir);
@@ -165,15 +142,14 @@ static inline bool fx_serve_start(fx_serve_t *s, const char *dir)
     snprintf(log, sizeof log, "%s.log", dir);
     unlink(portfile);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", s->port);
-    const char *argv[] = {KILN_SERVE_BIN, "--listen",  listen,   "--state-dir",
-                          dir,            "--token-env", "KILN_TEST_TOKEN", "--port-file",
-                          portfile,       NULL};
+    const char *argv[] = {KILN_SERVE_BIN, "--listen",        listen,        "--state-dir", dir,
+                          "--token-env",  "KILN_TEST_TOKEN", "--port-file", portfile,      NULL};
     const char *env[] = {"KILN_TEST_TOKEN=" FX_TOKEN, NULL};
     s->pid = fx_spawn(log, env, argv);
     for (int i = 0; i < 1000 && buf[0] == '\0'; i++) {
         proc_slurp(portfile, buf, sizeof buf);
         if (buf[0] == '\0')
-            fx_sleep_ms(10);
+            proc_sleep_ms(10);
     }
     if (buf[0] == '\0')
         return false;
@@ -182,7 +158,7 @@ static inline bool fx_serve_start(fx_serve_t *s, const char *dir)
     return true;
 }
 
-static inline void fx_serve_stop(fx_serve_t *s, int sig)
+void fx_serve_stop(fx_serve_t *s, int sig)
 {
     fx_stop(s->pid, sig);
     s->pid = 0;
@@ -190,7 +166,7 @@ static inline void fx_serve_stop(fx_serve_t *s, int sig)
 
 /* ---- HTTP ------------------------------------------------------------------------------- */
 
-static inline size_t fx_body_cb(char *p, size_t size, size_t n, void *ud)
+static size_t fx_body_cb(char *p, size_t size, size_t n, void *ud)
 {
     char **b = ud;
     size_t have = *b ? strlen(*b) : 0, add = size * n;
@@ -204,7 +180,7 @@ static inline size_t fx_body_cb(char *p, size_t size, size_t n, void *ud)
 }
 
 /* GET url: the body (malloc'd; NULL when none) unless the status is not 200. */
-static inline char *fx_get(const char *url)
+char *fx_get(const char *url)
 {
     CURL *e = curl_easy_init();
     char *body = NULL;
@@ -224,7 +200,7 @@ static inline char *fx_get(const char *url)
 }
 
 /* GET url as JSON (NULL when it does not answer 200 with JSON). */
-static inline json_t *fx_get_json(const char *url)
+json_t *fx_get_json(const char *url)
 {
     char *body = fx_get(url);
     json_t *v = body != NULL ? json_loads(body, 0, NULL) : NULL;
@@ -232,9 +208,7 @@ static inline json_t *fx_get_json(const char *url)
     return v;
 }
 
-/* The checkpoint model/label holds on s ("" when none). */
-static inline void fx_holds(const fx_serve_t *s, const char *model, const char *label, char *out,
-                            size_t cap)
+void fx_holds(const fx_serve_t *s, const char *model, const char *label, char *out, size_t cap)
 {
     char url[256];
     snprintf(url, sizeof url, "%s/v1/models/%s/versions/%s", s->url, model, label);
@@ -244,8 +218,7 @@ static inline void fx_holds(const fx_serve_t *s, const char *model, const char *
     json_decref(v);
 }
 
-/* kiln-serve's count of pushes it applied since it started. */
-static inline int64_t fx_pushes_applied(const fx_serve_t *s)
+int64_t fx_pushes_applied(const fx_serve_t *s)
 {
     char url[256];
     snprintf(url, sizeof url, "%s/v1/stats", s->url);
@@ -257,15 +230,14 @@ static inline int64_t fx_pushes_applied(const fx_serve_t *s)
 
 /* ---- data -------------------------------------------------------------------------------- */
 
-/* `kiln datagen` of rows rows (seed, day) into path. */
-static inline int fx_datagen(const char *path, int rows, int seed, int day)
+int fx_datagen(const char *path, int rows, int seed, int day)
 {
     char r[32], s[32], d[32];
     snprintf(r, sizeof r, "%d", rows);
     snprintf(s, sizeof s, "%d", seed);
     snprintf(d, sizeof d, "%d", day);
-    const char *argv[] = {KILN_BIN, "datagen", "--rows", r, "--out", path, "--seed", s,
-                          "--day",  d,         NULL};
+    const char *argv[] = {KILN_BIN, "datagen", "--rows", r, "--out", path,
+                          "--seed", s,         "--day",  d, NULL};
     proc_result_t *res = calloc(1, sizeof *res);
     char dir[480];
     snprintf(dir, sizeof dir, "%s", path);
@@ -278,9 +250,7 @@ static inline int fx_datagen(const char *path, int rows, int seed, int day)
     return code;
 }
 
-/* Lands a copy of src at dst the way data should land: written under a
- * hidden name in the same directory, then renamed into place. */
-static inline int fx_land(const char *src, const char *dst)
+int fx_land(const char *src, const char *dst)
 {
     char tmp[700], dir[600];
     snprintf(dir, sizeof dir, "%s", dst);
@@ -306,4 +276,12 @@ static inline int fx_land(const char *src, const char *dst)
     return ok && rename(tmp, dst) == 0 ? 0 : -1;
 }
 
-#endif /* KILN_TESTS_FIXTURES_H */
+void fx_open_latest(const char *root, rt_ckpt_chain_t *ch)
+{
+    char uid[RT_CKPT_UID_MAX], dir[1200];
+    if (rt_ckpt_latest(root, uid) != 0)
+        fail_msg("no checkpoint under %s: %s", root, kiln_errmsg());
+    snprintf(dir, sizeof dir, "%s/%s", root, uid);
+    if (rt_ckpt_chain_open(dir, true, ch) != 0)
+        fail_msg("cannot open checkpoint %s: %s", dir, kiln_errmsg());
+}
