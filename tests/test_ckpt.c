@@ -41,6 +41,7 @@
 
 #include "kern.h"
 #include "kiln.h"
+#include "fixtures.h"
 #include "proc.h"
 #include "rt_ckpt.h"
 #include "rt_shard.h"
@@ -245,60 +246,38 @@ static int losses(const char *run_name, double *out, int cap)
     return n;
 }
 
-/* Compares two checkpoints (chains resolved) table by table and the dense
- * arrays: rel 0 means byte for byte. */
-static void compare_ckpts(const char *a, const char *b, double rel)
+/* Opens the checkpoint directories a and b, chains resolved, and walks
+ * them side by side with cmp (fx_ckpt_walk). */
+static void walk_ckpts(const char *a, const char *b, fx_floats_fn cmp, void *ud)
 {
     rt_ckpt_chain_t ca, cb;
     assert_int_equal(rt_ckpt_chain_open(a, true, &ca), 0);
     assert_int_equal(rt_ckpt_chain_open(b, true, &cb), 0);
-    const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
-    const rt_ckpt_info_t *ib = rt_ckpt_info(cb.items[cb.n - 1]);
-    assert_int_equal(ia->step, ib->step);
-    assert_int_equal(ia->ntables, ib->ntables);
-    for (int t = 0; t < ia->ntables; t++) {
-        rt_ckpt_rows_t x, y;
-        assert_int_equal(rt_ckpt_read_table(&ca, ia->tables[t].name, &x), 0);
-        assert_int_equal(rt_ckpt_read_table(&cb, ia->tables[t].name, &y), 0);
-        assert_int_equal(x.n, y.n);
-        assert_memory_equal(x.keys, y.keys, (size_t)x.n * 8);
-        size_t nv = (size_t)x.n * (size_t)x.dim, no = nv * (size_t)x.nstate;
-        if (rel == 0) {
-            assert_memory_equal(x.values, y.values, nv * 4);
-            if (no)
-                assert_memory_equal(x.opt, y.opt, no * 4);
-            if (x.opt_steps)
-                assert_memory_equal(x.opt_steps, y.opt_steps, (size_t)x.n * 4);
-        } else {
-            for (size_t i = 0; i < nv; i++)
-                if (fabs(x.values[i] - y.values[i]) > rel * fmax(fabs(x.values[i]), 1e-2))
-                    fail_msg("table %s value %zu: %.9g vs %.9g", ia->tables[t].name, i, x.values[i],
-                             y.values[i]);
-            if (x.opt_steps)
-                assert_memory_equal(x.opt_steps, y.opt_steps, (size_t)x.n * 4);
-        }
-        rt_ckpt_rows_fini(&x);
-        rt_ckpt_rows_fini(&y);
-    }
-    rt_ckpt_array_t *da, *db;
-    int na, nb;
-    assert_int_equal(rt_ckpt_read_dense(ca.items[ca.n - 1], &da, &na), 0);
-    assert_int_equal(rt_ckpt_read_dense(cb.items[cb.n - 1], &db, &nb), 0);
-    assert_int_equal(na, nb);
-    for (int i = 0; i < na; i++) {
-        assert_string_equal(da[i].name, db[i].name);
-        assert_int_equal(da[i].count, db[i].count);
-        if (rel == 0)
-            assert_memory_equal(da[i].data, db[i].data, da[i].count * 4);
-        else
-            for (size_t j = 0; j < da[i].count; j++)
-                if (fabs(da[i].data[j] - db[i].data[j]) > rel * fmax(fabs(da[i].data[j]), 1e-2))
-                    fail_msg("%s[%zu]: %.9g vs %.9g", da[i].name, j, da[i].data[j], db[i].data[j]);
-    }
-    rt_ckpt_arrays_free(da, na);
-    rt_ckpt_arrays_free(db, nb);
+    fx_ckpt_walk(&ca, &cb, cmp, ud, NULL, NULL);
     rt_ckpt_chain_fini(&ca);
     rt_ckpt_chain_fini(&cb);
+}
+
+/* fx_ckpt_walk's judge for compare_ckpts: byte for byte when *rel is 0,
+ * else within rel of each value (optimizer state not compared). */
+static void cmp_within(void *ud, fx_array_kind_t kind, const char *what, const float *ref,
+                       const float *x, size_t n)
+{
+    double rel = *(const double *)ud;
+    if (rel == 0) {
+        assert_memory_equal(ref, x, n * 4);
+        return;
+    }
+    for (size_t i = 0; i < n && kind != FX_ROWS_OPT; i++)
+        if (fabs(ref[i] - x[i]) > rel * fmax(fabs(ref[i]), 1e-2))
+            fail_msg("%s[%zu]: %.9g vs %.9g", what, i, ref[i], x[i]);
+}
+
+/* Compares two checkpoints (chains resolved) table by table and the dense
+ * arrays: rel 0 means byte for byte. */
+static void compare_ckpts(const char *a, const char *b, double rel)
+{
+    walk_ckpts(a, b, cmp_within, &rel);
 }
 
 /* How far apart two checkpoints' numbers are (chains resolved; same keys
@@ -320,48 +299,35 @@ static void note_diff(double x, double y, double floor, double *rel, double *abs
         *rel = r;
 }
 
+typedef struct diff_walk {
+    double floor;
+    ckpt_diff_t *out;
+} diff_walk_t;
+
+/* fx_ckpt_walk's judge for ckpt_diff: notes each array's differences. */
+static void note_array(void *ud, fx_array_kind_t kind, const char *what, const float *ref,
+                       const float *x, size_t n)
+{
+    diff_walk_t *w = ud;
+    ckpt_diff_t *o = w->out;
+    bool params = strcmp(what, "dense.params") == 0;
+    double *rel = kind == FX_ROWS       ? &o->rel_values
+                  : kind == FX_ROWS_OPT ? &o->rel_opt
+                  : params              ? &o->rel_dense
+                                        : &o->rel_dense_opt;
+    double *absd = kind == FX_ROWS       ? &o->abs_values
+                   : kind == FX_ROWS_OPT ? &o->abs_opt
+                   : params              ? &o->abs_dense
+                                         : &o->abs_dense_opt;
+    for (size_t i = 0; i < n; i++)
+        note_diff(ref[i], x[i], w->floor, rel, absd);
+}
+
 static void ckpt_diff(const char *a, const char *b, double floor, ckpt_diff_t *out)
 {
     memset(out, 0, sizeof *out);
-    rt_ckpt_chain_t ca, cb;
-    assert_int_equal(rt_ckpt_chain_open(a, true, &ca), 0);
-    assert_int_equal(rt_ckpt_chain_open(b, true, &cb), 0);
-    const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
-    assert_int_equal(ia->step, rt_ckpt_info(cb.items[cb.n - 1])->step);
-    for (int t = 0; t < ia->ntables; t++) {
-        rt_ckpt_rows_t x, y;
-        assert_int_equal(rt_ckpt_read_table(&ca, ia->tables[t].name, &x), 0);
-        assert_int_equal(rt_ckpt_read_table(&cb, ia->tables[t].name, &y), 0);
-        assert_int_equal(x.n, y.n);
-        assert_memory_equal(x.keys, y.keys, (size_t)x.n * 8);
-        size_t nv = (size_t)x.n * (size_t)x.dim, no = nv * (size_t)x.nstate;
-        for (size_t i = 0; i < nv; i++)
-            note_diff(x.values[i], y.values[i], floor, &out->rel_values, &out->abs_values);
-        for (size_t i = 0; i < no && x.opt && y.opt; i++)
-            note_diff(x.opt[i], y.opt[i], floor, &out->rel_opt, &out->abs_opt);
-        if (x.opt_steps)
-            assert_memory_equal(x.opt_steps, y.opt_steps, (size_t)x.n * 4);
-        rt_ckpt_rows_fini(&x);
-        rt_ckpt_rows_fini(&y);
-    }
-    rt_ckpt_array_t *da, *db;
-    int na, nb;
-    assert_int_equal(rt_ckpt_read_dense(ca.items[ca.n - 1], &da, &na), 0);
-    assert_int_equal(rt_ckpt_read_dense(cb.items[cb.n - 1], &db, &nb), 0);
-    assert_int_equal(na, nb);
-    for (int i = 0; i < na; i++) {
-        assert_string_equal(da[i].name, db[i].name);
-        assert_int_equal(da[i].count, db[i].count);
-        bool params = strcmp(da[i].name, "dense.params") == 0;
-        for (size_t j = 0; j < da[i].count; j++)
-            note_diff(da[i].data[j], db[i].data[j], floor,
-                      params ? &out->rel_dense : &out->rel_dense_opt,
-                      params ? &out->abs_dense : &out->abs_dense_opt);
-    }
-    rt_ckpt_arrays_free(da, na);
-    rt_ckpt_arrays_free(db, nb);
-    rt_ckpt_chain_fini(&ca);
-    rt_ckpt_chain_fini(&cb);
+    diff_walk_t w = {floor, out};
+    walk_ckpts(a, b, note_array, &w);
 }
 
 /* ---- unit helpers: tables trained by hand ---------------------------------------------- */

@@ -345,53 +345,35 @@ static void freeze_ranks(int64_t id)
 
 /* ---- comparing models bit for bit ------------------------------------------------------- */
 
+typedef struct same_model {
+    const char *a, *b; /* the two checkpoint roots */
+    size_t bytes;      /* compared so far */
+} same_model_t;
+
+/* fx_ckpt_walk's judge: the same bytes. */
+static void cmp_same(void *ud, fx_array_kind_t kind, const char *what, const float *ref,
+                     const float *x, size_t n)
+{
+    same_model_t *m = ud;
+    static const char *const kinds[] = {"the rows", "the optimizer state", "the values"};
+    if (memcmp(ref, x, sizeof(float) * n) != 0)
+        fail_msg("%s: %s differ (%s vs %s)", what, kinds[kind], m->a, m->b);
+    m->bytes += sizeof(float) * n;
+}
+
 /* Every table (keys, values, optimizer state) and every dense array of the
  * newest checkpoints under a and b are the same bytes. */
 static void assert_same_model(const char *a, const char *b)
 {
     rt_ckpt_chain_t ca, cb;
+    same_model_t m = {a, b, 0};
+    int ntables, narrays;
     fx_open_latest(a, &ca);
     fx_open_latest(b, &cb);
-    const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
-    const rt_ckpt_info_t *ib = rt_ckpt_info(cb.items[cb.n - 1]);
-    assert_int_equal(ia->step, ib->step);
-    assert_int_equal(ia->ntables, ib->ntables);
-    assert_true(ia->ntables > 0);
-    size_t bytes = 0;
-    for (int t = 0; t < ia->ntables; t++) {
-        rt_ckpt_rows_t x, y;
-        const char *name = ia->tables[t].name;
-        assert_int_equal(rt_ckpt_read_table(&ca, name, &x), 0);
-        assert_int_equal(rt_ckpt_read_table(&cb, name, &y), 0);
-        assert_int_equal(x.n, y.n);
-        assert_int_equal(x.dim, y.dim);
-        assert_int_equal(x.nstate, y.nstate);
-        size_t nv = (size_t)x.n * (size_t)x.dim;
-        assert_memory_equal(x.keys, y.keys, sizeof(int64_t) * (size_t)x.n);
-        if (memcmp(x.values, y.values, sizeof(float) * nv) != 0)
-            fail_msg("table %s: the rows differ (%s vs %s)", name, a, b);
-        if (x.nstate > 0 && memcmp(x.opt, y.opt, sizeof(float) * nv * (size_t)x.nstate) != 0)
-            fail_msg("table %s: the optimizer state differs (%s vs %s)", name, a, b);
-        bytes += nv * sizeof(float) * (size_t)(1 + x.nstate);
-        rt_ckpt_rows_fini(&x);
-        rt_ckpt_rows_fini(&y);
-    }
-    rt_ckpt_array_t *da, *db_;
-    int na, nb;
-    assert_int_equal(rt_ckpt_read_dense(ca.items[ca.n - 1], &da, &na), 0);
-    assert_int_equal(rt_ckpt_read_dense(cb.items[cb.n - 1], &db_, &nb), 0);
-    assert_int_equal(na, nb);
-    for (int i = 0; i < na; i++) {
-        assert_string_equal(da[i].name, db_[i].name);
-        assert_int_equal(da[i].count, db_[i].count);
-        if (memcmp(da[i].data, db_[i].data, sizeof(float) * da[i].count) != 0)
-            fail_msg("dense array %s differs (%s vs %s)", da[i].name, a, b);
-        bytes += sizeof(float) * da[i].count;
-    }
+    fx_ckpt_walk(&ca, &cb, cmp_same, &m, &ntables, &narrays);
+    assert_true(ntables > 0);
     printf("  same model, bit for bit: %zu bytes of %d tables and %d dense arrays at step %lld\n",
-           bytes, ia->ntables, na, (long long)ia->step);
-    rt_ckpt_arrays_free(da, na);
-    rt_ckpt_arrays_free(db_, nb);
+           m.bytes, ntables, narrays, (long long)rt_ckpt_info(ca.items[ca.n - 1])->step);
     rt_ckpt_chain_fini(&ca);
     rt_ckpt_chain_fini(&cb);
 }

@@ -89,62 +89,29 @@ static void cmp_floats(wcmp_t *c, const char *what, const float *ref, const floa
     }
 }
 
+/* fx_ckpt_walk's judge: ATOL for weights, ATOL_STATE for optimizer state
+ * (dense.params are weights; the other dense arrays optimizer state). */
+static void cmp_weights(void *c, fx_array_kind_t kind, const char *what, const float *ref,
+                        const float *x, size_t n)
+{
+    bool state = kind == FX_ROWS_OPT || (kind == FX_DENSE && strcmp(what, "dense.params") != 0);
+    if (kind == FX_ROWS)
+        assert_true(n > 0);
+    cmp_floats(c, what, ref, x, n, state ? ATOL_STATE : ATOL);
+}
+
 /* Compares every table (keys exactly; rows, optimizer state and adam
  * counts) and every dense array of the checkpoints under roots a (the
  * reference) and b into c. */
 static void compare_weights(const char *a, const char *b, wcmp_t *c)
 {
     rt_ckpt_chain_t ca, cb;
+    int ntables, narrays;
     fx_open_latest(a, &ca);
     fx_open_latest(b, &cb);
-    const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
-    const rt_ckpt_info_t *ib = rt_ckpt_info(cb.items[cb.n - 1]);
-    assert_int_equal(ia->step, ib->step);
-    assert_int_equal(ia->ntables, ib->ntables);
-    assert_true(ia->ntables > 0);
-    for (int t = 0; t < ia->ntables; t++) {
-        rt_ckpt_rows_t x, y;
-        const char *name = ia->tables[t].name;
-        assert_int_equal(rt_ckpt_read_table(&ca, name, &x), 0);
-        if (rt_ckpt_read_table(&cb, name, &y) != 0)
-            fail_msg("table %s: %s", name, kiln_errmsg());
-        /* Both resolved tables are sorted by key: the same key set means
-         * the same arrays row for row. */
-        assert_int_equal(x.n, y.n);
-        assert_int_equal(x.dim, y.dim);
-        assert_int_equal(x.nstate, y.nstate);
-        assert_true(x.n > 0);
-        assert_memory_equal(x.keys, y.keys, sizeof(int64_t) * (size_t)x.n);
-        char what[160];
-        size_t nv = (size_t)x.n * (size_t)x.dim;
-        snprintf(what, sizeof what, "%s.values", name);
-        cmp_floats(c, what, x.values, y.values, nv, ATOL);
-        if (x.nstate > 0) {
-            assert_non_null(x.opt);
-            assert_non_null(y.opt);
-            snprintf(what, sizeof what, "%s.opt", name);
-            cmp_floats(c, what, x.opt, y.opt, nv * (size_t)x.nstate, ATOL_STATE);
-        }
-        if (x.opt_steps)
-            assert_memory_equal(x.opt_steps, y.opt_steps, sizeof(uint32_t) * (size_t)x.n);
-        rt_ckpt_rows_fini(&x);
-        rt_ckpt_rows_fini(&y);
-    }
-    rt_ckpt_array_t *da, *db;
-    int na, nb;
-    assert_int_equal(rt_ckpt_read_dense(ca.items[ca.n - 1], &da, &na), 0);
-    assert_int_equal(rt_ckpt_read_dense(cb.items[cb.n - 1], &db, &nb), 0);
-    assert_int_equal(na, nb);
-    assert_true(na > 0);
-    for (int i = 0; i < na; i++) {
-        assert_string_equal(da[i].name, db[i].name);
-        assert_int_equal(da[i].count, db[i].count);
-        /* dense.params are weights; the other dense arrays optimizer state. */
-        cmp_floats(c, da[i].name, da[i].data, db[i].data, da[i].count,
-                   strcmp(da[i].name, "dense.params") == 0 ? ATOL : ATOL_STATE);
-    }
-    rt_ckpt_arrays_free(da, na);
-    rt_ckpt_arrays_free(db, nb);
+    fx_ckpt_walk(&ca, &cb, cmp_weights, c, &ntables, &narrays);
+    assert_true(ntables > 0);
+    assert_true(narrays > 0);
     rt_ckpt_chain_fini(&ca);
     rt_ckpt_chain_fini(&cb);
 }

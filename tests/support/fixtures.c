@@ -285,3 +285,55 @@ void fx_open_latest(const char *root, rt_ckpt_chain_t *ch)
     if (rt_ckpt_chain_open(dir, true, ch) != 0)
         fail_msg("cannot open checkpoint %s: %s", dir, kiln_errmsg());
 }
+
+void fx_ckpt_walk(const rt_ckpt_chain_t *a, const rt_ckpt_chain_t *b, fx_floats_fn cmp, void *ud,
+                  int *ntables, int *narrays)
+{
+    const rt_ckpt_info_t *ia = rt_ckpt_info(a->items[a->n - 1]);
+    const rt_ckpt_info_t *ib = rt_ckpt_info(b->items[b->n - 1]);
+    assert_int_equal(ia->step, ib->step);
+    assert_int_equal(ia->ntables, ib->ntables);
+    for (int t = 0; t < ia->ntables; t++) {
+        rt_ckpt_rows_t x, y;
+        const char *name = ia->tables[t].name;
+        if (rt_ckpt_read_table(a, name, &x) != 0 || rt_ckpt_read_table(b, name, &y) != 0)
+            fail_msg("table %s: %s", name, kiln_errmsg());
+        /* Both resolved tables are sorted by key: the same key set means
+         * the same arrays row for row. */
+        assert_int_equal(x.n, y.n);
+        assert_int_equal(x.dim, y.dim);
+        assert_int_equal(x.nstate, y.nstate);
+        assert_memory_equal(x.keys, y.keys, sizeof(int64_t) * (size_t)x.n);
+        char what[160];
+        size_t nv = (size_t)x.n * (size_t)x.dim;
+        snprintf(what, sizeof what, "%s.values", name);
+        cmp(ud, FX_ROWS, what, x.values, y.values, nv);
+        if (x.nstate > 0) {
+            assert_non_null(x.opt);
+            assert_non_null(y.opt);
+            snprintf(what, sizeof what, "%s.opt", name);
+            cmp(ud, FX_ROWS_OPT, what, x.opt, y.opt, nv * (size_t)x.nstate);
+        }
+        assert_int_equal(x.opt_steps == NULL, y.opt_steps == NULL);
+        if (x.opt_steps)
+            assert_memory_equal(x.opt_steps, y.opt_steps, sizeof(uint32_t) * (size_t)x.n);
+        rt_ckpt_rows_fini(&x);
+        rt_ckpt_rows_fini(&y);
+    }
+    rt_ckpt_array_t *da, *db;
+    int na, nb;
+    assert_int_equal(rt_ckpt_read_dense(a->items[a->n - 1], &da, &na), 0);
+    assert_int_equal(rt_ckpt_read_dense(b->items[b->n - 1], &db, &nb), 0);
+    assert_int_equal(na, nb);
+    for (int i = 0; i < na; i++) {
+        assert_string_equal(da[i].name, db[i].name);
+        assert_int_equal(da[i].count, db[i].count);
+        cmp(ud, FX_DENSE, da[i].name, da[i].data, db[i].data, da[i].count);
+    }
+    rt_ckpt_arrays_free(da, na);
+    rt_ckpt_arrays_free(db, nb);
+    if (ntables != NULL)
+        *ntables = ia->ntables;
+    if (narrays != NULL)
+        *narrays = na;
+}

@@ -94,4 +94,25 @@ int fx_land(const char *src, const char *dst);
  * test fails when there is none or it does not open. */
 void fx_open_latest(const char *root, rt_ckpt_chain_t *ch);
 
+/* Which of a checkpoint's float arrays fx_ckpt_walk hands over. */
+typedef enum {
+    FX_ROWS,     /* a table's values, (n, dim) */
+    FX_ROWS_OPT, /* a table's optimizer state, (n, nstate*dim) */
+    FX_DENSE,    /* a dense array ("dense.params", then the dense optimizer's state) */
+} fx_array_kind_t;
+
+/* Judges one pair of float arrays of n elements: ref from the reference
+ * checkpoint, x from the other; what names it ("users.values", "users.opt",
+ * "dense.params"). */
+typedef void (*fx_floats_fn)(void *ud, fx_array_kind_t kind, const char *what, const float *ref,
+                             const float *x, size_t n);
+
+/* Walks two resolved checkpoint chains side by side, a the reference:
+ * asserts the same step, the same tables (the same sorted keys, dim,
+ * optimizer state width and adam step counts) and the same dense arrays by
+ * name and length, and hands each pair of float arrays to cmp. The counts
+ * of tables and dense arrays go to ntables and narrays (each may be NULL). */
+void fx_ckpt_walk(const rt_ckpt_chain_t *a, const rt_ckpt_chain_t *b, fx_floats_fn cmp, void *ud,
+                  int *ntables /* OUT */, int *narrays /* OUT */);
+
 #endif /* KILN_TESTS_FIXTURES_H */
