@@ -43,6 +43,7 @@
 #include "rt_ckpt.h"
 #include "rt_model.h"
 #include "serve.h"
+#include "serve_fixture.h"
 #include "state.h"
 
 #ifndef KILN_BIN
@@ -429,34 +430,14 @@ static void server_kill(server_t *s, int sig)
 /* An lr model over 2 slots; every key of [0, n) with values of version v. */
 static serve_memsrc_t *model_version(const char *uid, int64_t n, int v)
 {
-    serve_model_desc_t d = {0};
-    d.model_type = 0;
-    d.nslots = 2;
-    d.ndense = 1;
-    d.dim = 1;
-    d.ntables = 1;
-    snprintf(d.tables[0].name, SERVE_NAME_MAX, "t0");
-    d.tables[0].dim = 1;
-    rt_model_config_t cfg = {.type = RT_MODEL_LR, .nslots = 2, .ndense = 1, .dim = 1,
-                             .max_batch = 8, .seed = 7,
-                             .opt = {.type = RT_DENSE_SGD, .lr = 0.1f}};
-    rt_model_t *rm = NULL;
-    assert_int_equal(rt_model_create(&cfg, &rm), 0);
-    d.nparams = (int64_t)rt_model_nparams(rm);
-    rt_model_destroy(rm);
-    serve_memsrc_t *m = NULL;
-    assert_int_equal(serve_memsrc_create(&d, uid, "", &m), 0);
     int64_t *keys = malloc((size_t)n * sizeof *keys);
     float *vals = malloc((size_t)n * sizeof *vals);
-    float *dense = calloc((size_t)d.nparams, sizeof *dense);
-    dense[0] = 0.5f * (float)v;
     for (int64_t i = 0; i < n; i++) {
         keys[i] = i;
         vals[i] = (float)v + (float)(i % 100) / 1000.0f;
     }
-    assert_int_equal(serve_memsrc_add_rows(m, 0, n, keys, vals), 0);
-    assert_int_equal(serve_memsrc_set_dense(m, d.nparams, dense), 0);
-    free(dense);
+    serve_memsrc_t *m = NULL;
+    assert_int_equal(fx_lr_version(uid, n, keys, vals, 0.5f * (float)v, &m), 0);
     free(keys);
     free(vals);
     return m;
@@ -468,47 +449,15 @@ typedef struct opener {
     server_t *srv;
 } opener_t;
 
-typedef struct killsrc {
-    serve_source_t *inner;
-    opener_t *o;
-    int items;
-} killsrc_t;
-
-static int kill_next(serve_source_t *s, serve_item_t *item)
-{
-    killsrc_t *k = s->impl;
-    if (++k->items == k->o->kill_after)
-        server_kill(k->o->srv, SIGKILL);
-    return k->inner->ops->next(k->inner, item);
-}
-
-static void kill_destroy(serve_source_t *s)
-{
-    killsrc_t *k = s->impl;
-    serve_source_destroy(k->inner);
-    free(k);
-    free(s);
-}
-
-static const serve_source_ops_t kill_ops = {kill_next, kill_destroy};
+static void kill_server(void *o) { server_kill(((opener_t *)o)->srv, SIGKILL); }
 
 static int open_src(void *ctx, const char *held, serve_source_t **out)
 {
     opener_t *o = ctx;
     (void)held;
     KILN_CHECK(serve_memsrc_open(o->m, out));
-    if (o->kill_after > 0) {
-        serve_source_t *w = kiln_calloc(1, sizeof *w);
-        killsrc_t *k = kiln_calloc(1, sizeof *k);
-        if (w == NULL || k == NULL)
-            return KILN_ENOMEM;
-        k->inner = *out;
-        k->o = o;
-        *w = **out;
-        w->ops = &kill_ops;
-        w->impl = k;
-        *out = w;
-    }
+    if (o->kill_after > 0)
+        return fx_fault_source(*out, o->kill_after, kill_server, o, out);
     return 0;
 }
 

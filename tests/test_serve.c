@@ -38,6 +38,7 @@
 #include "rt_data.h"
 #include "rt_model.h"
 #include "serve.h"
+#include "serve_fixture.h"
 #include "serve_int.h"
 
 #define TOKEN "s3cret-token"
@@ -529,32 +530,15 @@ typedef struct opener {
     char held_after_restart[64];
 } opener_t;
 
-typedef struct killsrc {
-    serve_source_t *inner;
-    opener_t *o;
-    int items;
-} killsrc_t;
-
-static int kill_next(serve_source_t *s, serve_item_t *item)
+/* The fault of opener o: kill its server, start it again and note what it
+ * holds after the restart. */
+static void kill_restart(void *ud)
 {
-    killsrc_t *k = s->impl;
-    if (++k->items == k->o->kill_after) {
-        server_kill(k->o->srv, SIGKILL);
-        server_start(k->o->srv, NULL, 0, true);
-        holds(k->o->srv, "A", k->o->held_after_restart, sizeof k->o->held_after_restart);
-    }
-    return k->inner->ops->next(k->inner, item);
+    opener_t *o = ud;
+    server_kill(o->srv, SIGKILL);
+    server_start(o->srv, NULL, 0, true);
+    holds(o->srv, "A", o->held_after_restart, sizeof o->held_after_restart);
 }
-
-static void kill_destroy(serve_source_t *s)
-{
-    killsrc_t *k = s->impl;
-    serve_source_destroy(k->inner);
-    free(k);
-    free(s);
-}
-
-static const serve_source_ops_t kill_ops = {kill_next, kill_destroy};
 
 static int open_src(void *ctx, const char *held, serve_source_t **out)
 {
@@ -562,16 +546,8 @@ static int open_src(void *ctx, const char *held, serve_source_t **out)
     o->opens++;
     bool delta = o->delta != NULL && held != NULL && strcmp(held, o->delta_base) == 0;
     KILN_CHECK(serve_memsrc_open(delta ? o->delta : o->full, out));
-    if (o->opens == o->kill_on_open) {
-        serve_source_t *w = calloc(1, sizeof *w);
-        killsrc_t *k = calloc(1, sizeof *k);
-        k->inner = *out;
-        k->o = o;
-        *w = **out;
-        w->ops = &kill_ops;
-        w->impl = k;
-        *out = w;
-    }
+    if (o->opens == o->kill_on_open)
+        return fx_fault_source(*out, o->kill_after, kill_restart, o, out);
     return 0;
 }
 
