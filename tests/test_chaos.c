@@ -613,15 +613,8 @@ static int teardown(void **state)
     return proc_rmtree(root);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rank_kill),
-        cmocka_unit_test(test_kilnd_kill),
-        cmocka_unit_test(test_serve_kill),
-        cmocka_unit_test(test_full_disk),
-    };
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+PROC_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_rank_kill),
+    cmocka_unit_test(test_kilnd_kill),
+    cmocka_unit_test(test_serve_kill),
+    cmocka_unit_test(test_full_disk))

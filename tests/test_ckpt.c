@@ -1899,36 +1899,29 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_npy_numpy_loads),
-        cmocka_unit_test(test_chain_bitwise_adagrad),
-        cmocka_unit_test(test_chain_bitwise_adam),
-        cmocka_unit_test(test_incremental_cost),
-        cmocka_unit_test(test_load_any_rank_count),
-        cmocka_unit_test(test_integrity),
-        cmocka_unit_test(test_retention),
-        cmocka_unit_test(test_retention_keeps_unreadable),
-        cmocka_unit_test(test_enospc_unit),
-        cmocka_unit_test(test_nonfinite_refused),
-        cmocka_unit_test(test_resume_same_ranks_bitwise),
-        cmocka_unit_test(test_resume_across_rank_counts),
-        cmocka_unit_test(test_online_export),
-        cmocka_unit_test(test_kill9_during_dump),
-        cmocka_unit_test(test_full_disk_during_dump),
-        cmocka_unit_test(test_corrupt_refused),
-        cmocka_unit_test(test_export_hugectr),
-        cmocka_unit_test(test_lineage_in_db),
-        cmocka_unit_test(test_resume_across_rank_counts_sgd),
-        cmocka_unit_test(test_retention_keeps_endpoint_holding),
-        cmocka_unit_test(test_export_lineage_in_db),
-        cmocka_unit_test(test_online_export_sigusr1),
-        cmocka_unit_test(test_online_export_every_ms),
-        cmocka_unit_test(test_online_export_needs_news),
-        cmocka_unit_test(test_latest_falls_back),
-    };
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+PROC_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_npy_numpy_loads),
+    cmocka_unit_test(test_chain_bitwise_adagrad),
+    cmocka_unit_test(test_chain_bitwise_adam),
+    cmocka_unit_test(test_incremental_cost),
+    cmocka_unit_test(test_load_any_rank_count),
+    cmocka_unit_test(test_integrity),
+    cmocka_unit_test(test_retention),
+    cmocka_unit_test(test_retention_keeps_unreadable),
+    cmocka_unit_test(test_enospc_unit),
+    cmocka_unit_test(test_nonfinite_refused),
+    cmocka_unit_test(test_resume_same_ranks_bitwise),
+    cmocka_unit_test(test_resume_across_rank_counts),
+    cmocka_unit_test(test_online_export),
+    cmocka_unit_test(test_kill9_during_dump),
+    cmocka_unit_test(test_full_disk_during_dump),
+    cmocka_unit_test(test_corrupt_refused),
+    cmocka_unit_test(test_export_hugectr),
+    cmocka_unit_test(test_lineage_in_db),
+    cmocka_unit_test(test_resume_across_rank_counts_sgd),
+    cmocka_unit_test(test_retention_keeps_endpoint_holding),
+    cmocka_unit_test(test_export_lineage_in_db),
+    cmocka_unit_test(test_online_export_sigusr1),
+    cmocka_unit_test(test_online_export_every_ms),
+    cmocka_unit_test(test_online_export_needs_news),
+    cmocka_unit_test(test_latest_falls_back))

@@ -441,20 +441,13 @@ static void test_datagen_skew_flags(void **state)
     assert_non_null(strstr(r.err, "--vocab"));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_help),
-        cmocka_unit_test(test_usage_errors),
-        cmocka_unit_test(test_dry_run_examples),
-        cmocka_unit_test(test_bad_spec),
-        cmocka_unit_test(test_submit_round_trip),
-        cmocka_unit_test(test_kiln_home),
-        cmocka_unit_test(test_schedule_next),
-        cmocka_unit_test(test_submit_shared_checkpoint_dir),
-        cmocka_unit_test(test_datagen_skew_flags),
-    };
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+PROC_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_help),
+    cmocka_unit_test(test_usage_errors),
+    cmocka_unit_test(test_dry_run_examples),
+    cmocka_unit_test(test_bad_spec),
+    cmocka_unit_test(test_submit_round_trip),
+    cmocka_unit_test(test_kiln_home),
+    cmocka_unit_test(test_schedule_next),
+    cmocka_unit_test(test_submit_shared_checkpoint_dir),
+    cmocka_unit_test(test_datagen_skew_flags))

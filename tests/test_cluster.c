@@ -814,21 +814,14 @@ static void test_kilnd_kill9(void **state)
     stop_kilnd(SIGTERM);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_installed),
-        cmocka_unit_test_setup_teardown(test_slurm_two_nodes, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_hostfile, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_slurm_refuses, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_slurm_cancel, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_slurm_node_fail, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_slurm_preempted, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_kilnd_kill9, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_slurm_time_limit, setup_home, teardown_home),
-    };
-    /* KILN_TEST_FILTER=test_slurm_cancel runs one test (cmocka glob). */
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
-}
+/* KILN_TEST_FILTER=test_slurm_cancel runs one test (cmocka glob). */
+PROC_TEST_MAIN(setup_all, teardown_all,
+    cmocka_unit_test(test_installed),
+    cmocka_unit_test_setup_teardown(test_slurm_two_nodes, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_hostfile, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_refuses, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_cancel, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_node_fail, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_preempted, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_kilnd_kill9, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_time_limit, setup_home, teardown_home))

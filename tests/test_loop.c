@@ -36,6 +36,7 @@
 
 #include "fixtures.h"
 #include "kiln.h"
+#include "proc.h"
 #include "state.h"
 
 #ifndef KILN_BIN
@@ -862,20 +863,13 @@ static void test_online_job(void **state)
     assert_int_equal(wait_end(id, 60), STATE_RUN_CANCELED);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_five_relative_submits, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_one_serve_two_labels, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_cron_three_partitions, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_endpoint_down_then_up, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_kill9_before_push, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_kill9_after_apply, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_online_job, setup, teardown),
-    };
-    /* KILN_TEST_FILTER=test_cron* runs matching tests (cmocka glob). */
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
-}
+/* KILN_TEST_FILTER=test_cron* runs matching tests (cmocka glob). */
+PROC_TEST_MAIN(setup_all, teardown_all,
+    cmocka_unit_test_setup_teardown(test_five_relative_submits, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_one_serve_two_labels, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_cron_three_partitions, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_endpoint_down_then_up, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_kill9_before_push, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_kill9_after_apply, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_online_job, setup, teardown))

@@ -730,23 +730,16 @@ static void test_refuses_to_start(void **state)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_submit_to_success, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_queued_run_keeps_its_version, setup_home,
-                                        teardown_home),
-        cmocka_unit_test_setup_teardown(test_cancel, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_timeout, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_rank_killed_then_retry, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_cron_forbid, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_catchup_after_downtime, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_kill9_recovery, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home),
-    };
-    /* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
-}
+/* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
+PROC_TEST_MAIN(setup_all, teardown_all,
+    cmocka_unit_test_setup_teardown(test_submit_to_success, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_queued_run_keeps_its_version, setup_home,
+                                    teardown_home),
+    cmocka_unit_test_setup_teardown(test_cancel, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_timeout, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_rank_killed_then_retry, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_cron_forbid, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_catchup_after_downtime, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_kill9_recovery, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home))

@@ -2084,34 +2084,27 @@ static int teardown(void **state)
     return 0;
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wire_roundtrip),
-        cmocka_unit_test(test_wire_corrupt),
-        cmocka_unit_test(test_table_model),
-        cmocka_unit_test(test_push_lookup_predict),
-        cmocka_unit_test(test_chain_compacted),
-        cmocka_unit_test(test_predict_matches_model),
-        cmocka_unit_test(test_auth_and_bad_requests),
-        cmocka_unit_test(test_fault_wrong_base_full),
-        cmocka_unit_test(test_fault_endpoint_down),
-        cmocka_unit_test(test_fault_killed_mid_push),
-        cmocka_unit_test(test_parallel_two_endpoints),
-        cmocka_unit_test(test_push_nonfinite_refused),
-        cmocka_unit_test(test_predict_nonfinite),
-        cmocka_unit_test(test_state_dir_locked),
-        cmocka_unit_test(test_broken_files),
-        cmocka_unit_test(test_wrapped_error_reads_right),
-        cmocka_unit_test(test_cli_limits),
-        cmocka_unit_test(test_host_header),
-        cmocka_unit_test(test_slow_clients),
-        cmocka_unit_test(test_e2e_consistency),
-        cmocka_unit_test(test_e2e_promote_rollback),
-        cmocka_unit_test(test_e2e_export_incremental_push),
-    };
-    /* KILN_TEST_FILTER=test_push_* runs matching tests (cmocka glob). */
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+/* KILN_TEST_FILTER=test_push_* runs matching tests (cmocka glob). */
+PROC_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_wire_roundtrip),
+    cmocka_unit_test(test_wire_corrupt),
+    cmocka_unit_test(test_table_model),
+    cmocka_unit_test(test_push_lookup_predict),
+    cmocka_unit_test(test_chain_compacted),
+    cmocka_unit_test(test_predict_matches_model),
+    cmocka_unit_test(test_auth_and_bad_requests),
+    cmocka_unit_test(test_fault_wrong_base_full),
+    cmocka_unit_test(test_fault_endpoint_down),
+    cmocka_unit_test(test_fault_killed_mid_push),
+    cmocka_unit_test(test_parallel_two_endpoints),
+    cmocka_unit_test(test_push_nonfinite_refused),
+    cmocka_unit_test(test_predict_nonfinite),
+    cmocka_unit_test(test_state_dir_locked),
+    cmocka_unit_test(test_broken_files),
+    cmocka_unit_test(test_wrapped_error_reads_right),
+    cmocka_unit_test(test_cli_limits),
+    cmocka_unit_test(test_host_header),
+    cmocka_unit_test(test_slow_clients),
+    cmocka_unit_test(test_e2e_consistency),
+    cmocka_unit_test(test_e2e_promote_rollback),
+    cmocka_unit_test(test_e2e_export_incremental_push))

@@ -23,6 +23,7 @@
 
 #include "jobs.h"
 #include "kiln.h"
+#include "proc.h"
 
 /* Parses text as "job.yaml"; returns the code and leaves spec/diags filled. */
 static int parse(const char *text, job_spec_t *spec, job_diags_t *d)
@@ -1040,18 +1041,12 @@ static void test_examples_parse(void **state)
     job_spec_fini(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ctr_hourly),    cmocka_unit_test(test_minimal_defaults),
-        cmocka_unit_test(test_every_field),   cmocka_unit_test(test_tables),
-        cmocka_unit_test(test_bad_specs),     cmocka_unit_test(test_bad_schedule_and_timezone),
-        cmocka_unit_test(test_collects_all),  cmocka_unit_test(test_load_errors),
-        cmocka_unit_test(test_names),         cmocka_unit_test(test_examples_parse),
-        cmocka_unit_test(test_hostile_size),  cmocka_unit_test(test_hostile_many_keys),
-        cmocka_unit_test(test_hostile_depth), cmocka_unit_test(test_hostile_aliases),
-    };
-    if (getenv("KILN_TEST_FILTER") != NULL) /* e.g. KILN_TEST_FILTER='test_hostile*' */
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+/* KILN_TEST_FILTER='test_hostile*' runs matching tests (cmocka glob). */
+PROC_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_ctr_hourly),    cmocka_unit_test(test_minimal_defaults),
+    cmocka_unit_test(test_every_field),   cmocka_unit_test(test_tables),
+    cmocka_unit_test(test_bad_specs),     cmocka_unit_test(test_bad_schedule_and_timezone),
+    cmocka_unit_test(test_collects_all),  cmocka_unit_test(test_load_errors),
+    cmocka_unit_test(test_names),         cmocka_unit_test(test_examples_parse),
+    cmocka_unit_test(test_hostile_size),  cmocka_unit_test(test_hostile_many_keys),
+    cmocka_unit_test(test_hostile_depth), cmocka_unit_test(test_hostile_aliases))

@@ -5,12 +5,18 @@
  */
 #include "proc.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,4 +200,11 @@ int proc_signal_matching(const char *prog, const char *arg, int sig)
     }
     closedir(d);
     return count;
+}
+
+void proc_test_filter(void)
+{
+    const char *filter = getenv("KILN_TEST_FILTER");
+    if (filter != NULL)
+        cmocka_set_test_filter(filter);
 }

@@ -86,4 +86,19 @@ void proc_slow_close(proc_slow_t *s);
  * every host of the test cluster are here too (one process table). */
 int proc_signal_matching(const char *prog, const char *arg, int sig);
 
+/* Narrows the tests of the group to those matching $KILN_TEST_FILTER (a
+ * cmocka glob, e.g. KILN_TEST_FILTER='test_push_*') when it is set. */
+void proc_test_filter(void);
+
+/* The main() of a test executable: the tests (cmocka_unit_test entries) run
+ * as one group with setup and teardown (each may be NULL), narrowed by
+ * proc_test_filter. The file includes <cmocka.h>. */
+#define PROC_TEST_MAIN(setup, teardown, ...)                                                      \
+    int main(void)                                                                                \
+    {                                                                                             \
+        const struct CMUnitTest tests[] = {__VA_ARGS__};                                          \
+        proc_test_filter();                                                                       \
+        return cmocka_run_group_tests(tests, setup, teardown);                                    \
+    }
+
 #endif /* KILN_TESTS_PROC_H */
