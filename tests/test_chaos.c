@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "kiln.h"
 #include "proc.h"
 #include "rt_ckpt.h"
@@ -137,18 +138,15 @@ static void write_spec(const home_t *h, const char *name, const char *train, con
                        char *path, size_t cap)
 {
     snprintf(path, cap, "%s/%s.yaml", h->dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "resources: {ranks: 2, threads: 1}\n"
-            "model: {type: fm, embedding: {dim: 4, capacity: 100000}}\n"
-            "data: {train: \"%s\", eval: \"%s\"}\n"
-            "train: {batch_size: 128, log_every: 4, %s}\n"
-            "checkpoint: {dir: \"%s/ckpt/%s\", every_steps: 6, keep: 100}\n"
-            "%s",
-            name, data, evalf, train, h->dir, name, extra);
-    fclose(f);
+    fx_write(path,
+             "name: %s\n"
+             "resources: {ranks: 2, threads: 1}\n"
+             "model: {type: fm, embedding: {dim: 4, capacity: 100000}}\n"
+             "data: {train: \"%s\", eval: \"%s\"}\n"
+             "train: {batch_size: 128, log_every: 4, %s}\n"
+             "checkpoint: {dir: \"%s/ckpt/%s\", every_steps: 6, keep: 100}\n"
+             "%s",
+             name, data, evalf, train, h->dir, name, extra);
 }
 
 /* The runs of job (or all when NULL), newest first. */
@@ -594,23 +592,15 @@ static int setup(void **state)
     proc_mpi_env(true);
     if (proc_tmpdir("chaos", root, sizeof root) < 0)
         return -1;
-    snprintf(data, sizeof data, "%s/day0.tsv", root);
+    snprintf(data, sizeof data, "%s/day=0.tsv", root);
     snprintf(evalf, sizeof evalf, "%s/eval.tsv", root);
-    proc_result_t *r = malloc(sizeof *r);
-    const char *g1[] = {KILN_BIN, "datagen", "--rows", "4000", "--out", data, "--seed", "5", NULL};
-    const char *g2[] = {KILN_BIN, "datagen", "--rows", "1000", "--out", evalf, "--seed", "5",
-                        "--day", "1", NULL};
-    int rc = run(g1, r) == 0 && run(g2, r) == 0 ? 0 : -1;
-    free(r);
-    return rc;
+    return fx_train_data(root, 4000, 1000, 5);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    if (getenv("KILN_TEST_KEEP") != NULL)
-        return 0;
-    return proc_rmtree(root);
+    return proc_tmpdir_done(root);
 }
 
 PROC_TEST_MAIN(setup, teardown,

@@ -116,51 +116,42 @@ static void write_spec_train(const char *name, const char *train_and_rest, char 
                              size_t cap)
 {
     snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
-            "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
-            "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n%s",
-            name, train_and_rest);
-    fclose(f);
+    fx_write(path,
+             "name: %s\n"
+             "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+             "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
+             "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n%s",
+             name, train_and_rest);
+}
+
+/* A dlrm spec over tmp/data: two epochs of batch with this optimizer:
+ * section, then extra (NULL: a full checkpoint every 3, 10 kept). */
+static void write_spec_with(const char *name, int batch, const char *optimizer, const char *extra,
+                            char *path, size_t cap)
+{
+    char train[1024];
+    snprintf(train, sizeof train,
+             "train: {batch_size: %d, seed: 7, log_every: 1, epochs: 2, init_from: none,\n"
+             "        optimizer: %s}\n"
+             "%s",
+             batch, optimizer, extra ? extra : "checkpoint: {full_every: 3, keep: 10}\n");
+    write_spec_train(name, train, path, cap);
 }
 
 /* A dlrm spec over tmp/data with this sparse and dense optimizer. */
 static void write_spec_opt(const char *name, int batch, const char *opt, const char *extra,
                            char *path, size_t cap)
 {
-    snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
-            "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
-            "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
-            "train: {batch_size: %d, seed: 7, log_every: 1, epochs: 2, init_from: none,\n"
-            "        optimizer: {sparse: {type: %s, lr: 0.01}, dense: {type: %s, lr: 0.01}}}\n"
-            "%s",
-            name, batch, opt, opt, extra ? extra : "checkpoint: {full_every: 3, keep: 10}\n");
-    fclose(f);
+    char optimizer[200];
+    snprintf(optimizer, sizeof optimizer,
+             "{sparse: {type: %s, lr: 0.01}, dense: {type: %s, lr: 0.01}}", opt, opt);
+    write_spec_with(name, batch, optimizer, extra, path, cap);
 }
 
+/* A dlrm spec over tmp/data with adam for the tables. */
 static void write_spec(const char *name, int batch, const char *extra, char *path, size_t cap)
 {
-    snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
-            "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
-            "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
-            "train: {batch_size: %d, seed: 7, log_every: 1, epochs: 2, init_from: none,\n"
-            "        optimizer: {sparse: {type: adam, lr: 0.01}}}\n"
-            "%s",
-            name, batch, extra ? extra : "checkpoint: {full_every: 3, keep: 10}\n");
-    fclose(f);
+    write_spec_with(name, batch, "{sparse: {type: adam, lr: 0.01}}", extra, path, cap);
 }
 
 /* mpirun -np N kiln-train --spec SPEC --run-dir tmp/RUN [extra...] */
@@ -230,20 +221,9 @@ static double jnum(json_t *o, const char *k)
  * (checkpoint lines skipped). */
 static int losses(const char *run_name, double *out, int cap)
 {
-    char path[512], line[512];
-    snprintf(path, sizeof path, "%s/%s/progress.jsonl", tmpdir, run_name);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    int n = 0;
-    while (n < cap && fgets(line, sizeof line, f)) {
-        json_t *v = json_loads(line, 0, NULL);
-        assert_non_null(v);
-        if (json_object_get(v, "loss") != NULL)
-            out[n++] = json_number_value(json_object_get(v, "loss"));
-        json_decref(v);
-    }
-    fclose(f);
-    return n;
+    char run_dir[400];
+    snprintf(run_dir, sizeof run_dir, "%s/%s", tmpdir, run_name);
+    return fx_losses(run_dir, out, cap);
 }
 
 /* Opens the checkpoint directories a and b, chains resolved, and walks
@@ -348,13 +328,7 @@ static kern_table_t *make_table(const char *name, kern_opt_kind_t opt, int64_t c
 }
 
 static uint64_t rng_state = 88172645463325252ULL;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rnd(void) { return proc_xorshift(&rng_state); }
 
 /* One "training step" on a table: n random keys from [0, range), inserted,
  * updated with random gradients and marked changed; sometimes a delete. */
@@ -1866,37 +1840,17 @@ static void test_latest_falls_back(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-test-ckpt-XXXXXX");
-    if (mkdtemp(tmpdir) == NULL)
+    if (proc_tmpdir("ckpt", tmpdir, sizeof tmpdir) < 0)
         return -1;
-    char data[512], eval[512], dir[512];
+    char dir[512];
     snprintf(dir, sizeof dir, "%s/data", tmpdir);
-    snprintf(data, sizeof data, "%s/data/day=0.tsv", tmpdir);
-    snprintf(eval, sizeof eval, "%s/data/eval.tsv", tmpdir);
-    if (mkdir(dir, 0755) < 0)
-        return -1;
-    result_t *r = malloc(sizeof *r);
-    const char *g1[] = {KILN_BIN, "datagen", "--rows", "3600", "--out", data, "--seed", "5", NULL};
-    run_full(r, g1, NULL, 0);
-    int rc = r->code;
-    const char *g2[] = {KILN_BIN, "datagen", "--rows", "600", "--out", eval,
-                        "--seed", "5",       "--day",  "1",   NULL};
-    run_full(r, g2, NULL, 0);
-    rc |= r->code;
-    free(r);
-    return rc == 0 ? 0 : -1;
+    return fx_train_data(dir, 3600, 600, 5);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    if (getenv("KILN_TEST_KEEP")) { /* for a look at the runs after a failure */
-        fprintf(stderr, "kept %s\n", tmpdir);
-        return 0;
-    }
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return proc_tmpdir_done(tmpdir);
 }
 
 PROC_TEST_MAIN(setup, teardown,

@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "proc.h"
 
 #ifndef KILN_BIN
@@ -55,10 +56,7 @@ static void run_env(result_t *r, const char *env_home, const char *const *args)
 static void write_file(const char *name, const char *text, char *path, size_t cap)
 {
     snprintf(path, cap, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    fx_write(path, "%s", text);
 }
 
 static int setup(void **state)

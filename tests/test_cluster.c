@@ -116,10 +116,7 @@ static void stop_kilnd(int sig)
 static void write_spec(const char *name, const char *body, char *path, size_t cap)
 {
     snprintf(path, cap, "%s/%s.yaml", home, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f, "name: %s\n%s", name, body);
-    fclose(f);
+    fx_write(path, "name: %s\n%s", name, body);
 }
 
 static void submit(const char *spec)
@@ -159,16 +156,7 @@ static void show_logs(int64_t id)
 static void wait_run(int64_t id, state_run_state_t want, int timeout_s)
 {
     state_t *st = open_db();
-    state_run_state_t got = STATE_RUN_NSTATES;
-    for (int i = 0; i < timeout_s * 10 && got != want; i++) {
-        state_run_t r;
-        if (state_run_get(st, id, &r) == 0) {
-            got = r.state;
-            state_run_fini(&r);
-        }
-        if (got != want)
-            proc_sleep_ms(100);
-    }
+    state_run_state_t got = fx_wait_run(st, id, want, timeout_s);
     state_close(st);
     if (got != want) {
         show_logs(id);
@@ -415,8 +403,7 @@ static int teardown_home(void **state)
     const char *nodes[] = {"sinfo", "-h", "-N", "-p", "kiln", "-o", "%N %t", NULL};
     if (run(nodes) == 0 && (strstr(res.out, "kn2 idle") == NULL || strstr(res.out, "kn1 idle") == NULL))
         sh("'%s' reboot kn1 && '%s' reboot kn2", testcluster, testcluster);
-    if (getenv("KILN_TEST_KEEP") == NULL)
-        proc_rmtree(home);
+    proc_tmpdir_done(home);
     return 0;
 }
 
@@ -476,8 +463,7 @@ static int setup_all(void **state)
 static int teardown_all(void **state)
 {
     (void)state;
-    if (getenv("KILN_TEST_KEEP") == NULL)
-        proc_rmtree(root);
+    proc_tmpdir_done(root);
     return 0;
 }
 

@@ -1072,8 +1072,7 @@ static void test_datagen_skew(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-test-data-XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return proc_tmpdir("data", tmpdir, sizeof tmpdir);
 }
 
 static int teardown(void **state)

@@ -25,13 +25,7 @@
 #include "proc.h"
 
 static uint64_t rng = 0x1234567;
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
+static uint64_t rnd(void) { return proc_xorshift(&rng); }
 static float rndf(void) { return (float)((int)(rnd() % 2001) - 1000) / 1000.0f; }
 
 static void assert_close(const float *got, const float *ref, size_t n, float atol, float rtol)

@@ -70,7 +70,7 @@ static int teardown_all(void **state)
 {
     (void)state;
     curl_global_cleanup();
-    return getenv("KILN_TEST_KEEP") ? 0 : proc_rmtree(data_dir);
+    return proc_tmpdir_done(data_dir);
 }
 
 static int setup(void **state)
@@ -87,11 +87,7 @@ static int teardown(void **state)
     /* Runs still going (a test that failed half way) go with their session. */
     if (system("pkill -KILL -f 'kiln-test-loop-' >/dev/null 2>&1") < 0) {
     }
-    if (getenv("KILN_TEST_KEEP") != NULL) {
-        fprintf(stderr, "kept %s\n", home);
-        return 0;
-    }
-    return proc_rmtree(home);
+    return proc_tmpdir_done(home);
 }
 
 /* Writes home/<dir>/job.yaml: an lr job over dir's data/day=*.tsv (relative
@@ -162,17 +158,7 @@ static int64_t newest_run(const char *job)
 static state_run_state_t wait_end(int64_t id, int timeout_s)
 {
     state_t *st = db();
-    state_run_state_t got = STATE_RUN_NSTATES;
-    for (int i = 0; i < timeout_s * 10; i++) {
-        state_run_t r;
-        if (state_run_get(st, id, &r) == 0) {
-            got = r.state;
-            state_run_fini(&r);
-            if (state_run_state_terminal(got))
-                break;
-        }
-        proc_sleep_ms(100);
-    }
+    state_run_state_t got = fx_wait_run(st, id, STATE_RUN_NSTATES, timeout_s);
     state_close(st);
     if (!state_run_state_terminal(got))
         fail_msg("run %lld did not end within %d s (see %s/kilnd.log)", (long long)id, timeout_s,

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "kiln.h"
 #include "proc.h"
 #include "state.h"
@@ -100,20 +101,17 @@ static int stop_kilnd(pid_t pid, int sig)
 
 static void write_spec(const char *name, const char *extra, char *path, size_t cap)
 {
+    char data[400] = "";
     snprintf(path, cap, "%s/%s.yaml", home, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "resources: {ranks: 2, threads: 1}\n"
-            "model: {type: lr, embedding: {dim: 4, capacity: 100000}}\n"
-            "%s",
-            name, extra);
     if (strstr(extra, "data:") == NULL)
-        fprintf(f, "data: {train: \"%s/*.tsv\"}\n", data_dir);
-    if (strncmp(extra, "train:", 6) != 0 && strstr(extra, "\ntrain:") == NULL)
-        fprintf(f, "train: {batch_size: 256, log_every: 2}\n");
-    fclose(f);
+        snprintf(data, sizeof data, "data: {train: \"%s/*.tsv\"}\n", data_dir);
+    bool train = strncmp(extra, "train:", 6) != 0 && strstr(extra, "\ntrain:") == NULL;
+    fx_write(path,
+             "name: %s\n"
+             "resources: {ranks: 2, threads: 1}\n"
+             "model: {type: lr, embedding: {dim: 4, capacity: 100000}}\n"
+             "%s%s%s",
+             name, extra, data, train ? "train: {batch_size: 256, log_every: 2}\n" : "");
 }
 
 static void submit(const char *spec)
@@ -136,17 +134,7 @@ static state_t *open_db(void)
 static state_run_state_t wait_run(int64_t run_id, state_run_state_t want, int timeout_s)
 {
     state_t *st = open_db();
-    state_run_state_t got = STATE_RUN_NSTATES;
-    for (int i = 0; i < timeout_s * 10; i++) {
-        state_run_t r;
-        if (state_run_get(st, run_id, &r) == 0) {
-            got = r.state;
-            state_run_fini(&r);
-            if (got == want || (want == STATE_RUN_NSTATES && state_run_state_terminal(got)))
-                break;
-        }
-        proc_sleep_ms(100);
-    }
+    state_run_state_t got = fx_wait_run(st, run_id, want, timeout_s);
     state_close(st);
     if (want != STATE_RUN_NSTATES && got != want)
         fail_msg("run %lld is %s, expected %s within %d s (see %s/kilnd.log)", (long long)run_id,
@@ -165,8 +153,7 @@ static void get_run(int64_t id, state_run_t *r)
 static int setup_home(void **state)
 {
     (void)state;
-    snprintf(home, sizeof home, "/tmp/kiln-test-sched-XXXXXX");
-    if (mkdtemp(home) == NULL)
+    if (proc_tmpdir("sched", home, sizeof home) < 0)
         return -1;
     snprintf(db, sizeof db, "%s/kiln.db", home);
     setenv("KILN_HOME", home, 1);
@@ -207,36 +194,27 @@ static int teardown_home(void **state)
 {
     (void)state;
     stop_leftovers();
-    if (getenv("KILN_TEST_KEEP") != NULL) { /* keep the home for a post-mortem */
-        home[0] = '\0';
-        return 0;
-    }
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", home);
+    int rc = proc_tmpdir_done(home);
     home[0] = '\0';
-    return system(cmd) == 0 ? 0 : -1;
+    return rc;
 }
 
 static int setup_all(void **state)
 {
     (void)state;
-    snprintf(data_dir, sizeof data_dir, "/tmp/kiln-test-sched-data-XXXXXX");
-    if (mkdtemp(data_dir) == NULL)
+    if (proc_tmpdir("sched-data", data_dir, sizeof data_dir) < 0)
         return -1;
     /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
     proc_mpi_env(true);
     char out[400];
     snprintf(out, sizeof out, "%s/day0.tsv", data_dir);
-    const char *argv[] = {KILN_BIN, "datagen", "--rows", "3000", "--out", out, "--seed", "5", NULL};
-    return run_cmd(argv) == 0 ? 0 : -1;
+    return fx_datagen(out, 3000, 5, 0) == 0 ? 0 : -1;
 }
 
 static int teardown_all(void **state)
 {
     (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", data_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return proc_rmtree(data_dir);
 }
 
 static bool file_exists(const char *dir, const char *name)

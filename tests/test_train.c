@@ -122,21 +122,16 @@ static void write_spec(const char *name, const char *model, int batch, const cha
                        const char *extra, char *path, size_t cap)
 {
     snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
-            "model:\n  type: %s\n  embedding: {dim: 8, capacity: 200000}\n%s"
-            "train: {%sbatch_size: %d, seed: 7, log_every: 1, init_from: none}\n",
-            name, model, strcmp(model, "dlrm") == 0 ? "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
-                                                    : "",
-            train_opt ? train_opt : "", batch);
     /* Each run checkpoints (once, at its end) into its own directory. */
-    fprintf(f, "checkpoint: {dir: ckpt/%s, full_every: 1, keep: 1}\n", name);
-    if (extra)
-        fputs(extra, f);
-    fclose(f);
+    fx_write(path,
+             "name: %s\n"
+             "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+             "model:\n  type: %s\n  embedding: {dim: 8, capacity: 200000}\n%s"
+             "train: {%sbatch_size: %d, seed: 7, log_every: 1, init_from: none}\n"
+             "checkpoint: {dir: ckpt/%s, full_every: 1, keep: 1}\n%s",
+             name, model,
+             strcmp(model, "dlrm") == 0 ? "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n" : "",
+             train_opt ? train_opt : "", batch, name, extra ? extra : "");
 }
 
 /* Runs kiln-train on np ranks, with up to 4 more arguments (NULL-ended),
@@ -183,19 +178,9 @@ static void assert_close(double a, double b, double rel, const char *what)
 /* The training loss of each logged step, from progress.jsonl. */
 static int losses(const char *run_name, double *out, int cap)
 {
-    char path[400], line[512];
-    snprintf(path, sizeof path, "%s/%s/progress.jsonl", tmpdir, run_name);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    int n = 0;
-    while (n < cap && fgets(line, sizeof line, f)) {
-        json_t *v = json_loads(line, 0, NULL);
-        assert_non_null(v);
-        out[n++] = json_number_value(json_object_get(v, "loss"));
-        json_decref(v);
-    }
-    fclose(f);
-    return n;
+    char run_dir[400];
+    snprintf(run_dir, sizeof run_dir, "%s/%s", tmpdir, run_name);
+    return fx_losses(run_dir, out, cap);
 }
 
 /* No checkpoint was written under tmpdir/root (the directory may exist). */
@@ -212,23 +197,9 @@ static int setup(void **state)
     (void)state;
     if (proc_tmpdir("train", tmpdir, sizeof tmpdir) < 0)
         return -1;
-    char data[400], eval[400];
-    snprintf(data, sizeof data, "%s/data/day=0.tsv", tmpdir);
-    snprintf(eval, sizeof eval, "%s/data/eval.tsv", tmpdir);
     char dir[400];
     snprintf(dir, sizeof dir, "%s/data", tmpdir);
-    if (mkdir(dir, 0755) < 0)
-        return -1;
-    result_t *r = malloc(sizeof *r);
-    const char *g1[] = {KILN_BIN, "datagen", "--rows", "6000", "--out", data, "--seed", "3", NULL};
-    run(r, g1);
-    int rc = r->code;
-    const char *g2[] = {KILN_BIN, "datagen", "--rows", "1500", "--out", eval, "--seed", "3",
-                        "--day", "1", NULL};
-    run(r, g2);
-    rc |= r->code;
-    free(r);
-    return rc == 0 ? 0 : -1;
+    return fx_train_data(dir, 6000, 1500, 3);
 }
 
 static int teardown(void **state)

@@ -178,6 +178,23 @@ static int teardown(void **state)
 
 /* ---- pages ------------------------------------------------------------------------------ */
 
+/* GETs path into r: the status must be want and the body must hold each
+ * string of has and none of lacks (NULL-ended, each may be NULL). r is
+ * left for more checks (reply_free). */
+static void expect_page(reply_t *r, const char *path, long want, const char *const *has,
+                        const char *const *lacks)
+{
+    get(r, path);
+    if (r->status != want)
+        fail_msg("GET %s: %ld, want %ld", path, r->status, want);
+    for (size_t i = 0; has != NULL && has[i] != NULL; i++)
+        if (strstr(r->body, has[i]) == NULL)
+            fail_msg("%s lacks %s", path, has[i]);
+    for (size_t i = 0; lacks != NULL && lacks[i] != NULL; i++)
+        if (strstr(r->body, lacks[i]) != NULL)
+            fail_msg("%s holds %s", path, lacks[i]);
+}
+
 static void test_pages(void **state)
 {
     char p[6][64];
@@ -185,54 +202,43 @@ static void test_pages(void **state)
     snprintf(p[1], 64, "/lineage/checkpoint/%lld", (long long)fx.ckpt_incr);
     snprintf(p[2], 64, "/lineage/endpoint/%lld", (long long)fx.ep_a);
     snprintf(p[3], 64, "/runs/%lld/loss.svg", (long long)fx.run_ok);
+    reply_t r;
     static const char *fixed[][2] = {
         {"/", "<table id=\"jobs\""},          {"/jobs", "@hourly"},
         {"/runs", "<table id=\"runs\""},      {"/endpoints", "<table id=\"endpoints\""},
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
-        reply_t r;
-        get(&r, fixed[i][0]);
-        assert_int_equal(r.status, 200);
+        const char *has[] = {fixed[i][1], NULL};
+        expect_page(&r, fixed[i][0], 200, has, NULL);
         assert_string_equal(r.ctype, "text/html; charset=utf-8");
-        if (strstr(r.body, fixed[i][1]) == NULL)
-            fail_msg("%s lacks %s", fixed[i][0], fixed[i][1]);
         reply_free(&r);
     }
     /* The run page: timeline, loss plot from progress.jsonl, figures from
-     * result.json, inputs, checkpoints, pushes, the log tail (escaped). */
+     * result.json, inputs, checkpoints, pushes (the failed one to B: 503),
+     * the log tail (escaped); no refresh, since it ended. */
     static const char *run_has[] = {
         "<table id=\"timeline\"", "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"loss-plot\"",
         "<polyline class=\"series\"", "51234", "0.46125", "/data/day=0/part-0.tsv", "ck-0001",
         "ck-0002", "http://127.0.0.1:9001",
-        "done &lt;ok&gt; &amp; &quot;quoted&quot;", "running -&gt; succeeded"};
-    reply_t r;
-    get(&r, p[0]);
-    assert_int_equal(r.status, 200);
-    for (size_t i = 0; i < sizeof run_has / sizeof run_has[0]; i++)
-        if (strstr(r.body, run_has[i]) == NULL)
-            fail_msg("run page lacks %s", run_has[i]);
-    assert_null(strstr(r.body, "http-equiv=\"refresh\"")); /* it ended */
-    assert_non_null(strstr(r.body, "503"));                /* the failed push to B */
+        "done &lt;ok&gt; &amp; &quot;quoted&quot;", "running -&gt; succeeded", "503", NULL};
+    static const char *run_lacks[] = {"http-equiv=\"refresh\"", NULL};
+    expect_page(&r, p[0], 200, run_has, run_lacks);
     reply_free(&r);
-    get(&r, p[1]);
-    assert_int_equal(r.status, 200);
-    assert_non_null(strstr(r.body, "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"lineage\""));
-    assert_non_null(strstr(r.body, "ck-0001")); /* the base */
-    assert_non_null(strstr(r.body, ">holds<"));
+    /* The lineage of a checkpoint, with its base. */
+    static const char *ck_has[] = {"<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"lineage\"",
+                                   "ck-0001", ">holds<", NULL};
+    expect_page(&r, p[1], 200, ck_has, NULL);
     reply_free(&r);
-    get(&r, p[2]);
-    assert_int_equal(r.status, 200);
-    assert_non_null(strstr(r.body, "<table id=\"holdings\""));
-    assert_non_null(strstr(r.body, "[A] http://127.0.0.1:9001"));
+    static const char *ep_has[] = {"<table id=\"holdings\"", "[A] http://127.0.0.1:9001", NULL};
+    expect_page(&r, p[2], 200, ep_has, NULL);
     reply_free(&r);
-    get(&r, p[3]);
-    assert_int_equal(r.status, 200);
+    static const char *svg_has[] = {"<polyline", NULL};
+    expect_page(&r, p[3], 200, svg_has, NULL);
     assert_string_equal(r.ctype, "image/svg+xml");
-    assert_non_null(strstr(r.body, "<polyline"));
     reply_free(&r);
     /* The endpoints page says what A holds and since when. */
-    get(&r, "/endpoints");
-    assert_non_null(strstr(r.body, "ck-0002"));
+    static const char *eps_has[] = {"ck-0002", NULL};
+    expect_page(&r, "/endpoints", 200, eps_has, NULL);
     reply_free(&r);
 }
 
@@ -241,18 +247,15 @@ static void test_escaping(void **state)
     char path[64];
     snprintf(path, sizeof path, "/runs/%lld", (long long)fx.run_failed);
     reply_t r;
-    get(&r, path);
-    assert_int_equal(r.status, 200);
-    assert_null(strstr(r.body, "<script"));
-    assert_null(strstr(r.body, "<b>\"x\""));
-    assert_non_null(strstr(r.body, "&lt;script&gt;alert(1)&lt;/script&gt; died &amp; "
-                                   "&quot;quit&quot;"));
-    assert_non_null(strstr(r.body, "/data/&lt;b&gt;&quot;x&quot;&amp;&#39;y&#39;.tsv"));
+    static const char *has[] = {
+        "&lt;script&gt;alert(1)&lt;/script&gt; died &amp; &quot;quit&quot;",
+        "/data/&lt;b&gt;&quot;x&quot;&amp;&#39;y&#39;.tsv", NULL};
+    static const char *lacks[] = {"<script", "<b>\"x\"", NULL};
+    expect_page(&r, path, 200, has, lacks);
     reply_free(&r);
     /* A hostile query string comes back escaped (in the filter form's value). */
-    get(&r, "/runs?job=%3Cscript%3E");
-    assert_int_equal(r.status, 404);
-    assert_null(strstr(r.body, "<script>"));
+    static const char *no_script[] = {"<script>", NULL};
+    expect_page(&r, "/runs?job=%3Cscript%3E", 404, NULL, no_script);
     reply_free(&r);
     /* The API carries the same text as JSON. */
     snprintf(path, sizeof path, "/api/runs/%lld", (long long)fx.run_failed);
@@ -267,11 +270,10 @@ static void test_refresh(void **state)
     char path[64];
     snprintf(path, sizeof path, "/runs/%lld", (long long)fx.run_running);
     reply_t r;
-    get(&r, path);
-    assert_int_equal(r.status, 200);
-    assert_non_null(strstr(r.body, "<meta http-equiv=\"refresh\" content=\"5\">"));
     /* Its loss curve comes from metric rows (no run directory). */
-    assert_non_null(strstr(r.body, "<polyline class=\"series\""));
+    static const char *has[] = {"<meta http-equiv=\"refresh\" content=\"5\">",
+                                "<polyline class=\"series\"", NULL};
+    expect_page(&r, path, 200, has, NULL);
     reply_free(&r);
 }
 

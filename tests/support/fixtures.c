@@ -228,7 +228,35 @@ int64_t fx_pushes_applied(const fx_serve_t *s)
     return n;
 }
 
-/* ---- data -------------------------------------------------------------------------------- */
+state_run_state_t fx_wait_run(state_t *st, int64_t id, state_run_state_t want, int timeout_s)
+{
+    state_run_state_t got = STATE_RUN_NSTATES;
+    for (int i = 0; i < timeout_s * 10; i++) {
+        state_run_t r;
+        if (state_run_get(st, id, &r) == 0) {
+            got = r.state;
+            state_run_fini(&r);
+            if (got == want || (want == STATE_RUN_NSTATES && state_run_state_terminal(got)))
+                break;
+        }
+        proc_sleep_ms(100);
+    }
+    return got;
+}
+
+/* ---- files and data --------------------------------------------------------------- */
+
+void fx_write(const char *path, const char *fmt, ...)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        fail_msg("cannot write %s", path);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+    assert_int_equal(fclose(f), 0);
+}
 
 int fx_datagen(const char *path, int rows, int seed, int day)
 {
@@ -248,6 +276,17 @@ int fx_datagen(const char *path, int rows, int seed, int day)
     int code = res->code;
     free(res);
     return code;
+}
+
+int fx_train_data(const char *dir, int rows, int eval_rows, int seed)
+{
+    char train[700], eval[700];
+    snprintf(train, sizeof train, "%s/day=0.tsv", dir);
+    snprintf(eval, sizeof eval, "%s/eval.tsv", dir);
+    if (kiln_mkdir_p(dir) < 0)
+        return -1;
+    return fx_datagen(train, rows, seed, 0) == 0 && fx_datagen(eval, eval_rows, seed, 1) == 0 ? 0
+                                                                                                : -1;
 }
 
 int fx_land(const char *src, const char *dst)
@@ -274,6 +313,25 @@ int fx_land(const char *src, const char *dst)
     if (out)
         fclose(out);
     return ok && rename(tmp, dst) == 0 ? 0 : -1;
+}
+
+int fx_losses(const char *run_dir, double *out, int cap)
+{
+    char path[700], line[512];
+    snprintf(path, sizeof path, "%s/progress.jsonl", run_dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        fail_msg("cannot read %s", path);
+    int n = 0;
+    while (n < cap && fgets(line, sizeof line, f)) {
+        json_t *v = json_loads(line, 0, NULL);
+        assert_non_null(v);
+        if (json_object_get(v, "loss") != NULL)
+            out[n++] = json_number_value(json_object_get(v, "loss"));
+        json_decref(v);
+    }
+    fclose(f);
+    return n;
 }
 
 void fx_open_latest(const char *root, rt_ckpt_chain_t *ch)

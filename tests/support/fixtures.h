@@ -17,6 +17,7 @@
 
 #include "proc.h"
 #include "rt_ckpt.h"
+#include "state.h"
 
 #define FX_TOKEN "kiln-test-token"
 #define FX_MAX_PROCS 16
@@ -80,15 +81,36 @@ void fx_holds(const fx_serve_t *s, const char *model, const char *label, char *o
 /* kiln-serve's count of pushes it applied since it started. */
 int64_t fx_pushes_applied(const fx_serve_t *s);
 
-/* ---- data and checkpoints ----------------------------------------------------------------- */
+/* Polls run id in the database st every 100 ms until it is in state want
+ * (any terminal state when want is STATE_RUN_NSTATES), for at most
+ * timeout_s. Returns the last state seen (STATE_RUN_NSTATES when the run
+ * was never found); the caller judges it. */
+state_run_state_t fx_wait_run(state_t *st, int64_t id, state_run_state_t want, int timeout_s);
+
+/* ---- files, data and checkpoints ----------------------------------------------------------------- */
+
+/* Writes the text made from fmt to path (created or truncated); the test
+ * fails when it cannot. */
+void fx_write(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* `kiln datagen` of rows rows (seed, day) into path. Returns its exit code. */
 int fx_datagen(const char *path, int rows, int seed, int day);
+
+/* Makes dir (and its parents) and generates dir/day=0.tsv of rows rows
+ * (day 0) and dir/eval.tsv of eval_rows rows (day 1), both with seed: a
+ * job's training and evaluation data. Returns 0 or -1. */
+int fx_train_data(const char *dir, int rows, int eval_rows, int seed);
 
 /* Lands a copy of src at dst the way data should land: written under a
  * hidden name in the same directory, then renamed into place. Returns 0 or
  * -1. */
 int fx_land(const char *src, const char *dst);
+
+/* The training loss of each logged step of the run in run_dir, from its
+ * progress.jsonl (lines without a loss skipped), at most cap into out.
+ * Returns how many; the test fails when the file is missing or a line is
+ * not JSON. */
+int fx_losses(const char *run_dir, double *out, int cap);
 
 /* Opens the newest checkpoint under root into ch, every file verified; the
  * test fails when there is none or it does not open. */

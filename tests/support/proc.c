@@ -55,6 +55,23 @@ int proc_rmtree(const char *dir)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+int proc_tmpdir_done(const char *dir)
+{
+    if (getenv("KILN_TEST_KEEP") != NULL) {
+        fprintf(stderr, "kept %s\n", dir);
+        return 0;
+    }
+    return proc_rmtree(dir);
+}
+
+uint64_t proc_xorshift(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
+
 void proc_mpi_env(bool leaks_off)
 {
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);

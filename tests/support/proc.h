@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* A finished command: exit code (128 + signal when killed) and its output. */
@@ -33,6 +34,15 @@ int proc_tmpdir(const char *name, char *dir, size_t cap);
 
 /* Removes a directory tree made by proc_tmpdir. Returns 0 or -1. */
 int proc_rmtree(const char *dir);
+
+/* A test's temp directory at its end: removed (proc_rmtree), or kept and
+ * named on stderr when $KILN_TEST_KEEP is set, for a look after a failure.
+ * Returns 0 or -1. */
+int proc_tmpdir_done(const char *dir);
+
+/* The next number of the xorshift64 sequence in *state (nonzero): seeded,
+ * repeatable test data. */
+uint64_t proc_xorshift(uint64_t *state);
 
 /* Sets, in this process (its children inherit them), Open MPI's permission
  * to run as root and to oversubscribe the cores; with leaks_off, also turns
