@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "kern.h"
+#include "fixtures.h"
 #include "proc.h"
 #include "rt_data.h"
 #include "rt_model.h"
@@ -445,49 +446,21 @@ static void server_new(server_t *srv, const char *name)
     snprintf(srv->dir, sizeof srv->dir, "%s/%s", tmp_root, name);
 }
 
-typedef struct resp {
-    char body[1 << 16];
-    size_t len;
-} resp_t;
+typedef fx_reply_t resp_t;
 
-static size_t resp_write(char *p, size_t s, size_t n, void *ud)
+static void resp_free(resp_t *r)
 {
-    resp_t *r = ud;
-    size_t take = s * n;
-    if (take > sizeof r->body - 1 - r->len)
-        take = sizeof r->body - 1 - r->len;
-    memcpy(r->body + r->len, p, take);
-    r->len += take;
-    r->body[r->len] = '\0';
-    return s * n;
+    fx_reply_fini(r);
+    free(r);
 }
 
-/* One HTTP request; returns the status (0: no response). hdrs NULL-ended. */
+/* One HTTP request into r (its last answer freed first); returns the
+ * status (0: no response). hdrs NULL-ended. */
 static long http(const char *method, const char *url, const char *const *hdrs, const void *body,
                  size_t len, resp_t *r)
 {
-    CURL *e = curl_easy_init();
-    struct curl_slist *h = NULL;
-    for (int i = 0; hdrs != NULL && hdrs[i] != NULL; i++)
-        h = curl_slist_append(h, hdrs[i]);
-    r->len = 0;
-    r->body[0] = '\0';
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, resp_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT, 20L);
-    if (body != NULL) {
-        curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    }
-    long status = 0;
-    if (curl_easy_perform(e) == CURLE_OK)
-        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(e);
-    return status;
+    fx_reply_fini(r);
+    return fx_http(r, method, url, hdrs, body, len, 20);
 }
 
 /* What srv holds for m/label ("" when nothing). */
@@ -501,7 +474,7 @@ static void holds(const server_t *srv, const char *label, char *out, size_t cap)
     const char *v = st == 200 ? json_string_value(json_object_get(j, "checkpoint")) : NULL;
     snprintf(out, cap, "%s", v ? v : "");
     json_decref(j);
-    free(r);
+    resp_free(r);
 }
 
 static int64_t stat_int(const server_t *srv, const char *field)
@@ -513,7 +486,7 @@ static int64_t stat_int(const server_t *srv, const char *field)
     json_t *j = json_loads(r->body, 0, NULL);
     int64_t v = (int64_t)json_integer_value(json_object_get(j, field));
     json_decref(j);
-    free(r);
+    resp_free(r);
     return v;
 }
 
@@ -579,7 +552,7 @@ static int predict(const server_t *srv, const char *label, const char *lines, do
     for (int i = 0; i < n && i < max; i++)
         out[i] = json_real_value(json_array_get(p, i));
     json_decref(j);
-    free(r);
+    resp_free(r);
     return n;
 }
 
@@ -782,7 +755,7 @@ static void test_push_lookup_predict(void **state)
     json_decref(j);
 
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
     serve_memsrc_destroy(full);
     serve_memsrc_destroy(delta);
 }
@@ -872,7 +845,7 @@ static void test_chain_compacted(void **state)
     json_decref(before);
     json_decref(after);
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
     serve_memsrc_destroy(full);
 }
 
@@ -994,7 +967,7 @@ static void test_auth_and_bad_requests(void **state)
     holds(&srv, "A", h, sizeof h);
     assert_string_equal(h, "ck-1");
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
     free(body);
     serve_memsrc_destroy(full);
 }
@@ -1243,7 +1216,7 @@ static void test_push_nonfinite_refused(void **state)
     json_decref(j);
     assert_int_equal(stat_int(&srv, "pushes_rejected"), 3);
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
 }
 
 /* predict answers exactly one entry per input row, always: a row whose
@@ -1313,7 +1286,7 @@ static void test_predict_nonfinite(void **state)
         fail_msg("/metrics lacks the non-finite count:\n%s", r->body);
     server_kill(&srv, SIGTERM);
     free(body);
-    free(r);
+    resp_free(r);
     serve_memsrc_destroy(full);
 }
 
@@ -1535,7 +1508,7 @@ static void test_broken_files(void **state)
     json_decref(j);
     server_kill(&srv, SIGTERM);
     free(kbytes);
-    free(r);
+    resp_free(r);
 }
 
 /* A model kiln-serve cannot build is refused with the trainer's reason,
@@ -1579,7 +1552,7 @@ static void test_wrapped_error_reads_right(void **state)
     json_decref(j);
     server_kill(&srv, SIGTERM);
     serve_memsrc_destroy(m);
-    free(r);
+    resp_free(r);
 }
 
 /* Each limit of the command line has one rule, checked before anything
@@ -1682,7 +1655,7 @@ static void test_host_header(void **state)
     assert_int_equal(get_with_host(&srv, "serve.example", r), 403);
     assert_int_equal(get_with_host(&srv, "localhost", r), 200);
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
 }
 
 /* 300 idle connections from one client and trickled headers from another
@@ -1709,7 +1682,7 @@ static void test_slow_clients(void **state)
     proc_slow_close(&slow);
     assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
 }
 
 /* ---- end to end: kiln-train checkpoints through kiln push to kiln-serve ------------- */

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "fixtures.h"
 #include "proc.h"
 #include "state.h"
 #include "web.h"
@@ -34,89 +35,29 @@
 
 static web_fixture_t fx;
 
-/* One HTTP exchange: status, a few headers and the body. */
-typedef struct reply {
-    long status;
-    char ctype[128];
-    char location[128];
-    char *body;
-    size_t len;
-} reply_t;
+typedef fx_reply_t reply_t;
 
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
-{
-    reply_t *r = ud;
-    char *nb = realloc(r->body, r->len + sz * n + 1);
-    assert_non_null(nb);
-    memcpy(nb + r->len, p, sz * n);
-    r->body = nb;
-    r->len += sz * n;
-    r->body[r->len] = '\0';
-    return sz * n;
-}
-
-static size_t on_header(char *p, size_t sz, size_t n, void *ud)
-{
-    reply_t *r = ud;
-    size_t len = sz * n;
-    static const struct {
-        const char *name;
-        size_t off;
-    } keep[] = {{"content-type:", offsetof(reply_t, ctype)},
-                {"location:", offsetof(reply_t, location)}};
-    for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {
-        size_t kl = strlen(keep[k].name);
-        if (len > kl && strncasecmp(p, keep[k].name, kl) == 0) {
-            char *dst = (char *)r + keep[k].off;
-            size_t vl = len - kl;
-            const char *v = p + kl;
-            while (vl > 0 && *v == ' ')
-                v++, vl--;
-            while (vl > 0 && (v[vl - 1] == '\r' || v[vl - 1] == '\n'))
-                vl--;
-            if (vl > 127)
-                vl = 127;
-            memcpy(dst, v, vl);
-            dst[vl] = '\0';
-        }
-    }
-    return len;
-}
-
-/* Sends method path (with body and extra headers, each may be NULL). */
+/* Sends method path to the server under test (body and extra headers, each
+ * may be NULL); fails when no answer came. */
 static void http(reply_t *r, const char *method, const char *path, const char *body,
                  const char *const *headers)
 {
-    memset(r, 0, sizeof *r);
     char url[512];
     snprintf(url, sizeof url, "%s%s", fx.base, path);
-    CURL *c = curl_easy_init();
-    assert_non_null(c);
-    struct curl_slist *hs = NULL;
-    for (int i = 0; headers && headers[i]; i++)
-        hs = curl_slist_append(hs, headers[i]);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    if (strcmp(method, "HEAD") == 0)
-        curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
-    if (body != NULL) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    }
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
-    CURLcode cc = curl_easy_perform(c);
-    if (cc != CURLE_OK)
-        fail_msg("%s %s: %s", method, path, curl_easy_strerror(cc));
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
-    curl_slist_free_all(hs);
-    curl_easy_cleanup(c);
-    if (r->body == NULL)
-        r->body = calloc(1, 1);
+    if (fx_http(r, method, url, headers, body, body != NULL ? strlen(body) : 0, 10) == 0)
+        fail_msg("%s %s: no answer", method, path);
+}
+
+/* Sends method path (body and headers may be NULL); the status must be
+ * want. */
+static void expect_status(const char *method, const char *path, const char *body,
+                          const char *const *headers, long want)
+{
+    reply_t r;
+    http(&r, method, path, body, headers);
+    if (r.status != want)
+        fail_msg("%s %s: %ld, want %ld: %s", method, path, r.status, want, r.body);
+    free(r.body);
 }
 
 static void get(reply_t *r, const char *path)
@@ -124,11 +65,7 @@ static void get(reply_t *r, const char *path)
     http(r, "GET", path, NULL, NULL);
 }
 
-static void reply_free(reply_t *r)
-{
-    free(r->body);
-    r->body = NULL;
-}
+static void reply_free(reply_t *r) { fx_reply_fini(r); }
 
 static json_t *get_json(const char *path, long want_status)
 {
@@ -429,34 +366,19 @@ static void test_pagination(void **state)
 static void test_token(void **state)
 {
     char path[96];
-    reply_t r;
     snprintf(path, sizeof path, "/api/runs/%lld/cancel", (long long)fx.run_queued);
-    http(&r, "POST", path, NULL, NULL);
-    assert_int_equal(r.status, 401);
-    reply_free(&r);
+    expect_status("POST", path, NULL, NULL, 401);
     static const char *const wrong[] = {"Authorization: Bearer s3cret-toke", NULL};
-    http(&r, "POST", path, NULL, wrong);
-    assert_int_equal(r.status, 401);
-    reply_free(&r);
+    expect_status("POST", path, NULL, wrong, 401);
     static const char *const longer[] = {"Authorization: Bearer " TOKEN "x", NULL};
-    http(&r, "POST", path, NULL, longer);
-    assert_int_equal(r.status, 401);
-    reply_free(&r);
+    expect_status("POST", path, NULL, longer, 401);
     /* A wrong token in a form, and a GET on the action: nothing changes. */
     snprintf(path, sizeof path, "/runs/%lld/cancel", (long long)fx.run_queued);
-    http(&r, "POST", path, "token=nope", NULL);
-    assert_int_equal(r.status, 401);
-    reply_free(&r);
-    http(&r, "GET", path, NULL, NULL);
-    assert_int_equal(r.status, 405);
-    reply_free(&r);
+    expect_status("POST", path, "token=nope", NULL, 401);
+    expect_status("GET", path, NULL, NULL, 405);
     snprintf(path, sizeof path, "/api/runs/%lld/cancel", (long long)fx.run_queued);
-    http(&r, "GET", path, NULL, NULL);
-    assert_int_equal(r.status, 405);
-    reply_free(&r);
-    http(&r, "DELETE", "/api/runs", NULL, NULL);
-    assert_int_equal(r.status, 405);
-    reply_free(&r);
+    expect_status("GET", path, NULL, NULL, 405);
+    expect_status("DELETE", "/api/runs", NULL, NULL, 405);
     assert_string_equal(run_state(fx.run_queued), "queued");
 }
 
@@ -476,9 +398,7 @@ static void test_cancel_retry(void **state)
     assert_string_equal(run_state(fx.run_queued), "canceled");
     /* Cancelling an ended run is a conflict. */
     snprintf(path, sizeof path, "/api/runs/%lld/cancel", (long long)fx.run_ok);
-    http(&r, "POST", path, NULL, auth);
-    assert_int_equal(r.status, 409);
-    reply_free(&r);
+    expect_status("POST", path, NULL, auth, 409);
     /* A running run is flagged for kilnd. */
     snprintf(path, sizeof path, "/api/runs/%lld/cancel", (long long)fx.run_running);
     http(&r, "POST", path, NULL, auth);
@@ -501,13 +421,9 @@ static void test_cancel_retry(void **state)
     assert_string_equal(json_string_value(json_object_get(run, "trigger")), "retry");
     assert_int_equal(json_integer_value(json_object_get(run, "retry_of")), fx.run_failed);
     json_decref(doc);
-    http(&r, "POST", path, NULL, auth);
-    assert_int_equal(r.status, 409);
-    reply_free(&r);
+    expect_status("POST", path, NULL, auth, 409);
     snprintf(path, sizeof path, "/api/runs/%lld/retry", (long long)fx.run_ok);
-    http(&r, "POST", path, NULL, auth);
-    assert_int_equal(r.status, 409);
-    reply_free(&r);
+    expect_status("POST", path, NULL, auth, 409);
 }
 
 static void test_submit(void **state)
@@ -521,9 +437,7 @@ static void test_submit(void **state)
     assert_non_null(renamed);
     memcpy(renamed, "name: webjob", 12); /* the same length as "name: oneoff" */
     reply_t r;
-    http(&r, "POST", "/api/jobs", spec, NULL);
-    assert_int_equal(r.status, 401);
-    reply_free(&r);
+    expect_status("POST", "/api/jobs", spec, NULL, 401);
     http(&r, "POST", "/api/jobs", spec, auth);
     if (r.status != 201)
         fail_msg("submit: %ld %s", r.status, r.body);
@@ -582,9 +496,7 @@ static void test_limits(void **state)
     memset(body, 'a', big);
     body[big] = '\0';
     static const char *const auth[] = {"Authorization: Bearer " TOKEN, NULL};
-    http(&r, "POST", "/api/jobs", body, auth);
-    assert_int_equal(r.status, 413);
-    reply_free(&r);
+    expect_status("POST", "/api/jobs", body, auth, 413);
     free(body);
     get(&r, "/no/such/page");
     assert_int_equal(r.status, 404);
@@ -595,9 +507,7 @@ static void test_limits(void **state)
     get(&r, "/runs/99999999999999999999");
     assert_int_equal(r.status, 404);
     reply_free(&r);
-    http(&r, "HEAD", "/runs", NULL, NULL);
-    assert_int_equal(r.status, 200);
-    reply_free(&r);
+    expect_status("HEAD", "/runs", NULL, NULL, 200);
 }
 
 /* Against DNS rebinding: only the names of the bind address (and those
@@ -631,9 +541,7 @@ static void test_host_check(void **state)
     size_t njobs = json_array_size(json_object_get(doc, "jobs"));
     json_decref(doc);
     static const char *const evil[] = {"Host: evil.example", "Authorization: Bearer " TOKEN, NULL};
-    http(&r, "POST", "/api/jobs", "name: rebound\nmodel: {type: lr}\n", evil);
-    assert_int_equal(r.status, 403);
-    reply_free(&r);
+    expect_status("POST", "/api/jobs", "name: rebound\nmodel: {type: lr}\n", evil, 403);
     doc = get_json("/api/jobs", 200);
     assert_int_equal(json_array_size(json_object_get(doc, "jobs")), njobs);
     json_decref(doc);
@@ -651,13 +559,9 @@ static void test_host_check(void **state)
     snprintf(saved, sizeof saved, "%s", fx.base);
     snprintf(fx.base, sizeof fx.base, "http://127.0.0.1:%u", (unsigned)web_port(w));
     static const char *const ok[] = {"Host: status.example:8480", NULL};
-    http(&r, "GET", "/", NULL, ok);
-    assert_int_equal(r.status, 200);
-    reply_free(&r);
+    expect_status("GET", "/", NULL, ok, 200);
     static const char *const bad[] = {"Host: evil.example", NULL};
-    http(&r, "GET", "/", NULL, bad);
-    assert_int_equal(r.status, 403);
-    reply_free(&r);
+    expect_status("GET", "/", NULL, bad, 403);
     snprintf(fx.base, sizeof fx.base, "%s", saved);
     web_stop(w);
     /* A malformed list is refused at start, naming the variable. */
@@ -768,19 +672,10 @@ static void kilnd_stop(pid_t pid)
 static long get_within(const char *url, const char *path)
 {
     char u[256];
-    snprintf(u, sizeof u, "%s%s", url, path);
-    CURL *c = curl_easy_init();
     reply_t r;
-    memset(&r, 0, sizeof r);
-    curl_easy_setopt(c, CURLOPT_URL, u);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
-    long status = 0;
-    if (curl_easy_perform(c) == CURLE_OK)
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(c);
-    free(r.body);
+    snprintf(u, sizeof u, "%s%s", url, path);
+    long status = fx_http(&r, "GET", u, NULL, NULL, 0, 10);
+    fx_reply_fini(&r);
     return status;
 }
 
@@ -817,15 +712,10 @@ static void test_kilnd_slow_clients(void **state)
     char saved[64];
     snprintf(saved, sizeof saved, "%s", fx.base);
     snprintf(fx.base, sizeof fx.base, "%s", url);
-    reply_t r;
     static const char *const allowed[] = {"Host: status.example", NULL};
     static const char *const evil[] = {"Host: evil.example", NULL};
-    http(&r, "GET", "/", NULL, allowed);
-    assert_int_equal(r.status, 200);
-    reply_free(&r);
-    http(&r, "GET", "/", NULL, evil);
-    assert_int_equal(r.status, 403);
-    reply_free(&r);
+    expect_status("GET", "/", NULL, allowed, 200);
+    expect_status("GET", "/", NULL, evil, 403);
     snprintf(fx.base, sizeof fx.base, "%s", saved);
     kilnd_stop(pid);
 }
@@ -864,26 +754,17 @@ static void test_kilnd(void **state)
     snprintf(fx.base, sizeof fx.base, "%s", url);
     const char *st = "";
     for (int i = 0; i < 600; i++) {
-        reply_t r;
-        memset(&r, 0, sizeof r);
-        CURL *c = curl_easy_init();
         char u[160];
         snprintf(u, sizeof u, "%s/api/runs/1", url);
-        curl_easy_setopt(c, CURLOPT_URL, u);
-        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-        CURLcode cc = curl_easy_perform(c);
-        curl_easy_cleanup(c);
-        if (cc == CURLE_OK && r.body != NULL) {
-            json_t *doc = json_loads(r.body, 0, NULL);
+        json_t *doc = fx_get_json(u);
+        if (doc != NULL) {
             static char buf[32];
-            snprintf(buf, sizeof buf, "%s",
-                     doc ? json_string_value(json_object_get(json_object_get(doc, "run"), "state"))
-                         : "");
+            json_t *run = json_object_get(doc, "run");
+            const char *now = json_string_value(json_object_get(run, "state"));
+            snprintf(buf, sizeof buf, "%s", now != NULL ? now : "");
             st = buf;
             json_decref(doc);
         }
-        free(r.body);
         if (strcmp(st, "succeeded") == 0 || strcmp(st, "failed") == 0 ||
             strcmp(st, "canceled") == 0 || strcmp(st, "timed_out") == 0)
             break;
@@ -911,9 +792,7 @@ static void test_kilnd(void **state)
     assert_non_null(strstr(r.body, "kiln_runs{job=\"webrun\",state=\"succeeded\"} 1\n"));
     assert_non_null(strstr(r.body, "kiln_run_duration_seconds_count{job=\"webrun\"} 1\n"));
     reply_free(&r);
-    http(&r, "POST", "/api/runs/1/retry", NULL, NULL);
-    assert_int_equal(r.status, 401);
-    reply_free(&r);
+    expect_status("POST", "/api/runs/1/retry", NULL, NULL, 401);
     snprintf(fx.base, sizeof fx.base, "%s", saved);
     kilnd_stop(pid);
 }

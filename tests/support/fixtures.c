@@ -15,6 +15,8 @@
 #include <cmocka.h>
 
 #include <signal.h>
+#include <stddef.h>
+#include <strings.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,37 +168,94 @@ void fx_serve_stop(fx_serve_t *s, int sig)
 
 /* ---- HTTP ------------------------------------------------------------------------------- */
 
-static size_t fx_body_cb(char *p, size_t size, size_t n, void *ud)
+static size_t on_body(char *p, size_t size, size_t n, void *ud)
 {
-    char **b = ud;
-    size_t have = *b ? strlen(*b) : 0, add = size * n;
-    char *nb = realloc(*b, have + add + 1);
+    fx_reply_t *r = ud;
+    size_t add = size * n;
+    char *nb = realloc(r->body, r->len + add + 1);
     if (nb == NULL)
         return 0;
-    memcpy(nb + have, p, add);
-    nb[have + add] = '\0';
-    *b = nb;
+    memcpy(nb + r->len, p, add);
+    r->body = nb;
+    r->len += add;
+    r->body[r->len] = '\0';
     return add;
 }
 
-/* GET url: the body (malloc'd; NULL when none) unless the status is not 200. */
+/* Keeps the headers the tests look at: Content-Type and Location. */
+static size_t on_header(char *p, size_t size, size_t n, void *ud)
+{
+    fx_reply_t *r = ud;
+    size_t len = size * n;
+    static const struct {
+        const char *name;
+        size_t off;
+    } keep[] = {{"content-type:", offsetof(fx_reply_t, ctype)},
+                {"location:", offsetof(fx_reply_t, location)}};
+    for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {
+        size_t kl = strlen(keep[k].name);
+        if (len > kl && strncasecmp(p, keep[k].name, kl) == 0) {
+            char *dst = (char *)r + keep[k].off;
+            size_t vl = len - kl;
+            const char *v = p + kl;
+            while (vl > 0 && *v == ' ')
+                v++, vl--;
+            while (vl > 0 && (v[vl - 1] == '\r' || v[vl - 1] == '\n'))
+                vl--;
+            if (vl > 127)
+                vl = 127;
+            memcpy(dst, v, vl);
+            dst[vl] = '\0';
+        }
+    }
+    return len;
+}
+
+long fx_http(fx_reply_t *r, const char *method, const char *url, const char *const *headers,
+             const void *body, size_t len, long timeout_s)
+{
+    memset(r, 0, sizeof *r);
+    CURL *c = curl_easy_init();
+    struct curl_slist *hs = NULL;
+    for (int i = 0; headers != NULL && headers[i] != NULL; i++)
+        hs = curl_slist_append(hs, headers[i]);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (strcmp(method, "HEAD") == 0)
+        curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+    if (body != NULL) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, timeout_s);
+    if (curl_easy_perform(c) == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
+    curl_slist_free_all(hs);
+    curl_easy_cleanup(c);
+    if (r->body == NULL)
+        r->body = calloc(1, 1);
+    return r->status;
+}
+
+void fx_reply_fini(fx_reply_t *r)
+{
+    free(r->body);
+    r->body = NULL;
+}
+
 char *fx_get(const char *url)
 {
-    CURL *e = curl_easy_init();
-    char *body = NULL;
-    long status = 0;
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, fx_body_cb);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, &body);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT, 10L);
-    if (curl_easy_perform(e) == CURLE_OK)
-        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(e);
-    if (status != 200) {
-        free(body);
+    fx_reply_t r;
+    if (fx_http(&r, "GET", url, NULL, NULL, 0, 10) != 200) {
+        fx_reply_fini(&r);
         return NULL;
     }
-    return body;
+    return r.body;
 }
 
 /* GET url as JSON (NULL when it does not answer 200 with JSON). */
@@ -285,8 +344,9 @@ int fx_train_data(const char *dir, int rows, int eval_rows, int seed)
     snprintf(eval, sizeof eval, "%s/eval.tsv", dir);
     if (kiln_mkdir_p(dir) < 0)
         return -1;
-    return fx_datagen(train, rows, seed, 0) == 0 && fx_datagen(eval, eval_rows, seed, 1) == 0 ? 0
-                                                                                                : -1;
+    if (fx_datagen(train, rows, seed, 0) != 0 || fx_datagen(eval, eval_rows, seed, 1) != 0)
+        return -1;
+    return 0;
 }
 
 int fx_land(const char *src, const char *dst)

@@ -69,7 +69,26 @@ void fx_serve_stop(fx_serve_t *s, int sig);
 
 /* ---- HTTP ------------------------------------------------------------------------------- */
 
-/* GET url: the body (malloc'd; NULL when none) unless the status is not 200. */
+/* One HTTP exchange's answer: the status (0: none came), the Content-Type
+ * and Location headers, and the body (NUL-terminated; fx_reply_fini frees
+ * it). */
+typedef struct fx_reply {
+    long status;
+    char ctype[128];
+    char location[128];
+    char *body; /* "" when the answer had none */
+    size_t len;
+} fx_reply_t;
+
+/* Sends method url with headers ("Name: value", NULL-ended, may be NULL)
+ * and len bytes of body (may be NULL), within timeout_s seconds, into r.
+ * Returns r->status. */
+long fx_http(fx_reply_t *r, const char *method, const char *url, const char *const *headers,
+             const void *body, size_t len, long timeout_s);
+
+void fx_reply_fini(fx_reply_t *r);
+
+/* GET url: the body (malloc'd) when the status is 200, else NULL. */
 char *fx_get(const char *url);
 
 /* GET url as JSON (NULL when it does not answer 200 with JSON). */
@@ -87,7 +106,7 @@ int64_t fx_pushes_applied(const fx_serve_t *s);
  * was never found); the caller judges it. */
 state_run_state_t fx_wait_run(state_t *st, int64_t id, state_run_state_t want, int timeout_s);
 
-/* ---- files, data and checkpoints ----------------------------------------------------------------- */
+/* ---- files, data and checkpoints ----------------------------------------------------- */
 
 /* Writes the text made from fmt to path (created or truncated); the test
  * fails when it cannot. */
