@@ -71,49 +71,145 @@ static const job_table_t *table_named(const job_spec_t *s, const char *name)
     return NULL;
 }
 
+/* The settings of a parsed spec outside its tables, endpoints and MLP
+ * sizes: what check_spec compares. A NULL string wants a NULL field. */
+typedef struct spec_want {
+    const char *name, *description, *schedule, *timezone;
+    int concurrency, catchup, priority;
+    struct {
+        int ranks, launcher, device, threads;
+        int64_t timeout_ms;
+    } resources;
+    struct {
+        int count;
+        int64_t backoff_ms, max_backoff_ms;
+    } retries;
+    struct {
+        int format;
+        const char *train, *eval;
+        bool incremental;
+        int dense_features, cat_slots;
+        double max_malformed;
+    } data;
+    struct {
+        int type, dim, combiner, eviction, init, nbottom, ntop, ntables;
+        int64_t capacity;
+        double init_scale;
+    } model;
+    struct {
+        int mode, batch_size, epochs, sparse, dense, init_from;
+        double sparse_lr, sparse_eps, dense_lr;
+        uint64_t seed;
+        int64_t max_steps, log_every;
+    } train;
+    struct {
+        const char *dir;
+        int full_every, keep;
+        bool include_optimizer;
+        int64_t every_steps;
+    } checkpoint;
+    struct {
+        int on_success;
+        int64_t every_ms;
+    } export_;
+    struct {
+        const char *token_env;
+        int retries, nendpoints;
+        int64_t timeout_ms;
+    } push;
+} spec_want_t;
+
+/* got and want are the same string, or both NULL. */
+static void same_str(const char *what, const char *got, const char *want)
+{
+    if (want == NULL ? got != NULL : got == NULL || strcmp(got, want) != 0)
+        fail_msg("%s: \"%s\", want \"%s\"", what, got ? got : "(null)", want ? want : "(null)");
+}
+
+/* s has every setting of w. */
+static void check_spec(const job_spec_t *s, const spec_want_t *w)
+{
+    same_str("name", s->name, w->name);
+    same_str("description", s->description, w->description);
+    same_str("schedule", s->schedule, w->schedule);
+    same_str("timezone", s->timezone, w->timezone);
+    assert_int_equal(s->concurrency, w->concurrency);
+    assert_int_equal(s->catchup, w->catchup);
+    assert_int_equal(s->priority, w->priority);
+    assert_int_equal(s->resources.ranks, w->resources.ranks);
+    assert_int_equal(s->resources.launcher, w->resources.launcher);
+    assert_int_equal(s->resources.device, w->resources.device);
+    assert_int_equal(s->resources.timeout_ms, w->resources.timeout_ms);
+    assert_int_equal(s->resources.threads, w->resources.threads);
+    assert_int_equal(s->retries.count, w->retries.count);
+    assert_int_equal(s->retries.backoff_ms, w->retries.backoff_ms);
+    assert_int_equal(s->retries.max_backoff_ms, w->retries.max_backoff_ms);
+    assert_int_equal(s->data.format, w->data.format);
+    same_str("data.train", s->data.train, w->data.train);
+    same_str("data.eval", s->data.eval, w->data.eval);
+    assert_int_equal(s->data.incremental, w->data.incremental);
+    assert_int_equal(s->data.dense_features, w->data.dense_features);
+    assert_int_equal(s->data.cat_slots, w->data.cat_slots);
+    assert_true(s->data.max_malformed == w->data.max_malformed);
+    assert_int_equal(s->model.type, w->model.type);
+    assert_int_equal(s->model.embedding.dim, w->model.dim);
+    assert_int_equal(s->model.embedding.combiner, w->model.combiner);
+    assert_int_equal(s->model.embedding.capacity, w->model.capacity);
+    assert_int_equal(s->model.embedding.eviction, w->model.eviction);
+    assert_int_equal(s->model.embedding.init, w->model.init);
+    assert_true(s->model.embedding.init_scale == w->model.init_scale);
+    assert_int_equal(s->model.nbottom, w->model.nbottom);
+    assert_int_equal(s->model.ntop, w->model.ntop);
+    assert_int_equal(s->model.ntables, w->model.ntables);
+    assert_int_equal(s->train.mode, w->train.mode);
+    assert_int_equal(s->train.batch_size, w->train.batch_size);
+    assert_int_equal(s->train.epochs, w->train.epochs);
+    assert_int_equal(s->train.sparse.type, w->train.sparse);
+    assert_true(s->train.sparse.lr == w->train.sparse_lr);
+    assert_true(s->train.sparse.eps == w->train.sparse_eps);
+    assert_int_equal(s->train.dense.type, w->train.dense);
+    assert_true(s->train.dense.lr == w->train.dense_lr);
+    assert_int_equal(s->train.seed, w->train.seed);
+    assert_int_equal(s->train.init_from, w->train.init_from);
+    assert_int_equal(s->train.max_steps, w->train.max_steps);
+    assert_int_equal(s->train.log_every, w->train.log_every);
+    same_str("checkpoint.dir", s->checkpoint.dir, w->checkpoint.dir);
+    assert_int_equal(s->checkpoint.full_every, w->checkpoint.full_every);
+    assert_int_equal(s->checkpoint.keep, w->checkpoint.keep);
+    assert_int_equal(s->checkpoint.include_optimizer, w->checkpoint.include_optimizer);
+    assert_int_equal(s->checkpoint.every_steps, w->checkpoint.every_steps);
+    assert_int_equal(s->export_.on_success, w->export_.on_success);
+    assert_int_equal(s->export_.every_ms, w->export_.every_ms);
+    same_str("push.token_env", s->push.token_env, w->push.token_env);
+    assert_int_equal(s->push.retries, w->push.retries);
+    assert_int_equal(s->push.timeout_ms, w->push.timeout_ms);
+    assert_int_equal(s->push.nendpoints, w->push.nendpoints);
+}
+
 static void test_ctr_hourly(void **state)
 {
     (void)state;
+    static const spec_want_t want = {
+        "ctr-hourly", NULL, "15 * * * *", "UTC", JOB_CONC_FORBID, JOB_CATCHUP_LATEST, 0,
+        .resources = {2, JOB_LAUNCH_LOCAL, JOB_DEVICE_AUTO, 0, 2 * 3600 * 1000},
+        .retries = {3, 30000, 3600 * 1000},
+        .data = {JOB_FMT_CRITEO_TSV, "data/day=*/part-*.tsv", "data/eval.tsv", true, 13, 26, 0.01},
+        .model = {JOB_MODEL_DLRM, 16, JOB_COMB_SUM, JOB_EVICT_LRU, JOB_INIT_UNIFORM, 2, 3, 26,
+                  4000000, 0.01},
+        .train = {JOB_MODE_BATCH, 4096, 1, JOB_OPT_ADAGRAD, JOB_OPT_ADAGRAD, JOB_INITFROM_LATEST,
+                  0.05, 1e-10, 0.05, 42, 0, 100},
+        .checkpoint = {"ckpt/ctr-hourly", 24, 5, true, 0},
+        .export_ = {JOB_EXPORT_INCREMENTAL, 0},
+        .push = {"KILN_SERVE_TOKEN", 5, 1, 30000}};
     job_spec_t s;
     load_ok(KILN_SOURCE_DIR "/tests/specs/good/ctr-hourly.yaml", &s);
-    assert_string_equal(s.name, "ctr-hourly");
-    assert_null(s.description);
-    assert_string_equal(s.schedule, "15 * * * *");
-    assert_string_equal(s.timezone, "UTC");
-    assert_int_equal(s.concurrency, JOB_CONC_FORBID);
-    assert_int_equal(s.catchup, JOB_CATCHUP_LATEST);
-    assert_int_equal(s.priority, 0);
-    assert_int_equal(s.resources.ranks, 2);
-    assert_int_equal(s.resources.launcher, JOB_LAUNCH_LOCAL);
+    check_spec(&s, &want);
     assert_null(s.resources.hostfile);
-    assert_int_equal(s.resources.device, JOB_DEVICE_AUTO);
-    assert_int_equal(s.resources.timeout_ms, 2 * 3600 * 1000);
-    assert_int_equal(s.resources.threads, 0);
-    assert_int_equal(s.retries.count, 3);
-    assert_int_equal(s.retries.backoff_ms, 30000);
-    assert_int_equal(s.retries.max_backoff_ms, 3600 * 1000);
-    assert_int_equal(s.data.format, JOB_FMT_CRITEO_TSV);
-    assert_string_equal(s.data.train, "data/day=*/part-*.tsv");
-    assert_string_equal(s.data.eval, "data/eval.tsv");
-    assert_true(s.data.incremental);
-    assert_int_equal(s.data.dense_features, 13);
-    assert_int_equal(s.data.cat_slots, 26);
-    assert_true(s.data.max_malformed == 0.01);
-    assert_int_equal(s.model.type, JOB_MODEL_DLRM);
-    assert_int_equal(s.model.embedding.dim, 16);
-    assert_int_equal(s.model.embedding.combiner, JOB_COMB_SUM);
-    assert_int_equal(s.model.embedding.capacity, 4000000);
-    assert_int_equal(s.model.embedding.eviction, JOB_EVICT_LRU);
-    assert_int_equal(s.model.embedding.init, JOB_INIT_UNIFORM);
-    assert_true(s.model.embedding.init_scale == 0.01);
-    assert_int_equal(s.model.nbottom, 2);
     assert_int_equal(s.model.bottom_mlp[0], 64);
     assert_int_equal(s.model.bottom_mlp[1], 16);
-    assert_int_equal(s.model.ntop, 3);
     assert_int_equal(s.model.top_mlp[0], 256);
     assert_int_equal(s.model.top_mlp[1], 128);
     assert_int_equal(s.model.top_mlp[2], 1);
-    assert_int_equal(s.model.ntables, 26);
     for (int i = 0; i < 26; i++) {
         char name[16];
         snprintf(name, sizeof name, "slot%d", i);
@@ -123,31 +219,8 @@ static void test_ctr_hourly(void **state)
         assert_int_equal(s.model.tables[i].emb.dim, 16);
         assert_int_equal(s.model.tables[i].emb.capacity, 4000000);
     }
-    assert_int_equal(s.train.mode, JOB_MODE_BATCH);
-    assert_int_equal(s.train.batch_size, 4096);
-    assert_int_equal(s.train.epochs, 1);
-    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAGRAD);
-    assert_true(s.train.sparse.lr == 0.05);
-    assert_true(s.train.sparse.eps == 1e-10);
     assert_true(s.train.sparse.initial_accumulator == 0.0);
-    assert_int_equal(s.train.dense.type, JOB_OPT_ADAGRAD);
-    assert_true(s.train.dense.lr == 0.05);
-    assert_int_equal(s.train.seed, 42);
-    assert_int_equal(s.train.init_from, JOB_INITFROM_LATEST);
     assert_null(s.train.init_from_checkpoint);
-    assert_int_equal(s.train.max_steps, 0);
-    assert_int_equal(s.train.log_every, 100);
-    assert_string_equal(s.checkpoint.dir, "ckpt/ctr-hourly");
-    assert_int_equal(s.checkpoint.full_every, 24);
-    assert_int_equal(s.checkpoint.keep, 5);
-    assert_true(s.checkpoint.include_optimizer);
-    assert_int_equal(s.checkpoint.every_steps, 0);
-    assert_int_equal(s.export_.on_success, JOB_EXPORT_INCREMENTAL);
-    assert_int_equal(s.export_.every_ms, 0);
-    assert_string_equal(s.push.token_env, "KILN_SERVE_TOKEN");
-    assert_int_equal(s.push.retries, 5);
-    assert_int_equal(s.push.timeout_ms, 30000);
-    assert_int_equal(s.push.nendpoints, 1);
     assert_string_equal(s.push.endpoints[0].url, "http://127.0.0.1:8501");
     assert_string_equal(s.push.endpoints[0].model, "ctr");
     assert_string_equal(s.push.endpoints[0].label, "B");
@@ -160,63 +233,26 @@ static void test_ctr_hourly(void **state)
 static void test_minimal_defaults(void **state)
 {
     (void)state;
+    /* A one-off lr job: no schedule, and lr has no MLPs. */
+    static const spec_want_t want = {
+        "tiny", NULL, NULL, "UTC", JOB_CONC_FORBID, JOB_CATCHUP_LATEST, 0,
+        .resources = {1, JOB_LAUNCH_LOCAL, JOB_DEVICE_AUTO, 0, 0},
+        .retries = {0, 30000, 3600000},
+        .data = {JOB_FMT_CRITEO_TSV, "data/*.tsv", NULL, false, 13, 26, 0.01},
+        .model = {JOB_MODEL_LR, 16, JOB_COMB_SUM, JOB_EVICT_LRU, JOB_INIT_UNIFORM, 0, 0, 26,
+                  1000000, 0.01},
+        .train = {JOB_MODE_BATCH, 4096, 1, JOB_OPT_ADAGRAD, JOB_OPT_ADAGRAD, JOB_INITFROM_LATEST,
+                  0.05, 1e-10, 0.05, 42, 0, 100},
+        .checkpoint = {"ckpt/tiny", 24, 5, true, 0},
+        .export_ = {JOB_EXPORT_NONE, 0},
+        .push = {"KILN_SERVE_TOKEN", 5, 0, 30000}};
     job_spec_t s;
     parse_ok("name: tiny\ndata: {train: \"data/*.tsv\"}\n", &s);
-    assert_string_equal(s.name, "tiny");
-    assert_null(s.description);
-    assert_null(s.schedule); /* one-off */
-    assert_string_equal(s.timezone, "UTC");
-    assert_int_equal(s.concurrency, JOB_CONC_FORBID);
-    assert_int_equal(s.catchup, JOB_CATCHUP_LATEST);
-    assert_int_equal(s.priority, 0);
-    assert_int_equal(s.resources.ranks, 1);
-    assert_int_equal(s.resources.launcher, JOB_LAUNCH_LOCAL);
-    assert_int_equal(s.resources.device, JOB_DEVICE_AUTO);
-    assert_int_equal(s.resources.timeout_ms, 0);
-    assert_int_equal(s.resources.threads, 0);
-    assert_int_equal(s.retries.count, 0);
-    assert_int_equal(s.retries.backoff_ms, 30000);
-    assert_int_equal(s.retries.max_backoff_ms, 3600000);
-    assert_int_equal(s.data.format, JOB_FMT_CRITEO_TSV);
-    assert_null(s.data.eval);
-    assert_false(s.data.incremental);
-    assert_int_equal(s.data.dense_features, 13);
-    assert_int_equal(s.data.cat_slots, 26);
-    assert_true(s.data.max_malformed == 0.01);
-    assert_int_equal(s.model.type, JOB_MODEL_LR);
-    assert_int_equal(s.model.embedding.dim, 16);
-    assert_int_equal(s.model.embedding.combiner, JOB_COMB_SUM);
-    assert_int_equal(s.model.embedding.capacity, 1000000);
-    assert_int_equal(s.model.embedding.eviction, JOB_EVICT_LRU);
-    assert_int_equal(s.model.embedding.init, JOB_INIT_UNIFORM);
-    assert_true(s.model.embedding.init_scale == 0.01);
-    assert_int_equal(s.model.nbottom, 0); /* lr has no MLPs */
-    assert_int_equal(s.model.ntop, 0);
-    assert_int_equal(s.model.ntables, 26);
-    assert_int_equal(s.train.mode, JOB_MODE_BATCH);
-    assert_int_equal(s.train.batch_size, 4096);
-    assert_int_equal(s.train.epochs, 1);
-    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAGRAD);
-    assert_true(s.train.sparse.lr == 0.05);
+    check_spec(&s, &want);
     assert_true(s.train.sparse.beta1 == 0.9);
     assert_true(s.train.sparse.beta2 == 0.999);
-    assert_true(s.train.sparse.eps == 1e-10);
     assert_true(s.train.sparse.initial_accumulator == 0.0);
     assert_true(s.train.sparse.weight_decay == 0.0);
-    assert_int_equal(s.train.dense.type, JOB_OPT_ADAGRAD);
-    assert_true(s.train.dense.lr == 0.05);
-    assert_int_equal(s.train.seed, 42);
-    assert_int_equal(s.train.init_from, JOB_INITFROM_LATEST);
-    assert_string_equal(s.checkpoint.dir, "ckpt/tiny");
-    assert_int_equal(s.checkpoint.full_every, 24);
-    assert_int_equal(s.checkpoint.keep, 5);
-    assert_true(s.checkpoint.include_optimizer);
-    assert_int_equal(s.export_.on_success, JOB_EXPORT_NONE);
-    assert_int_equal(s.export_.every_ms, 0);
-    assert_string_equal(s.push.token_env, "KILN_SERVE_TOKEN");
-    assert_int_equal(s.push.retries, 5);
-    assert_int_equal(s.push.timeout_ms, 30000);
-    assert_int_equal(s.push.nendpoints, 0);
     assert_null(s.push.endpoints);
     job_spec_fini(&s);
 
@@ -242,40 +278,24 @@ static void test_minimal_defaults(void **state)
 static void test_every_field(void **state)
 {
     (void)state;
+    static const spec_want_t want = {
+        "every_field.v2", "sets every field at least once", "@every 30s", "UTC+02:00",
+        JOB_CONC_REPLACE, JOB_CATCHUP_ALL, -7,
+        .resources = {8, JOB_LAUNCH_HOSTFILE, JOB_DEVICE_CPU, 4, 5400000},
+        .retries = {2, 10000, 300000},
+        .data = {JOB_FMT_KILN_BIN, "bin/part-*.kb", "bin/eval.kb", true, 4, 6, 0.25},
+        .model = {JOB_MODEL_FM, 8, JOB_COMB_MEAN, JOB_EVICT_LFU, JOB_INIT_NORMAL, 0, 0, 5, 5000,
+                  0.5},
+        .train = {JOB_MODE_ONLINE, 512, 3, JOB_OPT_ADAM, JOB_OPT_SGD, JOB_INITFROM_CHECKPOINT,
+                  0.001, 1e-6, 0.1, 7, 100000, 50},
+        .checkpoint = {"/var/lib/kiln/ckpt/every", 6, 2, false, 1000},
+        .export_ = {JOB_EXPORT_FULL, 30000},
+        .push = {"MY_TOKEN", 0, 2, 500}};
     job_spec_t s;
     load_ok(KILN_SOURCE_DIR "/tests/specs/good/everything.yaml", &s);
-    assert_string_equal(s.name, "every_field.v2");
-    assert_string_equal(s.description, "sets every field at least once");
-    assert_string_equal(s.schedule, "@every 30s");
-    assert_string_equal(s.timezone, "UTC+02:00");
-    assert_int_equal(s.concurrency, JOB_CONC_REPLACE);
-    assert_int_equal(s.catchup, JOB_CATCHUP_ALL);
-    assert_int_equal(s.priority, -7);
-    assert_int_equal(s.resources.ranks, 8);
-    assert_int_equal(s.resources.launcher, JOB_LAUNCH_HOSTFILE);
+    check_spec(&s, &want);
     assert_string_equal(s.resources.hostfile, "hosts.txt");
-    assert_int_equal(s.resources.device, JOB_DEVICE_CPU);
-    assert_int_equal(s.resources.timeout_ms, 5400000);
-    assert_int_equal(s.resources.threads, 4);
-    assert_int_equal(s.retries.count, 2);
-    assert_int_equal(s.retries.backoff_ms, 10000);
-    assert_int_equal(s.retries.max_backoff_ms, 300000);
-    assert_int_equal(s.data.format, JOB_FMT_KILN_BIN);
-    assert_string_equal(s.data.train, "bin/part-*.kb");
-    assert_string_equal(s.data.eval, "bin/eval.kb");
-    assert_true(s.data.incremental);
-    assert_int_equal(s.data.dense_features, 4);
-    assert_int_equal(s.data.cat_slots, 6);
-    assert_true(s.data.max_malformed == 0.25);
-    assert_int_equal(s.model.type, JOB_MODEL_FM);
-    assert_int_equal(s.model.embedding.dim, 8);
-    assert_int_equal(s.model.embedding.combiner, JOB_COMB_MEAN);
-    assert_int_equal(s.model.embedding.capacity, 5000);
-    assert_int_equal(s.model.embedding.eviction, JOB_EVICT_LFU);
-    assert_int_equal(s.model.embedding.init, JOB_INIT_NORMAL);
-    assert_true(s.model.embedding.init_scale == 0.5);
     /* users (0, 2), items (4), then defaults for 1, 3, 5 */
-    assert_int_equal(s.model.ntables, 5);
     const job_table_t *u = &s.model.tables[0];
     assert_string_equal(u->name, "users");
     assert_int_equal(u->nslots, 2);
@@ -298,34 +318,11 @@ static void test_every_field(void **state)
     assert_string_equal(s.model.tables[4].name, "slot5");
     assert_int_equal(s.model.tables[4].slots[0], 5);
     assert_int_equal(s.model.tables[4].emb.eviction, JOB_EVICT_LFU);
-    assert_int_equal(s.train.mode, JOB_MODE_ONLINE);
-    assert_int_equal(s.train.batch_size, 512);
-    assert_int_equal(s.train.epochs, 3);
-    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAM);
-    assert_true(s.train.sparse.lr == 0.001);
     assert_true(s.train.sparse.beta1 == 0.8);
     assert_true(s.train.sparse.beta2 == 0.99);
-    assert_true(s.train.sparse.eps == 1e-6);
     assert_true(s.train.sparse.weight_decay == 0.0001);
-    assert_int_equal(s.train.dense.type, JOB_OPT_SGD);
-    assert_true(s.train.dense.lr == 0.1);
     assert_true(s.train.dense.initial_accumulator == 0.1);
-    assert_int_equal(s.train.seed, 7);
-    assert_int_equal(s.train.init_from, JOB_INITFROM_CHECKPOINT);
     assert_string_equal(s.train.init_from_checkpoint, "ckpt-000123");
-    assert_int_equal(s.train.max_steps, 100000);
-    assert_int_equal(s.train.log_every, 50);
-    assert_string_equal(s.checkpoint.dir, "/var/lib/kiln/ckpt/every");
-    assert_int_equal(s.checkpoint.full_every, 6);
-    assert_int_equal(s.checkpoint.keep, 2);
-    assert_false(s.checkpoint.include_optimizer);
-    assert_int_equal(s.checkpoint.every_steps, 1000);
-    assert_int_equal(s.export_.on_success, JOB_EXPORT_FULL);
-    assert_int_equal(s.export_.every_ms, 30000);
-    assert_string_equal(s.push.token_env, "MY_TOKEN");
-    assert_int_equal(s.push.retries, 0);
-    assert_int_equal(s.push.timeout_ms, 500);
-    assert_int_equal(s.push.nendpoints, 2);
     assert_true(s.push.max_regression == 0.002);
     assert_string_equal(s.push.endpoints[0].url, "https://serve-a.example.com:8501");
     assert_string_equal(s.push.endpoints[0].label, "A");
