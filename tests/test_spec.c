@@ -71,136 +71,115 @@ static const job_table_t *table_named(const job_spec_t *s, const char *name)
     return NULL;
 }
 
-/* The settings of a parsed spec outside its tables, endpoints and MLP
- * sizes: what check_spec compares. A NULL string wants a NULL field. */
-typedef struct spec_want {
-    const char *name, *description, *schedule, *timezone;
-    int concurrency, catchup, priority;
-    struct {
-        int ranks, launcher, device, threads;
-        int64_t timeout_ms;
-    } resources;
-    struct {
-        int count;
-        int64_t backoff_ms, max_backoff_ms;
-    } retries;
-    struct {
-        int format;
-        const char *train, *eval;
-        bool incremental;
-        int dense_features, cat_slots;
-        double max_malformed;
-    } data;
-    struct {
-        int type, dim, combiner, eviction, init, nbottom, ntop, ntables;
-        int64_t capacity;
-        double init_scale;
-    } model;
-    struct {
-        int mode, batch_size, epochs, sparse, dense, init_from;
-        double sparse_lr, sparse_eps, dense_lr;
-        uint64_t seed;
-        int64_t max_steps, log_every;
-    } train;
-    struct {
-        const char *dir;
-        int full_every, keep;
-        bool include_optimizer;
-        int64_t every_steps;
-    } checkpoint;
-    struct {
-        int on_success;
-        int64_t every_ms;
-    } export_;
-    struct {
-        const char *token_env;
-        int retries, nendpoints;
-        int64_t timeout_ms;
-    } push;
-} spec_want_t;
+/* The settings of a parsed spec that check_spec compares (all but tables,
+ * endpoints, MLP sizes and optimizer details): a table of fields of
+ * job_spec_t, each a string, a double or an integer of its own size. */
+typedef enum { F_STR, F_NUM, F_DBL } field_kind_t;
 
-/* got and want are the same string, or both NULL. */
-static void same_str(const char *what, const char *got, const char *want)
+#define SF(field, kind)                                                                           \
+    {#field, offsetof(job_spec_t, field), sizeof(((job_spec_t *)0)->field), kind}
+static const struct {
+    const char *name;
+    size_t off, size;
+    field_kind_t kind;
+} spec_fields[] = {
+    SF(name, F_STR), SF(description, F_STR), SF(schedule, F_STR), SF(timezone, F_STR),
+    SF(concurrency, F_NUM), SF(catchup, F_NUM), SF(priority, F_NUM),
+    SF(resources.ranks, F_NUM), SF(resources.launcher, F_NUM), SF(resources.device, F_NUM),
+    SF(resources.timeout_ms, F_NUM), SF(resources.threads, F_NUM),
+    SF(retries.count, F_NUM), SF(retries.backoff_ms, F_NUM), SF(retries.max_backoff_ms, F_NUM),
+    SF(data.format, F_NUM), SF(data.train, F_STR), SF(data.eval, F_STR),
+    SF(data.incremental, F_NUM), SF(data.dense_features, F_NUM), SF(data.cat_slots, F_NUM),
+    SF(data.max_malformed, F_DBL),
+    SF(model.type, F_NUM), SF(model.embedding.dim, F_NUM), SF(model.embedding.combiner, F_NUM),
+    SF(model.embedding.capacity, F_NUM), SF(model.embedding.eviction, F_NUM),
+    SF(model.embedding.init, F_NUM), SF(model.embedding.init_scale, F_DBL),
+    SF(model.nbottom, F_NUM), SF(model.ntop, F_NUM), SF(model.ntables, F_NUM),
+    SF(train.mode, F_NUM), SF(train.batch_size, F_NUM), SF(train.epochs, F_NUM),
+    SF(train.sparse.type, F_NUM), SF(train.sparse.lr, F_DBL), SF(train.sparse.eps, F_DBL),
+    SF(train.dense.type, F_NUM), SF(train.dense.lr, F_DBL), SF(train.seed, F_NUM),
+    SF(train.init_from, F_NUM), SF(train.max_steps, F_NUM), SF(train.log_every, F_NUM),
+    SF(checkpoint.dir, F_STR), SF(checkpoint.full_every, F_NUM), SF(checkpoint.keep, F_NUM),
+    SF(checkpoint.include_optimizer, F_NUM), SF(checkpoint.every_steps, F_NUM),
+    SF(export_.on_success, F_NUM), SF(export_.every_ms, F_NUM),
+    SF(push.token_env, F_STR), SF(push.retries, F_NUM), SF(push.timeout_ms, F_NUM),
+    SF(push.nendpoints, F_NUM),
+};
+#undef SF
+
+/* The integer of size bytes at p (bool, int or enum, int64_t, uint64_t). */
+static int64_t num_at(const char *p, size_t size)
 {
-    if (want == NULL ? got != NULL : got == NULL || strcmp(got, want) != 0)
-        fail_msg("%s: \"%s\", want \"%s\"", what, got ? got : "(null)", want ? want : "(null)");
+    int8_t i8;
+    int32_t i32;
+    int64_t i64;
+    switch (size) {
+    case 1:
+        memcpy(&i8, p, 1);
+        return i8;
+    case 4:
+        memcpy(&i32, p, 4);
+        return i32;
+    default:
+        assert_int_equal(size, 8);
+        memcpy(&i64, p, 8);
+        return i64;
+    }
 }
 
-/* s has every setting of w. */
-static void check_spec(const job_spec_t *s, const spec_want_t *w)
+/* s has every setting of spec_fields that want has (a NULL string wants a
+ * NULL field). */
+static void check_spec(const job_spec_t *s, const job_spec_t *want)
 {
-    same_str("name", s->name, w->name);
-    same_str("description", s->description, w->description);
-    same_str("schedule", s->schedule, w->schedule);
-    same_str("timezone", s->timezone, w->timezone);
-    assert_int_equal(s->concurrency, w->concurrency);
-    assert_int_equal(s->catchup, w->catchup);
-    assert_int_equal(s->priority, w->priority);
-    assert_int_equal(s->resources.ranks, w->resources.ranks);
-    assert_int_equal(s->resources.launcher, w->resources.launcher);
-    assert_int_equal(s->resources.device, w->resources.device);
-    assert_int_equal(s->resources.timeout_ms, w->resources.timeout_ms);
-    assert_int_equal(s->resources.threads, w->resources.threads);
-    assert_int_equal(s->retries.count, w->retries.count);
-    assert_int_equal(s->retries.backoff_ms, w->retries.backoff_ms);
-    assert_int_equal(s->retries.max_backoff_ms, w->retries.max_backoff_ms);
-    assert_int_equal(s->data.format, w->data.format);
-    same_str("data.train", s->data.train, w->data.train);
-    same_str("data.eval", s->data.eval, w->data.eval);
-    assert_int_equal(s->data.incremental, w->data.incremental);
-    assert_int_equal(s->data.dense_features, w->data.dense_features);
-    assert_int_equal(s->data.cat_slots, w->data.cat_slots);
-    assert_true(s->data.max_malformed == w->data.max_malformed);
-    assert_int_equal(s->model.type, w->model.type);
-    assert_int_equal(s->model.embedding.dim, w->model.dim);
-    assert_int_equal(s->model.embedding.combiner, w->model.combiner);
-    assert_int_equal(s->model.embedding.capacity, w->model.capacity);
-    assert_int_equal(s->model.embedding.eviction, w->model.eviction);
-    assert_int_equal(s->model.embedding.init, w->model.init);
-    assert_true(s->model.embedding.init_scale == w->model.init_scale);
-    assert_int_equal(s->model.nbottom, w->model.nbottom);
-    assert_int_equal(s->model.ntop, w->model.ntop);
-    assert_int_equal(s->model.ntables, w->model.ntables);
-    assert_int_equal(s->train.mode, w->train.mode);
-    assert_int_equal(s->train.batch_size, w->train.batch_size);
-    assert_int_equal(s->train.epochs, w->train.epochs);
-    assert_int_equal(s->train.sparse.type, w->train.sparse);
-    assert_true(s->train.sparse.lr == w->train.sparse_lr);
-    assert_true(s->train.sparse.eps == w->train.sparse_eps);
-    assert_int_equal(s->train.dense.type, w->train.dense);
-    assert_true(s->train.dense.lr == w->train.dense_lr);
-    assert_int_equal(s->train.seed, w->train.seed);
-    assert_int_equal(s->train.init_from, w->train.init_from);
-    assert_int_equal(s->train.max_steps, w->train.max_steps);
-    assert_int_equal(s->train.log_every, w->train.log_every);
-    same_str("checkpoint.dir", s->checkpoint.dir, w->checkpoint.dir);
-    assert_int_equal(s->checkpoint.full_every, w->checkpoint.full_every);
-    assert_int_equal(s->checkpoint.keep, w->checkpoint.keep);
-    assert_int_equal(s->checkpoint.include_optimizer, w->checkpoint.include_optimizer);
-    assert_int_equal(s->checkpoint.every_steps, w->checkpoint.every_steps);
-    assert_int_equal(s->export_.on_success, w->export_.on_success);
-    assert_int_equal(s->export_.every_ms, w->export_.every_ms);
-    same_str("push.token_env", s->push.token_env, w->push.token_env);
-    assert_int_equal(s->push.retries, w->push.retries);
-    assert_int_equal(s->push.timeout_ms, w->push.timeout_ms);
-    assert_int_equal(s->push.nendpoints, w->push.nendpoints);
+    for (size_t i = 0; i < sizeof spec_fields / sizeof spec_fields[0]; i++) {
+        const char *got = (const char *)s + spec_fields[i].off;
+        const char *exp = (const char *)want + spec_fields[i].off;
+        const char *name = spec_fields[i].name;
+        if (spec_fields[i].kind == F_STR) {
+            const char *g = *(char *const *)got, *w = *(char *const *)exp;
+            if (w == NULL ? g != NULL : g == NULL || strcmp(g, w) != 0)
+                fail_msg("%s: \"%s\", want \"%s\"", name, g ? g : "(null)", w ? w : "(null)");
+        } else if (spec_fields[i].kind == F_DBL) {
+            double g, w;
+            memcpy(&g, got, sizeof g);
+            memcpy(&w, exp, sizeof w);
+            if (!(g == w))
+                fail_msg("%s: %.17g, want %.17g", name, g, w);
+        } else {
+            int64_t g = num_at(got, spec_fields[i].size), w = num_at(exp, spec_fields[i].size);
+            if (g != w)
+                fail_msg("%s: %lld, want %lld", name, (long long)g, (long long)w);
+        }
+    }
 }
 
 static void test_ctr_hourly(void **state)
 {
     (void)state;
-    static const spec_want_t want = {
-        "ctr-hourly", NULL, "15 * * * *", "UTC", JOB_CONC_FORBID, JOB_CATCHUP_LATEST, 0,
-        .resources = {2, JOB_LAUNCH_LOCAL, JOB_DEVICE_AUTO, 0, 2 * 3600 * 1000},
-        .retries = {3, 30000, 3600 * 1000},
-        .data = {JOB_FMT_CRITEO_TSV, "data/day=*/part-*.tsv", "data/eval.tsv", true, 13, 26, 0.01},
-        .model = {JOB_MODEL_DLRM, 16, JOB_COMB_SUM, JOB_EVICT_LRU, JOB_INIT_UNIFORM, 2, 3, 26,
-                  4000000, 0.01},
-        .train = {JOB_MODE_BATCH, 4096, 1, JOB_OPT_ADAGRAD, JOB_OPT_ADAGRAD, JOB_INITFROM_LATEST,
-                  0.05, 1e-10, 0.05, 42, 0, 100},
-        .checkpoint = {"ckpt/ctr-hourly", 24, 5, true, 0},
-        .export_ = {JOB_EXPORT_INCREMENTAL, 0},
-        .push = {"KILN_SERVE_TOKEN", 5, 1, 30000}};
+    static const job_spec_t want = {
+        .name = "ctr-hourly",
+        .schedule = "15 * * * *",
+        .timezone = "UTC",
+        .concurrency = JOB_CONC_FORBID,
+        .catchup = JOB_CATCHUP_LATEST,
+        .resources = {.ranks = 2, .launcher = JOB_LAUNCH_LOCAL, .device = JOB_DEVICE_AUTO,
+                      .timeout_ms = 2 * 3600 * 1000},
+        .retries = {.count = 3, .backoff_ms = 30000, .max_backoff_ms = 3600 * 1000},
+        .data = {.format = JOB_FMT_CRITEO_TSV, .train = "data/day=*/part-*.tsv",
+                 .eval = "data/eval.tsv", .incremental = true, .dense_features = 13,
+                 .cat_slots = 26, .max_malformed = 0.01},
+        .model = {.type = JOB_MODEL_DLRM,
+                  .embedding = {16, JOB_COMB_SUM, 4000000, JOB_EVICT_LRU, JOB_INIT_UNIFORM, 0.01},
+                  .nbottom = 2, .ntop = 3, .ntables = 26},
+        .train = {.mode = JOB_MODE_BATCH, .batch_size = 4096, .epochs = 1,
+                  .sparse = {.type = JOB_OPT_ADAGRAD, .lr = 0.05, .eps = 1e-10},
+                  .dense = {.type = JOB_OPT_ADAGRAD, .lr = 0.05}, .seed = 42,
+                  .init_from = JOB_INITFROM_LATEST, .log_every = 100},
+        .checkpoint = {.dir = "ckpt/ctr-hourly", .full_every = 24, .keep = 5,
+                       .include_optimizer = true},
+        .export_ = {.on_success = JOB_EXPORT_INCREMENTAL},
+        .push = {.token_env = "KILN_SERVE_TOKEN", .retries = 5, .timeout_ms = 30000,
+                 .nendpoints = 1}};
     job_spec_t s;
     load_ok(KILN_SOURCE_DIR "/tests/specs/good/ctr-hourly.yaml", &s);
     check_spec(&s, &want);
@@ -234,18 +213,26 @@ static void test_minimal_defaults(void **state)
 {
     (void)state;
     /* A one-off lr job: no schedule, and lr has no MLPs. */
-    static const spec_want_t want = {
-        "tiny", NULL, NULL, "UTC", JOB_CONC_FORBID, JOB_CATCHUP_LATEST, 0,
-        .resources = {1, JOB_LAUNCH_LOCAL, JOB_DEVICE_AUTO, 0, 0},
-        .retries = {0, 30000, 3600000},
-        .data = {JOB_FMT_CRITEO_TSV, "data/*.tsv", NULL, false, 13, 26, 0.01},
-        .model = {JOB_MODEL_LR, 16, JOB_COMB_SUM, JOB_EVICT_LRU, JOB_INIT_UNIFORM, 0, 0, 26,
-                  1000000, 0.01},
-        .train = {JOB_MODE_BATCH, 4096, 1, JOB_OPT_ADAGRAD, JOB_OPT_ADAGRAD, JOB_INITFROM_LATEST,
-                  0.05, 1e-10, 0.05, 42, 0, 100},
-        .checkpoint = {"ckpt/tiny", 24, 5, true, 0},
-        .export_ = {JOB_EXPORT_NONE, 0},
-        .push = {"KILN_SERVE_TOKEN", 5, 0, 30000}};
+    static const job_spec_t want = {
+        .name = "tiny",
+        .timezone = "UTC",
+        .concurrency = JOB_CONC_FORBID,
+        .catchup = JOB_CATCHUP_LATEST,
+        .resources = {.ranks = 1, .launcher = JOB_LAUNCH_LOCAL, .device = JOB_DEVICE_AUTO},
+        .retries = {.backoff_ms = 30000, .max_backoff_ms = 3600000},
+        .data = {.format = JOB_FMT_CRITEO_TSV, .train = "data/*.tsv", .dense_features = 13,
+                 .cat_slots = 26, .max_malformed = 0.01},
+        .model = {.type = JOB_MODEL_LR,
+                  .embedding = {16, JOB_COMB_SUM, 1000000, JOB_EVICT_LRU, JOB_INIT_UNIFORM, 0.01},
+                  .ntables = 26},
+        .train = {.mode = JOB_MODE_BATCH, .batch_size = 4096, .epochs = 1,
+                  .sparse = {.type = JOB_OPT_ADAGRAD, .lr = 0.05, .eps = 1e-10},
+                  .dense = {.type = JOB_OPT_ADAGRAD, .lr = 0.05}, .seed = 42,
+                  .init_from = JOB_INITFROM_LATEST, .log_every = 100},
+        .checkpoint = {.dir = "ckpt/tiny", .full_every = 24, .keep = 5,
+                       .include_optimizer = true},
+        .export_ = {.on_success = JOB_EXPORT_NONE},
+        .push = {.token_env = "KILN_SERVE_TOKEN", .retries = 5, .timeout_ms = 30000}};
     job_spec_t s;
     parse_ok("name: tiny\ndata: {train: \"data/*.tsv\"}\n", &s);
     check_spec(&s, &want);
@@ -278,19 +265,31 @@ static void test_minimal_defaults(void **state)
 static void test_every_field(void **state)
 {
     (void)state;
-    static const spec_want_t want = {
-        "every_field.v2", "sets every field at least once", "@every 30s", "UTC+02:00",
-        JOB_CONC_REPLACE, JOB_CATCHUP_ALL, -7,
-        .resources = {8, JOB_LAUNCH_HOSTFILE, JOB_DEVICE_CPU, 4, 5400000},
-        .retries = {2, 10000, 300000},
-        .data = {JOB_FMT_KILN_BIN, "bin/part-*.kb", "bin/eval.kb", true, 4, 6, 0.25},
-        .model = {JOB_MODEL_FM, 8, JOB_COMB_MEAN, JOB_EVICT_LFU, JOB_INIT_NORMAL, 0, 0, 5, 5000,
-                  0.5},
-        .train = {JOB_MODE_ONLINE, 512, 3, JOB_OPT_ADAM, JOB_OPT_SGD, JOB_INITFROM_CHECKPOINT,
-                  0.001, 1e-6, 0.1, 7, 100000, 50},
-        .checkpoint = {"/var/lib/kiln/ckpt/every", 6, 2, false, 1000},
-        .export_ = {JOB_EXPORT_FULL, 30000},
-        .push = {"MY_TOKEN", 0, 2, 500}};
+    static const job_spec_t want = {
+        .name = "every_field.v2",
+        .description = "sets every field at least once",
+        .schedule = "@every 30s",
+        .timezone = "UTC+02:00",
+        .concurrency = JOB_CONC_REPLACE,
+        .catchup = JOB_CATCHUP_ALL,
+        .priority = -7,
+        .resources = {.ranks = 8, .launcher = JOB_LAUNCH_HOSTFILE, .device = JOB_DEVICE_CPU,
+                      .timeout_ms = 5400000, .threads = 4},
+        .retries = {.count = 2, .backoff_ms = 10000, .max_backoff_ms = 300000},
+        .data = {.format = JOB_FMT_KILN_BIN, .train = "bin/part-*.kb", .eval = "bin/eval.kb",
+                 .incremental = true, .dense_features = 4, .cat_slots = 6,
+                 .max_malformed = 0.25},
+        .model = {.type = JOB_MODEL_FM,
+                  .embedding = {8, JOB_COMB_MEAN, 5000, JOB_EVICT_LFU, JOB_INIT_NORMAL, 0.5},
+                  .ntables = 5},
+        .train = {.mode = JOB_MODE_ONLINE, .batch_size = 512, .epochs = 3,
+                  .sparse = {.type = JOB_OPT_ADAM, .lr = 0.001, .eps = 1e-6},
+                  .dense = {.type = JOB_OPT_SGD, .lr = 0.1}, .seed = 7,
+                  .init_from = JOB_INITFROM_CHECKPOINT, .max_steps = 100000, .log_every = 50},
+        .checkpoint = {.dir = "/var/lib/kiln/ckpt/every", .full_every = 6, .keep = 2,
+                       .every_steps = 1000},
+        .export_ = {.on_success = JOB_EXPORT_FULL, .every_ms = 30000},
+        .push = {.token_env = "MY_TOKEN", .timeout_ms = 500, .nendpoints = 2}};
     job_spec_t s;
     load_ok(KILN_SOURCE_DIR "/tests/specs/good/everything.yaml", &s);
     check_spec(&s, &want);
