@@ -39,9 +39,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "kern.h"
 #include "kiln.h"
-#include "fixtures.h"
 #include "proc.h"
 #include "rt_ckpt.h"
 #include "rt_shard.h"

@@ -49,8 +49,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kiln.h"
 #include "fixtures.h"
+#include "kiln.h"
 #include "proc.h"
 #include "rt_ckpt.h"
 #include "state.h"

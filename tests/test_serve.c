@@ -33,8 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kern.h"
 #include "fixtures.h"
+#include "kern.h"
 #include "proc.h"
 #include "rt_data.h"
 #include "rt_model.h"

@@ -17,14 +17,15 @@
 #include <curl/curl.h>
 #include <jansson.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "kiln.h"
 #include "fixtures.h"
+#include "kiln.h"
 #include "proc.h"
 #include "state.h"
 #include "web.h"
@@ -614,14 +615,7 @@ static void test_metrics(void **state)
         fail_msg("promtool check metrics failed (%d):\n%s", rc, out);
 }
 
-
 /* ---- a real kilnd holding real runs -------------------------------------------------------- */
-#if defined(KILND_BIN) && defined(KILN_BIN) && defined(KILN_TRAIN_BIN)
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <time.h>
 
 /* Starts kilnd with home (its database home/kiln.db, its log home/kilnd.log)
  * and its page on a free port of 127.0.0.1; env ("NAME=VALUE", NULL-ended,
@@ -796,7 +790,6 @@ static void test_kilnd(void **state)
     snprintf(fx.base, sizeof fx.base, "%s", saved);
     kilnd_stop(pid);
 }
-#endif
 
 int main(void)
 {
@@ -814,9 +807,7 @@ int main(void)
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_submit_shared_checkpoint_dir),
         cmocka_unit_test(test_host_check),
-#if defined(KILND_BIN) && defined(KILN_BIN) && defined(KILN_TRAIN_BIN)
         cmocka_unit_test(test_kilnd_slow_clients), cmocka_unit_test(test_kilnd),
-#endif
     };
     /* KILN_TEST_FILTER=test_kilnd* runs matching tests (cmocka glob). */
     if (getenv("KILN_TEST_FILTER") != NULL)
