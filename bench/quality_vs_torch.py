@@ -49,7 +49,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from trainer_vs_torch import run  # noqa: E402  (mpirun-ready environment, exits on failure)
+from trainer_vs_torch import cleanup, run  # noqa: E402  (run: mpirun-ready, exits on failure)
 
 NDENSE, NSLOTS, DIM, LR, EPS = 13, 26, 16, 0.05, 1e-10
 GOAL = 0.002
@@ -314,10 +314,7 @@ def main():
         if a.svg and curves:
             write_svg(a.svg, curves, a.curve_batch, bayes)
     finally:
-        if a.keep:
-            print("data kept in", work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        cleanup(work, a.keep)
     return 0
 
 

@@ -85,6 +85,14 @@ def kiln_run(build, work, model, fmt, ranks, threads, seed):
     return json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
 
 
+def cleanup(work, keep):
+    """The end of a comparison: its data directory removed, or kept and named."""
+    if keep:
+        print("data kept in", work)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -157,10 +165,7 @@ def main():
                 args += ["--dlrm-sps", "%.0f" % best_dlrm]
             print(run(args).strip())
     finally:
-        if a.keep:
-            print("data kept in", work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        cleanup(work, a.keep)
     return 0
 
 

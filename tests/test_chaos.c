@@ -38,11 +38,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "kiln.h"
 #include "proc.h"
 #include "rt_ckpt.h"
 #include "rt_model.h"
 #include "serve.h"
+#include "serve_fixture.h"
 #include "state.h"
 
 #ifndef KILN_BIN
@@ -55,12 +57,6 @@ static char root[256]; /* everything of this executable */
 static char data[320], evalf[320];
 static int trials = 2;
 static unsigned seed;
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static int rnd(int lo, int hi) /* uniform in [lo, hi] */
 {
@@ -116,7 +112,7 @@ static void kilnd_stop(home_t *h, int sig)
     kill(h->kilnd, sig);
     int st = 0;
     for (int i = 0; i < 150 && waitpid(h->kilnd, &st, WNOHANG) != h->kilnd; i++)
-        sleep_ms(100);
+        proc_sleep_ms(100);
     kill(h->kilnd, SIGKILL); /* no-op when it is gone */
     waitpid(h->kilnd, &st, WNOHANG);
     h->kilnd = 0;
@@ -142,18 +138,15 @@ static void write_spec(const home_t *h, const char *name, const char *train, con
                        char *path, size_t cap)
 {
     snprintf(path, cap, "%s/%s.yaml", h->dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "resources: {ranks: 2, threads: 1}\n"
-            "model: {type: fm, embedding: {dim: 4, capacity: 100000}}\n"
-            "data: {train: \"%s\", eval: \"%s\"}\n"
-            "train: {batch_size: 128, log_every: 4, %s}\n"
-            "checkpoint: {dir: \"%s/ckpt/%s\", every_steps: 6, keep: 100}\n"
-            "%s",
-            name, data, evalf, train, h->dir, name, extra);
-    fclose(f);
+    fx_write(path,
+             "name: %s\n"
+             "resources: {ranks: 2, threads: 1}\n"
+             "model: {type: fm, embedding: {dim: 4, capacity: 100000}}\n"
+             "data: {train: \"%s\", eval: \"%s\"}\n"
+             "train: {batch_size: 128, log_every: 4, %s}\n"
+             "checkpoint: {dir: \"%s/ckpt/%s\", every_steps: 6, keep: 100}\n"
+             "%s",
+             name, data, evalf, train, h->dir, name, extra);
 }
 
 /* The runs of job (or all when NULL), newest first. */
@@ -182,7 +175,7 @@ static int64_t wait_state(const home_t *h, const char *job, state_run_state_t wa
         state_runs_free(rs, n);
         if (id > 0)
             return id;
-        sleep_ms(200);
+        proc_sleep_ms(200);
     }
     return 0;
 }
@@ -344,9 +337,9 @@ static void test_kilnd_kill(void **state)
         kilnd_start(&h);
         int kills = rnd(1, 3);
         for (int k = 0; k < kills; k++) {
-            sleep_ms(rnd(300, 3000));
+            proc_sleep_ms(rnd(300, 3000));
             kilnd_stop(&h, SIGKILL);
-            sleep_ms(rnd(0, 1500));
+            proc_sleep_ms(rnd(0, 1500));
             kilnd_start(&h);
         }
         /* Wait for every run to end. */
@@ -359,7 +352,7 @@ static void test_kilnd_kill(void **state)
                 done = done && state_run_state_terminal(rs[r].state);
             state_runs_free(rs, n);
             if (!done)
-                sleep_ms(200);
+                proc_sleep_ms(200);
         }
         kilnd_stop(&h, SIGTERM);
         size_t n = 0;
@@ -417,7 +410,7 @@ static void server_start(server_t *s)
     for (int i = 0; i < 1000 && buf[0] == '\0'; i++) {
         proc_slurp(portfile, buf, sizeof buf);
         if (buf[0] == '\0')
-            sleep_ms(10);
+            proc_sleep_ms(10);
     }
     assert_true(buf[0] != '\0');
     snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", atoi(buf));
@@ -435,34 +428,14 @@ static void server_kill(server_t *s, int sig)
 /* An lr model over 2 slots; every key of [0, n) with values of version v. */
 static serve_memsrc_t *model_version(const char *uid, int64_t n, int v)
 {
-    serve_model_desc_t d = {0};
-    d.model_type = 0;
-    d.nslots = 2;
-    d.ndense = 1;
-    d.dim = 1;
-    d.ntables = 1;
-    snprintf(d.tables[0].name, SERVE_NAME_MAX, "t0");
-    d.tables[0].dim = 1;
-    rt_model_config_t cfg = {.type = RT_MODEL_LR, .nslots = 2, .ndense = 1, .dim = 1,
-                             .max_batch = 8, .seed = 7,
-                             .opt = {.type = RT_DENSE_SGD, .lr = 0.1f}};
-    rt_model_t *rm = NULL;
-    assert_int_equal(rt_model_create(&cfg, &rm), 0);
-    d.nparams = (int64_t)rt_model_nparams(rm);
-    rt_model_destroy(rm);
-    serve_memsrc_t *m = NULL;
-    assert_int_equal(serve_memsrc_create(&d, uid, "", &m), 0);
     int64_t *keys = malloc((size_t)n * sizeof *keys);
     float *vals = malloc((size_t)n * sizeof *vals);
-    float *dense = calloc((size_t)d.nparams, sizeof *dense);
-    dense[0] = 0.5f * (float)v;
     for (int64_t i = 0; i < n; i++) {
         keys[i] = i;
         vals[i] = (float)v + (float)(i % 100) / 1000.0f;
     }
-    assert_int_equal(serve_memsrc_add_rows(m, 0, n, keys, vals), 0);
-    assert_int_equal(serve_memsrc_set_dense(m, d.nparams, dense), 0);
-    free(dense);
+    serve_memsrc_t *m = NULL;
+    assert_int_equal(fx_lr_version(uid, n, keys, vals, 0.5f * (float)v, &m), 0);
     free(keys);
     free(vals);
     return m;
@@ -474,47 +447,15 @@ typedef struct opener {
     server_t *srv;
 } opener_t;
 
-typedef struct killsrc {
-    serve_source_t *inner;
-    opener_t *o;
-    int items;
-} killsrc_t;
-
-static int kill_next(serve_source_t *s, serve_item_t *item)
-{
-    killsrc_t *k = s->impl;
-    if (++k->items == k->o->kill_after)
-        server_kill(k->o->srv, SIGKILL);
-    return k->inner->ops->next(k->inner, item);
-}
-
-static void kill_destroy(serve_source_t *s)
-{
-    killsrc_t *k = s->impl;
-    serve_source_destroy(k->inner);
-    free(k);
-    free(s);
-}
-
-static const serve_source_ops_t kill_ops = {kill_next, kill_destroy};
+static void kill_server(void *o) { server_kill(((opener_t *)o)->srv, SIGKILL); }
 
 static int open_src(void *ctx, const char *held, serve_source_t **out)
 {
     opener_t *o = ctx;
     (void)held;
     KILN_CHECK(serve_memsrc_open(o->m, out));
-    if (o->kill_after > 0) {
-        serve_source_t *w = kiln_calloc(1, sizeof *w);
-        killsrc_t *k = kiln_calloc(1, sizeof *k);
-        if (w == NULL || k == NULL)
-            return KILN_ENOMEM;
-        k->inner = *out;
-        k->o = o;
-        *w = **out;
-        w->ops = &kill_ops;
-        w->impl = k;
-        *out = w;
-    }
+    if (o->kill_after > 0)
+        return fx_fault_source(*out, o->kill_after, kill_server, o, out);
     return 0;
 }
 
@@ -647,43 +588,23 @@ static int setup(void **state)
     srand(seed);
     printf("chaos: %d trials per scenario, seed %u (KILN_CHAOS_SEED=%u replays it)\n", trials,
            seed, seed);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
+    proc_mpi_env(true);
     if (proc_tmpdir("chaos", root, sizeof root) < 0)
         return -1;
-    snprintf(data, sizeof data, "%s/day0.tsv", root);
+    snprintf(data, sizeof data, "%s/day=0.tsv", root);
     snprintf(evalf, sizeof evalf, "%s/eval.tsv", root);
-    proc_result_t *r = malloc(sizeof *r);
-    const char *g1[] = {KILN_BIN, "datagen", "--rows", "4000", "--out", data, "--seed", "5", NULL};
-    const char *g2[] = {KILN_BIN, "datagen", "--rows", "1000", "--out", evalf, "--seed", "5",
-                        "--day", "1", NULL};
-    int rc = run(g1, r) == 0 && run(g2, r) == 0 ? 0 : -1;
-    free(r);
-    return rc;
+    return fx_train_data(root, 4000, 1000, 5);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    if (getenv("KILN_TEST_KEEP") != NULL)
-        return 0;
-    return proc_rmtree(root);
+    return proc_tmpdir_done(root);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rank_kill),
-        cmocka_unit_test(test_kilnd_kill),
-        cmocka_unit_test(test_serve_kill),
-        cmocka_unit_test(test_full_disk),
-    };
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+PROC_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_rank_kill),
+    cmocka_unit_test(test_kilnd_kill),
+    cmocka_unit_test(test_serve_kill),
+    cmocka_unit_test(test_full_disk))

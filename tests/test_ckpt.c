@@ -39,8 +39,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "kern.h"
 #include "kiln.h"
+#include "proc.h"
 #include "rt_ckpt.h"
 #include "rt_shard.h"
 #include "state.h"
@@ -78,18 +80,9 @@ static void child_exec(const char *const *argv, const char *env, long fsize)
     int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(o, 1);
     dup2(e, 2);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    /* Under ASan, Open MPI leaves allocations behind at exit that
-     * LeakSanitizer cannot name: leak checking is off for MPI ranks only
-     * (the kiln CLI and this test keep it). */
-    if (strcmp(argv[0], "mpirun") == 0) {
-        const char *asan = getenv("ASAN_OPTIONS");
-        char opts[1024];
-        snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-        setenv("ASAN_OPTIONS", opts, 1);
-    }
+    /* Leak checking is off for MPI ranks only (the kiln CLI and this test
+     * keep it). */
+    proc_mpi_env(strcmp(argv[0], "mpirun") == 0);
     if (env != NULL)
         putenv((char *)env);
     if (fsize > 0) {
@@ -123,51 +116,42 @@ static void write_spec_train(const char *name, const char *train_and_rest, char 
                              size_t cap)
 {
     snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
-            "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
-            "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n%s",
-            name, train_and_rest);
-    fclose(f);
+    fx_write(path,
+             "name: %s\n"
+             "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+             "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
+             "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n%s",
+             name, train_and_rest);
+}
+
+/* A dlrm spec over tmp/data: two epochs of batch with this optimizer:
+ * section, then extra (NULL: a full checkpoint every 3, 10 kept). */
+static void write_spec_with(const char *name, int batch, const char *optimizer, const char *extra,
+                            char *path, size_t cap)
+{
+    char train[1024];
+    snprintf(train, sizeof train,
+             "train: {batch_size: %d, seed: 7, log_every: 1, epochs: 2, init_from: none,\n"
+             "        optimizer: %s}\n"
+             "%s",
+             batch, optimizer, extra ? extra : "checkpoint: {full_every: 3, keep: 10}\n");
+    write_spec_train(name, train, path, cap);
 }
 
 /* A dlrm spec over tmp/data with this sparse and dense optimizer. */
 static void write_spec_opt(const char *name, int batch, const char *opt, const char *extra,
                            char *path, size_t cap)
 {
-    snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
-            "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
-            "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
-            "train: {batch_size: %d, seed: 7, log_every: 1, epochs: 2, init_from: none,\n"
-            "        optimizer: {sparse: {type: %s, lr: 0.01}, dense: {type: %s, lr: 0.01}}}\n"
-            "%s",
-            name, batch, opt, opt, extra ? extra : "checkpoint: {full_every: 3, keep: 10}\n");
-    fclose(f);
+    char optimizer[200];
+    snprintf(optimizer, sizeof optimizer,
+             "{sparse: {type: %s, lr: 0.01}, dense: {type: %s, lr: 0.01}}", opt, opt);
+    write_spec_with(name, batch, optimizer, extra, path, cap);
 }
 
+/* A dlrm spec over tmp/data with adam for the tables. */
 static void write_spec(const char *name, int batch, const char *extra, char *path, size_t cap)
 {
-    snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
-            "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
-            "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
-            "train: {batch_size: %d, seed: 7, log_every: 1, epochs: 2, init_from: none,\n"
-            "        optimizer: {sparse: {type: adam, lr: 0.01}}}\n"
-            "%s",
-            name, batch, extra ? extra : "checkpoint: {full_every: 3, keep: 10}\n");
-    fclose(f);
+    write_spec_with(name, batch, "{sparse: {type: adam, lr: 0.01}}", extra, path, cap);
 }
 
 /* mpirun -np N kiln-train --spec SPEC --run-dir tmp/RUN [extra...] */
@@ -237,76 +221,43 @@ static double jnum(json_t *o, const char *k)
  * (checkpoint lines skipped). */
 static int losses(const char *run_name, double *out, int cap)
 {
-    char path[512], line[512];
-    snprintf(path, sizeof path, "%s/%s/progress.jsonl", tmpdir, run_name);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    int n = 0;
-    while (n < cap && fgets(line, sizeof line, f)) {
-        json_t *v = json_loads(line, 0, NULL);
-        assert_non_null(v);
-        if (json_object_get(v, "loss") != NULL)
-            out[n++] = json_number_value(json_object_get(v, "loss"));
-        json_decref(v);
+    char run_dir[400];
+    snprintf(run_dir, sizeof run_dir, "%s/%s", tmpdir, run_name);
+    return fx_losses(run_dir, out, cap);
+}
+
+/* Opens the checkpoint directories a and b, chains resolved, and walks
+ * them side by side with cmp (fx_ckpt_walk). */
+static void walk_ckpts(const char *a, const char *b, fx_floats_fn cmp, void *ud)
+{
+    rt_ckpt_chain_t ca, cb;
+    assert_int_equal(rt_ckpt_chain_open(a, true, &ca), 0);
+    assert_int_equal(rt_ckpt_chain_open(b, true, &cb), 0);
+    fx_ckpt_walk(&ca, &cb, cmp, ud, NULL, NULL);
+    rt_ckpt_chain_fini(&ca);
+    rt_ckpt_chain_fini(&cb);
+}
+
+/* fx_ckpt_walk's judge for compare_ckpts: byte for byte when *rel is 0,
+ * else within rel of each value (optimizer state not compared). */
+static void cmp_within(void *ud, fx_array_kind_t kind, const char *what, const float *ref,
+                       const float *x, size_t n)
+{
+    double rel = *(const double *)ud;
+    if (rel == 0) {
+        assert_memory_equal(ref, x, n * 4);
+        return;
     }
-    fclose(f);
-    return n;
+    for (size_t i = 0; i < n && kind != FX_ROWS_OPT; i++)
+        if (fabs(ref[i] - x[i]) > rel * fmax(fabs(ref[i]), 1e-2))
+            fail_msg("%s[%zu]: %.9g vs %.9g", what, i, ref[i], x[i]);
 }
 
 /* Compares two checkpoints (chains resolved) table by table and the dense
  * arrays: rel 0 means byte for byte. */
 static void compare_ckpts(const char *a, const char *b, double rel)
 {
-    rt_ckpt_chain_t ca, cb;
-    assert_int_equal(rt_ckpt_chain_open(a, true, &ca), 0);
-    assert_int_equal(rt_ckpt_chain_open(b, true, &cb), 0);
-    const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
-    const rt_ckpt_info_t *ib = rt_ckpt_info(cb.items[cb.n - 1]);
-    assert_int_equal(ia->step, ib->step);
-    assert_int_equal(ia->ntables, ib->ntables);
-    for (int t = 0; t < ia->ntables; t++) {
-        rt_ckpt_rows_t x, y;
-        assert_int_equal(rt_ckpt_read_table(&ca, ia->tables[t].name, &x), 0);
-        assert_int_equal(rt_ckpt_read_table(&cb, ia->tables[t].name, &y), 0);
-        assert_int_equal(x.n, y.n);
-        assert_memory_equal(x.keys, y.keys, (size_t)x.n * 8);
-        size_t nv = (size_t)x.n * (size_t)x.dim, no = nv * (size_t)x.nstate;
-        if (rel == 0) {
-            assert_memory_equal(x.values, y.values, nv * 4);
-            if (no)
-                assert_memory_equal(x.opt, y.opt, no * 4);
-            if (x.opt_steps)
-                assert_memory_equal(x.opt_steps, y.opt_steps, (size_t)x.n * 4);
-        } else {
-            for (size_t i = 0; i < nv; i++)
-                if (fabs(x.values[i] - y.values[i]) > rel * fmax(fabs(x.values[i]), 1e-2))
-                    fail_msg("table %s value %zu: %.9g vs %.9g", ia->tables[t].name, i, x.values[i],
-                             y.values[i]);
-            if (x.opt_steps)
-                assert_memory_equal(x.opt_steps, y.opt_steps, (size_t)x.n * 4);
-        }
-        rt_ckpt_rows_fini(&x);
-        rt_ckpt_rows_fini(&y);
-    }
-    rt_ckpt_array_t *da, *db;
-    int na, nb;
-    assert_int_equal(rt_ckpt_read_dense(ca.items[ca.n - 1], &da, &na), 0);
-    assert_int_equal(rt_ckpt_read_dense(cb.items[cb.n - 1], &db, &nb), 0);
-    assert_int_equal(na, nb);
-    for (int i = 0; i < na; i++) {
-        assert_string_equal(da[i].name, db[i].name);
-        assert_int_equal(da[i].count, db[i].count);
-        if (rel == 0)
-            assert_memory_equal(da[i].data, db[i].data, da[i].count * 4);
-        else
-            for (size_t j = 0; j < da[i].count; j++)
-                if (fabs(da[i].data[j] - db[i].data[j]) > rel * fmax(fabs(da[i].data[j]), 1e-2))
-                    fail_msg("%s[%zu]: %.9g vs %.9g", da[i].name, j, da[i].data[j], db[i].data[j]);
-    }
-    rt_ckpt_arrays_free(da, na);
-    rt_ckpt_arrays_free(db, nb);
-    rt_ckpt_chain_fini(&ca);
-    rt_ckpt_chain_fini(&cb);
+    walk_ckpts(a, b, cmp_within, &rel);
 }
 
 /* How far apart two checkpoints' numbers are (chains resolved; same keys
@@ -328,48 +279,35 @@ static void note_diff(double x, double y, double floor, double *rel, double *abs
         *rel = r;
 }
 
+typedef struct diff_walk {
+    double floor;
+    ckpt_diff_t *out;
+} diff_walk_t;
+
+/* fx_ckpt_walk's judge for ckpt_diff: notes each array's differences. */
+static void note_array(void *ud, fx_array_kind_t kind, const char *what, const float *ref,
+                       const float *x, size_t n)
+{
+    diff_walk_t *w = ud;
+    ckpt_diff_t *o = w->out;
+    bool params = strcmp(what, "dense.params") == 0;
+    double *rel = kind == FX_ROWS       ? &o->rel_values
+                  : kind == FX_ROWS_OPT ? &o->rel_opt
+                  : params              ? &o->rel_dense
+                                        : &o->rel_dense_opt;
+    double *absd = kind == FX_ROWS       ? &o->abs_values
+                   : kind == FX_ROWS_OPT ? &o->abs_opt
+                   : params              ? &o->abs_dense
+                                         : &o->abs_dense_opt;
+    for (size_t i = 0; i < n; i++)
+        note_diff(ref[i], x[i], w->floor, rel, absd);
+}
+
 static void ckpt_diff(const char *a, const char *b, double floor, ckpt_diff_t *out)
 {
     memset(out, 0, sizeof *out);
-    rt_ckpt_chain_t ca, cb;
-    assert_int_equal(rt_ckpt_chain_open(a, true, &ca), 0);
-    assert_int_equal(rt_ckpt_chain_open(b, true, &cb), 0);
-    const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
-    assert_int_equal(ia->step, rt_ckpt_info(cb.items[cb.n - 1])->step);
-    for (int t = 0; t < ia->ntables; t++) {
-        rt_ckpt_rows_t x, y;
-        assert_int_equal(rt_ckpt_read_table(&ca, ia->tables[t].name, &x), 0);
-        assert_int_equal(rt_ckpt_read_table(&cb, ia->tables[t].name, &y), 0);
-        assert_int_equal(x.n, y.n);
-        assert_memory_equal(x.keys, y.keys, (size_t)x.n * 8);
-        size_t nv = (size_t)x.n * (size_t)x.dim, no = nv * (size_t)x.nstate;
-        for (size_t i = 0; i < nv; i++)
-            note_diff(x.values[i], y.values[i], floor, &out->rel_values, &out->abs_values);
-        for (size_t i = 0; i < no && x.opt && y.opt; i++)
-            note_diff(x.opt[i], y.opt[i], floor, &out->rel_opt, &out->abs_opt);
-        if (x.opt_steps)
-            assert_memory_equal(x.opt_steps, y.opt_steps, (size_t)x.n * 4);
-        rt_ckpt_rows_fini(&x);
-        rt_ckpt_rows_fini(&y);
-    }
-    rt_ckpt_array_t *da, *db;
-    int na, nb;
-    assert_int_equal(rt_ckpt_read_dense(ca.items[ca.n - 1], &da, &na), 0);
-    assert_int_equal(rt_ckpt_read_dense(cb.items[cb.n - 1], &db, &nb), 0);
-    assert_int_equal(na, nb);
-    for (int i = 0; i < na; i++) {
-        assert_string_equal(da[i].name, db[i].name);
-        assert_int_equal(da[i].count, db[i].count);
-        bool params = strcmp(da[i].name, "dense.params") == 0;
-        for (size_t j = 0; j < da[i].count; j++)
-            note_diff(da[i].data[j], db[i].data[j], floor,
-                      params ? &out->rel_dense : &out->rel_dense_opt,
-                      params ? &out->abs_dense : &out->abs_dense_opt);
-    }
-    rt_ckpt_arrays_free(da, na);
-    rt_ckpt_arrays_free(db, nb);
-    rt_ckpt_chain_fini(&ca);
-    rt_ckpt_chain_fini(&cb);
+    diff_walk_t w = {floor, out};
+    walk_ckpts(a, b, note_array, &w);
 }
 
 /* ---- unit helpers: tables trained by hand ---------------------------------------------- */
@@ -390,13 +328,7 @@ static kern_table_t *make_table(const char *name, kern_opt_kind_t opt, int64_t c
 }
 
 static uint64_t rng_state = 88172645463325252ULL;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rnd(void) { return proc_xorshift(&rng_state); }
 
 /* One "training step" on a table: n random keys from [0, range), inserted,
  * updated with random gradients and marked changed; sometimes a delete. */
@@ -1908,69 +1840,42 @@ static void test_latest_falls_back(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-test-ckpt-XXXXXX");
-    if (mkdtemp(tmpdir) == NULL)
+    if (proc_tmpdir("ckpt", tmpdir, sizeof tmpdir) < 0)
         return -1;
-    char data[512], eval[512], dir[512];
+    char dir[512];
     snprintf(dir, sizeof dir, "%s/data", tmpdir);
-    snprintf(data, sizeof data, "%s/data/day=0.tsv", tmpdir);
-    snprintf(eval, sizeof eval, "%s/data/eval.tsv", tmpdir);
-    if (mkdir(dir, 0755) < 0)
-        return -1;
-    result_t *r = malloc(sizeof *r);
-    const char *g1[] = {KILN_BIN, "datagen", "--rows", "3600", "--out", data, "--seed", "5", NULL};
-    run_full(r, g1, NULL, 0);
-    int rc = r->code;
-    const char *g2[] = {KILN_BIN, "datagen", "--rows", "600", "--out", eval,
-                        "--seed", "5",       "--day",  "1",   NULL};
-    run_full(r, g2, NULL, 0);
-    rc |= r->code;
-    free(r);
-    return rc == 0 ? 0 : -1;
+    return fx_train_data(dir, 3600, 600, 5);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    if (getenv("KILN_TEST_KEEP")) { /* for a look at the runs after a failure */
-        fprintf(stderr, "kept %s\n", tmpdir);
-        return 0;
-    }
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return proc_tmpdir_done(tmpdir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_npy_numpy_loads),
-        cmocka_unit_test(test_chain_bitwise_adagrad),
-        cmocka_unit_test(test_chain_bitwise_adam),
-        cmocka_unit_test(test_incremental_cost),
-        cmocka_unit_test(test_load_any_rank_count),
-        cmocka_unit_test(test_integrity),
-        cmocka_unit_test(test_retention),
-        cmocka_unit_test(test_retention_keeps_unreadable),
-        cmocka_unit_test(test_enospc_unit),
-        cmocka_unit_test(test_nonfinite_refused),
-        cmocka_unit_test(test_resume_same_ranks_bitwise),
-        cmocka_unit_test(test_resume_across_rank_counts),
-        cmocka_unit_test(test_online_export),
-        cmocka_unit_test(test_kill9_during_dump),
-        cmocka_unit_test(test_full_disk_during_dump),
-        cmocka_unit_test(test_corrupt_refused),
-        cmocka_unit_test(test_export_hugectr),
-        cmocka_unit_test(test_lineage_in_db),
-        cmocka_unit_test(test_resume_across_rank_counts_sgd),
-        cmocka_unit_test(test_retention_keeps_endpoint_holding),
-        cmocka_unit_test(test_export_lineage_in_db),
-        cmocka_unit_test(test_online_export_sigusr1),
-        cmocka_unit_test(test_online_export_every_ms),
-        cmocka_unit_test(test_online_export_needs_news),
-        cmocka_unit_test(test_latest_falls_back),
-    };
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+PROC_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_npy_numpy_loads),
+    cmocka_unit_test(test_chain_bitwise_adagrad),
+    cmocka_unit_test(test_chain_bitwise_adam),
+    cmocka_unit_test(test_incremental_cost),
+    cmocka_unit_test(test_load_any_rank_count),
+    cmocka_unit_test(test_integrity),
+    cmocka_unit_test(test_retention),
+    cmocka_unit_test(test_retention_keeps_unreadable),
+    cmocka_unit_test(test_enospc_unit),
+    cmocka_unit_test(test_nonfinite_refused),
+    cmocka_unit_test(test_resume_same_ranks_bitwise),
+    cmocka_unit_test(test_resume_across_rank_counts),
+    cmocka_unit_test(test_online_export),
+    cmocka_unit_test(test_kill9_during_dump),
+    cmocka_unit_test(test_full_disk_during_dump),
+    cmocka_unit_test(test_corrupt_refused),
+    cmocka_unit_test(test_export_hugectr),
+    cmocka_unit_test(test_lineage_in_db),
+    cmocka_unit_test(test_resume_across_rank_counts_sgd),
+    cmocka_unit_test(test_retention_keeps_endpoint_holding),
+    cmocka_unit_test(test_export_lineage_in_db),
+    cmocka_unit_test(test_online_export_sigusr1),
+    cmocka_unit_test(test_online_export_every_ms),
+    cmocka_unit_test(test_online_export_needs_news),
+    cmocka_unit_test(test_latest_falls_back))

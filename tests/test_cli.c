@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "proc.h"
 
 #ifndef KILN_BIN
@@ -55,10 +56,7 @@ static void run_env(result_t *r, const char *env_home, const char *const *args)
 static void write_file(const char *name, const char *text, char *path, size_t cap)
 {
     snprintf(path, cap, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    fx_write(path, "%s", text);
 }
 
 static int setup(void **state)
@@ -441,20 +439,13 @@ static void test_datagen_skew_flags(void **state)
     assert_non_null(strstr(r.err, "--vocab"));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_help),
-        cmocka_unit_test(test_usage_errors),
-        cmocka_unit_test(test_dry_run_examples),
-        cmocka_unit_test(test_bad_spec),
-        cmocka_unit_test(test_submit_round_trip),
-        cmocka_unit_test(test_kiln_home),
-        cmocka_unit_test(test_schedule_next),
-        cmocka_unit_test(test_submit_shared_checkpoint_dir),
-        cmocka_unit_test(test_datagen_skew_flags),
-    };
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+PROC_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_help),
+    cmocka_unit_test(test_usage_errors),
+    cmocka_unit_test(test_dry_run_examples),
+    cmocka_unit_test(test_bad_spec),
+    cmocka_unit_test(test_submit_round_trip),
+    cmocka_unit_test(test_kiln_home),
+    cmocka_unit_test(test_schedule_next),
+    cmocka_unit_test(test_submit_shared_checkpoint_dir),
+    cmocka_unit_test(test_datagen_skew_flags))

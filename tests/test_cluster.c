@@ -49,6 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "kiln.h"
 #include "proc.h"
 #include "rt_ckpt.h"
@@ -81,12 +82,6 @@ static proc_result_t res;
     "data: {train: \"../data/train.tsv\"}\n"                                                       \
     "train: {batch_size: 256, epochs: 100000, log_every: 50}\n"
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Runs argv (PATH lookup) into res; returns the exit code. */
 static int run(const char *const *argv)
 {
@@ -94,67 +89,34 @@ static int run(const char *const *argv)
     return res.code;
 }
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
-    return run(argv);
-}
+/* Runs the shell command made from fmt into res; returns the exit code. */
+#define sh(...) proc_sh(&res, root, __VA_ARGS__)
 
 /* ---- kilnd and the database ------------------------------------------------------- */
 
 static void start_kilnd(const char *listen, const char *dump_delay_ms)
 {
-    char log[900];
+    char log[900], delay[64];
     snprintf(log, sizeof log, "%s/kilnd.log", home);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-        setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-        if (dump_delay_ms != NULL)
-            setenv("KILN_TEST_DUMP_DELAY_MS", dump_delay_ms, 1);
-        execl(kilnd, kilnd, "--db", db, "--home", home, "--trainer", trainer, "--grace", "1s",
-              "--poll", "200ms", "--slurm-poll", "1s", "--max-ranks", "8", "--listen",
-              listen ? listen : "", (char *)NULL);
-        _exit(127);
-    }
-    kilnd_pid = pid;
+    snprintf(delay, sizeof delay, "KILN_TEST_DUMP_DELAY_MS=%s", dump_delay_ms ? dump_delay_ms : "");
+    const char *env[] = {dump_delay_ms != NULL ? delay : NULL, NULL};
+    const char *argv[] = {kilnd,    "--db",         db,    "--home",      home,  "--trainer",
+                          trainer,  "--grace",      "1s",  "--poll",      "200ms",
+                          "--slurm-poll", "1s",     "--max-ranks", "8",   "--listen",
+                          listen ? listen : "", NULL};
+    kilnd_pid = fx_spawn(log, env, argv);
 }
 
 static void stop_kilnd(int sig)
 {
-    if (kilnd_pid <= 0)
-        return;
-    kill(kilnd_pid, sig);
-    int st;
-    for (int i = 0; i < 100; i++) {
-        if (waitpid(kilnd_pid, &st, WNOHANG) == kilnd_pid) {
-            kilnd_pid = 0;
-            return;
-        }
-        sleep_ms(100);
-    }
-    kill(kilnd_pid, SIGKILL);
-    waitpid(kilnd_pid, &st, 0);
+    fx_stop(kilnd_pid, sig);
     kilnd_pid = 0;
 }
 
 static void write_spec(const char *name, const char *body, char *path, size_t cap)
 {
     snprintf(path, cap, "%s/%s.yaml", home, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f, "name: %s\n%s", name, body);
-    fclose(f);
+    fx_write(path, "name: %s\n%s", name, body);
 }
 
 static void submit(const char *spec)
@@ -194,16 +156,7 @@ static void show_logs(int64_t id)
 static void wait_run(int64_t id, state_run_state_t want, int timeout_s)
 {
     state_t *st = open_db();
-    state_run_state_t got = STATE_RUN_NSTATES;
-    for (int i = 0; i < timeout_s * 10 && got != want; i++) {
-        state_run_t r;
-        if (state_run_get(st, id, &r) == 0) {
-            got = r.state;
-            state_run_fini(&r);
-        }
-        if (got != want)
-            sleep_ms(100);
-    }
+    state_run_state_t got = fx_wait_run(st, id, want, timeout_s);
     state_close(st);
     if (got != want) {
         show_logs(id);
@@ -270,7 +223,7 @@ static int64_t wait_last(state_run_state_t want, int timeout_s)
             note_retries(id);
             return id;
         }
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     wait_run(id, want, 1); /* fails, with the state and the logs */
     return id;
@@ -285,7 +238,7 @@ static bool kilnd_log_has(const char *text, int timeout_s)
         proc_slurp(path, buf, sizeof buf);
         if (strstr(buf, text) != NULL)
             return true;
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     return false;
 }
@@ -329,7 +282,7 @@ static int64_t wait_running(bool checkpoint, int timeout_s)
                 return id;
             }
         }
-        sleep_ms(50);
+        proc_sleep_ms(50);
     }
     show_logs(last_run());
     fail_msg("no run got its Slurm job running%s within %d s",
@@ -372,7 +325,7 @@ static void freeze_ranks(int64_t id)
     for (int i = 0; i < 100 && n < RANKS; i++) {
         n = signal_ranks(dir, SIGSTOP);
         if (n < RANKS)
-            sleep_ms(100);
+            proc_sleep_ms(100);
     }
     if (n < RANKS)
         fail_msg("found %d of the %d ranks of run %lld to stop", n, RANKS, (long long)id);
@@ -380,14 +333,20 @@ static void freeze_ranks(int64_t id)
 
 /* ---- comparing models bit for bit ------------------------------------------------------- */
 
-static void open_latest(const char *ckroot, rt_ckpt_chain_t *ch)
+typedef struct same_model {
+    const char *a, *b; /* the two checkpoint roots */
+    size_t bytes;      /* compared so far */
+} same_model_t;
+
+/* fx_ckpt_walk's judge: the same bytes. */
+static void cmp_same(void *ud, fx_array_kind_t kind, const char *what, const float *ref,
+                     const float *x, size_t n)
 {
-    char uid[RT_CKPT_UID_MAX], dir[1200];
-    if (rt_ckpt_latest(ckroot, uid) != 0)
-        fail_msg("no checkpoint under %s: %s", ckroot, kiln_errmsg());
-    snprintf(dir, sizeof dir, "%s/%s", ckroot, uid);
-    if (rt_ckpt_chain_open(dir, true, ch) != 0)
-        fail_msg("cannot open checkpoint %s: %s", dir, kiln_errmsg());
+    same_model_t *m = ud;
+    static const char *const kinds[] = {"the rows", "the optimizer state", "the values"};
+    if (memcmp(ref, x, sizeof(float) * n) != 0)
+        fail_msg("%s: %s differ (%s vs %s)", what, kinds[kind], m->a, m->b);
+    m->bytes += sizeof(float) * n;
 }
 
 /* Every table (keys, values, optimizer state) and every dense array of the
@@ -395,48 +354,14 @@ static void open_latest(const char *ckroot, rt_ckpt_chain_t *ch)
 static void assert_same_model(const char *a, const char *b)
 {
     rt_ckpt_chain_t ca, cb;
-    open_latest(a, &ca);
-    open_latest(b, &cb);
-    const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
-    const rt_ckpt_info_t *ib = rt_ckpt_info(cb.items[cb.n - 1]);
-    assert_int_equal(ia->step, ib->step);
-    assert_int_equal(ia->ntables, ib->ntables);
-    assert_true(ia->ntables > 0);
-    size_t bytes = 0;
-    for (int t = 0; t < ia->ntables; t++) {
-        rt_ckpt_rows_t x, y;
-        const char *name = ia->tables[t].name;
-        assert_int_equal(rt_ckpt_read_table(&ca, name, &x), 0);
-        assert_int_equal(rt_ckpt_read_table(&cb, name, &y), 0);
-        assert_int_equal(x.n, y.n);
-        assert_int_equal(x.dim, y.dim);
-        assert_int_equal(x.nstate, y.nstate);
-        size_t nv = (size_t)x.n * (size_t)x.dim;
-        assert_memory_equal(x.keys, y.keys, sizeof(int64_t) * (size_t)x.n);
-        if (memcmp(x.values, y.values, sizeof(float) * nv) != 0)
-            fail_msg("table %s: the rows differ (%s vs %s)", name, a, b);
-        if (x.nstate > 0 && memcmp(x.opt, y.opt, sizeof(float) * nv * (size_t)x.nstate) != 0)
-            fail_msg("table %s: the optimizer state differs (%s vs %s)", name, a, b);
-        bytes += nv * sizeof(float) * (size_t)(1 + x.nstate);
-        rt_ckpt_rows_fini(&x);
-        rt_ckpt_rows_fini(&y);
-    }
-    rt_ckpt_array_t *da, *db_;
-    int na, nb;
-    assert_int_equal(rt_ckpt_read_dense(ca.items[ca.n - 1], &da, &na), 0);
-    assert_int_equal(rt_ckpt_read_dense(cb.items[cb.n - 1], &db_, &nb), 0);
-    assert_int_equal(na, nb);
-    for (int i = 0; i < na; i++) {
-        assert_string_equal(da[i].name, db_[i].name);
-        assert_int_equal(da[i].count, db_[i].count);
-        if (memcmp(da[i].data, db_[i].data, sizeof(float) * da[i].count) != 0)
-            fail_msg("dense array %s differs (%s vs %s)", da[i].name, a, b);
-        bytes += sizeof(float) * da[i].count;
-    }
+    same_model_t m = {a, b, 0};
+    int ntables, narrays;
+    fx_open_latest(a, &ca);
+    fx_open_latest(b, &cb);
+    fx_ckpt_walk(&ca, &cb, cmp_same, &m, &ntables, &narrays);
+    assert_true(ntables > 0);
     printf("  same model, bit for bit: %zu bytes of %d tables and %d dense arrays at step %lld\n",
-           bytes, ia->ntables, na, (long long)ia->step);
-    rt_ckpt_arrays_free(da, na);
-    rt_ckpt_arrays_free(db_, nb);
+           m.bytes, ntables, narrays, (long long)rt_ckpt_info(ca.items[ca.n - 1])->step);
     rt_ckpt_chain_fini(&ca);
     rt_ckpt_chain_fini(&cb);
 }
@@ -472,14 +397,13 @@ static int teardown_home(void **state)
         const char *argv[] = {"squeue", "-h", NULL};
         if (run(argv) == 0 && res.out[0] == '\0')
             break;
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     /* A node a failed test left crashed comes back. */
     const char *nodes[] = {"sinfo", "-h", "-N", "-p", "kiln", "-o", "%N %t", NULL};
     if (run(nodes) == 0 && (strstr(res.out, "kn2 idle") == NULL || strstr(res.out, "kn1 idle") == NULL))
         sh("'%s' reboot kn1 && '%s' reboot kn2", testcluster, testcluster);
-    if (getenv("KILN_TEST_KEEP") == NULL)
-        proc_rmtree(home);
+    proc_tmpdir_done(home);
     return 0;
 }
 
@@ -539,8 +463,7 @@ static int setup_all(void **state)
 static int teardown_all(void **state)
 {
     (void)state;
-    if (getenv("KILN_TEST_KEEP") == NULL)
-        proc_rmtree(root);
+    proc_tmpdir_done(root);
     return 0;
 }
 
@@ -615,7 +538,7 @@ static void test_slurm_two_nodes(void **state)
         const char *curl[] = {"curl", "-sf", url, NULL};
         if (run(curl) == 0 && strstr(res.out, want) != NULL)
             break;
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     if (strstr(res.out, want) == NULL)
         fail_msg("the run page lacks \"%s\":\n%.2000s", want, res.out);
@@ -671,7 +594,7 @@ static void test_slurm_refuses(void **state)
         printf("  run %d: %s\n", id, r.error);
         state_run_fini(&r);
     }
-    sleep_ms(2500); /* past the retry backoff: nothing was queued */
+    proc_sleep_ms(2500); /* past the retry backoff: nothing was queued */
     assert_int_equal(count_runs(), 2);
     stop_kilnd(SIGTERM);
 }
@@ -689,7 +612,7 @@ static void test_slurm_cancel(void **state)
     char dir[900], num[32];
     run_dir_of(id, dir, sizeof dir);
     for (int i = 0; i < 100 && signal_ranks(dir, 0) < RANKS; i++)
-        sleep_ms(100);
+        proc_sleep_ms(100);
     assert_int_equal(signal_ranks(dir, 0), RANKS);
     snprintf(num, sizeof num, "%lld", (long long)id);
     const char *argv[] = {kiln, "--db", db, "cancel", num, NULL};
@@ -700,7 +623,7 @@ static void test_slurm_cancel(void **state)
     assert_string_equal(st, "CANCELLED");
     assert_non_null(strstr(scontrol_job(job), "JobState=CANCELLED"));
     for (int i = 0; i < 100 && signal_ranks(dir, 0) > 0; i++)
-        sleep_ms(100);
+        proc_sleep_ms(100);
     assert_int_equal(signal_ranks(dir, 0), 0);
     state_run_t r;
     get_run(id, &r);
@@ -735,7 +658,7 @@ static void test_slurm_time_limit(void **state)
     snprintf(dir, sizeof dir, "%s", r.run_dir);
     state_run_fini(&r);
     for (int i = 0; i < 100 && signal_ranks(dir, 0) > 0; i++)
-        sleep_ms(100);
+        proc_sleep_ms(100);
     assert_int_equal(signal_ranks(dir, 0), 0);
     assert_int_equal(last_run(), id); /* a time-out is not retried */
     stop_kilnd(SIGTERM);
@@ -854,7 +777,7 @@ static void test_kilnd_kill9(void **state)
     proc_slurp(pidfile, text, sizeof text);
     assert_true(atoi(text) > 0);
     assert_int_equal(kill(atoi(text), SIGKILL), 0);
-    sleep_ms(300);
+    proc_sleep_ms(300);
     start_kilnd(NULL, "400");
     snprintf(want, sizeof want, "run %lld: adopted Slurm job %lld by its id", (long long)id,
              (long long)job);
@@ -877,21 +800,14 @@ static void test_kilnd_kill9(void **state)
     stop_kilnd(SIGTERM);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_installed),
-        cmocka_unit_test_setup_teardown(test_slurm_two_nodes, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_hostfile, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_slurm_refuses, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_slurm_cancel, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_slurm_node_fail, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_slurm_preempted, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_kilnd_kill9, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_slurm_time_limit, setup_home, teardown_home),
-    };
-    /* KILN_TEST_FILTER=test_slurm_cancel runs one test (cmocka glob). */
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
-}
+/* KILN_TEST_FILTER=test_slurm_cancel runs one test (cmocka glob). */
+PROC_TEST_MAIN(setup_all, teardown_all,
+    cmocka_unit_test(test_installed),
+    cmocka_unit_test_setup_teardown(test_slurm_two_nodes, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_hostfile, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_refuses, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_cancel, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_node_fail, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_preempted, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_kilnd_kill9, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_time_limit, setup_home, teardown_home))

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "proc.h"
 
 static void test_errors(void **state)
 {
@@ -319,15 +320,10 @@ static void test_log_file(void **state)
     kiln_log_set_level(KILN_LOG_INFO);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),     cmocka_unit_test(test_errors_wrapped),
-        cmocka_unit_test(test_check_macros), cmocka_unit_test(test_host_allowed),
-        cmocka_unit_test(test_durations),  cmocka_unit_test(test_civil_dates),
-        cmocka_unit_test(test_iso_instants), cmocka_unit_test(test_xxh64),
-        cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_alloc),
-        cmocka_unit_test(test_log_file),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+PROC_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_errors),     cmocka_unit_test(test_errors_wrapped),
+    cmocka_unit_test(test_check_macros), cmocka_unit_test(test_host_allowed),
+    cmocka_unit_test(test_durations),  cmocka_unit_test(test_civil_dates),
+    cmocka_unit_test(test_iso_instants), cmocka_unit_test(test_xxh64),
+    cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_alloc),
+    cmocka_unit_test(test_log_file))

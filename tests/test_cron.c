@@ -19,6 +19,7 @@
 
 #include "jobs.h"
 #include "kiln.h"
+#include "proc.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -668,24 +669,19 @@ static void test_dst_published(void **state)
     zone_seq("30 1 04 Nov *", "America/New_York", "2012-11-04T05:45:00Z", c, 1);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_published_next),
-        cmocka_unit_test(test_published_activation),
-        cmocka_unit_test(test_leap_years),
-        cmocka_unit_test(test_month_ends),
-        cmocka_unit_test(test_union_rule),
-        cmocka_unit_test(test_names),
-        cmocka_unit_test(test_steps_ranges_lists),
-        cmocka_unit_test(test_macros),
-        cmocka_unit_test(test_every),
-        cmocka_unit_test(test_invalid),
-        cmocka_unit_test(test_impossible),
-        cmocka_unit_test(test_far_future),
-        cmocka_unit_test(test_fixed_offsets),
-        cmocka_unit_test(test_dst_berlin),
-        cmocka_unit_test(test_dst_published),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+PROC_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_published_next),
+    cmocka_unit_test(test_published_activation),
+    cmocka_unit_test(test_leap_years),
+    cmocka_unit_test(test_month_ends),
+    cmocka_unit_test(test_union_rule),
+    cmocka_unit_test(test_names),
+    cmocka_unit_test(test_steps_ranges_lists),
+    cmocka_unit_test(test_macros),
+    cmocka_unit_test(test_every),
+    cmocka_unit_test(test_invalid),
+    cmocka_unit_test(test_impossible),
+    cmocka_unit_test(test_far_future),
+    cmocka_unit_test(test_fixed_offsets),
+    cmocka_unit_test(test_dst_berlin),
+    cmocka_unit_test(test_dst_published))

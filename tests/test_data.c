@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "proc.h"
 #include "rt_data.h"
 
 static char tmpdir[64];
@@ -1071,8 +1072,7 @@ static void test_datagen_skew(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-test-data-XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return proc_tmpdir("data", tmpdir, sizeof tmpdir);
 }
 
 static int teardown(void **state)
@@ -1084,27 +1084,20 @@ static int teardown(void **state)
     return rc == 0 ? 0 : -1;
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_good_line),
-        cmocka_unit_test(test_key_hash),
-        cmocka_unit_test(test_parse_bad_lines),
-        cmocka_unit_test(test_malformed_lines_in_reader),
-        cmocka_unit_test(test_missing_file),
-        cmocka_unit_test(test_block_cyclic_tsv),
-        cmocka_unit_test(test_block_cyclic_with_malformed),
-        cmocka_unit_test(test_bin_roundtrip),
-        cmocka_unit_test(test_bin_multihot),
-        cmocka_unit_test(test_bin_corrupt),
-        cmocka_unit_test(test_prefetch_repeat_and_close),
-        cmocka_unit_test(test_datagen),
-        cmocka_unit_test(test_compressed_tsv),
-        cmocka_unit_test(test_compressed_damaged),
-        cmocka_unit_test(test_not_regular_files),
-        cmocka_unit_test(test_datagen_skew),
-    };
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+PROC_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_parse_good_line),
+    cmocka_unit_test(test_key_hash),
+    cmocka_unit_test(test_parse_bad_lines),
+    cmocka_unit_test(test_malformed_lines_in_reader),
+    cmocka_unit_test(test_missing_file),
+    cmocka_unit_test(test_block_cyclic_tsv),
+    cmocka_unit_test(test_block_cyclic_with_malformed),
+    cmocka_unit_test(test_bin_roundtrip),
+    cmocka_unit_test(test_bin_multihot),
+    cmocka_unit_test(test_bin_corrupt),
+    cmocka_unit_test(test_prefetch_repeat_and_close),
+    cmocka_unit_test(test_datagen),
+    cmocka_unit_test(test_compressed_tsv),
+    cmocka_unit_test(test_compressed_damaged),
+    cmocka_unit_test(test_not_regular_files),
+    cmocka_unit_test(test_datagen_skew))

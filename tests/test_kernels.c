@@ -22,15 +22,10 @@
 
 #include "kern.h"
 #include "kiln.h"
+#include "proc.h"
 
 static uint64_t rng = 0x1234567;
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
+static uint64_t rnd(void) { return proc_xorshift(&rng); }
 static float rndf(void) { return (float)((int)(rnd() % 2001) - 1000) / 1000.0f; }
 
 static void assert_close(const float *got, const float *ref, size_t n, float atol, float rtol)
@@ -1123,30 +1118,25 @@ static void test_openmp_matches_one_thread(void **state)
     free(v4);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_init_is_seeded_and_order_free),
-        cmocka_unit_test(test_zero_init_and_bad_config),
-        cmocka_unit_test(test_lru_eviction),
-        cmocka_unit_test(test_lru_batch_eviction),
-        cmocka_unit_test(test_lfu_eviction),
-        cmocka_unit_test(test_evict_none_is_full),
-        cmocka_unit_test(test_limit),
-        cmocka_unit_test(test_delete_against_reference),
-        cmocka_unit_test(test_memory_bound),
-        cmocka_unit_test(test_wide_index),
-        cmocka_unit_test(test_segments_against_reference),
-        cmocka_unit_test(test_memory_bound_segmented),
-        cmocka_unit_test(test_changed_since),
-        cmocka_unit_test(test_insert_rows),
-        cmocka_unit_test(test_gather_combine),
-        cmocka_unit_test(test_gather_bitwise),
-        cmocka_unit_test(test_backward_reduce),
-        cmocka_unit_test(test_sgd),
-        cmocka_unit_test(test_adagrad),
-        cmocka_unit_test(test_adam),
-        cmocka_unit_test(test_openmp_matches_one_thread),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+PROC_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_init_is_seeded_and_order_free),
+    cmocka_unit_test(test_zero_init_and_bad_config),
+    cmocka_unit_test(test_lru_eviction),
+    cmocka_unit_test(test_lru_batch_eviction),
+    cmocka_unit_test(test_lfu_eviction),
+    cmocka_unit_test(test_evict_none_is_full),
+    cmocka_unit_test(test_limit),
+    cmocka_unit_test(test_delete_against_reference),
+    cmocka_unit_test(test_memory_bound),
+    cmocka_unit_test(test_wide_index),
+    cmocka_unit_test(test_segments_against_reference),
+    cmocka_unit_test(test_memory_bound_segmented),
+    cmocka_unit_test(test_changed_since),
+    cmocka_unit_test(test_insert_rows),
+    cmocka_unit_test(test_gather_combine),
+    cmocka_unit_test(test_gather_bitwise),
+    cmocka_unit_test(test_backward_reduce),
+    cmocka_unit_test(test_sgd),
+    cmocka_unit_test(test_adagrad),
+    cmocka_unit_test(test_adam),
+    cmocka_unit_test(test_openmp_matches_one_thread))

@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <curl/curl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@
 
 #include "fixtures.h"
 #include "kiln.h"
+#include "proc.h"
 #include "state.h"
 
 #ifndef KILN_BIN
@@ -52,10 +54,7 @@ static int setup_all(void **state)
         return -1;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    proc_mpi_env(true);
     char p[400];
     int rc = 0;
     snprintf(p, sizeof p, "%s/day0.tsv", data_dir);
@@ -71,7 +70,7 @@ static int teardown_all(void **state)
 {
     (void)state;
     curl_global_cleanup();
-    return getenv("KILN_TEST_KEEP") ? 0 : proc_rmtree(data_dir);
+    return proc_tmpdir_done(data_dir);
 }
 
 static int setup(void **state)
@@ -88,11 +87,7 @@ static int teardown(void **state)
     /* Runs still going (a test that failed half way) go with their session. */
     if (system("pkill -KILL -f 'kiln-test-loop-' >/dev/null 2>&1") < 0) {
     }
-    if (getenv("KILN_TEST_KEEP") != NULL) {
-        fprintf(stderr, "kept %s\n", home);
-        return 0;
-    }
-    return proc_rmtree(home);
+    return proc_tmpdir_done(home);
 }
 
 /* Writes home/<dir>/job.yaml: an lr job over dir's data/day=*.tsv (relative
@@ -163,17 +158,7 @@ static int64_t newest_run(const char *job)
 static state_run_state_t wait_end(int64_t id, int timeout_s)
 {
     state_t *st = db();
-    state_run_state_t got = STATE_RUN_NSTATES;
-    for (int i = 0; i < timeout_s * 10; i++) {
-        state_run_t r;
-        if (state_run_get(st, id, &r) == 0) {
-            got = r.state;
-            state_run_fini(&r);
-            if (state_run_state_terminal(got))
-                break;
-        }
-        fx_sleep_ms(100);
-    }
+    state_run_state_t got = fx_wait_run(st, id, STATE_RUN_NSTATES, timeout_s);
     state_close(st);
     if (!state_run_state_terminal(got))
         fail_msg("run %lld did not end within %d s (see %s/kilnd.log)", (long long)id, timeout_s,
@@ -212,7 +197,7 @@ static state_push_state_t wait_push(int64_t id, state_push_state_t want, int tim
         state_pushes_free(ps, n);
         if (got != STATE_PUSH_NSTATES)
             return got;
-        fx_sleep_ms(100);
+        proc_sleep_ms(100);
     }
     fail_msg("run %lld has no push %s within %d s (see %s/kilnd.log)", (long long)id,
              want < STATE_PUSH_NSTATES ? state_push_state_name(want) : "that ended", timeout_s,
@@ -240,7 +225,7 @@ static void wait_holds(const fx_serve_t *s, const char *model, const char *label
         fx_holds(s, model, label, h, sizeof h);
         if (strcmp(h, uid) == 0)
             return;
-        fx_sleep_ms(100);
+        proc_sleep_ms(100);
     }
     fail_msg("%s %s/%s holds '%s', not %s, after %d s (see %s/kilnd.log)", s->url, model, label,
              h, uid, timeout_s, home);
@@ -521,7 +506,7 @@ static void check_pages(int64_t id, const fx_serve_t *s, const char *uid)
         }
         json_decref(doc);
         if (!seen)
-            fx_sleep_ms(100);
+            proc_sleep_ms(100);
     }
     if (!seen)
         fail_msg("the endpoints API never showed B's predict traffic");
@@ -570,7 +555,7 @@ static void test_cron_three_partitions(void **state)
             state_runs_free(rs, n);
             state_close(st);
             if (id == 0)
-                fx_sleep_ms(100);
+                proc_sleep_ms(100);
         }
         if (id == 0)
             fail_msg("no run consumed partition %d within 60 s (see %s/kilnd.log)", p, home);
@@ -649,7 +634,7 @@ static void test_endpoint_down_then_up(void **state)
         state_pushes_free(ps, n);
         ps = NULL;
         n = 0;
-        fx_sleep_ms(100);
+        proc_sleep_ms(100);
     }
     assert_int_equal(n, 1);
     assert_int_equal(ps[0].state, STATE_PUSH_PENDING);
@@ -701,7 +686,7 @@ static void kill9_case(const char *hook)
     if (strstr(hook, "HOLD") != NULL) {
         /* Wait for the endpoint to apply it; kilnd has not recorded it. */
         for (int i = 0; i < 300 && fx_pushes_applied(&s) < 1; i++)
-            fx_sleep_ms(100);
+            proc_sleep_ms(100);
         assert_int_equal(fx_pushes_applied(&s), 1);
     }
     fx_kilnd_stop(&kd, SIGKILL);
@@ -719,7 +704,7 @@ static void kill9_case(const char *hook)
     n = run_pushes(id, &ps);
     assert_int_equal(n, 1);
     state_pushes_free(ps, n);
-    fx_sleep_ms(1500);
+    proc_sleep_ms(1500);
     assert_int_equal(fx_pushes_applied(&s), 1);
 }
 
@@ -845,7 +830,7 @@ static void test_online_job(void **state)
         if (n > 0 && ps[n - 1].state == STATE_PUSH_SUCCEEDED)
             snprintf(last, sizeof last, "%s", ps[n - 1].checkpoint_uid);
         state_pushes_free(ps, n);
-        fx_sleep_ms(100);
+        proc_sleep_ms(100);
     }
     if (reached < 3)
         fail_msg("%d online exports reached B in 90 s (see %s/kilnd.log)", reached, home);
@@ -864,20 +849,13 @@ static void test_online_job(void **state)
     assert_int_equal(wait_end(id, 60), STATE_RUN_CANCELED);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_five_relative_submits, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_one_serve_two_labels, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_cron_three_partitions, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_endpoint_down_then_up, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_kill9_before_push, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_kill9_after_apply, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_online_job, setup, teardown),
-    };
-    /* KILN_TEST_FILTER=test_cron* runs matching tests (cmocka glob). */
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
-}
+/* KILN_TEST_FILTER=test_cron* runs matching tests (cmocka glob). */
+PROC_TEST_MAIN(setup_all, teardown_all,
+    cmocka_unit_test_setup_teardown(test_five_relative_submits, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_one_serve_two_labels, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_cron_three_partitions, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_endpoint_down_then_up, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_kill9_before_push, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_kill9_after_apply, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_online_job, setup, teardown))

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proc.h"
 #include "rt_model.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -918,15 +919,10 @@ static void test_auc(void **state)
     assert_float_equal(rt_metrics_logloss(zero, one, 1), -log(1e-7), 1e-6);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_grad_lr),         cmocka_unit_test(test_grad_fm),
-        cmocka_unit_test(test_grad_dlrm),       cmocka_unit_test(test_layout),
-        cmocka_unit_test(test_loss_known),      cmocka_unit_test(test_loss_stable),
-        cmocka_unit_test(test_optimizers),      cmocka_unit_test(test_init_deterministic),
-        cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_config_errors),
-        cmocka_unit_test(test_trains),          cmocka_unit_test(test_split_invariance),          cmocka_unit_test(test_auc),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+PROC_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_grad_lr),         cmocka_unit_test(test_grad_fm),
+    cmocka_unit_test(test_grad_dlrm),       cmocka_unit_test(test_layout),
+    cmocka_unit_test(test_loss_known),      cmocka_unit_test(test_loss_stable),
+    cmocka_unit_test(test_optimizers),      cmocka_unit_test(test_init_deterministic),
+    cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_config_errors),
+    cmocka_unit_test(test_trains),          cmocka_unit_test(test_split_invariance),          cmocka_unit_test(test_auc))

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "kiln.h"
 #include "proc.h"
 #include "state.h"
@@ -42,12 +43,6 @@
 static char data_dir[256]; /* shared generated data */
 static char home[256];     /* this test's KILN_HOME */
 static char db[320];
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* Runs argv to completion with output to home/cmd.out; returns the exit code. */
 static int run_cmd(const char *const *argv)
@@ -96,7 +91,7 @@ static int stop_kilnd(pid_t pid, int sig)
     for (int i = 0; i < 100; i++) {
         if (waitpid(pid, &st, WNOHANG) == pid)
             return st;
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     kill(pid, SIGKILL);
     waitpid(pid, &st, 0);
@@ -106,20 +101,17 @@ static int stop_kilnd(pid_t pid, int sig)
 
 static void write_spec(const char *name, const char *extra, char *path, size_t cap)
 {
+    char data[400] = "";
     snprintf(path, cap, "%s/%s.yaml", home, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "resources: {ranks: 2, threads: 1}\n"
-            "model: {type: lr, embedding: {dim: 4, capacity: 100000}}\n"
-            "%s",
-            name, extra);
     if (strstr(extra, "data:") == NULL)
-        fprintf(f, "data: {train: \"%s/*.tsv\"}\n", data_dir);
-    if (strncmp(extra, "train:", 6) != 0 && strstr(extra, "\ntrain:") == NULL)
-        fprintf(f, "train: {batch_size: 256, log_every: 2}\n");
-    fclose(f);
+        snprintf(data, sizeof data, "data: {train: \"%s/*.tsv\"}\n", data_dir);
+    bool train = strncmp(extra, "train:", 6) != 0 && strstr(extra, "\ntrain:") == NULL;
+    fx_write(path,
+             "name: %s\n"
+             "resources: {ranks: 2, threads: 1}\n"
+             "model: {type: lr, embedding: {dim: 4, capacity: 100000}}\n"
+             "%s%s%s",
+             name, extra, data, train ? "train: {batch_size: 256, log_every: 2}\n" : "");
 }
 
 static void submit(const char *spec)
@@ -142,17 +134,7 @@ static state_t *open_db(void)
 static state_run_state_t wait_run(int64_t run_id, state_run_state_t want, int timeout_s)
 {
     state_t *st = open_db();
-    state_run_state_t got = STATE_RUN_NSTATES;
-    for (int i = 0; i < timeout_s * 10; i++) {
-        state_run_t r;
-        if (state_run_get(st, run_id, &r) == 0) {
-            got = r.state;
-            state_run_fini(&r);
-            if (got == want || (want == STATE_RUN_NSTATES && state_run_state_terminal(got)))
-                break;
-        }
-        sleep_ms(100);
-    }
+    state_run_state_t got = fx_wait_run(st, run_id, want, timeout_s);
     state_close(st);
     if (want != STATE_RUN_NSTATES && got != want)
         fail_msg("run %lld is %s, expected %s within %d s (see %s/kilnd.log)", (long long)run_id,
@@ -171,8 +153,7 @@ static void get_run(int64_t id, state_run_t *r)
 static int setup_home(void **state)
 {
     (void)state;
-    snprintf(home, sizeof home, "/tmp/kiln-test-sched-XXXXXX");
-    if (mkdtemp(home) == NULL)
+    if (proc_tmpdir("sched", home, sizeof home) < 0)
         return -1;
     snprintf(db, sizeof db, "%s/kiln.db", home);
     setenv("KILN_HOME", home, 1);
@@ -205,7 +186,7 @@ static void stop_leftovers(void)
             continue;
         kill(sup, SIGTERM);
         for (int i = 0; i < 100 && !file_exists(dir, "status"); i++)
-            sleep_ms(100);
+            proc_sleep_ms(100);
     }
 }
 
@@ -213,42 +194,27 @@ static int teardown_home(void **state)
 {
     (void)state;
     stop_leftovers();
-    if (getenv("KILN_TEST_KEEP") != NULL) { /* keep the home for a post-mortem */
-        home[0] = '\0';
-        return 0;
-    }
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", home);
+    int rc = proc_tmpdir_done(home);
     home[0] = '\0';
-    return system(cmd) == 0 ? 0 : -1;
+    return rc;
 }
 
 static int setup_all(void **state)
 {
     (void)state;
-    snprintf(data_dir, sizeof data_dir, "/tmp/kiln-test-sched-data-XXXXXX");
-    if (mkdtemp(data_dir) == NULL)
+    if (proc_tmpdir("sched-data", data_dir, sizeof data_dir) < 0)
         return -1;
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
     /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    proc_mpi_env(true);
     char out[400];
     snprintf(out, sizeof out, "%s/day0.tsv", data_dir);
-    const char *argv[] = {KILN_BIN, "datagen", "--rows", "3000", "--out", out, "--seed", "5", NULL};
-    return run_cmd(argv) == 0 ? 0 : -1;
+    return fx_datagen(out, 3000, 5, 0) == 0 ? 0 : -1;
 }
 
 static int teardown_all(void **state)
 {
     (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", data_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return proc_rmtree(data_dir);
 }
 
 static bool file_exists(const char *dir, const char *name)
@@ -356,7 +322,7 @@ static void test_cancel(void **state)
     submit(spec);
     pid_t k = start_kilnd();
     wait_run(1, STATE_RUN_RUNNING, 15);
-    sleep_ms(1000);
+    proc_sleep_ms(1000);
     const char *argv[] = {KILN_BIN, "--db", db, "cancel", "1", NULL};
     assert_int_equal(run_cmd(argv), 0);
     wait_run(1, STATE_RUN_CANCELED, 15);
@@ -461,7 +427,7 @@ static void test_cron_forbid(void **state)
                spec, sizeof spec);
     submit(spec);
     pid_t k = start_kilnd();
-    sleep_ms(9000);
+    proc_sleep_ms(9000);
     stop_kilnd(k, SIGTERM);
     state_t *st = open_db();
     state_run_t *rs = NULL;
@@ -495,9 +461,9 @@ static void test_catchup_after_downtime(void **state)
     pid_t k = start_kilnd();
     wait_run(1, STATE_RUN_SUCCEEDED, 20);
     stop_kilnd(k, SIGTERM);
-    sleep_ms(6000); /* three fire times pass while kilnd is down */
+    proc_sleep_ms(6000); /* three fire times pass while kilnd is down */
     k = start_kilnd();
-    sleep_ms(5000);
+    proc_sleep_ms(5000);
     stop_kilnd(k, SIGTERM);
     state_t *st = open_db();
     state_run_t *rs = NULL;
@@ -542,7 +508,7 @@ static bool log_has(const char *text, int timeout_s)
             if (strstr(buf, text) != NULL)
                 return true;
         }
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     return false;
 }
@@ -571,7 +537,7 @@ static void test_kill9_recovery(void **state)
     for (int i = 0; i < 150 && stopped < 2; i++) {
         stopped = signal_ranks(slow_dir, SIGSTOP);
         if (stopped < 2)
-            sleep_ms(100);
+            proc_sleep_ms(100);
     }
     assert_int_equal(stopped, 2);
     stop_kilnd(k, SIGKILL);
@@ -581,7 +547,7 @@ static void test_kill9_recovery(void **state)
     snprintf(status, sizeof status, "%s/status", r.run_dir);
     state_run_fini(&r);
     for (int i = 0; i < 600 && access(status, F_OK) != 0; i++) /* ASan builds are slow */
-        sleep_ms(100);
+        proc_sleep_ms(100);
     if (access(status, F_OK) != 0) {
         char cmd[1400];
         signal_ranks(slow_dir, SIGCONT);
@@ -600,7 +566,7 @@ static void test_kill9_recovery(void **state)
     assert_non_null(ea);
     long long status_ended = atoll(ea + 12);
     while (time(NULL) < status_ended + 3)
-        sleep_ms(200);
+        proc_sleep_ms(200);
     k = start_kilnd();
     bool adopted = log_has("run 2 adopted", 30);
     assert_int_equal(signal_ranks(slow_dir, SIGCONT), 2);
@@ -652,7 +618,7 @@ static int kilnd_exits(const char *name, const char *const *args, int timeout_s,
             code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
             break;
         }
-        sleep_ms(100);
+        proc_sleep_ms(100);
     }
     if (code < 0) {
         kill(pid, SIGKILL);
@@ -742,23 +708,16 @@ static void test_refuses_to_start(void **state)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_submit_to_success, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_queued_run_keeps_its_version, setup_home,
-                                        teardown_home),
-        cmocka_unit_test_setup_teardown(test_cancel, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_timeout, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_rank_killed_then_retry, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_cron_forbid, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_catchup_after_downtime, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_kill9_recovery, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
-        cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home),
-    };
-    /* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
-}
+/* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
+PROC_TEST_MAIN(setup_all, teardown_all,
+    cmocka_unit_test_setup_teardown(test_submit_to_success, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_queued_run_keeps_its_version, setup_home,
+                                    teardown_home),
+    cmocka_unit_test_setup_teardown(test_cancel, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_timeout, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_rank_killed_then_retry, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_cron_forbid, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_catchup_after_downtime, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_kill9_recovery, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home))

@@ -33,11 +33,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "kern.h"
 #include "proc.h"
 #include "rt_data.h"
 #include "rt_model.h"
 #include "serve.h"
+#include "serve_fixture.h"
 #include "serve_int.h"
 
 #define TOKEN "s3cret-token"
@@ -361,12 +363,6 @@ typedef struct server {
     char url[64];
 } server_t;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Every kiln-serve started and not yet killed: teardown stops them, so that a
  * test failing half way leaves no server behind. */
 static pid_t live_servers[64];
@@ -393,7 +389,7 @@ static void server_start_ex(server_t *srv, const char *const *extra, int delay_m
     pid_t pid = fork();
     if (pid == 0) {
         if (delay_ms > 0)
-            sleep_ms(delay_ms);
+            proc_sleep_ms(delay_ms);
         setenv("KILN_TEST_TOKEN", TOKEN, 1);
         char logp[600];
         snprintf(logp, sizeof logp, "%s.log", srv->dir);
@@ -416,7 +412,7 @@ static void server_start_ex(server_t *srv, const char *const *extra, int delay_m
     for (int i = 0; i < 1000 && buf[0] == '\0'; i++) {
         proc_slurp(portfile, buf, sizeof buf);
         if (buf[0] == '\0')
-            sleep_ms(10);
+            proc_sleep_ms(10);
     }
     if (buf[0] == '\0') {
         char logp[600], text[4096];
@@ -450,49 +446,21 @@ static void server_new(server_t *srv, const char *name)
     snprintf(srv->dir, sizeof srv->dir, "%s/%s", tmp_root, name);
 }
 
-typedef struct resp {
-    char body[1 << 16];
-    size_t len;
-} resp_t;
+typedef fx_reply_t resp_t;
 
-static size_t resp_write(char *p, size_t s, size_t n, void *ud)
+static void resp_free(resp_t *r)
 {
-    resp_t *r = ud;
-    size_t take = s * n;
-    if (take > sizeof r->body - 1 - r->len)
-        take = sizeof r->body - 1 - r->len;
-    memcpy(r->body + r->len, p, take);
-    r->len += take;
-    r->body[r->len] = '\0';
-    return s * n;
+    fx_reply_fini(r);
+    free(r);
 }
 
-/* One HTTP request; returns the status (0: no response). hdrs NULL-ended. */
+/* One HTTP request into r (its last answer freed first); returns the
+ * status (0: no response). hdrs NULL-ended. */
 static long http(const char *method, const char *url, const char *const *hdrs, const void *body,
                  size_t len, resp_t *r)
 {
-    CURL *e = curl_easy_init();
-    struct curl_slist *h = NULL;
-    for (int i = 0; hdrs != NULL && hdrs[i] != NULL; i++)
-        h = curl_slist_append(h, hdrs[i]);
-    r->len = 0;
-    r->body[0] = '\0';
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, resp_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT, 20L);
-    if (body != NULL) {
-        curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    }
-    long status = 0;
-    if (curl_easy_perform(e) == CURLE_OK)
-        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(e);
-    return status;
+    fx_reply_fini(r);
+    return fx_http(r, method, url, hdrs, body, len, 20);
 }
 
 /* What srv holds for m/label ("" when nothing). */
@@ -506,7 +474,7 @@ static void holds(const server_t *srv, const char *label, char *out, size_t cap)
     const char *v = st == 200 ? json_string_value(json_object_get(j, "checkpoint")) : NULL;
     snprintf(out, cap, "%s", v ? v : "");
     json_decref(j);
-    free(r);
+    resp_free(r);
 }
 
 static int64_t stat_int(const server_t *srv, const char *field)
@@ -518,7 +486,7 @@ static int64_t stat_int(const server_t *srv, const char *field)
     json_t *j = json_loads(r->body, 0, NULL);
     int64_t v = (int64_t)json_integer_value(json_object_get(j, field));
     json_decref(j);
-    free(r);
+    resp_free(r);
     return v;
 }
 
@@ -535,32 +503,15 @@ typedef struct opener {
     char held_after_restart[64];
 } opener_t;
 
-typedef struct killsrc {
-    serve_source_t *inner;
-    opener_t *o;
-    int items;
-} killsrc_t;
-
-static int kill_next(serve_source_t *s, serve_item_t *item)
+/* The fault of opener o: kill its server, start it again and note what it
+ * holds after the restart. */
+static void kill_restart(void *ud)
 {
-    killsrc_t *k = s->impl;
-    if (++k->items == k->o->kill_after) {
-        server_kill(k->o->srv, SIGKILL);
-        server_start(k->o->srv, NULL, 0, true);
-        holds(k->o->srv, "A", k->o->held_after_restart, sizeof k->o->held_after_restart);
-    }
-    return k->inner->ops->next(k->inner, item);
+    opener_t *o = ud;
+    server_kill(o->srv, SIGKILL);
+    server_start(o->srv, NULL, 0, true);
+    holds(o->srv, "A", o->held_after_restart, sizeof o->held_after_restart);
 }
-
-static void kill_destroy(serve_source_t *s)
-{
-    killsrc_t *k = s->impl;
-    serve_source_destroy(k->inner);
-    free(k);
-    free(s);
-}
-
-static const serve_source_ops_t kill_ops = {kill_next, kill_destroy};
 
 static int open_src(void *ctx, const char *held, serve_source_t **out)
 {
@@ -568,16 +519,8 @@ static int open_src(void *ctx, const char *held, serve_source_t **out)
     o->opens++;
     bool delta = o->delta != NULL && held != NULL && strcmp(held, o->delta_base) == 0;
     KILN_CHECK(serve_memsrc_open(delta ? o->delta : o->full, out));
-    if (o->opens == o->kill_on_open) {
-        serve_source_t *w = calloc(1, sizeof *w);
-        killsrc_t *k = calloc(1, sizeof *k);
-        k->inner = *out;
-        k->o = o;
-        *w = **out;
-        w->ops = &kill_ops;
-        w->impl = k;
-        *out = w;
-    }
+    if (o->opens == o->kill_on_open)
+        return fx_fault_source(*out, o->kill_after, kill_restart, o, out);
     return 0;
 }
 
@@ -609,7 +552,7 @@ static int predict(const server_t *srv, const char *label, const char *lines, do
     for (int i = 0; i < n && i < max; i++)
         out[i] = json_real_value(json_array_get(p, i));
     json_decref(j);
-    free(r);
+    resp_free(r);
     return n;
 }
 
@@ -812,7 +755,7 @@ static void test_push_lookup_predict(void **state)
     json_decref(j);
 
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
     serve_memsrc_destroy(full);
     serve_memsrc_destroy(delta);
 }
@@ -902,7 +845,7 @@ static void test_chain_compacted(void **state)
     json_decref(before);
     json_decref(after);
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
     serve_memsrc_destroy(full);
 }
 
@@ -1024,7 +967,7 @@ static void test_auth_and_bad_requests(void **state)
     holds(&srv, "A", h, sizeof h);
     assert_string_equal(h, "ck-1");
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
     free(body);
     serve_memsrc_destroy(full);
 }
@@ -1273,7 +1216,7 @@ static void test_push_nonfinite_refused(void **state)
     json_decref(j);
     assert_int_equal(stat_int(&srv, "pushes_rejected"), 3);
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
 }
 
 /* predict answers exactly one entry per input row, always: a row whose
@@ -1343,7 +1286,7 @@ static void test_predict_nonfinite(void **state)
         fail_msg("/metrics lacks the non-finite count:\n%s", r->body);
     server_kill(&srv, SIGTERM);
     free(body);
-    free(r);
+    resp_free(r);
     serve_memsrc_destroy(full);
 }
 
@@ -1380,7 +1323,7 @@ static int serve_try(const char *const *args, char *err, size_t cap)
         else if (access(portfile, F_OK) == 0)
             code = -1;
         else
-            sleep_ms(10);
+            proc_sleep_ms(10);
     }
     if (code < 0) {
         kill(pid, SIGTERM);
@@ -1565,7 +1508,7 @@ static void test_broken_files(void **state)
     json_decref(j);
     server_kill(&srv, SIGTERM);
     free(kbytes);
-    free(r);
+    resp_free(r);
 }
 
 /* A model kiln-serve cannot build is refused with the trainer's reason,
@@ -1609,7 +1552,7 @@ static void test_wrapped_error_reads_right(void **state)
     json_decref(j);
     server_kill(&srv, SIGTERM);
     serve_memsrc_destroy(m);
-    free(r);
+    resp_free(r);
 }
 
 /* Each limit of the command line has one rule, checked before anything
@@ -1712,7 +1655,7 @@ static void test_host_header(void **state)
     assert_int_equal(get_with_host(&srv, "serve.example", r), 403);
     assert_int_equal(get_with_host(&srv, "localhost", r), 200);
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
 }
 
 /* 300 idle connections from one client and trickled headers from another
@@ -1739,7 +1682,7 @@ static void test_slow_clients(void **state)
     proc_slow_close(&slow);
     assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
     server_kill(&srv, SIGTERM);
-    free(r);
+    resp_free(r);
 }
 
 /* ---- end to end: kiln-train checkpoints through kiln push to kiln-serve ------------- */
@@ -2114,34 +2057,27 @@ static int teardown(void **state)
     return 0;
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wire_roundtrip),
-        cmocka_unit_test(test_wire_corrupt),
-        cmocka_unit_test(test_table_model),
-        cmocka_unit_test(test_push_lookup_predict),
-        cmocka_unit_test(test_chain_compacted),
-        cmocka_unit_test(test_predict_matches_model),
-        cmocka_unit_test(test_auth_and_bad_requests),
-        cmocka_unit_test(test_fault_wrong_base_full),
-        cmocka_unit_test(test_fault_endpoint_down),
-        cmocka_unit_test(test_fault_killed_mid_push),
-        cmocka_unit_test(test_parallel_two_endpoints),
-        cmocka_unit_test(test_push_nonfinite_refused),
-        cmocka_unit_test(test_predict_nonfinite),
-        cmocka_unit_test(test_state_dir_locked),
-        cmocka_unit_test(test_broken_files),
-        cmocka_unit_test(test_wrapped_error_reads_right),
-        cmocka_unit_test(test_cli_limits),
-        cmocka_unit_test(test_host_header),
-        cmocka_unit_test(test_slow_clients),
-        cmocka_unit_test(test_e2e_consistency),
-        cmocka_unit_test(test_e2e_promote_rollback),
-        cmocka_unit_test(test_e2e_export_incremental_push),
-    };
-    /* KILN_TEST_FILTER=test_push_* runs matching tests (cmocka glob). */
-    if (getenv("KILN_TEST_FILTER") != NULL)
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+/* KILN_TEST_FILTER=test_push_* runs matching tests (cmocka glob). */
+PROC_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_wire_roundtrip),
+    cmocka_unit_test(test_wire_corrupt),
+    cmocka_unit_test(test_table_model),
+    cmocka_unit_test(test_push_lookup_predict),
+    cmocka_unit_test(test_chain_compacted),
+    cmocka_unit_test(test_predict_matches_model),
+    cmocka_unit_test(test_auth_and_bad_requests),
+    cmocka_unit_test(test_fault_wrong_base_full),
+    cmocka_unit_test(test_fault_endpoint_down),
+    cmocka_unit_test(test_fault_killed_mid_push),
+    cmocka_unit_test(test_parallel_two_endpoints),
+    cmocka_unit_test(test_push_nonfinite_refused),
+    cmocka_unit_test(test_predict_nonfinite),
+    cmocka_unit_test(test_state_dir_locked),
+    cmocka_unit_test(test_broken_files),
+    cmocka_unit_test(test_wrapped_error_reads_right),
+    cmocka_unit_test(test_cli_limits),
+    cmocka_unit_test(test_host_header),
+    cmocka_unit_test(test_slow_clients),
+    cmocka_unit_test(test_e2e_consistency),
+    cmocka_unit_test(test_e2e_promote_rollback),
+    cmocka_unit_test(test_e2e_export_incremental_push))

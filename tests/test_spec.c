@@ -23,6 +23,7 @@
 
 #include "jobs.h"
 #include "kiln.h"
+#include "proc.h"
 
 /* Parses text as "job.yaml"; returns the code and leaves spec/diags filled. */
 static int parse(const char *text, job_spec_t *spec, job_diags_t *d)
@@ -70,49 +71,124 @@ static const job_table_t *table_named(const job_spec_t *s, const char *name)
     return NULL;
 }
 
+/* The settings of a parsed spec that check_spec compares (all but tables,
+ * endpoints, MLP sizes and optimizer details): a table of fields of
+ * job_spec_t, each a string, a double or an integer of its own size. */
+typedef enum { F_STR, F_NUM, F_DBL } field_kind_t;
+
+#define SF(field, kind)                                                                           \
+    {#field, offsetof(job_spec_t, field), sizeof(((job_spec_t *)0)->field), kind}
+static const struct {
+    const char *name;
+    size_t off, size;
+    field_kind_t kind;
+} spec_fields[] = {
+    SF(name, F_STR), SF(description, F_STR), SF(schedule, F_STR), SF(timezone, F_STR),
+    SF(concurrency, F_NUM), SF(catchup, F_NUM), SF(priority, F_NUM),
+    SF(resources.ranks, F_NUM), SF(resources.launcher, F_NUM), SF(resources.device, F_NUM),
+    SF(resources.timeout_ms, F_NUM), SF(resources.threads, F_NUM),
+    SF(retries.count, F_NUM), SF(retries.backoff_ms, F_NUM), SF(retries.max_backoff_ms, F_NUM),
+    SF(data.format, F_NUM), SF(data.train, F_STR), SF(data.eval, F_STR),
+    SF(data.incremental, F_NUM), SF(data.dense_features, F_NUM), SF(data.cat_slots, F_NUM),
+    SF(data.max_malformed, F_DBL),
+    SF(model.type, F_NUM), SF(model.embedding.dim, F_NUM), SF(model.embedding.combiner, F_NUM),
+    SF(model.embedding.capacity, F_NUM), SF(model.embedding.eviction, F_NUM),
+    SF(model.embedding.init, F_NUM), SF(model.embedding.init_scale, F_DBL),
+    SF(model.nbottom, F_NUM), SF(model.ntop, F_NUM), SF(model.ntables, F_NUM),
+    SF(train.mode, F_NUM), SF(train.batch_size, F_NUM), SF(train.epochs, F_NUM),
+    SF(train.sparse.type, F_NUM), SF(train.sparse.lr, F_DBL), SF(train.sparse.eps, F_DBL),
+    SF(train.dense.type, F_NUM), SF(train.dense.lr, F_DBL), SF(train.seed, F_NUM),
+    SF(train.init_from, F_NUM), SF(train.max_steps, F_NUM), SF(train.log_every, F_NUM),
+    SF(checkpoint.dir, F_STR), SF(checkpoint.full_every, F_NUM), SF(checkpoint.keep, F_NUM),
+    SF(checkpoint.include_optimizer, F_NUM), SF(checkpoint.every_steps, F_NUM),
+    SF(export_.on_success, F_NUM), SF(export_.every_ms, F_NUM),
+    SF(push.token_env, F_STR), SF(push.retries, F_NUM), SF(push.timeout_ms, F_NUM),
+    SF(push.nendpoints, F_NUM),
+};
+#undef SF
+
+/* The integer of size bytes at p (bool, int or enum, int64_t, uint64_t). */
+static int64_t num_at(const char *p, size_t size)
+{
+    int8_t i8;
+    int32_t i32;
+    int64_t i64;
+    switch (size) {
+    case 1:
+        memcpy(&i8, p, 1);
+        return i8;
+    case 4:
+        memcpy(&i32, p, 4);
+        return i32;
+    default:
+        assert_int_equal(size, 8);
+        memcpy(&i64, p, 8);
+        return i64;
+    }
+}
+
+/* s has every setting of spec_fields that want has (a NULL string wants a
+ * NULL field). */
+static void check_spec(const job_spec_t *s, const job_spec_t *want)
+{
+    for (size_t i = 0; i < sizeof spec_fields / sizeof spec_fields[0]; i++) {
+        const char *got = (const char *)s + spec_fields[i].off;
+        const char *exp = (const char *)want + spec_fields[i].off;
+        const char *name = spec_fields[i].name;
+        if (spec_fields[i].kind == F_STR) {
+            const char *g = *(char *const *)got, *w = *(char *const *)exp;
+            if (w == NULL ? g != NULL : g == NULL || strcmp(g, w) != 0)
+                fail_msg("%s: \"%s\", want \"%s\"", name, g ? g : "(null)", w ? w : "(null)");
+        } else if (spec_fields[i].kind == F_DBL) {
+            double g, w;
+            memcpy(&g, got, sizeof g);
+            memcpy(&w, exp, sizeof w);
+            if (!(g == w))
+                fail_msg("%s: %.17g, want %.17g", name, g, w);
+        } else {
+            int64_t g = num_at(got, spec_fields[i].size), w = num_at(exp, spec_fields[i].size);
+            if (g != w)
+                fail_msg("%s: %lld, want %lld", name, (long long)g, (long long)w);
+        }
+    }
+}
+
 static void test_ctr_hourly(void **state)
 {
     (void)state;
+    static const job_spec_t want = {
+        .name = "ctr-hourly",
+        .schedule = "15 * * * *",
+        .timezone = "UTC",
+        .concurrency = JOB_CONC_FORBID,
+        .catchup = JOB_CATCHUP_LATEST,
+        .resources = {.ranks = 2, .launcher = JOB_LAUNCH_LOCAL, .device = JOB_DEVICE_AUTO,
+                      .timeout_ms = 2 * 3600 * 1000},
+        .retries = {.count = 3, .backoff_ms = 30000, .max_backoff_ms = 3600 * 1000},
+        .data = {.format = JOB_FMT_CRITEO_TSV, .train = "data/day=*/part-*.tsv",
+                 .eval = "data/eval.tsv", .incremental = true, .dense_features = 13,
+                 .cat_slots = 26, .max_malformed = 0.01},
+        .model = {.type = JOB_MODEL_DLRM,
+                  .embedding = {16, JOB_COMB_SUM, 4000000, JOB_EVICT_LRU, JOB_INIT_UNIFORM, 0.01},
+                  .nbottom = 2, .ntop = 3, .ntables = 26},
+        .train = {.mode = JOB_MODE_BATCH, .batch_size = 4096, .epochs = 1,
+                  .sparse = {.type = JOB_OPT_ADAGRAD, .lr = 0.05, .eps = 1e-10},
+                  .dense = {.type = JOB_OPT_ADAGRAD, .lr = 0.05}, .seed = 42,
+                  .init_from = JOB_INITFROM_LATEST, .log_every = 100},
+        .checkpoint = {.dir = "ckpt/ctr-hourly", .full_every = 24, .keep = 5,
+                       .include_optimizer = true},
+        .export_ = {.on_success = JOB_EXPORT_INCREMENTAL},
+        .push = {.token_env = "KILN_SERVE_TOKEN", .retries = 5, .timeout_ms = 30000,
+                 .nendpoints = 1}};
     job_spec_t s;
     load_ok(KILN_SOURCE_DIR "/tests/specs/good/ctr-hourly.yaml", &s);
-    assert_string_equal(s.name, "ctr-hourly");
-    assert_null(s.description);
-    assert_string_equal(s.schedule, "15 * * * *");
-    assert_string_equal(s.timezone, "UTC");
-    assert_int_equal(s.concurrency, JOB_CONC_FORBID);
-    assert_int_equal(s.catchup, JOB_CATCHUP_LATEST);
-    assert_int_equal(s.priority, 0);
-    assert_int_equal(s.resources.ranks, 2);
-    assert_int_equal(s.resources.launcher, JOB_LAUNCH_LOCAL);
+    check_spec(&s, &want);
     assert_null(s.resources.hostfile);
-    assert_int_equal(s.resources.device, JOB_DEVICE_AUTO);
-    assert_int_equal(s.resources.timeout_ms, 2 * 3600 * 1000);
-    assert_int_equal(s.resources.threads, 0);
-    assert_int_equal(s.retries.count, 3);
-    assert_int_equal(s.retries.backoff_ms, 30000);
-    assert_int_equal(s.retries.max_backoff_ms, 3600 * 1000);
-    assert_int_equal(s.data.format, JOB_FMT_CRITEO_TSV);
-    assert_string_equal(s.data.train, "data/day=*/part-*.tsv");
-    assert_string_equal(s.data.eval, "data/eval.tsv");
-    assert_true(s.data.incremental);
-    assert_int_equal(s.data.dense_features, 13);
-    assert_int_equal(s.data.cat_slots, 26);
-    assert_true(s.data.max_malformed == 0.01);
-    assert_int_equal(s.model.type, JOB_MODEL_DLRM);
-    assert_int_equal(s.model.embedding.dim, 16);
-    assert_int_equal(s.model.embedding.combiner, JOB_COMB_SUM);
-    assert_int_equal(s.model.embedding.capacity, 4000000);
-    assert_int_equal(s.model.embedding.eviction, JOB_EVICT_LRU);
-    assert_int_equal(s.model.embedding.init, JOB_INIT_UNIFORM);
-    assert_true(s.model.embedding.init_scale == 0.01);
-    assert_int_equal(s.model.nbottom, 2);
     assert_int_equal(s.model.bottom_mlp[0], 64);
     assert_int_equal(s.model.bottom_mlp[1], 16);
-    assert_int_equal(s.model.ntop, 3);
     assert_int_equal(s.model.top_mlp[0], 256);
     assert_int_equal(s.model.top_mlp[1], 128);
     assert_int_equal(s.model.top_mlp[2], 1);
-    assert_int_equal(s.model.ntables, 26);
     for (int i = 0; i < 26; i++) {
         char name[16];
         snprintf(name, sizeof name, "slot%d", i);
@@ -122,31 +198,8 @@ static void test_ctr_hourly(void **state)
         assert_int_equal(s.model.tables[i].emb.dim, 16);
         assert_int_equal(s.model.tables[i].emb.capacity, 4000000);
     }
-    assert_int_equal(s.train.mode, JOB_MODE_BATCH);
-    assert_int_equal(s.train.batch_size, 4096);
-    assert_int_equal(s.train.epochs, 1);
-    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAGRAD);
-    assert_true(s.train.sparse.lr == 0.05);
-    assert_true(s.train.sparse.eps == 1e-10);
     assert_true(s.train.sparse.initial_accumulator == 0.0);
-    assert_int_equal(s.train.dense.type, JOB_OPT_ADAGRAD);
-    assert_true(s.train.dense.lr == 0.05);
-    assert_int_equal(s.train.seed, 42);
-    assert_int_equal(s.train.init_from, JOB_INITFROM_LATEST);
     assert_null(s.train.init_from_checkpoint);
-    assert_int_equal(s.train.max_steps, 0);
-    assert_int_equal(s.train.log_every, 100);
-    assert_string_equal(s.checkpoint.dir, "ckpt/ctr-hourly");
-    assert_int_equal(s.checkpoint.full_every, 24);
-    assert_int_equal(s.checkpoint.keep, 5);
-    assert_true(s.checkpoint.include_optimizer);
-    assert_int_equal(s.checkpoint.every_steps, 0);
-    assert_int_equal(s.export_.on_success, JOB_EXPORT_INCREMENTAL);
-    assert_int_equal(s.export_.every_ms, 0);
-    assert_string_equal(s.push.token_env, "KILN_SERVE_TOKEN");
-    assert_int_equal(s.push.retries, 5);
-    assert_int_equal(s.push.timeout_ms, 30000);
-    assert_int_equal(s.push.nendpoints, 1);
     assert_string_equal(s.push.endpoints[0].url, "http://127.0.0.1:8501");
     assert_string_equal(s.push.endpoints[0].model, "ctr");
     assert_string_equal(s.push.endpoints[0].label, "B");
@@ -159,63 +212,34 @@ static void test_ctr_hourly(void **state)
 static void test_minimal_defaults(void **state)
 {
     (void)state;
+    /* A one-off lr job: no schedule, and lr has no MLPs. */
+    static const job_spec_t want = {
+        .name = "tiny",
+        .timezone = "UTC",
+        .concurrency = JOB_CONC_FORBID,
+        .catchup = JOB_CATCHUP_LATEST,
+        .resources = {.ranks = 1, .launcher = JOB_LAUNCH_LOCAL, .device = JOB_DEVICE_AUTO},
+        .retries = {.backoff_ms = 30000, .max_backoff_ms = 3600000},
+        .data = {.format = JOB_FMT_CRITEO_TSV, .train = "data/*.tsv", .dense_features = 13,
+                 .cat_slots = 26, .max_malformed = 0.01},
+        .model = {.type = JOB_MODEL_LR,
+                  .embedding = {16, JOB_COMB_SUM, 1000000, JOB_EVICT_LRU, JOB_INIT_UNIFORM, 0.01},
+                  .ntables = 26},
+        .train = {.mode = JOB_MODE_BATCH, .batch_size = 4096, .epochs = 1,
+                  .sparse = {.type = JOB_OPT_ADAGRAD, .lr = 0.05, .eps = 1e-10},
+                  .dense = {.type = JOB_OPT_ADAGRAD, .lr = 0.05}, .seed = 42,
+                  .init_from = JOB_INITFROM_LATEST, .log_every = 100},
+        .checkpoint = {.dir = "ckpt/tiny", .full_every = 24, .keep = 5,
+                       .include_optimizer = true},
+        .export_ = {.on_success = JOB_EXPORT_NONE},
+        .push = {.token_env = "KILN_SERVE_TOKEN", .retries = 5, .timeout_ms = 30000}};
     job_spec_t s;
     parse_ok("name: tiny\ndata: {train: \"data/*.tsv\"}\n", &s);
-    assert_string_equal(s.name, "tiny");
-    assert_null(s.description);
-    assert_null(s.schedule); /* one-off */
-    assert_string_equal(s.timezone, "UTC");
-    assert_int_equal(s.concurrency, JOB_CONC_FORBID);
-    assert_int_equal(s.catchup, JOB_CATCHUP_LATEST);
-    assert_int_equal(s.priority, 0);
-    assert_int_equal(s.resources.ranks, 1);
-    assert_int_equal(s.resources.launcher, JOB_LAUNCH_LOCAL);
-    assert_int_equal(s.resources.device, JOB_DEVICE_AUTO);
-    assert_int_equal(s.resources.timeout_ms, 0);
-    assert_int_equal(s.resources.threads, 0);
-    assert_int_equal(s.retries.count, 0);
-    assert_int_equal(s.retries.backoff_ms, 30000);
-    assert_int_equal(s.retries.max_backoff_ms, 3600000);
-    assert_int_equal(s.data.format, JOB_FMT_CRITEO_TSV);
-    assert_null(s.data.eval);
-    assert_false(s.data.incremental);
-    assert_int_equal(s.data.dense_features, 13);
-    assert_int_equal(s.data.cat_slots, 26);
-    assert_true(s.data.max_malformed == 0.01);
-    assert_int_equal(s.model.type, JOB_MODEL_LR);
-    assert_int_equal(s.model.embedding.dim, 16);
-    assert_int_equal(s.model.embedding.combiner, JOB_COMB_SUM);
-    assert_int_equal(s.model.embedding.capacity, 1000000);
-    assert_int_equal(s.model.embedding.eviction, JOB_EVICT_LRU);
-    assert_int_equal(s.model.embedding.init, JOB_INIT_UNIFORM);
-    assert_true(s.model.embedding.init_scale == 0.01);
-    assert_int_equal(s.model.nbottom, 0); /* lr has no MLPs */
-    assert_int_equal(s.model.ntop, 0);
-    assert_int_equal(s.model.ntables, 26);
-    assert_int_equal(s.train.mode, JOB_MODE_BATCH);
-    assert_int_equal(s.train.batch_size, 4096);
-    assert_int_equal(s.train.epochs, 1);
-    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAGRAD);
-    assert_true(s.train.sparse.lr == 0.05);
+    check_spec(&s, &want);
     assert_true(s.train.sparse.beta1 == 0.9);
     assert_true(s.train.sparse.beta2 == 0.999);
-    assert_true(s.train.sparse.eps == 1e-10);
     assert_true(s.train.sparse.initial_accumulator == 0.0);
     assert_true(s.train.sparse.weight_decay == 0.0);
-    assert_int_equal(s.train.dense.type, JOB_OPT_ADAGRAD);
-    assert_true(s.train.dense.lr == 0.05);
-    assert_int_equal(s.train.seed, 42);
-    assert_int_equal(s.train.init_from, JOB_INITFROM_LATEST);
-    assert_string_equal(s.checkpoint.dir, "ckpt/tiny");
-    assert_int_equal(s.checkpoint.full_every, 24);
-    assert_int_equal(s.checkpoint.keep, 5);
-    assert_true(s.checkpoint.include_optimizer);
-    assert_int_equal(s.export_.on_success, JOB_EXPORT_NONE);
-    assert_int_equal(s.export_.every_ms, 0);
-    assert_string_equal(s.push.token_env, "KILN_SERVE_TOKEN");
-    assert_int_equal(s.push.retries, 5);
-    assert_int_equal(s.push.timeout_ms, 30000);
-    assert_int_equal(s.push.nendpoints, 0);
     assert_null(s.push.endpoints);
     job_spec_fini(&s);
 
@@ -241,40 +265,36 @@ static void test_minimal_defaults(void **state)
 static void test_every_field(void **state)
 {
     (void)state;
+    static const job_spec_t want = {
+        .name = "every_field.v2",
+        .description = "sets every field at least once",
+        .schedule = "@every 30s",
+        .timezone = "UTC+02:00",
+        .concurrency = JOB_CONC_REPLACE,
+        .catchup = JOB_CATCHUP_ALL,
+        .priority = -7,
+        .resources = {.ranks = 8, .launcher = JOB_LAUNCH_HOSTFILE, .device = JOB_DEVICE_CPU,
+                      .timeout_ms = 5400000, .threads = 4},
+        .retries = {.count = 2, .backoff_ms = 10000, .max_backoff_ms = 300000},
+        .data = {.format = JOB_FMT_KILN_BIN, .train = "bin/part-*.kb", .eval = "bin/eval.kb",
+                 .incremental = true, .dense_features = 4, .cat_slots = 6,
+                 .max_malformed = 0.25},
+        .model = {.type = JOB_MODEL_FM,
+                  .embedding = {8, JOB_COMB_MEAN, 5000, JOB_EVICT_LFU, JOB_INIT_NORMAL, 0.5},
+                  .ntables = 5},
+        .train = {.mode = JOB_MODE_ONLINE, .batch_size = 512, .epochs = 3,
+                  .sparse = {.type = JOB_OPT_ADAM, .lr = 0.001, .eps = 1e-6},
+                  .dense = {.type = JOB_OPT_SGD, .lr = 0.1}, .seed = 7,
+                  .init_from = JOB_INITFROM_CHECKPOINT, .max_steps = 100000, .log_every = 50},
+        .checkpoint = {.dir = "/var/lib/kiln/ckpt/every", .full_every = 6, .keep = 2,
+                       .every_steps = 1000},
+        .export_ = {.on_success = JOB_EXPORT_FULL, .every_ms = 30000},
+        .push = {.token_env = "MY_TOKEN", .timeout_ms = 500, .nendpoints = 2}};
     job_spec_t s;
     load_ok(KILN_SOURCE_DIR "/tests/specs/good/everything.yaml", &s);
-    assert_string_equal(s.name, "every_field.v2");
-    assert_string_equal(s.description, "sets every field at least once");
-    assert_string_equal(s.schedule, "@every 30s");
-    assert_string_equal(s.timezone, "UTC+02:00");
-    assert_int_equal(s.concurrency, JOB_CONC_REPLACE);
-    assert_int_equal(s.catchup, JOB_CATCHUP_ALL);
-    assert_int_equal(s.priority, -7);
-    assert_int_equal(s.resources.ranks, 8);
-    assert_int_equal(s.resources.launcher, JOB_LAUNCH_HOSTFILE);
+    check_spec(&s, &want);
     assert_string_equal(s.resources.hostfile, "hosts.txt");
-    assert_int_equal(s.resources.device, JOB_DEVICE_CPU);
-    assert_int_equal(s.resources.timeout_ms, 5400000);
-    assert_int_equal(s.resources.threads, 4);
-    assert_int_equal(s.retries.count, 2);
-    assert_int_equal(s.retries.backoff_ms, 10000);
-    assert_int_equal(s.retries.max_backoff_ms, 300000);
-    assert_int_equal(s.data.format, JOB_FMT_KILN_BIN);
-    assert_string_equal(s.data.train, "bin/part-*.kb");
-    assert_string_equal(s.data.eval, "bin/eval.kb");
-    assert_true(s.data.incremental);
-    assert_int_equal(s.data.dense_features, 4);
-    assert_int_equal(s.data.cat_slots, 6);
-    assert_true(s.data.max_malformed == 0.25);
-    assert_int_equal(s.model.type, JOB_MODEL_FM);
-    assert_int_equal(s.model.embedding.dim, 8);
-    assert_int_equal(s.model.embedding.combiner, JOB_COMB_MEAN);
-    assert_int_equal(s.model.embedding.capacity, 5000);
-    assert_int_equal(s.model.embedding.eviction, JOB_EVICT_LFU);
-    assert_int_equal(s.model.embedding.init, JOB_INIT_NORMAL);
-    assert_true(s.model.embedding.init_scale == 0.5);
     /* users (0, 2), items (4), then defaults for 1, 3, 5 */
-    assert_int_equal(s.model.ntables, 5);
     const job_table_t *u = &s.model.tables[0];
     assert_string_equal(u->name, "users");
     assert_int_equal(u->nslots, 2);
@@ -297,34 +317,11 @@ static void test_every_field(void **state)
     assert_string_equal(s.model.tables[4].name, "slot5");
     assert_int_equal(s.model.tables[4].slots[0], 5);
     assert_int_equal(s.model.tables[4].emb.eviction, JOB_EVICT_LFU);
-    assert_int_equal(s.train.mode, JOB_MODE_ONLINE);
-    assert_int_equal(s.train.batch_size, 512);
-    assert_int_equal(s.train.epochs, 3);
-    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAM);
-    assert_true(s.train.sparse.lr == 0.001);
     assert_true(s.train.sparse.beta1 == 0.8);
     assert_true(s.train.sparse.beta2 == 0.99);
-    assert_true(s.train.sparse.eps == 1e-6);
     assert_true(s.train.sparse.weight_decay == 0.0001);
-    assert_int_equal(s.train.dense.type, JOB_OPT_SGD);
-    assert_true(s.train.dense.lr == 0.1);
     assert_true(s.train.dense.initial_accumulator == 0.1);
-    assert_int_equal(s.train.seed, 7);
-    assert_int_equal(s.train.init_from, JOB_INITFROM_CHECKPOINT);
     assert_string_equal(s.train.init_from_checkpoint, "ckpt-000123");
-    assert_int_equal(s.train.max_steps, 100000);
-    assert_int_equal(s.train.log_every, 50);
-    assert_string_equal(s.checkpoint.dir, "/var/lib/kiln/ckpt/every");
-    assert_int_equal(s.checkpoint.full_every, 6);
-    assert_int_equal(s.checkpoint.keep, 2);
-    assert_false(s.checkpoint.include_optimizer);
-    assert_int_equal(s.checkpoint.every_steps, 1000);
-    assert_int_equal(s.export_.on_success, JOB_EXPORT_FULL);
-    assert_int_equal(s.export_.every_ms, 30000);
-    assert_string_equal(s.push.token_env, "MY_TOKEN");
-    assert_int_equal(s.push.retries, 0);
-    assert_int_equal(s.push.timeout_ms, 500);
-    assert_int_equal(s.push.nendpoints, 2);
     assert_true(s.push.max_regression == 0.002);
     assert_string_equal(s.push.endpoints[0].url, "https://serve-a.example.com:8501");
     assert_string_equal(s.push.endpoints[0].label, "A");
@@ -1040,18 +1037,12 @@ static void test_examples_parse(void **state)
     job_spec_fini(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ctr_hourly),    cmocka_unit_test(test_minimal_defaults),
-        cmocka_unit_test(test_every_field),   cmocka_unit_test(test_tables),
-        cmocka_unit_test(test_bad_specs),     cmocka_unit_test(test_bad_schedule_and_timezone),
-        cmocka_unit_test(test_collects_all),  cmocka_unit_test(test_load_errors),
-        cmocka_unit_test(test_names),         cmocka_unit_test(test_examples_parse),
-        cmocka_unit_test(test_hostile_size),  cmocka_unit_test(test_hostile_many_keys),
-        cmocka_unit_test(test_hostile_depth), cmocka_unit_test(test_hostile_aliases),
-    };
-    if (getenv("KILN_TEST_FILTER") != NULL) /* e.g. KILN_TEST_FILTER='test_hostile*' */
-        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+/* KILN_TEST_FILTER='test_hostile*' runs matching tests (cmocka glob). */
+PROC_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_ctr_hourly),    cmocka_unit_test(test_minimal_defaults),
+    cmocka_unit_test(test_every_field),   cmocka_unit_test(test_tables),
+    cmocka_unit_test(test_bad_specs),     cmocka_unit_test(test_bad_schedule_and_timezone),
+    cmocka_unit_test(test_collects_all),  cmocka_unit_test(test_load_errors),
+    cmocka_unit_test(test_names),         cmocka_unit_test(test_examples_parse),
+    cmocka_unit_test(test_hostile_size),  cmocka_unit_test(test_hostile_many_keys),
+    cmocka_unit_test(test_hostile_depth), cmocka_unit_test(test_hostile_aliases))

@@ -29,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "proc.h"
 #include "rt_ckpt.h"
 #include "rt_data.h"
@@ -88,15 +89,15 @@ static void cmp_floats(wcmp_t *c, const char *what, const float *ref, const floa
     }
 }
 
-/* Opens the newest checkpoint under root (every file verified). */
-static void open_latest(const char *root, rt_ckpt_chain_t *ch)
+/* fx_ckpt_walk's judge: ATOL for weights, ATOL_STATE for optimizer state
+ * (dense.params are weights; the other dense arrays optimizer state). */
+static void cmp_weights(void *c, fx_array_kind_t kind, const char *what, const float *ref,
+                        const float *x, size_t n)
 {
-    char uid[RT_CKPT_UID_MAX], dir[600];
-    if (rt_ckpt_latest(root, uid) != 0)
-        fail_msg("no checkpoint under %s: %s", root, kiln_errmsg());
-    snprintf(dir, sizeof dir, "%s/%s", root, uid);
-    if (rt_ckpt_chain_open(dir, true, ch) != 0)
-        fail_msg("cannot open checkpoint %s: %s", dir, kiln_errmsg());
+    bool state = kind == FX_ROWS_OPT || (kind == FX_DENSE && strcmp(what, "dense.params") != 0);
+    if (kind == FX_ROWS)
+        assert_true(n > 0);
+    cmp_floats(c, what, ref, x, n, state ? ATOL_STATE : ATOL);
 }
 
 /* Compares every table (keys exactly; rows, optimizer state and adam
@@ -105,56 +106,12 @@ static void open_latest(const char *root, rt_ckpt_chain_t *ch)
 static void compare_weights(const char *a, const char *b, wcmp_t *c)
 {
     rt_ckpt_chain_t ca, cb;
-    open_latest(a, &ca);
-    open_latest(b, &cb);
-    const rt_ckpt_info_t *ia = rt_ckpt_info(ca.items[ca.n - 1]);
-    const rt_ckpt_info_t *ib = rt_ckpt_info(cb.items[cb.n - 1]);
-    assert_int_equal(ia->step, ib->step);
-    assert_int_equal(ia->ntables, ib->ntables);
-    assert_true(ia->ntables > 0);
-    for (int t = 0; t < ia->ntables; t++) {
-        rt_ckpt_rows_t x, y;
-        const char *name = ia->tables[t].name;
-        assert_int_equal(rt_ckpt_read_table(&ca, name, &x), 0);
-        if (rt_ckpt_read_table(&cb, name, &y) != 0)
-            fail_msg("table %s: %s", name, kiln_errmsg());
-        /* Both resolved tables are sorted by key: the same key set means
-         * the same arrays row for row. */
-        assert_int_equal(x.n, y.n);
-        assert_int_equal(x.dim, y.dim);
-        assert_int_equal(x.nstate, y.nstate);
-        assert_true(x.n > 0);
-        assert_memory_equal(x.keys, y.keys, sizeof(int64_t) * (size_t)x.n);
-        char what[160];
-        size_t nv = (size_t)x.n * (size_t)x.dim;
-        snprintf(what, sizeof what, "%s.values", name);
-        cmp_floats(c, what, x.values, y.values, nv, ATOL);
-        if (x.nstate > 0) {
-            assert_non_null(x.opt);
-            assert_non_null(y.opt);
-            snprintf(what, sizeof what, "%s.opt", name);
-            cmp_floats(c, what, x.opt, y.opt, nv * (size_t)x.nstate, ATOL_STATE);
-        }
-        if (x.opt_steps)
-            assert_memory_equal(x.opt_steps, y.opt_steps, sizeof(uint32_t) * (size_t)x.n);
-        rt_ckpt_rows_fini(&x);
-        rt_ckpt_rows_fini(&y);
-    }
-    rt_ckpt_array_t *da, *db;
-    int na, nb;
-    assert_int_equal(rt_ckpt_read_dense(ca.items[ca.n - 1], &da, &na), 0);
-    assert_int_equal(rt_ckpt_read_dense(cb.items[cb.n - 1], &db, &nb), 0);
-    assert_int_equal(na, nb);
-    assert_true(na > 0);
-    for (int i = 0; i < na; i++) {
-        assert_string_equal(da[i].name, db[i].name);
-        assert_int_equal(da[i].count, db[i].count);
-        /* dense.params are weights; the other dense arrays optimizer state. */
-        cmp_floats(c, da[i].name, da[i].data, db[i].data, da[i].count,
-                   strcmp(da[i].name, "dense.params") == 0 ? ATOL : ATOL_STATE);
-    }
-    rt_ckpt_arrays_free(da, na);
-    rt_ckpt_arrays_free(db, nb);
+    int ntables, narrays;
+    fx_open_latest(a, &ca);
+    fx_open_latest(b, &cb);
+    fx_ckpt_walk(&ca, &cb, cmp_weights, c, &ntables, &narrays);
+    assert_true(ntables > 0);
+    assert_true(narrays > 0);
     rt_ckpt_chain_fini(&ca);
     rt_ckpt_chain_fini(&cb);
 }
@@ -165,21 +122,16 @@ static void write_spec(const char *name, const char *model, int batch, const cha
                        const char *extra, char *path, size_t cap)
 {
     snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: %s\n"
-            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
-            "model:\n  type: %s\n  embedding: {dim: 8, capacity: 200000}\n%s"
-            "train: {%sbatch_size: %d, seed: 7, log_every: 1, init_from: none}\n",
-            name, model, strcmp(model, "dlrm") == 0 ? "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
-                                                    : "",
-            train_opt ? train_opt : "", batch);
     /* Each run checkpoints (once, at its end) into its own directory. */
-    fprintf(f, "checkpoint: {dir: ckpt/%s, full_every: 1, keep: 1}\n", name);
-    if (extra)
-        fputs(extra, f);
-    fclose(f);
+    fx_write(path,
+             "name: %s\n"
+             "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+             "model:\n  type: %s\n  embedding: {dim: 8, capacity: 200000}\n%s"
+             "train: {%sbatch_size: %d, seed: 7, log_every: 1, init_from: none}\n"
+             "checkpoint: {dir: ckpt/%s, full_every: 1, keep: 1}\n%s",
+             name, model,
+             strcmp(model, "dlrm") == 0 ? "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n" : "",
+             train_opt ? train_opt : "", batch, name, extra ? extra : "");
 }
 
 /* Runs kiln-train on np ranks, with up to 4 more arguments (NULL-ended),
@@ -226,19 +178,9 @@ static void assert_close(double a, double b, double rel, const char *what)
 /* The training loss of each logged step, from progress.jsonl. */
 static int losses(const char *run_name, double *out, int cap)
 {
-    char path[400], line[512];
-    snprintf(path, sizeof path, "%s/%s/progress.jsonl", tmpdir, run_name);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    int n = 0;
-    while (n < cap && fgets(line, sizeof line, f)) {
-        json_t *v = json_loads(line, 0, NULL);
-        assert_non_null(v);
-        out[n++] = json_number_value(json_object_get(v, "loss"));
-        json_decref(v);
-    }
-    fclose(f);
-    return n;
+    char run_dir[400];
+    snprintf(run_dir, sizeof run_dir, "%s/%s", tmpdir, run_name);
+    return fx_losses(run_dir, out, cap);
 }
 
 /* No checkpoint was written under tmpdir/root (the directory may exist). */
@@ -255,23 +197,9 @@ static int setup(void **state)
     (void)state;
     if (proc_tmpdir("train", tmpdir, sizeof tmpdir) < 0)
         return -1;
-    char data[400], eval[400];
-    snprintf(data, sizeof data, "%s/data/day=0.tsv", tmpdir);
-    snprintf(eval, sizeof eval, "%s/data/eval.tsv", tmpdir);
     char dir[400];
     snprintf(dir, sizeof dir, "%s/data", tmpdir);
-    if (mkdir(dir, 0755) < 0)
-        return -1;
-    result_t *r = malloc(sizeof *r);
-    const char *g1[] = {KILN_BIN, "datagen", "--rows", "6000", "--out", data, "--seed", "3", NULL};
-    run(r, g1);
-    int rc = r->code;
-    const char *g2[] = {KILN_BIN, "datagen", "--rows", "1500", "--out", eval, "--seed", "3",
-                        "--day", "1", NULL};
-    run(r, g2);
-    rc |= r->code;
-    free(r);
-    return rc == 0 ? 0 : -1;
+    return fx_train_data(dir, 6000, 1500, 3);
 }
 
 static int teardown(void **state)
@@ -516,7 +444,7 @@ static void test_twin_store_matches_host(void **state)
         rt_ckpt_chain_t ch;
         char root[400];
         snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, names[k]);
-        open_latest(root, &ch);
+        fx_open_latest(root, &ch);
         assert_int_equal(rt_ckpt_info(ch.items[ch.n - 1])->step, 10);
         assert_true(ch.n >= 2); /* a full dump and at least one incremental */
         int64_t evicted = 0;
@@ -595,7 +523,7 @@ static void test_cuda_matches_cpu(void **state)
     const char *runs[2] = {"cuda-on-cpu", "cpu-on-cuda"};
     for (int k = 0; k < 2; k++) {
         rt_ckpt_chain_t ch;
-        open_latest(roots[k], &ch);
+        fx_open_latest(roots[k], &ch);
         char ck[400];
         snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
         rt_ckpt_chain_fini(&ch);
@@ -904,7 +832,7 @@ static void test_empty_column_first_batch(void **state)
 static int table_rows(const char *root, char names[][64], int64_t *rows, int cap)
 {
     rt_ckpt_chain_t ch;
-    open_latest(root, &ch);
+    fx_open_latest(root, &ch);
     const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
     int n = in->ntables < cap ? in->ntables : cap;
     for (int t = 0; t < n; t++) {
@@ -977,7 +905,7 @@ static void test_capacity_is_job_wide(void **state)
 
     /* The 2-rank checkpoint at capacity resumes on 1 rank. */
     rt_ckpt_chain_t ch;
-    open_latest(root, &ch);
+    fx_open_latest(root, &ch);
     char ck[400];
     snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
     rt_ckpt_chain_fini(&ch);
@@ -1071,7 +999,7 @@ static void test_unseen_keys_read_as_zeros(void **state)
         rt_ckpt_chain_t ch;
         char root[400];
         snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, name);
-        open_latest(root, &ch);
+        fx_open_latest(root, &ch);
         snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
         assert_int_equal((int64_t)num(a, "keys"), rt_ckpt_info(ch.items[ch.n - 1])->keys);
         rt_ckpt_chain_fini(&ch);
@@ -1150,7 +1078,7 @@ typedef struct {
 static void st_load(const char *root, st_state_t *st)
 {
     rt_ckpt_chain_t ch;
-    open_latest(root, &ch);
+    fx_open_latest(root, &ch);
     for (int s = 0; s < ST_S; s++) {
         char name[16];
         snprintf(name, sizeof name, "slot%d", s);
@@ -1494,7 +1422,7 @@ static void step_case(const char *model, const char *data, const char *batch_pat
 
     /* The forward on S0, row by row, through kiln-train's predict mode. */
     rt_ckpt_chain_t ch;
-    open_latest(root0, &ch);
+    fx_open_latest(root0, &ch);
     char ck0[400];
     snprintf(ck0, sizeof ck0, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
     rt_ckpt_chain_fini(&ch);

@@ -4,7 +4,7 @@
  * metrics; serving/serve_http.c and serve_answer.c over the store) and kilnd's status page
  * and JSON API (web/). Both servers start once in this process on loopback
  * port 0 (kiln-serve with one pushed version, the web front on the fixture
- * database of tests/test_web_fixture.c); each input becomes one request
+ * database of tests/support/web_fixture.c); each input becomes one request
  * sent over a socket, and the answer is read to the end.
  *
  * Input layout (lines split at '\n'): byte 0 picks the server (bit 0), and
@@ -32,16 +32,10 @@
 #include "serve.h"
 #include "serve_int.h"
 #include "web.h"
+#include "serve_fixture.h"
+#include "web_fixture.h"
 
 #define TOKEN "fuzz-token"
-
-typedef struct web_fixture {
-    int64_t job_cron, job_oneoff;
-    int64_t run_ok, run_running, run_queued, run_failed;
-    int64_t ckpt_full, ckpt_incr;
-    int64_t ep_a, ep_b;
-} web_fixture_t;
-int web_fixture_build(const char *db, const char *dir, web_fixture_t *f);
 
 static int serve_port, web_port_no;
 
@@ -49,32 +43,11 @@ static int serve_port, web_port_no;
  * predict reach a table. */
 static void push_seed_version(sv_store_t *st)
 {
-    serve_model_desc_t d = {0};
-    d.model_type = 0;
-    d.nslots = 2;
-    d.ndense = 1;
-    d.dim = 1;
-    d.ntables = 1;
-    snprintf(d.tables[0].name, SERVE_NAME_MAX, "t0");
-    d.tables[0].dim = 1;
-    rt_model_config_t cfg = {.type = RT_MODEL_LR, .nslots = 2, .ndense = 1, .dim = 1,
-                             .max_batch = 8, .seed = 7,
-                             .opt = {.type = RT_DENSE_SGD, .lr = 0.1f}};
-    rt_model_t *model = NULL;
-    if (rt_model_create(&cfg, &model) != 0)
-        abort();
-    d.nparams = (int64_t)rt_model_nparams(model);
-    rt_model_destroy(model);
-    float *dense = calloc((size_t)d.nparams + 1, sizeof *dense);
-    serve_memsrc_t *m = NULL;
-    if (serve_memsrc_create(&d, "ck-1", "", &m) != 0)
-        abort();
     int64_t keys[4] = {1, 2, 3, 4};
     float vals[4] = {0.1f, -0.2f, 0.3f, -0.4f};
-    if (dense == NULL || serve_memsrc_add_rows(m, 0, 4, keys, vals) != 0 ||
-        serve_memsrc_set_dense(m, d.nparams, dense) != 0)
+    serve_memsrc_t *m = NULL;
+    if (fx_lr_version("ck-1", 4, keys, vals, 0.0f, &m) != 0)
         abort();
-    free(dense);
     serve_source_t *src = NULL;
     serve_enc_t *e = NULL;
     if (serve_memsrc_open(m, &src) != 0 || serve_enc_create(src, 2, &e) != 0)

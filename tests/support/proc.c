@@ -1,19 +1,22 @@
 /*
- * tests/proc.h - what the integration tests share for running the real
- * programs: a temp directory per test executable, running a command with
- * its stdout, stderr and exit status captured, reading files whole, and
- * raw TCP connections from a chosen loopback address (the slow clients of
- * the server tests). Header-only (static functions) so that each test stays one .c file.
+ * tests/support/proc.c - processes for the tests: capture a command's
+ * output and status, temp directories, Open MPI's settings, ports and raw
+ * loopback connections (tests/support/proc.h).
  */
-#ifndef KILN_TESTS_PROC_H
-#define KILN_TESTS_PROC_H
+#include "proc.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
 
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,18 +24,16 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-/* A finished command: exit code (128 + signal when killed) and its output. */
-typedef struct proc_result {
-    int code;
-    char out[65536];
-    char err[65536];
-} proc_result_t;
+void proc_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
 
-/* Reads a file into buf (NUL-terminated, cut at cap - 1 bytes); "" when it
- * cannot be read. */
-static inline void proc_slurp(const char *path, char *buf, size_t cap)
+void proc_slurp(const char *path, char *buf, size_t cap)
 {
     FILE *f = fopen(path, "r");
     size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
@@ -41,31 +42,51 @@ static inline void proc_slurp(const char *path, char *buf, size_t cap)
         fclose(f);
 }
 
-/* Makes a fresh directory /tmp/kiln-test-<name>-XXXXXX into dir. Returns 0
- * or -1. */
-static inline int proc_tmpdir(const char *name, char *dir, size_t cap)
+int proc_tmpdir(const char *name, char *dir, size_t cap)
 {
     snprintf(dir, cap, "/tmp/kiln-test-%s-XXXXXX", name);
     return mkdtemp(dir) != NULL ? 0 : -1;
 }
 
-/* Removes a directory tree made by proc_tmpdir. Returns 0 or -1. */
-static inline int proc_rmtree(const char *dir)
+int proc_rmtree(const char *dir)
 {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* Runs argv (argv[0] looked up in PATH) with stdout and stderr captured via
- * files in scratch_dir, after setting each "NAME=VALUE" of env (NULL-ended,
- * may be NULL) in the child. Open MPI is told it may run as root and
- * oversubscribe. Under ASan, leak checking is off in the child: Open MPI's
- * runtime and its dlopen'ed components leave allocations at exit that
- * LeakSanitizer cannot name, so they cannot be suppressed; every other
- * ASan/UBSan check stays on, and the unit tests keep leak checking. */
-static inline void proc_run_env(proc_result_t *r, const char *scratch_dir,
-                                const char *const *env, const char *const *argv)
+int proc_tmpdir_done(const char *dir)
+{
+    if (getenv("KILN_TEST_KEEP") != NULL) {
+        fprintf(stderr, "kept %s\n", dir);
+        return 0;
+    }
+    return proc_rmtree(dir);
+}
+
+uint64_t proc_xorshift(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
+
+void proc_mpi_env(bool leaks_off)
+{
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    if (leaks_off) {
+        const char *asan = getenv("ASAN_OPTIONS");
+        char opts[1024];
+        snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
+        setenv("ASAN_OPTIONS", opts, 1);
+    }
+}
+
+void proc_run_env(proc_result_t *r, const char *scratch_dir, const char *const *env,
+                  const char *const *argv)
 {
     char outp[600], errp[600];
     snprintf(outp, sizeof outp, "%s/.stdout", scratch_dir);
@@ -80,15 +101,7 @@ static inline void proc_run_env(proc_result_t *r, const char *scratch_dir,
             _exit(126);
         dup2(o, 1);
         dup2(e, 2);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-        setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-        const char *asan = getenv("ASAN_OPTIONS");
-        if (asan != NULL) {
-            char opts[1024];
-            snprintf(opts, sizeof opts, "%s:detect_leaks=0", asan);
-            setenv("ASAN_OPTIONS", opts, 1);
-        }
+        proc_mpi_env(getenv("ASAN_OPTIONS") != NULL);
         for (size_t i = 0; env != NULL && env[i] != NULL; i++)
             putenv((char *)env[i]);
         execvp(argv[0], (char *const *)argv);
@@ -102,14 +115,24 @@ static inline void proc_run_env(proc_result_t *r, const char *scratch_dir,
     proc_slurp(errp, r->err, sizeof r->err);
 }
 
-static inline void proc_run(proc_result_t *r, const char *scratch_dir, const char *const *argv)
+void proc_run(proc_result_t *r, const char *scratch_dir, const char *const *argv)
 {
     proc_run_env(r, scratch_dir, NULL, argv);
 }
 
-/* A loopback TCP port that was free a moment ago (bound and released), for a
- * server that takes a fixed --listen address. */
-static inline int proc_free_port(void)
+int proc_sh(proc_result_t *r, const char *scratch_dir, const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    proc_run(r, scratch_dir, argv);
+    return r->code;
+}
+
+int proc_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -123,11 +146,7 @@ static inline int proc_free_port(void)
     return port;
 }
 
-/* A TCP connection from source address src (any 127.x.y.z: all of 127/8 is
- * loopback on Linux, so one test can play several clients) to 127.0.0.1:port,
- * with `first` sent on it when not NULL. Returns the socket or -1. Sends
- * time out after 5 s, so a server that stopped reading cannot hang a test. */
-static inline int proc_connect_from(const char *src, int port, const char *first)
+int proc_connect_from(const char *src, int port, const char *first)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in from = {.sin_family = AF_INET};
@@ -146,41 +165,28 @@ static inline int proc_connect_from(const char *src, int port, const char *first
     return fd;
 }
 
-/* The slow clients of the server tests: PROC_SLOW_IDLE connections from
- * 127.0.0.2 that send nothing, then PROC_SLOW_TRICKLE from 127.0.0.3 that
- * sent the start of a request (first) and add a header byte at each
- * proc_slow_trickle. */
-enum { PROC_SLOW_IDLE = 300, PROC_SLOW_TRICKLE = 40, PROC_SLOW_ALL = 340 };
-typedef struct proc_slow {
-    int fds[PROC_SLOW_ALL]; /* -1 where the connection failed */
-} proc_slow_t;
-
-static inline void proc_slow_open(proc_slow_t *s, int port, const char *first)
+void proc_slow_open(proc_slow_t *s, int port, const char *first)
 {
     for (int i = 0; i < PROC_SLOW_ALL; i++)
         s->fds[i] = i < PROC_SLOW_IDLE ? proc_connect_from("127.0.0.2", port, NULL)
                                        : proc_connect_from("127.0.0.3", port, first);
 }
 
-static inline void proc_slow_trickle(const proc_slow_t *s)
+void proc_slow_trickle(const proc_slow_t *s)
 {
     for (int i = PROC_SLOW_IDLE; i < PROC_SLOW_ALL; i++)
         if (s->fds[i] >= 0)
             send(s->fds[i], "x", 1, MSG_NOSIGNAL);
 }
 
-static inline void proc_slow_close(proc_slow_t *s)
+void proc_slow_close(proc_slow_t *s)
 {
     for (int i = 0; i < PROC_SLOW_ALL; i++)
         if (s->fds[i] >= 0)
             close(s->fds[i]);
 }
 
-/* Sends sig to every process of program prog (the base name of argv[0])
- * that has arg among its arguments, e.g. the ranks of one run (kiln-train
- * with the run directory); returns how many it signalled. Processes of
- * every host of the test cluster are here too (one process table). */
-static inline int proc_signal_matching(const char *prog, const char *arg, int sig)
+int proc_signal_matching(const char *prog, const char *arg, int sig)
 {
     DIR *d = opendir("/proc");
     if (d == NULL)
@@ -213,4 +219,9 @@ static inline int proc_signal_matching(const char *prog, const char *arg, int si
     return count;
 }
 
-#endif /* KILN_TESTS_PROC_H */
+void proc_test_filter(void)
+{
+    const char *filter = getenv("KILN_TEST_FILTER");
+    if (filter != NULL)
+        cmocka_set_test_filter(filter);
+}

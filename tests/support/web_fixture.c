@@ -1,37 +1,31 @@
 /*
- * tests/test_web_fixture.c - the database the web tests look at, built
+ * tests/support/web_fixture.c - the database the web tests look at, built
  * through state/'s public API the way kilnd and kiln-train write it: two
  * jobs; a succeeded run with a run directory (log, progress.jsonl,
  * result.json), inputs, metrics, a full and an incremental checkpoint,
  * exports, pushes to an A and a B endpoint (one failed); a running run; a
- * queued run; a failed run whose error and input path carry HTML. Linked
- * into test_web and test_web_browser (not a test of its own).
+ * queued run; a failed run whose error and input path carry HTML; and
+ * the web server over it. Part of kiln_testsupport, used by test_web and
+ * test_web_browser (tests/support/web_fixture.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "web_fixture.h"
+
 #include "kiln.h"
+#include "proc.h"
 #include "state.h"
 
-/* The ids the tests refer to. */
-typedef struct web_fixture {
-    int64_t job_cron, job_oneoff;
-    int64_t run_ok, run_running, run_queued, run_failed;
-    int64_t ckpt_full, ckpt_incr;
-    int64_t ep_a, ep_b;
-} web_fixture_t;
-
-int web_fixture_build(const char *db, const char *dir, web_fixture_t *f);
-
-#define TRY(x)                                                                                    \
-    do {                                                                                          \
-        int rc_ = (x);                                                                            \
-        if (rc_ < 0) {                                                                            \
-            fprintf(stderr, "fixture: %s: %s\n", #x, kiln_errmsg());                              \
-            goto out;                                                                             \
-        }                                                                                         \
+#define TRY(x)                                                                                     \
+    do {                                                                                           \
+        int rc_ = (x);                                                                             \
+        if (rc_ < 0) {                                                                             \
+            fprintf(stderr, "fixture: %s: %s\n", #x, kiln_errmsg());                               \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
 static int write_file(const char *dir, const char *name, const char *text)
@@ -54,7 +48,6 @@ int web_fixture_build(const char *db, const char *dir, web_fixture_t *f)
     state_t *st = NULL;
     int ok = -1;
     char run_dir[400];
-    memset(f, 0, sizeof *f);
     TRY(state_open(db, &st));
     TRY(state_job_put(st, "ctr", cron_spec, "00000000000000c1", "@hourly", 0, &f->job_cron, NULL));
     TRY(state_job_put(st, "oneoff", oneoff_spec, "00000000000000c2", NULL, 0, &f->job_oneoff,
@@ -91,9 +84,15 @@ int web_fixture_build(const char *db, const char *dir, web_fixture_t *f)
     state_input_t in = {(char *)"/data/day=0/part-0.tsv", 1000, 1714600000,
                         (char *)"0123456789abcdef"};
     TRY(state_input_add(st, f->run_ok, &in));
-    state_checkpoint_t c = {.uid = (char *)"ck-0001", .run_id = f->run_ok, .kind = (char *)"full",
-                            .path = (char *)"/ck/ctr/ck-0001", .step = 300, .keys = 5000,
-                            .bytes = 1 << 20, .checksum = (char *)"aa", .created_at = 1714601000};
+    state_checkpoint_t c = {.uid = (char *)"ck-0001",
+                            .run_id = f->run_ok,
+                            .kind = (char *)"full",
+                            .path = (char *)"/ck/ctr/ck-0001",
+                            .step = 300,
+                            .keys = 5000,
+                            .bytes = 1 << 20,
+                            .checksum = (char *)"aa",
+                            .created_at = 1714601000};
     TRY(state_checkpoint_add(st, &c, &f->ckpt_full));
     c.uid = (char *)"ck-0002";
     c.kind = (char *)"incremental";
@@ -115,13 +114,15 @@ int web_fixture_build(const char *db, const char *dir, web_fixture_t *f)
                   {f->ckpt_incr, "http://127.0.0.1:9001", "A", true},
                   {f->ckpt_full, "http://127.0.0.1:9002", "B", false}};
     for (size_t i = 0; i < sizeof pushes / sizeof pushes[0]; i++) {
-        state_push_req_t req = {pushes[i].url, "ctr", pushes[i].label, pushes[i].ckpt,
-                                i == 0,        "fixture", NULL,         false};
+        state_push_req_t req = {
+            pushes[i].url, "ctr", pushes[i].label, pushes[i].ckpt, i == 0, "fixture", NULL, false};
         state_push_outcome_t o = {.state = pushes[i].ok ? STATE_PUSH_SUCCEEDED : STATE_PUSH_FAILED,
                                   .http_status = pushes[i].ok ? 200 : 503,
                                   .attempts = pushes[i].ok ? 1 : 3,
                                   .error = pushes[i].ok ? NULL : "endpoint busy",
-                                  .sent = true, .full = i == 0, .bytes = 4096};
+                                  .sent = true,
+                                  .full = i == 0,
+                                  .bytes = 4096};
         TRY(state_push_enqueue(st, f->job_cron, f->run_ok, &req, 1, "fixture", 60000, &push));
         TRY(state_push_end(st, push, "fixture", &o));
     }
@@ -143,4 +144,29 @@ int web_fixture_build(const char *db, const char *dir, web_fixture_t *f)
 out:
     state_close(st);
     return ok;
+}
+
+int web_fixture_start(web_fixture_t *f, const char *name, web_config_t *cfg)
+{
+    memset(f, 0, sizeof *f);
+    if (proc_tmpdir(name, f->dir, sizeof f->dir) < 0)
+        return -1;
+    snprintf(f->db, sizeof f->db, "%s/kiln.db", f->dir);
+    if (web_fixture_build(f->db, f->dir, f) < 0)
+        return -1;
+    cfg->db_path = f->db;
+    cfg->listen = "127.0.0.1:0";
+    if (web_start(cfg, &f->server) < 0) {
+        fprintf(stderr, "web_start: %s\n", kiln_errmsg());
+        return -1;
+    }
+    snprintf(f->base, sizeof f->base, "http://127.0.0.1:%u", (unsigned)web_port(f->server));
+    return 0;
+}
+
+void web_fixture_stop(web_fixture_t *f)
+{
+    web_stop(f->server);
+    f->server = NULL;
+    proc_rmtree(f->dir);
 }
