@@ -49,51 +49,98 @@ int kiln_mkdir_parent(const char *path)
     return kiln_mkdir_p(tmp);
 }
 
+struct kiln_atomic {
+    char *path, *tmp;
+    FILE *f;
+};
+
+int kiln_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return kiln_errf(KILN_EIO, "cannot open directory %s: %s", dir, strerror(errno));
+    int rc = 0;
+    if (fsync(fd) < 0 && errno != EINVAL) /* EINVAL: a file system without directory sync */
+        rc = kiln_errf(KILN_EIO, "cannot fsync directory %s: %s", dir, strerror(errno));
+    close(fd);
+    return rc;
+}
+
+int kiln_atomic_open(const char *path, kiln_atomic_t **out)
+{
+    *out = NULL;
+    kiln_atomic_t *a = kiln_calloc(1, sizeof *a);
+    if (a == NULL)
+        return KILN_ENOMEM;
+    a->path = kiln_strdup(path);
+    a->tmp = kiln_asprintf("%s.tmp.%d", path, (int)getpid());
+    if (a->path == NULL || a->tmp == NULL) {
+        kiln_atomic_abort(a);
+        return KILN_ENOMEM;
+    }
+    a->f = fopen(a->tmp, "we");
+    if (a->f == NULL) {
+        int rc = kiln_errf(KILN_EIO, "cannot create %s: %s", a->tmp, strerror(errno));
+        kiln_atomic_abort(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
+FILE *kiln_atomic_file(kiln_atomic_t *a) { return a->f; }
+
+const char *kiln_atomic_tmp(const kiln_atomic_t *a) { return a->tmp; }
+
+void kiln_atomic_abort(kiln_atomic_t *a)
+{
+    if (a == NULL)
+        return;
+    if (a->f != NULL) {
+        fclose(a->f);
+        unlink(a->tmp);
+    }
+    free(a->path);
+    free(a->tmp);
+    free(a);
+}
+
+int kiln_atomic_commit(kiln_atomic_t *a)
+{
+    int rc = 0;
+    if (fflush(a->f) != 0 || ferror(a->f) || fsync(fileno(a->f)) != 0) {
+        rc = kiln_errf(KILN_EIO, "cannot write %s: %s", a->tmp, strerror(errno));
+        goto out;
+    }
+    FILE *f = a->f;
+    a->f = NULL;
+    if (fclose(f) != 0) {
+        rc = kiln_errf(KILN_EIO, "cannot close %s: %s", a->tmp, strerror(errno));
+        unlink(a->tmp);
+        goto out;
+    }
+    if (rename(a->tmp, a->path) < 0) {
+        rc = kiln_errf(KILN_EIO, "cannot rename %s to %s: %s", a->tmp, a->path, strerror(errno));
+        unlink(a->tmp);
+        goto out;
+    }
+    char *dir = kiln_strdup(a->path);
+    if (dir != NULL)
+        kiln_fsync_dir(dirname(dir)); /* the rename itself survives a crash; best effort */
+    free(dir);
+out:
+    kiln_atomic_abort(a);
+    return rc;
+}
+
 int kiln_write_atomic(const char *path, const void *data, size_t len)
 {
-    char *tmp = kiln_asprintf("%s.tmp.%d", path, (int)getpid());
-    char *dir = kiln_strdup(path);
-    int rc = 0, fd = -1;
-    if (tmp == NULL || dir == NULL) {
-        rc = KILN_ENOMEM;
-        goto out;
+    kiln_atomic_t *a = NULL;
+    KILN_CHECK(kiln_atomic_open(path, &a));
+    if (len > 0 && fwrite(data, 1, len, kiln_atomic_file(a)) != len) {
+        int rc = kiln_errf(KILN_EIO, "cannot write %s: %s", kiln_atomic_tmp(a), strerror(errno));
+        kiln_atomic_abort(a);
+        return rc;
     }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = kiln_errf(KILN_EIO, "cannot write %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    for (size_t off = 0; off < len;) {
-        ssize_t w = write(fd, (const char *)data + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            rc = kiln_errf(KILN_EIO, "cannot write %s: %s", tmp, strerror(errno));
-            goto out;
-        }
-        off += (size_t)w;
-    }
-    if (fsync(fd) < 0) {
-        rc = kiln_errf(KILN_EIO, "cannot write %s: fsync: %s", tmp, strerror(errno));
-        goto out;
-    }
-    close(fd);
-    fd = -1;
-    if (rename(tmp, path) < 0) {
-        rc = kiln_errf(KILN_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        goto out;
-    }
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd); /* the rename itself survives a crash */
-        close(dfd);
-    }
-out:
-    if (fd >= 0)
-        close(fd);
-    if (rc < 0 && tmp != NULL)
-        unlink(tmp);
-    free(tmp);
-    free(dir);
-    return rc;
+    return kiln_atomic_commit(a);
 }

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -201,6 +202,25 @@ int kiln_mkdir_parent(const char *path);
  * over path and fsyncs the directory. Returns 0 or KILN_EIO naming the file
  * (the temporary file is removed then). */
 int kiln_write_atomic(const char *path, const void *data, size_t len);
+
+/* The same replacement for a file written piece by piece: kiln_atomic_open
+ * creates path.tmp.PID in path's directory and hands out a FILE* (and, for
+ * pwrite, its descriptor: fileno) to write it; kiln_atomic_commit flushes,
+ * fsyncs and closes it, renames it over path and fsyncs the directory;
+ * kiln_atomic_abort removes it. Either call frees a. */
+typedef struct kiln_atomic kiln_atomic_t;
+/* Returns 0, KILN_ENOMEM or KILN_EIO naming the temporary file. */
+int kiln_atomic_open(const char *path, kiln_atomic_t **out /* OUT */);
+FILE *kiln_atomic_file(kiln_atomic_t *a);
+/* The temporary file's name, for messages about a write to it. */
+const char *kiln_atomic_tmp(const kiln_atomic_t *a);
+/* Returns 0 or KILN_EIO naming the file (the temporary file is removed). */
+int kiln_atomic_commit(kiln_atomic_t *a);
+/* Accepts NULL. */
+void kiln_atomic_abort(kiln_atomic_t *a);
+/* fsyncs a directory, so that the entries made or renamed in it survive a
+ * crash. Returns 0 or KILN_EIO. */
+int kiln_fsync_dir(const char *dir);
 
 /* ---- processes ---------------------------------------------------------------- */
 /* The start time of pid in clock ticks since boot (/proc/PID/stat), 0 when
