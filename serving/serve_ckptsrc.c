@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_ckpt.h"
+#include "ckpt.h"
 #include "serve.h"
 
 typedef struct npy {

@@ -40,8 +40,8 @@
 #include <unistd.h>
 
 #include "kern.h"
-#include "rt_data.h"
-#include "rt_model.h"
+#include "data.h"
+#include "model.h"
 #include "serve_int.h"
 
 #define IDEM_PER_LABEL 64

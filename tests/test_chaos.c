@@ -40,8 +40,8 @@
 
 #include "kiln.h"
 #include "proc.h"
-#include "rt_ckpt.h"
-#include "rt_model.h"
+#include "ckpt.h"
+#include "model.h"
 #include "serve.h"
 #include "state.h"
 

@@ -41,8 +41,8 @@
 
 #include "kern.h"
 #include "kiln.h"
-#include "rt_ckpt.h"
-#include "rt_shard.h"
+#include "ckpt.h"
+#include "shard.h"
 #include "state.h"
 
 #ifndef KILN_BIN

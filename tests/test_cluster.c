@@ -51,7 +51,7 @@
 
 #include "kiln.h"
 #include "proc.h"
-#include "rt_ckpt.h"
+#include "ckpt.h"
 #include "state.h"
 
 #ifndef KILN_BIN

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
-#include "rt_data.h"
+#include "data.h"
 
 static char tmpdir[64];
 

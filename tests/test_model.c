@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_model.h"
+#include "model.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 

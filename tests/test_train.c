@@ -30,8 +30,8 @@
 #include <unistd.h>
 
 #include "proc.h"
-#include "rt_ckpt.h"
-#include "rt_data.h"
+#include "ckpt.h"
+#include "data.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN and KILN_TRAIN_BIN must name the executables"
