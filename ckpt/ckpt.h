@@ -198,6 +198,38 @@ typedef struct rt_ckpt_rows {
 int rt_ckpt_read_table(const rt_ckpt_chain_t *ch, const char *name, rt_ckpt_rows_t *out /* OUT */);
 void rt_ckpt_rows_fini(rt_ckpt_rows_t *r);
 
+/* ---- scanning: a chain's shard files a slice at a time -------------------------------- */
+
+typedef enum { RT_CKPT_SLICE_DELETE = 0, RT_CKPT_SLICE_ROWS = 1 } rt_ckpt_slice_kind_t;
+
+/* Up to max_rows rows of one shard file of table `table` (an index into the
+ * names given to rt_ckpt_scan_open): keys (n) to remove (DELETE), or keys (n)
+ * with their values (n, dim) (ROWS). Owned by the scan, valid until the next
+ * rt_ckpt_scan_next. */
+typedef struct rt_ckpt_slice {
+    rt_ckpt_slice_kind_t kind;
+    int table;
+    int64_t n;
+    const int64_t *keys;
+    const float *values; /* NULL for DELETE */
+} rt_ckpt_slice_t;
+
+typedef struct rt_ckpt_scan rt_ckpt_scan_t;
+
+/* A scan of links [from, ch->n) of ch, tables names (ntables) of dims[t]
+ * floats a row: for each link, each table in the order given, every rank's
+ * evicted keys then every rank's rows. Applying the slices in order gives the
+ * tables of the chain's last link (on top of link from - 1's, when from > 0).
+ * The scan keeps what it needs: ch may be closed afterwards. Returns 0,
+ * KILN_EINVAL, KILN_ECORRUPT (a manifest lists keys without values) or
+ * KILN_ENOMEM. Close with rt_ckpt_scan_close. */
+int rt_ckpt_scan_open(const rt_ckpt_chain_t *ch, int from, int ntables, const char *const *names,
+                      const int *dims, int64_t max_rows, rt_ckpt_scan_t **out /* OUT */);
+/* Returns 1 and the next slice, 0 at the end, or KILN_ECORRUPT / KILN_EIO
+ * naming the file that does not read as its manifest says. */
+int rt_ckpt_scan_next(rt_ckpt_scan_t *s, rt_ckpt_slice_t *out /* OUT */);
+void rt_ckpt_scan_close(rt_ckpt_scan_t *s); /* accepts NULL */
+
 /* ---- a directory of checkpoints ------------------------------------------------------ */
 
 /* The newest checkpoint (by uid) in root that has a readable manifest.
