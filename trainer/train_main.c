@@ -480,6 +480,7 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, code);
     }
     trainer_fini(&tr);
-    MPI_Finalize();
+    if (MPI_Finalize() != MPI_SUCCESS)
+        fprintf(stderr, "kiln-train: rank %d: MPI_Finalize failed\n", tr.rank);
     return code;
 }
