@@ -20,7 +20,7 @@
 #include "bench.h"
 #include "kern.h"
 #include "kiln.h"
-#include "rt_ckpt.h"
+#include "ckpt.h"
 
 /* One dump of t (since < 0: full) into root; returns seconds, or -1. */
 static double dump(const char *root, kern_table_t *t, int64_t since, int64_t step, char *uid,

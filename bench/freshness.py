@@ -179,7 +179,7 @@ def alone(b, part, data):
     for i in range(3):
         t0 = time.time()
         sh("mpirun", "-np", 2, "--bind-to", "none", "--oversubscribe",
-           os.path.join(b.build, "runtime", "kiln-train"), "--spec", spec, "--run-dir",
+           os.path.join(b.build, "trainer", "kiln-train"), "--spec", spec, "--run-dir",
            os.path.join(b.home, f"alone-{i}"), "--data", part, "--quiet", env=b.env)
         times.append(time.time() - t0)
     return statistics.median(times)

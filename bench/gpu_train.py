@@ -47,7 +47,7 @@ def train(build, work, model, device, ranks, seed, threads=0, check=True):
     rundir = os.path.join(work, "run")
     shutil.rmtree(rundir, ignore_errors=True)
     p = run(["mpirun", "-np", str(ranks), "--bind-to", "none",
-             os.path.join(build, "runtime", "kiln-train"), "--spec", spec, "--run-dir", rundir,
+             os.path.join(build, "trainer", "kiln-train"), "--spec", spec, "--run-dir", rundir,
              "--quiet"], check)
     if p.returncode != 0:
         return None, p.stderr

@@ -13,7 +13,7 @@
  *     measured here. OpenBLAS sgemm GFLOP/s at each dlrm layer shape (the
  *     forward, weight-gradient and input-gradient GEMMs of bottom 13-64-16
  *     and top 367-256-128-1, batch 4096), split over the OpenMP threads the
- *     way runtime/model_dlrm.c does, gives the GEMM time of a step; the
+ *     way model/model_dlrm.c does, gives the GEMM time of a step; the
  *     fused gather rate gives the time to move its embedding rows (forward
  *     gather + backward scatter, 2 x 26 x 4096 rows). Bound per step =
  *     gemm_flops / gemm_rate + gathered_bytes / gather_rate; with

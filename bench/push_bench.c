@@ -34,7 +34,7 @@
 
 #include "bench.h"
 #include "kiln.h"
-#include "rt_model.h"
+#include "model.h"
 #include "serve.h"
 
 #define DIM 16

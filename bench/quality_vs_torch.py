@@ -112,7 +112,7 @@ def kiln_train(build, work, model, train, evalf, batch, seed, lr, epochs, tag):
                 % (batch, seed, epochs, lr, lr))
         f.write("resources: {threads: 2}\ncheckpoint: {dir: %s/ck}\n" % d)
     out = run(["mpirun", "-np", "1", "--bind-to", "none",
-               os.path.join(build, "runtime", "kiln-train"), "--spec", spec, "--run-dir",
+               os.path.join(build, "trainer", "kiln-train"), "--spec", spec, "--run-dir",
                os.path.join(d, "run"), "--quiet"])
     res = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
     curve = []

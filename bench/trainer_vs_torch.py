@@ -80,7 +80,7 @@ def kiln_run(build, work, model, fmt, ranks, threads, seed):
     shutil.rmtree(rundir, ignore_errors=True)
     bind = ["--bind-to", "none"] if ranks == 1 else ["--bind-to", "core"]
     out = run(["mpirun", "-np", str(ranks)] + bind +
-              [os.path.join(build, "runtime", "kiln-train"), "--spec", spec, "--run-dir", rundir,
+              [os.path.join(build, "trainer", "kiln-train"), "--spec", spec, "--run-dir", rundir,
                "--quiet"])
     return json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
 

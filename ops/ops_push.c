@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_model.h" /* rt_model_table_dim: no BLAS, nothing built */
+#include "model.h" /* rt_model_table_dim: no BLAS, nothing built */
 
 int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
 {

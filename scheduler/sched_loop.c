@@ -182,7 +182,7 @@ int sched_options_parse(int argc, char **argv, int from, sched_options_t *o)
 }
 
 /* kiln-train: the option, else next to this program (an install puts them in
- * one bin/; a build tree has scheduler/, tools/ and runtime/ side by side),
+ * one bin/; a build tree has scheduler/, tools/ and trainer/ side by side),
  * else PATH. */
 static char *find_trainer(const char *given)
 {
@@ -198,7 +198,7 @@ static char *find_trainer(const char *given)
     if (n > 0) {
         self[n] = '\0';
         char *dir = dirname(self);
-        const char *tries[] = {"%s/kiln-train", "%s/../runtime/kiln-train"};
+        const char *tries[] = {"%s/kiln-train", "%s/../trainer/kiln-train"};
         for (size_t i = 0; i < 2; i++) {
             char *p = kiln_asprintf(tries[i], dir);
             if (p != NULL && access(p, X_OK) == 0)

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "kern.h"
-#include "rt_data.h"
+#include "data.h"
 #include "serve_store_int.h"
 
 int sv_split_parse(const char *text, sv_split_t *out)

@@ -10,7 +10,7 @@
 
 #include <pthread.h>
 
-#include "rt_model.h"
+#include "model.h"
 #include "serve_int.h"
 
 #define IDEM_PER_LABEL 64 /* idempotency answers kept per version */

@@ -43,8 +43,8 @@
 #include "kern.h"
 #include "kiln.h"
 #include "proc.h"
-#include "rt_ckpt.h"
-#include "rt_shard.h"
+#include "ckpt.h"
+#include "shard.h"
 #include "state.h"
 
 #ifndef KILN_BIN
@@ -900,7 +900,7 @@ static void test_resume_same_ranks_bitwise(void **state)
 }
 
 /* 2->1, 1->2, 2->3 ranks (the same global batch of 480, so every rank's
- * batch is a multiple of RT_ROW_BLOCK = 16 rows; rt_model.h): within 1e-6 of
+ * batch is a multiple of RT_ROW_BLOCK = 16 rows; model.h): within 1e-6 of
  * a straight run (bitwise on this machine, printed). */
 static void test_resume_across_rank_counts(void **state)
 {

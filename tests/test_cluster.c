@@ -52,7 +52,7 @@
 #include "fixtures.h"
 #include "kiln.h"
 #include "proc.h"
-#include "rt_ckpt.h"
+#include "ckpt.h"
 #include "state.h"
 
 #ifndef KILN_BIN

@@ -1,5 +1,5 @@
 /*
- * tests/test_data.c - the trainer's input side (runtime/rt_data.h): Criteo
+ * tests/test_data.c - the trainer's input side (data/data.h): Criteo
  * TSV parsing and key hashing, malformed lines, block-cyclic partitioning
  * over 1, 2 and 3 ranks, TSV -> kiln-bin round trips (multi-hot too),
  * corruption detection, the prefetch thread, the data generator, gzip and
@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "data.h"
 #include "proc.h"
-#include "rt_data.h"
 
 static char tmpdir[64];
 

@@ -23,8 +23,7 @@
 #include <string.h>
 
 #include "kiln.h"
-#include "rt_comm.h"
-#include "rt_device.h"
+#include "shard.h"
 
 static int g_rank, g_size;
 

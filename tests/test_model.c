@@ -1,5 +1,5 @@
 /*
- * tests/test_model.c - runtime/'s dense models (rt_model.h): every model's
+ * tests/test_model.c - model/'s dense models (model.h): every model's
  * forward against a naive double-precision reference written from the
  * formulas in docs/models.md, its gradients (dE and every dense parameter
  * group) against central differences of that reference, and a deliberately
@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model.h"
 #include "proc.h"
-#include "rt_model.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -202,7 +202,7 @@ static int count_bad_at(const char *what, double (*at)(const void *, size_t), co
 static double at_f(const void *a, size_t i) { return (double)((const float *)a)[i]; }
 static double at_d(const void *a, size_t i) { return ((const double *)a)[i]; }
 
-/* dE is float32, the dense gradients float64 (rt_model.h). */
+/* dE is float32, the dense gradients float64 (model.h). */
 static int count_bad(const char *what, const float *a, const double *r, size_t cnt, int loud)
 {
     return count_bad_at(what, at_f, a, r, cnt, loud);

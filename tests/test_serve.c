@@ -36,8 +36,8 @@
 #include "fixtures.h"
 #include "kern.h"
 #include "proc.h"
-#include "rt_data.h"
-#include "rt_model.h"
+#include "data.h"
+#include "model.h"
 #include "serve.h"
 #include "serve_fixture.h"
 #include "serve_int.h"
@@ -1687,11 +1687,11 @@ static void test_slow_clients(void **state)
 
 /* ---- end to end: kiln-train checkpoints through kiln push to kiln-serve ------------- */
 
-#include "rt_ckpt.h"
+#include "ckpt.h"
 #include "state.h"
 
 #define E2E_KILN KILN_BINARY_DIR "/tools/kiln"
-#define E2E_TRAIN KILN_BINARY_DIR "/runtime/kiln-train"
+#define E2E_TRAIN KILN_BINARY_DIR "/trainer/kiln-train"
 
 /* What the end-to-end tests share: they run in order, each on the state the
  * one before left (two kiln-serve processes, a database, a checkpoint dir). */

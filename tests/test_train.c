@@ -31,8 +31,8 @@
 
 #include "fixtures.h"
 #include "proc.h"
-#include "rt_ckpt.h"
-#include "rt_data.h"
+#include "ckpt.h"
+#include "data.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN and KILN_TRAIN_BIN must name the executables"
@@ -55,7 +55,7 @@ static void run(result_t *r, const char *const *argv) { proc_run(r, tmpdir, argv
  * purpose of a 1e-4 relative check. Optimizer state (adagrad's sums of
  * squared gradients, 1e-20..1e-2) gets a floor of ATOL_STATE = 1e-12.
  *
- * Since every sum over rows runs in float64 (rt_model.h, rt_shard.h), the
+ * Since every sum over rows runs in float64 (model.h, shard.h), the
  * runs here agree bitwise (worst |diff| 0, printed so the margin is visible
  * in the test log); the bound is the issue's, not a measured one.
  * test_weights_compare_can_fail shows that a 2e-4 relative error in one
@@ -295,7 +295,7 @@ static void test_dlrm_1_vs_2(void **state)
 }
 
 /* Batches that are multiples of 256 per rank take the float32 256-row
- * blocks for the weight gradients (runtime/model_blas.c); 6000 rows at 512
+ * blocks for the weight gradients (model/model_blas.c); 6000 rows at 512
  * per global batch also end with a short batch (368 rows: one whole block
  * on rank 0, the rest in float64 on rank 1). */
 static void test_dlrm_1_vs_2_blocks(void **state)
@@ -411,7 +411,7 @@ static void host_and_twin(const char *const spec[2], const char *run, const char
     assert_true(c.worst_abs == 0.0);
 }
 
-/* The mirror protocol a GPU run uses (rt_store.h: the working tables apart
+/* The mirror protocol a GPU run uses (shard.h: the working tables apart
  * from the host tables that checkpoints read, synced at every dump, uploaded
  * after a load), run with --store twin, whose working copy is a second set
  * of host tables: the CPU stand-in for the GPU.
@@ -481,7 +481,7 @@ static int gpu_probe(void)
     return rc;
 }
 
-/* kiln-train with device: cuda (tables in GPU hash tables, rt_store.h)
+/* kiln-train with device: cuda (tables in GPU hash tables, shard.h)
  * against device: cpu on the same data, 2 ranks: the same keys, losses step
  * by step and eval logloss within float tolerance (the GPU update contracts
  * to FMAs; the hash table's layout differs), incremental dumps on the way;

@@ -1,7 +1,7 @@
 /*
  * tools/cmd_data.c - the data commands of `kiln`: datagen (synthetic
  * Criteo-format data for tests, demos and benchmarks) and convert (TSV to
- * the compact kiln-bin format). The work is done by runtime/'s data library.
+ * the compact kiln-bin format). The work is done by data/ (data.h).
  */
 #include "cli.h"
 
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "kiln.h"
-#include "rt_data.h"
+#include "data.h"
 
 static int parse_i64(const char *s, const char *what, int64_t min, int64_t max, int64_t *out)
 {

@@ -21,7 +21,7 @@
 
 #include "kiln.h"
 #include "ops.h"
-#include "rt_ckpt.h"
+#include "ckpt.h"
 #include "state.h"
 
 const cli_opt_t export_opts[] = {

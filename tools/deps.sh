@@ -9,7 +9,7 @@ packages=(
   libyaml-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev
   libopenmpi-dev openmpi-bin libcmocka-dev libmicrohttpd-dev libjansson-dev
   libopenblas-dev libxxhash-dev python3 curl
-  zlib1g-dev libzstd-dev gzip zstd  # compressed training data (runtime/data_src.c and its tests)
+  zlib1g-dev libzstd-dev gzip zstd  # compressed training data (data/data_src.c and its tests)
   chromium prometheus  # the web tests: headless browser, promtool (Prometheus parser)
   clang libclang-rt-14-dev
   # the cluster tests (tools/testcluster.sh): Slurm, munge, sshd, namespaces;

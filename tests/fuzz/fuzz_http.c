@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
-#include "rt_model.h"
+#include "model.h"
 #include "serve.h"
 #include "serve_int.h"
 #include "web.h"

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
-#include "rt_ckpt.h"
+#include "ckpt.h"
 
 static char root[64]; /* a checkpoint root of its own: parents resolve inside it */
 static char dir[96];

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "rt_data.h"
+#include "data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
-#include "rt_ckpt.h"
+#include "ckpt.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN, KILND_BIN, KILN_TRAIN_BIN and KILN_SERVE_BIN must name the executables"

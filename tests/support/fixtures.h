@@ -16,7 +16,7 @@
 #include <sys/types.h>
 
 #include "proc.h"
-#include "rt_ckpt.h"
+#include "ckpt.h"
 #include "state.h"
 
 #define FX_TOKEN "kiln-test-token"

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "kiln.h"
-#include "rt_model.h"
+#include "model.h"
 
 int fx_lr_version(const char *uid, int64_t n, const int64_t *keys, const float *vals,
                   float dense0, serve_memsrc_t **out)

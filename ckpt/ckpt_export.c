@@ -1,0 +1,130 @@
+/*
+ * ckpt/ckpt_export.c - turns a checkpoint (full, or full + incremental
+ * chain, resolved first) into formats other stacks load: HugeCTR's sparse
+ * model layout (a folder per table with raw int64 `key` and float32
+ * `emb_vector`, row n of each matching) and plain .npy arrays.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckpt_int.h"
+
+int rt_export_format_parse(const char *s, rt_export_format_t *out)
+{
+    if (strcmp(s, "hugectr") == 0) {
+        *out = RT_EXPORT_HUGECTR;
+        return 0;
+    }
+    if (strcmp(s, "npy") == 0) {
+        *out = RT_EXPORT_NPY;
+        return 0;
+    }
+    return kiln_errf(KILN_EINVAL, "unknown export format '%s'; use hugectr or npy", s);
+}
+
+/* Writes a raw file (no header), fsynced. */
+static int write_raw(const char *path, const void *data, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return ckpt_io_err(errno, "creating", path);
+    const char *p = data;
+    while (len > 0) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int rc = ckpt_io_err(w < 0 ? errno : ENOSPC, "writing", path);
+            close(fd);
+            unlink(path);
+            return rc;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    int rc = fsync(fd) < 0 ? ckpt_io_err(errno, "syncing", path) : 0;
+    close(fd);
+    return rc;
+}
+
+static int write_npy(const char *dir, const char *name, npy_dtype_t dt, int64_t rows, int64_t cols,
+                     const void *data, int64_t *bytes)
+{
+    npy_writer_t w;
+    KILN_CHECK(npy_open(&w, dir, name, dt, rows, cols));
+    size_t len = (size_t)rows * (size_t)(cols > 0 ? cols : 1) * npy_dtype_size(dt);
+    int rc = npy_write(&w, data, len);
+    if (rc < 0) {
+        npy_abort(&w);
+        return rc;
+    }
+    ckpt_file_t f;
+    KILN_CHECK(npy_close(&w, &f));
+    *bytes += f.size;
+    return 0;
+}
+
+int rt_ckpt_export(const rt_ckpt_chain_t *ch, rt_export_format_t fmt, const char *out_dir,
+                   int64_t *bytes)
+{
+    if (ch->n == 0)
+        return kiln_errf(KILN_EINVAL, "empty checkpoint chain");
+    const rt_ckpt_t *last = ch->items[ch->n - 1];
+    int64_t total = 0;
+    int rc = kiln_mkdir_p(out_dir);
+    if (rc < 0)
+        return rc;
+    /* Every table any link of the chain has, in the order of the last. */
+    for (int t = 0; t < last->info.ntables && rc == 0; t++) {
+        const char *name = last->info.tables[t].name;
+        rt_ckpt_rows_t rows;
+        rc = rt_ckpt_read_table(ch, name, &rows);
+        if (rc < 0)
+            break;
+        if (fmt == RT_EXPORT_HUGECTR) {
+            char *dir = kiln_asprintf("%s/%s", out_dir, name);
+            char *kp = dir ? kiln_asprintf("%s/key", dir) : NULL;
+            char *vp = dir ? kiln_asprintf("%s/emb_vector", dir) : NULL;
+            rc = kp && vp ? kiln_mkdir_p(dir) : KILN_ENOMEM;
+            if (rc == 0)
+                rc = write_raw(kp, rows.keys, (size_t)rows.n * sizeof(int64_t));
+            if (rc == 0)
+                rc = write_raw(vp, rows.values, (size_t)rows.n * (size_t)rows.dim * sizeof(float));
+            if (rc == 0) {
+                total += rows.n * (int64_t)(sizeof(int64_t) + (size_t)rows.dim * sizeof(float));
+                rc = kiln_fsync_dir(dir);
+            }
+            free(dir);
+            free(kp);
+            free(vp);
+        } else {
+            char kn[160], vn[160];
+            snprintf(kn, sizeof kn, "%s.keys.npy", name);
+            snprintf(vn, sizeof vn, "%s.values.npy", name);
+            rc = write_npy(out_dir, kn, NPY_I8, rows.n, 0, rows.keys, &total);
+            if (rc == 0)
+                rc = write_npy(out_dir, vn, NPY_F4, rows.n, rows.dim, rows.values, &total);
+        }
+        rt_ckpt_rows_fini(&rows);
+    }
+    if (rc == 0 && fmt == RT_EXPORT_NPY) {
+        rt_ckpt_array_t *a = NULL;
+        int na = 0;
+        rc = rt_ckpt_read_dense(last, &a, &na);
+        for (int i = 0; rc == 0 && i < na; i++) {
+            char n[160];
+            snprintf(n, sizeof n, "%s.npy", a[i].name);
+            rc = write_npy(out_dir, n, NPY_F4, (int64_t)a[i].count, 0, a[i].data, &total);
+        }
+        rt_ckpt_arrays_free(a, na);
+    }
+    if (rc == 0)
+        rc = kiln_fsync_dir(out_dir);
+    if (bytes)
+        *bytes = total;
+    return rc;
+}

@@ -1,0 +1,139 @@
+/*
+ * ckpt/ckpt_mpi.c - the collective dump: every rank writes its shard files
+ * into one temp directory, rank 0 gathers the file lists and commits the
+ * manifest and the rename, and every rank learns the same outcome. Kept apart
+ * from ckpt.c so that the readers and `kiln export` need no MPI.
+ */
+#include <errno.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "ckpt_int.h"
+
+/* Every rank learns the worst code and the lowest rank that had it. */
+static int agree(MPI_Comm comm, int rank, int rc)
+{
+    int in[2] = {rc, rank}, out[2];
+    if (MPI_Allreduce(in, out, 1, MPI_2INT, MPI_MINLOC, comm) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "MPI_Allreduce failed during a checkpoint");
+    if (out[0] < 0 && rc == 0)
+        return kiln_errf(out[0], "rank %d failed to write its part of the checkpoint", out[1]);
+    return out[0];
+}
+
+static void test_delay(void)
+{
+    const char *s = getenv("KILN_TEST_DUMP_DELAY_MS");
+    long ms = s ? strtol(s, NULL, 10) : 0;
+    if (ms > 0) {
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+        }
+    }
+}
+
+int rt_ckpt_dump(MPI_Comm comm, const char *root, int ntables, kern_table_t *const *tables,
+                 const rt_ckpt_array_t *dense, int ndense, rt_ckpt_info_t *info)
+{
+    int rank = 0, nranks = 1, rc = 0;
+    if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS || MPI_Comm_size(comm, &nranks) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "checkpoint dump: MPI_Comm_rank / MPI_Comm_size failed");
+    rt_ckpt_part_t *part = NULL;
+    char *tmp = NULL, *text = NULL, *all = NULL;
+    int *lens = NULL, *displs = NULL;
+    bool made = false;
+
+    if (rank == 0) {
+        rt_ckpt_new_uid(info->step, info->uid);
+        rc = kiln_mkdir_p(root);
+        if (rc == 0) {
+            tmp = kiln_asprintf("%s/.tmp-%s", root, info->uid);
+            if (tmp == NULL)
+                rc = KILN_ENOMEM;
+            else if (mkdir(tmp, 0755) < 0)
+                rc = ckpt_io_err(errno, "creating", tmp);
+            else
+                made = true;
+        }
+    }
+    if (MPI_Bcast(info->uid, RT_CKPT_UID_MAX, MPI_CHAR, 0, comm) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "MPI_Bcast of the checkpoint uid failed");
+    rc = agree(comm, rank, rc);
+    if (rc < 0)
+        goto out;
+    if (tmp == NULL && (tmp = kiln_asprintf("%s/.tmp-%s", root, info->uid)) == NULL)
+        rc = KILN_ENOMEM;
+    if (rc == 0)
+        rc = rt_ckpt_part_create(&part);
+    if (rc == 0)
+        rc = rt_ckpt_write_tables(tmp, rank, ntables, tables,
+                                  info->kind == RT_CKPT_FULL ? -1 : info->since,
+                                  info->include_optimizer, part);
+    if (rc == 0 && rank == 0)
+        rc = rt_ckpt_write_dense(tmp, dense, ndense, part);
+    test_delay();
+    rc = agree(comm, rank, rc);
+    if (rc < 0)
+        goto out;
+
+    /* Rank 0 gathers every rank's file list. */
+    text = rt_ckpt_part_encode(part);
+    int len = text ? (int)strlen(text) + 1 : 0;
+    if (rank == 0) {
+        lens = kiln_calloc((size_t)nranks, sizeof *lens);
+        displs = kiln_calloc((size_t)nranks, sizeof *displs);
+    }
+    if (MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, comm) != MPI_SUCCESS) {
+        rc = kiln_errf(KILN_EMPI, "MPI_Gather of checkpoint file lists failed");
+        goto out;
+    }
+    int total = 0;
+    if (rank == 0 && lens && displs) {
+        for (int i = 0; i < nranks; i++) {
+            displs[i] = total;
+            total += lens[i];
+        }
+        all = kiln_malloc((size_t)total + 1);
+    }
+    if (MPI_Gatherv(text, len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, comm) != MPI_SUCCESS) {
+        rc = kiln_errf(KILN_EMPI, "MPI_Gatherv of checkpoint file lists failed");
+        goto out;
+    }
+    if (rank == 0) {
+        rt_ckpt_part_t *merged = NULL;
+        rc = all && lens ? rt_ckpt_part_create(&merged) : KILN_ENOMEM;
+        for (int i = 0; rc == 0 && i < nranks; i++)
+            rc = lens[i] > 0 ? rt_ckpt_part_merge(merged, all + displs[i]) : KILN_ENOMEM;
+        info->world_size = nranks;
+        if (rc == 0)
+            rc = rt_ckpt_commit(root, tmp, info, merged);
+        if (rc == 0)
+            made = false;
+        rt_ckpt_part_destroy(merged);
+    }
+    rc = agree(comm, rank, rc);
+    if (rc == 0)
+        rt_ckpt_mark_dumped(ntables, tables, info->step);
+out:
+    if (rank == 0 && made) {
+        /* Every rank is past its writes (the agree above), so the temp dir
+         * can go; a failure here is only worth a warning. */
+        int save = kiln_errcode();
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", kiln_errmsg());
+        if (rt_ckpt_remove(tmp) < 0)
+            KILN_WARN("could not remove %s: %s", tmp, kiln_errmsg());
+        kiln_errf(save, "%s", msg);
+    }
+    free(tmp);
+    free(text);
+    free(all);
+    free(lens);
+    free(displs);
+    rt_ckpt_part_destroy(part);
+    return rc;
+}

@@ -1,0 +1,316 @@
+/*
+ * data/data.h - the trainer's input side: Criteo-format TSV parsing,
+ * the kiln-bin binary format (writer, converter, chunk reader), the batch
+ * reader that partitions rows block-cyclically over MPI ranks and parses
+ * ahead of training in its own thread, and the synthetic data generator.
+ *
+ * Every format yields the same batch layout (rt_batch_t, CSR by slot), so
+ * the trainer never knows where its rows came from. The rules (empty fields,
+ * clamping, log1p, key hashing), the kiln-bin layout byte by byte and the
+ * partitioning scheme are written out in docs/data-formats.md.
+ *
+ * kiln-train, the kiln CLI (convert, datagen) and kiln-serve (request rows)
+ * include it.
+ */
+#ifndef KILN_DATA_DATA_H
+#define KILN_DATA_DATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Criteo's shape: 13 integer features, 26 categorical ones. */
+#define RT_CRITEO_NDENSE 13
+#define RT_CRITEO_NSLOTS 26
+/* Pass as ndense / nslots to rt_reader_open to take them from a kiln-bin
+ * header, or Criteo's 13 / 26 for TSV. */
+#define RT_DIMS_AUTO (-1)
+/* A TSV line longer than this (bytes, without its newline) is malformed. */
+#define RT_TSV_MAX_LINE 65536
+/* How many malformed-line messages are kept in full; the rest are counted. */
+#define RT_MAX_MESSAGES 5
+#define RT_MESSAGE_LEN 384
+/* Rows per kiln-bin chunk unless the converter is told otherwise. */
+#define RT_BIN_CHUNK_ROWS 4096
+/* Keys are masked to 63 bits so that they are non-negative int64. */
+#define RT_KEY_MASK INT64_C(0x7fffffffffffffff)
+
+typedef enum {
+    RT_FMT_AUTO = 0, /* kiln-bin when the first file starts with "KILNBIN1", else TSV */
+    RT_FMT_TSV = 1,
+    RT_FMT_BIN = 2
+} rt_format_t;
+
+/* Parses "auto", "tsv" (also "criteo") or "bin" (also "kiln-bin").
+ * Returns 0 or KILN_EINVAL with a message listing the choices. */
+int rt_format_parse(const char *s, rt_format_t *out /* OUT */);
+/* "auto", "tsv" or "bin". */
+const char *rt_format_name(rt_format_t f);
+/* Looks at the first 8 bytes of path: RT_FMT_BIN for "KILNBIN1", else
+ * RT_FMT_TSV. Returns 0 or KILN_ENOENT / KILN_EIO naming the file. */
+int rt_format_detect(const char *path, rt_format_t *out /* OUT */);
+
+/* ---- batches ---------------------------------------------------------------
+ * One rank's rows of one global step, CSR by slot. Shapes:
+ *   labels   float[n]                      0 or 1
+ *   dense    float[n * ndense]             row-major, log(1 + max(x, 0))
+ *   offsets  int64[nslots * (n + 1)]       slot s, row i has the keys
+ *            keys[offsets[s*(n+1)+i] .. offsets[s*(n+1)+i+1])
+ *            offsets[0] == 0, and each slot's run starts where the previous
+ *            slot's ended (offsets[s*(n+1)] == offsets[(s-1)*(n+1)+n])
+ *   keys     int64[nkeys]                  slot-major, all >= 0
+ * An empty bag (empty TSV field) is a row with no keys in that slot; a
+ * multi-hot bag (kiln-bin) has several. n may be 0: a rank whose part of a
+ * step lies past the end of the data still gets a batch, so that all ranks
+ * take the same number of steps (see rt_reader_open). */
+typedef struct rt_batch {
+    int n;          /* rows in this batch (good rows only) */
+    int nslots;     /* categorical slots (tables) */
+    int ndense;     /* dense features per row */
+    float *labels;  /* [n] */
+    float *dense;   /* [n * ndense] */
+    int64_t *offsets; /* [nslots * (n + 1)] */
+    int64_t *keys;  /* [nkeys] */
+    int64_t nkeys;  /* == offsets[nslots * (n + 1) - 1] when nslots > 0 */
+    int64_t step;   /* global step index, 0-based */
+    int64_t first_row; /* global row index where this rank's part of the step starts */
+    int nskipped;   /* malformed rows in this part (counted, not in the batch) */
+    int cap_rows;   /* allocated rows (internal) */
+    int64_t keys_cap; /* allocated keys (internal) */
+} rt_batch_t;
+
+/* What a reader or converter met. Messages are "FILE:LINE: reason" for the
+ * first RT_MAX_MESSAGES malformed lines; later ones are only counted. The
+ * library does not log them; the caller decides (kiln-train logs them). */
+typedef struct rt_reader_stats {
+    int64_t rows;      /* good rows returned / written */
+    int64_t malformed; /* lines skipped as malformed */
+    int64_t bytes;     /* bytes read from the input files (both passes) */
+    int nmessages;     /* <= RT_MAX_MESSAGES */
+    char messages[RT_MAX_MESSAGES][RT_MESSAGE_LEN];
+} rt_reader_stats_t;
+
+/* The categorical key of a raw value in a slot: xxh64(value, seed = slot)
+ * masked to 63 bits. Deterministic across runs, hosts and formats. */
+int64_t rt_key_hash(int slot, const char *value, size_t len);
+
+/* ---- the reader -------------------------------------------------------------- */
+typedef struct rt_reader rt_reader_t;
+
+/* Opens paths[0..npaths) (read in that order, as one row sequence) and
+ * starts the producer thread that reads and parses `prefetch` batches ahead
+ * (at least 1). Rows are dealt block-cyclically: with N = nranks and
+ * B = batch_size (rows per rank per step), global step k covers rows
+ * [k*B*N, (k+1)*B*N) and rank r gets rows [k*B*N + r*B, k*B*N + (r+1)*B),
+ * so 1 rank with batch 2B and 2 ranks with batch B see the same global
+ * batches. Every rank returns ceil(total_rows / (B*N)) batches; at the end a
+ * rank's batch may be short or empty (n == 0). A malformed TSV line keeps
+ * its row position (every rank agrees on positions) but is left out of the
+ * batch and counted in the stats.
+ *
+ * TSV needs the total row count up front: open counts newlines in all files
+ * (a read of every byte with memchr, about as fast as the disk or page cache
+ * gives it) before returning. kiln-bin reads it from the headers and seeks
+ * straight to each rank's chunks.
+ *
+ * ndense / nslots may be RT_DIMS_AUTO; for kiln-bin they must otherwise
+ * match the file header. Returns 0, KILN_EINVAL (bad arguments), KILN_ENOENT
+ * / KILN_EIO (a file that cannot be opened or read, named in the message),
+ * KILN_ECORRUPT / KILN_ECHECKSUM / KILN_EVERSION (a bad kiln-bin header or
+ * index) or KILN_ENOMEM. Close with rt_reader_close. */
+int rt_reader_open(const char *const *paths, int npaths, rt_format_t format, int rank,
+                   int nranks, int batch_size, int ndense, int nslots, int prefetch,
+                   rt_reader_t **out /* OUT */);
+
+/* Hands out the next batch: returns 1 and sets *batch (borrowed: valid until
+ * the next rt_reader_next or rt_reader_close on this reader), 0 after the
+ * last batch, or a negative KILN_E* code when reading failed (the message
+ * names the file, and for kiln-bin the chunk; e.g. KILN_ECHECKSUM). Batches
+ * produced before a failure are all handed out first. One consumer thread. */
+int rt_reader_next(rt_reader_t *r, rt_batch_t **batch /* OUT */);
+
+/* The total row count over all files (malformed TSV lines included) and the
+ * number of batches every rank will return. */
+int64_t rt_reader_total_rows(const rt_reader_t *r);
+int64_t rt_reader_nsteps(const rt_reader_t *r);
+/* The dimensions actually used (after RT_DIMS_AUTO). */
+int rt_reader_ndense(const rt_reader_t *r);
+int rt_reader_nslots(const rt_reader_t *r);
+/* A snapshot of the stats so far (safe while the producer runs). */
+void rt_reader_stats(rt_reader_t *r, rt_reader_stats_t *out /* OUT */);
+
+/* Stops the producer (mid-file is fine), joins it and frees everything.
+ * Accepts NULL. */
+void rt_reader_close(rt_reader_t *r);
+
+/* ---- kiln-bin ------------------------------------------------------------------ */
+typedef struct rt_bin_writer rt_bin_writer_t;
+
+/* Starts a kiln-bin file: writes go to "<path>.tmp.<pid>" and become `path`
+ * only in rt_bin_writer_commit. chunk_rows <= 0 means RT_BIN_CHUNK_ROWS.
+ * Returns 0, KILN_EINVAL, KILN_EIO (naming the file) or KILN_ENOMEM. */
+int rt_bin_writer_create(const char *path, int ndense, int nslots, int chunk_rows,
+                         rt_bin_writer_t **out /* OUT */);
+/* Appends the rows of b (its ndense / nslots must match the writer's).
+ * A bag of more than 65535 keys is KILN_ERANGE. Returns 0 or KILN_E*. */
+int rt_bin_writer_add(rt_bin_writer_t *w, const rt_batch_t *b);
+/* Writes the last chunk, the chunk index and the header, fsyncs and renames
+ * the temp file into place; frees w either way. Returns 0 or KILN_EIO. */
+int rt_bin_writer_commit(rt_bin_writer_t *w);
+/* Removes the temp file and frees w. Accepts NULL. */
+void rt_bin_writer_abort(rt_bin_writer_t *w);
+
+typedef struct rt_convert_opts {
+    int ndense;     /* dense fields per line; 0 means 13 */
+    int nslots;     /* categorical fields per line; 0 means 26 */
+    int chunk_rows; /* rows per chunk; 0 means RT_BIN_CHUNK_ROWS */
+} rt_convert_opts_t;
+
+/* Converts TSV files (in order) into one kiln-bin file at out_path, written
+ * under a temp name and renamed when complete. Malformed lines are skipped
+ * and reported in stats (so the kiln-bin row sequence holds the good rows
+ * only). opts may be NULL (Criteo defaults); stats may be NULL. Returns 0 or
+ * KILN_ENOENT / KILN_EIO naming the file, KILN_EINVAL, KILN_ENOMEM. */
+int rt_convert_tsv_to_bin(const char *const *inputs, int ninputs, const char *out_path,
+                          const rt_convert_opts_t *opts, rt_reader_stats_t *stats /* OUT */);
+
+/* ---- synthetic data ----------------------------------------------------------- */
+typedef struct rt_datagen_opts {
+    const char *path; /* output TSV, written under a temp name then renamed */
+    int64_t rows;     /* lines to write (>= 0) */
+    uint64_t seed;    /* the hidden model and the id strings */
+    int day;          /* >= 0; moves popularity, adds new ids, drifts weights */
+    /* Skew (`kiln datagen --zipf --vocab --empty`). Zero-initialised fields
+     * keep the default mix described in docs/data-formats.md. */
+    int zipf_set;     /* nonzero: every slot's ids follow a power law of exponent zipf */
+    double zipf;      /* >= 0; 0 is uniform over the vocabulary */
+    int64_t vocab;    /* > 0: every slot has this many stable ids (0: 10 .. 1e6 by slot) */
+    int empty_set;    /* nonzero: every categorical field is empty with probability empty */
+    double empty;     /* in [0, 1] */
+    int part;         /* >= 0: another draw of rows from the same model and ids (0: default) */
+    /* OUT, may be NULL: the Bayes-optimal logloss of the written rows, the
+     * mean over rows of the binary entropy of their true click probability
+     * (what a model that knows the hidden model scores, in expectation). */
+    double *bayes_logloss;
+    double *ctr; /* OUT, may be NULL: the share of written rows labelled 1 */
+} rt_datagen_opts_t;
+
+/* Writes rows lines of Criteo-format TSV (label, 13 integers, 26 categorical
+ * 8-hex-digit ids) drawn from a hidden logistic model: power-law ids per slot
+ * with vocabularies from 10 to 1e6 (scaled down for small files) unless the
+ * skew fields say otherwise, some empty fields, heavy-tailed integers, a base
+ * CTR near 25%, and day-to-day drift. Deterministic given (seed, day, part,
+ * rows and the skew fields). See docs/data-formats.md. Returns 0, KILN_EINVAL
+ * (naming the bad field) or KILN_EIO naming the file. */
+int rt_datagen(const rt_datagen_opts_t *o);
+
+/* ---- shared by the data_*.c files (not for other modules) ---------------------- */
+
+/* Opens a data file for reading: *fd, or KILN_ENOENT / KILN_EIO naming the
+ * file, or KILN_EINVAL when it is not a regular file (/dev/zero, a FIFO, a
+ * directory: training would read it forever, or block, or fail later). */
+int rt_data_open(const char *path, int *fd /* OUT */);
+
+/* How a data file's bytes are stored, told by its first bytes. */
+typedef enum { RT_COMP_NONE = 0, RT_COMP_GZIP = 1, RT_COMP_ZSTD = 2 } rt_comp_t;
+/* gzip for 1f 8b, zstd for 28 b5 2f fd, else none; head holds n bytes. */
+rt_comp_t rt_comp_detect(const unsigned char *head, size_t n);
+/* "plain", "gzip" or "zstd". */
+const char *rt_comp_name(rt_comp_t c);
+
+/* The decompressed bytes of one file (data_src.c): plain, gzip or zstd by
+ * the magic bytes, concatenated members or frames as one stream. */
+typedef struct rt_src rt_src_t;
+/* Opens path (rt_data_open's checks) and reads its first bytes to pick the
+ * decoder. Returns 0 or KILN_E* naming the file. */
+int rt_src_open(const char *path, rt_src_t **out /* OUT */);
+/* Reads up to cap decompressed bytes into buf: returns how many (> 0), 0 at
+ * the end of the file, KILN_EIO (reading), or KILN_ECORRUPT (corrupt or
+ * truncated compressed data, naming the file and the byte). */
+int64_t rt_src_read(rt_src_t *s, char *buf, size_t cap);
+/* Bytes read from the file itself so far (compressed bytes for gzip/zstd). */
+int64_t rt_src_file_bytes(const rt_src_t *s);
+rt_comp_t rt_src_comp(const rt_src_t *s);
+void rt_src_close(rt_src_t *s); /* accepts NULL */
+
+/* The growing parts of a batch while rows are appended (producer-owned). */
+typedef struct rt_batch_builder {
+    int cap_rows, ndense, nslots;
+    int n;
+    int64_t *slot_len;  /* [nslots] keys so far per slot */
+    int64_t *slot_cap;  /* [nslots] */
+    int64_t **slot_keys; /* [nslots][slot_cap[s]] */
+    uint32_t *counts;   /* [nslots * cap_rows] keys of (slot, row) */
+} rt_batch_builder_t;
+
+int rt_builder_init(rt_batch_builder_t *bb, int cap_rows, int ndense, int nslots);
+void rt_builder_fini(rt_batch_builder_t *bb);
+/* Forgets the rows (keeps the memory). */
+void rt_builder_reset(rt_batch_builder_t *bb);
+/* Room for more keys in slot s; returns 0 or KILN_ENOMEM. */
+int rt_builder_reserve(rt_batch_builder_t *bb, int s, int64_t more);
+/* Moves the builder's rows into b's CSR arrays (growing b as needed); b's
+ * labels/dense rows [0, bb->n) must already be written by the caller. */
+int rt_builder_finish(rt_batch_builder_t *bb, rt_batch_t *b);
+
+/* Appends one parsed row (label, dense[ndense], keys[nslots] where
+ * has_key[s]) at row bb->n of the builder and of b. Returns 0 or KILN_ENOMEM. */
+int rt_builder_add_row(rt_batch_builder_t *bb, rt_batch_t *b, float label, const float *dense,
+                       const int64_t *keys, const unsigned char *has_key);
+
+/* Allocates b's arrays for up to cap_rows rows; rt_batch_fini frees them. */
+int rt_batch_init(rt_batch_t *b, int cap_rows, int ndense, int nslots);
+void rt_batch_fini(rt_batch_t *b);
+
+/* Parses one TSV line [p, p+len) (no newline; a trailing '\r' is dropped)
+ * into label, dense[ndense] and keys[nslots] with has_key[nslots]. Returns
+ * 0, or -1 with a reason written into why. */
+int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *label,
+                      float *dense, int64_t *keys, unsigned char *has_key, char *why,
+                      size_t whysz);
+
+/* A cursor over TSV files as one sequence of lines. */
+typedef struct rt_tsv_cursor rt_tsv_cursor_t;
+int rt_tsv_cursor_create(const char *const *paths, int npaths, rt_tsv_cursor_t **out /* OUT */);
+/* Next line: returns 1 and sets *line and *len (valid until the next call; NULL
+ * with *too_long = 1 for a line over RT_TSV_MAX_LINE), 0 at the end of the
+ * last file, or KILN_EIO / KILN_ENOENT. *file and *lineno (1-based) say where. */
+int rt_tsv_cursor_next(rt_tsv_cursor_t *c, const char **line /* OUT */, size_t *len /* OUT */,
+                       int *too_long /* OUT */, int *file /* OUT */, int64_t *lineno /* OUT */);
+/* Skips n lines quickly. Returns 0, or KILN_EIO / KILN_ECORRUPT when the
+ * files end early. */
+int rt_tsv_cursor_skip(rt_tsv_cursor_t *c, int64_t n);
+int64_t rt_tsv_cursor_bytes(const rt_tsv_cursor_t *c);
+void rt_tsv_cursor_destroy(rt_tsv_cursor_t *c);
+/* Counts the rows (lines; a last line without newline counts) of one file. */
+int rt_tsv_count_rows(const char *path, int64_t *rows /* OUT */, int64_t *bytes /* OUT */);
+
+/* Records a malformed line in stats (message kept for the first few). */
+void rt_stats_malformed(rt_reader_stats_t *st, const char *path, int64_t lineno,
+                        const char *why);
+
+/* An opened kiln-bin file: header and chunk index, read and checked. */
+typedef struct rt_bin_file rt_bin_file_t;
+int rt_bin_open(const char *path, rt_bin_file_t **out /* OUT */);
+void rt_bin_close(rt_bin_file_t *f);
+int64_t rt_bin_rows(const rt_bin_file_t *f);
+int rt_bin_ndense(const rt_bin_file_t *f);
+int rt_bin_nslots(const rt_bin_file_t *f);
+/* Appends rows [lo, hi) of the file to the builder and to labels/dense at
+ * builder row bb->n onwards (b's arrays sized for the batch). Loads and
+ * checksums each chunk touched (the last chunk stays cached). Returns 0,
+ * KILN_EIO, KILN_ECHECKSUM or KILN_ECORRUPT naming file and chunk. */
+int rt_bin_read_rows(rt_bin_file_t *f, int64_t lo, int64_t hi, rt_batch_builder_t *bb,
+                     rt_batch_t *b, int64_t *bytes /* OUT: added to */);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_DATA_DATA_H */

@@ -1,0 +1,149 @@
+/*
+ * data/data_batch.c - batches and the batch builder: rows appended one at a
+ * time (TSV) or a chunk at a time (kiln-bin) become the CSR layout that all
+ * formats share (data.h, rt_batch_t). Both readers use it, data_reader.c
+ * for TSV and data_bin.c for kiln-bin; it uses neither.
+ */
+#include "data.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int rt_batch_init(rt_batch_t *b, int cap_rows, int ndense, int nslots)
+{
+    memset(b, 0, sizeof *b);
+    b->ndense = ndense;
+    b->nslots = nslots;
+    b->cap_rows = cap_rows;
+    b->labels = kiln_calloc((size_t)cap_rows + 1, sizeof(float));
+    b->dense = kiln_calloc(((size_t)cap_rows + 1) * (size_t)(ndense ? ndense : 1), sizeof(float));
+    b->offsets = kiln_calloc((size_t)(nslots ? nslots : 1) * ((size_t)cap_rows + 1),
+                             sizeof(int64_t));
+    b->keys_cap = (int64_t)(cap_rows + 1) * (nslots ? nslots : 1);
+    b->keys = kiln_calloc((size_t)b->keys_cap, sizeof(int64_t));
+    if (!b->labels || !b->dense || !b->offsets || !b->keys) {
+        rt_batch_fini(b);
+        return KILN_ENOMEM;
+    }
+    return 0;
+}
+
+void rt_batch_fini(rt_batch_t *b)
+{
+    free(b->labels);
+    free(b->dense);
+    free(b->offsets);
+    free(b->keys);
+    memset(b, 0, sizeof *b);
+}
+
+int rt_builder_init(rt_batch_builder_t *bb, int cap_rows, int ndense, int nslots)
+{
+    size_t ns = (size_t)(nslots ? nslots : 1);
+    memset(bb, 0, sizeof *bb);
+    bb->cap_rows = cap_rows;
+    bb->ndense = ndense;
+    bb->nslots = nslots;
+    bb->slot_len = kiln_calloc(ns, sizeof(int64_t));
+    bb->slot_cap = kiln_calloc(ns, sizeof(int64_t));
+    bb->slot_keys = kiln_calloc(ns, sizeof(int64_t *));
+    bb->counts = kiln_calloc(ns * ((size_t)cap_rows + 1), sizeof(uint32_t));
+    if (!bb->slot_len || !bb->slot_cap || !bb->slot_keys || !bb->counts) {
+        rt_builder_fini(bb);
+        return KILN_ENOMEM;
+    }
+    for (int s = 0; s < nslots; s++) {
+        int rc = rt_builder_reserve(bb, s, cap_rows + 1);
+        if (rc < 0) {
+            rt_builder_fini(bb);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void rt_builder_fini(rt_batch_builder_t *bb)
+{
+    for (int s = 0; bb->slot_keys && s < bb->nslots; s++)
+        free(bb->slot_keys[s]);
+    free(bb->slot_keys);
+    free(bb->slot_len);
+    free(bb->slot_cap);
+    free(bb->counts);
+    memset(bb, 0, sizeof *bb);
+}
+
+void rt_builder_reset(rt_batch_builder_t *bb)
+{
+    bb->n = 0;
+    for (int s = 0; s < bb->nslots; s++)
+        bb->slot_len[s] = 0;
+}
+
+int rt_builder_reserve(rt_batch_builder_t *bb, int s, int64_t more)
+{
+    int64_t need = bb->slot_len[s] + more, nc;
+    int64_t *nk;
+    if (need <= bb->slot_cap[s])
+        return 0;
+    nc = bb->slot_cap[s] ? bb->slot_cap[s] : 1024;
+    while (nc < need)
+        nc *= 2;
+    nk = kiln_reallocarray(bb->slot_keys[s], (size_t)nc, sizeof(int64_t));
+    if (!nk)
+        return KILN_ENOMEM;
+    bb->slot_keys[s] = nk;
+    bb->slot_cap[s] = nc;
+    return 0;
+}
+
+int rt_builder_add_row(rt_batch_builder_t *bb, rt_batch_t *b, float label, const float *dense,
+                       const int64_t *keys, const unsigned char *has_key)
+{
+    const int i = bb->n, D = bb->ndense;
+    b->labels[i] = label;
+    memcpy(b->dense + (size_t)i * (size_t)D, dense, (size_t)D * sizeof(float));
+    for (int s = 0; s < bb->nslots; s++) {
+        uint32_t c = has_key[s] ? 1 : 0;
+        bb->counts[(size_t)s * (size_t)bb->cap_rows + (size_t)i] = c;
+        if (c) {
+            if (bb->slot_len[s] == bb->slot_cap[s] && rt_builder_reserve(bb, s, 1) < 0)
+                return KILN_ENOMEM;
+            bb->slot_keys[s][bb->slot_len[s]++] = keys[s];
+        }
+    }
+    bb->n++;
+    return 0;
+}
+
+int rt_builder_finish(rt_batch_builder_t *bb, rt_batch_t *b)
+{
+    const int n = bb->n, S = bb->nslots;
+    int64_t total = 0, pos = 0;
+    for (int s = 0; s < S; s++)
+        total += bb->slot_len[s];
+    if (total > b->keys_cap) {
+        int64_t nc = b->keys_cap ? b->keys_cap : 1024;
+        int64_t *nk;
+        while (nc < total)
+            nc *= 2;
+        nk = kiln_reallocarray(b->keys, (size_t)nc, sizeof(int64_t));
+        if (!nk)
+            return KILN_ENOMEM;
+        b->keys = nk;
+        b->keys_cap = nc;
+    }
+    for (int s = 0; s < S; s++) {
+        int64_t *o = b->offsets + (size_t)s * (size_t)(n + 1);
+        const uint32_t *c = bb->counts + (size_t)s * (size_t)bb->cap_rows;
+        o[0] = pos;
+        for (int i = 0; i < n; i++)
+            o[i + 1] = o[i] + c[i];
+        memcpy(b->keys + pos, bb->slot_keys[s], (size_t)bb->slot_len[s] * sizeof(int64_t));
+        pos += bb->slot_len[s];
+    }
+    b->n = n;
+    b->nkeys = total;
+    return 0;
+}
+

@@ -1,0 +1,382 @@
+/*
+ * data/data_reader.c - the batch reader kiln-train consumes. It treats its
+ * files as one row sequence, deals rows to ranks block-cyclically (global
+ * step k, rank r: rows [k*B*N + r*B, k*B*N + (r+1)*B)), and runs a producer
+ * thread that reads and parses up to `prefetch` batches ahead into a ring of
+ * reusable batch buffers while the trainer computes. Every rank returns the
+ * same number of batches, short or empty ones at the end, because the
+ * trainer does collectives every step. The rows it reads go through the
+ * batch builder (data_batch.c), as data_bin.c's do.
+ */
+#include "data.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the reader ------------------------------------------------------------------ */
+
+struct rt_reader {
+    /* set at open, read-only afterwards */
+    rt_format_t fmt;
+    int rank, nranks, batch, ndense, nslots;
+    int npaths;
+    char **paths;          /* [npaths] owned copies */
+    int64_t *file_start;   /* [npaths + 1] global row where file f starts */
+    int64_t total_rows, nsteps;
+    rt_bin_file_t **bins;  /* [npaths] for RT_FMT_BIN */
+
+    /* producer-owned */
+    rt_tsv_cursor_t *cur;
+    int64_t cur_row;       /* TSV: global row the cursor stands at */
+    rt_batch_builder_t bb;
+    float *pdense;         /* [ndense] scratch of one parsed line */
+    int64_t *pkeys;        /* [nslots] */
+    unsigned char *phas;   /* [nslots] */
+
+    /* the ring, guarded by mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_filled, cv_free;
+    int nbuf;              /* prefetch + 1: one more than the producer may fill */
+    rt_batch_t *bufs;      /* [nbuf] */
+    int head, tail, nfilled, held;
+    int done, stop, err_code;
+    char err_msg[512];
+    rt_reader_stats_t stats;
+    pthread_t thread;
+    int thread_started;
+};
+
+int64_t rt_reader_total_rows(const rt_reader_t *r)
+{
+    return r->total_rows;
+}
+
+int64_t rt_reader_nsteps(const rt_reader_t *r)
+{
+    return r->nsteps;
+}
+
+int rt_reader_ndense(const rt_reader_t *r)
+{
+    return r->ndense;
+}
+
+int rt_reader_nslots(const rt_reader_t *r)
+{
+    return r->nslots;
+}
+
+void rt_reader_stats(rt_reader_t *r, rt_reader_stats_t *out)
+{
+    pthread_mutex_lock(&r->mu);
+    *out = r->stats;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Appends TSV rows [lo, hi) (global) to the builder; the cursor stands at
+ * r->cur_row <= lo. Malformed lines are counted and left out. */
+static int fill_tsv(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b)
+{
+    int rc;
+    if (lo > r->cur_row) {
+        rc = rt_tsv_cursor_skip(r->cur, lo - r->cur_row);
+        if (rc < 0)
+            return rc;
+        r->cur_row = lo;
+    }
+    for (; r->cur_row < hi; r->cur_row++) {
+        const char *line;
+        size_t len;
+        int too_long, fi;
+        int64_t lineno;
+        float label;
+        char why[RT_MESSAGE_LEN];
+        rc = rt_tsv_cursor_next(r->cur, &line, &len, &too_long, &fi, &lineno);
+        if (rc < 0)
+            return rc;
+        if (rc == 0)
+            return kiln_errf(KILN_ECORRUPT, "the data files ended at row %lld, before the %lld "
+                             "rows counted at open; did they change while being read?",
+                             (long long)r->cur_row, (long long)r->total_rows);
+        if (too_long)
+            snprintf(why, sizeof why, "line longer than %d bytes", RT_TSV_MAX_LINE);
+        if (too_long || rt_tsv_parse_line(line, len, r->ndense, r->nslots, &label, r->pdense,
+                                          r->pkeys, r->phas, why, sizeof why) < 0) {
+            pthread_mutex_lock(&r->mu);
+            rt_stats_malformed(&r->stats, r->paths[fi], lineno, why);
+            pthread_mutex_unlock(&r->mu);
+            b->nskipped++;
+            continue;
+        }
+        rc = rt_builder_add_row(&r->bb, b, label, r->pdense, r->pkeys, r->phas);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Appends kiln-bin rows [lo, hi) (global) to the builder, file by file. */
+static int fill_bin(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b, int64_t *bytes)
+{
+    for (int f = 0; f < r->npaths && lo < hi; f++) {
+        int64_t fs = r->file_start[f], fe = r->file_start[f + 1];
+        int64_t a = lo > fs ? lo : fs, e = hi < fe ? hi : fe;
+        if (a >= e)
+            continue;
+        int rc = rt_bin_read_rows(r->bins[f], a - fs, e - fs, &r->bb, b, bytes);
+        if (rc < 0)
+            return rc;
+        lo = e;
+    }
+    return 0;
+}
+
+/* Fills b with this rank's part of global step k. */
+static int produce_step(rt_reader_t *r, int64_t k, rt_batch_t *b)
+{
+    const int64_t B = r->batch, N = r->nranks;
+    int64_t lo = k * B * N + (int64_t)r->rank * B;
+    int64_t hi = lo + B;
+    int64_t bytes = 0;
+    int rc;
+    if (lo > r->total_rows)
+        lo = r->total_rows;
+    if (hi > r->total_rows)
+        hi = r->total_rows;
+    rt_builder_reset(&r->bb);
+    b->step = k;
+    b->first_row = lo;
+    b->nskipped = 0;
+    if (r->fmt == RT_FMT_TSV)
+        rc = fill_tsv(r, lo, hi, b);
+    else
+        rc = fill_bin(r, lo, hi, b, &bytes);
+    if (rc < 0)
+        return rc;
+    rc = rt_builder_finish(&r->bb, b);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&r->mu);
+    r->stats.rows += b->n;
+    r->stats.bytes += bytes;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+static void *producer(void *arg)
+{
+    rt_reader_t *r = arg;
+    int64_t prepass_bytes;
+    pthread_mutex_lock(&r->mu);
+    prepass_bytes = r->stats.bytes;
+    pthread_mutex_unlock(&r->mu);
+    for (int64_t k = 0; k < r->nsteps; k++) {
+        rt_batch_t *b;
+        int rc;
+        pthread_mutex_lock(&r->mu);
+        while (!r->stop && r->nfilled + r->held >= r->nbuf)
+            pthread_cond_wait(&r->cv_free, &r->mu);
+        if (r->stop) {
+            pthread_mutex_unlock(&r->mu);
+            return NULL;
+        }
+        b = &r->bufs[r->head];
+        pthread_mutex_unlock(&r->mu);
+
+        rc = produce_step(r, k, b);
+
+        pthread_mutex_lock(&r->mu);
+        if (r->cur)
+            r->stats.bytes = prepass_bytes + rt_tsv_cursor_bytes(r->cur);
+        if (rc < 0) {
+            r->err_code = rc;
+            snprintf(r->err_msg, sizeof r->err_msg, "%s", kiln_errmsg());
+            r->done = 1;
+            pthread_cond_broadcast(&r->cv_filled);
+            pthread_mutex_unlock(&r->mu);
+            return NULL;
+        }
+        r->head = (r->head + 1) % r->nbuf;
+        r->nfilled++;
+        pthread_cond_signal(&r->cv_filled);
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_lock(&r->mu);
+    r->done = 1;
+    pthread_cond_broadcast(&r->cv_filled);
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+int rt_reader_next(rt_reader_t *r, rt_batch_t **batch)
+{
+    int rc;
+    pthread_mutex_lock(&r->mu);
+    if (r->held) {
+        r->held = 0;
+        pthread_cond_signal(&r->cv_free);
+    }
+    while (r->nfilled == 0 && !r->done)
+        pthread_cond_wait(&r->cv_filled, &r->mu);
+    if (r->nfilled > 0) {
+        *batch = &r->bufs[r->tail];
+        r->tail = (r->tail + 1) % r->nbuf;
+        r->nfilled--;
+        r->held = 1;
+        rc = 1;
+    } else if (r->err_code < 0) {
+        rc = kiln_errf(r->err_code, "rank %d: %s", r->rank, r->err_msg);
+    } else {
+        rc = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void rt_reader_close(rt_reader_t *r)
+{
+    if (!r)
+        return;
+    if (r->thread_started) {
+        pthread_mutex_lock(&r->mu);
+        r->stop = 1;
+        pthread_cond_broadcast(&r->cv_free);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->thread, NULL);
+    }
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv_filled);
+    pthread_cond_destroy(&r->cv_free);
+    for (int i = 0; r->bufs && i < r->nbuf; i++)
+        rt_batch_fini(&r->bufs[i]);
+    free(r->bufs);
+    for (int f = 0; r->bins && f < r->npaths; f++)
+        rt_bin_close(r->bins[f]);
+    free(r->bins);
+    for (int f = 0; r->paths && f < r->npaths; f++)
+        free(r->paths[f]);
+    free(r->paths);
+    free(r->file_start);
+    rt_tsv_cursor_destroy(r->cur);
+    rt_builder_fini(&r->bb);
+    free(r->pdense);
+    free(r->pkeys);
+    free(r->phas);
+    free(r);
+}
+
+/* Counts rows (TSV pre-pass) or opens the kiln-bin files, filling
+ * file_start and the dimensions. */
+static int scan_files(rt_reader_t *r, int ndense, int nslots)
+{
+    int rc;
+    r->file_start[0] = 0;
+    if (r->fmt == RT_FMT_TSV) {
+        r->ndense = ndense == RT_DIMS_AUTO ? RT_CRITEO_NDENSE : ndense;
+        r->nslots = nslots == RT_DIMS_AUTO ? RT_CRITEO_NSLOTS : nslots;
+        for (int f = 0; f < r->npaths; f++) {
+            int64_t rows, bytes;
+            rc = rt_tsv_count_rows(r->paths[f], &rows, &bytes);
+            if (rc < 0)
+                return rc;
+            r->stats.bytes += bytes;
+            r->file_start[f + 1] = r->file_start[f] + rows;
+        }
+        return 0;
+    }
+    r->bins = kiln_calloc((size_t)r->npaths, sizeof *r->bins);
+    if (!r->bins)
+        return KILN_ENOMEM;
+    for (int f = 0; f < r->npaths; f++) {
+        rc = rt_bin_open(r->paths[f], &r->bins[f]);
+        if (rc < 0)
+            return rc;
+        if (f == 0) {
+            r->ndense = ndense == RT_DIMS_AUTO ? rt_bin_ndense(r->bins[0]) : ndense;
+            r->nslots = nslots == RT_DIMS_AUTO ? rt_bin_nslots(r->bins[0]) : nslots;
+        }
+        if (rt_bin_ndense(r->bins[f]) != r->ndense || rt_bin_nslots(r->bins[f]) != r->nslots)
+            return kiln_errf(KILN_EINVAL, "%s holds %d dense features and %d slots, but %d and "
+                             "%d were expected", r->paths[f], rt_bin_ndense(r->bins[f]),
+                             rt_bin_nslots(r->bins[f]), r->ndense, r->nslots);
+        r->file_start[f + 1] = r->file_start[f] + rt_bin_rows(r->bins[f]);
+    }
+    return 0;
+}
+
+int rt_reader_open(const char *const *paths, int npaths, rt_format_t format, int rank,
+                   int nranks, int batch_size, int ndense, int nslots, int prefetch,
+                   rt_reader_t **out)
+{
+    rt_reader_t *r;
+    int64_t per_step;
+    int rc;
+    if (npaths <= 0 || !paths)
+        return kiln_errf(KILN_EINVAL, "the reader needs at least one data file");
+    if (nranks <= 0 || rank < 0 || rank >= nranks)
+        return kiln_errf(KILN_EINVAL, "bad rank %d of %d", rank, nranks);
+    if (batch_size <= 0)
+        return kiln_errf(KILN_EINVAL, "batch size must be positive, got %d", batch_size);
+    if ((ndense < 0 && ndense != RT_DIMS_AUTO) || (nslots < 0 && nslots != RT_DIMS_AUTO))
+        return kiln_errf(KILN_EINVAL, "bad dimensions %d dense, %d slots", ndense, nslots);
+    if (prefetch < 1)
+        prefetch = 1;
+    r = kiln_calloc(1, sizeof *r);
+    if (!r)
+        return KILN_ENOMEM;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv_filled, NULL);
+    pthread_cond_init(&r->cv_free, NULL);
+    r->rank = rank;
+    r->nranks = nranks;
+    r->batch = batch_size;
+    r->npaths = npaths;
+    r->paths = kiln_calloc((size_t)npaths, sizeof *r->paths);
+    r->file_start = kiln_calloc((size_t)npaths + 1, sizeof *r->file_start);
+    if (!r->paths || !r->file_start) {
+        rc = KILN_ENOMEM;
+        goto fail;
+    }
+    for (int f = 0; f < npaths; f++) {
+        r->paths[f] = kiln_strdup(paths[f]);
+        if (!r->paths[f]) {
+            rc = KILN_ENOMEM;
+            goto fail;
+        }
+    }
+    r->fmt = format;
+    if (format == RT_FMT_AUTO)
+        KILN_CHECK_GOTO(rt_format_detect(paths[0], &r->fmt), rc, fail);
+    KILN_CHECK_GOTO(scan_files(r, ndense, nslots), rc, fail);
+    r->total_rows = r->file_start[npaths];
+    per_step = (int64_t)batch_size * nranks;
+    r->nsteps = (r->total_rows + per_step - 1) / per_step;
+
+    r->pdense = kiln_calloc((size_t)r->ndense + 1, sizeof(float));
+    r->pkeys = kiln_calloc((size_t)r->nslots + 1, sizeof(int64_t));
+    r->phas = kiln_calloc((size_t)r->nslots + 1, 1);
+    r->nbuf = prefetch + 1;
+    r->bufs = kiln_calloc((size_t)r->nbuf, sizeof *r->bufs);
+    if (!r->pdense || !r->pkeys || !r->phas || !r->bufs) {
+        rc = KILN_ENOMEM;
+        goto fail;
+    }
+    for (int i = 0; i < r->nbuf; i++)
+        KILN_CHECK_GOTO(rt_batch_init(&r->bufs[i], batch_size, r->ndense, r->nslots), rc, fail);
+    KILN_CHECK_GOTO(rt_builder_init(&r->bb, batch_size, r->ndense, r->nslots), rc, fail);
+    if (r->fmt == RT_FMT_TSV)
+        KILN_CHECK_GOTO(rt_tsv_cursor_create((const char *const *)r->paths, npaths, &r->cur), rc,
+                        fail);
+    if (pthread_create(&r->thread, NULL, producer, r) != 0) {
+        rc = kiln_errf(KILN_ENOMEM, "cannot start the data reader thread");
+        goto fail;
+    }
+    r->thread_started = 1;
+    *out = r;
+    return 0;
+fail:
+    rt_reader_close(r);
+    return rc;
+}

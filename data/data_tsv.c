@@ -1,0 +1,426 @@
+/*
+ * data/data_tsv.c - Criteo-format TSV: one line is a label, ndense
+ * integer fields and nslots categorical fields, separated by tabs. This file
+ * holds the line parser (a hand-written loop over the bytes, no strtok or
+ * sscanf), the key hash, the line cursor that walks several files as one
+ * sequence of lines through a big read buffer, and the newline-count pre-pass
+ * that tells the reader how many rows there are. Both read a file's bytes
+ * through rt_src (data_src.c), so gzip and zstd files read like plain ones.
+ * The rules are in docs/data-formats.md.
+ */
+#include "data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define READ_CHUNK ((size_t)4 << 20)
+#define LOG1P_TABLE 4096
+
+static float log1p_table[LOG1P_TABLE];
+static pthread_once_t log1p_once = PTHREAD_ONCE_INIT;
+
+int64_t rt_key_hash(int slot, const char *value, size_t len)
+{
+    return (int64_t)(kiln_xxh64(value, len, (uint64_t)slot) & (uint64_t)RT_KEY_MASK);
+}
+
+static void log1p_fill(void)
+{
+    for (int i = 0; i < LOG1P_TABLE; i++)
+        log1p_table[i] = (float)log1p((double)i);
+}
+
+static void log1p_init(void)
+{
+    pthread_once(&log1p_once, log1p_fill);
+}
+
+static inline float dense_value(int64_t x)
+{
+    if (x <= 0)
+        return 0.0f;
+    if (x < LOG1P_TABLE)
+        return log1p_table[x];
+    return (float)log1p((double)x);
+}
+
+/* Copies at most 24 bytes of a field into a printable quote for messages. */
+static void quote_field(char *dst, size_t dstsz, const char *p, size_t len)
+{
+    size_t n = len < 24 ? len : 24;
+    size_t j = 0;
+    for (size_t i = 0; i < n && j + 1 < dstsz; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        dst[j++] = (ch >= 32 && ch < 127) ? (char)ch : '?';
+    }
+    if (len > n && j + 4 < dstsz) {
+        memcpy(dst + j, "...", 3);
+        j += 3;
+    }
+    dst[j] = '\0';
+}
+
+int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *label,
+                      float *dense, int64_t *keys, unsigned char *has_key, char *why,
+                      size_t whysz)
+{
+    const int nf = 1 + ndense + nslots;
+    const char *e;
+    const char *q = p;
+    int f = 0;
+    char first_err[RT_MESSAGE_LEN];
+    int have_err = 0;
+    char quoted[32];
+
+    log1p_init();
+    if (len > 0 && p[len - 1] == '\r')
+        len--;
+    e = p + len;
+    for (;;) {
+        const char *t = memchr(q, '\t', (size_t)(e - q));
+        size_t flen;
+        if (!t)
+            t = e;
+        flen = (size_t)(t - q);
+        if (f == 0) {
+            if (flen == 1 && (q[0] == '0' || q[0] == '1')) {
+                *label = (float)(q[0] - '0');
+            } else if (!have_err) {
+                quote_field(quoted, sizeof quoted, q, flen);
+                snprintf(first_err, sizeof first_err, "label must be 0 or 1, got '%s'", quoted);
+                have_err = 1;
+            }
+        } else if (f <= ndense) {
+            const char *c = q;
+            int neg = 0, ok = 1;
+            int64_t v = 0;
+            if (c < t && (*c == '-' || *c == '+')) {
+                neg = *c == '-';
+                c++;
+                if (c == t)
+                    ok = 0;
+            }
+            if (t - c > 18)
+                ok = 0; /* more than 18 digits could overflow int64 */
+            for (; ok && c < t; c++) {
+                unsigned d = (unsigned)(*c - '0');
+                if (d > 9)
+                    ok = 0;
+                else
+                    v = v * 10 + (int64_t)d;
+            }
+            if (!ok && !have_err) {
+                quote_field(quoted, sizeof quoted, q, flen);
+                snprintf(first_err, sizeof first_err,
+                         "integer feature %d (field %d) is not an integer: '%s'", f, f + 1,
+                         quoted);
+                have_err = 1;
+            }
+            dense[f - 1] = neg ? 0.0f : dense_value(v);
+        } else if (f < nf) {
+            int s = f - 1 - ndense;
+            if (flen == 0) {
+                has_key[s] = 0;
+            } else {
+                has_key[s] = 1;
+                keys[s] = rt_key_hash(s, q, flen);
+            }
+        }
+        f++;
+        if (t == e)
+            break;
+        q = t + 1;
+    }
+    if (f != nf) {
+        snprintf(why, whysz, "wrong number of fields: %d (expected %d: label, %d integer, %d "
+                 "categorical, tab-separated)", f, nf, ndense, nslots);
+        return -1;
+    }
+    if (have_err) {
+        snprintf(why, whysz, "%s", first_err);
+        return -1;
+    }
+    return 0;
+}
+
+void rt_stats_malformed(rt_reader_stats_t *st, const char *path, int64_t lineno,
+                        const char *why)
+{
+    st->malformed++;
+    if (st->nmessages < RT_MAX_MESSAGES) {
+        snprintf(st->messages[st->nmessages], RT_MESSAGE_LEN, "%s:%lld: %s", path,
+                 (long long)lineno, why);
+        st->nmessages++;
+    }
+}
+
+/* ---- formats ------------------------------------------------------------------ */
+
+static const struct {
+    const char *name;
+    rt_format_t fmt;
+} format_names[] = {
+    {"auto", RT_FMT_AUTO}, {"tsv", RT_FMT_TSV}, {"criteo", RT_FMT_TSV},
+    {"bin", RT_FMT_BIN},   {"kiln-bin", RT_FMT_BIN},
+};
+
+int rt_format_parse(const char *s, rt_format_t *out)
+{
+    for (size_t i = 0; i < sizeof format_names / sizeof format_names[0]; i++) {
+        if (strcmp(s, format_names[i].name) == 0) {
+            *out = format_names[i].fmt;
+            return 0;
+        }
+    }
+    return kiln_errf(KILN_EINVAL, "unknown data format '%s' (choose auto, tsv or bin)", s);
+}
+
+const char *rt_format_name(rt_format_t f)
+{
+    return f == RT_FMT_TSV ? "tsv" : f == RT_FMT_BIN ? "bin" : "auto";
+}
+
+int rt_format_detect(const char *path, rt_format_t *out)
+{
+    char magic[8];
+    int64_t n = 0;
+    rt_src_t *src = NULL;
+    /* The decompressed start: a compressed kiln-bin file is detected as
+     * kiln-bin, whose reader then says why it cannot be read. */
+    int rc = rt_src_open(path, &src);
+    while (rc == 0 && n < 8) {
+        int64_t got = rt_src_read(src, magic + n, sizeof magic - (size_t)n);
+        if (got < 0)
+            rc = (int)got;
+        else if (got == 0)
+            break;
+        else
+            n += got;
+    }
+    rt_src_close(src);
+    if (rc < 0)
+        return rc;
+    *out = (n == 8 && memcmp(magic, "KILNBIN1", 8) == 0) ? RT_FMT_BIN : RT_FMT_TSV;
+    return 0;
+}
+
+/* ---- the pre-pass ------------------------------------------------------------- */
+
+int rt_tsv_count_rows(const char *path, int64_t *rows, int64_t *bytes)
+{
+    int rc = 0;
+    int64_t nl = 0, total = 0;
+    char last = '\n';
+    char *buf = NULL;
+    rt_src_t *src = NULL;
+    KILN_CHECK(rt_src_open(path, &src));
+    buf = kiln_malloc(READ_CHUNK);
+    if (!buf) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (;;) {
+        int64_t n = rt_src_read(src, buf, READ_CHUNK);
+        const char *p, *e;
+        if (n < 0) {
+            rc = (int)n;
+            goto out;
+        }
+        if (n == 0)
+            break;
+        total += n;
+        last = buf[n - 1];
+        p = buf;
+        e = buf + n;
+        while (p < e && (p = memchr(p, '\n', (size_t)(e - p))) != NULL) {
+            nl++;
+            p++;
+        }
+    }
+    *rows = nl + (total > 0 && last != '\n' ? 1 : 0);
+    if (bytes)
+        *bytes = rt_src_file_bytes(src);
+out:
+    free(buf);
+    rt_src_close(src);
+    return rc;
+}
+
+/* ---- the cursor --------------------------------------------------------------- */
+
+struct rt_tsv_cursor {
+    const char *const *paths; /* borrowed: must outlive the cursor */
+    int npaths;
+    int fi;      /* index of the open file, -1 before the first */
+    rt_src_t *src; /* the open file's bytes (decompressed); NULL when none is open */
+    char *buf;   /* [cap] */
+    size_t cap, beg, end;
+    int eof;     /* the open file has no more bytes */
+    int partial; /* bytes of the current line were dropped (skip / too long) */
+    int64_t lineno;
+    int64_t bytes;
+};
+
+int rt_tsv_cursor_create(const char *const *paths, int npaths, rt_tsv_cursor_t **out)
+{
+    rt_tsv_cursor_t *c = kiln_calloc(1, sizeof *c);
+    if (!c)
+        return KILN_ENOMEM;
+    c->paths = paths;
+    c->npaths = npaths;
+    c->fi = -1;
+    c->cap = READ_CHUNK + RT_TSV_MAX_LINE + 1;
+    c->buf = kiln_malloc(c->cap);
+    if (!c->buf) {
+        free(c);
+        return KILN_ENOMEM;
+    }
+    log1p_init();
+    *out = c;
+    return 0;
+}
+
+void rt_tsv_cursor_destroy(rt_tsv_cursor_t *c)
+{
+    if (!c)
+        return;
+    rt_src_close(c->src);
+    free(c->buf);
+    free(c);
+}
+
+int64_t rt_tsv_cursor_bytes(const rt_tsv_cursor_t *c)
+{
+    return c->bytes;
+}
+
+/* Opens the next file. Returns 1, 0 when there is none, or an error. */
+static int open_next(rt_tsv_cursor_t *c)
+{
+    rt_src_close(c->src);
+    c->src = NULL;
+    if (c->fi + 1 >= c->npaths)
+        return 0;
+    c->fi++;
+    KILN_CHECK(rt_src_open(c->paths[c->fi], &c->src));
+    c->beg = c->end = 0;
+    c->eof = 0;
+    c->partial = 0;
+    c->lineno = 0;
+    return 1;
+}
+
+/* Moves the unread bytes to the front and reads more (decompressed).
+ * Returns 0, KILN_EIO or KILN_ECORRUPT (bad compressed data). */
+static int fill(rt_tsv_cursor_t *c)
+{
+    if (c->beg > 0) {
+        memmove(c->buf, c->buf + c->beg, c->end - c->beg);
+        c->end -= c->beg;
+        c->beg = 0;
+    }
+    int64_t before = rt_src_file_bytes(c->src);
+    int64_t n = rt_src_read(c->src, c->buf + c->end, c->cap - c->end);
+    if (n < 0)
+        return (int)n;
+    if (n == 0)
+        c->eof = 1;
+    c->end += (size_t)n;
+    c->bytes += rt_src_file_bytes(c->src) - before;
+    return 0;
+}
+
+int rt_tsv_cursor_next(rt_tsv_cursor_t *c, const char **line, size_t *len, int *too_long,
+                       int *file, int64_t *lineno)
+{
+    int rc;
+    for (;;) {
+        char *s, *nl;
+        size_t avail;
+        if (c->src == NULL) {
+            rc = open_next(c);
+            if (rc <= 0)
+                return rc;
+        }
+        s = c->buf + c->beg;
+        avail = c->end - c->beg;
+        nl = avail ? memchr(s, '\n', avail) : NULL;
+        if (nl || (c->eof && (avail || c->partial))) {
+            size_t l = nl ? (size_t)(nl - s) : avail;
+            c->beg += l + (nl ? 1 : 0);
+            c->lineno++;
+            *file = c->fi;
+            *lineno = c->lineno;
+            *too_long = c->partial || l > RT_TSV_MAX_LINE;
+            *line = *too_long ? NULL : s;
+            *len = *too_long ? 0 : l;
+            c->partial = 0;
+            return 1;
+        }
+        if (c->eof) {
+            rt_src_close(c->src);
+            c->src = NULL;
+            continue;
+        }
+        if (avail > RT_TSV_MAX_LINE) {
+            /* Too long already: drop what we have, keep looking for its end. */
+            c->beg = c->end;
+            c->partial = 1;
+        }
+        rc = fill(c);
+        if (rc < 0)
+            return rc;
+    }
+}
+
+int rt_tsv_cursor_skip(rt_tsv_cursor_t *c, int64_t n)
+{
+    int rc;
+    while (n > 0) {
+        char *s, *e, *nl;
+        if (c->src == NULL) {
+            rc = open_next(c);
+            if (rc < 0)
+                return rc;
+            if (rc == 0)
+                return kiln_errf(KILN_ECORRUPT, "the data files ended %lld lines early; did "
+                                 "they change while being read?", (long long)n);
+        }
+        s = c->buf + c->beg;
+        e = c->buf + c->end;
+        while (n > 0 && s < e && (nl = memchr(s, '\n', (size_t)(e - s))) != NULL) {
+            s = nl + 1;
+            n--;
+            c->lineno++;
+            c->partial = 0;
+        }
+        c->beg = (size_t)(s - c->buf);
+        if (n == 0)
+            break;
+        if (c->eof) {
+            if (c->beg < c->end || c->partial) {
+                c->beg = c->end;
+                c->partial = 0;
+                c->lineno++;
+                n--;
+            }
+            rt_src_close(c->src);
+            c->src = NULL;
+            continue;
+        }
+        if (c->beg < c->end) {
+            c->partial = 1;
+            c->beg = c->end;
+        }
+        rc = fill(c);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,343 @@
+/*
+ * model/model.h - the dense side of kiln-train's models (lr, fm, dlrm):
+ * forward to logits and probabilities, the logistic loss, backward to the
+ * pooled embeddings and to the dense weights, the dense optimizer (sgd,
+ * adagrad, adam), deterministic initialisation, checkpoint state, and the
+ * eval metrics (exact AUC, logloss). Internal to the trainer and its tools; docs/models.md
+ * has the formulas.
+ *
+ * The contract with the trainer loop, per step of one rank:
+ *
+ *   E  (n, S, d) float32  the POOLED embeddings: row i, categorical slot s,
+ *                         d floats (d = rt_model_table_dim(type, spec dim)).
+ *                         The sparse side (tables, lookups, sharding) makes it.
+ *   X  (n, F)    float32  the dense features, already log1p'd (F = 13 for
+ *                         Criteo); may be NULL when F == 0.
+ *   y  (n)       float32  labels, 0 or 1.
+ *
+ *   rt_model_forward(m, n, E, X, y, probs, &loss_sum)  saves what backward needs
+ *   rt_model_backward(m, loss_scale, dE)               dE (n, S, d); ACCUMULATES
+ *                                                      into rt_model_grads(m)
+ *   MPI_Allreduce(SUM) of rt_model_grads(m), nparams DOUBLES   (the trainer)
+ *   rt_model_step(m); rt_model_zero_grad(m);
+ *
+ * Gradients are sums over rows, and a float32 sum depends on its order:
+ * 1 rank with 2B rows and 2 ranks with B rows each would add the same terms
+ * in a different order, and adagrad (whose first steps are about lr * sign(g))
+ * turns the last-bit differences of a near-cancelling sum into visible weight
+ * differences. So every sum over rows (the weight GEMMs, the bias sums) runs
+ * in float64 and the gradient buffer is float64: the sum is then exact to far
+ * below float32's resolution whatever its order or split, and the optimizer
+ * reads it rounded to float32 once, after the allreduce. Per-row products
+ * run in fixed blocks of RT_ROW_BLOCK rows (model_blas.c). The result is
+ * that 1 and N ranks on the same global batches train the same weights,
+ * bit for bit when every rank's batch_size is a multiple of RT_ROW_BLOCK
+ * and either a multiple of RT_GRAD_BLOCK in every run compared or in none
+ * (model_blas.c; docs/models.md, "Rank-count invariance").
+ *
+ * Loss scaling for data parallelism: backward differentiates
+ * loss_scale * sum_i loss_i over the local rows, so with loss_scale =
+ * 1 / global_batch (the sum of n over all ranks) the allreduce SUM of the
+ * ranks' gradients is exactly the gradient of the global mean loss, and dE
+ * is already scaled the same way for the sparse update.
+ *
+ * All arrays are float32, row-major, C-contiguous. Everything a step needs
+ * is allocated once by rt_model_create for max_batch rows; forward, backward
+ * and step allocate nothing. A model is not thread-safe (one per rank); the
+ * calls use OpenMP threads inside: the GEMMs run as fixed 16-row blocks
+ * spread over the OpenMP team, one single-threaded OpenBLAS call per block
+ * (model_blas.c), and rt_model_create sets OpenBLAS to one thread
+ * (openblas_set_num_threads(1)) so that its own pool never spins beside the
+ * team on the same cores.
+ */
+#ifndef KILN_MODEL_MODEL_H
+#define KILN_MODEL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { RT_MODEL_LR = 0, RT_MODEL_FM = 1, RT_MODEL_DLRM = 2 } rt_model_type_t;
+typedef enum { RT_DENSE_SGD = 0, RT_DENSE_ADAGRAD = 1, RT_DENSE_ADAM = 2 } rt_dense_opt_type_t;
+
+/* The dense optimizer; same formulas as the sparse one in kernels/kern_ops.h,
+ * with coupled L2 weight decay (g += weight_decay * w before the update, on
+ * every dense parameter, biases included):
+ *   sgd:     w -= lr * g
+ *   adagrad: a += g^2;  w -= lr * g / (sqrt(a) + eps);  a starts at
+ *            initial_accumulator
+ *   adam:    t += 1; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ *            w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)       */
+typedef struct {
+    rt_dense_opt_type_t type;
+    float lr;
+    float eps;                 /* adagrad, adam */
+    float beta1, beta2;        /* adam, each in [0, 1) */
+    float weight_decay;        /* >= 0 */
+    float initial_accumulator; /* adagrad, >= 0 */
+} rt_dense_opt_t;
+
+#define RT_MODEL_MAX_LAYERS 16
+
+typedef struct {
+    rt_model_type_t type;
+    int nslots; /* S >= 0, categorical slots (26 for Criteo) */
+    int ndense; /* F >= 0, dense features (13 for Criteo) */
+    int dim;    /* d, floats per pooled vector: rt_model_table_dim(type, spec dim);
+                   lr: 1; fm: 1 + k (k >= 0 factors); dlrm: >= 1 */
+    /* dlrm only: layer widths (copied). bottom: F -> bottom[0] -> ... ->
+     * bottom[nbottom-1] == d, ReLU after every layer; top: (d + S(S+1)/2) ->
+     * top[0] -> ... -> top[ntop-1] == 1 (the logit), ReLU between layers.
+     * 1 <= nbottom, ntop <= RT_MODEL_MAX_LAYERS. */
+    const int *bottom;
+    int nbottom;
+    const int *top;
+    int ntop;
+    /* fm only: nonzero also projects X to k factors u = Vx x (a (k, F)
+     * weight) that join the pairwise interaction as one more slot; zero
+     * lets X enter the logit only linearly (w . x). */
+    int fm_dense_factors;
+    int max_batch; /* >= 1, largest n any call will pass */
+    uint64_t seed; /* dense init; the same seed gives bit-identical weights */
+    rt_dense_opt_t opt;
+} rt_model_config_t;
+
+typedef struct rt_model rt_model_t;
+
+/* A named slice of the flat parameter vector: a (rows, cols) row-major
+ * matrix; a layer's weight is (out, in), its bias (out, 1). docs/models.md
+ * lists the layout of each model. */
+typedef struct {
+    char name[32]; /* "w", "b", "vx", "bottom.0.weight", "top.2.bias", ... */
+    size_t offset; /* floats from the start of params / grads */
+    int rows, cols;
+} rt_model_group_t;
+
+/* A named float array of the checkpoint state (a view into the model). */
+typedef struct {
+    const char *name; /* "dense.params", "dense.adagrad_acc", "dense.adam_m", "dense.adam_v" */
+    float *data;
+    size_t count;
+} rt_model_array_t;
+
+#define RT_MODEL_MAX_STATE 3
+
+/* Returns the embedding width d the tables must have for a model of this
+ * type whose spec says model.embedding.dim = spec_dim: lr 1, fm spec_dim + 1
+ * (element 0 is the slot's linear weight, 1..k the factor), dlrm spec_dim.
+ * Returns KILN_EINVAL for an unknown type or spec_dim < 1 (fm, dlrm). */
+int rt_model_table_dim(rt_model_type_t type, int spec_dim);
+
+/* Returns "lr", "fm", "dlrm" (or "?"). */
+const char *rt_model_type_name(rt_model_type_t type);
+
+/* Creates a model: checks the config (the message names the bad field),
+ * allocates parameters, gradients (zeroed), optimizer state and every
+ * workspace for cfg->max_batch rows, and initialises the weights from
+ * cfg->seed. Returns 0, KILN_EINVAL or KILN_ENOMEM. Free with
+ * rt_model_destroy. */
+int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */);
+/* Frees m and everything it owns. Accepts NULL. */
+void rt_model_destroy(rt_model_t *m);
+
+/* The flat dense parameter vector (nparams floats) and its gradient, owned
+ * by m: a double-double sum (kernels/kern_ops.h), nparams doubles of high
+ * parts and nparams of low parts; the value is hi + lo. The trainer
+ * allreduces the pairs (rt_comm_allreduce_sum_dd) and may broadcast
+ * rt_model_params. */
+size_t rt_model_nparams(const rt_model_t *m);
+float *rt_model_params(rt_model_t *m);
+double *rt_model_grads(rt_model_t *m);
+double *rt_model_grads_lo(rt_model_t *m);
+/* The parameter groups in layout order (0 <= i < ngroups); NULL out of range. */
+int rt_model_ngroups(const rt_model_t *m);
+const rt_model_group_t *rt_model_group(const rt_model_t *m, int i);
+/* The width d of a pooled vector, and S, F, the type and max_batch. */
+int rt_model_dim(const rt_model_t *m);
+int rt_model_nslots(const rt_model_t *m);
+int rt_model_ndense(const rt_model_t *m);
+rt_model_type_t rt_model_type(const rt_model_t *m);
+int rt_model_max_batch(const rt_model_t *m);
+
+/* Sets every gradient to 0. */
+void rt_model_zero_grad(rt_model_t *m);
+
+/* Forward for n rows (0 <= n <= max_batch): E (n, S, d), X (n, F), y (n).
+ * Writes the probabilities sigmoid(logit) to probs (n; may be NULL) and the
+ * UNSCALED sum over the n rows of the logistic loss to *loss_sum (may be NULL;
+ * then y may be NULL). Saves the activations and BORROWS E, X and y: they
+ * must stay unchanged until rt_model_backward. Returns 0 or KILN_EINVAL
+ * (bad n, NULL input). */
+int rt_model_forward(rt_model_t *m, int n, const float *E, const float *X, const float *y,
+                     float *probs /* OUT (n), may be NULL */,
+                     double *loss_sum /* OUT, may be NULL */);
+
+/* Backward of loss_scale * sum_i loss_i for the rows of the last forward,
+ * once per forward (that forward needed y). Writes dE (n, S, d), overwriting
+ * it (dE may be the E given to forward: the gradient then replaces the
+ * embeddings), and ADDS the dense gradients to rt_model_grads. Returns 0 or
+ * KILN_ESTATE when no forward with labels came before (or a backward or
+ * predict came between). */
+int rt_model_backward(rt_model_t *m, float loss_scale, float *dE /* OUT (n, S, d) */);
+
+/* One dense optimizer update of the parameters from rt_model_grads (after
+ * the trainer's allreduce), each gradient rounded to float32 first. Does not
+ * zero the gradients. Returns 0. */
+int rt_model_step(rt_model_t *m);
+
+/* Forward for eval and serving: probs (n) only, nothing kept for backward
+ * (a following rt_model_backward fails with KILN_ESTATE). Returns 0 or
+ * KILN_EINVAL. */
+int rt_model_predict(rt_model_t *m, int n, const float *E, const float *X,
+                     float *probs /* OUT (n) */);
+
+/* Checkpoint state: views of the model's own arrays, "dense.params" first,
+ * then the optimizer's ("dense.adagrad_acc" | "dense.adam_m",
+ * "dense.adam_v"), each nparams floats. Writing through the views changes
+ * the model. *step is the optimizer's update count (adam's t). */
+void rt_model_state(rt_model_t *m, rt_model_array_t arrays[RT_MODEL_MAX_STATE] /* OUT */,
+                    int *narrays /* OUT */, int64_t *step /* OUT */);
+
+/* Loads checkpoint state by name: "dense.params" is required; optimizer
+ * arrays the model uses are loaded when present and reset to their initial
+ * value (step 0) when absent (a checkpoint written without optimizer state,
+ * or with another optimizer); other names are ignored. Returns 0, or
+ * KILN_ECONFLICT when a size differs (the model's shape changed since the
+ * checkpoint) or KILN_ENOENT without "dense.params". */
+int rt_model_load(rt_model_t *m, const rt_model_array_t *arrays, int narrays, int64_t step);
+
+/* ---- loss and metrics ------------------------------------------------------------ */
+
+/* Numerically stable sigmoid(z) = 1 / (1 + exp(-z)). */
+float rt_model_sigmoid(float z);
+/* Numerically stable logistic loss of logit z with label y in [0, 1]:
+ * max(z, 0) - z y + log1p(exp(-|z|)). */
+double rt_model_logloss(double z, double y);
+
+/* Exact ROC AUC of scores against labels (> 0.5 is positive) over n rows,
+ * by sorting, with ties given their average rank (a tie between a positive
+ * and a negative counts one half). *auc is NaN when only one class occurs.
+ * Returns 0 or KILN_ENOMEM. */
+int rt_metrics_auc(const float *scores, const float *labels, size_t n, double *auc /* OUT */);
+
+/* Mean logloss of probabilities against labels, probabilities clamped to
+ * [1e-7, 1 - 1e-7]. Returns 0 for n == 0. */
+double rt_metrics_logloss(const float *probs, const float *labels, size_t n);
+
+/* ---- implementation (only model/model*.c use what follows) --------------------- */
+#ifdef RT_MODEL_IMPL
+
+#define RT_MODEL_MAX_GROUPS (4 * RT_MODEL_MAX_LAYERS)
+
+typedef struct {
+    int in, out;
+    size_t w_off, b_off; /* W (out, in), b (out) in params / grads */
+    int relu;            /* ReLU after the layer */
+} rt_model_layer_t;
+
+struct rt_model {
+    rt_model_type_t type;
+    int S, F, d, k; /* k: fm factors (d - 1) */
+    int fm_dense;   /* fm: X projected to k factors */
+    int max_batch;
+    uint64_t seed;
+    rt_dense_opt_t opt;
+
+    size_t nparams;
+    float *params;
+    double *grads, *grads_lo; /* double-double sums over rows (kern_ops.h) */
+    float *opt_a, *opt_b; /* adagrad acc | adam m; adam v */
+    int64_t opt_t;
+    rt_model_group_t groups[RT_MODEL_MAX_GROUPS];
+    int ngroups;
+    size_t w_off, b_off, vx_off; /* lr, fm: w (F), b (1), vx (k, F) */
+
+    /* dlrm: bottom layers [0, nbottom), top layers [nbottom, nbottom + ntop). */
+    rt_model_layer_t layers[2 * RT_MODEL_MAX_LAYERS];
+    int nbottom, ntop;
+    int P;    /* dlrm: S (S + 1) / 2 pairwise dot products */
+    int ldr;  /* dlrm: d + P, the top MLP's input width */
+    int maxw; /* dlrm: widest activation */
+
+    /* The last forward: borrowed inputs and whether backward may use them. */
+    int n;
+    const float *E, *X, *y;
+    int saved;
+
+    /* Workspaces, each for max_batch rows. */
+    float *logits; /* (max_batch) */
+    float *probs;  /* (max_batch) */
+    float *gz;     /* (max_batch) d loss / d logit, scaled */
+    float *fm_sum; /* fm: (max_batch, k) sum over slots (and u) of the factors */
+    float *fm_u;   /* fm: (max_batch, k) u = X Vx^T; backward reuses it for du */
+    float *act[2 * RT_MODEL_MAX_LAYERS]; /* dlrm: layer outputs; the last bottom
+                                            one is R's first d columns, the last
+                                            top one is logits */
+    float *R;       /* dlrm: (max_batch, d + P) top input [bottom out | dots] */
+    float *gbuf[2]; /* dlrm: (max_batch, maxw) ping-pong activation gradients */
+    float *dT;      /* dlrm: (max_batch, S + 1, d) interaction gradients */
+    /* rt_grad_gemm: float64 copies of its two operands, (max_batch, maxc)
+     * each; rt_gemm_rows: the padded last block, (row_block, maxc) each. */
+    double *wgA, *wgB;
+    float *tailA, *tailC;
+    /* rt_grad_gemm's 256-row path: one float32 product per thread, each of
+     * wgT_cap floats (the largest rows x cols of any weight gradient). */
+    float **wgT;
+    int wgT_n;
+    size_t wgT_cap;
+    /* rows per BLAS call of rt_gemm_rows: RT_GRAD_BLOCK when max_batch is a
+     * multiple of it (then rt_grad_gemm takes its 256-row path too), else
+     * RT_ROW_BLOCK */
+    int row_block;
+    int maxc; /* the widest operand of any product */
+};
+
+/* model_lr.c, model_fm.c, model_dlrm.c: the per-type halves. forward fills
+ * m->logits for n rows; backward reads m->gz and writes dE and grads. */
+void rt_model_lr_forward(rt_model_t *m, int n, const float *E, const float *X);
+void rt_model_lr_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE);
+void rt_model_fm_forward(rt_model_t *m, int n, const float *E, const float *X);
+void rt_model_fm_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE);
+void rt_model_dlrm_forward(rt_model_t *m, int n, const float *E, const float *X);
+void rt_model_dlrm_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE);
+
+/* model_dlrm.c: the dense layer on BLAS, shared by the models.
+ * Y (n, out; leading dim ldy) = A (n, in; lda) W^T + b, then ReLU if relu. */
+void rt_dense_linear_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+                         float *Y, int ldy);
+/* dW += dY^T A, db += dY^T 1 (both in float64), dA = dY W (skipped when dA
+ * is NULL). */
+void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+                         const float *dY, int ldy, float *dA, int ldda);
+
+/* model_blas.c: the BLAS calls, arranged so that no result depends on how a
+ * batch is split over ranks or threads (see model_blas.c).
+ *
+ * C (n, nn; ldc) = A (n, k; lda) op(B), op(B) = B^T (B (nn, k)) when transb,
+ * else B (B (k, nn)); computed in calls of exactly m->row_block rows
+ * (RT_ROW_BLOCK, or RT_GRAD_BLOCK when max_batch is a multiple of it). */
+#define RT_ROW_BLOCK 16
+#define RT_GRAD_BLOCK 256
+void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+                  const float *B, int ldb, float *C, int ldc);
+/* The float64 sums over rows every weight gradient is made of.
+ * G (rows, cols) += A^T B for A (n, rows; lda) and B (n, cols; ldb), float32
+ * inputs, float64 products and sums; rows, cols <= m->maxc. */
+void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+                  const float *B, int ldb, double *G);
+/* g (cols) += sum over the n rows of A (n, cols; lda), as double-double;
+ * g points into m's gradient. */
+void rt_grad_colsum(rt_model_t *m, int n, int cols, const float *A, int lda, double *g);
+
+#endif /* RT_MODEL_IMPL */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_MODEL_MODEL_H */

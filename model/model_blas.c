@@ -1,0 +1,194 @@
+/*
+ * model/model_blas.c - the models' BLAS calls, arranged so that a row's
+ * numbers do not depend on how a global batch is split over ranks and
+ * threads. That is what lets 1 rank and N ranks on the same global batches
+ * train the same weights (model.h, docs/models.md "Rank-count invariance").
+ *
+ * Two kinds of product, two remedies:
+ *
+ * - Per-row products (a layer's output, its input gradient): OpenBLAS's
+ *   float32 GEMM rounds a row differently depending on where the row sits in
+ *   the call and how many rows the call has (measured: 80 rows in one call vs
+ *   the same rows inside a 720-row call differ in the last bit for about a
+ *   third of the outputs). rt_gemm_rows therefore always calls BLAS with
+ *   exactly RT_ROW_BLOCK rows, blocks starting at the batch's row 0, the last
+ *   one zero-padded in a scratch block. A row's result is then a function of
+ *   its data and of its index mod RT_ROW_BLOCK; with the block-cyclic reader
+ *   (rank r starts at row r * batch_size of each global batch) that index is
+ *   the same for every rank count as long as batch_size is a multiple of
+ *   the block. The block is 16 rows (RT_ROW_BLOCK), or 256 (RT_GRAD_BLOCK)
+ *   when max_batch is a multiple of 256: 16-row calls repack the weights
+ *   for every call (10% of the bench dlrm's profile), 256-row calls do not.
+ *
+ * - Sums over rows (every weight gradient): float64 (rt_grad_gemm,
+ *   rt_grad_colsum), so the order of the terms stops mattering once the sum is
+ *   rounded to float32 (a float64 sum's rounding error is about 2^-29 of a
+ *   float32 ulp of its largest term). Three ways, by size:
+ *     a model whose max_batch (the per-rank train.batch_size) is a multiple
+ *       of RT_GRAD_BLOCK = 256 computes each whole 256-row block of a
+ *       gradient with one float32 SGEMM, always of the same shape, and adds
+ *       it to G in float64; the rows after the last whole block go the
+ *       float64 way below. With every rank's batch a multiple of 256, rank r
+ *       starts at global row r * batch_size, so the blocks are the same rows
+ *       on every rank count and so are their float32 products. This costs
+ *       what one big SGEMM costs (the DGEMM below made the dlrm step 30%
+ *       slower);
+ *     every other product is summed in float64 outright: a plain loop when
+ *       small, else both operands converted once and one DGEMM per OpenMP
+ *       thread over a block of G's rows.
+ *   Which way a product goes depends on the model and the product's shape,
+ *   never on n. The two ways agree to float32 rounding of a 256-row sum, not
+ *   bitwise, so runs compared across rank counts are bitwise equal when
+ *   every rank's batch_size is a multiple of 256 in all of them, or a
+ *   multiple of 16 but not of 256 in all of them.
+ *
+ * OpenBLAS is single-threaded here (rt_model_create); the blocks are spread
+ * over the OpenMP team, which changes no result.
+ */
+#define RT_MODEL_IMPL
+#include "model.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <string.h>
+
+#include "kern_ops.h"
+
+void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+                  const float *B, int ldb, float *C, int ldc)
+{
+    if (n <= 0 || nn <= 0)
+        return;
+    const int RB = m->row_block;
+    const CBLAS_TRANSPOSE tb = transb ? CblasTrans : CblasNoTrans;
+    const int full = n / RB, nblk = (n + RB - 1) / RB;
+#pragma omp parallel for schedule(static) if ((int64_t)n * nn * k >= 262144 && !omp_in_parallel())
+    for (int blk = 0; blk < nblk; blk++) {
+        const size_t r0 = (size_t)blk * RB;
+        if (blk < full) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, A + r0 * (size_t)lda, lda,
+                        B, ldb, 0.0f, C + r0 * (size_t)ldc, ldc);
+            continue;
+        }
+        /* The short last block, padded to RB rows (one block, one user). */
+        const int rows = n - (int)r0;
+        float *a = m->tailA, *c = m->tailC;
+        memset(a, 0, sizeof(float) * (size_t)RB * (size_t)k);
+        for (int i = 0; i < rows; i++)
+            memcpy(a + (size_t)i * (size_t)k, A + (r0 + (size_t)i) * (size_t)lda,
+                   sizeof(float) * (size_t)k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, a, k, B, ldb, 0.0f, c, nn);
+        for (int i = 0; i < rows; i++)
+            memcpy(C + (r0 + (size_t)i) * (size_t)ldc, c + (size_t)i * (size_t)nn,
+                   sizeof(float) * (size_t)nn);
+    }
+}
+
+/* dst (n, cols) float64, dense = src (n, cols; ld) float32 */
+static void widen(int n, int cols, const float *src, int ld, double *dst)
+{
+#pragma omp parallel for schedule(static) if (n * cols > 65536)
+    for (int i = 0; i < n; i++) {
+        const float *s = src + (size_t)i * (size_t)ld;
+        double *d = dst + (size_t)i * (size_t)cols;
+#pragma omp simd
+        for (int j = 0; j < cols; j++)
+            d[j] = (double)s[j];
+    }
+}
+
+/* G (rows, cols) += A^T B over n rows, in float64: a plain loop when small,
+ * else DGEMM on float64 copies, one call per thread over a block of G's rows
+ * (each element still summed over all n rows). */
+static void grad_f64(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+                     const float *B, int ldb, double *G, double *L)
+{
+    if (n <= 0)
+        return;
+    if ((int64_t)n * rows * cols < 262144) {
+        /* A product of two floats is exact in float64, and the double-double
+         * sum of exact terms is order-independent: this path is exact. */
+        for (int i = 0; i < n; i++) {
+            const float *a = A + (size_t)i * (size_t)lda, *b = B + (size_t)i * (size_t)ldb;
+            for (int r = 0; r < rows; r++) {
+                const double ar = (double)a[r];
+                double *g = G + (size_t)r * (size_t)cols, *l = L + (size_t)r * (size_t)cols;
+#pragma omp simd
+                for (int c = 0; c < cols; c++)
+                    kern_dd_add(&g[c], &l[c], ar * (double)b[c]);
+            }
+        }
+        return;
+    }
+    /* DGEMM rounds inside: order-dependent in the last float64 bit (the
+     * batch_size-not-a-multiple-of-256 path; docs/models.md). */
+    double *a64 = m->wgA, *b64 = m->wgB;
+    widen(n, rows, A, lda, a64);
+    widen(n, cols, B, ldb, b64);
+    /* Each thread's rows are their own DGEMM, so the split does not change
+     * a bit; a small product (lr's 13 x 1) is not worth waking the team. */
+#pragma omp parallel if ((int64_t)n * rows * cols >= 262144)
+    {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        const int r0 = (int)((int64_t)rows * id / nt), r1 = (int)((int64_t)rows * (id + 1) / nt);
+        if (r1 > r0)
+            cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, cols, n, 1.0, a64 + r0,
+                        rows, b64, cols, 1.0, G + (size_t)r0 * (size_t)cols, cols);
+    }
+}
+
+void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+                  const float *B, int ldb, double *G)
+{
+    if (n <= 0 || rows <= 0 || cols <= 0)
+        return;
+    /* The path may depend on the model and the product's shape, never on n:
+     * n is what differs between rank counts. */
+    const size_t cnt = (size_t)rows * (size_t)cols;
+    double *L = m->grads_lo + (G - m->grads); /* G's low parts */
+    int done = 0;
+    if (m->row_block == RT_GRAD_BLOCK && cnt >= 1024 && cnt <= m->wgT_cap) {
+        /* Whole 256-row blocks: one float32 SGEMM each, always of the same
+         * shape, added into G in float64 (order does not matter there). */
+        const int nblk = n / RT_GRAD_BLOCK;
+        const int nt = omp_get_max_threads() < m->wgT_n ? omp_get_max_threads() : m->wgT_n;
+#pragma omp parallel num_threads(nt) if (nblk > 1)
+        {
+            float *t = m->wgT[omp_get_thread_num()];
+#pragma omp for schedule(static)
+            for (int blk = 0; blk < nblk; blk++) {
+                const size_t r0 = (size_t)blk * RT_GRAD_BLOCK;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, cols, RT_GRAD_BLOCK,
+                            1.0f, A + r0 * (size_t)lda, lda, B + r0 * (size_t)ldb, ldb, 0.0f, t,
+                            cols);
+#pragma omp critical(kiln_grad_add)
+                for (size_t i = 0; i < cnt; i++)
+                    kern_dd_add(&G[i], &L[i], (double)t[i]);
+            }
+        }
+        done = nblk * RT_GRAD_BLOCK;
+    }
+    /* The rest (all of it without blocks): float64 throughout. */
+    grad_f64(m, n - done, rows, cols, A + (size_t)done * (size_t)lda, lda,
+             B + (size_t)done * (size_t)ldb, ldb, G, L);
+}
+
+void rt_grad_colsum(rt_model_t *m, int n, int cols, const float *A, int lda, double *g)
+{
+    /* Columns in blocks of 16 over the threads; each column a double-double
+     * sum of its float terms, so exact whatever the order. */
+    double *gl = m->grads_lo + (g - m->grads);
+    const int nblk = (cols + 15) / 16;
+#pragma omp parallel for schedule(static) if ((int64_t)n * cols > 65536)
+    for (int blk = 0; blk < nblk; blk++) {
+        const int c0 = blk * 16, c1 = c0 + 16 < cols ? c0 + 16 : cols;
+        double hi[16] = {0}, lo[16] = {0};
+        for (int i = 0; i < n; i++) {
+            const float *a = A + (size_t)i * (size_t)lda;
+            for (int c = c0; c < c1; c++)
+                kern_dd_add(&hi[c - c0], &lo[c - c0], (double)a[c]);
+        }
+        for (int c = c0; c < c1; c++)
+            kern_dd_add_dd(&g[c], &gl[c], hi[c - c0], lo[c - c0]);
+    }
+}

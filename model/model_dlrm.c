@@ -1,0 +1,203 @@
+/*
+ * model/model_dlrm.c - DLRM (Naumov et al. 2019) on Kiln's pooled inputs,
+ * and the BLAS-backed dense layer the models share.
+ *
+ *   bot (n, d)   = bottom MLP of X (n, F), ReLU after every layer
+ *   vectors      = [bot, E[i,0], ..., E[i,S-1]]           (S + 1 of width d)
+ *   R (n, d + P) = [bot | <v_a, v_b> for a < b]            P = S (S + 1) / 2
+ *   logit (n)    = top MLP of R, ReLU between layers, none after the last
+ *
+ * The last bottom layer writes straight into R's first d columns, so the top
+ * input is built without a copy. The pairwise dot products are a tight
+ * per-row loop (docs/models.md has the measurement against per-row BLAS).
+ */
+#define RT_MODEL_IMPL
+#include "model.h"
+
+#include <string.h>
+
+/* ---- the dense layer ------------------------------------------------------------ */
+void rt_dense_linear_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+                         float *Y, int ldy)
+{
+    const int in = L->in, out = L->out, relu = L->relu;
+    const float *W = m->params + L->w_off, *b = m->params + L->b_off;
+    /* Y (n, out) = A (n, in) W^T (in, out), in fixed row blocks (model_blas.c) */
+    rt_gemm_rows(m, n, out, in, A, lda, 1, W, in, Y, ldy);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *yi = Y + (size_t)i * (size_t)ldy;
+        if (relu) {
+#pragma omp simd
+            for (int j = 0; j < out; j++) {
+                float v = yi[j] + b[j];
+                yi[j] = v > 0.0f ? v : 0.0f;
+            }
+        } else {
+#pragma omp simd
+            for (int j = 0; j < out; j++)
+                yi[j] += b[j];
+        }
+    }
+}
+
+void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+                         const float *dY, int ldy, float *dA, int ldda)
+{
+    const int in = L->in, out = L->out;
+    /* dW (out, in) += dY^T (out, n) A (n, in), in float64 (model_blas.c) */
+    rt_grad_gemm(m, n, out, in, dY, ldy, A, lda, m->grads + L->w_off);
+    /* db (out) += the column sums of dY */
+    rt_grad_colsum(m, n, out, dY, ldy, m->grads + L->b_off);
+    /* dA (n, in) = dY (n, out) W (out, in), in fixed row blocks */
+    if (dA)
+        rt_gemm_rows(m, n, in, out, dY, ldy, 0, m->params + L->w_off, in, dA, ldda);
+}
+
+/* dA *= (act > 0): the ReLU's gradient, act (n, w; lda), dA (n, w; ldd). */
+static void relu_mask(int n, int w, const float *act, int lda, float *dA, int ldd)
+{
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *a = act + (size_t)i * (size_t)lda;
+        float *g = dA + (size_t)i * (size_t)ldd;
+#pragma omp simd
+        for (int j = 0; j < w; j++)
+            g[j] = a[j] > 0.0f ? g[j] : 0.0f;
+    }
+}
+
+static inline float dot(const float *a, const float *b, int d)
+{
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < d; j++)
+        s += a[j] * b[j];
+    return s;
+}
+
+static inline void axpy(float c, const float *x, float *y, int d)
+{
+#pragma omp simd
+    for (int j = 0; j < d; j++)
+        y[j] += c * x[j];
+}
+
+/* ---- forward -------------------------------------------------------------------- */
+void rt_model_dlrm_forward(rt_model_t *m, int n, const float *E, const float *X)
+{
+    const int S = m->S, d = m->d, nb = m->nbottom, nl = m->nbottom + m->ntop;
+    const size_t ldr = (size_t)m->ldr, rowE = (size_t)S * (size_t)d;
+
+    const float *A = X;
+    int lda = m->F;
+    for (int l = 0; l < nb; l++) {
+        int ldy = l == nb - 1 ? m->ldr : m->layers[l].out;
+        rt_dense_linear_fwd(m, n, &m->layers[l], A, lda, m->act[l], ldy);
+        A = m->act[l];
+        lda = ldy;
+    }
+
+    /* R[i, d + p] = <v_a, v_b> for the p-th pair a < b, v_0 = bot, v_s+1 = E[i,s]. */
+    float *R = m->R;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *bot = R + (size_t)i * ldr;
+        const float *e = E + (size_t)i * rowE;
+        float *dots = R + (size_t)i * ldr + d;
+        int p = 0;
+        for (int s = 0; s < S; s++)
+            dots[p++] = dot(bot, e + (size_t)s * (size_t)d, d);
+        for (int a = 0; a < S; a++) {
+            const float *va = e + (size_t)a * (size_t)d;
+            for (int b = a + 1; b < S; b++)
+                dots[p++] = dot(va, e + (size_t)b * (size_t)d, d);
+        }
+    }
+
+    A = R;
+    lda = m->ldr;
+    for (int l = nb; l < nl; l++) {
+        rt_dense_linear_fwd(m, n, &m->layers[l], A, lda, m->act[l], m->layers[l].out);
+        A = m->act[l];
+        lda = m->layers[l].out;
+    }
+}
+
+/* ---- backward ------------------------------------------------------------------- */
+void rt_model_dlrm_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE)
+{
+    const int S = m->S, d = m->d, nb = m->nbottom, nl = m->nbottom + m->ntop;
+    const size_t ldr = (size_t)m->ldr, rowE = (size_t)S * (size_t)d;
+    const size_t rowT = (size_t)(S + 1) * (size_t)d;
+
+    /* Top MLP, last layer first; cur is d loss / d (layer output). */
+    const float *cur = m->gz;
+    int ldc = 1, cb = 1; /* cur lives in gbuf[cb] (gz at first) */
+    for (int l = nl - 1; l >= nb; l--) {
+        const rt_model_layer_t *L = &m->layers[l];
+        const float *Ap = l == nb ? m->R : m->act[l - 1];
+        int lda = l == nb ? m->ldr : m->layers[l - 1].out;
+        float *dA = m->gbuf[cb ^ 1];
+        rt_dense_linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in);
+        if (l > nb)
+            relu_mask(n, L->in, Ap, lda, dA, L->in);
+        cur = dA;
+        ldc = L->in;
+        cb ^= 1;
+    }
+
+    /* Interaction: dR (n, d + P) -> d bot (in place, R's first d columns of
+     * dR) and dE. dT holds a row's (S + 1, d) gradients before dE is
+     * written, so dE may alias E. */
+    float *dR = m->gbuf[cb];
+    const float *R = m->R;
+    float *dT = m->dT;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *bot = R + (size_t)i * ldr;
+        const float *e = E + (size_t)i * rowE;
+        float *dr = dR + (size_t)i * ldr;
+        const float *gd = dr + d;
+        float *dt = dT + (size_t)i * rowT;
+        memset(dt, 0, rowT * sizeof(float));
+        int p = 0;
+        for (int s = 0; s < S; s++) {
+            const float c = gd[p++];
+            const float *vs = e + (size_t)s * (size_t)d;
+            axpy(c, vs, dt, d);
+            axpy(c, bot, dt + (size_t)(s + 1) * (size_t)d, d);
+        }
+        for (int a = 0; a < S; a++) {
+            const float *va = e + (size_t)a * (size_t)d;
+            float *da = dt + (size_t)(a + 1) * (size_t)d;
+            for (int b = a + 1; b < S; b++) {
+                const float c = gd[p++];
+                axpy(c, e + (size_t)b * (size_t)d, da, d);
+                axpy(c, va, dt + (size_t)(b + 1) * (size_t)d, d);
+            }
+        }
+        /* d bot = (direct part + interaction part) * ReLU'(bot) */
+        for (int j = 0; j < d; j++)
+            dr[j] = bot[j] > 0.0f ? dr[j] + dt[j] : 0.0f;
+        if (S > 0)
+            memcpy(dE + (size_t)i * rowE, dt + d, rowE * sizeof(float));
+    }
+
+    /* Bottom MLP, last layer first; the top's input gradient dR carries d bot
+     * in its first d columns (leading dimension d + P). */
+    cur = dR;
+    ldc = m->ldr;
+    for (int l = nb - 1; l >= 0; l--) {
+        const rt_model_layer_t *L = &m->layers[l];
+        const float *Ap = l == 0 ? X : m->act[l - 1];
+        int lda = l == 0 ? m->F : m->layers[l - 1].out;
+        float *dA = l == 0 ? NULL : m->gbuf[cb ^ 1];
+        rt_dense_linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in);
+        if (l > 0)
+            relu_mask(n, L->in, Ap, lda, dA, L->in);
+        cur = dA;
+        ldc = L->in;
+        cb ^= 1;
+    }
+}

@@ -1,0 +1,88 @@
+/*
+ * model/model_fm.c - the factorization machine on Kiln's pooled inputs.
+ * Each slot's pooled vector has d = 1 + k floats: element 0 is the slot's
+ * linear weight, elements 1..k its factor v_s. With u = Vx X[i] (k), present
+ * only when fm_dense_factors is on:
+ *
+ *   logit_i = b + w . X[i] + sum_s E[i,s,0]
+ *             + 1/2 sum_f [ (sum_s v_sf + u_f)^2 - sum_s v_sf^2 - u_f^2 ]
+ *
+ * i.e. every pairwise dot product among the slot factors (and u), computed in
+ * O(S k) per row. Without u the dense features enter only linearly.
+ */
+#define RT_MODEL_IMPL
+#include "model.h"
+
+
+void rt_model_fm_forward(rt_model_t *m, int n, const float *E, const float *X)
+{
+    const int S = m->S, F = m->F, d = m->d, k = m->k, dense = m->fm_dense;
+    const float *w = m->params + m->w_off;
+    const float *vx = m->params + m->vx_off;
+    const float b = m->params[m->b_off];
+    float *z = m->logits, *sum = m->fm_sum, *u = m->fm_u;
+    /* z (n) = X (n, F) w (F); u (n, k) = X (n, F) Vx^T (F, k) */
+    if (F > 0)
+        rt_gemm_rows(m, n, 1, F, X, F, 0, w, 1, z, 1);
+    if (dense)
+        rt_gemm_rows(m, n, k, F, X, F, 1, vx, F, u, k);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *e = E + (size_t)i * (size_t)S * (size_t)d;
+        float lin = b + (F > 0 ? z[i] : 0.0f);
+        float sq = 0.0f, inter = 0.0f;
+        float *acc = k > 0 ? sum + (size_t)i * (size_t)k : NULL;
+        for (int f = 0; f < k; f++) {
+            float uf = dense ? u[(size_t)i * (size_t)k + f] : 0.0f;
+            acc[f] = uf;
+            sq += uf * uf;
+        }
+        for (int s = 0; s < S; s++) {
+            const float *es = e + (size_t)s * (size_t)d;
+            lin += es[0];
+            for (int f = 0; f < k; f++) {
+                float v = es[1 + f];
+                acc[f] += v;
+                sq += v * v;
+            }
+        }
+        for (int f = 0; f < k; f++)
+            inter += acc[f] * acc[f];
+        z[i] = lin + 0.5f * (inter - sq);
+    }
+}
+
+void rt_model_fm_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE)
+{
+    const int S = m->S, F = m->F, d = m->d, k = m->k, dense = m->fm_dense;
+    const float *g = m->gz;
+    const float *sum = m->fm_sum;
+    float *u = m->fm_u;
+    /* dw (F) += X^T g; db += sum g; in float64 (model_blas.c) */
+    if (F > 0)
+        rt_grad_gemm(m, n, F, 1, X, F, g, 1, m->grads + m->w_off);
+    rt_grad_colsum(m, n, 1, g, 1, m->grads + m->b_off);
+    /* d logit / d v_sf = (sum_f - v_sf); elementwise, so dE may alias E. */
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float gi = g[i];
+        const float *acc = k > 0 ? sum + (size_t)i * (size_t)k : NULL;
+        const float *e = E + (size_t)i * (size_t)S * (size_t)d;
+        float *de = dE + (size_t)i * (size_t)S * (size_t)d;
+        for (int s = 0; s < S; s++) {
+            const float *es = e + (size_t)s * (size_t)d;
+            float *ds = de + (size_t)s * (size_t)d;
+            ds[0] = gi;
+            for (int f = 0; f < k; f++)
+                ds[1 + f] = gi * (acc[f] - es[1 + f]);
+        }
+        if (dense) {
+            float *ui = u + (size_t)i * (size_t)k; /* becomes du (n, k) */
+            for (int f = 0; f < k; f++)
+                ui[f] = gi * (acc[f] - ui[f]);
+        }
+    }
+    /* dVx (k, F) += du^T (k, n) X (n, F) */
+    if (dense)
+        rt_grad_gemm(m, n, k, F, u, k, X, F, m->grads + m->vx_off);
+}

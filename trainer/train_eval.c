@@ -1,0 +1,91 @@
+/*
+ * trainer/train_eval.c - the eval: every rank predicts its rows of data.eval and rank 0
+ * computes logloss and AUC over all of them.
+ */
+#include "train_int.h"
+
+/* Gathers every rank's row count on rank 0 and lays the rows out one rank
+ * after another there: *counts, *displs (freed by the caller, also on
+ * failure) and *total on rank 0, NULL and 0 elsewhere. Collective. Returns
+ * 0 or KILN_EMPI. */
+int train_gather_layout(const trainer_t *tr, int mine, int **counts, int **displs, int64_t *total)
+{
+    *counts = tr->rank == 0 ? kiln_calloc((size_t)tr->nranks, sizeof(int)) : NULL;
+    *displs = tr->rank == 0 ? kiln_calloc((size_t)tr->nranks, sizeof(int)) : NULL;
+    *total = 0;
+    RT_MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, *counts, 1, MPI_INT, 0, MPI_COMM_WORLD),
+                 "MPI_Gather of row counts");
+    if (tr->rank == 0)
+        for (int i = 0; i < tr->nranks; i++) {
+            (*displs)[i] = (int)*total;
+            *total += (*counts)[i];
+        }
+    return 0;
+}
+
+/* Predicts every eval row (lookups insert nothing) and computes logloss and
+ * AUC on rank 0 over all ranks' predictions. */
+int train_evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, double *logloss,
+                   double *auc)
+{
+    rt_reader_t *r = NULL;
+    int rc = agree(train_open_reader(tr, files, nfiles, &r));
+    float *probs = NULL, *labels = NULL;
+    int64_t n = 0, cap = 0, capl = 0;
+    if (rc < 0)
+        goto out;
+    int64_t nsteps = rt_reader_nsteps(r);
+    for (int64_t k = 0; k < nsteps; k++) {
+        rt_batch_t *b = NULL;
+        int got = rt_reader_next(r, &b);
+        rc = agree(got < 0 ? got : got == 0 ? KILN_EINTERNAL : 0);
+        if (rc < 0)
+            goto out;
+        rc = agree(train_lookup_batch(tr, b, tr->steps, false));
+        if (rc < 0)
+            goto out;
+        if ((rc = train_grow((void **)&probs, &cap, n + b->n, sizeof(float))) < 0 ||
+            (rc = train_grow((void **)&labels, &capl, n + b->n, sizeof(float))) < 0)
+            goto out;
+        rc = rt_model_predict(tr->model, b->n, tr->E, b->dense, probs + n);
+        if (rc < 0)
+            goto out;
+        memcpy(labels + n, b->labels, (size_t)b->n * sizeof(float));
+        n += b->n;
+    }
+    train_log_malformed(tr, r, "eval");
+
+    /* Gather every rank's predictions on rank 0. */
+    int mine = (int)n;
+    int *counts, *displs;
+    int64_t total;
+    float *all_p = NULL, *all_l = NULL;
+    rc = train_gather_layout(tr, mine, &counts, &displs, &total);
+    if (rc == 0 && tr->rank == 0) {
+        all_p = kiln_calloc((size_t)total + 1, sizeof(float));
+        all_l = kiln_calloc((size_t)total + 1, sizeof(float));
+    }
+    int mrc = MPI_SUCCESS;
+    if (rc == 0)
+        mrc = MPI_Gatherv(probs, mine, MPI_FLOAT, all_p, counts, displs, MPI_FLOAT, 0,
+                          MPI_COMM_WORLD);
+    if (rc == 0 && mrc == MPI_SUCCESS)
+        mrc = MPI_Gatherv(labels, mine, MPI_FLOAT, all_l, counts, displs, MPI_FLOAT, 0,
+                          MPI_COMM_WORLD);
+    if (mrc != MPI_SUCCESS)
+        rc = rt_mpi_fail(mrc, "MPI_Gatherv of the eval predictions");
+    if (rc == 0 && tr->rank == 0) {
+        *rows = total;
+        *logloss = rt_metrics_logloss(all_p, all_l, (size_t)total);
+        rc = rt_metrics_auc(all_p, all_l, (size_t)total, auc);
+    }
+    free(all_p);
+    free(all_l);
+    free(counts);
+    free(displs);
+out:
+    rt_reader_close(r);
+    free(probs);
+    free(labels);
+    return rc;
+}

@@ -1,0 +1,207 @@
+/*
+ * trainer/train_int.h - what the files of kiln-train share: the trainer's
+ * state, its options, and the functions one file calls in another. Internal
+ * to trainer/. kiln-train is one MPI rank of Kiln's trainer.
+ *
+ *   mpirun -np N kiln-train --spec FILE --run-dir DIR [options]
+ *
+ * Embedding tables are model parallel (key k of table t lives on rank
+ * rt_shard_owner(k)), the dense model is data parallel (replicated, gradients
+ * allreduced). One step of one rank:
+ *
+ *   batch (n rows, S slots, CSR)      from the prefetching reader
+ *   keys per table -> dedupe          (a table may serve several slots)
+ *   rt_shard_lookup                   one all-to-all of keys, one of rows
+ *   kern_cpu_gather_combine           pooled E (n, S, d), all slots at once
+ *   rt_model_forward / _backward      loss, dE (n, S, d), dense grads
+ *   scatter by the dedupe's inverse   dE -> gradients of each table's unique keys
+ *   rt_shard_update                   one all-to-all of gradients, fused update
+ *   rt_comm_allreduce_sum_dd          dense grads over the ranks, then the dense
+ *                                     optimizer step
+ *
+ * The owners' side of the two rt_shard calls goes through the rank's store
+ * (rt_store_*, shard/shard.h): host tables, or GPU hash tables with the host tables as the
+ * checkpoints' mirror (resources.device; docs/gpu.md).
+ *
+ * Global batch = batch_size x ranks, and the reader deals rows so that any
+ * rank count sees the same global batches (docs/data-formats.md). Exit codes
+ * are in docs/trainer.md.
+ *
+ * Checkpoints (docs/checkpoint-format.md): a run starts from --resume DIR
+ * (same run continued: state and data position) or train.init_from (a warm
+ * start: state, not position), dumps every checkpoint.every_steps steps, on
+ * request (SIGUSR1 or <run-dir>/export.request, checked at step boundaries,
+ * and every export.every_ms), and at the end; then applies checkpoint.keep.
+ *
+ * Prediction mode (`--predict GLOB --resume DIR --out FILE`): no training;
+ * the ranks load the checkpoint, predict every row of the files with the
+ * same lookup and forward path as the eval, and rank 0 writes one
+ * probability per row, in file order. kiln-serve's consistency test compares
+ * its answers with these.
+ */
+#ifndef KILN_TRAINER_TRAIN_INT_H
+#define KILN_TRAINER_TRAIN_INT_H
+
+#include <cblas.h>
+#include <errno.h>
+#include <glob.h>
+#include <jansson.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <libgen.h>
+#include <math.h>
+#include <mpi.h>
+#include <omp.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jobs.h"
+#include "kern.h"
+#include "kiln.h"
+#include "data.h"
+#include "kern_ops.h"
+#include "shard.h"
+#include "ckpt.h"
+#include "model.h"
+#include "run.h"
+#include "state.h"
+
+typedef struct options {
+    const char *spec_path;
+    const char *run_dir;
+    const char *data;   /* overrides data.train (a glob, relative to the cwd) */
+    const char *inputs; /* a file listing the training files, one per line */
+    const char *eval;   /* overrides data.eval */
+    int64_t max_steps;  /* overrides train.max_steps when > 0 */
+    int threads;        /* overrides resources.threads when > 0 */
+    bool quiet;
+    const char *resume; /* a checkpoint directory to continue from */
+    const char *db;     /* record checkpoints in this SQLite file (rank 0) */
+    int64_t run_id;     /* the run they belong to (with --db) */
+    const char *predict; /* prediction mode: the rows to predict (a glob) */
+    const char *out;     /* prediction mode: where rank 0 writes the probabilities */
+    const char *store;   /* "twin": the GPU store's protocol on a host working copy (tests) */
+} options_t;
+
+typedef struct trainer {
+    options_t opt;
+    int rank, nranks;
+    job_spec_t spec;
+    char *spec_dir;
+
+    int S, F, d, T;   /* slots, dense features, pooled width, tables */
+    int *slot_table;  /* (S) */
+    kern_table_t **tables;   /* (T) this rank's shards; with a GPU, the checkpoint mirror */
+    rt_store_t *store;       /* where the rows of the step live (rt_store.h) */
+    rt_store_kind_t store_kind;
+    int cuda_device;         /* RT_STORE_CUDA: this rank's GPU */
+    rt_comm_t *comm;         /* the step's collectives: the exchange and the dense allreduce */
+    rt_shard_t *shard;
+    rt_model_t *model;
+    rt_dedupe_t **dedupe;    /* (T) one per table, so that tables dedupe in parallel */
+    kern_opt_t sparse_opt;
+    kern_combine_t *combine; /* (S) */
+
+    /* per-step scratch, sized for the largest batch seen */
+    int64_t **tkeys, *tkeys_cap, *tn; /* (T) keys of each table's slots, concatenated */
+    int32_t **tinv;                   /* (T) inverse index into the table's unique keys */
+    int64_t **tuniq, *tuniq_cap, *nuniq;
+    double **tgrad;                   /* (T) (nuniq, d, 2) double-double gradients of the unique
+                                         keys (kern_ops.h) */
+    int64_t *tgrad_cap;
+    double *dense_pairs;              /* (nparams, 2) the dense gradient for the allreduce */
+    int64_t *slot_koff;               /* (S) first key of slot s in its table's list */
+    int64_t *boff;                    /* (S, max_batch + 1) bag offsets rebased to 0 */
+    kern_bags_t *bags;                /* (S) */
+    float *E, *probs;                 /* (max_batch, S, d), (max_batch) */
+    int max_batch;
+
+    FILE *progress;
+    bool error_told; /* this rank's failure was reported elsewhere (another rank, diags) */
+    bool abort_needed; /* failed mid-step, where other ranks cannot learn of it */
+    int64_t samples, steps;
+    int64_t malformed;
+    int64_t run_rows, run_malformed; /* good rows and malformed lines trained on in this
+                                        run, all ranks (every rank agrees) */
+
+    /* checkpoints */
+    char *ckpt_root;                 /* spec checkpoint.dir, resolved */
+    char last_uid[RT_CKPT_UID_MAX];  /* the newest checkpoint of this lineage, "" none */
+    char base_uid[RT_CKPT_UID_MAX];  /* the full dump last_uid stands on */
+    int64_t last_step;               /* step of last_uid (incremental dumps start after it) */
+    int chain;                       /* incrementals since base_uid */
+    bool chain_elsewhere;            /* last_uid is not in ckpt_root: next dump is full */
+    bool resumed;                    /* --resume: continue the data position too */
+    int64_t steps0;                  /* steps when this run started */
+    int64_t start_epoch, start_k;    /* where the data resumes */
+    int64_t pos_epoch, pos_k;        /* where the data stands now */
+    char spec_hash[17], inputs_hash[17];
+    char *lock;                      /* rank 0's pin on the checkpoint it started from */
+    state_t *db;                     /* rank 0, with --db */
+    int64_t last_ckpt_id;            /* rank 0: the database id of last_uid; 0 */
+    int64_t last_export_ms;          /* mono ms of the last export (export.every_ms) */
+    int64_t export_step;             /* tr->steps at the last export (or the start): a timed
+                                        export with no step since would push nothing new */
+    int64_t rec_every;               /* steps between progress records (the loss curve) */
+    int64_t train_ns;                /* time in the training loop so far */
+    char **eval_files;               /* data.eval, expanded (neval); NULL: none */
+    int neval;
+} trainer_t;
+
+/* Set by SIGUSR1 (train_main.c): write an incremental dump at the next step
+ * boundary. */
+extern volatile sig_atomic_t train_export_signal;
+
+/* train_agree_on with the trainer in scope as tr. */
+#define agree(rc) train_agree_on(tr, (rc))
+
+/* ---- train_setup.c ---- */
+void train_say(const trainer_t *tr, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int train_agree_on(trainer_t *tr, int rc);
+int train_grow(void **p, int64_t *cap, int64_t want, size_t elem);
+char *train_spec_relative(const trainer_t *tr, const char *path);
+int train_expand(const char *pattern, const char *what, char ***out, int *n);
+int train_read_list(const char *path, char ***out, int *n);
+void train_free_list(char **files, int n);
+int train_setup_tables(trainer_t *tr);
+int train_setup_model(trainer_t *tr);
+
+/* ---- train_step.c ---- */
+int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert);
+int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
+               double *loss_sum);
+
+/* ---- train_ckpt.c ---- */
+void train_hash_file(const char *path, char out[17]);
+void train_hash_inputs(char **files, int nfiles, char out[17]);
+int train_checkpoint(trainer_t *tr, bool online);
+int train_export_requested(trainer_t *tr, bool *want);
+int train_load_start(trainer_t *tr);
+
+/* ---- train_loop.c ---- */
+int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r);
+void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what);
+char *train_spec_base_dir(const char *spec_path);
+int64_t train_step_limit(const trainer_t *tr);
+int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs);
+
+/* ---- train_online.c ---- */
+void train_record_inputs(trainer_t *tr, char **files, int n);
+int train_online(trainer_t *tr, char **files, int nfiles);
+
+/* ---- train_eval.c ---- */
+int train_evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, double *logloss,
+                   double *auc);
+int train_gather_layout(const trainer_t *tr, int mine, int **counts, int **displs, int64_t *total);
+
+/* ---- train_predict.c ---- */
+int train_predict_mode(trainer_t *tr);
+
+#endif /* KILN_TRAINER_TRAIN_INT_H */

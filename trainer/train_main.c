@@ -1,0 +1,486 @@
+/*
+ * trainer/train_main.c - kiln-train's main(): the command line (a table of options), the
+ * backend and thread count, the order of a run (set up, load, train or
+ * predict, evaluate, the last checkpoint, the result line) and the exit code.
+ */
+#include "train_int.h"
+
+_Static_assert(JOB_MAX_ROWS_PER_RANK == KERN_MAX_CAPACITY,
+               "the spec's capacity check must use the tables' real limit");
+
+/* The exit code of a failure (run/run.h): kilnd retries only
+ * RUN_EXIT_RETRY. */
+static int exit_for(int rc)
+{
+    switch (rc) {
+    case 0:
+        return RUN_EXIT_OK;
+    case KILN_ESPEC:
+    case KILN_EINVAL:
+    case KILN_ENOENT:
+    case KILN_EFULL:
+    case KILN_ECORRUPT:
+    case KILN_ECHECKSUM:
+    case KILN_EVERSION:
+    case KILN_EUSAGE:
+    case KILN_ECONFLICT:
+    case KILN_ERANGE: /* diverged: the same spec and data diverge again */
+        return RUN_EXIT_INPUT;
+    case KILN_EIO:
+    case KILN_EMPI:
+    case KILN_ENOMEM:
+    case KILN_ENOSPC:
+    case KILN_ETIMEDOUT:
+        return RUN_EXIT_RETRY;
+    default:
+        return RUN_EXIT_BUG;
+    }
+}
+
+/* Set by SIGUSR1: write an incremental dump at the next step boundary. */
+volatile sig_atomic_t train_export_signal;
+
+static void on_sigusr1(int sig)
+{
+    (void)sig;
+    train_export_signal = 1;
+}
+
+/* ---- main ------------------------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: mpirun -np N kiln-train --spec FILE --run-dir DIR [options]\n\n"
+        "One MPI rank of Kiln's trainer (started by kilnd or mpirun).\n\n"
+        "options:\n"
+        "  --spec FILE        the job spec (YAML)\n"
+        "  --run-dir DIR      where progress.jsonl and result.json go (created)\n"
+        "  --data GLOB        train on these files instead of data.train\n"
+        "  --inputs FILE      train on the files listed in FILE, one per line\n"
+        "  --eval GLOB        evaluate on these files instead of data.eval ('none': skip)\n"
+        "  --max-steps N      stop after N steps\n"
+        "  --threads N        OpenMP/BLAS threads per rank (default: cores / local ranks)\n"
+        "  --resume DIR       continue from this checkpoint (its chain is followed), data\n"
+        "                     position included; without it train.init_from decides\n"
+        "  --db PATH          record checkpoints and online exports in this database\n"
+        "  --run-id N         ... as checkpoints of run N (required with --db)\n"
+        "  --quiet            no progress on stderr\n"
+        "  --predict GLOB     predict these rows with the --resume checkpoint, no training;\n"
+        "  --out FILE         ... rank 0 writes one probability per row, in file order\n"
+        "  --store twin       (tests) keep the working tables apart from the checkpoint\n"
+        "                     mirror in host memory, as a GPU run keeps them on the GPU\n\n"
+        "Online export: SIGUSR1, or a file <run-dir>/export.request, makes the trainer write\n"
+        "an incremental checkpoint at the next step boundary (<run-dir>/export.last names it).\n\n"
+        "At the end rank 0 prints one JSON line on stdout. Exit codes: 0 ok, 1 internal "
+        "error, 2 bad input (do not retry), 3 retryable failure (docs/trainer.md).\n");
+}
+
+/* The command line, as data: strings, positive integers (int64 or int) and flags. */
+typedef enum { OPT_STR, OPT_I64, OPT_INT, OPT_FLAG } opt_kind_t;
+
+static const struct {
+    const char *name;
+    opt_kind_t kind;
+    size_t offset; /* into options_t */
+} option_table[] = {
+    {"--spec", OPT_STR, offsetof(options_t, spec_path)},
+    {"--run-dir", OPT_STR, offsetof(options_t, run_dir)},
+    {"--data", OPT_STR, offsetof(options_t, data)},
+    {"--inputs", OPT_STR, offsetof(options_t, inputs)},
+    {"--eval", OPT_STR, offsetof(options_t, eval)},
+    {"--resume", OPT_STR, offsetof(options_t, resume)},
+    {"--db", OPT_STR, offsetof(options_t, db)},
+    {"--predict", OPT_STR, offsetof(options_t, predict)},
+    {"--out", OPT_STR, offsetof(options_t, out)},
+    {"--store", OPT_STR, offsetof(options_t, store)},
+    {"--max-steps", OPT_I64, offsetof(options_t, max_steps)},
+    {"--run-id", OPT_I64, offsetof(options_t, run_id)},
+    {"--threads", OPT_INT, offsetof(options_t, threads)},
+    {"--quiet", OPT_FLAG, offsetof(options_t, quiet)},
+};
+
+static int parse_options(int argc, char **argv, options_t *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        }
+        size_t k = 0, nopts = sizeof option_table / sizeof option_table[0];
+        while (k < nopts && strcmp(a, option_table[k].name) != 0)
+            k++;
+        if (k == nopts)
+            return kiln_errf(KILN_EUSAGE, "unknown option '%s' (see kiln-train --help)", a);
+        char *field = (char *)o + option_table[k].offset;
+        if (option_table[k].kind == OPT_FLAG) {
+            *(bool *)field = true;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return kiln_errf(KILN_EUSAGE, "%s needs a value", a);
+        const char *value = argv[++i];
+        if (option_table[k].kind == OPT_STR) {
+            *(const char **)field = value;
+            continue;
+        }
+        char *end;
+        long long v = strtoll(value, &end, 10);
+        if (*end != '\0' || end == value || v < 1 ||
+            (option_table[k].kind == OPT_INT && v > INT32_MAX))
+            return kiln_errf(KILN_EUSAGE, "%s: expected a positive integer, got '%s'", a, value);
+        if (option_table[k].kind == OPT_INT)
+            *(int *)field = (int)v;
+        else
+            *(int64_t *)field = v;
+    }
+    if (o->store != NULL && strcmp(o->store, "twin") != 0)
+        return kiln_errf(KILN_EUSAGE, "--store: the only value is twin, got '%s'", o->store);
+    if (o->predict != NULL) {
+        if (o->spec_path == NULL || o->resume == NULL || o->out == NULL)
+            return kiln_errf(KILN_EUSAGE, "--predict needs --spec FILE, --resume CHECKPOINT_DIR "
+                                          "and --out FILE (see kiln-train --help)");
+        if (o->db != NULL)
+            return kiln_errf(KILN_EUSAGE, "--predict records nothing: drop --db");
+        return 0;
+    }
+    if (o->spec_path == NULL || o->run_dir == NULL)
+        return kiln_errf(KILN_EUSAGE, "--spec and --run-dir are required (see kiln-train --help)");
+    if (o->db != NULL && o->run_id <= 0)
+        return kiln_errf(KILN_EUSAGE, "--db needs --run-id N (the run the checkpoints belong to)");
+    return 0;
+}
+
+/* resources.device (rt_device.h) decides where the embedding tables of the
+ * step live: cuda puts this rank's shards in GPU hash tables (RT_STORE_CUDA;
+ * lookups, inserts, evictions and the sparse optimizer run as CUDA
+ * kernels), cpu keeps them in host tables. The dense part of every model
+ * and the exchange run on the CPU either way (docs/gpu.md, "Training on a
+ * GPU"). The ranks agree: auto falls back to the CPU everywhere if one rank
+ * sees no GPU. Each rank takes GPU (local rank mod visible GPUs). Not
+ * collective before the agreement, so a refusal is every rank's. */
+static int pick_device(trainer_t *tr)
+{
+    rt_device_t dev = RT_DEVICE_CPU;
+    char why[320];
+    const int gpus = rt_device_visible_gpus();
+    int rc = rt_device_pick(tr->spec.resources.device, rt_device_built_cuda(), gpus, &dev, why,
+                            sizeof why);
+    rc = agree(rc);
+    if (rc < 0)
+        return rc;
+    int mine = dev == RT_DEVICE_CUDA, all = mine;
+    if (MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return kiln_errf(KILN_EMPI, "MPI_Allreduce of the device choice failed");
+    if (mine && !all) {
+        dev = RT_DEVICE_CPU;
+        snprintf(why, sizeof why, "device auto: another rank sees no CUDA device; every rank "
+                                  "uses the CPU backend");
+    }
+    tr->store_kind = dev == RT_DEVICE_CUDA ? RT_STORE_CUDA : RT_STORE_HOST;
+    if (dev == RT_DEVICE_CUDA) {
+        int lrank = 0, lsize = 1;
+        KILN_CHECK(rt_mpi_local_rank(MPI_COMM_WORLD, &lrank, &lsize));
+        tr->cuda_device = lrank % gpus;
+        if (tr->rank == 0)
+            KILN_INFO("%s: embedding tables on the GPU (%d rank%s on this host, %d GPU%s%s); "
+                      "dense layers and the exchange on the CPU",
+                      why, lsize, lsize == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s",
+                      lsize > gpus ? ", so ranks share GPUs" : "");
+    } else if (tr->rank == 0) {
+        KILN_INFO("%s", why);
+    }
+    if (tr->opt.store != NULL)
+        tr->store_kind = RT_STORE_TWIN;
+    return 0;
+}
+
+static int set_threads(trainer_t *tr)
+{
+    int lrank = 0, local_ranks = 1;
+    if (rt_mpi_local_rank(MPI_COMM_WORLD, &lrank, &local_ranks) < 0)
+        local_ranks = 1;
+    int threads = tr->opt.threads > 0 ? tr->opt.threads : tr->spec.resources.threads;
+    if (threads <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = (int)(cores / local_ranks);
+        if (threads < 1)
+            threads = 1;
+    }
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    return threads;
+}
+
+static void trainer_fini(trainer_t *tr)
+{
+    for (int t = 0; tr->tables && t < tr->T; t++) {
+        kern_table_destroy(tr->tables[t]);
+        if (tr->tkeys) {
+            free(tr->tkeys[t]);
+            free(tr->tinv[t]);
+            free(tr->tuniq[t]);
+            free(tr->tgrad[t]);
+        }
+    }
+    rt_shard_destroy(tr->shard);
+    rt_comm_destroy(tr->comm);
+    rt_store_destroy(tr->store);
+    for (int t = 0; tr->dedupe && t < tr->T; t++)
+        rt_dedupe_destroy(tr->dedupe[t]);
+    free(tr->dedupe);
+    rt_model_destroy(tr->model);
+    free(tr->tables);
+    free(tr->slot_table);
+    free(tr->combine);
+    free(tr->tkeys);
+    free(tr->tkeys_cap);
+    free(tr->tn);
+    free(tr->tinv);
+    free(tr->tuniq);
+    free(tr->tuniq_cap);
+    free(tr->nuniq);
+    free(tr->tgrad);
+    free(tr->tgrad_cap);
+    free(tr->dense_pairs);
+    free(tr->slot_koff);
+    free(tr->boff);
+    free(tr->bags);
+    free(tr->E);
+    free(tr->probs);
+    free(tr->spec_dir);
+    free(tr->ckpt_root);
+    rt_ckpt_unlock(tr->lock);
+    state_close(tr->db);
+    if (tr->progress)
+        fclose(tr->progress);
+    job_spec_fini(&tr->spec);
+}
+
+static int run(trainer_t *tr)
+{
+    int rc = 0;
+    char **files = NULL, **eval_files = NULL;
+    int nfiles = 0, neval = 0;
+    job_diags_t diags;
+    job_diags_init(&diags);
+
+    rc = job_spec_load(tr->opt.spec_path, &tr->spec, &diags);
+    if (rc < 0) {
+        /* Every rank read the same file: rank 0 tells. */
+        if (tr->rank == 0)
+            for (size_t i = 0; i < diags.n; i++)
+                fprintf(stderr, "%s\n", diags.items[i].message);
+        tr->error_told = diags.n > 0 || tr->rank != 0;
+        job_diags_fini(&diags);
+        return rc;
+    }
+    job_diags_fini(&diags);
+    tr->spec_dir = train_spec_base_dir(tr->opt.spec_path);
+
+    /* Every rank reaches this point (the spec is the same file for all). */
+    KILN_CHECK_GOTO(rt_comm_create(RT_COMM_MPI, MPI_COMM_WORLD, &tr->comm), rc, out);
+    KILN_CHECK_GOTO(pick_device(tr), rc, out);
+    int threads = set_threads(tr);
+    if (tr->opt.predict != NULL)
+        return train_predict_mode(tr);
+
+    /* Training files: --inputs, else --data, else data.train. An online run
+     * may start with none: it waits for partitions to land. */
+    bool online = tr->spec.train.mode == JOB_MODE_ONLINE;
+    if (tr->opt.inputs) {
+        rc = train_read_list(tr->opt.inputs, &files, &nfiles);
+    } else {
+        char *pattern =
+            tr->opt.data ? kiln_strdup(tr->opt.data) : train_spec_relative(tr, tr->spec.data.train);
+        rc = pattern
+                 ? train_expand(pattern, tr->opt.data ? "--data" : "data.train", &files, &nfiles)
+                 : KILN_ENOMEM;
+        free(pattern);
+    }
+    if (online && rc == KILN_ENOENT) {
+        kiln_errclear();
+        rc = 0;
+    }
+    if (rc == 0) {
+        const char *ev = tr->opt.eval ? tr->opt.eval : tr->spec.data.eval;
+        if (ev != NULL && strcmp(ev, "none") != 0) {
+            char *pattern = tr->opt.eval ? kiln_strdup(ev) : train_spec_relative(tr, ev);
+            rc = pattern ? train_expand(pattern, tr->opt.eval ? "--eval" : "data.eval", &eval_files,
+                                  &neval)
+                         : KILN_ENOMEM;
+            free(pattern);
+        }
+    }
+    if (rc == 0 && tr->rank == 0) {
+        rc = kiln_mkdir_p(tr->opt.run_dir);
+        if (rc == 0) {
+            char *p = run_path(tr->opt.run_dir, RUN_FILE_PROGRESS);
+            tr->progress = p ? fopen(p, "a") : NULL;
+            if (tr->progress == NULL)
+                rc = kiln_errf(KILN_EIO, "cannot write %s: %s", p ? p : RUN_FILE_PROGRESS,
+                               strerror(errno));
+            free(p);
+        }
+    }
+    if (rc == 0)
+        rc = train_setup_tables(tr);
+    if (rc == 0)
+        rc = train_setup_model(tr);
+    if (rc == 0 && (tr->ckpt_root = train_spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
+        rc = KILN_ENOMEM;
+    if (rc == 0 && tr->ckpt_root[0] != '/') {
+        /* Absolute, so that SQLite and export.last name it from anywhere. */
+        char cwd[4096];
+        char *abs = getcwd(cwd, sizeof cwd) ? kiln_asprintf("%s/%s", cwd, tr->ckpt_root) : NULL;
+        if (abs != NULL) {
+            free(tr->ckpt_root);
+            tr->ckpt_root = abs;
+        }
+    }
+    if (rc == 0 && tr->rank == 0 && tr->opt.db != NULL)
+        rc = state_open(tr->opt.db, &tr->db);
+    rc = agree(rc);
+    if (rc < 0)
+        goto out;
+    train_hash_file(tr->opt.spec_path, tr->spec_hash);
+    train_hash_inputs(files, nfiles, tr->inputs_hash);
+    rc = agree(train_load_start(tr));
+    if (rc < 0)
+        goto out;
+    tr->steps0 = tr->steps;
+    tr->eval_files = eval_files;
+    tr->neval = neval;
+    if (tr->rank == 0 && tr->db != NULL) {
+        /* Lineage: the checkpoint this run starts from, and the files it
+         * reads (kilnd recorded them already when it named them). */
+        state_checkpoint_t c = {0};
+        if (tr->last_uid[0] != '\0' && (state_checkpoint_get(tr->db, tr->last_uid, &c) < 0 ||
+                                         state_run_set_start_checkpoint(tr->db, tr->opt.run_id,
+                                                                        c.id) < 0))
+            KILN_WARN("the checkpoint this run started from is not recorded: %s",
+                      kiln_errmsg());
+        state_checkpoint_fini(&c);
+        if (tr->opt.inputs == NULL)
+            train_record_inputs(tr, files, nfiles);
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_sigusr1;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
+
+    train_say(tr, "kiln-train: job %s, model %s, %d tables, %d ranks x %d threads, batch %d x %d, "
+            "%d training file%s\n",
+        tr->spec.name, job_model_type_name(tr->spec.model.type), tr->T, tr->nranks, threads,
+        tr->spec.train.batch_size, tr->nranks, nfiles, nfiles == 1 ? "" : "s");
+
+    tr->last_export_ms = kiln_mono_ns() / 1000000;
+    tr->export_step = tr->steps;
+    rc = online ? train_online(tr, files, nfiles)
+                : train_loop(tr, files, nfiles, tr->spec.train.epochs);
+    if (rc == 0)
+        rc = train_checkpoint(tr, false);
+    if (rc < 0)
+        goto out;
+    int64_t eval_rows = 0;
+    double logloss = NAN, auc = NAN;
+    if (neval > 0) {
+        rc = train_evaluate(tr, eval_files, neval, &eval_rows, &logloss, &auc);
+        if (rc < 0)
+            goto out;
+        /* The figures of the run's final checkpoint: the quality gate and the
+         * endpoints page read them. */
+        if (tr->rank == 0 && tr->db != NULL && tr->last_ckpt_id > 0 &&
+            state_checkpoint_set_eval(tr->db, tr->last_ckpt_id, logloss, auc) < 0)
+            KILN_WARN("the eval figures of %s are not recorded: %s", tr->last_uid,
+                      kiln_errmsg());
+    }
+    int64_t keys = 0, mine_keys = 0, malformed = 0;
+    for (int t = 0; t < tr->T; t++)
+        mine_keys += rt_store_size(tr->store, t);
+    int mrc = MPI_Reduce(&mine_keys, &keys, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (mrc == MPI_SUCCESS)
+        mrc = MPI_Reduce(&tr->malformed, &malformed, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (mrc != MPI_SUCCESS) {
+        rc = rt_mpi_fail(mrc, "MPI_Reduce of the run's key and malformed-line counts");
+        goto out;
+    }
+    if (tr->rank == 0) {
+        double seconds = (double)tr->train_ns / 1e9;
+        run_result_t res = {.rows = tr->samples,
+                            .ranks = tr->nranks,
+                            .threads = threads,
+                            .steps = tr->steps,
+                            .train_seconds = seconds,
+                            .samples_per_s = seconds > 0 ? (double)tr->samples / seconds : 0.0,
+                            .eval_rows = eval_rows,
+                            .eval_logloss = logloss,
+                            .eval_auc = auc,
+                            .keys = keys,
+                            .malformed = malformed};
+        snprintf(res.job, sizeof res.job, "%s", tr->spec.name);
+        snprintf(res.model, sizeof res.model, "%s", job_model_type_name(tr->spec.model.type));
+        snprintf(res.checkpoint, sizeof res.checkpoint, "%s", tr->last_uid);
+        rc = run_result_write(tr->opt.run_dir, &res, stdout);
+        if (rc < 0)
+            goto out;
+    }
+out:
+    train_free_list(files, nfiles);
+    train_free_list(eval_files, neval);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    trainer_t tr = {0};
+    int provided;
+    const char *level = getenv("KILN_LOG");
+    kiln_log_level_t lv;
+    if (level != NULL && kiln_log_level_parse(level, &lv) == 0)
+        kiln_log_set_level(lv);
+
+    int prc = parse_options(argc, argv, &tr.opt);
+    if (prc == 1)
+        return RUN_EXIT_OK;
+    if (prc < 0) {
+        fprintf(stderr, "kiln-train: %s\n", kiln_errmsg());
+        return RUN_EXIT_INPUT;
+    }
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "kiln-train: MPI_Init_thread failed (start it with mpirun, or check "
+                        "the Open MPI installation)\n");
+        return RUN_EXIT_RETRY;
+    }
+    /* Errors come back as codes so that every rank can report and exit (the
+     * default handler aborts the job on a failure, so these cannot fail
+     * quietly). */
+    if (MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) != MPI_SUCCESS ||
+        MPI_Comm_rank(MPI_COMM_WORLD, &tr.rank) != MPI_SUCCESS ||
+        MPI_Comm_size(MPI_COMM_WORLD, &tr.nranks) != MPI_SUCCESS) {
+        fprintf(stderr, "kiln-train: cannot query MPI_COMM_WORLD\n");
+        MPI_Abort(MPI_COMM_WORLD, RUN_EXIT_RETRY);
+        return RUN_EXIT_RETRY;
+    }
+
+    int rc = run(&tr);
+    int code = exit_for(rc);
+    if (rc < 0 && !tr.error_told) {
+        char host[256] = "?";
+        gethostname(host, sizeof host);
+        const char *msg = kiln_errmsg();
+        fprintf(stderr, "kiln-train: rank %d on %s: %s\n", tr.rank, host,
+                msg[0] ? msg : kiln_strerror(rc));
+    }
+    if (tr.abort_needed) {
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, code);
+    }
+    trainer_fini(&tr);
+    if (MPI_Finalize() != MPI_SUCCESS)
+        fprintf(stderr, "kiln-train: rank %d: MPI_Finalize failed\n", tr.rank);
+    return code;
+}

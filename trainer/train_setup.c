@@ -1,0 +1,321 @@
+/*
+ * trainer/train_setup.c - setting a run up from its spec: the embedding tables and the
+ * store and exchange over them, the dense model; and the small helpers the
+ * other trainer files share (say, agree, grow, file lists).
+ */
+#include "train_int.h"
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+void train_say(const trainer_t *tr, const char *fmt, ...)
+{
+    if (tr->rank != 0 || tr->opt.quiet)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
+/* Every rank learns the worst (most negative) code and returns it. A rank
+ * that did not fail itself leaves the telling to the rank that did. When the
+ * agreement itself fails the ranks cannot learn each other's state: KILN_EMPI,
+ * and the job is aborted (main). */
+int train_agree_on(trainer_t *tr, int rc)
+{
+    int worst = rc;
+    int mrc = MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (mrc != MPI_SUCCESS) {
+        tr->abort_needed = true;
+        return rt_mpi_fail(mrc, "MPI_Allreduce of the ranks' status");
+    }
+    if (rc == 0 && worst < 0)
+        tr->error_told = true;
+    return worst;
+}
+
+int train_grow(void **p, int64_t *cap, int64_t want, size_t elem)
+{
+    if (want <= *cap)
+        return 0;
+    int64_t c = *cap ? *cap : 1024;
+    while (c < want)
+        c *= 2;
+    void *q = kiln_reallocarray(*p, (size_t)c, elem);
+    if (q == NULL)
+        return KILN_ENOMEM;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+/* A path from the spec is relative to the spec file's directory. */
+char *train_spec_relative(const trainer_t *tr, const char *path)
+{
+    if (path[0] == '/')
+        return kiln_strdup(path);
+    return kiln_asprintf("%s/%s", tr->spec_dir, path);
+}
+
+/* Expands a glob into a sorted list of files. Returns 0 or KILN_ENOENT. */
+int train_expand(const char *pattern, const char *what, char ***out, int *n)
+{
+    glob_t g;
+    int grc = glob(pattern, 0, NULL, &g);
+    if (grc != 0 || g.gl_pathc == 0) {
+        if (grc == 0)
+            globfree(&g);
+        return kiln_errf(KILN_ENOENT, "%s: no file matches %s; check the path (relative paths "
+                                      "are relative to the spec file) or generate data with "
+                                      "'kiln datagen'",
+                         what, pattern);
+    }
+    char **files = kiln_calloc(g.gl_pathc, sizeof *files);
+    if (files == NULL) {
+        globfree(&g);
+        return KILN_ENOMEM;
+    }
+    for (size_t i = 0; i < g.gl_pathc; i++)
+        files[i] = kiln_strdup(g.gl_pathv[i]);
+    *n = (int)g.gl_pathc;
+    *out = files;
+    globfree(&g);
+    return 0;
+}
+
+/* Reads a list of files, one per line (kilnd's --inputs). */
+int train_read_list(const char *path, char ***out, int *n)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return kiln_errf(KILN_ENOENT, "cannot read input list %s: %s", path, strerror(errno));
+    char line[4096];
+    char **files = NULL;
+    int cnt = 0, cap = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        if (line[0] == '\0' || line[0] == '#')
+            continue;
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nf = kiln_reallocarray(files, (size_t)cap, sizeof *nf);
+            if (nf == NULL) {
+                rc = KILN_ENOMEM;
+                break;
+            }
+            files = nf;
+        }
+        files[cnt++] = kiln_strdup(line);
+    }
+    fclose(f);
+    if (rc == 0 && cnt == 0)
+        rc = kiln_errf(KILN_ENOENT, "input list %s names no files", path);
+    if (rc < 0) {
+        for (int i = 0; i < cnt; i++)
+            free(files[i]);
+        free(files);
+        return rc;
+    }
+    *out = files;
+    *n = cnt;
+    return 0;
+}
+
+void train_free_list(char **files, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(files[i]);
+    free(files);
+}
+
+/* ---- set-up ----------------------------------------------------------------------- */
+
+static kern_init_t kern_init_of(job_init_t i)
+{
+    return i == JOB_INIT_NORMAL ? KERN_INIT_NORMAL
+                                : i == JOB_INIT_ZEROS ? KERN_INIT_ZEROS : KERN_INIT_UNIFORM;
+}
+
+static kern_evict_t kern_evict_of(job_eviction_t e)
+{
+    return e == JOB_EVICT_LFU ? KERN_EVICT_LFU : e == JOB_EVICT_NONE ? KERN_EVICT_NONE
+                                                                    : KERN_EVICT_LRU;
+}
+
+static kern_opt_kind_t kern_opt_of(job_optimizer_type_t t)
+{
+    return t == JOB_OPT_SGD ? KERN_OPT_SGD : t == JOB_OPT_ADAM ? KERN_OPT_ADAM : KERN_OPT_ADAGRAD;
+}
+
+static rt_dense_opt_type_t dense_opt_of(job_optimizer_type_t t)
+{
+    return t == JOB_OPT_SGD ? RT_DENSE_SGD : t == JOB_OPT_ADAM ? RT_DENSE_ADAM : RT_DENSE_ADAGRAD;
+}
+
+static rt_model_type_t model_type_of(job_model_type_t t)
+{
+    return t == JOB_MODEL_FM ? RT_MODEL_FM : t == JOB_MODEL_DLRM ? RT_MODEL_DLRM : RT_MODEL_LR;
+}
+
+int train_setup_tables(trainer_t *tr)
+{
+    const job_spec_t *sp = &tr->spec;
+    tr->S = sp->data.cat_slots;
+    tr->F = sp->data.dense_features;
+    tr->T = sp->model.ntables;
+    rt_model_type_t mt = model_type_of(sp->model.type);
+    tr->d = rt_model_table_dim(mt, sp->model.embedding.dim);
+    if (tr->d < 1)
+        return kiln_errf(KILN_EINVAL, "model.embedding.dim %d does not suit model %s",
+                         sp->model.embedding.dim, job_model_type_name(sp->model.type));
+    tr->slot_table = kiln_calloc((size_t)tr->S, sizeof(int));
+    tr->combine = kiln_calloc((size_t)tr->S, sizeof *tr->combine);
+    tr->tables = kiln_calloc((size_t)tr->T, sizeof *tr->tables);
+    kern_table_config_t *cfgs = kiln_calloc((size_t)tr->T, sizeof *cfgs);
+    int *dims = kiln_calloc((size_t)tr->T, sizeof *dims);
+    char (*notes)[128] = kiln_calloc((size_t)tr->T, sizeof *notes);
+    int rc = 0;
+    if (!tr->slot_table || !tr->combine || !tr->tables || !cfgs || !dims || !notes) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (int s = 0; s < tr->S; s++)
+        tr->slot_table[s] = -1;
+    const job_optimizer_t *so = &sp->train.sparse;
+    for (int t = 0; t < tr->T; t++) {
+        const job_table_t *jt = &sp->model.tables[t];
+        int d = rt_model_table_dim(mt, jt->emb.dim);
+        if (d != tr->d) {
+            rc = kiln_errf(KILN_EINVAL, "table %s has dim %d but the model needs %d for every "
+                                        "table",
+                           jt->name, jt->emb.dim, tr->d);
+            goto out;
+        }
+        /* Capacity is for the whole job: each rank keeps at most its share,
+         * and allocates room beyond it only for loading a checkpoint whose
+         * keys hash unevenly over this rank count (rt_shard.h). */
+        if (jt->emb.capacity < tr->nranks) {
+            rc = kiln_errf(KILN_EINVAL, "table %s: capacity %" PRId64 " is less than the %d "
+                           "ranks, and each rank needs a row; raise it to at least %d",
+                           jt->name, jt->emb.capacity, tr->nranks, tr->nranks);
+            goto out;
+        }
+        int64_t share = rt_shard_capacity_share(jt->emb.capacity, tr->rank, tr->nranks);
+        int64_t per_rank = share + rt_shard_capacity_room(share, tr->nranks);
+        if (tr->nranks > 1)
+            snprintf(notes[t], sizeof notes[t],
+                     "%" PRId64 " rows on this rank, its share of capacity %" PRId64
+                     " over %d ranks",
+                     share, jt->emb.capacity, tr->nranks);
+        else
+            snprintf(notes[t], sizeof notes[t], "capacity %" PRId64 " rows", share);
+        cfgs[t] = (kern_table_config_t){
+            .name = jt->name,
+            .dim = d,
+            .capacity = per_rank,
+            .limit = share,
+            .capacity_note = notes[t],
+            .opt = kern_opt_of(so->type),
+            .init = kern_init_of(jt->emb.init),
+            .init_scale = (float)jt->emb.init_scale,
+            .seed = sp->train.seed ^ kiln_xxh64(jt->name, strlen(jt->name), 0x6b696c6e),
+            .evict = kern_evict_of(jt->emb.eviction),
+            .evict_fraction = 0.0f,
+        };
+        dims[t] = d;
+        /* The mirror of a GPU table must take every row the GPU holds: its
+         * slots come in whole buckets, and a segmented host table can fill
+         * a segment a little before the whole (docs/kernels.md). */
+        kern_table_config_t mcfg = cfgs[t];
+        if (tr->store_kind == RT_STORE_CUDA)
+            mcfg.capacity = per_rank + per_rank / 50 + 1024; /* as job_rows_per_rank */
+        KILN_CHECK_GOTO(kern_table_create(&mcfg, &tr->tables[t]), rc, out);
+        for (int i = 0; i < jt->nslots; i++) {
+            int s = jt->slots[i];
+            if (s >= 0 && s < tr->S) {
+                tr->slot_table[s] = t;
+                tr->combine[s] = jt->emb.combiner == JOB_COMB_MEAN ? KERN_COMBINE_MEAN
+                                                                   : KERN_COMBINE_SUM;
+            }
+        }
+    }
+    for (int s = 0; s < tr->S; s++) {
+        if (tr->slot_table[s] < 0) {
+            rc = kiln_errf(KILN_EINVAL, "slot %d has no embedding table", s);
+            goto out;
+        }
+    }
+    tr->sparse_opt = (kern_opt_t){.kind = kern_opt_of(so->type),
+                                  .lr = (float)so->lr,
+                                  .eps = (float)so->eps,
+                                  .beta1 = (float)so->beta1,
+                                  .beta2 = (float)so->beta2};
+    KILN_CHECK_GOTO(rt_store_create(tr->store_kind, tr->T, tr->tables, cfgs, tr->cuda_device,
+                                    &tr->store),
+                    rc, out);
+    KILN_CHECK_GOTO(rt_shard_create(tr->comm, tr->T, tr->store, dims, &tr->shard), rc, out);
+    if ((tr->dedupe = kiln_calloc((size_t)tr->T, sizeof *tr->dedupe)) == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (int t = 0; t < tr->T; t++)
+        KILN_CHECK_GOTO(rt_dedupe_create(&tr->dedupe[t]), rc, out);
+out:
+    free(cfgs);
+    free(dims);
+    free(notes);
+    return rc;
+}
+
+int train_setup_model(trainer_t *tr)
+{
+    const job_spec_t *sp = &tr->spec;
+    const job_optimizer_t *o = &sp->train.dense;
+    rt_model_config_t cfg = {
+        .type = model_type_of(sp->model.type),
+        .nslots = tr->S,
+        .ndense = tr->F,
+        .dim = tr->d,
+        .bottom = sp->model.bottom_mlp,
+        .nbottom = sp->model.nbottom,
+        .top = sp->model.top_mlp,
+        .ntop = sp->model.ntop,
+        .fm_dense_factors = sp->model.fm_dense_factors,
+        .max_batch = sp->train.batch_size,
+        .seed = sp->train.seed,
+        .opt = {.type = dense_opt_of(o->type),
+                .lr = (float)o->lr,
+                .eps = (float)o->eps,
+                .beta1 = (float)o->beta1,
+                .beta2 = (float)o->beta2,
+                .weight_decay = (float)o->weight_decay,
+                .initial_accumulator = (float)o->initial_accumulator},
+    };
+    KILN_CHECK(rt_model_create(&cfg, &tr->model));
+    if (tr->nranks > 1) {
+        tr->dense_pairs = kiln_calloc(2 * rt_model_nparams(tr->model) + 2, sizeof(double));
+        if (tr->dense_pairs == NULL)
+            return KILN_ENOMEM;
+    }
+    tr->max_batch = sp->train.batch_size;
+    size_t S = (size_t)tr->S, T = (size_t)tr->T, B = (size_t)tr->max_batch;
+    tr->tkeys = kiln_calloc(T, sizeof *tr->tkeys);
+    tr->tkeys_cap = kiln_calloc(T, sizeof(int64_t));
+    tr->tn = kiln_calloc(T, sizeof(int64_t));
+    tr->tinv = kiln_calloc(T, sizeof *tr->tinv);
+    tr->tuniq = kiln_calloc(T, sizeof *tr->tuniq);
+    tr->tuniq_cap = kiln_calloc(T, sizeof(int64_t));
+    tr->nuniq = kiln_calloc(T, sizeof(int64_t));
+    tr->tgrad = kiln_calloc(T, sizeof *tr->tgrad);
+    tr->tgrad_cap = kiln_calloc(T, sizeof(int64_t));
+    tr->slot_koff = kiln_calloc(S, sizeof(int64_t));
+    tr->boff = kiln_calloc(S * (B + 1), sizeof(int64_t));
+    tr->bags = kiln_calloc(S, sizeof *tr->bags);
+    tr->E = kiln_calloc(B * S * (size_t)tr->d, sizeof(float));
+    tr->probs = kiln_calloc(B, sizeof(float));
+    if (!tr->tkeys || !tr->tkeys_cap || !tr->tn || !tr->tinv || !tr->tuniq || !tr->tuniq_cap ||
+        !tr->nuniq || !tr->tgrad || !tr->tgrad_cap || !tr->slot_koff || !tr->boff || !tr->bags ||
+        !tr->E || !tr->probs)
+        return KILN_ENOMEM;
+    return 0;
+}

@@ -1,0 +1,145 @@
+/*
+ * trainer/train_step.c - one training step: keys per table, dedupe, the lookup
+ * exchange, forward and backward, the gradients of the unique keys as
+ * double-double sums, the update exchange and the dense gradients summed
+ * over the ranks through rt_comm.
+ */
+#include "train_int.h"
+
+/* ---- one step ------------------------------------------------------------------------ */
+
+/* Collects each table's keys from its slots, dedupes them, and looks the
+ * unique keys up on their owners. Fills the per-slot bag descriptors. */
+int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert)
+{
+    const int n = b->n, S = tr->S, T = tr->T;
+    for (int t = 0; t < T; t++)
+        tr->tn[t] = 0;
+    for (int s = 0; s < S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
+        int t = tr->slot_table[s];
+        tr->tn[t] += off[n] - off[0];
+    }
+    for (int t = 0; t < T; t++) {
+        int64_t cap = tr->tkeys_cap[t];
+        KILN_CHECK(
+            train_grow((void **)&tr->tkeys[t], &tr->tkeys_cap[t], tr->tn[t], sizeof(int64_t)));
+        if (tr->tkeys_cap[t] != cap) {
+            int32_t *inv = kiln_reallocarray(tr->tinv[t], (size_t)tr->tkeys_cap[t], sizeof *inv);
+            if (inv == NULL)
+                return KILN_ENOMEM;
+            tr->tinv[t] = inv;
+        }
+        tr->tn[t] = 0;
+    }
+    for (int s = 0; s < S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
+        int t = tr->slot_table[s];
+        int64_t cnt = off[n] - off[0];
+        tr->slot_koff[s] = tr->tn[t];
+        if (cnt > 0) /* an empty column: the table may have no key buffer yet */
+            memcpy(tr->tkeys[t] + tr->tn[t], b->keys + off[0], (size_t)cnt * sizeof(int64_t));
+        tr->tn[t] += cnt;
+        int64_t *bo = tr->boff + (int64_t)s * (tr->max_batch + 1);
+        for (int i = 0; i <= n; i++)
+            bo[i] = off[i] - off[0];
+    }
+    /* Tables dedupe in parallel (each has its own hash set). */
+    int drc = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(min : drc)
+    for (int t = 0; t < T; t++) {
+        const int64_t *u;
+        int64_t nu = 0;
+        int trc = rt_dedupe_run(tr->dedupe[t], tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu);
+        if (trc == 0)
+            trc = train_grow((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t));
+        if (trc == 0 && nu > 0)
+            memcpy(tr->tuniq[t], u, (size_t)nu * sizeof(int64_t));
+        tr->nuniq[t] = nu;
+        drc = trc < drc ? trc : drc;
+    }
+    if (drc < 0)
+        return kiln_errf(drc, "out of memory deduplicating the batch's keys");
+    float *const *values;
+    KILN_CHECK(rt_shard_lookup(tr->shard, (const int64_t *const *)tr->tuniq, tr->nuniq, step,
+                               insert, &values));
+    for (int s = 0; s < S; s++) {
+        int t = tr->slot_table[s];
+        tr->bags[s] = (kern_bags_t){
+            .values = values[t],
+            .capacity = tr->nuniq[t],
+            .dim = tr->d,
+            .combine = tr->combine[s],
+            .offsets = tr->boff + (int64_t)s * (tr->max_batch + 1),
+            .rows = tr->tinv[t] + tr->slot_koff[s],
+            .out_col = (int64_t)s * tr->d,
+        };
+    }
+    if (n == 0) /* this rank has no rows in this step; it only served lookups */
+        return 0;
+    return kern_cpu_gather_combine(S, tr->bags, n, (int64_t)S * tr->d, tr->E);
+}
+
+/* One training step. global_n is the rows of all ranks in this step. */
+int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n, double *loss_sum)
+{
+    const int n = b->n, S = tr->S, T = tr->T, d = tr->d;
+    KILN_CHECK(train_lookup_batch(tr, b, step, true));
+    KILN_CHECK(rt_model_forward(tr->model, n, tr->E, b->dense, b->labels, NULL, loss_sum));
+    /* dE replaces E: the pooled vectors are not needed after forward. */
+    KILN_CHECK(rt_model_backward(tr->model, 1.0f / (float)global_n, tr->E));
+
+    /* Bag gradients -> gradients of each table's unique keys, scattered by
+     * the dedupe's inverse index (bags[s].rows are indices into the table's
+     * unique keys, so no sort is needed). Each table sums its slots in slot
+     * order and each slot in bag order; tables run in parallel, so the sums
+     * do not depend on the thread count. */
+    for (int t = 0; t < T; t++)
+        KILN_CHECK(train_grow((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
+                        2 * sizeof(double)));
+    const float *dE = tr->E;
+    const int64_t ldE = (int64_t)S * d;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int t = 0; t < T; t++) {
+        double *g = tr->tgrad[t]; /* (nuniq[t], d, 2) */
+        if (tr->nuniq[t] == 0) /* a column empty in every row: no key, maybe no buffer */
+            continue;
+        memset(g, 0, (size_t)(tr->nuniq[t] * d) * 2 * sizeof(double));
+        for (int s = 0; s < S; s++) {
+            if (tr->slot_table[s] != t)
+                continue;
+            const kern_bags_t *bg = &tr->bags[s];
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t p0 = bg->offsets[i], p1 = bg->offsets[i + 1];
+                const float sc = /* as kern_ops.h's kern_combine_scale */
+                    bg->combine == KERN_COMBINE_MEAN && p1 > p0 ? 1.0f / (float)(p1 - p0) : 1.0f;
+                const float *go = dE + i * ldE + (int64_t)s * d; /* (d) */
+                for (int64_t p = p0; p < p1; p++) {
+                    double *acc = g + 2 * (int64_t)bg->rows[p] * d;
+                    for (int j = 0; j < d; j++)
+                        kern_dd_add(&acc[2 * j], &acc[2 * j + 1], (double)(go[j] * sc));
+                }
+            }
+        }
+    }
+    KILN_CHECK(rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
+
+    /* Double-double sums over the ranks too; rt_model_step rounds them once. */
+    double *g = rt_model_grads(tr->model), *gl = rt_model_grads_lo(tr->model);
+    size_t np = rt_model_nparams(tr->model);
+    if (tr->nranks > 1) {
+        double *pair = tr->dense_pairs; /* (np, 2) */
+        for (size_t i = 0; i < np; i++) {
+            pair[2 * i] = g[i];
+            pair[2 * i + 1] = gl[i];
+        }
+        KILN_CHECK(rt_comm_allreduce_sum_dd(tr->comm, pair, np));
+        for (size_t i = 0; i < np; i++) {
+            g[i] = pair[2 * i];
+            gl[i] = pair[2 * i + 1];
+        }
+    }
+    KILN_CHECK(rt_model_step(tr->model));
+    rt_model_zero_grad(tr->model);
+    return 0;
+}
