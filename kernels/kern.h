@@ -43,6 +43,9 @@ typedef struct {
     int dim;                /* floats per row, 1..KERN_MAX_DIM */
     int64_t capacity;       /* rows this rank can hold, 1..KERN_MAX_CAPACITY */
     kern_opt_kind_t opt;    /* decides the optimizer state kept per row */
+    float opt_init;         /* adagrad: the accumulator a new row starts with
+                               (train.sparse.initial_accumulator), finite, >= 0; sgd keeps
+                               no state and adam's starts at 0 whatever this says */
     kern_init_t init;       /* initializer of a new key's row */
     float init_scale;       /* s of U(-s, s) or N(0, s) */
     uint64_t seed;          /* the table's seed: init depends on (seed, key) only */

@@ -22,6 +22,7 @@
  * that takes a per-bucket lock and replaces the bucket's lowest-priority row
  * not used at this step. docs/gpu.md has the design and its limits.
  */
+#include <float.h>
 #include <cuda_runtime.h>
 #include <cublas_api.h>
 #include <nccl.h>
@@ -461,6 +462,7 @@ struct table_dev {
     int64_t nbuckets;
     int dim, nstate, init, evict;
     float init_scale;
+    float opt_init; /* a fresh slot's optimizer state (adagrad's accumulator; 0 otherwise) */
     uint64_t seed;
 };
 
@@ -499,8 +501,9 @@ static __device__ __host__ int64_t bucket_of(int64_t key, int64_t nbuckets)
     return (int64_t)kern_hash_index(kern_key_hash(key), (uint64_t)nbuckets);
 }
 
-/* The warp writes key's seeded initial row into slot s, zeroes its
- * optimizer state and stamps it with step. */
+/* The warp writes key's seeded initial row into slot s, a fresh optimizer
+ * state (opt_init: adagrad's initial accumulator, else 0) and stamps it with
+ * step. */
 __device__ static void init_slot(const table_dev &d, int64_t s, int64_t key, int64_t step,
                                  int lane)
 {
@@ -508,7 +511,7 @@ __device__ static void init_slot(const table_dev &d, int64_t s, int64_t key, int
     for (size_t j = lane; j < dim; j += 32)
         d.values[(size_t)s * dim + j] = kern_init_elem(d.init, d.init_scale, d.seed, key, (int)j);
     for (size_t j = lane; j < sdim; j += 32)
-        d.opt[(size_t)s * sdim + j] = 0.0f;
+        d.opt[(size_t)s * sdim + j] = d.opt_init;
     if (lane == 0) {
         if (d.opt_steps)
             d.opt_steps[s] = 0;
@@ -753,6 +756,10 @@ extern "C" int kern_cuda_table_create(const kern_table_config_t *cfg,
                          "(1..%lld) or the optimizer, init or eviction kind is out of range",
                          name, cfg->dim, KERN_MAX_DIM, (long long)cfg->capacity,
                          (long long)KERN_MAX_CAPACITY);
+    if (!(cfg->opt_init >= 0.0f && cfg->opt_init <= FLT_MAX))
+        return kiln_errf(KILN_EINVAL,
+                         "GPU table '%s': the initial accumulator %g must be finite and >= 0", name,
+                         (double)cfg->opt_init);
     kern_cuda_table_t *t = (kern_cuda_table_t *)kiln_calloc(1, sizeof *t);
     if (!t)
         return KILN_ENOMEM;
@@ -764,6 +771,7 @@ extern "C" int kern_cuda_table_create(const kern_table_config_t *cfg,
     t->d.init = cfg->init;
     t->d.evict = cfg->evict;
     t->d.init_scale = cfg->init_scale;
+    t->d.opt_init = cfg->opt == KERN_OPT_ADAGRAD ? cfg->opt_init : 0.0f;
     t->d.seed = cfg->seed;
     dev_array_t arr[MAX_DEV_ARRAYS];
     const int narr = table_arrays(t, arr);

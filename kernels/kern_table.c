@@ -26,6 +26,7 @@
  */
 #include "kern.h"
 
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,7 @@ struct kern_table {
     char *capacity_note;  /* what the limit is, for the full message; NULL: plain */
     kern_init_t init;
     float init_scale;
+    float opt_init; /* a fresh row's optimizer state (adagrad's accumulator; 0 otherwise) */
     uint64_t seed;
     kern_evict_t evict;
     double evict_fraction; /* of a segment's rows, per eviction round */
@@ -385,14 +387,27 @@ static int free_row(kern_table_t *t, seg_t *g, int64_t r, uint64_t i, int64_t st
     return 0;
 }
 
-/* Writes the seeded initial row of key into row r and zeroes its state. */
+/* Row r's optimizer state as a new row's: adagrad's accumulator starts at
+ * opt_init, every other state at 0. */
+static void fresh_state(kern_table_t *t, int64_t r)
+{
+    size_t sdim = (size_t)t->nstate * (size_t)t->dim;
+    float *o = t->opt + (size_t)r * sdim;
+    if (t->opt_init == 0.0f) {
+        memset(o, 0, sizeof(float) * sdim);
+        return;
+    }
+    for (size_t j = 0; j < sdim; j++)
+        o[j] = t->opt_init;
+}
+
+/* Writes the seeded initial row of key into row r and a fresh state. */
 static void init_row(kern_table_t *t, int64_t r, int64_t key)
 {
     kern_init_row(t->values + (size_t)r * (size_t)t->dim, t->dim, t->init, t->init_scale,
                   t->seed, key);
     if (t->opt)
-        memset(t->opt + (size_t)r * (size_t)t->nstate * (size_t)t->dim, 0,
-               sizeof(float) * (size_t)t->nstate * (size_t)t->dim);
+        fresh_state(t, r);
     if (t->opt_steps)
         t->opt_steps[r] = 0;
     if (t->freq)
@@ -602,6 +617,10 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     if (!(cfg->evict_fraction >= 0.0f && cfg->evict_fraction <= 1.0f))
         return kiln_errf(KILN_EINVAL, "table '%s': evict_fraction %g is not in [0, 1]", name,
                          (double)cfg->evict_fraction);
+    if (!(cfg->opt_init >= 0.0f && cfg->opt_init <= FLT_MAX))
+        return kiln_errf(KILN_EINVAL,
+                         "table '%s': the initial accumulator %g must be finite and >= 0", name,
+                         (double)cfg->opt_init);
     if (cfg->segment_rows < 0 || cfg->segment_rows > SEG_MAX_ROWS)
         return kiln_errf(KILN_EINVAL, "table '%s': segment_rows %lld is out of range 0..%lld",
                          name, (long long)cfg->segment_rows, (long long)SEG_MAX_ROWS);
@@ -616,6 +635,7 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     t->limit = cfg->limit > 0 && cfg->limit < cfg->capacity ? cfg->limit : cfg->capacity;
     t->init = cfg->init;
     t->init_scale = cfg->init_scale;
+    t->opt_init = cfg->opt == KERN_OPT_ADAGRAD ? cfg->opt_init : 0.0f;
     t->seed = cfg->seed;
     t->evict = cfg->evict;
     t->evict_fraction = cfg->evict_fraction > 0.0f ? cfg->evict_fraction : 0.01;
@@ -854,7 +874,7 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
                 memcpy(t->opt + (size_t)r * sdim, opt_state + (size_t)i * sdim,
                        sizeof(float) * sdim);
             else
-                memset(t->opt + (size_t)r * sdim, 0, sizeof(float) * sdim);
+                fresh_state(t, r);
         }
         if (t->opt_steps)
             t->opt_steps[r] = opt_steps ? opt_steps[i] : 0;

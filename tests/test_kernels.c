@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "kern.h"
+#include "kern_ops.h"
 #include "kiln.h"
 #include "proc.h"
 
@@ -1010,10 +1011,16 @@ static void ref_opt(const kern_opt_t *o, float *w, float *s0, float *s1, float g
     }
 }
 
-static void optimizer_case(kern_opt_kind_t kind)
+/* acc0: the table's opt_init (train.sparse.initial_accumulator), where
+ * adagrad's accumulator starts; sgd has no state and adam's starts at 0. */
+static void optimizer_case(kern_opt_kind_t kind, float acc0)
 {
     enum { CAP = 64, D = 5, N = 10 };
-    kern_table_t *t = make_table("opt", D, CAP, kind, KERN_EVICT_NONE);
+    kern_table_config_t cfg = {.name = "opt", .dim = D, .capacity = CAP + 1, .opt = kind,
+                               .opt_init = acc0, .init = KERN_INIT_UNIFORM, .init_scale = 0.05f,
+                               .seed = 42, .evict = KERN_EVICT_NONE};
+    kern_table_t *t = NULL;
+    assert_int_equal(kern_table_create(&cfg, &t), 0);
     int64_t keys[CAP];
     int32_t rows[CAP];
     for (int i = 0; i < CAP; i++)
@@ -1024,6 +1031,12 @@ static void optimizer_case(kern_opt_kind_t kind)
     float w[CAP * D], s0[CAP * D] = {0}, s1[CAP * D] = {0};
     int cnt[CAP] = {0};
     memcpy(w, s.values, sizeof w);
+    if (kind == KERN_OPT_ADAGRAD)
+        for (int i = 0; i < CAP * D; i++)
+            s0[i] = acc0;
+    if (kind != KERN_OPT_SGD) /* a new row's state, before any update */
+        for (int r = 0; r < CAP; r++)
+            assert_close(s.opt_state + r * kern_opt_nstate(kind) * D, s0 + r * D, D, 0.0f, 0.0f);
     kern_opt_t opt = {.kind = kind, .lr = 0.05f, .eps = 1e-6f, .beta1 = 0.9f, .beta2 = 0.99f};
     int32_t urows[N];
     float grads[N * D];
@@ -1062,12 +1075,35 @@ static void optimizer_case(kern_opt_kind_t kind)
     other.kind = kind == KERN_OPT_ADAM ? KERN_OPT_SGD : KERN_OPT_ADAM;
     kern_row_grads_t g = {.rows = urows, .grads = grads, .n = N};
     assert_int_equal(kern_cpu_sparse_update(&other, 1, &s, &g, 9), KILN_EINVAL);
+    /* A row loaded without optimizer state (a warm start from a checkpoint
+     * that has none) starts as a new row does. */
+    int64_t k = 1000;
+    float v[D] = {0};
+    assert_int_equal(kern_table_insert_rows(t, 1, &k, v, NULL, NULL, 9), 0);
+    int32_t kr;
+    assert_int_equal(kern_table_find_or_insert(t, 1, &k, 9, &kr), 0);
+    kern_table_slab(t, &s);
+    if (kind != KERN_OPT_SGD)
+        for (int j = 0; j < kern_opt_nstate(kind) * D; j++)
+            assert_true(s.opt_state[(size_t)kr * kern_opt_nstate(kind) * D + j] ==
+                        (kind == KERN_OPT_ADAGRAD ? acc0 : 0.0f));
     kern_table_destroy(t);
+    /* A negative or non-finite initial accumulator is refused. */
+    cfg.opt_init = -1.0f;
+    assert_int_equal(kern_table_create(&cfg, &t), KILN_EINVAL);
+    cfg.opt_init = INFINITY;
+    assert_int_equal(kern_table_create(&cfg, &t), KILN_EINVAL);
 }
 
-static void test_sgd(void **state) { (void)state; optimizer_case(KERN_OPT_SGD); }
-static void test_adagrad(void **state) { (void)state; optimizer_case(KERN_OPT_ADAGRAD); }
-static void test_adam(void **state) { (void)state; optimizer_case(KERN_OPT_ADAM); }
+static void test_sgd(void **state) { (void)state; optimizer_case(KERN_OPT_SGD, 0.0f); }
+static void test_adagrad(void **state) { (void)state; optimizer_case(KERN_OPT_ADAGRAD, 0.0f); }
+/* train.sparse.initial_accumulator: adagrad's accumulator starts there. */
+static void test_adagrad_initial_accumulator(void **state)
+{
+    (void)state;
+    optimizer_case(KERN_OPT_ADAGRAD, 0.1f);
+}
+static void test_adam(void **state) { (void)state; optimizer_case(KERN_OPT_ADAM, 0.1f); }
 
 /* One forward + backward + adam step, returning copies of out and values. */
 static void run_step(int threads, float **out, float **vals)
@@ -1138,5 +1174,6 @@ PROC_TEST_MAIN(NULL, NULL,
     cmocka_unit_test(test_backward_reduce),
     cmocka_unit_test(test_sgd),
     cmocka_unit_test(test_adagrad),
+    cmocka_unit_test(test_adagrad_initial_accumulator),
     cmocka_unit_test(test_adam),
     cmocka_unit_test(test_openmp_matches_one_thread))

@@ -216,6 +216,7 @@ int train_setup_tables(trainer_t *tr)
             .limit = share,
             .capacity_note = notes[t],
             .opt = kern_opt_of(so->type),
+            .opt_init = (float)so->initial_accumulator,
             .init = kern_init_of(jt->emb.init),
             .init_scale = (float)jt->emb.init_scale,
             .seed = sp->train.seed ^ kiln_xxh64(jt->name, strlen(jt->name), 0x6b696c6e),
