@@ -234,6 +234,13 @@ int rt_tsv_count_rows(const char *path, int64_t *rows, int64_t *bytes)
         }
         if (n == 0)
             break;
+        if (total == 0 && n >= 8 && memcmp(buf, "KILNBIN1", 8) == 0) {
+            rc = kiln_errf(KILN_EINVAL,
+                           "data file %s is a kiln-bin file (kiln convert's format), read here "
+                           "as Criteo TSV: set data.format: kiln-bin in the job spec",
+                           path);
+            goto out;
+        }
         total += n;
         last = buf[n - 1];
         p = buf;

@@ -517,6 +517,11 @@ static void test_bin_roundtrip(void **state)
     assert_int_equal(f, RT_FMT_BIN);
     assert_int_equal(rt_format_detect(a, &f), 0);
     assert_int_equal(f, RT_FMT_TSV);
+    /* A kiln-bin file read as TSV (data.format left at criteo-tsv) is
+     * refused by name, not read as a file of malformed lines. */
+    int64_t nrows = 0, nbytes = 0;
+    assert_int_equal(rt_tsv_count_rows(bin, &nrows, &nbytes), KILN_EINVAL);
+    assert_non_null(strstr(kiln_errmsg(), "set data.format: kiln-bin"));
 
     const char *bins[] = {bin};
     for (int nranks = 1; nranks <= 3; nranks++) {
