@@ -567,30 +567,3 @@ int state_checkpoint_list_by_run(state_t *st, int64_t run_id, state_checkpoint_t
     STATE_READ(st, "listing checkpoints", rc, ckpt_list_run_tx(st, run_id, out, n));
     return rc;
 }
-
-
-static int event_last_tx(state_t *st, int64_t job_id, const char *kind, char **message)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading an event";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_EVENT_LAST_OF_KIND, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "It", job_id, kind), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "job %lld has no %s event", (long long)job_id, kind);
-        goto out;
-    }
-    rc = state_col_str(s, 0, message);
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
-int state_event_last(state_t *st, int64_t job_id, const char *kind, char **message)
-{
-    int rc;
-    *message = NULL;
-    STATE_READ(st, "reading an event", rc, event_last_tx(st, job_id, kind, message));
-    return rc;
-}

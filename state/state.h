@@ -438,9 +438,6 @@ int state_run_succeed(state_t *st, int64_t run_id, state_run_state_t from, int e
                       int64_t ended_at /* 0: now */, const state_push_req_t *pushes,
                       size_t npushes, int64_t *push_ids /* OUT */);
 
-/* The message of the newest event of a kind filed under a job (e.g. "submit",
- * whose message names the spec file). KILN_ENOENT when there is none. */
-int state_event_last(state_t *st, int64_t job_id, const char *kind, char **message /* OUT */);
 
 /* ---- Slurm jobs (runs of launcher: slurm) ---------------------------------------- */
 typedef struct state_slurm_job {

@@ -262,9 +262,6 @@
     X(ENDPOINT_BY_URL,                                                          \
       "SELECT id FROM endpoints WHERE url = ?1 AND (?2 IS NULL OR model = ?2) " \
       "AND (?3 IS NULL OR label = ?3) ORDER BY id LIMIT 1")                     \
-    X(EVENT_LAST_OF_KIND,                                                       \
-      "SELECT message FROM events WHERE job_id = ?1 AND kind = ?2 "             \
-      "ORDER BY id DESC LIMIT 1")                                               \
     /* the web page (queries_web.c); ?1 before id, ?2 limit, ?3 job, ?4 state */ \
     X(WEB_RUN_PAGE_ALL, "SELECT id FROM runs WHERE id < ?1 ORDER BY id DESC LIMIT ?2") \
     X(WEB_RUN_PAGE_JOB,                                                         \
