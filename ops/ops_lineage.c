@@ -8,6 +8,7 @@
  * that hold one of them now. The result is one JSON document (docs/cli.md,
  * "kiln lineage") that `kiln lineage` prints as text or as it is.
  */
+#include "kiln_json.h"
 #include "ops.h"
 
 #include <math.h>
@@ -53,19 +54,6 @@ typedef struct walk {
     ids_t runs, back_ckpts, fwd_ckpts, endpoints;
     json_t *inputs; /* object: path -> input */
 } walk_t;
-
-static json_t *jtime(int64_t t)
-{
-    if (t <= 0)
-        return json_null();
-    char buf[KILN_ISO_LEN];
-    return json_string(kiln_time_iso(t, buf, sizeof buf));
-}
-
-static json_t *jnum(double v)
-{
-    return isfinite(v) ? json_real(v) : json_null();
-}
 
 /* A checkpoint and, walking back, its parents and the run that wrote each. */
 static void back_from_checkpoint(walk_t *w, int64_t id, int depth);
@@ -113,12 +101,12 @@ static void forward_from(walk_t *w, int64_t id)
 
 static json_t *push_json(const state_push_t *p)
 {
-    return json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:s, s:o}", "id",
-                     (json_int_t)p->id, "url", p->url, "model", p->model, "label", p->label,
-                     "state", state_push_state_name(p->state), "mode", state_push_mode_name(p),
+    return json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:s, s:o}", "id", (json_int_t)p->id,
+                     "url", p->url, "model", p->model, "label", p->label, "state",
+                     state_push_state_name(p->state), "mode", state_push_mode_name(p),
                      "http_status", p->http_status, "error",
                      p->error ? json_string(p->error) : json_null(), "reason",
-                     p->reason ? p->reason : "", "created_at", jtime(p->created_at));
+                     p->reason ? p->reason : "", "created_at", kiln_json_time(p->created_at));
 }
 
 static json_t *checkpoint_json(walk_t *w, int64_t id, bool forward)
@@ -130,12 +118,12 @@ static json_t *checkpoint_json(walk_t *w, int64_t id, bool forward)
     const char *parent = NULL;
     if (c.parent_id > 0 && state_checkpoint_get_by_id(w->st, c.parent_id, &p) == 0)
         parent = p.uid;
-    json_t *o = json_pack("{s:I, s:s, s:s, s:I, s:I, s:o, s:s?, s:s, s:o, s:o, s:b, s:o}", "id",
-                          (json_int_t)c.id, "uid", c.uid, "kind", c.kind, "step",
-                          (json_int_t)c.step, "keys", (json_int_t)c.keys, "run_id",
-                          c.run_id > 0 ? json_integer(c.run_id) : json_null(), "parent", parent,
-                          "path", c.path, "eval_logloss", jnum(c.eval_logloss), "created_at",
-                          jtime(c.created_at), "online", c.online, "pushes", json_array());
+    json_t *o = json_pack(
+        "{s:I, s:s, s:s, s:I, s:I, s:o, s:s?, s:s, s:o, s:o, s:b, s:o}", "id", (json_int_t)c.id,
+        "uid", c.uid, "kind", c.kind, "step", (json_int_t)c.step, "keys", (json_int_t)c.keys,
+        "run_id", c.run_id > 0 ? json_integer(c.run_id) : json_null(), "parent", parent, "path",
+        c.path, "eval_logloss", kiln_json_num(c.eval_logloss), "created_at",
+        kiln_json_time(c.created_at), "online", c.online, "pushes", json_array());
     if (forward && o != NULL) {
         state_push_filter_t f = {.checkpoint_id = id};
         state_push_t *ps = NULL;
@@ -166,7 +154,7 @@ static json_t *run_json(walk_t *w, int64_t id)
             json_t *known = json_object_get(w->inputs, in[i].path);
             if (known == NULL) {
                 known = json_pack("{s:s, s:I, s:o, s:s?, s:[]}", "path", in[i].path, "size",
-                                  (json_int_t)in[i].size, "mtime", jtime(in[i].mtime),
+                                  (json_int_t)in[i].size, "mtime", kiln_json_time(in[i].mtime),
                                   "checksum", in[i].checksum, "runs");
                 json_object_set_new(w->inputs, in[i].path, known);
             }
@@ -188,8 +176,8 @@ static json_t *run_json(walk_t *w, int64_t id)
                           (json_int_t)r.id, "job", r.job_name, "job_version", r.job_version,
                           "state", state_run_state_name(r.state), "trigger",
                           state_trigger_name(r.trigger), "attempt", r.attempt, "started_at",
-                          jtime(r.started_at), "ended_at", jtime(r.ended_at), "retry_of",
-                          r.retry_of > 0 ? json_integer(r.retry_of) : json_null(),
+                          kiln_json_time(r.started_at), "ended_at", kiln_json_time(r.ended_at),
+                          "retry_of", r.retry_of > 0 ? json_integer(r.retry_of) : json_null(),
                           "started_from", started_from, "inputs", ins, "checkpoints", cks);
     state_checkpoint_fini(&start);
     state_run_fini(&r);
@@ -209,11 +197,11 @@ static json_t *endpoints_json(walk_t *w)
         if (!ids_has(&w->endpoints, es[i].id))
             continue;
         bool serves = es[i].checkpoint_id > 0 && ids_has(&w->fwd_ckpts, es[i].checkpoint_id);
-        json_array_append_new(arr, json_pack("{s:I, s:s, s:s, s:s, s:s?, s:o, s:b}", "id",
-                                             (json_int_t)es[i].id, "url", es[i].url, "model",
-                                             es[i].model, "label", es[i].label, "holds",
-                                             es[i].checkpoint_uid, "since", jtime(es[i].since),
-                                             "serves_this_lineage", serves));
+        json_array_append_new(
+            arr, json_pack("{s:I, s:s, s:s, s:s, s:s?, s:o, s:b}", "id", (json_int_t)es[i].id,
+                           "url", es[i].url, "model", es[i].model, "label", es[i].label, "holds",
+                           es[i].checkpoint_uid, "since", kiln_json_time(es[i].since),
+                           "serves_this_lineage", serves));
     }
     state_endpoint_infos_free(es, n);
     return arr;

@@ -6,6 +6,7 @@
  * grows and whose reader skips a line that is not finished yet.
  */
 #include "run.h"
+#include "kiln_json.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -24,12 +25,6 @@ char *run_path(const char *run_dir, const char *name)
 bool run_exit_retryable(int exit_code, int signal)
 {
     return exit_code == RUN_EXIT_RETRY || exit_code > 128 || signal != 0;
-}
-
-/* A number, or null for NaN (JSON has no NaN). */
-static json_t *jnum(double v)
-{
-    return isfinite(v) ? json_real(v) : json_null();
 }
 
 static double num_of(const json_t *o, const char *key)
@@ -99,8 +94,9 @@ int run_progress_write(FILE *f, const run_progress_t *p)
     json_t *o;
     if (p->kind == RUN_REC_STEP)
         o = json_pack("{s:I, s:I, s:o, s:o, s:f, s:I}", "step", (json_int_t)p->step, "samples",
-                      (json_int_t)p->samples, RUN_FIG_LOSS, jnum(p->loss), RUN_FIG_SAMPLES_PER_S,
-                      jnum(p->samples_per_s), "seconds", p->seconds, "time", (json_int_t)p->time);
+                      (json_int_t)p->samples, RUN_FIG_LOSS, kiln_json_num(p->loss),
+                      RUN_FIG_SAMPLES_PER_S, kiln_json_num(p->samples_per_s), "seconds", p->seconds,
+                      "time", (json_int_t)p->time);
     else
         o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:f, s:b, s:I}", "checkpoint", p->checkpoint,
                       "kind", p->ckpt_kind, "step", (json_int_t)p->step, "keys",
@@ -148,14 +144,15 @@ int run_progress_parse(const char *line, run_progress_t *out)
 
 int run_result_write(const char *run_dir, const run_result_t *r, FILE *out)
 {
-    json_t *o = json_pack(
-        "{s:s, s:s, s:I, s:i, s:i, s:I, s:f, s:f, s:I, s:o, s:o, s:I, s:I, s:o}", "job", r->job,
-        "model", r->model, "rows", (json_int_t)r->rows, "ranks", r->ranks, "threads", r->threads,
-        "steps", (json_int_t)r->steps, RUN_FIG_TRAIN_SECONDS, r->train_seconds,
-        RUN_FIG_SAMPLES_PER_S, r->samples_per_s, "eval_rows", (json_int_t)r->eval_rows,
-        RUN_FIG_EVAL_LOGLOSS, jnum(r->eval_logloss), RUN_FIG_EVAL_AUC, jnum(r->eval_auc), "keys",
-        (json_int_t)r->keys, "malformed", (json_int_t)r->malformed, "checkpoint",
-        r->checkpoint[0] ? json_string(r->checkpoint) : json_null());
+    json_t *o =
+        json_pack("{s:s, s:s, s:I, s:i, s:i, s:I, s:f, s:f, s:I, s:o, s:o, s:I, s:I, s:o}", "job",
+                  r->job, "model", r->model, "rows", (json_int_t)r->rows, "ranks", r->ranks,
+                  "threads", r->threads, "steps", (json_int_t)r->steps, RUN_FIG_TRAIN_SECONDS,
+                  r->train_seconds, RUN_FIG_SAMPLES_PER_S, r->samples_per_s, "eval_rows",
+                  (json_int_t)r->eval_rows, RUN_FIG_EVAL_LOGLOSS, kiln_json_num(r->eval_logloss),
+                  RUN_FIG_EVAL_AUC, kiln_json_num(r->eval_auc), "keys", (json_int_t)r->keys,
+                  "malformed", (json_int_t)r->malformed, "checkpoint",
+                  r->checkpoint[0] ? json_string(r->checkpoint) : json_null());
     if (o == NULL)
         return KILN_ENOMEM;
     if (out != NULL) {

@@ -6,6 +6,7 @@
  * post to the same handlers and get a 303 back to the run's page.
  * docs/api.md describes every field.
  */
+#include "kiln_json.h"
 #include "web_int.h"
 
 #include <math.h>
@@ -15,24 +16,6 @@
 
 #include "jobs.h"
 #include "ops.h"
-
-static json_t *jtime(int64_t t)
-{
-    if (t <= 0)
-        return json_null();
-    char buf[KILN_ISO_LEN];
-    return json_string(kiln_time_iso(t, buf, sizeof buf));
-}
-
-static json_t *jnum(double v)
-{
-    return isfinite(v) ? json_real(v) : json_null();
-}
-
-static json_t *jstr(const char *s)
-{
-    return s ? json_string(s) : json_null();
-}
 
 static json_t *run_json(state_t *st, const state_run_t *run)
 {
@@ -47,34 +30,34 @@ static json_t *run_json(state_t *st, const state_run_t *run)
     json_object_set_new(o, "trigger", json_string(state_trigger_name(run->trigger)));
     json_object_set_new(o, "attempt", json_integer(run->attempt));
     json_object_set_new(o, "retry_of", run->retry_of ? json_integer(run->retry_of) : json_null());
-    json_object_set_new(o, "scheduled_at", jtime(run->scheduled_at));
-    json_object_set_new(o, "queued_at", jtime(run->queued_at));
-    json_object_set_new(o, "started_at", jtime(run->started_at));
-    json_object_set_new(o, "ended_at", jtime(run->ended_at));
+    json_object_set_new(o, "scheduled_at", kiln_json_time(run->scheduled_at));
+    json_object_set_new(o, "queued_at", kiln_json_time(run->queued_at));
+    json_object_set_new(o, "started_at", kiln_json_time(run->started_at));
+    json_object_set_new(o, "ended_at", kiln_json_time(run->ended_at));
     json_object_set_new(o, "duration_s", dur >= 0 ? json_integer(dur) : json_null());
     json_object_set_new(o, "exit_code", state_run_state_terminal(run->state)
                                             ? json_integer(run->exit_code)
                                             : json_null());
-    json_object_set_new(o, "error", jstr(run->error));
-    json_object_set_new(o, "host", jstr(run->host));
-    json_object_set_new(o, "run_dir", jstr(run->run_dir));
+    json_object_set_new(o, "error", kiln_json_str(run->error));
+    json_object_set_new(o, "host", kiln_json_str(run->host));
+    json_object_set_new(o, "run_dir", kiln_json_str(run->run_dir));
     json_object_set_new(o, "cancel_requested", json_boolean(run->cancel_requested));
-    json_object_set_new(o, "samples_per_s", jnum(fig.samples_per_s));
-    json_object_set_new(o, "eval_logloss", jnum(fig.eval_logloss));
-    json_object_set_new(o, "eval_auc", jnum(fig.eval_auc));
+    json_object_set_new(o, "samples_per_s", kiln_json_num(fig.samples_per_s));
+    json_object_set_new(o, "eval_logloss", kiln_json_num(fig.eval_logloss));
+    json_object_set_new(o, "eval_auc", kiln_json_num(fig.eval_auc));
     return o;
 }
 
 static json_t *push_json(const state_push_t *p)
 {
-    return json_pack("{s:I, s:s, s:I, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:i, s:s, s:o, s:o}",
-                     "id", (json_int_t)p->id, "checkpoint", p->checkpoint_uid, "endpoint_id",
+    return json_pack("{s:I, s:s, s:I, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:i, s:s, s:o, s:o}", "id",
+                     (json_int_t)p->id, "checkpoint", p->checkpoint_uid, "endpoint_id",
                      (json_int_t)p->endpoint_id, "url", p->url, "model", p->model, "label",
                      p->label, "mode", state_push_mode_name(p), "state",
                      state_push_state_name(p->state), "http_status", p->http_status, "error",
-                     jstr(p->error), "attempts", p->attempts, "reason",
-                     p->reason ? p->reason : "", "created_at", jtime(p->created_at), "ended_at",
-                     jtime(p->ended_at));
+                     kiln_json_str(p->error), "attempts", p->attempts, "reason",
+                     p->reason ? p->reason : "", "created_at", kiln_json_time(p->created_at),
+                     "ended_at", kiln_json_time(p->ended_at));
 }
 
 /* The pushes of a run's checkpoints, oldest first. */
@@ -113,11 +96,12 @@ int web_api_jobs(web_req_t *r)
         json_array_append_new(
             arr, json_pack("{s:I, s:s, s:i, s:s, s:o, s:o, s:b, s:o, s:o, s:o, s:o}", "id",
                            (json_int_t)js[i].id, "name", js[i].name, "version", js[i].version,
-                           "spec_hash", js[i].spec_hash, "schedule", jstr(js[i].schedule),
-                           "next_fire", jtime(web_next_fire(&js[i], now)), "paused",
+                           "spec_hash", js[i].spec_hash, "schedule", kiln_json_str(js[i].schedule),
+                           "next_fire", kiln_json_time(web_next_fire(&js[i], now)), "paused",
                            js[i].paused, "last_run", lr, "last_success_at",
-                           jtime(last.last_success_at), "created_at", jtime(js[i].created_at),
-                           "updated_at", jtime(js[i].updated_at)));
+                           kiln_json_time(last.last_success_at), "created_at",
+                           kiln_json_time(js[i].created_at), "updated_at",
+                           kiln_json_time(js[i].updated_at)));
     }
     state_jobs_free(js, n);
     if (rc < 0) {
@@ -168,8 +152,8 @@ static json_t *events_json(state_t *st, int64_t run_id, int *rc)
     json_t *arr = json_array();
     *rc = state_event_list(st, 0, run_id, &es, &n);
     for (size_t i = 0; i < n; i++)
-        json_array_append_new(arr, json_pack("{s:o, s:s, s:s}", "at", jtime(es[i].at), "kind",
-                                             es[i].kind, "message", es[i].message));
+        json_array_append_new(arr, json_pack("{s:o, s:s, s:s}", "at", kiln_json_time(es[i].at),
+                                             "kind", es[i].kind, "message", es[i].message));
     state_events_free(es, n);
     return arr;
 }
@@ -183,8 +167,8 @@ static json_t *inputs_json(state_t *st, int64_t run_id, int *rc)
     for (size_t i = 0; i < n; i++)
         json_array_append_new(arr, json_pack("{s:s, s:I, s:o, s:o}", "path", ins[i].path, "size",
                                              (json_int_t)ins[i].size, "mtime",
-                                             jtime(ins[i].mtime), "checksum",
-                                             jstr(ins[i].checksum)));
+                                             kiln_json_time(ins[i].mtime), "checksum",
+                                             kiln_json_str(ins[i].checksum)));
     state_inputs_free(ins, n);
     return arr;
 }
@@ -205,27 +189,25 @@ static json_t *outputs_json(state_t *st, int64_t run_id, int *rc)
             json_t *push = json_null();
             if (sv[k].push_id > 0)
                 push = json_pack("{s:I, s:o, s:i, s:I, s:o, s:o, s:o, s:b}", "id",
-                                 (json_int_t)sv[k].push_id, "state", jstr(sv[k].push_state),
-                                 "http_status", sv[k].http_status, "endpoint_id",
-                                 (json_int_t)sv[k].endpoint_id, "url", jstr(sv[k].url),
-                                 "model", jstr(sv[k].model), "label", jstr(sv[k].label),
-                                 "holding", sv[k].holding);
-            json_array_append_new(served,
-                                  json_pack("{s:I, s:o, s:o, s:o}", "export_id",
-                                            (json_int_t)sv[k].export_id, "format",
-                                            jstr(sv[k].format), "path", jstr(sv[k].export_path),
-                                            "push", push));
+                                 (json_int_t)sv[k].push_id, "state",
+                                 kiln_json_str(sv[k].push_state), "http_status", sv[k].http_status,
+                                 "endpoint_id", (json_int_t)sv[k].endpoint_id, "url",
+                                 kiln_json_str(sv[k].url), "model", kiln_json_str(sv[k].model),
+                                 "label", kiln_json_str(sv[k].label), "holding", sv[k].holding);
+            json_array_append_new(
+                served, json_pack("{s:I, s:o, s:o, s:o}", "export_id", (json_int_t)sv[k].export_id,
+                                  "format", kiln_json_str(sv[k].format), "path",
+                                  kiln_json_str(sv[k].export_path), "push", push));
         }
         state_served_free(sv, ns);
         json_array_append_new(
             arr, json_pack("{s:I, s:s, s:s, s:o, s:I, s:I, s:I, s:s, s:o, s:o, s:o}", "id",
-                           (json_int_t)cs[i].id, "uid", cs[i].uid, "kind", cs[i].kind,
-                           "parent_id",
+                           (json_int_t)cs[i].id, "uid", cs[i].uid, "kind", cs[i].kind, "parent_id",
                            cs[i].parent_id ? json_integer(cs[i].parent_id) : json_null(), "step",
                            (json_int_t)cs[i].step, "keys", (json_int_t)cs[i].keys, "bytes",
                            (json_int_t)cs[i].bytes, "path", cs[i].path, "checksum",
-                           jstr(cs[i].checksum), "created_at", jtime(cs[i].created_at),
-                           "exports", served));
+                           kiln_json_str(cs[i].checksum), "created_at",
+                           kiln_json_time(cs[i].created_at), "exports", served));
     }
     state_checkpoints_free(cs, n);
     return arr;
@@ -245,8 +227,9 @@ int web_api_run(web_req_t *r)
     if (state_slurm_job_get(r->st, run.id, &sj) == 0) {
         json_object_set_new(rj, "slurm",
                             json_pack("{s:I, s:o, s:o, s:o}", "job_id", (json_int_t)sj.job_id,
-                                      "state", jstr(sj.state), "nodes", jstr(sj.nodes),
-                                      "partition", jstr(sj.partition)));
+                                      "state", kiln_json_str(sj.state), "nodes",
+                                      kiln_json_str(sj.nodes), "partition",
+                                      kiln_json_str(sj.partition)));
         state_slurm_job_fini(&sj);
     } else {
         json_object_set_new(rj, "slurm", json_null());
@@ -267,11 +250,11 @@ int web_api_run(web_req_t *r)
         json_t *steps = json_array(), *loss = json_array();
         for (size_t i = 0; i < n; i++) {
             json_array_append_new(steps, json_integer((json_int_t)x[i]));
-            json_array_append_new(loss, jnum(y[i]));
+            json_array_append_new(loss, kiln_json_num(y[i]));
         }
         json_object_set_new(doc, "loss", json_pack("{s:o, s:o}", "step", steps, "loss", loss));
         char *tail = web_log_tail(&run, 16 * 1024);
-        json_object_set_new(doc, "log_tail", jstr(tail));
+        json_object_set_new(doc, "log_tail", kiln_json_str(tail));
         free(tail);
     }
     free(x);
@@ -310,31 +293,30 @@ int web_api_endpoints(web_req_t *r)
         const state_endpoint_info_t *e = &es[i];
         web_endpoint_view_t v;
         web_endpoint_view(es, n, i, &v);
-        json_t *holds = e->checkpoint_id > 0
-                            ? json_pack("{s:I, s:o, s:o, s:o, s:o, s:o}", "checkpoint_id",
-                                        (json_int_t)e->checkpoint_id, "uid",
-                                        jstr(e->checkpoint_uid), "since", jtime(e->since),
-                                        "age_s", v.age_s >= 0 ? json_integer(v.age_s) : json_null(),
-                                        "eval_logloss", jnum(e->eval_logloss), "eval_auc",
-                                        jnum(e->eval_auc))
-                            : json_null();
-        json_t *traffic = json_pack("{s:o, s:I, s:I, s:o, s:o, s:o}", "share", jnum(v.share),
-                                    "predict_requests", (json_int_t)e->predict_requests,
-                                    "predict_rows", (json_int_t)e->predict_rows, "request_rate",
-                                    jnum(e->request_rate), "read_at", jtime(e->stats_at),
-                                    "error", jstr(e->stats_error));
+        json_t *holds =
+            e->checkpoint_id > 0
+                ? json_pack("{s:I, s:o, s:o, s:o, s:o, s:o}", "checkpoint_id",
+                            (json_int_t)e->checkpoint_id, "uid", kiln_json_str(e->checkpoint_uid),
+                            "since", kiln_json_time(e->since), "age_s",
+                            v.age_s >= 0 ? json_integer(v.age_s) : json_null(), "eval_logloss",
+                            kiln_json_num(e->eval_logloss), "eval_auc", kiln_json_num(e->eval_auc))
+                : json_null();
+        json_t *traffic = json_pack(
+            "{s:o, s:I, s:I, s:o, s:o, s:o}", "share", kiln_json_num(v.share), "predict_requests",
+            (json_int_t)e->predict_requests, "predict_rows", (json_int_t)e->predict_rows,
+            "request_rate", kiln_json_num(e->request_rate), "read_at", kiln_json_time(e->stats_at),
+            "error", kiln_json_str(e->stats_error));
         json_array_append_new(
             arr, json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:{s:I, s:I, s:I, s:I}, s:o, s:o, "
                            "s:o}",
-                           "id", (json_int_t)e->id, "url", e->url, "model", jstr(e->model),
-                           "label", jstr(e->label), "holds", holds, "traffic", traffic,
+                           "id", (json_int_t)e->id, "url", e->url, "model", kiln_json_str(e->model),
+                           "label", kiln_json_str(e->label), "holds", holds, "traffic", traffic,
                            "pushes", "succeeded", (json_int_t)e->pushes_succeeded, "failed",
-                           (json_int_t)e->pushes_failed, "pending",
-                           (json_int_t)e->pushes_pending, "held", (json_int_t)e->pushes_held,
-                           "last_push_at", jtime(e->last_push_at), "last_error",
-                           jstr(e->last_error), "last_http_status",
-                           e->last_http_status ? json_integer(e->last_http_status)
-                                               : json_null()));
+                           (json_int_t)e->pushes_failed, "pending", (json_int_t)e->pushes_pending,
+                           "held", (json_int_t)e->pushes_held, "last_push_at",
+                           kiln_json_time(e->last_push_at), "last_error",
+                           kiln_json_str(e->last_error), "last_http_status",
+                           e->last_http_status ? json_integer(e->last_http_status) : json_null()));
     }
     state_endpoint_infos_free(es, n);
     return web_json_reply(r, json_pack("{s:o}", "endpoints", arr));
@@ -368,9 +350,9 @@ int web_api_lineage_endpoint(web_req_t *r)
         for (size_t i = 0; i < nh; i++)
             json_array_append_new(arr, json_pack("{s:I, s:o, s:o, s:o}", "checkpoint_id",
                                                  (json_int_t)hs[i].checkpoint_id, "uid",
-                                                 jstr(hs[i].checkpoint_uid), "since",
-                                                 jtime(hs[i].since), "until",
-                                                 jtime(hs[i].until_at)));
+                                                 kiln_json_str(hs[i].checkpoint_uid), "since",
+                                                 kiln_json_time(hs[i].since), "until",
+                                                 kiln_json_time(hs[i].until_at)));
         json_object_set_new(doc, "holdings", arr);
         rc = web_json_reply(r, doc);
     }
@@ -439,12 +421,11 @@ int web_act_submit(web_req_t *r)
     job_diags_fini(&diags);
     KILN_CHECK(rc);
     r->status = 201;
-    rc = web_json_reply(r, json_pack("{s:s, s:I, s:i, s:b, s:o, s:o, s:o}", "job", sub.spec.name,
-                                     "job_id", (json_int_t)sub.r.job_id, "version", sub.r.version,
-                                     "created", sub.r.created, "run_id",
-                                     sub.r.run_id ? json_integer(sub.r.run_id) : json_null(),
-                                     "schedule", jstr(sub.spec.schedule), "next_fire",
-                                     jtime(sub.next_fire)));
+    rc = web_json_reply(
+        r, json_pack("{s:s, s:I, s:i, s:b, s:o, s:o, s:o}", "job", sub.spec.name, "job_id",
+                     (json_int_t)sub.r.job_id, "version", sub.r.version, "created", sub.r.created,
+                     "run_id", sub.r.run_id ? json_integer(sub.r.run_id) : json_null(), "schedule",
+                     kiln_json_str(sub.spec.schedule), "next_fire", kiln_json_time(sub.next_fire)));
     ops_submitted_fini(&sub);
     return rc;
 }
