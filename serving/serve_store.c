@@ -135,10 +135,45 @@ int sv_version_install(sv_store_t *s, sv_version_t *v)
     return 0;
 }
 
+/* Whether name is a temporary file of kiln_atomic_* ("<file>.tmp.<pid>"). */
+static bool is_atomic_temp(const char *name)
+{
+    const char *t = strstr(name, ".tmp.");
+    if (t == NULL || t == name)
+        return false;
+    const char *d = t + 5;
+    if (*d == '\0')
+        return false;
+    while (*d >= '0' && *d <= '9')
+        d++;
+    return *d == '\0' && strstr(d, ".tmp.") == NULL;
+}
+
+/* Removes what a kiln-serve stopped mid-write left in a label's directory:
+ * the temporary files of atomic writes (chain.json, compaction). The state
+ * directory is locked by this process, so no write of them is in flight. */
+static void drop_stale_temps(const sv_store_t *s, const char *model, const char *label)
+{
+    char *dir = kiln_asprintf("%s/models/%s/%s", s->dir, model, label);
+    DIR *d = dir != NULL ? opendir(dir) : NULL;
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
+        if (!is_atomic_temp(e->d_name))
+            continue;
+        char *p = kiln_asprintf("%s/%s", dir, e->d_name);
+        if (p != NULL && unlink(p) == 0)
+            KILN_INFO("removed %s, left by a write that did not finish", p);
+        free(p);
+    }
+    if (d != NULL)
+        closedir(d);
+    free(dir);
+}
+
 /* Loads model/label's directory and installs its version (a directory
  * without chain.json is skipped). */
 static int load_label(sv_store_t *s, const char *model, const char *label)
 {
+    drop_stale_temps(s, model, label);
     sv_version_t *v = NULL;
     int rc = sv_chain_load(s, model, label, &v);
     if (rc < 0 || v == NULL)

@@ -738,9 +738,22 @@ static void test_push_lookup_predict(void **state)
     assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
     assert_non_null(strstr(r->body, "kiln_serve_predict_requests_total{model=\"ctr\",label=\"B\"}"));
 
-    /* restart keeps versions */
+    /* restart keeps versions, and removes what a write killed midway left
+     * (kiln_atomic's "<file>.tmp.<pid>"), nothing else */
     server_kill(&srv, SIGTERM);
+    char stale[700], keep[700];
+    snprintf(stale, sizeof stale, "%s/models/ctr/A/chain.json.tmp.4242", srv.dir);
+    snprintf(keep, sizeof keep, "%s/models/ctr/A/notes.tmp.txt", srv.dir);
+    FILE *sf = fopen(stale, "w"), *kf = fopen(keep, "w");
+    assert_non_null(sf);
+    assert_non_null(kf);
+    fputs("{\"half\": ", sf);
+    fclose(sf);
+    fclose(kf);
     server_start(&srv, NULL, 0, true);
+    assert_int_equal(access(stale, F_OK), -1);
+    assert_int_equal(access(keep, F_OK), 0);
+    unlink(keep);
     holds(&srv, "A", h, sizeof h);
     assert_string_equal(h, "ck-2");
     holds(&srv, "B", h, sizeof h);
