@@ -320,10 +320,61 @@ static void test_log_file(void **state)
     kiln_log_set_level(KILN_LOG_INFO);
 }
 
+/* kiln_atomic_*: the old file stays until commit, the new one replaces it
+ * whole, an abort or a failed commit leaves no temporary file behind. */
+static void test_atomic_write(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kiln-test-atomic-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[64], text[64];
+    snprintf(path, sizeof path, "%s/f.json", dir);
+    assert_int_equal(kiln_write_atomic(path, "old\n", 4), 0);
+
+    kiln_atomic_t a;
+    assert_int_equal(kiln_atomic_open(path, &a), 0);
+    assert_non_null(strstr(a.tmp, "/f.json.tmp."));
+    fputs("new\n", a.f);
+    FILE *f = fopen(path, "r"); /* before commit: the old file, whole */
+    assert_non_null(fgets(text, sizeof text, f));
+    fclose(f);
+    assert_string_equal(text, "old\n");
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "%s", a.tmp);
+    assert_int_equal(kiln_atomic_commit(&a), 0);
+    assert_null(a.f); /* committed: nothing held */
+    assert_int_equal(access(tmp, F_OK), -1);
+    f = fopen(path, "r");
+    assert_non_null(fgets(text, sizeof text, f));
+    fclose(f);
+    assert_string_equal(text, "new\n");
+
+    assert_int_equal(kiln_atomic_open(path, &a), 0); /* abort: the file stays */
+    fputs("lost\n", a.f);
+    snprintf(tmp, sizeof tmp, "%s", a.tmp);
+    kiln_atomic_abort(&a);
+    kiln_atomic_abort(&a); /* twice is harmless */
+    assert_int_equal(access(tmp, F_OK), -1);
+    f = fopen(path, "r");
+    assert_non_null(fgets(text, sizeof text, f));
+    fclose(f);
+    assert_string_equal(text, "new\n");
+
+    /* A directory that does not exist: a clear error naming the file. */
+    char bad[96];
+    snprintf(bad, sizeof bad, "%s/no/such/f.json", dir);
+    assert_int_equal(kiln_atomic_open(bad, &a), KILN_EIO);
+    assert_non_null(strstr(kiln_errmsg(), "no/such/f.json.tmp."));
+    assert_int_equal(kiln_write_atomic(bad, "x", 1), KILN_EIO);
+    assert_int_equal(kiln_fsync_dir(dir), 0);
+    unlink(path);
+    rmdir(dir);
+}
+
 PROC_TEST_MAIN(NULL, NULL,
     cmocka_unit_test(test_errors),     cmocka_unit_test(test_errors_wrapped),
     cmocka_unit_test(test_check_macros), cmocka_unit_test(test_host_allowed),
     cmocka_unit_test(test_durations),  cmocka_unit_test(test_civil_dates),
     cmocka_unit_test(test_iso_instants), cmocka_unit_test(test_xxh64),
     cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_alloc),
-    cmocka_unit_test(test_log_file))
+    cmocka_unit_test(test_log_file), cmocka_unit_test(test_atomic_write))
