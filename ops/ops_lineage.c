@@ -104,8 +104,7 @@ static json_t *push_json(const state_push_t *p)
     return json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:s, s:o}", "id", (json_int_t)p->id,
                      "url", p->url, "model", p->model, "label", p->label, "state",
                      state_push_state_name(p->state), "mode", state_push_mode_name(p),
-                     "http_status", p->http_status, "error",
-                     p->error ? json_string(p->error) : json_null(), "reason",
+                     "http_status", p->http_status, "error", kiln_json_str(p->error), "reason",
                      p->reason ? p->reason : "", "created_at", kiln_json_time(p->created_at));
 }
 

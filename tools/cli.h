@@ -12,6 +12,8 @@
 
 #include <jansson.h>
 
+#include "kiln_json.h"
+
 /* Exit codes, documented in docs/cli.md. */
 enum {
     CLI_EXIT_OK = 0,       /* it worked */
@@ -87,7 +89,5 @@ json_t *cli_push_json(const struct state_push *p);
 
 /* "2024-05-02T00:00:00Z" or "-" for 0. */
 const char *cli_time(int64_t t, char *buf, size_t bufsz);
-/* json integer, or null for 0. */
-json_t *cli_json_time(int64_t t);
 
 #endif /* KILN_TOOLS_CLI_H */

@@ -143,25 +143,16 @@ const char *cli_time(int64_t t, char *buf, size_t bufsz)
     return buf;
 }
 
-json_t *cli_json_time(int64_t t)
-{
-    if (t == 0)
-        return json_null();
-    char buf[KILN_ISO_LEN];
-    return json_string(kiln_time_iso(t, buf, sizeof buf));
-}
-
 json_t *cli_push_json(const state_push_t *p)
 {
-    return json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:i, s:s, s:o, s:o, s:o}",
-                     "id", (json_int_t)p->id, "checkpoint", p->checkpoint_uid, "url", p->url,
-                     "model", p->model, "label", p->label, "state",
-                     state_push_state_name(p->state), "mode", state_push_mode_name(p),
-                     "http_status", p->http_status, "error",
-                     p->error != NULL ? json_string(p->error) : json_null(), "attempts",
-                     p->attempts, "reason", p->reason != NULL ? p->reason : "", "created_at",
-                     cli_json_time(p->created_at), "ended_at", cli_json_time(p->ended_at),
-                     "not_before", p->state == STATE_PUSH_PENDING && p->not_before_ms > 0
-                                      ? cli_json_time(p->not_before_ms / 1000)
-                                      : json_null());
+    return json_pack(
+        "{s:I, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:i, s:s, s:o, s:o, s:o}", "id",
+        (json_int_t)p->id, "checkpoint", p->checkpoint_uid, "url", p->url, "model", p->model,
+        "label", p->label, "state", state_push_state_name(p->state), "mode",
+        state_push_mode_name(p), "http_status", p->http_status, "error", kiln_json_str(p->error),
+        "attempts", p->attempts, "reason", p->reason != NULL ? p->reason : "", "created_at",
+        kiln_json_time(p->created_at), "ended_at", kiln_json_time(p->ended_at), "not_before",
+        p->state == STATE_PUSH_PENDING && p->not_before_ms > 0
+            ? kiln_json_time(p->not_before_ms / 1000)
+            : json_null());
 }

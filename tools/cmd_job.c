@@ -128,12 +128,11 @@ int cmd_submit(cli_t *cli)
     char nbuf[KILN_ISO_LEN];
     if (dry_run) {
         if (cli->json) {
-            json_t *o = json_pack("{s:s, s:b, s:s, s:s, s:i, s:i, s:s?, s:s, s:o}", "job", spec->name,
-                                  "valid", 1, "file", path, "model",
-                                  job_model_type_name(spec->model.type), "tables",
-                                  spec->model.ntables, "ranks", spec->resources.ranks, "schedule",
-                                  spec->schedule, "timezone", spec->timezone, "next_fire",
-                                  cli_json_time(sub.next_fire));
+            json_t *o = json_pack(
+                "{s:s, s:b, s:s, s:s, s:i, s:i, s:s?, s:s, s:o}", "job", spec->name, "valid", 1,
+                "file", path, "model", job_model_type_name(spec->model.type), "tables",
+                spec->model.ntables, "ranks", spec->resources.ranks, "schedule", spec->schedule,
+                "timezone", spec->timezone, "next_fire", kiln_json_time(sub.next_fire));
             cli_print_json(o);
         } else {
             printf("ok: %s is a valid spec for job %s\n", path, spec->name);
@@ -152,11 +151,11 @@ int cmd_submit(cli_t *cli)
         goto out;
     }
     if (cli->json) {
-        json_t *o = json_pack("{s:s, s:I, s:i, s:b, s:o, s:s?, s:o}", "job", spec->name, "job_id",
-                              (json_int_t)sub.r.job_id, "version", sub.r.version, "created",
-                              sub.r.created, "run_id",
-                              sub.r.run_id ? json_integer(sub.r.run_id) : json_null(), "schedule",
-                              spec->schedule, "next_fire", cli_json_time(sub.next_fire));
+        json_t *o =
+            json_pack("{s:s, s:I, s:i, s:b, s:o, s:s?, s:o}", "job", spec->name, "job_id",
+                      (json_int_t)sub.r.job_id, "version", sub.r.version, "created", sub.r.created,
+                      "run_id", sub.r.run_id ? json_integer(sub.r.run_id) : json_null(), "schedule",
+                      spec->schedule, "next_fire", kiln_json_time(sub.next_fire));
         cli_print_json(o);
     } else if (spec->schedule) {
         printf("%s job %s (version %d): schedule \"%s\" (%s), next run %s\n",
@@ -223,20 +222,19 @@ static void push_summary(state_t *st, int64_t run_id, char *buf, size_t cap)
 
 static json_t *run_json(state_t *st, const state_run_t *r)
 {
-    json_t *o = json_pack("{s:I, s:s, s:I, s:i, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:s?, "
-                     "s:s?, s:b}",
-                     "id", (json_int_t)r->id, "job", r->job_name ? r->job_name : "", "job_id",
-                     (json_int_t)r->job_id, "job_version", r->job_version, "state",
-                     state_run_state_name(r->state), "trigger", state_trigger_name(r->trigger),
-                     "attempt", r->attempt, "scheduled_at", cli_json_time(r->scheduled_at),
-                     "queued_at", cli_json_time(r->queued_at), "started_at",
-                     cli_json_time(r->started_at), "ended_at", cli_json_time(r->ended_at),
-                     "exit_code",
-                     state_run_state_terminal(r->state) && r->exit_code >= 0
-                         ? json_integer(r->exit_code)
-                         : json_null(),
-                     "retry_of", r->retry_of ? json_integer(r->retry_of) : json_null(), "error",
-                     r->error, "run_dir", r->run_dir, "cancel_requested", r->cancel_requested);
+    json_t *o = json_pack(
+        "{s:I, s:s, s:I, s:i, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:s?, "
+        "s:s?, s:b}",
+        "id", (json_int_t)r->id, "job", r->job_name ? r->job_name : "", "job_id",
+        (json_int_t)r->job_id, "job_version", r->job_version, "state",
+        state_run_state_name(r->state), "trigger", state_trigger_name(r->trigger), "attempt",
+        r->attempt, "scheduled_at", kiln_json_time(r->scheduled_at), "queued_at",
+        kiln_json_time(r->queued_at), "started_at", kiln_json_time(r->started_at), "ended_at",
+        kiln_json_time(r->ended_at), "exit_code",
+        state_run_state_terminal(r->state) && r->exit_code >= 0 ? json_integer(r->exit_code)
+                                                                : json_null(),
+        "retry_of", r->retry_of ? json_integer(r->retry_of) : json_null(), "error", r->error,
+        "run_dir", r->run_dir, "cancel_requested", r->cancel_requested);
     if (o != NULL)
         json_object_set_new(o, "pushes", pushes_json(st, r->id));
     return o;
@@ -332,15 +330,14 @@ int cmd_jobs(cli_t *cli)
             nlast = 0;
         if (cli->json) {
             json_array_append_new(
-                arr, json_pack("{s:I, s:s, s:i, s:s?, s:i, s:b, s:s, s:o, s:o, s:o, s:o}", "id",
-                               (json_int_t)j->id, "name", j->name, "version", j->version,
-                               "schedule", j->schedule, "priority", j->priority, "paused",
-                               j->paused, "spec_hash", j->spec_hash, "next_fire",
-                               cli_json_time(next), "created_at", cli_json_time(j->created_at),
-                               "last_run", nlast ? json_integer(last[0].id) : json_null(),
-                               "last_state",
-                               nlast ? json_string(state_run_state_name(last[0].state))
-                                     : json_null()));
+                arr,
+                json_pack("{s:I, s:s, s:i, s:s?, s:i, s:b, s:s, s:o, s:o, s:o, s:o}", "id",
+                          (json_int_t)j->id, "name", j->name, "version", j->version, "schedule",
+                          j->schedule, "priority", j->priority, "paused", j->paused, "spec_hash",
+                          j->spec_hash, "next_fire", kiln_json_time(next), "created_at",
+                          kiln_json_time(j->created_at), "last_run",
+                          nlast ? json_integer(last[0].id) : json_null(), "last_state",
+                          nlast ? json_string(state_run_state_name(last[0].state)) : json_null()));
         } else {
             char ver[16], pri[16], nbuf[KILN_ISO_LEN], lr[24];
             snprintf(ver, sizeof ver, "%d", j->version);
@@ -463,7 +460,7 @@ static int show_run(cli_t *cli, state_t *st, int64_t id)
         json_t *o = run_json(st, &r);
         json_t *arr = json_array();
         for (size_t i = 0; i < nev; i++)
-            json_array_append_new(arr, json_pack("{s:o, s:s, s:s}", "at", cli_json_time(ev[i].at),
+            json_array_append_new(arr, json_pack("{s:o, s:s, s:s}", "at", kiln_json_time(ev[i].at),
                                                  "kind", ev[i].kind, "message", ev[i].message));
         json_object_set_new(o, "events", arr);
         cli_print_json(o);
@@ -539,14 +536,13 @@ static int show_job(cli_t *cli, state_t *st, const char *name)
         json_t *arr = json_array();
         for (size_t i = 0; i < n; i++)
             json_array_append_new(arr, run_json(st, &runs[i]));
-        json_t *o = json_pack("{s:I, s:s, s:i, s:s?, s:s?, s:i, s:b, s:s, s:o, s:o, s:o, s:s, "
-                              "s:o}",
-                              "id", (json_int_t)j.id, "name", j.name, "version", j.version,
-                              "schedule", j.schedule, "timezone", tz, "priority", j.priority,
-                              "paused", j.paused, "spec_hash", j.spec_hash, "next_fire",
-                              cli_json_time(next), "created_at", cli_json_time(j.created_at),
-                              "updated_at", cli_json_time(j.updated_at), "spec", j.spec_yaml,
-                              "runs", arr);
+        json_t *o = json_pack(
+            "{s:I, s:s, s:i, s:s?, s:s?, s:i, s:b, s:s, s:o, s:o, s:o, s:s, "
+            "s:o}",
+            "id", (json_int_t)j.id, "name", j.name, "version", j.version, "schedule", j.schedule,
+            "timezone", tz, "priority", j.priority, "paused", j.paused, "spec_hash", j.spec_hash,
+            "next_fire", kiln_json_time(next), "created_at", kiln_json_time(j.created_at),
+            "updated_at", kiln_json_time(j.updated_at), "spec", j.spec_yaml, "runs", arr);
         cli_print_json(o);
     } else {
         char b1[KILN_ISO_LEN];
