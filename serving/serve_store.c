@@ -146,7 +146,7 @@ static bool is_atomic_temp(const char *name)
         return false;
     while (*d >= '0' && *d <= '9')
         d++;
-    return *d == '\0' && strstr(d, ".tmp.") == NULL;
+    return *d == '\0';
 }
 
 /* Removes what a kiln-serve stopped mid-write left in a label's directory:
