@@ -29,7 +29,7 @@ void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what)
 /* A progress record of the rows since the last one (collective: the loss is
  * summed over the ranks); `human` also prints the line on stderr, which
  * kilnd's run log (and `kiln logs --follow`) shows. Returns 0 or KILN_EMPI. */
-static int report_progress(trainer_t *tr, int64_t step, int64_t nsteps, double loss_sum,
+static int report_progress(trainer_t *tr, int64_t step, int64_t end_step, double loss_sum,
                            int64_t rows, double seconds, bool human, bool last)
 {
     double in[2] = {loss_sum, (double)rows}, out[2];
@@ -50,7 +50,7 @@ static int report_progress(trainer_t *tr, int64_t step, int64_t nsteps, double l
         bool tty = isatty(STDERR_FILENO);
         fprintf(stderr, "%sstep %" PRId64 "/%" PRId64 "  samples %" PRId64 "  loss %.4f  "
                         "samples/s %.0f%s",
-                tty ? "\r" : "", step, nsteps, tr->samples, loss, sps,
+                tty ? "\r" : "", step, end_step, tr->samples, loss, sps,
                 tty && !last ? "   " : "\n");
         fflush(stderr);
     }
@@ -220,8 +220,15 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
             if (rc < 0)
                 break;
         }
+        int64_t per_epoch = nsteps;
         if (limit > 0 && nsteps - k0 > limit - tr->steps)
             nsteps = k0 + (limit - tr->steps);
+        /* The step the run ends at, for the progress lines: the counter
+         * counts from the start of the lineage (a warm start or a resume
+         * begins where its checkpoint was), nsteps only this epoch's. */
+        int64_t end_step = tr->steps + (nsteps - k0) + per_epoch * (epochs - epoch - 1);
+        if (limit > 0 && end_step > limit)
+            end_step = limit;
         tr->pos_epoch = epoch;
         tr->pos_k = k0;
         double loss_acc = 0.0;
@@ -270,7 +277,7 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
             bool last = k + 1 == nsteps && epoch + 1 == epochs;
             bool human = tr->steps % log_every == 0 || last;
             if (human || tr->steps % tr->rec_every == 0) {
-                rc = report_progress(tr, tr->steps, nsteps, loss_acc, rows_acc,
+                rc = report_progress(tr, tr->steps, end_step, loss_acc, rows_acc,
                                      (double)(tr->train_ns + kiln_mono_ns() - t0) / 1e9, human,
                                      last);
                 loss_acc = 0.0;
