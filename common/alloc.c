@@ -55,6 +55,12 @@ char *kiln_strndup(const char *s, size_t n)
 
 char *kiln_strdup(const char *s) { return kiln_strndup(s, SIZE_MAX); }
 
+void kiln_free_all(void *const *ptrs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(ptrs[i]);
+}
+
 char *kiln_asprintf(const char *fmt, ...)
 {
     va_list ap;

@@ -147,6 +147,11 @@ char *kiln_strdup(const char *s);
 char *kiln_strndup(const char *s, size_t n);
 /* Returns a malloc'd printf result, or NULL (KILN_ENOMEM). */
 char *kiln_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Frees each argument (any may be NULL): the buffers a struct owns, freed by
+ * its destructor in one statement. The arguments are evaluated once each. */
+#define KILN_FREE_ALL(...)                                                      \
+    kiln_free_all((void *[]){__VA_ARGS__}, sizeof((void *[]){__VA_ARGS__}) / sizeof(void *))
+void kiln_free_all(void *const *ptrs, size_t n);
 
 /* ---- time ------------------------------------------------------------------
  * Wall time is Unix seconds (int64, UTC). Durations are milliseconds. */

@@ -276,6 +276,12 @@ static void test_did_you_mean(void **state)
     assert_int_equal(kiln_edit_distance("", "abc"), 3);
 }
 
+static void *counted_alloc(int *n)
+{
+    ++*n;
+    return kiln_malloc(16);
+}
+
 static void test_alloc(void **state)
 {
     (void)state;
@@ -287,6 +293,10 @@ static void test_alloc(void **state)
     s = kiln_strndup("abcdef", 3);
     assert_string_equal(s, "abc");
     free(s);
+    /* Each argument is evaluated once (ASan's leak check sees the frees). */
+    int made = 0;
+    KILN_FREE_ALL(counted_alloc(&made), NULL, counted_alloc(&made));
+    assert_int_equal(made, 2);
 }
 
 static void test_log_file(void **state)
