@@ -22,9 +22,12 @@
  * that takes a per-bucket lock and replaces the bucket's lowest-priority row
  * not used at this step. docs/gpu.md has the design and its limits.
  */
-#include <float.h>
-#include <cuda_runtime.h>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
 #include <cublas_api.h>
+#include <cuda_runtime.h>
+#include <float.h>
 #include <nccl.h>
 
 #include <stdlib.h>
@@ -38,8 +41,6 @@
 #define MAX_BLOCKS_X 65536
 #define WARP_ALL 0xffffffffu
 #define WARPS_PER_BLOCK 4 /* keys in flight per block of the table kernels */
-#define TILE 1024         /* slab rows per block of the backward reduce's scan */
-#define TILE_THREADS 256
 
 static unsigned threads_for(int maxdim)
 {
@@ -123,211 +124,86 @@ extern "C" int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, in
 }
 
 /* ---- backward reduce --------------------------------------------------------------
- * Five launches per chunk of tables, each fused over the chunk: mark the
- * rows the bags use (idx[row] = 1), count marks per tile of TILE rows, scan
- * the tile counts, give each marked row its rank among the marked rows (so
- * unique rows come out ascending, as on the CPU) and zero its gradient, then
- * add every bag's gradient into its rows with float atomics. The scratch is
- * O(capacity) per table; a sort of the (row, position) pairs would make it
- * O(positions) and the sum order fixed, at the price of a radix sort. */
-struct reduce_chunk {
-    kern_bags_t t[CHUNK];
-    int32_t *idx[CHUNK];  /* (capacity) 0, 1 = used, then the row's rank */
-    int32_t *tile[CHUNK]; /* (tiles) marks per tile, then their exclusive sum */
-    int32_t *rows[CHUNK]; /* (unique) */
-    float *grads[CHUNK];  /* (unique, dim) */
-    int64_t *n;           /* (CHUNK + 1) unique rows per table; [CHUNK] != 0: bad input */
-};
+ * Per table, in a fixed order, so that every run gives the same bits and
+ * those of kern_cpu_backward_reduce:
+ *   1. prep: every position p gets its bag (bag_of[p]) and pos[p] = p, and a
+ *      row outside the slab raises the bad flag;
+ *   2. a stable radix sort of the (row, position) pairs by row (cub), so
+ *      each row's positions stay ascending: bag order, as on the CPU;
+ *   3. run-length encoding of the sorted rows: the unique rows (ascending,
+ *      straight into grads.rows), the positions per row and their number;
+ *   4. an exclusive scan of those counts: where each row's segment starts;
+ *   5. a segmented sum, a block per unique row and a thread per dim float,
+ *      adding go * scale in position order with round-to-nearest multiply
+ *      and add (no fused multiply-add, which would round differently from
+ *      the CPU's `acc += go * sc`).
+ * Scratch is O(positions) of the largest table (cudaMallocAsync, reused
+ * table after table on the stream). Two synchronizations: one to learn the
+ * tables' position counts (offsets live on the device), one at the end for
+ * the unique-row counts and the bad flag. */
 
-/* Exclusive sum of v over the block (blockDim.x a multiple of 32); the
- * block's total goes to *total. Every thread of the block must call it. */
-__device__ static int block_excl_scan(int v, int *total)
+/* grid (bags), block (threads over the bag's positions). */
+static __global__ void reduce_prep_kernel(const kern_bags_t g, int64_t nbags, int32_t *bag_of,
+                                          int32_t *pos, int32_t *bad)
 {
-    __shared__ int warp_sums[32];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int x = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(WARP_ALL, x, o);
-        if (lane >= o)
-            x += y;
-    }
-    if (lane == 31)
-        warp_sums[w] = x;
-    __syncthreads();
-    if (w == 0) {
-        int sum = lane < nw ? warp_sums[lane] : 0;
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(WARP_ALL, sum, o);
-            if (lane >= o)
-                sum += y;
-        }
-        warp_sums[lane] = sum; /* inclusive over warps */
-    }
-    __syncthreads();
-    const int base = w > 0 ? warp_sums[w - 1] : 0;
-    *total = warp_sums[nw - 1];
-    __syncthreads(); /* warp_sums is reused by the next call */
-    return base + x - v;
-}
-
-static __device__ __host__ int64_t tiles_of(int64_t capacity)
-{
-    return (capacity + TILE - 1) / TILE;
-}
-
-/* grid (bags, tables), block (threads over the bag's positions). */
-static __global__ void reduce_mark_kernel(const reduce_chunk c, int64_t nbags)
-{
-    const kern_bags_t &g = c.t[blockIdx.y];
-    int32_t *idx = c.idx[blockIdx.y];
     for (int64_t b = blockIdx.x; b < nbags; b += gridDim.x) {
         const int64_t s = g.offsets[b], e = g.offsets[b + 1];
         if (e < s && threadIdx.x == 0)
-            c.n[CHUNK] = 1;
+            *bad = 1;
         for (int64_t p = s + threadIdx.x; p < e; p += blockDim.x) {
-            const int32_t r = g.rows[p];
-            if (r >= 0 && r < g.capacity)
-                idx[r] = 1;
-            else
-                c.n[CHUNK] = 1;
+            bag_of[p] = (int32_t)b;
+            pos[p] = (int32_t)p;
+            if (g.rows[p] < 0 || g.rows[p] >= g.capacity)
+                *bad = 1;
         }
     }
 }
 
-/* grid (tiles, tables), block TILE_THREADS. */
-static __global__ void reduce_count_kernel(const reduce_chunk c)
+/* grid (unique rows), block (threads over dim). grad_out is (nbags,
+ * out_stride); seg/count/pos describe the sorted positions of each unique
+ * row; grads is (nuniq, dim). */
+static __global__ void reduce_segments_kernel(const kern_bags_t g, const int32_t *nuniq,
+                                              const int32_t *seg, const int32_t *count,
+                                              const int32_t *pos, const int32_t *bag_of,
+                                              int64_t out_stride, const float *grad_out,
+                                              float *grads)
 {
-    const int t = blockIdx.y;
-    const int64_t cap = c.t[t].capacity;
-    if ((int64_t)blockIdx.x >= tiles_of(cap))
-        return;
-    int cnt = 0;
-    for (int k = 0; k < TILE / TILE_THREADS; k++) {
-        const int64_t r = (int64_t)blockIdx.x * TILE + k * TILE_THREADS + threadIdx.x;
-        cnt += __syncthreads_count(r < cap && c.idx[t][r] != 0);
-    }
-    if (threadIdx.x == 0)
-        c.tile[t][blockIdx.x] = cnt;
-}
-
-/* grid (1, tables), block 1024: tile counts -> exclusive offsets, n[t]. */
-static __global__ void reduce_offsets_kernel(const reduce_chunk c)
-{
-    const int t = blockIdx.y;
-    const int64_t ntiles = tiles_of(c.t[t].capacity);
-    int run = 0;
-    for (int64_t i0 = 0; i0 < ntiles; i0 += blockDim.x) {
-        const int64_t i = i0 + threadIdx.x;
-        int total;
-        const int x = block_excl_scan(i < ntiles ? c.tile[t][i] : 0, &total);
-        if (i < ntiles)
-            c.tile[t][i] = run + x;
-        run += total;
-    }
-    if (threadIdx.x == 0)
-        c.n[t] = run;
-}
-
-/* grid (tiles, tables), block TILE_THREADS: ranks of the marked rows. */
-static __global__ void reduce_assign_kernel(const reduce_chunk c)
-{
-    const int t = blockIdx.y;
-    const int64_t cap = c.t[t].capacity;
-    if ((int64_t)blockIdx.x >= tiles_of(cap))
-        return;
-    const size_t dim = (size_t)c.t[t].dim;
-    int base = c.tile[t][blockIdx.x];
-    for (int k = 0; k < TILE / TILE_THREADS; k++) {
-        const int64_t r = (int64_t)blockIdx.x * TILE + k * TILE_THREADS + threadIdx.x;
-        const int m = r < cap && c.idx[t][r] != 0;
-        int total;
-        const int x = block_excl_scan(m, &total);
-        if (m) {
-            const int u = base + x;
-            c.idx[t][r] = u;
-            c.rows[t][u] = (int32_t)r;
-            for (size_t j = 0; j < dim; j++)
-                c.grads[t][(size_t)u * dim + j] = 0.0f;
-        }
-        base += total;
-    }
-}
-
-/* grid (bags, tables), block (threads over dim). grad_out is (nbags, out_stride). */
-static __global__ void reduce_accumulate_kernel(const reduce_chunk c, int64_t nbags,
-                                                int64_t out_stride, const float *grad_out)
-{
-    const kern_bags_t &g = c.t[blockIdx.y];
-    const int32_t *idx = c.idx[blockIdx.y];
-    float *gr = c.grads[blockIdx.y];
     const size_t dim = (size_t)g.dim;
-    for (int64_t b = blockIdx.x; b < nbags; b += gridDim.x) {
-        const int64_t s = g.offsets[b], e = g.offsets[b + 1];
-        const float sc = kern_combine_scale(g.combine, e - s);
-        const float *go = grad_out + b * out_stride + g.out_col;
-        for (int64_t p = s; p < e; p++) {
-            const int32_t r = g.rows[p];
-            if (r < 0 || r >= g.capacity)
-                continue;
-            float *acc = gr + (size_t)idx[r] * dim;
-            for (size_t j = threadIdx.x; j < dim; j += blockDim.x)
-                atomicAdd(&acc[j], go[j] * sc);
+    for (int64_t u = blockIdx.x; u < *nuniq; u += gridDim.x) {
+        const int32_t i0 = seg[u], i1 = seg[u] + count[u];
+        for (size_t j = threadIdx.x; j < dim; j += blockDim.x) {
+            float acc = 0.0f;
+            for (int32_t i = i0; i < i1; i++) {
+                const int64_t b = bag_of[pos[i]];
+                const float sc = kern_combine_scale(g.combine, g.offsets[b + 1] - g.offsets[b]);
+                acc = __fadd_rn(acc, __fmul_rn(grad_out[b * out_stride + g.out_col + j], sc));
+            }
+            grads[(size_t)u * dim + j] = acc;
         }
     }
 }
 
-/* Runs the five launches for the tables of one chunk; n (nt) gets the
- * unique row counts. Synchronizes the stream. */
-static int reduce_chunk_run(reduce_chunk *c, int nt, int64_t nbags, int64_t out_stride,
-                            const float *d_grad_out, cudaStream_t st, int64_t *n /* OUT */)
+/* The cub temporary storage the three passes need for n positions. */
+static int reduce_temp_bytes(int n, int end_bit, size_t *bytes)
 {
-    int rc = 0, maxdim = 1;
-    int64_t maxtiles = 1, hn[CHUNK + 1];
-    size_t bytes = sizeof(int64_t) * (CHUNK + 1);
-    for (int k = 0; k < nt; k++) {
-        const int64_t tiles = tiles_of(c->t[k].capacity);
-        bytes += sizeof(int32_t) * (size_t)(tiles * TILE + tiles + 1);
-        maxtiles = tiles > maxtiles ? tiles : maxtiles;
-        maxdim = c->t[k].dim > maxdim ? c->t[k].dim : maxdim;
-    }
-    char *d_scr = NULL;
-    CUDA_CHECK(cudaMallocAsync((void **)&d_scr, bytes, st));
-    CUDA_CHECK_GOTO(cudaMemsetAsync(d_scr, 0, bytes, st), rc, out);
-    c->n = (int64_t *)d_scr;
-    {
-        int32_t *p = (int32_t *)(d_scr + sizeof(int64_t) * (CHUNK + 1));
-        for (int k = 0; k < nt; k++) {
-            const int64_t tiles = tiles_of(c->t[k].capacity);
-            c->idx[k] = p;
-            c->tile[k] = p + tiles * TILE;
-            p += tiles * TILE + tiles + 1;
-        }
-    }
-    {
-        const dim3 bag_grid(blocks_for(nbags), (unsigned)nt);
-        const dim3 tile_grid((unsigned)maxtiles, (unsigned)nt);
-        reduce_mark_kernel<<<bag_grid, 128, 0, st>>>(*c, nbags);
-        CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
-        reduce_count_kernel<<<tile_grid, TILE_THREADS, 0, st>>>(*c);
-        CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
-        reduce_offsets_kernel<<<dim3(1, (unsigned)nt), 1024, 0, st>>>(*c);
-        CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
-        reduce_assign_kernel<<<tile_grid, TILE_THREADS, 0, st>>>(*c);
-        CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
-        reduce_accumulate_kernel<<<bag_grid, threads_for(maxdim), 0, st>>>(*c, nbags,
-                                                                         out_stride, d_grad_out);
-        CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
-    }
-    CUDA_CHECK_GOTO(cudaMemcpyAsync(hn, c->n, sizeof hn, cudaMemcpyDeviceToHost, st), rc, out);
-    CUDA_CHECK_GOTO(cudaStreamSynchronize(st), rc, out);
-    if (hn[CHUNK])
-        rc = kiln_errf(KILN_EINVAL, "cuda backward: a bag has decreasing offsets or a row id "
-                       "outside its table's slab");
-    for (int k = 0; k < nt; k++)
-        n[k] = hn[k];
-out:
-    cudaFreeAsync(d_scr, st);
-    return rc;
+    size_t a = 0, b = 0, c = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, a, (const int32_t *)NULL, (int32_t *)NULL,
+                                               (const int32_t *)NULL, (int32_t *)NULL, n, 0,
+                                               end_bit));
+    CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(NULL, b, (const int32_t *)NULL, (int32_t *)NULL,
+                                                  (int32_t *)NULL, (int32_t *)NULL, n));
+    CUDA_CHECK(cub::DeviceScan::ExclusiveSum(NULL, c, (const int32_t *)NULL, (int32_t *)NULL, n));
+    *bytes = a > b ? (a > c ? a : c) : (b > c ? b : c);
+    return 0;
+}
+
+/* Bits a sort needs for row ids below capacity. */
+static int row_bits(int64_t capacity)
+{
+    int bits = 1;
+    while (bits < 31 && ((int64_t)1 << bits) < capacity)
+        bits++;
+    return bits;
 }
 
 extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
@@ -342,23 +218,95 @@ extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, i
             return kiln_errf(KILN_EINVAL, "cuda backward: table %d has no rows, gradient "
                              "input or output arrays", t);
     }
-    if (nbags == 0)
+    if (nbags == 0 || ntables == 0)
         return 0;
-    for (int t0 = 0; t0 < ntables; t0 += CHUNK) {
-        reduce_chunk c;
-        int64_t n[CHUNK];
-        const int nt = ntables - t0 < CHUNK ? ntables - t0 : CHUNK;
-        for (int k = 0; k < nt; k++) {
-            c.t[k] = bags[t0 + k];
-            c.rows[k] = grads[t0 + k].rows;
-            c.grads[k] = grads[t0 + k].grads;
-        }
-        KILN_CHECK(reduce_chunk_run(&c, nt, nbags, out_stride, d_grad_out,
-                                    (cudaStream_t)stream, n));
-        for (int k = 0; k < nt; k++)
-            grads[t0 + k].n = n[k];
+    if (nbags > INT32_MAX)
+        return kiln_errf(KILN_EINVAL, "cuda backward: %lld bags (at most %d)", (long long)nbags,
+                         INT32_MAX);
+    cudaStream_t st = (cudaStream_t)stream;
+    int rc = 0;
+    int64_t *nnz = (int64_t *)kiln_calloc((size_t)ntables, sizeof *nnz);
+    int32_t *hn = (int32_t *)kiln_calloc((size_t)ntables + 1, sizeof *hn);
+    char *d_scr = NULL;
+    int32_t *d_n = NULL; /* (ntables + 1) unique rows per table, then the bad flag */
+    if (nnz == NULL || hn == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
     }
-    return 0;
+    for (int t = 0; t < ntables; t++)
+        CUDA_CHECK_GOTO(cudaMemcpyAsync(&nnz[t], bags[t].offsets + nbags, sizeof(int64_t),
+                                        cudaMemcpyDeviceToHost, st),
+                        rc, out);
+    CUDA_CHECK_GOTO(cudaStreamSynchronize(st), rc, out);
+    {
+        int64_t most = 0;
+        size_t temp = 0;
+        for (int t = 0; t < ntables; t++) {
+            if (nnz[t] > INT32_MAX) {
+                rc = kiln_errf(KILN_EINVAL,
+                               "cuda backward: table %d has %lld positions "
+                               "(at most %d)",
+                               t, (long long)nnz[t], INT32_MAX);
+                goto out;
+            }
+            most = nnz[t] > most ? nnz[t] : most;
+            size_t tb = 0;
+            KILN_CHECK_GOTO(reduce_temp_bytes((int)nnz[t], row_bits(bags[t].capacity), &tb), rc,
+                            out);
+            temp = tb > temp ? tb : temp;
+        }
+        /* d_n, then bag_of, pos, pos_sorted, rows_sorted, count, seg: (m) int32
+         * each, then cub's storage at a 256-byte boundary */
+        const size_t m = (size_t)(most > 0 ? most : 1), head = (size_t)ntables + 1;
+        const size_t temp_at = (sizeof(int32_t) * (head + 6 * m) + 255) / 256 * 256;
+        CUDA_CHECK_GOTO(cudaMallocAsync((void **)&d_scr, temp_at + temp, st), rc, out);
+        CUDA_CHECK_GOTO(cudaMemsetAsync(d_scr, 0, sizeof(int32_t) * head, st), rc, out);
+        d_n = (int32_t *)d_scr;
+        int32_t *bag_of = d_n + head, *pos = bag_of + m, *pos_sorted = pos + m,
+                *rows_sorted = pos_sorted + m, *count = rows_sorted + m, *seg = count + m;
+        void *d_temp = d_scr + temp_at;
+        for (int t = 0; t < ntables; t++) {
+            const kern_bags_t &g = bags[t];
+            const int n = (int)nnz[t];
+            int32_t *d_nuniq = &d_n[t];
+            if (n == 0)
+                continue;
+            size_t tb = temp;
+            reduce_prep_kernel<<<blocks_for(nbags), 128, 0, st>>>(g, nbags, bag_of, pos,
+                                                                  &d_n[ntables]);
+            CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
+            CUDA_CHECK_GOTO(cub::DeviceRadixSort::SortPairs(d_temp, tb, g.rows, rows_sorted, pos,
+                                                            pos_sorted, n, 0, row_bits(g.capacity),
+                                                            st),
+                            rc, out);
+            tb = temp;
+            CUDA_CHECK_GOTO(cub::DeviceRunLengthEncode::Encode(
+                                d_temp, tb, rows_sorted, grads[t].rows, count, d_nuniq, n, st),
+                            rc, out);
+            tb = temp;
+            CUDA_CHECK_GOTO(cub::DeviceScan::ExclusiveSum(d_temp, tb, count, seg, n, st), rc, out);
+            reduce_segments_kernel<<<blocks_for(n), threads_for(g.dim), 0, st>>>(
+                g, d_nuniq, seg, count, pos_sorted, bag_of, out_stride, d_grad_out, grads[t].grads);
+            CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
+        }
+    }
+    CUDA_CHECK_GOTO(cudaMemcpyAsync(hn, d_n, sizeof(int32_t) * (size_t)(ntables + 1),
+                                    cudaMemcpyDeviceToHost, st),
+                    rc, out);
+    CUDA_CHECK_GOTO(cudaStreamSynchronize(st), rc, out);
+    if (hn[ntables]) {
+        rc = kiln_errf(KILN_EINVAL, "cuda backward: a bag has decreasing offsets or a row id "
+                                    "outside its table's slab");
+        goto out;
+    }
+    for (int t = 0; t < ntables; t++)
+        grads[t].n = hn[t];
+out:
+    if (d_scr != NULL)
+        (void)cudaFreeAsync(d_scr, st);
+    free(nnz);
+    free(hn);
+    return rc;
 }
 
 /* ---- sparse optimizer update ------------------------------------------------------ */
