@@ -232,10 +232,10 @@ int rt_comm_allreduce_sum_dd(rt_comm_t *c, double *pairs, size_t npairs)
 {
     if (c == NULL || (pairs == NULL && npairs > 0))
         return kiln_errf(KILN_EINVAL, "rt_comm_allreduce_sum_dd: NULL communicator or buffer");
+#ifdef KILN_HAVE_CUDA
     if (c->kind == RT_COMM_NCCL)
-        return kiln_errf(KILN_EINVAL,
-                         "comm: the double-double allreduce has no NCCL backend yet; "
-                         "use device: cpu");
+        return rt_comm_nccl_allreduce_sum_dd(c, pairs, npairs);
+#endif
     for (size_t off = 0; off < npairs; off += CHUNK) {
         const size_t k = npairs - off < CHUNK ? npairs - off : CHUNK;
         RT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pairs + 2 * off, (int)k, c->dd_type, c->dd_op,

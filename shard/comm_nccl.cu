@@ -14,11 +14,21 @@
  * copies that part locally), bytes as ncclInt8. The allreduce is
  * ncclAllReduce(ncclDouble, ncclSum) in place; the broadcast ncclBroadcast
  * in place.
+ *
+ * The double-double allreduce (the dense gradients) cannot use NCCL's sum,
+ * which would add the hi and lo words separately and lose what the pairs
+ * carry. It is an ncclAllGather of every rank's pairs into a scratch buffer
+ * (ranks x pairs, kept by the communicator and grown when needed) and a
+ * kernel that adds them pair by pair in rank order with kern_dd_add_dd: the
+ * same sum on every rank and every run. It moves ranks x the bytes of a
+ * ring allreduce, which is nothing next to the exchange for the dense
+ * models Kiln trains (at most a few hundred thousand parameters).
  */
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
-#include "shard_int.h"
+#include "kern_ops.h"
 #include "kiln_cuda.h"
+#include "shard_int.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -30,6 +40,8 @@ struct rt_comm_nccl {
     ncclComm_t comm;
     cudaStream_t stream;
     int device;
+    double *d_gather;  /* (size, gather_cap, 2) the double-double allreduce's scratch */
+    size_t gather_cap; /* pairs per rank it has room for */
 };
 
 static int nccl_fail(ncclResult_t r, ncclComm_t comm, const char *what, const char *where)
@@ -132,6 +144,8 @@ extern "C" void rt_comm_nccl_destroy(rt_comm_nccl_t *n)
         (void)cudaStreamSynchronize(n->stream);
     if (n->comm != NULL)
         (void)ncclCommDestroy(n->comm);
+    if (n->d_gather != NULL)
+        (void)cudaFree(n->d_gather);
     if (n->stream != NULL)
         (void)cudaStreamDestroy(n->stream);
     free(n);
@@ -183,6 +197,50 @@ extern "C" int rt_comm_nccl_allreduce_sum_f64(rt_comm_t *c, double *buf, size_t 
         return 0;
     NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclDouble, ncclSum, n->comm, n->stream), n->comm,
                "ncclAllReduce of float64 sums");
+    return 0;
+}
+
+/* grid-stride over pairs: pairs[i] = the double-double sum of gathered[r][i]
+ * over r = 0 .. nranks-1, in that order. gathered is (nranks, npairs, 2). */
+static __global__ void dd_sum_ranks_kernel(const double *gathered, size_t npairs, int nranks,
+                                           double *pairs)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < npairs; i += stride) {
+        double hi = gathered[2 * i], lo = gathered[2 * i + 1];
+        for (int r = 1; r < nranks; r++) {
+            const double *g = gathered + (size_t)r * 2 * npairs + 2 * i;
+            kern_dd_add_dd(&hi, &lo, g[0], g[1]);
+        }
+        pairs[2 * i] = hi;
+        pairs[2 * i + 1] = lo;
+    }
+}
+
+extern "C" int rt_comm_nccl_allreduce_sum_dd(rt_comm_t *c, double *pairs, size_t npairs)
+{
+    rt_comm_nccl_t *n = c->nccl;
+    if (npairs == 0)
+        return 0;
+    if (npairs > n->gather_cap) {
+        /* Grows to the new size; the stream's earlier work may still read
+         * the old buffer, so wait for it first. */
+        CUDA_CHECK(cudaStreamSynchronize(n->stream));
+        if (n->d_gather != NULL)
+            CUDA_CHECK(cudaFree(n->d_gather));
+        n->d_gather = NULL;
+        n->gather_cap = 0;
+        CUDA_CHECK(
+            cudaMalloc((void **)&n->d_gather, sizeof(double) * 2 * npairs * (size_t)c->size));
+        n->gather_cap = npairs;
+    }
+    NCCL_CHECK(ncclAllGather(pairs, n->d_gather, 2 * npairs, ncclDouble, n->comm, n->stream),
+               n->comm, "ncclAllGather of double-double sums");
+    const unsigned threads = 256;
+    const size_t want = (npairs + threads - 1) / threads;
+    const unsigned blocks = (unsigned)(want < 4096 ? want : 4096);
+    dd_sum_ranks_kernel<<<blocks, threads, 0, n->stream>>>(n->d_gather, npairs, c->size, pairs);
+    CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 

@@ -229,10 +229,11 @@ int rt_comm_allreduce_sum_f64(rt_comm_t *c, double *buf /* IN/OUT (count) */, si
 int rt_comm_alltoall(rt_comm_t *c, const void *sendbuf, void *recvbuf /* OUT */, size_t bytes);
 
 /* pairs (npairs, 2: hi, lo) becomes the element-wise double-double sum of
- * every rank's pairs (MPI: a pair datatype and an op that adds pairs, made
- * by rt_comm_create). The NCCL backend does not have it yet (KILN_EINVAL,
- * with a message): it is the seam the GPU step fills. Returns 0, KILN_EINVAL
- * or KILN_EMPI. */
+ * every rank's pairs. MPI: a pair datatype and an op that adds pairs, made
+ * by rt_comm_create (the order of the ranks is MPI's). NCCL: an all-gather
+ * of the pairs and a kernel that adds them in rank order (comm_nccl.cu), on
+ * the communicator's stream. Returns 0, KILN_EINVAL, KILN_EMPI or
+ * KILN_ECUDA. */
 int rt_comm_allreduce_sum_dd(rt_comm_t *c, double *pairs /* IN/OUT (npairs, 2) */, size_t npairs);
 
 /* rt_mpi_agree over the communicator: every rank returns the worst rc; a

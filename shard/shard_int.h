@@ -88,6 +88,7 @@ int rt_comm_nccl_alltoallv(rt_comm_t *c, const void *sendbuf, const size_t *send
                            const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
                            const size_t *rdispls);
 int rt_comm_nccl_allreduce_sum_f64(rt_comm_t *c, double *buf, size_t count);
+int rt_comm_nccl_allreduce_sum_dd(rt_comm_t *c, double *pairs, size_t npairs);
 int rt_comm_nccl_bcast(rt_comm_t *c, void *buf, size_t bytes, int root);
 int rt_comm_nccl_sync(rt_comm_t *c);
 #endif

@@ -2,7 +2,7 @@
  * tests/test_runtime_gpu.c - rt_comm's NCCL backend (shard/comm_nccl.cu)
  * against its MPI backend on a real GPU (label gpu; exits 77, "skipped: no
  * CUDA device", where none is visible): the same all-to-all-v (uneven
- * counts, zeros, gaps), float64 allreduce and broadcast.
+ * counts, zeros, gaps), float64 and double-double allreduce, broadcast.
  *
  * With two or more GPUs the test re-runs itself as `mpirun -np 2` so NCCL
  * moves data between two GPUs; with one it is a single rank.
@@ -131,6 +131,32 @@ static void test_nccl_vs_mpi(void **state)
         if (!close_enough(vn[i], vm[i], 1e-15, 1e-13) && bad++ < 5)
             fprintf(stderr, "rank %d: allreduce[%zu] nccl %.17g mpi %.17g\n", me, i, vn[i], vm[i]);
 
+    /* allreduce of double-double pairs: NCCL adds them in rank order, MPI
+     * in its own; the pairs carry about 106 bits, so the rounded sums agree
+     * to a few ulps of float64 and every rank gets NCCL's same bits. */
+    const size_t np = 4321;
+    double *pm = malloc(2 * np * sizeof *pm), *pn = malloc(2 * np * sizeof *pn);
+    assert_true(pm && pn);
+    for (size_t i = 0; i < np; i++) {
+        pm[2 * i] = (double)urand() * 1e8 * (1.0 + (double)me);
+        pm[2 * i + 1] = (double)urand() * 1e-9;
+    }
+    double *d_p = dmalloc(2 * np * sizeof *d_p);
+    CU(cudaMemcpy(d_p, pm, 2 * np * sizeof *pm, cudaMemcpyHostToDevice));
+    bad += rt_comm_allreduce_sum_dd(cm, pm, np) != 0;
+    bad += rt_comm_allreduce_sum_dd(cn, d_p, np) != 0;
+    bad += rt_comm_sync(cn) != 0;
+    CU(cudaMemcpy(pn, d_p, 2 * np * sizeof *pn, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < np; i++)
+        if (!close_enough(pn[2 * i] + pn[2 * i + 1], pm[2 * i] + pm[2 * i + 1], 0.0, 1e-15) &&
+            bad++ < 5)
+            fprintf(stderr, "rank %d: dd allreduce[%zu] nccl %.17g mpi %.17g\n", me, i, pn[2 * i],
+                    pm[2 * i]);
+    double first = pn[0], firstlo = pn[1];
+    bad += rt_comm_bcast(cm, &first, sizeof first, 0) != 0;
+    bad += rt_comm_bcast(cm, &firstlo, sizeof firstlo, 0) != 0;
+    bad += first != pn[0] || firstlo != pn[1];
+
     /* broadcast from the last rank */
     const int root = n - 1;
     const size_t bb = 100003;
@@ -153,12 +179,15 @@ static void test_nccl_vs_mpi(void **state)
     cudaFree(d_sb);
     cudaFree(d_rb);
     cudaFree(d_v);
+    cudaFree(d_p);
     cudaFree(d_bb);
     free(sb);
     free(rm);
     free(rn);
     free(vm);
     free(vn);
+    free(pm);
+    free(pn);
     free(bm);
     free(bn);
     free(sc);
