@@ -3,9 +3,19 @@
  * rank's shard of every table in a GPU hash table (kern_cuda_table_t) on the
  * current device. The exchange stays on the host (shard.h, MPI): each op
  * copies its keys, rows or gradients in, runs the kernels of kern_cuda.h on
- * one stream, and copies the results out, so a call returns with its work
- * done. The row copies in and out are the two small kernels below; the rest
- * is kern_cuda_*.
+ * one stream, and copies the results out. The row copies in and out are the
+ * two small kernels below; the rest is kern_cuda_*.
+ *
+ * Host transfers go through pinned buffers (cudaHostAlloc, grown as
+ * needed), so the copy engine reads and writes them directly instead of
+ * through the driver's pageable staging. The update does not wait for the
+ * device: it packs the rows and gradients into its own pinned buffer,
+ * enqueues the copies and the fused update and returns, so the GPU applies
+ * the sparse update while the host goes on with the dense allreduce and
+ * the dense step; an event says when that pinned buffer may be written
+ * again. Every later call runs on the same stream, so it sees the update
+ * done; an error of the update's kernels surfaces at the next call that
+ * synchronizes (find, read, sync), named by CUDA's message.
  */
 #include <cuda_runtime.h>
 
@@ -68,23 +78,44 @@ int write_rows(void *dst, int width, const int32_t *d_rows, int64_t n, const voi
     return 0;
 }
 
-/* A device buffer that grows. */
-struct dbuf {
+/* A buffer that grows: device memory (dbuf) or pinned host memory (pbuf).
+ * Growing frees the old one: the caller makes sure no copy or kernel still
+ * uses a pinned one (cudaFree waits for the device by itself). */
+struct gbuf {
     void *p = nullptr;
     size_t cap = 0;
+    bool pinned = false;
+};
+struct dbuf : gbuf {
+};
+struct pbuf : gbuf {
+    pbuf()
+    {
+        pinned = true;
+    }
 };
 
-int dneed(dbuf *b, size_t bytes)
+int need(gbuf *b, size_t bytes)
 {
     if (bytes <= b->cap)
         return 0;
     if (b->p)
-        CUDA_CHECK(cudaFree(b->p));
+        CUDA_CHECK(b->pinned ? cudaFreeHost(b->p) : cudaFree(b->p));
     b->p = nullptr;
     b->cap = 0;
-    CUDA_CHECK(cudaMalloc(&b->p, bytes ? bytes : 1));
+    CUDA_CHECK(b->pinned ? cudaHostAlloc(&b->p, bytes ? bytes : 1, cudaHostAllocDefault)
+                         : cudaMalloc(&b->p, bytes ? bytes : 1));
     b->cap = bytes ? bytes : 1;
     return 0;
+}
+
+int dneed(dbuf *b, size_t bytes)
+{
+    return need(b, bytes);
+}
+int pneed(pbuf *b, size_t bytes)
+{
+    return need(b, bytes);
 }
 
 /* A host buffer that grows. */
@@ -106,6 +137,9 @@ struct cuda_work {
     cudaStream_t stream;
     dbuf keys, rows, vals, opt, steps; /* staging on the device */
     dbuf *grows, *ggrads;               /* (ntables) the update's rows and gradients */
+    pbuf pin;                           /* find and read: keys, rows and values in and out */
+    pbuf upd_pin;                       /* the update's rows and gradients, packed */
+    cudaEvent_t upd_done = nullptr;     /* the update's copies out of upd_pin are done */
     /* host results of changed() */
     void *h_keys = nullptr, *h_vals = nullptr, *h_opt = nullptr, *h_steps = nullptr;
     size_t h_keys_cap = 0, h_vals_cap = 0, h_opt_cap = 0, h_steps_cap = 0;
@@ -117,6 +151,8 @@ const cuda_work *W(const rt_store_work_t *w) { return (const cuda_work *)w; }
 void cw_destroy(rt_store_work_t *w)
 {
     cuda_work *c = W(w);
+    if (c->stream)
+        (void)cudaStreamSynchronize(c->stream); /* an update may be in flight */
     for (int t = 0; c->tables && t < c->ntables; t++)
         kern_cuda_table_destroy(c->tables[t]);
     dbuf *bufs[] = {&c->keys, &c->rows, &c->vals, &c->opt, &c->steps};
@@ -129,6 +165,12 @@ void cw_destroy(rt_store_work_t *w)
         if (c->ggrads[t].p)
             cudaFree(c->ggrads[t].p);
     }
+    pbuf *pins[] = {&c->pin, &c->upd_pin};
+    for (pbuf *b : pins)
+        if (b->p)
+            cudaFreeHost(b->p);
+    if (c->upd_done)
+        cudaEventDestroy(c->upd_done);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c->tables);
@@ -158,7 +200,9 @@ int cw_find(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t s
         return 0;
     KILN_CHECK(dneed(&c->keys, sizeof(int64_t) * (size_t)n));
     KILN_CHECK(dneed(&c->rows, sizeof(int32_t) * (size_t)n));
-    CUDA_CHECK(cudaMemcpyAsync(c->keys.p, keys, sizeof(int64_t) * (size_t)n,
+    KILN_CHECK(pneed(&c->pin, sizeof(int64_t) * (size_t)n)); /* keys in, then rows out */
+    memcpy(c->pin.p, keys, sizeof(int64_t) * (size_t)n);
+    CUDA_CHECK(cudaMemcpyAsync(c->keys.p, c->pin.p, sizeof(int64_t) * (size_t)n,
                                cudaMemcpyHostToDevice, c->stream));
     int64_t *dk = (int64_t *)c->keys.p;
     int32_t *dr = (int32_t *)c->rows.p;
@@ -166,9 +210,10 @@ int cw_find(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t s
         KILN_CHECK(kern_cuda_table_find_or_insert(c->tables[t], n, dk, step, dr, c->stream));
     else
         KILN_CHECK(kern_cuda_table_find(c->tables[t], n, dk, dr, c->stream));
-    CUDA_CHECK(cudaMemcpyAsync(rows, dr, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost,
+    CUDA_CHECK(cudaMemcpyAsync(c->pin.p, dr, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost,
                                c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    memcpy(rows, c->pin.p, sizeof(int32_t) * (size_t)n);
     return 0;
 }
 
@@ -178,8 +223,11 @@ int read_to_host(cuda_work *c, const void *d_src, int width, int64_t n, void *ou
     const size_t bytes = sizeof(uint32_t) * (size_t)n * (size_t)width;
     KILN_CHECK(dneed(&c->vals, bytes));
     KILN_CHECK(read_rows(d_src, width, (const int32_t *)c->rows.p, n, c->vals.p, c->stream));
-    CUDA_CHECK(cudaMemcpyAsync(out, c->vals.p, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* the pinned rows' copy in is done */
+    KILN_CHECK(pneed(&c->pin, bytes));
+    CUDA_CHECK(cudaMemcpyAsync(c->pin.p, c->vals.p, bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    memcpy(out, c->pin.p, bytes);
     return 0;
 }
 
@@ -189,11 +237,21 @@ int cw_read(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float *ou
     if (n == 0)
         return 0;
     KILN_CHECK(dneed(&c->rows, sizeof(int32_t) * (size_t)n));
-    CUDA_CHECK(cudaMemcpyAsync(c->rows.p, rows, sizeof(int32_t) * (size_t)n,
+    KILN_CHECK(pneed(&c->pin, sizeof(int32_t) * (size_t)n));
+    memcpy(c->pin.p, rows, sizeof(int32_t) * (size_t)n);
+    CUDA_CHECK(cudaMemcpyAsync(c->rows.p, c->pin.p, sizeof(int32_t) * (size_t)n,
                                cudaMemcpyHostToDevice, c->stream));
     kern_slab_t sl;
     kern_cuda_table_slab(c->tables[t], &sl);
     return read_to_host(c, sl.values, c->dims[t], n, out);
+}
+
+/* Where table t's rows and gradients sit in the packed pinned buffer:
+ * rows (n) int32, then grads (n, dim) float, each part 16-byte aligned. */
+size_t pack_bytes(int64_t n, int dim)
+{
+    const size_t rows = (sizeof(int32_t) * (size_t)n + 15) / 16 * 16;
+    return rows + (sizeof(float) * (size_t)n * (size_t)dim + 15) / 16 * 16;
 }
 
 int cw_update(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug, int64_t step)
@@ -202,30 +260,44 @@ int cw_update(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t 
     const int T = c->ntables;
     kern_slab_t *slabs = (kern_slab_t *)kiln_calloc((size_t)T, sizeof *slabs);
     kern_row_grads_t *dg = (kern_row_grads_t *)kiln_calloc((size_t)T, sizeof *dg);
+    size_t total = 0, off = 0;
     int rc = 0;
     if (slabs == NULL || dg == NULL) {
         rc = KILN_ENOMEM;
         goto out;
     }
+    /* The last update's copies may still read upd_pin; its kernels may
+     * still use grows/ggrads (dneed's cudaFree waits for the device). */
+    CUDA_CHECK_GOTO(cudaEventSynchronize(c->upd_done), rc, out);
+    for (int t = 0; t < T; t++)
+        total += pack_bytes(ug[t].n, c->dims[t]);
+    KILN_CHECK_GOTO(pneed(&c->upd_pin, total), rc, out);
     for (int t = 0; t < T; t++) {
         const int64_t n = ug[t].n;
+        const size_t rbytes = sizeof(int32_t) * (size_t)n,
+                     gbytes = sizeof(float) * (size_t)n * (size_t)c->dims[t];
+        char *pin = (char *)c->upd_pin.p + off;
+        char *pin_grads = pin + (rbytes + 15) / 16 * 16;
+        off += pack_bytes(n, c->dims[t]);
         kern_cuda_table_slab(c->tables[t], &slabs[t]);
         KILN_CHECK_GOTO(dneed(&c->grows[t], sizeof(int32_t) * (size_t)(n ? n : 1)), rc, out);
         KILN_CHECK_GOTO(dneed(&c->ggrads[t], sizeof(float) * (size_t)(n ? n : 1) * c->dims[t]),
                         rc, out);
         if (n > 0) {
-            CUDA_CHECK_GOTO(cudaMemcpyAsync(c->grows[t].p, ug[t].rows, sizeof(int32_t) * (size_t)n,
-                                            cudaMemcpyHostToDevice, c->stream),
-                            rc, out);
-            CUDA_CHECK_GOTO(cudaMemcpyAsync(c->ggrads[t].p, ug[t].grads,
-                                            sizeof(float) * (size_t)n * (size_t)c->dims[t],
+            memcpy(pin, ug[t].rows, rbytes);
+            memcpy(pin_grads, ug[t].grads, gbytes);
+            CUDA_CHECK_GOTO(
+                cudaMemcpyAsync(c->grows[t].p, pin, rbytes, cudaMemcpyHostToDevice, c->stream), rc,
+                out);
+            CUDA_CHECK_GOTO(cudaMemcpyAsync(c->ggrads[t].p, pin_grads, gbytes,
                                             cudaMemcpyHostToDevice, c->stream),
                             rc, out);
         }
         dg[t] = (kern_row_grads_t){(int32_t *)c->grows[t].p, (float *)c->ggrads[t].p, n};
     }
+    CUDA_CHECK_GOTO(cudaEventRecord(c->upd_done, c->stream), rc, out);
+    /* Enqueued, not waited for: the next call on the stream orders after it. */
     KILN_CHECK_GOTO(kern_cuda_sparse_update(opt, T, slabs, dg, step, c->stream), rc, out);
-    CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), rc, out);
 out:
     free(slabs);
     free(dg);
@@ -345,6 +417,7 @@ extern "C" int rt_store_cuda_create(int ntables, const kern_table_config_t *cfgs
         goto fail;
     }
     CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), rc, fail);
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->upd_done, cudaEventDisableTiming), rc, fail);
     for (int t = 0; t < ntables; t++) {
         c->dims[t] = cfgs[t].dim;
         c->nstate[t] = cfgs[t].opt == KERN_OPT_SGD ? 0 : cfgs[t].opt == KERN_OPT_ADAGRAD ? 1 : 2;
