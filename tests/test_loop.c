@@ -231,6 +231,53 @@ static void wait_holds(const fx_serve_t *s, const char *model, const char *label
              h, uid, timeout_s, home);
 }
 
+/* Waits until s's label B holds the final checkpoint of run id, whose uid
+ * goes to ck. */
+static void wait_b_holds_run(const fx_serve_t *s, int64_t id, char *ck, size_t cap, int timeout_s)
+{
+    run_checkpoint(id, ck, cap);
+    wait_holds(s, "ctr", "B", ck, timeout_s);
+}
+
+/* Starts a kiln-serve in home/serve, the directory it returns. */
+static const char *serve_start(fx_serve_t *s)
+{
+    static char sdir[400];
+    snprintf(sdir, sizeof sdir, "%s/serve", home);
+    assert_true(fx_serve_start(s, sdir));
+    return sdir;
+}
+
+/* A data section over home/<dir>/data/day=*.tsv read one new partition a
+ * run; its %s is the shared data directory. */
+#define INCREMENTAL_DATA                                                                           \
+    "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\", incremental: true}\n"
+
+/* Job spec lines for write_job: `head`, then a push with the token from
+ * KILN_TEST_TOKEN and the options `opts` to label B of model ctr at url. */
+static void push_to_b(char *extra, size_t cap, const char *head, const char *opts, const char *url)
+{
+    snprintf(extra, cap,
+             "%s"
+             "push:\n  token_env: KILN_TEST_TOKEN\n%s  endpoints:\n"
+             "    - {url: \"%s\", model: ctr, label: B}\n",
+             head, opts, url);
+}
+
+/* Writes job `name` in home/<name>/ with `extra`, lands day0.tsv as its
+ * first partition, starts kilnd with env and submits the job; its spec's
+ * path goes to spec. Returns the run the submit made. */
+static int64_t submit_first(const char *name, const char *extra, const char *const *env, char *spec,
+                            size_t cap)
+{
+    write_job(name, name, extra, spec, cap);
+    land(name, "day0.tsv", 0);
+    fx_kilnd_start(&kd, home, env);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    return newest_run(name);
+}
+
 /* ---- the submit race ------------------------------------------------------------------- */
 
 static void test_five_relative_submits(void **state)
@@ -271,9 +318,8 @@ static void test_one_serve_two_labels(void **state)
 {
     (void)state;
     fx_serve_t s = {0};
-    char sdir[400], spec[500], extra[1024];
-    snprintf(sdir, sizeof sdir, "%s/serve", home);
-    assert_true(fx_serve_start(&s, sdir));
+    char spec[500], extra[1024];
+    serve_start(&s);
     /* A is the champion (auto: false): only deliberate pushes change it. */
     snprintf(extra, sizeof extra,
              "export: {on_success: incremental}\n"
@@ -281,17 +327,11 @@ static void test_one_serve_two_labels(void **state)
              "    - {url: \"%s\", model: ctr, label: A, auto: false}\n"
              "    - {url: \"%s\", model: ctr, label: B}\n",
              s.url, s.url);
-    write_job("ab", "ab", extra, spec, sizeof spec);
-    land("ab", "day0.tsv", 0);
-    fx_kilnd_start(&kd, home, NULL);
-    const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
-    int64_t r1 = newest_run("ab");
+    int64_t r1 = submit_first("ab", extra, NULL, spec, sizeof spec);
     assert_int_equal(wait_end(r1, 120), STATE_RUN_SUCCEEDED);
     assert_int_equal(wait_push(r1, STATE_PUSH_SUCCEEDED, 60), STATE_PUSH_SUCCEEDED);
     char ck1[64], ck2[64], h[64];
-    run_checkpoint(r1, ck1, sizeof ck1);
-    wait_holds(&s, "ctr", "B", ck1, 30);
+    wait_b_holds_run(&s, r1, ck1, sizeof ck1, 30);
     fx_holds(&s, "ctr", "A", h, sizeof h);
     assert_string_equal(h, ""); /* auto: false */
 
@@ -302,12 +342,12 @@ static void test_one_serve_two_labels(void **state)
 
     /* A second run: B gets its delta, A keeps ck1. */
     land("ab", "day1.tsv", 1);
+    const char *sub[] = {"submit", spec, NULL};
     kiln_ok(sub);
     int64_t r2 = newest_run("ab");
     assert_true(r2 > r1);
     assert_int_equal(wait_end(r2, 120), STATE_RUN_SUCCEEDED);
-    run_checkpoint(r2, ck2, sizeof ck2);
-    wait_holds(&s, "ctr", "B", ck2, 60);
+    wait_b_holds_run(&s, r2, ck2, sizeof ck2, 60);
     /* promote reads what B holds from Kiln's records: wait for kilnd to
      * record the push it made. */
     assert_int_equal(wait_push(r2, STATE_PUSH_SUCCEEDED, 30), STATE_PUSH_SUCCEEDED);
@@ -358,6 +398,19 @@ static json_t *lineage_json(const char *ref)
     return doc;
 }
 
+/* Whether a lineage document names endpoint label B as serving its lineage. */
+static bool lineage_reaches_b(json_t *doc)
+{
+    json_t *eps = json_object_get(doc, "endpoints");
+    for (size_t i = 0; i < json_array_size(eps); i++) {
+        json_t *e = json_array_get(eps, i);
+        if (strcmp(json_string_value(json_object_get(e, "label")), "B") == 0 &&
+            json_is_true(json_object_get(e, "serves_this_lineage")))
+            return true;
+    }
+    return false;
+}
+
 /* Lineage walks forward from the first run, across the later runs that
  * started from its checkpoint, to B; and back from B's URL to every
  * partition file. */
@@ -366,14 +419,7 @@ static void check_lineage_from_run_and_endpoint(int64_t first, const fx_serve_t 
     char ref[32];
     snprintf(ref, sizeof ref, "%lld", (long long)first);
     json_t *doc = lineage_json(ref);
-    json_t *eps = json_object_get(doc, "endpoints");
-    bool reaches = false;
-    for (size_t i = 0; i < json_array_size(eps); i++) {
-        json_t *e = json_array_get(eps, i);
-        reaches = reaches || (strcmp(json_string_value(json_object_get(e, "label")), "B") == 0 &&
-                              json_is_true(json_object_get(e, "serves_this_lineage")));
-    }
-    if (!reaches)
+    if (!lineage_reaches_b(doc))
         fail_msg("lineage forward from run %s does not reach B", ref);
     json_decref(doc);
     doc = lineage_json(s->url);
@@ -522,16 +568,12 @@ static void test_cron_three_partitions(void **state)
 {
     (void)state;
     fx_serve_t s = {0};
-    char sdir[400], spec[500], extra[1024];
-    snprintf(sdir, sizeof sdir, "%s/serve", home);
-    assert_true(fx_serve_start(&s, sdir));
-    snprintf(extra, sizeof extra,
-             "schedule: \"@every 2s\"\n"
-             "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\", incremental: true}\n"
-             "export: {on_success: incremental}\n"
-             "push:\n  token_env: KILN_TEST_TOKEN\n  endpoints:\n"
-             "    - {url: \"%s\", model: ctr, label: B}\n",
-             data_dir, s.url);
+    char spec[500], head[600], extra[1024];
+    serve_start(&s);
+    snprintf(head, sizeof head,
+             "schedule: \"@every 2s\"\n" INCREMENTAL_DATA "export: {on_success: incremental}\n",
+             data_dir);
+    push_to_b(extra, sizeof extra, head, "", s.url);
     write_job("cron", "hourly", extra, spec, sizeof spec);
     kd.web_port = proc_free_port();
     fx_kilnd_start(&kd, home, NULL);
@@ -559,8 +601,7 @@ static void test_cron_three_partitions(void **state)
         }
         if (id == 0)
             fail_msg("no run consumed partition %d within 60 s (see %s/kilnd.log)", p, home);
-        run_checkpoint(id, ck[p], sizeof ck[p]);
-        wait_holds(&s, "ctr", "B", ck[p], 60);
+        wait_b_holds_run(&s, id, ck[p], sizeof ck[p], 60);
         assert_int_equal(wait_push(id, STATE_PUSH_SUCCEEDED, 30), STATE_PUSH_SUCCEEDED);
         state_push_t *ps = NULL;
         size_t n = run_pushes(id, &ps);
@@ -577,24 +618,13 @@ static void test_cron_three_partitions(void **state)
     for (int p = 0; p < 3; p++) {
         char file[500];
         snprintf(file, sizeof file, "%s/cron/data/day=%d.tsv", home, p);
-        proc_result_t *r = calloc(1, sizeof *r);
-        const char *args[] = {"--json", "lineage", file, NULL};
-        fx_kiln(&kd, r, args);
-        assert_int_equal(r->code, 0);
-        json_t *doc = json_loads(r->out, 0, NULL);
-        assert_non_null(doc);
-        json_t *eps = json_object_get(doc, "endpoints");
-        bool reaches = false;
-        for (size_t i = 0; i < json_array_size(eps); i++) {
-            json_t *e = json_array_get(eps, i);
-            if (strcmp(json_string_value(json_object_get(e, "label")), "B") == 0 &&
-                json_is_true(json_object_get(e, "serves_this_lineage")))
-                reaches = true;
+        json_t *doc = lineage_json(file);
+        if (!lineage_reaches_b(doc)) {
+            char *text = json_dumps(doc, 0);
+            fail_msg("lineage of %s does not reach B: %s", file, text);
+            free(text);
         }
-        if (!reaches)
-            fail_msg("lineage of %s does not reach B: %s", file, r->out);
         json_decref(doc);
-        free(r);
     }
     check_lineage_from_run_and_endpoint(first, &s);
     check_logs(prev);
@@ -607,21 +637,12 @@ static void test_endpoint_down_then_up(void **state)
 {
     (void)state;
     fx_serve_t s = {0};
-    char sdir[400], spec[500], extra[1024];
-    snprintf(sdir, sizeof sdir, "%s/serve", home);
-    assert_true(fx_serve_start(&s, sdir)); /* for a port of its own */
+    char spec[500], extra[1024];
+    const char *sdir = serve_start(&s); /* for a port of its own */
     fx_serve_stop(&s, SIGTERM);
-    snprintf(extra, sizeof extra,
-             "export: {on_success: full}\n"
-             "push:\n  token_env: KILN_TEST_TOKEN\n  retries: 0\n  timeout: 2s\n"
-             "  endpoints:\n    - {url: \"%s\", model: ctr, label: B}\n",
-             s.url);
-    write_job("down", "down", extra, spec, sizeof spec);
-    land("down", "day0.tsv", 0);
-    fx_kilnd_start(&kd, home, NULL);
-    const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
-    int64_t id = newest_run("down");
+    push_to_b(extra, sizeof extra, "export: {on_success: full}\n", "  retries: 0\n  timeout: 2s\n",
+              s.url);
+    int64_t id = submit_first("down", extra, NULL, spec, sizeof spec);
     /* The run succeeds whatever the endpoint does. */
     assert_int_equal(wait_end(id, 120), STATE_RUN_SUCCEEDED);
     /* Its push is pending, with the reason. */
@@ -653,8 +674,7 @@ static void test_endpoint_down_then_up(void **state)
     /* The endpoint comes back on its port: kilnd's retry lands the push. */
     assert_true(fx_serve_start(&s, sdir));
     char ck[64];
-    run_checkpoint(id, ck, sizeof ck);
-    wait_holds(&s, "ctr", "B", ck, 60);
+    wait_b_holds_run(&s, id, ck, sizeof ck, 60);
     assert_int_equal(wait_push(id, STATE_PUSH_SUCCEEDED, 30), STATE_PUSH_SUCCEEDED);
 }
 
@@ -666,21 +686,11 @@ static void test_endpoint_down_then_up(void **state)
 static void kill9_case(const char *hook)
 {
     fx_serve_t s = {0};
-    char sdir[400], spec[500], extra[1024];
-    snprintf(sdir, sizeof sdir, "%s/serve", home);
-    assert_true(fx_serve_start(&s, sdir));
-    snprintf(extra, sizeof extra,
-             "export: {on_success: incremental}\n"
-             "push:\n  token_env: KILN_TEST_TOKEN\n  endpoints:\n"
-             "    - {url: \"%s\", model: ctr, label: B}\n",
-             s.url);
-    write_job("k9", "k9", extra, spec, sizeof spec);
-    land("k9", "day0.tsv", 0);
+    char spec[500], extra[1024];
+    serve_start(&s);
+    push_to_b(extra, sizeof extra, "export: {on_success: incremental}\n", "", s.url);
     const char *env[] = {hook, NULL};
-    fx_kilnd_start(&kd, home, env);
-    const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
-    int64_t id = newest_run("k9");
+    int64_t id = submit_first("k9", extra, env, spec, sizeof spec);
     assert_int_equal(wait_end(id, 120), STATE_RUN_SUCCEEDED);
     assert_int_equal(wait_push(id, STATE_PUSH_SENDING, 30), STATE_PUSH_SENDING);
     if (strstr(hook, "HOLD") != NULL) {
@@ -698,8 +708,7 @@ static void kill9_case(const char *hook)
     fx_kilnd_start(&kd, home, NULL);
     assert_int_equal(wait_push(id, STATE_PUSH_SUCCEEDED, 60), STATE_PUSH_SUCCEEDED);
     char ck[64];
-    run_checkpoint(id, ck, sizeof ck);
-    wait_holds(&s, "ctr", "B", ck, 10);
+    wait_b_holds_run(&s, id, ck, sizeof ck, 10);
     /* Exactly once: one push recorded, one applied by the endpoint. */
     n = run_pushes(id, &ps);
     assert_int_equal(n, 1);
@@ -743,31 +752,22 @@ static void test_quality_gate(void **state)
 {
     (void)state;
     fx_serve_t s = {0};
-    char sdir[400], spec[500], extra[1024], bad[500];
-    snprintf(sdir, sizeof sdir, "%s/serve", home);
-    assert_true(fx_serve_start(&s, sdir));
-    snprintf(extra, sizeof extra,
-             "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\", incremental: true}\n"
-             "export: {on_success: incremental}\n"
-             "push:\n  token_env: KILN_TEST_TOKEN\n  max_regression: 0.001\n  endpoints:\n"
-             "    - {url: \"%s\", model: ctr, label: B}\n",
-             data_dir, s.url);
-    write_job("gate", "gate", extra, spec, sizeof spec);
-    land("gate", "day0.tsv", 0);
-    fx_kilnd_start(&kd, home, NULL);
-    const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
-    int64_t r1 = newest_run("gate");
+    char spec[500], extra[1024], bad[500];
+    serve_start(&s);
+    char head[600];
+    snprintf(head, sizeof head, INCREMENTAL_DATA "export: {on_success: incremental}\n", data_dir);
+    push_to_b(extra, sizeof extra, head, "  max_regression: 0.001\n", s.url);
+    int64_t r1 = submit_first("gate", extra, NULL, spec, sizeof spec);
     assert_int_equal(wait_end(r1, 120), STATE_RUN_SUCCEEDED);
     char ck1[64], h[64];
-    run_checkpoint(r1, ck1, sizeof ck1);
-    wait_holds(&s, "ctr", "B", ck1, 60);
+    wait_b_holds_run(&s, r1, ck1, sizeof ck1, 60);
     /* A partition of flipped labels: the next model is worse. */
     snprintf(bad, sizeof bad, "%s/gate/flipped.tsv", home);
     write_flipped(bad);
     char dst[500];
     snprintf(dst, sizeof dst, "%s/gate/data/day=1.tsv", home);
     assert_int_equal(fx_land(bad, dst), 0);
+    const char *sub[] = {"submit", spec, NULL};
     kiln_ok(sub);
     int64_t r2 = newest_run("gate");
     assert_true(r2 > r1);
@@ -790,8 +790,7 @@ static void test_quality_gate(void **state)
     const char *force[] = {"push", "--job", "gate", "--force", NULL};
     kiln_ok(force);
     char ck2[64];
-    run_checkpoint(r2, ck2, sizeof ck2);
-    wait_holds(&s, "ctr", "B", ck2, 10);
+    wait_b_holds_run(&s, r2, ck2, sizeof ck2, 10);
 }
 
 /* ---- an online job --------------------------------------------------------------------------------- */
@@ -800,22 +799,14 @@ static void test_online_job(void **state)
 {
     (void)state;
     fx_serve_t s = {0};
-    char sdir[400], spec[500], extra[1024];
-    snprintf(sdir, sizeof sdir, "%s/serve", home);
-    assert_true(fx_serve_start(&s, sdir));
-    snprintf(extra, sizeof extra,
-             "train: {mode: online, batch_size: 128, log_every: 2}\n"
-             "export: {every: 1s, on_success: incremental}\n"
-             "checkpoint: {keep: 3}\n"
-             "push:\n  token_env: KILN_TEST_TOKEN\n  endpoints:\n"
-             "    - {url: \"%s\", model: ctr, label: B}\n",
-             s.url);
-    write_job("online", "online", extra, spec, sizeof spec);
-    land("online", "day0.tsv", 0);
-    fx_kilnd_start(&kd, home, NULL);
-    const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
-    int64_t id = newest_run("online");
+    char spec[500], extra[1024];
+    serve_start(&s);
+    push_to_b(extra, sizeof extra,
+              "train: {mode: online, batch_size: 128, log_every: 2}\n"
+              "export: {every: 1s, on_success: incremental}\n"
+              "checkpoint: {keep: 3}\n",
+              "", s.url);
+    int64_t id = submit_first("online", extra, NULL, spec, sizeof spec);
     /* Partitions keep landing; exports reach B while the run trains. */
     int landed = 1, reached = 0;
     char last[64] = "";

@@ -50,6 +50,18 @@ typedef struct {
     int fm_dense;
 } shape_t;
 
+/* A DLRM shape: S sparse and F dense features, embeddings of dim d, and the
+ * widths of its bottom and top MLPs (each list ended by 0). */
+static shape_t dlrm(int S, int F, int d, const int *bottom, const int *top)
+{
+    shape_t sh = {.type = RT_MODEL_DLRM, .S = S, .F = F, .d = d};
+    for (; bottom[sh.nb] != 0; sh.nb++)
+        sh.bottom[sh.nb] = bottom[sh.nb];
+    for (; top[sh.nt] != 0; sh.nt++)
+        sh.top[sh.nt] = top[sh.nt];
+    return sh;
+}
+
 static rt_model_config_t make_cfg(const shape_t *sh, int max_batch, uint64_t seed,
                                   rt_dense_opt_t opt)
 {
@@ -212,6 +224,24 @@ static int count_bad_d(const char *what, const double *a, const double *r, size_
     return count_bad_at(what, at_d, a, r, cnt, loud);
 }
 
+/* The derivatives of ref_loss by the cnt values at x (which is pd or Ed,
+ * changed and restored in place), by central differences of step h, into
+ * num[cnt]. */
+static void central_diff(const shape_t *sh, const double *pd, const double *Ed, const double *Xd,
+                         const float *y, int n, double scale, double h, double *x, size_t cnt,
+                         double *num)
+{
+    for (size_t i = 0; i < cnt; i++) {
+        double keep = x[i];
+        x[i] = keep + h;
+        double lp = ref_loss(sh, pd, Ed, Xd, y, n, scale);
+        x[i] = keep - h;
+        double lm = ref_loss(sh, pd, Ed, Xd, y, n, scale);
+        x[i] = keep;
+        num[i] = (lp - lm) / (2 * h);
+    }
+}
+
 /* ---- gradient checks --------------------------------------------------------------- */
 static void grad_check(const shape_t *sh)
 {
@@ -250,15 +280,7 @@ static void grad_check(const shape_t *sh)
     const double *grads = rt_model_grads(m);
 
     /* dE against central differences. */
-    for (size_t i = 0; i < ne; i++) {
-        double keep = Ed[i];
-        Ed[i] = keep + h;
-        double lp = ref_loss(sh, pd, Ed, Xd, y, n, scale);
-        Ed[i] = keep - h;
-        double lm = ref_loss(sh, pd, Ed, Xd, y, n, scale);
-        Ed[i] = keep;
-        num[i] = (lp - lm) / (2 * h);
-    }
+    central_diff(sh, pd, Ed, Xd, y, n, scale, h, Ed, ne, num);
     assert_int_equal(count_bad("dE", dE, num, ne, 1), 0);
     /* A wrong dE would fail: nudge one element past the tolerance. */
     if (ne > 1) {
@@ -269,15 +291,7 @@ static void grad_check(const shape_t *sh)
     }
 
     /* Every dense parameter group against central differences. */
-    for (size_t i = 0; i < np; i++) {
-        double keep = pd[i];
-        pd[i] = keep + h;
-        double lp = ref_loss(sh, pd, Ed, Xd, y, n, scale);
-        pd[i] = keep - h;
-        double lm = ref_loss(sh, pd, Ed, Xd, y, n, scale);
-        pd[i] = keep;
-        num[i] = (lp - lm) / (2 * h);
-    }
+    central_diff(sh, pd, Ed, Xd, y, n, scale, h, pd, np, num);
     for (int gi = 0; gi < rt_model_ngroups(m); gi++) {
         const rt_model_group_t *g = rt_model_group(m, gi);
         size_t cnt = (size_t)g->rows * g->cols;
@@ -349,17 +363,9 @@ static void test_grad_fm(void **state)
 static void test_grad_dlrm(void **state)
 {
     (void)state;
-    shape_t sh = {.type = RT_MODEL_DLRM,
-                  .S = 4,
-                  .F = 3,
-                  .d = 3,
-                  .bottom = {5, 3},
-                  .nb = 2,
-                  .top = {6, 4, 1},
-                  .nt = 3};
+    shape_t sh = dlrm(4, 3, 3, (const int[]){5, 3, 0}, (const int[]){6, 4, 1, 0});
     grad_check(&sh);
-    shape_t small = {
-        .type = RT_MODEL_DLRM, .S = 3, .F = 2, .d = 2, .bottom = {2}, .nb = 1, .top = {1}, .nt = 1};
+    shape_t small = dlrm(3, 2, 2, (const int[]){2, 0}, (const int[]){1, 0});
     grad_check(&small);
 }
 
@@ -367,14 +373,7 @@ static void test_grad_dlrm(void **state)
 static void test_layout(void **state)
 {
     (void)state;
-    shape_t sh = {.type = RT_MODEL_DLRM,
-                  .S = 4,
-                  .F = 3,
-                  .d = 3,
-                  .bottom = {5, 3},
-                  .nb = 2,
-                  .top = {6, 1},
-                  .nt = 2};
+    shape_t sh = dlrm(4, 3, 3, (const int[]){5, 3, 0}, (const int[]){6, 1, 0});
     rt_model_t *m = make_model(&sh, 8, 1, sgd(0.1f));
     static const struct {
         const char *name;
@@ -539,14 +538,7 @@ static void test_optimizers(void **state)
 static void test_init_deterministic(void **state)
 {
     (void)state;
-    shape_t sh = {.type = RT_MODEL_DLRM,
-                  .S = 5,
-                  .F = 4,
-                  .d = 4,
-                  .bottom = {8, 4},
-                  .nb = 2,
-                  .top = {8, 1},
-                  .nt = 2};
+    shape_t sh = dlrm(5, 4, 4, (const int[]){8, 4, 0}, (const int[]){8, 1, 0});
     rt_model_t *a = make_model(&sh, 16, 42, sgd(0.1f));
     rt_model_t *b = make_model(&sh, 64, 42, sgd(0.1f)); /* batch size is not an input */
     rt_model_t *c = make_model(&sh, 16, 43, sgd(0.1f));
@@ -578,14 +570,7 @@ static void test_init_deterministic(void **state)
 static void test_state_roundtrip(void **state)
 {
     (void)state;
-    shape_t sh = {.type = RT_MODEL_DLRM,
-                  .S = 3,
-                  .F = 2,
-                  .d = 2,
-                  .bottom = {4, 2},
-                  .nb = 2,
-                  .top = {3, 1},
-                  .nt = 2};
+    shape_t sh = dlrm(3, 2, 2, (const int[]){4, 2, 0}, (const int[]){3, 1, 0});
     rt_dense_opt_t adam = {RT_DENSE_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0.0f, 0.0f};
     rt_model_t *a = make_model(&sh, 4, 1, adam);
     rt_model_t *b = make_model(&sh, 4, 2, adam);
@@ -653,14 +638,7 @@ static void test_config_errors(void **state)
 {
     (void)state;
     rt_model_t *m = (rt_model_t *)&m; /* must become NULL */
-    shape_t sh = {.type = RT_MODEL_DLRM,
-                  .S = 3,
-                  .F = 2,
-                  .d = 4,
-                  .bottom = {8, 3},
-                  .nb = 2,
-                  .top = {4, 1},
-                  .nt = 2};
+    shape_t sh = dlrm(3, 2, 4, (const int[]){8, 3, 0}, (const int[]){4, 1, 0});
     rt_model_config_t c = make_cfg(&sh, 8, 1, sgd(0.1f));
     assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
     assert_null(m);
@@ -825,8 +803,7 @@ static void test_split_invariance(void **state)
     (void)state;
     shape_t lr = {.type = RT_MODEL_LR, .S = 26, .F = 13, .d = 1};
     shape_t fm = {.type = RT_MODEL_FM, .S = 26, .F = 13, .d = 17, .fm_dense = 1};
-    shape_t dl = {.type = RT_MODEL_DLRM, .S = 8, .F = 13, .d = 8, .bottom = {64, 8}, .nb = 2,
-                  .top = {128, 64, 1}, .nt = 3};
+    shape_t dl = dlrm(8, 13, 8, (const int[]){64, 8, 0}, (const int[]){128, 64, 1, 0});
     /* float64 weight gradients (batch sizes not multiples of 256) */
     split_check(&lr, 240, 80, 240, 160);
     split_check(&fm, 240, 80, 240, 160);
@@ -844,14 +821,7 @@ static void test_trains(void **state)
     const shape_t shapes[] = {
         {.type = RT_MODEL_LR, .S = TS, .F = TF, .d = 1},
         {.type = RT_MODEL_FM, .S = TS, .F = TF, .d = 5, .fm_dense = 1},
-        {.type = RT_MODEL_DLRM,
-         .S = TS,
-         .F = TF,
-         .d = 4,
-         .bottom = {8, 4},
-         .nb = 2,
-         .top = {16, 1},
-         .nt = 2},
+        dlrm(TS, TF, 4, (const int[]){8, 4, 0}, (const int[]){16, 1, 0}),
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         double first, last;

@@ -150,6 +150,37 @@ static void get_run(int64_t id, state_run_t *r)
     state_close(st);
 }
 
+/* Run id has an error that names `what`. */
+static void assert_run_error(int64_t id, const char *what)
+{
+    state_run_t r;
+    get_run(id, &r);
+    assert_non_null(r.error);
+    assert_non_null(strstr(r.error, what));
+    state_run_fini(&r);
+}
+
+/* Every run of job (NULL: of all jobs), newest first, into *rs
+ * (state_runs_free); returns how many. */
+static size_t job_runs(const char *job, state_run_t **rs)
+{
+    state_t *st = open_db();
+    size_t n = 0;
+    assert_int_equal(state_run_list(st, job, 0, rs, &n), 0);
+    state_close(st);
+    return n;
+}
+
+/* Writes the spec of job `name` with `extra`, submits it and starts kilnd;
+ * returns kilnd's pid. */
+static pid_t submit_and_start(const char *name, const char *extra)
+{
+    char spec[400];
+    write_spec(name, extra, spec, sizeof spec);
+    submit(spec);
+    return start_kilnd();
+}
+
 static int setup_home(void **state)
 {
     (void)state;
@@ -233,16 +264,10 @@ static void test_submit_to_success(void **state)
     char spec[400];
     write_spec("ok", "data: {train: \"DATA/*.tsv\", incremental: true}\n", spec, sizeof spec);
     /* point data.train at the shared data */
-    char text[2048], fixed[2048];
-    FILE *f = fopen(spec, "r");
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    text[n] = '\0';
-    fclose(f);
+    char text[2048];
+    proc_slurp(spec, text, sizeof text);
     char *at = strstr(text, "DATA");
-    snprintf(fixed, sizeof fixed, "%.*s%s%s", (int)(at - text), text, data_dir, at + 4);
-    f = fopen(spec, "w");
-    fputs(fixed, f);
-    fclose(f);
+    fx_write(spec, "%.*s%s%s", (int)(at - text), text, data_dir, at + 4);
 
     submit(spec);
     pid_t k = start_kilnd();
@@ -273,10 +298,7 @@ static void test_submit_to_success(void **state)
 
     submit(spec); /* run 2: every partition was consumed by run 1 */
     wait_run(2, STATE_RUN_SKIPPED, 15);
-    get_run(2, &r);
-    assert_non_null(r.error);
-    assert_non_null(strstr(r.error, "no new data"));
-    state_run_fini(&r);
+    assert_run_error(2, "no new data");
     stop_kilnd(k, SIGTERM);
 }
 
@@ -299,11 +321,8 @@ static void test_queued_run_keeps_its_version(void **state)
         get_run(id, &r);
         assert_int_equal(r.job_version, id);
         snprintf(path, sizeof path, "%s/spec.yaml", r.run_dir);
-        FILE *f = fopen(path, "r");
-        assert_non_null(f);
-        size_t n = fread(text, 1, sizeof text - 1, f);
-        text[n] = '\0';
-        fclose(f);
+        assert_int_equal(access(path, R_OK), 0);
+        proc_slurp(path, text, sizeof text);
         const char *want = id == 1 ? "log_every: 2" : "log_every: 3";
         if (strstr(text, want) == NULL)
             fail_msg("run %d (version %d) ran with a spec without \"%s\":\n%s", id,
@@ -316,11 +335,7 @@ static void test_queued_run_keeps_its_version(void **state)
 static void test_cancel(void **state)
 {
     (void)state;
-    char spec[400];
-    write_spec("long", "train: {batch_size: 128, epochs: 100000, log_every: 50}\n", spec,
-               sizeof spec);
-    submit(spec);
-    pid_t k = start_kilnd();
+    pid_t k = submit_and_start("long", "train: {batch_size: 128, epochs: 100000, log_every: 50}\n");
     wait_run(1, STATE_RUN_RUNNING, 15);
     proc_sleep_ms(1000);
     const char *argv[] = {KILN_BIN, "--db", db, "cancel", "1", NULL};
@@ -338,9 +353,8 @@ static void test_cancel(void **state)
     /* The supervisor wrote the status after mpirun and every rank were gone. */
     assert_true(file_exists(r.run_dir, "status"));
     assert_true(kill(mpirun, 0) < 0 && errno == ESRCH);
-    assert_non_null(r.error);
-    assert_non_null(strstr(r.error, "canceled"));
     state_run_fini(&r);
+    assert_run_error(1, "canceled");
     stop_kilnd(k, SIGTERM);
 }
 
@@ -355,17 +369,12 @@ static void test_timeout(void **state)
                spec, sizeof spec);
     /* write_spec adds its own resources line first; the second wins? no: keep one. */
     char text[2048];
-    FILE *f = fopen(spec, "r");
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    text[n] = '\0';
-    fclose(f);
+    proc_slurp(spec, text, sizeof text);
     char *first = strstr(text, "resources: {ranks: 2, threads: 1}\n");
     if (first != NULL)
         memmove(first, first + strlen("resources: {ranks: 2, threads: 1}\n"),
                 strlen(first + strlen("resources: {ranks: 2, threads: 1}\n")) + 1);
-    f = fopen(spec, "w");
-    fputs(text, f);
-    fclose(f);
+    fx_write(spec, "%s", text);
     submit(spec);
     pid_t k = start_kilnd();
     wait_run(1, STATE_RUN_TIMED_OUT, 20);
@@ -420,19 +429,13 @@ static void assert_unique_times(state_run_t *rs, size_t n)
 static void test_cron_forbid(void **state)
 {
     (void)state;
-    char spec[400];
-    write_spec("every2",
-               "schedule: \"@every 2s\"\nconcurrency: forbid\n"
-               "train: {batch_size: 128, epochs: 1500, log_every: 100}\n",
-               spec, sizeof spec);
-    submit(spec);
-    pid_t k = start_kilnd();
+    pid_t k =
+        submit_and_start("every2", "schedule: \"@every 2s\"\nconcurrency: forbid\n"
+                                   "train: {batch_size: 128, epochs: 1500, log_every: 100}\n");
     proc_sleep_ms(9000);
     stop_kilnd(k, SIGTERM);
-    state_t *st = open_db();
     state_run_t *rs = NULL;
-    size_t n = 0;
-    assert_int_equal(state_run_list(st, "every2", 0, &rs, &n), 0);
+    size_t n = job_runs("every2", &rs);
     int skipped = 0, ran = 0;
     for (size_t i = 0; i < n; i++) {
         assert_true(rs[i].scheduled_at % 2 == 0);
@@ -448,27 +451,21 @@ static void test_cron_forbid(void **state)
         fail_msg("expected runs and skipped fires, got %d ran and %d skipped of %zu", ran, skipped,
                  n);
     state_runs_free(rs, n);
-    state_close(st);
 }
 
 static void test_catchup_after_downtime(void **state)
 {
     (void)state;
-    char spec[400];
-    write_spec("catchup", "schedule: \"@every 2s\"\nconcurrency: allow\ncatchup: all\n", spec,
-               sizeof spec);
-    submit(spec);
-    pid_t k = start_kilnd();
+    pid_t k =
+        submit_and_start("catchup", "schedule: \"@every 2s\"\nconcurrency: allow\ncatchup: all\n");
     wait_run(1, STATE_RUN_SUCCEEDED, 20);
     stop_kilnd(k, SIGTERM);
     proc_sleep_ms(6000); /* three fire times pass while kilnd is down */
     k = start_kilnd();
     proc_sleep_ms(5000);
     stop_kilnd(k, SIGTERM);
-    state_t *st = open_db();
     state_run_t *rs = NULL;
-    size_t n = 0;
-    assert_int_equal(state_run_list(st, "catchup", 0, &rs, &n), 0);
+    size_t n = job_runs("catchup", &rs);
     assert_unique_times(rs, n);
     int64_t lo = INT64_MAX, hi = 0;
     int catchup = 0;
@@ -485,7 +482,6 @@ static void test_catchup_after_downtime(void **state)
     if (catchup < 2)
         fail_msg("expected at least 2 catch-up runs after 6 s down, got %d of %zu", catchup, n);
     state_runs_free(rs, n);
-    state_close(st);
 }
 
 /* Sends sig to the ranks of the run in run_dir; returns how many. */
@@ -581,13 +577,10 @@ static void test_kill9_recovery(void **state)
     state_run_fini(&r);
     wait_run(2, STATE_RUN_SUCCEEDED, 120);
     stop_kilnd(k, SIGTERM);
-    state_t *st = open_db();
     state_run_t *rs = NULL;
-    size_t n = 0;
-    assert_int_equal(state_run_list(st, NULL, 0, &rs, &n), 0);
+    size_t n = job_runs(NULL, &rs);
     assert_int_equal(n, 2); /* nothing duplicated, no retry */
     state_runs_free(rs, n);
-    state_close(st);
     assert_true(log_has("run 1 ended while kilnd was away", 0));
 }
 

@@ -446,6 +446,13 @@ static void server_new(server_t *srv, const char *name)
     snprintf(srv->dir, sizeof srv->dir, "%s/%s", tmp_root, name);
 }
 
+/* A fresh server `name` (server_new), started and answering. */
+static void server_up(server_t *srv, const char *name)
+{
+    server_new(srv, name);
+    server_start(srv, NULL, 0, true);
+}
+
 typedef fx_reply_t resp_t;
 
 static void resp_free(resp_t *r)
@@ -535,6 +542,16 @@ static int push_one(server_t *srv, const char *label, opener_t *o, const char *h
 {
     serve_target_t t = {srv->url, "ctr", label, held, open_src, o, NULL};
     return serve_push(&t, 1, opt, res);
+}
+
+/* Pushes full to srv's label (held: nothing) with popts(); the push must
+ * succeed. */
+static void push_full(server_t *srv, const char *label, serve_memsrc_t *full)
+{
+    opener_t o = {.full = full};
+    serve_push_opts_t opt = popts();
+    serve_push_result_t res;
+    assert_int_equal(push_one(srv, label, &o, "", &opt, &res), 0);
 }
 
 /* Predictions of kiln-serve for lines, with ?label=. */
@@ -817,13 +834,11 @@ static void test_chain_compacted(void **state)
 {
     (void)state;
     server_t srv;
-    server_new(&srv, "compact");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "compact");
     serve_memsrc_t *full = build("c-0", "", 1000, 300, 1, NULL, 0);
-    opener_t o = {.full = full};
+    push_full(&srv, "A", full);
     serve_push_opts_t opt = popts();
     serve_push_result_t res;
-    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
     char uid[32], base[32] = "c-0", dir[700], h[64];
     for (int i = 1; i <= 11; i++) {
         int64_t del = 1000 + i;
@@ -867,13 +882,9 @@ static void test_chain_compacted(void **state)
 static void test_predict_matches_model(void **state)
 {
     server_t srv;
-    server_new(&srv, "predict");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "predict");
     serve_memsrc_t *full = build("ck-9", "", 0, 2000, 3, NULL, 0);
-    opener_t o = {.full = full};
-    serve_push_opts_t opt = popts();
-    serve_push_result_t res;
-    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    push_full(&srv, "A", full);
     /* Lines whose keys (hashes) are looked up; plus rows of both kinds. */
     const char *lines = "0\t1\t2\tu\tv\tw\n1\t0\t0\t\t\t\n0\t5\t9\tfoo\tbar\tbaz\n";
     double got[8], want[8];
@@ -890,8 +901,7 @@ static void test_predict_matches_model(void **state)
 static void test_auth_and_bad_requests(void **state)
 {
     server_t srv;
-    server_new(&srv, "auth");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "auth");
     serve_memsrc_t *full = build("ck-1", "", 0, 100, 1, NULL, 0);
     size_t len;
     unsigned char *body = encode_all(full, 0, &len);
@@ -988,15 +998,13 @@ static void test_auth_and_bad_requests(void **state)
 static void test_fault_wrong_base_full(void **state)
 {
     server_t srv;
-    server_new(&srv, "base");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "base");
     serve_memsrc_t *full1 = build("ck-1", "", 0, 100, 1, NULL, 0);
     serve_memsrc_t *full2 = build("ck-3", "", 0, 300, 2, NULL, 0);
     serve_memsrc_t *delta = build("ck-3", "ck-2", 100, 200, 2, NULL, 0);
-    opener_t o1 = {.full = full1};
+    push_full(&srv, "A", full1);
     serve_push_opts_t opt = popts();
     serve_push_result_t res;
-    assert_int_equal(push_one(&srv, "A", &o1, "", &opt, &res), 0);
     /* Our records say it holds ck-2 (it holds ck-1): the delta gets 409, the
      * client re-sends in full. */
     opener_t o2 = {.full = full2, .delta = delta, .delta_base = "ck-2"};
@@ -1056,18 +1064,16 @@ static void test_fault_endpoint_down(void **state)
 static void test_fault_killed_mid_push(void **state)
 {
     server_t srv;
-    server_new(&srv, "killed");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "killed");
     serve_memsrc_t *full = build("ck-1", "", 0, 1000, 1, NULL, 0);
-    opener_t o1 = {.full = full};
-    serve_push_opts_t opt = popts();
-    serve_push_result_t res;
-    assert_int_equal(push_one(&srv, "A", &o1, "", &opt, &res), 0);
+    push_full(&srv, "A", full);
     /* A big delta; its source kills kiln-serve (SIGKILL) after the 2nd item
      * has been sent and restarts it, then the transfer fails and is retried. */
     serve_memsrc_t *delta = build("ck-2", "ck-1", 500, 60000, 2, NULL, 0);
     opener_t o2 = {.full = full, .delta = delta, .delta_base = "ck-1", .kill_on_open = 1,
                    .kill_after = 3, .srv = &srv};
+    serve_push_opts_t opt = popts();
+    serve_push_result_t res;
     assert_int_equal(push_one(&srv, "A", &o2, "ck-1", &opt, &res), 0);
     assert_string_equal(o2.held_after_restart, "ck-1"); /* the old version, intact */
     assert_true(res.attempts >= 2);
@@ -1191,8 +1197,7 @@ static void test_push_nonfinite_refused(void **state)
 {
     (void)state;
     server_t srv;
-    server_new(&srv, "nonfinite-push");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "nonfinite-push");
     resp_t *r = calloc(1, sizeof *r);
     char h[64];
     /* Chunks: 0 header, 1..3 rows of t0..t2, 4 dense, 5 end. */
@@ -1240,16 +1245,12 @@ static void test_predict_nonfinite(void **state)
 {
     (void)state;
     server_t srv;
-    server_new(&srv, "nonfinite-predict");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "nonfinite-predict");
     collect_keys();
     serve_memsrc_t *full = build_with_lines("ck-1", "", 1);
     float huge[3] = {0.0f, 1e30f, 0.0f};
     assert_int_equal(serve_memsrc_add_rows(full, 0, 1, &line_keys[0], huge), 0); /* line 0, slot 0 */
-    opener_t o = {.full = full};
-    serve_push_opts_t opt = popts();
-    serve_push_result_t res;
-    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    push_full(&srv, "A", full);
     enum { REPS = 14 }; /* 42 rows: every third one is line 0 */
     char *body = calloc(REPS, strlen(LINES) + 1);
     for (int i = 0; i < REPS; i++)
@@ -1353,8 +1354,7 @@ static void test_state_dir_locked(void **state)
 {
     (void)state;
     server_t a;
-    server_new(&a, "locked");
-    server_start(&a, NULL, 0, true);
+    server_up(&a, "locked");
     char link[600], err[4096], pid[32];
     snprintf(link, sizeof link, "%s/locked-link", tmp_root);
     assert_int_equal(symlink(a.dir, link), 0);
@@ -1428,8 +1428,7 @@ static void test_broken_files(void **state)
 {
     (void)state;
     server_t srv;
-    server_new(&srv, "broken");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "broken");
     resp_t *r = calloc(1, sizeof *r);
     serve_memsrc_t *m = build_poisoned("ck-1", "", 1, -1, 0.0f, 0.0f);
     const char *labels[] = {"A", "B", "C"};
@@ -1556,8 +1555,7 @@ static void test_wrapped_error_reads_right(void **state)
     float dense[8] = {0};
     assert_int_equal(serve_memsrc_set_dense(m, 8, dense), 0);
     server_t srv;
-    server_new(&srv, "wrapped");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "wrapped");
     resp_t *r = calloc(1, sizeof *r);
     assert_int_equal(put_push(&srv, "A", "none", m, r), 422);
     json_t *j = json_loads(r->body, 0, NULL);
@@ -1663,8 +1661,7 @@ static void test_host_header(void **state)
     serve_memsrc_destroy(m);
     server_kill(&srv, SIGTERM);
     /* Without --allow-host only the bind address's names. */
-    server_new(&srv, "host2");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "host2");
     assert_int_equal(get_with_host(&srv, "serve.example", r), 403);
     assert_int_equal(get_with_host(&srv, "localhost", r), 200);
     server_kill(&srv, SIGTERM);
@@ -1678,8 +1675,7 @@ static void test_slow_clients(void **state)
 {
     (void)state;
     server_t srv;
-    server_new(&srv, "slow");
-    server_start(&srv, NULL, 0, true);
+    server_up(&srv, "slow");
     static proc_slow_t slow;
     proc_slow_open(&slow, srv.port, "GET /healthz HTTP/1.1\r\nHost: x");
     resp_t *r = calloc(1, sizeof *r);

@@ -161,6 +161,16 @@ static json_t *train(int np, const char *spec, const char *run_name, result_t *r
     return train_with(np, spec, run_name, r, NULL);
 }
 
+/* train, which must succeed; `what` names the run in the failure. */
+static json_t *train_ok(int np, const char *spec, const char *run_name, const char *what,
+                        result_t *r)
+{
+    json_t *v = train(np, spec, run_name, r);
+    if (v == NULL)
+        fail_msg("%s failed (%d): %s", what, r->code, r->err);
+    return v;
+}
+
 static double num(json_t *o, const char *k)
 {
     json_t *v = json_object_get(o, k);
@@ -273,25 +283,29 @@ static void check_ranks_agree(const char *model, int nranks, opt_t opt, int per_
     free(r);
 }
 
+/* check_ranks_agree with the adagrad and with the sgd optimizer. */
+static void check_ranks_agree_both(const char *model, int nranks)
+{
+    check_ranks_agree(model, nranks, OPT_ADAGRAD, 240);
+    check_ranks_agree(model, nranks, OPT_SGD, 240);
+}
+
 static void test_lr_1_vs_2(void **state)
 {
     (void)state;
-    check_ranks_agree("lr", 2, OPT_ADAGRAD, 240);
-    check_ranks_agree("lr", 2, OPT_SGD, 240);
+    check_ranks_agree_both("lr", 2);
 }
 
 static void test_fm_1_vs_2(void **state)
 {
     (void)state;
-    check_ranks_agree("fm", 2, OPT_ADAGRAD, 240);
-    check_ranks_agree("fm", 2, OPT_SGD, 240);
+    check_ranks_agree_both("fm", 2);
 }
 
 static void test_dlrm_1_vs_2(void **state)
 {
     (void)state;
-    check_ranks_agree("dlrm", 2, OPT_ADAGRAD, 240);
-    check_ranks_agree("dlrm", 2, OPT_SGD, 240);
+    check_ranks_agree_both("dlrm", 2);
 }
 
 /* Batches that are multiples of 256 per rank take the float32 256-row
@@ -307,8 +321,7 @@ static void test_dlrm_1_vs_2_blocks(void **state)
 static void test_dlrm_1_vs_3(void **state)
 {
     (void)state;
-    check_ranks_agree("dlrm", 3, OPT_ADAGRAD, 240);
-    check_ranks_agree("dlrm", 3, OPT_SGD, 240);
+    check_ranks_agree_both("dlrm", 3);
 }
 
 /* The weight comparison fails where it should: a 2e-4 relative error, an
@@ -495,12 +508,8 @@ static void test_cuda_matches_cpu(void **state)
     write_fm_spec("dev-cpu", 200000, "cpu", 5, 2, cpu, sizeof cpu);
     write_fm_spec("dev-cuda", 200000, "cuda", 5, 2, gpu, sizeof gpu);
     result_t *r = malloc(sizeof *r);
-    json_t *a = train(2, cpu, "dev-cpu", r);
-    if (a == NULL)
-        fail_msg("cpu run failed (%d): %s", r->code, r->err);
-    json_t *b = train(2, gpu, "dev-cuda", r);
-    if (b == NULL)
-        fail_msg("cuda run failed (%d): %s", r->code, r->err);
+    json_t *a = train_ok(2, cpu, "dev-cpu", "cpu run", r);
+    json_t *b = train_ok(2, gpu, "dev-cuda", "cuda run", r);
     assert_int_equal((int)num(a, "keys"), (int)num(b, "keys"));
     assert_close(num(a, "eval_logloss"), num(b, "eval_logloss"), 1e-3, "eval_logloss");
     double la[64], lb[64];
@@ -617,6 +626,17 @@ static void test_malformed_lines(void **state)
     free(r);
 }
 
+/* Writes text to spec and trains it as run `name` on 2 ranks: the run must
+ * fail with exit 2 and a message that holds `says`. */
+static void refused(const char *spec, const char *text, const char *name, const char *says,
+                    result_t *r)
+{
+    fx_write(spec, "%s", text);
+    assert_null(train(2, spec, name, r));
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, says));
+}
+
 /* A run over bad data fails (exit 2, not retried) and writes no checkpoint
  * (kiln-serve would serve it): every line malformed (a file with 12 dense
  * columns read as 13), an empty file, /dev/zero; so does a run that
@@ -632,45 +652,27 @@ static void test_bad_data_fails(void **state)
     snprintf(cmd, sizeof cmd, "cut -f 1-13,15- '%s/data/day=0.tsv' > '%s'", tmpdir, path);
     assert_int_equal(system(cmd), 0);
     snprintf(spec, sizeof spec, "%s/narrow.yaml", tmpdir);
-    FILE *f = fopen(spec, "w");
-    fputs("name: narrow\ndata: {train: narrow.tsv}\ntrain: {batch_size: 256}\n", f);
-    fclose(f);
-    assert_null(train(2, spec, "narrow", r));
-    assert_int_equal(r->code, 2);
-    assert_non_null(strstr(r->err, "6000 of the 6000 training lines read (100.00%) are "
-                                   "malformed"));
+    refused(spec, "name: narrow\ndata: {train: narrow.tsv}\ntrain: {batch_size: 256}\n", "narrow",
+            "6000 of the 6000 training lines read (100.00%) are malformed", r);
     assert_non_null(strstr(r->err, "wrong number of fields: 39 (expected 40"));
     assert_no_checkpoint("ckpt/narrow");
     /* ... and with every line allowed to be malformed, still no good row. */
-    f = fopen(spec, "w");
-    fputs("name: narrow2\ndata: {train: narrow.tsv, max_malformed: 1}\n"
-          "train: {batch_size: 256}\n",
-          f);
-    fclose(f);
-    assert_null(train(2, spec, "narrow2", r));
-    assert_int_equal(r->code, 2);
-    assert_non_null(strstr(r->err, "the 6000 training lines read hold no good row"));
+    refused(spec,
+            "name: narrow2\ndata: {train: narrow.tsv, max_malformed: 1}\n"
+            "train: {batch_size: 256}\n",
+            "narrow2", "the 6000 training lines read hold no good row", r);
     assert_no_checkpoint("ckpt/narrow2");
 
     /* An empty file. */
     snprintf(path, sizeof path, "%s/empty.tsv", tmpdir);
     fclose(fopen(path, "w"));
-    f = fopen(spec, "w");
-    fputs("name: empty\ndata: {train: empty.tsv}\n", f);
-    fclose(f);
-    assert_null(train(2, spec, "empty", r));
-    assert_int_equal(r->code, 2);
-    assert_non_null(strstr(r->err, "empty.tsv) holds no lines: nothing to train on"));
+    refused(spec, "name: empty\ndata: {train: empty.tsv}\n", "empty",
+            "empty.tsv) holds no lines: nothing to train on", r);
     assert_no_checkpoint("ckpt/empty");
 
     /* /dev/zero: refused, not read forever. */
-    f = fopen(spec, "w");
-    fputs("name: zero\ndata: {train: /dev/zero}\n", f);
-    fclose(f);
-    assert_null(train(2, spec, "zero", r));
-    assert_int_equal(r->code, 2);
-    assert_non_null(strstr(r->err, "data file /dev/zero is a character device, not a regular "
-                                   "file"));
+    refused(spec, "name: zero\ndata: {train: /dev/zero}\n", "zero",
+            "data file /dev/zero is a character device, not a regular file", r);
 
     /* Diverged: the issue's dlrm with sparse sgd at lr 1e30 used to end
      * "succeeded" with NaN weights. */
@@ -740,12 +742,8 @@ static void test_compressed_input(void **state)
                "checkpoint: {dir: ckpt/comp, full_every: 1, keep: 1}\n");
     fclose(f);
     result_t *r = malloc(sizeof *r);
-    json_t *a = train(2, plain, "plain", r);
-    if (a == NULL)
-        fail_msg("plain failed (%d): %s", r->code, r->err);
-    json_t *b = train(2, comp, "comp", r);
-    if (b == NULL)
-        fail_msg("compressed failed (%d): %s", r->code, r->err);
+    json_t *a = train_ok(2, plain, "plain", "plain", r);
+    json_t *b = train_ok(2, comp, "comp", "compressed", r);
     assert_int_equal((int)num(b, "rows"), 6000);
     assert_int_equal((int)num(b, "malformed"), 0);
     assert_int_equal((int)num(b, "eval_rows"), 1500);
