@@ -703,10 +703,7 @@ void kern_table_destroy(kern_table_t *t)
         big_free(*arr[i].p, arr[i].bytes);
     for (int k = 0; k < t->nseg; k++)
         big_free(t->seg[k].slots, (size_t)SLOT_BYTES * (size_t)t->seg[k].nslots);
-    free(t->seg);
-    free(t->name);
-    free(t->capacity_note);
-    free(t->log);
+    KILN_FREE_ALL(t->seg, t->name, t->capacity_note, t->log);
     free(t);
 }
 

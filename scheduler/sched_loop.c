@@ -584,9 +584,7 @@ out:
         if (fds[i] >= 0)
             close(fds[i]);
     state_close(s->st);
-    free(s->home);
-    free(s->db_path);
-    free(s->trainer);
+    KILN_FREE_ALL(s->home, s->db_path, s->trainer);
     if (o->log_path != NULL)
         kiln_log_close();
     return rc;

@@ -40,9 +40,7 @@ void rt_dedupe_destroy(rt_dedupe_t *d)
 {
     if (d == NULL)
         return;
-    free(d->slot_keys);
-    free(d->slot_idx);
-    free(d->uniq);
+    KILN_FREE_ALL(d->slot_keys, d->slot_idx, d->uniq);
     free(d);
 }
 
@@ -215,46 +213,14 @@ void rt_shard_destroy(rt_shard_t *s)
 {
     if (s == NULL)
         return;
-    for (int t = 0; s->values && t < s->ntables; t++) {
-        free(s->loc_rank[t]);
-        free(s->loc_pos[t]);
-        free(s->values[t]);
-        free(s->mark[t]);
-        free(s->ug_rows[t].p);
-        free(s->ug_grads[t].p);
-        free(s->ug_sum[t].p);
-    }
-    free(s->dims);
-    free(s->scnt);
-    free(s->rcnt);
-    free(s->key_sc);
-    free(s->key_sd);
-    free(s->key_rc);
-    free(s->key_rd);
-    free(s->flt_sc);
-    free(s->flt_sd);
-    free(s->flt_rc);
-    free(s->flt_rd);
-    free(s->loc_rank);
-    free(s->loc_pos);
-    free(s->loc_cap);
-    free(s->nkeys);
-    free(s->values);
-    free(s->values_cap);
-    free(s->mark);
-    free(s->ug);
-    free(s->ug_rows);
-    free(s->ug_grads);
-    free(s->ug_sum);
-    free(s->skeys.p);
-    free(s->rkeys.p);
-    free(s->rrows.p);
-    free(s->sflt.p);
-    free(s->rflt.p);
-    free(s->zsc);
-    free(s->zsd);
-    free(s->zrc);
-    free(s->zrd);
+    for (int t = 0; s->values && t < s->ntables; t++)
+        KILN_FREE_ALL(s->loc_rank[t], s->loc_pos[t], s->values[t], s->mark[t], s->ug_rows[t].p,
+                      s->ug_grads[t].p, s->ug_sum[t].p);
+    KILN_FREE_ALL(s->dims, s->scnt, s->rcnt, s->key_sc, s->key_sd, s->key_rc, s->key_rd, s->flt_sc,
+                  s->flt_sd, s->flt_rc, s->flt_rd, s->loc_rank, s->loc_pos, s->loc_cap, s->nkeys,
+                  s->values, s->values_cap, s->mark, s->ug, s->ug_rows, s->ug_grads, s->ug_sum,
+                  s->skeys.p, s->rkeys.p, s->rrows.p, s->sflt.p, s->rflt.p, s->zsc, s->zsd, s->zrc,
+                  s->zrd);
     free(s);
 }
 

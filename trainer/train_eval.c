@@ -79,10 +79,7 @@ int train_evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, doubl
         *logloss = rt_metrics_logloss(all_p, all_l, (size_t)total);
         rc = rt_metrics_auc(all_p, all_l, (size_t)total, auc);
     }
-    free(all_p);
-    free(all_l);
-    free(counts);
-    free(displs);
+    KILN_FREE_ALL(all_p, all_l, counts, displs);
 out:
     rt_reader_close(r);
     free(probs);

@@ -89,12 +89,7 @@ static int predict_rows(trainer_t *tr, char **files, int nfiles, float **probs_o
     }
 out:
     rt_reader_close(r);
-    free(probs);
-    free(idx);
-    free(all_p);
-    free(all_i);
-    free(counts);
-    free(displs);
+    KILN_FREE_ALL(probs, idx, all_p, all_i, counts, displs);
     return rc;
 }
 
