@@ -239,6 +239,16 @@ static void trainer_fini(trainer_t *tr)
     job_spec_fini(&tr->spec);
 }
 
+int train_setup_run(trainer_t *tr)
+{
+    int rc = train_setup_tables(tr);
+    if (rc == 0)
+        rc = train_setup_model(tr);
+    if (rc == 0 && (tr->ckpt_root = train_spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
+        rc = KILN_ENOMEM;
+    return rc;
+}
+
 static int run(trainer_t *tr)
 {
     int rc = 0;
@@ -306,11 +316,7 @@ static int run(trainer_t *tr)
         }
     }
     if (rc == 0)
-        rc = train_setup_tables(tr);
-    if (rc == 0)
-        rc = train_setup_model(tr);
-    if (rc == 0 && (tr->ckpt_root = train_spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
-        rc = KILN_ENOMEM;
+        rc = train_setup_run(tr);
     if (rc == 0 && tr->ckpt_root[0] != '/') {
         /* Absolute, so that SQLite and export.last name it from anywhere. */
         char cwd[4096];
