@@ -276,6 +276,20 @@ static void segment_start(const rt_shard_t *s, const int *cnt, const int *kd, co
     *f0 = f;
 }
 
+/* Where each rank's floats of table t start in the sent buffers (f0[r]):
+ * in buf when there are at most 64 ranks, else in a malloc'd array that the
+ * caller frees. NULL when out of memory. */
+static int64_t *sent_float_starts(const rt_shard_t *s, int t, int64_t buf[64])
+{
+    const int R = s->nranks;
+    int64_t *f0 = R <= 64 ? buf : kiln_malloc(sizeof(int64_t) * (size_t)R);
+    for (int r = 0; f0 != NULL && r < R; r++) {
+        int64_t k0;
+        segment_start(s, s->scnt, s->key_sd, s->flt_sd, r, t, &k0, &f0[r]);
+    }
+    return f0;
+}
+
 /* Grows values[t] to (n, dim) floats. Returns 0 or KILN_ENOMEM. */
 static int values_need(rt_shard_t *s, int t, int64_t n)
 {
@@ -470,13 +484,9 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
         int64_t n = nkeys[t];
         KILN_CHECK(values_need(s, t, n));
         int64_t f0s[64];
-        int64_t *f0 = R <= 64 ? f0s : kiln_malloc(sizeof(int64_t) * (size_t)R);
+        int64_t *f0 = sent_float_starts(s, t, f0s);
         if (f0 == NULL)
             return KILN_ENOMEM;
-        for (int r = 0; r < R; r++) {
-            int64_t k0;
-            segment_start(s, s->scnt, s->key_sd, s->flt_sd, r, t, &k0, &f0[r]);
-        }
         float *v = s->values[t];
         const int32_t *lr = s->loc_rank[t], *lp = s->loc_pos[t];
 #pragma omp parallel for schedule(static) if (n > 4096)
@@ -539,13 +549,9 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
     for (int t = 0; t < T; t++) {
         const int dim = s->dims[t];
         int64_t f0s[64];
-        int64_t *f0 = R <= 64 ? f0s : kiln_malloc(sizeof(int64_t) * (size_t)R);
+        int64_t *f0 = sent_float_starts(s, t, f0s);
         if (f0 == NULL)
             return KILN_ENOMEM;
-        for (int r = 0; r < R; r++) {
-            int64_t k0;
-            segment_start(s, s->scnt, s->key_sd, s->flt_sd, r, t, &k0, &f0[r]);
-        }
         const int32_t *lr = s->loc_rank[t], *lp = s->loc_pos[t];
         int64_t n = s->nkeys[t];
 #pragma omp parallel for schedule(static) if (n > 4096)
