@@ -594,9 +594,7 @@ int rt_ckpt_commit(const char *root, const char *tmp_dir, rt_ckpt_info_t *info,
     }
     rc = kiln_fsync_dir(root);
 out:
-    free(text);
-    free(mpath);
-    free(final);
+    KILN_FREE_ALL(text, mpath, final);
     return rc;
 }
 

@@ -129,11 +129,7 @@ out:
             KILN_WARN("could not remove %s: %s", tmp, kiln_errmsg());
         kiln_errf(save, "%s", msg);
     }
-    free(tmp);
-    free(text);
-    free(all);
-    free(lens);
-    free(displs);
+    KILN_FREE_ALL(tmp, text, all, lens, displs);
     rt_ckpt_part_destroy(part);
     return rc;
 }

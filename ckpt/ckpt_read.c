@@ -503,14 +503,7 @@ out:
     npy_read_close(&rv);
     npy_read_close(&ro);
     npy_read_close(&rs);
-    free(pk);
-    free(pv);
-    free(po);
-    free(ps);
-    free(keys);
-    free(vals);
-    free(opt);
-    free(steps);
+    KILN_FREE_ALL(pk, pv, po, ps, keys, vals, opt, steps);
     return rc;
 }
 
@@ -741,10 +734,7 @@ out:
 
 void rt_ckpt_rows_fini(rt_ckpt_rows_t *r)
 {
-    free(r->keys);
-    free(r->values);
-    free(r->opt);
-    free(r->opt_steps);
+    KILN_FREE_ALL(r->keys, r->values, r->opt, r->opt_steps);
     *r = (rt_ckpt_rows_t){0};
 }
 

@@ -157,9 +157,6 @@ void rt_ckpt_scan_close(rt_ckpt_scan_t *s)
         free(s->parts[i].keys);
         free(s->parts[i].values);
     }
-    free(s->parts);
-    free(s->dims);
-    free(s->kbuf);
-    free(s->vbuf);
+    KILN_FREE_ALL(s->parts, s->dims, s->kbuf, s->vbuf);
     free(s);
 }

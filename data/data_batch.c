@@ -30,10 +30,7 @@ int rt_batch_init(rt_batch_t *b, int cap_rows, int ndense, int nslots)
 
 void rt_batch_fini(rt_batch_t *b)
 {
-    free(b->labels);
-    free(b->dense);
-    free(b->offsets);
-    free(b->keys);
+    KILN_FREE_ALL(b->labels, b->dense, b->offsets, b->keys);
     memset(b, 0, sizeof *b);
 }
 
@@ -66,10 +63,7 @@ void rt_builder_fini(rt_batch_builder_t *bb)
 {
     for (int s = 0; bb->slot_keys && s < bb->nslots; s++)
         free(bb->slot_keys[s]);
-    free(bb->slot_keys);
-    free(bb->slot_len);
-    free(bb->slot_cap);
-    free(bb->counts);
+    KILN_FREE_ALL(bb->slot_keys, bb->slot_len, bb->slot_cap, bb->counts);
     memset(bb, 0, sizeof *bb);
 }
 

@@ -178,14 +178,7 @@ void rt_bin_writer_abort(rt_bin_writer_t *w)
     kiln_atomic_abort(&w->out);
     for (int s = 0; w->skeys && s < w->nslots; s++)
         free(w->skeys[s]);
-    free(w->skeys);
-    free(w->slen);
-    free(w->scap);
-    free(w->labels);
-    free(w->dense);
-    free(w->counts);
-    free(w->cbuf);
-    free(w->entries);
+    KILN_FREE_ALL(w->skeys, w->slen, w->scap, w->labels, w->dense, w->counts, w->cbuf, w->entries);
     free(w);
 }
 
@@ -418,9 +411,7 @@ out:
     rt_tsv_cursor_destroy(cur);
     rt_builder_fini(&bb);
     rt_batch_fini(&b);
-    free(dense);
-    free(keys);
-    free(has);
+    KILN_FREE_ALL(dense, keys, has);
     if (stats)
         *stats = st;
     return rc < 0 ? rc : 0;
@@ -466,10 +457,7 @@ void rt_bin_close(rt_bin_file_t *f)
         return;
     if (f->fd >= 0)
         close(f->fd);
-    free(f->path);
-    free(f->entries);
-    free(f->cbuf);
-    free(f->pref);
+    KILN_FREE_ALL(f->path, f->entries, f->cbuf, f->pref);
     free(f);
 }
 

@@ -261,9 +261,7 @@ void rt_reader_close(rt_reader_t *r)
     free(r->file_start);
     rt_tsv_cursor_destroy(r->cur);
     rt_builder_fini(&r->bb);
-    free(r->pdense);
-    free(r->pkeys);
-    free(r->phas);
+    KILN_FREE_ALL(r->pdense, r->pkeys, r->phas);
     free(r);
 }
 

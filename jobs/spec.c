@@ -339,34 +339,21 @@ void job_spec_fini(job_spec_t *s)
 {
     if (s == NULL)
         return;
-    free(s->name);
-    free(s->description);
-    free(s->schedule);
-    free(s->timezone);
-    free(s->resources.hostfile);
-    free(s->resources.partition);
-    free(s->resources.account);
+    KILN_FREE_ALL(s->name, s->description, s->schedule, s->timezone, s->resources.hostfile,
+                  s->resources.partition, s->resources.account);
     for (int i = 0; i < s->resources.nsbatch_args; i++)
         free(s->resources.sbatch_args[i]);
-    free(s->resources.sbatch_args);
-    free(s->resources.mpi.interfaces);
-    free(s->data.train);
-    free(s->data.eval);
-    free(s->model.bottom_mlp);
-    free(s->model.top_mlp);
+    KILN_FREE_ALL(s->resources.sbatch_args, s->resources.mpi.interfaces, s->data.train,
+                  s->data.eval, s->model.bottom_mlp, s->model.top_mlp);
     for (int i = 0; i < s->model.ntables; i++) {
         free(s->model.tables[i].name);
         free(s->model.tables[i].slots);
     }
-    free(s->model.tables);
-    free(s->train.init_from_checkpoint);
-    free(s->checkpoint.dir);
-    free(s->push.token_env);
-    for (int i = 0; i < s->push.nendpoints; i++) {
-        free(s->push.endpoints[i].url);
-        free(s->push.endpoints[i].model);
-        free(s->push.endpoints[i].label);
-    }
+    KILN_FREE_ALL(s->model.tables, s->train.init_from_checkpoint, s->checkpoint.dir,
+                  s->push.token_env);
+    for (int i = 0; i < s->push.nendpoints; i++)
+        KILN_FREE_ALL(s->push.endpoints[i].url, s->push.endpoints[i].model,
+                      s->push.endpoints[i].label);
     free(s->push.endpoints);
     memset(s, 0, sizeof *s);
 }

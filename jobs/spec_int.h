@@ -101,18 +101,14 @@ struct field {
     {                                                                                              \
         .key = k, .type = T_STR, .off = offsetof(T, m), .def_s = def, .flags = fl, .check = chk    \
     }
-#define INT(k, T, m, def, lo_, hi_)                                                                \
+/* INT, I64 and U64: an integer field, by the width of its member. */
+#define INTEGER(ty, k, T, m, def, lo_, hi_)                                                        \
     {                                                                                              \
-        .key = k, .type = T_INT, .off = offsetof(T, m), .def_i = def, .lo = lo_, .hi = hi_         \
+        .key = k, .type = ty, .off = offsetof(T, m), .def_i = def, .lo = lo_, .hi = hi_            \
     }
-#define I64(k, T, m, def, lo_, hi_)                                                                \
-    {                                                                                              \
-        .key = k, .type = T_I64, .off = offsetof(T, m), .def_i = def, .lo = lo_, .hi = hi_         \
-    }
-#define U64(k, T, m, def, lo_, hi_)                                                                \
-    {                                                                                              \
-        .key = k, .type = T_U64, .off = offsetof(T, m), .def_i = def, .lo = lo_, .hi = hi_         \
-    }
+#define INT(k, T, m, def, lo_, hi_) INTEGER(T_INT, k, T, m, def, lo_, hi_)
+#define I64(k, T, m, def, lo_, hi_) INTEGER(T_I64, k, T, m, def, lo_, hi_)
+#define U64(k, T, m, def, lo_, hi_) INTEGER(T_U64, k, T, m, def, lo_, hi_)
 #define NUM(k, T, m, def, lo_, hi_, fl)                                                            \
     {                                                                                              \
         .key = k, .type = T_NUM, .off = offsetof(T, m), .def_d = def, .dlo = lo_, .dhi = hi_,      \

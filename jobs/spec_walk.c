@@ -43,6 +43,23 @@ static bool diags_full(const ctx_t *c)
     return c->diags->n - c->first >= JOB_SPEC_MAX_PROBLEMS;
 }
 
+/* Makes room for item n of *items (elem bytes each; *cap of them, doubled,
+ * first when none). Returns false, with c->nomem set, when out of memory. */
+static bool room_for(ctx_t *c, void **items, size_t *cap, size_t n, size_t elem, size_t first)
+{
+    if (n < *cap)
+        return true;
+    size_t want = *cap ? *cap * 2 : first;
+    void *p = kiln_reallocarray(*items, want, elem);
+    if (p == NULL) {
+        c->nomem = true;
+        return false;
+    }
+    *items = p;
+    *cap = want;
+    return true;
+}
+
 static void vdiag(ctx_t *c, int line, int col, const char *path, const char *fmt, va_list ap)
 {
     if (diags_full(c)) {
@@ -52,16 +69,8 @@ static void vdiag(ctx_t *c, int line, int col, const char *path, const char *fmt
     char what[768];
     vsnprintf(what, sizeof what, fmt, ap);
     job_diags_t *d = c->diags;
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 8;
-        job_diag_t *items = kiln_reallocarray(d->items, cap, sizeof *items);
-        if (items == NULL) {
-            c->nomem = true;
-            return;
-        }
-        d->items = items;
-        d->cap = cap;
-    }
+    if (!room_for(c, (void **)&d->items, &d->cap, d->n, sizeof *d->items, 8))
+        return;
     job_diag_t *it = &d->items[d->n];
     it->line = line;
     it->col = col;
@@ -99,16 +108,8 @@ void spec_diag(ctx_t *c, const yaml_node_t *n, const char *path, const char *fmt
 
 static void note_seen(ctx_t *c, const char *path, const yaml_node_t *n)
 {
-    if (c->nseen == c->capseen) {
-        size_t cap = c->capseen ? c->capseen * 2 : 64;
-        seen_t *s = kiln_reallocarray(c->seen, cap, sizeof *s);
-        if (s == NULL) {
-            c->nomem = true;
-            return;
-        }
-        c->seen = s;
-        c->capseen = cap;
-    }
+    if (!room_for(c, (void **)&c->seen, &c->capseen, c->nseen, sizeof *c->seen, 64))
+        return;
     char *p = kiln_strdup(path);
     if (p == NULL) {
         c->nomem = true;

@@ -238,10 +238,7 @@ static int reduce_table(const kern_bags_t *g, int64_t nbags, int64_t out_stride,
     }
     gr->n = nu;
 out:
-    free(bag_of);
-    free(idx);
-    free(tmp);
-    free(seg);
+    KILN_FREE_ALL(bag_of, idx, tmp, seg);
     return rc;
 }
 

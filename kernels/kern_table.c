@@ -357,6 +357,22 @@ static int64_t alloc_row(kern_table_t *t, seg_t *g)
     return r;
 }
 
+/* The row of key: the one it has, or (*added set) a free row of its segment
+ * now holding it, room for it reserved beforehand (reserve_pending). */
+static int64_t find_or_add(kern_table_t *t, int64_t key, int *added)
+{
+    seg_t *g = seg_of_key(t, key);
+    int found;
+    uint64_t s = probe(t, g, key, &found);
+    *added = !found;
+    if (found)
+        return slot_row(g, s);
+    int64_t r = alloc_row(t, g);
+    t->keys[r] = key;
+    slot_put(g, s, r);
+    return r;
+}
+
 static int log_removed(kern_table_t *t, int64_t key, int64_t stamp, int64_t step)
 {
     if (t->nlog == t->caplog) {
@@ -703,10 +719,7 @@ void kern_table_destroy(kern_table_t *t)
         big_free(*arr[i].p, arr[i].bytes);
     for (int k = 0; k < t->nseg; k++)
         big_free(t->seg[k].slots, (size_t)SLOT_BYTES * (size_t)t->seg[k].nslots);
-    free(t->seg);
-    free(t->name);
-    free(t->capacity_note);
-    free(t->log);
+    KILN_FREE_ALL(t->seg, t->name, t->capacity_note, t->log);
     free(t);
 }
 
@@ -763,16 +776,9 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
     for (int64_t i = 0; i < n; i++) {
         if (rows[i] >= 0)
             continue;
-        seg_t *g = seg_of_key(t, keys[i]);
-        int found;
-        uint64_t s = probe(t, g, keys[i], &found);
-        int64_t r;
-        if (found) {
-            r = slot_row(g, s);
-        } else {
-            r = alloc_row(t, g);
-            t->keys[r] = keys[i];
-            slot_put(g, s, r);
+        int added;
+        int64_t r = find_or_add(t, keys[i], &added);
+        if (added) {
             init_row(t, r, keys[i]);
             t->stamps[r] = step;
             mark_one(t, r);
@@ -855,19 +861,10 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
     }
     size_t dim = (size_t)t->dim, sdim = (size_t)t->nstate * dim;
     for (int64_t i = 0; i < n; i++) {
-        seg_t *g = seg_of_key(t, keys[i]);
-        int found;
-        uint64_t s = probe(t, g, keys[i], &found);
-        int64_t r;
-        if (found) {
-            r = slot_row(g, s);
-        } else {
-            r = alloc_row(t, g);
-            t->keys[r] = keys[i];
-            slot_put(g, s, r);
-            if (t->freq)
-                t->freq[r] = 0;
-        }
+        int added;
+        int64_t r = find_or_add(t, keys[i], &added);
+        if (added && t->freq)
+            t->freq[r] = 0;
         memcpy(t->values + (size_t)r * dim, values + (size_t)i * dim, sizeof(float) * dim);
         if (t->opt) {
             if (opt_state)

@@ -301,27 +301,12 @@ void rt_model_destroy(rt_model_t *m)
     for (int l = 0; l < nl; l++)
         if (m->act[l] != m->R && m->act[l] != m->logits)
             free(m->act[l]);
-    free(m->params);
-    free(m->grads);
-    free(m->grads_lo);
-    free(m->opt_a);
-    free(m->opt_b);
-    free(m->wgA);
-    free(m->wgB);
-    free(m->tailA);
-    free(m->tailC);
+    KILN_FREE_ALL(m->params, m->grads, m->grads_lo, m->opt_a, m->opt_b, m->wgA, m->wgB, m->tailA,
+                  m->tailC);
     for (int t = 0; m->wgT && t < m->wgT_n; t++)
         free(m->wgT[t]);
-    free(m->wgT);
-    free(m->logits);
-    free(m->probs);
-    free(m->gz);
-    free(m->fm_sum);
-    free(m->fm_u);
-    free(m->R);
-    free(m->gbuf[0]);
-    free(m->gbuf[1]);
-    free(m->dT);
+    KILN_FREE_ALL(m->wgT, m->logits, m->probs, m->gz, m->fm_sum, m->fm_u, m->R, m->gbuf[0],
+                  m->gbuf[1], m->dT);
     free(m);
 }
 

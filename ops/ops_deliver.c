@@ -343,12 +343,7 @@ out:
     for (size_t i = 0; jobs != NULL && i < njobs; i++)
         if (jobs[i].ok)
             job_spec_fini(&jobs[i].spec);
-    free(items);
-    free(jobs);
-    free(targets);
-    free(res);
-    free(openers);
-    free(which);
+    KILN_FREE_ALL(items, jobs, targets, res, openers, which);
     return rc;
 }
 

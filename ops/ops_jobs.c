@@ -89,9 +89,7 @@ int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags, ops_subm
         rc = state_endpoint_put(st, e->url, e->model, e->label, NULL);
     }
 out:
-    free(real);
-    free(dir);
-    free(source);
+    KILN_FREE_ALL(real, dir, source);
     if (rc < 0)
         ops_submitted_fini(out);
     return rc;

@@ -331,11 +331,6 @@ int ops_lineage(state_t *st, const char *what, json_t **out)
         rc = KILN_ENOMEM;
 out:
     json_decref(w.inputs);
-    free(w.runs.v);
-    free(w.back_ckpts.v);
-    free(w.fwd_ckpts.v);
-    free(w.endpoints.v);
-    free(runs.v);
-    free(ckpts.v);
+    KILN_FREE_ALL(w.runs.v, w.back_ckpts.v, w.fwd_ckpts.v, w.endpoints.v, runs.v, ckpts.v);
     return rc;
 }

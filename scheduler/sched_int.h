@@ -7,6 +7,7 @@
 #ifndef KILN_SCHEDULER_SCHED_INT_H
 #define KILN_SCHEDULER_SCHED_INT_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -93,6 +94,9 @@ int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace
  * body; argv may then be NULL (adopting the job named in run_dir). */
 int sched_supervise_spawn_follow(const char *run_dir, char *const argv[], int64_t grace_ms,
                                  sched_follow_fn follow, int64_t poll_ms, pid_t *pid /* OUT */);
+/* The signals kilnd and each supervisor block and then read from a signalfd
+ * (SIGCHLD, SIGTERM, SIGINT, SIGHUP), into *set. */
+void sched_signal_set(sigset_t *set /* OUT */);
 /* Writes the stop reason, then SIGTERMs the supervisor. Returns 0 or KILN_EIO. */
 int sched_stop_request(const char *run_dir, pid_t sup_pid, const char *reason);
 /* Sends sig to every process of session sid except the caller; returns how many. */

@@ -18,6 +18,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,29 +62,56 @@ void sched_options_init(sched_options_t *o)
     o->slurm_poll_ms = 5000;
 }
 
+/* What an option sets in sched_options_t, at off. */
+typedef enum {
+    OPT_STR,      /* const char *: the value */
+    OPT_FLAG,     /* bool: true */
+    OPT_INT,      /* int: a positive number */
+    OPT_DURATION, /* int64_t ms: a duration, raised to min_ms */
+    OPT_LOG_FORMAT,
+    OPT_HELP,
+} opt_kind_t;
+
 typedef struct {
     const char *name, *arg, *help;
+    opt_kind_t kind;
+    size_t off;
+    int64_t min_ms;
 } opt_t;
 
+#define AT(m) offsetof(sched_options_t, m)
 static const opt_t opts[] = {
-    {"db", "PATH", "database file (default $KILN_HOME/kiln.db)"},
-    {"home", "DIR", "Kiln's home: run directories go in DIR/runs (default $KILN_HOME or ~/.kiln)"},
-    {"listen", "ADDR", "address of the status page (default 127.0.0.1:8480)"},
-    {"max-ranks", "N", "ranks in use at once over all runs (default: the number of cores); a "
-                       "run asking for more runs alone"},
-    {"grace", "DURATION", "SIGTERM to SIGKILL on cancel and timeout (default 10s)"},
-    {"poll", "DURATION", "database change poll (default 1s)"},
-    {"stats-every", "DURATION", "read each endpoint's /v1/stats this often for the endpoints "
-                                "page (default 10s; 0: never)"},
-    {"slurm-poll", "DURATION", "how often a Slurm run's supervisor asks Slurm about its job "
-                               "(default 5s)"},
-    {"drain", NULL, "on SIGTERM, wait for running runs to end (a second SIGTERM stops now)"},
-    {"trainer", "PATH", "kiln-train (default $KILN_TRAIN, else next to kilnd, else PATH)"},
-    {"mpirun", "PATH", "mpirun (default: from PATH)"},
-    {"log", "FILE", "append the daemon's log to FILE instead of stderr"},
-    {"log-format", "FORMAT", "text (default) or json: one JSON object per log line"},
-    {"help", NULL, "show this help"},
-    {NULL, NULL, NULL}};
+    {"db", "PATH", "database file (default $KILN_HOME/kiln.db)", OPT_STR, AT(db_path), 0},
+    {"home", "DIR", "Kiln's home: run directories go in DIR/runs (default $KILN_HOME or ~/.kiln)",
+     OPT_STR, AT(home), 0},
+    {"listen", "ADDR", "address of the status page (default 127.0.0.1:8480)", OPT_STR, AT(listen),
+     0},
+    {"max-ranks", "N",
+     "ranks in use at once over all runs (default: the number of cores); a "
+     "run asking for more runs alone",
+     OPT_INT, AT(max_ranks), 0},
+    {"grace", "DURATION", "SIGTERM to SIGKILL on cancel and timeout (default 10s)", OPT_DURATION,
+     AT(grace_ms), 0},
+    {"poll", "DURATION", "database change poll (default 1s)", OPT_DURATION, AT(poll_ms), 50},
+    {"stats-every", "DURATION",
+     "read each endpoint's /v1/stats this often for the endpoints "
+     "page (default 10s; 0: never)",
+     OPT_DURATION, AT(stats_every_ms), 0},
+    {"slurm-poll", "DURATION",
+     "how often a Slurm run's supervisor asks Slurm about its job "
+     "(default 5s)",
+     OPT_DURATION, AT(slurm_poll_ms), 100},
+    {"drain", NULL, "on SIGTERM, wait for running runs to end (a second SIGTERM stops now)",
+     OPT_FLAG, AT(drain), 0},
+    {"trainer", "PATH", "kiln-train (default $KILN_TRAIN, else next to kilnd, else PATH)", OPT_STR,
+     AT(trainer), 0},
+    {"mpirun", "PATH", "mpirun (default: from PATH)", OPT_STR, AT(mpirun), 0},
+    {"log", "FILE", "append the daemon's log to FILE instead of stderr", OPT_STR, AT(log_path), 0},
+    {"log-format", "FORMAT", "text (default) or json: one JSON object per log line", OPT_LOG_FORMAT,
+     AT(log_json), 0},
+    {"help", NULL, "show this help", OPT_HELP, 0, 0},
+    {NULL, NULL, NULL, OPT_HELP, 0, 0}};
+#undef AT
 
 void sched_usage(FILE *f, const char *prog)
 {
@@ -141,41 +169,31 @@ int sched_options_parse(int argc, char **argv, int from, sched_options_t *o)
                 return kiln_errf(KILN_EUSAGE, "--%s needs a value (%s)", opt->name, opt->arg);
             v = argv[++i];
         }
+        void *at = (char *)o + opt->off;
         int64_t ms;
-        if (strcmp(opt->name, "db") == 0)
-            o->db_path = v;
-        else if (strcmp(opt->name, "home") == 0)
-            o->home = v;
-        else if (strcmp(opt->name, "listen") == 0)
-            o->listen = v;
-        else if (strcmp(opt->name, "trainer") == 0)
-            o->trainer = v;
-        else if (strcmp(opt->name, "mpirun") == 0)
-            o->mpirun = v;
-        else if (strcmp(opt->name, "log") == 0)
-            o->log_path = v;
-        else if (strcmp(opt->name, "drain") == 0)
-            o->drain = true;
-        else if (strcmp(opt->name, "log-format") == 0) {
-            if (strcmp(v, "text") != 0 && strcmp(v, "json") != 0)
-                return kiln_errf(KILN_EUSAGE, "--log-format is text or json, not '%s'", v);
-            o->log_json = strcmp(v, "json") == 0;
-        }
-        else if (strcmp(opt->name, "max-ranks") == 0)
-            KILN_CHECK(parse_int(opt->name, v, &o->max_ranks));
-        else if (strcmp(opt->name, "grace") == 0 || strcmp(opt->name, "poll") == 0 ||
-                 strcmp(opt->name, "stats-every") == 0 || strcmp(opt->name, "slurm-poll") == 0) {
+        switch (opt->kind) {
+        case OPT_STR:
+            *(const char **)at = v;
+            break;
+        case OPT_FLAG:
+            *(bool *)at = true;
+            break;
+        case OPT_INT:
+            KILN_CHECK(parse_int(opt->name, v, at));
+            break;
+        case OPT_DURATION:
             if (kiln_duration_parse(v, &ms) < 0 || ms < 0)
                 return kiln_errf(KILN_EUSAGE, "--%s expects a duration like 10s or 500ms, not '%s'",
                                  opt->name, v);
-            if (opt->name[0] == 'g')
-                o->grace_ms = ms;
-            else if (strcmp(opt->name, "stats-every") == 0)
-                o->stats_every_ms = ms;
-            else if (opt->name[0] == 'p')
-                o->poll_ms = ms < 50 ? 50 : ms;
-            else
-                o->slurm_poll_ms = ms < 100 ? 100 : ms;
+            *(int64_t *)at = ms < opt->min_ms ? opt->min_ms : ms;
+            break;
+        case OPT_LOG_FORMAT:
+            if (strcmp(v, "text") != 0 && strcmp(v, "json") != 0)
+                return kiln_errf(KILN_EUSAGE, "--log-format is text or json, not '%s'", v);
+            *(bool *)at = strcmp(v, "json") == 0;
+            break;
+        case OPT_HELP:
+            break;
         }
     }
     return 0;
@@ -346,11 +364,7 @@ static bool db_changed(sched_t *s)
 static int setup(sched_t *s)
 {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
+    sched_signal_set(&set);
     if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
         return kiln_errf(KILN_EIO, "sigprocmask: %s", strerror(errno));
     signal(SIGPIPE, SIG_IGN);
@@ -584,9 +598,7 @@ out:
         if (fds[i] >= 0)
             close(fds[i]);
     state_close(s->st);
-    free(s->home);
-    free(s->db_path);
-    free(s->trainer);
+    KILN_FREE_ALL(s->home, s->db_path, s->trainer);
     if (o->log_path != NULL)
         kiln_log_close();
     return rc;

@@ -227,25 +227,28 @@ int sched_pusher_start(const char *db_path, int64_t stats_every_ms, sched_pusher
     return 0;
 }
 
+/* Sets *flag (kicked or stop) under the lock and wakes the dispatcher. */
+static void raise_flag(sched_pusher_t *p, bool *flag)
+{
+    pthread_mutex_lock(&p->mu);
+    *flag = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
 void sched_pusher_kick(sched_t *s)
 {
     sched_pusher_t *p = s->pusher;
     if (p == NULL)
         return;
-    pthread_mutex_lock(&p->mu);
-    p->kicked = true;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+    raise_flag(p, &p->kicked);
 }
 
 void sched_pusher_stop(sched_pusher_t *p)
 {
     if (p == NULL)
         return;
-    pthread_mutex_lock(&p->mu);
-    p->stop = true;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+    raise_flag(p, &p->stop);
     if (p->have_dispatcher)
         pthread_join(p->dispatcher, NULL);
     if (p->have_stats)

@@ -409,11 +409,7 @@ out:
     }
     sched_argv_free(argv);
     state_inputs_free(ins, nins);
-    free(list);
-    free(hostfile);
-    free(resume);
-    free(run_dir);
-    free(base);
+    KILN_FREE_ALL(list, hostfile, resume, run_dir, base);
     if (own_spec)
         job_spec_fini(&queued_spec);
     free(queued_yaml);

@@ -55,15 +55,20 @@ static int64_t mono_ms(void)
 }
 
 /* The supervisor's whole life; never returns. */
+void sched_signal_set(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGCHLD);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+}
+
 static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms,
                       sched_follow_fn follow, int64_t poll_ms, int ready_fd)
 {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
+    sched_signal_set(&set);
     sigprocmask(SIG_SETMASK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 

@@ -161,11 +161,7 @@ static int predict_rows(const sv_version_t *v, int n, const float *X, const int6
         KILN_CHECK_GOTO(kern_cpu_gather_combine(S, bags, n, (int64_t)S * D, E), rc, out);
     rc = rt_model_predict(v->rtm, n, E, X, probs);
 out:
-    free(V);
-    free(E);
-    free(off);
-    free(rows);
-    free(bags);
+    KILN_FREE_ALL(V, E, off, rows, bags);
     return rc;
 }
 
@@ -342,10 +338,7 @@ int sv_predict(sv_store_t *s, const char *model, const char *label, const char *
     count(s, v->model, v->label, n, nonfinite);
 out:
     pthread_rwlock_unlock(&s->lock);
-    free(X);
-    free(keys);
-    free(has);
-    free(buf);
+    KILN_FREE_ALL(X, keys, has, buf);
     if (rc < 0) {
         free(out->probs);
         out->probs = NULL;
@@ -406,8 +399,6 @@ void sv_stats_fini(sv_stats_t *st)
 {
     for (int i = 0; st->broken != NULL && i < st->nbroken; i++)
         free(st->broken[i].error);
-    free(st->predict);
-    free(st->versions);
-    free(st->broken);
+    KILN_FREE_ALL(st->predict, st->versions, st->broken);
     memset(st, 0, sizeof *st);
 }

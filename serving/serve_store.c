@@ -273,9 +273,7 @@ int sv_broken_set_aside(sv_store_t *s, const char *model, const char *label)
         free(s->broken[i].error);
         s->broken[i] = s->broken[--s->nbroken];
     }
-    free(from);
-    free(parent);
-    free(to);
+    KILN_FREE_ALL(from, parent, to);
     return rc;
 }
 

@@ -49,10 +49,7 @@ void serve_table_destroy(serve_table_t *t)
 {
     if (t == NULL)
         return;
-    free(t->skeys);
-    free(t->srow);
-    free(t->rows);
-    free(t->freel);
+    KILN_FREE_ALL(t->skeys, t->srow, t->rows, t->freel);
     free(t);
 }
 

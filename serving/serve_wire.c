@@ -341,41 +341,44 @@ typedef struct rd {
     bool bad;
 } rd_t;
 
+/* Copies the next n bytes of the payload to v; when fewer are left, sets
+ * r->bad and leaves v as it was. */
+static void rd_bytes(rd_t *r, void *v, size_t n)
+{
+    if (r->len - r->off < n) {
+        r->bad = true;
+        return;
+    }
+    memcpy(v, r->p + r->off, n);
+    r->off += n;
+}
+
 static uint32_t rd_u32(rd_t *r)
 {
     uint32_t v = 0;
-    if (r->len - r->off < 4) {
-        r->bad = true;
-        return 0;
-    }
-    memcpy(&v, r->p + r->off, 4);
-    r->off += 4;
+    rd_bytes(r, &v, sizeof v);
     return v;
 }
 
 static uint64_t rd_u64(rd_t *r)
 {
     uint64_t v = 0;
-    if (r->len - r->off < 8) {
-        r->bad = true;
-        return 0;
-    }
-    memcpy(&v, r->p + r->off, 8);
-    r->off += 8;
+    rd_bytes(r, &v, sizeof v);
     return v;
 }
 
 static void rd_str(rd_t *r, char *out, size_t cap)
 {
     uint32_t n = rd_u32(r);
-    if (r->bad || n >= cap || r->len - r->off < n) {
+    if (n >= cap)
         r->bad = true;
+    if (!r->bad)
+        rd_bytes(r, out, n);
+    if (r->bad) {
         out[0] = '\0';
         return;
     }
-    memcpy(out, r->p + r->off, n);
     out[n] = '\0';
-    r->off += n;
     if (strlen(out) != n)
         r->bad = true; /* an embedded NUL */
 }

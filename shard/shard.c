@@ -40,9 +40,7 @@ void rt_dedupe_destroy(rt_dedupe_t *d)
 {
     if (d == NULL)
         return;
-    free(d->slot_keys);
-    free(d->slot_idx);
-    free(d->uniq);
+    KILN_FREE_ALL(d->slot_keys, d->slot_idx, d->uniq);
     free(d);
 }
 
@@ -215,46 +213,14 @@ void rt_shard_destroy(rt_shard_t *s)
 {
     if (s == NULL)
         return;
-    for (int t = 0; s->values && t < s->ntables; t++) {
-        free(s->loc_rank[t]);
-        free(s->loc_pos[t]);
-        free(s->values[t]);
-        free(s->mark[t]);
-        free(s->ug_rows[t].p);
-        free(s->ug_grads[t].p);
-        free(s->ug_sum[t].p);
-    }
-    free(s->dims);
-    free(s->scnt);
-    free(s->rcnt);
-    free(s->key_sc);
-    free(s->key_sd);
-    free(s->key_rc);
-    free(s->key_rd);
-    free(s->flt_sc);
-    free(s->flt_sd);
-    free(s->flt_rc);
-    free(s->flt_rd);
-    free(s->loc_rank);
-    free(s->loc_pos);
-    free(s->loc_cap);
-    free(s->nkeys);
-    free(s->values);
-    free(s->values_cap);
-    free(s->mark);
-    free(s->ug);
-    free(s->ug_rows);
-    free(s->ug_grads);
-    free(s->ug_sum);
-    free(s->skeys.p);
-    free(s->rkeys.p);
-    free(s->rrows.p);
-    free(s->sflt.p);
-    free(s->rflt.p);
-    free(s->zsc);
-    free(s->zsd);
-    free(s->zrc);
-    free(s->zrd);
+    for (int t = 0; s->values && t < s->ntables; t++)
+        KILN_FREE_ALL(s->loc_rank[t], s->loc_pos[t], s->values[t], s->mark[t], s->ug_rows[t].p,
+                      s->ug_grads[t].p, s->ug_sum[t].p);
+    KILN_FREE_ALL(s->dims, s->scnt, s->rcnt, s->key_sc, s->key_sd, s->key_rc, s->key_rd, s->flt_sc,
+                  s->flt_sd, s->flt_rc, s->flt_rd, s->loc_rank, s->loc_pos, s->loc_cap, s->nkeys,
+                  s->values, s->values_cap, s->mark, s->ug, s->ug_rows, s->ug_grads, s->ug_sum,
+                  s->skeys.p, s->rkeys.p, s->rrows.p, s->sflt.p, s->rflt.p, s->zsc, s->zsd, s->zrc,
+                  s->zrd);
     free(s);
 }
 
@@ -308,6 +274,20 @@ static void segment_start(const rt_shard_t *s, const int *cnt, const int *kd, co
     }
     *k0 = k;
     *f0 = f;
+}
+
+/* Where each rank's floats of table t start in the sent buffers (f0[r]):
+ * in buf when there are at most 64 ranks, else in a malloc'd array that the
+ * caller frees. NULL when out of memory. */
+static int64_t *sent_float_starts(const rt_shard_t *s, int t, int64_t buf[64])
+{
+    const int R = s->nranks;
+    int64_t *f0 = R <= 64 ? buf : kiln_malloc(sizeof(int64_t) * (size_t)R);
+    for (int r = 0; f0 != NULL && r < R; r++) {
+        int64_t k0;
+        segment_start(s, s->scnt, s->key_sd, s->flt_sd, r, t, &k0, &f0[r]);
+    }
+    return f0;
 }
 
 /* Grows values[t] to (n, dim) floats. Returns 0 or KILN_ENOMEM. */
@@ -504,13 +484,9 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
         int64_t n = nkeys[t];
         KILN_CHECK(values_need(s, t, n));
         int64_t f0s[64];
-        int64_t *f0 = R <= 64 ? f0s : kiln_malloc(sizeof(int64_t) * (size_t)R);
+        int64_t *f0 = sent_float_starts(s, t, f0s);
         if (f0 == NULL)
             return KILN_ENOMEM;
-        for (int r = 0; r < R; r++) {
-            int64_t k0;
-            segment_start(s, s->scnt, s->key_sd, s->flt_sd, r, t, &k0, &f0[r]);
-        }
         float *v = s->values[t];
         const int32_t *lr = s->loc_rank[t], *lp = s->loc_pos[t];
 #pragma omp parallel for schedule(static) if (n > 4096)
@@ -573,13 +549,9 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
     for (int t = 0; t < T; t++) {
         const int dim = s->dims[t];
         int64_t f0s[64];
-        int64_t *f0 = R <= 64 ? f0s : kiln_malloc(sizeof(int64_t) * (size_t)R);
+        int64_t *f0 = sent_float_starts(s, t, f0s);
         if (f0 == NULL)
             return KILN_ENOMEM;
-        for (int r = 0; r < R; r++) {
-            int64_t k0;
-            segment_start(s, s->scnt, s->key_sd, s->flt_sd, r, t, &k0, &f0[r]);
-        }
         const int32_t *lr = s->loc_rank[t], *lp = s->loc_pos[t];
         int64_t n = s->nkeys[t];
 #pragma omp parallel for schedule(static) if (n > 4096)

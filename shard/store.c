@@ -45,12 +45,7 @@ static void twin_destroy(rt_store_work_t *w)
     twin_t *tw = (twin_t *)w;
     for (int t = 0; tw->tables && t < tw->ntables; t++)
         kern_table_destroy(tw->tables[t]);
-    free(tw->tables);
-    free(tw->rows);
-    free(tw->keys);
-    free(tw->values);
-    free(tw->opt);
-    free(tw->steps);
+    KILN_FREE_ALL(tw->tables, tw->rows, tw->keys, tw->values, tw->opt, tw->steps);
     free(tw);
 }
 
@@ -407,11 +402,7 @@ int rt_store_upload(rt_store_t *s, int64_t step)
             rc = kiln_errf(rc, "copying table '%s' into the %s store: %s", kern_table_name(m),
                            rt_store_kind_name(s->kind), kiln_errmsg());
     next:
-        free(rows);
-        free(keys);
-        free(values);
-        free(opt);
-        free(steps);
+        KILN_FREE_ALL(rows, keys, values, opt, steps);
         rows = NULL;
         keys = NULL;
         values = opt = NULL;

@@ -73,6 +73,12 @@ int cli_exit_for(int kiln_rc);
 /* Prints "kiln: <message>" to stderr, message from kiln_errmsg() when fmt is
  * NULL, and returns cli_exit_for(rc). */
 int cli_fail(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Whether s names a run: a run number is decimal digits only. */
+bool cli_is_run_number(const char *s);
+/* The run number of the command's first argument into *id: CLI_EXIT_OK, or
+ * the usage failure "<cmd> expects a run number (see 'kiln runs'), got ..."
+ * printed and its exit code returned. */
+int cli_run_number(const cli_t *cli, const char *cmd, int64_t *id /* OUT */);
 /* Prints a JSON value on stdout (pretty, one document) and drops a reference. */
 void cli_print_json(json_t *v);
 

@@ -57,6 +57,26 @@ int cli_fail(int rc, const char *fmt, ...)
     return cli_exit_for(rc);
 }
 
+bool cli_is_run_number(const char *s)
+{
+    if (s == NULL || *s == '\0')
+        return false;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9')
+            return false;
+    return true;
+}
+
+int cli_run_number(const cli_t *cli, const char *cmd, int64_t *id)
+{
+    const char *what = cli->pos[0];
+    if (!cli_is_run_number(what))
+        return cli_fail(KILN_EUSAGE, "%s expects a run number (see 'kiln runs'), got '%s'", cmd,
+                        what);
+    *id = strtoll(what, NULL, 10);
+    return CLI_EXIT_OK;
+}
+
 void cli_print_json(json_t *v)
 {
     if (v == NULL) {

@@ -5,7 +5,6 @@
  */
 #include "cli.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <libgen.h>
@@ -434,16 +433,6 @@ out:
     return exit_code;
 }
 
-static bool all_digits(const char *s)
-{
-    if (*s == '\0')
-        return false;
-    for (; *s; s++)
-        if (!isdigit((unsigned char)*s))
-            return false;
-    return true;
-}
-
 static int show_run(cli_t *cli, state_t *st, int64_t id)
 {
     state_run_t r;
@@ -581,18 +570,18 @@ int cmd_show(cli_t *cli)
     if (rc < 0)
         return cli_fail(rc, NULL);
     const char *what = cli->pos[0];
-    int e = all_digits(what) ? show_run(cli, st, strtoll(what, NULL, 10)) : show_job(cli, st, what);
+    int e = cli_is_run_number(what) ? show_run(cli, st, strtoll(what, NULL, 10))
+                                    : show_job(cli, st, what);
     state_close(st);
     return e;
 }
 
 int cmd_cancel(cli_t *cli)
 {
-    const char *what = cli->pos[0];
-    if (!all_digits(what))
-        return cli_fail(KILN_EUSAGE, "cancel expects a run number (see 'kiln runs'), got '%s'",
-                        what);
-    int64_t id = strtoll(what, NULL, 10);
+    int64_t id = 0;
+    int e = cli_run_number(cli, "cancel", &id);
+    if (e != CLI_EXIT_OK)
+        return e;
     state_t *st = NULL;
     int rc = state_open(cli->db_path, &st);
     if (rc < 0)

@@ -20,16 +20,6 @@
 #include "scheduler.h"
 #include "state.h"
 
-static bool digits(const char *s)
-{
-    if (s == NULL || *s == '\0')
-        return false;
-    for (; *s; s++)
-        if (*s < '0' || *s > '9')
-            return false;
-    return true;
-}
-
 /* ---- daemon ------------------------------------------------------------------------ */
 
 int cmd_daemon(cli_t *cli)
@@ -70,11 +60,10 @@ int cmd_daemon(cli_t *cli)
 
 int cmd_retry(cli_t *cli)
 {
-    const char *what = cli->pos[0];
-    if (!digits(what))
-        return cli_fail(KILN_EUSAGE, "retry expects a run number (see 'kiln runs'), got '%s'",
-                        what);
-    int64_t id = strtoll(what, NULL, 10), new_id = 0;
+    int64_t id = 0, new_id = 0;
+    int e = cli_run_number(cli, "retry", &id);
+    if (e != CLI_EXIT_OK)
+        return e;
     int attempt = 0;
     state_t *st = NULL;
     int rc = state_open(cli->db_path, &st);
@@ -120,11 +109,10 @@ static void copy_from(const cli_t *cli, int64_t run, FILE *f, long *off)
 
 int cmd_logs(cli_t *cli)
 {
-    const char *what = cli->pos[0];
-    if (!digits(what))
-        return cli_fail(KILN_EUSAGE, "logs expects a run number (see 'kiln runs'), got '%s'",
-                        what);
-    int64_t id = strtoll(what, NULL, 10);
+    int64_t id = 0;
+    int e = cli_run_number(cli, "logs", &id);
+    if (e != CLI_EXIT_OK)
+        return e;
     bool follow = cli_opt(cli, "follow") != NULL;
     state_t *st = NULL;
     state_run_t r = {0};

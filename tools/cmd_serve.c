@@ -66,62 +66,70 @@ static int report(cli_t *cli, int rc, ops_push_report_t *r, const char *what)
     return rc < 0 ? cli_fail(rc, NULL) : CLI_EXIT_OK;
 }
 
-static const char *need(cli_t *cli, const char *name, int *bad)
+/* Whether every option of names (NULL-terminated) has a value; says which do
+ * not. */
+static bool given(const cli_t *cli, const char *const *names)
 {
-    const char *v = cli_opt(cli, name);
-    if (v == NULL || v[0] == '\0') {
-        fprintf(stderr, "kiln: --%s is required\n", name);
-        *bad = 1;
+    bool ok = true;
+    for (; *names != NULL; names++) {
+        const char *v = cli_opt(cli, *names);
+        if (v == NULL || v[0] == '\0') {
+            fprintf(stderr, "kiln: --%s is required\n", *names);
+            ok = false;
+        }
     }
-    return v;
+    return ok;
+}
+
+/* One command's call into ops/, its required options present. */
+typedef int (*push_op_t)(state_t *st, const cli_t *cli, ops_push_report_t *r);
+
+/* Runs op on the database claimed by this command and reports the pushes it
+ * made as `what` ("pushed"); returns the exit code. */
+static int deliver(cli_t *cli, push_op_t op, const char *what)
+{
+    state_t *st = NULL;
+    int rc = state_open(cli->db_path, &st);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    ops_push_report_t r = {0};
+    rc = op(st, cli, &r);
+    state_close(st);
+    return report(cli, rc, &r, what);
+}
+
+static int push_job(state_t *st, const cli_t *cli, ops_push_report_t *r)
+{
+    return ops_push_job(st, cli_opt(cli, "job"), cli_opt(cli, "label"), cli_opt(cli, "checkpoint"),
+                        cli_opt(cli, "full") != NULL, cli_opt(cli, "force") != NULL, r);
+}
+
+static int promote(state_t *st, const cli_t *cli, ops_push_report_t *r)
+{
+    return ops_promote(st, cli_opt(cli, "model"), cli_opt(cli, "from"), cli_opt(cli, "to"),
+                       cli_opt(cli, "token-env"), r);
+}
+
+static int rollback(state_t *st, const cli_t *cli, ops_push_report_t *r)
+{
+    return ops_rollback(st, cli_opt(cli, "model"), cli_opt(cli, "label"), cli_opt(cli, "token-env"),
+                        r);
 }
 
 int cmd_push(cli_t *cli)
 {
-    int bad = 0;
-    const char *job = need(cli, "job", &bad);
-    if (bad)
-        return CLI_EXIT_USAGE;
-    state_t *st = NULL;
-    int rc = state_open(cli->db_path, &st);
-    if (rc < 0)
-        return cli_fail(rc, NULL);
-    ops_push_report_t r = {0};
-    rc = ops_push_job(st, job, cli_opt(cli, "label"), cli_opt(cli, "checkpoint"),
-                      cli_opt(cli, "full") != NULL, cli_opt(cli, "force") != NULL, &r);
-    state_close(st);
-    return report(cli, rc, &r, "pushed");
+    static const char *const required[] = {"job", NULL};
+    return given(cli, required) ? deliver(cli, push_job, "pushed") : CLI_EXIT_USAGE;
 }
 
 int cmd_promote(cli_t *cli)
 {
-    int bad = 0;
-    const char *model = need(cli, "model", &bad), *from = need(cli, "from", &bad),
-               *to = need(cli, "to", &bad);
-    if (bad)
-        return CLI_EXIT_USAGE;
-    state_t *st = NULL;
-    int rc = state_open(cli->db_path, &st);
-    if (rc < 0)
-        return cli_fail(rc, NULL);
-    ops_push_report_t r = {0};
-    rc = ops_promote(st, model, from, to, cli_opt(cli, "token-env"), &r);
-    state_close(st);
-    return report(cli, rc, &r, "promoted");
+    static const char *const required[] = {"model", "from", "to", NULL};
+    return given(cli, required) ? deliver(cli, promote, "promoted") : CLI_EXIT_USAGE;
 }
 
 int cmd_rollback(cli_t *cli)
 {
-    int bad = 0;
-    const char *model = need(cli, "model", &bad), *label = need(cli, "label", &bad);
-    if (bad)
-        return CLI_EXIT_USAGE;
-    state_t *st = NULL;
-    int rc = state_open(cli->db_path, &st);
-    if (rc < 0)
-        return cli_fail(rc, NULL);
-    ops_push_report_t r = {0};
-    rc = ops_rollback(st, model, label, cli_opt(cli, "token-env"), &r);
-    state_close(st);
-    return report(cli, rc, &r, "rolled back to");
+    static const char *const required[] = {"model", "label", NULL};
+    return given(cli, required) ? deliver(cli, rollback, "rolled back to") : CLI_EXIT_USAGE;
 }

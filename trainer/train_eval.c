@@ -23,37 +23,62 @@ int train_gather_layout(const trainer_t *tr, int mine, int **counts, int **displ
     return 0;
 }
 
-/* Predicts every eval row (lookups insert nothing) and computes logloss and
- * AUC on rank 0 over all ranks' predictions. */
-int train_evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, double *logloss,
-                   double *auc)
+int train_predict_files(trainer_t *tr, char **files, int nfiles, const char *what, float **probs,
+                        float **labels, int64_t **rows, int64_t *n)
 {
     rt_reader_t *r = NULL;
+    int64_t capp = 0, capl = 0, capr = 0;
+    *n = 0;
     int rc = agree(train_open_reader(tr, files, nfiles, &r));
-    float *probs = NULL, *labels = NULL;
-    int64_t n = 0, cap = 0, capl = 0;
     if (rc < 0)
         goto out;
     int64_t nsteps = rt_reader_nsteps(r);
     for (int64_t k = 0; k < nsteps; k++) {
         rt_batch_t *b = NULL;
         int got = rt_reader_next(r, &b);
-        rc = agree(got < 0 ? got : got == 0 ? KILN_EINTERNAL : 0);
+        rc = got < 0 ? got : got == 0 ? KILN_EINTERNAL : 0;
+        if (rc == 0 && rows != NULL && b->nskipped > 0)
+            rc = kiln_errf(KILN_ECORRUPT,
+                           "--predict: rows near global row %" PRId64
+                           " are malformed; predictions must keep the file's "
+                           "row order, so fix or drop those lines",
+                           b->first_row);
+        rc = agree(rc);
         if (rc < 0)
             goto out;
         rc = agree(train_lookup_batch(tr, b, tr->steps, false));
         if (rc < 0)
             goto out;
-        if ((rc = train_grow((void **)&probs, &cap, n + b->n, sizeof(float))) < 0 ||
-            (rc = train_grow((void **)&labels, &capl, n + b->n, sizeof(float))) < 0)
+        const int64_t m = *n + b->n;
+        if ((rc = train_grow((void **)probs, &capp, m, sizeof(float))) < 0 ||
+            (labels && (rc = train_grow((void **)labels, &capl, m, sizeof(float))) < 0) ||
+            (rows && (rc = train_grow((void **)rows, &capr, m, sizeof(int64_t))) < 0))
             goto out;
-        rc = rt_model_predict(tr->model, b->n, tr->E, b->dense, probs + n);
+        rc = rt_model_predict(tr->model, b->n, tr->E, b->dense, *probs + *n);
         if (rc < 0)
             goto out;
-        memcpy(labels + n, b->labels, (size_t)b->n * sizeof(float));
-        n += b->n;
+        if (labels)
+            memcpy(*labels + *n, b->labels, (size_t)b->n * sizeof(float));
+        for (int i = 0; rows && i < b->n; i++)
+            (*rows)[*n + i] = b->first_row + i;
+        *n = m;
     }
-    train_log_malformed(tr, r, "eval");
+    train_log_malformed(tr, r, what);
+out:
+    rt_reader_close(r);
+    return rc;
+}
+
+/* Predicts every eval row (lookups insert nothing) and computes logloss and
+ * AUC on rank 0 over all ranks' predictions. */
+int train_evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, double *logloss,
+                   double *auc)
+{
+    float *probs = NULL, *labels = NULL;
+    int64_t n = 0;
+    int rc = train_predict_files(tr, files, nfiles, "eval", &probs, &labels, NULL, &n);
+    if (rc < 0)
+        goto out;
 
     /* Gather every rank's predictions on rank 0. */
     int mine = (int)n;
@@ -79,12 +104,8 @@ int train_evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, doubl
         *logloss = rt_metrics_logloss(all_p, all_l, (size_t)total);
         rc = rt_metrics_auc(all_p, all_l, (size_t)total, auc);
     }
-    free(all_p);
-    free(all_l);
-    free(counts);
-    free(displs);
+    KILN_FREE_ALL(all_p, all_l, counts, displs);
 out:
-    rt_reader_close(r);
     free(probs);
     free(labels);
     return rc;

@@ -197,9 +197,24 @@ void train_record_inputs(trainer_t *tr, char **files, int n);
 int train_online(trainer_t *tr, char **files, int nfiles);
 
 /* ---- train_eval.c ---- */
+/* Predicts every row of files with the loaded state (lookups insert
+ * nothing): this rank's rows in the order read, *n of them, as *probs, with
+ * their labels in *labels and their global row indexes in *rows where those
+ * are not NULL. The arrays start NULL, are malloc'd here and are freed by the
+ * caller, also on failure. Asking for *rows makes a malformed line an error:
+ * it would leave a hole in the file's row order. what names the pass in the
+ * log of malformed lines. Collective. */
+int train_predict_files(trainer_t *tr, char **files, int nfiles, const char *what, float **probs,
+                        float **labels, int64_t **rows, int64_t *n);
 int train_evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, double *logloss,
                    double *auc);
 int train_gather_layout(const trainer_t *tr, int mine, int **counts, int **displs, int64_t *total);
+
+/* ---- train_main.c ---- */
+/* Builds the tables and the model and names the checkpoint root (relative to
+ * the spec's folder): what training and --predict both do before loading a
+ * checkpoint. Returns 0 or the first failure; the caller agrees on it. */
+int train_setup_run(trainer_t *tr);
 
 /* ---- train_predict.c ---- */
 int train_predict_mode(trainer_t *tr);

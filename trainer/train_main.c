@@ -218,12 +218,8 @@ static void trainer_fini(trainer_t *tr)
 {
     for (int t = 0; tr->tables && t < tr->T; t++) {
         kern_table_destroy(tr->tables[t]);
-        if (tr->tkeys) {
-            free(tr->tkeys[t]);
-            free(tr->tinv[t]);
-            free(tr->tuniq[t]);
-            free(tr->tgrad[t]);
-        }
+        if (tr->tkeys)
+            KILN_FREE_ALL(tr->tkeys[t], tr->tinv[t], tr->tuniq[t], tr->tgrad[t]);
     }
     rt_shard_destroy(tr->shard);
     rt_comm_destroy(tr->comm);
@@ -232,31 +228,25 @@ static void trainer_fini(trainer_t *tr)
         rt_dedupe_destroy(tr->dedupe[t]);
     free(tr->dedupe);
     rt_model_destroy(tr->model);
-    free(tr->tables);
-    free(tr->slot_table);
-    free(tr->combine);
-    free(tr->tkeys);
-    free(tr->tkeys_cap);
-    free(tr->tn);
-    free(tr->tinv);
-    free(tr->tuniq);
-    free(tr->tuniq_cap);
-    free(tr->nuniq);
-    free(tr->tgrad);
-    free(tr->tgrad_cap);
-    free(tr->dense_pairs);
-    free(tr->slot_koff);
-    free(tr->boff);
-    free(tr->bags);
-    free(tr->E);
-    free(tr->probs);
-    free(tr->spec_dir);
-    free(tr->ckpt_root);
+    KILN_FREE_ALL(tr->tables, tr->slot_table, tr->combine, tr->tkeys, tr->tkeys_cap, tr->tn,
+                  tr->tinv, tr->tuniq, tr->tuniq_cap, tr->nuniq, tr->tgrad, tr->tgrad_cap,
+                  tr->dense_pairs, tr->slot_koff, tr->boff, tr->bags, tr->E, tr->probs,
+                  tr->spec_dir, tr->ckpt_root);
     rt_ckpt_unlock(tr->lock);
     state_close(tr->db);
     if (tr->progress)
         fclose(tr->progress);
     job_spec_fini(&tr->spec);
+}
+
+int train_setup_run(trainer_t *tr)
+{
+    int rc = train_setup_tables(tr);
+    if (rc == 0)
+        rc = train_setup_model(tr);
+    if (rc == 0 && (tr->ckpt_root = train_spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
+        rc = KILN_ENOMEM;
+    return rc;
 }
 
 static int run(trainer_t *tr)
@@ -326,11 +316,7 @@ static int run(trainer_t *tr)
         }
     }
     if (rc == 0)
-        rc = train_setup_tables(tr);
-    if (rc == 0)
-        rc = train_setup_model(tr);
-    if (rc == 0 && (tr->ckpt_root = train_spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
-        rc = KILN_ENOMEM;
+        rc = train_setup_run(tr);
     if (rc == 0 && tr->ckpt_root[0] != '/') {
         /* Absolute, so that SQLite and export.last name it from anywhere. */
         char cwd[4096];

@@ -64,9 +64,7 @@ static void seen_fini(seen_t *s)
 {
     for (int i = 0; i < s->n; i++)
         free(s->path[i]);
-    free(s->path);
-    free(s->size);
-    free(s->mtime);
+    KILN_FREE_ALL(s->path, s->size, s->mtime);
 }
 
 /* Rank 0: new files of pattern (regular, not empty, not seen), marked seen,

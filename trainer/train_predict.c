@@ -9,46 +9,18 @@
 /* Predicts every row of files with the loaded state, as train_evaluate() does, and
  * gathers the probabilities on rank 0 in file order: the reader deals rows
  * block-cyclically, so each rank tags its rows with their global index
- * (batch first_row + i) and rank 0 places them. A malformed line would
- * leave a hole in that order, so it is an error here. probs_out (rank 0):
+ * (batch first_row + i) and rank 0 places them. probs_out (rank 0):
  * malloc'd (nrows). */
 static int predict_rows(trainer_t *tr, char **files, int nfiles, float **probs_out,
                         int64_t *nrows)
 {
-    rt_reader_t *r = NULL;
     float *probs = NULL, *all_p = NULL;
     int64_t *idx = NULL, *all_i = NULL;
     int *counts = NULL, *displs = NULL;
-    int64_t n = 0, capp = 0, capi = 0;
-    int rc = agree(train_open_reader(tr, files, nfiles, &r));
+    int64_t n = 0;
+    int rc = train_predict_files(tr, files, nfiles, "predict", &probs, NULL, &idx, &n);
     if (rc < 0)
         goto out;
-    int64_t nsteps = rt_reader_nsteps(r);
-    for (int64_t k = 0; k < nsteps; k++) {
-        rt_batch_t *b = NULL;
-        int got = rt_reader_next(r, &b);
-        rc = got < 0 ? got : got == 0 ? KILN_EINTERNAL : 0;
-        if (rc == 0 && b->nskipped > 0)
-            rc = kiln_errf(KILN_ECORRUPT, "--predict: rows near global row %" PRId64
-                                          " are malformed; predictions must keep the file's "
-                                          "row order, so fix or drop those lines",
-                           b->first_row);
-        rc = agree(rc);
-        if (rc < 0)
-            goto out;
-        rc = agree(train_lookup_batch(tr, b, tr->steps, false));
-        if (rc < 0)
-            goto out;
-        if ((rc = train_grow((void **)&probs, &capp, n + b->n, sizeof(float))) < 0 ||
-            (rc = train_grow((void **)&idx, &capi, n + b->n, sizeof(int64_t))) < 0)
-            goto out;
-        if ((rc = rt_model_predict(tr->model, b->n, tr->E, b->dense, probs + n)) < 0)
-            goto out;
-        for (int i = 0; i < b->n; i++)
-            idx[n + i] = b->first_row + i;
-        n += b->n;
-    }
-    train_log_malformed(tr, r, "predict");
 
     int mine = (int)n;
     int64_t total;
@@ -88,13 +60,7 @@ static int predict_rows(trainer_t *tr, char **files, int nfiles, float **probs_o
         *nrows = total;
     }
 out:
-    rt_reader_close(r);
-    free(probs);
-    free(idx);
-    free(all_p);
-    free(all_i);
-    free(counts);
-    free(displs);
+    KILN_FREE_ALL(probs, idx, all_p, all_i, counts, displs);
     return rc;
 }
 
@@ -110,11 +76,7 @@ int train_predict_mode(trainer_t *tr)
     kiln_atomic_t out = {0};
     int rc = train_expand(tr->opt.predict, "--predict", &files, &nfiles);
     if (rc == 0)
-        rc = train_setup_tables(tr);
-    if (rc == 0)
-        rc = train_setup_model(tr);
-    if (rc == 0 && (tr->ckpt_root = train_spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
-        rc = KILN_ENOMEM;
+        rc = train_setup_run(tr);
     rc = agree(rc);
     if (rc == 0)
         rc = agree(train_load_start(tr));

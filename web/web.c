@@ -523,10 +523,7 @@ void web_stop(web_t *w)
         MHD_stop_daemon(w->d);
     for (int i = 0; i < w->nall; i++)
         state_close(w->all[i]);
-    free(w->all);
-    free(w->idle);
-    free(w->token);
-    free(w->allowed_hosts);
+    KILN_FREE_ALL(w->all, w->idle, w->token, w->allowed_hosts);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);

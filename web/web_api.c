@@ -216,9 +216,7 @@ static json_t *outputs_json(state_t *st, int64_t run_id, int *rc)
 int web_api_run(web_req_t *r)
 {
     state_run_t run;
-    int rc = state_run_get(r->st, r->id, &run);
-    if (rc == KILN_ENOENT)
-        return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
+    int rc = web_req_run(r, &run);
     KILN_CHECK(rc);
     json_t *doc = json_object();
     json_t *rj = run_json(r->st, &run);
@@ -270,9 +268,7 @@ int web_api_run(web_req_t *r)
 int web_api_log(web_req_t *r)
 {
     state_run_t run;
-    int rc = state_run_get(r->st, r->id, &run);
-    if (rc == KILN_ENOENT)
-        return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
+    int rc = web_req_run(r, &run);
     KILN_CHECK(rc);
     char *tail = web_log_tail(&run, 1 << 20);
     state_run_fini(&run);
@@ -379,10 +375,7 @@ static int acted(web_req_t *r, int64_t run_id, json_t *doc)
 int web_act_cancel(web_req_t *r)
 {
     bool done = false;
-    int rc = ops_cancel(r->st, r->id, &done);
-    if (rc == KILN_ENOENT)
-        return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
-    KILN_CHECK(rc);
+    KILN_CHECK(web_run_rc(r, ops_cancel(r->st, r->id, &done)));
     return acted(r, r->id,
                  json_pack("{s:I, s:b, s:s}", "run_id", (json_int_t)r->id, "canceled", done,
                            "state", done ? "canceled" : "cancel_requested"));
@@ -392,10 +385,7 @@ int web_act_retry(web_req_t *r)
 {
     int64_t new_id = 0;
     int attempt = 0;
-    int rc = ops_retry(r->st, r->id, "the web API", &new_id, &attempt);
-    if (rc == KILN_ENOENT)
-        return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
-    KILN_CHECK(rc);
+    KILN_CHECK(web_run_rc(r, ops_retry(r->st, r->id, "the web API", &new_id, &attempt)));
     return acted(r, new_id,
                  json_pack("{s:I, s:I, s:i}", "run_id", (json_int_t)new_id, "retry_of",
                            (json_int_t)r->id, "attempt", attempt));

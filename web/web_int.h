@@ -70,6 +70,12 @@ const char *web_arg(web_req_t *r, const char *name);
  * malformed (message names it). */
 int web_arg_i64(web_req_t *r, const char *name, int64_t def, int64_t lo, int64_t hi,
                 int64_t *out /* OUT */);
+/* The outcome rc of a read of or an action on the run the request names
+ * (r->id), with KILN_ENOENT said as "no run N" for the 404. */
+int web_run_rc(const web_req_t *r, int rc);
+/* The run the request names into *run (state_run_fini), or KILN_ENOENT
+ * "no run N". */
+int web_req_run(web_req_t *r, state_run_t *run /* OUT */);
 /* Writes a JSON document as the answer (takes the reference). */
 int web_json_reply(web_req_t *r, json_t *doc);
 

@@ -325,9 +325,7 @@ static int run_sections(web_req_t *r, const state_run_t *run);
 int web_page_run(web_req_t *r)
 {
     state_run_t run;
-    int rc = state_run_get(r->st, r->id, &run);
-    if (rc == KILN_ENOENT)
-        return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
+    int rc = web_req_run(r, &run);
     KILN_CHECK(rc);
     web_buf_t *b = &r->out;
     char title[64];
@@ -559,9 +557,7 @@ static int run_sections(web_req_t *r, const state_run_t *run)
 int web_svg_loss(web_req_t *r)
 {
     state_run_t run;
-    int rc = state_run_get(r->st, r->id, &run);
-    if (rc == KILN_ENOENT)
-        return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
+    int rc = web_req_run(r, &run);
     KILN_CHECK(rc);
     double *x = NULL, *y = NULL;
     size_t n = 0;

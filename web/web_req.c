@@ -31,6 +31,18 @@ int web_arg_i64(web_req_t *r, const char *name, int64_t def, int64_t lo, int64_t
     return 0;
 }
 
+int web_run_rc(const web_req_t *r, int rc)
+{
+    if (rc == KILN_ENOENT)
+        return kiln_errf(KILN_ENOENT, "no run %lld", (long long)r->id);
+    return rc;
+}
+
+int web_req_run(web_req_t *r, state_run_t *run)
+{
+    return web_run_rc(r, state_run_get(r->st, r->id, run));
+}
+
 int web_json_reply(web_req_t *r, json_t *doc)
 {
     if (doc == NULL)
