@@ -260,15 +260,9 @@ int kern_cpu_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags
 int kern_cpu_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t *slabs,
                            const kern_row_grads_t *grads, int64_t step)
 {
-    const int nstate = kern_opt_nstate(opt->kind);
     for (int t = 0; t < ntables; t++) {
         const kern_slab_t *s = &slabs[t];
-        if (!s->values || !s->stamps || s->nstate != nstate || (nstate > 0 && !s->opt_state) ||
-            (opt->kind == KERN_OPT_ADAM && !s->opt_steps))
-            return kiln_errf(KILN_EINVAL,
-                             "update: table %d does not carry the state of this optimizer "
-                             "(it has %d state floats per element, the optimizer needs %d)",
-                             t, s->nstate, nstate);
+        KILN_CHECK(kern_slab_check_opt(s, opt->kind, t, "update"));
         for (int64_t i = 0; i < grads[t].n; i++)
             if (grads[t].rows[i] < 0 || grads[t].rows[i] >= s->capacity)
                 return kiln_errf(KILN_EINVAL, "update: table %d row %d is outside its slab",

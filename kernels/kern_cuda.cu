@@ -360,17 +360,8 @@ extern "C" int kern_cuda_sparse_update(const kern_opt_t *opt, int ntables,
                                        const kern_slab_t *slabs, const kern_row_grads_t *grads,
                                        int64_t step, void *stream)
 {
-    const int nstate = kern_opt_nstate(opt->kind);
-    for (int t = 0; t < ntables; t++) {
-        const kern_slab_t *s = &slabs[t];
-        if (!s->values || !s->stamps || s->nstate != nstate || (nstate > 0 && !s->opt_state) ||
-            (opt->kind == KERN_OPT_ADAM && !s->opt_steps))
-            return kiln_errf(KILN_EINVAL,
-                             "cuda update: table %d does not carry the state of this "
-                             "optimizer (it has %d state floats per element, the optimizer "
-                             "needs %d)",
-                             t, s->nstate, nstate);
-    }
+    for (int t = 0; t < ntables; t++)
+        KILN_CHECK(kern_slab_check_opt(&slabs[t], opt->kind, t, "cuda update"));
     for (int t0 = 0; t0 < ntables; t0 += CHUNK) {
         update_chunk c;
         int nt = ntables - t0 < CHUNK ? ntables - t0 : CHUNK, maxdim = 1;

@@ -121,6 +121,22 @@ KERN_HD static inline int kern_opt_nstate(int kind)
     return kind == KERN_OPT_ADAM ? 2 : kind == KERN_OPT_ADAGRAD ? 1 : 0;
 }
 
+/* Whether slab s carries what optimizer kind updates (values, stamps, its
+ * state floats and, for adam, the per-row counts); 0 or KILN_EINVAL naming
+ * table t, with op ("update", "cuda update") leading the message. Host
+ * side. */
+static inline int kern_slab_check_opt(const kern_slab_t *s, int kind, int t, const char *op)
+{
+    const int nstate = kern_opt_nstate(kind);
+    if (!s->values || !s->stamps || s->nstate != nstate || (nstate > 0 && !s->opt_state) ||
+        (kind == KERN_OPT_ADAM && !s->opt_steps))
+        return kiln_errf(KILN_EINVAL,
+                         "%s: table %d does not carry the state of this optimizer (it has %d "
+                         "state floats per element, the optimizer needs %d)",
+                         op, t, s->nstate, nstate);
+    return 0;
+}
+
 KERN_HD static inline void kern_sgd_elem(float *w, float g, float lr)
 {
     *w -= lr * g;

@@ -228,6 +228,19 @@ int rt_comm_alltoall(rt_comm_t *c, const void *sendbuf, void *recvbuf, size_t by
     return 0;
 }
 
+/* In-place MPI_Allreduce of count elements of type (each `width` doubles)
+ * with op, in chunks of at most CHUNK elements (MPI counts are int). */
+static int mpi_allreduce(rt_comm_t *c, double *buf, size_t count, size_t width, MPI_Datatype type,
+                         MPI_Op op, const char *what)
+{
+    for (size_t off = 0; off < count; off += CHUNK) {
+        const size_t k = count - off < CHUNK ? count - off : CHUNK;
+        RT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + width * off, (int)k, type, op, c->comm),
+                     what);
+    }
+    return 0;
+}
+
 int rt_comm_allreduce_sum_dd(rt_comm_t *c, double *pairs, size_t npairs)
 {
     if (c == NULL || (pairs == NULL && npairs > 0))
@@ -236,13 +249,8 @@ int rt_comm_allreduce_sum_dd(rt_comm_t *c, double *pairs, size_t npairs)
     if (c->kind == RT_COMM_NCCL)
         return rt_comm_nccl_allreduce_sum_dd(c, pairs, npairs);
 #endif
-    for (size_t off = 0; off < npairs; off += CHUNK) {
-        const size_t k = npairs - off < CHUNK ? npairs - off : CHUNK;
-        RT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pairs + 2 * off, (int)k, c->dd_type, c->dd_op,
-                                   c->comm),
-                     "MPI_Allreduce of double-double sums");
-    }
-    return 0;
+    return mpi_allreduce(c, pairs, npairs, 2, c->dd_type, c->dd_op,
+                         "MPI_Allreduce of double-double sums");
 }
 
 int rt_comm_agree(rt_comm_t *c, int rc, const char *step)
@@ -258,12 +266,7 @@ int rt_comm_allreduce_sum_f64(rt_comm_t *c, double *buf, size_t count)
     if (c->kind == RT_COMM_NCCL)
         return rt_comm_nccl_allreduce_sum_f64(c, buf, count);
 #endif
-    for (size_t off = 0; off < count; off += CHUNK) {
-        const size_t k = count - off < CHUNK ? count - off : CHUNK;
-        RT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + off, (int)k, MPI_DOUBLE, MPI_SUM, c->comm),
-                  "MPI_Allreduce of float64 sums");
-    }
-    return 0;
+    return mpi_allreduce(c, buf, count, 1, MPI_DOUBLE, MPI_SUM, "MPI_Allreduce of float64 sums");
 }
 
 int rt_comm_bcast(rt_comm_t *c, void *buf, size_t bytes, int root)
