@@ -55,6 +55,19 @@ char *kiln_strndup(const char *s, size_t n)
 
 char *kiln_strdup(const char *s) { return kiln_strndup(s, SIZE_MAX); }
 
+int kiln_grow(void **items, size_t *cap, size_t n, size_t elem, size_t first)
+{
+    if (n < *cap)
+        return 0;
+    size_t want = *cap ? *cap * 2 : first;
+    void *p = kiln_reallocarray(*items, want, elem);
+    if (p == NULL)
+        return KILN_ENOMEM;
+    *items = p;
+    *cap = want;
+    return 0;
+}
+
 void kiln_free_all(void *const *ptrs, size_t n)
 {
     for (size_t i = 0; i < n; i++)

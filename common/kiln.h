@@ -152,6 +152,10 @@ char *kiln_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define KILN_FREE_ALL(...)                                                      \
     kiln_free_all((void *[]){__VA_ARGS__}, sizeof((void *[]){__VA_ARGS__}) / sizeof(void *))
 void kiln_free_all(void *const *ptrs, size_t n);
+/* Makes room in *items, an array of *cap elements of elem bytes with n in
+ * use, for one more: doubles *cap (to first when it is 0). Returns 0, or
+ * KILN_ENOMEM with *items and *cap unchanged. */
+int kiln_grow(void **items, size_t *cap, size_t n, size_t elem, size_t first);
 
 /* ---- time ------------------------------------------------------------------
  * Wall time is Unix seconds (int64, UTC). Durations are milliseconds. */

@@ -47,17 +47,10 @@ static bool diags_full(const ctx_t *c)
  * first when none). Returns false, with c->nomem set, when out of memory. */
 static bool room_for(ctx_t *c, void **items, size_t *cap, size_t n, size_t elem, size_t first)
 {
-    if (n < *cap)
+    if (kiln_grow(items, cap, n, elem, first) == 0)
         return true;
-    size_t want = *cap ? *cap * 2 : first;
-    void *p = kiln_reallocarray(*items, want, elem);
-    if (p == NULL) {
-        c->nomem = true;
-        return false;
-    }
-    *items = p;
-    *cap = want;
-    return true;
+    c->nomem = true;
+    return false;
 }
 
 static void vdiag(ctx_t *c, int line, int col, const char *path, const char *fmt, va_list ap)

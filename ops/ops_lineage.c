@@ -37,14 +37,8 @@ static bool ids_add(ids_t *s, int64_t id)
 {
     if (id <= 0 || ids_has(s, id) || s->n >= LINEAGE_MAX)
         return false;
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 16;
-        int64_t *nv = kiln_reallocarray(s->v, cap, sizeof *nv);
-        if (nv == NULL)
-            return false;
-        s->v = nv;
-        s->cap = cap;
-    }
+    if (kiln_grow((void **)&s->v, &s->cap, s->n, sizeof *s->v, 16) < 0)
+        return false;
     s->v[s->n++] = id;
     return true;
 }

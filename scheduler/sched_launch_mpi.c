@@ -28,15 +28,10 @@ void sched_argv_push(sched_argv_t *a, const char *s)
 {
     if (a->oom)
         return;
-    if (a->n + 2 > a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 32;
-        char **nv = kiln_reallocarray(a->v, cap, sizeof *nv);
-        if (nv == NULL) {
-            a->oom = true;
-            return;
-        }
-        a->v = nv;
-        a->cap = cap;
+    /* room for this one and the NULL that ends the list */
+    if (kiln_grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v, 32) < 0) {
+        a->oom = true;
+        return;
     }
     a->v[a->n] = kiln_strdup(s);
     if (a->v[a->n] == NULL) {

@@ -35,14 +35,8 @@ static int64_t now_ms(void)
 
 sched_active_t *sched_active_add(sched_t *s)
 {
-    if (s->nact == s->capact) {
-        size_t cap = s->capact ? s->capact * 2 : 16;
-        sched_active_t *na = kiln_reallocarray(s->act, cap, sizeof *na);
-        if (na == NULL)
-            return NULL;
-        s->act = na;
-        s->capact = cap;
-    }
+    if (kiln_grow((void **)&s->act, &s->capact, s->nact, sizeof *s->act, 16) < 0)
+        return NULL;
     sched_active_t *a = &s->act[s->nact++];
     memset(a, 0, sizeof *a);
     a->pidfd = -1;
