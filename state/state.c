@@ -245,20 +245,23 @@ int state_tx_end(state_t *st, int rc, const char *what)
     return rc;
 }
 
-void state_busy_backoff(int attempt)
+bool state_busy_retry(state_t *st, int *rc, int attempt, const char *what)
 {
+    if (*rc == 0 || !st->busy)
+        return false;
+    if (attempt + 1 >= STATE_BUSY_TRIES) {
+        *rc = kiln_errf(*rc,
+                        "database %s stayed locked by another process: gave up on %s after %d "
+                        "tries of %g s each (%s); is another kiln process stuck in a transaction?",
+                        st->path, what, STATE_BUSY_TRIES, st->busy_timeout_ms / 1000.0,
+                        st->last_sqlite_msg);
+        return false;
+    }
+    /* Sleep a few ms, more each time, before the next try. */
     struct timespec ts = {0, (long)(attempt + 1) * 25 * 1000 * 1000};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
-}
-
-int state_busy_giveup(state_t *st, int rc, const char *what)
-{
-    return kiln_errf(rc,
-                     "database %s stayed locked by another process: gave up on %s after %d "
-                     "tries of %g s each (%s); is another kiln process stuck in a transaction?",
-                     st->path, what, STATE_BUSY_TRIES, st->busy_timeout_ms / 1000.0,
-                     st->last_sqlite_msg);
+    return true;
 }
 
 /* ---- opening ---------------------------------------------------------------------- */

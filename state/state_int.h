@@ -388,11 +388,11 @@ int64_t state_col_i64(sqlite3_stmt *s, int col); /* NULL reads as 0 */
  * when rc is 0 and rolls back otherwise; it returns rc or the COMMIT error. */
 int state_tx_begin(state_t *st, const char *what);
 int state_tx_end(state_t *st, int rc, const char *what);
-/* Sleeps before the next try of a busy transaction (a few ms, growing). */
-void state_busy_backoff(int attempt);
-/* Turns the last error into "database <path> is busy ..." after the retries
- * ran out. Returns rc. */
-int state_busy_giveup(state_t *st, int rc, const char *what);
+/* Decides after a try of a transaction that returned *rc: false when it is
+ * done (it succeeded, failed for another reason than a busy file, or was the
+ * last try, when *rc gets "database <path> stayed locked ..."); true, after a
+ * short sleep that grows with attempt, to run it again. */
+bool state_busy_retry(state_t *st, int *rc, int attempt, const char *what);
 
 /* STATE_WRITE(st, what, rc, body): runs the int expression `body` in one
  * BEGIN IMMEDIATE transaction, committing when it returns 0. When SQLite
@@ -400,38 +400,24 @@ int state_busy_giveup(state_t *st, int rc, const char *what);
  * transaction is rolled back and rerun, up to STATE_BUSY_TRIES times, so no
  * write is lost to a contended file. body must be safe to rerun (free what a
  * failed try allocated). STATE_READ is the same without a transaction. */
-#define STATE_WRITE(st, what, rc, body)                                         \
-    do {                                                                        \
-        for (int try_ = 0;; try_++) {                                           \
-            (st)->busy = false;                                                 \
-            (rc) = state_tx_begin((st), (what));                                \
-            if ((rc) == 0) {                                                    \
-                (rc) = (body);                                                  \
-                (rc) = state_tx_end((st), (rc), (what));                        \
-            }                                                                   \
-            if ((rc) == 0 || !(st)->busy)                                       \
-                break;                                                          \
-            if (try_ + 1 >= STATE_BUSY_TRIES) {                                 \
-                (rc) = state_busy_giveup((st), (rc), (what));                   \
-                break;                                                          \
-            }                                                                   \
-            state_busy_backoff(try_);                                           \
-        }                                                                       \
+#define STATE_WRITE(st, what, rc, body)                                                            \
+    do {                                                                                           \
+        int try_ = 0;                                                                              \
+        do {                                                                                       \
+            (st)->busy = false;                                                                    \
+            (rc) = state_tx_begin((st), (what));                                                   \
+            if ((rc) == 0)                                                                         \
+                (rc) = state_tx_end((st), (body), (what));                                         \
+        } while (state_busy_retry((st), &(rc), try_++, (what)));                                   \
     } while (0)
 
-#define STATE_READ(st, what, rc, body)                                          \
-    do {                                                                        \
-        for (int try_ = 0;; try_++) {                                           \
-            (st)->busy = false;                                                 \
-            (rc) = (body);                                                      \
-            if ((rc) == 0 || !(st)->busy)                                       \
-                break;                                                          \
-            if (try_ + 1 >= STATE_BUSY_TRIES) {                                 \
-                (rc) = state_busy_giveup((st), (rc), (what));                   \
-                break;                                                          \
-            }                                                                   \
-            state_busy_backoff(try_);                                           \
-        }                                                                       \
+#define STATE_READ(st, what, rc, body)                                                             \
+    do {                                                                                           \
+        int try_ = 0;                                                                              \
+        do {                                                                                       \
+            (st)->busy = false;                                                                    \
+            (rc) = (body);                                                                         \
+        } while (state_busy_retry((st), &(rc), try_++, (what)));                                   \
     } while (0)
 
 /* Appends an event inside the caller's transaction (events.c). job_id 0 with
