@@ -31,16 +31,12 @@ int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *
     va_end(ap);
 
     if (job_id == 0 && run_id != 0) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_JOB_OF, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+        KILN_CHECK_GOTO(state_query_i64(st, STMT_RUN_JOB_OF, what, &job_id, "I", run_id), rc, out);
         if (rc == 0) {
             rc = kiln_errf(KILN_ENOENT, "cannot record an event for run %lld: no such run",
                            (long long)run_id);
             goto out;
         }
-        job_id = state_col_i64(s, 0);
-        state_stmt_done(s);
     }
     KILN_CHECK_GOTO(state_stmt(st, STMT_EVENT_INSERT, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "JJItt", job_id, run_id, kiln_now_s(), kind, msg), rc,
@@ -78,57 +74,36 @@ int state_event_add(state_t *st, int64_t job_id, int64_t run_id, const char *kin
     return rc;
 }
 
+/* A row of STATE_EVENT_COLS. */
+static const state_col_t event_cols[] = {
+    STATE_COL(state_event_t, id),     STATE_COL(state_event_t, job_id),
+    STATE_COL(state_event_t, run_id), STATE_COL(state_event_t, at),
+    STATE_COL(state_event_t, kind),   STATE_COL(state_event_t, message),
+};
+static const state_row_t event_row = STATE_ROW(state_event_t, event_cols, NULL);
+
 void state_events_free(state_event_t *es, size_t n)
 {
-    for (size_t i = 0; es != NULL && i < n; i++) {
-        free(es[i].kind);
-        free(es[i].message);
-    }
-    free(es);
+    state_rows_free(&event_row, es, n);
 }
 
-static int read_event(sqlite3_stmt *s, void *item)
-{
-    state_event_t *e = item;
-    e->id = state_col_i64(s, 0);
-    e->job_id = state_col_i64(s, 1);
-    e->run_id = state_col_i64(s, 2);
-    e->at = state_col_i64(s, 3);
-    KILN_CHECK(state_col_str(s, 4, &e->kind));
-    return state_col_str(s, 5, &e->message);
-}
-
+/* Events of a run, of a job, or all of them: one statement each. */
 static int event_list_tx(state_t *st, int64_t job_id, int64_t run_id, state_event_t **out,
                          size_t *n)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     const char *what = "listing events";
-    if (run_id > 0) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_EVENT_LIST_RUN, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
-    } else if (job_id > 0) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_EVENT_LIST_JOB, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "I", job_id), rc, out);
-    } else {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_EVENT_LIST_ALL, &s), rc, out);
-    }
-    rc = state_collect(st, s, what, sizeof **out, read_event, (void **)out, n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        state_events_free(*out, *n);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
+    if (run_id > 0)
+        return state_rows_query(st, STMT_EVENT_LIST_RUN, what, &event_row, (void **)out, n, "I",
+                                run_id);
+    if (job_id > 0)
+        return state_rows_query(st, STMT_EVENT_LIST_JOB, what, &event_row, (void **)out, n, "I",
+                                job_id);
+    return state_rows_query(st, STMT_EVENT_LIST_ALL, what, &event_row, (void **)out, n, "");
 }
 
 int state_event_list(state_t *st, int64_t job_id, int64_t run_id, state_event_t **out, size_t *n)
 {
     int rc;
-    *out = NULL;
-    *n = 0;
     STATE_READ(st, "listing events", rc, event_list_tx(st, job_id, run_id, out, n));
     return rc;
 }

@@ -9,43 +9,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Reads a row of STATE_JOB_COLS. */
-static int read_job(sqlite3_stmt *s, state_job_t *j)
-{
-    memset(j, 0, sizeof *j);
-    j->id = state_col_i64(s, 0);
-    j->priority = sqlite3_column_int(s, 5);
-    j->version = sqlite3_column_int(s, 6);
-    j->paused = sqlite3_column_int(s, 7) != 0;
-    j->created_at = state_col_i64(s, 8);
-    j->updated_at = state_col_i64(s, 9);
-    j->last_scheduled_at = state_col_i64(s, 10);
-    if (state_col_str(s, 1, &j->name) < 0 || state_col_str(s, 2, &j->spec_yaml) < 0 ||
-        state_col_str(s, 3, &j->spec_hash) < 0 || state_col_str(s, 4, &j->schedule) < 0 ||
-        state_col_str(s, 11, &j->spec_dir) < 0) {
-        state_job_fini(j);
-        return KILN_ENOMEM;
-    }
-    return 0;
-}
+/* A row of STATE_JOB_COLS. */
+static const state_col_t job_cols[] = {
+    STATE_COL(state_job_t, id),
+    STATE_COL(state_job_t, name),
+    STATE_COL(state_job_t, spec_yaml),
+    STATE_COL(state_job_t, spec_hash),
+    STATE_COL(state_job_t, schedule),
+    STATE_COL(state_job_t, priority),
+    STATE_COL(state_job_t, version),
+    STATE_COL(state_job_t, paused),
+    STATE_COL(state_job_t, created_at),
+    STATE_COL(state_job_t, updated_at),
+    STATE_COL(state_job_t, last_scheduled_at),
+    STATE_COL(state_job_t, spec_dir),
+};
+static const state_row_t job_row = STATE_ROW(state_job_t, job_cols, NULL);
 
 void state_job_fini(state_job_t *j)
 {
-    if (j == NULL)
-        return;
-    free(j->name);
-    free(j->spec_yaml);
-    free(j->spec_hash);
-    free(j->schedule);
-    free(j->spec_dir);
-    memset(j, 0, sizeof *j);
+    state_row_fini(&job_row, j);
 }
 
 void state_jobs_free(state_job_t *js, size_t n)
 {
-    for (size_t i = 0; js != NULL && i < n; i++)
-        state_job_fini(&js[i]);
-    free(js);
+    state_rows_free(&job_row, js, n);
 }
 
 /* ---- put ------------------------------------------------------------------------ */
@@ -181,24 +169,13 @@ int state_submit(state_t *st, const state_submit_t *in, state_submitted_t *out)
 static int job_get_tx(state_t *st, state_stmt_id_t id, const char *name, int64_t job_id,
                       state_job_t *out)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     const char *what = "reading a job";
-    KILN_CHECK_GOTO(state_stmt(st, id, &s), rc, out);
-    if (name != NULL)
-        KILN_CHECK_GOTO(state_bind(st, s, what, "t", name), rc, out);
-    else
-        KILN_CHECK_GOTO(state_bind(st, s, what, "I", job_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = name != NULL ? kiln_errf(KILN_ENOENT, "no job named '%s'; see kiln jobs", name)
-                          : kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
-        goto out;
-    }
-    rc = read_job(s, out);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = name != NULL ? state_row_query(st, id, what, &job_row, out, "t", name)
+                          : state_row_query(st, id, what, &job_row, out, "I", job_id);
+    if (rc == 0)
+        return name != NULL ? kiln_errf(KILN_ENOENT, "no job named '%s'; see kiln jobs", name)
+                            : kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
+    return rc < 0 ? rc : 0;
 }
 
 int state_job_get(state_t *st, const char *name, state_job_t *out)
@@ -245,30 +222,11 @@ int state_job_get_by_id(state_t *st, int64_t id, state_job_t *out)
     return rc;
 }
 
-static int read_job_row(sqlite3_stmt *s, void *item) { return read_job(s, item); }
-
-static int job_list_tx(state_t *st, state_job_t **out, size_t *n)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_LIST, &s), rc, out);
-    rc = state_collect(st, s, "listing jobs", sizeof **out, read_job_row, (void **)out, n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        state_jobs_free(*out, *n);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
-}
-
 int state_job_list(state_t *st, state_job_t **out, size_t *n)
 {
     int rc;
-    *out = NULL;
-    *n = 0;
-    STATE_READ(st, "listing jobs", rc, job_list_tx(st, out, n));
+    STATE_READ(st, "listing jobs", rc,
+               state_rows_query(st, STMT_JOB_LIST, "listing jobs", &job_row, (void **)out, n, ""));
     return rc;
 }
 

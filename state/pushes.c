@@ -54,17 +54,10 @@ typedef struct {
 static int endpoint_put_tx(state_t *st, const endpoint_put_t *e, int64_t *id)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
     const char *what = "record an endpoint";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_FIND, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ttt", e->url, e->model, e->label), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 1) {
-        *id = state_col_i64(s, 0);
-        rc = 0;
-        goto out;
-    }
-    state_stmt_done(s);
+    int rc = state_query_i64(st, STMT_ENDPOINT_FIND, what, id, "ttt", e->url, e->model, e->label);
+    if (rc != 0)
+        return rc < 0 ? rc : 0; /* an error, or the endpoint is recorded */
     KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_INSERT, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "tttI", e->url, e->model, e->label, kiln_now_s()), rc,
                     out);
@@ -172,23 +165,14 @@ int state_endpoint_set_stats(state_t *st, int64_t endpoint_id, const state_endpo
 static int endpoint_find_tx(state_t *st, const char *url, const char *model, const char *label,
                             int64_t *id)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "finding an endpoint";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_BY_URL, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ttt", url, model, label), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no endpoint %s%s%s%s%s is recorded (nothing was pushed to it)",
-                       url, model ? " for model " : "", model ? model : "",
-                       label ? " label " : "", label ? label : "");
-        goto out;
-    }
-    *id = state_col_i64(s, 0);
-    rc = 0;
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_query_i64(st, STMT_ENDPOINT_BY_URL, "finding an endpoint", id, "ttt", url, model,
+                             label);
+    if (rc == 0)
+        return kiln_errf(KILN_ENOENT,
+                         "no endpoint %s%s%s%s%s is recorded (nothing was pushed to it)", url,
+                         model ? " for model " : "", model ? model : "", label ? " label " : "",
+                         label ? label : "");
+    return rc < 0 ? rc : 0;
 }
 
 int state_endpoint_find(state_t *st, const char *url, const char *model, const char *label,
@@ -209,88 +193,69 @@ const char *state_push_mode_name(const state_push_t *p)
     return full ? "full" : "delta";
 }
 
-void state_push_fini(state_push_t *p)
+/* The push's mode, state and the format it sent, stored by name. */
+static int read_push_names(sqlite3_stmt *s, void *row)
 {
-    if (p == NULL)
-        return;
-    free(p->job_name);
-    free(p->checkpoint_uid);
-    free(p->checkpoint_path);
-    free(p->url);
-    free(p->model);
-    free(p->label);
-    free(p->reason);
-    free(p->error);
-    free(p->claimed_by);
-    free(p->token_env);
-    memset(p, 0, sizeof *p);
-}
-
-void state_pushes_free(state_push_t *ps, size_t n)
-{
-    for (size_t i = 0; ps != NULL && i < n; i++)
-        state_push_fini(&ps[i]);
-    free(ps);
-}
-
-/* Reads a row of STATE_PUSH_COLS. */
-static int read_push(sqlite3_stmt *s, void *item)
-{
-    state_push_t *p = item;
-    p->id = state_col_i64(s, 0);
-    p->job_id = state_col_i64(s, 1);
-    p->run_id = state_col_i64(s, 2);
-    p->checkpoint_id = state_col_i64(s, 3);
-    p->endpoint_id = state_col_i64(s, 4);
-    p->export_id = state_col_i64(s, 5);
+    state_push_t *p = row;
     const char *mode = (const char *)sqlite3_column_text(s, 12);
     p->full = mode != NULL && strcmp(mode, "full") == 0;
     if (state_push_state_parse((const char *)sqlite3_column_text(s, 14), &p->state) < 0)
         return kiln_errf(KILN_ECORRUPT, "push %lld has an unknown state in the database",
                          (long long)p->id);
-    p->http_status = sqlite3_column_int(s, 15);
-    p->attempts = sqlite3_column_int(s, 17);
-    p->rounds = sqlite3_column_int(s, 18);
-    p->not_before_ms = state_col_i64(s, 19);
-    p->lease_until_ms = state_col_i64(s, 21);
-    p->created_at = state_col_i64(s, 23);
-    p->started_at = state_col_i64(s, 24);
-    p->ended_at = state_col_i64(s, 25);
-    p->gated = sqlite3_column_int(s, 26) != 0;
     const char *sent = (const char *)sqlite3_column_text(s, 27);
     p->sent_full = sent != NULL && strcmp(sent, "push-full") == 0;
-    static const struct {
-        int col;
-        size_t off;
-    } strs[] = {{6, offsetof(state_push_t, job_name)},  {7, offsetof(state_push_t, checkpoint_uid)},
-                {8, offsetof(state_push_t, checkpoint_path)}, {9, offsetof(state_push_t, url)},
-                {10, offsetof(state_push_t, model)},    {11, offsetof(state_push_t, label)},
-                {13, offsetof(state_push_t, reason)},   {16, offsetof(state_push_t, error)},
-                {20, offsetof(state_push_t, claimed_by)}, {22, offsetof(state_push_t, token_env)}};
-    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
-        KILN_CHECK(state_col_str(s, strs[i].col, (char **)((char *)p + strs[i].off)));
     return 0;
+}
+
+/* A row of STATE_PUSH_COLS. */
+static const state_col_t push_cols[] = {
+    STATE_COL(state_push_t, id),
+    STATE_COL(state_push_t, job_id),
+    STATE_COL(state_push_t, run_id),
+    STATE_COL(state_push_t, checkpoint_id),
+    STATE_COL(state_push_t, endpoint_id),
+    STATE_COL(state_push_t, export_id),
+    STATE_COL(state_push_t, job_name),
+    STATE_COL(state_push_t, checkpoint_uid),
+    STATE_COL(state_push_t, checkpoint_path),
+    STATE_COL(state_push_t, url),
+    STATE_COL(state_push_t, model),
+    STATE_COL(state_push_t, label),
+    STATE_COL_SKIPPED, /* mode */
+    STATE_COL(state_push_t, reason),
+    STATE_COL_SKIPPED, /* state */
+    STATE_COL(state_push_t, http_status),
+    STATE_COL(state_push_t, error),
+    STATE_COL(state_push_t, attempts),
+    STATE_COL(state_push_t, rounds),
+    STATE_COL(state_push_t, not_before_ms),
+    STATE_COL(state_push_t, claimed_by),
+    STATE_COL(state_push_t, lease_until_ms),
+    STATE_COL(state_push_t, token_env),
+    STATE_COL(state_push_t, created_at),
+    STATE_COL(state_push_t, started_at),
+    STATE_COL(state_push_t, ended_at),
+    STATE_COL(state_push_t, gated),
+    STATE_COL_SKIPPED, /* the format of the export it sent */
+};
+static const state_row_t push_row = STATE_ROW(state_push_t, push_cols, read_push_names);
+
+void state_push_fini(state_push_t *p)
+{
+    state_row_fini(&push_row, p);
+}
+
+void state_pushes_free(state_push_t *ps, size_t n)
+{
+    state_rows_free(&push_row, ps, n);
 }
 
 static int push_get_tx(state_t *st, int64_t id, state_push_t *out)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a push";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_GET, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no push %lld", (long long)id);
-        goto out;
-    }
-    memset(out, 0, sizeof *out);
-    rc = read_push(s, out);
-    if (rc < 0)
-        state_push_fini(out);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_row_query(st, STMT_PUSH_GET, "reading a push", &push_row, out, "I", id);
+    if (rc == 0)
+        return kiln_errf(KILN_ENOENT, "no push %lld", (long long)id);
+    return rc < 0 ? rc : 0;
 }
 
 int state_push_get(state_t *st, int64_t push_id, state_push_t *out)
@@ -301,16 +266,9 @@ int state_push_get(state_t *st, int64_t push_id, state_push_t *out)
     return rc;
 }
 
-typedef struct {
-    const state_push_filter_t *f;
-    int limit;
-    state_push_t *ps;
-    size_t n;
-} push_list_t;
-
-static int push_list_tx(state_t *st, push_list_t *q)
+static int push_list_tx(state_t *st, const state_push_filter_t *f, int limit, state_push_t **out,
+                        size_t *n)
 {
-    const state_push_filter_t *f = q->f;
     /* One statement per filter, each along its own index. */
     state_stmt_id_t id = STMT_PUSH_LIST_ALL;
     int64_t key = 0;
@@ -322,22 +280,8 @@ static int push_list_tx(state_t *st, push_list_t *q)
         id = STMT_PUSH_LIST_ENDPOINT, key = f->endpoint_id;
     else if (f->job_id > 0)
         id = STMT_PUSH_LIST_JOB, key = f->job_id;
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "listing pushes";
-    q->ps = NULL;
-    q->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, id, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Iii", key, f->open_only ? 1 : 0, q->limit), rc, out);
-    rc = state_collect(st, s, what, sizeof *q->ps, read_push, (void **)&q->ps, &q->n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        state_pushes_free(q->ps, q->n);
-        q->ps = NULL;
-        q->n = 0;
-    }
-    return rc;
+    return state_rows_query(st, id, "listing pushes", &push_row, (void **)out, n, "Iii", key,
+                            f->open_only ? 1 : 0, limit);
 }
 
 int state_push_list(state_t *st, const state_push_filter_t *f, int limit, state_push_t **out,
@@ -348,11 +292,8 @@ int state_push_list(state_t *st, const state_push_filter_t *f, int limit, state_
     if (limit < 1 || limit > STATE_PAGE_MAX)
         return kiln_errf(KILN_EINVAL, "asked for %d pushes; 1 to %d", limit, STATE_PAGE_MAX);
     state_push_filter_t none = {0};
-    push_list_t q = {f != NULL ? f : &none, limit, NULL, 0};
     int rc;
-    STATE_READ(st, "listing pushes", rc, push_list_tx(st, &q));
-    *out = q.ps;
-    *n = q.n;
+    STATE_READ(st, "listing pushes", rc, push_list_tx(st, f != NULL ? f : &none, limit, out, n));
     return rc;
 }
 
@@ -368,12 +309,7 @@ static int supersede_older_tx(state_t *st, int64_t endpoint_id, int64_t newest, 
     const char *what = "superseding older pushes";
     KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_PENDING_TO, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "II", endpoint_id, newest), rc, out);
-    while (n < sizeof ids / sizeof ids[0]) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        ids[n++] = state_col_i64(s, 0);
-    }
+    KILN_CHECK_GOTO(state_step_ids(st, s, what, ids, sizeof ids / sizeof ids[0], &n), rc, out);
     state_stmt_done(s);
     s = NULL;
     char why[96];
@@ -461,25 +397,6 @@ typedef struct {
     size_t n;
 } claim_t;
 
-/* The first row of a one-column query with n (0..3) int64 parameters a, b,
- * c, or 0. */
-static int first_id(state_t *st, state_stmt_id_t id, const char *what, int n, int64_t a,
-                    int64_t b, int64_t c, int64_t *out)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    *out = 0;
-    KILN_CHECK_GOTO(state_stmt(st, id, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, &"III"[3 - n], a, b, c), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 1)
-        *out = sqlite3_column_type(s, 0) == SQLITE_NULL ? 0 : state_col_i64(s, 0);
-    rc = 0;
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
 static int claim_tx(state_t *st, claim_t *c)
 {
     sqlite3_stmt *s = NULL;
@@ -503,7 +420,8 @@ static int claim_tx(state_t *st, claim_t *c)
     int64_t now = kiln_now_s();
     for (size_t i = 0; i < nc && c->n < (size_t)c->max; i++) {
         int64_t push = cand[i][0], ep = cand[i][1], newer = 0, busy = 0;
-        KILN_CHECK_GOTO(first_id(st, STMT_PUSH_NEWER, what, 2, ep, push, 0, &newer), rc, out);
+        KILN_CHECK_GOTO(state_query_i64(st, STMT_PUSH_NEWER, what, &newer, "II", ep, push), rc,
+                        out);
         if (newer > 0) {
             char why[96];
             snprintf(why, sizeof why, "superseded by push %lld before it went out",
@@ -515,8 +433,9 @@ static int claim_tx(state_t *st, claim_t *c)
             s = NULL;
             continue;
         }
-        KILN_CHECK_GOTO(first_id(st, STMT_PUSH_ENDPOINT_BUSY, what, 3, ep, c->now_ms, push, &busy), rc,
-                        out);
+        KILN_CHECK_GOTO(
+            state_query_i64(st, STMT_PUSH_ENDPOINT_BUSY, what, &busy, "III", ep, c->now_ms, push),
+            rc, out);
         /* One push per endpoint at a time, in this claim too. */
         bool dup = busy != 0;
         for (size_t k = 0; k < c->n && !dup; k++)
@@ -626,17 +545,12 @@ int state_push_reclaim(state_t *st, bool (*dead)(const char *claimer, void *ctx)
     return rc;
 }
 
-static int next_due_tx(state_t *st, int64_t *at)
-{
-    return first_id(st, STMT_PUSH_NEXT_DUE, "reading the next push due", 0, 0, 0, 0, at);
-}
-
 int state_push_next_due(state_t *st, int64_t *at_ms)
 {
     int rc;
-    *at_ms = 0;
-    STATE_READ(st, "reading the next push due", rc, next_due_tx(st, at_ms));
-    return rc;
+    STATE_READ(st, "reading the next push due", rc,
+               state_query_i64(st, STMT_PUSH_NEXT_DUE, "reading the next push due", at_ms, ""));
+    return rc < 0 ? rc : 0;
 }
 
 /* ---- ending a delivery round ---------------------------------------------------------- */
@@ -724,50 +638,20 @@ int state_push_end(state_t *st, int64_t push_id, const char *claimer,
 
 /* ---- lineage: the pushes and exports of a checkpoint ------------------------------- */
 
+/* A row of LINEAGE_SERVED. */
+static const state_col_t served_cols[] = {
+    STATE_COL(state_served_t, export_id),   STATE_COL(state_served_t, format),
+    STATE_COL(state_served_t, export_path), STATE_COL(state_served_t, push_id),
+    STATE_COL(state_served_t, push_state),  STATE_COL(state_served_t, http_status),
+    STATE_COL(state_served_t, endpoint_id), STATE_COL(state_served_t, url),
+    STATE_COL(state_served_t, model),       STATE_COL(state_served_t, label),
+    STATE_COL(state_served_t, holding),
+};
+static const state_row_t served_row = STATE_ROW(state_served_t, served_cols, NULL);
+
 void state_served_free(state_served_t *sv, size_t n)
 {
-    for (size_t i = 0; sv != NULL && i < n; i++) {
-        free(sv[i].format);
-        free(sv[i].export_path);
-        free(sv[i].push_state);
-        free(sv[i].url);
-        free(sv[i].model);
-        free(sv[i].label);
-    }
-    free(sv);
-}
-
-static int read_served(sqlite3_stmt *s, void *item)
-{
-    state_served_t *v = item;
-    v->export_id = state_col_i64(s, 0);
-    v->push_id = state_col_i64(s, 3);
-    v->http_status = sqlite3_column_int(s, 5);
-    v->endpoint_id = state_col_i64(s, 6);
-    v->holding = sqlite3_column_int(s, 10) != 0;
-    if (state_col_str(s, 1, &v->format) < 0 || state_col_str(s, 2, &v->export_path) < 0 ||
-        state_col_str(s, 4, &v->push_state) < 0 || state_col_str(s, 7, &v->url) < 0 ||
-        state_col_str(s, 8, &v->model) < 0 || state_col_str(s, 9, &v->label) < 0)
-        return KILN_ENOMEM;
-    return 0;
-}
-
-static int served_tx(state_t *st, int64_t ckpt_id, state_served_t **out, size_t *n)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading exports and pushes";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_LINEAGE_SERVED, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", ckpt_id), rc, out);
-    rc = state_collect(st, s, what, sizeof **out, read_served, (void **)out, n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        state_served_free(*out, *n);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
+    state_rows_free(&served_row, sv, n);
 }
 
 int state_lineage_served(state_t *st, int64_t checkpoint_id, state_served_t **out, size_t *n)
@@ -775,6 +659,8 @@ int state_lineage_served(state_t *st, int64_t checkpoint_id, state_served_t **ou
     int rc;
     *out = NULL;
     *n = 0;
-    STATE_READ(st, "reading exports and pushes", rc, served_tx(st, checkpoint_id, out, n));
+    STATE_READ(st, "reading exports and pushes", rc,
+               state_rows_query(st, STMT_LINEAGE_SERVED, "reading exports and pushes", &served_row,
+                                (void **)out, n, "I", checkpoint_id));
     return rc;
 }

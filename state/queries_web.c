@@ -46,12 +46,7 @@ static int run_page_ids_tx(state_t *st, page_q_t *q)
         SQL_CHECK(st, sqlite3_bind_text(s, 4, state_run_state_name((state_run_state_t)q->state),
                                         -1, SQLITE_STATIC),
                   what);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        q->ids[q->n++] = state_col_i64(s, 0);
-    }
+    rc = state_step_ids(st, s, what, q->ids, (size_t)q->limit, &q->n);
 out:
     state_stmt_done(s);
     return rc;
@@ -116,12 +111,9 @@ static int job_last_tx(state_t *st, int64_t job_id, state_job_last_t *out)
             goto out;
         }
     }
-    state_stmt_done(s);
-    KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_JOB_LAST_SUCCESS, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", job_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 1)
-        out->last_success_at = state_col_i64(s, 0);
+    KILN_CHECK_GOTO(
+        state_query_i64(st, STMT_WEB_JOB_LAST_SUCCESS, what, &out->last_success_at, "I", job_id),
+        rc, out);
     rc = 0;
 out:
     state_stmt_done(s);
@@ -164,205 +156,122 @@ int state_metric_last(state_t *st, int64_t run_id, const char *name, double *val
 
 /* ---- aggregates for /metrics ----------------------------------------------------- */
 
-static int read_run_count(sqlite3_stmt *s, void *item)
+/* The state, stored by name (column 1). */
+static int read_run_count_state(sqlite3_stmt *s, void *row)
 {
-    state_run_count_t *c = item;
-    c->job_id = state_col_i64(s, 0);
-    c->n = state_col_i64(s, 2);
+    state_run_count_t *c = row;
     if (state_run_state_parse((const char *)sqlite3_column_text(s, 1), &c->state) < 0)
         return kiln_errf(KILN_ECORRUPT, "run_counts holds an unknown state");
     return 0;
 }
 
-static int run_counts_tx(state_t *st, state_run_count_t **out, size_t *n)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_RUN_COUNTS, &s), rc, out);
-    rc = state_collect(st, s, "counting runs", sizeof **out, read_run_count, (void **)out, n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        free(*out);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
-}
+/* A row of WEB_RUN_COUNTS. */
+static const state_col_t run_count_cols[] = {
+    STATE_COL(state_run_count_t, job_id),
+    STATE_COL_SKIPPED, /* state */
+    STATE_COL(state_run_count_t, n),
+};
+static const state_row_t run_count_row =
+    STATE_ROW(state_run_count_t, run_count_cols, read_run_count_state);
 
 int state_run_counts(state_t *st, state_run_count_t **out, size_t *n)
 {
     int rc;
-    *out = NULL;
-    *n = 0;
-    STATE_READ(st, "counting runs", rc, run_counts_tx(st, out, n));
+    STATE_READ(st, "counting runs", rc,
+               state_rows_query(st, STMT_WEB_RUN_COUNTS, "counting runs", &run_count_row,
+                                (void **)out, n, ""));
     return rc;
 }
 
-static int read_duration(sqlite3_stmt *s, void *item)
-{
-    state_duration_bucket_t *b = item;
-    b->job_id = state_col_i64(s, 0);
-    b->le = state_col_i64(s, 1);
-    b->n = state_col_i64(s, 2);
-    b->sum_s = state_col_i64(s, 3);
-    return 0;
-}
-
-static int run_durations_tx(state_t *st, state_duration_bucket_t **out, size_t *n)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_RUN_DURATIONS, &s), rc, out);
-    rc = state_collect(st, s, "reading run durations", sizeof **out, read_duration, (void **)out,
-                       n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        free(*out);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
-}
+/* A row of WEB_RUN_DURATIONS. */
+static const state_col_t duration_cols[] = {
+    STATE_COL(state_duration_bucket_t, job_id),
+    STATE_COL(state_duration_bucket_t, le),
+    STATE_COL(state_duration_bucket_t, n),
+    STATE_COL(state_duration_bucket_t, sum_s),
+};
+static const state_row_t duration_row = STATE_ROW(state_duration_bucket_t, duration_cols, NULL);
 
 int state_run_durations(state_t *st, state_duration_bucket_t **out, size_t *n)
 {
     int rc;
-    *out = NULL;
-    *n = 0;
-    STATE_READ(st, "reading run durations", rc, run_durations_tx(st, out, n));
+    STATE_READ(st, "reading run durations", rc,
+               state_rows_query(st, STMT_WEB_RUN_DURATIONS, "reading run durations", &duration_row,
+                                (void **)out, n, ""));
     return rc;
 }
 
 /* ---- endpoints ------------------------------------------------------------------- */
 
+/* A row of WEB_ENDPOINT_LIST. */
+static const state_col_t endpoint_cols[] = {
+    STATE_COL(state_endpoint_info_t, id),
+    STATE_COL(state_endpoint_info_t, url),
+    STATE_COL(state_endpoint_info_t, model),
+    STATE_COL(state_endpoint_info_t, label),
+    STATE_COL(state_endpoint_info_t, created_at),
+    STATE_COL(state_endpoint_info_t, checkpoint_id),
+    STATE_COL(state_endpoint_info_t, since),
+    STATE_COL(state_endpoint_info_t, checkpoint_uid),
+    STATE_COL(state_endpoint_info_t, pushes_failed),
+    STATE_COL(state_endpoint_info_t, pushes_succeeded),
+    STATE_COL(state_endpoint_info_t, pushes_pending),
+    STATE_COL(state_endpoint_info_t, pushes_held),
+    STATE_COL(state_endpoint_info_t, last_push_at),
+    STATE_COL(state_endpoint_info_t, checkpoint_created_at),
+    STATE_COL(state_endpoint_info_t, eval_logloss),
+    STATE_COL(state_endpoint_info_t, eval_auc),
+    STATE_COL(state_endpoint_info_t, last_error),
+    STATE_COL(state_endpoint_info_t, last_http_status),
+    STATE_COL(state_endpoint_info_t, stats_at),
+    STATE_COL(state_endpoint_info_t, predict_requests),
+    STATE_COL(state_endpoint_info_t, predict_rows),
+    STATE_COL(state_endpoint_info_t, request_rate),
+    STATE_COL(state_endpoint_info_t, stats_error),
+};
+static const state_row_t endpoint_row = STATE_ROW(state_endpoint_info_t, endpoint_cols, NULL);
+
 void state_endpoint_info_fini(state_endpoint_info_t *e)
 {
-    if (e == NULL)
-        return;
-    free(e->url);
-    free(e->model);
-    free(e->label);
-    free(e->checkpoint_uid);
-    free(e->last_error);
-    free(e->stats_error);
-    memset(e, 0, sizeof *e);
+    state_row_fini(&endpoint_row, e);
 }
 
 void state_endpoint_infos_free(state_endpoint_info_t *es, size_t n)
 {
-    for (size_t i = 0; es != NULL && i < n; i++)
-        state_endpoint_info_fini(&es[i]);
-    free(es);
-}
-
-static int read_endpoint(sqlite3_stmt *s, void *item)
-{
-    state_endpoint_info_t *e = item;
-    e->id = state_col_i64(s, 0);
-    e->created_at = state_col_i64(s, 4);
-    e->checkpoint_id = state_col_i64(s, 5);
-    e->since = state_col_i64(s, 6);
-    e->pushes_failed = state_col_i64(s, 8);
-    e->pushes_succeeded = state_col_i64(s, 9);
-    e->pushes_pending = state_col_i64(s, 10);
-    e->pushes_held = state_col_i64(s, 11);
-    e->last_push_at = state_col_i64(s, 12);
-    e->checkpoint_created_at = state_col_i64(s, 13);
-    e->eval_logloss = sqlite3_column_type(s, 14) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 14);
-    e->eval_auc = sqlite3_column_type(s, 15) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 15);
-    e->last_http_status = sqlite3_column_int(s, 17);
-    e->stats_at = state_col_i64(s, 18);
-    e->predict_requests = state_col_i64(s, 19);
-    e->predict_rows = state_col_i64(s, 20);
-    e->request_rate = sqlite3_column_type(s, 21) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 21);
-    KILN_CHECK(state_col_str(s, 16, &e->last_error));
-    KILN_CHECK(state_col_str(s, 22, &e->stats_error));
-    KILN_CHECK(state_col_str(s, 1, &e->url));
-    KILN_CHECK(state_col_str(s, 2, &e->model));
-    KILN_CHECK(state_col_str(s, 3, &e->label));
-    return state_col_str(s, 7, &e->checkpoint_uid);
-}
-
-static int endpoint_list_tx(state_t *st, state_endpoint_info_t **out, size_t *n)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_ENDPOINT_LIST, &s), rc, out);
-    rc = state_collect(st, s, "listing endpoints", sizeof **out, read_endpoint, (void **)out, n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        state_endpoint_infos_free(*out, *n);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
+    state_rows_free(&endpoint_row, es, n);
 }
 
 int state_endpoint_list(state_t *st, state_endpoint_info_t **out, size_t *n)
 {
     int rc;
-    *out = NULL;
-    *n = 0;
-    STATE_READ(st, "listing endpoints", rc, endpoint_list_tx(st, out, n));
+    STATE_READ(st, "listing endpoints", rc,
+               state_rows_query(st, STMT_WEB_ENDPOINT_LIST, "listing endpoints", &endpoint_row,
+                                (void **)out, n, ""));
     return rc;
 }
 
-typedef struct history_q {
-    int64_t endpoint_id;
-    int limit;
-    state_holding_t *hs;
-    size_t n;
-} history_q_t;
-
-static int read_holding(sqlite3_stmt *s, void *item)
-{
-    state_holding_t *h = item;
-    h->checkpoint_id = state_col_i64(s, 0);
-    h->since = state_col_i64(s, 2);
-    h->until_at = state_col_i64(s, 3);
-    h->push_id = state_col_i64(s, 4);
-    return state_col_str(s, 1, &h->checkpoint_uid);
-}
-
-static int endpoint_history_tx(state_t *st, history_q_t *q)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading an endpoint's holdings";
-    q->hs = NULL;
-    q->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_HOLDING_HISTORY, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", q->endpoint_id, q->limit), rc, out);
-    rc = state_collect(st, s, what, sizeof *q->hs, read_holding, (void **)&q->hs, &q->n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        state_holdings_free(q->hs, q->n);
-        q->hs = NULL;
-        q->n = 0;
-    }
-    return rc;
-}
+/* A row of WEB_HOLDING_HISTORY. */
+static const state_col_t holding_cols[] = {
+    STATE_COL(state_holding_t, checkpoint_id), STATE_COL(state_holding_t, checkpoint_uid),
+    STATE_COL(state_holding_t, since),         STATE_COL(state_holding_t, until_at),
+    STATE_COL(state_holding_t, push_id),
+};
+static const state_row_t holding_row = STATE_ROW(state_holding_t, holding_cols, NULL);
 
 int state_endpoint_history(state_t *st, int64_t endpoint_id, int limit, state_holding_t **out,
                            size_t *n)
 {
     int rc;
-    history_q_t q = {endpoint_id, limit > 0 ? limit : -1, NULL, 0};
-    STATE_READ(st, "reading an endpoint's holdings", rc, endpoint_history_tx(st, &q));
-    *out = q.hs;
-    *n = q.n;
+    STATE_READ(st, "reading an endpoint's holdings", rc,
+               state_rows_query(st, STMT_WEB_HOLDING_HISTORY, "reading an endpoint's holdings",
+                                &holding_row, (void **)out, n, "Ii", endpoint_id,
+                                limit > 0 ? limit : -1));
     return rc;
 }
 
 void state_holdings_free(state_holding_t *hs, size_t n)
 {
-    for (size_t i = 0; hs != NULL && i < n; i++)
-        free(hs[i].checkpoint_uid);
-    free(hs);
+    state_rows_free(&holding_row, hs, n);
 }
 
 /* ---- checkpoints ----------------------------------------------------------------- */
@@ -383,12 +292,7 @@ static int children_tx(state_t *st, children_q_t *q)
     q->n = 0;
     KILN_CHECK_GOTO(state_stmt(st, q->stmt, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", q->parent_id, q->limit), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        q->ids[q->n++] = state_col_i64(s, 0);
-    }
+    rc = state_step_ids(st, s, what, q->ids, (size_t)q->limit, &q->n);
 out:
     state_stmt_done(s);
     return rc;
@@ -447,26 +351,11 @@ int state_checkpoint_descendants(state_t *st, int64_t checkpoint_id, int limit,
 
 /* ---- retries --------------------------------------------------------------------- */
 
-static int retry_of_tx(state_t *st, int64_t run_id, int64_t *retry_id)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "finding a run's retry";
-    *retry_id = 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_RETRY_OF, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 1)
-        *retry_id = state_col_i64(s, 0);
-    rc = 0;
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
 int state_run_retry_find(state_t *st, int64_t run_id, int64_t *retry_id)
 {
     int rc;
-    STATE_READ(st, "finding a run's retry", rc, retry_of_tx(st, run_id, retry_id));
-    return rc;
+    STATE_READ(
+        st, "finding a run's retry", rc,
+        state_query_i64(st, STMT_RUN_RETRY_OF, "finding a run's retry", retry_id, "I", run_id));
+    return rc < 0 ? rc : 0;
 }

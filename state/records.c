@@ -23,11 +23,6 @@ int state_insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id
     return rc;
 }
 
-static int insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id)
-{
-    return state_insert_one(st, s, what, id);
-}
-
 /* ---- inputs ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -44,7 +39,7 @@ static int input_add_tx(state_t *st, const input_add_t *a)
     KILN_CHECK_GOTO(state_bind(st, s, what, "ItIIt", a->run_id, a->in->path, a->in->size,
                                a->in->mtime, a->in->checksum),
                     rc, out);
-    rc = insert_one(st, s, what, NULL);
+    rc = state_insert_one(st, s, what, NULL);
 out:
     state_stmt_done(s);
     return rc;
@@ -60,66 +55,36 @@ int state_input_add(state_t *st, int64_t run_id, const state_input_t *in)
     return rc;
 }
 
+/* A row of INPUT_LIST. */
+static const state_col_t input_cols[] = {
+    STATE_COL(state_input_t, path),
+    STATE_COL(state_input_t, size),
+    STATE_COL(state_input_t, mtime),
+    STATE_COL(state_input_t, checksum),
+};
+static const state_row_t input_row = STATE_ROW(state_input_t, input_cols, NULL);
+
 void state_inputs_free(state_input_t *ins, size_t n)
 {
-    for (size_t i = 0; ins != NULL && i < n; i++) {
-        free(ins[i].path);
-        free(ins[i].checksum);
-    }
-    free(ins);
-}
-
-static int read_input(sqlite3_stmt *s, void *item)
-{
-    state_input_t *in = item;
-    in->size = state_col_i64(s, 1);
-    in->mtime = state_col_i64(s, 2);
-    KILN_CHECK(state_col_str(s, 0, &in->path));
-    return state_col_str(s, 3, &in->checksum);
-}
-
-static int input_list_tx(state_t *st, int64_t run_id, state_input_t **out, size_t *n)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "listing run inputs";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_LIST, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
-    rc = state_collect(st, s, what, sizeof **out, read_input, (void **)out, n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        state_inputs_free(*out, *n);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
+    state_rows_free(&input_row, ins, n);
 }
 
 int state_input_list(state_t *st, int64_t run_id, state_input_t **out, size_t *n)
 {
     int rc;
-    *out = NULL;
-    *n = 0;
-    STATE_READ(st, "listing run inputs", rc, input_list_tx(st, run_id, out, n));
+    STATE_READ(st, "listing run inputs", rc,
+               state_rows_query(st, STMT_INPUT_LIST, "listing run inputs", &input_row, (void **)out,
+                                n, "I", run_id));
     return rc;
 }
 
 static int input_consumed_tx(state_t *st, int64_t job_id, const state_input_t *in, bool *consumed)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "checking whether an input was consumed";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_CONSUMED, &s), rc, out);
-    KILN_CHECK_GOTO(
-        state_bind(st, s, what, "ItIIt", job_id, in->path, in->size, in->mtime, in->checksum), rc,
-        out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    int64_t one;
+    int rc = state_query_i64(st, STMT_INPUT_CONSUMED, "checking whether an input was consumed",
+                             &one, "ItIIt", job_id, in->path, in->size, in->mtime, in->checksum);
     *consumed = rc == 1;
-    rc = 0;
-out:
-    state_stmt_done(s);
-    return rc;
+    return rc < 0 ? rc : 0;
 }
 
 int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in, bool *consumed)
@@ -140,7 +105,7 @@ static int inputs_cover_tx(state_t *st, int64_t run_id, int64_t ckpt_id)
     const char *what = "marking an online run's inputs as covered";
     KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_COVER, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "II", run_id, ckpt_id), rc, out);
-    rc = insert_one(st, s, what, NULL);
+    rc = state_insert_one(st, s, what, NULL);
 out:
     state_stmt_done(s);
     return rc;
@@ -169,12 +134,7 @@ static int input_runs_tx(state_t *st, input_runs_t *q)
     q->n = 0;
     KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_RUNS, &s), rc, out);
     KILN_CHECK_GOTO(state_bind(st, s, what, "ti", q->path, q->limit), rc, out);
-    for (;;) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        q->ids[q->n++] = state_col_i64(s, 0);
-    }
+    rc = state_step_ids(st, s, what, q->ids, (size_t)q->limit, &q->n);
 out:
     state_stmt_done(s);
     return rc;
@@ -219,7 +179,7 @@ static int metric_add_tx(state_t *st, const metric_add_t *m)
     KILN_CHECK_GOTO(
         state_bind(st, s, what, "IItdI", m->run_id, m->step, m->name, m->value, kiln_now_s()), rc,
         out);
-    rc = insert_one(st, s, what, NULL);
+    rc = state_insert_one(st, s, what, NULL);
 out:
     state_stmt_done(s);
     return rc;
@@ -235,34 +195,13 @@ int state_metric_add(state_t *st, int64_t run_id, int64_t step, const char *name
     return rc;
 }
 
-static int read_metric(sqlite3_stmt *s, void *item)
-{
-    state_metric_t *m = item;
-    m->step = state_col_i64(s, 0);
-    /* SQLite stores NaN as NULL; give it back as NaN. */
-    m->value = sqlite3_column_type(s, 1) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 1);
-    m->at = state_col_i64(s, 2);
-    return 0;
-}
-
-static int metric_series_tx(state_t *st, int64_t run_id, const char *name, state_metric_t **out,
-                            size_t *n)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a metric series";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_METRIC_SERIES, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "It", run_id, name), rc, out);
-    rc = state_collect(st, s, what, sizeof **out, read_metric, (void **)out, n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        free(*out);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
-}
+/* A row of METRIC_SERIES. */
+static const state_col_t metric_cols[] = {
+    STATE_COL(state_metric_t, step),
+    STATE_COL(state_metric_t, value),
+    STATE_COL(state_metric_t, at),
+};
+static const state_row_t metric_row = STATE_ROW(state_metric_t, metric_cols, NULL);
 
 int state_metric_series(state_t *st, int64_t run_id, const char *name, state_metric_t **out,
                         size_t *n)
@@ -272,43 +211,42 @@ int state_metric_series(state_t *st, int64_t run_id, const char *name, state_met
     *n = 0;
     if (name == NULL)
         return kiln_errf(KILN_EINVAL, "no metric name given");
-    STATE_READ(st, "reading a metric series", rc, metric_series_tx(st, run_id, name, out, n));
+    STATE_READ(st, "reading a metric series", rc,
+               state_rows_query(st, STMT_METRIC_SERIES, "reading a metric series", &metric_row,
+                                (void **)out, n, "It", run_id, name));
     return rc;
 }
 
 /* ---- checkpoints ------------------------------------------------------------------- */
 
-static int read_ckpt(sqlite3_stmt *s, state_checkpoint_t *c)
+/* has_eval: the figures were measured (the column is not NULL). */
+static int read_ckpt_eval(sqlite3_stmt *s, void *row)
 {
-    memset(c, 0, sizeof *c);
-    c->id = state_col_i64(s, 0);
-    c->run_id = state_col_i64(s, 2);
-    c->parent_id = state_col_i64(s, 3);
-    c->step = state_col_i64(s, 6);
-    c->keys = state_col_i64(s, 7);
-    c->bytes = state_col_i64(s, 8);
-    c->created_at = state_col_i64(s, 10);
+    state_checkpoint_t *c = row;
     c->has_eval = sqlite3_column_type(s, 11) != SQLITE_NULL;
-    c->eval_logloss = sqlite3_column_type(s, 11) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 11);
-    c->eval_auc = sqlite3_column_type(s, 12) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 12);
-    c->online = sqlite3_column_int(s, 13) != 0;
-    if (state_col_str(s, 1, &c->uid) < 0 || state_col_str(s, 4, &c->kind) < 0 ||
-        state_col_str(s, 5, &c->path) < 0 || state_col_str(s, 9, &c->checksum) < 0) {
-        state_checkpoint_fini(c);
-        return KILN_ENOMEM;
-    }
     return 0;
 }
 
+/* A row of STATE_CKPT_COLS. */
+static const state_col_t ckpt_cols[] = {
+    STATE_COL(state_checkpoint_t, id),         STATE_COL(state_checkpoint_t, uid),
+    STATE_COL(state_checkpoint_t, run_id),     STATE_COL(state_checkpoint_t, parent_id),
+    STATE_COL(state_checkpoint_t, kind),       STATE_COL(state_checkpoint_t, path),
+    STATE_COL(state_checkpoint_t, step),       STATE_COL(state_checkpoint_t, keys),
+    STATE_COL(state_checkpoint_t, bytes),      STATE_COL(state_checkpoint_t, checksum),
+    STATE_COL(state_checkpoint_t, created_at), STATE_COL(state_checkpoint_t, eval_logloss),
+    STATE_COL(state_checkpoint_t, eval_auc),   STATE_COL(state_checkpoint_t, online),
+};
+static const state_row_t ckpt_row = STATE_ROW(state_checkpoint_t, ckpt_cols, read_ckpt_eval);
+
 void state_checkpoint_fini(state_checkpoint_t *c)
 {
-    if (c == NULL)
-        return;
-    free(c->uid);
-    free(c->kind);
-    free(c->path);
-    free(c->checksum);
-    memset(c, 0, sizeof *c);
+    state_row_fini(&ckpt_row, c);
+}
+
+void state_checkpoints_free(state_checkpoint_t *cs, size_t n)
+{
+    state_rows_free(&ckpt_row, cs, n);
 }
 
 static int ckpt_add_tx(state_t *st, const state_checkpoint_t *c, int64_t *id)
@@ -324,7 +262,7 @@ static int ckpt_add_tx(state_t *st, const state_checkpoint_t *c, int64_t *id)
                                c->has_eval ? c->eval_logloss : NAN,
                                c->has_eval ? c->eval_auc : NAN),
                     rc, out);
-    rc = insert_one(st, s, what, id);
+    rc = state_insert_one(st, s, what, id);
     if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_UNIQUE)
         rc = kiln_errf(KILN_EEXIST, "checkpoint %s is already recorded", c->uid);
 out:
@@ -347,28 +285,19 @@ int state_checkpoint_add(state_t *st, const state_checkpoint_t *c, int64_t *id)
     return rc;
 }
 
+/* Reads the checkpoint that statement id finds for uid or, when uid is NULL,
+ * for job_id. */
 static int ckpt_get_tx(state_t *st, state_stmt_id_t id, const char *uid, int64_t job_id,
                        state_checkpoint_t *out)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     const char *what = "reading a checkpoint";
-    KILN_CHECK_GOTO(state_stmt(st, id, &s), rc, out);
-    if (uid != NULL)
-        KILN_CHECK_GOTO(state_bind(st, s, what, "t", uid), rc, out);
-    else
-        KILN_CHECK_GOTO(state_bind(st, s, what, "I", job_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = uid != NULL
-                 ? kiln_errf(KILN_ENOENT, "no checkpoint %s", uid)
-                 : kiln_errf(KILN_ENOENT, "job %lld has no checkpoints yet", (long long)job_id);
-        goto out;
-    }
-    rc = read_ckpt(s, out);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = uid != NULL ? state_row_query(st, id, what, &ckpt_row, out, "t", uid)
+                         : state_row_query(st, id, what, &ckpt_row, out, "I", job_id);
+    if (rc == 0)
+        return uid != NULL
+                   ? kiln_errf(KILN_ENOENT, "no checkpoint %s", uid)
+                   : kiln_errf(KILN_ENOENT, "job %lld has no checkpoints yet", (long long)job_id);
+    return rc < 0 ? rc : 0;
 }
 
 int state_checkpoint_get(state_t *st, const char *uid, state_checkpoint_t *out)
@@ -383,21 +312,12 @@ int state_checkpoint_get(state_t *st, const char *uid, state_checkpoint_t *out)
 
 static int ckpt_newest_tx(state_t *st, int64_t run_id, bool online, state_checkpoint_t *out)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a run's newest checkpoint";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_NEWEST_RUN, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Ib", run_id, online), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "run %lld recorded no %scheckpoint", (long long)run_id,
-                       online ? "online " : "");
-        goto out;
-    }
-    rc = read_ckpt(s, out);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_row_query(st, STMT_CKPT_NEWEST_RUN, "reading a run's newest checkpoint",
+                             &ckpt_row, out, "Ib", run_id, online);
+    if (rc == 0)
+        return kiln_errf(KILN_ENOENT, "run %lld recorded no %scheckpoint", (long long)run_id,
+                         online ? "online " : "");
+    return rc < 0 ? rc : 0;
 }
 
 int state_checkpoint_newest_of_run(state_t *st, int64_t run_id, bool online_only,
@@ -464,7 +384,7 @@ static int export_add_tx(state_t *st, const export_add_t *e, int64_t *id)
     KILN_CHECK_GOTO(state_bind(st, s, what, "IJttII", e->checkpoint_id, e->base_id, e->format,
                                e->path, e->bytes, kiln_now_s()),
                     rc, out);
-    rc = insert_one(st, s, what, id);
+    rc = state_insert_one(st, s, what, id);
 out:
     state_stmt_done(s);
     return rc;
@@ -486,42 +406,21 @@ int state_export_add(state_t *st, int64_t checkpoint_id, int64_t base_checkpoint
 
 /* ---- the scheduler's change detector and lineage queries ----------------------------- */
 
-static int data_version_tx(state_t *st, int64_t *out)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_DATA_VERSION, &s), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, "reading the data version"), rc, out);
-    *out = rc == 1 ? state_col_i64(s, 0) : 0;
-    rc = 0;
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
 int state_data_version(state_t *st, int64_t *out)
 {
     int rc;
-    STATE_READ(st, "reading the data version", rc, data_version_tx(st, out));
-    return rc;
+    STATE_READ(st, "reading the data version", rc,
+               state_query_i64(st, STMT_DATA_VERSION, "reading the data version", out, ""));
+    return rc < 0 ? rc : 0;
 }
 
 static int ckpt_by_id_tx(state_t *st, int64_t id, state_checkpoint_t *out)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a checkpoint";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_GET_BY_ID, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)id);
-        goto out;
-    }
-    rc = read_ckpt(s, out);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc =
+        state_row_query(st, STMT_CKPT_GET_BY_ID, "reading a checkpoint", &ckpt_row, out, "I", id);
+    if (rc == 0)
+        return kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)id);
+    return rc < 0 ? rc : 0;
 }
 
 int state_checkpoint_get_by_id(state_t *st, int64_t id, state_checkpoint_t *out)
@@ -532,38 +431,11 @@ int state_checkpoint_get_by_id(state_t *st, int64_t id, state_checkpoint_t *out)
     return rc;
 }
 
-void state_checkpoints_free(state_checkpoint_t *cs, size_t n)
-{
-    for (size_t i = 0; cs != NULL && i < n; i++)
-        state_checkpoint_fini(&cs[i]);
-    free(cs);
-}
-
-static int read_ckpt_row(sqlite3_stmt *s, void *item) { return read_ckpt(s, item); }
-
-static int ckpt_list_run_tx(state_t *st, int64_t run_id, state_checkpoint_t **out, size_t *n)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "listing checkpoints";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_LIST_RUN, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
-    rc = state_collect(st, s, what, sizeof **out, read_ckpt_row, (void **)out, n);
-out:
-    state_stmt_done(s);
-    if (rc < 0) {
-        state_checkpoints_free(*out, *n);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
-}
-
 int state_checkpoint_list_by_run(state_t *st, int64_t run_id, state_checkpoint_t **out, size_t *n)
 {
     int rc;
-    *out = NULL;
-    *n = 0;
-    STATE_READ(st, "listing checkpoints", rc, ckpt_list_run_tx(st, run_id, out, n));
+    STATE_READ(st, "listing checkpoints", rc,
+               state_rows_query(st, STMT_CKPT_LIST_RUN, "listing checkpoints", &ckpt_row,
+                                (void **)out, n, "I", run_id));
     return rc;
 }

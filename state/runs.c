@@ -35,61 +35,51 @@ static int parse_trigger(const char *s, state_trigger_t *out)
                      s != NULL ? s : "(null)");
 }
 
-/* Reads a row of STATE_RUN_COLS. */
-static int read_run(sqlite3_stmt *s, state_run_t *r)
+/* The run's state and trigger, stored by name (columns 4 and 5). */
+static int read_run_names(sqlite3_stmt *s, void *row)
 {
-    int rc;
-    memset(r, 0, sizeof *r);
-    r->id = state_col_i64(s, 0);
-    r->job_id = state_col_i64(s, 1);
-    r->job_version = sqlite3_column_int(s, 3);
-    r->attempt = sqlite3_column_int(s, 6);
-    r->retry_of = state_col_i64(s, 7);
-    r->scheduled_at = state_col_i64(s, 8);
-    r->queued_at = state_col_i64(s, 9);
-    r->started_at = state_col_i64(s, 10);
-    r->ended_at = state_col_i64(s, 11);
-    r->not_before = state_col_i64(s, 12);
-    r->exit_code = sqlite3_column_int(s, 13);
-    r->pgid = state_col_i64(s, 16);
-    r->cancel_requested = sqlite3_column_int(s, 18) != 0;
-    r->start_checkpoint_id = state_col_i64(s, 20);
+    state_run_t *r = row;
     const char *state = (const char *)sqlite3_column_text(s, 4);
-    if (state_run_state_parse(state, &r->state) < 0) {
-        rc = kiln_errf(KILN_ECORRUPT, "run %lld has unknown state '%s' in the database",
-                       (long long)r->id, state != NULL ? state : "(null)");
-        goto out;
-    }
-    KILN_CHECK_GOTO(parse_trigger((const char *)sqlite3_column_text(s, 5), &r->trigger), rc, out);
-    KILN_CHECK_GOTO(state_col_str(s, 2, &r->job_name), rc, out);
-    KILN_CHECK_GOTO(state_col_str(s, 14, &r->error), rc, out);
-    KILN_CHECK_GOTO(state_col_str(s, 15, &r->run_dir), rc, out);
-    KILN_CHECK_GOTO(state_col_str(s, 17, &r->host), rc, out);
-    KILN_CHECK_GOTO(state_col_str(s, 19, &r->spec_dir), rc, out);
-    rc = 0;
-out:
-    if (rc < 0)
-        state_run_fini(r);
-    return rc;
+    if (state_run_state_parse(state, &r->state) < 0)
+        return kiln_errf(KILN_ECORRUPT, "run %lld has unknown state '%s' in the database",
+                         (long long)r->id, state != NULL ? state : "(null)");
+    return parse_trigger((const char *)sqlite3_column_text(s, 5), &r->trigger);
 }
+
+/* A row of STATE_RUN_COLS. */
+static const state_col_t run_cols[] = {
+    STATE_COL(state_run_t, id),
+    STATE_COL(state_run_t, job_id),
+    STATE_COL(state_run_t, job_name),
+    STATE_COL(state_run_t, job_version),
+    STATE_COL_SKIPPED, /* state */
+    STATE_COL_SKIPPED, /* trigger */
+    STATE_COL(state_run_t, attempt),
+    STATE_COL(state_run_t, retry_of),
+    STATE_COL(state_run_t, scheduled_at),
+    STATE_COL(state_run_t, queued_at),
+    STATE_COL(state_run_t, started_at),
+    STATE_COL(state_run_t, ended_at),
+    STATE_COL(state_run_t, not_before),
+    STATE_COL(state_run_t, exit_code),
+    STATE_COL(state_run_t, error),
+    STATE_COL(state_run_t, run_dir),
+    STATE_COL(state_run_t, pgid),
+    STATE_COL(state_run_t, host),
+    STATE_COL(state_run_t, cancel_requested),
+    STATE_COL(state_run_t, spec_dir),
+    STATE_COL(state_run_t, start_checkpoint_id),
+};
+static const state_row_t run_row = STATE_ROW(state_run_t, run_cols, read_run_names);
 
 void state_run_fini(state_run_t *r)
 {
-    if (r == NULL)
-        return;
-    free(r->job_name);
-    free(r->error);
-    free(r->run_dir);
-    free(r->host);
-    free(r->spec_dir);
-    memset(r, 0, sizeof *r);
+    state_row_fini(&run_row, r);
 }
 
 void state_runs_free(state_run_t *rs, size_t n)
 {
-    for (size_t i = 0; rs != NULL && i < n; i++)
-        state_run_fini(&rs[i]);
-    free(rs);
+    state_rows_free(&run_row, rs, n);
 }
 
 /* ---- create ------------------------------------------------------------------------ */
@@ -106,14 +96,10 @@ typedef struct {
 /* After a UNIQUE violation: names the run that already serves the time. */
 static int scheduled_exists(state_t *st, const run_create_t *c)
 {
-    sqlite3_stmt *s = NULL;
-    int64_t other = 0;
+    int64_t other;
     char iso[KILN_ISO_LEN];
-    if (state_stmt(st, STMT_RUN_FIND_SCHEDULED, &s) == 0 &&
-        state_bind(st, s, "finding a scheduled run", "II", c->job_id, c->scheduled_at) == 0 &&
-        state_step(st, s, "finding a scheduled run") == 1)
-        other = state_col_i64(s, 0);
-    state_stmt_done(s);
+    state_query_i64(st, STMT_RUN_FIND_SCHEDULED, "finding a scheduled run", &other, "II", c->job_id,
+                    c->scheduled_at);
     return kiln_errf(KILN_EEXIST, "job %lld already has run %lld for the scheduled time %s",
                      (long long)c->job_id, (long long)other,
                      kiln_time_iso(c->scheduled_at, iso, sizeof iso));
@@ -122,23 +108,21 @@ static int scheduled_exists(state_t *st, const run_create_t *c)
 static int run_create_tx(state_t *st, run_create_t *c)
 {
     sqlite3_stmt *s = NULL;
-    int rc, version;
+    int rc;
+    int64_t version;
     const char *what = "queuing a run";
     char iso[KILN_ISO_LEN] = "";
 
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_VERSION_OF, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", c->job_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    KILN_CHECK_GOTO(state_query_i64(st, STMT_JOB_VERSION_OF, what, &version, "I", c->job_id), rc,
+                    out);
     if (rc == 0) {
         rc =
             kiln_errf(KILN_ENOENT, "cannot queue a run: no job with id %lld", (long long)c->job_id);
         goto out;
     }
-    version = sqlite3_column_int(s, 0);
-    state_stmt_done(s);
 
     KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IitiJII", c->job_id, version,
+    KILN_CHECK_GOTO(state_bind(st, s, what, "IitiJII", c->job_id, (int)version,
                                state_trigger_name(c->trigger), c->attempt, c->retry_of,
                                c->scheduled_at, kiln_now_s()),
                     rc, out);
@@ -193,19 +177,10 @@ int state_run_create(state_t *st, int64_t job_id, state_trigger_t trigger, int64
 
 static int run_get_tx(state_t *st, int64_t run_id, state_run_t *out)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_GET, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, "reading a run", "I", run_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, "reading a run"), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no run %lld; see kiln runs", (long long)run_id);
-        goto out;
-    }
-    rc = read_run(s, out);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_row_query(st, STMT_RUN_GET, "reading a run", &run_row, out, "I", run_id);
+    if (rc == 0)
+        return kiln_errf(KILN_ENOENT, "no run %lld; see kiln runs", (long long)run_id);
+    return rc < 0 ? rc : 0;
 }
 
 int state_run_get(state_t *st, int64_t run_id, state_run_t *out)
@@ -216,47 +191,19 @@ int state_run_get(state_t *st, int64_t run_id, state_run_t *out)
     return rc;
 }
 
-/* Collects the rows of a bound SELECT of STATE_RUN_COLS. */
-static int read_run_row(sqlite3_stmt *s, void *item) { return read_run(s, item); }
-
-static int collect_runs(state_t *st, sqlite3_stmt *s, state_run_t **out, size_t *n)
-{
-    int rc = state_collect(st, s, "listing runs", sizeof **out, read_run_row, (void **)out, n);
-    if (rc < 0) {
-        state_runs_free(*out, *n);
-        *out = NULL;
-        *n = 0;
-    }
-    return rc;
-}
-
 static int run_list_tx(state_t *st, const char *job_name, int limit, state_run_t **out, size_t *n)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    int64_t lim = limit > 0 ? limit : -1;
+    int64_t lim = limit > 0 ? limit : -1, job_id;
     const char *what = "listing runs";
-    if (job_name == NULL) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_LIST_ALL, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "I", lim), rc, out);
-    } else {
-        int64_t job_id;
-        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_FIND, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "t", job_name), rc, out);
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0) {
-            rc = kiln_errf(KILN_ENOENT, "no job named '%s'; see kiln jobs", job_name);
-            goto out;
-        }
-        job_id = state_col_i64(s, 0);
-        state_stmt_done(s);
-        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_LIST_JOB, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "II", job_id, lim), rc, out);
-    }
-    rc = collect_runs(st, s, out, n);
-out:
-    state_stmt_done(s);
-    return rc;
+    if (job_name == NULL)
+        return state_rows_query(st, STMT_RUN_LIST_ALL, what, &run_row, (void **)out, n, "I", lim);
+    int rc = state_query_i64(st, STMT_JOB_FIND, what, &job_id, "t", job_name);
+    if (rc == 0)
+        return kiln_errf(KILN_ENOENT, "no job named '%s'; see kiln jobs", job_name);
+    if (rc < 0)
+        return rc;
+    return state_rows_query(st, STMT_RUN_LIST_JOB, what, &run_row, (void **)out, n, "II", job_id,
+                            lim);
 }
 
 int state_run_list(state_t *st, const char *job_name, int limit, state_run_t **out, size_t *n)
@@ -268,18 +215,6 @@ int state_run_list(state_t *st, const char *job_name, int limit, state_run_t **o
     return rc;
 }
 
-static int run_list_state_tx(state_t *st, state_run_state_t state, state_run_t **out, size_t *n)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_LIST_STATE, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, "listing runs", "t", state_run_state_name(state)), rc, out);
-    rc = collect_runs(st, s, out, n);
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
 int state_run_list_in_state(state_t *st, state_run_state_t s, state_run_t **out, size_t *n)
 {
     int rc;
@@ -287,7 +222,9 @@ int state_run_list_in_state(state_t *st, state_run_state_t s, state_run_t **out,
     *n = 0;
     if ((int)s < 0 || s >= STATE_RUN_NSTATES)
         return kiln_errf(KILN_EINVAL, "unknown run state %d", (int)s);
-    STATE_READ(st, "listing runs", rc, run_list_state_tx(st, s, out, n));
+    STATE_READ(st, "listing runs", rc,
+               state_rows_query(st, STMT_RUN_LIST_STATE, "listing runs", &run_row, (void **)out, n,
+                                "t", state_run_state_name(s)));
     return rc;
 }
 
@@ -549,34 +486,25 @@ typedef struct {
 
 static int run_end_tx(state_t *st, run_end_t *e)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "queuing a retry";
+    int64_t retry;
     e->retry_id = 0;
     KILN_CHECK(transition_tx(st, &e->t));
     if (e->not_before < 0)
         return 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_RETRY_OF, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", e->t.run_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 1) {
-        rc = kiln_errf(KILN_EEXIST, "run %lld was already retried by run %lld",
-                       (long long)e->t.run_id, (long long)state_col_i64(s, 0));
-        goto out;
-    }
-    state_stmt_done(s);
-    s = NULL;
+    int rc = state_query_i64(st, STMT_RUN_RETRY_OF, "queuing a retry", &retry, "I", e->t.run_id);
+    if (rc < 0)
+        return rc;
+    if (rc == 1)
+        return kiln_errf(KILN_EEXIST, "run %lld was already retried by run %lld",
+                         (long long)e->t.run_id, (long long)retry);
     state_run_t r;
-    KILN_CHECK_GOTO(run_get_tx(st, e->t.run_id, &r), rc, out);
+    KILN_CHECK(run_get_tx(st, e->t.run_id, &r));
     run_create_t c = {r.job_id, STATE_TRIGGER_RETRY, r.scheduled_at, r.attempt + 1, r.id, 0};
     state_run_fini(&r);
-    KILN_CHECK_GOTO(run_create_tx(st, &c), rc, out);
-    KILN_CHECK_GOTO(set_not_before_tx(st, c.id, e->not_before), rc, out);
+    KILN_CHECK(run_create_tx(st, &c));
+    KILN_CHECK(set_not_before_tx(st, c.id, e->not_before));
     e->retry_id = c.id;
-    rc = 0;
-out:
-    state_stmt_done(s);
-    return rc;
+    return 0;
 }
 
 typedef struct {
@@ -588,23 +516,13 @@ typedef struct {
 
 static int run_succeed_tx(state_t *st, run_succeed_t *x)
 {
+    int64_t job_id;
     KILN_CHECK(transition_tx(st, &x->t));
     if (x->n == 0)
         return 0;
-    int64_t job_id = 0;
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "queuing a run's pushes";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_JOB_OF, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", x->t.run_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    job_id = rc == 1 ? state_col_i64(s, 0) : 0;
-    state_stmt_done(s);
-    s = NULL;
-    rc = state_push_enqueue_tx(st, job_id, x->t.run_id, x->reqs, x->n, NULL, 0, x->ids);
-out:
-    state_stmt_done(s);
-    return rc;
+    KILN_CHECK(
+        state_query_i64(st, STMT_RUN_JOB_OF, "queuing a run's pushes", &job_id, "I", x->t.run_id));
+    return state_push_enqueue_tx(st, job_id, x->t.run_id, x->reqs, x->n, NULL, 0, x->ids);
 }
 
 int state_run_succeed(state_t *st, int64_t run_id, state_run_state_t from, int exit_code,

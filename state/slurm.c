@@ -9,40 +9,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A row of SLURM_JOB_GET. */
+static const state_col_t slurm_job_cols[] = {
+    STATE_COL(state_slurm_job_t, run_id),    STATE_COL(state_slurm_job_t, job_id),
+    STATE_COL(state_slurm_job_t, state),     STATE_COL(state_slurm_job_t, nodes),
+    STATE_COL(state_slurm_job_t, partition), STATE_COL(state_slurm_job_t, updated_at),
+};
+static const state_row_t slurm_job_row = STATE_ROW(state_slurm_job_t, slurm_job_cols, NULL);
+
 void state_slurm_job_fini(state_slurm_job_t *j)
 {
-    if (j == NULL)
-        return;
-    free(j->state);
-    free(j->nodes);
-    free(j->partition);
-    memset(j, 0, sizeof *j);
+    state_row_fini(&slurm_job_row, j);
 }
 
 static int get_tx(state_t *st, int64_t run_id, state_slurm_job_t *out)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a run's Slurm job";
-    memset(out, 0, sizeof *out);
-    KILN_CHECK_GOTO(state_stmt(st, STMT_SLURM_JOB_GET, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "run %lld has no Slurm job", (long long)run_id);
-        goto out;
-    }
-    out->run_id = state_col_i64(s, 0);
-    out->job_id = state_col_i64(s, 1);
-    out->updated_at = state_col_i64(s, 5);
-    KILN_CHECK_GOTO(state_col_str(s, 2, &out->state), rc, out);
-    KILN_CHECK_GOTO(state_col_str(s, 3, &out->nodes), rc, out);
-    rc = state_col_str(s, 4, &out->partition);
-out:
-    state_stmt_done(s);
-    if (rc < 0)
-        state_slurm_job_fini(out);
-    return rc;
+    int rc = state_row_query(st, STMT_SLURM_JOB_GET, "reading a run's Slurm job", &slurm_job_row,
+                             out, "I", run_id);
+    if (rc == 0)
+        return kiln_errf(KILN_ENOENT, "run %lld has no Slurm job", (long long)run_id);
+    return rc < 0 ? rc : 0;
 }
 
 int state_slurm_job_get(state_t *st, int64_t run_id, state_slurm_job_t *out)

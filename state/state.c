@@ -127,13 +127,19 @@ void state_stmt_done(sqlite3_stmt *s)
 int state_bind(state_t *st, sqlite3_stmt *s, const char *what, const char *fmt, ...)
 {
     va_list ap;
-    int rc = 0;
+    va_start(ap, fmt);
+    int rc = state_vbind(st, s, what, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int state_vbind(state_t *st, sqlite3_stmt *s, const char *what, const char *fmt, va_list ap)
+{
     if ((int)strlen(fmt) != sqlite3_bind_parameter_count(s))
         return kiln_errf(KILN_EINTERNAL,
                          "%s: binding %d values to a statement with %d "
                          "parameters",
                          what, (int)strlen(fmt), sqlite3_bind_parameter_count(s));
-    va_start(ap, fmt);
     for (int i = 0; fmt[i] != '\0'; i++) {
         int idx = i + 1, src;
         switch (fmt[i]) {
@@ -166,18 +172,13 @@ int state_bind(state_t *st, sqlite3_stmt *s, const char *what, const char *fmt, 
             break;
         }
         default:
-            rc = kiln_errf(KILN_EINTERNAL, "state_bind: bad format character '%c' (%s)", fmt[i],
-                           what);
-            goto out;
+            return kiln_errf(KILN_EINTERNAL, "state_bind: bad format character '%c' (%s)", fmt[i],
+                             what);
         }
-        if (src != SQLITE_OK) {
-            rc = state_sql_err(st, src, what);
-            goto out;
-        }
+        if (src != SQLITE_OK)
+            return state_sql_err(st, src, what);
     }
-out:
-    va_end(ap);
-    return rc;
+    return 0;
 }
 
 int state_step(state_t *st, sqlite3_stmt *s, const char *what)
@@ -214,37 +215,6 @@ int64_t state_col_i64(sqlite3_stmt *s, int col)
     return sqlite3_column_int64(s, col);
 }
 
-int state_grow(void **arr, size_t *cap, size_t n, size_t sz)
-{
-    if (n < *cap)
-        return 0;
-    size_t ncap = *cap != 0 ? *cap * 2 : 16;
-    void *p = kiln_reallocarray(*arr, ncap, sz);
-    if (p == NULL)
-        return KILN_ENOMEM;
-    *arr = p;
-    *cap = ncap;
-    return 0;
-}
-
-int state_collect(state_t *st, sqlite3_stmt *s, const char *what, size_t elem,
-                  int (*read_row)(sqlite3_stmt *s, void *item), void **out, size_t *n)
-{
-    size_t cap = 0;
-    *out = NULL;
-    *n = 0;
-    for (;;) {
-        int rc = state_step(st, s, what);
-        if (rc <= 0)
-            return rc;
-        KILN_CHECK(state_grow(out, &cap, *n, elem));
-        void *item = (char *)*out + *n * elem;
-        memset(item, 0, elem);
-        (*n)++; /* counted before it is filled, so that the caller frees what it holds */
-        KILN_CHECK(read_row(s, item));
-    }
-}
-
 /* ---- transactions ------------------------------------------------------------------ */
 
 int state_tx_begin(state_t *st, const char *what)
@@ -275,20 +245,23 @@ int state_tx_end(state_t *st, int rc, const char *what)
     return rc;
 }
 
-void state_busy_backoff(int attempt)
+bool state_busy_retry(state_t *st, int *rc, int attempt, const char *what)
 {
+    if (*rc == 0 || !st->busy)
+        return false;
+    if (attempt + 1 >= STATE_BUSY_TRIES) {
+        *rc = kiln_errf(*rc,
+                        "database %s stayed locked by another process: gave up on %s after %d "
+                        "tries of %g s each (%s); is another kiln process stuck in a transaction?",
+                        st->path, what, STATE_BUSY_TRIES, st->busy_timeout_ms / 1000.0,
+                        st->last_sqlite_msg);
+        return false;
+    }
+    /* Sleep a few ms, more each time, before the next try. */
     struct timespec ts = {0, (long)(attempt + 1) * 25 * 1000 * 1000};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
-}
-
-int state_busy_giveup(state_t *st, int rc, const char *what)
-{
-    return kiln_errf(rc,
-                     "database %s stayed locked by another process: gave up on %s after %d "
-                     "tries of %g s each (%s); is another kiln process stuck in a transaction?",
-                     st->path, what, STATE_BUSY_TRIES, st->busy_timeout_ms / 1000.0,
-                     st->last_sqlite_msg);
+    return true;
 }
 
 /* ---- opening ---------------------------------------------------------------------- */

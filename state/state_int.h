@@ -11,6 +11,8 @@
 #include "state.h"
 
 #include <sqlite3.h>
+#include <stdarg.h>
+#include <stddef.h>
 
 #include "kiln.h"
 
@@ -369,6 +371,7 @@ void state_stmt_done(sqlite3_stmt *s);
  * as NULL when NaN (a figure not measured), 't' const char *
  * (NULL binds NULL), 'b' bool. Returns 0 or KILN_EDB. */
 int state_bind(state_t *st, sqlite3_stmt *s, const char *what, const char *fmt, ...);
+int state_vbind(state_t *st, sqlite3_stmt *s, const char *what, const char *fmt, va_list ap);
 
 /* Steps s: returns 1 for a row, 0 when done, or KILN_EDB. */
 int state_step(state_t *st, sqlite3_stmt *s, const char *what);
@@ -385,11 +388,11 @@ int64_t state_col_i64(sqlite3_stmt *s, int col); /* NULL reads as 0 */
  * when rc is 0 and rolls back otherwise; it returns rc or the COMMIT error. */
 int state_tx_begin(state_t *st, const char *what);
 int state_tx_end(state_t *st, int rc, const char *what);
-/* Sleeps before the next try of a busy transaction (a few ms, growing). */
-void state_busy_backoff(int attempt);
-/* Turns the last error into "database <path> is busy ..." after the retries
- * ran out. Returns rc. */
-int state_busy_giveup(state_t *st, int rc, const char *what);
+/* Decides after a try of a transaction that returned *rc: false when it is
+ * done (it succeeded, failed for another reason than a busy file, or was the
+ * last try, when *rc gets "database <path> stayed locked ..."); true, after a
+ * short sleep that grows with attempt, to run it again. */
+bool state_busy_retry(state_t *st, int *rc, int attempt, const char *what);
 
 /* STATE_WRITE(st, what, rc, body): runs the int expression `body` in one
  * BEGIN IMMEDIATE transaction, committing when it returns 0. When SQLite
@@ -397,38 +400,24 @@ int state_busy_giveup(state_t *st, int rc, const char *what);
  * transaction is rolled back and rerun, up to STATE_BUSY_TRIES times, so no
  * write is lost to a contended file. body must be safe to rerun (free what a
  * failed try allocated). STATE_READ is the same without a transaction. */
-#define STATE_WRITE(st, what, rc, body)                                         \
-    do {                                                                        \
-        for (int try_ = 0;; try_++) {                                           \
-            (st)->busy = false;                                                 \
-            (rc) = state_tx_begin((st), (what));                                \
-            if ((rc) == 0) {                                                    \
-                (rc) = (body);                                                  \
-                (rc) = state_tx_end((st), (rc), (what));                        \
-            }                                                                   \
-            if ((rc) == 0 || !(st)->busy)                                       \
-                break;                                                          \
-            if (try_ + 1 >= STATE_BUSY_TRIES) {                                 \
-                (rc) = state_busy_giveup((st), (rc), (what));                   \
-                break;                                                          \
-            }                                                                   \
-            state_busy_backoff(try_);                                           \
-        }                                                                       \
+#define STATE_WRITE(st, what, rc, body)                                                            \
+    do {                                                                                           \
+        int try_ = 0;                                                                              \
+        do {                                                                                       \
+            (st)->busy = false;                                                                    \
+            (rc) = state_tx_begin((st), (what));                                                   \
+            if ((rc) == 0)                                                                         \
+                (rc) = state_tx_end((st), (body), (what));                                         \
+        } while (state_busy_retry((st), &(rc), try_++, (what)));                                   \
     } while (0)
 
-#define STATE_READ(st, what, rc, body)                                          \
-    do {                                                                        \
-        for (int try_ = 0;; try_++) {                                           \
-            (st)->busy = false;                                                 \
-            (rc) = (body);                                                      \
-            if ((rc) == 0 || !(st)->busy)                                       \
-                break;                                                          \
-            if (try_ + 1 >= STATE_BUSY_TRIES) {                                 \
-                (rc) = state_busy_giveup((st), (rc), (what));                   \
-                break;                                                          \
-            }                                                                   \
-            state_busy_backoff(try_);                                           \
-        }                                                                       \
+#define STATE_READ(st, what, rc, body)                                                             \
+    do {                                                                                           \
+        int try_ = 0;                                                                              \
+        do {                                                                                       \
+            (st)->busy = false;                                                                    \
+            (rc) = (body);                                                                         \
+        } while (state_busy_retry((st), &(rc), try_++, (what)));                                   \
     } while (0)
 
 /* Appends an event inside the caller's transaction (events.c). job_id 0 with
@@ -452,17 +441,84 @@ int state_push_enqueue_tx(state_t *st, int64_t job_id, int64_t run_id,
                           const state_push_req_t *reqs, size_t n, const char *claimer,
                           int64_t lease_ms, int64_t *ids /* OUT */);
 
-/* Grows *arr (of *cap elements of size sz) so that index n fits. 0 or
- * KILN_ENOMEM. */
-int state_grow(void **arr, size_t *cap, size_t n, size_t sz);
+/* ---- row tables (rows.c) ------------------------------------------------------
+ * A row table says how a SELECT's row becomes a struct: entry i names the
+ * field column i fills and as what. The same table reads a row, frees the
+ * strings the row owns, and sizes the array that a list of rows fills, so a
+ * row type is declared once, next to its column list. */
+typedef enum {
+    STATE_COL_SKIP, /* read by the table's finish function, or not at all */
+    STATE_COL_I64,  /* int64_t; NULL reads 0 */
+    STATE_COL_INT,  /* int; NULL reads 0 */
+    STATE_COL_BOOL, /* bool: the integer is not 0 */
+    STATE_COL_REAL, /* double; NULL (how SQLite stores NaN) reads NAN */
+    STATE_COL_TEXT, /* char *, a copy the row owns; NULL reads NULL */
+} state_col_kind_t;
 
-/* Steps s (prepared and bound) to its end and returns its rows as an array
- * in *out (NULL when none) of *n items of elem bytes, each zeroed and then
- * filled by read_row(s, item) (0 or an error). On an error the items so
- * far, the failing one included, stay in *out / *n for the caller to free
- * with the array's own free function. */
-int state_collect(state_t *st, sqlite3_stmt *s, const char *what, size_t elem,
-                  int (*read_row)(sqlite3_stmt *s, void *item), void **out, size_t *n);
+typedef struct state_col {
+    state_col_kind_t kind;
+    size_t off; /* of the field in the row's struct */
+} state_col_t;
+
+/* STATE_COL(type, field): the entry for field of struct type, of the kind
+ * its C type says (int64_t, int, bool, double or char *; another type does
+ * not compile). STATE_COL_SKIPPED: a column no field takes as it is. */
+#define STATE_COL_KIND(x)                                                                          \
+    _Generic((x), int64_t: STATE_COL_I64, int: STATE_COL_INT, bool: STATE_COL_BOOL, \
+             double: STATE_COL_REAL, char *: STATE_COL_TEXT)
+#define STATE_COL(type, field)                                                                     \
+    {                                                                                              \
+        STATE_COL_KIND(((type *)0)->field), offsetof(type, field)                                  \
+    }
+#define STATE_COL_SKIPPED                                                                          \
+    {                                                                                              \
+        STATE_COL_SKIP, 0                                                                          \
+    }
+
+typedef struct state_row {
+    size_t size; /* of the row's struct */
+    const state_col_t *cols;
+    size_t ncols;
+    /* NULL, or reads what no column kind says (an enum stored by name, a
+     * flag from whether a column is NULL) once the columns are in: 0 or an
+     * error. */
+    int (*finish)(sqlite3_stmt *s, void *row);
+} state_row_t;
+
+/* STATE_ROW(type, cols, finish): the row table of struct `type` whose
+ * columns are the array cols. */
+#define STATE_ROW(type, cols, finish)                                                              \
+    {                                                                                              \
+        sizeof(type), cols, sizeof cols / sizeof cols[0], finish                                   \
+    }
+
+/* Zeroes row and reads the current row of s into it by m. Returns 0, or
+ * KILN_ENOMEM or the finish function's error with row freed. */
+int state_row_read(const state_row_t *m, sqlite3_stmt *s, void *row /* OUT */);
+/* Frees the text fields of row and zeroes it; accepts NULL. */
+void state_row_fini(const state_row_t *m, void *row);
+/* state_row_fini on rows[0..n) and frees the array; accepts NULL. */
+void state_rows_free(const state_row_t *m, void *rows, size_t n);
+
+/* The queries below prepare statement id, bind the values that follow fmt
+ * (state_bind's letters), run it and reset it. */
+
+/* Reads the first row into row by m: returns 1 for a row, 0 when there is
+ * none (row zeroed), or an error (row freed). */
+int state_row_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                    void *row /* OUT */, const char *fmt, ...);
+/* Reads every row into *out, an array of *n rows by m (NULL when none).
+ * Returns 0, or an error with *out NULL and *n 0. */
+int state_rows_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                     void **out /* OUT */, size_t *n /* OUT */, const char *fmt, ...);
+/* Sets *out to column 0 of the first row (0 when NULL or when there is no
+ * row): returns 1 for a row, 0 when none, or an error. */
+int state_query_i64(state_t *st, state_stmt_id_t id, const char *what, int64_t *out /* OUT */,
+                    const char *fmt, ...);
+/* Steps s (prepared and bound) and stores column 0 of its rows in ids, at
+ * most max of them; *n says how many. 0 or KILN_EDB. */
+int state_step_ids(state_t *st, sqlite3_stmt *s, const char *what, int64_t *ids /* OUT */,
+                   size_t max, size_t *n /* OUT */);
 
 /* ---- migrations (schema.c) ----------------------------------------------------
  * state_migrations[i] is the SQL script that brings user_version i to i+1;

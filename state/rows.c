@@ -1,0 +1,176 @@
+/*
+ * state/rows.c - reading the rows of a SELECT into structs by a row table
+ * (state_row_t: which field each column fills, and as what), freeing what a
+ * row owns by the same table, and the queries built on them: the first row of
+ * a statement, all its rows as a growing array, and one int64 answer. Each
+ * query prepares, binds, steps and resets its cached statement itself, so a
+ * caller names only the statement, its parameters and where the rows go.
+ */
+#include "state_int.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+int state_row_read(const state_row_t *m, sqlite3_stmt *s, void *row)
+{
+    int rc = 0;
+    memset(row, 0, m->size);
+    for (size_t i = 0; i < m->ncols && rc == 0; i++) {
+        void *field = (char *)row + m->cols[i].off;
+        int col = (int)i;
+        switch (m->cols[i].kind) {
+        case STATE_COL_SKIP:
+            break;
+        case STATE_COL_I64:
+            *(int64_t *)field = state_col_i64(s, col);
+            break;
+        case STATE_COL_INT:
+            *(int *)field = sqlite3_column_int(s, col);
+            break;
+        case STATE_COL_BOOL:
+            *(bool *)field = sqlite3_column_int(s, col) != 0;
+            break;
+        case STATE_COL_REAL:
+            /* SQLite stores NaN as NULL; give it back as NaN. */
+            *(double *)field =
+                sqlite3_column_type(s, col) == SQLITE_NULL ? NAN : sqlite3_column_double(s, col);
+            break;
+        case STATE_COL_TEXT:
+            rc = state_col_str(s, col, (char **)field);
+            break;
+        }
+    }
+    if (rc == 0 && m->finish != NULL)
+        rc = m->finish(s, row);
+    if (rc < 0)
+        state_row_fini(m, row);
+    return rc;
+}
+
+void state_row_fini(const state_row_t *m, void *row)
+{
+    if (row == NULL)
+        return;
+    for (size_t i = 0; i < m->ncols; i++)
+        if (m->cols[i].kind == STATE_COL_TEXT)
+            free(*(char **)((char *)row + m->cols[i].off));
+    memset(row, 0, m->size);
+}
+
+void state_rows_free(const state_row_t *m, void *rows, size_t n)
+{
+    for (size_t i = 0; rows != NULL && i < n; i++)
+        state_row_fini(m, (char *)rows + i * m->size);
+    free(rows);
+}
+
+/* Prepares statement id and binds the values of fmt (state_bind's letters). */
+static int prepare(state_t *st, state_stmt_id_t id, const char *what, sqlite3_stmt **s,
+                   const char *fmt, va_list ap)
+{
+    KILN_CHECK(state_stmt(st, id, s));
+    return state_vbind(st, *s, what, fmt, ap);
+}
+
+/* prepare, then steps to the first row: 1 for a row (for the caller to read
+ * from *s), 0 when none, or an error. The caller resets *s. */
+static int first_row(state_t *st, state_stmt_id_t id, const char *what, sqlite3_stmt **s,
+                     const char *fmt, va_list ap)
+{
+    int rc = prepare(st, id, what, s, fmt, ap);
+    return rc < 0 ? rc : state_step(st, *s, what);
+}
+
+int state_row_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                    void *row, const char *fmt, ...)
+{
+    sqlite3_stmt *s = NULL;
+    va_list ap;
+    memset(row, 0, m->size);
+    va_start(ap, fmt);
+    int rc = first_row(st, id, what, &s, fmt, ap);
+    va_end(ap);
+    if (rc == 1 && (rc = state_row_read(m, s, row)) == 0)
+        rc = 1;
+    state_stmt_done(s);
+    return rc;
+}
+
+/* Grows *arr (of *cap elements of size sz) so that index n fits. */
+static int grow(void **arr, size_t *cap, size_t n, size_t sz)
+{
+    if (n < *cap)
+        return 0;
+    size_t ncap = *cap != 0 ? *cap * 2 : 16;
+    void *p = kiln_reallocarray(*arr, ncap, sz);
+    if (p == NULL)
+        return KILN_ENOMEM;
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
+/* Steps s to its end, appending each row to *out / *n by m. */
+static int collect(state_t *st, sqlite3_stmt *s, const char *what, const state_row_t *m,
+                   void **out, size_t *n)
+{
+    size_t cap = 0;
+    for (;;) {
+        int rc = state_step(st, s, what);
+        if (rc <= 0)
+            return rc;
+        KILN_CHECK(grow(out, &cap, *n, m->size));
+        KILN_CHECK(state_row_read(m, s, (char *)*out + *n * m->size));
+        (*n)++;
+    }
+}
+
+int state_rows_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                     void **out, size_t *n, const char *fmt, ...)
+{
+    sqlite3_stmt *s = NULL;
+    int rc;
+    va_list ap;
+    *out = NULL;
+    *n = 0;
+    va_start(ap, fmt);
+    rc = prepare(st, id, what, &s, fmt, ap);
+    va_end(ap);
+    if (rc == 0)
+        rc = collect(st, s, what, m, out, n);
+    state_stmt_done(s);
+    if (rc < 0) {
+        state_rows_free(m, *out, *n);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+int state_query_i64(state_t *st, state_stmt_id_t id, const char *what, int64_t *out,
+                    const char *fmt, ...)
+{
+    sqlite3_stmt *s = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = first_row(st, id, what, &s, fmt, ap);
+    va_end(ap);
+    *out = rc == 1 ? state_col_i64(s, 0) : 0;
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_step_ids(state_t *st, sqlite3_stmt *s, const char *what, int64_t *ids, size_t max,
+                   size_t *n)
+{
+    *n = 0;
+    while (*n < max) {
+        int rc = state_step(st, s, what);
+        if (rc <= 0)
+            return rc;
+        ids[(*n)++] = state_col_i64(s, 0);
+    }
+    return 0;
+}
