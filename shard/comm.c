@@ -228,45 +228,42 @@ int rt_comm_alltoall(rt_comm_t *c, const void *sendbuf, void *recvbuf, size_t by
     return 0;
 }
 
-/* In-place MPI_Allreduce of count elements of type (each `width` doubles)
- * with op, in chunks of at most CHUNK elements (MPI counts are int). */
-static int mpi_allreduce(rt_comm_t *c, double *buf, size_t count, size_t width, MPI_Datatype type,
-                         MPI_Op op, const char *what)
+/* The two in-place sums over the ranks: count elements of `width` doubles,
+ * float64 (dd false) or double-double pairs (dd true). MPI goes in chunks
+ * of at most CHUNK elements (its counts are int). */
+static int allreduce(rt_comm_t *c, double *buf, size_t count, bool dd)
 {
+    if (c == NULL || (buf == NULL && count > 0))
+        return kiln_errf(KILN_EINVAL, "rt_comm_allreduce_sum_%s: NULL communicator or buffer",
+                         dd ? "dd" : "f64");
+#ifdef KILN_HAVE_CUDA
+    if (c->kind == RT_COMM_NCCL)
+        return dd ? rt_comm_nccl_allreduce_sum_dd(c, buf, count)
+                  : rt_comm_nccl_allreduce_sum_f64(c, buf, count);
+#endif
+    const size_t width = dd ? 2 : 1;
     for (size_t off = 0; off < count; off += CHUNK) {
         const size_t k = count - off < CHUNK ? count - off : CHUNK;
-        RT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + width * off, (int)k, type, op, c->comm),
-                     what);
+        RT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + width * off, (int)k,
+                                   dd ? c->dd_type : MPI_DOUBLE, dd ? c->dd_op : MPI_SUM, c->comm),
+                     dd ? "MPI_Allreduce of double-double sums" : "MPI_Allreduce of float64 sums");
     }
     return 0;
 }
 
 int rt_comm_allreduce_sum_dd(rt_comm_t *c, double *pairs, size_t npairs)
 {
-    if (c == NULL || (pairs == NULL && npairs > 0))
-        return kiln_errf(KILN_EINVAL, "rt_comm_allreduce_sum_dd: NULL communicator or buffer");
-#ifdef KILN_HAVE_CUDA
-    if (c->kind == RT_COMM_NCCL)
-        return rt_comm_nccl_allreduce_sum_dd(c, pairs, npairs);
-#endif
-    return mpi_allreduce(c, pairs, npairs, 2, c->dd_type, c->dd_op,
-                         "MPI_Allreduce of double-double sums");
+    return allreduce(c, pairs, npairs, true);
+}
+
+int rt_comm_allreduce_sum_f64(rt_comm_t *c, double *buf, size_t count)
+{
+    return allreduce(c, buf, count, false);
 }
 
 int rt_comm_agree(rt_comm_t *c, int rc, const char *step)
 {
     return rt_mpi_agree(c->comm, rc, step);
-}
-
-int rt_comm_allreduce_sum_f64(rt_comm_t *c, double *buf, size_t count)
-{
-    if (c == NULL || (buf == NULL && count > 0))
-        return kiln_errf(KILN_EINVAL, "rt_comm_allreduce_sum_f64: NULL communicator or buffer");
-#ifdef KILN_HAVE_CUDA
-    if (c->kind == RT_COMM_NCCL)
-        return rt_comm_nccl_allreduce_sum_f64(c, buf, count);
-#endif
-    return mpi_allreduce(c, buf, count, 1, MPI_DOUBLE, MPI_SUM, "MPI_Allreduce of float64 sums");
 }
 
 int rt_comm_bcast(rt_comm_t *c, void *buf, size_t bytes, int root)
