@@ -172,6 +172,10 @@ const char *spec_scalar(const yaml_node_t *n);
 bool spec_is_null(const yaml_node_t *n);
 /* How a node reads in a message ("a mapping", "\"text\""), in buf. */
 const char *spec_got(const yaml_node_t *n, char *buf, size_t bufsz);
+/* True when n is of type; otherwise a diagnostic at path, "expected <what>,
+ * got <what n is>", and false. */
+bool spec_expect(ctx_t *c, const yaml_node_t *n, yaml_node_type_t type, const char *path,
+                 const char *what);
 /* Parses an integer scalar in [lo, hi]; reports and returns -1 on failure. */
 int spec_get_int(ctx_t *c, const yaml_node_t *n, const char *path, int64_t lo, int64_t hi,
                  int64_t *out);

@@ -543,12 +543,9 @@ static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val
 static void parse_endpoints(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                             const char *path)
 {
-    char gb[80], ip[PATH_MAX_LEN];
-    if (val->type != YAML_SEQUENCE_NODE) {
-        spec_diag(c, val, path, "expected a list of {url, model, label}, got %s",
-                  spec_got(val, gb, sizeof gb));
+    char ip[PATH_MAX_LEN];
+    if (!spec_expect(c, val, YAML_SEQUENCE_NODE, path, "a list of {url, model, label}"))
         return;
-    }
     yaml_node_item_t *items = val->data.sequence.items.start;
     int n = (int)(val->data.sequence.items.top - items);
     if (n > 64) {

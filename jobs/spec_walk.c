@@ -203,6 +203,16 @@ const char *spec_got(const yaml_node_t *n, char *buf, size_t bufsz)
     return buf;
 }
 
+bool spec_expect(ctx_t *c, const yaml_node_t *n, yaml_node_type_t type, const char *path,
+                 const char *what)
+{
+    char gb[80];
+    if (n->type == type)
+        return true;
+    spec_diag(c, n, path, "expected %s, got %s", what, spec_got(n, gb, sizeof gb));
+    return false;
+}
+
 /* Parses a base-10 integer. Returns 0, -1 (not an integer) or -2 (overflow). */
 static int parse_int(const char *s, int64_t *out)
 {
@@ -492,11 +502,8 @@ static void set_field(ctx_t *c, const field_t *f, const yaml_node_t *val, char *
         spec_walk_map(c, f->sub, val, p, path);
         break;
     case T_INTLIST: {
-        if (val->type != YAML_SEQUENCE_NODE) {
-            spec_diag(c, val, path, "expected a list of layer widths like [64, 16], got %s",
-                      spec_got(val, gb, sizeof gb));
+        if (!spec_expect(c, val, YAML_SEQUENCE_NODE, path, "a list of layer widths like [64, 16]"))
             return;
-        }
         yaml_node_item_t *items = val->data.sequence.items.start;
         int n = (int)(val->data.sequence.items.top - items);
         if (n < 1 || n > f->maxlen) {
@@ -593,11 +600,8 @@ void spec_walk_map(ctx_t *c, const field_t *fields, const yaml_node_t *map, char
                    const char *path)
 {
     char gb[80], child[PATH_MAX_LEN];
-    if (map->type != YAML_MAPPING_NODE) {
-        spec_diag(c, map, path, "expected a mapping of fields, got %s",
-                  spec_got(map, gb, sizeof gb));
+    if (!spec_expect(c, map, YAML_MAPPING_NODE, path, "a mapping of fields"))
         return;
-    }
     yaml_node_pair_t *pairs = map->data.mapping.pairs.start;
     size_t n = (size_t)(map->data.mapping.pairs.top - pairs);
     int64_t *dup = kiln_calloc(n + 1, sizeof *dup);

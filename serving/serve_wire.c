@@ -559,6 +559,21 @@ static int dec_chunk(serve_dec_t *d)
     }
 }
 
+/* Copies what is missing of a part of need bytes (have so far, in dst)
+ * from the input (*p, *len), advancing it; true when the part is whole. */
+static bool fill(unsigned char *dst, size_t *have, size_t need, const unsigned char **p,
+                 size_t *len)
+{
+    size_t take = need - *have;
+    if (take > *len)
+        take = *len;
+    memcpy(dst + *have, *p, take);
+    *have += take;
+    *p += take;
+    *len -= take;
+    return *have == need;
+}
+
 int serve_dec_feed(serve_dec_t *d, const void *data, size_t len)
 {
     const unsigned char *p = data;
@@ -568,14 +583,7 @@ int serve_dec_feed(serve_dec_t *d, const void *data, size_t len)
         if (d->stage == DEC_ENDED)
             return d->err = kiln_errf(KILN_ECORRUPT, "%zu bytes follow the end chunk", len);
         if (d->hdr_have < CHUNK_HDR) {
-            size_t take = CHUNK_HDR - d->hdr_have;
-            if (take > len)
-                take = len;
-            memcpy(d->hdr + d->hdr_have, p, take);
-            d->hdr_have += take;
-            p += take;
-            len -= take;
-            if (d->hdr_have < CHUNK_HDR)
+            if (!fill(d->hdr, &d->hdr_have, CHUNK_HDR, &p, &len))
                 break;
             memcpy(&d->type, d->hdr, 4);
             memcpy(&d->len, d->hdr + 4, 4);
@@ -594,15 +602,7 @@ int serve_dec_feed(serve_dec_t *d, const void *data, size_t len)
             }
             d->have = 0;
         }
-        size_t need = (size_t)d->len + CHUNK_TRAIL;
-        size_t take = need - d->have;
-        if (take > len)
-            take = len;
-        memcpy(d->payload + d->have, p, take);
-        d->have += take;
-        p += take;
-        len -= take;
-        if (d->have < need)
+        if (!fill(d->payload, &d->have, (size_t)d->len + CHUNK_TRAIL, &p, &len))
             break;
         int rc = dec_chunk(d);
         if (rc < 0)

@@ -302,6 +302,19 @@ static int values_need(rt_shard_t *s, int t, int64_t n)
     return s->values[t] ? 0 : KILN_ENOMEM;
 }
 
+/* Called from a parallel loop over tables when table t failed with rc:
+ * keeps the failure of the lowest table (its code and this thread's
+ * message), so the error reported does not depend on the threads. */
+static void first_error(int t, int rc, int *first_bad, int *bad_rc, char *msg, size_t cap)
+{
+#pragma omp critical(shard_find_err)
+    if (t < *first_bad) {
+        *first_bad = t;
+        *bad_rc = rc;
+        snprintf(msg, cap, "%s", kiln_errmsg());
+    }
+}
+
 /* Finds (or inserts) the keys of every table: table t looks up the segments
  * of all requesters, rank 0 first, so each table sees its keys in the same
  * order whatever the thread count. Tables run in parallel. seg(t, r) gives
@@ -326,14 +339,8 @@ static int find_all(rt_shard_t *s, int nreq, const seg_t *seg /* (T, nreq) */,
                 continue;
             rc = rt_store_find(s->store, t, g->n, keys + g->k0, step, insert, rows + g->k0);
         }
-        if (rc < 0) {
-#pragma omp critical(shard_find_err)
-            if (t < first_bad) {
-                first_bad = t;
-                bad_rc = rc;
-                snprintf(msg, sizeof msg, "%s", kiln_errmsg());
-            }
-        }
+        if (rc < 0)
+            first_error(t, rc, &first_bad, &bad_rc, msg, sizeof msg);
     }
     if (bad_rc < 0)
         return kiln_errf(bad_rc, "%s", msg);
@@ -374,15 +381,8 @@ static int lookup_local(rt_shard_t *s, const int64_t *const *keys, const int64_t
         int trc = rt_store_find(s->store, t, n, keys[t], step, insert, rows);
         if (trc == 0)
             trc = rt_store_read(s->store, t, n, rows, s->values[t]);
-        if (trc < 0) {
-#pragma omp critical(shard_find_err)
-            if (t < first_bad) {
-                first_bad = t;
-                bad_rc = trc;
-                snprintf(msg, sizeof msg, "%s", kiln_errmsg());
-            }
-            continue;
-        }
+        if (trc < 0)
+            first_error(t, trc, &first_bad, &bad_rc, msg, sizeof msg);
     }
     /* The message is the table's own; kiln-train's report names the rank. */
     if (bad_rc < 0)
