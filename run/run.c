@@ -225,7 +225,7 @@ int run_status_read(const char *run_dir, run_status_t *out)
 
 /* ---- small text files ---------------------------------------------------------------------- */
 
-static int write_text(const char *run_dir, const char *name, const char *text)
+int run_write_text(const char *run_dir, const char *name, const char *text)
 {
     char *path = run_path(run_dir, name);
     int rc = path != NULL ? kiln_write_atomic(path, text, strlen(text)) : KILN_ENOMEM;
@@ -255,7 +255,7 @@ static int read_line(const char *run_dir, const char *name, char *out, size_t ca
 
 int run_stop_write(const char *run_dir, const char *reason)
 {
-    return write_text(run_dir, RUN_FILE_STOP, reason);
+    return run_write_text(run_dir, RUN_FILE_STOP, reason);
 }
 
 void run_stop_read(const char *run_dir, char *out, size_t cap)
@@ -268,7 +268,7 @@ int run_pidfile_write(const char *run_dir, const char *name, pid_t pid, uint64_t
 {
     char buf[64];
     snprintf(buf, sizeof buf, "%d %llu\n", (int)pid, (unsigned long long)start_ticks);
-    return write_text(run_dir, name, buf);
+    return run_write_text(run_dir, name, buf);
 }
 
 int run_pidfile_read(const char *run_dir, const char *name, pid_t *pid, uint64_t *start_ticks)
@@ -289,7 +289,7 @@ int run_pidfile_read(const char *run_dir, const char *name, pid_t *pid, uint64_t
 
 int run_export_request(const char *run_dir)
 {
-    return write_text(run_dir, RUN_FILE_EXPORT_REQUEST, "export\n");
+    return run_write_text(run_dir, RUN_FILE_EXPORT_REQUEST, "export\n");
 }
 
 bool run_export_take_request(const char *run_dir)

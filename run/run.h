@@ -41,6 +41,9 @@ extern "C" {
 
 /* run_dir/name, malloc'd (NULL: out of memory). */
 char *run_path(const char *run_dir, const char *name);
+/* Writes text to <run_dir>/<name> atomically (kiln_write_atomic). Returns
+ * 0, KILN_ENOMEM or KILN_EIO. */
+int run_write_text(const char *run_dir, const char *name, const char *text);
 
 /* ---- the environment of a run (set by kilnd, read by kiln-train) ------------------- */
 #define RUN_ENV_RUN_ID "KILN_RUN_ID"     /* the run's id in the database */

@@ -191,14 +191,6 @@ out:
     return 0;
 }
 
-static int write_file(const char *dir, const char *name, const char *text)
-{
-    char *path = run_path(dir, name);
-    int rc = path != NULL ? kiln_write_atomic(path, text, strlen(text)) : KILN_ENOMEM;
-    free(path);
-    return rc;
-}
-
 /* ---- launch -------------------------------------------------------------------------- */
 
 /* The checkpoint a retry resumes from: the newest one written by the run it
@@ -312,7 +304,7 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
         goto out;
     }
     KILN_CHECK_GOTO(kiln_mkdir_p(run_dir), rc, out);
-    KILN_CHECK_GOTO(write_file(run_dir, RUN_FILE_SPEC, spec_yaml), rc, out);
+    KILN_CHECK_GOTO(run_write_text(run_dir, RUN_FILE_SPEC, spec_yaml), rc, out);
     char inputs_path[4096] = "", spec_path[4096];
     snprintf(spec_path, sizeof spec_path, "%s/%s", run_dir, RUN_FILE_SPEC);
     if (spec->data.incremental) {
@@ -328,7 +320,7 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
             strcat(list, ins[i].path);
             strcat(list, "\n");
         }
-        KILN_CHECK_GOTO(write_file(run_dir, RUN_FILE_INPUTS, list), rc, out);
+        KILN_CHECK_GOTO(run_write_text(run_dir, RUN_FILE_INPUTS, list), rc, out);
         snprintf(inputs_path, sizeof inputs_path, "%s/%s", run_dir, RUN_FILE_INPUTS);
         for (size_t i = 0; i < nins; i++)
             KILN_CHECK_GOTO(state_input_add(s->st, run->id, &ins[i]), rc, out);
