@@ -1786,23 +1786,16 @@ static void test_latest_falls_back(void **state)
     free(r);
 }
 
+/* The temp dir with the training data; proc_tmpdir_teardown removes it. */
 static int setup(void **state)
 {
-    (void)state;
-    if (proc_tmpdir("ckpt", tmpdir, sizeof tmpdir) < 0)
+    if (fx_train_tmpdir("ckpt", tmpdir, sizeof tmpdir, 3600, 600, 5) < 0)
         return -1;
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/data", tmpdir);
-    return fx_train_data(dir, 3600, 600, 5);
+    *state = tmpdir;
+    return 0;
 }
 
-static int teardown(void **state)
-{
-    (void)state;
-    return proc_tmpdir_done(tmpdir);
-}
-
-PROC_TEST_MAIN(setup, teardown,
+PROC_TEST_MAIN(setup, proc_tmpdir_teardown,
     cmocka_unit_test(test_npy_numpy_loads),
     cmocka_unit_test(test_chain_bitwise_adagrad),
     cmocka_unit_test(test_chain_bitwise_adam),

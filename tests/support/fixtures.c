@@ -349,6 +349,15 @@ int fx_train_data(const char *dir, int rows, int eval_rows, int seed)
     return 0;
 }
 
+int fx_train_tmpdir(const char *name, char *dir, size_t cap, int rows, int eval_rows, int seed)
+{
+    char data[700];
+    if (proc_tmpdir(name, dir, cap) < 0)
+        return -1;
+    snprintf(data, sizeof data, "%s/data", dir);
+    return fx_train_data(data, rows, eval_rows, seed);
+}
+
 int fx_land(const char *src, const char *dst)
 {
     char tmp[700], dir[600];

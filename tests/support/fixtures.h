@@ -120,6 +120,10 @@ int fx_datagen(const char *path, int rows, int seed, int day);
  * job's training and evaluation data. Returns 0 or -1. */
 int fx_train_data(const char *dir, int rows, int eval_rows, int seed);
 
+/* A test executable's temp directory (proc_tmpdir(name), into dir) holding
+ * fx_train_data's files in dir/data. Returns 0 or -1. */
+int fx_train_tmpdir(const char *name, char *dir, size_t cap, int rows, int eval_rows, int seed);
+
 /* Lands a copy of src at dst the way data should land: written under a
  * hidden name in the same directory, then renamed into place. Returns 0 or
  * -1. */

@@ -64,6 +64,11 @@ int proc_tmpdir_done(const char *dir)
     return proc_rmtree(dir);
 }
 
+int proc_tmpdir_teardown(void **state)
+{
+    return *state != NULL ? proc_tmpdir_done(*state) : 0;
+}
+
 uint64_t proc_xorshift(uint64_t *state)
 {
     *state ^= *state << 13;

@@ -40,6 +40,10 @@ int proc_rmtree(const char *dir);
  * Returns 0 or -1. */
 int proc_tmpdir_done(const char *dir);
 
+/* A group teardown for PROC_TEST_MAIN: proc_tmpdir_done on the directory
+ * the group's setup left in *state (nothing when it left NULL). */
+int proc_tmpdir_teardown(void **state);
+
 /* The next number of the xorshift64 sequence in *state (nonzero): seeded,
  * repeatable test data. */
 uint64_t proc_xorshift(uint64_t *state);
