@@ -76,21 +76,7 @@ void fx_stop_all(void)
 
 pid_t fx_spawn(const char *log, const char *const *env, const char *const *argv)
 {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        proc_mpi_env(false);
-        for (size_t i = 0; env != NULL && env[i] != NULL; i++)
-            putenv((char *)env[i]);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
+    pid_t pid = proc_spawn(log, env, argv);
     fx_track(pid);
     return pid;
 }

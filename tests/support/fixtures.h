@@ -28,9 +28,8 @@ void fx_stop(pid_t pid, int sig);
 /* SIGKILLs and reaps every process a fixture started and did not stop. */
 void fx_stop_all(void);
 
-/* Forks argv with stdout and stderr appended to log and env ("NAME=VALUE",
- * NULL-ended, may be NULL) set; the child gets Open MPI's root and
- * oversubscribe settings. Returns the pid, tracked for fx_stop_all. */
+/* proc_spawn (stdout and stderr appended to log, env set, Open MPI's
+ * settings); the pid it returns is tracked for fx_stop_all. */
 pid_t fx_spawn(const char *log, const char *const *env, const char *const *argv);
 
 /* ---- kilnd ------------------------------------------------------------------------- */

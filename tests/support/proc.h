@@ -55,6 +55,12 @@ uint64_t proc_xorshift(uint64_t *state);
  * cannot name, so they cannot be suppressed. */
 void proc_mpi_env(bool leaks_off);
 
+/* Starts argv (argv[0] looked up in PATH) with stdout and stderr appended to
+ * log, after setting, in the child, Open MPI's settings (proc_mpi_env, leak
+ * checking kept) and each "NAME=VALUE" of env (NULL-ended, may be NULL).
+ * Returns the pid (-1 when fork failed); the caller reaps it. */
+pid_t proc_spawn(const char *log, const char *const *env, const char *const *argv);
+
 /* Runs argv (argv[0] looked up in PATH) with stdout and stderr captured via
  * files in scratch_dir, after setting each "NAME=VALUE" of env (NULL-ended,
  * may be NULL) in the child. The child gets proc_mpi_env; under ASan (when
