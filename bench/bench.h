@@ -1,13 +1,16 @@
 /*
  * bench/bench.h - what every benchmark program shares: the median of a
- * set of timings (benchmarks quote medians; docs/benchmarks.md) and a small
- * seeded xorshift generator, so runs draw the same inputs every time.
+ * set of timings (benchmarks quote medians; docs/benchmarks.md), a small
+ * seeded xorshift generator, so runs draw the same inputs every time, and a
+ * table-driven reader of "--name VALUE" options.
  */
 #ifndef KILN_BENCH_BENCH_H
 #define KILN_BENCH_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 static inline int bench_cmp_double(const void *a, const void *b)
 {
@@ -30,6 +33,32 @@ static inline uint64_t bench_rnd(void)
     s ^= s >> 7;
     s ^= s << 17;
     return s;
+}
+
+/* One "--name VALUE" option of a benchmark and where its value goes: read
+ * as an int64_t, as an int, or kept as the string. */
+typedef enum { BENCH_I64, BENCH_INT, BENCH_STR } bench_opt_kind_t;
+typedef struct {
+    const char *name; /* "--keys" */
+    bench_opt_kind_t kind;
+    void *out; /* int64_t *, int * or const char ** by kind */
+} bench_opt_t;
+
+/* Reads argv's "--name VALUE" pairs into the n options of opts; a name not
+ * among them is passed over, and a value left unread keeps its default. */
+static inline void bench_options(int argc, char **argv, const bench_opt_t *opts, size_t n)
+{
+    for (int i = 1; i + 1 < argc; i += 2)
+        for (size_t k = 0; k < n; k++) {
+            if (strcmp(argv[i], opts[k].name) != 0)
+                continue;
+            if (opts[k].kind == BENCH_I64)
+                *(int64_t *)opts[k].out = strtoll(argv[i + 1], NULL, 10);
+            else if (opts[k].kind == BENCH_INT)
+                *(int *)opts[k].out = atoi(argv[i + 1]);
+            else
+                *(const char **)opts[k].out = argv[i + 1];
+        }
 }
 
 #endif /* KILN_BENCH_BENCH_H */

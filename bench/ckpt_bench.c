@@ -86,16 +86,11 @@ int main(int argc, char **argv)
     int64_t n = 10000000;
     int dim = 16, runs = 3;
     const char *dir = "/tmp";
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--keys") == 0)
-            n = strtoll(argv[i + 1], NULL, 10);
-        else if (strcmp(argv[i], "--dim") == 0)
-            dim = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--runs") == 0)
-            runs = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--dir") == 0)
-            dir = argv[i + 1];
-    }
+    const bench_opt_t opts[] = {{"--keys", BENCH_I64, &n},
+                                {"--dim", BENCH_INT, &dim},
+                                {"--runs", BENCH_INT, &runs},
+                                {"--dir", BENCH_STR, &dir}};
+    bench_options(argc, argv, opts, sizeof opts / sizeof opts[0]);
     if (n < 1000 || dim < 1 || runs < 1 || runs > 64) {
         fprintf(stderr,
                 "usage: ckpt_bench [--keys N>=1000] [--dim D] [--runs 1..64] [--dir DIR]\n");

@@ -14,7 +14,6 @@ prints the median samples/s of each, the ratio cuda / cpu and both median
 eval loglosses. Where kiln-train cannot train on a GPU it prints one
 "skipped:" line with kiln-train's reason and exits 0.
 """
-import argparse
 import json
 import os
 import shutil
@@ -23,9 +22,8 @@ import subprocess
 import sys
 import tempfile
 
-from trainer_vs_torch import make_data
+from trainer_vs_torch import bench_args, make_data
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
@@ -55,11 +53,7 @@ def train(build, work, model, device, ranks, seed, threads=0, check=True):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
-    ap.add_argument("--rows", type=int, default=200000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--models", default="lr,fm,dlrm")
+    ap = bench_args(__doc__)
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--zipf", type=float, default=1.15)
     ap.add_argument("--threads", default="2,0")

@@ -232,14 +232,6 @@ int main(int argc, char **argv)
     printf("}\n");
     for (int t = 0; t < NT; t++)
         free(vals[t]);
-    free(vals);
-    free(offsets);
-    free(rows);
-    free(out);
-    free(flat);
-    free(prow);
-    free(gA);
-    free(gW);
-    free(gC);
+    KILN_FREE_ALL(vals, offsets, rows, out, flat, prow, gA, gW, gC);
     return 0;
 }

@@ -293,16 +293,11 @@ int main(int argc, char **argv)
     const char *bin = NULL, *dir = "/tmp";
     int64_t table = 1000000;
     int runs = 5;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--serve") == 0)
-            bin = argv[i + 1];
-        else if (strcmp(argv[i], "--table") == 0)
-            table = atoll(argv[i + 1]);
-        else if (strcmp(argv[i], "--runs") == 0)
-            runs = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--dir") == 0)
-            dir = argv[i + 1];
-    }
+    const bench_opt_t opts[] = {{"--serve", BENCH_STR, &bin},
+                                {"--table", BENCH_I64, &table},
+                                {"--runs", BENCH_INT, &runs},
+                                {"--dir", BENCH_STR, &dir}};
+    bench_options(argc, argv, opts, sizeof opts / sizeof opts[0]);
     if (bin == NULL || table < 1 || runs < 1 || runs > 50) {
         fprintf(stderr, "usage: push_bench --serve PATH/kiln-serve [--table N] [--runs R] "
                         "[--dir DIR]\n");

@@ -93,12 +93,19 @@ def cleanup(work, keep):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def bench_args(doc):
+    """The command line of a kiln-train benchmark, described by the first line
+    of doc, with the options they share: --build, --rows, --repeat, --models."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     ap.add_argument("--rows", type=int, default=200000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--models", default="lr,fm,dlrm")
+    return ap
+
+
+def main():
+    ap = bench_args(__doc__)
     ap.add_argument("--format", default="bin", choices=["bin", "tsv", "both"])
     ap.add_argument("--keep", action="store_true", help="keep the data directory")
     ap.add_argument("--zipf", help="kiln datagen --zipf for both files")

@@ -580,7 +580,6 @@ static void test_full_disk(void **state)
 
 static int setup(void **state)
 {
-    (void)state;
     const char *n = getenv("KILN_CHAOS_N");
     trials = n != NULL && atoi(n) > 0 ? atoi(n) : 2;
     const char *s = getenv("KILN_CHAOS_SEED");
@@ -592,18 +591,13 @@ static int setup(void **state)
     proc_mpi_env(true);
     if (proc_tmpdir("chaos", root, sizeof root) < 0)
         return -1;
+    *state = root; /* for proc_tmpdir_teardown */
     snprintf(data, sizeof data, "%s/day=0.tsv", root);
     snprintf(evalf, sizeof evalf, "%s/eval.tsv", root);
     return fx_train_data(root, 4000, 1000, 5);
 }
 
-static int teardown(void **state)
-{
-    (void)state;
-    return proc_tmpdir_done(root);
-}
-
-PROC_TEST_MAIN(setup, teardown,
+PROC_TEST_MAIN(setup, proc_tmpdir_teardown,
     cmocka_unit_test(test_rank_kill),
     cmocka_unit_test(test_kilnd_kill),
     cmocka_unit_test(test_serve_kill),

@@ -61,15 +61,6 @@ typedef struct {
     char err[65536];
 } result_t;
 
-static void slurp(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-}
-
 /* Child side: redirect, MPI-as-root env, optional env var and file size cap. */
 static void child_exec(const char *const *argv, const char *env, long fsize)
 {
@@ -106,9 +97,9 @@ static void run_full(result_t *r, const char *const *argv, const char *env, long
     r->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     char p[512];
     snprintf(p, sizeof p, "%s/stdout", tmpdir);
-    slurp(p, r->out, sizeof r->out);
+    proc_slurp(p, r->out, sizeof r->out);
     snprintf(p, sizeof p, "%s/stderr", tmpdir);
-    slurp(p, r->err, sizeof r->err);
+    proc_slurp(p, r->err, sizeof r->err);
 }
 
 /* A dlrm spec over tmp/data with this train: section and the rest. */
@@ -138,48 +129,80 @@ static void write_spec_with(const char *name, int batch, const char *optimizer, 
     write_spec_train(name, train, path, cap);
 }
 
-/* A dlrm spec over tmp/data with this sparse and dense optimizer. */
-static void write_spec_opt(const char *name, int batch, const char *opt, const char *extra,
-                           char *path, size_t cap)
-{
-    char optimizer[200];
-    snprintf(optimizer, sizeof optimizer,
-             "{sparse: {type: %s, lr: 0.01}, dense: {type: %s, lr: 0.01}}", opt, opt);
-    write_spec_with(name, batch, optimizer, extra, path, cap);
-}
+/* The optimizer: sections of the specs: adam for the tables, or sgd for
+ * the tables and the dense part. */
+static const char adam_tables[] = "{sparse: {type: adam, lr: 0.01}}";
+static const char sgd_both[] = "{sparse: {type: sgd, lr: 0.01}, dense: {type: sgd, lr: 0.01}}";
 
 /* A dlrm spec over tmp/data with adam for the tables. */
 static void write_spec(const char *name, int batch, const char *extra, char *path, size_t cap)
 {
-    write_spec_with(name, batch, "{sparse: {type: adam, lr: 0.01}}", extra, path, cap);
+    write_spec_with(name, batch, adam_tables, extra, path, cap);
 }
 
-/* mpirun -np N kiln-train --spec SPEC --run-dir tmp/RUN [extra...] */
-static json_t *train_full(int np, const char *spec, const char *run_name, const char *const *extra,
-                          const char *env, long fsize, result_t *r)
+/* The command line of a training run, with the strings it points into. */
+typedef struct {
+    char run_dir[512], nps[16], sh[128];
+    const char *argv[40];
+} train_cmd_t;
+
+/* mpirun -np N kiln-train --spec SPEC --run-dir tmp/RUN [extra...]; with
+ * fsize > 0, each rank's files are capped at fsize bytes. */
+static void train_cmd(train_cmd_t *c, int np, const char *spec, const char *run_name,
+                      const char *const *extra, long fsize)
 {
-    char run_dir[512], nps[16];
-    snprintf(run_dir, sizeof run_dir, "%s/%s", tmpdir, run_name);
-    snprintf(nps, sizeof nps, "%d", np);
-    const char *argv[40] = {"mpirun", "-np", nps, "--oversubscribe"};
-    int n = 4;
-    char sh[128];
+    snprintf(c->run_dir, sizeof c->run_dir, "%s/%s", tmpdir, run_name);
+    snprintf(c->nps, sizeof c->nps, "%d", np);
+    const char **argv = c->argv;
+    int n = 0;
+    argv[n++] = "mpirun";
+    argv[n++] = "-np";
+    argv[n++] = c->nps;
+    argv[n++] = "--oversubscribe";
     if (fsize > 0) {
         /* The cap goes on the ranks only (mpirun's own PMIx files need room):
          * a shell ignores SIGXFSZ, sets the limit and execs kiln-train. */
-        snprintf(sh, sizeof sh, "trap '' XFSZ; ulimit -f %ld; exec \"$0\" \"$@\"", fsize / 512);
+        snprintf(c->sh, sizeof c->sh, "trap '' XFSZ; ulimit -f %ld; exec \"$0\" \"$@\"",
+                 fsize / 512);
         argv[n++] = "/bin/sh";
         argv[n++] = "-c";
-        argv[n++] = sh;
+        argv[n++] = c->sh;
     }
     const char *rest[] = {KILN_TRAIN_BIN, "--spec",  spec,        "--run-dir",
-                          run_dir,        "--quiet", "--threads", "1"};
+                          c->run_dir,     "--quiet", "--threads", "1"};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
         argv[n++] = rest[i];
     for (int i = 0; extra && extra[i]; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    run_full(r, argv, env, 0);
+}
+
+/* Starts the run of train_cmd in a process group of its own (so that
+ * kill(-pid) reaches mpirun and its ranks) with env set, and returns at once
+ * with mpirun's pid. */
+static pid_t train_start(int np, const char *spec, const char *run_name, const char *const *extra,
+                         const char *env)
+{
+    train_cmd_t c;
+    train_cmd(&c, np, spec, run_name, extra, 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        child_exec(c.argv, env, 0);
+    }
+    setpgid(pid, pid);
+    return pid;
+}
+
+/* Runs the run of train_cmd to its end into r: its result line as JSON, or
+ * NULL when it failed. */
+static json_t *train_full(int np, const char *spec, const char *run_name, const char *const *extra,
+                          const char *env, long fsize, result_t *r)
+{
+    train_cmd_t c;
+    train_cmd(&c, np, spec, run_name, extra, fsize);
+    run_full(r, c.argv, env, 0);
     if (r->code != 0)
         return NULL;
     json_t *v = json_loads(r->out, 0, NULL);
@@ -215,6 +238,93 @@ static double jnum(json_t *o, const char *k)
     json_t *v = json_object_get(o, k);
     assert_non_null(v);
     return json_number_value(v);
+}
+
+/* Trains run_name of job for steps steps with no evaluation (the first
+ * half of a resume test) and puts the directory of the checkpoint it ends
+ * with into dir. Returns its result line. */
+static json_t *train_steps(int np, const char *spec, const char *job, const char *run_name,
+                           const char *steps, char *dir, size_t cap, result_t *r)
+{
+    const char *h[] = {"--max-steps", steps, "--eval", "none", NULL};
+    json_t *v = train(np, spec, run_name, h, r);
+    ckpt_dir(job, jstr(v, "checkpoint"), dir, cap);
+    return v;
+}
+
+/* Opens a fresh tmp/<job>.db (its path into db) holding job and one manual
+ * run of it: the run's id goes to run and, as text, to rid. */
+static state_t *open_db_run(const char *job, char *db, size_t cap, int64_t *job_id, int64_t *run,
+                            char rid[32])
+{
+    char text[128];
+    snprintf(db, cap, "%s/%s.db", tmpdir, job);
+    snprintf(text, sizeof text, "name: %s\n", job);
+    state_t *st = NULL;
+    assert_int_equal(state_open(db, &st), 0);
+    assert_int_equal(state_job_put(st, job, text, "0000000000000000", NULL, 0, job_id, NULL), 0);
+    assert_int_equal(state_run_create(st, *job_id, STATE_TRIGGER_MANUAL, 0, 1, 0, run), 0);
+    snprintf(rid, 32, "%lld", (long long)*run);
+    return st;
+}
+
+/* Asks the run that will use tmp/run_name for an export at its first step
+ * boundary: the control file, whose path goes to path. */
+static void request_export(const char *run_name, char *path, size_t cap)
+{
+    char run_dir[512];
+    snprintf(run_dir, sizeof run_dir, "%s/%s", tmpdir, run_name);
+    mkdir(run_dir, 0755);
+    snprintf(path, cap, "%s/export.request", run_dir);
+    fclose(fopen(path, "w"));
+}
+
+/* The newest online export of tmp/run_name, from its export.last. */
+static json_t *export_last(const char *run_name)
+{
+    char p[1024], buf[2048];
+    snprintf(p, sizeof p, "%s/%s/export.last", tmpdir, run_name);
+    proc_slurp(p, buf, sizeof buf);
+    json_t *e = json_loads(buf, 0, NULL);
+    assert_non_null(e);
+    return e;
+}
+
+/* kiln --db DB export DIR --format FORMAT --out OUT into r; the test fails
+ * when the command does. */
+static void kiln_export(result_t *r, const char *db, const char *dir, const char *format,
+                        const char *out)
+{
+    const char *argv[] = {KILN_BIN,   "--db", db,      "export", dir,
+                          "--format", format, "--out", out,      NULL};
+    run_full(r, argv, NULL, 0);
+    if (r->code != 0)
+        fail_msg("kiln export failed (%d): %s", r->code, r->err);
+}
+
+/* Overwrites the byte at offset off of the file at path with b. */
+static void poke(const char *path, long off, int b)
+{
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, off, SEEK_SET);
+    fputc(b, f);
+    fclose(f);
+}
+
+/* How many entries of dir do not start with a dot; -1 when dir cannot be
+ * read. */
+static int count_files(const char *dir)
+{
+    DIR *dd = opendir(dir);
+    if (dd == NULL)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dd)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(dd);
+    return n;
 }
 
 /* The training loss of each logged step of a run, from progress.jsonl
@@ -840,14 +950,7 @@ static void test_nonfinite_refused(void **state)
         assert_non_null(strstr(kiln_errmsg(), "training diverged"));
         rt_ckpt_part_destroy(p);
         /* Nothing of it stays in the temp dir. */
-        DIR *d = opendir(tmp);
-        assert_non_null(d);
-        struct dirent *e;
-        int files = 0;
-        while ((e = readdir(d)) != NULL)
-            files += e->d_name[0] != '.';
-        closedir(d);
-        assert_int_equal(files, 0);
+        assert_int_equal(count_files(tmp), 0);
         assert_int_equal(rt_ckpt_remove(tmp), 0);
         *slot = keep;
     }
@@ -876,10 +979,8 @@ static void test_resume_same_ranks_bitwise(void **state)
     write_spec("straight", 120, NULL, s1, sizeof s1);
     write_spec("halves", 120, NULL, s2, sizeof s2);
     json_t *v1 = train(2, s1, "straight", NULL, r);
-    const char *h1[] = {"--max-steps", "17", "--eval", "none", NULL};
-    json_t *v2 = train(2, s2, "halves1", h1, r);
+    json_t *v2 = train_steps(2, s2, "halves", "halves1", "17", half, sizeof half, r);
     assert_int_equal((int)jnum(v2, "steps"), 17);
-    ckpt_dir("halves", jstr(v2, "checkpoint"), half, sizeof half);
     const char *h2[] = {"--resume", half, NULL};
     json_t *v3 = train(2, s2, "halves2", h2, r);
     assert_int_equal((int)jnum(v3, "steps"), (int)jnum(v1, "steps"));
@@ -899,6 +1000,26 @@ static void test_resume_same_ranks_bitwise(void **state)
     free(r);
 }
 
+/* The two halves of a resume across rank counts, 480 rows a step in all
+ * with this optimizer: section: run <name>-a trains 5 steps on n1 ranks,
+ * then run <name>-b (its name into name2) resumes from that checkpoint on
+ * n2 ranks to the end. Returns the second half's result line; the
+ * directory of its checkpoint goes to dir. */
+static json_t *resume_across(const char *name, int n1, int n2, const char *optimizer,
+                             char name2[80], char *dir, size_t cap, result_t *r)
+{
+    char sp[512], sp2[512], rn[80], half[1024];
+    write_spec_with(name, 480 / n1, optimizer, NULL, sp, sizeof sp);
+    snprintf(rn, sizeof rn, "%s-a", name);
+    json_decref(train_steps(n1, sp, name, rn, "5", half, sizeof half, r));
+    snprintf(name2, 80, "%s-b", name);
+    write_spec_with(name2, 480 / n2, optimizer, NULL, sp2, sizeof sp2);
+    const char *h2[] = {"--resume", half, NULL};
+    json_t *v2 = train(n2, sp2, name2, h2, r);
+    ckpt_dir(name2, jstr(v2, "checkpoint"), dir, cap);
+    return v2;
+}
+
 /* 2->1, 1->2, 2->3 ranks (the same global batch of 480, so every rank's
  * batch is a multiple of RT_ROW_BLOCK = 16 rows; model.h): within 1e-6 of
  * a straight run (bitwise on this machine, printed). */
@@ -906,7 +1027,7 @@ static void test_resume_across_rank_counts(void **state)
 {
     (void)state;
     const int pairs[3][2] = {{2, 1}, {1, 2}, {2, 3}};
-    char s0[512], sp[512], a[1024], b[1024], half[1024], name[64];
+    char s0[512], a[1024], b[1024], name[64], name2[80];
     result_t *r = malloc(sizeof *r);
     write_spec("x1", 480, NULL, s0, sizeof s0);
     json_t *v0 = train(1, s0, "x1", NULL, r);
@@ -914,17 +1035,7 @@ static void test_resume_across_rank_counts(void **state)
     for (int i = 0; i < 3; i++) {
         int n1 = pairs[i][0], n2 = pairs[i][1];
         snprintf(name, sizeof name, "x%dto%d", n1, n2);
-        write_spec(name, 480 / n1, NULL, sp, sizeof sp);
-        const char *h1[] = {"--max-steps", "5", "--eval", "none", NULL};
-        char rn[80];
-        snprintf(rn, sizeof rn, "%s-a", name);
-        json_t *v1 = train(n1, sp, rn, h1, r);
-        ckpt_dir(name, jstr(v1, "checkpoint"), half, sizeof half);
-        char sp2[512], name2[80];
-        snprintf(name2, sizeof name2, "%s-b", name);
-        write_spec(name2, 480 / n2, NULL, sp2, sizeof sp2);
-        const char *h2[] = {"--resume", half, NULL};
-        json_t *v2 = train(n2, sp2, name2, h2, r);
+        json_t *v2 = resume_across(name, n1, n2, adam_tables, name2, b, sizeof b, r);
         assert_int_equal((int)jnum(v2, "ranks"), n2);
         assert_int_equal((int)jnum(v2, "steps"), (int)jnum(v0, "steps"));
         assert_int_equal((int)jnum(v2, "keys"), (int)jnum(v0, "keys"));
@@ -941,7 +1052,6 @@ static void test_resume_across_rank_counts(void **state)
         /* Rows, their adam state and the dense weights: the same keys, and
          * every value within 1e-6 relative (a floor of 1e-2 for the weights,
          * 1e-12 for the optimizer state, whose values start at 0). */
-        ckpt_dir(name2, jstr(v2, "checkpoint"), b, sizeof b);
         ckpt_diff_t d, ds;
         ckpt_diff(a, b, 1e-2, &d);
         ckpt_diff(a, b, 1e-12, &ds);
@@ -951,7 +1061,6 @@ static void test_resume_across_rank_counts(void **state)
             ds.rel_dense_opt > 1e-6)
             fail_msg("%s: rows %.3g, row state %.3g, dense %.3g, dense state %.3g relative", name,
                      d.rel_values, ds.rel_opt, d.rel_dense, ds.rel_dense_opt);
-        json_decref(v1);
         json_decref(v2);
     }
     json_decref(v0);
@@ -963,24 +1072,15 @@ static void test_resume_across_rank_counts_sgd(void **state)
 {
     (void)state;
     const int pairs[3][2] = {{2, 1}, {1, 2}, {2, 3}};
-    char s0[512], sp[512], sp2[512], a[1024], b[1024], half[1024], name[64], name2[80], rn[80];
+    char s0[512], a[1024], b[1024], name[64], name2[80];
     result_t *r = malloc(sizeof *r);
-    write_spec_opt("g1", 480, "sgd", NULL, s0, sizeof s0);
+    write_spec_with("g1", 480, sgd_both, NULL, s0, sizeof s0);
     json_t *v0 = train(1, s0, "g1", NULL, r);
     ckpt_dir("g1", jstr(v0, "checkpoint"), a, sizeof a);
     for (int i = 0; i < 3; i++) {
         int n1 = pairs[i][0], n2 = pairs[i][1];
         snprintf(name, sizeof name, "g%dto%d", n1, n2);
-        write_spec_opt(name, 480 / n1, "sgd", NULL, sp, sizeof sp);
-        const char *h1[] = {"--max-steps", "5", "--eval", "none", NULL};
-        snprintf(rn, sizeof rn, "%s-a", name);
-        json_t *v1 = train(n1, sp, rn, h1, r);
-        ckpt_dir(name, jstr(v1, "checkpoint"), half, sizeof half);
-        snprintf(name2, sizeof name2, "%s-b", name);
-        write_spec_opt(name2, 480 / n2, "sgd", NULL, sp2, sizeof sp2);
-        const char *h2[] = {"--resume", half, NULL};
-        json_t *v2 = train(n2, sp2, name2, h2, r);
-        ckpt_dir(name2, jstr(v2, "checkpoint"), b, sizeof b);
+        json_t *v2 = resume_across(name, n1, n2, sgd_both, name2, b, sizeof b, r);
         ckpt_diff_t d;
         ckpt_diff(a, b, 1e-2, &d);
         if (d.rel_values > 1e-6 || d.rel_dense > 1e-6 || d.rel_dense_opt > 1e-6)
@@ -989,14 +1089,11 @@ static void test_resume_across_rank_counts_sgd(void **state)
         double x = jnum(v0, "eval_logloss"), y = jnum(v2, "eval_logloss");
         if (fabs(x - y) > 1e-6 * fabs(x))
             fail_msg("%s: eval logloss %.9g vs straight %.9g", name, y, x);
-        json_decref(v1);
         json_decref(v2);
     }
     json_decref(v0);
     free(r);
 }
-
-static int count_files(const char *dir);
 
 /* A checkpoint an endpoint holds (per SQLite) survives `keep` retention,
  * with the full dump it stands on; everything else beyond keep goes. */
@@ -1006,16 +1103,10 @@ static void test_retention_keeps_endpoint_holding(void **state)
     char s[512], db[512], rid[32], d[1024];
     result_t *r = malloc(sizeof *r);
     write_spec("pin", 240, "checkpoint: {full_every: 3, keep: 2, every_steps: 2}\n", s, sizeof s);
-    snprintf(db, sizeof db, "%s/pin.db", tmpdir);
-    state_t *st = NULL;
-    assert_int_equal(state_open(db, &st), 0);
     int64_t job = 0, run1 = 0, run2 = 0;
-    assert_int_equal(
-        state_job_put(st, "pin", "name: pin\n", "0000000000000000", NULL, 0, &job, NULL), 0);
-    assert_int_equal(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &run1), 0);
+    state_t *st = open_db_run("pin", db, sizeof db, &job, &run1, rid);
     assert_int_equal(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &run2), 0);
     /* Run 1: full at 2, incrementals at 4 and 6. */
-    snprintf(rid, sizeof rid, "%lld", (long long)run1);
     const char *h1[] = {"--db", db, "--run-id", rid, "--eval", "none", "--max-steps", "6", NULL};
     json_decref(train(1, s, "pin1", h1, r));
     state_checkpoint_t *cs = NULL;
@@ -1109,34 +1200,21 @@ static void export_rows(const char *db, char *out, size_t cap)
 static void test_export_lineage_in_db(void **state)
 {
     (void)state;
-    char s[512], db[512], rid[32], run_dir[512], p[1024], buf[4096], d0[1024], d1[1024];
+    char s[512], db[512], rid[32], p[1024], buf[4096], d0[1024], d1[1024];
     char out1[512], out2[512], want[4096];
     result_t *r = malloc(sizeof *r);
     write_spec("elin", 120, NULL, s, sizeof s);
-    snprintf(db, sizeof db, "%s/elin.db", tmpdir);
-    state_t *st = NULL;
-    assert_int_equal(state_open(db, &st), 0);
     int64_t job = 0, run = 0;
-    assert_int_equal(
-        state_job_put(st, "elin", "name: elin\n", "0000000000000000", NULL, 0, &job, NULL), 0);
-    assert_int_equal(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &run), 0);
-    state_close(st);
-    snprintf(rid, sizeof rid, "%lld", (long long)run);
+    state_close(open_db_run("elin", db, sizeof db, &job, &run, rid));
     const char *h1[] = {"--db", db, "--run-id", rid, "--eval", "none", "--max-steps", "3", NULL};
     json_t *v1 = train(2, s, "elin1", h1, r);
     ckpt_dir("elin", jstr(v1, "checkpoint"), d0, sizeof d0);
     /* Run 2 resumes and finds an export request at its first step. */
-    snprintf(run_dir, sizeof run_dir, "%s/elin2", tmpdir);
-    mkdir(run_dir, 0755);
-    snprintf(p, sizeof p, "%s/export.request", run_dir);
-    fclose(fopen(p, "w"));
+    request_export("elin2", p, sizeof p);
     const char *h2[] = {"--db", db,   "--run-id", rid, "--eval", "none", "--resume",
                         d0,     NULL};
     json_t *v2 = train(2, s, "elin2", h2, r);
-    snprintf(p, sizeof p, "%s/export.last", run_dir);
-    slurp(p, buf, sizeof buf);
-    json_t *e = json_loads(buf, 0, NULL);
-    assert_non_null(e);
+    json_t *e = export_last("elin2");
     ckpt_dir("elin", jstr(e, "checkpoint"), d1, sizeof d1);
     rt_ckpt_t *c = NULL;
     assert_int_equal(rt_ckpt_open(d1, &c), 0);
@@ -1147,17 +1225,9 @@ static void test_export_lineage_in_db(void **state)
     ckpt_dir("elin", jstr(v2, "checkpoint"), fin, sizeof fin);
     snprintf(out1, sizeof out1, "%s/elin-hugectr", tmpdir);
     snprintf(out2, sizeof out2, "%s/elin-npy", tmpdir);
-    const char *x1[] = {KILN_BIN, "--db", db, "export", fin, "--format", "hugectr", "--out",
-                        out1,     NULL};
-    run_full(r, x1, NULL, 0);
-    if (r->code != 0)
-        fail_msg("kiln export failed (%d): %s", r->code, r->err);
+    kiln_export(r, db, fin, "hugectr", out1);
     assert_null(strstr(r->err, "not recorded"));
-    const char *x2[] = {KILN_BIN, "--db", db, "export", fin, "--format", "npy", "--out", out2,
-                        NULL};
-    run_full(r, x2, NULL, 0);
-    if (r->code != 0)
-        fail_msg("kiln export failed (%d): %s", r->code, r->err);
+    kiln_export(r, db, fin, "npy", out2);
     export_rows(db, buf, sizeof buf);
     snprintf(want, sizeof want,
              "%s|kiln|%s|%lld|%s\n%s|hugectr|%s|%lld|\n%s|npy|%s|%lld|\n", jstr(e, "checkpoint"), d1,
@@ -1176,25 +1246,15 @@ static void test_export_lineage_in_db(void **state)
 static void test_online_export(void **state)
 {
     (void)state;
-    char s[512], d[1024], p[1024], buf[2048];
+    char s[512], d[1024], p[1024];
     result_t *r = malloc(sizeof *r);
     write_spec("online", 120, NULL, s, sizeof s);
-    const char *h1[] = {"--max-steps", "5", "--eval", "none", NULL};
-    json_t *v1 = train(2, s, "online1", h1, r);
-    char run2[512];
-    snprintf(run2, sizeof run2, "%s/online2", tmpdir);
-    mkdir(run2, 0755);
-    snprintf(p, sizeof p, "%s/export.request", run2);
-    FILE *f = fopen(p, "w");
-    fclose(f);
-    ckpt_dir("online", jstr(v1, "checkpoint"), d, sizeof d);
+    json_t *v1 = train_steps(2, s, "online", "online1", "5", d, sizeof d, r);
+    request_export("online2", p, sizeof p);
     const char *h2[] = {"--resume", d, "--eval", "none", NULL};
     json_t *v2 = train(2, s, "online2", h2, r);
     assert_int_not_equal(access(p, F_OK), 0); /* consumed */
-    snprintf(p, sizeof p, "%s/export.last", run2);
-    slurp(p, buf, sizeof buf);
-    json_t *e = json_loads(buf, 0, NULL);
-    assert_non_null(e);
+    json_t *e = export_last("online2");
     assert_string_equal(jstr(e, "kind"), "incremental");
     assert_int_equal((int)jnum(e, "step"), 6);
     assert_string_equal(jstr(e, "parent"), jstr(v1, "checkpoint"));
@@ -1232,8 +1292,7 @@ static bool wait_exports(const char *run_name, int want)
     for (int i = 0; i < 3000; i++) {
         if (online_exports(run_name) >= want)
             return true;
-        struct timespec ts = {0, 10000000L};
-        nanosleep(&ts, NULL);
+        proc_sleep_ms(10);
     }
     return false;
 }
@@ -1251,7 +1310,7 @@ static int find_ranks(pid_t mpirun, pid_t *ranks, int cap)
         if (pid <= 0)
             continue;
         snprintf(p, sizeof p, "/proc/%d/stat", pid);
-        slurp(p, buf, sizeof buf);
+        proc_slurp(p, buf, sizeof buf);
         char *close = strrchr(buf, ')');
         int pg = 0, ppid = 0;
         char st = 0;
@@ -1286,55 +1345,43 @@ static int find_ranks(pid_t mpirun, pid_t *ranks, int cap)
 static void test_online_export_sigusr1(void **state)
 {
     (void)state;
-    char s[512], run_dir[512];
+    char s[512];
     write_spec_train("sig", "train: {batch_size: 80, seed: 7, log_every: 100, epochs: 100000,\n"
                           "        init_from: none}\ncheckpoint: {full_every: 3, keep: 10}\n",
                s, sizeof s);
-    snprintf(run_dir, sizeof run_dir, "%s/sig1", tmpdir);
-    const char *argv[] = {"mpirun",  "-np",     "3",         "--oversubscribe", KILN_TRAIN_BIN,
-                          "--spec",  s,         "--run-dir", run_dir,           "--quiet",
-                          "--threads", "1",     "--eval",    "none",            NULL};
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        setpgid(0, 0);
-        child_exec(argv, NULL, 0);
-    }
-    setpgid(pid, pid);
+    const char *h[] = {"--eval", "none", NULL};
+    pid_t pid = train_start(3, s, "sig1", h, NULL);
     pid_t ranks[3] = {0, 0, 0};
     int waited = 0;
     for (; waited < 3000 && find_ranks(pid, ranks, 3) < 3; waited++) {
         if (waitpid(pid, NULL, WNOHANG) == pid)
             fail_msg("kiln-train ended early: see %s/stderr", tmpdir);
-        struct timespec ts = {0, 10000000L};
-        nanosleep(&ts, NULL);
+        proc_sleep_ms(10);
     }
     bool ok = waited < 3000;
     /* Training has begun once the first progress line is there. */
     char prog[600];
-    snprintf(prog, sizeof prog, "%s/progress.jsonl", run_dir);
+    snprintf(prog, sizeof prog, "%s/sig1/progress.jsonl", tmpdir);
     for (waited = 0; ok && waited < 3000; waited++) {
         struct stat st;
         if (stat(prog, &st) == 0 && st.st_size > 0)
             break;
-        struct timespec ts = {0, 10000000L};
-        nanosleep(&ts, NULL);
+        proc_sleep_ms(10);
     }
     /* A signal that lands while an export is still being finished is served
      * by that export (train.c), so each round waits for the last to settle:
      * its directory appears before the trainer is done with it. */
-    struct timespec settle = {0, 300000000L};
     ok = ok && kill(ranks[0], SIGUSR1) == 0 && wait_exports("sig1", 1);
-    nanosleep(&settle, NULL);
+    proc_sleep_ms(300);
     int after_rank0 = online_exports("sig1");
     for (int i = 0; ok && i < 3; i++)
         ok = kill(ranks[i], SIGUSR1) == 0;
     ok = ok && wait_exports("sig1", 2);
     /* Give a stray second export time to show up (steps take ~1 ms). */
-    nanosleep(&settle, NULL);
+    proc_sleep_ms(300);
     int after_all = online_exports("sig1");
     ok = ok && kill(pid, SIGUSR1) == 0 && wait_exports("sig1", 3);
-    nanosleep(&settle, NULL);
+    proc_sleep_ms(300);
     int after_mpirun = online_exports("sig1");
     for (int i = 0; i < 3; i++)
         if (ranks[i] > 0)
@@ -1349,11 +1396,8 @@ static void test_online_export_sigusr1(void **state)
     assert_int_equal(after_all, 2);
     assert_int_equal(after_mpirun, 3);
     /* export.last names the third; its chain holds the other two. */
-    char p[1024], buf[2048], d[1024];
-    snprintf(p, sizeof p, "%s/export.last", run_dir);
-    slurp(p, buf, sizeof buf);
-    json_t *e = json_loads(buf, 0, NULL);
-    assert_non_null(e);
+    char d[1024];
+    json_t *e = export_last("sig1");
     assert_string_equal(jstr(e, "kind"), "incremental");
     ckpt_dir("sig", jstr(e, "checkpoint"), d, sizeof d);
     rt_ckpt_chain_t ch;
@@ -1367,8 +1411,7 @@ static void test_online_export_sigusr1(void **state)
 
 /* An online job (train.mode: online) with export.every: 200ms exports on
  * its own while it trains: at least two, and no more than the time allows. */
-/* Lands a copy of src as dir/part-<i>.tsv every every_ms (written under a
- * hidden name, then renamed into place, as data should land), until it is
+/* Lands a copy of src as dir/part-<i>.tsv every every_ms (fx_land), until it is
  * killed or the test that started it is gone. Returns the lander's pid. */
 static pid_t lander_start(const char *dir, const char *src, int every_ms)
 {
@@ -1376,22 +1419,11 @@ static pid_t lander_start(const char *dir, const char *src, int every_ms)
     pid_t pid = fork();
     if (pid != 0)
         return pid;
-    char buf[1 << 16];
     for (int i = 0; i < 2000 && getppid() != 1; i++) {
-        char tmp[700], dst[700];
-        snprintf(tmp, sizeof tmp, "%s/.part-%d.tmp", dir, i);
+        char dst[700];
         snprintf(dst, sizeof dst, "%s/part-%d.tsv", dir, i);
-        FILE *in = fopen(src, "r"), *out = fopen(tmp, "w");
-        size_t n;
-        while (in && out && (n = fread(buf, 1, sizeof buf, in)) > 0)
-            fwrite(buf, 1, n, out);
-        if (in)
-            fclose(in);
-        if (out)
-            fclose(out);
-        rename(tmp, dst);
-        struct timespec ts = {every_ms / 1000, (long)(every_ms % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
+        fx_land(src, dst);
+        proc_sleep_ms(every_ms);
     }
     _exit(0);
 }
@@ -1410,15 +1442,12 @@ static void test_online_export_every_ms(void **state)
     char s[512], dir[512], src[512];
     result_t *r = malloc(sizeof *r);
     snprintf(s, sizeof s, "%s/every.yaml", tmpdir);
-    FILE *f = fopen(s, "w");
-    assert_non_null(f);
-    fprintf(f, "name: every\n"
-               "data: {train: \"data/online/part-*.tsv\"}\n"
-               "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
-               "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
-               "train: {mode: online, batch_size: 80, seed: 7, log_every: 100, init_from: none}\n"
-               "export: {every: 200ms}\ncheckpoint: {full_every: 3, keep: 3}\n");
-    fclose(f);
+    fx_write(s, "name: every\n"
+                "data: {train: \"data/online/part-*.tsv\"}\n"
+                "model:\n  type: dlrm\n  embedding: {dim: 8, capacity: 200000}\n"
+                "  bottom_mlp: [16, 8]\n  top_mlp: [16, 1]\n"
+                "train: {mode: online, batch_size: 80, seed: 7, log_every: 100, init_from: none}\n"
+                "export: {every: 200ms}\ncheckpoint: {full_every: 3, keep: 3}\n");
     snprintf(dir, sizeof dir, "%s/data/online", tmpdir);
     snprintf(src, sizeof src, "%s/data/day=0.tsv", tmpdir);
     pid_t lander = lander_start(dir, src, 50);
@@ -1442,37 +1471,24 @@ static void test_online_export_every_ms(void **state)
 static void test_online_export_needs_news(void **state)
 {
     (void)state;
-    char s[512], dir[512], src[512], dst[2200], run_dir[512];
+    char s[512], dir[512], src[512], dst[700];
     snprintf(s, sizeof s, "%s/news.yaml", tmpdir);
-    FILE *f = fopen(s, "w");
-    assert_non_null(f);
-    fprintf(f, "name: news\n"
-               "data: {train: \"data/news/part-*.tsv\"}\n"
-               "model:\n  type: lr\n  embedding: {capacity: 200000}\n"
-               "train: {mode: online, batch_size: 80, seed: 7, init_from: none}\n"
-               "export: {every: 100ms}\n");
-    fclose(f);
+    fx_write(s, "name: news\n"
+                "data: {train: \"data/news/part-*.tsv\"}\n"
+                "model:\n  type: lr\n  embedding: {capacity: 200000}\n"
+                "train: {mode: online, batch_size: 80, seed: 7, init_from: none}\n"
+                "export: {every: 100ms}\n");
     snprintf(dir, sizeof dir, "%s/data/news", tmpdir);
     mkdir(dir, 0755);
-    snprintf(run_dir, sizeof run_dir, "%s/news1", tmpdir);
-    const char *argv[] = {"mpirun",  "-np", "2",         "--oversubscribe", KILN_TRAIN_BIN,
-                          "--spec",  s,     "--run-dir", run_dir,           "--quiet",
-                          "--threads", "1", "--eval",    "none",            NULL};
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        setpgid(0, 0);
-        child_exec(argv, NULL, 0);
-    }
-    setpgid(pid, pid);
-    struct timespec idle = {1, 0};
-    nanosleep(&idle, NULL); /* ten export periods with no data */
+    const char *h[] = {"--eval", "none", NULL};
+    pid_t pid = train_start(2, s, "news1", h, NULL);
+    proc_sleep_ms(1000); /* ten export periods with no data */
     int before = online_exports("news1");
     snprintf(src, sizeof src, "%s/data/day=0.tsv", tmpdir);
-    snprintf(dst, sizeof dst, "cp '%s' '%s/.p' && mv '%s/.p' '%s/part-0.tsv'", src, dir, dir, dir);
-    bool landed = system(dst) == 0;
+    snprintf(dst, sizeof dst, "%s/part-0.tsv", dir);
+    bool landed = fx_land(src, dst) == 0;
     bool got = landed && wait_exports("news1", 1);
-    nanosleep(&idle, NULL); /* ten more periods with nothing new */
+    proc_sleep_ms(1000); /* ten more periods with nothing new */
     int after = online_exports("news1");
     kill(-pid, SIGKILL);
     waitpid(pid, NULL, 0);
@@ -1497,16 +1513,18 @@ static void find_tmp(const char *job, char *out, size_t cap)
         closedir(dd);
 }
 
-static int count_files(const char *dir)
+/* A run of job that failed during a dump left its checkpoints as they
+ * were: the newest is still the one that v1, the run before, ended with, and
+ * its directory dir still opens, chain and all. */
+static void assert_still_latest(const char *job, json_t *v1, const char *dir)
 {
-    int n = 0;
-    DIR *dd = opendir(dir);
-    struct dirent *e;
-    while (dd && (e = readdir(dd)) != NULL)
-        n += e->d_name[0] != '.';
-    if (dd)
-        closedir(dd);
-    return n;
+    char latest[RT_CKPT_UID_MAX], root[512];
+    snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, job);
+    assert_int_equal(rt_ckpt_latest(root, latest), 0);
+    assert_string_equal(latest, jstr(v1, "checkpoint"));
+    rt_ckpt_chain_t ch;
+    assert_int_equal(rt_ckpt_chain_open(dir, true, &ch), 0);
+    rt_ckpt_chain_fini(&ch);
 }
 
 /* kill -9 while the shard files are written: no loadable partial checkpoint,
@@ -1514,49 +1532,22 @@ static int count_files(const char *dir)
 static void test_kill9_during_dump(void **state)
 {
     (void)state;
-    char s[512], prev[1024], tmp[1024], run_dir[512];
+    char s[512], prev[1024], tmp[1024];
     result_t *r = malloc(sizeof *r);
     write_spec("kill", 120, "checkpoint: {full_every: 1, keep: 10}\n", s, sizeof s);
-    const char *h1[] = {"--max-steps", "5", "--eval", "none", NULL};
-    json_t *v1 = train(2, s, "kill1", h1, r);
-    ckpt_dir("kill", jstr(v1, "checkpoint"), prev, sizeof prev);
-    snprintf(run_dir, sizeof run_dir, "%s/kill2", tmpdir);
-    const char *argv[] = {"mpirun",
-                          "-np",
-                          "2",
-                          "--oversubscribe",
-                          KILN_TRAIN_BIN,
-                          "--spec",
-                          s,
-                          "--run-dir",
-                          run_dir,
-                          "--quiet",
-                          "--threads",
-                          "1",
-                          "--resume",
-                          prev,
-                          "--eval",
-                          "none",
-                          NULL};
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        setpgid(0, 0);
-        child_exec(argv, "KILN_TEST_DUMP_DELAY_MS=30000", 0);
-    }
-    setpgid(pid, pid);
+    json_t *v1 = train_steps(2, s, "kill", "kill1", "5", prev, sizeof prev, r);
+    const char *h2[] = {"--resume", prev, "--eval", "none", NULL};
+    pid_t pid = train_start(2, s, "kill2", h2, "KILN_TEST_DUMP_DELAY_MS=30000");
     /* Wait for the temp dir to fill with shard files. */
     int waited = 0;
     for (; waited < 200; waited++) {
         find_tmp("kill", tmp, sizeof tmp);
         if (tmp[0] && count_files(tmp) >= 26 * 2 * 3)
             break;
-        struct timespec ts = {0, 100000000L};
-        nanosleep(&ts, NULL);
+        proc_sleep_ms(100);
     }
     assert_true(waited < 200);
-    struct timespec ts = {0, 200000000L};
-    nanosleep(&ts, NULL);
+    proc_sleep_ms(200);
     kill(-pid, SIGKILL);
     int status;
     waitpid(pid, &status, 0);
@@ -1564,13 +1555,7 @@ static void test_kill9_during_dump(void **state)
     /* The partial dump is not a checkpoint; the previous one is whole. */
     rt_ckpt_t *c = NULL;
     assert_int_equal(rt_ckpt_open(tmp, &c), KILN_ECORRUPT);
-    char latest[RT_CKPT_UID_MAX], root[512];
-    snprintf(root, sizeof root, "%s/ckpt/kill", tmpdir);
-    assert_int_equal(rt_ckpt_latest(root, latest), 0);
-    assert_string_equal(latest, jstr(v1, "checkpoint"));
-    rt_ckpt_chain_t ch;
-    assert_int_equal(rt_ckpt_chain_open(prev, true, &ch), 0);
-    rt_ckpt_chain_fini(&ch);
+    assert_still_latest("kill", v1, prev);
     const char *h3[] = {"--resume", prev, "--eval", "none", NULL};
     json_t *v3 = train(2, s, "kill3", h3, r);
     assert_true(jnum(v3, "steps") > 5);
@@ -1588,9 +1573,7 @@ static void test_full_disk_during_dump(void **state)
     char s[512], prev[1024], tmp[1024];
     result_t *r = malloc(sizeof *r);
     write_spec("disk", 120, "checkpoint: {full_every: 1, keep: 10}\n", s, sizeof s);
-    const char *h1[] = {"--max-steps", "5", "--eval", "none", NULL};
-    json_t *v1 = train(2, s, "disk1", h1, r);
-    ckpt_dir("disk", jstr(v1, "checkpoint"), prev, sizeof prev);
+    json_t *v1 = train_steps(2, s, "disk", "disk1", "5", prev, sizeof prev, r);
     const char *h2[] = {"--resume", prev, "--eval", "none", NULL};
     json_t *v2 = train_full(2, s, "disk2", h2, NULL, 16384, r);
     assert_null(v2);
@@ -1601,13 +1584,7 @@ static void test_full_disk_during_dump(void **state)
     assert_non_null(strstr(r->err, "free space"));
     find_tmp("disk", tmp, sizeof tmp);
     assert_string_equal(tmp, "");
-    char latest[RT_CKPT_UID_MAX], root[512];
-    snprintf(root, sizeof root, "%s/ckpt/disk", tmpdir);
-    assert_int_equal(rt_ckpt_latest(root, latest), 0);
-    assert_string_equal(latest, jstr(v1, "checkpoint"));
-    rt_ckpt_chain_t ch;
-    assert_int_equal(rt_ckpt_chain_open(prev, true, &ch), 0);
-    rt_ckpt_chain_fini(&ch);
+    assert_still_latest("disk", v1, prev);
     json_decref(v1);
     free(r);
 }
@@ -1619,15 +1596,9 @@ static void test_corrupt_refused(void **state)
     char s[512], prev[1024], p[1200];
     result_t *r = malloc(sizeof *r);
     write_spec("corrupt", 120, NULL, s, sizeof s);
-    const char *h1[] = {"--max-steps", "3", "--eval", "none", NULL};
-    json_t *v1 = train(1, s, "corrupt1", h1, r);
-    ckpt_dir("corrupt", jstr(v1, "checkpoint"), prev, sizeof prev);
+    json_t *v1 = train_steps(1, s, "corrupt", "corrupt1", "3", prev, sizeof prev, r);
     snprintf(p, sizeof p, "%s/slot5.r0.values.npy", prev);
-    FILE *f = fopen(p, "r+b");
-    assert_non_null(f);
-    fseek(f, 130, SEEK_SET);
-    fputc(0x5a, f);
-    fclose(f);
+    poke(p, 130, 0x5a);
     const char *h2[] = {"--resume", prev, NULL};
     assert_null(train_full(2, s, "corrupt2", h2, NULL, 0, r));
     assert_int_equal(r->code, 2);
@@ -1645,19 +1616,13 @@ static void test_export_hugectr(void **state)
     char s[512], d[1024], out[512], p[1024], db[512];
     result_t *r = malloc(sizeof *r);
     write_spec("exp", 120, NULL, s, sizeof s);
-    const char *h1[] = {"--max-steps", "4", "--eval", "none", NULL};
-    json_t *v1 = train(2, s, "exp1", h1, r);
-    ckpt_dir("exp", jstr(v1, "checkpoint"), d, sizeof d);
+    json_t *v1 = train_steps(2, s, "exp", "exp1", "4", d, sizeof d, r);
     const char *h2[] = {"--resume", d, "--eval", "none", NULL};
     json_t *v2 = train(2, s, "exp2", h2, r);
     ckpt_dir("exp", jstr(v2, "checkpoint"), d, sizeof d);
     snprintf(out, sizeof out, "%s/hugectr", tmpdir);
     snprintf(db, sizeof db, "%s/export.db", tmpdir);
-    const char *argv[] = {KILN_BIN,   "--db",    db,      "export", d,
-                          "--format", "hugectr", "--out", out,      NULL};
-    run_full(r, argv, NULL, 0);
-    if (r->code != 0)
-        fail_msg("kiln export failed (%d): %s", r->code, r->err);
+    kiln_export(r, db, d, "hugectr", out);
     rt_ckpt_chain_t ch;
     assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
     assert_int_equal(ch.n, 2);
@@ -1701,14 +1666,8 @@ static void test_lineage_in_db(void **state)
     char s[512], db[512], d[1024], rid[32];
     result_t *r = malloc(sizeof *r);
     write_spec("lin", 120, "checkpoint: {full_every: 2, keep: 10, every_steps: 10}\n", s, sizeof s);
-    snprintf(db, sizeof db, "%s/lin.db", tmpdir);
-    state_t *st = NULL;
-    assert_int_equal(state_open(db, &st), 0);
     int64_t job = 0, run = 0;
-    assert_int_equal(
-        state_job_put(st, "lin", "name: lin\n", "0000000000000000", NULL, 0, &job, NULL), 0);
-    assert_int_equal(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &run), 0);
-    snprintf(rid, sizeof rid, "%lld", (long long)run);
+    state_t *st = open_db_run("lin", db, sizeof db, &job, &run, rid);
     const char *h[] = {"--db", db, "--run-id", rid, "--eval", "none", "--max-steps", "25", NULL};
     json_t *v = train(2, s, "lin1", h, r);
     /* Dumps at 10 (full), 20 (incremental), 25 (full: full_every 2). */
@@ -1776,14 +1735,8 @@ static void test_latest_falls_back(void **state)
     snprintf(p, sizeof p, "%s/manifest.json", d);
     assert_int_equal(unlink(p), 0);
 
-    snprintf(db, sizeof db, "%s/fb.db", tmpdir);
-    state_t *st = NULL;
-    assert_int_equal(state_open(db, &st), 0);
     int64_t job = 0, run = 0;
-    assert_int_equal(state_job_put(st, "fb", "name: fb\n", "0000000000000000", NULL, 0, &job, NULL),
-                     0);
-    assert_int_equal(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &run), 0);
-    snprintf(rid, sizeof rid, "%lld", (long long)run);
+    state_t *st = open_db_run("fb", db, sizeof db, &job, &run, rid);
     const char *withdb[] = {"--max-steps", "2", "--eval", "none", "--db", db,
                             "--run-id",    rid, NULL};
     json_t *v = train(2, s, "fb3", withdb, r);
@@ -1813,11 +1766,7 @@ static void test_latest_falls_back(void **state)
     /* A checksum failure in the newest: back to u[1] again. */
     ckpt_dir("fb", u[3], d, sizeof d);
     snprintf(p, sizeof p, "%s/slot3.r1.values.npy", d);
-    FILE *f = fopen(p, "r+b");
-    assert_non_null(f);
-    fseek(f, 140, SEEK_SET);
-    fputc(0x5a, f);
-    fclose(f);
+    poke(p, 140, 0x5a);
     v = train(2, s, "fb4", two, r);
     assert_int_equal((int)jnum(v, "steps"), 6);
     json_decref(v);
@@ -1837,23 +1786,16 @@ static void test_latest_falls_back(void **state)
     free(r);
 }
 
+/* The temp dir with the training data; proc_tmpdir_teardown removes it. */
 static int setup(void **state)
 {
-    (void)state;
-    if (proc_tmpdir("ckpt", tmpdir, sizeof tmpdir) < 0)
+    if (fx_train_tmpdir("ckpt", tmpdir, sizeof tmpdir, 3600, 600, 5) < 0)
         return -1;
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/data", tmpdir);
-    return fx_train_data(dir, 3600, 600, 5);
+    *state = tmpdir;
+    return 0;
 }
 
-static int teardown(void **state)
-{
-    (void)state;
-    return proc_tmpdir_done(tmpdir);
-}
-
-PROC_TEST_MAIN(setup, teardown,
+PROC_TEST_MAIN(setup, proc_tmpdir_teardown,
     cmocka_unit_test(test_npy_numpy_loads),
     cmocka_unit_test(test_chain_bitwise_adagrad),
     cmocka_unit_test(test_chain_bitwise_adam),

@@ -187,13 +187,24 @@ static void run_reader(const char *const *paths, int npaths, rt_format_t fmt, in
 
 static void run_free(run_t *r)
 {
-    free(r->rows);
-    free(r->step_rows);
+    KILN_FREE_ALL(r->rows, r->step_rows);
 }
 
 static void assert_rows_equal(const row_t *a, const row_t *b)
 {
     assert_memory_equal(a, b, sizeof *a);
+}
+
+/* Two runs read the same rows in the same steps; both are freed. */
+static void assert_same_run(run_t *x, run_t *y)
+{
+    assert_int_equal(x->nsteps, y->nsteps);
+    assert_int_equal(x->nrows, y->nrows);
+    assert_memory_equal(x->step_rows, y->step_rows, (size_t)x->nsteps * sizeof(int));
+    for (int i = 0; i < x->nrows; i++)
+        assert_rows_equal(&x->rows[i], &y->rows[i]);
+    run_free(x);
+    run_free(y);
 }
 
 /* ---- parsing ----------------------------------------------------------------------- */
@@ -366,9 +377,7 @@ static void test_malformed_lines_in_reader(void **state)
     run_reader(epaths, 1, RT_FMT_TSV, 0, 2, 4, 2, &run);
     assert_int_equal(run.nsteps, 0);
     run_free(&run);
-    free(empty);
-    free(buf);
-    free(path);
+    KILN_FREE_ALL(empty, buf, path);
 }
 
 static void test_missing_file(void **state)
@@ -395,6 +404,21 @@ static void make_partition_files(char **a, char **b)
     *b = tpath("part-b.tsv");
     write_rows(*a, 0, 47, 1);
     write_rows(*b, 47, 103, 0);
+}
+
+/* make_partition_files (their paths into a and b), converted to kiln-bin
+ * at tpath(name) in chunks of chunk_rows rows; the stats into st (may be
+ * NULL). Returns the kiln-bin path (free it). */
+static char *convert_partition_files(const char *name, int chunk_rows, char **a, char **b,
+                                     rt_reader_stats_t *st)
+{
+    char *bin = tpath(name);
+    make_partition_files(a, b);
+    const char *tsv[] = {*a, *b};
+    rt_convert_opts_t o = {.chunk_rows = chunk_rows};
+    if (rt_convert_tsv_to_bin(tsv, 2, bin, &o, st) != 0)
+        fail_msg("convert: %s", kiln_errmsg());
+    return bin;
 }
 
 /* Rank runs of size nranks, batch B must interleave into the 1-rank run of
@@ -456,8 +480,7 @@ static void test_block_cyclic_tsv(void **state)
     assert_int_equal(one.rows[1].keys[0][0], rt_key_hash(0, "0000001f", 8));
     assert_int_equal(one.rows[102].keys[25][0], rt_key_hash(25, "00000c73", 8));
     run_free(&one);
-    free(a);
-    free(b);
+    KILN_FREE_ALL(a, b);
 }
 
 /* Malformed lines keep their row positions: every rank agrees. */
@@ -492,8 +515,7 @@ static void test_block_cyclic_with_malformed(void **state)
     assert_int_equal(r1.step_rows[3], 2);
     run_free(&r0);
     run_free(&r1);
-    free(buf);
-    free(path);
+    KILN_FREE_ALL(buf, path);
 }
 
 /* ---- kiln-bin ------------------------------------------------------------------------- */
@@ -502,14 +524,9 @@ static void test_bin_roundtrip(void **state)
 {
     (void)state;
     char *a, *b;
-    char *bin = tpath("part.kbin");
-    make_partition_files(&a, &b);
-    const char *tsv[] = {a, b};
-    rt_convert_opts_t o = {.chunk_rows = 16};
     rt_reader_stats_t st;
-    int rc = rt_convert_tsv_to_bin(tsv, 2, bin, &o, &st);
-    if (rc < 0)
-        fail_msg("convert: %s", kiln_errmsg());
+    char *bin = convert_partition_files("part.kbin", 16, &a, &b, &st);
+    const char *tsv[] = {a, b};
     assert_int_equal(st.rows, 103);
     assert_int_equal(st.malformed, 0);
     rt_format_t f;
@@ -530,28 +547,19 @@ static void test_bin_roundtrip(void **state)
                 run_t x, y;
                 run_reader(tsv, 2, RT_FMT_TSV, r, nranks, B, 2, &x);
                 run_reader(bins, 1, RT_FMT_AUTO, r, nranks, B, 2, &y);
-                assert_int_equal(x.nsteps, y.nsteps);
-                assert_int_equal(x.nrows, y.nrows);
-                assert_memory_equal(x.step_rows, y.step_rows, (size_t)x.nsteps * sizeof(int));
-                for (int i = 0; i < x.nrows; i++)
-                    assert_rows_equal(&x.rows[i], &y.rows[i]);
-                run_free(&x);
-                run_free(&y);
+                assert_same_run(&x, &y);
             }
         }
     }
     /* Two kiln-bin files read as one sequence, partitioned like anything else. */
     char *ba = tpath("a.kbin"), *bb = tpath("b.kbin");
     const char *ta[] = {a}, *tb[] = {b};
+    rt_convert_opts_t o = {.chunk_rows = 16};
     assert_int_equal(rt_convert_tsv_to_bin(ta, 1, ba, &o, NULL), 0);
     assert_int_equal(rt_convert_tsv_to_bin(tb, 1, bb, NULL, NULL), 0);
     const char *two[] = {ba, bb};
     check_partition(two, 2, RT_FMT_BIN, 3, 4, 103);
-    free(ba);
-    free(bb);
-    free(a);
-    free(b);
-    free(bin);
+    KILN_FREE_ALL(ba, bb, a, b, bin);
 }
 
 static void test_bin_multihot(void **state)
@@ -627,11 +635,8 @@ static void test_bin_corrupt(void **state)
 {
     (void)state;
     char *a, *b;
-    char *bin = tpath("corrupt.kbin");
-    make_partition_files(&a, &b);
+    char *bin = convert_partition_files("corrupt.kbin", 10, &a, &b, NULL);
     const char *tsv[] = {a, b};
-    rt_convert_opts_t o = {.chunk_rows = 10};
-    assert_int_equal(rt_convert_tsv_to_bin(tsv, 2, bin, &o, NULL), 0);
     struct stat sb;
     assert_int_equal(stat(bin, &sb), 0);
     /* a byte in the middle of the data: some chunk past the first */
@@ -669,9 +674,7 @@ static void test_bin_corrupt(void **state)
     /* TSV handed to the bin reader */
     assert_int_equal(rt_reader_open(tsv, 1, RT_FMT_BIN, 0, 1, 10, 13, 26, 2, &r), KILN_ECORRUPT);
     assert_non_null(strstr(kiln_errmsg(), "not a kiln-bin file"));
-    free(a);
-    free(b);
-    free(bin);
+    KILN_FREE_ALL(a, b, bin);
 }
 
 /* ---- prefetch ----------------------------------------------------------------------------- */
@@ -687,11 +690,7 @@ static void test_prefetch_repeat_and_close(void **state)
     run_reader(paths, 1, RT_FMT_TSV, 0, 1, 256, 4, &x);
     run_reader(paths, 1, RT_FMT_TSV, 0, 1, 256, 1, &y);
     assert_int_equal(x.nrows, 20000);
-    assert_int_equal(x.nrows, y.nrows);
-    for (int i = 0; i < x.nrows; i++)
-        assert_rows_equal(&x.rows[i], &y.rows[i]);
-    run_free(&x);
-    run_free(&y);
+    assert_same_run(&x, &y);
 
     /* Closing mid-stream (the producer is blocked on a full ring, or still
      * parsing) and closing before the first batch are both clean. */
@@ -736,9 +735,7 @@ static void test_datagen(void **state)
     assert_memory_equal(t1, t2, l1);
     assert_true(l1 != l3 || memcmp(t1, t3, l1) != 0);
     assert_true(l1 != l4 || memcmp(t1, t4, l1) != 0);
-    free(t2);
-    free(t3);
-    free(t4);
+    KILN_FREE_ALL(t2, t3, t4);
 
     /* It parses cleanly, has a sensible click rate, empty fields and
      * repeated ids, and the dense signal is there. */
@@ -791,10 +788,7 @@ static void test_datagen(void **state)
 
     rt_datagen_opts_t bad = {.path = NULL, .rows = 1};
     assert_int_equal(rt_datagen(&bad), KILN_EINVAL);
-    free(p1);
-    free(p2);
-    free(p3);
-    free(p4);
+    KILN_FREE_ALL(p1, p2, p3, p4);
 }
 
 /* ---- compressed files and files that are not files ------------------------------------
@@ -822,15 +816,9 @@ static void check_same_rows(const char *const *plain, const char *const *other, 
         run_t x, y;
         run_reader(plain, npaths, RT_FMT_TSV, r, nranks, B, 2, &x);
         run_reader(other, npaths, RT_FMT_TSV, r, nranks, B, 2, &y);
-        assert_int_equal(x.nsteps, y.nsteps);
-        assert_int_equal(x.nrows, y.nrows);
         assert_true(x.nrows > 0);
         assert_int_equal(y.stats.malformed, 0);
-        assert_memory_equal(x.step_rows, y.step_rows, (size_t)x.nsteps * sizeof(int));
-        for (int i = 0; i < x.nrows; i++)
-            assert_rows_equal(&x.rows[i], &y.rows[i]);
-        run_free(&x);
-        run_free(&y);
+        assert_same_run(&x, &y);
     }
 }
 
@@ -885,8 +873,7 @@ static void test_compressed_tsv(void **state)
     char *c1 = read_all(kb1, &l1), *c2 = read_all(kb2, &l2);
     assert_int_equal(l1, l2);
     assert_memory_equal(c1, c2, l1);
-    free(c1);
-    free(c2);
+    KILN_FREE_ALL(c1, c2);
     char *all[] = {a, b, agz, bzst, half1, half2, fake, big, biggz, bigzst, kb1, kb2};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]);
@@ -963,8 +950,7 @@ static void test_not_regular_files(void **state)
     int64_t rows, bytes;
     assert_int_equal(rt_tsv_count_rows("/dev/zero", &rows, &bytes), KILN_EINVAL);
     alarm(0);
-    free(fifo);
-    free(dir);
+    KILN_FREE_ALL(fifo, dir);
 }
 
 /* Share of rows whose slot s holds its most frequent key, and of empty
@@ -1056,8 +1042,7 @@ static void test_datagen_skew(void **state)
     size_t lz, lp;
     char *tz = read_all(pz, &lz), *tp = read_all(pp, &lp);
     assert_true(lz != lp || memcmp(tz, tp, lz) != 0);
-    free(tz);
-    free(tp);
+    KILN_FREE_ALL(tz, tp);
     run_free(&z);
     run_free(&p);
     run_free(&u);
@@ -1069,9 +1054,7 @@ static void test_datagen_skew(void **state)
     bad = (rt_datagen_opts_t){.path = pz, .rows = 1, .empty_set = 1, .empty = 1.5};
     assert_int_equal(rt_datagen(&bad), KILN_EINVAL);
     assert_non_null(strstr(kiln_errmsg(), "empty fields"));
-    free(pz);
-    free(pu);
-    free(pp);
+    KILN_FREE_ALL(pz, pu, pp);
 }
 
 static int setup(void **state)

@@ -54,6 +54,16 @@ static void *to_dev(const void *h, size_t bytes)
     return d;
 }
 
+/* cudaFree of each of n device pointers (any may be NULL); DEV_FREE_ALL is
+ * KILN_FREE_ALL's twin for device memory. */
+static void dev_free_all(void *const *d, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        cudaFree(d[i]);
+}
+#define DEV_FREE_ALL(...)                                                                          \
+    dev_free_all((void *[]){__VA_ARGS__}, sizeof((void *[]){__VA_ARGS__}) / sizeof(void *))
+
 static void *from_dev(const void *d, size_t bytes)
 {
     void *h = malloc(bytes ? bytes : 4);
@@ -83,11 +93,26 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Builds NT tables of 500 rows and random bags (lengths 0..5). */
-static void make_batch(kern_table_t **tabs, kern_bags_t *bags, int64_t **offs, int32_t **rows,
-                       int64_t *stride, kern_opt_kind_t opt)
+/* NT seeded tables of 500 rows and a batch of NBAGS random bags over them,
+ * with, once batch_to_dev ran, the bags' device copies. */
+typedef struct {
+    kern_table_t *tabs[NT];
+    kern_bags_t bags[NT];
+    kern_bags_t dbags[NT]; /* values, offsets and rows on the device */
+    int64_t *offs[NT];     /* [NBAGS + 1] */
+    int32_t *rows[NT];     /* [offs[t][NBAGS]] */
+    int64_t stride;        /* the width of a bag's output row: the sum of dims */
+} batch_t;
+
+/* Builds the tables (optimizer opt) and random bags (lengths 0..5) of b. */
+static void make_batch(batch_t *b, kern_opt_kind_t opt)
 {
+    kern_table_t **tabs = b->tabs;
+    kern_bags_t *bags = b->bags;
+    int64_t **offs = b->offs;
+    int32_t **rows = b->rows;
     int64_t col = 0;
+    memset(b, 0, sizeof *b);
     for (int t = 0; t < NT; t++) {
         kern_table_config_t cfg = {.name = "gpu", .dim = dims[t], .capacity = 500, .opt = opt,
                                    .init = KERN_INIT_NORMAL, .init_scale = 0.1f,
@@ -101,11 +126,11 @@ static void make_batch(kern_table_t **tabs, kern_bags_t *bags, int64_t **offs, i
         offs[t] = malloc(sizeof(int64_t) * (NBAGS + 1));
         rows[t] = malloc(sizeof(int32_t) * NBAGS * 5);
         offs[t][0] = 0;
-        for (int b = 0; b < NBAGS; b++) {
+        for (int g = 0; g < NBAGS; g++) {
             int len = (int)(rnd() % 6);
             for (int k = 0; k < len; k++)
-                rows[t][offs[t][b] + k] = (int32_t)(rnd() % (uint64_t)kern_table_size(tabs[t]));
-            offs[t][b + 1] = offs[t][b] + len;
+                rows[t][offs[t][g] + k] = (int32_t)(rnd() % (uint64_t)kern_table_size(tabs[t]));
+            offs[t][g + 1] = offs[t][g] + len;
         }
         kern_slab_t s;
         kern_table_slab(tabs[t], &s);
@@ -114,41 +139,49 @@ static void make_batch(kern_table_t **tabs, kern_bags_t *bags, int64_t **offs, i
                                 .offsets = offs[t], .rows = rows[t], .out_col = col};
         col += dims[t];
     }
-    *stride = col;
+    b->stride = col;
+}
+
+/* Copies the bags of b to the device: b->dbags. */
+static void batch_to_dev(batch_t *b)
+{
+    for (int t = 0; t < NT; t++) {
+        b->dbags[t] = b->bags[t];
+        b->dbags[t].values = to_dev(b->bags[t].values, sizeof(float) * 500 * (size_t)dims[t]);
+        b->dbags[t].offsets = to_dev(b->offs[t], sizeof(int64_t) * (NBAGS + 1));
+        b->dbags[t].rows = to_dev(b->rows[t], sizeof(int32_t) * (size_t)b->offs[t][NBAGS]);
+    }
+}
+
+/* Frees b, its device copies too. */
+static void batch_free(batch_t *b)
+{
+    for (int t = 0; t < NT; t++) {
+        DEV_FREE_ALL((void *)b->dbags[t].values, (void *)b->dbags[t].offsets,
+                     (void *)b->dbags[t].rows);
+        kern_table_destroy(b->tabs[t]);
+        KILN_FREE_ALL(b->offs[t], b->rows[t]);
+    }
 }
 
 static void test_gather_parity(void **state)
 {
     (void)state;
-    kern_table_t *tabs[NT];
-    kern_bags_t bags[NT], dbags[NT];
-    int64_t *offs[NT], stride;
-    int32_t *rows[NT];
-    make_batch(tabs, bags, offs, rows, &stride, KERN_OPT_SGD);
+    batch_t b;
+    make_batch(&b, KERN_OPT_SGD);
+    const int64_t stride = b.stride;
     float *cpu = calloc(NBAGS * (size_t)stride, sizeof(float));
     float *gpu = calloc(NBAGS * (size_t)stride, sizeof(float));
-    assert_int_equal(kern_cpu_gather_combine(NT, bags, NBAGS, stride, cpu), 0);
-    for (int t = 0; t < NT; t++) {
-        dbags[t] = bags[t];
-        dbags[t].values = to_dev(bags[t].values, sizeof(float) * 500 * (size_t)dims[t]);
-        dbags[t].offsets = to_dev(offs[t], sizeof(int64_t) * (NBAGS + 1));
-        dbags[t].rows = to_dev(rows[t], sizeof(int32_t) * (size_t)offs[t][NBAGS]);
-    }
+    assert_int_equal(kern_cpu_gather_combine(NT, b.bags, NBAGS, stride, cpu), 0);
+    batch_to_dev(&b);
     float *d_out = NULL;
     assert_int_equal(cudaMalloc((void **)&d_out, sizeof(float) * NBAGS * (size_t)stride),
                      cudaSuccess);
-    assert_int_equal(kern_cuda_gather_combine(NT, dbags, NBAGS, stride, d_out, NULL), 0);
+    assert_int_equal(kern_cuda_gather_combine(NT, b.dbags, NBAGS, stride, d_out, NULL), 0);
     assert_int_equal(cudaMemcpy(gpu, d_out, sizeof(float) * NBAGS * (size_t)stride,
                                 cudaMemcpyDeviceToHost), cudaSuccess);
     assert_close(gpu, cpu, NBAGS * (size_t)stride);
-    for (int t = 0; t < NT; t++) {
-        cudaFree((void *)dbags[t].values);
-        cudaFree((void *)dbags[t].offsets);
-        cudaFree((void *)dbags[t].rows);
-        kern_table_destroy(tabs[t]);
-        free(offs[t]);
-        free(rows[t]);
-    }
+    batch_free(&b);
     cudaFree(d_out);
     free(cpu);
     free(gpu);
@@ -156,11 +189,9 @@ static void test_gather_parity(void **state)
 
 static void update_parity(kern_opt_kind_t kind)
 {
-    kern_table_t *tabs[NT];
-    kern_bags_t bags[NT];
-    int64_t *offs[NT], stride;
-    int32_t *rows[NT];
-    make_batch(tabs, bags, offs, rows, &stride, kind);
+    batch_t b;
+    make_batch(&b, kind);
+    const int64_t stride = b.stride;
     kern_opt_t opt = {.kind = kind, .lr = 0.05f, .eps = 1e-6f, .beta1 = 0.9f, .beta2 = 0.999f};
     kern_slab_t cs[NT], ds[NT];
     kern_row_grads_t cg[NT], dg[NT];
@@ -168,7 +199,7 @@ static void update_parity(kern_opt_kind_t kind)
     for (int64_t i = 0; i < NBAGS * stride; i++)
         gout[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
     for (int t = 0; t < NT; t++) {
-        kern_table_slab(tabs[t], &cs[t]);
+        kern_table_slab(b.tabs[t], &cs[t]);
         size_t d = (size_t)dims[t], cap = 500;
         ds[t] = cs[t];
         ds[t].values = to_dev(cs[t].values, sizeof(float) * cap * d);
@@ -178,11 +209,11 @@ static void update_parity(kern_opt_kind_t kind)
                                        : NULL;
         ds[t].opt_steps = cs[t].opt_steps ? to_dev(cs[t].opt_steps, sizeof(uint32_t) * cap)
                                           : NULL;
-        size_t nnz = (size_t)offs[t][NBAGS] + 1;
+        size_t nnz = (size_t)b.offs[t][NBAGS] + 1;
         cg[t] = (kern_row_grads_t){.rows = malloc(sizeof(int32_t) * nnz),
                                    .grads = malloc(sizeof(float) * nnz * d)};
     }
-    assert_int_equal(kern_cpu_backward_reduce(NT, bags, NBAGS, stride, gout, cg), 0);
+    assert_int_equal(kern_cpu_backward_reduce(NT, b.bags, NBAGS, stride, gout, cg), 0);
     for (int t = 0; t < NT; t++) {
         dg[t] = (kern_row_grads_t){
             .rows = to_dev(cg[t].rows, sizeof(int32_t) * (size_t)cg[t].n),
@@ -209,19 +240,11 @@ static void update_parity(kern_opt_kind_t kind)
         assert_int_equal(cudaMemcpy(st, ds[t].stamps, sizeof st, cudaMemcpyDeviceToHost),
                          cudaSuccess);
         assert_memory_equal(st, cs[t].stamps, sizeof st);
-        free(h);
-        cudaFree(ds[t].values);
-        cudaFree(ds[t].stamps);
-        cudaFree(ds[t].opt_state);
-        cudaFree(ds[t].opt_steps);
-        cudaFree(dg[t].rows);
-        cudaFree(dg[t].grads);
-        free(cg[t].rows);
-        free(cg[t].grads);
-        kern_table_destroy(tabs[t]);
-        free(offs[t]);
-        free(rows[t]);
+        DEV_FREE_ALL(ds[t].values, ds[t].stamps, ds[t].opt_state, ds[t].opt_steps, dg[t].rows,
+                     dg[t].grads);
+        KILN_FREE_ALL(h, cg[t].rows, cg[t].grads);
     }
+    batch_free(&b);
     free(gout);
 }
 
@@ -238,11 +261,10 @@ static void test_update_parity_adam(void **state) { (void)state; update_parity(K
 static void test_backward_parity(void **state)
 {
     (void)state;
-    kern_table_t *tabs[NT];
-    kern_bags_t bags[NT], dbags[NT];
-    int64_t *offs[NT], stride;
-    int32_t *rows[NT];
-    make_batch(tabs, bags, offs, rows, &stride, KERN_OPT_SGD);
+    batch_t b;
+    make_batch(&b, KERN_OPT_SGD);
+    const int64_t stride = b.stride;
+    batch_to_dev(&b);
     size_t nout = NBAGS * (size_t)stride;
     float *gout = malloc(sizeof(float) * nout);
     for (size_t i = 0; i < nout; i++)
@@ -250,21 +272,18 @@ static void test_backward_parity(void **state)
     float *d_gout = to_dev(gout, sizeof(float) * nout);
     kern_row_grads_t cg[NT], dg[NT];
     for (int t = 0; t < NT; t++) {
-        size_t nnz = (size_t)offs[t][NBAGS] + 1, d = (size_t)dims[t];
+        size_t nnz = (size_t)b.offs[t][NBAGS] + 1, d = (size_t)dims[t];
         cg[t] = (kern_row_grads_t){.rows = malloc(sizeof(int32_t) * nnz),
                                    .grads = malloc(sizeof(float) * nnz * d)};
         dg[t] = (kern_row_grads_t){.rows = to_dev(NULL, sizeof(int32_t) * nnz),
                                    .grads = to_dev(NULL, sizeof(float) * nnz * d)};
-        dbags[t] = bags[t];
-        dbags[t].values = to_dev(bags[t].values, sizeof(float) * 500 * d);
-        dbags[t].offsets = to_dev(offs[t], sizeof(int64_t) * (NBAGS + 1));
-        dbags[t].rows = to_dev(rows[t], sizeof(int32_t) * (nnz - 1));
     }
-    assert_int_equal(kern_cpu_backward_reduce(NT, bags, NBAGS, stride, gout, cg), 0);
+    assert_int_equal(kern_cpu_backward_reduce(NT, b.bags, NBAGS, stride, gout, cg), 0);
     /* The device sums each row's positions in bag order with separate
      * multiply and add, as the CPU does: the same bits, on every run. */
     for (int run = 0; run < 2; run++) {
-        assert_int_equal(kern_cuda_backward_reduce(NT, dbags, NBAGS, stride, d_gout, dg, NULL), 0);
+        assert_int_equal(kern_cuda_backward_reduce(NT, b.dbags, NBAGS, stride, d_gout, dg, NULL),
+                         0);
         for (int t = 0; t < NT; t++) {
             assert_true(cg[t].n > 0);
             assert_int_equal(dg[t].n, cg[t].n);
@@ -277,17 +296,10 @@ static void test_backward_parity(void **state)
         }
     }
     for (int t = 0; t < NT; t++) {
-        cudaFree(dg[t].rows);
-        cudaFree(dg[t].grads);
-        cudaFree((void *)dbags[t].values);
-        cudaFree((void *)dbags[t].offsets);
-        cudaFree((void *)dbags[t].rows);
-        free(cg[t].rows);
-        free(cg[t].grads);
-        kern_table_destroy(tabs[t]);
-        free(offs[t]);
-        free(rows[t]);
+        DEV_FREE_ALL(dg[t].rows, dg[t].grads);
+        KILN_FREE_ALL(cg[t].rows, cg[t].grads);
     }
+    batch_free(&b);
     cudaFree(d_gout);
     free(gout);
 }
@@ -321,10 +333,7 @@ static void check_rows(kern_cuda_table_t *g, kern_table_t *cpu, int64_t n, const
         assert_true(gk[gr[i]] == keys[i]);
         assert_close(gv + (size_t)gr[i] * dim, cs.values + (size_t)cr[i] * dim, dim);
     }
-    free(gr);
-    free(gk);
-    free(gv);
-    free(cr);
+    KILN_FREE_ALL(gr, gk, gv, cr);
 }
 
 /* Counts the live keys of the GPU table and checks that they are unique. */
@@ -552,10 +561,8 @@ static void train_parity(kern_opt_kind_t kind)
         assert_int_equal(kern_cuda_sparse_update(&opt, TR_T, gs, gg, step, NULL), 0);
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         for (int t = 0; t < TR_T; t++) {
-            for (int k = 0; k < 5; k++)
-                cudaFree(dev[t][k]);
-            free(cg[t].rows);
-            free(cg[t].grads);
+            dev_free_all(dev[t], 5);
+            KILN_FREE_ALL(cg[t].rows, cg[t].grads);
         }
     }
 
@@ -620,12 +627,8 @@ static void train_parity(kern_opt_kind_t kind)
             free(gk);
             cudaFree(d_ek);
         }
-        free(gv);
-        free(go);
-        free(gst);
-        free(grow);
-        cudaFree(d_keys);
-        cudaFree(d_rows);
+        KILN_FREE_ALL(gv, go, gst, grow);
+        DEV_FREE_ALL(d_keys, d_rows);
         kern_table_destroy(ct[t]);
         kern_cuda_table_destroy(gt[t]);
     }

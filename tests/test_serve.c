@@ -1315,21 +1315,14 @@ static int serve_try(const char *const *args, char *err, size_t cap)
     snprintf(portfile, sizeof portfile, "%s/port", dir);
     snprintf(errp, sizeof errp, "%s/stderr", dir);
     unlink(portfile);
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("KILN_TEST_TOKEN", TOKEN, 1);
-        const char *argv[40] = {KILN_SERVE_BIN, "--port-file", portfile};
-        int n = 3;
-        for (int i = 0; args[i] != NULL && n < 39; i++)
-            argv[n++] = args[i];
-        argv[n] = NULL;
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
+    unlink(errp);
+    const char *argv[40] = {KILN_SERVE_BIN, "--port-file", portfile};
+    int n = 3;
+    for (int i = 0; args[i] != NULL && n < 39; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    const char *env[] = {"KILN_TEST_TOKEN=" TOKEN, NULL};
+    pid_t pid = proc_spawn(errp, env, argv);
     int code = -2, st = 0;
     for (int i = 0; i < 6000 && code == -2; i++) {
         if (waitpid(pid, &st, WNOHANG) == pid)

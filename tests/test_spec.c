@@ -855,6 +855,31 @@ static void parse_fails_with(const text_t *t, const char *want, job_diags_t *d)
     assert_null(s.name);
 }
 
+/* parse_fails_with on t, and with ndiags > 0 exactly that many
+ * diagnostics; then t is freed and empty again for the next text. */
+static void refused(text_t *t, const char *want, size_t ndiags)
+{
+    job_diags_t d;
+    parse_fails_with(t, want, &d);
+    if (ndiags > 0)
+        assert_int_equal(d.n, ndiags);
+    job_diags_fini(&d);
+    free(t->p);
+    *t = (text_t){0};
+}
+
+/* Adds prefix, levels nested brackets (the innermost empty) and a newline
+ * to t. */
+static void add_nested(text_t *t, const char *prefix, int levels)
+{
+    text_add(t, "%s", prefix);
+    for (int i = 0; i < levels; i++)
+        text_add(t, "[");
+    for (int i = 0; i < levels; i++)
+        text_add(t, "]");
+    text_add(t, "\n");
+}
+
 /* Bigger than JOB_SPEC_MAX_BYTES, from text and from a file: refused by
  * size, with the size in the message. */
 static void test_hostile_size(void **state)
@@ -914,17 +939,15 @@ static void test_hostile_many_keys(void **state)
     assert_string_equal(d.items[d.n - 1].message, want);
     assert_non_null(strstr(kiln_errmsg(), "more problems)"));
     job_diags_fini(&d);
+    free(t.p);
 
     /* The hash-set duplicate finder still names the first occurrence. */
-    free(t.p);
     t = (text_t){0};
     text_add(&t, "name: j\ndata: {train: d}\nmodel:\n");
     for (int i = 0; i < 40; i++)
         text_add(&t, "  x%d: 1\n", i);
     text_add(&t, "  type: fm\n  type: lr\n");
-    parse_fails_with(&t, "job.yaml:45:3: model.type: duplicate field (first given at line 44)", &d);
-    job_diags_fini(&d);
-    free(t.p);
+    refused(&t, "job.yaml:45:3: model.type: duplicate field (first given at line 44)", 0);
 }
 
 /* 200k nested brackets, and mappings nested in block style: one error at
@@ -933,41 +956,20 @@ static void test_hostile_depth(void **state)
 {
     (void)state;
     text_t t = {0};
-    text_add(&t, "name: j\ndata: {train: d}\nmodel: ");
-    for (int i = 0; i < 200000; i++)
-        text_add(&t, "[");
-    for (int i = 0; i < 200000; i++)
-        text_add(&t, "]");
-    text_add(&t, "\n");
-    job_diags_t d;
+    add_nested(&t, "name: j\ndata: {train: d}\nmodel: ", 200000);
     /* model's value opens at column 8: level 2 (the top mapping is 1), so
      * the 64th bracket there is level 65. */
-    parse_fails_with(&t, "job.yaml:3:71: the job spec nests more than 64 levels deep here", &d);
-    assert_int_equal(d.n, 1);
-    job_diags_fini(&d);
-    free(t.p);
+    refused(&t, "job.yaml:3:71: the job spec nests more than 64 levels deep here", 1);
 
-    t = (text_t){0};
     text_add(&t, "name: j\ndata: {train: d}\n");
     for (int i = 0; i < 70; i++)
         text_add(&t, "%*sk%d:\n", i, "", i);
     /* k0 is a field of the top mapping (level 1); k64's mapping is level 65. */
-    parse_fails_with(&t, "job.yaml:67:65: the job spec nests more than 64 levels deep here", &d);
-    job_diags_fini(&d);
-    free(t.p);
+    refused(&t, "job.yaml:67:65: the job spec nests more than 64 levels deep here", 0);
 
     /* 64 levels is allowed (as YAML; the fields are then unknown). */
-    t = (text_t){0};
-    text_add(&t, "name: j\ndata: {train: d}\nx: ");
-    for (int i = 0; i < 63; i++)
-        text_add(&t, "[");
-    for (int i = 0; i < 63; i++)
-        text_add(&t, "]");
-    text_add(&t, "\n");
-    parse_fails_with(&t, "job.yaml:3:1: x: unknown field", &d);
-    assert_int_equal(d.n, 1);
-    job_diags_fini(&d);
-    free(t.p);
+    add_nested(&t, "name: j\ndata: {train: d}\nx: ", 63);
+    refused(&t, "job.yaml:3:1: x: unknown field", 1);
 }
 
 /* Aliases make a small text walk a large tree: 1024 tables that are each
@@ -984,10 +986,7 @@ static void test_hostile_aliases(void **state)
         text_add(&t, ", *t");
     text_add(&t, "]\n");
     assert_true(t.n < JOB_SPEC_MAX_BYTES);
-    job_diags_t d;
-    parse_fails_with(&t, "the job spec expands to more than 1048576 nodes (through aliases?)", &d);
-    job_diags_fini(&d);
-    free(t.p);
+    refused(&t, "the job spec expands to more than 1048576 nodes (through aliases?)", 0);
 }
 
 static int glob_parse(const char *pattern, size_t min_files)

@@ -205,11 +205,7 @@ static void assert_no_checkpoint(const char *root)
 static int setup(void **state)
 {
     (void)state;
-    if (proc_tmpdir("train", tmpdir, sizeof tmpdir) < 0)
-        return -1;
-    char dir[400];
-    snprintf(dir, sizeof dir, "%s/data", tmpdir);
-    return fx_train_data(dir, 6000, 1500, 3);
+    return fx_train_tmpdir("train", tmpdir, sizeof tmpdir, 6000, 1500, 3);
 }
 
 static int teardown(void **state)

@@ -618,8 +618,9 @@ static void test_metrics(void **state)
 /* ---- a real kilnd holding real runs -------------------------------------------------------- */
 
 /* Starts kilnd with home (its database home/kiln.db, its log home/kilnd.log)
- * and its page on a free port of 127.0.0.1; env ("NAME=VALUE", NULL-ended,
- * may be NULL) is set in it. Writes the page's URL to url. Returns its pid. */
+ * and its page on a free port of 127.0.0.1; env ("NAME=VALUE", NULL-ended)
+ * is set in it, the page's token (KILN_WEB_TOKEN=TOKEN) among them. Writes
+ * the page's URL to url. Returns its pid. */
 static pid_t kilnd_start(const char *home, const char *const *env, char *url, size_t cap)
 {
     char kdb[500], log[500], listen[32];
@@ -630,18 +631,9 @@ static pid_t kilnd_start(const char *home, const char *const *env, char *url, si
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     snprintf(url, cap, "http://%s", listen);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("KILN_WEB_TOKEN", TOKEN, 1);
-        for (int i = 0; env != NULL && env[i] != NULL; i++)
-            putenv((char *)env[i]);
-        execl(KILND_BIN, KILND_BIN, "--db", kdb, "--home", home, "--trainer", KILN_TRAIN_BIN,
-              "--poll", "200ms", "--listen", listen, (char *)NULL);
-        _exit(127);
-    }
+    const char *argv[] = {KILND_BIN,      "--db",   kdb,     "--home",   home,   "--trainer",
+                          KILN_TRAIN_BIN, "--poll", "200ms", "--listen", listen, NULL};
+    pid_t pid = proc_spawn(log, env, argv);
     assert_true(pid > 0);
     return pid;
 }
@@ -683,7 +675,7 @@ static void test_kilnd_slow_clients(void **state)
 {
     char home[400], url[64];
     snprintf(home, sizeof home, "%s/kilnd-slow", fx.dir);
-    const char *env[] = {"KILN_WEB_ALLOWED_HOSTS=status.example", NULL};
+    const char *env[] = {"KILN_WEB_TOKEN=" TOKEN, "KILN_WEB_ALLOWED_HOSTS=status.example", NULL};
     pid_t pid = kilnd_start(home, env, url, sizeof url);
     long st = 0;
     for (int i = 0; i < 300 && (st = get_within(url, "/api/jobs")) != 200; i++)
@@ -739,7 +731,8 @@ static void test_kilnd(void **state)
             data, data);
     fclose(f);
     char url[64];
-    pid_t pid = kilnd_start(home, NULL, url, sizeof url);
+    const char *env[] = {"KILN_WEB_TOKEN=" TOKEN, NULL};
+    pid_t pid = kilnd_start(home, env, url, sizeof url);
     snprintf(cmd, sizeof cmd, "'%s' --db '%s' submit '%s' > /dev/null", KILN_BIN, kdb, spec);
     assert_int_equal(system(cmd), 0);
     /* Talk to kilnd's own page from here on. */

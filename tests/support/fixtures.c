@@ -76,21 +76,7 @@ void fx_stop_all(void)
 
 pid_t fx_spawn(const char *log, const char *const *env, const char *const *argv)
 {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        proc_mpi_env(false);
-        for (size_t i = 0; env != NULL && env[i] != NULL; i++)
-            putenv((char *)env[i]);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
+    pid_t pid = proc_spawn(log, env, argv);
     fx_track(pid);
     return pid;
 }
@@ -347,6 +333,15 @@ int fx_train_data(const char *dir, int rows, int eval_rows, int seed)
     if (fx_datagen(train, rows, seed, 0) != 0 || fx_datagen(eval, eval_rows, seed, 1) != 0)
         return -1;
     return 0;
+}
+
+int fx_train_tmpdir(const char *name, char *dir, size_t cap, int rows, int eval_rows, int seed)
+{
+    char data[700];
+    if (proc_tmpdir(name, dir, cap) < 0)
+        return -1;
+    snprintf(data, sizeof data, "%s/data", dir);
+    return fx_train_data(data, rows, eval_rows, seed);
 }
 
 int fx_land(const char *src, const char *dst)

@@ -28,9 +28,8 @@ void fx_stop(pid_t pid, int sig);
 /* SIGKILLs and reaps every process a fixture started and did not stop. */
 void fx_stop_all(void);
 
-/* Forks argv with stdout and stderr appended to log and env ("NAME=VALUE",
- * NULL-ended, may be NULL) set; the child gets Open MPI's root and
- * oversubscribe settings. Returns the pid, tracked for fx_stop_all. */
+/* proc_spawn (stdout and stderr appended to log, env set, Open MPI's
+ * settings); the pid it returns is tracked for fx_stop_all. */
 pid_t fx_spawn(const char *log, const char *const *env, const char *const *argv);
 
 /* ---- kilnd ------------------------------------------------------------------------- */
@@ -119,6 +118,10 @@ int fx_datagen(const char *path, int rows, int seed, int day);
  * (day 0) and dir/eval.tsv of eval_rows rows (day 1), both with seed: a
  * job's training and evaluation data. Returns 0 or -1. */
 int fx_train_data(const char *dir, int rows, int eval_rows, int seed);
+
+/* A test executable's temp directory (proc_tmpdir(name), into dir) holding
+ * fx_train_data's files in dir/data. Returns 0 or -1. */
+int fx_train_tmpdir(const char *name, char *dir, size_t cap, int rows, int eval_rows, int seed);
 
 /* Lands a copy of src at dst the way data should land: written under a
  * hidden name in the same directory, then renamed into place. Returns 0 or

@@ -64,6 +64,11 @@ int proc_tmpdir_done(const char *dir)
     return proc_rmtree(dir);
 }
 
+int proc_tmpdir_teardown(void **state)
+{
+    return *state != NULL ? proc_tmpdir_done(*state) : 0;
+}
+
 uint64_t proc_xorshift(uint64_t *state)
 {
     *state ^= *state << 13;
@@ -85,6 +90,36 @@ void proc_mpi_env(bool leaks_off)
     }
 }
 
+/* The child's side of a spawn: stdout to fd out and stderr to fd err (each
+ * left as it is when negative), Open MPI's settings (proc_mpi_env), each
+ * "NAME=VALUE" of env set, then argv (argv[0] looked up in PATH). Never
+ * returns. */
+static void exec_child(int out, int err, bool leaks_off, const char *const *env,
+                       const char *const *argv)
+{
+    if (out >= 0)
+        dup2(out, 1);
+    if (err >= 0)
+        dup2(err, 2);
+    proc_mpi_env(leaks_off);
+    for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+        putenv((char *)env[i]);
+    execvp(argv[0], (char *const *)argv);
+    _exit(127);
+}
+
+pid_t proc_spawn(const char *log, const char *const *env, const char *const *argv)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        exec_child(fd, fd, false, env, argv);
+    }
+    return pid;
+}
+
 void proc_run_env(proc_result_t *r, const char *scratch_dir, const char *const *env,
                   const char *const *argv)
 {
@@ -99,13 +134,7 @@ void proc_run_env(proc_result_t *r, const char *scratch_dir, const char *const *
         int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (o < 0 || e < 0)
             _exit(126);
-        dup2(o, 1);
-        dup2(e, 2);
-        proc_mpi_env(getenv("ASAN_OPTIONS") != NULL);
-        for (size_t i = 0; env != NULL && env[i] != NULL; i++)
-            putenv((char *)env[i]);
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
+        exec_child(o, e, getenv("ASAN_OPTIONS") != NULL, env, argv);
     }
     int status = 0;
     r->code = 127;

@@ -40,6 +40,10 @@ int proc_rmtree(const char *dir);
  * Returns 0 or -1. */
 int proc_tmpdir_done(const char *dir);
 
+/* A group teardown for PROC_TEST_MAIN: proc_tmpdir_done on the directory
+ * the group's setup left in *state (nothing when it left NULL). */
+int proc_tmpdir_teardown(void **state);
+
 /* The next number of the xorshift64 sequence in *state (nonzero): seeded,
  * repeatable test data. */
 uint64_t proc_xorshift(uint64_t *state);
@@ -50,6 +54,12 @@ uint64_t proc_xorshift(uint64_t *state);
  * and its dlopen'ed components leave allocations at exit that LeakSanitizer
  * cannot name, so they cannot be suppressed. */
 void proc_mpi_env(bool leaks_off);
+
+/* Starts argv (argv[0] looked up in PATH) with stdout and stderr appended to
+ * log, after setting, in the child, Open MPI's settings (proc_mpi_env, leak
+ * checking kept) and each "NAME=VALUE" of env (NULL-ended, may be NULL).
+ * Returns the pid (-1 when fork failed); the caller reaps it. */
+pid_t proc_spawn(const char *log, const char *const *env, const char *const *argv);
 
 /* Runs argv (argv[0] looked up in PATH) with stdout and stderr captured via
  * files in scratch_dir, after setting each "NAME=VALUE" of env (NULL-ended,
