@@ -135,6 +135,22 @@ static unsigned char pair_byte(int s, int d, size_t i)
     return (unsigned char)(s * 31 + d * 7 + (int)i * 13 + 1);
 }
 
+/* This rank's side of the all-to-all-v: for a send (to every rank d,
+ * blocks in reverse rank order) or a receive (from every rank s, in rank
+ * order), each block's size and displacement, blocks gap bytes apart, so
+ * the displacements must be honoured. Returns the buffer size. */
+static size_t layout(int me, int n, bool send, size_t gap, size_t *cnt, size_t *dsp)
+{
+    size_t off = 0;
+    for (int k = 0; k < n; k++) {
+        const int r = send ? n - 1 - k : k;
+        cnt[r] = send ? pair_bytes(me, r) : pair_bytes(r, me);
+        dsp[r] = off;
+        off += cnt[r] + gap;
+    }
+    return off;
+}
+
 static void test_comm_basics(void **state)
 {
     (void)state;
@@ -174,26 +190,15 @@ static void test_comm_alltoallv(void **state)
     size_t *rc = calloc((size_t)n, sizeof *rc), *rd = calloc((size_t)n, sizeof *rd);
     assert_true(sc && sd && rc && rd);
 
-    /* Send blocks in reverse rank order with 3-byte gaps, receive blocks in
-     * rank order with 2-byte gaps, so displacements must be honoured. */
-    size_t off = 0;
-    for (int d = n - 1; d >= 0; d--) {
-        sc[d] = pair_bytes(me, d);
-        sd[d] = off;
-        off += sc[d] + 3;
-    }
+    /* 3-byte gaps between the send blocks, 2-byte between the receive blocks. */
+    size_t off = layout(me, n, true, 3, sc, sd);
     unsigned char *sbuf = malloc(off + 1);
     assert_non_null(sbuf);
     memset(sbuf, 0xAB, off + 1);
     for (int d = 0; d < n; d++)
         for (size_t i = 0; i < sc[d]; i++)
             sbuf[sd[d] + i] = pair_byte(me, d, i);
-    size_t roff = 0;
-    for (int s = 0; s < n; s++) {
-        rc[s] = pair_bytes(s, me);
-        rd[s] = roff;
-        roff += rc[s] + 2;
-    }
+    size_t roff = layout(me, n, false, 2, rc, rd);
     unsigned char *rbuf = malloc(roff + 1);
     assert_non_null(rbuf);
     memset(rbuf, 0xEE, roff + 1);
