@@ -68,6 +68,21 @@ int kiln_grow(void **items, size_t *cap, size_t n, size_t elem, size_t first)
     return 0;
 }
 
+int kiln_grow_to(void **items, int64_t *cap, int64_t want, size_t elem, int64_t first)
+{
+    if (want <= *cap)
+        return 0;
+    int64_t c = *cap ? *cap : first;
+    while (c < want)
+        c *= 2;
+    void *p = kiln_reallocarray(*items, (size_t)c, elem);
+    if (p == NULL)
+        return KILN_ENOMEM;
+    *items = p;
+    *cap = c;
+    return 0;
+}
+
 void kiln_free_all(void *const *ptrs, size_t n)
 {
     for (size_t i = 0; i < n; i++)

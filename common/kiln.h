@@ -156,6 +156,10 @@ void kiln_free_all(void *const *ptrs, size_t n);
  * use, for one more: doubles *cap (to first when it is 0). Returns 0, or
  * KILN_ENOMEM with *items and *cap unchanged. */
 int kiln_grow(void **items, size_t *cap, size_t n, size_t elem, size_t first);
+/* Makes *items hold at least want elements of elem bytes: doubles *cap
+ * (starting from first when it is 0) until it does. Returns 0, or
+ * KILN_ENOMEM with *items and *cap unchanged. */
+int kiln_grow_to(void **items, int64_t *cap, int64_t want, size_t elem, int64_t first);
 
 /* ---- time ------------------------------------------------------------------
  * Wall time is Unix seconds (int64, UTC). Durations are milliseconds. */

@@ -76,19 +76,8 @@ void rt_builder_reset(rt_batch_builder_t *bb)
 
 int rt_builder_reserve(rt_batch_builder_t *bb, int s, int64_t more)
 {
-    int64_t need = bb->slot_len[s] + more, nc;
-    int64_t *nk;
-    if (need <= bb->slot_cap[s])
-        return 0;
-    nc = bb->slot_cap[s] ? bb->slot_cap[s] : 1024;
-    while (nc < need)
-        nc *= 2;
-    nk = kiln_reallocarray(bb->slot_keys[s], (size_t)nc, sizeof(int64_t));
-    if (!nk)
-        return KILN_ENOMEM;
-    bb->slot_keys[s] = nk;
-    bb->slot_cap[s] = nc;
-    return 0;
+    return kiln_grow_to((void **)&bb->slot_keys[s], &bb->slot_cap[s], bb->slot_len[s] + more,
+                        sizeof(int64_t), 1024);
 }
 
 int rt_builder_add_row(rt_batch_builder_t *bb, rt_batch_t *b, float label, const float *dense,

@@ -266,17 +266,8 @@ int rt_bin_writer_add(rt_bin_writer_t *w, const rt_batch_t *b)
                                  "the limit of %d", (long long)cnt, s, BIN_MAX_BAG);
             if (cnt > 1)
                 w->flags |= BIN_FLAG_MULTIHOT;
-            if (w->slen[s] + cnt > w->scap[s]) {
-                int64_t nc = w->scap[s] ? 2 * w->scap[s] : 4096;
-                int64_t *nk;
-                while (nc < w->slen[s] + cnt)
-                    nc *= 2;
-                nk = kiln_reallocarray(w->skeys[s], (size_t)nc, sizeof(int64_t));
-                if (!nk)
-                    return KILN_ENOMEM;
-                w->skeys[s] = nk;
-                w->scap[s] = nc;
-            }
+            KILN_CHECK(kiln_grow_to((void **)&w->skeys[s], &w->scap[s], w->slen[s] + cnt,
+                                    sizeof(int64_t), 4096));
             if (cnt > 0)
                 memcpy(w->skeys[s] + w->slen[s], b->keys + o[i], (size_t)cnt * sizeof(int64_t));
             w->slen[s] += cnt;

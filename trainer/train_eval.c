@@ -50,9 +50,9 @@ int train_predict_files(trainer_t *tr, char **files, int nfiles, const char *wha
         if (rc < 0)
             goto out;
         const int64_t m = *n + b->n;
-        if ((rc = train_grow((void **)probs, &capp, m, sizeof(float))) < 0 ||
-            (labels && (rc = train_grow((void **)labels, &capl, m, sizeof(float))) < 0) ||
-            (rows && (rc = train_grow((void **)rows, &capr, m, sizeof(int64_t))) < 0))
+        if ((rc = kiln_grow_to((void **)probs, &capp, m, sizeof(float), 1024)) < 0 ||
+            (labels && (rc = kiln_grow_to((void **)labels, &capl, m, sizeof(float), 1024)) < 0) ||
+            (rows && (rc = kiln_grow_to((void **)rows, &capr, m, sizeof(int64_t), 1024)) < 0))
             goto out;
         rc = rt_model_predict(tr->model, b->n, tr->E, b->dense, *probs + *n);
         if (rc < 0)

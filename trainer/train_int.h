@@ -165,7 +165,6 @@ extern volatile sig_atomic_t train_export_signal;
 /* ---- train_setup.c ---- */
 void train_say(const trainer_t *tr, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int train_agree_on(trainer_t *tr, int rc);
-int train_grow(void **p, int64_t *cap, int64_t want, size_t elem);
 char *train_spec_relative(const trainer_t *tr, const char *path);
 int train_expand(const char *pattern, const char *what, char ***out, int *n);
 int train_read_list(const char *path, char ***out, int *n);

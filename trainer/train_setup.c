@@ -34,21 +34,6 @@ int train_agree_on(trainer_t *tr, int rc)
     return worst;
 }
 
-int train_grow(void **p, int64_t *cap, int64_t want, size_t elem)
-{
-    if (want <= *cap)
-        return 0;
-    int64_t c = *cap ? *cap : 1024;
-    while (c < want)
-        c *= 2;
-    void *q = kiln_reallocarray(*p, (size_t)c, elem);
-    if (q == NULL)
-        return KILN_ENOMEM;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 /* A path from the spec is relative to the spec file's directory. */
 char *train_spec_relative(const trainer_t *tr, const char *path)
 {

@@ -22,8 +22,8 @@ int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool in
     }
     for (int t = 0; t < T; t++) {
         int64_t cap = tr->tkeys_cap[t];
-        KILN_CHECK(
-            train_grow((void **)&tr->tkeys[t], &tr->tkeys_cap[t], tr->tn[t], sizeof(int64_t)));
+        KILN_CHECK(kiln_grow_to((void **)&tr->tkeys[t], &tr->tkeys_cap[t], tr->tn[t],
+                                sizeof(int64_t), 1024));
         if (tr->tkeys_cap[t] != cap) {
             int32_t *inv = kiln_reallocarray(tr->tinv[t], (size_t)tr->tkeys_cap[t], sizeof *inv);
             if (inv == NULL)
@@ -52,7 +52,8 @@ int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool in
         int64_t nu = 0;
         int trc = rt_dedupe_run(tr->dedupe[t], tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu);
         if (trc == 0)
-            trc = train_grow((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t));
+            trc =
+                kiln_grow_to((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t), 1024);
         if (trc == 0 && nu > 0)
             memcpy(tr->tuniq[t], u, (size_t)nu * sizeof(int64_t));
         tr->nuniq[t] = nu;
@@ -95,8 +96,8 @@ int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_
      * order and each slot in bag order; tables run in parallel, so the sums
      * do not depend on the thread count. */
     for (int t = 0; t < T; t++)
-        KILN_CHECK(train_grow((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
-                        2 * sizeof(double)));
+        KILN_CHECK(kiln_grow_to((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
+                                2 * sizeof(double), 1024));
     const float *dE = tr->E;
     const int64_t ldE = (int64_t)S * d;
 #pragma omp parallel for schedule(dynamic, 1)
