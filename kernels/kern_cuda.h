@@ -34,10 +34,11 @@ int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags
 /* kern_cpu_backward_reduce on the device: grad_out (nbags, out_stride) ->
  * per table the unique rows (ascending) and their summed gradients in
  * grads[t].rows / grads[t].grads (device arrays with room for the table's
- * offsets[nbags] rows). Each row's sum is accumulated with float atomics, so
- * its order, and the last bits, vary from run to run (the CPU sums in bag
- * order). Needs O(capacity) scratch per table (cudaMallocAsync on stream).
- * Synchronizes the stream to set grads[t].n on the host. Returns 0,
+ * offsets[nbags] rows). A stable sort of (row, position) and a segmented
+ * sum in position order, without fused multiply-adds: the CPU's bits, on
+ * every run. Needs O(positions) scratch (cudaMallocAsync on stream) and at
+ * most 2^31 - 1 positions per table. Synchronizes the stream twice (the
+ * position counts, then the unique-row counts into grads[t].n). Returns 0,
  * KILN_EINVAL (bad shapes, or a row id outside its slab) or KILN_ECUDA. */
 int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
                               int64_t out_stride, const float *d_grad_out,
