@@ -29,10 +29,8 @@ void job_diags_fini(job_diags_t *d)
 {
     if (d == NULL)
         return;
-    for (size_t i = 0; i < d->n; i++) {
-        free(d->items[i].path);
-        free(d->items[i].message);
-    }
+    for (size_t i = 0; i < d->n; i++)
+        KILN_FREE_ALL(d->items[i].path, d->items[i].message);
     free(d->items);
     memset(d, 0, sizeof *d);
 }

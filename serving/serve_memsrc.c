@@ -42,12 +42,9 @@ void serve_memsrc_destroy(serve_memsrc_t *m)
 {
     if (m == NULL)
         return;
-    for (size_t i = 0; i < m->n; i++) {
-        free(m->items[i].keys);
-        free(m->items[i].values);
-    }
-    free(m->items);
-    free(m);
+    for (size_t i = 0; i < m->n; i++)
+        KILN_FREE_ALL(m->items[i].keys, m->items[i].values);
+    KILN_FREE_ALL(m->items, m);
 }
 
 static int add(serve_memsrc_t *m, serve_item_kind_t kind, int table, int64_t n,

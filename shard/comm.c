@@ -50,13 +50,8 @@ static int dd_init(rt_comm_t *c)
 
 const char *rt_comm_kind_name(rt_comm_kind_t kind)
 {
-    switch (kind) {
-    case RT_COMM_MPI:
-        return "mpi";
-    case RT_COMM_NCCL:
-        return "nccl";
-    }
-    return "?";
+    static const char *const names[] = {[RT_COMM_MPI] = "mpi", [RT_COMM_NCCL] = "nccl"};
+    return (unsigned)kind < sizeof names / sizeof names[0] ? names[kind] : "?";
 }
 
 int rt_comm_create(rt_comm_kind_t kind, MPI_Comm comm, rt_comm_t **out)

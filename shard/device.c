@@ -14,13 +14,8 @@
 
 const char *rt_device_name(rt_device_t d)
 {
-    switch (d) {
-    case RT_DEVICE_CPU:
-        return "cpu";
-    case RT_DEVICE_CUDA:
-        return "cuda";
-    }
-    return "?";
+    static const char *const names[] = {[RT_DEVICE_CPU] = "cpu", [RT_DEVICE_CUDA] = "cuda"};
+    return (unsigned)d < sizeof names / sizeof names[0] ? names[d] : "?";
 }
 
 bool rt_device_built_cuda(void)
