@@ -13,9 +13,7 @@
 int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *kind,
                        const char *fmt, ...)
 {
-    sqlite3_stmt *s = NULL;
     char *msg = NULL;
-    int rc;
     const char *what = "recording an event";
     va_list ap;
     va_start(ap, fmt);
@@ -30,25 +28,19 @@ int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *
     vsnprintf(msg, (size_t)len + 1, fmt, ap);
     va_end(ap);
 
-    if (job_id == 0 && run_id != 0) {
-        KILN_CHECK_GOTO(state_query_i64(st, STMT_RUN_JOB_OF, what, &job_id, "I", run_id), rc, out);
-        if (rc == 0) {
-            rc = kiln_errf(KILN_ENOENT, "cannot record an event for run %lld: no such run",
-                           (long long)run_id);
-            goto out;
-        }
+    int rc = 0;
+    if (job_id == 0 && run_id != 0)
+        rc = state_found(state_query_i64(st, STMT_RUN_JOB_OF, what, &job_id, "I", run_id),
+                         "cannot record an event for run %lld: no such run", (long long)run_id);
+    if (rc == 0) {
+        rc = state_insert(st, STMT_EVENT_INSERT, what, NULL, "JJItt", job_id, run_id, kiln_now_s(),
+                          kind, msg);
+        if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
+            rc = kiln_errf(KILN_ENOENT,
+                           "cannot record an event for job %lld / run %lld: no such "
+                           "job or run",
+                           (long long)job_id, (long long)run_id);
     }
-    KILN_CHECK_GOTO(state_stmt(st, STMT_EVENT_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "JJItt", job_id, run_id, kiln_now_s(), kind, msg), rc,
-                    out);
-    rc = state_exec(st, s, what);
-    if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
-        rc = kiln_errf(KILN_ENOENT,
-                       "cannot record an event for job %lld / run %lld: no such "
-                       "job or run",
-                       (long long)job_id, (long long)run_id);
-out:
-    state_stmt_done(s);
     free(msg);
     return rc;
 }

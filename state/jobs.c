@@ -66,37 +66,30 @@ static int job_put_tx(state_t *st, job_put_t *p)
         version = sqlite3_column_int(s, 2);
     }
     state_stmt_done(s);
+    s = NULL;
 
     if (p->id == 0) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_INSERT, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "ttttiIt", p->name, p->spec_yaml, p->spec_hash,
-                                   p->schedule, p->priority, now, p->spec_dir),
+        KILN_CHECK_GOTO(state_insert(st, STMT_JOB_INSERT, what, &p->id, "ttttiIt", p->name,
+                                     p->spec_yaml, p->spec_hash, p->schedule, p->priority, now,
+                                     p->spec_dir),
                         rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-        p->id = sqlite3_last_insert_rowid(st->db);
         p->created = true;
         version = 1;
     } else if (old_hash == NULL || strcmp(old_hash, p->spec_hash) != 0) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_UPDATE_SPEC, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "ItttiIt", p->id, p->spec_yaml, p->spec_hash,
-                                   p->schedule, p->priority, now, p->spec_dir),
+        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SPEC, what, "ItttiIt", p->id, p->spec_yaml,
+                                     p->spec_hash, p->schedule, p->priority, now, p->spec_dir),
                         rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
         version++;
     } else {
         /* Same spec: nothing to version; keep derived fields in step. */
-        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_UPDATE_SAME, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "Itit", p->id, p->schedule, p->priority,
-                                   p->spec_dir),
+        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SAME, what, "Itit", p->id, p->schedule,
+                                     p->priority, p->spec_dir),
                         rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
         p->version = version;
         rc = 0;
         goto out;
     }
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_VERSION_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", p->id), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    KILN_CHECK_GOTO(state_update(st, STMT_JOB_VERSION_INSERT, what, "I", p->id), rc, out);
     KILN_CHECK_GOTO(state_event_insert(st, p->id, 0, "spec", "%s version %d (spec %s)",
                                        p->created ? "submitted" : "updated to", version,
                                        p->spec_hash),
@@ -234,21 +227,11 @@ int state_job_list(state_t *st, state_job_t **out, size_t *n)
 
 static int job_set_paused_tx(state_t *st, int64_t job_id, bool paused)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = paused ? "pausing a job" : "resuming a job";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_SET_PAUSED, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IbI", job_id, paused, kiln_now_s()), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
-        goto out;
-    }
-    rc = state_event_insert(st, job_id, 0, paused ? "pause" : "resume", "%s",
-                            paused ? "paused" : "resumed");
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_update(st, STMT_JOB_SET_PAUSED, paused ? "pausing a job" : "resuming a job",
+                          "IbI", job_id, paused, kiln_now_s());
+    KILN_CHECK(state_found(rc, "no job with id %lld", (long long)job_id));
+    return state_event_insert(st, job_id, 0, paused ? "pause" : "resume", "%s",
+                              paused ? "paused" : "resumed");
 }
 
 int state_job_set_paused(state_t *st, int64_t job_id, bool paused)
@@ -260,17 +243,9 @@ int state_job_set_paused(state_t *st, int64_t job_id, bool paused)
 
 static int job_set_last_tx(state_t *st, int64_t job_id, int64_t at)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "recording the last scheduled time";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_SET_LAST_SCHEDULED, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "II", job_id, at), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0)
-        rc = kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_update(st, STMT_JOB_SET_LAST_SCHEDULED, "recording the last scheduled time",
+                          "II", job_id, at);
+    return state_found(rc, "no job with id %lld", (long long)job_id);
 }
 
 int state_job_set_last_scheduled(state_t *st, int64_t job_id, int64_t scheduled_at)

@@ -53,18 +53,12 @@ typedef struct {
 
 static int endpoint_put_tx(state_t *st, const endpoint_put_t *e, int64_t *id)
 {
-    sqlite3_stmt *s = NULL;
     const char *what = "record an endpoint";
     int rc = state_query_i64(st, STMT_ENDPOINT_FIND, what, id, "ttt", e->url, e->model, e->label);
     if (rc != 0)
         return rc < 0 ? rc : 0; /* an error, or the endpoint is recorded */
-    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "tttI", e->url, e->model, e->label, kiln_now_s()), rc,
-                    out);
-    rc = state_insert_one(st, s, what, id);
-out:
-    state_stmt_done(s);
-    return rc;
+    return state_insert(st, STMT_ENDPOINT_INSERT, what, id, "tttI", e->url, e->model, e->label,
+                        kiln_now_s());
 }
 
 int state_endpoint_put(state_t *st, const char *url, const char *model, const char *label,
@@ -119,7 +113,6 @@ int state_endpoint_holding(state_t *st, int64_t endpoint_id, int64_t *checkpoint
  * span unless it is the same checkpoint, and open a new one. */
 static int hold_tx(state_t *st, int64_t endpoint_id, int64_t ckpt, int64_t push_id, int64_t now)
 {
-    sqlite3_stmt *s = NULL;
     int64_t held = 0, since = 0;
     const char *what = "recording what an endpoint holds";
     int rc = holding_tx(st, endpoint_id, &held, &since);
@@ -127,32 +120,17 @@ static int hold_tx(state_t *st, int64_t endpoint_id, int64_t ckpt, int64_t push_
         return rc;
     if (rc == 0 && held == ckpt)
         return 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_CLOSE, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "II", endpoint_id, now), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IIII", endpoint_id, ckpt, push_id, now), rc, out);
-    rc = state_insert_one(st, s, what, NULL);
-out:
-    state_stmt_done(s);
-    return rc;
+    KILN_CHECK(state_update(st, STMT_HOLDING_CLOSE, what, "II", endpoint_id, now));
+    return state_insert(st, STMT_HOLDING_INSERT, what, NULL, "IIII", endpoint_id, ckpt, push_id,
+                        now);
 }
 
 static int set_stats_tx(state_t *st, int64_t id, const state_endpoint_stats_t *x)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "recording an endpoint's stats";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_SET_STATS, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IIIInt", id, x->at, x->predict_requests,
-                               x->predict_rows, x->request_rate, x->error),
-                    rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0)
-        rc = kiln_errf(KILN_ENOENT, "no endpoint %lld", (long long)id);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc =
+        state_update(st, STMT_ENDPOINT_SET_STATS, "recording an endpoint's stats", "IIIInt", id,
+                     x->at, x->predict_requests, x->predict_rows, x->request_rate, x->error);
+    return state_found(rc, "no endpoint %lld", (long long)id);
 }
 
 int state_endpoint_set_stats(state_t *st, int64_t endpoint_id, const state_endpoint_stats_t *x)
@@ -314,13 +292,9 @@ static int supersede_older_tx(state_t *st, int64_t endpoint_id, int64_t newest, 
     s = NULL;
     char why[96];
     snprintf(why, sizeof why, "superseded by push %lld before it went out", (long long)newest);
-    for (size_t i = 0; i < n; i++) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_SUPERSEDE, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "IIt", ids[i], now, why), rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-        state_stmt_done(s);
-        s = NULL;
-    }
+    for (size_t i = 0; i < n; i++)
+        KILN_CHECK_GOTO(state_update(st, STMT_PUSH_SUPERSEDE, what, "IIt", ids[i], now, why), rc,
+                        out);
     rc = 0;
 out:
     state_stmt_done(s);
@@ -331,8 +305,6 @@ int state_push_enqueue_tx(state_t *st, int64_t job_id, int64_t run_id,
                           const state_push_req_t *reqs, size_t n, const char *claimer,
                           int64_t lease_ms, int64_t *ids)
 {
-    sqlite3_stmt *s = NULL;
-    int rc = 0;
     const char *what = "queue a push";
     int64_t now = kiln_now_s(), now_ms = kiln_now_ms();
     for (size_t i = 0; i < n; i++) {
@@ -343,24 +315,17 @@ int state_push_enqueue_tx(state_t *st, int64_t job_id, int64_t run_id,
                             q->label != NULL ? q->label : ""};
         int64_t ep = 0, id = 0;
         KILN_CHECK(endpoint_put_tx(st, &e, &ep));
-        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_INSERT, &s), rc, out);
-        KILN_CHECK_GOTO(
-            state_bind(st, s, what, "JJIIttttItIIb", job_id, run_id, q->checkpoint_id, ep,
-                       q->full ? "full" : "incremental", q->reason != NULL ? q->reason : "",
-                       claimer != NULL ? "sending" : "pending", claimer,
-                       claimer != NULL ? now_ms + lease_ms : 0, q->token_env, now,
-                       claimer != NULL ? now : 0, !q->no_gate),
-            rc, out);
-        KILN_CHECK_GOTO(state_insert_one(st, s, what, &id), rc, out);
-        state_stmt_done(s);
-        s = NULL;
-        KILN_CHECK_GOTO(supersede_older_tx(st, ep, id, now), rc, out);
+        KILN_CHECK(state_insert(st, STMT_PUSH_INSERT, what, &id, "JJIIttttItIIb", job_id, run_id,
+                                q->checkpoint_id, ep, q->full ? "full" : "incremental",
+                                q->reason != NULL ? q->reason : "",
+                                claimer != NULL ? "sending" : "pending", claimer,
+                                claimer != NULL ? now_ms + lease_ms : 0, q->token_env, now,
+                                claimer != NULL ? now : 0, !q->no_gate));
+        KILN_CHECK(supersede_older_tx(st, ep, id, now));
         if (ids != NULL)
             ids[i] = id;
     }
-out:
-    state_stmt_done(s);
-    return rc;
+    return 0;
 }
 
 typedef struct {
@@ -426,11 +391,8 @@ static int claim_tx(state_t *st, claim_t *c)
             char why[96];
             snprintf(why, sizeof why, "superseded by push %lld before it went out",
                      (long long)newer);
-            KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_SUPERSEDE, &s), rc, out);
-            KILN_CHECK_GOTO(state_bind(st, s, what, "IIt", push, now, why), rc, out);
-            KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-            state_stmt_done(s);
-            s = NULL;
+            KILN_CHECK_GOTO(state_update(st, STMT_PUSH_SUPERSEDE, what, "IIt", push, now, why), rc,
+                            out);
             continue;
         }
         KILN_CHECK_GOTO(
@@ -442,13 +404,9 @@ static int claim_tx(state_t *st, claim_t *c)
             dup = claimed_ep[k] == ep;
         if (dup)
             continue;
-        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_CLAIM, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "ItII", push, c->claimer, c->now_ms + c->lease_ms,
-                                   now),
+        KILN_CHECK_GOTO(state_update(st, STMT_PUSH_CLAIM, what, "ItII", push, c->claimer,
+                                     c->now_ms + c->lease_ms, now),
                         rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-        state_stmt_done(s);
-        s = NULL;
         claimed_ep[c->n] = ep;
         c->ids[c->n++] = push;
     }
@@ -517,11 +475,7 @@ static int reclaim_tx(state_t *st, reclaim_t *r)
     state_stmt_done(s);
     s = NULL;
     for (size_t i = 0; i < n; i++) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_UNCLAIM, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "I", ids[i]), rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-        state_stmt_done(s);
-        s = NULL;
+        KILN_CHECK_GOTO(state_update(st, STMT_PUSH_UNCLAIM, what, "I", ids[i]), rc, out);
         KILN_CHECK_GOTO(state_event_insert(st, 0, 0, "push",
                                            "push %lld: its deliverer is gone; queued again",
                                            (long long)ids[i]),
@@ -592,24 +546,17 @@ static int push_end_tx(state_t *st, const push_end_t *e)
                        e->claimer);
         goto out;
     }
-    if (o->sent) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_EXPORT_INSERT, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "IJttII", ckpt, o->base_checkpoint_id,
-                                   o->full ? "push-full" : "push-delta", "(http)", o->bytes, now),
+    if (o->sent)
+        KILN_CHECK_GOTO(state_insert(st, STMT_EXPORT_INSERT, what, &export_id, "IJttII", ckpt,
+                                     o->base_checkpoint_id, o->full ? "push-full" : "push-delta",
+                                     "(http)", o->bytes, now),
                         rc, out);
-        KILN_CHECK_GOTO(state_insert_one(st, s, what, &export_id), rc, out);
-        state_stmt_done(s);
-        s = NULL;
-    }
     bool again = o->state == STATE_PUSH_PENDING;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_END, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ItitiIJI", e->id, state_push_state_name(o->state),
-                               o->http_status, o->error, o->attempts,
-                               again ? o->not_before_ms : 0, export_id, again ? 0 : now),
+    KILN_CHECK_GOTO(state_update(st, STMT_PUSH_END, what, "ItitiIJI", e->id,
+                                 state_push_state_name(o->state), o->http_status, o->error,
+                                 o->attempts, again ? o->not_before_ms : 0, export_id,
+                                 again ? 0 : now),
                     rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    state_stmt_done(s);
-    s = NULL;
     if (o->state == STATE_PUSH_SUCCEEDED)
         KILN_CHECK_GOTO(hold_tx(st, endpoint_id, ckpt, e->id, now), rc, out);
     if (o->event != NULL && (job_id > 0 || run_id > 0))

@@ -10,19 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int state_insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id)
-{
-    int rc = state_exec(st, s, what);
-    if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
-        return kiln_errf(KILN_ENOENT,
-                         "cannot %s: it refers to a run, checkpoint, export or "
-                         "endpoint that does not exist",
-                         what);
-    if (rc == 0 && id != NULL)
-        *id = sqlite3_last_insert_rowid(st->db);
-    return rc;
-}
-
 /* ---- inputs ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -32,17 +19,8 @@ typedef struct {
 
 static int input_add_tx(state_t *st, const input_add_t *a)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "record a run input";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ItIIt", a->run_id, a->in->path, a->in->size,
-                               a->in->mtime, a->in->checksum),
-                    rc, out);
-    rc = state_insert_one(st, s, what, NULL);
-out:
-    state_stmt_done(s);
-    return rc;
+    return state_insert(st, STMT_INPUT_INSERT, "record a run input", NULL, "ItIIt", a->run_id,
+                        a->in->path, a->in->size, a->in->mtime, a->in->checksum);
 }
 
 int state_input_add(state_t *st, int64_t run_id, const state_input_t *in)
@@ -100,15 +78,8 @@ int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in, b
 
 static int inputs_cover_tx(state_t *st, int64_t run_id, int64_t ckpt_id)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "marking an online run's inputs as covered";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_COVER, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "II", run_id, ckpt_id), rc, out);
-    rc = state_insert_one(st, s, what, NULL);
-out:
-    state_stmt_done(s);
-    return rc;
+    return state_insert(st, STMT_INPUT_COVER, "marking an online run's inputs as covered", NULL,
+                        "II", run_id, ckpt_id);
 }
 
 int state_inputs_cover(state_t *st, int64_t run_id, int64_t checkpoint_id)
@@ -172,17 +143,8 @@ typedef struct {
 
 static int metric_add_tx(state_t *st, const metric_add_t *m)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "record a metric";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_METRIC_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(
-        state_bind(st, s, what, "IItdI", m->run_id, m->step, m->name, m->value, kiln_now_s()), rc,
-        out);
-    rc = state_insert_one(st, s, what, NULL);
-out:
-    state_stmt_done(s);
-    return rc;
+    return state_insert(st, STMT_METRIC_INSERT, "record a metric", NULL, "IItdI", m->run_id,
+                        m->step, m->name, m->value, kiln_now_s());
 }
 
 int state_metric_add(state_t *st, int64_t run_id, int64_t step, const char *name, double value)
@@ -251,22 +213,13 @@ void state_checkpoints_free(state_checkpoint_t *cs, size_t n)
 
 static int ckpt_add_tx(state_t *st, const state_checkpoint_t *c, int64_t *id)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "record a checkpoint";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_INSERT, &s), rc, out);
     /* The eval figures only when measured (SQL NULL otherwise). */
-    KILN_CHECK_GOTO(state_bind(st, s, what, "tJJttIIItIbnn", c->uid, c->run_id, c->parent_id,
-                               c->kind, c->path, c->step, c->keys, c->bytes, c->checksum,
-                               c->created_at != 0 ? c->created_at : kiln_now_s(), c->online,
-                               c->has_eval ? c->eval_logloss : NAN,
-                               c->has_eval ? c->eval_auc : NAN),
-                    rc, out);
-    rc = state_insert_one(st, s, what, id);
+    int rc = state_insert(st, STMT_CKPT_INSERT, "record a checkpoint", id, "tJJttIIItIbnn", c->uid,
+                          c->run_id, c->parent_id, c->kind, c->path, c->step, c->keys, c->bytes,
+                          c->checksum, c->created_at != 0 ? c->created_at : kiln_now_s(), c->online,
+                          c->has_eval ? c->eval_logloss : NAN, c->has_eval ? c->eval_auc : NAN);
     if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_UNIQUE)
         rc = kiln_errf(KILN_EEXIST, "checkpoint %s is already recorded", c->uid);
-out:
-    state_stmt_done(s);
     return rc;
 }
 
@@ -346,17 +299,9 @@ typedef struct {
 
 static int ckpt_set_eval_tx(state_t *st, const ckpt_eval_t *e)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "recording a checkpoint's eval figures";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_SET_EVAL, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Inn", e->id, e->logloss, e->auc), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0)
-        rc = kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)e->id);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_update(st, STMT_CKPT_SET_EVAL, "recording a checkpoint's eval figures", "Inn",
+                          e->id, e->logloss, e->auc);
+    return state_found(rc, "no checkpoint with id %lld", (long long)e->id);
 }
 
 int state_checkpoint_set_eval(state_t *st, int64_t checkpoint_id, double logloss, double auc)
@@ -377,17 +322,8 @@ typedef struct {
 
 static int export_add_tx(state_t *st, const export_add_t *e, int64_t *id)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "record an export";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_EXPORT_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IJttII", e->checkpoint_id, e->base_id, e->format,
-                               e->path, e->bytes, kiln_now_s()),
-                    rc, out);
-    rc = state_insert_one(st, s, what, id);
-out:
-    state_stmt_done(s);
-    return rc;
+    return state_insert(st, STMT_EXPORT_INSERT, "record an export", id, "IJttII", e->checkpoint_id,
+                        e->base_id, e->format, e->path, e->bytes, kiln_now_s());
 }
 
 int state_export_add(state_t *st, int64_t checkpoint_id, int64_t base_checkpoint_id,

@@ -2,14 +2,17 @@
  * state/rows.c - reading the rows of a SELECT into structs by a row table
  * (state_row_t: which field each column fills, and as what), freeing what a
  * row owns by the same table, and the queries built on them: the first row of
- * a statement, all its rows as a growing array, and one int64 answer. Each
- * query prepares, binds, steps and resets its cached statement itself, so a
- * caller names only the statement, its parameters and where the rows go.
+ * a statement, all its rows as a growing array, and one int64 answer; and
+ * the writes of one statement: an UPDATE that says how many rows it changed,
+ * an INSERT that gives back its rowid. Each prepares, binds, steps and resets
+ * its cached statement itself, so a caller names only the statement, its
+ * parameters and where the rows go.
  */
 #include "state_int.h"
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,6 +163,56 @@ int state_query_i64(state_t *st, state_stmt_id_t id, const char *what, int64_t *
     *out = rc == 1 ? state_col_i64(s, 0) : 0;
     state_stmt_done(s);
     return rc;
+}
+
+/* prepare, then steps the write to its end and resets it: 0 or an error. */
+static int write_one(state_t *st, state_stmt_id_t id, const char *what, const char *fmt, va_list ap)
+{
+    sqlite3_stmt *s = NULL;
+    int rc = prepare(st, id, what, &s, fmt, ap);
+    if (rc == 0)
+        rc = state_exec(st, s, what);
+    state_stmt_done(s);
+    return rc;
+}
+
+int state_update(state_t *st, state_stmt_id_t id, const char *what, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = write_one(st, id, what, fmt, ap);
+    va_end(ap);
+    return rc < 0 ? rc : sqlite3_changes(st->db);
+}
+
+int state_insert(state_t *st, state_stmt_id_t id, const char *what, int64_t *rowid, const char *fmt,
+                 ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = write_one(st, id, what, fmt, ap);
+    va_end(ap);
+    if (rc == KILN_EDB && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
+        return kiln_errf(KILN_ENOENT,
+                         "cannot %s: it refers to a run, checkpoint, export or "
+                         "endpoint that does not exist",
+                         what);
+    if (rc == 0 && rowid != NULL)
+        *rowid = sqlite3_last_insert_rowid(st->db);
+    return rc;
+}
+
+int state_found(int rc, const char *fmt, ...)
+{
+    if (rc != 0)
+        return rc < 0 ? rc : 0;
+    /* kiln_errf's own buffer is as long, so the message is cut where it would be. */
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return kiln_errf(KILN_ENOENT, "%s", msg);
 }
 
 int state_step_ids(state_t *st, sqlite3_stmt *s, const char *what, int64_t *ids, size_t max,

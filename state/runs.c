@@ -107,43 +107,28 @@ static int scheduled_exists(state_t *st, const run_create_t *c)
 
 static int run_create_tx(state_t *st, run_create_t *c)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     int64_t version;
     const char *what = "queuing a run";
     char iso[KILN_ISO_LEN] = "";
 
-    KILN_CHECK_GOTO(state_query_i64(st, STMT_JOB_VERSION_OF, what, &version, "I", c->job_id), rc,
-                    out);
-    if (rc == 0) {
-        rc =
-            kiln_errf(KILN_ENOENT, "cannot queue a run: no job with id %lld", (long long)c->job_id);
-        goto out;
-    }
-
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IitiJII", c->job_id, (int)version,
-                               state_trigger_name(c->trigger), c->attempt, c->retry_of,
-                               c->scheduled_at, kiln_now_s()),
-                    rc, out);
-    rc = state_exec(st, s, what);
+    int rc = state_query_i64(st, STMT_JOB_VERSION_OF, what, &version, "I", c->job_id);
+    KILN_CHECK(state_found(rc, "cannot queue a run: no job with id %lld", (long long)c->job_id));
+    rc = state_insert(st, STMT_RUN_INSERT, what, &c->id, "IitiJII", c->job_id, (int)version,
+                      state_trigger_name(c->trigger), c->attempt, c->retry_of, c->scheduled_at,
+                      kiln_now_s());
     if (rc < 0) {
         if (st->last_sqlite_rc == SQLITE_CONSTRAINT_UNIQUE)
             rc = scheduled_exists(st, c);
         else if (st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
             rc = kiln_errf(KILN_ENOENT, "cannot queue a retry of run %lld: no such run",
                            (long long)c->retry_of);
-        goto out;
+        return rc;
     }
-    c->id = sqlite3_last_insert_rowid(st->db);
     if (c->scheduled_at != 0)
         kiln_time_iso(c->scheduled_at, iso, sizeof iso);
-    rc = state_event_insert(st, c->job_id, c->id, "state", "queued (%s, attempt %d%s%s)",
-                            state_trigger_name(c->trigger), c->attempt,
-                            iso[0] != '\0' ? ", scheduled " : "", iso);
-out:
-    state_stmt_done(s);
-    return rc;
+    return state_event_insert(st, c->job_id, c->id, "state", "queued (%s, attempt %d%s%s)",
+                              state_trigger_name(c->trigger), c->attempt,
+                              iso[0] != '\0' ? ", scheduled " : "", iso);
 }
 
 int state_run_create_tx(state_t *st, int64_t job_id, state_trigger_t trigger,
@@ -263,36 +248,21 @@ out:
 static int set_state(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
                      int exit_code, const char *error, int64_t ended_at)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     int64_t now = kiln_now_s();
     const char *what = "changing a run's state";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_STATE, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Itt", run_id, state_run_state_name(from),
-                               state_run_state_name(to)),
-                    rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) != 1) {
-        rc = kiln_errf(KILN_EINTERNAL, "run %lld left %s under our write lock", (long long)run_id,
-                       state_run_state_name(from));
-        goto out;
-    }
-    if (to == STATE_RUN_RUNNING) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_STARTED, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "II", run_id, now), rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    }
-    if (state_run_state_terminal(to)) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_ENDED, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "IIit", run_id, ended_at > 0 ? ended_at : now,
-                                   exit_code, error),
-                        rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    }
-    rc = 0;
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_update(st, STMT_RUN_SET_STATE, what, "Itt", run_id, state_run_state_name(from),
+                          state_run_state_name(to));
+    if (rc < 0)
+        return rc;
+    if (rc != 1)
+        return kiln_errf(KILN_EINTERNAL, "run %lld left %s under our write lock", (long long)run_id,
+                         state_run_state_name(from));
+    if (to == STATE_RUN_RUNNING)
+        KILN_CHECK(state_update(st, STMT_RUN_SET_STARTED, what, "II", run_id, now));
+    if (state_run_state_terminal(to))
+        KILN_CHECK(state_update(st, STMT_RUN_SET_ENDED, what, "IIit", run_id,
+                                ended_at > 0 ? ended_at : now, exit_code, error));
+    return 0;
 }
 
 static int refuse(int64_t run_id, state_run_state_t actual, state_run_state_t from,
@@ -363,16 +333,9 @@ static int cancel_tx(state_t *st, int64_t run_id, bool *done)
     *done = false;
     if (already)
         return 0;
-    sqlite3_stmt *s = NULL;
-    int rc;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_CANCEL, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, "requesting cancel", "I", run_id), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, "requesting cancel"), rc, out);
-    rc = state_event_insert(st, job_id, run_id, "cancel", "cancel requested while %s",
-                            state_run_state_name(actual));
-out:
-    state_stmt_done(s);
-    return rc;
+    KILN_CHECK(state_update(st, STMT_RUN_SET_CANCEL, "requesting cancel", "I", run_id));
+    return state_event_insert(st, job_id, run_id, "cancel", "cancel requested while %s",
+                              state_run_state_name(actual));
 }
 
 int state_run_request_cancel(state_t *st, int64_t run_id, bool *done)
@@ -396,27 +359,16 @@ typedef struct {
 
 static int set_launch_tx(state_t *st, const launch_t *l)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "recording a launch";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_LAUNCH, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ItIt", l->run_id, l->run_dir, l->pgid, l->host), rc,
-                    out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no run %lld", (long long)l->run_id);
-        goto out;
-    }
+    int rc = state_update(st, STMT_RUN_SET_LAUNCH, "recording a launch", "ItIt", l->run_id,
+                          l->run_dir, l->pgid, l->host);
+    KILN_CHECK(state_found(rc, "no run %lld", (long long)l->run_id));
     /* kilnd records the directory first (pgid 0) and the process group once
      * the supervisor runs: only the second is the launch. */
-    if (l->pgid > 0)
-        rc = state_event_insert(st, 0, l->run_id, "launch",
-                                "launched on %s, process group %lld, in %s",
-                                l->host != NULL ? l->host : "?", (long long)l->pgid,
-                                l->run_dir != NULL ? l->run_dir : "?");
-out:
-    state_stmt_done(s);
-    return rc;
+    if (l->pgid <= 0)
+        return 0;
+    return state_event_insert(
+        st, 0, l->run_id, "launch", "launched on %s, process group %lld, in %s",
+        l->host != NULL ? l->host : "?", (long long)l->pgid, l->run_dir != NULL ? l->run_dir : "?");
 }
 
 int state_run_set_launch(state_t *st, int64_t run_id, const char *run_dir, int64_t pgid,
@@ -430,17 +382,9 @@ int state_run_set_launch(state_t *st, int64_t run_id, const char *run_dir, int64
 
 static int set_not_before_tx(state_t *st, int64_t run_id, int64_t not_before)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "setting a run's earliest start";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_NOT_BEFORE, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "II", run_id, not_before), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0)
-        rc = kiln_errf(KILN_ENOENT, "no run %lld", (long long)run_id);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_update(st, STMT_RUN_SET_NOT_BEFORE, "setting a run's earliest start", "II",
+                          run_id, not_before);
+    return state_found(rc, "no run %lld", (long long)run_id);
 }
 
 int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before)
@@ -453,19 +397,11 @@ int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before)
 
 static int set_start_tx(state_t *st, int64_t run_id, int64_t ckpt_id)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "recording the checkpoint a run started from";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_START_CKPT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IJ", run_id, ckpt_id), rc, out);
-    rc = state_exec(st, s, what);
+    int rc = state_update(st, STMT_RUN_SET_START_CKPT,
+                          "recording the checkpoint a run started from", "IJ", run_id, ckpt_id);
     if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
-        rc = kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)ckpt_id);
-    else if (rc == 0 && sqlite3_changes(st->db) == 0)
-        rc = kiln_errf(KILN_ENOENT, "no run %lld", (long long)run_id);
-out:
-    state_stmt_done(s);
-    return rc;
+        return kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)ckpt_id);
+    return state_found(rc, "no run %lld", (long long)run_id);
 }
 
 int state_run_set_start_checkpoint(state_t *st, int64_t run_id, int64_t checkpoint_id)

@@ -425,11 +425,6 @@ bool state_busy_retry(state_t *st, int *rc, int attempt, const char *what);
 int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *kind,
                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* Steps a bound INSERT or UPDATE to its end (records.c): a FOREIGN KEY
- * violation becomes KILN_ENOENT ("cannot <what>: it refers to ... that does
- * not exist"); *id (may be NULL) gets the new rowid. */
-int state_insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id /* OUT */);
-
 /* Queues a run inside the caller's transaction (runs.c): state_run_create's
  * work without its own BEGIN. */
 int state_run_create_tx(state_t *st, int64_t job_id, state_trigger_t trigger,
@@ -515,6 +510,19 @@ int state_rows_query(state_t *st, state_stmt_id_t id, const char *what, const st
  * row): returns 1 for a row, 0 when none, or an error. */
 int state_query_i64(state_t *st, state_stmt_id_t id, const char *what, int64_t *out /* OUT */,
                     const char *fmt, ...);
+/* Runs a write to its end: returns how many rows it changed (0 when its
+ * WHERE matched none, for the caller to name what was missing), or an error. */
+int state_update(state_t *st, state_stmt_id_t id, const char *what, const char *fmt, ...);
+/* Runs an INSERT (or an UPDATE that sets a foreign key) to its end: returns 0
+ * with *rowid (may be NULL) the new row's id, or an error, KILN_ENOENT ("cannot
+ * <what>: it refers to ... that does not exist") for a FOREIGN KEY violation. */
+int state_insert(state_t *st, state_stmt_id_t id, const char *what, int64_t *rowid /* OUT */,
+                 const char *fmt, ...);
+/* Ends a lookup or a write that must find its row, given rc, the answer of
+ * state_row_query, state_query_i64 or state_update: none (0) becomes
+ * KILN_ENOENT with the message fmt, a row or a count of rows 0, and an error
+ * stays as it is. */
+int state_found(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Steps s (prepared and bound) and stores column 0 of its rows in ids, at
  * most max of them; *n says how many. 0 or KILN_EDB. */
 int state_step_ids(state_t *st, sqlite3_stmt *s, const char *what, int64_t *ids /* OUT */,
