@@ -159,26 +159,13 @@ int state_submit(state_t *st, const state_submit_t *in, state_submitted_t *out)
 
 /* ---- get / list -------------------------------------------------------------------- */
 
-static int job_get_tx(state_t *st, state_stmt_id_t id, const char *name, int64_t job_id,
-                      state_job_t *out)
-{
-    const char *what = "reading a job";
-    int rc = name != NULL ? state_row_query(st, id, what, &job_row, out, "t", name)
-                          : state_row_query(st, id, what, &job_row, out, "I", job_id);
-    if (rc == 0)
-        return name != NULL ? kiln_errf(KILN_ENOENT, "no job named '%s'; see kiln jobs", name)
-                            : kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
-    return rc < 0 ? rc : 0;
-}
-
 int state_job_get(state_t *st, const char *name, state_job_t *out)
 {
-    int rc;
     memset(out, 0, sizeof *out);
     if (name == NULL)
         return kiln_errf(KILN_EINVAL, "no job name given");
-    STATE_READ(st, "reading a job", rc, job_get_tx(st, STMT_JOB_GET_BY_NAME, name, 0, out));
-    return rc;
+    int rc = state_row_get(st, STMT_JOB_GET_BY_NAME, "reading a job", &job_row, out, "t", name);
+    return state_found(rc, "no job named '%s'; see kiln jobs", name);
 }
 
 static int version_spec_tx(state_t *st, int64_t job_id, int version, char **yaml)
@@ -209,18 +196,13 @@ int state_job_version_spec(state_t *st, int64_t job_id, int version, char **yaml
 
 int state_job_get_by_id(state_t *st, int64_t id, state_job_t *out)
 {
-    int rc;
-    memset(out, 0, sizeof *out);
-    STATE_READ(st, "reading a job", rc, job_get_tx(st, STMT_JOB_GET_BY_ID, NULL, id, out));
-    return rc;
+    int rc = state_row_get(st, STMT_JOB_GET_BY_ID, "reading a job", &job_row, out, "I", id);
+    return state_found(rc, "no job with id %lld", (long long)id);
 }
 
 int state_job_list(state_t *st, state_job_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "listing jobs", rc,
-               state_rows_query(st, STMT_JOB_LIST, "listing jobs", &job_row, (void **)out, n, ""));
-    return rc;
+    return state_rows_list(st, STMT_JOB_LIST, "listing jobs", &job_row, (void **)out, n, "");
 }
 
 /* ---- updates ----------------------------------------------------------------------- */

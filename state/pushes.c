@@ -145,12 +145,9 @@ static int endpoint_find_tx(state_t *st, const char *url, const char *model, con
 {
     int rc = state_query_i64(st, STMT_ENDPOINT_BY_URL, "finding an endpoint", id, "ttt", url, model,
                              label);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT,
-                         "no endpoint %s%s%s%s%s is recorded (nothing was pushed to it)", url,
-                         model ? " for model " : "", model ? model : "", label ? " label " : "",
-                         label ? label : "");
-    return rc < 0 ? rc : 0;
+    return state_found(rc, "no endpoint %s%s%s%s%s is recorded (nothing was pushed to it)", url,
+                       model ? " for model " : "", model ? model : "", label ? " label " : "",
+                       label ? label : "");
 }
 
 int state_endpoint_find(state_t *st, const char *url, const char *model, const char *label,
@@ -228,20 +225,10 @@ void state_pushes_free(state_push_t *ps, size_t n)
     state_rows_free(&push_row, ps, n);
 }
 
-static int push_get_tx(state_t *st, int64_t id, state_push_t *out)
-{
-    int rc = state_row_query(st, STMT_PUSH_GET, "reading a push", &push_row, out, "I", id);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "no push %lld", (long long)id);
-    return rc < 0 ? rc : 0;
-}
-
 int state_push_get(state_t *st, int64_t push_id, state_push_t *out)
 {
-    int rc;
-    memset(out, 0, sizeof *out);
-    STATE_READ(st, "reading a push", rc, push_get_tx(st, push_id, out));
-    return rc;
+    int rc = state_row_get(st, STMT_PUSH_GET, "reading a push", &push_row, out, "I", push_id);
+    return state_found(rc, "no push %lld", (long long)push_id);
 }
 
 static int push_list_tx(state_t *st, const state_push_filter_t *f, int limit, state_push_t **out,
@@ -603,11 +590,6 @@ void state_served_free(state_served_t *sv, size_t n)
 
 int state_lineage_served(state_t *st, int64_t checkpoint_id, state_served_t **out, size_t *n)
 {
-    int rc;
-    *out = NULL;
-    *n = 0;
-    STATE_READ(st, "reading exports and pushes", rc,
-               state_rows_query(st, STMT_LINEAGE_SERVED, "reading exports and pushes", &served_row,
-                                (void **)out, n, "I", checkpoint_id));
-    return rc;
+    return state_rows_list(st, STMT_LINEAGE_SERVED, "reading exports and pushes", &served_row,
+                           (void **)out, n, "I", checkpoint_id);
 }

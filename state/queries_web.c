@@ -176,11 +176,8 @@ static const state_row_t run_count_row =
 
 int state_run_counts(state_t *st, state_run_count_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "counting runs", rc,
-               state_rows_query(st, STMT_WEB_RUN_COUNTS, "counting runs", &run_count_row,
-                                (void **)out, n, ""));
-    return rc;
+    return state_rows_list(st, STMT_WEB_RUN_COUNTS, "counting runs", &run_count_row, (void **)out,
+                           n, "");
 }
 
 /* A row of WEB_RUN_DURATIONS. */
@@ -194,11 +191,8 @@ static const state_row_t duration_row = STATE_ROW(state_duration_bucket_t, durat
 
 int state_run_durations(state_t *st, state_duration_bucket_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "reading run durations", rc,
-               state_rows_query(st, STMT_WEB_RUN_DURATIONS, "reading run durations", &duration_row,
-                                (void **)out, n, ""));
-    return rc;
+    return state_rows_list(st, STMT_WEB_RUN_DURATIONS, "reading run durations", &duration_row,
+                           (void **)out, n, "");
 }
 
 /* ---- endpoints ------------------------------------------------------------------- */
@@ -243,11 +237,8 @@ void state_endpoint_infos_free(state_endpoint_info_t *es, size_t n)
 
 int state_endpoint_list(state_t *st, state_endpoint_info_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "listing endpoints", rc,
-               state_rows_query(st, STMT_WEB_ENDPOINT_LIST, "listing endpoints", &endpoint_row,
-                                (void **)out, n, ""));
-    return rc;
+    return state_rows_list(st, STMT_WEB_ENDPOINT_LIST, "listing endpoints", &endpoint_row,
+                           (void **)out, n, "");
 }
 
 /* A row of WEB_HOLDING_HISTORY. */
@@ -261,12 +252,9 @@ static const state_row_t holding_row = STATE_ROW(state_holding_t, holding_cols, 
 int state_endpoint_history(state_t *st, int64_t endpoint_id, int limit, state_holding_t **out,
                            size_t *n)
 {
-    int rc;
-    STATE_READ(st, "reading an endpoint's holdings", rc,
-               state_rows_query(st, STMT_WEB_HOLDING_HISTORY, "reading an endpoint's holdings",
-                                &holding_row, (void **)out, n, "Ii", endpoint_id,
-                                limit > 0 ? limit : -1));
-    return rc;
+    return state_rows_list(st, STMT_WEB_HOLDING_HISTORY, "reading an endpoint's holdings",
+                           &holding_row, (void **)out, n, "Ii", endpoint_id,
+                           limit > 0 ? limit : -1);
 }
 
 void state_holdings_free(state_holding_t *hs, size_t n)

@@ -49,11 +49,8 @@ void state_inputs_free(state_input_t *ins, size_t n)
 
 int state_input_list(state_t *st, int64_t run_id, state_input_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "listing run inputs", rc,
-               state_rows_query(st, STMT_INPUT_LIST, "listing run inputs", &input_row, (void **)out,
-                                n, "I", run_id));
-    return rc;
+    return state_rows_list(st, STMT_INPUT_LIST, "listing run inputs", &input_row, (void **)out, n,
+                           "I", run_id);
 }
 
 static int input_consumed_tx(state_t *st, int64_t job_id, const state_input_t *in, bool *consumed)
@@ -168,15 +165,12 @@ static const state_row_t metric_row = STATE_ROW(state_metric_t, metric_cols, NUL
 int state_metric_series(state_t *st, int64_t run_id, const char *name, state_metric_t **out,
                         size_t *n)
 {
-    int rc;
     *out = NULL;
     *n = 0;
     if (name == NULL)
         return kiln_errf(KILN_EINVAL, "no metric name given");
-    STATE_READ(st, "reading a metric series", rc,
-               state_rows_query(st, STMT_METRIC_SERIES, "reading a metric series", &metric_row,
-                                (void **)out, n, "It", run_id, name));
-    return rc;
+    return state_rows_list(st, STMT_METRIC_SERIES, "reading a metric series", &metric_row,
+                           (void **)out, n, "It", run_id, name);
 }
 
 /* ---- checkpoints ------------------------------------------------------------------- */
@@ -238,58 +232,29 @@ int state_checkpoint_add(state_t *st, const state_checkpoint_t *c, int64_t *id)
     return rc;
 }
 
-/* Reads the checkpoint that statement id finds for uid or, when uid is NULL,
- * for job_id. */
-static int ckpt_get_tx(state_t *st, state_stmt_id_t id, const char *uid, int64_t job_id,
-                       state_checkpoint_t *out)
-{
-    const char *what = "reading a checkpoint";
-    int rc = uid != NULL ? state_row_query(st, id, what, &ckpt_row, out, "t", uid)
-                         : state_row_query(st, id, what, &ckpt_row, out, "I", job_id);
-    if (rc == 0)
-        return uid != NULL
-                   ? kiln_errf(KILN_ENOENT, "no checkpoint %s", uid)
-                   : kiln_errf(KILN_ENOENT, "job %lld has no checkpoints yet", (long long)job_id);
-    return rc < 0 ? rc : 0;
-}
-
 int state_checkpoint_get(state_t *st, const char *uid, state_checkpoint_t *out)
 {
-    int rc;
     memset(out, 0, sizeof *out);
     if (uid == NULL)
         return kiln_errf(KILN_EINVAL, "no checkpoint uid given");
-    STATE_READ(st, "reading a checkpoint", rc, ckpt_get_tx(st, STMT_CKPT_GET, uid, 0, out));
-    return rc;
-}
-
-static int ckpt_newest_tx(state_t *st, int64_t run_id, bool online, state_checkpoint_t *out)
-{
-    int rc = state_row_query(st, STMT_CKPT_NEWEST_RUN, "reading a run's newest checkpoint",
-                             &ckpt_row, out, "Ib", run_id, online);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "run %lld recorded no %scheckpoint", (long long)run_id,
-                         online ? "online " : "");
-    return rc < 0 ? rc : 0;
+    int rc = state_row_get(st, STMT_CKPT_GET, "reading a checkpoint", &ckpt_row, out, "t", uid);
+    return state_found(rc, "no checkpoint %s", uid);
 }
 
 int state_checkpoint_newest_of_run(state_t *st, int64_t run_id, bool online_only,
                                    state_checkpoint_t *out)
 {
-    int rc;
-    memset(out, 0, sizeof *out);
-    STATE_READ(st, "reading a run's newest checkpoint", rc,
-               ckpt_newest_tx(st, run_id, online_only, out));
-    return rc;
+    int rc = state_row_get(st, STMT_CKPT_NEWEST_RUN, "reading a run's newest checkpoint", &ckpt_row,
+                           out, "Ib", run_id, online_only);
+    return state_found(rc, "run %lld recorded no %scheckpoint", (long long)run_id,
+                       online_only ? "online " : "");
 }
 
 int state_checkpoint_latest(state_t *st, int64_t job_id, state_checkpoint_t *out)
 {
-    int rc;
-    memset(out, 0, sizeof *out);
-    STATE_READ(st, "reading a checkpoint", rc,
-               ckpt_get_tx(st, STMT_CKPT_LATEST, NULL, job_id, out));
-    return rc;
+    int rc =
+        state_row_get(st, STMT_CKPT_LATEST, "reading a checkpoint", &ckpt_row, out, "I", job_id);
+    return state_found(rc, "job %lld has no checkpoints yet", (long long)job_id);
 }
 
 typedef struct {
@@ -350,28 +315,15 @@ int state_data_version(state_t *st, int64_t *out)
     return rc < 0 ? rc : 0;
 }
 
-static int ckpt_by_id_tx(state_t *st, int64_t id, state_checkpoint_t *out)
-{
-    int rc =
-        state_row_query(st, STMT_CKPT_GET_BY_ID, "reading a checkpoint", &ckpt_row, out, "I", id);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)id);
-    return rc < 0 ? rc : 0;
-}
-
 int state_checkpoint_get_by_id(state_t *st, int64_t id, state_checkpoint_t *out)
 {
-    int rc;
-    memset(out, 0, sizeof *out);
-    STATE_READ(st, "reading a checkpoint", rc, ckpt_by_id_tx(st, id, out));
-    return rc;
+    int rc =
+        state_row_get(st, STMT_CKPT_GET_BY_ID, "reading a checkpoint", &ckpt_row, out, "I", id);
+    return state_found(rc, "no checkpoint with id %lld", (long long)id);
 }
 
 int state_checkpoint_list_by_run(state_t *st, int64_t run_id, state_checkpoint_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "listing checkpoints", rc,
-               state_rows_query(st, STMT_CKPT_LIST_RUN, "listing checkpoints", &ckpt_row,
-                                (void **)out, n, "I", run_id));
-    return rc;
+    return state_rows_list(st, STMT_CKPT_LIST_RUN, "listing checkpoints", &ckpt_row, (void **)out,
+                           n, "I", run_id);
 }

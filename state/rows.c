@@ -69,12 +69,17 @@ void state_rows_free(const state_row_t *m, void *rows, size_t n)
     free(rows);
 }
 
-/* Prepares statement id and binds the values of fmt (state_bind's letters). */
+/* Prepares statement id and binds the values of fmt (state_bind's letters).
+ * It reads a copy of ap, so a query rerun on a busy file binds the same. */
 static int prepare(state_t *st, state_stmt_id_t id, const char *what, sqlite3_stmt **s,
                    const char *fmt, va_list ap)
 {
     KILN_CHECK(state_stmt(st, id, s));
-    return state_vbind(st, *s, what, fmt, ap);
+    va_list aq;
+    va_copy(aq, ap);
+    int rc = state_vbind(st, *s, what, fmt, aq);
+    va_end(aq);
+    return rc;
 }
 
 /* prepare, then steps to the first row: 1 for a row (for the caller to read
@@ -86,33 +91,38 @@ static int first_row(state_t *st, state_stmt_id_t id, const char *what, sqlite3_
     return rc < 0 ? rc : state_step(st, *s, what);
 }
 
-int state_row_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
-                    void *row, const char *fmt, ...)
+/* state_row_query on a va_list. */
+static int row_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                     void *row, const char *fmt, va_list ap)
 {
     sqlite3_stmt *s = NULL;
-    va_list ap;
     memset(row, 0, m->size);
-    va_start(ap, fmt);
     int rc = first_row(st, id, what, &s, fmt, ap);
-    va_end(ap);
     if (rc == 1 && (rc = state_row_read(m, s, row)) == 0)
         rc = 1;
     state_stmt_done(s);
     return rc;
 }
 
-/* Grows *arr (of *cap elements of size sz) so that index n fits. */
-static int grow(void **arr, size_t *cap, size_t n, size_t sz)
+int state_row_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                    void *row, const char *fmt, ...)
 {
-    if (n < *cap)
-        return 0;
-    size_t ncap = *cap != 0 ? *cap * 2 : 16;
-    void *p = kiln_reallocarray(*arr, ncap, sz);
-    if (p == NULL)
-        return KILN_ENOMEM;
-    *arr = p;
-    *cap = ncap;
-    return 0;
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = row_query(st, id, what, m, row, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int state_row_get(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                  void *row, const char *fmt, ...)
+{
+    int rc;
+    va_list ap;
+    va_start(ap, fmt);
+    STATE_READ(st, what, rc, row_query(st, id, what, m, row, fmt, ap));
+    va_end(ap);
+    return rc;
 }
 
 /* Steps s to its end, appending each row to *out / *n by m. */
@@ -124,23 +134,20 @@ static int collect(state_t *st, sqlite3_stmt *s, const char *what, const state_r
         int rc = state_step(st, s, what);
         if (rc <= 0)
             return rc;
-        KILN_CHECK(grow(out, &cap, *n, m->size));
+        KILN_CHECK(kiln_grow(out, &cap, *n, m->size, 16));
         KILN_CHECK(state_row_read(m, s, (char *)*out + *n * m->size));
         (*n)++;
     }
 }
 
-int state_rows_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
-                     void **out, size_t *n, const char *fmt, ...)
+/* state_rows_query on a va_list. */
+static int rows_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                      void **out, size_t *n, const char *fmt, va_list ap)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
-    va_list ap;
     *out = NULL;
     *n = 0;
-    va_start(ap, fmt);
-    rc = prepare(st, id, what, &s, fmt, ap);
-    va_end(ap);
+    int rc = prepare(st, id, what, &s, fmt, ap);
     if (rc == 0)
         rc = collect(st, s, what, m, out, n);
     state_stmt_done(s);
@@ -149,6 +156,27 @@ int state_rows_query(state_t *st, state_stmt_id_t id, const char *what, const st
         *out = NULL;
         *n = 0;
     }
+    return rc;
+}
+
+int state_rows_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                     void **out, size_t *n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = rows_query(st, id, what, m, out, n, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int state_rows_list(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                    void **out, size_t *n, const char *fmt, ...)
+{
+    int rc;
+    va_list ap;
+    va_start(ap, fmt);
+    STATE_READ(st, what, rc, rows_query(st, id, what, m, out, n, fmt, ap));
+    va_end(ap);
     return rc;
 }
 

@@ -163,9 +163,7 @@ int state_run_create(state_t *st, int64_t job_id, state_trigger_t trigger, int64
 static int run_get_tx(state_t *st, int64_t run_id, state_run_t *out)
 {
     int rc = state_row_query(st, STMT_RUN_GET, "reading a run", &run_row, out, "I", run_id);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "no run %lld; see kiln runs", (long long)run_id);
-    return rc < 0 ? rc : 0;
+    return state_found(rc, "no run %lld; see kiln runs", (long long)run_id);
 }
 
 int state_run_get(state_t *st, int64_t run_id, state_run_t *out)
@@ -183,10 +181,7 @@ static int run_list_tx(state_t *st, const char *job_name, int limit, state_run_t
     if (job_name == NULL)
         return state_rows_query(st, STMT_RUN_LIST_ALL, what, &run_row, (void **)out, n, "I", lim);
     int rc = state_query_i64(st, STMT_JOB_FIND, what, &job_id, "t", job_name);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "no job named '%s'; see kiln jobs", job_name);
-    if (rc < 0)
-        return rc;
+    KILN_CHECK(state_found(rc, "no job named '%s'; see kiln jobs", job_name));
     return state_rows_query(st, STMT_RUN_LIST_JOB, what, &run_row, (void **)out, n, "II", job_id,
                             lim);
 }
@@ -202,15 +197,12 @@ int state_run_list(state_t *st, const char *job_name, int limit, state_run_t **o
 
 int state_run_list_in_state(state_t *st, state_run_state_t s, state_run_t **out, size_t *n)
 {
-    int rc;
     *out = NULL;
     *n = 0;
     if ((int)s < 0 || s >= STATE_RUN_NSTATES)
         return kiln_errf(KILN_EINVAL, "unknown run state %d", (int)s);
-    STATE_READ(st, "listing runs", rc,
-               state_rows_query(st, STMT_RUN_LIST_STATE, "listing runs", &run_row, (void **)out, n,
-                                "t", state_run_state_name(s)));
-    return rc;
+    return state_rows_list(st, STMT_RUN_LIST_STATE, "listing runs", &run_row, (void **)out, n, "t",
+                           state_run_state_name(s));
 }
 
 /* ---- state changes ---------------------------------------------------------------- */

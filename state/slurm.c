@@ -26,9 +26,7 @@ static int get_tx(state_t *st, int64_t run_id, state_slurm_job_t *out)
 {
     int rc = state_row_query(st, STMT_SLURM_JOB_GET, "reading a run's Slurm job", &slurm_job_row,
                              out, "I", run_id);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "run %lld has no Slurm job", (long long)run_id);
-    return rc < 0 ? rc : 0;
+    return state_found(rc, "run %lld has no Slurm job", (long long)run_id);
 }
 
 int state_slurm_job_get(state_t *st, int64_t run_id, state_slurm_job_t *out)

@@ -506,6 +506,13 @@ int state_row_query(state_t *st, state_stmt_id_t id, const char *what, const sta
  * Returns 0, or an error with *out NULL and *n 0. */
 int state_rows_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
                      void **out /* OUT */, size_t *n /* OUT */, const char *fmt, ...);
+/* state_row_query and state_rows_query for a public function that reads
+ * outside any transaction: each runs in a read of its own, rerun while
+ * another process holds the file (STATE_READ). */
+int state_row_get(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                  void *row /* OUT */, const char *fmt, ...);
+int state_rows_list(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                    void **out /* OUT */, size_t *n /* OUT */, const char *fmt, ...);
 /* Sets *out to column 0 of the first row (0 when NULL or when there is no
  * row): returns 1 for a row, 0 when none, or an error. */
 int state_query_i64(state_t *st, state_stmt_id_t id, const char *what, int64_t *out /* OUT */,
