@@ -13,83 +13,39 @@
 
 /* ---- runs ------------------------------------------------------------------------ */
 
-/* The page statement for each filter: bit 0 job, bit 1 state. */
-static const state_stmt_id_t page_stmts[4] = {
-    STMT_WEB_RUN_PAGE_ALL, STMT_WEB_RUN_PAGE_JOB, STMT_WEB_RUN_PAGE_STATE,
-    STMT_WEB_RUN_PAGE_JOB_STATE};
-
-typedef struct page_q {
-    int64_t job_id;
-    int state;
-    int64_t before_id;
-    int limit;
-    int64_t *ids;
-    size_t n;
-} page_q_t;
-
-static int run_page_ids_tx(state_t *st, page_q_t *q)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "paging runs";
-    int variant = (q->job_id > 0 ? 1 : 0) | (q->state >= 0 ? 2 : 0);
-    int64_t before = q->before_id > 0 ? q->before_id : INT64_MAX;
-    q->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, page_stmts[variant], &s), rc, out);
-    /* The variants use different parameters of ?1..?4: bind one by one. */
-    rc = 0;
-    SQL_CHECK(st, sqlite3_bind_int64(s, 1, before), what);
-    SQL_CHECK(st, sqlite3_bind_int64(s, 2, q->limit), what);
-    if (q->job_id > 0)
-        SQL_CHECK(st, sqlite3_bind_int64(s, 3, q->job_id), what);
-    if (q->state >= 0)
-        SQL_CHECK(st, sqlite3_bind_text(s, 4, state_run_state_name((state_run_state_t)q->state),
-                                        -1, SQLITE_STATIC),
-                  what);
-    rc = state_step_ids(st, s, what, q->ids, (size_t)q->limit, &q->n);
-out:
-    state_stmt_done(s);
-    return rc;
-}
+/* The page statement for each filter (bit 0 job, bit 1 state) and the values
+ * it binds: ?1 before, ?2 limit, ?3 job, ?4 state. A filter by state alone
+ * binds ?3 too, which its statement does not read. */
+static const struct {
+    state_stmt_id_t stmt;
+    const char *fmt;
+} pages[4] = {
+    {STMT_WEB_RUN_PAGE_ALL, "II"},
+    {STMT_WEB_RUN_PAGE_JOB, "III"},
+    {STMT_WEB_RUN_PAGE_STATE, "IIIt"},
+    {STMT_WEB_RUN_PAGE_JOB_STATE, "IIIt"},
+};
 
 int state_run_page(state_t *st, int64_t job_id, int state, int64_t before_id, int limit,
                    state_run_t **out, size_t *n)
 {
-    int rc;
     *out = NULL;
     *n = 0;
     if (limit < 1 || limit > STATE_PAGE_MAX)
         return kiln_errf(KILN_EINVAL, "a page holds 1 to %d runs, not %d", STATE_PAGE_MAX, limit);
     if (state >= STATE_RUN_NSTATES)
         return kiln_errf(KILN_EINVAL, "unknown run state %d", state);
-    page_q_t q = {job_id, state, before_id, limit, NULL, 0};
-    q.ids = kiln_calloc((size_t)limit, sizeof *q.ids);
-    if (q.ids == NULL)
-        return KILN_ENOMEM;
-    STATE_READ(st, "paging runs", rc, run_page_ids_tx(st, &q));
-    if (rc < 0)
-        goto out;
-    state_run_t *rs = kiln_calloc(q.n ? q.n : 1, sizeof *rs);
-    if (rs == NULL) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    size_t got = 0;
-    for (size_t i = 0; i < q.n; i++) {
-        rc = state_run_get(st, q.ids[i], &rs[got]);
-        if (rc == KILN_ENOENT)
-            continue; /* deleted between the two reads */
-        if (rc < 0) {
-            state_runs_free(rs, got);
-            goto out;
-        }
-        got++;
-    }
-    *out = rs;
-    *n = got;
-    rc = 0;
-out:
-    free(q.ids);
+    int variant = (job_id > 0 ? 1 : 0) | (state >= 0 ? 2 : 0);
+    int64_t before = before_id > 0 ? before_id : INT64_MAX;
+    int64_t *ids = NULL;
+    size_t nids = 0;
+    int rc = state_rows_list(st, pages[variant].stmt, "paging runs", &state_id_row, (void **)&ids,
+                             &nids, pages[variant].fmt, before, (int64_t)limit, job_id,
+                             state_run_state_name((state_run_state_t)state));
+    if (rc == 0)
+        rc = state_rows_of_ids(st, STMT_RUN_GET, "reading a run", &state_run_row, ids, nids,
+                               (void **)out, n);
+    free(ids);
     return rc;
 }
 
@@ -264,64 +220,23 @@ void state_holdings_free(state_holding_t *hs, size_t n)
 
 /* ---- checkpoints ----------------------------------------------------------------- */
 
-typedef struct children_q {
-    state_stmt_id_t stmt;
-    int64_t parent_id;
-    int limit;
-    int64_t *ids;
-    size_t n;
-} children_q_t;
-
-static int children_tx(state_t *st, children_q_t *q)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "listing a checkpoint's children";
-    q->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, q->stmt, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", q->parent_id, q->limit), rc, out);
-    rc = state_step_ids(st, s, what, q->ids, (size_t)q->limit, &q->n);
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
-/* The checkpoints a query of ids (children or descendants) names, in order. */
+/* The checkpoints that a query of ids (children or descendants) names, in
+ * its order. */
 static int ckpts_of(state_t *st, state_stmt_id_t stmt, int64_t checkpoint_id, int limit,
                     state_checkpoint_t **out, size_t *n)
 {
-    int rc;
     *out = NULL;
     *n = 0;
     if (limit < 1 || limit > STATE_PAGE_MAX)
         return kiln_errf(KILN_EINVAL, "asked for %d checkpoints; 1 to %d", limit, STATE_PAGE_MAX);
-    children_q_t q = {stmt, checkpoint_id, limit, kiln_calloc((size_t)limit, sizeof(int64_t)), 0};
-    if (q.ids == NULL)
-        return KILN_ENOMEM;
-    STATE_READ(st, "listing a checkpoint's children", rc, children_tx(st, &q));
-    if (rc < 0)
-        goto out;
-    state_checkpoint_t *cs = kiln_calloc(q.n ? q.n : 1, sizeof *cs);
-    if (cs == NULL) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    size_t got = 0;
-    for (size_t i = 0; i < q.n; i++) {
-        rc = state_checkpoint_get_by_id(st, q.ids[i], &cs[got]);
-        if (rc == KILN_ENOENT)
-            continue;
-        if (rc < 0) {
-            state_checkpoints_free(cs, got);
-            goto out;
-        }
-        got++;
-    }
-    *out = cs;
-    *n = got;
-    rc = 0;
-out:
-    free(q.ids);
+    int64_t *ids = NULL;
+    size_t nids = 0;
+    int rc = state_rows_list(st, stmt, "listing a checkpoint's children", &state_id_row,
+                             (void **)&ids, &nids, "Ii", checkpoint_id, limit);
+    if (rc == 0)
+        rc = state_rows_of_ids(st, STMT_CKPT_GET_BY_ID, "reading a checkpoint", &state_ckpt_row,
+                               ids, nids, (void **)out, n);
+    free(ids);
     return rc;
 }
 

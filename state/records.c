@@ -87,27 +87,6 @@ int state_inputs_cover(state_t *st, int64_t run_id, int64_t checkpoint_id)
     return rc;
 }
 
-typedef struct {
-    const char *path;
-    int limit;
-    int64_t *ids;
-    size_t n;
-} input_runs_t;
-
-static int input_runs_tx(state_t *st, input_runs_t *q)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "finding the runs that read a file";
-    q->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_RUNS, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ti", q->path, q->limit), rc, out);
-    rc = state_step_ids(st, s, what, q->ids, (size_t)q->limit, &q->n);
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
 int state_input_runs(state_t *st, const char *path, int limit, int64_t **run_ids, size_t *n)
 {
     *run_ids = NULL;
@@ -116,18 +95,8 @@ int state_input_runs(state_t *st, const char *path, int limit, int64_t **run_ids
         return kiln_errf(KILN_EINVAL, "no input path given");
     if (limit < 1 || limit > STATE_PAGE_MAX)
         return kiln_errf(KILN_EINVAL, "asked for %d runs; 1 to %d", limit, STATE_PAGE_MAX);
-    input_runs_t q = {path, limit, kiln_calloc((size_t)limit, sizeof(int64_t)), 0};
-    if (q.ids == NULL)
-        return KILN_ENOMEM;
-    int rc;
-    STATE_READ(st, "finding the runs that read a file", rc, input_runs_tx(st, &q));
-    if (rc < 0) {
-        free(q.ids);
-        return rc;
-    }
-    *run_ids = q.ids;
-    *n = q.n;
-    return 0;
+    return state_rows_list(st, STMT_INPUT_RUNS, "finding the runs that read a file", &state_id_row,
+                           (void **)run_ids, n, "ti", path, limit);
 }
 
 /* ---- metrics ----------------------------------------------------------------------- */
@@ -193,16 +162,16 @@ static const state_col_t ckpt_cols[] = {
     STATE_COL(state_checkpoint_t, created_at), STATE_COL(state_checkpoint_t, eval_logloss),
     STATE_COL(state_checkpoint_t, eval_auc),   STATE_COL(state_checkpoint_t, online),
 };
-static const state_row_t ckpt_row = STATE_ROW(state_checkpoint_t, ckpt_cols, read_ckpt_eval);
+const state_row_t state_ckpt_row = STATE_ROW(state_checkpoint_t, ckpt_cols, read_ckpt_eval);
 
 void state_checkpoint_fini(state_checkpoint_t *c)
 {
-    state_row_fini(&ckpt_row, c);
+    state_row_fini(&state_ckpt_row, c);
 }
 
 void state_checkpoints_free(state_checkpoint_t *cs, size_t n)
 {
-    state_rows_free(&ckpt_row, cs, n);
+    state_rows_free(&state_ckpt_row, cs, n);
 }
 
 static int ckpt_add_tx(state_t *st, const state_checkpoint_t *c, int64_t *id)
@@ -237,23 +206,24 @@ int state_checkpoint_get(state_t *st, const char *uid, state_checkpoint_t *out)
     memset(out, 0, sizeof *out);
     if (uid == NULL)
         return kiln_errf(KILN_EINVAL, "no checkpoint uid given");
-    int rc = state_row_get(st, STMT_CKPT_GET, "reading a checkpoint", &ckpt_row, out, "t", uid);
+    int rc =
+        state_row_get(st, STMT_CKPT_GET, "reading a checkpoint", &state_ckpt_row, out, "t", uid);
     return state_found(rc, "no checkpoint %s", uid);
 }
 
 int state_checkpoint_newest_of_run(state_t *st, int64_t run_id, bool online_only,
                                    state_checkpoint_t *out)
 {
-    int rc = state_row_get(st, STMT_CKPT_NEWEST_RUN, "reading a run's newest checkpoint", &ckpt_row,
-                           out, "Ib", run_id, online_only);
+    int rc = state_row_get(st, STMT_CKPT_NEWEST_RUN, "reading a run's newest checkpoint",
+                           &state_ckpt_row, out, "Ib", run_id, online_only);
     return state_found(rc, "run %lld recorded no %scheckpoint", (long long)run_id,
                        online_only ? "online " : "");
 }
 
 int state_checkpoint_latest(state_t *st, int64_t job_id, state_checkpoint_t *out)
 {
-    int rc =
-        state_row_get(st, STMT_CKPT_LATEST, "reading a checkpoint", &ckpt_row, out, "I", job_id);
+    int rc = state_row_get(st, STMT_CKPT_LATEST, "reading a checkpoint", &state_ckpt_row, out, "I",
+                           job_id);
     return state_found(rc, "job %lld has no checkpoints yet", (long long)job_id);
 }
 
@@ -317,13 +287,13 @@ int state_data_version(state_t *st, int64_t *out)
 
 int state_checkpoint_get_by_id(state_t *st, int64_t id, state_checkpoint_t *out)
 {
-    int rc =
-        state_row_get(st, STMT_CKPT_GET_BY_ID, "reading a checkpoint", &ckpt_row, out, "I", id);
+    int rc = state_row_get(st, STMT_CKPT_GET_BY_ID, "reading a checkpoint", &state_ckpt_row, out,
+                           "I", id);
     return state_found(rc, "no checkpoint with id %lld", (long long)id);
 }
 
 int state_checkpoint_list_by_run(state_t *st, int64_t run_id, state_checkpoint_t **out, size_t *n)
 {
-    return state_rows_list(st, STMT_CKPT_LIST_RUN, "listing checkpoints", &ckpt_row, (void **)out,
-                           n, "I", run_id);
+    return state_rows_list(st, STMT_CKPT_LIST_RUN, "listing checkpoints", &state_ckpt_row,
+                           (void **)out, n, "I", run_id);
 }

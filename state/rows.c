@@ -230,6 +230,33 @@ int state_insert(state_t *st, state_stmt_id_t id, const char *what, int64_t *row
     return rc;
 }
 
+/* A bare int64_t from column 0: a list of ids is an int64_t array. */
+static const state_col_t id_cols[] = {{STATE_COL_I64, 0}};
+const state_row_t state_id_row = STATE_ROW(int64_t, id_cols, NULL);
+
+int state_rows_of_ids(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                      const int64_t *ids, size_t nids, void **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (nids == 0)
+        return 0;
+    char *rows = kiln_calloc(nids, m->size);
+    if (rows == NULL)
+        return KILN_ENOMEM;
+    for (size_t i = 0; i < nids; i++) {
+        int rc = state_row_get(st, id, what, m, rows + *n * m->size, "I", ids[i]);
+        if (rc < 0) {
+            state_rows_free(m, rows, *n);
+            *n = 0;
+            return rc;
+        }
+        *n += (size_t)rc; /* 0: the row went between the two reads */
+    }
+    *out = rows;
+    return 0;
+}
+
 int state_found(int rc, const char *fmt, ...)
 {
     if (rc != 0)

@@ -70,16 +70,16 @@ static const state_col_t run_cols[] = {
     STATE_COL(state_run_t, spec_dir),
     STATE_COL(state_run_t, start_checkpoint_id),
 };
-static const state_row_t run_row = STATE_ROW(state_run_t, run_cols, read_run_names);
+const state_row_t state_run_row = STATE_ROW(state_run_t, run_cols, read_run_names);
 
 void state_run_fini(state_run_t *r)
 {
-    state_row_fini(&run_row, r);
+    state_row_fini(&state_run_row, r);
 }
 
 void state_runs_free(state_run_t *rs, size_t n)
 {
-    state_rows_free(&run_row, rs, n);
+    state_rows_free(&state_run_row, rs, n);
 }
 
 /* ---- create ------------------------------------------------------------------------ */
@@ -162,7 +162,7 @@ int state_run_create(state_t *st, int64_t job_id, state_trigger_t trigger, int64
 
 static int run_get_tx(state_t *st, int64_t run_id, state_run_t *out)
 {
-    int rc = state_row_query(st, STMT_RUN_GET, "reading a run", &run_row, out, "I", run_id);
+    int rc = state_row_query(st, STMT_RUN_GET, "reading a run", &state_run_row, out, "I", run_id);
     return state_found(rc, "no run %lld; see kiln runs", (long long)run_id);
 }
 
@@ -179,11 +179,12 @@ static int run_list_tx(state_t *st, const char *job_name, int limit, state_run_t
     int64_t lim = limit > 0 ? limit : -1, job_id;
     const char *what = "listing runs";
     if (job_name == NULL)
-        return state_rows_query(st, STMT_RUN_LIST_ALL, what, &run_row, (void **)out, n, "I", lim);
+        return state_rows_query(st, STMT_RUN_LIST_ALL, what, &state_run_row, (void **)out, n, "I",
+                                lim);
     int rc = state_query_i64(st, STMT_JOB_FIND, what, &job_id, "t", job_name);
     KILN_CHECK(state_found(rc, "no job named '%s'; see kiln jobs", job_name));
-    return state_rows_query(st, STMT_RUN_LIST_JOB, what, &run_row, (void **)out, n, "II", job_id,
-                            lim);
+    return state_rows_query(st, STMT_RUN_LIST_JOB, what, &state_run_row, (void **)out, n, "II",
+                            job_id, lim);
 }
 
 int state_run_list(state_t *st, const char *job_name, int limit, state_run_t **out, size_t *n)
@@ -201,8 +202,8 @@ int state_run_list_in_state(state_t *st, state_run_state_t s, state_run_t **out,
     *n = 0;
     if ((int)s < 0 || s >= STATE_RUN_NSTATES)
         return kiln_errf(KILN_EINVAL, "unknown run state %d", (int)s);
-    return state_rows_list(st, STMT_RUN_LIST_STATE, "listing runs", &run_row, (void **)out, n, "t",
-                           state_run_state_name(s));
+    return state_rows_list(st, STMT_RUN_LIST_STATE, "listing runs", &state_run_row, (void **)out, n,
+                           "t", state_run_state_name(s));
 }
 
 /* ---- state changes ---------------------------------------------------------------- */

@@ -513,6 +513,17 @@ int state_row_get(state_t *st, state_stmt_id_t id, const char *what, const state
                   void *row /* OUT */, const char *fmt, ...);
 int state_rows_list(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
                     void **out /* OUT */, size_t *n /* OUT */, const char *fmt, ...);
+/* The row tables that files other than their own read by: a run
+ * (STATE_RUN_COLS, runs.c), a checkpoint (STATE_CKPT_COLS, records.c), and an
+ * id, a bare int64_t from column 0 (rows.c), so that a list of ids comes back
+ * as an int64_t array. */
+extern const state_row_t state_run_row, state_ckpt_row, state_id_row;
+/* Reads the row of each of ids[0..nids) by m, each with state_row_get of
+ * statement id (whose one parameter is the id), into *out, an array of *n
+ * rows by m (NULL when none). An id whose row is gone by then is left out.
+ * Returns 0, or an error with *out NULL and *n 0. */
+int state_rows_of_ids(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                      const int64_t *ids, size_t nids, void **out /* OUT */, size_t *n /* OUT */);
 /* Sets *out to column 0 of the first row (0 when NULL or when there is no
  * row): returns 1 for a row, 0 when none, or an error. */
 int state_query_i64(state_t *st, state_stmt_id_t id, const char *what, int64_t *out /* OUT */,
