@@ -30,8 +30,9 @@ int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *
 
     int rc = 0;
     if (job_id == 0 && run_id != 0)
-        rc = state_found(state_query_i64(st, STMT_RUN_JOB_OF, what, &job_id, "I", run_id),
-                         "cannot record an event for run %lld: no such run", (long long)run_id);
+        rc = state_found(
+            state_row_query(st, STMT_RUN_JOB_OF, what, &state_i64_row, &job_id, "I", run_id),
+            "cannot record an event for run %lld: no such run", (long long)run_id);
     if (rc == 0) {
         rc = state_insert(st, STMT_EVENT_INSERT, what, NULL, "JJItt", job_id, run_id, kiln_now_s(),
                           kind, msg);

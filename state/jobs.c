@@ -57,9 +57,7 @@ static int job_put_tx(state_t *st, job_put_t *p)
 
     p->id = 0;
     p->created = false;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_FIND, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "t", p->name), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    KILN_CHECK_GOTO(state_first_row(st, STMT_JOB_FIND, what, &s, "t", p->name), rc, out);
     if (rc == 1) {
         p->id = state_col_i64(s, 0);
         KILN_CHECK_GOTO(state_col_str(s, 1, &old_hash), rc, out);
@@ -171,17 +169,11 @@ int state_job_get(state_t *st, const char *name, state_job_t *out)
 static int version_spec_tx(state_t *st, int64_t job_id, int version, char **yaml)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a job version";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_VERSION_SPEC, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", job_id, version), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "job %lld has no version %d", (long long)job_id, version);
-        goto out;
-    }
-    rc = state_col_str(s, 0, yaml);
-out:
+    int rc = state_first_row(st, STMT_JOB_VERSION_SPEC, "reading a job version", &s, "Ii", job_id,
+                             version);
+    rc = state_found(rc, "job %lld has no version %d", (long long)job_id, version);
+    if (rc == 0)
+        rc = state_col_str(s, 0, yaml);
     state_stmt_done(s);
     return rc;
 }

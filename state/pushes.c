@@ -54,7 +54,8 @@ typedef struct {
 static int endpoint_put_tx(state_t *st, const endpoint_put_t *e, int64_t *id)
 {
     const char *what = "record an endpoint";
-    int rc = state_query_i64(st, STMT_ENDPOINT_FIND, what, id, "ttt", e->url, e->model, e->label);
+    int rc = state_row_query(st, STMT_ENDPOINT_FIND, what, &state_i64_row, id, "ttt", e->url,
+                             e->model, e->label);
     if (rc != 0)
         return rc < 0 ? rc : 0; /* an error, or the endpoint is recorded */
     return state_insert(st, STMT_ENDPOINT_INSERT, what, id, "tttI", e->url, e->model, e->label,
@@ -78,22 +79,14 @@ int state_endpoint_put(state_t *st, const char *url, const char *model, const ch
 static int holding_tx(state_t *st, int64_t endpoint_id, int64_t *ckpt, int64_t *since)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading what an endpoint holds";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_CURRENT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", endpoint_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    int rc = state_first_row(st, STMT_HOLDING_CURRENT, "reading what an endpoint holds", &s, "I",
+                             endpoint_id);
+    rc = state_found(rc, "endpoint %lld holds no checkpoint yet (no push to it has succeeded)",
+                     (long long)endpoint_id);
     if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT,
-                       "endpoint %lld holds no checkpoint yet (no push to it has "
-                       "succeeded)",
-                       (long long)endpoint_id);
-        goto out;
+        *ckpt = state_col_i64(s, 0);
+        *since = state_col_i64(s, 1);
     }
-    *ckpt = state_col_i64(s, 0);
-    *since = state_col_i64(s, 1);
-    rc = 0;
-out:
     state_stmt_done(s);
     return rc;
 }
@@ -140,24 +133,16 @@ int state_endpoint_set_stats(state_t *st, int64_t endpoint_id, const state_endpo
     return rc;
 }
 
-static int endpoint_find_tx(state_t *st, const char *url, const char *model, const char *label,
-                            int64_t *id)
-{
-    int rc = state_query_i64(st, STMT_ENDPOINT_BY_URL, "finding an endpoint", id, "ttt", url, model,
-                             label);
-    return state_found(rc, "no endpoint %s%s%s%s%s is recorded (nothing was pushed to it)", url,
-                       model ? " for model " : "", model ? model : "", label ? " label " : "",
-                       label ? label : "");
-}
-
 int state_endpoint_find(state_t *st, const char *url, const char *model, const char *label,
                         int64_t *id)
 {
-    int rc;
     if (url == NULL)
         return kiln_errf(KILN_EINVAL, "no endpoint URL given");
-    STATE_READ(st, "finding an endpoint", rc, endpoint_find_tx(st, url, model, label, id));
-    return rc;
+    int rc = state_row_get(st, STMT_ENDPOINT_BY_URL, "finding an endpoint", &state_i64_row, id,
+                           "ttt", url, model, label);
+    return state_found(rc, "no endpoint %s%s%s%s%s is recorded (nothing was pushed to it)", url,
+                       model ? " for model " : "", model ? model : "", label ? " label " : "",
+                       label ? label : "");
 }
 
 /* ---- reading pushes -------------------------------------------------------------- */
@@ -372,8 +357,9 @@ static int claim_tx(state_t *st, claim_t *c)
     int64_t now = kiln_now_s();
     for (size_t i = 0; i < nc && c->n < (size_t)c->max; i++) {
         int64_t push = cand[i][0], ep = cand[i][1], newer = 0, busy = 0;
-        KILN_CHECK_GOTO(state_query_i64(st, STMT_PUSH_NEWER, what, &newer, "II", ep, push), rc,
-                        out);
+        KILN_CHECK_GOTO(
+            state_row_query(st, STMT_PUSH_NEWER, what, &state_i64_row, &newer, "II", ep, push), rc,
+            out);
         if (newer > 0) {
             char why[96];
             snprintf(why, sizeof why, "superseded by push %lld before it went out",
@@ -382,9 +368,9 @@ static int claim_tx(state_t *st, claim_t *c)
                             out);
             continue;
         }
-        KILN_CHECK_GOTO(
-            state_query_i64(st, STMT_PUSH_ENDPOINT_BUSY, what, &busy, "III", ep, c->now_ms, push),
-            rc, out);
+        KILN_CHECK_GOTO(state_row_query(st, STMT_PUSH_ENDPOINT_BUSY, what, &state_i64_row, &busy,
+                                        "III", ep, c->now_ms, push),
+                        rc, out);
         /* One push per endpoint at a time, in this claim too. */
         bool dup = busy != 0;
         for (size_t k = 0; k < c->n && !dup; k++)
@@ -488,9 +474,8 @@ int state_push_reclaim(state_t *st, bool (*dead)(const char *claimer, void *ctx)
 
 int state_push_next_due(state_t *st, int64_t *at_ms)
 {
-    int rc;
-    STATE_READ(st, "reading the next push due", rc,
-               state_query_i64(st, STMT_PUSH_NEXT_DUE, "reading the next push due", at_ms, ""));
+    int rc = state_row_get(st, STMT_PUSH_NEXT_DUE, "reading the next push due", &state_i64_row,
+                           at_ms, "");
     return rc < 0 ? rc : 0;
 }
 
@@ -511,13 +496,8 @@ static int push_end_tx(state_t *st, const push_end_t *e)
     char *state = NULL, *by = NULL;
     int64_t now = kiln_now_s(), endpoint_id, ckpt, job_id, run_id, export_id = 0;
 
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_OWNER, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", e->id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no push %lld", (long long)e->id);
-        goto out;
-    }
+    rc = state_first_row(st, STMT_PUSH_OWNER, what, &s, "I", e->id);
+    KILN_CHECK_GOTO(state_found(rc, "no push %lld", (long long)e->id), rc, out);
     KILN_CHECK_GOTO(state_col_str(s, 0, &state), rc, out);
     KILN_CHECK_GOTO(state_col_str(s, 1, &by), rc, out);
     endpoint_id = state_col_i64(s, 2);

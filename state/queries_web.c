@@ -39,7 +39,7 @@ int state_run_page(state_t *st, int64_t job_id, int state, int64_t before_id, in
     int64_t before = before_id > 0 ? before_id : INT64_MAX;
     int64_t *ids = NULL;
     size_t nids = 0;
-    int rc = state_rows_list(st, pages[variant].stmt, "paging runs", &state_id_row, (void **)&ids,
+    int rc = state_rows_list(st, pages[variant].stmt, "paging runs", &state_i64_row, (void **)&ids,
                              &nids, pages[variant].fmt, before, (int64_t)limit, job_id,
                              state_run_state_name((state_run_state_t)state));
     if (rc == 0)
@@ -52,12 +52,11 @@ int state_run_page(state_t *st, int64_t job_id, int state, int64_t before_id, in
 static int job_last_tx(state_t *st, int64_t job_id, state_job_last_t *out)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
     const char *what = "reading a job's last run";
     memset(out, 0, sizeof *out);
-    KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_JOB_LAST_RUN, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", job_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    int rc = state_first_row(st, STMT_WEB_JOB_LAST_RUN, what, &s, "I", job_id);
+    if (rc < 0)
+        goto out;
     if (rc == 1) {
         out->last_run_id = state_col_i64(s, 0);
         out->last_queued_at = state_col_i64(s, 2);
@@ -67,9 +66,9 @@ static int job_last_tx(state_t *st, int64_t job_id, state_job_last_t *out)
             goto out;
         }
     }
-    KILN_CHECK_GOTO(
-        state_query_i64(st, STMT_WEB_JOB_LAST_SUCCESS, what, &out->last_success_at, "I", job_id),
-        rc, out);
+    KILN_CHECK_GOTO(state_row_query(st, STMT_WEB_JOB_LAST_SUCCESS, what, &state_i64_row,
+                                    &out->last_success_at, "I", job_id),
+                    rc, out);
     rc = 0;
 out:
     state_stmt_done(s);
@@ -87,20 +86,14 @@ static int metric_last_tx(state_t *st, int64_t run_id, const char *name, double 
                           bool *found)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a metric";
     *found = false;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_METRIC_LAST, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "It", run_id, name), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    int rc = state_first_row(st, STMT_WEB_METRIC_LAST, "reading a metric", &s, "It", run_id, name);
     if (rc == 1 && sqlite3_column_type(s, 0) != SQLITE_NULL) {
         *value = sqlite3_column_double(s, 0);
         *found = true;
     }
-    rc = 0;
-out:
     state_stmt_done(s);
-    return rc;
+    return rc < 0 ? rc : 0;
 }
 
 int state_metric_last(state_t *st, int64_t run_id, const char *name, double *value, bool *found)
@@ -231,7 +224,7 @@ static int ckpts_of(state_t *st, state_stmt_id_t stmt, int64_t checkpoint_id, in
         return kiln_errf(KILN_EINVAL, "asked for %d checkpoints; 1 to %d", limit, STATE_PAGE_MAX);
     int64_t *ids = NULL;
     size_t nids = 0;
-    int rc = state_rows_list(st, stmt, "listing a checkpoint's children", &state_id_row,
+    int rc = state_rows_list(st, stmt, "listing a checkpoint's children", &state_i64_row,
                              (void **)&ids, &nids, "Ii", checkpoint_id, limit);
     if (rc == 0)
         rc = state_rows_of_ids(st, STMT_CKPT_GET_BY_ID, "reading a checkpoint", &state_ckpt_row,
@@ -256,9 +249,7 @@ int state_checkpoint_descendants(state_t *st, int64_t checkpoint_id, int limit,
 
 int state_run_retry_find(state_t *st, int64_t run_id, int64_t *retry_id)
 {
-    int rc;
-    STATE_READ(
-        st, "finding a run's retry", rc,
-        state_query_i64(st, STMT_RUN_RETRY_OF, "finding a run's retry", retry_id, "I", run_id));
+    int rc = state_row_get(st, STMT_RUN_RETRY_OF, "finding a run's retry", &state_i64_row, retry_id,
+                           "I", run_id);
     return rc < 0 ? rc : 0;
 }

@@ -53,24 +53,17 @@ int state_input_list(state_t *st, int64_t run_id, state_input_t **out, size_t *n
                            "I", run_id);
 }
 
-static int input_consumed_tx(state_t *st, int64_t job_id, const state_input_t *in, bool *consumed)
-{
-    int64_t one;
-    int rc = state_query_i64(st, STMT_INPUT_CONSUMED, "checking whether an input was consumed",
-                             &one, "ItIIt", job_id, in->path, in->size, in->mtime, in->checksum);
-    *consumed = rc == 1;
-    return rc < 0 ? rc : 0;
-}
-
 int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in, bool *consumed)
 {
-    int rc;
+    int64_t one;
     *consumed = false;
     if (in == NULL || in->path == NULL)
         return kiln_errf(KILN_EINVAL, "an input needs a path");
-    STATE_READ(st, "checking whether an input was consumed", rc,
-               input_consumed_tx(st, job_id, in, consumed));
-    return rc;
+    int rc = state_row_get(st, STMT_INPUT_CONSUMED, "checking whether an input was consumed",
+                           &state_i64_row, &one, "ItIIt", job_id, in->path, in->size, in->mtime,
+                           in->checksum);
+    *consumed = rc == 1;
+    return rc < 0 ? rc : 0;
 }
 
 static int inputs_cover_tx(state_t *st, int64_t run_id, int64_t ckpt_id)
@@ -95,7 +88,7 @@ int state_input_runs(state_t *st, const char *path, int limit, int64_t **run_ids
         return kiln_errf(KILN_EINVAL, "no input path given");
     if (limit < 1 || limit > STATE_PAGE_MAX)
         return kiln_errf(KILN_EINVAL, "asked for %d runs; 1 to %d", limit, STATE_PAGE_MAX);
-    return state_rows_list(st, STMT_INPUT_RUNS, "finding the runs that read a file", &state_id_row,
+    return state_rows_list(st, STMT_INPUT_RUNS, "finding the runs that read a file", &state_i64_row,
                            (void **)run_ids, n, "ti", path, limit);
 }
 
@@ -279,9 +272,8 @@ int state_export_add(state_t *st, int64_t checkpoint_id, int64_t base_checkpoint
 
 int state_data_version(state_t *st, int64_t *out)
 {
-    int rc;
-    STATE_READ(st, "reading the data version", rc,
-               state_query_i64(st, STMT_DATA_VERSION, "reading the data version", out, ""));
+    int rc =
+        state_row_get(st, STMT_DATA_VERSION, "reading the data version", &state_i64_row, out, "");
     return rc < 0 ? rc : 0;
 }
 

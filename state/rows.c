@@ -2,7 +2,8 @@
  * state/rows.c - reading the rows of a SELECT into structs by a row table
  * (state_row_t: which field each column fills, and as what), freeing what a
  * row owns by the same table, and the queries built on them: the first row of
- * a statement, all its rows as a growing array, and one int64 answer; and
+ * a statement (one int64 answer is a row too), all its rows as a growing
+ * array; and
  * the writes of one statement: an UPDATE that says how many rows it changed,
  * an INSERT that gives back its rowid. Each prepares, binds, steps and resets
  * its cached statement itself, so a caller names only the statement, its
@@ -89,6 +90,16 @@ static int first_row(state_t *st, state_stmt_id_t id, const char *what, sqlite3_
 {
     int rc = prepare(st, id, what, s, fmt, ap);
     return rc < 0 ? rc : state_step(st, *s, what);
+}
+
+int state_first_row(state_t *st, state_stmt_id_t id, const char *what, sqlite3_stmt **s,
+                    const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = first_row(st, id, what, s, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 /* state_row_query on a va_list. */
@@ -180,19 +191,6 @@ int state_rows_list(state_t *st, state_stmt_id_t id, const char *what, const sta
     return rc;
 }
 
-int state_query_i64(state_t *st, state_stmt_id_t id, const char *what, int64_t *out,
-                    const char *fmt, ...)
-{
-    sqlite3_stmt *s = NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = first_row(st, id, what, &s, fmt, ap);
-    va_end(ap);
-    *out = rc == 1 ? state_col_i64(s, 0) : 0;
-    state_stmt_done(s);
-    return rc;
-}
-
 /* prepare, then steps the write to its end and resets it: 0 or an error. */
 static int write_one(state_t *st, state_stmt_id_t id, const char *what, const char *fmt, va_list ap)
 {
@@ -230,9 +228,10 @@ int state_insert(state_t *st, state_stmt_id_t id, const char *what, int64_t *row
     return rc;
 }
 
-/* A bare int64_t from column 0: a list of ids is an int64_t array. */
+/* A bare int64_t from column 0: one int64 answer, or a list of ids as an
+ * int64_t array. */
 static const state_col_t id_cols[] = {{STATE_COL_I64, 0}};
-const state_row_t state_id_row = STATE_ROW(int64_t, id_cols, NULL);
+const state_row_t state_i64_row = STATE_ROW(int64_t, id_cols, NULL);
 
 int state_rows_of_ids(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
                       const int64_t *ids, size_t nids, void **out, size_t *n)

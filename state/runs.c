@@ -98,8 +98,8 @@ static int scheduled_exists(state_t *st, const run_create_t *c)
 {
     int64_t other;
     char iso[KILN_ISO_LEN];
-    state_query_i64(st, STMT_RUN_FIND_SCHEDULED, "finding a scheduled run", &other, "II", c->job_id,
-                    c->scheduled_at);
+    state_row_query(st, STMT_RUN_FIND_SCHEDULED, "finding a scheduled run", &state_i64_row, &other,
+                    "II", c->job_id, c->scheduled_at);
     return kiln_errf(KILN_EEXIST, "job %lld already has run %lld for the scheduled time %s",
                      (long long)c->job_id, (long long)other,
                      kiln_time_iso(c->scheduled_at, iso, sizeof iso));
@@ -111,7 +111,8 @@ static int run_create_tx(state_t *st, run_create_t *c)
     const char *what = "queuing a run";
     char iso[KILN_ISO_LEN] = "";
 
-    int rc = state_query_i64(st, STMT_JOB_VERSION_OF, what, &version, "I", c->job_id);
+    int rc =
+        state_row_query(st, STMT_JOB_VERSION_OF, what, &state_i64_row, &version, "I", c->job_id);
     KILN_CHECK(state_found(rc, "cannot queue a run: no job with id %lld", (long long)c->job_id));
     rc = state_insert(st, STMT_RUN_INSERT, what, &c->id, "IitiJII", c->job_id, (int)version,
                       state_trigger_name(c->trigger), c->attempt, c->retry_of, c->scheduled_at,
@@ -181,7 +182,7 @@ static int run_list_tx(state_t *st, const char *job_name, int limit, state_run_t
     if (job_name == NULL)
         return state_rows_query(st, STMT_RUN_LIST_ALL, what, &state_run_row, (void **)out, n, "I",
                                 lim);
-    int rc = state_query_i64(st, STMT_JOB_FIND, what, &job_id, "t", job_name);
+    int rc = state_row_query(st, STMT_JOB_FIND, what, &state_i64_row, &job_id, "t", job_name);
     KILN_CHECK(state_found(rc, "no job named '%s'; see kiln jobs", job_name));
     return state_rows_query(st, STMT_RUN_LIST_JOB, what, &state_run_row, (void **)out, n, "II",
                             job_id, lim);
@@ -213,15 +214,8 @@ static int run_state_of(state_t *st, int64_t run_id, state_run_state_t *state, i
                         bool *cancel_requested)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a run's state";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_STATE_OF, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no run %lld; see kiln runs", (long long)run_id);
-        goto out;
-    }
+    int rc = state_first_row(st, STMT_RUN_STATE_OF, "reading a run's state", &s, "I", run_id);
+    KILN_CHECK_GOTO(state_found(rc, "no run %lld; see kiln runs", (long long)run_id), rc, out);
     const char *name = (const char *)sqlite3_column_text(s, 0);
     if (state_run_state_parse(name, state) < 0) {
         rc = kiln_errf(KILN_ECORRUPT, "run %lld has unknown state '%s' in the database",
@@ -230,7 +224,6 @@ static int run_state_of(state_t *st, int64_t run_id, state_run_state_t *state, i
     }
     *job_id = state_col_i64(s, 1);
     *cancel_requested = sqlite3_column_int(s, 2) != 0;
-    rc = 0;
 out:
     state_stmt_done(s);
     return rc;
@@ -420,7 +413,8 @@ static int run_end_tx(state_t *st, run_end_t *e)
     KILN_CHECK(transition_tx(st, &e->t));
     if (e->not_before < 0)
         return 0;
-    int rc = state_query_i64(st, STMT_RUN_RETRY_OF, "queuing a retry", &retry, "I", e->t.run_id);
+    int rc = state_row_query(st, STMT_RUN_RETRY_OF, "queuing a retry", &state_i64_row, &retry, "I",
+                             e->t.run_id);
     if (rc < 0)
         return rc;
     if (rc == 1)
@@ -449,8 +443,8 @@ static int run_succeed_tx(state_t *st, run_succeed_t *x)
     KILN_CHECK(transition_tx(st, &x->t));
     if (x->n == 0)
         return 0;
-    KILN_CHECK(
-        state_query_i64(st, STMT_RUN_JOB_OF, "queuing a run's pushes", &job_id, "I", x->t.run_id));
+    KILN_CHECK(state_row_query(st, STMT_RUN_JOB_OF, "queuing a run's pushes", &state_i64_row,
+                               &job_id, "I", x->t.run_id));
     return state_push_enqueue_tx(st, job_id, x->t.run_id, x->reqs, x->n, NULL, 0, x->ids);
 }
 
