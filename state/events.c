@@ -46,24 +46,14 @@ int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *
     return rc;
 }
 
-typedef struct {
-    int64_t job_id, run_id;
-    const char *kind, *message;
-} event_add_t;
-
-static int event_add_tx(state_t *st, const event_add_t *e)
-{
-    return state_event_insert(st, e->job_id, e->run_id, e->kind, "%s", e->message);
-}
-
 int state_event_add(state_t *st, int64_t job_id, int64_t run_id, const char *kind,
                     const char *message)
 {
     if (kind == NULL || kind[0] == '\0')
         return kiln_errf(KILN_EINVAL, "an event needs a kind");
-    event_add_t e = {job_id, run_id, kind, message != NULL ? message : ""};
     int rc;
-    STATE_WRITE(st, "recording an event", rc, event_add_tx(st, &e));
+    STATE_WRITE(st, "recording an event", rc,
+                state_event_insert(st, job_id, run_id, kind, "%s", message != NULL ? message : ""));
     return rc;
 }
 

@@ -215,17 +215,13 @@ int state_job_set_paused(state_t *st, int64_t job_id, bool paused)
     return rc;
 }
 
-static int job_set_last_tx(state_t *st, int64_t job_id, int64_t at)
-{
-    int rc = state_update(st, STMT_JOB_SET_LAST_SCHEDULED, "recording the last scheduled time",
-                          "II", job_id, at);
-    return state_found(rc, "no job with id %lld", (long long)job_id);
-}
-
 int state_job_set_last_scheduled(state_t *st, int64_t job_id, int64_t scheduled_at)
 {
+    const char *what = "recording the last scheduled time";
     int rc;
-    STATE_WRITE(st, "recording the last scheduled time", rc,
-                job_set_last_tx(st, job_id, scheduled_at));
+    STATE_WRITE(
+        st, what, rc,
+        state_found(state_update(st, STMT_JOB_SET_LAST_SCHEDULED, what, "II", job_id, scheduled_at),
+                    "no job with id %lld", (long long)job_id));
     return rc;
 }

@@ -118,18 +118,15 @@ static int hold_tx(state_t *st, int64_t endpoint_id, int64_t ckpt, int64_t push_
                         now);
 }
 
-static int set_stats_tx(state_t *st, int64_t id, const state_endpoint_stats_t *x)
-{
-    int rc =
-        state_update(st, STMT_ENDPOINT_SET_STATS, "recording an endpoint's stats", "IIIInt", id,
-                     x->at, x->predict_requests, x->predict_rows, x->request_rate, x->error);
-    return state_found(rc, "no endpoint %lld", (long long)id);
-}
-
 int state_endpoint_set_stats(state_t *st, int64_t endpoint_id, const state_endpoint_stats_t *x)
 {
+    const char *what = "recording an endpoint's stats";
     int rc;
-    STATE_WRITE(st, "recording an endpoint's stats", rc, set_stats_tx(st, endpoint_id, x));
+    STATE_WRITE(
+        st, what, rc,
+        state_found(state_update(st, STMT_ENDPOINT_SET_STATS, what, "IIIInt", endpoint_id, x->at,
+                                 x->predict_requests, x->predict_rows, x->request_rate, x->error),
+                    "no endpoint %lld", (long long)endpoint_id));
     return rc;
 }
 

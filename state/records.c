@@ -12,24 +12,14 @@
 
 /* ---- inputs ------------------------------------------------------------------------ */
 
-typedef struct {
-    int64_t run_id;
-    const state_input_t *in;
-} input_add_t;
-
-static int input_add_tx(state_t *st, const input_add_t *a)
-{
-    return state_insert(st, STMT_INPUT_INSERT, "record a run input", NULL, "ItIIt", a->run_id,
-                        a->in->path, a->in->size, a->in->mtime, a->in->checksum);
-}
-
 int state_input_add(state_t *st, int64_t run_id, const state_input_t *in)
 {
     if (in == NULL || in->path == NULL)
         return kiln_errf(KILN_EINVAL, "an input needs a path");
-    input_add_t a = {run_id, in};
     int rc;
-    STATE_WRITE(st, "recording a run input", rc, input_add_tx(st, &a));
+    STATE_WRITE(st, "recording a run input", rc,
+                state_insert(st, STMT_INPUT_INSERT, "record a run input", NULL, "ItIIt", run_id,
+                             in->path, in->size, in->mtime, in->checksum));
     return rc;
 }
 
@@ -66,17 +56,12 @@ int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in, b
     return rc < 0 ? rc : 0;
 }
 
-static int inputs_cover_tx(state_t *st, int64_t run_id, int64_t ckpt_id)
-{
-    return state_insert(st, STMT_INPUT_COVER, "marking an online run's inputs as covered", NULL,
-                        "II", run_id, ckpt_id);
-}
-
 int state_inputs_cover(state_t *st, int64_t run_id, int64_t checkpoint_id)
 {
+    const char *what = "marking an online run's inputs as covered";
     int rc;
-    STATE_WRITE(st, "marking an online run's inputs as covered", rc,
-                inputs_cover_tx(st, run_id, checkpoint_id));
+    STATE_WRITE(st, what, rc,
+                state_insert(st, STMT_INPUT_COVER, what, NULL, "II", run_id, checkpoint_id));
     return rc;
 }
 
@@ -94,25 +79,14 @@ int state_input_runs(state_t *st, const char *path, int limit, int64_t **run_ids
 
 /* ---- metrics ----------------------------------------------------------------------- */
 
-typedef struct {
-    int64_t run_id, step;
-    const char *name;
-    double value;
-} metric_add_t;
-
-static int metric_add_tx(state_t *st, const metric_add_t *m)
-{
-    return state_insert(st, STMT_METRIC_INSERT, "record a metric", NULL, "IItdI", m->run_id,
-                        m->step, m->name, m->value, kiln_now_s());
-}
-
 int state_metric_add(state_t *st, int64_t run_id, int64_t step, const char *name, double value)
 {
     if (name == NULL || name[0] == '\0')
         return kiln_errf(KILN_EINVAL, "a metric needs a name");
-    metric_add_t m = {run_id, step, name, value};
     int rc;
-    STATE_WRITE(st, "recording a metric", rc, metric_add_tx(st, &m));
+    STATE_WRITE(st, "recording a metric", rc,
+                state_insert(st, STMT_METRIC_INSERT, "record a metric", NULL, "IItdI", run_id, step,
+                             name, value, kiln_now_s()));
     return rc;
 }
 
@@ -220,49 +194,29 @@ int state_checkpoint_latest(state_t *st, int64_t job_id, state_checkpoint_t *out
     return state_found(rc, "job %lld has no checkpoints yet", (long long)job_id);
 }
 
-typedef struct {
-    int64_t id;
-    double logloss, auc;
-} ckpt_eval_t;
-
-static int ckpt_set_eval_tx(state_t *st, const ckpt_eval_t *e)
-{
-    int rc = state_update(st, STMT_CKPT_SET_EVAL, "recording a checkpoint's eval figures", "Inn",
-                          e->id, e->logloss, e->auc);
-    return state_found(rc, "no checkpoint with id %lld", (long long)e->id);
-}
-
 int state_checkpoint_set_eval(state_t *st, int64_t checkpoint_id, double logloss, double auc)
 {
-    ckpt_eval_t e = {checkpoint_id, logloss, auc};
+    const char *what = "recording a checkpoint's eval figures";
     int rc;
-    STATE_WRITE(st, "recording a checkpoint's eval figures", rc, ckpt_set_eval_tx(st, &e));
+    STATE_WRITE(
+        st, what, rc,
+        state_found(state_update(st, STMT_CKPT_SET_EVAL, what, "Inn", checkpoint_id, logloss, auc),
+                    "no checkpoint with id %lld", (long long)checkpoint_id));
     return rc;
 }
 
 /* ---- exports ----------------------------------------------------------------------- */
-
-typedef struct {
-    int64_t checkpoint_id, base_id;
-    const char *format, *path;
-    int64_t bytes;
-} export_add_t;
-
-static int export_add_tx(state_t *st, const export_add_t *e, int64_t *id)
-{
-    return state_insert(st, STMT_EXPORT_INSERT, "record an export", id, "IJttII", e->checkpoint_id,
-                        e->base_id, e->format, e->path, e->bytes, kiln_now_s());
-}
 
 int state_export_add(state_t *st, int64_t checkpoint_id, int64_t base_checkpoint_id,
                      const char *format, const char *path, int64_t bytes, int64_t *id)
 {
     if (format == NULL || path == NULL)
         return kiln_errf(KILN_EINVAL, "an export needs a format and a path");
-    export_add_t e = {checkpoint_id, base_checkpoint_id, format, path, bytes};
     int64_t nid = 0;
     int rc;
-    STATE_WRITE(st, "recording an export", rc, export_add_tx(st, &e, &nid));
+    STATE_WRITE(st, "recording an export", rc,
+                state_insert(st, STMT_EXPORT_INSERT, "record an export", &nid, "IJttII",
+                             checkpoint_id, base_checkpoint_id, format, path, bytes, kiln_now_s()));
     if (rc == 0 && id != NULL)
         *id = nid;
     return rc;
