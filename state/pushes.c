@@ -331,29 +331,27 @@ typedef struct {
     size_t n;
 } claim_t;
 
+/* A row of PUSH_DUE: a push that is due and its endpoint. */
+typedef struct {
+    int64_t push, endpoint;
+} due_t;
+static const state_col_t due_cols[] = {STATE_COL(due_t, push), STATE_COL(due_t, endpoint)};
+static const state_row_t due_row = STATE_ROW(due_t, due_cols, NULL);
+
 static int claim_tx(state_t *st, claim_t *c)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     const char *what = "claiming pushes";
-    int64_t cand[256][2], claimed_ep[256];
-    size_t nc = 0;
+    int64_t claimed_ep[256];
+    due_t *due = NULL;
+    size_t nd = 0;
     c->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_DUE, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", c->now_ms, 256), rc, out);
-    while (nc < 256) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        cand[nc][0] = state_col_i64(s, 0);
-        cand[nc][1] = state_col_i64(s, 1);
-        nc++;
-    }
-    state_stmt_done(s);
-    s = NULL;
+    int rc = state_rows_query(st, STMT_PUSH_DUE, what, &due_row, (void **)&due, &nd, "Ii",
+                              c->now_ms, 256);
+    if (rc < 0)
+        return rc;
     int64_t now = kiln_now_s();
-    for (size_t i = 0; i < nc && c->n < (size_t)c->max; i++) {
-        int64_t push = cand[i][0], ep = cand[i][1], newer = 0, busy = 0;
+    for (size_t i = 0; i < nd && c->n < (size_t)c->max; i++) {
+        int64_t push = due[i].push, ep = due[i].endpoint, newer = 0, busy = 0;
         KILN_CHECK_GOTO(
             state_row_query(st, STMT_PUSH_NEWER, what, &state_i64_row, &newer, "II", ep, push), rc,
             out);
@@ -382,7 +380,7 @@ static int claim_tx(state_t *st, claim_t *c)
     }
     rc = 0;
 out:
-    state_stmt_done(s);
+    free(due);
     return rc;
 }
 
@@ -425,36 +423,35 @@ typedef struct {
     int n;
 } reclaim_t;
 
+/* A row of PUSH_CLAIMED: a push being sent and who claimed it. */
+typedef struct {
+    int64_t push;
+    char *claimer;
+} claimed_t;
+static const state_col_t claimed_cols[] = {STATE_COL(claimed_t, push),
+                                           STATE_COL(claimed_t, claimer)};
+static const state_row_t claimed_row = STATE_ROW(claimed_t, claimed_cols, NULL);
+
+/* Takes back at most 256 pushes a call, as many as one claim hands out. */
 static int reclaim_tx(state_t *st, reclaim_t *r)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     const char *what = "taking back pushes of a deliverer that is gone";
-    int64_t ids[256];
-    size_t n = 0;
+    claimed_t *cs = NULL;
+    size_t nc = 0;
     r->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_CLAIMED, &s), rc, out);
-    while (n < sizeof ids / sizeof ids[0]) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    int rc = state_rows_query(st, STMT_PUSH_CLAIMED, what, &claimed_row, (void **)&cs, &nc, "");
+    for (size_t i = 0; rc == 0 && i < nc && r->n < 256; i++) {
+        if (cs[i].claimer != NULL && !r->dead(cs[i].claimer, r->ctx))
+            continue;
+        rc = state_update(st, STMT_PUSH_UNCLAIM, what, "I", cs[i].push);
+        if (rc >= 0)
+            rc = state_event_insert(st, 0, 0, "push",
+                                    "push %lld: its deliverer is gone; queued again",
+                                    (long long)cs[i].push);
         if (rc == 0)
-            break;
-        const char *by = (const char *)sqlite3_column_text(s, 1);
-        if (by == NULL || r->dead(by, r->ctx))
-            ids[n++] = state_col_i64(s, 0);
+            r->n++;
     }
-    state_stmt_done(s);
-    s = NULL;
-    for (size_t i = 0; i < n; i++) {
-        KILN_CHECK_GOTO(state_update(st, STMT_PUSH_UNCLAIM, what, "I", ids[i]), rc, out);
-        KILN_CHECK_GOTO(state_event_insert(st, 0, 0, "push",
-                                           "push %lld: its deliverer is gone; queued again",
-                                           (long long)ids[i]),
-                        rc, out);
-        r->n++;
-    }
-    rc = 0;
-out:
-    state_stmt_done(s);
+    state_rows_free(&claimed_row, cs, nc);
     return rc;
 }
 
