@@ -13,9 +13,7 @@
 int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *kind,
                        const char *fmt, ...)
 {
-    sqlite3_stmt *s = NULL;
     char *msg = NULL;
-    int rc;
     const char *what = "recording an event";
     va_list ap;
     va_start(ap, fmt);
@@ -30,37 +28,22 @@ int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *
     vsnprintf(msg, (size_t)len + 1, fmt, ap);
     va_end(ap);
 
-    if (job_id == 0 && run_id != 0) {
-        KILN_CHECK_GOTO(state_query_i64(st, STMT_RUN_JOB_OF, what, &job_id, "I", run_id), rc, out);
-        if (rc == 0) {
-            rc = kiln_errf(KILN_ENOENT, "cannot record an event for run %lld: no such run",
-                           (long long)run_id);
-            goto out;
-        }
+    int rc = 0;
+    if (job_id == 0 && run_id != 0)
+        rc = state_found(
+            state_row_query(st, STMT_RUN_JOB_OF, what, &state_i64_row, &job_id, "I", run_id),
+            "cannot record an event for run %lld: no such run", (long long)run_id);
+    if (rc == 0) {
+        rc = state_insert(st, STMT_EVENT_INSERT, what, NULL, "JJItt", job_id, run_id, kiln_now_s(),
+                          kind, msg);
+        if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
+            rc = kiln_errf(KILN_ENOENT,
+                           "cannot record an event for job %lld / run %lld: no such "
+                           "job or run",
+                           (long long)job_id, (long long)run_id);
     }
-    KILN_CHECK_GOTO(state_stmt(st, STMT_EVENT_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "JJItt", job_id, run_id, kiln_now_s(), kind, msg), rc,
-                    out);
-    rc = state_exec(st, s, what);
-    if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
-        rc = kiln_errf(KILN_ENOENT,
-                       "cannot record an event for job %lld / run %lld: no such "
-                       "job or run",
-                       (long long)job_id, (long long)run_id);
-out:
-    state_stmt_done(s);
     free(msg);
     return rc;
-}
-
-typedef struct {
-    int64_t job_id, run_id;
-    const char *kind, *message;
-} event_add_t;
-
-static int event_add_tx(state_t *st, const event_add_t *e)
-{
-    return state_event_insert(st, e->job_id, e->run_id, e->kind, "%s", e->message);
 }
 
 int state_event_add(state_t *st, int64_t job_id, int64_t run_id, const char *kind,
@@ -68,9 +51,9 @@ int state_event_add(state_t *st, int64_t job_id, int64_t run_id, const char *kin
 {
     if (kind == NULL || kind[0] == '\0')
         return kiln_errf(KILN_EINVAL, "an event needs a kind");
-    event_add_t e = {job_id, run_id, kind, message != NULL ? message : ""};
     int rc;
-    STATE_WRITE(st, "recording an event", rc, event_add_tx(st, &e));
+    STATE_WRITE(st, "recording an event", rc,
+                state_event_insert(st, job_id, run_id, kind, "%s", message != NULL ? message : ""));
     return rc;
 }
 

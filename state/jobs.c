@@ -57,46 +57,37 @@ static int job_put_tx(state_t *st, job_put_t *p)
 
     p->id = 0;
     p->created = false;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_FIND, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "t", p->name), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    KILN_CHECK_GOTO(state_first_row(st, STMT_JOB_FIND, what, &s, "t", p->name), rc, out);
     if (rc == 1) {
         p->id = state_col_i64(s, 0);
         KILN_CHECK_GOTO(state_col_str(s, 1, &old_hash), rc, out);
         version = sqlite3_column_int(s, 2);
     }
     state_stmt_done(s);
+    s = NULL;
 
     if (p->id == 0) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_INSERT, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "ttttiIt", p->name, p->spec_yaml, p->spec_hash,
-                                   p->schedule, p->priority, now, p->spec_dir),
+        KILN_CHECK_GOTO(state_insert(st, STMT_JOB_INSERT, what, &p->id, "ttttiIt", p->name,
+                                     p->spec_yaml, p->spec_hash, p->schedule, p->priority, now,
+                                     p->spec_dir),
                         rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-        p->id = sqlite3_last_insert_rowid(st->db);
         p->created = true;
         version = 1;
     } else if (old_hash == NULL || strcmp(old_hash, p->spec_hash) != 0) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_UPDATE_SPEC, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "ItttiIt", p->id, p->spec_yaml, p->spec_hash,
-                                   p->schedule, p->priority, now, p->spec_dir),
+        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SPEC, what, "ItttiIt", p->id, p->spec_yaml,
+                                     p->spec_hash, p->schedule, p->priority, now, p->spec_dir),
                         rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
         version++;
     } else {
         /* Same spec: nothing to version; keep derived fields in step. */
-        KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_UPDATE_SAME, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "Itit", p->id, p->schedule, p->priority,
-                                   p->spec_dir),
+        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SAME, what, "Itit", p->id, p->schedule,
+                                     p->priority, p->spec_dir),
                         rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
         p->version = version;
         rc = 0;
         goto out;
     }
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_VERSION_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", p->id), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
+    KILN_CHECK_GOTO(state_update(st, STMT_JOB_VERSION_INSERT, what, "I", p->id), rc, out);
     KILN_CHECK_GOTO(state_event_insert(st, p->id, 0, "spec", "%s version %d (spec %s)",
                                        p->created ? "submitted" : "updated to", version,
                                        p->spec_hash),
@@ -166,42 +157,23 @@ int state_submit(state_t *st, const state_submit_t *in, state_submitted_t *out)
 
 /* ---- get / list -------------------------------------------------------------------- */
 
-static int job_get_tx(state_t *st, state_stmt_id_t id, const char *name, int64_t job_id,
-                      state_job_t *out)
-{
-    const char *what = "reading a job";
-    int rc = name != NULL ? state_row_query(st, id, what, &job_row, out, "t", name)
-                          : state_row_query(st, id, what, &job_row, out, "I", job_id);
-    if (rc == 0)
-        return name != NULL ? kiln_errf(KILN_ENOENT, "no job named '%s'; see kiln jobs", name)
-                            : kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
-    return rc < 0 ? rc : 0;
-}
-
 int state_job_get(state_t *st, const char *name, state_job_t *out)
 {
-    int rc;
     memset(out, 0, sizeof *out);
     if (name == NULL)
         return kiln_errf(KILN_EINVAL, "no job name given");
-    STATE_READ(st, "reading a job", rc, job_get_tx(st, STMT_JOB_GET_BY_NAME, name, 0, out));
-    return rc;
+    int rc = state_row_get(st, STMT_JOB_GET_BY_NAME, "reading a job", &job_row, out, "t", name);
+    return state_found(rc, "no job named '%s'; see kiln jobs", name);
 }
 
 static int version_spec_tx(state_t *st, int64_t job_id, int version, char **yaml)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a job version";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_VERSION_SPEC, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", job_id, version), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "job %lld has no version %d", (long long)job_id, version);
-        goto out;
-    }
-    rc = state_col_str(s, 0, yaml);
-out:
+    int rc = state_first_row(st, STMT_JOB_VERSION_SPEC, "reading a job version", &s, "Ii", job_id,
+                             version);
+    rc = state_found(rc, "job %lld has no version %d", (long long)job_id, version);
+    if (rc == 0)
+        rc = state_col_str(s, 0, yaml);
     state_stmt_done(s);
     return rc;
 }
@@ -216,39 +188,24 @@ int state_job_version_spec(state_t *st, int64_t job_id, int version, char **yaml
 
 int state_job_get_by_id(state_t *st, int64_t id, state_job_t *out)
 {
-    int rc;
-    memset(out, 0, sizeof *out);
-    STATE_READ(st, "reading a job", rc, job_get_tx(st, STMT_JOB_GET_BY_ID, NULL, id, out));
-    return rc;
+    int rc = state_row_get(st, STMT_JOB_GET_BY_ID, "reading a job", &job_row, out, "I", id);
+    return state_found(rc, "no job with id %lld", (long long)id);
 }
 
 int state_job_list(state_t *st, state_job_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "listing jobs", rc,
-               state_rows_query(st, STMT_JOB_LIST, "listing jobs", &job_row, (void **)out, n, ""));
-    return rc;
+    return state_rows_list(st, STMT_JOB_LIST, "listing jobs", &job_row, (void **)out, n, "");
 }
 
 /* ---- updates ----------------------------------------------------------------------- */
 
 static int job_set_paused_tx(state_t *st, int64_t job_id, bool paused)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = paused ? "pausing a job" : "resuming a job";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_SET_PAUSED, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IbI", job_id, paused, kiln_now_s()), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
-        goto out;
-    }
-    rc = state_event_insert(st, job_id, 0, paused ? "pause" : "resume", "%s",
-                            paused ? "paused" : "resumed");
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_update(st, STMT_JOB_SET_PAUSED, paused ? "pausing a job" : "resuming a job",
+                          "IbI", job_id, paused, kiln_now_s());
+    KILN_CHECK(state_found(rc, "no job with id %lld", (long long)job_id));
+    return state_event_insert(st, job_id, 0, paused ? "pause" : "resume", "%s",
+                              paused ? "paused" : "resumed");
 }
 
 int state_job_set_paused(state_t *st, int64_t job_id, bool paused)
@@ -258,25 +215,13 @@ int state_job_set_paused(state_t *st, int64_t job_id, bool paused)
     return rc;
 }
 
-static int job_set_last_tx(state_t *st, int64_t job_id, int64_t at)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "recording the last scheduled time";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_JOB_SET_LAST_SCHEDULED, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "II", job_id, at), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0)
-        rc = kiln_errf(KILN_ENOENT, "no job with id %lld", (long long)job_id);
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
 int state_job_set_last_scheduled(state_t *st, int64_t job_id, int64_t scheduled_at)
 {
+    const char *what = "recording the last scheduled time";
     int rc;
-    STATE_WRITE(st, "recording the last scheduled time", rc,
-                job_set_last_tx(st, job_id, scheduled_at));
+    STATE_WRITE(
+        st, what, rc,
+        state_found(state_update(st, STMT_JOB_SET_LAST_SCHEDULED, what, "II", job_id, scheduled_at),
+                    "no job with id %lld", (long long)job_id));
     return rc;
 }

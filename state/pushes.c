@@ -53,18 +53,13 @@ typedef struct {
 
 static int endpoint_put_tx(state_t *st, const endpoint_put_t *e, int64_t *id)
 {
-    sqlite3_stmt *s = NULL;
     const char *what = "record an endpoint";
-    int rc = state_query_i64(st, STMT_ENDPOINT_FIND, what, id, "ttt", e->url, e->model, e->label);
+    int rc = state_row_query(st, STMT_ENDPOINT_FIND, what, &state_i64_row, id, "ttt", e->url,
+                             e->model, e->label);
     if (rc != 0)
         return rc < 0 ? rc : 0; /* an error, or the endpoint is recorded */
-    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "tttI", e->url, e->model, e->label, kiln_now_s()), rc,
-                    out);
-    rc = state_insert_one(st, s, what, id);
-out:
-    state_stmt_done(s);
-    return rc;
+    return state_insert(st, STMT_ENDPOINT_INSERT, what, id, "tttI", e->url, e->model, e->label,
+                        kiln_now_s());
 }
 
 int state_endpoint_put(state_t *st, const char *url, const char *model, const char *label,
@@ -84,22 +79,14 @@ int state_endpoint_put(state_t *st, const char *url, const char *model, const ch
 static int holding_tx(state_t *st, int64_t endpoint_id, int64_t *ckpt, int64_t *since)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading what an endpoint holds";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_CURRENT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", endpoint_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    int rc = state_first_row(st, STMT_HOLDING_CURRENT, "reading what an endpoint holds", &s, "I",
+                             endpoint_id);
+    rc = state_found(rc, "endpoint %lld holds no checkpoint yet (no push to it has succeeded)",
+                     (long long)endpoint_id);
     if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT,
-                       "endpoint %lld holds no checkpoint yet (no push to it has "
-                       "succeeded)",
-                       (long long)endpoint_id);
-        goto out;
+        *ckpt = state_col_i64(s, 0);
+        *since = state_col_i64(s, 1);
     }
-    *ckpt = state_col_i64(s, 0);
-    *since = state_col_i64(s, 1);
-    rc = 0;
-out:
     state_stmt_done(s);
     return rc;
 }
@@ -119,7 +106,6 @@ int state_endpoint_holding(state_t *st, int64_t endpoint_id, int64_t *checkpoint
  * span unless it is the same checkpoint, and open a new one. */
 static int hold_tx(state_t *st, int64_t endpoint_id, int64_t ckpt, int64_t push_id, int64_t now)
 {
-    sqlite3_stmt *s = NULL;
     int64_t held = 0, since = 0;
     const char *what = "recording what an endpoint holds";
     int rc = holding_tx(st, endpoint_id, &held, &since);
@@ -127,62 +113,33 @@ static int hold_tx(state_t *st, int64_t endpoint_id, int64_t ckpt, int64_t push_
         return rc;
     if (rc == 0 && held == ckpt)
         return 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_CLOSE, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "II", endpoint_id, now), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    KILN_CHECK_GOTO(state_stmt(st, STMT_HOLDING_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IIII", endpoint_id, ckpt, push_id, now), rc, out);
-    rc = state_insert_one(st, s, what, NULL);
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
-static int set_stats_tx(state_t *st, int64_t id, const state_endpoint_stats_t *x)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "recording an endpoint's stats";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_ENDPOINT_SET_STATS, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IIIInt", id, x->at, x->predict_requests,
-                               x->predict_rows, x->request_rate, x->error),
-                    rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0)
-        rc = kiln_errf(KILN_ENOENT, "no endpoint %lld", (long long)id);
-out:
-    state_stmt_done(s);
-    return rc;
+    KILN_CHECK(state_update(st, STMT_HOLDING_CLOSE, what, "II", endpoint_id, now));
+    return state_insert(st, STMT_HOLDING_INSERT, what, NULL, "IIII", endpoint_id, ckpt, push_id,
+                        now);
 }
 
 int state_endpoint_set_stats(state_t *st, int64_t endpoint_id, const state_endpoint_stats_t *x)
 {
+    const char *what = "recording an endpoint's stats";
     int rc;
-    STATE_WRITE(st, "recording an endpoint's stats", rc, set_stats_tx(st, endpoint_id, x));
+    STATE_WRITE(
+        st, what, rc,
+        state_found(state_update(st, STMT_ENDPOINT_SET_STATS, what, "IIIInt", endpoint_id, x->at,
+                                 x->predict_requests, x->predict_rows, x->request_rate, x->error),
+                    "no endpoint %lld", (long long)endpoint_id));
     return rc;
-}
-
-static int endpoint_find_tx(state_t *st, const char *url, const char *model, const char *label,
-                            int64_t *id)
-{
-    int rc = state_query_i64(st, STMT_ENDPOINT_BY_URL, "finding an endpoint", id, "ttt", url, model,
-                             label);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT,
-                         "no endpoint %s%s%s%s%s is recorded (nothing was pushed to it)", url,
-                         model ? " for model " : "", model ? model : "", label ? " label " : "",
-                         label ? label : "");
-    return rc < 0 ? rc : 0;
 }
 
 int state_endpoint_find(state_t *st, const char *url, const char *model, const char *label,
                         int64_t *id)
 {
-    int rc;
     if (url == NULL)
         return kiln_errf(KILN_EINVAL, "no endpoint URL given");
-    STATE_READ(st, "finding an endpoint", rc, endpoint_find_tx(st, url, model, label, id));
-    return rc;
+    int rc = state_row_get(st, STMT_ENDPOINT_BY_URL, "finding an endpoint", &state_i64_row, id,
+                           "ttt", url, model, label);
+    return state_found(rc, "no endpoint %s%s%s%s%s is recorded (nothing was pushed to it)", url,
+                       model ? " for model " : "", model ? model : "", label ? " label " : "",
+                       label ? label : "");
 }
 
 /* ---- reading pushes -------------------------------------------------------------- */
@@ -250,20 +207,10 @@ void state_pushes_free(state_push_t *ps, size_t n)
     state_rows_free(&push_row, ps, n);
 }
 
-static int push_get_tx(state_t *st, int64_t id, state_push_t *out)
-{
-    int rc = state_row_query(st, STMT_PUSH_GET, "reading a push", &push_row, out, "I", id);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "no push %lld", (long long)id);
-    return rc < 0 ? rc : 0;
-}
-
 int state_push_get(state_t *st, int64_t push_id, state_push_t *out)
 {
-    int rc;
-    memset(out, 0, sizeof *out);
-    STATE_READ(st, "reading a push", rc, push_get_tx(st, push_id, out));
-    return rc;
+    int rc = state_row_get(st, STMT_PUSH_GET, "reading a push", &push_row, out, "I", push_id);
+    return state_found(rc, "no push %lld", (long long)push_id);
 }
 
 static int push_list_tx(state_t *st, const state_push_filter_t *f, int limit, state_push_t **out,
@@ -314,13 +261,9 @@ static int supersede_older_tx(state_t *st, int64_t endpoint_id, int64_t newest, 
     s = NULL;
     char why[96];
     snprintf(why, sizeof why, "superseded by push %lld before it went out", (long long)newest);
-    for (size_t i = 0; i < n; i++) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_SUPERSEDE, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "IIt", ids[i], now, why), rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-        state_stmt_done(s);
-        s = NULL;
-    }
+    for (size_t i = 0; i < n; i++)
+        KILN_CHECK_GOTO(state_update(st, STMT_PUSH_SUPERSEDE, what, "IIt", ids[i], now, why), rc,
+                        out);
     rc = 0;
 out:
     state_stmt_done(s);
@@ -331,8 +274,6 @@ int state_push_enqueue_tx(state_t *st, int64_t job_id, int64_t run_id,
                           const state_push_req_t *reqs, size_t n, const char *claimer,
                           int64_t lease_ms, int64_t *ids)
 {
-    sqlite3_stmt *s = NULL;
-    int rc = 0;
     const char *what = "queue a push";
     int64_t now = kiln_now_s(), now_ms = kiln_now_ms();
     for (size_t i = 0; i < n; i++) {
@@ -343,24 +284,17 @@ int state_push_enqueue_tx(state_t *st, int64_t job_id, int64_t run_id,
                             q->label != NULL ? q->label : ""};
         int64_t ep = 0, id = 0;
         KILN_CHECK(endpoint_put_tx(st, &e, &ep));
-        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_INSERT, &s), rc, out);
-        KILN_CHECK_GOTO(
-            state_bind(st, s, what, "JJIIttttItIIb", job_id, run_id, q->checkpoint_id, ep,
-                       q->full ? "full" : "incremental", q->reason != NULL ? q->reason : "",
-                       claimer != NULL ? "sending" : "pending", claimer,
-                       claimer != NULL ? now_ms + lease_ms : 0, q->token_env, now,
-                       claimer != NULL ? now : 0, !q->no_gate),
-            rc, out);
-        KILN_CHECK_GOTO(state_insert_one(st, s, what, &id), rc, out);
-        state_stmt_done(s);
-        s = NULL;
-        KILN_CHECK_GOTO(supersede_older_tx(st, ep, id, now), rc, out);
+        KILN_CHECK(state_insert(st, STMT_PUSH_INSERT, what, &id, "JJIIttttItIIb", job_id, run_id,
+                                q->checkpoint_id, ep, q->full ? "full" : "incremental",
+                                q->reason != NULL ? q->reason : "",
+                                claimer != NULL ? "sending" : "pending", claimer,
+                                claimer != NULL ? now_ms + lease_ms : 0, q->token_env, now,
+                                claimer != NULL ? now : 0, !q->no_gate));
+        KILN_CHECK(supersede_older_tx(st, ep, id, now));
         if (ids != NULL)
             ids[i] = id;
     }
-out:
-    state_stmt_done(s);
-    return rc;
+    return 0;
 }
 
 typedef struct {
@@ -397,64 +331,56 @@ typedef struct {
     size_t n;
 } claim_t;
 
+/* A row of PUSH_DUE: a push that is due and its endpoint. */
+typedef struct {
+    int64_t push, endpoint;
+} due_t;
+static const state_col_t due_cols[] = {STATE_COL(due_t, push), STATE_COL(due_t, endpoint)};
+static const state_row_t due_row = STATE_ROW(due_t, due_cols, NULL);
+
 static int claim_tx(state_t *st, claim_t *c)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     const char *what = "claiming pushes";
-    int64_t cand[256][2], claimed_ep[256];
-    size_t nc = 0;
+    int64_t claimed_ep[256];
+    due_t *due = NULL;
+    size_t nd = 0;
     c->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_DUE, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", c->now_ms, 256), rc, out);
-    while (nc < 256) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-        if (rc == 0)
-            break;
-        cand[nc][0] = state_col_i64(s, 0);
-        cand[nc][1] = state_col_i64(s, 1);
-        nc++;
-    }
-    state_stmt_done(s);
-    s = NULL;
+    int rc = state_rows_query(st, STMT_PUSH_DUE, what, &due_row, (void **)&due, &nd, "Ii",
+                              c->now_ms, 256);
+    if (rc < 0)
+        return rc;
     int64_t now = kiln_now_s();
-    for (size_t i = 0; i < nc && c->n < (size_t)c->max; i++) {
-        int64_t push = cand[i][0], ep = cand[i][1], newer = 0, busy = 0;
-        KILN_CHECK_GOTO(state_query_i64(st, STMT_PUSH_NEWER, what, &newer, "II", ep, push), rc,
-                        out);
+    for (size_t i = 0; i < nd && c->n < (size_t)c->max; i++) {
+        int64_t push = due[i].push, ep = due[i].endpoint, newer = 0, busy = 0;
+        KILN_CHECK_GOTO(
+            state_row_query(st, STMT_PUSH_NEWER, what, &state_i64_row, &newer, "II", ep, push), rc,
+            out);
         if (newer > 0) {
             char why[96];
             snprintf(why, sizeof why, "superseded by push %lld before it went out",
                      (long long)newer);
-            KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_SUPERSEDE, &s), rc, out);
-            KILN_CHECK_GOTO(state_bind(st, s, what, "IIt", push, now, why), rc, out);
-            KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-            state_stmt_done(s);
-            s = NULL;
+            KILN_CHECK_GOTO(state_update(st, STMT_PUSH_SUPERSEDE, what, "IIt", push, now, why), rc,
+                            out);
             continue;
         }
-        KILN_CHECK_GOTO(
-            state_query_i64(st, STMT_PUSH_ENDPOINT_BUSY, what, &busy, "III", ep, c->now_ms, push),
-            rc, out);
+        KILN_CHECK_GOTO(state_row_query(st, STMT_PUSH_ENDPOINT_BUSY, what, &state_i64_row, &busy,
+                                        "III", ep, c->now_ms, push),
+                        rc, out);
         /* One push per endpoint at a time, in this claim too. */
         bool dup = busy != 0;
         for (size_t k = 0; k < c->n && !dup; k++)
             dup = claimed_ep[k] == ep;
         if (dup)
             continue;
-        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_CLAIM, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "ItII", push, c->claimer, c->now_ms + c->lease_ms,
-                                   now),
+        KILN_CHECK_GOTO(state_update(st, STMT_PUSH_CLAIM, what, "ItII", push, c->claimer,
+                                     c->now_ms + c->lease_ms, now),
                         rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-        state_stmt_done(s);
-        s = NULL;
         claimed_ep[c->n] = ep;
         c->ids[c->n++] = push;
     }
     rc = 0;
 out:
-    state_stmt_done(s);
+    free(due);
     return rc;
 }
 
@@ -497,40 +423,35 @@ typedef struct {
     int n;
 } reclaim_t;
 
+/* A row of PUSH_CLAIMED: a push being sent and who claimed it. */
+typedef struct {
+    int64_t push;
+    char *claimer;
+} claimed_t;
+static const state_col_t claimed_cols[] = {STATE_COL(claimed_t, push),
+                                           STATE_COL(claimed_t, claimer)};
+static const state_row_t claimed_row = STATE_ROW(claimed_t, claimed_cols, NULL);
+
+/* Takes back at most 256 pushes a call, as many as one claim hands out. */
 static int reclaim_tx(state_t *st, reclaim_t *r)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     const char *what = "taking back pushes of a deliverer that is gone";
-    int64_t ids[256];
-    size_t n = 0;
+    claimed_t *cs = NULL;
+    size_t nc = 0;
     r->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_CLAIMED, &s), rc, out);
-    while (n < sizeof ids / sizeof ids[0]) {
-        KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    int rc = state_rows_query(st, STMT_PUSH_CLAIMED, what, &claimed_row, (void **)&cs, &nc, "");
+    for (size_t i = 0; rc == 0 && i < nc && r->n < 256; i++) {
+        if (cs[i].claimer != NULL && !r->dead(cs[i].claimer, r->ctx))
+            continue;
+        rc = state_update(st, STMT_PUSH_UNCLAIM, what, "I", cs[i].push);
+        if (rc >= 0)
+            rc = state_event_insert(st, 0, 0, "push",
+                                    "push %lld: its deliverer is gone; queued again",
+                                    (long long)cs[i].push);
         if (rc == 0)
-            break;
-        const char *by = (const char *)sqlite3_column_text(s, 1);
-        if (by == NULL || r->dead(by, r->ctx))
-            ids[n++] = state_col_i64(s, 0);
+            r->n++;
     }
-    state_stmt_done(s);
-    s = NULL;
-    for (size_t i = 0; i < n; i++) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_UNCLAIM, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "I", ids[i]), rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-        state_stmt_done(s);
-        s = NULL;
-        KILN_CHECK_GOTO(state_event_insert(st, 0, 0, "push",
-                                           "push %lld: its deliverer is gone; queued again",
-                                           (long long)ids[i]),
-                        rc, out);
-        r->n++;
-    }
-    rc = 0;
-out:
-    state_stmt_done(s);
+    state_rows_free(&claimed_row, cs, nc);
     return rc;
 }
 
@@ -547,9 +468,8 @@ int state_push_reclaim(state_t *st, bool (*dead)(const char *claimer, void *ctx)
 
 int state_push_next_due(state_t *st, int64_t *at_ms)
 {
-    int rc;
-    STATE_READ(st, "reading the next push due", rc,
-               state_query_i64(st, STMT_PUSH_NEXT_DUE, "reading the next push due", at_ms, ""));
+    int rc = state_row_get(st, STMT_PUSH_NEXT_DUE, "reading the next push due", &state_i64_row,
+                           at_ms, "");
     return rc < 0 ? rc : 0;
 }
 
@@ -570,13 +490,8 @@ static int push_end_tx(state_t *st, const push_end_t *e)
     char *state = NULL, *by = NULL;
     int64_t now = kiln_now_s(), endpoint_id, ckpt, job_id, run_id, export_id = 0;
 
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_OWNER, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", e->id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no push %lld", (long long)e->id);
-        goto out;
-    }
+    rc = state_first_row(st, STMT_PUSH_OWNER, what, &s, "I", e->id);
+    KILN_CHECK_GOTO(state_found(rc, "no push %lld", (long long)e->id), rc, out);
     KILN_CHECK_GOTO(state_col_str(s, 0, &state), rc, out);
     KILN_CHECK_GOTO(state_col_str(s, 1, &by), rc, out);
     endpoint_id = state_col_i64(s, 2);
@@ -592,24 +507,17 @@ static int push_end_tx(state_t *st, const push_end_t *e)
                        e->claimer);
         goto out;
     }
-    if (o->sent) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_EXPORT_INSERT, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "IJttII", ckpt, o->base_checkpoint_id,
-                                   o->full ? "push-full" : "push-delta", "(http)", o->bytes, now),
+    if (o->sent)
+        KILN_CHECK_GOTO(state_insert(st, STMT_EXPORT_INSERT, what, &export_id, "IJttII", ckpt,
+                                     o->base_checkpoint_id, o->full ? "push-full" : "push-delta",
+                                     "(http)", o->bytes, now),
                         rc, out);
-        KILN_CHECK_GOTO(state_insert_one(st, s, what, &export_id), rc, out);
-        state_stmt_done(s);
-        s = NULL;
-    }
     bool again = o->state == STATE_PUSH_PENDING;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_PUSH_END, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ItitiIJI", e->id, state_push_state_name(o->state),
-                               o->http_status, o->error, o->attempts,
-                               again ? o->not_before_ms : 0, export_id, again ? 0 : now),
+    KILN_CHECK_GOTO(state_update(st, STMT_PUSH_END, what, "ItitiIJI", e->id,
+                                 state_push_state_name(o->state), o->http_status, o->error,
+                                 o->attempts, again ? o->not_before_ms : 0, export_id,
+                                 again ? 0 : now),
                     rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    state_stmt_done(s);
-    s = NULL;
     if (o->state == STATE_PUSH_SUCCEEDED)
         KILN_CHECK_GOTO(hold_tx(st, endpoint_id, ckpt, e->id, now), rc, out);
     if (o->event != NULL && (job_id > 0 || run_id > 0))
@@ -656,11 +564,6 @@ void state_served_free(state_served_t *sv, size_t n)
 
 int state_lineage_served(state_t *st, int64_t checkpoint_id, state_served_t **out, size_t *n)
 {
-    int rc;
-    *out = NULL;
-    *n = 0;
-    STATE_READ(st, "reading exports and pushes", rc,
-               state_rows_query(st, STMT_LINEAGE_SERVED, "reading exports and pushes", &served_row,
-                                (void **)out, n, "I", checkpoint_id));
-    return rc;
+    return state_rows_list(st, STMT_LINEAGE_SERVED, "reading exports and pushes", &served_row,
+                           (void **)out, n, "I", checkpoint_id);
 }

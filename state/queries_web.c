@@ -13,95 +13,50 @@
 
 /* ---- runs ------------------------------------------------------------------------ */
 
-/* The page statement for each filter: bit 0 job, bit 1 state. */
-static const state_stmt_id_t page_stmts[4] = {
-    STMT_WEB_RUN_PAGE_ALL, STMT_WEB_RUN_PAGE_JOB, STMT_WEB_RUN_PAGE_STATE,
-    STMT_WEB_RUN_PAGE_JOB_STATE};
-
-typedef struct page_q {
-    int64_t job_id;
-    int state;
-    int64_t before_id;
-    int limit;
-    int64_t *ids;
-    size_t n;
-} page_q_t;
-
-static int run_page_ids_tx(state_t *st, page_q_t *q)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "paging runs";
-    int variant = (q->job_id > 0 ? 1 : 0) | (q->state >= 0 ? 2 : 0);
-    int64_t before = q->before_id > 0 ? q->before_id : INT64_MAX;
-    q->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, page_stmts[variant], &s), rc, out);
-    /* The variants use different parameters of ?1..?4: bind one by one. */
-    rc = 0;
-    SQL_CHECK(st, sqlite3_bind_int64(s, 1, before), what);
-    SQL_CHECK(st, sqlite3_bind_int64(s, 2, q->limit), what);
-    if (q->job_id > 0)
-        SQL_CHECK(st, sqlite3_bind_int64(s, 3, q->job_id), what);
-    if (q->state >= 0)
-        SQL_CHECK(st, sqlite3_bind_text(s, 4, state_run_state_name((state_run_state_t)q->state),
-                                        -1, SQLITE_STATIC),
-                  what);
-    rc = state_step_ids(st, s, what, q->ids, (size_t)q->limit, &q->n);
-out:
-    state_stmt_done(s);
-    return rc;
-}
+/* The page statement for each filter (bit 0 job, bit 1 state) and the values
+ * it binds: ?1 before, ?2 limit, ?3 job, ?4 state. A filter by state alone
+ * binds ?3 too, which its statement does not read. */
+static const struct {
+    state_stmt_id_t stmt;
+    const char *fmt;
+} pages[4] = {
+    {STMT_WEB_RUN_PAGE_ALL, "II"},
+    {STMT_WEB_RUN_PAGE_JOB, "III"},
+    {STMT_WEB_RUN_PAGE_STATE, "IIIt"},
+    {STMT_WEB_RUN_PAGE_JOB_STATE, "IIIt"},
+};
 
 int state_run_page(state_t *st, int64_t job_id, int state, int64_t before_id, int limit,
                    state_run_t **out, size_t *n)
 {
-    int rc;
     *out = NULL;
     *n = 0;
     if (limit < 1 || limit > STATE_PAGE_MAX)
         return kiln_errf(KILN_EINVAL, "a page holds 1 to %d runs, not %d", STATE_PAGE_MAX, limit);
     if (state >= STATE_RUN_NSTATES)
         return kiln_errf(KILN_EINVAL, "unknown run state %d", state);
-    page_q_t q = {job_id, state, before_id, limit, NULL, 0};
-    q.ids = kiln_calloc((size_t)limit, sizeof *q.ids);
-    if (q.ids == NULL)
-        return KILN_ENOMEM;
-    STATE_READ(st, "paging runs", rc, run_page_ids_tx(st, &q));
-    if (rc < 0)
-        goto out;
-    state_run_t *rs = kiln_calloc(q.n ? q.n : 1, sizeof *rs);
-    if (rs == NULL) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    size_t got = 0;
-    for (size_t i = 0; i < q.n; i++) {
-        rc = state_run_get(st, q.ids[i], &rs[got]);
-        if (rc == KILN_ENOENT)
-            continue; /* deleted between the two reads */
-        if (rc < 0) {
-            state_runs_free(rs, got);
-            goto out;
-        }
-        got++;
-    }
-    *out = rs;
-    *n = got;
-    rc = 0;
-out:
-    free(q.ids);
+    int variant = (job_id > 0 ? 1 : 0) | (state >= 0 ? 2 : 0);
+    int64_t before = before_id > 0 ? before_id : INT64_MAX;
+    int64_t *ids = NULL;
+    size_t nids = 0;
+    int rc = state_rows_list(st, pages[variant].stmt, "paging runs", &state_i64_row, (void **)&ids,
+                             &nids, pages[variant].fmt, before, (int64_t)limit, job_id,
+                             state_run_state_name((state_run_state_t)state));
+    if (rc == 0)
+        rc = state_rows_of_ids(st, STMT_RUN_GET, "reading a run", &state_run_row, ids, nids,
+                               (void **)out, n);
+    free(ids);
     return rc;
 }
 
 static int job_last_tx(state_t *st, int64_t job_id, state_job_last_t *out)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
     const char *what = "reading a job's last run";
     memset(out, 0, sizeof *out);
-    KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_JOB_LAST_RUN, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", job_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    int rc = state_first_row(st, STMT_WEB_JOB_LAST_RUN, what, &s, "I", job_id);
+    if (rc < 0)
+        goto out;
     if (rc == 1) {
         out->last_run_id = state_col_i64(s, 0);
         out->last_queued_at = state_col_i64(s, 2);
@@ -111,9 +66,9 @@ static int job_last_tx(state_t *st, int64_t job_id, state_job_last_t *out)
             goto out;
         }
     }
-    KILN_CHECK_GOTO(
-        state_query_i64(st, STMT_WEB_JOB_LAST_SUCCESS, what, &out->last_success_at, "I", job_id),
-        rc, out);
+    KILN_CHECK_GOTO(state_row_query(st, STMT_WEB_JOB_LAST_SUCCESS, what, &state_i64_row,
+                                    &out->last_success_at, "I", job_id),
+                    rc, out);
     rc = 0;
 out:
     state_stmt_done(s);
@@ -131,20 +86,14 @@ static int metric_last_tx(state_t *st, int64_t run_id, const char *name, double 
                           bool *found)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a metric";
     *found = false;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_WEB_METRIC_LAST, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "It", run_id, name), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
+    int rc = state_first_row(st, STMT_WEB_METRIC_LAST, "reading a metric", &s, "It", run_id, name);
     if (rc == 1 && sqlite3_column_type(s, 0) != SQLITE_NULL) {
         *value = sqlite3_column_double(s, 0);
         *found = true;
     }
-    rc = 0;
-out:
     state_stmt_done(s);
-    return rc;
+    return rc < 0 ? rc : 0;
 }
 
 int state_metric_last(state_t *st, int64_t run_id, const char *name, double *value, bool *found)
@@ -176,11 +125,8 @@ static const state_row_t run_count_row =
 
 int state_run_counts(state_t *st, state_run_count_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "counting runs", rc,
-               state_rows_query(st, STMT_WEB_RUN_COUNTS, "counting runs", &run_count_row,
-                                (void **)out, n, ""));
-    return rc;
+    return state_rows_list(st, STMT_WEB_RUN_COUNTS, "counting runs", &run_count_row, (void **)out,
+                           n, "");
 }
 
 /* A row of WEB_RUN_DURATIONS. */
@@ -194,11 +140,8 @@ static const state_row_t duration_row = STATE_ROW(state_duration_bucket_t, durat
 
 int state_run_durations(state_t *st, state_duration_bucket_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "reading run durations", rc,
-               state_rows_query(st, STMT_WEB_RUN_DURATIONS, "reading run durations", &duration_row,
-                                (void **)out, n, ""));
-    return rc;
+    return state_rows_list(st, STMT_WEB_RUN_DURATIONS, "reading run durations", &duration_row,
+                           (void **)out, n, "");
 }
 
 /* ---- endpoints ------------------------------------------------------------------- */
@@ -243,11 +186,8 @@ void state_endpoint_infos_free(state_endpoint_info_t *es, size_t n)
 
 int state_endpoint_list(state_t *st, state_endpoint_info_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "listing endpoints", rc,
-               state_rows_query(st, STMT_WEB_ENDPOINT_LIST, "listing endpoints", &endpoint_row,
-                                (void **)out, n, ""));
-    return rc;
+    return state_rows_list(st, STMT_WEB_ENDPOINT_LIST, "listing endpoints", &endpoint_row,
+                           (void **)out, n, "");
 }
 
 /* A row of WEB_HOLDING_HISTORY. */
@@ -261,12 +201,9 @@ static const state_row_t holding_row = STATE_ROW(state_holding_t, holding_cols, 
 int state_endpoint_history(state_t *st, int64_t endpoint_id, int limit, state_holding_t **out,
                            size_t *n)
 {
-    int rc;
-    STATE_READ(st, "reading an endpoint's holdings", rc,
-               state_rows_query(st, STMT_WEB_HOLDING_HISTORY, "reading an endpoint's holdings",
-                                &holding_row, (void **)out, n, "Ii", endpoint_id,
-                                limit > 0 ? limit : -1));
-    return rc;
+    return state_rows_list(st, STMT_WEB_HOLDING_HISTORY, "reading an endpoint's holdings",
+                           &holding_row, (void **)out, n, "Ii", endpoint_id,
+                           limit > 0 ? limit : -1);
 }
 
 void state_holdings_free(state_holding_t *hs, size_t n)
@@ -276,64 +213,23 @@ void state_holdings_free(state_holding_t *hs, size_t n)
 
 /* ---- checkpoints ----------------------------------------------------------------- */
 
-typedef struct children_q {
-    state_stmt_id_t stmt;
-    int64_t parent_id;
-    int limit;
-    int64_t *ids;
-    size_t n;
-} children_q_t;
-
-static int children_tx(state_t *st, children_q_t *q)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "listing a checkpoint's children";
-    q->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, q->stmt, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Ii", q->parent_id, q->limit), rc, out);
-    rc = state_step_ids(st, s, what, q->ids, (size_t)q->limit, &q->n);
-out:
-    state_stmt_done(s);
-    return rc;
-}
-
-/* The checkpoints a query of ids (children or descendants) names, in order. */
+/* The checkpoints that a query of ids (children or descendants) names, in
+ * its order. */
 static int ckpts_of(state_t *st, state_stmt_id_t stmt, int64_t checkpoint_id, int limit,
                     state_checkpoint_t **out, size_t *n)
 {
-    int rc;
     *out = NULL;
     *n = 0;
     if (limit < 1 || limit > STATE_PAGE_MAX)
         return kiln_errf(KILN_EINVAL, "asked for %d checkpoints; 1 to %d", limit, STATE_PAGE_MAX);
-    children_q_t q = {stmt, checkpoint_id, limit, kiln_calloc((size_t)limit, sizeof(int64_t)), 0};
-    if (q.ids == NULL)
-        return KILN_ENOMEM;
-    STATE_READ(st, "listing a checkpoint's children", rc, children_tx(st, &q));
-    if (rc < 0)
-        goto out;
-    state_checkpoint_t *cs = kiln_calloc(q.n ? q.n : 1, sizeof *cs);
-    if (cs == NULL) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    size_t got = 0;
-    for (size_t i = 0; i < q.n; i++) {
-        rc = state_checkpoint_get_by_id(st, q.ids[i], &cs[got]);
-        if (rc == KILN_ENOENT)
-            continue;
-        if (rc < 0) {
-            state_checkpoints_free(cs, got);
-            goto out;
-        }
-        got++;
-    }
-    *out = cs;
-    *n = got;
-    rc = 0;
-out:
-    free(q.ids);
+    int64_t *ids = NULL;
+    size_t nids = 0;
+    int rc = state_rows_list(st, stmt, "listing a checkpoint's children", &state_i64_row,
+                             (void **)&ids, &nids, "Ii", checkpoint_id, limit);
+    if (rc == 0)
+        rc = state_rows_of_ids(st, STMT_CKPT_GET_BY_ID, "reading a checkpoint", &state_ckpt_row,
+                               ids, nids, (void **)out, n);
+    free(ids);
     return rc;
 }
 
@@ -353,9 +249,7 @@ int state_checkpoint_descendants(state_t *st, int64_t checkpoint_id, int limit,
 
 int state_run_retry_find(state_t *st, int64_t run_id, int64_t *retry_id)
 {
-    int rc;
-    STATE_READ(
-        st, "finding a run's retry", rc,
-        state_query_i64(st, STMT_RUN_RETRY_OF, "finding a run's retry", retry_id, "I", run_id));
+    int rc = state_row_get(st, STMT_RUN_RETRY_OF, "finding a run's retry", &state_i64_row, retry_id,
+                           "I", run_id);
     return rc < 0 ? rc : 0;
 }

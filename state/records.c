@@ -10,48 +10,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-int state_insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id)
-{
-    int rc = state_exec(st, s, what);
-    if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
-        return kiln_errf(KILN_ENOENT,
-                         "cannot %s: it refers to a run, checkpoint, export or "
-                         "endpoint that does not exist",
-                         what);
-    if (rc == 0 && id != NULL)
-        *id = sqlite3_last_insert_rowid(st->db);
-    return rc;
-}
-
 /* ---- inputs ------------------------------------------------------------------------ */
-
-typedef struct {
-    int64_t run_id;
-    const state_input_t *in;
-} input_add_t;
-
-static int input_add_tx(state_t *st, const input_add_t *a)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "record a run input";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ItIIt", a->run_id, a->in->path, a->in->size,
-                               a->in->mtime, a->in->checksum),
-                    rc, out);
-    rc = state_insert_one(st, s, what, NULL);
-out:
-    state_stmt_done(s);
-    return rc;
-}
 
 int state_input_add(state_t *st, int64_t run_id, const state_input_t *in)
 {
     if (in == NULL || in->path == NULL)
         return kiln_errf(KILN_EINVAL, "an input needs a path");
-    input_add_t a = {run_id, in};
     int rc;
-    STATE_WRITE(st, "recording a run input", rc, input_add_tx(st, &a));
+    STATE_WRITE(st, "recording a run input", rc,
+                state_insert(st, STMT_INPUT_INSERT, "record a run input", NULL, "ItIIt", run_id,
+                             in->path, in->size, in->mtime, in->checksum));
     return rc;
 }
 
@@ -71,72 +39,29 @@ void state_inputs_free(state_input_t *ins, size_t n)
 
 int state_input_list(state_t *st, int64_t run_id, state_input_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "listing run inputs", rc,
-               state_rows_query(st, STMT_INPUT_LIST, "listing run inputs", &input_row, (void **)out,
-                                n, "I", run_id));
-    return rc;
-}
-
-static int input_consumed_tx(state_t *st, int64_t job_id, const state_input_t *in, bool *consumed)
-{
-    int64_t one;
-    int rc = state_query_i64(st, STMT_INPUT_CONSUMED, "checking whether an input was consumed",
-                             &one, "ItIIt", job_id, in->path, in->size, in->mtime, in->checksum);
-    *consumed = rc == 1;
-    return rc < 0 ? rc : 0;
+    return state_rows_list(st, STMT_INPUT_LIST, "listing run inputs", &input_row, (void **)out, n,
+                           "I", run_id);
 }
 
 int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in, bool *consumed)
 {
-    int rc;
+    int64_t one;
     *consumed = false;
     if (in == NULL || in->path == NULL)
         return kiln_errf(KILN_EINVAL, "an input needs a path");
-    STATE_READ(st, "checking whether an input was consumed", rc,
-               input_consumed_tx(st, job_id, in, consumed));
-    return rc;
-}
-
-static int inputs_cover_tx(state_t *st, int64_t run_id, int64_t ckpt_id)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "marking an online run's inputs as covered";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_COVER, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "II", run_id, ckpt_id), rc, out);
-    rc = state_insert_one(st, s, what, NULL);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_row_get(st, STMT_INPUT_CONSUMED, "checking whether an input was consumed",
+                           &state_i64_row, &one, "ItIIt", job_id, in->path, in->size, in->mtime,
+                           in->checksum);
+    *consumed = rc == 1;
+    return rc < 0 ? rc : 0;
 }
 
 int state_inputs_cover(state_t *st, int64_t run_id, int64_t checkpoint_id)
 {
+    const char *what = "marking an online run's inputs as covered";
     int rc;
-    STATE_WRITE(st, "marking an online run's inputs as covered", rc,
-                inputs_cover_tx(st, run_id, checkpoint_id));
-    return rc;
-}
-
-typedef struct {
-    const char *path;
-    int limit;
-    int64_t *ids;
-    size_t n;
-} input_runs_t;
-
-static int input_runs_tx(state_t *st, input_runs_t *q)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "finding the runs that read a file";
-    q->n = 0;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_INPUT_RUNS, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ti", q->path, q->limit), rc, out);
-    rc = state_step_ids(st, s, what, q->ids, (size_t)q->limit, &q->n);
-out:
-    state_stmt_done(s);
+    STATE_WRITE(st, what, rc,
+                state_insert(st, STMT_INPUT_COVER, what, NULL, "II", run_id, checkpoint_id));
     return rc;
 }
 
@@ -148,50 +73,20 @@ int state_input_runs(state_t *st, const char *path, int limit, int64_t **run_ids
         return kiln_errf(KILN_EINVAL, "no input path given");
     if (limit < 1 || limit > STATE_PAGE_MAX)
         return kiln_errf(KILN_EINVAL, "asked for %d runs; 1 to %d", limit, STATE_PAGE_MAX);
-    input_runs_t q = {path, limit, kiln_calloc((size_t)limit, sizeof(int64_t)), 0};
-    if (q.ids == NULL)
-        return KILN_ENOMEM;
-    int rc;
-    STATE_READ(st, "finding the runs that read a file", rc, input_runs_tx(st, &q));
-    if (rc < 0) {
-        free(q.ids);
-        return rc;
-    }
-    *run_ids = q.ids;
-    *n = q.n;
-    return 0;
+    return state_rows_list(st, STMT_INPUT_RUNS, "finding the runs that read a file", &state_i64_row,
+                           (void **)run_ids, n, "ti", path, limit);
 }
 
 /* ---- metrics ----------------------------------------------------------------------- */
-
-typedef struct {
-    int64_t run_id, step;
-    const char *name;
-    double value;
-} metric_add_t;
-
-static int metric_add_tx(state_t *st, const metric_add_t *m)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "record a metric";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_METRIC_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(
-        state_bind(st, s, what, "IItdI", m->run_id, m->step, m->name, m->value, kiln_now_s()), rc,
-        out);
-    rc = state_insert_one(st, s, what, NULL);
-out:
-    state_stmt_done(s);
-    return rc;
-}
 
 int state_metric_add(state_t *st, int64_t run_id, int64_t step, const char *name, double value)
 {
     if (name == NULL || name[0] == '\0')
         return kiln_errf(KILN_EINVAL, "a metric needs a name");
-    metric_add_t m = {run_id, step, name, value};
     int rc;
-    STATE_WRITE(st, "recording a metric", rc, metric_add_tx(st, &m));
+    STATE_WRITE(st, "recording a metric", rc,
+                state_insert(st, STMT_METRIC_INSERT, "record a metric", NULL, "IItdI", run_id, step,
+                             name, value, kiln_now_s()));
     return rc;
 }
 
@@ -206,15 +101,12 @@ static const state_row_t metric_row = STATE_ROW(state_metric_t, metric_cols, NUL
 int state_metric_series(state_t *st, int64_t run_id, const char *name, state_metric_t **out,
                         size_t *n)
 {
-    int rc;
     *out = NULL;
     *n = 0;
     if (name == NULL)
         return kiln_errf(KILN_EINVAL, "no metric name given");
-    STATE_READ(st, "reading a metric series", rc,
-               state_rows_query(st, STMT_METRIC_SERIES, "reading a metric series", &metric_row,
-                                (void **)out, n, "It", run_id, name));
-    return rc;
+    return state_rows_list(st, STMT_METRIC_SERIES, "reading a metric series", &metric_row,
+                           (void **)out, n, "It", run_id, name);
 }
 
 /* ---- checkpoints ------------------------------------------------------------------- */
@@ -237,36 +129,27 @@ static const state_col_t ckpt_cols[] = {
     STATE_COL(state_checkpoint_t, created_at), STATE_COL(state_checkpoint_t, eval_logloss),
     STATE_COL(state_checkpoint_t, eval_auc),   STATE_COL(state_checkpoint_t, online),
 };
-static const state_row_t ckpt_row = STATE_ROW(state_checkpoint_t, ckpt_cols, read_ckpt_eval);
+const state_row_t state_ckpt_row = STATE_ROW(state_checkpoint_t, ckpt_cols, read_ckpt_eval);
 
 void state_checkpoint_fini(state_checkpoint_t *c)
 {
-    state_row_fini(&ckpt_row, c);
+    state_row_fini(&state_ckpt_row, c);
 }
 
 void state_checkpoints_free(state_checkpoint_t *cs, size_t n)
 {
-    state_rows_free(&ckpt_row, cs, n);
+    state_rows_free(&state_ckpt_row, cs, n);
 }
 
 static int ckpt_add_tx(state_t *st, const state_checkpoint_t *c, int64_t *id)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "record a checkpoint";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_INSERT, &s), rc, out);
     /* The eval figures only when measured (SQL NULL otherwise). */
-    KILN_CHECK_GOTO(state_bind(st, s, what, "tJJttIIItIbnn", c->uid, c->run_id, c->parent_id,
-                               c->kind, c->path, c->step, c->keys, c->bytes, c->checksum,
-                               c->created_at != 0 ? c->created_at : kiln_now_s(), c->online,
-                               c->has_eval ? c->eval_logloss : NAN,
-                               c->has_eval ? c->eval_auc : NAN),
-                    rc, out);
-    rc = state_insert_one(st, s, what, id);
+    int rc = state_insert(st, STMT_CKPT_INSERT, "record a checkpoint", id, "tJJttIIItIbnn", c->uid,
+                          c->run_id, c->parent_id, c->kind, c->path, c->step, c->keys, c->bytes,
+                          c->checksum, c->created_at != 0 ? c->created_at : kiln_now_s(), c->online,
+                          c->has_eval ? c->eval_logloss : NAN, c->has_eval ? c->eval_auc : NAN);
     if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_UNIQUE)
         rc = kiln_errf(KILN_EEXIST, "checkpoint %s is already recorded", c->uid);
-out:
-    state_stmt_done(s);
     return rc;
 }
 
@@ -285,120 +168,55 @@ int state_checkpoint_add(state_t *st, const state_checkpoint_t *c, int64_t *id)
     return rc;
 }
 
-/* Reads the checkpoint that statement id finds for uid or, when uid is NULL,
- * for job_id. */
-static int ckpt_get_tx(state_t *st, state_stmt_id_t id, const char *uid, int64_t job_id,
-                       state_checkpoint_t *out)
-{
-    const char *what = "reading a checkpoint";
-    int rc = uid != NULL ? state_row_query(st, id, what, &ckpt_row, out, "t", uid)
-                         : state_row_query(st, id, what, &ckpt_row, out, "I", job_id);
-    if (rc == 0)
-        return uid != NULL
-                   ? kiln_errf(KILN_ENOENT, "no checkpoint %s", uid)
-                   : kiln_errf(KILN_ENOENT, "job %lld has no checkpoints yet", (long long)job_id);
-    return rc < 0 ? rc : 0;
-}
-
 int state_checkpoint_get(state_t *st, const char *uid, state_checkpoint_t *out)
 {
-    int rc;
     memset(out, 0, sizeof *out);
     if (uid == NULL)
         return kiln_errf(KILN_EINVAL, "no checkpoint uid given");
-    STATE_READ(st, "reading a checkpoint", rc, ckpt_get_tx(st, STMT_CKPT_GET, uid, 0, out));
-    return rc;
-}
-
-static int ckpt_newest_tx(state_t *st, int64_t run_id, bool online, state_checkpoint_t *out)
-{
-    int rc = state_row_query(st, STMT_CKPT_NEWEST_RUN, "reading a run's newest checkpoint",
-                             &ckpt_row, out, "Ib", run_id, online);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "run %lld recorded no %scheckpoint", (long long)run_id,
-                         online ? "online " : "");
-    return rc < 0 ? rc : 0;
+    int rc =
+        state_row_get(st, STMT_CKPT_GET, "reading a checkpoint", &state_ckpt_row, out, "t", uid);
+    return state_found(rc, "no checkpoint %s", uid);
 }
 
 int state_checkpoint_newest_of_run(state_t *st, int64_t run_id, bool online_only,
                                    state_checkpoint_t *out)
 {
-    int rc;
-    memset(out, 0, sizeof *out);
-    STATE_READ(st, "reading a run's newest checkpoint", rc,
-               ckpt_newest_tx(st, run_id, online_only, out));
-    return rc;
+    int rc = state_row_get(st, STMT_CKPT_NEWEST_RUN, "reading a run's newest checkpoint",
+                           &state_ckpt_row, out, "Ib", run_id, online_only);
+    return state_found(rc, "run %lld recorded no %scheckpoint", (long long)run_id,
+                       online_only ? "online " : "");
 }
 
 int state_checkpoint_latest(state_t *st, int64_t job_id, state_checkpoint_t *out)
 {
-    int rc;
-    memset(out, 0, sizeof *out);
-    STATE_READ(st, "reading a checkpoint", rc,
-               ckpt_get_tx(st, STMT_CKPT_LATEST, NULL, job_id, out));
-    return rc;
-}
-
-typedef struct {
-    int64_t id;
-    double logloss, auc;
-} ckpt_eval_t;
-
-static int ckpt_set_eval_tx(state_t *st, const ckpt_eval_t *e)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "recording a checkpoint's eval figures";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_CKPT_SET_EVAL, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Inn", e->id, e->logloss, e->auc), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0)
-        rc = kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)e->id);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_row_get(st, STMT_CKPT_LATEST, "reading a checkpoint", &state_ckpt_row, out, "I",
+                           job_id);
+    return state_found(rc, "job %lld has no checkpoints yet", (long long)job_id);
 }
 
 int state_checkpoint_set_eval(state_t *st, int64_t checkpoint_id, double logloss, double auc)
 {
-    ckpt_eval_t e = {checkpoint_id, logloss, auc};
+    const char *what = "recording a checkpoint's eval figures";
     int rc;
-    STATE_WRITE(st, "recording a checkpoint's eval figures", rc, ckpt_set_eval_tx(st, &e));
+    STATE_WRITE(
+        st, what, rc,
+        state_found(state_update(st, STMT_CKPT_SET_EVAL, what, "Inn", checkpoint_id, logloss, auc),
+                    "no checkpoint with id %lld", (long long)checkpoint_id));
     return rc;
 }
 
 /* ---- exports ----------------------------------------------------------------------- */
-
-typedef struct {
-    int64_t checkpoint_id, base_id;
-    const char *format, *path;
-    int64_t bytes;
-} export_add_t;
-
-static int export_add_tx(state_t *st, const export_add_t *e, int64_t *id)
-{
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "record an export";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_EXPORT_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IJttII", e->checkpoint_id, e->base_id, e->format,
-                               e->path, e->bytes, kiln_now_s()),
-                    rc, out);
-    rc = state_insert_one(st, s, what, id);
-out:
-    state_stmt_done(s);
-    return rc;
-}
 
 int state_export_add(state_t *st, int64_t checkpoint_id, int64_t base_checkpoint_id,
                      const char *format, const char *path, int64_t bytes, int64_t *id)
 {
     if (format == NULL || path == NULL)
         return kiln_errf(KILN_EINVAL, "an export needs a format and a path");
-    export_add_t e = {checkpoint_id, base_checkpoint_id, format, path, bytes};
     int64_t nid = 0;
     int rc;
-    STATE_WRITE(st, "recording an export", rc, export_add_tx(st, &e, &nid));
+    STATE_WRITE(st, "recording an export", rc,
+                state_insert(st, STMT_EXPORT_INSERT, "record an export", &nid, "IJttII",
+                             checkpoint_id, base_checkpoint_id, format, path, bytes, kiln_now_s()));
     if (rc == 0 && id != NULL)
         *id = nid;
     return rc;
@@ -408,34 +226,20 @@ int state_export_add(state_t *st, int64_t checkpoint_id, int64_t base_checkpoint
 
 int state_data_version(state_t *st, int64_t *out)
 {
-    int rc;
-    STATE_READ(st, "reading the data version", rc,
-               state_query_i64(st, STMT_DATA_VERSION, "reading the data version", out, ""));
-    return rc < 0 ? rc : 0;
-}
-
-static int ckpt_by_id_tx(state_t *st, int64_t id, state_checkpoint_t *out)
-{
     int rc =
-        state_row_query(st, STMT_CKPT_GET_BY_ID, "reading a checkpoint", &ckpt_row, out, "I", id);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)id);
+        state_row_get(st, STMT_DATA_VERSION, "reading the data version", &state_i64_row, out, "");
     return rc < 0 ? rc : 0;
 }
 
 int state_checkpoint_get_by_id(state_t *st, int64_t id, state_checkpoint_t *out)
 {
-    int rc;
-    memset(out, 0, sizeof *out);
-    STATE_READ(st, "reading a checkpoint", rc, ckpt_by_id_tx(st, id, out));
-    return rc;
+    int rc = state_row_get(st, STMT_CKPT_GET_BY_ID, "reading a checkpoint", &state_ckpt_row, out,
+                           "I", id);
+    return state_found(rc, "no checkpoint with id %lld", (long long)id);
 }
 
 int state_checkpoint_list_by_run(state_t *st, int64_t run_id, state_checkpoint_t **out, size_t *n)
 {
-    int rc;
-    STATE_READ(st, "listing checkpoints", rc,
-               state_rows_query(st, STMT_CKPT_LIST_RUN, "listing checkpoints", &ckpt_row,
-                                (void **)out, n, "I", run_id));
-    return rc;
+    return state_rows_list(st, STMT_CKPT_LIST_RUN, "listing checkpoints", &state_ckpt_row,
+                           (void **)out, n, "I", run_id);
 }

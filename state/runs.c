@@ -70,16 +70,16 @@ static const state_col_t run_cols[] = {
     STATE_COL(state_run_t, spec_dir),
     STATE_COL(state_run_t, start_checkpoint_id),
 };
-static const state_row_t run_row = STATE_ROW(state_run_t, run_cols, read_run_names);
+const state_row_t state_run_row = STATE_ROW(state_run_t, run_cols, read_run_names);
 
 void state_run_fini(state_run_t *r)
 {
-    state_row_fini(&run_row, r);
+    state_row_fini(&state_run_row, r);
 }
 
 void state_runs_free(state_run_t *rs, size_t n)
 {
-    state_rows_free(&run_row, rs, n);
+    state_rows_free(&state_run_row, rs, n);
 }
 
 /* ---- create ------------------------------------------------------------------------ */
@@ -98,8 +98,8 @@ static int scheduled_exists(state_t *st, const run_create_t *c)
 {
     int64_t other;
     char iso[KILN_ISO_LEN];
-    state_query_i64(st, STMT_RUN_FIND_SCHEDULED, "finding a scheduled run", &other, "II", c->job_id,
-                    c->scheduled_at);
+    state_row_query(st, STMT_RUN_FIND_SCHEDULED, "finding a scheduled run", &state_i64_row, &other,
+                    "II", c->job_id, c->scheduled_at);
     return kiln_errf(KILN_EEXIST, "job %lld already has run %lld for the scheduled time %s",
                      (long long)c->job_id, (long long)other,
                      kiln_time_iso(c->scheduled_at, iso, sizeof iso));
@@ -107,43 +107,29 @@ static int scheduled_exists(state_t *st, const run_create_t *c)
 
 static int run_create_tx(state_t *st, run_create_t *c)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     int64_t version;
     const char *what = "queuing a run";
     char iso[KILN_ISO_LEN] = "";
 
-    KILN_CHECK_GOTO(state_query_i64(st, STMT_JOB_VERSION_OF, what, &version, "I", c->job_id), rc,
-                    out);
-    if (rc == 0) {
-        rc =
-            kiln_errf(KILN_ENOENT, "cannot queue a run: no job with id %lld", (long long)c->job_id);
-        goto out;
-    }
-
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_INSERT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IitiJII", c->job_id, (int)version,
-                               state_trigger_name(c->trigger), c->attempt, c->retry_of,
-                               c->scheduled_at, kiln_now_s()),
-                    rc, out);
-    rc = state_exec(st, s, what);
+    int rc =
+        state_row_query(st, STMT_JOB_VERSION_OF, what, &state_i64_row, &version, "I", c->job_id);
+    KILN_CHECK(state_found(rc, "cannot queue a run: no job with id %lld", (long long)c->job_id));
+    rc = state_insert(st, STMT_RUN_INSERT, what, &c->id, "IitiJII", c->job_id, (int)version,
+                      state_trigger_name(c->trigger), c->attempt, c->retry_of, c->scheduled_at,
+                      kiln_now_s());
     if (rc < 0) {
         if (st->last_sqlite_rc == SQLITE_CONSTRAINT_UNIQUE)
             rc = scheduled_exists(st, c);
         else if (st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
             rc = kiln_errf(KILN_ENOENT, "cannot queue a retry of run %lld: no such run",
                            (long long)c->retry_of);
-        goto out;
+        return rc;
     }
-    c->id = sqlite3_last_insert_rowid(st->db);
     if (c->scheduled_at != 0)
         kiln_time_iso(c->scheduled_at, iso, sizeof iso);
-    rc = state_event_insert(st, c->job_id, c->id, "state", "queued (%s, attempt %d%s%s)",
-                            state_trigger_name(c->trigger), c->attempt,
-                            iso[0] != '\0' ? ", scheduled " : "", iso);
-out:
-    state_stmt_done(s);
-    return rc;
+    return state_event_insert(st, c->job_id, c->id, "state", "queued (%s, attempt %d%s%s)",
+                              state_trigger_name(c->trigger), c->attempt,
+                              iso[0] != '\0' ? ", scheduled " : "", iso);
 }
 
 int state_run_create_tx(state_t *st, int64_t job_id, state_trigger_t trigger,
@@ -177,10 +163,8 @@ int state_run_create(state_t *st, int64_t job_id, state_trigger_t trigger, int64
 
 static int run_get_tx(state_t *st, int64_t run_id, state_run_t *out)
 {
-    int rc = state_row_query(st, STMT_RUN_GET, "reading a run", &run_row, out, "I", run_id);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "no run %lld; see kiln runs", (long long)run_id);
-    return rc < 0 ? rc : 0;
+    int rc = state_row_query(st, STMT_RUN_GET, "reading a run", &state_run_row, out, "I", run_id);
+    return state_found(rc, "no run %lld; see kiln runs", (long long)run_id);
 }
 
 int state_run_get(state_t *st, int64_t run_id, state_run_t *out)
@@ -196,14 +180,12 @@ static int run_list_tx(state_t *st, const char *job_name, int limit, state_run_t
     int64_t lim = limit > 0 ? limit : -1, job_id;
     const char *what = "listing runs";
     if (job_name == NULL)
-        return state_rows_query(st, STMT_RUN_LIST_ALL, what, &run_row, (void **)out, n, "I", lim);
-    int rc = state_query_i64(st, STMT_JOB_FIND, what, &job_id, "t", job_name);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "no job named '%s'; see kiln jobs", job_name);
-    if (rc < 0)
-        return rc;
-    return state_rows_query(st, STMT_RUN_LIST_JOB, what, &run_row, (void **)out, n, "II", job_id,
-                            lim);
+        return state_rows_query(st, STMT_RUN_LIST_ALL, what, &state_run_row, (void **)out, n, "I",
+                                lim);
+    int rc = state_row_query(st, STMT_JOB_FIND, what, &state_i64_row, &job_id, "t", job_name);
+    KILN_CHECK(state_found(rc, "no job named '%s'; see kiln jobs", job_name));
+    return state_rows_query(st, STMT_RUN_LIST_JOB, what, &state_run_row, (void **)out, n, "II",
+                            job_id, lim);
 }
 
 int state_run_list(state_t *st, const char *job_name, int limit, state_run_t **out, size_t *n)
@@ -217,15 +199,12 @@ int state_run_list(state_t *st, const char *job_name, int limit, state_run_t **o
 
 int state_run_list_in_state(state_t *st, state_run_state_t s, state_run_t **out, size_t *n)
 {
-    int rc;
     *out = NULL;
     *n = 0;
     if ((int)s < 0 || s >= STATE_RUN_NSTATES)
         return kiln_errf(KILN_EINVAL, "unknown run state %d", (int)s);
-    STATE_READ(st, "listing runs", rc,
-               state_rows_query(st, STMT_RUN_LIST_STATE, "listing runs", &run_row, (void **)out, n,
-                                "t", state_run_state_name(s)));
-    return rc;
+    return state_rows_list(st, STMT_RUN_LIST_STATE, "listing runs", &state_run_row, (void **)out, n,
+                           "t", state_run_state_name(s));
 }
 
 /* ---- state changes ---------------------------------------------------------------- */
@@ -235,15 +214,8 @@ static int run_state_of(state_t *st, int64_t run_id, state_run_state_t *state, i
                         bool *cancel_requested)
 {
     sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "reading a run's state";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_STATE_OF, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "I", run_id), rc, out);
-    KILN_CHECK_GOTO(state_step(st, s, what), rc, out);
-    if (rc == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no run %lld; see kiln runs", (long long)run_id);
-        goto out;
-    }
+    int rc = state_first_row(st, STMT_RUN_STATE_OF, "reading a run's state", &s, "I", run_id);
+    KILN_CHECK_GOTO(state_found(rc, "no run %lld; see kiln runs", (long long)run_id), rc, out);
     const char *name = (const char *)sqlite3_column_text(s, 0);
     if (state_run_state_parse(name, state) < 0) {
         rc = kiln_errf(KILN_ECORRUPT, "run %lld has unknown state '%s' in the database",
@@ -252,7 +224,6 @@ static int run_state_of(state_t *st, int64_t run_id, state_run_state_t *state, i
     }
     *job_id = state_col_i64(s, 1);
     *cancel_requested = sqlite3_column_int(s, 2) != 0;
-    rc = 0;
 out:
     state_stmt_done(s);
     return rc;
@@ -263,36 +234,21 @@ out:
 static int set_state(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
                      int exit_code, const char *error, int64_t ended_at)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
     int64_t now = kiln_now_s();
     const char *what = "changing a run's state";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_STATE, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "Itt", run_id, state_run_state_name(from),
-                               state_run_state_name(to)),
-                    rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) != 1) {
-        rc = kiln_errf(KILN_EINTERNAL, "run %lld left %s under our write lock", (long long)run_id,
-                       state_run_state_name(from));
-        goto out;
-    }
-    if (to == STATE_RUN_RUNNING) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_STARTED, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "II", run_id, now), rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    }
-    if (state_run_state_terminal(to)) {
-        KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_ENDED, &s), rc, out);
-        KILN_CHECK_GOTO(state_bind(st, s, what, "IIit", run_id, ended_at > 0 ? ended_at : now,
-                                   exit_code, error),
-                        rc, out);
-        KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    }
-    rc = 0;
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_update(st, STMT_RUN_SET_STATE, what, "Itt", run_id, state_run_state_name(from),
+                          state_run_state_name(to));
+    if (rc < 0)
+        return rc;
+    if (rc != 1)
+        return kiln_errf(KILN_EINTERNAL, "run %lld left %s under our write lock", (long long)run_id,
+                         state_run_state_name(from));
+    if (to == STATE_RUN_RUNNING)
+        KILN_CHECK(state_update(st, STMT_RUN_SET_STARTED, what, "II", run_id, now));
+    if (state_run_state_terminal(to))
+        KILN_CHECK(state_update(st, STMT_RUN_SET_ENDED, what, "IIit", run_id,
+                                ended_at > 0 ? ended_at : now, exit_code, error));
+    return 0;
 }
 
 static int refuse(int64_t run_id, state_run_state_t actual, state_run_state_t from,
@@ -363,16 +319,9 @@ static int cancel_tx(state_t *st, int64_t run_id, bool *done)
     *done = false;
     if (already)
         return 0;
-    sqlite3_stmt *s = NULL;
-    int rc;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_CANCEL, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, "requesting cancel", "I", run_id), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, "requesting cancel"), rc, out);
-    rc = state_event_insert(st, job_id, run_id, "cancel", "cancel requested while %s",
-                            state_run_state_name(actual));
-out:
-    state_stmt_done(s);
-    return rc;
+    KILN_CHECK(state_update(st, STMT_RUN_SET_CANCEL, "requesting cancel", "I", run_id));
+    return state_event_insert(st, job_id, run_id, "cancel", "cancel requested while %s",
+                              state_run_state_name(actual));
 }
 
 int state_run_request_cancel(state_t *st, int64_t run_id, bool *done)
@@ -396,27 +345,16 @@ typedef struct {
 
 static int set_launch_tx(state_t *st, const launch_t *l)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "recording a launch";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_LAUNCH, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "ItIt", l->run_id, l->run_dir, l->pgid, l->host), rc,
-                    out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0) {
-        rc = kiln_errf(KILN_ENOENT, "no run %lld", (long long)l->run_id);
-        goto out;
-    }
+    int rc = state_update(st, STMT_RUN_SET_LAUNCH, "recording a launch", "ItIt", l->run_id,
+                          l->run_dir, l->pgid, l->host);
+    KILN_CHECK(state_found(rc, "no run %lld", (long long)l->run_id));
     /* kilnd records the directory first (pgid 0) and the process group once
      * the supervisor runs: only the second is the launch. */
-    if (l->pgid > 0)
-        rc = state_event_insert(st, 0, l->run_id, "launch",
-                                "launched on %s, process group %lld, in %s",
-                                l->host != NULL ? l->host : "?", (long long)l->pgid,
-                                l->run_dir != NULL ? l->run_dir : "?");
-out:
-    state_stmt_done(s);
-    return rc;
+    if (l->pgid <= 0)
+        return 0;
+    return state_event_insert(
+        st, 0, l->run_id, "launch", "launched on %s, process group %lld, in %s",
+        l->host != NULL ? l->host : "?", (long long)l->pgid, l->run_dir != NULL ? l->run_dir : "?");
 }
 
 int state_run_set_launch(state_t *st, int64_t run_id, const char *run_dir, int64_t pgid,
@@ -430,17 +368,9 @@ int state_run_set_launch(state_t *st, int64_t run_id, const char *run_dir, int64
 
 static int set_not_before_tx(state_t *st, int64_t run_id, int64_t not_before)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "setting a run's earliest start";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_NOT_BEFORE, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "II", run_id, not_before), rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (sqlite3_changes(st->db) == 0)
-        rc = kiln_errf(KILN_ENOENT, "no run %lld", (long long)run_id);
-out:
-    state_stmt_done(s);
-    return rc;
+    int rc = state_update(st, STMT_RUN_SET_NOT_BEFORE, "setting a run's earliest start", "II",
+                          run_id, not_before);
+    return state_found(rc, "no run %lld", (long long)run_id);
 }
 
 int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before)
@@ -453,19 +383,11 @@ int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before)
 
 static int set_start_tx(state_t *st, int64_t run_id, int64_t ckpt_id)
 {
-    sqlite3_stmt *s = NULL;
-    int rc;
-    const char *what = "recording the checkpoint a run started from";
-    KILN_CHECK_GOTO(state_stmt(st, STMT_RUN_SET_START_CKPT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IJ", run_id, ckpt_id), rc, out);
-    rc = state_exec(st, s, what);
+    int rc = state_update(st, STMT_RUN_SET_START_CKPT,
+                          "recording the checkpoint a run started from", "IJ", run_id, ckpt_id);
     if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
-        rc = kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)ckpt_id);
-    else if (rc == 0 && sqlite3_changes(st->db) == 0)
-        rc = kiln_errf(KILN_ENOENT, "no run %lld", (long long)run_id);
-out:
-    state_stmt_done(s);
-    return rc;
+        return kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)ckpt_id);
+    return state_found(rc, "no run %lld", (long long)run_id);
 }
 
 int state_run_set_start_checkpoint(state_t *st, int64_t run_id, int64_t checkpoint_id)
@@ -491,7 +413,8 @@ static int run_end_tx(state_t *st, run_end_t *e)
     KILN_CHECK(transition_tx(st, &e->t));
     if (e->not_before < 0)
         return 0;
-    int rc = state_query_i64(st, STMT_RUN_RETRY_OF, "queuing a retry", &retry, "I", e->t.run_id);
+    int rc = state_row_query(st, STMT_RUN_RETRY_OF, "queuing a retry", &state_i64_row, &retry, "I",
+                             e->t.run_id);
     if (rc < 0)
         return rc;
     if (rc == 1)
@@ -520,8 +443,8 @@ static int run_succeed_tx(state_t *st, run_succeed_t *x)
     KILN_CHECK(transition_tx(st, &x->t));
     if (x->n == 0)
         return 0;
-    KILN_CHECK(
-        state_query_i64(st, STMT_RUN_JOB_OF, "queuing a run's pushes", &job_id, "I", x->t.run_id));
+    KILN_CHECK(state_row_query(st, STMT_RUN_JOB_OF, "queuing a run's pushes", &state_i64_row,
+                               &job_id, "I", x->t.run_id));
     return state_push_enqueue_tx(st, job_id, x->t.run_id, x->reqs, x->n, NULL, 0, x->ids);
 }
 

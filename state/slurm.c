@@ -26,9 +26,7 @@ static int get_tx(state_t *st, int64_t run_id, state_slurm_job_t *out)
 {
     int rc = state_row_query(st, STMT_SLURM_JOB_GET, "reading a run's Slurm job", &slurm_job_row,
                              out, "I", run_id);
-    if (rc == 0)
-        return kiln_errf(KILN_ENOENT, "run %lld has no Slurm job", (long long)run_id);
-    return rc < 0 ? rc : 0;
+    return state_found(rc, "run %lld has no Slurm job", (long long)run_id);
 }
 
 int state_slurm_job_get(state_t *st, int64_t run_id, state_slurm_job_t *out)
@@ -43,35 +41,39 @@ static bool same(const char *a, const char *b)
     return (a == NULL || *a == '\0') ? (b == NULL || *b == '\0') : b != NULL && strcmp(a, b) == 0;
 }
 
+/* The events of a change from old (NULL: the run had no Slurm job) to j, with
+ * nodes and part as recorded (NULL when empty). */
+static int put_events(state_t *st, const state_slurm_job_t *j, const state_slurm_job_t *old,
+                      const char *nodes, const char *part)
+{
+    int rc = 0;
+    if (old == NULL || old->job_id != j->job_id)
+        rc = state_event_insert(st, 0, j->run_id, "slurm", "Slurm job %lld: %s%s%s",
+                                (long long)j->job_id, j->state, part ? " in partition " : "",
+                                part ? part : "");
+    else if (!same(old->state, j->state) || !same(old->nodes, nodes))
+        rc = state_event_insert(st, 0, j->run_id, "slurm", "Slurm job %lld: %s -> %s%s%s",
+                                (long long)j->job_id, old->state, j->state, nodes ? " on " : "",
+                                nodes ? nodes : "");
+    if (rc == 0 && old == NULL && nodes != NULL)
+        rc = state_event_insert(st, 0, j->run_id, "slurm", "Slurm job %lld on %s",
+                                (long long)j->job_id, nodes);
+    return rc;
+}
+
 static int put_tx(state_t *st, const state_slurm_job_t *j)
 {
-    sqlite3_stmt *s = NULL;
     state_slurm_job_t old;
-    int rc;
-    const char *what = "recording a run's Slurm job";
     int got = get_tx(st, j->run_id, &old);
     if (got < 0 && got != KILN_ENOENT)
         return got;
     const char *nodes = j->nodes != NULL && j->nodes[0] ? j->nodes : NULL;
     const char *part = j->partition != NULL && j->partition[0] ? j->partition : NULL;
-    KILN_CHECK_GOTO(state_stmt(st, STMT_SLURM_JOB_PUT, &s), rc, out);
-    KILN_CHECK_GOTO(state_bind(st, s, what, "IIttt" "I", j->run_id, j->job_id, j->state, nodes,
-                               part, j->updated_at > 0 ? j->updated_at : kiln_now_s()),
-                    rc, out);
-    KILN_CHECK_GOTO(state_exec(st, s, what), rc, out);
-    if (got == KILN_ENOENT || old.job_id != j->job_id)
-        rc = state_event_insert(st, 0, j->run_id, "slurm", "Slurm job %lld: %s%s%s",
-                                (long long)j->job_id, j->state, part ? " in partition " : "",
-                                part ? part : "");
-    else if (!same(old.state, j->state) || !same(old.nodes, nodes))
-        rc = state_event_insert(st, 0, j->run_id, "slurm", "Slurm job %lld: %s -> %s%s%s",
-                                (long long)j->job_id, old.state, j->state, nodes ? " on " : "",
-                                nodes ? nodes : "");
-    if (rc == 0 && got == KILN_ENOENT && nodes != NULL)
-        rc = state_event_insert(st, 0, j->run_id, "slurm", "Slurm job %lld on %s",
-                                (long long)j->job_id, nodes);
-out:
-    state_stmt_done(s);
+    int rc = state_update(st, STMT_SLURM_JOB_PUT, "recording a run's Slurm job", "IItttI",
+                          j->run_id, j->job_id, j->state, nodes, part,
+                          j->updated_at > 0 ? j->updated_at : kiln_now_s());
+    if (rc >= 0)
+        rc = put_events(st, j, got == 0 ? &old : NULL, nodes, part);
     if (got == 0)
         state_slurm_job_fini(&old);
     return rc;

@@ -425,11 +425,6 @@ bool state_busy_retry(state_t *st, int *rc, int attempt, const char *what);
 int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *kind,
                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* Steps a bound INSERT or UPDATE to its end (records.c): a FOREIGN KEY
- * violation becomes KILN_ENOENT ("cannot <what>: it refers to ... that does
- * not exist"); *id (may be NULL) gets the new rowid. */
-int state_insert_one(state_t *st, sqlite3_stmt *s, const char *what, int64_t *id /* OUT */);
-
 /* Queues a run inside the caller's transaction (runs.c): state_run_create's
  * work without its own BEGIN. */
 int state_run_create_tx(state_t *st, int64_t job_id, state_trigger_t trigger,
@@ -500,9 +495,21 @@ void state_row_fini(const state_row_t *m, void *row);
 /* state_row_fini on rows[0..n) and frees the array; accepts NULL. */
 void state_rows_free(const state_row_t *m, void *rows, size_t n);
 
+/* The row tables that files other than their own read by: a run
+ * (STATE_RUN_COLS, runs.c), a checkpoint (STATE_CKPT_COLS, records.c), and a
+ * bare int64_t from column 0 (rows.c): one int64 answer (0 when it is NULL or
+ * there is no row), or a list of ids that comes back as an int64_t array. */
+extern const state_row_t state_run_row, state_ckpt_row, state_i64_row;
+
 /* The queries below prepare statement id, bind the values that follow fmt
  * (state_bind's letters), run it and reset it. */
 
+/* Steps to the first row: returns 1 with *s on it for the caller to read
+ * its columns, 0 when there is none, or an error. Whatever it returns, the
+ * caller hands *s (NULL when the statement was not prepared) back with
+ * state_stmt_done. */
+int state_first_row(state_t *st, state_stmt_id_t id, const char *what, sqlite3_stmt **s /* OUT */,
+                    const char *fmt, ...);
 /* Reads the first row into row by m: returns 1 for a row, 0 when there is
  * none (row zeroed), or an error (row freed). */
 int state_row_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
@@ -511,10 +518,35 @@ int state_row_query(state_t *st, state_stmt_id_t id, const char *what, const sta
  * Returns 0, or an error with *out NULL and *n 0. */
 int state_rows_query(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
                      void **out /* OUT */, size_t *n /* OUT */, const char *fmt, ...);
-/* Sets *out to column 0 of the first row (0 when NULL or when there is no
- * row): returns 1 for a row, 0 when none, or an error. */
-int state_query_i64(state_t *st, state_stmt_id_t id, const char *what, int64_t *out /* OUT */,
-                    const char *fmt, ...);
+
+/* state_row_query and state_rows_query for a public function that reads
+ * outside any transaction: each runs in a read of its own, rerun while
+ * another process holds the file (STATE_READ). */
+int state_row_get(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                  void *row /* OUT */, const char *fmt, ...);
+int state_rows_list(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                    void **out /* OUT */, size_t *n /* OUT */, const char *fmt, ...);
+/* Reads the row of each of ids[0..nids) by m, each with state_row_get of
+ * statement id (whose one parameter is the id), into *out, an array of *n
+ * rows by m (NULL when none). An id whose row is gone by then is left out.
+ * Returns 0, or an error with *out NULL and *n 0. */
+int state_rows_of_ids(state_t *st, state_stmt_id_t id, const char *what, const state_row_t *m,
+                      const int64_t *ids, size_t nids, void **out /* OUT */, size_t *n /* OUT */);
+
+/* Runs a write to its end: returns how many rows it changed (0 when its
+ * WHERE matched none, for the caller to name what was missing), or an error. */
+int state_update(state_t *st, state_stmt_id_t id, const char *what, const char *fmt, ...);
+/* Runs an INSERT (or an UPDATE that sets a foreign key) to its end: returns 0
+ * with *rowid (may be NULL) the new row's id, or an error, KILN_ENOENT ("cannot
+ * <what>: it refers to ... that does not exist") for a FOREIGN KEY violation. */
+int state_insert(state_t *st, state_stmt_id_t id, const char *what, int64_t *rowid /* OUT */,
+                 const char *fmt, ...);
+
+/* Ends a lookup or a write that must find its row, given rc, the answer of
+ * one of the queries above or of state_update: none (0) becomes KILN_ENOENT
+ * with the message fmt, a row or a count of rows 0, and an error stays as it
+ * is. */
+int state_found(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Steps s (prepared and bound) and stores column 0 of its rows in ids, at
  * most max of them; *n says how many. 0 or KILN_EDB. */
 int state_step_ids(state_t *st, sqlite3_stmt *s, const char *what, int64_t *ids /* OUT */,
