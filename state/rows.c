@@ -2,10 +2,9 @@
  * state/rows.c - reading the rows of a SELECT into structs by a row table
  * (state_row_t: which field each column fills, and as what), freeing what a
  * row owns by the same table, and the queries built on them: the first row of
- * a statement (one int64 answer is a row too), all its rows as a growing
- * array; and
- * the writes of one statement: an UPDATE that says how many rows it changed,
- * an INSERT that gives back its rowid. Each prepares, binds, steps and resets
+ * a statement (one int64 answer is a row too) and all its rows as a growing
+ * array; and the writes of one statement: an UPDATE that says how many rows
+ * it changed, an INSERT that gives back its rowid. Each prepares, binds, steps and resets
  * its cached statement itself, so a caller names only the statement, its
  * parameters and where the rows go.
  */
