@@ -472,6 +472,48 @@ static void test_twin_store_matches_host(void **state)
     host_and_twin(specs2, "part2", more2);
 }
 
+/* The device step (trainer/train_dev.c) on the host stand-in, which checks
+ * the order of its copies, events and compute calls and fails the run on a
+ * missing wait (tests/test_devstep.c shows it refusing one). lr and fm on 2
+ * ranks against the CPU step: the same keys, every loss and the eval logloss
+ * within 1e-5 (the device step sums a slot's rows in float32 before the
+ * double-double table sums, so the last bits differ). dlrm is refused. */
+static void test_device_step_standin(void **state)
+{
+    (void)state;
+    const char *models[] = {"lr", "fm"};
+    const char *standin[] = {"--device-step", "standin", NULL};
+    result_t *r = malloc(sizeof *r);
+    for (int m = 0; m < 2; m++) {
+        char spec[2][400], run[2][64];
+        json_t *res[2];
+        double l[2][64];
+        int nl[2];
+        for (int k = 0; k < 2; k++) {
+            snprintf(run[k], sizeof run[k], "devstep-%s-%s", models[m], k ? "standin" : "cpu");
+            write_spec(run[k], models[m], 150, NULL, NULL, spec[k], sizeof spec[k]);
+            res[k] = train_with(2, spec[k], run[k], r, k ? standin : NULL);
+            if (res[k] == NULL)
+                fail_msg("%s: kiln-train failed (%d): %s", run[k], r->code, r->err);
+            nl[k] = losses(run[k], l[k], 64);
+        }
+        assert_int_equal((int)num(res[0], "keys"), (int)num(res[1], "keys"));
+        assert_close(num(res[0], "eval_logloss"), num(res[1], "eval_logloss"), 1e-5, models[m]);
+        assert_int_equal(nl[0], nl[1]);
+        assert_true(nl[0] >= 4);
+        for (int i = 0; i < nl[0]; i++)
+            assert_close(l[0][i], l[1][i], 1e-5, "a step's loss");
+        json_decref(res[0]);
+        json_decref(res[1]);
+    }
+    char dl[400];
+    write_spec("devstep-dlrm", "dlrm", 150, NULL, NULL, dl, sizeof dl);
+    assert_null(train_with(2, dl, "devstep-dlrm", r, standin));
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "lr and fm"));
+    free(r);
+}
+
 /* ---- on a GPU (ctest label gpu: test_train_gpu runs these alone) ---------------------- */
 
 /* Returns 0 when kiln-train can train on a GPU here, else prints why not. */
@@ -1531,6 +1573,7 @@ int main(void)
         cmocka_unit_test(test_same_seed_same_result),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_twin_store_matches_host),
+        cmocka_unit_test(test_device_step_standin),
         cmocka_unit_test(test_cuda_matches_cpu),
         cmocka_unit_test(test_malformed_lines),
         cmocka_unit_test(test_bad_data_fails),

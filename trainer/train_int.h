@@ -88,7 +88,10 @@ typedef struct options {
     const char *predict; /* prediction mode: the rows to predict (a glob) */
     const char *out;     /* prediction mode: where rank 0 writes the probabilities */
     const char *store;   /* "twin": the GPU store's protocol on a host working copy (tests) */
+    const char *device_step; /* "standin": the device step on the host stand-in (tests) */
 } options_t;
+
+typedef struct train_dev train_dev_t;
 
 typedef struct trainer {
     options_t opt;
@@ -120,6 +123,8 @@ typedef struct trainer {
     int64_t *slot_koff;               /* (S) first key of slot s in its table's list */
     int64_t *boff;                    /* (S, max_batch + 1) bag offsets rebased to 0 */
     kern_bags_t *bags;                /* (S) */
+    float *const *tvalues;            /* (T) the last lookup's rows of each table's unique keys */
+    train_dev_t *dev;                 /* the device step's state; NULL: the CPU step */
     float *E, *probs;                 /* (max_batch, S, d), (max_batch) */
     int max_batch;
 
@@ -173,7 +178,20 @@ int train_setup_tables(trainer_t *tr);
 int train_setup_model(trainer_t *tr);
 
 /* ---- train_step.c ---- */
+int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert);
 int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert);
+int train_dense_update(trainer_t *tr);
+
+/* ---- train_dev.c ---- */
+struct dev_ops;
+/* Sets up the device step on ops (device: the GPU) in tr->dev, after the
+ * tables and the model. Returns 0 or the first failure (tr->dev may then be
+ * half made; train_dev_destroy takes it). */
+int train_dev_create(trainer_t *tr, const struct dev_ops *ops, int device);
+void train_dev_destroy(train_dev_t *dv);
+/* train_step with the pooling, the dense model and the reduce on the device. */
+int train_dev_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
+                   double *loss_sum);
 int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
                double *loss_sum);
 

@@ -259,7 +259,8 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
             if (out[0] == 0)
                 continue;
             double loss_sum = 0.0;
-            rc = train_step(tr, b, tr->steps + 1, out[0], &loss_sum);
+            rc = tr->dev ? train_dev_step(tr, b, tr->steps + 1, out[0], &loss_sum)
+                         : train_step(tr, b, tr->steps + 1, out[0], &loss_sum);
             if (rc < 0) {
                 /* The other ranks may be waiting in a collective of this
                  * step: only MPI_Abort can stop them (see main). */

@@ -3,6 +3,7 @@
  * backend and thread count, the order of a run (set up, load, train or
  * predict, evaluate, the last checkpoint, the result line) and the exit code.
  */
+#include "train_dev.h"
 #include "train_int.h"
 
 _Static_assert(JOB_MAX_ROWS_PER_RANK == KERN_MAX_CAPACITY,
@@ -70,7 +71,9 @@ static void usage(FILE *f)
         "  --predict GLOB     predict these rows with the --resume checkpoint, no training;\n"
         "  --out FILE         ... rank 0 writes one probability per row, in file order\n"
         "  --store twin       (tests) keep the working tables apart from the checkpoint\n"
-        "                     mirror in host memory, as a GPU run keeps them on the GPU\n\n"
+        "                     mirror in host memory, as a GPU run keeps them on the GPU\n"
+        "  --device-step standin  (tests) run lr and fm through the device step on the\n"
+        "                     host stand-in, which checks the order of its copies\n\n"
         "Online export: SIGUSR1, or a file <run-dir>/export.request, makes the trainer write\n"
         "an incremental checkpoint at the next step boundary (<run-dir>/export.last names it).\n\n"
         "At the end rank 0 prints one JSON line on stdout. Exit codes: 0 ok, 1 internal "
@@ -95,6 +98,7 @@ static const struct {
     {"--predict", OPT_STR, offsetof(options_t, predict)},
     {"--out", OPT_STR, offsetof(options_t, out)},
     {"--store", OPT_STR, offsetof(options_t, store)},
+    {"--device-step", OPT_STR, offsetof(options_t, device_step)},
     {"--max-steps", OPT_I64, offsetof(options_t, max_steps)},
     {"--run-id", OPT_I64, offsetof(options_t, run_id)},
     {"--threads", OPT_INT, offsetof(options_t, threads)},
@@ -138,6 +142,9 @@ static int parse_options(int argc, char **argv, options_t *o)
     }
     if (o->store != NULL && strcmp(o->store, "twin") != 0)
         return kiln_errf(KILN_EUSAGE, "--store: the only value is twin, got '%s'", o->store);
+    if (o->device_step != NULL && strcmp(o->device_step, "standin") != 0)
+        return kiln_errf(KILN_EUSAGE, "--device-step: the only value is standin, got '%s'",
+                         o->device_step);
     if (o->predict != NULL) {
         if (o->spec_path == NULL || o->resume == NULL || o->out == NULL)
             return kiln_errf(KILN_EUSAGE, "--predict needs --spec FILE, --resume CHECKPOINT_DIR "
@@ -156,11 +163,11 @@ static int parse_options(int argc, char **argv, options_t *o)
 /* resources.device (rt_device.h) decides where the embedding tables of the
  * step live: cuda puts this rank's shards in GPU hash tables (RT_STORE_CUDA;
  * lookups, inserts, evictions and the sparse optimizer run as CUDA
- * kernels), cpu keeps them in host tables. The dense part of every model
- * and the exchange run on the CPU either way (docs/gpu.md, "Training on a
- * GPU"). The ranks agree: auto falls back to the CPU everywhere if one rank
- * sees no GPU. Each rank takes GPU (local rank mod visible GPUs). Not
- * collective before the agreement, so a refusal is every rank's. */
+ * kernels), cpu keeps them in host tables. The exchange runs on the CPU
+ * either way; with cuda, lr and fm also run the device step
+ * (setup_device_step; docs/gpu.md). The ranks agree: auto falls back to the CPU everywhere if one
+ * rank sees no GPU. Each rank takes GPU (local rank mod visible GPUs). Not collective before the
+ * agreement, so a refusal is every rank's. */
 static int pick_device(trainer_t *tr)
 {
     rt_device_t dev = RT_DEVICE_CPU;
@@ -186,7 +193,7 @@ static int pick_device(trainer_t *tr)
         tr->cuda_device = lrank % gpus;
         if (tr->rank == 0)
             KILN_INFO("%s: embedding tables on the GPU (%d rank%s on this host, %d GPU%s%s); "
-                      "dense layers and the exchange on the CPU",
+                      "the exchange on the CPU",
                       why, lsize, lsize == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s",
                       lsize > gpus ? ", so ranks share GPUs" : "");
     } else if (tr->rank == 0) {
@@ -221,6 +228,7 @@ static void trainer_fini(trainer_t *tr)
         if (tr->tkeys)
             KILN_FREE_ALL(tr->tkeys[t], tr->tinv[t], tr->tuniq[t], tr->tgrad[t]);
     }
+    train_dev_destroy(tr->dev);
     rt_shard_destroy(tr->shard);
     rt_comm_destroy(tr->comm);
     rt_store_destroy(tr->store);
@@ -247,6 +255,31 @@ int train_setup_run(trainer_t *tr)
     if (rc == 0 && (tr->ckpt_root = train_spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
         rc = KILN_ENOMEM;
     return rc;
+}
+
+/* The device step (train_dev.c) for lr and fm when the tables are on the
+ * GPU, or on the host stand-in with --device-step standin; dlrm keeps the
+ * CPU step (its MLPs are not on the device yet). */
+static int setup_device_step(trainer_t *tr)
+{
+    const bool lr_fm = rt_model_type(tr->model) != RT_MODEL_DLRM;
+    if (tr->opt.device_step != NULL) {
+        if (!lr_fm)
+            return kiln_errf(KILN_EUSAGE, "--device-step: the device step runs lr and fm, "
+                                          "not dlrm");
+        return train_dev_create(tr, &train_dev_host_ops, 0);
+    }
+#ifdef KILN_HAVE_CUDA
+    if (tr->store_kind == RT_STORE_CUDA && lr_fm) {
+        if (tr->rank == 0)
+            KILN_INFO("the device step: pooling, the %s model and the backward reduce on the GPU",
+                      rt_model_type_name(rt_model_type(tr->model)));
+        return train_dev_create(tr, &train_dev_cuda_ops, tr->cuda_device);
+    }
+#endif
+    if (tr->store_kind == RT_STORE_CUDA && !lr_fm && tr->rank == 0)
+        KILN_INFO("dlrm: the dense model runs on the CPU (the device step has lr and fm)");
+    return 0;
 }
 
 static int run(trainer_t *tr)
@@ -317,6 +350,8 @@ static int run(trainer_t *tr)
     }
     if (rc == 0)
         rc = train_setup_run(tr);
+    if (rc == 0)
+        rc = setup_device_step(tr);
     if (rc == 0 && tr->ckpt_root[0] != '/') {
         /* Absolute, so that SQLite and export.last name it from anywhere. */
         char cwd[4096];

@@ -9,8 +9,9 @@
 /* ---- one step ------------------------------------------------------------------------ */
 
 /* Collects each table's keys from its slots, dedupes them, and looks the
- * unique keys up on their owners. Fills the per-slot bag descriptors. */
-int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert)
+ * unique keys up on their owners. Fills the per-slot bag descriptors (host
+ * arrays). */
+int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert)
 {
     const int n = b->n, S = tr->S, T = tr->T;
     for (int t = 0; t < T; t++)
@@ -64,6 +65,7 @@ int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool in
     float *const *values;
     KILN_CHECK(rt_shard_lookup(tr->shard, (const int64_t *const *)tr->tuniq, tr->nuniq, step,
                                insert, &values));
+    tr->tvalues = values;
     for (int s = 0; s < S; s++) {
         int t = tr->slot_table[s];
         tr->bags[s] = (kern_bags_t){
@@ -76,9 +78,16 @@ int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool in
             .out_col = (int64_t)s * tr->d,
         };
     }
-    if (n == 0) /* this rank has no rows in this step; it only served lookups */
+    return 0;
+}
+
+/* train_lookup_keys, then the pooled vectors E on the CPU. */
+int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert)
+{
+    KILN_CHECK(train_lookup_keys(tr, b, step, insert));
+    if (b->n == 0) /* this rank has no rows in this step; it only served lookups */
         return 0;
-    return kern_cpu_gather_combine(S, tr->bags, n, (int64_t)S * tr->d, tr->E);
+    return kern_cpu_gather_combine(tr->S, tr->bags, b->n, (int64_t)tr->S * tr->d, tr->E);
 }
 
 /* One training step. global_n is the rows of all ranks in this step. */
@@ -124,7 +133,12 @@ int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_
         }
     }
     KILN_CHECK(rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
+    return train_dense_update(tr);
+}
 
+/* The dense gradients summed over the ranks, then the dense optimizer step. */
+int train_dense_update(trainer_t *tr)
+{
     /* Double-double sums over the ranks too; rt_model_step rounds them once. */
     double *g = rt_model_grads(tr->model), *gl = rt_model_grads_lo(tr->model);
     size_t np = rt_model_nparams(tr->model);

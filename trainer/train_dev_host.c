@@ -1,0 +1,304 @@
+/*
+ * trainer/train_dev_host.c - the device step's host stand-in (train_dev.h):
+ * "device" and pinned memory are host memory, copies are memcpy, the compute
+ * calls are the CPU kernels and the CPU model, and every call runs at once.
+ * What it adds is a check of the order the device step asks for, so that
+ * CI catches a missing event (a race on a GPU) without one:
+ *
+ *   Each stream and the host keep a vector clock (one counter per party).
+ *   A call on party s ticks s's own counter; record copies s's clock into
+ *   the event, wait/sync merge the event's clock into the waiter's. Each
+ *   buffer remembers the party and tick of its last write and the last tick
+ *   each party read it at. A read must come after the last write (the
+ *   reader's clock has seen the writer's tick), a write after the last write
+ *   and every read by another party, and a release after all of them on the
+ *   host's clock. Anything else fails the call with KILN_EINTERNAL naming
+ *   the call, the buffer and both parties.
+ *
+ * Buffers are tracked by allocation (alloc/release), so an access is
+ * checked against the whole allocation that holds it.
+ */
+#include "train_dev.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { HOST = DEV_NSTREAMS, NPARTIES = DEV_NSTREAMS + 1 };
+
+static const char *const party_name[NPARTIES] = {"the copy stream", "the compute stream",
+                                                 "the host"};
+
+typedef struct {
+    uint64_t c[NPARTIES];
+} vclock_t;
+
+typedef struct {
+    char *p;
+    size_t bytes;
+    bool host;
+    int w_party; /* the last writer, -1 none */
+    uint64_t w_tick;
+    uint64_t r_tick[NPARTIES]; /* the last read by each party, 0 none */
+} hbuf_t;
+
+typedef struct {
+    vclock_t vc[NPARTIES];
+    vclock_t ev[DEV_NEVENTS];
+    hbuf_t *bufs;
+    size_t n, cap;
+} standin_t;
+
+static void merge(vclock_t *into, const vclock_t *from)
+{
+    for (int i = 0; i < NPARTIES; i++)
+        if (from->c[i] > into->c[i])
+            into->c[i] = from->c[i];
+}
+
+/* A call by party: the host's own, or one the host enqueues on a stream,
+ * which comes after everything the host did before it. */
+static uint64_t tick(standin_t *h, int party)
+{
+    if (party != HOST)
+        merge(&h->vc[party], &h->vc[HOST]);
+    return ++h->vc[party].c[party];
+}
+
+static hbuf_t *find(standin_t *h, const void *p, size_t bytes)
+{
+    const char *q = p;
+    for (size_t i = 0; i < h->n; i++)
+        if (q >= h->bufs[i].p && q + bytes <= h->bufs[i].p + h->bufs[i].bytes)
+            return &h->bufs[i];
+    return NULL;
+}
+
+/* Whether party has seen tick t of party who (its own work is in order). */
+static bool seen(const standin_t *h, int party, int who, uint64_t t)
+{
+    return who == party || t == 0 || h->vc[party].c[who] >= t;
+}
+
+/* Checks an access by party (at tick now) of [p, p + bytes) and records it. */
+static int access_buf(standin_t *h, int party, uint64_t now, const void *p, size_t bytes,
+                      bool write, const char *call)
+{
+    if (bytes == 0)
+        return 0;
+    hbuf_t *b = find(h, p, bytes);
+    if (b == NULL)
+        return kiln_errf(KILN_EINTERNAL,
+                         "device stand-in: %s on %s touches %zu bytes outside every allocation",
+                         call, party_name[party], bytes);
+    if (b->w_party >= 0 && !seen(h, party, b->w_party, b->w_tick))
+        return kiln_errf(KILN_EINTERNAL,
+                         "device stand-in: %s on %s %s a %zu-byte %s buffer that %s wrote with "
+                         "no event between (a missing wait)",
+                         call, party_name[party], write ? "overwrites" : "reads", b->bytes,
+                         b->host ? "pinned" : "device", party_name[b->w_party]);
+    if (write) {
+        for (int r = 0; r < NPARTIES; r++)
+            if (!seen(h, party, r, b->r_tick[r]))
+                return kiln_errf(KILN_EINTERNAL,
+                                 "device stand-in: %s on %s overwrites a %zu-byte %s buffer "
+                                 "that %s may still be reading (a missing wait)",
+                                 call, party_name[party], b->bytes, b->host ? "pinned" : "device",
+                                 party_name[r]);
+        b->w_party = party;
+        b->w_tick = now;
+        memset(b->r_tick, 0, sizeof b->r_tick);
+    } else if (now > b->r_tick[party]) {
+        b->r_tick[party] = now;
+    }
+    return 0;
+}
+
+static int h_create(int device, void **ctx)
+{
+    (void)device;
+    *ctx = kiln_calloc(1, sizeof(standin_t));
+    return *ctx ? 0 : KILN_ENOMEM;
+}
+
+static void h_destroy(void *ctx)
+{
+    standin_t *h = ctx;
+    if (h == NULL)
+        return;
+    for (size_t i = 0; i < h->n; i++)
+        free(h->bufs[i].p);
+    KILN_FREE_ALL(h->bufs, h);
+}
+
+static int h_alloc(void *ctx, size_t bytes, bool host, void **p)
+{
+    standin_t *h = ctx;
+    *p = NULL;
+    KILN_CHECK(kiln_grow((void **)&h->bufs, &h->cap, h->n, sizeof *h->bufs, 16));
+    char *q = kiln_calloc(bytes ? bytes : 1, 1);
+    if (q == NULL)
+        return KILN_ENOMEM;
+    h->bufs[h->n++] = (hbuf_t){.p = q, .bytes = bytes ? bytes : 1, .host = host, .w_party = -1};
+    *p = q;
+    return 0;
+}
+
+static void h_release(void *ctx, void *p, bool host)
+{
+    standin_t *h = ctx;
+    (void)host;
+    if (p == NULL)
+        return;
+    for (size_t i = 0; i < h->n; i++) {
+        hbuf_t *b = &h->bufs[i];
+        if (b->p != p)
+            continue;
+        /* A release is the host's: every access must be over by now. */
+        int late = b->w_party >= 0 && !seen(h, HOST, b->w_party, b->w_tick) ? b->w_party : -1;
+        for (int r = 0; r < NPARTIES && late < 0; r++)
+            late = seen(h, HOST, r, b->r_tick[r]) ? -1 : r;
+        if (late >= 0)
+            KILN_WARN("device stand-in: a %zu-byte buffer is released while %s may still use it",
+                      b->bytes, party_name[late]);
+        free(b->p);
+        h->bufs[i] = h->bufs[--h->n];
+        return;
+    }
+}
+
+static int h_copy(void *ctx, int stream, void *dst, const void *src, size_t bytes)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, stream);
+    KILN_CHECK(access_buf(h, stream, now, src, bytes, false, "copy"));
+    KILN_CHECK(access_buf(h, stream, now, dst, bytes, true, "copy"));
+    if (bytes > 0)
+        memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int h_record(void *ctx, int stream, int event)
+{
+    standin_t *h = ctx;
+    tick(h, stream);
+    h->ev[event] = h->vc[stream];
+    return 0;
+}
+
+static int h_wait(void *ctx, int stream, int event)
+{
+    standin_t *h = ctx;
+    merge(&h->vc[stream], &h->ev[event]);
+    return 0;
+}
+
+static int h_sync(void *ctx, int event)
+{
+    standin_t *h = ctx;
+    merge(&h->vc[HOST], &h->ev[event]);
+    return 0;
+}
+
+static int h_host_touch(void *ctx, const void *p, size_t bytes, bool write)
+{
+    standin_t *h = ctx;
+    return access_buf(h, HOST, tick(h, HOST), p, bytes, write, "a host access");
+}
+
+/* Checks what the bags of a fused op read: their values, rows and offsets. */
+static int access_bags(standin_t *h, uint64_t now, int nbags, const kern_bags_t *bags, int64_t n,
+                       const char *call)
+{
+    for (int i = 0; i < nbags; i++) {
+        const kern_bags_t *g = &bags[i];
+        KILN_CHECK(access_buf(h, DEV_COMPUTE, now, g->offsets, sizeof(int64_t) * (size_t)(n + 1),
+                              false, call));
+        const int64_t npos = g->offsets[n] - g->offsets[0];
+        KILN_CHECK(access_buf(h, DEV_COMPUTE, now, g->rows + g->offsets[0],
+                              sizeof(int32_t) * (size_t)npos, false, call));
+        KILN_CHECK(access_buf(h, DEV_COMPUTE, now, g->values,
+                              sizeof(float) * (size_t)g->capacity * (size_t)g->dim, false, call));
+    }
+    return 0;
+}
+
+static int h_gather(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t ld, float *E)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    if (n == 0)
+        return 0;
+    KILN_CHECK(access_bags(h, now, nbags, bags, n, "gather"));
+    KILN_CHECK(
+        access_buf(h, DEV_COMPUTE, now, E, sizeof(float) * (size_t)(n * ld), true, "gather"));
+    return kern_cpu_gather_combine(nbags, bags, n, ld, E);
+}
+
+/* A call that hands a result to the host waits for the compute stream. */
+static void host_waits_compute(standin_t *h)
+{
+    merge(&h->vc[HOST], &h->vc[DEV_COMPUTE]);
+}
+
+static int h_dense(void *ctx, const dev_dense_t *a, double *loss)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    rt_model_t *m = a->model;
+    const size_t n = (size_t)a->n, S = (size_t)rt_model_nslots(m), d = (size_t)rt_model_dim(m),
+                 F = (size_t)rt_model_ndense(m);
+    *loss = 0.0;
+    if (rt_model_type(m) == RT_MODEL_DLRM)
+        return kiln_errf(KILN_EINVAL, "the device step runs lr and fm; dlrm is not on it yet");
+    if (n == 0)
+        return 0;
+    KILN_CHECK(access_buf(h, DEV_COMPUTE, now, a->E, sizeof(float) * n * S * d, false, "dense"));
+    KILN_CHECK(access_buf(h, DEV_COMPUTE, now, a->X, sizeof(float) * n * F, false, "dense"));
+    KILN_CHECK(access_buf(h, DEV_COMPUTE, now, a->y, sizeof(float) * n, false, "dense"));
+    KILN_CHECK(access_buf(h, DEV_COMPUTE, now, a->dE, sizeof(float) * n * S * d, true, "dense"));
+    KILN_CHECK(rt_model_forward(m, a->n, a->E, a->X, a->y, NULL, loss));
+    KILN_CHECK(rt_model_backward(m, a->scale, a->dE));
+    host_waits_compute(h);
+    return 0;
+}
+
+static int h_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t ld,
+                    const float *dE, kern_row_grads_t *g)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    for (int i = 0; i < nbags; i++)
+        g[i].n = 0;
+    if (n == 0)
+        return 0;
+    KILN_CHECK(access_bags(h, now, nbags, bags, n, "reduce"));
+    KILN_CHECK(
+        access_buf(h, DEV_COMPUTE, now, dE, sizeof(float) * (size_t)(n * ld), false, "reduce"));
+    for (int i = 0; i < nbags; i++) {
+        const size_t npos = (size_t)(bags[i].offsets[n] - bags[i].offsets[0]);
+        KILN_CHECK(
+            access_buf(h, DEV_COMPUTE, now, g[i].rows, sizeof(int32_t) * npos, true, "reduce"));
+        KILN_CHECK(access_buf(h, DEV_COMPUTE, now, g[i].grads,
+                              sizeof(float) * npos * (size_t)bags[i].dim, true, "reduce"));
+    }
+    KILN_CHECK(kern_cpu_backward_reduce(nbags, bags, n, ld, dE, g));
+    host_waits_compute(h);
+    return 0;
+}
+
+const dev_ops_t train_dev_host_ops = {
+    .name = "stand-in",
+    .create = h_create,
+    .destroy = h_destroy,
+    .alloc = h_alloc,
+    .release = h_release,
+    .copy = h_copy,
+    .record = h_record,
+    .wait = h_wait,
+    .sync = h_sync,
+    .host_touch = h_host_touch,
+    .gather = h_gather,
+    .dense = h_dense,
+    .reduce = h_reduce,
+};
