@@ -37,6 +37,7 @@
 #include "fixtures.h"
 #include "kiln.h"
 #include "proc.h"
+#include "run.h"
 #include "state.h"
 
 #ifndef KILN_BIN
@@ -154,11 +155,38 @@ static int64_t newest_run(const char *job)
     return id;
 }
 
-/* Waits until run id ends; returns its state. */
+/* Prints the last cap bytes of path, under a title (a failure's evidence:
+ * CI removes the test's home). */
+static void print_tail(const char *title, const char *path)
+{
+    static char buf[16384];
+    proc_slurp(path, buf, sizeof buf);
+    size_t n = strlen(buf);
+    print_message("---- %s (%s), last %zu bytes ----\n%s\n", title, path,
+                  n < 4000 ? n : (size_t)4000, n < 4000 ? buf : buf + n - 4000);
+}
+
+/* Waits until run id ends; returns its state. When it does not, prints the
+ * run's state, kilnd's log and the run's own log before failing. */
 static state_run_state_t wait_end(int64_t id, int timeout_s)
 {
     state_t *st = db();
     state_run_state_t got = fx_wait_run(st, id, STATE_RUN_NSTATES, timeout_s);
+    if (!state_run_state_terminal(got)) {
+        char path[600];
+        state_run_t r;
+        if (state_run_get(st, id, &r) == 0) {
+            print_message("run %lld is %s (pgid %lld)\n", (long long)id,
+                          state_run_state_name(r.state), (long long)r.pgid);
+            if (r.run_dir != NULL) {
+                snprintf(path, sizeof path, "%s/%s", r.run_dir, RUN_FILE_LOG);
+                print_tail("the run's log", path);
+            }
+            state_run_fini(&r);
+        }
+        snprintf(path, sizeof path, "%s/kilnd.log", home);
+        print_tail("kilnd's log", path);
+    }
     state_close(st);
     if (!state_run_state_terminal(got))
         fail_msg("run %lld did not end within %d s (see %s/kilnd.log)", (long long)id, timeout_s,
