@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static int64_t now_ms(void)
@@ -350,8 +351,9 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     else
         unsetenv(RUN_ENV_SPEC_DIR);
     /* The run directory is recorded before the supervisor starts: a kilnd
-     * killed in between finds no supervisor.pid there and retries the run as
-     * lost, and one killed later finds the pid file and adopts it. */
+     * killed in between finds no supervisor.pid there and queues the run
+     * again (never_started), and one killed later finds the pid file and
+     * adopts it. */
     KILN_CHECK_GOTO(state_run_set_launch(s->st, run->id, run_dir, 0, s->host), rc, out);
     pid_t pid = 0;
     rc = sched_supervise_spawn_follow(run_dir, argv, s->o.grace_ms, l->follow,
@@ -597,6 +599,32 @@ void sched_finish(sched_t *s, sched_active_t *a)
 
 /* ---- recovery ------------------------------------------------------------------------------ */
 
+/* Whether a run kilnd left in launching never got a supervisor: no run
+ * directory recorded, or one with no supervisor.pid and no status while no
+ * process group was recorded. A supervisor writes its pid file first thing,
+ * so one forked just before kilnd died gets a second to show itself. */
+static bool never_started(const state_run_t *r)
+{
+    if (r->state != STATE_RUN_LAUNCHING)
+        return false;
+    if (r->run_dir == NULL)
+        return true;
+    if (r->pgid > 0)
+        return false;
+    for (int i = 0; i < 20; i++) {
+        pid_t pid = 0;
+        uint64_t start = 0;
+        run_status_t stat;
+        if (run_pidfile_read(r->run_dir, RUN_FILE_SUPERVISOR, &pid, &start) == 0 ||
+            run_status_read(r->run_dir, &stat) == 0)
+            return false;
+        kiln_errclear();
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return true;
+}
+
 static void recover_one(sched_t *s, const state_run_t *r)
 {
     sched_job_t *job = sched_job_find(s, r->job_id);
@@ -605,6 +633,14 @@ static void recover_one(sched_t *s, const state_run_t *r)
         KILN_INFO("run %lld runs on %s, not here; leaving it to that host's kilnd",
                   (long long)r->id, r->host);
         return;
+    }
+    if (never_started(r)) {
+        /* Nothing of it ran: it goes back in the queue as the same attempt. */
+        if (state_run_requeue(s->st, r->id, "kilnd stopped before its supervisor started") == 0) {
+            KILN_INFO("run %lld: kilnd stopped before it started; queued again", (long long)r->id);
+            return;
+        }
+        KILN_WARN("run %lld: %s", (long long)r->id, kiln_errmsg());
     }
     if (r->run_dir == NULL) {
         sched_fail_run(s, r->id, r->state, r->attempt, spec, true, -1,

@@ -289,6 +289,34 @@ static int transition_tx(state_t *st, const transition_t *t)
                               t->error != NULL ? ": " : "", t->error != NULL ? t->error : "");
 }
 
+static int requeue_tx(state_t *st, int64_t run_id, const char *why)
+{
+    state_run_state_t actual;
+    int64_t job_id;
+    bool cancel;
+    KILN_CHECK(run_state_of(st, run_id, &actual, &job_id, &cancel));
+    if (actual != STATE_RUN_LAUNCHING)
+        return refuse(run_id, actual, STATE_RUN_LAUNCHING, STATE_RUN_QUEUED);
+    if (cancel) { /* asked to stop before it started: it ends here */
+        KILN_CHECK(set_state(st, run_id, actual, STATE_RUN_CANCELED, -1, NULL, 0));
+        return state_event_insert(st, job_id, run_id, "state", "launching -> canceled: %s", why);
+    }
+    const char *what = "putting a run back in the queue";
+    KILN_CHECK(state_update(st, STMT_RUN_SET_STATE, what, "Itt", run_id,
+                            state_run_state_name(STATE_RUN_LAUNCHING),
+                            state_run_state_name(STATE_RUN_QUEUED)));
+    KILN_CHECK(state_update(st, STMT_RUN_CLEAR_LAUNCH, what, "I", run_id));
+    KILN_CHECK(state_update(st, STMT_INPUT_DELETE_RUN, what, "I", run_id));
+    return state_event_insert(st, job_id, run_id, "state", "launching -> queued: %s", why);
+}
+
+int state_run_requeue(state_t *st, int64_t run_id, const char *why)
+{
+    int rc;
+    STATE_WRITE(st, "putting a run back in the queue", rc, requeue_tx(st, run_id, why));
+    return rc;
+}
+
 int state_run_transition(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
                          int exit_code, const char *error)
 {

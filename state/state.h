@@ -166,6 +166,14 @@ int state_run_list_in_state(state_t *st, state_run_state_t s, state_run_t **out 
  * succeeded | failed | canceled | timed_out; running -> succeeded | failed |
  * canceled | timed_out). Records a "state" event. Entering running sets started_at; a terminal state sets ended_at,
  * exit_code and error (may be NULL). */
+/* Puts a run that kilnd moved to launching back in the queue, as if it had
+ * never been taken: for a kilnd that died before the run's supervisor
+ * started, so nothing of the run ran. One transaction: launching -> queued
+ * with a "state" event saying why, and the run's launch record and inputs
+ * cleared (the next launch records them again). A run whose cancel was
+ * requested is canceled instead. KILN_ESTATE when the run is not
+ * launching. */
+int state_run_requeue(state_t *st, int64_t run_id, const char *why);
 int state_run_transition(state_t *st, int64_t run_id, state_run_state_t from,
                          state_run_state_t to, int exit_code, const char *error);
 /* Records where and how a run was launched. */

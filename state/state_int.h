@@ -50,276 +50,221 @@
     "LEFT JOIN exports x ON x.id = p.export_id "
 #define STATE_EVENT_COLS "id, job_id, run_id, at, kind, message"
 
-#define STATE_STMTS(X)                                                          \
-    X(USER_VERSION, "PRAGMA user_version")                                      \
-    X(BEGIN, "BEGIN IMMEDIATE")                                                 \
-    X(COMMIT, "COMMIT")                                                         \
-    X(ROLLBACK, "ROLLBACK")                                                     \
-    /* jobs */                                                                  \
-    X(JOB_FIND, "SELECT id, spec_hash, version FROM jobs WHERE name = ?1")      \
-    X(JOB_INSERT,                                                               \
-      "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, priority, "      \
-      "version, paused, created_at, updated_at, last_scheduled_at, spec_dir) "  \
-      "VALUES (?1, ?2, ?3, ?4, ?5, 1, 0, ?6, ?6, 0, ?7)")                       \
-    /* ?7 NULL keeps the job's spec_dir (a spec with no file of its own). */    \
-    X(JOB_UPDATE_SPEC,                                                          \
-      "UPDATE jobs SET spec_yaml = ?2, spec_hash = ?3, schedule = ?4, "         \
-      "priority = ?5, version = version + 1, updated_at = ?6, "                 \
-      "spec_dir = coalesce(?7, spec_dir) WHERE id = ?1")                        \
-    X(JOB_UPDATE_SAME,                                                          \
-      "UPDATE jobs SET schedule = ?2, priority = ?3, "                          \
-      "spec_dir = coalesce(?4, spec_dir) WHERE id = ?1")                        \
-    X(JOB_VERSION_INSERT,                                                       \
-      "INSERT INTO job_versions (job_id, version, spec_yaml, spec_hash, "       \
-      "created_at, spec_dir) SELECT id, version, spec_yaml, spec_hash, "        \
-      "updated_at, spec_dir FROM jobs WHERE id = ?1")                           \
-    X(JOB_GET_BY_NAME, "SELECT " STATE_JOB_COLS " FROM jobs WHERE name = ?1")   \
-    X(JOB_GET_BY_ID, "SELECT " STATE_JOB_COLS " FROM jobs WHERE id = ?1")       \
-    X(JOB_LIST, "SELECT " STATE_JOB_COLS " FROM jobs ORDER BY name")            \
-    X(JOB_SET_PAUSED, "UPDATE jobs SET paused = ?2, updated_at = ?3 WHERE id = ?1") \
-    X(JOB_SET_LAST_SCHEDULED,                                                   \
-      "UPDATE jobs SET last_scheduled_at = max(last_scheduled_at, ?2) "         \
-      "WHERE id = ?1")                                                          \
-    X(JOB_VERSION_OF, "SELECT version FROM jobs WHERE id = ?1")                 \
-    X(JOB_VERSION_SPEC,                                                         \
-      "SELECT spec_yaml FROM job_versions WHERE job_id = ?1 AND version = ?2")  \
-    /* runs */                                                                  \
-    X(RUN_INSERT,                                                               \
-      "INSERT INTO runs (job_id, job_version, state, trigger, attempt, "        \
-      "retry_of, scheduled_at, queued_at, spec_dir) "                           \
-      "VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, "                          \
-      "(SELECT spec_dir FROM jobs WHERE id = ?1))")                             \
-    X(RUN_FIND_SCHEDULED,                                                       \
-      "SELECT id FROM runs WHERE job_id = ?1 AND scheduled_at = ?2 "            \
-      "AND scheduled_at > 0 AND trigger IN ('cron', 'catchup') AND attempt = 1") \
-    X(RUN_GET, "SELECT " STATE_RUN_COLS STATE_RUN_FROM "WHERE r.id = ?1")       \
-    X(RUN_LIST_ALL,                                                             \
-      "SELECT " STATE_RUN_COLS STATE_RUN_FROM "ORDER BY r.id DESC LIMIT ?1")    \
-    X(RUN_LIST_JOB,                                                             \
-      "SELECT " STATE_RUN_COLS STATE_RUN_FROM                                   \
-      "WHERE r.job_id = ?1 ORDER BY r.id DESC LIMIT ?2")                        \
-    X(RUN_LIST_STATE,                                                           \
-      "SELECT " STATE_RUN_COLS STATE_RUN_FROM "WHERE r.state = ?1 ORDER BY r.id") \
-    X(RUN_STATE_OF, "SELECT state, job_id, cancel_requested FROM runs WHERE id = ?1") \
-    X(RUN_SET_STATE, "UPDATE runs SET state = ?3 WHERE id = ?1 AND state = ?2") \
-    X(RUN_SET_STARTED, "UPDATE runs SET started_at = ?2 WHERE id = ?1 AND started_at = 0") \
-    X(RUN_SET_ENDED,                                                            \
-      "UPDATE runs SET ended_at = ?2, exit_code = ?3, error = ?4 WHERE id = ?1") \
-    X(RUN_SET_LAUNCH,                                                           \
-      "UPDATE runs SET run_dir = ?2, pgid = ?3, host = ?4 WHERE id = ?1")       \
-    X(RUN_SET_NOT_BEFORE, "UPDATE runs SET not_before = ?2 WHERE id = ?1")      \
-    X(RUN_SET_START_CKPT, "UPDATE runs SET start_checkpoint_id = ?2 WHERE id = ?1") \
-    X(RUN_SET_CANCEL, "UPDATE runs SET cancel_requested = 1 WHERE id = ?1")     \
-    X(RUN_JOB_OF, "SELECT job_id FROM runs WHERE id = ?1")                      \
-    /* events */                                                                \
-    X(EVENT_INSERT,                                                             \
-      "INSERT INTO events (job_id, run_id, at, kind, message) "                 \
-      "VALUES (?1, ?2, ?3, ?4, ?5)")                                            \
-    X(EVENT_LIST_RUN,                                                           \
-      "SELECT " STATE_EVENT_COLS " FROM events WHERE run_id = ?1 ORDER BY id")  \
-    X(EVENT_LIST_JOB,                                                           \
-      "SELECT " STATE_EVENT_COLS " FROM events WHERE job_id = ?1 ORDER BY id")  \
-    X(EVENT_LIST_ALL, "SELECT " STATE_EVENT_COLS " FROM events ORDER BY id")    \
-    /* inputs */                                                                \
-    X(INPUT_INSERT,                                                             \
-      "INSERT INTO run_inputs (run_id, path, size, mtime, checksum) "           \
-      "VALUES (?1, ?2, ?3, ?4, ?5)")                                            \
-    X(INPUT_LIST,                                                               \
-      "SELECT path, size, mtime, checksum FROM run_inputs WHERE run_id = ?1 "   \
-      "ORDER BY id")                                                            \
-    X(INPUT_CONSUMED,                                                           \
-      "SELECT 1 FROM run_inputs i JOIN runs r ON r.id = i.run_id "              \
-      "WHERE r.job_id = ?1 AND (r.state = 'succeeded' OR i.covered_by IS NOT NULL) " \
-      "AND i.path = ?2 AND i.size = ?3 AND i.mtime = ?4 AND i.checksum IS ?5 LIMIT 1") \
-    X(INPUT_COVER,                                                              \
-      "UPDATE run_inputs SET covered_by = ?2 WHERE run_id = ?1 AND covered_by IS NULL") \
-    X(INPUT_RUNS,                                                               \
-      "SELECT DISTINCT run_id FROM run_inputs WHERE path = ?1 "                 \
-      "ORDER BY run_id DESC LIMIT ?2")                                          \
-    /* metrics */                                                               \
-    X(METRIC_INSERT,                                                            \
-      "INSERT INTO metrics (run_id, step, name, value, at) "                    \
-      "VALUES (?1, ?2, ?3, ?4, ?5)")                                            \
-    X(METRIC_SERIES,                                                            \
-      "SELECT step, value, at FROM metrics WHERE run_id = ?1 AND name = ?2 "    \
-      "ORDER BY step, id")                                                      \
-    /* checkpoints, exports, endpoints, pushes */                               \
-    X(CKPT_INSERT,                                                              \
-      "INSERT INTO checkpoints (uid, run_id, parent_id, kind, path, step, "     \
-      "keys, bytes, checksum, created_at, online, eval_logloss, eval_auc) "     \
-      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)")        \
-    X(CKPT_GET, "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.uid = ?1") \
-    X(CKPT_LATEST,                                                              \
-      "SELECT " STATE_CKPT_COLS " FROM checkpoints c "                          \
-      "JOIN runs r ON r.id = c.run_id WHERE r.job_id = ?1 "                     \
-      "ORDER BY c.created_at DESC, c.id DESC LIMIT 1")                          \
-    X(CKPT_NEWEST_RUN,                                                          \
-      "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.run_id = ?1 "      \
-      "AND (?2 = 0 OR c.online = 1) ORDER BY c.id DESC LIMIT 1")                \
-    X(CKPT_SET_EVAL,                                                            \
-      "UPDATE checkpoints SET eval_logloss = ?2, eval_auc = ?3 WHERE id = ?1")  \
-    X(CKPT_DESCENDANTS,                                                         \
-      "WITH RECURSIVE d(id) AS (SELECT ?1 UNION "                               \
-      "SELECT c.id FROM checkpoints c JOIN d ON c.parent_id = d.id UNION "      \
-      "SELECT c.id FROM runs r JOIN d ON r.start_checkpoint_id = d.id "         \
-      "JOIN checkpoints c ON c.run_id = r.id) "                                 \
-      "SELECT id FROM d WHERE id != ?1 ORDER BY id LIMIT ?2")                   \
-    X(EXPORT_INSERT,                                                            \
-      "INSERT INTO exports (checkpoint_id, base_checkpoint_id, format, path, "  \
-      "bytes, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")                     \
-    X(ENDPOINT_FIND,                                                            \
-      "SELECT id FROM endpoints WHERE url = ?1 AND model = ?2 AND label = ?3")  \
-    X(ENDPOINT_INSERT,                                                          \
-      "INSERT INTO endpoints (url, model, label, created_at) "                  \
-      "VALUES (?1, ?2, ?3, ?4)")                                                \
-    /* ?6 NULL: a good read (numbers and time); else only the error and time. */ \
-    X(ENDPOINT_SET_STATS,                                                       \
-      "UPDATE endpoints SET stats_at = ?2, "                                    \
-      "predict_requests = CASE WHEN ?6 IS NULL THEN ?3 ELSE predict_requests END, " \
-      "predict_rows = CASE WHEN ?6 IS NULL THEN ?4 ELSE predict_rows END, "     \
-      "request_rate = CASE WHEN ?6 IS NULL THEN ?5 ELSE request_rate END, "     \
-      "stats_error = ?6 WHERE id = ?1")                                         \
-    /* the push queue (pushes.c) */                                             \
-    X(PUSH_INSERT,                                                              \
-      "INSERT INTO pushes (job_id, run_id, checkpoint_id, endpoint_id, mode, "  \
-      "reason, state, claimed_by, lease_until_ms, token_env, created_at, "      \
-      "started_at, gated) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, " \
-      "?12, ?13)")                                                              \
-    X(PUSH_PENDING_TO,                                                          \
-      "SELECT id FROM pushes WHERE endpoint_id = ?1 AND state = 'pending' "     \
-      "AND id < ?2")                                                            \
-    X(PUSH_SUPERSEDE,                                                           \
-      "UPDATE pushes SET state = 'superseded', ended_at = ?2, error = ?3, "     \
-      "claimed_by = NULL, lease_until_ms = 0 WHERE id = ?1")                    \
-    X(PUSH_GET, "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.id = ?1")    \
-    /* ?2: open only (pending, sending); ?3: limit */                           \
-    X(PUSH_LIST_RUN,                                                            \
-      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.run_id = ?1 AND "      \
-      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
-    X(PUSH_LIST_CKPT,                                                           \
-      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.checkpoint_id = ?1 AND " \
-      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
-    X(PUSH_LIST_ENDPOINT,                                                       \
-      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.endpoint_id = ?1 AND " \
-      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
-    X(PUSH_LIST_JOB,                                                            \
-      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.job_id = ?1 AND "      \
-      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
-    X(PUSH_LIST_ALL,                                                            \
-      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE ?1 = ?1 AND "            \
-      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
-    X(PUSH_DUE,                                                                 \
-      "SELECT id, endpoint_id FROM pushes WHERE state IN ('pending', 'sending') " \
-      "AND ((state = 'pending' AND not_before_ms <= ?1) OR "                    \
-      "(state = 'sending' AND lease_until_ms < ?1)) ORDER BY id LIMIT ?2")      \
-    X(PUSH_ENDPOINT_BUSY,                                                       \
-      "SELECT 1 FROM pushes WHERE endpoint_id = ?1 AND state = 'sending' "      \
-      "AND lease_until_ms >= ?2 AND id != ?3 LIMIT 1")                          \
-    X(PUSH_NEWER,                                                               \
-      "SELECT id FROM pushes WHERE endpoint_id = ?1 AND id > ?2 "               \
-      "AND state IN ('pending', 'sending', 'succeeded') ORDER BY id LIMIT 1")   \
-    X(PUSH_CLAIM,                                                               \
-      "UPDATE pushes SET state = 'sending', claimed_by = ?2, lease_until_ms = ?3, " \
-      "started_at = CASE WHEN started_at = 0 THEN ?4 ELSE started_at END "      \
-      "WHERE id = ?1")                                                          \
-    X(PUSH_CLAIMED, "SELECT id, claimed_by FROM pushes WHERE state = 'sending'") \
-    X(PUSH_UNCLAIM,                                                             \
-      "UPDATE pushes SET state = 'pending', claimed_by = NULL, "                \
-      "lease_until_ms = 0 WHERE id = ?1 AND state = 'sending'")                 \
-    X(PUSH_NEXT_DUE, "SELECT min(not_before_ms) FROM pushes WHERE state = 'pending'") \
-    X(PUSH_OWNER,                                                               \
-      "SELECT state, claimed_by, endpoint_id, checkpoint_id, job_id, run_id "   \
-      "FROM pushes WHERE id = ?1")                                              \
-    X(PUSH_END,                                                                 \
-      "UPDATE pushes SET state = ?2, http_status = ?3, error = ?4, "            \
-      "attempts = attempts + ?5, rounds = rounds + 1, not_before_ms = ?6, "     \
-      "export_id = coalesce(?7, export_id), claimed_by = NULL, "                \
-      "lease_until_ms = 0, ended_at = ?8 WHERE id = ?1")                        \
-    X(HOLDING_CURRENT,                                                          \
-      "SELECT checkpoint_id, since FROM endpoint_holdings "                     \
-      "WHERE endpoint_id = ?1 AND until_at IS NULL")                            \
-    X(HOLDING_CLOSE,                                                            \
-      "UPDATE endpoint_holdings SET until_at = ?2 "                             \
-      "WHERE endpoint_id = ?1 AND until_at IS NULL")                            \
-    X(HOLDING_INSERT,                                                           \
-      "INSERT INTO endpoint_holdings (endpoint_id, checkpoint_id, push_id, "    \
-      "since) VALUES (?1, ?2, ?3, ?4)") \
-    /* the scheduler and lineage (sched.c) */                                   \
-    X(DATA_VERSION, "PRAGMA data_version")                                      \
-    X(RUN_RETRY_OF, "SELECT id FROM runs WHERE retry_of = ?1 LIMIT 1")          \
-    X(CKPT_GET_BY_ID, "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.id = ?1") \
-    X(CKPT_LIST_RUN,                                                            \
-      "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.run_id = ?1 "      \
-      "ORDER BY c.created_at, c.id")                                            \
-    X(LINEAGE_SERVED,                                                           \
-      "SELECT x.id, x.format, x.path, p.id, p.state, p.http_status, n.id, "     \
-      "n.url, n.model, n.label, EXISTS (SELECT 1 FROM endpoint_holdings h "     \
-      "WHERE h.endpoint_id = n.id AND h.checkpoint_id = p.checkpoint_id "       \
-      "AND h.until_at IS NULL) FROM pushes p "                                  \
-      "JOIN endpoints n ON n.id = p.endpoint_id "                               \
-      "LEFT JOIN exports x ON x.id = p.export_id WHERE p.checkpoint_id = ?1 "   \
-      "UNION ALL SELECT x.id, x.format, x.path, NULL, NULL, 0, NULL, NULL, "    \
-      "NULL, NULL, 0 FROM exports x WHERE x.checkpoint_id = ?1 AND NOT EXISTS " \
-      "(SELECT 1 FROM pushes p WHERE p.export_id = x.id) ORDER BY 4, 1")        \
-    X(ENDPOINT_BY_URL,                                                          \
-      "SELECT id FROM endpoints WHERE url = ?1 AND (?2 IS NULL OR model = ?2) " \
-      "AND (?3 IS NULL OR label = ?3) ORDER BY id LIMIT 1")                     \
-    /* the web page (queries_web.c); ?1 before id, ?2 limit, ?3 job, ?4 state */ \
-    X(WEB_RUN_PAGE_ALL, "SELECT id FROM runs WHERE id < ?1 ORDER BY id DESC LIMIT ?2") \
-    X(WEB_RUN_PAGE_JOB,                                                         \
-      "SELECT id FROM runs WHERE job_id = ?3 AND id < ?1 ORDER BY id DESC LIMIT ?2") \
-    X(WEB_RUN_PAGE_STATE,                                                       \
-      "SELECT id FROM runs WHERE state = ?4 AND id < ?1 ORDER BY id DESC LIMIT ?2") \
-    X(WEB_RUN_PAGE_JOB_STATE,                                                   \
-      "SELECT id FROM runs WHERE job_id = ?3 AND state = ?4 AND id < ?1 "       \
-      "ORDER BY id DESC LIMIT ?2")                                              \
-    X(WEB_JOB_LAST_RUN,                                                         \
-      "SELECT id, state, queued_at FROM runs WHERE job_id = ?1 "                \
-      "ORDER BY id DESC LIMIT 1")                                               \
-    X(WEB_JOB_LAST_SUCCESS,                                                     \
-      "SELECT ended_at FROM runs WHERE job_id = ?1 AND state = 'succeeded' "    \
-      "ORDER BY id DESC LIMIT 1")                                               \
-    X(WEB_METRIC_LAST,                                                          \
-      "SELECT value FROM metrics WHERE run_id = ?1 AND name = ?2 "              \
-      "ORDER BY step DESC, id DESC LIMIT 1")                                    \
-    X(WEB_RUN_COUNTS, "SELECT job_id, state, n FROM run_counts WHERE n > 0 "    \
-      "ORDER BY job_id, state")                                                 \
-    X(WEB_RUN_DURATIONS,                                                        \
-      "SELECT job_id, le, n, sum_s FROM run_durations ORDER BY job_id, le")     \
-    X(WEB_ENDPOINT_LIST,                                                        \
-      "SELECT n.id, n.url, n.model, n.label, n.created_at, h.checkpoint_id, "   \
-      "h.since, c.uid, coalesce(a.failed, 0), coalesce(a.ok, 0), "              \
-      "coalesce(a.open, 0), coalesce(a.held, 0), a.last, c.created_at, "        \
-      "c.eval_logloss, c.eval_auc, "                                            \
-      "(SELECT CASE WHEN p.state = 'succeeded' THEN NULL ELSE p.error END "     \
-      " FROM pushes p WHERE p.endpoint_id = n.id ORDER BY p.id DESC LIMIT 1), " \
-      "(SELECT CASE WHEN p.state = 'succeeded' THEN 0 ELSE p.http_status END "  \
-      " FROM pushes p WHERE p.endpoint_id = n.id ORDER BY p.id DESC LIMIT 1), " \
-      "n.stats_at, n.predict_requests, n.predict_rows, n.request_rate, "        \
-      "n.stats_error FROM endpoints n LEFT JOIN endpoint_holdings h "           \
-      "ON h.endpoint_id = n.id AND h.until_at IS NULL "                         \
-      "LEFT JOIN checkpoints c ON c.id = h.checkpoint_id "                      \
-      "LEFT JOIN (SELECT endpoint_id, sum(state = 'failed') AS failed, "        \
-      "sum(state = 'succeeded') AS ok, sum(state IN ('pending', 'sending')) "   \
-      "AS open, sum(state = 'held') AS held, max(created_at) AS last "          \
-      "FROM pushes GROUP BY endpoint_id) a ON a.endpoint_id = n.id "            \
-      "ORDER BY n.model, n.label, n.url")                                       \
-    X(WEB_HOLDING_HISTORY,                                                      \
-      "SELECT h.checkpoint_id, c.uid, h.since, h.until_at, h.push_id "          \
-      "FROM endpoint_holdings h JOIN checkpoints c ON c.id = h.checkpoint_id "  \
-      "WHERE h.endpoint_id = ?1 ORDER BY h.since DESC, h.id DESC LIMIT ?2")     \
-    X(WEB_CKPT_CHILDREN,                                                        \
-      "SELECT id FROM checkpoints WHERE parent_id = ?1 ORDER BY id LIMIT ?2")     \
-    /* Slurm jobs of runs (slurm.c) */                                          \
-    X(SLURM_JOB_GET,                                                            \
-      "SELECT run_id, job_id, state, nodes, partition, updated_at "             \
-      "FROM slurm_jobs WHERE run_id = ?1")                                      \
-    X(SLURM_JOB_PUT,                                                            \
-      "INSERT INTO slurm_jobs (run_id, job_id, state, nodes, partition, "       \
-      "updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run_id) DO "    \
-      "UPDATE SET job_id = excluded.job_id, state = excluded.state, "           \
-      "nodes = excluded.nodes, partition = excluded.partition, "                \
-      "updated_at = excluded.updated_at")
+#define STATE_STMTS(X)                                                                             \
+    X(USER_VERSION, "PRAGMA user_version")                                                         \
+    X(BEGIN, "BEGIN IMMEDIATE")                                                                    \
+    X(COMMIT, "COMMIT")                                                                            \
+    X(ROLLBACK, "ROLLBACK")                                                                        \
+    /* jobs */                                                                                     \
+    X(JOB_FIND, "SELECT id, spec_hash, version FROM jobs WHERE name = ?1")                         \
+    X(JOB_INSERT, "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, priority, "             \
+                  "version, paused, created_at, updated_at, last_scheduled_at, spec_dir) "         \
+                  "VALUES (?1, ?2, ?3, ?4, ?5, 1, 0, ?6, ?6, 0, ?7)")                              \
+    /* ?7 NULL keeps the job's spec_dir (a spec with no file of its own). */                       \
+    X(JOB_UPDATE_SPEC, "UPDATE jobs SET spec_yaml = ?2, spec_hash = ?3, schedule = ?4, "           \
+                       "priority = ?5, version = version + 1, updated_at = ?6, "                   \
+                       "spec_dir = coalesce(?7, spec_dir) WHERE id = ?1")                          \
+    X(JOB_UPDATE_SAME, "UPDATE jobs SET schedule = ?2, priority = ?3, "                            \
+                       "spec_dir = coalesce(?4, spec_dir) WHERE id = ?1")                          \
+    X(JOB_VERSION_INSERT, "INSERT INTO job_versions (job_id, version, spec_yaml, spec_hash, "      \
+                          "created_at, spec_dir) SELECT id, version, spec_yaml, spec_hash, "       \
+                          "updated_at, spec_dir FROM jobs WHERE id = ?1")                          \
+    X(JOB_GET_BY_NAME, "SELECT " STATE_JOB_COLS " FROM jobs WHERE name = ?1")                      \
+    X(JOB_GET_BY_ID, "SELECT " STATE_JOB_COLS " FROM jobs WHERE id = ?1")                          \
+    X(JOB_LIST, "SELECT " STATE_JOB_COLS " FROM jobs ORDER BY name")                               \
+    X(JOB_SET_PAUSED, "UPDATE jobs SET paused = ?2, updated_at = ?3 WHERE id = ?1")                \
+    X(JOB_SET_LAST_SCHEDULED, "UPDATE jobs SET last_scheduled_at = max(last_scheduled_at, ?2) "    \
+                              "WHERE id = ?1")                                                     \
+    X(JOB_VERSION_OF, "SELECT version FROM jobs WHERE id = ?1")                                    \
+    X(JOB_VERSION_SPEC, "SELECT spec_yaml FROM job_versions WHERE job_id = ?1 AND version = ?2")   \
+    /* runs */                                                                                     \
+    X(RUN_INSERT, "INSERT INTO runs (job_id, job_version, state, trigger, attempt, "               \
+                  "retry_of, scheduled_at, queued_at, spec_dir) "                                  \
+                  "VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, "                                 \
+                  "(SELECT spec_dir FROM jobs WHERE id = ?1))")                                    \
+    X(RUN_FIND_SCHEDULED,                                                                          \
+      "SELECT id FROM runs WHERE job_id = ?1 AND scheduled_at = ?2 "                               \
+      "AND scheduled_at > 0 AND trigger IN ('cron', 'catchup') AND attempt = 1")                   \
+    X(RUN_GET, "SELECT " STATE_RUN_COLS STATE_RUN_FROM "WHERE r.id = ?1")                          \
+    X(RUN_LIST_ALL, "SELECT " STATE_RUN_COLS STATE_RUN_FROM "ORDER BY r.id DESC LIMIT ?1")         \
+    X(RUN_LIST_JOB,                                                                                \
+      "SELECT " STATE_RUN_COLS STATE_RUN_FROM "WHERE r.job_id = ?1 ORDER BY r.id DESC LIMIT ?2")   \
+    X(RUN_LIST_STATE, "SELECT " STATE_RUN_COLS STATE_RUN_FROM "WHERE r.state = ?1 ORDER BY r.id")  \
+    X(RUN_STATE_OF, "SELECT state, job_id, cancel_requested FROM runs WHERE id = ?1")              \
+    X(RUN_SET_STATE, "UPDATE runs SET state = ?3 WHERE id = ?1 AND state = ?2")                    \
+    X(RUN_SET_STARTED, "UPDATE runs SET started_at = ?2 WHERE id = ?1 AND started_at = 0")         \
+    X(RUN_SET_ENDED, "UPDATE runs SET ended_at = ?2, exit_code = ?3, error = ?4 WHERE id = ?1")    \
+    X(RUN_SET_LAUNCH, "UPDATE runs SET run_dir = ?2, pgid = ?3, host = ?4 WHERE id = ?1")          \
+    X(RUN_CLEAR_LAUNCH, "UPDATE runs SET run_dir = NULL, pgid = 0, host = NULL WHERE id = ?1")     \
+    X(RUN_SET_NOT_BEFORE, "UPDATE runs SET not_before = ?2 WHERE id = ?1")                         \
+    X(RUN_SET_START_CKPT, "UPDATE runs SET start_checkpoint_id = ?2 WHERE id = ?1")                \
+    X(RUN_SET_CANCEL, "UPDATE runs SET cancel_requested = 1 WHERE id = ?1")                        \
+    X(RUN_JOB_OF, "SELECT job_id FROM runs WHERE id = ?1")                                         \
+    /* events */                                                                                   \
+    X(EVENT_INSERT, "INSERT INTO events (job_id, run_id, at, kind, message) "                      \
+                    "VALUES (?1, ?2, ?3, ?4, ?5)")                                                 \
+    X(EVENT_LIST_RUN, "SELECT " STATE_EVENT_COLS " FROM events WHERE run_id = ?1 ORDER BY id")     \
+    X(EVENT_LIST_JOB, "SELECT " STATE_EVENT_COLS " FROM events WHERE job_id = ?1 ORDER BY id")     \
+    X(EVENT_LIST_ALL, "SELECT " STATE_EVENT_COLS " FROM events ORDER BY id")                       \
+    /* inputs */                                                                                   \
+    X(INPUT_INSERT, "INSERT INTO run_inputs (run_id, path, size, mtime, checksum) "                \
+                    "VALUES (?1, ?2, ?3, ?4, ?5)")                                                 \
+    X(INPUT_DELETE_RUN, "DELETE FROM run_inputs WHERE run_id = ?1")                                \
+    X(INPUT_LIST, "SELECT path, size, mtime, checksum FROM run_inputs WHERE run_id = ?1 "          \
+                  "ORDER BY id")                                                                   \
+    X(INPUT_CONSUMED,                                                                              \
+      "SELECT 1 FROM run_inputs i JOIN runs r ON r.id = i.run_id "                                 \
+      "WHERE r.job_id = ?1 AND (r.state = 'succeeded' OR i.covered_by IS NOT NULL) "               \
+      "AND i.path = ?2 AND i.size = ?3 AND i.mtime = ?4 AND i.checksum IS ?5 LIMIT 1")             \
+    X(INPUT_COVER,                                                                                 \
+      "UPDATE run_inputs SET covered_by = ?2 WHERE run_id = ?1 AND covered_by IS NULL")            \
+    X(INPUT_RUNS, "SELECT DISTINCT run_id FROM run_inputs WHERE path = ?1 "                        \
+                  "ORDER BY run_id DESC LIMIT ?2")                                                 \
+    /* metrics */                                                                                  \
+    X(METRIC_INSERT, "INSERT INTO metrics (run_id, step, name, value, at) "                        \
+                     "VALUES (?1, ?2, ?3, ?4, ?5)")                                                \
+    X(METRIC_SERIES, "SELECT step, value, at FROM metrics WHERE run_id = ?1 AND name = ?2 "        \
+                     "ORDER BY step, id")                                                          \
+    /* checkpoints, exports, endpoints, pushes */                                                  \
+    X(CKPT_INSERT, "INSERT INTO checkpoints (uid, run_id, parent_id, kind, path, step, "           \
+                   "keys, bytes, checksum, created_at, online, eval_logloss, eval_auc) "           \
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)")              \
+    X(CKPT_GET, "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.uid = ?1")                  \
+    X(CKPT_LATEST, "SELECT " STATE_CKPT_COLS " FROM checkpoints c "                                \
+                   "JOIN runs r ON r.id = c.run_id WHERE r.job_id = ?1 "                           \
+                   "ORDER BY c.created_at DESC, c.id DESC LIMIT 1")                                \
+    X(CKPT_NEWEST_RUN, "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.run_id = ?1 "        \
+                       "AND (?2 = 0 OR c.online = 1) ORDER BY c.id DESC LIMIT 1")                  \
+    X(CKPT_SET_EVAL, "UPDATE checkpoints SET eval_logloss = ?2, eval_auc = ?3 WHERE id = ?1")      \
+    X(CKPT_DESCENDANTS, "WITH RECURSIVE d(id) AS (SELECT ?1 UNION "                                \
+                        "SELECT c.id FROM checkpoints c JOIN d ON c.parent_id = d.id UNION "       \
+                        "SELECT c.id FROM runs r JOIN d ON r.start_checkpoint_id = d.id "          \
+                        "JOIN checkpoints c ON c.run_id = r.id) "                                  \
+                        "SELECT id FROM d WHERE id != ?1 ORDER BY id LIMIT ?2")                    \
+    X(EXPORT_INSERT, "INSERT INTO exports (checkpoint_id, base_checkpoint_id, format, path, "      \
+                     "bytes, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")                         \
+    X(ENDPOINT_FIND, "SELECT id FROM endpoints WHERE url = ?1 AND model = ?2 AND label = ?3")      \
+    X(ENDPOINT_INSERT, "INSERT INTO endpoints (url, model, label, created_at) "                    \
+                       "VALUES (?1, ?2, ?3, ?4)")                                                  \
+    /* ?6 NULL: a good read (numbers and time); else only the error and time. */                   \
+    X(ENDPOINT_SET_STATS,                                                                          \
+      "UPDATE endpoints SET stats_at = ?2, "                                                       \
+      "predict_requests = CASE WHEN ?6 IS NULL THEN ?3 ELSE predict_requests END, "                \
+      "predict_rows = CASE WHEN ?6 IS NULL THEN ?4 ELSE predict_rows END, "                        \
+      "request_rate = CASE WHEN ?6 IS NULL THEN ?5 ELSE request_rate END, "                        \
+      "stats_error = ?6 WHERE id = ?1")                                                            \
+    /* the push queue (pushes.c) */                                                                \
+    X(PUSH_INSERT, "INSERT INTO pushes (job_id, run_id, checkpoint_id, endpoint_id, mode, "        \
+                   "reason, state, claimed_by, lease_until_ms, token_env, created_at, "            \
+                   "started_at, gated) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "     \
+                   "?12, ?13)")                                                                    \
+    X(PUSH_PENDING_TO, "SELECT id FROM pushes WHERE endpoint_id = ?1 AND state = 'pending' "       \
+                       "AND id < ?2")                                                              \
+    X(PUSH_SUPERSEDE, "UPDATE pushes SET state = 'superseded', ended_at = ?2, error = ?3, "        \
+                      "claimed_by = NULL, lease_until_ms = 0 WHERE id = ?1")                       \
+    X(PUSH_GET, "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.id = ?1")                       \
+    /* ?2: open only (pending, sending); ?3: limit */                                              \
+    X(PUSH_LIST_RUN, "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.run_id = ?1 AND "          \
+                     "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3")  \
+    X(PUSH_LIST_CKPT, "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.checkpoint_id = ?1 AND "  \
+                      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3") \
+    X(PUSH_LIST_ENDPOINT,                                                                          \
+      "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.endpoint_id = ?1 AND "                    \
+      "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3")                 \
+    X(PUSH_LIST_JOB, "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE p.job_id = ?1 AND "          \
+                     "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3")  \
+    X(PUSH_LIST_ALL, "SELECT " STATE_PUSH_COLS STATE_PUSH_FROM "WHERE ?1 = ?1 AND "                \
+                     "(?2 = 0 OR p.state IN ('pending', 'sending')) ORDER BY p.id DESC LIMIT ?3")  \
+    X(PUSH_DUE, "SELECT id, endpoint_id FROM pushes WHERE state IN ('pending', 'sending') "        \
+                "AND ((state = 'pending' AND not_before_ms <= ?1) OR "                             \
+                "(state = 'sending' AND lease_until_ms < ?1)) ORDER BY id LIMIT ?2")               \
+    X(PUSH_ENDPOINT_BUSY, "SELECT 1 FROM pushes WHERE endpoint_id = ?1 AND state = 'sending' "     \
+                          "AND lease_until_ms >= ?2 AND id != ?3 LIMIT 1")                         \
+    X(PUSH_NEWER, "SELECT id FROM pushes WHERE endpoint_id = ?1 AND id > ?2 "                      \
+                  "AND state IN ('pending', 'sending', 'succeeded') ORDER BY id LIMIT 1")          \
+    X(PUSH_CLAIM, "UPDATE pushes SET state = 'sending', claimed_by = ?2, lease_until_ms = ?3, "    \
+                  "started_at = CASE WHEN started_at = 0 THEN ?4 ELSE started_at END "             \
+                  "WHERE id = ?1")                                                                 \
+    X(PUSH_CLAIMED, "SELECT id, claimed_by FROM pushes WHERE state = 'sending'")                   \
+    X(PUSH_UNCLAIM, "UPDATE pushes SET state = 'pending', claimed_by = NULL, "                     \
+                    "lease_until_ms = 0 WHERE id = ?1 AND state = 'sending'")                      \
+    X(PUSH_NEXT_DUE, "SELECT min(not_before_ms) FROM pushes WHERE state = 'pending'")              \
+    X(PUSH_OWNER, "SELECT state, claimed_by, endpoint_id, checkpoint_id, job_id, run_id "          \
+                  "FROM pushes WHERE id = ?1")                                                     \
+    X(PUSH_END, "UPDATE pushes SET state = ?2, http_status = ?3, error = ?4, "                     \
+                "attempts = attempts + ?5, rounds = rounds + 1, not_before_ms = ?6, "              \
+                "export_id = coalesce(?7, export_id), claimed_by = NULL, "                         \
+                "lease_until_ms = 0, ended_at = ?8 WHERE id = ?1")                                 \
+    X(HOLDING_CURRENT, "SELECT checkpoint_id, since FROM endpoint_holdings "                       \
+                       "WHERE endpoint_id = ?1 AND until_at IS NULL")                              \
+    X(HOLDING_CLOSE, "UPDATE endpoint_holdings SET until_at = ?2 "                                 \
+                     "WHERE endpoint_id = ?1 AND until_at IS NULL")                                \
+    X(HOLDING_INSERT, "INSERT INTO endpoint_holdings (endpoint_id, checkpoint_id, push_id, "       \
+                      "since) VALUES (?1, ?2, ?3, ?4)")                                            \
+    /* the scheduler and lineage (sched.c) */                                                      \
+    X(DATA_VERSION, "PRAGMA data_version")                                                         \
+    X(RUN_RETRY_OF, "SELECT id FROM runs WHERE retry_of = ?1 LIMIT 1")                             \
+    X(CKPT_GET_BY_ID, "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.id = ?1")             \
+    X(CKPT_LIST_RUN, "SELECT " STATE_CKPT_COLS " FROM checkpoints c WHERE c.run_id = ?1 "          \
+                     "ORDER BY c.created_at, c.id")                                                \
+    X(LINEAGE_SERVED, "SELECT x.id, x.format, x.path, p.id, p.state, p.http_status, n.id, "        \
+                      "n.url, n.model, n.label, EXISTS (SELECT 1 FROM endpoint_holdings h "        \
+                      "WHERE h.endpoint_id = n.id AND h.checkpoint_id = p.checkpoint_id "          \
+                      "AND h.until_at IS NULL) FROM pushes p "                                     \
+                      "JOIN endpoints n ON n.id = p.endpoint_id "                                  \
+                      "LEFT JOIN exports x ON x.id = p.export_id WHERE p.checkpoint_id = ?1 "      \
+                      "UNION ALL SELECT x.id, x.format, x.path, NULL, NULL, 0, NULL, NULL, "       \
+                      "NULL, NULL, 0 FROM exports x WHERE x.checkpoint_id = ?1 AND NOT EXISTS "    \
+                      "(SELECT 1 FROM pushes p WHERE p.export_id = x.id) ORDER BY 4, 1")           \
+    X(ENDPOINT_BY_URL, "SELECT id FROM endpoints WHERE url = ?1 AND (?2 IS NULL OR model = ?2) "   \
+                       "AND (?3 IS NULL OR label = ?3) ORDER BY id LIMIT 1")                       \
+    /* the web page (queries_web.c); ?1 before id, ?2 limit, ?3 job, ?4 state */                   \
+    X(WEB_RUN_PAGE_ALL, "SELECT id FROM runs WHERE id < ?1 ORDER BY id DESC LIMIT ?2")             \
+    X(WEB_RUN_PAGE_JOB,                                                                            \
+      "SELECT id FROM runs WHERE job_id = ?3 AND id < ?1 ORDER BY id DESC LIMIT ?2")               \
+    X(WEB_RUN_PAGE_STATE,                                                                          \
+      "SELECT id FROM runs WHERE state = ?4 AND id < ?1 ORDER BY id DESC LIMIT ?2")                \
+    X(WEB_RUN_PAGE_JOB_STATE, "SELECT id FROM runs WHERE job_id = ?3 AND state = ?4 AND id < ?1 "  \
+                              "ORDER BY id DESC LIMIT ?2")                                         \
+    X(WEB_JOB_LAST_RUN, "SELECT id, state, queued_at FROM runs WHERE job_id = ?1 "                 \
+                        "ORDER BY id DESC LIMIT 1")                                                \
+    X(WEB_JOB_LAST_SUCCESS, "SELECT ended_at FROM runs WHERE job_id = ?1 AND state = 'succeeded' " \
+                            "ORDER BY id DESC LIMIT 1")                                            \
+    X(WEB_METRIC_LAST, "SELECT value FROM metrics WHERE run_id = ?1 AND name = ?2 "                \
+                       "ORDER BY step DESC, id DESC LIMIT 1")                                      \
+    X(WEB_RUN_COUNTS, "SELECT job_id, state, n FROM run_counts WHERE n > 0 "                       \
+                      "ORDER BY job_id, state")                                                    \
+    X(WEB_RUN_DURATIONS, "SELECT job_id, le, n, sum_s FROM run_durations ORDER BY job_id, le")     \
+    X(WEB_ENDPOINT_LIST, "SELECT n.id, n.url, n.model, n.label, n.created_at, h.checkpoint_id, "   \
+                         "h.since, c.uid, coalesce(a.failed, 0), coalesce(a.ok, 0), "              \
+                         "coalesce(a.open, 0), coalesce(a.held, 0), a.last, c.created_at, "        \
+                         "c.eval_logloss, c.eval_auc, "                                            \
+                         "(SELECT CASE WHEN p.state = 'succeeded' THEN NULL ELSE p.error END "     \
+                         " FROM pushes p WHERE p.endpoint_id = n.id ORDER BY p.id DESC LIMIT 1), " \
+                         "(SELECT CASE WHEN p.state = 'succeeded' THEN 0 ELSE p.http_status END "  \
+                         " FROM pushes p WHERE p.endpoint_id = n.id ORDER BY p.id DESC LIMIT 1), " \
+                         "n.stats_at, n.predict_requests, n.predict_rows, n.request_rate, "        \
+                         "n.stats_error FROM endpoints n LEFT JOIN endpoint_holdings h "           \
+                         "ON h.endpoint_id = n.id AND h.until_at IS NULL "                         \
+                         "LEFT JOIN checkpoints c ON c.id = h.checkpoint_id "                      \
+                         "LEFT JOIN (SELECT endpoint_id, sum(state = 'failed') AS failed, "        \
+                         "sum(state = 'succeeded') AS ok, sum(state IN ('pending', 'sending')) "   \
+                         "AS open, sum(state = 'held') AS held, max(created_at) AS last "          \
+                         "FROM pushes GROUP BY endpoint_id) a ON a.endpoint_id = n.id "            \
+                         "ORDER BY n.model, n.label, n.url")                                       \
+    X(WEB_HOLDING_HISTORY,                                                                         \
+      "SELECT h.checkpoint_id, c.uid, h.since, h.until_at, h.push_id "                             \
+      "FROM endpoint_holdings h JOIN checkpoints c ON c.id = h.checkpoint_id "                     \
+      "WHERE h.endpoint_id = ?1 ORDER BY h.since DESC, h.id DESC LIMIT ?2")                        \
+    X(WEB_CKPT_CHILDREN, "SELECT id FROM checkpoints WHERE parent_id = ?1 ORDER BY id LIMIT ?2")   \
+    /* Slurm jobs of runs (slurm.c) */                                                             \
+    X(SLURM_JOB_GET, "SELECT run_id, job_id, state, nodes, partition, updated_at "                 \
+                     "FROM slurm_jobs WHERE run_id = ?1")                                          \
+    X(SLURM_JOB_PUT, "INSERT INTO slurm_jobs (run_id, job_id, state, nodes, partition, "           \
+                     "updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run_id) DO "        \
+                     "UPDATE SET job_id = excluded.job_id, state = excluded.state, "               \
+                     "nodes = excluded.nodes, partition = excluded.partition, "                    \
+                     "updated_at = excluded.updated_at")
 
 typedef enum {
 #define STATE_STMT_ENUM(name, sql) STMT_##name,

@@ -509,6 +509,59 @@ static bool log_has(const char *text, int timeout_s)
     return false;
 }
 
+/* A kilnd killed after it took a run but before the run's supervisor
+ * started (run 1: run directory recorded, no supervisor.pid; run 2: not even
+ * that, but an input recorded) leaves nothing that ran: the next kilnd
+ * queues both again as the same attempt, forgets the half-made launch and
+ * its inputs, and both succeed with no retry run. */
+static void test_kill9_before_supervisor(void **state)
+{
+    (void)state;
+    char a[400], b[400];
+    write_spec("never1", "train: {batch_size: 128, epochs: 2}\n", a, sizeof a);
+    write_spec("never2", "train: {batch_size: 128, epochs: 2}\n", b, sizeof b);
+    submit(a);
+    submit(b);
+    state_t *st = open_db();
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/runs/1", home);
+    assert_int_equal(kiln_mkdir_p(dir), 0);
+    for (int64_t id = 1; id <= 2; id++)
+        assert_int_equal(
+            state_run_transition(st, id, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, -1, NULL), 0);
+    assert_int_equal(state_run_set_launch(st, 1, dir, 0, NULL), 0);
+    const state_input_t in = {.path = "/nowhere/day0.tsv", .size = 1, .mtime = 1};
+    assert_int_equal(state_input_add(st, 2, &in), 0);
+    state_close(st);
+
+    pid_t k = start_kilnd();
+    assert_int_equal(wait_run(1, STATE_RUN_SUCCEEDED, 60), STATE_RUN_SUCCEEDED);
+    assert_int_equal(wait_run(2, STATE_RUN_SUCCEEDED, 60), STATE_RUN_SUCCEEDED);
+    stop_kilnd(k, SIGTERM);
+    state_run_t *rs = NULL;
+    assert_int_equal(job_runs(NULL, &rs), 2);
+    st = open_db();
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(rs[i].attempt, 1);
+        state_event_t *es = NULL;
+        size_t ne = 0;
+        int requeued = 0;
+        assert_int_equal(state_event_list(st, 0, rs[i].id, &es, &ne), 0);
+        for (size_t e = 0; e < ne; e++)
+            requeued += strstr(es[e].message, "launching -> queued") != NULL;
+        state_events_free(es, ne);
+        assert_int_equal(requeued, 1);
+    }
+    state_input_t *ins = NULL;
+    size_t nin = 0;
+    assert_int_equal(state_input_list(st, 2, &ins, &nin), 0);
+    for (size_t i = 0; i < nin; i++) /* the relaunch records its own; the aborted one's is gone */
+        assert_string_not_equal(ins[i].path, in.path);
+    state_inputs_free(ins, nin);
+    state_close(st);
+    state_runs_free(rs, 2);
+}
+
 static void test_kill9_recovery(void **state)
 {
     (void)state;
@@ -702,15 +755,16 @@ static void test_refuses_to_start(void **state)
 }
 
 /* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
-PROC_TEST_MAIN(setup_all, teardown_all,
+PROC_TEST_MAIN(
+    setup_all, teardown_all,
     cmocka_unit_test_setup_teardown(test_submit_to_success, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_queued_run_keeps_its_version, setup_home,
-                                    teardown_home),
+    cmocka_unit_test_setup_teardown(test_queued_run_keeps_its_version, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_cancel, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_timeout, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_rank_killed_then_retry, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_cron_forbid, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_catchup_after_downtime, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_kill9_recovery, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_kill9_before_supervisor, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home))
