@@ -472,6 +472,35 @@ static void test_twin_store_matches_host(void **state)
     host_and_twin(specs2, "part2", more2);
 }
 
+/* Trains model on 2 ranks twice, as run[0] and run[1] (spec lines extra[k]
+ * appended, kiln-train options more[k]), and checks the same keys, every
+ * step's loss and the eval logloss within rel of each other. */
+static void runs_agree(const char *model, const char *const run[2], const char *const extra[2],
+                       const char *const *more[2], double rel)
+{
+    result_t *r = malloc(sizeof *r);
+    json_t *res[2];
+    double l[2][64];
+    int nl[2];
+    for (int k = 0; k < 2; k++) {
+        char spec[400];
+        write_spec(run[k], model, 150, NULL, extra[k], spec, sizeof spec);
+        res[k] = train_with(2, spec, run[k], r, more[k]);
+        if (res[k] == NULL)
+            fail_msg("%s: kiln-train failed (%d): %s", run[k], r->code, r->err);
+        nl[k] = losses(run[k], l[k], 64);
+    }
+    assert_int_equal((int)num(res[0], "keys"), (int)num(res[1], "keys"));
+    assert_close(num(res[0], "eval_logloss"), num(res[1], "eval_logloss"), rel, model);
+    assert_int_equal(nl[0], nl[1]);
+    assert_true(nl[0] >= 4);
+    for (int i = 0; i < nl[0]; i++)
+        assert_close(l[0][i], l[1][i], rel, "a step's loss");
+    json_decref(res[0]);
+    json_decref(res[1]);
+    free(r);
+}
+
 /* The device step (trainer/train_dev.c) on the host stand-in, which checks
  * the order of its copies, events and compute calls and fails the run on a
  * missing wait (tests/test_devstep.c shows it refusing one). lr and fm on 2
@@ -481,31 +510,14 @@ static void test_twin_store_matches_host(void **state)
 static void test_device_step_standin(void **state)
 {
     (void)state;
-    const char *models[] = {"lr", "fm"};
     const char *standin[] = {"--device-step", "standin", NULL};
+    const char *const extra[2] = {NULL, NULL};
+    const char *const *more[2] = {NULL, standin};
+    const char *const lr[2] = {"devstep-lr-cpu", "devstep-lr-standin"};
+    const char *const fm[2] = {"devstep-fm-cpu", "devstep-fm-standin"};
+    runs_agree("lr", lr, extra, more, 1e-5);
+    runs_agree("fm", fm, extra, more, 1e-5);
     result_t *r = malloc(sizeof *r);
-    for (int m = 0; m < 2; m++) {
-        char spec[2][400], run[2][64];
-        json_t *res[2];
-        double l[2][64];
-        int nl[2];
-        for (int k = 0; k < 2; k++) {
-            snprintf(run[k], sizeof run[k], "devstep-%s-%s", models[m], k ? "standin" : "cpu");
-            write_spec(run[k], models[m], 150, NULL, NULL, spec[k], sizeof spec[k]);
-            res[k] = train_with(2, spec[k], run[k], r, k ? standin : NULL);
-            if (res[k] == NULL)
-                fail_msg("%s: kiln-train failed (%d): %s", run[k], r->code, r->err);
-            nl[k] = losses(run[k], l[k], 64);
-        }
-        assert_int_equal((int)num(res[0], "keys"), (int)num(res[1], "keys"));
-        assert_close(num(res[0], "eval_logloss"), num(res[1], "eval_logloss"), 1e-5, models[m]);
-        assert_int_equal(nl[0], nl[1]);
-        assert_true(nl[0] >= 4);
-        for (int i = 0; i < nl[0]; i++)
-            assert_close(l[0][i], l[1][i], 1e-5, "a step's loss");
-        json_decref(res[0]);
-        json_decref(res[1]);
-    }
     char dl[400];
     write_spec("devstep-dlrm", "dlrm", 150, NULL, NULL, dl, sizeof dl);
     assert_null(train_with(2, dl, "devstep-dlrm", r, standin));
@@ -582,6 +594,21 @@ static void test_cuda_matches_cpu(void **state)
         json_decref(v);
     }
     free(r);
+}
+
+/* lr through the device step (trainer/train_dev.c: pooling, the dense
+ * model and the reduce on the GPU) and dlrm through the CPU dense step with
+ * its tables on the GPU, each against device: cpu on 2 ranks: the same
+ * keys, every loss and the eval logloss within 1e-3. */
+static void test_cuda_lr_dlrm_match_cpu(void **state)
+{
+    (void)state;
+    const char *const extra[2] = {"resources: {device: cpu}\n", "resources: {device: cuda}\n"};
+    const char *const *more[2] = {NULL, NULL};
+    const char *const lr[2] = {"gpu-lr-cpu", "gpu-lr-cuda"};
+    const char *const dlrm[2] = {"gpu-dlrm-cpu", "gpu-dlrm-cuda"};
+    runs_agree("lr", lr, extra, more, 1e-3);
+    runs_agree("dlrm", dlrm, extra, more, 1e-3);
 }
 
 static void test_bad_input(void **state)
@@ -1574,6 +1601,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_twin_store_matches_host),
         cmocka_unit_test(test_device_step_standin),
+        cmocka_unit_test(test_cuda_lr_dlrm_match_cpu),
         cmocka_unit_test(test_cuda_matches_cpu),
         cmocka_unit_test(test_malformed_lines),
         cmocka_unit_test(test_bad_data_fails),
