@@ -1273,17 +1273,31 @@ static void test_online_export(void **state)
 }
 
 /* The online exports progress.jsonl of run_name lists so far. */
-static int online_exports(const char *run_name)
+/* The steps of run_name's online exports, in the order they were taken
+ * (up to cap of them); returns how many there are. */
+static int online_export_steps(const char *run_name, int64_t *steps, int cap)
 {
     char path[512], line[1024];
     snprintf(path, sizeof path, "%s/%s/progress.jsonl", tmpdir, run_name);
     FILE *f = fopen(path, "r");
     int n = 0;
-    while (f && fgets(line, sizeof line, f))
-        n += strstr(line, "\"online\": true") != NULL;
+    while (f && fgets(line, sizeof line, f)) {
+        if (strstr(line, "\"online\": true") == NULL)
+            continue;
+        json_t *o = json_loads(line, 0, NULL);
+        if (n < cap)
+            steps[n] = o ? (int64_t)json_integer_value(json_object_get(o, "step")) : -1;
+        json_decref(o);
+        n++;
+    }
     if (f)
         fclose(f);
     return n;
+}
+
+static int online_exports(const char *run_name)
+{
+    return online_export_steps(run_name, NULL, 0);
 }
 
 /* Polls (10 ms) until run_name has `want` online exports; false after 30 s. */
@@ -1466,8 +1480,8 @@ static void test_online_export_every_ms(void **state)
 
 /* A timed online export needs something learnt since the last one: an
  * online run with no data exports nothing (serving never gets an untrained
- * or unchanged model), and one partition gives one or two exports however
- * long the run then waits for more. */
+ * or unchanged model), and every export of one partition has steps the one
+ * before it lacked, however long the run then waits for more. */
 static void test_online_export_needs_news(void **state)
 {
     (void)state;
@@ -1489,13 +1503,22 @@ static void test_online_export_needs_news(void **state)
     bool landed = fx_land(src, dst) == 0;
     bool got = landed && wait_exports("news1", 1);
     proc_sleep_ms(1000); /* ten more periods with nothing new */
-    int after = online_exports("news1");
+    int64_t steps[64];
+    int after = online_export_steps("news1", steps, 64);
     kill(-pid, SIGKILL);
     waitpid(pid, NULL, 0);
-    if (before != 0 || !got || after > 2)
-        fail_msg("online exports: %d with no data (want 0), %d after one partition and 1 s "
-                 "(want 1 or 2)%s",
-                 before, after, got ? "" : "; none came within 30 s");
+    if (before != 0 || !got)
+        fail_msg("online exports: %d with no data (want 0)%s", before,
+                 got ? "" : "; none came within 30 s of a partition landing");
+    /* How many exports training the partition takes depends on the
+     * machine's speed (one every 100 ms while it trains); what must hold
+     * is that each has steps the last one lacked, so none repeats the
+     * final state however long the run waits. */
+    for (int i = 1; i < after && i < 64; i++)
+        if (steps[i] <= steps[i - 1])
+            fail_msg("online export %d is at step %lld, the one before it at %lld: an export "
+                     "with nothing learnt since the last",
+                     i + 1, (long long)steps[i], (long long)steps[i - 1]);
 }
 
 /* The .tmp- directory of job's checkpoint dir, or "" when there is none. */
