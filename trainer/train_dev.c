@@ -1,6 +1,6 @@
 /*
  * trainer/train_dev.c - the device step: train_step with the pooling, the
- * dense model (lr, fm) and the backward reduce on a device (train_dev.h),
+ * dense model (lr, fm, dlrm) and the backward reduce on a device (train_dev.h),
  * the CUDA runtime on a GPU or the host stand-in in CI. One step of a rank:
  *
  *   host         X, y -> the pinned slot of this step        (the slot the step

@@ -33,7 +33,7 @@ extern "C" {
 enum { DEV_COPY = 0, DEV_COMPUTE = 1, DEV_NSTREAMS = 2 };
 #define DEV_NEVENTS 8
 
-/* The dense model's forward, loss and backward for n rows (lr and fm). */
+/* The dense model's forward, loss and backward for n rows. */
 typedef struct dev_dense {
     rt_model_t *model;       /* shapes; its params are the host master copy */
     uint64_t params_version; /* changes whenever the host params changed */
@@ -64,7 +64,7 @@ typedef struct dev_ops {
                   float *E /* OUT (n, ld) */);
     /* On DEV_COMPUTE: forward, loss and backward; ADDS the dense gradient
      * sums to the model's host grads and sets *loss to the unscaled loss sum
-     * (so it synchronizes). lr and fm only (KILN_EINVAL for dlrm). */
+     * (so it synchronizes). */
     int (*dense)(void *ctx, const dev_dense_t *a, double *loss /* OUT */);
     /* On DEV_COMPUTE: kern_cpu_backward_reduce's contract on device arrays;
      * g[i].n is set on the host (so it synchronizes). */
@@ -79,6 +79,12 @@ typedef struct dev_ops {
 extern const dev_ops_t train_dev_host_ops;
 #ifdef KILN_HAVE_CUDA
 extern const dev_ops_t train_dev_cuda_ops;
+
+/* dlrm's dense model on cuBLAS (train_dev_dlrm.cu) for the CUDA dense op:
+ * made on the first call into *h, on stream (a cudaStream_t). */
+typedef struct dev_dlrm dev_dlrm_t;
+int dev_dlrm_dense(dev_dlrm_t **h, void *stream, const dev_dense_t *a, double *loss /* OUT */);
+void dev_dlrm_destroy(dev_dlrm_t *h);
 #endif
 
 #ifdef __cplusplus

@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kiln_cuda.h"
 #include "train_dev.h"
+#include "train_dev_cuda.cuh"
 
 namespace
 {
@@ -43,6 +43,7 @@ struct cuda_dev {
     double *d_rowloss = nullptr;                              /* (cap) */
     int outcap = 0;
     double *d_out = nullptr, *h_out = nullptr; /* (outcap) gradient sums, then the loss */
+    dev_dlrm_t *dlrm = nullptr;                /* dlrm's model, made on its first step */
 };
 
 cuda_dev *C(void *ctx)
@@ -58,20 +59,6 @@ struct rows_args {
     float *dE, *gz, *sum, *du;
     double *rowloss;
 };
-
-__device__ float sigmoid(float z)
-{
-    if (z >= 0.0f)
-        return 1.0f / (1.0f + expf(-z));
-    const float e = expf(z);
-    return e / (1.0f + e);
-}
-
-/* rt_model_logloss: max(z, 0) - z y + log1p(exp(-|z|)). */
-__device__ double logloss(double z, double y)
-{
-    return fmax(z, 0.0) - z * y + log1p(exp(-fabs(z)));
-}
 
 /* grid (rows / 128), block 128: one thread a row. E, dE (n, S, d); X (n, F);
  * sum, du (n, k). */
@@ -114,8 +101,8 @@ __global__ void dense_rows_kernel(const rows_args a)
             inter += acc[f] * acc[f];
         z = lin + 0.5f * (inter - sq);
     }
-    a.rowloss[i] = logloss((double)z, (double)a.y[i]);
-    const float g = (sigmoid(z) - a.y[i]) * a.scale;
+    a.rowloss[i] = dev_logloss((double)z, (double)a.y[i]);
+    const float g = (dev_sigmoid(z) - a.y[i]) * a.scale;
     a.gz[i] = g;
     float *de = a.dE + (size_t)i * sd; /* may be e: each element is read before it is written */
     for (int s = 0; s < a.S; s++) {
@@ -137,12 +124,10 @@ struct sums_args {
     const double *rowloss;
 };
 
-/* grid (nout), block SUM_THREADS. out[o]: o < F: dw = X^T gz; o == F: db =
+/* grid (nout), block DEV_SUM_THREADS. out[o]: o < F: dw = X^T gz; o == F: db =
  * sum gz; then dVx (k, F) = du^T X row-major; the last: the loss sum. */
-#define SUM_THREADS 256
 __global__ void dense_sums_kernel(const sums_args a, double *out)
 {
-    __shared__ double part[SUM_THREADS];
     const int o = blockIdx.x;
     double acc = 0.0;
     for (int i = threadIdx.x; i < a.n; i += blockDim.x) {
@@ -158,15 +143,9 @@ __global__ void dense_sums_kernel(const sums_args a, double *out)
             acc += a.rowloss[i];
         }
     }
-    part[threadIdx.x] = acc;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w)
-            part[threadIdx.x] += part[threadIdx.x + w];
-        __syncthreads();
-    }
+    acc = dev_block_sum(acc);
     if (threadIdx.x == 0)
-        out[o] = part[0];
+        out[o] = acc;
 }
 
 /* The offset of parameter group name in m's params; -1 when m has none. */
@@ -227,7 +206,7 @@ int c_dense(void *ctx, const dev_dense_t *a, double *loss)
     rt_model_t *m = a->model;
     *loss = 0.0;
     if (rt_model_type(m) == RT_MODEL_DLRM)
-        return kiln_errf(KILN_EINVAL, "the device step runs lr and fm; dlrm is not on it yet");
+        return dev_dlrm_dense(&c->dlrm, c->s[DEV_COMPUTE], a, loss);
     if (a->n == 0)
         return 0;
     const bool fm = rt_model_type(m) == RT_MODEL_FM;
@@ -269,7 +248,7 @@ int c_dense(void *ctx, const dev_dense_t *a, double *loss)
     dense_rows_kernel<<<(unsigned)((a->n + 127) / 128), 128, 0, st>>>(ra);
     CUDA_CHECK(cudaGetLastError());
     const sums_args sa = {a->n, F, k, nout, a->X, c->d_gz, c->d_du, c->d_rowloss};
-    dense_sums_kernel<<<(unsigned)nout, SUM_THREADS, 0, st>>>(sa, c->d_out);
+    dense_sums_kernel<<<(unsigned)nout, DEV_SUM_THREADS, 0, st>>>(sa, c->d_out);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaMemcpyAsync(c->h_out, c->d_out, sizeof(double) * (size_t)nout,
                                cudaMemcpyDeviceToHost, st));
@@ -308,6 +287,7 @@ void c_destroy(void *ctx)
     for (int i = 0; i < DEV_NSTREAMS; i++)
         if (c->s[i])
             (void)cudaStreamSynchronize(c->s[i]);
+    dev_dlrm_destroy(c->dlrm);
     void *dev[] = {c->d_params, c->d_gz, c->d_sum, c->d_du, c->d_rowloss, c->d_out};
     for (void *p : dev)
         if (p)

@@ -249,8 +249,6 @@ static int h_dense(void *ctx, const dev_dense_t *a, double *loss)
     const size_t n = (size_t)a->n, S = (size_t)rt_model_nslots(m), d = (size_t)rt_model_dim(m),
                  F = (size_t)rt_model_ndense(m);
     *loss = 0.0;
-    if (rt_model_type(m) == RT_MODEL_DLRM)
-        return kiln_errf(KILN_EINVAL, "the device step runs lr and fm; dlrm is not on it yet");
     if (n == 0)
         return 0;
     KILN_CHECK(access_buf(h, DEV_COMPUTE, now, a->E, sizeof(float) * n * S * d, false, "dense"));

@@ -72,7 +72,7 @@ static void usage(FILE *f)
         "  --out FILE         ... rank 0 writes one probability per row, in file order\n"
         "  --store twin       (tests) keep the working tables apart from the checkpoint\n"
         "                     mirror in host memory, as a GPU run keeps them on the GPU\n"
-        "  --device-step standin  (tests) run lr and fm through the device step on the\n"
+        "  --device-step standin  (tests) run the step through the device step on the\n"
         "                     host stand-in, which checks the order of its copies\n\n"
         "Online export: SIGUSR1, or a file <run-dir>/export.request, makes the trainer write\n"
         "an incremental checkpoint at the next step boundary (<run-dir>/export.last names it).\n\n"
@@ -164,7 +164,7 @@ static int parse_options(int argc, char **argv, options_t *o)
  * step live: cuda puts this rank's shards in GPU hash tables (RT_STORE_CUDA;
  * lookups, inserts, evictions and the sparse optimizer run as CUDA
  * kernels), cpu keeps them in host tables. The exchange runs on the CPU
- * either way; with cuda, lr and fm also run the device step
+ * either way; with cuda the step also runs on the device
  * (setup_device_step; docs/gpu.md). The ranks agree: auto falls back to the CPU everywhere if one
  * rank sees no GPU. Each rank takes GPU (local rank mod visible GPUs). Not collective before the
  * agreement, so a refusal is every rank's. */
@@ -257,28 +257,20 @@ int train_setup_run(trainer_t *tr)
     return rc;
 }
 
-/* The device step (train_dev.c) for lr and fm when the tables are on the
- * GPU, or on the host stand-in with --device-step standin; dlrm keeps the
- * CPU step (its MLPs are not on the device yet). */
+/* The device step (train_dev.c) when the tables are on the GPU, or on the
+ * host stand-in with --device-step standin. */
 static int setup_device_step(trainer_t *tr)
 {
-    const bool lr_fm = rt_model_type(tr->model) != RT_MODEL_DLRM;
-    if (tr->opt.device_step != NULL) {
-        if (!lr_fm)
-            return kiln_errf(KILN_EUSAGE, "--device-step: the device step runs lr and fm, "
-                                          "not dlrm");
+    if (tr->opt.device_step != NULL)
         return train_dev_create(tr, &train_dev_host_ops, 0);
-    }
 #ifdef KILN_HAVE_CUDA
-    if (tr->store_kind == RT_STORE_CUDA && lr_fm) {
+    if (tr->store_kind == RT_STORE_CUDA) {
         if (tr->rank == 0)
             KILN_INFO("the device step: pooling, the %s model and the backward reduce on the GPU",
                       rt_model_type_name(rt_model_type(tr->model)));
         return train_dev_create(tr, &train_dev_cuda_ops, tr->cuda_device);
     }
 #endif
-    if (tr->store_kind == RT_STORE_CUDA && !lr_fm && tr->rank == 0)
-        KILN_INFO("dlrm: the dense model runs on the CPU (the device step has lr and fm)");
     return 0;
 }
 

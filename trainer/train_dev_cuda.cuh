@@ -1,0 +1,55 @@
+/*
+ * trainer/train_dev_cuda.cuh - what the device step's two CUDA files share:
+ * the logistic loss's device functions (as model/model.c's), a block's
+ * fixed-order sum and the cuBLAS call check. Internal to trainer/.
+ */
+#ifndef KILN_TRAINER_TRAIN_DEV_CUDA_CUH
+#define KILN_TRAINER_TRAIN_DEV_CUDA_CUH
+
+#include <cublas_v2.h>
+#include <math.h>
+
+#include "kiln_cuda.h"
+
+/* rt_model_sigmoid, without overflow for either sign of z. */
+__device__ inline float dev_sigmoid(float z)
+{
+    if (z >= 0.0f)
+        return 1.0f / (1.0f + expf(-z));
+    const float e = expf(z);
+    return e / (1.0f + e);
+}
+
+/* rt_model_logloss: max(z, 0) - z y + log1p(exp(-|z|)). */
+__device__ inline double dev_logloss(double z, double y)
+{
+    return fmax(z, 0.0) - z * y + log1p(exp(-fabs(z)));
+}
+
+/* The sum of every thread's acc over a block of DEV_SUM_THREADS threads,
+ * added in a fixed order (a tree in shared memory), so a launch gives the
+ * same bits on every run; the result is valid in thread 0. */
+#define DEV_SUM_THREADS 256
+__device__ inline double dev_block_sum(double acc)
+{
+    __shared__ double part[DEV_SUM_THREADS];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    return part[0];
+}
+
+/* Returns KILN_ECUDA from the enclosing function when a cuBLAS call fails. */
+#define CUBLAS_CHECK(call)                                                                         \
+    do {                                                                                           \
+        cublasStatus_t blas_st_ = (call);                                                          \
+        if (blas_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+            return kiln_errf(KILN_ECUDA, "%s: %s (%s); " KILN_CUDA_HINT, #call,                    \
+                             cublasGetStatusString(blas_st_), KILN_WHERE);                         \
+    } while (0)
+
+#endif /* KILN_TRAINER_TRAIN_DEV_CUDA_CUH */
