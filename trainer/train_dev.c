@@ -3,16 +3,25 @@
  * dense model (lr, fm, dlrm) and the backward reduce on a device (train_dev.h),
  * the CUDA runtime on a GPU or the host stand-in in CI. One step of a rank:
  *
- *   host         X, y -> the pinned slot of this step        (the slot the step
- *                                                             two back used is free)
+ *   host         X, y -> the pinned slot of this step        (during the step before,
+ *                                                             see below; the step two
+ *                                                             back, which read the slot,
+ *                                                             is done with it)
  *   copy stream  slot -> device                               event STAGED[slot]
- *   host         keys, dedupe, the lookup exchange            (overlaps the copy)
+ *   host         keys, dedupe, the lookup exchange
  *   host         rows, inverse index, bag offsets -> pinned
  *   compute      pinned -> device; wait STAGED[slot];
  *                gather -> E; dense forward/backward -> dE     event FREE[slot]
  *                reduce: per slot, unique rows and summed grads; -> host
- *   host         slot sums -> each table's double-double gradients, the update
- *                exchange and the dense allreduce and step, as on the CPU
+ *   host         slot sums -> each table's double-double gradients
+ *   -- train_dev_front ends; the loop reads the next batch and stages it
+ *      (train_dev_stage: host into the other slot, the copy stream to the
+ *      device), so its copy overlaps what follows --
+ *   host         the update exchange and the dense allreduce and step, as
+ *                on the CPU (train_dev_back)
+ *
+ * The first step of a reader, and any step whose batch was not staged ahead,
+ * stages its own batch at the start, where the copy overlaps the lookup.
  *
  * Exchanges stay MPI over host buffers (shard.h) and the owners' tables stay
  * in the rank's store. Gradients differ from the CPU step in their last bits:
@@ -39,6 +48,7 @@ struct train_dev {
     const dev_ops_t *ops;
     void *ctx;
     int slot;                /* the staging slot of this step: 0, 1, 0, ... */
+    int staged_n;            /* rows staged ahead into slot; -1: none */
     dbuf_t X[2], y[2];       /* staging: (max_batch, F), (max_batch) */
     dbuf_t vals, rows, offs; /* the step's lookup: rows of all tables, inverse, bags */
     dbuf_t E;                /* (max_batch, S, d), device only */
@@ -99,6 +109,7 @@ int train_dev_create(trainer_t *tr, const dev_ops_t *ops, int device)
     tr->dev = dv;
     dv->ops = ops;
     dv->version = 1;
+    dv->staged_n = -1;
     dv->voff = kiln_calloc((size_t)tr->T, sizeof *dv->voff);
     dv->roff = kiln_calloc((size_t)tr->T, sizeof *dv->roff);
     dv->goff = kiln_calloc((size_t)tr->S + 1, sizeof *dv->goff);
@@ -230,15 +241,29 @@ static int reduce_grads(trainer_t *tr, train_dev_t *dv, int n)
     return 0;
 }
 
-int train_dev_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
-                   double *loss_sum)
+int train_dev_stage(trainer_t *tr, const rt_batch_t *next)
+{
+    train_dev_t *dv = tr->dev;
+    if (next->n == 0) /* nothing to copy; its step stages nothing either */
+        return 0;
+    KILN_CHECK(stage(tr, dv, next));
+    dv->staged_n = next->n;
+    return 0;
+}
+
+int train_dev_front(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
+                    double *loss_sum)
 {
     train_dev_t *dv = tr->dev;
     const dev_ops_t *o = dv->ops;
     const int n = b->n, S = tr->S, T = tr->T, d = tr->d, k = dv->slot;
     *loss_sum = 0.0;
-    if (n > 0)
+    if (dv->staged_n >= 0 && dv->staged_n != n)
+        return kiln_errf(KILN_EINTERNAL, "the device step: %d rows staged ahead, the step has %d",
+                         dv->staged_n, n);
+    if (n > 0 && dv->staged_n < 0)
         KILN_CHECK(stage(tr, dv, b));
+    dv->staged_n = -1;
     KILN_CHECK(train_lookup_keys(tr, b, step, true));
     for (int t = 0; t < T; t++)
         KILN_CHECK(kiln_grow_to((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
@@ -267,8 +292,13 @@ int train_dev_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t glo
             if (tr->nuniq[t] > 0)
                 memset(tr->tgrad[t], 0, sizeof(double) * 2 * (size_t)(tr->nuniq[t] * d));
     }
+    return 0;
+}
+
+int train_dev_back(trainer_t *tr, int64_t step)
+{
     KILN_CHECK(rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
     KILN_CHECK(train_dense_update(tr));
-    dv->version++; /* the dense step changed the host params */
+    tr->dev->version++; /* the dense step changed the host params */
     return 0;
 }

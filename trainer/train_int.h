@@ -189,9 +189,15 @@ struct dev_ops;
  * half made; train_dev_destroy takes it). */
 int train_dev_create(trainer_t *tr, const struct dev_ops *ops, int device);
 void train_dev_destroy(train_dev_t *dv);
-/* train_step with the pooling, the dense model and the reduce on the device. */
-int train_dev_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
-                   double *loss_sum);
+/* train_step with the pooling, the dense model and the reduce on the
+ * device, in two parts: train_dev_front runs the step up to the gradients
+ * (after it, the loop may read the next batch and train_dev_stage it, so
+ * that its copy to the device overlaps the rest of this step), and
+ * train_dev_back the update exchange and the dense step. */
+int train_dev_front(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
+                    double *loss_sum);
+int train_dev_stage(trainer_t *tr, const rt_batch_t *next);
+int train_dev_back(trainer_t *tr, int64_t step);
 int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
                double *loss_sum);
 

@@ -168,6 +168,32 @@ int64_t train_step_limit(const trainer_t *tr)
     return max_steps <= 0 ? 0 : tr->resumed ? max_steps : tr->steps0 + max_steps;
 }
 
+/* The next batch, read during the step before it (dev_step). */
+typedef struct {
+    bool held; /* got and b are the next batch's */
+    int got;   /* rt_reader_next's return */
+    rt_batch_t *b;
+} ahead_t;
+
+/* The device step for batch b: its front, then (when more is to come) the
+ * next batch read and staged into the device step's other slot, so its copy
+ * to the device overlaps this step's update exchange and dense step, then
+ * the back. A failed read waits in ahead for the next step's agreement on
+ * it, as it would have failed there. */
+static int dev_step(trainer_t *tr, rt_reader_t *r, const rt_batch_t *b, bool more, int64_t global_n,
+                    ahead_t *ahead, double *loss_sum)
+{
+    const int64_t step = tr->steps + 1;
+    KILN_CHECK(train_dev_front(tr, b, step, global_n, loss_sum));
+    if (more) {
+        ahead->got = rt_reader_next(r, &ahead->b); /* b is invalid from here */
+        ahead->held = true;
+        if (ahead->got == 1)
+            KILN_CHECK(train_dev_stage(tr, ahead->b));
+    }
+    return train_dev_back(tr, step);
+}
+
 /* Trains `epochs` passes over files (continuing a resumed run's position
  * within them). The loop's time adds to tr->train_ns. */
 int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
@@ -233,9 +259,11 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
         tr->pos_k = k0;
         double loss_acc = 0.0;
         int64_t rows_acc = 0;
+        ahead_t ahead = {0};
         for (int64_t k = k0; k < nsteps && rc == 0; k++) {
-            rt_batch_t *b = NULL;
-            int got = rt_reader_next(r, &b);
+            rt_batch_t *b = ahead.b;
+            int got = ahead.held ? ahead.got : rt_reader_next(r, &b);
+            ahead.held = false;
             /* Agree on the rows of this step, whether any rank failed, and
              * the malformed lines it skipped (data.max_malformed). */
             int64_t in[3] = {got == 1 ? b->n : 0, got == 1 ? 0 : 1, got == 1 ? b->nskipped : 0};
@@ -259,7 +287,8 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
             if (out[0] == 0)
                 continue;
             double loss_sum = 0.0;
-            rc = tr->dev ? train_dev_step(tr, b, tr->steps + 1, out[0], &loss_sum)
+            const int64_t nrows = b->n; /* b is gone once the next batch is read */
+            rc = tr->dev ? dev_step(tr, r, b, k + 1 < nsteps, out[0], &ahead, &loss_sum)
                          : train_step(tr, b, tr->steps + 1, out[0], &loss_sum);
             if (rc < 0) {
                 /* The other ranks may be waiting in a collective of this
@@ -274,7 +303,7 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
             test_kill_hook(tr->rank, tr->steps);
             tr->samples += out[0];
             loss_acc += loss_sum;
-            rows_acc += b->n;
+            rows_acc += nrows;
             bool last = k + 1 == nsteps && epoch + 1 == epochs;
             bool human = tr->steps % log_every == 0 || last;
             if (human || tr->steps % tr->rec_every == 0) {
