@@ -3,7 +3,7 @@
  * two non-blocking streams, events, cudaMalloc and cudaHostAlloc memory,
  * cudaMemcpyAsync with the direction read from the pointers (unified
  * addressing), the fused gather and backward reduce of kernels/kern_cuda.h,
- * and the dense lr and fm models as two kernels:
+ * and the dense lr and fm models as two kernels (dlrm: train_dev_dlrm.cu):
  *
  *   rows   one thread a row: the logit (model/model_lr.c, model_fm.c), the
  *          sigmoid, the logistic loss, dlogit = (p - y) * scale, and the
