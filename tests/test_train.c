@@ -211,7 +211,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    return proc_rmtree(tmpdir);
+    return proc_tmpdir_done(tmpdir);
 }
 
 /* The optimizers the weight comparison runs under (sparse and dense alike).
