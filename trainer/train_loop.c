@@ -261,7 +261,7 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
         int64_t rows_acc = 0;
         ahead_t ahead = {0};
         for (int64_t k = k0; k < nsteps && rc == 0; k++) {
-            rt_batch_t *b = ahead.b;
+            rt_batch_t *b = ahead.held ? ahead.b : NULL;
             int got = ahead.held ? ahead.got : rt_reader_next(r, &b);
             ahead.held = false;
             /* Agree on the rows of this step, whether any rank failed, and
