@@ -26,6 +26,7 @@
 
 #include "jobs.h"
 #include "kern.h"
+#include "kern_ops.h" /* KERN_HD: rt_shard_owner runs on the device too */
 #include "kiln.h"
 
 #ifdef __cplusplus
@@ -127,6 +128,21 @@ int rt_store_read(rt_store_t *s, int t, int64_t n, const int32_t *rows, float *o
  * on the change list. */
 int rt_store_update(rt_store_t *s, const kern_opt_t *opt, const kern_row_grads_t *ug,
                     int64_t step);
+
+/* The same three calls on arrays in the working copy's own memory: device
+ * memory of the store's GPU for RT_STORE_CUDA, host memory for HOST and
+ * TWIN (the device step's stand-in). For CUDA they run on `stream` (a
+ * cudaStream_t, the caller's) after what it queued there, and after the
+ * store's own calls on its stream; the store's later calls run after them.
+ * find synchronizes the stream (it returns KILN_EFULL); read and update are
+ * enqueued (update reads ug[t].n on the host). The device step's exchange
+ * (trainer/train_dev.c) uses these; the host exchange uses those above. */
+int rt_store_find_dev(rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
+                      bool insert, int32_t *rows /* OUT (n) */, void *stream);
+int rt_store_read_dev(rt_store_t *s, int t, int64_t n, const int32_t *rows,
+                      float *out /* OUT (n, dim) */, void *stream);
+int rt_store_update_dev(rt_store_t *s, const kern_opt_t *opt, const kern_row_grads_t *ug,
+                        int64_t step, void *stream);
 
 /* Brings the mirror up to date with the working copy at step: first the
  * keys evicted since the last sync are deleted from it (and so land in its
@@ -281,8 +297,9 @@ void rt_dedupe_destroy(rt_dedupe_t *d);
 int rt_dedupe_run(rt_dedupe_t *d, const int64_t *keys, int64_t n, int32_t *inverse /* OUT (n) */,
                   const int64_t **uniq /* OUT */, int64_t *nuniq /* OUT */);
 
-/* The rank that owns key among nranks. */
-static inline int rt_shard_owner(int64_t key, int nranks)
+/* The rank that owns key among nranks (on the host, and on the device for
+ * the device step's dedupe, trainer/train_dev_cuda.cu). */
+KERN_HD static inline int rt_shard_owner(int64_t key, int nranks)
 {
     uint64_t x = (uint64_t)key;
     x ^= x >> 31;

@@ -40,6 +40,14 @@ typedef struct {
     int (*read)(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out);
     int (*update)(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
                   int64_t step);
+    /* find, read and update on arrays in the working copy's memory, on the
+     * caller's stream (rt_store_find_dev and the others, shard.h). */
+    int (*find_dev)(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
+                    bool insert, int32_t *rows, void *stream);
+    int (*read_dev)(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out,
+                    void *stream);
+    int (*update_dev)(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
+                      int64_t step, void *stream);
     /* The keys removed since the last evicted_clear. */
     int (*evicted)(rt_store_work_t *w, int t, const kern_evicted_t **log, int64_t *n);
     void (*evicted_clear)(rt_store_work_t *w, int t);

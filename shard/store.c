@@ -126,6 +126,27 @@ static int twin_update(rt_store_work_t *w, const kern_opt_t *opt, const kern_row
     return host_update(tw->tables, tw->ntables, opt, ug, step);
 }
 
+static int twin_find_dev(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
+                         bool insert, int32_t *rows, void *stream)
+{
+    (void)stream; /* the twin's memory is host memory: the host calls */
+    return twin_find(w, t, n, keys, step, insert, rows);
+}
+
+static int twin_read_dev(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out,
+                         void *stream)
+{
+    (void)stream;
+    return twin_read(w, t, n, rows, out);
+}
+
+static int twin_update_dev(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
+                           int64_t step, void *stream)
+{
+    (void)stream;
+    return twin_update(w, opt, ug, step);
+}
+
 static int twin_evicted(rt_store_work_t *w, int t, const kern_evicted_t **log, int64_t *n)
 {
     *log = kern_table_evicted(((twin_t *)w)->tables[t], n);
@@ -202,6 +223,9 @@ static const rt_store_work_ops_t twin_ops = {
     .find = twin_find,
     .read = twin_read,
     .update = twin_update,
+    .find_dev = twin_find_dev,
+    .read_dev = twin_read_dev,
+    .update_dev = twin_update_dev,
     .evicted = twin_evicted,
     .evicted_clear = twin_evicted_clear,
     .changed = twin_changed,
@@ -321,6 +345,30 @@ int rt_store_update(rt_store_t *s, const kern_opt_t *opt, const kern_row_grads_t
 {
     if (s->work)
         return s->work->ops->update(s->work, opt, ug, step);
+    return host_update(s->mirror, s->ntables, opt, ug, step);
+}
+
+int rt_store_find_dev(rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
+                      bool insert, int32_t *rows, void *stream)
+{
+    if (s->work)
+        return s->work->ops->find_dev(s->work, t, n, keys, step, insert, rows, stream);
+    return host_find(s->mirror[t], n, keys, step, insert, rows);
+}
+
+int rt_store_read_dev(rt_store_t *s, int t, int64_t n, const int32_t *rows, float *out,
+                      void *stream)
+{
+    if (s->work)
+        return s->work->ops->read_dev(s->work, t, n, rows, out, stream);
+    return host_read(s->mirror[t], n, rows, out);
+}
+
+int rt_store_update_dev(rt_store_t *s, const kern_opt_t *opt, const kern_row_grads_t *ug,
+                        int64_t step, void *stream)
+{
+    if (s->work)
+        return s->work->ops->update_dev(s->work, opt, ug, step, stream);
     return host_update(s->mirror, s->ntables, opt, ug, step);
 }
 

@@ -1,9 +1,11 @@
 /*
  * shard/store_cuda.cu - RT_STORE_CUDA's working copy (shard_int.h): this
  * rank's shard of every table in a GPU hash table (kern_cuda_table_t) on the
- * current device. The exchange stays on the host (shard.h, MPI): each op
- * copies its keys, rows or gradients in, runs the kernels of kern_cuda.h on
- * one stream, and copies the results out. The row copies in and out are the
+ * current device. For the host exchange (shard.h, MPI) each op copies its
+ * keys, rows or gradients in, runs the kernels of kern_cuda.h on the store's
+ * stream, and copies the results out; for the device step's exchange
+ * (trainer/train_dev.c) the _dev ops run the same kernels on device arrays
+ * on the caller's stream, and two events order the two streams. The row copies in and out are the
  * two small kernels below; the rest is kern_cuda_*.
  *
  * Host transfers go through pinned buffers (cudaHostAlloc, grown as
@@ -140,6 +142,9 @@ struct cuda_work {
     pbuf pin;                           /* find and read: keys, rows and values in and out */
     pbuf upd_pin;                       /* the update's rows and gradients, packed */
     cudaEvent_t upd_done = nullptr;     /* the update's copies out of upd_pin are done */
+    /* Between the store's stream and a caller's (the _dev calls): the last
+     * update on the store's stream, and the last _dev call on the caller's. */
+    cudaEvent_t own_done = nullptr, ext_done = nullptr;
     /* host results of changed() */
     void *h_keys = nullptr, *h_vals = nullptr, *h_opt = nullptr, *h_steps = nullptr;
     size_t h_keys_cap = 0, h_vals_cap = 0, h_opt_cap = 0, h_steps_cap = 0;
@@ -169,8 +174,10 @@ void cw_destroy(rt_store_work_t *w)
     for (pbuf *b : pins)
         if (b->p)
             cudaFreeHost(b->p);
-    if (c->upd_done)
-        cudaEventDestroy(c->upd_done);
+    cudaEvent_t evs[] = {c->upd_done, c->own_done, c->ext_done};
+    for (cudaEvent_t e : evs)
+        if (e)
+            cudaEventDestroy(e);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c->tables);
@@ -192,12 +199,20 @@ int64_t cw_rows_bound(const rt_store_work_t *w, int t)
 
 int64_t cw_size(const rt_store_work_t *w, int t) { return kern_cuda_table_size(W(w)->tables[t]); }
 
+/* The store's stream waits for the last _dev call on a caller's stream. */
+int after_ext(cuda_work *c)
+{
+    CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->ext_done, 0));
+    return 0;
+}
+
 int cw_find(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step, bool insert,
             int32_t *rows)
 {
     cuda_work *c = W(w);
     if (n == 0)
         return 0;
+    KILN_CHECK(after_ext(c));
     KILN_CHECK(dneed(&c->keys, sizeof(int64_t) * (size_t)n));
     KILN_CHECK(dneed(&c->rows, sizeof(int32_t) * (size_t)n));
     KILN_CHECK(pneed(&c->pin, sizeof(int64_t) * (size_t)n)); /* keys in, then rows out */
@@ -236,6 +251,7 @@ int cw_read(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float *ou
     cuda_work *c = W(w);
     if (n == 0)
         return 0;
+    KILN_CHECK(after_ext(c));
     KILN_CHECK(dneed(&c->rows, sizeof(int32_t) * (size_t)n));
     KILN_CHECK(pneed(&c->pin, sizeof(int32_t) * (size_t)n));
     memcpy(c->pin.p, rows, sizeof(int32_t) * (size_t)n);
@@ -269,6 +285,7 @@ int cw_update(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t 
     /* The last update's copies may still read upd_pin; its kernels may
      * still use grows/ggrads (dneed's cudaFree waits for the device). */
     CUDA_CHECK_GOTO(cudaEventSynchronize(c->upd_done), rc, out);
+    KILN_CHECK_GOTO(after_ext(c), rc, out);
     for (int t = 0; t < T; t++)
         total += pack_bytes(ug[t].n, c->dims[t]);
     KILN_CHECK_GOTO(pneed(&c->upd_pin, total), rc, out);
@@ -298,6 +315,7 @@ int cw_update(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t 
     CUDA_CHECK_GOTO(cudaEventRecord(c->upd_done, c->stream), rc, out);
     /* Enqueued, not waited for: the next call on the stream orders after it. */
     KILN_CHECK_GOTO(kern_cuda_sparse_update(opt, T, slabs, dg, step, c->stream), rc, out);
+    CUDA_CHECK_GOTO(cudaEventRecord(c->own_done, c->stream), rc, out);
 out:
     free(slabs);
     free(dg);
@@ -321,6 +339,7 @@ int cw_changed(rt_store_work_t *w, int t, int64_t since, int64_t step, rt_store_
      * last call, which synchronized), grown and retried if the scan says
      * more (it returns KILN_ERANGE and the count). Not the capacity: that
      * would be 12 bytes of scratch per slot. */
+    KILN_CHECK(after_ext(c));
     int64_t cap = kern_cuda_table_size(c->tables[t]) + 1024, n = 0;
     for (int attempt = 0;; attempt++) {
         KILN_CHECK(dneed(&c->rows, sizeof(int32_t) * (size_t)cap));
@@ -373,6 +392,7 @@ int cw_insert(rt_store_work_t *w, int t, const rt_store_rows_t *r, int64_t step)
     const int64_t n = r->n;
     if (n == 0)
         return 0;
+    KILN_CHECK(after_ext(c));
     KILN_CHECK(dneed(&c->keys, sizeof(int64_t) * (size_t)n));
     KILN_CHECK(dneed(&c->rows, sizeof(int32_t) * (size_t)n));
     CUDA_CHECK(cudaMemcpyAsync(c->keys.p, r->keys, sizeof(int64_t) * (size_t)n,
@@ -389,9 +409,77 @@ int cw_insert(rt_store_work_t *w, int t, const rt_store_rows_t *r, int64_t step)
     return 0;
 }
 
+/* ---- the _dev calls: device arrays, on the caller's stream ---- */
+
+/* The caller's stream (*st) waits for the store's last update. */
+int ext_begin(cuda_work *c, void *stream, cudaStream_t *st)
+{
+    *st = (cudaStream_t)stream;
+    CUDA_CHECK(cudaStreamWaitEvent(*st, c->own_done, 0));
+    return 0;
+}
+
+/* The store's later calls wait for this one. */
+int ext_end(cuda_work *c, cudaStream_t st)
+{
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaEventRecord(c->ext_done, st));
+    return 0;
+}
+
+int cw_find_dev(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
+                bool insert, int32_t *rows, void *stream)
+{
+    cuda_work *c = W(w);
+    if (n == 0)
+        return 0;
+    cudaStream_t st;
+    KILN_CHECK(ext_begin(c, stream, &st));
+    if (insert) {
+        KILN_CHECK(kern_cuda_table_find_or_insert(c->tables[t], n, keys, step, rows, st));
+    } else {
+        KILN_CHECK(kern_cuda_table_find(c->tables[t], n, keys, rows, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+    }
+    return ext_end(c, st);
+}
+
+int cw_read_dev(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out, void *stream)
+{
+    cuda_work *c = W(w);
+    if (n == 0)
+        return 0;
+    cudaStream_t st;
+    KILN_CHECK(ext_begin(c, stream, &st));
+    kern_slab_t sl;
+    kern_cuda_table_slab(c->tables[t], &sl);
+    KILN_CHECK(read_rows(sl.values, c->dims[t], rows, n, out, st));
+    return ext_end(c, st);
+}
+
+int cw_update_dev(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
+                  int64_t step, void *stream)
+{
+    cuda_work *c = W(w);
+    const int T = c->ntables;
+    kern_slab_t *slabs = (kern_slab_t *)kiln_calloc((size_t)(T > 0 ? T : 1), sizeof *slabs);
+    if (slabs == NULL)
+        return KILN_ENOMEM;
+    for (int t = 0; t < T; t++)
+        kern_cuda_table_slab(c->tables[t], &slabs[t]);
+    cudaStream_t st;
+    int rc = ext_begin(c, stream, &st);
+    if (rc == 0)
+        rc = kern_cuda_sparse_update(opt, T, slabs, ug, step, st);
+    free(slabs);
+    KILN_CHECK(rc);
+    return ext_end(c, st);
+}
+
 const rt_store_work_ops_t cuda_ops = {
-    cw_destroy, cw_rows_bound, cw_size, cw_find, cw_read, cw_update,
-    cw_evicted, cw_evicted_clear, cw_changed, cw_insert, /* parallel */ false,
+    cw_destroy,  cw_rows_bound,        cw_size,       cw_find,    cw_read,          cw_update,
+    cw_find_dev, cw_read_dev,          cw_update_dev, cw_evicted, cw_evicted_clear, cw_changed,
+    cw_insert,   /* parallel */ false,
 };
 
 } // namespace
@@ -418,6 +506,8 @@ extern "C" int rt_store_cuda_create(int ntables, const kern_table_config_t *cfgs
     }
     CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), rc, fail);
     CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->upd_done, cudaEventDisableTiming), rc, fail);
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->own_done, cudaEventDisableTiming), rc, fail);
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->ext_done, cudaEventDisableTiming), rc, fail);
     for (int t = 0; t < ntables; t++) {
         c->dims[t] = cfgs[t].dim;
         c->nstate[t] = cfgs[t].opt == KERN_OPT_SGD ? 0 : cfgs[t].opt == KERN_OPT_ADAGRAD ? 1 : 2;
