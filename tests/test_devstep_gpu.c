@@ -4,7 +4,9 @@
  * on the same inputs, one dense call at a time: lr, fm with dense factors
  * and dlrm, 300 rows (not a multiple of any block size). The loss, every
  * dense gradient and dE agree to float32 rounding, and two calls on the GPU
- * give the same bits (the sums are in a fixed order). Labelled gpu; exits 77
+ * give the same bits (the sums are in a fixed order). Then the exchange's
+ * kernels (dedupe, permute, accum, combine) on skewed keys: the GPU's
+ * results equal the stand-in's bit for bit. Labelled gpu; exits 77
  * (skipped) where no CUDA device is visible. test_train_gpu runs the whole
  * step; this is where a GPU host finds which model is wrong first.
  */
@@ -178,6 +180,172 @@ static void check_model(rt_model_type_t type, int d)
     rt_model_destroy(mg);
 }
 
+/* ---- the exchange's kernels ---- */
+
+#define XT 3    /* tables */
+#define XR 3    /* ranks */
+#define XN 2000 /* keys of table 0 (table 1 has XN / 2, table 2 none) */
+#define XD 5    /* dim */
+
+/* What the exchange calls gave on one device. */
+typedef struct {
+    int64_t uniq[XN + XN / 2], cnt[XR * XT];
+    int32_t inv[XN + XN / 2];
+    uint32_t perm[4096];
+    double tg[200 * XD];
+    int32_t urows[XN];
+    float ugrads[XN * XD];
+    int64_t nu;
+} xresult_t;
+
+/* Every buffer exchange_on allocates, released at its end. */
+static struct {
+    void *p;
+    bool host;
+} held[32];
+static int nheld;
+
+static void *alloc(const dev_ops_t *o, void *ctx, size_t bytes, bool host)
+{
+    void *p = NULL;
+    assert_int_equal(o->alloc(ctx, bytes, host, &p), 0);
+    assert_true(nheld < 32);
+    held[nheld].p = p;
+    held[nheld++].host = host;
+    return p;
+}
+
+/* in (bytes) to a new device buffer through a pinned one. */
+static void *to_dev(const dev_ops_t *o, void *ctx, const void *in, size_t bytes, void **pin)
+{
+    *pin = alloc(o, ctx, bytes, true);
+    void *d = alloc(o, ctx, bytes, false);
+    assert_int_equal(o->host_touch(ctx, *pin, bytes, true), 0);
+    memcpy(*pin, in, bytes);
+    assert_int_equal(o->copy(ctx, DEV_COMPUTE, d, *pin, bytes), 0);
+    return d;
+}
+
+/* A device buffer back to out through its pinned twin. */
+static void from_dev(const dev_ops_t *o, void *ctx, void *d, void *pin, size_t bytes, void *out)
+{
+    assert_int_equal(o->copy(ctx, DEV_COMPUTE, pin, d, bytes), 0);
+    assert_int_equal(o->record(ctx, DEV_COMPUTE, 0), 0);
+    assert_int_equal(o->sync(ctx, 0), 0);
+    assert_int_equal(o->host_touch(ctx, pin, bytes, false), 0);
+    memcpy(out, pin, bytes);
+}
+
+static void exchange_on(const dev_ops_t *o, xresult_t *r)
+{
+    uint64_t s = 77;
+    const int64_t koff[XT + 1] = {0, XN, XN + XN / 2, XN + XN / 2};
+    static int64_t keys[XN + XN / 2];
+    /* Skewed: a few keys in most positions, negative keys, a long tail. */
+    for (int i = 0; i < XN + XN / 2; i++) {
+        const float u = uniform(&s);
+        keys[i] = u < 0.6f ? (int64_t)(uniform(&s) * 4) - 2
+                           : (int64_t)(uniform(&s) * 1e6) * (u < 0.8f ? -7919 : 104729);
+    }
+    void *ctx = NULL, *pins[6];
+    assert_int_equal(o->create(0, &ctx), 0);
+    const size_t kb = sizeof keys;
+    int64_t *dkeys = to_dev(o, ctx, keys, kb, &pins[0]);
+    void *duniq = alloc(o, ctx, kb, false), *dinv = alloc(o, ctx, sizeof r->inv, false);
+    if (o->dedupe(ctx, XT, koff, dkeys, XR, duniq, dinv, r->cnt) != 0)
+        fail_msg("%s: dedupe: %s", o->name, kiln_errmsg());
+    /* Each table's distinct keys (the rest of its part is not written). */
+    static int64_t all[XN + XN / 2];
+    from_dev(o, ctx, duniq, pins[0], kb, all);
+    memset(r->uniq, 0, sizeof r->uniq);
+    for (int t = 0; t < XT; t++) {
+        int64_t nu = 0;
+        for (int q = 0; q < XR; q++)
+            nu += r->cnt[q * XT + t];
+        memcpy(r->uniq + koff[t], all + koff[t], sizeof(int64_t) * (size_t)nu);
+    }
+    from_dev(o, ctx, dinv, alloc(o, ctx, sizeof r->inv, true), sizeof r->inv, r->inv);
+
+    /* permute: pieces of uneven sizes, in an order that crosses them. */
+    static uint32_t words[4096];
+    for (int i = 0; i < 4096; i++)
+        words[i] = (uint32_t)i * 2654435761u;
+    uint32_t *dw = to_dev(o, ctx, words, sizeof words, &pins[1]);
+    void *dperm = alloc(o, ctx, sizeof words, false);
+    assert_int_equal(o->zero(ctx, dperm, sizeof words), 0);
+    dev_seg_t segs[100];
+    size_t at = 0;
+    for (int k = 0; k < 100; k++) {
+        const size_t w = (size_t)(k * 7 % 31 + 1);
+        segs[k] = (dev_seg_t){4 * (4096 - at - w), 4 * at, 4 * w};
+        at += w;
+    }
+    assert_int_equal(o->permute(ctx, dperm, dw, 100, segs), 0);
+    from_dev(o, ctx, dperm, pins[1], sizeof words, r->perm);
+
+    /* accum twice, then combine: rows with repeats in no order. */
+    static int32_t rows[XN];
+    static float sums[XN * XD];
+    static double grads[XN * XD];
+    for (int i = 0; i < XN; i++)
+        rows[i] = (int32_t)(uniform(&s) < 0.5f ? uniform(&s) * 5 : uniform(&s) * 200);
+    for (int i = 0; i < XN * XD; i++) {
+        sums[i] = uniform(&s) - 0.5f;
+        grads[i] = (double)(uniform(&s) - 0.5f) * 1e-3 + (double)uniform(&s) * 1e-12;
+    }
+    int32_t distinct[200];
+    for (int i = 0; i < 200; i++)
+        distinct[i] = (int32_t)((i * 37) % 200);
+    int32_t *ddist = to_dev(o, ctx, distinct, sizeof distinct, &pins[2]);
+    float *dsums = to_dev(o, ctx, sums, sizeof sums, &pins[3]);
+    void *dtg = alloc(o, ctx, sizeof r->tg, false);
+    assert_int_equal(o->zero(ctx, dtg, sizeof r->tg), 0);
+    assert_int_equal(o->accum(ctx, 200, ddist, dsums, XD, 200, dtg), 0);
+    assert_int_equal(o->accum(ctx, 200, ddist, dsums + 200 * XD, XD, 200, dtg), 0);
+    from_dev(o, ctx, dtg, alloc(o, ctx, sizeof r->tg, true), sizeof r->tg, r->tg);
+    int32_t *drows = to_dev(o, ctx, rows, sizeof rows, &pins[4]);
+    double *dgrads = to_dev(o, ctx, grads, sizeof grads, &pins[5]);
+    kern_row_grads_t out = {alloc(o, ctx, sizeof r->urows, false),
+                            alloc(o, ctx, sizeof r->ugrads, false), 0};
+    if (o->combine(ctx, XN, drows, dgrads, XD, &out) != 0)
+        fail_msg("%s: combine: %s", o->name, kiln_errmsg());
+    r->nu = out.n;
+    memset(r->urows, 0, sizeof r->urows);
+    memset(r->ugrads, 0, sizeof r->ugrads);
+    from_dev(o, ctx, out.rows, pins[4], sizeof(int32_t) * (size_t)out.n, r->urows);
+    from_dev(o, ctx, out.grads, alloc(o, ctx, sizeof r->ugrads, true),
+             sizeof(float) * (size_t)(out.n * XD), r->ugrads);
+    while (nheld > 0) {
+        nheld--;
+        o->release(ctx, held[nheld].p, held[nheld].host);
+    }
+    o->destroy(ctx);
+}
+
+/* dedupe, permute, accum and combine on the GPU against the stand-in on
+ * the same inputs: the same bits (integer work, and float64 sums in the
+ * same order). */
+static void test_exchange(void **state)
+{
+    (void)state;
+    static xresult_t h, g, g2;
+    exchange_on(&train_dev_host_ops, &h);
+    exchange_on(&train_dev_cuda_ops, &g);
+    exchange_on(&train_dev_cuda_ops, &g2);
+    printf("exchange: table 0 has %lld distinct keys over %d ranks, combine %lld distinct rows\n",
+           (long long)(h.cnt[0] + h.cnt[XT] + h.cnt[2 * XT]), XR, (long long)h.nu);
+    assert_memory_equal(g.cnt, h.cnt, sizeof h.cnt);
+    assert_memory_equal(g.uniq, h.uniq, sizeof h.uniq);
+    assert_memory_equal(g.inv, h.inv, sizeof h.inv);
+    assert_memory_equal(g.perm, h.perm, sizeof h.perm);
+    assert_memory_equal(g.tg, h.tg, sizeof h.tg);
+    assert_int_equal(g.nu, h.nu);
+    assert_memory_equal(g.urows, h.urows, sizeof h.urows);
+    assert_memory_equal(g.ugrads, h.ugrads, sizeof h.ugrads);
+    if (memcmp(&g, &g2, sizeof g) != 0)
+        fail_msg("two GPU runs of the exchange kernels differ");
+}
+
 /* lr, fm with dense factors and dlrm, each with its pooled width. */
 static void test_models(void **state)
 {
@@ -189,7 +357,8 @@ static void test_models(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_models)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_models),
+                                       cmocka_unit_test(test_exchange)};
     if (kern_cuda_device_count() > 0)
         return cmocka_run_group_tests(tests, NULL, NULL);
     puts("skipped: no CUDA device");

@@ -475,8 +475,8 @@ static void test_twin_store_matches_host(void **state)
 /* Trains model on 2 ranks twice, as run[0] and run[1] (spec lines extra[k]
  * appended, kiln-train options more[k]), and checks the same keys, every
  * step's loss and the eval logloss within rel of each other. */
-static void runs_agree(const char *model, const char *const run[2], const char *const extra[2],
-                       const char *const *more[2], double rel)
+static void runs_agree(int np, const char *model, const char *const run[2],
+                       const char *const extra[2], const char *const *more[2], double rel)
 {
     result_t *r = malloc(sizeof *r);
     json_t *res[2];
@@ -485,7 +485,7 @@ static void runs_agree(const char *model, const char *const run[2], const char *
     for (int k = 0; k < 2; k++) {
         char spec[400];
         write_spec(run[k], model, 150, NULL, extra[k], spec, sizeof spec);
-        res[k] = train_with(2, spec, run[k], r, more[k]);
+        res[k] = train_with(np, spec, run[k], r, more[k]);
         if (res[k] == NULL)
             fail_msg("%s: kiln-train failed (%d): %s", run[k], r->code, r->err);
         nl[k] = losses(run[k], l[k], 64);
@@ -506,20 +506,28 @@ static void runs_agree(const char *model, const char *const run[2], const char *
  * missing wait (tests/test_devstep.c shows it refusing one). lr, fm and
  * dlrm on 2 ranks against the CPU step: the same keys, every loss and the
  * eval logloss within 1e-5 (the device step sums a slot's rows in float32
- * before the double-double table sums, so the last bits differ). */
+ * before the tables' sums, so the last bits differ). The exchange is the
+ * device's (dedupe, all-to-alls, owners' finds, sums and update through the
+ * device calls; MPI moves the stand-in's buffers); then fm again with the
+ * exchange over host buffers (what a GPU run falls back to without NCCL),
+ * and with the twin store (the GPU store's protocol and its device calls). */
 static void test_device_step_standin(void **state)
 {
     (void)state;
     const char *standin[] = {"--device-step", "standin", NULL};
+    const char *hostx[] = {"--device-step", "standin", "--device-exchange", "host", NULL};
+    const char *twin[] = {"--device-step", "standin", "--store", "twin", NULL};
     const char *const extra[2] = {NULL, NULL};
-    const char *const *more[2] = {NULL, standin};
-    static const char *const models[] = {"lr", "fm", "dlrm"};
-    for (int i = 0; i < 3; i++) {
+    static const char *const models[] = {"lr", "fm", "dlrm", "fm", "fm"};
+    const char *const *how[] = {standin, standin, standin, hostx, twin};
+    static const char *const tag[] = {"standin", "standin", "standin", "hostx", "twin"};
+    for (int i = 0; i < 5; i++) {
         char cpu[64], dev[64];
-        snprintf(cpu, sizeof cpu, "devstep-%s-cpu", models[i]);
-        snprintf(dev, sizeof dev, "devstep-%s-standin", models[i]);
+        snprintf(cpu, sizeof cpu, "devstep-%s-cpu-%s", models[i], tag[i]);
+        snprintf(dev, sizeof dev, "devstep-%s-%s", models[i], tag[i]);
         const char *const runs[2] = {cpu, dev};
-        runs_agree(models[i], runs, extra, more, 1e-5);
+        const char *const *more[2] = {NULL, how[i]};
+        runs_agree(2, models[i], runs, extra, more, 1e-5);
     }
 }
 
@@ -594,9 +602,9 @@ static void test_cuda_matches_cpu(void **state)
 }
 
 /* lr and dlrm through the device step (trainer/train_dev.c: pooling, the
- * dense model, lr's two kernels and dlrm's cuBLAS layers, and the reduce on
- * the GPU), each against device: cpu on 2 ranks: the same keys, every loss
- * and the eval logloss within 1e-3. */
+ * dense model, lr's two kernels and dlrm's cuBLAS layers, the reduce and the
+ * exchange on the GPU), each against device: cpu on 2 ranks, and fm on one
+ * rank: the same keys, every loss and the eval logloss within 1e-3. */
 static void test_cuda_lr_dlrm_match_cpu(void **state)
 {
     (void)state;
@@ -604,8 +612,13 @@ static void test_cuda_lr_dlrm_match_cpu(void **state)
     const char *const *more[2] = {NULL, NULL};
     const char *const lr[2] = {"gpu-lr-cpu", "gpu-lr-cuda"};
     const char *const dlrm[2] = {"gpu-dlrm-cpu", "gpu-dlrm-cuda"};
-    runs_agree("lr", lr, extra, more, 1e-3);
-    runs_agree("dlrm", dlrm, extra, more, 1e-3);
+    runs_agree(2, "lr", lr, extra, more, 1e-3);
+    runs_agree(2, "dlrm", dlrm, extra, more, 1e-3);
+    /* One rank: the device step's lookup and update stay on the GPU with no
+     * communicator (on a one-GPU host the 2-rank runs above share the GPU,
+     * cannot make an NCCL communicator and exchange over host buffers). */
+    const char *const fm1[2] = {"gpu-fm1-cpu", "gpu-fm1-cuda"};
+    runs_agree(1, "fm", fm1, extra, more, 1e-3);
 }
 
 static void test_bad_input(void **state)

@@ -1,34 +1,46 @@
 /*
  * trainer/train_dev.c - the device step: train_step with the pooling, the
- * dense model (lr, fm, dlrm) and the backward reduce on a device (train_dev.h),
- * the CUDA runtime on a GPU or the host stand-in in CI. One step of a rank:
+ * dense model (lr, fm, dlrm), the backward reduce and, by default, the
+ * exchange between ranks on a device (train_dev.h), the CUDA runtime on a GPU
+ * or the host stand-in in CI. One step of a rank:
  *
  *   host         X, y -> the pinned slot of this step        (during the step before,
  *                                                             see below; the step two
  *                                                             back, which read the slot,
  *                                                             is done with it)
  *   copy stream  slot -> device                               event STAGED[slot]
- *   host         keys, dedupe, the lookup exchange
- *   host         rows, inverse index, bag offsets -> pinned
- *   compute      pinned -> device; wait STAGED[slot];
- *                gather -> E; dense forward/backward -> dE     event FREE[slot]
- *                reduce: per slot, unique rows and summed grads; -> host
- *   host         slot sums -> each table's double-double gradients
+ *   compute      the batch's keys -> device; dedupe: per table the distinct
+ *                keys by owner, the inverse index, the counts (-> host)
+ *   host         the counts to the owners (MPI, control)
+ *   compute      keys to their owners (one all-to-all, all tables); the
+ *                owners find or insert them in their tables and read the
+ *                rows; rows back (one all-to-all)
+ *   compute      wait STAGED[slot]; gather -> E; dense forward/backward -> dE,
+ *                event FREE[slot]; reduce per slot (sorted), each table's
+ *                slots added in slot order into float64 gradients
  *   -- train_dev_front ends; the loop reads the next batch and stages it
  *      (train_dev_stage: host into the other slot, the copy stream to the
  *      device), so its copy overlaps what follows --
- *   host         the update exchange and the dense allreduce and step, as
- *                on the CPU (train_dev_back)
+ *   compute      gradients to the owners (one all-to-all); each owner sums
+ *                a row's gradients in source-rank order (sorted) and rounds
+ *                once; the fused sparse update
+ *   host         the dense allreduce (through the same communicator) and
+ *                the dense step (train_dev_back)
+ *
+ * The all-to-alls go through rt_comm on device buffers: NCCL on GPUs, MPI on
+ * the stand-in's host memory; one rank copies. Where NCCL cannot be had
+ * (more ranks than GPUs on a host) or with --device-exchange host, the
+ * exchange is the host's (rt_shard over MPI, the owners' rows and gradients
+ * through the host) and the rest of the step stays on the device.
  *
  * The first step of a reader, and any step whose batch was not staged ahead,
  * stages its own batch at the start, where the copy overlaps the lookup.
  *
- * Exchanges stay MPI over host buffers (shard.h) and the owners' tables stay
- * in the rank's store. Gradients differ from the CPU step in their last bits:
- * each slot's rows are summed in float32 on the device before the tables add
- * slots in double-double, where the CPU adds every position in double-double.
- * So a GPU run's results depend on the rank count (the CPU's do not); the
- * loss curves agree to about 1e-6 (docs/gpu.md).
+ * Gradients differ from the CPU step in their last bits: each slot's rows
+ * are summed in float32 on the device before the tables add slots (float64
+ * on the device exchange, double-double on the host's), where the CPU adds
+ * every position in double-double. So a GPU run's results depend on the rank
+ * count (the CPU's do not); the loss curves agree to about 1e-6 (docs/gpu.md).
  */
 #include "train_dev.h"
 #include "train_int.h"
@@ -58,6 +70,24 @@ struct train_dev {
     kern_bags_t *dbags;      /* (S) the bags with device pointers */
     kern_row_grads_t *dg;    /* (S) */
     uint64_t version;        /* of the host dense params */
+
+    /* The exchange on the device (dx); layouts in keys (rows): table-major
+     * (table t, then rank r within it) and rank-major (rank r, then table t:
+     * what an all-to-all sends or receives). */
+    bool dx;
+    rt_comm_t *comm; /* device buffers; NULL with one rank */
+    int R;
+    int64_t *koff, *uoff, *ooff; /* (T + 1) table starts: batch keys, distinct keys, owner's keys */
+    int64_t *cnt, *rcnt;         /* (R, T) keys this rank asks of owner r; requester r asks of it */
+    size_t *sc, *sd, *rc, *rd;   /* (R) one all-to-all's bytes and displacements */
+    dev_seg_t *segs;             /* (R * T) */
+    kern_row_grads_t *ug;        /* (T) the owner's update */
+    dbuf_t keys, uniq;           /* the batch's keys (pinned), the distinct keys */
+    dbuf_t xs, xr;               /* rank-major: what an all-to-all sends, receives */
+    dbuf_t okeys, orows, ovals;  /* the owner's: keys, rows, values (table-major) */
+    dbuf_t tg, ograd;            /* float64 gradients: requester's, owner's (table-major) */
+    dbuf_t urows, ugrads;        /* the owner's distinct rows and their float32 sums */
+    dbuf_t pairs;                /* the dense gradients' pairs (pinned) */
 };
 
 /* Waits for both streams: before a buffer they may use is replaced. */
@@ -115,7 +145,20 @@ int train_dev_create(trainer_t *tr, const dev_ops_t *ops, int device)
     dv->goff = kiln_calloc((size_t)tr->S + 1, sizeof *dv->goff);
     dv->dbags = kiln_calloc((size_t)tr->S + 1, sizeof *dv->dbags);
     dv->dg = kiln_calloc((size_t)tr->S + 1, sizeof *dv->dg);
-    if (!dv->voff || !dv->roff || !dv->goff || !dv->dbags || !dv->dg)
+    const size_t R = (size_t)tr->nranks, T1 = (size_t)tr->T + 1;
+    dv->koff = kiln_calloc(T1, sizeof *dv->koff);
+    dv->uoff = kiln_calloc(T1, sizeof *dv->uoff);
+    dv->ooff = kiln_calloc(T1, sizeof *dv->ooff);
+    dv->cnt = kiln_calloc(R * T1, sizeof *dv->cnt);
+    dv->rcnt = kiln_calloc(R * T1, sizeof *dv->rcnt);
+    dv->segs = kiln_calloc(R * T1, sizeof *dv->segs);
+    dv->ug = kiln_calloc(T1, sizeof *dv->ug);
+    size_t **zs[] = {&dv->sc, &dv->sd, &dv->rc, &dv->rd};
+    for (size_t i = 0; i < 4; i++)
+        *zs[i] = kiln_calloc(R, sizeof(size_t));
+    if (!dv->voff || !dv->roff || !dv->goff || !dv->dbags || !dv->dg || !dv->koff || !dv->uoff ||
+        !dv->ooff || !dv->cnt || !dv->rcnt || !dv->segs || !dv->ug || !dv->sc || !dv->sd ||
+        !dv->rc || !dv->rd)
         return KILN_ENOMEM;
     KILN_CHECK(ops->create(device, &dv->ctx));
     const size_t mb = (size_t)tr->max_batch;
@@ -133,15 +176,18 @@ void train_dev_destroy(train_dev_t *dv)
         return;
     if (dv->ctx != NULL) {
         (void)quiesce(dv);
-        dbuf_t *bufs[] = {&dv->X[0], &dv->X[1], &dv->y[0], &dv->y[1],  &dv->vals,
-                          &dv->rows, &dv->offs, &dv->E,    &dv->grows, &dv->ggrads};
+        dbuf_t *bufs[] = {&dv->X[0],  &dv->X[1],  &dv->y[0],   &dv->y[1],   &dv->vals,  &dv->rows,
+                          &dv->offs,  &dv->E,     &dv->grows,  &dv->ggrads, &dv->keys,  &dv->uniq,
+                          &dv->xs,    &dv->xr,    &dv->okeys,  &dv->orows,  &dv->ovals, &dv->tg,
+                          &dv->ograd, &dv->urows, &dv->ugrads, &dv->pairs};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
             dv->ops->release(dv->ctx, bufs[i]->d, false);
             dv->ops->release(dv->ctx, bufs[i]->h, true);
         }
         dv->ops->destroy(dv->ctx);
     }
-    KILN_FREE_ALL(dv->voff, dv->roff, dv->goff, dv->dbags, dv->dg, dv);
+    KILN_FREE_ALL(dv->voff, dv->roff, dv->goff, dv->dbags, dv->dg, dv->koff, dv->uoff, dv->ooff,
+                  dv->cnt, dv->rcnt, dv->sc, dv->sd, dv->rc, dv->rd, dv->segs, dv->ug, dv);
 }
 
 /* X and y of the batch through this step's pinned slot to the device, on
@@ -160,21 +206,50 @@ static int stage(trainer_t *tr, train_dev_t *dv, const rt_batch_t *b)
     return o->record(dv->ctx, DEV_COPY, EV_STAGED + k);
 }
 
-/* The looked-up rows of every table, the inverse index of every table's
- * keys and the bag offsets to the device, on the compute stream, and the
- * bags with device pointers. */
+/* The bag offsets to the device, on the compute stream, and the bags with
+ * device pointers: the rows of table t at vals + voff[t], its inverse index
+ * at rows + roff[t]. */
+static int send_bags(trainer_t *tr, train_dev_t *dv)
+{
+    const int S = tr->S;
+    const size_t ob = sizeof(int64_t) * (size_t)S * (size_t)(tr->max_batch + 1);
+    KILN_CHECK(put(dv, &dv->offs, 0, tr->boff, ob));
+    KILN_CHECK(dv->ops->copy(dv->ctx, DEV_COMPUTE, dv->offs.d, dv->offs.h, ob));
+    for (int s = 0; s < S; s++) {
+        const int t = tr->slot_table[s];
+        dv->dbags[s] = (kern_bags_t){
+            .values = (const float *)dv->vals.d + dv->voff[t],
+            .capacity = tr->nuniq[t],
+            .dim = tr->d,
+            .combine = tr->combine[s],
+            .offsets = (const int64_t *)dv->offs.d + (int64_t)s * (tr->max_batch + 1),
+            .rows = (const int32_t *)dv->rows.d + dv->roff[t] + tr->slot_koff[s],
+            .out_col = (int64_t)s * tr->d,
+        };
+    }
+    return 0;
+}
+
+/* Where table t's rows start in vals (floats) and its keys in rows. */
+static void table_starts(trainer_t *tr, train_dev_t *dv)
+{
+    int64_t nv = 0, nr = 0;
+    for (int t = 0; t < tr->T; t++) {
+        dv->voff[t] = nv;
+        dv->roff[t] = nr;
+        nv += tr->nuniq[t] * tr->d;
+        nr += tr->tn[t];
+    }
+}
+
+/* The host exchange's lookup (tr->tvalues, tr->tinv) to the device, on the
+ * compute stream. */
 static int send_lookup(trainer_t *tr, train_dev_t *dv)
 {
     const dev_ops_t *o = dv->ops;
-    const int S = tr->S, T = tr->T, d = tr->d;
-    int64_t nv = 0, nr = 0;
-    for (int t = 0; t < T; t++) {
-        dv->voff[t] = nv;
-        dv->roff[t] = nr;
-        nv += tr->nuniq[t] * d;
-        nr += tr->tn[t];
-    }
-    const size_t ob = sizeof(int64_t) * (size_t)S * (size_t)(tr->max_batch + 1);
+    const int T = tr->T, d = tr->d;
+    table_starts(tr, dv);
+    const int64_t nv = dv->voff[T - 1] + tr->nuniq[T - 1] * d, nr = dv->roff[T - 1] + tr->tn[T - 1];
     /* The pinned buffers are free: the last step waited for the compute
      * stream's copies out of them (reduce_grads). */
     KILN_CHECK(need(dv, &dv->vals, sizeof(float) * (size_t)nv, true));
@@ -185,38 +260,36 @@ static int send_lookup(trainer_t *tr, train_dev_t *dv)
         KILN_CHECK(put(dv, &dv->rows, sizeof(int32_t) * (size_t)dv->roff[t], tr->tinv[t],
                        sizeof(int32_t) * (size_t)tr->tn[t]));
     }
-    KILN_CHECK(put(dv, &dv->offs, 0, tr->boff, ob));
     KILN_CHECK(o->copy(dv->ctx, DEV_COMPUTE, dv->vals.d, dv->vals.h, sizeof(float) * (size_t)nv));
     KILN_CHECK(o->copy(dv->ctx, DEV_COMPUTE, dv->rows.d, dv->rows.h, sizeof(int32_t) * (size_t)nr));
-    KILN_CHECK(o->copy(dv->ctx, DEV_COMPUTE, dv->offs.d, dv->offs.h, ob));
-    for (int s = 0; s < S; s++) {
-        const int t = tr->slot_table[s];
-        dv->dbags[s] = tr->bags[s];
-        dv->dbags[s].values = (const float *)dv->vals.d + dv->voff[t];
-        dv->dbags[s].rows = (const int32_t *)dv->rows.d + dv->roff[t] + tr->slot_koff[s];
-        dv->dbags[s].offsets = (const int64_t *)dv->offs.d + (int64_t)s * (tr->max_batch + 1);
-    }
-    return 0;
+    return send_bags(tr, dv);
 }
 
-/* Reduces dE per slot on the device and adds each slot's row sums into its
- * table's double-double gradients (in slot order), on the host. */
-static int reduce_grads(trainer_t *tr, train_dev_t *dv, int n)
+/* Reduces dE per slot on the device into grows / ggrads (slot s at goff[s]). */
+static int reduce_slots(trainer_t *tr, train_dev_t *dv, int n)
 {
-    const dev_ops_t *o = dv->ops;
-    const int S = tr->S, T = tr->T, d = tr->d;
+    const int S = tr->S, d = tr->d;
     int64_t np = 0;
     for (int s = 0; s < S; s++) {
         dv->goff[s] = np;
-        np += tr->bags[s].offsets[n];
+        np += tr->boff[(int64_t)s * (tr->max_batch + 1) + n];
     }
-    KILN_CHECK(need(dv, &dv->grows, sizeof(int32_t) * (size_t)np, true));
-    KILN_CHECK(need(dv, &dv->ggrads, sizeof(float) * (size_t)(np * d), true));
+    dv->goff[S] = np;
+    KILN_CHECK(need(dv, &dv->grows, sizeof(int32_t) * (size_t)np, !dv->dx));
+    KILN_CHECK(need(dv, &dv->ggrads, sizeof(float) * (size_t)(np * d), !dv->dx));
     for (int s = 0; s < S; s++)
         dv->dg[s] = (kern_row_grads_t){(int32_t *)dv->grows.d + dv->goff[s],
                                        (float *)dv->ggrads.d + dv->goff[s] * d, 0};
-    const int64_t ld = (int64_t)S * d;
-    KILN_CHECK(o->reduce(dv->ctx, S, dv->dbags, n, ld, dv->E.d, dv->dg));
+    return dv->ops->reduce(dv->ctx, S, dv->dbags, n, (int64_t)S * d, dv->E.d, dv->dg);
+}
+
+/* The host exchange: each slot's row sums to the host, added into its
+ * table's double-double gradients (in slot order). */
+static int grads_to_host(trainer_t *tr, train_dev_t *dv)
+{
+    const dev_ops_t *o = dv->ops;
+    const int S = tr->S, T = tr->T, d = tr->d;
+    const int64_t np = dv->goff[S];
     KILN_CHECK(
         o->copy(dv->ctx, DEV_COMPUTE, dv->grows.h, dv->grows.d, sizeof(int32_t) * (size_t)np));
     KILN_CHECK(o->copy(dv->ctx, DEV_COMPUTE, dv->ggrads.h, dv->ggrads.d,
@@ -238,6 +311,218 @@ static int reduce_grads(trainer_t *tr, train_dev_t *dv, int n)
                 kern_dd_add(&acc[2 * j], &acc[2 * j + 1], (double)sums[u * d + j]);
         }
     }
+    return 0;
+}
+
+/* ---- the exchange on the device -------------------------------------------------------- */
+
+/* The pieces that move rows of `row` bytes between a table-major buffer
+ * (table t from tstart[t] rows, rank r's part after ranks 0..r-1's) and a
+ * rank-major one (rank r's part, then its tables in order) for the count
+ * matrix cnt (R, T), into dv->segs: table-major to rank-major when to_rank,
+ * else back. Fills the rank-major side's bytes and displacements per rank
+ * in counts and displs. Returns the number of pieces. */
+static int transpose(train_dev_t *dv, int T, const int64_t *cnt, const int64_t *tstart, size_t row,
+                     bool to_rank, size_t *counts, size_t *displs)
+{
+    const int R = dv->R;
+    int nseg = 0;
+    size_t at = 0; /* rank-major, rows */
+    for (int r = 0; r < R; r++) {
+        displs[r] = at * row;
+        for (int t = 0; t < T; t++) {
+            int64_t within = 0; /* rank r's part of table t */
+            for (int q = 0; q < r; q++)
+                within += cnt[(int64_t)q * T + t];
+            const int64_t n = cnt[(int64_t)r * T + t];
+            const size_t tm = (size_t)(tstart[t] + within) * row, rm = at * row;
+            if (n > 0)
+                dv->segs[nseg++] =
+                    (dev_seg_t){to_rank ? tm : rm, to_rank ? rm : tm, (size_t)n * row};
+            at += (size_t)n;
+        }
+        counts[r] = at * row - displs[r];
+    }
+    return nseg;
+}
+
+/* One all-to-all of the rank-major buffers xs -> xr (dv->sc, sd, rc, rd);
+ * with one rank, a copy. */
+static int exchange(train_dev_t *dv)
+{
+    if (dv->comm == NULL)
+        return dv->ops->copy(dv->ctx, DEV_COMPUTE, dv->xr.d, dv->xs.d, dv->sc[0]);
+    return dv->ops->alltoallv(dv->ctx, dv->comm, dv->xs.d, dv->sc, dv->sd, dv->xr.d, dv->rc,
+                              dv->rd);
+}
+
+/* Table-major src (this rank's counts cnt, tables at sstart) to the owners,
+ * who receive it table-major in dst (their counts rcnt, tables at dstart);
+ * or, when back, the owners' table-major src to the requesters. */
+static int move(trainer_t *tr, train_dev_t *dv, const void *src, const int64_t *sstart, void *dst,
+                const int64_t *dstart, size_t row, bool back)
+{
+    const dev_ops_t *o = dv->ops;
+    const int T = tr->T;
+    const int64_t *scnt = back ? dv->rcnt : dv->cnt, *rcnt = back ? dv->cnt : dv->rcnt;
+    int64_t sn = 0, rn = 0;
+    for (int i = 0; i < dv->R * T; i++) {
+        sn += scnt[i];
+        rn += rcnt[i];
+    }
+    KILN_CHECK(need(dv, &dv->xs, row * (size_t)sn, false));
+    KILN_CHECK(need(dv, &dv->xr, row * (size_t)rn, false));
+    int nseg = transpose(dv, T, scnt, sstart, row, true, dv->sc, dv->sd);
+    KILN_CHECK(o->permute(dv->ctx, dv->xs.d, src, nseg, dv->segs));
+    nseg = transpose(dv, T, rcnt, dstart, row, false, dv->rc, dv->rd);
+    KILN_CHECK(exchange(dv));
+    return o->permute(dv->ctx, dst, dv->xr.d, nseg, dv->segs);
+}
+
+/* The batch's keys (train_batch_layout's order) to the device, deduped:
+ * tr->nuniq, dv->cnt, the distinct keys in uniq and the inverse index in
+ * rows. */
+static int dedupe_keys(trainer_t *tr, train_dev_t *dv, const rt_batch_t *b)
+{
+    const dev_ops_t *o = dv->ops;
+    const int T = tr->T, n = b->n;
+    dv->koff[0] = 0;
+    for (int t = 0; t < T; t++)
+        dv->koff[t + 1] = dv->koff[t] + tr->tn[t];
+    const int64_t nk = dv->koff[T];
+    KILN_CHECK(need(dv, &dv->keys, sizeof(int64_t) * (size_t)nk, true));
+    KILN_CHECK(need(dv, &dv->uniq, sizeof(int64_t) * (size_t)nk, false));
+    KILN_CHECK(need(dv, &dv->rows, sizeof(int32_t) * (size_t)nk, false));
+    /* Free: the last step's dedupe, which read the copy, synchronized. */
+    KILN_CHECK(o->host_touch(dv->ctx, dv->keys.h, sizeof(int64_t) * (size_t)nk, true));
+    for (int s = 0; s < tr->S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
+        if (off[n] > off[0])
+            memcpy((int64_t *)dv->keys.h + dv->koff[tr->slot_table[s]] + tr->slot_koff[s],
+                   b->keys + off[0], sizeof(int64_t) * (size_t)(off[n] - off[0]));
+    }
+    KILN_CHECK(o->copy(dv->ctx, DEV_COMPUTE, dv->keys.d, dv->keys.h, sizeof(int64_t) * (size_t)nk));
+    KILN_CHECK(o->dedupe(dv->ctx, T, dv->koff, dv->keys.d, dv->R, dv->uniq.d, dv->rows.d, dv->cnt));
+    dv->uoff[0] = 0;
+    for (int t = 0; t < T; t++) {
+        tr->nuniq[t] = 0;
+        for (int r = 0; r < dv->R; r++)
+            tr->nuniq[t] += dv->cnt[(int64_t)r * T + t];
+        dv->uoff[t + 1] = dv->uoff[t] + tr->nuniq[t];
+    }
+    return 0;
+}
+
+/* The lookup: keys to their owners, who find or insert them and read their
+ * rows, and the rows back into vals (table t at voff[t]). */
+static int lookup_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
+{
+    const dev_ops_t *o = dv->ops;
+    const int T = tr->T, d = tr->d;
+    /* How many keys each requester asks of this rank: control, on MPI. */
+    KILN_CHECK(rt_comm_alltoall(tr->comm, dv->cnt, dv->rcnt, sizeof(int64_t) * (size_t)T));
+    dv->ooff[0] = 0;
+    for (int t = 0; t < T; t++) {
+        int64_t m = 0;
+        for (int r = 0; r < dv->R; r++)
+            m += dv->rcnt[(int64_t)r * T + t];
+        dv->ooff[t + 1] = dv->ooff[t] + m;
+    }
+    const int64_t m = dv->ooff[T];
+    KILN_CHECK(need(dv, &dv->okeys, sizeof(int64_t) * (size_t)m, false));
+    KILN_CHECK(need(dv, &dv->orows, sizeof(int32_t) * (size_t)m, false));
+    KILN_CHECK(need(dv, &dv->ovals, sizeof(float) * (size_t)(m * d), false));
+    KILN_CHECK(need(dv, &dv->vals, sizeof(float) * (size_t)(dv->uoff[T] * d), false));
+    KILN_CHECK(move(tr, dv, dv->uniq.d, dv->koff, dv->okeys.d, dv->ooff, sizeof(int64_t), false));
+    int rc = 0;
+    for (int t = 0; t < T && rc == 0; t++) {
+        const int64_t o0 = dv->ooff[t], mt = dv->ooff[t + 1] - o0;
+        if (mt > 0)
+            rc = o->find(dv->ctx, tr->store, t, mt, (const int64_t *)dv->okeys.d + o0, step, true,
+                         (int32_t *)dv->orows.d + o0);
+    }
+    /* Every rank must learn whether any owner failed before going on. */
+    int worst = rt_comm_agree(tr->comm, rc, "the embedding lookup");
+    if (worst < 0)
+        return rc < 0 ? rc : worst;
+    for (int t = 0; t < T; t++) {
+        const int64_t o0 = dv->ooff[t], mt = dv->ooff[t + 1] - o0;
+        if (mt > 0)
+            KILN_CHECK(o->read(dv->ctx, tr->store, t, mt, (const int32_t *)dv->orows.d + o0, d,
+                               (float *)dv->ovals.d + o0 * d));
+    }
+    KILN_CHECK(move(tr, dv, dv->ovals.d, dv->ooff, dv->vals.d, dv->uoff, sizeof(float) * d, true));
+    for (int t = 0; t < T; t++) {
+        dv->voff[t] = dv->uoff[t] * d;
+        dv->roff[t] = dv->koff[t];
+    }
+    return send_bags(tr, dv);
+}
+
+/* Each slot's row sums added into its table's float64 gradients tg (table
+ * t at uoff[t]), slot by slot in order. */
+static int grads_to_tables(trainer_t *tr, train_dev_t *dv)
+{
+    const dev_ops_t *o = dv->ops;
+    const int d = tr->d;
+    const int64_t nu = dv->uoff[tr->T];
+    KILN_CHECK(need(dv, &dv->tg, sizeof(double) * (size_t)(nu * d), false));
+    KILN_CHECK(o->zero(dv->ctx, dv->tg.d, sizeof(double) * (size_t)(nu * d)));
+    for (int s = 0; s < tr->S; s++) {
+        const int t = tr->slot_table[s];
+        if (dv->dg[s].n > 0)
+            KILN_CHECK(o->accum(dv->ctx, dv->dg[s].n, dv->dg[s].rows, dv->dg[s].grads, d,
+                                tr->nuniq[t], (double *)dv->tg.d + dv->uoff[t] * d));
+    }
+    return 0;
+}
+
+/* The update: gradients to the owners, each owner's sums per row, the
+ * fused sparse update. */
+static int update_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
+{
+    const dev_ops_t *o = dv->ops;
+    const int T = tr->T, d = tr->d;
+    const int64_t m = dv->ooff[T];
+    KILN_CHECK(need(dv, &dv->ograd, sizeof(double) * (size_t)(m * d), false));
+    KILN_CHECK(need(dv, &dv->urows, sizeof(int32_t) * (size_t)m, false));
+    KILN_CHECK(need(dv, &dv->ugrads, sizeof(float) * (size_t)(m * d), false));
+    KILN_CHECK(move(tr, dv, dv->tg.d, dv->uoff, dv->ograd.d, dv->ooff, sizeof(double) * d, false));
+    for (int t = 0; t < T; t++) {
+        const int64_t o0 = dv->ooff[t], mt = dv->ooff[t + 1] - o0;
+        dv->ug[t] =
+            (kern_row_grads_t){(int32_t *)dv->urows.d + o0, (float *)dv->ugrads.d + o0 * d, 0};
+        if (mt > 0)
+            KILN_CHECK(o->combine(dv->ctx, mt, (const int32_t *)dv->orows.d + o0,
+                                  (const double *)dv->ograd.d + o0 * d, d, &dv->ug[t]));
+    }
+    return o->update(dv->ctx, tr->store, T, &tr->sparse_opt, dv->ug, d, step);
+}
+
+void train_dev_exchange_on(trainer_t *tr, rt_comm_t *comm)
+{
+    train_dev_t *dv = tr->dev;
+    dv->dx = true;
+    dv->comm = comm;
+    dv->R = tr->nranks;
+}
+
+int train_dev_allreduce_dd(trainer_t *tr, double *pairs, size_t npairs)
+{
+    train_dev_t *dv = tr->dev;
+    if (!dv->dx || dv->comm == NULL)
+        return rt_comm_allreduce_sum_dd(tr->comm, pairs, npairs);
+    const dev_ops_t *o = dv->ops;
+    const size_t bytes = 2 * sizeof(double) * npairs;
+    KILN_CHECK(need(dv, &dv->pairs, bytes, true));
+    KILN_CHECK(put(dv, &dv->pairs, 0, pairs, bytes));
+    KILN_CHECK(o->copy(dv->ctx, DEV_COMPUTE, dv->pairs.d, dv->pairs.h, bytes));
+    KILN_CHECK(o->allreduce_dd(dv->ctx, dv->comm, dv->pairs.d, npairs));
+    KILN_CHECK(o->copy(dv->ctx, DEV_COMPUTE, dv->pairs.h, dv->pairs.d, bytes));
+    KILN_CHECK(o->record(dv->ctx, DEV_COMPUTE, EV_RESULTS));
+    KILN_CHECK(o->sync(dv->ctx, EV_RESULTS));
+    KILN_CHECK(o->host_touch(dv->ctx, dv->pairs.h, bytes, false));
+    memcpy(pairs, dv->pairs.h, bytes);
     return 0;
 }
 
@@ -264,40 +549,50 @@ int train_dev_front(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t gl
     if (n > 0 && dv->staged_n < 0)
         KILN_CHECK(stage(tr, dv, b));
     dv->staged_n = -1;
-    KILN_CHECK(train_lookup_keys(tr, b, step, true));
-    for (int t = 0; t < T; t++)
-        KILN_CHECK(kiln_grow_to((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
-                                2 * sizeof(double), 1024));
-    if (n > 0) {
-        KILN_CHECK(send_lookup(tr, dv));
-        KILN_CHECK(o->wait(dv->ctx, DEV_COMPUTE, EV_STAGED + k));
-        const int64_t ld = (int64_t)S * d;
-        KILN_CHECK(o->gather(dv->ctx, S, dv->dbags, n, ld, dv->E.d));
-        const dev_dense_t a = {
-            .model = tr->model,
-            .params_version = dv->version,
-            .n = n,
-            .E = dv->E.d,
-            .X = dv->X[k].d,
-            .y = dv->y[k].d,
-            .scale = 1.0f / (float)global_n,
-            .dE = dv->E.d, /* dE replaces E, as on the CPU */
-        };
-        KILN_CHECK(o->dense(dv->ctx, &a, loss_sum));
-        KILN_CHECK(o->record(dv->ctx, DEV_COMPUTE, EV_FREE + k));
-        KILN_CHECK(reduce_grads(tr, dv, n));
-        dv->slot ^= 1;
+    if (dv->dx) {
+        train_batch_layout(tr, b);
+        KILN_CHECK(dedupe_keys(tr, dv, b));
+        KILN_CHECK(lookup_dev(tr, dv, step));
     } else {
+        KILN_CHECK(train_lookup_keys(tr, b, step, true));
         for (int t = 0; t < T; t++)
+            KILN_CHECK(kiln_grow_to((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
+                                    2 * sizeof(double), 1024));
+        if (n > 0)
+            KILN_CHECK(send_lookup(tr, dv));
+    }
+    if (n == 0) {
+        for (int t = 0; t < T && !dv->dx; t++)
             if (tr->nuniq[t] > 0)
                 memset(tr->tgrad[t], 0, sizeof(double) * 2 * (size_t)(tr->nuniq[t] * d));
+        return 0;
     }
-    return 0;
+    KILN_CHECK(o->wait(dv->ctx, DEV_COMPUTE, EV_STAGED + k));
+    KILN_CHECK(o->gather(dv->ctx, S, dv->dbags, n, (int64_t)S * d, dv->E.d));
+    const dev_dense_t a = {
+        .model = tr->model,
+        .params_version = dv->version,
+        .n = n,
+        .E = dv->E.d,
+        .X = dv->X[k].d,
+        .y = dv->y[k].d,
+        .scale = 1.0f / (float)global_n,
+        .dE = dv->E.d, /* dE replaces E, as on the CPU */
+    };
+    KILN_CHECK(o->dense(dv->ctx, &a, loss_sum));
+    KILN_CHECK(o->record(dv->ctx, DEV_COMPUTE, EV_FREE + k));
+    KILN_CHECK(reduce_slots(tr, dv, n));
+    dv->slot ^= 1;
+    return dv->dx ? grads_to_tables(tr, dv) : grads_to_host(tr, dv);
 }
 
 int train_dev_back(trainer_t *tr, int64_t step)
 {
-    KILN_CHECK(rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
+    if (tr->dev->dx)
+        KILN_CHECK(update_dev(tr, tr->dev, step));
+    else
+        KILN_CHECK(
+            rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
     KILN_CHECK(train_dense_update(tr));
     tr->dev->version++; /* the dense step changed the host params */
     return 0;

@@ -25,6 +25,7 @@
 
 #include "kern.h"
 #include "model.h"
+#include "shard.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,6 +45,12 @@ typedef struct dev_dense {
     float scale;    /* the loss scale: 1 / rows of all ranks in the step */
     float *dE;      /* (n, S, d) device, OUT; may be E */
 } dev_dense_t;
+
+/* A piece of a permute: bytes from src + src to dst + dst (byte offsets,
+ * all multiples of 4). */
+typedef struct dev_seg {
+    size_t src, dst, bytes;
+} dev_seg_t;
 
 typedef struct dev_ops {
     const char *name;
@@ -70,6 +77,43 @@ typedef struct dev_ops {
      * g[i].n is set on the host (so it synchronizes). */
     int (*reduce)(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t ld,
                   const float *dE, kern_row_grads_t *g /* OUT (nbags) */);
+
+    /* ---- the exchange on the device (train_dev.c); all on DEV_COMPUTE ---- */
+    /* Copies nseg pieces (a host array) from src to dst. */
+    int (*permute)(void *ctx, void *dst, const void *src, int nseg, const dev_seg_t *segs);
+    /* Zeroes [p, p + bytes). */
+    int (*zero)(void *ctx, void *p, size_t bytes);
+    /* Per table t, whose keys are keys[koff[t] .. koff[t + 1]) (koff: a
+     * host array): its distinct keys ordered by owner (rt_shard_owner over
+     * nranks), then ascending, to uniq + koff[t]; inv[i] the index of keys[i]
+     * among its table's distinct keys; cnt[r * ntables + t] (host) how many
+     * of table t's keys rank r owns. Synchronizes. */
+    int (*dedupe)(void *ctx, int ntables, const int64_t *koff, const int64_t *keys, int nranks,
+                  int64_t *uniq /* OUT */, int32_t *inv /* OUT */,
+                  int64_t *cnt /* OUT (nranks, ntables) */);
+    /* rt_comm_alltoallv / rt_comm_allreduce_sum_dd over comm on device
+     * buffers, after the compute stream's work so far and before its later
+     * work. (The stand-in's comm is MPI over its host memory.) */
+    int (*alltoallv)(void *ctx, rt_comm_t *comm, const void *send, const size_t *sc,
+                     const size_t *sd, void *recv, const size_t *rc, const size_t *rd);
+    int (*allreduce_dd)(void *ctx, rt_comm_t *comm, double *pairs, size_t npairs);
+    /* The owner's table calls on device arrays (rt_store_find_dev, _read_dev,
+     * _update_dev); every table's rows are dim floats. find synchronizes. */
+    int (*find)(void *ctx, rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
+                bool insert, int32_t *rows /* OUT (n) */);
+    int (*read)(void *ctx, rt_store_t *s, int t, int64_t n, const int32_t *rows, int dim,
+                float *out /* OUT (n, dim) */);
+    int (*update)(void *ctx, rt_store_t *s, int ntables, const kern_opt_t *opt,
+                  const kern_row_grads_t *ug, int dim, int64_t step);
+    /* tg (ntg, dim) float64: tg[rows[u]] += sums[u] for u < n (distinct rows). */
+    int (*accum)(void *ctx, int64_t n, const int32_t *rows, const float *sums, int dim, int64_t ntg,
+                 double *tg);
+    /* The owner's sum: rows (n) and their float64 gradients (n, dim) -> the
+     * distinct rows, ascending, each with its gradients summed in input
+     * order and rounded once to float32, in out->rows and out->grads (room
+     * for n); out->n is set on the host (synchronizes). */
+    int (*combine)(void *ctx, int64_t n, const int32_t *rows, const double *grads, int dim,
+                   kern_row_grads_t *out);
 } dev_ops_t;
 
 /* The host stand-in: host memory, the CPU kernels and model, and a vector

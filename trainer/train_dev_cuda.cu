@@ -44,6 +44,8 @@ struct cuda_dev {
     int outcap = 0;
     double *d_out = nullptr, *h_out = nullptr; /* (outcap) gradient sums, then the loss */
     dev_dlrm_t *dlrm = nullptr;                /* dlrm's model, made on its first step */
+    dev_xchg_t *xchg = nullptr;                /* the exchange kernels' scratch */
+    cudaEvent_t to_comm = nullptr, from_comm = nullptr; /* compute <-> the NCCL stream */
 };
 
 cuda_dev *C(void *ctx)
@@ -288,6 +290,11 @@ void c_destroy(void *ctx)
         if (c->s[i])
             (void)cudaStreamSynchronize(c->s[i]);
     dev_dlrm_destroy(c->dlrm);
+    dev_xchg_destroy(c->xchg);
+    if (c->to_comm)
+        (void)cudaEventDestroy(c->to_comm);
+    if (c->from_comm)
+        (void)cudaEventDestroy(c->from_comm);
     void *dev[] = {c->d_params, c->d_gz, c->d_sum, c->d_du, c->d_rowloss, c->d_out};
     for (void *p : dev)
         if (p)
@@ -365,9 +372,105 @@ int c_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t l
     return kern_cuda_backward_reduce(nbags, bags, n, ld, dE, g, C(ctx)->s[DEV_COMPUTE]);
 }
 
+/* ---- the exchange ---- */
+
+cudaStream_t compute(void *ctx)
+{
+    return C(ctx)->s[DEV_COMPUTE];
+}
+
+int c_permute(void *ctx, void *dst, const void *src, int nseg, const dev_seg_t *segs)
+{
+    return dev_xchg_permute(compute(ctx), dst, src, nseg, segs);
+}
+
+int c_zero(void *ctx, void *p, size_t bytes)
+{
+    if (bytes > 0)
+        CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute(ctx)));
+    return 0;
+}
+
+int c_dedupe(void *ctx, int ntables, const int64_t *koff, const int64_t *keys, int nranks,
+             int64_t *uniq, int32_t *inv, int64_t *cnt)
+{
+    return dev_xchg_dedupe(&C(ctx)->xchg, compute(ctx), ntables, koff, keys, nranks, uniq, inv,
+                           cnt);
+}
+
+/* The NCCL stream waits for the compute stream's work so far. */
+int comm_after_compute(cuda_dev *c, rt_comm_t *comm)
+{
+    if (rt_comm_kind(comm) != RT_COMM_NCCL)
+        return kiln_errf(KILN_EINTERNAL, "the device exchange needs an NCCL communicator");
+    if (c->to_comm == nullptr) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->to_comm, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->from_comm, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventRecord(c->to_comm, c->s[DEV_COMPUTE]));
+    CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)rt_comm_stream(comm), c->to_comm, 0));
+    return 0;
+}
+
+/* The compute stream's later work waits for the NCCL stream's. */
+int compute_after_comm(cuda_dev *c, rt_comm_t *comm)
+{
+    CUDA_CHECK(cudaEventRecord(c->from_comm, (cudaStream_t)rt_comm_stream(comm)));
+    CUDA_CHECK(cudaStreamWaitEvent(c->s[DEV_COMPUTE], c->from_comm, 0));
+    return 0;
+}
+
+int c_alltoallv(void *ctx, rt_comm_t *comm, const void *send, const size_t *sc, const size_t *sd,
+                void *recv, const size_t *rc, const size_t *rd)
+{
+    KILN_CHECK(comm_after_compute(C(ctx), comm));
+    KILN_CHECK(rt_comm_alltoallv(comm, send, sc, sd, recv, rc, rd));
+    return compute_after_comm(C(ctx), comm);
+}
+
+int c_allreduce_dd(void *ctx, rt_comm_t *comm, double *pairs, size_t npairs)
+{
+    KILN_CHECK(comm_after_compute(C(ctx), comm));
+    KILN_CHECK(rt_comm_allreduce_sum_dd(comm, pairs, npairs));
+    return compute_after_comm(C(ctx), comm);
+}
+
+int c_find(void *ctx, rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
+           bool insert, int32_t *rows)
+{
+    return rt_store_find_dev(s, t, n, keys, step, insert, rows, compute(ctx));
+}
+
+int c_read(void *ctx, rt_store_t *s, int t, int64_t n, const int32_t *rows, int dim, float *out)
+{
+    (void)dim;
+    return rt_store_read_dev(s, t, n, rows, out, compute(ctx));
+}
+
+int c_update(void *ctx, rt_store_t *s, int ntables, const kern_opt_t *opt,
+             const kern_row_grads_t *ug, int dim, int64_t step)
+{
+    (void)ntables, (void)dim;
+    return rt_store_update_dev(s, opt, ug, step, compute(ctx));
+}
+
+int c_accum(void *ctx, int64_t n, const int32_t *rows, const float *sums, int dim, int64_t ntg,
+            double *tg)
+{
+    (void)ntg;
+    return dev_xchg_accum(compute(ctx), n, rows, sums, dim, tg);
+}
+
+int c_combine(void *ctx, int64_t n, const int32_t *rows, const double *grads, int dim,
+              kern_row_grads_t *out)
+{
+    return dev_xchg_combine(&C(ctx)->xchg, compute(ctx), n, rows, grads, dim, out);
+}
+
 } // namespace
 
 extern "C" const dev_ops_t train_dev_cuda_ops = {
-    "cuda", c_create, c_destroy,    c_alloc,  c_release, c_copy,   c_record,
-    c_wait, c_sync,   c_host_touch, c_gather, c_dense,   c_reduce,
+    "cuda",      c_create,       c_destroy, c_alloc, c_release, c_copy,    c_record,  c_wait,
+    c_sync,      c_host_touch,   c_gather,  c_dense, c_reduce,  c_permute, c_zero,    c_dedupe,
+    c_alltoallv, c_allreduce_dd, c_find,    c_read,  c_update,  c_accum,   c_combine,
 };

@@ -7,7 +7,10 @@
 #define KILN_TRAINER_TRAIN_DEV_CUDA_CUH
 
 #include <cublas_v2.h>
+#include <cuda_runtime.h>
 #include <math.h>
+
+#include "train_dev.h"
 
 #include "kiln_cuda.h"
 
@@ -51,5 +54,18 @@ __device__ inline double dev_block_sum(double acc)
             return kiln_errf(KILN_ECUDA, "%s: %s (%s); " KILN_CUDA_HINT, #call,                    \
                              cublasGetStatusString(blas_st_), KILN_WHERE);                         \
     } while (0)
+
+/* The exchange's kernels (train_dev_xchg.cu), train_dev.h's permute,
+ * dedupe, accum and combine on stream st; x is their scratch, made on the
+ * first call that needs it. */
+typedef struct dev_xchg dev_xchg_t;
+int dev_xchg_permute(cudaStream_t st, void *dst, const void *src, int nseg, const dev_seg_t *segs);
+int dev_xchg_dedupe(dev_xchg_t **x, cudaStream_t st, int ntables, const int64_t *koff,
+                    const int64_t *keys, int nranks, int64_t *uniq, int32_t *inv, int64_t *cnt);
+int dev_xchg_accum(cudaStream_t st, int64_t n, const int32_t *rows, const float *sums, int dim,
+                   double *tg);
+int dev_xchg_combine(dev_xchg_t **x, cudaStream_t st, int64_t n, const int32_t *rows,
+                     const double *grads, int dim, kern_row_grads_t *out);
+void dev_xchg_destroy(dev_xchg_t *x);
 
 #endif /* KILN_TRAINER_TRAIN_DEV_CUDA_CUH */

@@ -285,6 +285,215 @@ static int h_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, in
     return 0;
 }
 
+/* ---- the exchange ---- */
+
+/* A compute-stream call's access check, with the call's tick. */
+#define CHECK_ACCESS(p, bytes, write, call)                                                        \
+    KILN_CHECK(access_buf(h, DEV_COMPUTE, now, (p), (bytes), (write), (call)))
+
+static int h_permute(void *ctx, void *dst, const void *src, int nseg, const dev_seg_t *segs)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    for (int i = 0; i < nseg; i++) {
+        const dev_seg_t *g = &segs[i];
+        if (g->bytes == 0)
+            continue;
+        CHECK_ACCESS((const char *)src + g->src, g->bytes, false, "permute");
+        CHECK_ACCESS((char *)dst + g->dst, g->bytes, true, "permute");
+        memcpy((char *)dst + g->dst, (const char *)src + g->src, g->bytes);
+    }
+    return 0;
+}
+
+static int h_zero(void *ctx, void *p, size_t bytes)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    CHECK_ACCESS(p, bytes, true, "zero");
+    if (bytes > 0)
+        memset(p, 0, bytes);
+    return 0;
+}
+
+typedef struct {
+    int owner;
+    int64_t key, pos;
+} okey_t;
+
+static int by_owner_key(const void *a, const void *b)
+{
+    const okey_t *x = a, *y = b;
+    if (x->owner != y->owner)
+        return x->owner < y->owner ? -1 : 1;
+    return x->key < y->key ? -1 : x->key > y->key;
+}
+
+static int h_dedupe(void *ctx, int ntables, const int64_t *koff, const int64_t *keys, int nranks,
+                    int64_t *uniq, int32_t *inv, int64_t *cnt)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    const int64_t total = koff[ntables];
+    memset(cnt, 0, sizeof(int64_t) * (size_t)nranks * (size_t)ntables);
+    CHECK_ACCESS(keys, sizeof(int64_t) * (size_t)total, false, "dedupe");
+    CHECK_ACCESS(uniq, sizeof(int64_t) * (size_t)total, true, "dedupe");
+    CHECK_ACCESS(inv, sizeof(int32_t) * (size_t)total, true, "dedupe");
+    okey_t *v = kiln_malloc(sizeof *v * (size_t)(total ? total : 1));
+    if (v == NULL)
+        return KILN_ENOMEM;
+    for (int t = 0; t < ntables; t++) {
+        const int64_t k0 = koff[t], n = koff[t + 1] - k0;
+        for (int64_t i = 0; i < n; i++)
+            v[i] = (okey_t){rt_shard_owner(keys[k0 + i], nranks), keys[k0 + i], i};
+        qsort(v, (size_t)n, sizeof *v, by_owner_key);
+        int64_t u = -1;
+        for (int64_t i = 0; i < n; i++) {
+            if (i == 0 || v[i].key != v[i - 1].key) {
+                uniq[k0 + ++u] = v[i].key;
+                cnt[(int64_t)v[i].owner * ntables + t]++;
+            }
+            inv[k0 + v[i].pos] = (int32_t)u;
+        }
+    }
+    free(v);
+    host_waits_compute(h);
+    return 0;
+}
+
+/* The bytes a rank's part of an all-to-all-v spans, checked piece by piece. */
+static int access_parts(standin_t *h, uint64_t now, const void *p, const size_t *counts,
+                        const size_t *displs, int nranks, bool write)
+{
+    for (int r = 0; r < nranks; r++)
+        CHECK_ACCESS((const char *)p + displs[r], counts[r], write, "alltoallv");
+    return 0;
+}
+
+static int h_alltoallv(void *ctx, rt_comm_t *comm, const void *send, const size_t *sc,
+                       const size_t *sd, void *recv, const size_t *rc, const size_t *rd)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    const int R = rt_comm_size(comm);
+    KILN_CHECK(access_parts(h, now, send, sc, sd, R, false));
+    KILN_CHECK(access_parts(h, now, recv, rc, rd, R, true));
+    return rt_comm_alltoallv(comm, send, sc, sd, recv, rc, rd);
+}
+
+static int h_allreduce_dd(void *ctx, rt_comm_t *comm, double *pairs, size_t npairs)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    CHECK_ACCESS(pairs, 2 * sizeof(double) * npairs, false, "allreduce");
+    CHECK_ACCESS(pairs, 2 * sizeof(double) * npairs, true, "allreduce");
+    return rt_comm_allreduce_sum_dd(comm, pairs, npairs);
+}
+
+static int h_find(void *ctx, rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
+                  bool insert, int32_t *rows)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    CHECK_ACCESS(keys, sizeof(int64_t) * (size_t)n, false, "find");
+    CHECK_ACCESS(rows, sizeof(int32_t) * (size_t)n, true, "find");
+    KILN_CHECK(rt_store_find_dev(s, t, n, keys, step, insert, rows, NULL));
+    host_waits_compute(h);
+    return 0;
+}
+
+static int h_read(void *ctx, rt_store_t *s, int t, int64_t n, const int32_t *rows, int dim,
+                  float *out)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    CHECK_ACCESS(rows, sizeof(int32_t) * (size_t)n, false, "read");
+    CHECK_ACCESS(out, sizeof(float) * (size_t)n * (size_t)dim, true, "read");
+    return rt_store_read_dev(s, t, n, rows, out, NULL);
+}
+
+static int h_update(void *ctx, rt_store_t *s, int ntables, const kern_opt_t *opt,
+                    const kern_row_grads_t *ug, int dim, int64_t step)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    for (int t = 0; t < ntables; t++) {
+        CHECK_ACCESS(ug[t].rows, sizeof(int32_t) * (size_t)ug[t].n, false, "update");
+        CHECK_ACCESS(ug[t].grads, sizeof(float) * (size_t)ug[t].n * (size_t)dim, false, "update");
+    }
+    return rt_store_update_dev(s, opt, ug, step, NULL);
+}
+
+static int h_accum(void *ctx, int64_t n, const int32_t *rows, const float *sums, int dim,
+                   int64_t ntg, double *tg)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    CHECK_ACCESS(rows, sizeof(int32_t) * (size_t)n, false, "accum");
+    CHECK_ACCESS(sums, sizeof(float) * (size_t)n * (size_t)dim, false, "accum");
+    CHECK_ACCESS(tg, sizeof(double) * (size_t)ntg * (size_t)dim, false, "accum");
+    CHECK_ACCESS(tg, sizeof(double) * (size_t)ntg * (size_t)dim, true, "accum");
+    for (int64_t u = 0; u < n; u++) {
+        if (rows[u] < 0 || rows[u] >= ntg)
+            return kiln_errf(KILN_EINTERNAL, "device stand-in: accum row %d outside 0..%lld",
+                             rows[u], (long long)ntg - 1);
+        for (int j = 0; j < dim; j++)
+            tg[(int64_t)rows[u] * dim + j] += (double)sums[u * dim + j];
+    }
+    return 0;
+}
+
+typedef struct {
+    int32_t row;
+    int64_t i;
+} rowpos_t;
+
+static int by_row_pos(const void *a, const void *b)
+{
+    const rowpos_t *x = a, *y = b;
+    if (x->row != y->row)
+        return x->row < y->row ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static int h_combine(void *ctx, int64_t n, const int32_t *rows, const double *grads, int dim,
+                     kern_row_grads_t *out)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    out->n = 0;
+    CHECK_ACCESS(rows, sizeof(int32_t) * (size_t)n, false, "combine");
+    CHECK_ACCESS(grads, sizeof(double) * (size_t)n * (size_t)dim, false, "combine");
+    CHECK_ACCESS(out->rows, sizeof(int32_t) * (size_t)n, true, "combine");
+    CHECK_ACCESS(out->grads, sizeof(float) * (size_t)n * (size_t)dim, true, "combine");
+    rowpos_t *v = kiln_malloc(sizeof *v * (size_t)(n ? n : 1));
+    double *acc = kiln_malloc(sizeof *acc * (size_t)dim);
+    if (v == NULL || acc == NULL) {
+        KILN_FREE_ALL(v, acc);
+        return KILN_ENOMEM;
+    }
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (rowpos_t){rows[i], i};
+    qsort(v, (size_t)n, sizeof *v, by_row_pos);
+    int64_t u = 0;
+    for (int64_t i = 0; i < n;) {
+        int64_t e = i;
+        memset(acc, 0, sizeof *acc * (size_t)dim);
+        for (; e < n && v[e].row == v[i].row; e++)
+            for (int j = 0; j < dim; j++)
+                acc[j] += grads[v[e].i * dim + j];
+        out->rows[u] = v[i].row;
+        for (int j = 0; j < dim; j++)
+            out->grads[u * dim + j] = (float)acc[j];
+        u++;
+        i = e;
+    }
+    out->n = u;
+    KILN_FREE_ALL(v, acc);
+    host_waits_compute(h);
+    return 0;
+}
+
 const dev_ops_t train_dev_host_ops = {
     .name = "stand-in",
     .create = h_create,
@@ -299,4 +508,14 @@ const dev_ops_t train_dev_host_ops = {
     .gather = h_gather,
     .dense = h_dense,
     .reduce = h_reduce,
+    .permute = h_permute,
+    .zero = h_zero,
+    .dedupe = h_dedupe,
+    .alltoallv = h_alltoallv,
+    .allreduce_dd = h_allreduce_dd,
+    .find = h_find,
+    .read = h_read,
+    .update = h_update,
+    .accum = h_accum,
+    .combine = h_combine,
 };

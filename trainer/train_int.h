@@ -89,6 +89,7 @@ typedef struct options {
     const char *out;     /* prediction mode: where rank 0 writes the probabilities */
     const char *store;   /* "twin": the GPU store's protocol on a host working copy (tests) */
     const char *device_step; /* "standin": the device step on the host stand-in (tests) */
+    const char *device_exchange; /* "host": the device step exchanges over host buffers (tests) */
 } options_t;
 
 typedef struct train_dev train_dev_t;
@@ -106,6 +107,7 @@ typedef struct trainer {
     rt_store_kind_t store_kind;
     int cuda_device;         /* RT_STORE_CUDA: this rank's GPU */
     rt_comm_t *comm;         /* the step's collectives: the exchange and the dense allreduce */
+    rt_comm_t *dcomm;        /* the device step's exchange: NCCL on GPUs (NULL: none made) */
     rt_shard_t *shard;
     rt_model_t *model;
     rt_dedupe_t **dedupe;    /* (T) one per table, so that tables dedupe in parallel */
@@ -178,6 +180,7 @@ int train_setup_tables(trainer_t *tr);
 int train_setup_model(trainer_t *tr);
 
 /* ---- train_step.c ---- */
+void train_batch_layout(trainer_t *tr, const rt_batch_t *b);
 int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert);
 int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert);
 int train_dense_update(trainer_t *tr);
@@ -188,6 +191,9 @@ struct dev_ops;
  * tables and the model. Returns 0 or the first failure (tr->dev may then be
  * half made; train_dev_destroy takes it). */
 int train_dev_create(trainer_t *tr, const struct dev_ops *ops, int device);
+/* Makes the device step exchange on the device over comm (device buffers;
+ * NULL with one rank): after train_dev_create. */
+void train_dev_exchange_on(trainer_t *tr, rt_comm_t *comm);
 void train_dev_destroy(train_dev_t *dv);
 /* train_step with the pooling, the dense model and the reduce on the
  * device, in two parts: train_dev_front runs the step up to the gradients
@@ -198,6 +204,9 @@ int train_dev_front(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t gl
                     double *loss_sum);
 int train_dev_stage(trainer_t *tr, const rt_batch_t *next);
 int train_dev_back(trainer_t *tr, int64_t step);
+/* rt_comm_allreduce_sum_dd of the dense gradients: on the device's
+ * communicator when the step exchanges on the device, else on tr->comm. */
+int train_dev_allreduce_dd(trainer_t *tr, double *pairs, size_t npairs);
 int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
                double *loss_sum);
 

@@ -73,7 +73,9 @@ static void usage(FILE *f)
         "  --store twin       (tests) keep the working tables apart from the checkpoint\n"
         "                     mirror in host memory, as a GPU run keeps them on the GPU\n"
         "  --device-step standin  (tests) run the step through the device step on the\n"
-        "                     host stand-in, which checks the order of its copies\n\n"
+        "                     host stand-in, which checks the order of its copies\n"
+        "  --device-exchange host  (tests) the device step exchanges over host buffers\n"
+        "                     (MPI) instead of on the device\n\n"
         "Online export: SIGUSR1, or a file <run-dir>/export.request, makes the trainer write\n"
         "an incremental checkpoint at the next step boundary (<run-dir>/export.last names it).\n\n"
         "At the end rank 0 prints one JSON line on stdout. Exit codes: 0 ok, 1 internal "
@@ -99,6 +101,7 @@ static const struct {
     {"--out", OPT_STR, offsetof(options_t, out)},
     {"--store", OPT_STR, offsetof(options_t, store)},
     {"--device-step", OPT_STR, offsetof(options_t, device_step)},
+    {"--device-exchange", OPT_STR, offsetof(options_t, device_exchange)},
     {"--max-steps", OPT_I64, offsetof(options_t, max_steps)},
     {"--run-id", OPT_I64, offsetof(options_t, run_id)},
     {"--threads", OPT_INT, offsetof(options_t, threads)},
@@ -145,6 +148,9 @@ static int parse_options(int argc, char **argv, options_t *o)
     if (o->device_step != NULL && strcmp(o->device_step, "standin") != 0)
         return kiln_errf(KILN_EUSAGE, "--device-step: the only value is standin, got '%s'",
                          o->device_step);
+    if (o->device_exchange != NULL && strcmp(o->device_exchange, "host") != 0)
+        return kiln_errf(KILN_EUSAGE, "--device-exchange: the only value is host, got '%s'",
+                         o->device_exchange);
     if (o->predict != NULL) {
         if (o->spec_path == NULL || o->resume == NULL || o->out == NULL)
             return kiln_errf(KILN_EUSAGE, "--predict needs --spec FILE, --resume CHECKPOINT_DIR "
@@ -229,6 +235,7 @@ static void trainer_fini(trainer_t *tr)
             KILN_FREE_ALL(tr->tkeys[t], tr->tinv[t], tr->tuniq[t], tr->tgrad[t]);
     }
     train_dev_destroy(tr->dev);
+    rt_comm_destroy(tr->dcomm);
     rt_shard_destroy(tr->shard);
     rt_comm_destroy(tr->comm);
     rt_store_destroy(tr->store);
@@ -258,17 +265,38 @@ int train_setup_run(trainer_t *tr)
 }
 
 /* The device step (train_dev.c) when the tables are on the GPU, or on the
- * host stand-in with --device-step standin. */
+ * host stand-in with --device-step standin; its exchange on the device
+ * unless --device-exchange host: over NCCL on GPUs (on the host, with a
+ * warning, where NCCL cannot be set up), over MPI on the stand-in's host
+ * memory, and none with one rank. */
 static int setup_device_step(trainer_t *tr)
 {
-    if (tr->opt.device_step != NULL)
-        return train_dev_create(tr, &train_dev_host_ops, 0);
+    const bool host_x = tr->opt.device_exchange != NULL;
+    if (tr->opt.device_step != NULL) {
+        KILN_CHECK(train_dev_create(tr, &train_dev_host_ops, 0));
+        if (!host_x)
+            train_dev_exchange_on(tr, tr->nranks > 1 ? tr->comm : NULL);
+        return 0;
+    }
 #ifdef KILN_HAVE_CUDA
     if (tr->store_kind == RT_STORE_CUDA) {
+        KILN_CHECK(train_dev_create(tr, &train_dev_cuda_ops, tr->cuda_device));
+        const char *where = "the exchange over host buffers (MPI)";
+        if (!host_x && tr->nranks == 1) {
+            train_dev_exchange_on(tr, NULL);
+            where = "the lookup and update on the GPU (one rank)";
+        } else if (!host_x && rt_comm_create(RT_COMM_NCCL, MPI_COMM_WORLD, &tr->dcomm) == 0) {
+            train_dev_exchange_on(tr, tr->dcomm);
+            where = "the exchange between the GPUs over NCCL";
+        } else if (!host_x) { /* every rank failed alike (rt_comm_create agrees) */
+            if (tr->rank == 0)
+                KILN_WARN("the device step exchanges over host buffers: %s", kiln_errmsg());
+            kiln_errclear();
+        }
         if (tr->rank == 0)
-            KILN_INFO("the device step: pooling, the %s model and the backward reduce on the GPU",
-                      rt_model_type_name(rt_model_type(tr->model)));
-        return train_dev_create(tr, &train_dev_cuda_ops, tr->cuda_device);
+            KILN_INFO("the device step: pooling, the %s model and the backward reduce on the "
+                      "GPU; %s",
+                      rt_model_type_name(rt_model_type(tr->model)), where);
     }
 #endif
     return 0;

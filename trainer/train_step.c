@@ -8,19 +8,32 @@
 
 /* ---- one step ------------------------------------------------------------------------ */
 
+/* Where each slot's keys go in its table's list: tn (keys per table),
+ * slot_koff (slot s's first key in its table's list) and boff (the bag
+ * offsets rebased to 0). */
+void train_batch_layout(trainer_t *tr, const rt_batch_t *b)
+{
+    const int n = b->n;
+    for (int t = 0; t < tr->T; t++)
+        tr->tn[t] = 0;
+    for (int s = 0; s < tr->S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
+        int t = tr->slot_table[s];
+        tr->slot_koff[s] = tr->tn[t];
+        tr->tn[t] += off[n] - off[0];
+        int64_t *bo = tr->boff + (int64_t)s * (tr->max_batch + 1);
+        for (int i = 0; i <= n; i++)
+            bo[i] = off[i] - off[0];
+    }
+}
+
 /* Collects each table's keys from its slots, dedupes them, and looks the
  * unique keys up on their owners. Fills the per-slot bag descriptors (host
  * arrays). */
 int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert)
 {
     const int n = b->n, S = tr->S, T = tr->T;
-    for (int t = 0; t < T; t++)
-        tr->tn[t] = 0;
-    for (int s = 0; s < S; s++) {
-        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
-        int t = tr->slot_table[s];
-        tr->tn[t] += off[n] - off[0];
-    }
+    train_batch_layout(tr, b);
     for (int t = 0; t < T; t++) {
         int64_t cap = tr->tkeys_cap[t];
         KILN_CHECK(kiln_grow_to((void **)&tr->tkeys[t], &tr->tkeys_cap[t], tr->tn[t],
@@ -31,19 +44,13 @@ int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool ins
                 return KILN_ENOMEM;
             tr->tinv[t] = inv;
         }
-        tr->tn[t] = 0;
     }
     for (int s = 0; s < S; s++) {
         const int64_t *off = b->offsets + (int64_t)s * (n + 1);
-        int t = tr->slot_table[s];
         int64_t cnt = off[n] - off[0];
-        tr->slot_koff[s] = tr->tn[t];
         if (cnt > 0) /* an empty column: the table may have no key buffer yet */
-            memcpy(tr->tkeys[t] + tr->tn[t], b->keys + off[0], (size_t)cnt * sizeof(int64_t));
-        tr->tn[t] += cnt;
-        int64_t *bo = tr->boff + (int64_t)s * (tr->max_batch + 1);
-        for (int i = 0; i <= n; i++)
-            bo[i] = off[i] - off[0];
+            memcpy(tr->tkeys[tr->slot_table[s]] + tr->slot_koff[s], b->keys + off[0],
+                   (size_t)cnt * sizeof(int64_t));
     }
     /* Tables dedupe in parallel (each has its own hash set). */
     int drc = 0;
@@ -148,7 +155,9 @@ int train_dense_update(trainer_t *tr)
             pair[2 * i] = g[i];
             pair[2 * i + 1] = gl[i];
         }
-        KILN_CHECK(rt_comm_allreduce_sum_dd(tr->comm, pair, np));
+        /* The device step's exchange moves it on the device's communicator. */
+        KILN_CHECK(tr->dev != NULL ? train_dev_allreduce_dd(tr, pair, np)
+                                   : rt_comm_allreduce_sum_dd(tr->comm, pair, np));
         for (size_t i = 0; i < np; i++) {
             g[i] = pair[2 * i];
             gl[i] = pair[2 * i + 1];
