@@ -5,14 +5,17 @@ same data. docs/benchmarks.md and docs/gpu.md say how to read it.
 
     /usr/bin/python3 bench/gpu_train.py [--build build-gpu] [--repeat 3]
         [--rows 200000] [--models lr,fm,dlrm] [--ranks 1] [--zipf 1.15]
-        [--threads 2,0]
+        [--threads 2,0] [--exchange-peer]
 
 Needs a build with kiln and kiln-train (CUDA on for the GPU side) and mpirun.
 Per model, --repeat runs of each device (seed 42 + r, batch 4096 / ranks per
 rank, kiln-bin data, the training loop alone: kiln-train's train_seconds);
 prints the median samples/s of each, the ratio cuda / cpu and both median
-eval loglosses. Where kiln-train cannot train on a GPU it prints one
-"skipped:" line with kiln-train's reason and exits 0.
+eval loglosses. --exchange-peer adds the GPU run with the exchange over host
+buffers (kiln-train --device-exchange host) as a peer, so that on several
+GPUs (--ranks N) the ratio says what the NCCL exchange of device buffers
+buys. Where kiln-train cannot train on a GPU it prints one "skipped:" line
+with kiln-train's reason and exits 0.
 """
 import json
 import os
@@ -34,7 +37,7 @@ def run(cmd, check=True):
     return p
 
 
-def train(build, work, model, device, ranks, seed, threads=0, check=True):
+def train(build, work, model, device, ranks, seed, threads=0, check=True, extra=()):
     spec = os.path.join(work, "%s-%s-%d.yaml" % (model, device, seed))
     with open(spec, "w") as f:
         f.write("name: gpu-bench-%s\n" % model)
@@ -46,7 +49,7 @@ def train(build, work, model, device, ranks, seed, threads=0, check=True):
     shutil.rmtree(rundir, ignore_errors=True)
     p = run(["mpirun", "-np", str(ranks), "--bind-to", "none",
              os.path.join(build, "trainer", "kiln-train"), "--spec", spec, "--run-dir", rundir,
-             "--quiet"], check)
+             "--quiet"] + list(extra), check)
     if p.returncode != 0:
         return None, p.stderr
     return json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1]), ""
@@ -57,6 +60,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--zipf", type=float, default=1.15)
     ap.add_argument("--threads", default="2,0")
+    ap.add_argument("--exchange-peer", action="store_true")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     threads = [int(t) for t in a.threads.split(",")]
@@ -69,8 +73,11 @@ def main():
             line = [l for l in why.splitlines() if "device" in l]
             print("skipped: %s" % (line[0].strip() if line else why.strip()[-300:]))
             return
-        runs = [("cuda", 0)] + [("cpu", t) for t in threads]
+        runs = [("cuda", 0, ())] + [("cpu", t, ()) for t in threads]
         names = ["cuda"] + ["cpu%s" % (t if t else "-all") for t in threads]
+        if a.exchange_peer:
+            runs.append(("cuda", 0, ("--device-exchange", "host")))
+            names.append("cuda-hostx")
         print("%d rows, ranks %d, zipf %s, %d cores here; medians of %d" % (
             a.rows, a.ranks, a.zipf, os.cpu_count(), a.repeat))
         print("%-5s %s %s %s" % ("model", " ".join("%11s" % (n + " sps") for n in names),
@@ -78,8 +85,9 @@ def main():
                                  " ".join("%9s" % (n + " ll") for n in names)))
         for m in a.models.split(","):
             med = []
-            for dev, t in runs:
-                v = [train(build, work, m, dev, a.ranks, 42 + r, t)[0] for r in range(a.repeat)]
+            for dev, t, extra in runs:
+                v = [train(build, work, m, dev, a.ranks, 42 + r, t, extra=extra)[0]
+                     for r in range(a.repeat)]
                 med.append((statistics.median(j["samples_per_s"] for j in v),
                             statistics.median(j["eval_logloss"] for j in v)))
             print("%-5s %s %s %s" % (
