@@ -316,17 +316,17 @@ static int h_zero(void *ctx, void *p, size_t bytes)
     return 0;
 }
 
+/* What dedupe and combine sort: by major, then minor; pos rides along. */
 typedef struct {
-    int owner;
-    int64_t key, pos;
-} okey_t;
+    int64_t major, minor, pos;
+} sortrec_t;
 
-static int by_owner_key(const void *a, const void *b)
+static int by_major_minor(const void *a, const void *b)
 {
-    const okey_t *x = a, *y = b;
-    if (x->owner != y->owner)
-        return x->owner < y->owner ? -1 : 1;
-    return x->key < y->key ? -1 : x->key > y->key;
+    const sortrec_t *x = a, *y = b;
+    if (x->major != y->major)
+        return x->major < y->major ? -1 : 1;
+    return x->minor < y->minor ? -1 : x->minor > y->minor;
 }
 
 static int h_dedupe(void *ctx, int ntables, const int64_t *koff, const int64_t *keys, int nranks,
@@ -339,19 +339,19 @@ static int h_dedupe(void *ctx, int ntables, const int64_t *koff, const int64_t *
     CHECK_ACCESS(keys, sizeof(int64_t) * (size_t)total, false, "dedupe");
     CHECK_ACCESS(uniq, sizeof(int64_t) * (size_t)total, true, "dedupe");
     CHECK_ACCESS(inv, sizeof(int32_t) * (size_t)total, true, "dedupe");
-    okey_t *v = kiln_malloc(sizeof *v * (size_t)(total ? total : 1));
+    sortrec_t *v = kiln_malloc(sizeof *v * (size_t)(total ? total : 1));
     if (v == NULL)
         return KILN_ENOMEM;
     for (int t = 0; t < ntables; t++) {
         const int64_t k0 = koff[t], n = koff[t + 1] - k0;
         for (int64_t i = 0; i < n; i++)
-            v[i] = (okey_t){rt_shard_owner(keys[k0 + i], nranks), keys[k0 + i], i};
-        qsort(v, (size_t)n, sizeof *v, by_owner_key);
+            v[i] = (sortrec_t){rt_shard_owner(keys[k0 + i], nranks), keys[k0 + i], i};
+        qsort(v, (size_t)n, sizeof *v, by_major_minor); /* by owner, then key */
         int64_t u = -1;
         for (int64_t i = 0; i < n; i++) {
-            if (i == 0 || v[i].key != v[i - 1].key) {
-                uniq[k0 + ++u] = v[i].key;
-                cnt[(int64_t)v[i].owner * ntables + t]++;
+            if (i == 0 || v[i].minor != v[i - 1].minor) {
+                uniq[k0 + ++u] = v[i].minor;
+                cnt[v[i].major * ntables + t]++;
             }
             inv[k0 + v[i].pos] = (int32_t)u;
         }
@@ -443,19 +443,6 @@ static int h_accum(void *ctx, int64_t n, const int32_t *rows, const float *sums,
     return 0;
 }
 
-typedef struct {
-    int32_t row;
-    int64_t i;
-} rowpos_t;
-
-static int by_row_pos(const void *a, const void *b)
-{
-    const rowpos_t *x = a, *y = b;
-    if (x->row != y->row)
-        return x->row < y->row ? -1 : 1;
-    return x->i < y->i ? -1 : x->i > y->i;
-}
-
 static int h_combine(void *ctx, int64_t n, const int32_t *rows, const double *grads, int dim,
                      kern_row_grads_t *out)
 {
@@ -466,23 +453,23 @@ static int h_combine(void *ctx, int64_t n, const int32_t *rows, const double *gr
     CHECK_ACCESS(grads, sizeof(double) * (size_t)n * (size_t)dim, false, "combine");
     CHECK_ACCESS(out->rows, sizeof(int32_t) * (size_t)n, true, "combine");
     CHECK_ACCESS(out->grads, sizeof(float) * (size_t)n * (size_t)dim, true, "combine");
-    rowpos_t *v = kiln_malloc(sizeof *v * (size_t)(n ? n : 1));
+    sortrec_t *v = kiln_malloc(sizeof *v * (size_t)(n ? n : 1));
     double *acc = kiln_malloc(sizeof *acc * (size_t)dim);
     if (v == NULL || acc == NULL) {
         KILN_FREE_ALL(v, acc);
         return KILN_ENOMEM;
     }
     for (int64_t i = 0; i < n; i++)
-        v[i] = (rowpos_t){rows[i], i};
-    qsort(v, (size_t)n, sizeof *v, by_row_pos);
+        v[i] = (sortrec_t){rows[i], i, i};
+    qsort(v, (size_t)n, sizeof *v, by_major_minor); /* by row, then position */
     int64_t u = 0;
     for (int64_t i = 0; i < n;) {
         int64_t e = i;
         memset(acc, 0, sizeof *acc * (size_t)dim);
-        for (; e < n && v[e].row == v[i].row; e++)
+        for (; e < n && v[e].major == v[i].major; e++)
             for (int j = 0; j < dim; j++)
-                acc[j] += grads[v[e].i * dim + j];
-        out->rows[u] = v[i].row;
+                acc[j] += grads[v[e].pos * dim + j];
+        out->rows[u] = (int32_t)v[i].major;
         for (int j = 0; j < dim; j++)
             out->grads[u * dim + j] = (float)acc[j];
         u++;
