@@ -4,18 +4,18 @@
  * exchange between ranks on a device (train_dev.h), the CUDA runtime on a GPU
  * or the host stand-in in CI. One step of a rank:
  *
- *   host         X, y -> the pinned slot of this step        (during the step before,
- *                                                             see below; the step two
+ *   host         X, y, the keys table by table -> the pinned  (during the step before,
+ *                slot of this step                            see below; the step two
  *                                                             back, which read the slot,
  *                                                             is done with it)
  *   copy stream  slot -> device                               event STAGED[slot]
- *   compute      the batch's keys -> device; dedupe: per table the distinct
- *                keys by owner, the inverse index, the counts (-> host)
+ *   compute      wait STAGED[slot]; dedupe: per table the distinct keys by
+ *                owner, the inverse index, the counts (-> host)
  *   host         the counts to the owners (MPI, control)
  *   compute      keys to their owners (one all-to-all, all tables); the
  *                owners find or insert them in their tables and read the
  *                rows; rows back (one all-to-all)
- *   compute      wait STAGED[slot]; gather -> E; dense forward/backward -> dE,
+ *   compute      gather -> E; dense forward/backward -> dE,
  *                event FREE[slot]; reduce per slot (sorted), each table's
  *                slots added in slot order into float64 gradients
  *   -- train_dev_front ends; the loop reads the next batch and stages it
@@ -82,7 +82,10 @@ struct train_dev {
     size_t *sc, *sd, *rc, *rd;   /* (R) one all-to-all's bytes and displacements */
     dev_seg_t *segs;             /* (R * T) */
     kern_row_grads_t *ug;        /* (T) the owner's update */
-    dbuf_t keys, uniq;           /* the batch's keys (pinned), the distinct keys */
+    dbuf_t K[2];                 /* staging: the batch's keys, table by table (with X and y) */
+    int64_t nk[2];               /* keys staged into K[slot] */
+    int64_t *kpos;               /* (T + 1) stage()'s scratch */
+    dbuf_t uniq;                 /* the distinct keys */
     dbuf_t xs, xr;               /* rank-major: what an all-to-all sends, receives */
     dbuf_t okeys, orows, ovals;  /* the owner's: keys, rows, values (table-major) */
     dbuf_t tg, ograd;            /* float64 gradients: requester's, owner's (table-major) */
@@ -147,6 +150,7 @@ int train_dev_create(trainer_t *tr, const dev_ops_t *ops, int device)
     dv->dg = kiln_calloc((size_t)tr->S + 1, sizeof *dv->dg);
     const size_t R = (size_t)tr->nranks, T1 = (size_t)tr->T + 1;
     dv->koff = kiln_calloc(T1, sizeof *dv->koff);
+    dv->kpos = kiln_calloc(T1, sizeof *dv->kpos);
     dv->uoff = kiln_calloc(T1, sizeof *dv->uoff);
     dv->ooff = kiln_calloc(T1, sizeof *dv->ooff);
     dv->cnt = kiln_calloc(R * T1, sizeof *dv->cnt);
@@ -156,9 +160,9 @@ int train_dev_create(trainer_t *tr, const dev_ops_t *ops, int device)
     size_t **zs[] = {&dv->sc, &dv->sd, &dv->rc, &dv->rd};
     for (size_t i = 0; i < 4; i++)
         *zs[i] = kiln_calloc(R, sizeof(size_t));
-    if (!dv->voff || !dv->roff || !dv->goff || !dv->dbags || !dv->dg || !dv->koff || !dv->uoff ||
-        !dv->ooff || !dv->cnt || !dv->rcnt || !dv->segs || !dv->ug || !dv->sc || !dv->sd ||
-        !dv->rc || !dv->rd)
+    if (!dv->voff || !dv->roff || !dv->goff || !dv->dbags || !dv->dg || !dv->koff || !dv->kpos ||
+        !dv->uoff || !dv->ooff || !dv->cnt || !dv->rcnt || !dv->segs || !dv->ug || !dv->sc ||
+        !dv->sd || !dv->rc || !dv->rd)
         return KILN_ENOMEM;
     KILN_CHECK(ops->create(device, &dv->ctx));
     const size_t mb = (size_t)tr->max_batch;
@@ -176,22 +180,51 @@ void train_dev_destroy(train_dev_t *dv)
         return;
     if (dv->ctx != NULL) {
         (void)quiesce(dv);
-        dbuf_t *bufs[] = {&dv->X[0],  &dv->X[1],  &dv->y[0],   &dv->y[1],   &dv->vals,  &dv->rows,
-                          &dv->offs,  &dv->E,     &dv->grows,  &dv->ggrads, &dv->keys,  &dv->uniq,
-                          &dv->xs,    &dv->xr,    &dv->okeys,  &dv->orows,  &dv->ovals, &dv->tg,
-                          &dv->ograd, &dv->urows, &dv->ugrads, &dv->pairs};
+        dbuf_t *bufs[] = {&dv->X[0], &dv->X[1],  &dv->y[0],  &dv->y[1],   &dv->vals,  &dv->rows,
+                          &dv->offs, &dv->E,     &dv->grows, &dv->ggrads, &dv->K[0],  &dv->K[1],
+                          &dv->uniq, &dv->xs,    &dv->xr,    &dv->okeys,  &dv->orows, &dv->ovals,
+                          &dv->tg,   &dv->ograd, &dv->urows, &dv->ugrads, &dv->pairs};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
             dv->ops->release(dv->ctx, bufs[i]->d, false);
             dv->ops->release(dv->ctx, bufs[i]->h, true);
         }
         dv->ops->destroy(dv->ctx);
     }
-    KILN_FREE_ALL(dv->voff, dv->roff, dv->goff, dv->dbags, dv->dg, dv->koff, dv->uoff, dv->ooff,
-                  dv->cnt, dv->rcnt, dv->sc, dv->sd, dv->rc, dv->rd, dv->segs, dv->ug, dv);
+    KILN_FREE_ALL(dv->voff, dv->roff, dv->goff, dv->dbags, dv->dg, dv->koff, dv->kpos, dv->uoff,
+                  dv->ooff, dv->cnt, dv->rcnt, dv->sc, dv->sd, dv->rc, dv->rd, dv->segs, dv->ug,
+                  dv);
 }
 
-/* X and y of the batch through this step's pinned slot to the device, on
- * the copy stream. */
+/* With the exchange on the device: the batch's keys into K[k], table by
+ * table (each table's slots in order, as train_batch_layout places them),
+ * and to the device on the copy stream. */
+static int stage_keys(trainer_t *tr, train_dev_t *dv, const rt_batch_t *b, int k)
+{
+    const int n = b->n, T = tr->T;
+    int64_t *at = dv->kpos;
+    memset(at, 0, sizeof *at * (size_t)(T + 1));
+    for (int s = 0; s < tr->S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
+        at[tr->slot_table[s] + 1] += off[n] - off[0];
+    }
+    for (int t = 0; t < T; t++)
+        at[t + 1] += at[t];
+    const int64_t nk = at[T];
+    KILN_CHECK(need(dv, &dv->K[k], sizeof(int64_t) * (size_t)nk, true));
+    KILN_CHECK(dv->ops->host_touch(dv->ctx, dv->K[k].h, sizeof(int64_t) * (size_t)nk, true));
+    for (int s = 0; s < tr->S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1), cnt = off[n] - off[0];
+        if (cnt > 0)
+            memcpy((int64_t *)dv->K[k].h + at[tr->slot_table[s]], b->keys + off[0],
+                   sizeof(int64_t) * (size_t)cnt);
+        at[tr->slot_table[s]] += cnt;
+    }
+    dv->nk[k] = nk;
+    return dv->ops->copy(dv->ctx, DEV_COPY, dv->K[k].d, dv->K[k].h, sizeof(int64_t) * (size_t)nk);
+}
+
+/* X and y (and with the exchange on the device, the keys) of the batch
+ * through this step's pinned slot to the device, on the copy stream. */
 static int stage(trainer_t *tr, train_dev_t *dv, const rt_batch_t *b)
 {
     const dev_ops_t *o = dv->ops;
@@ -203,6 +236,8 @@ static int stage(trainer_t *tr, train_dev_t *dv, const rt_batch_t *b)
     KILN_CHECK(put(dv, &dv->y[k], 0, b->labels, yb));
     KILN_CHECK(o->copy(dv->ctx, DEV_COPY, dv->X[k].d, dv->X[k].h, xb));
     KILN_CHECK(o->copy(dv->ctx, DEV_COPY, dv->y[k].d, dv->y[k].h, yb));
+    if (dv->dx)
+        KILN_CHECK(stage_keys(tr, dv, b, k));
     return o->record(dv->ctx, DEV_COPY, EV_STAGED + k);
 }
 
@@ -379,30 +414,25 @@ static int move(trainer_t *tr, train_dev_t *dv, const void *src, const int64_t *
     return o->permute(dv->ctx, dst, dv->xr.d, nseg, dv->segs);
 }
 
-/* The batch's keys (train_batch_layout's order) to the device, deduped:
- * tr->nuniq, dv->cnt, the distinct keys in uniq and the inverse index in
- * rows. */
-static int dedupe_keys(trainer_t *tr, train_dev_t *dv, const rt_batch_t *b)
+/* The batch's keys, staged into K[k] (train_batch_layout's order),
+ * deduped on the device: tr->nuniq, dv->cnt, the distinct keys in uniq and
+ * the inverse index in rows. */
+static int dedupe_keys(trainer_t *tr, train_dev_t *dv, int n, int k)
 {
     const dev_ops_t *o = dv->ops;
-    const int T = tr->T, n = b->n;
+    const int T = tr->T;
     dv->koff[0] = 0;
     for (int t = 0; t < T; t++)
         dv->koff[t + 1] = dv->koff[t] + tr->tn[t];
     const int64_t nk = dv->koff[T];
-    KILN_CHECK(need(dv, &dv->keys, sizeof(int64_t) * (size_t)nk, true));
+    if (n > 0 && nk != dv->nk[k])
+        return kiln_errf(KILN_EINTERNAL, "the device step: %lld keys staged, the step has %lld",
+                         (long long)dv->nk[k], (long long)nk);
     KILN_CHECK(need(dv, &dv->uniq, sizeof(int64_t) * (size_t)nk, false));
     KILN_CHECK(need(dv, &dv->rows, sizeof(int32_t) * (size_t)nk, false));
-    /* Free: the last step's dedupe, which read the copy, synchronized. */
-    KILN_CHECK(o->host_touch(dv->ctx, dv->keys.h, sizeof(int64_t) * (size_t)nk, true));
-    for (int s = 0; s < tr->S; s++) {
-        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
-        if (off[n] > off[0])
-            memcpy((int64_t *)dv->keys.h + dv->koff[tr->slot_table[s]] + tr->slot_koff[s],
-                   b->keys + off[0], sizeof(int64_t) * (size_t)(off[n] - off[0]));
-    }
-    KILN_CHECK(o->copy(dv->ctx, DEV_COMPUTE, dv->keys.d, dv->keys.h, sizeof(int64_t) * (size_t)nk));
-    KILN_CHECK(o->dedupe(dv->ctx, T, dv->koff, dv->keys.d, dv->R, dv->uniq.d, dv->rows.d, dv->cnt));
+    if (n > 0)
+        KILN_CHECK(o->wait(dv->ctx, DEV_COMPUTE, EV_STAGED + k));
+    KILN_CHECK(o->dedupe(dv->ctx, T, dv->koff, dv->K[k].d, dv->R, dv->uniq.d, dv->rows.d, dv->cnt));
     dv->uoff[0] = 0;
     for (int t = 0; t < T; t++) {
         tr->nuniq[t] = 0;
@@ -551,7 +581,7 @@ int train_dev_front(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t gl
     dv->staged_n = -1;
     if (dv->dx) {
         train_batch_layout(tr, b);
-        KILN_CHECK(dedupe_keys(tr, dv, b));
+        KILN_CHECK(dedupe_keys(tr, dv, n, k));
         KILN_CHECK(lookup_dev(tr, dv, step));
     } else {
         KILN_CHECK(train_lookup_keys(tr, b, step, true));
@@ -567,7 +597,8 @@ int train_dev_front(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t gl
                 memset(tr->tgrad[t], 0, sizeof(double) * 2 * (size_t)(tr->nuniq[t] * d));
         return 0;
     }
-    KILN_CHECK(o->wait(dv->ctx, DEV_COMPUTE, EV_STAGED + k));
+    if (!dv->dx) /* the device exchange waited for the staged batch before its dedupe */
+        KILN_CHECK(o->wait(dv->ctx, DEV_COMPUTE, EV_STAGED + k));
     KILN_CHECK(o->gather(dv->ctx, S, dv->dbags, n, (int64_t)S * d, dv->E.d));
     const dev_dense_t a = {
         .model = tr->model,
