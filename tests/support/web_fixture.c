@@ -168,5 +168,5 @@ void web_fixture_stop(web_fixture_t *f)
 {
     web_stop(f->server);
     f->server = NULL;
-    proc_rmtree(f->dir);
+    proc_tmpdir_done(f->dir);
 }
