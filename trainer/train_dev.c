@@ -85,6 +85,7 @@ struct train_dev {
     dbuf_t K[2];                 /* staging: the batch's keys, table by table (with X and y) */
     int64_t nk[2];               /* keys staged into K[slot] */
     int64_t *kpos;               /* (T + 1) stage()'s scratch */
+    int64_t *tpos;               /* (T) transpose()'s scratch */
     dbuf_t uniq;                 /* the distinct keys */
     dbuf_t xs, xr;               /* rank-major: what an all-to-all sends, receives */
     dbuf_t okeys, orows, ovals;  /* the owner's: keys, rows, values (table-major) */
@@ -151,6 +152,7 @@ int train_dev_create(trainer_t *tr, const dev_ops_t *ops, int device)
     const size_t R = (size_t)tr->nranks, T1 = (size_t)tr->T + 1;
     dv->koff = kiln_calloc(T1, sizeof *dv->koff);
     dv->kpos = kiln_calloc(T1, sizeof *dv->kpos);
+    dv->tpos = kiln_calloc(T1, sizeof *dv->tpos);
     dv->uoff = kiln_calloc(T1, sizeof *dv->uoff);
     dv->ooff = kiln_calloc(T1, sizeof *dv->ooff);
     dv->cnt = kiln_calloc(R * T1, sizeof *dv->cnt);
@@ -161,8 +163,8 @@ int train_dev_create(trainer_t *tr, const dev_ops_t *ops, int device)
     for (size_t i = 0; i < 4; i++)
         *zs[i] = kiln_calloc(R, sizeof(size_t));
     if (!dv->voff || !dv->roff || !dv->goff || !dv->dbags || !dv->dg || !dv->koff || !dv->kpos ||
-        !dv->uoff || !dv->ooff || !dv->cnt || !dv->rcnt || !dv->segs || !dv->ug || !dv->sc ||
-        !dv->sd || !dv->rc || !dv->rd)
+        !dv->tpos || !dv->uoff || !dv->ooff || !dv->cnt || !dv->rcnt || !dv->segs || !dv->ug ||
+        !dv->sc || !dv->sd || !dv->rc || !dv->rd)
         return KILN_ENOMEM;
     KILN_CHECK(ops->create(device, &dv->ctx));
     const size_t mb = (size_t)tr->max_batch;
@@ -190,9 +192,9 @@ void train_dev_destroy(train_dev_t *dv)
         }
         dv->ops->destroy(dv->ctx);
     }
-    KILN_FREE_ALL(dv->voff, dv->roff, dv->goff, dv->dbags, dv->dg, dv->koff, dv->kpos, dv->uoff,
-                  dv->ooff, dv->cnt, dv->rcnt, dv->sc, dv->sd, dv->rc, dv->rd, dv->segs, dv->ug,
-                  dv);
+    KILN_FREE_ALL(dv->voff, dv->roff, dv->goff, dv->dbags, dv->dg, dv->koff, dv->kpos, dv->tpos,
+                  dv->uoff, dv->ooff, dv->cnt, dv->rcnt, dv->sc, dv->sd, dv->rc, dv->rd, dv->segs,
+                  dv->ug, dv);
 }
 
 /* With the exchange on the device: the batch's keys into K[k], table by
@@ -360,20 +362,18 @@ static int grads_to_host(trainer_t *tr, train_dev_t *dv)
 static int transpose(train_dev_t *dv, int T, const int64_t *cnt, const int64_t *tstart, size_t row,
                      bool to_rank, size_t *counts, size_t *displs)
 {
-    const int R = dv->R;
+    int64_t *tm = dv->tpos; /* table-major: where rank r's part of table t starts, in rows */
+    memcpy(tm, tstart, sizeof *tm * (size_t)T);
     int nseg = 0;
     size_t at = 0; /* rank-major, rows */
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < dv->R; r++) {
         displs[r] = at * row;
         for (int t = 0; t < T; t++) {
-            int64_t within = 0; /* rank r's part of table t */
-            for (int q = 0; q < r; q++)
-                within += cnt[(int64_t)q * T + t];
             const int64_t n = cnt[(int64_t)r * T + t];
-            const size_t tm = (size_t)(tstart[t] + within) * row, rm = at * row;
+            const size_t a = (size_t)tm[t] * row, b = at * row;
             if (n > 0)
-                dv->segs[nseg++] =
-                    (dev_seg_t){to_rank ? tm : rm, to_rank ? rm : tm, (size_t)n * row};
+                dv->segs[nseg++] = (dev_seg_t){to_rank ? a : b, to_rank ? b : a, (size_t)n * row};
+            tm[t] += n;
             at += (size_t)n;
         }
         counts[r] = at * row - displs[r];
@@ -400,18 +400,26 @@ static int move(trainer_t *tr, train_dev_t *dv, const void *src, const int64_t *
     const dev_ops_t *o = dv->ops;
     const int T = tr->T;
     const int64_t *scnt = back ? dv->rcnt : dv->cnt, *rcnt = back ? dv->cnt : dv->rcnt;
-    int64_t sn = 0, rn = 0;
-    for (int i = 0; i < dv->R * T; i++) {
-        sn += scnt[i];
-        rn += rcnt[i];
-    }
-    KILN_CHECK(need(dv, &dv->xs, row * (size_t)sn, false));
-    KILN_CHECK(need(dv, &dv->xr, row * (size_t)rn, false));
+    const int last = dv->R - 1;
     int nseg = transpose(dv, T, scnt, sstart, row, true, dv->sc, dv->sd);
+    KILN_CHECK(need(dv, &dv->xs, dv->sd[last] + dv->sc[last], false));
     KILN_CHECK(o->permute(dv->ctx, dv->xs.d, src, nseg, dv->segs));
     nseg = transpose(dv, T, rcnt, dstart, row, false, dv->rc, dv->rd);
+    KILN_CHECK(need(dv, &dv->xr, dv->rd[last] + dv->rc[last], false));
     KILN_CHECK(exchange(dv));
     return o->permute(dv->ctx, dst, dv->xr.d, nseg, dv->segs);
+}
+
+/* starts (T + 1): where each table's part starts in a table-major buffer
+ * holding cnt (R, T), rows, and the total at starts[T]. */
+static void table_major_starts(const train_dev_t *dv, int T, const int64_t *cnt, int64_t *starts)
+{
+    starts[0] = 0;
+    for (int t = 0; t < T; t++) {
+        starts[t + 1] = starts[t];
+        for (int r = 0; r < dv->R; r++)
+            starts[t + 1] += cnt[(int64_t)r * T + t];
+    }
 }
 
 /* The batch's keys, staged into K[k] (train_batch_layout's order),
@@ -433,13 +441,9 @@ static int dedupe_keys(trainer_t *tr, train_dev_t *dv, int n, int k)
     if (n > 0)
         KILN_CHECK(o->wait(dv->ctx, DEV_COMPUTE, EV_STAGED + k));
     KILN_CHECK(o->dedupe(dv->ctx, T, dv->koff, dv->K[k].d, dv->R, dv->uniq.d, dv->rows.d, dv->cnt));
-    dv->uoff[0] = 0;
-    for (int t = 0; t < T; t++) {
-        tr->nuniq[t] = 0;
-        for (int r = 0; r < dv->R; r++)
-            tr->nuniq[t] += dv->cnt[(int64_t)r * T + t];
-        dv->uoff[t + 1] = dv->uoff[t] + tr->nuniq[t];
-    }
+    table_major_starts(dv, T, dv->cnt, dv->uoff);
+    for (int t = 0; t < T; t++)
+        tr->nuniq[t] = dv->uoff[t + 1] - dv->uoff[t];
     return 0;
 }
 
@@ -451,13 +455,7 @@ static int lookup_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
     const int T = tr->T, d = tr->d;
     /* How many keys each requester asks of this rank: control, on MPI. */
     KILN_CHECK(rt_comm_alltoall(tr->comm, dv->cnt, dv->rcnt, sizeof(int64_t) * (size_t)T));
-    dv->ooff[0] = 0;
-    for (int t = 0; t < T; t++) {
-        int64_t m = 0;
-        for (int r = 0; r < dv->R; r++)
-            m += dv->rcnt[(int64_t)r * T + t];
-        dv->ooff[t + 1] = dv->ooff[t] + m;
-    }
+    table_major_starts(dv, T, dv->rcnt, dv->ooff);
     const int64_t m = dv->ooff[T];
     KILN_CHECK(need(dv, &dv->okeys, sizeof(int64_t) * (size_t)m, false));
     KILN_CHECK(need(dv, &dv->orows, sizeof(int32_t) * (size_t)m, false));

@@ -43,10 +43,12 @@ struct dev_xchg {
 namespace
 {
 
+/* Blocks of `threads` for a thread per element (the x dimension takes up
+ * to 2^31 - 1 blocks, more than the 2^31 - 1 elements a call allows). */
 unsigned blocks_for(int64_t n, unsigned threads)
 {
     const int64_t b = (n + threads - 1) / threads;
-    return (unsigned)(b < 65535 * 64 ? (b > 0 ? b : 1) : 65535 * 64);
+    return (unsigned)(b > 0 ? b : 1);
 }
 
 /* ---- permute ---- */
@@ -233,8 +235,8 @@ int dev_xchg_permute(cudaStream_t st, void *dst, const void *src, int nseg, cons
         }
         if (most == 0)
             continue;
-        dim3 grid(blocks_for((int64_t)most, 256) < 1024 ? blocks_for((int64_t)most, 256) : 1024,
-                  (unsigned)p.n);
+        const unsigned nb = blocks_for((int64_t)most, 256); /* grid-stride past 1024 */
+        dim3 grid(nb < 1024 ? nb : 1024, (unsigned)p.n);
         permute_kernel<<<grid, 256, 0, st>>>((uint32_t *)dst, (const uint32_t *)src, p);
         CUDA_CHECK(cudaGetLastError());
     }
