@@ -53,6 +53,7 @@
 #ifndef KILN_MODEL_MODEL_H
 #define KILN_MODEL_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -228,6 +229,76 @@ int rt_metrics_auc(const float *scores, const float *labels, size_t n, double *a
 /* Mean logloss of probabilities against labels, probabilities clamped to
  * [1e-7, 1 - 1e-7]. Returns 0 for n == 0. */
 double rt_metrics_logloss(const float *probs, const float *labels, size_t n);
+
+/* ---- the dense kernels (model_kernels.c) -------------------------------------------
+ * Which BLAS kernels the models run, fitted to the CPU and checked. */
+
+/* The widest vector code a CPU runs with its OS's support (cpuid + XGETBV). */
+typedef enum {
+    MODEL_ISA_SSE = 1,    /* SSE3 and below: OpenBLAS's generic Prescott kernels */
+    MODEL_ISA_AVX = 2,    /* Sandybridge */
+    MODEL_ISA_AVX2 = 3,   /* AVX2 + FMA: Haswell */
+    MODEL_ISA_AVX512 = 4, /* F, BW, VL, DQ: SkylakeX (Cooperlake with AVX512_BF16) */
+} model_isa_t;
+
+typedef struct {
+    int family, model; /* cpuid's display family and model */
+    bool avx, fma, avx2, avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, amx_bf16;
+} model_cpu_t;
+
+/* Reads this CPU's features (all false off x86). */
+void model_cpu_detect(model_cpu_t *out /* OUT */);
+model_isa_t model_cpu_isa(const model_cpu_t *c);
+/* "AVX AVX2 FMA AVX-512F AVX512_BF16" into buf. */
+void model_cpu_describe(const model_cpu_t *c, char *buf, size_t cap);
+/* The ISA level of an OpenBLAS core type name (case-insensitive), or -1 for
+ * a name Kiln does not know (a newer library's: trusted). */
+int model_blas_core_isa(const char *core);
+/* The OpenBLAS core type that runs this CPU's widest vector code, or NULL
+ * (SSE only: nothing better to ask for). */
+const char *model_blas_core_for(const model_cpu_t *c);
+/* The core type to re-execute with, or NULL to keep the library's choice:
+ * core is what the library runs, user_core the environment's
+ * OPENBLAS_CORETYPE (NULL or "" when unset: a set one is the user's choice
+ * and kept), own non-NULL when Kiln re-executed already. */
+const char *model_kernels_decide(const char *core, const model_cpu_t *cpu, const char *user_core,
+                                 const char *own);
+/* Called first thing in main() of a program that does dense math, with its
+ * argv: when OpenBLAS runs kernels below what the CPU offers and nobody set
+ * OPENBLAS_CORETYPE, sets it and executes /proc/self/exe again with argv
+ * (no return). Returns 0 when nothing needs doing, or an error (the exec
+ * failed; the program may go on with the library's kernels, and should say
+ * so with kiln_errmsg()). */
+int model_kernels_ensure(char *const argv[]);
+
+/* What the dense math runs on, for the log and result.json. */
+typedef struct {
+    char library[32]; /* "OpenBLAS 0.3.21" */
+    char core[32];    /* the core type running: "Cooperlake" */
+    char name[64];    /* "OpenBLAS 0.3.21 Cooperlake": result.json's dense_kernels */
+    char own[32];     /* the library's own pick when Kiln changed it, else "" */
+    char user[32];    /* OPENBLAS_CORETYPE as the user set it, else "" */
+    char fallback[256]; /* why Kiln's pick was given up (a wrong product), else "" */
+    bool generic;     /* the kernels run below what the CPU offers */
+    model_cpu_t cpu;
+} model_kernels_t;
+void model_kernels_describe(model_kernels_t *out /* OUT */);
+/* One sentence for the log: the kernels, the CPU, who chose them. */
+void model_kernels_sentence(const model_kernels_t *k, char *buf, size_t cap);
+
+/* One GEMM call as a model makes it (row-major C (m, n) = op(A) op(B)). */
+typedef struct {
+    const char *what; /* "top.0 forward" */
+    int m, n, k;
+    bool ta, tb; /* A, B transposed */
+    bool dbl;    /* dgemm (the float64 weight gradients) */
+} model_gemm_shape_t;
+/* Runs each GEMM once on fixed inputs and compares it with a float64
+ * reference. Returns 0, KILN_ENOMEM, or KILN_ECORRUPT naming the first
+ * product that disagrees (kiln_errmsg). */
+int model_kernels_check(const model_gemm_shape_t *shapes, int nshapes);
+/* model_kernels_check over every GEMM shape m's forward and backward make. */
+int rt_model_selfcheck(const rt_model_t *m);
 
 /* ---- implementation (only model/model*.c use what follows) --------------------- */
 #ifdef RT_MODEL_IMPL

@@ -192,3 +192,62 @@ void rt_grad_colsum(rt_model_t *m, int n, int cols, const float *A, int lda, dou
             kern_dd_add_dd(&g[c], &gl[c], hi[c - c0], lo[c - c0]);
     }
 }
+
+/* ---- the GEMMs a model makes, for model_kernels_check -------------------------------- */
+
+enum { MAX_SHAPES = 8 * RT_MODEL_MAX_LAYERS + 8 };
+
+typedef struct {
+    model_gemm_shape_t s[MAX_SHAPES];
+    int n;
+    const rt_model_t *m;
+} shapes_t;
+
+static void add(shapes_t *sh, const char *what, int m, int n, int k, bool ta, bool tb, bool dbl)
+{
+    if (sh->n < MAX_SHAPES)
+        sh->s[sh->n++] = (model_gemm_shape_t){what, m, n, k, ta, tb, dbl};
+}
+
+/* rt_gemm_rows's call: (row_block, nn) = (row_block, k) op(B). */
+static void add_rows(shapes_t *sh, const char *what, int nn, int k, bool transb)
+{
+    add(sh, what, sh->m->row_block, nn, k, false, transb, false);
+}
+
+/* rt_grad_gemm's calls for G (rows, cols): the 256-row float32 block where
+ * it takes that path, and the float64 DGEMM of the rest. */
+static void add_grad(shapes_t *sh, const char *what, int rows, int cols)
+{
+    const size_t cnt = (size_t)rows * (size_t)cols;
+    if (sh->m->row_block == RT_GRAD_BLOCK && cnt >= 1024 && cnt <= sh->m->wgT_cap)
+        add(sh, what, rows, cols, RT_GRAD_BLOCK, true, false, false);
+    const int n = sh->m->max_batch < RT_GRAD_BLOCK ? sh->m->max_batch : RT_GRAD_BLOCK;
+    add(sh, what, rows, cols, n, true, false, true);
+}
+
+int rt_model_selfcheck(const rt_model_t *m)
+{
+    static const char *const names[2][3] = {{"bottom forward", "bottom input gradient",
+                                              "bottom weight gradient"},
+                                             {"top forward", "top input gradient",
+                                              "top weight gradient"}};
+    shapes_t sh = {.m = m};
+    if (m->type == RT_MODEL_DLRM) {
+        for (int l = 0; l < m->nbottom + m->ntop; l++) {
+            const rt_model_layer_t *L = &m->layers[l];
+            const char *const *nm = names[l >= m->nbottom];
+            add_rows(&sh, nm[0], L->out, L->in, true);
+            add_rows(&sh, nm[1], L->in, L->out, false);
+            add_grad(&sh, nm[2], L->out, L->in);
+        }
+    } else if (m->F > 0) { /* lr, fm: w . x, and fm's Vx x */
+        add_rows(&sh, "dense linear term", 1, m->F, false);
+        add_grad(&sh, "dense linear gradient", m->F, 1);
+        if (m->fm_dense && m->k > 0) {
+            add_rows(&sh, "dense factors", m->k, m->F, true);
+            add_grad(&sh, "dense factor gradient", m->k, m->F);
+        }
+    }
+    return model_kernels_check(sh.s, sh.n);
+}

@@ -145,14 +145,16 @@ int run_progress_parse(const char *line, run_progress_t *out)
 int run_result_write(const char *run_dir, const run_result_t *r, FILE *out)
 {
     json_t *o =
-        json_pack("{s:s, s:s, s:I, s:i, s:i, s:I, s:f, s:f, s:I, s:o, s:o, s:I, s:I, s:o}", "job",
+        json_pack("{s:s, s:s, s:I, s:i, s:i, s:I, s:f, s:f, s:I, s:o, s:o, s:I, s:I, s:o, s:s}",
+                  "job",
                   r->job, "model", r->model, "rows", (json_int_t)r->rows, "ranks", r->ranks,
                   "threads", r->threads, "steps", (json_int_t)r->steps, RUN_FIG_TRAIN_SECONDS,
                   r->train_seconds, RUN_FIG_SAMPLES_PER_S, r->samples_per_s, "eval_rows",
                   (json_int_t)r->eval_rows, RUN_FIG_EVAL_LOGLOSS, kiln_json_num(r->eval_logloss),
                   RUN_FIG_EVAL_AUC, kiln_json_num(r->eval_auc), "keys", (json_int_t)r->keys,
                   "malformed", (json_int_t)r->malformed, "checkpoint",
-                  r->checkpoint[0] ? json_string(r->checkpoint) : json_null());
+                  r->checkpoint[0] ? json_string(r->checkpoint) : json_null(), "dense_kernels",
+                  r->dense_kernels);
     if (o == NULL)
         return KILN_ENOMEM;
     if (out != NULL) {
@@ -174,6 +176,7 @@ int run_result_read(const char *run_dir, run_result_t *out)
     str_of(o, "job", out->job, sizeof out->job);
     str_of(o, "model", out->model, sizeof out->model);
     str_of(o, "checkpoint", out->checkpoint, sizeof out->checkpoint);
+    str_of(o, "dense_kernels", out->dense_kernels, sizeof out->dense_kernels);
     out->rows = int_of(o, "rows");
     out->ranks = (int)int_of(o, "ranks");
     out->threads = (int)int_of(o, "threads");

@@ -114,6 +114,8 @@ typedef struct run_result {
     int64_t keys;            /* live keys in all tables at the end */
     int64_t malformed;       /* malformed input lines skipped */
     char checkpoint[64];     /* uid of the checkpoint written at the end; "" none */
+    char dense_kernels[64];  /* the BLAS kernel set the dense math ran: "OpenBLAS 0.3.21
+                                Cooperlake" (model_kernels_t.name) */
 } run_result_t;
 
 /* Writes run_dir/result.json atomically and, when out is not NULL, the same

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model.h"
 #include "serve_int.h"
 
 static void usage(FILE *f)
@@ -91,6 +92,10 @@ int main(int argc, char **argv)
     sv_split_t parsed_split = {0};
     long long num;
     int li;
+    /* Predict runs the models' GEMMs: the CPU's own kernels, not OpenBLAS's
+     * generic ones (model_kernels.c; may execute kiln-serve again). */
+    if (model_kernels_ensure(argv) < 0)
+        fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;

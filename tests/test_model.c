@@ -889,10 +889,39 @@ static void test_auc(void **state)
     assert_float_equal(rt_metrics_logloss(zero, one, 1), -log(1e-7), 1e-6);
 }
 
+/* Which OpenBLAS kernels kiln-train asks for (model_kernels_decide): the
+ * library's generic pick on a newer CPU is replaced by the CPU's own; a core
+ * type the user set, a second pass and a name Kiln does not know are kept. */
+static void test_kernels_decide(void **state)
+{
+    (void)state;
+    model_cpu_t emerald = {.family = 6, .model = 207, .avx = true, .fma = true, .avx2 = true,
+                           .avx512f = true, .avx512bw = true, .avx512vl = true,
+                           .avx512dq = true, .avx512_bf16 = true};
+    model_cpu_t skx = emerald, hsw = {.avx = true, .fma = true, .avx2 = true}, old = {0};
+    skx.avx512_bf16 = false;
+    assert_string_equal(model_kernels_decide("Prescott", &emerald, NULL, NULL), "Cooperlake");
+    assert_string_equal(model_kernels_decide("Prescott", &skx, "", NULL), "SkylakeX");
+    assert_string_equal(model_kernels_decide("Haswell", &skx, NULL, NULL), "SkylakeX");
+    assert_string_equal(model_kernels_decide("Core2", &hsw, NULL, NULL), "Haswell");
+    assert_null(model_kernels_decide("Haswell", &hsw, NULL, NULL));      /* already the best */
+    assert_null(model_kernels_decide("cooperlake", &emerald, NULL, NULL));
+    assert_null(model_kernels_decide("Prescott", &emerald, "Prescott", NULL)); /* the user's */
+    assert_null(model_kernels_decide("Prescott", &emerald, NULL, "Prescott")); /* once only */
+    assert_null(model_kernels_decide("SapphireRapids2", &emerald, NULL, NULL)); /* unknown */
+    assert_null(model_kernels_decide("Prescott", &old, NULL, NULL));    /* nothing better */
+    /* This machine's own kernels pass the check at dlrm's default shapes. */
+    const model_gemm_shape_t sh[] = {{"fwd", 256, 64, 13, false, true, false},
+                                     {"grad", 256, 367, 256, true, false, false},
+                                     {"grad64", 128, 256, 256, true, false, true}};
+    assert_int_equal(model_kernels_check(sh, 3), 0);
+}
+
 PROC_TEST_MAIN(NULL, NULL,
     cmocka_unit_test(test_grad_lr),         cmocka_unit_test(test_grad_fm),
     cmocka_unit_test(test_grad_dlrm),       cmocka_unit_test(test_layout),
     cmocka_unit_test(test_loss_known),      cmocka_unit_test(test_loss_stable),
     cmocka_unit_test(test_optimizers),      cmocka_unit_test(test_init_deterministic),
     cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_config_errors),
-    cmocka_unit_test(test_trains),          cmocka_unit_test(test_split_invariance),          cmocka_unit_test(test_auc))
+    cmocka_unit_test(test_trains),          cmocka_unit_test(test_split_invariance),          cmocka_unit_test(test_auc),
+    cmocka_unit_test(test_kernels_decide))

@@ -33,6 +33,7 @@
 #include "proc.h"
 #include "ckpt.h"
 #include "data.h"
+#include "model.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN and KILN_TRAIN_BIN must name the executables"
@@ -650,6 +651,82 @@ static void test_bad_input(void **state)
     run(r, a2);
     assert_int_equal(r->code, 2);
     assert_non_null(strstr(r->err, "--run-dir"));
+    free(r);
+}
+
+/* ---- the dense kernels (model/model_kernels.c) --------------------------------------
+ * On a CPU that OpenBLAS does not know (this project's machines: it runs
+ * its generic Prescott kernels there), kiln-train must run the CPU's own
+ * kernels with nothing set by hand; a core type the user sets is kept and
+ * reported; kernels that compute wrong products are refused. */
+
+/* The core type at the end of result.json's dense_kernels. */
+static const char *kernels_core(json_t *v)
+{
+    const char *k = json_string_value(json_object_get(v, "dense_kernels"));
+    if (k == NULL)
+        fail_msg("result.json has no dense_kernels");
+    const char *sp = strrchr(k, ' ');
+    return sp ? sp + 1 : k;
+}
+
+static void test_dense_kernels(void **state)
+{
+    (void)state;
+    result_t *r = malloc(sizeof *r);
+    char spec[400];
+    write_spec("kern", "dlrm", 256, NULL, NULL, spec, sizeof spec);
+    model_cpu_t cpu;
+    model_cpu_detect(&cpu);
+    const char *best = model_blas_core_for(&cpu);
+    char *saved = getenv("OPENBLAS_CORETYPE") ? strdup(getenv("OPENBLAS_CORETYPE")) : NULL;
+
+    /* Nothing set: the kernels of the CPU's widest vector code run. */
+    unsetenv("OPENBLAS_CORETYPE");
+    json_t *v = train_ok(1, spec, "kern-auto", "kiln-train with no OPENBLAS_CORETYPE", r);
+    const char *core = kernels_core(v);
+    print_message("CPU family %d model %d: %s runs (best for it: %s)\n", cpu.family, cpu.model,
+                  core, best ? best : "-");
+    if (best != NULL && model_blas_core_isa(core) >= 0)
+        assert_int_equal(model_blas_core_isa(core), model_cpu_isa(&cpu));
+    json_decref(v);
+
+    /* The library's generic kernels, forced by hand: kept, and reported. */
+    if (best != NULL) {
+        setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+        v = train_ok(1, spec, "kern-user", "kiln-train with OPENBLAS_CORETYPE=Prescott", r);
+        assert_string_equal(kernels_core(v), "Prescott");
+        assert_non_null(strstr(r->err, "as OPENBLAS_CORETYPE=Prescott asks"));
+        assert_non_null(strstr(r->err, "unset OPENBLAS_CORETYPE to let Kiln choose"));
+        json_decref(v);
+        unsetenv("OPENBLAS_CORETYPE");
+    }
+
+    /* Kernels that compute a wrong product: refused, exit 2, no checkpoint. */
+    char *asan = getenv("ASAN_OPTIONS") ? strdup(getenv("ASAN_OPTIONS")) : NULL;
+    char opts[512];
+    snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", asan ? asan : "",
+             asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    write_spec("kernbad", "dlrm", 256, NULL, NULL, spec, sizeof spec);
+    setenv("LD_PRELOAD", KILN_BADBLAS, 1);
+    v = train(1, spec, "kern-bad", r);
+    unsetenv("LD_PRELOAD");
+    if (asan)
+        setenv("ASAN_OPTIONS", asan, 1);
+    else
+        unsetenv("ASAN_OPTIONS");
+    assert_null(v);
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "computes wrong results on this CPU"));
+    assert_non_null(strstr(r->err, "forward: sgemm"));
+    if (best != NULL) /* Kiln's own pick was tried first and given up */
+        assert_non_null(strstr(r->err, "so Kiln fell back"));
+    assert_no_checkpoint("ckpt/kernbad");
+    if (saved)
+        setenv("OPENBLAS_CORETYPE", saved, 1);
+    free(saved);
+    free(asan);
     free(r);
 }
 
@@ -1609,6 +1686,7 @@ int main(void)
         cmocka_unit_test(test_weights_compare_can_fail),
         cmocka_unit_test(test_same_seed_same_result),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_dense_kernels),
         cmocka_unit_test(test_twin_store_matches_host),
         cmocka_unit_test(test_device_step_standin),
         cmocka_unit_test(test_cuda_lr_dlrm_match_cpu),

@@ -465,6 +465,9 @@ static int run(trainer_t *tr)
         snprintf(res.job, sizeof res.job, "%s", tr->spec.name);
         snprintf(res.model, sizeof res.model, "%s", job_model_type_name(tr->spec.model.type));
         snprintf(res.checkpoint, sizeof res.checkpoint, "%s", tr->last_uid);
+        model_kernels_t k;
+        model_kernels_describe(&k);
+        snprintf(res.dense_kernels, sizeof res.dense_kernels, "%s", k.name);
         rc = run_result_write(tr->opt.run_dir, &res, stdout);
         if (rc < 0)
             goto out;
@@ -484,6 +487,10 @@ int main(int argc, char **argv)
     if (level != NULL && kiln_log_level_parse(level, &lv) == 0)
         kiln_log_set_level(lv);
 
+    /* Before anything touches BLAS (and before MPI_Init: it may execute
+     * kiln-train again with the CPU's own kernels; model_kernels.c). */
+    if (model_kernels_ensure(argv) < 0)
+        fprintf(stderr, "kiln-train: %s\n", kiln_errmsg());
     int prc = parse_options(argc, argv, &tr.opt);
     if (prc == 1)
         return RUN_EXIT_OK;

@@ -5,6 +5,8 @@
  */
 #include "train_int.h"
 
+#include <strings.h>
+
 /* ---- small helpers ------------------------------------------------------------ */
 
 void train_say(const trainer_t *tr, const char *fmt, ...)
@@ -253,6 +255,34 @@ out:
     return rc;
 }
 
+/* Says which dense kernels run (a warning when they leave the CPU's vector
+ * units unused), and checks every GEMM of the model against a float64
+ * reference before the first step: some OpenBLAS kernel sets compute wrong
+ * products on some CPUs, and a model trained on them is garbage. */
+static int check_kernels(trainer_t *tr)
+{
+    model_kernels_t k;
+    model_kernels_describe(&k);
+    char line[768];
+    model_kernels_sentence(&k, line, sizeof line);
+    if (tr->rank == 0 && (k.generic || k.fallback[0] != '\0'))
+        KILN_WARN("%s", line);
+    else if (tr->rank == 0)
+        KILN_INFO("%s", line);
+    if (rt_model_selfcheck(tr->model) == 0)
+        return 0;
+    /* Another kernel set to try: the library's own pick where Kiln changed
+     * it, else the generic one (or, where that is what failed, AVX2's). */
+    const char *other = k.own[0] != '\0' && strcasecmp(k.own, k.core) != 0 ? k.own
+                        : strcasecmp(k.core, "Prescott") != 0                ? "Prescott"
+                                                                             : "Haswell";
+    return kiln_errf(KILN_ECORRUPT,
+                     "%s computes wrong results on this CPU: %s; refusing to train with them. "
+                     "Set OPENBLAS_CORETYPE=%s (or another core type) in the environment of kilnd "
+                     "or mpirun (the ranks inherit OPENBLAS_*)",
+                     k.name, kiln_errmsg(), other);
+}
+
 int train_setup_model(trainer_t *tr)
 {
     const job_spec_t *sp = &tr->spec;
@@ -278,6 +308,7 @@ int train_setup_model(trainer_t *tr)
                 .initial_accumulator = (float)o->initial_accumulator},
     };
     KILN_CHECK(rt_model_create(&cfg, &tr->model));
+    KILN_CHECK(check_kernels(tr));
     if (tr->nranks > 1) {
         tr->dense_pairs = kiln_calloc(2 * rt_model_nparams(tr->model) + 2, sizeof(double));
         if (tr->dense_pairs == NULL)
