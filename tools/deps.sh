@@ -12,6 +12,7 @@ packages=(
   zlib1g-dev libzstd-dev gzip zstd  # compressed training data (data/data_src.c and its tests)
   chromium prometheus  # the web tests: headless browser, promtool (Prometheus parser)
   clang libclang-rt-14-dev
+  libdnnl-dev libblis-dev  # bench/gemm_bench's other candidates for the dense layers
   # the cluster tests (tools/testcluster.sh): Slurm, munge, sshd, namespaces;
   # libpmix-dev holds the libpmix.so that Slurm's mpi/pmix plugin loads
   slurmctld slurmd slurm-client munge openssh-server openssh-client libpmix-dev

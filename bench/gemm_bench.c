@@ -1,0 +1,238 @@
+/*
+ * bench/gemm_bench.c - which dense kernels should dlrm's layers run? The
+ * GFLOP/s of each candidate at dlrm's layer shapes, the way model/ calls
+ * them: 256-row blocks spread over the OpenMP threads, one single-threaded
+ * call per block (model_blas.c), for the forward (Y = A W^T), the input
+ * gradient (dA = dY W) and the weight gradient (dW = dY^T A, one 256-row
+ * block per call) of bottom 13-64-16 and top 367-256-128-1 at batch 4096.
+ *
+ * Candidates, each the median of --runs timings of a whole step's GEMMs:
+ *   OpenBLAS as the library picks its kernels on this CPU (no
+ *     OPENBLAS_CORETYPE), then with each core type the CPU can run forced
+ *     (the bench executes itself again per core type: OpenBLAS reads the
+ *     variable when it loads);
+ *   oneDNN's dnnl_sgemm (libdnnl, dispatches on CPU features), when the
+ *     bench was built with it;
+ *   BLIS's bli_sgemm (libblis.so.4, loaded with dlopen so that its BLAS
+ *     symbols cannot shadow OpenBLAS's), when installed.
+ *
+ *   gemm_bench [--threads N] [--runs R]
+ *
+ * Prints one JSON line per candidate, then one summary line with the ratio
+ * of each to OpenBLAS as installed.
+ */
+#include <cblas.h>
+#include <dlfcn.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifdef KILN_BENCH_DNNL
+#include <dnnl.h>
+#endif
+
+#include "bench.h"
+#include "kiln.h"
+#include "model.h"
+
+enum { BATCH = 4096, BLOCK = 256 };
+
+static const int layers[][2] = {{13, 64}, {64, 16}, {367, 256}, {256, 128}, {128, 1}};
+#define NLAYERS ((int)(sizeof layers / sizeof layers[0]))
+
+/* C (m, n; ldc) = op(A) op(B), row-major, one thread. */
+typedef void (*gemm_fn)(bool ta, bool tb, int m, int n, int k, const float *A, int lda,
+                        const float *B, int ldb, float *C, int ldc);
+
+static void openblas_gemm(bool ta, bool tb, int m, int n, int k, const float *A, int lda,
+                          const float *B, int ldb, float *C, int ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                n, k, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+}
+
+#ifdef KILN_BENCH_DNNL
+static void onednn_gemm(bool ta, bool tb, int m, int n, int k, const float *A, int lda,
+                      const float *B, int ldb, float *C, int ldc)
+{
+    dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+}
+#endif
+
+/* BLIS's typed API with general strides: row-major and transposes are
+ * strides, so every call is BLIS_NO_TRANSPOSE. */
+typedef void (*bli_sgemm_fn)(int, int, int64_t, int64_t, int64_t, const float *, const float *,
+                             int64_t, int64_t, const float *, int64_t, int64_t, const float *,
+                             float *, int64_t, int64_t);
+static bli_sgemm_fn bli_sgemm_p;
+
+static void blis_gemm(bool ta, bool tb, int m, int n, int k, const float *A, int lda,
+                      const float *B, int ldb, float *C, int ldc)
+{
+    const float one = 1.0f, zero = 0.0f;
+    bli_sgemm_p(0, 0, m, n, k, &one, A, ta ? 1 : lda, ta ? lda : 1, B, tb ? 1 : ldb, tb ? ldb : 1,
+                &zero, C, ldc, 1);
+}
+
+typedef struct {
+    float *A, *W, *Y, *dY, *dA, *dW[64];
+} bufs_t;
+
+/* One step's GEMMs over the layers; returns their flops. */
+static double step(gemm_fn g, bufs_t *b)
+{
+    double flops = 0;
+    for (int l = 0; l < NLAYERS; l++) {
+        const int in = layers[l][0], out = layers[l][1];
+#pragma omp parallel for schedule(static)
+        for (int blk = 0; blk < BATCH / BLOCK; blk++) {
+            const size_t r0 = (size_t)blk * BLOCK;
+            g(false, true, BLOCK, out, in, b->A + r0 * in, in, b->W, in, b->Y + r0 * out, out);
+            g(false, false, BLOCK, in, out, b->dY + r0 * out, out, b->W, in, b->dA + r0 * in, in);
+            g(true, false, out, in, BLOCK, b->dY + r0 * out, out, b->A + r0 * in, in,
+              b->dW[omp_get_thread_num()], in);
+        }
+        flops += 3.0 * 2.0 * BATCH * in * out;
+    }
+    return flops;
+}
+
+static double measure(gemm_fn g, int runs)
+{
+    bufs_t b;
+    const size_t big = (size_t)BATCH * 400;
+    b.A = calloc(big, sizeof(float));
+    b.Y = calloc(big, sizeof(float));
+    b.dY = calloc(big, sizeof(float));
+    b.dA = calloc(big, sizeof(float));
+    b.W = calloc(400 * 400, sizeof(float));
+    for (int t = 0; t < 64; t++)
+        b.dW[t] = calloc(400 * 400, sizeof(float));
+    for (size_t i = 0; i < big; i++)
+        b.A[i] = b.dY[i] = (float)(i % 97) * 0.01f;
+    for (size_t i = 0; i < 400 * 400; i++)
+        b.W[i] = (float)(i % 89) * 0.01f;
+    double *rate = calloc((size_t)runs, sizeof(double));
+    step(g, &b); /* warm-up: packing buffers, page faults */
+    for (int r = 0; r < runs; r++) {
+        double t0 = (double)kiln_mono_ns();
+        double flops = 0;
+        for (int it = 0; it < 10; it++)
+            flops += step(g, &b);
+        rate[r] = flops / ((double)kiln_mono_ns() - t0); /* flops per ns = GFLOP/s */
+    }
+    double med = bench_median(rate, runs);
+    free(rate);
+    KILN_FREE_ALL(b.A, b.Y, b.dY, b.dA, b.W);
+    for (int t = 0; t < 64; t++)
+        free(b.dW[t]);
+    return med;
+}
+
+/* The OpenBLAS line of this process: its core type and rate. */
+static double openblas_line(int runs, int threads)
+{
+    double g = measure(openblas_gemm, runs);
+    char *core = openblas_get_corename();
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    printf("{\"candidate\": \"OpenBLAS %s\", \"forced\": %s, \"threads\": %d, \"gflops\": %.1f}\n",
+           core, env ? "true" : "false", threads, g);
+    fflush(stdout);
+    return g;
+}
+
+/* Runs this bench again with OPENBLAS_CORETYPE=core --child; returns the
+ * GFLOP/s it printed, 0 when it failed. */
+static double child(const char *self, const char *core, int runs, int threads)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "OPENBLAS_CORETYPE=%s '%s' --child --runs %d --threads %d", core,
+             self, runs, threads);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL)
+        return 0;
+    char line[512];
+    double g = 0;
+    while (fgets(line, sizeof line, p)) {
+        fputs(line, stdout);
+        const char *s = strstr(line, "\"gflops\": ");
+        if (s)
+            g = atof(s + 10);
+    }
+    pclose(p);
+    return g;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 2, runs = 5, is_child = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
+            runs = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--child") == 0)
+            is_child = 1;
+        else {
+            fprintf(stderr, "usage: gemm_bench [--threads N] [--runs R]\n");
+            return 2;
+        }
+    }
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(1);
+    if (is_child) {
+        openblas_line(runs, threads);
+        return 0;
+    }
+    if (getenv("OPENBLAS_CORETYPE") != NULL) {
+        fprintf(stderr, "gemm_bench: unset OPENBLAS_CORETYPE: the first line is OpenBLAS as "
+                        "installed\n");
+        return 2;
+    }
+    model_cpu_t cpu;
+    model_cpu_detect(&cpu);
+    char feats[128], self[4096];
+    model_cpu_describe(&cpu, feats, sizeof feats);
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = '\0';
+    printf("{\"cpu_family\": %d, \"cpu_model\": %d, \"cpu\": \"%s\", \"batch\": %d, "
+           "\"layers\": \"bottom 13-64-16, top 367-256-128-1\"}\n",
+           cpu.family, cpu.model, feats, BATCH);
+    const double base = openblas_line(runs, threads);
+    double best_ob = base;
+    const char *best_core = openblas_get_corename();
+    static const char *const cores[] = {"Sandybridge", "Haswell", "SkylakeX", "Cooperlake"};
+    for (size_t i = 0; i < sizeof cores / sizeof cores[0]; i++) {
+        if (model_blas_core_isa(cores[i]) > (int)model_cpu_isa(&cpu) ||
+            (strcmp(cores[i], "Cooperlake") == 0 && !cpu.avx512_bf16))
+            continue;
+        double g = child(self, cores[i], runs, threads);
+        if (g > best_ob) {
+            best_ob = g;
+            best_core = cores[i];
+        }
+    }
+    double dnnl = 0, blis = 0;
+#ifdef KILN_BENCH_DNNL
+    dnnl = measure(onednn_gemm, runs);
+    printf("{\"candidate\": \"oneDNN %d.%d\", \"threads\": %d, \"gflops\": %.1f}\n",
+           dnnl_version()->major, dnnl_version()->minor, threads, dnnl);
+#endif
+    void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+        h = dlopen("/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (h != NULL && (bli_sgemm_p = (bli_sgemm_fn)dlsym(h, "bli_sgemm")) != NULL) {
+        blis = measure(blis_gemm, runs);
+        printf("{\"candidate\": \"BLIS\", \"threads\": %d, \"gflops\": %.1f}\n", threads, blis);
+    }
+    printf("{\"summary\": true, \"openblas_installed_gflops\": %.1f, \"openblas_best_core\": "
+           "\"%s\", \"openblas_best_gflops\": %.1f, \"onednn_gflops\": %.1f, \"blis_gflops\": "
+           "%.1f, \"best_over_installed\": %.2f, \"onednn_over_openblas_best\": %.2f, "
+           "\"blis_over_openblas_best\": %.2f}\n",
+           base, best_core, best_ob, dnnl, blis, best_ob / base, dnnl / best_ob, blis / best_ob);
+    return 0;
+}
