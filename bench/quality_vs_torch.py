@@ -34,6 +34,22 @@ What it does, per skew (kiln datagen --zipf Z --vocab V --empty E):
   4. Prints per cell the median over seeds of each side's eval logloss and
      AUC, the difference of the medians, the median and the largest of the
      per-seed (paired) differences, and whether kiln <= torch + 0.002.
+
+With --data teacher the rows come from this script's own click model
+(teacher_tsv), not kiln datagen's, so that neither side is measured only on
+data Kiln was developed on.
+
+With --defaults own each side starts from its OWN defaults instead of
+kiln's weights copied into PyTorch (step 2 is skipped for the weights; its
+checkpoint still names the training keys): kiln-train with whatever the spec
+leaves unset (dim 16 and adagrad 0.05 are set on both sides), PyTorch with
+nn.Linear's own initialisation (U(+-1/sqrt(fan_in)) for weights and biases,
+also lr/fm's w.x + b as an nn.Linear(13, 1)) and the usual embedding init of
+the DLRM reference and TorchRec, U(+-sqrt(1 / rows of the table)) per slot.
+Each seed is a different draw on both sides; the table prints the mean and
+the spread (sample standard deviation) over seeds, and the goal is kiln's
+mean <= torch's mean + 0.002 with a spread no wider than torch's (+ 0.001,
+the resolution of a few seeds).
 """
 import argparse
 import glob
@@ -84,9 +100,55 @@ def read_kbin(path):
     return np.concatenate(ys), np.concatenate(xs), np.concatenate(ks)
 
 
+def teacher_tsv(path, rows, zipf, vocab, empty, part):
+    """Criteo-format rows from a click model that is not kiln datagen's (so
+    that neither side is tuned to it): per slot Zipf(zipf) ids over vocab
+    values (hex strings, as Criteo's), each id a bias N(0, 0.25) and a
+    4-dimensional factor N(0, 0.2); logit = -1.1 + sum of the row's biases
+    + the factors' pairwise dot products + a saturating function of the
+    log1p'd counts (13 of them, lognormal). The teacher's draws come from
+    seed 7, the rows from seed 100 + part. Returns the rows' Bayes logloss."""
+    t = np.random.default_rng(7)
+    S, K = NSLOTS, 4
+    bias = t.normal(0, 0.25, (S, vocab))
+    fac = t.normal(0, 0.2, (S, vocab, K))
+    wd = t.normal(0, 0.5, NDENSE)
+    perm = np.stack([t.permutation(vocab) for _ in range(S)])
+    g = np.random.default_rng(100 + part)
+    ranks = np.arange(1, vocab + 1, dtype=np.float64)
+    p = ranks ** -zipf
+    p /= p.sum()
+    ids = np.stack([perm[s][g.choice(vocab, rows, p=p)] for s in range(S)], 1)  # (n, S)
+    miss = g.random((rows, S)) < empty
+    counts = np.floor(np.exp(g.normal(1.0, 1.2, (rows, NDENSE)))).astype(np.int64)
+    x = np.log1p(counts)
+    b = np.where(miss, 0.0, bias[np.arange(S)[None, :], ids])
+    v = np.where(miss[:, :, None], 0.0, fac[np.arange(S)[None, :], ids])
+    vs = v.sum(1)
+    logit = (-1.1 + b.sum(1) + 0.5 * ((vs * vs).sum(1) - (v * v).sum((1, 2)))
+             + 1.5 * np.tanh(x @ wd / 2))
+    prob = 1 / (1 + np.exp(-logit))
+    y = (g.random(rows) < prob).astype(np.int64)
+    with open(path, "w") as f:
+        for i in range(rows):
+            cat = ["" if miss[i, s] else "%08x" % (ids[i, s] * 2654435761 % 2**32 + s)
+                   for s in range(S)]
+            f.write("%d\t%s\t%s\n" % (y[i], "\t".join(str(c) for c in counts[i]),
+                                     "\t".join(cat)))
+    pc = np.clip(prob, 1e-7, 1 - 1e-7)
+    return float(-(y * np.log(pc) + (1 - y) * np.log(1 - pc)).mean())
+
+
 def make_data(build, work, name, zipf, a):
     kiln = os.path.join(build, "tools", "kiln")
     out = {}
+    if a.data == "teacher":
+        for part, rows in ((0, a.rows), (1, a.eval_rows)):
+            tsv = os.path.join(work, "%s-%d.tsv" % (name, part))
+            bay = teacher_tsv(tsv, rows, zipf, a.vocab, a.empty, part)
+            run([kiln, "convert", tsv, "--out", tsv[:-4] + ".bin"])
+            out[part] = (tsv[:-4] + ".bin", bay)
+        return out[0][0], out[1][0], out[1][1]
     for part, rows in ((0, a.rows), (1, a.eval_rows)):
         tsv = os.path.join(work, "%s-%d.tsv" % (name, part))
         j = json.loads(run([kiln, "--json", "datagen", "--rows", str(rows), "--out", tsv,
@@ -156,7 +218,26 @@ class Init:
         return out
 
 
-def torch_train(model, init, train, evalf, batch, epochs, threads):
+def own_defaults(m, model, init):
+    """PyTorch's own initialisation of the model m (see the docstring)."""
+    import torch
+    import torch.nn as nn
+    with torch.no_grad():
+        for s in range(NSLOTS):
+            n = len(init.keys[s])
+            if n:
+                b = (1.0 / n) ** 0.5
+                m.emb.weight[init.base[s]:init.base[s] + n].uniform_(-b, b)
+        if model in ("lr", "fm"):
+            lin = nn.Linear(NDENSE, 1)  # its reset_parameters: U(+-1/sqrt(13))
+            m.w.copy_(lin.weight.view(-1))
+            m.b.copy_(lin.bias.view(()))
+        else:
+            for lin in [x for x in list(m.bottom) + list(m.top) if isinstance(x, nn.Linear)]:
+                lin.reset_parameters()
+
+
+def torch_train(model, init, train, evalf, batch, epochs, threads, own=False, seed=0):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -166,23 +247,26 @@ def torch_train(model, init, train, evalf, batch, epochs, threads):
     zero = np.zeros(NSLOTS, np.int64)
     trb = tm.make_batches(ytr, xtr, init.ids(ktr), zero, batch)
     evb = tm.make_batches(yev, xev, init.ids(kev), zero, 4096)
-    m = tm.Model(model, len(init.rows), DIM, 0)
+    m = tm.Model(model, len(init.rows), DIM, seed)
     P = torch.from_numpy(init.dense.copy())
-    with torch.no_grad():
-        m.emb.weight.copy_(torch.from_numpy(init.rows))
-        if model in ("lr", "fm"):
-            m.w.copy_(P[:NDENSE])
-            m.b.copy_(P[NDENSE])
-            assert len(P) == NDENSE + 1
-        else:
-            off = 0
-            for lin in [x for x in list(m.bottom) + list(m.top) if isinstance(x, nn.Linear)]:
-                o, i = lin.weight.shape
-                lin.weight.copy_(P[off:off + o * i].view(o, i))
-                off += o * i
-                lin.bias.copy_(P[off:off + o])
-                off += o
-            assert off == len(P)
+    if own:
+        own_defaults(m, model, init)
+    else:
+        with torch.no_grad():
+            m.emb.weight.copy_(torch.from_numpy(init.rows))
+            if model in ("lr", "fm"):
+                m.w.copy_(P[:NDENSE])
+                m.b.copy_(P[NDENSE])
+                assert len(P) == NDENSE + 1
+            else:
+                off = 0
+                for lin in [x for x in list(m.bottom) + list(m.top) if isinstance(x, nn.Linear)]:
+                    o, i = lin.weight.shape
+                    lin.weight.copy_(P[off:off + o * i].view(o, i))
+                    off += o * i
+                    lin.bias.copy_(P[off:off + o])
+                    off += o
+                assert off == len(P)
     opt = torch.optim.Adagrad(m.parameters(), lr=LR, eps=EPS)
     curve = []
     for _ in range(epochs):
@@ -240,6 +324,24 @@ def write_svg(path, curves, batch, bayes):
     print("wrote", path)
 
 
+def own_table(rows, skews, models, batches, seeds):
+    """Each side's own defaults: mean and spread over seeds, and the goal."""
+    print("\neach side's own defaults, over %d seeds: mean (spread)" % seeds)
+    print("%-8s %-5s %6s %19s %19s %9s %s" % ("skew", "model", "batch", "kiln ll", "torch ll",
+                                               "diff", "kiln <= torch + 0.002, spread <= torch's"))
+    for sk, _ in skews:
+        for m in models:
+            for b in batches:
+                c = [r for r in rows if r["skew"] == sk and r["model"] == m and r["batch"] == b]
+                k = [r["kiln_logloss"] for r in c]
+                t = [r["torch_logloss"] for r in c]
+                sd = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0
+                km, tmn = statistics.mean(k), statistics.mean(t)
+                ok = km <= tmn + GOAL and sd(k) <= sd(t) + 0.001
+                print("%-8s %-5s %6d %9.5f (%.5f) %9.5f (%.5f) %+9.5f %s"
+                      % (sk, m, b, km, sd(k), tmn, sd(t), km - tmn, "met" if ok else "NOT met"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -257,6 +359,10 @@ def main():
     ap.add_argument("--svg", default=os.path.join(HERE, "..", "docs", "quality-loss-curves.svg"))
     ap.add_argument("--curve-batch", type=int, default=1024)
     ap.add_argument("--keep", action="store_true", help="keep the data directory")
+    ap.add_argument("--data", choices=("datagen", "teacher"), default="datagen",
+                    help="datagen: kiln datagen's rows; teacher: this script's own click model")
+    ap.add_argument("--defaults", choices=("kiln", "own"), default="kiln",
+                    help="kiln: both sides start from kiln's weights; own: each its own init")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     models = a.models.split(",")
@@ -281,7 +387,8 @@ def main():
                     for b in batches:
                         res, kc, _ = kiln_train(build, work, m, train, evalf, b, seed, LR,
                                                 a.epochs, "run-%s-%s-%d-%d" % (sk, m, b, seed))
-                        tll, tauc, tc = torch_train(m, init, tr, ev, b, a.epochs, a.threads)
+                        tll, tauc, tc = torch_train(m, init, tr, ev, b, a.epochs, a.threads,
+                                                    a.defaults == "own", seed)
                         r = {"skew": sk, "model": m, "batch": b, "seed": seed,
                              "kiln_logloss": round(res["eval_logloss"], 6),
                              "torch_logloss": round(tll, 6),
@@ -311,6 +418,8 @@ def main():
                              statistics.median(paired), max(paired, key=abs), med("kiln_auc"),
                              med("torch_auc"), bayes[sk], "met" if ok else "NOT met"))
         print("\n%d of %d cells met (medians over %d seeds)" % (nmet, ncell, a.seeds))
+        if a.defaults == "own":
+            own_table(rows, skews, models, batches, a.seeds)
         if a.svg and curves:
             write_svg(a.svg, curves, a.curve_batch, bayes)
     finally:

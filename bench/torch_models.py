@@ -26,7 +26,7 @@ The models are the ones docs/models.md describes, with kiln-train's defaults:
         [bot, e_0 .. e_25], top MLP (16 + 351) -> 256 -> 128 -> 1
 One nn.EmbeddingBag (mode sum, sparse gradients) holds every slot's table
 with per-slot id offsets: one bag per (row, slot). Embeddings start U(-0.01,
-0.01); dense weights Xavier-uniform (lr/fm w and b zero). One
+0.01); dlrm's layers nn.Linear's own init, U(+-1/sqrt(fan_in)) (lr/fm w and b zero). One
 torch.optim.Adagrad (lr 0.05, eps 1e-10, no initial accumulator) steps both
 the sparse and the dense parameters; the loss is the batch-mean logistic loss.
 
@@ -117,10 +117,8 @@ class Model(nn.Module):
             def mlp(widths, last_relu):
                 layers = []
                 for i in range(len(widths) - 1):
-                    lin = nn.Linear(widths[i], widths[i + 1])
-                    nn.init.xavier_uniform_(lin.weight)
-                    nn.init.zeros_(lin.bias)
-                    layers.append(lin)
+                    # nn.Linear's own init, which is kiln-train's dlrm default too
+                    layers.append(nn.Linear(widths[i], widths[i + 1]))
                     if last_relu or i + 2 < len(widths):
                         layers.append(nn.ReLU())
                 return nn.Sequential(*layers)

@@ -545,17 +545,18 @@ static void test_init_deterministic(void **state)
     size_t np = rt_model_nparams(a);
     assert_memory_equal(rt_model_params(a), rt_model_params(b), np * sizeof(float));
     assert_memory_not_equal(rt_model_params(a), rt_model_params(c), np * sizeof(float));
+    /* nn.Linear's init: a layer's weight (out, in) and bias (out, 1) both
+     * U(+-1/sqrt(in)), most values nonzero. */
+    int fan_in = 0;
     for (int gi = 0; gi < rt_model_ngroups(a); gi++) {
         const rt_model_group_t *g = rt_model_group(a, gi);
         const float *p = rt_model_params(a) + g->offset;
         size_t cnt = (size_t)g->rows * g->cols;
         int nonzero = 0;
-        if (g->cols == 1) { /* a bias: zero */
-            for (size_t i = 0; i < cnt; i++)
-                assert_true(p[i] == 0.0f);
-            continue;
-        }
-        double lim = sqrt(6.0 / (g->rows + g->cols)); /* Xavier uniform */
+        if (strstr(g->name, ".weight") != NULL)
+            fan_in = g->cols;
+        assert_true(fan_in > 0);
+        double lim = 1.0 / sqrt((double)fan_in);
         for (size_t i = 0; i < cnt; i++) {
             assert_true(fabs(p[i]) <= lim);
             nonzero += p[i] != 0.0f;
