@@ -34,6 +34,7 @@
 #include "fixtures.h"
 #include "kiln.h"
 #include "proc.h"
+#include "sched_int.h"
 #include "state.h"
 
 #ifndef KILN_BIN
@@ -754,6 +755,45 @@ static void test_refuses_to_start(void **state)
     }
 }
 
+/* srun's report of a task that died of a signal names the rank and host in
+ * the run's failure, in both of srun's forms: "task 1: Killed" (one task)
+ * and "tasks 0-1: Killed" (several); an exit code is not a kill. Issue 27
+ * found the one-task form unparsed ("Slurm job 5 FAILED ... exit 143"). */
+static void test_slurm_killed_parsed(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *line, *want;
+    } cases[] = {
+        {"srun: error: stnode2: task 1: Killed\n",
+         "rank 1 on host stnode2 was killed (srun: Killed) (Slurm job 5 FAILED, exit 143)"},
+        {"srun: error: stnode1: tasks 0-1: Killed\n",
+         "rank 0 on host stnode1 was killed (srun: Killed) (Slurm job 5 FAILED, exit 143)"},
+        {"srun: error: stnode2: task 1: Exited with exit code 2\n", NULL},
+    };
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/slurm-killed", home);
+    assert_int_equal(kiln_mkdir_p(dir), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char log[480];
+        snprintf(log, sizeof log, "%s/log", dir);
+        fx_write(log, "step 4 loss 0.5\n%sslurmstepd: error: *** STEP 5.0 ON stnode1 CANCELLED\n",
+                 cases[i].line);
+        run_status_t st = {.exit_code = 143, .job_id = 5};
+        snprintf(st.job_state, sizeof st.job_state, "FAILED");
+        state_run_state_t to;
+        char *error = NULL;
+        bool retryable = false;
+        sched_slurm_outcome(dir, &st, NULL, &to, &error, &retryable);
+        assert_int_equal(to, STATE_RUN_FAILED);
+        assert_non_null(error);
+        if (cases[i].want != NULL ? strcmp(error, cases[i].want) != 0
+                                  : strstr(error, "was killed") != NULL)
+            fail_msg("case %zu (%s): got \"%s\"", i, cases[i].line, error);
+        free(error);
+    }
+}
+
 /* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
 PROC_TEST_MAIN(
     setup_all, teardown_all,
@@ -767,4 +807,5 @@ PROC_TEST_MAIN(
     cmocka_unit_test_setup_teardown(test_kill9_recovery, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_kill9_before_supervisor, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home))
+    cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_killed_parsed, setup_home, teardown_home))
