@@ -91,9 +91,12 @@ void sched_slurm_follow(const char *run_dir, char *const argv[], const sched_fol
 int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace_ms,
                           pid_t *pid /* OUT */);
 /* The same with the launcher's follow (NULL: as above) as the supervisor's
- * body; argv may then be NULL (adopting the job named in run_dir). */
-int sched_supervise_spawn_follow(const char *run_dir, char *const argv[], int64_t grace_ms,
-                                 sched_follow_fn follow, int64_t poll_ms, pid_t *pid /* OUT */);
+ * body; argv may then be NULL (adopting the job named in run_dir). env
+ * (NULL-ended, may be NULL) is the run's environment, applied in the child
+ * only, never in kilnd: each "NAME=VALUE" is set, each bare "NAME" unset. */
+int sched_supervise_spawn_follow(const char *run_dir, char *const argv[], const char *const *env,
+                                 int64_t grace_ms, sched_follow_fn follow, int64_t poll_ms,
+                                 pid_t *pid /* OUT */);
 /* The signals kilnd and each supervisor block and then read from a signalfd
  * (SIGCHLD, SIGTERM, SIGINT, SIGHUP), into *set. */
 void sched_signal_set(sigset_t *set /* OUT */);

@@ -596,7 +596,7 @@ bool sched_slurm_readopt(sched_t *s, sched_active_t *a)
         return false;
     }
     pid_t pid = 0;
-    if (sched_supervise_spawn_follow(a->run_dir, NULL, s->o.grace_ms, sched_slurm_follow,
+    if (sched_supervise_spawn_follow(a->run_dir, NULL, NULL, s->o.grace_ms, sched_slurm_follow,
                                      s->o.slurm_poll_ms, &pid) < 0) {
         KILN_WARN("run %lld: cannot follow Slurm job %lld again: %s", (long long)a->run_id,
                   (long long)j.job_id, kiln_errmsg());

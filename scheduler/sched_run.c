@@ -240,7 +240,7 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     char *base = NULL;
     state_input_t *ins = NULL;
     size_t nins = 0;
-    char *run_dir = NULL, *hostfile = NULL, *list = NULL, *resume = NULL;
+    char *run_dir = NULL, *hostfile = NULL, *list = NULL, *resume = NULL, *env_dir = NULL;
     char **argv = NULL;
     int rc = 0;
     bool launching = false;
@@ -340,25 +340,27 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     KILN_CHECK_GOTO(l->build_argv(&ctx, &argv), rc, out);
 
     /* The run's environment: who it is, and where its spec's relative paths
-     * point (kiln-train honours RUN_ENV_SPEC_DIR). */
-    char num[32];
-    snprintf(num, sizeof num, "%lld", (long long)run->id);
-    setenv(RUN_ENV_RUN_ID, num, 1);
-    snprintf(num, sizeof num, "%d", run->attempt);
-    setenv(RUN_ENV_ATTEMPT, num, 1);
+     * point (kiln-train honours RUN_ENV_SPEC_DIR). It is set in the
+     * supervisor after fork, never in kilnd, whose push workers read the
+     * environment meanwhile. */
+    char env_id[64], env_attempt[64];
     if (base != NULL)
-        setenv(RUN_ENV_SPEC_DIR, base, 1);
-    else
-        unsetenv(RUN_ENV_SPEC_DIR);
+        env_dir = kiln_asprintf("%s=%s", RUN_ENV_SPEC_DIR, base);
+    snprintf(env_id, sizeof env_id, "%s=%lld", RUN_ENV_RUN_ID, (long long)run->id);
+    snprintf(env_attempt, sizeof env_attempt, "%s=%d", RUN_ENV_ATTEMPT, run->attempt);
+    const char *env[] = {env_id, env_attempt, env_dir != NULL ? env_dir : RUN_ENV_SPEC_DIR, NULL};
+    if (base != NULL && env_dir == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
     /* The run directory is recorded before the supervisor starts: a kilnd
      * killed in between finds no supervisor.pid there and queues the run
      * again (never_started), and one killed later finds the pid file and
      * adopts it. */
     KILN_CHECK_GOTO(state_run_set_launch(s->st, run->id, run_dir, 0, s->host), rc, out);
     pid_t pid = 0;
-    rc = sched_supervise_spawn_follow(run_dir, argv, s->o.grace_ms, l->follow,
+    rc = sched_supervise_spawn_follow(run_dir, argv, env, s->o.grace_ms, l->follow,
                                       s->o.slurm_poll_ms, &pid);
-    unsetenv(RUN_ENV_SPEC_DIR);
     KILN_CHECK_GOTO(rc, rc, out);
 
     sched_active_t *a = sched_active_add(s);
@@ -397,7 +399,7 @@ out:
     }
     sched_argv_free(argv);
     state_inputs_free(ins, nins);
-    KILN_FREE_ALL(list, hostfile, resume, run_dir, base);
+    KILN_FREE_ALL(list, hostfile, resume, run_dir, base, env_dir);
     if (own_spec)
         job_spec_fini(&queued_spec);
     free(queued_yaml);

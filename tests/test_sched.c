@@ -794,6 +794,38 @@ static void test_slurm_killed_parsed(void **state)
     }
 }
 
+/* A run's environment (its id, attempt and spec directory) is set in its
+ * supervisor after fork, never in kilnd: kilnd's push workers call getenv
+ * while the loop launches, and setenv/unsetenv there was a data race (issue
+ * 27). The child sees the run's values and an unset KILN_SPEC_DIR; this
+ * process's environment stays as it was. */
+static void test_run_env_in_child(void **state)
+{
+    (void)state;
+    char dir[400], log[480];
+    snprintf(dir, sizeof dir, "%s/env-run", home);
+    assert_int_equal(kiln_mkdir_p(dir), 0);
+    setenv(RUN_ENV_SPEC_DIR, "/stale/dir", 1);
+    unsetenv(RUN_ENV_RUN_ID);
+    const char *env[] = {RUN_ENV_RUN_ID "=7", RUN_ENV_ATTEMPT "=2", RUN_ENV_SPEC_DIR, NULL};
+    char *const argv[] = {"/bin/sh", "-c",
+                          "echo \"id=$" RUN_ENV_RUN_ID " attempt=$" RUN_ENV_ATTEMPT
+                          " dir=${" RUN_ENV_SPEC_DIR "-unset}\"",
+                          NULL};
+    pid_t pid = 0;
+    assert_int_equal(sched_supervise_spawn_follow(dir, argv, env, 1000, NULL, 0, &pid), 0);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    char text[4096];
+    snprintf(log, sizeof log, "%s/%s", dir, RUN_FILE_LOG);
+    proc_slurp(log, text, sizeof text);
+    if (strstr(text, "id=7 attempt=2 dir=unset\n") == NULL)
+        fail_msg("the run's environment is not what kilnd gave it:\n%s", text);
+    assert_null(getenv(RUN_ENV_RUN_ID));
+    assert_string_equal(getenv(RUN_ENV_SPEC_DIR), "/stale/dir");
+    unsetenv(RUN_ENV_SPEC_DIR);
+}
+
 /* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
 PROC_TEST_MAIN(
     setup_all, teardown_all,
@@ -808,4 +840,5 @@ PROC_TEST_MAIN(
     cmocka_unit_test_setup_teardown(test_kill9_before_supervisor, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_slurm_killed_parsed, setup_home, teardown_home))
+    cmocka_unit_test_setup_teardown(test_slurm_killed_parsed, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_run_env_in_child, setup_home, teardown_home))
