@@ -1516,6 +1516,73 @@ static void test_broken_files(void **state)
     resp_free(r);
 }
 
+/* srv's label A holds uid with exactly the rows of lookup_all in rows. */
+static void assert_still_holds(const server_t *srv, const char *uid, const json_t *rows, resp_t *r)
+{
+    char h[64];
+    holds(srv, "A", h, sizeof h);
+    assert_string_equal(h, uid);
+    json_t *now = lookup_all(srv, r);
+    assert_true(json_equal(now, (json_t *)rows));
+    json_decref(now);
+}
+
+/* A push that cannot be committed is not applied (issue 27): when
+ * chain.json cannot be replaced, a full push and a delta are answered with
+ * an error, the version in memory stays the old one, and the old chain's
+ * files stay, so that a restart loads the old version; a delta whose apply
+ * fails (KILN_TEST_APPLY_FAIL) leaves the checkpoint where it was and its
+ * rows as they were. Before, both were answered 200, the full push deleted
+ * the files chain.json still named, and the delta moved the uid forward. */
+static void test_push_not_committed(void **state)
+{
+    (void)state;
+    server_t srv;
+    server_new(&srv, "uncommitted");
+    setenv("KILN_TEST_APPLY_FAIL", "nc-3", 1);
+    server_start(&srv, NULL, 0, true);
+    unsetenv("KILN_TEST_APPLY_FAIL");
+    resp_t *r = calloc(1, sizeof *r);
+    serve_memsrc_t *v1 = build("nc-1", "", 1000, 300, 1, NULL, 0);
+    serve_memsrc_t *v2 = build("nc-2", "", 1000, 300, 2, NULL, 0);
+    serve_memsrc_t *d3 = build("nc-3", "nc-1", 1000, 100, 3, NULL, 0);
+    serve_memsrc_t *d4 = build("nc-4", "nc-1", 1000, 100, 4, NULL, 0);
+    assert_int_equal(put_push(&srv, "A", "none", v1, r), 200);
+    json_t *rows1 = lookup_all(&srv, r);
+
+    /* chain.json cannot be replaced while a directory has the name of its
+     * temporary file (what a full disk does, leaving chain.json as it is). */
+    char tmp[720], first[700], h[64];
+    snprintf(tmp, sizeof tmp, "%s/models/ctr/A/chain.json.tmp.%d", srv.dir, (int)srv.pid);
+    snprintf(first, sizeof first, "%s/models/ctr/A/00000000.kpush", srv.dir);
+    assert_int_equal(mkdir(tmp, 0755), 0);
+    assert_int_equal(put_push(&srv, "A", "none", v2, r), 500);
+    if (strstr(r->body, "could not be committed") == NULL)
+        fail_msg("the full push's error does not say why: %s", r->body);
+    assert_int_equal(put_push(&srv, "A", "nc-1", d4, r), 500);
+    assert_still_holds(&srv, "nc-1", rows1, r);
+    assert_int_equal(access(first, F_OK), 0); /* the chain's file is kept */
+    assert_int_equal(rmdir(tmp), 0);
+
+    /* A delta that fails to apply (after changing rows in memory). */
+    assert_int_equal(put_push(&srv, "A", "nc-1", d3, r), 500);
+    assert_still_holds(&srv, "nc-1", rows1, r);
+
+    /* After a restart the old version is what is held, and pushes apply. */
+    server_kill(&srv, SIGTERM);
+    server_start(&srv, NULL, 0, true);
+    assert_still_holds(&srv, "nc-1", rows1, r);
+    assert_int_equal(put_push(&srv, "A", "nc-1", d3, r), 200);
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "nc-3");
+    server_kill(&srv, SIGTERM);
+    json_decref(rows1);
+    serve_memsrc_t *made[] = {v1, v2, d3, d4};
+    for (size_t i = 0; i < sizeof made / sizeof made[0]; i++)
+        serve_memsrc_destroy(made[i]);
+    resp_free(r);
+}
+
 /* A model kiln-serve cannot build is refused with the trainer's reason,
  * wrapped once ("the pushed model cannot be built: <reason>"): issue 15
  * saw it garbled ("...: the pushed model cannot be built: be 1 (the logit)"). */
@@ -2076,6 +2143,7 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_predict_nonfinite),
     cmocka_unit_test(test_state_dir_locked),
     cmocka_unit_test(test_broken_files),
+    cmocka_unit_test(test_push_not_committed),
     cmocka_unit_test(test_wrapped_error_reads_right),
     cmocka_unit_test(test_cli_limits),
     cmocka_unit_test(test_host_header),
