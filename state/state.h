@@ -58,6 +58,10 @@ typedef struct state_job {
  * paths resolve against is recorded, a one-off job's run is queued (with that
  * directory on the run), and a "submit" event names the source. So kilnd
  * never sees a run whose spec directory is not yet written. */
+/* An endpoint as a job's spec names it: a kiln-serve URL, model and label. */
+typedef struct state_endpoint_ref {
+    const char *url, *model, *label;
+} state_endpoint_ref_t;
 typedef struct state_submit {
     const char *name, *spec_yaml, *spec_hash;
     const char *schedule; /* NULL: one-off */
@@ -65,6 +69,9 @@ typedef struct state_submit {
     const char *spec_dir; /* absolute; NULL: none (kilnd then uses $KILN_HOME/jobs/NAME) */
     bool queue_run;       /* queue one run (a one-off job) */
     const char *source;   /* for the event: the spec file, or "the web API" */
+    const state_endpoint_ref_t *endpoints; /* (nendpoints) the job's push endpoints, recorded
+                                              in the same transaction; may be NULL */
+    int nendpoints;
 } state_submit_t;
 typedef struct state_submitted {
     int64_t job_id;

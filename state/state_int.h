@@ -376,6 +376,10 @@ int state_run_create_tx(state_t *st, int64_t job_id, state_trigger_t trigger,
                         int64_t scheduled_at, int attempt, int64_t retry_of,
                         int64_t *run_id /* OUT */);
 
+/* state_endpoint_put inside the caller's transaction (pushes.c); model and
+ * label are "" rather than NULL. */
+int state_endpoint_put_tx(state_t *st, const state_endpoint_ref_t *e, int64_t *id /* OUT */);
+
 /* state_push_enqueue inside the caller's transaction (pushes.c). */
 int state_push_enqueue_tx(state_t *st, int64_t job_id, int64_t run_id,
                           const state_push_req_t *reqs, size_t n, const char *claimer,

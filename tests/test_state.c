@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "ops.h"
 #include "state.h"
 #include "state_int.h"
 
@@ -1384,6 +1385,44 @@ static void test_busy_retry(void **state)
     assert_non_null(strstr(kiln_errmsg(), f->path));
 }
 
+/* A job's endpoints are recorded in the submit's transaction (ops.h says
+ * so): when recording one fails, the submit fails and stores nothing. Issue
+ * 27 found them written after the commit, so a failure reported an error
+ * for a job that was stored. */
+static void test_submit_endpoints_atomic(void **state)
+{
+    fixture_t *f = *state;
+    OK(state_test_exec(f->st, "CREATE TRIGGER no_b BEFORE INSERT ON endpoints WHEN NEW.label = "
+                              "'B' BEGIN SELECT RAISE(ABORT, 'endpoint B refused'); END"));
+    const char *spec = "name: ep-atomic\n"
+                       "data: {train: /tmp/none.tsv}\n"
+                       "model: {type: lr, embedding: {dim: 4, capacity: 1000}}\n"
+                       "push:\n"
+                       "  endpoints:\n"
+                       "    - {url: \"http://127.0.0.1:8501\", model: ctr, label: A}\n"
+                       "    - {url: \"http://127.0.0.1:8502\", model: ctr, label: B}\n";
+    ops_submit_t in = {.text = spec, .len = strlen(spec), .source = "the test"};
+    job_diags_t diags;
+    job_diags_init(&diags);
+    ops_submitted_t out;
+    int rc = ops_submit(f->st, &in, &diags, &out);
+    job_diags_fini(&diags);
+    if (rc == 0)
+        ops_submitted_fini(&out);
+    assert_true(rc < 0);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM jobs"), 0);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM runs"), 0);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM endpoints"), 0);
+
+    OK(state_test_exec(f->st, "DROP TRIGGER no_b"));
+    job_diags_init(&diags);
+    OK(ops_submit(f->st, &in, &diags, &out));
+    job_diags_fini(&diags);
+    ops_submitted_fini(&out);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM jobs"), 1);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM endpoints"), 2);
+}
+
 int main(void)
 {
     kiln_log_set_level(KILN_LOG_WARN);
@@ -1413,6 +1452,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_concurrent_writers, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_open, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_busy_retry, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_submit_endpoints_atomic, setup_open, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
