@@ -727,6 +727,39 @@ static void test_push_lookup_predict(void **state)
     assert_true(json_is_null(json_array_get(rows, 4)));
     json_decref(j);
 
+    /* Keys as decimal strings (JavaScript's 64-bit ids) are the same keys;
+     * a string that is not one, or a key of another type, is a 400 that
+     * says which key. Issue 27: strings answered null ("not held"). */
+    snprintf(body, sizeof body, "{\"label\":\"A\",\"table\":\"t0\",\"keys\":[\"1399\", "
+                                "\"1400\", \"9223372036854775807\", \"-3\"]}");
+    assert_int_equal(http("POST", url, NULL, body, strlen(body), r), 200);
+    j = json_loads(r->body, 0, NULL);
+    rows = json_object_get(j, "rows");
+    assert_true(fabs(json_real_value(json_array_get(json_array_get(rows, 0), 0)) -
+                     rowval(0, 1399, 0, 1)) < 1e-6);
+    assert_true(fabs(json_real_value(json_array_get(json_array_get(rows, 1), 0)) -
+                     rowval(0, 1400, 0, 2)) < 1e-6);
+    assert_true(json_is_null(json_array_get(rows, 2)) && json_is_null(json_array_get(rows, 3)));
+    json_decref(j);
+    static const struct {
+        const char *keys, *want;
+    } bad_keys[] = {
+        {"[1399, \"12x\"]", "lookup key 1 is the string \\\"12x\\\", which is not a decimal"},
+        {"[\"9223372036854775808\"]", "lookup key 0 is the string"},
+        {"[\" 5\"]", "lookup key 0 is the string"},
+        {"[1.5]", "lookup key 0 is a JSON number with a fraction"},
+        {"[7, true]", "lookup key 1 is a JSON boolean"},
+    };
+    for (size_t i = 0; i < sizeof bad_keys / sizeof bad_keys[0]; i++) {
+        snprintf(body, sizeof body, "{\"label\":\"A\",\"table\":\"t0\",\"keys\":%s}",
+                 bad_keys[i].keys);
+        assert_int_equal(http("POST", url, NULL, body, strlen(body), r), 400);
+        if (strstr(r->body, bad_keys[i].want) == NULL)
+            fail_msg("keys %s: want \"%s\" in %s", bad_keys[i].keys, bad_keys[i].want, r->body);
+    }
+    snprintf(body, sizeof body, /* the lookup after the restart below */
+             "{\"label\":\"A\",\"table\":\"t0\",\"keys\":[1000, 1399, 1400, 1599, 1600]}");
+
     /* split: B holds the same; sticky keys always land on the same label and
      * both labels get traffic. */
     assert_int_equal(push_one(&srv, "B", &o, "", &opt, &res), 0);
