@@ -14,6 +14,7 @@
 #include <microhttpd.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "serve_int.h"
 
@@ -112,7 +113,8 @@ static enum MHD_Result send_error(struct MHD_Connection *con, int status, const 
 static bool authorized(const sv_http_t *h, struct MHD_Connection *con)
 {
     const char *a = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Authorization");
-    if (h->token == NULL || a == NULL || strncmp(a, "Bearer ", 7) != 0)
+    /* The scheme is case-insensitive (RFC 9110, 11.1): "bearer" is Bearer. */
+    if (h->token == NULL || a == NULL || strncasecmp(a, "Bearer ", 7) != 0)
         return false;
     const char *given = a + 7;
     size_t n = strlen(h->token), m = strlen(given);

@@ -951,7 +951,8 @@ static void test_auth_and_bad_requests(void **state)
     holds(&srv, "A", h, sizeof h);
     assert_string_equal(h, ""); /* nothing applied */
 
-    const char *good[] = {"Authorization: Bearer " TOKEN, "Kiln-Checkpoint: ck-1",
+    /* The scheme is case-insensitive (issue 27: "bearer" was refused). */
+    const char *good[] = {"Authorization: bearer " TOKEN, "Kiln-Checkpoint: ck-1",
                           "Kiln-Base: none", "Idempotency-Key: k1", NULL};
     /* A corrupt body: 400 and nothing applied. */
     body[len / 2] ^= 0x10;

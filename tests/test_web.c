@@ -387,7 +387,8 @@ static void test_cancel_retry(void **state)
 {
     char path[96];
     reply_t r;
-    static const char *const auth[] = {"Authorization: Bearer " TOKEN, NULL};
+    /* The scheme is case-insensitive: "bearer" is Bearer (issue 27). */
+    static const char *const auth[] = {"Authorization: bearer " TOKEN, NULL};
     /* The HTML form: token in the body, 303 back to the run. */
     snprintf(path, sizeof path, "/runs/%lld/cancel", (long long)fx.run_queued);
     http(&r, "POST", path, "token=" TOKEN, NULL);

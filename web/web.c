@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 struct web {
@@ -215,7 +216,7 @@ static bool authorized(web_t *w, struct MHD_Connection *c, const upload_t *u)
     if (w->token == NULL)
         return false;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (h != NULL && strncmp(h, "Bearer ", 7) == 0)
+    if (h != NULL && strncasecmp(h, "Bearer ", 7) == 0) /* a case-insensitive scheme */
         return token_equal(h + 7, w->token);
     h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Kiln-Token");
     if (h != NULL)
