@@ -1550,6 +1550,37 @@ static void test_broken_files(void **state)
     resp_free(r);
 }
 
+/* A chain.json that names a full push after its first file reports the
+ * label broken with a reason that reads: issue 27 saw "the delta applies on
+ * <nothing> but ...". */
+static void test_broken_chain_message(void **state)
+{
+    (void)state;
+    server_t srv;
+    server_up(&srv, "brokenchain");
+    resp_t *r = calloc(1, sizeof *r);
+    serve_memsrc_t *m = build("bc-1", "", 1000, 10, 1, NULL, 0);
+    assert_int_equal(put_push(&srv, "A", "none", m, r), 200);
+    serve_memsrc_destroy(m);
+    server_kill(&srv, SIGTERM);
+    char chain[700];
+    snprintf(chain, sizeof chain, "%s/models/ctr/A/chain.json", srv.dir);
+    fx_write(chain, "{\"checkpoint\": \"bc-1\", \"next_seq\": 1, "
+                    "\"files\": [\"00000000.kpush\", \"00000000.kpush\"]}");
+    server_start(&srv, NULL, 0, true);
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/stats", srv.url);
+    assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
+    json_t *j = json_loads(r->body, 0, NULL);
+    const char *e =
+        json_string_value(json_object_get(json_array_get(json_object_get(j, "broken"), 0), "error"));
+    if (e == NULL || strstr(e, "a full push (checkpoint bc-1) follows the chain's first file") == NULL)
+        fail_msg("the broken chain's error does not read right: %s", e ? e : r->body);
+    json_decref(j);
+    server_kill(&srv, SIGTERM);
+    resp_free(r);
+}
+
 /* srv's label A holds uid with exactly the rows of lookup_all in rows. */
 static void assert_still_holds(const server_t *srv, const char *uid, const json_t *rows, resp_t *r)
 {
@@ -2178,6 +2209,7 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_state_dir_locked),
     cmocka_unit_test(test_broken_files),
     cmocka_unit_test(test_push_not_committed),
+    cmocka_unit_test(test_broken_chain_message),
     cmocka_unit_test(test_wrapped_error_reads_right),
     cmocka_unit_test(test_cli_limits),
     cmocka_unit_test(test_host_header),
