@@ -27,6 +27,10 @@ typedef struct state state_t;
 /* The schema version this build writes. Version 0 is an empty file; each
  * migration in state/schema.c brings version i-1 to i (see docs/state.md). */
 #define STATE_SCHEMA_VERSION 6
+/* PRAGMA application_id of Kiln's databases ("KILN"): kilnd and kiln open a
+ * file that has it, a new one, or an older Kiln database (which gets it),
+ * and refuse any other application's SQLite file. */
+#define STATE_APPLICATION_ID 0x4B494C4E
 
 /* Opens (creating if needed, with parent directories) and migrates path.
  * Returns 0, KILN_EDB (message names the file and SQLite's reason) or

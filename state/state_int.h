@@ -52,6 +52,10 @@
 
 #define STATE_STMTS(X)                                                                             \
     X(USER_VERSION, "PRAGMA user_version")                                                         \
+    X(APPLICATION_ID, "PRAGMA application_id")                                                     \
+    /* the tables of the file (not SQLite's own), Kiln's first three first */                    \
+    X(TABLES, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "  \
+              "ORDER BY name NOT IN ('jobs', 'runs', 'events'), name")                             \
     X(BEGIN, "BEGIN IMMEDIATE")                                                                    \
     X(COMMIT, "COMMIT")                                                                            \
     X(ROLLBACK, "ROLLBACK")                                                                        \
