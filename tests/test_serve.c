@@ -22,6 +22,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1581,6 +1582,111 @@ static void test_broken_chain_message(void **state)
     resp_free(r);
 }
 
+/* ---- a lying endpoint: answers every request with `answer` after reading
+ * its headers only (never the body), on a loopback port of its own. */
+typedef struct liar {
+    int fd, port;
+    const char *answer;
+    int served;
+    pthread_t th;
+} liar_t;
+
+static void *liar_main(void *arg)
+{
+    liar_t *l = arg;
+    for (int c; (c = accept(l->fd, NULL, NULL)) >= 0; close(c)) {
+        char buf[8192];
+        size_t n = 0;
+        while (n < sizeof buf - 1) {
+            ssize_t got = recv(c, buf + n, sizeof buf - 1 - n, 0);
+            if (got <= 0)
+                break;
+            n += (size_t)got;
+            buf[n] = '\0';
+            if (strstr(buf, "\r\n\r\n") != NULL)
+                break;
+        }
+        char head[256];
+        int hl = snprintf(head, sizeof head,
+                          "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                          "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                          strlen(l->answer));
+        if (write(c, head, (size_t)hl) < 0 || write(c, l->answer, strlen(l->answer)) < 0)
+            continue;
+        l->served++;
+        shutdown(c, SHUT_WR);
+    }
+    return NULL;
+}
+
+static void liar_start(liar_t *l, const char *answer)
+{
+    memset(l, 0, sizeof *l);
+    l->answer = answer;
+    l->fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(l->fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(l->fd, 16), 0);
+    assert_int_equal(getsockname(l->fd, (struct sockaddr *)&a, &al), 0);
+    l->port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&l->th, NULL, liar_main, l), 0);
+}
+
+static void liar_stop(liar_t *l)
+{
+    shutdown(l->fd, SHUT_RDWR);
+    pthread_join(l->th, NULL);
+    close(l->fd);
+}
+
+/* An endpoint that answers 200 without confirming the push (issue 27: the
+ * body {"ok":tru, or JSON naming fewer bytes than were pushed, from a
+ * server that never read the body) gets a failed push, not a delivered
+ * one; kiln-serve's own answer, repeated or not, is believed. */
+static void test_lying_endpoint(void **state)
+{
+    (void)state;
+    static const char *const lies[] = {
+        "{\"ok\":tru",
+        "{\"model\":\"ctr\",\"label\":\"A\",\"checkpoint\":\"ck-other\",\"bytes\":1}",
+        "{\"model\":\"ctr\",\"label\":\"A\",\"checkpoint\":\"ly-1\",\"bytes\":5}",
+    };
+    static const char *const want[] = {
+        "its answer is not kiln-serve's JSON ({\"ok\":tru)",
+        "its answer names checkpoint 'ck-other', not the pushed ly-1",
+        "it says it took 5 bytes of the ",
+    };
+    serve_memsrc_t *full = build("ly-1", "", 1000, 300, 1, NULL, 0);
+    for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+        liar_t l;
+        liar_start(&l, lies[i]);
+        server_t fake = {.port = l.port};
+        snprintf(fake.url, sizeof fake.url, "http://127.0.0.1:%d", l.port);
+        opener_t o = {.full = full};
+        serve_push_opts_t opt = popts();
+        serve_push_result_t res;
+        int rc = push_one(&fake, "A", &o, "", &opt, &res);
+        liar_stop(&l);
+        assert_true(l.served >= 1);
+        if (rc == 0 || res.ok || strstr(res.error, want[i]) == NULL)
+            fail_msg("lie %zu: rc %d, ok %d, error: %s", i, rc, res.ok, res.error);
+    }
+    /* The truth: a real kiln-serve, twice with the same idempotency key
+     * (the second answer is the stored one, given before the body is read). */
+    server_t srv;
+    server_up(&srv, "truthful");
+    opener_t o = {.full = full};
+    serve_push_opts_t opt = popts();
+    opt.idem_nonce = "same-push";
+    serve_push_result_t res;
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    assert_true(res.ok);
+    server_kill(&srv, SIGTERM);
+    serve_memsrc_destroy(full);
+}
+
 /* srv's label A holds uid with exactly the rows of lookup_all in rows. */
 static void assert_still_holds(const server_t *srv, const char *uid, const json_t *rows, resp_t *r)
 {
@@ -2210,6 +2316,7 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_broken_files),
     cmocka_unit_test(test_push_not_committed),
     cmocka_unit_test(test_broken_chain_message),
+    cmocka_unit_test(test_lying_endpoint),
     cmocka_unit_test(test_wrapped_error_reads_right),
     cmocka_unit_test(test_cli_limits),
     cmocka_unit_test(test_host_header),
