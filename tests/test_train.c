@@ -714,7 +714,8 @@ static void refused(const char *spec, const char *text, const char *name, const 
 
 /* A run over bad data fails (exit 2, not retried) and writes no checkpoint
  * (kiln-serve would serve it): every line malformed (a file with 12 dense
- * columns read as 13), an empty file, /dev/zero; so does a run that
+ * columns read as 13), an empty file, /dev/zero; eval data without a
+ * readable row fails the run's eval; so does a run that
  * diverges (sparse sgd at lr 1e30), naming the step. */
 static void test_bad_data_fails(void **state)
 {
@@ -744,6 +745,16 @@ static void test_bad_data_fails(void **state)
     refused(spec, "name: empty\ndata: {train: empty.tsv}\n", "empty",
             "empty.tsv) holds no lines: nothing to train on", r);
     assert_no_checkpoint("ckpt/empty");
+
+    /* Eval data without a readable row (every line malformed, or empty)
+     * fails the run's eval naming the file, instead of recording
+     * eval_logloss 0.0 over 0 rows, which the quality gate took for a
+     * perfect model (issue 27). */
+    refused(spec, "name: evalbad\ndata: {train: data/day=0.tsv, eval: narrow.tsv}\n", "evalbad",
+            "the eval data (1 file: ", r);
+    assert_non_null(strstr(r->err, "narrow.tsv) holds no readable row"));
+    refused(spec, "name: evalempty\ndata: {train: data/day=0.tsv, eval: empty.tsv}\n",
+            "evalempty", "empty.tsv) holds no readable row", r);
 
     /* /dev/zero: refused, not read forever. */
     refused(spec, "name: zero\ndata: {train: /dev/zero}\n", "zero",
