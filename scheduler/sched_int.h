@@ -129,6 +129,10 @@ typedef struct sched_active {
     int64_t export_seen;  /* the newest online export whose pushes are queued (its id) */
     bool followed;        /* its supervisor follows a job elsewhere (slurm): no backstop */
     int follows;          /* followers started for this run (slurm: re-adoptions) */
+    bool result_imported; /* result.json's figures are recorded (once) */
+    int64_t end_retry_ms; /* it ended, but the record of its end failed: try again then;
+                             0: not ended, or not failed */
+    int end_tries;        /* records of its end that failed */
 } sched_active_t;
 
 typedef struct sched_job {
@@ -186,6 +190,9 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job);
 /* The supervisor of a is gone: read its status, record the outcome, queue a
  * retry by policy, forget a. */
 void sched_finish(sched_t *s, sched_active_t *a);
+/* Records again the end of every run whose record failed and is due (see
+ * sched_active_t.end_retry_ms). Returns when the next one is due (0: none). */
+int64_t sched_finish_due(sched_t *s, int64_t now);
 /* Records the progress lines of a run written since the last call as metrics. */
 void sched_import_progress(sched_t *s, sched_active_t *a);
 /* Adopts or ends the launching/running runs a previous kilnd left. */

@@ -44,12 +44,19 @@ sched_active_t *sched_active_add(sched_t *s)
     return a;
 }
 
-void sched_active_remove(sched_t *s, sched_active_t *a)
+/* Stops watching a's supervisor (its pidfd leaves the epoll set). */
+static void unwatch(sched_t *s, sched_active_t *a)
 {
     if (a->pidfd >= 0) {
         epoll_ctl(s->epfd, EPOLL_CTL_DEL, a->pidfd, NULL);
         close(a->pidfd);
+        a->pidfd = -1;
     }
+}
+
+void sched_active_remove(sched_t *s, sched_active_t *a)
+{
+    unwatch(s, a);
     free(a->run_dir);
     size_t i = (size_t)(a - s->act);
     s->act[i] = s->act[--s->nact];
@@ -84,8 +91,9 @@ int64_t sched_backoff_ms(sched_t *s, const job_spec_t *spec, int attempt)
     return d;
 }
 
-/* sched_fail_run, with the time the run ended (0: now). */
-static void fail_run_at(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
+/* sched_fail_run, with the time the run ended (0: now). Returns 0 or the
+ * failure to record it (logged). */
+static int fail_run_at(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
                         const job_spec_t *spec, bool retryable, int exit_code, const char *error,
                         int64_t ended_at)
 {
@@ -104,6 +112,7 @@ static void fail_run_at(sched_t *s, int64_t run_id, state_run_state_t from, int 
                   (long long)retry, attempt + 1);
     else
         KILN_INFO("run %lld failed: %s", (long long)run_id, error);
+    return rc;
 }
 
 void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
@@ -424,7 +433,7 @@ static const char *stop_name(sched_stop_t why)
 
 void sched_stop(sched_t *s, sched_active_t *a, sched_stop_t why, int64_t now)
 {
-    if (a->stop != STOP_NONE)
+    if (a->stop != STOP_NONE || a->end_retry_ms > 0) /* stopping, or ended */
         return;
     a->stop = why;
     /* A followed run's supervisor waits for the scheduler (scancel, KillWait). */
@@ -518,7 +527,11 @@ void sched_finish(sched_t *s, sched_active_t *a)
     sched_import_progress(s, a);
     sched_scan_exports(s, a);
     run_result_t res = {0};
-    import_result(s, a, &res);
+    if (!a->result_imported)
+        import_result(s, a, &res);
+    else if (run_result_read(a->run_dir, &res) < 0)
+        kiln_errclear();
+    a->result_imported = true;
     sched_job_t *job = sched_job_find(s, a->job_id);
     const job_spec_t *spec = job != NULL && job->spec_ok ? &job->spec : NULL;
 
@@ -568,8 +581,8 @@ void sched_finish(sched_t *s, sched_active_t *a)
      * while kilnd was down, that is not now. */
     int64_t ended_at = src == 0 && stat.ended_at > 0 ? stat.ended_at : 0;
     if (to == STATE_RUN_FAILED) {
-        fail_run_at(s, a->run_id, STATE_RUN_RUNNING, a->attempt, spec, retryable, code,
-                    error ? error : "failed", ended_at);
+        rc = fail_run_at(s, a->run_id, STATE_RUN_RUNNING, a->attempt, spec, retryable, code,
+                         error ? error : "failed", ended_at);
     } else if (to == STATE_RUN_SUCCEEDED) {
         /* The pushes export.on_success asks for commit with the success. */
         int n = 0;
@@ -595,8 +608,39 @@ void sched_finish(sched_t *s, sched_active_t *a)
                       error ? ": " : "", error ? error : "");
     }
     free(error);
+    if (rc < 0 && rc != KILN_ESTATE) {
+        /* The database refused the record (a full disk, say): the run stays
+         * active, its supervisor no longer watched, and its end is recorded
+         * again at a later tick until it is (sched_finish_due). */
+        unwatch(s, a);
+        a->child = false; /* reaped above */
+        a->end_tries++;
+        int64_t wait = a->end_tries < 5 ? 1000LL << (a->end_tries - 1) : 30000;
+        a->end_retry_ms = now_ms() + (wait < 30000 ? wait : 30000);
+        KILN_WARN("run %lld: its end is recorded again in %lld ms (try %d)", (long long)a->run_id,
+                  (long long)(a->end_retry_ms - now_ms()), a->end_tries + 1);
+        return;
+    }
+    if (a->end_tries > 0)
+        KILN_INFO("run %lld: its end is recorded (try %d)", (long long)a->run_id,
+                  a->end_tries + 1);
     sched_active_remove(s, a);
     s->dirty = true;
+}
+
+int64_t sched_finish_due(sched_t *s, int64_t now)
+{
+    int64_t next = 0;
+    for (size_t i = s->nact; i-- > 0;) { /* sched_finish may remove act[i] */
+        sched_active_t *a = &s->act[i];
+        if (a->end_retry_ms <= 0)
+            continue;
+        if (now >= a->end_retry_ms)
+            sched_finish(s, a);
+        else if (next == 0 || a->end_retry_ms < next)
+            next = a->end_retry_ms;
+    }
+    return next;
 }
 
 /* ---- recovery ------------------------------------------------------------------------------ */

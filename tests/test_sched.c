@@ -36,6 +36,7 @@
 #include "proc.h"
 #include "sched_int.h"
 #include "state.h"
+#include "state_int.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN, KILND_BIN and KILN_TRAIN_BIN must name the executables"
@@ -826,6 +827,42 @@ static void test_run_env_in_child(void **state)
     unsetenv(RUN_ENV_SPEC_DIR);
 }
 
+/* A run whose end cannot be recorded (the database's disk is full: a
+ * trigger refuses the update as SQLite would) is recorded once space is
+ * back, without a kilnd restart. Issue 27: it stayed "running" until kilnd
+ * restarted. */
+static void test_end_recorded_after_disk_full(void **state)
+{
+    (void)state;
+    state_t *st = open_db();
+    assert_int_equal(state_test_exec(st, "CREATE TABLE test_disk_full (x);"
+                                         "INSERT INTO test_disk_full VALUES (1);"
+                                         "CREATE TRIGGER test_full BEFORE UPDATE OF state ON runs "
+                                         "WHEN NEW.state IN ('succeeded', 'failed') AND EXISTS "
+                                         "(SELECT 1 FROM test_disk_full) BEGIN SELECT "
+                                         "RAISE(ABORT, 'database or disk is full'); END"),
+                     0);
+    state_close(st);
+    pid_t k = submit_and_start("full", "");
+    char log[400], text[65536] = "";
+    snprintf(log, sizeof log, "%s/kilnd.log", home);
+    for (int i = 0; i < 300 && strstr(text, "cannot record its end") == NULL; i++) {
+        proc_sleep_ms(100);
+        proc_slurp(log, text, sizeof text);
+    }
+    if (strstr(text, "cannot record its end: ") == NULL)
+        fail_msg("kilnd never failed to record the run's end:\n%s", text);
+    state_run_t r;
+    get_run(1, &r);
+    assert_int_equal(r.state, STATE_RUN_RUNNING);
+    state_run_fini(&r);
+    st = open_db();
+    assert_int_equal(state_test_exec(st, "DELETE FROM test_disk_full"), 0); /* space is back */
+    state_close(st);
+    wait_run(1, STATE_RUN_SUCCEEDED, 10);
+    stop_kilnd(k, SIGTERM);
+}
+
 /* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
 PROC_TEST_MAIN(
     setup_all, teardown_all,
@@ -841,4 +878,5 @@ PROC_TEST_MAIN(
     cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_slurm_killed_parsed, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_run_env_in_child, setup_home, teardown_home))
+    cmocka_unit_test_setup_teardown(test_run_env_in_child, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_end_recorded_after_disk_full, setup_home, teardown_home))
