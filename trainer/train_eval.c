@@ -54,6 +54,8 @@ int train_predict_files(trainer_t *tr, char **files, int nfiles, const char *wha
             (labels && (rc = kiln_grow_to((void **)labels, &capl, m, sizeof(float), 1024)) < 0) ||
             (rows && (rc = kiln_grow_to((void **)rows, &capr, m, sizeof(int64_t), 1024)) < 0))
             goto out;
+        if (b->n == 0) /* every line of the batch malformed: nothing allocated yet, maybe */
+            continue;
         rc = rt_model_predict(tr->model, b->n, tr->E, b->dense, *probs + *n);
         if (rc < 0)
             goto out;
