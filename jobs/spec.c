@@ -461,6 +461,24 @@ static bool depth_ok(ctx_t *c, const char *text, size_t len)
     return ok;
 }
 
+/* Reports every scalar of doc (a key or a value) that holds a NUL character
+ * ("\u0000" in a quoted string): C reads the string only up to it, so
+ * `name: "ok\u0000/../../etc"` would pass every check as "ok". libyaml gives
+ * each scalar's length, which strlen must match. */
+static void refuse_nul_strings(ctx_t *c, yaml_document_t *doc)
+{
+    for (yaml_node_t *n = doc->nodes.start; n < doc->nodes.top; n++) {
+        if (n->type != YAML_SCALAR_NODE)
+            continue;
+        size_t at = strlen(spec_scalar(n));
+        if (at != n->data.scalar.length)
+            spec_diag(c, n, "",
+                      "the string \"%.40s\\u0000...\" holds a NUL character (\\u0000) after "
+                      "%zu byte%s; a job spec's strings cannot hold one: remove it",
+                      spec_scalar(n), at, at == 1 ? "" : "s");
+    }
+}
+
 int job_spec_parse(const char *text, size_t len, const char *filename, job_spec_t *spec,
                    job_diags_t *diags)
 {
@@ -518,6 +536,7 @@ int job_spec_parse(const char *text, size_t len, const char *filename, job_spec_
                   spec_got(root, gb, sizeof gb));
         goto done;
     }
+    refuse_nul_strings(&c, &doc);
     spec_apply_defaults(&c, spec_top_fields, (char *)spec);
     spec_walk_map(&c, spec_top_fields, root, (char *)spec, "");
     if (!c.over_budget)

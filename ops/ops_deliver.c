@@ -161,6 +161,14 @@ static void settle(item_t *it, state_push_state_t s, const char *fmt, ...)
     it->out.event = it->event;
 }
 
+/* Whether an eval logloss was measured: a logloss is positive, and a 0.0
+ * can only be an older kiln-train's figure over 0 eval rows, which the gate
+ * must not take for a perfect model. */
+static bool measured(double logloss)
+{
+    return isfinite(logloss) && logloss > 0.0;
+}
+
 /* The quality gate: false (and the push settled as held) when the pushed
  * checkpoint's eval logloss is worse than the held one's by more than the
  * job allows. */
@@ -174,13 +182,14 @@ static bool gate_passes(state_t *st, item_t *it)
     if (state_checkpoint_get_by_id(st, it->p->checkpoint_id, &now) == 0 &&
         state_checkpoint_get_by_id(st, it->held_id, &held) == 0) {
         double limit = j->spec.push.max_regression;
-        if (isnan(now.eval_logloss) || isnan(held.eval_logloss)) {
+        if (!measured(now.eval_logloss) || !measured(held.eval_logloss)) {
             char msg[512];
             snprintf(msg, sizeof msg,
                      "push %lld: the quality gate (push.max_regression %g) was not applied to "
-                     "%s (%s/%s): %s has no eval logloss recorded (set data.eval)",
+                     "%s (%s/%s): %s has no eval logloss recorded (set data.eval; a logloss of "
+                     "0 is one measured over no eval row)",
                      (long long)it->p->id, limit, it->p->url, it->p->model, it->p->label,
-                     isnan(now.eval_logloss) ? now.uid : held.uid);
+                     !measured(now.eval_logloss) ? now.uid : held.uid);
             state_event_add(st, it->p->job_id, 0, "push", msg);
         } else if (now.eval_logloss > held.eval_logloss + limit) {
             settle(it, STATE_PUSH_HELD,

@@ -74,20 +74,21 @@ int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags, ops_subm
         rc = KILN_ENOMEM;
         goto out;
     }
-    state_submit_t sub = {out->spec.name,         text, hash, out->spec.schedule,
-                          out->spec.priority,     dir,  out->spec.schedule == NULL,
-                          source};
-    rc = state_submit(st, &sub, &out->r);
-    free(text);
-    if (rc < 0)
-        goto out;
     /* The job's endpoints are known from now on: the endpoints page lists
      * them, and promote / rollback find a label's endpoints before anything
-     * was pushed to them. */
-    for (int i = 0; i < out->spec.push.nendpoints && rc == 0; i++) {
+     * was pushed to them. They are part of the submit's transaction. */
+    int nep = out->spec.push.nendpoints;
+    state_endpoint_ref_t *eps = kiln_calloc(nep > 0 ? (size_t)nep : 1, sizeof *eps);
+    for (int i = 0; eps != NULL && i < nep; i++) {
         const job_endpoint_t *e = &out->spec.push.endpoints[i];
-        rc = state_endpoint_put(st, e->url, e->model, e->label, NULL);
+        eps[i] = (state_endpoint_ref_t){e->url, e->model ? e->model : "", e->label ? e->label : ""};
     }
+    state_submit_t sub = {out->spec.name,     text, hash, out->spec.schedule,
+                          out->spec.priority, dir,  out->spec.schedule == NULL,
+                          source,             eps,  nep};
+    rc = eps == NULL ? KILN_ENOMEM : state_submit(st, &sub, &out->r);
+    free(eps);
+    free(text);
 out:
     KILN_FREE_ALL(real, dir, source);
     if (rc < 0)

@@ -91,9 +91,12 @@ void sched_slurm_follow(const char *run_dir, char *const argv[], const sched_fol
 int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace_ms,
                           pid_t *pid /* OUT */);
 /* The same with the launcher's follow (NULL: as above) as the supervisor's
- * body; argv may then be NULL (adopting the job named in run_dir). */
-int sched_supervise_spawn_follow(const char *run_dir, char *const argv[], int64_t grace_ms,
-                                 sched_follow_fn follow, int64_t poll_ms, pid_t *pid /* OUT */);
+ * body; argv may then be NULL (adopting the job named in run_dir). env
+ * (NULL-ended, may be NULL) is the run's environment, applied in the child
+ * only, never in kilnd: each "NAME=VALUE" is set, each bare "NAME" unset. */
+int sched_supervise_spawn_follow(const char *run_dir, char *const argv[], const char *const *env,
+                                 int64_t grace_ms, sched_follow_fn follow, int64_t poll_ms,
+                                 pid_t *pid /* OUT */);
 /* The signals kilnd and each supervisor block and then read from a signalfd
  * (SIGCHLD, SIGTERM, SIGINT, SIGHUP), into *set. */
 void sched_signal_set(sigset_t *set /* OUT */);
@@ -126,6 +129,10 @@ typedef struct sched_active {
     int64_t export_seen;  /* the newest online export whose pushes are queued (its id) */
     bool followed;        /* its supervisor follows a job elsewhere (slurm): no backstop */
     int follows;          /* followers started for this run (slurm: re-adoptions) */
+    bool result_imported; /* result.json's figures are recorded (once) */
+    int64_t end_retry_ms; /* it ended, but the record of its end failed: try again then;
+                             0: not ended, or not failed */
+    int end_tries;        /* records of its end that failed */
 } sched_active_t;
 
 typedef struct sched_job {
@@ -183,6 +190,9 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job);
 /* The supervisor of a is gone: read its status, record the outcome, queue a
  * retry by policy, forget a. */
 void sched_finish(sched_t *s, sched_active_t *a);
+/* Records again the end of every run whose record failed and is due (see
+ * sched_active_t.end_retry_ms). Returns when the next one is due (0: none). */
+int64_t sched_finish_due(sched_t *s, int64_t now);
 /* Records the progress lines of a run written since the last call as metrics. */
 void sched_import_progress(sched_t *s, sched_active_t *a);
 /* Adopts or ends the launching/running runs a previous kilnd left. */

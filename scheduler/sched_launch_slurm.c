@@ -596,7 +596,7 @@ bool sched_slurm_readopt(sched_t *s, sched_active_t *a)
         return false;
     }
     pid_t pid = 0;
-    if (sched_supervise_spawn_follow(a->run_dir, NULL, s->o.grace_ms, sched_slurm_follow,
+    if (sched_supervise_spawn_follow(a->run_dir, NULL, NULL, s->o.grace_ms, sched_slurm_follow,
                                      s->o.slurm_poll_ms, &pid) < 0) {
         KILN_WARN("run %lld: cannot follow Slurm job %lld again: %s", (long long)a->run_id,
                   (long long)j.job_id, kiln_errmsg());
@@ -633,12 +633,20 @@ static char *srun_killed(const char *run_dir)
     if (fseek(f, -65536, SEEK_END) != 0)
         rewind(f);
     while (out == NULL && fgets(line, sizeof line, f) != NULL) {
+        /* "<host>: task <n>: <what>" for one task, "<host>: tasks <n>-<m>: <what>"
+         * for several (a scanf "%*[s]" needs at least one s, so the s is
+         * skipped by hand). */
         const char *p = strstr(line, "srun: error: ");
         char host[256];
         int task = -1, n = 0;
-        if (p == NULL || sscanf(p + 13, "%255[^:]: task%*[s] %d%n", host, &task, &n) < 2)
+        if (p == NULL || sscanf(p + 13, "%255[^:]: task%n", host, &n) < 1 || n == 0)
             continue;
-        const char *what = strstr(p + 13 + n, ": ");
+        p += 13 + n;
+        if (*p == 's')
+            p++;
+        if (sscanf(p, " %d%n", &task, &n) < 1)
+            continue;
+        const char *what = strstr(p + n, ": ");
         if (what == NULL || strstr(what, "Exited with exit code") != NULL)
             continue;
         what += 2;

@@ -266,8 +266,11 @@ static int64_t tick(sched_t *s, bool changed)
         for (size_t i = 0; i < s->nact; i++)
             sched_scan_exports(s, &s->act[i]);
     }
+    earliest(&next, sched_finish_due(s, now));
     for (size_t i = 0; i < s->nact; i++) {
         sched_active_t *a = &s->act[i];
+        if (a->end_retry_ms > 0) /* it ended: nothing to stop */
+            continue;
         if (a->deadline_ms > 0 && a->stop == STOP_NONE) {
             if (now >= a->deadline_ms)
                 sched_stop(s, a, STOP_TIMED_OUT, now);

@@ -44,12 +44,19 @@ sched_active_t *sched_active_add(sched_t *s)
     return a;
 }
 
-void sched_active_remove(sched_t *s, sched_active_t *a)
+/* Stops watching a's supervisor (its pidfd leaves the epoll set). */
+static void unwatch(sched_t *s, sched_active_t *a)
 {
     if (a->pidfd >= 0) {
         epoll_ctl(s->epfd, EPOLL_CTL_DEL, a->pidfd, NULL);
         close(a->pidfd);
+        a->pidfd = -1;
     }
+}
+
+void sched_active_remove(sched_t *s, sched_active_t *a)
+{
+    unwatch(s, a);
     free(a->run_dir);
     size_t i = (size_t)(a - s->act);
     s->act[i] = s->act[--s->nact];
@@ -84,8 +91,9 @@ int64_t sched_backoff_ms(sched_t *s, const job_spec_t *spec, int attempt)
     return d;
 }
 
-/* sched_fail_run, with the time the run ended (0: now). */
-static void fail_run_at(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
+/* sched_fail_run, with the time the run ended (0: now). Returns 0 or the
+ * failure to record it (logged). */
+static int fail_run_at(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
                         const job_spec_t *spec, bool retryable, int exit_code, const char *error,
                         int64_t ended_at)
 {
@@ -104,6 +112,7 @@ static void fail_run_at(sched_t *s, int64_t run_id, state_run_state_t from, int 
                   (long long)retry, attempt + 1);
     else
         KILN_INFO("run %lld failed: %s", (long long)run_id, error);
+    return rc;
 }
 
 void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,
@@ -240,7 +249,7 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     char *base = NULL;
     state_input_t *ins = NULL;
     size_t nins = 0;
-    char *run_dir = NULL, *hostfile = NULL, *list = NULL, *resume = NULL;
+    char *run_dir = NULL, *hostfile = NULL, *list = NULL, *resume = NULL, *env_dir = NULL;
     char **argv = NULL;
     int rc = 0;
     bool launching = false;
@@ -340,25 +349,27 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     KILN_CHECK_GOTO(l->build_argv(&ctx, &argv), rc, out);
 
     /* The run's environment: who it is, and where its spec's relative paths
-     * point (kiln-train honours RUN_ENV_SPEC_DIR). */
-    char num[32];
-    snprintf(num, sizeof num, "%lld", (long long)run->id);
-    setenv(RUN_ENV_RUN_ID, num, 1);
-    snprintf(num, sizeof num, "%d", run->attempt);
-    setenv(RUN_ENV_ATTEMPT, num, 1);
+     * point (kiln-train honours RUN_ENV_SPEC_DIR). It is set in the
+     * supervisor after fork, never in kilnd, whose push workers read the
+     * environment meanwhile. */
+    char env_id[64], env_attempt[64];
     if (base != NULL)
-        setenv(RUN_ENV_SPEC_DIR, base, 1);
-    else
-        unsetenv(RUN_ENV_SPEC_DIR);
+        env_dir = kiln_asprintf("%s=%s", RUN_ENV_SPEC_DIR, base);
+    snprintf(env_id, sizeof env_id, "%s=%lld", RUN_ENV_RUN_ID, (long long)run->id);
+    snprintf(env_attempt, sizeof env_attempt, "%s=%d", RUN_ENV_ATTEMPT, run->attempt);
+    const char *env[] = {env_id, env_attempt, env_dir != NULL ? env_dir : RUN_ENV_SPEC_DIR, NULL};
+    if (base != NULL && env_dir == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
     /* The run directory is recorded before the supervisor starts: a kilnd
      * killed in between finds no supervisor.pid there and queues the run
      * again (never_started), and one killed later finds the pid file and
      * adopts it. */
     KILN_CHECK_GOTO(state_run_set_launch(s->st, run->id, run_dir, 0, s->host), rc, out);
     pid_t pid = 0;
-    rc = sched_supervise_spawn_follow(run_dir, argv, s->o.grace_ms, l->follow,
+    rc = sched_supervise_spawn_follow(run_dir, argv, env, s->o.grace_ms, l->follow,
                                       s->o.slurm_poll_ms, &pid);
-    unsetenv(RUN_ENV_SPEC_DIR);
     KILN_CHECK_GOTO(rc, rc, out);
 
     sched_active_t *a = sched_active_add(s);
@@ -397,7 +408,7 @@ out:
     }
     sched_argv_free(argv);
     state_inputs_free(ins, nins);
-    KILN_FREE_ALL(list, hostfile, resume, run_dir, base);
+    KILN_FREE_ALL(list, hostfile, resume, run_dir, base, env_dir);
     if (own_spec)
         job_spec_fini(&queued_spec);
     free(queued_yaml);
@@ -422,7 +433,7 @@ static const char *stop_name(sched_stop_t why)
 
 void sched_stop(sched_t *s, sched_active_t *a, sched_stop_t why, int64_t now)
 {
-    if (a->stop != STOP_NONE)
+    if (a->stop != STOP_NONE || a->end_retry_ms > 0) /* stopping, or ended */
         return;
     a->stop = why;
     /* A followed run's supervisor waits for the scheduler (scancel, KillWait). */
@@ -516,7 +527,11 @@ void sched_finish(sched_t *s, sched_active_t *a)
     sched_import_progress(s, a);
     sched_scan_exports(s, a);
     run_result_t res = {0};
-    import_result(s, a, &res);
+    if (!a->result_imported)
+        import_result(s, a, &res);
+    else if (run_result_read(a->run_dir, &res) < 0)
+        kiln_errclear();
+    a->result_imported = true;
     sched_job_t *job = sched_job_find(s, a->job_id);
     const job_spec_t *spec = job != NULL && job->spec_ok ? &job->spec : NULL;
 
@@ -566,8 +581,8 @@ void sched_finish(sched_t *s, sched_active_t *a)
      * while kilnd was down, that is not now. */
     int64_t ended_at = src == 0 && stat.ended_at > 0 ? stat.ended_at : 0;
     if (to == STATE_RUN_FAILED) {
-        fail_run_at(s, a->run_id, STATE_RUN_RUNNING, a->attempt, spec, retryable, code,
-                    error ? error : "failed", ended_at);
+        rc = fail_run_at(s, a->run_id, STATE_RUN_RUNNING, a->attempt, spec, retryable, code,
+                         error ? error : "failed", ended_at);
     } else if (to == STATE_RUN_SUCCEEDED) {
         /* The pushes export.on_success asks for commit with the success. */
         int n = 0;
@@ -593,8 +608,39 @@ void sched_finish(sched_t *s, sched_active_t *a)
                       error ? ": " : "", error ? error : "");
     }
     free(error);
+    if (rc < 0 && rc != KILN_ESTATE) {
+        /* The database refused the record (a full disk, say): the run stays
+         * active, its supervisor no longer watched, and its end is recorded
+         * again at a later tick until it is (sched_finish_due). */
+        unwatch(s, a);
+        a->child = false; /* reaped above */
+        a->end_tries++;
+        int64_t wait = a->end_tries < 5 ? 1000LL << (a->end_tries - 1) : 30000;
+        a->end_retry_ms = now_ms() + (wait < 30000 ? wait : 30000);
+        KILN_WARN("run %lld: its end is recorded again in %lld ms (try %d)", (long long)a->run_id,
+                  (long long)(a->end_retry_ms - now_ms()), a->end_tries + 1);
+        return;
+    }
+    if (a->end_tries > 0)
+        KILN_INFO("run %lld: its end is recorded (try %d)", (long long)a->run_id,
+                  a->end_tries + 1);
     sched_active_remove(s, a);
     s->dirty = true;
+}
+
+int64_t sched_finish_due(sched_t *s, int64_t now)
+{
+    int64_t next = 0;
+    for (size_t i = s->nact; i-- > 0;) { /* sched_finish may remove act[i] */
+        sched_active_t *a = &s->act[i];
+        if (a->end_retry_ms <= 0)
+            continue;
+        if (now >= a->end_retry_ms)
+            sched_finish(s, a);
+        else if (next == 0 || a->end_retry_ms < next)
+            next = a->end_retry_ms;
+    }
+    return next;
 }
 
 /* ---- recovery ------------------------------------------------------------------------------ */

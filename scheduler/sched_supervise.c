@@ -163,11 +163,30 @@ static void supervise(const char *run_dir, char *const argv[], int64_t grace_ms,
 
 int sched_supervise_spawn(const char *run_dir, char *const argv[], int64_t grace_ms, pid_t *pid)
 {
-    return sched_supervise_spawn_follow(run_dir, argv, grace_ms, NULL, 0, pid);
+    return sched_supervise_spawn_follow(run_dir, argv, NULL, grace_ms, NULL, 0, pid);
 }
 
-int sched_supervise_spawn_follow(const char *run_dir, char *const argv[], int64_t grace_ms,
-                                 sched_follow_fn follow, int64_t poll_ms, pid_t *pid)
+/* In the child after fork: each "NAME=VALUE" of env set, each "NAME" unset. */
+static void apply_env(const char *const *env)
+{
+    for (size_t i = 0; env != NULL && env[i] != NULL; i++) {
+        const char *eq = strchr(env[i], '=');
+        char name[128];
+        size_t n = eq != NULL ? (size_t)(eq - env[i]) : strlen(env[i]);
+        if (n == 0 || n >= sizeof name)
+            continue;
+        memcpy(name, env[i], n);
+        name[n] = '\0';
+        if (eq != NULL)
+            setenv(name, eq + 1, 1);
+        else
+            unsetenv(name);
+    }
+}
+
+int sched_supervise_spawn_follow(const char *run_dir, char *const argv[], const char *const *env,
+                                 int64_t grace_ms, sched_follow_fn follow, int64_t poll_ms,
+                                 pid_t *pid)
 {
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0)
@@ -194,6 +213,9 @@ int sched_supervise_spawn_follow(const char *run_dir, char *const argv[], int64_
         return kiln_errf(KILN_EIO, "fork: %s", strerror(e));
     }
     if (c == 0) {
+        /* The run's environment is set here, in the child: kilnd's threads
+         * (the push workers) read the environment while its loop launches. */
+        apply_env(env);
         setsid();
         int devnull = open("/dev/null", O_RDONLY);
         dup2(devnull, 0);

@@ -6,6 +6,7 @@
  * serve_http.c routes a request here; the store (serve_store_int.h) knows
  * nothing of HTTP.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -131,6 +132,39 @@ void sv_answer_version(sv_store_t *s, const char *model, const char *label, sv_a
     free(v);
 }
 
+/* Key i of a lookup into *key: a JSON integer, or a decimal string of one
+ * (what JavaScript clients send for 64-bit ids, which their numbers cannot
+ * hold). Returns 0 or KILN_EINVAL saying what key i is. */
+static int lookup_key(const json_t *k, size_t i, int64_t *key /* OUT */)
+{
+    if (json_is_integer(k)) {
+        *key = json_integer_value(k);
+        return 0;
+    }
+    const char *text = json_string_value(k);
+    if (text != NULL) {
+        const char *d = text + (text[0] == '-');
+        char *end = NULL;
+        errno = 0;
+        long long v = strtoll(text, &end, 10);
+        if (*d >= '0' && *d <= '9' && *end == '\0' && errno == 0) {
+            *key = (int64_t)v;
+            return 0;
+        }
+        return kiln_errf(KILN_EINVAL, "lookup key %zu is the string \"%.40s\", which is not a "
+                                      "decimal integer from -9223372036854775808 to "
+                                      "9223372036854775807: send keys as JSON integers or as "
+                                      "decimal strings",
+                         i, text);
+    }
+    return kiln_errf(KILN_EINVAL, "lookup key %zu is a JSON %s, not an integer: send keys as "
+                                  "JSON integers or as decimal strings",
+                     i, json_is_real(k) ? "number with a fraction or exponent"
+                        : json_is_boolean(k) ? "boolean"
+                        : json_is_null(k)    ? "null"
+                                             : "array or object");
+}
+
 void sv_answer_lookup(sv_store_t *s, const char *model, const char *body, size_t len,
                       sv_answer_t *ans)
 {
@@ -151,9 +185,8 @@ void sv_answer_lookup(sv_store_t *s, const char *model, const char *body, size_t
     sv_rows_t r = {0};
     int rc = keys && valid ? 0 : kiln_errf(KILN_ENOMEM, "out of memory");
     for (size_t i = 0; rc == 0 && i < n; i++) {
-        json_t *k = json_array_get(jkeys, i);
-        valid[i] = json_is_integer(k);
-        keys[i] = valid[i] ? json_integer_value(k) : 0;
+        rc = lookup_key(json_array_get(jkeys, i), i, &keys[i]);
+        valid[i] = 1;
     }
     if (rc == 0)
         rc = sv_lookup(s, model, label, table, (int64_t)n, keys, valid, &r);

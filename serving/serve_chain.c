@@ -41,9 +41,15 @@ static int ap_header(void *ctx, const serve_model_desc_t *desc, const char *uid,
             return kiln_errf(KILN_ECORRUPT, "the chain's first push is a delta (base %s)", base);
         return sv_version_create(desc, &a->v);
     }
+    if (base[0] == '\0')
+        return kiln_errf(KILN_ECORRUPT, "a full push (checkpoint %s) follows the chain's first "
+                                        "file, which only a delta may do (chain.json lists the "
+                                        "files out of order?)",
+                         uid);
     if (strcmp(base, a->v->uid) != 0)
-        return kiln_errf(KILN_ECONFLICT, "the delta applies on %s but the version holds %s",
-                         base, a->v->uid);
+        return kiln_errf(KILN_ECONFLICT, "the delta applies on %s but the chain before it holds "
+                                         "%s (chain.json lists the files out of order?)",
+                         base, a->v->uid[0] ? a->v->uid : "no checkpoint");
     if (memcmp(desc, &a->v->desc, sizeof *desc) != 0)
         return kiln_errf(KILN_EINVAL, "the delta describes a different model than the one held "
                                       "(tables, dims or layers changed): push it in full");

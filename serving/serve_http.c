@@ -14,8 +14,10 @@
 #include <microhttpd.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "serve_int.h"
+#include "web_guard.h"
 
 typedef enum { R_PUSH, R_VERSION, R_LOOKUP, R_PREDICT, R_STATS, R_METRICS, R_HEALTH } route_id_t;
 
@@ -42,6 +44,7 @@ struct sv_http {
     size_t max_body;
     char bind[64];     /* the --listen address */
     char *allow_hosts; /* --allow-host, NULL: none */
+    web_guard_t *guard; /* --max-connections and --max-per-client (web/web_guard.h) */
 };
 
 typedef struct conn {
@@ -112,7 +115,8 @@ static enum MHD_Result send_error(struct MHD_Connection *con, int status, const 
 static bool authorized(const sv_http_t *h, struct MHD_Connection *con)
 {
     const char *a = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Authorization");
-    if (h->token == NULL || a == NULL || strncmp(a, "Bearer ", 7) != 0)
+    /* The scheme is case-insensitive (RFC 9110, 11.1): "bearer" is Bearer. */
+    if (h->token == NULL || a == NULL || strncasecmp(a, "Bearer ", 7) != 0)
         return false;
     const char *given = a + 7;
     size_t n = strlen(h->token), m = strlen(given);
@@ -133,6 +137,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
         if (c == NULL)
             return MHD_NO;
         *con_cls = c;
+        web_guard_request(h->guard, con);
         const char *host = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Host");
         if (!kiln_host_allowed(host, h->bind, h->allow_hosts)) {
             c->answered = true;
@@ -253,6 +258,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
 static void completed(void *cls, struct MHD_Connection *con, void **con_cls,
                       enum MHD_RequestTerminationCode toe)
 {
+    sv_http_t *h = cls;
+    web_guard_done(h->guard, con);
     conn_t *c = *con_cls;
     if (c == NULL)
         return;
@@ -292,13 +299,21 @@ int sv_http_start(sv_store_t *store, const sv_http_opts_t *o, sv_http_t **out)
     unsigned conns = (unsigned)(o->max_connections > 0 ? o->max_connections : 64);
     unsigned per_client = o->max_per_client > 0 ? (unsigned)o->max_per_client
                                                 : (conns + 3) / 4;
-    h->d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, handle, h,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, conns,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)(o->timeout_s > 0 ? o->timeout_s : 30), MHD_OPTION_NOTIFY_COMPLETED,
-        completed, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_END);
+    if (per_client > conns)
+        per_client = conns;
+    /* The connection limits are the guard's: it makes room by evicting
+     * idle connections instead of refusing new ones, so a flood from the
+     * address kilnd's pusher shares (loopback) cannot lock it out. */
+    if (web_guard_create((int)conns, (int)per_client, &h->guard) == 0)
+        h->d = MHD_start_daemon(
+            MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+            handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+            MHD_OPTION_CONNECTION_LIMIT, conns + WEB_GUARD_SLACK, MHD_OPTION_NOTIFY_CONNECTION,
+            web_guard_notify, h->guard, MHD_OPTION_CONNECTION_TIMEOUT,
+            (unsigned)(o->timeout_s > 0 ? o->timeout_s : 30), MHD_OPTION_NOTIFY_COMPLETED,
+            completed, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_END);
     if (h->d == NULL) {
+        web_guard_destroy(h->guard);
         free(h->token);
         free(h->allow_hosts);
         free(h);
@@ -321,6 +336,7 @@ void sv_http_stop(sv_http_t *h)
     if (h == NULL)
         return;
     MHD_stop_daemon(h->d);
+    web_guard_destroy(h->guard);
     free(h->token);
     free(h->allow_hosts);
     free(h);

@@ -5,7 +5,9 @@
  * memory). A transfer that fails on the network or with a 5xx is retried
  * after an exponential backoff with +-50% jitter, up to opts->retries more
  * times; a 409 (the endpoint holds something other than the delta's base)
- * is re-sent once as a full push; 401, 400, 404, 413 and 422 are final.
+ * is re-sent once as a full push; 401, 400, 404, 413 and 422 are final. A
+ * 2xx counts only when its answer confirms the push (kiln-serve's JSON with
+ * the model, label and checkpoint pushed and the size of the whole body).
  * The only file in Kiln besides the CLI's callers that includes curl.h.
  */
 #include <pthread.h>
@@ -32,6 +34,7 @@ typedef struct xfer {
     size_t resp_len;
     int enc_err;
     char enc_msg[256];
+    bool enc_end; /* the whole body was handed to libcurl */
 } xfer_t;
 
 static size_t on_read(char *buf, size_t size, size_t nitems, void *ud)
@@ -44,6 +47,7 @@ static size_t on_read(char *buf, size_t size, size_t nitems, void *ud)
         snprintf(x->enc_msg, sizeof x->enc_msg, "%s", kiln_errmsg());
         return CURL_READFUNC_ABORT;
     }
+    x->enc_end = x->enc_end || n == 0;
     return n;
 }
 
@@ -105,6 +109,7 @@ static int start(CURLM *multi, xfer_t *x, const serve_push_opts_t *call)
     x->resp_len = 0;
     x->resp[0] = '\0';
     x->enc_err = 0;
+    x->enc_end = false;
 
     /* The idempotency key names this push (nonce, endpoint, uid, base): a
      * retry of it carries the same key, a fallback to full a new one. */
@@ -182,6 +187,59 @@ static void json_field(const char *body, const char *field, char *out, size_t ca
     json_decref(j);
 }
 
+/* The size of the whole push body: what was sent, plus (when the endpoint
+ * answered before reading it all, as a repeated push's stored answer does)
+ * the rest, encoded and counted. Returns 0 or the encoder's failure. */
+static int body_size(xfer_t *x, uint64_t *size /* OUT */)
+{
+    char buf[1 << 16];
+    size_t n = 1;
+    while (!x->enc_end && n > 0) {
+        int rc = serve_enc_read(x->enc, buf, sizeof buf, &n);
+        if (rc < 0)
+            return rc;
+        x->enc_end = n == 0;
+    }
+    *size = serve_enc_bytes(x->enc);
+    return 0;
+}
+
+/* Whether a 2xx answer confirms the push: kiln-serve's JSON naming the
+ * model, label and checkpoint pushed and the bytes of the whole body. An
+ * endpoint that answers 200 with anything else (not JSON, another
+ * checkpoint, fewer bytes: a proxy, a stub, a server that never read the
+ * body) is not believed. Returns NULL, or why not in why. */
+static const char *unconfirmed(xfer_t *x, const serve_source_t *src, char *why, size_t cap)
+{
+    json_error_t jerr;
+    json_t *j = json_loads(x->resp, 0, &jerr);
+    const char *uid = json_string_value(json_object_get(j, "checkpoint"));
+    const char *model = json_string_value(json_object_get(j, "model"));
+    const char *label = json_string_value(json_object_get(j, "label"));
+    json_t *jb = json_object_get(j, "bytes");
+    uint64_t size = 0;
+    if (!json_is_object(j))
+        snprintf(why, cap, "its answer is not kiln-serve's JSON (%.60s%s)", x->resp,
+                 strlen(x->resp) > 60 ? "..." : "");
+    else if (uid == NULL || strcmp(uid, src->uid) != 0)
+        snprintf(why, cap, "its answer names checkpoint '%s', not the pushed %s", uid ? uid : "",
+                 src->uid);
+    else if (model == NULL || label == NULL || strcmp(model, x->t->model) != 0 ||
+             strcmp(label, x->t->label) != 0)
+        snprintf(why, cap, "its answer is for %s/%s, not %s/%s", model ? model : "?",
+                 label ? label : "?", x->t->model, x->t->label);
+    else if (body_size(x, &size) < 0)
+        snprintf(why, cap, "reading the checkpoint failed: %s", kiln_errmsg());
+    else if (!json_is_integer(jb) || (uint64_t)json_integer_value(jb) != size)
+        snprintf(why, cap, "it says it took %lld bytes of the %llu-byte push",
+                 json_is_integer(jb) ? (long long)json_integer_value(jb) : -1LL,
+                 (unsigned long long)size);
+    else
+        why = NULL;
+    json_decref(j);
+    return why;
+}
+
 /* An attempt ended: decide ok / retry / fallback / fail. */
 static void finished(xfer_t *x, CURLcode cc, const serve_push_opts_t *call, uint64_t *rng)
 {
@@ -196,6 +254,14 @@ static void finished(xfer_t *x, CURLcode cc, const serve_push_opts_t *call, uint
     json_field(x->resp, "error", err, sizeof err);
     if (x->enc_err < 0) {
         fail(x, "reading the checkpoint failed: %s", x->enc_msg);
+        return;
+    }
+    char unbelieved[300];
+    if (cc == CURLE_OK && status >= 200 && status < 300 &&
+        unconfirmed(x, src, unbelieved, sizeof unbelieved) != NULL) {
+        fail(x, "HTTP %ld, but %s; the push is not counted as delivered (is this URL a "
+                "kiln-serve?)",
+             status, unbelieved);
         return;
     }
     if (cc == CURLE_OK && status >= 200 && status < 300) {

@@ -192,14 +192,27 @@ static int persist(sv_push_t *p, sv_version_t *target, const char *dir, char **d
 {
     char *name = kiln_asprintf("%08lld.kpush", (long long)target->next_seq);
     *dest = kiln_asprintf("%s/%s", dir, name ? name : "");
-    if (name == NULL || *dest == NULL || rename(p->tmp, *dest) != 0 || kiln_fsync_dir(dir) < 0) {
+    if (name == NULL || *dest == NULL || rename(p->tmp, *dest) != 0) {
+        int rc = kiln_errf(KILN_EIO, "cannot persist the push as %s: %s", *dest ? *dest : name,
+                           strerror(errno));
         free(name);
-        return kiln_errf(KILN_EIO, "cannot persist the push");
+        free(*dest);
+        *dest = NULL;
+        return rc;
+    }
+    if (kiln_fsync_dir(dir) < 0) {
+        unlink(*dest);
+        free(name);
+        free(*dest);
+        *dest = NULL;
+        return kiln_errf(KILN_EIO, "cannot persist the push: %s", kiln_errmsg());
     }
     char **files = kiln_reallocarray(target->files, (size_t)target->nfiles + 1, sizeof *files);
     if (files == NULL) {
         unlink(*dest);
         free(name);
+        free(*dest);
+        *dest = NULL;
         return kiln_errf(KILN_ENOMEM, "out of memory");
     }
     target->files = files;
@@ -208,12 +221,24 @@ static int persist(sv_push_t *p, sv_version_t *target, const char *dir, char **d
     return 0;
 }
 
-/* Under the write lock: a full push's built version takes v's place (v may
- * be NULL), keeping its sequence and idempotency answers; a delta grows v's
- * tables for its rows. Then the push is persisted and, for a delta, applied.
- * Returns 0 or a KILN_E* code with nothing of the push applied. */
+/* Whether $KILN_TEST_APPLY_FAIL names uid: the tests' way to make a delta
+ * fail after it was applied to the version in memory (a disk failure while
+ * reading the file again, which they cannot cause). */
+static bool test_apply_fails(const char *uid)
+{
+    const char *t = getenv("KILN_TEST_APPLY_FAIL");
+    return t != NULL && strcmp(t, uid) == 0;
+}
+
+/* Under the write lock: a full push's built version is made to take v's
+ * place (v may be NULL), keeping its sequence and idempotency answers; a
+ * delta grows v's tables for its rows. Then the push file is persisted and,
+ * for a delta, applied to v. *dest receives the persisted file's path (to
+ * remove if the push is not committed). Returns 0 or a KILN_E* code; a
+ * delta that failed to apply may have changed v (the caller loads it again
+ * from disk). */
 static int apply_locked(sv_push_t *p, sv_version_t *v, sv_version_t *built, const char *dir,
-                        char ***old /* OUT */, int *nold /* OUT */)
+                        char **dest /* OUT */)
 {
     bool full = built != NULL;
     if (full) {
@@ -221,46 +246,48 @@ static int apply_locked(sv_push_t *p, sv_version_t *v, sv_version_t *built, cons
         snprintf(built->label, sizeof built->label, "%s", p->label);
         built->next_seq = v ? v->next_seq : 0;
     } else {
-        /* Grow first, so that applying cannot fail half way. */
+        /* Grow first, so that applying cannot fail half way for memory. */
         for (int t = 0; t < v->desc.ntables; t++)
             if (p->rows[t] > 0 && serve_table_reserve(v->tables[t], p->rows[t]) < 0)
                 return kiln_errf(KILN_ENOMEM, "not enough memory for the delta's rows");
     }
     sv_version_t *target = full ? built : v;
-    char *dest = NULL;
-    int rc = persist(p, target, dir, &dest);
-    if (rc < 0) {
-        free(dest);
-        return rc;
-    }
+    KILN_CHECK(persist(p, target, dir, dest));
     if (full) {
-        /* The idempotency answers move to built; the old chain's files are
-         * removed once the new one is committed. */
+        /* A copy: v keeps its answers until the new version is committed. */
         if (v != NULL) {
             memcpy(built->idem, v->idem, sizeof built->idem);
             built->nidem = v->nidem;
-            memset(v->idem, 0, sizeof v->idem);
-            *old = v->files;
-            *nold = v->nfiles;
-            v->files = NULL;
-            v->nfiles = 0;
         }
-        snprintf(built->uid, sizeof built->uid, "%s", p->uid);
     } else {
         char uid[SERVE_UID_MAX];
-        if (sv_chain_apply(dest, false, &v, uid) < 0) /* verified in pass 1: a disk failure */
-            KILN_ERROR("applying %s after it verified failed: %s", dest, kiln_errmsg());
-        snprintf(v->uid, sizeof v->uid, "%s", p->uid);
+        int rc = sv_chain_apply(*dest, false, &v, uid);
+        if (rc == 0 && test_apply_fails(p->uid))
+            rc = kiln_errf(KILN_EIO, "the test's fault (KILN_TEST_APPLY_FAIL)");
+        if (rc < 0) /* verified in pass 1: a disk failure */
+            return kiln_errf(rc, "applying %s after it verified failed: %s", *dest,
+                             kiln_errmsg());
     }
+    snprintf(target->uid, sizeof target->uid, "%s", p->uid);
     target->applied_at = kiln_now_ms();
-    free(dest);
     return 0;
+}
+
+/* After a push that was persisted but not committed: its file goes, and a
+ * delta's version, which applying may have changed, is loaded again from
+ * the chain on disk (the version before the push). */
+static void undo_locked(sv_push_t *p, const char *dest, bool full)
+{
+    if (dest != NULL)
+        unlink(dest);
+    if (!full && sv_version_reload(p->s, p->model, p->label) < 0)
+        KILN_ERROR("%s/%s: %s", p->model, p->label, kiln_errmsg());
 }
 
 int sv_push_end(sv_push_t *p, sv_pushed_t *ans)
 {
     sv_store_t *s = p->s;
-    char *dir = NULL, **old = NULL;
+    char *dir = NULL, *dest = NULL, **old = NULL;
     int nold = 0;
     bool locked = false;
     sv_version_t *built = NULL;
@@ -305,8 +332,11 @@ int sv_push_end(sv_push_t *p, sv_pushed_t *ans)
         rc = sv_broken_set_aside(s, p->model, p->label);
     if (rc == 0)
         rc = kiln_mkdir_p(dir);
-    if (rc == 0)
-        rc = apply_locked(p, v, built, dir, &old, &nold);
+    if (rc == 0) {
+        rc = apply_locked(p, v, built, dir, &dest);
+        if (rc < 0 && dest != NULL)
+            undo_locked(p, dest, full);
+    }
     if (rc < 0)
         goto out;
     sv_version_t *target = full ? built : v;
@@ -319,15 +349,38 @@ int sv_push_end(sv_push_t *p, sv_pushed_t *ans)
     ans->bytes = p->bytes;
     ans->full = full;
     remember(target, p->idem, ans);
-    if (sv_chain_write(s, target) < 0)
-        KILN_ERROR("%s", kiln_errmsg());
-    else if (!full)
-        sv_chain_compact(s, target, dir);
-    if (full && sv_version_install(s, built) < 0) {
-        rc = kiln_errf(KILN_ENOMEM, "out of memory");
+    /* The commit: until chain.json names the push, it is not applied, and
+     * the chain it replaces is what a restart loads. */
+    if (sv_chain_write(s, target) < 0) {
+        rc = kiln_errf(KILN_EIO, "the push could not be committed, so it is not applied (%s "
+                                 "still holds %s): %s; free space or fix the state directory, "
+                                 "then push again",
+                       dir, v != NULL ? p->base[0] ? p->base : "its version" : "nothing",
+                       kiln_errmsg());
+        undo_locked(p, dest, full);
+        *ans = (sv_pushed_t){0};
         goto out;
     }
-    if (full) { /* committed: the old chain's files go */
+    if (!full)
+        sv_chain_compact(s, target, dir);
+    if (full) {
+        /* Committed: the old chain's files go once the new version is in. */
+        if (v != NULL) {
+            old = v->files;
+            nold = v->nfiles;
+            v->files = NULL;
+            v->nfiles = 0;
+        }
+        if (sv_version_install(s, built) < 0) {
+            if (v != NULL) {
+                v->files = old;
+                v->nfiles = nold;
+                old = NULL;
+                nold = 0;
+            }
+            rc = kiln_errf(KILN_ENOMEM, "out of memory");
+            goto out;
+        }
         built = NULL;
         for (int i = 0; i < nold; i++) {
             char *op = kiln_asprintf("%s/%s", dir, old[i]);
@@ -351,6 +404,7 @@ out:
     free(old);
     sv_version_destroy(built);
     free(dir);
+    free(dest);
     sv_push_abort(p);
     return rc;
 }

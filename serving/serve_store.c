@@ -242,6 +242,32 @@ static int mark_broken(sv_store_t *s, const char *model, const char *label, cons
     return 0;
 }
 
+int sv_version_reload(sv_store_t *s, const char *model, const char *label)
+{
+    char m[SERVE_NAME_MAX], l[SERVE_NAME_MAX]; /* model and label may be the version's */
+    snprintf(m, sizeof m, "%s", model);
+    snprintf(l, sizeof l, "%s", label);
+    sv_version_t *v = NULL;
+    int rc = sv_chain_load(s, m, l, &v);
+    if (rc == 0 && v != NULL) {
+        KILN_WARN("%s/%s: back to checkpoint %s, as its chain on disk has it", m, l, v->uid);
+        rc = sv_version_install(s, v);
+        if (rc < 0)
+            sv_version_destroy(v);
+        return rc;
+    }
+    char *why = kiln_strdup(rc < 0 ? kiln_errmsg() : "its directory has no chain.json");
+    for (int i = 0; i < s->nv; i++)
+        if (strcmp(s->v[i]->model, m) == 0 && strcmp(s->v[i]->label, l) == 0) {
+            sv_version_destroy(s->v[i]);
+            s->v[i] = s->v[--s->nv];
+            break;
+        }
+    rc = mark_broken(s, m, l, why != NULL ? why : "out of memory");
+    free(why);
+    return rc;
+}
+
 const sv_broken_t *sv_broken_find(const sv_store_t *s, const char *model, const char *label)
 {
     for (int i = 0; i < s->nbroken; i++)

@@ -82,6 +82,12 @@ const sv_broken_t *sv_broken_find(const sv_store_t *s, const char *model, const 
  * <dir>/broken/<model>/<label>.<unix ms> (kept for inspection) and forgets
  * it. Returns 0 or KILN_EIO. */
 int sv_broken_set_aside(sv_store_t *s, const char *model, const char *label);
+/* Under the write lock, after a push changed model/label's version in
+ * memory and could not be committed: loads the version its chain.json
+ * names again and puts it in place; when that cannot be loaded, the version
+ * is forgotten and the label reported broken with the reason. Returns 0 or
+ * KILN_ENOMEM. */
+int sv_version_reload(sv_store_t *s, const char *model, const char *label);
 /* <dir>/models/<model>/<label> (malloc'd), or NULL. */
 char *sv_label_dir(const sv_store_t *s, const char *model, const char *label);
 

@@ -135,6 +135,10 @@ static int submit_tx(state_t *st, submit_t *x)
     x->out.created = p.created;
     if (in->queue_run)
         KILN_CHECK(state_run_create_tx(st, p.id, STATE_TRIGGER_MANUAL, 0, 1, 0, &x->out.run_id));
+    for (int i = 0; i < in->nendpoints; i++) {
+        int64_t id;
+        KILN_CHECK(state_endpoint_put_tx(st, &in->endpoints[i], &id));
+    }
     return state_event_insert(st, p.id, x->out.run_id, "submit", "submitted from %s (version %d)",
                               in->source != NULL ? in->source : "an unknown source", p.version);
 }

@@ -47,11 +47,7 @@ bool state_push_state_ended(state_push_state_t s)
 
 /* ---- endpoints --------------------------------------------------------------------- */
 
-typedef struct {
-    const char *url, *model, *label;
-} endpoint_put_t;
-
-static int endpoint_put_tx(state_t *st, const endpoint_put_t *e, int64_t *id)
+int state_endpoint_put_tx(state_t *st, const state_endpoint_ref_t *e, int64_t *id)
 {
     const char *what = "record an endpoint";
     int rc = state_row_query(st, STMT_ENDPOINT_FIND, what, &state_i64_row, id, "ttt", e->url,
@@ -67,10 +63,10 @@ int state_endpoint_put(state_t *st, const char *url, const char *model, const ch
 {
     if (url == NULL || url[0] == '\0')
         return kiln_errf(KILN_EINVAL, "an endpoint needs a URL");
-    endpoint_put_t e = {url, model != NULL ? model : "", label != NULL ? label : ""};
+    state_endpoint_ref_t e = {url, model != NULL ? model : "", label != NULL ? label : ""};
     int64_t nid = 0;
     int rc;
-    STATE_WRITE(st, "recording an endpoint", rc, endpoint_put_tx(st, &e, &nid));
+    STATE_WRITE(st, "recording an endpoint", rc, state_endpoint_put_tx(st, &e, &nid));
     if (rc == 0 && id != NULL)
         *id = nid;
     return rc;
@@ -280,10 +276,10 @@ int state_push_enqueue_tx(state_t *st, int64_t job_id, int64_t run_id,
         const state_push_req_t *q = &reqs[i];
         if (q->url == NULL || q->url[0] == '\0' || q->checkpoint_id <= 0)
             return kiln_errf(KILN_EINVAL, "a push needs an endpoint URL and a checkpoint");
-        endpoint_put_t e = {q->url, q->model != NULL ? q->model : "",
+        state_endpoint_ref_t e = {q->url, q->model != NULL ? q->model : "",
                             q->label != NULL ? q->label : ""};
         int64_t ep = 0, id = 0;
-        KILN_CHECK(endpoint_put_tx(st, &e, &ep));
+        KILN_CHECK(state_endpoint_put_tx(st, &e, &ep));
         KILN_CHECK(state_insert(st, STMT_PUSH_INSERT, what, &id, "JJIIttttItIIb", job_id, run_id,
                                 q->checkpoint_id, ep, q->full ? "full" : "incremental",
                                 q->reason != NULL ? q->reason : "",

@@ -336,6 +336,57 @@ static int read_version(state_t *st, int *v)
     return rc;
 }
 
+/* Whether the file is Kiln's to use: marked with Kiln's application_id, or
+ * new (no tables, user_version 0), or a Kiln database from before the mark
+ * (its jobs, runs and events tables). Anything else is another
+ * application's file, which Kiln must not add tables to, switch to WAL or
+ * renumber. Returns 0 (*mark: the mark is still to be set), KILN_EDB with
+ * *foreign set, saying whose the file looks to be, or a failure to read it. */
+static int check_owner(state_t *st, bool *mark /* OUT */, bool *foreign /* OUT */)
+{
+    sqlite3_stmt *s = NULL;
+    int64_t app = 0;
+    int v = 0, ntables = 0, nkiln = 0;
+    char first[64] = "";
+    *mark = *foreign = false;
+    KILN_CHECK(state_stmt(st, STMT_APPLICATION_ID, &s));
+    int rc = state_step(st, s, "reading the application id");
+    if (rc == 1)
+        app = sqlite3_column_int64(s, 0);
+    state_stmt_done(s);
+    if (rc < 0)
+        return rc;
+    if (app == STATE_APPLICATION_ID)
+        return 0;
+    KILN_CHECK(read_version(st, &v));
+    KILN_CHECK(state_stmt(st, STMT_TABLES, &s));
+    while ((rc = state_step(st, s, "listing the tables")) == 1) {
+        const char *name = (const char *)sqlite3_column_text(s, 0);
+        if (ntables++ == 0)
+            snprintf(first, sizeof first, "%s", name ? name : "");
+        nkiln += name != NULL && ntables <= 3 &&
+                 (strcmp(name, "jobs") == 0 || strcmp(name, "runs") == 0 ||
+                  strcmp(name, "events") == 0);
+    }
+    state_stmt_done(s);
+    if (rc < 0)
+        return rc;
+    if (app == 0 && ((ntables == 0 && v == 0) || nkiln == 3)) {
+        *mark = true;
+        return 0;
+    }
+    *foreign = true;
+    if (app != 0)
+        return kiln_errf(KILN_EDB, "database %s belongs to another application (its "
+                                   "application_id is %lld, Kiln's is %d), so Kiln leaves it "
+                                   "alone: pass --db with a Kiln database or a new file",
+                         st->path, (long long)app, STATE_APPLICATION_ID);
+    return kiln_errf(KILN_EDB, "database %s is not a Kiln database (it holds %d table%s, such as "
+                               "'%s', and user_version %d, but not Kiln's), so Kiln leaves it "
+                               "alone: pass --db with a Kiln database or a new file",
+                     st->path, ntables, ntables == 1 ? "" : "s", first, v);
+}
+
 static int too_new(state_t *st, int v)
 {
     return kiln_errf(KILN_EVERSION,
@@ -441,6 +492,11 @@ static int open_db(const char *path, int version, state_t **out)
      * a database fails here, and says so as an open error. */
     STATE_READ(st, "setting up the connection", rc,
                exec_script(st, "PRAGMA foreign_keys = ON", "enabling foreign keys", NULL, NULL));
+    bool mark = false, foreign = false;
+    if (rc == 0)
+        STATE_READ(st, "checking whose the file is", rc, check_owner(st, &mark, &foreign));
+    if (foreign)
+        goto out;
     if (rc == 0)
         STATE_READ(st, "switching to WAL", rc, set_wal(st));
     if (rc == 0)
@@ -450,6 +506,12 @@ static int open_db(const char *path, int version, state_t **out)
         goto out;
     }
     rc = migrate(st, version);
+    if (rc == 0 && mark) {
+        char sql[64];
+        snprintf(sql, sizeof sql, "PRAGMA application_id = %d", STATE_APPLICATION_ID);
+        STATE_WRITE(st, "marking the file as Kiln's", rc,
+                    exec_script(st, sql, "setting the application id", NULL, NULL));
+    }
 out:
     if (rc < 0) {
         state_close(st);

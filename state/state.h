@@ -27,6 +27,10 @@ typedef struct state state_t;
 /* The schema version this build writes. Version 0 is an empty file; each
  * migration in state/schema.c brings version i-1 to i (see docs/state.md). */
 #define STATE_SCHEMA_VERSION 6
+/* PRAGMA application_id of Kiln's databases ("KILN"): kilnd and kiln open a
+ * file that has it, a new one, or an older Kiln database (which gets it),
+ * and refuse any other application's SQLite file. */
+#define STATE_APPLICATION_ID 0x4B494C4E
 
 /* Opens (creating if needed, with parent directories) and migrates path.
  * Returns 0, KILN_EDB (message names the file and SQLite's reason) or
@@ -58,6 +62,10 @@ typedef struct state_job {
  * paths resolve against is recorded, a one-off job's run is queued (with that
  * directory on the run), and a "submit" event names the source. So kilnd
  * never sees a run whose spec directory is not yet written. */
+/* An endpoint as a job's spec names it: a kiln-serve URL, model and label. */
+typedef struct state_endpoint_ref {
+    const char *url, *model, *label;
+} state_endpoint_ref_t;
 typedef struct state_submit {
     const char *name, *spec_yaml, *spec_hash;
     const char *schedule; /* NULL: one-off */
@@ -65,6 +73,9 @@ typedef struct state_submit {
     const char *spec_dir; /* absolute; NULL: none (kilnd then uses $KILN_HOME/jobs/NAME) */
     bool queue_run;       /* queue one run (a one-off job) */
     const char *source;   /* for the event: the spec file, or "the web API" */
+    const state_endpoint_ref_t *endpoints; /* (nendpoints) the job's push endpoints, recorded
+                                              in the same transaction; may be NULL */
+    int nendpoints;
 } state_submit_t;
 typedef struct state_submitted {
     int64_t job_id;

@@ -52,6 +52,10 @@
 
 #define STATE_STMTS(X)                                                                             \
     X(USER_VERSION, "PRAGMA user_version")                                                         \
+    X(APPLICATION_ID, "PRAGMA application_id")                                                     \
+    /* the tables of the file (not SQLite's own), Kiln's first three first */                    \
+    X(TABLES, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "  \
+              "ORDER BY name NOT IN ('jobs', 'runs', 'events'), name")                             \
     X(BEGIN, "BEGIN IMMEDIATE")                                                                    \
     X(COMMIT, "COMMIT")                                                                            \
     X(ROLLBACK, "ROLLBACK")                                                                        \
@@ -375,6 +379,10 @@ int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *
 int state_run_create_tx(state_t *st, int64_t job_id, state_trigger_t trigger,
                         int64_t scheduled_at, int attempt, int64_t retry_of,
                         int64_t *run_id /* OUT */);
+
+/* state_endpoint_put inside the caller's transaction (pushes.c); model and
+ * label are "" rather than NULL. */
+int state_endpoint_put_tx(state_t *st, const state_endpoint_ref_t *e, int64_t *id /* OUT */);
 
 /* state_push_enqueue inside the caller's transaction (pushes.c). */
 int state_push_enqueue_tx(state_t *st, int64_t job_id, int64_t run_id,

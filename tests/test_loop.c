@@ -39,6 +39,7 @@
 #include "proc.h"
 #include "run.h"
 #include "state.h"
+#include "state_int.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN, KILND_BIN, KILN_TRAIN_BIN and KILN_SERVE_BIN must name the executables"
@@ -139,6 +140,15 @@ static state_t *db(void)
     state_t *st = NULL;
     assert_int_equal(state_open(kd.db, &st), 0);
     return st;
+}
+
+/* Runs sql on the test's database. Returns 0 or a KILN_E* code. */
+static int db_exec(const char *sql)
+{
+    state_t *st = db();
+    int rc = state_test_exec(st, sql);
+    state_close(st);
+    return rc;
 }
 
 /* The newest run of job (0: none yet). */
@@ -819,6 +829,17 @@ static void test_quality_gate(void **state)
     kiln_ok(force);
     char ck2[64];
     wait_b_holds_run(&s, r2, ck2, sizeof ck2, 10);
+    /* A held model whose eval logloss is 0.0 (what kiln-train recorded over
+     * 0 eval rows before issue 27) is not a perfect model to be worse than:
+     * the gate is not applied, and ck1 goes back without --force. */
+    char sql[300];
+    snprintf(sql, sizeof sql, "UPDATE checkpoints SET eval_logloss = 0.0 WHERE uid = '%s'", ck2);
+    assert_int_equal(db_exec(sql), 0);
+    const char *back[] = {"push", "--job", "gate", "--checkpoint", ck1, NULL};
+    kiln_ok(back);
+    for (int i = 0; i < 100 && (fx_holds(&s, "ctr", "B", h, sizeof h), strcmp(h, ck1) != 0); i++)
+        proc_sleep_ms(100);
+    assert_string_equal(h, ck1);
 }
 
 /* ---- an online job --------------------------------------------------------------------------------- */

@@ -34,7 +34,9 @@
 #include "fixtures.h"
 #include "kiln.h"
 #include "proc.h"
+#include "sched_int.h"
 #include "state.h"
+#include "state_int.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN, KILND_BIN and KILN_TRAIN_BIN must name the executables"
@@ -754,6 +756,113 @@ static void test_refuses_to_start(void **state)
     }
 }
 
+/* srun's report of a task that died of a signal names the rank and host in
+ * the run's failure, in both of srun's forms: "task 1: Killed" (one task)
+ * and "tasks 0-1: Killed" (several); an exit code is not a kill. Issue 27
+ * found the one-task form unparsed ("Slurm job 5 FAILED ... exit 143"). */
+static void test_slurm_killed_parsed(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *line, *want;
+    } cases[] = {
+        {"srun: error: stnode2: task 1: Killed\n",
+         "rank 1 on host stnode2 was killed (srun: Killed) (Slurm job 5 FAILED, exit 143)"},
+        {"srun: error: stnode1: tasks 0-1: Killed\n",
+         "rank 0 on host stnode1 was killed (srun: Killed) (Slurm job 5 FAILED, exit 143)"},
+        {"srun: error: stnode2: task 1: Exited with exit code 2\n", NULL},
+    };
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/slurm-killed", home);
+    assert_int_equal(kiln_mkdir_p(dir), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char log[480];
+        snprintf(log, sizeof log, "%s/log", dir);
+        fx_write(log, "step 4 loss 0.5\n%sslurmstepd: error: *** STEP 5.0 ON stnode1 CANCELLED\n",
+                 cases[i].line);
+        run_status_t st = {.exit_code = 143, .job_id = 5};
+        snprintf(st.job_state, sizeof st.job_state, "FAILED");
+        state_run_state_t to;
+        char *error = NULL;
+        bool retryable = false;
+        sched_slurm_outcome(dir, &st, NULL, &to, &error, &retryable);
+        assert_int_equal(to, STATE_RUN_FAILED);
+        assert_non_null(error);
+        if (cases[i].want != NULL ? strcmp(error, cases[i].want) != 0
+                                  : strstr(error, "was killed") != NULL)
+            fail_msg("case %zu (%s): got \"%s\"", i, cases[i].line, error);
+        free(error);
+    }
+}
+
+/* A run's environment (its id, attempt and spec directory) is set in its
+ * supervisor after fork, never in kilnd: kilnd's push workers call getenv
+ * while the loop launches, and setenv/unsetenv there was a data race (issue
+ * 27). The child sees the run's values and an unset KILN_SPEC_DIR; this
+ * process's environment stays as it was. */
+static void test_run_env_in_child(void **state)
+{
+    (void)state;
+    char dir[400], log[480];
+    snprintf(dir, sizeof dir, "%s/env-run", home);
+    assert_int_equal(kiln_mkdir_p(dir), 0);
+    setenv(RUN_ENV_SPEC_DIR, "/stale/dir", 1);
+    unsetenv(RUN_ENV_RUN_ID);
+    const char *env[] = {RUN_ENV_RUN_ID "=7", RUN_ENV_ATTEMPT "=2", RUN_ENV_SPEC_DIR, NULL};
+    char *const argv[] = {"/bin/sh", "-c",
+                          "echo \"id=$" RUN_ENV_RUN_ID " attempt=$" RUN_ENV_ATTEMPT
+                          " dir=${" RUN_ENV_SPEC_DIR "-unset}\"",
+                          NULL};
+    pid_t pid = 0;
+    assert_int_equal(sched_supervise_spawn_follow(dir, argv, env, 1000, NULL, 0, &pid), 0);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    char text[4096];
+    snprintf(log, sizeof log, "%s/%s", dir, RUN_FILE_LOG);
+    proc_slurp(log, text, sizeof text);
+    if (strstr(text, "id=7 attempt=2 dir=unset\n") == NULL)
+        fail_msg("the run's environment is not what kilnd gave it:\n%s", text);
+    assert_null(getenv(RUN_ENV_RUN_ID));
+    assert_string_equal(getenv(RUN_ENV_SPEC_DIR), "/stale/dir");
+    unsetenv(RUN_ENV_SPEC_DIR);
+}
+
+/* A run whose end cannot be recorded (the database's disk is full: a
+ * trigger refuses the update as SQLite would) is recorded once space is
+ * back, without a kilnd restart. Issue 27: it stayed "running" until kilnd
+ * restarted. */
+static void test_end_recorded_after_disk_full(void **state)
+{
+    (void)state;
+    state_t *st = open_db();
+    assert_int_equal(state_test_exec(st, "CREATE TABLE test_disk_full (x);"
+                                         "INSERT INTO test_disk_full VALUES (1);"
+                                         "CREATE TRIGGER test_full BEFORE UPDATE OF state ON runs "
+                                         "WHEN NEW.state IN ('succeeded', 'failed') AND EXISTS "
+                                         "(SELECT 1 FROM test_disk_full) BEGIN SELECT "
+                                         "RAISE(ABORT, 'database or disk is full'); END"),
+                     0);
+    state_close(st);
+    pid_t k = submit_and_start("full", "");
+    char log[400], text[65536] = "";
+    snprintf(log, sizeof log, "%s/kilnd.log", home);
+    for (int i = 0; i < 300 && strstr(text, "cannot record its end") == NULL; i++) {
+        proc_sleep_ms(100);
+        proc_slurp(log, text, sizeof text);
+    }
+    if (strstr(text, "cannot record its end: ") == NULL)
+        fail_msg("kilnd never failed to record the run's end:\n%s", text);
+    state_run_t r;
+    get_run(1, &r);
+    assert_int_equal(r.state, STATE_RUN_RUNNING);
+    state_run_fini(&r);
+    st = open_db();
+    assert_int_equal(state_test_exec(st, "DELETE FROM test_disk_full"), 0); /* space is back */
+    state_close(st);
+    wait_run(1, STATE_RUN_SUCCEEDED, 10);
+    stop_kilnd(k, SIGTERM);
+}
+
 /* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
 PROC_TEST_MAIN(
     setup_all, teardown_all,
@@ -767,4 +876,7 @@ PROC_TEST_MAIN(
     cmocka_unit_test_setup_teardown(test_kill9_recovery, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_kill9_before_supervisor, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home))
+    cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_slurm_killed_parsed, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_run_env_in_child, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_end_recorded_after_disk_full, setup_home, teardown_home))

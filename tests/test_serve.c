@@ -22,6 +22,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -727,6 +728,39 @@ static void test_push_lookup_predict(void **state)
     assert_true(json_is_null(json_array_get(rows, 4)));
     json_decref(j);
 
+    /* Keys as decimal strings (JavaScript's 64-bit ids) are the same keys;
+     * a string that is not one, or a key of another type, is a 400 that
+     * says which key. Issue 27: strings answered null ("not held"). */
+    snprintf(body, sizeof body, "{\"label\":\"A\",\"table\":\"t0\",\"keys\":[\"1399\", "
+                                "\"1400\", \"9223372036854775807\", \"-3\"]}");
+    assert_int_equal(http("POST", url, NULL, body, strlen(body), r), 200);
+    j = json_loads(r->body, 0, NULL);
+    rows = json_object_get(j, "rows");
+    assert_true(fabs(json_real_value(json_array_get(json_array_get(rows, 0), 0)) -
+                     rowval(0, 1399, 0, 1)) < 1e-6);
+    assert_true(fabs(json_real_value(json_array_get(json_array_get(rows, 1), 0)) -
+                     rowval(0, 1400, 0, 2)) < 1e-6);
+    assert_true(json_is_null(json_array_get(rows, 2)) && json_is_null(json_array_get(rows, 3)));
+    json_decref(j);
+    static const struct {
+        const char *keys, *want;
+    } bad_keys[] = {
+        {"[1399, \"12x\"]", "lookup key 1 is the string \\\"12x\\\", which is not a decimal"},
+        {"[\"9223372036854775808\"]", "lookup key 0 is the string"},
+        {"[\" 5\"]", "lookup key 0 is the string"},
+        {"[1.5]", "lookup key 0 is a JSON number with a fraction"},
+        {"[7, true]", "lookup key 1 is a JSON boolean"},
+    };
+    for (size_t i = 0; i < sizeof bad_keys / sizeof bad_keys[0]; i++) {
+        snprintf(body, sizeof body, "{\"label\":\"A\",\"table\":\"t0\",\"keys\":%s}",
+                 bad_keys[i].keys);
+        assert_int_equal(http("POST", url, NULL, body, strlen(body), r), 400);
+        if (strstr(r->body, bad_keys[i].want) == NULL)
+            fail_msg("keys %s: want \"%s\" in %s", bad_keys[i].keys, bad_keys[i].want, r->body);
+    }
+    snprintf(body, sizeof body, /* the lookup after the restart below */
+             "{\"label\":\"A\",\"table\":\"t0\",\"keys\":[1000, 1399, 1400, 1599, 1600]}");
+
     /* split: B holds the same; sticky keys always land on the same label and
      * both labels get traffic. */
     assert_int_equal(push_one(&srv, "B", &o, "", &opt, &res), 0);
@@ -918,7 +952,8 @@ static void test_auth_and_bad_requests(void **state)
     holds(&srv, "A", h, sizeof h);
     assert_string_equal(h, ""); /* nothing applied */
 
-    const char *good[] = {"Authorization: Bearer " TOKEN, "Kiln-Checkpoint: ck-1",
+    /* The scheme is case-insensitive (issue 27: "bearer" was refused). */
+    const char *good[] = {"Authorization: bearer " TOKEN, "Kiln-Checkpoint: ck-1",
                           "Kiln-Base: none", "Idempotency-Key: k1", NULL};
     /* A corrupt body: 400 and nothing applied. */
     body[len / 2] ^= 0x10;
@@ -1516,6 +1551,209 @@ static void test_broken_files(void **state)
     resp_free(r);
 }
 
+/* A chain.json that names a full push after its first file reports the
+ * label broken with a reason that reads: issue 27 saw "the delta applies on
+ * <nothing> but ...". */
+static void test_broken_chain_message(void **state)
+{
+    (void)state;
+    server_t srv;
+    server_up(&srv, "brokenchain");
+    resp_t *r = calloc(1, sizeof *r);
+    serve_memsrc_t *m = build("bc-1", "", 1000, 10, 1, NULL, 0);
+    assert_int_equal(put_push(&srv, "A", "none", m, r), 200);
+    serve_memsrc_destroy(m);
+    server_kill(&srv, SIGTERM);
+    char chain[700];
+    snprintf(chain, sizeof chain, "%s/models/ctr/A/chain.json", srv.dir);
+    fx_write(chain, "{\"checkpoint\": \"bc-1\", \"next_seq\": 1, "
+                    "\"files\": [\"00000000.kpush\", \"00000000.kpush\"]}");
+    server_start(&srv, NULL, 0, true);
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/stats", srv.url);
+    assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
+    json_t *j = json_loads(r->body, 0, NULL);
+    const char *e =
+        json_string_value(json_object_get(json_array_get(json_object_get(j, "broken"), 0), "error"));
+    if (e == NULL || strstr(e, "a full push (checkpoint bc-1) follows the chain's first file") == NULL)
+        fail_msg("the broken chain's error does not read right: %s", e ? e : r->body);
+    json_decref(j);
+    server_kill(&srv, SIGTERM);
+    resp_free(r);
+}
+
+/* ---- a lying endpoint: answers every request with `answer` after reading
+ * its headers only (never the body), on a loopback port of its own. */
+typedef struct liar {
+    int fd, port;
+    const char *answer;
+    int served;
+    pthread_t th;
+} liar_t;
+
+static void *liar_main(void *arg)
+{
+    liar_t *l = arg;
+    for (int c; (c = accept(l->fd, NULL, NULL)) >= 0; close(c)) {
+        char buf[8192];
+        size_t n = 0;
+        while (n < sizeof buf - 1) {
+            ssize_t got = recv(c, buf + n, sizeof buf - 1 - n, 0);
+            if (got <= 0)
+                break;
+            n += (size_t)got;
+            buf[n] = '\0';
+            if (strstr(buf, "\r\n\r\n") != NULL)
+                break;
+        }
+        char head[256];
+        int hl = snprintf(head, sizeof head,
+                          "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                          "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                          strlen(l->answer));
+        if (write(c, head, (size_t)hl) < 0 || write(c, l->answer, strlen(l->answer)) < 0)
+            continue;
+        l->served++;
+        shutdown(c, SHUT_WR);
+    }
+    return NULL;
+}
+
+static void liar_start(liar_t *l, const char *answer)
+{
+    memset(l, 0, sizeof *l);
+    l->answer = answer;
+    l->fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(l->fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(l->fd, 16), 0);
+    assert_int_equal(getsockname(l->fd, (struct sockaddr *)&a, &al), 0);
+    l->port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&l->th, NULL, liar_main, l), 0);
+}
+
+static void liar_stop(liar_t *l)
+{
+    shutdown(l->fd, SHUT_RDWR);
+    pthread_join(l->th, NULL);
+    close(l->fd);
+}
+
+/* An endpoint that answers 200 without confirming the push (issue 27: the
+ * body {"ok":tru, or JSON naming fewer bytes than were pushed, from a
+ * server that never read the body) gets a failed push, not a delivered
+ * one; kiln-serve's own answer, repeated or not, is believed. */
+static void test_lying_endpoint(void **state)
+{
+    (void)state;
+    static const char *const lies[] = {
+        "{\"ok\":tru",
+        "{\"model\":\"ctr\",\"label\":\"A\",\"checkpoint\":\"ck-other\",\"bytes\":1}",
+        "{\"model\":\"ctr\",\"label\":\"A\",\"checkpoint\":\"ly-1\",\"bytes\":5}",
+    };
+    static const char *const want[] = {
+        "its answer is not kiln-serve's JSON ({\"ok\":tru)",
+        "its answer names checkpoint 'ck-other', not the pushed ly-1",
+        "it says it took 5 bytes of the ",
+    };
+    serve_memsrc_t *full = build("ly-1", "", 1000, 300, 1, NULL, 0);
+    for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+        liar_t l;
+        liar_start(&l, lies[i]);
+        server_t fake = {.port = l.port};
+        snprintf(fake.url, sizeof fake.url, "http://127.0.0.1:%d", l.port);
+        opener_t o = {.full = full};
+        serve_push_opts_t opt = popts();
+        serve_push_result_t res;
+        int rc = push_one(&fake, "A", &o, "", &opt, &res);
+        liar_stop(&l);
+        assert_true(l.served >= 1);
+        if (rc == 0 || res.ok || strstr(res.error, want[i]) == NULL)
+            fail_msg("lie %zu: rc %d, ok %d, error: %s", i, rc, res.ok, res.error);
+    }
+    /* The truth: a real kiln-serve, twice with the same idempotency key
+     * (the second answer is the stored one, given before the body is read). */
+    server_t srv;
+    server_up(&srv, "truthful");
+    opener_t o = {.full = full};
+    serve_push_opts_t opt = popts();
+    opt.idem_nonce = "same-push";
+    serve_push_result_t res;
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    assert_true(res.ok);
+    server_kill(&srv, SIGTERM);
+    serve_memsrc_destroy(full);
+}
+
+/* srv's label A holds uid with exactly the rows of lookup_all in rows. */
+static void assert_still_holds(const server_t *srv, const char *uid, const json_t *rows, resp_t *r)
+{
+    char h[64];
+    holds(srv, "A", h, sizeof h);
+    assert_string_equal(h, uid);
+    json_t *now = lookup_all(srv, r);
+    assert_true(json_equal(now, (json_t *)rows));
+    json_decref(now);
+}
+
+/* A push that cannot be committed is not applied (issue 27): when
+ * chain.json cannot be replaced, a full push and a delta are answered with
+ * an error, the version in memory stays the old one, and the old chain's
+ * files stay, so that a restart loads the old version; a delta whose apply
+ * fails (KILN_TEST_APPLY_FAIL) leaves the checkpoint where it was and its
+ * rows as they were. Before, both were answered 200, the full push deleted
+ * the files chain.json still named, and the delta moved the uid forward. */
+static void test_push_not_committed(void **state)
+{
+    (void)state;
+    server_t srv;
+    server_new(&srv, "uncommitted");
+    setenv("KILN_TEST_APPLY_FAIL", "nc-3", 1);
+    server_start(&srv, NULL, 0, true);
+    unsetenv("KILN_TEST_APPLY_FAIL");
+    resp_t *r = calloc(1, sizeof *r);
+    serve_memsrc_t *v1 = build("nc-1", "", 1000, 300, 1, NULL, 0);
+    serve_memsrc_t *v2 = build("nc-2", "", 1000, 300, 2, NULL, 0);
+    serve_memsrc_t *d3 = build("nc-3", "nc-1", 1000, 100, 3, NULL, 0);
+    serve_memsrc_t *d4 = build("nc-4", "nc-1", 1000, 100, 4, NULL, 0);
+    assert_int_equal(put_push(&srv, "A", "none", v1, r), 200);
+    json_t *rows1 = lookup_all(&srv, r);
+
+    /* chain.json cannot be replaced while a directory has the name of its
+     * temporary file (what a full disk does, leaving chain.json as it is). */
+    char tmp[720], first[700], h[64];
+    snprintf(tmp, sizeof tmp, "%s/models/ctr/A/chain.json.tmp.%d", srv.dir, (int)srv.pid);
+    snprintf(first, sizeof first, "%s/models/ctr/A/00000000.kpush", srv.dir);
+    assert_int_equal(mkdir(tmp, 0755), 0);
+    assert_int_equal(put_push(&srv, "A", "none", v2, r), 500);
+    if (strstr(r->body, "could not be committed") == NULL)
+        fail_msg("the full push's error does not say why: %s", r->body);
+    assert_int_equal(put_push(&srv, "A", "nc-1", d4, r), 500);
+    assert_still_holds(&srv, "nc-1", rows1, r);
+    assert_int_equal(access(first, F_OK), 0); /* the chain's file is kept */
+    assert_int_equal(rmdir(tmp), 0);
+
+    /* A delta that fails to apply (after changing rows in memory). */
+    assert_int_equal(put_push(&srv, "A", "nc-1", d3, r), 500);
+    assert_still_holds(&srv, "nc-1", rows1, r);
+
+    /* After a restart the old version is what is held, and pushes apply. */
+    server_kill(&srv, SIGTERM);
+    server_start(&srv, NULL, 0, true);
+    assert_still_holds(&srv, "nc-1", rows1, r);
+    assert_int_equal(put_push(&srv, "A", "nc-1", d3, r), 200);
+    holds(&srv, "A", h, sizeof h);
+    assert_string_equal(h, "nc-3");
+    server_kill(&srv, SIGTERM);
+    json_decref(rows1);
+    serve_memsrc_t *made[] = {v1, v2, d3, d4};
+    for (size_t i = 0; i < sizeof made / sizeof made[0]; i++)
+        serve_memsrc_destroy(made[i]);
+    resp_free(r);
+}
+
 /* A model kiln-serve cannot build is refused with the trainer's reason,
  * wrapped once ("the pushed model cannot be built: <reason>"): issue 15
  * saw it garbled ("...: the pushed model cannot be built: be 1 (the logit)"). */
@@ -1683,6 +1921,23 @@ static void test_slow_clients(void **state)
     }
     proc_slow_close(&slow);
     assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
+    /* The same flood from 127.0.0.1, the address every client of a
+     * loopback deployment shares, kilnd's pusher included: requests and a
+     * push are still answered (issue 27: reset until the attackers closed). */
+    proc_slow_open_from(&slow, srv.port, "GET /healthz HTTP/1.1\r\nHost: x", "127.0.0.1",
+                        "127.0.0.1");
+    for (int round = 0; round < 3; round++) {
+        long st = http("GET", url, NULL, NULL, 0, r);
+        if (st != 200)
+            fail_msg("kiln-serve did not answer under a flood from its clients' own address "
+                     "(round %d: status %ld)",
+                     round, st);
+        proc_slow_trickle(&slow);
+    }
+    serve_memsrc_t *m = build("fl-1", "", 1000, 50, 1, NULL, 0);
+    push_full(&srv, "A", m);
+    serve_memsrc_destroy(m);
+    proc_slow_close(&slow);
     server_kill(&srv, SIGTERM);
     resp_free(r);
 }
@@ -2076,6 +2331,9 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_predict_nonfinite),
     cmocka_unit_test(test_state_dir_locked),
     cmocka_unit_test(test_broken_files),
+    cmocka_unit_test(test_push_not_committed),
+    cmocka_unit_test(test_broken_chain_message),
+    cmocka_unit_test(test_lying_endpoint),
     cmocka_unit_test(test_wrapped_error_reads_right),
     cmocka_unit_test(test_cli_limits),
     cmocka_unit_test(test_host_header),

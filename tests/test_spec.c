@@ -674,6 +674,17 @@ static const struct bad {
      "job.yaml:4:42: model.tables[0].capacity: -5 is out of range 1..1099511627776"},
     {P "model:\n  tables: {name: a}\n",
      "job.yaml:4:11: model.tables: expected a list of tables, got a mapping"},
+    /* A NUL inside a string: C would read "ok", after every check passed
+     * (issue 27). */
+    {"name: \"ok\\u0000/../../etc\"\ndata: {train: d}\n",
+     "job.yaml:1:7: the string \"ok\\u0000...\" holds a NUL character (\\u0000) after 2 bytes; a "
+     "job spec's strings cannot hold one: remove it"},
+    {"name: j\ndata: {train: \"/data/x\\0.tsv\"}\n",
+     "job.yaml:2:15: the string \"/data/x\\u0000...\" holds a NUL character (\\u0000) after 7 "
+     "bytes; a job spec's strings cannot hold one: remove it"},
+    {P "push:\n  endpoints: [{url: \"http://h:1\", model: m, label: \"B\\x00x\"}]\n",
+     "job.yaml:4:52: the string \"B\\u0000...\" holds a NUL character (\\u0000) after 1 byte; a "
+     "job spec's strings cannot hold one: remove it"},
 };
 
 static void test_bad_specs(void **state)

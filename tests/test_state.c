@@ -23,7 +23,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sqlite3.h>
+
 #include "kiln.h"
+#include "ops.h"
 #include "state.h"
 #include "state_int.h"
 
@@ -171,6 +174,69 @@ static void test_open_errors(void **state)
     assert_non_null(strstr(kiln_errmsg(), "not a database"));
 
     assert_int_equal(state_open("", &st), KILN_EINVAL);
+}
+
+/* Runs sql on a plain SQLite connection to path (no Kiln involved). */
+static void sqlite_exec_file(const char *path, const char *sql)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    char *err = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK)
+        fail_msg("%s: %s", sql, err ? err : "?");
+    sqlite3_close(db);
+}
+
+/* The integer sql's first row has on a plain SQLite connection to path. */
+static int64_t sqlite_int_file(const char *path, const char *sql)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int64_t v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return v;
+}
+
+/* Another application's SQLite file is refused and left exactly as it was;
+ * Kiln's own files carry its application_id (issue 27: kilnd added its
+ * tables to such a file, switched it to WAL and set user_version). */
+static void test_open_foreign(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = NULL;
+    char other[256], marked[256];
+    snprintf(other, sizeof other, "%s/other.db", f->dir);
+    snprintf(marked, sizeof marked, "%s/marked.db", f->dir);
+    sqlite_exec_file(other, "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);"
+                            "PRAGMA user_version = 3;");
+    assert_int_equal(state_open(other, &st), KILN_EDB);
+    assert_null(st);
+    if (strstr(kiln_errmsg(), "is not a Kiln database (it holds 1 table, such as 'notes', and "
+                              "user_version 3") == NULL)
+        fail_msg("%s", kiln_errmsg());
+    sqlite_exec_file(marked, "PRAGMA application_id = 42;");
+    assert_int_equal(state_open(marked, &st), KILN_EDB);
+    assert_non_null(strstr(kiln_errmsg(), "belongs to another application (its application_id "
+                                          "is 42"));
+    /* The file as it was: no Kiln table, not WAL, the same user_version. */
+    assert_int_equal(sqlite_int_file(other, "SELECT count(*) FROM sqlite_master WHERE name = "
+                                            "'jobs'"),
+                     0);
+    assert_int_equal(sqlite_int_file(other, "PRAGMA user_version"), 3);
+    assert_int_equal(sqlite_int_file(other, "SELECT journal_mode = 'wal' FROM "
+                                            "pragma_journal_mode"),
+                     0);
+    /* A new file is marked as Kiln's, and opens again. */
+    OK(state_open(f->path, &f->st));
+    assert_int_equal(scalar(f->st, "SELECT application_id FROM pragma_application_id"),
+                     STATE_APPLICATION_ID);
+    state_close(f->st);
+    f->st = NULL;
+    OK(state_open(f->path, &f->st));
 }
 
 /* ---- migrations ---------------------------------------------------------------------
@@ -1384,6 +1450,44 @@ static void test_busy_retry(void **state)
     assert_non_null(strstr(kiln_errmsg(), f->path));
 }
 
+/* A job's endpoints are recorded in the submit's transaction (ops.h says
+ * so): when recording one fails, the submit fails and stores nothing. Issue
+ * 27 found them written after the commit, so a failure reported an error
+ * for a job that was stored. */
+static void test_submit_endpoints_atomic(void **state)
+{
+    fixture_t *f = *state;
+    OK(state_test_exec(f->st, "CREATE TRIGGER no_b BEFORE INSERT ON endpoints WHEN NEW.label = "
+                              "'B' BEGIN SELECT RAISE(ABORT, 'endpoint B refused'); END"));
+    const char *spec = "name: ep-atomic\n"
+                       "data: {train: /tmp/none.tsv}\n"
+                       "model: {type: lr, embedding: {dim: 4, capacity: 1000}}\n"
+                       "push:\n"
+                       "  endpoints:\n"
+                       "    - {url: \"http://127.0.0.1:8501\", model: ctr, label: A}\n"
+                       "    - {url: \"http://127.0.0.1:8502\", model: ctr, label: B}\n";
+    ops_submit_t in = {.text = spec, .len = strlen(spec), .source = "the test"};
+    job_diags_t diags;
+    job_diags_init(&diags);
+    ops_submitted_t out;
+    int rc = ops_submit(f->st, &in, &diags, &out);
+    job_diags_fini(&diags);
+    if (rc == 0)
+        ops_submitted_fini(&out);
+    assert_true(rc < 0);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM jobs"), 0);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM runs"), 0);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM endpoints"), 0);
+
+    OK(state_test_exec(f->st, "DROP TRIGGER no_b"));
+    job_diags_init(&diags);
+    OK(ops_submit(f->st, &in, &diags, &out));
+    job_diags_fini(&diags);
+    ops_submitted_fini(&out);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM jobs"), 1);
+    assert_int_equal(scalar(f->st, "SELECT count(*) FROM endpoints"), 2);
+}
+
 int main(void)
 {
     kiln_log_set_level(KILN_LOG_WARN);
@@ -1413,6 +1517,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_concurrent_writers, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_open, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_busy_retry, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_submit_endpoints_atomic, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_open_foreign, setup_dir, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

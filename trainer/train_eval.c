@@ -54,6 +54,8 @@ int train_predict_files(trainer_t *tr, char **files, int nfiles, const char *wha
             (labels && (rc = kiln_grow_to((void **)labels, &capl, m, sizeof(float), 1024)) < 0) ||
             (rows && (rc = kiln_grow_to((void **)rows, &capr, m, sizeof(int64_t), 1024)) < 0))
             goto out;
+        if (b->n == 0) /* every line of the batch malformed: nothing allocated yet, maybe */
+            continue;
         rc = rt_model_predict(tr->model, b->n, tr->E, b->dense, *probs + *n);
         if (rc < 0)
             goto out;
@@ -86,6 +88,23 @@ int train_evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, doubl
     int64_t total;
     float *all_p = NULL, *all_l = NULL;
     rc = train_gather_layout(tr, mine, &counts, &displs, &total);
+    if (rc == 0) {
+        /* No figures rather than a logloss of 0.0 over nothing, which the
+         * quality gate would take for a perfect model. */
+        int verdict = 0;
+        if (tr->rank == 0 && total == 0) {
+            char names[600] = "";
+            for (int i = 0, off = 0; i < nfiles && i < 3 && off < (int)sizeof names; i++)
+                off += snprintf(names + off, sizeof names - (size_t)off, "%s%s", i ? ", " : "",
+                                files[i]);
+            verdict = kiln_errf(KILN_EINVAL,
+                                "the eval data (%d file%s: %s%s) holds no readable row (empty, "
+                                "or every line malformed), so the model cannot be evaluated and "
+                                "no eval figures are recorded: fix or replace data.eval",
+                                nfiles, nfiles == 1 ? "" : "s", names, nfiles > 3 ? ", ..." : "");
+        }
+        rc = agree(verdict);
+    }
     if (rc == 0 && tr->rank == 0) {
         all_p = kiln_calloc((size_t)total + 1, sizeof(float));
         all_l = kiln_calloc((size_t)total + 1, sizeof(float));

@@ -473,6 +473,9 @@ static int run(trainer_t *tr)
             goto out;
     }
 out:
+    /* tr borrowed the eval list; nothing may reach it once it is freed. */
+    tr->eval_files = NULL;
+    tr->neval = 0;
     train_free_list(files, nfiles);
     train_free_list(eval_files, neval);
     return rc;

@@ -11,6 +11,7 @@
  * the limit per client address keeps one client from holding every slot,
  * and the idle timeout frees the slots it holds.
  */
+#include "web_guard.h"
 #include "web_int.h"
 
 #include <arpa/inet.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 struct web {
@@ -36,6 +38,7 @@ struct web {
     pthread_cond_t cv;
     state_t **all, **idle;
     int nall, nidle;
+    web_guard_t *guard; /* the connection limits (web_guard.h) */
 };
 
 /* ---- the route table ---------------------------------------------------------------
@@ -215,7 +218,7 @@ static bool authorized(web_t *w, struct MHD_Connection *c, const upload_t *u)
     if (w->token == NULL)
         return false;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (h != NULL && strncmp(h, "Bearer ", 7) == 0)
+    if (h != NULL && strncasecmp(h, "Bearer ", 7) == 0) /* a case-insensitive scheme */
         return token_equal(h + 7, w->token);
     h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Kiln-Token");
     if (h != NULL)
@@ -314,6 +317,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (u == NULL)
             return MHD_NO;
         *con_cls = u;
+        web_guard_request(w->guard, c);
         const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
         if (!kiln_host_allowed(host, w->bind, w->allowed_hosts)) {
             u->wrong_host = true;
@@ -342,6 +346,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
+    web_t *w = cls;
+    web_guard_done(w->guard, c);
     upload_t *u = *con_cls;
     if (u != NULL) {
         web_buf_free(&u->body);
@@ -482,6 +488,8 @@ int web_start(const web_config_t *cfg, web_t **out)
         w->idle[w->nidle++] = w->all[i];
         w->nall++;
     }
+    KILN_CHECK_GOTO(web_guard_create(cfg->max_connections, cfg->max_per_client, &w->guard), rc,
+                    fail);
     /* MHD_USE_ITC: MHD_stop_daemon wakes every pool thread through its own
      * channel. Without it a thread could miss the listen socket's shutdown
      * and sleep out the connection timeout, so kilnd took 10 s to stop on
@@ -491,11 +499,14 @@ int web_start(const web_config_t *cfg, web_t **out)
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (v6)
         flags |= MHD_USE_IPv6;
+    /* The limits of connections (all, and per client address) are the
+     * guard's: it makes room by evicting idle ones instead of refusing new
+     * ones, so a flood from the page's own address cannot lock it out. */
     w->d = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, w, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-        (unsigned)cfg->max_per_client, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
+        (unsigned)(cfg->max_connections + WEB_GUARD_SLACK), MHD_OPTION_NOTIFY_CONNECTION,
+        web_guard_notify, w->guard, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_NOTIFY_COMPLETED,
         on_completed, w, MHD_OPTION_END);
     if (w->d == NULL) {
@@ -527,6 +538,7 @@ void web_stop(web_t *w)
         return;
     if (w->d != NULL)
         MHD_stop_daemon(w->d);
+    web_guard_destroy(w->guard);
     for (int i = 0; i < w->nall; i++)
         state_close(w->all[i]);
     KILN_FREE_ALL(w->all, w->idle, w->token, w->allowed_hosts);

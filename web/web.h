@@ -9,8 +9,10 @@
  * ("Authorization: Bearer TOKEN", or a form field `token` for the HTML
  * forms); without a configured token every POST is refused. A request whose
  * Host is not one of the server's names gets 403 (DNS rebinding), and one
- * client address holds at most max_per_client connections, so slow or idle
- * clients cannot take the page down. Routes, the JSON API and the metrics
+ * client address holds at most max_per_client connections, kept by evicting
+ * the oldest connection not inside a request (web_guard.h), so slow or idle
+ * clients cannot take the page down, even from the address of its readers.
+ * Routes, the JSON API and the metrics
  * are described in docs/api.md.
  */
 #ifndef KILN_WEB_WEB_H

@@ -196,9 +196,15 @@ int proc_connect_from(const char *src, int port, const char *first)
 
 void proc_slow_open(proc_slow_t *s, int port, const char *first)
 {
+    proc_slow_open_from(s, port, first, "127.0.0.2", "127.0.0.3");
+}
+
+void proc_slow_open_from(proc_slow_t *s, int port, const char *first, const char *idle_src,
+                         const char *trickle_src)
+{
     for (int i = 0; i < PROC_SLOW_ALL; i++)
-        s->fds[i] = i < PROC_SLOW_IDLE ? proc_connect_from("127.0.0.2", port, NULL)
-                                       : proc_connect_from("127.0.0.3", port, first);
+        s->fds[i] = i < PROC_SLOW_IDLE ? proc_connect_from(idle_src, port, NULL)
+                                       : proc_connect_from(trickle_src, port, first);
 }
 
 void proc_slow_trickle(const proc_slow_t *s)

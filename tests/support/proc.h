@@ -97,6 +97,10 @@ typedef struct proc_slow {
 } proc_slow_t;
 
 void proc_slow_open(proc_slow_t *s, int port, const char *first);
+/* The same from the addresses given: 127.0.0.1 for both is a flood from the
+ * address every client of a loopback deployment shares. */
+void proc_slow_open_from(proc_slow_t *s, int port, const char *first, const char *idle_src,
+                         const char *trickle_src);
 void proc_slow_trickle(const proc_slow_t *s);
 void proc_slow_close(proc_slow_t *s);
 
