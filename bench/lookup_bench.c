@@ -20,7 +20,23 @@
  *     --dlrm-sps S (kiln-train's measured samples/s) it prints achieved /
  *     bound.
  *
+ *   bounds: this machine's memory bandwidth (a STREAM triad over three
+ *     256 MB arrays, 2 reads + 1 write per element) and, for lr (dim 1)
+ *     and fm (dim 17), the gather-and-update bound of a step: the batch's
+ *     DISTINCT rows (the power-law draw above, deduplicated per table, as
+ *     kiln-train does) each read once at random (a plain row copy) and
+ *     updated once at random with adagrad (row and accumulator read and
+ *     written), each rate measured here over 26 tables' worth of rows of
+ *     the model's width; pooling the 26 x 4096 lookups from those rows is
+ *     cache-resident and not counted. Bound samples/s = 4096 / (distinct
+ *     x (1 / gather rate + 1 / update rate)). With --lr-sps / --fm-sps
+ *     (kiln-train's measured samples/s) it prints achieved / bound.
+ *
+ * The GEMMs run the kernels kiln-train runs: the bench chooses OpenBLAS's
+ * core type as kiln-train does (model_kernels_ensure) and names it.
+ *
  *   lookup_bench [--threads N] [--runs R] [--rows-per-table N] [--dlrm-sps S]
+ *                [--lr-sps S] [--fm-sps S]
  *
  * Prints one JSON line.
  */
@@ -35,6 +51,7 @@
 #include "bench.h"
 #include "kern.h"
 #include "kiln.h"
+#include "model.h"
 
 enum { NT = 26, DIM = 16, BATCH = 4096 };
 
@@ -111,11 +128,108 @@ static double dlrm_gemms(const layer_t *L, int nl, float *A, float *W, float *C,
     return now_s() - t0;
 }
 
+/* ---- memory bandwidth, and the gather-and-update bound of lr and fm ----------- */
+
+/* STREAM triad a = b + s c over n floats each; bytes moved per second. */
+static double triad_bytes_per_s(size_t n, int runs)
+{
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *c = malloc(n * sizeof *c);
+    if (!a || !b || !c)
+        return 0;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        a[i] = 0.0f;
+        b[i] = 1.0f;
+        c[i] = 2.0f;
+    }
+    double best = 0;
+    for (int r = 0; r < runs; r++) {
+        double t0 = now_s();
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++)
+            a[i] = b[i] + 0.5f * c[i];
+        double bps = 3.0 * (double)n * sizeof(float) / (now_s() - t0);
+        best = bps > best ? bps : best;
+    }
+    KILN_FREE_ALL(a, b, c);
+    return best; /* STREAM reports the best run */
+}
+
+/* Rows per second of (a) plain random-row gathers of `dim` floats and (b)
+ * adagrad updates of random rows (row and accumulator read and written),
+ * over a table of nrows rows; medians of runs. */
+static void row_rates(int64_t nrows, int dim, int runs, double *gather, double *update)
+{
+    const size_t cnt = (size_t)nrows * (size_t)dim;
+    float *v = malloc(cnt * sizeof *v), *acc = malloc(cnt * sizeof *acc);
+    float *out = malloc((size_t)NT * BATCH * (size_t)dim * sizeof *out);
+    int64_t *idx = malloc((size_t)NT * BATCH * sizeof *idx);
+    double g[101], u[101];
+    *gather = *update = 0;
+    if (!v || !acc || !out || !idx)
+        goto out;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < cnt; i++) {
+        v[i] = (float)(i % 89) * 0.01f;
+        acc[i] = 1.0f;
+    }
+    const int64_t n = (int64_t)NT * BATCH;
+    for (int r = 0; r < runs; r++) {
+        for (int64_t i = 0; i < n; i++)
+            idx[i] = (int64_t)(rng() % (uint64_t)nrows);
+        double t0 = now_s();
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            memcpy(out + i * dim, v + idx[i] * dim, sizeof(float) * (size_t)dim);
+        g[r] = (double)n / (now_s() - t0);
+        t0 = now_s();
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float *w = v + idx[i] * dim, *a = acc + idx[i] * dim;
+            const float *gr = out + i * dim;
+            for (int j = 0; j < dim; j++) {
+                a[j] += gr[j] * gr[j];
+                w[j] -= 0.05f * gr[j] / (sqrtf(a[j]) + 1e-8f);
+            }
+        }
+        u[r] = (double)n / (now_s() - t0);
+    }
+    *gather = bench_median(g, runs);
+    *update = bench_median(u, runs);
+out:
+    KILN_FREE_ALL(v, acc, out, idx);
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Distinct rows per batch over the 26 tables of the power-law draw. */
+static int64_t distinct_rows(const int32_t *rows)
+{
+    int64_t total = 0;
+    int32_t *tmp = malloc(sizeof(int32_t) * BATCH);
+    for (int t = 0; tmp && t < NT; t++) {
+        memcpy(tmp, rows + (size_t)t * BATCH, sizeof(int32_t) * BATCH);
+        qsort(tmp, BATCH, sizeof *tmp, cmp_i32);
+        for (int i = 0; i < BATCH; i++)
+            total += i == 0 || tmp[i] != tmp[i - 1];
+    }
+    free(tmp);
+    return total;
+}
+
 int main(int argc, char **argv)
 {
     int threads = 2, runs = 7;
     int64_t rows_per_table = 1000000;
-    double dlrm_sps = 0.0;
+    double dlrm_sps = 0.0, lr_sps = 0.0, fm_sps = 0.0;
+    /* The GEMM bound is of the kernels kiln-train runs (may execute the
+     * bench again with OpenBLAS's core type set, as kiln-train does). */
+    if (model_kernels_ensure(argv) < 0)
+        fprintf(stderr, "lookup_bench: %s\n", kiln_errmsg());
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -125,9 +239,13 @@ int main(int argc, char **argv)
             rows_per_table = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--dlrm-sps") && i + 1 < argc)
             dlrm_sps = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--lr-sps") && i + 1 < argc)
+            lr_sps = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--fm-sps") && i + 1 < argc)
+            fm_sps = atof(argv[++i]);
         else {
             fprintf(stderr, "usage: lookup_bench [--threads N] [--runs R] "
-                            "[--rows-per-table N] [--dlrm-sps S]\n");
+                            "[--rows-per-table N] [--dlrm-sps S] [--lr-sps S] [--fm-sps S]\n");
             return 2;
         }
     }
@@ -229,7 +347,31 @@ int main(int argc, char **argv)
     if (dlrm_sps > 0)
         printf(", \"dlrm_samples_per_s\": %.0f, \"dlrm_over_bound\": %.3f", dlrm_sps,
                dlrm_sps / bound_sps);
-    printf("}\n");
+    model_kernels_t kk;
+    model_kernels_describe(&kk);
+    printf(", \"dense_kernels\": \"%s\"", kk.name);
+    /* Memory bandwidth, and lr's and fm's gather-and-update bounds. */
+    printf(", \"triad_gb_per_s\": %.1f", triad_bytes_per_s((size_t)64 << 20, runs) / 1e9);
+    const int64_t uniq = distinct_rows(rows);
+    static const struct {
+        const char *name;
+        int dim;
+    } lin[] = {{"lr", 1}, {"fm", 17}};
+    for (int i = 0; i < 2; i++) {
+        double gr, up;
+        row_rates((int64_t)all_rows, lin[i].dim, runs, &gr, &up);
+        /* The least a step must do: read each distinct row once at random
+         * and update it once (pooling from those rows is cache-resident). */
+        const double step = (double)uniq / gr + (double)uniq / up, sps = BATCH / step;
+        const double have = i == 0 ? lr_sps : fm_sps;
+        printf(", \"%s_gather_rows_per_s\": %.0f, \"%s_update_rows_per_s\": %.0f, "
+               "\"%s_bound_samples_per_s\": %.0f",
+               lin[i].name, gr, lin[i].name, up, lin[i].name, sps);
+        if (have > 0)
+            printf(", \"%s_samples_per_s\": %.0f, \"%s_over_bound\": %.3f", lin[i].name, have,
+                   lin[i].name, have / sps);
+    }
+    printf(", \"distinct_rows_per_batch\": %lld}\n", (long long)uniq);
     for (int t = 0; t < NT; t++)
         free(vals[t]);
     KILN_FREE_ALL(vals, offsets, rows, out, flat, prow, gA, gW, gC);
