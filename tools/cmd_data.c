@@ -96,7 +96,16 @@ int cmd_convert(cli_t *cli)
     if (kiln_mkdir_parent(out) < 0)
         return cli_fail(KILN_EIO, NULL);
     rt_reader_stats_t st;
-    int rc = rt_convert_tsv_to_bin(cli->pos, cli->npos, out, NULL, &st);
+    rt_format_t fmt = RT_FMT_TSV;
+    int rc = rt_format_detect(cli->pos[0], &fmt);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    /* Parquet inputs (told by PAR1 at the start) are read with Criteo's
+     * column names (label, I1..I13, C1..C26): docs/data-formats.md. */
+    if (fmt == RT_FMT_PARQUET)
+        rc = rt_convert_parquet_to_bin(cli->pos, cli->npos, NULL, out, NULL, &st);
+    else
+        rc = rt_convert_tsv_to_bin(cli->pos, cli->npos, out, NULL, &st);
     if (rc < 0)
         return cli_fail(rc, NULL);
     for (int i = 0; i < st.nmessages; i++)

@@ -10,6 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin libcmocka-dev libmicrohttpd-dev libjansson-dev
   libopenblas-dev libxxhash-dev python3 curl
   zlib1g-dev libzstd-dev gzip zstd  # compressed training data (data/data_src.c and its tests)
+  libsnappy-dev  # SNAPPY pages of Parquet files (data/data_parquet.c): libsnappy is the field's own codec library
   chromium prometheus  # the web tests: headless browser, promtool (Prometheus parser)
   clang libclang-rt-14-dev
   # the cluster tests (tools/testcluster.sh): Slurm, munge, sshd, namespaces;
