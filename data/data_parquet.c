@@ -58,6 +58,13 @@
 #define PQ_MAX_FOOTER ((int64_t)64 << 20)
 /* Schema columns past this are refused. */
 #define PQ_MAX_LEAVES 100000
+/* A row group of more rows, or a page of more level entries, is refused:
+ * the reader holds a row group's mapped columns decoded (4 to 8 bytes per
+ * value), and writers cut row groups near 1M rows (Arrow, NVTabular) and
+ * pages near 20k values; a count past these is a damaged header, which must
+ * not make the reader allocate gigabytes. */
+#define PQ_MAX_RG_ROWS ((int64_t)1 << 24)
+#define PQ_MAX_PAGE_VALUES ((int64_t)1 << 24)
 
 /* parquet.thrift's enums, as far as Kiln reads them. */
 enum { PT_BOOLEAN, PT_INT32, PT_INT64, PT_INT96, PT_FLOAT, PT_DOUBLE, PT_BYTE_ARRAY, PT_FLBA };
@@ -578,6 +585,13 @@ static bool fmd_row_groups(tc_t *t, fmd_t *m)
                      (long long)i, g.ncc, f->nleaves);
             f->rg_bad_chunk = true;
         }
+        if (g.num_rows > PQ_MAX_RG_ROWS) {
+            snprintf(f->rg_why, sizeof f->rg_why,
+                     "row group %lld has %lld rows, more than Kiln reads in one (%lld); rewrite "
+                     "the file with smaller row groups",
+                     (long long)i, (long long)g.num_rows, (long long)PQ_MAX_RG_ROWS);
+            f->rg_bad_chunk = true;
+        }
         if (g.num_rows > INT64_MAX - f->rg_start[i])
             return tc_fail(t);
         f->rg_start[i + 1] = f->rg_start[i] + g.num_rows;
@@ -592,6 +606,8 @@ static bool fmd_field(tc_t *t, int16_t id, int type, void *arg)
     fmd_t *m = arg;
     if (id == 2 && type == TT_LIST && !m->want_rgs) {
         int et;
+        if (m->have_schema)
+            return false; /* the schema twice */
         if (!tc_list(t, &et, &m->nschema) || et != TT_STRUCT || m->nschema > PQ_MAX_LEAVES)
             return false;
         m->schema = kiln_calloc((size_t)m->nschema + 1, sizeof *m->schema);
@@ -610,7 +626,7 @@ static bool fmd_field(tc_t *t, int16_t id, int type, void *arg)
     if (id == 3)
         return read_int(t, type, 0, INT64_MAX, &m->num_rows);
     if (id == 4 && type == TT_LIST && m->want_rgs)
-        return fmd_row_groups(t, m);
+        return !m->have_rgs && fmd_row_groups(t, m); /* not twice */
     return tc_skip(t, type);
 }
 
@@ -1729,9 +1745,10 @@ static int decode_chunk(rt_pq_file_t *f, int g, int c, int64_t *bytes)
             KILN_CHECK(decompress(&w, ch->codec, p, (size_t)h.csize, (size_t)h.usize, &body));
             KILN_CHECK(read_dict(&w, d, body, body + h.usize, h.num_values, (int)h.encoding));
         } else if ((h.type == PAGE_DATA && h.has_data) || (h.type == PAGE_DATA_V2 && h.has_v2)) {
-            if (h.num_values > ch->num_values - seen)
-                return bad_page(&w, "the pages hold more values than the chunk's %lld",
-                                (long long)ch->num_values);
+            if (h.num_values > ch->num_values - seen || h.num_values > PQ_MAX_PAGE_VALUES)
+                return bad_page(&w, "a page of %lld values in a chunk of %lld (%lld read)",
+                                (long long)h.num_values, (long long)ch->num_values,
+                                (long long)seen);
             KILN_CHECK(read_data_page(&w, d, ch, &h, p, rg_rows));
             seen += h.num_values;
         } else if (h.type == PAGE_DATA || h.type == PAGE_DATA_V2 || h.type == PAGE_DICT) {
