@@ -490,6 +490,9 @@ struct rt_pq_file {
     int64_t *dbp2, dbp2_cap; /* DELTA_BYTE_ARRAY's second stream */
     unsigned char *prev;     /* DELTA_BYTE_ARRAY: the previous value */
     size_t prev_cap;
+    ZSTD_DCtx *zd;           /* kept: a context per page would cost more than the page */
+    z_stream zs;             /* kept, reset per page */
+    bool zs_init;
 };
 
 int64_t rt_pq_rows(const rt_pq_file_t *f)
@@ -957,6 +960,9 @@ void rt_pq_close(rt_pq_file_t *f)
         free(f->names[c]);
     for (int c = 0; f->dc && c < f->ncols; c++)
         dcol_fini(&f->dc[c]);
+    ZSTD_freeDCtx(f->zd);
+    if (f->zs_init)
+        inflateEnd(&f->zs);
     KILN_FREE_ALL(f->path, f->cols, f->names, f->rg_start, f->chunks, f->dc, f->chunk_buf,
                   f->page_buf, f->rep, f->def, f->vk, f->vf, f->dbp, f->dbp2, f->prev);
     free(f);
@@ -1054,21 +1060,25 @@ static int decompress(const where_t *w, int codec, const unsigned char *src, siz
             return bad_page(w, "the SNAPPY data does not decompress to %zu bytes", want);
         got = len;
     } else if (codec == CODEC_GZIP) {
-        z_stream zs;
-        memset(&zs, 0, sizeof zs);
-        if (inflateInit2(&zs, 15 + 32) != Z_OK)
-            return kiln_errf(KILN_ENOMEM, "cannot start a gzip decoder");
-        zs.next_in = (Bytef *)src;
-        zs.avail_in = (uInt)n;
-        zs.next_out = f->page_buf;
-        zs.avail_out = (uInt)want + 1;
-        int zr = inflate(&zs, Z_FINISH);
-        got = want + 1 - zs.avail_out;
-        inflateEnd(&zs);
+        if (!f->zs_init) {
+            if (inflateInit2(&f->zs, 15 + 32) != Z_OK)
+                return kiln_errf(KILN_ENOMEM, "cannot start a gzip decoder");
+            f->zs_init = true;
+        } else {
+            inflateReset(&f->zs);
+        }
+        f->zs.next_in = (Bytef *)src;
+        f->zs.avail_in = (uInt)n;
+        f->zs.next_out = f->page_buf;
+        f->zs.avail_out = (uInt)want + 1;
+        int zr = inflate(&f->zs, Z_FINISH);
+        got = want + 1 - f->zs.avail_out;
         if (zr != Z_STREAM_END)
             return bad_page(w, "the GZIP data does not decompress (%s)", zError(zr));
     } else if (codec == CODEC_ZSTD) {
-        size_t zr = ZSTD_decompress(f->page_buf, want + 1, src, n);
+        if (f->zd == NULL && (f->zd = ZSTD_createDCtx()) == NULL)
+            return kiln_errf(KILN_ENOMEM, "cannot start a zstd decoder");
+        size_t zr = ZSTD_decompressDCtx(f->zd, f->page_buf, want + 1, src, n);
         if (ZSTD_isError(zr))
             return bad_page(w, "the ZSTD data does not decompress (%s)", ZSTD_getErrorName(zr));
         got = zr;
@@ -1081,20 +1091,54 @@ static int decompress(const where_t *w, int codec, const unsigned char *src, siz
     return 0;
 }
 
-/* A little-endian bit reader over [p, p + n). */
-static uint64_t get_bits(const unsigned char *p, uint64_t bit, int bw)
+/* Parquet's bit packing: n values of bw bits, least significant bit first,
+ * from p, which holds at least ceil(n * bw / 8) bytes (and no more are
+ * read). A 64-bit accumulator takes a byte whenever it holds fewer than bw
+ * bits, so bw up to 56 streams; wider values (DELTA_BINARY_PACKED only)
+ * take two halves. */
+static void unpack_bits(const unsigned char *p, int bw, uint64_t *out, int64_t n)
 {
-    unsigned char tmp[16] = {0};
-    size_t byte = (size_t)(bit >> 3);
-    int sh = (int)(bit & 7);
-    size_t need = (size_t)(sh + bw + 7) / 8;
-    memcpy(tmp, p + byte, need);
-    uint64_t lo;
-    memcpy(&lo, tmp, 8);
-    uint64_t v = lo >> sh;
-    if (sh + bw > 64)
-        v |= (uint64_t)tmp[8] << (64 - sh);
-    return bw >= 64 ? v : v & ((UINT64_C(1) << bw) - 1);
+    if (bw == 0) {
+        memset(out, 0, (size_t)n * sizeof *out);
+        return;
+    }
+    if (bw > 56) {
+        uint64_t bit = 0;
+        for (int64_t i = 0; i < n; i++, bit += (uint64_t)bw) {
+            uint64_t v = 0;
+            for (int k = 0; k < bw; k++) {
+                uint64_t b = bit + (uint64_t)k;
+                v |= (uint64_t)((p[b >> 3] >> (b & 7)) & 1) << k;
+            }
+            out[i] = v;
+        }
+        return;
+    }
+    const uint64_t mask = (UINT64_C(1) << bw) - 1;
+    uint64_t acc = 0;
+    int bits = 0;
+    for (int64_t i = 0; i < n; i++) {
+        while (bits < bw) {
+            acc |= (uint64_t)*p++ << bits;
+            bits += 8;
+        }
+        out[i] = acc & mask;
+        acc >>= bw;
+        bits -= bw;
+    }
+}
+
+/* unpack_bits into 32-bit values (levels, dictionary indices: bw <= 32),
+ * a group of 8 at a time through a small buffer. */
+static void unpack_bits32(const unsigned char *p, int bw, uint32_t *out, int64_t n)
+{
+    uint64_t tmp[64];
+    for (int64_t i = 0; i < n; i += 64) {
+        int64_t m = n - i < 64 ? n - i : 64; /* i is a multiple of 64: whole bytes */
+        unpack_bits(p + (size_t)(i / 8) * (size_t)bw, bw, tmp, m);
+        for (int64_t k = 0; k < m; k++)
+            out[i + k] = (uint32_t)tmp[k];
+    }
 }
 
 static bool varint(const unsigned char **p, const unsigned char *end, uint64_t *v)
@@ -1128,8 +1172,7 @@ static const unsigned char *rle_decode(const unsigned char *p, const unsigned ch
             uint64_t avail = bytes < (uint64_t)(end - p) ? bytes : (uint64_t)(end - p);
             if ((uint64_t)take * (uint64_t)bw > avail * 8)
                 return NULL;
-            for (int64_t k = 0; k < take; k++)
-                out[i + k] = (uint32_t)get_bits(p, (uint64_t)k * (uint64_t)bw, bw);
+            unpack_bits32(p, bw, out + i, take);
             i += take;
             p += avail;
         } else {
@@ -1203,8 +1246,10 @@ static int dbp_decode(const where_t *w, const unsigned char **pp, const unsigned
             uint64_t bytes = per_mini * (uint64_t)bw / 8;
             if (bytes > (uint64_t)(end - p))
                 return bad_page(w, "a DELTA_BINARY_PACKED miniblock runs past the page");
-            for (uint64_t k = 0; k < per_mini && i < count; k++) {
-                v += (uint64_t)min_delta + get_bits(p, k * (uint64_t)bw, bw);
+            uint64_t take = per_mini < count - i ? per_mini : count - i;
+            unpack_bits(p, bw, (uint64_t *)o + i, (int64_t)take);
+            for (uint64_t k = 0; k < take; k++) {
+                v += (uint64_t)min_delta + (uint64_t)o[i];
                 o[i++] = (int64_t)v;
             }
             p += bytes;
@@ -1791,10 +1836,37 @@ static int decode_row_group(rt_pq_file_t *f, int g, int64_t *bytes)
     return 0;
 }
 
+/* Appends rows [r0, r1) of the decoded row group, all with a good label,
+ * column by column: each slot's keys are one run of the column's keys. */
+static int append_rows(const rt_pq_file_t *f, int64_t r0, int64_t r1, rt_batch_builder_t *bb,
+                       rt_batch_t *b)
+{
+    const int D = bb->ndense, S = bb->nslots, i0 = bb->n;
+    const int64_t n = r1 - r0;
+    memcpy(b->labels + i0, f->dc[0].f + r0, (size_t)n * sizeof(float));
+    for (int k = 0; k < D; k++) {
+        const float *src = f->dc[1 + k].f + r0;
+        float *dst = b->dense + (size_t)i0 * (size_t)D + (size_t)k;
+        for (int64_t r = 0; r < n; r++)
+            dst[(size_t)r * (size_t)D] = src[r];
+    }
+    for (int s = 0; s < S; s++) {
+        const dcol_t *d = &f->dc[1 + D + s];
+        const int64_t a = d->off[r0], cnt = d->off[r1] - a;
+        uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
+        for (int64_t r = 0; r < n; r++)
+            counts[r] = (uint32_t)(d->off[r0 + r + 1] - d->off[r0 + r]);
+        KILN_CHECK(rt_builder_reserve(bb, s, cnt));
+        memcpy(bb->slot_keys[s] + bb->slot_len[s], d->keys + a, (size_t)cnt * sizeof(int64_t));
+        bb->slot_len[s] += cnt;
+    }
+    bb->n += (int)n;
+    return 0;
+}
+
 int rt_pq_read_rows(rt_pq_file_t *f, int64_t lo, int64_t hi, rt_batch_builder_t *bb,
                     rt_batch_t *b, rt_reader_stats_t *st, int64_t *bytes)
 {
-    const int D = bb->ndense, S = bb->nslots;
     int g = 0;
     while (lo < hi) {
         while (g < f->nrg && f->rg_start[g + 1] <= lo)
@@ -1805,31 +1877,21 @@ int rt_pq_read_rows(rt_pq_file_t *f, int64_t lo, int64_t hi, rt_batch_builder_t 
                              (long long)f->nrows, (long long)lo);
         if (f->cur_rg != g)
             KILN_CHECK(decode_row_group(f, g, bytes));
-        int64_t e = hi < f->rg_start[g + 1] ? hi : f->rg_start[g + 1];
-        for (int64_t row = lo; row < e; row++) {
-            int64_t r = row - f->rg_start[g];
-            float label = f->dc[0].f[r];
-            if (isnan(label)) {
+        const int64_t base = f->rg_start[g];
+        const int64_t e = hi < f->rg_start[g + 1] ? hi : f->rg_start[g + 1];
+        /* Runs of rows with good labels go in whole; a row whose label is
+         * null or not 0 / 1 is counted and left out. */
+        int64_t run = lo;
+        for (int64_t row = lo; row <= e; row++) {
+            if (row < e && !isnan(f->dc[0].f[row - base]))
+                continue;
+            if (row > run)
+                KILN_CHECK(append_rows(f, run - base, row - base, bb, b));
+            if (row < e) {
                 rt_stats_malformed(st, f->path, row + 1, "the label is null or not 0 / 1");
                 b->nskipped++;
-                continue;
             }
-            const int i = bb->n;
-            b->labels[i] = label;
-            for (int k = 0; k < D; k++)
-                b->dense[(size_t)i * (size_t)D + (size_t)k] = f->dc[1 + k].f[r];
-            for (int s = 0; s < S; s++) {
-                const dcol_t *d = &f->dc[1 + D + s];
-                int64_t a = d->off[r], cnt = d->off[r + 1] - a;
-                bb->counts[(size_t)s * (size_t)bb->cap_rows + (size_t)i] = (uint32_t)cnt;
-                if (cnt == 0)
-                    continue;
-                KILN_CHECK(rt_builder_reserve(bb, s, cnt));
-                memcpy(bb->slot_keys[s] + bb->slot_len[s], d->keys + a,
-                       (size_t)cnt * sizeof(int64_t));
-                bb->slot_len[s] += cnt;
-            }
-            bb->n++;
+            run = row + 1;
         }
         lo = e;
     }
