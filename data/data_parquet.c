@@ -1128,16 +1128,30 @@ static void unpack_bits(const unsigned char *p, int bw, uint64_t *out, int64_t n
     }
 }
 
-/* unpack_bits into 32-bit values (levels, dictionary indices: bw <= 32),
- * a group of 8 at a time through a small buffer. */
+/* unpack_bits into 32-bit values (levels, dictionary indices: bw <= 32).
+ * Width 1 (the levels of a nullable column) is one bit test a value. */
 static void unpack_bits32(const unsigned char *p, int bw, uint32_t *out, int64_t n)
 {
-    uint64_t tmp[64];
-    for (int64_t i = 0; i < n; i += 64) {
-        int64_t m = n - i < 64 ? n - i : 64; /* i is a multiple of 64: whole bytes */
-        unpack_bits(p + (size_t)(i / 8) * (size_t)bw, bw, tmp, m);
-        for (int64_t k = 0; k < m; k++)
-            out[i + k] = (uint32_t)tmp[k];
+    if (bw == 1) {
+        for (int64_t i = 0; i < n; i++)
+            out[i] = (p[i >> 3] >> (i & 7)) & 1u;
+        return;
+    }
+    if (bw == 0) {
+        memset(out, 0, (size_t)n * sizeof *out);
+        return;
+    }
+    const uint64_t mask = (UINT64_C(1) << bw) - 1;
+    uint64_t acc = 0;
+    int bits = 0;
+    for (int64_t i = 0; i < n; i++) {
+        while (bits < bw) {
+            acc |= (uint64_t)*p++ << bits;
+            bits += 8;
+        }
+        out[i] = (uint32_t)(acc & mask);
+        acc >>= bw;
+        bits -= bw;
     }
 }
 
@@ -1586,23 +1600,43 @@ static int read_levels(const where_t *w, const unsigned char **pp, const unsigne
     return 0;
 }
 
-/* Appends a decoded page's rows (levels + values) to the column. */
+/* Appends a decoded page's rows (levels + values) to the column. The value
+ * arrays hold one slot past nvals, so the flat loops read ahead without a
+ * branch and keep what the level says. */
 static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int64_t rg_rows)
 {
     rt_pq_file_t *f = w->f;
     const col_t *c = w->col;
+    const uint32_t top = (uint32_t)c->max_def;
     int64_t vi = 0;
+    if (c->max_rep == 0 && d->rows + n > rg_rows)
+        return bad_page(w, "the pages hold more rows than the row group's %lld",
+                        (long long)rg_rows);
     if (c->role != ROLE_CAT) {
-        if (d->rows + n > rg_rows)
-            return bad_page(w, "the pages hold more rows than the row group's %lld",
-                            (long long)rg_rows);
+        const float null = c->role == ROLE_LABEL ? NAN : 0.0f;
+        float *out = d->f + d->rows;
         for (int64_t e = 0; e < n; e++) {
-            bool has = (int)f->def[e] == c->max_def;
-            d->f[d->rows++] = has ? f->vf[vi++] : c->role == ROLE_LABEL ? NAN : 0.0f;
+            const bool has = f->def[e] == top;
+            out[e] = has ? f->vf[vi] : null;
+            vi += has;
         }
+        d->rows += n;
         return 0;
     }
     KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + nvals + 1, sizeof(int64_t)));
+    if (c->max_rep == 0) {
+        int64_t *off = d->off + d->rows, nk = d->nkeys;
+        for (int64_t e = 0; e < n; e++) {
+            const bool has = f->def[e] == top;
+            off[e] = nk;
+            d->keys[nk] = f->vk[vi];
+            nk += has;
+            vi += has;
+        }
+        d->nkeys = nk;
+        d->rows += n;
+        return 0;
+    }
     for (int64_t e = 0; e < n; e++) {
         if (f->rep[e] == 0) {
             if (d->rows >= rg_rows)
@@ -1612,7 +1646,7 @@ static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int
         } else if (d->rows == 0) {
             return bad_page(w, "the first level entry continues a row that never started");
         }
-        if ((int)f->def[e] == c->max_def)
+        if (f->def[e] == top)
             d->keys[d->nkeys++] = f->vk[vi++];
     }
     return 0;
@@ -1746,6 +1780,8 @@ static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const 
     KILN_CHECK(reserve_values(f, nvals));
     sink_t s = {.col = c, .k = f->vk, .fl = f->vf};
     KILN_CHECK(decode_values(w, &s, d, (int)h->encoding, body, end, nvals));
+    f->vk[nvals] = 0; /* the slot place_rows reads ahead */
+    f->vf[nvals] = 0.0f;
     return place_rows(w, d, n, nvals, rg_rows);
 }
 
