@@ -29,6 +29,8 @@ echo "== reader: rows/s, 1 rank, batch 4096 (median of 5)"
 "$build/bench/parquet_bench" --repeat 5 "$out/data.tsv" "$out/data.kb" \
   $(for n in "${names[@]}"; do echo "$out/$n.parquet"; done)
 
+# Open MPI refuses root unless told (CI containers run as root).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "== kiln-train samples/s, 1 rank x 2 threads (median of $repeat, interleaved)"
 for model in lr fm dlrm; do
   for fmt in kiln-bin parquet; do

@@ -1137,21 +1137,12 @@ static void unpack_bits32(const unsigned char *p, int bw, uint32_t *out, int64_t
             out[i] = (p[i >> 3] >> (i & 7)) & 1u;
         return;
     }
-    if (bw == 0) {
-        memset(out, 0, (size_t)n * sizeof *out);
-        return;
-    }
-    const uint64_t mask = (UINT64_C(1) << bw) - 1;
-    uint64_t acc = 0;
-    int bits = 0;
-    for (int64_t i = 0; i < n; i++) {
-        while (bits < bw) {
-            acc |= (uint64_t)*p++ << bits;
-            bits += 8;
-        }
-        out[i] = (uint32_t)(acc & mask);
-        acc >>= bw;
-        bits -= bw;
+    uint64_t tmp[64];
+    for (int64_t i = 0; i < n; i += 64) {
+        int64_t m = n - i < 64 ? n - i : 64; /* i is a multiple of 64: whole bytes */
+        unpack_bits(p + (size_t)(i / 8) * (size_t)bw, bw, tmp, m);
+        for (int64_t k = 0; k < m; k++)
+            out[i + k] = (uint32_t)tmp[k];
     }
 }
 
