@@ -16,7 +16,8 @@
  * and reason: cut short (no trailing PAR1), a footer length past the file, a
  * page that does not decode, an encoding or codec Kiln does not read, a
  * mapped column missing or of the wrong type, partitions whose schemas
- * differ; kiln-train writes no checkpoint from them.
+ * differ; kiln-train writes no checkpoint from them. An online kiln-train
+ * leaves a Parquet file that is still being written until it is whole.
  *
  * Without the npm packages the test fails (it does not skip): run
  * tools/deps.sh.
@@ -31,8 +32,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ckpt.h"
@@ -543,8 +546,77 @@ static void test_train_refuses_incomplete(void **state)
     free(r);
 }
 
+/* An online run (kiln-train alone, no kilnd) starts on the complete
+ * partition, passes over one still being written, and trains on it once the
+ * writer finishes: max_steps needs both. */
+static void test_online_waits_for_whole_files(void **state)
+{
+    (void)state;
+    char spec[400], src[400], part[400], log[400], run_dir[400];
+    pq_path(src, sizeof src, "pq", "duck-snappy-v1");
+    snprintf(part, sizeof part, "%s/online/part-0.parquet", tmpdir);
+    assert_int_equal(kiln_mkdir_parent(part), 0);
+    assert_int_equal(fx_land(src, part), 0);
+    size_t len;
+    unsigned char *bytes = proc_read_file(src, &len);
+    snprintf(part, sizeof part, "%s/online/part-1.parquet", tmpdir);
+    FILE *f = fopen(part, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, len / 2, f), len / 2);
+    fclose(f);
+    /* 2 ranks x 300 rows a step: a file is 4 steps; 6 need part-1. */
+    snprintf(spec, sizeof spec, "%s/online.yaml", tmpdir);
+    fx_write(spec,
+             "name: online\n"
+             "data: {format: parquet, train: \"online/part-*.parquet\"}\n"
+             "model: {type: lr, embedding: {dim: 4, capacity: 100000}}\n"
+             "train: {mode: online, batch_size: 300, max_steps: 6, seed: 7, init_from: none}\n"
+             "export: {every: none}\n"
+             "checkpoint: {dir: ckpt/online, keep: 1}\n");
+    snprintf(log, sizeof log, "%s/online.log", tmpdir);
+    snprintf(run_dir, sizeof run_dir, "%s/online-run", tmpdir);
+    const char *argv[] = {"mpirun", "-np", "2", "--oversubscribe", KILN_TRAIN_BIN, "--spec", spec,
+                          "--run-dir", run_dir, "--quiet", "--threads", "1", NULL};
+    pid_t pid = proc_spawn(log, NULL, argv);
+    assert_true(pid > 0);
+    int status = 0;
+    proc_sleep_ms(3000);
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+        char text[4096];
+        proc_slurp(log, text, sizeof text);
+        fail_msg("the online run ended (status %d) before part-1.parquet was whole: %s", status,
+                 text);
+    }
+    f = fopen(part, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, len, f), len);
+    fclose(f);
+    free(bytes);
+    int i = 0;
+    for (; i < 600 && waitpid(pid, &status, WNOHANG) == 0; i++)
+        proc_sleep_ms(100);
+    if (i == 600) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("the online run did not reach max_steps within 60 s of part-1 completing");
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        char text[4096];
+        proc_slurp(log, text, sizeof text);
+        fail_msg("the online run failed (status %d): %s", status, text);
+    }
+    char res[500], text[4096];
+    snprintf(res, sizeof res, "%s/result.json", run_dir);
+    proc_slurp(res, text, sizeof text);
+    json_t *v = json_loads(text, 0, NULL);
+    assert_non_null(v);
+    assert_int_equal(json_integer_value(json_object_get(v, "steps")), 6);
+    json_decref(v);
+}
+
 PROC_TEST_MAIN(setup, proc_tmpdir_teardown, cmocka_unit_test(test_every_writer_reads_as_tsv),
                cmocka_unit_test(test_multihot_and_nvtabular),
                cmocka_unit_test(test_bad_files_refused),
                cmocka_unit_test(test_train_refuses_incomplete),
+               cmocka_unit_test(test_online_waits_for_whole_files),
                cmocka_unit_test(test_train_matches_tsv))
