@@ -44,7 +44,7 @@
 #include "proc.h"
 
 #ifndef KILN_TRAIN_BIN
-#error "KILN_TRAIN_BIN must name kiln-train"
+#error "KILN_TRAIN_BIN and KILN_BIN must name kiln-train and kiln"
 #endif
 
 #define ROWS 2400
@@ -614,8 +614,44 @@ static void test_online_waits_for_whole_files(void **state)
     json_decref(v);
 }
 
+/* kiln convert --spec reads the spec's column mapping: its kiln-bin is the
+ * library's with the same mapping, and a wrong-typed column is refused. */
+static void test_convert_with_spec(void **state)
+{
+    (void)state;
+    char spec[400], src[400], a[400], b[400];
+    pq_path(src, sizeof src, "pq", "arrow-v2-delta-zstd");
+    snprintf(spec, sizeof spec, "%s/conv.yaml", tmpdir);
+    fx_write(spec, "name: conv\n"
+                   "data:\n  format: parquet\n  train: x\n  dense_features: 1\n  cat_slots: 2\n"
+                   "  columns: {label: label, dense: [I2], categorical: [C3, C1]}\n");
+    snprintf(a, sizeof a, "%s/conv-cli.kb", tmpdir);
+    snprintf(b, sizeof b, "%s/conv-lib.kb", tmpdir);
+    proc_result_t *r = malloc(sizeof *r);
+    const char *argv[] = {KILN_BIN, "convert", "--spec", spec, src, "--out", a, NULL};
+    proc_run(r, tmpdir, argv);
+    if (r->code != 0)
+        fail_msg("kiln convert --spec: %d: %s", r->code, r->err);
+    const char *dense[] = {"I2"}, *cat[] = {"C3", "C1"};
+    const rt_columns_t cols = {.label = "label", .dense = dense, .categorical = cat};
+    const rt_convert_opts_t opts = {.ndense = 1, .nslots = 2};
+    const char *in[1] = {src};
+    rt_reader_stats_t st;
+    assert_int_equal(rt_convert_parquet_to_bin(in, 1, &cols, b, &opts, &st), 0);
+    assert_int_equal(st.rows, ROWS);
+    assert_same_file(b, a, "kiln convert --spec");
+    fx_write(spec, "name: conv\n"
+                   "data:\n  format: parquet\n  train: x\n  dense_features: 1\n  cat_slots: 2\n"
+                   "  columns: {label: label, dense: [C2], categorical: [C3, C1]}\n");
+    proc_run(r, tmpdir, argv);
+    assert_int_not_equal(r->code, 0);
+    assert_non_null(strstr(r->err, "column 'C2' is BYTE_ARRAY"));
+    free(r);
+}
+
 PROC_TEST_MAIN(setup, proc_tmpdir_teardown, cmocka_unit_test(test_every_writer_reads_as_tsv),
                cmocka_unit_test(test_multihot_and_nvtabular),
+               cmocka_unit_test(test_convert_with_spec),
                cmocka_unit_test(test_bad_files_refused),
                cmocka_unit_test(test_train_refuses_incomplete),
                cmocka_unit_test(test_online_waits_for_whole_files),

@@ -43,6 +43,7 @@ static const cli_opt_t datagen_opts[] = {
 
 static const cli_opt_t convert_opts[] = {
     {"out", "FILE", "the kiln-bin file to write"},
+    {"spec", "JOB.yaml", "Parquet input: the column mapping of this job spec (data.columns)"},
     {NULL, NULL, NULL}};
 
 /* cmd_export.c (checkpoints) keeps its options next to the command. */
@@ -108,8 +109,9 @@ static const cli_cmd_t commands[] = {
      datagen_opts, 0, 0, false, cmd_datagen},
     {"convert", "FILE...", "convert Criteo TSV or Parquet files to kiln-bin",
      "Reads the TSV files (or Parquet files, told by PAR1 at the start of the first, read "
-     "with Criteo's column names label, I1..I13, C1..C26) in order and writes one kiln-bin "
-     "file (docs/data-formats.md); malformed lines are skipped and reported.",
+     "with --spec's data.columns or Criteo's column names label, I1..I13, C1..C26) in order "
+     "and writes one kiln-bin file (docs/data-formats.md); malformed lines are skipped and "
+     "reported.",
      convert_opts, 1, CLI_MAX_POS, false, cmd_convert},
     {"export", "[CHECKPOINT]", "export a checkpoint to files, or a job's latest to its endpoints",
      "`kiln export CKPT_DIR --format hugectr|npy --out DIR` resolves the checkpoint (an "
