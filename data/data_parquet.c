@@ -314,10 +314,16 @@ static bool tc_struct(tc_t *t, tc_field_fn fn, void *arg)
 }
 
 /* ---- the footer's structs --------------------------------------------------------- */
+/* parquet.thrift's ConvertedType values Kiln reads (writers set them beside
+ * the newer logicalType for readers like this one). */
+enum { CT_DECIMAL = 5, CT_UINT_8 = 11, CT_UINT_64 = 14 };
+
 typedef struct {
     int type;      /* PT_*, -1 for a group */
     int rep;       /* REP_* */
     int nchildren; /* 0 for a leaf */
+    int converted; /* ConvertedType, -1 when none */
+    int scale;     /* DECIMAL's */
     char name[128];
 } schema_el_t;
 
@@ -355,6 +361,10 @@ static bool schema_field(tc_t *t, int16_t id, int type, void *arg)
         return true;
     case 5:
         return read_int32(t, type, 0, PQ_MAX_LEAVES, &e->nchildren);
+    case 6:
+        return read_int32(t, type, 0, 1000, &e->converted);
+    case 7:
+        return read_int32(t, type, 0, 100, &e->scale);
     default:
         return tc_skip(t, type);
     }
@@ -365,6 +375,7 @@ static bool schema_field(tc_t *t, int16_t id, int type, void *arg)
 typedef struct {
     char top[128];
     int type;
+    int converted, scale; /* the schema element's */
     int max_def, max_rep;
     int nested; /* path components below the top-level field */
 } leaf_t;
@@ -442,7 +453,9 @@ typedef struct {
     int index; /* dense feature or slot */
     int leaf;  /* schema leaf (column chunk index in a row group) */
     int type, max_def, max_rep;
-    bool log1p; /* dense: log(1 + max(x, 0)) */
+    bool log1p;      /* dense: log(1 + max(x, 0)) */
+    bool is_unsigned; /* UINT_8..UINT_64: INT32 zero-extends, INT64 reads as uint64 */
+    double decimal;  /* DECIMAL: 10^-scale, the unscaled integer's weight; 0 otherwise */
 } col_t;
 
 /* A mapped column's values in the decoded row group. */
@@ -620,6 +633,7 @@ static bool fmd_field(tc_t *t, int16_t id, int type, void *arg)
         }
         for (int64_t i = 0; i < m->nschema; i++) {
             m->schema[i].type = -1;
+            m->schema[i].converted = -1;
             if (!tc_struct(t, schema_field, &m->schema[i]))
                 return false;
         }
@@ -653,6 +667,8 @@ static int flatten(const schema_el_t *s, int64_t ns, int64_t *i, int def, int re
         leaf_t *l = &leaves[nleaves];
         snprintf(l->top, sizeof l->top, "%s", top);
         l->type = e->type;
+        l->converted = e->converted;
+        l->scale = e->scale;
         l->max_def = def;
         l->max_rep = rep;
         l->nested = depth - 1;
@@ -790,7 +806,10 @@ static int bind_columns(rt_pq_file_t *f, const leaf_t *leaves, const rt_columns_
         col->type = l->type;
         col->max_def = l->max_def;
         col->max_rep = l->max_rep;
-        bool is_float = l->type == PT_FLOAT || l->type == PT_DOUBLE;
+        col->is_unsigned = l->converted >= CT_UINT_8 && l->converted <= CT_UINT_64;
+        col->decimal = l->converted == CT_DECIMAL ? pow(10.0, -l->scale) : 0.0;
+        /* A DECIMAL is a fraction: auto leaves it as floats are left. */
+        bool is_float = l->type == PT_FLOAT || l->type == PT_DOUBLE || col->decimal != 0.0;
         col->log1p = tf == RT_DENSE_LOG1P || (tf == RT_DENSE_AUTO && !is_float);
     }
     return 0;
@@ -1300,10 +1319,17 @@ typedef struct {
 
 static void put_int(const sink_t *s, int64_t i, int64_t v)
 {
-    if (s->col->role == ROLE_CAT)
+    const col_t *c = s->col;
+    if (c->is_unsigned && c->type == PT_INT32)
+        v = (int64_t)(uint32_t)v;
+    if (c->role == ROLE_CAT)
         s->k[i] = cat_int(v);
+    else if (c->decimal != 0.0)
+        s->fl[i] = num_of_dbl(c, (double)v * c->decimal);
+    else if (c->is_unsigned && v < 0) /* a UINT_64 past INT64_MAX */
+        s->fl[i] = num_of_dbl(c, (double)(uint64_t)v);
     else
-        s->fl[i] = num_of_int(s->col, v);
+        s->fl[i] = num_of_int(c, v);
 }
 
 static void put_bytes(const sink_t *s, int64_t i, const unsigned char *v, size_t len)

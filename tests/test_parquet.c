@@ -369,6 +369,32 @@ static void check_nvt(const tsv_rows_t *t, const rt_batch_t *b, int64_t row0)
     }
 }
 
+/* duck-types: I1 a DECIMAL (a fraction: no log1p under auto), I2 and I3
+ * unsigned (I3 past 2^31: log1p as an integer), I4 a DOUBLE (as it is),
+ * C1 an unsigned id (the key as it is); the rest as TSV. */
+static void check_types(const tsv_rows_t *t, const rt_batch_t *b, int64_t row0)
+{
+    for (int i = 0; i < b->n; i++) {
+        char *const *f = t->f[row0 + i];
+        const float *d = b->dense + (size_t)i * 13;
+        double x[4];
+        for (int k = 0; k < 4; k++)
+            x[k] = f[1 + k][0] ? (double)atoll(f[1 + k]) : 0.0;
+        assert_true(b->labels[i] == (float)atoi(f[0]));
+        assert_true(d[0] == (float)x[0]);
+        assert_true(d[1] == rt_dense_int((int64_t)x[1]));
+        if (f[3][0] != '\0')
+            assert_true(d[2] == rt_dense_int((int64_t)x[2] + INT64_C(3000000000)));
+        else
+            assert_true(d[2] == 0.0f);
+        assert_true(d[3] == (float)x[3]);
+        const int64_t *o = b->offsets;
+        assert_int_equal(o[i + 1] - o[i], f[14][0] != '\0');
+        if (f[14][0] != '\0')
+            assert_int_equal(b->keys[o[i]], hex_key(f[14]));
+    }
+}
+
 static void test_multihot_and_nvtabular(void **state)
 {
     (void)state;
@@ -376,6 +402,7 @@ static void test_multihot_and_nvtabular(void **state)
     tsv_load(&t);
     read_all("duck-multihot", NULL, &t, check_multihot);
     read_all("duck-nvt", NULL, &t, check_nvt);
+    read_all("duck-types", NULL, &t, check_types);
     /* The same NVTabular file with log1p asked for: floats get it too. */
     rt_columns_t with_log1p = {.dense_transform = RT_DENSE_LOG1P};
     char path[400];

@@ -16,6 +16,7 @@
 //                   the TSV field is empty): the same keys as the TSV
 //   duck-multihot   C1 as LIST<BIGINT> of the hex ids of C1 and C2 (multi-hot)
 //   arrow-brotli    BROTLI pages, a codec Kiln refuses (by name)
+//   duck-types      a BOOLEAN label, DECIMAL / UINTEGER / DOUBLE dense columns, a UBIGINT id
 //   duck-nvt        NVTabular's shape: C* BIGINT ids (the hex value), I* FLOAT
 //                   ln(1 + max(I, 0)) (nulls kept), label INT32
 // It prints the names written, one per line.
@@ -70,6 +71,11 @@ const hex = (c) => `('0x' || ${c})::BIGINT`;
 await duck('duck-multihot', `label, ${I.join(', ')},
     list_filter([${hex('C1')}, ${hex('C2')}], x -> x IS NOT NULL) AS C1, ${C.slice(1).join(', ')}`,
     'COMPRESSION zstd, PARQUET_VERSION v2');
+// Logical types: a BOOLEAN label, a DECIMAL, unsigned integers (one past
+// 2^31, which must not read as negative), a DOUBLE, an unsigned id.
+await duck('duck-types', `label::BOOLEAN AS label, I1::DECIMAL(18, 3) AS I1, greatest(I2, 0)::UINTEGER AS I2,
+    (I3 + 3000000000)::UINTEGER AS I3, I4::DOUBLE AS I4, ${I.slice(4).join(', ')},
+    ${hex('C1')}::UBIGINT AS C1, ${C.slice(1).join(', ')}`, 'COMPRESSION snappy');
 await duck('duck-nvt', `label, ${I.map((c) => `ln(1 + greatest(${c}, 0))::FLOAT AS ${c}`).join(', ')},
     ${C.map((c) => `${hex(c)} AS ${c}`).join(', ')}`, 'COMPRESSION snappy');
 
