@@ -65,6 +65,9 @@
  * not make the reader allocate gigabytes. */
 #define PQ_MAX_RG_ROWS ((int64_t)1 << 24)
 #define PQ_MAX_PAGE_VALUES ((int64_t)1 << 24)
+/* The level entries of one column chunk (a list column's can outnumber its
+ * rows): past this the chunk is refused, for the same reason. */
+#define PQ_MAX_CHUNK_VALUES ((int64_t)1 << 26)
 
 /* parquet.thrift's enums, as far as Kiln reads them. */
 enum { PT_BOOLEAN, PT_INT32, PT_INT64, PT_INT96, PT_FLOAT, PT_DOUBLE, PT_BYTE_ARRAY, PT_FLBA };
@@ -377,7 +380,6 @@ typedef struct {
     int type;
     int converted, scale; /* the schema element's */
     int max_def, max_rep;
-    int nested; /* path components below the top-level field */
 } leaf_t;
 
 /* One mapped column of one row group: where its chunk lies and how. */
@@ -671,7 +673,6 @@ static int flatten(const schema_el_t *s, int64_t ns, int64_t *i, int def, int re
         l->scale = e->scale;
         l->max_def = def;
         l->max_rep = rep;
-        l->nested = depth - 1;
         return nleaves + 1;
     }
     for (int c = 0; c < e->nchildren; c++) {
@@ -876,6 +877,8 @@ static int check_chunks(rt_pq_file_t *f, int64_t num_rows)
                 why = "its type differs from the schema's";
             else if (f->cols[c].max_rep == 0 && ch->num_values != rows)
                 why = "its value count differs from the row group's rows";
+            else if (ch->num_values > PQ_MAX_CHUNK_VALUES)
+                why = "it holds more values than Kiln reads in one column chunk (64M)";
             if (rows > 0 && why != NULL) {
                 snprintf(f->rg_why, sizeof f->rg_why, "row group %d, column %s: %s", g,
                          f->cols[c].name, why);
@@ -1187,8 +1190,8 @@ static const unsigned char *rle_decode(const unsigned char *p, const unsigned ch
         if (!varint(&p, end, &h))
             return NULL;
         if (h & 1) {
-            uint64_t groups = h >> 1;
-            if (groups == 0 || groups > (uint64_t)(end - p) + 1)
+            uint64_t groups = h >> 1; /* of 8 values; the bytes are checked below */
+            if (groups == 0 || groups > (UINT64_C(1) << 40))
                 return NULL;
             uint64_t vals = groups * 8, bytes = groups * (uint64_t)bw;
             int64_t take = (int64_t)vals < n - i ? (int64_t)vals : n - i;
@@ -1203,7 +1206,7 @@ static const unsigned char *rle_decode(const unsigned char *p, const unsigned ch
             uint64_t run = h >> 1;
             int nb = (bw + 7) / 8;
             uint32_t v = 0;
-            if (end - p < nb || run == 0)
+            if (end - p < nb)
                 return NULL;
             for (int k = 0; k < nb; k++)
                 v |= (uint32_t)p[k] << (8 * k);
