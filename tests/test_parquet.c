@@ -403,6 +403,21 @@ static void test_multihot_and_nvtabular(void **state)
     read_all("duck-multihot", NULL, &t, check_multihot);
     read_all("duck-nvt", NULL, &t, check_nvt);
     read_all("duck-types", NULL, &t, check_types);
+    /* The multi-hot file trains, its bags pooled by the mean combiner. */
+    char spec[400];
+    snprintf(spec, sizeof spec, "%s/multihot.yaml", tmpdir);
+    fx_write(spec, "name: multihot\n"
+                   "data: {format: parquet, train: pq/duck-multihot.parquet}\n"
+                   "model: {type: fm, embedding: {dim: 8, combiner: mean, capacity: 200000}}\n"
+                   "train: {batch_size: 300, seed: 7, init_from: none}\n"
+                   "checkpoint: {dir: ckpt/multihot, keep: 1}\n");
+    proc_result_t *res = malloc(sizeof *res);
+    json_t *out = train(spec, "multihot", res);
+    if (out == NULL)
+        fail_msg("training on the multi-hot file failed (%d): %s", res->code, res->err);
+    assert_int_equal(json_integer_value(json_object_get(out, "rows")), ROWS);
+    json_decref(out);
+    free(res);
     /* The same NVTabular file with log1p asked for: floats get it too. */
     rt_columns_t with_log1p = {.dense_transform = RT_DENSE_LOG1P};
     char path[400];
