@@ -171,6 +171,16 @@ static void test_every_writer_reads_as_tsv(void **state)
         assert_same_file(ref, out, plain_files[i]);
         assert_same_batches(tsv, path, plain_files[i]);
     }
+    /* BOOLEAN labels (RLE) and DOUBLE features (BYTE_STREAM_SPLIT), read
+     * with dense_transform log1p: log(1 + max(x, 0)) of a double is the
+     * float a TSV integer gives. */
+    const rt_columns_t log1p_all = {.dense_transform = RT_DENSE_LOG1P};
+    pq_path(path, sizeof path, "pq", "arrow-v2-bss-double");
+    snprintf(out, sizeof out, "%s/bss.kb", tmpdir);
+    const char *pin[1] = {path};
+    if (rt_convert_parquet_to_bin(pin, 1, &log1p_all, out, NULL, &st) < 0)
+        fail_msg("arrow-v2-bss-double: %s", kiln_errmsg());
+    assert_same_file(ref, out, "arrow-v2-bss-double");
 }
 
 /* ---- kiln-train on Parquet and on TSV ---------------------------------------------- */

@@ -15,6 +15,8 @@
 //   duck-lists      C1..C3 as LIST<VARCHAR> of one element (null / empty lists where
 //                   the TSV field is empty): the same keys as the TSV
 //   duck-multihot   C1 as LIST<BIGINT> of the hex ids of C1 and C2 (multi-hot)
+//   arrow-v2-bss-double  a BOOLEAN label, DOUBLE integers in BYTE_STREAM_SPLIT (read with
+//                   dense_transform log1p: the TSV's features)
 //   arrow-brotli    BROTLI pages, a codec Kiln refuses (by name)
 //   duck-types      a BOOLEAN label, DECIMAL / UINTEGER / DOUBLE dense columns, a UBIGINT id
 //   duck-nvt        NVTabular's shape: C* BIGINT ids (the hex value), I* FLOAT
@@ -23,7 +25,7 @@
 import { readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
-import { Table, tableToIPC, vectorFromArray, Int32, Int64, Utf8 } from 'apache-arrow';
+import { Table, tableToIPC, vectorFromArray, Bool, Float64, Int32, Int64, Utf8 } from 'apache-arrow';
 import * as pw from 'parquet-wasm';
 
 const [tsv, out, ...only] = process.argv.slice(2);
@@ -118,6 +120,27 @@ arrow('arrow-v1-delta-none', (b) => {
     for (const c of C) b = b.setColumnEncoding(c, E.DELTA_LENGTH_BYTE_ARRAY);
     return b;
 });
+// The label as BOOLEAN and the integers as DOUBLE, written by the V2 writer
+// with BYTE_STREAM_SPLIT for the doubles (and RLE for the booleans): read
+// with dense_transform log1p, the same features as the TSV's.
+{
+    const alt = { ...cols };
+    alt.label = vectorFromArray(rows.map((r) => r[0] === '1'), new Bool());
+    I.forEach((c, i) => {
+        alt[c] = vectorFromArray(rows.map((r) => (r[1 + i] === '' ? null : Number(r[1 + i]))),
+            new Float64());
+    });
+    const altIpc = tableToIPC(new Table(alt), 'stream');
+    if (wanted('arrow-v2-bss-double')) {
+        let b = new pw.WriterPropertiesBuilder().setMaxRowGroupSize(1000)
+            .setWriterVersion(pw.WriterVersion.V2).setCompression(pw.Compression.SNAPPY)
+            .setDictionaryEnabled(false);
+        for (const c of I) b = b.setColumnEncoding(c, pw.Encoding.BYTE_STREAM_SPLIT);
+        writeFileSync(join(out, 'arrow-v2-bss-double.parquet'),
+            pw.writeParquet(pw.Table.fromIPCStream(altIpc), b.build()));
+        written.push('arrow-v2-bss-double');
+    }
+}
 // A codec Kiln does not read (the test expects it refused by name).
 arrow('arrow-brotli', (b) => b.setCompression(Z.BROTLI));
 console.log(written.join('\n'));
