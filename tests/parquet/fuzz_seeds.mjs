@@ -32,6 +32,8 @@ const variants = {
         .setDictionaryEnabled(false),
     'arrow-v2-delta': (b) => b.setWriterVersion(V.V2).setDictionaryEnabled(false)
         .setColumnEncoding('I1', E.DELTA_BINARY_PACKED).setColumnEncoding('C1', E.DELTA_BYTE_ARRAY),
+    'arrow-v2-bss': (b) => b.setWriterVersion(V.V2).setDictionaryEnabled(false)
+        .setColumnEncoding('I1', E.BYTE_STREAM_SPLIT),
 };
 for (const [name, set] of Object.entries(variants)) {
     const table = pw.readParquet(readFileSync(duckFile));
