@@ -1,6 +1,7 @@
 /*
  * data/data.h - the trainer's input side: Criteo-format TSV parsing,
- * the kiln-bin binary format (writer, converter, chunk reader), the batch
+ * the kiln-bin binary format (writer, converters, chunk reader), Parquet
+ * (Kiln's own reader, data_parquet.c, with a column mapping), the batch
  * reader that partitions rows block-cyclically over MPI ranks and parses
  * ahead of training in its own thread, and the synthetic data generator.
  *
