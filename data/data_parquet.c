@@ -473,6 +473,25 @@ typedef struct {
     int64_t ndict;
 } dcol_t;
 
+/* What the decoder works in: buffers reused from page to page and row group
+ * to row group, freed with the decoded columns by rt_pq_release. */
+typedef struct {
+    unsigned char *chunk_buf, *page_buf; /* a column chunk's bytes; a page decompressed */
+    size_t chunk_cap, page_cap;
+    uint32_t *rep, *def; /* [rep_cap], [def_cap] levels of one page */
+    int64_t rep_cap, def_cap;
+    int64_t *vk; /* [vk_cap] one page's values as keys (categorical) */
+    float *vf;   /* [vf_cap] one page's values as floats (label, dense) */
+    int64_t vk_cap, vf_cap;
+    int64_t *dbp, dbp_cap;   /* DELTA_BINARY_PACKED output */
+    int64_t *dbp2, dbp2_cap; /* DELTA_BYTE_ARRAY's second stream */
+    unsigned char *prev;     /* DELTA_BYTE_ARRAY: the previous value */
+    size_t prev_cap;
+    ZSTD_DCtx *zd;           /* kept: a context per page would cost more than the page */
+    z_stream zs;             /* kept, reset per page */
+    bool zs_init;
+} scratch_t;
+
 struct rt_pq_file {
     char *path;
     int fd;
@@ -493,21 +512,7 @@ struct rt_pq_file {
     int cur_rg; /* -1: none */
     dcol_t *dc; /* [ncols] */
     int64_t dc_rows_cap;
-    /* scratch for decoding */
-    unsigned char *chunk_buf, *page_buf;
-    size_t chunk_cap, page_cap;
-    uint32_t *rep, *def; /* [rep_cap], [def_cap] levels of one page */
-    int64_t rep_cap, def_cap;
-    int64_t *vk; /* [vk_cap] one page's values as keys (categorical) */
-    float *vf;   /* [vf_cap] one page's values as floats (label, dense) */
-    int64_t vk_cap, vf_cap;
-    int64_t *dbp, dbp_cap;   /* DELTA_BINARY_PACKED output */
-    int64_t *dbp2, dbp2_cap; /* DELTA_BYTE_ARRAY's second stream */
-    unsigned char *prev;     /* DELTA_BYTE_ARRAY: the previous value */
-    size_t prev_cap;
-    ZSTD_DCtx *zd;           /* kept: a context per page would cost more than the page */
-    z_stream zs;             /* kept, reset per page */
-    bool zs_init;
+    scratch_t sc; /* the decoder's buffers, reused from page to page */
 };
 
 int64_t rt_pq_rows(const rt_pq_file_t *f)
@@ -980,14 +985,26 @@ void rt_pq_close(rt_pq_file_t *f)
         close(f->fd);
     for (int c = 0; f->names && c < f->ncols; c++)
         free(f->names[c]);
-    for (int c = 0; f->dc && c < f->ncols; c++)
-        dcol_fini(&f->dc[c]);
-    ZSTD_freeDCtx(f->zd);
-    if (f->zs_init)
-        inflateEnd(&f->zs);
-    KILN_FREE_ALL(f->path, f->cols, f->names, f->rg_start, f->chunks, f->dc, f->chunk_buf,
-                  f->page_buf, f->rep, f->def, f->vk, f->vf, f->dbp, f->dbp2, f->prev);
+    rt_pq_release(f);
+    KILN_FREE_ALL(f->path, f->cols, f->names, f->rg_start, f->chunks, f->dc);
     free(f);
+}
+
+void rt_pq_release(rt_pq_file_t *f)
+{
+    scratch_t *sc = &f->sc;
+    for (int c = 0; f->dc && c < f->ncols; c++) {
+        dcol_fini(&f->dc[c]);
+        memset(&f->dc[c], 0, sizeof f->dc[c]);
+    }
+    f->dc_rows_cap = 0;
+    f->cur_rg = -1;
+    ZSTD_freeDCtx(sc->zd);
+    if (sc->zs_init)
+        inflateEnd(&sc->zs);
+    KILN_FREE_ALL(sc->chunk_buf, sc->page_buf, sc->rep, sc->def, sc->vk, sc->vf, sc->dbp,
+                  sc->dbp2, sc->prev);
+    memset(sc, 0, sizeof *sc);
 }
 
 int rt_pq_same_schema(const rt_pq_file_t *a, const rt_pq_file_t *b)
@@ -1009,9 +1026,10 @@ int rt_pq_same_schema(const rt_pq_file_t *a, const rt_pq_file_t *b)
 
 /* ---- page decoding ---------------------------------------------------------------- */
 
-/* Where a page is, for messages. */
+/* Where a page is, for messages, and the scratch decoding it. */
 typedef struct {
     rt_pq_file_t *f;
+    scratch_t *sc;
     const col_t *col;
     int rg;
     int64_t at; /* file offset of the page header */
@@ -1061,46 +1079,46 @@ static int grow_bytes(unsigned char **p, size_t *cap, size_t n)
     return 0;
 }
 
-/* Decompresses src[n] into f->page_buf, which must end up exactly want
+/* Decompresses src[n] into the scratch's page_buf, which must end up exactly want
  * bytes long. Returns 0 or an error. */
 static int decompress(const where_t *w, int codec, const unsigned char *src, size_t n,
                       size_t want, const unsigned char **out)
 {
-    rt_pq_file_t *f = w->f;
+    scratch_t *sc = w->sc;
     if (codec == CODEC_NONE) {
         if (n != want)
             return bad_page(w, "an uncompressed page of %zu bytes says it holds %zu", n, want);
         *out = src;
         return 0;
     }
-    KILN_CHECK(grow_bytes(&f->page_buf, &f->page_cap, want + 1));
+    KILN_CHECK(grow_bytes(&sc->page_buf, &sc->page_cap, want + 1));
     size_t got = 0;
     if (codec == CODEC_SNAPPY) {
         size_t len;
         if (snappy_uncompressed_length((const char *)src, n, &len) != SNAPPY_OK || len != want ||
-            snappy_uncompress((const char *)src, n, (char *)f->page_buf, &len) != SNAPPY_OK)
+            snappy_uncompress((const char *)src, n, (char *)sc->page_buf, &len) != SNAPPY_OK)
             return bad_page(w, "the SNAPPY data does not decompress to %zu bytes", want);
         got = len;
     } else if (codec == CODEC_GZIP) {
-        if (!f->zs_init) {
-            if (inflateInit2(&f->zs, 15 + 32) != Z_OK)
+        if (!sc->zs_init) {
+            if (inflateInit2(&sc->zs, 15 + 32) != Z_OK)
                 return kiln_errf(KILN_ENOMEM, "cannot start a gzip decoder");
-            f->zs_init = true;
+            sc->zs_init = true;
         } else {
-            inflateReset(&f->zs);
+            inflateReset(&sc->zs);
         }
-        f->zs.next_in = (Bytef *)src;
-        f->zs.avail_in = (uInt)n;
-        f->zs.next_out = f->page_buf;
-        f->zs.avail_out = (uInt)want + 1;
-        int zr = inflate(&f->zs, Z_FINISH);
-        got = want + 1 - f->zs.avail_out;
+        sc->zs.next_in = (Bytef *)src;
+        sc->zs.avail_in = (uInt)n;
+        sc->zs.next_out = sc->page_buf;
+        sc->zs.avail_out = (uInt)want + 1;
+        int zr = inflate(&sc->zs, Z_FINISH);
+        got = want + 1 - sc->zs.avail_out;
         if (zr != Z_STREAM_END)
             return bad_page(w, "the GZIP data does not decompress (%s)", zError(zr));
     } else if (codec == CODEC_ZSTD) {
-        if (f->zd == NULL && (f->zd = ZSTD_createDCtx()) == NULL)
+        if (sc->zd == NULL && (sc->zd = ZSTD_createDCtx()) == NULL)
             return kiln_errf(KILN_ENOMEM, "cannot start a zstd decoder");
-        size_t zr = ZSTD_decompressDCtx(f->zd, f->page_buf, want + 1, src, n);
+        size_t zr = ZSTD_decompressDCtx(sc->zd, sc->page_buf, want + 1, src, n);
         if (ZSTD_isError(zr))
             return bad_page(w, "the ZSTD data does not decompress (%s)", ZSTD_getErrorName(zr));
         got = zr;
@@ -1109,7 +1127,7 @@ static int decompress(const where_t *w, int codec, const unsigned char *src, siz
     }
     if (got != want)
         return bad_page(w, "the page decompresses to %zu bytes, its header says %zu", got, want);
-    *out = f->page_buf;
+    *out = sc->page_buf;
     return 0;
 }
 
@@ -1313,7 +1331,7 @@ static inline float num_of_dbl(const col_t *c, double v)
 }
 
 /* The n values of one page (or dictionary) in [p, end) with encoding enc,
- * converted: into f->vk (categorical keys) or f->vf (label / dense). */
+ * converted: into k (categorical keys) or fl (label / dense). */
 typedef struct {
     const col_t *col;
     int64_t *k; /* [n] when col is categorical */
@@ -1430,38 +1448,38 @@ static int decode_bss(const where_t *w, const sink_t *s, const unsigned char *p,
 static int decode_delta_bytes(const where_t *w, const sink_t *s, int enc, const unsigned char *p,
                               const unsigned char *end, int64_t n)
 {
-    rt_pq_file_t *f = w->f;
+    scratch_t *sc = w->sc;
     int64_t nprefix = 0, nlen = 0;
     if (s->col->type != PT_BYTE_ARRAY)
         return bad_page(w, "%s is for strings, the column is %s", NAME_OF(encoding_names, enc),
                         NAME_OF(type_names, s->col->type));
     if (enc == ENC_DELTA_BA) {
-        KILN_CHECK(dbp_decode(w, &p, end, n, &f->dbp2, &f->dbp2_cap, &nprefix));
+        KILN_CHECK(dbp_decode(w, &p, end, n, &sc->dbp2, &sc->dbp2_cap, &nprefix));
         if (nprefix != n)
             return bad_page(w, "DELTA_BYTE_ARRAY has %lld prefix lengths for %lld values",
                             (long long)nprefix, (long long)n);
     }
-    KILN_CHECK(dbp_decode(w, &p, end, n, &f->dbp, &f->dbp_cap, &nlen));
+    KILN_CHECK(dbp_decode(w, &p, end, n, &sc->dbp, &sc->dbp_cap, &nlen));
     if (nlen != n)
         return bad_page(w, "%s has %lld lengths for %lld values", NAME_OF(encoding_names, enc),
                         (long long)nlen, (long long)n);
     size_t prev_len = 0;
     for (int64_t i = 0; i < n; i++) {
-        int64_t l = f->dbp[i];
+        int64_t l = sc->dbp[i];
         if (l < 0 || l > end - p)
             return bad_page(w, "string %lld (%lld bytes) runs past the page", (long long)i,
                             (long long)l);
         if (enc == ENC_DELTA_LBA) {
             put_bytes(s, i, p, (size_t)l);
         } else {
-            int64_t pre = f->dbp2[i];
+            int64_t pre = sc->dbp2[i];
             if (pre < 0 || (size_t)pre > prev_len)
                 return bad_page(w, "string %lld shares %lld bytes with a %zu-byte predecessor",
                                 (long long)i, (long long)pre, prev_len);
-            KILN_CHECK(grow_bytes(&f->prev, &f->prev_cap, (size_t)pre + (size_t)l + 1));
-            memcpy(f->prev + pre, p, (size_t)l);
+            KILN_CHECK(grow_bytes(&sc->prev, &sc->prev_cap, (size_t)pre + (size_t)l + 1));
+            memcpy(sc->prev + pre, p, (size_t)l);
             prev_len = (size_t)pre + (size_t)l;
-            put_bytes(s, i, f->prev, prev_len);
+            put_bytes(s, i, sc->prev, prev_len);
         }
         p += l;
     }
@@ -1536,12 +1554,12 @@ static int decode_values(const where_t *w, const sink_t *s, const dcol_t *d, int
         if (s->col->type != PT_INT32 && s->col->type != PT_INT64)
             return bad_page(w, "DELTA_BINARY_PACKED in a %s column",
                             NAME_OF(type_names, s->col->type));
-        KILN_CHECK(dbp_decode(w, &p, end, n, &w->f->dbp, &w->f->dbp_cap, &got));
+        KILN_CHECK(dbp_decode(w, &p, end, n, &w->sc->dbp, &w->sc->dbp_cap, &got));
         if (got != n)
             return bad_page(w, "DELTA_BINARY_PACKED holds %lld values, the page %lld",
                             (long long)got, (long long)n);
         for (int64_t i = 0; i < n; i++)
-            put_int(s, i, s->col->type == PT_INT32 ? (int32_t)w->f->dbp[i] : w->f->dbp[i]);
+            put_int(s, i, s->col->type == PT_INT32 ? (int32_t)w->sc->dbp[i] : w->sc->dbp[i]);
         return 0;
     }
     case ENC_DELTA_LBA:
@@ -1555,10 +1573,10 @@ static int decode_values(const where_t *w, const sink_t *s, const dcol_t *d, int
 }
 
 /* Room for n values in the page scratch. */
-static int reserve_values(rt_pq_file_t *f, int64_t n)
+static int reserve_values(scratch_t *sc, int64_t n)
 {
-    KILN_CHECK(grow(&f->vk, &f->vk_cap, n + 1, sizeof(int64_t)));
-    return grow(&f->vf, &f->vf_cap, n + 1, sizeof(float));
+    KILN_CHECK(grow(&sc->vk, &sc->vk_cap, n + 1, sizeof(int64_t)));
+    return grow(&sc->vf, &sc->vf_cap, n + 1, sizeof(float));
 }
 
 /* A dictionary page: PLAIN values, converted once. */
@@ -1625,7 +1643,7 @@ static int read_levels(const where_t *w, const unsigned char **pp, const unsigne
  * branch and keep what the level says. */
 static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int64_t rg_rows)
 {
-    rt_pq_file_t *f = w->f;
+    scratch_t *sc = w->sc;
     const col_t *c = w->col;
     const uint32_t top = (uint32_t)c->max_def;
     int64_t vi = 0;
@@ -1636,8 +1654,8 @@ static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int
         const float null = c->role == ROLE_LABEL ? NAN : 0.0f;
         float *out = d->f + d->rows;
         for (int64_t e = 0; e < n; e++) {
-            const bool has = f->def[e] == top;
-            out[e] = has ? f->vf[vi] : null;
+            const bool has = sc->def[e] == top;
+            out[e] = has ? sc->vf[vi] : null;
             vi += has;
         }
         d->rows += n;
@@ -1647,9 +1665,9 @@ static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int
     if (c->max_rep == 0) {
         int64_t *off = d->off + d->rows, nk = d->nkeys;
         for (int64_t e = 0; e < n; e++) {
-            const bool has = f->def[e] == top;
+            const bool has = sc->def[e] == top;
             off[e] = nk;
-            d->keys[nk] = f->vk[vi];
+            d->keys[nk] = sc->vk[vi];
             nk += has;
             vi += has;
         }
@@ -1658,7 +1676,7 @@ static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int
         return 0;
     }
     for (int64_t e = 0; e < n; e++) {
-        if (f->rep[e] == 0) {
+        if (sc->rep[e] == 0) {
             if (d->rows >= rg_rows)
                 return bad_page(w, "the pages hold more rows than the row group's %lld",
                                 (long long)rg_rows);
@@ -1666,8 +1684,8 @@ static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int
         } else if (d->rows == 0) {
             return bad_page(w, "the first level entry continues a row that never started");
         }
-        if (f->def[e] == top)
-            d->keys[d->nkeys++] = f->vk[vi++];
+        if (sc->def[e] == top)
+            d->keys[d->nkeys++] = sc->vk[vi++];
     }
     return 0;
 }
@@ -1769,20 +1787,20 @@ static bool ph_field(tc_t *t, int16_t id, int type, void *arg)
 static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const page_hdr_t *h,
                           const unsigned char *p, int64_t rg_rows)
 {
-    rt_pq_file_t *f = w->f;
+    scratch_t *sc = w->sc;
     const col_t *c = w->col;
     const int64_t n = h->num_values;
     const unsigned char *body, *end;
-    KILN_CHECK(grow(&f->rep, &f->rep_cap, n + 1, sizeof(uint32_t)));
-    KILN_CHECK(grow(&f->def, &f->def_cap, n + 1, sizeof(uint32_t)));
+    KILN_CHECK(grow(&sc->rep, &sc->rep_cap, n + 1, sizeof(uint32_t)));
+    KILN_CHECK(grow(&sc->def, &sc->def_cap, n + 1, sizeof(uint32_t)));
     if (h->type == PAGE_DATA_V2) {
         if (h->rep_len + h->def_len > h->csize || h->rep_len + h->def_len > h->usize)
             return bad_page(w, "levels of %lld bytes in a page of %lld",
                             (long long)(h->rep_len + h->def_len), (long long)h->csize);
         const unsigned char *lv = p;
-        KILN_CHECK(read_levels(w, &lv, p + h->rep_len, c->max_rep, f->rep, n, h->rep_len, 0));
+        KILN_CHECK(read_levels(w, &lv, p + h->rep_len, c->max_rep, sc->rep, n, h->rep_len, 0));
         lv = p + h->rep_len;
-        KILN_CHECK(read_levels(w, &lv, lv + h->def_len, c->max_def, f->def, n, h->def_len, 0));
+        KILN_CHECK(read_levels(w, &lv, lv + h->def_len, c->max_def, sc->def, n, h->def_len, 0));
         const unsigned char *vals = p + h->rep_len + h->def_len;
         size_t clen = (size_t)(h->csize - h->rep_len - h->def_len);
         size_t ulen = (size_t)(h->usize - h->rep_len - h->def_len);
@@ -1791,17 +1809,17 @@ static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const 
     } else {
         KILN_CHECK(decompress(w, ch->codec, p, (size_t)h->csize, (size_t)h->usize, &body));
         end = body + h->usize;
-        KILN_CHECK(read_levels(w, &body, end, c->max_rep, f->rep, n, -1, (int)h->rep_enc));
-        KILN_CHECK(read_levels(w, &body, end, c->max_def, f->def, n, -1, (int)h->def_enc));
+        KILN_CHECK(read_levels(w, &body, end, c->max_rep, sc->rep, n, -1, (int)h->rep_enc));
+        KILN_CHECK(read_levels(w, &body, end, c->max_def, sc->def, n, -1, (int)h->def_enc));
     }
     int64_t nvals = 0;
     for (int64_t e = 0; e < n; e++)
-        nvals += (int)f->def[e] == c->max_def;
-    KILN_CHECK(reserve_values(f, nvals));
-    sink_t s = {.col = c, .k = f->vk, .fl = f->vf};
+        nvals += (int)sc->def[e] == c->max_def;
+    KILN_CHECK(reserve_values(sc, nvals));
+    sink_t s = {.col = c, .k = sc->vk, .fl = sc->vf};
     KILN_CHECK(decode_values(w, &s, d, (int)h->encoding, body, end, nvals));
-    f->vk[nvals] = 0; /* the slot place_rows reads ahead */
-    f->vf[nvals] = 0.0f;
+    sc->vk[nvals] = 0; /* the slot place_rows reads ahead */
+    sc->vf[nvals] = 0.0f;
     return place_rows(w, d, n, nvals, rg_rows);
 }
 
@@ -1811,7 +1829,8 @@ static int decode_chunk(rt_pq_file_t *f, int g, int c, int64_t *bytes)
     const chunk_t *ch = &f->chunks[(size_t)g * (size_t)f->ncols + (size_t)c];
     const int64_t rg_rows = f->rg_start[g + 1] - f->rg_start[g];
     dcol_t *d = &f->dc[c];
-    where_t w = {.f = f, .col = &f->cols[c], .rg = g, .at = ch->start};
+    scratch_t *sc = &f->sc;
+    where_t w = {.f = f, .sc = sc, .col = &f->cols[c], .rg = g, .at = ch->start};
     d->rows = 0;
     d->nkeys = 0;
     d->ndict = 0;
@@ -1823,15 +1842,15 @@ static int decode_chunk(rt_pq_file_t *f, int g, int c, int64_t *bytes)
     if (ch->codec != CODEC_NONE && ch->codec != CODEC_SNAPPY && ch->codec != CODEC_GZIP &&
         ch->codec != CODEC_ZSTD)
         return unsupported(&w, "codec", NAME_OF(codec_names, ch->codec), ch->codec);
-    KILN_CHECK(grow_bytes(&f->chunk_buf, &f->chunk_cap, (size_t)ch->size));
-    KILN_CHECK(pread_full(f, f->chunk_buf, (size_t)ch->size, ch->start));
+    KILN_CHECK(grow_bytes(&sc->chunk_buf, &sc->chunk_cap, (size_t)ch->size));
+    KILN_CHECK(pread_full(f, sc->chunk_buf, (size_t)ch->size, ch->start));
     *bytes += ch->size;
-    const unsigned char *p = f->chunk_buf, *end = f->chunk_buf + ch->size;
+    const unsigned char *p = sc->chunk_buf, *end = sc->chunk_buf + ch->size;
     int64_t seen = 0;
     while (seen < ch->num_values) {
         page_hdr_t h = {.compressed = true};
         tc_t t = {.p = p, .end = end};
-        w.at = ch->start + (p - f->chunk_buf);
+        w.at = ch->start + (p - sc->chunk_buf);
         if (p >= end)
             return bad_page(&w, "the chunk ends after %lld of its %lld values", (long long)seen,
                             (long long)ch->num_values);

@@ -27,6 +27,10 @@ typedef struct rt_pq_file rt_pq_file_t;
 int rt_pq_open(const char *path, const rt_columns_t *cols, int ndense, int nslots,
                rt_pq_file_t **out /* OUT */);
 void rt_pq_close(rt_pq_file_t *f); /* accepts NULL */
+/* Frees the decoded row group and the decoder's buffers (the footer stays):
+ * the reader calls it when it moves on to the next file, so its memory is
+ * one row group, not one per file. The next read decodes again. */
+void rt_pq_release(rt_pq_file_t *f);
 int64_t rt_pq_rows(const rt_pq_file_t *f);
 /* 0 when b's mapped columns have the same types and nesting as a's, else
  * KILN_EINVAL naming both files and the first column that differs. */

@@ -31,6 +31,7 @@ struct rt_reader {
     int64_t total_rows, nsteps;
     rt_bin_file_t **bins;  /* [npaths] for RT_FMT_BIN */
     rt_pq_file_t **pqs;    /* [npaths] for RT_FMT_PARQUET */
+    int pq_cur;            /* producer: the Parquet file holding a decoded row group */
 
     /* producer-owned */
     rt_tsv_cursor_t *cur;
@@ -123,10 +124,15 @@ static int fill_tsv(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b)
 }
 
 /* Appends Parquet rows [lo, hi) of file f; rows with a bad label are
- * counted in the reader's stats. */
+ * counted in the reader's stats. Rows are read in order, so moving on to
+ * a file frees the one before it: the reader holds one decoded row group. */
 static int read_pq(rt_reader_t *r, int f, int64_t lo, int64_t hi, rt_batch_t *b, int64_t *bytes)
 {
     rt_reader_stats_t bad = {0};
+    if (r->pq_cur != f) {
+        rt_pq_release(r->pqs[r->pq_cur]);
+        r->pq_cur = f;
+    }
     int rc = rt_pq_read_rows(r->pqs[f], lo, hi, &r->bb, b, &bad, bytes);
     if (bad.malformed > 0) {
         pthread_mutex_lock(&r->mu);

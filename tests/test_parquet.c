@@ -128,11 +128,17 @@ static rt_reader_t *open_reader(const char *path, rt_format_t fmt, const rt_colu
     return r;
 }
 
-/* Rank 1 of 2 reads the same batches from both files. */
-static void assert_same_batches(const char *tsv, const char *pq, const char *what)
+/* Rank 1 of 2 reads the same batches from the TSV files and the Parquet
+ * files (npaths of each, read in order as one row sequence). */
+static void assert_same_batches_n(const char *const *tsv, const char *const *pq, int npaths,
+                                  const char *what)
 {
-    rt_reader_t *a = open_reader(tsv, RT_FMT_TSV, NULL, 1, 2, 97);
-    rt_reader_t *b = open_reader(pq, RT_FMT_PARQUET, NULL, 1, 2, 97);
+    rt_reader_t *a = NULL, *b = NULL;
+    if (rt_reader_open_cols(tsv, npaths, RT_FMT_TSV, NULL, 1, 2, 97, RT_DIMS_AUTO, RT_DIMS_AUTO,
+                            2, &a) < 0 ||
+        rt_reader_open_cols(pq, npaths, RT_FMT_PARQUET, NULL, 1, 2, 97, RT_DIMS_AUTO,
+                            RT_DIMS_AUTO, 2, &b) < 0)
+        fail_msg("%s: %s", what, kiln_errmsg());
     assert_int_equal(rt_reader_nsteps(a), rt_reader_nsteps(b));
     rt_batch_t *x, *y;
     int ra, rb, steps = 0;
@@ -148,6 +154,12 @@ static void assert_same_batches(const char *tsv, const char *pq, const char *wha
     assert_true(steps > 10);
     rt_reader_close(a);
     rt_reader_close(b);
+}
+
+static void assert_same_batches(const char *tsv, const char *pq, const char *what)
+{
+    const char *a[1] = {tsv}, *b[1] = {pq};
+    assert_same_batches_n(a, b, 1, what);
 }
 
 static void test_every_writer_reads_as_tsv(void **state)
@@ -171,6 +183,14 @@ static void test_every_writer_reads_as_tsv(void **state)
         assert_same_file(ref, out, plain_files[i]);
         assert_same_batches(tsv, path, plain_files[i]);
     }
+    /* Three partitions by two writers as one row sequence: batches cross
+     * from file to file (the reader frees each file's row group as it
+     * moves on) as they do over the same TSV three times. */
+    char p1[400], p2[400];
+    pq_path(p1, sizeof p1, "pq", "duck-zstd-v2");
+    pq_path(p2, sizeof p2, "pq", "arrow-v1-dict-snappy");
+    const char *tsv3[3] = {tsv, tsv, tsv}, *pq3[3] = {p1, p2, p1};
+    assert_same_batches_n(tsv3, pq3, 3, "three partitions");
     /* BOOLEAN labels (RLE) and DOUBLE features (BYTE_STREAM_SPLIT), read
      * with dense_transform log1p: log(1 + max(x, 0)) of a double is the
      * float a TSV integer gives. */
