@@ -1,6 +1,7 @@
 /*
  * data/data.h - the trainer's input side: Criteo-format TSV parsing,
- * the kiln-bin binary format (writer, converter, chunk reader), the batch
+ * the kiln-bin binary format (writer, converters, chunk reader), Parquet
+ * (Kiln's own reader, data_parquet.c, with a column mapping), the batch
  * reader that partitions rows block-cyclically over MPI ranks and parses
  * ahead of training in its own thread, and the synthetic data generator.
  *
@@ -42,19 +43,42 @@ extern "C" {
 #define RT_KEY_MASK INT64_C(0x7fffffffffffffff)
 
 typedef enum {
-    RT_FMT_AUTO = 0, /* kiln-bin when the first file starts with "KILNBIN1", else TSV */
+    RT_FMT_AUTO = 0, /* kiln-bin for "KILNBIN1", Parquet for "PAR1" at the start, else TSV */
     RT_FMT_TSV = 1,
-    RT_FMT_BIN = 2
+    RT_FMT_BIN = 2,
+    RT_FMT_PARQUET = 3
 } rt_format_t;
 
-/* Parses "auto", "tsv" (also "criteo") or "bin" (also "kiln-bin").
- * Returns 0 or KILN_EINVAL with a message listing the choices. */
+/* Parses "auto", "tsv" (also "criteo"), "bin" (also "kiln-bin") or
+ * "parquet". Returns 0 or KILN_EINVAL with a message listing the choices. */
 int rt_format_parse(const char *s, rt_format_t *out /* OUT */);
-/* "auto", "tsv" or "bin". */
+/* "auto", "tsv", "bin" or "parquet". */
 const char *rt_format_name(rt_format_t f);
-/* Looks at the first 8 bytes of path: RT_FMT_BIN for "KILNBIN1", else
- * RT_FMT_TSV. Returns 0 or KILN_ENOENT / KILN_EIO naming the file. */
+/* Looks at the first 8 bytes of path: RT_FMT_BIN for "KILNBIN1",
+ * RT_FMT_PARQUET for "PAR1", else RT_FMT_TSV. Returns 0 or KILN_ENOENT /
+ * KILN_EIO naming the file. */
 int rt_format_detect(const char *path, rt_format_t *out /* OUT */);
+
+/* ---- Parquet column mapping ---------------------------------------------------
+ * Which Parquet columns (top-level fields, by name) are the label, the dense
+ * features and the categorical slots (docs/data-formats.md, "Parquet"). */
+typedef enum {
+    RT_DENSE_AUTO = 0,  /* log1p for integer columns (as TSV), none for float ones */
+    RT_DENSE_LOG1P = 1, /* log(1 + max(x, 0)) for every dense column */
+    RT_DENSE_NONE = 2   /* the values as they are (NVTabular's normalised floats) */
+} rt_dense_transform_t;
+
+typedef struct rt_columns {
+    const char *label;              /* NULL: "label" */
+    const char *const *dense;       /* [ndense]; NULL: "I1" .. "I<ndense>" */
+    const char *const *categorical; /* [nslots]; NULL: "C1" .. "C<nslots>" */
+    rt_dense_transform_t dense_transform;
+} rt_columns_t;
+
+/* Whether a Parquet file is complete: 1 when it ends with "PAR1" (a writer
+ * adds it last), 0 when not (cut short or still being written). Returns
+ * KILN_ENOENT / KILN_EIO naming the file when it cannot be read. */
+int rt_parquet_complete(const char *path);
 
 /* ---- batches ---------------------------------------------------------------
  * One rank's rows of one global step, CSR by slot. Shapes:
@@ -128,6 +152,18 @@ int rt_reader_open(const char *const *paths, int npaths, rt_format_t format, int
                    int nranks, int batch_size, int ndense, int nslots, int prefetch,
                    rt_reader_t **out /* OUT */);
 
+/* rt_reader_open with a Parquet column mapping (cols may be NULL: Criteo's
+ * names; copied, so it need not outlive the call; ignored for TSV and
+ * kiln-bin). Parquet, like kiln-bin, needs no pre-pass: the row counts come
+ * from the footers. Rows are dealt as above; a rank decodes the row groups
+ * that hold its rows, one at a time, on the producer thread. Besides
+ * rt_reader_open's codes: KILN_EBUSY for a Parquet file that does not end
+ * with PAR1 (still being written), KILN_EINVAL for a mapped column missing
+ * or of the wrong type or files whose schemas differ. */
+int rt_reader_open_cols(const char *const *paths, int npaths, rt_format_t format,
+                        const rt_columns_t *cols, int rank, int nranks, int batch_size,
+                        int ndense, int nslots, int prefetch, rt_reader_t **out /* OUT */);
+
 /* Hands out the next batch: returns 1 and sets *batch (borrowed: valid until
  * the next rt_reader_next or rt_reader_close on this reader), 0 after the
  * last batch, or a negative KILN_E* code when reading failed (the message
@@ -179,6 +215,15 @@ typedef struct rt_convert_opts {
  * KILN_ENOENT / KILN_EIO naming the file, KILN_EINVAL, KILN_ENOMEM. */
 int rt_convert_tsv_to_bin(const char *const *inputs, int ninputs, const char *out_path,
                           const rt_convert_opts_t *opts, rt_reader_stats_t *stats /* OUT */);
+
+/* Converts Parquet files (in order, one schema) into one kiln-bin file, read
+ * with the column mapping cols (NULL: Criteo names) through the batch
+ * reader; opts may be NULL. Rows whose label is null or not 0 / 1 are left
+ * out and counted in stats as malformed. Returns 0 or rt_reader_open_cols's
+ * and the writer's codes. */
+int rt_convert_parquet_to_bin(const char *const *inputs, int ninputs, const rt_columns_t *cols,
+                              const char *out_path, const rt_convert_opts_t *opts,
+                              rt_reader_stats_t *stats /* OUT */);
 
 /* ---- synthetic data ----------------------------------------------------------- */
 typedef struct rt_datagen_opts {
@@ -290,6 +335,9 @@ int64_t rt_tsv_cursor_bytes(const rt_tsv_cursor_t *c);
 void rt_tsv_cursor_destroy(rt_tsv_cursor_t *c);
 /* Counts the rows (lines; a last line without newline counts) of one file. */
 int rt_tsv_count_rows(const char *path, int64_t *rows /* OUT */, int64_t *bytes /* OUT */);
+
+/* A dense integer as TSV makes it a feature: log(1 + max(x, 0)). */
+float rt_dense_int(int64_t x);
 
 /* Records a malformed line in stats (message kept for the first few). */
 void rt_stats_malformed(rt_reader_stats_t *st, const char *path, int64_t lineno,

@@ -668,3 +668,31 @@ int rt_bin_read_rows(rt_bin_file_t *f, int64_t lo, int64_t hi, rt_batch_builder_
     }
     return 0;
 }
+
+int rt_convert_parquet_to_bin(const char *const *inputs, int ninputs, const rt_columns_t *cols,
+                              const char *out_path, const rt_convert_opts_t *opts,
+                              rt_reader_stats_t *stats)
+{
+    const int D = opts && opts->ndense > 0 ? opts->ndense : RT_CRITEO_NDENSE;
+    const int S = opts && opts->nslots > 0 ? opts->nslots : RT_CRITEO_NSLOTS;
+    rt_reader_t *r = NULL;
+    rt_bin_writer_t *w = NULL;
+    rt_batch_t *b;
+    int rc;
+    KILN_CHECK(rt_reader_open_cols(inputs, ninputs, RT_FMT_PARQUET, cols, 0, 1,
+                                   RT_BIN_CHUNK_ROWS, D, S, 2, &r));
+    KILN_CHECK_GOTO(rt_bin_writer_create(out_path, D, S, opts ? opts->chunk_rows : 0, &w), rc,
+                    out);
+    while ((rc = rt_reader_next(r, &b)) == 1)
+        KILN_CHECK_GOTO(rt_bin_writer_add(w, b), rc, out);
+    if (rc == 0) {
+        rc = rt_bin_writer_commit(w);
+        w = NULL;
+    }
+out:
+    if (stats)
+        rt_reader_stats(r, stats);
+    rt_bin_writer_abort(w);
+    rt_reader_close(r);
+    return rc;
+}

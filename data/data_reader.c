@@ -6,9 +6,13 @@
  * reusable batch buffers while the trainer computes. Every rank returns the
  * same number of batches, short or empty ones at the end, because the
  * trainer does collectives every step. The rows it reads go through the
- * batch builder (data_batch.c), as data_bin.c's do.
+ * batch builder (data_batch.c), as data_bin.c's do. Parquet files
+ * (data_parquet.c) are read like kiln-bin ones: row counts from their
+ * footers at open, and the producer decodes the row groups that hold this
+ * rank's rows, one row group at a time.
  */
 #include "data.h"
+#include "data_parquet_int.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -26,6 +30,8 @@ struct rt_reader {
     int64_t *file_start;   /* [npaths + 1] global row where file f starts */
     int64_t total_rows, nsteps;
     rt_bin_file_t **bins;  /* [npaths] for RT_FMT_BIN */
+    rt_pq_file_t **pqs;    /* [npaths] for RT_FMT_PARQUET */
+    int pq_cur;            /* producer: the Parquet file holding a decoded row group */
 
     /* producer-owned */
     rt_tsv_cursor_t *cur;
@@ -117,15 +123,39 @@ static int fill_tsv(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b)
     return 0;
 }
 
-/* Appends kiln-bin rows [lo, hi) (global) to the builder, file by file. */
-static int fill_bin(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b, int64_t *bytes)
+/* Appends Parquet rows [lo, hi) of file f; rows with a bad label are
+ * counted in the reader's stats. Rows are read in order, so moving on to
+ * a file frees the one before it: the reader holds one decoded row group. */
+static int read_pq(rt_reader_t *r, int f, int64_t lo, int64_t hi, rt_batch_t *b, int64_t *bytes)
+{
+    rt_reader_stats_t bad = {0};
+    if (r->pq_cur != f) {
+        rt_pq_release(r->pqs[r->pq_cur]);
+        r->pq_cur = f;
+    }
+    int rc = rt_pq_read_rows(r->pqs[f], lo, hi, &r->bb, b, &bad, bytes);
+    if (bad.malformed > 0) {
+        pthread_mutex_lock(&r->mu);
+        for (int i = 0; i < bad.nmessages && r->stats.nmessages < RT_MAX_MESSAGES; i++)
+            memcpy(r->stats.messages[r->stats.nmessages++], bad.messages[i], RT_MESSAGE_LEN);
+        r->stats.malformed += bad.malformed;
+        pthread_mutex_unlock(&r->mu);
+    }
+    return rc;
+}
+
+/* Appends kiln-bin or Parquet rows [lo, hi) (global) to the builder, file
+ * by file. */
+static int fill_files(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b, int64_t *bytes)
 {
     for (int f = 0; f < r->npaths && lo < hi; f++) {
         int64_t fs = r->file_start[f], fe = r->file_start[f + 1];
         int64_t a = lo > fs ? lo : fs, e = hi < fe ? hi : fe;
         if (a >= e)
             continue;
-        int rc = rt_bin_read_rows(r->bins[f], a - fs, e - fs, &r->bb, b, bytes);
+        int rc = r->fmt == RT_FMT_PARQUET
+                     ? read_pq(r, f, a - fs, e - fs, b, bytes)
+                     : rt_bin_read_rows(r->bins[f], a - fs, e - fs, &r->bb, b, bytes);
         if (rc < 0)
             return rc;
         lo = e;
@@ -152,7 +182,7 @@ static int produce_step(rt_reader_t *r, int64_t k, rt_batch_t *b)
     if (r->fmt == RT_FMT_TSV)
         rc = fill_tsv(r, lo, hi, b);
     else
-        rc = fill_bin(r, lo, hi, b, &bytes);
+        rc = fill_files(r, lo, hi, b, &bytes);
     if (rc < 0)
         return rc;
     rc = rt_builder_finish(&r->bb, b);
@@ -255,6 +285,9 @@ void rt_reader_close(rt_reader_t *r)
     for (int f = 0; r->bins && f < r->npaths; f++)
         rt_bin_close(r->bins[f]);
     free(r->bins);
+    for (int f = 0; r->pqs && f < r->npaths; f++)
+        rt_pq_close(r->pqs[f]);
+    free(r->pqs);
     for (int f = 0; r->paths && f < r->npaths; f++)
         free(r->paths[f]);
     free(r->paths);
@@ -265,12 +298,32 @@ void rt_reader_close(rt_reader_t *r)
     free(r);
 }
 
-/* Counts rows (TSV pre-pass) or opens the kiln-bin files, filling
- * file_start and the dimensions. */
-static int scan_files(rt_reader_t *r, int ndense, int nslots)
+/* Opens the Parquet files (footers, mapped columns, one schema for all). */
+static int scan_parquet(rt_reader_t *r, const rt_columns_t *cols)
+{
+    r->pqs = kiln_calloc((size_t)r->npaths, sizeof *r->pqs);
+    if (!r->pqs)
+        return KILN_ENOMEM;
+    for (int f = 0; f < r->npaths; f++) {
+        KILN_CHECK(rt_pq_open(r->paths[f], cols, r->ndense, r->nslots, &r->pqs[f]));
+        if (f > 0)
+            KILN_CHECK(rt_pq_same_schema(r->pqs[0], r->pqs[f]));
+        r->file_start[f + 1] = r->file_start[f] + rt_pq_rows(r->pqs[f]);
+    }
+    return 0;
+}
+
+/* Counts rows (TSV pre-pass) or opens the kiln-bin or Parquet files,
+ * filling file_start and the dimensions. */
+static int scan_files(rt_reader_t *r, int ndense, int nslots, const rt_columns_t *cols)
 {
     int rc;
     r->file_start[0] = 0;
+    if (r->fmt == RT_FMT_PARQUET) {
+        r->ndense = ndense == RT_DIMS_AUTO ? RT_CRITEO_NDENSE : ndense;
+        r->nslots = nslots == RT_DIMS_AUTO ? RT_CRITEO_NSLOTS : nslots;
+        return scan_parquet(r, cols);
+    }
     if (r->fmt == RT_FMT_TSV) {
         r->ndense = ndense == RT_DIMS_AUTO ? RT_CRITEO_NDENSE : ndense;
         r->nslots = nslots == RT_DIMS_AUTO ? RT_CRITEO_NSLOTS : nslots;
@@ -307,6 +360,14 @@ static int scan_files(rt_reader_t *r, int ndense, int nslots)
 int rt_reader_open(const char *const *paths, int npaths, rt_format_t format, int rank,
                    int nranks, int batch_size, int ndense, int nslots, int prefetch,
                    rt_reader_t **out)
+{
+    return rt_reader_open_cols(paths, npaths, format, NULL, rank, nranks, batch_size, ndense,
+                               nslots, prefetch, out);
+}
+
+int rt_reader_open_cols(const char *const *paths, int npaths, rt_format_t format,
+                        const rt_columns_t *cols, int rank, int nranks, int batch_size,
+                        int ndense, int nslots, int prefetch, rt_reader_t **out)
 {
     rt_reader_t *r;
     int64_t per_step;
@@ -347,7 +408,7 @@ int rt_reader_open(const char *const *paths, int npaths, rt_format_t format, int
     r->fmt = format;
     if (format == RT_FMT_AUTO)
         KILN_CHECK_GOTO(rt_format_detect(paths[0], &r->fmt), rc, fail);
-    KILN_CHECK_GOTO(scan_files(r, ndense, nslots), rc, fail);
+    KILN_CHECK_GOTO(scan_files(r, ndense, nslots, cols), rc, fail);
     r->total_rows = r->file_start[npaths];
     per_step = (int64_t)batch_size * nranks;
     r->nsteps = (r->total_rows + per_step - 1) / per_step;

@@ -50,6 +50,12 @@ static inline float dense_value(int64_t x)
     return (float)log1p((double)x);
 }
 
+float rt_dense_int(int64_t x)
+{
+    log1p_init();
+    return dense_value(x);
+}
+
 /* Copies at most 24 bytes of a field into a printable quote for messages. */
 static void quote_field(char *dst, size_t dstsz, const char *p, size_t len)
 {
@@ -167,7 +173,7 @@ static const struct {
     rt_format_t fmt;
 } format_names[] = {
     {"auto", RT_FMT_AUTO}, {"tsv", RT_FMT_TSV}, {"criteo", RT_FMT_TSV},
-    {"bin", RT_FMT_BIN},   {"kiln-bin", RT_FMT_BIN},
+    {"bin", RT_FMT_BIN},   {"kiln-bin", RT_FMT_BIN}, {"parquet", RT_FMT_PARQUET},
 };
 
 int rt_format_parse(const char *s, rt_format_t *out)
@@ -178,12 +184,12 @@ int rt_format_parse(const char *s, rt_format_t *out)
             return 0;
         }
     }
-    return kiln_errf(KILN_EINVAL, "unknown data format '%s' (choose auto, tsv or bin)", s);
+    return kiln_errf(KILN_EINVAL, "unknown data format '%s' (choose auto, tsv, bin or parquet)", s);
 }
 
 const char *rt_format_name(rt_format_t f)
 {
-    return f == RT_FMT_TSV ? "tsv" : f == RT_FMT_BIN ? "bin" : "auto";
+    return f == RT_FMT_TSV ? "tsv" : f == RT_FMT_BIN ? "bin" : f == RT_FMT_PARQUET ? "parquet" : "auto";
 }
 
 int rt_format_detect(const char *path, rt_format_t *out)
@@ -206,7 +212,9 @@ int rt_format_detect(const char *path, rt_format_t *out)
     rt_src_close(src);
     if (rc < 0)
         return rc;
-    *out = (n == 8 && memcmp(magic, "KILNBIN1", 8) == 0) ? RT_FMT_BIN : RT_FMT_TSV;
+    *out = (n == 8 && memcmp(magic, "KILNBIN1", 8) == 0)  ? RT_FMT_BIN
+           : (n >= 4 && memcmp(magic, "PAR1", 4) == 0) ? RT_FMT_PARQUET
+                                                       : RT_FMT_TSV;
     return 0;
 }
 

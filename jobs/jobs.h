@@ -27,7 +27,8 @@ typedef enum { JOB_CATCHUP_NONE, JOB_CATCHUP_LATEST, JOB_CATCHUP_ALL } job_catch
 typedef enum { JOB_LAUNCH_LOCAL, JOB_LAUNCH_HOSTFILE, JOB_LAUNCH_SLURM } job_launcher_t;
 typedef enum { JOB_DEVICE_AUTO, JOB_DEVICE_CPU, JOB_DEVICE_CUDA } job_device_t;
 typedef enum { JOB_MPI_AUTO, JOB_MPI_TCP } job_mpi_transport_t;
-typedef enum { JOB_FMT_CRITEO_TSV, JOB_FMT_KILN_BIN } job_format_t;
+typedef enum { JOB_FMT_CRITEO_TSV, JOB_FMT_KILN_BIN, JOB_FMT_PARQUET } job_format_t;
+typedef enum { JOB_DENSE_AUTO, JOB_DENSE_LOG1P, JOB_DENSE_NONE } job_dense_transform_t;
 typedef enum { JOB_MODEL_LR, JOB_MODEL_FM, JOB_MODEL_DLRM } job_model_type_t;
 typedef enum { JOB_COMB_SUM, JOB_COMB_MEAN } job_combiner_t;
 typedef enum { JOB_EVICT_LRU, JOB_EVICT_LFU, JOB_EVICT_NONE } job_eviction_t;
@@ -43,6 +44,7 @@ const char *job_launcher_name(job_launcher_t v);
 const char *job_device_name(job_device_t v);
 const char *job_mpi_transport_name(job_mpi_transport_t v);
 const char *job_format_name(job_format_t v);
+const char *job_dense_transform_name(job_dense_transform_t v);
 const char *job_model_type_name(job_model_type_t v);
 const char *job_combiner_name(job_combiner_t v);
 const char *job_eviction_name(job_eviction_t v);
@@ -53,6 +55,18 @@ const char *job_init_from_name(job_init_from_t v);
 const char *job_train_mode_name(job_train_mode_t v);
 
 /* ---- the spec --------------------------------------------------------------- */
+
+/* data.columns (data.format: parquet): which Parquet columns feed the model.
+ * NULL lists mean Criteo's names (I1..I<dense_features>, C1..C<cat_slots>). */
+typedef struct job_columns {
+    char *label;                           /* "label" */
+    char **dense;                          /* [ndense] or NULL */
+    int ndense;                            /* == data.dense_features when given */
+    char **categorical;                    /* [ncategorical] or NULL */
+    int ncategorical;                      /* == data.cat_slots when given */
+    job_dense_transform_t dense_transform; /* auto: log1p for integer columns only */
+} job_columns_t;
+
 typedef struct job_embedding {
     int dim;                 /* > 0 */
     job_combiner_t combiner; /* sum */
@@ -132,6 +146,7 @@ typedef struct job_spec {
         int dense_features; /* 13 for Criteo */
         int cat_slots;      /* 26 for Criteo */
         double max_malformed; /* fraction of input lines that may be malformed, 0..1 */
+        job_columns_t columns; /* format: parquet only */
     } data;
 
     struct {

@@ -279,6 +279,60 @@ static void check_slurm_fields(ctx_t *c)
     }
 }
 
+/* data.columns: Parquet only; its lists as long as data.dense_features and
+ * data.cat_slots; a column named once across label, dense and categorical. */
+static void check_columns(ctx_t *c)
+{
+    job_spec_t *s = c->spec;
+    const job_columns_t *m = &s->data.columns;
+    int line, col;
+    if (spec_seen(c, "data.columns") != NULL && s->data.format != JOB_FMT_PARQUET) {
+        spec_where(c, &line, &col, "data.columns", NULL);
+        spec_diag_at(c, line, col, "data.columns",
+                     "names Parquet columns, but data.format is %s (set data.format: parquet, "
+                     "or remove data.columns)",
+                     job_format_name(s->data.format));
+    }
+    static const struct {
+        const char *path, *count_path;
+        size_t list, n, want;
+    } lists[] = {
+        {"data.columns.dense", "data.dense_features", offsetof(job_spec_t, data.columns.dense),
+         offsetof(job_spec_t, data.columns.ndense), offsetof(job_spec_t, data.dense_features)},
+        {"data.columns.categorical", "data.cat_slots",
+         offsetof(job_spec_t, data.columns.categorical),
+         offsetof(job_spec_t, data.columns.ncategorical), offsetof(job_spec_t, data.cat_slots)},
+    };
+    for (size_t k = 0; k < sizeof lists / sizeof lists[0]; k++) {
+        char **names = *(char ***)((char *)s + lists[k].list);
+        int n = *(int *)((char *)s + lists[k].n), want = *(int *)((char *)s + lists[k].want);
+        if (names == NULL)
+            continue;
+        if (n != want) {
+            spec_where(c, &line, &col, lists[k].path, NULL);
+            spec_diag_at(c, line, col, lists[k].path,
+                         "lists %d columns but %s is %d: set %s: %d, or list %d columns", n,
+                         lists[k].count_path, want, lists[k].count_path, n, want);
+        }
+        for (int i = 0; m->label != NULL && i < n; i++)
+            if (strcmp(names[i], m->label) == 0) {
+                spec_where(c, &line, &col, lists[k].path, NULL);
+                spec_diag_at(c, line, col, lists[k].path,
+                             "column \"%.80s\" is also the label (data.columns.label)",
+                             names[i]);
+            }
+    }
+    for (int i = 0; m->dense != NULL && m->categorical != NULL && i < m->ndense; i++)
+        for (int j = 0; j < m->ncategorical; j++)
+            if (strcmp(m->dense[i], m->categorical[j]) == 0) {
+                spec_where(c, &line, &col, "data.columns.categorical", NULL);
+                spec_diag_at(c, line, col, "data.columns.categorical",
+                             "column \"%.80s\" is also dense (data.columns.dense[%d]); a column "
+                             "feeds one input",
+                             m->dense[i], i);
+            }
+}
+
 /* Checks and defaults that span fields; run after the walk. */
 static void check_spec(ctx_t *c)
 {
@@ -317,6 +371,7 @@ static void check_spec(ctx_t *c)
                      kiln_duration_format(s->retries.backoff_ms, d2, sizeof d2));
     }
 
+    check_columns(c);
     build_tables(c);
     check_model(c);
     check_capacity(c);
@@ -344,7 +399,12 @@ void job_spec_fini(job_spec_t *s)
     for (int i = 0; i < s->resources.nsbatch_args; i++)
         free(s->resources.sbatch_args[i]);
     KILN_FREE_ALL(s->resources.sbatch_args, s->resources.mpi.interfaces, s->data.train,
-                  s->data.eval, s->model.bottom_mlp, s->model.top_mlp);
+                  s->data.eval, s->model.bottom_mlp, s->model.top_mlp, s->data.columns.label);
+    for (int i = 0; i < s->data.columns.ndense; i++)
+        free(s->data.columns.dense[i]);
+    for (int i = 0; i < s->data.columns.ncategorical; i++)
+        free(s->data.columns.categorical[i]);
+    KILN_FREE_ALL(s->data.columns.dense, s->data.columns.categorical);
     for (int i = 0; i < s->model.ntables; i++) {
         free(s->model.tables[i].name);
         free(s->model.tables[i].slots);

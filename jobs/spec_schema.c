@@ -24,7 +24,8 @@ static const char *const catchup_names[] = {"none", "latest", "all", NULL};
 static const char *const launcher_names[] = {"local", "hostfile", "slurm", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const mpi_transport_names[] = {"auto", "tcp", NULL};
-static const char *const format_names[] = {"criteo-tsv", "kiln-bin", NULL};
+static const char *const format_names[] = {"criteo-tsv", "kiln-bin", "parquet", NULL};
+static const char *const dense_transform_names[] = {"auto", "log1p", "none", NULL};
 static const char *const model_type_names[] = {"lr", "fm", "dlrm", NULL};
 static const char *const combiner_names[] = {"sum", "mean", NULL};
 static const char *const eviction_names[] = {"lru", "lfu", "none", NULL};
@@ -49,6 +50,7 @@ ENUM_NAME_FN(job_launcher_name, job_launcher_t, launcher_names)
 ENUM_NAME_FN(job_device_name, job_device_t, device_names)
 ENUM_NAME_FN(job_mpi_transport_name, job_mpi_transport_t, mpi_transport_names)
 ENUM_NAME_FN(job_format_name, job_format_t, format_names)
+ENUM_NAME_FN(job_dense_transform_name, job_dense_transform_t, dense_transform_names)
 ENUM_NAME_FN(job_model_type_name, job_model_type_t, model_type_names)
 ENUM_NAME_FN(job_combiner_name, job_combiner_t, combiner_names)
 ENUM_NAME_FN(job_eviction_name, job_eviction_t, eviction_names)
@@ -207,6 +209,9 @@ static void parse_interfaces(ctx_t *c, const field_t *f, const yaml_node_t *val,
                              const char *path);
 static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                               const char *path);
+static void parse_column_list(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                              const char *path);
+static const char *check_column(const char *s, char *buf, size_t bufsz);
 
 /* ---- the schema ------------------------------------------------------------------------
  * Offsets of rows inside a GROUP are relative to job_spec_t (the group is an
@@ -246,6 +251,25 @@ static const field_t retries_fields[] = {
     DUR("backoff", job_spec_t, retries.backoff_ms, 30 * S_, 0, 0),
     DUR("max_backoff", job_spec_t, retries.max_backoff_ms, 3600 * S_, 0, 0), FIELD_END};
 
+/* data.columns: a list's maxlen is the most columns it may name. */
+static const field_t columns_fields[] = {
+    STR("label", job_columns_t, label, "label", F_NONEMPTY, check_column),
+    {.key = "dense",
+     .type = T_FN,
+     .fn = parse_column_list,
+     .off = offsetof(job_columns_t, dense),
+     .off2 = offsetof(job_columns_t, ndense),
+     .maxlen = 4096},
+    {.key = "categorical",
+     .type = T_FN,
+     .fn = parse_column_list,
+     .off = offsetof(job_columns_t, categorical),
+     .off2 = offsetof(job_columns_t, ncategorical),
+     .maxlen = 1024},
+    ENUM("dense_transform", job_columns_t, dense_transform, JOB_DENSE_AUTO,
+         dense_transform_names),
+    FIELD_END};
+
 static const field_t data_fields[] = {
     ENUM("format", job_spec_t, data.format, JOB_FMT_CRITEO_TSV, format_names),
     STR("train", job_spec_t, data.train, NULL, F_REQUIRED | F_NONEMPTY, NULL),
@@ -254,6 +278,7 @@ static const field_t data_fields[] = {
     INT("dense_features", job_spec_t, data.dense_features, 13, 0, 4096),
     INT("cat_slots", job_spec_t, data.cat_slots, 26, 1, 1024),
     NUM("max_malformed", job_spec_t, data.max_malformed, 0.01, 0.0, 1.0, 0),
+    MAP("columns", job_spec_t, data.columns, columns_fields, 0),
     FIELD_END};
 
 static const field_t embedding_fields[] = {
@@ -525,19 +550,68 @@ static const char *check_sbatch_arg(const char *s, char *buf, size_t bufsz)
     return NULL;
 }
 
-static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                              const char *path)
+/* Replaces the NULL-terminated list at base + f->off (its count at
+ * base + f->off2) with v[n], which string_items made. */
+static void set_string_list(const field_t *f, char *base, char **v, int n)
 {
-    int n = 0;
-    char **v = string_items(c, val, path, 64, "a list of sbatch options", check_sbatch_arg, &n);
-    if (v == NULL)
-        return;
     char ***p = (char ***)(base + f->off);
     for (int i = 0; *p != NULL && (*p)[i] != NULL; i++)
         free((*p)[i]);
     free(*p);
     *p = v;
     *(int *)(base + f->off2) = n;
+}
+
+static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                              const char *path)
+{
+    int n = 0;
+    char **v = string_items(c, val, path, 64, "a list of sbatch options", check_sbatch_arg, &n);
+    if (v != NULL)
+        set_string_list(f, base, v, n);
+}
+
+/* A Parquet column name: what a writer may call a top-level field, less
+ * what would not survive a message (control characters) or Kiln's footer
+ * reader (names over 127 bytes). */
+static const char *check_column(const char *s, char *buf, size_t bufsz)
+{
+    size_t n = strlen(s);
+    bool ok = n > 0 && n <= 127;
+    for (const char *p = s; ok && *p; p++)
+        ok = (unsigned char)*p >= 32 && *p != 127;
+    if (ok)
+        return NULL;
+    snprintf(buf, bufsz,
+             "\"%.80s\" is not a Parquet column name Kiln reads (1 to 127 bytes, no control "
+             "characters)",
+             s);
+    return buf;
+}
+
+/* data.columns.dense / .categorical: a list of column names, each once. */
+static void parse_column_list(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                              const char *path)
+{
+    int n = 0;
+    char **v = string_items(c, val, path, f->maxlen, "a list of Parquet column names",
+                            check_column, &n);
+    if (v == NULL)
+        return;
+    for (int i = 1; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (strcmp(v[i], v[j]) == 0) {
+                char ip[PATH_MAX_LEN];
+                const yaml_node_t *it =
+                    val->type == YAML_SEQUENCE_NODE
+                        ? yaml_document_get_node(c->doc, val->data.sequence.items.start[i])
+                        : val;
+                spec_index_path(ip, path, i);
+                spec_diag(c, it, ip, "column \"%.80s\" is listed twice (also %s[%d])", v[i],
+                          path, j);
+                j = i;
+            }
+    set_string_list(f, base, v, n);
 }
 
 static void parse_endpoints(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,

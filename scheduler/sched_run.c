@@ -11,6 +11,7 @@
  */
 #include "sched_int.h"
 
+#include "data.h"
 #include "ops.h"
 
 #include <errno.h>
@@ -172,6 +173,10 @@ static int new_inputs(sched_t *s, const sched_job_t *job, const job_spec_t *spec
     for (size_t i = 0; i < g.gl_pathc; i++) {
         struct stat sb;
         if (stat(g.gl_pathv[i], &sb) < 0 || !S_ISREG(sb.st_mode))
+            continue;
+        /* A Parquet file gets its footer last: one without the trailing
+         * PAR1 is still being written, and a later fire sees it whole. */
+        if (spec->data.format == JOB_FMT_PARQUET && rt_parquet_complete(g.gl_pathv[i]) != 1)
             continue;
         uint64_t h = 0;
         char hex[17];

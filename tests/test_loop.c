@@ -17,7 +17,10 @@
  *     it): after a restart the push lands exactly once;
  *   - the quality gate holds back a worse model;
  *   - an online job: at least three exports reach the endpoint while it
- *     trains.
+ *     trains;
+ *   - a cron job over Parquet partitions written by DuckDB: a partition
+ *     still being written (no trailing PAR1) is left alone, then trained on
+ *     once it is whole, exactly once, and its delta reaches B.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -889,6 +892,136 @@ static void test_online_job(void **state)
     assert_int_equal(wait_end(id, 60), STATE_RUN_CANCELED);
 }
 
+/* ---- Parquet partitions from DuckDB ------------------------------------------------------ */
+
+/* The newest run of job with an id above after in one of the states
+ * (STATE_RUN_NSTATES-terminated), 0 when none. */
+static int64_t run_after(const char *job, int64_t after, const state_run_state_t *states)
+{
+    int64_t id = 0;
+    state_t *st = db();
+    state_run_t *rs = NULL;
+    size_t n = 0;
+    assert_int_equal(state_run_list(st, job, 50, &rs, &n), 0);
+    for (size_t k = 0; k < n && id == 0; k++)
+        for (int j = 0; states[j] != STATE_RUN_NSTATES; j++)
+            if (rs[k].id > after && rs[k].state == states[j])
+                id = rs[k].id;
+    state_runs_free(rs, n);
+    state_close(st);
+    return id;
+}
+
+/* The bytes of data_dir/pq/<name>.parquet; *len their count. */
+static unsigned char *duck_file(const char *dir, const char *name, size_t *len)
+{
+    char p[500];
+    snprintf(p, sizeof p, "%s/%s/%s.parquet", data_dir, dir, name);
+    return proc_read_file(p, len);
+}
+
+static void write_bytes(const char *path, const unsigned char *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+static void test_cron_parquet_partitions(void **state)
+{
+    (void)state;
+    proc_result_t *r = calloc(1, sizeof *r);
+    /* DuckDB writes day0 and day1 (and the eval rows) as Parquet. */
+    for (int d = 0; d < 3; d++) {
+        static const char *const in[] = {"day0.tsv", "day1.tsv", "eval.tsv"};
+        static const char *const out[] = {"pq0", "pq1", "pq-eval"};
+        if (proc_sh(r, data_dir, "node '%s/tests/parquet/write.mjs' '%s/%s' '%s/%s' duck-snappy-v1",
+                    KILN_SOURCE_DIR, data_dir, in[d], data_dir, out[d]) != 0)
+            fail_msg("DuckDB did not write Parquet (run tools/deps.sh): %s", r->err);
+    }
+    free(r);
+    fx_serve_t s = {0};
+    char spec[500], head[800], extra[1200], dir[400], part[500];
+    serve_start(&s);
+    snprintf(head, sizeof head,
+             "schedule: \"@every 2s\"\n"
+             "data: {format: parquet, train: \"data/part-*.parquet\", incremental: true,\n"
+             "       eval: \"%s/pq-eval/duck-snappy-v1.parquet\"}\n"
+             "export: {on_success: incremental}\n",
+             data_dir);
+    push_to_b(extra, sizeof extra, head, "", s.url);
+    write_job("pq", "pq-hourly", extra, spec, sizeof spec);
+    snprintf(dir, sizeof dir, "%s/pq/data", home);
+    assert_int_equal(kiln_mkdir_p(dir), 0);
+    char src[500];
+    snprintf(src, sizeof src, "%s/pq0/duck-snappy-v1.parquet", data_dir);
+    snprintf(part, sizeof part, "%s/part-0.parquet", dir);
+    assert_int_equal(fx_land(src, part), 0);
+    fx_kilnd_start(&kd, home, NULL);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    static const state_run_state_t ok[] = {STATE_RUN_SUCCEEDED, STATE_RUN_NSTATES};
+    static const state_run_state_t started[] = {STATE_RUN_LAUNCHING, STATE_RUN_RUNNING,
+                                                STATE_RUN_SUCCEEDED, STATE_RUN_FAILED,
+                                                STATE_RUN_NSTATES};
+    static const state_run_state_t ended[] = {STATE_RUN_SUCCEEDED, STATE_RUN_FAILED,
+                                              STATE_RUN_NSTATES};
+    static const state_run_state_t skipped[] = {STATE_RUN_SKIPPED, STATE_RUN_NSTATES};
+    int64_t first = 0;
+    for (int i = 0; i < 600 && first == 0; i++, proc_sleep_ms(100))
+        first = run_after("pq-hourly", 0, ok);
+    if (first == 0)
+        fail_msg("no run trained on part-0.parquet within 60 s (see %s/kilnd.log)", home);
+    char ck0[64], ck1[64];
+    wait_b_holds_run(&s, first, ck0, sizeof ck0, 60);
+
+    /* part-1 is being written: its first half, no footer yet. Fires come
+     * and skip it (no new data); none trains on it. */
+    size_t len;
+    unsigned char *bytes = duck_file("pq1", "duck-snappy-v1", &len);
+    snprintf(part, sizeof part, "%s/part-1.parquet", dir);
+    write_bytes(part, bytes, len / 2);
+    int64_t skip = 0;
+    for (int i = 0; i < 100 && skip == 0; i++, proc_sleep_ms(100))
+        skip = run_after("pq-hourly", first, skipped);
+    if (skip == 0)
+        fail_msg("no fire after part-0's run within 10 s (see %s/kilnd.log)", home);
+    proc_sleep_ms(2500);
+    int64_t early = run_after("pq-hourly", first, started);
+    if (early != 0)
+        fail_msg("run %lld started on part-1.parquet while it was being written",
+                 (long long)early);
+
+    /* The writer finishes: the next fire trains on part-1, once. */
+    write_bytes(part, bytes, len);
+    free(bytes);
+    int64_t second = 0;
+    for (int i = 0; i < 600 && second == 0; i++, proc_sleep_ms(100))
+        second = run_after("pq-hourly", first, ended);
+    if (second == 0 || run_after("pq-hourly", first, ok) != second)
+        fail_msg("part-1.parquet was not trained on when complete (run %lld; see %s/kilnd.log)",
+                 (long long)second, home);
+    wait_b_holds_run(&s, second, ck1, sizeof ck1, 60);
+    assert_int_equal(wait_push(second, STATE_PUSH_SUCCEEDED, 30), STATE_PUSH_SUCCEEDED);
+    state_push_t *ps = NULL;
+    size_t n = run_pushes(second, &ps);
+    assert_true(n >= 1);
+    assert_false(ps[n - 1].sent_full); /* a delta */
+    state_pushes_free(ps, n);
+    state_t *st = db();
+    state_input_t *ins = NULL;
+    assert_int_equal(state_input_list(st, second, &ins, &n), 0);
+    assert_int_equal(n, 1);
+    assert_non_null(strstr(ins[0].path, "part-1.parquet"));
+    assert_int_equal(ins[0].size, (int64_t)len);
+    state_inputs_free(ins, n);
+    state_close(st);
+    /* Later fires find nothing new: each file was trained on once. */
+    proc_sleep_ms(4500);
+    assert_int_equal(run_after("pq-hourly", second, started), 0);
+}
+
 /* KILN_TEST_FILTER=test_cron* runs matching tests (cmocka glob). */
 PROC_TEST_MAIN(setup_all, teardown_all,
     cmocka_unit_test_setup_teardown(test_five_relative_submits, setup, teardown),
@@ -898,4 +1031,5 @@ PROC_TEST_MAIN(setup_all, teardown_all,
     cmocka_unit_test_setup_teardown(test_kill9_before_push, setup, teardown),
     cmocka_unit_test_setup_teardown(test_kill9_after_apply, setup, teardown),
     cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_online_job, setup, teardown))
+    cmocka_unit_test_setup_teardown(test_online_job, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_cron_parquet_partitions, setup, teardown))

@@ -685,6 +685,34 @@ static const struct bad {
     {P "push:\n  endpoints: [{url: \"http://h:1\", model: m, label: \"B\\x00x\"}]\n",
      "job.yaml:4:52: the string \"B\\u0000...\" holds a NUL character (\\u0000) after 1 byte; a "
      "job spec's strings cannot hold one: remove it"},
+    /* data.columns (format: parquet) */
+#define PQ "name: j\ndata:\n  format: parquet\n  train: d\n" /* lines 1-4 */
+    {P "data2: 1\n", "job.yaml:3:1: data2: unknown field (did you mean \"data\"?)"},
+    {"name: j\ndata:\n  train: d\n  columns: {label: y}\n",
+     "job.yaml:4:12: data.columns: names Parquet columns, but data.format is criteo-tsv (set "
+     "data.format: parquet, or remove data.columns)"},
+    {PQ "  columns: {dense: [a, b]}\n",
+     "job.yaml:5:20: data.columns.dense: lists 2 columns but data.dense_features is 13: set "
+     "data.dense_features: 2, or list 13 columns"},
+    {PQ "  cat_slots: 2\n  columns: {categorical: [c, c]}\n",
+     "job.yaml:6:30: data.columns.categorical[1]: column \"c\" is listed twice (also "
+     "data.columns.categorical[0])"},
+    {PQ "  dense_features: 1\n  columns: {label: a, dense: [a]}\n",
+     "job.yaml:6:30: data.columns.dense: column \"a\" is also the label (data.columns.label)"},
+    {PQ "  dense_features: 1\n  cat_slots: 1\n  columns: {dense: [a], categorical: [a]}\n",
+     "job.yaml:7:38: data.columns.categorical: column \"a\" is also dense "
+     "(data.columns.dense[0]); a column feeds one input"},
+    {PQ "  columns: {dense_transfrom: none}\n",
+     "job.yaml:5:13: data.columns.dense_transfrom: unknown field (did you mean "
+     "\"dense_transform\"?)"},
+    {PQ "  columns: {dense_transform: log}\n",
+     "job.yaml:5:30: data.columns.dense_transform: \"log\" is not one of auto | log1p | none"},
+    {PQ "  columns: {label: \"\"}\n",
+     "job.yaml:5:20: data.columns.label: must not be empty"},
+    {PQ "  columns: {categorical: {a: 1}}\n",
+     "job.yaml:5:26: data.columns.categorical: expected a list of Parquet column names, got a "
+     "mapping"},
+#undef PQ
 };
 
 static void test_bad_specs(void **state)
@@ -1020,7 +1048,7 @@ static int glob_parse(const char *pattern, size_t min_files)
 static void test_examples_parse(void **state)
 {
     (void)state;
-    glob_parse(KILN_SOURCE_DIR "/examples/*.yaml", 3);
+    glob_parse(KILN_SOURCE_DIR "/examples/*.yaml", 4);
     glob_parse(KILN_SOURCE_DIR "/tests/specs/good/*.yaml", 3);
 
     /* the examples promised by the docs */
@@ -1039,6 +1067,13 @@ static void test_examples_parse(void **state)
     assert_int_equal(s.train.mode, JOB_MODE_ONLINE);
     assert_int_equal(s.export_.every_ms, 30000);
     assert_true(s.push.nendpoints > 0);
+    job_spec_fini(&s);
+    load_ok(KILN_SOURCE_DIR "/examples/parquet-nvtabular.yaml", &s);
+    assert_int_equal(s.data.format, JOB_FMT_PARQUET);
+    assert_string_equal(s.data.columns.label, "click");
+    assert_int_equal(s.data.columns.ndense, 3);
+    assert_string_equal(s.data.columns.categorical[3], "item_tags");
+    assert_int_equal(s.data.columns.dense_transform, JOB_DENSE_AUTO);
     job_spec_fini(&s);
     load_ok(KILN_SOURCE_DIR "/examples/cluster-slurm.yaml", &s);
     assert_int_equal(s.resources.launcher, JOB_LAUNCH_SLURM);

@@ -13,6 +13,7 @@
 
 #include "kiln.h"
 #include "data.h"
+#include "jobs.h"
 
 static int parse_i64(const char *s, const char *what, int64_t min, int64_t max, int64_t *out)
 {
@@ -88,15 +89,71 @@ int cmd_datagen(cli_t *cli)
     return CLI_EXIT_OK;
 }
 
+/* convert --spec: the Parquet column mapping and dimensions of a job spec
+ * (data.columns, data.dense_features, data.cat_slots) into cols / opts,
+ * which borrow from spec. Returns 0 or a CLI exit code (told). */
+static int convert_mapping(const char *path, job_spec_t *spec, rt_columns_t *cols,
+                           rt_convert_opts_t *opts)
+{
+    job_diags_t diags;
+    job_diags_init(&diags);
+    int rc = job_spec_load(path, spec, &diags);
+    for (size_t i = 0; i < diags.n; i++)
+        fprintf(stderr, "%s\n", diags.items[i].message);
+    job_diags_fini(&diags);
+    if (rc == KILN_ESPEC)
+        return cli_fail(rc, "%s: the spec has problems (above); nothing was converted", path);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    if (spec->data.format != JOB_FMT_PARQUET)
+        return cli_fail(KILN_EUSAGE, "--spec %s: data.format is %s; --spec gives the column "
+                        "mapping of Parquet input (data.format: parquet)",
+                        path, job_format_name(spec->data.format));
+    static const rt_dense_transform_t tfs[] = {[JOB_DENSE_AUTO] = RT_DENSE_AUTO,
+                                               [JOB_DENSE_LOG1P] = RT_DENSE_LOG1P,
+                                               [JOB_DENSE_NONE] = RT_DENSE_NONE};
+    const job_columns_t *m = &spec->data.columns;
+    *cols = (rt_columns_t){.label = m->label,
+                           .dense = (const char *const *)m->dense,
+                           .categorical = (const char *const *)m->categorical,
+                           .dense_transform = tfs[m->dense_transform]};
+    opts->ndense = spec->data.dense_features;
+    opts->nslots = spec->data.cat_slots;
+    return 0;
+}
+
 int cmd_convert(cli_t *cli)
 {
-    const char *out = cli_opt(cli, "out");
+    const char *out = cli_opt(cli, "out"), *spec_path = cli_opt(cli, "spec");
     if (out == NULL)
         return cli_fail(KILN_EUSAGE, "convert needs --out FILE");
     if (kiln_mkdir_parent(out) < 0)
         return cli_fail(KILN_EIO, NULL);
     rt_reader_stats_t st;
-    int rc = rt_convert_tsv_to_bin(cli->pos, cli->npos, out, NULL, &st);
+    rt_format_t fmt = RT_FMT_TSV;
+    int rc = rt_format_detect(cli->pos[0], &fmt);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    job_spec_t spec;
+    memset(&spec, 0, sizeof spec);
+    rt_columns_t cols = {0};
+    rt_convert_opts_t opts = {0};
+    if (spec_path != NULL && (rc = convert_mapping(spec_path, &spec, &cols, &opts)) != 0)
+        return rc;
+    if (spec_path != NULL && fmt != RT_FMT_PARQUET) {
+        job_spec_fini(&spec);
+        return cli_fail(KILN_EUSAGE, "--spec maps Parquet columns, but %s is not a Parquet file",
+                        cli->pos[0]);
+    }
+    /* Parquet inputs (told by PAR1 at the start) are read with the spec's
+     * data.columns, or Criteo's names (label, I1..I13, C1..C26):
+     * docs/data-formats.md. */
+    if (fmt == RT_FMT_PARQUET)
+        rc = rt_convert_parquet_to_bin(cli->pos, cli->npos, spec_path ? &cols : NULL, out,
+                                       &opts, &st);
+    else
+        rc = rt_convert_tsv_to_bin(cli->pos, cli->npos, out, NULL, &st);
+    job_spec_fini(&spec);
     if (rc < 0)
         return cli_fail(rc, NULL);
     for (int i = 0; i < st.nmessages; i++)

@@ -43,6 +43,7 @@ static const cli_opt_t datagen_opts[] = {
 
 static const cli_opt_t convert_opts[] = {
     {"out", "FILE", "the kiln-bin file to write"},
+    {"spec", "JOB.yaml", "Parquet input: the column mapping of this job spec (data.columns)"},
     {NULL, NULL, NULL}};
 
 /* cmd_export.c (checkpoints) keeps its options next to the command. */
@@ -106,9 +107,11 @@ static const cli_cmd_t commands[] = {
      "from day to day, and prints the Bayes-optimal logloss of the rows it wrote "
      "(docs/data-formats.md).",
      datagen_opts, 0, 0, false, cmd_datagen},
-    {"convert", "TSV...", "convert Criteo TSV files to kiln-bin",
-     "Reads the TSV files in order and writes one kiln-bin file (docs/data-formats.md); "
-     "malformed lines are skipped and reported.",
+    {"convert", "FILE...", "convert Criteo TSV or Parquet files to kiln-bin",
+     "Reads the TSV files (or Parquet files, told by PAR1 at the start of the first, read "
+     "with --spec's data.columns or Criteo's column names label, I1..I13, C1..C26) in order "
+     "and writes one kiln-bin file (docs/data-formats.md); malformed lines are skipped and "
+     "reported.",
      convert_opts, 1, CLI_MAX_POS, false, cmd_convert},
     {"export", "[CHECKPOINT]", "export a checkpoint to files, or a job's latest to its endpoints",
      "`kiln export CKPT_DIR --format hugectr|npy --out DIR` resolves the checkpoint (an "

@@ -9,9 +9,20 @@
 
 int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r)
 {
-    rt_format_t fmt = tr->spec.data.format == JOB_FMT_KILN_BIN ? RT_FMT_BIN : RT_FMT_TSV;
-    return rt_reader_open((const char *const *)files, nfiles, fmt, tr->rank, tr->nranks,
-                          tr->spec.train.batch_size, tr->F, tr->S, 4, r);
+    static const rt_format_t fmts[] = {[JOB_FMT_CRITEO_TSV] = RT_FMT_TSV,
+                                       [JOB_FMT_KILN_BIN] = RT_FMT_BIN,
+                                       [JOB_FMT_PARQUET] = RT_FMT_PARQUET};
+    static const rt_dense_transform_t tfs[] = {[JOB_DENSE_AUTO] = RT_DENSE_AUTO,
+                                               [JOB_DENSE_LOG1P] = RT_DENSE_LOG1P,
+                                               [JOB_DENSE_NONE] = RT_DENSE_NONE};
+    const job_columns_t *m = &tr->spec.data.columns;
+    rt_columns_t cols = {.label = m->label,
+                         .dense = (const char *const *)m->dense,
+                         .categorical = (const char *const *)m->categorical,
+                         .dense_transform = tfs[m->dense_transform]};
+    return rt_reader_open_cols((const char *const *)files, nfiles, fmts[tr->spec.data.format],
+                               &cols, tr->rank, tr->nranks, tr->spec.train.batch_size, tr->F,
+                               tr->S, 4, r);
 }
 
 void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what)

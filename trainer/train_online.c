@@ -67,9 +67,11 @@ static void seen_fini(seen_t *s)
     KILN_FREE_ALL(s->path, s->size, s->mtime);
 }
 
-/* Rank 0: new files of pattern (regular, not empty, not seen), marked seen,
- * as one '\n'-joined list (malloc'd; "" when none). */
-static int find_new(seen_t *seen, const char *pattern, char **list)
+/* Rank 0: new files of pattern (regular, not empty, not seen, and for
+ * Parquet complete: a file without its trailing PAR1 is still being
+ * written and is looked at again next time), marked seen, as one
+ * '\n'-joined list (malloc'd; "" when none). */
+static int find_new(seen_t *seen, const char *pattern, bool parquet, char **list)
 {
     glob_t g;
     size_t len = 0, cap = 256;
@@ -83,7 +85,8 @@ static int find_new(seen_t *seen, const char *pattern, char **list)
         struct stat sb;
         const char *p = g.gl_pathv[i];
         if (stat(p, &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_size == 0 ||
-            seen_has(seen, p, (int64_t)sb.st_size, (int64_t)sb.st_mtime))
+            seen_has(seen, p, (int64_t)sb.st_size, (int64_t)sb.st_mtime) ||
+            (parquet && rt_parquet_complete(p) != 1))
             continue;
         size_t pl = strlen(p);
         if (len + pl + 2 > cap) {
@@ -165,6 +168,36 @@ static int split_list(const char *list, char ***files, int *n)
     return 0;
 }
 
+/* The files an online run starts on, moved to the front of files: for
+ * Parquet, rank 0 keeps those that are complete and every rank keeps the
+ * same (the others are found again as they complete). Collective. */
+static int start_files(trainer_t *tr, char **files, int nfiles, int *nstart)
+{
+    *nstart = nfiles;
+    if (tr->spec.data.format != JOB_FMT_PARQUET || nfiles == 0)
+        return 0;
+    unsigned char *keep = kiln_calloc((size_t)nfiles, 1);
+    int rc = agree(keep != NULL ? 0 : KILN_ENOMEM);
+    if (rc < 0) {
+        free(keep);
+        return rc;
+    }
+    for (int i = 0; tr->rank == 0 && i < nfiles; i++)
+        keep[i] = rt_parquet_complete(files[i]) == 1;
+    if (MPI_Bcast(keep, nfiles, MPI_UNSIGNED_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        rc = kiln_errf(KILN_EMPI, "MPI_Bcast of the complete files failed");
+    *nstart = 0;
+    for (int i = 0; rc == 0 && i < nfiles; i++) {
+        if (!keep[i])
+            continue;
+        char *t = files[*nstart];
+        files[(*nstart)++] = files[i];
+        files[i] = t;
+    }
+    free(keep);
+    return rc;
+}
+
 int train_online(trainer_t *tr, char **files, int nfiles)
 {
     const job_spec_t *sp = &tr->spec;
@@ -175,12 +208,13 @@ int train_online(trainer_t *tr, char **files, int nfiles)
     int ncur = nfiles, rc = 0;
     if (pattern == NULL)
         return KILN_ENOMEM;
-    if (tr->rank == 0) {
-        for (int i = 0; i < nfiles && rc == 0; i++)
+    rc = start_files(tr, files, nfiles, &ncur);
+    if (rc == 0 && tr->rank == 0) {
+        for (int i = 0; i < ncur && rc == 0; i++)
             rc = seen_add(&seen, files[i]);
         /* An incremental job's earlier runs consumed what kilnd did not list. */
         if (rc == 0 && tr->opt.inputs != NULL)
-            rc = find_new(&seen, pattern, &list);
+            rc = find_new(&seen, pattern, sp->data.format == JOB_FMT_PARQUET, &list);
         free(list);
         list = NULL;
     }
@@ -211,7 +245,7 @@ int train_online(trainer_t *tr, char **files, int nfiles)
             tr->export_step = tr->steps;
         }
         if (rc == 0 && tr->rank == 0)
-            rc = find_new(&seen, pattern, &list);
+            rc = find_new(&seen, pattern, sp->data.format == JOB_FMT_PARQUET, &list);
         if (agree(rc) < 0 || (rc = share_list(tr, &list)) < 0)
             continue; /* the loop's agree() ends it */
         rc = split_list(list != NULL ? list : "", &cur, &ncur);

@@ -42,6 +42,23 @@ void proc_slurp(const char *path, char *buf, size_t cap)
         fclose(f);
 }
 
+unsigned char *proc_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    b[n] = '\0';
+    *len = (size_t)n;
+    return b;
+}
+
 int proc_tmpdir(const char *name, char *dir, size_t cap)
 {
     snprintf(dir, cap, "/tmp/kiln-test-%s-XXXXXX", name);

@@ -27,6 +27,9 @@ void proc_sleep_ms(int ms);
 /* Reads a file into buf (NUL-terminated, cut at cap - 1 bytes); "" when it
  * cannot be read. */
 void proc_slurp(const char *path, char *buf, size_t cap);
+/* Reads the file at path whole into a malloc'd buffer (one byte more than
+ * *len, for a NUL); the test fails when it cannot. */
+unsigned char *proc_read_file(const char *path, size_t *len /* OUT */);
 
 /* Makes a fresh directory /tmp/kiln-test-<name>-XXXXXX into dir. Returns 0
  * or -1. */

@@ -1,0 +1,67 @@
+/*
+ * bench/parquet_bench.c - rows/s of the batch reader (data/data_reader.c)
+ * over the same rows held as Criteo TSV, kiln-bin and Parquet files: open,
+ * then every batch of one rank (batch 4096, prefetch 4) taken as fast as the
+ * consumer can, so the figure is the producer thread's decoding speed (for
+ * TSV it includes the newline-count pre-pass at open, as training pays it).
+ * The median of --repeat runs per file; files are read once first, so the
+ * page cache is warm for all. bench/parquet_bench.sh makes the files and runs
+ * it; results in docs/benchmarks.md.
+ *
+ *   parquet_bench [--repeat N] FILE...   (format told by each file's magic)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "data.h"
+
+/* Reads every batch of path once; the seconds it took and the rows. */
+static double read_once(const char *path, int64_t *rows)
+{
+    rt_reader_t *r = NULL;
+    const char *paths[1] = {path};
+    int64_t t0 = kiln_mono_ns();
+    if (rt_reader_open(paths, 1, RT_FMT_AUTO, 0, 1, 4096, RT_DIMS_AUTO, RT_DIMS_AUTO, 4, &r) < 0) {
+        fprintf(stderr, "parquet_bench: %s\n", kiln_errmsg());
+        exit(1);
+    }
+    rt_batch_t *b;
+    int rc;
+    *rows = 0;
+    while ((rc = rt_reader_next(r, &b)) == 1)
+        *rows += b->n;
+    if (rc < 0) {
+        fprintf(stderr, "parquet_bench: %s\n", kiln_errmsg());
+        exit(1);
+    }
+    rt_reader_close(r);
+    return (double)(kiln_mono_ns() - t0) / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+    int repeat = 5, first = 1;
+    if (argc > 2 && strcmp(argv[1], "--repeat") == 0) {
+        repeat = atoi(argv[2]);
+        first = 3;
+    }
+    if (first >= argc || repeat < 1 || repeat > 100) {
+        fprintf(stderr, "usage: parquet_bench [--repeat N] FILE...\n");
+        return 2;
+    }
+    printf("%-44s %10s %12s %10s\n", "file", "rows", "rows/s", "seconds");
+    for (int i = first; i < argc; i++) {
+        double t[100];
+        int64_t rows = 0;
+        (void)read_once(argv[i], &rows); /* warm the page cache */
+        for (int k = 0; k < repeat; k++)
+            t[k] = read_once(argv[i], &rows);
+        double med = bench_median(t, repeat);
+        const char *name = strrchr(argv[i], '/');
+        printf("%-44s %10lld %12.0f %10.3f\n", name ? name + 1 : argv[i], (long long)rows,
+               (double)rows / med, med);
+    }
+    return 0;
+}
