@@ -245,7 +245,9 @@ bool kiln_pid_alive(pid_t pid, uint64_t start_ticks);
 int kiln_pid_stat(pid_t pid, char *state, pid_t *sid, uint64_t *start_ticks);
 
 /* ---- strings ---------------------------------------------------------------- */
-/* Levenshtein distance, capped at 255. */
+/* Damerau distance (optimal string alignment): insertions, deletions,
+ * substitutions and swaps of two neighbouring letters ("trian" -> "train")
+ * cost one each. Capped at 255 (and 255 for strings over 64 bytes). */
 int kiln_edit_distance(const char *a, const char *b);
 /* Returns the candidate closest to word if it is close enough to be a likely
  * typo (distance <= max(1, len/3)), else NULL. candidates ends with NULL. */

@@ -124,6 +124,9 @@ static void test_usage_errors(void **state)
     KILN(&r, "sumbit", "x.yaml");
     assert_int_equal(r.code, 2);
     assert_non_null(strstr(r.err, "did you mean 'submit'"));
+    KILN(&r, "jbos"); /* two letters swapped: one edit (Damerau), not two */
+    assert_int_equal(r.code, 2);
+    assert_non_null(strstr(r.err, "did you mean 'jobs'"));
     KILN(&r, "--db", dbpath, "runs", "--limt", "3");
     assert_int_equal(r.code, 2);
     assert_non_null(strstr(r.err, "did you mean --limit"));
@@ -168,7 +171,9 @@ static void test_bad_spec(void **state)
                "concurency: forbid\n"
                "data: {train: x.tsv}\n"
                "model:\n"
-               "  embedding: {dim: sixteen}\n",
+               "  embedding: {dim: sixteen}\n"
+               "trian: {epochs: 1}\n"
+               "mdoel: {type: lr}\n",
                path, sizeof path);
     result_t r;
     KILN(&r, "--db", dbpath, "submit", path);
@@ -180,6 +185,11 @@ static void test_bad_spec(void **state)
     snprintf(want, sizeof want, "%s:6:20: model.embedding.dim: expected a positive integer, "
                                 "got \"sixteen\"",
              path);
+    assert_non_null(strstr(r.err, want));
+    /* Two swapped letters are one typo (Damerau), two Levenshtein edits. */
+    snprintf(want, sizeof want, "%s:7:1: trian: unknown field (did you mean \"train\"?)", path);
+    assert_non_null(strstr(r.err, want));
+    snprintf(want, sizeof want, "%s:8:1: mdoel: unknown field (did you mean \"model\"?)", path);
     assert_non_null(strstr(r.err, want));
     assert_non_null(strstr(r.err, "nothing was submitted"));
     KILN(&r, "--db", dbpath, "submit", "/nonexistent/spec.yaml");

@@ -274,6 +274,14 @@ static void test_did_you_mean(void **state)
     assert_null(kiln_did_you_mean("banana", keys));
     assert_int_equal(kiln_edit_distance("kitten", "sitting"), 3);
     assert_int_equal(kiln_edit_distance("", "abc"), 3);
+    /* Damerau (optimal string alignment): a swap of neighbours is one edit,
+     * and no substring is edited twice ("ca" -> "abc" is 3, not 2). */
+    assert_int_equal(kiln_edit_distance("trian", "train"), 1);
+    assert_int_equal(kiln_edit_distance("mdoel", "model"), 1);
+    assert_int_equal(kiln_edit_distance("ca", "abc"), 3);
+    static const char *const fields[] = {"name", "data", "model", "train", NULL};
+    assert_string_equal(kiln_did_you_mean("trian", fields), "train");
+    assert_string_equal(kiln_did_you_mean("mdoel", fields), "model");
 }
 
 static void *counted_alloc(int *n)
