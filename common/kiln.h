@@ -253,6 +253,13 @@ int kiln_edit_distance(const char *a, const char *b);
  * typo (distance <= max(1, len/3)), else NULL. candidates ends with NULL. */
 const char *kiln_did_you_mean(const char *word, const char *const *candidates);
 
+/* ---- version (version.c) ---------------------------------------------------- */
+/* Kiln's version, "MAJOR.MINOR.PATCH": CMake's project version. */
+const char *kiln_version(void);
+/* Whether argv (before any "--") holds --version; if so, prints
+ * "PROG VERSION" on stdout. A main() that sees true exits 0. */
+bool kiln_version_flag(int argc, char *const *argv, const char *prog);
+
 /* ---- the Host check (host.c) ------------------------------------------------
  * Against DNS rebinding, kilnd's page and kiln-serve answer only requests
  * sent to one of their own names. */

@@ -114,6 +114,31 @@ static void test_help(void **state)
     assert_non_null(strstr(r.out, "--limit N"));
 }
 
+/* Each program prints "PROGRAM VERSION" for --version, the version being
+ * CMake's project version; kiln takes it among the global options too. */
+static void test_version(void **state)
+{
+    (void)state;
+    static const char *const progs[][2] = {
+        {KILN_BIN, "kiln"}, {KILND_BIN, "kilnd"}, {KILN_SERVE_BIN, "kiln-serve"}};
+    char want[64];
+    for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++) {
+        const char *argv[] = {progs[i][0], "--version", NULL};
+        result_t r;
+        proc_run_env(&r, tmpdir, NULL, argv);
+        snprintf(want, sizeof want, "%s %s\n", progs[i][1], KILN_PROJECT_VERSION);
+        if (r.code != 0 || strcmp(r.out, want) != 0)
+            fail_msg("%s --version: exit %d, out '%s', err '%s'", progs[i][1], r.code, r.out,
+                     r.err);
+    }
+    result_t r;
+    KILN(&r, "--db", dbpath, "--version");
+    assert_int_equal(r.code, 0);
+    assert_string_equal(r.out, "kiln " KILN_PROJECT_VERSION "\n");
+    KILN(&r, "--help");
+    assert_non_null(strstr(r.out, "--version"));
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -451,6 +476,7 @@ static void test_datagen_skew_flags(void **state)
 
 PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_help),
+    cmocka_unit_test(test_version),
     cmocka_unit_test(test_usage_errors),
     cmocka_unit_test(test_dry_run_examples),
     cmocka_unit_test(test_bad_spec),

@@ -155,6 +155,7 @@ static const cli_opt_t global_opts[] = {
     {"db", "PATH", "database file (default $KILN_HOME/kiln.db, KILN_HOME defaults to ~/.kiln)"},
     {"json", NULL, "print JSON for scripts instead of tables"},
     {"help", NULL, "show help"},
+    {"version", NULL, "print kiln's version"},
     {NULL, NULL, NULL}};
 
 static void print_opts(FILE *f, const cli_opt_t *opts)
@@ -313,6 +314,8 @@ int main(int argc, char **argv)
     if (level != NULL && kiln_log_level_parse(level, &lv) < 0)
         lv = KILN_LOG_WARN;
     kiln_log_set_level(lv);
+    if (kiln_version_flag(argc, argv, "kiln"))
+        return CLI_EXIT_OK;
 
     /* First pass: global options up to the command word. */
     int rc = parse_args(argc, argv, 1, NULL, &cli, &help);
