@@ -222,6 +222,57 @@ static void test_bad_spec(void **state)
     assert_non_null(strstr(r.err, "/nonexistent/spec.yaml"));
 }
 
+/* With --json every failing command prints one JSON object on stdout, the
+ * shape push and promote use for theirs ("ok": false, "error"), with the
+ * exit code as "code" and a spec's problems listed; the exit code is the
+ * same as without --json. */
+static void test_json_errors(void **state)
+{
+    (void)state;
+    char path[400];
+    write_file("bad-json.yaml", "name: bad\ndata: {train: x.tsv}\nmdoel: {type: lr}\n", path,
+               sizeof path);
+    static const struct {
+        const char *args[6];
+        int code;
+        const char *error; /* a part of "error" */
+    } cases[] = {
+        {{"--json", "submit", "SPEC"}, 3, "1 problem; nothing was submitted"},
+        {{"submit", "SPEC", "--json"}, 3, "1 problem; nothing was submitted"},
+        {{"--json", "show", "99999"}, 4, "99999"},
+        {{"--json", "jbos"}, 2, "unknown command 'jbos'"},
+        {{"--json", "runs", "--limt", "3"}, 2, "unknown option '--limt'"},
+        {{"--json", "push"}, 2, "--job is required"},
+        {{"--json", "schedule", "next", "0 0 32 * *"}, 3, "day-of-month"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *args[10] = {"--db", dbpath};
+        size_t n = 2;
+        for (size_t k = 0; k < 6 && cases[i].args[k] != NULL; k++)
+            args[n++] = strcmp(cases[i].args[k], "SPEC") == 0 ? path : cases[i].args[k];
+        args[n] = NULL;
+        result_t r;
+        run_env(&r, NULL, args);
+        json_error_t e;
+        json_t *o = json_loads(r.out, 0, &e);
+        if (r.code != cases[i].code || o == NULL || !json_is_object(o))
+            fail_msg("case %zu: exit %d (want %d), stdout '%s', stderr '%s'", i, r.code,
+                     cases[i].code, r.out, r.err);
+        assert_true(json_is_false(json_object_get(o, "ok")));
+        assert_int_equal(json_integer_value(json_object_get(o, "code")), cases[i].code);
+        const char *msg = json_string_value(json_object_get(o, "error"));
+        if (msg == NULL || strstr(msg, cases[i].error) == NULL)
+            fail_msg("case %zu: error '%s' lacks '%s'", i, msg ? msg : "(none)", cases[i].error);
+        if (i < 2) { /* the spec's problems, each file:line:col: field: message */
+            json_t *p = json_object_get(o, "problems");
+            assert_int_equal(json_array_size(p), 1);
+            assert_non_null(strstr(json_string_value(json_array_get(p, 0)),
+                                   ":3:1: mdoel: unknown field (did you mean \"model\"?)"));
+        }
+        json_decref(o);
+    }
+}
+
 static void test_submit_round_trip(void **state)
 {
     (void)state;
@@ -480,6 +531,7 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_usage_errors),
     cmocka_unit_test(test_dry_run_examples),
     cmocka_unit_test(test_bad_spec),
+    cmocka_unit_test(test_json_errors),
     cmocka_unit_test(test_submit_round_trip),
     cmocka_unit_test(test_kiln_home),
     cmocka_unit_test(test_schedule_next),
