@@ -163,6 +163,11 @@ static void test_usage_errors(void **state)
     assert_int_equal(r.code, 3);
     KILN(&r, "--db", dbpath, "runs", "--state", "sleeping");
     assert_int_equal(r.code, 3);
+    /* A format Kiln does not write is a bad option value (3), as docs/cli.md
+     * says, not a bad command line (2). */
+    KILN(&r, "export", tmpdir, "--format", "onnx", "--out", tmpdir);
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "onnx"));
 }
 
 static void test_dry_run_examples(void **state)
