@@ -637,6 +637,19 @@ static void test_kill9_recovery(void **state)
     assert_int_equal(n, 2); /* nothing duplicated, no retry */
     state_runs_free(rs, n);
     assert_true(log_has("run 1 ended while kilnd was away", 0));
+    /* The adoption is in run 2's events too (kiln show, the run page), not
+     * only in kilnd's log. */
+    state_t *st = open_db();
+    state_event_t *es = NULL;
+    size_t ne = 0;
+    assert_int_equal(state_event_list(st, 0, 2, &es, &ne), 0);
+    bool told = false;
+    for (size_t e = 0; e < ne; e++)
+        told |= strcmp(es[e].kind, "adopted") == 0 && strstr(es[e].message, "supervisor") != NULL;
+    state_events_free(es, ne);
+    state_close(st);
+    if (!told)
+        fail_msg("run 2 has no 'adopted' event");
 }
 
 /* Runs kilnd with argv[1..] (argv[0] is ignored), its stdout and stderr in
