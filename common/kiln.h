@@ -165,7 +165,8 @@ int kiln_grow_to(void **items, int64_t *cap, int64_t want, size_t elem, int64_t 
  * Wall time is Unix seconds (int64, UTC). Durations are milliseconds. */
 /* Monotonic clock in nanoseconds, for measuring. */
 int64_t kiln_mono_ns(void);
-/* Wall clock in Unix seconds / milliseconds. */
+/* Wall clock in Unix seconds / milliseconds, both read from CLOCK_REALTIME:
+ * kiln_now_s() is never in an earlier second than a kiln_now_ms() before it. */
 int64_t kiln_now_s(void);
 int64_t kiln_now_ms(void);
 /* Writes "2024-05-02T00:00:00Z" into buf (at least 21 bytes). Returns buf. */

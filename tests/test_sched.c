@@ -441,6 +441,12 @@ static void test_cron_forbid(void **state)
     int skipped = 0, ran = 0;
     for (size_t i = 0; i < n; i++) {
         assert_true(rs[i].scheduled_at % 2 == 0);
+        /* kilnd fires at the scheduled second: the run cannot have been
+         * queued before it (time()'s coarse clock lags behind by a tick). */
+        if (rs[i].queued_at < rs[i].scheduled_at)
+            fail_msg("run %lld queued at %lld, before its scheduled time %lld",
+                     (long long)rs[i].id, (long long)rs[i].queued_at,
+                     (long long)rs[i].scheduled_at);
         if (rs[i].state == STATE_RUN_SKIPPED) {
             assert_non_null(strstr(rs[i].error, "forbid"));
             skipped++;
