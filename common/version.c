@@ -22,7 +22,7 @@ bool kiln_version_flag(int argc, char *const *argv, const char *prog)
 {
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
         if (strcmp(argv[i], "--version") == 0) {
-            printf("%s %s\n", prog, KILN_VERSION);
+            printf("%s %s\n", prog, kiln_version());
             return true;
         }
     }
