@@ -165,7 +165,8 @@ int kiln_grow_to(void **items, int64_t *cap, int64_t want, size_t elem, int64_t 
  * Wall time is Unix seconds (int64, UTC). Durations are milliseconds. */
 /* Monotonic clock in nanoseconds, for measuring. */
 int64_t kiln_mono_ns(void);
-/* Wall clock in Unix seconds / milliseconds. */
+/* Wall clock in Unix seconds / milliseconds, both read from CLOCK_REALTIME:
+ * kiln_now_s() is never in an earlier second than a kiln_now_ms() before it. */
 int64_t kiln_now_s(void);
 int64_t kiln_now_ms(void);
 /* Writes "2024-05-02T00:00:00Z" into buf (at least 21 bytes). Returns buf. */
@@ -245,11 +246,20 @@ bool kiln_pid_alive(pid_t pid, uint64_t start_ticks);
 int kiln_pid_stat(pid_t pid, char *state, pid_t *sid, uint64_t *start_ticks);
 
 /* ---- strings ---------------------------------------------------------------- */
-/* Levenshtein distance, capped at 255. */
+/* Damerau distance (optimal string alignment): insertions, deletions,
+ * substitutions and swaps of two neighbouring letters ("trian" -> "train")
+ * cost one each. Capped at 255 (and 255 for strings over 64 bytes). */
 int kiln_edit_distance(const char *a, const char *b);
 /* Returns the candidate closest to word if it is close enough to be a likely
  * typo (distance <= max(1, len/3)), else NULL. candidates ends with NULL. */
 const char *kiln_did_you_mean(const char *word, const char *const *candidates);
+
+/* ---- version (version.c) ---------------------------------------------------- */
+/* Kiln's version, "MAJOR.MINOR.PATCH": CMake's project version. */
+const char *kiln_version(void);
+/* Whether argv (before any "--") holds --version; if so, prints
+ * "PROG VERSION" on stdout. A main() that sees true exits 0. */
+bool kiln_version_flag(int argc, char *const *argv, const char *prog);
 
 /* ---- the Host check (host.c) ------------------------------------------------
  * Against DNS rebinding, kilnd's page and kiln-serve answer only requests

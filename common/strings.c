@@ -1,17 +1,22 @@
 /*
  * common/strings.c - small string helpers: edit distance and did-you-mean,
- * used by the spec parser for unknown keys and by the CLI for commands.
+ * the one suggestion rule of Kiln: the spec parser (unknown keys, enum
+ * values), cron names and macros, the CLI (commands, options) and kilnd's
+ * options all ask kiln_did_you_mean.
  */
 #include "kiln.h"
 
 #include <string.h>
 
+/* Optimal string alignment: Levenshtein's three edits plus a swap of two
+ * neighbouring letters, each costing one, no substring edited twice. Rows
+ * two back are kept for the swap (d[i-2][j-2]). */
 int kiln_edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 64 || lb > 64)
         return 255;
-    int prev[65], cur[65];
+    int back[65], prev[65], cur[65];
     for (size_t j = 0; j <= lb; j++)
         prev[j] = (int)j;
     for (size_t i = 1; i <= la; i++) {
@@ -20,8 +25,13 @@ int kiln_edit_distance(const char *a, const char *b)
             int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
             int del = prev[j] + 1, ins = cur[j - 1] + 1;
             int best = sub < del ? sub : del;
-            cur[j] = best < ins ? best : ins;
+            best = best < ins ? best : ins;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                back[j - 2] + 1 < best)
+                best = back[j - 2] + 1;
+            cur[j] = best;
         }
+        memcpy(back, prev, sizeof(int) * (lb + 1));
         memcpy(prev, cur, sizeof(int) * (lb + 1));
     }
     return prev[lb] > 255 ? 255 : prev[lb];

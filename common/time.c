@@ -18,13 +18,21 @@ int64_t kiln_mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-int64_t kiln_now_s(void) { return (int64_t)time(NULL); }
-
 int64_t kiln_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000L;
+}
+
+/* Not time(NULL): glibc reads it from the kernel's coarse clock, which lags
+ * CLOCK_REALTIME by up to a tick, so just after a second begins it still
+ * says the one before. kilnd wakes at a fire's second by kiln_now_ms and
+ * records the run's queued_at by this: one clock, or a run is queued a
+ * second before it was scheduled. */
+int64_t kiln_now_s(void)
+{
+    return kiln_now_ms() / 1000;
 }
 
 /* Counts days in 400-year eras starting on March 1st so that the leap day is

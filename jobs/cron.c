@@ -69,28 +69,18 @@ static const char *const macro_names[] = {"@yearly", "@annually", "@monthly", "@
 #define MIN_YEAR_S INT64_C(-62135596800) /* 0001-01-01T00:00:00Z */
 #define SEARCH_DAYS (8 * 366 + 1)
 
-/* Returns the name closest to word: a likely typo by kiln_did_you_mean, or a
- * name that is word with two neighbouring letters swapped ("jnu" -> "jun"),
- * or the abbreviation of a full name ("friday" -> "fri"). */
+/* Returns the name closest to word: a likely typo by kiln_did_you_mean
+ * (which counts two swapped letters, "jnu" -> "jun", as one edit), or the
+ * abbreviation of a full name ("friday" -> "fri"). */
 static const char *suggest_name(const char *word, const char *const *names)
 {
     const char *hint = kiln_did_you_mean(word, names);
-    size_t n = strlen(word);
-    for (int j = 0; hint == NULL && names[j] != NULL; j++) {
-        if (n > 3 && strncmp(word, names[j], 3) == 0) {
-            hint = names[j]; /* a full name: "friday" -> "fri" */
-            break;
-        }
-        if (strlen(names[j]) != n)
-            continue;
-        for (size_t k = 0; k + 1 < n; k++) {
-            if (word[k] != word[k + 1] && word[k] == names[j][k + 1] &&
-                word[k + 1] == names[j][k] && strncmp(word, names[j], k) == 0 &&
-                strcmp(word + k + 2, names[j] + k + 2) == 0)
-                hint = names[j];
-        }
-    }
-    return hint;
+    if (hint != NULL || strlen(word) <= 3)
+        return hint;
+    for (int j = 0; names[j] != NULL; j++)
+        if (strncmp(word, names[j], 3) == 0)
+            return names[j]; /* a full name: "friday" -> "fri" */
+    return NULL;
 }
 
 /* Parses one value of field f (a number or, where the field has names, a

@@ -190,7 +190,7 @@ static bool gate_passes(state_t *st, item_t *it)
                      "0 is one measured over no eval row)",
                      (long long)it->p->id, limit, it->p->url, it->p->model, it->p->label,
                      !measured(now.eval_logloss) ? now.uid : held.uid);
-            state_event_add(st, it->p->job_id, 0, "push", msg);
+            state_event_add(st, it->p->job_id, it->p->run_id, "push", msg);
         } else if (now.eval_logloss > held.eval_logloss + limit) {
             settle(it, STATE_PUSH_HELD,
                    "eval logloss %.5f of %s is worse than %.5f of %s, which the endpoint holds, "

@@ -14,6 +14,8 @@ int main(int argc, char **argv)
     kiln_log_level_t lv;
     if (level != NULL && kiln_log_level_parse(level, &lv) == 0)
         kiln_log_set_level(lv);
+    if (kiln_version_flag(argc, argv, "kilnd"))
+        return 0;
     sched_options_t o;
     sched_options_init(&o);
     int rc = sched_options_parse(argc, argv, 1, &o);

@@ -615,9 +615,11 @@ bool sched_slurm_readopt(sched_t *s, sched_active_t *a)
     if (sched_watch(s, a) < 0)
         KILN_WARN("run %lld: %s; its end is noticed on SIGCHLD only", (long long)a->run_id,
                   kiln_errmsg());
-    KILN_INFO("run %lld: adopted Slurm job %lld by its id (%s%s%s); supervisor %d follows it",
-              (long long)a->run_id, (long long)j.job_id, j.state, j.nodes[0] ? " on " : "",
-              j.nodes, (int)pid);
+    char msg[512];
+    snprintf(msg, sizeof msg, "adopted Slurm job %lld by its id (%s%s%s); supervisor %d follows it",
+             (long long)j.job_id, j.state, j.nodes[0] ? " on " : "", j.nodes, (int)pid);
+    state_event_add(s->st, a->job_id, a->run_id, "adopted", msg);
+    KILN_INFO("run %lld: %s", (long long)a->run_id, msg);
     return true;
 }
 

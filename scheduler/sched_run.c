@@ -718,6 +718,12 @@ static void recover_one(sched_t *s, const state_run_t *r)
         a->pid = pid;
         a->child = false;
         if (sched_watch(s, a) == 0) {
+            /* The run's events say so too (kiln show, the run page), not only
+             * kilnd's log. */
+            char msg[160];
+            snprintf(msg, sizeof msg, "adopted by kilnd %d after its restart: supervisor %d "
+                     "still running", (int)getpid(), (int)pid);
+            state_event_add(s->st, r->job_id, r->id, "adopted", msg);
             KILN_INFO("run %lld adopted: supervisor %d still running", (long long)r->id,
                       (int)pid);
             return;

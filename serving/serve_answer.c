@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +308,29 @@ static void bput(char *b, size_t cap, size_t *n, const char *fmt, ...)
     *n = k < 0 ? *n : (*n + (size_t)k < cap ? *n + (size_t)k : cap - 1);
 }
 
+/* Starts a metric family of the Prometheus text format: its HELP and TYPE
+ * lines, which its samples, all of them, follow (promtool check metrics
+ * wants both lines and the samples of a family together). */
+static void family(char *b, size_t cap, size_t *n, const char *name, const char *type,
+                   const char *help)
+{
+    bput(b, cap, n, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* The per-(model, label) predict counters: one family each. */
+static const struct {
+    const char *name, *help;
+    size_t offset; /* of the int64_t in struct sv_stats_predict */
+} predict_families[] = {
+    {"kiln_serve_predict_requests_total", "Predict requests answered, by model and label.",
+     offsetof(struct sv_stats_predict, requests)},
+    {"kiln_serve_predict_rows_total", "Rows scored by predict, by model and label.",
+     offsetof(struct sv_stats_predict, rows)},
+    {"kiln_serve_predict_nonfinite_total",
+     "Predict rows whose score was not finite, by model and label.",
+     offsetof(struct sv_stats_predict, nonfinite)},
+};
+
 /* The Prometheus text of st (malloc'd), or NULL. */
 static char *prometheus_text(const sv_stats_t *st)
 {
@@ -315,29 +339,29 @@ static char *prometheus_text(const sv_stats_t *st)
     char *b = kiln_malloc(cap);
     if (b == NULL)
         return NULL;
-    bput(b, cap, &n,
-         "# TYPE kiln_serve_predict_requests_total counter\n"
-         "# TYPE kiln_serve_predict_rows_total counter\n"
-         "# TYPE kiln_serve_predict_nonfinite_total counter\n");
-    for (int i = 0; i < st->npredict; i++) {
-        const struct sv_stats_predict *c = &st->predict[i];
-        bput(b, cap, &n,
-             "kiln_serve_predict_requests_total{model=\"%s\",label=\"%s\"} %lld\n"
-             "kiln_serve_predict_rows_total{model=\"%s\",label=\"%s\"} %lld\n"
-             "kiln_serve_predict_nonfinite_total{model=\"%s\",label=\"%s\"} %lld\n",
-             c->model, c->label, (long long)c->requests, c->model, c->label,
-             (long long)c->rows, c->model, c->label, (long long)c->nonfinite);
+    for (size_t f = 0; f < sizeof predict_families / sizeof predict_families[0]; f++) {
+        family(b, cap, &n, predict_families[f].name, "counter", predict_families[f].help);
+        for (int i = 0; i < st->npredict; i++) {
+            const struct sv_stats_predict *c = &st->predict[i];
+            int64_t v;
+            memcpy(&v, (const char *)c + predict_families[f].offset, sizeof v);
+            bput(b, cap, &n, "%s{model=\"%s\",label=\"%s\"} %lld\n", predict_families[f].name,
+                 c->model, c->label, (long long)v);
+        }
     }
-    bput(b, cap, &n, "# TYPE kiln_serve_version_rows gauge\n");
+    family(b, cap, &n, "kiln_serve_version_rows", "gauge",
+           "Rows (keys) of the version each model and label serves.");
     for (int i = 0; i < st->nversions; i++)
         bput(b, cap, &n, "kiln_serve_version_rows{model=\"%s\",label=\"%s\"} %lld\n",
              st->versions[i].model, st->versions[i].label, (long long)st->versions[i].rows);
-    bput(b, cap, &n, "# TYPE kiln_serve_version_broken gauge\n");
+    family(b, cap, &n, "kiln_serve_version_broken", "gauge",
+           "1 for each model and label whose stored version could not be loaded.");
     for (int i = 0; i < st->nbroken; i++)
         bput(b, cap, &n, "kiln_serve_version_broken{model=\"%s\",label=\"%s\"} 1\n",
              st->broken[i].model, st->broken[i].label);
+    family(b, cap, &n, "kiln_serve_pushes_total", "counter",
+           "Pushes received, by result (applied or rejected).");
     bput(b, cap, &n,
-         "# TYPE kiln_serve_pushes_total counter\n"
          "kiln_serve_pushes_total{result=\"applied\"} %lld\n"
          "kiln_serve_pushes_total{result=\"rejected\"} %lld\n",
          (long long)st->pushes_applied, (long long)st->pushes_rejected);

@@ -40,7 +40,8 @@ static void usage(FILE *f)
             "                         4194304)\n"
             "  --allow-host NAMES     Host names served besides those of the --listen\n"
             "                         address (comma-separated; * for any)\n"
-            "  --log-level LEVEL      debug, info, warn, error (default info)\n");
+            "  --log-level LEVEL      debug, info, warn, error (default info)\n"
+            "  --version              print kiln-serve's version and exit\n");
 }
 
 /* The numeric limits: one rule each (a whole number in [lo, hi]). */
@@ -92,6 +93,8 @@ int main(int argc, char **argv)
     sv_split_t parsed_split = {0};
     long long num;
     int li;
+    if (kiln_version_flag(argc, argv, "kiln-serve"))
+        return 0;
     /* Predict runs the models' GEMMs: the CPU's own kernels, not OpenBLAS's
      * generic ones (model_kernels.c; may execute kiln-serve again). */
     if (model_kernels_ensure(argv) < 0)

@@ -516,8 +516,10 @@ static int push_end_tx(state_t *st, const push_end_t *e)
                     rc, out);
     if (o->state == STATE_PUSH_SUCCEEDED)
         KILN_CHECK_GOTO(hold_tx(st, endpoint_id, ckpt, e->id, now), rc, out);
+    /* The run whose checkpoint it pushes, when it has one, shows the event
+     * too (kiln show RUN, /api/runs/N); the job's list includes its runs'. */
     if (o->event != NULL && (job_id > 0 || run_id > 0))
-        KILN_CHECK_GOTO(state_event_insert(st, job_id, 0, "push", "%s", o->event), rc, out);
+        KILN_CHECK_GOTO(state_event_insert(st, job_id, run_id, "push", "%s", o->event), rc, out);
     rc = 0;
 out:
     state_stmt_done(s);

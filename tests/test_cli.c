@@ -114,6 +114,31 @@ static void test_help(void **state)
     assert_non_null(strstr(r.out, "--limit N"));
 }
 
+/* Each program prints "PROGRAM VERSION" for --version, the version being
+ * CMake's project version; kiln takes it among the global options too. */
+static void test_version(void **state)
+{
+    (void)state;
+    static const char *const progs[][2] = {
+        {KILN_BIN, "kiln"}, {KILND_BIN, "kilnd"}, {KILN_SERVE_BIN, "kiln-serve"}};
+    char want[64];
+    for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++) {
+        const char *argv[] = {progs[i][0], "--version", NULL};
+        result_t r;
+        proc_run_env(&r, tmpdir, NULL, argv);
+        snprintf(want, sizeof want, "%s %s\n", progs[i][1], KILN_PROJECT_VERSION);
+        if (r.code != 0 || strcmp(r.out, want) != 0)
+            fail_msg("%s --version: exit %d, out '%s', err '%s'", progs[i][1], r.code, r.out,
+                     r.err);
+    }
+    result_t r;
+    KILN(&r, "--db", dbpath, "--version");
+    assert_int_equal(r.code, 0);
+    assert_string_equal(r.out, "kiln " KILN_PROJECT_VERSION "\n");
+    KILN(&r, "--help");
+    assert_non_null(strstr(r.out, "--version"));
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -124,6 +149,9 @@ static void test_usage_errors(void **state)
     KILN(&r, "sumbit", "x.yaml");
     assert_int_equal(r.code, 2);
     assert_non_null(strstr(r.err, "did you mean 'submit'"));
+    KILN(&r, "jbos"); /* two letters swapped: one edit (Damerau), not two */
+    assert_int_equal(r.code, 2);
+    assert_non_null(strstr(r.err, "did you mean 'jobs'"));
     KILN(&r, "--db", dbpath, "runs", "--limt", "3");
     assert_int_equal(r.code, 2);
     assert_non_null(strstr(r.err, "did you mean --limit"));
@@ -135,6 +163,11 @@ static void test_usage_errors(void **state)
     assert_int_equal(r.code, 3);
     KILN(&r, "--db", dbpath, "runs", "--state", "sleeping");
     assert_int_equal(r.code, 3);
+    /* A format Kiln does not write is a bad option value (3), as docs/cli.md
+     * says, not a bad command line (2). */
+    KILN(&r, "export", tmpdir, "--format", "onnx", "--out", tmpdir);
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "onnx"));
 }
 
 static void test_dry_run_examples(void **state)
@@ -168,7 +201,9 @@ static void test_bad_spec(void **state)
                "concurency: forbid\n"
                "data: {train: x.tsv}\n"
                "model:\n"
-               "  embedding: {dim: sixteen}\n",
+               "  embedding: {dim: sixteen}\n"
+               "trian: {epochs: 1}\n"
+               "mdoel: {type: lr}\n",
                path, sizeof path);
     result_t r;
     KILN(&r, "--db", dbpath, "submit", path);
@@ -181,10 +216,66 @@ static void test_bad_spec(void **state)
                                 "got \"sixteen\"",
              path);
     assert_non_null(strstr(r.err, want));
+    /* Two swapped letters are one typo (Damerau), two Levenshtein edits. */
+    snprintf(want, sizeof want, "%s:7:1: trian: unknown field (did you mean \"train\"?)", path);
+    assert_non_null(strstr(r.err, want));
+    snprintf(want, sizeof want, "%s:8:1: mdoel: unknown field (did you mean \"model\"?)", path);
+    assert_non_null(strstr(r.err, want));
     assert_non_null(strstr(r.err, "nothing was submitted"));
     KILN(&r, "--db", dbpath, "submit", "/nonexistent/spec.yaml");
     assert_int_equal(r.code, 4);
     assert_non_null(strstr(r.err, "/nonexistent/spec.yaml"));
+}
+
+/* With --json every failing command prints one JSON object on stdout, the
+ * shape push and promote use for theirs ("ok": false, "error"), with the
+ * exit code as "code" and a spec's problems listed; the exit code is the
+ * same as without --json. */
+static void test_json_errors(void **state)
+{
+    (void)state;
+    char path[400];
+    write_file("bad-json.yaml", "name: bad\ndata: {train: x.tsv}\nmdoel: {type: lr}\n", path,
+               sizeof path);
+    static const struct {
+        const char *args[6];
+        int code;
+        const char *error; /* a part of "error" */
+    } cases[] = {
+        {{"--json", "submit", "SPEC"}, 3, "1 problem; nothing was submitted"},
+        {{"submit", "SPEC", "--json"}, 3, "1 problem; nothing was submitted"},
+        {{"--json", "show", "99999"}, 4, "99999"},
+        {{"--json", "jbos"}, 2, "unknown command 'jbos'"},
+        {{"--json", "runs", "--limt", "3"}, 2, "unknown option '--limt'"},
+        {{"--json", "push"}, 2, "--job is required"},
+        {{"--json", "schedule", "next", "0 0 32 * *"}, 3, "day-of-month"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *args[10] = {"--db", dbpath};
+        size_t n = 2;
+        for (size_t k = 0; k < 6 && cases[i].args[k] != NULL; k++)
+            args[n++] = strcmp(cases[i].args[k], "SPEC") == 0 ? path : cases[i].args[k];
+        args[n] = NULL;
+        result_t r;
+        run_env(&r, NULL, args);
+        json_error_t e;
+        json_t *o = json_loads(r.out, 0, &e);
+        if (r.code != cases[i].code || o == NULL || !json_is_object(o))
+            fail_msg("case %zu: exit %d (want %d), stdout '%s', stderr '%s'", i, r.code,
+                     cases[i].code, r.out, r.err);
+        assert_true(json_is_false(json_object_get(o, "ok")));
+        assert_int_equal(json_integer_value(json_object_get(o, "code")), cases[i].code);
+        const char *msg = json_string_value(json_object_get(o, "error"));
+        if (msg == NULL || strstr(msg, cases[i].error) == NULL)
+            fail_msg("case %zu: error '%s' lacks '%s'", i, msg ? msg : "(none)", cases[i].error);
+        if (i < 2) { /* the spec's problems, each file:line:col: field: message */
+            json_t *p = json_object_get(o, "problems");
+            assert_int_equal(json_array_size(p), 1);
+            assert_non_null(strstr(json_string_value(json_array_get(p, 0)),
+                                   ":3:1: mdoel: unknown field (did you mean \"model\"?)"));
+        }
+        json_decref(o);
+    }
 }
 
 static void test_submit_round_trip(void **state)
@@ -441,9 +532,11 @@ static void test_datagen_skew_flags(void **state)
 
 PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_help),
+    cmocka_unit_test(test_version),
     cmocka_unit_test(test_usage_errors),
     cmocka_unit_test(test_dry_run_examples),
     cmocka_unit_test(test_bad_spec),
+    cmocka_unit_test(test_json_errors),
     cmocka_unit_test(test_submit_round_trip),
     cmocka_unit_test(test_kiln_home),
     cmocka_unit_test(test_schedule_next),

@@ -264,6 +264,21 @@ static void test_xxh64(void **state)
     assert_non_null(strstr(kiln_errmsg(), path));
 }
 
+/* kiln_now_s and kiln_now_ms read one clock: a second read after a
+ * millisecond one is never in an earlier second (time() reads a coarse
+ * clock that lags by up to a tick, so it was, right after each second).
+ * Spins across at least one second boundary. */
+static void test_now_one_clock(void **state)
+{
+    (void)state;
+    int64_t start = kiln_now_ms();
+    while (kiln_now_ms() - start < 1100) {
+        int64_t ms = kiln_now_ms(), s = kiln_now_s();
+        if (s < ms / 1000)
+            fail_msg("kiln_now_s() %lld after kiln_now_ms() %lld", (long long)s, (long long)ms);
+    }
+}
+
 static void test_did_you_mean(void **state)
 {
     (void)state;
@@ -274,6 +289,14 @@ static void test_did_you_mean(void **state)
     assert_null(kiln_did_you_mean("banana", keys));
     assert_int_equal(kiln_edit_distance("kitten", "sitting"), 3);
     assert_int_equal(kiln_edit_distance("", "abc"), 3);
+    /* Damerau (optimal string alignment): a swap of neighbours is one edit,
+     * and no substring is edited twice ("ca" -> "abc" is 3, not 2). */
+    assert_int_equal(kiln_edit_distance("trian", "train"), 1);
+    assert_int_equal(kiln_edit_distance("mdoel", "model"), 1);
+    assert_int_equal(kiln_edit_distance("ca", "abc"), 3);
+    static const char *const fields[] = {"name", "data", "model", "train", NULL};
+    assert_string_equal(kiln_did_you_mean("trian", fields), "train");
+    assert_string_equal(kiln_did_you_mean("mdoel", fields), "model");
 }
 
 static void *counted_alloc(int *n)
@@ -387,4 +410,5 @@ PROC_TEST_MAIN(NULL, NULL,
     cmocka_unit_test(test_durations),  cmocka_unit_test(test_civil_dates),
     cmocka_unit_test(test_iso_instants), cmocka_unit_test(test_xxh64),
     cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_alloc),
+    cmocka_unit_test(test_now_one_clock),
     cmocka_unit_test(test_log_file), cmocka_unit_test(test_atomic_write))

@@ -441,6 +441,12 @@ static void test_cron_forbid(void **state)
     int skipped = 0, ran = 0;
     for (size_t i = 0; i < n; i++) {
         assert_true(rs[i].scheduled_at % 2 == 0);
+        /* kilnd fires at the scheduled second: the run cannot have been
+         * queued before it (time()'s coarse clock lags behind by a tick). */
+        if (rs[i].queued_at < rs[i].scheduled_at)
+            fail_msg("run %lld queued at %lld, before its scheduled time %lld",
+                     (long long)rs[i].id, (long long)rs[i].queued_at,
+                     (long long)rs[i].scheduled_at);
         if (rs[i].state == STATE_RUN_SKIPPED) {
             assert_non_null(strstr(rs[i].error, "forbid"));
             skipped++;
@@ -637,6 +643,19 @@ static void test_kill9_recovery(void **state)
     assert_int_equal(n, 2); /* nothing duplicated, no retry */
     state_runs_free(rs, n);
     assert_true(log_has("run 1 ended while kilnd was away", 0));
+    /* The adoption is in run 2's events too (kiln show, the run page), not
+     * only in kilnd's log. */
+    state_t *st = open_db();
+    state_event_t *es = NULL;
+    size_t ne = 0;
+    assert_int_equal(state_event_list(st, 0, 2, &es, &ne), 0);
+    bool told = false;
+    for (size_t e = 0; e < ne; e++)
+        told |= strcmp(es[e].kind, "adopted") == 0 && strstr(es[e].message, "supervisor") != NULL;
+    state_events_free(es, ne);
+    state_close(st);
+    if (!told)
+        fail_msg("run 2 has no 'adopted' event");
 }
 
 /* Runs kilnd with argv[1..] (argv[0] is ignored), its stdout and stderr in

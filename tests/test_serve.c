@@ -788,6 +788,9 @@ static void test_push_lookup_predict(void **state)
     snprintf(url, sizeof url, "%s/metrics", srv.url);
     assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
     assert_non_null(strstr(r->body, "kiln_serve_predict_requests_total{model=\"ctr\",label=\"B\"}"));
+    /* Two labels with predicts, versions, pushes: a real Prometheus parser
+     * reads it (one HELP and TYPE per family, its samples together). */
+    fx_promtool_check(tmp_root, "serve-metrics", r->body, r->len);
 
     /* restart keeps versions, and removes what a write killed midway left
      * (kiln_atomic's "<file>.tmp.<pid>"), nothing else */

@@ -71,8 +71,20 @@ const char *cli_opt(const cli_t *cli, const char *name);
 /* Maps a KILN_E* code to an exit code. */
 int cli_exit_for(int kiln_rc);
 /* Prints "kiln: <message>" to stderr, message from kiln_errmsg() when fmt is
- * NULL, and returns cli_exit_for(rc). */
+ * NULL, and returns cli_exit_for(rc). Under --json the message is also the
+ * "error" of the document cli_finish prints. */
 int cli_fail(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints one line that details a failure (a spec's file:line:col problem)
+ * to stderr; under --json it is also listed in the error's "problems". */
+void cli_problem(const char *line);
+/* Notes whether argv (before any "--") asks for --json, before the command
+ * line is parsed, so that its own errors are JSON too. */
+void cli_json_errors(int argc, char *const *argv);
+/* The end of every `kiln` command: with --json, a failing command (code is
+ * not CLI_EXIT_OK) that printed no JSON document prints
+ * {"ok": false, "error": MESSAGE, "code": CODE, "problems": [LINE...]} on
+ * stdout: the shape of push and promote's reports. Returns code. */
+int cli_finish(int code);
 /* Whether s names a run: a run number is decimal digits only. */
 bool cli_is_run_number(const char *s);
 /* The run number of the command's first argument into *id: CLI_EXIT_OK, or

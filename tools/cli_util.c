@@ -41,20 +41,65 @@ int cli_exit_for(int rc)
     return CLI_EXIT_FAIL;
 }
 
+/* --json's error document: what the command said went wrong, printed by
+ * cli_finish when the command printed no JSON of its own. */
+static struct {
+    bool json;        /* --json was given */
+    bool printed;     /* a JSON document went to stdout */
+    char *error;      /* the last cli_fail message */
+    json_t *problems; /* the lines that detail it (cli_problem) */
+} err_doc;
+
+void cli_json_errors(int argc, char *const *argv)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (strcmp(argv[i], "--json") == 0)
+            err_doc.json = true;
+}
+
 int cli_fail(int rc, const char *fmt, ...)
 {
-    fputs("kiln: ", stderr);
+    char *msg;
     if (fmt == NULL) {
-        const char *msg = kiln_errmsg();
-        fputs(msg[0] ? msg : kiln_strerror(rc), stderr);
+        const char *m = kiln_errmsg();
+        msg = kiln_strdup(m[0] ? m : kiln_strerror(rc));
     } else {
+        char buf[2048];
         va_list ap;
         va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
+        vsnprintf(buf, sizeof buf, fmt, ap);
         va_end(ap);
+        msg = kiln_strdup(buf);
     }
-    fputc('\n', stderr);
+    fprintf(stderr, "kiln: %s\n", msg ? msg : kiln_strerror(rc));
+    free(err_doc.error);
+    err_doc.error = msg;
     return cli_exit_for(rc);
+}
+
+void cli_problem(const char *line)
+{
+    fprintf(stderr, "%s\n", line);
+    if (!err_doc.json)
+        return;
+    if (err_doc.problems == NULL)
+        err_doc.problems = json_array();
+    json_array_append_new(err_doc.problems, json_string(line));
+}
+
+int cli_finish(int code)
+{
+    if (err_doc.json && code != CLI_EXIT_OK && !err_doc.printed) {
+        json_t *o = json_pack("{s:b, s:s, s:i}", "ok", 0, "error",
+                              err_doc.error ? err_doc.error : "failed", "code", code);
+        if (err_doc.problems != NULL)
+            json_object_set(o, "problems", err_doc.problems);
+        cli_print_json(o);
+    }
+    json_decref(err_doc.problems);
+    free(err_doc.error);
+    memset(&err_doc, 0, sizeof err_doc);
+    return code;
 }
 
 bool cli_is_run_number(const char *s)
@@ -79,6 +124,7 @@ int cli_run_number(const cli_t *cli, const char *cmd, int64_t *id)
 
 void cli_print_json(json_t *v)
 {
+    err_doc.printed = true;
     if (v == NULL) {
         fputs("null\n", stdout);
         return;

@@ -126,8 +126,10 @@ int cmd_export(cli_t *cli)
     if (out == NULL)
         return cli_fail(KILN_EUSAGE, "export needs --out DIR");
     rt_export_format_t fmt = RT_EXPORT_HUGECTR;
+    /* A format that is not written is a bad option value (exit 3), not a
+     * bad command line: the command was well formed (docs/cli.md). */
     if (fmt_s != NULL && rt_export_format_parse(fmt_s, &fmt) < 0)
-        return cli_fail(KILN_EUSAGE, NULL);
+        return cli_fail(KILN_EINVAL, NULL);
     rt_ckpt_chain_t ch;
     int rc = rt_ckpt_chain_open(cli->pos[0], true, &ch);
     if (rc < 0)

@@ -113,10 +113,9 @@ int cmd_submit(cli_t *cli)
     rc = ops_submit(st, &in, &diags, &sub);
     if (rc == KILN_ESPEC) {
         for (size_t i = 0; i < diags.n; i++)
-            fprintf(stderr, "%s\n", diags.items[i].message);
-        fprintf(stderr, "kiln: %s: %zu problem%s; nothing was submitted\n", path, diags.n,
-                diags.n == 1 ? "" : "s");
-        exit_code = CLI_EXIT_INPUT;
+            cli_problem(diags.items[i].message);
+        exit_code = cli_fail(KILN_ESPEC, "%s: %zu problem%s; nothing was submitted", path,
+                             diags.n, diags.n == 1 ? "" : "s");
         goto out;
     }
     if (rc < 0) {

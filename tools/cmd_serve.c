@@ -74,7 +74,7 @@ static bool given(const cli_t *cli, const char *const *names)
     for (; *names != NULL; names++) {
         const char *v = cli_opt(cli, *names);
         if (v == NULL || v[0] == '\0') {
-            fprintf(stderr, "kiln: --%s is required\n", *names);
+            cli_fail(KILN_EUSAGE, "--%s is required", *names);
             ok = false;
         }
     }

@@ -158,6 +158,7 @@ static const cli_opt_t global_opts[] = {
     {"db", "PATH", "database file (default $KILN_HOME/kiln.db, KILN_HOME defaults to ~/.kiln)"},
     {"json", NULL, "print JSON for scripts instead of tables"},
     {"help", NULL, "show help"},
+    {"version", NULL, "print kiln's version"},
     {NULL, NULL, NULL}};
 
 static void print_opts(FILE *f, const cli_opt_t *opts)
@@ -224,11 +225,9 @@ static int unknown_option(const char *arg, const cli_opt_t *opts, const char *cm
     char word[64];
     snprintf(word, sizeof word, "%.*s", (int)strcspn(bare, "="), bare);
     const char *hint = kiln_did_you_mean(word, names);
-    fprintf(stderr, "kiln: unknown option '%s'", arg);
-    if (hint)
-        fprintf(stderr, " (did you mean --%s?)", hint);
-    fprintf(stderr, "; see 'kiln %s--help'\n", cmd ? cmd : "");
-    return CLI_EXIT_USAGE;
+    return cli_fail(KILN_EUSAGE, "unknown option '%s'%s%s%s; see 'kiln %s--help'", arg,
+                    hint ? " (did you mean --" : "", hint ? hint : "", hint ? "?)" : "",
+                    cmd ? cmd : "");
 }
 
 /* Parses argv[from..] into cli: the global options anywhere, the command's
@@ -245,7 +244,7 @@ static int parse_args(int argc, char **argv, int from, const cli_cmd_t *cmd, cli
         if (strcmp(a, "--") == 0) {
             for (i++; i < argc; i++) {
                 if (cli->npos >= CLI_MAX_POS)
-                    return CLI_EXIT_USAGE;
+                    return cli_fail(KILN_EUSAGE, "too many arguments");
                 cli->pos[cli->npos++] = argv[i];
             }
             break;
@@ -257,10 +256,8 @@ static int parse_args(int argc, char **argv, int from, const cli_cmd_t *cmd, cli
         if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
             if (cmd == NULL)
                 return -2 - i; /* the command word */
-            if (cli->npos >= CLI_MAX_POS) {
-                fprintf(stderr, "kiln: too many arguments\n");
-                return CLI_EXIT_USAGE;
-            }
+            if (cli->npos >= CLI_MAX_POS)
+                return cli_fail(KILN_EUSAGE, "too many arguments");
             cli->pos[cli->npos++] = a;
             continue;
         }
@@ -273,14 +270,11 @@ static int parse_args(int argc, char **argv, int from, const cli_cmd_t *cmd, cli
         if (o == NULL)
             return unknown_option(a, opts, cmd ? cmdsp : NULL);
         if (o->arg != NULL && value == NULL) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "kiln: option --%s needs a value (%s)\n", o->name, o->arg);
-                return CLI_EXIT_USAGE;
-            }
+            if (i + 1 >= argc)
+                return cli_fail(KILN_EUSAGE, "option --%s needs a value (%s)", o->name, o->arg);
             value = argv[++i];
         } else if (o->arg == NULL && value != NULL) {
-            fprintf(stderr, "kiln: option --%s takes no value\n", o->name);
-            return CLI_EXIT_USAGE;
+            return cli_fail(KILN_EUSAGE, "option --%s takes no value", o->name);
         }
         if (ci >= 0) {
             cli->values[ci] = value ? value : "";
@@ -304,7 +298,8 @@ static char *default_db_path(void)
     return kiln_asprintf("%s/.kiln/kiln.db", user_home);
 }
 
-int main(int argc, char **argv)
+/* Parses the command line and runs the command; returns the exit code. */
+static int run_command(int argc, char **argv)
 {
     cli_t cli = {0};
     bool help = false;
@@ -323,7 +318,7 @@ int main(int argc, char **argv)
         return rc;
     if (rc == -1) {
         usage_main(help ? stdout : stderr);
-        return help ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+        return help ? CLI_EXIT_OK : cli_fail(KILN_EUSAGE, "no command given");
     }
     int cmd_at = -2 - rc;
     const char *name = argv[cmd_at];
@@ -342,9 +337,8 @@ int main(int argc, char **argv)
             names[i] = commands[i].name;
         names[NCOMMANDS] = NULL;
         const char *hint = kiln_did_you_mean(name, names);
-        fprintf(stderr, "kiln: unknown command '%s'%s%s%s; see 'kiln --help'\n", name,
-                hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "");
-        return CLI_EXIT_USAGE;
+        return cli_fail(KILN_EUSAGE, "unknown command '%s'%s%s%s; see 'kiln --help'", name,
+                        hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "");
     }
     cli.opts = cmd->opts;
     rc = parse_args(argc, argv, cmd_at + 1, cmd, &cli, &help);
@@ -354,22 +348,26 @@ int main(int argc, char **argv)
         usage_cmd(stdout, cmd);
         return CLI_EXIT_OK;
     }
-    if (cli.npos < cmd->min_pos || cli.npos > cmd->max_pos) {
-        fprintf(stderr, "kiln: %s expects %s%s; see 'kiln %s --help'\n", cmd->name,
-                cmd->args[0] ? cmd->args : "no arguments",
-                cli.npos > cmd->max_pos ? " (too many arguments)" : "", cmd->name);
-        return CLI_EXIT_USAGE;
-    }
+    if (cli.npos < cmd->min_pos || cli.npos > cmd->max_pos)
+        return cli_fail(KILN_EUSAGE, "%s expects %s%s; see 'kiln %s --help'", cmd->name,
+                        cmd->args[0] ? cmd->args : "no arguments",
+                        cli.npos > cmd->max_pos ? " (too many arguments)" : "", cmd->name);
     char *owned_db = NULL;
     if (cmd->needs_db && cli.db_path == NULL) {
         owned_db = default_db_path();
-        if (owned_db == NULL) {
-            fprintf(stderr, "kiln: neither KILN_HOME nor HOME is set; pass --db PATH\n");
-            return CLI_EXIT_USAGE;
-        }
+        if (owned_db == NULL)
+            return cli_fail(KILN_EUSAGE, "neither KILN_HOME nor HOME is set; pass --db PATH");
         cli.db_path = owned_db;
     }
     rc = cmd->run(&cli);
     free(owned_db);
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (kiln_version_flag(argc, argv, "kiln"))
+        return CLI_EXIT_OK;
+    cli_json_errors(argc, argv);
+    return cli_finish(run_command(argc, argv));
 }

@@ -450,3 +450,26 @@ void fx_ckpt_walk(const rt_ckpt_chain_t *a, const rt_ckpt_chain_t *b, fx_floats_
     if (narrays != NULL)
         *narrays = na;
 }
+
+bool fx_promtool_check(const char *dir, const char *name, const char *text, size_t len)
+{
+    char path[600], cmd[1400], out[4096];
+    snprintf(path, sizeof path, "%s/%s.txt", dir, name);
+    FILE *fp = fopen(path, "w");
+    if (fp == NULL)
+        fail_msg("cannot write %s", path);
+    fwrite(text, 1, len, fp);
+    fclose(fp);
+    if (access("/usr/bin/promtool", X_OK) != 0) {
+        fprintf(stderr, "promtool not installed (apt-get install prometheus); not parsed\n");
+        return false;
+    }
+    snprintf(cmd, sizeof cmd, "/usr/bin/promtool check metrics < '%s' > '%s.out' 2>&1", path,
+             path);
+    int rc = system(cmd);
+    snprintf(cmd, sizeof cmd, "%s.out", path);
+    proc_slurp(cmd, out, sizeof out);
+    if (rc != 0)
+        fail_msg("promtool check metrics failed (%d) on %s:\n%s", rc, path, out);
+    return true;
+}

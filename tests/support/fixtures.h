@@ -32,6 +32,13 @@ void fx_stop_all(void);
  * settings); the pid it returns is tracked for fx_stop_all. */
 pid_t fx_spawn(const char *log, const char *const *env, const char *const *argv);
 
+/* Pipes text (len bytes, a Prometheus exposition) through `promtool check
+ * metrics`, keeping the text and promtool's words as dir/NAME.txt and
+ * dir/NAME.txt.out; fails the test with those words when promtool objects.
+ * Returns false, having run nothing, when promtool is not installed
+ * (tools/deps.sh installs it: package prometheus). */
+bool fx_promtool_check(const char *dir, const char *name, const char *text, size_t len);
+
 /* ---- kilnd ------------------------------------------------------------------------- */
 
 typedef struct fx_kilnd {
