@@ -120,7 +120,8 @@ static void test_version(void **state)
 {
     (void)state;
     static const char *const progs[][2] = {
-        {KILN_BIN, "kiln"}, {KILND_BIN, "kilnd"}, {KILN_SERVE_BIN, "kiln-serve"}};
+        {KILN_BIN, "kiln"}, {KILND_BIN, "kilnd"}, {KILN_SERVE_BIN, "kiln-serve"},
+        {KILN_TRAIN_BIN, "kiln-train"}};
     char want[64];
     for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++) {
         const char *argv[] = {progs[i][0], "--version", NULL};

@@ -75,7 +75,8 @@ static void usage(FILE *f)
         "  --device-step standin  (tests) run the step through the device step on the\n"
         "                     host stand-in, which checks the order of its copies\n"
         "  --device-exchange host  (tests) the device step exchanges over host buffers\n"
-        "                     (MPI) instead of on the device\n\n"
+        "                     (MPI) instead of on the device\n"
+        "  --version          print kiln-train's version and exit\n\n"
         "Online export: SIGUSR1, or a file <run-dir>/export.request, makes the trainer write\n"
         "an incremental checkpoint at the next step boundary (<run-dir>/export.last names it).\n\n"
         "At the end rank 0 prints one JSON line on stdout. Exit codes: 0 ok, 1 internal "
@@ -494,6 +495,8 @@ int main(int argc, char **argv)
      * kiln-train again with the CPU's own kernels; model_kernels.c). */
     if (model_kernels_ensure(argv) < 0)
         fprintf(stderr, "kiln-train: %s\n", kiln_errmsg());
+    if (kiln_version_flag(argc, argv, "kiln-train"))
+        return RUN_EXIT_OK;
     int prc = parse_options(argc, argv, &tr.opt);
     if (prc == 1)
         return RUN_EXIT_OK;
