@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -104,7 +105,7 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
             }
         } else if (f <= ndense) {
             const char *c = q;
-            int neg = 0, ok = 1;
+            int neg = 0, ok = 1, range = 1;
             int64_t v = 0;
             if (c < t && (*c == '-' || *c == '+')) {
                 neg = *c == '-';
@@ -112,20 +113,26 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
                 if (c == t)
                     ok = 0;
             }
-            if (t - c > 18)
-                ok = 0; /* more than 18 digits could overflow int64 */
             for (; ok && c < t; c++) {
                 unsigned d = (unsigned)(*c - '0');
                 if (d > 9)
                     ok = 0;
+                else if (v > (INT64_MAX - (int64_t)d) / 10)
+                    range = 0; /* keep reading: a later non-digit is the first error */
                 else
                     v = v * 10 + (int64_t)d;
             }
-            if (!ok && !have_err) {
+            if ((!ok || !range) && !have_err) {
                 quote_field(quoted, sizeof quoted, q, flen);
-                snprintf(first_err, sizeof first_err,
-                         "integer feature %d (field %d) is not an integer: '%s'", f, f + 1,
-                         quoted);
+                if (ok)
+                    snprintf(first_err, sizeof first_err,
+                             "integer feature %d (field %d) is out of range: '%s' (at most "
+                             "%" PRId64 " in magnitude)",
+                             f, f + 1, quoted, INT64_MAX);
+                else
+                    snprintf(first_err, sizeof first_err,
+                             "integer feature %d (field %d) is not an integer: '%s'", f, f + 1,
+                             quoted);
                 have_err = 1;
             }
             dense[f - 1] = neg ? 0.0f : dense_value(v);

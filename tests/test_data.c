@@ -291,6 +291,18 @@ static void test_parse_bad_lines(void **state)
                                        sizeof why), -1);
     assert_non_null(strstr(why, "integer feature 2 (field 3) is not an integer: 'z'"));
     line[4] = '1';
+    /* 2^63 - 1 is an integer (19 digits); one more is out of range, and
+     * says so rather than "not an integer" (issue 27). */
+    char big[1024];
+    int m = snprintf(big, sizeof big, "1\t9223372036854775807%s", line + 3);
+    assert_int_equal(rt_tsv_parse_line(big, (size_t)m, 13, 26, &label, dense, keys, has, why,
+                                       sizeof why), 0);
+    assert_true(dense[0] > 43.0f && dense[0] < 44.0f); /* log1p(2^63 - 1) = 43.67 */
+    m = snprintf(big, sizeof big, "1\t9223372036854775808%s", line + 3);
+    assert_int_equal(rt_tsv_parse_line(big, (size_t)m, 13, 26, &label, dense, keys, has, why,
+                                       sizeof why), -1);
+    assert_non_null(strstr(why, "integer feature 1 (field 2) is out of range: "
+                                "'9223372036854775808' (at most 9223372036854775807"));
     assert_int_equal(rt_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
                                        sizeof why), 0);
     /* one field too many */
