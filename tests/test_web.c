@@ -650,6 +650,19 @@ static long get_within(const char *url, const char *path)
     return status;
 }
 
+/* GET url+path as a client of a flooded server does: a connection that is
+ * reset while the server is still closing the flood's evicted connections
+ * (an instant under ASan, where kilnd is slow) is tried again, for up to 10
+ * s. Returns the last status. A server that locks the address out until the
+ * flood closes (issue 27) never answers 200 here. */
+static long get_settled(const char *url, const char *path)
+{
+    long st = 0;
+    for (int i = 0; i < 50 && (st = get_within(url, path)) == 0; i++)
+        proc_sleep_ms(200);
+    return st;
+}
+
 /* kilnd's page survives slow clients: 300 idle connections from one address
  * and 40 that trickle their headers from another do not keep a third
  * client's page from being answered (the limit per client address, with
@@ -686,7 +699,7 @@ static void test_kilnd_slow_clients(void **state)
     proc_slow_open_from(&slow, atoi(strrchr(url, ':') + 1), "GET / HTTP/1.1\r\nHost: x",
                         "127.0.0.1", "127.0.0.1");
     for (int round = 0; round < 3; round++) {
-        st = get_within(url, "/");
+        st = get_settled(url, "/");
         if (st != 200) {
             kill(pid, SIGKILL);
             waitpid(pid, NULL, 0);
