@@ -19,6 +19,7 @@
 #ifndef KILN_KERNELS_KERN_H
 #define KILN_KERNELS_KERN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -60,6 +61,21 @@ typedef struct {
     const char *capacity_note; /* for the "is full" message: what the limit is (copied),
                                   e.g. "50 rows on this rank, its share of capacity 100
                                   over 2 ranks"; NULL -> "capacity <limit> rows" */
+    /* The disk tier (docs/models.md, "Tables larger than memory"): when
+     * 0 < ram_rows < limit, at most ram_rows rows live in RAM and the rest
+     * in a file at spill_path (created now, removed by destroy). capacity,
+     * limit and evict keep meaning the whole table; which rows stay in RAM
+     * is lru among them, and a row moves between the tiers whole. */
+    int64_t ram_rows;
+    const char *spill_path;
+    /* Admission: with admit_min > 1 a key not in the table gets a row only
+     * once a count-min sketch (4 x admit_width 16-bit counters; 0 -> 65536)
+     * has seen it admit_min times; until then find_or_insert gives it row
+     * -1 (reads as zeros, takes no update). Every admit_decay steps (0:
+     * never) every counter halves. */
+    int64_t admit_min;
+    int64_t admit_width;
+    int64_t admit_decay;
 } kern_table_config_t;
 
 typedef struct kern_table kern_table_t;
@@ -94,6 +110,15 @@ typedef struct {
     int64_t eviction_batches; /* eviction rounds run since creation */
     int64_t changed_pending;  /* rows on the change list */
     int64_t last_visited;     /* rows the last changed_since looked at */
+    /* The disk tier (zeros without one) and admission. */
+    int64_t ram_size;         /* live rows in RAM (size counts both tiers) */
+    int64_t disk_size;        /* live rows on disk */
+    int64_t ram_hits;         /* keys found in RAM by find_or_insert and fetch */
+    int64_t disk_hits;        /* keys brought in from disk */
+    int64_t demoted;          /* rows moved from RAM to disk */
+    int64_t pages_read, pages_written, page_bytes;
+    int64_t admit_rejected;   /* lookups of keys not admitted yet */
+    int64_t expired;          /* rows removed by kern_table_expire */
 } kern_table_stats_t;
 
 /* Creates an empty table; the slab for `capacity` rows is allocated now.
@@ -116,9 +141,43 @@ void kern_table_destroy(kern_table_t *t);
 int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,
                               int32_t *rows /* OUT (n) */);
 /* Looks keys up without inserting or counting a use; a missing key gets -1.
- * Returns the number of keys found. */
+ * Returns the number of keys found. With a disk tier, rows[] names RAM rows
+ * only (a key on disk gets -1) while the count covers both tiers; use
+ * kern_table_fetch to read rows. */
 int64_t kern_table_find(const kern_table_t *t, int64_t n, const int64_t *keys,
                         int32_t *rows /* OUT (n) */);
+/* kern_table_find for reading: keys on disk are brought into RAM first (as
+ * find_or_insert would, counting no use), so every key the table holds gets
+ * a row; missing keys get -1. Without a disk tier it is kern_table_find.
+ * Returns 0, KILN_EFULL (RAM too small for the keys), KILN_EIO or
+ * KILN_ENOSPC. */
+int kern_table_fetch(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,
+                     int32_t *rows /* OUT (n) */);
+/* The rows fetches at step found or brought in stop counting as used at
+ * step (call once their values are read), so that the next fetch at the
+ * same step (the next eval batch) may move them out again. */
+void kern_table_unpin(kern_table_t *t, int64_t step);
+/* Removes every row whose stamp (step of its last change) is below before,
+ * from both tiers, logging each as removed at step. */
+int kern_table_expire(kern_table_t *t, int64_t before, int64_t step, int64_t *nexpired /* OUT */);
+/* True when the table keeps rows on disk. */
+bool kern_table_tiered(const kern_table_t *t);
+/* The rows on disk with stamp > since (since < 0: all), handed to fn in
+ * chunks of n rows as parallel arrays (opt NULL for sgd, opt_steps NULL
+ * unless adam). kern_table_changed_since and kern_table_scan cover the RAM
+ * rows; this covers the rest. disk_count counts them first. */
+typedef int (*kern_rows_fn)(void *ctx, int64_t n, const int64_t *keys, const float *values,
+                            const float *opt, const uint32_t *opt_steps);
+int kern_table_disk_count(kern_table_t *t, int64_t since, int64_t *n /* OUT */);
+int kern_table_disk_each(kern_table_t *t, int64_t since, kern_rows_fn fn, void *ctx);
+/* The admission sketch: 4 x width counters and the decay epoch they are at
+ * (n = 0 without admission). load replaces them (add: adds, saturating: the
+ * sum of several ranks' sketches after a resume on another rank count), as
+ * they stood at step. Returns 0 or KILN_EINVAL (another shape). */
+const uint16_t *kern_table_admit_sketch(const kern_table_t *t, int64_t *n /* OUT */,
+                                        int64_t *epoch /* OUT */);
+int kern_table_admit_load(kern_table_t *t, const uint16_t *counters, int64_t n, int64_t step,
+                          bool add);
 /* Removes keys (missing ones are ignored), logging each as removed at step.
  * Returns 0 or KILN_ENOMEM (the log could not grow). */
 int kern_table_delete(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,

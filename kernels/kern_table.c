@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern_int.h"
 #include "kern_ops.h"
 
 #define MAX_LOAD 0.8
@@ -112,7 +113,25 @@ struct kern_table {
     int64_t nlog, caplog;
 
     int64_t evictions, eviction_batches;
+
+    /* The disk tier (NULL without one): capacity and limit above are then
+     * the RAM slab's, these the whole table's. */
+    kern_tier_t *cold;
+    int64_t all_capacity, all_limit;
+    uint8_t *dem;          /* records of rows leaving RAM, written to the tier in one call */
+    int64_t ndem, capdem;
+    int64_t ram_hits, disk_hits, demoted, expired;
+
+    /* Admission: a count-min sketch of SKETCH_DEPTH rows of sk_width. */
+    uint16_t *sketch;
+    int64_t sk_width, sk_epoch, admit_min, admit_decay, admit_rejected;
+
+    /* Rows fetches have marked used at the current step (kern_table_unpin). */
+    int32_t *pins;
+    int64_t npins, cappins;
 };
+
+#define SKETCH_DEPTH 4
 
 /* ---- big arrays ----------------------------------------------------------------
  * A table's arrays are sized for its capacity up front but filled as keys
@@ -387,6 +406,18 @@ static int log_removed(kern_table_t *t, int64_t key, int64_t stamp, int64_t step
     return 0;
 }
 
+/* Frees live row r of segment g whose key sits in g's slot i, without a
+ * trace (the row moves to the disk tier). */
+static void drop_row(kern_table_t *t, seg_t *g, int64_t r, uint64_t i)
+{
+    index_remove(t, g, i);
+    t->stamps[r] = -1;
+    t->keys[r] = g->free_head;
+    g->free_head = r;
+    g->size--;
+    t->size--;
+}
+
 /* Frees live row r of segment g whose key sits in g's slot i, logging it
  * as removed. */
 static int free_row(kern_table_t *t, seg_t *g, int64_t r, uint64_t i, int64_t step)
@@ -394,12 +425,7 @@ static int free_row(kern_table_t *t, seg_t *g, int64_t r, uint64_t i, int64_t st
     int rc = log_removed(t, t->keys[r], t->stamps[r], step);
     if (rc < 0)
         return rc;
-    index_remove(t, g, i);
-    t->stamps[r] = -1;
-    t->keys[r] = g->free_head;
-    g->free_head = r;
-    g->size--;
-    t->size--;
+    drop_row(t, g, r, i);
     return 0;
 }
 
@@ -460,7 +486,21 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step,
+static int demote_row(kern_table_t *t, seg_t *g, int64_t r, uint64_t i, int64_t step);
+
+/* Whether round victims may take row r: live and not used at step (for a
+ * demotion: not looked up at step, which the RAM's lru word says). */
+static inline int evictable(const kern_table_t *t, int64_t r, int64_t step, int demote)
+{
+    if (t->stamps[r] < 0)
+        return 0;
+    return demote ? t->used[r] != (uint16_t)step : !used_now(t, r, step);
+}
+
+/* A round of eviction (demote 0: rows leave the table, logged) or of
+ * demotion to the disk tier (demote 1: lru over the RAM rows, whatever the
+ * table's policy; the rows go to t->dem). */
+static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, int demote,
                        int64_t *freed /* OUT */)
 {
     int64_t batch = (int64_t)(t->evict_fraction * (double)g->lim);
@@ -476,15 +516,15 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step,
     int64_t ns = 0;
     if (g->hiwater <= EVICT_SAMPLE) {
         for (int64_t r = lo; r < hi; r++)
-            if (t->stamps[r] >= 0 && !used_now(t, r, step))
-                sample[ns++] = priority(t, r, step);
+            if (evictable(t, r, step, demote))
+                sample[ns++] = demote ? 0xffffu - age_of(t, r, step) : priority(t, r, step);
     } else {
         uint64_t x = kern_mix64(t->seed ^ (uint64_t)step ^ (uint64_t)t->eviction_batches);
         for (int64_t k = 0; k < 4 * EVICT_SAMPLE && ns < EVICT_SAMPLE; k++) {
             x = kern_mix64(x);
             int64_t r = lo + (int64_t)(x % (uint64_t)g->hiwater);
-            if (t->stamps[r] >= 0 && !used_now(t, r, step))
-                sample[ns++] = priority(t, r, step);
+            if (evictable(t, r, step, demote))
+                sample[ns++] = demote ? 0xffffu - age_of(t, r, step) : priority(t, r, step);
         }
     }
     if (ns == 0)
@@ -502,19 +542,26 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step,
         if (pass == 2 && *freed >= need)
             break;
         for (int64_t r = lo; r < hi && *freed < want; r++) {
-            if (t->stamps[r] < 0 || used_now(t, r, step))
+            if (!evictable(t, r, step, demote))
                 continue;
-            uint32_t p = priority(t, r, step);
+            uint32_t p = demote ? 0xffffu - age_of(t, r, step) : priority(t, r, step);
             if ((pass == 0 && p >= thr) || (pass == 1 && p != thr))
                 continue;
             int found;
             uint64_t i = probe(t, g, t->keys[r], &found);
-            KILN_CHECK_GOTO(free_row(t, g, r, i, step), rc, out);
+            if (demote)
+                KILN_CHECK_GOTO(demote_row(t, g, r, i, step), rc, out);
+            else
+                KILN_CHECK_GOTO(free_row(t, g, r, i, step), rc, out);
             (*freed)++;
         }
     }
-    t->evictions += *freed;
-    t->eviction_batches++;
+    if (demote) {
+        t->demoted += *freed;
+    } else {
+        t->evictions += *freed;
+        t->eviction_batches++;
+    }
 out:
     free(sample);
     return rc;
@@ -579,6 +626,453 @@ static int reserve_pending(kern_table_t *t)
     return 0;
 }
 
+/* ---- the disk tier and admission ----------------------------------------------------
+ * A table with a disk tier keeps at most ram_rows rows in its slab; the
+ * rest are records in kern_tier.c's file. find_or_insert looks in RAM,
+ * then takes the keys it lacks out of the tier, makes room in RAM by
+ * demoting the rows unused longest (a round as eviction does, lru whatever
+ * the table's policy) and writes those to the tier in one call. The whole
+ * table's limit is kept on disk: when new keys would pass it, lru/lfu evict
+ * the lowest-priority records of a sample of pages. Admission counts the
+ * keys the table lacks in a count-min sketch and gives a row only to those
+ * seen admit_min times. Tables with neither take the plain path above. */
+
+static inline uint8_t *dem_at(const kern_table_t *t, int64_t i)
+{
+    return t->dem + (size_t)i * kern_tier_rec_bytes(t->cold);
+}
+
+/* Copies row r into record rec (use: lru the step of last use, lfu the
+ * use count). */
+static void row_to_rec(const kern_table_t *t, int64_t r, int64_t step, uint8_t *rec)
+{
+    const size_t dim = (size_t)t->dim, sdim = (size_t)t->nstate * dim;
+    kern_rec_t h = {.key = t->keys[r], .stamp = t->stamps[r]};
+    h.use = t->freq ? (uint32_t)(t->freq[r] & FREQ_MAX) : (uint32_t)(step - age_of(t, r, step));
+    h.opt_steps = t->opt_steps ? t->opt_steps[r] : 0;
+    memcpy(rec, &h, sizeof h);
+    float *f = (float *)(rec + sizeof h);
+    memcpy(f, t->values + r * (int64_t)dim, sizeof(float) * dim);
+    if (sdim)
+        memcpy(f + dim, t->opt + r * (int64_t)sdim, sizeof(float) * sdim);
+}
+
+/* Fills row r (holding the record's key already) from record rec. */
+static void rec_to_row(kern_table_t *t, const uint8_t *rec, int64_t r)
+{
+    const size_t dim = (size_t)t->dim, sdim = (size_t)t->nstate * dim;
+    kern_rec_t h;
+    memcpy(&h, rec, sizeof h);
+    const float *f = (const float *)(rec + sizeof h);
+    memcpy(t->values + r * (int64_t)dim, f, sizeof(float) * dim);
+    if (sdim)
+        memcpy(t->opt + r * (int64_t)sdim, f + dim, sizeof(float) * sdim);
+    if (t->opt_steps)
+        t->opt_steps[r] = h.opt_steps;
+    if (t->freq)
+        t->freq[r] = (uint16_t)(h.use < FREQ_MAX ? h.use : FREQ_MAX);
+    t->stamps[r] = h.stamp;
+    if (h.stamp > t->base)
+        mark_one(t, r);
+}
+
+static int dem_reserve(kern_table_t *t, int64_t more)
+{
+    if (t->ndem + more <= t->capdem)
+        return 0;
+    int64_t ncap = t->capdem ? 2 * t->capdem : 1024;
+    while (ncap < t->ndem + more)
+        ncap *= 2;
+    uint8_t *p = realloc(t->dem, (size_t)ncap * kern_tier_rec_bytes(t->cold));
+    if (!p)
+        return KILN_ENOMEM;
+    t->dem = p;
+    t->capdem = ncap;
+    return 0;
+}
+
+/* Moves live row r (key in slot i of g) to the batch of rows leaving RAM. */
+static int demote_row(kern_table_t *t, seg_t *g, int64_t r, uint64_t i, int64_t step)
+{
+    KILN_CHECK(dem_reserve(t, 1));
+    row_to_rec(t, r, step, dem_at(t, t->ndem++));
+    drop_row(t, g, r, i);
+    return 0;
+}
+
+/* Writes the demoted rows to the tier. */
+static int dem_flush(kern_table_t *t)
+{
+    int rc = kern_tier_put(t->cold, t->ndem, t->dem);
+    t->ndem = 0;
+    return rc;
+}
+
+static int tier_gone(void *ctx, int64_t key, int64_t stamp)
+{
+    kern_table_t *t = ctx;
+    return log_removed(t, key, stamp, t->last_step);
+}
+
+static uint32_t tier_prio(const void *ctx, const kern_rec_t *r)
+{
+    (void)ctx;
+    return r->use; /* lru: older steps first; lfu: fewer uses first */
+}
+
+/* Halves every counter once per admit_decay steps passed. */
+static void sketch_decay(kern_table_t *t, int64_t step)
+{
+    if (t->admit_decay <= 0 || step < 0)
+        return;
+    int64_t e = step / t->admit_decay;
+    if (e <= t->sk_epoch)
+        return;
+    int shift = e - t->sk_epoch > 16 ? 16 : (int)(e - t->sk_epoch);
+    for (int64_t i = 0; i < SKETCH_DEPTH * t->sk_width; i++)
+        t->sketch[i] = (uint16_t)(t->sketch[i] >> shift);
+    t->sk_epoch = e;
+}
+
+/* Counts m sightings of key; returns its estimated count. */
+static uint32_t sketch_add(kern_table_t *t, int64_t key, int64_t m)
+{
+    uint32_t est = UINT32_MAX;
+    uint64_t h = kern_key_hash(key);
+    for (int d = 0; d < SKETCH_DEPTH; d++) {
+        uint64_t hd = kern_mix64(h + 0x9e3779b97f4a7c15ULL * (uint64_t)(d + 1));
+        uint16_t *c = t->sketch + d * t->sk_width + (int64_t)kern_hash_index(hd,
+                                                                             (uint64_t)t->sk_width);
+        uint32_t v = (uint32_t)*c + (uint32_t)(m < 65535 ? m : 65535);
+        *c = (uint16_t)(v < 65535 ? v : 65535);
+        est = *c < est ? *c : est;
+    }
+    return est;
+}
+
+/* A fetch's row r counts as used at step until kern_table_unpin. */
+static int pin(kern_table_t *t, int64_t r, int64_t step)
+{
+    if (t->used[r] == (uint16_t)step)
+        return 0; /* used by a lookup of the step, or pinned already */
+    if (t->npins == t->cappins) {
+        int64_t ncap = t->cappins ? 2 * t->cappins : 1024;
+        int32_t *p = kiln_reallocarray(t->pins, (size_t)ncap, sizeof *p);
+        if (!p)
+            return KILN_ENOMEM;
+        t->pins = p;
+        t->cappins = ncap;
+    }
+    t->pins[t->npins++] = (int32_t)r;
+    t->used[r] = (uint16_t)step;
+    return 0;
+}
+
+void kern_table_unpin(kern_table_t *t, int64_t step)
+{
+    for (int64_t i = 0; i < t->npins; i++) {
+        int32_t r = t->pins[i];
+        if (t->stamps[r] >= 0 && t->used[r] == (uint16_t)step)
+            t->used[r] = (uint16_t)(step - 1);
+    }
+    t->npins = 0;
+}
+
+/* find_or_insert (insert) or fetch (!insert) for a table with a tier or
+ * admission. */
+static int find_ext(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step, int insert,
+                    int32_t *rows /* OUT (n) */)
+{
+    int rc = 0;
+    int64_t *u = NULL, *mult = NULL, nu = 0, nmiss = 0, ntaken = 0, nnew = 0;
+    uint8_t *found = NULL, *recs = NULL, *is_new = NULL;
+    const size_t rb = t->cold ? kern_tier_rec_bytes(t->cold) : 0;
+    age_sweep(t, step);
+    if (insert && t->sketch)
+        sketch_decay(t, step);
+
+    /* Pass 1: rows in RAM, counting a use (fetch: only the RAM's lru word). */
+    for (int64_t i = 0; i < n; i++) {
+        seg_t *g = seg_of_key(t, keys[i]);
+        int hit;
+        uint64_t s = probe(t, g, keys[i], &hit);
+        rows[i] = hit ? (int32_t)slot_row(g, s) : -1;
+        if (!hit) {
+            nmiss++;
+            continue;
+        }
+        t->ram_hits++;
+        if (insert)
+            touch(t, rows[i], step);
+        else
+            KILN_CHECK_GOTO(pin(t, rows[i], step), rc, out);
+    }
+    if (nmiss == 0)
+        return 0;
+    if (!(u = kiln_malloc(sizeof *u * (size_t)nmiss)) ||
+        !(mult = kiln_malloc(sizeof *mult * (size_t)nmiss)) ||
+        !(found = kiln_calloc((size_t)nmiss, 1)) || !(is_new = kiln_calloc((size_t)nmiss, 1)) ||
+        (rb && !(recs = kiln_malloc(rb * (size_t)nmiss)))) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (int64_t i = 0, k = 0; i < n; i++)
+        if (rows[i] < 0)
+            u[k++] = keys[i];
+    qsort(u, (size_t)nmiss, sizeof *u, cmp_i64);
+    for (int64_t i = 0; i < nmiss; i++) {
+        if (nu > 0 && u[nu - 1] == u[i]) {
+            mult[nu - 1]++;
+        } else {
+            u[nu] = u[i];
+            mult[nu++] = 1;
+        }
+    }
+
+    /* Disk: take the rows the tier holds. */
+    if (t->cold) {
+        KILN_CHECK_GOTO(kern_tier_take(t->cold, nu, u, recs, found), rc, out);
+        for (int64_t j = 0; j < nu; j++)
+            ntaken += found[j];
+    }
+    /* New keys, those admitted. */
+    for (int64_t j = 0; insert && j < nu; j++) {
+        if (found[j])
+            continue;
+        if (t->sketch && sketch_add(t, u[j], mult[j]) < (uint32_t)t->admit_min) {
+            t->admit_rejected += mult[j];
+            continue;
+        }
+        is_new[j] = 1;
+        nnew++;
+    }
+    /* The whole table's limit, kept on disk. */
+    if (t->cold && nnew > 0) {
+        int64_t over = t->size + kern_tier_size(t->cold) + nnew - t->all_limit;
+        if (over > 0 && t->evict != KERN_EVICT_NONE) {
+            int64_t batch = (int64_t)(t->evict_fraction * (double)t->all_limit), got;
+            KILN_CHECK_GOTO(kern_tier_evict(t->cold, over > batch ? over : batch,
+                                            t->seed ^ (uint64_t)step ^
+                                                (uint64_t)t->eviction_batches,
+                                            tier_prio, t, tier_gone, t, &got),
+                            rc, putback);
+            t->evictions += got;
+            t->eviction_batches++;
+            over -= got;
+        }
+        if (over > 0) {
+            rc = kiln_errf(KILN_EFULL,
+                           "table '%s' is full (%s) with %lld rows in RAM and %lld on disk; "
+                           "raise model.embedding.capacity%s",
+                           t->name, t->capacity_note ? t->capacity_note : "its capacity",
+                           (long long)t->size, (long long)kern_tier_size(t->cold),
+                           t->evict == KERN_EVICT_NONE ? " or set eviction: lru" : "");
+            goto putback;
+        }
+    }
+    /* RAM room for the rows coming in: demote (tier) or evict (plain). */
+    int64_t nin = 0;
+    for (int64_t j = 0; j < nu; j++)
+        if (found[j] || is_new[j])
+            mult[nin++] = u[j]; /* mult now holds the incoming keys */
+    seg_t *over = nin ? count_new(t, mult, nin, 1) : NULL;
+    if (over && !t->cold && t->evict == KERN_EVICT_NONE) {
+        rc = full_error(t, over);
+        goto putback;
+    }
+    for (seg_t *g = t->seg; over && g < t->seg + t->nseg; g++) {
+        int64_t room = g->lim - g->size, freed;
+        if (g->pending <= room)
+            continue;
+        KILN_CHECK_GOTO(evict_round(t, g, g->pending - room, step, t->cold != NULL, &freed), rc,
+                        putback);
+        if (g->lim - g->size < g->pending) {
+            if (t->cold)
+                rc = kiln_errf(KILN_EFULL,
+                               "table '%s': model.embedding.memory gives it %lld rows in RAM on "
+                               "this rank, fewer than the %lld keys of one step; raise it",
+                               t->name, (long long)t->limit, (long long)(g->size + g->pending));
+            else
+                rc = full_error(t, g);
+            goto putback;
+        }
+    }
+    if (t->cold && t->ndem > 0)
+        KILN_CHECK_GOTO(dem_flush(t), rc, out);
+    KILN_CHECK_GOTO(reserve_pending(t), rc, out);
+
+    /* Bring the taken rows in and give the admitted keys fresh rows. */
+    for (int64_t j = 0; j < nu; j++) {
+        if (!found[j] && !is_new[j])
+            continue;
+        int added;
+        int64_t r = find_or_add(t, u[j], &added);
+        if (found[j]) {
+            rec_to_row(t, recs + (size_t)j * rb, r);
+            t->disk_hits++;
+        } else {
+            init_row(t, r, u[j]);
+            t->stamps[r] = step;
+            mark_one(t, r);
+        }
+        if (insert)
+            touch(t, r, step);
+        else
+            KILN_CHECK_GOTO(pin(t, r, step), rc, out);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (rows[i] >= 0)
+            continue;
+        seg_t *g = seg_of_key(t, keys[i]);
+        int hit;
+        uint64_t s = probe(t, g, keys[i], &hit);
+        rows[i] = hit ? (int32_t)slot_row(g, s) : -1;
+    }
+    goto out;
+putback:
+    /* Nothing came in: the taken rows go back to the tier as they were. */
+    if (t->cold && ntaken > 0) {
+        int64_t k = 0;
+        for (int64_t j = 0; j < nu; j++)
+            if (found[j])
+                memmove(recs + (size_t)k++ * rb, recs + (size_t)j * rb, rb);
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", kiln_errmsg());
+        if (kern_tier_put(t->cold, k, recs) == 0)
+            kiln_errf(rc, "%s", msg);
+    }
+out:
+    KILN_FREE_ALL(u, mult, found, recs, is_new);
+    return rc;
+}
+
+/* ---- public: the disk tier, expiry, admission --------------------------------------------- */
+
+bool kern_table_tiered(const kern_table_t *t) { return t->cold != NULL; }
+
+int kern_table_fetch(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,
+                     int32_t *rows /* OUT (n) */)
+{
+    if (!t->cold) {
+        kern_table_find(t, n, keys, rows);
+        return 0;
+    }
+    return find_ext(t, n, keys, step, 0, rows);
+}
+
+int kern_table_expire(kern_table_t *t, int64_t before, int64_t step, int64_t *nexpired /* OUT */)
+{
+    int rc = 0;
+    int64_t k = 0;
+    *nexpired = 0;
+    for (seg_t *g = t->seg; g < t->seg + t->nseg; g++) {
+        for (int64_t r = g->base; r < g->base + g->hiwater; r++) {
+            if (t->stamps[r] < 0 || t->stamps[r] >= before)
+                continue;
+            int found;
+            uint64_t i = probe(t, g, t->keys[r], &found);
+            KILN_CHECK(free_row(t, g, r, i, step));
+            k++;
+        }
+    }
+    if (t->cold) {
+        int64_t d = 0, keep = t->last_step;
+        t->last_step = step; /* tier_gone logs at last_step */
+        rc = kern_tier_expire(t->cold, before, tier_gone, t, &d);
+        t->last_step = keep;
+        k += d;
+    }
+    t->expired += k;
+    *nexpired = k;
+    return rc;
+}
+
+int kern_table_disk_count(kern_table_t *t, int64_t since, int64_t *n /* OUT */)
+{
+    *n = 0;
+    return t->cold ? kern_tier_count(t->cold, since, n) : 0;
+}
+
+typedef struct {
+    const kern_table_t *t;
+    kern_rows_fn fn;
+    void *ctx;
+    int64_t *keys;
+    float *values, *opt;
+    uint32_t *steps;
+    int64_t cap;
+} each_ctx_t;
+
+static int each_chunk(void *ctx, int64_t n, const void *recs)
+{
+    each_ctx_t *e = ctx;
+    const kern_table_t *t = e->t;
+    const size_t rb = kern_tier_rec_bytes(t->cold), dim = (size_t)t->dim,
+                 sdim = (size_t)t->nstate * dim;
+    if (n > e->cap) {
+        free(e->keys);
+        free(e->values);
+        free(e->opt);
+        free(e->steps);
+        e->keys = kiln_malloc(sizeof *e->keys * (size_t)n);
+        e->values = kiln_malloc(sizeof(float) * dim * (size_t)n);
+        e->opt = kiln_malloc(sizeof(float) * (sdim ? sdim : 1) * (size_t)n);
+        e->steps = kiln_malloc(sizeof *e->steps * (size_t)n);
+        e->cap = n;
+        if (!e->keys || !e->values || !e->opt || !e->steps) {
+            e->cap = 0;
+            return KILN_ENOMEM;
+        }
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *rec = (const uint8_t *)recs + (size_t)i * rb;
+        kern_rec_t h;
+        memcpy(&h, rec, sizeof h);
+        const float *f = (const float *)(rec + sizeof h);
+        e->keys[i] = h.key;
+        e->steps[i] = h.opt_steps;
+        memcpy(e->values + (size_t)i * dim, f, sizeof(float) * dim);
+        if (sdim)
+            memcpy(e->opt + (size_t)i * sdim, f + dim, sizeof(float) * sdim);
+    }
+    return e->fn(e->ctx, n, e->keys, e->values, sdim ? e->opt : NULL,
+                 t->opt_steps ? e->steps : NULL);
+}
+
+int kern_table_disk_each(kern_table_t *t, int64_t since, kern_rows_fn fn, void *ctx)
+{
+    if (!t->cold)
+        return 0;
+    each_ctx_t e = {.t = t, .fn = fn, .ctx = ctx};
+    int rc = kern_tier_each(t->cold, since, each_chunk, &e);
+    KILN_FREE_ALL(e.keys, e.values, e.opt, e.steps);
+    return rc;
+}
+
+const uint16_t *kern_table_admit_sketch(const kern_table_t *t, int64_t *n /* OUT */,
+                                        int64_t *epoch /* OUT */)
+{
+    *n = t->sketch ? SKETCH_DEPTH * t->sk_width : 0;
+    *epoch = t->sk_epoch;
+    return t->sketch;
+}
+
+int kern_table_admit_load(kern_table_t *t, const uint16_t *counters, int64_t n, int64_t step,
+                          bool add)
+{
+    if (!t->sketch || n != SKETCH_DEPTH * t->sk_width)
+        return kiln_errf(KILN_EINVAL, "table '%s': the admission sketch has %lld counters, the "
+                         "checkpoint's %lld; keep model.embedding.admit.sketch_width as it was",
+                         t->name, (long long)(t->sketch ? SKETCH_DEPTH * t->sk_width : 0),
+                         (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v = (add ? t->sketch[i] : 0u) + counters[i];
+        t->sketch[i] = (uint16_t)(v < 65535 ? v : 65535);
+    }
+    t->sk_epoch = t->admit_decay > 0 && step > 0 ? step / t->admit_decay : 0;
+    return 0;
+}
+
 /* ---- public: life cycle ------------------------------------------------------------ */
 
 /* One per-row (or per-slot) array of the table and its size in bytes. */
@@ -605,7 +1099,7 @@ static int table_arrays(kern_table_t *t, array_t a[MAX_ARRAYS] /* OUT */)
         a[n++] = (array_t){(void **)&t->opt, sizeof(float) * cap * dim * (size_t)t->nstate};
     if (t->opt_kind == KERN_OPT_ADAM)
         a[n++] = (array_t){(void **)&t->opt_steps, sizeof(uint32_t) * cap};
-    if (t->evict == KERN_EVICT_LRU)
+    if (t->evict == KERN_EVICT_LRU || t->all_capacity > 0) /* a tier's RAM is lru */
         a[n++] = (array_t){(void **)&t->used, sizeof(uint16_t) * cap};
     if (t->evict == KERN_EVICT_LFU) {
         a[n++] = (array_t){(void **)&t->freq, sizeof(uint16_t) * cap};
@@ -640,6 +1134,13 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     if (cfg->segment_rows < 0 || cfg->segment_rows > SEG_MAX_ROWS)
         return kiln_errf(KILN_EINVAL, "table '%s': segment_rows %lld is out of range 0..%lld",
                          name, (long long)cfg->segment_rows, (long long)SEG_MAX_ROWS);
+    if (cfg->ram_rows < 0 || cfg->admit_min < 0 || cfg->admit_width < 0 || cfg->admit_decay < 0)
+        return kiln_errf(KILN_EINVAL, "table '%s': ram_rows and the admission settings must "
+                         "not be negative", name);
+    int64_t limit = cfg->limit > 0 && cfg->limit < cfg->capacity ? cfg->limit : cfg->capacity;
+    const int tiered = cfg->ram_rows > 0 && cfg->ram_rows < limit;
+    if (tiered && !cfg->spill_path)
+        return kiln_errf(KILN_EINVAL, "table '%s': ram_rows needs a spill_path", name);
 
     t = kiln_calloc(1, sizeof *t);
     if (!t)
@@ -648,7 +1149,13 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     t->dim = cfg->dim;
     t->nstate = kern_opt_nstate(cfg->opt);
     t->capacity = cfg->capacity;
-    t->limit = cfg->limit > 0 && cfg->limit < cfg->capacity ? cfg->limit : cfg->capacity;
+    t->limit = limit;
+    if (tiered) {
+        /* The slab holds the RAM's rows; the whole table's bounds apart. */
+        t->all_capacity = cfg->capacity;
+        t->all_limit = limit;
+        t->capacity = t->limit = cfg->ram_rows;
+    }
     t->init = cfg->init;
     t->init_scale = cfg->init_scale;
     t->opt_init = cfg->opt == KERN_OPT_ADAGRAD ? cfg->opt_init : 0.0f;
@@ -665,8 +1172,8 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     /* Segments of equal size (the last takes the remainder), as few as
      * SEG_MAX_ROWS (or the configured segment_rows) allow. */
     int64_t most = cfg->segment_rows > 0 ? cfg->segment_rows : SEG_MAX_ROWS;
-    t->nseg = (int)((cfg->capacity + most - 1) / most);
-    t->seg_rows = (cfg->capacity + t->nseg - 1) / t->nseg; /* <= most; no segment is empty */
+    t->nseg = (int)((t->capacity + most - 1) / most);
+    t->seg_rows = (t->capacity + t->nseg - 1) / t->nseg; /* <= most; no segment is empty */
     t->seg = kiln_calloc((size_t)t->nseg, sizeof *t->seg);
     if (!t->seg) {
         t->nseg = 0;
@@ -676,7 +1183,7 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     for (int k = 0; k < t->nseg; k++) {
         seg_t *g = &t->seg[k];
         g->base = k * t->seg_rows;
-        g->cap = cfg->capacity - g->base < t->seg_rows ? cfg->capacity - g->base : t->seg_rows;
+        g->cap = t->capacity - g->base < t->seg_rows ? t->capacity - g->base : t->seg_rows;
         g->lim = t->limit == t->capacity ? g->cap : g->cap * t->limit / t->capacity;
         if (g->lim < 1)
             g->lim = 1;
@@ -702,6 +1209,21 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
             goto out;
         }
     }
+    if (tiered) {
+        int nfloat = t->dim * (1 + t->nstate);
+        KILN_CHECK_GOTO(kern_tier_open(cfg->spill_path, name, t->all_capacity, nfloat, &t->cold),
+                        rc, out);
+    }
+    if (cfg->admit_min > 1) {
+        t->admit_min = cfg->admit_min;
+        t->admit_decay = cfg->admit_decay;
+        t->sk_width = cfg->admit_width > 0 ? cfg->admit_width : 65536;
+        t->sketch = kiln_calloc((size_t)(SKETCH_DEPTH * t->sk_width), sizeof *t->sketch);
+        if (!t->sketch) {
+            rc = KILN_ENOMEM;
+            goto out;
+        }
+    }
     *out = t;
     t = NULL;
 out:
@@ -719,7 +1241,8 @@ void kern_table_destroy(kern_table_t *t)
         big_free(*arr[i].p, arr[i].bytes);
     for (int k = 0; k < t->nseg; k++)
         big_free(t->seg[k].slots, (size_t)SLOT_BYTES * (size_t)t->seg[k].nslots);
-    KILN_FREE_ALL(t->seg, t->name, t->capacity_note, t->log);
+    kern_tier_close(t->cold);
+    KILN_FREE_ALL(t->seg, t->name, t->capacity_note, t->log, t->dem, t->sketch, t->pins);
     free(t);
 }
 
@@ -728,6 +1251,8 @@ void kern_table_destroy(kern_table_t *t)
 int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, int64_t step,
                               int32_t *rows /* OUT (n) */)
 {
+    if (t->cold || t->sketch)
+        return find_ext(t, n, keys, step, 1, rows);
     int rc = 0;
     int64_t *missing = NULL, nmiss = 0;
     age_sweep(t, step);
@@ -764,7 +1289,7 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
         int64_t room = g->lim - g->size, freed; /* < 0 after a load past the limit */
         if (g->pending <= room)
             continue;
-        KILN_CHECK_GOTO(evict_round(t, g, g->pending - room, step, &freed), rc, out);
+        KILN_CHECK_GOTO(evict_round(t, g, g->pending - room, step, 0, &freed), rc, out);
         if (g->lim - g->size < g->pending) {
             rc = full_error(t, g);
             goto out;
@@ -802,6 +1327,19 @@ int64_t kern_table_find(const kern_table_t *t, int64_t n, const int64_t *keys,
         rows[i] = found ? (int32_t)slot_row(g, s) : -1;
         nfound += found;
     }
+    if (t->cold && nfound < n) {
+        /* Keys on disk count as found; their rows stay -1. */
+        int64_t *miss = kiln_malloc(sizeof *miss * (size_t)(n - nfound));
+        uint8_t *hit = kiln_calloc((size_t)(n - nfound), 1);
+        int64_t k = 0;
+        for (int64_t i = 0; miss && i < n; i++)
+            if (rows[i] < 0)
+                miss[k++] = keys[i];
+        if (miss && hit && kern_tier_has(t->cold, k, miss, hit) == 0)
+            for (int64_t i = 0; i < k; i++)
+                nfound += hit[i];
+        KILN_FREE_ALL(miss, hit);
+    }
     return nfound;
 }
 
@@ -819,9 +1357,116 @@ int kern_table_delete(kern_table_t *t, int64_t n, const int64_t *keys, int64_t s
         KILN_CHECK_GOTO(free_row(t, g, slot_row(g, s), s, step), rc, out);
         nd++;
     }
+    if (t->cold) {
+        int64_t d = 0, keep = t->last_step;
+        t->last_step = step; /* tier_gone logs at last_step */
+        rc = kern_tier_delete(t->cold, n, keys, tier_gone, t, &d);
+        t->last_step = keep;
+        nd += d;
+    }
 out:
     if (ndeleted)
         *ndeleted = nd;
+    return rc;
+}
+
+/* Sets row r from entry i of a bulk load (insert_rows' arrays), stamped
+ * with step. */
+static void load_row(kern_table_t *t, int64_t r, int64_t i, const float *values,
+                     const float *opt_state, const uint32_t *opt_steps, int64_t step)
+{
+    const size_t dim = (size_t)t->dim, sdim = (size_t)t->nstate * dim;
+    memcpy(t->values + (size_t)r * dim, values + (size_t)i * dim, sizeof(float) * dim);
+    if (t->opt) {
+        if (opt_state)
+            memcpy(t->opt + (size_t)r * sdim, opt_state + (size_t)i * sdim,
+                   sizeof(float) * sdim);
+        else
+            fresh_state(t, r);
+    }
+    if (t->opt_steps)
+        t->opt_steps[r] = opt_steps ? opt_steps[i] : 0;
+    t->stamps[r] = step;
+    mark_one(t, r);
+    touch(t, r, step);
+}
+
+/* insert_rows for a table with a disk tier: keys in RAM are overwritten
+ * there, the others fill RAM while it has room and go to disk after. */
+static int insert_rows_tiered(kern_table_t *t, int64_t n, const int64_t *keys,
+                              const float *values, const float *opt_state,
+                              const uint32_t *opt_steps, int64_t step)
+{
+    const size_t rb = kern_tier_rec_bytes(t->cold), dim = (size_t)t->dim,
+                 sdim = (size_t)t->nstate * dim;
+    int32_t *rows = kiln_malloc(sizeof *rows * (size_t)(n > 0 ? n : 1));
+    int64_t *miss = kiln_malloc(sizeof *miss * (size_t)(n > 0 ? n : 1));
+    uint8_t *hit = kiln_calloc((size_t)(n > 0 ? n : 1), 1);
+    uint8_t *recs = kiln_malloc(rb * (size_t)(n > 0 ? n : 1));
+    int64_t nmiss = 0, nold = 0, ndisk = 0;
+    int rc = 0;
+    if (!rows || !miss || !hit || !recs) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    age_sweep(t, step);
+    for (int64_t i = 0; i < n; i++) {
+        const seg_t *g = seg_of_key(t, keys[i]);
+        int found;
+        uint64_t s = probe(t, g, keys[i], &found);
+        rows[i] = found ? (int32_t)slot_row(g, s) : -1;
+        if (!found)
+            miss[nmiss++] = keys[i];
+    }
+    /* The disk's copies of the other keys are replaced (taken out here). */
+    KILN_CHECK_GOTO(kern_tier_take(t->cold, nmiss, miss, recs, hit), rc, out);
+    for (int64_t i = 0; i < nmiss; i++)
+        nold += hit[i];
+    if (t->size + kern_tier_size(t->cold) + nold + (nmiss - nold) > t->all_capacity) {
+        rc = kiln_errf(KILN_EFULL, "table '%s' is full (capacity %lld rows): cannot load %lld "
+                       "new keys; raise model.embedding.capacity",
+                       t->name, (long long)t->all_capacity, (long long)(nmiss - nold));
+        int64_t k = 0; /* what was taken goes back */
+        for (int64_t i = 0; i < nmiss; i++)
+            if (hit[i])
+                memmove(recs + (size_t)k++ * rb, recs + (size_t)i * rb, rb);
+        kern_tier_put(t->cold, k, recs);
+        goto out;
+    }
+    /* RAM while its segments have room (under the limit), disk after. */
+    for (seg_t *g = t->seg; g < t->seg + t->nseg; g++)
+        g->pending = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (rows[i] >= 0)
+            continue;
+        seg_t *g = seg_of_key(t, keys[i]);
+        if (g->size + g->pending < g->lim) {
+            g->pending++;
+            rows[i] = -2; /* to RAM */
+        }
+    }
+    KILN_CHECK_GOTO(reserve_pending(t), rc, out);
+    for (int64_t i = 0; i < n; i++) {
+        if (rows[i] == -1) {
+            uint8_t *rec = recs + (size_t)ndisk++ * rb;
+            kern_rec_t h = {.key = keys[i], .stamp = step, .use = t->freq ? 0 : (uint32_t)step,
+                            .opt_steps = opt_steps ? opt_steps[i] : 0};
+            memcpy(rec, &h, sizeof h);
+            float *f = (float *)(rec + sizeof h);
+            memcpy(f, values + (size_t)i * dim, sizeof(float) * dim);
+            for (size_t j = 0; j < sdim; j++)
+                f[dim + j] = opt_state ? opt_state[(size_t)i * sdim + j] : t->opt_init;
+            continue;
+        }
+        int added;
+        int64_t r = rows[i] >= 0 ? rows[i] : find_or_add(t, keys[i], &added);
+        if (t->freq && rows[i] < 0)
+            t->freq[r] = 0;
+        load_row(t, r, i, values, opt_state, opt_steps, step);
+    }
+    rc = kern_tier_put(t->cold, ndisk, recs);
+out:
+    KILN_FREE_ALL(rows, miss, hit, recs);
     return rc;
 }
 
@@ -829,6 +1474,8 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
                            const float *values, const float *opt_state,
                            const uint32_t *opt_steps, int64_t step)
 {
+    if (t->cold)
+        return insert_rows_tiered(t, n, keys, values, opt_state, opt_steps, step);
     int32_t *rows = kiln_malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
     int64_t *missing = NULL;
     if (!rows)
@@ -859,25 +1506,12 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
         }
         KILN_CHECK_GOTO(reserve_pending(t), rc, out);
     }
-    size_t dim = (size_t)t->dim, sdim = (size_t)t->nstate * dim;
     for (int64_t i = 0; i < n; i++) {
         int added;
         int64_t r = find_or_add(t, keys[i], &added);
         if (added && t->freq)
             t->freq[r] = 0;
-        memcpy(t->values + (size_t)r * dim, values + (size_t)i * dim, sizeof(float) * dim);
-        if (t->opt) {
-            if (opt_state)
-                memcpy(t->opt + (size_t)r * sdim, opt_state + (size_t)i * sdim,
-                       sizeof(float) * sdim);
-            else
-                fresh_state(t, r);
-        }
-        if (t->opt_steps)
-            t->opt_steps[r] = opt_steps ? opt_steps[i] : 0;
-        t->stamps[r] = step;
-        mark_one(t, r);
-        touch(t, r, step);
+        load_row(t, r, i, values, opt_state, opt_steps, step);
     }
 out:
     free(missing);
@@ -1006,7 +1640,10 @@ void kern_table_slab(kern_table_t *t, kern_slab_t *slab /* OUT */)
 }
 
 const int64_t *kern_table_keys(const kern_table_t *t) { return t->keys; }
-int64_t kern_table_size(const kern_table_t *t) { return t->size; }
+int64_t kern_table_size(const kern_table_t *t)
+{
+    return t->size + (t->cold ? kern_tier_size(t->cold) : 0);
+}
 int64_t kern_table_capacity(const kern_table_t *t) { return t->capacity; }
 int kern_table_dim(const kern_table_t *t) { return t->dim; }
 const char *kern_table_name(const kern_table_t *t) { return t->name; }
@@ -1016,15 +1653,29 @@ void kern_table_stats(const kern_table_t *t, kern_table_stats_t *st /* OUT */)
     int64_t nslots = 0;
     for (const seg_t *g = t->seg; g < t->seg + t->nseg; g++)
         nslots += g->nslots;
-    *st = (kern_table_stats_t){.size = t->size,
-                               .capacity = t->capacity,
-                               .limit = t->limit,
+    *st = (kern_table_stats_t){.size = kern_table_size(t),
+                               .capacity = t->cold ? t->all_capacity : t->capacity,
+                               .limit = t->cold ? t->all_limit : t->limit,
                                .nslots = nslots,
                                .nsegments = t->nseg,
                                .evictions = t->evictions,
                                .eviction_batches = t->eviction_batches,
                                .changed_pending = t->nchg,
-                               .last_visited = t->last_visited};
+                               .last_visited = t->last_visited,
+                               .ram_size = t->size,
+                               .ram_hits = t->ram_hits,
+                               .disk_hits = t->disk_hits,
+                               .demoted = t->demoted,
+                               .admit_rejected = t->admit_rejected,
+                               .expired = t->expired};
+    if (t->cold) {
+        kern_tier_stats_t ts;
+        kern_tier_stats(t->cold, &ts);
+        st->disk_size = kern_tier_size(t->cold);
+        st->pages_read = ts.pages_read;
+        st->pages_written = ts.pages_written;
+        st->page_bytes = ts.page_bytes;
+    }
 }
 
 size_t kern_table_bytes(const kern_table_t *t)

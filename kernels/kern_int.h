@@ -1,0 +1,93 @@
+/*
+ * kernels/kern_int.h - what only kernels/ uses: the disk tier of a table
+ * (kern_tier.c), which kern_table.c keeps the rows in that do not fit the
+ * RAM it was given.
+ *
+ * The tier is a hash table in one file: pages of fixed-size records, a
+ * key's home page picked by its hash, a full page spilling into the next
+ * (page-granular linear probing; the file has spare pages at its end so a
+ * run never wraps). A record is the whole row: key, change stamp, use
+ * (lru: step of last use, lfu: use count), adam's update count, then the
+ * values and the optimizer state. Nothing of a row stays in RAM; per page
+ * the tier keeps in RAM its record count and the smallest and largest
+ * stamp, so an incremental dump reads only pages with changed rows and an
+ * expiry reads only pages with old ones (24 bytes per page: docs/models.md).
+ *
+ * Tiers are exclusive: a key's row lives in the RAM slab or here, never in
+ * both (kern_table.c takes rows out when it brings them in). Every call
+ * does its page I/O itself with pread/pwrite, pages in ascending order;
+ * each table has its own tier, so tables run in parallel but one tier is
+ * not thread-safe.
+ */
+#ifndef KILN_KERNELS_KERN_INT_H
+#define KILN_KERNELS_KERN_INT_H
+
+#include <stdint.h>
+
+#include "kern.h"
+
+/* The fixed head of a record; dim values and nstate*dim optimizer state
+ * floats follow it. */
+typedef struct {
+    int64_t key;
+    int64_t stamp;      /* step of the row's last change */
+    uint32_t use;       /* lru: low 32 bits of the step of last use; lfu: use count */
+    uint32_t opt_steps; /* adam's update count */
+} kern_rec_t;
+
+typedef struct kern_tier kern_tier_t;
+
+/* Reports a record a call removed for good (evicted, expired): key, stamp. */
+typedef int (*kern_tier_gone_fn)(void *ctx, int64_t key, int64_t stamp);
+/* Receives records in chunks: n records of rec_bytes each at recs. */
+typedef int (*kern_tier_chunk_fn)(void *ctx, int64_t n, const void *recs);
+
+/* Creates the tier file at path (truncated; removed again by close) for
+ * about `rows` records of nfloat floats. Returns 0, KILN_EIO (the message
+ * names the path) or KILN_ENOMEM. */
+int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat,
+                   kern_tier_t **out /* OUT */);
+void kern_tier_close(kern_tier_t *c);
+
+/* Bytes of one record (kern_rec_t, the floats, padding to 8). */
+size_t kern_tier_rec_bytes(const kern_tier_t *c);
+int64_t kern_tier_size(const kern_tier_t *c);
+
+/* Takes the records of keys[n] (distinct) out of the tier: found[i] = 1 and
+ * record i of out (n records) filled for those it holds, found[i] = 0 for
+ * the others. Returns 0, KILN_EIO or KILN_ENOSPC. */
+int kern_tier_take(kern_tier_t *c, int64_t n, const int64_t *keys, void *out /* OUT (n) */,
+                   uint8_t *found /* OUT (n) */);
+/* Counts which of keys[n] the tier holds (found[i]), reading their pages. */
+int kern_tier_has(kern_tier_t *c, int64_t n, const int64_t *keys, uint8_t *found /* OUT (n) */);
+/* Writes n records: a key the tier holds has its record replaced, others
+ * are added. Returns 0, KILN_EIO or KILN_ENOSPC (the disk, or the file's
+ * spare pages, ran out: the message says which and what to do). */
+int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs);
+/* Removes keys[n] that the tier holds, reporting each to gone. */
+int kern_tier_delete(kern_tier_t *c, int64_t n, const int64_t *keys, kern_tier_gone_fn gone,
+                     void *ctx, int64_t *ndeleted /* OUT */);
+/* Removes `need` records of lowest priority (prio(use) ascending) found in
+ * a seeded sample of pages holding at least 4 x need records, reporting
+ * each to gone. */
+int kern_tier_evict(kern_tier_t *c, int64_t need, uint64_t seed,
+                    uint32_t (*prio)(const void *pctx, const kern_rec_t *r), const void *pctx,
+                    kern_tier_gone_fn gone, void *ctx, int64_t *nevicted /* OUT */);
+/* Removes every record with stamp < before, reporting each to gone. */
+int kern_tier_expire(kern_tier_t *c, int64_t before, kern_tier_gone_fn gone, void *ctx,
+                     int64_t *nexpired /* OUT */);
+/* Counts the records with stamp > since (since < 0: all of them), reading
+ * only pages whose largest stamp is above since. */
+int kern_tier_count(kern_tier_t *c, int64_t since, int64_t *n /* OUT */);
+/* Hands the records with stamp > since to fn in page order, a page's worth
+ * at a time. */
+int kern_tier_each(kern_tier_t *c, int64_t since, kern_tier_chunk_fn fn, void *ctx);
+
+typedef struct {
+    int64_t pages_read, pages_written; /* since open */
+    int64_t page_bytes;
+    int64_t npages;                     /* in the file */
+} kern_tier_stats_t;
+void kern_tier_stats(const kern_tier_t *c, kern_tier_stats_t *st /* OUT */);
+
+#endif /* KILN_KERNELS_KERN_INT_H */
