@@ -299,8 +299,51 @@ static int refuse_nonfinite(const char *what, float v)
 enum { A_KEYS, A_VALUES, A_OPT, A_STEPS, A_COUNT };
 static const char *const array_names[A_COUNT] = {"keys", "values", "opt", "opt_steps"};
 
+/* One table's arrays being written: the writers, and what every chunk
+ * is checked for. */
+typedef struct {
+    npy_writer_t w[A_COUNT];
+    const char *tname;
+    int rank, dim, ns;
+    bool steps;
+} rows_out_t;
+
+/* Writes m rows given as parallel arrays (opt and sb as the arrays in
+ * use), refusing values that are not finite. */
+static int emit_rows(rows_out_t *o, int64_t m, const int64_t *kb, const float *vb,
+                     const float *ob, const uint32_t *sb)
+{
+    const int dim = o->dim, ns = o->ns;
+    int64_t bad = first_nonfinite(vb, m * dim), bad_opt = -1;
+    if (bad < 0 && ns > 0)
+        bad_opt = first_nonfinite(ob, m * ns * dim);
+    if (bad >= 0 || bad_opt >= 0) {
+        char what[256];
+        int64_t row = bad >= 0 ? bad / dim : bad_opt / (ns * dim);
+        snprintf(what, sizeof what, "table '%s' (rank %d): the %s of key %" PRId64, o->tname,
+                 o->rank, bad >= 0 ? "row" : "optimizer state", kb[row]);
+        return refuse_nonfinite(what, bad >= 0 ? vb[bad] : ob[bad_opt]);
+    }
+    KILN_CHECK(npy_write(&o->w[A_KEYS], kb, (size_t)m * 8));
+    KILN_CHECK(npy_write(&o->w[A_VALUES], vb, (size_t)(m * dim) * 4));
+    if (ns > 0)
+        KILN_CHECK(npy_write(&o->w[A_OPT], ob, (size_t)(m * ns * dim) * 4));
+    if (o->steps)
+        KILN_CHECK(npy_write(&o->w[A_STEPS], sb, (size_t)m * 4));
+    return 0;
+}
+
+/* kern_table_disk_each's callback: the rows on disk, straight through. */
+static int emit_disk(void *ctx, int64_t n, const int64_t *keys, const float *values,
+                     const float *opt, const uint32_t *opt_steps)
+{
+    return emit_rows(ctx, n, keys, values, opt, opt_steps);
+}
+
+/* Writes the rows (n) of t's RAM, then (disk_since > -2) the rows on disk
+ * with stamp > disk_since: a tiered table's dump covers both tiers. */
 static int write_rows(const char *dir, int rank, kern_table_t *t, const int32_t *rows, int64_t n,
-                      bool include_opt, rt_ckpt_part_t *part)
+                      int64_t disk_since, bool include_opt, int64_t *nout, rt_ckpt_part_t *part)
 {
     kern_slab_t sl;
     kern_table_slab(t, &sl);
@@ -311,14 +354,18 @@ static int write_rows(const char *dir, int rank, kern_table_t *t, const int32_t 
     const int64_t width[A_COUNT] = {0, dim, (int64_t)ns * dim, 0};
     const npy_dtype_t dts[A_COUNT] = {NPY_I8, NPY_F4, NPY_F4, NPY_U4};
     const bool on[A_COUNT] = {true, true, ns > 0, steps};
-    npy_writer_t w[A_COUNT];
+    rows_out_t o = {.tname = tname, .rank = rank, .dim = dim, .ns = ns, .steps = steps};
     ckpt_file_t files[A_COUNT];
+    int64_t ndisk = 0;
+    int rc = kern_table_disk_count(t, disk_since, &ndisk);
+    if (rc < 0)
+        return rc;
+    int64_t total = n + ndisk;
     int64_t chunk = n < CHUNK_ROWS ? (n > 0 ? n : 1) : CHUNK_ROWS;
     size_t rowb = 8 + 4 * (size_t)dim + 4 * (size_t)ns * (size_t)dim + 4;
     char *buf = kiln_malloc((size_t)chunk * rowb);
-    int rc = 0;
     for (int a = 0; a < A_COUNT; a++)
-        w[a] = (npy_writer_t){.fd = -1};
+        o.w[a] = (npy_writer_t){.fd = -1};
     if (buf == NULL)
         return KILN_ENOMEM;
     for (int a = 0; a < A_COUNT; a++) {
@@ -326,7 +373,7 @@ static int write_rows(const char *dir, int rank, kern_table_t *t, const int32_t 
             continue;
         char name[160];
         snprintf(name, sizeof name, "%s.r%d.%s.npy", tname, rank, array_names[a]);
-        KILN_CHECK_GOTO(npy_open(&w[a], dir, name, dts[a], n, width[a]), rc, out);
+        KILN_CHECK_GOTO(npy_open(&o.w[a], dir, name, dts[a], total, width[a]), rc, out);
     }
     int64_t *kb = (int64_t *)buf;
     float *vb = (float *)(kb + chunk);
@@ -344,60 +391,54 @@ static int write_rows(const char *dir, int rank, kern_table_t *t, const int32_t 
             if (steps)
                 sb[i] = sl.opt_steps[r];
         }
-        int64_t bad = first_nonfinite(vb, m * dim), bad_opt = -1;
-        if (bad < 0 && ns > 0)
-            bad_opt = first_nonfinite(ob, m * ns * dim);
-        if (bad >= 0 || bad_opt >= 0) {
-            char what[256];
-            int64_t row = bad >= 0 ? bad / dim : bad_opt / (ns * dim);
-            snprintf(what, sizeof what, "table '%s' (rank %d): the %s of key %" PRId64, tname, rank,
-                     bad >= 0 ? "row" : "optimizer state", kb[row]);
-            rc = refuse_nonfinite(what, bad >= 0 ? vb[bad] : ob[bad_opt]);
-            goto out;
-        }
-        KILN_CHECK_GOTO(npy_write(&w[A_KEYS], kb, (size_t)m * 8), rc, out);
-        KILN_CHECK_GOTO(npy_write(&w[A_VALUES], vb, (size_t)(m * dim) * 4), rc, out);
-        if (ns > 0)
-            KILN_CHECK_GOTO(npy_write(&w[A_OPT], ob, (size_t)(m * ns * dim) * 4), rc, out);
-        if (steps)
-            KILN_CHECK_GOTO(npy_write(&w[A_STEPS], sb, (size_t)m * 4), rc, out);
+        KILN_CHECK_GOTO(emit_rows(&o, m, kb, vb, ob, sb), rc, out);
     }
+    if (ndisk > 0)
+        KILN_CHECK_GOTO(kern_table_disk_each(t, disk_since, emit_disk, &o), rc, out);
     for (int a = 0; a < A_COUNT; a++) {
         if (!on[a])
             continue;
-        files[a] = (ckpt_file_t){.rank = rank, .rows = n};
+        files[a] = (ckpt_file_t){.rank = rank, .rows = total};
         snprintf(files[a].table, sizeof files[a].table, "%s", tname);
         snprintf(files[a].array, sizeof files[a].array, "%s", array_names[a]);
-        rc = npy_close(&w[a], &files[a]);
+        rc = npy_close(&o.w[a], &files[a]);
         if (rc < 0)
             goto out;
         KILN_CHECK_GOTO(ckpt_part_add(part, &files[a]), rc, out);
     }
+    *nout = total;
 out:
     for (int a = 0; a < A_COUNT; a++)
-        if (w[a].path != NULL)
-            npy_abort(&w[a]);
+        if (o.w[a].path != NULL)
+            npy_abort(&o.w[a]);
     free(buf);
     return rc;
 }
 
-static int write_evicted(const char *dir, int rank, kern_table_t *t, int64_t *nout,
-                         rt_ckpt_part_t *part)
+/* Writes t's 1-D array `array` of n elements of dt, element i given by
+ * get(src, i) (a key of the removal log, a counter of the sketch). */
+static int write_flat(const char *dir, int rank, kern_table_t *t, const char *array,
+                      npy_dtype_t dt, int64_t n, int64_t (*get)(const void *src, int64_t i),
+                      const void *src, rt_ckpt_part_t *part)
 {
-    int64_t n = 0;
-    const kern_evicted_t *ev = kern_table_evicted(t, &n);
     char name[160];
-    snprintf(name, sizeof name, "%s.r%d.evicted.npy", kern_table_name(t), rank);
+    snprintf(name, sizeof name, "%s.r%d.%s.npy", kern_table_name(t), rank, array);
     npy_writer_t w;
-    int rc = npy_open(&w, dir, name, NPY_I8, n, 0);
-    if (rc < 0)
-        return rc;
-    int64_t buf[1024];
+    KILN_CHECK(npy_open(&w, dir, name, dt, n, 0));
+    const size_t esz = dt == NPY_I8 ? 8 : 4;
+    uint8_t buf[8 * 1024];
     for (int64_t at = 0; at < n; at += 1024) {
         int64_t m = n - at < 1024 ? n - at : 1024;
-        for (int64_t i = 0; i < m; i++)
-            buf[i] = ev[at + i].key;
-        rc = npy_write(&w, buf, (size_t)m * 8);
+        for (int64_t i = 0; i < m; i++) {
+            int64_t v = get(src, at + i);
+            if (esz == 8)
+                memcpy(buf + i * 8, &v, 8);
+            else {
+                uint32_t u = (uint32_t)v;
+                memcpy(buf + i * 4, &u, 4);
+            }
+        }
+        int rc = npy_write(&w, buf, (size_t)m * esz);
         if (rc < 0) {
             npy_abort(&w);
             return rc;
@@ -405,10 +446,30 @@ static int write_evicted(const char *dir, int rank, kern_table_t *t, int64_t *no
     }
     ckpt_file_t f = {.rank = rank, .rows = n};
     snprintf(f.table, sizeof f.table, "%s", kern_table_name(t));
-    snprintf(f.array, sizeof f.array, "evicted");
+    snprintf(f.array, sizeof f.array, "%s", array);
     KILN_CHECK(npy_close(&w, &f));
-    *nout = n;
     return ckpt_part_add(part, &f);
+}
+
+static int64_t evicted_key(const void *src, int64_t i) { return ((const kern_evicted_t *)src)[i].key; }
+static int64_t counter(const void *src, int64_t i) { return ((const uint16_t *)src)[i]; }
+
+/* The admission sketch of a table that has one, as uint32 counters (its
+ * decay epoch follows from the checkpoint's step). */
+static int write_admit(const char *dir, int rank, kern_table_t *t, rt_ckpt_part_t *part)
+{
+    int64_t n = 0, epoch = 0;
+    const uint16_t *c = kern_table_admit_sketch(t, &n, &epoch);
+    return n > 0 ? write_flat(dir, rank, t, "admit", NPY_U4, n, counter, c, part) : 0;
+}
+
+static int write_evicted(const char *dir, int rank, kern_table_t *t, int64_t *nout,
+                         rt_ckpt_part_t *part)
+{
+    int64_t n = 0;
+    const kern_evicted_t *ev = kern_table_evicted(t, &n);
+    *nout = n;
+    return write_flat(dir, rank, t, "evicted", NPY_I8, n, evicted_key, ev, part);
 }
 
 int rt_ckpt_write_tables(const char *dir, int rank, int ntables, kern_table_t *const *tables,
@@ -448,9 +509,14 @@ int rt_ckpt_write_tables(const char *dir, int rank, int ntables, kern_table_t *c
             if (rc < 0)
                 goto out;
         }
-        KILN_CHECK_GOTO(write_rows(dir, rank, t, rows, n, include_opt, part), rc, out);
+        int64_t nall = 0;
+        KILN_CHECK_GOTO(write_rows(dir, rank, t, rows, n, since, include_opt, &nall, part), rc,
+                        out);
+        n = nall;
         if (since >= 0)
             KILN_CHECK_GOTO(write_evicted(dir, rank, t, &nev, part), rc, out);
+        if (include_opt)
+            KILN_CHECK_GOTO(write_admit(dir, rank, t, part), rc, out);
         rt_ckpt_table_info_t ti_ = {.dim = sl.dim,
                                     .nstate = include_opt ? sl.nstate : 0,
                                     .opt_steps = include_opt && sl.opt_steps != NULL,

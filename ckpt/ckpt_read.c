@@ -547,6 +547,8 @@ static int load_full_error(const rt_ckpt_chain_t *ch, int level, const rt_ckpt_t
                            int rank, int nranks, const kern_table_t *t)
 {
     int64_t need = kern_table_size(t);
+    kern_table_stats_t st;
+    kern_table_stats(t, &st);
     for (int l = level; l < ch->n; l++) {
         const rt_ckpt_table_info_t *tl = find_table(&ch->items[l]->info, ti->name);
         if (tl != NULL)
@@ -560,9 +562,47 @@ static int load_full_error(const rt_ckpt_chain_t *ch, int level, const rt_ckpt_t
                      "model.embedding.capacity (or the table's capacity in model.tables) to "
                      "at least %lld%s",
                      last->path, ti->name, rank, nranks, (long long)need,
-                     (long long)kern_table_capacity(t),
+                     (long long)st.capacity,
                      (long long)rt_shard_capacity_for(need, rank, nranks),
                      ws != nranks && ws > 0 ? ", or resume on as many ranks as wrote it" : "");
+}
+
+/* Loads table t's admission sketch from checkpoint c: this rank's as it
+ * was on as many ranks, else the sum of every rank's (a key's count is
+ * then at least what its owner saw). A checkpoint without one (admission
+ * turned on since) leaves the counters at zero. */
+static int load_admit(const rt_ckpt_t *c, int rank, int nranks, kern_table_t *t, int64_t step)
+{
+    int64_t n = 0, epoch = 0;
+    if (kern_table_admit_sketch(t, &n, &epoch) == NULL)
+        return 0;
+    int rc = 0;
+    bool first = true;
+    for (int src = 0; rc == 0 && src < c->info.world_size; src++) {
+        if (c->info.world_size == nranks && src != rank)
+            continue;
+        const ckpt_file_t *f = find_file(c, kern_table_name(t), src, "admit");
+        if (f == NULL)
+            continue;
+        npy_reader_t r;
+        char *path = NULL;
+        uint32_t *raw = kiln_malloc(sizeof *raw * (size_t)n);
+        uint16_t *cnt = kiln_malloc(sizeof *cnt * (size_t)n);
+        rc = raw && cnt ? open_array(c, f, NPY_U4, 0, &r, &path) : KILN_ENOMEM;
+        if (rc == 0) {
+            if (r.rows != n)
+                rc = kern_table_admit_load(t, NULL, r.rows, step, false); /* names the sizes */
+            else if ((rc = npy_read_rows(&r, path, 0, n, raw)) == 0) {
+                for (int64_t i = 0; i < n; i++)
+                    cnt[i] = (uint16_t)(raw[i] < 65535 ? raw[i] : 65535);
+                rc = kern_table_admit_load(t, cnt, n, step, !first);
+                first = false;
+            }
+            npy_read_close(&r);
+        }
+        KILN_FREE_ALL(path, raw, cnt);
+    }
+    return rc;
 }
 
 int rt_ckpt_load_tables(const rt_ckpt_chain_t *ch, int rank, int nranks, int ntables,
@@ -597,6 +637,8 @@ int rt_ckpt_load_tables(const rt_ckpt_chain_t *ch, int rank, int nranks, int nta
             }
         }
     }
+    for (int t = 0; t < ntables; t++)
+        KILN_CHECK(load_admit(ch->items[ch->n - 1], rank, nranks, tables[t], step));
     rt_ckpt_mark_dumped(ntables, tables, step);
     return 0;
 }

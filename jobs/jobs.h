@@ -74,6 +74,20 @@ typedef struct job_embedding {
     job_eviction_t eviction; /* lru */
     job_init_t init;         /* uniform */
     double init_scale;       /* uniform: U(-s, s); normal: N(0, s); default 0.01 */
+    /* Tables larger than memory (docs/models.md): RAM each rank gives the
+     * table's rows, as bytes or as a share of its rows; neither set (0):
+     * every row in RAM. The rest live on disk under spill_dir. */
+    int64_t memory_bytes;
+    double memory_share;     /* (0, 1] */
+    char *spill_dir;         /* model.embedding's only (tables use it); NULL: the run's
+                                scratch directory */
+    struct {
+        int64_t min_count;   /* 1: every key gets a row at once */
+        int64_t sketch_width;
+        int64_t decay_steps; /* 0: counts never decay */
+    } admit;
+    int64_t ttl_steps;       /* rows untouched this many steps are removed; 0: never */
+    int64_t ttl_ms;          /* ... or this long (wall clock); 0: never */
 } job_embedding_t;
 
 /* One embedding table. Without a `tables:` list there is one table per

@@ -71,6 +71,7 @@ static void build_tables(ctx_t *c)
             yaml_document_get_node(c->doc, c->tables->data.sequence.items.start[i]);
         job_table_t *t = &s->model.tables[s->model.ntables++];
         t->emb = s->model.embedding;
+        t->emb.spill_dir = NULL; /* model.embedding's is the job's */
         spec_index_path(ip, "model.tables", i);
         spec_walk_map(c, spec_table_fields, item, (char *)t, ip);
     }
@@ -105,6 +106,7 @@ static void build_tables(ctx_t *c)
             continue;
         job_table_t *t = &s->model.tables[s->model.ntables++];
         t->emb = s->model.embedding;
+        t->emb.spill_dir = NULL;
         t->name = kiln_asprintf("slot%d", slot);
         t->slots = kiln_malloc(sizeof *t->slots);
         if (t->name == NULL || t->slots == NULL) {
@@ -410,7 +412,7 @@ void job_spec_fini(job_spec_t *s)
         free(s->model.tables[i].slots);
     }
     KILN_FREE_ALL(s->model.tables, s->train.init_from_checkpoint, s->checkpoint.dir,
-                  s->push.token_env);
+                  s->push.token_env, s->model.embedding.spill_dir);
     for (int i = 0; i < s->push.nendpoints; i++)
         KILN_FREE_ALL(s->push.endpoints[i].url, s->push.endpoints[i].model,
                       s->push.endpoints[i].label);

@@ -212,6 +212,10 @@ static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val
 static void parse_column_list(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                               const char *path);
 static const char *check_column(const char *s, char *buf, size_t bufsz);
+static void parse_memory(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                         const char *path);
+static void parse_ttl(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                      const char *path);
 
 /* ---- the schema ------------------------------------------------------------------------
  * Offsets of rows inside a GROUP are relative to job_spec_t (the group is an
@@ -281,6 +285,12 @@ static const field_t data_fields[] = {
     MAP("columns", job_spec_t, data.columns, columns_fields, 0),
     FIELD_END};
 
+static const field_t admit_fields[] = {
+    I64("min_count", job_embedding_t, admit.min_count, 1, 1, 65535),
+    I64("sketch_width", job_embedding_t, admit.sketch_width, 65536, 64, INT64_C(1) << 28),
+    I64("decay_steps", job_embedding_t, admit.decay_steps, 0, 0, INT64_MAX),
+    FIELD_END};
+
 static const field_t embedding_fields[] = {
     INT("dim", job_embedding_t, dim, 16, 1, 1024),
     ENUM("combiner", job_embedding_t, combiner, JOB_COMB_SUM, combiner_names),
@@ -288,6 +298,15 @@ static const field_t embedding_fields[] = {
     ENUM("eviction", job_embedding_t, eviction, JOB_EVICT_LRU, eviction_names),
     ENUM("init", job_embedding_t, init, JOB_INIT_UNIFORM, init_names),
     NUM("init_scale", job_embedding_t, init_scale, 0.01, 0.0, INFINITY, 0),
+    {.key = "memory", .type = T_FN, .fn = parse_memory},
+    GROUP("admit", admit_fields, 0),
+    {.key = "ttl", .type = T_FN, .fn = parse_ttl},
+    FIELD_END};
+
+/* model.embedding: every table's settings, and the job's spill directory. */
+static const field_t model_embedding_fields[] = {
+    {.key = "", .type = T_INLINE, .off = 0, .sub = embedding_fields},
+    STR("spill_dir", job_embedding_t, spill_dir, NULL, F_NONEMPTY, NULL),
     FIELD_END};
 
 /* One entry of model.tables: a name, the slots it reads, and any of the
@@ -298,7 +317,7 @@ const field_t spec_table_fields[] = {STR("name", job_table_t, name, NULL, F_REQU
 
 static const field_t model_fields[] = {
     ENUM("type", job_spec_t, model.type, JOB_MODEL_LR, model_type_names),
-    MAP("embedding", job_spec_t, model.embedding, embedding_fields, 0),
+    MAP("embedding", job_spec_t, model.embedding, model_embedding_fields, 0),
     INTLIST("bottom_mlp", job_spec_t, model.bottom_mlp, model.nbottom, 1, 65536, 16),
     INTLIST("top_mlp", job_spec_t, model.top_mlp, model.ntop, 1, 65536, 16),
     FN("tables", defer_tables, 0),
@@ -560,6 +579,74 @@ static void set_string_list(const field_t *f, char *base, char **v, int n)
     free(*p);
     *p = v;
     *(int *)(base + f->off2) = n;
+}
+
+/* model.embedding.memory: "25%" (a share of the table's rows on each rank)
+ * or bytes per rank, e.g. 2GiB, 512MiB, 1000000 (units KiB..TiB, KB..TB). */
+static void parse_memory(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                         const char *path)
+{
+    (void)f;
+    job_embedding_t *e = (job_embedding_t *)base;
+    const char *s = spec_scalar(val);
+    char gb[64], *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v > 0)) {
+        spec_diag(c, val, path, "expected a share like 25%% or a size like 2GiB, got %s",
+                  spec_got(val, gb, sizeof gb));
+        return;
+    }
+    if (strcmp(end, "%") == 0) {
+        if (v > 100) {
+            spec_diag(c, val, path, "a share must be at most 100%%, got %s", s);
+            return;
+        }
+        e->memory_share = v / 100.0;
+        e->memory_bytes = 0;
+        return;
+    }
+    static const struct {
+        const char *unit;
+        double mult;
+    } units[] = {{"", 1},          {"B", 1},          {"KiB", 1024.0},   {"MiB", 1048576.0},
+                 {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
+                 {"GB", 1e9},      {"TB", 1e12}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].unit) == 0 && v * units[i].mult < 9e18) {
+            e->memory_bytes = (int64_t)(v * units[i].mult);
+            e->memory_share = 0;
+            return;
+        }
+    }
+    spec_diag(c, val, path, "expected a share like 25%% or a size like 2GiB (units B, KiB, MiB, "
+              "GiB, TiB, KB, MB, GB, TB), got %s", spec_got(val, gb, sizeof gb));
+}
+
+/* model.embedding.ttl: a number of steps ("5000", or "5000 steps": the same
+ * on every rerun) or a duration ("30d", "12h"). */
+static void parse_ttl(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                      const char *path)
+{
+    (void)f;
+    job_embedding_t *e = (job_embedding_t *)base;
+    const char *s = spec_scalar(val);
+    char gb[64], *end = NULL;
+    errno = 0;
+    long long n = strtoll(s, &end, 10);
+    if (end != s && !errno && n > 0 && (*end == '\0' || strcmp(end, " steps") == 0)) {
+        e->ttl_steps = n;
+        e->ttl_ms = 0;
+        return;
+    }
+    int64_t ms = 0;
+    if (s[0] != '\0' && kiln_duration_parse(s, &ms) == 0 && ms > 0) {
+        e->ttl_ms = ms;
+        e->ttl_steps = 0;
+        return;
+    }
+    spec_diag(c, val, path, "expected a number of steps (5000 or \"5000 steps\") or a duration "
+              "like 30d or 12h, got %s", spec_got(val, gb, sizeof gb));
 }
 
 static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,

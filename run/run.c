@@ -155,6 +155,18 @@ int run_result_write(const char *run_dir, const run_result_t *r, FILE *out)
                   "malformed", (json_int_t)r->malformed, "checkpoint",
                   r->checkpoint[0] ? json_string(r->checkpoint) : json_null(), "dense_kernels",
                   r->dense_kernels);
+    const run_tables_t *t = &r->tables;
+    json_t *tab = json_pack("{s:b, s:I, s:I, s:o, s:I, s:I, s:I, s:I}", "tiered", t->tiered,
+                            "rows_ram", (json_int_t)t->rows_ram, "rows_disk",
+                            (json_int_t)t->rows_disk, "ram_hit_rate", kiln_json_num(t->ram_hit_rate),
+                            "disk_read_bytes", (json_int_t)t->disk_read_bytes,
+                            "disk_written_bytes", (json_int_t)t->disk_written_bytes,
+                            "rows_expired", (json_int_t)t->rows_expired, "admit_rejected",
+                            (json_int_t)t->admit_rejected);
+    if (o != NULL && (tab == NULL || json_object_set_new(o, "tables", tab) < 0)) {
+        json_decref(o);
+        o = NULL;
+    }
     if (o == NULL)
         return KILN_ENOMEM;
     if (out != NULL) {
@@ -188,6 +200,15 @@ int run_result_read(const char *run_dir, run_result_t *out)
     out->eval_auc = num_of(o, RUN_FIG_EVAL_AUC);
     out->keys = int_of(o, "keys");
     out->malformed = int_of(o, "malformed");
+    json_t *tab = json_object_get(o, "tables");
+    out->tables = (run_tables_t){.tiered = json_is_true(json_object_get(tab, "tiered")),
+                                 .rows_ram = int_of(tab, "rows_ram"),
+                                 .rows_disk = int_of(tab, "rows_disk"),
+                                 .ram_hit_rate = num_of(tab, "ram_hit_rate"),
+                                 .disk_read_bytes = int_of(tab, "disk_read_bytes"),
+                                 .disk_written_bytes = int_of(tab, "disk_written_bytes"),
+                                 .rows_expired = int_of(tab, "rows_expired"),
+                                 .admit_rejected = int_of(tab, "admit_rejected")};
     json_decref(o);
     return 0;
 }

@@ -99,6 +99,17 @@ int run_progress_write(FILE *f, const run_progress_t *p);
  * (the caller skips it). */
 int run_progress_parse(const char *line, run_progress_t *out /* OUT */);
 
+/* The embedding tables at the end of a run (result.json "tables"): where
+ * their rows live and what the disk tier, expiry and admission did. */
+typedef struct run_tables {
+    bool tiered;               /* some table kept rows on disk */
+    int64_t rows_ram, rows_disk;
+    double ram_hit_rate;       /* of the keys looked up, the share found in RAM; NAN: none */
+    int64_t disk_read_bytes, disk_written_bytes;
+    int64_t rows_expired;      /* removed by model.embedding.ttl */
+    int64_t admit_rejected;    /* lookups of keys not admitted yet */
+} run_tables_t;
+
 /* ---- result.json ----------------------------------------------------------------------
  * What a run did, written once at the end by rank 0 (also printed as one
  * JSON line on stdout). NAN: not measured (no eval data). */
@@ -116,6 +127,7 @@ typedef struct run_result {
     char checkpoint[64];     /* uid of the checkpoint written at the end; "" none */
     char dense_kernels[64];  /* the BLAS kernel set the dense math ran: "OpenBLAS 0.3.21
                                 Cooperlake" (model_kernels_t.name) */
+    run_tables_t tables;
 } run_result_t;
 
 /* Writes run_dir/result.json atomically and, when out is not NULL, the same

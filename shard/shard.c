@@ -387,6 +387,8 @@ static int lookup_local(rt_shard_t *s, const int64_t *const *keys, const int64_t
     /* The message is the table's own; kiln-train's report names the rank. */
     if (bad_rc < 0)
         return kiln_errf(bad_rc, "%s", msg);
+    if (!insert)
+        rt_store_unpin(s->store, step);
     s->bytes_last = 0;
     *values = s->values;
     return 0;
@@ -476,6 +478,8 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
             KILN_CHECK(rt_store_read(s->store, t, s->rcnt[r * T + t], rows + k0, sf + f0));
         }
     }
+    if (!insert)
+        rt_store_unpin(s->store, step);
     KILN_CHECK(exchange(s, sf, s->flt_rc, s->flt_rd, rf, s->flt_sc, s->flt_sd, sizeof(float)));
 
     /* 5. Unpack into per-table arrays in the caller's key order. */
@@ -524,6 +528,20 @@ static int update_local(rt_shard_t *s, const double *const *grads, const kern_op
         s->ug[t].rows = s->loc_pos[t];
         s->ug[t].grads = g;
         s->ug[t].n = s->nkeys[t];
+        /* Keys not admitted yet (row -1, kern.h) take no update: leave them
+         * out, in place (rows and gradients are this step's scratch). */
+        const int dim = s->dims[t];
+        int64_t k = 0;
+        for (int64_t i = 0; i < s->ug[t].n; i++) {
+            if (s->loc_pos[t][i] < 0)
+                continue;
+            if (k != i) {
+                s->loc_pos[t][k] = s->loc_pos[t][i];
+                memmove(g + k * dim, g + i * dim, sizeof(float) * (size_t)dim);
+            }
+            k++;
+        }
+        s->ug[t].n = k;
     }
     return rt_store_update(s->store, opt, s->ug, step);
 }
@@ -594,6 +612,8 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
             int64_t n = s->rcnt[r * T + t];
             for (int64_t i = 0; i < n; i++) {
                 int32_t row = rows[k0 + i];
+                if (row < 0)
+                    continue; /* a key not admitted yet: no row, no update */
                 const double *g = rf + 2 * (f0 + i * dim);
                 int32_t at = mark[row];
                 if (at < 0) {

@@ -121,6 +121,9 @@ int64_t rt_store_size(const rt_store_t *s, int t);
  * t's working copy: keys (n) -> rows (n), host arrays. */
 int rt_store_find(rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step, bool insert,
                   int32_t *rows /* OUT (n) */);
+/* After a lookup without insert has read its rows: lets the next one at the
+ * same step move them (kern_table_unpin; a host table with a disk tier). */
+void rt_store_unpin(rt_store_t *s, int64_t step);
 /* out (n, dim) = the values of rows (n); row -1 reads as zeros. */
 int rt_store_read(rt_store_t *s, int t, int64_t n, const int32_t *rows, float *out /* OUT */);
 /* The fused sparse update of every table: ug[t] holds unique rows and their

@@ -64,8 +64,7 @@ static int host_find(kern_table_t *tb, int64_t n, const int64_t *keys, int64_t s
 {
     if (insert)
         return kern_table_find_or_insert(tb, n, keys, step, rows);
-    kern_table_find(tb, n, keys, rows);
-    return 0;
+    return kern_table_fetch(tb, n, keys, step, rows); /* brings rows in from disk */
 }
 
 static int host_read(kern_table_t *tb, int64_t n, const int32_t *rows, float *out)
@@ -331,6 +330,14 @@ int rt_store_find(rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t 
     if (s->work)
         return s->work->ops->find(s->work, t, n, keys, step, insert, rows);
     return host_find(s->mirror[t], n, keys, step, insert, rows);
+}
+
+void rt_store_unpin(rt_store_t *s, int64_t step)
+{
+    if (s->work)
+        return; /* the twin and the GPU hold every row */
+    for (int t = 0; t < s->ntables; t++)
+        kern_table_unpin(s->mirror[t], step);
 }
 
 int rt_store_read(rt_store_t *s, int t, int64_t n, const int32_t *rows, float *out)

@@ -473,6 +473,128 @@ static void test_twin_store_matches_host(void **state)
     host_and_twin(specs2, "part2", more2);
 }
 
+/* Tables larger than memory (kernels/kern_tier.c): the same fm job with
+ * every row in RAM and with a tenth of its rows in RAM (the rest on disk)
+ * (24 KiB a table per rank: about 260 rows, a sixth to a tenth of what the
+ * big slots hold per rank after 40 steps; one step of 3 ranks brings at
+ * most 192 keys to an owner)
+ * must write the same checkpoints bit for bit on 2 ranks (a full dump and
+ * incrementals), and again after each resumes on 1 and on 3 ranks; then the
+ * same with admission and expiry on, which must have acted. */
+static void tier_spec(const char *name, const char *emb_extra, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "name: %s\n"
+            "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+            "model:\n  type: fm\n  embedding: {dim: 8, capacity: 20000%s}\n"
+            "train: {batch_size: 64, seed: 7, init_from: none}\n"
+            "checkpoint: {dir: ckpt/%s, every_steps: 12, full_every: 3, keep: 10}\n",
+            name, emb_extra, name);
+    fclose(f);
+}
+
+static void tier_phase(const char *const spec[2], const char *phase, int np,
+                       const char *const *more[2], json_t *res[2])
+{
+    static const char *const names[2] = {"ram", "tier"};
+    result_t *r = malloc(sizeof *r);
+    for (int k = 0; k < 2; k++) {
+        char rn[80];
+        snprintf(rn, sizeof rn, "tier-%s-%s", names[k], phase);
+        res[k] = train_with(np, spec[k], rn, r, more[k]);
+        if (res[k] == NULL)
+            fail_msg("%s, %s: kiln-train failed (%d): %s", names[k], phase, r->code, r->err);
+    }
+    free(r);
+    print_message("%s: steps %d, keys %d\n", phase, (int)num(res[1], "steps"),
+                  (int)num(res[1], "keys"));
+    assert_int_equal((int)num(res[0], "keys"), (int)num(res[1], "keys"));
+    assert_true(num(res[0], "eval_logloss") == num(res[1], "eval_logloss"));
+}
+
+static void tier_compare(const char *const root[2], const char *phase)
+{
+    wcmp_t c = {0};
+    compare_weights(root[0], root[1], &c);
+    print_message("all in RAM vs rows on disk, %s: %lld values, worst |diff| %.3g\n", phase,
+                  (long long)c.checked, c.worst_abs);
+    assert_true(c.checked > 0);
+    assert_true(c.worst_abs == 0.0);
+}
+
+static const char *latest_ckpt(const char *root, char *out, size_t cap)
+{
+    rt_ckpt_chain_t ch;
+    fx_open_latest(root, &ch);
+    snprintf(out, cap, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
+    rt_ckpt_chain_fini(&ch);
+    return out;
+}
+
+static void tier_case(const char *tag, const char *extra, const char *memory)
+{
+    char spec[2][400], root[2][400], name[2][64], emb[2][300];
+    for (int k = 0; k < 2; k++) {
+        snprintf(name[k], sizeof name[k], "%s-%s", tag, k ? "tier" : "ram");
+        snprintf(emb[k], sizeof emb[k], "%s%s%s%s", extra, k ? ", memory: " : "", k ? memory : "",
+                 k ? ", spill_dir: spill" : "");
+        tier_spec(name[k], emb[k], spec[k], sizeof spec[k]);
+        snprintf(root[k], sizeof root[k], "%s/ckpt/%s", tmpdir, name[k]);
+    }
+    const char *const specs[2] = {spec[0], spec[1]};
+    const char *const roots[2] = {root[0], root[1]};
+    json_t *res[2];
+    const char *stop[] = {"--max-steps", "40", NULL};
+    const char *const *more[2] = {stop, stop};
+    char phase[64];
+    snprintf(phase, sizeof phase, "%s-2", tag);
+    tier_phase(specs, phase, 2, more, res);
+    json_t *tab = json_object_get(res[1], "tables");
+    char *tj = json_dumps(tab, JSON_COMPACT);
+    print_message("%s, tables: %s\n", tag, tj);
+    free(tj);
+    assert_true(json_is_true(json_object_get(tab, "tiered")));
+    /* the slots with many keys outgrow their 10% (small ones fit in RAM) */
+    assert_true(json_integer_value(json_object_get(tab, "rows_disk")) > 0);
+    assert_true(json_integer_value(json_object_get(tab, "disk_read_bytes")) > 0);
+    if (strstr(extra, "ttl")) {
+        for (int k = 0; k < 2; k++) {
+            json_t *t = json_object_get(res[k], "tables");
+            assert_true(json_integer_value(json_object_get(t, "rows_expired")) > 0);
+            assert_true(json_integer_value(json_object_get(t, "admit_rejected")) > 0);
+        }
+        assert_true(json_equal(json_object_get(json_object_get(res[0], "tables"), "rows_expired"),
+                               json_object_get(tab, "rows_expired")));
+    }
+    json_decref(res[0]);
+    json_decref(res[1]);
+    tier_compare(roots, phase);
+    for (int np = 1; np <= 3; np += 2) {
+        char ck[2][400];
+        const char *a0[] = {"--resume", latest_ckpt(root[0], ck[0], sizeof ck[0]), "--max-steps",
+                            "56", NULL};
+        const char *a1[] = {"--resume", latest_ckpt(root[1], ck[1], sizeof ck[1]), "--max-steps",
+                            "56", NULL};
+        const char *const *m[2] = {a0, a1};
+        snprintf(phase, sizeof phase, "%s-resume-%d", tag, np);
+        tier_phase(specs, phase, np, m, res);
+        json_decref(res[0]);
+        json_decref(res[1]);
+        tier_compare(roots, phase);
+    }
+}
+
+static void test_tables_larger_than_memory(void **state)
+{
+    (void)state;
+    tier_case("tier", "", "24KiB");
+    /* admission keeps the tables small: less RAM so that they spill */
+    tier_case("tier-adm", ", admit: {min_count: 2}, ttl: 20", "12KiB");
+}
+
 /* Trains model on 2 ranks twice, as run[0] and run[1] (spec lines extra[k]
  * appended, kiln-train options more[k]), and checks the same keys, every
  * step's loss and the eval logloss within rel of each other. */
@@ -1713,6 +1835,7 @@ int main(void)
         cmocka_unit_test(test_table_full_message),
         cmocka_unit_test(test_step_matches_reference),
         cmocka_unit_test(test_unseen_keys_read_as_zeros),
+        cmocka_unit_test(test_tables_larger_than_memory),
     };
     /* KILN_TEST_FILTER=test_twin* runs matching tests (cmocka glob).
      * KILN_TEST_GPU=1 (ctest's test_train_gpu) runs the GPU tests alone, or

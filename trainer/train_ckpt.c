@@ -194,6 +194,8 @@ int train_checkpoint(trainer_t *tr, bool online)
     /* With a GPU store the checkpoint reads the host mirror: bring it up to
      * date first (every rank, or none dumps). */
     int rc = agree(rt_store_sync(tr->store, tr->steps));
+    if (rc == 0) /* expired rows leave before the dump, which carries their removal */
+        rc = agree(train_tables_expire(tr));
     if (rc == 0)
         rc = rt_ckpt_dump(MPI_COMM_WORLD, tr->ckpt_root, tr->T, tr->tables, ca, na, in);
     if (rc < 0) {
@@ -204,6 +206,7 @@ int train_checkpoint(trainer_t *tr, bool online)
     }
     snprintf(tr->last_uid, sizeof tr->last_uid, "%s", in->uid);
     snprintf(tr->base_uid, sizeof tr->base_uid, "%s", full ? in->uid : in->base);
+    train_tables_mark_time(tr, in->step, kiln_now_s());
     tr->last_step = in->step;
     tr->chain = in->chain;
     tr->chain_elsewhere = false;
@@ -369,6 +372,9 @@ int train_load_start(trainer_t *tr)
         goto out;
     }
     KILN_CHECK_GOTO(rt_ckpt_load_tables(&ch, tr->rank, tr->nranks, tr->T, tr->tables), rc, out);
+    for (int l = 0; l < ch.n; l++)
+        train_tables_mark_time(tr, rt_ckpt_info(ch.items[l])->step,
+                               rt_ckpt_info(ch.items[l])->created_at);
     KILN_CHECK_GOTO(rt_store_upload(tr->store, in->step), rc, out);
     KILN_CHECK_GOTO(rt_ckpt_read_dense(ch.items[ch.n - 1], &dense, &nd), rc, out);
     rt_model_array_t ma[8];

@@ -46,7 +46,10 @@ int train_predict_files(trainer_t *tr, char **files, int nfiles, const char *wha
         rc = agree(rc);
         if (rc < 0)
             goto out;
-        rc = agree(train_lookup_batch(tr, b, tr->steps, false));
+        /* At the step after the last one trained: a table with rows on disk
+         * keeps the rows a lookup uses in RAM for the rest of its step, and
+         * the last step's rows need not stay (kern_table_unpin). */
+        rc = agree(train_lookup_batch(tr, b, tr->steps + 1, false));
         if (rc < 0)
             goto out;
         const int64_t m = *n + b->n;

@@ -157,6 +157,9 @@ typedef struct trainer {
     int64_t export_step;             /* tr->steps at the last export (or the start): a timed
                                         export with no step since would push nothing new */
     int64_t rec_every;               /* steps between progress records (the loss curve) */
+    int64_t (*marks)[2];             /* (step, unix time) marks for a ttl as a duration */
+    int nmarks, capmarks;
+    int64_t rows_expired;            /* this rank's rows removed by ttl in this run */
     int64_t train_ns;                /* time in the training loop so far */
     char **eval_files;               /* data.eval, expanded (neval); NULL: none */
     int neval;
@@ -216,6 +219,14 @@ void train_hash_inputs(char **files, int nfiles, char out[17]);
 int train_checkpoint(trainer_t *tr, bool online);
 int train_export_requested(trainer_t *tr, bool *want);
 int train_load_start(trainer_t *tr);
+
+/* ---- train_tables.c ---- */
+/* Notes that step ran at unix_s (a ttl given as a duration needs it). */
+void train_tables_mark_time(trainer_t *tr, int64_t step, int64_t unix_s);
+/* Removes the rows past their ttl from this rank's tables (before a dump). */
+int train_tables_expire(trainer_t *tr);
+/* The run's table figures, summed over the ranks into rank 0's out. Collective. */
+int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT */);
 
 /* ---- train_loop.c ---- */
 int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r);

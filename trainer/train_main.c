@@ -247,7 +247,7 @@ static void trainer_fini(trainer_t *tr)
     KILN_FREE_ALL(tr->tables, tr->slot_table, tr->combine, tr->tkeys, tr->tkeys_cap, tr->tn,
                   tr->tinv, tr->tuniq, tr->tuniq_cap, tr->nuniq, tr->tgrad, tr->tgrad_cap,
                   tr->dense_pairs, tr->slot_koff, tr->boff, tr->bags, tr->E, tr->probs,
-                  tr->spec_dir, tr->ckpt_root);
+                  tr->spec_dir, tr->ckpt_root, tr->marks);
     rt_ckpt_unlock(tr->lock);
     state_close(tr->db);
     if (tr->progress)
@@ -450,6 +450,8 @@ static int run(trainer_t *tr)
         rc = rt_mpi_fail(mrc, "MPI_Reduce of the run's key and malformed-line counts");
         goto out;
     }
+    run_tables_t tabs = {0};
+    KILN_CHECK_GOTO(train_tables_report(tr, &tabs), rc, out);
     if (tr->rank == 0) {
         double seconds = (double)tr->train_ns / 1e9;
         run_result_t res = {.rows = tr->samples,
@@ -462,7 +464,8 @@ static int run(trainer_t *tr)
                             .eval_logloss = logloss,
                             .eval_auc = auc,
                             .keys = keys,
-                            .malformed = malformed};
+                            .malformed = malformed,
+                            .tables = tabs};
         snprintf(res.job, sizeof res.job, "%s", tr->spec.name);
         snprintf(res.model, sizeof res.model, "%s", job_model_type_name(tr->spec.model.type));
         snprintf(res.checkpoint, sizeof res.checkpoint, "%s", tr->last_uid);

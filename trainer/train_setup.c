@@ -139,6 +139,46 @@ static rt_dense_opt_type_t dense_opt_of(job_optimizer_type_t t)
     return t == JOB_OPT_SGD ? RT_DENSE_SGD : t == JOB_OPT_ADAM ? RT_DENSE_ADAM : RT_DENSE_ADAGRAD;
 }
 
+/* RAM rows of one table on this rank under model.embedding.memory: a
+ * share of its rows, or bytes over what a row costs in RAM (values and
+ * optimizer state, key, stamp, lru word, index slot; docs/models.md).
+ * 0: every row in RAM. */
+static int64_t ram_rows_of(const job_embedding_t *e, int dim, kern_opt_kind_t opt, int64_t share)
+{
+    int64_t rows = 0;
+    if (e->memory_share > 0)
+        rows = (int64_t)ceil(e->memory_share * (double)share);
+    else if (e->memory_bytes > 0)
+        rows = e->memory_bytes /
+               (int64_t)(4 * dim * (1 + kern_opt_nstate(opt)) + (opt == KERN_OPT_ADAM ? 4 : 0) +
+                         8 + 8 + 2 + 4);
+    else
+        return 0;
+    return rows < share ? (rows > 1 ? rows : 1) : 0;
+}
+
+/* Where table t's disk tier goes on this rank: model.embedding.spill_dir
+ * (relative to the spec), or the run's directory, or $TMPDIR; made here. */
+static int spill_path(trainer_t *tr, const char *table, char *out, size_t cap)
+{
+    const char *sd = tr->spec.model.embedding.spill_dir;
+    char *dir = NULL;
+    if (sd)
+        dir = train_spec_relative(tr, sd);
+    else if (tr->opt.run_dir)
+        dir = kiln_asprintf("%s/spill", tr->opt.run_dir);
+    else
+        dir = kiln_asprintf("%s/kiln-spill", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!dir)
+        return KILN_ENOMEM;
+    int rc = kiln_mkdir_p(dir);
+    if (rc == 0 && snprintf(out, cap, "%s/%s.r%d.%ld.tier", dir, table, tr->rank,
+                            (long)getpid()) >= (int)cap)
+        rc = kiln_errf(KILN_EINVAL, "model.embedding.spill_dir %s is too long", dir);
+    free(dir);
+    return rc;
+}
+
 static rt_model_type_t model_type_of(job_model_type_t t)
 {
     return t == JOB_MODEL_FM ? RT_MODEL_FM : t == JOB_MODEL_DLRM ? RT_MODEL_DLRM : RT_MODEL_LR;
@@ -161,8 +201,9 @@ int train_setup_tables(trainer_t *tr)
     kern_table_config_t *cfgs = kiln_calloc((size_t)tr->T, sizeof *cfgs);
     int *dims = kiln_calloc((size_t)tr->T, sizeof *dims);
     char (*notes)[128] = kiln_calloc((size_t)tr->T, sizeof *notes);
+    char (*spills)[1024] = kiln_calloc((size_t)tr->T, sizeof *spills);
     int rc = 0;
-    if (!tr->slot_table || !tr->combine || !tr->tables || !cfgs || !dims || !notes) {
+    if (!tr->slot_table || !tr->combine || !tr->tables || !cfgs || !dims || !notes || !spills) {
         rc = KILN_ENOMEM;
         goto out;
     }
@@ -209,7 +250,24 @@ int train_setup_tables(trainer_t *tr)
             .seed = sp->train.seed ^ kiln_xxh64(jt->name, strlen(jt->name), 0x6b696c6e),
             .evict = kern_evict_of(jt->emb.eviction),
             .evict_fraction = 0.0f,
+            .ram_rows = ram_rows_of(&jt->emb, d, kern_opt_of(so->type), share),
+            .admit_min = jt->emb.admit.min_count,
+            .admit_width = jt->emb.admit.sketch_width,
+            .admit_decay = jt->emb.admit.decay_steps,
         };
+        if ((cfgs[t].ram_rows > 0 || cfgs[t].admit_min > 1) &&
+            (tr->store_kind != RT_STORE_HOST || tr->opt.device_step)) {
+            rc = kiln_errf(KILN_EINVAL, "table %s: model.embedding.memory and admit run on the "
+                           "CPU backend's host tables; this run uses the %s store (set "
+                           "resources.device: cpu, or remove them)",
+                           jt->name, tr->opt.device_step ? "device step's" :
+                           rt_store_kind_name(tr->store_kind));
+            goto out;
+        }
+        if (cfgs[t].ram_rows > 0) {
+            KILN_CHECK_GOTO(spill_path(tr, jt->name, spills[t], sizeof spills[t]), rc, out);
+            cfgs[t].spill_path = spills[t];
+        }
         dims[t] = d;
         /* The mirror of a GPU table must take every row the GPU holds: its
          * slots come in whole buckets, and a segmented host table can fill
@@ -252,6 +310,7 @@ out:
     free(cfgs);
     free(dims);
     free(notes);
+    free(spills);
     return rc;
 }
 
