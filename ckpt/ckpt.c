@@ -616,6 +616,8 @@ int rt_ckpt_commit(const char *root, const char *tmp_dir, rt_ckpt_info_t *info,
     }
     info->created_at = kiln_now_s();
     json_t *m = manifest_json(info, all);
+    if (m != NULL && info->inputs != NULL)
+        json_object_set_new(m, "inputs", json_loads(info->inputs, 0, NULL));
     text = m ? json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(m);
     mpath = kiln_asprintf("%s/%s", tmp_dir, RT_CKPT_MANIFEST);

@@ -76,6 +76,9 @@ typedef struct rt_ckpt_info {
     char optimizer[16];           /* in: the sparse optimizer: sgd | adagrad | adam */
     char spec_hash[17];           /* in: xxh64 hex of the spec text */
     char inputs_hash[17];         /* in: xxh64 hex of the training file list */
+    const char *inputs;           /* in: JSON array of the input files the state has learnt
+                                     from whole, [{path, size, mtime}], borrowed; NULL: none
+                                     (written as "inputs"; read it with rt_ckpt_inputs) */
     bool include_optimizer;       /* in */
     int ntables;                  /* computed from the shards */
     rt_ckpt_table_info_t tables[RT_CKPT_MAX_TABLES];
@@ -146,6 +149,9 @@ int rt_ckpt_open(const char *dir, rt_ckpt_t **out /* OUT */);
 void rt_ckpt_close(rt_ckpt_t *c); /* accepts NULL */
 const rt_ckpt_info_t *rt_ckpt_info(const rt_ckpt_t *c);
 const char *rt_ckpt_path(const rt_ckpt_t *c);
+/* The "inputs" array of c's manifest as JSON text (malloc'd; "[]" when it
+ * has none), or NULL when out of memory or the manifest cannot be read. */
+char *rt_ckpt_inputs(const rt_ckpt_t *c);
 /* Checks that every file the manifest lists exists with its size and xxh64.
  * Returns 0, KILN_ECORRUPT (missing or wrong size) or KILN_ECHECKSUM, with a
  * message naming the file. */

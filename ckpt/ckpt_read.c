@@ -253,6 +253,19 @@ const char *rt_ckpt_path(const rt_ckpt_t *c)
     return c->path;
 }
 
+char *rt_ckpt_inputs(const rt_ckpt_t *c)
+{
+    char *mpath = kiln_asprintf("%s/%s", c->path, RT_CKPT_MANIFEST);
+    json_t *m = mpath != NULL ? json_load_file(mpath, 0, NULL) : NULL;
+    json_t *in = json_object_get(m, "inputs");
+    char *text = NULL;
+    if (m != NULL)
+        text = json_is_array(in) ? json_dumps(in, JSON_COMPACT) : kiln_strdup("[]");
+    json_decref(m);
+    free(mpath);
+    return text;
+}
+
 int rt_ckpt_verify(const rt_ckpt_t *c)
 {
     for (int i = 0; i < c->nfiles; i++) {

@@ -80,6 +80,22 @@ typedef struct rt_columns {
  * KILN_ENOENT / KILN_EIO naming the file when it cannot be read. */
 int rt_parquet_complete(const char *path);
 
+/* ---- complete partitions (data_ready.c) -----------------------------------------
+ * When a file an incremental or online job finds counts as landed whole
+ * (docs/job-spec.md, data.ready). */
+typedef struct data_ready {
+    bool parquet;      /* complete when its footer is (rt_parquet_complete) */
+    bool marker;       /* complete once _SUCCESS is in its directory */
+    int64_t settle_ms; /* otherwise: size and mtime unchanged for this long */
+} data_ready_t;
+
+/* Whether path is complete as how says: 1 yes, 0 not yet (look again
+ * later), or KILN_ENOENT / KILN_EIO naming the file. */
+int data_partition_ready(const char *path, const data_ready_t *how);
+
+/* Whether path is a completion marker itself (_SUCCESS), never data. */
+bool data_is_marker(const char *path);
+
 /* ---- batches ---------------------------------------------------------------
  * One rank's rows of one global step, CSR by slot. Shapes:
  *   labels   float[n]                      0 or 1

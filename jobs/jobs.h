@@ -37,6 +37,9 @@ typedef enum { JOB_OPT_SGD, JOB_OPT_ADAGRAD, JOB_OPT_ADAM } job_optimizer_type_t
 typedef enum { JOB_INITFROM_LATEST, JOB_INITFROM_NONE, JOB_INITFROM_CHECKPOINT } job_init_from_t;
 typedef enum { JOB_EXPORT_NONE, JOB_EXPORT_FULL, JOB_EXPORT_INCREMENTAL } job_export_mode_t;
 typedef enum { JOB_MODE_BATCH, JOB_MODE_ONLINE } job_train_mode_t;
+/* data.ready: settle: a file is complete once quiet for data.settle; marker:
+ * once a _SUCCESS file sits in its directory (Spark/Hadoop). */
+typedef enum { JOB_READY_SETTLE, JOB_READY_MARKER } job_ready_t;
 
 const char *job_concurrency_name(job_concurrency_t v);
 const char *job_catchup_name(job_catchup_t v);
@@ -53,6 +56,7 @@ const char *job_optimizer_type_name(job_optimizer_type_t v);
 const char *job_export_mode_name(job_export_mode_t v);
 const char *job_init_from_name(job_init_from_t v);
 const char *job_train_mode_name(job_train_mode_t v);
+const char *job_ready_name(job_ready_t v);
 
 /* ---- the spec --------------------------------------------------------------- */
 
@@ -157,6 +161,8 @@ typedef struct job_spec {
         char *train; /* glob */
         char *eval;  /* path or glob, may be NULL */
         bool incremental;
+        job_ready_t ready;  /* when a new file counts as complete (incremental, online) */
+        int64_t settle_ms;  /* ready: settle: unchanged this long (size and mtime) */
         int dense_features; /* 13 for Criteo */
         int cat_slots;      /* 26 for Criteo */
         double max_malformed; /* fraction of input lines that may be malformed, 0..1 */

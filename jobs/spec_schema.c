@@ -34,6 +34,7 @@ static const char *const optimizer_names[] = {"sgd", "adagrad", "adam", NULL};
 static const char *const init_from_names[] = {"latest", "none", "checkpoint", NULL};
 static const char *const export_names[] = {"none", "full", "incremental", NULL};
 static const char *const mode_names[] = {"batch", "online", NULL};
+static const char *const ready_names[] = {"settle", "marker", NULL};
 
 static const char *enum_name(const char *const *names, size_t n, int v)
 {
@@ -59,6 +60,7 @@ ENUM_NAME_FN(job_optimizer_type_name, job_optimizer_type_t, optimizer_names)
 ENUM_NAME_FN(job_init_from_name, job_init_from_t, init_from_names)
 ENUM_NAME_FN(job_export_mode_name, job_export_mode_t, export_names)
 ENUM_NAME_FN(job_train_mode_name, job_train_mode_t, mode_names)
+ENUM_NAME_FN(job_ready_name, job_ready_t, ready_names)
 
 /* ---- value checks used by the tables ---------------------------------------------- */
 static bool is_ident(const char *s, size_t max)
@@ -279,6 +281,8 @@ static const field_t data_fields[] = {
     STR("train", job_spec_t, data.train, NULL, F_REQUIRED | F_NONEMPTY, NULL),
     STR("eval", job_spec_t, data.eval, NULL, F_NONEMPTY, NULL),
     BOOL("incremental", job_spec_t, data.incremental, false),
+    ENUM("ready", job_spec_t, data.ready, JOB_READY_SETTLE, ready_names),
+    DUR("settle", job_spec_t, data.settle_ms, 2 * S_, 0, 0),
     INT("dense_features", job_spec_t, data.dense_features, 13, 0, 4096),
     INT("cat_slots", job_spec_t, data.cat_slots, 26, 1, 1024),
     NUM("max_malformed", job_spec_t, data.max_malformed, 0.01, 0.0, 1.0, 0),

@@ -147,7 +147,39 @@ static char *resolve(const char *base, const char *path)
     return kiln_asprintf("%s/%s", base, path);
 }
 
-/* The partitions of data.train no succeeded run of the job consumed. */
+/* A file the job consumed that changed since (appended to, rewritten): said
+ * once per version as a "warning" event of the run that consumed it (its
+ * page and `kiln show` list it) and in kilnd's log. It is never trained
+ * again: the run trained what the file held then, and a second pass would
+ * train those rows twice. Returns 0 or a failure of the database. */
+static int report_changed(sched_t *s, int64_t run_id, const state_input_t *in)
+{
+    char *msg = kiln_asprintf("input %s changed after run %lld consumed it (now %lld bytes, "
+                              "mtime %lld): it is not trained again. Land new data as a new "
+                              "file (write it under another name and rename it into place)",
+                              in->path, (long long)run_id, (long long)in->size,
+                              (long long)in->mtime);
+    state_event_t *es = NULL;
+    size_t n = 0;
+    if (msg == NULL)
+        return KILN_ENOMEM;
+    int rc = state_event_list(s->st, 0, run_id, &es, &n);
+    bool told = false;
+    for (size_t i = 0; rc == 0 && i < n && !told; i++)
+        told = es[i].message != NULL && strcmp(es[i].message, msg) == 0;
+    state_events_free(es, n);
+    if (rc == 0 && !told) {
+        KILN_WARN("%s", msg);
+        rc = state_event_add(s->st, 0, run_id, "warning", msg);
+    }
+    free(msg);
+    return rc;
+}
+
+/* The partitions of data.train no succeeded run of the job consumed, each
+ * complete (data.ready: its marker, its Parquet footer or a quiet
+ * data.settle); one that is not yet is left for a later fire, and one
+ * consumed in an earlier version is reported, not listed. */
 static int new_inputs(sched_t *s, const sched_job_t *job, const job_spec_t *spec,
                       const char *base, state_input_t **out, size_t *nout)
 {
@@ -170,14 +202,17 @@ static int new_inputs(sched_t *s, const sched_job_t *job, const job_spec_t *spec
         rc = KILN_ENOMEM;
         goto out;
     }
+    const data_ready_t how = {.parquet = spec->data.format == JOB_FMT_PARQUET,
+                              .marker = spec->data.ready == JOB_READY_MARKER,
+                              .settle_ms = spec->data.settle_ms};
     for (size_t i = 0; i < g.gl_pathc; i++) {
         struct stat sb;
-        if (stat(g.gl_pathv[i], &sb) < 0 || !S_ISREG(sb.st_mode))
+        if (stat(g.gl_pathv[i], &sb) < 0 || !S_ISREG(sb.st_mode) || data_is_marker(g.gl_pathv[i]))
             continue;
-        /* A Parquet file gets its footer last: one without the trailing
-         * PAR1 is still being written, and a later fire sees it whole. */
-        if (spec->data.format == JOB_FMT_PARQUET && rt_parquet_complete(g.gl_pathv[i]) != 1)
+        if (data_partition_ready(g.gl_pathv[i], &how) != 1) {
+            kiln_errclear(); /* gone or unreadable: a later fire sees it again */
             continue;
+        }
         uint64_t h = 0;
         char hex[17];
         if (kiln_xxh64_file(g.gl_pathv[i], 0, &h, NULL) < 0)
@@ -188,6 +223,12 @@ static int new_inputs(sched_t *s, const sched_job_t *job, const job_spec_t *spec
         KILN_CHECK_GOTO(state_input_consumed(s->st, job->row.id, &in, &consumed), rc, out);
         if (consumed)
             continue;
+        int64_t by = 0;
+        KILN_CHECK_GOTO(state_input_consumed_run(s->st, job->row.id, in.path, &by), rc, out);
+        if (by > 0) {
+            KILN_CHECK_GOTO(report_changed(s, by, &in), rc, out);
+            continue;
+        }
         ins[n].path = kiln_strdup(in.path);
         ins[n].checksum = kiln_strdup(hex);
         ins[n].size = in.size;

@@ -56,6 +56,16 @@ int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in, b
     return rc < 0 ? rc : 0;
 }
 
+int state_input_consumed_run(state_t *st, int64_t job_id, const char *path, int64_t *run_id)
+{
+    *run_id = 0;
+    if (path == NULL)
+        return kiln_errf(KILN_EINVAL, "an input needs a path");
+    int rc = state_row_get(st, STMT_INPUT_CONSUMED_RUN, "finding the run that consumed an input",
+                           &state_i64_row, run_id, "It", job_id, path);
+    return rc < 0 ? rc : 0;
+}
+
 int state_inputs_cover(state_t *st, int64_t run_id, int64_t checkpoint_id)
 {
     const char *what = "marking an online run's inputs as covered";

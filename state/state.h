@@ -217,6 +217,11 @@ int state_input_list(state_t *st, int64_t run_id, state_input_t **out /* OUT */,
  * checkpoint since (state_inputs_cover). */
 int state_input_consumed(state_t *st, int64_t job_id, const state_input_t *in,
                          bool *consumed /* OUT */);
+/* The newest run of job_id that consumed a file at path in any version
+ * (size, mtime, checksum), as state_input_consumed counts them; 0 when none.
+ * kilnd tells a consumed file that changed since from a new one. */
+int state_input_consumed_run(state_t *st, int64_t job_id, const char *path,
+                             int64_t *run_id /* OUT */);
 void state_inputs_free(state_input_t *ins, size_t n);
 /* An online run's inputs that no checkpoint covered yet are covered by
  * checkpoint_id (they count as consumed from now on). */

@@ -120,6 +120,10 @@
       "SELECT 1 FROM run_inputs i JOIN runs r ON r.id = i.run_id "                                 \
       "WHERE r.job_id = ?1 AND (r.state = 'succeeded' OR i.covered_by IS NOT NULL) "               \
       "AND i.path = ?2 AND i.size = ?3 AND i.mtime = ?4 AND i.checksum IS ?5 LIMIT 1")             \
+    X(INPUT_CONSUMED_RUN,                                                                          \
+      "SELECT i.run_id FROM run_inputs i JOIN runs r ON r.id = i.run_id "                          \
+      "WHERE r.job_id = ?1 AND (r.state = 'succeeded' OR i.covered_by IS NOT NULL) "               \
+      "AND i.path = ?2 ORDER BY i.id DESC LIMIT 1")                                                \
     X(INPUT_COVER,                                                                                 \
       "UPDATE run_inputs SET covered_by = ?2 WHERE run_id = ?1 AND covered_by IS NULL")            \
     X(INPUT_RUNS, "SELECT DISTINCT run_id FROM run_inputs WHERE path = ?1 "                        \

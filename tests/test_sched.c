@@ -264,7 +264,7 @@ static void test_submit_to_success(void **state)
 {
     (void)state;
     char spec[400];
-    write_spec("ok", "data: {train: \"DATA/*.tsv\", incremental: true}\n", spec, sizeof spec);
+    write_spec("ok", "data: {train: \"DATA/*.tsv\", incremental: true, settle: 0s}\n", spec, sizeof spec);
     /* point data.train at the shared data */
     char text[2048];
     proc_slurp(spec, text, sizeof text);

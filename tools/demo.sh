@@ -90,6 +90,7 @@ data:
   train: "data/day=*/part-*.tsv"
   eval: "data/eval.tsv"
   incremental: true
+  settle: 0s   # partitions are renamed into place, complete when they appear
 model:
   type: dlrm
   embedding: {dim: 16, capacity: 2000000}

@@ -144,12 +144,13 @@ static void note_export(trainer_t *tr, const rt_ckpt_info_t *in, const char *pat
         KILN_WARN("%s", kiln_errmsg());
 }
 
-/* Whether each online export is evaluated first: the quality gate
- * (push.max_regression) needs the figures, and there is data to measure. */
+/* Whether each online export is evaluated first: it goes to endpoints and
+ * there is data to measure it on, so the quality gate (push.max_regression)
+ * judges it as it judges a batch run's checkpoint, and the endpoints page
+ * shows its figures. */
 static bool eval_exports(const trainer_t *tr)
 {
-    return !isnan(tr->spec.push.max_regression) && tr->neval > 0 &&
-           tr->spec.push.nendpoints > 0;
+    return tr->neval > 0 && tr->spec.push.nendpoints > 0;
 }
 
 /* Writes a checkpoint of the current state on every rank (collective).
@@ -182,6 +183,8 @@ int train_checkpoint(trainer_t *tr, bool online)
     snprintf(in->optimizer, sizeof in->optimizer, "%s", sparse_opt_name(tr->sparse_opt.kind));
     snprintf(in->spec_hash, sizeof in->spec_hash, "%s", tr->spec_hash);
     snprintf(in->inputs_hash, sizeof in->inputs_hash, "%s", tr->inputs_hash);
+    char *inputs = tr->done != NULL ? json_dumps(tr->done, JSON_COMPACT) : NULL;
+    in->inputs = inputs;
     rt_model_array_t ma[RT_MODEL_MAX_STATE];
     rt_ckpt_array_t ca[RT_MODEL_MAX_STATE];
     int na = 0;
@@ -198,6 +201,8 @@ int train_checkpoint(trainer_t *tr, bool online)
         rc = agree(train_tables_expire(tr));
     if (rc == 0)
         rc = rt_ckpt_dump(MPI_COMM_WORLD, tr->ckpt_root, tr->T, tr->tables, ca, na, in);
+    in->inputs = NULL;
+    free(inputs);
     if (rc < 0) {
         if (kiln_errmsg()[0] && strstr(kiln_errmsg(), "failed to write its part") != NULL)
             tr->error_told = true;
@@ -293,6 +298,15 @@ int train_export_requested(trainer_t *tr, bool *want)
     return 0;
 }
 
+void train_warning(trainer_t *tr, const char *msg)
+{
+    if (msg == NULL)
+        return;
+    KILN_WARN("%s", msg);
+    if (tr->db != NULL && state_event_add(tr->db, 0, tr->opt.run_id, "warning", msg) < 0)
+        KILN_WARN("the warning was not recorded in %s: %s", tr->opt.db, kiln_errmsg());
+}
+
 /* Rank 0, for init_from: latest: a checkpoint newer than the one the run
  * starts from cannot be used. Said in the run's log and, with --db, as a
  * "warning" event of the run. */
@@ -302,12 +316,115 @@ static void skipped_checkpoint(const char *dir, const char *why, void *ctx)
     char *msg = kiln_asprintf("init_from latest: checkpoint %s cannot be used (%s); trying the "
                               "next older one",
                               dir, why);
-    if (msg == NULL)
-        return;
-    KILN_WARN("%s", msg);
-    if (tr->db != NULL && state_event_add(tr->db, 0, tr->opt.run_id, "warning", msg) < 0)
-        KILN_WARN("the warning was not recorded in %s: %s", tr->opt.db, kiln_errmsg());
+    train_warning(tr, msg);
     free(msg);
+}
+
+/* ---- the inputs a checkpoint covers ------------------------------------------------------
+ * An incremental or online job trains each file once. The files the state
+ * has learnt from whole (or set aside as bad) travel in each checkpoint's
+ * manifest ("inputs"), inherited from the checkpoint the run starts from, so
+ * a retry that resumes an export, or a run that starts from a checkpoint a
+ * failed run left, does not train them again. A file matches when its path,
+ * size and mtime do; entries whose file is gone are dropped when loaded, so
+ * the list follows the data's own retention. */
+
+static json_t *input_entry(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) < 0)
+        return NULL;
+    return json_pack("{s:s, s:I, s:I}", "path", path, "size", (json_int_t)sb.st_size, "mtime",
+                     (json_int_t)sb.st_mtime);
+}
+
+static bool entry_matches(json_t *e, const char *path, const struct stat *sb)
+{
+    const char *p = json_string_value(json_object_get(e, "path"));
+    return p != NULL && strcmp(p, path) == 0 &&
+           json_integer_value(json_object_get(e, "size")) == (json_int_t)sb->st_size &&
+           json_integer_value(json_object_get(e, "mtime")) == (json_int_t)sb->st_mtime;
+}
+
+int train_inputs_done(trainer_t *tr, const char *path)
+{
+    if (tr->done == NULL && (tr->done = json_array()) == NULL)
+        return KILN_ENOMEM;
+    if (train_inputs_covered(tr, path))
+        return 0;
+    json_t *e = input_entry(path);
+    return e == NULL || json_array_append_new(tr->done, e) == 0 ? 0 : KILN_ENOMEM;
+}
+
+bool train_inputs_covered(const trainer_t *tr, const char *path)
+{
+    struct stat sb;
+    size_t i;
+    json_t *e;
+    if (tr->done == NULL || stat(path, &sb) < 0)
+        return false;
+    json_array_foreach(tr->done, i, e) if (entry_matches(e, path, &sb)) return true;
+    return false;
+}
+
+/* The inputs c covers, those still on disk, into tr->done. */
+static int load_inputs(trainer_t *tr, const rt_ckpt_t *c)
+{
+    if (!tr->spec.data.incremental && tr->spec.train.mode != JOB_MODE_ONLINE)
+        return 0; /* a batch job over all its files trains them again on purpose */
+    char *text = rt_ckpt_inputs(c);
+    json_t *all = text != NULL ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    json_decref(tr->done);
+    tr->done = json_array();
+    size_t i;
+    json_t *e;
+    json_array_foreach(all, i, e)
+    {
+        const char *p = json_string_value(json_object_get(e, "path"));
+        if (p != NULL && access(p, F_OK) == 0)
+            json_array_append(tr->done, e);
+    }
+    json_decref(all);
+    return tr->done != NULL ? 0 : KILN_ENOMEM;
+}
+
+int train_keep_files(trainer_t *tr, char **files, int nfiles, bool ready, int *nkeep)
+{
+    const job_spec_t *sp = &tr->spec;
+    const data_ready_t how = {.parquet = sp->data.format == JOB_FMT_PARQUET,
+                              .marker = sp->data.ready == JOB_READY_MARKER,
+                              .settle_ms = sp->data.settle_ms};
+    *nkeep = nfiles;
+    if (nfiles == 0)
+        return 0;
+    unsigned char *keep = kiln_calloc((size_t)nfiles, 1);
+    int rc = agree(keep != NULL ? 0 : KILN_ENOMEM);
+    if (rc < 0) {
+        free(keep);
+        return rc;
+    }
+    for (int i = 0; tr->rank == 0 && i < nfiles; i++) {
+        keep[i] = !train_inputs_covered(tr, files[i]) &&
+                  (!ready || data_partition_ready(files[i], &how) == 1);
+        if (!keep[i] && train_inputs_covered(tr, files[i]))
+            train_say(tr, "kiln-train: %s: covered by the checkpoint the run starts from; not "
+                          "trained again\n",
+                      files[i]);
+    }
+    kiln_errclear();
+    if (MPI_Bcast(keep, nfiles, MPI_UNSIGNED_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        rc = kiln_errf(KILN_EMPI, "MPI_Bcast of the files to train failed");
+    *nkeep = 0;
+    for (int i = 0; rc == 0 && i < nfiles; i++) {
+        if (!keep[i])
+            continue;
+        char *t = files[*nkeep];
+        files[(*nkeep)++] = files[i];
+        files[i] = t;
+    }
+    free(keep);
+    return rc;
 }
 
 /* Loads the checkpoint the run starts from, if any: --resume DIR (state and
@@ -405,7 +522,13 @@ int train_load_start(trainer_t *tr)
     free(here);
     free(there);
     free(cdir);
-    if (tr->resumed && tr->opt.predict == NULL) {
+    KILN_CHECK_GOTO(load_inputs(tr, ch.items[ch.n - 1]), rc, out);
+    if (tr->resumed && tr->opt.predict == NULL && sp->train.mode == JOB_MODE_ONLINE) {
+        /* An online run's position is in one file: train_online finds it. */
+        tr->samples = in->samples;
+        snprintf(tr->resume_hash, sizeof tr->resume_hash, "%s", in->inputs_hash);
+        tr->resume_k = in->epoch_step;
+    } else if (tr->resumed && tr->opt.predict == NULL) {
         tr->samples = in->samples;
         if (strcmp(in->inputs_hash, tr->inputs_hash) == 0) {
             tr->start_epoch = in->epoch;

@@ -163,6 +163,17 @@ typedef struct trainer {
     int64_t train_ns;                /* time in the training loop so far */
     char **eval_files;               /* data.eval, expanded (neval); NULL: none */
     int neval;
+
+    /* inputs (incremental and online jobs; docs/checkpoint-format.md, "inputs") */
+    json_t *done;                    /* the files the state has learnt from whole, or set aside
+                                        as bad: [{path, size, mtime}], inherited from the
+                                        checkpoint the run starts from; written in each
+                                        checkpoint's manifest */
+    char resume_hash[17];            /* --resume, online: the file the checkpoint stood in
+                                        (train_hash_inputs of that one file) */
+    int64_t resume_k;                /* and the batches of it already trained */
+    bool data_verdict;               /* the failure returned judges the data (malformed lines,
+                                        no lines, no good row), not the run */
 } trainer_t;
 
 /* Set by SIGUSR1 (train_main.c): write an incremental dump at the next step
@@ -219,6 +230,17 @@ void train_hash_inputs(char **files, int nfiles, char out[17]);
 int train_checkpoint(trainer_t *tr, bool online);
 int train_export_requested(trainer_t *tr, bool *want);
 int train_load_start(trainer_t *tr);
+/* Rank 0: msg (may be NULL: nothing) in the run's log and, with --db, as a
+ * "warning" event of the run (its page and `kiln show` list it). */
+void train_warning(trainer_t *tr, const char *msg);
+/* Adds path (as it is now: size, mtime) to the files tr's state covers. */
+int train_inputs_done(trainer_t *tr, const char *path);
+/* Whether the state covers path as it is now (same size and mtime). */
+bool train_inputs_covered(const trainer_t *tr, const char *path);
+/* Drops from files (moved to the front, *nkeep of them) those the state
+ * covers, and with `ready` those not complete yet (data.ready); rank 0
+ * decides and every rank keeps the same. Collective. */
+int train_keep_files(trainer_t *tr, char **files, int nfiles, bool ready, int *nkeep /* OUT */);
 
 /* ---- train_tables.c ---- */
 /* Notes that step ran at unix_s (a ttl given as a duration needs it). */

@@ -120,6 +120,7 @@ static int check_data(trainer_t *tr, bool final)
         return 0;
     if ((double)bad > max * (double)lines) {
         tr->error_told = tr->rank != 0;
+        tr->data_verdict = true;
         return kiln_errf(KILN_ECORRUPT,
                          "%" PRId64 " of the %" PRId64 " training lines read (%.2f%%) are "
                          "malformed, more than data.max_malformed (%g%%) allows, so no "
@@ -131,6 +132,7 @@ static int check_data(trainer_t *tr, bool final)
     }
     if (final && tr->run_rows == 0) {
         tr->error_told = tr->rank != 0;
+        tr->data_verdict = true;
         return kiln_errf(KILN_EINVAL,
                          "the %" PRId64 " training lines read hold no good row (all "
                          "malformed): nothing was trained and no checkpoint is "
@@ -227,6 +229,7 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
         if (rt_reader_total_rows(r) == 0) {
             /* Every rank counted the same files. */
             tr->error_told = tr->rank != 0;
+            tr->data_verdict = true;
             rc = kiln_errf(KILN_EINVAL,
                            "the %d training file%s (%s%s) hold%s no lines: nothing "
                            "to train on; check data.train",
@@ -331,7 +334,10 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
             /* Step boundary: periodic checkpoints and online exports. */
             bool want = false;
             rc = train_export_requested(tr, &want);
-            if (rc == 0 && (want || (every_steps > 0 && tr->steps % every_steps == 0)))
+            /* An online run judges each partition as it reads it: a bad
+             * one stops at 10,000 lines, not at its end. */
+            if (rc == 0 && (want || sp->train.mode == JOB_MODE_ONLINE ||
+                            (every_steps > 0 && tr->steps % every_steps == 0)))
                 rc = check_data(tr, false);
             if (rc == 0 && want) {
                 rc = train_checkpoint(tr, true);

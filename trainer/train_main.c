@@ -249,6 +249,7 @@ static void trainer_fini(trainer_t *tr)
                   tr->dense_pairs, tr->slot_koff, tr->boff, tr->bags, tr->E, tr->probs,
                   tr->spec_dir, tr->ckpt_root, tr->marks);
     rt_ckpt_unlock(tr->lock);
+    json_decref(tr->done);
     state_close(tr->db);
     if (tr->progress)
         fclose(tr->progress);
@@ -421,25 +422,35 @@ static int run(trainer_t *tr)
 
     tr->last_export_ms = kiln_mono_ns() / 1000000;
     tr->export_step = tr->steps;
-    rc = online ? train_online(tr, files, nfiles)
-                : train_loop(tr, files, nfiles, tr->spec.train.epochs);
+    if (online) {
+        rc = train_online(tr, files, nfiles);
+    } else {
+        /* An incremental run trains no file its start checkpoint covers
+         * (one a failed run learnt from whole), and its final checkpoint
+         * covers all it read. */
+        int ntrain = nfiles;
+        if (tr->spec.data.incremental)
+            rc = train_keep_files(tr, files, nfiles, false, &ntrain);
+        if (rc == 0 && (ntrain > 0 || nfiles == 0))
+            rc = train_loop(tr, files, ntrain, tr->spec.train.epochs);
+        for (int i = 0; rc == 0 && tr->spec.data.incremental && i < nfiles; i++)
+            rc = train_inputs_done(tr, files[i]);
+    }
+    /* The eval comes before the final checkpoint: a run that fails there
+     * leaves no checkpoint that a later run would take as a finished base. */
+    int64_t eval_rows = 0;
+    double logloss = NAN, auc = NAN;
+    if (rc == 0 && neval > 0)
+        rc = train_evaluate(tr, eval_files, neval, &eval_rows, &logloss, &auc);
     if (rc == 0)
         rc = train_checkpoint(tr, false);
     if (rc < 0)
         goto out;
-    int64_t eval_rows = 0;
-    double logloss = NAN, auc = NAN;
-    if (neval > 0) {
-        rc = train_evaluate(tr, eval_files, neval, &eval_rows, &logloss, &auc);
-        if (rc < 0)
-            goto out;
-        /* The figures of the run's final checkpoint: the quality gate and the
-         * endpoints page read them. */
-        if (tr->rank == 0 && tr->db != NULL && tr->last_ckpt_id > 0 &&
-            state_checkpoint_set_eval(tr->db, tr->last_ckpt_id, logloss, auc) < 0)
-            KILN_WARN("the eval figures of %s are not recorded: %s", tr->last_uid,
-                      kiln_errmsg());
-    }
+    /* The figures of the run's final checkpoint: the quality gate and the
+     * endpoints page read them. */
+    if (neval > 0 && tr->rank == 0 && tr->db != NULL && tr->last_ckpt_id > 0 &&
+        state_checkpoint_set_eval(tr->db, tr->last_ckpt_id, logloss, auc) < 0)
+        KILN_WARN("the eval figures of %s are not recorded: %s", tr->last_uid, kiln_errmsg());
     int64_t keys = 0, mine_keys = 0, malformed = 0;
     for (int t = 0; t < tr->T; t++)
         mine_keys += rt_store_size(tr->store, t);
