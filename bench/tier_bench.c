@@ -1,0 +1,156 @@
+/*
+ * bench/tier_bench.c - tables larger than memory (issue 25): the sparse half
+ * of a training step (find_or_insert of a batch's unique keys, adagrad on
+ * their rows) over one table of K keys, dim 16, with all rows in RAM and
+ * with a share of them (--memory 0.25, 0.1), on Zipf-skewed keys.
+ *
+ *   tier_bench --keys 10000000 --memory 0.1 [--zipf 1.15] [--batch 4096]
+ *              [--slots 26] [--steps 200] [--dir /var/tmp]
+ *
+ * The table is filled first (every key, as a resumed checkpoint would be),
+ * then `steps` steps of `batch` samples x `slots` keys run, and one line
+ * says samples/s (median of 5 blocks), the RAM hit rate, the disk bytes
+ * read and written per step and the process's peak RSS against the RAM the
+ * table was given. tools/tier_bench.sh runs the grid in separate processes
+ * (so each peak RSS is its own), checks free disk first and prints the
+ * ratios to all-in-RAM; docs/benchmarks.md has the results.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "kern.h"
+#include "kern_ops.h"
+#include "kiln.h"
+
+static uint64_t rng = 0x7469657262ULL;
+static double u01(void)
+{
+    rng = kern_mix64(rng + 0x9e3779b97f4a7c15ULL);
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+/* A Zipf(s) rank in [1, n] by inverting the continuous CDF of k^-s. */
+static int64_t zipf(int64_t n, double s)
+{
+    double hn = (pow((double)n + 1.0, 1.0 - s) - 1.0) / (1.0 - s);
+    double x = pow(1.0 + (1.0 - s) * u01() * hn, 1.0 / (1.0 - s));
+    int64_t k = (int64_t)x;
+    return k < 1 ? 1 : k > n ? n : k;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+    int64_t keys = 1000000, batch = 4096, slots = 26, steps = 200;
+    double memory = 1.0, s = 1.15;
+    const char *dir = "/var/tmp";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--keys")) keys = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--memory")) memory = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--zipf")) s = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--batch")) batch = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--slots")) slots = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--steps")) steps = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
+    }
+    const int dim = 16;
+    char path[512];
+    snprintf(path, sizeof path, "%s/tier_bench.%ld.tier", dir, (long)getpid());
+    int64_t ram = memory < 1.0 ? (int64_t)(memory * (double)keys) : 0;
+    kern_table_config_t cfg = {.name = "bench", .dim = dim, .capacity = keys + keys / 50,
+                               .opt = KERN_OPT_ADAGRAD, .opt_init = 0.1f,
+                               .init = KERN_INIT_UNIFORM, .init_scale = 0.01f, .seed = 1,
+                               .evict = KERN_EVICT_LRU, .ram_rows = ram, .spill_path = path};
+    kern_table_t *t = NULL;
+    if (kern_table_create(&cfg, &t) < 0) {
+        fprintf(stderr, "tier_bench: %s\n", kiln_errmsg());
+        return 1;
+    }
+    /* Fill: every key once, in chunks (what a resume does). */
+    const int64_t chunk = 65536;
+    int64_t *kb = malloc(sizeof *kb * (size_t)chunk);
+    float *vb = calloc((size_t)chunk * dim, sizeof *vb);
+    for (int64_t at = 0; at < keys; at += chunk) {
+        int64_t m = keys - at < chunk ? keys - at : chunk;
+        for (int64_t i = 0; i < m; i++)
+            kb[i] = (int64_t)kern_mix64((uint64_t)(at + i + 1));
+        if (kern_table_insert_rows(t, m, kb, vb, NULL, NULL, 0) < 0) {
+            fprintf(stderr, "tier_bench: fill: %s\n", kiln_errmsg());
+            return 1;
+        }
+    }
+    free(kb);
+    free(vb);
+    kern_table_set_base(t, 0);
+
+    const int64_t n = batch * slots;
+    int64_t *k = malloc(sizeof *k * (size_t)n);
+    int32_t *rows = malloc(sizeof *rows * (size_t)n);
+    float *g = malloc(sizeof *g * (size_t)n * dim);
+    for (int64_t i = 0; i < n * dim; i++)
+        g[i] = (float)(u01() - 0.5) * 0.01f;
+    kern_opt_t opt = {.kind = KERN_OPT_ADAGRAD, .lr = 0.05f, .eps = 1e-8f};
+    kern_table_stats_t st0, st1;
+    kern_table_stats(t, &st0);
+    const int blocks = 5;
+    double rate[5];
+    int64_t per = steps / blocks > 0 ? steps / blocks : 1;
+    for (int bl = 0; bl < blocks; bl++) {
+        double t0 = ((double)kiln_mono_ns() / 1e9);
+        for (int64_t step = 1 + bl * per; step <= (bl + 1) * per; step++) {
+            for (int64_t i = 0; i < n; i++)
+                k[i] = (int64_t)kern_mix64((uint64_t)zipf(keys, s));
+            qsort(k, (size_t)n, sizeof *k, cmp_i64); /* the trainer's dedupe */
+            int64_t u = 0;
+            for (int64_t i = 0; i < n; i++)
+                if (u == 0 || k[i] != k[u - 1])
+                    k[u++] = k[i];
+            if (kern_table_find_or_insert(t, u, k, step, rows) < 0) {
+                fprintf(stderr, "tier_bench: step %lld: %s\n", (long long)step, kiln_errmsg());
+                return 1;
+            }
+            kern_slab_t sl;
+            kern_table_slab(t, &sl);
+            kern_row_grads_t rg = {.rows = rows, .grads = g, .n = u};
+            kern_cpu_sparse_update(&opt, 1, &sl, &rg, step);
+            kern_table_mark_changed(t, u, rows);
+        }
+        rate[bl] = (double)(per * batch) / (((double)kiln_mono_ns() / 1e9) - t0);
+    }
+    kern_table_stats(t, &st1);
+    qsort(rate, blocks, sizeof *rate, cmp_d);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double hits = (double)(st1.ram_hits - st0.ram_hits),
+           miss = (double)(st1.disk_hits - st0.disk_hits);
+    double step_n = (double)(per * blocks);
+    printf("keys %lld memory %.0f%% (%lld rows in RAM): %.0f samples/s, RAM hit rate %.4f, "
+           "disk read %.0f KB/step, written %.0f KB/step, peak RSS %.0f MB, table in RAM %.0f MB\n",
+           (long long)keys, memory * 100, (long long)(ram ? ram : keys), rate[blocks / 2],
+           ram ? hits / (hits + miss) : 1.0,
+           (double)(st1.pages_read - st0.pages_read) * (double)st1.page_bytes / step_n / 1e3,
+           (double)(st1.pages_written - st0.pages_written) * (double)st1.page_bytes / step_n / 1e3,
+           (double)ru.ru_maxrss / 1024.0,
+           (double)kern_table_bytes(t) / 1048576.0);
+    kern_table_destroy(t);
+    free(k);
+    free(rows);
+    free(g);
+    return 0;
+}
