@@ -6,7 +6,10 @@
  * cancel (SIGTERM to the run, SIGKILL after the grace, nothing left
  * running); a timeout; a rank killed by SIGKILL (the error names the rank,
  * host and signal) and its retry succeeding; `@every 2s` with forbid (fires
- * during a run are recorded as skipped; no time served twice); catch-up
+ * during a run are counted on the job as skipped, not runs; no time served
+ * twice); an idle incremental job's fires counted, not runs, with kiln pause
+ * and resume (catchup: none); --keep-runs removing an old run and its
+ * directory but one with a checkpoint; catch-up
  * after downtime (catchup: all runs every missed time, once); kill -9 of
  * kilnd during runs (the live one is adopted, the one that ended meanwhile
  * gets its real outcome and end time, nothing duplicated); one kilnd per
