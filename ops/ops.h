@@ -74,6 +74,19 @@ int ops_retry(state_t *st, int64_t run_id, const char *source, int64_t *new_run_
  * one (*done false). KILN_ESTATE when it ended already. */
 int ops_cancel(state_t *st, int64_t run_id, bool *done /* OUT */);
 
+/* ---- job control (kiln pause / resume / delete, the web API and the job page) ----------
+ * A job is named by its id here; the CLI looks its name up first. */
+/* Pauses (pause true) or resumes a job: kilnd neither runs nor records the
+ * fires of a paused job and launches none of its queued runs; on resume the
+ * fires missed meanwhile follow the job's catch-up policy. *changed (may be
+ * NULL) is false when the job already was so. KILN_ENOENT when there is no
+ * such job or it was deleted. */
+int ops_job_pause(state_t *st, int64_t job_id, bool pause, bool *changed /* OUT */);
+/* Deletes a job (state_job_delete): refused with KILN_ESTATE while runs of it
+ * are queued or running, unless cancel. Its checkpoints, runs and lineage
+ * stay. *nstopped (may be NULL): the runs canceled or asked to stop. */
+int ops_job_delete(state_t *st, int64_t job_id, bool cancel, int *nstopped /* OUT */);
+
 /* ---- pushes: deliberate (CLI, web) --------------------------------------------------------
  * Each queues its pushes claimed by this process and delivers them at once;
  * a push that fails in a way a retry may fix goes back to the queue, where

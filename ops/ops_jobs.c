@@ -1,6 +1,6 @@
 /*
- * ops/ops_jobs.c - submit, retry and cancel, as the CLI and the web API both
- * do them. A submit is one transaction (state_submit): the job, the
+ * ops/ops_jobs.c - submit, retry and cancel, pause, resume and delete, as the
+ * CLI and the web API both do them. A submit is one transaction (state_submit): the job, the
  * directory its relative paths resolve against, its endpoints and a
  * one-off's run appear together, so kilnd never sees a run it cannot place.
  */
@@ -132,4 +132,23 @@ out:
 int ops_cancel(state_t *st, int64_t run_id, bool *done)
 {
     return state_run_request_cancel(st, run_id, done);
+}
+
+int ops_job_pause(state_t *st, int64_t job_id, bool pause, bool *changed)
+{
+    state_job_t j;
+    KILN_CHECK(state_job_get_by_id(st, job_id, &j));
+    bool gone = j.deleted_at > 0, same = j.paused == pause;
+    int rc = gone ? kiln_errf(KILN_ENOENT, "job %s was deleted", j.name) : 0;
+    state_job_fini(&j);
+    if (changed != NULL)
+        *changed = !same;
+    if (rc < 0 || same)
+        return rc;
+    return state_job_set_paused(st, job_id, pause);
+}
+
+int ops_job_delete(state_t *st, int64_t job_id, bool cancel, int *nstopped)
+{
+    return state_job_delete(st, job_id, cancel, nstopped);
 }

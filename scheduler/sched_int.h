@@ -161,6 +161,7 @@ typedef struct sched {
     sched_job_t *jobs;
     size_t njobs;
     int64_t next_progress_ms;
+    int64_t next_retain_ms; /* the next retention pass (sched_retain.c) */
     uint64_t rng;
     sched_pusher_t *pusher;
 } sched_t;
@@ -184,6 +185,10 @@ sched_job_t *sched_job_find(sched_t *s, int64_t job_id);
 int sched_cron_tick(sched_t *s, int64_t now_s, int64_t *next_ms /* IN/OUT: earliest wake */);
 int sched_dispatch(sched_t *s, int64_t now_ms, int64_t *next_ms /* IN/OUT */);
 int sched_ranks_in_use(const sched_t *s);
+
+/* sched_retain.c: with --keep-runs, removes old runs nothing needs (a pass
+ * an hour). Returns when the next pass is due (0: retention is off). */
+int64_t sched_retain(sched_t *s, int64_t now_ms);
 
 /* sched_run.c: launching one run and ending it. */
 int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job);

@@ -101,6 +101,10 @@ static const opt_t opts[] = {
      "how often a Slurm run's supervisor asks Slurm about its job "
      "(default 5s)",
      OPT_DURATION, AT(slurm_poll_ms), 100},
+    {"keep-runs", "DAYS",
+     "remove runs that ended DAYS ago, with their events and logs, but what checkpoints, "
+     "endpoints, lineage and consumed data need (default: keep every run)",
+     OPT_INT, AT(keep_runs_days), 0},
     {"drain", NULL, "on SIGTERM, wait for running runs to end (a second SIGTERM stops now)",
      OPT_FLAG, AT(drain), 0},
     {"trainer", "PATH", "kiln-train (default $KILN_TRAIN, else next to kilnd, else PATH)", OPT_STR,
@@ -303,6 +307,7 @@ static int64_t tick(sched_t *s, bool changed)
             KILN_WARN("cannot read the queue: %s", kiln_errmsg());
         earliest(&next, cron_next);
         earliest(&next, queue_next);
+        earliest(&next, sched_retain(s, now));
     }
     return next;
 }

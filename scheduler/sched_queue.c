@@ -35,14 +35,21 @@ int sched_ranks_in_use(const sched_t *s)
 
 /* ---- cron ------------------------------------------------------------------------------ */
 
-/* Queues a run for scheduled time t, or records it as skipped (why != NULL).
- * A time already served (KILN_EEXIST: a run for it exists, maybe made by
- * another kilnd) is left alone. */
+/* Queues a run for scheduled time t, or counts it on the job as skipped (why
+ * != NULL): a skipped fire is not a run. A time already served (KILN_EEXIST:
+ * a run for it exists, maybe made by another kilnd) is left alone. */
 static void fire(sched_t *s, sched_job_t *j, int64_t t, state_trigger_t trig, const char *why)
 {
     int64_t id = 0;
     char iso[KILN_ISO_LEN];
     kiln_time_iso(t, iso, sizeof iso);
+    if (why != NULL) {
+        if (state_job_skip(s->st, j->row.id, kiln_now_s(), why) < 0)
+            KILN_WARN("job %s: cannot count the skipped fire of %s: %s", j->row.name, iso,
+                      kiln_errmsg());
+        KILN_INFO("job %s: %s skipped: %s", j->row.name, iso, why);
+        return;
+    }
     int rc = state_run_create(s->st, j->row.id, trig, t, 1, 0, &id);
     if (rc == KILN_EEXIST)
         return;
@@ -50,13 +57,8 @@ static void fire(sched_t *s, sched_job_t *j, int64_t t, state_trigger_t trig, co
         KILN_WARN("job %s: cannot queue the run for %s: %s", j->row.name, iso, kiln_errmsg());
         return;
     }
-    if (why != NULL) {
-        state_run_transition(s->st, id, STATE_RUN_QUEUED, STATE_RUN_SKIPPED, -1, why);
-        KILN_INFO("job %s: %s skipped: %s", j->row.name, iso, why);
-    } else {
-        KILN_INFO("job %s: run %lld queued for %s (%s)", j->row.name, (long long)id, iso,
-                  state_trigger_name(trig));
-    }
+    KILN_INFO("job %s: run %lld queued for %s (%s)", j->row.name, (long long)id, iso,
+              state_trigger_name(trig));
     s->dirty = true;
 }
 
@@ -108,7 +110,8 @@ static void cron_job(sched_t *s, sched_job_t *j, int64_t now, int64_t *next_ms)
         else
             run = policy == JOB_CATCHUP_ALL;
         if (!run) {
-            snprintf(why, sizeof why, "missed while kilnd was not running (catchup: %s)",
+            snprintf(why, sizeof why, "missed while kilnd was not running or the job was "
+                                      "paused (catchup: %s)",
                      job_catchup_name(policy));
             fire(s, j, fires[i], trig, why);
         } else if (forbid) {

@@ -338,8 +338,12 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
             char *why = kiln_asprintf("no new data: every file matching %s was consumed by an "
                                       "earlier successful run",
                                       spec->data.train);
-            rc = state_run_transition(s->st, run->id, STATE_RUN_QUEUED, STATE_RUN_SKIPPED, -1,
-                                      why);
+            /* A cron fire with nothing to do is no run: the job counts it. */
+            if (run->trigger == STATE_TRIGGER_CRON || run->trigger == STATE_TRIGGER_CATCHUP)
+                rc = state_run_drop_skipped(s->st, run->id, why);
+            else
+                rc = state_run_transition(s->st, run->id, STATE_RUN_QUEUED, STATE_RUN_SKIPPED,
+                                          -1, why);
             KILN_INFO("run %lld skipped: no new data", (long long)run->id);
             free(why);
             rc = rc == KILN_ESTATE ? 0 : rc;

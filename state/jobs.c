@@ -23,6 +23,10 @@ static const state_col_t job_cols[] = {
     STATE_COL(state_job_t, updated_at),
     STATE_COL(state_job_t, last_scheduled_at),
     STATE_COL(state_job_t, spec_dir),
+    STATE_COL(state_job_t, deleted_at),
+    STATE_COL(state_job_t, last_checked_at),
+    STATE_COL(state_job_t, skipped_fires),
+    STATE_COL(state_job_t, last_skip_reason),
 };
 static const state_row_t job_row = STATE_ROW(state_job_t, job_cols, NULL);
 
@@ -66,6 +70,13 @@ static int job_put_tx(state_t *st, job_put_t *p)
     state_stmt_done(s);
     s = NULL;
 
+    if (p->id != 0) { /* a deleted job submitted again comes back */
+        KILN_CHECK_GOTO(state_update(st, STMT_JOB_REVIVE, what, "II", p->id, now), rc, out);
+        if (rc > 0)
+            KILN_CHECK_GOTO(state_event_insert(st, p->id, 0, "spec", "submitted again after a "
+                                               "delete"),
+                            rc, out);
+    }
     if (p->id == 0) {
         KILN_CHECK_GOTO(state_insert(st, STMT_JOB_INSERT, what, &p->id, "ttttiIt", p->name,
                                      p->spec_yaml, p->spec_hash, p->schedule, p->priority, now,
@@ -227,5 +238,66 @@ int state_job_set_last_scheduled(state_t *st, int64_t job_id, int64_t scheduled_
         st, what, rc,
         state_found(state_update(st, STMT_JOB_SET_LAST_SCHEDULED, what, "II", job_id, scheduled_at),
                     "no job with id %lld", (long long)job_id));
+    return rc;
+}
+
+int state_job_skip_tx(state_t *st, int64_t job_id, int64_t at, const char *why)
+{
+    int rc = state_update(st, STMT_JOB_SKIP, "counting a skipped fire", "IIt", job_id, at, why);
+    return state_found(rc, "no job with id %lld", (long long)job_id);
+}
+
+int state_job_skip(state_t *st, int64_t job_id, int64_t at, const char *why)
+{
+    int rc;
+    STATE_WRITE(st, "counting a skipped fire", rc, state_job_skip_tx(st, job_id, at, why));
+    return rc;
+}
+
+/* ---- delete -------------------------------------------------------------------------- */
+
+static int job_delete_tx(state_t *st, int64_t job_id, bool cancel, int *nstopped)
+{
+    const char *what = "deleting a job";
+    state_job_t j;
+    int64_t *ids = NULL;
+    size_t n = 0;
+    *nstopped = 0;
+    int rc = state_row_query(st, STMT_JOB_GET_BY_ID, what, &job_row, &j, "I", job_id);
+    KILN_CHECK(state_found(rc, "no job with id %lld", (long long)job_id));
+    if (j.deleted_at > 0) {
+        rc = kiln_errf(KILN_ENOENT, "job %s was deleted already", j.name);
+        goto out;
+    }
+    KILN_CHECK_GOTO(state_rows_query(st, STMT_JOB_ACTIVE_RUNS, what, &state_i64_row,
+                                     (void **)&ids, &n, "I", job_id),
+                    rc, out);
+    if (n > 0 && !cancel) {
+        rc = kiln_errf(KILN_ESTATE,
+                       "job %s has %zu run%s queued or running (run %lld); cancel %s first, or "
+                       "delete with --cancel",
+                       j.name, n, n == 1 ? "" : "s", (long long)ids[0], n == 1 ? "it" : "them");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        bool done;
+        KILN_CHECK_GOTO(state_run_cancel_tx(st, ids[i], &done), rc, out);
+        (*nstopped)++;
+    }
+    KILN_CHECK_GOTO(state_update(st, STMT_JOB_DELETE, what, "II", job_id, kiln_now_s()), rc, out);
+    rc = state_event_insert(st, job_id, 0, "delete", "deleted%s; its runs, checkpoints and "
+                            "lineage stay", n > 0 ? " (its runs canceled)" : "");
+out:
+    free(ids);
+    state_job_fini(&j);
+    return rc;
+}
+
+int state_job_delete(state_t *st, int64_t job_id, bool cancel, int *nstopped)
+{
+    int rc, stopped = 0;
+    STATE_WRITE(st, "deleting a job", rc, job_delete_tx(st, job_id, cancel, &stopped));
+    if (rc == 0 && nstopped != NULL)
+        *nstopped = stopped;
     return rc;
 }

@@ -289,16 +289,23 @@ static int transition_tx(state_t *st, const transition_t *t)
                               t->error != NULL ? ": " : "", t->error != NULL ? t->error : "");
 }
 
-static int requeue_tx(state_t *st, int64_t run_id, const char *why)
+/* 0 with the run's job and cancel flag when run_id is in `from`; else what
+ * refuse says about the move to `to`. */
+static int expect_state(state_t *st, int64_t run_id, state_run_state_t from, state_run_state_t to,
+                        int64_t *job_id /* OUT */, bool *cancel /* OUT */)
 {
     state_run_state_t actual;
+    KILN_CHECK(run_state_of(st, run_id, &actual, job_id, cancel));
+    return actual == from ? 0 : refuse(run_id, actual, from, to);
+}
+
+static int requeue_tx(state_t *st, int64_t run_id, const char *why)
+{
     int64_t job_id;
     bool cancel;
-    KILN_CHECK(run_state_of(st, run_id, &actual, &job_id, &cancel));
-    if (actual != STATE_RUN_LAUNCHING)
-        return refuse(run_id, actual, STATE_RUN_LAUNCHING, STATE_RUN_QUEUED);
+    KILN_CHECK(expect_state(st, run_id, STATE_RUN_LAUNCHING, STATE_RUN_QUEUED, &job_id, &cancel));
     if (cancel) { /* asked to stop before it started: it ends here */
-        KILN_CHECK(set_state(st, run_id, actual, STATE_RUN_CANCELED, -1, NULL, 0));
+        KILN_CHECK(set_state(st, run_id, STATE_RUN_LAUNCHING, STATE_RUN_CANCELED, -1, NULL, 0));
         return state_event_insert(st, job_id, run_id, "state", "launching -> canceled: %s", why);
     }
     const char *what = "putting a run back in the queue";
@@ -328,7 +335,7 @@ int state_run_transition(state_t *st, int64_t run_id, state_run_state_t from, st
     return rc;
 }
 
-static int cancel_tx(state_t *st, int64_t run_id, bool *done)
+int state_run_cancel_tx(state_t *st, int64_t run_id, bool *done)
 {
     state_run_state_t actual;
     int64_t job_id;
@@ -356,9 +363,92 @@ int state_run_request_cancel(state_t *st, int64_t run_id, bool *done)
 {
     bool d = false;
     int rc;
-    STATE_WRITE(st, "canceling a run", rc, cancel_tx(st, run_id, &d));
+    STATE_WRITE(st, "canceling a run", rc, state_run_cancel_tx(st, run_id, &d));
     if (rc == 0 && done != NULL)
         *done = d;
+    return rc;
+}
+
+/* ---- a skipped cron fire, retention -------------------------------------------------- */
+
+static int drop_skipped_tx(state_t *st, int64_t run_id, const char *why)
+{
+    int64_t job_id;
+    bool cancel;
+    KILN_CHECK(expect_state(st, run_id, STATE_RUN_QUEUED, STATE_RUN_SKIPPED, &job_id, &cancel));
+    KILN_CHECK(state_update(st, STMT_RUN_DELETE, "dropping a skipped run", "I", run_id));
+    return state_job_skip_tx(st, job_id, kiln_now_s(), why);
+}
+
+int state_run_drop_skipped(state_t *st, int64_t run_id, const char *why)
+{
+    int rc;
+    STATE_WRITE(st, "dropping a skipped run", rc, drop_skipped_tx(st, run_id, why));
+    return rc;
+}
+
+typedef struct {
+    int64_t id;
+    char *run_dir;
+} prunable_t;
+static const state_col_t prunable_cols[] = {
+    STATE_COL(prunable_t, id),
+    STATE_COL(prunable_t, run_dir),
+};
+static const state_row_t prunable_row = STATE_ROW(prunable_t, prunable_cols, NULL);
+
+void state_prune_fini(state_prune_t *p)
+{
+    if (p == NULL)
+        return;
+    for (size_t i = 0; i < p->ndirs; i++)
+        free(p->run_dirs[i]);
+    free(p->run_dirs);
+    memset(p, 0, sizeof *p);
+}
+
+static int prune_tx(state_t *st, int64_t before, int limit, state_prune_t *out)
+{
+    const char *what = "removing old runs";
+    prunable_t *rs = NULL;
+    size_t n = 0;
+    state_prune_fini(out); /* a rerun after a busy file starts over */
+    int rc = state_rows_query(st, STMT_RUN_PRUNABLE, what, &prunable_row, (void **)&rs, &n, "Ii",
+                              before, limit);
+    KILN_CHECK(rc);
+    out->run_dirs = kiln_calloc(n + 1, sizeof *out->run_dirs);
+    if (out->run_dirs == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        /* A retry outlives the attempt it retried when it is still needed. */
+        KILN_CHECK_GOTO(state_update(st, STMT_RUN_UNLINK_RETRIES, what, "I", rs[i].id), rc, out);
+        KILN_CHECK_GOTO(state_update(st, STMT_RUN_DELETE, what, "I", rs[i].id), rc, out);
+        out->runs++;
+        if (rs[i].run_dir != NULL) {
+            out->run_dirs[out->ndirs++] = rs[i].run_dir;
+            rs[i].run_dir = NULL;
+        }
+    }
+    KILN_CHECK_GOTO(state_update(st, STMT_EVENT_PRUNE, what, "Ii", before, limit), rc, out);
+    out->events = rc;
+    rc = 0;
+out:
+    state_rows_free(&prunable_row, rs, n);
+    return rc;
+}
+
+int state_runs_prune(state_t *st, int64_t before, int limit, state_prune_t *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    if (limit < 1 || limit > STATE_PAGE_MAX)
+        return kiln_errf(KILN_EINVAL, "a retention pass removes 1 to %d runs, not %d",
+                         STATE_PAGE_MAX, limit);
+    STATE_WRITE(st, "removing old runs", rc, prune_tx(st, before, limit, out));
+    if (rc < 0)
+        state_prune_fini(out);
     return rc;
 }
 

@@ -336,6 +336,22 @@ static const char migration_6[] =
     ");"
     "PRAGMA user_version = 6;";
 
+/* v7: job control and retention (docs/operations.md, "Job control", "Retention").
+ * - jobs.deleted_at: `kiln delete` hides a job from the lists and the
+ *   scheduler but keeps the row, so its runs, checkpoints and lineage stay
+ *   readable; submitting the name again brings it back.
+ * - jobs.last_checked_at, skipped_fires, last_skip_reason: a cron fire that
+ *   is skipped (no new data, missed, concurrency: forbid) is counted on the
+ *   job instead of being recorded as a run.
+ * - runs_by_ended: the retention pass finds old ended runs by index. */
+static const char migration_7[] =
+    "ALTER TABLE jobs ADD COLUMN deleted_at INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE jobs ADD COLUMN last_checked_at INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE jobs ADD COLUMN skipped_fires INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE jobs ADD COLUMN last_skip_reason TEXT;"
+    "CREATE INDEX runs_by_ended ON runs (ended_at) WHERE ended_at > 0;"
+    "PRAGMA user_version = 7;";
+
 const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
     {"v1: jobs, runs, events", migration_1, false},
     {"v2: job_versions, run_inputs, metrics, checkpoints, exports, endpoints, "
@@ -347,4 +363,5 @@ const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
      "queue",
      migration_5, true},
     {"v6: slurm_jobs", migration_6, false},
+    {"v7: deleted jobs, skipped fires counted on the job, runs_by_ended", migration_7, false},
 };

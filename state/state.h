@@ -26,7 +26,7 @@ typedef struct state state_t;
 
 /* The schema version this build writes. Version 0 is an empty file; each
  * migration in state/schema.c brings version i-1 to i (see docs/state.md). */
-#define STATE_SCHEMA_VERSION 6
+#define STATE_SCHEMA_VERSION 7
 /* PRAGMA application_id of Kiln's databases ("KILN"): kilnd and kiln open a
  * file that has it, a new one, or an older Kiln database (which gets it),
  * and refuse any other application's SQLite file. */
@@ -55,6 +55,10 @@ typedef struct state_job {
     int64_t created_at, updated_at;
     int64_t last_scheduled_at; /* newest scheduled time a run was created for; 0: none */
     char *spec_dir;    /* where the spec's relative paths resolve; NULL: kilnd's default */
+    int64_t deleted_at;       /* kiln delete: 0 while the job exists */
+    int64_t last_checked_at;  /* the last cron fire that was skipped; 0: none */
+    int64_t skipped_fires;    /* cron fires skipped (no new data, missed, forbid): not runs */
+    char *last_skip_reason;   /* why the last one was skipped; NULL: none */
 } state_job_t;
 
 /* A submit, as one transaction: the job is inserted or its spec replaced
@@ -97,9 +101,26 @@ int state_job_get_by_id(state_t *st, int64_t id, state_job_t *out /* OUT */);
 /* The spec text of version `version` of a job (every version is kept), in
  * *yaml (free it). KILN_ENOENT when the job has no such version. */
 int state_job_version_spec(state_t *st, int64_t job_id, int version, char **yaml /* OUT */);
-/* All jobs ordered by name. Free with state_jobs_free. */
+/* All jobs but deleted ones, ordered by name. Free with state_jobs_free.
+ * state_job_get still finds a deleted job by name (deleted_at > 0), so its
+ * runs and lineage stay readable. */
 int state_job_list(state_t *st, state_job_t **out /* OUT */, size_t *n /* OUT */);
+/* Pauses or resumes a job (a "pause" / "resume" event says so). A paused
+ * job's cron fires are neither run nor recorded; on resume the fires missed
+ * meanwhile follow its catch-up policy, as after a kilnd downtime. */
 int state_job_set_paused(state_t *st, int64_t job_id, bool paused);
+/* Counts a cron fire of job_id that is not run (no new data, missed under
+ * catchup, concurrency: forbid) on the job instead of recording a run:
+ * skipped_fires + 1, last_checked_at = at, last_skip_reason = why. */
+int state_job_skip(state_t *st, int64_t job_id, int64_t at, const char *why);
+/* Deletes a job: it leaves the job lists and the scheduler, while its row
+ * stays (deleted_at) so its runs, checkpoints and lineage stay readable;
+ * submitting the name again brings it back. Refused with KILN_ESTATE (the
+ * message names a run) while a run of it is queued, launching or running,
+ * unless cancel: then queued runs are canceled and running ones flagged for
+ * kilnd to stop, in the same transaction. *nstopped (may be NULL) counts
+ * them. KILN_ENOENT when there is no such job or it was deleted already. */
+int state_job_delete(state_t *st, int64_t job_id, bool cancel, int *nstopped /* OUT */);
 /* Records the newest scheduled time served (monotonic: never moves back). */
 int state_job_set_last_scheduled(state_t *st, int64_t job_id, int64_t scheduled_at);
 void state_job_fini(state_job_t *j);
@@ -191,6 +212,26 @@ int state_run_transition(state_t *st, int64_t run_id, state_run_state_t from,
 int state_run_set_launch(state_t *st, int64_t run_id, const char *run_dir, int64_t pgid,
                          const char *host);
 int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before);
+/* A queued cron run that has nothing to do (no new data) is no run: it is
+ * deleted with its events and counted on its job (state_job_skip with why),
+ * in one transaction. KILN_ESTATE when the run is no longer queued. */
+int state_run_drop_skipped(state_t *st, int64_t run_id, const char *why);
+
+/* Retention (kilnd --keep-runs): removes up to limit runs that ended before
+ * `before` (Unix s) with their events, inputs, metrics and Slurm records,
+ * keeping every run that something still needs: one that wrote a checkpoint
+ * (chains, endpoints and lineage start there) or has a push, one whose
+ * inputs count as consumed, the newest run and the newest success of each
+ * job, and runs that have not ended. Job events older than `before` go too,
+ * but submits and spec versions. The removed runs' directories are in
+ * out->run_dirs for the caller to delete (the logs live there). */
+typedef struct state_prune {
+    int64_t runs, events; /* removed */
+    char **run_dirs;      /* (ndirs) of the removed runs that had one */
+    size_t ndirs;
+} state_prune_t;
+int state_runs_prune(state_t *st, int64_t before, int limit, state_prune_t *out /* OUT */);
+void state_prune_fini(state_prune_t *p); /* accepts NULL */
 /* Records the checkpoint a run started from (kiln-train's resume or warm
  * start), the edge lineage follows from a run's checkpoints to the runs
  * built on them. */

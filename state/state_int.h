@@ -28,7 +28,8 @@
  * SELECTs are macros so that one row reader serves them all. */
 #define STATE_JOB_COLS                                                          \
     "id, name, spec_yaml, spec_hash, schedule, priority, version, paused, "     \
-    "created_at, updated_at, last_scheduled_at, spec_dir"
+    "created_at, updated_at, last_scheduled_at, spec_dir, deleted_at, last_checked_at, "       \
+    "skipped_fires, last_skip_reason"
 #define STATE_RUN_COLS                                                          \
     "r.id, r.job_id, j.name, r.job_version, r.state, r.trigger, r.attempt, "    \
     "r.retry_of, r.scheduled_at, r.queued_at, r.started_at, r.ended_at, "       \
@@ -64,18 +65,26 @@
     X(JOB_INSERT, "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, priority, "             \
                   "version, paused, created_at, updated_at, last_scheduled_at, spec_dir) "         \
                   "VALUES (?1, ?2, ?3, ?4, ?5, 1, 0, ?6, ?6, 0, ?7)")                              \
-    /* ?7 NULL keeps the job's spec_dir (a spec with no file of its own). */                       \
+    /* ?7 NULL keeps the job's spec_dir (a spec with no file of its own). A deleted job that is   \
+     * submitted again comes back with its schedule starting now (JOB_REVIVE). */                  \
     X(JOB_UPDATE_SPEC, "UPDATE jobs SET spec_yaml = ?2, spec_hash = ?3, schedule = ?4, "           \
                        "priority = ?5, version = version + 1, updated_at = ?6, "                   \
                        "spec_dir = coalesce(?7, spec_dir) WHERE id = ?1")                          \
     X(JOB_UPDATE_SAME, "UPDATE jobs SET schedule = ?2, priority = ?3, "                            \
                        "spec_dir = coalesce(?4, spec_dir) WHERE id = ?1")                          \
+    X(JOB_REVIVE, "UPDATE jobs SET deleted_at = 0, paused = 0, last_scheduled_at = ?2 "            \
+                  "WHERE id = ?1 AND deleted_at > 0")                                              \
+    X(JOB_DELETE, "UPDATE jobs SET deleted_at = ?2, updated_at = ?2 WHERE id = ?1")               \
+    X(JOB_SKIP, "UPDATE jobs SET skipped_fires = skipped_fires + 1, last_checked_at = ?2, "        \
+                "last_skip_reason = ?3 WHERE id = ?1")                                             \
+    X(JOB_ACTIVE_RUNS, "SELECT id FROM runs WHERE job_id = ?1 "                                    \
+                       "AND state IN ('queued', 'launching', 'running') ORDER BY id")              \
     X(JOB_VERSION_INSERT, "INSERT INTO job_versions (job_id, version, spec_yaml, spec_hash, "      \
                           "created_at, spec_dir) SELECT id, version, spec_yaml, spec_hash, "       \
                           "updated_at, spec_dir FROM jobs WHERE id = ?1")                          \
     X(JOB_GET_BY_NAME, "SELECT " STATE_JOB_COLS " FROM jobs WHERE name = ?1")                      \
     X(JOB_GET_BY_ID, "SELECT " STATE_JOB_COLS " FROM jobs WHERE id = ?1")                          \
-    X(JOB_LIST, "SELECT " STATE_JOB_COLS " FROM jobs ORDER BY name")                               \
+    X(JOB_LIST, "SELECT " STATE_JOB_COLS " FROM jobs WHERE deleted_at = 0 ORDER BY name")          \
     X(JOB_SET_PAUSED, "UPDATE jobs SET paused = ?2, updated_at = ?3 WHERE id = ?1")                \
     X(JOB_SET_LAST_SCHEDULED, "UPDATE jobs SET last_scheduled_at = max(last_scheduled_at, ?2) "    \
                               "WHERE id = ?1")                                                     \
@@ -104,6 +113,25 @@
     X(RUN_SET_START_CKPT, "UPDATE runs SET start_checkpoint_id = ?2 WHERE id = ?1")                \
     X(RUN_SET_CANCEL, "UPDATE runs SET cancel_requested = 1 WHERE id = ?1")                        \
     X(RUN_JOB_OF, "SELECT job_id FROM runs WHERE id = ?1")                                         \
+    X(RUN_DELETE, "DELETE FROM runs WHERE id = ?1")                                                \
+    /* retention (runs.c, state_runs_prune): ended runs older than ?1 that nothing needs: no     \
+     * checkpoint (chains, lineage and endpoints start there), no push, no input that counts as   \
+     * consumed (a succeeded run's, or one a checkpoint covers), not the newest run nor the       \
+     * newest success of its job. */                                                              \
+    X(RUN_PRUNABLE,                                                                                \
+      "SELECT r.id, r.run_dir FROM runs r WHERE r.ended_at > 0 AND r.ended_at < ?1 "               \
+      "AND r.state IN ('succeeded', 'failed', 'canceled', 'timed_out', 'skipped') "                \
+      "AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.run_id = r.id) "                        \
+      "AND NOT EXISTS (SELECT 1 FROM pushes p WHERE p.run_id = r.id) "                             \
+      "AND NOT EXISTS (SELECT 1 FROM run_inputs i WHERE i.run_id = r.id "                          \
+      "  AND (r.state = 'succeeded' OR i.covered_by IS NOT NULL)) "                                \
+      "AND r.id != (SELECT max(x.id) FROM runs x WHERE x.job_id = r.job_id) "                      \
+      "AND r.id IS NOT (SELECT max(x.id) FROM runs x WHERE x.job_id = r.job_id "                   \
+      "  AND x.state = 'succeeded') ORDER BY r.ended_at LIMIT ?2")                                 \
+    X(RUN_UNLINK_RETRIES, "UPDATE runs SET retry_of = NULL WHERE retry_of = ?1")                   \
+    /* job events (run_id NULL) older than ?1, but the job's submits and spec versions */         \
+    X(EVENT_PRUNE, "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE run_id IS NULL "   \
+                   "AND at < ?1 AND kind NOT IN ('submit', 'spec') ORDER BY id LIMIT ?2)")        \
     /* events */                                                                                   \
     X(EVENT_INSERT, "INSERT INTO events (job_id, run_id, at, kind, message) "                      \
                     "VALUES (?1, ?2, ?3, ?4, ?5)")                                                 \
@@ -383,6 +411,11 @@ int state_event_insert(state_t *st, int64_t job_id, int64_t run_id, const char *
 int state_run_create_tx(state_t *st, int64_t job_id, state_trigger_t trigger,
                         int64_t scheduled_at, int attempt, int64_t retry_of,
                         int64_t *run_id /* OUT */);
+
+/* state_run_request_cancel inside the caller's transaction (runs.c). */
+int state_run_cancel_tx(state_t *st, int64_t run_id, bool *done /* OUT */);
+/* state_job_skip inside the caller's transaction (jobs.c). */
+int state_job_skip_tx(state_t *st, int64_t job_id, int64_t at, const char *why);
 
 /* state_endpoint_put inside the caller's transaction (pushes.c); model and
  * label are "" rather than NULL. */

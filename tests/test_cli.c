@@ -387,6 +387,65 @@ static void test_submit_round_trip(void **state)
     json_decref(runs);
 }
 
+/* kiln pause / resume / delete: a paused job shows as paused; delete is
+ * refused (5) while a run is queued, cancels it with --cancel, and leaves the
+ * run readable; a deleted job is not found (4) by the control commands and
+ * comes back when submitted again. */
+static void test_job_control(void **state)
+{
+    (void)state;
+    char db[400], path[512];
+    snprintf(db, sizeof db, "%s/control.db", tmpdir);
+    result_t r;
+    write_file("hourly.yaml", hourly_spec, path, sizeof path);
+    KILN(&r, "--db", db, "submit", path);
+    assert_int_equal(r.code, 0);
+    KILN(&r, "--db", db, "pause", "hourly");
+    assert_int_equal(r.code, 0);
+    KILN(&r, "--db", db, "jobs");
+    assert_non_null(strstr(r.out, "paused"));
+    KILN(&r, "--db", db, "--json", "pause", "hourly");
+    json_t *o = parse_json(r.out);
+    assert_false(json_boolean_value(json_object_get(o, "changed"))); /* paused already */
+    json_decref(o);
+    KILN(&r, "--db", db, "resume", "hourly");
+    assert_int_equal(r.code, 0);
+    KILN(&r, "--db", db, "--json", "jobs");
+    o = parse_json(r.out);
+    assert_false(json_boolean_value(json_object_get(json_array_get(o, 0), "paused")));
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(o, 0), "skipped_fires")),
+                     0);
+    json_decref(o);
+
+    write_file("oneoff.yaml", oneoff_spec, path, sizeof path);
+    KILN(&r, "--db", db, "submit", path); /* run 1, queued */
+    KILN(&r, "--db", db, "delete", "oneoff-lr");
+    assert_int_equal(r.code, 5);
+    assert_non_null(strstr(r.err, "--cancel"));
+    KILN(&r, "--db", db, "delete", "oneoff-lr", "--cancel");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "1 run canceled"));
+    KILN(&r, "--db", db, "--json", "jobs");
+    o = parse_json(r.out);
+    assert_int_equal(json_array_size(o), 1); /* hourly only */
+    json_decref(o);
+    KILN(&r, "--db", db, "--json", "show", "1");
+    assert_int_equal(r.code, 0);
+    o = parse_json(r.out);
+    assert_string_equal(json_string_value(json_object_get(o, "state")), "canceled");
+    json_decref(o);
+    KILN(&r, "--db", db, "pause", "oneoff-lr");
+    assert_int_equal(r.code, 4);
+    KILN(&r, "--db", db, "delete", "nope");
+    assert_int_equal(r.code, 4);
+    KILN(&r, "--db", db, "submit", path);
+    assert_int_equal(r.code, 0);
+    KILN(&r, "--db", db, "--json", "jobs");
+    o = parse_json(r.out);
+    assert_int_equal(json_array_size(o), 2);
+    json_decref(o);
+}
+
 static void test_kiln_home(void **state)
 {
     (void)state;
@@ -539,6 +598,7 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_bad_spec),
     cmocka_unit_test(test_json_errors),
     cmocka_unit_test(test_submit_round_trip),
+    cmocka_unit_test(test_job_control),
     cmocka_unit_test(test_kiln_home),
     cmocka_unit_test(test_schedule_next),
     cmocka_unit_test(test_submit_shared_checkpoint_dir),

@@ -282,6 +282,8 @@ static const char *const seeds[STATE_SCHEMA_VERSION] = {
     "  created_at) VALUES (40, 1, 4, 20, 30, 'incremental', 'run 4 succeeded', 'pending', 2002);",
     "INSERT INTO slurm_jobs (run_id, job_id, state, nodes, partition, updated_at)"
     "  VALUES (3, 4242, 'FAILED', 'kn[1-2]', 'kiln', 1900);",
+    "UPDATE jobs SET skipped_fires = 7, last_checked_at = 2100, last_skip_reason = 'no new data'"
+    "  WHERE id = 1;",
 };
 
 static void check_v1(state_t *st)
@@ -410,8 +412,21 @@ static void check_v6(state_t *st)
                      2);
 }
 
-static void (*const checks[STATE_SCHEMA_VERSION])(state_t *) = {check_v1, check_v2, check_v3,
-                                                                 check_v4, check_v5, check_v6};
+/* v7: a job's skipped fires are counted on it; an older job has none and
+ * is not deleted. */
+static void check_v7(state_t *st)
+{
+    state_job_t j;
+    OK(state_job_get(st, "old", &j));
+    assert_int_equal(j.deleted_at, 0);
+    assert_int_equal(j.skipped_fires, 7);
+    assert_int_equal(j.last_checked_at, 2100);
+    assert_string_equal(j.last_skip_reason, "no new data");
+    state_job_fini(&j);
+}
+
+static void (*const checks[STATE_SCHEMA_VERSION])(state_t *) = {
+    check_v1, check_v2, check_v3, check_v4, check_v5, check_v6, check_v7};
 
 static void test_migrate_every_version(void **state)
 {
@@ -1488,6 +1503,123 @@ static void test_submit_endpoints_atomic(void **state)
     assert_int_equal(scalar(f->st, "SELECT count(*) FROM endpoints"), 2);
 }
 
+/* A skipped cron fire is no run: the queued run goes, the job counts it. A
+ * delete is refused while runs are active, cancels them when asked, keeps the
+ * row (runs stay readable), and a submit of the name brings the job back. */
+static void test_job_skip_delete(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t id = new_job(st, "ctr"), run = 0;
+    OK(state_run_create(st, id, STATE_TRIGGER_CRON, 6000, 1, 0, &run));
+    OK(state_run_drop_skipped(st, run, "no new data"));
+    state_run_t r;
+    assert_int_equal(state_run_get(st, run, &r), KILN_ENOENT);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM events WHERE run_id IS NOT NULL"), 0);
+    check_counts(st);
+    state_job_t j;
+    OK(state_job_get(st, "ctr", &j));
+    assert_int_equal(j.skipped_fires, 1);
+    assert_true(j.last_checked_at > 0);
+    assert_string_equal(j.last_skip_reason, "no new data");
+    state_job_fini(&j);
+
+    int64_t queued = new_run(st, id);
+    int nstopped = -1;
+    assert_int_equal(state_job_delete(st, id, false, &nstopped), KILN_ESTATE);
+    assert_non_null(strstr(kiln_errmsg(), "--cancel"));
+    OK(state_run_transition(st, queued, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, -1, NULL));
+    OK(state_job_delete(st, id, true, &nstopped));
+    assert_int_equal(nstopped, 1);
+    OK(state_run_get(st, queued, &r));
+    assert_true(r.cancel_requested); /* kilnd stops it */
+    state_run_fini(&r);
+    state_job_t *js;
+    size_t n;
+    OK(state_job_list(st, &js, &n));
+    assert_int_equal(n, 0);
+    state_jobs_free(js, n);
+    OK(state_job_get(st, "ctr", &j)); /* still readable by name */
+    assert_true(j.deleted_at > 0);
+    state_job_fini(&j);
+    assert_int_equal(state_job_delete(st, id, true, NULL), KILN_ENOENT);
+    bool created = true;
+    int64_t again = 0;
+    OK(state_job_put(st, "ctr", "name: x\n", HASH_A, NULL, 0, &again, &created));
+    assert_int_equal(again, id);
+    assert_false(created);
+    OK(state_job_get(st, "ctr", &j));
+    assert_int_equal(j.deleted_at, 0);
+    state_job_fini(&j);
+}
+
+/* Retention removes old ended runs with their events and hands back their
+ * directories, and keeps what is needed: a run with a checkpoint, a
+ * succeeded run's consumed inputs, the newest run and success of a job,
+ * runs not ended, recent runs. A retry of a removed run loses its link. */
+static void test_runs_prune(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "ctr"), ids[7];
+    for (int i = 0; i < 7; i++)
+        ids[i] = new_run(st, job);
+    /* 0 failed, 1 canceled, 2 succeeded with a checkpoint, 3 succeeded with an
+     * input, 4 failed (retried later), 5 and 6 queued. */
+    state_run_state_t ends[] = {STATE_RUN_FAILED, STATE_RUN_CANCELED, STATE_RUN_SUCCEEDED,
+                                STATE_RUN_SUCCEEDED, STATE_RUN_FAILED};
+    for (int i = 0; i < 5; i++) {
+        if (ends[i] != STATE_RUN_CANCELED)
+            OK(state_run_transition(st, ids[i], STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, -1, NULL));
+        OK(state_run_transition(st, ids[i],
+                                ends[i] == STATE_RUN_CANCELED ? STATE_RUN_QUEUED
+                                                              : STATE_RUN_LAUNCHING,
+                                ends[i], 0, NULL));
+    }
+    OK(state_run_set_launch(st, ids[0], "/k/runs/1", 0, "h"));
+    state_checkpoint_t c = {0};
+    c.uid = (char *)"ck-1";
+    c.run_id = ids[2];
+    c.kind = (char *)"full";
+    c.path = (char *)"/ck/1";
+    c.eval_logloss = c.eval_auc = NAN;
+    int64_t ck;
+    OK(state_checkpoint_add(st, &c, &ck));
+    state_input_t in = {(char *)"/d/p1", 1, 2, NULL};
+    OK(state_input_add(st, ids[3], &in));
+    int64_t retry = 0;
+    OK(state_run_create(st, job, STATE_TRIGGER_RETRY, 0, 2, ids[4], &retry));
+    OK(state_run_transition(st, retry, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, -1, NULL));
+    OK(state_run_transition(st, retry, STATE_RUN_LAUNCHING, STATE_RUN_SUCCEEDED, 0, NULL));
+    OK(state_event_add(st, job, 0, "push", "an old job event"));
+    OK(state_test_exec(st, "UPDATE runs SET ended_at = 1000 WHERE ended_at > 0;"
+                           "UPDATE events SET at = 1000;"));
+    state_prune_t p;
+    OK(state_runs_prune(st, 500, 100, &p)); /* nothing is that old */
+    assert_int_equal(p.runs, 0);
+    state_prune_fini(&p);
+    OK(state_runs_prune(st, 2000, 100, &p));
+    assert_int_equal(p.runs, 3); /* 0, 1 and 4 */
+    assert_int_equal(p.events, 1);
+    assert_int_equal(p.ndirs, 1);
+    assert_string_equal(p.run_dirs[0], "/k/runs/1");
+    state_prune_fini(&p);
+    state_run_t r;
+    assert_int_equal(state_run_get(st, ids[0], &r), KILN_ENOENT);
+    assert_int_equal(state_run_get(st, ids[4], &r), KILN_ENOENT);
+    int64_t kept[] = {ids[2], ids[3], ids[5], ids[6]};
+    for (size_t k = 0; k < sizeof kept / sizeof kept[0]; k++) {
+        OK(state_run_get(st, kept[k], &r));
+        state_run_fini(&r);
+    }
+    OK(state_run_get(st, retry, &r));
+    assert_int_equal(r.retry_of, 0);
+    state_run_fini(&r);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM events WHERE kind = 'spec'"), 1);
+    check_counts(st);
+    assert_int_equal(state_runs_prune(st, 2000, 0, &p), KILN_EINVAL);
+}
+
 int main(void)
 {
     kiln_log_set_level(KILN_LOG_WARN);
@@ -1519,6 +1651,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_busy_retry, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_submit_endpoints_atomic, setup_open, teardown),
         cmocka_unit_test_setup_teardown(test_open_foreign, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_job_skip_delete, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_runs_prune, setup_open, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

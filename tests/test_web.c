@@ -455,6 +455,58 @@ static void test_submit(void **state)
     reply_free(&r);
 }
 
+/* Job control over HTTP: pause and resume need the token; the job page
+ * shows the state with pause/resume and delete buttons, and its forms answer
+ * 303; a delete is refused (409) while a run is queued, done with ?cancel=1,
+ * and the job leaves /api/jobs. */
+static void test_job_control(void **state)
+{
+    static const char *const auth[] = {"Authorization: Bearer " TOKEN, NULL};
+    reply_t r;
+    http(&r, "POST", "/api/jobs", "name: webctl\ndata: {train: /d.tsv}\n", auth);
+    assert_int_equal(r.status, 201); /* a one-off: its run is queued */
+    json_t *doc = json_loads(r.body, 0, NULL);
+    int64_t id = json_integer_value(json_object_get(doc, "job_id"));
+    json_decref(doc);
+    reply_free(&r);
+    char path[96], want[64];
+    snprintf(path, sizeof path, "/api/jobs/%lld/pause", (long long)id);
+    expect_status("POST", path, NULL, NULL, 401);
+    http(&r, "POST", path, NULL, auth);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"paused\":true"));
+    reply_free(&r);
+    snprintf(path, sizeof path, "/jobs/%lld", (long long)id);
+    static const char *const has_paused[] = {"id=\"job-state\">paused", "/resume\"",
+                                             "/delete\"", NULL};
+    expect_page(&r, path, 200, has_paused, NULL);
+    reply_free(&r);
+    snprintf(path, sizeof path, "/jobs/%lld/resume", (long long)id); /* the page's form */
+    http(&r, "POST", path, "token=" TOKEN, NULL);
+    assert_int_equal(r.status, 303);
+    snprintf(want, sizeof want, "/jobs/%lld", (long long)id);
+    assert_string_equal(r.location, want);
+    reply_free(&r);
+    static const char *const has_active[] = {"id=\"job-state\">active", "/pause\"", NULL};
+    expect_page(&r, want, 200, has_active, NULL);
+    reply_free(&r);
+
+    snprintf(path, sizeof path, "/api/jobs/%lld/delete", (long long)id);
+    expect_status("POST", path, NULL, auth, 409);
+    snprintf(path, sizeof path, "/api/jobs/%lld/delete?cancel=1", (long long)id);
+    http(&r, "POST", path, NULL, auth);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"runs_stopped\":1"));
+    reply_free(&r);
+    doc = get_json("/api/jobs", 200);
+    char *text = json_dumps(doc, 0);
+    assert_null(strstr(text, "webctl"));
+    free(text);
+    json_decref(doc);
+    expect_status("POST", path, NULL, auth, 404); /* deleted already */
+    expect_status("POST", "/api/jobs/99999/pause", NULL, auth, 404);
+}
+
 /* The web API runs the same checkpoint.dir check as kiln submit: a second
  * job naming the first's (absolute) checkpoint directory is refused with
  * 409; a relative one is per run (no spec file), so it never clashes. */
@@ -813,6 +865,7 @@ int main(void)
         cmocka_unit_test(test_token),
         cmocka_unit_test(test_cancel_retry),
         cmocka_unit_test(test_submit),
+        cmocka_unit_test(test_job_control),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_submit_shared_checkpoint_dir),
         cmocka_unit_test(test_host_check),

@@ -1,6 +1,6 @@
 /*
  * tools/cmd_job.c - the job and run commands of `kiln`: submit, jobs, runs,
- * show and cancel. They validate with jobs/ and read and write the SQLite
+ * show, cancel, and pause, resume and delete. They validate with jobs/ and read and write the SQLite
  * store through state/; nothing here knows SQL or YAML.
  */
 #include "cli.h"
@@ -315,8 +315,8 @@ int cmd_jobs(cli_t *cli)
     int64_t now = kiln_now_s();
     json_t *arr = cli->json ? json_array() : NULL;
     static const char *const hdr[] = {"JOB", "VERSION", "SCHEDULE", "PRIORITY", "NEXT FIRE",
-                                      "LAST RUN", "STATE"};
-    cli_table_t *t = cli->json ? NULL : cli_table_create(7, hdr);
+                                      "LAST RUN", "STATE", "SKIPPED"};
+    cli_table_t *t = cli->json ? NULL : cli_table_create(8, hdr);
     for (size_t i = 0; i < n; i++) {
         const state_job_t *j = &jobs[i];
         char *tz = j->schedule ? stored_timezone(j->spec_yaml) : NULL;
@@ -329,16 +329,21 @@ int cmd_jobs(cli_t *cli)
         if (cli->json) {
             json_array_append_new(
                 arr,
-                json_pack("{s:I, s:s, s:i, s:s?, s:i, s:b, s:s, s:o, s:o, s:o, s:o}", "id",
-                          (json_int_t)j->id, "name", j->name, "version", j->version, "schedule",
-                          j->schedule, "priority", j->priority, "paused", j->paused, "spec_hash",
-                          j->spec_hash, "next_fire", kiln_json_time(next), "created_at",
-                          kiln_json_time(j->created_at), "last_run",
+                json_pack("{s:I, s:s, s:i, s:s?, s:i, s:b, s:s, s:o, s:o, s:o, s:o, s:I, s:o, "
+                          "s:s?}",
+                          "id", (json_int_t)j->id, "name", j->name, "version", j->version,
+                          "schedule", j->schedule, "priority", j->priority, "paused", j->paused,
+                          "spec_hash", j->spec_hash, "next_fire", kiln_json_time(next),
+                          "created_at", kiln_json_time(j->created_at), "last_run",
                           nlast ? json_integer(last[0].id) : json_null(), "last_state",
-                          nlast ? json_string(state_run_state_name(last[0].state)) : json_null()));
+                          nlast ? json_string(state_run_state_name(last[0].state)) : json_null(),
+                          "skipped_fires", (json_int_t)j->skipped_fires, "last_checked_at",
+                          kiln_json_time(j->last_checked_at), "last_skip_reason",
+                          j->last_skip_reason));
         } else {
-            char ver[16], pri[16], nbuf[KILN_ISO_LEN], lr[24];
+            char ver[16], pri[16], nbuf[KILN_ISO_LEN], lr[24], sk[24];
             snprintf(ver, sizeof ver, "%d", j->version);
+            snprintf(sk, sizeof sk, "%" PRId64, j->skipped_fires);
             snprintf(pri, sizeof pri, "%d", j->priority);
             snprintf(lr, sizeof lr, "%" PRId64, nlast ? last[0].id : 0);
             const char *row[] = {j->name,
@@ -347,7 +352,8 @@ int cmd_jobs(cli_t *cli)
                                  pri,
                                  j->paused ? "paused" : cli_time(next, nbuf, sizeof nbuf),
                                  nlast ? lr : "-",
-                                 nlast ? state_run_state_name(last[0].state) : "-"};
+                                 nlast ? state_run_state_name(last[0].state) : "-",
+                                 sk};
             cli_table_add(t, row);
         }
         state_runs_free(last, nlast);
@@ -526,11 +532,14 @@ static int show_job(cli_t *cli, state_t *st, const char *name)
             json_array_append_new(arr, run_json(st, &runs[i]));
         json_t *o = json_pack(
             "{s:I, s:s, s:i, s:s?, s:s?, s:i, s:b, s:s, s:o, s:o, s:o, s:s, "
-            "s:o}",
+            "s:o, s:o, s:I, s:o, s:s?}",
             "id", (json_int_t)j.id, "name", j.name, "version", j.version, "schedule", j.schedule,
             "timezone", tz, "priority", j.priority, "paused", j.paused, "spec_hash", j.spec_hash,
             "next_fire", kiln_json_time(next), "created_at", kiln_json_time(j.created_at),
-            "updated_at", kiln_json_time(j.updated_at), "spec", j.spec_yaml, "runs", arr);
+            "updated_at", kiln_json_time(j.updated_at), "spec", j.spec_yaml, "runs", arr,
+            "deleted_at", kiln_json_time(j.deleted_at), "skipped_fires",
+            (json_int_t)j.skipped_fires, "last_checked_at", kiln_json_time(j.last_checked_at),
+            "last_skip_reason", j.last_skip_reason);
         cli_print_json(o);
     } else {
         char b1[KILN_ISO_LEN];
@@ -540,6 +549,14 @@ static int show_job(cli_t *cli, state_t *st, const char *name)
             printf("  next fire   %s%s\n", j.paused ? "paused" : cli_time(next, b1, sizeof b1),
                    tz && !j.paused ? (strcmp(tz, "UTC") ? " (UTC; schedule in zone)" : "") : "");
         printf("  priority    %d\n", j.priority);
+        if (j.deleted_at > 0)
+            printf("  deleted     %s\n", cli_time(j.deleted_at, b1, sizeof b1));
+        else if (j.paused)
+            printf("  state       paused ('kiln resume %s')\n", j.name);
+        if (j.skipped_fires > 0)
+            printf("  skipped     %" PRId64 " fires, the last at %s: %s\n", j.skipped_fires,
+                   cli_time(j.last_checked_at, b1, sizeof b1),
+                   j.last_skip_reason ? j.last_skip_reason : "-");
         printf("  created     %s\n", cli_time(j.created_at, b1, sizeof b1));
         printf("  updated     %s\n", cli_time(j.updated_at, b1, sizeof b1));
         printf("spec:\n");
@@ -604,4 +621,72 @@ int cmd_cancel(cli_t *cli)
     }
     state_close(st);
     return exit_code;
+}
+
+/* ---- pause, resume, delete ------------------------------------------------------------ */
+
+typedef enum { CONTROL_PAUSE, CONTROL_RESUME, CONTROL_DELETE } control_t;
+
+/* What the three commands share: the job by name (a deleted one is not
+ * found), the operation, its report. */
+static int job_control(cli_t *cli, control_t op)
+{
+    static const char *const verbs[] = {"paused", "resumed", "deleted"};
+    const char *name = cli->pos[0];
+    state_t *st = NULL;
+    state_job_t j = {0};
+    int rc = state_open(cli->db_path, &st);
+    if (rc < 0)
+        return cli_fail(rc, NULL);
+    int exit_code = CLI_EXIT_OK, stopped = 0;
+    bool changed = true;
+    rc = state_job_get(st, name, &j);
+    if (rc == 0 && j.deleted_at > 0)
+        rc = KILN_ENOENT;
+    if (rc == KILN_ENOENT) {
+        exit_code = cli_fail(rc, "no job named '%s' (see 'kiln jobs')", name);
+        goto out;
+    }
+    if (rc == 0)
+        rc = op == CONTROL_DELETE ? ops_job_delete(st, j.id, cli_opt(cli, "cancel") != NULL, &stopped)
+                                  : ops_job_pause(st, j.id, op == CONTROL_PAUSE, &changed);
+    if (rc < 0) {
+        exit_code = cli_fail(rc, NULL);
+        goto out;
+    }
+    if (cli->json) {
+        cli_print_json(json_pack("{s:s, s:I, s:s, s:b, s:i}", "job", j.name, "job_id",
+                                 (json_int_t)j.id, "result", verbs[op], "changed", changed,
+                                 "runs_stopped", stopped));
+    } else if (!changed) {
+        printf("job %s was %s already\n", j.name, verbs[op]);
+    } else if (op == CONTROL_DELETE) {
+        printf("deleted job %s", j.name);
+        if (stopped > 0)
+            printf(" (%d run%s canceled or asked to stop)", stopped, stopped == 1 ? "" : "s");
+        printf("; its runs, checkpoints and lineage stay\n");
+    } else {
+        printf("%s job %s%s\n", verbs[op], j.name,
+               op == CONTROL_PAUSE ? ": its fires are not run until 'kiln resume'"
+                                   : ": missed fires follow its catchup policy");
+    }
+out:
+    state_job_fini(&j);
+    state_close(st);
+    return exit_code;
+}
+
+int cmd_pause(cli_t *cli)
+{
+    return job_control(cli, CONTROL_PAUSE);
+}
+
+int cmd_resume(cli_t *cli)
+{
+    return job_control(cli, CONTROL_RESUME);
+}
+
+int cmd_delete(cli_t *cli)
+{
+    return job_control(cli, CONTROL_DELETE);
 }

@@ -27,7 +27,7 @@ int cmd_daemon(cli_t *cli)
     /* Hand the command's options to kilnd's own parser, so both read alike. */
     static const char *const names[] = {"home",  "listen",  "max-ranks",   "grace",
                                         "poll",  "drain",   "trainer",     "mpirun",
-                                        "log",   "stats-every", "slurm-poll"};
+                                        "log",   "stats-every", "slurm-poll", "keep-runs"};
     char *argv[2 * (sizeof names / sizeof names[0]) + 4];
     int argc = 0;
     argv[argc++] = (char *)"kiln daemon";

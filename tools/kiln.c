@@ -64,6 +64,7 @@ static const cli_opt_t daemon_opts[] = {
     {"poll", "DURATION", "database change poll (default 1s)"},
     {"stats-every", "DURATION", "read endpoints' /v1/stats this often (default 10s; 0: never)"},
     {"slurm-poll", "DURATION", "how often a Slurm run's supervisor asks about its job (default 5s)"},
+    {"keep-runs", "DAYS", "remove runs that ended DAYS ago that nothing needs (default: keep all)"},
     {"drain", NULL, "on SIGTERM, wait for running runs to end"},
     {"trainer", "PATH", "kiln-train to launch"},
     {"mpirun", "PATH", "mpirun to launch it with"},
@@ -79,6 +80,11 @@ extern const cli_opt_t push_opts[], promote_opts[], rollback_opts[];
 int cmd_push(cli_t *cli);
 int cmd_promote(cli_t *cli);
 int cmd_rollback(cli_t *cli);
+
+static const cli_opt_t delete_opts[] = {
+    {"cancel", NULL, "cancel the job's queued and running runs instead of refusing"},
+    {NULL, NULL, NULL},
+};
 
 static const cli_cmd_t commands[] = {
     {"submit", "FILE", "validate a job spec and queue it (or register its schedule)",
@@ -97,6 +103,20 @@ static const cli_cmd_t commands[] = {
      "A queued run is canceled at once. A running run is flagged; kilnd sends SIGTERM to its "
      "process group, waits the grace period, then SIGKILL.",
      no_opts, 1, 1, true, cmd_cancel},
+    {"pause", "JOB", "stop a job's cron fires until it is resumed",
+     "kilnd neither runs nor records the fires of a paused job and launches none of its queued "
+     "runs; running runs go on. `kiln jobs` shows it paused.",
+     no_opts, 1, 1, true, cmd_pause},
+    {"resume", "JOB", "resume a paused job",
+     "The fires missed while it was paused follow the job's catchup policy (none: skipped, "
+     "latest: the newest runs, all: each runs), as after a kilnd downtime.",
+     no_opts, 1, 1, true, cmd_resume},
+    {"delete", "JOB", "delete a job (its runs, checkpoints and lineage stay)",
+     "Refused while runs of the job are queued or running, unless --cancel, which cancels them "
+     "(kilnd stops running ones). The job leaves `kiln jobs` and the schedule; `kiln runs`, "
+     "`kiln show RUN` and `kiln lineage` still find its runs. Submitting the name again brings "
+     "it back.",
+     delete_opts, 1, 1, true, cmd_delete},
     {"schedule", "next EXPR", "print the next fire times of a cron expression",
      "`kiln schedule next \"EXPR\" --after 2024-05-02T00:00:00Z --count N` prints the next N "
      "fire times strictly after the instant, ISO 8601 UTC, one per line. See docs/cron.md.",

@@ -94,14 +94,19 @@ int web_api_jobs(web_req_t *r)
                                      state_run_state_name(last.last_state))
                          : json_null();
         json_array_append_new(
-            arr, json_pack("{s:I, s:s, s:i, s:s, s:o, s:o, s:b, s:o, s:o, s:o, s:o}", "id",
-                           (json_int_t)js[i].id, "name", js[i].name, "version", js[i].version,
-                           "spec_hash", js[i].spec_hash, "schedule", kiln_json_str(js[i].schedule),
-                           "next_fire", kiln_json_time(web_next_fire(&js[i], now)), "paused",
-                           js[i].paused, "last_run", lr, "last_success_at",
+            arr, json_pack("{s:I, s:s, s:i, s:s, s:o, s:o, s:b, s:o, s:o, s:o, s:o, s:I, s:o, "
+                           "s:o}",
+                           "id", (json_int_t)js[i].id, "name", js[i].name, "version",
+                           js[i].version, "spec_hash", js[i].spec_hash, "schedule",
+                           kiln_json_str(js[i].schedule), "next_fire",
+                           kiln_json_time(web_next_fire(&js[i], now)), "paused", js[i].paused,
+                           "last_run", lr, "last_success_at",
                            kiln_json_time(last.last_success_at), "created_at",
                            kiln_json_time(js[i].created_at), "updated_at",
-                           kiln_json_time(js[i].updated_at)));
+                           kiln_json_time(js[i].updated_at), "skipped_fires",
+                           (json_int_t)js[i].skipped_fires, "last_checked_at",
+                           kiln_json_time(js[i].last_checked_at), "last_skip_reason",
+                           kiln_json_str(js[i].last_skip_reason)));
     }
     state_jobs_free(js, n);
     if (rc < 0) {
@@ -359,17 +364,63 @@ int web_api_lineage_endpoint(web_req_t *r)
 
 /* ---- state changes (POST, token checked by web.c) -------------------------------------- */
 
-/* Answers an action: a 303 to the run's page for the HTML forms, JSON else. */
-static int acted(web_req_t *r, int64_t run_id, json_t *doc)
+/* Answers an action: a 303 to `page` (a format with one %lld, the id, or
+ * none) for the HTML forms, JSON else. */
+static int acted_at(web_req_t *r, const char *page, int64_t id, json_t *doc)
 {
     if (r->kind == WEB_FORM) {
         json_decref(doc);
         r->status = 303;
-        r->location = kiln_asprintf("/runs/%lld", (long long)run_id);
+        r->location = kiln_asprintf(page, (long long)id);
         web_buf_puts(&r->out, "<!DOCTYPE html><p>done</p>\n");
         return r->location ? 0 : KILN_ENOMEM;
     }
     return web_json_reply(r, doc);
+}
+
+static int acted(web_req_t *r, int64_t run_id, json_t *doc)
+{
+    return acted_at(r, "/runs/%lld", run_id, doc);
+}
+
+static int job_rc(const web_req_t *r, int rc)
+{
+    if (rc == KILN_ENOENT)
+        return kiln_errf(KILN_ENOENT, "no job %lld", (long long)r->id);
+    return rc;
+}
+
+static int job_pause(web_req_t *r, bool pause)
+{
+    bool changed = false;
+    KILN_CHECK(job_rc(r, ops_job_pause(r->st, r->id, pause, &changed)));
+    return acted_at(r, "/jobs/%lld", r->id,
+                    json_pack("{s:I, s:b, s:b}", "job_id", (json_int_t)r->id, "paused", pause,
+                              "changed", changed));
+}
+
+int web_act_pause(web_req_t *r)
+{
+    return job_pause(r, true);
+}
+
+int web_act_resume(web_req_t *r)
+{
+    return job_pause(r, false);
+}
+
+/* ?cancel=1 (the API) or a checked "cancel" box (the job page's form). */
+int web_act_delete(web_req_t *r)
+{
+    const char *q = web_arg(r, "cancel");
+    char *f = r->kind == WEB_FORM ? web_form_value(r->body, r->body_len, "cancel") : NULL;
+    bool cancel = (q != NULL && strcmp(q, "0") != 0) || (f != NULL && strcmp(f, "0") != 0);
+    free(f);
+    int stopped = 0;
+    KILN_CHECK(job_rc(r, ops_job_delete(r->st, r->id, cancel, &stopped)));
+    return acted_at(r, "/jobs", r->id, /* the job's page is gone from the list: the list */
+                    json_pack("{s:I, s:b, s:i}", "job_id", (json_int_t)r->id, "deleted", true,
+                              "runs_stopped", stopped));
 }
 
 int web_act_cancel(web_req_t *r)

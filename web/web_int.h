@@ -81,6 +81,7 @@ int web_json_reply(web_req_t *r, json_t *doc);
 
 /* ---- HTML pages (web_pages.c) ------------------------------------------------------ */
 int web_page_jobs(web_req_t *r);
+int web_page_job(web_req_t *r);
 int web_page_runs(web_req_t *r);
 int web_page_run(web_req_t *r);
 int web_page_endpoints(web_req_t *r);
@@ -101,6 +102,10 @@ int web_api_lineage_endpoint(web_req_t *r);
 int web_act_cancel(web_req_t *r);
 int web_act_retry(web_req_t *r);
 int web_act_submit(web_req_t *r);
+/* POST /jobs/#/pause|resume|delete (forms) and /api/jobs/#/... (JSON). */
+int web_act_pause(web_req_t *r);
+int web_act_resume(web_req_t *r);
+int web_act_delete(web_req_t *r);
 
 /* ---- /metrics (web_metrics.c) ------------------------------------------------------ */
 int web_metrics(web_req_t *r);

@@ -23,7 +23,9 @@ static const char css[] =
     ".st{padding:1px 6px;border-radius:8px;font-size:12px}"
     ".st-succeeded{background:#e6f4ea;color:#137333}.st-failed,.st-timed_out{background:#fce8e6;"
     "color:#a50e0e}.st-running,.st-launching{background:#e8f0fe;color:#1967d2}"
-    ".st-queued{background:#fef7e0;color:#b06000}.st-canceled,.st-skipped{background:#eee;"
+    ".st-queued,.st-paused{background:#fef7e0;color:#b06000}"
+    ".st-active{background:#e6f4ea;color:#137333}"
+    ".st-canceled,.st-skipped,.st-deleted{background:#eee;"
     "color:#555}pre.log{background:#111;color:#ddd;padding:8px;max-height:420px;overflow:auto;"
     "font-size:12px}.error{background:#fce8e6;border:1px solid #d93025;padding:6px 10px}"
     "dl.kv{display:grid;grid-template-columns:max-content auto;gap:2px 14px}dl.kv dt{color:#555}"
@@ -131,6 +133,17 @@ static void link_run(web_buf_t *b, int64_t id)
 
 /* ---- jobs ---------------------------------------------------------------------------- */
 
+/* A job's last run, linked, then its state: open, link, mid, badge, close. */
+static void last_run(web_buf_t *b, const state_job_last_t *l, const char *open, const char *mid,
+                     const char *close)
+{
+    web_buf_puts(b, open);
+    link_run(b, l->last_run_id);
+    web_buf_puts(b, mid);
+    state_badge(b, l->last_state);
+    web_buf_puts(b, close);
+}
+
 int web_page_jobs(web_req_t *r)
 {
     state_job_t *js = NULL;
@@ -150,24 +163,18 @@ int web_page_jobs(web_req_t *r)
         rc = state_job_last(r->st, js[i].id, &last);
         if (rc < 0)
             break;
-        web_buf_puts(b, "<tr><td><a href=\"/runs?job=");
-        web_esc(b, js[i].name);
-        web_buf_puts(b, "\">");
+        web_buf_printf(b, "<tr><td><a href=\"/jobs/%lld\">", (long long)js[i].id);
         web_esc(b, js[i].name);
         web_buf_printf(b, "</a></td><td class=\"num\">%d</td>", js[i].version);
         td_text(b, js[i].schedule ? js[i].schedule : "one-off");
         td_time(b, web_next_fire(&js[i], now));
         if (last.last_run_id > 0) {
-            web_buf_puts(b, "<td>");
-            link_run(b, last.last_run_id);
-            web_buf_puts(b, "</td><td>");
-            state_badge(b, last.last_state);
-            web_buf_puts(b, "</td>");
+            last_run(b, &last, "<td>", "</td><td>", "</td>");
         } else {
             web_buf_puts(b, "<td>-</td><td>-</td>");
         }
         td_time(b, last.last_success_at);
-        td_text(b, js[i].paused ? "yes" : "no");
+        td_text(b, js[i].paused ? "paused" : "no");
         web_buf_puts(b, "</tr>\n");
     }
     web_buf_puts(b, "</table>\n");
@@ -310,17 +317,69 @@ static void kv_time(web_buf_t *b, const char *k, int64_t t)
     kv_text(b, k, t > 0 ? kiln_time_iso(t, iso, sizeof iso) : NULL);
 }
 
-/* A POST form guarded by the token (no script: the browser sends the field). */
-static void action_form(web_buf_t *b, int64_t run_id, const char *action, const char *label)
+/* A POST form to /WHAT/ID/ACTION guarded by the token (no script: the
+ * browser sends the field); extra is more of the form's HTML, or "". */
+static void action_form(web_buf_t *b, const char *what, int64_t id, const char *action,
+                        const char *label, const char *extra)
 {
     web_buf_printf(b,
-                   "<form class=\"act\" method=\"post\" action=\"/runs/%lld/%s\">"
+                   "<form class=\"act\" method=\"post\" action=\"/%s/%lld/%s\">"
                    "<input type=\"password\" name=\"token\" placeholder=\"web token\" "
-                   "autocomplete=\"off\"> <button>%s</button></form>",
-                   (long long)run_id, action, label);
+                   "autocomplete=\"off\">%s <button>%s</button></form>",
+                   what, (long long)id, action, extra, label);
 }
 
 static int run_sections(web_req_t *r, const state_run_t *run);
+
+/* ---- one job ----------------------------------------------------------------------------- */
+
+int web_page_job(web_req_t *r)
+{
+    state_job_t j;
+    state_job_last_t last;
+    int rc = state_job_get_by_id(r->st, r->id, &j);
+    if (rc == KILN_ENOENT)
+        return kiln_errf(KILN_ENOENT, "no job %lld", (long long)r->id);
+    KILN_CHECK(rc);
+    KILN_CHECK_GOTO(state_job_last(r->st, j.id, &last), rc, out);
+    web_buf_t *b = &r->out;
+    char title[300], num[32];
+    snprintf(title, sizeof title, "Job %s", j.name);
+    head(r, title, 0);
+    const char *status = j.deleted_at > 0 ? "deleted" : j.paused ? "paused" : "active";
+    web_buf_printf(b, "<p><span class=\"st st-%s\" id=\"job-state\">%s</span> "
+                      "<a href=\"/runs?job=", status, status);
+    web_esc(b, j.name);
+    web_buf_puts(b, "\">its runs</a></p>\n<dl class=\"kv\">");
+    snprintf(num, sizeof num, "%d", j.version);
+    kv_text(b, "version", num);
+    kv_text(b, "schedule", j.schedule ? j.schedule : "one-off");
+    kv_time(b, "next fire", j.deleted_at > 0 ? 0 : web_next_fire(&j, kiln_now_s()));
+    if (last.last_run_id > 0)
+        last_run(b, &last, "<dt>last run</dt><dd>", " ", "</dd>");
+    kv_time(b, "last success", last.last_success_at);
+    snprintf(num, sizeof num, "%lld", (long long)j.skipped_fires);
+    web_buf_puts(b, "<dt>skipped fires</dt><dd id=\"skipped\">");
+    web_esc(b, num);
+    web_buf_puts(b, "</dd>");
+    kv_time(b, "last checked", j.last_checked_at);
+    kv_text(b, "last skipped because", j.last_skip_reason);
+    kv_time(b, "deleted", j.deleted_at);
+    web_buf_puts(b, "</dl>\n");
+    if (j.deleted_at == 0) {
+        if (j.paused)
+            action_form(b, "jobs", j.id, "resume", "resume job", "");
+        else
+            action_form(b, "jobs", j.id, "pause", "pause job", "");
+        action_form(b, "jobs", j.id, "delete", "delete job",
+                    " <label><input type=\"checkbox\" name=\"cancel\" value=\"1\"> cancel its "
+                    "runs</label>");
+    }
+    foot(r);
+out:
+    state_job_fini(&j);
+    return rc;
+}
 
 int web_page_run(web_req_t *r)
 {
@@ -399,9 +458,9 @@ int web_page_run(web_req_t *r)
     }
     web_buf_puts(b, "</dl>\n");
     if (!state_run_state_terminal(run.state))
-        action_form(b, run.id, "cancel", "cancel run");
+        action_form(b, "runs", run.id, "cancel", "cancel run", "");
     else if (run.state != STATE_RUN_SUCCEEDED)
-        action_form(b, run.id, "retry", "retry run");
+        action_form(b, "runs", run.id, "retry", "retry run", "");
     rc = run_sections(r, &run);
     foot(r);
     state_run_fini(&run);
