@@ -80,6 +80,10 @@ int cmd_push(cli_t *cli);
 int cmd_promote(cli_t *cli);
 int cmd_rollback(cli_t *cli);
 
+/* cmd_split.c (serving): a model's traffic split. */
+extern const cli_opt_t split_opts[];
+int cmd_split(cli_t *cli);
+
 static const cli_cmd_t commands[] = {
     {"submit", "FILE", "validate a job spec and queue it (or register its schedule)",
      "Parses and validates FILE. A job without `schedule` gets one run queued now; a job with "
@@ -151,6 +155,13 @@ static const cli_cmd_t commands[] = {
      NULL, promote_opts, 0, 0, true, cmd_promote},
     {"rollback", "", "push the checkpoint a label held before its current one",
      NULL, rollback_opts, 0, 0, true, cmd_rollback},
+    {"split", "MODEL [A=90,B=10]", "set (or show) a model's predict traffic split",
+     "Gives each label of MODEL its weight on every kiln-serve serving one of the model's "
+     "endpoints (PUT /v1/models/MODEL/split with the job's push token); without a split, shows "
+     "the one in force. A label left out, or with weight 0, gets no traffic; a label pushed "
+     "for the first time gets none until a split names it. kiln-serve keeps the split across "
+     "restarts (docs/serving-protocol.md).",
+     split_opts, 1, 2, true, cmd_split},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

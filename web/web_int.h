@@ -101,6 +101,7 @@ int web_api_lineage_endpoint(web_req_t *r);
 int web_act_cancel(web_req_t *r);
 int web_act_retry(web_req_t *r);
 int web_act_submit(web_req_t *r);
+int web_act_split(web_req_t *r);
 
 /* ---- /metrics (web_metrics.c) ------------------------------------------------------ */
 int web_metrics(web_req_t *r);
