@@ -118,10 +118,12 @@ static const cli_cmd_t commands[] = {
      "reported.",
      convert_opts, 1, CLI_MAX_POS, false, cmd_convert},
     {"export", "[CHECKPOINT]", "export a checkpoint to files, or a job's latest to its endpoints",
-     "`kiln export CKPT_DIR --format hugectr|npy --out DIR` resolves the checkpoint (an "
-     "incremental one with its chain), checks every file against the manifest and writes one "
-     "folder per table with raw int64 `key` and float32 `emb_vector` files (hugectr) or .npy "
-     "arrays (npy). With --db the export is recorded (docs/checkpoint-format.md). "
+     "`kiln export CHECKPOINT --format hugectr|npy --out DIR` resolves the checkpoint (a uid "
+     "the database knows, or a directory; an incremental one with its chain), checks every "
+     "file against the manifest and writes one folder per table with raw int64 `key` and "
+     "float32 `emb_vector` files (hugectr; fm's linear term as its own <table>_linear, and "
+     "the dense model file <job>_dense_<step>.model when the database knows the checkpoint) "
+     "or .npy arrays (npy). With --db the export is recorded (docs/checkpoint-format.md). "
      "`kiln export --job NAME --incremental --push [--label B]` (for system cron) pushes the "
      "job's latest checkpoint to its endpoints, as a delta on what each holds "
      "(docs/serving-protocol.md).",
