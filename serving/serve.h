@@ -218,6 +218,9 @@ struct serve_push_opts {
     const char *idem_nonce;/* mixed into idempotency keys (default: time and pid); the same
                               nonce, endpoint, uid and base give the same key, so a push
                               re-sent after a crash is applied at most once */
+    int traffic;           /* Kiln-Traffic: the predict traffic weight the label gets when
+                              this push is its first on the endpoint; 0: none (the spec's
+                              push.endpoints[].traffic) */
 };
 
 typedef struct serve_push_result {

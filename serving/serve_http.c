@@ -191,6 +191,17 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
                 c->answered = true;
                 return send_json(con, &a);
             }
+            const char *tr = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Kiln-Traffic");
+            char *end = NULL;
+            long w = tr ? strtol(tr, &end, 10) : 0;
+            if (tr != NULL && (end == tr || *end != '\0' || w < 0 || w > SV_MAX_WEIGHT)) {
+                c->answered = true;
+                sv_push_abort(c->push);
+                c->push = NULL;
+                return send_error(con, 400, "Kiln-Traffic must be a whole number from 0 to "
+                                            "1000000");
+            }
+            sv_push_set_traffic(c->push, (int)w);
         }
         return MHD_YES;
     }

@@ -75,6 +75,10 @@ typedef struct sv_push sv_push_t;
 int sv_push_begin(sv_store_t *s, const char *model, const char *label, const char *uid,
                   const char *base, const char *idem, sv_pushed_t *ans /* OUT */,
                   sv_push_t **out /* OUT */);
+/* The predict traffic weight (1..SV_MAX_WEIGHT) model/label gets if this
+ * push creates the label (the Kiln-Traffic header; the job spec's
+ * push.endpoints[].traffic): it joins the model's split with that weight. */
+void sv_push_set_traffic(sv_push_t *p, int weight);
 /* Streams body bytes to the staging file and the checking decoder. A
  * failure is remembered and returned by sv_push_end. */
 void sv_push_feed(sv_push_t *p, const void *data, size_t len);

@@ -123,19 +123,21 @@ static int start(CURLM *multi, xfer_t *x, const serve_push_opts_t *call)
     char line[512];
     curl_slist_free_all(x->hdrs);
     x->hdrs = NULL;
-    const char *hv[5];
-    char h0[600], h1[128], h2[128], h3[64];
+    const char *hv[6];
+    char h0[600], h1[128], h2[128], h3[64], h5[48];
     snprintf(h0, sizeof h0, "Authorization: Bearer %s", o->token ? o->token : "");
     snprintf(h1, sizeof h1, "Kiln-Checkpoint: %s", src->uid);
     snprintf(h2, sizeof h2, "Kiln-Base: %s", src->base[0] ? src->base : "none");
     snprintf(h3, sizeof h3, "Idempotency-Key: %s", idem);
+    snprintf(h5, sizeof h5, "Kiln-Traffic: %d", o->traffic);
     hv[0] = h0;
     hv[1] = h1;
     hv[2] = h2;
     hv[3] = h3;
     hv[4] = "Content-Type: application/x-kiln-push";
-    for (int i = 0; i < 5; i++) {
-        if (i == 0 && o->token == NULL)
+    hv[5] = h5;
+    for (int i = 0; i < 6; i++) {
+        if ((i == 0 && o->token == NULL) || (i == 5 && o->traffic <= 0))
             continue;
         struct curl_slist *l = curl_slist_append(x->hdrs, hv[i]);
         if (l == NULL) {

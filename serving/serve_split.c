@@ -7,7 +7,9 @@
  *
  * A label that no split names gets no traffic: a challenger pushed to a
  * new label serves nobody until a person (kiln split, the endpoints page)
- * gives it a share, and a restart does not change who serves what.
+ * gives it a share, or the push that creates it carries one (Kiln-Traffic,
+ * from the job spec's push.endpoints[].traffic); a restart does not change
+ * who serves what.
  *
  * splits.json is {"<model>": "A=90,B=10", ...}, replaced atomically (write
  * temp, fsync, rename) under the store's write lock before the new split is
@@ -164,9 +166,9 @@ static int persist(const sv_store_t *s)
     return rc;
 }
 
-int sv_split_set(sv_store_t *s, const char *model, const sv_split_t *split)
+/* Under the write lock: sv_split_set. */
+static int set_locked(sv_store_t *s, const char *model, const sv_split_t *split)
 {
-    pthread_rwlock_wrlock(&s->lock);
     int rc = 0;
     sv_model_split_t *m = own_split(s, model);
     sv_model_split_t old;
@@ -196,8 +198,32 @@ int sv_split_set(sv_store_t *s, const char *model, const sv_split_t *split)
     sv_split_format(split, text, sizeof text);
     KILN_INFO("split of %s set to '%s'", model, text);
 out:
+    return rc;
+}
+
+int sv_split_set(sv_store_t *s, const char *model, const sv_split_t *split)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    int rc = set_locked(s, model, split);
     pthread_rwlock_unlock(&s->lock);
     return rc;
+}
+
+void sv_split_grant_locked(sv_store_t *s, const char *model, const char *label, int weight)
+{
+    sv_split_t sp = *split_of(s, model);
+    for (int i = 0; i < sp.n; i++)
+        if (strcmp(sp.label[i], label) == 0)
+            return; /* a split already says what it gets */
+    if (sp.n == SV_MAX_SPLIT) {
+        KILN_WARN("%s/%s gets no traffic: the split of %s names %d labels already", model, label,
+                  model, SV_MAX_SPLIT);
+        return;
+    }
+    snprintf(sp.label[sp.n], SERVE_NAME_MAX, "%s", label);
+    sp.weight[sp.n++] = weight;
+    if (set_locked(s, model, &sp) < 0)
+        KILN_WARN("%s/%s gets no traffic: %s", model, label, kiln_errmsg());
 }
 
 bool sv_model_held(const sv_store_t *s, const char *model)

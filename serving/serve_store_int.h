@@ -128,6 +128,11 @@ int sv_split_load(sv_store_t *s);
  * hash of it), among the labels held. NULL when no held label has traffic:
  * a label no split names gets none. */
 const sv_version_t *sv_split_choose(const sv_store_t *s, const char *model, const char *key);
+/* Under the write lock, when a push created model/label: unless the split
+ * in force for model names label, gives model a split of its own (that one
+ * plus label=weight) and persists it; a failure to persist is logged and
+ * leaves the split as it was. */
+void sv_split_grant_locked(sv_store_t *s, const char *model, const char *label, int weight);
 /* Under a lock: whether the store holds any version of model. */
 bool sv_model_held(const sv_store_t *s, const char *model);
 

@@ -2034,7 +2034,7 @@ static void test_split_runtime(void **state)
     snprintf(spec, sizeof spec,
              "name: s\ndata: {train: x.tsv}\nmodel: {type: lr}\n"
              "push:\n  token_env: KILN_TEST_TOKEN\n  endpoints:\n"
-             "    - {url: \"%s\", model: ctr, label: A}\n"
+             "    - {url: \"%s\", model: ctr, label: A, traffic: 90}\n"
              "    - {url: \"%s\", model: ctr, label: C}\n",
              srv.url, srv.url);
     state_t *st = NULL;
@@ -2057,6 +2057,16 @@ static void test_split_runtime(void **state)
     const char *bad[] = {E2E_KILN, "--db", db, "split", "ctr", "A=-1", NULL};
     proc_run(&pr, dir, bad);
     assert_int_equal(pr.code, 3);
+    /* A push that creates a label with the spec's traffic (Kiln-Traffic)
+     * gives it that weight; one to a label that exists changes nothing. */
+    opener_t o = {.full = full};
+    serve_push_opts_t opt = popts();
+    serve_push_result_t res;
+    opt.traffic = 7;
+    assert_int_equal(push_one(&srv, "D", &o, "", &opt, &res), 0);
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
+    assert_non_null(strstr(r->body, "\"split\":\"C=100,D=7\""));
     serve_memsrc_destroy(full);
     resp_free(r);
     server_kill(&srv, SIGTERM);
