@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <jansson.h>
 
 #include "serve_store_int.h"
@@ -114,9 +115,9 @@ int sv_split_load(sv_store_t *s)
     if (path == NULL)
         return KILN_ENOMEM;
     json_error_t err;
-    json_t *doc = json_load_file(path, 0, &err);
-    if (doc == NULL) {
-        if (errno != ENOENT || err.line > 0)
+    json_t *doc = access(path, F_OK) == 0 ? json_load_file(path, 0, &err) : NULL;
+    if (doc == NULL) { /* none yet, or unreadable: no model has a split of its own */
+        if (access(path, F_OK) == 0)
             KILN_ERROR("%s cannot be read (%s, line %d); every model has --split's split until "
                        "one is set again",
                        path, err.text, err.line);

@@ -161,8 +161,8 @@ static const cli_cmd_t commands[] = {
      "Gives each label of MODEL its weight on every kiln-serve serving one of the model's "
      "endpoints (PUT /v1/models/MODEL/split with the job's push token); without a split, shows "
      "the one in force. A label left out, or with weight 0, gets no traffic; a label pushed "
-     "for the first time gets none until a split names it. kiln-serve keeps the split across "
-     "restarts (docs/serving-protocol.md).",
+     "for the first time gets none until a split names it (or its endpoint's `traffic:` in "
+     "the spec). kiln-serve keeps the split across restarts (docs/serving-protocol.md).",
      split_opts, 1, 2, true, cmd_split},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
