@@ -286,12 +286,32 @@ typedef enum { RT_EXPORT_HUGECTR = 0, RT_EXPORT_NPY = 1 } rt_export_format_t;
 /* Parses "hugectr" | "npy". Returns 0 or KILN_EINVAL. */
 int rt_export_format_parse(const char *s, rt_export_format_t *out /* OUT */);
 
-/* Writes the resolved chain into out_dir (created): hugectr: one folder per
+/* The dense parameter vector (dense.params) as the matrices it is made of,
+ * in order: each (rows, cols) row-major as Kiln keeps it, a layer's weight
+ * (out, in) then its bias (out, 1) (docs/models.md, "The flat parameter
+ * layout"). The checkpoint does not record the layers; the job's spec does. */
+typedef struct rt_export_matrix {
+    int rows, cols;
+} rt_export_matrix_t;
+typedef struct rt_export_dense {
+    const rt_export_matrix_t *m; /* (n) */
+    int n;
+    const char *file; /* the dense model file's name in out_dir */
+} rt_export_dense_t;
+
+/* Writes the resolved chain into out_dir (created). hugectr: one folder per
  * table holding raw little-endian int64 `key` and float32 `emb_vector`
- * (row n of each matching, sorted by key); npy: <table>.keys.npy,
- * <table>.values.npy and the dense arrays. *bytes gets the bytes written.
- * Returns 0, KILN_ENOSPC, KILN_EIO or the load codes. */
+ * (row n of each matching, sorted by key); for fm, whose rows are the
+ * slot's linear weight then its k factors, the folder holds the factors
+ * (k wide) and a folder <table>_linear the linear weights (1 wide); with
+ * dense, the dense model file: every matrix of dense transposed to (cols,
+ * rows) (HugeCTR's (in, out) weights), one after another, raw float32.
+ * npy: <table>.keys.npy, <table>.values.npy (rows as Kiln keeps them) and
+ * the dense arrays. *bytes gets the bytes written. Returns 0, KILN_EINVAL
+ * (dense does not add up to the checkpoint's dense.params), KILN_ENOSPC,
+ * KILN_EIO or the load codes. */
 int rt_ckpt_export(const rt_ckpt_chain_t *ch, rt_export_format_t fmt, const char *out_dir,
+                   const rt_export_dense_t *dense /* NULL: no dense model file */,
                    int64_t *bytes /* OUT, may be NULL */);
 
 /* ---- the collective dump (ckpt_mpi.c, library kiln_ckpt_mpi) -------------------------- */

@@ -1,8 +1,16 @@
 /*
  * ckpt/ckpt_export.c - turns a checkpoint (full, or full + incremental
- * chain, resolved first) into formats other stacks load: HugeCTR's sparse
- * model layout (a folder per table with raw int64 `key` and float32
- * `emb_vector`, row n of each matching) and plain .npy arrays.
+ * chain, resolved first) into formats other stacks load: HugeCTR's model
+ * files and plain .npy arrays.
+ *
+ * HugeCTR's sparse model is a folder per table with raw int64 `key` and
+ * float32 `emb_vector`, row n of each matching. An fm row is (1 + k): the
+ * slot's linear weight, then its factor; HugeCTR keeps the two as separate
+ * embeddings (a 1-wide one feeding the sum, a k-wide one feeding FmOrder2),
+ * so the row is cut in two folders, <table>_linear (1) and <table> (k).
+ * HugeCTR's dense model file is the raw float32 parameters of the layers in
+ * network order, each fully connected layer as its weight (in, out)
+ * row-major then its bias (out): Kiln's (out, in) weights transposed.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -68,8 +76,86 @@ static int write_npy(const char *dir, const char *name, npy_dtype_t dt, int64_t 
     return 0;
 }
 
+/* Writes dir/key (n) and dir/emb_vector (n, w): columns [c0, c0 + w) of
+ * rows' values. */
+static int write_hugectr_table(const char *dir, const rt_ckpt_rows_t *rows, int c0, int w,
+                               int64_t *total)
+{
+    char *kp = kiln_asprintf("%s/key", dir);
+    char *vp = kiln_asprintf("%s/emb_vector", dir);
+    float *cut = NULL;
+    const float *vals = rows->values;
+    int rc = kp && vp ? kiln_mkdir_p(dir) : KILN_ENOMEM;
+    if (rc == 0 && w != rows->dim) { /* an fm row's part: (n, w) of (n, dim) */
+        cut = kiln_calloc((size_t)rows->n * (size_t)w + 1, sizeof(float));
+        rc = cut ? 0 : KILN_ENOMEM;
+        for (int64_t i = 0; cut != NULL && i < rows->n; i++)
+            memcpy(cut + i * w, rows->values + i * rows->dim + c0, (size_t)w * sizeof(float));
+        vals = cut;
+    }
+    if (rc == 0)
+        rc = write_raw(kp, rows->keys, (size_t)rows->n * sizeof(int64_t));
+    if (rc == 0)
+        rc = write_raw(vp, vals, (size_t)rows->n * (size_t)w * sizeof(float));
+    if (rc == 0) {
+        *total += rows->n * (int64_t)(sizeof(int64_t) + (size_t)w * sizeof(float));
+        rc = kiln_fsync_dir(dir);
+    }
+    free(cut);
+    free(kp);
+    free(vp);
+    return rc;
+}
+
+/* The dense model file: each matrix of d transposed, in order. */
+static int write_hugectr_dense(const rt_ckpt_t *last, const rt_export_dense_t *d,
+                               const char *out_dir, int64_t *total)
+{
+    rt_ckpt_array_t *a = NULL;
+    int na = 0;
+    KILN_CHECK(rt_ckpt_read_dense(last, &a, &na));
+    const rt_ckpt_array_t *params = NULL;
+    for (int i = 0; i < na; i++)
+        if (strcmp(a[i].name, "dense.params") == 0)
+            params = &a[i];
+    size_t want = 0;
+    for (int i = 0; i < d->n; i++)
+        want += (size_t)d->m[i].rows * (size_t)d->m[i].cols;
+    int rc = 0;
+    float *out = NULL;
+    char *path = kiln_asprintf("%s/%s", out_dir, d->file);
+    if (params == NULL || params->count != want) {
+        rc = kiln_errf(KILN_EINVAL, "the job's spec describes %zu dense parameters, checkpoint %s "
+                                    "holds %zu: was the model changed since it was written?",
+                       want, last->info.uid, params ? params->count : (size_t)0);
+        goto out;
+    }
+    out = kiln_calloc(want + 1, sizeof(float));
+    if (out == NULL || path == NULL) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    size_t off = 0;
+    for (int i = 0; i < d->n; i++) { /* (rows, cols) -> (cols, rows) */
+        const int R = d->m[i].rows, C = d->m[i].cols;
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++)
+                out[off + (size_t)c * (size_t)R + (size_t)r] =
+                    params->data[off + (size_t)r * (size_t)C + (size_t)c];
+        off += (size_t)R * (size_t)C;
+    }
+    rc = write_raw(path, out, want * sizeof(float));
+    if (rc == 0)
+        *total += (int64_t)(want * sizeof(float));
+out:
+    free(out);
+    free(path);
+    rt_ckpt_arrays_free(a, na);
+    return rc;
+}
+
 int rt_ckpt_export(const rt_ckpt_chain_t *ch, rt_export_format_t fmt, const char *out_dir,
-                   int64_t *bytes)
+                   const rt_export_dense_t *dense, int64_t *bytes)
 {
     if (ch->n == 0)
         return kiln_errf(KILN_EINVAL, "empty checkpoint chain");
@@ -86,21 +172,17 @@ int rt_ckpt_export(const rt_ckpt_chain_t *ch, rt_export_format_t fmt, const char
         if (rc < 0)
             break;
         if (fmt == RT_EXPORT_HUGECTR) {
+            bool fm = strcmp(last->info.model, "fm") == 0 && rows.dim > 1;
             char *dir = kiln_asprintf("%s/%s", out_dir, name);
-            char *kp = dir ? kiln_asprintf("%s/key", dir) : NULL;
-            char *vp = dir ? kiln_asprintf("%s/emb_vector", dir) : NULL;
-            rc = kp && vp ? kiln_mkdir_p(dir) : KILN_ENOMEM;
+            char *lin = kiln_asprintf("%s/%s_linear", out_dir, name);
+            rc = dir && lin ? 0 : KILN_ENOMEM;
+            if (rc == 0 && fm)
+                rc = write_hugectr_table(lin, &rows, 0, 1, &total);
             if (rc == 0)
-                rc = write_raw(kp, rows.keys, (size_t)rows.n * sizeof(int64_t));
-            if (rc == 0)
-                rc = write_raw(vp, rows.values, (size_t)rows.n * (size_t)rows.dim * sizeof(float));
-            if (rc == 0) {
-                total += rows.n * (int64_t)(sizeof(int64_t) + (size_t)rows.dim * sizeof(float));
-                rc = kiln_fsync_dir(dir);
-            }
+                rc = write_hugectr_table(dir, &rows, fm ? 1 : 0, fm ? rows.dim - 1 : rows.dim,
+                                         &total);
             free(dir);
-            free(kp);
-            free(vp);
+            free(lin);
         } else {
             char kn[160], vn[160];
             snprintf(kn, sizeof kn, "%s.keys.npy", name);
@@ -111,6 +193,8 @@ int rt_ckpt_export(const rt_ckpt_chain_t *ch, rt_export_format_t fmt, const char
         }
         rt_ckpt_rows_fini(&rows);
     }
+    if (rc == 0 && fmt == RT_EXPORT_HUGECTR && dense != NULL)
+        rc = write_hugectr_dense(last, dense, out_dir, &total);
     if (rc == 0 && fmt == RT_EXPORT_NPY) {
         rt_ckpt_array_t *a = NULL;
         int na = 0;

@@ -118,6 +118,8 @@ typedef struct job_endpoint {
     char *label;
     bool auto_push; /* `auto`: kilnd pushes to it after a run and for online exports; false:
                        only kiln push --label, promote and rollback do (a champion) */
+    int traffic;    /* the predict traffic weight the label gets on its kiln-serve when a
+                       push first creates it; 0: none until a split gives it some */
 } job_endpoint_t;
 
 typedef struct job_spec {

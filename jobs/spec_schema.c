@@ -377,7 +377,8 @@ static const field_t endpoint_fields[] = {
     STR("url", job_endpoint_t, url, NULL, F_REQUIRED, check_url),
     STR("model", job_endpoint_t, model, NULL, F_REQUIRED | F_NONEMPTY, check_model_name),
     STR("label", job_endpoint_t, label, NULL, F_REQUIRED, check_label),
-    BOOL("auto", job_endpoint_t, auto_push, true), FIELD_END};
+    BOOL("auto", job_endpoint_t, auto_push, true),
+    INT("traffic", job_endpoint_t, traffic, 0, 0, 1000000), FIELD_END};
 
 static const field_t push_fields[] = {
     STR("token_env", job_spec_t, push.token_env, "KILN_SERVE_TOKEN", 0, check_env_name),

@@ -4,6 +4,7 @@
  *
  *   submit, retry, cancel            ops_jobs.c
  *   push, promote, rollback          ops_push.c  (queue, then deliver now)
+ *   traffic split                    ops_split.c
  *   after a run, after an export     ops_push.c  (queue for kilnd)
  *   delivering queued pushes         ops_deliver.c (claim, quality gate,
  *                                    push in parallel, record, back off)
@@ -112,6 +113,24 @@ int ops_promote(state_t *st, const char *model, const char *from, const char *to
 /* The checkpoint model/label held before its current one, to its endpoints. */
 int ops_rollback(state_t *st, const char *model, const char *label, const char *token_env,
                  ops_push_report_t *rep /* OUT */);
+
+/* Sets (split "A=90,B=10") or reads (split NULL) model's traffic split on
+ * every kiln-serve that serves one of its endpoints (the distinct URLs of
+ * the recorded endpoints of model), with the token of token_env, else of the
+ * push.token_env of a job that pushes to model, else $KILN_SERVE_TOKEN.
+ * rep->results is (rep->n) in the order of rep->urls (both malloc'd; free
+ * with ops_split_report_fini). Returns 0 when every endpoint answered,
+ * KILN_ENOENT (no endpoint serves model), KILN_EINVAL (an endpoint refused
+ * the split as malformed), KILN_EHTTP (the first failure's message) or
+ * KILN_ENOMEM. */
+typedef struct ops_split_report {
+    char **urls;
+    serve_split_result_t *results;
+    size_t n;
+} ops_split_report_t;
+int ops_split(state_t *st, const char *model, const char *split, const char *token_env,
+              ops_split_report_t *rep /* OUT */);
+void ops_split_report_fini(ops_split_report_t *rep);
 
 /* ---- after a run (kilnd) ------------------------------------------------------------------- */
 /* Records that run_id succeeded (from running, or from launching for a run

@@ -243,6 +243,13 @@ static void prepare(state_t *st, item_t *it, job_ctx_t *jobs, size_t *njobs, con
                                    .timeout_ms = it->job->ok ? it->job->spec.push.timeout_ms
                                                              : 30000,
                                    .idem_nonce = it->nonce};
+    /* The share of traffic the spec gives the label if this push creates it. */
+    for (int k = 0; it->job->ok && k < it->job->spec.push.nendpoints; k++) {
+        const job_endpoint_t *e = &it->job->spec.push.endpoints[k];
+        if (strcmp(e->url, p->url) == 0 && strcmp(e->model, p->model) == 0 &&
+            strcmp(e->label, p->label) == 0)
+            it->opts.traffic = e->traffic;
+    }
 }
 
 typedef struct opener {

@@ -218,6 +218,9 @@ struct serve_push_opts {
     const char *idem_nonce;/* mixed into idempotency keys (default: time and pid); the same
                               nonce, endpoint, uid and base give the same key, so a push
                               re-sent after a crash is applied at most once */
+    int traffic;           /* Kiln-Traffic: the predict traffic weight the label gets when
+                              this push is its first on the endpoint; 0: none (the spec's
+                              push.endpoints[].traffic) */
 };
 
 typedef struct serve_push_result {
@@ -251,6 +254,23 @@ typedef struct serve_label_stats {
  * status or network error) or KILN_ENOMEM. */
 int serve_stats_fetch(const char *url, int64_t timeout_ms, serve_label_stats_t **out /* OUT */,
                       size_t *n /* OUT */);
+
+/* ---- traffic split ---------------------------------------------------------------- */
+/* What an endpoint's /v1/models/M/split answered. */
+typedef struct serve_split_result {
+    int http_status;  /* 0: no response */
+    char split[1200]; /* the split in force after the call ("A=90,B=10"; "": none) */
+    char source[16];  /* "api", "--split" or "none" */
+    char no_traffic[1200]; /* labels held there without traffic, comma-separated */
+    char error[512];  /* "http://...: HTTP 400: ..." when the call failed */
+} serve_split_result_t;
+/* Sets model's traffic split on url (split "A=90,B=10" with token: PUT) or
+ * reads it (split NULL: GET), in one request of at most timeout_ms.
+ * Returns 0, KILN_EINVAL (the endpoint refused the split: 400), KILN_EHTTP
+ * (out->error names the URL and the status or network error) or
+ * KILN_ENOMEM. */
+int serve_split_call(const char *url, const char *token, const char *model, const char *split,
+                     int64_t timeout_ms, serve_split_result_t *out /* OUT */);
 
 #ifdef __cplusplus
 }

@@ -395,6 +395,49 @@ static json_t *stats_json(const sv_stats_t *st)
                      "pushes_rejected", (json_int_t)st->pushes_rejected);
 }
 
+/* Setting a split: a bad one, too many models, or it could not be kept. */
+static const status_map_t split_status[] = {
+    {KILN_EINVAL, 400}, {KILN_ERANGE, 507}, {KILN_ENOMEM, 503}, {0, 507}};
+
+void sv_answer_split(sv_store_t *s, const char *model, const char *body, size_t len,
+                     sv_answer_t *ans)
+{
+    char why[256];
+    if (serve_name_check(model, why, sizeof why) < 0) {
+        answer_error(ans, 400, why);
+        return;
+    }
+    if (body != NULL) {
+        json_error_t err;
+        json_t *doc = json_loadb(body, len, 0, &err);
+        const char *text = json_string_value(json_object_get(doc, "split"));
+        sv_split_t split;
+        int rc = text == NULL ? kiln_errf(KILN_EINVAL, "the body must be JSON {\"split\": "
+                                                       "\"A=90,B=10\"}")
+                              : sv_split_parse(text, true, &split);
+        if (rc == 0)
+            rc = sv_split_set(s, model, &split);
+        json_decref(doc);
+        if (rc < 0) {
+            answer_failure(ans, split_status, rc);
+            return;
+        }
+    }
+    sv_split_info_t in;
+    sv_split_get(s, model, &in);
+    char text[SV_MAX_SPLIT * (SERVE_NAME_MAX + 12)];
+    sv_split_format(&in.split, text, sizeof text);
+    json_t *labels = json_array(), *idle = json_array();
+    for (int i = 0; i < in.split.n; i++)
+        json_array_append_new(labels, json_pack("{s:s,s:i,s:b}", "label", in.split.label[i],
+                                                "weight", in.split.weight[i], "held",
+                                                in.held[i]));
+    for (int i = 0; i < in.nidle; i++)
+        json_array_append_new(idle, json_string(in.idle[i]));
+    answer(ans, 200, json_pack("{s:s,s:s,s:s,s:o,s:o}", "model", model, "split", text,
+                               "source", in.source, "labels", labels, "no_traffic", idle));
+}
+
 void sv_answer_stats(sv_store_t *s, bool prometheus, sv_answer_t *ans)
 {
     sv_stats_t st;

@@ -19,22 +19,27 @@
 #include "serve_int.h"
 #include "web_guard.h"
 
-typedef enum { R_PUSH, R_VERSION, R_LOOKUP, R_PREDICT, R_STATS, R_METRICS, R_HEALTH } route_id_t;
+typedef enum {
+    R_PUSH, R_VERSION, R_LOOKUP, R_PREDICT, R_SPLIT_SET, R_SPLIT, R_STATS, R_METRICS, R_HEALTH
+} route_id_t;
 
 typedef struct route {
     const char *method;
     const char *pattern; /* '*' matches one path segment */
     route_id_t id;
+    bool token; /* the request needs Authorization: Bearer <token> */
 } route_t;
 
 static const route_t routes[] = {
-    {"PUT", "/v1/models/*/versions/*", R_PUSH},
-    {"GET", "/v1/models/*/versions/*", R_VERSION},
-    {"POST", "/v1/models/*/lookup", R_LOOKUP},
-    {"POST", "/v1/models/*/predict", R_PREDICT},
-    {"GET", "/v1/stats", R_STATS},
-    {"GET", "/metrics", R_METRICS},
-    {"GET", "/healthz", R_HEALTH},
+    {"PUT", "/v1/models/*/versions/*", R_PUSH, true},
+    {"GET", "/v1/models/*/versions/*", R_VERSION, false},
+    {"POST", "/v1/models/*/lookup", R_LOOKUP, false},
+    {"POST", "/v1/models/*/predict", R_PREDICT, false},
+    {"PUT", "/v1/models/*/split", R_SPLIT_SET, true},
+    {"GET", "/v1/models/*/split", R_SPLIT, false},
+    {"GET", "/v1/stats", R_STATS, false},
+    {"GET", "/metrics", R_METRICS, false},
+    {"GET", "/healthz", R_HEALTH, false},
 };
 
 struct sv_http {
@@ -167,12 +172,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
             return path_known ? send_error(con, 405, "method not allowed on this path")
                               : send_error(con, 404, "no such path (see docs/serving-protocol.md)");
         }
+        if (c->route->token && !authorized(h, con)) {
+            c->answered = true;
+            return send_error(con, 401, c->route->id == R_PUSH
+                                            ? "a push needs Authorization: Bearer <token> with "
+                                              "kiln-serve's token"
+                                            : "setting a split needs Authorization: Bearer "
+                                              "<token> with kiln-serve's token");
+        }
         if (c->route->id == R_PUSH) {
-            if (!authorized(h, con)) {
-                c->answered = true;
-                return send_error(con, 401, "a push needs Authorization: Bearer <token> with "
-                                            "kiln-serve's token");
-            }
             sv_answer_t a = {0};
             c->push = sv_answer_push_begin(
                 h->store, c->seg[0], c->seg[1],
@@ -183,6 +191,17 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
                 c->answered = true;
                 return send_json(con, &a);
             }
+            const char *tr = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Kiln-Traffic");
+            char *end = NULL;
+            long w = tr ? strtol(tr, &end, 10) : 0;
+            if (tr != NULL && (end == tr || *end != '\0' || w < 0 || w > SV_MAX_WEIGHT)) {
+                c->answered = true;
+                sv_push_abort(c->push);
+                c->push = NULL;
+                return send_error(con, 400, "Kiln-Traffic must be a whole number from 0 to "
+                                            "1000000");
+            }
+            sv_push_set_traffic(c->push, (int)w);
         }
         return MHD_YES;
     }
@@ -240,6 +259,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
                    MHD_lookup_connection_value(con, MHD_GET_ARGUMENT_KIND, "label"),
                    MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Kiln-Request-Key"),
                    c->body ? c->body : "", c->len, &a);
+        break;
+    case R_SPLIT_SET:
+        sv_answer_split(h->store, c->seg[0], c->body ? c->body : "", c->len, &a);
+        break;
+    case R_SPLIT:
+        sv_answer_split(h->store, c->seg[0], NULL, 0, &a);
         break;
     case R_STATS:
         sv_answer_stats(h->store, false, &a);

@@ -75,6 +75,10 @@ typedef struct sv_push sv_push_t;
 int sv_push_begin(sv_store_t *s, const char *model, const char *label, const char *uid,
                   const char *base, const char *idem, sv_pushed_t *ans /* OUT */,
                   sv_push_t **out /* OUT */);
+/* The predict traffic weight (1..SV_MAX_WEIGHT) model/label gets if this
+ * push creates the label (the Kiln-Traffic header; the job spec's
+ * push.endpoints[].traffic): it joins the model's split with that weight. */
+void sv_push_set_traffic(sv_push_t *p, int weight);
 /* Streams body bytes to the staging file and the checking decoder. A
  * failure is remembered and returned by sv_push_end. */
 void sv_push_feed(sv_push_t *p, const void *data, size_t len);
@@ -153,11 +157,29 @@ typedef struct sv_split {
 #define SV_MAX_WEIGHT 1000000
 /* Parses text: up to SV_MAX_SPLIT entries LABEL=WEIGHT separated by commas,
  * each label valid (serve_name_check) and named once, each weight a whole
- * number from 1 to SV_MAX_WEIGHT (a label without traffic is left out).
- * Returns 0 or KILN_EINVAL with a message that starts with "--split". */
-int sv_split_parse(const char *text, sv_split_t *out /* OUT */);
-/* Sets the split predict follows (before serving starts). */
+ * number from 1 to SV_MAX_WEIGHT (a label without traffic is left out), or
+ * 0 too with zero_ok (such a label is validated, then left out). Returns 0
+ * or KILN_EINVAL with a message that starts with "--split" ("split" with
+ * zero_ok, the API's form). */
+int sv_split_parse(const char *text, bool zero_ok, sv_split_t *out /* OUT */);
+/* Writes split as text ("A=90,B=10"; "" for no label) into buf (cap). */
+void sv_split_format(const sv_split_t *split, char *buf, size_t cap);
+/* Sets --split, the split of every model without one of its own (before
+ * serving starts). */
 void sv_store_set_split(sv_store_t *s, const sv_split_t *split);
+/* Gives model a split of its own (in place of --split's) and persists it in
+ * <state_dir>/splits.json before it is in force, so that a restart keeps
+ * it. Returns 0, KILN_ERANGE (more than MAX_SPLITS models) or KILN_EIO. */
+int sv_split_set(sv_store_t *s, const char *model, const sv_split_t *split);
+/* The split in force for model, as GET /v1/models/M/split shows it. */
+typedef struct sv_split_info {
+    sv_split_t split;             /* n 0: no label has traffic */
+    const char *source;           /* "api" (its own), "--split" or "none" (static) */
+    bool held[SV_MAX_SPLIT];      /* split.label[i] holds a version here */
+    char idle[SV_MAX_SPLIT][SERVE_NAME_MAX]; /* labels held that get no traffic */
+    int nidle;
+} sv_split_info_t;
+void sv_split_get(sv_store_t *s, const char *model, sv_split_info_t *out /* OUT */);
 
 /* A snapshot of the store's counters and versions (arrays malloc'd; free
  * with sv_stats_fini). */
@@ -212,6 +234,12 @@ void sv_answer_lookup(sv_store_t *s, const char *model, const char *body, size_t
 void sv_answer_predict(sv_store_t *s, const char *model, const char *label,
                        const char *request_key, const char *body, size_t len,
                        sv_answer_t *ans /* OUT */);
+/* GET (body NULL) or PUT of a model's split: PUT's body {"split": "A=90,B=10"};
+ * 200 {"model", "split", "source", "labels": [{"label", "weight", "held"}],
+ * "no_traffic": [label held without traffic]}; 400 a bad split, 507 when it
+ * cannot be persisted. */
+void sv_answer_split(sv_store_t *s, const char *model, const char *body, size_t len,
+                     sv_answer_t *ans /* OUT */);
 /* GET /v1/stats (JSON) and /metrics (Prometheus text). */
 void sv_answer_stats(sv_store_t *s, bool prometheus, sv_answer_t *ans /* OUT */);
 

@@ -30,7 +30,8 @@ static void usage(FILE *f)
             "  --state-dir DIR        where versions persist (created)\n"
             "  --token-env VAR        environment variable holding the push token\n"
             "  --split A=90,B=10      predict traffic split between labels (sticky per\n"
-            "                         Kiln-Request-Key)\n"
+            "                         Kiln-Request-Key) for the models without a split\n"
+            "                         set through the API (kiln split)\n"
             "  --port-file FILE       write the bound port to FILE once listening\n"
             "  --max-connections N    concurrent connections, 1-1000 (default 64)\n"
             "  --max-per-client N     of those from one client address (default a\n"
@@ -155,7 +156,7 @@ int main(int argc, char **argv)
                 o.max_per_client, o.max_connections);
         return 2;
     }
-    if (split != NULL && sv_split_parse(split, &parsed_split) < 0) {
+    if (split != NULL && sv_split_parse(split, false, &parsed_split) < 0) {
         fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
         return 2;
     }

@@ -8,6 +8,8 @@
  * is re-sent once as a full push; 401, 400, 404, 413 and 422 are final. A
  * 2xx counts only when its answer confirms the push (kiln-serve's JSON with
  * the model, label and checkpoint pushed and the size of the whole body).
+ * Beside it, the small requests Kiln makes of an endpoint: its /v1/stats
+ * and a model's traffic split (GET or PUT /v1/models/M/split).
  * The only file in Kiln besides the CLI's callers that includes curl.h.
  */
 #include <pthread.h>
@@ -121,19 +123,21 @@ static int start(CURLM *multi, xfer_t *x, const serve_push_opts_t *call)
     char line[512];
     curl_slist_free_all(x->hdrs);
     x->hdrs = NULL;
-    const char *hv[5];
-    char h0[600], h1[128], h2[128], h3[64];
+    const char *hv[6];
+    char h0[600], h1[128], h2[128], h3[64], h5[48];
     snprintf(h0, sizeof h0, "Authorization: Bearer %s", o->token ? o->token : "");
     snprintf(h1, sizeof h1, "Kiln-Checkpoint: %s", src->uid);
     snprintf(h2, sizeof h2, "Kiln-Base: %s", src->base[0] ? src->base : "none");
     snprintf(h3, sizeof h3, "Idempotency-Key: %s", idem);
+    snprintf(h5, sizeof h5, "Kiln-Traffic: %d", o->traffic);
     hv[0] = h0;
     hv[1] = h1;
     hv[2] = h2;
     hv[3] = h3;
     hv[4] = "Content-Type: application/x-kiln-push";
-    for (int i = 0; i < 5; i++) {
-        if (i == 0 && o->token == NULL)
+    hv[5] = h5;
+    for (int i = 0; i < 6; i++) {
+        if ((i == 0 && o->token == NULL) || (i == 5 && o->traffic <= 0))
             continue;
         struct curl_slist *l = curl_slist_append(x->hdrs, hv[i]);
         if (l == NULL) {
@@ -430,6 +434,22 @@ static size_t on_body(char *buf, size_t size, size_t nitems, void *ud)
     return n;
 }
 
+/* Runs e's request to where (timeout_ms in all), its answer into *body
+ * (malloc'd, at most 1 MiB) and its HTTP status into *status (0: none). */
+static CURLcode perform(CURL *e, const char *where, int64_t timeout_ms, char **body,
+                        long *status)
+{
+    curl_easy_setopt(e, CURLOPT_URL, where);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, body);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)timeout_ms);
+    CURLcode cc = curl_easy_perform(e);
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, status);
+    return cc;
+}
+
 int serve_stats_fetch(const char *url, int64_t timeout_ms, serve_label_stats_t **out, size_t *n)
 {
     *out = NULL;
@@ -444,15 +464,8 @@ int serve_stats_fetch(const char *url, int64_t timeout_ms, serve_label_stats_t *
         rc = KILN_ENOMEM;
         goto out;
     }
-    curl_easy_setopt(e, CURLOPT_URL, where);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, &body);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)timeout_ms);
-    CURLcode cc = curl_easy_perform(e);
     long status = 0;
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+    CURLcode cc = perform(e, where, timeout_ms, &body, &status);
     if (cc != CURLE_OK) {
         rc = kiln_errf(KILN_EHTTP, "%s: %s", where, curl_easy_strerror(cc));
         goto out;
@@ -488,6 +501,79 @@ out:
     json_decref(doc);
     free(body);
     free(where);
+    if (e != NULL)
+        curl_easy_cleanup(e);
+    return rc;
+}
+
+/* ---- traffic split -------------------------------------------------------------------- */
+
+/* Joins the strings of arr with commas into buf (cap). */
+static void join(const json_t *arr, char *buf, size_t cap)
+{
+    size_t n = 0, i;
+    json_t *v;
+    buf[0] = '\0';
+    json_array_foreach(arr, i, v)
+    {
+        if (n < cap)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? "," : "",
+                                  json_string_value(v) ? json_string_value(v) : "");
+    }
+}
+
+int serve_split_call(const char *url, const char *token, const char *model, const char *split,
+                     int64_t timeout_ms, serve_split_result_t *out)
+{
+    memset(out, 0, sizeof *out);
+    KILN_CHECK(client_init());
+    char *where = kiln_asprintf("%s/v1/models/%s/split", url, model);
+    char *auth = kiln_asprintf("Authorization: Bearer %s", token ? token : "");
+    json_t *req = split ? json_pack("{s:s}", "split", split) : NULL;
+    char *reqbody = req ? json_dumps(req, JSON_COMPACT) : NULL;
+    CURL *e = curl_easy_init();
+    struct curl_slist *hdrs = NULL;
+    char *body = NULL;
+    json_t *doc = NULL;
+    int rc = 0;
+    if (where == NULL || auth == NULL || e == NULL || (split != NULL && reqbody == NULL) ||
+        (hdrs = curl_slist_append(NULL, "Content-Type: application/json")) == NULL ||
+        (split != NULL && (hdrs = curl_slist_append(hdrs, auth)) == NULL)) {
+        rc = KILN_ENOMEM;
+        goto out;
+    }
+    if (split != NULL) {
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, "PUT");
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, reqbody);
+    }
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
+    long status = 0;
+    CURLcode cc = perform(e, where, timeout_ms, &body, &status);
+    out->http_status = (int)status;
+    doc = body != NULL ? json_loads(body, 0, NULL) : NULL;
+    const char *text = json_string_value(json_object_get(doc, "split"));
+    if (cc != CURLE_OK) {
+        snprintf(out->error, sizeof out->error, "%s: %s", url, curl_easy_strerror(cc));
+    } else if (status != 200 || text == NULL) {
+        const char *why = json_string_value(json_object_get(doc, "error"));
+        snprintf(out->error, sizeof out->error, "%s (%s): HTTP %ld: %s", url, model, status,
+                 why ? why : "the answer is not kiln-serve's split (is this URL a kiln-serve?)");
+    } else {
+        snprintf(out->split, sizeof out->split, "%s", text);
+        const char *src = json_string_value(json_object_get(doc, "source"));
+        snprintf(out->source, sizeof out->source, "%s", src ? src : "");
+        join(json_object_get(doc, "no_traffic"), out->no_traffic, sizeof out->no_traffic);
+        goto out;
+    }
+    rc = kiln_errf(status == 400 ? KILN_EINVAL : KILN_EHTTP, "%s", out->error);
+out:
+    json_decref(doc);
+    json_decref(req);
+    free(reqbody);
+    free(body);
+    free(where);
+    free(auth);
+    curl_slist_free_all(hdrs);
     if (e != NULL)
         curl_easy_cleanup(e);
     return rc;

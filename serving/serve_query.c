@@ -1,8 +1,8 @@
 /*
  * serving/serve_query.c - the store's reads: a version's description, lookup
  * of embedding rows, predict (the trainer's own gather kernel and dense
- * model over parsed TSV lines), the A/B split that picks a label for a
- * request, and the counters behind /v1/stats and /metrics. Each takes the
+ * model over parsed TSV lines; the label a request goes to is serve_split.c's),
+ * and the counters behind /v1/stats and /metrics. Each takes the
  * read lock, so it sees a version before a push or after it, never half.
  */
 #include <errno.h>
@@ -14,86 +14,6 @@
 #include "kern.h"
 #include "data.h"
 #include "serve_store_int.h"
-
-int sv_split_parse(const char *text, sv_split_t *out)
-{
-    memset(out, 0, sizeof *out);
-    const char *p = text;
-    if (*p == '\0')
-        return kiln_errf(KILN_EINVAL, "--split is empty; it wants LABEL=WEIGHT,... (e.g. "
-                                      "A=90,B=10)");
-    for (;;) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        const char *eq = memchr(p, '=', len);
-        if (eq == NULL || eq == p)
-            return kiln_errf(KILN_EINVAL, "--split wants LABEL=WEIGHT,... (e.g. A=90,B=10); "
-                                          "'%.*s' in '%s' is not one",
-                             (int)len, p, text);
-        if (out->n == SV_MAX_SPLIT)
-            return kiln_errf(KILN_EINVAL, "--split '%s' names more than %d labels", text,
-                             SV_MAX_SPLIT);
-        char label[SERVE_NAME_MAX + 1], why[256];
-        snprintf(label, sizeof label, "%.*s", (int)(eq - p), p);
-        if (serve_name_check(label, why, sizeof why) < 0)
-            return kiln_errf(KILN_EINVAL, "--split: bad label in '%s': %s", text, why);
-        for (int i = 0; i < out->n; i++)
-            if (strcmp(out->label[i], label) == 0)
-                return kiln_errf(KILN_EINVAL, "--split: label %s appears twice in '%s'", label,
-                                 text);
-        char *end;
-        errno = 0;
-        long w = strtol(eq + 1, &end, 10);
-        if (end != p + len || end == eq + 1 || errno != 0 || w < 1 || w > SV_MAX_WEIGHT)
-            return kiln_errf(KILN_EINVAL, "--split: the weight of %s in '%s' must be a whole "
-                                          "number from 1 to %d (leave a label out to give it "
-                                          "no traffic)",
-                             label, text, SV_MAX_WEIGHT);
-        snprintf(out->label[out->n], SERVE_NAME_MAX, "%.63s", label);
-        out->weight[out->n++] = (int)w;
-        if (comma == NULL)
-            return 0;
-        p = comma + 1;
-    }
-}
-
-void sv_store_set_split(sv_store_t *s, const sv_split_t *split)
-{
-    s->split = *split;
-}
-
-/* The label a request goes to: by the split's weights, sticky on key (a
- * hash of it), among the labels this model has. NULL when none. */
-static const sv_version_t *choose(const sv_store_t *s, const char *model, const char *key)
-{
-    const sv_version_t *cand[SV_MAX_SPLIT];
-    int w[SV_MAX_SPLIT], n = 0, total = 0;
-    for (int i = 0; i < s->split.n; i++) {
-        const sv_version_t *v = sv_version_find(s, model, s->split.label[i]);
-        if (v != NULL && s->split.weight[i] > 0) {
-            cand[n] = v;
-            w[n] = s->split.weight[i];
-            total += w[n++];
-        }
-    }
-    if (n == 0) { /* no split configured (or none of its labels held): the first label */
-        for (int i = 0; i < s->nv; i++)
-            if (strcmp(s->v[i]->model, model) == 0)
-                return s->v[i];
-        return NULL;
-    }
-    static _Thread_local uint64_t anon;
-    uint64_t h = key != NULL && key[0] ? kiln_xxh64(key, strlen(key), 0x73706c6974)
-                                       : kiln_xxh64(&anon, sizeof anon, (uint64_t)kiln_mono_ns());
-    anon++;
-    int64_t r = (int64_t)(h % (uint64_t)total);
-    for (int i = 0; i < n; i++) {
-        if (r < w[i])
-            return cand[i];
-        r -= w[i];
-    }
-    return cand[n - 1];
-}
 
 static void count(sv_store_t *s, const char *model, const char *label, int64_t rows,
                   int64_t nonfinite)
@@ -295,15 +215,21 @@ int sv_predict(sv_store_t *s, const char *model, const char *label, const char *
     memset(out, 0, sizeof *out);
     pthread_rwlock_rdlock(&s->lock);
     const sv_version_t *v = label ? sv_version_find(s, model, label)
-                                  : choose(s, model, request_key);
+                                  : sv_split_choose(s, model, request_key);
     float *X = NULL;
     int64_t *keys = NULL;
     unsigned char *has = NULL;
     char *buf = NULL;
     int rc = 0;
     if (v == NULL) {
-        rc = not_held(s, model, label,
-                      "this endpoint holds no version of that model (and label)", NULL);
+        if (label == NULL && sv_model_held(s, model))
+            rc = kiln_errf(KILN_ENOENT, "no label of model %s held here has traffic: a label "
+                                        "gets traffic from a split (kiln split %s A=100, or "
+                                        "PUT /v1/models/%s/split); or ask for one with ?label=",
+                           model, model, model);
+        else
+            rc = not_held(s, model, label,
+                          "this endpoint holds no version of that model (and label)", NULL);
         goto out;
     }
     const int S = v->desc.nslots, F = v->desc.ndense;

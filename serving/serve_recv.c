@@ -36,7 +36,13 @@ struct sv_push {
     int64_t rows[SERVE_MAX_TABLES]; /* rows per table: an upper bound on new keys */
     uint64_t bytes;
     int64_t started_ns;
+    int traffic; /* Kiln-Traffic: the label's weight if this push creates it; 0: none */
 };
+
+void sv_push_set_traffic(sv_push_t *p, int weight)
+{
+    p->traffic = weight;
+}
 
 /* The answer v gave to key, or NULL. */
 static const sv_idem_t *idem_find(const sv_version_t *v, const char *key)
@@ -389,6 +395,8 @@ int sv_push_end(sv_push_t *p, sv_pushed_t *ans)
             free(op);
         }
     }
+    if (v == NULL && p->traffic > 0) /* the label's first version: the spec's share */
+        sv_split_grant_locked(s, p->model, p->label, p->traffic);
     s->pushes_applied++;
     KILN_INFO("applied %s push of %s to %s/%s in %.1f ms (%llu bytes, %lld rows now)",
               full ? "full" : "delta", p->uid, p->model, p->label,

@@ -8,7 +8,8 @@
  * (serve_chain.c), receiving a push (serve_recv.c), the reads (serve_query.c).
  * A state directory holds models/<model>/<label>/ (a version's chain,
  * serve_chain.c), staging/ (pushes being received) and broken/ (labels a
- * full push replaced while they could not be loaded); see
+ * full push replaced while they could not be loaded) and splits.json (the
+ * models' traffic splits, serve_split.c); see
  * docs/serving-protocol.md, "On disk".
  */
 #include <dirent.h>
@@ -351,6 +352,8 @@ int sv_store_open(const char *state_dir, sv_store_t **out)
     }
     if (md != NULL)
         closedir(md);
+    if (rc == 0)
+        rc = sv_split_load(s);
 out:
     free(staging);
     free(models);

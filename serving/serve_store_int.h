@@ -16,6 +16,7 @@
 #define IDEM_PER_LABEL 64 /* idempotency answers kept per version */
 #define PREDICT_BATCH 256 /* rows per forward pass, the dense model's max_batch */
 #define MAX_LABELS 64     /* (model, label) pairs with predict counters */
+#define MAX_SPLITS 64     /* models with a split of their own */
 
 typedef struct sv_idem {
     char key[128]; /* "": an empty slot */
@@ -35,6 +36,12 @@ typedef struct sv_version {
     sv_idem_t idem[IDEM_PER_LABEL]; /* ring */
     int nidem;
 } sv_version_t;
+
+/* A model's own traffic split (PUT /v1/models/M/split), persisted. */
+typedef struct sv_model_split {
+    char model[SERVE_NAME_MAX];
+    sv_split_t split;
+} sv_model_split_t;
 
 typedef struct sv_counter {
     char model[SERVE_NAME_MAX], label[SERVE_NAME_MAX];
@@ -56,7 +63,9 @@ struct sv_store {
     int nv, capv;
     sv_broken_t *broken;
     int nbroken;
-    sv_split_t split;
+    sv_split_t split; /* --split: for the models without a split of their own */
+    sv_model_split_t splits[MAX_SPLITS]; /* set through the API, kept in splits.json */
+    int nsplits;
     sv_counter_t counters[MAX_LABELS];
     int ncounters;
     int64_t staging_seq;
@@ -109,5 +118,22 @@ int sv_chain_load(const sv_store_t *s, const char *model, const char *label,
  * full push file of v as it is in memory; a failure is logged and leaves
  * the old chain in place. */
 void sv_chain_compact(const sv_store_t *s, sv_version_t *v, const char *dir);
+
+/* ---- serve_split.c: which label a request goes to ------------------------------------ */
+/* Loads <dir>/splits.json (missing: no model has a split of its own). A file
+ * that cannot be read is logged and ignored. Returns 0 or KILN_ENOMEM. */
+int sv_split_load(sv_store_t *s);
+/* Under the read lock: the version a request without ?label= goes to, by
+ * the weights of model's split (its own, else --split), sticky on key (a
+ * hash of it), among the labels held. NULL when no held label has traffic:
+ * a label no split names gets none. */
+const sv_version_t *sv_split_choose(const sv_store_t *s, const char *model, const char *key);
+/* Under the write lock, when a push created model/label: unless the split
+ * in force for model names label, gives model a split of its own (that one
+ * plus label=weight) and persists it; a failure to persist is logged and
+ * leaves the split as it was. */
+void sv_split_grant_locked(sv_store_t *s, const char *model, const char *label, int weight);
+/* Under a lock: whether the store holds any version of model. */
+bool sv_model_held(const sv_store_t *s, const char *model);
 
 #endif /* KILN_SERVING_SERVE_STORE_INT_H */

@@ -1681,6 +1681,95 @@ static void test_export_hugectr(void **state)
     free(r);
 }
 
+/* Reads the raw file path (size bytes exactly) into a new buffer. */
+static void *read_raw(const char *path, size_t size)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || (size_t)st.st_size != size)
+        fail_msg("%s: want %zu bytes, has %lld", path, size, (long long)st.st_size);
+    void *p = malloc(size + 1);
+    FILE *f = fopen(path, "rb");
+    assert_int_equal(fread(p, 1, size, f), size);
+    fclose(f);
+    return p;
+}
+
+/* Issue 26: `kiln export UID --format hugectr` of an fm checkpoint: the
+ * linear term as its own 1-wide table, the factors k wide, and the dense
+ * model file (w, b, then vx transposed to HugeCTR's (in, out)). */
+static void test_export_hugectr_fm(void **state)
+{
+    (void)state;
+    char s[512], db[512], rid[32], out[512], p[1200], spec[768];
+    snprintf(spec, sizeof spec,
+             "name: hfm\n"
+             "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+             "model:\n  type: fm\n  embedding: {dim: 4, capacity: 200000}\n"
+             "  fm_dense_factors: true\n"
+             "train: {batch_size: 120, seed: 7, epochs: 1, init_from: none}\n");
+    snprintf(s, sizeof s, "%s/hfm.yaml", tmpdir);
+    fx_write(s, "%s", spec);
+    int64_t job = 0, run = 0;
+    snprintf(db, sizeof db, "%s/hfm.db", tmpdir);
+    state_t *st = NULL;
+    assert_int_equal(state_open(db, &st), 0);
+    assert_int_equal(state_job_put(st, "hfm", spec, "0000000000000001", NULL, 0, &job, NULL), 0);
+    assert_int_equal(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &run), 0);
+    snprintf(rid, sizeof rid, "%lld", (long long)run);
+    state_close(st);
+    result_t *r = malloc(sizeof *r);
+    const char *h[] = {"--db", db, "--run-id", rid, "--eval", "none", "--max-steps", "6", NULL};
+    json_t *v = train(2, s, "hfm1", h, r);
+    const char *uid = jstr(v, "checkpoint");
+    snprintf(out, sizeof out, "%s/hfm-hugectr", tmpdir);
+    const char *argv[] = {KILN_BIN, "--db", db, "export", uid, "--format", "hugectr", "--out",
+                          out, NULL};
+    run_full(r, argv, NULL, 0);
+    if (r->code != 0)
+        fail_msg("kiln export %s failed (%d): %s", uid, r->code, r->err);
+    char d[1024];
+    ckpt_dir("hfm", uid, d, sizeof d);
+    rt_ckpt_chain_t ch;
+    assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
+    rt_ckpt_rows_t rows;
+    assert_int_equal(rt_ckpt_read_table(&ch, "slot3", &rows), 0);
+    assert_int_equal(rows.dim, 5);
+    const size_t n = (size_t)rows.n;
+    snprintf(p, sizeof p, "%s/slot3_linear/key", out);
+    int64_t *k = read_raw(p, n * 8);
+    assert_memory_equal(k, rows.keys, n * 8);
+    snprintf(p, sizeof p, "%s/slot3_linear/emb_vector", out);
+    float *lin = read_raw(p, n * 4);
+    snprintf(p, sizeof p, "%s/slot3/emb_vector", out);
+    float *fac = read_raw(p, n * 4 * 4);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(lin[i] == rows.values[i * 5]);
+        assert_memory_equal(fac + i * 4, rows.values + i * 5 + 1, 4 * sizeof(float));
+    }
+    /* The dense file: F = 13 dense features, k = 4. */
+    rt_ckpt_array_t *a = NULL;
+    int na = 0;
+    assert_int_equal(rt_ckpt_read_dense(ch.items[ch.n - 1], &a, &na), 0);
+    const int F = 13, K = 4;
+    assert_int_equal(a[0].count, (size_t)(F + 1 + K * F));
+    snprintf(p, sizeof p, "%s/hfm_dense_%lld.model", out,
+             (long long)rt_ckpt_info(ch.items[ch.n - 1])->step);
+    float *dn = read_raw(p, a[0].count * 4);
+    assert_memory_equal(dn, a[0].data, (size_t)(F + 1) * 4); /* w (1, F) and b */
+    for (int j = 0; j < K; j++)
+        for (int f = 0; f < F; f++)
+            assert_true(dn[F + 1 + f * K + j] == a[0].data[F + 1 + j * F + f]);
+    rt_ckpt_arrays_free(a, na);
+    free(k);
+    free(lin);
+    free(fac);
+    free(dn);
+    rt_ckpt_rows_fini(&rows);
+    rt_ckpt_chain_fini(&ch);
+    json_decref(v);
+    free(r);
+}
+
 /* With --db and --run-id rank 0 records each checkpoint: run, parent, kind,
  * step, keys, bytes, checksum; kiln export records the export. */
 static void test_lineage_in_db(void **state)
@@ -1836,6 +1925,7 @@ PROC_TEST_MAIN(setup, proc_tmpdir_teardown,
     cmocka_unit_test(test_full_disk_during_dump),
     cmocka_unit_test(test_corrupt_refused),
     cmocka_unit_test(test_export_hugectr),
+    cmocka_unit_test(test_export_hugectr_fm),
     cmocka_unit_test(test_lineage_in_db),
     cmocka_unit_test(test_resume_across_rank_counts_sgd),
     cmocka_unit_test(test_retention_keeps_endpoint_holding),

@@ -1002,9 +1002,9 @@ static void test_auth_and_bad_requests(void **state)
         {"GET", "/v1/models/ctr/versions/Z", NULL, 404},
         {"POST", "/v1/models/ctr/lookup", "not json", 400},
         {"POST", "/v1/models/ctr/lookup", "{\"table\":\"zz\",\"keys\":[1]}", 404},
-        {"POST", "/v1/models/ctr/predict", "1\t2\n", 400},
-        {"POST", "/v1/models/ctr/predict", "{\"rows\": 5}", 400},
-        {"POST", "/v1/models/ctr/predict", "{\"rows\": [7]}", 400},
+        {"POST", "/v1/models/ctr/predict?label=A", "1\t2\n", 400},
+        {"POST", "/v1/models/ctr/predict?label=A", "{\"rows\": 5}", 400},
+        {"POST", "/v1/models/ctr/predict?label=A", "{\"rows\": [7]}", 400},
         {"POST", "/v1/models/nomodel/predict", "1\t1\t1\ta\tb\tc\n", 404},
         {"PUT", "/v1/models/bad%2Fname/versions/A", "", 404}, /* %2F decodes to a 3rd segment */
     };
@@ -1956,6 +1956,121 @@ static void test_slow_clients(void **state)
 #include "state.h"
 
 #define E2E_KILN KILN_BINARY_DIR "/tools/kiln"
+
+/* The label a predict without ?label= goes to, for sticky key i. */
+static char split_label(const server_t *srv, int i, resp_t *r)
+{
+    char url[256], hk[64];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/predict", srv->url);
+    snprintf(hk, sizeof hk, "Kiln-Request-Key: user-%d", i);
+    const char *hd[] = {hk, NULL};
+    if (http("POST", url, hd, LINES, strlen(LINES), r) != 200)
+        return '-';
+    json_t *j = json_loads(r->body, 0, NULL);
+    char lab = json_string_value(json_object_get(j, "label"))[0];
+    json_decref(j);
+    return lab;
+}
+
+/* PUTs split to srv's model ctr with the token; returns the status. */
+static long split_put(const server_t *srv, const char *split, bool token, resp_t *r)
+{
+    char url[256], body[128];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/split", srv->url);
+    snprintf(body, sizeof body, "{\"split\": \"%s\"}", split);
+    const char *hd[] = {token ? "Authorization: Bearer " TOKEN : NULL, NULL};
+    return http("PUT", url, hd, body, strlen(body), r);
+}
+
+/* Issue 26: the split is kiln-serve's state, set at run time (token), kept
+ * across a restart; a label no split names (a new challenger) gets no
+ * traffic; `kiln split` sets it on the model's kiln-serves. */
+static void test_split_runtime(void **state)
+{
+    (void)state;
+    server_t srv;
+    server_up(&srv, "split");
+    collect_keys();
+    serve_memsrc_t *full = build_with_lines("ck-1", "", 1);
+    push_full(&srv, "B", full); /* the challenger lands first, as in the demo */
+    resp_t *r = calloc(1, sizeof *r);
+    /* No split: B serves nobody (before: every predict answered from B). */
+    assert_int_equal(split_label(&srv, 0, r), '-');
+    assert_non_null(strstr(r->body, "kiln split ctr"));
+    push_full(&srv, "A", full);
+    assert_int_equal(split_put(&srv, "A=50,B=50", false, r), 401);
+    assert_int_equal(split_put(&srv, "A=50,B=x", true, r), 400);
+    assert_int_equal(split_put(&srv, "A=50,B=50", true, r), 200);
+    char got[40];
+    int hits[2] = {0, 0};
+    for (int i = 0; i < 40; i++) {
+        got[i] = split_label(&srv, i, r);
+        assert_true(got[i] == 'A' || got[i] == 'B');
+        hits[got[i] == 'B']++;
+    }
+    assert_true(hits[0] > 5 && hits[1] > 5);
+    /* A restart keeps the split and every key's label; a new label C gets
+     * nothing. */
+    server_kill(&srv, SIGTERM);
+    server_start(&srv, NULL, 0, true);
+    push_full(&srv, "C", full);
+    for (int i = 0; i < 40; i++)
+        assert_int_equal(split_label(&srv, i, r), got[i]);
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/split", srv.url);
+    assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
+    json_t *j = json_loads(r->body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "split")), "A=50,B=50");
+    assert_string_equal(json_string_value(json_object_get(j, "source")), "api");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(j, "no_traffic"), 0)),
+                        "C");
+    json_decref(j);
+
+    /* kiln split on the endpoints a job's spec records: all of it to C. */
+    char dir[600], db[700], spec[1024];
+    snprintf(dir, sizeof dir, "%s/split-cli", tmp_root);
+    snprintf(db, sizeof db, "%s/kiln.db", dir);
+    assert_int_equal(kiln_mkdir_p(dir), 0);
+    snprintf(spec, sizeof spec,
+             "name: s\ndata: {train: x.tsv}\nmodel: {type: lr}\n"
+             "push:\n  token_env: KILN_TEST_TOKEN\n  endpoints:\n"
+             "    - {url: \"%s\", model: ctr, label: A, traffic: 90}\n"
+             "    - {url: \"%s\", model: ctr, label: C}\n",
+             srv.url, srv.url);
+    state_t *st = NULL;
+    assert_int_equal(state_open(db, &st), 0);
+    state_endpoint_ref_t eps[] = {{srv.url, "ctr", "A"}, {srv.url, "ctr", "C"}};
+    state_submit_t sub = {.name = "s", .spec_yaml = spec, .spec_hash = "0000000000000001",
+                          .source = "test", .endpoints = eps, .nendpoints = 2};
+    state_submitted_t done;
+    assert_int_equal(state_submit(st, &sub, &done), 0);
+    state_close(st);
+    setenv("KILN_TEST_TOKEN", TOKEN, 1);
+    proc_result_t pr;
+    const char *set[] = {E2E_KILN, "--db", db, "split", "ctr", "A=0,C=100", NULL};
+    proc_run(&pr, dir, set);
+    if (pr.code != 0)
+        fail_msg("kiln split: %d %s %s", pr.code, pr.out, pr.err);
+    assert_non_null(strstr(pr.out, "ctr split C=100 (api); no traffic: "));
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(split_label(&srv, i, r), 'C');
+    const char *bad[] = {E2E_KILN, "--db", db, "split", "ctr", "A=-1", NULL};
+    proc_run(&pr, dir, bad);
+    assert_int_equal(pr.code, 3);
+    /* A push that creates a label with the spec's traffic (Kiln-Traffic)
+     * gives it that weight; one to a label that exists changes nothing. */
+    opener_t o = {.full = full};
+    serve_push_opts_t opt = popts();
+    serve_push_result_t res;
+    opt.traffic = 7;
+    assert_int_equal(push_one(&srv, "D", &o, "", &opt, &res), 0);
+    assert_int_equal(push_one(&srv, "A", &o, "", &opt, &res), 0);
+    assert_int_equal(http("GET", url, NULL, NULL, 0, r), 200);
+    assert_non_null(strstr(r->body, "\"split\":\"C=100,D=7\""));
+    serve_memsrc_destroy(full);
+    resp_free(r);
+    server_kill(&srv, SIGTERM);
+}
 #define E2E_TRAIN KILN_BINARY_DIR "/trainer/kiln-train"
 
 /* What the end-to-end tests share: they run in order, each on the state the
@@ -2346,6 +2461,7 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_cli_limits),
     cmocka_unit_test(test_host_header),
     cmocka_unit_test(test_slow_clients),
+    cmocka_unit_test(test_split_runtime),
     cmocka_unit_test(test_e2e_consistency),
     cmocka_unit_test(test_e2e_promote_rollback),
     cmocka_unit_test(test_e2e_export_incremental_push))

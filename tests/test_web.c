@@ -428,6 +428,52 @@ static void test_cancel_retry(void **state)
     expect_status("POST", path, NULL, auth, 409);
 }
 
+/* Issue 26: the endpoints page's split form and POST /api/split set a
+ * model's traffic split on its kiln-serves (a real one here), with the token;
+ * a kiln-serve that is not there is a 502 naming it. */
+static void test_split(void **state)
+{
+    (void)state;
+    reply_t r;
+    static const char *has[] = {"action=\"/endpoints/split\"", "Traffic split of <b>ctr</b>",
+                                NULL};
+    expect_page(&r, "/endpoints", 200, has, NULL);
+    reply_free(&r);
+    const char *body = "{\"model\": \"ctr\", \"split\": \"A=100\"}";
+    expect_status("POST", "/api/split", body, NULL, 401);
+    static const char *const auth[] = {"Authorization: Bearer " TOKEN, NULL};
+    unsetenv("KILN_SERVE_TOKEN"); /* kilnd without the kiln-serves' token: it says so */
+    http(&r, "POST", "/api/split", body, auth);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "KILN_SERVE_TOKEN"));
+    reply_free(&r);
+    setenv("KILN_SERVE_TOKEN", FX_TOKEN, 1);
+    http(&r, "POST", "/api/split", body, auth);
+    assert_int_equal(r.status, 502);
+    assert_non_null(strstr(r.body, "127.0.0.1:9001"));
+    reply_free(&r);
+
+    fx_serve_t srv = {0};
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/serve-split", fx.dir);
+    assert_true(fx_serve_start(&srv, dir));
+    state_t *st = NULL;
+    int64_t ep = 0;
+    assert_int_equal(state_open(fx.db, &st), 0);
+    assert_int_equal(state_endpoint_put(st, srv.url, "ws", "A", &ep), 0);
+    state_close(st);
+    http(&r, "POST", "/endpoints/split", "model=ws&split=A%3D100&token=" TOKEN, NULL);
+    assert_int_equal(r.status, 303);
+    assert_string_equal(r.location, "/endpoints");
+    reply_free(&r);
+    char url[128];
+    snprintf(url, sizeof url, "%s/v1/models/ws/split", srv.url);
+    assert_int_not_equal(fx_http(&r, "GET", url, NULL, NULL, 0, 10), 0);
+    assert_non_null(strstr(r.body, "\"split\":\"A=100\""));
+    reply_free(&r);
+    fx_serve_stop(&srv, SIGTERM);
+}
+
 static void test_submit(void **state)
 {
     static const char *const auth[] = {"Authorization: Bearer " TOKEN,
@@ -866,6 +912,7 @@ int main(void)
         cmocka_unit_test(test_cancel_retry),
         cmocka_unit_test(test_submit),
         cmocka_unit_test(test_job_control),
+        cmocka_unit_test(test_split),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_submit_shared_checkpoint_dir),
         cmocka_unit_test(test_host_check),

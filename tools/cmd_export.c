@@ -1,9 +1,11 @@
 /*
  * tools/cmd_export.c - `kiln export CHECKPOINT --format hugectr|npy --out DIR`:
- * resolves a checkpoint (full, or full + incremental chain), checks every
- * file against its manifest, and writes the tables in HugeCTR's sparse-model
- * layout or as .npy arrays (docs/checkpoint-format.md). With --db the export
- * is recorded against the checkpoint in SQLite.
+ * resolves a checkpoint (a uid the database knows, or a directory; full, or
+ * full + incremental chain), checks every file against its manifest, and
+ * writes the tables in HugeCTR's sparse-model layout, with the dense model
+ * file whose layers the job's spec gives, or as .npy arrays
+ * (docs/checkpoint-format.md). With --db the export is recorded against the
+ * checkpoint in SQLite.
  *
  * `kiln export --job NAME --incremental --push [--label L]` is the line for
  * system cron: it takes the job's newest checkpoint from the database and
@@ -18,10 +20,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kiln.h"
 #include "ops.h"
 #include "ckpt.h"
+#include "model.h"
 #include "state.h"
 
 const cli_opt_t export_opts[] = {
@@ -110,6 +114,113 @@ static int export_job_push(cli_t *cli, const char *job)
     return CLI_EXIT_OK;
 }
 
+/* The matrices of the dense parameter vector of the model desc describes
+ * (model/model.c's layout) into m (cap); returns how many, or -1 when more
+ * than cap. */
+static int dense_matrices(const serve_model_desc_t *d, rt_export_matrix_t *m, int cap)
+{
+    int n = 0;
+#define PUT(r, c)                                                                                  \
+    do {                                                                                           \
+        if (n == cap)                                                                              \
+            return -1;                                                                             \
+        m[n++] = (rt_export_matrix_t){(r), (c)};                                                   \
+    } while (0)
+    if (d->model_type != RT_MODEL_DLRM) { /* lr, fm: w (1, F), b (1, 1), fm's vx (k, F) */
+        if (d->ndense > 0)
+            PUT(1, d->ndense);
+        PUT(1, 1);
+        if (d->model_type == RT_MODEL_FM && d->fm_dense_factors)
+            PUT(d->dim - 1, d->ndense);
+        return n;
+    }
+    int in = d->ndense; /* dlrm: each layer's weight (out, in), bias (out, 1) */
+    for (int l = 0; l < d->nbottom; in = d->bottom[l++]) {
+        PUT(d->bottom[l], in);
+        PUT(d->bottom[l], 1);
+    }
+    in = d->dim + d->nslots * (d->nslots + 1) / 2; /* the top MLP's input: d + P */
+    for (int l = 0; l < d->ntop; in = d->top[l++]) {
+        PUT(d->top[l], in);
+        PUT(d->top[l], 1);
+    }
+#undef PUT
+    return n;
+}
+
+/* The dense model's shape, from the spec of the job that wrote checkpoint
+ * uid (as the database records it), into *m (cap) and *n; *n 0 when the
+ * database does not know the checkpoint. */
+static int spec_dense(state_t *st, const char *uid, rt_export_matrix_t *m, int cap, int *n)
+{
+    state_checkpoint_t c = {0};
+    state_run_t run = {0};
+    state_job_t job = {0};
+    char *yaml = NULL;
+    job_spec_t spec;
+    bool have_spec = false;
+    serve_model_desc_t d;
+    *n = 0;
+    int rc = state_checkpoint_get(st, uid, &c);
+    if (rc == KILN_ENOENT)
+        return 0;
+    KILN_CHECK_GOTO(rc, rc, out);
+    KILN_CHECK_GOTO(state_run_get(st, c.run_id, &run), rc, out);
+    KILN_CHECK_GOTO(state_job_get_by_id(st, run.job_id, &job), rc, out);
+    KILN_CHECK_GOTO(state_job_version_spec(st, job.id, run.job_version, &yaml), rc, out);
+    KILN_CHECK_GOTO(job_spec_parse(yaml, strlen(yaml), job.name, &spec, NULL), rc, out);
+    have_spec = true;
+    KILN_CHECK_GOTO(ops_model_desc(&spec, &d), rc, out);
+    *n = dense_matrices(&d, m, cap);
+    if (*n < 0)
+        rc = kiln_errf(KILN_ERANGE, "the dense model of job %s has too many layers", job.name);
+out:
+    if (have_spec)
+        job_spec_fini(&spec);
+    free(yaml);
+    state_job_fini(&job);
+    state_run_fini(&run);
+    state_checkpoint_fini(&c);
+    return rc;
+}
+
+/* Resolves what `kiln export` names: a checkpoint directory, or a checkpoint
+ * uid looked up in the database. *dir (malloc'd) is the directory; *st the
+ * database when there is one (--db, or the default for a uid). */
+static int resolve(const cli_t *cli, const char *what, char **dir, state_t **st)
+{
+    struct stat sb;
+    *st = NULL;
+    bool is_dir = stat(what, &sb) == 0 && S_ISDIR(sb.st_mode);
+    char *db = is_dir ? (cli->db_path ? kiln_strdup(cli->db_path) : NULL) : job_db_path(cli);
+    if (db != NULL) {
+        struct stat dbs;
+        int rc = is_dir || stat(db, &dbs) == 0 ? state_open(db, st) : KILN_ENOENT;
+        free(db);
+        if (rc < 0 && !is_dir)
+            return kiln_errf(KILN_ENOENT, "'%s' is not a checkpoint directory, nor a checkpoint "
+                                          "uid of a database (%s)",
+                             what, rc == KILN_ENOENT ? "there is none; pass --db PATH" : kiln_errmsg());
+        KILN_CHECK(rc);
+    }
+    if (is_dir) {
+        *dir = kiln_strdup(what);
+        return *dir ? 0 : KILN_ENOMEM;
+    }
+    state_checkpoint_t c = {0};
+    int rc = *st ? state_checkpoint_get(*st, what, &c) : KILN_ENOENT;
+    if (rc == KILN_ENOENT)
+        rc = kiln_errf(KILN_ENOENT, "'%s' is not a checkpoint directory, nor a checkpoint uid the "
+                                    "database knows (kiln show RUN lists a run's checkpoints)",
+                       what);
+    if (rc == 0) {
+        *dir = kiln_strdup(c.path);
+        rc = *dir ? 0 : KILN_ENOMEM;
+    }
+    state_checkpoint_fini(&c);
+    return rc;
+}
+
 int cmd_export(cli_t *cli)
 {
     const char *job = cli_opt(cli, "job");
@@ -119,7 +230,8 @@ int cmd_export(cli_t *cli)
         return export_job_push(cli, job);
     }
     if (cli->npos != 1)
-        return cli_fail(KILN_EUSAGE, "export needs a CHECKPOINT directory (or --job NAME --push)");
+        return cli_fail(KILN_EUSAGE, "export needs a CHECKPOINT (uid or directory), or --job NAME "
+                                     "--push");
     if (cli_opt(cli, "push") != NULL || cli_opt(cli, "incremental") != NULL)
         return cli_fail(KILN_EUSAGE, "--push and --incremental go with --job NAME");
     const char *fmt_s = cli_opt(cli, "format"), *out = cli_opt(cli, "out");
@@ -130,23 +242,48 @@ int cmd_export(cli_t *cli)
      * bad command line: the command was well formed (docs/cli.md). */
     if (fmt_s != NULL && rt_export_format_parse(fmt_s, &fmt) < 0)
         return cli_fail(KILN_EINVAL, NULL);
+    char *dir = NULL;
+    state_t *st = NULL;
+    int rc = resolve(cli, cli->pos[0], &dir, &st);
     rt_ckpt_chain_t ch;
-    int rc = rt_ckpt_chain_open(cli->pos[0], true, &ch);
-    if (rc < 0)
+    if (rc == 0)
+        rc = rt_ckpt_chain_open(dir, true, &ch);
+    free(dir);
+    if (rc < 0) {
+        state_close(st);
         return cli_fail(rc, NULL);
+    }
+    const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
+    /* HugeCTR's dense model file needs the layers, which the spec has. */
+    rt_export_matrix_t m[4 * SERVE_MAX_LAYERS + 4];
+    char dense_file[160];
+    snprintf(dense_file, sizeof dense_file, "%s_dense_%" PRId64 ".model", in->job, in->step);
+    rt_export_dense_t dense = {m, 0, dense_file};
+    if (st != NULL && fmt == RT_EXPORT_HUGECTR &&
+        spec_dense(st, in->uid, m, (int)(sizeof m / sizeof m[0]), &dense.n) < 0) {
+        fprintf(stderr, "kiln: the spec of checkpoint %s's job cannot be read: %s\n", in->uid,
+                kiln_errmsg());
+        dense.n = 0;
+    }
+    state_close(st);
     int64_t bytes = 0;
-    rc = rt_ckpt_export(&ch, fmt, out, &bytes);
+    if (rc == 0)
+        rc = rt_ckpt_export(&ch, fmt, out, dense.n > 0 ? &dense : NULL, &bytes);
     if (rc < 0) {
         rt_ckpt_chain_fini(&ch);
         return cli_fail(rc, NULL);
     }
-    const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
+    if (fmt == RT_EXPORT_HUGECTR && dense.n == 0)
+        fprintf(stderr, "kiln: no dense model file: its layers come from the spec of the job that "
+                        "wrote checkpoint %s (name the checkpoint by uid, or pass --db)\n",
+                in->uid);
     const char *fname = fmt == RT_EXPORT_HUGECTR ? "hugectr" : "npy";
     record(cli, in, fname, out, bytes);
     if (cli->json)
-        cli_print_json(json_pack("{s:s, s:s, s:s, s:I, s:i, s:I}", "checkpoint", in->uid, "format",
-                                 fname, "out", out, "step", (json_int_t)in->step, "chain", ch.n,
-                                 "bytes", (json_int_t)bytes));
+        cli_print_json(json_pack("{s:s, s:s, s:s, s:I, s:i, s:I, s:o}", "checkpoint", in->uid,
+                                 "format", fname, "out", out, "step", (json_int_t)in->step, "chain",
+                                 ch.n, "bytes", (json_int_t)bytes, "dense_model",
+                                 dense.n > 0 ? json_string(dense_file) : json_null()));
     else
         printf("exported checkpoint %s (step %" PRId64 ", chain of %d) as %s to %s, %" PRId64
                " bytes\n",

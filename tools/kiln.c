@@ -85,6 +85,9 @@ static const cli_opt_t delete_opts[] = {
     {"cancel", NULL, "cancel the job's queued and running runs instead of refusing"},
     {NULL, NULL, NULL},
 };
+/* cmd_split.c (serving): a model's traffic split. */
+extern const cli_opt_t split_opts[];
+int cmd_split(cli_t *cli);
 
 static const cli_cmd_t commands[] = {
     {"submit", "FILE", "validate a job spec and queue it (or register its schedule)",
@@ -134,10 +137,12 @@ static const cli_cmd_t commands[] = {
      "reported.",
      convert_opts, 1, CLI_MAX_POS, false, cmd_convert},
     {"export", "[CHECKPOINT]", "export a checkpoint to files, or a job's latest to its endpoints",
-     "`kiln export CKPT_DIR --format hugectr|npy --out DIR` resolves the checkpoint (an "
-     "incremental one with its chain), checks every file against the manifest and writes one "
-     "folder per table with raw int64 `key` and float32 `emb_vector` files (hugectr) or .npy "
-     "arrays (npy). With --db the export is recorded (docs/checkpoint-format.md). "
+     "`kiln export CHECKPOINT --format hugectr|npy --out DIR` resolves the checkpoint (a uid "
+     "the database knows, or a directory; an incremental one with its chain), checks every "
+     "file against the manifest and writes one folder per table with raw int64 `key` and "
+     "float32 `emb_vector` files (hugectr; fm's linear term as its own <table>_linear, and "
+     "the dense model file <job>_dense_<step>.model when the database knows the checkpoint) "
+     "or .npy arrays (npy). With --db the export is recorded (docs/checkpoint-format.md). "
      "`kiln export --job NAME --incremental --push [--label B]` (for system cron) pushes the "
      "job's latest checkpoint to its endpoints, as a delta on what each holds "
      "(docs/serving-protocol.md).",
@@ -171,6 +176,13 @@ static const cli_cmd_t commands[] = {
      NULL, promote_opts, 0, 0, true, cmd_promote},
     {"rollback", "", "push the checkpoint a label held before its current one",
      NULL, rollback_opts, 0, 0, true, cmd_rollback},
+    {"split", "MODEL [A=90,B=10]", "set (or show) a model's predict traffic split",
+     "Gives each label of MODEL its weight on every kiln-serve serving one of the model's "
+     "endpoints (PUT /v1/models/MODEL/split with the job's push token); without a split, shows "
+     "the one in force. A label left out, or with weight 0, gets no traffic; a label pushed "
+     "for the first time gets none until a split names it (or its endpoint's `traffic:` in "
+     "the spec). kiln-serve keeps the split across restarts (docs/serving-protocol.md).",
+     split_opts, 1, 2, true, cmd_split},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

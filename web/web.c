@@ -77,6 +77,8 @@ static const route_t routes[] = {
     {"POST", "/api/runs/#/cancel", WEB_JSON, web_act_cancel},
     {"POST", "/api/runs/#/retry", WEB_JSON, web_act_retry},
     {"GET", "/api/endpoints", WEB_JSON, web_api_endpoints},
+    {"POST", "/endpoints/split", WEB_FORM, web_act_split},
+    {"POST", "/api/split", WEB_JSON, web_act_split},
     {"GET", "/api/lineage/checkpoint/#", WEB_JSON, web_api_lineage_ckpt},
     {"GET", "/api/lineage/endpoint/#", WEB_JSON, web_api_lineage_endpoint},
     {"GET", "/metrics", WEB_TEXT, web_metrics},

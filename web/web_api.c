@@ -470,3 +470,60 @@ int web_act_submit(web_req_t *r)
     ops_submitted_fini(&sub);
     return rc;
 }
+
+/* POST /api/split {"model": M, "split": "A=90,B=10"} and the endpoints page's
+ * form (model, split): sets the model's traffic split on its kiln-serves
+ * (ops_split, with kilnd's push token). 200 (the form: 303 to /endpoints)
+ * with what each kiln-serve holds now; 502 when one did not take it. */
+int web_act_split(web_req_t *r)
+{
+    char *model = NULL, *split = NULL;
+    if (r->kind == WEB_FORM) {
+        model = web_form_value(r->body, r->body_len, "model");
+        split = web_form_value(r->body, r->body_len, "split");
+    } else {
+        json_t *doc = json_loadb(r->body ? r->body : "", r->body_len, 0, NULL);
+        const char *m = json_string_value(json_object_get(doc, "model"));
+        const char *s = json_string_value(json_object_get(doc, "split"));
+        model = m ? kiln_strdup(m) : NULL;
+        split = s ? kiln_strdup(s) : NULL;
+        json_decref(doc);
+    }
+    int rc = 0;
+    ops_split_report_t rep = {0};
+    if (model == NULL || split == NULL || model[0] == '\0' || split[0] == '\0') {
+        rc = kiln_errf(KILN_EINVAL, "a split wants a model and a split, e.g. "
+                                    "{\"model\": \"ctr\", \"split\": \"A=90,B=10\"}");
+        goto out;
+    }
+    rc = ops_split(r->st, model, split, NULL, &rep);
+    if (rc < 0 && rc != KILN_EHTTP)
+        goto out;
+    if (rc == 0 && r->kind == WEB_FORM) {
+        r->status = 303;
+        r->location = kiln_strdup("/endpoints");
+        web_buf_puts(&r->out, "<!DOCTYPE html><p>done</p>\n");
+        rc = r->location ? 0 : KILN_ENOMEM;
+        goto out;
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; i < rep.n; i++) {
+        const serve_split_result_t *e = &rep.results[i];
+        json_array_append_new(arr, json_pack("{s:s, s:i, s:s, s:s, s:s}", "url", rep.urls[i],
+                                             "http_status", e->http_status, "split", e->split,
+                                             "no_traffic", e->no_traffic, "error", e->error));
+    }
+    json_t *doc = json_pack("{s:s, s:s, s:b, s:o}", "model", model, "split", split, "ok", rc == 0,
+                            "endpoints", arr);
+    if (rc < 0) {
+        json_object_set_new(doc, "error", json_string(kiln_errmsg()));
+        r->status = 502;
+        r->kind = WEB_JSON;
+    }
+    rc = web_json_reply(r, doc);
+out:
+    ops_split_report_fini(&rep);
+    free(model);
+    free(split);
+    return rc;
+}

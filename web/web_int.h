@@ -106,6 +106,7 @@ int web_act_submit(web_req_t *r);
 int web_act_pause(web_req_t *r);
 int web_act_resume(web_req_t *r);
 int web_act_delete(web_req_t *r);
+int web_act_split(web_req_t *r);
 
 /* ---- /metrics (web_metrics.c) ------------------------------------------------------ */
 int web_metrics(web_req_t *r);

@@ -644,6 +644,34 @@ static void td_age(web_buf_t *b, int64_t secs)
     web_buf_printf(b, "<td class=\"num\">%s</td>", d);
 }
 
+/* One form per model: its predict traffic split, set on every kiln-serve
+ * serving it (POST /endpoints/split, web_act_split). es is sorted by model. */
+static void split_forms(web_buf_t *b, const state_endpoint_info_t *es, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && strcmp(es[i].model, es[i - 1].model) == 0)
+            continue;
+        web_buf_puts(b, "<form class=\"act split\" method=\"post\" action=\"/endpoints/split\">"
+                        "Traffic split of <b>");
+        web_esc(b, es[i].model);
+        web_buf_puts(b, "</b>: <input type=\"hidden\" name=\"model\" value=\"");
+        web_esc(b, es[i].model);
+        web_buf_puts(b, "\"><input name=\"split\" placeholder=\"");
+        for (size_t k = i; k < n && strcmp(es[k].model, es[i].model) == 0; k++) {
+            if (k > i && strcmp(es[k].label, es[k - 1].label) == 0)
+                continue;
+            web_buf_puts(b, k > i ? "," : "");
+            web_esc(b, es[k].label);
+            web_buf_puts(b, k > i ? "=0" : "=100");
+        }
+        web_buf_puts(b, "\" required> <input type=\"password\" name=\"token\" "
+                        "placeholder=\"web token\" autocomplete=\"off\"> <button>set "
+                        "split</button></form>\n");
+    }
+    web_buf_puts(b, "<p>A label gets predict traffic only from its model's split (kiln split "
+                    "MODEL A=90,B=10); one pushed for the first time gets none.</p>\n");
+}
+
 int web_page_endpoints(web_req_t *r)
 {
     state_endpoint_info_t *es = NULL;
@@ -711,6 +739,7 @@ int web_page_endpoints(web_req_t *r)
     web_buf_puts(b, "</table>\n<p>Traffic and request rate come from each endpoint's "
                     "/v1/stats, read by kilnd every few seconds; eval figures are those "
                     "measured on the checkpoint when it was written.</p>\n");
+    split_forms(b, es, n);
     foot(r);
     state_endpoint_infos_free(es, n);
     return 0;
