@@ -5,7 +5,7 @@
 # or through what a named package depends on or provides (libopenblas0 ->
 # libopenblas0-pthread); a library no Debian package owns (NVIDIA's runfile
 # CUDA) must be covered by a Depends entry named after it (libcudart.so.13 ->
-# cuda-cudart-13-0). And the kilnd unit's KILN_HOME is what docs/cluster.md
+# cuda-cudart-13-0; a Recommends entry where no apt source has it). And the kilnd unit's KILN_HOME is what docs/cluster.md
 # and the settings example say. Exit 0 ok, 1 with every problem on stderr.
 set -eu
 deb=$1
@@ -14,7 +14,12 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 dpkg-deb -x "$deb" "$tmp/root"
 depends=$(dpkg-deb -f "$deb" Depends)
+recommends=$(dpkg-deb -f "$deb" Recommends)
 echo "Depends: $depends"
+echo "Recommends: $recommends"
+# Libraries no Debian package owns (NVIDIA's runfile CUDA) are named in
+# Depends or, where no apt source has them, in Recommends.
+echo "$depends,$recommends" | tr ',|' '\n\n' | sed 's/(.*)//; s/^ *//; s/ *$//; /^$/d' >"$tmp/named"
 # The package names of Depends, alternatives included, one per line.
 echo "$depends" | tr ',|' '\n\n' | sed 's/(.*)//; s/^ *//; s/ *$//; /^$/d' >"$tmp/names"
 # And what those depend on or provide (one level: enough for the virtual and
@@ -60,8 +65,8 @@ for bin in "$tmp"/root/usr/bin/*; do
         else
             # libcudart.so.13 -> cudart; libcublasLt.so.13 -> cublas
             stem=$(echo "$lib" | sed 's/^lib//; s/\.so.*//; s/Lt$//' | tr 'A-Z' 'a-z')
-            grep -q "$stem" "$tmp/names" ||
-                problem "$prog needs $lib ($path, in no Debian package), and no Depends entry names $stem"
+            grep -q "$stem" "$tmp/named" ||
+                problem "$prog needs $lib ($path, in no Debian package), and no Depends or Recommends entry names $stem"
         fi
     done
 done
