@@ -291,8 +291,10 @@ static const char *serve_start(fx_serve_t *s)
 
 /* A data section over home/<dir>/data/day=*.tsv read one new partition a
  * run; its %s is the shared data directory. */
+/* Partitions land by rename (fx_land), complete at once: no quiet period. */
 #define INCREMENTAL_DATA                                                                           \
-    "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\", incremental: true}\n"
+    "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\", incremental: true, "            \
+    "settle: 0s}\n"
 
 /* Job spec lines for write_job: `head`, then a push with the token from
  * KILN_TEST_TOKEN and the options `opts` to label B of model ctr at url. */
