@@ -11,7 +11,7 @@
  * values and the optimizer state. Nothing of a row stays in RAM; per page
  * the tier keeps in RAM its record count and the smallest and largest
  * stamp, so an incremental dump reads only pages with changed rows and an
- * expiry reads only pages with old ones (24 bytes per page: docs/models.md).
+ * expiry reads only pages with old ones (19 bytes per page: docs/models.md).
  *
  * Tiers are exclusive: a key's row lives in the RAM slab or here, never in
  * both (kern_table.c takes rows out when it brings them in). Every call
