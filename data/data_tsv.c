@@ -19,6 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+/* xxHash's own code, inlined: the key hash runs 26 times a row, and a call
+ * through the shared library costs as much as hashing 8 bytes. Same XXH64,
+ * same keys as common/hash.c's kiln_xxh64. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #define READ_CHUNK ((size_t)4 << 20)
 #define LOG1P_TABLE 4096
@@ -28,7 +33,7 @@ static pthread_once_t log1p_once = PTHREAD_ONCE_INIT;
 
 int64_t rt_key_hash(int slot, const char *value, size_t len)
 {
-    return (int64_t)(kiln_xxh64(value, len, (uint64_t)slot) & (uint64_t)RT_KEY_MASK);
+    return (int64_t)(XXH64(value, len, (XXH64_hash_t)slot) & (uint64_t)RT_KEY_MASK);
 }
 
 static void log1p_fill(void)
@@ -89,41 +94,33 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
     if (len > 0 && p[len - 1] == '\r')
         len--;
     e = p + len;
+    /* One pass over the line: each field is scanned to its tab by the loop
+     * that reads it (a memchr call per field costs more than the ~6 bytes
+     * of a typical field). */
     for (;;) {
-        const char *t = memchr(q, '\t', (size_t)(e - q));
-        size_t flen;
-        if (!t)
-            t = e;
-        flen = (size_t)(t - q);
-        if (f == 0) {
-            if (flen == 1 && (q[0] == '0' || q[0] == '1')) {
-                *label = (float)(q[0] - '0');
-            } else if (!have_err) {
-                quote_field(quoted, sizeof quoted, q, flen);
-                snprintf(first_err, sizeof first_err, "label must be 0 or 1, got '%s'", quoted);
-                have_err = 1;
-            }
-        } else if (f <= ndense) {
-            const char *c = q;
+        const char *t = q;
+        if (f >= 1 && f <= ndense) {
             int neg = 0, ok = 1, range = 1;
             int64_t v = 0;
-            if (c < t && (*c == '-' || *c == '+')) {
-                neg = *c == '-';
-                c++;
-                if (c == t)
+            if (t < e && (*t == '-' || *t == '+')) {
+                neg = *t == '-';
+                t++;
+                if (t == e || *t == '\t')
                     ok = 0;
             }
-            for (; ok && c < t; c++) {
-                unsigned d = (unsigned)(*c - '0');
+            for (; t < e && *t != '\t'; t++) {
+                unsigned d = (unsigned)(*t - '0');
                 if (d > 9)
                     ok = 0;
+                else if (!ok)
+                    continue; /* a later non-digit changes nothing: the first error is kept */
                 else if (v > (INT64_MAX - (int64_t)d) / 10)
                     range = 0; /* keep reading: a later non-digit is the first error */
                 else
                     v = v * 10 + (int64_t)d;
             }
             if ((!ok || !range) && !have_err) {
-                quote_field(quoted, sizeof quoted, q, flen);
+                quote_field(quoted, sizeof quoted, q, (size_t)(t - q));
                 if (ok)
                     snprintf(first_err, sizeof first_err,
                              "integer feature %d (field %d) is out of range: '%s' (at most "
@@ -136,13 +133,24 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
                 have_err = 1;
             }
             dense[f - 1] = neg ? 0.0f : dense_value(v);
-        } else if (f < nf) {
-            int s = f - 1 - ndense;
-            if (flen == 0) {
-                has_key[s] = 0;
-            } else {
-                has_key[s] = 1;
-                keys[s] = rt_key_hash(s, q, flen);
+        } else {
+            while (t < e && *t != '\t')
+                t++;
+            const size_t flen = (size_t)(t - q);
+            if (f == 0) {
+                if (flen == 1 && (q[0] == '0' || q[0] == '1')) {
+                    *label = (float)(q[0] - '0');
+                } else if (!have_err) {
+                    quote_field(quoted, sizeof quoted, q, flen);
+                    snprintf(first_err, sizeof first_err, "label must be 0 or 1, got '%s'",
+                             quoted);
+                    have_err = 1;
+                }
+            } else if (f < nf) {
+                int s = f - 1 - ndense;
+                has_key[s] = flen != 0;
+                if (flen != 0)
+                    keys[s] = rt_key_hash(s, q, flen);
             }
         }
         f++;

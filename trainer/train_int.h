@@ -127,6 +127,8 @@ typedef struct trainer {
     kern_bags_t *bags;                /* (S) */
     float *const *tvalues;            /* (T) the last lookup's rows of each table's unique keys */
     train_dev_t *dev;                 /* the device step's state; NULL: the CPU step */
+    int prefetch;                     /* the readers' batches ahead; 0: made on the step's
+                                         threads (set_threads says when) */
     float *E, *probs;                 /* (max_batch, S, d), (max_batch) */
     int max_batch;
 

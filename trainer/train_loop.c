@@ -22,7 +22,7 @@ int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r)
                          .dense_transform = tfs[m->dense_transform]};
     return rt_reader_open_cols((const char *const *)files, nfiles, fmts[tr->spec.data.format],
                                &cols, tr->rank, tr->nranks, tr->spec.train.batch_size, tr->F,
-                               tr->S, 4, r);
+                               tr->S, tr->prefetch, r);
 }
 
 void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what)
