@@ -167,7 +167,8 @@ static int gather_tsv(rt_reader_t *r, int64_t lo, int64_t hi)
         }
         KILN_CHECK(kiln_grow_to((void **)&t->text, &t->text_cap,
                                 (int64_t)(t->text_len + len + 1), 1, 1 << 16));
-        memcpy(t->text + t->text_len, line, len);
+        if (len > 0) /* a too-long line has no text (line is NULL) */
+            memcpy(t->text + t->text_len, line, len);
         t->at[i] = t->text_len;
         t->len[i] = len;
         t->text_len += len;
