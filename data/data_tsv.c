@@ -78,6 +78,29 @@ static void quote_field(char *dst, size_t dstsz, const char *p, size_t len)
     dst[j] = '\0';
 }
 
+/* The first tab at or after q (or e), eight bytes at a time while eight
+ * remain: a byte b is a tab when (b ^ '\t') is zero, and the classic test
+ * (x - 0x01..) & ~x & 0x80.. flags the first zero byte of a word exactly
+ * (bits above it may be false alarms, never bits below). */
+static inline const char *field_end(const char *q, const char *e)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    while (e - q >= 8) {
+        uint64_t w;
+        memcpy(&w, q, 8);
+        w ^= ones * (unsigned char)'\t';
+        const uint64_t z = (w - ones) & ~w & highs;
+        if (z != 0)
+            return q + (__builtin_ctzll(z) >> 3); /* little-endian: the lowest byte first */
+        q += 8;
+    }
+#endif
+    while (q < e && *q != '\t')
+        q++;
+    return q;
+}
+
 int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *label,
                       float *dense, int64_t *keys, unsigned char *has_key, char *why,
                       size_t whysz)
@@ -101,23 +124,33 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
         const char *t = q;
         if (f >= 1 && f <= ndense) {
             int neg = 0, ok = 1, range = 1;
-            int64_t v = 0;
+            uint64_t v = 0;
             if (t < e && (*t == '-' || *t == '+')) {
                 neg = *t == '-';
                 t++;
                 if (t == e || *t == '\t')
                     ok = 0;
             }
-            for (; t < e && *t != '\t'; t++) {
-                unsigned d = (unsigned)(*t - '0');
+            /* Up to 18 digits cannot overflow: no check per digit. */
+            const char *d0 = t;
+            for (; t < e; t++) {
+                unsigned d = (unsigned)((unsigned char)*t - '0');
                 if (d > 9)
-                    ok = 0;
-                else if (!ok)
-                    continue; /* a later non-digit changes nothing: the first error is kept */
-                else if (v > (INT64_MAX - (int64_t)d) / 10)
-                    range = 0; /* keep reading: a later non-digit is the first error */
-                else
-                    v = v * 10 + (int64_t)d;
+                    break;
+                v = v * 10 + d;
+            }
+            if (t < e && *t != '\t') {
+                ok = 0;
+                t = field_end(t, e);
+            } else if (t - d0 > 18) {
+                v = 0;
+                for (const char *c = d0; c < t && range; c++) {
+                    uint64_t d = (uint64_t)(*c - '0');
+                    if (v > ((uint64_t)INT64_MAX - d) / 10)
+                        range = 0;
+                    else
+                        v = v * 10 + d;
+                }
             }
             if ((!ok || !range) && !have_err) {
                 quote_field(quoted, sizeof quoted, q, (size_t)(t - q));
@@ -132,10 +165,9 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
                              quoted);
                 have_err = 1;
             }
-            dense[f - 1] = neg ? 0.0f : dense_value(v);
+            dense[f - 1] = neg || !ok || !range ? 0.0f : dense_value((int64_t)v);
         } else {
-            while (t < e && *t != '\t')
-                t++;
+            t = field_end(t, e);
             const size_t flen = (size_t)(t - q);
             if (f == 0) {
                 if (flen == 1 && (q[0] == '0' || q[0] == '1')) {
