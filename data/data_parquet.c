@@ -1956,10 +1956,11 @@ static int decode_row_group(rt_pq_file_t *f, int g, int64_t *bytes)
     return 0;
 }
 
-/* Appends rows [r0, r1) of the decoded row group, all with a good label,
- * column by column: each slot's keys are one run of the column's keys. On
- * the team (bb->team) a column per thread: the columns touch disjoint parts
- * of the builder and of b. */
+/* Appends rows [r0, r1) of the decoded row group, all with a good label.
+ * The dense values go in row-major, a block of rows per thread (threads
+ * writing neighbouring columns of one row would share its cache line); the
+ * keys a slot per thread, each slot's keys one run of its column's keys.
+ * On the team when bb->team, else on this thread. */
 static int append_rows(const rt_pq_file_t *f, int64_t r0, int64_t r1, rt_batch_builder_t *bb,
                        rt_batch_t *b)
 {
@@ -1967,28 +1968,29 @@ static int append_rows(const rt_pq_file_t *f, int64_t r0, int64_t r1, rt_batch_b
     const int64_t n = r1 - r0;
     int rc = 0;
     memcpy(b->labels + i0, f->dc[0].f + r0, (size_t)n * sizeof(float));
-#pragma omp parallel for schedule(dynamic, 1) if (bb->team) reduction(min : rc)
-    for (int c = 0; c < D + S; c++) {
-        if (c < D) {
-            const float *src = f->dc[1 + c].f + r0;
-            float *dst = b->dense + (size_t)i0 * (size_t)D + (size_t)c;
+#pragma omp parallel if (bb->team) reduction(min : rc)
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t r = 0; r < n; r++) {
+            float *dst = b->dense + (size_t)(i0 + r) * (size_t)D;
+            for (int c = 0; c < D; c++)
+                dst[c] = f->dc[1 + c].f[r0 + r];
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int s = 0; s < S; s++) {
+            const dcol_t *d = &f->dc[1 + D + s];
+            const int64_t a = d->off[r0], cnt = d->off[r1] - a;
+            uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
             for (int64_t r = 0; r < n; r++)
-                dst[(size_t)r * (size_t)D] = src[r];
-            continue;
+                counts[r] = (uint32_t)(d->off[r0 + r + 1] - d->off[r0 + r]);
+            int src = rt_builder_reserve(bb, s, cnt);
+            if (src < 0) {
+                rc = src;
+                continue;
+            }
+            memcpy(bb->slot_keys[s] + bb->slot_len[s], d->keys + a, (size_t)cnt * sizeof(int64_t));
+            bb->slot_len[s] += cnt;
         }
-        const int s = c - D;
-        const dcol_t *d = &f->dc[1 + D + s];
-        const int64_t a = d->off[r0], cnt = d->off[r1] - a;
-        uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
-        for (int64_t r = 0; r < n; r++)
-            counts[r] = (uint32_t)(d->off[r0 + r + 1] - d->off[r0 + r]);
-        int src = rt_builder_reserve(bb, s, cnt);
-        if (src < 0) {
-            rc = src;
-            continue;
-        }
-        memcpy(bb->slot_keys[s] + bb->slot_len[s], d->keys + a, (size_t)cnt * sizeof(int64_t));
-        bb->slot_len[s] += cnt;
     }
     if (rc < 0)
         return KILN_ENOMEM;
