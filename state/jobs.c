@@ -241,19 +241,6 @@ int state_job_set_last_scheduled(state_t *st, int64_t job_id, int64_t scheduled_
     return rc;
 }
 
-int state_job_skip_tx(state_t *st, int64_t job_id, int64_t at, const char *why)
-{
-    int rc = state_update(st, STMT_JOB_SKIP, "counting a skipped fire", "IIt", job_id, at, why);
-    return state_found(rc, "no job with id %lld", (long long)job_id);
-}
-
-int state_job_skip(state_t *st, int64_t job_id, int64_t at, const char *why)
-{
-    int rc;
-    STATE_WRITE(st, "counting a skipped fire", rc, state_job_skip_tx(st, job_id, at, why));
-    return rc;
-}
-
 /* ---- delete -------------------------------------------------------------------------- */
 
 static int job_delete_tx(state_t *st, int64_t job_id, bool cancel, int *nstopped)

@@ -371,6 +371,23 @@ int state_run_request_cancel(state_t *st, int64_t run_id, bool *done)
 
 /* ---- a skipped cron fire, retention -------------------------------------------------- */
 
+/* A fire with nothing new to train on updates its job (last checked, the
+ * count of skipped fires) instead of adding a run (issue 26). It lives with
+ * the runs it replaces, so that jobs.c (which creates and cancels runs) and
+ * runs.c do not call each other. */
+int state_job_skip_tx(state_t *st, int64_t job_id, int64_t at, const char *why)
+{
+    int rc = state_update(st, STMT_JOB_SKIP, "counting a skipped fire", "IIt", job_id, at, why);
+    return state_found(rc, "no job with id %lld", (long long)job_id);
+}
+
+int state_job_skip(state_t *st, int64_t job_id, int64_t at, const char *why)
+{
+    int rc;
+    STATE_WRITE(st, "counting a skipped fire", rc, state_job_skip_tx(st, job_id, at, why));
+    return rc;
+}
+
 static int drop_skipped_tx(state_t *st, int64_t run_id, const char *why)
 {
     int64_t job_id;
