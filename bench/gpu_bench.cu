@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "bench.h"
-#include "kern.h"
+#include "kern_cuda.h"
 
 #define CHECK(x)                                                                          \
     do {                                                                                  \

@@ -289,10 +289,6 @@ int kern_cpu_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags
 int kern_cpu_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t *slabs,
                            const kern_row_grads_t *grads, int64_t step);
 
-#ifdef KILN_HAVE_CUDA
-#include "kern_cuda.h"
-#endif
-
 #ifdef __cplusplus
 }
 #endif

@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kern.h"
+#include "kern_cuda.h"
 #include "kern_ops.h"
 #include "kiln_cuda.h"
 

@@ -1,7 +1,8 @@
 /*
  * kernels/kern_cuda.h - the CUDA backend of kernels/ (library
  * kiln_kernels_cuda, built when the top level found nvcc and NCCL; its users
- * get KILN_HAVE_CUDA=1, and kern.h includes this header then).
+ * get KILN_HAVE_CUDA=1 and include this header where they call kern_cuda_*;
+ * it includes kern.h, never the reverse).
  *
  * Two parts. The fused step ops have the shapes of kern_cpu_*: the arrays
  * inside bags, slabs and grads and every d_ argument are device memory, the

@@ -9,7 +9,7 @@
 #include <stdio.h>
 
 #ifdef KILN_HAVE_CUDA
-#include "kern.h"
+#include "kern_cuda.h"
 #endif
 
 const char *rt_device_name(rt_device_t d)

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern_cuda.h"
 #include "kiln_cuda.h"
 #include "shard_int.h"
 

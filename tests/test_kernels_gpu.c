@@ -28,6 +28,9 @@
 #include <cuda_runtime_api.h>
 
 #include "kern.h"
+#ifdef KILN_HAVE_CUDA
+#include "kern_cuda.h"
+#endif
 #include "kiln.h"
 
 #define NT 3

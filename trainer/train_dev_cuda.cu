@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern_cuda.h"
 #include "train_dev.h"
 #include "train_dev_cuda.cuh"
 
