@@ -6,6 +6,11 @@
  */
 #include "train_int.h"
 
+
+/* Set by kiln-train's SIGUSR1 handler (train_main.c): write an incremental
+ * dump at the next step boundary. */
+volatile sig_atomic_t train_export_signal;
+
 /* ---- checkpoints ---------------------------------------------------------------------- */
 
 static const char *sparse_opt_name(kern_opt_kind_t k)

@@ -535,7 +535,9 @@ void train_dev_exchange_on(trainer_t *tr, rt_comm_t *comm)
     dv->R = tr->nranks;
 }
 
-int train_dev_allreduce_dd(trainer_t *tr, double *pairs, size_t npairs)
+/* rt_comm_allreduce_sum_dd of the dense gradients: on the device's
+ * communicator when the step exchanges on the device, else on tr->comm. */
+static int allreduce_dd(trainer_t *tr, double *pairs, size_t npairs)
 {
     train_dev_t *dv = tr->dev;
     if (!dv->dx || dv->comm == NULL)
@@ -622,7 +624,7 @@ int train_dev_back(trainer_t *tr, int64_t step)
     else
         KILN_CHECK(
             rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
-    KILN_CHECK(train_dense_update(tr));
+    KILN_CHECK(train_dense_update(tr, allreduce_dd));
     tr->dev->version++; /* the dense step changed the host params */
     return 0;
 }

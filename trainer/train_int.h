@@ -42,7 +42,6 @@
 #ifndef KILN_TRAINER_TRAIN_INT_H
 #define KILN_TRAINER_TRAIN_INT_H
 
-#include <cblas.h>
 #include <errno.h>
 #include <glob.h>
 #include <jansson.h>
@@ -103,7 +102,7 @@ typedef struct trainer {
     int S, F, d, T;   /* slots, dense features, pooled width, tables */
     int *slot_table;  /* (S) */
     kern_table_t **tables;   /* (T) this rank's shards; with a GPU, the checkpoint mirror */
-    rt_store_t *store;       /* where the rows of the step live (rt_store.h) */
+    rt_store_t *store;       /* where the rows of the step live (shard/shard.h) */
     rt_store_kind_t store_kind;
     int cuda_device;         /* RT_STORE_CUDA: this rank's GPU */
     rt_comm_t *comm;         /* the step's collectives: the exchange and the dense allreduce */
@@ -178,8 +177,8 @@ typedef struct trainer {
                                         no lines, no good row), not the run */
 } trainer_t;
 
-/* Set by SIGUSR1 (train_main.c): write an incremental dump at the next step
- * boundary. */
+/* Set by SIGUSR1 (the handler is train_main.c's, the flag train_ckpt.c's):
+ * write an incremental dump at the next step boundary. */
 extern volatile sig_atomic_t train_export_signal;
 
 /* train_agree_on with the trainer in scope as tr. */
@@ -194,12 +193,30 @@ int train_read_list(const char *path, char ***out, int *n);
 void train_free_list(char **files, int n);
 int train_setup_tables(trainer_t *tr);
 int train_setup_model(trainer_t *tr);
+/* Builds the tables and the model and names the checkpoint root (relative to
+ * the spec's folder): what training and --predict both do before loading a
+ * checkpoint. Returns 0 or the first failure; the caller agrees on it. */
+int train_setup_run(trainer_t *tr);
+int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r);
+/* Whether a reader's failure is its file's own (it does not decode, checksum
+ * or parse as the spec says; it is gone), not the machine's: an online run
+ * sets such a file aside (data_verdict) and goes on. */
+bool train_data_fault(int rc);
+void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what);
 
 /* ---- train_step.c ---- */
+/* One training step on the CPU. global_n is the rows of all ranks in it. */
+int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
+               double *loss_sum);
 void train_batch_layout(trainer_t *tr, const rt_batch_t *b);
 int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert);
 int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert);
-int train_dense_update(trainer_t *tr);
+/* Sums (pairs, npairs) of double-double values over the ranks in place. */
+typedef int (*train_sum_dd_fn)(trainer_t *tr, double *pairs, size_t npairs);
+/* The dense gradients summed over the ranks with sum (the CPU step's
+ * rt_comm, or the device step's own communicator), then the dense
+ * optimizer step. */
+int train_dense_update(trainer_t *tr, train_sum_dd_fn sum);
 
 /* ---- train_dev.c ---- */
 struct dev_ops;
@@ -220,11 +237,6 @@ int train_dev_front(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t gl
                     double *loss_sum);
 int train_dev_stage(trainer_t *tr, const rt_batch_t *next);
 int train_dev_back(trainer_t *tr, int64_t step);
-/* rt_comm_allreduce_sum_dd of the dense gradients: on the device's
- * communicator when the step exchanges on the device, else on tr->comm. */
-int train_dev_allreduce_dd(trainer_t *tr, double *pairs, size_t npairs);
-int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
-               double *loss_sum);
 
 /* ---- train_ckpt.c ---- */
 void train_hash_file(const char *path, char out[17]);
@@ -253,12 +265,6 @@ int train_tables_expire(trainer_t *tr);
 int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT */);
 
 /* ---- train_loop.c ---- */
-int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r);
-/* Whether a reader's failure is its file's own (it does not decode, checksum
- * or parse as the spec says; it is gone), not the machine's: an online run
- * sets such a file aside (data_verdict) and goes on. */
-bool train_data_fault(int rc);
-void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what);
 char *train_spec_base_dir(const char *spec_path);
 int64_t train_step_limit(const trainer_t *tr);
 int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs);
@@ -280,12 +286,6 @@ int train_predict_files(trainer_t *tr, char **files, int nfiles, const char *wha
 int train_evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, double *logloss,
                    double *auc);
 int train_gather_layout(const trainer_t *tr, int mine, int **counts, int **displs, int64_t *total);
-
-/* ---- train_main.c ---- */
-/* Builds the tables and the model and names the checkpoint root (relative to
- * the spec's folder): what training and --predict both do before loading a
- * checkpoint. Returns 0 or the first failure; the caller agrees on it. */
-int train_setup_run(trainer_t *tr);
 
 /* ---- train_predict.c ---- */
 int train_predict_mode(trainer_t *tr);

@@ -7,42 +7,6 @@
 
 /* ---- training and evaluation ------------------------------------------------------- */
 
-int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r)
-{
-    static const rt_format_t fmts[] = {[JOB_FMT_CRITEO_TSV] = RT_FMT_TSV,
-                                       [JOB_FMT_KILN_BIN] = RT_FMT_BIN,
-                                       [JOB_FMT_PARQUET] = RT_FMT_PARQUET};
-    static const rt_dense_transform_t tfs[] = {[JOB_DENSE_AUTO] = RT_DENSE_AUTO,
-                                               [JOB_DENSE_LOG1P] = RT_DENSE_LOG1P,
-                                               [JOB_DENSE_NONE] = RT_DENSE_NONE};
-    const job_columns_t *m = &tr->spec.data.columns;
-    rt_columns_t cols = {.label = m->label,
-                         .dense = (const char *const *)m->dense,
-                         .categorical = (const char *const *)m->categorical,
-                         .dense_transform = tfs[m->dense_transform]};
-    return rt_reader_open_cols((const char *const *)files, nfiles, fmts[tr->spec.data.format],
-                               &cols, tr->rank, tr->nranks, tr->spec.train.batch_size, tr->F,
-                               tr->S, tr->prefetch, r);
-}
-
-bool train_data_fault(int rc)
-{
-    return rc == KILN_ECORRUPT || rc == KILN_ECHECKSUM || rc == KILN_EVERSION ||
-           rc == KILN_EINVAL || rc == KILN_ENOENT;
-}
-
-void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what)
-{
-    rt_reader_stats_t st;
-    rt_reader_stats(r, &st);
-    for (int i = 0; i < st.nmessages; i++)
-        KILN_WARN("rank %d: malformed %s line skipped: %s", tr->rank, what, st.messages[i]);
-    if (st.malformed > st.nmessages)
-        KILN_WARN("rank %d: %" PRId64 " more malformed %s lines skipped", tr->rank,
-                  st.malformed - st.nmessages, what);
-    tr->malformed += st.malformed;
-}
-
 /* A progress record of the rows since the last one (collective: the loss is
  * summed over the ranks); `human` also prints the line on stderr, which
  * kilnd's run log (and `kiln logs --follow`) shows. Returns 0 or KILN_EMPI. */

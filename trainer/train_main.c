@@ -38,9 +38,8 @@ static int exit_for(int rc)
     }
 }
 
-/* Set by SIGUSR1: write an incremental dump at the next step boundary. */
-volatile sig_atomic_t train_export_signal;
-
+/* SIGUSR1: write an incremental dump at the next step boundary (train_ckpt.c
+ * reads the flag). */
 static void on_sigusr1(int sig)
 {
     (void)sig;
@@ -167,7 +166,7 @@ static int parse_options(int argc, char **argv, options_t *o)
     return 0;
 }
 
-/* resources.device (rt_device.h) decides where the embedding tables of the
+/* resources.device (shard/shard.h, rt_device_*) decides where the embedding tables of the
  * step live: cuda puts this rank's shards in GPU hash tables (RT_STORE_CUDA;
  * lookups, inserts, evictions and the sparse optimizer run as CUDA
  * kernels), cpu keeps them in host tables. The exchange runs on the CPU
@@ -222,8 +221,9 @@ static int set_threads(trainer_t *tr)
         if (threads < 1)
             threads = 1;
     }
+    /* OpenBLAS itself stays on one thread: the models split their GEMMs over
+     * these OpenMP threads (rt_model_create). */
     omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
     /* data.reader: auto. A reader thread beside a CPU step whose threads
      * take every core only takes turns with them, and their OpenMP workers
      * spin on the core it needs: then batches are parsed and decoded on the
@@ -266,16 +266,6 @@ static void trainer_fini(trainer_t *tr)
     if (tr->progress)
         fclose(tr->progress);
     job_spec_fini(&tr->spec);
-}
-
-int train_setup_run(trainer_t *tr)
-{
-    int rc = train_setup_tables(tr);
-    if (rc == 0)
-        rc = train_setup_model(tr);
-    if (rc == 0 && (tr->ckpt_root = train_spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
-        rc = KILN_ENOMEM;
-    return rc;
 }
 
 /* The device step (train_dev.c) when the tables are on the GPU, or on the

@@ -1,7 +1,8 @@
 /*
  * trainer/train_setup.c - setting a run up from its spec: the embedding tables and the
- * store and exchange over them, the dense model; and the small helpers the
- * other trainer files share (say, agree, grow, file lists).
+ * store and exchange over them, the dense model; the readers of training and
+ * eval files; and the small helpers the other trainer files share (say,
+ * agree, grow, file lists). It calls no other trainer file.
  */
 #include "train_int.h"
 
@@ -115,6 +116,44 @@ void train_free_list(char **files, int n)
     free(files);
 }
 
+/* ---- the readers ------------------------------------------------------------------ */
+
+int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r)
+{
+    static const rt_format_t fmts[] = {[JOB_FMT_CRITEO_TSV] = RT_FMT_TSV,
+                                       [JOB_FMT_KILN_BIN] = RT_FMT_BIN,
+                                       [JOB_FMT_PARQUET] = RT_FMT_PARQUET};
+    static const rt_dense_transform_t tfs[] = {[JOB_DENSE_AUTO] = RT_DENSE_AUTO,
+                                               [JOB_DENSE_LOG1P] = RT_DENSE_LOG1P,
+                                               [JOB_DENSE_NONE] = RT_DENSE_NONE};
+    const job_columns_t *m = &tr->spec.data.columns;
+    rt_columns_t cols = {.label = m->label,
+                         .dense = (const char *const *)m->dense,
+                         .categorical = (const char *const *)m->categorical,
+                         .dense_transform = tfs[m->dense_transform]};
+    return rt_reader_open_cols((const char *const *)files, nfiles, fmts[tr->spec.data.format],
+                               &cols, tr->rank, tr->nranks, tr->spec.train.batch_size, tr->F,
+                               tr->S, tr->prefetch, r);
+}
+
+bool train_data_fault(int rc)
+{
+    return rc == KILN_ECORRUPT || rc == KILN_ECHECKSUM || rc == KILN_EVERSION ||
+           rc == KILN_EINVAL || rc == KILN_ENOENT;
+}
+
+void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what)
+{
+    rt_reader_stats_t st;
+    rt_reader_stats(r, &st);
+    for (int i = 0; i < st.nmessages; i++)
+        KILN_WARN("rank %d: malformed %s line skipped: %s", tr->rank, what, st.messages[i]);
+    if (st.malformed > st.nmessages)
+        KILN_WARN("rank %d: %" PRId64 " more malformed %s lines skipped", tr->rank,
+                  st.malformed - st.nmessages, what);
+    tr->malformed += st.malformed;
+}
+
 /* ---- set-up ----------------------------------------------------------------------- */
 
 static kern_init_t kern_init_of(job_init_t i)
@@ -221,7 +260,7 @@ int train_setup_tables(trainer_t *tr)
         }
         /* Capacity is for the whole job: each rank keeps at most its share,
          * and allocates room beyond it only for loading a checkpoint whose
-         * keys hash unevenly over this rank count (rt_shard.h). */
+         * keys hash unevenly over this rank count (shard/shard.h). */
         if (jt->emb.capacity < tr->nranks) {
             rc = kiln_errf(KILN_EINVAL, "table %s: capacity %" PRId64 " is less than the %d "
                            "ranks, and each rank needs a row; raise it to at least %d",
@@ -394,4 +433,16 @@ int train_setup_model(trainer_t *tr)
         !tr->E || !tr->probs)
         return KILN_ENOMEM;
     return 0;
+}
+
+/* The tables, the model and the checkpoint root: what training and --predict
+ * both start from. */
+int train_setup_run(trainer_t *tr)
+{
+    int rc = train_setup_tables(tr);
+    if (rc == 0)
+        rc = train_setup_model(tr);
+    if (rc == 0 && (tr->ckpt_root = train_spec_relative(tr, tr->spec.checkpoint.dir)) == NULL)
+        rc = KILN_ENOMEM;
+    return rc;
 }

@@ -97,6 +97,12 @@ int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool in
     return kern_cpu_gather_combine(tr->S, tr->bags, b->n, (int64_t)tr->S * tr->d, tr->E);
 }
 
+/* The CPU step's sum over the ranks: on tr->comm. */
+static int sum_dd_comm(trainer_t *tr, double *pairs, size_t npairs)
+{
+    return rt_comm_allreduce_sum_dd(tr->comm, pairs, npairs);
+}
+
 /* One training step. global_n is the rows of all ranks in this step. */
 int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n, double *loss_sum)
 {
@@ -140,11 +146,11 @@ int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_
         }
     }
     KILN_CHECK(rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
-    return train_dense_update(tr);
+    return train_dense_update(tr, sum_dd_comm);
 }
 
 /* The dense gradients summed over the ranks, then the dense optimizer step. */
-int train_dense_update(trainer_t *tr)
+int train_dense_update(trainer_t *tr, train_sum_dd_fn sum)
 {
     /* Double-double sums over the ranks too; rt_model_step rounds them once. */
     double *g = rt_model_grads(tr->model), *gl = rt_model_grads_lo(tr->model);
@@ -155,9 +161,7 @@ int train_dense_update(trainer_t *tr)
             pair[2 * i] = g[i];
             pair[2 * i + 1] = gl[i];
         }
-        /* The device step's exchange moves it on the device's communicator. */
-        KILN_CHECK(tr->dev != NULL ? train_dev_allreduce_dd(tr, pair, np)
-                                   : rt_comm_allreduce_sum_dd(tr->comm, pair, np));
+        KILN_CHECK(sum(tr, pair, np));
         for (size_t i = 0; i < np; i++) {
             g[i] = pair[2 * i];
             gl[i] = pair[2 * i + 1];
