@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
-#include "state_int.h" /* state_test_exec / state_test_scalar: time shifts, counts */
+#include "state_test.h" /* state_test_exec / state_test_scalar: time shifts, counts */
 
 typedef enum { MODE_OLD, MODE_SKIPS, MODE_KEEP } mode_t_;
 static const char *const mode_names[] = {"old", "skips", "keep"};

@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
-#include "state_int.h" /* state_test_exec: bulk history rows */
+#include "state_test.h" /* state_test_exec: bulk history rows */
 
 static void sleep_ms(int ms)
 {

@@ -21,7 +21,7 @@
 
 #include "kiln.h"
 #include "state.h"
-#include "state_int.h" /* state_test_exec: bulk rows for the benchmark */
+#include "state_test.h" /* state_test_exec: bulk rows for the benchmark */
 #include "web.h"
 
 static size_t sink(char *p, size_t sz, size_t n, void *ud)

@@ -9,6 +9,7 @@
 #define KILN_STATE_STATE_INT_H
 
 #include "state.h"
+#include "state_test.h" /* the raw-SQL hooks, defined in state.c */
 
 #include <sqlite3.h>
 #include <stdarg.h>
@@ -562,11 +563,6 @@ extern const state_migration_t state_migrations[STATE_SCHEMA_VERSION];
 /* state_open, but migrates only up to version (0 <= version <=
  * STATE_SCHEMA_VERSION). Refuses a newer file the same way. */
 int state_open_at_version(const char *path, int version, state_t **out /* OUT */);
-/* Runs a fixed SQL script (no parameters). 0 or KILN_EDB. */
-int state_test_exec(state_t *st, const char *sql);
-/* Runs a fixed query and returns the first column of its first row (0 when
- * no row). 0 or KILN_EDB. */
-int state_test_scalar(state_t *st, const char *sql, int64_t *out /* OUT */);
 /* Shortens the busy timeout (normally STATE_BUSY_TIMEOUT_MS), so a test can
  * reach the retry loop without waiting 10 s. */
 void state_test_set_busy_timeout(state_t *st, int ms);
