@@ -89,6 +89,14 @@ void web_endpoint_view(const state_endpoint_info_t *es, size_t n, size_t i,
         out->share = req_sum > 0 ? (double)e->predict_requests / req_sum : NAN;
 }
 
+const ops_ramp_t *web_ramp_of(const ops_ramp_t *ramps, size_t n, int64_t endpoint_id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ramps[i].endpoint_id == endpoint_id)
+            return &ramps[i];
+    return NULL;
+}
+
 int64_t web_run_duration(const state_run_t *run)
 {
     if (run->started_at <= 0)

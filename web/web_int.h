@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "kiln.h"
+#include "ops.h"
 #include "state.h"
 #include "web.h"
 
@@ -134,6 +135,8 @@ typedef struct web_endpoint_view {
 } web_endpoint_view_t;
 void web_endpoint_view(const state_endpoint_info_t *es, size_t n, size_t i,
                        web_endpoint_view_t *out /* OUT */);
+/* The ramp (push.ramp) of endpoint_id among ramps (n), or NULL. */
+const ops_ramp_t *web_ramp_of(const ops_ramp_t *ramps, size_t n, int64_t endpoint_id);
 
 /* The loss curve: metric rows named "loss", else RUN_DIR/progress.jsonl.
  * Thinned to at most WEB_PLOT_POINTS points (evenly by index, last kept).
