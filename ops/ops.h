@@ -108,6 +108,13 @@ void ops_push_report_fini(ops_push_report_t *r);
  * endpoint and the HTTP status), KILN_ENOENT, KILN_EAUTH. */
 int ops_push_job(state_t *st, const char *job, const char *label, const char *ckpt_uid,
                  bool full, bool force, ops_push_report_t *rep /* OUT */);
+/* For the pushes ps (n) that have not sent anything yet (pending or being
+ * sent, or ended without a body), marks full the ones asking for a delta
+ * that will go out full: their endpoint holds nothing, or a checkpoint
+ * outside the pushed one's chain (back to its full dump). So `kiln show`,
+ * `kiln runs --json`, the run page and /api/runs/N say "full" before the
+ * push goes out, as the deliverer will decide. For display only. */
+void ops_push_foresee(state_t *st, state_push_t *ps, size_t n);
 /* What the endpoints of model/from hold, to every endpoint of model/to. */
 int ops_promote(state_t *st, const char *model, const char *from, const char *to,
                 const char *token_env, ops_push_report_t *rep /* OUT */);

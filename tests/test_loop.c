@@ -11,7 +11,8 @@
  *     each run's delta reaches B with no command typed, and `kiln lineage`
  *     walks from each partition file to B;
  *   - an endpoint down when a run succeeds: the push is pending with the
- *     reason, then lands once the endpoint is back;
+ *     reason (and shown "full": the endpoint holds nothing a delta could
+ *     build on), then lands once the endpoint is back;
  *   - kilnd killed -9 between a run's success and its push (before the push
  *     went out, and after the endpoint applied it but before kilnd recorded
  *     it): after a restart the push lands exactly once;
@@ -686,8 +687,8 @@ static void test_endpoint_down_then_up(void **state)
     char spec[500], extra[1024];
     const char *sdir = serve_start(&s); /* for a port of its own */
     fx_serve_stop(&s, SIGTERM);
-    push_to_b(extra, sizeof extra, "export: {on_success: full}\n", "  retries: 0\n  timeout: 2s\n",
-              s.url);
+    push_to_b(extra, sizeof extra, "export: {on_success: incremental}\n",
+              "  retries: 0\n  timeout: 2s\n", s.url);
     int64_t id = submit_first("down", extra, NULL, spec, sizeof spec);
     /* The run succeeds whatever the endpoint does. */
     assert_int_equal(wait_end(id, 120), STATE_RUN_SUCCEEDED);
@@ -708,14 +709,16 @@ static void test_endpoint_down_then_up(void **state)
     assert_non_null(ps[0].error);
     assert_int_equal(ps[0].http_status, 0); /* nothing answered */
     state_pushes_free(ps, n);
-    /* `kiln show` names it. */
+    /* `kiln show` names it, and says it will go out full: it asks for a
+     * delta (on_success: incremental), but B holds nothing to build on. */
     proc_result_t *r = calloc(1, sizeof *r);
     char ids[32];
     snprintf(ids, sizeof ids, "%lld", (long long)id);
     const char *show[] = {"show", ids, NULL};
     fx_kiln(&kd, r, show);
-    assert_non_null(strstr(r->out, "pending"));
     assert_non_null(strstr(r->out, s.url));
+    if (strstr(r->out, ": pending, full") == NULL)
+        fail_msg("kiln show %s does not show the pending push as full:\n%s", ids, r->out);
     free(r);
     /* The endpoint comes back on its port: kilnd's retry lands the push. */
     assert_true(fx_serve_start(&s, sdir));
@@ -849,6 +852,14 @@ static void test_quality_gate(void **state)
     kiln_ok(force);
     char ck2[64];
     wait_b_holds_run(&s, r2, ck2, sizeof ck2, 10);
+    /* ... as a delta on ck1, which B holds and ck2 descends from, not in full. */
+    state_push_t *ps = NULL;
+    size_t np = run_pushes(r2, &ps);
+    assert_true(np >= 2);
+    assert_int_equal(ps[np - 1].state, STATE_PUSH_SUCCEEDED);
+    if (ps[np - 1].sent_full)
+        fail_msg("kiln push --force sent %s in full; B holds its parent %s", ck2, ck1);
+    state_pushes_free(ps, np);
     /* A held model whose eval logloss is 0.0 (what kiln-train recorded over
      * 0 eval rows before issue 27) is not a perfect model to be worse than:
      * the gate is not applied, and ck1 goes back without --force. */

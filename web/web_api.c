@@ -68,6 +68,7 @@ static json_t *run_pushes_json(state_t *st, int64_t run_id, int *rc)
     size_t n = 0;
     json_t *arr = json_array();
     *rc = state_push_list(st, &f, STATE_PAGE_MAX, &ps, &n);
+    ops_push_foresee(st, ps, n);
     for (size_t i = n; i-- > 0;)
         json_array_append_new(arr, push_json(&ps[i]));
     state_pushes_free(ps, n);

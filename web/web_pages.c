@@ -555,6 +555,7 @@ static int section_outputs(web_req_t *r, const state_run_t *run)
     size_t np = 0;
     rc = state_push_list(r->st, &f, STATE_PAGE_MAX, &ps, &np);
     if (rc == 0) {
+        ops_push_foresee(r->st, ps, np);
         web_buf_printf(b, "<h2>Pushes (%zu)</h2><table id=\"pushes\"><tr><th>push</th>"
                           "<th>checkpoint</th><th>endpoint</th><th>model</th><th>label</th>"
                           "<th>mode</th><th>state</th><th>HTTP</th><th>attempts</th>"
