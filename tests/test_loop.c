@@ -1016,6 +1016,12 @@ static void test_ramp(void **state)
     }
     json_decref(doc);
     assert_true(stopped);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/endpoints", kd.web_port);
+    char *page = fx_get(url);
+    assert_non_null(page);
+    if (strstr(page, "<td class=\"ramp stopped\">ramp 25%/3s to 50% stopped at 0%") == NULL)
+        fail_msg("the endpoints page does not show the stopped ramp:\n%s", page);
+    free(page);
 }
 
 /* ---- an online job --------------------------------------------------------------------------------- */
