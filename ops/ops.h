@@ -172,6 +172,24 @@ int ops_ramp_apply(state_t *st, const ops_ramp_t *r, int *was /* OUT */);
  * url, model, label, step, every_ms, max, share, stopped, since, next_at,
  * why (null unless stopped), text (ops_ramp_describe). */
 json_t *ops_ramp_json(const ops_ramp_t *r);
+/* The ramp of endpoint_id among ramps (n), or NULL. */
+const ops_ramp_t *ops_ramp_of(const ops_ramp_t *ramps, size_t n, int64_t endpoint_id);
+
+/* ---- endpoints, as people read them (ops_endpoints.c) ------------------------------------- */
+/* What the endpoints page, /api/endpoints and `kiln endpoints` show of es[i]
+ * beyond its row: the age of the checkpoint it holds (s; -1: nothing held)
+ * and its share of its kiln-serve's predict traffic for the model (0..1;
+ * NAN: not known): by request rate when every label's rate is known, else
+ * by the requests counted since kiln-serve started. */
+typedef struct ops_endpoint_view {
+    int64_t age_s;
+    double share;
+} ops_endpoint_view_t;
+void ops_endpoint_view(const state_endpoint_info_t *es, size_t n, size_t i,
+                       ops_endpoint_view_t *out /* OUT */);
+/* Every endpoint as /api/endpoints and `kiln --json endpoints` print it,
+ * {"endpoints": [...]} (docs/api.md), into *out (the caller's). */
+int ops_endpoints_json(state_t *st, json_t **out /* OUT */);
 
 /* ---- after a run (kilnd) ------------------------------------------------------------------- */
 /* Records that run_id succeeded (from running, or from launching for a run

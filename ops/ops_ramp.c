@@ -222,6 +222,14 @@ int ops_ramp_apply(state_t *st, const ops_ramp_t *r, int *was /* OUT */)
     return 1;
 }
 
+const ops_ramp_t *ops_ramp_of(const ops_ramp_t *ramps, size_t n, int64_t endpoint_id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ramps[i].endpoint_id == endpoint_id)
+            return &ramps[i];
+    return NULL;
+}
+
 json_t *ops_ramp_json(const ops_ramp_t *r)
 {
     char what[900];

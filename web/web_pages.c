@@ -694,8 +694,8 @@ int web_page_endpoints(web_req_t *r)
                     "<th>last push</th><th>last problem</th><th>ramp</th></tr>\n");
     for (size_t i = 0; i < n; i++) {
         const state_endpoint_info_t *e = &es[i];
-        web_endpoint_view_t v;
-        web_endpoint_view(es, n, i, &v);
+        ops_endpoint_view_t v;
+        ops_endpoint_view(es, n, i, &v);
         web_buf_printf(b, "<tr data-label=\"");
         web_esc(b, e->label);
         web_buf_puts(b, "\">");
@@ -739,7 +739,7 @@ int web_page_endpoints(web_req_t *r)
         } else {
             web_buf_puts(b, "<td></td>");
         }
-        const ops_ramp_t *ramp = web_ramp_of(ramps, nramps, e->id);
+        const ops_ramp_t *ramp = ops_ramp_of(ramps, nramps, e->id);
         char what[900] = "";
         if (ramp != NULL)
             ops_ramp_describe(ramp, what, sizeof what);
