@@ -19,7 +19,8 @@
  *   - the quality gate holds back a worse model;
  *   - push.ramp: B's traffic share on kiln-serve grows in steps from its
  *     first landed push to the cap, and a held push sets it back to 0 %
- *     (events of the job, kiln split and /api/endpoints show it);
+ *     (events of the job, kiln split, kiln endpoints, the endpoints page
+ *     and /api/endpoints show it);
  *   - an online job: at least three exports reach the endpoint while it
  *     trains;
  *   - a cron job over Parquet partitions written by DuckDB: a partition
@@ -998,6 +999,16 @@ static void test_ramp(void **state)
     if (strstr(r->out, "ramp 25%/3s to 50% stopped at 0%") == NULL ||
         strstr(r->out, "held back") == NULL)
         fail_msg("kiln split ctr does not say the ramp stopped:\n%s%s", r->out, r->err);
+    const char *eps[] = {"endpoints", "--model", "ctr", NULL};
+    fx_kiln(&kd, r, eps);
+    bool b_told = false; /* the row "ctr B URL ... ramp 25%/3s to 50% stopped at 0%: ..." */
+    for (char *line = strtok(r->out, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        char m[16] = "", l[16] = "";
+        b_told |= sscanf(line, "%15s %15s", m, l) == 2 && strcmp(m, "ctr") == 0 &&
+                  strcmp(l, "B") == 0 && strstr(line, "stopped at 0%: push") != NULL;
+    }
+    if (r->code != 0 || !b_told)
+        fail_msg("kiln endpoints does not show B's stopped ramp:\n%s%s", r->out, r->err);
     free(r);
     char url[300];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/api/endpoints", kd.web_port);
