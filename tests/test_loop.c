@@ -18,7 +18,8 @@
  *     it): after a restart the push lands exactly once;
  *   - the quality gate holds back a worse model;
  *   - push.ramp: B's traffic share on kiln-serve grows in steps from its
- *     first landed push to the cap, and a held push sets it back to 0 %
+ *     first landed push to the cap, a held push sets it back to 0 %, and
+ *     the next push that lands starts it over
  *     (events of the job, kiln split, kiln endpoints, the endpoints page
  *     and /api/endpoints show it);
  *   - an online job: at least three exports reach the endpoint while it
@@ -1033,6 +1034,11 @@ static void test_ramp(void **state)
     if (strstr(page, "<td class=\"ramp stopped\">ramp 25%/3s to 50% stopped at 0%") == NULL)
         fail_msg("the endpoints page does not show the stopped ramp:\n%s", page);
     free(page);
+    /* A push that lands again (a person sends B the better model back)
+     * starts the ramp over from its first step. */
+    const char *again[] = {"push", "--job", "ramp", "--label", "B", "--checkpoint", ck1, NULL};
+    kiln_ok(again);
+    wait_b_share(&s, 25, 10);
 }
 
 /* ---- an online job --------------------------------------------------------------------------------- */
