@@ -18,8 +18,8 @@
  *     it): after a restart the push lands exactly once;
  *   - the quality gate holds back a worse model;
  *   - push.ramp: B's traffic share on kiln-serve grows in steps from its
- *     first landed push to the cap, a held push sets it back to 0 %, and
- *     the next push that lands starts it over
+ *     first landed push to the cap, a held push sets it back to 0 %, the
+ *     next push that lands starts it over and a failed one stops it again
  *     (events of the job, kiln split, kiln endpoints, the endpoints page
  *     and /api/endpoints show it);
  *   - an online job: at least three exports reach the endpoint while it
@@ -1039,6 +1039,25 @@ static void test_ramp(void **state)
     const char *again[] = {"push", "--job", "ramp", "--label", "B", "--checkpoint", ck1, NULL};
     kiln_ok(again);
     wait_b_share(&s, 25, 10);
+    /* A push that fails (its checkpoint cannot be read: the worse model's
+     * files are gone) stops it again. */
+    char ck2[64], gone[700];
+    run_checkpoint(r2, ck2, sizeof ck2);
+    state_t *st = db();
+    state_checkpoint_t c;
+    assert_int_equal(state_checkpoint_get(st, ck2, &c), 0);
+    snprintf(gone, sizeof gone, "%s.gone", c.path);
+    assert_int_equal(rename(c.path, gone), 0);
+    state_checkpoint_fini(&c);
+    state_close(st);
+    const char *bad_push[] = {"push", "--job", "ramp", "--label", "B", "--checkpoint", ck2,
+                              "--force", NULL};
+    r = calloc(1, sizeof *r);
+    fx_kiln(&kd, r, bad_push);
+    assert_int_not_equal(r->code, 0);
+    free(r);
+    wait_b_share(&s, 0, 10);
+    assert_int_equal(job_events("ramp", "ramp", "25% -> 0%"), 1);
 }
 
 /* ---- an online job --------------------------------------------------------------------------------- */
