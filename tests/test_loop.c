@@ -1057,7 +1057,8 @@ static void test_ramp(void **state)
     assert_int_not_equal(r->code, 0);
     free(r);
     wait_b_share(&s, 0, 10);
-    assert_int_equal(job_events("ramp", "ramp", "25% -> 0%"), 1);
+    assert_int_equal(job_events("ramp", "ramp", "stopped at 0%: push"), 2); /* held, failed */
+    assert_int_equal(job_events("ramp", "ramp", ck2), 2);
 }
 
 /* ---- an online job --------------------------------------------------------------------------------- */
