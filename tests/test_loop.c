@@ -946,7 +946,7 @@ static void test_ramp(void **state)
     snprintf(extra, sizeof extra,
              "%s"
              "push:\n  token_env: KILN_TEST_TOKEN\n  max_regression: 0.001\n"
-             "  ramp: 25%%/3s to 50%%\n  endpoints:\n"
+             "  ramp: 25%%/4s to 50%%\n  endpoints:\n"
              "    - {url: \"%s\", model: ctr, label: A, auto: false}\n"
              "    - {url: \"%s\", model: ctr, label: B}\n",
              head, s.url, s.url);
@@ -971,11 +971,11 @@ static void test_ramp(void **state)
     wait_b_share(&s, 50, 10);
     int64_t took = kiln_now_ms() - t0;
     if (took < 1000)
-        fail_msg("B went from 25%% to 50%% in %lld ms; the ramp steps every 3 s", (long long)took);
+        fail_msg("B went from 25%% to 50%% in %lld ms; the ramp steps every 4 s", (long long)took);
     char text[256];
     assert_int_equal(b_share(&s, text, sizeof text), 50);
     assert_non_null(strstr(text, "A=")); /* A keeps the rest */
-    proc_sleep_ms(3500);
+    proc_sleep_ms(4500);
     assert_int_equal(b_share(&s, text, sizeof text), 50); /* capped */
     assert_true(job_events("ramp", "ramp", "0% -> 25%") == 1);
     assert_true(job_events("ramp", "ramp", "25% -> 50%") == 1);
@@ -997,12 +997,12 @@ static void test_ramp(void **state)
     proc_result_t *r = calloc(1, sizeof *r);
     const char *show[] = {"split", "ctr", NULL};
     fx_kiln(&kd, r, show);
-    if (strstr(r->out, "ramp 25%/3s to 50% stopped at 0%") == NULL ||
+    if (strstr(r->out, "ramp 25%/4s to 50% stopped at 0%") == NULL ||
         strstr(r->out, "held back") == NULL)
         fail_msg("kiln split ctr does not say the ramp stopped:\n%s%s", r->out, r->err);
     const char *eps[] = {"endpoints", "--model", "ctr", NULL};
     fx_kiln(&kd, r, eps);
-    bool b_told = false; /* the row "ctr B URL ... ramp 25%/3s to 50% stopped at 0%: ..." */
+    bool b_told = false; /* the row "ctr B URL ... ramp 25%/4s to 50% stopped at 0%: ..." */
     for (char *line = strtok(r->out, "\n"); line != NULL; line = strtok(NULL, "\n")) {
         char m[16] = "", l[16] = "";
         b_told |= sscanf(line, "%15s %15s", m, l) == 2 && strcmp(m, "ctr") == 0 &&
@@ -1031,7 +1031,7 @@ static void test_ramp(void **state)
     snprintf(url, sizeof url, "http://127.0.0.1:%d/endpoints", kd.web_port);
     char *page = fx_get(url);
     assert_non_null(page);
-    if (strstr(page, "<td class=\"ramp stopped\">ramp 25%/3s to 50% stopped at 0%") == NULL)
+    if (strstr(page, "<td class=\"ramp stopped\">ramp 25%/4s to 50% stopped at 0%") == NULL)
         fail_msg("the endpoints page does not show the stopped ramp:\n%s", page);
     free(page);
     /* A push that lands again (a person sends B the better model back)
