@@ -73,7 +73,9 @@ int ops_ramp_list(state_t *st, int64_t now, ops_ramp_t **out, size_t *nout)
         rc = state_endpoint_list(st, &es, &ne);
     for (size_t i = 0; rc == 0 && i < nj; i++) {
         job_spec_t spec;
-        if (job_spec_parse(js[i].spec_yaml, strlen(js[i].spec_yaml), js[i].name, &spec, NULL) < 0)
+        /* kilnd asks every second: a spec that cannot have a ramp is not parsed */
+        if (strstr(js[i].spec_yaml, "ramp") == NULL ||
+            job_spec_parse(js[i].spec_yaml, strlen(js[i].spec_yaml), js[i].name, &spec, NULL) < 0)
             continue;
         for (int k = 0; rc == 0 && spec.push.ramp_step > 0 && k < spec.push.nendpoints; k++) {
             const job_endpoint_t *e = &spec.push.endpoints[k];
