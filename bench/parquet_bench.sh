@@ -4,10 +4,11 @@
 # the kiln-bin file, DuckDB (tests/parquet/write.mjs) the Parquet files
 # (snappy and zstd, page v1 and v2). Then:
 #   1. parquet_bench: the reader's rows/s for each file (decoding only);
-#   2. kiln-train samples/s, 1 rank x 2 threads, lr / fm / dlrm, on kiln-bin
-#      and on snappy Parquet (the issue's goal: Parquet >= 90% of kiln-bin),
-#      REPEAT runs each, interleaved, median.
-#   bench/parquet_bench.sh [BUILD_DIR] [ROWS] [REPEAT]   (defaults: build 1000000 3)
+#   2. kiln-train samples/s, 1 rank x 2 threads, lr / fm / dlrm, on kiln-bin,
+#      TSV and snappy Parquet (the goals: TSV >= 80% of kiln-bin, issue 23;
+#      Parquet >= 90%, issue 24), REPEAT runs each, interleaved, median.
+#   [READER=auto|thread|team] bench/parquet_bench.sh [BUILD_DIR] [ROWS] [REPEAT]
+#   (defaults: auto build 1000000 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
@@ -31,15 +32,20 @@ echo "== reader: rows/s, 1 rank, batch 4096 (median of 5)"
 
 # Open MPI refuses root unless told (CI containers run as root).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "== kiln-train samples/s, 1 rank x 2 threads (median of $repeat, interleaved)"
+# READER picks data.reader for every run (auto: what kiln-train picks by itself).
+reader="${READER:-auto}"
+echo "== kiln-train samples/s, 1 rank x 2 threads, data.reader: $reader (median of $repeat, interleaved)"
+fmts=(kiln-bin criteo-tsv parquet)
 for model in lr fm dlrm; do
-  for fmt in kiln-bin parquet; do
-    train="data.kb"; [ "$fmt" = parquet ] && train="duck-snappy-v1.parquet"
+  for fmt in "${fmts[@]}"; do
+    train="data.kb"
+    [ "$fmt" = parquet ] && train="duck-snappy-v1.parquet"
+    [ "$fmt" = criteo-tsv ] && train="data.tsv"
     # The model's defaults, as bench/trainer_vs_torch.py runs them.
     cat > "$out/$model-$fmt.yaml" <<YAML
 name: pqbench-$model-$fmt
 resources: {threads: 2}
-data: {format: $fmt, train: "$train"}
+data: {format: $fmt, train: "$train", reader: $reader}
 model: {type: $model}
 train: {batch_size: 4096, seed: 1, init_from: none}
 checkpoint: {dir: ckpt-$model-$fmt, keep: 1}
@@ -47,7 +53,7 @@ YAML
   done
   declare -A sps=()
   for ((i = 0; i < repeat; i++)); do
-    for fmt in kiln-bin parquet; do
+    for fmt in "${fmts[@]}"; do
       rm -rf "$out/ckpt-$model-$fmt" "$out/run-$model-$fmt"
       v=$(mpirun -np 1 --bind-to none "$build/trainer/kiln-train" --spec \
           "$out/$model-$fmt.yaml" --run-dir "$out/run-$model-$fmt" --quiet 2>/dev/null | python3 -c \
@@ -55,11 +61,14 @@ YAML
       sps[$fmt]="${sps[$fmt]:-} $v"
     done
   done
-  python3 - "$model" "${sps[kiln-bin]}" "${sps[parquet]}" <<'PY'
+  python3 - "$model" "${sps[kiln-bin]}" "${sps[criteo-tsv]}" "${sps[parquet]}" <<'PY'
 import statistics, sys
-m, b, p = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
-mb, mp = statistics.median(b), statistics.median(p)
-print(f"{m:5s} kiln-bin {mb:12.0f}  parquet(snappy) {mp:12.0f}  ratio {mp / mb:.3f}  "
-      f"(runs: {' '.join(f'{x:.0f}' for x in b)} / {' '.join(f'{x:.0f}' for x in p)})")
+m = sys.argv[1]
+b, t, p = ([float(x) for x in a.split()] for a in sys.argv[2:5])
+mb, mt, mp = statistics.median(b), statistics.median(t), statistics.median(p)
+runs = lambda xs: " ".join(f"{x:.0f}" for x in xs)
+print(f"{m:5s} kiln-bin {mb:10.0f}  tsv {mt:10.0f} (ratio {mt / mb:.3f}, goal 0.8)  "
+      f"parquet(snappy) {mp:10.0f} (ratio {mp / mb:.3f}, goal 0.9)")
+print(f"      runs: {runs(b)} / {runs(t)} / {runs(p)}")
 PY
 done

@@ -144,8 +144,12 @@ int64_t rt_key_hash(int slot, const char *value, size_t len);
 typedef struct rt_reader rt_reader_t;
 
 /* Opens paths[0..npaths) (read in that order, as one row sequence) and
- * starts the producer thread that reads and parses `prefetch` batches ahead
- * (at least 1). Rows are dealt block-cyclically: with N = nranks and
+ * starts the producer thread that reads and parses `prefetch` batches ahead.
+ * With prefetch 0 there is no thread: rt_reader_next makes each batch when
+ * it is asked for, parsing a TSV batch's lines and decoding a Parquet row
+ * group's columns on the caller's OpenMP threads. That is the faster choice
+ * when the caller's threads already take every core: a producer thread
+ * would then only take turns with them (docs/benchmarks.md). Rows are dealt block-cyclically: with N = nranks and
  * B = batch_size (rows per rank per step), global step k covers rows
  * [k*B*N, (k+1)*B*N) and rank r gets rows [k*B*N + r*B, k*B*N + (r+1)*B),
  * so 1 rank with batch 2B and 2 ranks with batch B see the same global
@@ -308,7 +312,19 @@ typedef struct rt_batch_builder {
     int64_t *slot_cap;  /* [nslots] */
     int64_t **slot_keys; /* [nslots][slot_cap[s]] */
     uint32_t *counts;   /* [nslots * cap_rows] keys of (slot, row) */
+    bool team;          /* add_rows and finish spread over the caller's OpenMP threads */
 } rt_batch_builder_t;
+
+/* Rows parsed row-major, one key per slot (TSV's layout): what
+ * rt_builder_add_rows takes. skip[i] != 0 leaves row i out. */
+typedef struct rt_rows {
+    int n;
+    const float *labels;        /* [n] */
+    const float *dense;         /* [n * ndense] */
+    const int64_t *keys;        /* [n * nslots] */
+    const unsigned char *has;   /* [n * nslots] 0: the slot is empty */
+    const unsigned char *skip;  /* [n] */
+} rt_rows_t;
 
 int rt_builder_init(rt_batch_builder_t *bb, int cap_rows, int ndense, int nslots);
 void rt_builder_fini(rt_batch_builder_t *bb);
@@ -322,6 +338,10 @@ int rt_builder_finish(rt_batch_builder_t *bb, rt_batch_t *b);
 
 /* Appends one parsed row (label, dense[ndense], keys[nslots] where
  * has_key[s]) at row bb->n of the builder and of b. Returns 0 or KILN_ENOMEM. */
+/* Appends the rows of `rows` not skipped, as rt_builder_add_row would one
+ * by one, a slot at a time (on the team when bb->team). Returns 0 or
+ * KILN_ENOMEM. */
+int rt_builder_add_rows(rt_batch_builder_t *bb, rt_batch_t *b, const rt_rows_t *rows);
 int rt_builder_add_row(rt_batch_builder_t *bb, rt_batch_t *b, float label, const float *dense,
                        const int64_t *keys, const unsigned char *has_key);
 

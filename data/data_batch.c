@@ -2,7 +2,9 @@
  * data/data_batch.c - batches and the batch builder: rows appended one at a
  * time (TSV) or a chunk at a time (kiln-bin) become the CSR layout that all
  * formats share (data.h, rt_batch_t). Both readers use it, data_reader.c
- * for TSV and data_bin.c for kiln-bin; it uses neither.
+ * for TSV (rows parsed row-major, then moved a slot at a time) and
+ * data_bin.c for kiln-bin; it uses neither. With `team` set, the moves
+ * run a slot per OpenMP thread.
  */
 #include "data.h"
 
@@ -99,10 +101,56 @@ int rt_builder_add_row(rt_batch_builder_t *bb, rt_batch_t *b, float label, const
     return 0;
 }
 
+/* Slot s's keys and counts of the rows not skipped, a column at a time:
+ * the row-major keys are read with a stride, written in one run. */
+static int add_slot(rt_batch_builder_t *bb, const rt_rows_t *rows, int s, int kept)
+{
+    const int S = bb->nslots, i0 = bb->n;
+    KILN_CHECK(rt_builder_reserve(bb, s, kept));
+    uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
+    int64_t *dst = bb->slot_keys[s] + bb->slot_len[s];
+    int64_t len = 0;
+    for (int i = 0, j = 0; i < rows->n; i++) {
+        if (rows->skip[i])
+            continue;
+        const size_t at = (size_t)i * (size_t)S + (size_t)s;
+        const unsigned char has = rows->has[at] != 0;
+        counts[j++] = has;
+        dst[len] = rows->keys[at];
+        len += has;
+    }
+    bb->slot_len[s] += len;
+    return 0;
+}
+
+int rt_builder_add_rows(rt_batch_builder_t *bb, rt_batch_t *b, const rt_rows_t *rows)
+{
+    const int D = bb->ndense, S = bb->nslots, i0 = bb->n;
+    int kept = 0;
+    for (int i = 0; i < rows->n; i++) {
+        if (rows->skip[i])
+            continue;
+        b->labels[i0 + kept] = rows->labels[i];
+        memcpy(b->dense + (size_t)(i0 + kept) * (size_t)D, rows->dense + (size_t)i * (size_t)D,
+               (size_t)D * sizeof(float));
+        kept++;
+    }
+    int rc = 0;
+#pragma omp parallel for schedule(dynamic, 1) if (bb->team) reduction(min : rc)
+    for (int s = 0; s < S; s++) {
+        int src = add_slot(bb, rows, s, kept);
+        rc = src < rc ? src : rc;
+    }
+    if (rc < 0)
+        return KILN_ENOMEM;
+    bb->n += kept;
+    return 0;
+}
+
 int rt_builder_finish(rt_batch_builder_t *bb, rt_batch_t *b)
 {
     const int n = bb->n, S = bb->nslots;
-    int64_t total = 0, pos = 0;
+    int64_t total = 0;
     for (int s = 0; s < S; s++)
         total += bb->slot_len[s];
     if (total > b->keys_cap) {
@@ -116,14 +164,18 @@ int rt_builder_finish(rt_batch_builder_t *bb, rt_batch_t *b)
         b->keys = nk;
         b->keys_cap = nc;
     }
+    /* Slot s's keys start where the slots before it end. */
+#pragma omp parallel for schedule(static) if (bb->team && S > 1)
     for (int s = 0; s < S; s++) {
+        int64_t pos = 0;
+        for (int q = 0; q < s; q++)
+            pos += bb->slot_len[q];
         int64_t *o = b->offsets + (size_t)s * (size_t)(n + 1);
         const uint32_t *c = bb->counts + (size_t)s * (size_t)bb->cap_rows;
         o[0] = pos;
         for (int i = 0; i < n; i++)
             o[i + 1] = o[i] + c[i];
         memcpy(b->keys + pos, bb->slot_keys[s], (size_t)bb->slot_len[s] * sizeof(int64_t));
-        pos += bb->slot_len[s];
     }
     b->n = n;
     b->nkeys = total;

@@ -35,6 +35,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <stdarg.h>
 #include <snappy-c.h>
 #include <stdio.h>
@@ -512,8 +513,15 @@ struct rt_pq_file {
     int cur_rg; /* -1: none */
     dcol_t *dc; /* [ncols] */
     int64_t dc_rows_cap;
-    scratch_t sc; /* the decoder's buffers, reused from page to page */
+    scratch_t *sc; /* [nsc] the decoders' buffers, one per thread, reused page to page */
+    int nsc;
+    bool team;     /* decode a row group's columns on the caller's OpenMP threads */
 };
+
+void rt_pq_set_team(rt_pq_file_t *f, bool team)
+{
+    f->team = team;
+}
 
 int64_t rt_pq_rows(const rt_pq_file_t *f)
 {
@@ -990,21 +998,28 @@ void rt_pq_close(rt_pq_file_t *f)
     free(f);
 }
 
+static void scratch_fini(scratch_t *sc)
+{
+    ZSTD_freeDCtx(sc->zd);
+    if (sc->zs_init)
+        inflateEnd(&sc->zs);
+    KILN_FREE_ALL(sc->chunk_buf, sc->page_buf, sc->rep, sc->def, sc->vk, sc->vf, sc->dbp,
+                  sc->dbp2, sc->prev);
+}
+
 void rt_pq_release(rt_pq_file_t *f)
 {
-    scratch_t *sc = &f->sc;
     for (int c = 0; f->dc && c < f->ncols; c++) {
         dcol_fini(&f->dc[c]);
         memset(&f->dc[c], 0, sizeof f->dc[c]);
     }
     f->dc_rows_cap = 0;
     f->cur_rg = -1;
-    ZSTD_freeDCtx(sc->zd);
-    if (sc->zs_init)
-        inflateEnd(&sc->zs);
-    KILN_FREE_ALL(sc->chunk_buf, sc->page_buf, sc->rep, sc->def, sc->vk, sc->vf, sc->dbp,
-                  sc->dbp2, sc->prev);
-    memset(sc, 0, sizeof *sc);
+    for (int i = 0; i < f->nsc; i++)
+        scratch_fini(&f->sc[i]);
+    free(f->sc);
+    f->sc = NULL;
+    f->nsc = 0;
 }
 
 int rt_pq_same_schema(const rt_pq_file_t *a, const rt_pq_file_t *b)
@@ -1824,12 +1839,11 @@ static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const 
 }
 
 /* Decodes column c of row group g into f->dc[c]. */
-static int decode_chunk(rt_pq_file_t *f, int g, int c, int64_t *bytes)
+static int decode_chunk(rt_pq_file_t *f, int g, int c, scratch_t *sc, int64_t *bytes)
 {
     const chunk_t *ch = &f->chunks[(size_t)g * (size_t)f->ncols + (size_t)c];
     const int64_t rg_rows = f->rg_start[g + 1] - f->rg_start[g];
     dcol_t *d = &f->dc[c];
-    scratch_t *sc = &f->sc;
     where_t w = {.f = f, .sc = sc, .col = &f->cols[c], .rg = g, .at = ch->start};
     d->rows = 0;
     d->nkeys = 0;
@@ -1905,36 +1919,81 @@ static int decode_row_group(rt_pq_file_t *f, int g, int64_t *bytes)
         }
         f->dc_rows_cap = rows + 1;
     }
-    for (int c = 0; c < f->ncols; c++)
-        KILN_CHECK(decode_chunk(f, g, c, bytes));
+    /* The columns are independent: on the team, a column per thread, each
+     * with its own buffers and decoder contexts. Every column is decoded
+     * even after one fails, so that the error reported is always the first
+     * column's that failed, whichever thread met it first. */
+    const int nt = f->team ? omp_get_max_threads() : 1;
+    if (nt > f->nsc) {
+        scratch_t *sc = kiln_reallocarray(f->sc, (size_t)nt, sizeof *sc);
+        if (sc == NULL)
+            return KILN_ENOMEM;
+        memset(sc + f->nsc, 0, (size_t)(nt - f->nsc) * sizeof *sc);
+        f->sc = sc;
+        f->nsc = nt;
+    }
+    int bad = f->ncols, bad_rc = 0;
+    char bad_msg[RT_MESSAGE_LEN] = "";
+    int64_t got = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1) reduction(+ : got)
+    for (int c = 0; c < f->ncols; c++) {
+        int64_t cb = 0;
+        int rc = decode_chunk(f, g, c, &f->sc[omp_get_thread_num()], &cb);
+        got += cb;
+        if (rc < 0) {
+#pragma omp critical(pq_decode_err)
+            if (c < bad) {
+                bad = c;
+                bad_rc = rc;
+                snprintf(bad_msg, sizeof bad_msg, "%s", kiln_errmsg());
+            }
+        }
+    }
+    *bytes += got;
+    if (bad < f->ncols)
+        return kiln_errf(bad_rc, "%s", bad_msg);
     f->cur_rg = g;
     return 0;
 }
 
-/* Appends rows [r0, r1) of the decoded row group, all with a good label,
- * column by column: each slot's keys are one run of the column's keys. */
+/* Appends rows [r0, r1) of the decoded row group, all with a good label.
+ * The dense values go in row-major, a block of rows per thread (threads
+ * writing neighbouring columns of one row would share its cache line); the
+ * keys a slot per thread, each slot's keys one run of its column's keys.
+ * On the team when bb->team, else on this thread. */
 static int append_rows(const rt_pq_file_t *f, int64_t r0, int64_t r1, rt_batch_builder_t *bb,
                        rt_batch_t *b)
 {
     const int D = bb->ndense, S = bb->nslots, i0 = bb->n;
     const int64_t n = r1 - r0;
+    int rc = 0;
     memcpy(b->labels + i0, f->dc[0].f + r0, (size_t)n * sizeof(float));
-    for (int k = 0; k < D; k++) {
-        const float *src = f->dc[1 + k].f + r0;
-        float *dst = b->dense + (size_t)i0 * (size_t)D + (size_t)k;
-        for (int64_t r = 0; r < n; r++)
-            dst[(size_t)r * (size_t)D] = src[r];
+#pragma omp parallel if (bb->team) reduction(min : rc)
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t r = 0; r < n; r++) {
+            float *dst = b->dense + (size_t)(i0 + r) * (size_t)D;
+            for (int c = 0; c < D; c++)
+                dst[c] = f->dc[1 + c].f[r0 + r];
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int s = 0; s < S; s++) {
+            const dcol_t *d = &f->dc[1 + D + s];
+            const int64_t a = d->off[r0], cnt = d->off[r1] - a;
+            uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
+            for (int64_t r = 0; r < n; r++)
+                counts[r] = (uint32_t)(d->off[r0 + r + 1] - d->off[r0 + r]);
+            int src = rt_builder_reserve(bb, s, cnt);
+            if (src < 0) {
+                rc = src;
+                continue;
+            }
+            memcpy(bb->slot_keys[s] + bb->slot_len[s], d->keys + a, (size_t)cnt * sizeof(int64_t));
+            bb->slot_len[s] += cnt;
+        }
     }
-    for (int s = 0; s < S; s++) {
-        const dcol_t *d = &f->dc[1 + D + s];
-        const int64_t a = d->off[r0], cnt = d->off[r1] - a;
-        uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
-        for (int64_t r = 0; r < n; r++)
-            counts[r] = (uint32_t)(d->off[r0 + r + 1] - d->off[r0 + r]);
-        KILN_CHECK(rt_builder_reserve(bb, s, cnt));
-        memcpy(bb->slot_keys[s] + bb->slot_len[s], d->keys + a, (size_t)cnt * sizeof(int64_t));
-        bb->slot_len[s] += cnt;
-    }
+    if (rc < 0)
+        return KILN_ENOMEM;
     bb->n += (int)n;
     return 0;
 }

@@ -32,6 +32,9 @@ void rt_pq_close(rt_pq_file_t *f); /* accepts NULL */
  * one row group, not one per file. The next read decodes again. */
 void rt_pq_release(rt_pq_file_t *f);
 int64_t rt_pq_rows(const rt_pq_file_t *f);
+/* With team set, a row group's columns are decoded on the calling thread's
+ * OpenMP team (the reader without a producer thread); else on the caller. */
+void rt_pq_set_team(rt_pq_file_t *f, bool team);
 /* 0 when b's mapped columns have the same types and nesting as a's, else
  * KILN_EINVAL naming both files and the first column that differs. */
 int rt_pq_same_schema(const rt_pq_file_t *a, const rt_pq_file_t *b);

@@ -3,23 +3,49 @@
  * files as one row sequence, deals rows to ranks block-cyclically (global
  * step k, rank r: rows [k*B*N + r*B, k*B*N + (r+1)*B)), and runs a producer
  * thread that reads and parses up to `prefetch` batches ahead into a ring of
- * reusable batch buffers while the trainer computes. Every rank returns the
+ * reusable batch buffers while the trainer computes; with prefetch 0 the
+ * caller makes each batch itself, on its OpenMP team (data.h says when
+ * that is better). Every rank returns the
  * same number of batches, short or empty ones at the end, because the
  * trainer does collectives every step. The rows it reads go through the
  * batch builder (data_batch.c), as data_bin.c's do. Parquet files
  * (data_parquet.c) are read like kiln-bin ones: row counts from their
  * footers at open, and the producer decodes the row groups that hold this
  * rank's rows, one row group at a time.
+ *
+ * A TSV batch is made in three passes: its lines are copied out of the
+ * cursor's buffer (one serial scan for newlines), parsed row-major into
+ * tsv_rows_t (rows split over the team), and moved into the batch a slot at
+ * a time (rt_builder_add_rows). Malformed lines are counted in row order,
+ * so the stats read the same on any number of threads.
  */
 #include "data.h"
 #include "data_parquet_int.h"
 
+#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- the reader ------------------------------------------------------------------ */
+
+/* One TSV batch: its lines, copied, and their fields, parsed row-major. */
+typedef struct {
+    int cap;               /* rows: the batch size */
+    char *text;            /* the lines, back to back */
+    size_t text_len;
+    int64_t text_cap;
+    size_t *at;            /* [cap] line i starts at text + at[i] */
+    size_t *len;           /* [cap] */
+    int *file;             /* [cap] the file and line number, for messages */
+    int64_t *lineno;       /* [cap] */
+    float *labels, *dense; /* [cap], [cap * ndense] */
+    int64_t *keys;         /* [cap * nslots] */
+    unsigned char *has;    /* [cap * nslots] */
+    unsigned char *skip;   /* [cap] malformed: why[i] says why */
+    char (*why)[RT_MESSAGE_LEN]; /* [cap] */
+} tsv_rows_t;
 
 struct rt_reader {
     /* set at open, read-only afterwards */
@@ -33,13 +59,15 @@ struct rt_reader {
     rt_pq_file_t **pqs;    /* [npaths] for RT_FMT_PARQUET */
     int pq_cur;            /* producer: the Parquet file holding a decoded row group */
 
+    bool on_caller;        /* prefetch 0: no producer thread (data.h) */
+    int64_t next_k;        /* on_caller: the step rt_reader_next makes next */
+    int64_t prepass_bytes; /* TSV: bytes the row count read at open */
+
     /* producer-owned */
     rt_tsv_cursor_t *cur;
     int64_t cur_row;       /* TSV: global row the cursor stands at */
     rt_batch_builder_t bb;
-    float *pdense;         /* [ndense] scratch of one parsed line */
-    int64_t *pkeys;        /* [nslots] */
-    unsigned char *phas;   /* [nslots] */
+    tsv_rows_t tr;         /* TSV: the batch being parsed */
 
     /* the ring, guarded by mu */
     pthread_mutex_t mu;
@@ -81,10 +109,38 @@ void rt_reader_stats(rt_reader_t *r, rt_reader_stats_t *out)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Appends TSV rows [lo, hi) (global) to the builder; the cursor stands at
- * r->cur_row <= lo. Malformed lines are counted and left out. */
-static int fill_tsv(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b)
+static void tsv_rows_fini(tsv_rows_t *t)
 {
+    KILN_FREE_ALL(t->text, t->at, t->len, t->file, t->lineno, t->labels, t->dense, t->keys,
+                  t->has, t->skip, t->why);
+}
+
+static int tsv_rows_init(tsv_rows_t *t, int cap, int ndense, int nslots)
+{
+    const size_t n = (size_t)cap, D = (size_t)ndense + 1, S = (size_t)nslots + 1;
+    t->cap = cap;
+    t->at = kiln_calloc(n, sizeof *t->at);
+    t->len = kiln_calloc(n, sizeof *t->len);
+    t->file = kiln_calloc(n, sizeof *t->file);
+    t->lineno = kiln_calloc(n, sizeof *t->lineno);
+    t->labels = kiln_calloc(n, sizeof *t->labels);
+    t->dense = kiln_calloc(n * D, sizeof *t->dense);
+    t->keys = kiln_calloc(n * S, sizeof *t->keys);
+    t->has = kiln_calloc(n * S, 1);
+    t->skip = kiln_calloc(n, 1);
+    t->why = kiln_calloc(n, sizeof *t->why);
+    if (!t->at || !t->len || !t->file || !t->lineno || !t->labels || !t->dense || !t->keys ||
+        !t->has || !t->skip || !t->why)
+        return KILN_ENOMEM;
+    return 0;
+}
+
+/* Copies the lines of TSV rows [lo, hi) (global) out of the cursor, which
+ * stands at r->cur_row <= lo. A line too long to parse is kept as empty
+ * and marked to be skipped. */
+static int gather_tsv(rt_reader_t *r, int64_t lo, int64_t hi)
+{
+    tsv_rows_t *t = &r->tr;
     int rc;
     if (lo > r->cur_row) {
         rc = rt_tsv_cursor_skip(r->cur, lo - r->cur_row);
@@ -92,35 +148,66 @@ static int fill_tsv(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b)
             return rc;
         r->cur_row = lo;
     }
-    for (; r->cur_row < hi; r->cur_row++) {
+    t->text_len = 0;
+    for (int i = 0; r->cur_row < hi; r->cur_row++, i++) {
         const char *line;
         size_t len;
-        int too_long, fi;
-        int64_t lineno;
-        float label;
-        char why[RT_MESSAGE_LEN];
-        rc = rt_tsv_cursor_next(r->cur, &line, &len, &too_long, &fi, &lineno);
+        int too_long;
+        rc = rt_tsv_cursor_next(r->cur, &line, &len, &too_long, &t->file[i], &t->lineno[i]);
         if (rc < 0)
             return rc;
         if (rc == 0)
             return kiln_errf(KILN_ECORRUPT, "the data files ended at row %lld, before the %lld "
                              "rows counted at open; did they change while being read?",
                              (long long)r->cur_row, (long long)r->total_rows);
-        if (too_long)
-            snprintf(why, sizeof why, "line longer than %d bytes", RT_TSV_MAX_LINE);
-        if (too_long || rt_tsv_parse_line(line, len, r->ndense, r->nslots, &label, r->pdense,
-                                          r->pkeys, r->phas, why, sizeof why) < 0) {
-            pthread_mutex_lock(&r->mu);
-            rt_stats_malformed(&r->stats, r->paths[fi], lineno, why);
-            pthread_mutex_unlock(&r->mu);
-            b->nskipped++;
-            continue;
+        t->skip[i] = (unsigned char)too_long;
+        if (too_long) {
+            snprintf(t->why[i], RT_MESSAGE_LEN, "line longer than %d bytes", RT_TSV_MAX_LINE);
+            len = 0;
         }
-        rc = rt_builder_add_row(&r->bb, b, label, r->pdense, r->pkeys, r->phas);
-        if (rc < 0)
-            return rc;
+        KILN_CHECK(kiln_grow_to((void **)&t->text, &t->text_cap,
+                                (int64_t)(t->text_len + len + 1), 1, 1 << 16));
+        if (len > 0) /* a too-long line has no text (line is NULL) */
+            memcpy(t->text + t->text_len, line, len);
+        t->at[i] = t->text_len;
+        t->len[i] = len;
+        t->text_len += len;
     }
     return 0;
+}
+
+/* Appends TSV rows [lo, hi) (global) to the builder: gathered, parsed on
+ * the team (on_caller) or this thread, moved in. Malformed lines are
+ * counted and left out. */
+static int fill_tsv(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b)
+{
+    tsv_rows_t *t = &r->tr;
+    const int n = (int)(hi - lo), D = r->ndense, S = r->nslots;
+    KILN_CHECK(gather_tsv(r, lo, hi));
+#pragma omp parallel for schedule(static) if (r->on_caller && n >= 256)
+    for (int i = 0; i < n; i++) {
+        if (t->skip[i])
+            continue;
+        t->skip[i] = rt_tsv_parse_line(t->text + t->at[i], t->len[i], D, S, &t->labels[i],
+                                       t->dense + (size_t)i * (size_t)D,
+                                       t->keys + (size_t)i * (size_t)S,
+                                       t->has + (size_t)i * (size_t)S, t->why[i],
+                                       RT_MESSAGE_LEN) < 0;
+    }
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        bad += t->skip[i];
+    if (bad > 0) {
+        pthread_mutex_lock(&r->mu);
+        for (int i = 0; i < n; i++)
+            if (t->skip[i])
+                rt_stats_malformed(&r->stats, r->paths[t->file[i]], t->lineno[i], t->why[i]);
+        pthread_mutex_unlock(&r->mu);
+        b->nskipped += bad;
+    }
+    rt_rows_t rows = {.n = n, .labels = t->labels, .dense = t->dense, .keys = t->keys,
+                      .has = t->has, .skip = t->skip};
+    return rt_builder_add_rows(&r->bb, b, &rows);
 }
 
 /* Appends Parquet rows [lo, hi) of file f; rows with a bad label are
@@ -198,10 +285,6 @@ static int produce_step(rt_reader_t *r, int64_t k, rt_batch_t *b)
 static void *producer(void *arg)
 {
     rt_reader_t *r = arg;
-    int64_t prepass_bytes;
-    pthread_mutex_lock(&r->mu);
-    prepass_bytes = r->stats.bytes;
-    pthread_mutex_unlock(&r->mu);
     for (int64_t k = 0; k < r->nsteps; k++) {
         rt_batch_t *b;
         int rc;
@@ -219,7 +302,7 @@ static void *producer(void *arg)
 
         pthread_mutex_lock(&r->mu);
         if (r->cur)
-            r->stats.bytes = prepass_bytes + rt_tsv_cursor_bytes(r->cur);
+            r->stats.bytes = r->prepass_bytes + rt_tsv_cursor_bytes(r->cur);
         if (rc < 0) {
             r->err_code = rc;
             snprintf(r->err_msg, sizeof r->err_msg, "%s", kiln_errmsg());
@@ -240,9 +323,32 @@ static void *producer(void *arg)
     return NULL;
 }
 
+/* rt_reader_next without a producer: makes step next_k in the one buffer.
+ * A failure stays: every later call returns it again. */
+static int next_on_caller(rt_reader_t *r, rt_batch_t **batch)
+{
+    if (r->err_code < 0)
+        return kiln_errf(r->err_code, "rank %d: %s", r->rank, r->err_msg);
+    if (r->next_k >= r->nsteps)
+        return 0;
+    int rc = produce_step(r, r->next_k, &r->bufs[0]);
+    if (rc < 0) {
+        r->err_code = rc;
+        snprintf(r->err_msg, sizeof r->err_msg, "%s", kiln_errmsg());
+        return kiln_errf(rc, "rank %d: %s", r->rank, r->err_msg);
+    }
+    if (r->cur)
+        r->stats.bytes = r->prepass_bytes + rt_tsv_cursor_bytes(r->cur);
+    r->next_k++;
+    *batch = &r->bufs[0];
+    return 1;
+}
+
 int rt_reader_next(rt_reader_t *r, rt_batch_t **batch)
 {
     int rc;
+    if (r->on_caller)
+        return next_on_caller(r, batch);
     pthread_mutex_lock(&r->mu);
     if (r->held) {
         r->held = 0;
@@ -294,7 +400,7 @@ void rt_reader_close(rt_reader_t *r)
     free(r->file_start);
     rt_tsv_cursor_destroy(r->cur);
     rt_builder_fini(&r->bb);
-    KILN_FREE_ALL(r->pdense, r->pkeys, r->phas);
+    tsv_rows_fini(&r->tr);
     free(r);
 }
 
@@ -380,8 +486,8 @@ int rt_reader_open_cols(const char *const *paths, int npaths, rt_format_t format
         return kiln_errf(KILN_EINVAL, "batch size must be positive, got %d", batch_size);
     if ((ndense < 0 && ndense != RT_DIMS_AUTO) || (nslots < 0 && nslots != RT_DIMS_AUTO))
         return kiln_errf(KILN_EINVAL, "bad dimensions %d dense, %d slots", ndense, nslots);
-    if (prefetch < 1)
-        prefetch = 1;
+    if (prefetch < 0)
+        prefetch = 0;
     r = kiln_calloc(1, sizeof *r);
     if (!r)
         return KILN_ENOMEM;
@@ -413,21 +519,29 @@ int rt_reader_open_cols(const char *const *paths, int npaths, rt_format_t format
     per_step = (int64_t)batch_size * nranks;
     r->nsteps = (r->total_rows + per_step - 1) / per_step;
 
-    r->pdense = kiln_calloc((size_t)r->ndense + 1, sizeof(float));
-    r->pkeys = kiln_calloc((size_t)r->nslots + 1, sizeof(int64_t));
-    r->phas = kiln_calloc((size_t)r->nslots + 1, 1);
+    r->prepass_bytes = r->stats.bytes;
+    r->on_caller = prefetch == 0;
     r->nbuf = prefetch + 1;
     r->bufs = kiln_calloc((size_t)r->nbuf, sizeof *r->bufs);
-    if (!r->pdense || !r->pkeys || !r->phas || !r->bufs) {
+    if (!r->bufs) {
         rc = KILN_ENOMEM;
         goto fail;
     }
     for (int i = 0; i < r->nbuf; i++)
         KILN_CHECK_GOTO(rt_batch_init(&r->bufs[i], batch_size, r->ndense, r->nslots), rc, fail);
     KILN_CHECK_GOTO(rt_builder_init(&r->bb, batch_size, r->ndense, r->nslots), rc, fail);
-    if (r->fmt == RT_FMT_TSV)
+    r->bb.team = r->on_caller;
+    for (int f = 0; r->pqs && f < npaths; f++)
+        rt_pq_set_team(r->pqs[f], r->on_caller);
+    if (r->fmt == RT_FMT_TSV) {
         KILN_CHECK_GOTO(rt_tsv_cursor_create((const char *const *)r->paths, npaths, &r->cur), rc,
                         fail);
+        KILN_CHECK_GOTO(tsv_rows_init(&r->tr, batch_size, r->ndense, r->nslots), rc, fail);
+    }
+    if (r->on_caller) {
+        *out = r;
+        return 0;
+    }
     if (pthread_create(&r->thread, NULL, producer, r) != 0) {
         rc = kiln_errf(KILN_ENOMEM, "cannot start the data reader thread");
         goto fail;

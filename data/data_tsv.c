@@ -19,6 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+/* xxHash's own code, inlined: the key hash runs 26 times a row, and a call
+ * through the shared library costs as much as hashing 8 bytes. Same XXH64,
+ * same keys as common/hash.c's kiln_xxh64. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #define READ_CHUNK ((size_t)4 << 20)
 #define LOG1P_TABLE 4096
@@ -28,7 +33,7 @@ static pthread_once_t log1p_once = PTHREAD_ONCE_INIT;
 
 int64_t rt_key_hash(int slot, const char *value, size_t len)
 {
-    return (int64_t)(kiln_xxh64(value, len, (uint64_t)slot) & (uint64_t)RT_KEY_MASK);
+    return (int64_t)(XXH64(value, len, (XXH64_hash_t)slot) & (uint64_t)RT_KEY_MASK);
 }
 
 static void log1p_fill(void)
@@ -73,6 +78,29 @@ static void quote_field(char *dst, size_t dstsz, const char *p, size_t len)
     dst[j] = '\0';
 }
 
+/* The first tab at or after q (or e), eight bytes at a time while eight
+ * remain: a byte b is a tab when (b ^ '\t') is zero, and the classic test
+ * (x - 0x01..) & ~x & 0x80.. flags the first zero byte of a word exactly
+ * (bits above it may be false alarms, never bits below). */
+static inline const char *field_end(const char *q, const char *e)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    while (e - q >= 8) {
+        uint64_t w;
+        memcpy(&w, q, 8);
+        w ^= ones * (unsigned char)'\t';
+        const uint64_t z = (w - ones) & ~w & highs;
+        if (z != 0)
+            return q + (__builtin_ctzll(z) >> 3); /* little-endian: the lowest byte first */
+        q += 8;
+    }
+#endif
+    while (q < e && *q != '\t')
+        q++;
+    return q;
+}
+
 int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *label,
                       float *dense, int64_t *keys, unsigned char *has_key, char *why,
                       size_t whysz)
@@ -89,41 +117,43 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
     if (len > 0 && p[len - 1] == '\r')
         len--;
     e = p + len;
+    /* One pass over the line: each field is scanned to its tab by the loop
+     * that reads it (a memchr call per field costs more than the ~6 bytes
+     * of a typical field). */
     for (;;) {
-        const char *t = memchr(q, '\t', (size_t)(e - q));
-        size_t flen;
-        if (!t)
-            t = e;
-        flen = (size_t)(t - q);
-        if (f == 0) {
-            if (flen == 1 && (q[0] == '0' || q[0] == '1')) {
-                *label = (float)(q[0] - '0');
-            } else if (!have_err) {
-                quote_field(quoted, sizeof quoted, q, flen);
-                snprintf(first_err, sizeof first_err, "label must be 0 or 1, got '%s'", quoted);
-                have_err = 1;
-            }
-        } else if (f <= ndense) {
-            const char *c = q;
+        const char *t = q;
+        if (f >= 1 && f <= ndense) {
             int neg = 0, ok = 1, range = 1;
-            int64_t v = 0;
-            if (c < t && (*c == '-' || *c == '+')) {
-                neg = *c == '-';
-                c++;
-                if (c == t)
+            uint64_t v = 0;
+            if (t < e && (*t == '-' || *t == '+')) {
+                neg = *t == '-';
+                t++;
+                if (t == e || *t == '\t')
                     ok = 0;
             }
-            for (; ok && c < t; c++) {
-                unsigned d = (unsigned)(*c - '0');
+            /* Up to 18 digits cannot overflow: no check per digit. */
+            const char *d0 = t;
+            for (; t < e; t++) {
+                unsigned d = (unsigned)((unsigned char)*t - '0');
                 if (d > 9)
-                    ok = 0;
-                else if (v > (INT64_MAX - (int64_t)d) / 10)
-                    range = 0; /* keep reading: a later non-digit is the first error */
-                else
-                    v = v * 10 + (int64_t)d;
+                    break;
+                v = v * 10 + d;
+            }
+            if (t < e && *t != '\t') {
+                ok = 0;
+                t = field_end(t, e);
+            } else if (t - d0 > 18) {
+                v = 0;
+                for (const char *c = d0; c < t && range; c++) {
+                    uint64_t d = (uint64_t)(*c - '0');
+                    if (v > ((uint64_t)INT64_MAX - d) / 10)
+                        range = 0;
+                    else
+                        v = v * 10 + d;
+                }
             }
             if ((!ok || !range) && !have_err) {
-                quote_field(quoted, sizeof quoted, q, flen);
+                quote_field(quoted, sizeof quoted, q, (size_t)(t - q));
                 if (ok)
                     snprintf(first_err, sizeof first_err,
                              "integer feature %d (field %d) is out of range: '%s' (at most "
@@ -135,14 +165,24 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
                              quoted);
                 have_err = 1;
             }
-            dense[f - 1] = neg ? 0.0f : dense_value(v);
-        } else if (f < nf) {
-            int s = f - 1 - ndense;
-            if (flen == 0) {
-                has_key[s] = 0;
-            } else {
-                has_key[s] = 1;
-                keys[s] = rt_key_hash(s, q, flen);
+            dense[f - 1] = neg || !ok || !range ? 0.0f : dense_value((int64_t)v);
+        } else {
+            t = field_end(t, e);
+            const size_t flen = (size_t)(t - q);
+            if (f == 0) {
+                if (flen == 1 && (q[0] == '0' || q[0] == '1')) {
+                    *label = (float)(q[0] - '0');
+                } else if (!have_err) {
+                    quote_field(quoted, sizeof quoted, q, flen);
+                    snprintf(first_err, sizeof first_err, "label must be 0 or 1, got '%s'",
+                             quoted);
+                    have_err = 1;
+                }
+            } else if (f < nf) {
+                int s = f - 1 - ndense;
+                has_key[s] = flen != 0;
+                if (flen != 0)
+                    keys[s] = rt_key_hash(s, q, flen);
             }
         }
         f++;

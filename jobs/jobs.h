@@ -40,6 +40,11 @@ typedef enum { JOB_MODE_BATCH, JOB_MODE_ONLINE } job_train_mode_t;
 /* data.ready: settle: a file is complete once quiet for data.settle; marker:
  * once a _SUCCESS file sits in its directory (Spark/Hadoop). */
 typedef enum { JOB_READY_SETTLE, JOB_READY_MARKER } job_ready_t;
+/* data.reader: where batches are parsed and decoded: auto picks team when
+ * the step's threads take every core of the host, else thread; thread: a
+ * reader thread per rank, 4 batches ahead; team: on the step's threads,
+ * between steps (docs/trainer.md). */
+typedef enum { JOB_READER_AUTO, JOB_READER_THREAD, JOB_READER_TEAM } job_reader_t;
 
 const char *job_concurrency_name(job_concurrency_t v);
 const char *job_catchup_name(job_catchup_t v);
@@ -165,6 +170,7 @@ typedef struct job_spec {
         bool incremental;
         job_ready_t ready;  /* when a new file counts as complete (incremental, online) */
         int64_t settle_ms;  /* ready: settle: unchanged this long (size and mtime) */
+        job_reader_t reader;
         int dense_features; /* 13 for Criteo */
         int cat_slots;      /* 26 for Criteo */
         double max_malformed; /* fraction of input lines that may be malformed, 0..1 */

@@ -35,6 +35,7 @@ static const char *const init_from_names[] = {"latest", "none", "checkpoint", NU
 static const char *const export_names[] = {"none", "full", "incremental", NULL};
 static const char *const mode_names[] = {"batch", "online", NULL};
 static const char *const ready_names[] = {"settle", "marker", NULL};
+static const char *const reader_names[] = {"auto", "thread", "team", NULL};
 
 static const char *enum_name(const char *const *names, size_t n, int v)
 {
@@ -285,6 +286,7 @@ static const field_t data_fields[] = {
     BOOL("incremental", job_spec_t, data.incremental, false),
     ENUM("ready", job_spec_t, data.ready, JOB_READY_SETTLE, ready_names),
     DUR("settle", job_spec_t, data.settle_ms, 2 * S_, 0, 0),
+    ENUM("reader", job_spec_t, data.reader, JOB_READER_AUTO, reader_names),
     INT("dense_features", job_spec_t, data.dense_features, 13, 0, 4096),
     INT("cat_slots", job_spec_t, data.cat_slots, 26, 1, 1024),
     NUM("max_malformed", job_spec_t, data.max_malformed, 0.01, 0.0, 1.0, 0),

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -527,6 +528,48 @@ static void test_block_cyclic_with_malformed(void **state)
     assert_int_equal(r1.step_rows[3], 2);
     run_free(&r0);
     run_free(&r1);
+    KILN_FREE_ALL(buf, path);
+}
+
+/* A reader without a thread (prefetch 0) makes its batches on the caller's
+ * OpenMP team: a batch of 300 lines is parsed by two threads. It must read
+ * what the producer thread reads, bit for bit, and count the malformed lines
+ * (a bad label, a bad integer, a line with too many fields) in the
+ * same order with the same messages. */
+static void test_team_reads_as_thread(void **state)
+{
+    (void)state;
+    char *path = tpath("part-team.tsv");
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (int i = 0; i < 1300; i++) {
+        append_line(&buf, &len, &cap, i);
+        char *line = buf + len - 2;
+        while (line > buf && line[-1] != '\n')
+            line--;
+        if (i % 97 == 5)
+            line[0] = 'y';                 /* a bad label */
+        else if (i % 89 == 7 && line[2] != '\t')
+            line[2] = 'z';                 /* the first integer is not one */
+        else if (i % 83 == 3)
+            buf[len - 1] = '\t', append_line(&buf, &len, &cap, i); /* two lines as one */
+    }
+    write_file(path, buf, len);
+    const char *paths[] = {path};
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(2);
+    for (int rank = 0; rank < 2; rank++) {
+        run_t thread, team;
+        run_reader(paths, 1, RT_FMT_TSV, rank, 2, 300, 2, &thread);
+        run_reader(paths, 1, RT_FMT_TSV, rank, 2, 300, 0, &team);
+        assert_true(thread.stats.malformed >= 10);
+        assert_int_equal(team.stats.malformed, thread.stats.malformed);
+        assert_int_equal(team.stats.nmessages, thread.stats.nmessages);
+        for (int m = 0; m < team.stats.nmessages; m++)
+            assert_string_equal(team.stats.messages[m], thread.stats.messages[m]);
+        assert_same_run(&thread, &team);
+    }
+    omp_set_num_threads(saved);
     KILN_FREE_ALL(buf, path);
 }
 
@@ -1092,6 +1135,7 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_missing_file),
     cmocka_unit_test(test_block_cyclic_tsv),
     cmocka_unit_test(test_block_cyclic_with_malformed),
+    cmocka_unit_test(test_team_reads_as_thread),
     cmocka_unit_test(test_bin_roundtrip),
     cmocka_unit_test(test_bin_multihot),
     cmocka_unit_test(test_bin_corrupt),

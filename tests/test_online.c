@@ -6,9 +6,9 @@
  *   - data.ready: marker: a partition is left alone until _SUCCESS sits
  *     beside it, then trained once; appending to it afterwards is reported
  *     on the run that consumed it and never trained again (issue 26.3);
- *   - an online job meets a malformed partition first and another after a
- *     good one: each is set aside by name (an event of the run), training
- *     goes on (issue 27.4);
+ *   - an online job meets a malformed partition first, another after a good
+ *     one, and one that does not decompress: each is set aside by name (an
+ *     event of the run), training goes on (issue 27.4);
  *   - an online run killed after a checkpoint in its second partition: the
  *     retry resumes there and trains no file twice (issue 27.5a);
  *   - a run that fails at its eval (a character device) leaves no
@@ -39,7 +39,7 @@
 #include "run.h"
 #include "state.h"
 
-static char data_dir[256]; /* day0.tsv, day1.tsv, eval.tsv, bad.tsv, flip.tsv */
+static char data_dir[256]; /* day0.tsv, day1.tsv, eval.tsv, bad.tsv, flip.tsv, cut.tsv */
 static char home[256];
 static fx_kilnd_t kd;
 
@@ -71,6 +71,11 @@ static int setup_all(void **state)
     snprintf(cmd, sizeof cmd,
              "for i in 1 2 3 4; do awk -F'\\t' 'BEGIN{OFS=\"\\t\"}{$1=1-$1; print}' %s; done > %s",
              p, q);
+    rc |= system(cmd) != 0;
+    /* day1 gzipped and cut in the middle: it does not decompress. */
+    snprintf(p, sizeof p, "%s/day1.tsv", data_dir);
+    snprintf(q, sizeof q, "%s/cut.tsv", data_dir);
+    snprintf(cmd, sizeof cmd, "gzip -c %s | head -c 20000 > %s", p, q);
     rc |= system(cmd) != 0;
     return rc == 0 ? 0 : -1;
 }
@@ -295,6 +300,12 @@ static void test_online_bad_partition(void **state)
     land("bad", "day1.tsv", "day=3.tsv");
     if (wait_step(id, 20, 60) < 20)
         fail_msg("run %lld stopped after day=2.tsv (see %s)", (long long)id, home);
+    /* A partition that does not even decompress is set aside the same way. */
+    land("bad", "cut.tsv", "day=4.tsv");
+    wait_event(id, "warning", "day=4.tsv set aside", 60);
+    land("bad", "day0.tsv", "day=5.tsv");
+    if (wait_step(id, 30, 60) < 30)
+        fail_msg("run %lld stopped after day=4.tsv (see %s)", (long long)id, home);
     state_t *st = db();
     state_run_t r;
     assert_int_equal(state_run_get(st, id, &r), 0);

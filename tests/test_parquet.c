@@ -30,6 +30,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
@@ -129,31 +130,40 @@ static rt_reader_t *open_reader(const char *path, rt_format_t fmt, const rt_colu
 }
 
 /* Rank 1 of 2 reads the same batches from the TSV files and the Parquet
- * files (npaths of each, read in order as one row sequence). */
+ * files (npaths of each, read in order as one row sequence), the Parquet
+ * ones twice: with the producer thread, and without one (prefetch 0), the
+ * columns decoded on an OpenMP team of two. */
 static void assert_same_batches_n(const char *const *tsv, const char *const *pq, int npaths,
                                   const char *what)
 {
-    rt_reader_t *a = NULL, *b = NULL;
+    rt_reader_t *a = NULL, *b = NULL, *c = NULL;
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(2);
     if (rt_reader_open_cols(tsv, npaths, RT_FMT_TSV, NULL, 1, 2, 97, RT_DIMS_AUTO, RT_DIMS_AUTO,
                             2, &a) < 0 ||
         rt_reader_open_cols(pq, npaths, RT_FMT_PARQUET, NULL, 1, 2, 97, RT_DIMS_AUTO,
-                            RT_DIMS_AUTO, 2, &b) < 0)
+                            RT_DIMS_AUTO, 2, &b) < 0 ||
+        rt_reader_open_cols(pq, npaths, RT_FMT_PARQUET, NULL, 1, 2, 97, RT_DIMS_AUTO,
+                            RT_DIMS_AUTO, 0, &c) < 0)
         fail_msg("%s: %s", what, kiln_errmsg());
     assert_int_equal(rt_reader_nsteps(a), rt_reader_nsteps(b));
-    rt_batch_t *x, *y;
-    int ra, rb, steps = 0;
+    rt_batch_t *x, *y, *z;
+    int ra, steps = 0;
     while ((ra = rt_reader_next(a, &x)) == 1) {
-        rb = rt_reader_next(b, &y);
-        if (rb != 1)
+        if (rt_reader_next(b, &y) != 1 || rt_reader_next(c, &z) != 1)
             fail_msg("%s: %s", what, kiln_errmsg());
         assert_same_batch(x, y, what);
+        assert_same_batch(x, z, what);
         steps++;
     }
     assert_int_equal(ra, 0);
     assert_int_equal(rt_reader_next(b, &y), 0);
+    assert_int_equal(rt_reader_next(c, &z), 0);
     assert_true(steps > 10);
     rt_reader_close(a);
     rt_reader_close(b);
+    rt_reader_close(c);
+    omp_set_num_threads(saved);
 }
 
 static void assert_same_batches(const char *tsv, const char *pq, const char *what)

@@ -127,6 +127,8 @@ typedef struct trainer {
     kern_bags_t *bags;                /* (S) */
     float *const *tvalues;            /* (T) the last lookup's rows of each table's unique keys */
     train_dev_t *dev;                 /* the device step's state; NULL: the CPU step */
+    int prefetch;                     /* the readers' batches ahead; 0: made on the step's
+                                         threads (set_threads says when) */
     float *E, *probs;                 /* (max_batch, S, d), (max_batch) */
     int max_batch;
 
@@ -252,6 +254,10 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT */);
 
 /* ---- train_loop.c ---- */
 int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r);
+/* Whether a reader's failure is its file's own (it does not decode, checksum
+ * or parse as the spec says; it is gone), not the machine's: an online run
+ * sets such a file aside (data_verdict) and goes on. */
+bool train_data_fault(int rc);
 void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what);
 char *train_spec_base_dir(const char *spec_path);
 int64_t train_step_limit(const trainer_t *tr);

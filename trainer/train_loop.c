@@ -22,7 +22,13 @@ int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r)
                          .dense_transform = tfs[m->dense_transform]};
     return rt_reader_open_cols((const char *const *)files, nfiles, fmts[tr->spec.data.format],
                                &cols, tr->rank, tr->nranks, tr->spec.train.batch_size, tr->F,
-                               tr->S, 4, r);
+                               tr->S, tr->prefetch, r);
+}
+
+bool train_data_fault(int rc)
+{
+    return rc == KILN_ECORRUPT || rc == KILN_ECHECKSUM || rc == KILN_EVERSION ||
+           rc == KILN_EINVAL || rc == KILN_ENOENT;
 }
 
 void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what)
@@ -223,6 +229,7 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
         rt_reader_t *r = NULL;
         rc = agree(train_open_reader(tr, files, nfiles, &r));
         if (rc < 0) {
+            tr->data_verdict = train_data_fault(rc); /* the same code on every rank */
             rt_reader_close(r);
             break;
         }
@@ -278,11 +285,13 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
             rt_batch_t *b = ahead.held ? ahead.b : NULL;
             int got = ahead.held ? ahead.got : rt_reader_next(r, &b);
             ahead.held = false;
-            /* Agree on the rows of this step, whether any rank failed, and
-             * the malformed lines it skipped (data.max_malformed). */
-            int64_t in[3] = {got == 1 ? b->n : 0, got == 1 ? 0 : 1, got == 1 ? b->nskipped : 0};
-            int64_t out[3];
-            if (MPI_Allreduce(in, out, 3, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) {
+            /* Agree on the rows of this step, whether any rank failed (and
+             * whether on its file's own fault), and the malformed lines it
+             * skipped (data.max_malformed). */
+            int64_t in[4] = {got == 1 ? b->n : 0, got == 1 ? 0 : 1, got == 1 ? b->nskipped : 0,
+                             got < 0 && train_data_fault(got)};
+            int64_t out[4];
+            if (MPI_Allreduce(in, out, 4, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) {
                 rc = kiln_errf(KILN_EMPI, "MPI_Allreduce of batch sizes failed");
                 break;
             }
@@ -293,6 +302,7 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
                 if (got == 0)
                     rc = kiln_errf(KILN_EINTERNAL, "rank %d ran out of batches at step %" PRId64,
                                    tr->rank, k);
+                tr->data_verdict = out[3] == out[1]; /* every rank that failed, on its file */
                 break;
             }
             tr->pos_k = k + 1;

@@ -218,13 +218,25 @@ static int set_threads(trainer_t *tr)
         local_ranks = 1;
     int threads = tr->opt.threads > 0 ? tr->opt.threads : tr->spec.resources.threads;
     if (threads <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = (int)(cores / local_ranks);
+        threads = (int)(sysconf(_SC_NPROCESSORS_ONLN) / local_ranks);
         if (threads < 1)
             threads = 1;
     }
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
+    /* data.reader: auto. A reader thread beside a CPU step whose threads
+     * take every core only takes turns with them, and their OpenMP workers
+     * spin on the core it needs: then batches are parsed and decoded on the
+     * step's own threads, between steps. A device step leaves the cores to
+     * the reader. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    bool team = tr->spec.data.reader == JOB_READER_TEAM ||
+                (tr->spec.data.reader == JOB_READER_AUTO && tr->dev == NULL &&
+                 (long)threads * local_ranks >= cores);
+    tr->prefetch = team ? 0 : 4;
+    if (tr->rank == 0)
+        KILN_INFO("reader: %s", tr->prefetch == 0 ? "batches made on the step's threads"
+                                                  : "a thread reads 4 batches ahead");
     return threads;
 }
 
