@@ -167,7 +167,7 @@ void ops_ramp_describe(const ops_ramp_t *r, char *buf, size_t cap);
  * token in $r->token_env. Returns 1 when it changed the split (*was: the
  * share before, percent), 0 when the split already agreed, KILN_EHTTP or
  * KILN_EAUTH (message says which endpoint and why). */
-int ops_ramp_apply(state_t *st, const ops_ramp_t *r, int *was /* OUT */);
+int ops_ramp_apply(const ops_ramp_t *r, int *was /* OUT */);
 /* r as the JSON object `kiln split --json` and /api/endpoints show: job,
  * url, model, label, step, every_ms, max, share, stopped, since, next_at,
  * why (null unless stopped), text (ops_ramp_describe). */

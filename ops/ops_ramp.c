@@ -197,9 +197,8 @@ static void reweigh(const char *split, const char *label, int share, long others
     }
 }
 
-int ops_ramp_apply(state_t *st, const ops_ramp_t *r, int *was /* OUT */)
+int ops_ramp_apply(const ops_ramp_t *r, int *was /* OUT */)
 {
-    (void)st;
     *was = -1;
     serve_split_result_t res;
     if (serve_split_call(r->url, NULL, r->model, NULL, RAMP_TIMEOUT_MS, &res) < 0)

@@ -246,7 +246,7 @@ static void ramp_one(state_t *st, const ops_ramp_t *r, ramp_seen_t *e)
     if (e->error[0] != '\0' && now < e->recheck_ms)
         return;
     int was = -1;
-    int rc = ops_ramp_apply(st, r, &was);
+    int rc = ops_ramp_apply(r, &was);
     if (rc < 0) {
         if (strncmp(e->error, kiln_errmsg(), sizeof e->error - 1) != 0)
             KILN_WARN("%s; trying again every %d s", kiln_errmsg(), SCHED_RAMP_RETRY_MS / 1000);
