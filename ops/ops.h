@@ -152,7 +152,6 @@ typedef struct ops_ramp {
     int share;          /* the label's traffic share now, percent: 0 before its first landed
                            push and after a stop */
     bool stopped;       /* the newest ended push was held back or failed */
-    int64_t stopped_at; /* when (Unix s) */
     int64_t since;      /* the landed push the ramp counts from (Unix s); 0: not started */
     int64_t next_at;    /* the next step (Unix s); 0: none (not started, stopped, at max) */
     char why[700];      /* stopped: the push and its reason */

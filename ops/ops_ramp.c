@@ -41,7 +41,6 @@ static int ramp_stand(state_t *st, int64_t now, ops_ramp_t *r)
         } else if (p->state == STATE_PUSH_HELD || p->state == STATE_PUSH_FAILED) {
             if (r->since == 0) {
                 r->stopped = true;
-                r->stopped_at = p->ended_at;
                 snprintf(r->why, sizeof r->why, "push %lld of %s %s: %s", (long long)p->id,
                          p->checkpoint_uid,
                          p->state == STATE_PUSH_HELD ? "was held back" : "failed",
@@ -139,6 +138,13 @@ void ops_ramp_describe(const ops_ramp_t *r, char *buf, size_t cap)
                  r->max, r->share, (long long)(r->next_at - kiln_now_s()));
 }
 
+/* Whether the split entry at p, whose '=' is at eq, is label's. */
+static bool entry_is(const char *p, const char *eq, const char *label)
+{
+    size_t k = (size_t)(eq - p);
+    return k == strlen(label) && strncmp(p, label, k) == 0;
+}
+
 /* The weight of label in split "A=90,B=10" (into *mine) and the sum of the
  * other labels' weights (returned). */
 static long weights(const char *split, const char *label, long *mine)
@@ -150,7 +156,7 @@ static long weights(const char *split, const char *label, long *mine)
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         if (eq != NULL && eq < p + len) {
             long w = strtol(eq + 1, NULL, 10);
-            if ((size_t)(eq - p) == strlen(label) && strncmp(p, label, (size_t)(eq - p)) == 0)
+            if (entry_is(p, eq, label))
                 *mine = w;
             else
                 others += w;
@@ -182,8 +188,7 @@ static void reweigh(const char *split, const char *label, int share, long others
     for (const char *p = split; *p && n < cap;) {
         const char *comma = strchr(p, ','), *eq = strchr(p, '=');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (eq != NULL && eq < p + len &&
-            !((size_t)(eq - p) == strlen(label) && strncmp(p, label, (size_t)(eq - p)) == 0)) {
+        if (eq != NULL && eq < p + len && !entry_is(p, eq, label)) {
             long w = strtol(eq + 1, NULL, 10);
             /* share 0: the others keep their weights as they are */
             long nw = share == 0 ? w
