@@ -184,7 +184,9 @@ static const cli_cmd_t commands[] = {
      "endpoints (PUT /v1/models/MODEL/split with the job's push token); without a split, shows "
      "the one in force. A label left out, or with weight 0, gets no traffic; a label pushed "
      "for the first time gets none until a split names it (or its endpoint's `traffic:` in "
-     "the spec). kiln-serve keeps the split across restarts (docs/serving-protocol.md).",
+     "the spec). kiln-serve keeps the split across restarts (docs/serving-protocol.md). "
+     "The ramps of the model's labels (push.ramp) are shown after the splits: their share, "
+     "the next step, or what stopped them.",
      split_opts, 1, 2, true, cmd_split},
     {"endpoints", "", "list the serving endpoints: what each holds, its traffic and ramp",
      "One line per endpoint (URL, model, label) Kiln pushes to: the checkpoint it holds and how "
