@@ -220,6 +220,12 @@ typedef struct job_spec {
         int retries;
         int64_t timeout_ms;
         double max_regression; /* the quality gate; NAN: none */
+        /* push.ramp "STEP%/EVERY[ to MAX%]": the traffic share of each auto
+         * endpoint's label grows by ramp_step percent every ramp_every_ms,
+         * from its first landed push up to ramp_max percent; ramp_step 0:
+         * no ramp. */
+        int ramp_step, ramp_max;
+        int64_t ramp_every_ms;
         job_endpoint_t *endpoints;
         int nendpoints;
     } push;

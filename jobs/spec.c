@@ -389,6 +389,16 @@ static void check_spec(ctx_t *c)
                      "required with train.mode: online (how often the running trainer exports, "
                      "e.g. 30s; 0 or none for never)");
     }
+
+    bool auto_ep = false;
+    for (int i = 0; i < s->push.nendpoints; i++)
+        auto_ep |= s->push.endpoints[i].auto_push;
+    if (s->push.ramp_step > 0 && !auto_ep) {
+        spec_where(c, &line, &col, "push.ramp", NULL);
+        spec_diag_at(c, line, col, "push.ramp",
+                     "ramps the traffic of the labels kilnd pushes to, and no endpoint of "
+                     "push.endpoints has auto: true; add one (the challenger) or drop the ramp");
+    }
 }
 
 /* ---- entry points ------------------------------------------------------------------------ */

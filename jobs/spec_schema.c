@@ -219,6 +219,8 @@ static void parse_memory(ctx_t *c, const field_t *f, const yaml_node_t *val, cha
                          const char *path);
 static void parse_ttl(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                       const char *path);
+static void parse_ramp(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                       const char *path);
 
 /* ---- the schema ------------------------------------------------------------------------
  * Offsets of rows inside a GROUP are relative to job_spec_t (the group is an
@@ -387,6 +389,7 @@ static const field_t push_fields[] = {
     INT("retries", job_spec_t, push.retries, 5, 0, 100),
     DUR("timeout", job_spec_t, push.timeout_ms, 30 * S_, 1, 0),
     NUM("max_regression", job_spec_t, push.max_regression, NAN, 0.0, INFINITY, F_NONE_OK),
+    FN("ramp", parse_ramp, 0),
     FN("endpoints", parse_endpoints, 0),
     FIELD_END};
 
@@ -654,6 +657,64 @@ static void parse_ttl(ctx_t *c, const field_t *f, const yaml_node_t *val, char *
     }
     spec_diag(c, val, path, "expected a number of steps (5000 or \"5000 steps\") or a duration "
               "like 30d or 12h, got %s", spec_got(val, gb, sizeof gb));
+}
+
+/* A whole percentage from 1 to 100 at s, "N%": its value, or 0 (end set
+ * past the '%'). */
+static int percent_at(const char *s, const char **end)
+{
+    char *e = NULL;
+    errno = 0;
+    long v = strtol(s, &e, 10);
+    if (e == s || errno != 0 || *e != '%' || v < 1 || v > 100 || !isdigit((unsigned char)*s))
+        return 0;
+    *end = e + 1;
+    return (int)v;
+}
+
+/* push.ramp: "STEP%/EVERY" or "STEP%/EVERY to MAX%" (MAX 50 when left out);
+ * "none" or "0": no ramp. */
+static void parse_ramp(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                       const char *path)
+{
+    (void)f;
+    (void)base;
+    job_spec_t *s = c->spec;
+    const char *v = spec_scalar(val), *p = v;
+    char gb[64], every[64];
+    s->push.ramp_step = 0;
+    if (val->type == YAML_SCALAR_NODE && (strcmp(v, "none") == 0 || strcmp(v, "0") == 0))
+        return;
+    int step = val->type == YAML_SCALAR_NODE ? percent_at(p, &p) : 0, max = 50;
+    const char *slash = step > 0 && *p == '/' ? p + 1 : NULL;
+    const char *to = slash ? strstr(slash, " to ") : NULL;
+    size_t n = slash ? (to ? (size_t)(to - slash) : strlen(slash)) : 0;
+    int64_t ms = 0;
+    bool ok = slash != NULL && n > 0 && n < sizeof every;
+    if (ok) {
+        memcpy(every, slash, n);
+        every[n] = '\0';
+        ok = kiln_duration_parse(every, &ms) == 0 && ms >= 1000;
+    }
+    if (ok && to != NULL) {
+        const char *e = to + 4;
+        max = percent_at(e, &e);
+        ok = max > 0 && *e == '\0';
+    }
+    if (!ok) {
+        spec_diag(c, val, path, "expected STEP%%/EVERY or STEP%%/EVERY to MAX%% (10%%/1h: the "
+                  "label's traffic share grows by 10 points an hour, up to 50%% unless a MAX "
+                  "says otherwise; EVERY at least 1s), got %s", spec_got(val, gb, sizeof gb));
+        return;
+    }
+    if (step > max) {
+        spec_diag(c, val, path, "the step %d%% is larger than the most the ramp gives, %d%%; "
+                  "write a smaller step or a larger MAX (10%%/1h to 80%%)", step, max);
+        return;
+    }
+    s->push.ramp_step = step;
+    s->push.ramp_max = max;
+    s->push.ramp_every_ms = ms;
 }
 
 static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,

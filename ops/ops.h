@@ -5,6 +5,7 @@
  *   submit, retry, cancel            ops_jobs.c
  *   push, promote, rollback          ops_push.c  (queue, then deliver now)
  *   traffic split                    ops_split.c
+ *   traffic ramp (push.ramp)         ops_ramp.c
  *   after a run, after an export     ops_push.c  (queue for kilnd)
  *   delivering queued pushes         ops_deliver.c (claim, quality gate,
  *                                    push in parallel, record, back off)
@@ -107,6 +108,13 @@ void ops_push_report_fini(ops_push_report_t *r);
  * endpoint and the HTTP status), KILN_ENOENT, KILN_EAUTH. */
 int ops_push_job(state_t *st, const char *job, const char *label, const char *ckpt_uid,
                  bool full, bool force, ops_push_report_t *rep /* OUT */);
+/* For the pushes ps (n) that have not sent anything yet (pending or being
+ * sent, or ended without a body), marks full the ones asking for a delta
+ * that will go out full: their endpoint holds nothing, or a checkpoint
+ * outside the pushed one's chain (back to its full dump). So `kiln show`,
+ * `kiln runs --json`, the run page and /api/runs/N say "full" before the
+ * push goes out, as the deliverer will decide. For display only. */
+void ops_push_foresee(state_t *st, state_push_t *ps, size_t n);
 /* What the endpoints of model/from hold, to every endpoint of model/to. */
 int ops_promote(state_t *st, const char *model, const char *from, const char *to,
                 const char *token_env, ops_push_report_t *rep /* OUT */);
@@ -131,6 +139,56 @@ typedef struct ops_split_report {
 int ops_split(state_t *st, const char *model, const char *split, const char *token_env,
               ops_split_report_t *rep /* OUT */);
 void ops_split_report_fini(ops_split_report_t *rep);
+
+/* ---- traffic ramp (push.ramp) -------------------------------------------------------------
+ * Where the ramp of one endpoint (an auto endpoint of a job whose spec has
+ * push.ramp, recorded in the database) stands: computed from the endpoint's
+ * pushes, so every reader agrees and nothing is stored. */
+typedef struct ops_ramp {
+    int64_t job_id, endpoint_id;
+    char job[80], url[512], model[64], label[40], token_env[128];
+    int step, max;      /* percent */
+    int64_t every_ms;
+    int share;          /* the label's traffic share now, percent: 0 before its first landed
+                           push and after a stop */
+    bool stopped;       /* the newest ended push was held back or failed */
+    int64_t since;      /* the landed push the ramp counts from (Unix s); 0: not started */
+    int64_t next_at;    /* the next step (Unix s); 0: none (not started, stopped, at max) */
+    char why[700];      /* stopped: the push and its reason */
+} ops_ramp_t;
+/* Every ramped endpoint at now (Unix s), into *out (n; free() it). Returns
+ * 0 or a state error. */
+int ops_ramp_list(state_t *st, int64_t now, ops_ramp_t **out /* OUT */, size_t *n /* OUT */);
+/* One line for people: "ramp 10%/1h to 50%: at 20%, next step in 1800s". */
+void ops_ramp_describe(const ops_ramp_t *r, char *buf, size_t cap);
+/* Makes r's kiln-serve give r's label r->share percent of the model's
+ * traffic (the other labels keep their proportions in the rest), with the
+ * token in $r->token_env. Returns 1 when it changed the split (*was: the
+ * share before, percent), 0 when the split already agreed, KILN_EHTTP or
+ * KILN_EAUTH (message says which endpoint and why). */
+int ops_ramp_apply(const ops_ramp_t *r, int *was /* OUT */);
+/* r as the JSON object `kiln split --json` and /api/endpoints show: job,
+ * url, model, label, step, every_ms, max, share, stopped, since, next_at,
+ * why (null unless stopped), text (ops_ramp_describe). */
+json_t *ops_ramp_json(const ops_ramp_t *r);
+/* The ramp of endpoint_id among ramps (n), or NULL. */
+const ops_ramp_t *ops_ramp_of(const ops_ramp_t *ramps, size_t n, int64_t endpoint_id);
+
+/* ---- endpoints, as people read them (ops_endpoints.c) ------------------------------------- */
+/* What the endpoints page, /api/endpoints and `kiln endpoints` show of es[i]
+ * beyond its row: the age of the checkpoint it holds (s; -1: nothing held)
+ * and its share of its kiln-serve's predict traffic for the model (0..1;
+ * NAN: not known): by request rate when every label's rate is known, else
+ * by the requests counted since kiln-serve started. */
+typedef struct ops_endpoint_view {
+    int64_t age_s;
+    double share;
+} ops_endpoint_view_t;
+void ops_endpoint_view(const state_endpoint_info_t *es, size_t n, size_t i,
+                       ops_endpoint_view_t *out /* OUT */);
+/* Every endpoint as /api/endpoints and `kiln --json endpoints` print it,
+ * {"endpoints": [...]} (docs/api.md), into *out (the caller's). */
+int ops_endpoints_json(state_t *st, json_t **out /* OUT */);
 
 /* ---- after a run (kilnd) ------------------------------------------------------------------- */
 /* Records that run_id succeeded (from running, or from launching for a run

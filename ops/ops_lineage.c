@@ -122,10 +122,11 @@ static json_t *checkpoint_json(walk_t *w, int64_t id, bool forward)
         state_push_t *ps = NULL;
         size_t n = 0;
         if (state_push_list(w->st, &f, STATE_PAGE_MAX, &ps, &n) == 0)
-            for (size_t i = n; i-- > 0;) { /* oldest first */
-                json_array_append_new(json_object_get(o, "pushes"), push_json(&ps[i]));
-                ids_add(&w->endpoints, ps[i].endpoint_id);
-            }
+            ops_push_foresee(w->st, ps, n);
+        for (size_t i = n; i-- > 0;) { /* oldest first */
+            json_array_append_new(json_object_get(o, "pushes"), push_json(&ps[i]));
+            ids_add(&w->endpoints, ps[i].endpoint_id);
+        }
         state_pushes_free(ps, n);
     }
     state_checkpoint_fini(&p);

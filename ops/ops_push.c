@@ -215,6 +215,36 @@ out:
     return rc;
 }
 
+/* Whether checkpoint `held` is ckpt_id or one of its bases back to the full
+ * dump it builds on: a delta from held can then be sent. */
+static bool in_chain(state_t *st, int64_t ckpt_id, int64_t held)
+{
+    for (int hops = 0; ckpt_id > 0 && hops < 100000; hops++) {
+        if (ckpt_id == held)
+            return true;
+        state_checkpoint_t c = {0};
+        if (state_checkpoint_get_by_id(st, ckpt_id, &c) < 0)
+            return false;
+        bool full = c.kind != NULL && strcmp(c.kind, "full") == 0;
+        ckpt_id = full ? 0 : c.parent_id;
+        state_checkpoint_fini(&c);
+    }
+    return false;
+}
+
+void ops_push_foresee(state_t *st, state_push_t *ps, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        state_push_t *p = &ps[i];
+        if (p->full || p->export_id > 0 || p->state == STATE_PUSH_SUCCEEDED)
+            continue; /* asked for full, or it sent a body: its own mode says */
+        int64_t held = 0, since = 0;
+        if (state_endpoint_holding(st, p->endpoint_id, &held, &since) < 0 ||
+            !in_chain(st, p->checkpoint_id, held))
+            p->full = true;
+    }
+}
+
 /* The job that wrote checkpoint c (0 when unknown). */
 static int64_t job_of_checkpoint(state_t *st, const state_checkpoint_t *c)
 {

@@ -16,6 +16,13 @@
  *
  * The stats thread reads every endpoint's /v1/stats every --stats-every
  * (the endpoints page shows request rate and traffic share).
+ *
+ * The ramp thread drives push.ramp (ops_ramp.c): every second it works out
+ * where each ramp stands and, when a step is due or a held or failed push
+ * stopped the ramp, sets the label's share on its kiln-serve and records a
+ * "ramp" event of the job. It reads each split again every minute, so a
+ * kiln-serve that lost its split, or a split changed by hand, is set back to
+ * what the ramp says.
  */
 #include "sched_int.h"
 
@@ -35,12 +42,15 @@
  * kilnd that dies is noticed sooner, by its pid. */
 #define SCHED_PUSH_LEASE_MS (3600 * 1000)
 #define SCHED_STATS_TIMEOUT_MS 2000
+#define SCHED_RAMP_POLL_MS 1000
+#define SCHED_RAMP_RECHECK_MS 60000
+#define SCHED_RAMP_RETRY_MS 10000
 
 struct sched_pusher {
     char *db_path, *claimer;
     int64_t stats_every_ms;
-    pthread_t dispatcher, stats;
-    bool have_dispatcher, have_stats;
+    pthread_t dispatcher, stats, ramp;
+    bool have_dispatcher, have_stats, have_ramp;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop, kicked;
@@ -172,6 +182,17 @@ static void *dispatcher(void *arg)
     return NULL;
 }
 
+/* Under p->mu: sleeps ms (kicks do not end it), or until stop. */
+static void nap(sched_pusher_t *p, int64_t ms)
+{
+    struct timespec ts;
+    int64_t at = kiln_now_ms() + ms;
+    ts.tv_sec = at / 1000;
+    ts.tv_nsec = (long)(at % 1000) * 1000000L;
+    while (!p->stop && pthread_cond_timedwait(&p->cv, &p->mu, &ts) != ETIMEDOUT) {
+    }
+}
+
 static void *stats_loop(void *arg)
 {
     sched_pusher_t *p = arg;
@@ -186,14 +207,97 @@ static void *stats_loop(void *arg)
         if (ops_poll_stats(st, SCHED_STATS_TIMEOUT_MS) < 0)
             KILN_WARN("endpoint stats: %s", kiln_errmsg());
         pthread_mutex_lock(&p->mu);
-        struct timespec ts;
-        int64_t at = kiln_now_ms() + p->stats_every_ms;
-        ts.tv_sec = at / 1000;
-        ts.tv_nsec = (long)(at % 1000) * 1000000L;
-        while (!p->stop && pthread_cond_timedwait(&p->cv, &p->mu, &ts) != ETIMEDOUT) {
-        }
+        nap(p, p->stats_every_ms);
     }
     pthread_mutex_unlock(&p->mu);
+    state_close(st);
+    return NULL;
+}
+
+/* What the ramp thread last made an endpoint's split say. */
+typedef struct ramp_seen {
+    int64_t endpoint_id;
+    int share;
+    bool stopped;
+    int64_t recheck_ms; /* read the split again then (a retry after a failure, or the
+                           minute's check) */
+    char error[200];    /* the last failure, logged once */
+} ramp_seen_t;
+
+static ramp_seen_t *ramp_seen(ramp_seen_t **seen, size_t *n, int64_t endpoint_id)
+{
+    for (size_t i = 0; i < *n; i++)
+        if ((*seen)[i].endpoint_id == endpoint_id)
+            return &(*seen)[i];
+    ramp_seen_t *g = realloc(*seen, (*n + 1) * sizeof *g);
+    if (g == NULL)
+        return NULL;
+    *seen = g;
+    g[*n] = (ramp_seen_t){.endpoint_id = endpoint_id, .share = -1};
+    return &g[(*n)++];
+}
+
+/* Makes one ramp's split agree with where it stands, when due. */
+static void ramp_one(state_t *st, const ops_ramp_t *r, ramp_seen_t *e)
+{
+    int64_t now = kiln_now_ms();
+    if (e->share == r->share && e->stopped == r->stopped && now < e->recheck_ms)
+        return;
+    if (e->error[0] != '\0' && now < e->recheck_ms)
+        return;
+    int was = -1;
+    int rc = ops_ramp_apply(r, &was);
+    if (rc < 0) {
+        if (strncmp(e->error, kiln_errmsg(), sizeof e->error - 1) != 0)
+            KILN_WARN("%s; trying again every %d s", kiln_errmsg(), SCHED_RAMP_RETRY_MS / 1000);
+        snprintf(e->error, sizeof e->error, "%s", kiln_errmsg());
+        e->recheck_ms = now + SCHED_RAMP_RETRY_MS;
+        return;
+    }
+    e->error[0] = '\0';
+    e->share = r->share;
+    e->stopped = r->stopped;
+    e->recheck_ms = now + SCHED_RAMP_RECHECK_MS;
+    if (rc == 0)
+        return;
+    char what[900], msg[2200];
+    ops_ramp_describe(r, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s/%s on %s: traffic share %d%% -> %d%% (%s)", r->model, r->label,
+             r->url, was, r->share, what);
+    KILN_INFO("%s", msg);
+    if (state_event_add(st, r->job_id, 0, "ramp", msg) < 0)
+        KILN_WARN("ramp: cannot record the event: %s", kiln_errmsg());
+}
+
+static void *ramp_loop(void *arg)
+{
+    sched_pusher_t *p = arg;
+    state_t *st = NULL;
+    if (state_open(p->db_path, &st) < 0) {
+        KILN_WARN("push.ramp: cannot open %s: %s; no ramp moves until kilnd restarts",
+                  p->db_path, kiln_errmsg());
+        return NULL;
+    }
+    ramp_seen_t *seen = NULL;
+    size_t nseen = 0;
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop) {
+        pthread_mutex_unlock(&p->mu);
+        ops_ramp_t *rs = NULL;
+        size_t n = 0;
+        if (ops_ramp_list(st, kiln_now_s(), &rs, &n) < 0)
+            KILN_WARN("push.ramp: %s", kiln_errmsg());
+        for (size_t i = 0; i < n; i++) {
+            ramp_seen_t *e = ramp_seen(&seen, &nseen, rs[i].endpoint_id);
+            if (e != NULL)
+                ramp_one(st, &rs[i], e);
+        }
+        free(rs);
+        pthread_mutex_lock(&p->mu);
+        nap(p, SCHED_RAMP_POLL_MS);
+    }
+    pthread_mutex_unlock(&p->mu);
+    free(seen);
     state_close(st);
     return NULL;
 }
@@ -219,6 +323,7 @@ int sched_pusher_start(const char *db_path, int64_t stats_every_ms, sched_pusher
     p->have_dispatcher = pthread_create(&p->dispatcher, NULL, dispatcher, p) == 0;
     if (stats_every_ms > 0)
         p->have_stats = pthread_create(&p->stats, NULL, stats_loop, p) == 0;
+    p->have_ramp = pthread_create(&p->ramp, NULL, ramp_loop, p) == 0;
     if (!p->have_dispatcher) {
         sched_pusher_stop(p);
         return kiln_errf(KILN_EIO, "cannot start the push thread");
@@ -253,6 +358,8 @@ void sched_pusher_stop(sched_pusher_t *p)
         pthread_join(p->dispatcher, NULL);
     if (p->have_stats)
         pthread_join(p->stats, NULL);
+    if (p->have_ramp)
+        pthread_join(p->ramp, NULL);
     /* Workers finish the push in hand (a few seconds at most, bounded by
      * push.timeout): waiting keeps their records; a kilnd stopped harder
      * leaves claims that the next one gives back. */

@@ -176,12 +176,21 @@ static int report_changed(sched_t *s, int64_t run_id, const state_input_t *in)
     return rc;
 }
 
+/* The partitions of data.train that are not complete yet: how many, and
+ * the first of them (a path malloc'd, or NULL), so that a run left with
+ * nothing new can say it is waiting for them rather than that nothing came. */
+typedef struct incomplete {
+    size_t n;
+    char *first;
+} incomplete_t;
+
 /* The partitions of data.train no succeeded run of the job consumed, each
  * complete (data.ready: its marker, its Parquet footer or a quiet
- * data.settle); one that is not yet is left for a later fire, and one
- * consumed in an earlier version is reported, not listed. */
+ * data.settle); one that is not yet is left for a later fire (counted in
+ * *wait), and one consumed in an earlier version is reported, not listed. */
 static int new_inputs(sched_t *s, const sched_job_t *job, const job_spec_t *spec,
-                      const char *base, state_input_t **out, size_t *nout)
+                      const char *base, state_input_t **out, size_t *nout,
+                      incomplete_t *wait /* OUT */)
 {
     char *pattern = resolve(base, spec->data.train);
     glob_t g = {0};
@@ -209,8 +218,11 @@ static int new_inputs(sched_t *s, const sched_job_t *job, const job_spec_t *spec
         struct stat sb;
         if (stat(g.gl_pathv[i], &sb) < 0 || !S_ISREG(sb.st_mode) || data_is_marker(g.gl_pathv[i]))
             continue;
-        if (data_partition_ready(g.gl_pathv[i], &how) != 1) {
+        int ready = data_partition_ready(g.gl_pathv[i], &how);
+        if (ready != 1) {
             kiln_errclear(); /* gone or unreadable: a later fire sees it again */
+            if (ready == 0 && wait->n++ == 0)
+                wait->first = kiln_strdup(g.gl_pathv[i]);
             continue;
         }
         uint64_t h = 0;
@@ -245,6 +257,36 @@ out:
     *out = ins;
     *nout = n;
     return 0;
+}
+
+/* Why a run with nothing new to train on is skipped, malloc'd: the
+ * partitions that are still landing when there are some (with what they
+ * wait for), else that every one was consumed. manual: a run someone
+ * queued, which kilnd does not keep waiting. */
+static char *no_data_reason(const job_spec_t *spec, const incomplete_t *wait, bool manual)
+{
+    if (wait->n == 0)
+        return kiln_asprintf("no new data: every file matching %s was consumed by an earlier "
+                             "successful run",
+                             spec->data.train);
+    char settle[32], what[160];
+    if (spec->data.ready == JOB_READY_MARKER)
+        snprintf(what, sizeof what, "it has no _SUCCESS marker beside it yet (data.ready: "
+                                    "marker)");
+    else if (spec->data.format == JOB_FMT_PARQUET)
+        snprintf(what, sizeof what, "its Parquet footer is not written yet");
+    else
+        snprintf(what, sizeof what, "it is still settling: it changed less than data.settle "
+                                    "(%s) ago",
+                 kiln_duration_format(spec->data.settle_ms, settle, sizeof settle));
+    return kiln_asprintf("no new data yet: %zu file%s matching %s %s not complete (%s%s: %s); "
+                         "%s",
+                         wait->n, wait->n == 1 ? "" : "s", spec->data.train,
+                         wait->n == 1 ? "is" : "are", wait->n == 1 ? "" : "the first, ",
+                         wait->first ? wait->first : "?", what,
+                         manual ? "this run does not wait for it: submit the job again once "
+                                  "it is complete"
+                                : "a later fire takes it once it is complete");
 }
 
 /* ---- launch -------------------------------------------------------------------------- */
@@ -327,28 +369,32 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     base = spec_base_dir(s, run, job->row.name);
 
     if (spec->data.incremental) {
-        rc = new_inputs(s, job, spec, base, &ins, &nins);
+        incomplete_t wait = {0};
+        rc = new_inputs(s, job, spec, base, &ins, &nins, &wait);
         if (rc < 0) {
             KILN_WARN("run %lld: %s; trying again later", (long long)run->id, kiln_errmsg());
+            free(wait.first);
             goto out;
         }
         /* An online run waits for partitions to land; a batch run with
          * nothing new has nothing to do. */
         if (nins == 0 && spec->train.mode != JOB_MODE_ONLINE) {
-            char *why = kiln_asprintf("no new data: every file matching %s was consumed by an "
-                                      "earlier successful run",
-                                      spec->data.train);
+            bool cron = run->trigger == STATE_TRIGGER_CRON ||
+                        run->trigger == STATE_TRIGGER_CATCHUP;
+            char *why = no_data_reason(spec, &wait, !cron);
+            free(wait.first);
             /* A cron fire with nothing to do is no run: the job counts it. */
-            if (run->trigger == STATE_TRIGGER_CRON || run->trigger == STATE_TRIGGER_CATCHUP)
+            if (cron)
                 rc = state_run_drop_skipped(s->st, run->id, why);
             else
                 rc = state_run_transition(s->st, run->id, STATE_RUN_QUEUED, STATE_RUN_SKIPPED,
                                           -1, why);
-            KILN_INFO("run %lld skipped: no new data", (long long)run->id);
+            KILN_INFO("run %lld skipped: %s", (long long)run->id, why ? why : "no new data");
             free(why);
             rc = rc == KILN_ESTATE ? 0 : rc;
             goto out;
         }
+        free(wait.first);
     }
     rc = state_run_transition(s->st, run->id, STATE_RUN_QUEUED, STATE_RUN_LAUNCHING, -1, NULL);
     if (rc == KILN_ESTATE) { /* canceled meanwhile, or another kilnd took it */

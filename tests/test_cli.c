@@ -239,12 +239,15 @@ static void test_json_errors(void **state)
     write_file("bad-json.yaml", "name: bad\ndata: {train: x.tsv}\nmdoel: {type: lr}\n", path,
                sizeof path);
     static const struct {
-        const char *args[6];
+        const char *args[8];
         int code;
         const char *error; /* a part of "error" */
     } cases[] = {
         {{"--json", "submit", "SPEC"}, 3, "1 problem; nothing was submitted"},
         {{"submit", "SPEC", "--json"}, 3, "1 problem; nothing was submitted"},
+        {{"--json", "convert", "--spec", "SPEC", "SPEC", "--out", "x.bin"},
+         3,
+         "1 problem; nothing was converted"},
         {{"--json", "show", "99999"}, 4, "99999"},
         {{"--json", "jbos"}, 2, "unknown command 'jbos'"},
         {{"--json", "runs", "--limt", "3"}, 2, "unknown option '--limt'"},
@@ -252,9 +255,9 @@ static void test_json_errors(void **state)
         {{"--json", "schedule", "next", "0 0 32 * *"}, 3, "day-of-month"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *args[10] = {"--db", dbpath};
+        const char *args[12] = {"--db", dbpath};
         size_t n = 2;
-        for (size_t k = 0; k < 6 && cases[i].args[k] != NULL; k++)
+        for (size_t k = 0; k < 8 && cases[i].args[k] != NULL; k++)
             args[n++] = strcmp(cases[i].args[k], "SPEC") == 0 ? path : cases[i].args[k];
         args[n] = NULL;
         result_t r;
@@ -269,7 +272,7 @@ static void test_json_errors(void **state)
         const char *msg = json_string_value(json_object_get(o, "error"));
         if (msg == NULL || strstr(msg, cases[i].error) == NULL)
             fail_msg("case %zu: error '%s' lacks '%s'", i, msg ? msg : "(none)", cases[i].error);
-        if (i < 2) { /* the spec's problems, each file:line:col: field: message */
+        if (i < 3) { /* the spec's problems, each file:line:col: field: message */
             json_t *p = json_object_get(o, "problems");
             assert_int_equal(json_array_size(p), 1);
             assert_non_null(strstr(json_string_value(json_array_get(p, 0)),

@@ -11,11 +11,17 @@
  *     each run's delta reaches B with no command typed, and `kiln lineage`
  *     walks from each partition file to B;
  *   - an endpoint down when a run succeeds: the push is pending with the
- *     reason, then lands once the endpoint is back;
+ *     reason (and shown "full": the endpoint holds nothing a delta could
+ *     build on), then lands once the endpoint is back;
  *   - kilnd killed -9 between a run's success and its push (before the push
  *     went out, and after the endpoint applied it but before kilnd recorded
  *     it): after a restart the push lands exactly once;
  *   - the quality gate holds back a worse model;
+ *   - push.ramp: B's traffic share on kiln-serve grows in steps from its
+ *     first landed push to the cap, a held push sets it back to 0 %, the
+ *     next push that lands starts it over and a failed one stops it again
+ *     (events of the job, kiln split, kiln endpoints, the endpoints page
+ *     and /api/endpoints show it);
  *   - an online job: at least three exports reach the endpoint while it
  *     trains;
  *   - a cron job over Parquet partitions written by DuckDB: a partition
@@ -683,8 +689,8 @@ static void test_endpoint_down_then_up(void **state)
     char spec[500], extra[1024];
     const char *sdir = serve_start(&s); /* for a port of its own */
     fx_serve_stop(&s, SIGTERM);
-    push_to_b(extra, sizeof extra, "export: {on_success: full}\n", "  retries: 0\n  timeout: 2s\n",
-              s.url);
+    push_to_b(extra, sizeof extra, "export: {on_success: incremental}\n",
+              "  retries: 0\n  timeout: 2s\n", s.url);
     int64_t id = submit_first("down", extra, NULL, spec, sizeof spec);
     /* The run succeeds whatever the endpoint does. */
     assert_int_equal(wait_end(id, 120), STATE_RUN_SUCCEEDED);
@@ -705,14 +711,16 @@ static void test_endpoint_down_then_up(void **state)
     assert_non_null(ps[0].error);
     assert_int_equal(ps[0].http_status, 0); /* nothing answered */
     state_pushes_free(ps, n);
-    /* `kiln show` names it. */
+    /* `kiln show` names it, and says it will go out full: it asks for a
+     * delta (on_success: incremental), but B holds nothing to build on. */
     proc_result_t *r = calloc(1, sizeof *r);
     char ids[32];
     snprintf(ids, sizeof ids, "%lld", (long long)id);
     const char *show[] = {"show", ids, NULL};
     fx_kiln(&kd, r, show);
-    assert_non_null(strstr(r->out, "pending"));
     assert_non_null(strstr(r->out, s.url));
+    if (strstr(r->out, ": pending, full") == NULL)
+        fail_msg("kiln show %s does not show the pending push as full:\n%s", ids, r->out);
     free(r);
     /* The endpoint comes back on its port: kilnd's retry lands the push. */
     assert_true(fx_serve_start(&s, sdir));
@@ -791,14 +799,19 @@ static void write_flipped(const char *dst)
     fclose(out);
 }
 
+/* The head of a job that trains each new partition and pushes a delta. */
+static void incremental_head(char *head, size_t cap)
+{
+    snprintf(head, cap, INCREMENTAL_DATA "export: {on_success: incremental}\n", data_dir);
+}
+
 static void test_quality_gate(void **state)
 {
     (void)state;
     fx_serve_t s = {0};
-    char spec[500], extra[1024], bad[500];
+    char spec[500], extra[1024], bad[500], head[600];
     serve_start(&s);
-    char head[600];
-    snprintf(head, sizeof head, INCREMENTAL_DATA "export: {on_success: incremental}\n", data_dir);
+    incremental_head(head, sizeof head);
     push_to_b(extra, sizeof extra, head, "  max_regression: 0.001\n", s.url);
     int64_t r1 = submit_first("gate", extra, NULL, spec, sizeof spec);
     assert_int_equal(wait_end(r1, 120), STATE_RUN_SUCCEEDED);
@@ -841,6 +854,14 @@ static void test_quality_gate(void **state)
     kiln_ok(force);
     char ck2[64];
     wait_b_holds_run(&s, r2, ck2, sizeof ck2, 10);
+    /* ... as a delta on ck1, which B holds and ck2 descends from, not in full. */
+    state_push_t *ps = NULL;
+    size_t np = run_pushes(r2, &ps);
+    assert_true(np >= 2);
+    assert_int_equal(ps[np - 1].state, STATE_PUSH_SUCCEEDED);
+    if (ps[np - 1].sent_full)
+        fail_msg("kiln push --force sent %s in full; B holds its parent %s", ck2, ck1);
+    state_pushes_free(ps, np);
     /* A held model whose eval logloss is 0.0 (what kiln-train recorded over
      * 0 eval rows before issue 27) is not a perfect model to be worse than:
      * the gate is not applied, and ck1 goes back without --force. */
@@ -852,6 +873,192 @@ static void test_quality_gate(void **state)
     for (int i = 0; i < 100 && (fx_holds(&s, "ctr", "B", h, sizeof h), strcmp(h, ck1) != 0); i++)
         proc_sleep_ms(100);
     assert_string_equal(h, ck1);
+}
+
+/* ---- push.ramp ------------------------------------------------------------------------------------ */
+
+/* B's share (percent, rounded) of model ctr's split on s: -1 when the
+ * split cannot be read. The split's text goes to split. */
+static int b_share(const fx_serve_t *s, char *split, size_t cap)
+{
+    char url[300];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/split", s->url);
+    json_t *doc = fx_get_json(url);
+    const char *text = json_string_value(json_object_get(doc, "split"));
+    snprintf(split, cap, "%s", text ? text : "?");
+    long b = 0, all = 0;
+    json_t *l;
+    size_t i;
+    json_array_foreach(json_object_get(doc, "labels"), i, l)
+    {
+        long w = (long)json_integer_value(json_object_get(l, "weight"));
+        all += w;
+        if (strcmp(json_string_value(json_object_get(l, "label")), "B") == 0)
+            b = w;
+    }
+    json_decref(doc);
+    if (text == NULL)
+        return -1;
+    return all > 0 ? (int)lround(100.0 * (double)b / (double)all) : 0;
+}
+
+/* Waits until B's share is want; fails with the split seen otherwise. */
+static void wait_b_share(const fx_serve_t *s, int want, int timeout_s)
+{
+    char split[256] = "";
+    int got = -1;
+    for (int i = 0; i < timeout_s * 10 && (got = b_share(s, split, sizeof split)) != want; i++)
+        proc_sleep_ms(100);
+    if (got != want) {
+        char log[400];
+        snprintf(log, sizeof log, "%s/kilnd.log", home);
+        print_tail("kilnd's log", log);
+        fail_msg("B's share is %d%% (split '%s'), not %d%%, after %d s", got, split, want,
+                 timeout_s);
+    }
+}
+
+/* The job's events of kind `kind` that contain `text`. */
+static int job_events(const char *job, const char *kind, const char *text)
+{
+    state_t *st = db();
+    state_job_t j;
+    assert_int_equal(state_job_get(st, job, &j), 0);
+    state_event_t *ev = NULL;
+    size_t n = 0;
+    assert_int_equal(state_event_list(st, j.id, 0, &ev, &n), 0);
+    int found = 0;
+    for (size_t i = 0; i < n; i++)
+        found += strcmp(ev[i].kind, kind) == 0 && strstr(ev[i].message, text) != NULL;
+    state_events_free(ev, n);
+    state_job_fini(&j);
+    state_close(st);
+    return found;
+}
+
+static void test_ramp(void **state)
+{
+    (void)state;
+    fx_serve_t s = {0};
+    char spec[500], extra[1400], bad[500], head[600];
+    serve_start(&s);
+    incremental_head(head, sizeof head);
+    snprintf(extra, sizeof extra,
+             "%s"
+             "push:\n  token_env: KILN_TEST_TOKEN\n  max_regression: 0.001\n"
+             "  ramp: 25%%/4s to 50%%\n  endpoints:\n"
+             "    - {url: \"%s\", model: ctr, label: A, auto: false}\n"
+             "    - {url: \"%s\", model: ctr, label: B}\n",
+             head, s.url, s.url);
+    write_job("ramp", "ramp", extra, spec, sizeof spec);
+    land("ramp", "day0.tsv", 0);
+    kd.web_port = proc_free_port();
+    fx_kilnd_start(&kd, home, NULL);
+    /* The champion A has all the traffic before B first lands. */
+    const char *sub[] = {"submit", spec, NULL};
+    const char *split[] = {"split", "ctr", "A=100", NULL};
+    int64_t r1 = newest_run("ramp");
+    assert_int_equal(r1, 0);
+    kiln_ok(sub);
+    kiln_ok(split);
+    r1 = newest_run("ramp");
+    assert_int_equal(wait_end(r1, 120), STATE_RUN_SUCCEEDED);
+    char ck1[64];
+    wait_b_holds_run(&s, r1, ck1, sizeof ck1, 60);
+    /* The first step at once, the second one step later, then the cap. */
+    int64_t t0 = kiln_now_ms();
+    wait_b_share(&s, 25, 10);
+    wait_b_share(&s, 50, 10);
+    int64_t took = kiln_now_ms() - t0;
+    if (took < 1000)
+        fail_msg("B went from 25%% to 50%% in %lld ms; the ramp steps every 4 s", (long long)took);
+    char text[256];
+    assert_int_equal(b_share(&s, text, sizeof text), 50);
+    assert_non_null(strstr(text, "A=")); /* A keeps the rest */
+    proc_sleep_ms(4500);
+    assert_int_equal(b_share(&s, text, sizeof text), 50); /* capped */
+    assert_true(job_events("ramp", "ramp", "0% -> 25%") == 1);
+    assert_true(job_events("ramp", "ramp", "25% -> 50%") == 1);
+    /* A worse model: its push to B is held back, the ramp stops at 0 %. */
+    snprintf(bad, sizeof bad, "%s/ramp/flipped.tsv", home);
+    write_flipped(bad);
+    char dst[500];
+    snprintf(dst, sizeof dst, "%s/ramp/data/day=1.tsv", home);
+    assert_int_equal(fx_land(bad, dst), 0);
+    kiln_ok(sub);
+    int64_t r2 = newest_run("ramp");
+    assert_true(r2 > r1);
+    assert_int_equal(wait_end(r2, 120), STATE_RUN_SUCCEEDED);
+    assert_int_equal(wait_push(r2, STATE_PUSH_NSTATES, 60), STATE_PUSH_HELD);
+    wait_b_share(&s, 0, 10);
+    assert_true(job_events("ramp", "ramp", "50% -> 0%") == 1);
+    assert_true(job_events("ramp", "ramp", "was held back") == 1);
+    /* kiln split and /api/endpoints say why. */
+    proc_result_t *r = calloc(1, sizeof *r);
+    const char *show[] = {"split", "ctr", NULL};
+    fx_kiln(&kd, r, show);
+    if (strstr(r->out, "ramp 25%/4s to 50% stopped at 0%") == NULL ||
+        strstr(r->out, "held back") == NULL)
+        fail_msg("kiln split ctr does not say the ramp stopped:\n%s%s", r->out, r->err);
+    const char *eps[] = {"endpoints", "--model", "ctr", NULL};
+    fx_kiln(&kd, r, eps);
+    bool b_told = false; /* the row "ctr B URL ... ramp 25%/4s to 50% stopped at 0%: ..." */
+    for (char *line = strtok(r->out, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        char m[16] = "", l[16] = "";
+        b_told |= sscanf(line, "%15s %15s", m, l) == 2 && strcmp(m, "ctr") == 0 &&
+                  strcmp(l, "B") == 0 && strstr(line, "stopped at 0%: push") != NULL;
+    }
+    if (r->code != 0 || !b_told)
+        fail_msg("kiln endpoints does not show B's stopped ramp:\n%s%s", r->out, r->err);
+    free(r);
+    char url[300];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/endpoints", kd.web_port);
+    json_t *doc = fx_get_json(url);
+    bool stopped = false;
+    json_t *e;
+    size_t i;
+    json_array_foreach(json_object_get(doc, "endpoints"), i, e)
+    {
+        json_t *ramp = json_object_get(e, "ramp");
+        if (strcmp(json_string_value(json_object_get(e, "label")), "B") == 0)
+            stopped = json_is_true(json_object_get(ramp, "stopped")) &&
+                      json_integer_value(json_object_get(ramp, "share")) == 0;
+        else
+            assert_true(json_is_null(ramp)); /* A, auto: false, does not ramp */
+    }
+    json_decref(doc);
+    assert_true(stopped);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/endpoints", kd.web_port);
+    char *page = fx_get(url);
+    assert_non_null(page);
+    if (strstr(page, "<td class=\"ramp stopped\">ramp 25%/4s to 50% stopped at 0%") == NULL)
+        fail_msg("the endpoints page does not show the stopped ramp:\n%s", page);
+    free(page);
+    /* A push that lands again (a person sends B the better model back)
+     * starts the ramp over from its first step. */
+    const char *again[] = {"push", "--job", "ramp", "--label", "B", "--checkpoint", ck1, NULL};
+    kiln_ok(again);
+    wait_b_share(&s, 25, 10);
+    /* A push that fails (its checkpoint cannot be read: the worse model's
+     * files are gone) stops it again. */
+    char ck2[64], gone[700];
+    run_checkpoint(r2, ck2, sizeof ck2);
+    state_t *st = db();
+    state_checkpoint_t c;
+    assert_int_equal(state_checkpoint_get(st, ck2, &c), 0);
+    snprintf(gone, sizeof gone, "%s.gone", c.path);
+    assert_int_equal(rename(c.path, gone), 0);
+    state_checkpoint_fini(&c);
+    state_close(st);
+    const char *bad_push[] = {"push", "--job", "ramp", "--label", "B", "--checkpoint", ck2,
+                              "--force", NULL};
+    r = calloc(1, sizeof *r);
+    fx_kiln(&kd, r, bad_push);
+    assert_int_not_equal(r->code, 0);
+    free(r);
+    wait_b_share(&s, 0, 10);
+    assert_int_equal(job_events("ramp", "ramp", "stopped at 0%: push"), 2); /* held, failed */
+    assert_int_equal(job_events("ramp", "ramp", ck2), 2);
 }
 
 /* ---- an online job --------------------------------------------------------------------------------- */
@@ -1051,5 +1258,6 @@ PROC_TEST_MAIN(setup_all, teardown_all,
     cmocka_unit_test_setup_teardown(test_kill9_before_push, setup, teardown),
     cmocka_unit_test_setup_teardown(test_kill9_after_apply, setup, teardown),
     cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_ramp, setup, teardown),
     cmocka_unit_test_setup_teardown(test_online_job, setup, teardown),
     cmocka_unit_test_setup_teardown(test_cron_parquet_partitions, setup, teardown))

@@ -13,8 +13,10 @@
  *     retry resumes there and trains no file twice (issue 27.5a);
  *   - a run that fails at its eval (a character device) leaves no
  *     checkpoint behind (issue 27.5b);
- *   - an online export worse than what the endpoint holds is held back by
- *     the quality gate, with the reason on the run's push (issue 26.5).
+ *   - each online export is evaluated before its push, also when the run
+ *     started before the job had push.max_regression: once the gate is
+ *     added, an export worse than what the endpoint holds is held back,
+ *     with the reason on the run's push (issue 26.5).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +26,7 @@
 
 #include <curl/curl.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,45 +418,82 @@ static bool wait_push(int64_t id, state_push_state_t want, const char *why, int 
     return got;
 }
 
+/* Whether every online export of run id that reached an endpoint has an
+ * eval logloss recorded; the first that has none goes to `which`. */
+static bool exports_evaluated(int64_t id, char *which, size_t cap)
+{
+    state_t *st = db();
+    state_push_filter_t f = {.run_id = id};
+    state_push_t *ps = NULL;
+    size_t n = 0;
+    bool all = true;
+    assert_int_equal(state_push_list(st, &f, STATE_PAGE_MAX, &ps, &n), 0);
+    for (size_t k = 0; k < n && all; k++) {
+        state_checkpoint_t c = {0};
+        assert_int_equal(state_checkpoint_get_by_id(st, ps[k].checkpoint_id, &c), 0);
+        all = !isnan(c.eval_logloss) && c.eval_logloss > 0;
+        if (!all)
+            snprintf(which, cap, "%s", c.uid);
+        state_checkpoint_fini(&c);
+    }
+    state_pushes_free(ps, n);
+    state_close(st);
+    return all;
+}
+
+/* Each export is evaluated on data.eval before its push, whatever the
+ * running trainer's copy of the spec says about the gate: here the job has
+ * no push.max_regression when its run starts, and gets one (a resubmit)
+ * while it trains. kilnd gates the run's exports from then on, and judges
+ * them on their own figures; before, kiln-train evaluated exports only when
+ * its spec had the gate, so every export went out with "the quality gate
+ * was not applied ... has no eval logloss recorded (set data.eval)". */
 static void test_online_export_gated(void **state)
 {
     (void)state;
     fx_serve_t s = {0};
-    char spec[500], extra[1500], sdir[400];
+    char spec[500], extra[1500], gated[1600], sdir[400], which[64] = "";
     snprintf(sdir, sizeof sdir, "%s/serve", home);
     assert_true(fx_serve_start(&s, sdir));
+    const char *tail = "  endpoints:\n    - {url: \"%s\", model: ctr, label: B}\n";
     snprintf(extra, sizeof extra,
              "train: {mode: online, batch_size: 128}\n"
              "export: {every: 300ms}\n"
              "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\", settle: 0s}\n"
-             "push:\n  token_env: KILN_TEST_TOKEN\n  max_regression: 0.0\n  endpoints:\n"
-             "    - {url: \"%s\", model: ctr, label: B}\n",
-             data_dir, s.url);
+             "push:\n  token_env: KILN_TEST_TOKEN\n",
+             data_dir);
+    size_t len = strlen(extra);
+    snprintf(extra + len, sizeof extra - len, tail, s.url);
     write_job("gate", extra, spec, sizeof spec);
     land("gate", "day0.tsv", "day=0.tsv");
     const char *env[] = {"KILN_TEST_TOKEN=" FX_TOKEN, NULL};
     fx_kilnd_start(&kd, home, env);
     int64_t id = submit(spec, "gate");
-    /* The good partition's export lands on B ... */
+    /* The good partition's export lands on B, with its eval figures. */
     if (!wait_push(id, STATE_PUSH_SUCCEEDED, NULL, 60))
         fail_msg("no export of run %lld reached B (see %s)", (long long)id, home);
-    /* ... and the export after the flipped labels is held, with the reason. */
+    if (!exports_evaluated(id, which, sizeof which))
+        fail_msg("export %s of run %lld went to B with no eval logloss (data.eval is set)",
+                 which, (long long)id);
+    /* The gate is added while the run trains (the run keeps its spec; the
+     * resubmit's own run waits behind it: concurrency forbid). */
+    snprintf(gated, sizeof gated, "%.*s  max_regression: 0.0\n%s", (int)len, extra, extra + len);
+    write_job("gate", gated, spec, sizeof spec);
+    assert_int_not_equal(submit(spec, "gate"), id);
+    /* The export after the flipped labels is held, with the reason. */
     land("gate", "flip.tsv", "day=1.tsv");
     bool held = wait_push(id, STATE_PUSH_HELD, "worse than", 60);
     if (!held)
         fail_msg("no export of run %lld was held by the quality gate (see %s)", (long long)id,
                  home);
+    assert_int_equal(count_events(id, "push", "was not applied"), 0);
     cancel(id);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_marker_and_changed_partition, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_online_bad_partition, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_online_retry_trains_nothing_twice, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_failed_eval_leaves_no_checkpoint, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_online_export_gated, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
-}
+/* KILN_TEST_FILTER=test_online_* runs matching tests (cmocka glob). */
+PROC_TEST_MAIN(setup_all, teardown_all,
+    cmocka_unit_test_setup_teardown(test_marker_and_changed_partition, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_online_bad_partition, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_online_retry_trains_nothing_twice, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_failed_eval_leaves_no_checkpoint, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_online_export_gated, setup, teardown))

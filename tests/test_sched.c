@@ -3,6 +3,7 @@
  * real mpirun with 2 ranks and the real kiln-train on small generated data,
  * each test in its own KILN_HOME. Covered: a one-off run to success (run
  * directory, metrics, an incremental resubmit skipped for lack of new data);
+ * a one-off run whose partition is still settling skipped with that said;
  * cancel (SIGTERM to the run, SIGKILL after the grace, nothing left
  * running); a timeout; a rank killed by SIGKILL (the error names the rank,
  * host and signal) and its retry succeeding; `@every 2s` with forbid (fires
@@ -310,6 +311,30 @@ static void test_submit_to_success(void **state)
     submit(spec); /* run 2: every partition was consumed by run 1 */
     wait_run(2, STATE_RUN_SKIPPED, 15);
     assert_run_error(2, "no new data");
+    stop_kilnd(k, SIGTERM);
+}
+
+/* A one-off run of an incremental job whose partition landed within
+ * data.settle has nothing complete to train on: it is skipped, and says
+ * that the file is still settling (and which), not that no data came. */
+static void test_oneoff_within_settle(void **state)
+{
+    (void)state;
+    char dir[400], part[500], cmd[1000];
+    snprintf(dir, sizeof dir, "%s/fresh", home);
+    mkdir(dir, 0755);
+    snprintf(part, sizeof part, "%s/day=0.tsv", dir);
+    snprintf(cmd, sizeof cmd, "cp %s/day0.tsv %s", data_dir, part);
+    assert_int_equal(system(cmd), 0); /* landed just now */
+    char extra[600];
+    snprintf(extra, sizeof extra, "data: {train: \"%s/*.tsv\", incremental: true, settle: 1h}\n",
+             dir);
+    pid_t k = submit_and_start("fresh", extra);
+    wait_run(1, STATE_RUN_SKIPPED, 15);
+    assert_run_error(1, "no new data yet: 1 file matching");
+    assert_run_error(1, "day=0.tsv");
+    assert_run_error(1, "still settling: it changed less than data.settle (1h) ago");
+    assert_run_error(1, "submit the job again once it is complete");
     stop_kilnd(k, SIGTERM);
 }
 
@@ -1022,6 +1047,7 @@ static void test_end_recorded_after_disk_full(void **state)
 PROC_TEST_MAIN(
     setup_all, teardown_all,
     cmocka_unit_test_setup_teardown(test_submit_to_success, setup_home, teardown_home),
+    cmocka_unit_test_setup_teardown(test_oneoff_within_settle, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_queued_run_keeps_its_version, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_cancel, setup_home, teardown_home),
     cmocka_unit_test_setup_teardown(test_timeout, setup_home, teardown_home),

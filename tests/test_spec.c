@@ -205,6 +205,7 @@ static void test_ctr_hourly(void **state)
     assert_string_equal(s.push.endpoints[0].label, "B");
     assert_true(s.push.endpoints[0].auto_push);
     assert_true(isnan(s.push.max_regression)); /* no quality gate unless asked */
+    assert_int_equal(s.push.ramp_step, 0);          /* no ramp either */
     job_spec_fini(&s);
     assert_null(s.name);
 }
@@ -323,6 +324,9 @@ static void test_every_field(void **state)
     assert_true(s.train.dense.initial_accumulator == 0.1);
     assert_string_equal(s.train.init_from_checkpoint, "ckpt-000123");
     assert_true(s.push.max_regression == 0.002);
+    assert_int_equal(s.push.ramp_step, 5);
+    assert_int_equal(s.push.ramp_max, 25);
+    assert_int_equal(s.push.ramp_every_ms, 30 * 60 * 1000);
     assert_string_equal(s.push.endpoints[0].url, "https://serve-a.example.com:8501");
     assert_string_equal(s.push.endpoints[0].label, "A");
     assert_false(s.push.endpoints[0].auto_push);
@@ -556,6 +560,17 @@ static const struct bad {
     {P "checkpoint: {full_every: 0}\n",
      "job.yaml:3:26: checkpoint.full_every: 0 is out of range 1..100000"},
     {P "push: {timeout: 0s}\n", "job.yaml:3:17: push.timeout: must be at least 1ms, got 0ms"},
+    {P "push: {ramp: 10%}\n",
+     "job.yaml:3:14: push.ramp: expected STEP%/EVERY or STEP%/EVERY to MAX% (10%/1h: the label's "
+     "traffic share grows by 10 points an hour, up to 50% unless a MAX says otherwise; EVERY at "
+     "least 1s), got \"10%\""},
+    {P "push: {ramp: 60%/1h}\n",
+     "job.yaml:3:14: push.ramp: the step 60% is larger than the most the ramp gives, 50%; write a "
+     "smaller step or a larger MAX (10%/1h to 80%)"},
+    {P "push:\n  ramp: 10%/1h\n  endpoints:\n    - {url: \"http://h:1\", model: m, label: A, "
+       "auto: false}\n",
+     "job.yaml:4:9: push.ramp: ramps the traffic of the labels kilnd pushes to, and no endpoint "
+     "of push.endpoints has auto: true; add one (the challenger) or drop the ramp"},
     {P "retries: {backoff: 2m, max_backoff: 1m}\n",
      "job.yaml:3:37: retries.max_backoff: 1m is shorter than retries.backoff (2m)"},
     /* schedule and timezone (messages from jobs/cron.c) */

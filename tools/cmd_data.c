@@ -98,11 +98,13 @@ static int convert_mapping(const char *path, job_spec_t *spec, rt_columns_t *col
     job_diags_t diags;
     job_diags_init(&diags);
     int rc = job_spec_load(path, spec, &diags);
+    size_t nprob = diags.n;
     for (size_t i = 0; i < diags.n; i++)
-        fprintf(stderr, "%s\n", diags.items[i].message);
+        cli_problem(diags.items[i].message); /* stderr, and --json's "problems" */
     job_diags_fini(&diags);
     if (rc == KILN_ESPEC)
-        return cli_fail(rc, "%s: the spec has problems (above); nothing was converted", path);
+        return cli_fail(rc, "%s: %zu problem%s; nothing was converted", path, nprob,
+                        nprob == 1 ? "" : "s");
     if (rc < 0)
         return cli_fail(rc, NULL);
     if (spec->data.format != JOB_FMT_PARQUET)

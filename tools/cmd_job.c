@@ -182,6 +182,7 @@ static json_t *pushes_json(state_t *st, int64_t run_id)
     json_t *arr = json_array();
     if (state_push_list(st, &f, 100, &ps, &n) < 0)
         return arr;
+    ops_push_foresee(st, ps, n);
     for (size_t i = 0; i < n; i++)
         json_array_append_new(arr, cli_push_json(&ps[i]));
     state_pushes_free(ps, n);
@@ -487,6 +488,7 @@ static int show_run(cli_t *cli, state_t *st, int64_t id)
         state_push_t *ps = NULL;
         size_t np = 0;
         if (state_push_list(st, &pf, 100, &ps, &np) == 0 && np > 0) {
+            ops_push_foresee(st, ps, np);
             printf("pushes:\n");
             for (size_t i = np; i-- > 0;) {
                 char status[64] = "";

@@ -88,6 +88,9 @@ static const cli_opt_t delete_opts[] = {
 /* cmd_split.c (serving): a model's traffic split. */
 extern const cli_opt_t split_opts[];
 int cmd_split(cli_t *cli);
+/* cmd_endpoints.c (serving): the endpoints, their traffic and ramps. */
+extern const cli_opt_t endpoints_opts[];
+int cmd_endpoints(cli_t *cli);
 
 static const cli_cmd_t commands[] = {
     {"submit", "FILE", "validate a job spec and queue it (or register its schedule)",
@@ -181,8 +184,17 @@ static const cli_cmd_t commands[] = {
      "endpoints (PUT /v1/models/MODEL/split with the job's push token); without a split, shows "
      "the one in force. A label left out, or with weight 0, gets no traffic; a label pushed "
      "for the first time gets none until a split names it (or its endpoint's `traffic:` in "
-     "the spec). kiln-serve keeps the split across restarts (docs/serving-protocol.md).",
+     "the spec). kiln-serve keeps the split across restarts (docs/serving-protocol.md). "
+     "The ramps of the model's labels (push.ramp) are shown after the splits: their share, "
+     "the next step, or what stopped them.",
      split_opts, 1, 2, true, cmd_split},
+    {"endpoints", "", "list the serving endpoints: what each holds, its traffic and ramp",
+     "One line per endpoint (URL, model, label) Kiln pushes to: the checkpoint it holds and how "
+     "old it is, its eval logloss, its share of the model's predict traffic (from the stats "
+     "kilnd reads every --stats-every), its pushes, and for a label with push.ramp where the "
+     "ramp stands (its share, the next step) or what stopped it. The same as kilnd's endpoints "
+     "page and /api/endpoints (docs/api.md).",
+     endpoints_opts, 0, 0, true, cmd_endpoints},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

@@ -68,6 +68,7 @@ static json_t *run_pushes_json(state_t *st, int64_t run_id, int *rc)
     size_t n = 0;
     json_t *arr = json_array();
     *rc = state_push_list(st, &f, STATE_PAGE_MAX, &ps, &n);
+    ops_push_foresee(st, ps, n);
     for (size_t i = n; i-- > 0;)
         json_array_append_new(arr, push_json(&ps[i]));
     state_pushes_free(ps, n);
@@ -286,41 +287,9 @@ int web_api_log(web_req_t *r)
 
 int web_api_endpoints(web_req_t *r)
 {
-    state_endpoint_info_t *es = NULL;
-    size_t n = 0;
-    KILN_CHECK(state_endpoint_list(r->st, &es, &n));
-    json_t *arr = json_array();
-    for (size_t i = 0; i < n; i++) {
-        const state_endpoint_info_t *e = &es[i];
-        web_endpoint_view_t v;
-        web_endpoint_view(es, n, i, &v);
-        json_t *holds =
-            e->checkpoint_id > 0
-                ? json_pack("{s:I, s:o, s:o, s:o, s:o, s:o}", "checkpoint_id",
-                            (json_int_t)e->checkpoint_id, "uid", kiln_json_str(e->checkpoint_uid),
-                            "since", kiln_json_time(e->since), "age_s",
-                            v.age_s >= 0 ? json_integer(v.age_s) : json_null(), "eval_logloss",
-                            kiln_json_num(e->eval_logloss), "eval_auc", kiln_json_num(e->eval_auc))
-                : json_null();
-        json_t *traffic = json_pack(
-            "{s:o, s:I, s:I, s:o, s:o, s:o}", "share", kiln_json_num(v.share), "predict_requests",
-            (json_int_t)e->predict_requests, "predict_rows", (json_int_t)e->predict_rows,
-            "request_rate", kiln_json_num(e->request_rate), "read_at", kiln_json_time(e->stats_at),
-            "error", kiln_json_str(e->stats_error));
-        json_array_append_new(
-            arr, json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:{s:I, s:I, s:I, s:I}, s:o, s:o, "
-                           "s:o}",
-                           "id", (json_int_t)e->id, "url", e->url, "model", kiln_json_str(e->model),
-                           "label", kiln_json_str(e->label), "holds", holds, "traffic", traffic,
-                           "pushes", "succeeded", (json_int_t)e->pushes_succeeded, "failed",
-                           (json_int_t)e->pushes_failed, "pending", (json_int_t)e->pushes_pending,
-                           "held", (json_int_t)e->pushes_held, "last_push_at",
-                           kiln_json_time(e->last_push_at), "last_error",
-                           kiln_json_str(e->last_error), "last_http_status",
-                           e->last_http_status ? json_integer(e->last_http_status) : json_null()));
-    }
-    state_endpoint_infos_free(es, n);
-    return web_json_reply(r, json_pack("{s:o}", "endpoints", arr));
+    json_t *doc = NULL;
+    KILN_CHECK(ops_endpoints_json(r->st, &doc));
+    return web_json_reply(r, doc);
 }
 
 int web_api_lineage_ckpt(web_req_t *r)

@@ -64,31 +64,6 @@ void web_run_figures(state_t *st, const state_run_t *run, web_run_figures_t *out
     }
 }
 
-void web_endpoint_view(const state_endpoint_info_t *es, size_t n, size_t i,
-                       web_endpoint_view_t *out)
-{
-    const state_endpoint_info_t *e = &es[i];
-    out->age_s = e->checkpoint_id > 0 && e->checkpoint_created_at > 0
-                     ? kiln_now_s() - e->checkpoint_created_at
-                     : -1;
-    double rate_sum = 0, req_sum = 0;
-    bool rates = true;
-    for (size_t k = 0; k < n; k++) {
-        if (strcmp(es[k].url, e->url) != 0 || strcmp(es[k].model, e->model) != 0 ||
-            es[k].stats_at <= 0)
-            continue;
-        rates &= !isnan(es[k].request_rate);
-        rate_sum += isnan(es[k].request_rate) ? 0 : es[k].request_rate;
-        req_sum += (double)es[k].predict_requests;
-    }
-    if (e->stats_at <= 0)
-        out->share = NAN;
-    else if (rates && rate_sum > 0)
-        out->share = e->request_rate / rate_sum;
-    else
-        out->share = req_sum > 0 ? (double)e->predict_requests / req_sum : NAN;
-}
-
 int64_t web_run_duration(const state_run_t *run)
 {
     if (run->started_at <= 0)

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "kiln.h"
+#include "ops.h"
 #include "state.h"
 #include "web.h"
 
@@ -122,18 +123,6 @@ typedef struct web_run_figures {
 void web_run_figures(state_t *st, const state_run_t *run, web_run_figures_t *out /* OUT */);
 /* Duration in seconds (to now for a running run); -1 when not started. */
 int64_t web_run_duration(const state_run_t *run);
-
-/* What the endpoints page and /api/endpoints show of an endpoint beyond its
- * row: the age of the checkpoint it holds (s; -1: nothing held) and its
- * share of its kiln-serve's predict traffic for the model (0..1; NAN: not
- * known): by request rate when every label's rate is known, else by the
- * requests counted since kiln-serve started. */
-typedef struct web_endpoint_view {
-    int64_t age_s;
-    double share;
-} web_endpoint_view_t;
-void web_endpoint_view(const state_endpoint_info_t *es, size_t n, size_t i,
-                       web_endpoint_view_t *out /* OUT */);
 
 /* The loss curve: metric rows named "loss", else RUN_DIR/progress.jsonl.
  * Thinned to at most WEB_PLOT_POINTS points (evenly by index, last kept).

@@ -555,6 +555,7 @@ static int section_outputs(web_req_t *r, const state_run_t *run)
     size_t np = 0;
     rc = state_push_list(r->st, &f, STATE_PAGE_MAX, &ps, &np);
     if (rc == 0) {
+        ops_push_foresee(r->st, ps, np);
         web_buf_printf(b, "<h2>Pushes (%zu)</h2><table id=\"pushes\"><tr><th>push</th>"
                           "<th>checkpoint</th><th>endpoint</th><th>model</th><th>label</th>"
                           "<th>mode</th><th>state</th><th>HTTP</th><th>attempts</th>"
@@ -677,6 +678,10 @@ int web_page_endpoints(web_req_t *r)
     state_endpoint_info_t *es = NULL;
     size_t n = 0;
     KILN_CHECK(state_endpoint_list(r->st, &es, &n));
+    ops_ramp_t *ramps = NULL;
+    size_t nramps = 0;
+    if (ops_ramp_list(r->st, kiln_now_s(), &ramps, &nramps) < 0)
+        nramps = 0;
     web_buf_t *b = &r->out;
     head(r, "Endpoints", 15);
     if (n == 0)
@@ -686,11 +691,11 @@ int web_page_endpoints(web_req_t *r)
                     "<th>holds checkpoint</th><th>age</th><th>eval logloss</th>"
                     "<th>eval AUC</th><th>traffic share</th><th>requests/s</th>"
                     "<th>pushes ok</th><th>failed</th><th>pending</th><th>held</th>"
-                    "<th>last push</th><th>last problem</th></tr>\n");
+                    "<th>last push</th><th>last problem</th><th>ramp</th></tr>\n");
     for (size_t i = 0; i < n; i++) {
         const state_endpoint_info_t *e = &es[i];
-        web_endpoint_view_t v;
-        web_endpoint_view(es, n, i, &v);
+        ops_endpoint_view_t v;
+        ops_endpoint_view(es, n, i, &v);
         web_buf_printf(b, "<tr data-label=\"");
         web_esc(b, e->label);
         web_buf_puts(b, "\">");
@@ -734,13 +739,20 @@ int web_page_endpoints(web_req_t *r)
         } else {
             web_buf_puts(b, "<td></td>");
         }
-        web_buf_puts(b, "</tr>\n");
+        const ops_ramp_t *ramp = ops_ramp_of(ramps, nramps, e->id);
+        char what[900] = "";
+        if (ramp != NULL)
+            ops_ramp_describe(ramp, what, sizeof what);
+        web_buf_puts(b, ramp && ramp->stopped ? "<td class=\"ramp stopped\">" : "<td class=\"ramp\">");
+        web_esc(b, what);
+        web_buf_puts(b, "</td></tr>\n");
     }
     web_buf_puts(b, "</table>\n<p>Traffic and request rate come from each endpoint's "
                     "/v1/stats, read by kilnd every few seconds; eval figures are those "
                     "measured on the checkpoint when it was written.</p>\n");
     split_forms(b, es, n);
     foot(r);
+    free(ramps);
     state_endpoint_infos_free(es, n);
     return 0;
 }
