@@ -12,7 +12,8 @@
  * of a push is derived from its id, its checkpoint and its base, so a push
  * sent again after a crash is applied at most once.
  *
- * Also here: reading each endpoint's /v1/stats for the endpoints page.
+ * Also here: reading each endpoint's /v1/stats for the endpoints page, and
+ * the push description of a job's model (ops_model_desc; kiln export's too).
  */
 #include "ops.h"
 
@@ -22,6 +23,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "model.h" /* rt_model_table_dim: no BLAS, nothing built */
 
 /* Test hook (tests/test_loop.c): KILN_TEST_PUSH_HOLD_MS holds the outcomes
  * of a delivery that long after the endpoints answered and before they are
@@ -107,6 +110,44 @@ static job_ctx_t *job_ctx(state_t *st, job_ctx_t *jobs, size_t *njobs, int64_t j
         j->ok = job_spec_parse(row.spec_yaml, strlen(row.spec_yaml), row.name, &j->spec, NULL) == 0;
     state_job_fini(&row);
     return j;
+}
+
+/* The push description of a job's model (tables, slots, layers), as kiln-train
+ * builds it. */
+int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
+{
+    memset(d, 0, sizeof *d);
+    rt_model_type_t mt = sp->model.type == JOB_MODEL_FM     ? RT_MODEL_FM
+                         : sp->model.type == JOB_MODEL_DLRM ? RT_MODEL_DLRM
+                                                            : RT_MODEL_LR;
+    d->model_type = (int)mt;
+    d->nslots = sp->data.cat_slots;
+    d->ndense = sp->data.dense_features;
+    d->dim = rt_model_table_dim(mt, sp->model.embedding.dim);
+    d->fm_dense_factors = sp->model.fm_dense_factors; /* as kiln-train builds it */
+    if (d->nslots > SERVE_MAX_SLOTS || sp->model.ntables > SERVE_MAX_TABLES ||
+        sp->model.nbottom > SERVE_MAX_LAYERS || sp->model.ntop > SERVE_MAX_LAYERS)
+        return kiln_errf(KILN_ERANGE, "the model of job %s is too large for the push format",
+                         sp->name);
+    d->nbottom = sp->model.nbottom; /* 0 with no list (lr, fm): nothing to copy */
+    if (d->nbottom > 0)
+        memcpy(d->bottom, sp->model.bottom_mlp, (size_t)d->nbottom * sizeof(int));
+    d->ntop = sp->model.ntop;
+    if (d->ntop > 0)
+        memcpy(d->top, sp->model.top_mlp, (size_t)d->ntop * sizeof(int));
+    d->ntables = sp->model.ntables;
+    for (int t = 0; t < d->ntables; t++) {
+        const job_table_t *jt = &sp->model.tables[t];
+        snprintf(d->tables[t].name, SERVE_NAME_MAX, "%s", jt->name);
+        d->tables[t].dim = rt_model_table_dim(mt, jt->emb.dim);
+        for (int i = 0; i < jt->nslots; i++)
+            if (jt->slots[i] >= 0 && jt->slots[i] < d->nslots) {
+                d->slot_table[jt->slots[i]] = t;
+                d->slot_mean[jt->slots[i]] = jt->emb.combiner == JOB_COMB_MEAN;
+            }
+    }
+    /* nparams: the checkpoint source reads it from the checkpoint itself. */
+    return serve_desc_check(d);
 }
 
 /* The model description of checkpoint c: from the spec version its run

@@ -4,52 +4,13 @@
  * export.on_success says (full or a delta), in the transaction that records
  * the success; an online export is queued the same way while the run trains.
  * `kiln push`, `kiln promote` and `kiln rollback` queue theirs claimed by the
- * command and deliver them at once (ops_deliver.c). Also the push
- * description of a job's model (tables, slots, layers).
+ * command and deliver them at once (ops_deliver.c).
  */
 #include "ops.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "model.h" /* rt_model_table_dim: no BLAS, nothing built */
-
-int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
-{
-    memset(d, 0, sizeof *d);
-    rt_model_type_t mt = sp->model.type == JOB_MODEL_FM     ? RT_MODEL_FM
-                         : sp->model.type == JOB_MODEL_DLRM ? RT_MODEL_DLRM
-                                                            : RT_MODEL_LR;
-    d->model_type = (int)mt;
-    d->nslots = sp->data.cat_slots;
-    d->ndense = sp->data.dense_features;
-    d->dim = rt_model_table_dim(mt, sp->model.embedding.dim);
-    d->fm_dense_factors = sp->model.fm_dense_factors; /* as kiln-train builds it */
-    if (d->nslots > SERVE_MAX_SLOTS || sp->model.ntables > SERVE_MAX_TABLES ||
-        sp->model.nbottom > SERVE_MAX_LAYERS || sp->model.ntop > SERVE_MAX_LAYERS)
-        return kiln_errf(KILN_ERANGE, "the model of job %s is too large for the push format",
-                         sp->name);
-    d->nbottom = sp->model.nbottom; /* 0 with no list (lr, fm): nothing to copy */
-    if (d->nbottom > 0)
-        memcpy(d->bottom, sp->model.bottom_mlp, (size_t)d->nbottom * sizeof(int));
-    d->ntop = sp->model.ntop;
-    if (d->ntop > 0)
-        memcpy(d->top, sp->model.top_mlp, (size_t)d->ntop * sizeof(int));
-    d->ntables = sp->model.ntables;
-    for (int t = 0; t < d->ntables; t++) {
-        const job_table_t *jt = &sp->model.tables[t];
-        snprintf(d->tables[t].name, SERVE_NAME_MAX, "%s", jt->name);
-        d->tables[t].dim = rt_model_table_dim(mt, jt->emb.dim);
-        for (int i = 0; i < jt->nslots; i++)
-            if (jt->slots[i] >= 0 && jt->slots[i] < d->nslots) {
-                d->slot_table[jt->slots[i]] = t;
-                d->slot_mean[jt->slots[i]] = jt->emb.combiner == JOB_COMB_MEAN;
-            }
-    }
-    /* nparams: the checkpoint source reads it from the checkpoint itself. */
-    return serve_desc_check(d);
-}
 
 void ops_push_report_fini(ops_push_report_t *r)
 {
