@@ -58,12 +58,15 @@ typedef struct sched_launcher {
 } sched_launcher_t;
 
 /* The launcher of spec.resources.launcher, or NULL (message set) when this
- * build has none for it. */
+ * build has none for it (sched_launch.c). */
 const sched_launcher_t *sched_launcher_for(job_launcher_t which);
-void sched_argv_free(char **argv);
+/* The mpirun launchers' argv (sched_launch_mpi.c). */
+int sched_mpi_local_argv(const sched_launch_ctx_t *ctx, char ***argv /* OUT */);
+int sched_mpi_hostfile_argv(const sched_launch_ctx_t *ctx, char ***argv /* OUT */);
 
-/* Building an argv (sched_launch_mpi.c): push copies s; after an allocation
+/* Building an argv (sched_argv.c): push copies s; after an allocation
  * failure pushes do nothing and finish returns KILN_ENOMEM (argv freed). */
+void sched_argv_free(char **argv);
 typedef struct sched_argv {
     char **v;
     size_t n, cap;
@@ -190,6 +193,15 @@ int sched_ranks_in_use(const sched_t *s);
  * an hour). Returns when the next pass is due (0: retention is off). */
 int64_t sched_retain(sched_t *s, int64_t now_ms);
 
+/* sched_active.c: the runs supervised now. */
+sched_active_t *sched_active_add(sched_t *s);
+/* Stops watching a's supervisor and forgets a. */
+void sched_active_remove(sched_t *s, sched_active_t *a);
+/* Starts watching a supervisor (pidfd into the epoll set). */
+int sched_watch(sched_t *s, sched_active_t *a);
+/* Stops watching a's supervisor (its pidfd leaves the epoll set). */
+void sched_unwatch(sched_t *s, sched_active_t *a);
+
 /* sched_run.c: launching one run and ending it. */
 int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job);
 /* The supervisor of a is gone: read its status, record the outcome, queue a
@@ -204,10 +216,6 @@ void sched_import_progress(sched_t *s, sched_active_t *a);
 int sched_recover(sched_t *s);
 /* Stops a running run (cancel, timeout, replace). */
 void sched_stop(sched_t *s, sched_active_t *a, sched_stop_t why, int64_t now_ms);
-/* Starts watching a supervisor (pidfd into the epoll set). */
-int sched_watch(sched_t *s, sched_active_t *a);
-sched_active_t *sched_active_add(sched_t *s);
-void sched_active_remove(sched_t *s, sched_active_t *a);
 /* Ends a run that never launched (or was lost) as failed and queues a retry
  * by policy. */
 void sched_fail_run(sched_t *s, int64_t run_id, state_run_state_t from, int attempt,

@@ -5,8 +5,8 @@
  * hosts listed). Both build
  *   mpirun -np N [--allow-run-as-root] ... kiln-train --spec S --run-dir D
  *          [--inputs F] [--resume CKPT] --db DB --run-id R
- * A `slurm` launcher (srun inside an allocation) would be one more table entry
- * with its own build_argv; this build has none and says so.
+ * The table that picks a launcher is sched_launch.c; the Slurm one is
+ * sched_launch_slurm.c; the argv helpers all of them use, sched_argv.c.
  */
 #include "sched_int.h"
 
@@ -16,40 +16,6 @@
 #include <unistd.h>
 
 extern char **environ;
-
-void sched_argv_free(char **argv)
-{
-    for (size_t i = 0; argv != NULL && argv[i] != NULL; i++)
-        free(argv[i]);
-    free(argv);
-}
-
-void sched_argv_push(sched_argv_t *a, const char *s)
-{
-    if (a->oom)
-        return;
-    /* room for this one and the NULL that ends the list */
-    if (kiln_grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v, 32) < 0) {
-        a->oom = true;
-        return;
-    }
-    a->v[a->n] = kiln_strdup(s);
-    if (a->v[a->n] == NULL) {
-        a->oom = true;
-        return;
-    }
-    a->v[++a->n] = NULL;
-}
-
-int sched_argv_finish(sched_argv_t *a, char ***out)
-{
-    if (a->oom) {
-        sched_argv_free(a->v);
-        return KILN_ENOMEM;
-    }
-    *out = a->v;
-    return 0;
-}
 
 static void mca(sched_argv_t *a, const char *name, const char *value)
 {
@@ -86,33 +52,7 @@ static void mpirun_head(sched_argv_t *a, const sched_launch_ctx_t *c)
         mca(a, "btl", "tcp,self");
 }
 
-void sched_argv_trainer(sched_argv_t *a, const sched_launch_ctx_t *c)
-{
-    char id[32];
-    sched_argv_push(a, c->trainer);
-    sched_argv_push(a, "--spec");
-    sched_argv_push(a, c->spec_path);
-    sched_argv_push(a, "--run-dir");
-    sched_argv_push(a, c->run_dir);
-    if (c->inputs_path != NULL) {
-        sched_argv_push(a, "--inputs");
-        sched_argv_push(a, c->inputs_path);
-    }
-    if (c->resume_path != NULL) {
-        sched_argv_push(a, "--resume");
-        sched_argv_push(a, c->resume_path);
-    }
-    /* Rank 0 records checkpoints, online exports, inputs and the checkpoint
-     * the run started from in the database. No --quiet: the progress lines go
-     * to the run's log, which `kiln logs --follow` shows as the run trains. */
-    snprintf(id, sizeof id, "%lld", (long long)c->run_id);
-    sched_argv_push(a, "--db");
-    sched_argv_push(a, c->db_path);
-    sched_argv_push(a, "--run-id");
-    sched_argv_push(a, id);
-}
-
-static int local_argv(const sched_launch_ctx_t *c, char ***out)
+int sched_mpi_local_argv(const sched_launch_ctx_t *c, char ***out)
 {
     sched_argv_t a = {0};
     mpirun_head(&a, c);
@@ -121,7 +61,7 @@ static int local_argv(const sched_launch_ctx_t *c, char ***out)
     return sched_argv_finish(&a, out);
 }
 
-static int hostfile_argv(const sched_launch_ctx_t *c, char ***out)
+int sched_mpi_hostfile_argv(const sched_launch_ctx_t *c, char ***out)
 {
     if (c->hostfile == NULL)
         return kiln_errf(KILN_EINVAL, "launcher hostfile needs resources.hostfile");
@@ -160,20 +100,4 @@ static int hostfile_argv(const sched_launch_ctx_t *c, char ***out)
     }
     sched_argv_trainer(&a, c);
     return sched_argv_finish(&a, out);
-}
-
-static const sched_launcher_t launchers[] = {
-    {"local", local_argv, NULL},
-    {"hostfile", hostfile_argv, NULL},
-    {"slurm", sched_slurm_argv, sched_slurm_follow},
-};
-
-const sched_launcher_t *sched_launcher_for(job_launcher_t which)
-{
-    const char *name = job_launcher_name(which);
-    for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++)
-        if (strcmp(launchers[i].name, name) == 0)
-            return &launchers[i];
-    kiln_errf(KILN_EINVAL, "launcher %s is not available in this build", name);
-    return NULL;
 }

@@ -37,7 +37,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -602,11 +601,7 @@ bool sched_slurm_readopt(sched_t *s, sched_active_t *a)
                   (long long)j.job_id, kiln_errmsg());
         return false;
     }
-    if (a->pidfd >= 0) {
-        epoll_ctl(s->epfd, EPOLL_CTL_DEL, a->pidfd, NULL);
-        close(a->pidfd);
-        a->pidfd = -1;
-    }
+    sched_unwatch(s, a);
     a->pid = pid;
     a->child = true;
     a->followed = true;

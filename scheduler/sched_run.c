@@ -21,9 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,47 +29,6 @@
 static int64_t now_ms(void)
 {
     return kiln_now_ms();
-}
-
-/* ---- the active set ------------------------------------------------------------- */
-
-sched_active_t *sched_active_add(sched_t *s)
-{
-    if (kiln_grow((void **)&s->act, &s->capact, s->nact, sizeof *s->act, 16) < 0)
-        return NULL;
-    sched_active_t *a = &s->act[s->nact++];
-    memset(a, 0, sizeof *a);
-    a->pidfd = -1;
-    return a;
-}
-
-/* Stops watching a's supervisor (its pidfd leaves the epoll set). */
-static void unwatch(sched_t *s, sched_active_t *a)
-{
-    if (a->pidfd >= 0) {
-        epoll_ctl(s->epfd, EPOLL_CTL_DEL, a->pidfd, NULL);
-        close(a->pidfd);
-        a->pidfd = -1;
-    }
-}
-
-void sched_active_remove(sched_t *s, sched_active_t *a)
-{
-    unwatch(s, a);
-    free(a->run_dir);
-    size_t i = (size_t)(a - s->act);
-    s->act[i] = s->act[--s->nact];
-}
-
-int sched_watch(sched_t *s, sched_active_t *a)
-{
-    a->pidfd = (int)syscall(SYS_pidfd_open, a->pid, 0);
-    if (a->pidfd < 0)
-        return kiln_errf(KILN_EIO, "pidfd_open(%d): %s", (int)a->pid, strerror(errno));
-    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)a->run_id};
-    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, a->pidfd, &ev) < 0)
-        return kiln_errf(KILN_EIO, "epoll_ctl: %s", strerror(errno));
-    return 0;
 }
 
 /* ---- retries --------------------------------------------------------------------- */
@@ -708,7 +665,7 @@ void sched_finish(sched_t *s, sched_active_t *a)
         /* The database refused the record (a full disk, say): the run stays
          * active, its supervisor no longer watched, and its end is recorded
          * again at a later tick until it is (sched_finish_due). */
-        unwatch(s, a);
+        sched_unwatch(s, a);
         a->child = false; /* reaped above */
         a->end_tries++;
         int64_t wait = a->end_tries < 5 ? 1000LL << (a->end_tries - 1) : 30000;
