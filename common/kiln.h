@@ -169,6 +169,11 @@ int64_t kiln_mono_ns(void);
  * kiln_now_s() is never in an earlier second than a kiln_now_ms() before it. */
 int64_t kiln_now_s(void);
 int64_t kiln_now_ms(void);
+/* The delay before retry `attempt` (1, 2, ...): first_ms doubled for each
+ * attempt after the first while below max_ms, capped at max_ms (<= 0: no cap),
+ * plus up to 20% more taken from noise (any random bits), so that the retries
+ * of many runs or pushes spread out. */
+int64_t kiln_backoff_ms(int64_t first_ms, int64_t max_ms, int attempt, uint64_t noise);
 /* Writes "2024-05-02T00:00:00Z" into buf (at least 21 bytes). Returns buf. */
 char *kiln_time_iso(int64_t unix_s, char *buf, size_t bufsz);
 #define KILN_ISO_LEN 32

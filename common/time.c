@@ -18,6 +18,16 @@ int64_t kiln_mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+int64_t kiln_backoff_ms(int64_t first_ms, int64_t max_ms, int attempt, uint64_t noise)
+{
+    int64_t d = first_ms;
+    for (int i = 1; i < attempt && d < max_ms; i++)
+        d *= 2;
+    if (max_ms > 0 && d > max_ms)
+        d = max_ms;
+    return d > 0 ? d + (int64_t)(noise % (uint64_t)(d / 5 + 1)) : d;
+}
+
 int64_t kiln_now_ms(void)
 {
     struct timespec ts;

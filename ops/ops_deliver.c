@@ -66,12 +66,7 @@ bool ops_claimer_dead(const char *claimer, void *ctx)
 
 int64_t ops_push_backoff_ms(int rounds)
 {
-    int64_t d = 2000;
-    for (int i = 1; i < rounds && d < 300000; i++)
-        d *= 2;
-    if (d > 300000)
-        d = 300000;
-    return d + (int64_t)((uint64_t)kiln_mono_ns() % (uint64_t)(d / 5 + 1));
+    return kiln_backoff_ms(2000, 300000, rounds, (uint64_t)kiln_mono_ns());
 }
 
 /* ---- what each push needs -------------------------------------------------------------- */

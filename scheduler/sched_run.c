@@ -35,18 +35,11 @@ static int64_t now_ms(void)
 
 int64_t sched_backoff_ms(sched_t *s, const job_spec_t *spec, int attempt)
 {
-    int64_t d = spec->retries.backoff_ms;
-    for (int i = 1; i < attempt && d < spec->retries.max_backoff_ms; i++)
-        d *= 2;
-    if (spec->retries.max_backoff_ms > 0 && d > spec->retries.max_backoff_ms)
-        d = spec->retries.max_backoff_ms;
-    /* xorshift jitter: up to 20% more, so retries of many runs spread out. */
+    /* xorshift: the jitter's noise. */
     s->rng ^= s->rng << 13;
     s->rng ^= s->rng >> 7;
     s->rng ^= s->rng << 17;
-    if (d > 0)
-        d += (int64_t)(s->rng % (uint64_t)(d / 5 + 1));
-    return d;
+    return kiln_backoff_ms(spec->retries.backoff_ms, spec->retries.max_backoff_ms, attempt, s->rng);
 }
 
 /* sched_fail_run, with the time the run ended (0: now). Returns 0 or the

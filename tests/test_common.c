@@ -136,6 +136,21 @@ static void test_check_macros(void **state)
     assert_int_equal(reached, 1);
 }
 
+/* The one backoff of runs (sched_run.c) and pushes (ops_deliver.c). */
+static void test_backoff(void **state)
+{
+    (void)state;
+    assert_int_equal(kiln_backoff_ms(1000, 8000, 1, 0), 1000);
+    assert_int_equal(kiln_backoff_ms(1000, 8000, 3, 0), 4000);
+    assert_int_equal(kiln_backoff_ms(1000, 8000, 10, 0), 8000); /* capped */
+    assert_int_equal(kiln_backoff_ms(1000, 6000, 4, 0), 6000);  /* 8000 over the cap */
+    assert_int_equal(kiln_backoff_ms(0, 8000, 5, 12345), 0);    /* no delay, no jitter */
+    for (uint64_t noise = 0; noise < 5000; noise += 7) {
+        int64_t d = kiln_backoff_ms(2000, 300000, 2, noise);
+        assert_true(d >= 4000 && d <= 4800); /* up to 20 % jitter */
+    }
+}
+
 static void test_durations(void **state)
 {
     (void)state;
@@ -410,5 +425,5 @@ PROC_TEST_MAIN(NULL, NULL,
     cmocka_unit_test(test_durations),  cmocka_unit_test(test_civil_dates),
     cmocka_unit_test(test_iso_instants), cmocka_unit_test(test_xxh64),
     cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_alloc),
-    cmocka_unit_test(test_now_one_clock),
+    cmocka_unit_test(test_now_one_clock), cmocka_unit_test(test_backoff),
     cmocka_unit_test(test_log_file), cmocka_unit_test(test_atomic_write))
