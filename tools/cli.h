@@ -55,7 +55,7 @@ typedef struct cli_cmd {
     int (*run)(cli_t *cli); /* returns a CLI_EXIT_* code */
 } cli_cmd_t;
 
-/* The commands (one table in kiln.c walks them). */
+/* The commands (one table in cli_main.c walks them). */
 int cmd_submit(cli_t *cli);
 int cmd_jobs(cli_t *cli);
 int cmd_runs(cli_t *cli);

@@ -1,5 +1,5 @@
 /*
- * tools/kiln.c - the `kiln` command: global options, the command table,
+ * tools/cli_main.c - the `kiln` command: global options, the command table,
  * --help for every command, and dispatch. Each command lives in a cmd_*.c
  * file and returns one of the exit codes documented in docs/cli.md.
  */
