@@ -104,16 +104,17 @@ static void td_num(web_buf_t *b, double v, const char *fmt)
     web_buf_puts(b, "</td>");
 }
 
+/* A run's duration in seconds as the spec writes durations (kiln_duration_format),
+ * to the minute past an hour: "45s", "2m5s", "1h5m". */
 static void duration_text(web_buf_t *b, int64_t s)
 {
+    char buf[48];
     if (s < 0)
         web_buf_puts(b, "-");
-    else if (s < 60)
-        web_buf_printf(b, "%llds", (long long)s);
-    else if (s < 3600)
-        web_buf_printf(b, "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
+    else if (s == 0)
+        web_buf_puts(b, "0s");
     else
-        web_buf_printf(b, "%lldh%02lldm", (long long)(s / 3600), (long long)(s % 3600 / 60));
+        web_buf_puts(b, kiln_duration_format((s < 3600 ? s : s / 60 * 60) * 1000, buf, sizeof buf));
 }
 
 static void state_badge(web_buf_t *b, state_run_state_t s)
