@@ -6,7 +6,7 @@
  * data_bin.c for kiln-bin; it uses neither. With `team` set, the moves
  * run a slot per OpenMP thread.
  */
-#include "data.h"
+#include "data_int.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -7,7 +7,7 @@
  * the writer and the chunk reader (the converters that use the writer are in
  * data_convert.c); the layout byte by byte is in docs/data-formats.md. All integers are little endian.
  */
-#include "data.h"
+#include "data_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

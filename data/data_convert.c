@@ -6,7 +6,7 @@
  * training on the Parquet files would see. Both write with data_bin.c's
  * writer, which commits the file whole or not at all.
  */
-#include "data.h"
+#include "data_int.h"
 
 #include <errno.h>
 #include <stdio.h>

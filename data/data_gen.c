@@ -15,7 +15,7 @@
  * knows each row's true click probability). docs/data-formats.md has the
  * numbers.
  */
-#include "data.h"
+#include "data_int.h"
 
 #include <errno.h>
 #include <math.h>

@@ -14,7 +14,7 @@
 #ifndef KILN_DATA_PARQUET_INT_H
 #define KILN_DATA_PARQUET_INT_H
 
-#include "data.h"
+#include "data_int.h"
 
 typedef struct rt_pq_file rt_pq_file_t;
 

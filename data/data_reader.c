@@ -19,7 +19,7 @@
  * a time (rt_builder_add_rows). Malformed lines are counted in row order,
  * so the stats read the same on any number of threads.
  */
-#include "data.h"
+#include "data_int.h"
 #include "data_parquet_int.h"
 
 #include <omp.h>

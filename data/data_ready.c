@@ -11,7 +11,7 @@
  *     A file last modified settle ago or earlier was unchanged since, so the
  *     mtime's age says it without remembering earlier looks.
  */
-#include "data.h"
+#include "data_int.h"
 
 #include <errno.h>
 #include <libgen.h>

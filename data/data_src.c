@@ -17,7 +17,7 @@
  * parsing in the reader's producer thread (docs/data-formats.md,
  * "Compressed files").
  */
-#include "data.h"
+#include "data_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -8,7 +8,7 @@
  * through rt_src (data_src.c), so gzip and zstd files read like plain ones.
  * The rules are in docs/data-formats.md.
  */
-#include "data.h"
+#include "data_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

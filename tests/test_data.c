@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
-#include "data.h"
+#include "data_int.h"
 #include "proc.h"
 
 static char tmpdir[64];

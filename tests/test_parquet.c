@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
-#include "data.h"
+#include "data_int.h"
 #include "fixtures.h"
 #include "proc.h"
 
