@@ -281,7 +281,8 @@ int lp_list_ids(const char *dir, const char *prefix, const char *suffix, int64_t
         *ids = NULL;
         return rc;
     }
-    qsort(*ids, (size_t)n, sizeof **ids, cmp_i64);
+    if (n > 1)
+        qsort(*ids, (size_t)n, sizeof **ids, cmp_i64);
     return n;
 }
 
