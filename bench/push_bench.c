@@ -73,9 +73,9 @@ static int make_desc(serve_model_desc_t *d)
     return serve_desc_check(d);
 }
 
-/* A reply kept (the first 4 KB). */
+/* A reply kept (the first 64 KB: /metrics fits). */
 typedef struct reply_buf {
-    char text[4096];
+    char text[65536];
     size_t len;
 } reply_buf_t;
 
