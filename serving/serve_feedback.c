@@ -11,8 +11,9 @@
  * feedback file with one write() before the answer and before they count in
  * memory, so what a client was told is stored survives a kill -9; a
  * restarted kiln-serve replays the files onto its index. Before judging, the
- * request waits (at most a second) for the writer to drain the impressions
- * queued before it, so feedback posted right after its predict finds it.
+ * request waits (at most DRAIN_WAIT_MS) for the writer to drain the
+ * impressions queued before it, so feedback posted right after its predict
+ * finds it.
  *
  * A feedback file rolls with the segments' age; a sealed one is removed
  * once every impression it could match (logged before its last item) is
@@ -50,8 +51,9 @@ int lp_feedback_load(sv_loop_t *l, lp_model_t *m)
         for (char *p = buf, *nl; rc == 0 && (nl = memchr(p, '\n', len - (size_t)(p - buf)));
              p = nl + 1) {
             *nl = '\0';
-            char *ts = strtok(p, "\t"), *y = strtok(NULL, "\t"), *key = strtok(NULL, "\t"),
-                 *row = strtok(NULL, "\t");
+            char *save = NULL;
+            char *ts = strtok_r(p, "\t", &save), *y = strtok_r(NULL, "\t", &save),
+                 *key = strtok_r(NULL, "\t", &save), *row = strtok_r(NULL, "\t", &save);
             if (ts == NULL || y == NULL || key == NULL || row == NULL)
                 continue;
             int64_t t = strtoll(ts, NULL, 10);
@@ -161,13 +163,16 @@ static int fb_file(sv_loop_t *l, lp_model_t *m, int64_t now)
     return m->fb_fd;
 }
 
-/* Waits until the writer drained what was queued before now (at most 1 s). */
+/* Waits until the writer drained what was queued before now, at most
+ * DRAIN_WAIT_MS: the HTTP thread serves every request, so the wait is short
+ * (the writer drains in well under a millisecond unless the disk stalls). */
+#define DRAIN_WAIT_MS 200
 static void wait_drained(sv_loop_t *l)
 {
     pthread_mutex_lock(&l->qlock);
     int64_t want = l->enqueued;
     pthread_mutex_unlock(&l->qlock);
-    int64_t until = kiln_now_ms() + 1000;
+    int64_t until = kiln_now_ms() + DRAIN_WAIT_MS;
     while (l->drained < want && kiln_now_ms() < until)
         lp_wait_ms(&l->drained_cond, &l->lock, until - kiln_now_ms());
 }

@@ -190,9 +190,11 @@ static int join_segment(sv_loop_t *l, lp_model_t *m, lp_seg_t seg)
     return rc;
 }
 
-/* Joins m's segments that are due, oldest first; prunes after. */
+/* Joins m's segments that are due, oldest first; prunes the index and the
+ * feedback files after one was. */
 static void join_model(sv_loop_t *l, lp_model_t *m)
 {
+    bool joined = false;
     for (;;) {
         pthread_mutex_lock(&l->lock);
         int64_t now = kiln_now_ms();
@@ -219,7 +221,10 @@ static void join_model(sv_loop_t *l, lp_model_t *m)
         memmove(m->segs, m->segs + 1, (size_t)(m->nsegs - 1) * sizeof *m->segs);
         m->nsegs--;
         pthread_mutex_unlock(&l->lock);
+        joined = true;
     }
+    if (!joined)
+        return;
     pthread_mutex_lock(&l->lock);
     int64_t oldest = kiln_now_ms() - 2 * l->o.window_ms;
     for (int i = 0; i < m->nsegs; i++)
