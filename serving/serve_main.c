@@ -177,8 +177,11 @@ int main(int argc, char **argv)
         return 2;
     }
     if ((lo.impressions_dir == NULL) != (lo.join_dir == NULL)) {
-        fprintf(stderr, "kiln-serve: --impressions-dir and --join-dir go together: the "
-                        "impressions are logged to be joined into training partitions\n");
+        fprintf(stderr, "kiln-serve: %s %s was given without %s: the impressions are logged "
+                        "to be joined into training partitions, so the two go together\n",
+                lo.join_dir ? "--join-dir" : "--impressions-dir",
+                lo.join_dir ? lo.join_dir : lo.impressions_dir,
+                lo.join_dir ? "--impressions-dir" : "--join-dir");
         return 2;
     }
     if (window != NULL && (kiln_duration_parse(window, &lo.window_ms) < 0 ||
