@@ -3,7 +3,8 @@
  * (issue 28), with real kiln-serve processes over loopback (ports
  * 19200-19299) and real files:
  *   - impressions: a predict with a request key logs one line per row
- *     (time, label, checkpoint, probability, key, row id, features);
+ *     (time, label, checkpoint, probability, key, row id, features less a
+ *     label column); ids the log cannot hold are refused before predicting;
  *   - feedback: accepted, duplicate, unknown and late counted, a bad body
  *     refused, the token required;
  *   - the join: partitions in Criteo TSV with the feedback's labels (0 when
@@ -486,6 +487,84 @@ static void test_impressions_feedback_join(void **state)
     srv_stop(&s, SIGTERM);
 }
 
+/* A TSV predict keyed by the Kiln-Request-Key header logs its rows by index,
+ * less their label column; requests whose ids the log cannot hold are
+ * refused whole, before anything is predicted or logged. */
+static void test_header_key_and_bad_ids(void **state)
+{
+    (void)state;
+    srv_t s;
+    srv_init(&s, "header", PORT0 + 5);
+    srv_start(&s);
+    push_lr(&s, "A", "ck-h");
+    char url[160];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/predict?label=A", s.url);
+    const char *h[] = {"Kiln-Request-Key: hdr-1", NULL};
+    const char *tsv = "1\t3\tca\tcb\n5\tcc\tcd\n"; /* with a label column, then without */
+    fx_reply_t r;
+    assert_int_equal(fx_http(&r, "POST", url, h, tsv, strlen(tsv), 10), 200);
+    fx_reply_fini(&r);
+    /* Refused: row_ids of the wrong count, a row id with a newline, a key too long. */
+    char lines[2][64] = {"1\tx\ty", "2\tx\ty"};
+    const char *ids_short[2] = {"only-one", NULL};
+    json_t *req = json_pack("{s:[s,s],s:s,s:[s]}", "rows", lines[0], lines[1], "request_key", "k",
+                            "row_ids", ids_short[0]);
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    assert_int_equal(fx_http(&r, "POST", url, NULL, body, strlen(body), 10), 400);
+    assert_non_null(strstr(r.body, "one id per row"));
+    fx_reply_fini(&r);
+    free(body);
+    const char *ids_nl[2] = {"a", "b\nc"};
+    assert_int_equal(predict(&s, "k2", "A", 2, lines, ids_nl, NULL), 400);
+    char longkey[200];
+    memset(longkey, 'k', sizeof longkey - 1);
+    longkey[sizeof longkey - 1] = '\0';
+    assert_int_equal(predict(&s, longkey, "A", 2, lines, NULL, NULL), 400);
+    /* Without a request key nothing is logged. */
+    assert_int_equal(fx_http(&r, "POST", url, NULL, tsv, strlen(tsv), 10), 200);
+    fx_reply_fini(&r);
+    assert_true(wait_metric(&s, "kiln_serve_impressions_logged_total{model=\"ctr\"} ", 2, 5000) ==
+                2);
+    proc_sleep_ms(200);
+    assert_true(metric(&s, "kiln_serve_impressions_logged_total{model=\"ctr\"} ") == 2);
+    char dir[480];
+    snprintf(dir, sizeof dir, "%s/ctr", s.imp);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    char got[2][64] = {"", ""};
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strstr(e->d_name, ".imp") == NULL)
+            continue;
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        size_t len;
+        char *b = (char *)proc_read_file(p, &len);
+        for (char *l = b, *nl; (nl = strchr(l, '\n')) != NULL; l = nl + 1) {
+            *nl = '\0';
+            char key[16], row[8], feat[64];
+            assert_int_equal(sscanf(l, "%*[^\t]\t%*[^\t]\t%*[^\t]\t%*[^\t]\t%15[^\t]\t%7[^\t]\t%63[^\n]",
+                                    key, row, feat),
+                             3);
+            assert_string_equal(key, "hdr-1");
+            assert_true(atoi(row) == 0 || atoi(row) == 1);
+            snprintf(got[atoi(row)], sizeof got[0], "%s", feat);
+        }
+        free(b);
+    }
+    closedir(d);
+    assert_string_equal(got[0], "3\tca\tcb"); /* the label column is not a feature */
+    assert_string_equal(got[1], "5\tcc\tcd");
+    /* Feedback by the row's index finds it. */
+    json_t *a = NULL;
+    assert_int_equal(feedback(&s, "[{\"request_key\":\"hdr-1\",\"row\":1,\"label\":true}]",
+                              true, &a),
+                     200);
+    assert_int_equal(json_integer_value(json_object_get(a, "accepted")), 1);
+    json_decref(a);
+    srv_stop(&s, SIGTERM);
+}
+
 /* ---- kill -9 while appending and inside joins -------------------------------------- */
 
 #define ROUNDS 5
@@ -714,5 +793,6 @@ static int teardown(void **state)
 }
 
 PROC_TEST_MAIN(setup, teardown, cmocka_unit_test(test_impressions_feedback_join),
+               cmocka_unit_test(test_header_key_and_bad_ids),
                cmocka_unit_test(test_join_exactly_once_kill9),
                cmocka_unit_test(test_full_disk_and_cap))
