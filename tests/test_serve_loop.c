@@ -243,6 +243,31 @@ static int read_partitions(const srv_t *s, jrow_t *rows, int cap, int *parts)
     return n;
 }
 
+/* The lines of every segment in imp/ctr, concatenated (malloc'd). */
+static char *segments_text(const srv_t *s)
+{
+    char dir[480];
+    snprintf(dir, sizeof dir, "%s/ctr", s->imp);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    char *all = calloc(1, 1);
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strstr(e->d_name, ".imp") == NULL)
+            continue;
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        size_t len;
+        char *b = (char *)proc_read_file(p, &len);
+        all = realloc(all, n + len + 1);
+        memcpy(all + n, b, len);
+        all[n += len] = '\0';
+        free(b);
+    }
+    closedir(d);
+    return all;
+}
+
 /* Segment files left in imp/ctr. */
 static int segments_left(const srv_t *s)
 {
@@ -292,6 +317,7 @@ static void test_impressions_feedback_join(void **state)
     (void)state;
     srv_t s;
     srv_init(&s, "basic", PORT0 + 1);
+    s.window = "3s"; /* the segments are read below before any is joined */
     srv_start(&s);
     push_lr(&s, "A", "ck-a");
     push_lr(&s, "B", "ck-b");
@@ -319,38 +345,26 @@ static void test_impressions_feedback_join(void **state)
                             REQS * PER, 5000) == REQS * PER);
 
     /* The segment's lines: ms, label, checkpoint, probability, key, row, features. */
-    char segdir[480];
-    snprintf(segdir, sizeof segdir, "%s/ctr", s.imp);
-    DIR *d = opendir(segdir);
-    assert_non_null(d);
+    char *segs = segments_text(&s);
     int lines_seen = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (strstr(e->d_name, ".imp") == NULL)
-            continue;
-        char p[1200];
-        snprintf(p, sizeof p, "%s/%s", segdir, e->d_name);
-        size_t len;
-        char *b = (char *)proc_read_file(p, &len);
-        for (char *l = b, *nl; (nl = strchr(l, '\n')) != NULL; l = nl + 1, lines_seen++) {
-            *nl = '\0';
-            long long ts;
-            char lab[8], uid[16], pr[32], key[16], row[8], feat[64];
-            assert_int_equal(sscanf(l, "%lld\t%7[^\t]\t%15[^\t]\t%31[^\t]\t%15[^\t]\t%7[^\t]\t%63[^\n]",
-                                    &ts, lab, uid, pr, key, row, feat),
-                             7);
-            int q = atoi(key + 1);
-            int r = strcmp(key, "k0") == 0 ? row[0] - 'a' : atoi(row);
-            char want[64];
-            snprintf(want, sizeof want, "%d\tc%d\tq%dr%d", 4 * q + r, q % 3, q, r);
-            assert_string_equal(feat, want);
-            assert_string_equal(lab, q % 2 ? "B" : "A");
-            assert_string_equal(uid, q % 2 ? "ck-b" : "ck-a");
-            assert_true(fabs(atof(pr) - prob[q][r]) < 1e-6);
-            assert_true(llabs(ts - kiln_now_ms()) < 60000);
-        }
-        free(b);
+    for (char *l = segs, *nl; (nl = strchr(l, '\n')) != NULL; l = nl + 1, lines_seen++) {
+        *nl = '\0';
+        long long ts;
+        char lab[8], uid[16], pr[32], key[16], row[8], feat[64];
+        assert_int_equal(sscanf(l, "%lld\t%7[^\t]\t%15[^\t]\t%31[^\t]\t%15[^\t]\t%7[^\t]\t%63[^\n]",
+                                &ts, lab, uid, pr, key, row, feat),
+                         7);
+        int q = atoi(key + 1);
+        int r = strcmp(key, "k0") == 0 ? row[0] - 'a' : atoi(row);
+        char want[64];
+        snprintf(want, sizeof want, "%d\tc%d\tq%dr%d", 4 * q + r, q % 3, q, r);
+        assert_string_equal(feat, want);
+        assert_string_equal(lab, q % 2 ? "B" : "A");
+        assert_string_equal(uid, q % 2 ? "ck-b" : "ck-a");
+        assert_true(fabs(atof(pr) - prob[q][r]) < 1e-6);
+        assert_true(llabs(ts - kiln_now_ms()) < 60000);
     }
-    closedir(d);
+    free(segs);
     assert_int_equal(lines_seen, REQS * PER);
 
     /* Feedback: the token, a bad body, then one of each result. */
@@ -528,31 +542,19 @@ static void test_header_key_and_bad_ids(void **state)
                 2);
     proc_sleep_ms(200);
     assert_true(metric(&s, "kiln_serve_impressions_logged_total{model=\"ctr\"} ") == 2);
-    char dir[480];
-    snprintf(dir, sizeof dir, "%s/ctr", s.imp);
-    DIR *d = opendir(dir);
-    assert_non_null(d);
     char got[2][64] = {"", ""};
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (strstr(e->d_name, ".imp") == NULL)
-            continue;
-        char p[1200];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        size_t len;
-        char *b = (char *)proc_read_file(p, &len);
-        for (char *l = b, *nl; (nl = strchr(l, '\n')) != NULL; l = nl + 1) {
-            *nl = '\0';
-            char key[16], row[8], feat[64];
-            assert_int_equal(sscanf(l, "%*[^\t]\t%*[^\t]\t%*[^\t]\t%*[^\t]\t%15[^\t]\t%7[^\t]\t%63[^\n]",
-                                    key, row, feat),
-                             3);
-            assert_string_equal(key, "hdr-1");
-            assert_true(atoi(row) == 0 || atoi(row) == 1);
-            snprintf(got[atoi(row)], sizeof got[0], "%s", feat);
-        }
-        free(b);
+    char *segs = segments_text(&s);
+    for (char *l = segs, *nl; (nl = strchr(l, '\n')) != NULL; l = nl + 1) {
+        *nl = '\0';
+        char key[16], row[8], feat[64];
+        assert_int_equal(sscanf(l, "%*[^\t]\t%*[^\t]\t%*[^\t]\t%*[^\t]\t%15[^\t]\t%7[^\t]\t%63[^\n]",
+                                key, row, feat),
+                         3);
+        assert_string_equal(key, "hdr-1");
+        assert_true(atoi(row) == 0 || atoi(row) == 1);
+        snprintf(got[atoi(row)], sizeof got[0], "%s", feat);
     }
-    closedir(d);
+    free(segs);
     assert_string_equal(got[0], "3\tca\tcb"); /* the label column is not a feature */
     assert_string_equal(got[1], "5\tcc\tcd");
     /* Feedback by the row's index finds it. */
