@@ -325,7 +325,10 @@ static int model_load(sv_loop_t *l, const char *name, lp_model_t **out)
         l->last_id = ids[i] > l->last_id ? ids[i] : l->last_id;
     }
     free(ids);
-    /* Partition names are segment ids: new ids pass every partition's. */
+    /* Partition names are segment ids: new ids pass every partition's and
+     * the metrics' (a partition removed since, or a clock set back). */
+    if (rc == 0 && m->joined_through > l->last_id)
+        l->last_id = m->joined_through;
     n = rc == 0 ? lp_list_ids(m->join_dir, "part=", "", &ids) : 0;
     rc = n < 0 ? n : rc;
     if (n > 0 && ids[n - 1] > l->last_id)
