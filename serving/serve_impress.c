@@ -5,13 +5,14 @@
  *
  * A predict only copies its rows into records and puts them in a bounded
  * queue (sv_loop_log, under qlock, never waiting for a file); a full queue
- * drops them, counted. The writer thread takes batches off the queue,
- * appends each model's lines to its open segment with one write(), and only
- * then adds them to the model's index, where feedback finds them. A segment
- * rolls (fdatasync, closed: sealed) when it reaches seg_max bytes or roll_ms
- * of age; a batch that would take the segments past --impressions-max is
- * dropped, counted, as is one the disk refuses (the segment is cut back to
- * its last whole line, or sealed when it cannot be). A kill -9 can leave a
+ * drops them, counted. The writer thread takes batches off the queue and
+ * appends each model's lines to its open segment, one write() per piece
+ * that fits the segment, and only then adds them to the model's index,
+ * where feedback finds them. A segment rolls (fdatasync, closed: sealed)
+ * when the next line would take it past seg_max bytes or it is roll_ms old;
+ * lines that would take the segments past --impressions-max are dropped,
+ * counted, as are those the disk refuses (the segment is cut back to its
+ * last whole line, or sealed when it cannot be). A kill -9 can leave a
  * torn last line, which readers skip; a restarted kiln-serve never appends
  * to an old segment.
  *
