@@ -277,7 +277,7 @@ void sv_answer_feedback(sv_loop_t *l, const char *model, const char *body, size_
         KILN_CHECK_GOTO(item_parse(json_array_get(doc, i), i, &it[i]), rc, out);
     pthread_mutex_lock(&l->lock);
     wait_drained(l);
-    lp_model_t *m = lp_model_get(l, model, false);
+    lp_model_t *m = lp_model_find(l, model);
     if (m == NULL)
         for (size_t i = 0; i < n; i++)
             result[i] = FB_UNKNOWN;

@@ -274,7 +274,7 @@ static int load_models(sv_loop_t *l)
         struct stat sb;
         bool dir = p != NULL && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
         free(p);
-        if (dir && lp_model_get(l, e->d_name, true) == NULL)
+        if (dir && lp_model_get(l, e->d_name) == NULL)
             rc = kiln_errf(KILN_EIO, "cannot load the impression log of model %s in %s",
                            e->d_name, l->dir);
     }

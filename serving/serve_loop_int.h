@@ -6,11 +6,14 @@
  *
  * Who owns what: sv_loop_t owns one writer thread (serve_impress.c: the
  * bounded queue that predicts feed, the segment files), one joiner thread
- * (serve_join.c: segments whose attribution window has passed become
- * partitions in --join-dir), and per model an index of the impressions
- * logged and not yet pruned, the feedback they got (serve_feedback.c) and
- * the online metrics (serve_online.c). One mutex (lock) guards the models;
- * the queue has its own (qlock), so a predict never waits on a file.
+ * (serve_join.c, which also opens and closes the loop: segments whose
+ * attribution window has passed become partitions in --join-dir), and per
+ * model (serve_logmodel.c) an index of the impressions logged and not yet
+ * pruned (serve_index.c), the feedback they got (serve_feedback.c) and the
+ * online metrics (serve_online.c). One mutex (lock) guards the models; the
+ * queue has its own (qlock), so a predict never waits on a file. The files
+ * call downwards only: join -> impress -> logmodel -> feedback, online ->
+ * index.
  *
  * On disk, under --impressions-dir/<model>/:
  *   <id>.imp      a segment: one impression per line (IMP_FIELDS), appended
@@ -166,21 +169,26 @@ struct sv_loop {
     pthread_cond_t stop_cond;
 };
 
-/* serve_impress.c */
+/* serve_index.c: the bottom of the loop's files (it calls none of them) */
 /* pthread_cond_timedwait for at most ms. Returns its result. */
 int lp_wait_ms(pthread_cond_t *c, pthread_mutex_t *mu, int64_t ms);
+/* The index key of (request key, row): never 0. */
 uint64_t lp_hash(const char *key, size_t klen, const char *row, size_t rlen);
-/* Under lock: model name's state, made (directories too) when missing and
- * create; NULL when it cannot be (logged). */
-lp_model_t *lp_model_get(sv_loop_t *l, const char *name, bool create);
+/* Under lock: model name's state, or NULL when it has none yet. */
+lp_model_t *lp_model_find(const sv_loop_t *l, const char *name);
 /* Under lock: the entry of h, or NULL. */
 lp_entry_t *lp_index_find(const lp_model_t *m, uint64_t h);
 /* Under lock: adds h at ts unless it is there. Returns 0 or KILN_ENOMEM. */
 int lp_index_add(lp_model_t *m, uint64_t h, int64_t ts);
+/* Under lock: drops the index entries older than min_ts (their segments are
+ * joined and feedback for them would be late). */
+void lp_index_prune(lp_model_t *m, int64_t min_ts);
 /* Counts n records dropped for reason (under lock), logging the first of a streak. */
 void lp_drop(sv_loop_t *l, int reason, int64_t n, const char *why);
 /* Under lock: the end of a streak of drops of reason (logged when one was). */
 void lp_drop_end(sv_loop_t *l, int reason);
+/* The name of a drop reason in /metrics ("queue", "cap", "disk", ...). */
+const char *lp_drop_name(int reason);
 /* Splits one segment line (without its '\n') into its IMP_FIELDS fields and
  * the features after them. Returns 0 or -1 when it is not one. */
 int lp_line_split(char *line, char *f[IMP_FIELDS], char **features);
@@ -190,12 +198,15 @@ int lp_slurp(const char *path, char **buf /* OUT */, size_t *len /* OUT */);
 /* The ids of dir's entries named <prefix><id><suffix>, sorted (malloc'd in
  * *ids). Returns how many, or a KILN_E* code. */
 int lp_list_ids(const char *dir, const char *prefix, const char *suffix, int64_t **ids);
-/* Under lock: drops the index entries older than min_ts (their segments are
- * joined and feedback for them would be late). */
-void lp_index_prune(lp_model_t *m, int64_t min_ts);
+
+/* serve_logmodel.c */
+/* Under lock: model name's state, made when missing (its directories made,
+ * or what an earlier kiln-serve left loaded); NULL when it cannot be
+ * (LOOP_MODELS reached, or its files cannot be read: logged). */
+lp_model_t *lp_model_get(sv_loop_t *l, const char *name);
 void lp_model_free(lp_model_t *m); /* accepts NULL */
-/* The name of a drop reason in /metrics ("queue", "cap", "disk", ...). */
-const char *lp_drop_name(int reason);
+
+/* serve_impress.c */
 void *lp_writer_main(void *arg);
 
 /* serve_feedback.c */

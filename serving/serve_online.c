@@ -218,7 +218,7 @@ void sv_answer_online(sv_loop_t *l, const char *model, sv_answer_t *ans)
     }
     snapshot_t s;
     pthread_mutex_lock(&l->lock);
-    lp_model_t *m = lp_model_get(l, model, false);
+    lp_model_t *m = lp_model_find(l, model);
     if (m != NULL)
         snapshot_of(m, &s);
     pthread_mutex_unlock(&l->lock);
