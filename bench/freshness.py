@@ -21,9 +21,22 @@ same run:
    false, so kilnd leaves it alone), timed from the command's start to its
    exit; the ratio says what finding the export and queueing its pushes add.
 
+3. Click to live (issue 28): one kiln-serve B with --impressions-dir,
+   --join-dir and --feedback-window (--window, 5 s), and a cron job
+   (`@every 3s`, data.incremental, ready: marker) that trains on the
+   partitions kiln-serve joins and pushes to B. Each cycle sends
+   --click-rows predicts with request keys to B (features of a datagen day,
+   500 rows a request) and posts the clicks (the rows whose datagen label is
+   1) as feedback. For each cycle: from the feedback POST answered to B
+   serving a checkpoint trained on that partition, split into the window
+   (until the joined partition appears), the wait for the cron fire,
+   launch + train + eval, and the export + push. Goal: under the window
+   + 10 s.
+
 Medians of --runs measurements; the observer polls every 10 ms. Run:
 
     /usr/bin/python3 bench/freshness.py --build build --runs 5 --rows 100000
+    /usr/bin/python3 bench/freshness.py --build build --runs 3 --what click
 """
 import argparse
 import json
@@ -62,12 +75,12 @@ class Bench:
         self.procs.append(p)
         return p
 
-    def serve(self, label):
+    def serve(self, label, extra=()):
         d = os.path.join(self.home, "serve-" + label)
         port_file = d + ".port"
         self.start([os.path.join(self.build, "serving", "kiln-serve"), "--listen", "127.0.0.1:0",
                     "--state-dir", d, "--token-env", "KILN_SERVE_TOKEN", "--port-file",
-                    port_file, "--max-body", str(64 << 20)], d + ".log")
+                    port_file, "--max-body", str(64 << 20), *extra], d + ".log")
         for _ in range(500):
             if os.path.exists(port_file) and open(port_file).read().strip():
                 return int(open(port_file).read())
@@ -252,12 +265,110 @@ def online(b, parts, ports, port_c, data, runs):
     return lat, hand
 
 
+def post_json(port, path, body, token=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)
+
+
+def metric(port, prefix):
+    """The value of kiln-serve's /metrics sample that starts with prefix (-1: none)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(prefix):
+                return float(line[len(prefix):])
+    return -1
+
+
+def runs_of(b, job):
+    return b.kiln_json("runs", "--job", job, "--limit", "3") or []
+
+
+def click(b, parts, data, window, nrows, runs):
+    """From clicks posted to kiln-serve to B serving a model trained on them."""
+    joined = os.path.join(b.home, "joined")
+    port = b.serve("L", ["--impressions-dir", os.path.join(b.home, "impressions"), "--join-dir",
+                         joined, "--feedback-window", f"{window}s"])
+    glob = os.path.join(joined, "ctr", "part=*", "part-*.tsv")
+    spec = os.path.join(b.home, "loop.yaml")
+    open(spec, "w").write(SPEC.format(
+        name="loop", schedule='schedule: "@every 3s"\n', data=data, mode="", every="",
+        endpoints=f'    - {{url: "http://127.0.0.1:{port}", model: ctr, label: B}}\n').replace(
+        f'train: "{data}/day=*/part-*.tsv"', f'train: "{glob}"\n  ready: marker'))
+    # A first model: a datagen day landed as a partition, trained and pushed to B.
+    seed = os.path.join(joined, "ctr", "part=0000000000000")
+    os.makedirs(seed + ".tmp")
+    shutil.copy(parts[0], os.path.join(seed + ".tmp", "part-0.tsv"))
+    open(os.path.join(seed + ".tmp", "_SUCCESS"), "w").close()
+    os.rename(seed + ".tmp", seed)
+    sh(b.kiln, "submit", spec, env=b.env)
+    for _ in range(60000):
+        if holds(port, "B"):
+            break
+        time.sleep(0.01)
+    else:
+        sys.exit(f"the first model did not reach B; see {b.home}/kilnd.log")
+    rows = []
+    for i in range(1, runs + 1):
+        lines = [l.rstrip("\n").split("\t", 1) for l in open(parts[i])][:nrows]
+        clicks = []
+        for q in range(0, len(lines), 500):
+            key = f"c{i}-{q}"
+            post_json(port, "/v1/models/ctr/predict?label=B",
+                      {"request_key": key, "rows": [f for _, f in lines[q:q + 500]]})
+            clicks += [{"request_key": key, "row": r, "label": 1}
+                       for r, (y, _) in enumerate(lines[q:q + 500]) if y == "1"]
+        joined_before = metric(port, 'kiln_serve_join_rows_total{model="ctr"} ')
+        ans = post_json(port, "/v1/models/ctr/feedback", clicks, "bench-token")
+        t_click = time.time()
+        if ans.get("accepted") != len(clicks):
+            sys.exit(f"feedback not all accepted: {ans}")
+        # The cycle's rows may span several segments (partitions): the clicks are
+        # trained once the last one is joined and a run that started after it
+        # ends; they are live when B holds that run's checkpoint.
+        t_join = t_q = t_e = None
+        run = None
+        while time.time() - t_click < 600:
+            now = time.time()
+            if t_join is None:
+                if metric(port, 'kiln_serve_join_rows_total{model="ctr"} ') >= \
+                        joined_before + len(lines):
+                    t_join = now
+                    before = max([r["id"] for r in runs_of(b, "loop")], default=0)
+            else:
+                rs = [r for r in runs_of(b, "loop") if r["id"] > before and r["state"] != "skipped"]
+                if rs and t_q is None:
+                    t_q, run = now, rs[-1]["id"]
+                r = [x for x in rs if x["id"] == run]
+                if r and r[0]["state"] == "succeeded" and t_e is None:
+                    t_e = now
+                    uid = r[0]["pushes"][0]["checkpoint"] if r[0].get("pushes") else None
+                if t_e is not None and (uid is None or holds(port, "B") == uid):
+                    t_l = time.time()
+                    break
+            time.sleep(0.01)
+        else:
+            sys.exit(f"cycle {i}: the clicks did not reach B in 10 minutes; see {b.home}")
+        rows.append((t_l - t_click, t_join - t_click, t_q - t_join, t_e - t_q, t_l - t_e))
+        print(f"  cycle {i}: {len(lines)} rows, {len(clicks)} clicks: live on B "
+              f"{t_l - t_click:.2f} s after the clicks (window {t_join - t_click:.2f}, "
+              f"cron {t_q - t_join:.2f}, run {t_e - t_q:.2f}, push {t_l - t_e:.2f})", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--rows", type=int, default=100000)
     ap.add_argument("--keep", action="store_true", help="keep the temporary home")
+    ap.add_argument("--what", default="batch,online,click",
+                    help="which measurements (comma-separated: batch, online, click)")
+    ap.add_argument("--window", type=int, default=5, help="click: --feedback-window, seconds")
+    ap.add_argument("--click-rows", type=int, default=20000, help="click: rows per cycle")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     home = tempfile.mkdtemp(prefix="kiln-fresh-")
@@ -274,34 +385,52 @@ def main():
         for d in (data, odata):
             sh(b.kiln, "datagen", "--rows", 20000, "--day", a.runs + 1, "--seed", 7, *SKEW, "--out",
                os.path.join(d, "eval.tsv"))
+        what = a.what.split(",")
         ports = {"A": b.serve("A"), "B": b.serve("B")}
         port_c = b.serve("C")
         b.kilnd()
-        print(f"batch: {a.rows}-row partitions, cron @every 3s, DLRM on 2 ranks -> B", flush=True)
-        rows = batch(b, parts, ports["B"], data, a.runs)
-        bound = alone(b, parts[1], data)
-        med = [statistics.median(c) for c in zip(*rows)]
-        print(f"\nbatch freshness, median of {len(rows)}: {med[0]:.2f} s from landing to live "
-              f"on B (goal < 10 s)")
-        print(f"  wait for the cron fire {med[1]:.2f} s, launch + train + eval {med[2]:.2f} s, "
-              f"export + push {med[3]:.2f} s")
-        print(f"  bound: kiln-train alone on the same partition {bound:.2f} s; "
-              f"freshness / bound = {med[0] / bound:.2f}x")
-        print("\nonline: export every 1 s -> A and B while partitions land", flush=True)
-        lat, hand = online(b, parts, ports, port_c, odata, a.runs)
-        res = {"rows": a.rows, "batch_freshness_s": round(med[0], 3),
-               "batch_parts_s": {"cron": round(med[1], 3), "run": round(med[2], 3),
-                                 "push": round(med[3], 3)},
-               "train_alone_s": round(bound, 3), "ratio": round(med[0] / bound, 3)}
-        if lat:
-            print(f"\nonline export-to-live, median of {len(lat)}: {statistics.median(lat):.3f} s "
-                  f"(goal < 1 s on every endpoint)")
-            res["online_export_to_live_s"] = round(statistics.median(lat), 3)
-        if lat and hand:
-            print(f"  peer: the last export's delta pushed by hand (kiln push, to C) {hand:.3f} s; "
-                  f"export-to-live / hand push = {statistics.median(lat) / hand:.2f}x")
-            res["online_hand_push_s"] = round(hand, 3)
-            res["online_ratio"] = round(statistics.median(lat) / hand, 3)
+        res = {"rows": a.rows}
+        if "batch" in what:
+            print(f"batch: {a.rows}-row partitions, cron @every 3s, DLRM on 2 ranks -> B",
+                  flush=True)
+            rows = batch(b, parts, ports["B"], data, a.runs)
+            bound = alone(b, parts[1], data)
+            med = [statistics.median(c) for c in zip(*rows)]
+            print(f"\nbatch freshness, median of {len(rows)}: {med[0]:.2f} s from landing to "
+                  f"live on B (goal < 10 s)")
+            print(f"  wait for the cron fire {med[1]:.2f} s, launch + train + eval {med[2]:.2f} s, "
+                  f"export + push {med[3]:.2f} s")
+            print(f"  bound: kiln-train alone on the same partition {bound:.2f} s; "
+                  f"freshness / bound = {med[0] / bound:.2f}x")
+            res.update({"batch_freshness_s": round(med[0], 3),
+                        "batch_parts_s": {"cron": round(med[1], 3), "run": round(med[2], 3),
+                                          "push": round(med[3], 3)},
+                        "train_alone_s": round(bound, 3), "ratio": round(med[0] / bound, 3)})
+        if "online" in what:
+            print("\nonline: export every 1 s -> A and B while partitions land", flush=True)
+            lat, hand = online(b, parts, ports, port_c, odata, a.runs)
+            if lat:
+                print(f"\nonline export-to-live, median of {len(lat)}: "
+                      f"{statistics.median(lat):.3f} s (goal < 1 s on every endpoint)")
+                res["online_export_to_live_s"] = round(statistics.median(lat), 3)
+            if lat and hand:
+                print(f"  peer: the last export's delta pushed by hand (kiln push, to C) "
+                      f"{hand:.3f} s; export-to-live / hand push = "
+                      f"{statistics.median(lat) / hand:.2f}x")
+                res["online_hand_push_s"] = round(hand, 3)
+                res["online_ratio"] = round(statistics.median(lat) / hand, 3)
+        if "click" in what:
+            print(f"\nclick to live: kiln-serve joins with a {a.window} s window, cron @every 3s "
+                  f"trains on the joined partitions -> B", flush=True)
+            crow = click(b, parts, data, a.window, a.click_rows, a.runs)
+            med = [statistics.median(c) for c in zip(*crow)]
+            print(f"\nclick to live on B, median of {len(crow)}: {med[0]:.2f} s (goal < window "
+                  f"+ 10 s = {a.window + 10} s)")
+            print(f"  window (to the joined partition) {med[1]:.2f} s, cron wait {med[2]:.2f} s, "
+                  f"launch + train + eval {med[3]:.2f} s, export + push {med[4]:.2f} s")
+            res.update({"click_to_live_s": round(med[0], 3), "window_s": a.window,
+                        "click_parts_s": {"window": round(med[1], 3), "cron": round(med[2], 3),
+                                          "run": round(med[3], 3), "push": round(med[4], 3)}})
         print(json.dumps(res))
     finally:
         b.stop()

@@ -18,6 +18,17 @@
  *
  * The issue's bar: a 100k-row delta live on both endpoints in under 1 s.
  * Results and the command used are in docs/benchmarks.md ("Serving").
+ *
+ *   push_bench --serve PATH/kiln-serve --mode predict [--requests N] [--rows R]
+ *
+ * measures instead what the impression log (issue 28) costs a predict: two
+ * kiln-serve processes with the same Criteo-shaped fm model (13 dense
+ * features, 26 slots, dim 16), one started with --impressions-dir and
+ * --join-dir, the other without; N predicts of R Criteo-like rows, each with
+ * its own request key, sent one at a time over a kept-alive connection,
+ * alternating between the two so that both see the same machine; the
+ * latency of each from the client (p50, p99, max), and at the end how many
+ * rows the logging one wrote and dropped.
  */
 #include <inttypes.h>
 #include <signal.h>
@@ -62,13 +73,20 @@ static int make_desc(serve_model_desc_t *d)
     return serve_desc_check(d);
 }
 
+/* A reply kept (the first 64 KB: /metrics fits). */
+typedef struct reply_buf {
+    char text[65536];
+    size_t len;
+} reply_buf_t;
+
 typedef struct server {
     pid_t pid;
     char dir[700], url[64];
 } server_t;
 
-/* Starts kiln-serve on a free port with its state in dir; waits for it. */
-static int server_start(const char *bin, server_t *s)
+/* Starts kiln-serve on a free port with its state in dir and the options
+ * extra (NULL-ended, may be NULL); waits for it. */
+static int server_start(const char *bin, server_t *s, const char *const *extra)
 {
     char portfile[720];
     snprintf(portfile, sizeof portfile, "%s.port", s->dir);
@@ -80,8 +98,10 @@ static int server_start(const char *bin, server_t *s)
         snprintf(logp, sizeof logp, "%s.log", s->dir);
         if (freopen(logp, "a", stderr) == NULL)
             _exit(126);
-        const char *argv[] = {bin, "--listen", "127.0.0.1:0", "--state-dir", s->dir,
-                              "--token-env", "KILN_BENCH_TOKEN", "--port-file", portfile, NULL};
+        const char *argv[24] = {bin, "--listen", "127.0.0.1:0", "--state-dir", s->dir,
+                                "--token-env", "KILN_BENCH_TOKEN", "--port-file", portfile};
+        for (int i = 0, n = 9; extra != NULL && extra[i] != NULL && n < 23; i++)
+            argv[n++] = extra[i];
         execv(bin, (char *const *)argv);
         _exit(127);
     }
@@ -288,19 +308,187 @@ static double sink_bench(size_t len, int runs)
     return med;
 }
 
+/* ---- predict latency with the impression log on and off ------------------------- */
+
+#define CRITEO_DENSE 13
+#define CRITEO_SLOTS 26
+
+/* An fm model of Criteo's shape: 13 dense features, 26 slots on one table. */
+static int make_criteo_desc(serve_model_desc_t *d)
+{
+    memset(d, 0, sizeof *d);
+    d->model_type = RT_MODEL_FM;
+    d->nslots = CRITEO_SLOTS;
+    d->ndense = CRITEO_DENSE;
+    d->dim = DIM;
+    d->fm_dense_factors = 1;
+    d->ntables = 1;
+    snprintf(d->tables[0].name, SERVE_NAME_MAX, "items");
+    d->tables[0].dim = DIM;
+    rt_model_config_t cfg = {.type = RT_MODEL_FM, .nslots = CRITEO_SLOTS,
+                             .ndense = CRITEO_DENSE, .dim = DIM, .fm_dense_factors = 1,
+                             .max_batch = 1, .opt = {.type = RT_DENSE_SGD}};
+    rt_model_t *m = NULL;
+    KILN_CHECK(rt_model_create(&cfg, &m));
+    d->nparams = (int64_t)rt_model_nparams(m);
+    rt_model_destroy(m);
+    return serve_desc_check(d);
+}
+
+static size_t keep_reply(char *p, size_t size, size_t n, void *u)
+{
+    reply_buf_t *b = u;
+    size_t add = size * n;
+    if (b->len + add < sizeof b->text) {
+        memcpy(b->text + b->len, p, add);
+        b->len += add;
+        b->text[b->len] = '\0';
+    }
+    return add;
+}
+
+/* A JSON predict of rows Criteo-like rows with request key q. */
+static char *predict_body(int q, int rows)
+{
+    size_t cap = (size_t)rows * 400 + 64, n = 0;
+    char *b = malloc(cap);
+    if (b == NULL)
+        return NULL;
+    n += (size_t)snprintf(b + n, cap - n, "{\"request_key\":\"req-%d\",\"rows\":[", q);
+    for (int r = 0; r < rows; r++) {
+        n += (size_t)snprintf(b + n, cap - n, "%s\"", r ? "," : "");
+        for (int f = 0; f < CRITEO_DENSE; f++)
+            n += (size_t)snprintf(b + n, cap - n, "%s%d", f ? "\\t" : "",
+                                  (int)(bench_rnd() % 1000));
+        for (int s = 0; s < CRITEO_SLOTS; s++)
+            n += (size_t)snprintf(b + n, cap - n, "\\t%08x", (unsigned)(bench_rnd() % 5000));
+        n += (size_t)snprintf(b + n, cap - n, "\"");
+    }
+    snprintf(b + n, cap - n, "]}");
+    return b;
+}
+
+/* p (0-1) of the sorted v (n). */
+static double pct(const double *v, int n, double p)
+{
+    int i = (int)(p * (n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+/* The value of the /metrics sample of url that starts with prefix (-1: none). */
+static double metric_of(CURL *e, const char *url, const char *prefix)
+{
+    reply_buf_t b = {0};
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, keep_reply);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+    if (curl_easy_perform(e) != CURLE_OK)
+        return -1;
+    const char *p = strstr(b.text, prefix);
+    return p ? atof(p + strlen(prefix)) : -1;
+}
+
+static int predict_bench(const char *bin, const char *root, int nreq, int rows)
+{
+    server_t sv[2] = {{0}};
+    char imp[700], join[700];
+    snprintf(imp, sizeof imp, "%s/impressions", root);
+    snprintf(join, sizeof join, "%s/joined", root);
+    const char *logging[] = {"--impressions-dir", imp, "--join-dir", join, NULL};
+    serve_model_desc_t d;
+    serve_memsrc_t *m = NULL;
+    int rc = make_criteo_desc(&d);
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        snprintf(sv[i].dir, sizeof sv[i].dir, "%s/ep%d", root, i);
+        rc = server_start(bin, &sv[i], i ? logging : NULL);
+    }
+    if (rc == 0)
+        rc = build(&d, "v1", "", 5000, 5000, true, &m);
+    double secs;
+    uint64_t bytes;
+    if (rc == 0)
+        rc = push_both(sv, m, "", &secs, &bytes);
+    serve_memsrc_destroy(m);
+    double *lat[2] = {calloc((size_t)nreq, sizeof(double)), calloc((size_t)nreq, sizeof(double))};
+    CURL *e[2] = {curl_easy_init(), curl_easy_init()};
+    char url[2][128];
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    for (int i = 0; i < 2; i++) {
+        snprintf(url[i], sizeof url[i], "%s/v1/models/bench/predict?label=A", sv[i].url);
+        curl_easy_setopt(e[i], CURLOPT_HTTPHEADER, h);
+    }
+    for (int q = 0; rc == 0 && lat[0] && lat[1] && q < 2 * nreq; q++) {
+        int i = q % 2;
+        char *body = predict_body(q, rows);
+        reply_buf_t b = {0};
+        curl_easy_setopt(e[i], CURLOPT_URL, url[i]);
+        curl_easy_setopt(e[i], CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(e[i], CURLOPT_WRITEFUNCTION, keep_reply);
+        curl_easy_setopt(e[i], CURLOPT_WRITEDATA, &b);
+        int64_t t0 = kiln_mono_ns();
+        CURLcode cc = curl_easy_perform(e[i]);
+        lat[i][q / 2] = (double)(kiln_mono_ns() - t0) / 1e6;
+        long code = 0;
+        curl_easy_getinfo(e[i], CURLINFO_RESPONSE_CODE, &code);
+        if (cc != CURLE_OK || code != 200)
+            rc = kiln_errf(KILN_EIO, "predict %d to %s: HTTP %ld %s", q, url[i], code, b.text);
+        free(body);
+    }
+    char murl[128];
+    snprintf(murl, sizeof murl, "%s/metrics", sv[1].url);
+    struct timespec ts = {0, 300000000L}; /* the writer drains */
+    nanosleep(&ts, NULL);
+    double logged = rc == 0 ? metric_of(e[1], murl, "kiln_serve_impressions_logged_total{model=\"bench\"} ") : -1;
+    double dropped = 0;
+    static const char *const reasons[] = {"queue", "cap", "disk", "row", "models"};
+    for (size_t r = 0; rc == 0 && r < sizeof reasons / sizeof reasons[0]; r++) {
+        char pre[96];
+        snprintf(pre, sizeof pre, "kiln_serve_impressions_dropped_total{reason=\"%s\"} ", reasons[r]);
+        dropped += metric_of(e[1], murl, pre);
+    }
+    if (rc == 0) {
+        printf("push_bench --mode predict: %d predicts of %d rows (Criteo-shaped fm, dim %d) to "
+               "each of 2 kiln-serve on loopback, one at a time, alternating\n",
+               nreq, rows, DIM);
+        for (int i = 0; i < 2; i++) {
+            qsort(lat[i], (size_t)nreq, sizeof(double), bench_cmp_double);
+            printf("  impression log %-3s  p50 %6.3f ms  p99 %6.3f ms  max %6.3f ms\n",
+                   i ? "on" : "off", pct(lat[i], nreq, 0.5), pct(lat[i], nreq, 0.99),
+                   lat[i][nreq - 1]);
+        }
+        printf("  logged %.0f rows, dropped %.0f (of %d)\n", logged, dropped, nreq * rows);
+    }
+    for (int i = 0; i < 2; i++) {
+        curl_easy_cleanup(e[i]);
+        free(lat[i]);
+        server_stop(&sv[i]);
+    }
+    curl_slist_free_all(h);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *bin = NULL, *dir = "/tmp";
     int64_t table = 1000000;
-    int runs = 5;
+    int runs = 5, requests = 2000, rows = 32;
+    const char *mode = "push";
     const bench_opt_t opts[] = {{"--serve", BENCH_STR, &bin},
                                 {"--table", BENCH_I64, &table},
                                 {"--runs", BENCH_INT, &runs},
-                                {"--dir", BENCH_STR, &dir}};
+                                {"--dir", BENCH_STR, &dir},
+                                {"--mode", BENCH_STR, &mode},
+                                {"--requests", BENCH_INT, &requests},
+                                {"--rows", BENCH_INT, &rows}};
     bench_options(argc, argv, opts, sizeof opts / sizeof opts[0]);
-    if (bin == NULL || table < 1 || runs < 1 || runs > 50) {
+    bool predict = strcmp(mode, "predict") == 0;
+    if (bin == NULL || table < 1 || runs < 1 || runs > 50 || requests < 1 || rows < 1 ||
+        rows > 1000 || (!predict && strcmp(mode, "push") != 0)) {
         fprintf(stderr, "usage: push_bench --serve PATH/kiln-serve [--table N] [--runs R] "
-                        "[--dir DIR]\n");
+                        "[--dir DIR]\n"
+                        "       push_bench --serve PATH/kiln-serve --mode predict "
+                        "[--requests N] [--rows R] [--dir DIR]\n");
         return 2;
     }
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -311,12 +499,23 @@ int main(int argc, char **argv)
         perror(root);
         return 1;
     }
+    if (predict) {
+        int prc = predict_bench(bin, root, requests, rows);
+        char rm[700];
+        snprintf(rm, sizeof rm, "rm -rf '%s'", root);
+        if (system(rm) != 0)
+            fprintf(stderr, "push_bench: could not remove %s\n", root);
+        if (prc < 0)
+            fprintf(stderr, "push_bench: %s\n", kiln_errmsg());
+        curl_global_cleanup();
+        return prc < 0 ? 1 : 0;
+    }
     server_t sv[2] = {{0}};
     serve_model_desc_t d;
     int rc = make_desc(&d);
     for (int i = 0; i < 2 && rc == 0; i++) {
         snprintf(sv[i].dir, sizeof sv[i].dir, "%s/ep%d", root, i);
-        rc = server_start(bin, &sv[i]);
+        rc = server_start(bin, &sv[i], NULL);
     }
     double full_s[50], d100k[50], d1m[50];
     uint64_t full_bytes = 0, b100k = 0, b1m = 0;

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <jansson.h>
 
-#include "serve_int.h"
+#include "serve_loop_int.h"
 
 /* ---- statuses ------------------------------------------------------------------ */
 
@@ -247,7 +247,41 @@ static int64_t predict_lines(json_t *rows, const char *body, size_t len, sv_line
     return n;
 }
 
-void sv_answer_predict(sv_store_t *s, const char *model, const char *label,
+/* The row ids of a JSON predict (NULL: none given, rows are logged by
+ * index) into *ids (malloc'd, n). Returns 0 or KILN_EINVAL saying which id is
+ * wrong. */
+static int predict_row_ids(json_t *jids, int64_t n, char ***ids)
+{
+    *ids = NULL;
+    if (jids == NULL)
+        return 0;
+    if (!json_is_array(jids) || (int64_t)json_array_size(jids) != n)
+        return kiln_errf(KILN_EINVAL, "predict: row_ids must be an array with one id per row "
+                                      "(%lld rows)",
+                         (long long)n);
+    char **out = kiln_calloc((size_t)n + 1, sizeof *out);
+    int rc = out ? 0 : KILN_ENOMEM;
+    for (int64_t i = 0; rc == 0 && i < n; i++) {
+        json_t *e = json_array_get(jids, (size_t)i);
+        out[i] = json_is_integer(e) ? kiln_asprintf("%lld", (long long)json_integer_value(e))
+                 : json_is_string(e) ? kiln_strdup(json_string_value(e))
+                                     : NULL;
+        char what[48];
+        snprintf(what, sizeof what, "predict: row_ids[%lld]", (long long)i);
+        rc = out[i] == NULL ? kiln_errf(KILN_EINVAL, "%s must be a string or an integer", what)
+                            : sv_loop_id_check(what, out[i]);
+    }
+    if (rc < 0) {
+        for (int64_t i = 0; out != NULL && i < n; i++)
+            free(out[i]);
+        free(out);
+        return rc;
+    }
+    *ids = out;
+    return 0;
+}
+
+void sv_answer_predict(sv_store_t *s, sv_loop_t *loop, const char *model, const char *label,
                        const char *request_key, const char *body, size_t len, sv_answer_t *ans)
 {
     json_t *jreq = NULL, *rows = NULL;
@@ -267,10 +301,18 @@ void sv_answer_predict(sv_store_t *s, const char *model, const char *label,
             label = json_string_value(json_object_get(jreq, "label"));
     }
     sv_line_t *lines = NULL;
+    char **ids = NULL;
     sv_predicted_t r = {0};
     int64_t n = predict_lines(rows, body, len, &lines);
-    int rc = n < 0 ? kiln_errf(KILN_ENOMEM, "out of memory")
-                   : sv_predict(s, model, label, request_key, n, lines, &r);
+    int rc = n < 0 ? kiln_errf(KILN_ENOMEM, "out of memory") : 0;
+    /* A request that is logged must carry ids the log can hold: checked
+     * before predicting, so a refused request leaves no impression. */
+    if (rc == 0 && loop != NULL && request_key != NULL)
+        rc = sv_loop_id_check("the request key", request_key);
+    if (rc == 0 && loop != NULL && request_key != NULL)
+        rc = predict_row_ids(json_object_get(jreq, "row_ids"), n, &ids);
+    if (rc == 0)
+        rc = sv_predict(s, model, label, request_key, n, lines, &r);
     json_t *probs = rc == 0 ? json_array() : NULL, *bad = rc == 0 ? json_array() : NULL;
     if (rc == 0 && (probs == NULL || bad == NULL))
         rc = kiln_errf(KILN_ENOMEM, "out of memory");
@@ -282,11 +324,16 @@ void sv_answer_predict(sv_store_t *s, const char *model, const char *label,
             (!finite && json_array_append_new(bad, json_integer(i)) < 0))
             rc = kiln_errf(KILN_ENOMEM, "out of memory");
     }
-    if (rc < 0)
+    if (rc < 0) {
         answer_failure(ans, query_status, rc);
-    else
+    } else {
         answer(ans, 200, json_pack("{s:s,s:s,s:O,s:O}", "label", r.label, "checkpoint", r.uid,
                                    "probabilities", probs, "nonfinite_rows", bad));
+        sv_loop_log(loop, model, &r, request_key, lines, (const char *const *)ids);
+    }
+    for (int64_t i = 0; ids != NULL && i < n; i++)
+        free(ids[i]);
+    free(ids);
     json_decref(probs);
     json_decref(bad);
     json_decref(jreq);

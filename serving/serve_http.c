@@ -16,35 +16,40 @@
 #include <string.h>
 #include <strings.h>
 
-#include "serve_int.h"
+#include "serve_loop_int.h"
 #include "web_guard.h"
 
 typedef enum {
-    R_PUSH, R_VERSION, R_LOOKUP, R_PREDICT, R_SPLIT_SET, R_SPLIT, R_STATS, R_METRICS, R_HEALTH
+    R_PUSH, R_VERSION, R_LOOKUP, R_PREDICT, R_SPLIT_SET, R_SPLIT, R_STATS, R_METRICS, R_HEALTH,
+    R_FEEDBACK, R_ONLINE
 } route_id_t;
 
 typedef struct route {
     const char *method;
     const char *pattern; /* '*' matches one path segment */
     route_id_t id;
-    bool token; /* the request needs Authorization: Bearer <token> */
+    const char *token; /* the request needs Authorization: Bearer <token>: what it
+                          is, for the 401 ("a push"); NULL: it does not */
 } route_t;
 
 static const route_t routes[] = {
-    {"PUT", "/v1/models/*/versions/*", R_PUSH, true},
-    {"GET", "/v1/models/*/versions/*", R_VERSION, false},
-    {"POST", "/v1/models/*/lookup", R_LOOKUP, false},
-    {"POST", "/v1/models/*/predict", R_PREDICT, false},
-    {"PUT", "/v1/models/*/split", R_SPLIT_SET, true},
-    {"GET", "/v1/models/*/split", R_SPLIT, false},
-    {"GET", "/v1/stats", R_STATS, false},
-    {"GET", "/metrics", R_METRICS, false},
-    {"GET", "/healthz", R_HEALTH, false},
+    {"PUT", "/v1/models/*/versions/*", R_PUSH, "a push"},
+    {"GET", "/v1/models/*/versions/*", R_VERSION, NULL},
+    {"POST", "/v1/models/*/lookup", R_LOOKUP, NULL},
+    {"POST", "/v1/models/*/predict", R_PREDICT, NULL},
+    {"PUT", "/v1/models/*/split", R_SPLIT_SET, "setting a split"},
+    {"GET", "/v1/models/*/split", R_SPLIT, NULL},
+    {"POST", "/v1/models/*/feedback", R_FEEDBACK, "feedback"},
+    {"GET", "/v1/models/*/online", R_ONLINE, NULL},
+    {"GET", "/v1/stats", R_STATS, NULL},
+    {"GET", "/metrics", R_METRICS, NULL},
+    {"GET", "/healthz", R_HEALTH, NULL},
 };
 
 struct sv_http {
     struct MHD_Daemon *d;
     sv_store_t *store;
+    sv_loop_t *loop; /* NULL: no impression log */
     char *token;
     size_t max_body;
     char bind[64];     /* the --listen address */
@@ -116,6 +121,17 @@ static enum MHD_Result send_error(struct MHD_Connection *con, int status, const 
     return send_answer(con, status, body, "application/json");
 }
 
+/* Appends the loop's families (impressions, feedback, join, online metrics)
+ * to the store's /metrics text in a. */
+static void metrics_append_loop(sv_loop_t *loop, sv_answer_t *a)
+{
+    char *more = a->body != NULL ? sv_loop_prometheus(loop) : NULL;
+    char *all = more != NULL ? kiln_asprintf("%s%s", a->body, more) : NULL;
+    free(more);
+    free(a->body);
+    a->body = all; /* NULL: send_answer answers 503 */
+}
+
 /* Constant-time comparison of the Authorization header with the token. */
 static bool authorized(const sv_http_t *h, struct MHD_Connection *con)
 {
@@ -172,13 +188,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
             return path_known ? send_error(con, 405, "method not allowed on this path")
                               : send_error(con, 404, "no such path (see docs/serving-protocol.md)");
         }
-        if (c->route->token && !authorized(h, con)) {
+        if (c->route->token != NULL && !authorized(h, con)) {
             c->answered = true;
-            return send_error(con, 401, c->route->id == R_PUSH
-                                            ? "a push needs Authorization: Bearer <token> with "
-                                              "kiln-serve's token"
-                                            : "setting a split needs Authorization: Bearer "
-                                              "<token> with kiln-serve's token");
+            char msg[128];
+            snprintf(msg, sizeof msg, "%s needs Authorization: Bearer <token> with "
+                                      "kiln-serve's token",
+                     c->route->token);
+            return send_error(con, 401, msg);
         }
         if (c->route->id == R_PUSH) {
             sv_answer_t a = {0};
@@ -255,7 +271,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
         sv_answer_lookup(h->store, c->seg[0], c->body ? c->body : "", c->len, &a);
         break;
     case R_PREDICT:
-        sv_answer_predict(h->store, c->seg[0],
+        sv_answer_predict(h->store, h->loop, c->seg[0],
                    MHD_lookup_connection_value(con, MHD_GET_ARGUMENT_KIND, "label"),
                    MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Kiln-Request-Key"),
                    c->body ? c->body : "", c->len, &a);
@@ -269,8 +285,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
     case R_STATS:
         sv_answer_stats(h->store, false, &a);
         break;
+    case R_FEEDBACK:
+        sv_answer_feedback(h->loop, c->seg[0], c->body ? c->body : "", c->len, &a);
+        break;
+    case R_ONLINE:
+        sv_answer_online(h->loop, c->seg[0], &a);
+        break;
     case R_METRICS:
         sv_answer_stats(h->store, true, &a);
+        metrics_append_loop(h->loop, &a);
         return send_answer(con, a.status, a.body, "text/plain; version=0.0.4");
     case R_HEALTH:
         a.status = 200;
@@ -317,6 +340,7 @@ int sv_http_start(sv_store_t *store, const sv_http_opts_t *o, sv_http_t **out)
     if (h == NULL)
         return KILN_ENOMEM;
     h->store = store;
+    h->loop = o->loop;
     h->token = o->token ? kiln_strdup(o->token) : NULL;
     h->allow_hosts = o->allow_hosts ? kiln_strdup(o->allow_hosts) : NULL;
     h->max_body = o->max_body ? o->max_body : (4u << 20);

@@ -139,6 +139,7 @@ typedef struct sv_predicted {
     char label[SERVE_NAME_MAX], uid[SERVE_UID_MAX];
     int64_t n;
     float *probs; /* (n) a probability per line, NaN or inf where the weights overflow */
+    int nfields;  /* dense features + slots of the version: a line's fields besides a label */
 } sv_predicted_t;
 /* Predicts n lines with model's version label (NULL: chosen by the split,
  * sticky on request_key). Returns 0, KILN_ENOENT (no such version, or a
@@ -229,11 +230,13 @@ void sv_answer_version(sv_store_t *s, const char *model, const char *label,
 void sv_answer_lookup(sv_store_t *s, const char *model, const char *body, size_t len,
                       sv_answer_t *ans /* OUT */);
 /* POST predict: TSV lines (Criteo format, a label column first) or JSON
- * {"rows": ["tsv line", ...]}. label NULL: chosen by the split, sticky on
- * request_key. */
-void sv_answer_predict(sv_store_t *s, const char *model, const char *label,
-                       const char *request_key, const char *body, size_t len,
-                       sv_answer_t *ans /* OUT */);
+ * {"rows": ["tsv line", ...], "row_ids": [...]}. label NULL: chosen by the
+ * split, sticky on request_key. With a loop (serve_loop_int.h; NULL: none)
+ * and a request_key, each row answered is logged as an impression. */
+struct sv_loop;
+void sv_answer_predict(sv_store_t *s, struct sv_loop *loop, const char *model,
+                       const char *label, const char *request_key, const char *body,
+                       size_t len, sv_answer_t *ans /* OUT */);
 /* GET (body NULL) or PUT of a model's split: PUT's body {"split": "A=90,B=10"};
  * 200 {"model", "split", "source", "labels": [{"label", "weight", "held"}],
  * "no_traffic": [label held without traffic]}; 400 a bad split, 507 when it
@@ -256,6 +259,7 @@ typedef struct sv_http_opts {
     const char *allow_hosts; /* Host names served besides the bind address's
                                 (comma-separated, "*": any; NULL: none), see
                                 kiln_host_allowed */
+    struct sv_loop *loop;    /* impressions, feedback, join (NULL: off) */
 } sv_http_opts_t;
 
 typedef struct sv_http sv_http_t;

@@ -5,6 +5,8 @@
  *              [--split A=90,B=10] [--port-file FILE] [--max-connections N]
  *              [--max-per-client N] [--timeout SECONDS] [--max-body BYTES]
  *              [--allow-host NAMES] [--log-level LEVEL]
+ *              [--impressions-dir DIR --join-dir DIR [--impressions-max BYTES]
+ *               [--feedback-window DURATION]]
  *
  * Loads the versions persisted in DIR, serves the API of
  * docs/serving-protocol.md until SIGINT or SIGTERM, and exits 0 (1 on a
@@ -19,7 +21,7 @@
 #include <string.h>
 
 #include "model.h"
-#include "serve_int.h"
+#include "serve_loop_int.h"
 
 static void usage(FILE *f)
 {
@@ -41,6 +43,14 @@ static void usage(FILE *f)
             "                         4194304)\n"
             "  --allow-host NAMES     Host names served besides those of the --listen\n"
             "                         address (comma-separated; * for any)\n"
+            "  --impressions-dir DIR  log an impression per row of each predict with a\n"
+            "                         request key (needs --join-dir)\n"
+            "  --join-dir DIR         write joined training partitions here\n"
+            "  --impressions-max BYTES  impression segments on disk, 65536-2^50\n"
+            "                         (default 1073741824); past it rows are dropped,\n"
+            "                         counted in /metrics\n"
+            "  --feedback-window DURATION  how long feedback may follow an impression\n"
+            "                         before the join (1s-7d, default 15m)\n"
             "  --log-level LEVEL      debug, info, warn, error (default info)\n"
             "  --version              print kiln-serve's version and exit\n");
 }
@@ -52,13 +62,14 @@ typedef struct limit {
     const char *unit;
 } limit_t;
 
-enum { L_CONNECTIONS, L_PER_CLIENT, L_TIMEOUT, L_BODY, L_COUNT };
+enum { L_CONNECTIONS, L_PER_CLIENT, L_TIMEOUT, L_BODY, L_IMPRESSIONS, L_COUNT };
 
 static const limit_t limits[L_COUNT] = {
     [L_CONNECTIONS] = {"--max-connections", 1, 1000, "connections"}, /* select(): < FD_SETSIZE */
     [L_PER_CLIENT] = {"--max-per-client", 1, 1000, "connections"},
     [L_TIMEOUT] = {"--timeout", 1, 86400, "seconds"},
     [L_BODY] = {"--max-body", 1, 1LL << 30, "bytes"},
+    [L_IMPRESSIONS] = {"--impressions-max", 65536, 1LL << 50, "bytes"},
 };
 
 /* The index in limits of flag, or -1. */
@@ -92,6 +103,8 @@ int main(int argc, char **argv)
                *port_file = NULL, *level = "info";
     sv_http_opts_t o = {.max_connections = 64, .timeout_s = 30, .max_body = 4u << 20};
     sv_split_t parsed_split = {0};
+    sv_loop_opts_t lo = {.max_bytes = 1LL << 30, .window_ms = 15 * 60 * 1000};
+    const char *window = NULL;
     long long num;
     int li;
     if (kiln_version_flag(argc, argv, "kiln-serve"))
@@ -130,6 +143,7 @@ int main(int argc, char **argv)
             case L_CONNECTIONS: o.max_connections = (int)num; break;
             case L_PER_CLIENT: o.max_per_client = (int)num; break;
             case L_TIMEOUT: o.timeout_s = (int)num; break;
+            case L_IMPRESSIONS: lo.max_bytes = num; break;
             default: o.max_body = (size_t)num; break;
             }
         } else if (strcmp(a, "--allow-host") == 0) {
@@ -138,7 +152,13 @@ int main(int argc, char **argv)
                 return 2;
             }
             o.allow_hosts = v;
-        } else if (strcmp(a, "--log-level") == 0)
+        } else if (strcmp(a, "--impressions-dir") == 0)
+            lo.impressions_dir = v;
+        else if (strcmp(a, "--join-dir") == 0)
+            lo.join_dir = v;
+        else if (strcmp(a, "--feedback-window") == 0)
+            window = v;
+        else if (strcmp(a, "--log-level") == 0)
             level = v;
         else {
             fprintf(stderr, "kiln-serve: unknown option %s\n", a);
@@ -154,6 +174,21 @@ int main(int argc, char **argv)
     if (o.max_per_client > o.max_connections) {
         fprintf(stderr, "kiln-serve: --max-per-client %d is more than --max-connections %d\n",
                 o.max_per_client, o.max_connections);
+        return 2;
+    }
+    if ((lo.impressions_dir == NULL) != (lo.join_dir == NULL)) {
+        fprintf(stderr, "kiln-serve: %s %s was given without %s: the impressions are logged "
+                        "to be joined into training partitions, so the two go together\n",
+                lo.join_dir ? "--join-dir" : "--impressions-dir",
+                lo.join_dir ? lo.join_dir : lo.impressions_dir,
+                lo.join_dir ? "--impressions-dir" : "--join-dir");
+        return 2;
+    }
+    if (window != NULL && (kiln_duration_parse(window, &lo.window_ms) < 0 ||
+                           lo.window_ms < 1000 || lo.window_ms > 7LL * 86400 * 1000)) {
+        fprintf(stderr, "kiln-serve: --feedback-window must be a duration from 1s to 7d "
+                        "(15m, 90s), got '%s'\n",
+                window);
         return 2;
     }
     if (split != NULL && sv_split_parse(split, false, &parsed_split) < 0) {
@@ -196,16 +231,23 @@ int main(int argc, char **argv)
     sigaddset(&stop, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* A file-size limit (ulimit -f) is a full disk to the impression log. */
+    signal(SIGXFSZ, SIG_IGN);
 
     sv_store_t *store = NULL;
     sv_http_t *http = NULL;
+    sv_loop_t *loop = NULL;
     int rc = sv_store_open(state_dir, &store);
     if (rc == 0)
         sv_store_set_split(store, &parsed_split);
+    if (rc == 0 && lo.impressions_dir != NULL)
+        rc = sv_loop_open(&lo, &loop);
+    o.loop = loop;
     if (rc == 0)
         rc = sv_http_start(store, &o, &http);
     if (rc < 0) {
         fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
+        sv_loop_close(loop);
         sv_store_close(store);
         return 1;
     }
@@ -217,6 +259,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "kiln-serve: cannot write --port-file %s: %s\n", port_file,
                     kiln_errmsg());
             sv_http_stop(http);
+            sv_loop_close(loop);
             sv_store_close(store);
             return 1;
         }
@@ -226,6 +269,7 @@ int main(int argc, char **argv)
     sigwait(&stop, &sig);
     KILN_INFO("signal %d: stopping", sig);
     sv_http_stop(http);
+    sv_loop_close(loop);
     sv_store_close(store);
     return 0;
 }

@@ -244,6 +244,7 @@ int sv_predict(sv_store_t *s, const char *model, const char *label, const char *
     }
     snprintf(out->label, sizeof out->label, "%s", v->label);
     snprintf(out->uid, sizeof out->uid, "%s", v->uid);
+    out->nfields = F + S;
     int64_t nonfinite = 0;
     for (int64_t done = 0; done < n;) {
         int b = n - done < PREDICT_BATCH ? (int)(n - done) : PREDICT_BATCH;

@@ -1824,6 +1824,12 @@ static void test_cli_limits(void **state)
         {"--split", "A=50,,B=5", "LABEL=WEIGHT"},
         {"--split", "../x=5", "label"},
         {"--allow-host", "", "--allow-host"},
+        {"--impressions-max", "1000", "from 65536 to"},
+        {"--feedback-window", "0s", "from 1s to 7d"},
+        {"--feedback-window", "8d", "from 1s to 7d"},
+        {"--feedback-window", "soon", "from 1s to 7d"},
+        {"--impressions-dir", "/tmp/kiln-no-such-imp", "without --join-dir"},
+        {"--join-dir", "/tmp/kiln-no-such-join", "without --impressions-dir"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *args[] = {"--listen", "127.0.0.1:0", "--state-dir", dir, "--token-env",
