@@ -25,15 +25,10 @@ static int agree(MPI_Comm comm, int rank, int rc)
     return out[0];
 }
 
+/* Test hook (ckpt.h): KILN_TEST_DUMP_DELAY_MS slows every dump. */
 static void test_delay(void)
 {
-    const char *s = getenv("KILN_TEST_DUMP_DELAY_MS");
-    long ms = s ? strtol(s, NULL, 10) : 0;
-    if (ms > 0) {
-        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-        while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-        }
-    }
+    kiln_test_pause("KILN_TEST_DUMP_DELAY_MS");
 }
 
 int rt_ckpt_dump(MPI_Comm comm, const char *root, int ntables, kern_table_t *const *tables,

@@ -169,6 +169,10 @@ int64_t kiln_mono_ns(void);
  * kiln_now_s() is never in an earlier second than a kiln_now_ms() before it. */
 int64_t kiln_now_s(void);
 int64_t kiln_now_ms(void);
+/* A test's pause: sleeps $var milliseconds when the variable is set and
+ * positive (never set in production), so that a test can kill -9 a process
+ * between two steps of its work. Signals do not cut the pause short. */
+void kiln_test_pause(const char *var);
 /* The delay before retry `attempt` (1, 2, ...): first_ms doubled for each
  * attempt after the first while below max_ms, capped at max_ms (<= 0: no cap),
  * plus up to 20% more taken from noise (any random bits), so that the retries

@@ -6,8 +6,10 @@
 #include "kiln.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -16,6 +18,17 @@ int64_t kiln_mono_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+void kiln_test_pause(const char *var)
+{
+    const char *v = getenv(var);
+    long long ms = v != NULL ? atoll(v) : 0;
+    if (ms <= 0)
+        return;
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
 }
 
 int64_t kiln_backoff_ms(int64_t first_ms, int64_t max_ms, int attempt, uint64_t noise)

@@ -31,11 +31,7 @@
  * recorded, so that a test can kill -9 the deliverer in between. */
 static void test_hold(void)
 {
-    const char *ms = getenv("KILN_TEST_PUSH_HOLD_MS");
-    if (ms != NULL && atoll(ms) > 0) {
-        struct timespec ts = {atoll(ms) / 1000, (atoll(ms) % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    kiln_test_pause("KILN_TEST_PUSH_HOLD_MS");
 }
 
 /* ---- claimers ----------------------------------------------------------------------- */

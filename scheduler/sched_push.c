@@ -79,11 +79,7 @@ static void wait_until(sched_pusher_t *p, int64_t at_ms)
  * between a run's success and its push. */
 static void test_delay(void)
 {
-    const char *ms = getenv("KILN_TEST_PUSH_DELAY_MS");
-    if (ms != NULL && atoll(ms) > 0) {
-        struct timespec ts = {atoll(ms) / 1000, (atoll(ms) % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    kiln_test_pause("KILN_TEST_PUSH_DELAY_MS");
 }
 
 static void *worker(void *arg)

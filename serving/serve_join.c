@@ -100,13 +100,7 @@ out:
  * can kill -9 kiln-serve inside one (0 in production). */
 static void hold(void)
 {
-    static int ms = -1;
-    if (ms < 0) {
-        const char *v = getenv("KILN_TEST_JOIN_HOLD_MS");
-        ms = v != NULL ? atoi(v) : 0;
-    }
-    if (ms > 0)
-        usleep((useconds_t)ms * 1000);
+    kiln_test_pause("KILN_TEST_JOIN_HOLD_MS");
 }
 
 /* Joins segment seg (a copy) of m. Returns 0 or a KILN_E* code (the
