@@ -609,3 +609,15 @@ int job_cron_next(const job_cron_t *c, int64_t after, int64_t *next)
     *next = t - c->tz_offset_s;
     return 0;
 }
+
+int64_t job_next_fire(const char *schedule, const char *tz, int64_t after)
+{
+    job_cron_t c;
+    int64_t next = 0;
+    if (schedule == NULL || job_cron_parse(schedule, &c) < 0 ||
+        (tz != NULL && job_cron_set_timezone(&c, tz) < 0) || job_cron_next(&c, after, &next) < 0) {
+        kiln_errclear();
+        return 0;
+    }
+    return next;
+}

@@ -322,6 +322,11 @@ int job_cron_set_timezone(job_cron_t *c, const char *tz);
  * briefly sets TZ under a mutex and restores it; other threads that read TZ
  * (localtime) at that moment may see the zone. */
 int job_cron_next(const job_cron_t *c, int64_t after, int64_t *next /* OUT */);
+/* The first fire of schedule (a cron expression) in zone tz (NULL: UTC)
+ * strictly after `after`; 0 when there is none or the schedule or zone does
+ * not parse (specs were checked when submitted). What kiln jobs, the web
+ * page and submit's answer show. */
+int64_t job_next_fire(const char *schedule, const char *tz, int64_t after);
 
 #ifdef __cplusplus
 }

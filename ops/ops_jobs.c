@@ -12,20 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Next fire time of a parsed spec's schedule after now; 0 when none. */
-static int64_t next_fire(const job_spec_t *spec)
-{
-    job_cron_t c;
-    int64_t next = 0;
-    if (spec->schedule == NULL || job_cron_parse(spec->schedule, &c) < 0)
-        return 0;
-    if (spec->timezone != NULL && job_cron_set_timezone(&c, spec->timezone) < 0)
-        return 0;
-    if (job_cron_next(&c, kiln_now_s(), &next) < 0)
-        return 0;
-    return next;
-}
-
 void ops_submitted_fini(ops_submitted_t *s)
 {
     if (s == NULL)
@@ -39,7 +25,7 @@ int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags, ops_subm
     memset(out, 0, sizeof *out);
     const char *name = in->path != NULL ? in->path : (in->source ? in->source : "spec");
     KILN_CHECK(job_spec_parse(in->text, in->len, name, &out->spec, diags));
-    out->next_fire = next_fire(&out->spec);
+    out->next_fire = job_next_fire(out->spec.schedule, out->spec.timezone, kiln_now_s());
     if (in->dry_run)
         return 0;
 

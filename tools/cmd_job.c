@@ -60,20 +60,6 @@ static int read_file(const char *path, char **out, size_t *len)
     return 0;
 }
 
-/* Next fire time of a schedule in a zone, after `after`; 0 when none. */
-static int64_t next_fire(const char *schedule, const char *tz, int64_t after)
-{
-    job_cron_t c;
-    int64_t next = 0;
-    if (schedule == NULL || job_cron_parse(schedule, &c) < 0)
-        return 0;
-    if (tz != NULL && job_cron_set_timezone(&c, tz) < 0)
-        return 0;
-    if (job_cron_next(&c, after, &next) < 0)
-        return 0;
-    return next;
-}
-
 /* The timezone of a stored spec (specs were validated when submitted). */
 static char *stored_timezone(const char *yaml)
 {
@@ -321,7 +307,7 @@ int cmd_jobs(cli_t *cli)
     for (size_t i = 0; i < n; i++) {
         const state_job_t *j = &jobs[i];
         char *tz = j->schedule ? stored_timezone(j->spec_yaml) : NULL;
-        int64_t next = j->paused ? 0 : next_fire(j->schedule, tz, now);
+        int64_t next = j->paused ? 0 : job_next_fire(j->schedule, tz, now);
         free(tz);
         state_run_t *last = NULL;
         size_t nlast = 0;
@@ -523,7 +509,7 @@ static int show_job(cli_t *cli, state_t *st, const char *name)
     if (rc < 0)
         return cli_fail(rc, NULL);
     char *tz = j.schedule ? stored_timezone(j.spec_yaml) : NULL;
-    int64_t next = j.paused ? 0 : next_fire(j.schedule, tz, kiln_now_s());
+    int64_t next = j.paused ? 0 : job_next_fire(j.schedule, tz, kiln_now_s());
     state_run_t *runs = NULL;
     size_t n = 0;
     if (state_run_list(st, j.name, 10, &runs, &n) < 0)

@@ -207,19 +207,16 @@ int64_t web_next_fire(const state_job_t *job, int64_t now)
 {
     if (job->schedule == NULL || job->paused)
         return 0;
-    job_cron_t c;
-    if (job_cron_parse(job->schedule, &c) < 0)
-        return 0;
     /* The zone is in the stored spec; a spec that no longer parses fires in UTC. */
     job_spec_t spec;
+    int64_t next;
     if (job_spec_parse(job->spec_yaml, strlen(job->spec_yaml), "stored spec", &spec, NULL) == 0) {
-        if (spec.timezone != NULL)
-            job_cron_set_timezone(&c, spec.timezone);
+        next = job_next_fire(job->schedule, spec.timezone, now);
         job_spec_fini(&spec);
+    } else {
+        kiln_errclear();
+        next = job_next_fire(job->schedule, NULL, now);
     }
-    int64_t next = 0;
-    if (job_cron_next(&c, now, &next) < 0)
-        return 0;
     return next;
 }
 
