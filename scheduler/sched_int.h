@@ -169,8 +169,9 @@ typedef struct sched {
     sched_pusher_t *pusher;
 } sched_t;
 
-/* Starts the threads that deliver queued pushes and (stats_every_ms > 0)
- * read endpoints' stats, each with its own connection to db_path. */
+/* Starts the threads that deliver queued pushes, drive push.ramp's traffic
+ * shares and (stats_every_ms > 0) read endpoints' stats, each with its own
+ * connection to db_path. */
 int sched_pusher_start(const char *db_path, int64_t stats_every_ms,
                        sched_pusher_t **out /* OUT */);
 /* Something was queued: the dispatcher looks now instead of at its next poll. */

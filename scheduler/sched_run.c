@@ -277,6 +277,54 @@ static int64_t deadline_of(const job_spec_t *spec, int64_t started_ms)
     return started_ms + spec->resources.timeout_ms;
 }
 
+/* A run launches with the spec version it was queued under: the job may
+ * have been resubmitted since, and the run's lineage names its version.
+ * *usable with that version parsed into *spec (its YAML in *yaml); else the
+ * run has failed with the reason. Returns 0 or the failure to record that. */
+static int queued_version(sched_t *s, const state_run_t *run, const sched_job_t *job,
+                          job_spec_t *spec, char **yaml, bool *usable)
+{
+    int rc = state_job_version_spec(s->st, job->row.id, run->job_version, yaml);
+    if (rc == 0)
+        rc = job_spec_parse(*yaml, strlen(*yaml), job->row.name, spec, NULL);
+    *usable = rc == 0;
+    if (rc < 0) {
+        char *why = kiln_asprintf("spec version %d of job %s cannot be used: %s",
+                                  run->job_version, job->row.name, kiln_errmsg());
+        rc = state_run_transition(s->st, run->id, STATE_RUN_QUEUED, STATE_RUN_FAILED, -1, why);
+        KILN_WARN("run %lld: %s", (long long)run->id, why ? why : "out of memory");
+        free(why);
+        return rc == KILN_ESTATE ? 0 : rc;
+    }
+    KILN_INFO("run %lld launches with spec version %d of job %s (the job is at version %d)",
+              (long long)run->id, run->job_version, job->row.name, job->row.version);
+    return 0;
+}
+
+/* Writes the run's new input files as run_dir/inputs (one path a line; its
+ * path into inputs_path) and records them as the run's inputs. */
+static int write_inputs(sched_t *s, const state_run_t *run, const char *run_dir,
+                        const state_input_t *ins, size_t nins, char *inputs_path, size_t sz)
+{
+    size_t len = 1;
+    for (size_t i = 0; i < nins; i++)
+        len += strlen(ins[i].path) + 1;
+    char *list = kiln_calloc(1, len);
+    if (list == NULL)
+        return KILN_ENOMEM;
+    for (size_t i = 0; i < nins; i++) {
+        strcat(list, ins[i].path);
+        strcat(list, "\n");
+    }
+    int rc = run_write_text(run_dir, RUN_FILE_INPUTS, list);
+    free(list);
+    KILN_CHECK(rc);
+    snprintf(inputs_path, sz, "%s/%s", run_dir, RUN_FILE_INPUTS);
+    for (size_t i = 0; i < nins; i++)
+        KILN_CHECK(state_input_add(s->st, run->id, &ins[i]));
+    return 0;
+}
+
 int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
 {
     const job_spec_t *spec = &job->spec;
@@ -287,34 +335,17 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     char *base = NULL;
     state_input_t *ins = NULL;
     size_t nins = 0;
-    char *run_dir = NULL, *hostfile = NULL, *list = NULL, *resume = NULL, *env_dir = NULL;
+    char *run_dir = NULL, *hostfile = NULL, *resume = NULL, *env_dir = NULL;
     char **argv = NULL;
     int rc = 0;
     bool launching = false;
 
-    /* A run launches with the spec version it was queued under: the job may
-     * have been resubmitted since, and the run's lineage names its version. */
     if (run->job_version > 0 && run->job_version != job->row.version) {
-        rc = state_job_version_spec(s->st, job->row.id, run->job_version, &queued_yaml);
-        if (rc == 0) {
-            rc = job_spec_parse(queued_yaml, strlen(queued_yaml), job->row.name, &queued_spec,
-                                NULL);
-            own_spec = rc == 0;
-        }
-        if (rc < 0) {
-            char *why = kiln_asprintf("spec version %d of job %s cannot be used: %s",
-                                      run->job_version, job->row.name, kiln_errmsg());
-            rc = state_run_transition(s->st, run->id, STATE_RUN_QUEUED, STATE_RUN_FAILED, -1,
-                                      why);
-            KILN_WARN("run %lld: %s", (long long)run->id, why ? why : "out of memory");
-            free(why);
-            rc = rc == KILN_ESTATE ? 0 : rc;
+        rc = queued_version(s, run, job, &queued_spec, &queued_yaml, &own_spec);
+        if (!own_spec)
             goto out;
-        }
         spec = &queued_spec;
         spec_yaml = queued_yaml;
-        KILN_INFO("run %lld launches with spec version %d of job %s (the job is at version %d)",
-                  (long long)run->id, run->job_version, job->row.name, job->row.version);
     }
     base = spec_base_dir(s, run, job->row.name);
 
@@ -363,24 +394,9 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     KILN_CHECK_GOTO(run_write_text(run_dir, RUN_FILE_SPEC, spec_yaml), rc, out);
     char inputs_path[4096] = "", spec_path[4096];
     snprintf(spec_path, sizeof spec_path, "%s/%s", run_dir, RUN_FILE_SPEC);
-    if (spec->data.incremental) {
-        size_t len = 1;
-        for (size_t i = 0; i < nins; i++)
-            len += strlen(ins[i].path) + 1;
-        list = kiln_calloc(1, len);
-        if (list == NULL) {
-            rc = KILN_ENOMEM;
-            goto out;
-        }
-        for (size_t i = 0; i < nins; i++) {
-            strcat(list, ins[i].path);
-            strcat(list, "\n");
-        }
-        KILN_CHECK_GOTO(run_write_text(run_dir, RUN_FILE_INPUTS, list), rc, out);
-        snprintf(inputs_path, sizeof inputs_path, "%s/%s", run_dir, RUN_FILE_INPUTS);
-        for (size_t i = 0; i < nins; i++)
-            KILN_CHECK_GOTO(state_input_add(s->st, run->id, &ins[i]), rc, out);
-    }
+    if (spec->data.incremental)
+        KILN_CHECK_GOTO(write_inputs(s, run, run_dir, ins, nins, inputs_path, sizeof inputs_path),
+                        rc, out);
     const sched_launcher_t *l = sched_launcher_for(spec->resources.launcher);
     if (l == NULL) {
         rc = KILN_EINVAL;
@@ -454,7 +470,7 @@ out:
     }
     sched_argv_free(argv);
     state_inputs_free(ins, nins);
-    KILN_FREE_ALL(list, hostfile, resume, run_dir, base, env_dir);
+    KILN_FREE_ALL(hostfile, resume, run_dir, base, env_dir);
     if (own_spec)
         job_spec_fini(&queued_spec);
     free(queued_yaml);

@@ -382,7 +382,8 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
 int64_t rt_shard_bytes_last_step(const rt_shard_t *s);
 
 /* ==== mpi: the MPI error handling the trainer's modules share (shard.c,
- * comm.c, comm_nccl.cu, ckpt_mpi.c, trainer/): a failed MPI call becomes KILN_EMPI with MPI's
+ * comm.c, comm_nccl.cu, trainer/; ckpt/ does not depend on shard/, and
+ * ckpt_mpi.c's own agreement also names the rank that failed): a failed MPI call becomes KILN_EMPI with MPI's
  * own message and a hint, rt_mpi_agree makes every rank take the same
  * branch after a step that may have failed on some of them, and
  * rt_mpi_local_rank says where a rank stands on its host. Header-only, so
