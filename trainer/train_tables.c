@@ -68,8 +68,8 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
         mine[1] += st.disk_size;
         mine[2] += st.ram_hits;
         mine[3] += st.disk_hits;
-        mine[4] += st.pages_read * st.page_bytes;
-        mine[5] += st.pages_written * st.page_bytes;
+        mine[4] += st.disk_read_bytes;
+        mine[5] += st.disk_written_bytes;
         mine[7] += st.admit_rejected;
         out->tiered |= kern_table_tiered(tr->tables[t]);
     }
