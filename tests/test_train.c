@@ -157,6 +157,16 @@ static json_t *train_with(int np, const char *spec, const char *run_name, result
     return v;
 }
 
+/* train_with, which must succeed (the failure names the run). */
+static json_t *train_with_ok(int np, const char *spec, const char *run_name, result_t *r,
+                             const char *const *more)
+{
+    json_t *v = train_with(np, spec, run_name, r, more);
+    if (v == NULL)
+        fail_msg("%s: kiln-train failed (%d): %s", run_name, r->code, r->err);
+    return v;
+}
+
 static json_t *train(int np, const char *spec, const char *run_name, result_t *r)
 {
     return train_with(np, spec, run_name, r, NULL);
@@ -585,6 +595,97 @@ static void tier_case(const char *tag, const char *extra, const char *memory)
         json_decref(res[1]);
         tier_compare(roots, phase);
     }
+}
+
+/* Where the rows of a tiered run ended up (result.json's tables without
+ * the hit rate's rounding): rows in RAM, rows on disk, bytes read and
+ * written, as one string. */
+static void tier_split(json_t *res, char *out, size_t cap)
+{
+    json_t *t = json_object_get(res, "tables");
+    snprintf(out, cap, "rows_ram %lld, rows_disk %lld, read %lld, written %lld",
+             (long long)json_integer_value(json_object_get(t, "rows_ram")),
+             (long long)json_integer_value(json_object_get(t, "rows_disk")),
+             (long long)json_integer_value(json_object_get(t, "disk_read_bytes")),
+             (long long)json_integer_value(json_object_get(t, "disk_written_bytes")));
+}
+
+/* The split of rows between RAM and disk is a function of the inputs: the
+ * same tiered job with --threads 1 and --threads 2 (2 ranks) ends with the
+ * same rows in RAM and on disk and moves the same bytes. */
+static void test_tier_split_deterministic(void **state)
+{
+    (void)state;
+    char spec[400], split[3][200];
+    tier_spec("tier-det", ", memory: 24KiB, spill_dir: spill", spec, sizeof spec);
+    static const char *const threads[3] = {"1", "2", "1"};
+    result_t *r = malloc(sizeof *r);
+    for (int k = 0; k < 3; k++) {
+        char rn[64];
+        snprintf(rn, sizeof rn, "tier-det-%d", k);
+        const char *more[] = {"--max-steps", "24", "--threads", threads[k], NULL};
+        json_t *v = train_with_ok(2, spec, rn, r, more);
+        tier_split(v, split[k], sizeof split[k]);
+        print_message("--threads %s: %s\n", threads[k], split[k]);
+        json_decref(v);
+    }
+    free(r);
+    assert_string_equal(split[0], split[2]);
+    assert_string_equal(split[0], split[1]);
+}
+
+/* A spill disk that fills up: a tiered job resumed from its checkpoint with
+ * spill_dir on a 64 KiB tmpfs (mounted in a mount namespace of its own,
+ * unshare -m, so nothing outside sees it) fails with exit 3 (retryable) and
+ * a message that names the full disk and what to do; the checkpoint is
+ * still the latest and whole, and a resume with room trains on from it.
+ * Skipped, saying so, where this user cannot mount. */
+static void test_tier_disk_full(void **state)
+{
+    (void)state;
+    char spec[400], tiny_spec[400], tiny[400], root[400], ck[400], ck2[400], rd[400];
+    tier_spec("tier-full", ", memory: 24KiB, spill_dir: spill", spec, sizeof spec);
+    snprintf(tiny, sizeof tiny, "%s/tiny-spill", tmpdir);
+    assert_int_equal(kiln_mkdir_p(tiny), 0);
+    snprintf(tiny_spec, sizeof tiny_spec, "%s/tier-full-tiny.yaml", tmpdir);
+    fx_write(tiny_spec,
+             "name: tier-full\n"
+             "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+             "model:\n  type: fm\n  embedding: {dim: 8, capacity: 20000, memory: 24KiB, "
+             "spill_dir: %s}\n"
+             "train: {batch_size: 64, seed: 7, init_from: none}\n"
+             "checkpoint: {dir: ckpt/tier-full, every_steps: 12, full_every: 3, keep: 10}\n",
+             tiny);
+    snprintf(root, sizeof root, "%s/ckpt/tier-full", tmpdir);
+    result_t *r = malloc(sizeof *r);
+    const char *first[] = {"--max-steps", "24", NULL};
+    json_decref(train_with_ok(2, spec, "tier-full-0", r, first));
+    latest_ckpt(root, ck, sizeof ck);
+    snprintf(rd, sizeof rd, "%s/tier-full-1", tmpdir);
+    const char *argv[] = {"unshare", "-m", "sh", "-c",
+                          "mount -t tmpfs -o size=64k kiln-test-spill \"$0\" && exec \"$@\"",
+                          tiny, "mpirun", "-np", "2", "--oversubscribe", KILN_TRAIN_BIN,
+                          "--spec", tiny_spec, "--run-dir", rd, "--quiet", "--threads", "1",
+                          "--resume", ck, "--max-steps", "40", NULL};
+    run(r, (const char *const *)argv);
+    if (r->code != 0 && (strstr(r->err, "unshare:") || strstr(r->err, "mount:"))) {
+        print_message("skipped: cannot mount a small tmpfs here (%.200s)\n", r->err);
+        free(r);
+        skip();
+        return;
+    }
+    print_message("spill disk full: exit %d: %s\n", r->code, strstr(r->err, "kiln-train:") ? strstr(r->err, "kiln-train:") : r->err);
+    assert_int_equal(r->code, 3);
+    assert_non_null(strstr(r->err, "is full"));
+    assert_non_null(strstr(r->err, "model.embedding.spill_dir"));
+    assert_non_null(strstr(r->err, tiny));
+    /* the checkpoint it started from is still the latest, and trains on */
+    assert_string_equal(latest_ckpt(root, ck2, sizeof ck2), ck);
+    const char *again[] = {"--resume", ck, "--max-steps", "40", NULL};
+    json_t *v = train_with_ok(2, spec, "tier-full-2", r, again);
+    assert_int_equal((int)num(v, "steps"), 40);
+    json_decref(v);
+    free(r);
 }
 
 static void test_tables_larger_than_memory(void **state)
@@ -1836,6 +1937,8 @@ int main(void)
         cmocka_unit_test(test_step_matches_reference),
         cmocka_unit_test(test_unseen_keys_read_as_zeros),
         cmocka_unit_test(test_tables_larger_than_memory),
+        cmocka_unit_test(test_tier_split_deterministic),
+        cmocka_unit_test(test_tier_disk_full),
     };
     /* KILN_TEST_FILTER=test_twin* runs matching tests (cmocka glob).
      * KILN_TEST_GPU=1 (ctest's test_train_gpu) runs the GPU tests alone, or
