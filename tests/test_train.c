@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,8 @@
 #include "ckpt.h"
 #include "data.h"
 #include "model.h"
+#include "ops.h"
+#include "serve.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN and KILN_TRAIN_BIN must name the executables"
@@ -544,6 +547,101 @@ static const char *latest_ckpt(const char *root, char *out, size_t cap)
     return out;
 }
 
+/* serve_push's source: the checkpoint dir o->dir as a delta on held (or
+ * in full). */
+typedef struct {
+    const char *dir;
+    const serve_model_desc_t *desc;
+} ck_open_t;
+
+static int ck_open(void *ctx, const char *held, serve_source_t **out)
+{
+    const ck_open_t *o = ctx;
+    return serve_ckptsrc_open(o->dir, o->desc, held, out);
+}
+
+/* Pushes the latest chain under root to label of model ctr on s: its full
+ * dump, then each incremental as a delta on the one before. Returns how
+ * many deltas went. */
+static int push_chain(const fx_serve_t *s, const char *label, const char *root,
+                      const serve_model_desc_t *desc)
+{
+    rt_ckpt_chain_t ch;
+    fx_open_latest(root, &ch);
+    int deltas = 0;
+    for (int i = 0; i < ch.n; i++) {
+        ck_open_t o = {rt_ckpt_path(ch.items[i]), desc};
+        serve_target_t tg = {.url = s->url, .model = "ctr", .label = label,
+                             .held = i > 0 ? rt_ckpt_info(ch.items[i - 1])->uid : NULL,
+                             .open = ck_open, .open_ctx = &o};
+        serve_push_opts_t opts = {.token = FX_TOKEN, .retries = 1, .timeout_ms = 30000};
+        serve_push_result_t res;
+        if (serve_push(&tg, 1, &opts, &res) != 0)
+            fail_msg("push of %s to %s: %s", rt_ckpt_path(ch.items[i]), label, res.error);
+        assert_true(res.full == (i == 0));
+        deltas += !res.full;
+    }
+    rt_ckpt_chain_fini(&ch);
+    return deltas;
+}
+
+/* kiln-serve's probabilities for the first rows of the eval file, label. */
+static int served(const fx_serve_t *s, const char *label, const char *lines, double *out, int max)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/predict?label=%s", s->url, label);
+    fx_reply_t r = {0};
+    assert_int_equal(fx_http(&r, "POST", url, NULL, lines, strlen(lines), 30), 200);
+    json_t *j = json_loads(r.body, 0, NULL);
+    json_t *p = json_object_get(j, "probabilities");
+    int n = (int)json_array_size(p);
+    for (int i = 0; i < n && i < max; i++)
+        out[i] = json_real_value(json_array_get(p, i));
+    json_decref(j);
+    fx_reply_fini(&r);
+    return n;
+}
+
+/* The chains under root[0] (all in RAM) and root[1] (tiered) reach a real
+ * kiln-serve as labels ram and tier, a full push and then deltas (with
+ * expiry: their deletions), and it predicts the same for both. */
+static void tier_push(const char *spec, const char *const root[2], const char *tag)
+{
+    job_spec_t sp;
+    job_diags_t dg = {0};
+    assert_int_equal(job_spec_load(spec, &sp, &dg), 0);
+    job_diags_fini(&dg);
+    serve_model_desc_t desc;
+    assert_int_equal(ops_model_desc(&sp, &desc), 0);
+    job_spec_fini(&sp);
+    fx_serve_t s = {0};
+    char sdir[400];
+    snprintf(sdir, sizeof sdir, "%s/serve-%s", tmpdir, tag);
+    assert_true(fx_serve_start(&s, sdir));
+    int deltas[2] = {push_chain(&s, "ram", root[0], &desc), push_chain(&s, "tier", root[1], &desc)};
+    assert_true(deltas[1] >= 1);
+    assert_int_equal(deltas[0], deltas[1]);
+    char path[400], *lines = calloc(1, 1 << 16);
+    snprintf(path, sizeof path, "%s/data/eval.tsv", tmpdir);
+    proc_slurp(path, lines, 1 << 16);
+    char *cut = lines;
+    for (int i = 0; i < 200 && cut != NULL; i++)
+        cut = strchr(cut + 1, '\n');
+    if (cut != NULL)
+        cut[1] = '\0';
+    double *p = calloc(2 * 256, sizeof *p);
+    int n = served(&s, "ram", lines, p, 256);
+    assert_true(n > 100);
+    assert_int_equal(served(&s, "tier", lines, p + 256, 256), n);
+    for (int i = 0; i < n; i++)
+        assert_true(p[i] == p[256 + i]);
+    print_message("%s: pushed in full and %d deltas to kiln-serve; %d predictions agree\n", tag,
+                  deltas[1], n);
+    fx_serve_stop(&s, SIGTERM);
+    free(lines);
+    free(p);
+}
+
 static void tier_case(const char *tag, const char *extra, const char *memory)
 {
     char spec[2][400], root[2][400], name[2][64], emb[2][300];
@@ -594,6 +692,8 @@ static void tier_case(const char *tag, const char *extra, const char *memory)
         json_decref(res[0]);
         json_decref(res[1]);
         tier_compare(roots, phase);
+        if (np == 1) /* the chain is now a full dump and two incrementals */
+            tier_push(spec[1], roots, tag);
     }
 }
 
