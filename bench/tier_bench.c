@@ -10,7 +10,8 @@
  *
  * The table is filled first (every key, as a resumed checkpoint would be),
  * then `steps` steps of `batch` samples x `slots` keys run, and one line
- * says samples/s (median of 5 blocks), the RAM hit rate, the disk bytes
+ * says samples/s (median of 5 blocks), the CPU time per step (user +
+ * system, which other load on the machine disturbs less), the RAM hit rate, the disk bytes
  * read and written and the I/O calls per step and the process's peak RSS
  * against the RAM the table was given. Each step's keys are drawn a step
  * ahead (the reader's lookahead); with --prefetch 1 they go to
@@ -138,6 +139,8 @@ int main(int argc, char **argv)
     double rate[5];
     int64_t per = steps / blocks > 0 ? steps / blocks : 1;
     nnext = draw(next, n, keys, s);
+    struct rusage ru0, ru;
+    getrusage(RUSAGE_SELF, &ru0);
     for (int bl = 0; bl < blocks; bl++) {
         double t0 = ((double)kiln_mono_ns() / 1e9);
         for (int64_t step = 1 + bl * per; step <= (bl + 1) * per; step++) {
@@ -164,17 +167,23 @@ int main(int argc, char **argv)
     }
     kern_table_stats(t, &st1);
     qsort(rate, blocks, sizeof *rate, cmp_d);
-    struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
+    /* CPU time (user + system, io_uring's worker threads included) per
+     * step: what the step costs whatever else the machine runs. */
+    double cpu = ((double)(ru.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
+                  (double)(ru.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                  (double)(ru.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e6 +
+                  (double)(ru.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e6) /
+                 (double)(per * blocks);
     double hits = (double)(st1.ram_hits - st0.ram_hits),
            miss = (double)(st1.disk_hits - st0.disk_hits);
     double step_n = (double)(per * blocks);
     printf("keys %lld memory %.0f%% (%lld rows in RAM), io %s, prefetch %d: %.0f samples/s, "
-           "RAM hit rate %.4f, I/O calls %.0f/step, disk read %.0f KB/step, written %.0f KB/step, "
+           "CPU %.1f ms/step, RAM hit rate %.4f, I/O calls %.0f/step, disk read %.0f KB/step, written %.0f KB/step, "
            "peak RSS %.0f MB, table in RAM %.0f MB\n",
            (long long)keys, memory * 100, (long long)(ram ? ram : keys),
            !ram ? "-" : st1.disk_io == KERN_TIER_IO_URING ? "io_uring" : "pread", prefetch,
-           rate[blocks / 2], ram ? hits / (hits + miss) : 1.0,
+           rate[blocks / 2], cpu * 1e3, ram ? hits / (hits + miss) : 1.0,
            (double)(st1.disk_submits - st0.disk_submits) / step_n,
            (double)(st1.disk_read_bytes - st0.disk_read_bytes) / step_n / 1e3,
            (double)(st1.disk_written_bytes - st0.disk_written_bytes) / step_n / 1e3,

@@ -8,10 +8,13 @@
  * goes to the next page with room, and every full page passed on the way
  * is flagged `spilled`, so a lookup walks from the home page while pages are
  * spilled and stops at the first that is not. Pages past nhome are spare
- * (npages - nhome of them) so a walk never wraps around. Deletion moves a
- * page's last record into the hole and leaves the flags: a flag only costs
- * a read. Page counts, flags and stamp ranges live in RAM, so a lookup
- * whose walk meets only empty pages reads nothing.
+ * (npages - nhome of them) so a walk never wraps around. A record taken
+ * out of a page leaves a dead slot, marked in RAM only (a bit per slot), so
+ * taking a row writes nothing; a later put to the page fills the slot, and
+ * a whole-tier pass that changes the page packs it. Removal leaves the
+ * flags: a flag only costs a read. Page slot counts, dead bits, flags and
+ * stamp ranges live in RAM, so a lookup whose walk meets only empty pages
+ * reads nothing.
  *
  * Sizes: a page holds at least 8 records (4 KiB, or more for wide rows),
  * and the file has room for rows / LOAD records at home, LOAD = 0.75, so
@@ -21,12 +24,11 @@
  * home page, plans the pages the next keys' walks need (up to BATCH pages
  * that hold records), reads them all in one submission, works on the
  * copies and writes back what changed in one more. Only bytes that matter
- * move: a read takes a page's live records; taking a record out writes
- * only the record moved into its hole (nothing when it was the page's
- * last); kern_tier_put (keys the tier does not hold) appends records after
- * a page's last one without reading the page. A page's stamp range is thus
- * a bound, widened by appends and made exact when a whole-tier pass
- * rewrites the page.
+ * move: a read takes a page's used slots; taking a record out writes
+ * nothing; kern_tier_put (keys the tier does not hold) writes records into
+ * dead slots or after a page's last slot without reading the page. A
+ * page's stamp range is thus a bound, widened by puts and made exact when
+ * a whole-tier pass rewrites the page.
  *
  * A batch's reads are one io_uring_enter when Kiln is built with liburing
  * and the kernel gives the process a ring, else one pread per page
@@ -82,15 +84,18 @@ struct kern_tier {
     int nfloat;
     int64_t nhome, npages;
     int64_t size;     /* records held */
-    uint16_t *nrec;   /* (npages) */
+    uint16_t *nrec;   /* (npages) slots in use: records and dead slots */
+    uint64_t *dead;   /* (npages, dw) a bit per slot: dead (its record was taken) */
+    int dw;           /* 64-bit words of dead bits per page */
     uint8_t *spilled; /* (npages) a record whose walk passed this page lies further on */
     int64_t *lo, *hi; /* (npages) bounds of the stamps on the page (when nrec > 0) */
     /* The batch: nb pages, ascending, in buffers of `page` bytes. */
     uint8_t *bufs;    /* (BATCH, page) */
     int64_t *bpage;   /* (BATCH) the page buffer b holds */
-    int *bmark;       /* (BATCH) lookups: lowest record changed; put: first record appended */
+    int *bmark;       /* (BATCH) put: the first slot it appended to the page */
     int nb;
-    iop_t *ops;       /* (BATCH) */
+    iop_t *ops;       /* (2 BATCH) */
+    int nops;
     int64_t reads, writes, read_bytes, written_bytes, submits, prefetched;
     kern_tier_io_t io; /* KERN_TIER_IO_URING or KERN_TIER_IO_PREAD, as opened */
 #ifdef KILN_HAVE_URING
@@ -107,6 +112,47 @@ static inline kern_rec_t *rec_at(const kern_tier_t *c, uint8_t *buf, int i)
 static inline uint8_t *buf_at(const kern_tier_t *c, int b)
 {
     return c->bufs + (size_t)b * c->page;
+}
+
+/* Page p's dead bits. */
+static inline uint64_t *dead_of(const kern_tier_t *c, int64_t p)
+{
+    return c->dead + (size_t)p * (size_t)c->dw;
+}
+
+static inline int is_dead(const kern_tier_t *c, int64_t p, int i)
+{
+    return (int)(dead_of(c, p)[i >> 6] >> (i & 63)) & 1;
+}
+
+/* Live records on page p. */
+static int live_of(const kern_tier_t *c, int64_t p)
+{
+    int n = c->nrec[p];
+    for (int w = 0; w < c->dw; w++)
+        n -= __builtin_popcountll(dead_of(c, p)[w]);
+    return n;
+}
+
+/* The lowest dead slot of page p, or -1. */
+static int first_dead(const kern_tier_t *c, int64_t p)
+{
+    for (int w = 0; w < c->dw; w++)
+        if (dead_of(c, p)[w])
+            return w * 64 + __builtin_ctzll(dead_of(c, p)[w]);
+    return -1;
+}
+
+/* Whether page p holds records (a walk reads it). */
+static inline int holds(const kern_tier_t *c, int64_t p)
+{
+    return c->nrec[p] > 0 && live_of(c, p) > 0;
+}
+
+/* Whether a put must pass page p: no free slot and no dead one. */
+static inline int page_full(const kern_tier_t *c, int64_t p)
+{
+    return c->nrec[p] >= c->per_page && first_dead(c, p) < 0;
 }
 
 static int64_t home_of(const kern_tier_t *c, int64_t key)
@@ -247,6 +293,7 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
     c->per_page = (int)(c->page / c->rec);
     if (c->per_page > 65535)
         c->per_page = 65535;
+    c->dw = (c->per_page + 63) / 64;
     c->nhome = (int64_t)((double)(rows > 0 ? rows : 1) / (LOAD * c->per_page)) + 1;
     c->npages = c->nhome + (c->nhome / 64 > 64 ? c->nhome / 64 : 64);
     int rc = 0;
@@ -254,13 +301,15 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
     c->table = kiln_strdup(table ? table : "?");
     c->nrec = kiln_calloc((size_t)c->npages, sizeof *c->nrec);
     c->spilled = kiln_calloc((size_t)c->npages, 1);
+    c->dead = kiln_calloc((size_t)c->npages * (size_t)c->dw, sizeof *c->dead);
     c->lo = kiln_malloc((size_t)c->npages * sizeof *c->lo);
     c->hi = kiln_malloc((size_t)c->npages * sizeof *c->hi);
     c->bufs = kiln_malloc(c->page * BATCH);
     c->bpage = kiln_malloc(sizeof *c->bpage * BATCH);
     c->bmark = kiln_malloc(sizeof *c->bmark * BATCH);
-    c->ops = kiln_malloc(sizeof *c->ops * BATCH);
-    if (!c->path || !c->table || !c->nrec || !c->spilled || !c->lo || !c->hi || !c->bufs ||
+    c->ops = kiln_malloc(sizeof *c->ops * 2 * BATCH);
+    if (!c->path || !c->table || !c->nrec || !c->spilled || !c->dead || !c->lo || !c->hi ||
+        !c->bufs ||
         !c->bpage || !c->bmark || !c->ops) {
         rc = KILN_ENOMEM;
         goto out;
@@ -319,7 +368,7 @@ void kern_tier_close(kern_tier_t *c)
         close(c->fd);
         unlink(c->path);
     }
-    KILN_FREE_ALL(c->path, c->table, c->nrec, c->spilled, c->lo, c->hi, c->bufs, c->bpage,
+    KILN_FREE_ALL(c->path, c->table, c->nrec, c->spilled, c->dead, c->lo, c->hi, c->bufs, c->bpage,
                   c->bmark, c->ops);
     free(c);
 }
@@ -377,14 +426,14 @@ static int plan_walk(kern_tier_t *c, int64_t home)
     int64_t last = c->nb > 0 ? c->bpage[c->nb - 1] : -1;
     int add = 0;
     for (int64_t p = home; p < c->npages; p++) {
-        add += c->nrec[p] > 0 && p > last;
+        add += holds(c, p) && p > last;
         if (!c->spilled[p])
             break;
     }
     if (add > BATCH - c->nb)
         return 1;
     for (int64_t p = home; add > 0; p++) {
-        if (c->nrec[p] > 0 && p > last) {
+        if (holds(c, p) && p > last) {
             c->bpage[c->nb++] = p;
             add--;
         }
@@ -408,44 +457,25 @@ static int batch_find(const kern_tier_t *c, int64_t p)
     return -1;
 }
 
-/* Reads the batch's pages (their records) in one submission. */
+/* Reads the batch's pages (their used slots) in one submission. */
 static int batch_read(kern_tier_t *c)
 {
-    for (int b = 0; b < c->nb; b++) {
+    for (int b = 0; b < c->nb; b++)
         c->ops[b] = (iop_t){.off = c->bpage[b] * (int64_t)c->page,
                             .len = (size_t)c->nrec[c->bpage[b]] * c->rec,
                             .buf = buf_at(c, b)};
-        c->bmark[b] = c->per_page; /* nothing changed yet */
-    }
     return io_run(c, c->ops, c->nb);
-}
-
-/* Writes back each batch page's records from its lowest changed one. */
-static int batch_write_changed(kern_tier_t *c)
-{
-    int no = 0;
-    for (int b = 0; b < c->nb; b++) {
-        int64_t p = c->bpage[b];
-        if (c->bmark[b] >= c->nrec[p])
-            continue;
-        c->ops[no++] = (iop_t){.off = p * (int64_t)c->page + c->bmark[b] * (int64_t)c->rec,
-                               .len = (size_t)(c->nrec[p] - c->bmark[b]) * c->rec,
-                               .buf = buf_at(c, b) + (size_t)c->bmark[b] * c->rec,
-                               .write = 1};
-    }
-    c->nb = 0;
-    return io_run(c, c->ops, no);
 }
 
 /* Finds key on its walk through the batch: 0 with *b and *idx, or 1. */
 static int batch_walk(const kern_tier_t *c, int64_t key, int64_t home, int *bout, int *idx)
 {
     for (int64_t p = home; p < c->npages; p++) {
-        if (c->nrec[p] > 0) {
+        if (holds(c, p)) {
             int b = batch_find(c, p);
             uint8_t *buf = buf_at(c, b);
             for (int i = 0; i < c->nrec[p]; i++) {
-                if (rec_at(c, buf, i)->key == key) {
+                if (!is_dead(c, p, i) && rec_at(c, buf, i)->key == key) {
                     *bout = b;
                     *idx = i;
                     return 0;
@@ -458,29 +488,23 @@ static int batch_walk(const kern_tier_t *c, int64_t key, int64_t home, int *bout
     return 1;
 }
 
-/* Removes record i of page p (its copy in buf): the page's last record
- * fills the hole. */
-static void page_remove(kern_tier_t *c, int64_t p, uint8_t *buf, int i)
+/* Takes record i of page p out: its slot goes dead, in RAM only (dead
+ * slots at the page's end are given back to it). */
+static void slot_kill(kern_tier_t *c, int64_t p, int i)
 {
-    int last = c->nrec[p] - 1;
-    if (i != last)
-        memcpy(rec_at(c, buf, i), rec_at(c, buf, last), c->rec);
-    c->nrec[p]--;
+    dead_of(c, p)[i >> 6] |= (uint64_t)1 << (i & 63);
     c->size--;
-}
-
-/* page_remove in batch buffer b, which then writes back from record i. */
-static void batch_remove(kern_tier_t *c, int b, int i)
-{
-    int64_t p = c->bpage[b];
-    if (i != c->nrec[p] - 1 && i < c->bmark[b])
-        c->bmark[b] = i;
-    page_remove(c, p, buf_at(c, b), i);
+    while (c->nrec[p] > 0 && is_dead(c, p, c->nrec[p] - 1)) {
+        int j = c->nrec[p] - 1;
+        dead_of(c, p)[j >> 6] &= ~((uint64_t)1 << (j & 63));
+        c->nrec[p]--;
+    }
 }
 
 /* ---- calls ---------------------------------------------------------------------------- */
 
-/* take (out != NULL), has (found only) or delete (gone) over keys[n]. */
+/* take (out != NULL), has (found only) or delete (gone) over keys[n]:
+ * reads, writes nothing. */
 static int lookup(kern_tier_t *c, int64_t n, const int64_t *keys, void *out, uint8_t *found,
                   int remove, kern_tier_gone_fn gone, void *ctx, int64_t *nhit)
 {
@@ -518,11 +542,9 @@ static int lookup(kern_tier_t *c, int64_t n, const int64_t *keys, void *out, uin
             if (gone)
                 rc = gone(ctx, r->key, r->stamp);
             if (remove && rc == 0)
-                batch_remove(c, b, idx);
+                slot_kill(c, c->bpage[b], idx);
         }
-        int wrc = remove ? batch_write_changed(c) : 0;
         c->nb = 0;
-        rc = rc < 0 ? rc : wrc;
     }
     free(o);
     return rc;
@@ -547,19 +569,20 @@ int kern_tier_delete(kern_tier_t *c, int64_t n, const int64_t *keys, kern_tier_g
     return lookup(c, n, keys, NULL, NULL, 1, gone, ctx, ndeleted);
 }
 
-/* Writes the records the batch's pages got appended (bmark: the first). */
-static int batch_write_appended(kern_tier_t *c)
+/* Sends the put's writes: records into dead slots (c->ops[0..nops), from
+ * the caller's records) and each batch page's appended slots. */
+static int put_flush(kern_tier_t *c)
 {
     for (int b = 0; b < c->nb; b++) {
         int64_t p = c->bpage[b];
-        c->ops[b] = (iop_t){.off = p * (int64_t)c->page + c->bmark[b] * (int64_t)c->rec,
-                            .len = (size_t)(c->nrec[p] - c->bmark[b]) * c->rec,
-                            .buf = buf_at(c, b),
-                            .write = 1};
+        c->ops[c->nops++] = (iop_t){.off = p * (int64_t)c->page + c->bmark[b] * (int64_t)c->rec,
+                                    .len = (size_t)(c->nrec[p] - c->bmark[b]) * c->rec,
+                                    .buf = buf_at(c, b),
+                                    .write = 1};
     }
-    int nb = c->nb;
-    c->nb = 0;
-    return io_run(c, c->ops, nb);
+    int n = c->nops;
+    c->nb = c->nops = 0;
+    return io_run(c, c->ops, n);
 }
 
 int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
@@ -570,15 +593,15 @@ int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
     if (!o)
         return KILN_ENOMEM;
     int rc = 0;
-    c->nb = 0;
+    c->nb = c->nops = 0;
     /* Keys in home order land on pages in ascending order: a key passes
      * only pages that were full for the keys before it. */
     for (int64_t k = 0; k < n && rc == 0; k++) {
-        const uint8_t *r = (const uint8_t *)recs + (size_t)o[k].i * c->rec;
+        uint8_t *r = (uint8_t *)recs + (size_t)o[k].i * c->rec; /* only written from */
         kern_rec_t h;
         memcpy(&h, r, sizeof h);
         int64_t p = o[k].home;
-        while (p < c->npages && c->nrec[p] >= c->per_page)
+        while (p < c->npages && page_full(c, p))
             c->spilled[p++] = 1;
         if (p == c->npages) {
             rc = kiln_errf(KILN_ENOSPC, "table '%s': its disk tier %s has no page left for "
@@ -588,22 +611,30 @@ int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
                            (long long)c->npages);
             break;
         }
-        if (c->nb == 0 || c->bpage[c->nb - 1] != p) {
-            if (c->nb == BATCH)
-                rc = batch_write_appended(c);
-            c->bpage[c->nb] = p;
-            c->bmark[c->nb++] = c->nrec[p];
+        if (c->nb == BATCH || c->nops == BATCH)
+            rc = put_flush(c);
+        int empty = live_of(c, p) == 0, slot = first_dead(c, p);
+        if (slot >= 0) {
+            /* Into the dead slot: the record goes straight from recs. */
+            dead_of(c, p)[slot >> 6] &= ~((uint64_t)1 << (slot & 63));
+            c->ops[c->nops++] = (iop_t){.off = p * (int64_t)c->page + slot * (int64_t)c->rec,
+                                        .len = c->rec, .buf = r, .write = 1};
+        } else {
+            if (c->nb == 0 || c->bpage[c->nb - 1] != p) {
+                c->bpage[c->nb] = p;
+                c->bmark[c->nb++] = c->nrec[p];
+            }
+            int b = c->nb - 1;
+            memcpy(buf_at(c, b) + (size_t)(c->nrec[p] - c->bmark[b]) * c->rec, r, c->rec);
+            c->nrec[p]++;
         }
-        int b = c->nb - 1;
-        memcpy(buf_at(c, b) + (size_t)(c->nrec[p] - c->bmark[b]) * c->rec, r, c->rec);
-        if (c->nrec[p] == 0 || h.stamp < c->lo[p])
+        if (empty || h.stamp < c->lo[p])
             c->lo[p] = h.stamp;
-        if (c->nrec[p] == 0 || h.stamp > c->hi[p])
+        if (empty || h.stamp > c->hi[p])
             c->hi[p] = h.stamp;
-        c->nrec[p]++;
         c->size++;
     }
-    int wrc = batch_write_appended(c);
+    int wrc = put_flush(c);
     free(o);
     return rc < 0 ? rc : wrc;
 }
@@ -648,7 +679,7 @@ int kern_tier_prefetch(kern_tier_t *c, int64_t n, const int64_t *keys)
     int64_t first = -1, last = -1;
     for (int64_t k = 0; k < n; k++) {
         for (int64_t p = o[k].home; p < c->npages; p++) {
-            if (c->nrec[p] > 0 && p > last) {
+            if (holds(c, p) && p > last) {
                 if (first >= 0 && p > last + PREFETCH_GAP) {
                     prefetch_run(c, first, last);
                     first = -1;
@@ -676,9 +707,10 @@ int kern_tier_prefetch(kern_tier_t *c, int64_t n, const int64_t *keys)
 
 /* ---- whole-tier passes ------------------------------------------------------------------
  * A pass picks pages (those holding records that it needs) BATCH at a time,
- * reads them in one submission and hands each to a page function, which may
- * change the page's records; the pages it changed go back whole in one
- * submission, their stamp ranges exact again. */
+ * reads them in one submission and hands each to a page function, which
+ * skips dead slots and may take records out (slot_kill); the pages it
+ * changed go back packed (no dead slots) and whole in one submission, their
+ * stamp ranges exact again. */
 
 /* Works on page p's records in buf; returns 1 when it changed them, 0 when
  * not, or a negative KILN_E* code. */
@@ -693,16 +725,26 @@ static int batch_visit(kern_tier_t *c, page_fn fn, void *ctx)
         int r = fn(c, ctx, p, buf_at(c, b));
         if (r < 0)
             rc = r;
-        if (r <= 0 || c->nrec[p] == 0)
+        if (r <= 0)
             continue;
+        int m = 0;
         int64_t lo = INT64_MAX, hi = INT64_MIN;
         for (int i = 0; i < c->nrec[p]; i++) {
-            int64_t s = rec_at(c, buf_at(c, b), i)->stamp;
-            lo = s < lo ? s : lo;
-            hi = s > hi ? s : hi;
+            if (is_dead(c, p, i))
+                continue;
+            kern_rec_t *rec = rec_at(c, buf_at(c, b), i);
+            lo = rec->stamp < lo ? rec->stamp : lo;
+            hi = rec->stamp > hi ? rec->stamp : hi;
+            if (m != i)
+                memcpy(rec_at(c, buf_at(c, b), m), rec, c->rec);
+            m++;
         }
+        memset(dead_of(c, p), 0, sizeof(uint64_t) * (size_t)c->dw);
+        c->nrec[p] = (uint16_t)m;
         c->lo[p] = lo;
         c->hi[p] = hi;
+        if (m == 0)
+            continue;
         c->ops[no++] = (iop_t){.off = p * (int64_t)c->page,
                                .len = (size_t)c->nrec[p] * c->rec,
                                .buf = buf_at(c, b),
@@ -739,7 +781,7 @@ static int cmp_cand(const void *a, const void *b)
 }
 
 /* Removal order: by page ascending, within a page from the last record
- * down, so a moved last record is never one still to be removed. */
+ * down, so a slot that slot_kill gives back is never one still to go. */
 static int cmp_cand_page(const void *a, const void *b)
 {
     const cand_t *x = a, *y = b;
@@ -762,7 +804,8 @@ static int evict_sample(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
 {
     evict_t *e = ctx;
     for (int i = 0; i < c->nrec[p] && e->nc < e->cap; i++)
-        e->cand[e->nc++] = (cand_t){e->prio(e->pctx, rec_at(c, buf, i)), p, i};
+        if (!is_dead(c, p, i))
+            e->cand[e->nc++] = (cand_t){e->prio(e->pctx, rec_at(c, buf, i)), p, i};
     return 0;
 }
 
@@ -774,7 +817,7 @@ static int evict_remove(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
         int i = e->cand[e->at].idx;
         kern_rec_t *r = rec_at(c, buf, i);
         KILN_CHECK(e->gone(e->ctx, r->key, r->stamp));
-        page_remove(c, p, buf, i);
+        slot_kill(c, p, i);
         e->removed++;
         changed = 1;
     }
@@ -805,10 +848,10 @@ int kern_tier_evict(kern_tier_t *c, int64_t need, uint64_t seed,
     c->nb = 0;
     for (int64_t j = 0; j < c->npages && got < want && rc == 0; j++) {
         int64_t pg = (start + j) % c->npages;
-        if (c->nrec[pg] == 0)
+        if (!holds(c, pg))
             continue;
         rc = batch_add(c, pg, evict_sample, &e);
-        got += c->nrec[pg];
+        got += live_of(c, pg);
     }
     if (rc == 0)
         rc = batch_visit(c, evict_sample, &e);
@@ -843,10 +886,10 @@ static int expire_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
     int changed = 0;
     for (int i = c->nrec[p] - 1; i >= 0; i--) {
         kern_rec_t *r = rec_at(c, buf, i);
-        if (r->stamp >= x->before)
+        if (i >= c->nrec[p] || is_dead(c, p, i) || r->stamp >= x->before)
             continue;
         KILN_CHECK(x->gone(x->ctx, r->key, r->stamp));
-        page_remove(c, p, buf, i);
+        slot_kill(c, p, i);
         x->removed++;
         changed = 1;
     }
@@ -860,7 +903,7 @@ int kern_tier_expire(kern_tier_t *c, int64_t before, kern_tier_gone_fn gone, voi
     int rc = 0;
     c->nb = 0;
     for (int64_t p = 0; p < c->npages && rc == 0; p++)
-        if (c->nrec[p] > 0 && c->lo[p] < before)
+        if (holds(c, p) && c->lo[p] < before)
             rc = batch_add(c, p, expire_page, &x);
     if (rc == 0)
         rc = batch_visit(c, expire_page, &x);
@@ -879,7 +922,7 @@ static int count_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
 {
     since_t *s = ctx;
     for (int i = 0; i < c->nrec[p]; i++)
-        s->n += rec_at(c, buf, i)->stamp > s->since;
+        s->n += !is_dead(c, p, i) && rec_at(c, buf, i)->stamp > s->since;
     return 0;
 }
 
@@ -889,10 +932,10 @@ int kern_tier_count(kern_tier_t *c, int64_t since, int64_t *n /* OUT */)
     int rc = 0;
     c->nb = 0;
     for (int64_t p = 0; p < c->npages && rc == 0; p++) {
-        if (c->nrec[p] == 0 || c->hi[p] <= since)
+        if (!holds(c, p) || c->hi[p] <= since)
             continue;
         if (c->lo[p] > since)
-            s.n += c->nrec[p]; /* every record of the page is newer */
+            s.n += live_of(c, p); /* every record of the page is newer */
         else
             rc = batch_add(c, p, count_page, &s);
     }
@@ -911,7 +954,7 @@ static int each_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
     int m = 0;
     for (int i = 0; i < c->nrec[p]; i++) {
         kern_rec_t *r = rec_at(c, buf, i);
-        if (r->stamp <= s->since)
+        if (is_dead(c, p, i) || r->stamp <= s->since)
             continue;
         if (m != i)
             memmove(rec_at(c, buf, m), r, c->rec);
@@ -927,7 +970,7 @@ int kern_tier_each(kern_tier_t *c, int64_t since, kern_tier_chunk_fn fn, void *c
     int rc = 0;
     c->nb = 0;
     for (int64_t p = 0; p < c->npages && rc == 0; p++)
-        if (c->nrec[p] > 0 && c->hi[p] > since)
+        if (holds(c, p) && c->hi[p] > since)
             rc = batch_add(c, p, each_page, &s);
     if (rc == 0)
         rc = batch_visit(c, each_page, &s);
