@@ -396,25 +396,43 @@ typedef struct {
     int64_t i;
 } ord_t;
 
-static int cmp_ord(const void *a, const void *b)
-{
-    const ord_t *x = a, *y = b;
-    if (x->home != y->home)
-        return x->home < y->home ? -1 : 1;
-    return (x->i > y->i) - (x->i < y->i);
-}
-
-/* Indices of the n keys (every stride bytes from keys) sorted by home page. */
+/* Indices of the n keys (every stride bytes from keys) in home page order,
+ * keys of one page in index order: an LSD radix sort over the bits a home
+ * needs, 11 at a time (a step's misses sort in two or three passes instead
+ * of a comparison sort's ~15 rounds). */
 static ord_t *order(const kern_tier_t *c, int64_t n, const int64_t *keys, size_t stride)
 {
-    ord_t *o = kiln_malloc(sizeof *o * (size_t)(n > 0 ? n : 1));
-    if (!o)
+    size_t bytes = sizeof(ord_t) * (size_t)(n > 0 ? n : 1);
+    ord_t *o = kiln_malloc(bytes), *tmp = kiln_malloc(bytes);
+    int64_t *cnt = kiln_malloc(sizeof *cnt * 2048);
+    if (!o || !tmp || !cnt) {
+        KILN_FREE_ALL(o, tmp, cnt);
         return NULL;
+    }
     for (int64_t i = 0; i < n; i++) {
         int64_t key = *(const int64_t *)((const uint8_t *)keys + (size_t)i * stride);
         o[i] = (ord_t){home_of(c, key), i};
     }
-    qsort(o, (size_t)n, sizeof *o, cmp_ord);
+    int bits = 1;
+    while (((int64_t)1 << bits) < c->nhome)
+        bits++;
+    for (int shift = 0; shift < bits; shift += 11) {
+        memset(cnt, 0, sizeof *cnt * 2048);
+        for (int64_t i = 0; i < n; i++)
+            cnt[(o[i].home >> shift) & 2047]++;
+        for (int64_t d = 0, at = 0; d < 2048; d++) {
+            int64_t k = cnt[d];
+            cnt[d] = at;
+            at += k;
+        }
+        for (int64_t i = 0; i < n; i++)
+            tmp[cnt[(o[i].home >> shift) & 2047]++] = o[i];
+        ord_t *sw = o;
+        o = tmp;
+        tmp = sw;
+    }
+    free(tmp);
+    free(cnt);
     return o;
 }
 
