@@ -9,9 +9,10 @@
  * run never wraps). A record is the whole row: key, change stamp, use
  * (lru: step of last use, lfu: use count), adam's update count, then the
  * values and the optimizer state. Nothing of a row stays in RAM; per page
- * the tier keeps in RAM its record count and the smallest and largest
- * stamp, so an incremental dump reads only pages with changed rows and an
- * expiry reads only pages with old ones (19 bytes per page: docs/models.md).
+ * the tier keeps in RAM its slot count, which slots are dead (their record
+ * was taken out) and the smallest and largest stamp, so an incremental dump
+ * reads only pages with changed rows and an expiry reads only pages with
+ * old ones (19 bytes a page and a bit a slot: docs/models.md).
  *
  * Tiers are exclusive: a key's row lives in the RAM slab or here, never in
  * both (kern_table.c takes rows out when it brings them in). Every call
