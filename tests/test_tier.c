@@ -3,8 +3,10 @@
  * of kern_tier.c behind kern_table.c), admission and expiry. The reference
  * is the same table with every row in RAM: under the same lookups and
  * updates both must hold the same rows bit for bit, and export the same
- * changed rows; the tier's own paths (a page walk past full pages, the
- * whole table's limit kept on disk, a full disk) are driven directly.
+ * changed rows, through io_uring (when built in) and through pread, with
+ * the next step's keys prefetched; the tier's own paths (the whole table's
+ * limit kept on disk, loads, deletes, expiry) are driven directly. A full
+ * spill disk is driven in tests/test_train.c (a real tmpfs).
  */
 #include <setjmp.h>
 #include <stdarg.h>

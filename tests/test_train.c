@@ -11,7 +11,12 @@
  * fm and dlrm on Zipf-skewed data equals a double-precision reference; a
  * column empty in the first batch trains; capacity is a job-wide bound and a
  * 2-rank checkpoint at capacity resumes on 1 rank; the full-table message;
- * eval of never-seen keys reads zeros.
+ * eval of never-seen keys reads zeros. Tables larger than memory: a tenth
+ * of the rows in RAM gives the all-in-RAM checkpoints bit for bit (2 ranks,
+ * resumed on 1 and 3, with admission and expiry too) and, pushed to a real
+ * kiln-serve as a full push and deltas, the same predictions; the RAM/disk
+ * split does not depend on threads or build; a full spill disk is exit 3
+ * and leaves the checkpoint to resume from.
  */
 #include <setjmp.h>
 #include <stdarg.h>
