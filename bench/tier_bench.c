@@ -6,12 +6,17 @@
  *
  *   tier_bench --keys 10000000 --memory 0.1 [--zipf 1.15] [--batch 4096]
  *              [--slots 26] [--steps 200] [--dir /var/tmp]
+ *              [--io auto|pread|uring] [--prefetch 0|1]
  *
  * The table is filled first (every key, as a resumed checkpoint would be),
  * then `steps` steps of `batch` samples x `slots` keys run, and one line
- * says samples/s (median of 5 blocks), the RAM hit rate, the disk bytes
- * read and written per step and the process's peak RSS against the RAM the
- * table was given. tools/tier_bench.sh runs the grid in separate processes
+ * says samples/s (median of 5 blocks), the CPU time per step (user +
+ * system, which other load on the machine disturbs less), the RAM hit rate, the disk bytes
+ * read and written and the I/O calls per step and the process's peak RSS
+ * against the RAM the table was given. Each step's keys are drawn a step
+ * ahead (the reader's lookahead); with --prefetch 1 they go to
+ * kern_table_prefetch before the step before them runs. --io picks how the
+ * tier moves pages (kern_tier_io_t). tools/tier_bench.sh runs the grid in separate processes
  * (so each peak RSS is its own), checks free disk first and prints the
  * ratios to all-in-RAM; docs/benchmarks.md has the results.
  */
@@ -49,6 +54,20 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Draws a step's n Zipf keys over [1, keys] and dedupes them as the
+ * trainer does; returns how many are unique (sorted, at the front of k). */
+static int64_t draw(int64_t *k, int64_t n, int64_t keys, double s)
+{
+    for (int64_t i = 0; i < n; i++)
+        k[i] = (int64_t)kern_mix64((uint64_t)zipf(keys, s));
+    qsort(k, (size_t)n, sizeof *k, cmp_i64);
+    int64_t u = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (u == 0 || k[i] != k[u - 1])
+            k[u++] = k[i];
+    return u;
+}
+
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -60,6 +79,8 @@ int main(int argc, char **argv)
     int64_t keys = 1000000, batch = 4096, slots = 26, steps = 200;
     double memory = 1.0, s = 1.15;
     const char *dir = "/var/tmp";
+    kern_tier_io_t io = KERN_TIER_IO_AUTO;
+    int prefetch = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--keys")) keys = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--memory")) memory = atof(argv[i + 1]);
@@ -68,6 +89,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--slots")) slots = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--steps")) steps = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--prefetch")) prefetch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--io"))
+            io = !strcmp(argv[i + 1], "pread")   ? KERN_TIER_IO_PREAD
+                 : !strcmp(argv[i + 1], "uring") ? KERN_TIER_IO_URING
+                                                 : KERN_TIER_IO_AUTO;
     }
     const int dim = 16;
     char path[512];
@@ -76,7 +102,8 @@ int main(int argc, char **argv)
     kern_table_config_t cfg = {.name = "bench", .dim = dim, .capacity = keys + keys / 50,
                                .opt = KERN_OPT_ADAGRAD, .opt_init = 0.1f,
                                .init = KERN_INIT_UNIFORM, .init_scale = 0.01f, .seed = 1,
-                               .evict = KERN_EVICT_LRU, .ram_rows = ram, .spill_path = path};
+                               .evict = KERN_EVICT_LRU, .ram_rows = ram, .spill_path = path,
+                               .spill_io = io};
     kern_table_t *t = NULL;
     if (kern_table_create(&cfg, &t) < 0) {
         fprintf(stderr, "tier_bench: %s\n", kiln_errmsg());
@@ -100,7 +127,7 @@ int main(int argc, char **argv)
     kern_table_set_base(t, 0);
 
     const int64_t n = batch * slots;
-    int64_t *k = malloc(sizeof *k * (size_t)n);
+    int64_t *k = malloc(sizeof *k * (size_t)n), *next = malloc(sizeof *next * (size_t)n), nnext;
     int32_t *rows = malloc(sizeof *rows * (size_t)n);
     float *g = malloc(sizeof *g * (size_t)n * dim);
     for (int64_t i = 0; i < n * dim; i++)
@@ -111,16 +138,21 @@ int main(int argc, char **argv)
     const int blocks = 5;
     double rate[5];
     int64_t per = steps / blocks > 0 ? steps / blocks : 1;
+    nnext = draw(next, n, keys, s);
+    struct rusage ru0, ru;
+    getrusage(RUSAGE_SELF, &ru0);
     for (int bl = 0; bl < blocks; bl++) {
         double t0 = ((double)kiln_mono_ns() / 1e9);
         for (int64_t step = 1 + bl * per; step <= (bl + 1) * per; step++) {
-            for (int64_t i = 0; i < n; i++)
-                k[i] = (int64_t)kern_mix64((uint64_t)zipf(keys, s));
-            qsort(k, (size_t)n, sizeof *k, cmp_i64); /* the trainer's dedupe */
-            int64_t u = 0;
-            for (int64_t i = 0; i < n; i++)
-                if (u == 0 || k[i] != k[u - 1])
-                    k[u++] = k[i];
+            int64_t *sw = k, u = nnext;
+            k = next;
+            next = sw;
+            /* The next step's keys are known now (the reader's lookahead). */
+            nnext = draw(next, n, keys, s);
+            if (prefetch && kern_table_prefetch(t, nnext, next) < 0) {
+                fprintf(stderr, "tier_bench: prefetch: %s\n", kiln_errmsg());
+                return 1;
+            }
             if (kern_table_find_or_insert(t, u, k, step, rows) < 0) {
                 fprintf(stderr, "tier_bench: step %lld: %s\n", (long long)step, kiln_errmsg());
                 return 1;
@@ -135,21 +167,31 @@ int main(int argc, char **argv)
     }
     kern_table_stats(t, &st1);
     qsort(rate, blocks, sizeof *rate, cmp_d);
-    struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
+    /* CPU time (user + system, io_uring's worker threads included) per
+     * step: what the step costs whatever else the machine runs. */
+    double cpu = ((double)(ru.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
+                  (double)(ru.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                  (double)(ru.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e6 +
+                  (double)(ru.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e6) /
+                 (double)(per * blocks);
     double hits = (double)(st1.ram_hits - st0.ram_hits),
            miss = (double)(st1.disk_hits - st0.disk_hits);
     double step_n = (double)(per * blocks);
-    printf("keys %lld memory %.0f%% (%lld rows in RAM): %.0f samples/s, RAM hit rate %.4f, "
-           "disk read %.0f KB/step, written %.0f KB/step, peak RSS %.0f MB, table in RAM %.0f MB\n",
-           (long long)keys, memory * 100, (long long)(ram ? ram : keys), rate[blocks / 2],
-           ram ? hits / (hits + miss) : 1.0,
-           (double)(st1.pages_read - st0.pages_read) * (double)st1.page_bytes / step_n / 1e3,
-           (double)(st1.pages_written - st0.pages_written) * (double)st1.page_bytes / step_n / 1e3,
+    printf("keys %lld memory %.0f%% (%lld rows in RAM), io %s, prefetch %d: %.0f samples/s, "
+           "CPU %.1f ms/step, RAM hit rate %.4f, I/O calls %.0f/step, disk read %.0f KB/step, written %.0f KB/step, "
+           "peak RSS %.0f MB, table in RAM %.0f MB\n",
+           (long long)keys, memory * 100, (long long)(ram ? ram : keys),
+           !ram ? "-" : st1.disk_io == KERN_TIER_IO_URING ? "io_uring" : "pread", prefetch,
+           rate[blocks / 2], cpu * 1e3, ram ? hits / (hits + miss) : 1.0,
+           (double)(st1.disk_submits - st0.disk_submits) / step_n,
+           (double)(st1.disk_read_bytes - st0.disk_read_bytes) / step_n / 1e3,
+           (double)(st1.disk_written_bytes - st0.disk_written_bytes) / step_n / 1e3,
            (double)ru.ru_maxrss / 1024.0,
            (double)kern_table_bytes(t) / 1048576.0);
     kern_table_destroy(t);
     free(k);
+    free(next);
     free(rows);
     free(g);
     return 0;

@@ -31,6 +31,9 @@ extern "C" {
 
 typedef enum { KERN_INIT_ZEROS = 0, KERN_INIT_UNIFORM = 1, KERN_INIT_NORMAL = 2 } kern_init_t;
 typedef enum { KERN_EVICT_NONE = 0, KERN_EVICT_LRU = 1, KERN_EVICT_LFU = 2 } kern_evict_t;
+/* How a disk tier moves pages: AUTO is io_uring when Kiln is built with
+ * liburing and the kernel gives the process a ring, else pread/pwrite. */
+typedef enum { KERN_TIER_IO_AUTO = 0, KERN_TIER_IO_PREAD = 1, KERN_TIER_IO_URING = 2 } kern_tier_io_t;
 typedef enum { KERN_OPT_SGD = 0, KERN_OPT_ADAGRAD = 1, KERN_OPT_ADAM = 2 } kern_opt_kind_t;
 typedef enum { KERN_COMBINE_SUM = 0, KERN_COMBINE_MEAN = 1 } kern_combine_t;
 
@@ -68,6 +71,7 @@ typedef struct {
      * is lru among them, and a row moves between the tiers whole. */
     int64_t ram_rows;
     const char *spill_path;
+    kern_tier_io_t spill_io; /* AUTO in the trainer; the bench compares the two */
     /* Admission: with admit_min > 1 a key not in the table gets a row only
      * once a count-min sketch (4 x admit_width 16-bit counters; 0 -> 65536)
      * has seen it admit_min times; until then find_or_insert gives it row
@@ -116,7 +120,12 @@ typedef struct {
     int64_t ram_hits;         /* keys found in RAM by find_or_insert and fetch */
     int64_t disk_hits;        /* keys brought in from disk */
     int64_t demoted;          /* rows moved from RAM to disk */
-    int64_t pages_read, pages_written, page_bytes;
+    int64_t disk_reads, disk_writes;           /* transfers */
+    int64_t disk_read_bytes, disk_written_bytes;
+    int64_t disk_submits;     /* io_uring_enter, pread/pwrite or fadvise calls */
+    int64_t prefetched;       /* pages kern_table_prefetch asked the kernel for */
+    int64_t page_bytes;
+    kern_tier_io_t disk_io;   /* what the tier uses: URING or PREAD */
     int64_t admit_rejected;   /* lookups of keys not admitted yet */
     int64_t expired;          /* rows removed by kern_table_expire */
 } kern_table_stats_t;
@@ -157,6 +166,13 @@ int kern_table_fetch(kern_table_t *t, int64_t n, const int64_t *keys, int64_t st
  * step (call once their values are read), so that the next fetch at the
  * same step (the next eval batch) may move them out again. */
 void kern_table_unpin(kern_table_t *t, int64_t step);
+/* Warms the rows of keys[n] that a coming find_or_insert or fetch will
+ * bring in from disk: asks the kernel to read their pages into its cache
+ * and returns without waiting (call it with the next batch's keys while
+ * this one trains). Changes nothing in the table; keys in RAM or in no
+ * tier cost a probe. Without a disk tier it does nothing. Returns 0 or
+ * KILN_ENOMEM. */
+int kern_table_prefetch(kern_table_t *t, int64_t n, const int64_t *keys);
 /* Removes every row whose stamp (step of its last change) is below before,
  * from both tiers, logging each as removed at step. */
 int kern_table_expire(kern_table_t *t, int64_t before, int64_t step, int64_t *nexpired /* OUT */);

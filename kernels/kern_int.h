@@ -9,15 +9,16 @@
  * run never wraps). A record is the whole row: key, change stamp, use
  * (lru: step of last use, lfu: use count), adam's update count, then the
  * values and the optimizer state. Nothing of a row stays in RAM; per page
- * the tier keeps in RAM its record count and the smallest and largest
- * stamp, so an incremental dump reads only pages with changed rows and an
- * expiry reads only pages with old ones (19 bytes per page: docs/models.md).
+ * the tier keeps in RAM its slot count, which slots are dead (their record
+ * was taken out) and the smallest and largest stamp, so an incremental dump
+ * reads only pages with changed rows and an expiry reads only pages with
+ * old ones (19 bytes a page and a bit a slot: docs/models.md).
  *
  * Tiers are exclusive: a key's row lives in the RAM slab or here, never in
  * both (kern_table.c takes rows out when it brings them in). Every call
- * does its page I/O itself with pread/pwrite, pages in ascending order;
- * each table has its own tier, so tables run in parallel but one tier is
- * not thread-safe.
+ * does its page I/O itself, in batches of pages read (and written) in one
+ * submission each (io_uring, or pread/pwrite); each table has its own tier,
+ * so tables run in parallel but one tier is not thread-safe.
  */
 #ifndef KILN_KERNELS_KERN_INT_H
 #define KILN_KERNELS_KERN_INT_H
@@ -43,10 +44,12 @@ typedef int (*kern_tier_gone_fn)(void *ctx, int64_t key, int64_t stamp);
 typedef int (*kern_tier_chunk_fn)(void *ctx, int64_t n, const void *recs);
 
 /* Creates the tier file at path (truncated; removed again by close) for
- * about `rows` records of nfloat floats. Returns 0, KILN_EIO (the message
- * names the path) or KILN_ENOMEM. */
+ * about `rows` records of nfloat floats, its I/O as io says (AUTO: io_uring
+ * when built in and the kernel allows it, else pread). Returns 0, KILN_EIO
+ * (the message names the path; or io_uring asked for and refused),
+ * KILN_EINVAL (io_uring asked for, not built in) or KILN_ENOMEM. */
 int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat,
-                   kern_tier_t **out /* OUT */);
+                   kern_tier_io_t io, kern_tier_t **out /* OUT */);
 void kern_tier_close(kern_tier_t *c);
 
 /* Bytes of one record (kern_rec_t, the floats, padding to 8). */
@@ -60,10 +63,15 @@ int kern_tier_take(kern_tier_t *c, int64_t n, const int64_t *keys, void *out /* 
                    uint8_t *found /* OUT (n) */);
 /* Counts which of keys[n] the tier holds (found[i]), reading their pages. */
 int kern_tier_has(kern_tier_t *c, int64_t n, const int64_t *keys, uint8_t *found /* OUT (n) */);
-/* Writes n records: a key the tier holds has its record replaced, others
- * are added. Returns 0, KILN_EIO or KILN_ENOSPC (the disk, or the file's
- * spare pages, ran out: the message says which and what to do). */
+/* Adds n records (distinct keys, none of which the tier holds: a row lives
+ * in one tier), appended to their pages without reading them. Returns 0,
+ * KILN_EIO or KILN_ENOSPC (the disk, or the file's spare pages, ran out:
+ * the message says which and what to do). */
 int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs);
+/* Asks the kernel to bring the pages keys[n] would be looked up in into
+ * its page cache, without waiting (a later take finds them there). Reads
+ * nothing itself; returns 0 or KILN_ENOMEM. */
+int kern_tier_prefetch(kern_tier_t *c, int64_t n, const int64_t *keys);
 /* Removes keys[n] that the tier holds, reporting each to gone. */
 int kern_tier_delete(kern_tier_t *c, int64_t n, const int64_t *keys, kern_tier_gone_fn gone,
                      void *ctx, int64_t *ndeleted /* OUT */);
@@ -84,9 +92,13 @@ int kern_tier_count(kern_tier_t *c, int64_t since, int64_t *n /* OUT */);
 int kern_tier_each(kern_tier_t *c, int64_t since, kern_tier_chunk_fn fn, void *ctx);
 
 typedef struct {
-    int64_t pages_read, pages_written; /* since open */
+    int64_t reads, writes;              /* transfers since open */
+    int64_t read_bytes, written_bytes;
+    int64_t submits;                    /* io_uring_enter, pread/pwrite or fadvise calls */
+    int64_t prefetched;                 /* pages prefetch asked the kernel for */
     int64_t page_bytes;
     int64_t npages;                     /* in the file */
+    kern_tier_io_t io;                  /* KERN_TIER_IO_URING or KERN_TIER_IO_PREAD */
 } kern_tier_stats_t;
 void kern_tier_stats(const kern_tier_t *c, kern_tier_stats_t *st /* OUT */);
 

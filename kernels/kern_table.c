@@ -960,6 +960,24 @@ int kern_table_fetch(kern_table_t *t, int64_t n, const int64_t *keys, int64_t st
     return find_ext(t, n, keys, step, 0, rows);
 }
 
+int kern_table_prefetch(kern_table_t *t, int64_t n, const int64_t *keys)
+{
+    if (!t->cold || n == 0)
+        return 0;
+    int64_t *miss = kiln_malloc(sizeof *miss * (size_t)n), m = 0;
+    if (!miss)
+        return KILN_ENOMEM;
+    for (int64_t i = 0; i < n; i++) {
+        int hit;
+        probe(t, seg_of_key(t, keys[i]), keys[i], &hit);
+        if (!hit)
+            miss[m++] = keys[i];
+    }
+    int rc = kern_tier_prefetch(t->cold, m, miss);
+    free(miss);
+    return rc;
+}
+
 int kern_table_expire(kern_table_t *t, int64_t before, int64_t step, int64_t *nexpired /* OUT */)
 {
     int rc = 0;
@@ -1211,7 +1229,8 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
     }
     if (tiered) {
         int nfloat = t->dim * (1 + t->nstate);
-        KILN_CHECK_GOTO(kern_tier_open(cfg->spill_path, name, t->all_capacity, nfloat, &t->cold),
+        KILN_CHECK_GOTO(kern_tier_open(cfg->spill_path, name, t->all_capacity, nfloat, cfg->spill_io,
+                                       &t->cold),
                         rc, out);
     }
     if (cfg->admit_min > 1) {
@@ -1672,9 +1691,14 @@ void kern_table_stats(const kern_table_t *t, kern_table_stats_t *st /* OUT */)
         kern_tier_stats_t ts;
         kern_tier_stats(t->cold, &ts);
         st->disk_size = kern_tier_size(t->cold);
-        st->pages_read = ts.pages_read;
-        st->pages_written = ts.pages_written;
+        st->disk_reads = ts.reads;
+        st->disk_writes = ts.writes;
+        st->disk_read_bytes = ts.read_bytes;
+        st->disk_written_bytes = ts.written_bytes;
+        st->disk_submits = ts.submits;
+        st->prefetched = ts.prefetched;
         st->page_bytes = ts.page_bytes;
+        st->disk_io = ts.io;
     }
 }
 

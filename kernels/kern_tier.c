@@ -8,20 +8,35 @@
  * goes to the next page with room, and every full page passed on the way
  * is flagged `spilled`, so a lookup walks from the home page while pages are
  * spilled and stops at the first that is not. Pages past nhome are spare
- * (npages - nhome of them) so a walk never wraps around. Deletion moves a
- * page's last record into the hole and leaves the flags: a flag only costs
- * a read. Page counts, flags and stamp ranges live in RAM, so a lookup
- * whose walk meets only empty pages reads nothing.
+ * (npages - nhome of them) so a walk never wraps around. A record taken
+ * out of a page leaves a dead slot, marked in RAM only (a bit per slot), so
+ * taking a row writes nothing; a later put to the page fills the slot, and
+ * a whole-tier pass that changes the page packs it. Removal leaves the
+ * flags: a flag only costs a read. Page slot counts, dead bits, flags and
+ * stamp ranges live in RAM, so a lookup whose walk meets only empty pages
+ * reads nothing.
  *
  * Sizes: a page holds at least 8 records (4 KiB, or more for wide rows),
  * and the file has room for rows / LOAD records at home, LOAD = 0.75, so
  * walks stay short. The file is sparse: pages never written take no disk.
  *
- * I/O. A call sorts its keys by home page and goes through them with a
- * window of up to WINDOW pages in RAM: a page is read once per call when it
- * is first needed (not at all when it is empty), changed in the window and
- * written back when the window needs its buffer or at the end of the call.
- * Only the bytes of a page's live records move.
+ * I/O in batches. No call moves a page at a time: it sorts its keys by
+ * home page, plans the pages the next keys' walks need (up to BATCH pages
+ * that hold records), reads them all in one submission, works on the
+ * copies and writes back what changed in one more. Only bytes that matter
+ * move: a read takes a page's used slots; taking a record out writes
+ * nothing; kern_tier_put (keys the tier does not hold) writes records into
+ * dead slots or after a page's last slot without reading the page. A
+ * page's stamp range is thus a bound, widened by puts and made exact when
+ * a whole-tier pass rewrites the page.
+ *
+ * A batch's reads are one io_uring_enter when Kiln is built with liburing
+ * and the kernel gives the process a ring, else one pread per page
+ * (kern_tier_io_t picks; bench/tier_bench measures both); writes are one
+ * pwrite per page either way (see io_run). kern_tier_prefetch asks the
+ * kernel to bring the pages of a coming call's keys into its page cache
+ * (fadvise WILLNEED over runs of nearby pages, through the ring without
+ * waiting), so that call's reads need not wait for the disk.
  */
 #include "kern_int.h"
 
@@ -31,19 +46,34 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef KILN_HAVE_URING
+#include <liburing.h>
+#endif
 
 #include "kern_ops.h"
 
 #define LOAD 0.75
 #define PAGE_MIN 4096
 #define MIN_PER_PAGE 8
-#define WINDOW 64
+/* Pages a call holds at once (1 MiB of 4 KiB pages): enough that a step's
+ * misses take a few submissions, small beside the table's memory. */
+#define BATCH 256
+/* Transfers in flight on the ring: a batch's reads in one submission. */
+#define QDEPTH BATCH
+/* user_data of a prefetch's fadvise on the ring (a batch's are indices). */
+#define PREFETCH_TAG UINT64_MAX
+/* A prefetch joins pages this close into one fadvise: keys hash to pages
+ * uniformly, so a batch's pages lie a few apart, and reading the pages
+ * between costs the disk less than a call per page costs the CPU. */
+#define PREFETCH_GAP 8
 
+/* One transfer: len bytes at file offset off from or to buf. */
 typedef struct {
-    int64_t page; /* -1: free */
-    int dirty;
+    int64_t off;
+    size_t len;
     uint8_t *buf;
-} win_t;
+    int write;
+} iop_t;
 
 struct kern_tier {
     char *path, *table;
@@ -54,12 +84,24 @@ struct kern_tier {
     int nfloat;
     int64_t nhome, npages;
     int64_t size;     /* records held */
-    uint16_t *nrec;   /* (npages) */
+    uint16_t *nrec;   /* (npages) slots in use: records and dead slots */
+    uint64_t *dead;   /* (npages, dw) a bit per slot: dead (its record was taken) */
+    int dw;           /* 64-bit words of dead bits per page */
     uint8_t *spilled; /* (npages) a record whose walk passed this page lies further on */
-    int64_t *lo, *hi; /* (npages) smallest and largest stamp on the page (when nrec > 0) */
-    win_t win[WINDOW];
-    uint8_t *bufs;    /* WINDOW pages */
-    int64_t reads, writes;
+    int64_t *lo, *hi; /* (npages) bounds of the stamps on the page (when nrec > 0) */
+    /* The batch: nb pages, ascending, in buffers of `page` bytes. */
+    uint8_t *bufs;    /* (BATCH, page) */
+    int64_t *bpage;   /* (BATCH) the page buffer b holds */
+    int *bmark;       /* (BATCH) put: the first slot it appended to the page */
+    int nb;
+    iop_t *ops;       /* (2 BATCH) */
+    int nops;
+    int64_t reads, writes, read_bytes, written_bytes, submits, prefetched;
+    kern_tier_io_t io; /* KERN_TIER_IO_URING or KERN_TIER_IO_PREAD, as opened */
+#ifdef KILN_HAVE_URING
+    struct io_uring ring;
+    int64_t pf_inflight; /* prefetch fadvises not yet reaped */
+#endif
 };
 
 static inline kern_rec_t *rec_at(const kern_tier_t *c, uint8_t *buf, int i)
@@ -67,84 +109,57 @@ static inline kern_rec_t *rec_at(const kern_tier_t *c, uint8_t *buf, int i)
     return (kern_rec_t *)(buf + (size_t)i * c->rec);
 }
 
+static inline uint8_t *buf_at(const kern_tier_t *c, int b)
+{
+    return c->bufs + (size_t)b * c->page;
+}
+
+/* Page p's dead bits. */
+static inline uint64_t *dead_of(const kern_tier_t *c, int64_t p)
+{
+    return c->dead + (size_t)p * (size_t)c->dw;
+}
+
+static inline int is_dead(const kern_tier_t *c, int64_t p, int i)
+{
+    return (int)(dead_of(c, p)[i >> 6] >> (i & 63)) & 1;
+}
+
+/* Live records on page p. */
+static int live_of(const kern_tier_t *c, int64_t p)
+{
+    int n = c->nrec[p];
+    for (int w = 0; w < c->dw; w++)
+        n -= __builtin_popcountll(dead_of(c, p)[w]);
+    return n;
+}
+
+/* The lowest dead slot of page p, or -1. */
+static int first_dead(const kern_tier_t *c, int64_t p)
+{
+    for (int w = 0; w < c->dw; w++)
+        if (dead_of(c, p)[w])
+            return w * 64 + __builtin_ctzll(dead_of(c, p)[w]);
+    return -1;
+}
+
+/* Whether page p holds records (a walk reads it). */
+static inline int holds(const kern_tier_t *c, int64_t p)
+{
+    return c->nrec[p] > 0 && live_of(c, p) > 0;
+}
+
+/* Whether a put must pass page p: no free slot and no dead one. */
+static inline int page_full(const kern_tier_t *c, int64_t p)
+{
+    return c->nrec[p] >= c->per_page && first_dead(c, p) < 0;
+}
+
 static int64_t home_of(const kern_tier_t *c, int64_t key)
 {
     return (int64_t)kern_hash_index(kern_mix64(kern_key_hash(key) ^ 0x74696572ULL),
                                     (uint64_t)c->nhome);
 }
-
-/* ---- life cycle --------------------------------------------------------------- */
-
-int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat,
-                   kern_tier_t **out /* OUT */)
-{
-    *out = NULL;
-    kern_tier_t *c = kiln_calloc(1, sizeof *c);
-    if (!c)
-        return KILN_ENOMEM;
-    c->fd = -1;
-    c->nfloat = nfloat;
-    c->rec = (sizeof(kern_rec_t) + sizeof(float) * (size_t)nfloat + 7) & ~(size_t)7;
-    c->page = PAGE_MIN;
-    while (c->page / c->rec < MIN_PER_PAGE)
-        c->page += PAGE_MIN;
-    c->per_page = (int)(c->page / c->rec);
-    if (c->per_page > 65535)
-        c->per_page = 65535;
-    c->nhome = (int64_t)((double)(rows > 0 ? rows : 1) / (LOAD * c->per_page)) + 1;
-    c->npages = c->nhome + (c->nhome / 64 > 64 ? c->nhome / 64 : 64);
-    int rc = 0;
-    c->path = kiln_strdup(path);
-    c->table = kiln_strdup(table ? table : "?");
-    c->nrec = kiln_calloc((size_t)c->npages, sizeof *c->nrec);
-    c->spilled = kiln_calloc((size_t)c->npages, 1);
-    c->lo = kiln_malloc((size_t)c->npages * sizeof *c->lo);
-    c->hi = kiln_malloc((size_t)c->npages * sizeof *c->hi);
-    c->bufs = kiln_malloc(c->page * WINDOW);
-    if (!c->path || !c->table || !c->nrec || !c->spilled || !c->lo || !c->hi || !c->bufs) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    for (int w = 0; w < WINDOW; w++)
-        c->win[w] = (win_t){.page = -1, .buf = c->bufs + (size_t)w * c->page};
-    c->fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (c->fd < 0) {
-        rc = kiln_errf(KILN_EIO, "table '%s': cannot create its disk tier %s: %s; check "
-                       "model.embedding.spill_dir",
-                       c->table, path, strerror(errno));
-        goto out;
-    }
-    *out = c;
-    c = NULL;
-out:
-    kern_tier_close(c);
-    return rc;
-}
-
-void kern_tier_close(kern_tier_t *c)
-{
-    if (!c)
-        return;
-    if (c->fd >= 0) {
-        close(c->fd);
-        unlink(c->path);
-    }
-    KILN_FREE_ALL(c->path, c->table, c->nrec, c->spilled, c->lo, c->hi, c->bufs);
-    free(c);
-}
-
-size_t kern_tier_rec_bytes(const kern_tier_t *c) { return c->rec; }
-int64_t kern_tier_size(const kern_tier_t *c) { return c->size; }
-
-void kern_tier_stats(const kern_tier_t *c, kern_tier_stats_t *st /* OUT */)
-{
-    *st = (kern_tier_stats_t){.pages_read = c->reads,
-                              .pages_written = c->writes,
-                              .page_bytes = (int64_t)c->page,
-                              .npages = c->npages};
-}
-
-/* ---- the window -------------------------------------------------------------------- */
 
 static int io_error(const kern_tier_t *c, const char *what, int err)
 {
@@ -157,93 +172,329 @@ static int io_error(const kern_tier_t *c, const char *what, int err)
                      c->path, err ? strerror(err) : "short transfer");
 }
 
-/* Writes window entry w back when dirty, with page p's stamp range. */
-static int win_write(kern_tier_t *c, win_t *w)
+/* ---- submissions ---------------------------------------------------------------------- */
+
+/* Finishes op from byte `from` with pread/pwrite. Returns 0, KILN_ENOSPC or
+ * KILN_EIO. */
+static int io_sync(kern_tier_t *c, const iop_t *op, size_t from)
 {
-    if (!w->dirty)
-        return 0;
-    int64_t p = w->page;
-    int64_t lo = INT64_MAX, hi = INT64_MIN;
-    for (int i = 0; i < c->nrec[p]; i++) {
-        int64_t s = rec_at(c, w->buf, i)->stamp;
-        lo = s < lo ? s : lo;
-        hi = s > hi ? s : hi;
+    for (size_t done = from; done < op->len;) {
+        ssize_t got = op->write ? pwrite(c->fd, op->buf + done, op->len - done,
+                                         (off_t)(op->off + (int64_t)done))
+                                : pread(c->fd, op->buf + done, op->len - done,
+                                        (off_t)(op->off + (int64_t)done));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return io_error(c, op->write ? "writing" : "reading", got < 0 ? errno : 0);
+        done += (size_t)got;
     }
-    c->lo[p] = lo;
-    c->hi[p] = hi;
-    size_t bytes = (size_t)c->nrec[p] * c->rec;
-    if (bytes > 0) {
-        ssize_t got = pwrite(c->fd, w->buf, bytes, (off_t)p * (off_t)c->page);
-        if (got != (ssize_t)bytes)
-            return io_error(c, "writing", got < 0 ? errno : 0);
-        c->writes++;
-    }
-    w->dirty = 0;
     return 0;
 }
 
-/* Writes every dirty page back and empties the window. */
-static int win_flush(kern_tier_t *c)
+#ifdef KILN_HAVE_URING
+/* Hands the completions the ring holds to the transfers of ops (prefetch
+ * ones just leave); *done counts those of ops. */
+static int ring_reap(kern_tier_t *c, const iop_t *ops, int *done, int rc)
 {
-    int rc = 0;
-    for (int i = 0; i < WINDOW; i++) {
-        if (c->win[i].page < 0)
+    struct io_uring_cqe *cqe;
+    unsigned head, seen = 0;
+    io_uring_for_each_cqe(&c->ring, head, cqe)
+    {
+        seen++;
+        if (cqe->user_data == PREFETCH_TAG) {
+            c->pf_inflight--;
             continue;
-        int r = win_write(c, &c->win[i]);
-        rc = rc < 0 ? rc : r;
-        c->win[i].page = -1;
+        }
+        const iop_t *op = &ops[cqe->user_data];
+        (*done)++;
+        if (rc < 0)
+            continue;
+        if (cqe->res < 0)
+            rc = io_error(c, op->write ? "writing" : "reading", -cqe->res);
+        else if ((size_t)cqe->res < op->len)
+            rc = io_sync(c, op, (size_t)cqe->res); /* the rest, or why not */
     }
+    io_uring_cq_advance(&c->ring, seen);
     return rc;
 }
 
-/* Page p in the window (read in when it holds records); *buf is its buffer. */
-static int win_get(kern_tier_t *c, int64_t p, win_t **out /* OUT */)
+/* The n transfers of ops on the ring, QDEPTH at a time. After a failed
+ * one no more are queued, but those in flight are waited for (their
+ * buffers are the batch's). */
+static int ring_run(kern_tier_t *c, const iop_t *ops, int n)
 {
-    win_t *free_w = NULL, *low = NULL;
-    for (int i = 0; i < WINDOW; i++) {
-        win_t *w = &c->win[i];
-        if (w->page == p) {
-            *out = w;
-            return 0;
+    int sent = 0, done = 0, rc = 0;
+    while (rc == 0 ? done < n : done < sent) {
+        struct io_uring_sqe *sqe;
+        while (rc == 0 && sent < n && (sqe = io_uring_get_sqe(&c->ring)) != NULL) {
+            const iop_t *op = &ops[sent];
+            if (op->write)
+                io_uring_prep_write(sqe, c->fd, op->buf, (unsigned)op->len, (uint64_t)op->off);
+            else
+                io_uring_prep_read(sqe, c->fd, op->buf, (unsigned)op->len, (uint64_t)op->off);
+            sqe->user_data = (uint64_t)sent++;
         }
-        if (w->page < 0) {
-            free_w = free_w ? free_w : w;
-        } else if (!low || w->page < low->page) {
-            low = w;
+        /* One enter: send what is queued and wait for all in flight. */
+        int s = io_uring_submit_and_wait(&c->ring, (unsigned)(sent - done));
+        c->submits++;
+        if (s < 0 && s != -EINTR && s != -EAGAIN && s != -EBUSY)
+            return rc < 0 ? rc : io_error(c, "submitting transfers to", -s);
+        rc = ring_reap(c, ops, &done, rc);
+    }
+    return rc;
+}
+#endif
+
+/* Does the n transfers of ops: one submission (a ring) or a call each.
+ * Returns 0, KILN_ENOSPC or KILN_EIO (the message names the file). */
+static int io_run(kern_tier_t *c, const iop_t *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (ops[i].write) {
+            c->writes++;
+            c->written_bytes += (int64_t)ops[i].len;
+        } else {
+            c->reads++;
+            c->read_bytes += (int64_t)ops[i].len;
         }
     }
-    win_t *w = free_w;
-    if (!w) {
-        /* Calls go through pages in ascending order: the lowest is done. */
-        KILN_CHECK(win_write(c, low));
-        w = low;
+    if (n == 0)
+        return 0;
+#ifdef KILN_HAVE_URING
+    /* Reads go on the ring, writes by pwrite: the kernel runs a buffered
+     * write on an ext4 file from a ring in a worker thread (io-wq), which
+     * cost more than the pwrite itself (docs/benchmarks.md). */
+    if (c->io == KERN_TIER_IO_URING && !ops[0].write)
+        return ring_run(c, ops, n);
+#endif
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++, c->submits++)
+        rc = io_sync(c, &ops[i], 0);
+    return rc;
+}
+
+/* ---- life cycle --------------------------------------------------------------- */
+
+int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat,
+                   kern_tier_io_t io, kern_tier_t **out /* OUT */)
+{
+    *out = NULL;
+    kern_tier_t *c = kiln_calloc(1, sizeof *c);
+    if (!c)
+        return KILN_ENOMEM;
+    c->fd = -1;
+    c->io = KERN_TIER_IO_PREAD;
+    c->nfloat = nfloat;
+    c->rec = (sizeof(kern_rec_t) + sizeof(float) * (size_t)nfloat + 7) & ~(size_t)7;
+    c->page = PAGE_MIN;
+    while (c->page / c->rec < MIN_PER_PAGE)
+        c->page += PAGE_MIN;
+    c->per_page = (int)(c->page / c->rec);
+    if (c->per_page > 65535)
+        c->per_page = 65535;
+    c->dw = (c->per_page + 63) / 64;
+    c->nhome = (int64_t)((double)(rows > 0 ? rows : 1) / (LOAD * c->per_page)) + 1;
+    c->npages = c->nhome + (c->nhome / 64 > 64 ? c->nhome / 64 : 64);
+    int rc = 0;
+    c->path = kiln_strdup(path);
+    c->table = kiln_strdup(table ? table : "?");
+    c->nrec = kiln_calloc((size_t)c->npages, sizeof *c->nrec);
+    c->spilled = kiln_calloc((size_t)c->npages, 1);
+    c->dead = kiln_calloc((size_t)c->npages * (size_t)c->dw, sizeof *c->dead);
+    c->lo = kiln_malloc((size_t)c->npages * sizeof *c->lo);
+    c->hi = kiln_malloc((size_t)c->npages * sizeof *c->hi);
+    c->bufs = kiln_malloc(c->page * BATCH);
+    c->bpage = kiln_malloc(sizeof *c->bpage * BATCH);
+    c->bmark = kiln_malloc(sizeof *c->bmark * BATCH);
+    c->ops = kiln_malloc(sizeof *c->ops * 2 * BATCH);
+    if (!c->path || !c->table || !c->nrec || !c->spilled || !c->dead || !c->lo || !c->hi ||
+        !c->bufs ||
+        !c->bpage || !c->bmark || !c->ops) {
+        rc = KILN_ENOMEM;
+        goto out;
     }
-    w->page = p;
-    w->dirty = 0;
-    size_t bytes = (size_t)c->nrec[p] * c->rec;
-    if (bytes > 0) {
-        ssize_t got = pread(c->fd, w->buf, bytes, (off_t)p * (off_t)c->page);
-        if (got != (ssize_t)bytes) {
-            w->page = -1;
-            return io_error(c, "reading", got < 0 ? errno : 0);
+    c->fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (c->fd < 0) {
+        rc = kiln_errf(KILN_EIO, "table '%s': cannot create its disk tier %s: %s; check "
+                       "model.embedding.spill_dir",
+                       c->table, path, strerror(errno));
+        goto out;
+    }
+#ifdef KILN_HAVE_URING
+    /* A kernel or sandbox without io_uring leaves the pread path (auto). */
+    if (io != KERN_TIER_IO_PREAD) {
+        int r = io_uring_queue_init(QDEPTH, &c->ring, 0);
+        if (r == 0)
+            c->io = KERN_TIER_IO_URING;
+        else if (io == KERN_TIER_IO_URING) {
+            rc = kiln_errf(KILN_EIO, "table '%s': io_uring is not available here (%s)",
+                           c->table, strerror(-r));
+            goto out;
         }
-        c->reads++;
     }
-    *out = w;
+#else
+    if (io == KERN_TIER_IO_URING) {
+        rc = kiln_errf(KILN_EINVAL, "table '%s': this build of Kiln has no io_uring (liburing "
+                       "was missing when it was built)", c->table);
+        goto out;
+    }
+#endif
+    *out = c;
+    c = NULL;
+out:
+    kern_tier_close(c);
+    return rc;
+}
+
+void kern_tier_close(kern_tier_t *c)
+{
+    if (!c)
+        return;
+#ifdef KILN_HAVE_URING
+    if (c->io == KERN_TIER_IO_URING) {
+        /* Prefetches still running read into the kernel's cache only. */
+        while (c->pf_inflight > 0) {
+            struct io_uring_cqe *cqe;
+            if (io_uring_wait_cqe(&c->ring, &cqe) < 0)
+                break;
+            io_uring_cqe_seen(&c->ring, cqe);
+            c->pf_inflight--;
+        }
+        io_uring_queue_exit(&c->ring);
+    }
+#endif
+    if (c->fd >= 0) {
+        close(c->fd);
+        unlink(c->path);
+    }
+    KILN_FREE_ALL(c->path, c->table, c->nrec, c->spilled, c->dead, c->lo, c->hi, c->bufs, c->bpage,
+                  c->bmark, c->ops);
+    free(c);
+}
+
+size_t kern_tier_rec_bytes(const kern_tier_t *c) { return c->rec; }
+int64_t kern_tier_size(const kern_tier_t *c) { return c->size; }
+
+void kern_tier_stats(const kern_tier_t *c, kern_tier_stats_t *st /* OUT */)
+{
+    *st = (kern_tier_stats_t){.reads = c->reads,
+                              .writes = c->writes,
+                              .read_bytes = c->read_bytes,
+                              .written_bytes = c->written_bytes,
+                              .submits = c->submits,
+                              .prefetched = c->prefetched,
+                              .page_bytes = (int64_t)c->page,
+                              .npages = c->npages,
+                              .io = c->io};
+}
+
+/* ---- keys in home order --------------------------------------------------------------- */
+
+typedef struct {
+    int64_t home;
+    int64_t i;
+} ord_t;
+
+/* Indices of the n keys (every stride bytes from keys) in home page order,
+ * keys of one page in index order: an LSD radix sort over the bits a home
+ * needs, 11 at a time (a step's misses sort in two or three passes instead
+ * of a comparison sort's ~15 rounds). */
+static ord_t *order(const kern_tier_t *c, int64_t n, const int64_t *keys, size_t stride)
+{
+    size_t bytes = sizeof(ord_t) * (size_t)(n > 0 ? n : 1);
+    ord_t *o = kiln_malloc(bytes), *tmp = kiln_malloc(bytes);
+    int64_t *cnt = kiln_malloc(sizeof *cnt * 2048);
+    if (!o || !tmp || !cnt) {
+        KILN_FREE_ALL(o, tmp, cnt);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t key = *(const int64_t *)((const uint8_t *)keys + (size_t)i * stride);
+        o[i] = (ord_t){home_of(c, key), i};
+    }
+    int bits = 1;
+    while (((int64_t)1 << bits) < c->nhome)
+        bits++;
+    for (int shift = 0; shift < bits; shift += 11) {
+        memset(cnt, 0, sizeof *cnt * 2048);
+        for (int64_t i = 0; i < n; i++)
+            cnt[(o[i].home >> shift) & 2047]++;
+        for (int64_t d = 0, at = 0; d < 2048; d++) {
+            int64_t k = cnt[d];
+            cnt[d] = at;
+            at += k;
+        }
+        for (int64_t i = 0; i < n; i++)
+            tmp[cnt[(o[i].home >> shift) & 2047]++] = o[i];
+        ord_t *sw = o;
+        o = tmp;
+        tmp = sw;
+    }
+    free(tmp);
+    free(cnt);
+    return o;
+}
+
+/* Adds the pages of key's walk that hold records and the batch lacks.
+ * Keys come in home order, so the walk's pages the batch lacks all lie past
+ * its last page. Returns 1 (nothing added) when they do not fit. */
+static int plan_walk(kern_tier_t *c, int64_t home)
+{
+    int64_t last = c->nb > 0 ? c->bpage[c->nb - 1] : -1;
+    int add = 0;
+    for (int64_t p = home; p < c->npages; p++) {
+        add += holds(c, p) && p > last;
+        if (!c->spilled[p])
+            break;
+    }
+    if (add > BATCH - c->nb)
+        return 1;
+    for (int64_t p = home; add > 0; p++) {
+        if (holds(c, p) && p > last) {
+            c->bpage[c->nb++] = p;
+            add--;
+        }
+    }
     return 0;
 }
 
-/* Finds key on its walk: *page and *idx of its record (0), or 1 when the
- * tier does not hold it, with *page the last page of the walk. */
-static int walk_find(kern_tier_t *c, int64_t key, win_t **wout, int *idx)
+/* The batch's buffer index of page p, -1 when absent (pages ascend). */
+static int batch_find(const kern_tier_t *c, int64_t p)
 {
-    for (int64_t p = home_of(c, key); p < c->npages; p++) {
-        if (c->nrec[p] > 0) {
-            win_t *w;
-            KILN_CHECK(win_get(c, p, &w));
+    int lo = 0, hi = c->nb - 1;
+    while (lo <= hi) {
+        int m = lo + (hi - lo) / 2;
+        if (c->bpage[m] == p)
+            return m;
+        if (c->bpage[m] < p)
+            lo = m + 1;
+        else
+            hi = m - 1;
+    }
+    return -1;
+}
+
+/* Reads the batch's pages (their used slots) in one submission. */
+static int batch_read(kern_tier_t *c)
+{
+    for (int b = 0; b < c->nb; b++)
+        c->ops[b] = (iop_t){.off = c->bpage[b] * (int64_t)c->page,
+                            .len = (size_t)c->nrec[c->bpage[b]] * c->rec,
+                            .buf = buf_at(c, b)};
+    return io_run(c, c->ops, c->nb);
+}
+
+/* Finds key on its walk through the batch: 0 with *b and *idx, or 1. */
+static int batch_walk(const kern_tier_t *c, int64_t key, int64_t home, int *bout, int *idx)
+{
+    for (int64_t p = home; p < c->npages; p++) {
+        if (holds(c, p)) {
+            int b = batch_find(c, p);
+            uint8_t *buf = buf_at(c, b);
             for (int i = 0; i < c->nrec[p]; i++) {
-                if (rec_at(c, w->buf, i)->key == key) {
-                    *wout = w;
+                if (!is_dead(c, p, i) && rec_at(c, buf, i)->key == key) {
+                    *bout = b;
                     *idx = i;
                     return 0;
                 }
@@ -255,85 +506,66 @@ static int walk_find(kern_tier_t *c, int64_t key, win_t **wout, int *idx)
     return 1;
 }
 
-static void remove_at(kern_tier_t *c, win_t *w, int i)
+/* Takes record i of page p out: its slot goes dead, in RAM only (dead
+ * slots at the page's end are given back to it). */
+static void slot_kill(kern_tier_t *c, int64_t p, int i)
 {
-    int64_t p = w->page;
-    int last = c->nrec[p] - 1;
-    if (i != last)
-        memcpy(rec_at(c, w->buf, i), rec_at(c, w->buf, last), c->rec);
-    c->nrec[p]--;
+    dead_of(c, p)[i >> 6] |= (uint64_t)1 << (i & 63);
     c->size--;
-    w->dirty = 1;
-}
-
-/* Key order for a call: indices sorted by home page. */
-typedef struct {
-    int64_t home;
-    int64_t i;
-} ord_t;
-
-static int cmp_ord(const void *a, const void *b)
-{
-    const ord_t *x = a, *y = b;
-    if (x->home != y->home)
-        return x->home < y->home ? -1 : 1;
-    return (x->i > y->i) - (x->i < y->i);
-}
-
-static ord_t *order(const kern_tier_t *c, int64_t n, const int64_t *keys, size_t stride)
-{
-    ord_t *o = kiln_malloc(sizeof *o * (size_t)(n > 0 ? n : 1));
-    if (!o)
-        return NULL;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t key = *(const int64_t *)((const uint8_t *)keys + (size_t)i * stride);
-        o[i] = (ord_t){home_of(c, key), i};
+    while (c->nrec[p] > 0 && is_dead(c, p, c->nrec[p] - 1)) {
+        int j = c->nrec[p] - 1;
+        dead_of(c, p)[j >> 6] &= ~((uint64_t)1 << (j & 63));
+        c->nrec[p]--;
     }
-    qsort(o, (size_t)n, sizeof *o, cmp_ord);
-    return o;
 }
 
 /* ---- calls ---------------------------------------------------------------------------- */
 
-/* take (out != NULL), has (found only) or delete (gone) over keys[n]. */
+/* take (out != NULL), has (found only) or delete (gone) over keys[n]:
+ * reads, writes nothing. */
 static int lookup(kern_tier_t *c, int64_t n, const int64_t *keys, void *out, uint8_t *found,
                   int remove, kern_tier_gone_fn gone, void *ctx, int64_t *nhit)
 {
     *nhit = 0;
-    if (n == 0 || c->size == 0) {
-        if (found)
-            memset(found, 0, (size_t)n);
+    if (found)
+        memset(found, 0, (size_t)n);
+    if (n == 0 || c->size == 0)
         return 0;
-    }
     ord_t *o = order(c, n, keys, sizeof(int64_t));
     if (!o)
         return KILN_ENOMEM;
     int rc = 0;
-    for (int64_t k = 0; k < n && rc == 0; k++) {
-        int64_t i = o[k].i;
-        win_t *w;
-        int idx;
-        rc = walk_find(c, keys[i], &w, &idx);
-        if (rc < 0)
+    for (int64_t k = 0; k < n && rc == 0;) {
+        int64_t end = k;
+        c->nb = 0;
+        while (end < n && plan_walk(c, o[end].home) == 0)
+            end++;
+        if (end == k) {
+            rc = kiln_errf(KILN_EINTERNAL, "table '%s': a walk in its disk tier %s passes more "
+                           "than %d full pages", c->table, c->path, BATCH);
             break;
-        if (found)
-            found[i] = rc == 0;
-        if (rc == 1) {
-            rc = 0;
-            continue;
         }
-        (*nhit)++;
-        kern_rec_t *r = rec_at(c, w->buf, idx);
-        if (out)
-            memcpy((uint8_t *)out + (size_t)i * c->rec, r, c->rec);
-        if (gone)
-            rc = gone(ctx, r->key, r->stamp);
-        if (remove && rc == 0)
-            remove_at(c, w, idx);
+        rc = batch_read(c);
+        for (; k < end && rc == 0; k++) {
+            int64_t i = o[k].i;
+            int b, idx;
+            if (batch_walk(c, keys[i], o[k].home, &b, &idx) != 0)
+                continue;
+            if (found)
+                found[i] = 1;
+            (*nhit)++;
+            kern_rec_t *r = rec_at(c, buf_at(c, b), idx);
+            if (out)
+                memcpy((uint8_t *)out + (size_t)i * c->rec, r, c->rec);
+            if (gone)
+                rc = gone(ctx, r->key, r->stamp);
+            if (remove && rc == 0)
+                slot_kill(c, c->bpage[b], idx);
+        }
+        c->nb = 0;
     }
-    int frc = win_flush(c);
     free(o);
-    return rc < 0 ? rc : frc;
+    return rc;
 }
 
 int kern_tier_take(kern_tier_t *c, int64_t n, const int64_t *keys, void *out /* OUT (n) */,
@@ -355,6 +587,22 @@ int kern_tier_delete(kern_tier_t *c, int64_t n, const int64_t *keys, kern_tier_g
     return lookup(c, n, keys, NULL, NULL, 1, gone, ctx, ndeleted);
 }
 
+/* Sends the put's writes: records into dead slots (c->ops[0..nops), from
+ * the caller's records) and each batch page's appended slots. */
+static int put_flush(kern_tier_t *c)
+{
+    for (int b = 0; b < c->nb; b++) {
+        int64_t p = c->bpage[b];
+        c->ops[c->nops++] = (iop_t){.off = p * (int64_t)c->page + c->bmark[b] * (int64_t)c->rec,
+                                    .len = (size_t)(c->nrec[p] - c->bmark[b]) * c->rec,
+                                    .buf = buf_at(c, b),
+                                    .write = 1};
+    }
+    int n = c->nops;
+    c->nb = c->nops = 0;
+    return io_run(c, c->ops, n);
+}
+
 int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
 {
     if (n == 0)
@@ -363,46 +611,176 @@ int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
     if (!o)
         return KILN_ENOMEM;
     int rc = 0;
+    c->nb = c->nops = 0;
+    /* Keys in home order land on pages in ascending order: a key passes
+     * only pages that were full for the keys before it. */
     for (int64_t k = 0; k < n && rc == 0; k++) {
-        const kern_rec_t *r = (const kern_rec_t *)((const uint8_t *)recs + (size_t)o[k].i * c->rec);
-        win_t *w;
-        int idx;
-        rc = walk_find(c, r->key, &w, &idx);
-        if (rc == 0) {
-            memcpy(rec_at(c, w->buf, idx), r, c->rec);
-            w->dirty = 1;
-            continue;
-        }
-        if (rc < 0)
-            break;
-        rc = 0;
-        /* Not held: the first page of the walk with room, flagging every
-         * full page passed. */
-        int64_t p = home_of(c, r->key);
-        while (p < c->npages && c->nrec[p] >= c->per_page)
+        uint8_t *r = (uint8_t *)recs + (size_t)o[k].i * c->rec; /* only written from */
+        kern_rec_t h;
+        memcpy(&h, r, sizeof h);
+        int64_t p = o[k].home;
+        while (p < c->npages && page_full(c, p))
             c->spilled[p++] = 1;
         if (p == c->npages) {
             rc = kiln_errf(KILN_ENOSPC, "table '%s': its disk tier %s has no page left for "
                            "key %lld (%lld records in %lld pages); raise "
                            "model.embedding.capacity, which sizes the tier",
-                           c->table, c->path, (long long)r->key, (long long)c->size,
+                           c->table, c->path, (long long)h.key, (long long)c->size,
                            (long long)c->npages);
             break;
         }
-        rc = win_get(c, p, &w);
-        if (rc < 0)
-            break;
-        memcpy(rec_at(c, w->buf, c->nrec[p]), r, c->rec);
-        c->nrec[p]++;
+        if (c->nb == BATCH || c->nops == BATCH)
+            rc = put_flush(c);
+        int empty = live_of(c, p) == 0, slot = first_dead(c, p);
+        if (slot >= 0) {
+            /* Into the dead slot: the record goes straight from recs. */
+            dead_of(c, p)[slot >> 6] &= ~((uint64_t)1 << (slot & 63));
+            c->ops[c->nops++] = (iop_t){.off = p * (int64_t)c->page + slot * (int64_t)c->rec,
+                                        .len = c->rec, .buf = r, .write = 1};
+        } else {
+            if (c->nb == 0 || c->bpage[c->nb - 1] != p) {
+                c->bpage[c->nb] = p;
+                c->bmark[c->nb++] = c->nrec[p];
+            }
+            int b = c->nb - 1;
+            memcpy(buf_at(c, b) + (size_t)(c->nrec[p] - c->bmark[b]) * c->rec, r, c->rec);
+            c->nrec[p]++;
+        }
+        if (empty || h.stamp < c->lo[p])
+            c->lo[p] = h.stamp;
+        if (empty || h.stamp > c->hi[p])
+            c->hi[p] = h.stamp;
         c->size++;
-        w->dirty = 1;
     }
-    int frc = win_flush(c);
+    int wrc = put_flush(c);
     free(o);
-    return rc < 0 ? rc : frc;
+    return rc < 0 ? rc : wrc;
 }
 
-/* ---- whole-tier passes ------------------------------------------------------------------ */
+/* Asks the kernel to read pages first..last (their records) ahead. */
+static void prefetch_run(kern_tier_t *c, int64_t first, int64_t last)
+{
+    off_t off = (off_t)(first * (int64_t)c->page);
+    off_t len = (off_t)((last - first) * (int64_t)c->page + (int64_t)c->nrec[last] * (int64_t)c->rec);
+    c->prefetched += last - first + 1;
+#ifdef KILN_HAVE_URING
+    if (c->io == KERN_TIER_IO_URING) {
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
+        if (!sqe) { /* the queue is full: send it, keep what came back moving */
+            io_uring_submit(&c->ring);
+            c->submits++;
+            int done = 0;
+            ring_reap(c, NULL, &done, 0);
+            sqe = io_uring_get_sqe(&c->ring);
+        }
+        if (sqe) {
+            io_uring_prep_fadvise(sqe, c->fd, (uint64_t)off, len, POSIX_FADV_WILLNEED);
+            sqe->user_data = PREFETCH_TAG;
+            c->pf_inflight++;
+        }
+        return;
+    }
+#endif
+    (void)posix_fadvise(c->fd, off, len, POSIX_FADV_WILLNEED);
+    c->submits++;
+}
+
+int kern_tier_prefetch(kern_tier_t *c, int64_t n, const int64_t *keys)
+{
+    if (n == 0 || c->size == 0)
+        return 0;
+    ord_t *o = order(c, n, keys, sizeof(int64_t));
+    if (!o)
+        return KILN_ENOMEM;
+    /* Runs of pages holding records at most PREFETCH_GAP apart, one
+     * fadvise each. */
+    int64_t first = -1, last = -1;
+    for (int64_t k = 0; k < n; k++) {
+        for (int64_t p = o[k].home; p < c->npages; p++) {
+            if (holds(c, p) && p > last) {
+                if (first >= 0 && p > last + PREFETCH_GAP) {
+                    prefetch_run(c, first, last);
+                    first = -1;
+                }
+                first = first < 0 ? p : first;
+                last = p;
+            }
+            if (!c->spilled[p])
+                break;
+        }
+    }
+    if (first >= 0)
+        prefetch_run(c, first, last);
+#ifdef KILN_HAVE_URING
+    if (c->io == KERN_TIER_IO_URING) {
+        io_uring_submit(&c->ring); /* no wait: the step goes on while the kernel reads */
+        c->submits++;
+        int done = 0;
+        ring_reap(c, NULL, &done, 0);
+    }
+#endif
+    free(o);
+    return 0;
+}
+
+/* ---- whole-tier passes ------------------------------------------------------------------
+ * A pass picks pages (those holding records that it needs) BATCH at a time,
+ * reads them in one submission and hands each to a page function, which
+ * skips dead slots and may take records out (slot_kill); the pages it
+ * changed go back packed (no dead slots) and whole in one submission, their
+ * stamp ranges exact again. */
+
+/* Works on page p's records in buf; returns 1 when it changed them, 0 when
+ * not, or a negative KILN_E* code. */
+typedef int (*page_fn)(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf);
+
+/* Runs fn over the batch's pages (c->bpage[0..nb), any order). */
+static int batch_visit(kern_tier_t *c, page_fn fn, void *ctx)
+{
+    int rc = batch_read(c), no = 0;
+    for (int b = 0; b < c->nb && rc == 0; b++) {
+        int64_t p = c->bpage[b];
+        int r = fn(c, ctx, p, buf_at(c, b));
+        if (r < 0)
+            rc = r;
+        if (r <= 0)
+            continue;
+        int m = 0;
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        for (int i = 0; i < c->nrec[p]; i++) {
+            if (is_dead(c, p, i))
+                continue;
+            kern_rec_t *rec = rec_at(c, buf_at(c, b), i);
+            lo = rec->stamp < lo ? rec->stamp : lo;
+            hi = rec->stamp > hi ? rec->stamp : hi;
+            if (m != i)
+                memcpy(rec_at(c, buf_at(c, b), m), rec, c->rec);
+            m++;
+        }
+        memset(dead_of(c, p), 0, sizeof(uint64_t) * (size_t)c->dw);
+        c->nrec[p] = (uint16_t)m;
+        c->lo[p] = lo;
+        c->hi[p] = hi;
+        if (m == 0)
+            continue;
+        c->ops[no++] = (iop_t){.off = p * (int64_t)c->page,
+                               .len = (size_t)c->nrec[p] * c->rec,
+                               .buf = buf_at(c, b),
+                               .write = 1};
+    }
+    c->nb = 0;
+    int wrc = io_run(c, c->ops, no); /* what fn changed goes back, whatever failed */
+    return rc < 0 ? rc : wrc;
+}
+
+/* Adds page p to the batch, visiting the batch first when it is full. */
+static int batch_add(kern_tier_t *c, int64_t p, page_fn fn, void *ctx)
+{
+    if (c->nb == BATCH)
+        KILN_CHECK(batch_visit(c, fn, ctx));
+    c->bpage[c->nb++] = p;
+    return 0;
+}
 
 typedef struct {
     uint32_t prio;
@@ -421,13 +799,47 @@ static int cmp_cand(const void *a, const void *b)
 }
 
 /* Removal order: by page ascending, within a page from the last record
- * down, so a moved last record is never one still to be removed. */
+ * down, so a slot that slot_kill gives back is never one still to go. */
 static int cmp_cand_page(const void *a, const void *b)
 {
     const cand_t *x = a, *y = b;
     if (x->page != y->page)
         return x->page < y->page ? -1 : 1;
     return y->idx - x->idx;
+}
+
+typedef struct {
+    cand_t *cand;
+    int64_t nc, cap, at;
+    uint32_t (*prio)(const void *pctx, const kern_rec_t *r);
+    const void *pctx;
+    kern_tier_gone_fn gone;
+    void *ctx;
+    int64_t removed;
+} evict_t;
+
+static int evict_sample(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
+{
+    evict_t *e = ctx;
+    for (int i = 0; i < c->nrec[p] && e->nc < e->cap; i++)
+        if (!is_dead(c, p, i))
+            e->cand[e->nc++] = (cand_t){e->prio(e->pctx, rec_at(c, buf, i)), p, i};
+    return 0;
+}
+
+static int evict_remove(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
+{
+    evict_t *e = ctx;
+    int changed = 0;
+    for (; e->at < e->nc && e->cand[e->at].page == p; e->at++) {
+        int i = e->cand[e->at].idx;
+        kern_rec_t *r = rec_at(c, buf, i);
+        KILN_CHECK(e->gone(e->ctx, r->key, r->stamp));
+        slot_kill(c, p, i);
+        e->removed++;
+        changed = 1;
+    }
+    return changed;
 }
 
 int kern_tier_evict(kern_tier_t *c, int64_t need, uint64_t seed,
@@ -441,113 +853,145 @@ int kern_tier_evict(kern_tier_t *c, int64_t need, uint64_t seed,
         need = c->size;
     /* Sample pages until they hold 4 x need records (every page when the
      * tier is that small). */
-    int64_t want = 4 * need, got = 0, cap = want + c->per_page, nc = 0;
-    cand_t *cand = kiln_malloc(sizeof *cand * (size_t)cap);
-    if (!cand)
+    int64_t want = 4 * need, got = 0;
+    evict_t e = {.cap = want + c->per_page, .prio = prio, .pctx = pctx, .gone = gone, .ctx = ctx};
+    e.cand = kiln_malloc(sizeof *e.cand * (size_t)e.cap);
+    if (!e.cand)
         return KILN_ENOMEM;
     int rc = 0;
     /* Consecutive pages from a seeded start: keys land on pages by hash, so
      * a run of pages is as good a sample as scattered ones, and cheaper. */
     int64_t start = want >= c->size ? 0
                     : (int64_t)(kern_mix64(seed ^ 0x65766963ULL) % (uint64_t)c->npages);
-    for (int64_t j = 0; j < c->npages && got < want; j++) {
+    c->nb = 0;
+    for (int64_t j = 0; j < c->npages && got < want && rc == 0; j++) {
         int64_t pg = (start + j) % c->npages;
-        if (c->nrec[pg] == 0)
+        if (!holds(c, pg))
             continue;
-        win_t *w;
-        KILN_CHECK_GOTO(win_get(c, pg, &w), rc, out);
-        for (int i = 0; i < c->nrec[pg] && nc < cap; i++)
-            cand[nc++] = (cand_t){prio(pctx, rec_at(c, w->buf, i)), pg, i};
-        got += c->nrec[pg];
-        w->page = -1; /* read only: the buffer may go */
+        rc = batch_add(c, pg, evict_sample, &e);
+        got += live_of(c, pg);
     }
-    KILN_CHECK_GOTO(win_flush(c), rc, out);
-    qsort(cand, (size_t)nc, sizeof *cand, cmp_cand);
-    if (nc > need)
-        nc = need;
-    qsort(cand, (size_t)nc, sizeof *cand, cmp_cand_page);
-    for (int64_t j = 0; j < nc; j++) {
-        win_t *w;
-        KILN_CHECK_GOTO(win_get(c, cand[j].page, &w), rc, out);
-        kern_rec_t *r = rec_at(c, w->buf, cand[j].idx);
-        KILN_CHECK_GOTO(gone(ctx, r->key, r->stamp), rc, out);
-        remove_at(c, w, cand[j].idx);
-        (*nevicted)++;
+    if (rc == 0)
+        rc = batch_visit(c, evict_sample, &e);
+    if (rc < 0)
+        goto out;
+    qsort(e.cand, (size_t)e.nc, sizeof *e.cand, cmp_cand);
+    if (e.nc > need)
+        e.nc = need;
+    qsort(e.cand, (size_t)e.nc, sizeof *e.cand, cmp_cand_page);
+    for (int64_t j = 0; j < e.nc && rc == 0; j++)
+        if (j == 0 || e.cand[j].page != e.cand[j - 1].page)
+            rc = batch_add(c, e.cand[j].page, evict_remove, &e);
+    if (rc == 0)
+        rc = batch_visit(c, evict_remove, &e);
+out:
+    c->nb = 0;
+    *nevicted = e.removed;
+    free(e.cand);
+    return rc;
+}
+
+typedef struct {
+    int64_t before;
+    kern_tier_gone_fn gone;
+    void *ctx;
+    int64_t removed;
+} expire_t;
+
+static int expire_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
+{
+    expire_t *x = ctx;
+    int changed = 0;
+    for (int i = c->nrec[p] - 1; i >= 0; i--) {
+        kern_rec_t *r = rec_at(c, buf, i);
+        if (i >= c->nrec[p] || is_dead(c, p, i) || r->stamp >= x->before)
+            continue;
+        KILN_CHECK(x->gone(x->ctx, r->key, r->stamp));
+        slot_kill(c, p, i);
+        x->removed++;
+        changed = 1;
     }
-out:;
-    int frc = win_flush(c);
-    free(cand);
-    return rc < 0 ? rc : frc;
+    return changed;
 }
 
 int kern_tier_expire(kern_tier_t *c, int64_t before, kern_tier_gone_fn gone, void *ctx,
                      int64_t *nexpired /* OUT */)
 {
+    expire_t x = {.before = before, .gone = gone, .ctx = ctx};
     int rc = 0;
-    *nexpired = 0;
-    for (int64_t p = 0; p < c->npages && rc == 0; p++) {
-        if (c->nrec[p] == 0 || c->lo[p] >= before)
-            continue;
-        win_t *w;
-        KILN_CHECK_GOTO(win_get(c, p, &w), rc, out);
-        for (int i = c->nrec[p] - 1; i >= 0; i--) {
-            kern_rec_t *r = rec_at(c, w->buf, i);
-            if (r->stamp >= before)
-                continue;
-            KILN_CHECK_GOTO(gone(ctx, r->key, r->stamp), rc, out);
-            remove_at(c, w, i);
-            (*nexpired)++;
-        }
-    }
-out:;
-    int frc = win_flush(c);
-    return rc < 0 ? rc : frc;
+    c->nb = 0;
+    for (int64_t p = 0; p < c->npages && rc == 0; p++)
+        if (holds(c, p) && c->lo[p] < before)
+            rc = batch_add(c, p, expire_page, &x);
+    if (rc == 0)
+        rc = batch_visit(c, expire_page, &x);
+    c->nb = 0;
+    *nexpired = x.removed;
+    return rc;
+}
+
+typedef struct {
+    int64_t since, n;
+    kern_tier_chunk_fn fn;
+    void *ctx;
+} since_t;
+
+static int count_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
+{
+    since_t *s = ctx;
+    for (int i = 0; i < c->nrec[p]; i++)
+        s->n += !is_dead(c, p, i) && rec_at(c, buf, i)->stamp > s->since;
+    return 0;
 }
 
 int kern_tier_count(kern_tier_t *c, int64_t since, int64_t *n /* OUT */)
 {
-    *n = 0;
-    for (int64_t p = 0; p < c->npages; p++) {
-        if (c->nrec[p] == 0 || c->hi[p] <= since)
+    since_t s = {.since = since};
+    int rc = 0;
+    c->nb = 0;
+    for (int64_t p = 0; p < c->npages && rc == 0; p++) {
+        if (!holds(c, p) || c->hi[p] <= since)
             continue;
-        if (c->lo[p] > since) {
-            *n += c->nrec[p];
-            continue;
-        }
-        win_t *w;
-        int rc = win_get(c, p, &w);
-        if (rc < 0) {
-            win_flush(c);
-            return rc;
-        }
-        for (int i = 0; i < c->nrec[p]; i++)
-            *n += rec_at(c, w->buf, i)->stamp > since;
+        if (c->lo[p] > since)
+            s.n += live_of(c, p); /* every record of the page is newer */
+        else
+            rc = batch_add(c, p, count_page, &s);
     }
-    return win_flush(c);
+    if (rc == 0)
+        rc = batch_visit(c, count_page, &s);
+    c->nb = 0;
+    *n = s.n;
+    return rc;
+}
+
+/* Packs the page's records newer than since to the front of its copy (the
+ * file keeps its order) and hands them on. */
+static int each_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
+{
+    since_t *s = ctx;
+    int m = 0;
+    for (int i = 0; i < c->nrec[p]; i++) {
+        kern_rec_t *r = rec_at(c, buf, i);
+        if (is_dead(c, p, i) || r->stamp <= s->since)
+            continue;
+        if (m != i)
+            memmove(rec_at(c, buf, m), r, c->rec);
+        m++;
+    }
+    int rc = m > 0 ? s->fn(s->ctx, m, buf) : 0;
+    return rc < 0 ? rc : 0;
 }
 
 int kern_tier_each(kern_tier_t *c, int64_t since, kern_tier_chunk_fn fn, void *ctx)
 {
+    since_t s = {.since = since, .fn = fn, .ctx = ctx};
     int rc = 0;
-    for (int64_t p = 0; p < c->npages && rc == 0; p++) {
-        if (c->nrec[p] == 0 || c->hi[p] <= since)
-            continue;
-        win_t *w;
-        KILN_CHECK_GOTO(win_get(c, p, &w), rc, out);
-        /* Pack the page's matching records to its front copy, in order. */
-        int m = 0;
-        for (int i = 0; i < c->nrec[p]; i++) {
-            kern_rec_t *r = rec_at(c, w->buf, i);
-            if (r->stamp <= since)
-                continue;
-            if (m != i)
-                memmove(rec_at(c, w->buf, m), r, c->rec);
-            m++;
-        }
-        rc = fn(ctx, m, w->buf);
-        w->page = -1; /* the buffer no longer holds the page */
-    }
-out:
-    win_flush(c);
+    c->nb = 0;
+    for (int64_t p = 0; p < c->npages && rc == 0; p++)
+        if (holds(c, p) && c->hi[p] > since)
+            rc = batch_add(c, p, each_page, &s);
+    if (rc == 0)
+        rc = batch_visit(c, each_page, &s);
+    c->nb = 0;
     return rc;
 }

@@ -3,8 +3,10 @@
  * of kern_tier.c behind kern_table.c), admission and expiry. The reference
  * is the same table with every row in RAM: under the same lookups and
  * updates both must hold the same rows bit for bit, and export the same
- * changed rows; the tier's own paths (a page walk past full pages, the
- * whole table's limit kept on disk, a full disk) are driven directly.
+ * changed rows, through io_uring (when built in) and through pread, with
+ * the next step's keys prefetched; the tier's own paths (the whole table's
+ * limit kept on disk, loads, deletes, expiry) are driven directly. A full
+ * spill disk is driven in tests/test_train.c (a real tmpfs).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,6 +27,7 @@ static uint64_t rng = 0x7177;
 static uint64_t rnd(void) { return proc_xorshift(&rng); }
 
 static char dir[256];
+static kern_tier_io_t io = KERN_TIER_IO_AUTO; /* how make's tables move pages */
 
 static int setup(void **state)
 {
@@ -47,7 +50,7 @@ static kern_table_t *make(const char *name, int dim, int64_t cap, int64_t ram, k
     kern_table_config_t cfg = {.name = name, .dim = dim, .capacity = cap, .opt = opt,
                                .opt_init = 0.1f, .init = KERN_INIT_UNIFORM, .init_scale = 0.05f,
                                .seed = 42, .evict = ev, .ram_rows = ram, .spill_path = path,
-                               .admit_min = admit, .admit_width = 4096};
+                               .admit_min = admit, .admit_width = 4096, .spill_io = io};
     kern_table_t *t = NULL;
     assert_int_equal(kern_table_create(&cfg, &t), 0);
     assert_int_equal(kern_table_tiered(t), ram > 0 && ram < cap);
@@ -165,19 +168,24 @@ static int64_t changed_keys(kern_table_t *t, int64_t since, int64_t *out)
 }
 
 /* A table with a tenth of its rows in RAM trains like the all-in-RAM one,
- * and a dump since a base holds the same keys. */
-static void test_tier_matches_ram(void **state)
+ * and a dump since a base holds the same keys; with `prefetch`, every
+ * step's keys are prefetched a step ahead, which changes nothing. */
+static void tier_matches_ram(int prefetch)
 {
-    (void)state;
     const int64_t cap = 6000, range = 4000, B = 300;
     kern_table_t *ref = make("ref", 8, cap, 0, KERN_OPT_ADAGRAD, KERN_EVICT_LRU, 0);
     kern_table_t *t = make("tiered", 8, cap, cap / 10, KERN_OPT_ADAGRAD, KERN_EVICT_LRU, 0);
-    int64_t keys[300];
+    int64_t keys[2][300];
+    for (int64_t i = 0; i < B; i++)
+        keys[0][i] = skewed_key(range);
     for (int64_t step = 1; step <= 60; step++) {
+        int64_t *now = keys[(step - 1) % 2], *next = keys[step % 2];
         for (int64_t i = 0; i < B; i++)
-            keys[i] = skewed_key(range);
-        step_on(ref, B, keys, step);
-        step_on(t, B, keys, step);
+            next[i] = skewed_key(range);
+        if (prefetch)
+            assert_int_equal(kern_table_prefetch(t, B, next), 0);
+        step_on(ref, B, now, step);
+        step_on(t, B, now, step);
         if (step == 30) {
             kern_table_set_base(ref, 30);
             kern_table_set_base(t, 30);
@@ -186,7 +194,9 @@ static void test_tier_matches_ram(void **state)
     kern_table_stats_t st;
     kern_table_stats(t, &st);
     assert_true(st.disk_size > st.ram_size); /* most rows live on disk */
-    assert_true(st.demoted > 0 && st.disk_hits > 0 && st.pages_written > 0);
+    assert_true(st.demoted > 0 && st.disk_hits > 0 && st.disk_writes > 0);
+    assert_int_equal(st.disk_io, io == KERN_TIER_IO_PREAD ? KERN_TIER_IO_PREAD : st.disk_io);
+    assert_true(prefetch ? st.prefetched > 0 : st.prefetched == 0);
     assert_true(st.ram_size <= cap / 10);
     int64_t *a = malloc(sizeof *a * (size_t)(cap + 1)), *b = malloc(sizeof *b * (size_t)(cap + 1));
     int64_t na = changed_keys(ref, 30, a), nb = changed_keys(t, 30, b);
@@ -198,6 +208,22 @@ static void test_tier_matches_ram(void **state)
     free(b);
     kern_table_destroy(ref);
     kern_table_destroy(t);
+}
+
+static void test_tier_matches_ram(void **state)
+{
+    (void)state;
+    tier_matches_ram(0);
+}
+
+/* The same through pread/pwrite (what a kernel without io_uring gets), and
+ * with the next step's keys prefetched. */
+static void test_tier_pread_prefetch(void **state)
+{
+    (void)state;
+    io = KERN_TIER_IO_PREAD;
+    tier_matches_ram(1);
+    io = KERN_TIER_IO_AUTO;
 }
 
 /* Bulk loads fill RAM and then disk; deletes and expiry reach both tiers
@@ -312,6 +338,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tier_matches_ram),
+        cmocka_unit_test(test_tier_pread_prefetch),
         cmocka_unit_test(test_tier_load_delete_expire),
         cmocka_unit_test(test_tier_capacity),
         cmocka_unit_test(test_admission),

@@ -11,7 +11,12 @@
  * fm and dlrm on Zipf-skewed data equals a double-precision reference; a
  * column empty in the first batch trains; capacity is a job-wide bound and a
  * 2-rank checkpoint at capacity resumes on 1 rank; the full-table message;
- * eval of never-seen keys reads zeros.
+ * eval of never-seen keys reads zeros. Tables larger than memory: a tenth
+ * of the rows in RAM gives the all-in-RAM checkpoints bit for bit (2 ranks,
+ * resumed on 1 and 3, with admission and expiry too) and, pushed to a real
+ * kiln-serve as a full push and deltas, the same predictions; the RAM/disk
+ * split does not depend on threads or build; a full spill disk is exit 3
+ * and leaves the checkpoint to resume from.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +27,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +40,8 @@
 #include "ckpt.h"
 #include "data.h"
 #include "model.h"
+#include "ops.h"
+#include "serve.h"
 
 #ifndef KILN_BIN
 #error "KILN_BIN and KILN_TRAIN_BIN must name the executables"
@@ -154,6 +162,16 @@ static json_t *train_with(int np, const char *spec, const char *run_name, result
     json_t *v = json_loads(r->out, 0, &e);
     if (v == NULL)
         fail_msg("kiln-train printed no JSON: %s / %s", r->out, r->err);
+    return v;
+}
+
+/* train_with, which must succeed (the failure names the run). */
+static json_t *train_with_ok(int np, const char *spec, const char *run_name, result_t *r,
+                             const char *const *more)
+{
+    json_t *v = train_with(np, spec, run_name, r, more);
+    if (v == NULL)
+        fail_msg("%s: kiln-train failed (%d): %s", run_name, r->code, r->err);
     return v;
 }
 
@@ -534,6 +552,101 @@ static const char *latest_ckpt(const char *root, char *out, size_t cap)
     return out;
 }
 
+/* serve_push's source: the checkpoint dir o->dir as a delta on held (or
+ * in full). */
+typedef struct {
+    const char *dir;
+    const serve_model_desc_t *desc;
+} ck_open_t;
+
+static int ck_open(void *ctx, const char *held, serve_source_t **out)
+{
+    const ck_open_t *o = ctx;
+    return serve_ckptsrc_open(o->dir, o->desc, held, out);
+}
+
+/* Pushes the latest chain under root to label of model ctr on s: its full
+ * dump, then each incremental as a delta on the one before. Returns how
+ * many deltas went. */
+static int push_chain(const fx_serve_t *s, const char *label, const char *root,
+                      const serve_model_desc_t *desc)
+{
+    rt_ckpt_chain_t ch;
+    fx_open_latest(root, &ch);
+    int deltas = 0;
+    for (int i = 0; i < ch.n; i++) {
+        ck_open_t o = {rt_ckpt_path(ch.items[i]), desc};
+        serve_target_t tg = {.url = s->url, .model = "ctr", .label = label,
+                             .held = i > 0 ? rt_ckpt_info(ch.items[i - 1])->uid : NULL,
+                             .open = ck_open, .open_ctx = &o};
+        serve_push_opts_t opts = {.token = FX_TOKEN, .retries = 1, .timeout_ms = 30000};
+        serve_push_result_t res;
+        if (serve_push(&tg, 1, &opts, &res) != 0)
+            fail_msg("push of %s to %s: %s", rt_ckpt_path(ch.items[i]), label, res.error);
+        assert_true(res.full == (i == 0));
+        deltas += !res.full;
+    }
+    rt_ckpt_chain_fini(&ch);
+    return deltas;
+}
+
+/* kiln-serve's probabilities for the first rows of the eval file, label. */
+static int served(const fx_serve_t *s, const char *label, const char *lines, double *out, int max)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/predict?label=%s", s->url, label);
+    fx_reply_t r = {0};
+    assert_int_equal(fx_http(&r, "POST", url, NULL, lines, strlen(lines), 30), 200);
+    json_t *j = json_loads(r.body, 0, NULL);
+    json_t *p = json_object_get(j, "probabilities");
+    int n = (int)json_array_size(p);
+    for (int i = 0; i < n && i < max; i++)
+        out[i] = json_real_value(json_array_get(p, i));
+    json_decref(j);
+    fx_reply_fini(&r);
+    return n;
+}
+
+/* The chains under root[0] (all in RAM) and root[1] (tiered) reach a real
+ * kiln-serve as labels ram and tier, a full push and then deltas (with
+ * expiry: their deletions), and it predicts the same for both. */
+static void tier_push(const char *spec, const char *const root[2], const char *tag)
+{
+    job_spec_t sp;
+    job_diags_t dg = {0};
+    assert_int_equal(job_spec_load(spec, &sp, &dg), 0);
+    job_diags_fini(&dg);
+    serve_model_desc_t desc;
+    assert_int_equal(ops_model_desc(&sp, &desc), 0);
+    job_spec_fini(&sp);
+    fx_serve_t s = {0};
+    char sdir[400];
+    snprintf(sdir, sizeof sdir, "%s/serve-%s", tmpdir, tag);
+    assert_true(fx_serve_start(&s, sdir));
+    int deltas[2] = {push_chain(&s, "ram", root[0], &desc), push_chain(&s, "tier", root[1], &desc)};
+    assert_true(deltas[1] >= 1);
+    assert_int_equal(deltas[0], deltas[1]);
+    char path[400], *lines = calloc(1, 1 << 16);
+    snprintf(path, sizeof path, "%s/data/eval.tsv", tmpdir);
+    proc_slurp(path, lines, 1 << 16);
+    char *cut = lines;
+    for (int i = 0; i < 200 && cut != NULL; i++)
+        cut = strchr(cut + 1, '\n');
+    if (cut != NULL)
+        cut[1] = '\0';
+    double *p = calloc(2 * 256, sizeof *p);
+    int n = served(&s, "ram", lines, p, 256);
+    assert_true(n > 100);
+    assert_int_equal(served(&s, "tier", lines, p + 256, 256), n);
+    for (int i = 0; i < n; i++)
+        assert_true(p[i] == p[256 + i]);
+    print_message("%s: pushed in full and %d deltas to kiln-serve; %d predictions agree\n", tag,
+                  deltas[1], n);
+    fx_serve_stop(&s, SIGTERM);
+    free(lines);
+    free(p);
+}
+
 static void tier_case(const char *tag, const char *extra, const char *memory)
 {
     char spec[2][400], root[2][400], name[2][64], emb[2][300];
@@ -584,7 +697,104 @@ static void tier_case(const char *tag, const char *extra, const char *memory)
         json_decref(res[0]);
         json_decref(res[1]);
         tier_compare(roots, phase);
+        if (np == 1) /* the chain is now a full dump and two incrementals */
+            tier_push(spec[1], roots, tag);
     }
+}
+
+/* Where the rows of a tiered run ended up (result.json's tables without
+ * the hit rate's rounding): rows in RAM, rows on disk, bytes read and
+ * written, as one string. */
+static void tier_split(json_t *res, char *out, size_t cap)
+{
+    json_t *t = json_object_get(res, "tables");
+    snprintf(out, cap, "rows_ram %lld, rows_disk %lld, read %lld, written %lld",
+             (long long)json_integer_value(json_object_get(t, "rows_ram")),
+             (long long)json_integer_value(json_object_get(t, "rows_disk")),
+             (long long)json_integer_value(json_object_get(t, "disk_read_bytes")),
+             (long long)json_integer_value(json_object_get(t, "disk_written_bytes")));
+}
+
+/* The split of rows between RAM and disk is a function of the inputs: the
+ * same tiered job with --threads 1 and --threads 2 (2 ranks) ends with the
+ * same rows in RAM and on disk and moves the same bytes, and the split is
+ * the one written below, whatever the build. */
+static void test_tier_split_deterministic(void **state)
+{
+    (void)state;
+    char spec[400], split[3][200];
+    tier_spec("tier-det", ", memory: 24KiB, spill_dir: spill", spec, sizeof spec);
+    static const char *const threads[3] = {"1", "2", "1"};
+    result_t *r = malloc(sizeof *r);
+    for (int k = 0; k < 3; k++) {
+        char rn[64];
+        snprintf(rn, sizeof rn, "tier-det-%d", k);
+        const char *more[] = {"--max-steps", "24", "--threads", threads[k], NULL};
+        json_t *v = train_with_ok(2, spec, rn, r, more);
+        tier_split(v, split[k], sizeof split[k]);
+        print_message("--threads %s: %s\n", threads[k], split[k]);
+        json_decref(v);
+    }
+    free(r);
+    assert_string_equal(split[0], split[2]);
+    assert_string_equal(split[0], split[1]);
+    /* and the same in every build (the plain and the sanitizer builds run
+     * this test): the split these inputs give */
+    assert_non_null(strstr(split[0], "rows_ram 4133, rows_disk 522,"));
+}
+
+/* A spill disk that fills up: a tiered job resumed from its checkpoint with
+ * spill_dir on a 64 KiB tmpfs (mounted in a mount namespace of its own,
+ * unshare -m, so nothing outside sees it) fails with exit 3 (retryable) and
+ * a message that names the full disk and what to do; the checkpoint is
+ * still the latest and whole, and a resume with room trains on from it.
+ * Skipped, saying so, where this user cannot mount. */
+static void test_tier_disk_full(void **state)
+{
+    (void)state;
+    char spec[400], tiny_spec[400], tiny[400], root[400], ck[400], ck2[400], rd[400];
+    tier_spec("tier-full", ", memory: 24KiB, spill_dir: spill", spec, sizeof spec);
+    snprintf(tiny, sizeof tiny, "%s/tiny-spill", tmpdir);
+    assert_int_equal(kiln_mkdir_p(tiny), 0);
+    snprintf(tiny_spec, sizeof tiny_spec, "%s/tier-full-tiny.yaml", tmpdir);
+    fx_write(tiny_spec,
+             "name: tier-full\n"
+             "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+             "model:\n  type: fm\n  embedding: {dim: 8, capacity: 20000, memory: 24KiB, "
+             "spill_dir: %s}\n"
+             "train: {batch_size: 64, seed: 7, init_from: none}\n"
+             "checkpoint: {dir: ckpt/tier-full, every_steps: 12, full_every: 3, keep: 10}\n",
+             tiny);
+    snprintf(root, sizeof root, "%s/ckpt/tier-full", tmpdir);
+    result_t *r = malloc(sizeof *r);
+    const char *first[] = {"--max-steps", "24", NULL};
+    json_decref(train_with_ok(2, spec, "tier-full-0", r, first));
+    latest_ckpt(root, ck, sizeof ck);
+    snprintf(rd, sizeof rd, "%s/tier-full-1", tmpdir);
+    const char *argv[] = {"unshare", "-m", "sh", "-c",
+                          "mount -t tmpfs -o size=64k kiln-test-spill \"$0\" && exec \"$@\"",
+                          tiny, "mpirun", "-np", "2", "--oversubscribe", KILN_TRAIN_BIN,
+                          "--spec", tiny_spec, "--run-dir", rd, "--quiet", "--threads", "1",
+                          "--resume", ck, "--max-steps", "40", NULL};
+    run(r, (const char *const *)argv);
+    if (r->code != 0 && (strstr(r->err, "unshare:") || strstr(r->err, "mount:"))) {
+        print_message("skipped: cannot mount a small tmpfs here (%.200s)\n", r->err);
+        free(r);
+        skip();
+        return;
+    }
+    print_message("spill disk full: exit %d: %s\n", r->code, strstr(r->err, "kiln-train:") ? strstr(r->err, "kiln-train:") : r->err);
+    assert_int_equal(r->code, 3);
+    assert_non_null(strstr(r->err, "is full"));
+    assert_non_null(strstr(r->err, "model.embedding.spill_dir"));
+    assert_non_null(strstr(r->err, tiny));
+    /* the checkpoint it started from is still the latest, and trains on */
+    assert_string_equal(latest_ckpt(root, ck2, sizeof ck2), ck);
+    const char *again[] = {"--resume", ck, "--max-steps", "40", NULL};
+    json_t *v = train_with_ok(2, spec, "tier-full-2", r, again);
+    assert_int_equal((int)num(v, "steps"), 40);
+    json_decref(v);
+    free(r);
 }
 
 static void test_tables_larger_than_memory(void **state)
@@ -1836,6 +2046,8 @@ int main(void)
         cmocka_unit_test(test_step_matches_reference),
         cmocka_unit_test(test_unseen_keys_read_as_zeros),
         cmocka_unit_test(test_tables_larger_than_memory),
+        cmocka_unit_test(test_tier_split_deterministic),
+        cmocka_unit_test(test_tier_disk_full),
     };
     /* KILN_TEST_FILTER=test_twin* runs matching tests (cmocka glob).
      * KILN_TEST_GPU=1 (ctest's test_train_gpu) runs the GPU tests alone, or

@@ -14,6 +14,7 @@ packages=(
   libyaml-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev
   libopenmpi-dev openmpi-bin libcmocka-dev libmicrohttpd-dev libjansson-dev
   libopenblas-dev libxxhash-dev python3 curl
+  liburing-dev  # the disk tier of tables larger than memory batches its I/O (kernels/kern_tier.c)
   zlib1g-dev libzstd-dev gzip zstd  # compressed training data (data/data_src.c and its tests)
   libsnappy-dev  # SNAPPY pages of Parquet files (data/data_parquet.c): libsnappy is the field's own codec library
   chromium prometheus  # the web tests: headless browser, promtool (Prometheus parser)

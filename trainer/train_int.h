@@ -263,6 +263,11 @@ void train_tables_mark_time(trainer_t *tr, int64_t step, int64_t unix_s);
 int train_tables_expire(trainer_t *tr);
 /* The run's table figures, summed over the ranks into rank 0's out. Collective. */
 int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT */);
+/* Asks the disk tiers of this rank's tables to warm the rows of b's keys
+ * that this rank owns (kern_table_prefetch: the kernel reads their pages
+ * while the step exchanges keys). Does nothing without a disk tier. Not
+ * collective; a failure (out of memory) only costs the warm-up. */
+void train_tables_prefetch(trainer_t *tr, const rt_batch_t *b);
 
 /* ---- train_loop.c ---- */
 char *train_spec_base_dir(const char *spec_path);

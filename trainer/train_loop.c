@@ -276,6 +276,8 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
                 continue;
             double loss_sum = 0.0;
             const int64_t nrows = b->n; /* b is gone once the next batch is read */
+            if (!tr->dev) /* tables larger than memory: warm the rows b needs */
+                train_tables_prefetch(tr, b);
             rc = tr->dev ? dev_step(tr, r, b, k + 1 < nsteps, out[0], &ahead, &loss_sum)
                          : train_step(tr, b, tr->steps + 1, out[0], &loss_sum);
             if (rc < 0) {

@@ -1,7 +1,8 @@
 /*
  * trainer/train_tables.c - the trainer's side of tables larger than memory,
  * admission and expiry (docs/models.md): rows expire before each dump, so
- * the dump carries their removal; the run's table figures (rows in RAM and
+ * the dump carries their removal; a batch's keys warm the disk tiers before
+ * its step looks them up; the run's table figures (rows in RAM and
  * on disk, RAM hit rate, disk bytes, rows expired, lookups of keys not
  * admitted yet) go to result.json.
  *
@@ -68,8 +69,8 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
         mine[1] += st.disk_size;
         mine[2] += st.ram_hits;
         mine[3] += st.disk_hits;
-        mine[4] += st.pages_read * st.page_bytes;
-        mine[5] += st.pages_written * st.page_bytes;
+        mine[4] += st.disk_read_bytes;
+        mine[5] += st.disk_written_bytes;
         mine[7] += st.admit_rejected;
         out->tiered |= kern_table_tiered(tr->tables[t]);
     }
@@ -92,4 +93,24 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
                           .rows_expired = all[6],
                           .admit_rejected = all[7]};
     return 0;
+}
+
+void train_tables_prefetch(trainer_t *tr, const rt_batch_t *b)
+{
+    int64_t *mine = NULL, cap = 0;
+    for (int s = 0; s < tr->S; s++) {
+        kern_table_t *t = tr->tables[tr->slot_table[s]];
+        if (!kern_table_tiered(t))
+            continue;
+        const int64_t *off = b->offsets + (int64_t)s * (b->n + 1);
+        int64_t m = 0;
+        if (kiln_grow_to((void **)&mine, &cap, off[b->n] - off[0], sizeof *mine, 1024) < 0)
+            break;
+        for (int64_t i = off[0]; i < off[b->n]; i++)
+            if (rt_shard_owner(b->keys[i], tr->nranks) == tr->rank)
+                mine[m++] = b->keys[i];
+        if (kern_table_prefetch(t, m, mine) < 0)
+            break;
+    }
+    free(mine);
 }
