@@ -97,133 +97,144 @@ static int parse_limit(const limit_t *l, const char *v, long long *out)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* What the command line asks for. */
+typedef struct {
+    const char *listen, *state_dir, *token_env, *split, *port_file, *level, *window;
+    sv_http_opts_t o;
+    sv_loop_opts_t lo;
+} args_t;
+
+/* Reads argv into a. Returns -1 to go on, else the exit code (0 after
+ * --help, 2 for a bad option). */
+static int read_args(int argc, char **argv, args_t *a)
 {
-    const char *listen = NULL, *state_dir = NULL, *token_env = NULL, *split = NULL,
-               *port_file = NULL, *level = "info";
-    sv_http_opts_t o = {.max_connections = 64, .timeout_s = 30, .max_body = 4u << 20};
-    sv_split_t parsed_split = {0};
-    sv_loop_opts_t lo = {.max_bytes = 1LL << 30, .window_ms = 15 * 60 * 1000};
-    const char *window = NULL;
     long long num;
     int li;
-    if (kiln_version_flag(argc, argv, "kiln-serve"))
-        return 0;
-    /* Predict runs the models' GEMMs: the CPU's own kernels, not OpenBLAS's
-     * generic ones (model_kernels.c; may execute kiln-serve again). */
-    if (model_kernels_ensure(argv) < 0)
-        fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        const char *o = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
             usage(stdout);
             return 0;
         }
         if (v == NULL) {
-            fprintf(stderr, "kiln-serve: %s needs a value (or is unknown)\n", a);
+            fprintf(stderr, "kiln-serve: %s needs a value (or is unknown)\n", o);
             usage(stderr);
             return 2;
         }
         i++;
-        if (strcmp(a, "--listen") == 0)
-            listen = v;
-        else if (strcmp(a, "--state-dir") == 0)
-            state_dir = v;
-        else if (strcmp(a, "--token-env") == 0)
-            token_env = v;
-        else if (strcmp(a, "--split") == 0)
-            split = v;
-        else if (strcmp(a, "--port-file") == 0)
-            port_file = v;
-        else if ((li = find_limit(a)) >= 0) {
+        if (strcmp(o, "--listen") == 0)
+            a->listen = v;
+        else if (strcmp(o, "--state-dir") == 0)
+            a->state_dir = v;
+        else if (strcmp(o, "--token-env") == 0)
+            a->token_env = v;
+        else if (strcmp(o, "--split") == 0)
+            a->split = v;
+        else if (strcmp(o, "--port-file") == 0)
+            a->port_file = v;
+        else if ((li = find_limit(o)) >= 0) {
             if (parse_limit(&limits[li], v, &num) != 0)
                 return 2;
             switch (li) {
-            case L_CONNECTIONS: o.max_connections = (int)num; break;
-            case L_PER_CLIENT: o.max_per_client = (int)num; break;
-            case L_TIMEOUT: o.timeout_s = (int)num; break;
-            case L_IMPRESSIONS: lo.max_bytes = num; break;
-            default: o.max_body = (size_t)num; break;
+            case L_CONNECTIONS: a->o.max_connections = (int)num; break;
+            case L_PER_CLIENT: a->o.max_per_client = (int)num; break;
+            case L_TIMEOUT: a->o.timeout_s = (int)num; break;
+            case L_IMPRESSIONS: a->lo.max_bytes = num; break;
+            default: a->o.max_body = (size_t)num; break;
             }
-        } else if (strcmp(a, "--allow-host") == 0) {
+        } else if (strcmp(o, "--allow-host") == 0) {
             if (kiln_host_list_check(v, "--allow-host") < 0) {
                 fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
                 return 2;
             }
-            o.allow_hosts = v;
-        } else if (strcmp(a, "--impressions-dir") == 0)
-            lo.impressions_dir = v;
-        else if (strcmp(a, "--join-dir") == 0)
-            lo.join_dir = v;
-        else if (strcmp(a, "--feedback-window") == 0)
-            window = v;
-        else if (strcmp(a, "--log-level") == 0)
-            level = v;
+            a->o.allow_hosts = v;
+        } else if (strcmp(o, "--impressions-dir") == 0)
+            a->lo.impressions_dir = v;
+        else if (strcmp(o, "--join-dir") == 0)
+            a->lo.join_dir = v;
+        else if (strcmp(o, "--feedback-window") == 0)
+            a->window = v;
+        else if (strcmp(o, "--log-level") == 0)
+            a->level = v;
         else {
-            fprintf(stderr, "kiln-serve: unknown option %s\n", a);
+            fprintf(stderr, "kiln-serve: unknown option %s\n", o);
             usage(stderr);
             return 2;
         }
     }
-    if (listen == NULL || state_dir == NULL || token_env == NULL) {
+    return -1;
+}
+
+/* The checks between the options, and the values that need parsing: the
+ * split, the log level, the address (host into host), the token. Returns -1
+ * to go on, else 2 with the reason on stderr. */
+static int check_args(args_t *a, sv_split_t *split, char *host, size_t hostsz)
+{
+    if (a->listen == NULL || a->state_dir == NULL || a->token_env == NULL) {
         fprintf(stderr, "kiln-serve: --listen, --state-dir and --token-env are required\n");
         usage(stderr);
         return 2;
     }
-    if (o.max_per_client > o.max_connections) {
+    if (a->o.max_per_client > a->o.max_connections) {
         fprintf(stderr, "kiln-serve: --max-per-client %d is more than --max-connections %d\n",
-                o.max_per_client, o.max_connections);
+                a->o.max_per_client, a->o.max_connections);
         return 2;
     }
-    if ((lo.impressions_dir == NULL) != (lo.join_dir == NULL)) {
+    const sv_loop_opts_t *lo = &a->lo;
+    if ((lo->impressions_dir == NULL) != (lo->join_dir == NULL)) {
         fprintf(stderr, "kiln-serve: %s %s was given without %s: the impressions are logged "
                         "to be joined into training partitions, so the two go together\n",
-                lo.join_dir ? "--join-dir" : "--impressions-dir",
-                lo.join_dir ? lo.join_dir : lo.impressions_dir,
-                lo.join_dir ? "--impressions-dir" : "--join-dir");
+                lo->join_dir ? "--join-dir" : "--impressions-dir",
+                lo->join_dir ? lo->join_dir : lo->impressions_dir,
+                lo->join_dir ? "--impressions-dir" : "--join-dir");
         return 2;
     }
-    if (window != NULL && (kiln_duration_parse(window, &lo.window_ms) < 0 ||
-                           lo.window_ms < 1000 || lo.window_ms > 7LL * 86400 * 1000)) {
+    if (a->window != NULL && (kiln_duration_parse(a->window, &a->lo.window_ms) < 0 ||
+                              a->lo.window_ms < 1000 || a->lo.window_ms > 7LL * 86400 * 1000)) {
         fprintf(stderr, "kiln-serve: --feedback-window must be a duration from 1s to 7d "
                         "(15m, 90s), got '%s'\n",
-                window);
+                a->window);
         return 2;
     }
-    if (split != NULL && sv_split_parse(split, false, &parsed_split) < 0) {
+    if (a->split != NULL && sv_split_parse(a->split, false, split) < 0) {
         fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
         return 2;
     }
     kiln_log_level_t lv;
-    if (kiln_log_level_parse(level, &lv) < 0) {
+    if (kiln_log_level_parse(a->level, &lv) < 0) {
         fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
         return 2;
     }
     kiln_log_set_level(lv);
-    char host[64];
-    const char *colon = strrchr(listen, ':');
-    if (colon == NULL || (size_t)(colon - listen) >= sizeof host) {
-        fprintf(stderr, "kiln-serve: --listen wants HOST:PORT, got '%s'\n", listen);
+    const char *colon = strrchr(a->listen, ':');
+    if (colon == NULL || (size_t)(colon - a->listen) >= hostsz) {
+        fprintf(stderr, "kiln-serve: --listen wants HOST:PORT, got '%s'\n", a->listen);
         return 2;
     }
-    snprintf(host, sizeof host, "%.*s", (int)(colon - listen), listen);
+    snprintf(host, hostsz, "%.*s", (int)(colon - a->listen), a->listen);
     char *end;
     long port = strtol(colon + 1, &end, 10);
     if (*end != '\0' || port < 0 || port > 65535) {
-        fprintf(stderr, "kiln-serve: bad port in --listen '%s'\n", listen);
+        fprintf(stderr, "kiln-serve: bad port in --listen '%s'\n", a->listen);
         return 2;
     }
-    o.host = host;
-    o.port = (int)port;
-    o.token = getenv(token_env);
-    if (o.token == NULL || o.token[0] == '\0') {
+    a->o.host = host;
+    a->o.port = (int)port;
+    a->o.token = getenv(a->token_env);
+    if (a->o.token == NULL || a->o.token[0] == '\0') {
         fprintf(stderr, "kiln-serve: the environment variable %s (--token-env) is not set; "
                         "kiln-serve refuses to run without a push token\n",
-                token_env);
+                a->token_env);
         return 2;
     }
+    return -1;
+}
 
+/* Opens the store (and the impression loop), serves until SIGINT or
+ * SIGTERM. Returns the exit code. */
+static int serve(args_t *a, const sv_split_t *split)
+{
     /* Block the stop signals in every thread; main waits for them. */
     sigset_t stop;
     sigemptyset(&stop);
@@ -237,14 +248,14 @@ int main(int argc, char **argv)
     sv_store_t *store = NULL;
     sv_http_t *http = NULL;
     sv_loop_t *loop = NULL;
-    int rc = sv_store_open(state_dir, &store);
+    int rc = sv_store_open(a->state_dir, &store);
     if (rc == 0)
-        sv_store_set_split(store, &parsed_split);
-    if (rc == 0 && lo.impressions_dir != NULL)
-        rc = sv_loop_open(&lo, &loop);
-    o.loop = loop;
+        sv_store_set_split(store, split);
+    if (rc == 0 && a->lo.impressions_dir != NULL)
+        rc = sv_loop_open(&a->lo, &loop);
+    a->o.loop = loop;
     if (rc == 0)
-        rc = sv_http_start(store, &o, &http);
+        rc = sv_http_start(store, &a->o, &http);
     if (rc < 0) {
         fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
         sv_loop_close(loop);
@@ -252,11 +263,11 @@ int main(int argc, char **argv)
         return 1;
     }
     int bound = sv_http_port(http);
-    if (port_file != NULL) {
+    if (a->port_file != NULL) {
         char text[16];
         int n = snprintf(text, sizeof text, "%d\n", bound);
-        if (kiln_write_atomic(port_file, text, (size_t)n) < 0) {
-            fprintf(stderr, "kiln-serve: cannot write --port-file %s: %s\n", port_file,
+        if (kiln_write_atomic(a->port_file, text, (size_t)n) < 0) {
+            fprintf(stderr, "kiln-serve: cannot write --port-file %s: %s\n", a->port_file,
                     kiln_errmsg());
             sv_http_stop(http);
             sv_loop_close(loop);
@@ -264,7 +275,7 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    KILN_INFO("kiln-serve listening on %s:%d, state in %s", host, bound, state_dir);
+    KILN_INFO("kiln-serve listening on %s:%d, state in %s", a->o.host, bound, a->state_dir);
     int sig = 0;
     sigwait(&stop, &sig);
     KILN_INFO("signal %d: stopping", sig);
@@ -272,4 +283,23 @@ int main(int argc, char **argv)
     sv_loop_close(loop);
     sv_store_close(store);
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    args_t a = {.level = "info",
+                .o = {.max_connections = 64, .timeout_s = 30, .max_body = 4u << 20},
+                .lo = {.max_bytes = 1LL << 30, .window_ms = 15 * 60 * 1000}};
+    sv_split_t split = {0};
+    char host[64];
+    if (kiln_version_flag(argc, argv, "kiln-serve"))
+        return 0;
+    /* Predict runs the models' GEMMs: the CPU's own kernels, not OpenBLAS's
+     * generic ones (model_kernels.c; may execute kiln-serve again). */
+    if (model_kernels_ensure(argv) < 0)
+        fprintf(stderr, "kiln-serve: %s\n", kiln_errmsg());
+    int code = read_args(argc, argv, &a);
+    if (code < 0)
+        code = check_args(&a, &split, host, sizeof host);
+    return code >= 0 ? code : serve(&a, &split);
 }
