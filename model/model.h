@@ -339,10 +339,9 @@ typedef struct {
      * past n zero; the backward's weight gradient reads it again. */
     uint16_t *bf_in;
     /* bf16 only: the layer's matmuls in model_bf16.c's table (-1: none):
-     * forward into its output's leading dimension, forward into a dense
-     * row_block block (the short last block), input gradient, the 256-row
-     * weight-gradient block. */
-    int mm_fwd, mm_fwd_tail, mm_bwd, mm_wg;
+     * forward, input gradient (each into a dense row_block block), the
+     * 256-row weight-gradient block. */
+    int mm_fwd, mm_bwd, mm_wg;
 } rt_model_layer_t;
 
 struct rt_model {

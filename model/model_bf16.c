@@ -64,6 +64,7 @@ struct rt_bf16 {
     int nmm;
     uint16_t *w;     /* (nparams) the parameters, rounded */
     uint16_t *dy;    /* (rows, maxw) an output gradient, rounded */
+    float **out;     /* (nt) each thread's (row_block, maxw) output block */
     void **scratch;  /* (nt) scratchpads of pad_bytes (the largest) */
     size_t pad_bytes;
     char impl[64];   /* the implementation of the widest forward: "brg:avx512_core_bf16" */
@@ -200,31 +201,31 @@ static int create(rt_model_t *m)
         return KILN_ENOMEM;
     m->bf = bf;
     bf->nt = m->wgT_n;
-    const int RB = m->row_block, nb = m->nbottom, nl = m->nbottom + m->ntop;
+    const int RB = m->row_block, nl = m->nbottom + m->ntop;
     const size_t rows = padded_rows(m);
     if (dnnl_engine_create(&bf->eng, dnnl_cpu, 0) != dnnl_success)
         return kiln_errf(KILN_EINVAL, "bf16: oneDNN has no CPU engine");
     if (!(bf->strm = kiln_calloc((size_t)bf->nt, sizeof *bf->strm)) ||
-        !(bf->scratch = kiln_calloc((size_t)bf->nt, sizeof *bf->scratch)))
+        !(bf->scratch = kiln_calloc((size_t)bf->nt, sizeof *bf->scratch)) ||
+        !(bf->out = kiln_calloc((size_t)bf->nt, sizeof *bf->out)))
         return KILN_ENOMEM;
+    for (int t = 0; t < bf->nt; t++)
+        if (!(bf->out[t] = kiln_calloc((size_t)RB * (size_t)m->maxw, sizeof(float))))
+            return KILN_ENOMEM;
     for (int t = 0; t < bf->nt; t++)
         if (dnnl_stream_create(&bf->strm[t], bf->eng, dnnl_stream_default_flags) != dnnl_success)
             return kiln_errf(KILN_EINVAL, "bf16: oneDNN cannot make a CPU stream");
     for (int l = 0; l < nl; l++) {
         rt_model_layer_t *L = &m->layers[l];
         const int in = L->in, out = L->out;
-        /* Where the forward writes (model_dlrm.c): the last bottom layer
-         * into R's first d columns, the others into their own outputs. */
-        const int ldy = l == nb - 1 ? m->ldr : out;
+        /* Y (RB, out) = A (RB, in) W^T: W (out, in) read as (in, out). Into a
+         * dense block always: with the leading dimension of R (the last
+         * bottom layer's output) oneDNN 2.6 gives up its brgemm kernel for a
+         * far slower one (gemm:jit, 0.2 ms for a 256 x 16 x 64 block), and
+         * a copy of 16 columns costs nothing beside it. */
         int rc;
-        /* Y (RB, out) = A (RB, in) W^T: W (out, in) read as (in, out) */
-        KILN_CHECK(rc = mm_make(bf, RB, out, in, in, 1, 1, in, ldy));
+        KILN_CHECK(rc = mm_make(bf, RB, out, in, in, 1, 1, in, out));
         L->mm_fwd = rc;
-        L->mm_fwd_tail = rc;
-        if (ldy != out) {
-            KILN_CHECK(rc = mm_make(bf, RB, out, in, in, 1, 1, in, out));
-            L->mm_fwd_tail = rc;
-        }
         /* dA (RB, in) = dY (RB, out) W (out, in); the first layer has no dA */
         L->mm_bwd = -1;
         if (l > 0) {
@@ -268,9 +269,11 @@ void rt_bf16_destroy(rt_model_t *m)
             dnnl_stream_destroy(bf->strm[t]);
         if (bf->scratch)
             free(bf->scratch[t]);
+        if (bf->out)
+            free(bf->out[t]);
     }
     dnnl_engine_destroy(bf->eng);
-    KILN_FREE_ALL(bf->strm, bf->scratch, bf->w, bf->dy);
+    KILN_FREE_ALL(bf->strm, bf->scratch, bf->out, bf->w, bf->dy);
     free(bf);
     m->bf = NULL;
 }
@@ -321,47 +324,42 @@ uint16_t *rt_bf16_dy(rt_model_t *m)
 
 /* ---- the products --------------------------------------------------------------- */
 
-/* C (n, nn; ldc) = rows of A times B by primitives full (ldc) and tail
- * (dense), in row_block blocks: A (rows, k) bf16, zero past n. */
-static void rows_run(rt_model_t *m, int n, int full_mm, int tail_mm, int nn, int k,
-                     const uint16_t *A, const uint16_t *B, float *C, int ldc)
+/* C (n, nn; ldc) = rows of A times B by primitive mm (a dense (RB, nn)
+ * output), in row_block blocks: A (rows, k) bf16, zero past n. A block
+ * goes straight into C when C is dense and the block whole, else into the
+ * thread's own block and its rows are copied. */
+static void rows_run(rt_model_t *m, int n, int mm, int nn, int k, const uint16_t *A,
+                     const uint16_t *B, float *C, int ldc)
 {
     rt_bf16_t *bf = m->bf;
     const int RB = m->row_block;
-    /* A caller's C with another leading dimension goes the tail's way. */
-    const int direct = bf->mm[full_mm].ldc == ldc ? n / RB : 0, nblk = (n + RB - 1) / RB;
+    const int direct = ldc == nn ? n / RB : 0, nblk = (n + RB - 1) / RB;
 #pragma omp parallel for schedule(static) num_threads(bf->nt) if (nblk > 1 && !omp_in_parallel())
     for (int blk = 0; blk < nblk; blk++) {
         const size_t r0 = (size_t)blk * (size_t)RB;
         const uint16_t *a = A + r0 * (size_t)k;
         if (blk < direct) {
-            mm_run(bf, full_mm, a, B, C + r0 * (size_t)ldc);
+            mm_run(bf, mm, a, B, C + r0 * (size_t)ldc);
             continue;
         }
-        /* Into a dense block, then the rows that exist (the last block is
-         * the only one here unless ldc differs; tailC has one user then). */
-        float *c = m->tailC;
+        float *c = bf->out[omp_get_thread_num()];
         const int rows = n - (int)r0 < RB ? n - (int)r0 : RB;
-#pragma omp critical(kiln_bf16_tail)
-        {
-            mm_run(bf, tail_mm, a, B, c);
-            for (int i = 0; i < rows; i++)
-                memcpy(C + (r0 + (size_t)i) * (size_t)ldc, c + (size_t)i * (size_t)nn,
-                       sizeof(float) * (size_t)nn);
-        }
+        mm_run(bf, mm, a, B, c);
+        for (int i = 0; i < rows; i++)
+            memcpy(C + (r0 + (size_t)i) * (size_t)ldc, c + (size_t)i * (size_t)nn,
+                   sizeof(float) * (size_t)nn);
     }
 }
 
 void rt_bf16_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, float *Y, int ldy)
 {
-    rows_run(m, n, L->mm_fwd, L->mm_fwd_tail, L->out, L->in, L->bf_in, m->bf->w + L->w_off, Y,
-             ldy);
+    rows_run(m, n, L->mm_fwd, L->out, L->in, L->bf_in, m->bf->w + L->w_off, Y, ldy);
 }
 
 void rt_bf16_bwd_input(rt_model_t *m, int n, const rt_model_layer_t *L, const uint16_t *dYb,
                        float *dA, int ldda)
 {
-    rows_run(m, n, L->mm_bwd, L->mm_bwd, L->in, L->out, dYb, m->bf->w + L->w_off, dA, ldda);
+    rows_run(m, n, L->mm_bwd, L->in, L->out, dYb, m->bf->w + L->w_off, dA, ldda);
 }
 
 void rt_bf16_grad_block(rt_model_t *m, const rt_model_layer_t *L, const uint16_t *dYb, size_t r0,
