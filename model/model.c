@@ -356,6 +356,10 @@ float *rt_model_params(rt_model_t *m)
     m->bf_stale = 1; /* the caller may write: the bf16 copy is made again */
     return m->params;
 }
+const float *rt_model_params_read(const rt_model_t *m)
+{
+    return m->params;
+}
 double *rt_model_grads(rt_model_t *m)
 {
     return m->grads;

@@ -161,9 +161,12 @@ void rt_model_destroy(rt_model_t *m);
  * by m: a double-double sum (kernels/kern_ops.h), nparams doubles of high
  * parts and nparams of low parts; the value is hi + lo. The trainer
  * allreduces the pairs (rt_comm_allreduce_sum_dd) and may broadcast
- * rt_model_params. */
+ * rt_model_params. A bf16 model rounds its weights again at the next
+ * forward after rt_model_params was called (the caller may have written);
+ * rt_model_params_read is the same vector for reading only, and does not. */
 size_t rt_model_nparams(const rt_model_t *m);
 float *rt_model_params(rt_model_t *m);
+const float *rt_model_params_read(const rt_model_t *m);
 double *rt_model_grads(rt_model_t *m);
 double *rt_model_grads_lo(rt_model_t *m);
 /* The parameter groups in layout order (0 <= i < ngroups); NULL out of range. */
