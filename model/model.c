@@ -122,11 +122,8 @@ static int check_config(const rt_model_config_t *c)
                          "%s: model.dense_precision: bf16 applies to dlrm's MLP layers, and %s "
                          "has none (its dense math is a dot product per row); use fp32",
                          t, t);
-    if (c->precision == RT_DENSE_BF16) {
-        model_cpu_t cpu;
-        model_cpu_detect(&cpu);
-        KILN_CHECK(model_bf16_check(&cpu));
-    }
+    if (c->precision == RT_DENSE_BF16)
+        KILN_CHECK(model_bf16_check_here());
     const rt_dense_opt_t *o = &c->opt;
     if (o->type != RT_DENSE_SGD && o->type != RT_DENSE_ADAGRAD && o->type != RT_DENSE_ADAM)
         return kiln_errf(KILN_EINVAL, "unknown dense optimizer %d (sgd, adagrad or adam)",

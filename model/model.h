@@ -321,6 +321,10 @@ int rt_model_selfcheck(const rt_model_t *m);
  * model.dense_precision: bf16 needs. Returns 0, or KILN_EINVAL with a
  * message naming what the CPU lacks and what to do (use fp32). */
 int model_bf16_check(const model_cpu_t *cpu);
+/* model_bf16_check of this CPU, and that oneDNN may use its bf16
+ * instructions: ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) set below
+ * AVX512_CORE_BF16 is refused the same way, naming the variable. */
+int model_bf16_check_here(void);
 /* The oneDNN version and the implementation its first bf16 matmul of m
  * chose ("oneDNN 2.6 brg:avx512_core_bf16"), for the log; "" when m runs
  * fp32. */

@@ -67,7 +67,7 @@ struct rt_bf16 {
     float **out;     /* (nt) each thread's (row_block, maxw) output block */
     void **scratch;  /* (nt) scratchpads of pad_bytes (the largest) */
     size_t pad_bytes;
-    char impl[64];   /* the implementation of the widest forward: "brg:avx512_core_bf16" */
+    char impl[64];   /* oneDNN's implementation of the first matmul: "brg:avx512_core_bf16" */
 };
 
 static inline uint16_t bf16_round(float f)

@@ -9,7 +9,9 @@
 #include "model.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -109,4 +111,33 @@ int model_bf16_check(const model_cpu_t *cpu)
                      "model.dense_precision: fp32 (the default), or run the job on a Cooper Lake, "
                      "Sapphire Rapids or newer Xeon, or an AMD Zen 4 or newer",
                      cpu->family, cpu->model, feats);
+}
+
+/* oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) at or above the first with bf16
+ * instructions; a cap not listed (SSE41 ... AVX512_CORE_VNNI) keeps oneDNN
+ * below them, and it would emulate bf16. */
+static const char *const bf16_caps[] = {"AVX512_CORE_BF16", "AVX512_CORE_FP16",
+                                        "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                                        "AVX2_VNNI_2", "ALL", "DEFAULT"};
+
+int model_bf16_check_here(void)
+{
+    static const char *const vars[] = {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"};
+    for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
+        const char *cap = getenv(vars[v]);
+        if (cap == NULL || cap[0] == '\0')
+            continue;
+        for (size_t i = 0; i < sizeof bf16_caps / sizeof bf16_caps[0]; i++)
+            if (strcasecmp(cap, bf16_caps[i]) == 0)
+                goto cpu;
+        return kiln_errf(KILN_EINVAL,
+                         "model.dense_precision: bf16 needs oneDNN's bf16 instructions, and "
+                         "%s=%s keeps it below them (it would emulate bf16, slower than "
+                         "fp32); unset %s, or set model.dense_precision: fp32 (the default)",
+                         vars[v], cap, vars[v]);
+    }
+cpu:;
+    model_cpu_t cpu;
+    model_cpu_detect(&cpu);
+    return model_bf16_check(&cpu);
 }

@@ -32,9 +32,7 @@ int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags, ops_subm
      * are checked by kiln-train when it starts. */
     if (out->spec.model.dense_precision == JOB_PREC_BF16 &&
         out->spec.resources.launcher == JOB_LAUNCH_LOCAL) {
-        model_cpu_t cpu;
-        model_cpu_detect(&cpu);
-        int rc = model_bf16_check(&cpu);
+        int rc = model_bf16_check_here();
         if (rc < 0) {
             ops_submitted_fini(out);
             return kiln_errf(rc, "%s: %s", name, kiln_errmsg());

@@ -1134,6 +1134,28 @@ static void test_dlrm_bf16_resumes_fp32(void **state)
     free(r);
 }
 
+/* kiln-train refuses bf16 before reading anything where oneDNN may not use
+ * bf16 instructions (here: ONEDNN_MAX_CPU_ISA below them, which any
+ * machine can be made to be; a CPU without them gets model_bf16_check's
+ * message, test_model's test_bf16_refused): exit 2, the message says what
+ * to do, no checkpoint. */
+static void test_bf16_refused(void **state)
+{
+    (void)state;
+    result_t *r = malloc(sizeof *r);
+    char spec[400];
+    bf16_spec("bf-no", "bf16", 1, spec, sizeof spec);
+    setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE", 1);
+    json_t *v = train(1, spec, "bf-no", r);
+    unsetenv("ONEDNN_MAX_CPU_ISA");
+    assert_null(v);
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "model.dense_precision: bf16 needs"));
+    assert_non_null(strstr(r->err, "set model.dense_precision: fp32"));
+    assert_no_checkpoint("ckpt/bf-no");
+    free(r);
+}
+
 static void test_malformed_lines(void **state)
 {
     (void)state;
@@ -2110,6 +2132,7 @@ int main(void)
         cmocka_unit_test(test_cuda_matches_cpu),
         cmocka_unit_test(test_malformed_lines),
         cmocka_unit_test(test_dlrm_bf16_resumes_fp32),
+        cmocka_unit_test(test_bf16_refused),
         cmocka_unit_test(test_bad_data_fails),
         cmocka_unit_test(test_compressed_input),
         cmocka_unit_test(test_spec_through_symlink),
