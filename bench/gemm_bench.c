@@ -229,10 +229,8 @@ static double measure(gemm_fn g, int runs)
     return med;
 }
 
-/* Kiln's dense layers of dlrm's default shape as one step runs them, in
- * precision p: the median over runs of 10 steps' GFLOP/s (the flops of the
- * three products of every layer; the first has no input gradient). */
-static double layers_rate(rt_dense_precision_t p, int runs)
+/* A dlrm model of the bench's shapes (dlrm's default), lr 0, in precision p. */
+static rt_model_t *layers_model(rt_dense_precision_t p)
 {
     static const int bottom[] = {64, 16}, top[] = {256, 128, 1};
     const rt_model_config_t cfg = {.type = RT_MODEL_DLRM, .nslots = 26, .ndense = 13, .dim = 16,
@@ -245,6 +243,36 @@ static double layers_rate(rt_dense_precision_t p, int runs)
         fprintf(stderr, "gemm_bench: %s\n", kiln_errmsg());
         exit(1);
     }
+    return m;
+}
+
+/* 10 steps of m's dense layers as a step runs them; returns GFLOP/s (the
+ * flops of the three products of every layer; the first has no input
+ * gradient). A (BATCH, 400) inputs, dY output gradients, Y and dA outputs. */
+static double layers_once(rt_model_t *m, const float *A, const float *dY, float *Y, float *dA)
+{
+    const double t0 = (double)kiln_mono_ns();
+    double flops = 0;
+    for (int it = 0; it < 10; it++) {
+        rt_model_step(m); /* lr 0: remakes bf16's weight copy, as a step does */
+        for (int l = 0; l < m->nbottom + m->ntop; l++) {
+            const rt_model_layer_t *L = &m->layers[l];
+            const int ldy = l == m->nbottom - 1 ? m->ldr : L->out;
+            rt_dense_linear_fwd(m, BATCH, L, A, L->in, Y, ldy);
+            rt_dense_linear_bwd(m, BATCH, L, A, L->in, dY, L->out, l > 0 ? dA : NULL, L->in);
+            flops += (l > 0 ? 3.0 : 2.0) * 2.0 * BATCH * L->in * L->out;
+        }
+    }
+    return flops / ((double)kiln_mono_ns() - t0);
+}
+
+/* --layers: Kiln's own dense layers, fp32 and (where the CPU has it) bf16,
+ * their runs interleaved so that both see the same load; one line each,
+ * the median of runs. */
+static void layers_lines(int runs, int threads)
+{
+    const int bf = model_bf16_check_here() == 0;
+    rt_model_t *m[2] = {layers_model(RT_DENSE_FP32), bf ? layers_model(RT_DENSE_BF16) : NULL};
     const size_t big = (size_t)BATCH * 400;
     float *A = malloc(big * sizeof(float)), *dY = malloc(big * sizeof(float));
     float *Y = malloc(big * sizeof(float)), *dA = malloc(big * sizeof(float));
@@ -252,46 +280,27 @@ static double layers_rate(rt_dense_precision_t p, int runs)
         A[i] = (float)(i % 97) * 0.01f;
         dY[i] = (float)(i % 89) * 0.001f - 0.04f;
     }
-    double *rate = calloc((size_t)runs, sizeof(double));
-    for (int r = -1; r < runs; r++) { /* run -1: warm-up */
-        double t0 = (double)kiln_mono_ns(), flops = 0;
-        for (int it = 0; it < 10; it++) {
-            rt_model_step(m); /* lr 0: remakes bf16's weight copy, as a step does */
-            for (int l = 0; l < m->nbottom + m->ntop; l++) {
-                const rt_model_layer_t *L = &m->layers[l];
-                const int ldy = l == m->nbottom - 1 ? m->ldr : L->out;
-                rt_dense_linear_fwd(m, BATCH, L, A, L->in, Y, ldy);
-                rt_dense_linear_bwd(m, BATCH, L, A, L->in, dY, L->out, l > 0 ? dA : NULL,
-                                    L->in);
-                flops += (l > 0 ? 3.0 : 2.0) * 2.0 * BATCH * L->in * L->out;
-            }
+    double *rate[2] = {calloc((size_t)runs, sizeof(double)), calloc((size_t)runs, sizeof(double))};
+    for (int r = -1; r < runs; r++) /* run -1: warm-up */
+        for (int p = 0; p < 1 + bf; p++) {
+            const double g = layers_once(m[p], A, dY, Y, dA);
+            if (r >= 0)
+                rate[p][r] = g;
         }
-        if (r >= 0)
-            rate[r] = flops / ((double)kiln_mono_ns() - t0);
-    }
-    double med = bench_median(rate, runs);
-    KILN_FREE_ALL(rate, A, dY, Y, dA);
-    rt_model_destroy(m);
-    return med;
-}
-
-/* --layers: the lines of Kiln's own dense layers, fp32 then bf16 (where
- * the CPU has it). */
-static void layers_lines(int runs, int threads)
-{
-    model_cpu_t cpu;
-    model_cpu_detect(&cpu);
-    const double lay32 = layers_rate(RT_DENSE_FP32, runs);
+    const double lay32 = bench_median(rate[0], runs);
     printf("{\"candidate\": \"Kiln's dense layers, fp32 (OpenBLAS %s)\", \"threads\": %d, "
            "\"gflops\": %.1f}\n",
            openblas_get_corename(), threads, lay32);
-    if (model_bf16_check(&cpu) == 0) {
-        const double lay16 = layers_rate(RT_DENSE_BF16, runs);
+    if (bf) {
+        const double lay16 = bench_median(rate[1], runs);
         printf("{\"candidate\": \"Kiln's dense layers, bf16 (oneDNN %d.%d)\", \"threads\": "
                "%d, \"gflops\": %.1f, \"bf16_over_fp32\": %.2f}\n",
                dnnl_version()->major, dnnl_version()->minor, threads, lay16, lay16 / lay32);
     }
     fflush(stdout);
+    KILN_FREE_ALL(rate[0], rate[1], A, dY, Y, dA);
+    rt_model_destroy(m[0]);
+    rt_model_destroy(m[1]);
 }
 
 /* The OpenBLAS line of this process: its core type and rate. */
