@@ -473,8 +473,14 @@ void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, 
 void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
                   const float *B, int ldb, double *G);
 /* Whether rt_grad_gemm computes a (rows, cols) gradient's whole 256-row
- * blocks as float32 products (else all of it in float64); never depends on n. */
-bool rt_grad_blocked(const rt_model_t *m, int rows, int cols);
+ * blocks as float32 (or bf16) products, else all of it in float64; never
+ * depends on n. Here, not in model_blas.c, because model_bf16.c asks it
+ * too, and model_blas.c calls model_bf16.c. */
+static inline bool rt_grad_blocked(const rt_model_t *m, int rows, int cols)
+{
+    const size_t cnt = (size_t)rows * (size_t)cols;
+    return m->row_block == RT_GRAD_BLOCK && cnt >= 1024 && cnt <= m->wgT_cap;
+}
 /* rt_grad_gemm for layer L's dW (out, in) += dY^T A, its whole 256-row
  * blocks in bf16 (rt_bf16_grad_block; dYb is dY rounded) where rt_grad_gemm
  * takes its block path, the other rows in float64 from dY and A. */

@@ -137,12 +137,6 @@ static void grad_f64(rt_model_t *m, int n, int rows, int cols, const float *A, i
     }
 }
 
-bool rt_grad_blocked(const rt_model_t *m, int rows, int cols)
-{
-    const size_t cnt = (size_t)rows * (size_t)cols;
-    return m->row_block == RT_GRAD_BLOCK && cnt >= 1024 && cnt <= m->wgT_cap;
-}
-
 /* rt_grad_gemm, its blocks in bf16 when bl (a layer with its bf16 matmul)
  * is given: dYb is A rounded to bf16, the layer's bf_in is B rounded. */
 static void grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
