@@ -14,7 +14,13 @@
  *   oneDNN's dnnl_sgemm (libdnnl, dispatches on CPU features), when the
  *     bench was built with it;
  *   BLIS's bli_sgemm (libblis.so.4, loaded with dlopen so that its BLAS
- *     symbols cannot shadow OpenBLAS's), when installed.
+ *     symbols cannot shadow OpenBLAS's), when installed;
+ *   and Kiln's own dense layers, as a step runs them (rt_dense_linear_fwd
+ *     and _bwd of a dlrm model of these shapes: the conversions, the
+ *     float64 weight-gradient sums and the bias columns included), once
+ *     with model.dense_precision fp32 (OpenBLAS) and, on a CPU with bf16,
+ *     once with bf16 (model_bf16.c: oneDNN, operands rounded once per
+ *     layer, weights once per step): the figure for the precision choice.
  *
  *   gemm_bench [--threads N] [--runs R]
  *
@@ -37,6 +43,7 @@
 
 #include "bench.h"
 #include "kiln.h"
+#define RT_MODEL_IMPL /* the layers' own calls, rt_dense_linear_* */
 #include "model.h"
 
 enum { BATCH = 4096, BLOCK = 256 };
@@ -222,6 +229,80 @@ static double measure(gemm_fn g, int runs)
     return med;
 }
 
+/* A dlrm model of the bench's shapes (dlrm's default), lr 0, in precision p. */
+static rt_model_t *layers_model(rt_dense_precision_t p)
+{
+    static const int bottom[] = {64, 16}, top[] = {256, 128, 1};
+    const rt_model_config_t cfg = {.type = RT_MODEL_DLRM, .nslots = 26, .ndense = 13, .dim = 16,
+                                   .bottom = bottom, .nbottom = 2, .top = top, .ntop = 3,
+                                   .max_batch = BATCH, .seed = 1,
+                                   .opt = {.type = RT_DENSE_SGD, .lr = 0.0f},
+                                   .precision = p};
+    rt_model_t *m = NULL;
+    if (rt_model_create(&cfg, &m) < 0) {
+        fprintf(stderr, "gemm_bench: %s\n", kiln_errmsg());
+        exit(1);
+    }
+    return m;
+}
+
+/* 10 steps of m's dense layers as a step runs them; returns GFLOP/s (the
+ * flops of the three products of every layer; the first has no input
+ * gradient). A (BATCH, 400) inputs, dY output gradients, Y and dA outputs. */
+static double layers_once(rt_model_t *m, const float *A, const float *dY, float *Y, float *dA)
+{
+    const double t0 = (double)kiln_mono_ns();
+    double flops = 0;
+    for (int it = 0; it < 10; it++) {
+        rt_model_step(m); /* lr 0: remakes bf16's weight copy, as a step does */
+        for (int l = 0; l < m->nbottom + m->ntop; l++) {
+            const rt_model_layer_t *L = &m->layers[l];
+            const int ldy = l == m->nbottom - 1 ? m->ldr : L->out;
+            rt_dense_linear_fwd(m, BATCH, L, A, L->in, Y, ldy);
+            rt_dense_linear_bwd(m, BATCH, L, A, L->in, dY, L->out, l > 0 ? dA : NULL, L->in);
+            flops += (l > 0 ? 3.0 : 2.0) * 2.0 * BATCH * L->in * L->out;
+        }
+    }
+    return flops / ((double)kiln_mono_ns() - t0);
+}
+
+/* --layers: Kiln's own dense layers, fp32 and (where the CPU has it) bf16,
+ * their runs interleaved so that both see the same load; one line each,
+ * the median of runs. */
+static void layers_lines(int runs, int threads)
+{
+    const int bf = model_bf16_check_here() == 0;
+    rt_model_t *m[2] = {layers_model(RT_DENSE_FP32), bf ? layers_model(RT_DENSE_BF16) : NULL};
+    const size_t big = (size_t)BATCH * 400;
+    float *A = malloc(big * sizeof(float)), *dY = malloc(big * sizeof(float));
+    float *Y = malloc(big * sizeof(float)), *dA = malloc(big * sizeof(float));
+    for (size_t i = 0; i < big; i++) {
+        A[i] = (float)(i % 97) * 0.01f;
+        dY[i] = (float)(i % 89) * 0.001f - 0.04f;
+    }
+    double *rate[2] = {calloc((size_t)runs, sizeof(double)), calloc((size_t)runs, sizeof(double))};
+    for (int r = -1; r < runs; r++) /* run -1: warm-up */
+        for (int p = 0; p < 1 + bf; p++) {
+            const double g = layers_once(m[p], A, dY, Y, dA);
+            if (r >= 0)
+                rate[p][r] = g;
+        }
+    const double lay32 = bench_median(rate[0], runs);
+    printf("{\"candidate\": \"Kiln's dense layers, fp32 (OpenBLAS %s)\", \"threads\": %d, "
+           "\"gflops\": %.1f}\n",
+           openblas_get_corename(), threads, lay32);
+    if (bf) {
+        const double lay16 = bench_median(rate[1], runs);
+        printf("{\"candidate\": \"Kiln's dense layers, bf16 (oneDNN %d.%d)\", \"threads\": "
+               "%d, \"gflops\": %.1f, \"bf16_over_fp32\": %.2f}\n",
+               dnnl_version()->major, dnnl_version()->minor, threads, lay16, lay16 / lay32);
+    }
+    fflush(stdout);
+    KILN_FREE_ALL(rate[0], rate[1], A, dY, Y, dA);
+    rt_model_destroy(m[0]);
+    rt_model_destroy(m[1]);
+}
+
 /* The OpenBLAS line of this process: its core type and rate. */
 static double openblas_line(int runs, int threads)
 {
@@ -234,13 +315,14 @@ static double openblas_line(int runs, int threads)
     return g;
 }
 
-/* Runs this bench again with OPENBLAS_CORETYPE=core --child; returns the
- * GFLOP/s it printed, 0 when it failed. */
-static double child(const char *self, const char *core, int runs, int threads)
+/* Runs this bench again with OPENBLAS_CORETYPE=core and mode (--child or
+ * --layers), passing its lines through; returns the GFLOP/s of its first
+ * line, 0 when it failed. */
+static double child(const char *self, const char *core, int runs, int threads, const char *mode)
 {
     char cmd[4200];
-    snprintf(cmd, sizeof cmd, "OPENBLAS_CORETYPE=%s '%s' --child --runs %d --threads %d", core,
-             self, runs, threads);
+    snprintf(cmd, sizeof cmd, "OPENBLAS_CORETYPE=%s '%s' %s --runs %d --threads %d", core, self,
+             mode, runs, threads);
     FILE *p = popen(cmd, "r");
     if (p == NULL)
         return 0;
@@ -249,7 +331,7 @@ static double child(const char *self, const char *core, int runs, int threads)
     while (fgets(line, sizeof line, p)) {
         fputs(line, stdout);
         const char *s = strstr(line, "\"gflops\": ");
-        if (s)
+        if (s && g == 0)
             g = atof(s + 10);
     }
     pclose(p);
@@ -258,7 +340,7 @@ static double child(const char *self, const char *core, int runs, int threads)
 
 int main(int argc, char **argv)
 {
-    int threads = 2, runs = 5, is_child = 0;
+    int threads = 2, runs = 5, is_child = 0, is_layers = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -266,6 +348,8 @@ int main(int argc, char **argv)
             runs = atoi(argv[++i]);
         else if (strcmp(argv[i], "--child") == 0)
             is_child = 1;
+        else if (strcmp(argv[i], "--layers") == 0)
+            is_layers = 1;
         else {
             fprintf(stderr, "usage: gemm_bench [--threads N] [--runs R]\n");
             return 2;
@@ -275,6 +359,10 @@ int main(int argc, char **argv)
     openblas_set_num_threads(1);
     if (is_child) {
         openblas_line(runs, threads);
+        return 0;
+    }
+    if (is_layers) {
+        layers_lines(runs, threads);
         return 0;
     }
     if (getenv("OPENBLAS_CORETYPE") != NULL) {
@@ -299,7 +387,7 @@ int main(int argc, char **argv)
         if (model_blas_core_isa(cores[i]) > (int)model_cpu_isa(&cpu) ||
             (strcmp(cores[i], "Cooperlake") == 0 && !cpu.avx512_bf16))
             continue;
-        double g = child(self, cores[i], runs, threads);
+        double g = child(self, cores[i], runs, threads, "--child");
         if (g > best_ob) {
             best_ob = g;
             best_core = cores[i];
@@ -325,6 +413,10 @@ int main(int argc, char **argv)
         blis = measure(blis_gemm, runs);
         printf("{\"candidate\": \"BLIS\", \"threads\": %d, \"gflops\": %.1f}\n", threads, blis);
     }
+    /* Kiln's layers, with the kernels kiln-train runs (it sets the core
+     * type the same way: model_kernels.c). */
+    const char *own = model_blas_core_for(&cpu);
+    child(self, own ? own : openblas_get_corename(), runs, threads, "--layers");
     printf("{\"summary\": true, \"openblas_installed_gflops\": %.1f, \"openblas_best_core\": "
            "\"%s\", \"openblas_best_gflops\": %.1f, \"onednn_gflops\": %.1f, \"blis_gflops\": "
            "%.1f, \"onednn_bf16_gflops\": %.1f, \"best_over_installed\": %.2f, "

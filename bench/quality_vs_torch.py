@@ -8,7 +8,7 @@ as an SVG. docs/benchmarks.md has the results and how to read them.
         [--rows 200000] [--eval-rows 50000] [--models lr,fm,dlrm]
         [--batches 256,1024,4096] [--skews uniform:0.2,zipf:1.15]
         [--vocab 200000] [--empty 0.04] [--epochs 1]
-        [--svg docs/quality-loss-curves.svg] [--curve-batch 1024]
+        [--svg docs/quality-loss-curves.svg] [--curve-batch 1024] [--bf16]
 
 Needs Debian's python3-torch, python3-numpy and (for the SVG)
 python3-matplotlib under /usr/bin/python3, a build with kiln and kiln-train,
@@ -50,6 +50,11 @@ Each seed is a different draw on both sides; the table prints the mean and
 the spread (sample standard deviation) over seeds, and the goal is kiln's
 mean <= torch's mean + 0.002 with a spread no wider than torch's (+ 0.001,
 the resolution of a few seeds).
+
+With --bf16 (dlrm only) kiln-train also trains each cell with
+model.dense_precision: bf16 from the same start, and a second table compares
+it with kiln's fp32 run: the mean over seeds of each, the mean and the worst
+of the paired (same seed) differences, and whether bf16 <= fp32 + 0.002.
 """
 import argparse
 import glob
@@ -159,7 +164,7 @@ def make_data(build, work, name, zipf, a):
     return out[0][0], out[1][0], out[1][1]
 
 
-def kiln_train(build, work, model, train, evalf, batch, seed, lr, epochs, tag):
+def kiln_train(build, work, model, train, evalf, batch, seed, lr, epochs, tag, precision="fp32"):
     d = os.path.join(work, tag)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
@@ -168,7 +173,8 @@ def kiln_train(build, work, model, train, evalf, batch, seed, lr, epochs, tag):
         f.write("name: q-%s\n" % model)
         f.write("data: {train: %s, %sformat: kiln-bin}\n"
                 % (train, "eval: %s, " % evalf if evalf else ""))
-        f.write("model: {type: %s, embedding: {dim: %d}}\n" % (model, DIM))
+        f.write("model: {type: %s, dense_precision: %s, embedding: {dim: %d}}\n"
+                % (model, precision, DIM))
         f.write("train: {batch_size: %d, seed: %d, epochs: %d, init_from: none, log_every: 1,\n"
                 "  optimizer: {sparse: {lr: %g}, dense: {lr: %g}}}\n"
                 % (batch, seed, epochs, lr, lr))
@@ -342,6 +348,24 @@ def own_table(rows, skews, models, batches, seeds):
                       % (sk, m, b, km, sd(k), tmn, sd(t), km - tmn, "met" if ok else "NOT met"))
 
 
+def bf16_table(rows, skews, models, batches, seeds):
+    """kiln bf16 against kiln fp32, paired by seed (same start, same batches)."""
+    print("\nkiln model.dense_precision bf16 vs fp32, over %d seeds" % seeds)
+    print("%-8s %-5s %6s %9s %9s %9s %9s %8s %8s %s"
+          % ("skew", "model", "batch", "fp32 ll", "bf16 ll", "mean diff", "worst", "fp32 auc",
+             "bf16 auc", "bf16 <= fp32 + 0.002"))
+    for sk, _ in skews:
+        for m in models:
+            for b in batches:
+                c = [r for r in rows if r["skew"] == sk and r["model"] == m and r["batch"] == b]
+                d = [r["kiln_bf16_logloss"] - r["kiln_logloss"] for r in c]
+                mean = lambda k: statistics.mean(r[k] for r in c)
+                print("%-8s %-5s %6d %9.5f %9.5f %+9.5f %+9.5f %8.4f %8.4f %s"
+                      % (sk, m, b, mean("kiln_logloss"), mean("kiln_bf16_logloss"),
+                         statistics.mean(d), max(d, key=abs), mean("kiln_auc"),
+                         mean("kiln_bf16_auc"), "met" if statistics.mean(d) <= GOAL else "NOT met"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -363,9 +387,13 @@ def main():
                     help="datagen: kiln datagen's rows; teacher: this script's own click model")
     ap.add_argument("--defaults", choices=("kiln", "own"), default="kiln",
                     help="kiln: both sides start from kiln's weights; own: each its own init")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also train kiln in model.dense_precision: bf16 and compare (dlrm)")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     models = a.models.split(",")
+    if a.bf16 and models != ["dlrm"]:
+        sys.exit("--bf16 compares dlrm's dense layers: pass --models dlrm (lr and fm have none)")
     batches = [int(b) for b in a.batches.split(",")]
     skews = [(s.split(":")[0], float(s.split(":")[1])) for s in a.skews.split(",")]
     work = tempfile.mkdtemp(prefix="kiln-quality-")
@@ -394,6 +422,15 @@ def main():
                              "torch_logloss": round(tll, 6),
                              "kiln_auc": round(res["eval_auc"], 6), "torch_auc": round(tauc, 6),
                              "steps": len(kc)}
+                        if a.bf16:
+                            rb, _, _ = kiln_train(build, work, m, train, evalf, b, seed, LR,
+                                                  a.epochs, "bf16-%s-%s-%d-%d" % (sk, m, b, seed),
+                                                  "bf16")
+                            assert rb.get("dense_precision") == "bf16", rb
+                            r["kiln_bf16_logloss"] = round(rb["eval_logloss"], 6)
+                            r["kiln_bf16_auc"] = round(rb["eval_auc"], 6)
+                            r["kiln_samples_per_s"] = round(res["samples_per_s"])
+                            r["kiln_bf16_samples_per_s"] = round(rb["samples_per_s"])
                         rows.append(r)
                         print(json.dumps(r), flush=True)
                         if b == a.curve_batch and seed == 42:
@@ -420,6 +457,8 @@ def main():
         print("\n%d of %d cells met (medians over %d seeds)" % (nmet, ncell, a.seeds))
         if a.defaults == "own":
             own_table(rows, skews, models, batches, a.seeds)
+        if a.bf16:
+            bf16_table(rows, skews, models, batches, a.seeds)
         if a.svg and curves:
             write_svg(a.svg, curves, a.curve_batch, bayes)
     finally:

@@ -30,6 +30,8 @@ typedef enum { JOB_MPI_AUTO, JOB_MPI_TCP } job_mpi_transport_t;
 typedef enum { JOB_FMT_CRITEO_TSV, JOB_FMT_KILN_BIN, JOB_FMT_PARQUET } job_format_t;
 typedef enum { JOB_DENSE_AUTO, JOB_DENSE_LOG1P, JOB_DENSE_NONE } job_dense_transform_t;
 typedef enum { JOB_MODEL_LR, JOB_MODEL_FM, JOB_MODEL_DLRM } job_model_type_t;
+/* model.dense_precision: what dlrm's MLP GEMMs multiply in (docs/models.md). */
+typedef enum { JOB_PREC_FP32, JOB_PREC_BF16 } job_precision_t;
 typedef enum { JOB_COMB_SUM, JOB_COMB_MEAN } job_combiner_t;
 typedef enum { JOB_EVICT_LRU, JOB_EVICT_LFU, JOB_EVICT_NONE } job_eviction_t;
 typedef enum { JOB_INIT_UNIFORM, JOB_INIT_NORMAL, JOB_INIT_ZEROS } job_init_t;
@@ -54,6 +56,7 @@ const char *job_mpi_transport_name(job_mpi_transport_t v);
 const char *job_format_name(job_format_t v);
 const char *job_dense_transform_name(job_dense_transform_t v);
 const char *job_model_type_name(job_model_type_t v);
+const char *job_precision_name(job_precision_t v);
 const char *job_combiner_name(job_combiner_t v);
 const char *job_eviction_name(job_eviction_t v);
 const char *job_init_name(job_init_t v);
@@ -187,6 +190,7 @@ typedef struct job_spec {
         job_table_t *tables; /* always filled: defaulted to one per slot */
         int ntables;
         bool fm_dense_factors; /* fm: the dense features also join the interaction */
+        job_precision_t dense_precision; /* dlrm: fp32, or bf16 GEMMs on a CPU with bf16 */
     } model;
 
     struct {

@@ -139,6 +139,19 @@ static void check_model(ctx_t *c)
         spec_diag_at(c, line, col, "model.fm_dense_factors",
                      "only fm has dense factors (model.type is %s)", type);
     }
+    if (s->model.dense_precision == JOB_PREC_BF16 && s->model.type != JOB_MODEL_DLRM) {
+        spec_where(c, &line, &col, "model.dense_precision", NULL);
+        spec_diag_at(c, line, col, "model.dense_precision",
+                     "bf16 applies to dlrm's MLP layers, and %s has none (its dense math is a "
+                     "dot product per row): remove it or set fp32",
+                     type);
+    }
+    if (s->model.dense_precision == JOB_PREC_BF16 && s->resources.device == JOB_DEVICE_CUDA) {
+        spec_where(c, &line, &col, "model.dense_precision", "resources.device", NULL);
+        spec_diag_at(c, line, col, "model.dense_precision",
+                     "bf16 runs the CPU's dense layers, and resources.device: cuda trains the "
+                     "model on the GPU: set resources.device: cpu, or model.dense_precision: fp32");
+    }
     if (s->model.type != JOB_MODEL_DLRM) {
         static const char *const mlps[] = {"model.bottom_mlp", "model.top_mlp"};
         for (int i = 0; i < 2; i++) {

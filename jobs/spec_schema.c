@@ -27,6 +27,7 @@ static const char *const mpi_transport_names[] = {"auto", "tcp", NULL};
 static const char *const format_names[] = {"criteo-tsv", "kiln-bin", "parquet", NULL};
 static const char *const dense_transform_names[] = {"auto", "log1p", "none", NULL};
 static const char *const model_type_names[] = {"lr", "fm", "dlrm", NULL};
+static const char *const precision_names[] = {"fp32", "bf16", NULL};
 static const char *const combiner_names[] = {"sum", "mean", NULL};
 static const char *const eviction_names[] = {"lru", "lfu", "none", NULL};
 static const char *const init_names[] = {"uniform", "normal", "zeros", NULL};
@@ -54,6 +55,7 @@ ENUM_NAME_FN(job_mpi_transport_name, job_mpi_transport_t, mpi_transport_names)
 ENUM_NAME_FN(job_format_name, job_format_t, format_names)
 ENUM_NAME_FN(job_dense_transform_name, job_dense_transform_t, dense_transform_names)
 ENUM_NAME_FN(job_model_type_name, job_model_type_t, model_type_names)
+ENUM_NAME_FN(job_precision_name, job_precision_t, precision_names)
 ENUM_NAME_FN(job_combiner_name, job_combiner_t, combiner_names)
 ENUM_NAME_FN(job_eviction_name, job_eviction_t, eviction_names)
 ENUM_NAME_FN(job_init_name, job_init_t, init_names)
@@ -330,6 +332,7 @@ static const field_t model_fields[] = {
     INTLIST("top_mlp", job_spec_t, model.top_mlp, model.ntop, 1, 65536, 16),
     FN("tables", defer_tables, 0),
     BOOL("fm_dense_factors", job_spec_t, model.fm_dense_factors, false),
+    ENUM("dense_precision", job_spec_t, model.dense_precision, JOB_PREC_FP32, precision_names),
     FIELD_END};
 
 /* adagrad's eps default (1e-10) is in the table; adam's (1e-8) is applied

@@ -114,6 +114,16 @@ static int check_config(const rt_model_config_t *c)
                              "dlrm: the last top_mlp width must be 1 (the logit), got %d",
                              c->top[c->ntop - 1]);
     }
+    if (c->precision != RT_DENSE_FP32 && c->precision != RT_DENSE_BF16)
+        return kiln_errf(KILN_EINVAL, "unknown dense precision %d (fp32 or bf16)",
+                         (int)c->precision);
+    if (c->precision == RT_DENSE_BF16 && c->type != RT_MODEL_DLRM)
+        return kiln_errf(KILN_EINVAL,
+                         "%s: model.dense_precision: bf16 applies to dlrm's MLP layers, and %s "
+                         "has none (its dense math is a dot product per row); use fp32",
+                         t, t);
+    if (c->precision == RT_DENSE_BF16)
+        KILN_CHECK(model_bf16_check_here());
     const rt_dense_opt_t *o = &c->opt;
     if (o->type != RT_DENSE_SGD && o->type != RT_DENSE_ADAGRAD && o->type != RT_DENSE_ADAM)
         return kiln_errf(KILN_EINVAL, "unknown dense optimizer %d (sgd, adagrad or adam)",
@@ -219,6 +229,7 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
     m->max_batch = cfg->max_batch;
     m->seed = cfg->seed;
     m->opt = cfg->opt;
+    m->precision = cfg->precision;
     if (m->type == RT_MODEL_DLRM) {
         m->nbottom = cfg->nbottom;
         m->ntop = cfg->ntop;
@@ -297,8 +308,11 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
         !(m->tailA = alloc_f((size_t)m->row_block * (size_t)m->maxc)) ||
         !(m->tailC = alloc_f((size_t)m->row_block * (size_t)m->maxc)))
         goto nomem;
+    if (m->precision == RT_DENSE_BF16 && (rc = rt_bf16_create(m)) < 0)
+        goto fail;
     init_params(m);
     reset_opt_state(m);
+    m->bf_stale = 1;
     *out = m;
     return 0;
 nomem:
@@ -306,6 +320,7 @@ nomem:
                    "%s model: out of memory for %zu dense parameters and workspaces for "
                    "%d rows; lower train.batch_size",
                    rt_model_type_name(cfg->type), m->nparams, cfg->max_batch);
+fail:
     rt_model_destroy(m);
     return rc;
 }
@@ -315,6 +330,7 @@ void rt_model_destroy(rt_model_t *m)
     if (!m)
         return;
     int nl = m->nbottom + m->ntop;
+    rt_bf16_destroy(m);
     for (int l = 0; l < nl; l++)
         if (m->act[l] != m->R && m->act[l] != m->logits)
             free(m->act[l]);
@@ -333,6 +349,11 @@ size_t rt_model_nparams(const rt_model_t *m)
     return m->nparams;
 }
 float *rt_model_params(rt_model_t *m)
+{
+    m->bf_stale = 1; /* the caller may write: the bf16 copy is made again */
+    return m->params;
+}
+const float *rt_model_params_read(const rt_model_t *m)
 {
     return m->params;
 }
@@ -368,6 +389,10 @@ rt_model_type_t rt_model_type(const rt_model_t *m)
 int rt_model_max_batch(const rt_model_t *m)
 {
     return m->max_batch;
+}
+rt_dense_precision_t rt_model_precision(const rt_model_t *m)
+{
+    return m->precision;
 }
 
 const rt_model_group_t *rt_model_group(const rt_model_t *m, int i)
@@ -411,6 +436,8 @@ static void run_forward(rt_model_t *m, int n, const float *E, const float *X)
 {
     if (n == 0)
         return;
+    if (m->bf && m->bf_stale)
+        rt_bf16_sync_weights(m);
     switch (m->type) {
     case RT_MODEL_LR:
         rt_model_lr_forward(m, n, E, X);
@@ -565,6 +592,7 @@ int rt_model_load(rt_model_t *m, const rt_model_array_t *arrays, int narrays, in
         if (a && (i == 0 || have_opt) && a->data != mine[i].data)
             memcpy(mine[i].data, a->data, mine[i].count * sizeof(float));
     }
+    m->bf_stale = 1;
     if (nmine > 1 && !have_opt) {
         reset_opt_state(m);
         KILN_INFO("dense state: no %s optimizer state in the checkpoint; starting it fresh",

@@ -66,6 +66,14 @@ extern "C" {
 typedef enum { RT_MODEL_LR = 0, RT_MODEL_FM = 1, RT_MODEL_DLRM = 2 } rt_model_type_t;
 typedef enum { RT_DENSE_SGD = 0, RT_DENSE_ADAGRAD = 1, RT_DENSE_ADAM = 2 } rt_dense_opt_type_t;
 
+/* model.dense_precision: what dlrm's MLP GEMMs multiply in. fp32 is
+ * OpenBLAS's float32 SGEMM; bf16 rounds both operands to bfloat16 and
+ * multiplies them with oneDNN's matmul, accumulating and writing float32
+ * (model_bf16.c). Parameters, gradients and optimizer state are float32 or
+ * wider either way, so checkpoints do not depend on it. lr and fm have no
+ * MLP: rt_model_create refuses bf16 for them. */
+typedef enum { RT_DENSE_FP32 = 0, RT_DENSE_BF16 = 1 } rt_dense_precision_t;
+
 /* The dense optimizer; same formulas as the sparse one in kernels/kern_ops.h,
  * with coupled L2 weight decay (g += weight_decay * w before the update, on
  * every dense parameter, biases included):
@@ -106,6 +114,7 @@ typedef struct {
     int max_batch; /* >= 1, largest n any call will pass */
     uint64_t seed; /* dense init; the same seed gives bit-identical weights */
     rt_dense_opt_t opt;
+    rt_dense_precision_t precision; /* dlrm only; bf16 needs model_bf16_check */
 } rt_model_config_t;
 
 typedef struct rt_model rt_model_t;
@@ -136,6 +145,8 @@ int rt_model_table_dim(rt_model_type_t type, int spec_dim);
 
 /* Returns "lr", "fm", "dlrm" (or "?"). */
 const char *rt_model_type_name(rt_model_type_t type);
+/* Returns "fp32", "bf16" (or "?"): the spec's spelling. */
+const char *rt_model_precision_name(rt_dense_precision_t p);
 
 /* Creates a model: checks the config (the message names the bad field),
  * allocates parameters, gradients (zeroed), optimizer state and every
@@ -150,9 +161,12 @@ void rt_model_destroy(rt_model_t *m);
  * by m: a double-double sum (kernels/kern_ops.h), nparams doubles of high
  * parts and nparams of low parts; the value is hi + lo. The trainer
  * allreduces the pairs (rt_comm_allreduce_sum_dd) and may broadcast
- * rt_model_params. */
+ * rt_model_params. A bf16 model rounds its weights again at the next
+ * forward after rt_model_params was called (the caller may have written);
+ * rt_model_params_read is the same vector for reading only, and does not. */
 size_t rt_model_nparams(const rt_model_t *m);
 float *rt_model_params(rt_model_t *m);
+const float *rt_model_params_read(const rt_model_t *m);
 double *rt_model_grads(rt_model_t *m);
 double *rt_model_grads_lo(rt_model_t *m);
 /* The parameter groups in layout order (0 <= i < ngroups); NULL out of range. */
@@ -164,6 +178,7 @@ int rt_model_nslots(const rt_model_t *m);
 int rt_model_ndense(const rt_model_t *m);
 rt_model_type_t rt_model_type(const rt_model_t *m);
 int rt_model_max_batch(const rt_model_t *m);
+rt_dense_precision_t rt_model_precision(const rt_model_t *m);
 
 /* Sets every gradient to 0. */
 void rt_model_zero_grad(rt_model_t *m);
@@ -300,15 +315,40 @@ int model_kernels_check(const model_gemm_shape_t *shapes, int nshapes);
 /* model_kernels_check over every GEMM shape m's forward and backward make. */
 int rt_model_selfcheck(const rt_model_t *m);
 
+/* ---- bf16 dense layers (model_bf16.c) ------------------------------------------------ */
+
+/* Whether cpu multiplies bf16 in hardware (AVX512_BF16 or AMX-BF16), which
+ * model.dense_precision: bf16 needs. Returns 0, or KILN_EINVAL with a
+ * message naming what the CPU lacks and what to do (use fp32). */
+int model_bf16_check(const model_cpu_t *cpu);
+/* model_bf16_check of this CPU, and that oneDNN may use its bf16
+ * instructions: ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) set below
+ * AVX512_CORE_BF16 is refused the same way, naming the variable. */
+int model_bf16_check_here(void);
+/* The oneDNN version and the implementation its first bf16 matmul of m
+ * chose ("oneDNN 2.6 brg:avx512_core_bf16"), for the log; "" when m runs
+ * fp32. */
+void model_bf16_describe(const rt_model_t *m, char *buf, size_t cap);
+
 /* ---- implementation (only model/model*.c use what follows) --------------------- */
 #ifdef RT_MODEL_IMPL
 
 #define RT_MODEL_MAX_GROUPS (4 * RT_MODEL_MAX_LAYERS)
 
+typedef struct rt_bf16 rt_bf16_t; /* model_bf16.c's per-model state */
+
 typedef struct {
     int in, out;
     size_t w_off, b_off; /* W (out, in), b (out) in params / grads */
     int relu;            /* ReLU after the layer */
+    /* bf16 only: the layer's input rounded to bf16 by the forward, (rows,
+     * in) dense with rows = max_batch rounded up to row_block and the rows
+     * past n zero; the backward's weight gradient reads it again. */
+    uint16_t *bf_in;
+    /* bf16 only: the layer's matmuls in model_bf16.c's table (-1: none):
+     * forward, input gradient (each into a dense row_block block), the
+     * 256-row weight-gradient block. */
+    int mm_fwd, mm_bwd, mm_wg;
 } rt_model_layer_t;
 
 struct rt_model {
@@ -366,6 +406,13 @@ struct rt_model {
      * RT_ROW_BLOCK */
     int row_block;
     int maxc; /* the widest operand of any product */
+
+    /* model.dense_precision (model_bf16.c): bf16 keeps a bf16 copy of the
+     * parameters, remade by the first forward after they change (a step, a
+     * load, a write through rt_model_params). */
+    rt_dense_precision_t precision;
+    rt_bf16_t *bf;
+    int bf_stale;
 };
 
 /* model_lr.c, model_fm.c, model_dlrm.c: the per-type halves. forward fills
@@ -386,6 +433,30 @@ void rt_dense_linear_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, const 
 void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
                          const float *dY, int ldy, float *dA, int ldda);
 
+/* model_bf16.c: the bf16 matmuls, used by rt_dense_linear_fwd/bwd when
+ * m->precision is RT_DENSE_BF16. create sets every dlrm layer's mm_* and
+ * bf_in and returns 0, KILN_ENOMEM or KILN_EINVAL (oneDNN refused a shape);
+ * destroy frees what create made (accepts a model without it). */
+int rt_bf16_create(rt_model_t *m);
+void rt_bf16_destroy(rt_model_t *m);
+/* The bf16 copy of the parameters, made again when m->bf_stale. */
+void rt_bf16_sync_weights(rt_model_t *m);
+/* dst (rows, cols) bf16 = src (n, cols; ld) rounded to nearest even, rows
+ * n..round_up(n, m->row_block) zero. */
+void rt_bf16_round_rows(const rt_model_t *m, int n, int cols, const float *src, int ld,
+                        uint16_t *dst);
+/* Y (n, out; ldy) = bf_in (n, in) W^T for layer L in row_block blocks. */
+void rt_bf16_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, float *Y, int ldy);
+/* dA (n, in; ldda) = dYb (n, out dense bf16) W, in row_block blocks. */
+void rt_bf16_bwd_input(rt_model_t *m, int n, const rt_model_layer_t *L, const uint16_t *dYb,
+                       float *dA, int ldda);
+/* The bf16 buffer for a layer's output gradient, (rows, maxw). */
+uint16_t *rt_bf16_dy(rt_model_t *m);
+/* t (out, in) = dYb[r0 .. r0 + 256)^T bf_in[r0 .. r0 + 256) of layer L, one
+ * thread's matmul (rt_grad_gemm's 256-row block in bf16). */
+void rt_bf16_grad_block(rt_model_t *m, const rt_model_layer_t *L, const uint16_t *dYb, size_t r0,
+                        float *t);
+
 /* model_blas.c: the BLAS calls, arranged so that no result depends on how a
  * batch is split over ranks or threads (see model_blas.c).
  *
@@ -401,6 +472,20 @@ void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, 
  * inputs, float64 products and sums; rows, cols <= m->maxc. */
 void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
                   const float *B, int ldb, double *G);
+/* Whether rt_grad_gemm computes a (rows, cols) gradient's whole 256-row
+ * blocks as float32 (or bf16) products, else all of it in float64; never
+ * depends on n. Here, not in model_blas.c, because model_bf16.c asks it
+ * too, and model_blas.c calls model_bf16.c. */
+static inline bool rt_grad_blocked(const rt_model_t *m, int rows, int cols)
+{
+    const size_t cnt = (size_t)rows * (size_t)cols;
+    return m->row_block == RT_GRAD_BLOCK && cnt >= 1024 && cnt <= m->wgT_cap;
+}
+/* rt_grad_gemm for layer L's dW (out, in) += dY^T A, its whole 256-row
+ * blocks in bf16 (rt_bf16_grad_block; dYb is dY rounded) where rt_grad_gemm
+ * takes its block path, the other rows in float64 from dY and A. */
+void rt_grad_gemm_bf16(rt_model_t *m, int n, const rt_model_layer_t *L, const uint16_t *dYb,
+                       const float *dY, int ldy, const float *A, int lda);
 /* g (cols) += sum over the n rows of A (n, cols; lda), as double-double;
  * g points into m's gradient. */
 void rt_grad_colsum(rt_model_t *m, int n, int cols, const float *A, int lda, double *g);

@@ -137,8 +137,11 @@ static void grad_f64(rt_model_t *m, int n, int rows, int cols, const float *A, i
     }
 }
 
-void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
-                  const float *B, int ldb, double *G)
+/* rt_grad_gemm, its blocks in bf16 when bl (a layer with its bf16 matmul)
+ * is given: dYb is A rounded to bf16, the layer's bf_in is B rounded. */
+static void grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+                      const float *B, int ldb, double *G, const rt_model_layer_t *bl,
+                      const uint16_t *dYb)
 {
     if (n <= 0 || rows <= 0 || cols <= 0)
         return;
@@ -147,9 +150,10 @@ void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int 
     const size_t cnt = (size_t)rows * (size_t)cols;
     double *L = m->grads_lo + (G - m->grads); /* G's low parts */
     int done = 0;
-    if (m->row_block == RT_GRAD_BLOCK && cnt >= 1024 && cnt <= m->wgT_cap) {
-        /* Whole 256-row blocks: one float32 SGEMM each, always of the same
-         * shape, added into G in float64 (order does not matter there). */
+    if (rt_grad_blocked(m, rows, cols)) {
+        /* Whole 256-row blocks: one float32 (or bf16) product each, always
+         * of the same shape, added into G in float64 (order does not matter
+         * there). */
         const int nblk = n / RT_GRAD_BLOCK;
         const int nt = omp_get_max_threads() < m->wgT_n ? omp_get_max_threads() : m->wgT_n;
 #pragma omp parallel num_threads(nt) if (nblk > 1)
@@ -158,9 +162,12 @@ void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int 
 #pragma omp for schedule(static)
             for (int blk = 0; blk < nblk; blk++) {
                 const size_t r0 = (size_t)blk * RT_GRAD_BLOCK;
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, cols, RT_GRAD_BLOCK,
-                            1.0f, A + r0 * (size_t)lda, lda, B + r0 * (size_t)ldb, ldb, 0.0f, t,
-                            cols);
+                if (bl)
+                    rt_bf16_grad_block(m, bl, dYb, r0, t);
+                else
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, cols,
+                                RT_GRAD_BLOCK, 1.0f, A + r0 * (size_t)lda, lda,
+                                B + r0 * (size_t)ldb, ldb, 0.0f, t, cols);
 #pragma omp critical(kiln_grad_add)
                 for (size_t i = 0; i < cnt; i++)
                     kern_dd_add(&G[i], &L[i], (double)t[i]);
@@ -171,6 +178,19 @@ void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int 
     /* The rest (all of it without blocks): float64 throughout. */
     grad_f64(m, n - done, rows, cols, A + (size_t)done * (size_t)lda, lda,
              B + (size_t)done * (size_t)ldb, ldb, G, L);
+}
+
+void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+                  const float *B, int ldb, double *G)
+{
+    grad_gemm(m, n, rows, cols, A, lda, B, ldb, G, NULL, NULL);
+}
+
+void rt_grad_gemm_bf16(rt_model_t *m, int n, const rt_model_layer_t *L, const uint16_t *dYb,
+                       const float *dY, int ldy, const float *A, int lda)
+{
+    grad_gemm(m, n, L->out, L->in, dY, ldy, A, lda, m->grads + L->w_off, L->mm_wg >= 0 ? L : NULL,
+              dYb);
 }
 
 void rt_grad_colsum(rt_model_t *m, int n, int cols, const float *A, int lda, double *g)
@@ -219,8 +239,7 @@ static void add_rows(shapes_t *sh, const char *what, int nn, int k, bool transb)
  * it takes that path, and the float64 DGEMM of the rest. */
 static void add_grad(shapes_t *sh, const char *what, int rows, int cols)
 {
-    const size_t cnt = (size_t)rows * (size_t)cols;
-    if (sh->m->row_block == RT_GRAD_BLOCK && cnt >= 1024 && cnt <= sh->m->wgT_cap)
+    if (rt_grad_blocked(sh->m, rows, cols))
         add(sh, what, rows, cols, RT_GRAD_BLOCK, true, false, false);
     const int n = sh->m->max_batch < RT_GRAD_BLOCK ? sh->m->max_batch : RT_GRAD_BLOCK;
     add(sh, what, rows, cols, n, true, false, true);

@@ -22,8 +22,14 @@ void rt_dense_linear_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, const 
 {
     const int in = L->in, out = L->out, relu = L->relu;
     const float *W = m->params + L->w_off, *b = m->params + L->b_off;
-    /* Y (n, out) = A (n, in) W^T (in, out), in fixed row blocks (model_blas.c) */
-    rt_gemm_rows(m, n, out, in, A, lda, 1, W, in, Y, ldy);
+    /* Y (n, out) = A (n, in) W^T (in, out), in fixed row blocks (model_blas.c);
+     * bf16: A rounded once, kept for the weight gradient (model_bf16.c) */
+    if (m->bf) {
+        rt_bf16_round_rows(m, n, in, A, lda, L->bf_in);
+        rt_bf16_fwd(m, n, L, Y, ldy);
+    } else {
+        rt_gemm_rows(m, n, out, in, A, lda, 1, W, in, Y, ldy);
+    }
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float *yi = Y + (size_t)i * (size_t)ldy;
@@ -45,10 +51,19 @@ void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const 
                          const float *dY, int ldy, float *dA, int ldda)
 {
     const int in = L->in, out = L->out;
-    /* dW (out, in) += dY^T (out, n) A (n, in), in float64 (model_blas.c) */
-    rt_grad_gemm(m, n, out, in, dY, ldy, A, lda, m->grads + L->w_off);
     /* db (out) += the column sums of dY */
     rt_grad_colsum(m, n, out, dY, ldy, m->grads + L->b_off);
+    if (m->bf) {
+        /* dY rounded once, for both products */
+        uint16_t *dYb = rt_bf16_dy(m);
+        rt_bf16_round_rows(m, n, out, dY, ldy, dYb);
+        rt_grad_gemm_bf16(m, n, L, dYb, dY, ldy, A, lda);
+        if (dA)
+            rt_bf16_bwd_input(m, n, L, dYb, dA, ldda);
+        return;
+    }
+    /* dW (out, in) += dY^T (out, n) A (n, in), in float64 (model_blas.c) */
+    rt_grad_gemm(m, n, out, in, dY, ldy, A, lda, m->grads + L->w_off);
     /* dA (n, in) = dY (n, out) W (out, in), in fixed row blocks */
     if (dA)
         rt_gemm_rows(m, n, in, out, dY, ldy, 0, m->params + L->w_off, in, dA, ldda);

@@ -50,5 +50,8 @@ int rt_model_step(rt_model_t *m)
     }
     if (m->opt.type != RT_DENSE_ADAM)
         m->opt_t++;
+    /* bf16: the weights the next steps multiply by, rounded once here. */
+    if (m->bf)
+        rt_bf16_sync_weights(m);
     return 0;
 }

@@ -32,3 +32,9 @@ const char *rt_model_type_name(rt_model_type_t type)
     static const char *const names[] = {"lr", "fm", "dlrm"};
     return (unsigned)type < 3 ? names[type] : "?";
 }
+
+const char *rt_model_precision_name(rt_dense_precision_t p)
+{
+    static const char *const names[] = {"fp32", "bf16"};
+    return (unsigned)p < 2 ? names[p] : "?";
+}

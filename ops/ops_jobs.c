@@ -5,6 +5,7 @@
  * one-off's run appear together, so kilnd never sees a run it cannot place.
  */
 #include "ops.h"
+#include "model.h"
 
 #include <libgen.h>
 #include <limits.h>
@@ -25,6 +26,18 @@ int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags, ops_subm
     memset(out, 0, sizeof *out);
     const char *name = in->path != NULL ? in->path : (in->source ? in->source : "spec");
     KILN_CHECK(job_spec_parse(in->text, in->len, name, &out->spec, diags));
+    /* bf16 dense layers need the ranks' CPU to multiply bf16. With launcher
+     * local they run on kilnd's host, which is this one (the web API runs in
+     * kilnd; kiln submit writes kilnd's database); hostfile and slurm ranks
+     * are checked by kiln-train when it starts. */
+    if (out->spec.model.dense_precision == JOB_PREC_BF16 &&
+        out->spec.resources.launcher == JOB_LAUNCH_LOCAL) {
+        int rc = model_bf16_check_here();
+        if (rc < 0) {
+            ops_submitted_fini(out);
+            return kiln_errf(rc, "%s: %s", name, kiln_errmsg());
+        }
+    }
     out->next_fire = job_next_fire(out->spec.schedule, out->spec.timezone, kiln_now_s());
     if (in->dry_run)
         return 0;

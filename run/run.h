@@ -127,6 +127,7 @@ typedef struct run_result {
     char checkpoint[64];     /* uid of the checkpoint written at the end; "" none */
     char dense_kernels[64];  /* the BLAS kernel set the dense math ran: "OpenBLAS 0.3.21
                                 Cooperlake" (model_kernels_t.name) */
+    char dense_precision[8]; /* model.dense_precision as it ran: "fp32" or "bf16" */
     run_tables_t tables;
 } run_result_t;
 

@@ -7,6 +7,9 @@
  * |z| = 50); the dense optimizers against a plain reference for 3 steps;
  * deterministic init; checkpoint state round trips; config errors; that lr,
  * fm and dlrm learn a synthetic separable problem; and exact AUC with ties.
+ * bf16 dense layers (model_bf16.c): every dlrm layer's three products
+ * against a float64 reference within bf16's rounding, rank-count
+ * invariance, and the refusal on a CPU without bf16 (test_bf16_*).
  */
 /* cmocka.h needs these four first. */
 /* clang-format off */
@@ -22,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The bf16 tests call a layer's forward and backward on their own inputs. */
+#define RT_MODEL_IMPL
 #include "model.h"
 #include "proc.h"
 
@@ -48,6 +53,7 @@ typedef struct {
     int bottom[4], nb;
     int top[4], nt;
     int fm_dense;
+    rt_dense_precision_t precision;
 } shape_t;
 
 /* A DLRM shape: S sparse and F dense features, embeddings of dim d, and the
@@ -78,6 +84,7 @@ static rt_model_config_t make_cfg(const shape_t *sh, int max_batch, uint64_t see
     c.max_batch = max_batch;
     c.seed = seed;
     c.opt = opt;
+    c.precision = sh->precision;
     return c;
 }
 
@@ -816,6 +823,173 @@ static void test_split_invariance(void **state)
     split_check(&dl, 368, 256, 512, 256);
 }
 
+/* ---- bf16 dense layers ---------------------------------------------------------------- */
+
+static shape_t bf16(shape_t sh)
+{
+    sh.precision = RT_DENSE_BF16;
+    return sh;
+}
+
+static bool cpu_has_bf16(void)
+{
+    model_cpu_t cpu;
+    model_cpu_detect(&cpu);
+    return model_bf16_check(&cpu) == 0;
+}
+
+/* Worst |got - ref| / (2^-6 sum |a_k b_k| + 1e-30) over the outputs, where
+ * mag holds the sums of term magnitudes: bf16 rounds each operand to 8
+ * significant bits (relative error <= 2^-8 each, so about 2^-7 a product),
+ * the float32 sum adds K 2^-24 at most; 2^-6 leaves a factor of 2. */
+static double worst_bf16(const float *got, int ldg, const double *ref, const double *mag, int rows,
+                         int cols)
+{
+    double worst = 0.0;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) {
+            const size_t k = (size_t)i * (size_t)cols + (size_t)j;
+            const double e = fabs((double)got[(size_t)i * (size_t)ldg + (size_t)j] - ref[k]) /
+                             (ldexp(mag[k], -6) + 1e-30);
+            worst = e > worst ? e : worst;
+        }
+    return worst;
+}
+
+/* C (rows, cols) = sum over K of a(i, k) b(k, j), with the magnitudes. */
+static void ref_gemm(int rows, int cols, int K, const float *a, size_t ai, size_t ak,
+                     const float *b, size_t bk, size_t bj, double *C, double *mag)
+{
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) {
+            double s = 0.0, g = 0.0;
+            for (int k = 0; k < K; k++) {
+                const double t = (double)a[i * ai + k * ak] * (double)b[k * bk + j * bj];
+                s += t;
+                g += fabs(t);
+            }
+            C[(size_t)i * cols + j] = s;
+            mag[(size_t)i * cols + j] = g;
+        }
+}
+
+/* Each layer of dlrm's default shape (Criteo: bottom 13-64-16, top
+ * 367-256-128-1) through the bf16 layer: Y = A W^T (before bias and ReLU:
+ * the bias is zeroed and the check reads the pre-ReLU part where positive),
+ * dA = dY W, dW = dY^T A, each element within bf16's bound of a float64
+ * reference. n = 512 runs the 256-row weight-gradient blocks, n = 300 a
+ * padded last block and float64 leftover rows. That bf16 really ran: some
+ * element must be off by more than float32 could be. */
+static void test_bf16_layers(void **state)
+{
+    (void)state;
+    if (!cpu_has_bf16())
+        skip();
+    const shape_t sh =
+        bf16(dlrm(26, 13, 16, (const int[]){64, 16, 0}, (const int[]){256, 128, 1, 0}));
+    rt_model_t *m = make_model(&sh, 512, 3, sgd(0.1f));
+    const size_t big = 512 * 400;
+    float *A = malloc(big * sizeof(float)), *dY = malloc(big * sizeof(float));
+    float *Y = malloc(big * sizeof(float)), *dA = malloc(big * sizeof(float));
+    double *ref = malloc(big * sizeof(double)), *mag = malloc(big * sizeof(double));
+    assert_true(A && dY && Y && dA && ref && mag);
+    uint64_t r = 11;
+    for (size_t i = 0; i < big; i++) {
+        A[i] = rng_uniform(&r, 0.0f, 2.0f);
+        dY[i] = rng_uniform(&r, -1.0f, 1.0f);
+    }
+    float *p = rt_model_params(m);
+    double beyond_fp32 = 0.0;
+    const int ns[2] = {512, 300};
+    for (int l = 0; l < m->nbottom + m->ntop; l++) {
+        const rt_model_layer_t *L = &m->layers[l];
+        const int in = L->in, out = L->out;
+        const int ldy = l == m->nbottom - 1 ? m->ldr : out;
+        memset(p + L->b_off, 0, (size_t)out * sizeof(float));
+        for (int c = 0; c < 2; c++) {
+            const int n = ns[c];
+            char what[64];
+            /* forward: the relu layers keep only positive outputs; compare
+             * where the reference is clearly positive or the layer is linear */
+            m->bf_stale = 1;
+            rt_bf16_sync_weights(m);
+            rt_dense_linear_fwd(m, n, L, A, in, Y, ldy);
+            ref_gemm(n, out, in, A, (size_t)in, 1, p + L->w_off, 1, (size_t)in, ref, mag);
+            for (size_t k = 0; L->relu && k < (size_t)n * out; k++)
+                if (ref[k] < 0.0) {
+                    ref[k] = 0.0; /* ReLU: 0 where the reference is negative, ... */
+                    if (Y[(k / out) * ldy + k % out] > 0.0f)
+                        ref[k] = Y[(k / out) * ldy + k % out]; /* ... or nearly 0 */
+                }
+            double w = worst_bf16(Y, ldy, ref, mag, n, out);
+            snprintf(what, sizeof what, "layer %d (%d-%d) forward, n %d", l, in, out, n);
+            printf("# bf16 %s: worst error %.3f of the bound\n", what, w);
+            assert_true(w <= 1.0);
+            /* backward */
+            rt_model_zero_grad(m);
+            rt_dense_linear_bwd(m, n, L, A, in, dY, out, l > 0 ? dA : NULL, in);
+            if (l > 0) {
+                ref_gemm(n, in, out, dY, (size_t)out, 1, p + L->w_off, (size_t)in, 1, ref, mag);
+                w = worst_bf16(dA, in, ref, mag, n, in);
+                printf("# bf16 layer %d input gradient, n %d: %.3f of the bound\n", l, n, w);
+                assert_true(w <= 1.0);
+                beyond_fp32 = fmax(beyond_fp32, w);
+            }
+            ref_gemm(out, in, n, dY, 1, (size_t)out, A, (size_t)in, 1, ref, mag);
+            float *dW = Y; /* the float64 gradient, as the optimizer reads it */
+            for (size_t k = 0; k < (size_t)out * in; k++)
+                dW[k] = (float)(m->grads[L->w_off + k] + m->grads_lo[L->w_off + k]);
+            w = worst_bf16(dW, in, ref, mag, out, in);
+            printf("# bf16 layer %d weight gradient, n %d: %.3f of the bound\n", l, n, w);
+            assert_true(w <= 1.0);
+            beyond_fp32 = fmax(beyond_fp32, w);
+        }
+    }
+    /* float32 would stay near 2^-24 K / 2^-6 of the bound: under 0.01 */
+    assert_true(beyond_fp32 > 0.05);
+    free(A), free(dY), free(Y), free(dA), free(ref), free(mag);
+    rt_model_destroy(m);
+}
+
+/* bf16 keeps rank-count invariance: the same rows split over two "ranks"
+ * give the same probabilities, dE and gradients bit for bit. */
+static void test_bf16_split_invariance(void **state)
+{
+    (void)state;
+    if (!cpu_has_bf16())
+        skip();
+    const shape_t dl = bf16(dlrm(8, 13, 8, (const int[]){64, 8, 0}, (const int[]){128, 64, 1, 0}));
+    split_check(&dl, 240, 80, 240, 160);
+    split_check(&dl, 512, 256, 512, 256);
+    split_check(&dl, 368, 256, 512, 256);
+}
+
+/* bf16 is refused, saying what is missing and what to do: on a CPU without
+ * AVX512_BF16 or AMX-BF16 (an injected Skylake-SP), and for lr and fm. */
+static void test_bf16_refused(void **state)
+{
+    (void)state;
+    model_cpu_t skx = {.family = 6, .model = 85, .avx = true, .fma = true, .avx2 = true,
+                       .avx512f = true, .avx512bw = true, .avx512vl = true, .avx512dq = true};
+    assert_int_equal(model_bf16_check(&skx), KILN_EINVAL);
+    printf("# %s\n", kiln_errmsg());
+    assert_non_null(strstr(kiln_errmsg(), "AVX512_BF16 or AMX-BF16"));
+    assert_non_null(strstr(kiln_errmsg(), "family 6 model 85"));
+    assert_non_null(strstr(kiln_errmsg(), "model.dense_precision: fp32"));
+    model_cpu_t spr = skx, cpx = skx;
+    spr.amx_bf16 = true;
+    cpx.avx512_bf16 = true;
+    assert_int_equal(model_bf16_check(&spr), 0);
+    assert_int_equal(model_bf16_check(&cpx), 0);
+    rt_model_t *m = NULL;
+    shape_t lr = {.type = RT_MODEL_LR, .S = 3, .F = 2, .d = 1, .precision = RT_DENSE_BF16};
+    rt_model_config_t c = make_cfg(&lr, 8, 1, sgd(0.1f));
+    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    assert_null(m);
+    assert_non_null(strstr(kiln_errmsg(), "lr: model.dense_precision: bf16"));
+    assert_non_null(strstr(kiln_errmsg(), "use fp32"));
+}
+
 static void test_trains(void **state)
 {
     (void)state;
@@ -925,4 +1099,5 @@ PROC_TEST_MAIN(NULL, NULL,
     cmocka_unit_test(test_optimizers),      cmocka_unit_test(test_init_deterministic),
     cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_config_errors),
     cmocka_unit_test(test_trains),          cmocka_unit_test(test_split_invariance),          cmocka_unit_test(test_auc),
-    cmocka_unit_test(test_kernels_decide))
+    cmocka_unit_test(test_kernels_decide),  cmocka_unit_test(test_bf16_layers),
+    cmocka_unit_test(test_bf16_split_invariance), cmocka_unit_test(test_bf16_refused))

@@ -658,6 +658,15 @@ static const struct bad {
      "job.yaml:3:28: model.top_mlp: only dlrm has MLPs (model.type is lr)"},
     {P "model: {type: dlrm, fm_dense_factors: true}\n",
      "job.yaml:3:39: model.fm_dense_factors: only fm has dense factors (model.type is dlrm)"},
+    {P "model: {type: fm, dense_precision: bf16}\n",
+     "job.yaml:3:36: model.dense_precision: bf16 applies to dlrm's MLP layers, and fm has none "
+     "(its dense math is a dot product per row): remove it or set fp32"},
+    {P "model: {type: dlrm, dense_precision: bf16}\nresources: {device: cuda}\n",
+     "job.yaml:3:38: model.dense_precision: bf16 runs the CPU's dense layers, and "
+     "resources.device: cuda trains the model on the GPU: set resources.device: cpu, or "
+     "model.dense_precision: fp32"},
+    {P "model: {type: dlrm, dense_precision: fp16}\n",
+     "job.yaml:3:38: model.dense_precision: \"fp16\" is not one of fp32 | bf16"},
     {P "model: {type: dlrm, bottom_mlp: []}\n",
      "job.yaml:3:33: model.bottom_mlp: must list 1 to 16 widths, got 0"},
     {P "model:\n  type: fm\n  tables: [{name: a, slots: 0, dim: 8}]\n",

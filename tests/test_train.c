@@ -16,7 +16,8 @@
  * resumed on 1 and 3, with admission and expiry too) and, pushed to a real
  * kiln-serve as a full push and deltas, the same predictions; the RAM/disk
  * split does not depend on threads or build; a full spill disk is exit 3
- * and leaves the checkpoint to resume from.
+ * and leaves the checkpoint to resume from. dlrm with bf16 dense layers
+ * learns, names its precision, and its checkpoint resumes in fp32 and back.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1062,6 +1063,99 @@ static void test_dense_kernels(void **state)
     free(r);
 }
 
+/* model.dense_precision: bf16 (model_bf16.c). A dlrm run in bf16 learns
+ * (its loss over the last steps is well below its first), says so in its
+ * log and result.json; an fp32 run resumes its checkpoint for a second
+ * epoch, and a bf16 run resumes that one for a third: each starts where the
+ * one before ended (its first losses near the last ones before, far below a
+ * fresh model's). Skipped on
+ * a CPU without bf16 (kiln-train refuses there; test_model checks that). */
+static void bf16_spec(const char *name, const char *precision, int epochs, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s.yaml", tmpdir, name);
+    fx_write(path,
+             "name: %s\n"
+             "data: {train: \"data/day=*.tsv\", eval: \"data/eval.tsv\"}\n"
+             "model: {type: dlrm, dense_precision: %s, embedding: {dim: 8, capacity: 200000},\n"
+             "        bottom_mlp: [64, 8], top_mlp: [64, 1]}\n"
+             "train: {batch_size: 256, epochs: %d, seed: 7, log_every: 1, init_from: none,\n"
+             "        optimizer: {dense: {type: adagrad, lr: 0.05}}}\n"
+             "checkpoint: {dir: ckpt/%s, full_every: 1, keep: 1}\n",
+             name, precision, epochs, name);
+}
+
+static double mean_of(const double *v, int n)
+{
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        s += v[i];
+    return s / n;
+}
+
+static void test_dlrm_bf16_resumes_fp32(void **state)
+{
+    (void)state;
+    model_cpu_t cpu;
+    model_cpu_detect(&cpu);
+    if (model_bf16_check(&cpu) != 0)
+        skip();
+    static const char *const names[3] = {"bf-a", "bf-b", "bf-c"};
+    static const char *const precs[3] = {"bf16", "fp32", "bf16"};
+    result_t *r = malloc(sizeof *r);
+    char spec[400], root[400], ck[600];
+    double loss[3][64];
+    int nl[3];
+    for (int k = 0; k < 3; k++) {
+        bf16_spec(names[k], precs[k], k + 1, spec, sizeof spec); /* one more epoch each */
+        const char *more[] = {"--resume", ck, NULL};
+        json_t *v = train_with(1, spec, names[k], r, k > 0 ? more : NULL);
+        if (v == NULL)
+            fail_msg("%s (%s) failed (%d): %s", names[k], precs[k], r->code, r->err);
+        assert_string_equal(json_string_value(json_object_get(v, "dense_precision")), precs[k]);
+        json_decref(v);
+        char said[64];
+        snprintf(said, sizeof said, "dense precision: %s", precs[k]);
+        assert_non_null(strstr(r->err, said));
+        nl[k] = losses(names[k], loss[k], 64);
+        assert_true(nl[k] >= 10);
+        print_message("%s (%s): loss %.4f over the first 3 steps, %.4f over the last 3\n",
+                      names[k], precs[k], mean_of(loss[k], 3),
+                      mean_of(loss[k] + nl[k] - 3, 3));
+        snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, names[k]);
+        latest_ckpt(root, ck, sizeof ck);
+    }
+    /* bf16 learns */
+    assert_true(mean_of(loss[0] + nl[0] - 3, 3) < mean_of(loss[0], 3) - 0.05);
+    /* each run starts from the last one's weights, not from scratch */
+    for (int k = 1; k < 3; k++) {
+        assert_true(mean_of(loss[k], 3) < mean_of(loss[0], 3) - 0.05);
+        assert_true(fabs(mean_of(loss[k], 3) - mean_of(loss[k - 1] + nl[k - 1] - 3, 3)) < 0.05);
+    }
+    free(r);
+}
+
+/* kiln-train refuses bf16 before reading anything where oneDNN may not use
+ * bf16 instructions (here: ONEDNN_MAX_CPU_ISA below them, which any
+ * machine can be made to be; a CPU without them gets model_bf16_check's
+ * message, test_model's test_bf16_refused): exit 2, the message says what
+ * to do, no checkpoint. */
+static void test_bf16_refused(void **state)
+{
+    (void)state;
+    result_t *r = malloc(sizeof *r);
+    char spec[400];
+    bf16_spec("bf-no", "bf16", 1, spec, sizeof spec);
+    setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE", 1);
+    json_t *v = train(1, spec, "bf-no", r);
+    unsetenv("ONEDNN_MAX_CPU_ISA");
+    assert_null(v);
+    assert_int_equal(r->code, 2);
+    assert_non_null(strstr(r->err, "model.dense_precision: bf16 needs"));
+    assert_non_null(strstr(r->err, "set model.dense_precision: fp32"));
+    assert_no_checkpoint("ckpt/bf-no");
+    free(r);
+}
+
 static void test_malformed_lines(void **state)
 {
     (void)state;
@@ -2037,6 +2131,8 @@ int main(void)
         cmocka_unit_test(test_cuda_lr_dlrm_match_cpu),
         cmocka_unit_test(test_cuda_matches_cpu),
         cmocka_unit_test(test_malformed_lines),
+        cmocka_unit_test(test_dlrm_bf16_resumes_fp32),
+        cmocka_unit_test(test_bf16_refused),
         cmocka_unit_test(test_bad_data_fails),
         cmocka_unit_test(test_compressed_input),
         cmocka_unit_test(test_spec_through_symlink),

@@ -19,7 +19,8 @@ packages=(
   libsnappy-dev  # SNAPPY pages of Parquet files (data/data_parquet.c): libsnappy is the field's own codec library
   chromium prometheus  # the web tests: headless browser, promtool (Prometheus parser)
   clang libclang-rt-14-dev
-  libdnnl-dev libblis-dev  # bench/gemm_bench's other candidates for the dense layers
+  libdnnl-dev  # oneDNN: the bf16 dense layers (model/model_bf16.c, model.dense_precision: bf16)
+  libblis-dev  # bench/gemm_bench's other candidate for the dense layers
   # the cluster tests (tools/testcluster.sh): Slurm, munge, sshd, namespaces;
   # libpmix-dev holds the libpmix.so that Slurm's mpi/pmix plugin loads
   slurmctld slurmd slurm-client munge openssh-server openssh-client libpmix-dev

@@ -121,7 +121,7 @@ static int check_finite(trainer_t *tr, double loss_sum, int64_t step)
 {
     int bad = isfinite(loss_sum) ? 0 : 1;
     if (bad == 0) {
-        const float *p = rt_model_params(tr->model);
+        const float *p = rt_model_params_read(tr->model);
         const size_t np = rt_model_nparams(tr->model);
         for (size_t i = 0; i < np && bad == 0; i++)
             if (!isfinite(p[i]))

@@ -284,6 +284,12 @@ static int setup_device_step(trainer_t *tr)
     }
 #ifdef KILN_HAVE_CUDA
     if (tr->store_kind == RT_STORE_CUDA) {
+        if (rt_model_precision(tr->model) == RT_DENSE_BF16)
+            return kiln_errf(KILN_EINVAL,
+                             "model.dense_precision: bf16 runs the CPU's dense layers, and this "
+                             "run trains the model on the GPU (resources.device: %s found one): "
+                             "set resources.device: cpu, or model.dense_precision: fp32",
+                             job_device_name(tr->spec.resources.device));
         KILN_CHECK(train_dev_create(tr, &train_dev_cuda_ops, tr->cuda_device));
         const char *where = "the exchange over host buffers (MPI)";
         if (!host_x && tr->nranks == 1) {
@@ -326,6 +332,10 @@ static int run(trainer_t *tr)
     }
     job_diags_fini(&diags);
     tr->spec_dir = train_spec_base_dir(tr->opt.spec_path);
+    /* A spec this CPU cannot run is refused before anything is read (the
+     * CPU is the ranks': kiln submit can only check its own). */
+    if (tr->spec.model.dense_precision == JOB_PREC_BF16 && (rc = model_bf16_check_here()) < 0)
+        return rc;
 
     /* Every rank reaches this point (the spec is the same file for all). */
     KILN_CHECK_GOTO(rt_comm_create(RT_COMM_MPI, MPI_COMM_WORLD, &tr->comm), rc, out);
@@ -485,6 +495,8 @@ static int run(trainer_t *tr)
         model_kernels_t k;
         model_kernels_describe(&k);
         snprintf(res.dense_kernels, sizeof res.dense_kernels, "%s", k.name);
+        snprintf(res.dense_precision, sizeof res.dense_precision, "%s",
+                 rt_model_precision_name(rt_model_precision(tr->model)));
         rc = run_result_write(tr->opt.run_dir, &res, stdout);
         if (rc < 0)
             goto out;

@@ -367,6 +367,15 @@ static int check_kernels(trainer_t *tr)
         KILN_WARN("%s", line);
     else if (tr->rank == 0)
         KILN_INFO("%s", line);
+    if (tr->rank == 0 && rt_model_precision(tr->model) == RT_DENSE_BF16) {
+        char bf[96];
+        model_bf16_describe(tr->model, bf, sizeof bf);
+        KILN_INFO("dense precision: bf16 (dlrm's MLP GEMMs on %s; weights, gradients and "
+                  "optimizer state in float32)",
+                  bf);
+    } else if (tr->rank == 0) {
+        KILN_INFO("dense precision: fp32");
+    }
     if (rt_model_selfcheck(tr->model) == 0)
         return 0;
     /* Another kernel set to try: the library's own pick where Kiln changed
@@ -395,6 +404,7 @@ int train_setup_model(trainer_t *tr)
         .top = sp->model.top_mlp,
         .ntop = sp->model.ntop,
         .fm_dense_factors = sp->model.fm_dense_factors,
+        .precision = sp->model.dense_precision == JOB_PREC_BF16 ? RT_DENSE_BF16 : RT_DENSE_FP32,
         .max_batch = sp->train.batch_size,
         .seed = sp->train.seed,
         .opt = {.type = dense_opt_of(o->type),
