@@ -434,6 +434,25 @@ static void test_online_figures_and_promote_when(void **state)
     assert_non_null(strstr(page, "vs A ["));
     assert_non_null(strstr(page, "class=\"online unknown\""));
     free(page);
+
+    /* kiln show of the run whose checkpoint B holds: its endpoints' figures. */
+    state_t *st = NULL;
+    state_run_t *runs = NULL;
+    size_t nr = 0;
+    assert_int_equal(state_open(kd.db, &st), 0);
+    assert_int_equal(state_run_list(st, "ab", 1, &runs, &nr), 0);
+    assert_int_equal(nr, 1);
+    char id[32];
+    snprintf(id, sizeof id, "%lld", (long long)runs[0].id);
+    state_runs_free(runs, nr);
+    state_close(st);
+    const char *show[] = {"show", id, NULL};
+    kiln(r, show);
+    print_message("%s", r->out);
+    assert_int_equal(r->code, 0);
+    assert_non_null(strstr(r->out, "online A/B (read now"));
+    assert_non_null(strstr(r->out, "(ctr/B): 450 rows, ll "));
+    assert_non_null(strstr(r->out, "(ctr/A): 450 rows, ll "));
     free(r);
     close(hang);
 }
