@@ -16,7 +16,8 @@
  *     promotes the better one once the rule holds;
  *   - the loop end to end: joined partitions land, a cron job (`@every 1s`,
  *     data.train on the join directory, ready: marker) retrains on them and
- *     pushes to B; after a few cycles B's online logloss beats stale A's.
+ *     pushes to B (kiln lineage from a partition file reaches B); after
+ *     four cycles B's online logloss beats stale A's in kiln endpoints.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +27,7 @@
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <glob.h>
 #include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -512,6 +514,23 @@ static void test_loop_end_to_end(void **state)
         online_rows("B", &llb);
         print_message("cycle %d: B holds %s; online logloss A %.5f B %.5f\n", c, ck, lla, llb);
     }
+    /* The first joined partition was trained on by the retraining job, and
+     * what it trained reaches B (kiln lineage from the file). */
+    char pat[400];
+    snprintf(pat, sizeof pat, "%s/joined/ctr/part=*/part-0.tsv", home);
+    glob_t g;
+    assert_int_equal(glob(pat, 0, NULL, &g), 0);
+    assert_true(g.gl_pathc >= (size_t)cycles);
+    proc_result_t *lr = calloc(1, sizeof *lr);
+    const char *lin[] = {"lineage", g.gl_pathv[0], NULL};
+    kiln(lr, lin);
+    print_message("%s", lr->out);
+    assert_int_equal(lr->code, 0);
+    assert_non_null(strstr(lr->out, "retrain"));
+    assert_non_null(strstr(lr->out, "ctr/B"));
+    free(lr);
+    globfree(&g);
+
     /* After the cycles B, trained on what the population did, beats A. */
     population("A", "z", cycles * per, 400);
     population("B", "z", cycles * per, 400);
