@@ -25,8 +25,8 @@ static void fill(ops_online_t *o, const char *label, const serve_online_label_t 
 {
     o->known = true;
     o->diff = o->lo = o->hi = NAN;
-    o->f = (serve_online_label_t){.ctr = NAN, .logloss = NAN, .auc = NAN, .calibration = NAN,
-                                  .logloss_var = NAN};
+    o->f = (serve_online_label_t){
+        .ctr = NAN, .logloss = NAN, .auc = NAN, .calibration = NAN, .logloss_var = NAN};
     snprintf(o->f.label, sizeof o->f.label, "%s", label);
     for (size_t m = 0; m < nl; m++)
         if (strcmp(ls[m].label, label) == 0)
@@ -155,8 +155,8 @@ static const ops_online_t *label_figures(const state_endpoint_info_t *es, const 
     return NULL;
 }
 
-int ops_promote_check(state_t *st, const char *model, const char *from, const char *to,
-                      char *note, size_t cap)
+int ops_promote_check(state_t *st, const char *model, const char *from, const char *to, char *note,
+                      size_t cap)
 {
     job_promote_when_t pw;
     char job[128];
@@ -177,8 +177,9 @@ int ops_promote_check(state_t *st, const char *model, const char *from, const ch
     const char *why_to = "no endpoint recorded";
     const ops_online_t *b = label_figures(es, on, n, model, to, &why_to);
     if (a == NULL || b == NULL) {
-        rc = kiln_errf(KILN_ESTATE, "promote %s -> %s of %s refused by %s: the online metrics "
-                                    "of %s are unknown: %s",
+        rc = kiln_errf(KILN_ESTATE,
+                       "promote %s -> %s of %s refused by %s: the online metrics "
+                       "of %s are unknown: %s",
                        from, to, model, rule, a == NULL ? from : to, a == NULL ? why : why_to);
         goto out;
     }
@@ -192,12 +193,14 @@ int ops_promote_check(state_t *st, const char *model, const char *from, const ch
              from, (long long)a->f.impressions, a->f.logloss, to, (long long)b->f.impressions,
              b->f.logloss, from, to, d, lo, hi);
     if (a->f.impressions < pw.min_rows || b->f.impressions < pw.min_rows)
-        rc = kiln_errf(KILN_ESTATE, "promote %s -> %s of %s refused by %s: too few joined rows "
-                                    "(%s); kiln promote --force overrides",
+        rc = kiln_errf(KILN_ESTATE,
+                       "promote %s -> %s of %s refused by %s: too few joined rows "
+                       "(%s); kiln promote --force overrides",
                        from, to, model, rule, figures);
     else if (!(d <= -pw.online_logloss_better_by))
-        rc = kiln_errf(KILN_ESTATE, "promote %s -> %s of %s refused by %s: %s is not better by "
-                                    "%g (%s); kiln promote --force overrides",
+        rc = kiln_errf(KILN_ESTATE,
+                       "promote %s -> %s of %s refused by %s: %s is not better by "
+                       "%g (%s); kiln promote --force overrides",
                        from, to, model, rule, from, pw.online_logloss_better_by, figures);
     else
         snprintf(note, cap, "%s holds: %s", rule, figures);

@@ -500,8 +500,8 @@ int serve_stats_fetch(const char *url, int64_t timeout_ms, serve_label_stats_t *
 {
     json_t *doc, *labels;
     serve_label_stats_t *ls;
-    int rc = get_list(url, "/v1/stats", timeout_ms, "predict", sizeof *ls, &doc, &labels,
-                      (void **)&ls);
+    int rc =
+        get_list(url, "/v1/stats", timeout_ms, "predict", sizeof *ls, &doc, &labels, (void **)&ls);
     *n = rc == 0 ? json_array_size(labels) : 0;
     for (size_t i = 0; i < *n; i++) {
         json_t *l = json_array_get(labels, i);

@@ -117,8 +117,8 @@ static void serve_start(void)
     snprintf(dir, sizeof dir, "%s/serve", home);
     snprintf(imp, sizeof imp, "%s/imp", home);
     snprintf(join, sizeof join, "%s/joined", home);
-    const char *extra[] = {"--impressions-dir", imp, "--join-dir", join, "--feedback-window",
-                           "1s", NULL};
+    const char *extra[] = {"--impressions-dir", imp,  "--join-dir", join,
+                           "--feedback-window", "1s", NULL};
     srv.port = SERVE_PORT;
     assert_true(fx_serve_start_with(&srv, dir, extra));
 }
@@ -194,12 +194,12 @@ static bool newest_checkpoint(const char *job, char *out, size_t cap)
 
 /* Waits until label holds a checkpoint of job newer than `not` (""
  * anything); its uid into out. */
-static void wait_label_holds_job(const char *label, const char *job, const char *not, char *out,
+static void wait_label_holds_job(const char *label, const char *job, const char * not, char *out,
                                  size_t cap, int timeout_s)
 {
     char h[80] = "", ck[80] = "";
     for (int i = 0; i < timeout_s * 10; i++) {
-        if (newest_checkpoint(job, ck, sizeof ck) && strcmp(ck, not) != 0) {
+        if (newest_checkpoint(job, ck, sizeof ck) && strcmp(ck, not ) != 0) {
             holds(label, h, sizeof h);
             if (strcmp(h, ck) == 0) {
                 snprintf(out, cap, "%s", ck);
@@ -227,8 +227,8 @@ static void population(const char *label, const char *tag, int from, int n)
         json_t *rows = json_array();
         for (int i = b; i < b + 50 && i < from + n; i++) {
             json_array_append_new(rows, json_string(pop_feat[i % npop]));
-            json_array_append_new(fb, json_pack("{s:s,s:i,s:i}", "request_key", key, "row",
-                                                i - b, "label", pop_y[i % npop]));
+            json_array_append_new(fb, json_pack("{s:s,s:i,s:i}", "request_key", key, "row", i - b,
+                                                "label", pop_y[i % npop]));
         }
         json_t *req = json_pack("{s:o,s:s}", "rows", rows, "request_key", key);
         char *body = json_dumps(req, JSON_COMPACT);
@@ -243,8 +243,7 @@ static void population(const char *label, const char *tag, int from, int n)
     char *body = json_dumps(fb, JSON_COMPACT);
     json_decref(fb);
     snprintf(url, sizeof url, "%s/v1/models/ctr/feedback", serve_url);
-    const char *h[] = {"Authorization: Bearer " FX_TOKEN, "Content-Type: application/json",
-                       NULL};
+    const char *h[] = {"Authorization: Bearer " FX_TOKEN, "Content-Type: application/json", NULL};
     fx_reply_t r;
     long st = fx_http(&r, "POST", url, h, body, strlen(body), 10);
     if (st != 200 || strstr(r.body, "\"unknown\": 0") == NULL)
@@ -263,12 +262,13 @@ static int64_t online_rows(const char *label, double *logloss)
     json_t *j = fx_get_json(url), *l;
     size_t i;
     int64_t n = -1;
-    json_array_foreach(json_object_get(j, "labels"), i, l)
-        if (strcmp(json_string_value(json_object_get(l, "label")), label) == 0) {
-            n = json_integer_value(json_object_get(l, "impressions"));
-            if (logloss != NULL)
-                *logloss = json_number_value(json_object_get(l, "logloss"));
-        }
+    json_array_foreach(json_object_get(j, "labels"), i,
+                       l) if (strcmp(json_string_value(json_object_get(l, "label")), label) == 0)
+    {
+        n = json_integer_value(json_object_get(l, "impressions"));
+        if (logloss != NULL)
+            *logloss = json_number_value(json_object_get(l, "logloss"));
+    }
     json_decref(j);
     return n;
 }
@@ -291,9 +291,9 @@ static json_t *endpoint_of(json_t *doc, const char *label)
 {
     json_t *e;
     size_t i;
-    json_array_foreach(json_object_get(doc, "endpoints"), i, e)
-        if (strcmp(json_string_value(json_object_get(e, "label")), label) == 0)
-            return e;
+    json_array_foreach(json_object_get(doc, "endpoints"), i,
+                       e) if (strcmp(json_string_value(json_object_get(e, "label")), label) ==
+                              0) return e;
     fail_msg("no endpoint with label %s", label);
     return NULL;
 }
@@ -315,8 +315,7 @@ static void write_ab_job(const char *train, bool a_auto, char *path, size_t cap)
              "    - {url: \"%s\", model: ctr, label: A, auto: %s}\n"
              "    - {url: \"%s\", model: ctr, label: B}\n"
              "    - {url: \"http://127.0.0.1:%d\", model: ctr, label: C, auto: false}\n",
-             data_dir, data_dir, train, serve_url, a_auto ? "true" : "false", serve_url,
-             HANG_PORT);
+             data_dir, data_dir, train, serve_url, a_auto ? "true" : "false", serve_url, HANG_PORT);
     write_job("ab", body, path, cap);
 }
 

@@ -87,8 +87,8 @@ int cmd_endpoints(cli_t *cli)
     if (rc < 0)
         return cli_fail(rc, NULL);
     ops_online_t *on = ops_online_read(es, n, OPS_ONLINE_TIMEOUT_MS);
-    static const char *const headers[] = {"MODEL",   "LABEL",  "URL",  "HOLDS", "AGE",
-                                          "LOGLOSS", "TRAFFIC", "PUSHES", "RAMP", "ONLINE"};
+    static const char *const headers[] = {"MODEL",   "LABEL",   "URL",    "HOLDS", "AGE",
+                                          "LOGLOSS", "TRAFFIC", "PUSHES", "RAMP",  "ONLINE"};
     cli_table_t *t = cli_table_create(10, headers);
     for (size_t i = 0; t != NULL && i < n; i++) {
         if (model != NULL && strcmp(es[i].model, model) != 0)
