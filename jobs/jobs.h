@@ -130,6 +130,15 @@ typedef struct job_endpoint {
                        push first creates it; 0: none until a split gives it some */
 } job_endpoint_t;
 
+/* push.promote_when: what `kiln promote` requires of the online A/B metrics
+ * (kiln-serve's GET /v1/models/M/online) before it pushes one label's
+ * checkpoint to another's. */
+typedef struct job_promote_when {
+    double online_logloss_better_by; /* the promoted label's online logloss must be below the
+                                        other's by at least this; NAN: no requirement */
+    int64_t min_rows;                /* joined rows each label needs first */
+} job_promote_when_t;
+
 typedef struct job_spec {
     char *name;        /* [a-zA-Z0-9_.-]{1,64} */
     char *description; /* may be NULL */
@@ -230,6 +239,7 @@ typedef struct job_spec {
          * no ramp. */
         int ramp_step, ramp_max;
         int64_t ramp_every_ms;
+        job_promote_when_t promote_when;
         job_endpoint_t *endpoints;
         int nendpoints;
     } push;

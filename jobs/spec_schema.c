@@ -387,12 +387,18 @@ static const field_t endpoint_fields[] = {
     BOOL("auto", job_endpoint_t, auto_push, true),
     INT("traffic", job_endpoint_t, traffic, 0, 0, 1000000), FIELD_END};
 
+static const field_t promote_when_fields[] = {
+    NUM("online_logloss_better_by", job_promote_when_t, online_logloss_better_by, NAN, 0.0,
+        INFINITY, F_REQUIRED),
+    I64("min_rows", job_promote_when_t, min_rows, 1000, 1, INT64_MAX), FIELD_END};
+
 static const field_t push_fields[] = {
     STR("token_env", job_spec_t, push.token_env, "KILN_SERVE_TOKEN", 0, check_env_name),
     INT("retries", job_spec_t, push.retries, 5, 0, 100),
     DUR("timeout", job_spec_t, push.timeout_ms, 30 * S_, 1, 0),
     NUM("max_regression", job_spec_t, push.max_regression, NAN, 0.0, INFINITY, F_NONE_OK),
     FN("ramp", parse_ramp, 0),
+    MAP("promote_when", job_spec_t, push.promote_when, promote_when_fields, 0),
     FN("endpoints", parse_endpoints, 0),
     FIELD_END};
 

@@ -10,6 +10,7 @@
  *   delivering queued pushes         ops_deliver.c (claim, quality gate,
  *                                    push in parallel, record, back off)
  *   endpoints' stats                 ops_deliver.c
+ *   online A/B metrics, promote_when ops_online.c
  *   lineage, both ways               ops_lineage.c
  *
  * A push is queued in SQLite (state/state.h, "the push queue") before any
@@ -98,6 +99,7 @@ typedef struct ops_push_report {
     state_push_t *pushes;           /* each push as it stands after delivery */
     size_t n;
     int nsucceeded, nfailed, nheld, npending;
+    char note[900]; /* promote: the push.promote_when figures that allowed it ("": none) */
 } ops_push_report_t;
 void ops_push_report_fini(ops_push_report_t *r);
 
@@ -115,9 +117,11 @@ int ops_push_job(state_t *st, const char *job, const char *label, const char *ck
  * `kiln runs --json`, the run page and /api/runs/N say "full" before the
  * push goes out, as the deliverer will decide. For display only. */
 void ops_push_foresee(state_t *st, state_push_t *ps, size_t n);
-/* What the endpoints of model/from hold, to every endpoint of model/to. */
+/* What the endpoints of model/from hold, to every endpoint of model/to,
+ * unless push.promote_when refuses it (ops_promote_check; not with force):
+ * then KILN_ESTATE with the figures, and nothing is pushed. */
 int ops_promote(state_t *st, const char *model, const char *from, const char *to,
-                const char *token_env, ops_push_report_t *rep /* OUT */);
+                const char *token_env, bool force, ops_push_report_t *rep /* OUT */);
 /* The checkpoint model/label held before its current one, to its endpoints. */
 int ops_rollback(state_t *st, const char *model, const char *label, const char *token_env,
                  ops_push_report_t *rep /* OUT */);
@@ -189,6 +193,40 @@ void ops_endpoint_view(const state_endpoint_info_t *es, size_t n, size_t i,
 /* Every endpoint as /api/endpoints and `kiln --json endpoints` print it,
  * {"endpoints": [...]} (docs/api.md), into *out (the caller's). */
 int ops_endpoints_json(state_t *st, json_t **out /* OUT */);
+
+/* ---- online A/B metrics (ops_online.c) -----------------------------------------------------
+ * Read from each endpoint's kiln-serve (GET /v1/models/M/online) when asked
+ * for, never stored. */
+#define OPS_ONLINE_TIMEOUT_MS 1000 /* per kiln-serve: what a down one costs a page */
+typedef struct ops_online {
+    bool known;                /* the kiln-serve answered; false: error says why */
+    char error[400];
+    serve_online_label_t f;    /* this label's figures (impressions 0: none joined yet) */
+    char base[SERVE_NAME_MAX]; /* the label compared with (kiln-serve's first by name); "": none */
+    double diff, lo, hi;       /* logloss minus base's and its 95% interval; NAN */
+} ops_online_t;
+/* The online figures of each of es (n), in a malloc'd array (n; free()):
+ * one request per (URL, model), timeout_ms each. An endpoint that does not
+ * answer is !known with the reason. NULL when out of memory: read its
+ * entries with ops_online_at, which then says so. */
+ops_online_t *ops_online_read(const state_endpoint_info_t *es, size_t n, int64_t timeout_ms);
+/* Entry i of what ops_online_read returned (on may be NULL: an entry that
+ * is !known, "out of memory"). */
+const ops_online_t *ops_online_at(const ops_online_t *on, size_t i);
+/* o as /api/endpoints shows it ("online", docs/api.md). */
+json_t *ops_online_json(const ops_online_t *o);
+/* One line for people: "1200 rows, ll 0.4512, auc 0.712, vs A -0.0123 [-0.0201, -0.0045]",
+ * "no rows yet" or "unknown". */
+void ops_online_describe(const ops_online_t *o, char *buf, size_t cap);
+/* push.promote_when (of the first job that pushes to model/from or
+ * model/to and has one): reads both labels' online figures and returns 0
+ * when from's online logloss is below to's by at least
+ * online_logloss_better_by over at least min_rows joined rows each, with
+ * the figures in note (cap); KILN_ESTATE with the figures (rows of each,
+ * both loglosses, the difference and its 95% CI) when not, or when a
+ * label's figures cannot be read. 0 with note "" when no job has the rule. */
+int ops_promote_check(state_t *st, const char *model, const char *from, const char *to,
+                      char *note /* OUT */, size_t cap);
 
 /* ---- after a run (kilnd) ------------------------------------------------------------------- */
 /* Records that run_id succeeded (from running, or from launching for a run

@@ -45,6 +45,7 @@ int ops_endpoints_json(state_t *st, json_t **out)
     size_t nramps = 0;
     if (ops_ramp_list(st, kiln_now_s(), &ramps, &nramps) < 0)
         nramps = 0;
+    ops_online_t *on = ops_online_read(es, n, OPS_ONLINE_TIMEOUT_MS);
     json_t *arr = json_array();
     for (size_t i = 0; i < n; i++) {
         const state_endpoint_info_t *e = &es[i];
@@ -66,7 +67,7 @@ int ops_endpoints_json(state_t *st, json_t **out)
             "error", kiln_json_str(e->stats_error));
         json_array_append_new(
             arr, json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:{s:I, s:I, s:I, s:I}, s:o, s:o, "
-                           "s:o, s:o}",
+                           "s:o, s:o, s:o}",
                            "id", (json_int_t)e->id, "url", e->url, "model", kiln_json_str(e->model),
                            "label", kiln_json_str(e->label), "holds", holds, "traffic", traffic,
                            "pushes", "succeeded", (json_int_t)e->pushes_succeeded, "failed",
@@ -75,8 +76,10 @@ int ops_endpoints_json(state_t *st, json_t **out)
                            kiln_json_time(e->last_push_at), "last_error",
                            kiln_json_str(e->last_error), "last_http_status",
                            e->last_http_status ? json_integer(e->last_http_status) : json_null(),
-                           "ramp", ramp ? ops_ramp_json(ramp) : json_null()));
+                           "ramp", ramp ? ops_ramp_json(ramp) : json_null(), "online",
+                           ops_online_json(ops_online_at(on, i))));
     }
+    free(on);
     free(ramps);
     state_endpoint_infos_free(es, n);
     *out = json_pack("{s:o}", "endpoints", arr);

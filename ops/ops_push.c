@@ -321,7 +321,7 @@ out:
 }
 
 int ops_promote(state_t *st, const char *model, const char *from, const char *to,
-                const char *token_env, ops_push_report_t *rep)
+                const char *token_env, bool force, ops_push_report_t *rep)
 {
     state_endpoint_info_t *eps = NULL;
     size_t n = 0;
@@ -331,6 +331,8 @@ int ops_promote(state_t *st, const char *model, const char *from, const char *to
     state_endpoint_infos_free(eps, n);
     if (held == 0)
         return kiln_errf(KILN_ENOENT, "no endpoint of %s/%s holds a checkpoint yet", model, from);
+    if (!force)
+        KILN_CHECK(ops_promote_check(st, model, from, to, rep->note, sizeof rep->note));
     char why[160];
     snprintf(why, sizeof why, "promote %s -> %s", from, to);
     return push_to_label(st, held, model, to, token_env, why, rep);

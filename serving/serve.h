@@ -255,6 +255,30 @@ typedef struct serve_label_stats {
 int serve_stats_fetch(const char *url, int64_t timeout_ms, serve_label_stats_t **out /* OUT */,
                       size_t *n /* OUT */);
 
+/* ---- online A/B metrics ------------------------------------------------------------- */
+/* What an endpoint's GET /v1/models/M/online says about one label, over the
+ * rows joined so far (docs/serving-protocol.md, "Online A/B metrics"). */
+typedef struct serve_online_label {
+    char label[SERVE_NAME_MAX];
+    int64_t impressions, positives;
+    double ctr, logloss, auc, calibration; /* NAN: not defined yet (no rows, no positives) */
+    double logloss_var; /* the sample variance of the per-row loss; NAN: under 2 rows */
+} serve_online_label_t;
+/* Reads url's /v1/models/model/online (one request, timeout_ms) into *out
+ * (malloc'd, *n labels sorted by name; free()). Returns 0, KILN_EHTTP
+ * (message names the URL and the status or network error; 404: the
+ * kiln-serve logs no impressions) or KILN_ENOMEM. */
+int serve_online_fetch(const char *url, const char *model, int64_t timeout_ms,
+                       serve_online_label_t **out /* OUT */, size_t *n /* OUT */);
+/* The difference of two labels' mean online loglosses (ll - base_ll) and its
+ * 95% interval, diff +- 1.96 sqrt(var/n + base_var/base_n) (the labels'
+ * rows are independent: a request key sticks to one label); the interval
+ * is NAN when a side has fewer than 2 rows (var NAN). The one formula kiln-serve's
+ * comparisons and `kiln promote` (push.promote_when) use. */
+void serve_logloss_diff(double ll, double var, int64_t n, double base_ll, double base_var,
+                        int64_t base_n, double *diff /* OUT */, double *lo /* OUT */,
+                        double *hi /* OUT */);
+
 /* ---- traffic split ---------------------------------------------------------------- */
 /* What an endpoint's /v1/models/M/split answered. */
 typedef struct serve_split_result {

@@ -175,10 +175,8 @@ static int cmp_label(const void *a, const void *b)
 static void compare(const figures_t *f, const figures_t *base, double *diff, double *lo,
                     double *hi)
 {
-    *diff = f->logloss - base->logloss;
-    double se = sqrt(f->var_ll / (double)f->n + base->var_ll / (double)base->n);
-    *lo = *diff - 1.959964 * se;
-    *hi = *diff + 1.959964 * se;
+    serve_logloss_diff(f->logloss, f->var_ll, f->n, base->logloss, base->var_ll, base->n, diff,
+                       lo, hi);
 }
 
 /* A snapshot of every model's figures, labels sorted by name. */
@@ -230,9 +228,10 @@ void sv_answer_online(sv_loop_t *l, const char *model, sv_answer_t *ans)
     for (int i = 0; i < s.n; i++) {
         const figures_t *f = &s.f[i];
         json_array_append_new(
-            labels, json_pack("{s:s,s:I,s:I,s:o,s:o,s:o,s:o,s:o,s:I}", "label", f->label,
+            labels, json_pack("{s:s,s:I,s:I,s:o,s:o,s:o,s:o,s:o,s:o,s:I}", "label", f->label,
                               "impressions", (json_int_t)f->n, "positives", (json_int_t)f->pos,
-                              "ctr", num(f->ctr), "logloss", num(f->logloss), "auc",
+                              "ctr", num(f->ctr), "logloss", num(f->logloss), "logloss_var",
+                              num(f->var_ll), "auc",
                               num(f->auc), "mean_predicted", num(f->mean_p), "calibration",
                               num(f->calibration), "nonfinite", (json_int_t)f->nonfinite));
         if (i == 0)

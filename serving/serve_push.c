@@ -12,6 +12,7 @@
  * and a model's traffic split (GET or PUT /v1/models/M/split).
  * The only file in Kiln besides the CLI's callers that includes curl.h.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <curl/curl.h>
@@ -450,43 +451,59 @@ static CURLcode perform(CURL *e, const char *where, int64_t timeout_ms, char **b
     return cc;
 }
 
+/* GETs where (one request, timeout_ms) and parses its 200 answer into *doc
+ * (json_decref it). Returns 0 or KILN_EHTTP naming where and the status or
+ * network error, or KILN_ENOMEM. */
+static int get_json(const char *where, int64_t timeout_ms, json_t **doc /* OUT */)
+{
+    *doc = NULL;
+    KILN_CHECK(client_init());
+    CURL *e = curl_easy_init();
+    if (e == NULL)
+        return KILN_ENOMEM;
+    char *body = NULL;
+    long status = 0;
+    int rc = 0;
+    CURLcode cc = perform(e, where, timeout_ms, &body, &status);
+    if (cc != CURLE_OK)
+        rc = kiln_errf(KILN_EHTTP, "%s: %s", where, curl_easy_strerror(cc));
+    else if (status != 200)
+        rc = kiln_errf(KILN_EHTTP, "%s: HTTP %ld", where, status);
+    else if ((*doc = body != NULL ? json_loads(body, 0, NULL) : NULL) == NULL)
+        rc = kiln_errf(KILN_EHTTP, "%s: the answer is not JSON", where);
+    free(body);
+    curl_easy_cleanup(e);
+    return rc;
+}
+
+/* GETs url + path (timeout_ms) and finds the list `key` of its answer: *doc
+ * is the answer (json_decref it, also on failure), *list borrowed from it,
+ * *items a zeroed array of as many elements of elem bytes (free() it).
+ * Returns 0, KILN_EHTTP (no answer, not 200, or no such list; the message
+ * names the URL) or KILN_ENOMEM. */
+static int get_list(const char *url, const char *path, int64_t timeout_ms, const char *key,
+                    size_t elem, json_t **doc, json_t **list, void **items)
+{
+    *doc = *list = NULL;
+    *items = NULL;
+    char *where = kiln_asprintf("%s%s", url, path);
+    int rc = where == NULL ? KILN_ENOMEM : get_json(where, timeout_ms, doc);
+    if (rc == 0 && !json_is_array(*list = json_object_get(*doc, key)))
+        rc = kiln_errf(KILN_EHTTP, "%s: the answer has no \"%s\" list", where, key);
+    if (rc == 0 && (*items = kiln_calloc(json_array_size(*list) + 1, elem)) == NULL)
+        rc = KILN_ENOMEM;
+    free(where);
+    return rc;
+}
+
 int serve_stats_fetch(const char *url, int64_t timeout_ms, serve_label_stats_t **out, size_t *n)
 {
-    *out = NULL;
-    *n = 0;
-    KILN_CHECK(client_init());
-    char *where = kiln_asprintf("%s/v1/stats", url);
-    CURL *e = curl_easy_init();
-    char *body = NULL;
-    int rc = 0;
-    json_t *doc = NULL;
-    if (where == NULL || e == NULL) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    long status = 0;
-    CURLcode cc = perform(e, where, timeout_ms, &body, &status);
-    if (cc != CURLE_OK) {
-        rc = kiln_errf(KILN_EHTTP, "%s: %s", where, curl_easy_strerror(cc));
-        goto out;
-    }
-    if (status != 200) {
-        rc = kiln_errf(KILN_EHTTP, "%s: HTTP %ld", where, status);
-        goto out;
-    }
-    doc = body != NULL ? json_loads(body, 0, NULL) : NULL;
-    json_t *labels = json_object_get(doc, "predict");
-    if (!json_is_array(labels)) {
-        rc = kiln_errf(KILN_EHTTP, "%s: the answer has no \"predict\" list", where);
-        goto out;
-    }
-    size_t k = json_array_size(labels);
-    serve_label_stats_t *ls = kiln_calloc(k + 1, sizeof *ls);
-    if (ls == NULL) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    for (size_t i = 0; i < k; i++) {
+    json_t *doc, *labels;
+    serve_label_stats_t *ls;
+    int rc =
+        get_list(url, "/v1/stats", timeout_ms, "predict", sizeof *ls, &doc, &labels, (void **)&ls);
+    *n = rc == 0 ? json_array_size(labels) : 0;
+    for (size_t i = 0; i < *n; i++) {
         json_t *l = json_array_get(labels, i);
         const char *m = json_string_value(json_object_get(l, "model"));
         const char *lab = json_string_value(json_object_get(l, "label"));
@@ -496,13 +513,41 @@ int serve_stats_fetch(const char *url, int64_t timeout_ms, serve_label_stats_t *
         ls[i].predict_rows = json_integer_value(json_object_get(l, "rows"));
     }
     *out = ls;
-    *n = k;
-out:
     json_decref(doc);
-    free(body);
-    free(where);
-    if (e != NULL)
-        curl_easy_cleanup(e);
+    return rc;
+}
+
+/* ---- online A/B metrics -------------------------------------------------------------- */
+
+/* A JSON number, or NAN for null or anything else. */
+static double num_or_nan(const json_t *j)
+{
+    return json_is_number(j) ? json_number_value(j) : NAN;
+}
+
+int serve_online_fetch(const char *url, const char *model, int64_t timeout_ms,
+                       serve_online_label_t **out, size_t *n)
+{
+    char path[SERVE_NAME_MAX + 32];
+    snprintf(path, sizeof path, "/v1/models/%s/online", model);
+    json_t *doc, *labels;
+    serve_online_label_t *ls;
+    int rc = get_list(url, path, timeout_ms, "labels", sizeof *ls, &doc, &labels, (void **)&ls);
+    *n = rc == 0 ? json_array_size(labels) : 0;
+    for (size_t i = 0; i < *n; i++) {
+        json_t *l = json_array_get(labels, i);
+        const char *lab = json_string_value(json_object_get(l, "label"));
+        snprintf(ls[i].label, sizeof ls[i].label, "%s", lab ? lab : "");
+        ls[i].impressions = json_integer_value(json_object_get(l, "impressions"));
+        ls[i].positives = json_integer_value(json_object_get(l, "positives"));
+        ls[i].ctr = num_or_nan(json_object_get(l, "ctr"));
+        ls[i].logloss = num_or_nan(json_object_get(l, "logloss"));
+        ls[i].logloss_var = num_or_nan(json_object_get(l, "logloss_var"));
+        ls[i].auc = num_or_nan(json_object_get(l, "auc"));
+        ls[i].calibration = num_or_nan(json_object_get(l, "calibration"));
+    }
+    *out = ls;
+    json_decref(doc);
     return rc;
 }
 

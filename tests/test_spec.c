@@ -206,6 +206,7 @@ static void test_ctr_hourly(void **state)
     assert_true(s.push.endpoints[0].auto_push);
     assert_true(isnan(s.push.max_regression)); /* no quality gate unless asked */
     assert_int_equal(s.push.ramp_step, 0);          /* no ramp either */
+    assert_true(isnan(s.push.promote_when.online_logloss_better_by)); /* promote unconditioned */
     job_spec_fini(&s);
     assert_null(s.name);
 }
@@ -571,6 +572,12 @@ static const struct bad {
        "auto: false}\n",
      "job.yaml:4:9: push.ramp: ramps the traffic of the labels kilnd pushes to, and no endpoint "
      "of push.endpoints has auto: true; add one (the challenger) or drop the ramp"},
+    {P "push: {promote_when: {min_rows: 500}}\n",
+     "job.yaml:3:22: push.promote_when.online_logloss_better_by: required field is missing"},
+    {P "push: {promote_when: {online_logloss_better_by: -0.1}}\n",
+     "job.yaml:3:49: push.promote_when.online_logloss_better_by: must be >= 0, got -0.1"},
+    {P "push: {promote_when: {online_logloss_better_by: 0.01, min_rows: 0}}\n",
+     "job.yaml:3:65: push.promote_when.min_rows: must be >= 1, got 0"},
     {P "retries: {backoff: 2m, max_backoff: 1m}\n",
      "job.yaml:3:37: retries.max_backoff: 1m is shorter than retries.backoff (2m)"},
     /* schedule and timezone (messages from jobs/cron.c) */

@@ -2,8 +2,9 @@
  * tools/cmd_endpoints.c - `kiln endpoints [--model M]`: every serving
  * endpoint Kiln pushes to, one line each: what it holds and how old that
  * is, its eval logloss, its share of the model's predict traffic (from the
- * stats kilnd reads), its pushes and, for a label with push.ramp, where the
- * ramp stands or what stopped it. The same reading as the endpoints page
+ * stats kilnd reads), its pushes, for a label with push.ramp, where the
+ * ramp stands or what stopped it, and its online A/B metrics (read from
+ * its kiln-serve now; "unknown" when it does not answer). The same reading as the endpoints page
  * and /api/endpoints (ops_endpoints_json).
  */
 #include <math.h>
@@ -23,7 +24,8 @@ const cli_opt_t endpoints_opts[] = {
 
 /* The text of one endpoint's row (cells of `cells`, each in bufs). */
 static void row(const state_endpoint_info_t *e, const ops_endpoint_view_t *v,
-                const ops_ramp_t *ramp, char bufs[][600], const char **cells)
+                const ops_ramp_t *ramp, const ops_online_t *on, char bufs[][600],
+                const char **cells)
 {
     snprintf(bufs[0], 600, "%s", e->checkpoint_uid ? e->checkpoint_uid : "-");
     if (v->age_s >= 0)
@@ -45,10 +47,11 @@ static void row(const state_endpoint_info_t *e, const ops_endpoint_view_t *v,
         ops_ramp_describe(ramp, bufs[5], 600);
     else
         snprintf(bufs[5], 600, "-");
+    ops_online_describe(on, bufs[6], 600);
     const char *fixed[] = {e->model, e->label, e->url};
     for (int i = 0; i < 3; i++)
         cells[i] = fixed[i];
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
         cells[3 + i] = bufs[i];
 }
 
@@ -83,21 +86,23 @@ int cmd_endpoints(cli_t *cli)
     state_close(st);
     if (rc < 0)
         return cli_fail(rc, NULL);
-    static const char *const headers[] = {"MODEL", "LABEL",  "URL",    "HOLDS", "AGE",
-                                          "LOGLOSS", "TRAFFIC", "PUSHES", "RAMP"};
-    cli_table_t *t = cli_table_create(9, headers);
+    ops_online_t *on = ops_online_read(es, n, OPS_ONLINE_TIMEOUT_MS);
+    static const char *const headers[] = {"MODEL",   "LABEL",   "URL",    "HOLDS", "AGE",
+                                          "LOGLOSS", "TRAFFIC", "PUSHES", "RAMP",  "ONLINE"};
+    cli_table_t *t = cli_table_create(10, headers);
     for (size_t i = 0; t != NULL && i < n; i++) {
         if (model != NULL && strcmp(es[i].model, model) != 0)
             continue;
         ops_endpoint_view_t v;
         ops_endpoint_view(es, n, i, &v);
-        char bufs[6][600];
-        const char *cells[9];
-        row(&es[i], &v, ops_ramp_of(ramps, nramps, es[i].id), bufs, cells);
+        char bufs[7][600];
+        const char *cells[10];
+        row(&es[i], &v, ops_ramp_of(ramps, nramps, es[i].id), ops_online_at(on, i), bufs, cells);
         cli_table_add(t, cells);
     }
     cli_table_print(t);
     cli_table_destroy(t);
+    free(on);
     free(ramps);
     state_endpoint_infos_free(es, n);
     return CLI_EXIT_OK;

@@ -425,6 +425,47 @@ out:
     return exit_code;
 }
 
+/* The endpoints that pushes of run_id went to, each with its label's online
+ * A/B figures read now from its kiln-serve (ops_online.c): appended to arr
+ * as {url, model, label, online}, or printed when arr is NULL. */
+static void show_online(state_t *st, int64_t run_id, json_t *arr)
+{
+    state_push_filter_t pf = {.run_id = run_id};
+    state_push_t *ps = NULL;
+    state_endpoint_info_t *es = NULL;
+    size_t np = 0, n = 0, k = 0;
+    if (state_push_list(st, &pf, 100, &ps, &np) == 0 && np > 0 &&
+        state_endpoint_list(st, &es, &n) == 0) {
+        for (size_t i = 0; i < n; i++) { /* the pushed endpoints first, in order */
+            bool pushed = false;
+            for (size_t j = 0; j < np && !pushed; j++)
+                pushed = ps[j].endpoint_id == es[i].id;
+            if (pushed) {
+                state_endpoint_info_t t = es[k];
+                es[k++] = es[i];
+                es[i] = t;
+            }
+        }
+    }
+    ops_online_t *on = ops_online_read(es, k, OPS_ONLINE_TIMEOUT_MS);
+    if (arr == NULL && k > 0)
+        printf("online A/B (read now; every row each label served):\n");
+    for (size_t i = 0; i < k; i++) {
+        const ops_online_t *o = ops_online_at(on, i);
+        char line[600];
+        ops_online_describe(o, line, sizeof line);
+        if (arr != NULL)
+            json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:o}", "url", es[i].url, "model",
+                                                 es[i].model, "label", es[i].label, "online",
+                                                 ops_online_json(o)));
+        else
+            printf("  %s (%s/%s): %s\n", es[i].url, es[i].model, es[i].label, line);
+    }
+    free(on);
+    state_endpoint_infos_free(es, n);
+    state_pushes_free(ps, np);
+}
+
 static int show_run(cli_t *cli, state_t *st, int64_t id)
 {
     state_run_t r;
@@ -444,6 +485,9 @@ static int show_run(cli_t *cli, state_t *st, int64_t id)
             json_array_append_new(arr, json_pack("{s:o, s:s, s:s}", "at", kiln_json_time(ev[i].at),
                                                  "kind", ev[i].kind, "message", ev[i].message));
         json_object_set_new(o, "events", arr);
+        json_t *online = json_array();
+        show_online(st, r.id, online);
+        json_object_set_new(o, "online", online);
         cli_print_json(o);
     } else {
         char b1[KILN_ISO_LEN], dur[32];
@@ -488,6 +532,7 @@ static int show_run(cli_t *cli, state_t *st, int64_t id)
             }
         }
         state_pushes_free(ps, np);
+        show_online(st, r.id, NULL);
         if (nev) {
             printf("events:\n");
             for (size_t i = 0; i < nev; i++)

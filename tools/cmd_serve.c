@@ -26,6 +26,7 @@ const cli_opt_t promote_opts[] = {
     {"model", "M", "the model name the endpoints serve (required)"},
     {"from", "LABEL", "the label whose checkpoint to promote (required)"},
     {"to", "LABEL", "the label to push it to (required)"},
+    {"force", NULL, "promote even where push.promote_when (the online metrics) refuses"},
     {"token-env", "VAR", "variable holding the push token (default: the job spec's)"},
     {NULL, NULL, NULL},
 };
@@ -49,8 +50,12 @@ static int report(cli_t *cli, int rc, ops_push_report_t *r, const char *what)
                               "held", r->nheld, "pending", r->npending, "pushes", arr);
         if (rc < 0)
             json_object_set_new(j, "error", json_string(kiln_errmsg()));
+        if (r->note[0] != '\0')
+            json_object_set_new(j, "promote_when", json_string(r->note));
         cli_print_json(j);
     } else {
+        if (r->note[0] != '\0')
+            printf("%s\n", r->note);
         for (size_t i = 0; i < r->n; i++) {
             const state_push_t *p = &r->pushes[i];
             printf("push %lld: %s (%s/%s): %s, %s", (long long)p->id, p->url, p->model, p->label,
@@ -107,7 +112,7 @@ static int push_job(state_t *st, const cli_t *cli, ops_push_report_t *r)
 static int promote(state_t *st, const cli_t *cli, ops_push_report_t *r)
 {
     return ops_promote(st, cli_opt(cli, "model"), cli_opt(cli, "from"), cli_opt(cli, "to"),
-                       cli_opt(cli, "token-env"), r);
+                       cli_opt(cli, "token-env"), cli_opt(cli, "force") != NULL, r);
 }
 
 static int rollback(state_t *st, const cli_t *cli, ops_push_report_t *r)

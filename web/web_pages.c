@@ -674,6 +674,30 @@ static void split_forms(web_buf_t *b, const state_endpoint_info_t *es, size_t n)
                     "MODEL A=90,B=10); one pushed for the first time gets none.</p>\n");
 }
 
+/* The online A/B cells of one endpoint: rows, logloss, AUC, CTR,
+ * calibration and the difference from the base label; one "unknown" cell
+ * (its reason as the title) when its kiln-serve did not answer. */
+static void td_online(web_buf_t *b, const ops_online_t *o)
+{
+    if (!o->known) {
+        web_buf_puts(b, "<td class=\"online unknown\" colspan=\"6\" title=\"");
+        web_esc(b, o->error);
+        web_buf_puts(b, "\">unknown</td>");
+        return;
+    }
+    web_buf_printf(b, "<td class=\"num online-rows\">%lld</td>", (long long)o->f.impressions);
+    td_num(b, o->f.logloss, "%.5f");
+    td_num(b, o->f.auc, "%.4f");
+    td_num(b, o->f.ctr, "%.4f");
+    td_num(b, o->f.calibration, "%.3f");
+    char what[200] = "-";
+    if (o->base[0] != '\0' && !isnan(o->diff))
+        snprintf(what, sizeof what, "%+.5f vs %s [%+.5f, %+.5f]", o->diff, o->base, o->lo, o->hi);
+    web_buf_puts(b, "<td class=\"online-diff\">");
+    web_esc(b, what);
+    web_buf_puts(b, "</td>");
+}
+
 int web_page_endpoints(web_req_t *r)
 {
     state_endpoint_info_t *es = NULL;
@@ -683,6 +707,7 @@ int web_page_endpoints(web_req_t *r)
     size_t nramps = 0;
     if (ops_ramp_list(r->st, kiln_now_s(), &ramps, &nramps) < 0)
         nramps = 0;
+    ops_online_t *on = ops_online_read(es, n, OPS_ONLINE_TIMEOUT_MS);
     web_buf_t *b = &r->out;
     head(r, "Endpoints", 15);
     if (n == 0)
@@ -692,7 +717,10 @@ int web_page_endpoints(web_req_t *r)
                     "<th>holds checkpoint</th><th>age</th><th>eval logloss</th>"
                     "<th>eval AUC</th><th>traffic share</th><th>requests/s</th>"
                     "<th>pushes ok</th><th>failed</th><th>pending</th><th>held</th>"
-                    "<th>last push</th><th>last problem</th><th>ramp</th></tr>\n");
+                    "<th>last push</th><th>last problem</th><th>ramp</th>"
+                    "<th>online rows</th><th>online logloss</th><th>online AUC</th>"
+                    "<th>CTR</th><th>calibration</th><th>online logloss vs base (95% CI)</th>"
+                    "</tr>\n");
     for (size_t i = 0; i < n; i++) {
         const state_endpoint_info_t *e = &es[i];
         ops_endpoint_view_t v;
@@ -746,13 +774,18 @@ int web_page_endpoints(web_req_t *r)
             ops_ramp_describe(ramp, what, sizeof what);
         web_buf_puts(b, ramp && ramp->stopped ? "<td class=\"ramp stopped\">" : "<td class=\"ramp\">");
         web_esc(b, what);
-        web_buf_puts(b, "</td></tr>\n");
+        web_buf_puts(b, "</td>");
+        td_online(b, ops_online_at(on, i));
+        web_buf_puts(b, "</tr>\n");
     }
     web_buf_puts(b, "</table>\n<p>Traffic and request rate come from each endpoint's "
                     "/v1/stats, read by kilnd every few seconds; eval figures are those "
-                    "measured on the checkpoint when it was written.</p>\n");
+                    "measured on the checkpoint when it was written; online figures are "
+                    "read now from each kiln-serve's /v1/models/M/online, over the rows "
+                    "served and joined with their feedback (unknown: it did not answer).</p>\n");
     split_forms(b, es, n);
     foot(r);
+    free(on);
     free(ramps);
     state_endpoint_infos_free(es, n);
     return 0;

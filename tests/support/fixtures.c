@@ -124,14 +124,23 @@ void fx_kiln(const fx_kilnd_t *k, proc_result_t *r, const char *const *args)
 
 bool fx_serve_start(fx_serve_t *s, const char *dir)
 {
+    return fx_serve_start_with(s, dir, NULL);
+}
+
+bool fx_serve_start_with(fx_serve_t *s, const char *dir, const char *const *extra)
+{
     char portfile[480], listen[64], log[480], buf[32] = "";
     snprintf(s->dir, sizeof s->dir, "%s", dir);
     snprintf(portfile, sizeof portfile, "%s.port", dir);
     snprintf(log, sizeof log, "%s.log", dir);
     unlink(portfile);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", s->port);
-    const char *argv[] = {KILN_SERVE_BIN, "--listen",        listen,        "--state-dir", dir,
-                          "--token-env",  "KILN_TEST_TOKEN", "--port-file", portfile,      NULL};
+    const char *argv[24] = {KILN_SERVE_BIN, "--listen",        listen,        "--state-dir", dir,
+                            "--token-env",  "KILN_TEST_TOKEN", "--port-file", portfile};
+    size_t n = 9;
+    for (size_t i = 0; extra != NULL && extra[i] != NULL && n + 1 < 24; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
     const char *env[] = {"KILN_TEST_TOKEN=" FX_TOKEN, NULL};
     s->pid = fx_spawn(log, env, argv);
     for (int i = 0; i < 1000 && buf[0] == '\0'; i++) {

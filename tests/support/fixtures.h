@@ -70,6 +70,9 @@ typedef struct fx_serve {
  * read back from its port file). Waits until it answers; false when it
  * does not. */
 bool fx_serve_start(fx_serve_t *s, const char *dir);
+/* The same with more options for kiln-serve (NULL-terminated; may be NULL),
+ * e.g. --impressions-dir DIR. */
+bool fx_serve_start_with(fx_serve_t *s, const char *dir, const char *const *extra);
 
 void fx_serve_stop(fx_serve_t *s, int sig);
 
