@@ -312,6 +312,92 @@ static int setup_device_step(trainer_t *tr)
     return 0;
 }
 
+/* The run's files: training from --inputs, else --data, else data.train (an
+ * online run may start with none: it waits for partitions to land); eval
+ * from --eval, else data.eval ("none": no eval). */
+static int list_files(trainer_t *tr, bool online, char ***files, int *nfiles, char ***eval,
+                      int *neval)
+{
+    int rc;
+    if (tr->opt.inputs) {
+        rc = train_read_list(tr->opt.inputs, files, nfiles);
+    } else {
+        char *pattern =
+            tr->opt.data ? kiln_strdup(tr->opt.data) : train_spec_relative(tr, tr->spec.data.train);
+        rc = pattern ? train_expand(pattern, tr->opt.data ? "--data" : "data.train", files, nfiles)
+                     : KILN_ENOMEM;
+        free(pattern);
+    }
+    if (online && rc == KILN_ENOENT) {
+        kiln_errclear();
+        rc = 0;
+    }
+    const char *ev = tr->opt.eval ? tr->opt.eval : tr->spec.data.eval;
+    if (rc == 0 && ev != NULL && strcmp(ev, "none") != 0) {
+        char *pattern = tr->opt.eval ? kiln_strdup(ev) : train_spec_relative(tr, ev);
+        rc = pattern ? train_expand(pattern, tr->opt.eval ? "--eval" : "data.eval", eval, neval)
+                     : KILN_ENOMEM;
+        free(pattern);
+    }
+    return rc;
+}
+
+/* Lineage (rank 0 with --db): the checkpoint this run starts from, and the
+ * files it reads (kilnd recorded them already when it named them). */
+static void record_start(trainer_t *tr, char **files, int nfiles)
+{
+    state_checkpoint_t c = {0};
+    if (tr->last_uid[0] != '\0' &&
+        (state_checkpoint_get(tr->db, tr->last_uid, &c) < 0 ||
+         state_run_set_start_checkpoint(tr->db, tr->opt.run_id, c.id) < 0))
+        KILN_WARN("the checkpoint this run started from is not recorded: %s", kiln_errmsg());
+    state_checkpoint_fini(&c);
+    if (tr->opt.inputs == NULL)
+        train_record_inputs(tr, files, nfiles);
+}
+
+/* The run's figures, summed over the ranks, into result.json (rank 0) and on
+ * stdout. Collective. */
+static int write_result(trainer_t *tr, int threads, int64_t eval_rows, double logloss,
+                        double auc)
+{
+    int64_t keys = 0, mine_keys = 0, malformed = 0;
+    for (int t = 0; t < tr->T; t++)
+        mine_keys += rt_store_size(tr->store, t);
+    int mrc = MPI_Reduce(&mine_keys, &keys, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (mrc == MPI_SUCCESS)
+        mrc = MPI_Reduce(&tr->malformed, &malformed, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (mrc != MPI_SUCCESS)
+        return rt_mpi_fail(mrc, "MPI_Reduce of the run's key and malformed-line counts");
+    run_tables_t tabs = {0};
+    KILN_CHECK(train_tables_report(tr, &tabs));
+    if (tr->rank == 0) {
+        double seconds = (double)tr->train_ns / 1e9;
+        run_result_t res = {.rows = tr->samples,
+                            .ranks = tr->nranks,
+                            .threads = threads,
+                            .steps = tr->steps,
+                            .train_seconds = seconds,
+                            .samples_per_s = seconds > 0 ? (double)tr->samples / seconds : 0.0,
+                            .eval_rows = eval_rows,
+                            .eval_logloss = logloss,
+                            .eval_auc = auc,
+                            .keys = keys,
+                            .malformed = malformed,
+                            .tables = tabs};
+        snprintf(res.job, sizeof res.job, "%s", tr->spec.name);
+        snprintf(res.model, sizeof res.model, "%s", job_model_type_name(tr->spec.model.type));
+        snprintf(res.checkpoint, sizeof res.checkpoint, "%s", tr->last_uid);
+        model_kernels_t k;
+        model_kernels_describe(&k);
+        snprintf(res.dense_kernels, sizeof res.dense_kernels, "%s", k.name);
+        snprintf(res.dense_precision, sizeof res.dense_precision, "%s",
+                 rt_model_precision_name(rt_model_precision(tr->model)));
+        return run_result_write(tr->opt.run_dir, &res, stdout);
+    }
+    return 0;
+}
+
 static int run(trainer_t *tr)
 {
     int rc = 0;
@@ -344,33 +430,8 @@ static int run(trainer_t *tr)
     if (tr->opt.predict != NULL)
         return train_predict_mode(tr);
 
-    /* Training files: --inputs, else --data, else data.train. An online run
-     * may start with none: it waits for partitions to land. */
     bool online = tr->spec.train.mode == JOB_MODE_ONLINE;
-    if (tr->opt.inputs) {
-        rc = train_read_list(tr->opt.inputs, &files, &nfiles);
-    } else {
-        char *pattern =
-            tr->opt.data ? kiln_strdup(tr->opt.data) : train_spec_relative(tr, tr->spec.data.train);
-        rc = pattern
-                 ? train_expand(pattern, tr->opt.data ? "--data" : "data.train", &files, &nfiles)
-                 : KILN_ENOMEM;
-        free(pattern);
-    }
-    if (online && rc == KILN_ENOENT) {
-        kiln_errclear();
-        rc = 0;
-    }
-    if (rc == 0) {
-        const char *ev = tr->opt.eval ? tr->opt.eval : tr->spec.data.eval;
-        if (ev != NULL && strcmp(ev, "none") != 0) {
-            char *pattern = tr->opt.eval ? kiln_strdup(ev) : train_spec_relative(tr, ev);
-            rc = pattern ? train_expand(pattern, tr->opt.eval ? "--eval" : "data.eval", &eval_files,
-                                  &neval)
-                         : KILN_ENOMEM;
-            free(pattern);
-        }
-    }
+    rc = list_files(tr, online, &files, &nfiles, &eval_files, &neval);
     if (rc == 0 && tr->rank == 0) {
         rc = kiln_mkdir_p(tr->opt.run_dir);
         if (rc == 0) {
@@ -408,19 +469,8 @@ static int run(trainer_t *tr)
     tr->steps0 = tr->steps;
     tr->eval_files = eval_files;
     tr->neval = neval;
-    if (tr->rank == 0 && tr->db != NULL) {
-        /* Lineage: the checkpoint this run starts from, and the files it
-         * reads (kilnd recorded them already when it named them). */
-        state_checkpoint_t c = {0};
-        if (tr->last_uid[0] != '\0' && (state_checkpoint_get(tr->db, tr->last_uid, &c) < 0 ||
-                                         state_run_set_start_checkpoint(tr->db, tr->opt.run_id,
-                                                                        c.id) < 0))
-            KILN_WARN("the checkpoint this run started from is not recorded: %s",
-                      kiln_errmsg());
-        state_checkpoint_fini(&c);
-        if (tr->opt.inputs == NULL)
-            train_record_inputs(tr, files, nfiles);
-    }
+    if (tr->rank == 0 && tr->db != NULL)
+        record_start(tr, files, nfiles);
     struct sigaction sa = {0};
     sa.sa_handler = on_sigusr1;
     sigemptyset(&sa.sa_mask);
@@ -463,44 +513,7 @@ static int run(trainer_t *tr)
     if (neval > 0 && tr->rank == 0 && tr->db != NULL && tr->last_ckpt_id > 0 &&
         state_checkpoint_set_eval(tr->db, tr->last_ckpt_id, logloss, auc) < 0)
         KILN_WARN("the eval figures of %s are not recorded: %s", tr->last_uid, kiln_errmsg());
-    int64_t keys = 0, mine_keys = 0, malformed = 0;
-    for (int t = 0; t < tr->T; t++)
-        mine_keys += rt_store_size(tr->store, t);
-    int mrc = MPI_Reduce(&mine_keys, &keys, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
-    if (mrc == MPI_SUCCESS)
-        mrc = MPI_Reduce(&tr->malformed, &malformed, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
-    if (mrc != MPI_SUCCESS) {
-        rc = rt_mpi_fail(mrc, "MPI_Reduce of the run's key and malformed-line counts");
-        goto out;
-    }
-    run_tables_t tabs = {0};
-    KILN_CHECK_GOTO(train_tables_report(tr, &tabs), rc, out);
-    if (tr->rank == 0) {
-        double seconds = (double)tr->train_ns / 1e9;
-        run_result_t res = {.rows = tr->samples,
-                            .ranks = tr->nranks,
-                            .threads = threads,
-                            .steps = tr->steps,
-                            .train_seconds = seconds,
-                            .samples_per_s = seconds > 0 ? (double)tr->samples / seconds : 0.0,
-                            .eval_rows = eval_rows,
-                            .eval_logloss = logloss,
-                            .eval_auc = auc,
-                            .keys = keys,
-                            .malformed = malformed,
-                            .tables = tabs};
-        snprintf(res.job, sizeof res.job, "%s", tr->spec.name);
-        snprintf(res.model, sizeof res.model, "%s", job_model_type_name(tr->spec.model.type));
-        snprintf(res.checkpoint, sizeof res.checkpoint, "%s", tr->last_uid);
-        model_kernels_t k;
-        model_kernels_describe(&k);
-        snprintf(res.dense_kernels, sizeof res.dense_kernels, "%s", k.name);
-        snprintf(res.dense_precision, sizeof res.dense_precision, "%s",
-                 rt_model_precision_name(rt_model_precision(tr->model)));
-        rc = run_result_write(tr->opt.run_dir, &res, stdout);
-        if (rc < 0)
-            goto out;
-    }
+    rc = write_result(tr, threads, eval_rows, logloss, auc);
 out:
     /* tr borrowed the eval list; nothing may reach it once it is freed. */
     tr->eval_files = NULL;
