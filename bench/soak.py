@@ -92,6 +92,9 @@ def proc_figures(pid):
             elif k == "Threads":
                 f[k] = int(v)
     f["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/stat") as s:  # utime + stime, after the command's ")"
+        st = s.read().rsplit(")", 1)[1].split()
+    f["cpu"] = (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
     return f
 
 
@@ -247,10 +250,13 @@ class Soak:
                 pass
         return n
 
-    def line(self, s, t0):
+    def line(self, s, t0, prev):
+        for n in ("kilnd", "serve-A", "serve-B"):  # share of one core since the last sample
+            s[n]["cpu_share"] = ((s[n]["cpu"] - prev[n]["cpu"]) / (s["t"] - prev["t"])
+                                 if prev else 0.0)
         print(f"  {s['t'] - t0:7.0f}s runs {s['runs']:5d} landed {s['landed']:5d}  " +
               "  ".join(f"{n} rss {s[n]['VmRSS'] / 2**20:.1f}M hwm {s[n]['VmHWM'] / 2**20:.1f}M "
-                        f"fd {s[n]['fds']} thr {s[n]['Threads']}"
+                        f"fd {s[n]['fds']} thr {s[n]['Threads']} cpu {s[n]['cpu_share']:.0%}"
                         for n in ("kilnd", "serve-A", "serve-B")) +
               f"  others {s['others']}  db {s['db'] / 2**20:.2f}M (file {s['db_file'] / 2**20:.2f}M) wal {s['wal'] / 2**20:.2f}M  predict "
               f"{s['predicts']} (err {s['predict_errors']}) p50 {s['p50'] * 1e3:.1f} ms "
@@ -350,6 +356,10 @@ def verdicts(head, tail, lat_head, lat_tail):
             a, b = rng(head, n, k), rng(tail, n, k)
             rows.append((f"{n} {what} (lowest-highest)", f"{a[0]}-{a[1]}", f"{b[0]}-{b[1]}",
                          f"each <= +{FD_TOL}", b[0] <= a[0] + FD_TOL and b[1] <= a[1] + FD_TOL))
+    for n in ("kilnd", "serve-A", "serve-B"):
+        a = sum(x[n]["cpu_share"] for x in head) / len(head)
+        b = sum(x[n]["cpu_share"] for x in tail) / len(tail)
+        rows.append((f"{n} CPU (share of a core)", f"{a:.1%}", f"{b:.1%}", "(shown)", True))
     a, b = max(x["others"] for x in head), max(x["others"] for x in tail)
     rows.append(("other processes of the soak (highest)", str(a), str(b), "<= 5 (one run's)",
                  b <= 5))
@@ -426,8 +436,8 @@ def main():
                     sys.exit(f"{n} exited ({p.returncode}); see {s.home}/{n}.log")
             x = s.sample(t_prev)
             t_prev = x["t"]
+            s.line(x, t0, samples[-1] if samples else None)
             samples.append(x)
-            s.line(x, t0)
             if x["runs"] >= a.runs or (a.deadline and x["t"] - t0 >= a.deadline):
                 break
         s.stop.set()
