@@ -138,12 +138,18 @@ typedef struct sched_active {
     int end_tries;        /* records of its end that failed */
 } sched_active_t;
 
+/* What a job's fires saw of its data files (sched_inputs.c). */
+typedef struct sched_seen sched_seen_t;
+sched_seen_t *sched_seen_create(void);
+void sched_seen_destroy(sched_seen_t *seen); /* accepts NULL */
+
 typedef struct sched_job {
     state_job_t row;
     bool spec_ok;
     job_spec_t spec;
     bool has_cron;
     job_cron_t cron;
+    sched_seen_t *seen; /* kept across reloads; NULL: remember nothing */
 } sched_job_t;
 
 /* sched_push.c: the push dispatcher and workers, and the stats reader. */
@@ -202,6 +208,26 @@ void sched_active_remove(sched_t *s, sched_active_t *a);
 int sched_watch(sched_t *s, sched_active_t *a);
 /* Stops watching a's supervisor (its pidfd leaves the epoll set). */
 void sched_unwatch(sched_t *s, sched_active_t *a);
+
+/* sched_inputs.c: the partitions an incremental fire takes. */
+/* The partitions of data.train that are not complete yet: how many, and
+ * the first of them (a path malloc'd, or NULL), so that a run left with
+ * nothing new can say it is waiting for them rather than that nothing came. */
+typedef struct sched_incomplete {
+    size_t n;
+    char *first;
+} sched_incomplete_t;
+/* The files pattern matches that no succeeded run of the job consumed, each
+ * complete (data.ready: its marker, its Parquet footer or a quiet
+ * data.settle), into *out (free with state_inputs_free); one not complete yet
+ * is left for a later fire (counted in *wait), and one consumed in an earlier
+ * version is reported, not listed. Returns 0 or KILN_EIO / KILN_ENOMEM / a
+ * database failure. */
+int sched_new_inputs(sched_t *s, const sched_job_t *job, const job_spec_t *spec,
+                     const char *pattern, state_input_t **out /* OUT */, size_t *nout /* OUT */,
+                     sched_incomplete_t *wait /* OUT */);
+/* Why a run with nothing new to train on is skipped, malloc'd. */
+char *sched_no_data_reason(const job_spec_t *spec, const sched_incomplete_t *wait, bool manual);
 
 /* sched_run.c: launching one run and ending it. */
 int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job);

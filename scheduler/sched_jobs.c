@@ -14,6 +14,7 @@ void sched_job_clear(sched_job_t *j)
 {
     if (j->spec_ok)
         job_spec_fini(&j->spec);
+    sched_seen_destroy(j->seen);
     state_job_fini(&j->row);
     memset(j, 0, sizeof *j);
 }
@@ -50,6 +51,14 @@ int sched_jobs_reload(sched_t *s)
             if (!j->spec_ok)
                 KILN_WARN("job %s: its stored spec does not parse: %s", j->row.name,
                           kiln_errmsg());
+        }
+        /* What the job saw of its files outlives a reload (a resubmit too:
+         * it is keyed by path and checked against each file's stat). */
+        if (old != NULL) {
+            j->seen = old->seen;
+            old->seen = NULL;
+        } else {
+            j->seen = sched_seen_create(); /* NULL (no memory): remember nothing */
         }
         j->has_cron = false;
         if (j->spec_ok && j->row.schedule != NULL) {

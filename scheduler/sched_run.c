@@ -97,148 +97,6 @@ static char *resolve(const char *base, const char *path)
     return kiln_asprintf("%s/%s", base, path);
 }
 
-/* A file the job consumed that changed since (appended to, rewritten): said
- * once per version as a "warning" event of the run that consumed it (its
- * page and `kiln show` list it) and in kilnd's log. It is never trained
- * again: the run trained what the file held then, and a second pass would
- * train those rows twice. Returns 0 or a failure of the database. */
-static int report_changed(sched_t *s, int64_t run_id, const state_input_t *in)
-{
-    char *msg = kiln_asprintf("input %s changed after run %lld consumed it (now %lld bytes, "
-                              "mtime %lld): it is not trained again. Land new data as a new "
-                              "file (write it under another name and rename it into place)",
-                              in->path, (long long)run_id, (long long)in->size,
-                              (long long)in->mtime);
-    state_event_t *es = NULL;
-    size_t n = 0;
-    if (msg == NULL)
-        return KILN_ENOMEM;
-    int rc = state_event_list(s->st, 0, run_id, &es, &n);
-    bool told = false;
-    for (size_t i = 0; rc == 0 && i < n && !told; i++)
-        told = es[i].message != NULL && strcmp(es[i].message, msg) == 0;
-    state_events_free(es, n);
-    if (rc == 0 && !told) {
-        KILN_WARN("%s", msg);
-        rc = state_event_add(s->st, 0, run_id, "warning", msg);
-    }
-    free(msg);
-    return rc;
-}
-
-/* The partitions of data.train that are not complete yet: how many, and
- * the first of them (a path malloc'd, or NULL), so that a run left with
- * nothing new can say it is waiting for them rather than that nothing came. */
-typedef struct incomplete {
-    size_t n;
-    char *first;
-} incomplete_t;
-
-/* The partitions of data.train no succeeded run of the job consumed, each
- * complete (data.ready: its marker, its Parquet footer or a quiet
- * data.settle); one that is not yet is left for a later fire (counted in
- * *wait), and one consumed in an earlier version is reported, not listed. */
-static int new_inputs(sched_t *s, const sched_job_t *job, const job_spec_t *spec,
-                      const char *base, state_input_t **out, size_t *nout,
-                      incomplete_t *wait /* OUT */)
-{
-    char *pattern = resolve(base, spec->data.train);
-    glob_t g = {0};
-    state_input_t *ins = NULL;
-    size_t n = 0;
-    int rc = 0;
-    *out = NULL;
-    *nout = 0;
-    if (pattern == NULL)
-        return KILN_ENOMEM;
-    int grc = glob(pattern, 0, NULL, &g);
-    if (grc != 0 && grc != GLOB_NOMATCH) {
-        rc = kiln_errf(KILN_EIO, "cannot expand data.train %s", pattern);
-        goto out;
-    }
-    ins = kiln_calloc(g.gl_pathc + 1, sizeof *ins);
-    if (ins == NULL) {
-        rc = KILN_ENOMEM;
-        goto out;
-    }
-    const data_ready_t how = {.parquet = spec->data.format == JOB_FMT_PARQUET,
-                              .marker = spec->data.ready == JOB_READY_MARKER,
-                              .settle_ms = spec->data.settle_ms};
-    for (size_t i = 0; i < g.gl_pathc; i++) {
-        struct stat sb;
-        if (stat(g.gl_pathv[i], &sb) < 0 || !S_ISREG(sb.st_mode) || data_is_marker(g.gl_pathv[i]))
-            continue;
-        int ready = data_partition_ready(g.gl_pathv[i], &how);
-        if (ready != 1) {
-            kiln_errclear(); /* gone or unreadable: a later fire sees it again */
-            if (ready == 0 && wait->n++ == 0)
-                wait->first = kiln_strdup(g.gl_pathv[i]);
-            continue;
-        }
-        uint64_t h = 0;
-        char hex[17];
-        if (kiln_xxh64_file(g.gl_pathv[i], 0, &h, NULL) < 0)
-            continue; /* vanished or unreadable: a later fire sees it again */
-        kiln_hash_hex(h, hex, sizeof hex);
-        state_input_t in = {g.gl_pathv[i], (int64_t)sb.st_size, (int64_t)sb.st_mtime, hex};
-        bool consumed = false;
-        KILN_CHECK_GOTO(state_input_consumed(s->st, job->row.id, &in, &consumed), rc, out);
-        if (consumed)
-            continue;
-        int64_t by = 0;
-        KILN_CHECK_GOTO(state_input_consumed_run(s->st, job->row.id, in.path, &by), rc, out);
-        if (by > 0) {
-            KILN_CHECK_GOTO(report_changed(s, by, &in), rc, out);
-            continue;
-        }
-        ins[n].path = kiln_strdup(in.path);
-        ins[n].checksum = kiln_strdup(hex);
-        ins[n].size = in.size;
-        ins[n].mtime = in.mtime;
-        n++;
-    }
-out:
-    globfree(&g);
-    free(pattern);
-    if (rc < 0) {
-        state_inputs_free(ins, n);
-        return rc;
-    }
-    *out = ins;
-    *nout = n;
-    return 0;
-}
-
-/* Why a run with nothing new to train on is skipped, malloc'd: the
- * partitions that are still landing when there are some (with what they
- * wait for), else that every one was consumed. manual: a run someone
- * queued, which kilnd does not keep waiting. */
-static char *no_data_reason(const job_spec_t *spec, const incomplete_t *wait, bool manual)
-{
-    if (wait->n == 0)
-        return kiln_asprintf("no new data: every file matching %s was consumed by an earlier "
-                             "successful run",
-                             spec->data.train);
-    char settle[32], what[160];
-    if (spec->data.ready == JOB_READY_MARKER)
-        snprintf(what, sizeof what, "it has no _SUCCESS marker beside it yet (data.ready: "
-                                    "marker)");
-    else if (spec->data.format == JOB_FMT_PARQUET)
-        snprintf(what, sizeof what, "its Parquet footer is not written yet");
-    else
-        snprintf(what, sizeof what, "it is still settling: it changed less than data.settle "
-                                    "(%s) ago",
-                 kiln_duration_format(spec->data.settle_ms, settle, sizeof settle));
-    return kiln_asprintf("no new data yet: %zu file%s matching %s %s not complete (%s%s: %s); "
-                         "%s",
-                         wait->n, wait->n == 1 ? "" : "s", spec->data.train,
-                         wait->n == 1 ? "is" : "are", wait->n == 1 ? "" : "the first, ",
-                         wait->first ? wait->first : "?", what,
-                         manual ? "this run does not wait for it: submit the job again once "
-                                  "it is complete"
-                                : "a later fire takes it once it is complete");
-}
-
 /* ---- launch -------------------------------------------------------------------------- */
 
 /* The checkpoint a retry resumes from: the newest one written by the run it
@@ -350,8 +208,10 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
     base = spec_base_dir(s, run, job->row.name);
 
     if (spec->data.incremental) {
-        incomplete_t wait = {0};
-        rc = new_inputs(s, job, spec, base, &ins, &nins, &wait);
+        sched_incomplete_t wait = {0};
+        char *pattern = resolve(base, spec->data.train);
+        rc = pattern ? sched_new_inputs(s, job, spec, pattern, &ins, &nins, &wait) : KILN_ENOMEM;
+        free(pattern);
         if (rc < 0) {
             KILN_WARN("run %lld: %s; trying again later", (long long)run->id, kiln_errmsg());
             free(wait.first);
@@ -362,7 +222,7 @@ int sched_launch(sched_t *s, const state_run_t *run, const sched_job_t *job)
         if (nins == 0 && spec->train.mode != JOB_MODE_ONLINE) {
             bool cron = run->trigger == STATE_TRIGGER_CRON ||
                         run->trigger == STATE_TRIGGER_CATCHUP;
-            char *why = no_data_reason(spec, &wait, !cron);
+            char *why = sched_no_data_reason(spec, &wait, !cron);
             free(wait.first);
             /* A cron fire with nothing to do is no run: the job counts it. */
             if (cron)

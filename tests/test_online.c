@@ -273,6 +273,71 @@ static void test_marker_and_changed_partition(void **state)
     state_close(st);
 }
 
+/* Bytes kilnd has read through read(2) and friends so far (/proc/PID/io's
+ * rchar: page-cache hits count too). */
+static int64_t kilnd_rchar(void)
+{
+    char p[64], line[128];
+    snprintf(p, sizeof p, "/proc/%d/io", (int)kd.pid);
+    FILE *f = fopen(p, "r");
+    long long v = -1;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "rchar: %lld", &v) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    if (v < 0)
+        fail_msg("cannot read %s", p);
+    return v;
+}
+
+/* Issue 27 item 9's soak: every fire of an incremental job read and hashed
+ * every file data.train matched, consumed or not, so kilnd's work per fire
+ * grew with all the data a job had ever had. A consumed file whose stat is
+ * unchanged is now passed over unread: three fires after a 16 MB partition
+ * was consumed read far less than one pass over it. */
+static void test_consumed_files_not_read_again(void **state)
+{
+    (void)state;
+    char spec[500], big[400];
+    write_job("quiet",
+              "schedule: \"@every 1s\"\n"
+              "train: {batch_size: 4096}\n"
+              "data: {train: \"data/day=*.tsv\", incremental: true, settle: 0s}\n",
+              spec, sizeof spec);
+    snprintf(big, sizeof big, "%s/big.tsv", data_dir);
+    assert_int_equal(fx_datagen(big, 100000, 7, 0), 0);
+    struct stat sb;
+    assert_int_equal(stat(big, &sb), 0);
+    land("quiet", "big.tsv", "day=0.tsv");
+    fx_kilnd_start(&kd, home, NULL);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    state_t *st = db();
+    state_run_t *rs = NULL;
+    size_t n = 0;
+    bool done = false;
+    for (int i = 0; i < 600 && !done; i++) {
+        assert_int_equal(state_run_list(st, "quiet", STATE_PAGE_MAX, &rs, &n), 0);
+        for (size_t k = 0; k < n; k++)
+            done = done || rs[k].state == STATE_RUN_SUCCEEDED;
+        state_runs_free(rs, n);
+        if (!done)
+            proc_sleep_ms(100);
+    }
+    state_close(st);
+    if (!done)
+        fail_msg("no run consumed day=0.tsv within 60 s (see %s)", home);
+    proc_sleep_ms(1500); /* the fire after the run: the file is known consumed */
+    int64_t before = kilnd_rchar();
+    proc_sleep_ms(3500); /* three fires or more, @every 1s */
+    int64_t read = kilnd_rchar() - before;
+    if (read > (int64_t)sb.st_size / 2)
+        fail_msg("kilnd read %lld bytes in 3.5 s of fires with nothing new: the consumed "
+                 "%lld-byte partition is read again (see %s)",
+                 (long long)read, (long long)sb.st_size, home);
+}
+
 /* ---- a bad partition in an online job (issue 27.4) ---------------------------------- */
 
 static void test_online_bad_partition(void **state)
@@ -493,6 +558,7 @@ static void test_online_export_gated(void **state)
 /* KILN_TEST_FILTER=test_online_* runs matching tests (cmocka glob). */
 PROC_TEST_MAIN(setup_all, teardown_all,
     cmocka_unit_test_setup_teardown(test_marker_and_changed_partition, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_consumed_files_not_read_again, setup, teardown),
     cmocka_unit_test_setup_teardown(test_online_bad_partition, setup, teardown),
     cmocka_unit_test_setup_teardown(test_online_retry_trains_nothing_twice, setup, teardown),
     cmocka_unit_test_setup_teardown(test_failed_eval_leaves_no_checkpoint, setup, teardown),
