@@ -42,7 +42,8 @@ typedef enum { JOB_MODE_BATCH, JOB_MODE_ONLINE } job_train_mode_t;
 /* data.ready: settle: a file is complete once quiet for data.settle; marker:
  * once a _SUCCESS file sits in its directory (Spark/Hadoop). */
 typedef enum { JOB_READY_SETTLE, JOB_READY_MARKER } job_ready_t;
-/* data.reader: where batches are parsed and decoded: auto picks team when
+/* data.reader: where batches are parsed and decoded: auto picks team (for TSV
+ * and Parquet; kiln-bin keeps its thread) when
  * the step's threads take every core of the host, else thread; thread: a
  * reader thread per rank, 4 batches ahead; team: on the step's threads,
  * between steps (docs/trainer.md). */

@@ -224,15 +224,17 @@ static int set_threads(trainer_t *tr)
     /* OpenBLAS itself stays on one thread: the models split their GEMMs over
      * these OpenMP threads (rt_model_create). */
     omp_set_num_threads(threads);
-    /* data.reader: auto. A reader thread beside a CPU step whose threads
-     * take every core only takes turns with them, and their OpenMP workers
-     * spin on the core it needs: then batches are parsed and decoded on the
-     * step's own threads, between steps. A device step leaves the cores to
-     * the reader. */
+    /* data.reader: auto. A reader thread that parses TSV or decodes Parquet
+     * beside a CPU step whose threads take every core only takes turns with
+     * them, and their OpenMP workers spin on the core it needs: then batches
+     * are parsed and decoded on the step's own threads, between steps. A
+     * device step leaves the cores to the reader. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    /* kiln-bin is read with little work (a copy and a checksum per chunk): a
+     * thread beside the step costs less than reading between steps. */
     bool team = tr->spec.data.reader == JOB_READER_TEAM ||
                 (tr->spec.data.reader == JOB_READER_AUTO && tr->dev == NULL &&
-                 (long)threads * local_ranks >= cores);
+                 tr->spec.data.format != JOB_FMT_KILN_BIN && (long)threads * local_ranks >= cores);
     tr->prefetch = team ? 0 : 4;
     if (tr->rank == 0)
         KILN_INFO("reader: %s", tr->prefetch == 0 ? "batches made on the step's threads"
