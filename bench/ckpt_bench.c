@@ -26,13 +26,13 @@
 static double dump(const char *root, kern_table_t *t, int64_t since, int64_t step, char *uid,
                    int64_t *bytes)
 {
-    rt_ckpt_info_t *in = calloc(1, sizeof *in);
-    rt_ckpt_part_t *p = NULL;
+    ckpt_info_t *in = calloc(1, sizeof *in);
+    ckpt_part_t *p = NULL;
     char tmp[1024];
     double secs = -1;
     int64_t t0 = kiln_mono_ns();
-    rt_ckpt_new_uid(step, in->uid);
-    in->kind = since < 0 ? RT_CKPT_FULL : RT_CKPT_INCREMENTAL;
+    ckpt_new_uid(step, in->uid);
+    in->kind = since < 0 ? CKPT_FULL : CKPT_INCREMENTAL;
     in->since = since;
     in->step = step;
     in->world_size = 1;
@@ -41,18 +41,18 @@ static double dump(const char *root, kern_table_t *t, int64_t since, int64_t ste
     snprintf(in->parent, sizeof in->parent, "%s", since < 0 ? "" : "base");
     snprintf(tmp, sizeof tmp, "%s/.tmp-%s", root, in->uid);
     float dense[16] = {0};
-    rt_ckpt_array_t a = {"dense.params", dense, 16};
-    if (mkdir(tmp, 0755) == 0 && rt_ckpt_part_create(&p) == 0 &&
-        rt_ckpt_write_tables(tmp, 0, 1, &t, since, true, p) == 0 &&
-        rt_ckpt_write_dense(tmp, &a, 1, p) == 0 && rt_ckpt_commit(root, tmp, in, p) == 0) {
-        rt_ckpt_mark_dumped(1, &t, step);
+    ckpt_array_t a = {"dense.params", dense, 16};
+    if (mkdir(tmp, 0755) == 0 && ckpt_part_create(&p) == 0 &&
+        ckpt_write_tables(tmp, 0, 1, &t, since, true, p) == 0 &&
+        ckpt_write_dense(tmp, &a, 1, p) == 0 && ckpt_commit(root, tmp, in, p) == 0) {
+        ckpt_mark_dumped(1, &t, step);
         secs = (double)(kiln_mono_ns() - t0) / 1e9;
-        snprintf(uid, RT_CKPT_UID_MAX, "%s", in->uid);
+        snprintf(uid, CKPT_UID_MAX, "%s", in->uid);
         *bytes = in->bytes;
     } else {
         fprintf(stderr, "ckpt_bench: dump failed: %s\n", kiln_errmsg());
     }
-    rt_ckpt_part_destroy(p);
+    ckpt_part_destroy(p);
     free(in);
     return secs;
 }
@@ -141,7 +141,7 @@ int main(int argc, char **argv)
            dim, (double)n * (8 + 8.0 * dim) / 1e9, (double)(kiln_mono_ns() - t0) / 1e9, dir);
 
     double full[64], inc[3][64];
-    char uid[RT_CKPT_UID_MAX], path[1200], base_path[1200] = "";
+    char uid[CKPT_UID_MAX], path[1200], base_path[1200] = "";
     int64_t step = 1, bytes = 0, full_bytes = 0, inc_bytes[3] = {0};
     for (int r = 0; r < runs; r++) {
         full[r] = dump(root, t, -1, ++step, uid, &full_bytes);
@@ -149,7 +149,7 @@ int main(int argc, char **argv)
             return 1;
         snprintf(path, sizeof path, "%s/%s", root, uid);
         if (r + 1 < runs)
-            rt_ckpt_remove(path);
+            ckpt_remove(path);
         else
             snprintf(base_path, sizeof base_path, "%s", path);
     }
@@ -164,7 +164,7 @@ int main(int argc, char **argv)
                 return 1;
             inc_bytes[k] = bytes;
             snprintf(path, sizeof path, "%s/%s", root, uid);
-            rt_ckpt_remove(path);
+            ckpt_remove(path);
         }
     }
     kern_table_destroy(t);
@@ -177,9 +177,9 @@ int main(int argc, char **argv)
         if (kern_table_create(&cfg, &l) < 0)
             return 1;
         int64_t l0 = kiln_mono_ns();
-        rt_ckpt_chain_t ch;
-        if (rt_ckpt_chain_open(base_path, true, &ch) < 0 ||
-            rt_ckpt_load_tables(&ch, 0, 1, 1, &l) < 0) {
+        ckpt_chain_t ch;
+        if (ckpt_chain_open(base_path, true, &ch) < 0 ||
+            ckpt_load_tables(&ch, 0, 1, 1, &l) < 0) {
             fprintf(stderr, "ckpt_bench: load: %s\n", kiln_errmsg());
             return 1;
         }
@@ -189,10 +189,10 @@ int main(int argc, char **argv)
                     kern_table_size(l), n);
             return 1;
         }
-        rt_ckpt_chain_fini(&ch);
+        ckpt_chain_fini(&ch);
         kern_table_destroy(l);
     }
-    rt_ckpt_remove(base_path);
+    ckpt_remove(base_path);
     rmdir(root);
 
     double f = bench_median(full, runs);

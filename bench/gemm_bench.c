@@ -15,7 +15,7 @@
  *     bench was built with it;
  *   BLIS's bli_sgemm (libblis.so.4, loaded with dlopen so that its BLAS
  *     symbols cannot shadow OpenBLAS's), when installed;
- *   and Kiln's own dense layers, as a step runs them (rt_dense_linear_fwd
+ *   and Kiln's own dense layers, as a step runs them (model_dense_linear_fwd
  *     and _bwd of a dlrm model of these shapes: the conversions, the
  *     float64 weight-gradient sums and the bias columns included), once
  *     with model.dense_precision fp32 (OpenBLAS) and, on a CPU with bf16,
@@ -43,7 +43,7 @@
 
 #include "bench.h"
 #include "kiln.h"
-#define RT_MODEL_IMPL /* the layers' own calls, rt_dense_linear_* */
+#define MODEL_IMPL /* the layers' own calls, model_dense_linear_* */
 #include "model.h"
 
 enum { BATCH = 4096, BLOCK = 256 };
@@ -230,16 +230,16 @@ static double measure(gemm_fn g, int runs)
 }
 
 /* A dlrm model of the bench's shapes (dlrm's default), lr 0, in precision p. */
-static rt_model_t *layers_model(rt_dense_precision_t p)
+static model_t *layers_model(model_dense_precision_t p)
 {
     static const int bottom[] = {64, 16}, top[] = {256, 128, 1};
-    const rt_model_config_t cfg = {.type = RT_MODEL_DLRM, .nslots = 26, .ndense = 13, .dim = 16,
+    const model_config_t cfg = {.type = MODEL_DLRM, .nslots = 26, .ndense = 13, .dim = 16,
                                    .bottom = bottom, .nbottom = 2, .top = top, .ntop = 3,
                                    .max_batch = BATCH, .seed = 1,
-                                   .opt = {.type = RT_DENSE_SGD, .lr = 0.0f},
+                                   .opt = {.type = MODEL_DENSE_SGD, .lr = 0.0f},
                                    .precision = p};
-    rt_model_t *m = NULL;
-    if (rt_model_create(&cfg, &m) < 0) {
+    model_t *m = NULL;
+    if (model_create(&cfg, &m) < 0) {
         fprintf(stderr, "gemm_bench: %s\n", kiln_errmsg());
         exit(1);
     }
@@ -249,17 +249,17 @@ static rt_model_t *layers_model(rt_dense_precision_t p)
 /* 10 steps of m's dense layers as a step runs them; returns GFLOP/s (the
  * flops of the three products of every layer; the first has no input
  * gradient). A (BATCH, 400) inputs, dY output gradients, Y and dA outputs. */
-static double layers_once(rt_model_t *m, const float *A, const float *dY, float *Y, float *dA)
+static double layers_once(model_t *m, const float *A, const float *dY, float *Y, float *dA)
 {
     const double t0 = (double)kiln_mono_ns();
     double flops = 0;
     for (int it = 0; it < 10; it++) {
-        rt_model_step(m); /* lr 0: remakes bf16's weight copy, as a step does */
+        model_step(m); /* lr 0: remakes bf16's weight copy, as a step does */
         for (int l = 0; l < m->nbottom + m->ntop; l++) {
-            const rt_model_layer_t *L = &m->layers[l];
+            const model_layer_t *L = &m->layers[l];
             const int ldy = l == m->nbottom - 1 ? m->ldr : L->out;
-            rt_dense_linear_fwd(m, BATCH, L, A, L->in, Y, ldy);
-            rt_dense_linear_bwd(m, BATCH, L, A, L->in, dY, L->out, l > 0 ? dA : NULL, L->in);
+            model_dense_linear_fwd(m, BATCH, L, A, L->in, Y, ldy);
+            model_dense_linear_bwd(m, BATCH, L, A, L->in, dY, L->out, l > 0 ? dA : NULL, L->in);
             flops += (l > 0 ? 3.0 : 2.0) * 2.0 * BATCH * L->in * L->out;
         }
     }
@@ -272,7 +272,7 @@ static double layers_once(rt_model_t *m, const float *A, const float *dY, float 
 static void layers_lines(int runs, int threads)
 {
     const int bf = model_bf16_check_here() == 0;
-    rt_model_t *m[2] = {layers_model(RT_DENSE_FP32), bf ? layers_model(RT_DENSE_BF16) : NULL};
+    model_t *m[2] = {layers_model(MODEL_DENSE_FP32), bf ? layers_model(MODEL_DENSE_BF16) : NULL};
     const size_t big = (size_t)BATCH * 400;
     float *A = malloc(big * sizeof(float)), *dY = malloc(big * sizeof(float));
     float *Y = malloc(big * sizeof(float)), *dA = malloc(big * sizeof(float));
@@ -299,8 +299,8 @@ static void layers_lines(int runs, int threads)
     }
     fflush(stdout);
     KILN_FREE_ALL(rate[0], rate[1], A, dY, Y, dA);
-    rt_model_destroy(m[0]);
-    rt_model_destroy(m[1]);
+    model_destroy(m[0]);
+    model_destroy(m[1]);
 }
 
 /* The OpenBLAS line of this process: its core type and rate. */

@@ -20,23 +20,23 @@
 /* Reads every batch of path once; the seconds it took and the rows. */
 static double read_once(const char *path, int64_t *rows)
 {
-    rt_reader_t *r = NULL;
+    data_reader_t *r = NULL;
     const char *paths[1] = {path};
     int64_t t0 = kiln_mono_ns();
-    if (rt_reader_open(paths, 1, RT_FMT_AUTO, 0, 1, 4096, RT_DIMS_AUTO, RT_DIMS_AUTO, 4, &r) < 0) {
+    if (data_reader_open(paths, 1, DATA_FMT_AUTO, 0, 1, 4096, DATA_DIMS_AUTO, DATA_DIMS_AUTO, 4, &r) < 0) {
         fprintf(stderr, "parquet_bench: %s\n", kiln_errmsg());
         exit(1);
     }
-    rt_batch_t *b;
+    data_batch_t *b;
     int rc;
     *rows = 0;
-    while ((rc = rt_reader_next(r, &b)) == 1)
+    while ((rc = data_reader_next(r, &b)) == 1)
         *rows += b->n;
     if (rc < 0) {
         fprintf(stderr, "parquet_bench: %s\n", kiln_errmsg());
         exit(1);
     }
-    rt_reader_close(r);
+    data_reader_close(r);
     return (double)(kiln_mono_ns() - t0) / 1e9;
 }
 

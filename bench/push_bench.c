@@ -55,7 +55,7 @@
 static int make_desc(serve_model_desc_t *d)
 {
     memset(d, 0, sizeof *d);
-    d->model_type = RT_MODEL_FM;
+    d->model_type = MODEL_FM;
     d->nslots = 1;
     d->ndense = 1;
     d->dim = DIM;
@@ -63,13 +63,13 @@ static int make_desc(serve_model_desc_t *d)
     d->ntables = 1;
     snprintf(d->tables[0].name, SERVE_NAME_MAX, "items");
     d->tables[0].dim = DIM;
-    rt_model_config_t cfg = {.type = RT_MODEL_FM, .nslots = 1, .ndense = 1, .dim = DIM,
+    model_config_t cfg = {.type = MODEL_FM, .nslots = 1, .ndense = 1, .dim = DIM,
                              .fm_dense_factors = 1, .max_batch = 1,
-                             .opt = {.type = RT_DENSE_SGD}};
-    rt_model_t *m = NULL;
-    KILN_CHECK(rt_model_create(&cfg, &m));
-    d->nparams = (int64_t)rt_model_nparams(m);
-    rt_model_destroy(m);
+                             .opt = {.type = MODEL_DENSE_SGD}};
+    model_t *m = NULL;
+    KILN_CHECK(model_create(&cfg, &m));
+    d->nparams = (int64_t)model_nparams(m);
+    model_destroy(m);
     return serve_desc_check(d);
 }
 
@@ -317,7 +317,7 @@ static double sink_bench(size_t len, int runs)
 static int make_criteo_desc(serve_model_desc_t *d)
 {
     memset(d, 0, sizeof *d);
-    d->model_type = RT_MODEL_FM;
+    d->model_type = MODEL_FM;
     d->nslots = CRITEO_SLOTS;
     d->ndense = CRITEO_DENSE;
     d->dim = DIM;
@@ -325,13 +325,13 @@ static int make_criteo_desc(serve_model_desc_t *d)
     d->ntables = 1;
     snprintf(d->tables[0].name, SERVE_NAME_MAX, "items");
     d->tables[0].dim = DIM;
-    rt_model_config_t cfg = {.type = RT_MODEL_FM, .nslots = CRITEO_SLOTS,
+    model_config_t cfg = {.type = MODEL_FM, .nslots = CRITEO_SLOTS,
                              .ndense = CRITEO_DENSE, .dim = DIM, .fm_dense_factors = 1,
-                             .max_batch = 1, .opt = {.type = RT_DENSE_SGD}};
-    rt_model_t *m = NULL;
-    KILN_CHECK(rt_model_create(&cfg, &m));
-    d->nparams = (int64_t)rt_model_nparams(m);
-    rt_model_destroy(m);
+                             .max_batch = 1, .opt = {.type = MODEL_DENSE_SGD}};
+    model_t *m = NULL;
+    KILN_CHECK(model_create(&cfg, &m));
+    d->nparams = (int64_t)model_nparams(m);
+    model_destroy(m);
     return serve_desc_check(d);
 }
 

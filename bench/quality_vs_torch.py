@@ -285,7 +285,7 @@ def torch_train(model, init, train, evalf, batch, epochs, threads, own=False, se
     with torch.no_grad():
         z = torch.cat([m(x, flat, off) for _, x, flat, off in evb])
         y = torch.cat([b[0] for b in evb])
-        p = torch.sigmoid(z).clamp(1e-7, 1 - 1e-7)  # kiln's rt_metrics_logloss clamp
+        p = torch.sigmoid(z).clamp(1e-7, 1 - 1e-7)  # kiln's model_metrics_logloss clamp
         ll = F.binary_cross_entropy(p, y).item()
         auc = tm.auc(torch.sigmoid(z).numpy(), y.numpy())
     return ll, auc, curve

@@ -22,9 +22,9 @@
 
 #define CHUNK_ROWS 65536
 
-const char *rt_ckpt_kind_name(rt_ckpt_kind_t k)
+const char *ckpt_kind_name(ckpt_kind_t k)
 {
-    return k == RT_CKPT_INCREMENTAL ? "incremental" : "full";
+    return k == CKPT_INCREMENTAL ? "incremental" : "full";
 }
 
 int ckpt_io_err(int err, const char *what, const char *path)
@@ -39,13 +39,13 @@ int ckpt_io_err(int err, const char *what, const char *path)
 
 /* ---- parts ---------------------------------------------------------------------------- */
 
-int rt_ckpt_part_create(rt_ckpt_part_t **out)
+int ckpt_part_create(ckpt_part_t **out)
 {
     *out = kiln_calloc(1, sizeof **out);
     return *out ? 0 : KILN_ENOMEM;
 }
 
-void rt_ckpt_part_destroy(rt_ckpt_part_t *p)
+void ckpt_part_destroy(ckpt_part_t *p)
 {
     if (p == NULL)
         return;
@@ -53,7 +53,7 @@ void rt_ckpt_part_destroy(rt_ckpt_part_t *p)
     free(p);
 }
 
-int ckpt_part_add(rt_ckpt_part_t *p, const ckpt_file_t *f)
+int ckpt_part_add(ckpt_part_t *p, const ckpt_file_t *f)
 {
     if (p->nfiles == p->cap) {
         int cap = p->cap ? p->cap * 2 : 16;
@@ -67,7 +67,7 @@ int ckpt_part_add(rt_ckpt_part_t *p, const ckpt_file_t *f)
     return 0;
 }
 
-int ckpt_part_table(rt_ckpt_part_t *p, const rt_ckpt_table_info_t *t)
+int ckpt_part_table(ckpt_part_t *p, const ckpt_table_info_t *t)
 {
     for (int i = 0; i < p->ntables; i++) {
         if (strcmp(p->tables[i].name, t->name) == 0) {
@@ -76,13 +76,13 @@ int ckpt_part_table(rt_ckpt_part_t *p, const rt_ckpt_table_info_t *t)
             return 0;
         }
     }
-    if (p->ntables == RT_CKPT_MAX_TABLES)
-        return kiln_errf(KILN_ERANGE, "a checkpoint holds at most %d tables", RT_CKPT_MAX_TABLES);
+    if (p->ntables == CKPT_MAX_TABLES)
+        return kiln_errf(KILN_ERANGE, "a checkpoint holds at most %d tables", CKPT_MAX_TABLES);
     p->tables[p->ntables++] = *t;
     return 0;
 }
 
-char *rt_ckpt_part_encode(const rt_ckpt_part_t *p)
+char *ckpt_part_encode(const ckpt_part_t *p)
 {
     json_t *files = json_array(), *tables = json_array();
     for (int i = 0; files && i < p->nfiles; i++) {
@@ -95,7 +95,7 @@ char *rt_ckpt_part_encode(const rt_ckpt_part_t *p)
                                         "xxh64", kiln_hash_hex(f->xxh, hex, sizeof hex)));
     }
     for (int i = 0; tables && i < p->ntables; i++) {
-        const rt_ckpt_table_info_t *t = &p->tables[i];
+        const ckpt_table_info_t *t = &p->tables[i];
         json_array_append_new(tables, json_pack("{s:s, s:i, s:i, s:b, s:I, s:I}", "name", t->name,
                                                 "dim", t->dim, "nstate", t->nstate, "opt_steps",
                                                 t->opt_steps, "rows", (json_int_t)t->rows,
@@ -109,7 +109,7 @@ char *rt_ckpt_part_encode(const rt_ckpt_part_t *p)
     return s;
 }
 
-int rt_ckpt_part_merge(rt_ckpt_part_t *p, const char *text)
+int ckpt_part_merge(ckpt_part_t *p, const char *text)
 {
     json_error_t e;
     json_t *o = json_loads(text, 0, &e);
@@ -142,7 +142,7 @@ int rt_ckpt_part_merge(rt_ckpt_part_t *p, const char *text)
     }
     json_array_foreach(tables, i, v)
     {
-        rt_ckpt_table_info_t t = {0};
+        ckpt_table_info_t t = {0};
         const char *name = NULL;
         int steps = 0;
         json_int_t rows = 0, ev = 0;
@@ -343,7 +343,7 @@ static int emit_disk(void *ctx, int64_t n, const int64_t *keys, const float *val
 /* Writes the rows (n) of t's RAM, then (disk_since > -2) the rows on disk
  * with stamp > disk_since: a tiered table's dump covers both tiers. */
 static int write_rows(const char *dir, int rank, kern_table_t *t, const int32_t *rows, int64_t n,
-                      int64_t disk_since, bool include_opt, int64_t *nout, rt_ckpt_part_t *part)
+                      int64_t disk_since, bool include_opt, int64_t *nout, ckpt_part_t *part)
 {
     kern_slab_t sl;
     kern_table_slab(t, &sl);
@@ -419,7 +419,7 @@ out:
  * get(src, i) (a key of the removal log, a counter of the sketch). */
 static int write_flat(const char *dir, int rank, kern_table_t *t, const char *array,
                       npy_dtype_t dt, int64_t n, int64_t (*get)(const void *src, int64_t i),
-                      const void *src, rt_ckpt_part_t *part)
+                      const void *src, ckpt_part_t *part)
 {
     char name[160];
     snprintf(name, sizeof name, "%s.r%d.%s.npy", kern_table_name(t), rank, array);
@@ -456,7 +456,7 @@ static int64_t counter(const void *src, int64_t i) { return ((const uint16_t *)s
 
 /* The admission sketch of a table that has one, as uint32 counters (its
  * decay epoch follows from the checkpoint's step). */
-static int write_admit(const char *dir, int rank, kern_table_t *t, rt_ckpt_part_t *part)
+static int write_admit(const char *dir, int rank, kern_table_t *t, ckpt_part_t *part)
 {
     int64_t n = 0, epoch = 0;
     const uint16_t *c = kern_table_admit_sketch(t, &n, &epoch);
@@ -464,7 +464,7 @@ static int write_admit(const char *dir, int rank, kern_table_t *t, rt_ckpt_part_
 }
 
 static int write_evicted(const char *dir, int rank, kern_table_t *t, int64_t *nout,
-                         rt_ckpt_part_t *part)
+                         ckpt_part_t *part)
 {
     int64_t n = 0;
     const kern_evicted_t *ev = kern_table_evicted(t, &n);
@@ -472,8 +472,8 @@ static int write_evicted(const char *dir, int rank, kern_table_t *t, int64_t *no
     return write_flat(dir, rank, t, "evicted", NPY_I8, n, evicted_key, ev, part);
 }
 
-int rt_ckpt_write_tables(const char *dir, int rank, int ntables, kern_table_t *const *tables,
-                         int64_t since, bool include_opt, rt_ckpt_part_t *part)
+int ckpt_write_tables(const char *dir, int rank, int ntables, kern_table_t *const *tables,
+                         int64_t since, bool include_opt, ckpt_part_t *part)
 {
     int rc = 0;
     int32_t *rows = NULL;
@@ -517,7 +517,7 @@ int rt_ckpt_write_tables(const char *dir, int rank, int ntables, kern_table_t *c
             KILN_CHECK_GOTO(write_evicted(dir, rank, t, &nev, part), rc, out);
         if (include_opt)
             KILN_CHECK_GOTO(write_admit(dir, rank, t, part), rc, out);
-        rt_ckpt_table_info_t ti_ = {.dim = sl.dim,
+        ckpt_table_info_t ti_ = {.dim = sl.dim,
                                     .nstate = include_opt ? sl.nstate : 0,
                                     .opt_steps = include_opt && sl.opt_steps != NULL,
                                     .rows = n,
@@ -532,8 +532,8 @@ out:
     return rc;
 }
 
-int rt_ckpt_write_dense(const char *dir, const rt_ckpt_array_t *arrays, int narrays,
-                        rt_ckpt_part_t *part)
+int ckpt_write_dense(const char *dir, const ckpt_array_t *arrays, int narrays,
+                        ckpt_part_t *part)
 {
     for (int i = 0; i < narrays; i++) {
         char name[160];
@@ -562,11 +562,11 @@ int rt_ckpt_write_dense(const char *dir, const rt_ckpt_array_t *arrays, int narr
 
 /* ---- manifest and commit ------------------------------------------------------------------ */
 
-static json_t *manifest_json(const rt_ckpt_info_t *in, const rt_ckpt_part_t *all)
+static json_t *manifest_json(const ckpt_info_t *in, const ckpt_part_t *all)
 {
     json_t *tables = json_array(), *files = json_array();
     for (int i = 0; i < in->ntables; i++) {
-        const rt_ckpt_table_info_t *t = &in->tables[i];
+        const ckpt_table_info_t *t = &in->tables[i];
         json_t *slots = json_array();
         if (t->nstate == 1)
             json_array_append_new(slots, json_string("adagrad_acc"));
@@ -590,8 +590,8 @@ static json_t *manifest_json(const rt_ckpt_info_t *in, const rt_ckpt_part_t *all
     }
     return json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:s, s:s, s:b, s:i, "
                      "s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o}",
-                     "format", "kiln-checkpoint", "version", RT_CKPT_FORMAT_VERSION, "uid", in->uid,
-                     "kind", rt_ckpt_kind_name(in->kind), "parent", in->parent, "base", in->base,
+                     "format", "kiln-checkpoint", "version", CKPT_FORMAT_VERSION, "uid", in->uid,
+                     "kind", ckpt_kind_name(in->kind), "parent", in->parent, "base", in->base,
                      "chain", in->chain, "job", in->job, "model", in->model, "optimizer",
                      in->optimizer, "spec_hash", in->spec_hash, "inputs_hash", in->inputs_hash,
                      "include_optimizer", in->include_optimizer, "world_size", in->world_size,
@@ -602,13 +602,13 @@ static json_t *manifest_json(const rt_ckpt_info_t *in, const rt_ckpt_part_t *all
                      (json_int_t)in->created_at, "tables", tables, "files", files);
 }
 
-int rt_ckpt_commit(const char *root, const char *tmp_dir, rt_ckpt_info_t *info,
-                   const rt_ckpt_part_t *all)
+int ckpt_commit(const char *root, const char *tmp_dir, ckpt_info_t *info,
+                   const ckpt_part_t *all)
 {
     int rc = 0;
     char *text = NULL, *mpath = NULL, *final = NULL;
     info->ntables = all->ntables;
-    memcpy(info->tables, all->tables, sizeof(rt_ckpt_table_info_t) * (size_t)all->ntables);
+    memcpy(info->tables, all->tables, sizeof(ckpt_table_info_t) * (size_t)all->ntables);
     info->keys = info->evicted = 0;
     for (int i = 0; i < all->ntables; i++) {
         info->keys += all->tables[i].rows;
@@ -620,7 +620,7 @@ int rt_ckpt_commit(const char *root, const char *tmp_dir, rt_ckpt_info_t *info,
         json_object_set_new(m, "inputs", json_loads(info->inputs, 0, NULL));
     text = m ? json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(m);
-    mpath = kiln_asprintf("%s/%s", tmp_dir, RT_CKPT_MANIFEST);
+    mpath = kiln_asprintf("%s/%s", tmp_dir, CKPT_MANIFEST);
     final = kiln_asprintf("%s/%s", root, info->uid);
     if (text == NULL || mpath == NULL || final == NULL) {
         rc = KILN_ENOMEM;
@@ -666,9 +666,9 @@ out:
     return rc;
 }
 
-int rt_ckpt_remove(const char *dir)
+int ckpt_remove(const char *dir)
 {
-    char *m = kiln_asprintf("%s/%s", dir, RT_CKPT_MANIFEST);
+    char *m = kiln_asprintf("%s/%s", dir, CKPT_MANIFEST);
     if (m == NULL)
         return KILN_ENOMEM;
     unlink(m);
@@ -689,7 +689,7 @@ int rt_ckpt_remove(const char *dir)
         }
         struct stat st;
         if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
-            rc = rt_ckpt_remove(p);
+            rc = ckpt_remove(p);
         else if (unlink(p) < 0 && errno != ENOENT)
             rc = kiln_errf(KILN_EIO, "cannot remove %s: %s", p, strerror(errno));
         free(p);
@@ -702,7 +702,7 @@ int rt_ckpt_remove(const char *dir)
     return rc;
 }
 
-void rt_ckpt_mark_dumped(int ntables, kern_table_t *const *tables, int64_t step)
+void ckpt_mark_dumped(int ntables, kern_table_t *const *tables, int64_t step)
 {
     for (int t = 0; t < ntables; t++) {
         kern_table_set_base(tables[t], step);
@@ -710,12 +710,12 @@ void rt_ckpt_mark_dumped(int ntables, kern_table_t *const *tables, int64_t step)
     }
 }
 
-void rt_ckpt_new_uid(int64_t step, char *buf)
+void ckpt_new_uid(int64_t step, char *buf)
 {
     static int64_t last_ms;
     int64_t ms = kiln_now_ms();
     if (ms <= last_ms)
         ms = last_ms + 1;
     last_ms = ms;
-    snprintf(buf, RT_CKPT_UID_MAX, "%013" PRId64 "-%012" PRId64, ms, step < 0 ? 0 : step);
+    snprintf(buf, CKPT_UID_MAX, "%013" PRId64 "-%012" PRId64, ms, step < 0 ? 0 : step);
 }

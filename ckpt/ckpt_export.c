@@ -21,14 +21,14 @@
 
 #include "ckpt_int.h"
 
-int rt_export_format_parse(const char *s, rt_export_format_t *out)
+int ckpt_export_format_parse(const char *s, ckpt_export_format_t *out)
 {
     if (strcmp(s, "hugectr") == 0) {
-        *out = RT_EXPORT_HUGECTR;
+        *out = CKPT_EXPORT_HUGECTR;
         return 0;
     }
     if (strcmp(s, "npy") == 0) {
-        *out = RT_EXPORT_NPY;
+        *out = CKPT_EXPORT_NPY;
         return 0;
     }
     return kiln_errf(KILN_EINVAL, "unknown export format '%s'; use hugectr or npy", s);
@@ -78,7 +78,7 @@ static int write_npy(const char *dir, const char *name, npy_dtype_t dt, int64_t 
 
 /* Writes dir/key (n) and dir/emb_vector (n, w): columns [c0, c0 + w) of
  * rows' values. */
-static int write_hugectr_table(const char *dir, const rt_ckpt_rows_t *rows, int c0, int w,
+static int write_hugectr_table(const char *dir, const ckpt_rows_t *rows, int c0, int w,
                                int64_t *total)
 {
     char *kp = kiln_asprintf("%s/key", dir);
@@ -108,13 +108,13 @@ static int write_hugectr_table(const char *dir, const rt_ckpt_rows_t *rows, int 
 }
 
 /* The dense model file: each matrix of d transposed, in order. */
-static int write_hugectr_dense(const rt_ckpt_t *last, const rt_export_dense_t *d,
+static int write_hugectr_dense(const ckpt_t *last, const ckpt_export_dense_t *d,
                                const char *out_dir, int64_t *total)
 {
-    rt_ckpt_array_t *a = NULL;
+    ckpt_array_t *a = NULL;
     int na = 0;
-    KILN_CHECK(rt_ckpt_read_dense(last, &a, &na));
-    const rt_ckpt_array_t *params = NULL;
+    KILN_CHECK(ckpt_read_dense(last, &a, &na));
+    const ckpt_array_t *params = NULL;
     for (int i = 0; i < na; i++)
         if (strcmp(a[i].name, "dense.params") == 0)
             params = &a[i];
@@ -150,16 +150,16 @@ static int write_hugectr_dense(const rt_ckpt_t *last, const rt_export_dense_t *d
 out:
     free(out);
     free(path);
-    rt_ckpt_arrays_free(a, na);
+    ckpt_arrays_free(a, na);
     return rc;
 }
 
-int rt_ckpt_export(const rt_ckpt_chain_t *ch, rt_export_format_t fmt, const char *out_dir,
-                   const rt_export_dense_t *dense, int64_t *bytes)
+int ckpt_export(const ckpt_chain_t *ch, ckpt_export_format_t fmt, const char *out_dir,
+                   const ckpt_export_dense_t *dense, int64_t *bytes)
 {
     if (ch->n == 0)
         return kiln_errf(KILN_EINVAL, "empty checkpoint chain");
-    const rt_ckpt_t *last = ch->items[ch->n - 1];
+    const ckpt_t *last = ch->items[ch->n - 1];
     int64_t total = 0;
     int rc = kiln_mkdir_p(out_dir);
     if (rc < 0)
@@ -167,11 +167,11 @@ int rt_ckpt_export(const rt_ckpt_chain_t *ch, rt_export_format_t fmt, const char
     /* Every table any link of the chain has, in the order of the last. */
     for (int t = 0; t < last->info.ntables && rc == 0; t++) {
         const char *name = last->info.tables[t].name;
-        rt_ckpt_rows_t rows;
-        rc = rt_ckpt_read_table(ch, name, &rows);
+        ckpt_rows_t rows;
+        rc = ckpt_read_table(ch, name, &rows);
         if (rc < 0)
             break;
-        if (fmt == RT_EXPORT_HUGECTR) {
+        if (fmt == CKPT_EXPORT_HUGECTR) {
             bool fm = strcmp(last->info.model, "fm") == 0 && rows.dim > 1;
             char *dir = kiln_asprintf("%s/%s", out_dir, name);
             char *lin = kiln_asprintf("%s/%s_linear", out_dir, name);
@@ -191,20 +191,20 @@ int rt_ckpt_export(const rt_ckpt_chain_t *ch, rt_export_format_t fmt, const char
             if (rc == 0)
                 rc = write_npy(out_dir, vn, NPY_F4, rows.n, rows.dim, rows.values, &total);
         }
-        rt_ckpt_rows_fini(&rows);
+        ckpt_rows_fini(&rows);
     }
-    if (rc == 0 && fmt == RT_EXPORT_HUGECTR && dense != NULL)
+    if (rc == 0 && fmt == CKPT_EXPORT_HUGECTR && dense != NULL)
         rc = write_hugectr_dense(last, dense, out_dir, &total);
-    if (rc == 0 && fmt == RT_EXPORT_NPY) {
-        rt_ckpt_array_t *a = NULL;
+    if (rc == 0 && fmt == CKPT_EXPORT_NPY) {
+        ckpt_array_t *a = NULL;
         int na = 0;
-        rc = rt_ckpt_read_dense(last, &a, &na);
+        rc = ckpt_read_dense(last, &a, &na);
         for (int i = 0; rc == 0 && i < na; i++) {
             char n[160];
             snprintf(n, sizeof n, "%s.npy", a[i].name);
             rc = write_npy(out_dir, n, NPY_F4, (int64_t)a[i].count, 0, a[i].data, &total);
         }
-        rt_ckpt_arrays_free(a, na);
+        ckpt_arrays_free(a, na);
     }
     if (rc == 0)
         rc = kiln_fsync_dir(out_dir);

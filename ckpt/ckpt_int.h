@@ -17,32 +17,32 @@
  * keys | values | opt | opt_steps | evicted | dense. */
 typedef struct ckpt_file {
     char name[160];
-    char table[RT_CKPT_NAME_MAX];
-    char array[RT_CKPT_NAME_MAX];
+    char table[CKPT_NAME_MAX];
+    char array[CKPT_NAME_MAX];
     int rank;
     int64_t rows;
     int64_t size;
     uint64_t xxh;
 } ckpt_file_t;
 
-struct rt_ckpt_part {
+struct ckpt_part {
     ckpt_file_t *files;
     int nfiles, cap;
-    rt_ckpt_table_info_t tables[RT_CKPT_MAX_TABLES];
+    ckpt_table_info_t tables[CKPT_MAX_TABLES];
     int ntables;
 };
 
-struct rt_ckpt {
+struct ckpt {
     char *path;
-    rt_ckpt_info_t info;
+    ckpt_info_t info;
     ckpt_file_t *files;
     int nfiles;
 };
 
 /* Adds f to p (and the table's counts). Returns 0 or KILN_ENOMEM. */
-int ckpt_part_add(rt_ckpt_part_t *p, const ckpt_file_t *f);
+int ckpt_part_add(ckpt_part_t *p, const ckpt_file_t *f);
 /* Adds or merges table counts. Returns 0 or KILN_ERANGE (too many tables). */
-int ckpt_part_table(rt_ckpt_part_t *p, const rt_ckpt_table_info_t *t);
+int ckpt_part_table(ckpt_part_t *p, const ckpt_table_info_t *t);
 
 /* Maps an errno of a write or fsync of path to a KILN_E* code and message:
  * ENOSPC, EDQUOT and EFBIG are KILN_ENOSPC. */

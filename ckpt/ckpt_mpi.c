@@ -31,19 +31,19 @@ static void test_delay(void)
     kiln_test_pause("KILN_TEST_DUMP_DELAY_MS");
 }
 
-int rt_ckpt_dump(MPI_Comm comm, const char *root, int ntables, kern_table_t *const *tables,
-                 const rt_ckpt_array_t *dense, int ndense, rt_ckpt_info_t *info)
+int ckpt_dump(MPI_Comm comm, const char *root, int ntables, kern_table_t *const *tables,
+                 const ckpt_array_t *dense, int ndense, ckpt_info_t *info)
 {
     int rank = 0, nranks = 1, rc = 0;
     if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS || MPI_Comm_size(comm, &nranks) != MPI_SUCCESS)
         return kiln_errf(KILN_EMPI, "checkpoint dump: MPI_Comm_rank / MPI_Comm_size failed");
-    rt_ckpt_part_t *part = NULL;
+    ckpt_part_t *part = NULL;
     char *tmp = NULL, *text = NULL, *all = NULL;
     int *lens = NULL, *displs = NULL;
     bool made = false;
 
     if (rank == 0) {
-        rt_ckpt_new_uid(info->step, info->uid);
+        ckpt_new_uid(info->step, info->uid);
         rc = kiln_mkdir_p(root);
         if (rc == 0) {
             tmp = kiln_asprintf("%s/.tmp-%s", root, info->uid);
@@ -55,7 +55,7 @@ int rt_ckpt_dump(MPI_Comm comm, const char *root, int ntables, kern_table_t *con
                 made = true;
         }
     }
-    if (MPI_Bcast(info->uid, RT_CKPT_UID_MAX, MPI_CHAR, 0, comm) != MPI_SUCCESS)
+    if (MPI_Bcast(info->uid, CKPT_UID_MAX, MPI_CHAR, 0, comm) != MPI_SUCCESS)
         return kiln_errf(KILN_EMPI, "MPI_Bcast of the checkpoint uid failed");
     rc = agree(comm, rank, rc);
     if (rc < 0)
@@ -63,20 +63,20 @@ int rt_ckpt_dump(MPI_Comm comm, const char *root, int ntables, kern_table_t *con
     if (tmp == NULL && (tmp = kiln_asprintf("%s/.tmp-%s", root, info->uid)) == NULL)
         rc = KILN_ENOMEM;
     if (rc == 0)
-        rc = rt_ckpt_part_create(&part);
+        rc = ckpt_part_create(&part);
     if (rc == 0)
-        rc = rt_ckpt_write_tables(tmp, rank, ntables, tables,
-                                  info->kind == RT_CKPT_FULL ? -1 : info->since,
+        rc = ckpt_write_tables(tmp, rank, ntables, tables,
+                                  info->kind == CKPT_FULL ? -1 : info->since,
                                   info->include_optimizer, part);
     if (rc == 0 && rank == 0)
-        rc = rt_ckpt_write_dense(tmp, dense, ndense, part);
+        rc = ckpt_write_dense(tmp, dense, ndense, part);
     test_delay();
     rc = agree(comm, rank, rc);
     if (rc < 0)
         goto out;
 
     /* Rank 0 gathers every rank's file list. */
-    text = rt_ckpt_part_encode(part);
+    text = ckpt_part_encode(part);
     int len = text ? (int)strlen(text) + 1 : 0;
     if (rank == 0) {
         lens = kiln_calloc((size_t)nranks, sizeof *lens);
@@ -99,20 +99,20 @@ int rt_ckpt_dump(MPI_Comm comm, const char *root, int ntables, kern_table_t *con
         goto out;
     }
     if (rank == 0) {
-        rt_ckpt_part_t *merged = NULL;
-        rc = all && lens ? rt_ckpt_part_create(&merged) : KILN_ENOMEM;
+        ckpt_part_t *merged = NULL;
+        rc = all && lens ? ckpt_part_create(&merged) : KILN_ENOMEM;
         for (int i = 0; rc == 0 && i < nranks; i++)
-            rc = lens[i] > 0 ? rt_ckpt_part_merge(merged, all + displs[i]) : KILN_ENOMEM;
+            rc = lens[i] > 0 ? ckpt_part_merge(merged, all + displs[i]) : KILN_ENOMEM;
         info->world_size = nranks;
         if (rc == 0)
-            rc = rt_ckpt_commit(root, tmp, info, merged);
+            rc = ckpt_commit(root, tmp, info, merged);
         if (rc == 0)
             made = false;
-        rt_ckpt_part_destroy(merged);
+        ckpt_part_destroy(merged);
     }
     rc = agree(comm, rank, rc);
     if (rc == 0)
-        rt_ckpt_mark_dumped(ntables, tables, info->step);
+        ckpt_mark_dumped(ntables, tables, info->step);
 out:
     if (rank == 0 && made) {
         /* Every rank is past its writes (the agree above), so the temp dir
@@ -120,11 +120,11 @@ out:
         int save = kiln_errcode();
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", kiln_errmsg());
-        if (rt_ckpt_remove(tmp) < 0)
+        if (ckpt_remove(tmp) < 0)
             KILN_WARN("could not remove %s: %s", tmp, kiln_errmsg());
         kiln_errf(save, "%s", msg);
     }
     KILN_FREE_ALL(tmp, text, all, lens, displs);
-    rt_ckpt_part_destroy(part);
+    ckpt_part_destroy(part);
     return rc;
 }

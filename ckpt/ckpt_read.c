@@ -108,14 +108,14 @@ static int64_t get_int(json_t *o, const char *key)
     return (int64_t)json_integer_value(json_object_get(o, key));
 }
 
-int rt_ckpt_open(const char *dir, rt_ckpt_t **out)
+int ckpt_open(const char *dir, ckpt_t **out)
 {
     *out = NULL;
     struct stat st;
     if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
         return kiln_errf(KILN_ENOENT, "no checkpoint directory %s", dir);
-    rt_ckpt_t *c = kiln_calloc(1, sizeof *c);
-    char *mpath = kiln_asprintf("%s/%s", dir, RT_CKPT_MANIFEST);
+    ckpt_t *c = kiln_calloc(1, sizeof *c);
+    char *mpath = kiln_asprintf("%s/%s", dir, CKPT_MANIFEST);
     json_t *m = NULL;
     int rc = 0;
     if (c == NULL || mpath == NULL || (c->path = kiln_strdup(dir)) == NULL) {
@@ -126,7 +126,7 @@ int rt_ckpt_open(const char *dir, rt_ckpt_t **out)
         rc = kiln_errf(KILN_ECORRUPT,
                        "%s has no %s: not a complete checkpoint (a dump that did "
                        "not finish?); use another checkpoint",
-                       dir, RT_CKPT_MANIFEST);
+                       dir, CKPT_MANIFEST);
         goto out;
     }
     json_error_t e;
@@ -137,14 +137,14 @@ int rt_ckpt_open(const char *dir, rt_ckpt_t **out)
                        m == NULL ? ": " : "", m == NULL ? e.text : "");
         goto out;
     }
-    if (get_int(m, "version") < 1 || get_int(m, "version") > RT_CKPT_FORMAT_VERSION) {
+    if (get_int(m, "version") < 1 || get_int(m, "version") > CKPT_FORMAT_VERSION) {
         rc = kiln_errf(KILN_EVERSION,
                        "%s has format version %" PRId64 "; this Kiln reads up to "
                        "%d",
-                       mpath, get_int(m, "version"), RT_CKPT_FORMAT_VERSION);
+                       mpath, get_int(m, "version"), CKPT_FORMAT_VERSION);
         goto out;
     }
-    rt_ckpt_info_t *in = &c->info;
+    ckpt_info_t *in = &c->info;
     copy_str(in->uid, sizeof in->uid, m, "uid");
     copy_str(in->parent, sizeof in->parent, m, "parent");
     copy_str(in->base, sizeof in->base, m, "base");
@@ -154,7 +154,7 @@ int rt_ckpt_open(const char *dir, rt_ckpt_t **out)
     copy_str(in->spec_hash, sizeof in->spec_hash, m, "spec_hash");
     copy_str(in->inputs_hash, sizeof in->inputs_hash, m, "inputs_hash");
     const char *kind = json_string_value(json_object_get(m, "kind"));
-    in->kind = kind && strcmp(kind, "incremental") == 0 ? RT_CKPT_INCREMENTAL : RT_CKPT_FULL;
+    in->kind = kind && strcmp(kind, "incremental") == 0 ? CKPT_INCREMENTAL : CKPT_FULL;
     in->chain = (int)get_int(m, "chain");
     in->world_size = (int)get_int(m, "world_size");
     in->step = get_int(m, "step");
@@ -168,14 +168,14 @@ int rt_ckpt_open(const char *dir, rt_ckpt_t **out)
     in->created_at = get_int(m, "created_at");
     in->include_optimizer = json_is_true(json_object_get(m, "include_optimizer"));
     if (kind == NULL || in->uid[0] == '\0' || in->world_size < 1 ||
-        (in->kind == RT_CKPT_INCREMENTAL && in->parent[0] == '\0')) {
+        (in->kind == CKPT_INCREMENTAL && in->parent[0] == '\0')) {
         rc = kiln_errf(KILN_ECORRUPT, "%s lacks kind, uid, world_size or (incremental) parent",
                        mpath);
         goto out;
     }
     json_t *tables = json_object_get(m, "tables"), *files = json_object_get(m, "files");
     if (!json_is_array(tables) || !json_is_array(files) ||
-        json_array_size(tables) > RT_CKPT_MAX_TABLES) {
+        json_array_size(tables) > CKPT_MAX_TABLES) {
         rc = kiln_errf(KILN_ECORRUPT, "%s: bad tables or files list", mpath);
         goto out;
     }
@@ -183,7 +183,7 @@ int rt_ckpt_open(const char *dir, rt_ckpt_t **out)
     json_t *v;
     json_array_foreach(tables, i, v)
     {
-        rt_ckpt_table_info_t *t = &in->tables[in->ntables++];
+        ckpt_table_info_t *t = &in->tables[in->ntables++];
         copy_str(t->name, sizeof t->name, v, "name");
         t->dim = (int)get_int(v, "dim");
         t->nstate = (int)get_int(v, "nstate");
@@ -227,14 +227,14 @@ out:
     json_decref(m);
     free(mpath);
     if (rc < 0) {
-        rt_ckpt_close(c);
+        ckpt_close(c);
         return rc;
     }
     *out = c;
     return 0;
 }
 
-void rt_ckpt_close(rt_ckpt_t *c)
+void ckpt_close(ckpt_t *c)
 {
     if (c == NULL)
         return;
@@ -243,19 +243,19 @@ void rt_ckpt_close(rt_ckpt_t *c)
     free(c);
 }
 
-const rt_ckpt_info_t *rt_ckpt_info(const rt_ckpt_t *c)
+const ckpt_info_t *ckpt_info(const ckpt_t *c)
 {
     return &c->info;
 }
 
-const char *rt_ckpt_path(const rt_ckpt_t *c)
+const char *ckpt_path(const ckpt_t *c)
 {
     return c->path;
 }
 
-char *rt_ckpt_inputs(const rt_ckpt_t *c)
+char *ckpt_inputs(const ckpt_t *c)
 {
-    char *mpath = kiln_asprintf("%s/%s", c->path, RT_CKPT_MANIFEST);
+    char *mpath = kiln_asprintf("%s/%s", c->path, CKPT_MANIFEST);
     json_t *m = mpath != NULL ? json_load_file(mpath, 0, NULL) : NULL;
     json_t *in = json_object_get(m, "inputs");
     char *text = NULL;
@@ -266,7 +266,7 @@ char *rt_ckpt_inputs(const rt_ckpt_t *c)
     return text;
 }
 
-int rt_ckpt_verify(const rt_ckpt_t *c)
+int ckpt_verify(const ckpt_t *c)
 {
     for (int i = 0; i < c->nfiles; i++) {
         const ckpt_file_t *f = &c->files[i];
@@ -303,9 +303,9 @@ int rt_ckpt_verify(const rt_ckpt_t *c)
 
 /* ---- chains -------------------------------------------------------------------------------- */
 
-int rt_ckpt_chain_open(const char *dir, bool verify, rt_ckpt_chain_t *out)
+int ckpt_chain_open(const char *dir, bool verify, ckpt_chain_t *out)
 {
-    *out = (rt_ckpt_chain_t){0};
+    *out = (ckpt_chain_t){0};
     char *root = kiln_strdup(dir);
     if (root == NULL)
         return KILN_ENOMEM;
@@ -322,14 +322,14 @@ int rt_ckpt_chain_open(const char *dir, bool verify, rt_ckpt_chain_t *out)
             strcpy(root, "/");
     }
     int rc = 0, cap = 0;
-    rt_ckpt_t *c = NULL;
-    KILN_CHECK_GOTO(rt_ckpt_open(dir, &c), rc, out);
+    ckpt_t *c = NULL;
+    KILN_CHECK_GOTO(ckpt_open(dir, &c), rc, out);
     for (;;) {
         if (verify)
-            KILN_CHECK_GOTO(rt_ckpt_verify(c), rc, out);
+            KILN_CHECK_GOTO(ckpt_verify(c), rc, out);
         if (out->n == cap) {
             cap = cap ? cap * 2 : 8;
-            rt_ckpt_t **ni = kiln_reallocarray(out->items, (size_t)cap, sizeof *ni);
+            ckpt_t **ni = kiln_reallocarray(out->items, (size_t)cap, sizeof *ni);
             if (ni == NULL) {
                 rc = KILN_ENOMEM;
                 goto out;
@@ -337,7 +337,7 @@ int rt_ckpt_chain_open(const char *dir, bool verify, rt_ckpt_chain_t *out)
             out->items = ni;
         }
         out->items[out->n++] = c;
-        if (c->info.kind == RT_CKPT_FULL) {
+        if (c->info.kind == CKPT_FULL) {
             c = NULL;
             break;
         }
@@ -353,7 +353,7 @@ int rt_ckpt_chain_open(const char *dir, bool verify, rt_ckpt_chain_t *out)
             rc = KILN_ENOMEM;
             goto out;
         }
-        rc = rt_ckpt_open(pdir, &c);
+        rc = ckpt_open(pdir, &c);
         if (rc == KILN_ENOENT)
             rc = kiln_errf(KILN_ECORRUPT, "checkpoint %s needs its parent %s, which is missing",
                            child, pdir);
@@ -363,29 +363,29 @@ int rt_ckpt_chain_open(const char *dir, bool verify, rt_ckpt_chain_t *out)
     }
     /* Oldest first. */
     for (int i = 0; i < out->n / 2; i++) {
-        rt_ckpt_t *t = out->items[i];
+        ckpt_t *t = out->items[i];
         out->items[i] = out->items[out->n - 1 - i];
         out->items[out->n - 1 - i] = t;
     }
 out:
-    rt_ckpt_close(c);
+    ckpt_close(c);
     free(root);
     if (rc < 0)
-        rt_ckpt_chain_fini(out);
+        ckpt_chain_fini(out);
     return rc;
 }
 
-void rt_ckpt_chain_fini(rt_ckpt_chain_t *ch)
+void ckpt_chain_fini(ckpt_chain_t *ch)
 {
     for (int i = 0; i < ch->n; i++)
-        rt_ckpt_close(ch->items[i]);
+        ckpt_close(ch->items[i]);
     free(ch->items);
-    *ch = (rt_ckpt_chain_t){0};
+    *ch = (ckpt_chain_t){0};
 }
 
 /* ---- loading -------------------------------------------------------------------------------- */
 
-static const ckpt_file_t *find_file(const rt_ckpt_t *c, const char *table, int rank,
+static const ckpt_file_t *find_file(const ckpt_t *c, const char *table, int rank,
                                     const char *array)
 {
     for (int i = 0; i < c->nfiles; i++) {
@@ -396,7 +396,7 @@ static const ckpt_file_t *find_file(const rt_ckpt_t *c, const char *table, int r
     return NULL;
 }
 
-static const rt_ckpt_table_info_t *find_table(const rt_ckpt_info_t *in, const char *name)
+static const ckpt_table_info_t *find_table(const ckpt_info_t *in, const char *name)
 {
     for (int i = 0; i < in->ntables; i++)
         if (strcmp(in->tables[i].name, name) == 0)
@@ -404,7 +404,7 @@ static const rt_ckpt_table_info_t *find_table(const rt_ckpt_info_t *in, const ch
     return NULL;
 }
 
-static int open_array(const rt_ckpt_t *c, const ckpt_file_t *f, npy_dtype_t dt, int64_t cols,
+static int open_array(const ckpt_t *c, const ckpt_file_t *f, npy_dtype_t dt, int64_t cols,
                       npy_reader_t *r, char **path)
 {
     *path = kiln_asprintf("%s/%s", c->path, f->name);
@@ -414,7 +414,7 @@ static int open_array(const rt_ckpt_t *c, const ckpt_file_t *f, npy_dtype_t dt, 
 }
 
 /* Applies one rank's removals of one table to t, keeping owned keys. */
-static int load_evicted(const rt_ckpt_t *c, const ckpt_file_t *f, int rank, int nranks,
+static int load_evicted(const ckpt_t *c, const ckpt_file_t *f, int rank, int nranks,
                         kern_table_t *t, int64_t step)
 {
     npy_reader_t r;
@@ -427,7 +427,7 @@ static int load_evicted(const rt_ckpt_t *c, const ckpt_file_t *f, int rank, int 
         int64_t m = r.rows - at < LOAD_CHUNK ? r.rows - at : LOAD_CHUNK, k = 0;
         rc = npy_read_rows(&r, path, at, m, keys);
         for (int64_t i = 0; rc == 0 && i < m; i++)
-            if (rt_shard_owner(keys[i], nranks) == rank)
+            if (shard_owner(keys[i], nranks) == rank)
                 keys[k++] = keys[i];
         if (rc == 0)
             rc = kern_table_delete(t, k, keys, step, NULL);
@@ -440,7 +440,7 @@ out:
 }
 
 /* Loads one rank's rows of one table into t, keeping owned keys. */
-static int load_rows(const rt_ckpt_t *c, const rt_ckpt_table_info_t *ti, int src, int rank,
+static int load_rows(const ckpt_t *c, const ckpt_table_info_t *ti, int src, int rank,
                      int nranks, kern_table_t *t, int64_t step)
 {
     kern_slab_t sl;
@@ -495,7 +495,7 @@ static int load_rows(const rt_ckpt_t *c, const rt_ckpt_table_info_t *ti, int src
         if (use_steps)
             KILN_CHECK_GOTO(npy_read_rows(&rs, ps, at, m, steps), rc, out);
         for (int64_t i = 0; i < m; i++) {
-            if (nranks > 1 && rt_shard_owner(keys[i], nranks) != rank)
+            if (nranks > 1 && shard_owner(keys[i], nranks) != rank)
                 continue;
             if (k != i) {
                 keys[k] = keys[i];
@@ -522,7 +522,7 @@ out:
 
 /* Adds to *n the keys of table ti in checkpoint c that rank owns and t does
  * not hold yet (what a load still has to insert). */
-static int count_missing(const rt_ckpt_t *c, const rt_ckpt_table_info_t *ti, int rank,
+static int count_missing(const ckpt_t *c, const ckpt_table_info_t *ti, int rank,
                          int nranks, const kern_table_t *t, int64_t *n)
 {
     int64_t *keys = kiln_malloc(LOAD_CHUNK * sizeof *keys);
@@ -540,7 +540,7 @@ static int count_missing(const rt_ckpt_t *c, const rt_ckpt_table_info_t *ti, int
             int64_t m = r.rows - at < LOAD_CHUNK ? r.rows - at : LOAD_CHUNK, k = 0;
             rc = npy_read_rows(&r, path, at, m, keys);
             for (int64_t i = 0; rc == 0 && i < m; i++)
-                if (nranks == 1 || rt_shard_owner(keys[i], nranks) == rank)
+                if (nranks == 1 || shard_owner(keys[i], nranks) == rank)
                     keys[k++] = keys[i];
             if (rc == 0)
                 *n += k - kern_table_find(t, k, keys, rows);
@@ -556,18 +556,18 @@ static int count_missing(const rt_ckpt_t *c, const rt_ckpt_table_info_t *ti, int
 /* The error for a table whose rows do not fit on this rank: how many it
  * would hold (an upper bound over the rest of the chain) and the job-wide
  * capacity that makes room for them. */
-static int load_full_error(const rt_ckpt_chain_t *ch, int level, const rt_ckpt_table_info_t *ti,
+static int load_full_error(const ckpt_chain_t *ch, int level, const ckpt_table_info_t *ti,
                            int rank, int nranks, const kern_table_t *t)
 {
     int64_t need = kern_table_size(t);
     kern_table_stats_t st;
     kern_table_stats(t, &st);
     for (int l = level; l < ch->n; l++) {
-        const rt_ckpt_table_info_t *tl = find_table(&ch->items[l]->info, ti->name);
+        const ckpt_table_info_t *tl = find_table(&ch->items[l]->info, ti->name);
         if (tl != NULL)
             KILN_CHECK(count_missing(ch->items[l], tl, rank, nranks, t, &need));
     }
-    const rt_ckpt_t *last = ch->items[ch->n - 1];
+    const ckpt_t *last = ch->items[ch->n - 1];
     int ws = last->info.world_size;
     return kiln_errf(KILN_EFULL,
                      "checkpoint %s: table '%s' does not fit on rank %d of %d: this rank's "
@@ -576,7 +576,7 @@ static int load_full_error(const rt_ckpt_chain_t *ch, int level, const rt_ckpt_t
                      "at least %lld%s",
                      last->path, ti->name, rank, nranks, (long long)need,
                      (long long)st.capacity,
-                     (long long)rt_shard_capacity_for(need, rank, nranks),
+                     (long long)shard_capacity_for(need, rank, nranks),
                      ws != nranks && ws > 0 ? ", or resume on as many ranks as wrote it" : "");
 }
 
@@ -584,7 +584,7 @@ static int load_full_error(const rt_ckpt_chain_t *ch, int level, const rt_ckpt_t
  * was on as many ranks, else the sum of every rank's (a key's count is
  * then at least what its owner saw). A checkpoint without one (admission
  * turned on since) leaves the counters at zero. */
-static int load_admit(const rt_ckpt_t *c, int rank, int nranks, kern_table_t *t, int64_t step)
+static int load_admit(const ckpt_t *c, int rank, int nranks, kern_table_t *t, int64_t step)
 {
     int64_t n = 0, epoch = 0;
     if (kern_table_admit_sketch(t, &n, &epoch) == NULL)
@@ -618,16 +618,16 @@ static int load_admit(const rt_ckpt_t *c, int rank, int nranks, kern_table_t *t,
     return rc;
 }
 
-int rt_ckpt_load_tables(const rt_ckpt_chain_t *ch, int rank, int nranks, int ntables,
+int ckpt_load_tables(const ckpt_chain_t *ch, int rank, int nranks, int ntables,
                         kern_table_t *const *tables)
 {
     if (ch->n == 0)
         return kiln_errf(KILN_EINVAL, "empty checkpoint chain");
     int64_t step = ch->items[ch->n - 1]->info.step;
     for (int l = 0; l < ch->n; l++) {
-        const rt_ckpt_t *c = ch->items[l];
+        const ckpt_t *c = ch->items[l];
         for (int t = 0; t < ntables; t++) {
-            const rt_ckpt_table_info_t *ti = find_table(&c->info, kern_table_name(tables[t]));
+            const ckpt_table_info_t *ti = find_table(&c->info, kern_table_name(tables[t]));
             if (ti == NULL)
                 continue;
             if (ti->dim != kern_table_dim(tables[t]))
@@ -636,7 +636,7 @@ int rt_ckpt_load_tables(const rt_ckpt_chain_t *ch, int rank, int nranks, int nta
                                  "model needs %d; start fresh (init_from: none) "
                                  "or keep the old dim",
                                  c->path, ti->name, ti->dim, kern_table_dim(tables[t]));
-            if (c->info.kind == RT_CKPT_INCREMENTAL)
+            if (c->info.kind == CKPT_INCREMENTAL)
                 for (int i = 0; i < c->nfiles; i++)
                     if (strcmp(c->files[i].table, ti->name) == 0 &&
                         strcmp(c->files[i].array, "evicted") == 0)
@@ -652,15 +652,15 @@ int rt_ckpt_load_tables(const rt_ckpt_chain_t *ch, int rank, int nranks, int nta
     }
     for (int t = 0; t < ntables; t++)
         KILN_CHECK(load_admit(ch->items[ch->n - 1], rank, nranks, tables[t], step));
-    rt_ckpt_mark_dumped(ntables, tables, step);
+    ckpt_mark_dumped(ntables, tables, step);
     return 0;
 }
 
-int rt_ckpt_read_dense(const rt_ckpt_t *c, rt_ckpt_array_t **arrays, int *narrays)
+int ckpt_read_dense(const ckpt_t *c, ckpt_array_t **arrays, int *narrays)
 {
     *arrays = NULL;
     *narrays = 0;
-    rt_ckpt_array_t *a = kiln_calloc((size_t)c->nfiles + 1, sizeof *a);
+    ckpt_array_t *a = kiln_calloc((size_t)c->nfiles + 1, sizeof *a);
     if (a == NULL)
         return KILN_ENOMEM;
     int n = 0, rc = 0;
@@ -683,7 +683,7 @@ int rt_ckpt_read_dense(const rt_ckpt_t *c, rt_ckpt_array_t **arrays, int *narray
         free(path);
     }
     if (rc < 0) {
-        rt_ckpt_arrays_free(a, n);
+        ckpt_arrays_free(a, n);
         return rc;
     }
     *arrays = a;
@@ -691,7 +691,7 @@ int rt_ckpt_read_dense(const rt_ckpt_t *c, rt_ckpt_array_t **arrays, int *narray
     return 0;
 }
 
-void rt_ckpt_arrays_free(rt_ckpt_array_t *arrays, int narrays)
+void ckpt_arrays_free(ckpt_array_t *arrays, int narrays)
 {
     for (int i = 0; arrays && i < narrays; i++) {
         free((char *)arrays[i].name);
@@ -711,13 +711,13 @@ static int cmp_key_row(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-int rt_ckpt_read_table(const rt_ckpt_chain_t *ch, const char *name, rt_ckpt_rows_t *out)
+int ckpt_read_table(const ckpt_chain_t *ch, const char *name, ckpt_rows_t *out)
 {
-    *out = (rt_ckpt_rows_t){0};
-    const rt_ckpt_table_info_t *ti = NULL;
+    *out = (ckpt_rows_t){0};
+    const ckpt_table_info_t *ti = NULL;
     int64_t total = 0;
     for (int l = 0; l < ch->n; l++) {
-        const rt_ckpt_table_info_t *x = find_table(&ch->items[l]->info, name);
+        const ckpt_table_info_t *x = find_table(&ch->items[l]->info, name);
         if (x != NULL) {
             ti = x;
             total += x->rows;
@@ -740,7 +740,7 @@ int rt_ckpt_read_table(const rt_ckpt_chain_t *ch, const char *name, rt_ckpt_rows
     key_row_t *kr = NULL;
     int rc = 0;
     KILN_CHECK_GOTO(kern_table_create(&cfg, &t), rc, out);
-    KILN_CHECK_GOTO(rt_ckpt_load_tables(ch, 0, 1, 1, &t), rc, out);
+    KILN_CHECK_GOTO(ckpt_load_tables(ch, 0, 1, 1, &t), rc, out);
     int64_t n = kern_table_size(t), got = 0;
     rows = kiln_malloc(((size_t)n + 1) * sizeof *rows);
     kr = kiln_malloc(((size_t)n + 1) * sizeof *kr);
@@ -783,14 +783,14 @@ out:
     free(rows);
     free(kr);
     if (rc < 0)
-        rt_ckpt_rows_fini(out);
+        ckpt_rows_fini(out);
     return rc;
 }
 
-void rt_ckpt_rows_fini(rt_ckpt_rows_t *r)
+void ckpt_rows_fini(ckpt_rows_t *r)
 {
     KILN_FREE_ALL(r->keys, r->values, r->opt, r->opt_steps);
-    *r = (rt_ckpt_rows_t){0};
+    *r = (ckpt_rows_t){0};
 }
 
 /* ---- a directory of checkpoints ------------------------------------------------------------ */
@@ -842,18 +842,18 @@ static void free_names(char **names, int n)
     free(names);
 }
 
-int rt_ckpt_latest(const char *root, char *uid)
+int ckpt_latest(const char *root, char *uid)
 {
     char **names = NULL;
     int n = 0;
     KILN_CHECK(list_dir(root, &names, &n));
     int rc = kiln_errf(KILN_ENOENT, "no checkpoint in %s", root);
     for (int i = n - 1; i >= 0; i--) {
-        char *p = kiln_asprintf("%s/%s/%s", root, names[i], RT_CKPT_MANIFEST);
+        char *p = kiln_asprintf("%s/%s/%s", root, names[i], CKPT_MANIFEST);
         bool ok = p && access(p, F_OK) == 0;
         free(p);
         if (ok) {
-            snprintf(uid, RT_CKPT_UID_MAX, "%s", names[i]);
+            snprintf(uid, CKPT_UID_MAX, "%s", names[i]);
             rc = 0;
             break;
         }
@@ -873,17 +873,17 @@ static bool uid_like(const char *name)
     return true;
 }
 
-int rt_ckpt_latest_chain(const char *root, bool verify, rt_ckpt_skip_fn skip, void *ctx,
-                         rt_ckpt_chain_t *out)
+int ckpt_latest_chain(const char *root, bool verify, ckpt_skip_fn skip, void *ctx,
+                         ckpt_chain_t *out)
 {
     char **names = NULL;
     int n = 0, tried = 0, rc = KILN_ENOENT;
-    char newest[RT_CKPT_UID_MAX] = "", why[600] = "";
-    *out = (rt_ckpt_chain_t){0};
+    char newest[CKPT_UID_MAX] = "", why[600] = "";
+    *out = (ckpt_chain_t){0};
     KILN_CHECK(list_dir(root, &names, &n));
     for (int i = n - 1; i >= 0; i--) {
         char *dir = kiln_asprintf("%s/%s", root, names[i]);
-        char *man = kiln_asprintf("%s/%s/%s", root, names[i], RT_CKPT_MANIFEST);
+        char *man = kiln_asprintf("%s/%s/%s", root, names[i], CKPT_MANIFEST);
         if (dir == NULL || man == NULL) {
             free(dir);
             free(man);
@@ -899,7 +899,7 @@ int rt_ckpt_latest_chain(const char *root, bool verify, rt_ckpt_skip_fn skip, vo
             continue;
         }
         tried++;
-        rc = rt_ckpt_chain_open(dir, verify, out);
+        rc = ckpt_chain_open(dir, verify, out);
         if (rc == 0 || (rc != KILN_ECORRUPT && rc != KILN_ECHECKSUM && rc != KILN_EVERSION &&
                         rc != KILN_ENOENT)) {
             /* Found, or a failure that is not the checkpoint's fault (an I/O
@@ -926,7 +926,7 @@ int rt_ckpt_latest_chain(const char *root, bool verify, rt_ckpt_skip_fn skip, vo
     return rc;
 }
 
-int rt_ckpt_lock(const char *dir, char **lock)
+int ckpt_lock(const char *dir, char **lock)
 {
     char host[128] = "localhost";
     gethostname(host, sizeof host - 1);
@@ -944,7 +944,7 @@ int rt_ckpt_lock(const char *dir, char **lock)
     return 0;
 }
 
-void rt_ckpt_unlock(char *lock)
+void ckpt_unlock(char *lock)
 {
     if (lock != NULL)
         unlink(lock);
@@ -981,11 +981,11 @@ static bool locked(const char *dir)
     return live;
 }
 
-int rt_ckpt_retain(const char *root, int keep, rt_ckpt_pin_fn pin, void *ctx, int *removed)
+int ckpt_retain(const char *root, int keep, ckpt_pin_fn pin, void *ctx, int *removed)
 {
     char **names = NULL;
     int n = 0, rc = 0, gone = 0;
-    rt_ckpt_t **cks = NULL;
+    ckpt_t **cks = NULL;
     bool *need = NULL;
     KILN_CHECK(list_dir(root, &names, &n));
     cks = kiln_calloc((size_t)n + 1, sizeof *cks);
@@ -997,7 +997,7 @@ int rt_ckpt_retain(const char *root, int keep, rt_ckpt_pin_fn pin, void *ctx, in
     int valid = 0;
     for (int i = 0; i < n; i++) {
         char *p = kiln_asprintf("%s/%s", root, names[i]);
-        if (p != NULL && rt_ckpt_open(p, &cks[i]) == 0)
+        if (p != NULL && ckpt_open(p, &cks[i]) == 0)
             valid++;
         free(p);
     }
@@ -1011,7 +1011,7 @@ int rt_ckpt_retain(const char *root, int keep, rt_ckpt_pin_fn pin, void *ctx, in
             need[i] = true;
             kept++;
         }
-        if (!need[i] && (locked(rt_ckpt_path(cks[i])) || (pin && pin(names[i], ctx))))
+        if (!need[i] && (locked(ckpt_path(cks[i])) || (pin && pin(names[i], ctx))))
             need[i] = true;
     }
     /* Whatever a needed incremental stands on. */
@@ -1019,7 +1019,7 @@ int rt_ckpt_retain(const char *root, int keep, rt_ckpt_pin_fn pin, void *ctx, in
         if (!need[i] || cks[i] == NULL)
             continue;
         int j = i;
-        while (cks[j] && cks[j]->info.kind == RT_CKPT_INCREMENTAL) {
+        while (cks[j] && cks[j]->info.kind == CKPT_INCREMENTAL) {
             int p = -1;
             for (int k = 0; k < n; k++)
                 if (strcmp(names[k], cks[j]->info.parent) == 0)
@@ -1047,7 +1047,7 @@ int rt_ckpt_retain(const char *root, int keep, rt_ckpt_pin_fn pin, void *ctx, in
         if (rename(p, gone_p) < 0)
             rc = kiln_errf(KILN_EIO, "cannot retire checkpoint %s: %s", p, strerror(errno));
         else
-            rc = rt_ckpt_remove(gone_p);
+            rc = ckpt_remove(gone_p);
         free(p);
         free(gone_p);
         if (rc < 0)
@@ -1072,7 +1072,7 @@ int rt_ckpt_retain(const char *root, int keep, rt_ckpt_pin_fn pin, void *ctx, in
         char *p = kiln_asprintf("%s/%s", root, e->d_name);
         struct stat st;
         if (p && (rm || (stat(p, &st) == 0 && st.st_mtime < time(NULL) - 86400)))
-            rt_ckpt_remove(p);
+            ckpt_remove(p);
         free(p);
     }
     if (d)
@@ -1080,7 +1080,7 @@ int rt_ckpt_retain(const char *root, int keep, rt_ckpt_pin_fn pin, void *ctx, in
     (void)valid;
 out:
     for (int i = 0; cks && i < n; i++)
-        rt_ckpt_close(cks[i]);
+        ckpt_close(cks[i]);
     free(cks);
     free(need);
     free_names(names, n);

@@ -1,7 +1,7 @@
 /*
  * ckpt/ckpt_scan.c - the streaming scan of a chain's shard files (ckpt.h,
  * "scanning"): what a reader that must never hold a whole table (kiln-serve's
- * push of a checkpoint) reads instead of rt_ckpt_read_table. At open the scan
+ * push of a checkpoint) reads instead of ckpt_read_table. At open the scan
  * lists the parts from the links' manifests, in the order that replays the
  * chain:
  *
@@ -21,7 +21,7 @@ typedef struct part {
     int table;
 } part_t;
 
-struct rt_ckpt_scan {
+struct ckpt_scan {
     part_t *parts;
     int nparts, cur;
     int *dims; /* (ntables) */
@@ -33,7 +33,7 @@ struct rt_ckpt_scan {
     float *vbuf;   /* (max_rows, max dim) */
 };
 
-static int add_part(rt_ckpt_scan_t *s, const rt_ckpt_t *c, const ckpt_file_t *keys,
+static int add_part(ckpt_scan_t *s, const ckpt_t *c, const ckpt_file_t *keys,
                     const ckpt_file_t *values, int table)
 {
     part_t *np = kiln_reallocarray(s->parts, (size_t)s->nparts + 1, sizeof *np);
@@ -49,7 +49,7 @@ static int add_part(rt_ckpt_scan_t *s, const rt_ckpt_t *c, const ckpt_file_t *ke
 }
 
 /* Lists the parts of one link: per table, evicted files first, then rows. */
-static int add_link(rt_ckpt_scan_t *s, const rt_ckpt_t *c, int ntables, const char *const *names)
+static int add_link(ckpt_scan_t *s, const ckpt_t *c, int ntables, const char *const *names)
 {
     for (int t = 0; t < ntables; t++)
         for (int pass = 0; pass < 2; pass++)
@@ -69,20 +69,20 @@ static int add_link(rt_ckpt_scan_t *s, const rt_ckpt_t *c, int ntables, const ch
                     if (v == NULL)
                         return kiln_errf(KILN_ECORRUPT,
                                          "%s/%s: table %s rank %d has keys but no values", c->path,
-                                         RT_CKPT_MANIFEST, f->table, f->rank);
+                                         CKPT_MANIFEST, f->table, f->rank);
                     KILN_CHECK(add_part(s, c, f, v, t));
                 }
             }
     return 0;
 }
 
-int rt_ckpt_scan_open(const rt_ckpt_chain_t *ch, int from, int ntables, const char *const *names,
-                      const int *dims, int64_t max_rows, rt_ckpt_scan_t **out)
+int ckpt_scan_open(const ckpt_chain_t *ch, int from, int ntables, const char *const *names,
+                      const int *dims, int64_t max_rows, ckpt_scan_t **out)
 {
     *out = NULL;
     if (max_rows <= 0 || ntables < 0 || from < 0)
-        return kiln_errf(KILN_EINVAL, "rt_ckpt_scan_open: bad arguments");
-    rt_ckpt_scan_t *s = kiln_calloc(1, sizeof *s);
+        return kiln_errf(KILN_EINVAL, "ckpt_scan_open: bad arguments");
+    ckpt_scan_t *s = kiln_calloc(1, sizeof *s);
     if (s == NULL)
         return KILN_ENOMEM;
     int rc = 0, maxdim = 1;
@@ -107,11 +107,11 @@ int rt_ckpt_scan_open(const rt_ckpt_chain_t *ch, int from, int ntables, const ch
     *out = s;
     s = NULL;
 out:
-    rt_ckpt_scan_close(s);
+    ckpt_scan_close(s);
     return rc;
 }
 
-int rt_ckpt_scan_next(rt_ckpt_scan_t *s, rt_ckpt_slice_t *out)
+int ckpt_scan_next(ckpt_scan_t *s, ckpt_slice_t *out)
 {
     while (s->cur < s->nparts) {
         const part_t *p = &s->parts[s->cur];
@@ -140,14 +140,14 @@ int rt_ckpt_scan_next(rt_ckpt_scan_t *s, rt_ckpt_slice_t *out)
         if (p->values)
             KILN_CHECK(npy_read_rows(&s->v, p->values, s->at, n, s->vbuf));
         s->at += n;
-        *out = (rt_ckpt_slice_t){p->values ? RT_CKPT_SLICE_ROWS : RT_CKPT_SLICE_DELETE, p->table, n,
+        *out = (ckpt_slice_t){p->values ? CKPT_SLICE_ROWS : CKPT_SLICE_DELETE, p->table, n,
                                  s->kbuf, p->values ? s->vbuf : NULL};
         return 1;
     }
     return 0;
 }
 
-void rt_ckpt_scan_close(rt_ckpt_scan_t *s)
+void ckpt_scan_close(ckpt_scan_t *s)
 {
     if (s == NULL)
         return;

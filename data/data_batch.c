@@ -1,7 +1,7 @@
 /*
  * data/data_batch.c - batches and the batch builder: rows appended one at a
  * time (TSV) or a chunk at a time (kiln-bin) become the CSR layout that all
- * formats share (data.h, rt_batch_t). Both readers use it, data_reader.c
+ * formats share (data.h, data_batch_t). Both readers use it, data_reader.c
  * for TSV (rows parsed row-major, then moved a slot at a time) and
  * data_bin.c for kiln-bin; it uses neither. With `team` set, the moves
  * run a slot per OpenMP thread.
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int rt_batch_init(rt_batch_t *b, int cap_rows, int ndense, int nslots)
+int data_batch_init(data_batch_t *b, int cap_rows, int ndense, int nslots)
 {
     memset(b, 0, sizeof *b);
     b->ndense = ndense;
@@ -24,19 +24,19 @@ int rt_batch_init(rt_batch_t *b, int cap_rows, int ndense, int nslots)
     b->keys_cap = (int64_t)(cap_rows + 1) * (nslots ? nslots : 1);
     b->keys = kiln_calloc((size_t)b->keys_cap, sizeof(int64_t));
     if (!b->labels || !b->dense || !b->offsets || !b->keys) {
-        rt_batch_fini(b);
+        data_batch_fini(b);
         return KILN_ENOMEM;
     }
     return 0;
 }
 
-void rt_batch_fini(rt_batch_t *b)
+void data_batch_fini(data_batch_t *b)
 {
     KILN_FREE_ALL(b->labels, b->dense, b->offsets, b->keys);
     memset(b, 0, sizeof *b);
 }
 
-int rt_builder_init(rt_batch_builder_t *bb, int cap_rows, int ndense, int nslots)
+int data_builder_init(data_batch_builder_t *bb, int cap_rows, int ndense, int nslots)
 {
     size_t ns = (size_t)(nslots ? nslots : 1);
     memset(bb, 0, sizeof *bb);
@@ -48,20 +48,20 @@ int rt_builder_init(rt_batch_builder_t *bb, int cap_rows, int ndense, int nslots
     bb->slot_keys = kiln_calloc(ns, sizeof(int64_t *));
     bb->counts = kiln_calloc(ns * ((size_t)cap_rows + 1), sizeof(uint32_t));
     if (!bb->slot_len || !bb->slot_cap || !bb->slot_keys || !bb->counts) {
-        rt_builder_fini(bb);
+        data_builder_fini(bb);
         return KILN_ENOMEM;
     }
     for (int s = 0; s < nslots; s++) {
-        int rc = rt_builder_reserve(bb, s, cap_rows + 1);
+        int rc = data_builder_reserve(bb, s, cap_rows + 1);
         if (rc < 0) {
-            rt_builder_fini(bb);
+            data_builder_fini(bb);
             return rc;
         }
     }
     return 0;
 }
 
-void rt_builder_fini(rt_batch_builder_t *bb)
+void data_builder_fini(data_batch_builder_t *bb)
 {
     for (int s = 0; bb->slot_keys && s < bb->nslots; s++)
         free(bb->slot_keys[s]);
@@ -69,20 +69,20 @@ void rt_builder_fini(rt_batch_builder_t *bb)
     memset(bb, 0, sizeof *bb);
 }
 
-void rt_builder_reset(rt_batch_builder_t *bb)
+void data_builder_reset(data_batch_builder_t *bb)
 {
     bb->n = 0;
     for (int s = 0; s < bb->nslots; s++)
         bb->slot_len[s] = 0;
 }
 
-int rt_builder_reserve(rt_batch_builder_t *bb, int s, int64_t more)
+int data_builder_reserve(data_batch_builder_t *bb, int s, int64_t more)
 {
     return kiln_grow_to((void **)&bb->slot_keys[s], &bb->slot_cap[s], bb->slot_len[s] + more,
                         sizeof(int64_t), 1024);
 }
 
-int rt_builder_add_row(rt_batch_builder_t *bb, rt_batch_t *b, float label, const float *dense,
+int data_builder_add_row(data_batch_builder_t *bb, data_batch_t *b, float label, const float *dense,
                        const int64_t *keys, const unsigned char *has_key)
 {
     const int i = bb->n, D = bb->ndense;
@@ -92,7 +92,7 @@ int rt_builder_add_row(rt_batch_builder_t *bb, rt_batch_t *b, float label, const
         uint32_t c = has_key[s] ? 1 : 0;
         bb->counts[(size_t)s * (size_t)bb->cap_rows + (size_t)i] = c;
         if (c) {
-            if (bb->slot_len[s] == bb->slot_cap[s] && rt_builder_reserve(bb, s, 1) < 0)
+            if (bb->slot_len[s] == bb->slot_cap[s] && data_builder_reserve(bb, s, 1) < 0)
                 return KILN_ENOMEM;
             bb->slot_keys[s][bb->slot_len[s]++] = keys[s];
         }
@@ -103,10 +103,10 @@ int rt_builder_add_row(rt_batch_builder_t *bb, rt_batch_t *b, float label, const
 
 /* Slot s's keys and counts of the rows not skipped, a column at a time:
  * the row-major keys are read with a stride, written in one run. */
-static int add_slot(rt_batch_builder_t *bb, const rt_rows_t *rows, int s, int kept)
+static int add_slot(data_batch_builder_t *bb, const data_rows_t *rows, int s, int kept)
 {
     const int S = bb->nslots, i0 = bb->n;
-    KILN_CHECK(rt_builder_reserve(bb, s, kept));
+    KILN_CHECK(data_builder_reserve(bb, s, kept));
     uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
     int64_t *dst = bb->slot_keys[s] + bb->slot_len[s];
     int64_t len = 0;
@@ -123,7 +123,7 @@ static int add_slot(rt_batch_builder_t *bb, const rt_rows_t *rows, int s, int ke
     return 0;
 }
 
-int rt_builder_add_rows(rt_batch_builder_t *bb, rt_batch_t *b, const rt_rows_t *rows)
+int data_builder_add_rows(data_batch_builder_t *bb, data_batch_t *b, const data_rows_t *rows)
 {
     const int D = bb->ndense, S = bb->nslots, i0 = bb->n;
     int kept = 0;
@@ -147,7 +147,7 @@ int rt_builder_add_rows(rt_batch_builder_t *bb, rt_batch_t *b, const rt_rows_t *
     return 0;
 }
 
-int rt_builder_finish(rt_batch_builder_t *bb, rt_batch_t *b)
+int data_builder_finish(data_batch_builder_t *bb, data_batch_t *b)
 {
     const int n = bb->n, S = bb->nslots;
     int64_t total = 0;

@@ -109,7 +109,7 @@ static int pread_all(int fd, void *p, size_t n, uint64_t off, const char *path)
 
 /* ---- the writer --------------------------------------------------------------- */
 
-struct rt_bin_writer {
+struct data_bin_writer {
     kiln_atomic_t out;  /* the file, written to a temporary name until commit */
     const char *tmp;    /* its temporary name (owned by out), for messages */
     int fd;             /* out's descriptor: chunks are written, the header pwritten */
@@ -129,17 +129,17 @@ struct rt_bin_writer {
     int nentries, centries;
 };
 
-int rt_bin_writer_create(const char *path, int ndense, int nslots, int chunk_rows,
-                         rt_bin_writer_t **out)
+int data_bin_writer_create(const char *path, int ndense, int nslots, int chunk_rows,
+                         data_bin_writer_t **out)
 {
-    rt_bin_writer_t *w;
+    data_bin_writer_t *w;
     unsigned char zero[BIN_HEADER_SIZE] = {0};
     int rc = KILN_ENOMEM;
     if (ndense < 0 || nslots < 0 || ndense > 65536 || nslots > 65536)
         return kiln_errf(KILN_EINVAL, "kiln-bin: bad dimensions %d dense, %d slots", ndense,
                          nslots);
     if (chunk_rows <= 0)
-        chunk_rows = RT_BIN_CHUNK_ROWS;
+        chunk_rows = DATA_BIN_CHUNK_ROWS;
     w = kiln_calloc(1, sizeof *w);
     if (!w)
         return KILN_ENOMEM;
@@ -167,11 +167,11 @@ int rt_bin_writer_create(const char *path, int ndense, int nslots, int chunk_row
     *out = w;
     return 0;
 fail:
-    rt_bin_writer_abort(w);
+    data_bin_writer_abort(w);
     return rc;
 }
 
-void rt_bin_writer_abort(rt_bin_writer_t *w)
+void data_bin_writer_abort(data_bin_writer_t *w)
 {
     if (!w)
         return;
@@ -183,7 +183,7 @@ void rt_bin_writer_abort(rt_bin_writer_t *w)
 }
 
 /* Serialises the pending rows as one chunk and writes it. */
-static int flush_chunk(rt_bin_writer_t *w)
+static int flush_chunk(data_bin_writer_t *w)
 {
     const size_t n = (size_t)w->n;
     const int S = w->nslots, D = w->ndense;
@@ -242,7 +242,7 @@ static int flush_chunk(rt_bin_writer_t *w)
     return 0;
 }
 
-int rt_bin_writer_add(rt_bin_writer_t *w, const rt_batch_t *b)
+int data_bin_writer_add(data_bin_writer_t *w, const data_batch_t *b)
 {
     const int S = w->nslots, D = w->ndense;
     int rc;
@@ -278,7 +278,7 @@ int rt_bin_writer_add(rt_bin_writer_t *w, const rt_batch_t *b)
     return 0;
 }
 
-int rt_bin_writer_commit(rt_bin_writer_t *w)
+int data_bin_writer_commit(data_bin_writer_t *w)
 {
     unsigned char hdr[BIN_HEADER_SIZE] = {0};
     unsigned char *idx = NULL;
@@ -320,13 +320,13 @@ int rt_bin_writer_commit(rt_bin_writer_t *w)
     rc = kiln_atomic_commit(&w->out); /* leaves out empty */
 out:
     free(idx);
-    rt_bin_writer_abort(w); /* frees; removes the temporary file unless it was committed */
+    data_bin_writer_abort(w); /* frees; removes the temporary file unless it was committed */
     return rc;
 }
 
 /* ---- the chunk reader --------------------------------------------------------- */
 
-struct rt_bin_file {
+struct data_bin_file {
     char *path;
     int fd;
     int ndense, nslots, chunk_rows, nchunks;
@@ -343,22 +343,22 @@ struct rt_bin_file {
     int64_t *pref;        /* [nslots * (chunk_rows + 1)] key position of (slot, row) */
 };
 
-int64_t rt_bin_rows(const rt_bin_file_t *f)
+int64_t data_bin_rows(const data_bin_file_t *f)
 {
     return f->nrows;
 }
 
-int rt_bin_ndense(const rt_bin_file_t *f)
+int data_bin_ndense(const data_bin_file_t *f)
 {
     return f->ndense;
 }
 
-int rt_bin_nslots(const rt_bin_file_t *f)
+int data_bin_nslots(const data_bin_file_t *f)
 {
     return f->nslots;
 }
 
-void rt_bin_close(rt_bin_file_t *f)
+void data_bin_close(data_bin_file_t *f)
 {
     if (!f)
         return;
@@ -368,7 +368,7 @@ void rt_bin_close(rt_bin_file_t *f)
     free(f);
 }
 
-int rt_bin_open(const char *path, rt_bin_file_t **out)
+int data_bin_open(const char *path, data_bin_file_t **out)
 {
     unsigned char hdr[BIN_HEADER_SIZE];
     unsigned char *idx = NULL;
@@ -376,7 +376,7 @@ int rt_bin_open(const char *path, rt_bin_file_t **out)
     uint64_t index_off, rows_sum = 0, expect;
     struct stat sb;
     int rc = 0;
-    rt_bin_file_t *f = kiln_calloc(1, sizeof *f);
+    data_bin_file_t *f = kiln_calloc(1, sizeof *f);
     if (!f)
         return KILN_ENOMEM;
     f->cached = -1;
@@ -386,19 +386,19 @@ int rt_bin_open(const char *path, rt_bin_file_t **out)
         rc = KILN_ENOMEM;
         goto out;
     }
-    KILN_CHECK_GOTO(rt_data_open(path, &f->fd), rc, out);
+    KILN_CHECK_GOTO(data_open(path, &f->fd), rc, out);
     if (fstat(f->fd, &sb) == 0 && sb.st_size >= 4) {
         /* A reader seeks to each rank's chunks: a compressed stream has no
          * chunks to seek to. */
         unsigned char head[4];
         KILN_CHECK_GOTO(pread_all(f->fd, head, sizeof head, 0, path), rc, out);
-        rt_comp_t comp = rt_comp_detect(head, sizeof head);
-        if (comp != RT_COMP_NONE) {
+        data_comp_t comp = data_comp_detect(head, sizeof head);
+        if (comp != DATA_COMP_NONE) {
             rc = kiln_errf(KILN_EINVAL,
                            "%s is %s-compressed; kiln-bin files are read by seeking "
                            "to their chunks and cannot be compressed: decompress it, or compress "
                            "the TSV and use format criteo-tsv",
-                           path, rt_comp_name(comp));
+                           path, data_comp_name(comp));
             goto out;
         }
     }
@@ -480,7 +480,7 @@ int rt_bin_open(const char *path, rt_bin_file_t **out)
 out:
     free(idx);
     if (rc < 0) {
-        rt_bin_close(f);
+        data_bin_close(f);
         return rc;
     }
     *out = f;
@@ -488,7 +488,7 @@ out:
 }
 
 /* Reads, checks and indexes chunk k into the cache. */
-static int load_chunk(rt_bin_file_t *f, int k, int64_t *bytes)
+static int load_chunk(data_bin_file_t *f, int k, int64_t *bytes)
 {
     const bin_entry_t *en = &f->entries[k];
     const int S = f->nslots, D = f->ndense;
@@ -544,8 +544,8 @@ static int load_chunk(rt_bin_file_t *f, int k, int64_t *bytes)
     return 0;
 }
 
-int rt_bin_read_rows(rt_bin_file_t *f, int64_t lo, int64_t hi, rt_batch_builder_t *bb,
-                     rt_batch_t *b, int64_t *bytes)
+int data_bin_read_rows(data_bin_file_t *f, int64_t lo, int64_t hi, data_batch_builder_t *bb,
+                     data_batch_t *b, int64_t *bytes)
 {
     const int S = f->nslots, D = f->ndense;
     int rc;
@@ -570,7 +570,7 @@ int rt_bin_read_rows(rt_bin_file_t *f, int64_t lo, int64_t hi, rt_batch_builder_
             const int64_t *p = f->pref + (size_t)s * (n + 1);
             const uint16_t *c = f->counts + (size_t)s * n;
             int64_t cnt = p[e] - p[a];
-            rc = rt_builder_reserve(bb, s, cnt);
+            rc = data_builder_reserve(bb, s, cnt);
             if (rc < 0)
                 return rc;
             memcpy(bb->slot_keys[s] + bb->slot_len[s], f->keys + p[a],

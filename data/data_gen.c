@@ -24,8 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define G_NDENSE RT_CRITEO_NDENSE
-#define G_NSLOTS RT_CRITEO_NSLOTS
+#define G_NDENSE DATA_CRITEO_NDENSE
+#define G_NSLOTS DATA_CRITEO_NSLOTS
 #define G_CTR 0.25
 #define G_PILOT 4096
 #define G_NEW_ID_SHARE 0.08 /* share of draws that go to ids new on this day */
@@ -92,7 +92,7 @@ static double zipf_const(double a, int64_t v)
     return fabs(1.0 - a) < 1e-9 ? log((double)v + 1.0) : pow((double)v + 1.0, 1.0 - a) - 1.0;
 }
 
-static void slot_models(slot_model_t *m, const rt_datagen_opts_t *o)
+static void slot_models(slot_model_t *m, const data_datagen_opts_t *o)
 {
     int64_t rows = o->rows;
     double scale = rows >= 1000000 ? 1.0 : (double)(rows > 0 ? rows : 1) / 1e6;
@@ -260,7 +260,7 @@ static inline char *put_hex8(char *p, uint32_t v)
     return p + 8;
 }
 
-int rt_datagen(const rt_datagen_opts_t *o)
+int data_datagen(const data_datagen_opts_t *o)
 {
     slot_model_t m[G_NSLOTS];
     rng_t r;

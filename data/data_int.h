@@ -16,32 +16,32 @@ extern "C" {
 /* Opens a data file for reading: *fd, or KILN_ENOENT / KILN_EIO naming the
  * file, or KILN_EINVAL when it is not a regular file (/dev/zero, a FIFO, a
  * directory: training would read it forever, or block, or fail later). */
-int rt_data_open(const char *path, int *fd /* OUT */);
+int data_open(const char *path, int *fd /* OUT */);
 
 /* How a data file's bytes are stored, told by its first bytes. */
-typedef enum { RT_COMP_NONE = 0, RT_COMP_GZIP = 1, RT_COMP_ZSTD = 2 } rt_comp_t;
+typedef enum { DATA_COMP_NONE = 0, DATA_COMP_GZIP = 1, DATA_COMP_ZSTD = 2 } data_comp_t;
 /* gzip for 1f 8b, zstd for 28 b5 2f fd, else none; head holds n bytes. */
-rt_comp_t rt_comp_detect(const unsigned char *head, size_t n);
+data_comp_t data_comp_detect(const unsigned char *head, size_t n);
 /* "plain", "gzip" or "zstd". */
-const char *rt_comp_name(rt_comp_t c);
+const char *data_comp_name(data_comp_t c);
 
 /* The decompressed bytes of one file (data_src.c): plain, gzip or zstd by
  * the magic bytes, concatenated members or frames as one stream. */
-typedef struct rt_src rt_src_t;
-/* Opens path (rt_data_open's checks) and reads its first bytes to pick the
+typedef struct data_src data_src_t;
+/* Opens path (data_open's checks) and reads its first bytes to pick the
  * decoder. Returns 0 or KILN_E* naming the file. */
-int rt_src_open(const char *path, rt_src_t **out /* OUT */);
+int data_src_open(const char *path, data_src_t **out /* OUT */);
 /* Reads up to cap decompressed bytes into buf: returns how many (> 0), 0 at
  * the end of the file, KILN_EIO (reading), or KILN_ECORRUPT (corrupt or
  * truncated compressed data, naming the file and the byte). */
-int64_t rt_src_read(rt_src_t *s, char *buf, size_t cap);
+int64_t data_src_read(data_src_t *s, char *buf, size_t cap);
 /* Bytes read from the file itself so far (compressed bytes for gzip/zstd). */
-int64_t rt_src_file_bytes(const rt_src_t *s);
-rt_comp_t rt_src_comp(const rt_src_t *s);
-void rt_src_close(rt_src_t *s); /* accepts NULL */
+int64_t data_src_file_bytes(const data_src_t *s);
+data_comp_t data_src_comp(const data_src_t *s);
+void data_src_close(data_src_t *s); /* accepts NULL */
 
 /* The growing parts of a batch while rows are appended (producer-owned). */
-typedef struct rt_batch_builder {
+typedef struct data_batch_builder {
     int cap_rows, ndense, nslots;
     int n;
     int64_t *slot_len;  /* [nslots] keys so far per slot */
@@ -49,78 +49,78 @@ typedef struct rt_batch_builder {
     int64_t **slot_keys; /* [nslots][slot_cap[s]] */
     uint32_t *counts;   /* [nslots * cap_rows] keys of (slot, row) */
     bool team;          /* add_rows and finish spread over the caller's OpenMP threads */
-} rt_batch_builder_t;
+} data_batch_builder_t;
 
 /* Rows parsed row-major, one key per slot (TSV's layout): what
- * rt_builder_add_rows takes. skip[i] != 0 leaves row i out. */
-typedef struct rt_rows {
+ * data_builder_add_rows takes. skip[i] != 0 leaves row i out. */
+typedef struct data_rows {
     int n;
     const float *labels;        /* [n] */
     const float *dense;         /* [n * ndense] */
     const int64_t *keys;        /* [n * nslots] */
     const unsigned char *has;   /* [n * nslots] 0: the slot is empty */
     const unsigned char *skip;  /* [n] */
-} rt_rows_t;
+} data_rows_t;
 
-int rt_builder_init(rt_batch_builder_t *bb, int cap_rows, int ndense, int nslots);
-void rt_builder_fini(rt_batch_builder_t *bb);
+int data_builder_init(data_batch_builder_t *bb, int cap_rows, int ndense, int nslots);
+void data_builder_fini(data_batch_builder_t *bb);
 /* Forgets the rows (keeps the memory). */
-void rt_builder_reset(rt_batch_builder_t *bb);
+void data_builder_reset(data_batch_builder_t *bb);
 /* Room for more keys in slot s; returns 0 or KILN_ENOMEM. */
-int rt_builder_reserve(rt_batch_builder_t *bb, int s, int64_t more);
+int data_builder_reserve(data_batch_builder_t *bb, int s, int64_t more);
 /* Moves the builder's rows into b's CSR arrays (growing b as needed); b's
  * labels/dense rows [0, bb->n) must already be written by the caller. */
-int rt_builder_finish(rt_batch_builder_t *bb, rt_batch_t *b);
+int data_builder_finish(data_batch_builder_t *bb, data_batch_t *b);
 
 /* Appends one parsed row (label, dense[ndense], keys[nslots] where
  * has_key[s]) at row bb->n of the builder and of b. Returns 0 or KILN_ENOMEM. */
-int rt_builder_add_row(rt_batch_builder_t *bb, rt_batch_t *b, float label, const float *dense,
+int data_builder_add_row(data_batch_builder_t *bb, data_batch_t *b, float label, const float *dense,
                        const int64_t *keys, const unsigned char *has_key);
-/* Appends the rows of `rows` not skipped, as rt_builder_add_row would one
+/* Appends the rows of `rows` not skipped, as data_builder_add_row would one
  * by one, a slot at a time (on the team when bb->team). Returns 0 or
  * KILN_ENOMEM. */
-int rt_builder_add_rows(rt_batch_builder_t *bb, rt_batch_t *b, const rt_rows_t *rows);
+int data_builder_add_rows(data_batch_builder_t *bb, data_batch_t *b, const data_rows_t *rows);
 
-/* Allocates b's arrays for up to cap_rows rows; rt_batch_fini frees them. */
-int rt_batch_init(rt_batch_t *b, int cap_rows, int ndense, int nslots);
-void rt_batch_fini(rt_batch_t *b);
+/* Allocates b's arrays for up to cap_rows rows; data_batch_fini frees them. */
+int data_batch_init(data_batch_t *b, int cap_rows, int ndense, int nslots);
+void data_batch_fini(data_batch_t *b);
 
 /* A cursor over TSV files as one sequence of lines. */
-typedef struct rt_tsv_cursor rt_tsv_cursor_t;
-int rt_tsv_cursor_create(const char *const *paths, int npaths, rt_tsv_cursor_t **out /* OUT */);
+typedef struct data_tsv_cursor data_tsv_cursor_t;
+int data_tsv_cursor_create(const char *const *paths, int npaths, data_tsv_cursor_t **out /* OUT */);
 /* Next line: returns 1 and sets *line and *len (valid until the next call; NULL
- * with *too_long = 1 for a line over RT_TSV_MAX_LINE), 0 at the end of the
+ * with *too_long = 1 for a line over DATA_TSV_MAX_LINE), 0 at the end of the
  * last file, or KILN_EIO / KILN_ENOENT. *file and *lineno (1-based) say where. */
-int rt_tsv_cursor_next(rt_tsv_cursor_t *c, const char **line /* OUT */, size_t *len /* OUT */,
+int data_tsv_cursor_next(data_tsv_cursor_t *c, const char **line /* OUT */, size_t *len /* OUT */,
                        int *too_long /* OUT */, int *file /* OUT */, int64_t *lineno /* OUT */);
 /* Skips n lines quickly. Returns 0, or KILN_EIO / KILN_ECORRUPT when the
  * files end early. */
-int rt_tsv_cursor_skip(rt_tsv_cursor_t *c, int64_t n);
-int64_t rt_tsv_cursor_bytes(const rt_tsv_cursor_t *c);
-void rt_tsv_cursor_destroy(rt_tsv_cursor_t *c);
+int data_tsv_cursor_skip(data_tsv_cursor_t *c, int64_t n);
+int64_t data_tsv_cursor_bytes(const data_tsv_cursor_t *c);
+void data_tsv_cursor_destroy(data_tsv_cursor_t *c);
 /* Counts the rows (lines; a last line without newline counts) of one file. */
-int rt_tsv_count_rows(const char *path, int64_t *rows /* OUT */, int64_t *bytes /* OUT */);
+int data_tsv_count_rows(const char *path, int64_t *rows /* OUT */, int64_t *bytes /* OUT */);
 
 /* A dense integer as TSV makes it a feature: log(1 + max(x, 0)). */
-float rt_dense_int(int64_t x);
+float data_dense_int(int64_t x);
 
 /* Records a malformed line in stats (message kept for the first few). */
-void rt_stats_malformed(rt_reader_stats_t *st, const char *path, int64_t lineno,
+void data_stats_malformed(data_reader_stats_t *st, const char *path, int64_t lineno,
                         const char *why);
 
 /* An opened kiln-bin file: header and chunk index, read and checked. */
-typedef struct rt_bin_file rt_bin_file_t;
-int rt_bin_open(const char *path, rt_bin_file_t **out /* OUT */);
-void rt_bin_close(rt_bin_file_t *f);
-int64_t rt_bin_rows(const rt_bin_file_t *f);
-int rt_bin_ndense(const rt_bin_file_t *f);
-int rt_bin_nslots(const rt_bin_file_t *f);
+typedef struct data_bin_file data_bin_file_t;
+int data_bin_open(const char *path, data_bin_file_t **out /* OUT */);
+void data_bin_close(data_bin_file_t *f);
+int64_t data_bin_rows(const data_bin_file_t *f);
+int data_bin_ndense(const data_bin_file_t *f);
+int data_bin_nslots(const data_bin_file_t *f);
 /* Appends rows [lo, hi) of the file to the builder and to labels/dense at
  * builder row bb->n onwards (b's arrays sized for the batch). Loads and
  * checksums each chunk touched (the last chunk stays cached). Returns 0,
  * KILN_EIO, KILN_ECHECKSUM or KILN_ECORRUPT naming file and chunk. */
-int rt_bin_read_rows(rt_bin_file_t *f, int64_t lo, int64_t hi, rt_batch_builder_t *bb,
-                     rt_batch_t *b, int64_t *bytes /* OUT: added to */);
+int data_bin_read_rows(data_bin_file_t *f, int64_t lo, int64_t hi, data_batch_builder_t *bb,
+                     data_batch_t *b, int64_t *bytes /* OUT: added to */);
 
 #ifdef __cplusplus
 }

@@ -18,7 +18,7 @@
  * Values are turned into what a batch holds as they are decoded, once per
  * dictionary entry when there is a dictionary: a categorical column's
  * values become keys (integers as they are, masked to 63 bits; strings
- * hashed exactly as a TSV field is, rt_key_hash), a dense column's become
+ * hashed exactly as a TSV field is, data_key_hash), a dense column's become
  * floats (log1p of integers as TSV does; floats as they are unless the
  * mapping says log1p), a label's become 0 / 1 or NaN when it is neither. A
  * row is a run of level entries starting at repetition level 0; a value is
@@ -475,7 +475,7 @@ typedef struct {
 } dcol_t;
 
 /* What the decoder works in: buffers reused from page to page and row group
- * to row group, freed with the decoded columns by rt_pq_release. */
+ * to row group, freed with the decoded columns by data_pq_release. */
 typedef struct {
     unsigned char *chunk_buf, *page_buf; /* a column chunk's bytes; a page decompressed */
     size_t chunk_cap, page_cap;
@@ -493,7 +493,7 @@ typedef struct {
     bool zs_init;
 } scratch_t;
 
-struct rt_pq_file {
+struct data_pq_file {
     char *path;
     int fd;
     int64_t size;
@@ -518,19 +518,19 @@ struct rt_pq_file {
     bool team;     /* decode a row group's columns on the caller's OpenMP threads */
 };
 
-void rt_pq_set_team(rt_pq_file_t *f, bool team)
+void data_pq_set_team(data_pq_file_t *f, bool team)
 {
     f->team = team;
 }
 
-int64_t rt_pq_rows(const rt_pq_file_t *f)
+int64_t data_pq_rows(const data_pq_file_t *f)
 {
     return f->nrows;
 }
 
 /* The row-group array is filled as the footer is walked. */
 typedef struct {
-    rt_pq_file_t *f;
+    data_pq_file_t *f;
     int64_t num_rows;
     int ncc; /* column chunks seen */
 } rg_ctx_t;
@@ -539,7 +539,7 @@ static bool rg_columns(tc_t *t, rg_ctx_t *g)
 {
     int et;
     int64_t n;
-    rt_pq_file_t *f = g->f;
+    data_pq_file_t *f = g->f;
     if (!tc_list(t, &et, &n) || et != TT_STRUCT)
         return false;
     for (int64_t i = 0; i < n; i++) {
@@ -584,7 +584,7 @@ static bool rowgroup_field(tc_t *t, int16_t id, int type, void *arg)
 
 /* The footer's walk state: the schema and the row groups. */
 typedef struct {
-    rt_pq_file_t *f;
+    data_pq_file_t *f;
     bool want_rgs; /* the second walk: the schema is known, read the row groups */
     schema_el_t *schema;
     int64_t nschema;
@@ -594,7 +594,7 @@ typedef struct {
 
 static bool fmd_row_groups(tc_t *t, fmd_t *m)
 {
-    rt_pq_file_t *f = m->f;
+    data_pq_file_t *f = m->f;
     int et;
     int64_t n;
     if (!tc_list(t, &et, &n) || et != TT_STRUCT)
@@ -696,7 +696,7 @@ static int flatten(const schema_el_t *s, int64_t ns, int64_t *i, int def, int re
     return nleaves;
 }
 
-static int corrupt_footer(const rt_pq_file_t *f, const char *why)
+static int corrupt_footer(const data_pq_file_t *f, const char *why)
 {
     return kiln_errf(KILN_ECORRUPT,
                      "Parquet file %s: the footer does not decode (%s); the file is damaged or "
@@ -704,7 +704,7 @@ static int corrupt_footer(const rt_pq_file_t *f, const char *why)
                      f->path, why);
 }
 
-static int pread_full(const rt_pq_file_t *f, void *buf, size_t n, int64_t off)
+static int pread_full(const data_pq_file_t *f, void *buf, size_t n, int64_t off)
 {
     char *c = buf;
     while (n > 0) {
@@ -728,7 +728,7 @@ static int pread_full(const rt_pq_file_t *f, void *buf, size_t n, int64_t off)
 static const char *const default_prefix[] = {"label", "I", "C"};
 
 /* Fills f->cols / f->names from the mapping. */
-static int map_columns(rt_pq_file_t *f, const rt_columns_t *cols, int ndense, int nslots)
+static int map_columns(data_pq_file_t *f, const data_columns_t *cols, int ndense, int nslots)
 {
     f->ncols = 1 + ndense + nslots;
     f->cols = kiln_calloc((size_t)f->ncols, sizeof *f->cols);
@@ -778,9 +778,9 @@ static bool type_fits(role_t role, int type)
 static const char *const role_names[] = {"label", "dense", "categorical"};
 
 /* Finds every mapped column among the leaves and checks its type. */
-static int bind_columns(rt_pq_file_t *f, const leaf_t *leaves, const rt_columns_t *cols)
+static int bind_columns(data_pq_file_t *f, const leaf_t *leaves, const data_columns_t *cols)
 {
-    rt_dense_transform_t tf = cols ? cols->dense_transform : RT_DENSE_AUTO;
+    data_dense_transform_t tf = cols ? cols->dense_transform : DATA_DENSE_AUTO;
     for (int c = 0; c < f->ncols; c++) {
         col_t *col = &f->cols[c];
         int found = -1, nfound = 0;
@@ -824,13 +824,13 @@ static int bind_columns(rt_pq_file_t *f, const leaf_t *leaves, const rt_columns_
         col->decimal = l->converted == CT_DECIMAL ? pow(10.0, -l->scale) : 0.0;
         /* A DECIMAL is a fraction: auto leaves it as floats are left. */
         bool is_float = l->type == PT_FLOAT || l->type == PT_DOUBLE || col->decimal != 0.0;
-        col->log1p = tf == RT_DENSE_LOG1P || (tf == RT_DENSE_AUTO && !is_float);
+        col->log1p = tf == DATA_DENSE_LOG1P || (tf == DATA_DENSE_AUTO && !is_float);
     }
     return 0;
 }
 
 /* Reads the last 8 bytes and the footer into a buffer. */
-static int read_footer(rt_pq_file_t *f, unsigned char **out, int64_t *len)
+static int read_footer(data_pq_file_t *f, unsigned char **out, int64_t *len)
 {
     unsigned char tail[8], head[4];
     if (f->size < 12)
@@ -870,7 +870,7 @@ static int read_footer(rt_pq_file_t *f, unsigned char **out, int64_t *len)
 }
 
 /* Checks the row-group table against the file: sizes, offsets, types. */
-static int check_chunks(rt_pq_file_t *f, int64_t num_rows)
+static int check_chunks(data_pq_file_t *f, int64_t num_rows)
 {
     if (f->rg_bad_chunk)
         return corrupt_footer(f, f->rg_why);
@@ -901,10 +901,10 @@ static int check_chunks(rt_pq_file_t *f, int64_t num_rows)
     return 0;
 }
 
-int rt_pq_open(const char *path, const rt_columns_t *cols, int ndense, int nslots,
-               rt_pq_file_t **out)
+int data_pq_open(const char *path, const data_columns_t *cols, int ndense, int nslots,
+               data_pq_file_t **out)
 {
-    rt_pq_file_t *f = kiln_calloc(1, sizeof *f);
+    data_pq_file_t *f = kiln_calloc(1, sizeof *f);
     unsigned char *footer = NULL;
     int64_t flen = 0;
     fmd_t m = {0};
@@ -920,7 +920,7 @@ int rt_pq_open(const char *path, const rt_columns_t *cols, int ndense, int nslot
         rc = KILN_ENOMEM;
         goto fail;
     }
-    KILN_CHECK_GOTO(rt_data_open(path, &f->fd), rc, fail);
+    KILN_CHECK_GOTO(data_open(path, &f->fd), rc, fail);
     if (fstat(f->fd, &sb) < 0) {
         rc = kiln_errf(KILN_EIO, "cannot stat %s: %s", path, strerror(errno));
         goto fail;
@@ -976,7 +976,7 @@ fail:
     free(m.schema);
     free(leaves);
     free(footer);
-    rt_pq_close(f);
+    data_pq_close(f);
     return rc;
 }
 
@@ -985,7 +985,7 @@ static void dcol_fini(dcol_t *d)
     KILN_FREE_ALL(d->f, d->off, d->keys, d->dict_f, d->dict_k);
 }
 
-void rt_pq_close(rt_pq_file_t *f)
+void data_pq_close(data_pq_file_t *f)
 {
     if (f == NULL)
         return;
@@ -993,7 +993,7 @@ void rt_pq_close(rt_pq_file_t *f)
         close(f->fd);
     for (int c = 0; f->names && c < f->ncols; c++)
         free(f->names[c]);
-    rt_pq_release(f);
+    data_pq_release(f);
     KILN_FREE_ALL(f->path, f->cols, f->names, f->rg_start, f->chunks, f->dc);
     free(f);
 }
@@ -1007,7 +1007,7 @@ static void scratch_fini(scratch_t *sc)
                   sc->dbp2, sc->prev);
 }
 
-void rt_pq_release(rt_pq_file_t *f)
+void data_pq_release(data_pq_file_t *f)
 {
     for (int c = 0; f->dc && c < f->ncols; c++) {
         dcol_fini(&f->dc[c]);
@@ -1022,7 +1022,7 @@ void rt_pq_release(rt_pq_file_t *f)
     f->nsc = 0;
 }
 
-int rt_pq_same_schema(const rt_pq_file_t *a, const rt_pq_file_t *b)
+int data_pq_same_schema(const data_pq_file_t *a, const data_pq_file_t *b)
 {
     for (int c = 0; c < a->ncols && c < b->ncols; c++) {
         const col_t *x = &a->cols[c], *y = &b->cols[c];
@@ -1043,7 +1043,7 @@ int rt_pq_same_schema(const rt_pq_file_t *a, const rt_pq_file_t *b)
 
 /* Where a page is, for messages, and the scratch decoding it. */
 typedef struct {
-    rt_pq_file_t *f;
+    data_pq_file_t *f;
     scratch_t *sc;
     const col_t *col;
     int rg;
@@ -1324,14 +1324,14 @@ static int dbp_decode(const where_t *w, const unsigned char **pp, const unsigned
  * of a raw integer, float or string. */
 static inline int64_t cat_int(int64_t v)
 {
-    return (int64_t)((uint64_t)v & (uint64_t)RT_KEY_MASK);
+    return (int64_t)((uint64_t)v & (uint64_t)DATA_KEY_MASK);
 }
 
 static inline float num_of_int(const col_t *c, int64_t v)
 {
     if (c->role == ROLE_LABEL)
         return v == 0 || v == 1 ? (float)v : NAN;
-    return c->log1p ? rt_dense_int(v) : (float)v;
+    return c->log1p ? data_dense_int(v) : (float)v;
 }
 
 static inline float num_of_dbl(const col_t *c, double v)
@@ -1370,7 +1370,7 @@ static void put_int(const sink_t *s, int64_t i, int64_t v)
 
 static void put_bytes(const sink_t *s, int64_t i, const unsigned char *v, size_t len)
 {
-    s->k[i] = rt_key_hash(s->col->index, (const char *)v, len);
+    s->k[i] = data_key_hash(s->col->index, (const char *)v, len);
 }
 
 /* PLAIN values. */
@@ -1839,7 +1839,7 @@ static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const 
 }
 
 /* Decodes column c of row group g into f->dc[c]. */
-static int decode_chunk(rt_pq_file_t *f, int g, int c, scratch_t *sc, int64_t *bytes)
+static int decode_chunk(data_pq_file_t *f, int g, int c, scratch_t *sc, int64_t *bytes)
 {
     const chunk_t *ch = &f->chunks[(size_t)g * (size_t)f->ncols + (size_t)c];
     const int64_t rg_rows = f->rg_start[g + 1] - f->rg_start[g];
@@ -1899,7 +1899,7 @@ static int decode_chunk(rt_pq_file_t *f, int g, int c, scratch_t *sc, int64_t *b
 }
 
 /* Decodes every mapped column of row group g (the one kept decoded). */
-static int decode_row_group(rt_pq_file_t *f, int g, int64_t *bytes)
+static int decode_row_group(data_pq_file_t *f, int g, int64_t *bytes)
 {
     int64_t rows = f->rg_start[g + 1] - f->rg_start[g];
     f->cur_rg = -1;
@@ -1933,7 +1933,7 @@ static int decode_row_group(rt_pq_file_t *f, int g, int64_t *bytes)
         f->nsc = nt;
     }
     int bad = f->ncols, bad_rc = 0;
-    char bad_msg[RT_MESSAGE_LEN] = "";
+    char bad_msg[DATA_MESSAGE_LEN] = "";
     int64_t got = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1) reduction(+ : got)
     for (int c = 0; c < f->ncols; c++) {
@@ -1961,8 +1961,8 @@ static int decode_row_group(rt_pq_file_t *f, int g, int64_t *bytes)
  * writing neighbouring columns of one row would share its cache line); the
  * keys a slot per thread, each slot's keys one run of its column's keys.
  * On the team when bb->team, else on this thread. */
-static int append_rows(const rt_pq_file_t *f, int64_t r0, int64_t r1, rt_batch_builder_t *bb,
-                       rt_batch_t *b)
+static int append_rows(const data_pq_file_t *f, int64_t r0, int64_t r1, data_batch_builder_t *bb,
+                       data_batch_t *b)
 {
     const int D = bb->ndense, S = bb->nslots, i0 = bb->n;
     const int64_t n = r1 - r0;
@@ -1983,7 +1983,7 @@ static int append_rows(const rt_pq_file_t *f, int64_t r0, int64_t r1, rt_batch_b
             uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
             for (int64_t r = 0; r < n; r++)
                 counts[r] = (uint32_t)(d->off[r0 + r + 1] - d->off[r0 + r]);
-            int src = rt_builder_reserve(bb, s, cnt);
+            int src = data_builder_reserve(bb, s, cnt);
             if (src < 0) {
                 rc = src;
                 continue;
@@ -1998,8 +1998,8 @@ static int append_rows(const rt_pq_file_t *f, int64_t r0, int64_t r1, rt_batch_b
     return 0;
 }
 
-int rt_pq_read_rows(rt_pq_file_t *f, int64_t lo, int64_t hi, rt_batch_builder_t *bb,
-                    rt_batch_t *b, rt_reader_stats_t *st, int64_t *bytes)
+int data_pq_read_rows(data_pq_file_t *f, int64_t lo, int64_t hi, data_batch_builder_t *bb,
+                    data_batch_t *b, data_reader_stats_t *st, int64_t *bytes)
 {
     int g = 0;
     while (lo < hi) {
@@ -2022,7 +2022,7 @@ int rt_pq_read_rows(rt_pq_file_t *f, int64_t lo, int64_t hi, rt_batch_builder_t 
             if (row > run)
                 KILN_CHECK(append_rows(f, run - base, row - base, bb, b));
             if (row < e) {
-                rt_stats_malformed(st, f->path, row + 1, "the label is null or not 0 / 1");
+                data_stats_malformed(st, f->path, row + 1, "the label is null or not 0 / 1");
                 b->nskipped++;
             }
             run = row + 1;
@@ -2032,12 +2032,12 @@ int rt_pq_read_rows(rt_pq_file_t *f, int64_t lo, int64_t hi, rt_batch_builder_t 
     return 0;
 }
 
-int rt_parquet_complete(const char *path)
+int data_parquet_complete(const char *path)
 {
     int fd;
     unsigned char tail[4];
     struct stat sb;
-    KILN_CHECK(rt_data_open(path, &fd));
+    KILN_CHECK(data_open(path, &fd));
     int rc = fstat(fd, &sb) < 0 ? kiln_errf(KILN_EIO, "cannot stat %s: %s", path, strerror(errno))
                                 : 0;
     if (rc == 0 && sb.st_size >= 12) {

@@ -16,7 +16,7 @@
  * A TSV batch is made in three passes: its lines are copied out of the
  * cursor's buffer (one serial scan for newlines), parsed row-major into
  * tsv_rows_t (rows split over the team), and moved into the batch a slot at
- * a time (rt_builder_add_rows). Malformed lines are counted in row order,
+ * a time (data_builder_add_rows). Malformed lines are counted in row order,
  * so the stats read the same on any number of threads.
  */
 #include "data_int.h"
@@ -44,65 +44,65 @@ typedef struct {
     int64_t *keys;         /* [cap * nslots] */
     unsigned char *has;    /* [cap * nslots] */
     unsigned char *skip;   /* [cap] malformed: why[i] says why */
-    char (*why)[RT_MESSAGE_LEN]; /* [cap] */
+    char (*why)[DATA_MESSAGE_LEN]; /* [cap] */
 } tsv_rows_t;
 
-struct rt_reader {
+struct data_reader {
     /* set at open, read-only afterwards */
-    rt_format_t fmt;
+    data_format_t fmt;
     int rank, nranks, batch, ndense, nslots;
     int npaths;
     char **paths;          /* [npaths] owned copies */
     int64_t *file_start;   /* [npaths + 1] global row where file f starts */
     int64_t total_rows, nsteps;
-    rt_bin_file_t **bins;  /* [npaths] for RT_FMT_BIN */
-    rt_pq_file_t **pqs;    /* [npaths] for RT_FMT_PARQUET */
+    data_bin_file_t **bins;  /* [npaths] for DATA_FMT_BIN */
+    data_pq_file_t **pqs;    /* [npaths] for DATA_FMT_PARQUET */
     int pq_cur;            /* producer: the Parquet file holding a decoded row group */
 
     bool on_caller;        /* prefetch 0: no producer thread (data.h) */
-    int64_t next_k;        /* on_caller: the step rt_reader_next makes next */
+    int64_t next_k;        /* on_caller: the step data_reader_next makes next */
     int64_t prepass_bytes; /* TSV: bytes the row count read at open */
 
     /* producer-owned */
-    rt_tsv_cursor_t *cur;
+    data_tsv_cursor_t *cur;
     int64_t cur_row;       /* TSV: global row the cursor stands at */
-    rt_batch_builder_t bb;
+    data_batch_builder_t bb;
     tsv_rows_t tr;         /* TSV: the batch being parsed */
 
     /* the ring, guarded by mu */
     pthread_mutex_t mu;
     pthread_cond_t cv_filled, cv_free;
     int nbuf;              /* prefetch + 1: one more than the producer may fill */
-    rt_batch_t *bufs;      /* [nbuf] */
+    data_batch_t *bufs;      /* [nbuf] */
     int head, tail, nfilled, held;
     int done, stop, err_code;
     char err_msg[512];
-    rt_reader_stats_t stats;
+    data_reader_stats_t stats;
     pthread_t thread;
     int thread_started;
 };
 
-int64_t rt_reader_total_rows(const rt_reader_t *r)
+int64_t data_reader_total_rows(const data_reader_t *r)
 {
     return r->total_rows;
 }
 
-int64_t rt_reader_nsteps(const rt_reader_t *r)
+int64_t data_reader_nsteps(const data_reader_t *r)
 {
     return r->nsteps;
 }
 
-int rt_reader_ndense(const rt_reader_t *r)
+int data_reader_ndense(const data_reader_t *r)
 {
     return r->ndense;
 }
 
-int rt_reader_nslots(const rt_reader_t *r)
+int data_reader_nslots(const data_reader_t *r)
 {
     return r->nslots;
 }
 
-void rt_reader_stats(rt_reader_t *r, rt_reader_stats_t *out)
+void data_reader_stats(data_reader_t *r, data_reader_stats_t *out)
 {
     pthread_mutex_lock(&r->mu);
     *out = r->stats;
@@ -138,12 +138,12 @@ static int tsv_rows_init(tsv_rows_t *t, int cap, int ndense, int nslots)
 /* Copies the lines of TSV rows [lo, hi) (global) out of the cursor, which
  * stands at r->cur_row <= lo. A line too long to parse is kept as empty
  * and marked to be skipped. */
-static int gather_tsv(rt_reader_t *r, int64_t lo, int64_t hi)
+static int gather_tsv(data_reader_t *r, int64_t lo, int64_t hi)
 {
     tsv_rows_t *t = &r->tr;
     int rc;
     if (lo > r->cur_row) {
-        rc = rt_tsv_cursor_skip(r->cur, lo - r->cur_row);
+        rc = data_tsv_cursor_skip(r->cur, lo - r->cur_row);
         if (rc < 0)
             return rc;
         r->cur_row = lo;
@@ -153,7 +153,7 @@ static int gather_tsv(rt_reader_t *r, int64_t lo, int64_t hi)
         const char *line;
         size_t len;
         int too_long;
-        rc = rt_tsv_cursor_next(r->cur, &line, &len, &too_long, &t->file[i], &t->lineno[i]);
+        rc = data_tsv_cursor_next(r->cur, &line, &len, &too_long, &t->file[i], &t->lineno[i]);
         if (rc < 0)
             return rc;
         if (rc == 0)
@@ -162,7 +162,7 @@ static int gather_tsv(rt_reader_t *r, int64_t lo, int64_t hi)
                              (long long)r->cur_row, (long long)r->total_rows);
         t->skip[i] = (unsigned char)too_long;
         if (too_long) {
-            snprintf(t->why[i], RT_MESSAGE_LEN, "line longer than %d bytes", RT_TSV_MAX_LINE);
+            snprintf(t->why[i], DATA_MESSAGE_LEN, "line longer than %d bytes", DATA_TSV_MAX_LINE);
             len = 0;
         }
         KILN_CHECK(kiln_grow_to((void **)&t->text, &t->text_cap,
@@ -179,7 +179,7 @@ static int gather_tsv(rt_reader_t *r, int64_t lo, int64_t hi)
 /* Appends TSV rows [lo, hi) (global) to the builder: gathered, parsed on
  * the team (on_caller) or this thread, moved in. Malformed lines are
  * counted and left out. */
-static int fill_tsv(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b)
+static int fill_tsv(data_reader_t *r, int64_t lo, int64_t hi, data_batch_t *b)
 {
     tsv_rows_t *t = &r->tr;
     const int n = (int)(hi - lo), D = r->ndense, S = r->nslots;
@@ -188,11 +188,11 @@ static int fill_tsv(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b)
     for (int i = 0; i < n; i++) {
         if (t->skip[i])
             continue;
-        t->skip[i] = rt_tsv_parse_line(t->text + t->at[i], t->len[i], D, S, &t->labels[i],
+        t->skip[i] = data_tsv_parse_line(t->text + t->at[i], t->len[i], D, S, &t->labels[i],
                                        t->dense + (size_t)i * (size_t)D,
                                        t->keys + (size_t)i * (size_t)S,
                                        t->has + (size_t)i * (size_t)S, t->why[i],
-                                       RT_MESSAGE_LEN) < 0;
+                                       DATA_MESSAGE_LEN) < 0;
     }
     int bad = 0;
     for (int i = 0; i < n; i++)
@@ -201,30 +201,30 @@ static int fill_tsv(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b)
         pthread_mutex_lock(&r->mu);
         for (int i = 0; i < n; i++)
             if (t->skip[i])
-                rt_stats_malformed(&r->stats, r->paths[t->file[i]], t->lineno[i], t->why[i]);
+                data_stats_malformed(&r->stats, r->paths[t->file[i]], t->lineno[i], t->why[i]);
         pthread_mutex_unlock(&r->mu);
         b->nskipped += bad;
     }
-    rt_rows_t rows = {.n = n, .labels = t->labels, .dense = t->dense, .keys = t->keys,
+    data_rows_t rows = {.n = n, .labels = t->labels, .dense = t->dense, .keys = t->keys,
                       .has = t->has, .skip = t->skip};
-    return rt_builder_add_rows(&r->bb, b, &rows);
+    return data_builder_add_rows(&r->bb, b, &rows);
 }
 
 /* Appends Parquet rows [lo, hi) of file f; rows with a bad label are
  * counted in the reader's stats. Rows are read in order, so moving on to
  * a file frees the one before it: the reader holds one decoded row group. */
-static int read_pq(rt_reader_t *r, int f, int64_t lo, int64_t hi, rt_batch_t *b, int64_t *bytes)
+static int read_pq(data_reader_t *r, int f, int64_t lo, int64_t hi, data_batch_t *b, int64_t *bytes)
 {
-    rt_reader_stats_t bad = {0};
+    data_reader_stats_t bad = {0};
     if (r->pq_cur != f) {
-        rt_pq_release(r->pqs[r->pq_cur]);
+        data_pq_release(r->pqs[r->pq_cur]);
         r->pq_cur = f;
     }
-    int rc = rt_pq_read_rows(r->pqs[f], lo, hi, &r->bb, b, &bad, bytes);
+    int rc = data_pq_read_rows(r->pqs[f], lo, hi, &r->bb, b, &bad, bytes);
     if (bad.malformed > 0) {
         pthread_mutex_lock(&r->mu);
-        for (int i = 0; i < bad.nmessages && r->stats.nmessages < RT_MAX_MESSAGES; i++)
-            memcpy(r->stats.messages[r->stats.nmessages++], bad.messages[i], RT_MESSAGE_LEN);
+        for (int i = 0; i < bad.nmessages && r->stats.nmessages < DATA_MAX_MESSAGES; i++)
+            memcpy(r->stats.messages[r->stats.nmessages++], bad.messages[i], DATA_MESSAGE_LEN);
         r->stats.malformed += bad.malformed;
         pthread_mutex_unlock(&r->mu);
     }
@@ -233,16 +233,16 @@ static int read_pq(rt_reader_t *r, int f, int64_t lo, int64_t hi, rt_batch_t *b,
 
 /* Appends kiln-bin or Parquet rows [lo, hi) (global) to the builder, file
  * by file. */
-static int fill_files(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b, int64_t *bytes)
+static int fill_files(data_reader_t *r, int64_t lo, int64_t hi, data_batch_t *b, int64_t *bytes)
 {
     for (int f = 0; f < r->npaths && lo < hi; f++) {
         int64_t fs = r->file_start[f], fe = r->file_start[f + 1];
         int64_t a = lo > fs ? lo : fs, e = hi < fe ? hi : fe;
         if (a >= e)
             continue;
-        int rc = r->fmt == RT_FMT_PARQUET
+        int rc = r->fmt == DATA_FMT_PARQUET
                      ? read_pq(r, f, a - fs, e - fs, b, bytes)
-                     : rt_bin_read_rows(r->bins[f], a - fs, e - fs, &r->bb, b, bytes);
+                     : data_bin_read_rows(r->bins[f], a - fs, e - fs, &r->bb, b, bytes);
         if (rc < 0)
             return rc;
         lo = e;
@@ -251,7 +251,7 @@ static int fill_files(rt_reader_t *r, int64_t lo, int64_t hi, rt_batch_t *b, int
 }
 
 /* Fills b with this rank's part of global step k. */
-static int produce_step(rt_reader_t *r, int64_t k, rt_batch_t *b)
+static int produce_step(data_reader_t *r, int64_t k, data_batch_t *b)
 {
     const int64_t B = r->batch, N = r->nranks;
     int64_t lo = k * B * N + (int64_t)r->rank * B;
@@ -262,17 +262,17 @@ static int produce_step(rt_reader_t *r, int64_t k, rt_batch_t *b)
         lo = r->total_rows;
     if (hi > r->total_rows)
         hi = r->total_rows;
-    rt_builder_reset(&r->bb);
+    data_builder_reset(&r->bb);
     b->step = k;
     b->first_row = lo;
     b->nskipped = 0;
-    if (r->fmt == RT_FMT_TSV)
+    if (r->fmt == DATA_FMT_TSV)
         rc = fill_tsv(r, lo, hi, b);
     else
         rc = fill_files(r, lo, hi, b, &bytes);
     if (rc < 0)
         return rc;
-    rc = rt_builder_finish(&r->bb, b);
+    rc = data_builder_finish(&r->bb, b);
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&r->mu);
@@ -284,9 +284,9 @@ static int produce_step(rt_reader_t *r, int64_t k, rt_batch_t *b)
 
 static void *producer(void *arg)
 {
-    rt_reader_t *r = arg;
+    data_reader_t *r = arg;
     for (int64_t k = 0; k < r->nsteps; k++) {
-        rt_batch_t *b;
+        data_batch_t *b;
         int rc;
         pthread_mutex_lock(&r->mu);
         while (!r->stop && r->nfilled + r->held >= r->nbuf)
@@ -302,7 +302,7 @@ static void *producer(void *arg)
 
         pthread_mutex_lock(&r->mu);
         if (r->cur)
-            r->stats.bytes = r->prepass_bytes + rt_tsv_cursor_bytes(r->cur);
+            r->stats.bytes = r->prepass_bytes + data_tsv_cursor_bytes(r->cur);
         if (rc < 0) {
             r->err_code = rc;
             snprintf(r->err_msg, sizeof r->err_msg, "%s", kiln_errmsg());
@@ -323,9 +323,9 @@ static void *producer(void *arg)
     return NULL;
 }
 
-/* rt_reader_next without a producer: makes step next_k in the one buffer.
+/* data_reader_next without a producer: makes step next_k in the one buffer.
  * A failure stays: every later call returns it again. */
-static int next_on_caller(rt_reader_t *r, rt_batch_t **batch)
+static int next_on_caller(data_reader_t *r, data_batch_t **batch)
 {
     if (r->err_code < 0)
         return kiln_errf(r->err_code, "rank %d: %s", r->rank, r->err_msg);
@@ -338,13 +338,13 @@ static int next_on_caller(rt_reader_t *r, rt_batch_t **batch)
         return kiln_errf(rc, "rank %d: %s", r->rank, r->err_msg);
     }
     if (r->cur)
-        r->stats.bytes = r->prepass_bytes + rt_tsv_cursor_bytes(r->cur);
+        r->stats.bytes = r->prepass_bytes + data_tsv_cursor_bytes(r->cur);
     r->next_k++;
     *batch = &r->bufs[0];
     return 1;
 }
 
-int rt_reader_next(rt_reader_t *r, rt_batch_t **batch)
+int data_reader_next(data_reader_t *r, data_batch_t **batch)
 {
     int rc;
     if (r->on_caller)
@@ -371,7 +371,7 @@ int rt_reader_next(rt_reader_t *r, rt_batch_t **batch)
     return rc;
 }
 
-void rt_reader_close(rt_reader_t *r)
+void data_reader_close(data_reader_t *r)
 {
     if (!r)
         return;
@@ -386,56 +386,56 @@ void rt_reader_close(rt_reader_t *r)
     pthread_cond_destroy(&r->cv_filled);
     pthread_cond_destroy(&r->cv_free);
     for (int i = 0; r->bufs && i < r->nbuf; i++)
-        rt_batch_fini(&r->bufs[i]);
+        data_batch_fini(&r->bufs[i]);
     free(r->bufs);
     for (int f = 0; r->bins && f < r->npaths; f++)
-        rt_bin_close(r->bins[f]);
+        data_bin_close(r->bins[f]);
     free(r->bins);
     for (int f = 0; r->pqs && f < r->npaths; f++)
-        rt_pq_close(r->pqs[f]);
+        data_pq_close(r->pqs[f]);
     free(r->pqs);
     for (int f = 0; r->paths && f < r->npaths; f++)
         free(r->paths[f]);
     free(r->paths);
     free(r->file_start);
-    rt_tsv_cursor_destroy(r->cur);
-    rt_builder_fini(&r->bb);
+    data_tsv_cursor_destroy(r->cur);
+    data_builder_fini(&r->bb);
     tsv_rows_fini(&r->tr);
     free(r);
 }
 
 /* Opens the Parquet files (footers, mapped columns, one schema for all). */
-static int scan_parquet(rt_reader_t *r, const rt_columns_t *cols)
+static int scan_parquet(data_reader_t *r, const data_columns_t *cols)
 {
     r->pqs = kiln_calloc((size_t)r->npaths, sizeof *r->pqs);
     if (!r->pqs)
         return KILN_ENOMEM;
     for (int f = 0; f < r->npaths; f++) {
-        KILN_CHECK(rt_pq_open(r->paths[f], cols, r->ndense, r->nslots, &r->pqs[f]));
+        KILN_CHECK(data_pq_open(r->paths[f], cols, r->ndense, r->nslots, &r->pqs[f]));
         if (f > 0)
-            KILN_CHECK(rt_pq_same_schema(r->pqs[0], r->pqs[f]));
-        r->file_start[f + 1] = r->file_start[f] + rt_pq_rows(r->pqs[f]);
+            KILN_CHECK(data_pq_same_schema(r->pqs[0], r->pqs[f]));
+        r->file_start[f + 1] = r->file_start[f] + data_pq_rows(r->pqs[f]);
     }
     return 0;
 }
 
 /* Counts rows (TSV pre-pass) or opens the kiln-bin or Parquet files,
  * filling file_start and the dimensions. */
-static int scan_files(rt_reader_t *r, int ndense, int nslots, const rt_columns_t *cols)
+static int scan_files(data_reader_t *r, int ndense, int nslots, const data_columns_t *cols)
 {
     int rc;
     r->file_start[0] = 0;
-    if (r->fmt == RT_FMT_PARQUET) {
-        r->ndense = ndense == RT_DIMS_AUTO ? RT_CRITEO_NDENSE : ndense;
-        r->nslots = nslots == RT_DIMS_AUTO ? RT_CRITEO_NSLOTS : nslots;
+    if (r->fmt == DATA_FMT_PARQUET) {
+        r->ndense = ndense == DATA_DIMS_AUTO ? DATA_CRITEO_NDENSE : ndense;
+        r->nslots = nslots == DATA_DIMS_AUTO ? DATA_CRITEO_NSLOTS : nslots;
         return scan_parquet(r, cols);
     }
-    if (r->fmt == RT_FMT_TSV) {
-        r->ndense = ndense == RT_DIMS_AUTO ? RT_CRITEO_NDENSE : ndense;
-        r->nslots = nslots == RT_DIMS_AUTO ? RT_CRITEO_NSLOTS : nslots;
+    if (r->fmt == DATA_FMT_TSV) {
+        r->ndense = ndense == DATA_DIMS_AUTO ? DATA_CRITEO_NDENSE : ndense;
+        r->nslots = nslots == DATA_DIMS_AUTO ? DATA_CRITEO_NSLOTS : nslots;
         for (int f = 0; f < r->npaths; f++) {
             int64_t rows, bytes;
-            rc = rt_tsv_count_rows(r->paths[f], &rows, &bytes);
+            rc = data_tsv_count_rows(r->paths[f], &rows, &bytes);
             if (rc < 0)
                 return rc;
             r->stats.bytes += bytes;
@@ -447,35 +447,35 @@ static int scan_files(rt_reader_t *r, int ndense, int nslots, const rt_columns_t
     if (!r->bins)
         return KILN_ENOMEM;
     for (int f = 0; f < r->npaths; f++) {
-        rc = rt_bin_open(r->paths[f], &r->bins[f]);
+        rc = data_bin_open(r->paths[f], &r->bins[f]);
         if (rc < 0)
             return rc;
         if (f == 0) {
-            r->ndense = ndense == RT_DIMS_AUTO ? rt_bin_ndense(r->bins[0]) : ndense;
-            r->nslots = nslots == RT_DIMS_AUTO ? rt_bin_nslots(r->bins[0]) : nslots;
+            r->ndense = ndense == DATA_DIMS_AUTO ? data_bin_ndense(r->bins[0]) : ndense;
+            r->nslots = nslots == DATA_DIMS_AUTO ? data_bin_nslots(r->bins[0]) : nslots;
         }
-        if (rt_bin_ndense(r->bins[f]) != r->ndense || rt_bin_nslots(r->bins[f]) != r->nslots)
+        if (data_bin_ndense(r->bins[f]) != r->ndense || data_bin_nslots(r->bins[f]) != r->nslots)
             return kiln_errf(KILN_EINVAL, "%s holds %d dense features and %d slots, but %d and "
-                             "%d were expected", r->paths[f], rt_bin_ndense(r->bins[f]),
-                             rt_bin_nslots(r->bins[f]), r->ndense, r->nslots);
-        r->file_start[f + 1] = r->file_start[f] + rt_bin_rows(r->bins[f]);
+                             "%d were expected", r->paths[f], data_bin_ndense(r->bins[f]),
+                             data_bin_nslots(r->bins[f]), r->ndense, r->nslots);
+        r->file_start[f + 1] = r->file_start[f] + data_bin_rows(r->bins[f]);
     }
     return 0;
 }
 
-int rt_reader_open(const char *const *paths, int npaths, rt_format_t format, int rank,
+int data_reader_open(const char *const *paths, int npaths, data_format_t format, int rank,
                    int nranks, int batch_size, int ndense, int nslots, int prefetch,
-                   rt_reader_t **out)
+                   data_reader_t **out)
 {
-    return rt_reader_open_cols(paths, npaths, format, NULL, rank, nranks, batch_size, ndense,
+    return data_reader_open_cols(paths, npaths, format, NULL, rank, nranks, batch_size, ndense,
                                nslots, prefetch, out);
 }
 
-int rt_reader_open_cols(const char *const *paths, int npaths, rt_format_t format,
-                        const rt_columns_t *cols, int rank, int nranks, int batch_size,
-                        int ndense, int nslots, int prefetch, rt_reader_t **out)
+int data_reader_open_cols(const char *const *paths, int npaths, data_format_t format,
+                        const data_columns_t *cols, int rank, int nranks, int batch_size,
+                        int ndense, int nslots, int prefetch, data_reader_t **out)
 {
-    rt_reader_t *r;
+    data_reader_t *r;
     int64_t per_step;
     int rc;
     if (npaths <= 0 || !paths)
@@ -484,7 +484,7 @@ int rt_reader_open_cols(const char *const *paths, int npaths, rt_format_t format
         return kiln_errf(KILN_EINVAL, "bad rank %d of %d", rank, nranks);
     if (batch_size <= 0)
         return kiln_errf(KILN_EINVAL, "batch size must be positive, got %d", batch_size);
-    if ((ndense < 0 && ndense != RT_DIMS_AUTO) || (nslots < 0 && nslots != RT_DIMS_AUTO))
+    if ((ndense < 0 && ndense != DATA_DIMS_AUTO) || (nslots < 0 && nslots != DATA_DIMS_AUTO))
         return kiln_errf(KILN_EINVAL, "bad dimensions %d dense, %d slots", ndense, nslots);
     if (prefetch < 0)
         prefetch = 0;
@@ -512,8 +512,8 @@ int rt_reader_open_cols(const char *const *paths, int npaths, rt_format_t format
         }
     }
     r->fmt = format;
-    if (format == RT_FMT_AUTO)
-        KILN_CHECK_GOTO(rt_format_detect(paths[0], &r->fmt), rc, fail);
+    if (format == DATA_FMT_AUTO)
+        KILN_CHECK_GOTO(data_format_detect(paths[0], &r->fmt), rc, fail);
     KILN_CHECK_GOTO(scan_files(r, ndense, nslots, cols), rc, fail);
     r->total_rows = r->file_start[npaths];
     per_step = (int64_t)batch_size * nranks;
@@ -528,13 +528,13 @@ int rt_reader_open_cols(const char *const *paths, int npaths, rt_format_t format
         goto fail;
     }
     for (int i = 0; i < r->nbuf; i++)
-        KILN_CHECK_GOTO(rt_batch_init(&r->bufs[i], batch_size, r->ndense, r->nslots), rc, fail);
-    KILN_CHECK_GOTO(rt_builder_init(&r->bb, batch_size, r->ndense, r->nslots), rc, fail);
+        KILN_CHECK_GOTO(data_batch_init(&r->bufs[i], batch_size, r->ndense, r->nslots), rc, fail);
+    KILN_CHECK_GOTO(data_builder_init(&r->bb, batch_size, r->ndense, r->nslots), rc, fail);
     r->bb.team = r->on_caller;
     for (int f = 0; r->pqs && f < npaths; f++)
-        rt_pq_set_team(r->pqs[f], r->on_caller);
-    if (r->fmt == RT_FMT_TSV) {
-        KILN_CHECK_GOTO(rt_tsv_cursor_create((const char *const *)r->paths, npaths, &r->cur), rc,
+        data_pq_set_team(r->pqs[f], r->on_caller);
+    if (r->fmt == DATA_FMT_TSV) {
+        KILN_CHECK_GOTO(data_tsv_cursor_create((const char *const *)r->paths, npaths, &r->cur), rc,
                         fail);
         KILN_CHECK_GOTO(tsv_rows_init(&r->tr, batch_size, r->ndense, r->nslots), rc, fail);
     }
@@ -550,6 +550,6 @@ int rt_reader_open_cols(const char *const *paths, int npaths, rt_format_t format
     *out = r;
     return 0;
 fail:
-    rt_reader_close(r);
+    data_reader_close(r);
     return rc;
 }

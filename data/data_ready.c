@@ -57,7 +57,7 @@ int data_partition_ready(const char *path, const data_ready_t *how)
             return rc;
     }
     if (how->parquet)
-        return rt_parquet_complete(path);
+        return data_parquet_complete(path);
     if (how->marker)
         return 1;
     struct timespec now;

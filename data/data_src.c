@@ -13,7 +13,7 @@
  * regular file (/dev/zero, a FIFO, a directory) before reading a byte.
  *
  * The TSV pre-pass and the line cursor (data_tsv.c) read through this, so
- * decompression runs where they run: the count at rt_reader_open, the
+ * decompression runs where they run: the count at data_reader_open, the
  * parsing in the reader's producer thread (docs/data-formats.md,
  * "Compressed files").
  */
@@ -41,7 +41,7 @@ static const char *file_kind(mode_t m)
                          : "not a regular file";
 }
 
-int rt_data_open(const char *path, int *fd_out)
+int data_open(const char *path, int *fd_out)
 {
     /* O_NONBLOCK: opening a FIFO would otherwise wait for a writer. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -68,24 +68,24 @@ int rt_data_open(const char *path, int *fd_out)
     return 0;
 }
 
-rt_comp_t rt_comp_detect(const unsigned char *head, size_t n)
+data_comp_t data_comp_detect(const unsigned char *head, size_t n)
 {
     if (n >= 2 && head[0] == 0x1f && head[1] == 0x8b)
-        return RT_COMP_GZIP;
+        return DATA_COMP_GZIP;
     if (n >= 4 && head[0] == 0x28 && head[1] == 0xb5 && head[2] == 0x2f && head[3] == 0xfd)
-        return RT_COMP_ZSTD;
-    return RT_COMP_NONE;
+        return DATA_COMP_ZSTD;
+    return DATA_COMP_NONE;
 }
 
-const char *rt_comp_name(rt_comp_t c)
+const char *data_comp_name(data_comp_t c)
 {
-    return c == RT_COMP_GZIP ? "gzip" : c == RT_COMP_ZSTD ? "zstd" : "plain";
+    return c == DATA_COMP_GZIP ? "gzip" : c == DATA_COMP_ZSTD ? "zstd" : "plain";
 }
 
-struct rt_src {
+struct data_src {
     char *path;
     int fd;
-    rt_comp_t comp;
+    data_comp_t comp;
     int64_t file_bytes; /* bytes read from the file so far */
     unsigned char *in;  /* [SRC_IN_CHUNK] compressed bytes read ahead */
     size_t in_pos, in_end;
@@ -98,7 +98,7 @@ struct rt_src {
 };
 
 /* Reads more of the file into the input buffer. Returns 0 or KILN_EIO. */
-static int src_fill(rt_src_t *s)
+static int src_fill(data_src_t *s)
 {
     if (s->in_pos > 0) {
         memmove(s->in, s->in + s->in_pos, s->in_end - s->in_pos);
@@ -121,9 +121,9 @@ static int src_fill(rt_src_t *s)
     }
 }
 
-int rt_src_open(const char *path, rt_src_t **out)
+int data_src_open(const char *path, data_src_t **out)
 {
-    rt_src_t *s = kiln_calloc(1, sizeof *s);
+    data_src_t *s = kiln_calloc(1, sizeof *s);
     int rc = 0;
     if (s == NULL)
         return KILN_ENOMEM;
@@ -134,20 +134,20 @@ int rt_src_open(const char *path, rt_src_t **out)
         rc = KILN_ENOMEM;
         goto fail;
     }
-    KILN_CHECK_GOTO(rt_data_open(path, &s->fd), rc, fail);
+    KILN_CHECK_GOTO(data_open(path, &s->fd), rc, fail);
     (void)posix_fadvise(s->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     KILN_CHECK_GOTO(src_fill(s), rc, fail);
     while (s->in_end < 4 && !s->file_eof)
         KILN_CHECK_GOTO(src_fill(s), rc, fail);
-    s->comp = rt_comp_detect(s->in, s->in_end);
-    if (s->comp == RT_COMP_GZIP) {
+    s->comp = data_comp_detect(s->in, s->in_end);
+    if (s->comp == DATA_COMP_GZIP) {
         /* 15 + 16: a gzip wrapper (not zlib's), the largest window. */
         if (inflateInit2(&s->zs, 15 + 16) != Z_OK) {
             rc = kiln_errf(KILN_ENOMEM, "cannot start a gzip decoder for %s", path);
             goto fail;
         }
         s->zs_init = true;
-    } else if (s->comp == RT_COMP_ZSTD) {
+    } else if (s->comp == DATA_COMP_ZSTD) {
         s->zd = ZSTD_createDStream();
         if (s->zd == NULL || ZSTD_isError(ZSTD_initDStream(s->zd))) {
             rc = kiln_errf(KILN_ENOMEM, "cannot start a zstd decoder for %s", path);
@@ -157,11 +157,11 @@ int rt_src_open(const char *path, rt_src_t **out)
     *out = s;
     return 0;
 fail:
-    rt_src_close(s);
+    data_src_close(s);
     return rc;
 }
 
-void rt_src_close(rt_src_t *s)
+void data_src_close(data_src_t *s)
 {
     if (s == NULL)
         return;
@@ -175,36 +175,36 @@ void rt_src_close(rt_src_t *s)
     free(s);
 }
 
-rt_comp_t rt_src_comp(const rt_src_t *s)
+data_comp_t data_src_comp(const data_src_t *s)
 {
     return s->comp;
 }
 
-int64_t rt_src_file_bytes(const rt_src_t *s)
+int64_t data_src_file_bytes(const data_src_t *s)
 {
     return s->file_bytes;
 }
 
 /* The byte of the file the decoder has reached (for messages). */
-static int64_t src_at(const rt_src_t *s)
+static int64_t src_at(const data_src_t *s)
 {
     return s->file_bytes - (int64_t)(s->in_end - s->in_pos);
 }
 
-static int truncated(const rt_src_t *s)
+static int truncated(const data_src_t *s)
 {
     return kiln_errf(KILN_ECORRUPT,
                      "data file %s: the %s stream ends early at byte %lld (the "
                      "file is cut short or still being written); recompress or replace it",
-                     s->path, rt_comp_name(s->comp), (long long)src_at(s));
+                     s->path, data_comp_name(s->comp), (long long)src_at(s));
 }
 
 /* One decoder step of whichever kind: consumes input at s->in_pos, writes
  * at out[*pos]. Sets *ended when a member / frame ended. */
-static int decode_step(rt_src_t *s, char *out, size_t cap, size_t *pos, bool *ended)
+static int decode_step(data_src_t *s, char *out, size_t cap, size_t *pos, bool *ended)
 {
     *ended = false;
-    if (s->comp == RT_COMP_GZIP) {
+    if (s->comp == DATA_COMP_GZIP) {
         s->zs.next_in = s->in + s->in_pos;
         s->zs.avail_in = (uInt)(s->in_end - s->in_pos);
         s->zs.next_out = (Bytef *)out + *pos;
@@ -235,11 +235,11 @@ static int decode_step(rt_src_t *s, char *out, size_t cap, size_t *pos, bool *en
     return 0;
 }
 
-int64_t rt_src_read(rt_src_t *s, char *buf, size_t cap)
+int64_t data_src_read(data_src_t *s, char *buf, size_t cap)
 {
     if (cap == 0)
         return 0;
-    if (s->comp == RT_COMP_NONE) {
+    if (s->comp == DATA_COMP_NONE) {
         /* What open read ahead to find the magic goes out first. */
         if (s->in_pos < s->in_end) {
             size_t n = s->in_end - s->in_pos < cap ? s->in_end - s->in_pos : cap;

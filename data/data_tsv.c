@@ -5,7 +5,7 @@
  * sscanf), the key hash, the line cursor that walks several files as one
  * sequence of lines through a big read buffer, and the newline-count pre-pass
  * that tells the reader how many rows there are. Both read a file's bytes
- * through rt_src (data_src.c), so gzip and zstd files read like plain ones.
+ * through data_src (data_src.c), so gzip and zstd files read like plain ones.
  * The rules are in docs/data-formats.md.
  */
 #include "data_int.h"
@@ -31,9 +31,9 @@
 static float log1p_table[LOG1P_TABLE];
 static pthread_once_t log1p_once = PTHREAD_ONCE_INIT;
 
-int64_t rt_key_hash(int slot, const char *value, size_t len)
+int64_t data_key_hash(int slot, const char *value, size_t len)
 {
-    return (int64_t)(XXH64(value, len, (XXH64_hash_t)slot) & (uint64_t)RT_KEY_MASK);
+    return (int64_t)(XXH64(value, len, (XXH64_hash_t)slot) & (uint64_t)DATA_KEY_MASK);
 }
 
 static void log1p_fill(void)
@@ -56,7 +56,7 @@ static inline float dense_value(int64_t x)
     return (float)log1p((double)x);
 }
 
-float rt_dense_int(int64_t x)
+float data_dense_int(int64_t x)
 {
     log1p_init();
     return dense_value(x);
@@ -101,7 +101,7 @@ static inline const char *field_end(const char *q, const char *e)
     return q;
 }
 
-int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *label,
+int data_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *label,
                       float *dense, int64_t *keys, unsigned char *has_key, char *why,
                       size_t whysz)
 {
@@ -109,7 +109,7 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
     const char *e;
     const char *q = p;
     int f = 0;
-    char first_err[RT_MESSAGE_LEN];
+    char first_err[DATA_MESSAGE_LEN];
     int have_err = 0;
     char quoted[32];
 
@@ -182,7 +182,7 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
                 int s = f - 1 - ndense;
                 has_key[s] = flen != 0;
                 if (flen != 0)
-                    keys[s] = rt_key_hash(s, q, flen);
+                    keys[s] = data_key_hash(s, q, flen);
             }
         }
         f++;
@@ -202,12 +202,12 @@ int rt_tsv_parse_line(const char *p, size_t len, int ndense, int nslots, float *
     return 0;
 }
 
-void rt_stats_malformed(rt_reader_stats_t *st, const char *path, int64_t lineno,
+void data_stats_malformed(data_reader_stats_t *st, const char *path, int64_t lineno,
                         const char *why)
 {
     st->malformed++;
-    if (st->nmessages < RT_MAX_MESSAGES) {
-        snprintf(st->messages[st->nmessages], RT_MESSAGE_LEN, "%s:%lld: %s", path,
+    if (st->nmessages < DATA_MAX_MESSAGES) {
+        snprintf(st->messages[st->nmessages], DATA_MESSAGE_LEN, "%s:%lld: %s", path,
                  (long long)lineno, why);
         st->nmessages++;
     }
@@ -217,13 +217,13 @@ void rt_stats_malformed(rt_reader_stats_t *st, const char *path, int64_t lineno,
 
 static const struct {
     const char *name;
-    rt_format_t fmt;
+    data_format_t fmt;
 } format_names[] = {
-    {"auto", RT_FMT_AUTO}, {"tsv", RT_FMT_TSV}, {"criteo", RT_FMT_TSV},
-    {"bin", RT_FMT_BIN},   {"kiln-bin", RT_FMT_BIN}, {"parquet", RT_FMT_PARQUET},
+    {"auto", DATA_FMT_AUTO}, {"tsv", DATA_FMT_TSV}, {"criteo", DATA_FMT_TSV},
+    {"bin", DATA_FMT_BIN},   {"kiln-bin", DATA_FMT_BIN}, {"parquet", DATA_FMT_PARQUET},
 };
 
-int rt_format_parse(const char *s, rt_format_t *out)
+int data_format_parse(const char *s, data_format_t *out)
 {
     for (size_t i = 0; i < sizeof format_names / sizeof format_names[0]; i++) {
         if (strcmp(s, format_names[i].name) == 0) {
@@ -234,21 +234,21 @@ int rt_format_parse(const char *s, rt_format_t *out)
     return kiln_errf(KILN_EINVAL, "unknown data format '%s' (choose auto, tsv, bin or parquet)", s);
 }
 
-const char *rt_format_name(rt_format_t f)
+const char *data_format_name(data_format_t f)
 {
-    return f == RT_FMT_TSV ? "tsv" : f == RT_FMT_BIN ? "bin" : f == RT_FMT_PARQUET ? "parquet" : "auto";
+    return f == DATA_FMT_TSV ? "tsv" : f == DATA_FMT_BIN ? "bin" : f == DATA_FMT_PARQUET ? "parquet" : "auto";
 }
 
-int rt_format_detect(const char *path, rt_format_t *out)
+int data_format_detect(const char *path, data_format_t *out)
 {
     char magic[8];
     int64_t n = 0;
-    rt_src_t *src = NULL;
+    data_src_t *src = NULL;
     /* The decompressed start: a compressed kiln-bin file is detected as
      * kiln-bin, whose reader then says why it cannot be read. */
-    int rc = rt_src_open(path, &src);
+    int rc = data_src_open(path, &src);
     while (rc == 0 && n < 8) {
-        int64_t got = rt_src_read(src, magic + n, sizeof magic - (size_t)n);
+        int64_t got = data_src_read(src, magic + n, sizeof magic - (size_t)n);
         if (got < 0)
             rc = (int)got;
         else if (got == 0)
@@ -256,32 +256,32 @@ int rt_format_detect(const char *path, rt_format_t *out)
         else
             n += got;
     }
-    rt_src_close(src);
+    data_src_close(src);
     if (rc < 0)
         return rc;
-    *out = (n == 8 && memcmp(magic, "KILNBIN1", 8) == 0)  ? RT_FMT_BIN
-           : (n >= 4 && memcmp(magic, "PAR1", 4) == 0) ? RT_FMT_PARQUET
-                                                       : RT_FMT_TSV;
+    *out = (n == 8 && memcmp(magic, "KILNBIN1", 8) == 0)  ? DATA_FMT_BIN
+           : (n >= 4 && memcmp(magic, "PAR1", 4) == 0) ? DATA_FMT_PARQUET
+                                                       : DATA_FMT_TSV;
     return 0;
 }
 
 /* ---- the pre-pass ------------------------------------------------------------- */
 
-int rt_tsv_count_rows(const char *path, int64_t *rows, int64_t *bytes)
+int data_tsv_count_rows(const char *path, int64_t *rows, int64_t *bytes)
 {
     int rc = 0;
     int64_t nl = 0, total = 0;
     char last = '\n';
     char *buf = NULL;
-    rt_src_t *src = NULL;
-    KILN_CHECK(rt_src_open(path, &src));
+    data_src_t *src = NULL;
+    KILN_CHECK(data_src_open(path, &src));
     buf = kiln_malloc(READ_CHUNK);
     if (!buf) {
         rc = KILN_ENOMEM;
         goto out;
     }
     for (;;) {
-        int64_t n = rt_src_read(src, buf, READ_CHUNK);
+        int64_t n = data_src_read(src, buf, READ_CHUNK);
         const char *p, *e;
         if (n < 0) {
             rc = (int)n;
@@ -307,20 +307,20 @@ int rt_tsv_count_rows(const char *path, int64_t *rows, int64_t *bytes)
     }
     *rows = nl + (total > 0 && last != '\n' ? 1 : 0);
     if (bytes)
-        *bytes = rt_src_file_bytes(src);
+        *bytes = data_src_file_bytes(src);
 out:
     free(buf);
-    rt_src_close(src);
+    data_src_close(src);
     return rc;
 }
 
 /* ---- the cursor --------------------------------------------------------------- */
 
-struct rt_tsv_cursor {
+struct data_tsv_cursor {
     const char *const *paths; /* borrowed: must outlive the cursor */
     int npaths;
     int fi;      /* index of the open file, -1 before the first */
-    rt_src_t *src; /* the open file's bytes (decompressed); NULL when none is open */
+    data_src_t *src; /* the open file's bytes (decompressed); NULL when none is open */
     char *buf;   /* [cap] */
     size_t cap, beg, end;
     int eof;     /* the open file has no more bytes */
@@ -329,15 +329,15 @@ struct rt_tsv_cursor {
     int64_t bytes;
 };
 
-int rt_tsv_cursor_create(const char *const *paths, int npaths, rt_tsv_cursor_t **out)
+int data_tsv_cursor_create(const char *const *paths, int npaths, data_tsv_cursor_t **out)
 {
-    rt_tsv_cursor_t *c = kiln_calloc(1, sizeof *c);
+    data_tsv_cursor_t *c = kiln_calloc(1, sizeof *c);
     if (!c)
         return KILN_ENOMEM;
     c->paths = paths;
     c->npaths = npaths;
     c->fi = -1;
-    c->cap = READ_CHUNK + RT_TSV_MAX_LINE + 1;
+    c->cap = READ_CHUNK + DATA_TSV_MAX_LINE + 1;
     c->buf = kiln_malloc(c->cap);
     if (!c->buf) {
         free(c);
@@ -348,29 +348,29 @@ int rt_tsv_cursor_create(const char *const *paths, int npaths, rt_tsv_cursor_t *
     return 0;
 }
 
-void rt_tsv_cursor_destroy(rt_tsv_cursor_t *c)
+void data_tsv_cursor_destroy(data_tsv_cursor_t *c)
 {
     if (!c)
         return;
-    rt_src_close(c->src);
+    data_src_close(c->src);
     free(c->buf);
     free(c);
 }
 
-int64_t rt_tsv_cursor_bytes(const rt_tsv_cursor_t *c)
+int64_t data_tsv_cursor_bytes(const data_tsv_cursor_t *c)
 {
     return c->bytes;
 }
 
 /* Opens the next file. Returns 1, 0 when there is none, or an error. */
-static int open_next(rt_tsv_cursor_t *c)
+static int open_next(data_tsv_cursor_t *c)
 {
-    rt_src_close(c->src);
+    data_src_close(c->src);
     c->src = NULL;
     if (c->fi + 1 >= c->npaths)
         return 0;
     c->fi++;
-    KILN_CHECK(rt_src_open(c->paths[c->fi], &c->src));
+    KILN_CHECK(data_src_open(c->paths[c->fi], &c->src));
     c->beg = c->end = 0;
     c->eof = 0;
     c->partial = 0;
@@ -380,25 +380,25 @@ static int open_next(rt_tsv_cursor_t *c)
 
 /* Moves the unread bytes to the front and reads more (decompressed).
  * Returns 0, KILN_EIO or KILN_ECORRUPT (bad compressed data). */
-static int fill(rt_tsv_cursor_t *c)
+static int fill(data_tsv_cursor_t *c)
 {
     if (c->beg > 0) {
         memmove(c->buf, c->buf + c->beg, c->end - c->beg);
         c->end -= c->beg;
         c->beg = 0;
     }
-    int64_t before = rt_src_file_bytes(c->src);
-    int64_t n = rt_src_read(c->src, c->buf + c->end, c->cap - c->end);
+    int64_t before = data_src_file_bytes(c->src);
+    int64_t n = data_src_read(c->src, c->buf + c->end, c->cap - c->end);
     if (n < 0)
         return (int)n;
     if (n == 0)
         c->eof = 1;
     c->end += (size_t)n;
-    c->bytes += rt_src_file_bytes(c->src) - before;
+    c->bytes += data_src_file_bytes(c->src) - before;
     return 0;
 }
 
-int rt_tsv_cursor_next(rt_tsv_cursor_t *c, const char **line, size_t *len, int *too_long,
+int data_tsv_cursor_next(data_tsv_cursor_t *c, const char **line, size_t *len, int *too_long,
                        int *file, int64_t *lineno)
 {
     int rc;
@@ -419,18 +419,18 @@ int rt_tsv_cursor_next(rt_tsv_cursor_t *c, const char **line, size_t *len, int *
             c->lineno++;
             *file = c->fi;
             *lineno = c->lineno;
-            *too_long = c->partial || l > RT_TSV_MAX_LINE;
+            *too_long = c->partial || l > DATA_TSV_MAX_LINE;
             *line = *too_long ? NULL : s;
             *len = *too_long ? 0 : l;
             c->partial = 0;
             return 1;
         }
         if (c->eof) {
-            rt_src_close(c->src);
+            data_src_close(c->src);
             c->src = NULL;
             continue;
         }
-        if (avail > RT_TSV_MAX_LINE) {
+        if (avail > DATA_TSV_MAX_LINE) {
             /* Too long already: drop what we have, keep looking for its end. */
             c->beg = c->end;
             c->partial = 1;
@@ -441,7 +441,7 @@ int rt_tsv_cursor_next(rt_tsv_cursor_t *c, const char **line, size_t *len, int *
     }
 }
 
-int rt_tsv_cursor_skip(rt_tsv_cursor_t *c, int64_t n)
+int data_tsv_cursor_skip(data_tsv_cursor_t *c, int64_t n)
 {
     int rc;
     while (n > 0) {
@@ -472,7 +472,7 @@ int rt_tsv_cursor_skip(rt_tsv_cursor_t *c, int64_t n)
                 c->lineno++;
                 n--;
             }
-            rt_src_close(c->src);
+            data_src_close(c->src);
             c->src = NULL;
             continue;
         }

@@ -180,7 +180,7 @@ KERN_HD static inline void kern_adam_elem(float *w, float *m, float *v, float g,
  * The error of a double-double sum is about 2^-106 of the sum of the terms'
  * magnitudes; float32 rounding of it differs between orders only when the
  * exact sum lies that close to a rounding boundary. The MPI op that adds
- * pairs is rt_comm_allreduce_sum_dd in shard/shard.h. */
+ * pairs is shard_comm_allreduce_sum_dd in shard/shard.h. */
 
 /* (*hi, *lo) += x, Knuth's TwoSum: exact, whatever the magnitudes. */
 KERN_HD static inline void kern_dd_add(double *hi, double *lo, double x)

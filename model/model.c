@@ -4,7 +4,7 @@
  * workspaces, forward/backward around the per-type halves (model_lr.c,
  * model_fm.c, model_dlrm.c), the stable logistic loss, and checkpoint state.
  */
-#define RT_MODEL_IMPL
+#define MODEL_IMPL
 #include "model.h"
 
 #include <cblas.h>
@@ -35,7 +35,7 @@ static float uniform_pm1(uint64_t seed, uint64_t idx)
 }
 
 /* Xavier/Glorot uniform: U(-sqrt(6 / (fan_in + fan_out)), +...). */
-static void init_xavier(rt_model_t *m, size_t off, int fan_out, int fan_in)
+static void init_xavier(model_t *m, size_t off, int fan_out, int fan_in)
 {
     float lim = sqrtf(6.0f / (float)(fan_in + fan_out));
     size_t cnt = (size_t)fan_out * (size_t)fan_in;
@@ -44,9 +44,9 @@ static void init_xavier(rt_model_t *m, size_t off, int fan_out, int fan_in)
 }
 
 /* ---- layout -------------------------------------------------------------------- */
-static size_t add_group(rt_model_t *m, const char *name, int rows, int cols)
+static size_t add_group(model_t *m, const char *name, int rows, int cols)
 {
-    rt_model_group_t *g = &m->groups[m->ngroups++];
+    model_group_t *g = &m->groups[m->ngroups++];
     snprintf(g->name, sizeof g->name, "%s", name);
     g->offset = m->nparams;
     g->rows = rows;
@@ -55,10 +55,10 @@ static size_t add_group(rt_model_t *m, const char *name, int rows, int cols)
     return g->offset;
 }
 
-static size_t add_layer(rt_model_t *m, int li, const char *part, int idx, int in, int out, int relu)
+static size_t add_layer(model_t *m, int li, const char *part, int idx, int in, int out, int relu)
 {
     char name[32];
-    rt_model_layer_t *L = &m->layers[li];
+    model_layer_t *L = &m->layers[li];
     L->in = in;
     L->out = out;
     L->relu = relu;
@@ -71,9 +71,9 @@ static size_t add_layer(rt_model_t *m, int li, const char *part, int idx, int in
 
 static int check_widths(const char *what, const int *w, int n)
 {
-    if (n < 1 || n > RT_MODEL_MAX_LAYERS || !w)
+    if (n < 1 || n > MODEL_MAX_LAYERS || !w)
         return kiln_errf(KILN_EINVAL, "dlrm: model.%s needs 1 to %d layer widths, got %d", what,
-                         RT_MODEL_MAX_LAYERS, n);
+                         MODEL_MAX_LAYERS, n);
     for (int i = 0; i < n; i++)
         if (w[i] < 1 || w[i] > (1 << 20))
             return kiln_errf(KILN_EINVAL, "dlrm: model.%s[%d] = %d is not a width in 1..%d", what,
@@ -81,25 +81,25 @@ static int check_widths(const char *what, const int *w, int n)
     return 0;
 }
 
-static int check_config(const rt_model_config_t *c)
+static int check_config(const model_config_t *c)
 {
-    if (c->type != RT_MODEL_LR && c->type != RT_MODEL_FM && c->type != RT_MODEL_DLRM)
+    if (c->type != MODEL_LR && c->type != MODEL_FM && c->type != MODEL_DLRM)
         return kiln_errf(KILN_EINVAL, "unknown model type %d (lr, fm or dlrm)", (int)c->type);
-    const char *t = rt_model_type_name(c->type);
+    const char *t = model_type_name(c->type);
     if (c->nslots < 0 || c->nslots > 4096)
         return kiln_errf(KILN_EINVAL, "%s: %d categorical slots, expected 0..4096", t, c->nslots);
     if (c->ndense < 0 || c->ndense > 65536)
         return kiln_errf(KILN_EINVAL, "%s: %d dense features, expected 0..65536", t, c->ndense);
     if (c->dim < 1 || c->dim > 65536)
         return kiln_errf(KILN_EINVAL, "%s: embedding width %d, expected 1..65536", t, c->dim);
-    if (c->type == RT_MODEL_LR && c->dim != 1)
+    if (c->type == MODEL_LR && c->dim != 1)
         return kiln_errf(KILN_EINVAL,
                          "lr: pooled vectors must have width 1 (the per-key weight), got %d; "
-                         "size the tables with rt_model_table_dim",
+                         "size the tables with model_table_dim",
                          c->dim);
     if (c->max_batch < 1 || c->max_batch > (1 << 24))
         return kiln_errf(KILN_EINVAL, "%s: max_batch %d, expected 1..%d", t, c->max_batch, 1 << 24);
-    if (c->type == RT_MODEL_DLRM) {
+    if (c->type == MODEL_DLRM) {
         KILN_CHECK(check_widths("bottom_mlp", c->bottom, c->nbottom));
         KILN_CHECK(check_widths("top_mlp", c->top, c->ntop));
         if (c->ndense < 1)
@@ -114,18 +114,18 @@ static int check_config(const rt_model_config_t *c)
                              "dlrm: the last top_mlp width must be 1 (the logit), got %d",
                              c->top[c->ntop - 1]);
     }
-    if (c->precision != RT_DENSE_FP32 && c->precision != RT_DENSE_BF16)
+    if (c->precision != MODEL_DENSE_FP32 && c->precision != MODEL_DENSE_BF16)
         return kiln_errf(KILN_EINVAL, "unknown dense precision %d (fp32 or bf16)",
                          (int)c->precision);
-    if (c->precision == RT_DENSE_BF16 && c->type != RT_MODEL_DLRM)
+    if (c->precision == MODEL_DENSE_BF16 && c->type != MODEL_DLRM)
         return kiln_errf(KILN_EINVAL,
                          "%s: model.dense_precision: bf16 applies to dlrm's MLP layers, and %s "
                          "has none (its dense math is a dot product per row); use fp32",
                          t, t);
-    if (c->precision == RT_DENSE_BF16)
+    if (c->precision == MODEL_DENSE_BF16)
         KILN_CHECK(model_bf16_check_here());
-    const rt_dense_opt_t *o = &c->opt;
-    if (o->type != RT_DENSE_SGD && o->type != RT_DENSE_ADAGRAD && o->type != RT_DENSE_ADAM)
+    const model_dense_opt_t *o = &c->opt;
+    if (o->type != MODEL_DENSE_SGD && o->type != MODEL_DENSE_ADAGRAD && o->type != MODEL_DENSE_ADAM)
         return kiln_errf(KILN_EINVAL, "unknown dense optimizer %d (sgd, adagrad or adam)",
                          (int)o->type);
     if (!(o->lr >= 0.0f) || !isfinite(o->lr))
@@ -133,12 +133,12 @@ static int check_config(const rt_model_config_t *c)
     if (!(o->weight_decay >= 0.0f))
         return kiln_errf(KILN_EINVAL, "dense optimizer: weight_decay must be >= 0, got %g",
                          o->weight_decay);
-    if (o->type != RT_DENSE_SGD && !(o->eps >= 0.0f))
+    if (o->type != MODEL_DENSE_SGD && !(o->eps >= 0.0f))
         return kiln_errf(KILN_EINVAL, "dense optimizer: eps must be >= 0, got %g", o->eps);
-    if (o->type == RT_DENSE_ADAGRAD && !(o->initial_accumulator >= 0.0f))
+    if (o->type == MODEL_DENSE_ADAGRAD && !(o->initial_accumulator >= 0.0f))
         return kiln_errf(KILN_EINVAL, "dense optimizer: initial_accumulator must be >= 0, got %g",
                          o->initial_accumulator);
-    if (o->type == RT_DENSE_ADAM &&
+    if (o->type == MODEL_DENSE_ADAM &&
         !(o->beta1 >= 0.0f && o->beta1 < 1.0f && o->beta2 >= 0.0f && o->beta2 < 1.0f))
         return kiln_errf(KILN_EINVAL,
                          "dense optimizer: adam betas must be in [0, 1), got %g and %g", o->beta1,
@@ -147,9 +147,9 @@ static int check_config(const rt_model_config_t *c)
 }
 
 /* Lays out the parameters (nparams, groups, layers) without allocating. */
-static void layout(rt_model_t *m, const rt_model_config_t *c)
+static void layout(model_t *m, const model_config_t *c)
 {
-    if (m->type == RT_MODEL_LR || m->type == RT_MODEL_FM) {
+    if (m->type == MODEL_LR || m->type == MODEL_FM) {
         m->w_off = m->F > 0 ? add_group(m, "w", 1, m->F) : 0;
         m->b_off = add_group(m, "b", 1, 1);
         if (m->fm_dense)
@@ -166,7 +166,7 @@ static void layout(rt_model_t *m, const rt_model_config_t *c)
 
 /* U(-1/sqrt(fan_in), +1/sqrt(fan_in)) over cnt values: PyTorch's nn.Linear
  * default for weights (kaiming_uniform_ with a = sqrt(5)) and biases. */
-static void init_fan_in(rt_model_t *m, size_t off, size_t cnt, int fan_in)
+static void init_fan_in(model_t *m, size_t off, size_t cnt, int fan_in)
 {
     float lim = 1.0f / sqrtf((float)fan_in);
     for (size_t i = 0; i < cnt; i++)
@@ -178,26 +178,26 @@ static void init_fan_in(rt_model_t *m, size_t off, size_t cnt, int fan_in)
  * trained 0.013 logloss worse than a stock PyTorch DLRM on data neither was
  * developed on, and varied more by seed (docs/models.md, "Initialisation";
  * bench/quality_vs_torch.py --defaults own --data teacher). */
-static void init_params(rt_model_t *m)
+static void init_params(model_t *m)
 {
     memset(m->params, 0, m->nparams * sizeof(float));
-    if (m->type == RT_MODEL_FM && m->fm_dense)
+    if (m->type == MODEL_FM && m->fm_dense)
         init_xavier(m, m->vx_off, m->k, m->F);
-    if (m->type == RT_MODEL_DLRM)
+    if (m->type == MODEL_DLRM)
         for (int l = 0; l < m->nbottom + m->ntop; l++) {
-            const rt_model_layer_t *L = &m->layers[l];
+            const model_layer_t *L = &m->layers[l];
             init_fan_in(m, L->w_off, (size_t)L->out * (size_t)L->in, L->in);
             init_fan_in(m, L->b_off, (size_t)L->out, L->in);
         }
 }
 
-static void reset_opt_state(rt_model_t *m)
+static void reset_opt_state(model_t *m)
 {
     m->opt_t = 0;
-    if (m->opt.type == RT_DENSE_ADAGRAD)
+    if (m->opt.type == MODEL_DENSE_ADAGRAD)
         for (size_t i = 0; i < m->nparams; i++)
             m->opt_a[i] = m->opt.initial_accumulator;
-    if (m->opt.type == RT_DENSE_ADAM) {
+    if (m->opt.type == MODEL_DENSE_ADAM) {
         memset(m->opt_a, 0, m->nparams * sizeof(float));
         memset(m->opt_b, 0, m->nparams * sizeof(float));
     }
@@ -208,10 +208,10 @@ static float *alloc_f(size_t count)
     return kiln_calloc(count ? count : 1, sizeof(float));
 }
 
-int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
+int model_create(const model_config_t *cfg, model_t **out /* OUT */)
 {
     int rc = 0;
-    rt_model_t *m = NULL;
+    model_t *m = NULL;
     *out = NULL;
     KILN_CHECK(check_config(cfg));
     /* The models split their GEMMs over OpenMP threads themselves
@@ -224,13 +224,13 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
     m->S = cfg->nslots;
     m->F = cfg->ndense;
     m->d = cfg->dim;
-    m->k = cfg->type == RT_MODEL_FM ? cfg->dim - 1 : 0;
-    m->fm_dense = cfg->type == RT_MODEL_FM && cfg->fm_dense_factors && m->k > 0 && m->F > 0;
+    m->k = cfg->type == MODEL_FM ? cfg->dim - 1 : 0;
+    m->fm_dense = cfg->type == MODEL_FM && cfg->fm_dense_factors && m->k > 0 && m->F > 0;
     m->max_batch = cfg->max_batch;
     m->seed = cfg->seed;
     m->opt = cfg->opt;
     m->precision = cfg->precision;
-    if (m->type == RT_MODEL_DLRM) {
+    if (m->type == MODEL_DLRM) {
         m->nbottom = cfg->nbottom;
         m->ntop = cfg->ntop;
         m->P = m->S * (m->S + 1) / 2;
@@ -247,16 +247,16 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
     m->gz = alloc_f(B);
     if (!m->params || !m->grads || !m->grads_lo || !m->logits || !m->probs || !m->gz)
         goto nomem;
-    if (m->opt.type != RT_DENSE_SGD && !(m->opt_a = alloc_f(m->nparams)))
+    if (m->opt.type != MODEL_DENSE_SGD && !(m->opt_a = alloc_f(m->nparams)))
         goto nomem;
-    if (m->opt.type == RT_DENSE_ADAM && !(m->opt_b = alloc_f(m->nparams)))
+    if (m->opt.type == MODEL_DENSE_ADAM && !(m->opt_b = alloc_f(m->nparams)))
         goto nomem;
 
-    if (m->type == RT_MODEL_FM && m->k > 0) {
+    if (m->type == MODEL_FM && m->k > 0) {
         if (!(m->fm_sum = alloc_f(B * (size_t)m->k)) || !(m->fm_u = alloc_f(B * (size_t)m->k)))
             goto nomem;
     }
-    if (m->type == RT_MODEL_DLRM) {
+    if (m->type == MODEL_DLRM) {
         int nl = m->nbottom + m->ntop;
         m->maxw = m->ldr > m->F ? m->ldr : m->F;
         for (int l = 0; l < nl; l++)
@@ -277,7 +277,7 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
                 goto nomem;
         }
     }
-    /* rt_grad_gemm's float64 operand copies: as wide as any operand. */
+    /* model_grad_gemm's float64 operand copies: as wide as any operand. */
     m->maxc = m->F > m->k ? m->F : m->k;
     if (m->maxw > m->maxc)
         m->maxc = m->maxw;
@@ -286,10 +286,10 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
     /* Batches that are multiples of 256 rows per rank run the per-row GEMMs
      * in 256-row calls and the weight gradients in 256-row float32 blocks;
      * others in 16-row calls and float64 (model_blas.c). */
-    m->row_block = m->max_batch % RT_GRAD_BLOCK == 0 ? RT_GRAD_BLOCK : RT_ROW_BLOCK;
-    /* rt_grad_gemm's 256-row path: a float32 product per OpenMP thread. */
+    m->row_block = m->max_batch % MODEL_GRAD_BLOCK == 0 ? MODEL_GRAD_BLOCK : MODEL_ROW_BLOCK;
+    /* model_grad_gemm's 256-row path: a float32 product per OpenMP thread. */
     m->wgT_cap = 1;
-    if (m->type == RT_MODEL_DLRM)
+    if (m->type == MODEL_DLRM)
         for (int l = 0; l < m->nbottom + m->ntop; l++)
             if ((size_t)m->layers[l].out * (size_t)m->layers[l].in > m->wgT_cap)
                 m->wgT_cap = (size_t)m->layers[l].out * (size_t)m->layers[l].in;
@@ -308,7 +308,7 @@ int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */)
         !(m->tailA = alloc_f((size_t)m->row_block * (size_t)m->maxc)) ||
         !(m->tailC = alloc_f((size_t)m->row_block * (size_t)m->maxc)))
         goto nomem;
-    if (m->precision == RT_DENSE_BF16 && (rc = rt_bf16_create(m)) < 0)
+    if (m->precision == MODEL_DENSE_BF16 && (rc = model_bf16_create(m)) < 0)
         goto fail;
     init_params(m);
     reset_opt_state(m);
@@ -319,18 +319,18 @@ nomem:
     rc = kiln_errf(KILN_ENOMEM,
                    "%s model: out of memory for %zu dense parameters and workspaces for "
                    "%d rows; lower train.batch_size",
-                   rt_model_type_name(cfg->type), m->nparams, cfg->max_batch);
+                   model_type_name(cfg->type), m->nparams, cfg->max_batch);
 fail:
-    rt_model_destroy(m);
+    model_destroy(m);
     return rc;
 }
 
-void rt_model_destroy(rt_model_t *m)
+void model_destroy(model_t *m)
 {
     if (!m)
         return;
     int nl = m->nbottom + m->ntop;
-    rt_bf16_destroy(m);
+    model_bf16_destroy(m);
     for (int l = 0; l < nl; l++)
         if (m->act[l] != m->R && m->act[l] != m->logits)
             free(m->act[l]);
@@ -344,70 +344,70 @@ void rt_model_destroy(rt_model_t *m)
 }
 
 /* ---- accessors ------------------------------------------------------------------ */
-size_t rt_model_nparams(const rt_model_t *m)
+size_t model_nparams(const model_t *m)
 {
     return m->nparams;
 }
-float *rt_model_params(rt_model_t *m)
+float *model_params(model_t *m)
 {
     m->bf_stale = 1; /* the caller may write: the bf16 copy is made again */
     return m->params;
 }
-const float *rt_model_params_read(const rt_model_t *m)
+const float *model_params_read(const model_t *m)
 {
     return m->params;
 }
-double *rt_model_grads(rt_model_t *m)
+double *model_grads(model_t *m)
 {
     return m->grads;
 }
 
-double *rt_model_grads_lo(rt_model_t *m)
+double *model_grads_lo(model_t *m)
 {
     return m->grads_lo;
 }
-int rt_model_ngroups(const rt_model_t *m)
+int model_ngroups(const model_t *m)
 {
     return m->ngroups;
 }
-int rt_model_dim(const rt_model_t *m)
+int model_dim(const model_t *m)
 {
     return m->d;
 }
-int rt_model_nslots(const rt_model_t *m)
+int model_nslots(const model_t *m)
 {
     return m->S;
 }
-int rt_model_ndense(const rt_model_t *m)
+int model_ndense(const model_t *m)
 {
     return m->F;
 }
-rt_model_type_t rt_model_type(const rt_model_t *m)
+model_type_t model_type(const model_t *m)
 {
     return m->type;
 }
-int rt_model_max_batch(const rt_model_t *m)
+int model_max_batch(const model_t *m)
 {
     return m->max_batch;
 }
-rt_dense_precision_t rt_model_precision(const rt_model_t *m)
+model_dense_precision_t model_precision(const model_t *m)
 {
     return m->precision;
 }
 
-const rt_model_group_t *rt_model_group(const rt_model_t *m, int i)
+const model_group_t *model_group(const model_t *m, int i)
 {
     return i >= 0 && i < m->ngroups ? &m->groups[i] : NULL;
 }
 
-void rt_model_zero_grad(rt_model_t *m)
+void model_zero_grad(model_t *m)
 {
     memset(m->grads, 0, m->nparams * sizeof(double));
     memset(m->grads_lo, 0, m->nparams * sizeof(double));
 }
 
 /* ---- loss ------------------------------------------------------------------------ */
-float rt_model_sigmoid(float z)
+float model_sigmoid(float z)
 {
     if (z >= 0.0f)
         return 1.0f / (1.0f + expf(-z));
@@ -415,13 +415,13 @@ float rt_model_sigmoid(float z)
     return e / (1.0f + e);
 }
 
-double rt_model_logloss(double z, double y)
+double model_logloss(double z, double y)
 {
     return (z > 0.0 ? z : 0.0) - z * y + log1p(exp(-fabs(z)));
 }
 
 /* ---- forward / backward -------------------------------------------------------------- */
-static int check_inputs(const rt_model_t *m, const char *fn, int n, const float *E, const float *X)
+static int check_inputs(const model_t *m, const char *fn, int n, const float *E, const float *X)
 {
     if (n < 0 || n > m->max_batch)
         return kiln_errf(KILN_EINVAL, "%s: %d rows, expected 0..%d (the model's max_batch)", fn, n,
@@ -432,33 +432,33 @@ static int check_inputs(const rt_model_t *m, const char *fn, int n, const float 
     return 0;
 }
 
-static void run_forward(rt_model_t *m, int n, const float *E, const float *X)
+static void run_forward(model_t *m, int n, const float *E, const float *X)
 {
     if (n == 0)
         return;
     if (m->bf && m->bf_stale)
-        rt_bf16_sync_weights(m);
+        model_bf16_sync_weights(m);
     switch (m->type) {
-    case RT_MODEL_LR:
-        rt_model_lr_forward(m, n, E, X);
+    case MODEL_LR:
+        model_lr_forward(m, n, E, X);
         break;
-    case RT_MODEL_FM:
-        rt_model_fm_forward(m, n, E, X);
+    case MODEL_FM:
+        model_fm_forward(m, n, E, X);
         break;
-    case RT_MODEL_DLRM:
-        rt_model_dlrm_forward(m, n, E, X);
+    case MODEL_DLRM:
+        model_dlrm_forward(m, n, E, X);
         break;
     }
 }
 
-int rt_model_forward(rt_model_t *m, int n, const float *E, const float *X, const float *y,
+int model_forward(model_t *m, int n, const float *E, const float *X, const float *y,
                      float *probs /* OUT (n), may be NULL */,
                      double *loss_sum /* OUT, may be NULL */)
 {
     m->saved = 0;
-    KILN_CHECK(check_inputs(m, "rt_model_forward", n, E, X));
+    KILN_CHECK(check_inputs(m, "model_forward", n, E, X));
     if (loss_sum && n > 0 && !y)
-        return kiln_errf(KILN_EINVAL, "rt_model_forward: a loss needs labels (y is NULL)");
+        return kiln_errf(KILN_EINVAL, "model_forward: a loss needs labels (y is NULL)");
     run_forward(m, n, E, X);
 
     const float *z = m->logits;
@@ -467,12 +467,12 @@ int rt_model_forward(rt_model_t *m, int n, const float *E, const float *X, const
     if (y) {
 #pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= 16384)
         for (int i = 0; i < n; i++) {
-            p[i] = rt_model_sigmoid(z[i]);
-            sum += rt_model_logloss(z[i], y[i]);
+            p[i] = model_sigmoid(z[i]);
+            sum += model_logloss(z[i], y[i]);
         }
     } else {
         for (int i = 0; i < n; i++)
-            p[i] = rt_model_sigmoid(z[i]);
+            p[i] = model_sigmoid(z[i]);
     }
     if (probs && n > 0)
         memcpy(probs, p, (size_t)n * sizeof(float));
@@ -486,65 +486,65 @@ int rt_model_forward(rt_model_t *m, int n, const float *E, const float *X, const
     return 0;
 }
 
-int rt_model_backward(rt_model_t *m, float loss_scale, float *dE /* OUT (n, S, d) */)
+int model_backward(model_t *m, float loss_scale, float *dE /* OUT (n, S, d) */)
 {
     if (!m->saved)
-        return kiln_errf(KILN_ESTATE, "rt_model_backward: no forward with labels to differentiate "
-                                      "(call rt_model_forward with y first, once per backward)");
+        return kiln_errf(KILN_ESTATE, "model_backward: no forward with labels to differentiate "
+                                      "(call model_forward with y first, once per backward)");
     m->saved = 0;
     int n = m->n;
     if (n == 0)
         return 0;
     if (m->S > 0 && !dE)
-        return kiln_errf(KILN_EINVAL, "rt_model_backward: dE is NULL");
+        return kiln_errf(KILN_EINVAL, "model_backward: dE is NULL");
     const float *p = m->probs, *y = m->y;
     float *gz = m->gz;
     for (int i = 0; i < n; i++)
         gz[i] = (p[i] - y[i]) * loss_scale;
     switch (m->type) {
-    case RT_MODEL_LR:
-        rt_model_lr_backward(m, n, m->E, m->X, dE);
+    case MODEL_LR:
+        model_lr_backward(m, n, m->E, m->X, dE);
         break;
-    case RT_MODEL_FM:
-        rt_model_fm_backward(m, n, m->E, m->X, dE);
+    case MODEL_FM:
+        model_fm_backward(m, n, m->E, m->X, dE);
         break;
-    case RT_MODEL_DLRM:
-        rt_model_dlrm_backward(m, n, m->E, m->X, dE);
+    case MODEL_DLRM:
+        model_dlrm_backward(m, n, m->E, m->X, dE);
         break;
     }
     return 0;
 }
 
-int rt_model_predict(rt_model_t *m, int n, const float *E, const float *X,
+int model_predict(model_t *m, int n, const float *E, const float *X,
                      float *probs /* OUT (n) */)
 {
     m->saved = 0;
-    KILN_CHECK(check_inputs(m, "rt_model_predict", n, E, X));
+    KILN_CHECK(check_inputs(m, "model_predict", n, E, X));
     if (n > 0 && !probs)
-        return kiln_errf(KILN_EINVAL, "rt_model_predict: probs is NULL");
+        return kiln_errf(KILN_EINVAL, "model_predict: probs is NULL");
     run_forward(m, n, E, X);
     for (int i = 0; i < n; i++)
-        probs[i] = rt_model_sigmoid(m->logits[i]);
+        probs[i] = model_sigmoid(m->logits[i]);
     return 0;
 }
 
 /* ---- checkpoint state ------------------------------------------------------------------ */
-void rt_model_state(rt_model_t *m, rt_model_array_t arrays[RT_MODEL_MAX_STATE] /* OUT */,
+void model_state(model_t *m, model_array_t arrays[MODEL_MAX_STATE] /* OUT */,
                     int *narrays /* OUT */, int64_t *step /* OUT */)
 {
     int k = 0;
-    arrays[k++] = (rt_model_array_t){"dense.params", m->params, m->nparams};
-    if (m->opt.type == RT_DENSE_ADAGRAD)
-        arrays[k++] = (rt_model_array_t){"dense.adagrad_acc", m->opt_a, m->nparams};
-    if (m->opt.type == RT_DENSE_ADAM) {
-        arrays[k++] = (rt_model_array_t){"dense.adam_m", m->opt_a, m->nparams};
-        arrays[k++] = (rt_model_array_t){"dense.adam_v", m->opt_b, m->nparams};
+    arrays[k++] = (model_array_t){"dense.params", m->params, m->nparams};
+    if (m->opt.type == MODEL_DENSE_ADAGRAD)
+        arrays[k++] = (model_array_t){"dense.adagrad_acc", m->opt_a, m->nparams};
+    if (m->opt.type == MODEL_DENSE_ADAM) {
+        arrays[k++] = (model_array_t){"dense.adam_m", m->opt_a, m->nparams};
+        arrays[k++] = (model_array_t){"dense.adam_v", m->opt_b, m->nparams};
     }
     *narrays = k;
     *step = m->opt_t;
 }
 
-static const rt_model_array_t *find_array(const rt_model_array_t *a, int n, const char *name)
+static const model_array_t *find_array(const model_array_t *a, int n, const char *name)
 {
     for (int i = 0; i < n; i++)
         if (a[i].name && strcmp(a[i].name, name) == 0)
@@ -552,16 +552,16 @@ static const rt_model_array_t *find_array(const rt_model_array_t *a, int n, cons
     return NULL;
 }
 
-int rt_model_load(rt_model_t *m, const rt_model_array_t *arrays, int narrays, int64_t step)
+int model_load_arrays(model_t *m, const model_array_t *arrays, int narrays, int64_t step)
 {
-    rt_model_array_t mine[RT_MODEL_MAX_STATE];
+    model_array_t mine[MODEL_MAX_STATE];
     int nmine = 0;
     int64_t t = 0;
-    rt_model_state(m, mine, &nmine, &t);
+    model_state(m, mine, &nmine, &t);
     /* Check every size before changing anything. */
     int have_opt = nmine > 1;
     for (int i = 0; i < nmine; i++) {
-        const rt_model_array_t *a = find_array(arrays, narrays, mine[i].name);
+        const model_array_t *a = find_array(arrays, narrays, mine[i].name);
         if (!a) {
             if (i == 0)
                 return kiln_errf(KILN_ENOENT,
@@ -575,7 +575,7 @@ int rt_model_load(rt_model_t *m, const rt_model_array_t *arrays, int narrays, in
          * written with the other model.fm_dense_factors. */
         size_t vx = (size_t)m->k * (size_t)m->F;
         const char *fm_hint =
-            m->type != RT_MODEL_FM || vx == 0 ? ""
+            m->type != MODEL_FM || vx == 0 ? ""
             : a->count + vx == mine[i].count ? "; it was written with model.fm_dense_factors: false"
             : a->count == mine[i].count + vx ? "; it was written with model.fm_dense_factors: true"
                                              : "";
@@ -584,11 +584,11 @@ int rt_model_load(rt_model_t *m, const rt_model_array_t *arrays, int narrays, in
                              "dense state: '%s' has %zu floats but this %s model needs %zu; "
                              "the model's shape (slots, dense features, dim, MLP widths) "
                              "differs from the checkpoint's%s",
-                             mine[i].name, a->count, rt_model_type_name(m->type), mine[i].count,
+                             mine[i].name, a->count, model_type_name(m->type), mine[i].count,
                              fm_hint);
     }
     for (int i = 0; i < nmine; i++) {
-        const rt_model_array_t *a = find_array(arrays, narrays, mine[i].name);
+        const model_array_t *a = find_array(arrays, narrays, mine[i].name);
         if (a && (i == 0 || have_opt) && a->data != mine[i].data)
             memcpy(mine[i].data, a->data, mine[i].count * sizeof(float));
     }
@@ -596,7 +596,7 @@ int rt_model_load(rt_model_t *m, const rt_model_array_t *arrays, int narrays, in
     if (nmine > 1 && !have_opt) {
         reset_opt_state(m);
         KILN_INFO("dense state: no %s optimizer state in the checkpoint; starting it fresh",
-                  m->opt.type == RT_DENSE_ADAM ? "adam" : "adagrad");
+                  m->opt.type == MODEL_DENSE_ADAM ? "adam" : "adagrad");
     } else {
         m->opt_t = step < 0 ? 0 : step;
     }

@@ -9,17 +9,17 @@
  * The contract with the trainer loop, per step of one rank:
  *
  *   E  (n, S, d) float32  the POOLED embeddings: row i, categorical slot s,
- *                         d floats (d = rt_model_table_dim(type, spec dim)).
+ *                         d floats (d = model_table_dim(type, spec dim)).
  *                         The sparse side (tables, lookups, sharding) makes it.
  *   X  (n, F)    float32  the dense features, already log1p'd (F = 13 for
  *                         Criteo); may be NULL when F == 0.
  *   y  (n)       float32  labels, 0 or 1.
  *
- *   rt_model_forward(m, n, E, X, y, probs, &loss_sum)  saves what backward needs
- *   rt_model_backward(m, loss_scale, dE)               dE (n, S, d); ACCUMULATES
- *                                                      into rt_model_grads(m)
- *   MPI_Allreduce(SUM) of rt_model_grads(m), nparams DOUBLES   (the trainer)
- *   rt_model_step(m); rt_model_zero_grad(m);
+ *   model_forward(m, n, E, X, y, probs, &loss_sum)  saves what backward needs
+ *   model_backward(m, loss_scale, dE)               dE (n, S, d); ACCUMULATES
+ *                                                      into model_grads(m)
+ *   MPI_Allreduce(SUM) of model_grads(m), nparams DOUBLES   (the trainer)
+ *   model_step(m); model_zero_grad(m);
  *
  * Gradients are sums over rows, and a float32 sum depends on its order:
  * 1 rank with 2B rows and 2 ranks with B rows each would add the same terms
@@ -29,10 +29,10 @@
  * in float64 and the gradient buffer is float64: the sum is then exact to far
  * below float32's resolution whatever its order or split, and the optimizer
  * reads it rounded to float32 once, after the allreduce. Per-row products
- * run in fixed blocks of RT_ROW_BLOCK rows (model_blas.c). The result is
+ * run in fixed blocks of MODEL_ROW_BLOCK rows (model_blas.c). The result is
  * that 1 and N ranks on the same global batches train the same weights,
- * bit for bit when every rank's batch_size is a multiple of RT_ROW_BLOCK
- * and either a multiple of RT_GRAD_BLOCK in every run compared or in none
+ * bit for bit when every rank's batch_size is a multiple of MODEL_ROW_BLOCK
+ * and either a multiple of MODEL_GRAD_BLOCK in every run compared or in none
  * (model_blas.c; docs/models.md, "Rank-count invariance").
  *
  * Loss scaling for data parallelism: backward differentiates
@@ -42,11 +42,11 @@
  * is already scaled the same way for the sparse update.
  *
  * All arrays are float32, row-major, C-contiguous. Everything a step needs
- * is allocated once by rt_model_create for max_batch rows; forward, backward
+ * is allocated once by model_create for max_batch rows; forward, backward
  * and step allocate nothing. A model is not thread-safe (one per rank); the
  * calls use OpenMP threads inside: the GEMMs run as fixed 16-row blocks
  * spread over the OpenMP team, one single-threaded OpenBLAS call per block
- * (model_blas.c), and rt_model_create sets OpenBLAS to one thread
+ * (model_blas.c), and model_create sets OpenBLAS to one thread
  * (openblas_set_num_threads(1)) so that its own pool never spins beside the
  * team on the same cores.
  */
@@ -63,16 +63,16 @@
 extern "C" {
 #endif
 
-typedef enum { RT_MODEL_LR = 0, RT_MODEL_FM = 1, RT_MODEL_DLRM = 2 } rt_model_type_t;
-typedef enum { RT_DENSE_SGD = 0, RT_DENSE_ADAGRAD = 1, RT_DENSE_ADAM = 2 } rt_dense_opt_type_t;
+typedef enum { MODEL_LR = 0, MODEL_FM = 1, MODEL_DLRM = 2 } model_type_t;
+typedef enum { MODEL_DENSE_SGD = 0, MODEL_DENSE_ADAGRAD = 1, MODEL_DENSE_ADAM = 2 } model_dense_opt_type_t;
 
 /* model.dense_precision: what dlrm's MLP GEMMs multiply in. fp32 is
  * OpenBLAS's float32 SGEMM; bf16 rounds both operands to bfloat16 and
  * multiplies them with oneDNN's matmul, accumulating and writing float32
  * (model_bf16.c). Parameters, gradients and optimizer state are float32 or
  * wider either way, so checkpoints do not depend on it. lr and fm have no
- * MLP: rt_model_create refuses bf16 for them. */
-typedef enum { RT_DENSE_FP32 = 0, RT_DENSE_BF16 = 1 } rt_dense_precision_t;
+ * MLP: model_create refuses bf16 for them. */
+typedef enum { MODEL_DENSE_FP32 = 0, MODEL_DENSE_BF16 = 1 } model_dense_precision_t;
 
 /* The dense optimizer; same formulas as the sparse one in kernels/kern_ops.h,
  * with coupled L2 weight decay (g += weight_decay * w before the update, on
@@ -83,26 +83,26 @@ typedef enum { RT_DENSE_FP32 = 0, RT_DENSE_BF16 = 1 } rt_dense_precision_t;
  *   adam:    t += 1; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  *            w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)       */
 typedef struct {
-    rt_dense_opt_type_t type;
+    model_dense_opt_type_t type;
     float lr;
     float eps;                 /* adagrad, adam */
     float beta1, beta2;        /* adam, each in [0, 1) */
     float weight_decay;        /* >= 0 */
     float initial_accumulator; /* adagrad, >= 0 */
-} rt_dense_opt_t;
+} model_dense_opt_t;
 
-#define RT_MODEL_MAX_LAYERS 16
+#define MODEL_MAX_LAYERS 16
 
 typedef struct {
-    rt_model_type_t type;
+    model_type_t type;
     int nslots; /* S >= 0, categorical slots (26 for Criteo) */
     int ndense; /* F >= 0, dense features (13 for Criteo) */
-    int dim;    /* d, floats per pooled vector: rt_model_table_dim(type, spec dim);
+    int dim;    /* d, floats per pooled vector: model_table_dim(type, spec dim);
                    lr: 1; fm: 1 + k (k >= 0 factors); dlrm: >= 1 */
     /* dlrm only: layer widths (copied). bottom: F -> bottom[0] -> ... ->
      * bottom[nbottom-1] == d, ReLU after every layer; top: (d + S(S+1)/2) ->
      * top[0] -> ... -> top[ntop-1] == 1 (the logit), ReLU between layers.
-     * 1 <= nbottom, ntop <= RT_MODEL_MAX_LAYERS. */
+     * 1 <= nbottom, ntop <= MODEL_MAX_LAYERS. */
     const int *bottom;
     int nbottom;
     const int *top;
@@ -113,11 +113,11 @@ typedef struct {
     int fm_dense_factors;
     int max_batch; /* >= 1, largest n any call will pass */
     uint64_t seed; /* dense init; the same seed gives bit-identical weights */
-    rt_dense_opt_t opt;
-    rt_dense_precision_t precision; /* dlrm only; bf16 needs model_bf16_check */
-} rt_model_config_t;
+    model_dense_opt_t opt;
+    model_dense_precision_t precision; /* dlrm only; bf16 needs model_bf16_check */
+} model_config_t;
 
-typedef struct rt_model rt_model_t;
+typedef struct model model_t;
 
 /* A named slice of the flat parameter vector: a (rows, cols) row-major
  * matrix; a layer's weight is (out, in), its bias (out, 1). docs/models.md
@@ -126,97 +126,97 @@ typedef struct {
     char name[32]; /* "w", "b", "vx", "bottom.0.weight", "top.2.bias", ... */
     size_t offset; /* floats from the start of params / grads */
     int rows, cols;
-} rt_model_group_t;
+} model_group_t;
 
 /* A named float array of the checkpoint state (a view into the model). */
 typedef struct {
     const char *name; /* "dense.params", "dense.adagrad_acc", "dense.adam_m", "dense.adam_v" */
     float *data;
     size_t count;
-} rt_model_array_t;
+} model_array_t;
 
-#define RT_MODEL_MAX_STATE 3
+#define MODEL_MAX_STATE 3
 
 /* Returns the embedding width d the tables must have for a model of this
  * type whose spec says model.embedding.dim = spec_dim: lr 1, fm spec_dim + 1
  * (element 0 is the slot's linear weight, 1..k the factor), dlrm spec_dim.
  * Returns KILN_EINVAL for an unknown type or spec_dim < 1 (fm, dlrm). */
-int rt_model_table_dim(rt_model_type_t type, int spec_dim);
+int model_table_dim(model_type_t type, int spec_dim);
 
 /* Returns "lr", "fm", "dlrm" (or "?"). */
-const char *rt_model_type_name(rt_model_type_t type);
+const char *model_type_name(model_type_t type);
 /* Returns "fp32", "bf16" (or "?"): the spec's spelling. */
-const char *rt_model_precision_name(rt_dense_precision_t p);
+const char *model_precision_name(model_dense_precision_t p);
 
 /* Creates a model: checks the config (the message names the bad field),
  * allocates parameters, gradients (zeroed), optimizer state and every
  * workspace for cfg->max_batch rows, and initialises the weights from
  * cfg->seed. Returns 0, KILN_EINVAL or KILN_ENOMEM. Free with
- * rt_model_destroy. */
-int rt_model_create(const rt_model_config_t *cfg, rt_model_t **out /* OUT */);
+ * model_destroy. */
+int model_create(const model_config_t *cfg, model_t **out /* OUT */);
 /* Frees m and everything it owns. Accepts NULL. */
-void rt_model_destroy(rt_model_t *m);
+void model_destroy(model_t *m);
 
 /* The flat dense parameter vector (nparams floats) and its gradient, owned
  * by m: a double-double sum (kernels/kern_ops.h), nparams doubles of high
  * parts and nparams of low parts; the value is hi + lo. The trainer
- * allreduces the pairs (rt_comm_allreduce_sum_dd) and may broadcast
- * rt_model_params. A bf16 model rounds its weights again at the next
- * forward after rt_model_params was called (the caller may have written);
- * rt_model_params_read is the same vector for reading only, and does not. */
-size_t rt_model_nparams(const rt_model_t *m);
-float *rt_model_params(rt_model_t *m);
-const float *rt_model_params_read(const rt_model_t *m);
-double *rt_model_grads(rt_model_t *m);
-double *rt_model_grads_lo(rt_model_t *m);
+ * allreduces the pairs (shard_comm_allreduce_sum_dd) and may broadcast
+ * model_params. A bf16 model rounds its weights again at the next
+ * forward after model_params was called (the caller may have written);
+ * model_params_read is the same vector for reading only, and does not. */
+size_t model_nparams(const model_t *m);
+float *model_params(model_t *m);
+const float *model_params_read(const model_t *m);
+double *model_grads(model_t *m);
+double *model_grads_lo(model_t *m);
 /* The parameter groups in layout order (0 <= i < ngroups); NULL out of range. */
-int rt_model_ngroups(const rt_model_t *m);
-const rt_model_group_t *rt_model_group(const rt_model_t *m, int i);
+int model_ngroups(const model_t *m);
+const model_group_t *model_group(const model_t *m, int i);
 /* The width d of a pooled vector, and S, F, the type and max_batch. */
-int rt_model_dim(const rt_model_t *m);
-int rt_model_nslots(const rt_model_t *m);
-int rt_model_ndense(const rt_model_t *m);
-rt_model_type_t rt_model_type(const rt_model_t *m);
-int rt_model_max_batch(const rt_model_t *m);
-rt_dense_precision_t rt_model_precision(const rt_model_t *m);
+int model_dim(const model_t *m);
+int model_nslots(const model_t *m);
+int model_ndense(const model_t *m);
+model_type_t model_type(const model_t *m);
+int model_max_batch(const model_t *m);
+model_dense_precision_t model_precision(const model_t *m);
 
 /* Sets every gradient to 0. */
-void rt_model_zero_grad(rt_model_t *m);
+void model_zero_grad(model_t *m);
 
 /* Forward for n rows (0 <= n <= max_batch): E (n, S, d), X (n, F), y (n).
  * Writes the probabilities sigmoid(logit) to probs (n; may be NULL) and the
  * UNSCALED sum over the n rows of the logistic loss to *loss_sum (may be NULL;
  * then y may be NULL). Saves the activations and BORROWS E, X and y: they
- * must stay unchanged until rt_model_backward. Returns 0 or KILN_EINVAL
+ * must stay unchanged until model_backward. Returns 0 or KILN_EINVAL
  * (bad n, NULL input). */
-int rt_model_forward(rt_model_t *m, int n, const float *E, const float *X, const float *y,
+int model_forward(model_t *m, int n, const float *E, const float *X, const float *y,
                      float *probs /* OUT (n), may be NULL */,
                      double *loss_sum /* OUT, may be NULL */);
 
 /* Backward of loss_scale * sum_i loss_i for the rows of the last forward,
  * once per forward (that forward needed y). Writes dE (n, S, d), overwriting
  * it (dE may be the E given to forward: the gradient then replaces the
- * embeddings), and ADDS the dense gradients to rt_model_grads. Returns 0 or
+ * embeddings), and ADDS the dense gradients to model_grads. Returns 0 or
  * KILN_ESTATE when no forward with labels came before (or a backward or
  * predict came between). */
-int rt_model_backward(rt_model_t *m, float loss_scale, float *dE /* OUT (n, S, d) */);
+int model_backward(model_t *m, float loss_scale, float *dE /* OUT (n, S, d) */);
 
-/* One dense optimizer update of the parameters from rt_model_grads (after
+/* One dense optimizer update of the parameters from model_grads (after
  * the trainer's allreduce), each gradient rounded to float32 first. Does not
  * zero the gradients. Returns 0. */
-int rt_model_step(rt_model_t *m);
+int model_step(model_t *m);
 
 /* Forward for eval and serving: probs (n) only, nothing kept for backward
- * (a following rt_model_backward fails with KILN_ESTATE). Returns 0 or
+ * (a following model_backward fails with KILN_ESTATE). Returns 0 or
  * KILN_EINVAL. */
-int rt_model_predict(rt_model_t *m, int n, const float *E, const float *X,
+int model_predict(model_t *m, int n, const float *E, const float *X,
                      float *probs /* OUT (n) */);
 
 /* Checkpoint state: views of the model's own arrays, "dense.params" first,
  * then the optimizer's ("dense.adagrad_acc" | "dense.adam_m",
  * "dense.adam_v"), each nparams floats. Writing through the views changes
  * the model. *step is the optimizer's update count (adam's t). */
-void rt_model_state(rt_model_t *m, rt_model_array_t arrays[RT_MODEL_MAX_STATE] /* OUT */,
+void model_state(model_t *m, model_array_t arrays[MODEL_MAX_STATE] /* OUT */,
                     int *narrays /* OUT */, int64_t *step /* OUT */);
 
 /* Loads checkpoint state by name: "dense.params" is required; optimizer
@@ -225,25 +225,25 @@ void rt_model_state(rt_model_t *m, rt_model_array_t arrays[RT_MODEL_MAX_STATE] /
  * or with another optimizer); other names are ignored. Returns 0, or
  * KILN_ECONFLICT when a size differs (the model's shape changed since the
  * checkpoint) or KILN_ENOENT without "dense.params". */
-int rt_model_load(rt_model_t *m, const rt_model_array_t *arrays, int narrays, int64_t step);
+int model_load_arrays(model_t *m, const model_array_t *arrays, int narrays, int64_t step);
 
 /* ---- loss and metrics ------------------------------------------------------------ */
 
 /* Numerically stable sigmoid(z) = 1 / (1 + exp(-z)). */
-float rt_model_sigmoid(float z);
+float model_sigmoid(float z);
 /* Numerically stable logistic loss of logit z with label y in [0, 1]:
  * max(z, 0) - z y + log1p(exp(-|z|)). */
-double rt_model_logloss(double z, double y);
+double model_logloss(double z, double y);
 
 /* Exact ROC AUC of scores against labels (> 0.5 is positive) over n rows,
  * by sorting, with ties given their average rank (a tie between a positive
  * and a negative counts one half). *auc is NaN when only one class occurs.
  * Returns 0 or KILN_ENOMEM. */
-int rt_metrics_auc(const float *scores, const float *labels, size_t n, double *auc /* OUT */);
+int model_metrics_auc(const float *scores, const float *labels, size_t n, double *auc /* OUT */);
 
 /* Mean logloss of probabilities against labels, probabilities clamped to
  * [1e-7, 1 - 1e-7]. Returns 0 for n == 0. */
-double rt_metrics_logloss(const float *probs, const float *labels, size_t n);
+double model_metrics_logloss(const float *probs, const float *labels, size_t n);
 
 /* ---- the dense kernels (model_kernels.c) -------------------------------------------
  * Which BLAS kernels the models run, fitted to the CPU and checked. */
@@ -313,7 +313,7 @@ typedef struct {
  * product that disagrees (kiln_errmsg). */
 int model_kernels_check(const model_gemm_shape_t *shapes, int nshapes);
 /* model_kernels_check over every GEMM shape m's forward and backward make. */
-int rt_model_selfcheck(const rt_model_t *m);
+int model_selfcheck(const model_t *m);
 
 /* ---- bf16 dense layers (model_bf16.c) ------------------------------------------------ */
 
@@ -328,14 +328,14 @@ int model_bf16_check_here(void);
 /* The oneDNN version and the implementation its first bf16 matmul of m
  * chose ("oneDNN 2.6 brg:avx512_core_bf16"), for the log; "" when m runs
  * fp32. */
-void model_bf16_describe(const rt_model_t *m, char *buf, size_t cap);
+void model_bf16_describe(const model_t *m, char *buf, size_t cap);
 
 /* ---- implementation (only model/model*.c use what follows) --------------------- */
-#ifdef RT_MODEL_IMPL
+#ifdef MODEL_IMPL
 
-#define RT_MODEL_MAX_GROUPS (4 * RT_MODEL_MAX_LAYERS)
+#define MODEL_MAX_GROUPS (4 * MODEL_MAX_LAYERS)
 
-typedef struct rt_bf16 rt_bf16_t; /* model_bf16.c's per-model state */
+typedef struct model_bf16 model_bf16_t; /* model_bf16.c's per-model state */
 
 typedef struct {
     int in, out;
@@ -349,27 +349,27 @@ typedef struct {
      * forward, input gradient (each into a dense row_block block), the
      * 256-row weight-gradient block. */
     int mm_fwd, mm_bwd, mm_wg;
-} rt_model_layer_t;
+} model_layer_t;
 
-struct rt_model {
-    rt_model_type_t type;
+struct model {
+    model_type_t type;
     int S, F, d, k; /* k: fm factors (d - 1) */
     int fm_dense;   /* fm: X projected to k factors */
     int max_batch;
     uint64_t seed;
-    rt_dense_opt_t opt;
+    model_dense_opt_t opt;
 
     size_t nparams;
     float *params;
     double *grads, *grads_lo; /* double-double sums over rows (kern_ops.h) */
     float *opt_a, *opt_b; /* adagrad acc | adam m; adam v */
     int64_t opt_t;
-    rt_model_group_t groups[RT_MODEL_MAX_GROUPS];
+    model_group_t groups[MODEL_MAX_GROUPS];
     int ngroups;
     size_t w_off, b_off, vx_off; /* lr, fm: w (F), b (1), vx (k, F) */
 
     /* dlrm: bottom layers [0, nbottom), top layers [nbottom, nbottom + ntop). */
-    rt_model_layer_t layers[2 * RT_MODEL_MAX_LAYERS];
+    model_layer_t layers[2 * MODEL_MAX_LAYERS];
     int nbottom, ntop;
     int P;    /* dlrm: S (S + 1) / 2 pairwise dot products */
     int ldr;  /* dlrm: d + P, the top MLP's input width */
@@ -386,75 +386,75 @@ struct rt_model {
     float *gz;     /* (max_batch) d loss / d logit, scaled */
     float *fm_sum; /* fm: (max_batch, k) sum over slots (and u) of the factors */
     float *fm_u;   /* fm: (max_batch, k) u = X Vx^T; backward reuses it for du */
-    float *act[2 * RT_MODEL_MAX_LAYERS]; /* dlrm: layer outputs; the last bottom
+    float *act[2 * MODEL_MAX_LAYERS]; /* dlrm: layer outputs; the last bottom
                                             one is R's first d columns, the last
                                             top one is logits */
     float *R;       /* dlrm: (max_batch, d + P) top input [bottom out | dots] */
     float *gbuf[2]; /* dlrm: (max_batch, maxw) ping-pong activation gradients */
     float *dT;      /* dlrm: (max_batch, S + 1, d) interaction gradients */
-    /* rt_grad_gemm: float64 copies of its two operands, (max_batch, maxc)
-     * each; rt_gemm_rows: the padded last block, (row_block, maxc) each. */
+    /* model_grad_gemm: float64 copies of its two operands, (max_batch, maxc)
+     * each; model_gemm_rows: the padded last block, (row_block, maxc) each. */
     double *wgA, *wgB;
     float *tailA, *tailC;
-    /* rt_grad_gemm's 256-row path: one float32 product per thread, each of
+    /* model_grad_gemm's 256-row path: one float32 product per thread, each of
      * wgT_cap floats (the largest rows x cols of any weight gradient). */
     float **wgT;
     int wgT_n;
     size_t wgT_cap;
-    /* rows per BLAS call of rt_gemm_rows: RT_GRAD_BLOCK when max_batch is a
-     * multiple of it (then rt_grad_gemm takes its 256-row path too), else
-     * RT_ROW_BLOCK */
+    /* rows per BLAS call of model_gemm_rows: MODEL_GRAD_BLOCK when max_batch is a
+     * multiple of it (then model_grad_gemm takes its 256-row path too), else
+     * MODEL_ROW_BLOCK */
     int row_block;
     int maxc; /* the widest operand of any product */
 
     /* model.dense_precision (model_bf16.c): bf16 keeps a bf16 copy of the
      * parameters, remade by the first forward after they change (a step, a
-     * load, a write through rt_model_params). */
-    rt_dense_precision_t precision;
-    rt_bf16_t *bf;
+     * load, a write through model_params). */
+    model_dense_precision_t precision;
+    model_bf16_t *bf;
     int bf_stale;
 };
 
 /* model_lr.c, model_fm.c, model_dlrm.c: the per-type halves. forward fills
  * m->logits for n rows; backward reads m->gz and writes dE and grads. */
-void rt_model_lr_forward(rt_model_t *m, int n, const float *E, const float *X);
-void rt_model_lr_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE);
-void rt_model_fm_forward(rt_model_t *m, int n, const float *E, const float *X);
-void rt_model_fm_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE);
-void rt_model_dlrm_forward(rt_model_t *m, int n, const float *E, const float *X);
-void rt_model_dlrm_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE);
+void model_lr_forward(model_t *m, int n, const float *E, const float *X);
+void model_lr_backward(model_t *m, int n, const float *E, const float *X, float *dE);
+void model_fm_forward(model_t *m, int n, const float *E, const float *X);
+void model_fm_backward(model_t *m, int n, const float *E, const float *X, float *dE);
+void model_dlrm_forward(model_t *m, int n, const float *E, const float *X);
+void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, float *dE);
 
 /* model_dlrm.c: the dense layer on BLAS, shared by the models.
  * Y (n, out; leading dim ldy) = A (n, in; lda) W^T + b, then ReLU if relu. */
-void rt_dense_linear_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+void model_dense_linear_fwd(model_t *m, int n, const model_layer_t *L, const float *A, int lda,
                          float *Y, int ldy);
 /* dW += dY^T A, db += dY^T 1 (both in float64), dA = dY W (skipped when dA
  * is NULL). */
-void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+void model_dense_linear_bwd(model_t *m, int n, const model_layer_t *L, const float *A, int lda,
                          const float *dY, int ldy, float *dA, int ldda);
 
-/* model_bf16.c: the bf16 matmuls, used by rt_dense_linear_fwd/bwd when
- * m->precision is RT_DENSE_BF16. create sets every dlrm layer's mm_* and
+/* model_bf16.c: the bf16 matmuls, used by model_dense_linear_fwd/bwd when
+ * m->precision is MODEL_DENSE_BF16. create sets every dlrm layer's mm_* and
  * bf_in and returns 0, KILN_ENOMEM or KILN_EINVAL (oneDNN refused a shape);
  * destroy frees what create made (accepts a model without it). */
-int rt_bf16_create(rt_model_t *m);
-void rt_bf16_destroy(rt_model_t *m);
+int model_bf16_create(model_t *m);
+void model_bf16_destroy(model_t *m);
 /* The bf16 copy of the parameters, made again when m->bf_stale. */
-void rt_bf16_sync_weights(rt_model_t *m);
+void model_bf16_sync_weights(model_t *m);
 /* dst (rows, cols) bf16 = src (n, cols; ld) rounded to nearest even, rows
  * n..round_up(n, m->row_block) zero. */
-void rt_bf16_round_rows(const rt_model_t *m, int n, int cols, const float *src, int ld,
+void model_bf16_round_rows(const model_t *m, int n, int cols, const float *src, int ld,
                         uint16_t *dst);
 /* Y (n, out; ldy) = bf_in (n, in) W^T for layer L in row_block blocks. */
-void rt_bf16_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, float *Y, int ldy);
+void model_bf16_fwd(model_t *m, int n, const model_layer_t *L, float *Y, int ldy);
 /* dA (n, in; ldda) = dYb (n, out dense bf16) W, in row_block blocks. */
-void rt_bf16_bwd_input(rt_model_t *m, int n, const rt_model_layer_t *L, const uint16_t *dYb,
+void model_bf16_bwd_input(model_t *m, int n, const model_layer_t *L, const uint16_t *dYb,
                        float *dA, int ldda);
 /* The bf16 buffer for a layer's output gradient, (rows, maxw). */
-uint16_t *rt_bf16_dy(rt_model_t *m);
+uint16_t *model_bf16_dy(model_t *m);
 /* t (out, in) = dYb[r0 .. r0 + 256)^T bf_in[r0 .. r0 + 256) of layer L, one
- * thread's matmul (rt_grad_gemm's 256-row block in bf16). */
-void rt_bf16_grad_block(rt_model_t *m, const rt_model_layer_t *L, const uint16_t *dYb, size_t r0,
+ * thread's matmul (model_grad_gemm's 256-row block in bf16). */
+void model_bf16_grad_block(model_t *m, const model_layer_t *L, const uint16_t *dYb, size_t r0,
                         float *t);
 
 /* model_blas.c: the BLAS calls, arranged so that no result depends on how a
@@ -462,35 +462,35 @@ void rt_bf16_grad_block(rt_model_t *m, const rt_model_layer_t *L, const uint16_t
  *
  * C (n, nn; ldc) = A (n, k; lda) op(B), op(B) = B^T (B (nn, k)) when transb,
  * else B (B (k, nn)); computed in calls of exactly m->row_block rows
- * (RT_ROW_BLOCK, or RT_GRAD_BLOCK when max_batch is a multiple of it). */
-#define RT_ROW_BLOCK 16
-#define RT_GRAD_BLOCK 256
-void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+ * (MODEL_ROW_BLOCK, or MODEL_GRAD_BLOCK when max_batch is a multiple of it). */
+#define MODEL_ROW_BLOCK 16
+#define MODEL_GRAD_BLOCK 256
+void model_gemm_rows(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
                   const float *B, int ldb, float *C, int ldc);
 /* The float64 sums over rows every weight gradient is made of.
  * G (rows, cols) += A^T B for A (n, rows; lda) and B (n, cols; ldb), float32
  * inputs, float64 products and sums; rows, cols <= m->maxc. */
-void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+void model_grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int lda,
                   const float *B, int ldb, double *G);
-/* Whether rt_grad_gemm computes a (rows, cols) gradient's whole 256-row
+/* Whether model_grad_gemm computes a (rows, cols) gradient's whole 256-row
  * blocks as float32 (or bf16) products, else all of it in float64; never
  * depends on n. Here, not in model_blas.c, because model_bf16.c asks it
  * too, and model_blas.c calls model_bf16.c. */
-static inline bool rt_grad_blocked(const rt_model_t *m, int rows, int cols)
+static inline bool model_grad_blocked(const model_t *m, int rows, int cols)
 {
     const size_t cnt = (size_t)rows * (size_t)cols;
-    return m->row_block == RT_GRAD_BLOCK && cnt >= 1024 && cnt <= m->wgT_cap;
+    return m->row_block == MODEL_GRAD_BLOCK && cnt >= 1024 && cnt <= m->wgT_cap;
 }
-/* rt_grad_gemm for layer L's dW (out, in) += dY^T A, its whole 256-row
- * blocks in bf16 (rt_bf16_grad_block; dYb is dY rounded) where rt_grad_gemm
+/* model_grad_gemm for layer L's dW (out, in) += dY^T A, its whole 256-row
+ * blocks in bf16 (model_bf16_grad_block; dYb is dY rounded) where model_grad_gemm
  * takes its block path, the other rows in float64 from dY and A. */
-void rt_grad_gemm_bf16(rt_model_t *m, int n, const rt_model_layer_t *L, const uint16_t *dYb,
+void model_grad_gemm_bf16(model_t *m, int n, const model_layer_t *L, const uint16_t *dYb,
                        const float *dY, int ldy, const float *A, int lda);
 /* g (cols) += sum over the n rows of A (n, cols; lda), as double-double;
  * g points into m's gradient. */
-void rt_grad_colsum(rt_model_t *m, int n, int cols, const float *A, int lda, double *g);
+void model_grad_colsum(model_t *m, int n, int cols, const float *A, int lda, double *g);
 
-#endif /* RT_MODEL_IMPL */
+#endif /* MODEL_IMPL */
 
 #ifdef __cplusplus
 }

@@ -7,10 +7,10 @@
  * sums, model_blas.c), the optimizer state and the checkpoints stay as
  * they are in fp32, so a checkpoint does not know which precision wrote it.
  *
- * What is rounded, and when (nothing is allocated after rt_bf16_create):
- *   the parameters   once after each optimizer step (rt_model_step), or at
+ * What is rounded, and when (nothing is allocated after model_bf16_create):
+ *   the parameters   once after each optimizer step (model_step), or at
  *                    the next forward after a load or a write through
- *                    rt_model_params: bf->w (nparams), same offsets;
+ *                    model_params: bf->w (nparams), same offsets;
  *   a layer's input  once per forward, into the layer's bf_in (rows, in),
  *                    which the backward's weight gradient reads again;
  *   a layer's output gradient  once per backward, into bf->dy (rows, out),
@@ -30,12 +30,12 @@
  * threads (the sum over K too, for small outputs) and round it differently
  * from the same product on one thread.
  *
- * One primitive per shape, made by rt_bf16_create, with the scratchpad
+ * One primitive per shape, made by model_bf16_create, with the scratchpad
  * owned here (one buffer per thread) so that executing allocates nothing;
  * memory objects are per primitive and thread, their data handles set per
  * call.
  */
-#define RT_MODEL_IMPL
+#define MODEL_IMPL
 #include "model.h"
 
 #include <dnnl.h>
@@ -46,7 +46,7 @@
 
 /* Per layer: forward, forward into a dense block, input gradient, weight
  * gradient. */
-enum { MM_MAX = 4 * 2 * RT_MODEL_MAX_LAYERS };
+enum { MM_MAX = 4 * 2 * MODEL_MAX_LAYERS };
 
 typedef struct {
     dnnl_primitive_t p;
@@ -56,7 +56,7 @@ typedef struct {
     dnnl_memory_t *mem;       /* (nt, 4): each thread's src, weights, dst, scratchpad */
 } mm_t;
 
-struct rt_bf16 {
+struct model_bf16 {
     dnnl_engine_t eng;
     dnnl_stream_t *strm; /* (nt) */
     int nt;              /* threads: m->wgT_n */
@@ -80,7 +80,7 @@ static inline uint16_t bf16_round(float f)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-static size_t padded_rows(const rt_model_t *m)
+static size_t padded_rows(const model_t *m)
 {
     const size_t RB = (size_t)m->row_block;
     return ((size_t)m->max_batch + RB - 1) / RB * RB;
@@ -91,7 +91,7 @@ static size_t padded_rows(const rt_model_t *m)
 /* A matmul C (M, N; ldc) float32 = A (M, K) B (K, N), A and B bf16 with the
  * strides given. Returns its index in bf->mm, or KILN_EINVAL when oneDNN
  * cannot make it. */
-static int mm_make(rt_bf16_t *bf, int M, int N, int K, dnnl_dim_t as0, dnnl_dim_t as1,
+static int mm_make(model_bf16_t *bf, int M, int N, int K, dnnl_dim_t as0, dnnl_dim_t as1,
                    dnnl_dim_t bs0, dnnl_dim_t bs1, int ldc)
 {
     if (bf->nmm >= MM_MAX)
@@ -139,7 +139,7 @@ static int mm_make(rt_bf16_t *bf, int M, int N, int K, dnnl_dim_t as0, dnnl_dim_
 }
 
 /* Each thread's memory objects of every primitive, over its scratchpad. */
-static int mm_bind(rt_bf16_t *bf)
+static int mm_bind(model_bf16_t *bf)
 {
     for (int t = 0; t < bf->nt; t++)
         if (!(bf->scratch[t] = kiln_malloc(bf->pad_bytes ? bf->pad_bytes : 1)))
@@ -161,7 +161,7 @@ static int mm_bind(rt_bf16_t *bf)
 }
 
 /* C = A B with primitive i on this thread. */
-static void mm_run(rt_bf16_t *bf, int i, const void *A, const void *B, float *C)
+static void mm_run(model_bf16_t *bf, int i, const void *A, const void *B, float *C)
 {
     const int t = omp_get_thread_num();
     mm_t *x = &bf->mm[i];
@@ -182,9 +182,9 @@ static void mm_run(rt_bf16_t *bf, int i, const void *A, const void *B, float *C)
         omp_set_num_threads(team);
 }
 
-static int create(rt_model_t *m);
+static int create(model_t *m);
 
-int rt_bf16_create(rt_model_t *m)
+int model_bf16_create(model_t *m)
 {
     /* The primitives are made for one thread (the file's opening). */
     const int team = omp_get_max_threads();
@@ -194,9 +194,9 @@ int rt_bf16_create(rt_model_t *m)
     return rc;
 }
 
-static int create(rt_model_t *m)
+static int create(model_t *m)
 {
-    rt_bf16_t *bf = kiln_calloc(1, sizeof *bf);
+    model_bf16_t *bf = kiln_calloc(1, sizeof *bf);
     if (!bf)
         return KILN_ENOMEM;
     m->bf = bf;
@@ -216,7 +216,7 @@ static int create(rt_model_t *m)
         if (dnnl_stream_create(&bf->strm[t], bf->eng, dnnl_stream_default_flags) != dnnl_success)
             return kiln_errf(KILN_EINVAL, "bf16: oneDNN cannot make a CPU stream");
     for (int l = 0; l < nl; l++) {
-        rt_model_layer_t *L = &m->layers[l];
+        model_layer_t *L = &m->layers[l];
         const int in = L->in, out = L->out;
         /* Y (RB, out) = A (RB, in) W^T: W (out, in) read as (in, out). Into a
          * dense block always: with the leading dimension of R (the last
@@ -234,8 +234,8 @@ static int create(rt_model_t *m)
         }
         /* dW block (out, in) = dY^T (out, 256) A (256, in) */
         L->mm_wg = -1;
-        if (rt_grad_blocked(m, out, in)) {
-            KILN_CHECK(rc = mm_make(bf, out, in, RT_GRAD_BLOCK, 1, out, in, 1, in));
+        if (model_grad_blocked(m, out, in)) {
+            KILN_CHECK(rc = mm_make(bf, out, in, MODEL_GRAD_BLOCK, 1, out, in, 1, in));
             L->mm_wg = rc;
         }
         if (!(L->bf_in = kiln_calloc(rows * (size_t)in, sizeof(uint16_t))))
@@ -249,9 +249,9 @@ static int create(rt_model_t *m)
     return 0;
 }
 
-void rt_bf16_destroy(rt_model_t *m)
+void model_bf16_destroy(model_t *m)
 {
-    rt_bf16_t *bf = m->bf;
+    model_bf16_t *bf = m->bf;
     for (int l = 0; l < m->nbottom + m->ntop; l++) {
         free(m->layers[l].bf_in);
         m->layers[l].bf_in = NULL;
@@ -278,7 +278,7 @@ void rt_bf16_destroy(rt_model_t *m)
     m->bf = NULL;
 }
 
-void model_bf16_describe(const rt_model_t *m, char *buf, size_t cap)
+void model_bf16_describe(const model_t *m, char *buf, size_t cap)
 {
     if (!m->bf) {
         snprintf(buf, cap, "%s", "");
@@ -290,7 +290,7 @@ void model_bf16_describe(const rt_model_t *m, char *buf, size_t cap)
 
 /* ---- rounding ------------------------------------------------------------------- */
 
-void rt_bf16_round_rows(const rt_model_t *m, int n, int cols, const float *src, int ld,
+void model_bf16_round_rows(const model_t *m, int n, int cols, const float *src, int ld,
                         uint16_t *dst)
 {
     const size_t RB = (size_t)m->row_block, c = (size_t)cols;
@@ -306,7 +306,7 @@ void rt_bf16_round_rows(const rt_model_t *m, int n, int cols, const float *src, 
     memset(dst + (size_t)n * c, 0, (rows - (size_t)n) * c * sizeof(uint16_t));
 }
 
-void rt_bf16_sync_weights(rt_model_t *m)
+void model_bf16_sync_weights(model_t *m)
 {
     const long P = (long)m->nparams;
     uint16_t *w = m->bf->w;
@@ -317,7 +317,7 @@ void rt_bf16_sync_weights(rt_model_t *m)
     m->bf_stale = 0;
 }
 
-uint16_t *rt_bf16_dy(rt_model_t *m)
+uint16_t *model_bf16_dy(model_t *m)
 {
     return m->bf->dy;
 }
@@ -328,10 +328,10 @@ uint16_t *rt_bf16_dy(rt_model_t *m)
  * output), in row_block blocks: A (rows, k) bf16, zero past n. A block
  * goes straight into C when C is dense and the block whole, else into the
  * thread's own block and its rows are copied. */
-static void rows_run(rt_model_t *m, int n, int mm, int nn, int k, const uint16_t *A,
+static void rows_run(model_t *m, int n, int mm, int nn, int k, const uint16_t *A,
                      const uint16_t *B, float *C, int ldc)
 {
-    rt_bf16_t *bf = m->bf;
+    model_bf16_t *bf = m->bf;
     const int RB = m->row_block;
     const int direct = ldc == nn ? n / RB : 0, nblk = (n + RB - 1) / RB;
 #pragma omp parallel for schedule(static) num_threads(bf->nt) if (nblk > 1 && !omp_in_parallel())
@@ -351,18 +351,18 @@ static void rows_run(rt_model_t *m, int n, int mm, int nn, int k, const uint16_t
     }
 }
 
-void rt_bf16_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, float *Y, int ldy)
+void model_bf16_fwd(model_t *m, int n, const model_layer_t *L, float *Y, int ldy)
 {
     rows_run(m, n, L->mm_fwd, L->out, L->in, L->bf_in, m->bf->w + L->w_off, Y, ldy);
 }
 
-void rt_bf16_bwd_input(rt_model_t *m, int n, const rt_model_layer_t *L, const uint16_t *dYb,
+void model_bf16_bwd_input(model_t *m, int n, const model_layer_t *L, const uint16_t *dYb,
                        float *dA, int ldda)
 {
     rows_run(m, n, L->mm_bwd, L->in, L->out, dYb, m->bf->w + L->w_off, dA, ldda);
 }
 
-void rt_bf16_grad_block(rt_model_t *m, const rt_model_layer_t *L, const uint16_t *dYb, size_t r0,
+void model_bf16_grad_block(model_t *m, const model_layer_t *L, const uint16_t *dYb, size_t r0,
                         float *t)
 {
     mm_run(m->bf, L->mm_wg, dYb + r0 * (size_t)L->out, L->bf_in + r0 * (size_t)L->in, t);

@@ -10,22 +10,22 @@
  *   float32 GEMM rounds a row differently depending on where the row sits in
  *   the call and how many rows the call has (measured: 80 rows in one call vs
  *   the same rows inside a 720-row call differ in the last bit for about a
- *   third of the outputs). rt_gemm_rows therefore always calls BLAS with
- *   exactly RT_ROW_BLOCK rows, blocks starting at the batch's row 0, the last
+ *   third of the outputs). model_gemm_rows therefore always calls BLAS with
+ *   exactly MODEL_ROW_BLOCK rows, blocks starting at the batch's row 0, the last
  *   one zero-padded in a scratch block. A row's result is then a function of
- *   its data and of its index mod RT_ROW_BLOCK; with the block-cyclic reader
+ *   its data and of its index mod MODEL_ROW_BLOCK; with the block-cyclic reader
  *   (rank r starts at row r * batch_size of each global batch) that index is
  *   the same for every rank count as long as batch_size is a multiple of
- *   the block. The block is 16 rows (RT_ROW_BLOCK), or 256 (RT_GRAD_BLOCK)
+ *   the block. The block is 16 rows (MODEL_ROW_BLOCK), or 256 (MODEL_GRAD_BLOCK)
  *   when max_batch is a multiple of 256: 16-row calls repack the weights
  *   for every call (10% of the bench dlrm's profile), 256-row calls do not.
  *
- * - Sums over rows (every weight gradient): float64 (rt_grad_gemm,
- *   rt_grad_colsum), so the order of the terms stops mattering once the sum is
+ * - Sums over rows (every weight gradient): float64 (model_grad_gemm,
+ *   model_grad_colsum), so the order of the terms stops mattering once the sum is
  *   rounded to float32 (a float64 sum's rounding error is about 2^-29 of a
  *   float32 ulp of its largest term). Three ways, by size:
  *     a model whose max_batch (the per-rank train.batch_size) is a multiple
- *       of RT_GRAD_BLOCK = 256 computes each whole 256-row block of a
+ *       of MODEL_GRAD_BLOCK = 256 computes each whole 256-row block of a
  *       gradient with one float32 SGEMM, always of the same shape, and adds
  *       it to G in float64; the rows after the last whole block go the
  *       float64 way below. With every rank's batch a multiple of 256, rank r
@@ -42,10 +42,10 @@
  *   every rank's batch_size is a multiple of 256 in all of them, or a
  *   multiple of 16 but not of 256 in all of them.
  *
- * OpenBLAS is single-threaded here (rt_model_create); the blocks are spread
+ * OpenBLAS is single-threaded here (model_create); the blocks are spread
  * over the OpenMP team, which changes no result.
  */
-#define RT_MODEL_IMPL
+#define MODEL_IMPL
 #include "model.h"
 
 #include <cblas.h>
@@ -54,7 +54,7 @@
 
 #include "kern_ops.h"
 
-void rt_gemm_rows(rt_model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+void model_gemm_rows(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
                   const float *B, int ldb, float *C, int ldc)
 {
     if (n <= 0 || nn <= 0)
@@ -100,7 +100,7 @@ static void widen(int n, int cols, const float *src, int ld, double *dst)
 /* G (rows, cols) += A^T B over n rows, in float64: a plain loop when small,
  * else DGEMM on float64 copies, one call per thread over a block of G's rows
  * (each element still summed over all n rows). */
-static void grad_f64(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+static void grad_f64(model_t *m, int n, int rows, int cols, const float *A, int lda,
                      const float *B, int ldb, double *G, double *L)
 {
     if (n <= 0)
@@ -137,10 +137,10 @@ static void grad_f64(rt_model_t *m, int n, int rows, int cols, const float *A, i
     }
 }
 
-/* rt_grad_gemm, its blocks in bf16 when bl (a layer with its bf16 matmul)
+/* model_grad_gemm, its blocks in bf16 when bl (a layer with its bf16 matmul)
  * is given: dYb is A rounded to bf16, the layer's bf_in is B rounded. */
-static void grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
-                      const float *B, int ldb, double *G, const rt_model_layer_t *bl,
+static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int lda,
+                      const float *B, int ldb, double *G, const model_layer_t *bl,
                       const uint16_t *dYb)
 {
     if (n <= 0 || rows <= 0 || cols <= 0)
@@ -150,50 +150,50 @@ static void grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, 
     const size_t cnt = (size_t)rows * (size_t)cols;
     double *L = m->grads_lo + (G - m->grads); /* G's low parts */
     int done = 0;
-    if (rt_grad_blocked(m, rows, cols)) {
+    if (model_grad_blocked(m, rows, cols)) {
         /* Whole 256-row blocks: one float32 (or bf16) product each, always
          * of the same shape, added into G in float64 (order does not matter
          * there). */
-        const int nblk = n / RT_GRAD_BLOCK;
+        const int nblk = n / MODEL_GRAD_BLOCK;
         const int nt = omp_get_max_threads() < m->wgT_n ? omp_get_max_threads() : m->wgT_n;
 #pragma omp parallel num_threads(nt) if (nblk > 1)
         {
             float *t = m->wgT[omp_get_thread_num()];
 #pragma omp for schedule(static)
             for (int blk = 0; blk < nblk; blk++) {
-                const size_t r0 = (size_t)blk * RT_GRAD_BLOCK;
+                const size_t r0 = (size_t)blk * MODEL_GRAD_BLOCK;
                 if (bl)
-                    rt_bf16_grad_block(m, bl, dYb, r0, t);
+                    model_bf16_grad_block(m, bl, dYb, r0, t);
                 else
                     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, cols,
-                                RT_GRAD_BLOCK, 1.0f, A + r0 * (size_t)lda, lda,
+                                MODEL_GRAD_BLOCK, 1.0f, A + r0 * (size_t)lda, lda,
                                 B + r0 * (size_t)ldb, ldb, 0.0f, t, cols);
 #pragma omp critical(kiln_grad_add)
                 for (size_t i = 0; i < cnt; i++)
                     kern_dd_add(&G[i], &L[i], (double)t[i]);
             }
         }
-        done = nblk * RT_GRAD_BLOCK;
+        done = nblk * MODEL_GRAD_BLOCK;
     }
     /* The rest (all of it without blocks): float64 throughout. */
     grad_f64(m, n - done, rows, cols, A + (size_t)done * (size_t)lda, lda,
              B + (size_t)done * (size_t)ldb, ldb, G, L);
 }
 
-void rt_grad_gemm(rt_model_t *m, int n, int rows, int cols, const float *A, int lda,
+void model_grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int lda,
                   const float *B, int ldb, double *G)
 {
     grad_gemm(m, n, rows, cols, A, lda, B, ldb, G, NULL, NULL);
 }
 
-void rt_grad_gemm_bf16(rt_model_t *m, int n, const rt_model_layer_t *L, const uint16_t *dYb,
+void model_grad_gemm_bf16(model_t *m, int n, const model_layer_t *L, const uint16_t *dYb,
                        const float *dY, int ldy, const float *A, int lda)
 {
     grad_gemm(m, n, L->out, L->in, dY, ldy, A, lda, m->grads + L->w_off, L->mm_wg >= 0 ? L : NULL,
               dYb);
 }
 
-void rt_grad_colsum(rt_model_t *m, int n, int cols, const float *A, int lda, double *g)
+void model_grad_colsum(model_t *m, int n, int cols, const float *A, int lda, double *g)
 {
     /* Columns in blocks of 16 over the threads; each column a double-double
      * sum of its float terms, so exact whatever the order. */
@@ -215,12 +215,12 @@ void rt_grad_colsum(rt_model_t *m, int n, int cols, const float *A, int lda, dou
 
 /* ---- the GEMMs a model makes, for model_kernels_check -------------------------------- */
 
-enum { MAX_SHAPES = 8 * RT_MODEL_MAX_LAYERS + 8 };
+enum { MAX_SHAPES = 8 * MODEL_MAX_LAYERS + 8 };
 
 typedef struct {
     model_gemm_shape_t s[MAX_SHAPES];
     int n;
-    const rt_model_t *m;
+    const model_t *m;
 } shapes_t;
 
 static void add(shapes_t *sh, const char *what, int m, int n, int k, bool ta, bool tb, bool dbl)
@@ -229,32 +229,32 @@ static void add(shapes_t *sh, const char *what, int m, int n, int k, bool ta, bo
         sh->s[sh->n++] = (model_gemm_shape_t){what, m, n, k, ta, tb, dbl};
 }
 
-/* rt_gemm_rows's call: (row_block, nn) = (row_block, k) op(B). */
+/* model_gemm_rows's call: (row_block, nn) = (row_block, k) op(B). */
 static void add_rows(shapes_t *sh, const char *what, int nn, int k, bool transb)
 {
     add(sh, what, sh->m->row_block, nn, k, false, transb, false);
 }
 
-/* rt_grad_gemm's calls for G (rows, cols): the 256-row float32 block where
+/* model_grad_gemm's calls for G (rows, cols): the 256-row float32 block where
  * it takes that path, and the float64 DGEMM of the rest. */
 static void add_grad(shapes_t *sh, const char *what, int rows, int cols)
 {
-    if (rt_grad_blocked(sh->m, rows, cols))
-        add(sh, what, rows, cols, RT_GRAD_BLOCK, true, false, false);
-    const int n = sh->m->max_batch < RT_GRAD_BLOCK ? sh->m->max_batch : RT_GRAD_BLOCK;
+    if (model_grad_blocked(sh->m, rows, cols))
+        add(sh, what, rows, cols, MODEL_GRAD_BLOCK, true, false, false);
+    const int n = sh->m->max_batch < MODEL_GRAD_BLOCK ? sh->m->max_batch : MODEL_GRAD_BLOCK;
     add(sh, what, rows, cols, n, true, false, true);
 }
 
-int rt_model_selfcheck(const rt_model_t *m)
+int model_selfcheck(const model_t *m)
 {
     static const char *const names[2][3] = {{"bottom forward", "bottom input gradient",
                                               "bottom weight gradient"},
                                              {"top forward", "top input gradient",
                                               "top weight gradient"}};
     shapes_t sh = {.m = m};
-    if (m->type == RT_MODEL_DLRM) {
+    if (m->type == MODEL_DLRM) {
         for (int l = 0; l < m->nbottom + m->ntop; l++) {
-            const rt_model_layer_t *L = &m->layers[l];
+            const model_layer_t *L = &m->layers[l];
             const char *const *nm = names[l >= m->nbottom];
             add_rows(&sh, nm[0], L->out, L->in, true);
             add_rows(&sh, nm[1], L->in, L->out, false);

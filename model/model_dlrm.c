@@ -11,13 +11,13 @@
  * input is built without a copy. The pairwise dot products are a tight
  * per-row loop (docs/models.md has the measurement against per-row BLAS).
  */
-#define RT_MODEL_IMPL
+#define MODEL_IMPL
 #include "model.h"
 
 #include <string.h>
 
 /* ---- the dense layer ------------------------------------------------------------ */
-void rt_dense_linear_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+void model_dense_linear_fwd(model_t *m, int n, const model_layer_t *L, const float *A, int lda,
                          float *Y, int ldy)
 {
     const int in = L->in, out = L->out, relu = L->relu;
@@ -25,10 +25,10 @@ void rt_dense_linear_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, const 
     /* Y (n, out) = A (n, in) W^T (in, out), in fixed row blocks (model_blas.c);
      * bf16: A rounded once, kept for the weight gradient (model_bf16.c) */
     if (m->bf) {
-        rt_bf16_round_rows(m, n, in, A, lda, L->bf_in);
-        rt_bf16_fwd(m, n, L, Y, ldy);
+        model_bf16_round_rows(m, n, in, A, lda, L->bf_in);
+        model_bf16_fwd(m, n, L, Y, ldy);
     } else {
-        rt_gemm_rows(m, n, out, in, A, lda, 1, W, in, Y, ldy);
+        model_gemm_rows(m, n, out, in, A, lda, 1, W, in, Y, ldy);
     }
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
@@ -47,26 +47,26 @@ void rt_dense_linear_fwd(rt_model_t *m, int n, const rt_model_layer_t *L, const 
     }
 }
 
-void rt_dense_linear_bwd(rt_model_t *m, int n, const rt_model_layer_t *L, const float *A, int lda,
+void model_dense_linear_bwd(model_t *m, int n, const model_layer_t *L, const float *A, int lda,
                          const float *dY, int ldy, float *dA, int ldda)
 {
     const int in = L->in, out = L->out;
     /* db (out) += the column sums of dY */
-    rt_grad_colsum(m, n, out, dY, ldy, m->grads + L->b_off);
+    model_grad_colsum(m, n, out, dY, ldy, m->grads + L->b_off);
     if (m->bf) {
         /* dY rounded once, for both products */
-        uint16_t *dYb = rt_bf16_dy(m);
-        rt_bf16_round_rows(m, n, out, dY, ldy, dYb);
-        rt_grad_gemm_bf16(m, n, L, dYb, dY, ldy, A, lda);
+        uint16_t *dYb = model_bf16_dy(m);
+        model_bf16_round_rows(m, n, out, dY, ldy, dYb);
+        model_grad_gemm_bf16(m, n, L, dYb, dY, ldy, A, lda);
         if (dA)
-            rt_bf16_bwd_input(m, n, L, dYb, dA, ldda);
+            model_bf16_bwd_input(m, n, L, dYb, dA, ldda);
         return;
     }
     /* dW (out, in) += dY^T (out, n) A (n, in), in float64 (model_blas.c) */
-    rt_grad_gemm(m, n, out, in, dY, ldy, A, lda, m->grads + L->w_off);
+    model_grad_gemm(m, n, out, in, dY, ldy, A, lda, m->grads + L->w_off);
     /* dA (n, in) = dY (n, out) W (out, in), in fixed row blocks */
     if (dA)
-        rt_gemm_rows(m, n, in, out, dY, ldy, 0, m->params + L->w_off, in, dA, ldda);
+        model_gemm_rows(m, n, in, out, dY, ldy, 0, m->params + L->w_off, in, dA, ldda);
 }
 
 /* dA *= (act > 0): the ReLU's gradient, act (n, w; lda), dA (n, w; ldd). */
@@ -99,7 +99,7 @@ static inline void axpy(float c, const float *x, float *y, int d)
 }
 
 /* ---- forward -------------------------------------------------------------------- */
-void rt_model_dlrm_forward(rt_model_t *m, int n, const float *E, const float *X)
+void model_dlrm_forward(model_t *m, int n, const float *E, const float *X)
 {
     const int S = m->S, d = m->d, nb = m->nbottom, nl = m->nbottom + m->ntop;
     const size_t ldr = (size_t)m->ldr, rowE = (size_t)S * (size_t)d;
@@ -108,7 +108,7 @@ void rt_model_dlrm_forward(rt_model_t *m, int n, const float *E, const float *X)
     int lda = m->F;
     for (int l = 0; l < nb; l++) {
         int ldy = l == nb - 1 ? m->ldr : m->layers[l].out;
-        rt_dense_linear_fwd(m, n, &m->layers[l], A, lda, m->act[l], ldy);
+        model_dense_linear_fwd(m, n, &m->layers[l], A, lda, m->act[l], ldy);
         A = m->act[l];
         lda = ldy;
     }
@@ -133,14 +133,14 @@ void rt_model_dlrm_forward(rt_model_t *m, int n, const float *E, const float *X)
     A = R;
     lda = m->ldr;
     for (int l = nb; l < nl; l++) {
-        rt_dense_linear_fwd(m, n, &m->layers[l], A, lda, m->act[l], m->layers[l].out);
+        model_dense_linear_fwd(m, n, &m->layers[l], A, lda, m->act[l], m->layers[l].out);
         A = m->act[l];
         lda = m->layers[l].out;
     }
 }
 
 /* ---- backward ------------------------------------------------------------------- */
-void rt_model_dlrm_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE)
+void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, float *dE)
 {
     const int S = m->S, d = m->d, nb = m->nbottom, nl = m->nbottom + m->ntop;
     const size_t ldr = (size_t)m->ldr, rowE = (size_t)S * (size_t)d;
@@ -150,11 +150,11 @@ void rt_model_dlrm_backward(rt_model_t *m, int n, const float *E, const float *X
     const float *cur = m->gz;
     int ldc = 1, cb = 1; /* cur lives in gbuf[cb] (gz at first) */
     for (int l = nl - 1; l >= nb; l--) {
-        const rt_model_layer_t *L = &m->layers[l];
+        const model_layer_t *L = &m->layers[l];
         const float *Ap = l == nb ? m->R : m->act[l - 1];
         int lda = l == nb ? m->ldr : m->layers[l - 1].out;
         float *dA = m->gbuf[cb ^ 1];
-        rt_dense_linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in);
+        model_dense_linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in);
         if (l > nb)
             relu_mask(n, L->in, Ap, lda, dA, L->in);
         cur = dA;
@@ -204,11 +204,11 @@ void rt_model_dlrm_backward(rt_model_t *m, int n, const float *E, const float *X
     cur = dR;
     ldc = m->ldr;
     for (int l = nb - 1; l >= 0; l--) {
-        const rt_model_layer_t *L = &m->layers[l];
+        const model_layer_t *L = &m->layers[l];
         const float *Ap = l == 0 ? X : m->act[l - 1];
         int lda = l == 0 ? m->F : m->layers[l - 1].out;
         float *dA = l == 0 ? NULL : m->gbuf[cb ^ 1];
-        rt_dense_linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in);
+        model_dense_linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in);
         if (l > 0)
             relu_mask(n, L->in, Ap, lda, dA, L->in);
         cur = dA;

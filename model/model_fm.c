@@ -10,11 +10,11 @@
  * i.e. every pairwise dot product among the slot factors (and u), computed in
  * O(S k) per row. Without u the dense features enter only linearly.
  */
-#define RT_MODEL_IMPL
+#define MODEL_IMPL
 #include "model.h"
 
 
-void rt_model_fm_forward(rt_model_t *m, int n, const float *E, const float *X)
+void model_fm_forward(model_t *m, int n, const float *E, const float *X)
 {
     const int S = m->S, F = m->F, d = m->d, k = m->k, dense = m->fm_dense;
     const float *w = m->params + m->w_off;
@@ -23,9 +23,9 @@ void rt_model_fm_forward(rt_model_t *m, int n, const float *E, const float *X)
     float *z = m->logits, *sum = m->fm_sum, *u = m->fm_u;
     /* z (n) = X (n, F) w (F); u (n, k) = X (n, F) Vx^T (F, k) */
     if (F > 0)
-        rt_gemm_rows(m, n, 1, F, X, F, 0, w, 1, z, 1);
+        model_gemm_rows(m, n, 1, F, X, F, 0, w, 1, z, 1);
     if (dense)
-        rt_gemm_rows(m, n, k, F, X, F, 1, vx, F, u, k);
+        model_gemm_rows(m, n, k, F, X, F, 1, vx, F, u, k);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         const float *e = E + (size_t)i * (size_t)S * (size_t)d;
@@ -52,7 +52,7 @@ void rt_model_fm_forward(rt_model_t *m, int n, const float *E, const float *X)
     }
 }
 
-void rt_model_fm_backward(rt_model_t *m, int n, const float *E, const float *X, float *dE)
+void model_fm_backward(model_t *m, int n, const float *E, const float *X, float *dE)
 {
     const int S = m->S, F = m->F, d = m->d, k = m->k, dense = m->fm_dense;
     const float *g = m->gz;
@@ -60,8 +60,8 @@ void rt_model_fm_backward(rt_model_t *m, int n, const float *E, const float *X, 
     float *u = m->fm_u;
     /* dw (F) += X^T g; db += sum g; in float64 (model_blas.c) */
     if (F > 0)
-        rt_grad_gemm(m, n, F, 1, X, F, g, 1, m->grads + m->w_off);
-    rt_grad_colsum(m, n, 1, g, 1, m->grads + m->b_off);
+        model_grad_gemm(m, n, F, 1, X, F, g, 1, m->grads + m->w_off);
+    model_grad_colsum(m, n, 1, g, 1, m->grads + m->b_off);
     /* d logit / d v_sf = (sum_f - v_sf); elementwise, so dE may alias E. */
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
@@ -84,5 +84,5 @@ void rt_model_fm_backward(rt_model_t *m, int n, const float *E, const float *X, 
     }
     /* dVx (k, F) += du^T (k, n) X (n, F) */
     if (dense)
-        rt_grad_gemm(m, n, k, F, u, k, X, F, m->grads + m->vx_off);
+        model_grad_gemm(m, n, k, F, u, k, X, F, m->grads + m->vx_off);
 }

@@ -24,10 +24,10 @@
  * Some OpenBLAS builds compute wrong results on some CPUs (the reason a
  * machine sets OPENBLAS_CORETYPE at all), so the kernels are checked too:
  * model_kernels_check runs each GEMM a model makes, at its real shapes
- * (rt_model_selfcheck), against a float64 reference, and names the first
+ * (model_selfcheck), against a float64 reference, and names the first
  * product that disagrees.
  */
-#define RT_MODEL_IMPL
+#define MODEL_IMPL
 #include "model.h"
 
 #include <cblas.h>
@@ -172,7 +172,7 @@ static int reexec(char *const argv[], const char *core)
 
 /* dlrm's default layers (bottom 13-64-16, top 367-256-128-1) as the models
  * call them, in 256-row blocks: the check of a kernel set Kiln chose, before
- * MPI starts (rt_model_selfcheck checks a model's own shapes later). */
+ * MPI starts (model_selfcheck checks a model's own shapes later). */
 static int check_defaults(void)
 {
     static const int layers[][2] = {{13, 64}, {64, 16}, {367, 256}, {256, 128}, {128, 1}};

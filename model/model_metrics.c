@@ -3,7 +3,7 @@
  * ROC AUC by sorting (ties get their average rank, the Mann-Whitney U form)
  * and mean logloss.
  */
-#define RT_MODEL_IMPL
+#define MODEL_IMPL
 #include "model.h"
 
 #include <math.h>
@@ -20,7 +20,7 @@ static int cmp_score(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-int rt_metrics_auc(const float *scores, const float *labels, size_t n, double *auc /* OUT */)
+int model_metrics_auc(const float *scores, const float *labels, size_t n, double *auc /* OUT */)
 {
     *auc = NAN;
     scored_t *v = kiln_calloc(n ? n : 1, sizeof *v);
@@ -54,7 +54,7 @@ int rt_metrics_auc(const float *scores, const float *labels, size_t n, double *a
     return 0;
 }
 
-double rt_metrics_logloss(const float *probs, const float *labels, size_t n)
+double model_metrics_logloss(const float *probs, const float *labels, size_t n)
 {
     if (n == 0)
         return 0.0;

@@ -6,13 +6,13 @@
  * the decayed gradient; only adam's bias correction is computed here, in
  * double as it always was.
  */
-#define RT_MODEL_IMPL
+#define MODEL_IMPL
 #include "model.h"
 #include "kern_ops.h"
 
 #include <math.h>
 
-int rt_model_step(rt_model_t *m)
+int model_step(model_t *m)
 {
     const long P = (long)m->nparams;
     float *w = m->params;
@@ -21,12 +21,12 @@ int rt_model_step(rt_model_t *m)
     const float lr = m->opt.lr, wd = m->opt.weight_decay, eps = m->opt.eps;
 
     switch (m->opt.type) {
-    case RT_DENSE_SGD:
+    case MODEL_DENSE_SGD:
 #pragma omp parallel for simd schedule(static) if (P >= 65536)
         for (long i = 0; i < P; i++)
             kern_sgd_elem(&w[i], kern_dd_float(g[i], gl[i]) + wd * w[i], lr);
         break;
-    case RT_DENSE_ADAGRAD: {
+    case MODEL_DENSE_ADAGRAD: {
         float *acc = m->opt_a;
 #pragma omp parallel for simd schedule(static) if (P >= 65536)
         for (long i = 0; i < P; i++) {
@@ -34,7 +34,7 @@ int rt_model_step(rt_model_t *m)
         }
         break;
     }
-    case RT_DENSE_ADAM: {
+    case MODEL_DENSE_ADAM: {
         float *mm = m->opt_a, *vv = m->opt_b;
         const float b1 = m->opt.beta1, b2 = m->opt.beta2;
         m->opt_t++;
@@ -48,10 +48,10 @@ int rt_model_step(rt_model_t *m)
         break;
     }
     }
-    if (m->opt.type != RT_DENSE_ADAM)
+    if (m->opt.type != MODEL_DENSE_ADAM)
         m->opt_t++;
     /* bf16: the weights the next steps multiply by, rounded once here. */
     if (m->bf)
-        rt_bf16_sync_weights(m);
+        model_bf16_sync_weights(m);
     return 0;
 }

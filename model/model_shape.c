@@ -9,16 +9,16 @@
 #include "kiln.h"
 #include "model.h"
 
-int rt_model_table_dim(rt_model_type_t type, int spec_dim)
+int model_table_dim(model_type_t type, int spec_dim)
 {
     switch (type) {
-    case RT_MODEL_LR:
+    case MODEL_LR:
         return 1;
-    case RT_MODEL_FM:
+    case MODEL_FM:
         if (spec_dim < 1)
             return kiln_errf(KILN_EINVAL, "fm: model.embedding.dim must be >= 1, got %d", spec_dim);
         return spec_dim + 1;
-    case RT_MODEL_DLRM:
+    case MODEL_DLRM:
         if (spec_dim < 1)
             return kiln_errf(KILN_EINVAL, "dlrm: model.embedding.dim must be >= 1, got %d",
                              spec_dim);
@@ -27,13 +27,13 @@ int rt_model_table_dim(rt_model_type_t type, int spec_dim)
     return kiln_errf(KILN_EINVAL, "unknown model type %d", (int)type);
 }
 
-const char *rt_model_type_name(rt_model_type_t type)
+const char *model_type_name(model_type_t type)
 {
     static const char *const names[] = {"lr", "fm", "dlrm"};
     return (unsigned)type < 3 ? names[type] : "?";
 }
 
-const char *rt_model_precision_name(rt_dense_precision_t p)
+const char *model_precision_name(model_dense_precision_t p)
 {
     static const char *const names[] = {"fp32", "bf16"};
     return (unsigned)p < 2 ? names[p] : "?";

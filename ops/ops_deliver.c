@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "model.h" /* rt_model_table_dim: no BLAS, nothing built */
+#include "model.h" /* model_table_dim: no BLAS, nothing built */
 
 /* Test hook (tests/test_loop.c): KILN_TEST_PUSH_HOLD_MS holds the outcomes
  * of a delivery that long after the endpoints answered and before they are
@@ -108,13 +108,13 @@ static job_ctx_t *job_ctx(state_t *st, job_ctx_t *jobs, size_t *njobs, int64_t j
 int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
 {
     memset(d, 0, sizeof *d);
-    rt_model_type_t mt = sp->model.type == JOB_MODEL_FM     ? RT_MODEL_FM
-                         : sp->model.type == JOB_MODEL_DLRM ? RT_MODEL_DLRM
-                                                            : RT_MODEL_LR;
+    model_type_t mt = sp->model.type == JOB_MODEL_FM     ? MODEL_FM
+                         : sp->model.type == JOB_MODEL_DLRM ? MODEL_DLRM
+                                                            : MODEL_LR;
     d->model_type = (int)mt;
     d->nslots = sp->data.cat_slots;
     d->ndense = sp->data.dense_features;
-    d->dim = rt_model_table_dim(mt, sp->model.embedding.dim);
+    d->dim = model_table_dim(mt, sp->model.embedding.dim);
     d->fm_dense_factors = sp->model.fm_dense_factors; /* as kiln-train builds it */
     if (d->nslots > SERVE_MAX_SLOTS || sp->model.ntables > SERVE_MAX_TABLES ||
         sp->model.nbottom > SERVE_MAX_LAYERS || sp->model.ntop > SERVE_MAX_LAYERS)
@@ -130,7 +130,7 @@ int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
     for (int t = 0; t < d->ntables; t++) {
         const job_table_t *jt = &sp->model.tables[t];
         snprintf(d->tables[t].name, SERVE_NAME_MAX, "%s", jt->name);
-        d->tables[t].dim = rt_model_table_dim(mt, jt->emb.dim);
+        d->tables[t].dim = model_table_dim(mt, jt->emb.dim);
         for (int i = 0; i < jt->nslots; i++)
             if (jt->slots[i] >= 0 && jt->slots[i] < d->nslots) {
                 d->slot_table[jt->slots[i]] = t;

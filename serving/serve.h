@@ -58,10 +58,10 @@ typedef struct serve_table_desc {
 } serve_table_desc_t;
 
 /* What kiln-serve needs to rebuild the trainer's forward path: the dense
- * model's shape (rt_model_config_t without the optimizer and seed), the
+ * model's shape (model_config_t without the optimizer and seed), the
  * tables, and which table and combiner each categorical slot uses. */
 typedef struct serve_model_desc {
-    int model_type;       /* rt_model_type_t: 0 lr, 1 fm, 2 dlrm */
+    int model_type;       /* model_type_t: 0 lr, 1 fm, 2 dlrm */
     int nslots, ndense;   /* S, F */
     int dim;              /* the pooled width d */
     int fm_dense_factors; /* fm: X projected to the factors (model.fm_dense_factors) */

@@ -73,8 +73,8 @@ static int ap_dense(void *ctx, int64_t n, const float *values)
 {
     apply_t *a = ctx;
     memcpy(a->v->dense, values, (size_t)n * sizeof(float));
-    rt_model_array_t arr = {"dense.params", a->v->dense, (size_t)n};
-    return rt_model_load(a->v->rtm, &arr, 1, 0);
+    model_array_t arr = {"dense.params", a->v->dense, (size_t)n};
+    return model_load_arrays(a->v->rtm, &arr, 1, 0);
 }
 
 int sv_chain_apply(const char *path, bool full, sv_version_t **v, char *uid)

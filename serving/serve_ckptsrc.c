@@ -1,8 +1,8 @@
 /*
  * serving/serve_ckptsrc.c - the update source over checkpoints
- * (docs/checkpoint-format.md). rt_ckpt_chain_open resolves and verifies the
+ * (docs/checkpoint-format.md). ckpt_chain_open resolves and verifies the
  * chain (full dump, then incrementals); the ckpt module's scan
- * (rt_ckpt_scan_*) streams its shard files in slices of
+ * (ckpt_scan_*) streams its shard files in slices of
  * SERVE_ROWS_PER_CHUNK rows, so a push never holds a whole table:
  *
  *   for each link after the base (all links for a full push), each table,
@@ -21,8 +21,8 @@
 
 typedef struct csrc {
     serve_model_desc_t desc;
-    rt_ckpt_scan_t *scan;
-    rt_ckpt_array_t *dense;
+    ckpt_scan_t *scan;
+    ckpt_array_t *dense;
     int ndense;
     bool dense_done;
 } csrc_t;
@@ -30,11 +30,11 @@ typedef struct csrc {
 static int c_next(serve_source_t *s, serve_item_t *item)
 {
     csrc_t *c = s->impl;
-    rt_ckpt_slice_t sl;
-    int got = rt_ckpt_scan_next(c->scan, &sl);
+    ckpt_slice_t sl;
+    int got = ckpt_scan_next(c->scan, &sl);
     if (got != 0) {
         if (got > 0)
-            *item = (serve_item_t){sl.kind == RT_CKPT_SLICE_ROWS ? SERVE_ITEM_ROWS
+            *item = (serve_item_t){sl.kind == CKPT_SLICE_ROWS ? SERVE_ITEM_ROWS
                                                                  : SERVE_ITEM_DELETE,
                                    sl.table, sl.n, sl.keys, sl.values};
         return got;
@@ -55,8 +55,8 @@ static void c_destroy(serve_source_t *s)
 {
     csrc_t *c = s->impl;
     if (c != NULL) {
-        rt_ckpt_scan_close(c->scan);
-        rt_ckpt_arrays_free(c->dense, c->ndense);
+        ckpt_scan_close(c->scan);
+        ckpt_arrays_free(c->dense, c->ndense);
         free(c);
     }
     free(s);
@@ -67,7 +67,7 @@ static const serve_source_ops_t c_ops = {c_next, c_destroy};
 int serve_ckptsrc_open(const char *ckpt_dir, const serve_model_desc_t *desc, const char *held,
                        serve_source_t **out)
 {
-    rt_ckpt_chain_t ch = {0};
+    ckpt_chain_t ch = {0};
     serve_source_t *s = kiln_calloc(1, sizeof *s);
     csrc_t *c = kiln_calloc(1, sizeof *c);
     int rc = 0;
@@ -80,12 +80,12 @@ int serve_ckptsrc_open(const char *ckpt_dir, const serve_model_desc_t *desc, con
     s->impl = c;
     c->desc = *desc;
     s->desc = &c->desc;
-    KILN_CHECK_GOTO(rt_ckpt_chain_open(ckpt_dir, true, &ch), rc, out);
-    const rt_ckpt_info_t *last = rt_ckpt_info(ch.items[ch.n - 1]);
+    KILN_CHECK_GOTO(ckpt_chain_open(ckpt_dir, true, &ch), rc, out);
+    const ckpt_info_t *last = ckpt_info(ch.items[ch.n - 1]);
     snprintf(s->uid, sizeof s->uid, "%s", last->uid);
     int from = 0; /* the first link to send */
     for (int i = 0; held != NULL && held[0] && i < ch.n; i++)
-        if (strcmp(rt_ckpt_info(ch.items[i])->uid, held) == 0) {
+        if (strcmp(ckpt_info(ch.items[i])->uid, held) == 0) {
             from = i + 1;
             snprintf(s->base, sizeof s->base, "%s", held);
         }
@@ -107,17 +107,17 @@ int serve_ckptsrc_open(const char *ckpt_dir, const serve_model_desc_t *desc, con
         names[t] = c->desc.tables[t].name;
         dims[t] = desc->tables[t].dim;
     }
-    KILN_CHECK_GOTO(rt_ckpt_scan_open(&ch, from, desc->ntables, names, dims, SERVE_ROWS_PER_CHUNK,
+    KILN_CHECK_GOTO(ckpt_scan_open(&ch, from, desc->ntables, names, dims, SERVE_ROWS_PER_CHUNK,
                                       &c->scan),
                     rc, out);
-    KILN_CHECK_GOTO(rt_ckpt_read_dense(ch.items[ch.n - 1], &c->dense, &c->ndense), rc, out);
+    KILN_CHECK_GOTO(ckpt_read_dense(ch.items[ch.n - 1], &c->dense, &c->ndense), rc, out);
     /* The dense parameter count is the checkpoint's own: whoever built the
      * description need not build the model to count them. */
     for (int i = 0; i < c->ndense; i++)
         if (strcmp(c->dense[i].name, "dense.params") == 0)
             c->desc.nparams = (int64_t)c->dense[i].count;
 out:
-    rt_ckpt_chain_fini(&ch);
+    ckpt_chain_fini(&ch);
     if (rc < 0) {
         c_destroy(s);
         return rc;

@@ -79,7 +79,7 @@ static int predict_rows(const sv_version_t *v, int n, const float *X, const int6
     }
     if (S > 0)
         KILN_CHECK_GOTO(kern_cpu_gather_combine(S, bags, n, (int64_t)S * D, E), rc, out);
-    rc = rt_model_predict(v->rtm, n, E, X, probs);
+    rc = model_predict(v->rtm, n, E, X, probs);
 out:
     KILN_FREE_ALL(V, E, off, rows, bags);
     return rc;
@@ -115,7 +115,7 @@ int sv_version_get(sv_store_t *s, const char *model, const char *label, sv_versi
         snprintf(out->uid, sizeof out->uid, "%s", v->uid);
         out->rows = sv_version_rows(v);
         out->applied_at = v->applied_at;
-        out->model_type = rt_model_type_name((rt_model_type_t)v->desc.model_type);
+        out->model_type = model_type_name((model_type_t)v->desc.model_type);
         out->chain = v->nfiles;
         out->ntables = v->desc.ntables;
         for (int t = 0; t < v->desc.ntables; t++) {
@@ -181,7 +181,7 @@ void sv_rows_fini(sv_rows_t *r)
 
 /* Parses line number lineno (1-based) of a predict into row i of X, keys
  * and has: a line without the label column gets a dummy one. buf holds
- * RT_TSV_MAX_LINE + 3 bytes. Returns 0 or KILN_EINVAL saying why. */
+ * DATA_TSV_MAX_LINE + 3 bytes. Returns 0 or KILN_EINVAL saying why. */
 static int parse_line(const sv_line_t *l, int64_t lineno, int F, int S, char *buf, float *X,
                       int64_t *keys, unsigned char *has)
 {
@@ -189,9 +189,9 @@ static int parse_line(const sv_line_t *l, int64_t lineno, int F, int S, char *bu
         return kiln_errf(KILN_EINVAL, "predict: every element of rows must be a string");
     const char *lp = l->p;
     size_t ll = l->len;
-    if (ll > RT_TSV_MAX_LINE)
+    if (ll > DATA_TSV_MAX_LINE)
         return kiln_errf(KILN_EINVAL, "predict: line %lld is longer than %d bytes",
-                         (long long)lineno, RT_TSV_MAX_LINE);
+                         (long long)lineno, DATA_TSV_MAX_LINE);
     size_t tabs = 0;
     for (size_t i = 0; i < ll; i++)
         tabs += lp[i] == '\t';
@@ -203,8 +203,8 @@ static int parse_line(const sv_line_t *l, int64_t lineno, int F, int S, char *bu
         ll += 2;
     }
     float y;
-    char why[RT_MESSAGE_LEN];
-    if (rt_tsv_parse_line(lp, ll, F, S, &y, X, keys, has, why, sizeof why) < 0)
+    char why[DATA_MESSAGE_LEN];
+    if (data_tsv_parse_line(lp, ll, F, S, &y, X, keys, has, why, sizeof why) < 0)
         return kiln_errf(KILN_EINVAL, "predict: line %lld: %s", (long long)lineno, why);
     return 0;
 }
@@ -236,7 +236,7 @@ int sv_predict(sv_store_t *s, const char *model, const char *label, const char *
     X = kiln_calloc((size_t)PREDICT_BATCH * (size_t)F + 1, sizeof(float));
     keys = kiln_calloc((size_t)PREDICT_BATCH * (size_t)S + 1, sizeof(int64_t));
     has = kiln_calloc((size_t)PREDICT_BATCH * (size_t)S + 1, 1);
-    buf = kiln_malloc(RT_TSV_MAX_LINE + 3);
+    buf = kiln_malloc(DATA_TSV_MAX_LINE + 3);
     out->probs = kiln_calloc((size_t)n + 1, sizeof(float));
     if (X == NULL || keys == NULL || has == NULL || buf == NULL || out->probs == NULL) {
         rc = kiln_errf(KILN_ENOMEM, "out of memory");

@@ -1,7 +1,7 @@
 /*
  * serving/serve_store.c - kiln-serve's version store: the versions it holds
  * for each (model, label) (tables in serve_table, the dense model as the
- * trainer's own rt_model), the state directory they persist in and its
+ * trainer's own model_t), the state directory they persist in and its
  * lock, loading them at start, and the labels that could not be loaded.
  *
  * The store's other jobs each have a file: a version in memory

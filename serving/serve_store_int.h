@@ -29,7 +29,7 @@ typedef struct sv_version {
     serve_model_desc_t desc;
     serve_table_t **tables; /* (desc.ntables) */
     float *dense;           /* (desc.nparams) */
-    rt_model_t *rtm;
+    model_t *rtm;
     char **files; /* the chain, file names in the label dir */
     int nfiles;
     int64_t next_seq;

@@ -1,6 +1,6 @@
 /*
  * serving/serve_version.c - one version in memory: its tables (serve_table)
- * and its dense model (the trainer's own rt_model, built from the push's
+ * and its dense model (the trainer's own model_t, built from the push's
  * model description), its size, and finding it in the store's list by
  * (model, label); and where a label's files live. The store (serve_store.c),
  * its chains on disk (serve_chain.c) and the splits (serve_split.c) build on
@@ -24,7 +24,7 @@ void sv_version_destroy(sv_version_t *v)
         serve_table_destroy(v->tables[t]);
     free(v->tables);
     free(v->dense);
-    rt_model_destroy(v->rtm);
+    model_destroy(v->rtm);
     for (int i = 0; i < v->nfiles; i++)
         free(v->files[i]);
     free(v->files);
@@ -46,8 +46,8 @@ int sv_version_create(const serve_model_desc_t *desc, sv_version_t **out)
     }
     for (int t = 0; t < desc->ntables; t++)
         KILN_CHECK_GOTO(serve_table_create(desc->tables[t].dim, &v->tables[t]), rc, out);
-    rt_model_config_t cfg = {
-        .type = (rt_model_type_t)desc->model_type,
+    model_config_t cfg = {
+        .type = (model_type_t)desc->model_type,
         .nslots = desc->nslots,
         .ndense = desc->ndense,
         .dim = desc->dim,
@@ -58,18 +58,18 @@ int sv_version_create(const serve_model_desc_t *desc, sv_version_t **out)
         .fm_dense_factors = desc->fm_dense_factors,
         .max_batch = PREDICT_BATCH,
         .seed = 0,
-        .opt = {.type = RT_DENSE_SGD, .lr = 0.0f},
+        .opt = {.type = MODEL_DENSE_SGD, .lr = 0.0f},
     };
-    rc = rt_model_create(&cfg, &v->rtm);
+    rc = model_create(&cfg, &v->rtm);
     if (rc < 0) {
         rc = kiln_errf(KILN_EINVAL, "the pushed model cannot be built: %s", kiln_errmsg());
         goto out;
     }
-    if ((int64_t)rt_model_nparams(v->rtm) != desc->nparams) {
+    if ((int64_t)model_nparams(v->rtm) != desc->nparams) {
         rc = kiln_errf(KILN_EINVAL, "the push carries %lld dense parameters; a %s model of this "
                                     "shape has %zu",
-                       (long long)desc->nparams, rt_model_type_name(cfg.type),
-                       rt_model_nparams(v->rtm));
+                       (long long)desc->nparams, model_type_name(cfg.type),
+                       model_nparams(v->rtm));
         goto out;
     }
 out:

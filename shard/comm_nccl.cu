@@ -1,5 +1,5 @@
 /*
- * shard/comm_nccl.cu - rt_comm's NCCL backend (shard.h): the trainer's
+ * shard/comm_nccl.cu - shard_comm's NCCL backend (shard.h): the trainer's
  * collectives on device buffers, enqueued on one non-blocking stream per
  * communicator.
  *
@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct rt_comm_nccl {
+struct shard_comm_nccl {
     ncclComm_t comm;
     cudaStream_t stream;
     int device;
@@ -62,7 +62,7 @@ static int nccl_fail(ncclResult_t r, ncclComm_t comm, const char *what, const ch
     } while (0)
 
 /* Binds this rank to its GPU and makes the stream; local, no collective. */
-static int bind_device(rt_comm_t *c, rt_comm_nccl_t *n, int lrank, int lsize)
+static int bind_device(shard_comm_t *c, shard_comm_nccl_t *n, int lrank, int lsize)
 {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess) {
@@ -86,7 +86,7 @@ static int bind_device(rt_comm_t *c, rt_comm_nccl_t *n, int lrank, int lsize)
     return 0;
 }
 
-extern "C" int rt_comm_nccl_create(rt_comm_t *c, rt_comm_nccl_t **out)
+extern "C" int shard_comm_nccl_create(shard_comm_t *c, shard_comm_nccl_t **out)
 {
     *out = NULL;
     int rc = 0, lrank = 0, lsize = 1;
@@ -94,13 +94,13 @@ extern "C" int rt_comm_nccl_create(rt_comm_t *c, rt_comm_nccl_t **out)
         int rc;
         ncclUniqueId id;
     } msg;
-    KILN_CHECK(rt_mpi_local_rank(c->comm, &lrank, &lsize));
-    rt_comm_nccl_t *n = (rt_comm_nccl_t *)kiln_calloc(1, sizeof *n);
+    KILN_CHECK(shard_mpi_local_rank(c->comm, &lrank, &lsize));
+    shard_comm_nccl_t *n = (shard_comm_nccl_t *)kiln_calloc(1, sizeof *n);
     if (n == NULL)
         rc = KILN_ENOMEM;
     else
         rc = bind_device(c, n, lrank, lsize);
-    KILN_CHECK_GOTO(rt_mpi_agree(c->comm, rc, "NCCL setup"), rc, out);
+    KILN_CHECK_GOTO(shard_mpi_agree(c->comm, rc, "NCCL setup"), rc, out);
 
     memset(&msg, 0, sizeof msg);
     if (c->rank == 0) {
@@ -111,7 +111,7 @@ extern "C" int rt_comm_nccl_create(rt_comm_t *c, rt_comm_nccl_t **out)
     {
         int mrc = MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, c->comm);
         if (mrc != MPI_SUCCESS) {
-            rc = rt_mpi_fail(mrc, "MPI_Bcast of the NCCL unique id");
+            rc = shard_mpi_fail(mrc, "MPI_Bcast of the NCCL unique id");
             goto out;
         }
     }
@@ -128,15 +128,15 @@ extern "C" int rt_comm_nccl_create(rt_comm_t *c, rt_comm_nccl_t **out)
             rc = nccl_fail(r, NULL, "ncclCommInitRank", KILN_WHERE);
         }
     }
-    KILN_CHECK_GOTO(rt_mpi_agree(c->comm, rc, "NCCL setup"), rc, out);
+    KILN_CHECK_GOTO(shard_mpi_agree(c->comm, rc, "NCCL setup"), rc, out);
     *out = n;
     n = NULL;
 out:
-    rt_comm_nccl_destroy(n);
+    shard_comm_nccl_destroy(n);
     return rc;
 }
 
-extern "C" void rt_comm_nccl_destroy(rt_comm_nccl_t *n)
+extern "C" void shard_comm_nccl_destroy(shard_comm_nccl_t *n)
 {
     if (n == NULL)
         return;
@@ -151,21 +151,21 @@ extern "C" void rt_comm_nccl_destroy(rt_comm_nccl_t *n)
     free(n);
 }
 
-extern "C" int rt_comm_nccl_device(const rt_comm_nccl_t *n)
+extern "C" int shard_comm_nccl_device(const shard_comm_nccl_t *n)
 {
     return n->device;
 }
 
-extern "C" void *rt_comm_nccl_stream(const rt_comm_nccl_t *n)
+extern "C" void *shard_comm_nccl_stream(const shard_comm_nccl_t *n)
 {
     return (void *)n->stream;
 }
 
-extern "C" int rt_comm_nccl_alltoallv(rt_comm_t *c, const void *sendbuf, const size_t *sendcounts,
+extern "C" int shard_comm_nccl_alltoallv(shard_comm_t *c, const void *sendbuf, const size_t *sendcounts,
                                       const size_t *sdispls, void *recvbuf,
                                       const size_t *recvcounts, const size_t *rdispls)
 {
-    rt_comm_nccl_t *n = c->nccl;
+    shard_comm_nccl_t *n = c->nccl;
     const char *sb = (const char *)sendbuf;
     char *rb = (char *)recvbuf;
     ncclResult_t first = ncclSuccess;
@@ -190,9 +190,9 @@ extern "C" int rt_comm_nccl_alltoallv(rt_comm_t *c, const void *sendbuf, const s
     return 0;
 }
 
-extern "C" int rt_comm_nccl_allreduce_sum_f64(rt_comm_t *c, double *buf, size_t count)
+extern "C" int shard_comm_nccl_allreduce_sum_f64(shard_comm_t *c, double *buf, size_t count)
 {
-    rt_comm_nccl_t *n = c->nccl;
+    shard_comm_nccl_t *n = c->nccl;
     if (count == 0)
         return 0;
     NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclDouble, ncclSum, n->comm, n->stream), n->comm,
@@ -217,9 +217,9 @@ static __global__ void dd_sum_ranks_kernel(const double *gathered, size_t npairs
     }
 }
 
-extern "C" int rt_comm_nccl_allreduce_sum_dd(rt_comm_t *c, double *pairs, size_t npairs)
+extern "C" int shard_comm_nccl_allreduce_sum_dd(shard_comm_t *c, double *pairs, size_t npairs)
 {
-    rt_comm_nccl_t *n = c->nccl;
+    shard_comm_nccl_t *n = c->nccl;
     if (npairs == 0)
         return 0;
     if (npairs > n->gather_cap) {
@@ -244,9 +244,9 @@ extern "C" int rt_comm_nccl_allreduce_sum_dd(rt_comm_t *c, double *pairs, size_t
     return 0;
 }
 
-extern "C" int rt_comm_nccl_bcast(rt_comm_t *c, void *buf, size_t bytes, int root)
+extern "C" int shard_comm_nccl_bcast(shard_comm_t *c, void *buf, size_t bytes, int root)
 {
-    rt_comm_nccl_t *n = c->nccl;
+    shard_comm_nccl_t *n = c->nccl;
     if (bytes == 0)
         return 0;
     NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclInt8, root, n->comm, n->stream), n->comm,
@@ -254,9 +254,9 @@ extern "C" int rt_comm_nccl_bcast(rt_comm_t *c, void *buf, size_t bytes, int roo
     return 0;
 }
 
-extern "C" int rt_comm_nccl_sync(rt_comm_t *c)
+extern "C" int shard_comm_nccl_sync(shard_comm_t *c)
 {
-    rt_comm_nccl_t *n = c->nccl;
+    shard_comm_nccl_t *n = c->nccl;
     CUDA_CHECK(cudaStreamSynchronize(n->stream));
     ncclResult_t async = ncclSuccess;
     NCCL_CHECK(ncclCommGetAsyncError(n->comm, &async), n->comm, "ncclCommGetAsyncError");

@@ -1,7 +1,7 @@
 /*
  * shard/device.c - the choice between the CPU and the CUDA backend
- * (shard.h). rt_device_pick is a table of cases over (want, built with
- * CUDA, GPUs visible) and touches no device; rt_device_visible_gpus asks the
+ * (shard.h). shard_device_pick is a table of cases over (want, built with
+ * CUDA, GPUs visible) and touches no device; shard_device_visible_gpus asks the
  * kernels' CUDA backend when there is one.
  */
 #include "shard.h"
@@ -12,13 +12,13 @@
 #include "kern_cuda.h"
 #endif
 
-const char *rt_device_name(rt_device_t d)
+const char *shard_device_name(shard_device_t d)
 {
-    static const char *const names[] = {[RT_DEVICE_CPU] = "cpu", [RT_DEVICE_CUDA] = "cuda"};
+    static const char *const names[] = {[SHARD_DEVICE_CPU] = "cpu", [SHARD_DEVICE_CUDA] = "cuda"};
     return (unsigned)d < sizeof names / sizeof names[0] ? names[d] : "?";
 }
 
-bool rt_device_built_cuda(void)
+bool shard_device_built_cuda(void)
 {
 #ifdef KILN_HAVE_CUDA
     return true;
@@ -27,7 +27,7 @@ bool rt_device_built_cuda(void)
 #endif
 }
 
-int rt_device_visible_gpus(void)
+int shard_device_visible_gpus(void)
 {
 #ifdef KILN_HAVE_CUDA
     int n = kern_cuda_device_count();
@@ -48,17 +48,17 @@ static int say(int rc, char *why, size_t cap, const char *line)
     return rc;
 }
 
-int rt_device_pick(job_device_t want, bool built_cuda, int visible_gpus, rt_device_t *out,
+int shard_device_pick(job_device_t want, bool built_cuda, int visible_gpus, shard_device_t *out,
                    char *why, size_t cap)
 {
     char line[320];
     if (why != NULL && cap > 0)
         why[0] = '\0';
     if (out == NULL)
-        return say(KILN_EINVAL, why, cap, "rt_device_pick: out is NULL");
-    *out = RT_DEVICE_CPU;
+        return say(KILN_EINVAL, why, cap, "shard_device_pick: out is NULL");
+    *out = SHARD_DEVICE_CPU;
     if (visible_gpus < 0) {
-        snprintf(line, sizeof line, "rt_device_pick: visible_gpus is %d (must be >= 0)",
+        snprintf(line, sizeof line, "shard_device_pick: visible_gpus is %d (must be >= 0)",
                  visible_gpus);
         return say(KILN_EINVAL, why, cap, line);
     }
@@ -68,7 +68,7 @@ int rt_device_pick(job_device_t want, bool built_cuda, int visible_gpus, rt_devi
         return say(0, why, cap, "device cpu: using the CPU backend");
     case JOB_DEVICE_AUTO:
         if (can) {
-            *out = RT_DEVICE_CUDA;
+            *out = SHARD_DEVICE_CUDA;
             snprintf(line, sizeof line,
                      "device auto: %d CUDA device%s visible; using the CUDA backend", visible_gpus,
                      visible_gpus == 1 ? "" : "s");
@@ -80,7 +80,7 @@ int rt_device_pick(job_device_t want, bool built_cuda, int visible_gpus, rt_devi
                                 "the CPU backend");
     case JOB_DEVICE_CUDA:
         if (can) {
-            *out = RT_DEVICE_CUDA;
+            *out = SHARD_DEVICE_CUDA;
             snprintf(line, sizeof line,
                      "device cuda: %d CUDA device%s visible; using the CUDA "
                      "backend",
@@ -97,6 +97,6 @@ int rt_device_pick(job_device_t want, bool built_cuda, int visible_gpus, rt_devi
                    "(check nvidia-smi and CUDA_VISIBLE_DEVICES), or set device: auto or cpu "
                    "in the job spec");
     }
-    snprintf(line, sizeof line, "rt_device_pick: unknown device value %d", (int)want);
+    snprintf(line, sizeof line, "shard_device_pick: unknown device value %d", (int)want);
     return say(KILN_EINVAL, why, cap, line);
 }

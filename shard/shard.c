@@ -19,7 +19,7 @@
 
 /* ---- dedupe ----------------------------------------------------------------- */
 
-struct rt_dedupe {
+struct shard_dedupe {
     int64_t *slot_keys; /* (cap) */
     int32_t *slot_idx;  /* (cap) -1: empty */
     int64_t cap;        /* power of two */
@@ -27,16 +27,16 @@ struct rt_dedupe {
     int64_t uniq_cap;
 };
 
-int rt_dedupe_create(rt_dedupe_t **out)
+int shard_dedupe_create(shard_dedupe_t **out)
 {
-    rt_dedupe_t *d = kiln_calloc(1, sizeof *d);
+    shard_dedupe_t *d = kiln_calloc(1, sizeof *d);
     if (d == NULL)
         return KILN_ENOMEM;
     *out = d;
     return 0;
 }
 
-void rt_dedupe_destroy(rt_dedupe_t *d)
+void shard_dedupe_destroy(shard_dedupe_t *d)
 {
     if (d == NULL)
         return;
@@ -54,7 +54,7 @@ static inline uint64_t mix64(uint64_t x)
     return x;
 }
 
-int rt_dedupe_run(rt_dedupe_t *d, const int64_t *keys, int64_t n, int32_t *inverse,
+int shard_dedupe_run(shard_dedupe_t *d, const int64_t *keys, int64_t n, int32_t *inverse,
                   const int64_t **uniq, int64_t *nuniq)
 {
     int64_t want = 16;
@@ -129,10 +129,10 @@ static void *buf_need(buf_t *b, size_t bytes)
     return b->p;
 }
 
-struct rt_shard {
-    rt_comm_t *comm; /* borrowed */
+struct shard {
+    shard_comm_t *comm; /* borrowed */
     int rank, nranks, ntables;
-    rt_store_t *store;     /* this rank's shards (borrowed) */
+    shard_store_t *store;     /* this rank's shards (borrowed) */
     int *dims;             /* (ntables) */
 
     /* counts of keys, (nranks x ntables): scnt for what this rank asks of
@@ -160,16 +160,16 @@ struct rt_shard {
     size_t *zsc, *zsd, *zrc, *zrd; /* (nranks) one exchange's counts and displacements in bytes */
 };
 
-int rt_shard_create(rt_comm_t *comm, int ntables, rt_store_t *store, const int *dims,
-                    rt_shard_t **out)
+int shard_create(shard_comm_t *comm, int ntables, shard_store_t *store, const int *dims,
+                    shard_t **out)
 {
     int rc = 0;
-    rt_shard_t *s = kiln_calloc(1, sizeof *s);
+    shard_t *s = kiln_calloc(1, sizeof *s);
     if (s == NULL)
         return KILN_ENOMEM;
     s->comm = comm;
-    s->rank = rt_comm_rank(comm);
-    s->nranks = rt_comm_size(comm);
+    s->rank = shard_comm_rank(comm);
+    s->nranks = shard_comm_size(comm);
     s->ntables = ntables;
     size_t R = (size_t)s->nranks, T = (size_t)ntables;
     s->store = store;
@@ -205,11 +205,11 @@ int rt_shard_create(rt_comm_t *comm, int ntables, rt_store_t *store, const int *
     *out = s;
     return 0;
 out:
-    rt_shard_destroy(s);
+    shard_destroy(s);
     return rc;
 }
 
-void rt_shard_destroy(rt_shard_t *s)
+void shard_destroy(shard_t *s)
 {
     if (s == NULL)
         return;
@@ -224,10 +224,10 @@ void rt_shard_destroy(rt_shard_t *s)
     free(s);
 }
 
-/* One all-to-all-v through rt_comm of elements of elem bytes: the int
+/* One all-to-all-v through shard_comm of elements of elem bytes: the int
  * counts and displacements in elements (sc, sd for what this rank sends,
  * rc, rd for what it receives) become bytes. */
-static int exchange(rt_shard_t *s, const void *sbuf, const int *sc, const int *sd, void *rbuf,
+static int exchange(shard_t *s, const void *sbuf, const int *sc, const int *sd, void *rbuf,
                     const int *rc, const int *rd, size_t elem)
 {
     for (int r = 0; r < s->nranks; r++) {
@@ -236,12 +236,12 @@ static int exchange(rt_shard_t *s, const void *sbuf, const int *sc, const int *s
         s->zrc[r] = (size_t)rc[r] * elem;
         s->zrd[r] = (size_t)rd[r] * elem;
     }
-    return rt_comm_alltoallv(s->comm, sbuf, s->zsc, s->zsd, rbuf, s->zrc, s->zrd);
+    return shard_comm_alltoallv(s->comm, sbuf, s->zsc, s->zsd, rbuf, s->zrc, s->zrd);
 }
 
 /* Fills per-rank counts and displacements (in keys and in floats) from a
  * (nranks x ntables) count matrix. Returns the totals. */
-static void layout(const rt_shard_t *s, const int *cnt, int *kc, int *kd, int *fc, int *fd,
+static void layout(const shard_t *s, const int *cnt, int *kc, int *kd, int *fc, int *fd,
                    int64_t *keys_total, int64_t *floats_total)
 {
     int64_t ko = 0, fo = 0;
@@ -264,7 +264,7 @@ static void layout(const rt_shard_t *s, const int *cnt, int *kc, int *kd, int *f
 
 /* Start (in keys, then in floats) of segment (rank r, table t) given the
  * rank's displacements. */
-static void segment_start(const rt_shard_t *s, const int *cnt, const int *kd, const int *fd,
+static void segment_start(const shard_t *s, const int *cnt, const int *kd, const int *fd,
                           int r, int t, int64_t *k0, int64_t *f0)
 {
     int64_t k = kd[r], f = fd[r];
@@ -279,7 +279,7 @@ static void segment_start(const rt_shard_t *s, const int *cnt, const int *kd, co
 /* Where each rank's floats of table t start in the sent buffers (f0[r]):
  * in buf when there are at most 64 ranks, else in a malloc'd array that the
  * caller frees. NULL when out of memory. */
-static int64_t *sent_float_starts(const rt_shard_t *s, int t, int64_t buf[64])
+static int64_t *sent_float_starts(const shard_t *s, int t, int64_t buf[64])
 {
     const int R = s->nranks;
     int64_t *f0 = R <= 64 ? buf : kiln_malloc(sizeof(int64_t) * (size_t)R);
@@ -291,7 +291,7 @@ static int64_t *sent_float_starts(const rt_shard_t *s, int t, int64_t buf[64])
 }
 
 /* Grows values[t] to (n, dim) floats. Returns 0 or KILN_ENOMEM. */
-static int values_need(rt_shard_t *s, int t, int64_t n)
+static int values_need(shard_t *s, int t, int64_t n)
 {
     const int64_t want = n * s->dims[t];
     if (want <= s->values_cap[t])
@@ -324,20 +324,20 @@ typedef struct {
     int64_t k0, n;
 } seg_t;
 
-static int find_all(rt_shard_t *s, int nreq, const seg_t *seg /* (T, nreq) */,
+static int find_all(shard_t *s, int nreq, const seg_t *seg /* (T, nreq) */,
                     const int64_t *keys, int32_t *rows, int64_t step, bool insert)
 {
     const int T = s->ntables;
     int first_bad = T, bad_rc = 0;
     char msg[512] = "";
-#pragma omp parallel for schedule(dynamic, 1) if (rt_store_parallel(s->store))
+#pragma omp parallel for schedule(dynamic, 1) if (shard_store_parallel(s->store))
     for (int t = 0; t < T; t++) {
         int rc = 0;
         for (int r = 0; r < nreq && rc == 0; r++) {
             const seg_t *g = &seg[(size_t)t * (size_t)nreq + (size_t)r];
             if (g->n == 0)
                 continue;
-            rc = rt_store_find(s->store, t, g->n, keys + g->k0, step, insert, rows + g->k0);
+            rc = shard_store_find(s->store, t, g->n, keys + g->k0, step, insert, rows + g->k0);
         }
         if (rc < 0)
             first_error(t, rc, &first_bad, &bad_rc, msg, sizeof msg);
@@ -350,7 +350,7 @@ static int find_all(rt_shard_t *s, int nreq, const seg_t *seg /* (T, nreq) */,
 /* One rank owns every key: no exchange, no packing. The rows of table t's
  * keys land in loc_pos[t]; the values are gathered straight from the slab.
  * The result is bitwise what the general path computes for one rank. */
-static int lookup_local(rt_shard_t *s, const int64_t *const *keys, const int64_t *nkeys,
+static int lookup_local(shard_t *s, const int64_t *const *keys, const int64_t *nkeys,
                         int64_t step, bool insert, float *const **values)
 {
     const int T = s->ntables;
@@ -372,15 +372,15 @@ static int lookup_local(rt_shard_t *s, const int64_t *const *keys, const int64_t
      * loop over tables. */
     int first_bad = T, bad_rc = 0;
     char msg[512] = "";
-#pragma omp parallel for schedule(dynamic, 1) if (rt_store_parallel(s->store))
+#pragma omp parallel for schedule(dynamic, 1) if (shard_store_parallel(s->store))
     for (int t = 0; t < T; t++) {
         const int64_t n = nkeys[t];
         int32_t *rows = s->loc_pos[t];
         if (n == 0)
             continue;
-        int trc = rt_store_find(s->store, t, n, keys[t], step, insert, rows);
+        int trc = shard_store_find(s->store, t, n, keys[t], step, insert, rows);
         if (trc == 0)
-            trc = rt_store_read(s->store, t, n, rows, s->values[t]);
+            trc = shard_store_read(s->store, t, n, rows, s->values[t]);
         if (trc < 0)
             first_error(t, trc, &first_bad, &bad_rc, msg, sizeof msg);
     }
@@ -388,13 +388,13 @@ static int lookup_local(rt_shard_t *s, const int64_t *const *keys, const int64_t
     if (bad_rc < 0)
         return kiln_errf(bad_rc, "%s", msg);
     if (!insert)
-        rt_store_unpin(s->store, step);
+        shard_store_unpin(s->store, step);
     s->bytes_last = 0;
     *values = s->values;
     return 0;
 }
 
-int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nkeys, int64_t step,
+int shard_lookup(shard_t *s, const int64_t *const *keys, const int64_t *nkeys, int64_t step,
                     bool insert, float *const **values)
 {
     const int R = s->nranks, T = s->ntables;
@@ -416,13 +416,13 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
         }
         int32_t *lr = s->loc_rank[t], *lp = s->loc_pos[t];
         for (int64_t i = 0; i < n; i++) {
-            int r = R == 1 ? 0 : rt_shard_owner(keys[t][i], R);
+            int r = R == 1 ? 0 : shard_owner(keys[t][i], R);
             lr[i] = r;
             lp[i] = s->scnt[r * T + t]++;
         }
         s->nkeys[t] = n;
     }
-    KILN_CHECK(rt_comm_alltoall(s->comm, s->scnt, s->rcnt, (size_t)T * sizeof(int)));
+    KILN_CHECK(shard_comm_alltoall(s->comm, s->scnt, s->rcnt, (size_t)T * sizeof(int)));
 
     int64_t sk_total, sf_total, rk_total, rf_total;
     layout(s, s->scnt, s->key_sc, s->key_sd, s->flt_sc, s->flt_sd, &sk_total, &sf_total);
@@ -462,7 +462,7 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
     int rc = find_all(s, R, seg, rk, rows, step, insert);
     free(seg);
     /* Every rank must learn whether any owner failed before going on. */
-    int worst = rt_comm_agree(s->comm, rc, "the embedding lookup");
+    int worst = shard_comm_agree(s->comm, rc, "the embedding lookup");
     if (worst < 0)
         return rc < 0 ? rc : worst; /* find_all's message, which kiln-train reports with the rank */
 
@@ -475,11 +475,11 @@ int rt_shard_lookup(rt_shard_t *s, const int64_t *const *keys, const int64_t *nk
         for (int r = 0; r < R; r++) {
             int64_t k0, f0;
             segment_start(s, s->rcnt, s->key_rd, s->flt_rd, r, t, &k0, &f0);
-            KILN_CHECK(rt_store_read(s->store, t, s->rcnt[r * T + t], rows + k0, sf + f0));
+            KILN_CHECK(shard_store_read(s->store, t, s->rcnt[r * T + t], rows + k0, sf + f0));
         }
     }
     if (!insert)
-        rt_store_unpin(s->store, step);
+        shard_store_unpin(s->store, step);
     KILN_CHECK(exchange(s, sf, s->flt_rc, s->flt_rd, rf, s->flt_sc, s->flt_sd, sizeof(float)));
 
     /* 5. Unpack into per-table arrays in the caller's key order. */
@@ -515,7 +515,7 @@ static void round_grads(int64_t n, const double *in, float *out)
 
 /* One rank: the gradients are already aligned with the unique rows found
  * by lookup_local (loc_pos); round them and update the tables in place. */
-static int update_local(rt_shard_t *s, const double *const *grads, const kern_opt_t *opt,
+static int update_local(shard_t *s, const double *const *grads, const kern_opt_t *opt,
                         int64_t step)
 {
     const int T = s->ntables;
@@ -543,10 +543,10 @@ static int update_local(rt_shard_t *s, const double *const *grads, const kern_op
         }
         s->ug[t].n = k;
     }
-    return rt_store_update(s->store, opt, s->ug, step);
+    return shard_store_update(s->store, opt, s->ug, step);
 }
 
-int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t *opt,
+int shard_update(shard_t *s, const double *const *grads, const kern_opt_t *opt,
                     int64_t step)
 {
     const int R = s->nranks, T = s->ntables;
@@ -598,7 +598,7 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
         if (urows == NULL || usum == NULL || ugrad == NULL)
             return KILN_ENOMEM;
         if (s->mark[t] == NULL) {
-            int64_t cap = rt_store_rows_bound(s->store, t);
+            int64_t cap = shard_store_rows_bound(s->store, t);
             s->mark[t] = kiln_malloc((size_t)cap * sizeof(int32_t));
             if (s->mark[t] == NULL)
                 return KILN_ENOMEM;
@@ -636,7 +636,7 @@ int rt_shard_update(rt_shard_t *s, const double *const *grads, const kern_opt_t 
         s->ug[t].n = u;
     }
     /* 3. One fused optimizer update over every table. */
-    return rt_store_update(s->store, opt, s->ug, step);
+    return shard_store_update(s->store, opt, s->ug, step);
 }
 
-int64_t rt_shard_bytes_last_step(const rt_shard_t *s) { return s->bytes_last; }
+int64_t shard_bytes_last_step(const shard_t *s) { return s->bytes_last; }

@@ -10,25 +10,25 @@
 
 #include "shard_int.h"
 
-struct rt_store {
-    rt_store_kind_t kind;
+struct shard_store {
+    shard_store_kind_t kind;
     int ntables;
     kern_table_t **mirror;  /* (ntables) borrowed host tables */
-    rt_store_work_t *work;  /* TWIN, CUDA: the working copy; NULL for HOST */
+    shard_store_work_t *work;  /* TWIN, CUDA: the working copy; NULL for HOST */
     int64_t synced;         /* step of the last sync or upload; -1 before any */
     int64_t *keys_scratch;  /* sync: evicted keys */
     int64_t keys_cap;
 };
 
-const char *rt_store_kind_name(rt_store_kind_t kind)
+const char *shard_store_kind_name(shard_store_kind_t kind)
 {
-    return kind == RT_STORE_CUDA ? "cuda" : kind == RT_STORE_TWIN ? "twin" : "host";
+    return kind == SHARD_STORE_CUDA ? "cuda" : kind == SHARD_STORE_TWIN ? "twin" : "host";
 }
 
 /* ---- the twin: a second set of host tables --------------------------------------------- */
 
 typedef struct {
-    rt_store_work_t base;
+    shard_store_work_t base;
     int ntables;
     kern_table_t **tables;
     /* changed: scratch for the rows taken out */
@@ -40,7 +40,7 @@ typedef struct {
     int dmax, smax;  /* the largest dim and nstate of the tables (sizes the scratch) */
 } twin_t;
 
-static void twin_destroy(rt_store_work_t *w)
+static void twin_destroy(shard_store_work_t *w)
 {
     twin_t *tw = (twin_t *)w;
     for (int t = 0; tw->tables && t < tw->ntables; t++)
@@ -49,12 +49,12 @@ static void twin_destroy(rt_store_work_t *w)
     free(tw);
 }
 
-static int64_t twin_rows_bound(const rt_store_work_t *w, int t)
+static int64_t twin_rows_bound(const shard_store_work_t *w, int t)
 {
     return kern_table_capacity(((const twin_t *)w)->tables[t]);
 }
 
-static int64_t twin_size(const rt_store_work_t *w, int t)
+static int64_t twin_size(const shard_store_work_t *w, int t)
 {
     return kern_table_size(((const twin_t *)w)->tables[t]);
 }
@@ -107,52 +107,52 @@ static int host_update(kern_table_t *const *tables, int ntables, const kern_opt_
     return rc;
 }
 
-static int twin_find(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
+static int twin_find(shard_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
                      bool insert, int32_t *rows)
 {
     return host_find(((twin_t *)w)->tables[t], n, keys, step, insert, rows);
 }
 
-static int twin_read(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out)
+static int twin_read(shard_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out)
 {
     return host_read(((twin_t *)w)->tables[t], n, rows, out);
 }
 
-static int twin_update(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
+static int twin_update(shard_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
                        int64_t step)
 {
     twin_t *tw = (twin_t *)w;
     return host_update(tw->tables, tw->ntables, opt, ug, step);
 }
 
-static int twin_find_dev(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
+static int twin_find_dev(shard_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
                          bool insert, int32_t *rows, void *stream)
 {
     (void)stream; /* the twin's memory is host memory: the host calls */
     return twin_find(w, t, n, keys, step, insert, rows);
 }
 
-static int twin_read_dev(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out,
+static int twin_read_dev(shard_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out,
                          void *stream)
 {
     (void)stream;
     return twin_read(w, t, n, rows, out);
 }
 
-static int twin_update_dev(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
+static int twin_update_dev(shard_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
                            int64_t step, void *stream)
 {
     (void)stream;
     return twin_update(w, opt, ug, step);
 }
 
-static int twin_evicted(rt_store_work_t *w, int t, const kern_evicted_t **log, int64_t *n)
+static int twin_evicted(shard_store_work_t *w, int t, const kern_evicted_t **log, int64_t *n)
 {
     *log = kern_table_evicted(((twin_t *)w)->tables[t], n);
     return 0;
 }
 
-static void twin_evicted_clear(rt_store_work_t *w, int t)
+static void twin_evicted_clear(shard_store_work_t *w, int t)
 {
     kern_table_evicted_clear(((twin_t *)w)->tables[t]);
 }
@@ -176,8 +176,8 @@ static int twin_scratch(twin_t *tw, int64_t n)
     return tw->cap ? 0 : KILN_ENOMEM;
 }
 
-static int twin_changed(rt_store_work_t *w, int t, int64_t since, int64_t step,
-                        rt_store_rows_t *out)
+static int twin_changed(shard_store_work_t *w, int t, int64_t since, int64_t step,
+                        shard_store_rows_t *out)
 {
     twin_t *tw = (twin_t *)w;
     kern_table_t *tb = tw->tables[t];
@@ -201,7 +201,7 @@ static int twin_changed(rt_store_work_t *w, int t, int64_t since, int64_t step,
     /* The next sync asks for rows changed after step: keep the change
      * list to those (O(changed) per sync, not O(table)). */
     kern_table_set_base(tb, step);
-    *out = (rt_store_rows_t){.n = n,
+    *out = (shard_store_rows_t){.n = n,
                              .keys = tw->keys,
                              .values = tw->values,
                              .opt = sl.opt_state ? tw->opt : NULL,
@@ -209,13 +209,13 @@ static int twin_changed(rt_store_work_t *w, int t, int64_t since, int64_t step,
     return 0;
 }
 
-static int twin_insert(rt_store_work_t *w, int t, const rt_store_rows_t *rows, int64_t step)
+static int twin_insert(shard_store_work_t *w, int t, const shard_store_rows_t *rows, int64_t step)
 {
     return kern_table_insert_rows(((twin_t *)w)->tables[t], rows->n, rows->keys, rows->values,
                                   rows->opt, rows->steps, step);
 }
 
-static const rt_store_work_ops_t twin_ops = {
+static const shard_store_work_ops_t twin_ops = {
     .destroy = twin_destroy,
     .rows_bound = twin_rows_bound,
     .size = twin_size,
@@ -232,7 +232,7 @@ static const rt_store_work_ops_t twin_ops = {
     .parallel = true,
 };
 
-static int twin_create(int ntables, const kern_table_config_t *cfgs, rt_store_work_t **out)
+static int twin_create(int ntables, const kern_table_config_t *cfgs, shard_store_work_t **out)
 {
     twin_t *tw = kiln_calloc(1, sizeof *tw);
     if (tw == NULL)
@@ -261,11 +261,11 @@ static int twin_create(int ntables, const kern_table_config_t *cfgs, rt_store_wo
 
 /* ---- the store ---------------------------------------------------------------------------- */
 
-int rt_store_create(rt_store_kind_t kind, int ntables, kern_table_t *const *mirror,
-                    const kern_table_config_t *cfgs, int device, rt_store_t **out)
+int shard_store_create(shard_store_kind_t kind, int ntables, kern_table_t *const *mirror,
+                    const kern_table_config_t *cfgs, int device, shard_store_t **out)
 {
     *out = NULL;
-    rt_store_t *s = kiln_calloc(1, sizeof *s);
+    shard_store_t *s = kiln_calloc(1, sizeof *s);
     if (s == NULL)
         return KILN_ENOMEM;
     s->kind = kind;
@@ -273,17 +273,17 @@ int rt_store_create(rt_store_kind_t kind, int ntables, kern_table_t *const *mirr
     s->synced = -1;
     s->mirror = kiln_calloc((size_t)(ntables > 0 ? ntables : 1), sizeof *s->mirror);
     if (s->mirror == NULL) {
-        rt_store_destroy(s);
+        shard_store_destroy(s);
         return KILN_ENOMEM;
     }
     memcpy(s->mirror, mirror, sizeof *s->mirror * (size_t)ntables);
     int rc = 0;
-    if (kind == RT_STORE_TWIN) {
+    if (kind == SHARD_STORE_TWIN) {
         (void)device;
         rc = twin_create(ntables, cfgs, &s->work);
-    } else if (kind == RT_STORE_CUDA) {
+    } else if (kind == SHARD_STORE_CUDA) {
 #if KILN_HAVE_CUDA
-        rc = rt_store_cuda_create(ntables, cfgs, device, &s->work);
+        rc = shard_store_cuda_create(ntables, cfgs, device, &s->work);
 #else
         (void)device;
         rc = kiln_errf(KILN_EINVAL, "this kiln-train was built without CUDA: rebuild with "
@@ -291,14 +291,14 @@ int rt_store_create(rt_store_kind_t kind, int ntables, kern_table_t *const *mirr
 #endif
     }
     if (rc < 0) {
-        rt_store_destroy(s);
+        shard_store_destroy(s);
         return rc;
     }
     *out = s;
     return 0;
 }
 
-void rt_store_destroy(rt_store_t *s)
+void shard_store_destroy(shard_store_t *s)
 {
     if (s == NULL)
         return;
@@ -309,22 +309,22 @@ void rt_store_destroy(rt_store_t *s)
     free(s);
 }
 
-bool rt_store_parallel(const rt_store_t *s)
+bool shard_store_parallel(const shard_store_t *s)
 {
     return s->work == NULL || s->work->ops->parallel;
 }
 
-int64_t rt_store_rows_bound(const rt_store_t *s, int t)
+int64_t shard_store_rows_bound(const shard_store_t *s, int t)
 {
     return s->work ? s->work->ops->rows_bound(s->work, t) : kern_table_capacity(s->mirror[t]);
 }
 
-int64_t rt_store_size(const rt_store_t *s, int t)
+int64_t shard_store_size(const shard_store_t *s, int t)
 {
     return s->work ? s->work->ops->size(s->work, t) : kern_table_size(s->mirror[t]);
 }
 
-int rt_store_find(rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step, bool insert,
+int shard_store_find(shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step, bool insert,
                   int32_t *rows)
 {
     if (s->work)
@@ -332,7 +332,7 @@ int rt_store_find(rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t 
     return host_find(s->mirror[t], n, keys, step, insert, rows);
 }
 
-void rt_store_unpin(rt_store_t *s, int64_t step)
+void shard_store_unpin(shard_store_t *s, int64_t step)
 {
     if (s->work)
         return; /* the twin and the GPU hold every row */
@@ -340,14 +340,14 @@ void rt_store_unpin(rt_store_t *s, int64_t step)
         kern_table_unpin(s->mirror[t], step);
 }
 
-int rt_store_read(rt_store_t *s, int t, int64_t n, const int32_t *rows, float *out)
+int shard_store_read(shard_store_t *s, int t, int64_t n, const int32_t *rows, float *out)
 {
     if (s->work)
         return s->work->ops->read(s->work, t, n, rows, out);
     return host_read(s->mirror[t], n, rows, out);
 }
 
-int rt_store_update(rt_store_t *s, const kern_opt_t *opt, const kern_row_grads_t *ug,
+int shard_store_update(shard_store_t *s, const kern_opt_t *opt, const kern_row_grads_t *ug,
                     int64_t step)
 {
     if (s->work)
@@ -355,7 +355,7 @@ int rt_store_update(rt_store_t *s, const kern_opt_t *opt, const kern_row_grads_t
     return host_update(s->mirror, s->ntables, opt, ug, step);
 }
 
-int rt_store_find_dev(rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
+int shard_store_find_dev(shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
                       bool insert, int32_t *rows, void *stream)
 {
     if (s->work)
@@ -363,7 +363,7 @@ int rt_store_find_dev(rt_store_t *s, int t, int64_t n, const int64_t *keys, int6
     return host_find(s->mirror[t], n, keys, step, insert, rows);
 }
 
-int rt_store_read_dev(rt_store_t *s, int t, int64_t n, const int32_t *rows, float *out,
+int shard_store_read_dev(shard_store_t *s, int t, int64_t n, const int32_t *rows, float *out,
                       void *stream)
 {
     if (s->work)
@@ -371,7 +371,7 @@ int rt_store_read_dev(rt_store_t *s, int t, int64_t n, const int32_t *rows, floa
     return host_read(s->mirror[t], n, rows, out);
 }
 
-int rt_store_update_dev(rt_store_t *s, const kern_opt_t *opt, const kern_row_grads_t *ug,
+int shard_store_update_dev(shard_store_t *s, const kern_opt_t *opt, const kern_row_grads_t *ug,
                         int64_t step, void *stream)
 {
     if (s->work)
@@ -379,11 +379,11 @@ int rt_store_update_dev(rt_store_t *s, const kern_opt_t *opt, const kern_row_gra
     return host_update(s->mirror, s->ntables, opt, ug, step);
 }
 
-int rt_store_sync(rt_store_t *s, int64_t step)
+int shard_store_sync(shard_store_t *s, int64_t step)
 {
     if (s->work == NULL)
         return 0;
-    const rt_store_work_ops_t *ops = s->work->ops;
+    const shard_store_work_ops_t *ops = s->work->ops;
     for (int t = 0; t < s->ntables; t++) {
         /* Deletions first: a key evicted and inserted again since the last
          * sync is in both lists, and its row must survive. */
@@ -401,20 +401,20 @@ int rt_store_sync(rt_store_t *s, int64_t step)
             s->keys_scratch[i] = log[i].key;
         KILN_CHECK(kern_table_delete(s->mirror[t], ne, s->keys_scratch, step, NULL));
         ops->evicted_clear(s->work, t);
-        rt_store_rows_t rows;
+        shard_store_rows_t rows;
         KILN_CHECK(ops->changed(s->work, t, s->synced, step, &rows));
         int rc = kern_table_insert_rows(s->mirror[t], rows.n, rows.keys, rows.values, rows.opt,
                                         rows.steps, step);
         if (rc < 0)
             return kiln_errf(rc, "copying table '%s' back from the %s store: %s",
-                             kern_table_name(s->mirror[t]), rt_store_kind_name(s->kind),
+                             kern_table_name(s->mirror[t]), shard_store_kind_name(s->kind),
                              kiln_errmsg());
     }
     s->synced = step;
     return 0;
 }
 
-int rt_store_upload(rt_store_t *s, int64_t step)
+int shard_store_upload(shard_store_t *s, int64_t step)
 {
     if (s->work == NULL)
         return 0;
@@ -451,11 +451,11 @@ int rt_store_upload(rt_store_t *s, int64_t step)
             if (steps)
                 steps[i] = sl.opt_steps[r];
         }
-        rt_store_rows_t rr = {.n = got, .keys = keys, .values = values, .opt = opt, .steps = steps};
+        shard_store_rows_t rr = {.n = got, .keys = keys, .values = values, .opt = opt, .steps = steps};
         rc = s->work->ops->insert(s->work, t, &rr, step);
         if (rc < 0)
             rc = kiln_errf(rc, "copying table '%s' into the %s store: %s", kern_table_name(m),
-                           rt_store_kind_name(s->kind), kiln_errmsg());
+                           shard_store_kind_name(s->kind), kiln_errmsg());
     next:
         KILN_FREE_ALL(rows, keys, values, opt, steps);
         rows = NULL;

@@ -1,5 +1,5 @@
 /*
- * shard/store_cuda.cu - RT_STORE_CUDA's working copy (shard_int.h): this
+ * shard/store_cuda.cu - SHARD_STORE_CUDA's working copy (shard_int.h): this
  * rank's shard of every table in a GPU hash table (kern_cuda_table_t) on the
  * current device. For the host exchange (shard.h, MPI) each op copies its
  * keys, rows or gradients in, runs the kernels of kern_cuda.h on the store's
@@ -133,7 +133,7 @@ int hneed(void **p, size_t *cap, size_t bytes)
 }
 
 struct cuda_work {
-    rt_store_work_t base;
+    shard_store_work_t base;
     int ntables;
     kern_cuda_table_t **tables;
     int *dims, *nstate;
@@ -151,10 +151,10 @@ struct cuda_work {
     size_t h_keys_cap = 0, h_vals_cap = 0, h_opt_cap = 0, h_steps_cap = 0;
 };
 
-cuda_work *W(rt_store_work_t *w) { return (cuda_work *)w; }
-const cuda_work *W(const rt_store_work_t *w) { return (const cuda_work *)w; }
+cuda_work *W(shard_store_work_t *w) { return (cuda_work *)w; }
+const cuda_work *W(const shard_store_work_t *w) { return (const cuda_work *)w; }
 
-void cw_destroy(rt_store_work_t *w)
+void cw_destroy(shard_store_work_t *w)
 {
     cuda_work *c = W(w);
     if (c->stream)
@@ -193,12 +193,12 @@ void cw_destroy(rt_store_work_t *w)
     delete c;
 }
 
-int64_t cw_rows_bound(const rt_store_work_t *w, int t)
+int64_t cw_rows_bound(const shard_store_work_t *w, int t)
 {
     return kern_cuda_table_capacity(W(w)->tables[t]);
 }
 
-int64_t cw_size(const rt_store_work_t *w, int t) { return kern_cuda_table_size(W(w)->tables[t]); }
+int64_t cw_size(const shard_store_work_t *w, int t) { return kern_cuda_table_size(W(w)->tables[t]); }
 
 /* The store's stream waits for the last _dev call on a caller's stream. */
 int after_ext(cuda_work *c)
@@ -207,7 +207,7 @@ int after_ext(cuda_work *c)
     return 0;
 }
 
-int cw_find(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step, bool insert,
+int cw_find(shard_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step, bool insert,
             int32_t *rows)
 {
     cuda_work *c = W(w);
@@ -247,7 +247,7 @@ int read_to_host(cuda_work *c, const void *d_src, int width, int64_t n, void *ou
     return 0;
 }
 
-int cw_read(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out)
+int cw_read(shard_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out)
 {
     cuda_work *c = W(w);
     if (n == 0)
@@ -271,7 +271,7 @@ size_t pack_bytes(int64_t n, int dim)
     return rows + (sizeof(float) * (size_t)n * (size_t)dim + 15) / 16 * 16;
 }
 
-int cw_update(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug, int64_t step)
+int cw_update(shard_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug, int64_t step)
 {
     cuda_work *c = W(w);
     const int T = c->ntables;
@@ -323,15 +323,15 @@ out:
     return rc;
 }
 
-int cw_evicted(rt_store_work_t *w, int t, const kern_evicted_t **log, int64_t *n)
+int cw_evicted(shard_store_work_t *w, int t, const kern_evicted_t **log, int64_t *n)
 {
     *log = kern_cuda_table_evicted(W(w)->tables[t], n);
     return 0;
 }
 
-void cw_evicted_clear(rt_store_work_t *w, int t) { kern_cuda_table_evicted_clear(W(w)->tables[t]); }
+void cw_evicted_clear(shard_store_work_t *w, int t) { kern_cuda_table_evicted_clear(W(w)->tables[t]); }
 
-int cw_changed(rt_store_work_t *w, int t, int64_t since, int64_t step, rt_store_rows_t *out)
+int cw_changed(shard_store_work_t *w, int t, int64_t since, int64_t step, shard_store_rows_t *out)
 {
     (void)step; /* the GPU scan reads stamps, it keeps no change list */
     cuda_work *c = W(w);
@@ -361,7 +361,7 @@ int cw_changed(rt_store_work_t *w, int t, int64_t since, int64_t step, rt_store_
     kern_slab_t sl;
     kern_cuda_table_slab(c->tables[t], &sl);
     KILN_CHECK(read_to_host(c, sl.values, dim, n, c->h_vals));
-    *out = (rt_store_rows_t){n, (const int64_t *)c->h_keys, (const float *)c->h_vals, nullptr,
+    *out = (shard_store_rows_t){n, (const int64_t *)c->h_keys, (const float *)c->h_vals, nullptr,
                              nullptr};
     if (sw > 0) {
         KILN_CHECK(hneed(&c->h_opt, &c->h_opt_cap, sizeof(float) * (size_t)(n ? n : 1) * sw));
@@ -387,7 +387,7 @@ int write_from_host(cuda_work *c, void *d_dst, int width, int64_t n, const void 
     return 0;
 }
 
-int cw_insert(rt_store_work_t *w, int t, const rt_store_rows_t *r, int64_t step)
+int cw_insert(shard_store_work_t *w, int t, const shard_store_rows_t *r, int64_t step)
 {
     cuda_work *c = W(w);
     const int64_t n = r->n;
@@ -428,7 +428,7 @@ int ext_end(cuda_work *c, cudaStream_t st)
     return 0;
 }
 
-int cw_find_dev(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
+int cw_find_dev(shard_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
                 bool insert, int32_t *rows, void *stream)
 {
     cuda_work *c = W(w);
@@ -445,7 +445,7 @@ int cw_find_dev(rt_store_work_t *w, int t, int64_t n, const int64_t *keys, int64
     return ext_end(c, st);
 }
 
-int cw_read_dev(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out, void *stream)
+int cw_read_dev(shard_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out, void *stream)
 {
     cuda_work *c = W(w);
     if (n == 0)
@@ -458,7 +458,7 @@ int cw_read_dev(rt_store_work_t *w, int t, int64_t n, const int32_t *rows, float
     return ext_end(c, st);
 }
 
-int cw_update_dev(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
+int cw_update_dev(shard_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
                   int64_t step, void *stream)
 {
     cuda_work *c = W(w);
@@ -477,7 +477,7 @@ int cw_update_dev(rt_store_work_t *w, const kern_opt_t *opt, const kern_row_grad
     return ext_end(c, st);
 }
 
-const rt_store_work_ops_t cuda_ops = {
+const shard_store_work_ops_t cuda_ops = {
     cw_destroy,  cw_rows_bound,        cw_size,       cw_find,    cw_read,          cw_update,
     cw_find_dev, cw_read_dev,          cw_update_dev, cw_evicted, cw_evicted_clear, cw_changed,
     cw_insert,   /* parallel */ false,
@@ -485,8 +485,8 @@ const rt_store_work_ops_t cuda_ops = {
 
 } // namespace
 
-extern "C" int rt_store_cuda_create(int ntables, const kern_table_config_t *cfgs, int device,
-                                    rt_store_work_t **out)
+extern "C" int shard_store_cuda_create(int ntables, const kern_table_config_t *cfgs, int device,
+                                    shard_store_work_t **out)
 {
     *out = nullptr;
     CUDA_CHECK(cudaSetDevice(device));

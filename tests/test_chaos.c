@@ -244,10 +244,10 @@ static void test_rank_kill(void **state)
     assert_int_equal(n, 1);
     final_ckpt(&h, "ref", rs[0].run_dir, ref_ck, sizeof ref_ck);
     state_runs_free(rs, n);
-    rt_ckpt_t *c = NULL;
-    assert_int_equal(rt_ckpt_open(ref_ck, &c), 0);
-    int64_t total = rt_ckpt_info(c)->step;
-    rt_ckpt_close(c);
+    ckpt_t *c = NULL;
+    assert_int_equal(ckpt_open(ref_ck, &c), 0);
+    int64_t total = ckpt_info(c)->step;
+    ckpt_close(c);
     double *ref = calloc(MAXP, sizeof *ref), *got = calloc(MAXP, sizeof *got),
            *want = calloc(MAXP, sizeof *want);
     int np = predict(ref_spec, ref_ck, ref, MAXP);
@@ -284,9 +284,9 @@ static void test_rank_kill(void **state)
         state_runs_free(rs, n);
         long long final_step = -1;
         c = NULL;
-        if (good && rt_ckpt_open(ck, &c) == 0)
-            final_step = rt_ckpt_info(c)->step;
-        rt_ckpt_close(c);
+        if (good && ckpt_open(ck, &c) == 0)
+            final_step = ckpt_info(c)->step;
+        ckpt_close(c);
         kiln_errclear();
         good = good && final_step == total;
         int ng = good ? predict(spec, ck, got, MAXP) : -1;
@@ -528,7 +528,7 @@ static void test_full_disk(void **state)
     (void)state;
     home_t h;
     home_new(&h, "full-disk");
-    char spec[400], rd[400], prev[600], latest[RT_CKPT_UID_MAX], croot[500];
+    char spec[400], rd[400], prev[600], latest[CKPT_UID_MAX], croot[500];
     write_spec(&h, "disk", "epochs: 1, init_from: latest", "", spec, sizeof spec);
     snprintf(croot, sizeof croot, "%s/ckpt/disk", h.dir);
     proc_result_t *r = malloc(sizeof *r);
@@ -537,7 +537,7 @@ static void test_full_disk(void **state)
                         "--quiet", "--threads", "1", "--max-steps", "4", "--eval", "none", NULL};
     if (run(a1, r) != 0)
         fail_msg("first run: %s", r->err);
-    assert_int_equal(rt_ckpt_latest(croot, latest), 0);
+    assert_int_equal(ckpt_latest(croot, latest), 0);
     snprintf(prev, sizeof prev, "%s/%s", croot, latest);
     double *p0 = calloc(MAXP, sizeof *p0), *p1 = calloc(MAXP, sizeof *p1);
     int np = predict(spec, prev, p0, MAXP);
@@ -547,7 +547,7 @@ static void test_full_disk(void **state)
         /* Below the size of the dump's largest files (about 30-40 KiB with
          * this data: a cap of 43 KiB once let the dump through). */
         long cap = rnd(4, 20) * 1024L;
-        char sh[160], rd2[400], now[RT_CKPT_UID_MAX] = "";
+        char sh[160], rd2[400], now[CKPT_UID_MAX] = "";
         snprintf(sh, sizeof sh, "trap '' XFSZ; ulimit -f %ld; exec \"$0\" \"$@\"", cap / 512);
         snprintf(rd2, sizeof rd2, "%s/full%d", h.dir, t);
         const char *a2[] = {"mpirun", "-np", "2", "/bin/sh", "-c", sh, KILN_TRAIN_BIN,
@@ -555,11 +555,11 @@ static void test_full_disk(void **state)
                             "--eval", "none", NULL};
         int code = run(a2, r);
         bool clean = code == 3 && strstr(r->err, "no space left") != NULL;
-        bool same = rt_ckpt_latest(croot, now) == 0 && strcmp(now, latest) == 0;
-        rt_ckpt_chain_t ch;
-        bool intact = rt_ckpt_chain_open(prev, true, &ch) == 0;
+        bool same = ckpt_latest(croot, now) == 0 && strcmp(now, latest) == 0;
+        ckpt_chain_t ch;
+        bool intact = ckpt_chain_open(prev, true, &ch) == 0;
         if (intact)
-            rt_ckpt_chain_fini(&ch);
+            ckpt_chain_fini(&ch);
         kiln_errclear();
         bool loads = predict(spec, prev, p1, MAXP) == np && memcmp(p0, p1, sizeof *p0 * np) == 0;
         bool good = clean && same && intact && loads;

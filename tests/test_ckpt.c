@@ -340,12 +340,12 @@ static int losses(const char *run_name, double *out, int cap)
  * them side by side with cmp (fx_ckpt_walk). */
 static void walk_ckpts(const char *a, const char *b, fx_floats_fn cmp, void *ud)
 {
-    rt_ckpt_chain_t ca, cb;
-    assert_int_equal(rt_ckpt_chain_open(a, true, &ca), 0);
-    assert_int_equal(rt_ckpt_chain_open(b, true, &cb), 0);
+    ckpt_chain_t ca, cb;
+    assert_int_equal(ckpt_chain_open(a, true, &ca), 0);
+    assert_int_equal(ckpt_chain_open(b, true, &cb), 0);
     fx_ckpt_walk(&ca, &cb, cmp, ud, NULL, NULL);
-    rt_ckpt_chain_fini(&ca);
-    rt_ckpt_chain_fini(&cb);
+    ckpt_chain_fini(&ca);
+    ckpt_chain_fini(&cb);
 }
 
 /* fx_ckpt_walk's judge for compare_ckpts: byte for byte when *rel is 0,
@@ -484,13 +484,13 @@ static void sim_step(kern_table_t *t, int64_t step, int64_t range, int n)
 }
 
 /* A single-process dump of `nparts` tables as if each were a rank's shard. */
-static void local_dump(const char *root, int nparts, kern_table_t **tables, rt_ckpt_kind_t kind,
+static void local_dump(const char *root, int nparts, kern_table_t **tables, ckpt_kind_t kind,
                        int64_t since, int64_t step, const char *parent, const char *base,
                        char *uid /* OUT */)
 {
-    rt_ckpt_info_t *in = calloc(1, sizeof *in);
+    ckpt_info_t *in = calloc(1, sizeof *in);
     assert_non_null(in);
-    rt_ckpt_new_uid(step, in->uid);
+    ckpt_new_uid(step, in->uid);
     in->kind = kind;
     in->since = since;
     in->step = step;
@@ -503,30 +503,30 @@ static void local_dump(const char *root, int nparts, kern_table_t **tables, rt_c
     char tmp[512];
     snprintf(tmp, sizeof tmp, "%s/.tmp-%s", root, in->uid);
     assert_int_equal(mkdir(tmp, 0755), 0);
-    rt_ckpt_part_t *all = NULL;
-    assert_int_equal(rt_ckpt_part_create(&all), 0);
+    ckpt_part_t *all = NULL;
+    assert_int_equal(ckpt_part_create(&all), 0);
     for (int r = 0; r < nparts; r++) {
-        rt_ckpt_part_t *p = NULL;
-        assert_int_equal(rt_ckpt_part_create(&p), 0);
+        ckpt_part_t *p = NULL;
+        assert_int_equal(ckpt_part_create(&p), 0);
         assert_int_equal(
-            rt_ckpt_write_tables(tmp, r, 1, &tables[r], kind == RT_CKPT_FULL ? -1 : since, true, p),
+            ckpt_write_tables(tmp, r, 1, &tables[r], kind == CKPT_FULL ? -1 : since, true, p),
             0);
         if (r == 0) {
             float dense[5] = {1, 2, 3, 4, (float)step};
-            rt_ckpt_array_t a = {"dense.params", dense, 5};
-            assert_int_equal(rt_ckpt_write_dense(tmp, &a, 1, p), 0);
+            ckpt_array_t a = {"dense.params", dense, 5};
+            assert_int_equal(ckpt_write_dense(tmp, &a, 1, p), 0);
         }
-        char *text = rt_ckpt_part_encode(p);
+        char *text = ckpt_part_encode(p);
         assert_non_null(text);
-        assert_int_equal(rt_ckpt_part_merge(all, text), 0);
+        assert_int_equal(ckpt_part_merge(all, text), 0);
         free(text);
-        rt_ckpt_part_destroy(p);
+        ckpt_part_destroy(p);
     }
-    assert_int_equal(rt_ckpt_commit(root, tmp, in, all), 0);
-    rt_ckpt_part_destroy(all);
+    assert_int_equal(ckpt_commit(root, tmp, in, all), 0);
+    ckpt_part_destroy(all);
     for (int r = 0; r < nparts; r++)
-        rt_ckpt_mark_dumped(1, &tables[r], step);
-    snprintf(uid, RT_CKPT_UID_MAX, "%s", in->uid);
+        ckpt_mark_dumped(1, &tables[r], step);
+    snprintf(uid, CKPT_UID_MAX, "%s", in->uid);
     free(in);
 }
 
@@ -541,13 +541,13 @@ static void mkroot(const char *name, char *out, size_t cap)
 static void test_npy_numpy_loads(void **state)
 {
     (void)state;
-    char root[512], uid[RT_CKPT_UID_MAX], path[1024];
+    char root[512], uid[CKPT_UID_MAX], path[1024];
     mkroot("npy", root, sizeof root);
     kern_table_t *t = make_table("emb", KERN_OPT_ADAM, 1000, KERN_EVICT_NONE);
     for (int s = 1; s <= 5; s++)
         sim_step(t, s, 300, 64);
     int64_t n = kern_table_size(t);
-    local_dump(root, 1, &t, RT_CKPT_FULL, -1, 5, NULL, NULL, uid);
+    local_dump(root, 1, &t, CKPT_FULL, -1, 5, NULL, NULL, uid);
     snprintf(path, sizeof path, "%s/%s/emb.r0.values.npy", root, uid);
     unsigned char hdr[10];
     FILE *f = fopen(path, "rb");
@@ -580,8 +580,8 @@ static void test_npy_numpy_loads(void **state)
  * full dump byte for byte, with evictions (lru) and deletions on the way. */
 static void check_chain(kern_opt_kind_t opt)
 {
-    char root[512], root2[512], u1[RT_CKPT_UID_MAX], u2[RT_CKPT_UID_MAX], u3[RT_CKPT_UID_MAX],
-        uf[RT_CKPT_UID_MAX], d3[1024], df[1024];
+    char root[512], root2[512], u1[CKPT_UID_MAX], u2[CKPT_UID_MAX], u3[CKPT_UID_MAX],
+        uf[CKPT_UID_MAX], d3[1024], df[1024];
     char rn[64];
     snprintf(rn, sizeof rn, "chain%d", (int)opt);
     mkroot(rn, root, sizeof root);
@@ -591,37 +591,37 @@ static void check_chain(kern_opt_kind_t opt)
     int64_t s = 0;
     for (; s < 10; s++)
         sim_step(t, s + 1, 2000, 100);
-    local_dump(root, 1, &t, RT_CKPT_FULL, -1, s, NULL, NULL, u1);
+    local_dump(root, 1, &t, CKPT_FULL, -1, s, NULL, NULL, u1);
     for (; s < 20; s++)
         sim_step(t, s + 1, 2000, 100);
     kern_table_stats_t st;
     kern_table_stats(t, &st);
     assert_true(st.evictions > 0);
-    local_dump(root, 1, &t, RT_CKPT_INCREMENTAL, 10, s, u1, u1, u2);
+    local_dump(root, 1, &t, CKPT_INCREMENTAL, 10, s, u1, u1, u2);
     for (; s < 30; s++)
         sim_step(t, s + 1, 2000, 100);
-    local_dump(root, 1, &t, RT_CKPT_INCREMENTAL, 20, s, u2, u1, u3);
-    local_dump(root2, 1, &t, RT_CKPT_FULL, -1, s, NULL, NULL, uf);
+    local_dump(root, 1, &t, CKPT_INCREMENTAL, 20, s, u2, u1, u3);
+    local_dump(root2, 1, &t, CKPT_FULL, -1, s, NULL, NULL, uf);
     snprintf(d3, sizeof d3, "%s/%s", root, u3);
     snprintf(df, sizeof df, "%s/%s", root2, uf);
-    rt_ckpt_chain_t ch;
-    assert_int_equal(rt_ckpt_chain_open(d3, true, &ch), 0);
+    ckpt_chain_t ch;
+    assert_int_equal(ckpt_chain_open(d3, true, &ch), 0);
     assert_int_equal(ch.n, 3);
-    assert_true(rt_ckpt_info(ch.items[1])->evicted > 0);
-    rt_ckpt_chain_fini(&ch);
+    assert_true(ckpt_info(ch.items[1])->evicted > 0);
+    ckpt_chain_fini(&ch);
     compare_ckpts(d3, df, 0);
     /* And the live table is what the chain says. */
-    rt_ckpt_rows_t rows;
-    assert_int_equal(rt_ckpt_chain_open(d3, false, &ch), 0);
-    assert_int_equal(rt_ckpt_read_table(&ch, "emb", &rows), 0);
+    ckpt_rows_t rows;
+    assert_int_equal(ckpt_chain_open(d3, false, &ch), 0);
+    assert_int_equal(ckpt_read_table(&ch, "emb", &rows), 0);
     assert_int_equal(rows.n, kern_table_size(t));
     int32_t r[1];
     assert_int_equal(kern_table_find(t, 1, &rows.keys[rows.n / 2], r), 1);
     kern_slab_t sl;
     kern_table_slab(t, &sl);
     assert_memory_equal(sl.values + (int64_t)r[0] * 4, rows.values + (rows.n / 2) * 4, 16);
-    rt_ckpt_rows_fini(&rows);
-    rt_ckpt_chain_fini(&ch);
+    ckpt_rows_fini(&rows);
+    ckpt_chain_fini(&ch);
     kern_table_destroy(t);
 }
 
@@ -641,7 +641,7 @@ static void test_chain_bitwise_adam(void **state)
 static void test_incremental_cost(void **state)
 {
     (void)state;
-    char root[512], u1[RT_CKPT_UID_MAX], u2[RT_CKPT_UID_MAX];
+    char root[512], u1[CKPT_UID_MAX], u2[CKPT_UID_MAX];
     mkroot("cost", root, sizeof root);
     kern_table_t *t = make_table("big", KERN_OPT_SGD, 300000, KERN_EVICT_NONE);
     int64_t *keys = malloc(200000 * sizeof *keys);
@@ -649,19 +649,19 @@ static void test_incremental_cost(void **state)
     for (int64_t i = 0; i < 200000; i++)
         keys[i] = i * 31 + 1;
     assert_int_equal(kern_table_insert_rows(t, 200000, keys, vals, NULL, NULL, 1), 0);
-    local_dump(root, 1, &t, RT_CKPT_FULL, -1, 1, NULL, NULL, u1);
+    local_dump(root, 1, &t, CKPT_FULL, -1, 1, NULL, NULL, u1);
     sim_step(t, 2, 1000, 50);
-    local_dump(root, 1, &t, RT_CKPT_INCREMENTAL, 1, 2, u1, u1, u2);
+    local_dump(root, 1, &t, CKPT_INCREMENTAL, 1, 2, u1, u1, u2);
     kern_table_stats_t st;
     kern_table_stats(t, &st);
     assert_true(st.last_visited <= 100);
     char d[1024];
     snprintf(d, sizeof d, "%s/%s", root, u2);
-    rt_ckpt_t *c;
-    assert_int_equal(rt_ckpt_open(d, &c), 0);
-    assert_true(rt_ckpt_info(c)->keys <= 50 && rt_ckpt_info(c)->keys > 0);
-    assert_true(rt_ckpt_info(c)->bytes < 10000);
-    rt_ckpt_close(c);
+    ckpt_t *c;
+    assert_int_equal(ckpt_open(d, &c), 0);
+    assert_true(ckpt_info(c)->keys <= 50 && ckpt_info(c)->keys > 0);
+    assert_true(ckpt_info(c)->bytes < 10000);
+    ckpt_close(c);
     free(keys);
     free(vals);
     kern_table_destroy(t);
@@ -672,7 +672,7 @@ static void test_incremental_cost(void **state)
 static void test_load_any_rank_count(void **state)
 {
     (void)state;
-    char root[512], uid[RT_CKPT_UID_MAX], d[1024];
+    char root[512], uid[CKPT_UID_MAX], d[1024];
     mkroot("ranks", root, sizeof root);
     kern_table_t *src = make_table("emb", KERN_OPT_ADAGRAD, 5000, KERN_EVICT_NONE);
     for (int s = 1; s <= 10; s++)
@@ -687,22 +687,22 @@ static void test_load_any_rank_count(void **state)
     kern_table_slab(src, &sl);
     const int64_t *keys = kern_table_keys(src);
     for (int64_t i = 0; i < got; i++) {
-        int r = rt_shard_owner(keys[rows[i]], 2);
+        int r = shard_owner(keys[rows[i]], 2);
         assert_int_equal(kern_table_insert_rows(sh[r], 1, &keys[rows[i]],
                                                 sl.values + (int64_t)rows[i] * 4,
                                                 sl.opt_state + (int64_t)rows[i] * 4, NULL, 10),
                          0);
     }
-    local_dump(root, 2, sh, RT_CKPT_FULL, -1, 10, NULL, NULL, uid);
+    local_dump(root, 2, sh, CKPT_FULL, -1, 10, NULL, NULL, uid);
     snprintf(d, sizeof d, "%s/%s", root, uid);
-    rt_ckpt_chain_t ch;
-    assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
-    assert_int_equal(rt_ckpt_info(ch.items[0])->world_size, 2);
+    ckpt_chain_t ch;
+    assert_int_equal(ckpt_chain_open(d, true, &ch), 0);
+    assert_int_equal(ckpt_info(ch.items[0])->world_size, 2);
     for (int nr = 1; nr <= 3; nr++) {
         int64_t total = 0;
         for (int r = 0; r < nr; r++) {
             kern_table_t *t = make_table("emb", KERN_OPT_ADAGRAD, 5000, KERN_EVICT_NONE);
-            assert_int_equal(rt_ckpt_load_tables(&ch, r, nr, 1, &t), 0);
+            assert_int_equal(ckpt_load_tables(&ch, r, nr, 1, &t), 0);
             int64_t m = kern_table_size(t), g2 = 0;
             int32_t *rr = malloc((size_t)(m + 1) * sizeof *rr);
             assert_int_equal(kern_table_scan(t, rr, m + 1, &g2), 0);
@@ -710,7 +710,7 @@ static void test_load_any_rank_count(void **state)
             kern_table_slab(t, &ts);
             for (int64_t i = 0; i < g2; i++) {
                 int64_t k = kern_table_keys(t)[rr[i]];
-                assert_int_equal(rt_shard_owner(k, nr), r);
+                assert_int_equal(shard_owner(k, nr), r);
                 int32_t sr;
                 assert_int_equal(kern_table_find(src, 1, &k, &sr), 1);
                 assert_memory_equal(ts.values + (int64_t)rr[i] * 4, sl.values + (int64_t)sr * 4,
@@ -728,7 +728,7 @@ static void test_load_any_rank_count(void **state)
         }
         assert_int_equal(total, got);
     }
-    rt_ckpt_chain_fini(&ch);
+    ckpt_chain_fini(&ch);
     free(rows);
     kern_table_destroy(src);
     kern_table_destroy(sh[0]);
@@ -737,10 +737,10 @@ static void test_load_any_rank_count(void **state)
 
 static void expect_refused(const char *dir, int code, const char *names)
 {
-    rt_ckpt_chain_t ch;
-    int rc = rt_ckpt_chain_open(dir, true, &ch);
+    ckpt_chain_t ch;
+    int rc = ckpt_chain_open(dir, true, &ch);
     if (rc == 0)
-        rt_ckpt_chain_fini(&ch);
+        ckpt_chain_fini(&ch);
     if (rc != code)
         fail_msg("expected %s, got %s: %s", kiln_errname(code), kiln_errname(rc), kiln_errmsg());
     if (strstr(kiln_errmsg(), names) == NULL)
@@ -750,13 +750,13 @@ static void expect_refused(const char *dir, int code, const char *names)
 static void test_integrity(void **state)
 {
     (void)state;
-    char root[512], uid[RT_CKPT_UID_MAX], d[1024], p[1200], cmd[2048];
+    char root[512], uid[CKPT_UID_MAX], d[1024], p[1200], cmd[2048];
     mkroot("integrity", root, sizeof root);
     kern_table_t *t = make_table("emb", KERN_OPT_ADAGRAD, 1000, KERN_EVICT_NONE);
     sim_step(t, 1, 500, 100);
     char dirs[4][1024];
     for (int i = 0; i < 4; i++) {
-        local_dump(root, 1, &t, RT_CKPT_FULL, -1, 1 + i, NULL, NULL, uid);
+        local_dump(root, 1, &t, CKPT_FULL, -1, 1 + i, NULL, NULL, uid);
         snprintf(dirs[i], sizeof dirs[i], "%s/%s", root, uid);
     }
     snprintf(d, sizeof d, "%s", dirs[0]);
@@ -794,25 +794,25 @@ static bool pin_uid(const char *uid, void *ctx)
 static void test_retention(void **state)
 {
     (void)state;
-    char root[512], u[7][RT_CKPT_UID_MAX], d[1024];
+    char root[512], u[7][CKPT_UID_MAX], d[1024];
     mkroot("retain", root, sizeof root);
     kern_table_t *t = make_table("emb", KERN_OPT_SGD, 1000, KERN_EVICT_NONE);
     /* f0 <- i1 <- i2, f3 <- i4, f5, f6: keep 2 keeps f6 and f5; pin i4 (so f3);
      * a lock on f0 keeps f0; i1, i2 go. */
-    const rt_ckpt_kind_t kinds[7] = {RT_CKPT_FULL, RT_CKPT_INCREMENTAL, RT_CKPT_INCREMENTAL,
-                                     RT_CKPT_FULL, RT_CKPT_INCREMENTAL, RT_CKPT_FULL,
-                                     RT_CKPT_FULL};
+    const ckpt_kind_t kinds[7] = {CKPT_FULL, CKPT_INCREMENTAL, CKPT_INCREMENTAL,
+                                     CKPT_FULL, CKPT_INCREMENTAL, CKPT_FULL,
+                                     CKPT_FULL};
     for (int i = 0; i < 7; i++) {
         sim_step(t, i + 1, 500, 10);
-        bool inc = kinds[i] == RT_CKPT_INCREMENTAL;
+        bool inc = kinds[i] == CKPT_INCREMENTAL;
         local_dump(root, 1, &t, kinds[i], inc ? i : -1, i + 1, i > 0 ? u[i - 1] : NULL,
                    inc ? u[i - 1] : NULL, u[i]);
     }
     snprintf(d, sizeof d, "%s/%s", root, u[0]);
     char *lock = NULL;
-    assert_int_equal(rt_ckpt_lock(d, &lock), 0);
+    assert_int_equal(ckpt_lock(d, &lock), 0);
     int removed = -1;
-    assert_int_equal(rt_ckpt_retain(root, 2, pin_uid, u[4], &removed), 0);
+    assert_int_equal(ckpt_retain(root, 2, pin_uid, u[4], &removed), 0);
     assert_int_equal(removed, 2);
     const bool kept[7] = {true, false, false, true, true, true, true};
     for (int i = 0; i < 7; i++) {
@@ -820,13 +820,13 @@ static void test_retention(void **state)
         assert_int_equal(access(d, F_OK) == 0, kept[i]);
     }
     /* Unpinned, the chain of i4 still stays as long as i4 is among the newest. */
-    rt_ckpt_unlock(lock);
-    assert_int_equal(rt_ckpt_retain(root, 3, NULL, NULL, &removed), 0);
+    ckpt_unlock(lock);
+    assert_int_equal(ckpt_retain(root, 3, NULL, NULL, &removed), 0);
     assert_int_equal(removed, 1); /* f0 */
     snprintf(d, sizeof d, "%s/%s", root, u[3]);
     assert_int_equal(access(d, F_OK), 0);
-    char latest[RT_CKPT_UID_MAX];
-    assert_int_equal(rt_ckpt_latest(root, latest), 0);
+    char latest[CKPT_UID_MAX];
+    assert_int_equal(ckpt_latest(root, latest), 0);
     assert_string_equal(latest, u[6]);
     kern_table_destroy(t);
 }
@@ -837,12 +837,12 @@ static void test_retention(void **state)
 static void test_retention_keeps_unreadable(void **state)
 {
     (void)state;
-    char root[512], u[3][RT_CKPT_UID_MAX], d[1400], p[1200];
+    char root[512], u[3][CKPT_UID_MAX], d[1400], p[1200];
     mkroot("retain-unreadable", root, sizeof root);
     kern_table_t *t = make_table("emb", KERN_OPT_SGD, 1000, KERN_EVICT_NONE);
     for (int i = 0; i < 3; i++) {
         sim_step(t, i + 1, 500, 10);
-        local_dump(root, 1, &t, RT_CKPT_FULL, -1, i + 1, NULL, NULL, u[i]);
+        local_dump(root, 1, &t, CKPT_FULL, -1, i + 1, NULL, NULL, u[i]);
     }
     /* The oldest and the newest lose their manifests. */
     for (int i = 0; i < 3; i += 2) {
@@ -854,7 +854,7 @@ static void test_retention_keeps_unreadable(void **state)
     snprintf(d, sizeof d, "%s/leftover.npy", p);
     fclose(fopen(d, "w"));
     int removed = -1;
-    assert_int_equal(rt_ckpt_retain(root, 1, NULL, NULL, &removed), 0);
+    assert_int_equal(ckpt_retain(root, 1, NULL, NULL, &removed), 0);
     assert_int_equal(removed, 0); /* u[1] is the newest readable one: kept */
     for (int i = 0; i < 3; i++) {
         snprintf(d, sizeof d, "%s/%s", root, u[i]);
@@ -863,9 +863,9 @@ static void test_retention_keeps_unreadable(void **state)
     assert_int_not_equal(access(p, F_OK), 0); /* the cut-short removal is finished */
     /* A newer readable one: u[1] goes (renamed, then removed), u[0] and u[2] stay. */
     sim_step(t, 4, 500, 10);
-    char u3[RT_CKPT_UID_MAX];
-    local_dump(root, 1, &t, RT_CKPT_FULL, -1, 4, NULL, NULL, u3);
-    assert_int_equal(rt_ckpt_retain(root, 1, NULL, NULL, &removed), 0);
+    char u3[CKPT_UID_MAX];
+    local_dump(root, 1, &t, CKPT_FULL, -1, 4, NULL, NULL, u3);
+    assert_int_equal(ckpt_retain(root, 1, NULL, NULL, &removed), 0);
     assert_int_equal(removed, 1);
     const bool kept[3] = {true, false, true};
     for (int i = 0; i < 3; i++) {
@@ -896,9 +896,9 @@ static void test_enospc_unit(void **state)
         signal(SIGXFSZ, SIG_IGN);
         struct rlimit rl = {20000, 20000};
         setrlimit(RLIMIT_FSIZE, &rl);
-        rt_ckpt_part_t *p = NULL;
-        rt_ckpt_part_create(&p);
-        int rc = rt_ckpt_write_tables(tmp, 0, 1, &t, -1, true, p);
+        ckpt_part_t *p = NULL;
+        ckpt_part_create(&p);
+        int rc = ckpt_write_tables(tmp, 0, 1, &t, -1, true, p);
         int ok = rc == KILN_ENOSPC && strstr(kiln_errmsg(), "emb.r0.") != NULL &&
                  strstr(kiln_errmsg(), "free space") != NULL;
         if (!ok)
@@ -910,7 +910,7 @@ static void test_enospc_unit(void **state)
     kern_table_destroy(t);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
-    assert_int_equal(rt_ckpt_remove(tmp), 0);
+    assert_int_equal(ckpt_remove(tmp), 0);
     assert_int_not_equal(access(tmp, F_OK), 0);
 }
 
@@ -939,31 +939,31 @@ static void test_nonfinite_refused(void **state)
         *slot = k == 0 ? NAN : INFINITY;
         snprintf(tmp, sizeof tmp, "%s/.tmp-%d", root, k);
         assert_int_equal(mkdir(tmp, 0755), 0);
-        rt_ckpt_part_t *p = NULL;
-        assert_int_equal(rt_ckpt_part_create(&p), 0);
-        assert_int_equal(rt_ckpt_write_tables(tmp, 0, 1, &t, -1, true, p), KILN_ERANGE);
+        ckpt_part_t *p = NULL;
+        assert_int_equal(ckpt_part_create(&p), 0);
+        assert_int_equal(ckpt_write_tables(tmp, 0, 1, &t, -1, true, p), KILN_ERANGE);
         snprintf(want, sizeof want, "table 'emb' (rank 0): the %s of key %lld holds %s",
                  k == 0 ? "row" : "optimizer state", (long long)key,
                  k == 0 ? "NaN" : "an infinite value");
         if (strstr(kiln_errmsg(), want) == NULL)
             fail_msg("got: %s; want: %s", kiln_errmsg(), want);
         assert_non_null(strstr(kiln_errmsg(), "training diverged"));
-        rt_ckpt_part_destroy(p);
+        ckpt_part_destroy(p);
         /* Nothing of it stays in the temp dir. */
         assert_int_equal(count_files(tmp), 0);
-        assert_int_equal(rt_ckpt_remove(tmp), 0);
+        assert_int_equal(ckpt_remove(tmp), 0);
         *slot = keep;
     }
     float dense[4] = {1, 2, INFINITY, 4};
-    rt_ckpt_array_t a = {"dense.params", dense, 4};
-    rt_ckpt_part_t *p = NULL;
-    assert_int_equal(rt_ckpt_part_create(&p), 0);
+    ckpt_array_t a = {"dense.params", dense, 4};
+    ckpt_part_t *p = NULL;
+    assert_int_equal(ckpt_part_create(&p), 0);
     snprintf(tmp, sizeof tmp, "%s/.tmp-dense", root);
     assert_int_equal(mkdir(tmp, 0755), 0);
-    assert_int_equal(rt_ckpt_write_dense(tmp, &a, 1, p), KILN_ERANGE);
+    assert_int_equal(ckpt_write_dense(tmp, &a, 1, p), KILN_ERANGE);
     assert_non_null(strstr(kiln_errmsg(), "dense array dense.params (element 2) holds an infinite "
                                           "value"));
-    rt_ckpt_part_destroy(p);
+    ckpt_part_destroy(p);
     kern_table_destroy(t);
 }
 
@@ -988,11 +988,11 @@ static void test_resume_same_ranks_bitwise(void **state)
     ckpt_dir("straight", jstr(v1, "checkpoint"), a, sizeof a);
     ckpt_dir("halves", jstr(v3, "checkpoint"), b, sizeof b);
     /* The second half's checkpoint is an incremental on top of the first. */
-    rt_ckpt_t *c;
-    assert_int_equal(rt_ckpt_open(b, &c), 0);
-    assert_int_equal(rt_ckpt_info(c)->kind, RT_CKPT_INCREMENTAL);
-    assert_string_equal(rt_ckpt_info(c)->parent, jstr(v2, "checkpoint"));
-    rt_ckpt_close(c);
+    ckpt_t *c;
+    assert_int_equal(ckpt_open(b, &c), 0);
+    assert_int_equal(ckpt_info(c)->kind, CKPT_INCREMENTAL);
+    assert_string_equal(ckpt_info(c)->parent, jstr(v2, "checkpoint"));
+    ckpt_close(c);
     compare_ckpts(a, b, 0);
     json_decref(v1);
     json_decref(v2);
@@ -1021,7 +1021,7 @@ static json_t *resume_across(const char *name, int n1, int n2, const char *optim
 }
 
 /* 2->1, 1->2, 2->3 ranks (the same global batch of 480, so every rank's
- * batch is a multiple of RT_ROW_BLOCK = 16 rows; model.h): within 1e-6 of
+ * batch is a multiple of MODEL_ROW_BLOCK = 16 rows; model.h): within 1e-6 of
  * a straight run (bitwise on this machine, printed). */
 static void test_resume_across_rank_counts(void **state)
 {
@@ -1115,7 +1115,7 @@ static void test_retention_keeps_endpoint_holding(void **state)
     assert_int_equal(n, 3);
     assert_int_equal(cs[1].step, 4);
     assert_string_equal(cs[1].kind, "incremental");
-    char held[RT_CKPT_UID_MAX], base[RT_CKPT_UID_MAX], other[RT_CKPT_UID_MAX];
+    char held[CKPT_UID_MAX], base[CKPT_UID_MAX], other[CKPT_UID_MAX];
     snprintf(base, sizeof base, "%s", cs[0].uid);
     snprintf(held, sizeof held, "%s", cs[1].uid);
     snprintf(other, sizeof other, "%s", cs[2].uid);
@@ -1147,10 +1147,10 @@ static void test_retention_keeps_endpoint_holding(void **state)
     ckpt_dir("pin", base, d, sizeof d);
     assert_int_equal(access(d, F_OK), 0);
     ckpt_dir("pin", held, d, sizeof d);
-    rt_ckpt_chain_t ch;
-    assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
+    ckpt_chain_t ch;
+    assert_int_equal(ckpt_chain_open(d, true, &ch), 0);
     assert_int_equal(ch.n, 2);
-    rt_ckpt_chain_fini(&ch);
+    ckpt_chain_fini(&ch);
     char root[512];
     snprintf(root, sizeof root, "%s/ckpt/pin", tmpdir);
     assert_int_equal(count_files(root), 5);
@@ -1216,10 +1216,10 @@ static void test_export_lineage_in_db(void **state)
     json_t *v2 = train(2, s, "elin2", h2, r);
     json_t *e = export_last("elin2");
     ckpt_dir("elin", jstr(e, "checkpoint"), d1, sizeof d1);
-    rt_ckpt_t *c = NULL;
-    assert_int_equal(rt_ckpt_open(d1, &c), 0);
-    int64_t online_bytes = rt_ckpt_info(c)->bytes;
-    rt_ckpt_close(c);
+    ckpt_t *c = NULL;
+    assert_int_equal(ckpt_open(d1, &c), 0);
+    int64_t online_bytes = ckpt_info(c)->bytes;
+    ckpt_close(c);
     /* kiln export of the final checkpoint, both formats. */
     char fin[1024];
     ckpt_dir("elin", jstr(v2, "checkpoint"), fin, sizeof fin);
@@ -1261,11 +1261,11 @@ static void test_online_export(void **state)
     /* Training went on to the end, and the final checkpoint stands on it. */
     assert_true(jnum(v2, "steps") > 6);
     ckpt_dir("online", jstr(v2, "checkpoint"), d, sizeof d);
-    rt_ckpt_chain_t ch;
-    assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
+    ckpt_chain_t ch;
+    assert_int_equal(ckpt_chain_open(d, true, &ch), 0);
     assert_int_equal(ch.n, 3);
-    assert_string_equal(rt_ckpt_info(ch.items[1])->uid, jstr(e, "checkpoint"));
-    rt_ckpt_chain_fini(&ch);
+    assert_string_equal(ckpt_info(ch.items[1])->uid, jstr(e, "checkpoint"));
+    ckpt_chain_fini(&ch);
     json_decref(e);
     json_decref(v1);
     json_decref(v2);
@@ -1414,12 +1414,12 @@ static void test_online_export_sigusr1(void **state)
     json_t *e = export_last("sig1");
     assert_string_equal(jstr(e, "kind"), "incremental");
     ckpt_dir("sig", jstr(e, "checkpoint"), d, sizeof d);
-    rt_ckpt_chain_t ch;
-    assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
+    ckpt_chain_t ch;
+    assert_int_equal(ckpt_chain_open(d, true, &ch), 0);
     assert_int_equal(ch.n, 3);
-    assert_true(rt_ckpt_info(ch.items[0])->step < rt_ckpt_info(ch.items[1])->step);
-    assert_true(rt_ckpt_info(ch.items[1])->step < rt_ckpt_info(ch.items[2])->step);
-    rt_ckpt_chain_fini(&ch);
+    assert_true(ckpt_info(ch.items[0])->step < ckpt_info(ch.items[1])->step);
+    assert_true(ckpt_info(ch.items[1])->step < ckpt_info(ch.items[2])->step);
+    ckpt_chain_fini(&ch);
     json_decref(e);
 }
 
@@ -1541,13 +1541,13 @@ static void find_tmp(const char *job, char *out, size_t cap)
  * its directory dir still opens, chain and all. */
 static void assert_still_latest(const char *job, json_t *v1, const char *dir)
 {
-    char latest[RT_CKPT_UID_MAX], root[512];
+    char latest[CKPT_UID_MAX], root[512];
     snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, job);
-    assert_int_equal(rt_ckpt_latest(root, latest), 0);
+    assert_int_equal(ckpt_latest(root, latest), 0);
     assert_string_equal(latest, jstr(v1, "checkpoint"));
-    rt_ckpt_chain_t ch;
-    assert_int_equal(rt_ckpt_chain_open(dir, true, &ch), 0);
-    rt_ckpt_chain_fini(&ch);
+    ckpt_chain_t ch;
+    assert_int_equal(ckpt_chain_open(dir, true, &ch), 0);
+    ckpt_chain_fini(&ch);
 }
 
 /* kill -9 while the shard files are written: no loadable partial checkpoint,
@@ -1576,8 +1576,8 @@ static void test_kill9_during_dump(void **state)
     waitpid(pid, &status, 0);
     assert_true(WIFSIGNALED(status));
     /* The partial dump is not a checkpoint; the previous one is whole. */
-    rt_ckpt_t *c = NULL;
-    assert_int_equal(rt_ckpt_open(tmp, &c), KILN_ECORRUPT);
+    ckpt_t *c = NULL;
+    assert_int_equal(ckpt_open(tmp, &c), KILN_ECORRUPT);
     assert_still_latest("kill", v1, prev);
     const char *h3[] = {"--resume", prev, "--eval", "none", NULL};
     json_t *v3 = train(2, s, "kill3", h3, r);
@@ -1646,11 +1646,11 @@ static void test_export_hugectr(void **state)
     snprintf(out, sizeof out, "%s/hugectr", tmpdir);
     snprintf(db, sizeof db, "%s/export.db", tmpdir);
     kiln_export(r, db, d, "hugectr", out);
-    rt_ckpt_chain_t ch;
-    assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
+    ckpt_chain_t ch;
+    assert_int_equal(ckpt_chain_open(d, true, &ch), 0);
     assert_int_equal(ch.n, 2);
-    rt_ckpt_rows_t rows;
-    assert_int_equal(rt_ckpt_read_table(&ch, "slot7", &rows), 0);
+    ckpt_rows_t rows;
+    assert_int_equal(ckpt_read_table(&ch, "slot7", &rows), 0);
     assert_true(rows.n > 0);
     snprintf(p, sizeof p, "%s/slot7/key", out);
     struct stat st;
@@ -1674,8 +1674,8 @@ static void test_export_hugectr(void **state)
     assert_non_null(strstr(r->err, "not recorded"));
     free(k);
     free(v);
-    rt_ckpt_rows_fini(&rows);
-    rt_ckpt_chain_fini(&ch);
+    ckpt_rows_fini(&rows);
+    ckpt_chain_fini(&ch);
     json_decref(v1);
     json_decref(v2);
     free(r);
@@ -1729,10 +1729,10 @@ static void test_export_hugectr_fm(void **state)
         fail_msg("kiln export %s failed (%d): %s", uid, r->code, r->err);
     char d[1024];
     ckpt_dir("hfm", uid, d, sizeof d);
-    rt_ckpt_chain_t ch;
-    assert_int_equal(rt_ckpt_chain_open(d, true, &ch), 0);
-    rt_ckpt_rows_t rows;
-    assert_int_equal(rt_ckpt_read_table(&ch, "slot3", &rows), 0);
+    ckpt_chain_t ch;
+    assert_int_equal(ckpt_chain_open(d, true, &ch), 0);
+    ckpt_rows_t rows;
+    assert_int_equal(ckpt_read_table(&ch, "slot3", &rows), 0);
     assert_int_equal(rows.dim, 5);
     const size_t n = (size_t)rows.n;
     snprintf(p, sizeof p, "%s/slot3_linear/key", out);
@@ -1747,25 +1747,25 @@ static void test_export_hugectr_fm(void **state)
         assert_memory_equal(fac + i * 4, rows.values + i * 5 + 1, 4 * sizeof(float));
     }
     /* The dense file: F = 13 dense features, k = 4. */
-    rt_ckpt_array_t *a = NULL;
+    ckpt_array_t *a = NULL;
     int na = 0;
-    assert_int_equal(rt_ckpt_read_dense(ch.items[ch.n - 1], &a, &na), 0);
+    assert_int_equal(ckpt_read_dense(ch.items[ch.n - 1], &a, &na), 0);
     const int F = 13, K = 4;
     assert_int_equal(a[0].count, (size_t)(F + 1 + K * F));
     snprintf(p, sizeof p, "%s/hfm_dense_%lld.model", out,
-             (long long)rt_ckpt_info(ch.items[ch.n - 1])->step);
+             (long long)ckpt_info(ch.items[ch.n - 1])->step);
     float *dn = read_raw(p, a[0].count * 4);
     assert_memory_equal(dn, a[0].data, (size_t)(F + 1) * 4); /* w (1, F) and b */
     for (int j = 0; j < K; j++)
         for (int f = 0; f < F; f++)
             assert_true(dn[F + 1 + f * K + j] == a[0].data[F + 1 + j * F + f]);
-    rt_ckpt_arrays_free(a, na);
+    ckpt_arrays_free(a, na);
     free(k);
     free(lin);
     free(fac);
     free(dn);
-    rt_ckpt_rows_fini(&rows);
-    rt_ckpt_chain_fini(&ch);
+    ckpt_rows_fini(&rows);
+    ckpt_chain_fini(&ch);
     json_decref(v);
     free(r);
 }
@@ -1792,16 +1792,16 @@ static void test_lineage_in_db(void **state)
     assert_non_null(c.checksum);
     assert_int_equal(strlen(c.checksum), 16);
     ckpt_dir("lin", jstr(v, "checkpoint"), d, sizeof d);
-    rt_ckpt_t *ck;
-    assert_int_equal(rt_ckpt_open(d, &ck), 0);
-    assert_string_equal(c.checksum, rt_ckpt_info(ck)->checksum);
-    assert_int_equal(c.bytes, rt_ckpt_info(ck)->bytes);
+    ckpt_t *ck;
+    assert_int_equal(ckpt_open(d, &ck), 0);
+    assert_string_equal(c.checksum, ckpt_info(ck)->checksum);
+    assert_int_equal(c.bytes, ckpt_info(ck)->bytes);
     assert_true(c.parent_id > 0);
-    assert_int_equal(state_checkpoint_get(st, rt_ckpt_info(ck)->parent, &parent), 0);
+    assert_int_equal(state_checkpoint_get(st, ckpt_info(ck)->parent, &parent), 0);
     assert_int_equal(parent.id, c.parent_id);
     assert_string_equal(parent.kind, "incremental");
     assert_int_equal(parent.step, 20);
-    rt_ckpt_close(ck);
+    ckpt_close(ck);
     state_checkpoint_fini(&c);
     state_checkpoint_fini(&parent);
     state_close(st);
@@ -1812,7 +1812,7 @@ static void test_lineage_in_db(void **state)
 /* The uid of the newest checkpoint kiln-train wrote (its result line). */
 static void last_uid(json_t *v, char *out)
 {
-    snprintf(out, RT_CKPT_UID_MAX, "%s", jstr(v, "checkpoint"));
+    snprintf(out, CKPT_UID_MAX, "%s", jstr(v, "checkpoint"));
     json_decref(v);
 }
 
@@ -1826,7 +1826,7 @@ static void test_latest_falls_back(void **state)
 {
     (void)state;
     char s[512], db[512], rid[32], d[1024], p[1200];
-    char u[4][RT_CKPT_UID_MAX];
+    char u[4][CKPT_UID_MAX];
     result_t *r = malloc(sizeof *r);
     write_spec_train("fb",
                      "train: {batch_size: 120, seed: 7, log_every: 1, init_from: latest}\n"
@@ -1886,7 +1886,7 @@ static void test_latest_falls_back(void **state)
     assert_non_null(strstr(r->err, "trying the next older one"));
 
     /* None usable: exit 2 with the reason, not a fresh start. */
-    char all[RT_CKPT_UID_MAX * 2 + 2048];
+    char all[CKPT_UID_MAX * 2 + 2048];
     snprintf(all, sizeof all, "rm -f '%s/ckpt/fb'/*/manifest.json", tmpdir);
     assert_int_equal(system(all), 0);
     assert_null(train_full(2, s, "fb5", two, NULL, 0, r));

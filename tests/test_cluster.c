@@ -353,7 +353,7 @@ static void cmp_same(void *ud, fx_array_kind_t kind, const char *what, const flo
  * newest checkpoints under a and b are the same bytes. */
 static void assert_same_model(const char *a, const char *b)
 {
-    rt_ckpt_chain_t ca, cb;
+    ckpt_chain_t ca, cb;
     same_model_t m = {a, b, 0};
     int ntables, narrays;
     fx_open_latest(a, &ca);
@@ -361,9 +361,9 @@ static void assert_same_model(const char *a, const char *b)
     fx_ckpt_walk(&ca, &cb, cmp_same, &m, &ntables, &narrays);
     assert_true(ntables > 0);
     printf("  same model, bit for bit: %zu bytes of %d tables and %d dense arrays at step %lld\n",
-           m.bytes, ntables, narrays, (long long)rt_ckpt_info(ca.items[ca.n - 1])->step);
-    rt_ckpt_chain_fini(&ca);
-    rt_ckpt_chain_fini(&cb);
+           m.bytes, ntables, narrays, (long long)ckpt_info(ca.items[ca.n - 1])->step);
+    ckpt_chain_fini(&ca);
+    ckpt_chain_fini(&cb);
 }
 
 static void assert_same_as_reference(const char *job)

@@ -111,7 +111,7 @@ typedef struct {
     int64_t keys[32][4];
 } row_t;
 
-static void batch_row(const rt_batch_t *b, int i, row_t *r)
+static void batch_row(const data_batch_t *b, int i, row_t *r)
 {
     memset(r, 0, sizeof *r);
     assert_true(b->ndense <= 16 && b->nslots <= 32);
@@ -128,7 +128,7 @@ static void batch_row(const rt_batch_t *b, int i, row_t *r)
 }
 
 /* Checks the CSR invariants of a batch. */
-static void check_batch(const rt_batch_t *b)
+static void check_batch(const data_batch_t *b)
 {
     int64_t prev = 0;
     for (int s = 0; s < b->nslots; s++) {
@@ -148,24 +148,24 @@ typedef struct {
     int *step_rows; /* [nsteps] */
     int nrows;
     row_t *rows;    /* [nrows] in the order read */
-    rt_reader_stats_t stats;
+    data_reader_stats_t stats;
 } run_t;
 
-static void run_reader(const char *const *paths, int npaths, rt_format_t fmt, int rank,
+static void run_reader(const char *const *paths, int npaths, data_format_t fmt, int rank,
                        int nranks, int batch, int prefetch, run_t *out)
 {
-    rt_reader_t *r = NULL;
-    rt_batch_t *b;
+    data_reader_t *r = NULL;
+    data_batch_t *b;
     int rc, cap = 64;
     memset(out, 0, sizeof *out);
-    rc = rt_reader_open(paths, npaths, fmt, rank, nranks, batch, RT_DIMS_AUTO, RT_DIMS_AUTO,
+    rc = data_reader_open(paths, npaths, fmt, rank, nranks, batch, DATA_DIMS_AUTO, DATA_DIMS_AUTO,
                         prefetch, &r);
     if (rc < 0)
-        fail_msg("rt_reader_open: %s", kiln_errmsg());
+        fail_msg("data_reader_open: %s", kiln_errmsg());
     out->rows = calloc((size_t)cap, sizeof(row_t));
-    out->step_rows = calloc((size_t)rt_reader_nsteps(r) + 1, sizeof(int));
+    out->step_rows = calloc((size_t)data_reader_nsteps(r) + 1, sizeof(int));
     assert_non_null(out->rows);
-    while ((rc = rt_reader_next(r, &b)) == 1) {
+    while ((rc = data_reader_next(r, &b)) == 1) {
         assert_int_equal(b->step, out->nsteps);
         assert_true(b->n <= batch);
         check_batch(b);
@@ -180,10 +180,10 @@ static void run_reader(const char *const *paths, int npaths, rt_format_t fmt, in
         }
     }
     if (rc < 0)
-        fail_msg("rt_reader_next: %s", kiln_errmsg());
-    assert_int_equal(out->nsteps, rt_reader_nsteps(r));
-    rt_reader_stats(r, &out->stats);
-    rt_reader_close(r);
+        fail_msg("data_reader_next: %s", kiln_errmsg());
+    assert_int_equal(out->nsteps, data_reader_nsteps(r));
+    data_reader_stats(r, &out->stats);
+    data_reader_close(r);
 }
 
 static void run_free(run_t *r)
@@ -227,8 +227,8 @@ static void test_parse_good_line(void **state)
     float label = -1, dense[13];
     int64_t keys[26];
     unsigned char has[26];
-    char why[RT_MESSAGE_LEN] = "";
-    int rc = rt_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
+    char why[DATA_MESSAGE_LEN] = "";
+    int rc = data_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
                                sizeof why);
     assert_int_equal(rc, 0);
     assert_true(label == 1.0f);
@@ -241,22 +241,22 @@ static void test_parse_good_line(void **state)
     assert_int_equal(has[0], 1);
     assert_int_equal(has[1], 0);
     assert_int_equal(has[2], 1);
-    assert_int_equal(keys[0], rt_key_hash(0, "68fd1e64", 8));
-    assert_int_equal(keys[2], rt_key_hash(2, "abc", 3));
-    assert_int_equal(keys[25], rt_key_hash(25, "x", 1));
+    assert_int_equal(keys[0], data_key_hash(0, "68fd1e64", 8));
+    assert_int_equal(keys[2], data_key_hash(2, "abc", 3));
+    assert_int_equal(keys[25], data_key_hash(25, "x", 1));
 }
 
 static void test_key_hash(void **state)
 {
     (void)state;
-    int64_t a0 = rt_key_hash(0, "68fd1e64", 8);
-    int64_t a1 = rt_key_hash(1, "68fd1e64", 8);
+    int64_t a0 = data_key_hash(0, "68fd1e64", 8);
+    int64_t a1 = data_key_hash(1, "68fd1e64", 8);
     assert_true(a0 != a1);
-    assert_int_equal(a0, rt_key_hash(0, "68fd1e64", 8));
+    assert_int_equal(a0, data_key_hash(0, "68fd1e64", 8));
     assert_true(a0 >= 0 && a1 >= 0);
-    assert_int_equal(a0, (int64_t)(kiln_xxh64("68fd1e64", 8, 0) & (uint64_t)RT_KEY_MASK));
-    assert_int_equal(a1, (int64_t)(kiln_xxh64("68fd1e64", 8, 1) & (uint64_t)RT_KEY_MASK));
-    assert_true(rt_key_hash(3, "a", 1) != rt_key_hash(3, "b", 1));
+    assert_int_equal(a0, (int64_t)(kiln_xxh64("68fd1e64", 8, 0) & (uint64_t)DATA_KEY_MASK));
+    assert_int_equal(a1, (int64_t)(kiln_xxh64("68fd1e64", 8, 1) & (uint64_t)DATA_KEY_MASK));
+    assert_true(data_key_hash(3, "a", 1) != data_key_hash(3, "b", 1));
 }
 
 static void test_parse_bad_lines(void **state)
@@ -265,16 +265,16 @@ static void test_parse_bad_lines(void **state)
     float label, dense[13];
     int64_t keys[26];
     unsigned char has[26];
-    char why[RT_MESSAGE_LEN];
+    char why[DATA_MESSAGE_LEN];
     char line[1024];
     int n;
 
     /* too few fields */
-    assert_int_equal(rt_tsv_parse_line("1\t2\t3", 5, 13, 26, &label, dense, keys, has, why,
+    assert_int_equal(data_tsv_parse_line("1\t2\t3", 5, 13, 26, &label, dense, keys, has, why,
                                        sizeof why), -1);
     assert_non_null(strstr(why, "wrong number of fields: 3 (expected 40"));
     /* empty line */
-    assert_int_equal(rt_tsv_parse_line("", 0, 13, 26, &label, dense, keys, has, why, sizeof why),
+    assert_int_equal(data_tsv_parse_line("", 0, 13, 26, &label, dense, keys, has, why, sizeof why),
                      -1);
     assert_non_null(strstr(why, "wrong number of fields: 1"));
     /* a full line with a bad label, then with a bad integer */
@@ -283,12 +283,12 @@ static void test_parse_bad_lines(void **state)
         n += snprintf(line + n, sizeof line - (size_t)n, "\t1");
     for (int s = 0; s < 26; s++)
         n += snprintf(line + n, sizeof line - (size_t)n, "\tab");
-    assert_int_equal(rt_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
+    assert_int_equal(data_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
                                        sizeof why), -1);
     assert_non_null(strstr(why, "label must be 0 or 1, got '2'"));
     line[0] = '0';
     line[4] = 'z'; /* "0\t1\tz..." : the second integer field */
-    assert_int_equal(rt_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
+    assert_int_equal(data_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
                                        sizeof why), -1);
     assert_non_null(strstr(why, "integer feature 2 (field 3) is not an integer: 'z'"));
     line[4] = '1';
@@ -296,20 +296,20 @@ static void test_parse_bad_lines(void **state)
      * says so rather than "not an integer" (issue 27). */
     char big[1024];
     int m = snprintf(big, sizeof big, "1\t9223372036854775807%s", line + 3);
-    assert_int_equal(rt_tsv_parse_line(big, (size_t)m, 13, 26, &label, dense, keys, has, why,
+    assert_int_equal(data_tsv_parse_line(big, (size_t)m, 13, 26, &label, dense, keys, has, why,
                                        sizeof why), 0);
     assert_true(dense[0] > 43.0f && dense[0] < 44.0f); /* log1p(2^63 - 1) = 43.67 */
     m = snprintf(big, sizeof big, "1\t9223372036854775808%s", line + 3);
-    assert_int_equal(rt_tsv_parse_line(big, (size_t)m, 13, 26, &label, dense, keys, has, why,
+    assert_int_equal(data_tsv_parse_line(big, (size_t)m, 13, 26, &label, dense, keys, has, why,
                                        sizeof why), -1);
     assert_non_null(strstr(why, "integer feature 1 (field 2) is out of range: "
                                 "'9223372036854775808' (at most 9223372036854775807"));
-    assert_int_equal(rt_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
+    assert_int_equal(data_tsv_parse_line(line, (size_t)n, 13, 26, &label, dense, keys, has, why,
                                        sizeof why), 0);
     /* one field too many */
     line[n] = '\t';
     line[n + 1] = 'q';
-    assert_int_equal(rt_tsv_parse_line(line, (size_t)n + 2, 13, 26, &label, dense, keys, has, why,
+    assert_int_equal(data_tsv_parse_line(line, (size_t)n + 2, 13, 26, &label, dense, keys, has, why,
                                        sizeof why), -1);
     assert_non_null(strstr(why, "wrong number of fields: 41"));
 }
@@ -349,14 +349,14 @@ static void test_malformed_lines_in_reader(void **state)
 
     run_t run;
     const char *paths[] = {path};
-    run_reader(paths, 1, RT_FMT_TSV, 0, 1, 4, 2, &run);
+    run_reader(paths, 1, DATA_FMT_TSV, 0, 1, 4, 2, &run);
     assert_int_equal(run.nsteps, 3); /* 9 rows, batches of 4 */
     assert_int_equal(run.step_rows[0], 1);
     assert_int_equal(run.step_rows[1], 2);
     assert_int_equal(run.step_rows[2], 0);
     assert_int_equal(run.stats.rows, 3);
     assert_int_equal(run.stats.malformed, 6);
-    assert_int_equal(run.stats.nmessages, RT_MAX_MESSAGES);
+    assert_int_equal(run.stats.nmessages, DATA_MAX_MESSAGES);
     char want[512];
     snprintf(want, sizeof want, "%s:2: wrong number of fields: 3", path);
     assert_non_null(strstr(run.stats.messages[0], want));
@@ -373,8 +373,8 @@ static void test_malformed_lines_in_reader(void **state)
     /* Two ranks skip over each other's malformed lines (the long one too)
      * and still agree on positions and step counts. */
     run_t r0, r1;
-    run_reader(paths, 1, RT_FMT_TSV, 0, 2, 2, 1, &r0);
-    run_reader(paths, 1, RT_FMT_TSV, 1, 2, 2, 1, &r1);
+    run_reader(paths, 1, DATA_FMT_TSV, 0, 2, 2, 1, &r0);
+    run_reader(paths, 1, DATA_FMT_TSV, 1, 2, 2, 1, &r1);
     assert_int_equal(r0.nsteps, 3);
     assert_int_equal(r1.nsteps, 3);
     assert_int_equal(r0.stats.malformed + r1.stats.malformed, 6);
@@ -387,7 +387,7 @@ static void test_malformed_lines_in_reader(void **state)
     char *empty = tpath("empty.tsv");
     write_file(empty, "", 0);
     const char *epaths[] = {empty};
-    run_reader(epaths, 1, RT_FMT_TSV, 0, 2, 4, 2, &run);
+    run_reader(epaths, 1, DATA_FMT_TSV, 0, 2, 4, 2, &run);
     assert_int_equal(run.nsteps, 0);
     run_free(&run);
     KILN_FREE_ALL(empty, buf, path);
@@ -396,14 +396,14 @@ static void test_malformed_lines_in_reader(void **state)
 static void test_missing_file(void **state)
 {
     (void)state;
-    rt_reader_t *r = NULL;
+    data_reader_t *r = NULL;
     char *path = tpath("no-such-file.tsv");
     const char *paths[] = {path};
-    int rc = rt_reader_open(paths, 1, RT_FMT_TSV, 0, 1, 8, 13, 26, 2, &r);
+    int rc = data_reader_open(paths, 1, DATA_FMT_TSV, 0, 1, 8, 13, 26, 2, &r);
     assert_int_equal(rc, KILN_ENOENT);
     assert_null(r);
     assert_non_null(strstr(kiln_errmsg(), path));
-    rc = rt_reader_open(paths, 1, RT_FMT_BIN, 0, 1, 8, 13, 26, 2, &r);
+    rc = data_reader_open(paths, 1, DATA_FMT_BIN, 0, 1, 8, 13, 26, 2, &r);
     assert_int_equal(rc, KILN_ENOENT);
     free(path);
 }
@@ -423,20 +423,20 @@ static void make_partition_files(char **a, char **b)
  * at tpath(name) in chunks of chunk_rows rows; the stats into st (may be
  * NULL). Returns the kiln-bin path (free it). */
 static char *convert_partition_files(const char *name, int chunk_rows, char **a, char **b,
-                                     rt_reader_stats_t *st)
+                                     data_reader_stats_t *st)
 {
     char *bin = tpath(name);
     make_partition_files(a, b);
     const char *tsv[] = {*a, *b};
-    rt_convert_opts_t o = {.chunk_rows = chunk_rows};
-    if (rt_convert_tsv_to_bin(tsv, 2, bin, &o, st) != 0)
+    data_convert_opts_t o = {.chunk_rows = chunk_rows};
+    if (data_convert_tsv_to_bin(tsv, 2, bin, &o, st) != 0)
         fail_msg("convert: %s", kiln_errmsg());
     return bin;
 }
 
 /* Rank runs of size nranks, batch B must interleave into the 1-rank run of
  * batch B*nranks, step by step. */
-static void check_partition(const char *const *paths, int npaths, rt_format_t fmt, int nranks,
+static void check_partition(const char *const *paths, int npaths, data_format_t fmt, int nranks,
                             int B, int total)
 {
     run_t whole;
@@ -477,21 +477,21 @@ static void test_block_cyclic_tsv(void **state)
     make_partition_files(&a, &b);
     const char *paths[] = {a, b};
     /* 2 ranks x 5: 10 full steps and a last step of 3 rows, rank 1 empty. */
-    check_partition(paths, 2, RT_FMT_TSV, 2, 5, 103);
+    check_partition(paths, 2, DATA_FMT_TSV, 2, 5, 103);
     /* 3 ranks x 4: last step 96..102 -> 4, 3, 0 rows. */
-    check_partition(paths, 2, RT_FMT_TSV, 3, 4, 103);
+    check_partition(paths, 2, DATA_FMT_TSV, 3, 4, 103);
     /* batches larger than the data */
-    check_partition(paths, 2, RT_FMT_TSV, 2, 80, 103);
+    check_partition(paths, 2, DATA_FMT_TSV, 2, 80, 103);
 
     /* The 1-rank run is the file order: row 0 has label 1 and no key in slot 0. */
     run_t one;
-    run_reader(paths, 2, RT_FMT_TSV, 0, 1, 7, 2, &one);
+    run_reader(paths, 2, DATA_FMT_TSV, 0, 1, 7, 2, &one);
     assert_int_equal(one.nrows, 103);
     assert_true(one.rows[0].label == 1.0f && one.rows[1].label == 0.0f);
     assert_int_equal(one.rows[0].nkeys[0], 0);
     assert_int_equal(one.rows[1].nkeys[0], 1);
-    assert_int_equal(one.rows[1].keys[0][0], rt_key_hash(0, "0000001f", 8));
-    assert_int_equal(one.rows[102].keys[25][0], rt_key_hash(25, "00000c73", 8));
+    assert_int_equal(one.rows[1].keys[0][0], data_key_hash(0, "0000001f", 8));
+    assert_int_equal(one.rows[102].keys[25][0], data_key_hash(25, "00000c73", 8));
     run_free(&one);
     KILN_FREE_ALL(a, b);
 }
@@ -515,8 +515,8 @@ static void test_block_cyclic_with_malformed(void **state)
     write_file(path, buf, len);
     const char *paths[] = {path};
     run_t r0, r1;
-    run_reader(paths, 1, RT_FMT_TSV, 0, 2, 4, 2, &r0);
-    run_reader(paths, 1, RT_FMT_TSV, 1, 2, 4, 2, &r1);
+    run_reader(paths, 1, DATA_FMT_TSV, 0, 2, 4, 2, &r0);
+    run_reader(paths, 1, DATA_FMT_TSV, 1, 2, 4, 2, &r1);
     assert_int_equal(r0.nsteps, 4);
     assert_int_equal(r1.nsteps, 4);
     /* row 4 is rank 1's first row of step 0; row 17 is rank 0's second of step 2 */
@@ -560,8 +560,8 @@ static void test_team_reads_as_thread(void **state)
     omp_set_num_threads(2);
     for (int rank = 0; rank < 2; rank++) {
         run_t thread, team;
-        run_reader(paths, 1, RT_FMT_TSV, rank, 2, 300, 2, &thread);
-        run_reader(paths, 1, RT_FMT_TSV, rank, 2, 300, 0, &team);
+        run_reader(paths, 1, DATA_FMT_TSV, rank, 2, 300, 2, &thread);
+        run_reader(paths, 1, DATA_FMT_TSV, rank, 2, 300, 0, &team);
         assert_true(thread.stats.malformed >= 10);
         assert_int_equal(team.stats.malformed, thread.stats.malformed);
         assert_int_equal(team.stats.nmessages, thread.stats.nmessages);
@@ -579,20 +579,20 @@ static void test_bin_roundtrip(void **state)
 {
     (void)state;
     char *a, *b;
-    rt_reader_stats_t st;
+    data_reader_stats_t st;
     char *bin = convert_partition_files("part.kbin", 16, &a, &b, &st);
     const char *tsv[] = {a, b};
     assert_int_equal(st.rows, 103);
     assert_int_equal(st.malformed, 0);
-    rt_format_t f;
-    assert_int_equal(rt_format_detect(bin, &f), 0);
-    assert_int_equal(f, RT_FMT_BIN);
-    assert_int_equal(rt_format_detect(a, &f), 0);
-    assert_int_equal(f, RT_FMT_TSV);
+    data_format_t f;
+    assert_int_equal(data_format_detect(bin, &f), 0);
+    assert_int_equal(f, DATA_FMT_BIN);
+    assert_int_equal(data_format_detect(a, &f), 0);
+    assert_int_equal(f, DATA_FMT_TSV);
     /* A kiln-bin file read as TSV (data.format left at criteo-tsv) is
      * refused by name, not read as a file of malformed lines. */
     int64_t nrows = 0, nbytes = 0;
-    assert_int_equal(rt_tsv_count_rows(bin, &nrows, &nbytes), KILN_EINVAL);
+    assert_int_equal(data_tsv_count_rows(bin, &nrows, &nbytes), KILN_EINVAL);
     assert_non_null(strstr(kiln_errmsg(), "set data.format: kiln-bin"));
 
     const char *bins[] = {bin};
@@ -600,8 +600,8 @@ static void test_bin_roundtrip(void **state)
         for (int B = 3; B <= 40; B += 37 - 3 * nranks) {
             for (int r = 0; r < nranks; r++) {
                 run_t x, y;
-                run_reader(tsv, 2, RT_FMT_TSV, r, nranks, B, 2, &x);
-                run_reader(bins, 1, RT_FMT_AUTO, r, nranks, B, 2, &y);
+                run_reader(tsv, 2, DATA_FMT_TSV, r, nranks, B, 2, &x);
+                run_reader(bins, 1, DATA_FMT_AUTO, r, nranks, B, 2, &y);
                 assert_same_run(&x, &y);
             }
         }
@@ -609,11 +609,11 @@ static void test_bin_roundtrip(void **state)
     /* Two kiln-bin files read as one sequence, partitioned like anything else. */
     char *ba = tpath("a.kbin"), *bb = tpath("b.kbin");
     const char *ta[] = {a}, *tb[] = {b};
-    rt_convert_opts_t o = {.chunk_rows = 16};
-    assert_int_equal(rt_convert_tsv_to_bin(ta, 1, ba, &o, NULL), 0);
-    assert_int_equal(rt_convert_tsv_to_bin(tb, 1, bb, NULL, NULL), 0);
+    data_convert_opts_t o = {.chunk_rows = 16};
+    assert_int_equal(data_convert_tsv_to_bin(ta, 1, ba, &o, NULL), 0);
+    assert_int_equal(data_convert_tsv_to_bin(tb, 1, bb, NULL, NULL), 0);
     const char *two[] = {ba, bb};
-    check_partition(two, 2, RT_FMT_BIN, 3, 4, 103);
+    check_partition(two, 2, DATA_FMT_BIN, 3, 4, 103);
     KILN_FREE_ALL(ba, bb, a, b, bin);
 }
 
@@ -621,10 +621,10 @@ static void test_bin_multihot(void **state)
 {
     (void)state;
     char *path = tpath("multi.kbin");
-    rt_batch_t b;
-    rt_bin_writer_t *w = NULL;
+    data_batch_t b;
+    data_bin_writer_t *w = NULL;
     const int n = 50, D = 2, S = 3;
-    assert_int_equal(rt_batch_init(&b, n, D, S), 0);
+    assert_int_equal(data_batch_init(&b, n, D, S), 0);
     b.keys_cap = 4 * n * S;
     b.keys = realloc(b.keys, (size_t)b.keys_cap * sizeof(int64_t));
     assert_non_null(b.keys);
@@ -645,14 +645,14 @@ static void test_bin_multihot(void **state)
         b.offsets[s * (n + 1) + n] = pos;
     }
     b.nkeys = pos;
-    assert_int_equal(rt_bin_writer_create(path, D, S, 7, &w), 0);
-    assert_int_equal(rt_bin_writer_add(w, &b), 0);
-    assert_int_equal(rt_bin_writer_add(w, &b), 0); /* 100 rows: the batch twice */
-    assert_int_equal(rt_bin_writer_commit(w), 0);
+    assert_int_equal(data_bin_writer_create(path, D, S, 7, &w), 0);
+    assert_int_equal(data_bin_writer_add(w, &b), 0);
+    assert_int_equal(data_bin_writer_add(w, &b), 0); /* 100 rows: the batch twice */
+    assert_int_equal(data_bin_writer_commit(w), 0);
 
     const char *paths[] = {path};
     run_t run;
-    run_reader(paths, 1, RT_FMT_BIN, 1, 2, 9, 2, &run); /* rank 1 of 2, batch 9 */
+    run_reader(paths, 1, DATA_FMT_BIN, 1, 2, 9, 2, &run); /* rank 1 of 2, batch 9 */
     assert_int_equal(run.nsteps, 6);                    /* ceil(100 / 18) */
     int got = 0;
     for (int k = 0; k < run.nsteps; k++) {
@@ -665,11 +665,11 @@ static void test_bin_multihot(void **state)
     }
     assert_int_equal(got, 9 * 5 + 1); /* last step: rows 99 only */
     run_free(&run);
-    rt_batch_fini(&b);
+    data_batch_fini(&b);
 
     /* ndense / nslots that do not match the file are refused */
-    rt_reader_t *r = NULL;
-    assert_int_equal(rt_reader_open(paths, 1, RT_FMT_BIN, 0, 1, 8, 13, 26, 1, &r), KILN_EINVAL);
+    data_reader_t *r = NULL;
+    assert_int_equal(data_reader_open(paths, 1, DATA_FMT_BIN, 0, 1, 8, 13, 26, 1, &r), KILN_EINVAL);
     assert_non_null(strstr(kiln_errmsg(), path));
     free(path);
 }
@@ -697,12 +697,12 @@ static void test_bin_corrupt(void **state)
     /* a byte in the middle of the data: some chunk past the first */
     flip_byte(bin, (long)sb.st_size / 2);
     const char *paths[] = {bin};
-    rt_reader_t *r = NULL;
-    rt_batch_t *batch;
+    data_reader_t *r = NULL;
+    data_batch_t *batch;
     int rc;
     int nb = 0;
-    assert_int_equal(rt_reader_open(paths, 1, RT_FMT_BIN, 0, 1, 10, 13, 26, 2, &r), 0);
-    while ((rc = rt_reader_next(r, &batch)) == 1)
+    assert_int_equal(data_reader_open(paths, 1, DATA_FMT_BIN, 0, 1, 10, 13, 26, 2, &r), 0);
+    while ((rc = data_reader_next(r, &batch)) == 1)
         nb++;
     assert_int_equal(rc, KILN_ECHECKSUM);
     assert_true(nb >= 1 && nb < 10); /* the good chunks before it came through */
@@ -711,23 +711,23 @@ static void test_bin_corrupt(void **state)
     if (!strstr(kiln_errmsg(), want))
         fail_msg("message '%s' lacks '%s'", kiln_errmsg(), want);
     assert_non_null(strstr(kiln_errmsg(), "checksum"));
-    assert_int_equal(rt_reader_next(r, &batch), KILN_ECHECKSUM); /* stays failed */
-    rt_reader_close(r);
+    assert_int_equal(data_reader_next(r, &batch), KILN_ECHECKSUM); /* stays failed */
+    data_reader_close(r);
 
     /* a corrupt header is caught at open */
     flip_byte(bin, (long)sb.st_size / 2);
     flip_byte(bin, 20);
     r = NULL;
-    assert_int_equal(rt_reader_open(paths, 1, RT_FMT_BIN, 0, 1, 10, 13, 26, 2, &r),
+    assert_int_equal(data_reader_open(paths, 1, DATA_FMT_BIN, 0, 1, 10, 13, 26, 2, &r),
                      KILN_ECHECKSUM);
     assert_non_null(strstr(kiln_errmsg(), bin));
     flip_byte(bin, 20);
     /* a truncated file too */
     assert_int_equal(truncate(bin, sb.st_size - 5), 0);
-    assert_int_equal(rt_reader_open(paths, 1, RT_FMT_BIN, 0, 1, 10, 13, 26, 2, &r),
+    assert_int_equal(data_reader_open(paths, 1, DATA_FMT_BIN, 0, 1, 10, 13, 26, 2, &r),
                      KILN_ECORRUPT);
     /* TSV handed to the bin reader */
-    assert_int_equal(rt_reader_open(tsv, 1, RT_FMT_BIN, 0, 1, 10, 13, 26, 2, &r), KILN_ECORRUPT);
+    assert_int_equal(data_reader_open(tsv, 1, DATA_FMT_BIN, 0, 1, 10, 13, 26, 2, &r), KILN_ECORRUPT);
     assert_non_null(strstr(kiln_errmsg(), "not a kiln-bin file"));
     KILN_FREE_ALL(a, b, bin);
 }
@@ -738,29 +738,29 @@ static void test_prefetch_repeat_and_close(void **state)
 {
     (void)state;
     char *path = tpath("gen-prefetch.tsv");
-    rt_datagen_opts_t g = {.path = path, .rows = 20000, .seed = 3, .day = 0};
-    assert_int_equal(rt_datagen(&g), 0);
+    data_datagen_opts_t g = {.path = path, .rows = 20000, .seed = 3, .day = 0};
+    assert_int_equal(data_datagen(&g), 0);
     const char *paths[] = {path};
     run_t x, y;
-    run_reader(paths, 1, RT_FMT_TSV, 0, 1, 256, 4, &x);
-    run_reader(paths, 1, RT_FMT_TSV, 0, 1, 256, 1, &y);
+    run_reader(paths, 1, DATA_FMT_TSV, 0, 1, 256, 4, &x);
+    run_reader(paths, 1, DATA_FMT_TSV, 0, 1, 256, 1, &y);
     assert_int_equal(x.nrows, 20000);
     assert_same_run(&x, &y);
 
     /* Closing mid-stream (the producer is blocked on a full ring, or still
      * parsing) and closing before the first batch are both clean. */
     for (int take = 0; take < 4; take++) {
-        rt_reader_t *r = NULL;
-        rt_batch_t *b;
-        assert_int_equal(rt_reader_open(paths, 1, RT_FMT_AUTO, 0, 1, 64, RT_DIMS_AUTO,
-                                        RT_DIMS_AUTO, 2, &r), 0);
+        data_reader_t *r = NULL;
+        data_batch_t *b;
+        assert_int_equal(data_reader_open(paths, 1, DATA_FMT_AUTO, 0, 1, 64, DATA_DIMS_AUTO,
+                                        DATA_DIMS_AUTO, 2, &r), 0);
         for (int i = 0; i < take; i++)
-            assert_int_equal(rt_reader_next(r, &b), 1);
+            assert_int_equal(data_reader_next(r, &b), 1);
         if (take == 3)
             usleep(20000);
-        rt_reader_close(r);
+        data_reader_close(r);
     }
-    rt_reader_close(NULL);
+    data_reader_close(NULL);
     free(path);
 }
 
@@ -771,17 +771,17 @@ static void test_datagen(void **state)
     (void)state;
     char *p1 = tpath("gen1.tsv"), *p2 = tpath("gen2.tsv"), *p3 = tpath("gen3.tsv");
     char *p4 = tpath("gen4.tsv");
-    rt_datagen_opts_t g = {.path = p1, .rows = 30000, .seed = 42, .day = 0};
-    assert_int_equal(rt_datagen(&g), 0);
+    data_datagen_opts_t g = {.path = p1, .rows = 30000, .seed = 42, .day = 0};
+    assert_int_equal(data_datagen(&g), 0);
     g.path = p2;
-    assert_int_equal(rt_datagen(&g), 0);
+    assert_int_equal(data_datagen(&g), 0);
     g.path = p3;
     g.day = 1;
-    assert_int_equal(rt_datagen(&g), 0);
+    assert_int_equal(data_datagen(&g), 0);
     g.path = p4;
     g.day = 0;
     g.seed = 43;
-    assert_int_equal(rt_datagen(&g), 0);
+    assert_int_equal(data_datagen(&g), 0);
 
     size_t l1, l2, l3, l4;
     char *t1 = read_all(p1, &l1), *t2 = read_all(p2, &l2), *t3 = read_all(p3, &l3);
@@ -796,7 +796,7 @@ static void test_datagen(void **state)
      * repeated ids, and the dense signal is there. */
     const char *paths[] = {p1};
     run_t run;
-    run_reader(paths, 1, RT_FMT_TSV, 0, 1, 1000, 2, &run);
+    run_reader(paths, 1, DATA_FMT_TSV, 0, 1, 1000, 2, &run);
     assert_int_equal(run.nrows, 30000);
     assert_int_equal(run.stats.malformed, 0);
     double pos = 0;
@@ -841,8 +841,8 @@ static void test_datagen(void **state)
     assert_int_equal(tabs, 39);
     free(t1);
 
-    rt_datagen_opts_t bad = {.path = NULL, .rows = 1};
-    assert_int_equal(rt_datagen(&bad), KILN_EINVAL);
+    data_datagen_opts_t bad = {.path = NULL, .rows = 1};
+    assert_int_equal(data_datagen(&bad), KILN_EINVAL);
     KILN_FREE_ALL(p1, p2, p3, p4);
 }
 
@@ -869,8 +869,8 @@ static void check_same_rows(const char *const *plain, const char *const *other, 
 {
     for (int r = 0; r < nranks; r++) {
         run_t x, y;
-        run_reader(plain, npaths, RT_FMT_TSV, r, nranks, B, 2, &x);
-        run_reader(other, npaths, RT_FMT_TSV, r, nranks, B, 2, &y);
+        run_reader(plain, npaths, DATA_FMT_TSV, r, nranks, B, 2, &x);
+        run_reader(other, npaths, DATA_FMT_TSV, r, nranks, B, 2, &y);
         assert_true(x.nrows > 0);
         assert_int_equal(y.stats.malformed, 0);
         assert_same_run(&x, &y);
@@ -896,9 +896,9 @@ static void test_compressed_tsv(void **state)
     const char *plain[] = {a, b}, *comp[] = {agz, bzst};
     for (int nranks = 1; nranks <= 3; nranks++)
         check_same_rows(plain, comp, 2, nranks, 4 + nranks);
-    check_partition(comp, 2, RT_FMT_TSV, 2, 5, 103);
+    check_partition(comp, 2, DATA_FMT_TSV, 2, 5, 103);
     int64_t rows = 0, bytes = 0;
-    assert_int_equal(rt_tsv_count_rows(agz, &rows, &bytes), 0);
+    assert_int_equal(data_tsv_count_rows(agz, &rows, &bytes), 0);
     assert_int_equal(rows, 47);
     struct stat sb;
     assert_int_equal(stat(agz, &sb), 0);
@@ -912,8 +912,8 @@ static void test_compressed_tsv(void **state)
 
     /* Big: 12000 generated rows, about 2 MB of text, each format. */
     char *big = tpath("big.tsv"), *biggz = tpath("big.tsv.gz"), *bigzst = tpath("big.tsv.zst");
-    rt_datagen_opts_t g = {.path = big, .rows = 12000, .seed = 5, .day = 0};
-    assert_int_equal(rt_datagen(&g), 0);
+    data_datagen_opts_t g = {.path = big, .rows = 12000, .seed = 5, .day = 0};
+    assert_int_equal(data_datagen(&g), 0);
     sh("gzip -c '%s' > '%s' && zstd -q -c '%s' > '%s'", big, biggz, big, bigzst);
     const char *bp[] = {big}, *bg[] = {biggz}, *bz[] = {bigzst};
     check_same_rows(bp, bg, 1, 2, 1000);
@@ -921,8 +921,8 @@ static void test_compressed_tsv(void **state)
 
     /* kiln convert reads them too. */
     char *kb1 = tpath("from-plain.kbin"), *kb2 = tpath("from-comp.kbin");
-    assert_int_equal(rt_convert_tsv_to_bin(plain, 2, kb1, NULL, NULL), 0);
-    if (rt_convert_tsv_to_bin(comp, 2, kb2, NULL, NULL) != 0)
+    assert_int_equal(data_convert_tsv_to_bin(plain, 2, kb1, NULL, NULL), 0);
+    if (data_convert_tsv_to_bin(comp, 2, kb2, NULL, NULL) != 0)
         fail_msg("convert: %s", kiln_errmsg());
     size_t l1, l2;
     char *c1 = read_all(kb1, &l1), *c2 = read_all(kb2, &l2);
@@ -936,17 +936,17 @@ static void test_compressed_tsv(void **state)
 
 /* Opens paths as TSV (rank 0 of 1) and expects code with every `want`
  * string in the message. */
-static void open_fails(const char *path, rt_format_t fmt, int code, const char *want1,
+static void open_fails(const char *path, data_format_t fmt, int code, const char *want1,
                        const char *want2)
 {
-    rt_reader_t *r = NULL;
+    data_reader_t *r = NULL;
     const char *paths[] = {path};
-    int rc = rt_reader_open(paths, 1, fmt, 0, 1, 8, RT_DIMS_AUTO, RT_DIMS_AUTO, 2, &r);
+    int rc = data_reader_open(paths, 1, fmt, 0, 1, 8, DATA_DIMS_AUTO, DATA_DIMS_AUTO, 2, &r);
     if (rc == 0) {
-        rt_batch_t *b;
-        while ((rc = rt_reader_next(r, &b)) == 1) {
+        data_batch_t *b;
+        while ((rc = data_reader_next(r, &b)) == 1) {
         }
-        rt_reader_close(r);
+        data_reader_close(r);
     }
     if (rc != code || strstr(kiln_errmsg(), want1) == NULL ||
         (want2 != NULL && strstr(kiln_errmsg(), want2) == NULL))
@@ -961,26 +961,26 @@ static void test_compressed_damaged(void **state)
     (void)state;
     char *big = tpath("dmg.tsv"), *gz = tpath("dmg.tsv.gz"), *zst = tpath("dmg.tsv.zst");
     char *cut = tpath("cut.tsv.gz"), *cutz = tpath("cut.tsv.zst"), *bad = tpath("bad.tsv.zst");
-    rt_datagen_opts_t g = {.path = big, .rows = 3000, .seed = 9, .day = 0};
-    assert_int_equal(rt_datagen(&g), 0);
+    data_datagen_opts_t g = {.path = big, .rows = 3000, .seed = 9, .day = 0};
+    assert_int_equal(data_datagen(&g), 0);
     sh("gzip -c '%s' > '%s' && zstd -q -c '%s' > '%s'", big, gz, big, zst);
     sh("head -c 20000 '%s' > '%s' && head -c 20000 '%s' > '%s'", gz, cut, zst, cutz);
-    open_fails(cut, RT_FMT_TSV, KILN_ECORRUPT, cut, "the gzip stream ends early at byte 20000");
-    open_fails(cutz, RT_FMT_TSV, KILN_ECORRUPT, cutz, "the zstd stream ends early at byte 20000");
+    open_fails(cut, DATA_FMT_TSV, KILN_ECORRUPT, cut, "the gzip stream ends early at byte 20000");
+    open_fails(cutz, DATA_FMT_TSV, KILN_ECORRUPT, cutz, "the zstd stream ends early at byte 20000");
     /* Bytes 5000..5099 of the zstd file overwritten. */
     sh("cp '%s' '%s' && printf '%%0100d' 0 | dd of='%s' bs=1 seek=5000 conv=notrunc 2>/dev/null",
        zst, bad, bad);
-    open_fails(bad, RT_FMT_TSV, KILN_ECORRUPT, bad, "the zstd data is corrupt near byte");
+    open_fails(bad, DATA_FMT_TSV, KILN_ECORRUPT, bad, "the zstd data is corrupt near byte");
 
     char *kb = tpath("dmg.kbin"), *kbgz = tpath("dmg.kbin.gz"), *kbz = tpath("dmg.kbin.zst");
     const char *in[] = {big};
-    assert_int_equal(rt_convert_tsv_to_bin(in, 1, kb, NULL, NULL), 0);
+    assert_int_equal(data_convert_tsv_to_bin(in, 1, kb, NULL, NULL), 0);
     sh("gzip -c '%s' > '%s' && zstd -q -c '%s' > '%s'", kb, kbgz, kb, kbz);
-    open_fails(kbgz, RT_FMT_BIN, KILN_EINVAL,
+    open_fails(kbgz, DATA_FMT_BIN, KILN_EINVAL,
                "is gzip-compressed; kiln-bin files are read by "
                "seeking to their chunks and cannot be compressed",
                kbgz);
-    open_fails(kbz, RT_FMT_AUTO, KILN_EINVAL, "is zstd-compressed", kbz);
+    open_fails(kbz, DATA_FMT_AUTO, KILN_EINVAL, "is zstd-compressed", kbz);
     char *all[] = {big, gz, zst, cut, cutz, bad, kb, kbgz, kbz};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]);
@@ -995,7 +995,7 @@ static void test_not_regular_files(void **state)
     char *fifo = tpath("fifo.tsv"), *dir = tpath("dir.tsv");
     assert_int_equal(mkfifo(fifo, 0644), 0);
     assert_int_equal(mkdir(dir, 0755), 0);
-    const rt_format_t fmts[] = {RT_FMT_TSV, RT_FMT_BIN, RT_FMT_AUTO};
+    const data_format_t fmts[] = {DATA_FMT_TSV, DATA_FMT_BIN, DATA_FMT_AUTO};
     for (size_t i = 0; i < 3; i++) {
         open_fails("/dev/zero", fmts[i], KILN_EINVAL,
                    "data file /dev/zero is a character device, not a regular file", NULL);
@@ -1003,7 +1003,7 @@ static void test_not_regular_files(void **state)
         open_fails(dir, fmts[i], KILN_EINVAL, "is a directory, not a regular file", dir);
     }
     int64_t rows, bytes;
-    assert_int_equal(rt_tsv_count_rows("/dev/zero", &rows, &bytes), KILN_EINVAL);
+    assert_int_equal(data_tsv_count_rows("/dev/zero", &rows, &bytes), KILN_EINVAL);
     alarm(0);
     KILN_FREE_ALL(fifo, dir);
 }
@@ -1048,10 +1048,10 @@ static void test_datagen_skew(void **state)
     (void)state;
     char *pz = tpath("gen-zipf.tsv"), *pu = tpath("gen-uniform.tsv"), *pp = tpath("gen-part1.tsv");
     double bayes = -1.0, ctr = -1.0;
-    rt_datagen_opts_t g = {.path = pz, .rows = 20000, .seed = 5, .zipf_set = 1, .zipf = 1.15,
+    data_datagen_opts_t g = {.path = pz, .rows = 20000, .seed = 5, .zipf_set = 1, .zipf = 1.15,
                            .vocab = 200000, .empty_set = 1, .empty = 0.04,
                            .bayes_logloss = &bayes, .ctr = &ctr};
-    assert_int_equal(rt_datagen(&g), 0);
+    assert_int_equal(data_datagen(&g), 0);
     assert_true(ctr > 0.1 && ctr < 0.4);
     double h = -(ctr * log(ctr) + (1 - ctr) * log(1 - ctr));
     if (!(bayes > 0.05 && bayes < h))
@@ -1060,19 +1060,19 @@ static void test_datagen_skew(void **state)
     g.path = pp;
     g.part = 1;
     g.bayes_logloss = NULL;
-    assert_int_equal(rt_datagen(&g), 0);
+    assert_int_equal(data_datagen(&g), 0);
     g.path = pu;
     g.part = 0;
     g.zipf = 0.0; /* uniform over the vocabulary */
     g.vocab = 1000;
     g.empty = 0.5;
-    assert_int_equal(rt_datagen(&g), 0);
+    assert_int_equal(data_datagen(&g), 0);
 
     const char *paths[] = {pz}, *ppart[] = {pp}, *punif[] = {pu};
     run_t z, p, u;
-    run_reader(paths, 1, RT_FMT_TSV, 0, 1, 1000, 2, &z);
-    run_reader(ppart, 1, RT_FMT_TSV, 0, 1, 1000, 2, &p);
-    run_reader(punif, 1, RT_FMT_TSV, 0, 1, 1000, 2, &u);
+    run_reader(paths, 1, DATA_FMT_TSV, 0, 1, 1000, 2, &z);
+    run_reader(ppart, 1, DATA_FMT_TSV, 0, 1, 1000, 2, &p);
+    run_reader(punif, 1, DATA_FMT_TSV, 0, 1, 1000, 2, &u);
     assert_int_equal(z.stats.malformed + p.stats.malformed + u.stats.malformed, 0);
     /* A power law of exponent a on [1, V+1), floored: the head rank holds
      * (2^(1-a) - 1) / ((V+1)^(1-a) - 1) of the draws, 11.8% for a = 1.15,
@@ -1103,11 +1103,11 @@ static void test_datagen_skew(void **state)
     run_free(&u);
 
     /* Out-of-range skew is refused with a message naming it. */
-    rt_datagen_opts_t bad = {.path = pz, .rows = 1, .zipf_set = 1, .zipf = -1.0};
-    assert_int_equal(rt_datagen(&bad), KILN_EINVAL);
+    data_datagen_opts_t bad = {.path = pz, .rows = 1, .zipf_set = 1, .zipf = -1.0};
+    assert_int_equal(data_datagen(&bad), KILN_EINVAL);
     assert_non_null(strstr(kiln_errmsg(), "Zipf exponent"));
-    bad = (rt_datagen_opts_t){.path = pz, .rows = 1, .empty_set = 1, .empty = 1.5};
-    assert_int_equal(rt_datagen(&bad), KILN_EINVAL);
+    bad = (data_datagen_opts_t){.path = pz, .rows = 1, .empty_set = 1, .empty = 1.5};
+    assert_int_equal(data_datagen(&bad), KILN_EINVAL);
     assert_non_null(strstr(kiln_errmsg(), "empty fields"));
     KILN_FREE_ALL(pz, pu, pp);
 }

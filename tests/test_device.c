@@ -1,12 +1,12 @@
 /*
- * tests/test_device.c - the backend choice (rt_device_pick's table of cases)
- * and rt_comm's MPI backend under a real mpirun (CTest runs this file as
+ * tests/test_device.c - the backend choice (shard_device_pick's table of cases)
+ * and shard_comm's MPI backend under a real mpirun (CTest runs this file as
  * `mpirun -np 2 --oversubscribe test_device`; run by hand it is one rank).
  *
  * The comm tests are collective: every rank runs them in the same order,
  * counts its own mismatches, and the ranks agree on the total before
  * asserting, so a failure fails every rank instead of leaving one waiting.
- * In a build with CUDA, RT_COMM_NCCL is checked to fail cleanly when no GPU
+ * In a build with CUDA, SHARD_COMM_NCCL is checked to fail cleanly when no GPU
  * is visible; the NCCL backend's results are in tests/test_runtime_gpu.c.
  */
 /* clang-format off */
@@ -27,40 +27,40 @@
 
 static int g_rank, g_size;
 
-/* ---- rt_device_pick ------------------------------------------------------------ */
+/* ---- shard_device_pick ------------------------------------------------------------ */
 
 static const struct {
     job_device_t want;
     bool built;
     int visible;
     int rc;
-    rt_device_t dev;
+    shard_device_t dev;
     const char *why; /* exact line */
 } pick_cases[] = {
-    {JOB_DEVICE_AUTO, true, 2, 0, RT_DEVICE_CUDA,
+    {JOB_DEVICE_AUTO, true, 2, 0, SHARD_DEVICE_CUDA,
      "device auto: 2 CUDA devices visible; using the CUDA backend"},
-    {JOB_DEVICE_AUTO, true, 1, 0, RT_DEVICE_CUDA,
+    {JOB_DEVICE_AUTO, true, 1, 0, SHARD_DEVICE_CUDA,
      "device auto: 1 CUDA device visible; using the CUDA backend"},
-    {JOB_DEVICE_AUTO, true, 0, 0, RT_DEVICE_CPU,
+    {JOB_DEVICE_AUTO, true, 0, 0, SHARD_DEVICE_CPU,
      "device auto: no CUDA device visible; using the CPU backend"},
-    {JOB_DEVICE_AUTO, false, 4, 0, RT_DEVICE_CPU,
+    {JOB_DEVICE_AUTO, false, 4, 0, SHARD_DEVICE_CPU,
      "device auto: this kiln-train was built without CUDA; using the CPU backend"},
-    {JOB_DEVICE_AUTO, false, 0, 0, RT_DEVICE_CPU,
+    {JOB_DEVICE_AUTO, false, 0, 0, SHARD_DEVICE_CPU,
      "device auto: this kiln-train was built without CUDA; using the CPU backend"},
-    {JOB_DEVICE_CPU, true, 8, 0, RT_DEVICE_CPU, "device cpu: using the CPU backend"},
-    {JOB_DEVICE_CPU, false, 0, 0, RT_DEVICE_CPU, "device cpu: using the CPU backend"},
-    {JOB_DEVICE_CUDA, true, 1, 0, RT_DEVICE_CUDA,
+    {JOB_DEVICE_CPU, true, 8, 0, SHARD_DEVICE_CPU, "device cpu: using the CPU backend"},
+    {JOB_DEVICE_CPU, false, 0, 0, SHARD_DEVICE_CPU, "device cpu: using the CPU backend"},
+    {JOB_DEVICE_CUDA, true, 1, 0, SHARD_DEVICE_CUDA,
      "device cuda: 1 CUDA device visible; using the CUDA backend"},
-    {JOB_DEVICE_CUDA, true, 0, KILN_EINVAL, RT_DEVICE_CPU,
+    {JOB_DEVICE_CUDA, true, 0, KILN_EINVAL, SHARD_DEVICE_CPU,
      "device cuda: no CUDA device visible to this rank; run on a GPU host (check nvidia-smi "
      "and CUDA_VISIBLE_DEVICES), or set device: auto or cpu in the job spec"},
-    {JOB_DEVICE_CUDA, false, 2, KILN_EINVAL, RT_DEVICE_CPU,
+    {JOB_DEVICE_CUDA, false, 2, KILN_EINVAL, SHARD_DEVICE_CPU,
      "device cuda: this kiln-train was built without CUDA; rebuild with -DKILN_CUDA=ON on a "
      "host with nvcc and NCCL, or set device: auto or cpu in the job spec"},
-    {(job_device_t)42, true, 1, KILN_EINVAL, RT_DEVICE_CPU,
-     "rt_device_pick: unknown device value 42"},
-    {JOB_DEVICE_AUTO, true, -1, KILN_EINVAL, RT_DEVICE_CPU,
-     "rt_device_pick: visible_gpus is -1 (must be >= 0)"},
+    {(job_device_t)42, true, 1, KILN_EINVAL, SHARD_DEVICE_CPU,
+     "shard_device_pick: unknown device value 42"},
+    {JOB_DEVICE_AUTO, true, -1, KILN_EINVAL, SHARD_DEVICE_CPU,
+     "shard_device_pick: visible_gpus is -1 (must be >= 0)"},
 };
 
 static void test_pick_table(void **state)
@@ -68,9 +68,9 @@ static void test_pick_table(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof pick_cases / sizeof pick_cases[0]; i++) {
         char why[400];
-        rt_device_t dev = (rt_device_t)77;
+        shard_device_t dev = (shard_device_t)77;
         kiln_errclear();
-        int rc = rt_device_pick(pick_cases[i].want, pick_cases[i].built, pick_cases[i].visible,
+        int rc = shard_device_pick(pick_cases[i].want, pick_cases[i].built, pick_cases[i].visible,
                                 &dev, why, sizeof why);
         if (rc != pick_cases[i].rc || dev != pick_cases[i].dev ||
             strcmp(why, pick_cases[i].why) != 0)
@@ -89,31 +89,31 @@ static void test_pick_table(void **state)
 static void test_pick_edges(void **state)
 {
     (void)state;
-    rt_device_t dev;
+    shard_device_t dev;
     /* why may be absent, or too small (truncated, still terminated). */
-    assert_int_equal(rt_device_pick(JOB_DEVICE_AUTO, true, 0, &dev, NULL, 0), 0);
-    assert_int_equal(dev, RT_DEVICE_CPU);
+    assert_int_equal(shard_device_pick(JOB_DEVICE_AUTO, true, 0, &dev, NULL, 0), 0);
+    assert_int_equal(dev, SHARD_DEVICE_CPU);
     char small[8];
     memset(small, 'x', sizeof small);
-    assert_int_equal(rt_device_pick(JOB_DEVICE_CPU, false, 0, &dev, small, sizeof small), 0);
+    assert_int_equal(shard_device_pick(JOB_DEVICE_CPU, false, 0, &dev, small, sizeof small), 0);
     assert_string_equal(small, "device ");
-    assert_int_equal(rt_device_pick(JOB_DEVICE_AUTO, true, 1, NULL, NULL, 0), KILN_EINVAL);
+    assert_int_equal(shard_device_pick(JOB_DEVICE_AUTO, true, 1, NULL, NULL, 0), KILN_EINVAL);
 
-    assert_string_equal(rt_device_name(RT_DEVICE_CPU), "cpu");
-    assert_string_equal(rt_device_name(RT_DEVICE_CUDA), "cuda");
-    assert_string_equal(rt_device_name((rt_device_t)9), "?");
+    assert_string_equal(shard_device_name(SHARD_DEVICE_CPU), "cpu");
+    assert_string_equal(shard_device_name(SHARD_DEVICE_CUDA), "cuda");
+    assert_string_equal(shard_device_name((shard_device_t)9), "?");
 
-    int n = rt_device_visible_gpus();
+    int n = shard_device_visible_gpus();
     assert_true(n >= 0);
 #ifdef KILN_HAVE_CUDA
-    assert_true(rt_device_built_cuda());
+    assert_true(shard_device_built_cuda());
 #else
-    assert_false(rt_device_built_cuda());
+    assert_false(shard_device_built_cuda());
     assert_int_equal(n, 0);
 #endif
 }
 
-/* ---- rt_comm, MPI backend ------------------------------------------------------ */
+/* ---- shard_comm, MPI backend ------------------------------------------------------ */
 
 /* Every rank's mismatch count summed, so all ranks pass or fail together. */
 static int total_bad(int bad)
@@ -154,32 +154,32 @@ static size_t layout(int me, int n, bool send, size_t gap, size_t *cnt, size_t *
 static void test_comm_basics(void **state)
 {
     (void)state;
-    rt_comm_t *c = NULL;
-    assert_int_equal(rt_comm_create(RT_COMM_MPI, MPI_COMM_WORLD, &c), 0);
+    shard_comm_t *c = NULL;
+    assert_int_equal(shard_comm_create(SHARD_COMM_MPI, MPI_COMM_WORLD, &c), 0);
     assert_non_null(c);
-    assert_int_equal(rt_comm_kind(c), RT_COMM_MPI);
-    assert_int_equal(rt_comm_rank(c), g_rank);
-    assert_int_equal(rt_comm_size(c), g_size);
-    assert_int_equal(rt_comm_device(c), -1);
-    assert_null(rt_comm_stream(c));
-    assert_int_equal(rt_comm_sync(c), 0);
-    assert_string_equal(rt_comm_kind_name(RT_COMM_MPI), "mpi");
-    assert_string_equal(rt_comm_kind_name(RT_COMM_NCCL), "nccl");
+    assert_int_equal(shard_comm_kind(c), SHARD_COMM_MPI);
+    assert_int_equal(shard_comm_rank(c), g_rank);
+    assert_int_equal(shard_comm_size(c), g_size);
+    assert_int_equal(shard_comm_device(c), -1);
+    assert_null(shard_comm_stream(c));
+    assert_int_equal(shard_comm_sync(c), 0);
+    assert_string_equal(shard_comm_kind_name(SHARD_COMM_MPI), "mpi");
+    assert_string_equal(shard_comm_kind_name(SHARD_COMM_NCCL), "nccl");
 
     /* Argument errors are found before any message moves (every rank
      * passes the same bad argument, so none waits for another). */
     double x = 1.0;
-    assert_int_equal(rt_comm_bcast(c, &x, sizeof x, g_size), KILN_EINVAL);
-    assert_int_equal(rt_comm_bcast(c, &x, sizeof x, -1), KILN_EINVAL);
-    assert_int_equal(rt_comm_allreduce_sum_f64(c, NULL, 3), KILN_EINVAL);
-    assert_int_equal(rt_comm_alltoallv(c, NULL, NULL, NULL, NULL, NULL, NULL), KILN_EINVAL);
-    rt_comm_destroy(c);
+    assert_int_equal(shard_comm_bcast(c, &x, sizeof x, g_size), KILN_EINVAL);
+    assert_int_equal(shard_comm_bcast(c, &x, sizeof x, -1), KILN_EINVAL);
+    assert_int_equal(shard_comm_allreduce_sum_f64(c, NULL, 3), KILN_EINVAL);
+    assert_int_equal(shard_comm_alltoallv(c, NULL, NULL, NULL, NULL, NULL, NULL), KILN_EINVAL);
+    shard_comm_destroy(c);
 
-    rt_comm_t *bad = (rt_comm_t *)&x;
-    assert_int_equal(rt_comm_create((rt_comm_kind_t)5, MPI_COMM_WORLD, &bad), KILN_EINVAL);
+    shard_comm_t *bad = (shard_comm_t *)&x;
+    assert_int_equal(shard_comm_create((shard_comm_kind_t)5, MPI_COMM_WORLD, &bad), KILN_EINVAL);
     assert_null(bad);
-    assert_int_equal(rt_comm_create(RT_COMM_MPI, MPI_COMM_WORLD, NULL), KILN_EINVAL);
-    rt_comm_destroy(NULL);
+    assert_int_equal(shard_comm_create(SHARD_COMM_MPI, MPI_COMM_WORLD, NULL), KILN_EINVAL);
+    shard_comm_destroy(NULL);
 }
 
 static void test_comm_alltoallv(void **state)
@@ -203,9 +203,9 @@ static void test_comm_alltoallv(void **state)
     assert_non_null(rbuf);
     memset(rbuf, 0xEE, roff + 1);
 
-    rt_comm_t *c = NULL;
-    assert_int_equal(rt_comm_create(RT_COMM_MPI, MPI_COMM_WORLD, &c), 0);
-    int rc1 = rt_comm_alltoallv(c, sbuf, sc, sd, rbuf, rc, rd);
+    shard_comm_t *c = NULL;
+    assert_int_equal(shard_comm_create(SHARD_COMM_MPI, MPI_COMM_WORLD, &c), 0);
+    int rc1 = shard_comm_alltoallv(c, sbuf, sc, sd, rbuf, rc, rd);
     int bad = rc1 != 0;
     if (rc1 != 0)
         fprintf(stderr, "rank %d: alltoallv: %s\n", me, kiln_errmsg());
@@ -223,13 +223,13 @@ static void test_comm_alltoallv(void **state)
     /* All counts zero, NULL buffers: a valid, empty exchange. */
     for (int r = 0; r < n; r++)
         sc[r] = sd[r] = rc[r] = rd[r] = 0;
-    bad += rt_comm_alltoallv(c, NULL, sc, sd, NULL, rc, rd) != 0;
+    bad += shard_comm_alltoallv(c, NULL, sc, sd, NULL, rc, rd) != 0;
 
     /* One rank asks for more than MPI's int can say: every rank gets the
      * error (the others through the agreement), nobody hangs. */
     if (me == 0)
         sc[0] = rc[0] = (size_t)3 << 30;
-    int rc2 = rt_comm_alltoallv(c, NULL, sc, sd, NULL, rc, rd);
+    int rc2 = shard_comm_alltoallv(c, NULL, sc, sd, NULL, rc, rd);
     bad += rc2 != KILN_ERANGE;
     if (me == 0)
         bad += strstr(kiln_errmsg(), "INT_MAX") == NULL;
@@ -243,11 +243,11 @@ static void test_comm_alltoallv(void **state)
     for (int r = 0; r < n && r < 64; r++)
         one[r] = (unsigned char)(me * 10 + r);
     if (n <= 64) {
-        bad += rt_comm_alltoallv(c, one, sc, sd, got, rc, rd) != 0;
+        bad += shard_comm_alltoallv(c, one, sc, sd, got, rc, rd) != 0;
         for (int s = 0; s < n; s++)
             bad += got[s] != (unsigned char)(s * 10 + me);
     }
-    rt_comm_destroy(c);
+    shard_comm_destroy(c);
     free(sbuf);
     free(rbuf);
     free(sc);
@@ -265,43 +265,43 @@ static void test_comm_allreduce_bcast(void **state)
     assert_non_null(v);
     for (size_t i = 0; i < count; i++)
         v[i] = (double)g_rank + 0.5 * (double)i - 0.25 * (double)(i % 3);
-    rt_comm_t *c = NULL;
-    assert_int_equal(rt_comm_create(RT_COMM_MPI, MPI_COMM_WORLD, &c), 0);
-    int bad = rt_comm_allreduce_sum_f64(c, v, count) != 0;
+    shard_comm_t *c = NULL;
+    assert_int_equal(shard_comm_create(SHARD_COMM_MPI, MPI_COMM_WORLD, &c), 0);
+    int bad = shard_comm_allreduce_sum_f64(c, v, count) != 0;
     const double ranks_sum = (double)g_size * (double)(g_size - 1) / 2.0;
     for (size_t i = 0; i < count; i++) {
         const double want = ranks_sum + (double)g_size * (0.5 * (double)i - 0.25 * (double)(i % 3));
         if (v[i] != want && bad++ < 5)
             fprintf(stderr, "rank %d: sum[%zu] = %.17g, want %.17g\n", g_rank, i, v[i], want);
     }
-    bad += rt_comm_allreduce_sum_f64(c, v, 0) != 0; /* empty is fine */
+    bad += shard_comm_allreduce_sum_f64(c, v, 0) != 0; /* empty is fine */
 
     /* Broadcast from the last rank (rank 0 is the easy case). */
     const int root = g_size - 1;
     unsigned char b[777];
     for (size_t i = 0; i < sizeof b; i++)
         b[i] = g_rank == root ? (unsigned char)(i * 7 + 3) : 0;
-    bad += rt_comm_bcast(c, b, sizeof b, root) != 0;
+    bad += shard_comm_bcast(c, b, sizeof b, root) != 0;
     for (size_t i = 0; i < sizeof b; i++)
         bad += b[i] != (unsigned char)(i * 7 + 3);
-    bad += rt_comm_bcast(c, NULL, 0, 0) != 0;
-    rt_comm_destroy(c);
+    bad += shard_comm_bcast(c, NULL, 0, 0) != 0;
+    shard_comm_destroy(c);
     free(v);
     assert_int_equal(total_bad(bad), 0);
 }
 
-/* RT_COMM_NCCL without a usable GPU fails on every rank with a message that
+/* SHARD_COMM_NCCL without a usable GPU fails on every rank with a message that
  * says what to do, and leaves nothing behind. */
 static void test_comm_nccl_refused(void **state)
 {
     (void)state;
-    rt_comm_t *c = NULL;
+    shard_comm_t *c = NULL;
 #ifdef KILN_HAVE_CUDA
-    int gpus = rt_device_visible_gpus(), most = 0;
+    int gpus = shard_device_visible_gpus(), most = 0;
     MPI_Allreduce(&gpus, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (most > 0)
         skip(); /* tests/test_runtime_gpu.c runs NCCL for real */
-    int rc = rt_comm_create(RT_COMM_NCCL, MPI_COMM_WORLD, &c);
+    int rc = shard_comm_create(SHARD_COMM_NCCL, MPI_COMM_WORLD, &c);
     int bad = rc != KILN_ENODEV || c != NULL;
     if (bad)
         fprintf(stderr, "rank %d: nccl create gave %s: %s\n", g_rank, kiln_errname(rc),
@@ -309,7 +309,7 @@ static void test_comm_nccl_refused(void **state)
     bad += strstr(kiln_errmsg(), "device: cpu") == NULL;
     assert_int_equal(total_bad(bad), 0);
 #else
-    int rc = rt_comm_create(RT_COMM_NCCL, MPI_COMM_WORLD, &c);
+    int rc = shard_comm_create(SHARD_COMM_NCCL, MPI_COMM_WORLD, &c);
     assert_int_equal(rc, KILN_EINVAL);
     assert_null(c);
     assert_non_null(strstr(kiln_errmsg(), "-DKILN_CUDA=ON"));

@@ -58,10 +58,10 @@ static void make_inputs(int d, inputs_t *in)
         in->y[i] = uniform(&s) < 0.3f ? 1.0f : 0.0f;
 }
 
-static rt_model_t *make_model(rt_model_type_t type, int d)
+static model_t *make_model(model_type_t type, int d)
 {
     static const int bottom[] = {16, 4}, top[] = {16, 1};
-    rt_model_config_t cfg = {
+    model_config_t cfg = {
         .type = type,
         .nslots = S,
         .ndense = F,
@@ -73,10 +73,10 @@ static rt_model_t *make_model(rt_model_type_t type, int d)
         .fm_dense_factors = 1,
         .max_batch = N,
         .seed = 7,
-        .opt = {.type = RT_DENSE_ADAGRAD, .lr = 0.05f, .eps = 1e-8f},
+        .opt = {.type = MODEL_DENSE_ADAGRAD, .lr = 0.05f, .eps = 1e-8f},
     };
-    rt_model_t *m = NULL;
-    assert_int_equal(rt_model_create(&cfg, &m), 0);
+    model_t *m = NULL;
+    assert_int_equal(model_create(&cfg, &m), 0);
     return m;
 }
 
@@ -88,7 +88,7 @@ typedef struct {
 } result_t;
 
 /* One dense call of ops on in, through ops' own memory and copies. */
-static void dense_on(const dev_ops_t *ops, rt_model_t *m, const inputs_t *in, result_t *out)
+static void dense_on(const dev_ops_t *ops, model_t *m, const inputs_t *in, result_t *out)
 {
     const size_t eb = sizeof(float) * N * S * (size_t)in->d, xb = sizeof(float) * N * F,
                  yb = sizeof(float) * N;
@@ -109,7 +109,7 @@ static void dense_on(const dev_ops_t *ops, rt_model_t *m, const inputs_t *in, re
     assert_int_equal(ops->copy(ctx, DEV_COMPUTE, dE, hE, eb), 0);
     assert_int_equal(ops->copy(ctx, DEV_COMPUTE, dX, hX, xb), 0);
     assert_int_equal(ops->copy(ctx, DEV_COMPUTE, dy, hy, yb), 0);
-    rt_model_zero_grad(m);
+    model_zero_grad(m);
     const dev_dense_t a = {.model = m,
                            .params_version = 1,
                            .n = N,
@@ -124,10 +124,10 @@ static void dense_on(const dev_ops_t *ops, rt_model_t *m, const inputs_t *in, re
     assert_int_equal(ops->record(ctx, DEV_COMPUTE, 0), 0);
     assert_int_equal(ops->sync(ctx, 0), 0);
     assert_int_equal(ops->host_touch(ctx, hE, eb, false), 0);
-    const size_t np = rt_model_nparams(m);
+    const size_t np = model_nparams(m);
     out->grads = malloc(sizeof(double) * np);
     out->dE = malloc(eb);
-    memcpy(out->grads, rt_model_grads(m), sizeof(double) * np);
+    memcpy(out->grads, model_grads(m), sizeof(double) * np);
     memcpy(out->dE, hE, eb);
     void *host[] = {hE, hX, hy}, *dev[] = {dE, dX, dy};
     for (int i = 0; i < 3; i++) {
@@ -149,17 +149,17 @@ static void close_d(const char *what, const double *a, const double *b, size_t n
             fail_msg("%s[%zu]: GPU %.9g, stand-in %.9g (largest %.3g)", what, i, a[i], b[i], big);
 }
 
-static void check_model(rt_model_type_t type, int d)
+static void check_model(model_type_t type, int d)
 {
     inputs_t in;
     make_inputs(d, &in);
-    rt_model_t *mh = make_model(type, d), *mg = make_model(type, d);
-    const size_t np = rt_model_nparams(mh), ne = (size_t)N * S * (size_t)d;
+    model_t *mh = make_model(type, d), *mg = make_model(type, d);
+    const size_t np = model_nparams(mh), ne = (size_t)N * S * (size_t)d;
     result_t h, g, g2;
     dense_on(&train_dev_host_ops, mh, &in, &h);
     dense_on(&train_dev_cuda_ops, mg, &in, &g);
     dense_on(&train_dev_cuda_ops, mg, &in, &g2);
-    const char *name = rt_model_type_name(type);
+    const char *name = model_type_name(type);
     printf("%s: loss GPU %.9g, stand-in %.9g\n", name, g.loss, h.loss);
     close_d("loss", &g.loss, &h.loss, 1, 1e-6);
     close_d("dense gradient", g.grads, h.grads, np, 1e-5);
@@ -176,8 +176,8 @@ static void check_model(rt_model_type_t type, int d)
     for (int i = 0; i < 3; i++)
         KILN_FREE_ALL(all[i]->grads, all[i]->dE);
     KILN_FREE_ALL(ga, ha, in.E, in.X, in.y);
-    rt_model_destroy(mh);
-    rt_model_destroy(mg);
+    model_destroy(mh);
+    model_destroy(mg);
 }
 
 /* ---- the exchange's kernels ---- */
@@ -350,9 +350,9 @@ static void test_exchange(void **state)
 static void test_models(void **state)
 {
     (void)state;
-    check_model(RT_MODEL_LR, 1);
-    check_model(RT_MODEL_FM, 5);
-    check_model(RT_MODEL_DLRM, 4);
+    check_model(MODEL_LR, 1);
+    check_model(MODEL_FM, 5);
+    check_model(MODEL_DLRM, 4);
 }
 
 int main(void)

@@ -26,7 +26,7 @@
 #include <string.h>
 
 /* The bf16 tests call a layer's forward and backward on their own inputs. */
-#define RT_MODEL_IMPL
+#define MODEL_IMPL
 #include "model.h"
 #include "proc.h"
 
@@ -48,19 +48,19 @@ static float rng_uniform(uint64_t *s, float lo, float hi)
 }
 
 typedef struct {
-    rt_model_type_t type;
+    model_type_t type;
     int S, F, d;
     int bottom[4], nb;
     int top[4], nt;
     int fm_dense;
-    rt_dense_precision_t precision;
+    model_dense_precision_t precision;
 } shape_t;
 
 /* A DLRM shape: S sparse and F dense features, embeddings of dim d, and the
  * widths of its bottom and top MLPs (each list ended by 0). */
 static shape_t dlrm(int S, int F, int d, const int *bottom, const int *top)
 {
-    shape_t sh = {.type = RT_MODEL_DLRM, .S = S, .F = F, .d = d};
+    shape_t sh = {.type = MODEL_DLRM, .S = S, .F = F, .d = d};
     for (; bottom[sh.nb] != 0; sh.nb++)
         sh.bottom[sh.nb] = bottom[sh.nb];
     for (; top[sh.nt] != 0; sh.nt++)
@@ -68,10 +68,10 @@ static shape_t dlrm(int S, int F, int d, const int *bottom, const int *top)
     return sh;
 }
 
-static rt_model_config_t make_cfg(const shape_t *sh, int max_batch, uint64_t seed,
-                                  rt_dense_opt_t opt)
+static model_config_t make_cfg(const shape_t *sh, int max_batch, uint64_t seed,
+                                  model_dense_opt_t opt)
 {
-    rt_model_config_t c = {0};
+    model_config_t c = {0};
     c.type = sh->type;
     c.nslots = sh->S;
     c.ndense = sh->F;
@@ -88,19 +88,19 @@ static rt_model_config_t make_cfg(const shape_t *sh, int max_batch, uint64_t see
     return c;
 }
 
-static rt_dense_opt_t sgd(float lr)
+static model_dense_opt_t sgd(float lr)
 {
-    rt_dense_opt_t o = {RT_DENSE_SGD, lr, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    model_dense_opt_t o = {MODEL_DENSE_SGD, lr, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     return o;
 }
 
-static rt_model_t *make_model(const shape_t *sh, int max_batch, uint64_t seed, rt_dense_opt_t opt)
+static model_t *make_model(const shape_t *sh, int max_batch, uint64_t seed, model_dense_opt_t opt)
 {
-    rt_model_config_t c = make_cfg(sh, max_batch, seed, opt);
-    rt_model_t *m = NULL;
-    int rc = rt_model_create(&c, &m);
+    model_config_t c = make_cfg(sh, max_batch, seed, opt);
+    model_t *m = NULL;
+    int rc = model_create(&c, &m);
     if (rc != 0)
-        fprintf(stderr, "rt_model_create: %s\n", kiln_errmsg());
+        fprintf(stderr, "model_create: %s\n", kiln_errmsg());
     assert_int_equal(rc, 0);
     assert_non_null(m);
     return m;
@@ -133,14 +133,14 @@ static size_t ref_layer(const double *p, int in, int out, const double *a, doubl
 static double ref_logit(const shape_t *sh, const double *p, const double *e, const double *x)
 {
     const int S = sh->S, F = sh->F, d = sh->d;
-    if (sh->type == RT_MODEL_LR || sh->type == RT_MODEL_FM) {
+    if (sh->type == MODEL_LR || sh->type == MODEL_FM) {
         /* [w (F), b, vx (k, F) when fm_dense] */
         double z = p[F];
         for (int j = 0; j < F; j++)
             z += p[j] * x[j];
         for (int s = 0; s < S; s++)
             z += e[s * d];
-        if (sh->type == RT_MODEL_LR)
+        if (sh->type == MODEL_LR)
             return z;
         int k = d - 1;
         double vec[9][RMAX];
@@ -255,9 +255,9 @@ static void grad_check(const shape_t *sh)
     const int n = 3, S = sh->S, F = sh->F, d = sh->d;
     const double h = 1e-5, scale = 1.0 / n;
     uint64_t rs = 1234 + (uint64_t)sh->type * 7 + (uint64_t)d;
-    rt_model_t *m = make_model(sh, 4, 99, sgd(0.1f));
-    const size_t np = rt_model_nparams(m), ne = (size_t)n * S * d;
-    float *params = rt_model_params(m);
+    model_t *m = make_model(sh, 4, 99, sgd(0.1f));
+    const size_t np = model_nparams(m), ne = (size_t)n * S * d;
+    float *params = model_params(m);
     float *E = calloc(ne + 1, sizeof(float)), *X = calloc((size_t)n * F + 1, sizeof(float));
     float *dE = calloc(ne + 1, sizeof(float)), probs[3];
     double *pd = calloc(np, sizeof(double)), *Ed = calloc(ne + 1, sizeof(double));
@@ -275,16 +275,16 @@ static void grad_check(const shape_t *sh)
         Xd[i] = X[i] = rng_uniform(&rs, 0.0f, 2.0f);
 
     double loss = -1.0;
-    assert_int_equal(rt_model_forward(m, n, E, X, y, probs, &loss), 0);
+    assert_int_equal(model_forward(m, n, E, X, y, probs, &loss), 0);
     double want = ref_loss(sh, pd, Ed, Xd, y, n, 1.0);
     assert_true(fabs(loss - want) <= 1e-5 * (1.0 + fabs(want)));
     for (int i = 0; i < n; i++) {
         double z = ref_logit(sh, pd, Ed + (size_t)i * S * d, Xd + (size_t)i * F);
         assert_true(fabs(probs[i] - 1.0 / (1.0 + exp(-z))) < 1e-5);
     }
-    rt_model_zero_grad(m);
-    assert_int_equal(rt_model_backward(m, (float)scale, dE), 0);
-    const double *grads = rt_model_grads(m);
+    model_zero_grad(m);
+    assert_int_equal(model_backward(m, (float)scale, dE), 0);
+    const double *grads = model_grads(m);
 
     /* dE against central differences. */
     central_diff(sh, pd, Ed, Xd, y, n, scale, h, Ed, ne, num);
@@ -299,13 +299,13 @@ static void grad_check(const shape_t *sh)
 
     /* Every dense parameter group against central differences. */
     central_diff(sh, pd, Ed, Xd, y, n, scale, h, pd, np, num);
-    for (int gi = 0; gi < rt_model_ngroups(m); gi++) {
-        const rt_model_group_t *g = rt_model_group(m, gi);
+    for (int gi = 0; gi < model_ngroups(m); gi++) {
+        const model_group_t *g = model_group(m, gi);
         size_t cnt = (size_t)g->rows * g->cols;
         assert_int_equal(count_bad_d(g->name, grads + g->offset, num + g->offset, cnt, 1), 0);
     }
     /* ... and a wrong parameter gradient would fail. */
-    double *gw = rt_model_grads(m);
+    double *gw = model_grads(m);
     double keep = gw[0];
     gw[0] += 1e-3 + 0.05 * fabs(gw[0]);
     assert_true(count_bad_d("grad(wrong)", gw, num, np, 0) > 0);
@@ -315,8 +315,8 @@ static void grad_check(const shape_t *sh)
     double *g1 = malloc(np * sizeof(double));
     assert_non_null(g1);
     memcpy(g1, grads, np * sizeof(double));
-    assert_int_equal(rt_model_forward(m, n, E, X, y, NULL, NULL), 0);
-    assert_int_equal(rt_model_backward(m, (float)scale, dE), 0);
+    assert_int_equal(model_forward(m, n, E, X, y, NULL, NULL), 0);
+    assert_int_equal(model_backward(m, (float)scale, dE), 0);
     for (size_t i = 0; i < np; i++)
         assert_true(fabs(grads[i] - 2.0 * g1[i]) <= 1e-12 + 1e-9 * fabs(g1[i]));
 
@@ -324,17 +324,17 @@ static void grad_check(const shape_t *sh)
     float *EE = malloc((ne + 1) * sizeof(float));
     assert_non_null(EE);
     memcpy(EE, E, ne * sizeof(float));
-    assert_int_equal(rt_model_forward(m, n, EE, X, y, NULL, NULL), 0);
-    assert_int_equal(rt_model_backward(m, (float)scale, EE), 0);
+    assert_int_equal(model_forward(m, n, EE, X, y, NULL, NULL), 0);
+    assert_int_equal(model_backward(m, (float)scale, EE), 0);
     for (size_t i = 0; i < ne; i++)
         assert_float_equal(EE[i], dE[i], 1e-7);
 
     /* predict gives forward's probabilities and leaves nothing for backward. */
     float pp[3];
-    assert_int_equal(rt_model_predict(m, n, E, X, pp), 0);
+    assert_int_equal(model_predict(m, n, E, X, pp), 0);
     for (int i = 0; i < n; i++)
         assert_float_equal(pp[i], probs[i], 1e-7);
-    assert_int_equal(rt_model_backward(m, 1.0f, dE), KILN_ESTATE);
+    assert_int_equal(model_backward(m, 1.0f, dE), KILN_ESTATE);
 
     free(g1);
     free(EE);
@@ -345,20 +345,20 @@ static void grad_check(const shape_t *sh)
     free(Ed);
     free(Xd);
     free(num);
-    rt_model_destroy(m);
+    model_destroy(m);
 }
 
 static void test_grad_lr(void **state)
 {
     (void)state;
-    shape_t sh = {.type = RT_MODEL_LR, .S = 4, .F = 3, .d = 1};
+    shape_t sh = {.type = MODEL_LR, .S = 4, .F = 3, .d = 1};
     grad_check(&sh);
 }
 
 static void test_grad_fm(void **state)
 {
     (void)state;
-    shape_t sh = {.type = RT_MODEL_FM, .S = 4, .F = 3, .d = 4};
+    shape_t sh = {.type = MODEL_FM, .S = 4, .F = 3, .d = 4};
     grad_check(&sh);
     sh.fm_dense = 1;
     grad_check(&sh);
@@ -381,7 +381,7 @@ static void test_layout(void **state)
 {
     (void)state;
     shape_t sh = dlrm(4, 3, 3, (const int[]){5, 3, 0}, (const int[]){6, 1, 0});
-    rt_model_t *m = make_model(&sh, 8, 1, sgd(0.1f));
+    model_t *m = make_model(&sh, 8, 1, sgd(0.1f));
     static const struct {
         const char *name;
         int rows, cols;
@@ -389,30 +389,30 @@ static void test_layout(void **state)
                 {"bottom.1.weight", 3, 5}, {"bottom.1.bias", 3, 1},
                 {"top.0.weight", 6, 13},   {"top.0.bias", 6, 1}, /* 13 = d + S(S+1)/2 */
                 {"top.1.weight", 1, 6},    {"top.1.bias", 1, 1}};
-    assert_int_equal(rt_model_ngroups(m), 8);
+    assert_int_equal(model_ngroups(m), 8);
     size_t off = 0;
     for (int i = 0; i < 8; i++) {
-        const rt_model_group_t *g = rt_model_group(m, i);
+        const model_group_t *g = model_group(m, i);
         assert_string_equal(g->name, want[i].name);
         assert_int_equal(g->rows, want[i].rows);
         assert_int_equal(g->cols, want[i].cols);
         assert_int_equal(g->offset, off);
         off += (size_t)g->rows * g->cols;
     }
-    assert_int_equal(rt_model_nparams(m), off);
-    assert_null(rt_model_group(m, 8));
-    rt_model_destroy(m);
+    assert_int_equal(model_nparams(m), off);
+    assert_null(model_group(m, 8));
+    model_destroy(m);
 
-    shape_t fm = {.type = RT_MODEL_FM, .S = 2, .F = 4, .d = 3, .fm_dense = 1};
+    shape_t fm = {.type = MODEL_FM, .S = 2, .F = 4, .d = 3, .fm_dense = 1};
     m = make_model(&fm, 8, 1, sgd(0.1f));
-    assert_int_equal(rt_model_nparams(m), 4 + 1 + 2 * 4);
-    assert_string_equal(rt_model_group(m, 2)->name, "vx");
-    rt_model_destroy(m);
+    assert_int_equal(model_nparams(m), 4 + 1 + 2 * 4);
+    assert_string_equal(model_group(m, 2)->name, "vx");
+    model_destroy(m);
 
-    assert_int_equal(rt_model_table_dim(RT_MODEL_LR, 16), 1);
-    assert_int_equal(rt_model_table_dim(RT_MODEL_FM, 16), 17);
-    assert_int_equal(rt_model_table_dim(RT_MODEL_DLRM, 16), 16);
-    assert_int_equal(rt_model_table_dim(RT_MODEL_DLRM, 0), KILN_EINVAL);
+    assert_int_equal(model_table_dim(MODEL_LR, 16), 1);
+    assert_int_equal(model_table_dim(MODEL_FM, 16), 17);
+    assert_int_equal(model_table_dim(MODEL_DLRM, 16), 16);
+    assert_int_equal(model_table_dim(MODEL_DLRM, 0), KILN_EINVAL);
 }
 
 static void test_loss_known(void **state)
@@ -421,73 +421,73 @@ static void test_loss_known(void **state)
     /* lr, S = 2, F = 1: w = 0.5, b = -0.25, e = (0.1, 0.2), x = 2:
      * z = 0.1 + 0.2 + 1.0 - 0.25 = 1.05; loss(y=1) = log(1 + e^-1.05)
      * = 0.3000584796, loss(y=0) = z + that = 1.3500584796. */
-    shape_t sh = {.type = RT_MODEL_LR, .S = 2, .F = 1, .d = 1};
-    rt_model_t *m = make_model(&sh, 2, 1, sgd(0.1f));
-    float *p = rt_model_params(m);
+    shape_t sh = {.type = MODEL_LR, .S = 2, .F = 1, .d = 1};
+    model_t *m = make_model(&sh, 2, 1, sgd(0.1f));
+    float *p = model_params(m);
     p[0] = 0.5f;
     p[1] = -0.25f;
     const float E[4] = {0.1f, 0.2f, 0.1f, 0.2f}, X[2] = {2.0f, 2.0f}, y[2] = {1.0f, 0.0f};
     float probs[2];
     double loss = 0.0;
-    assert_int_equal(rt_model_forward(m, 1, E, X, y, probs, &loss), 0);
+    assert_int_equal(model_forward(m, 1, E, X, y, probs, &loss), 0);
     assert_float_equal(loss, 0.3000584796, 1e-6);
-    assert_int_equal(rt_model_forward(m, 2, E, X, y, probs, &loss), 0);
+    assert_int_equal(model_forward(m, 2, E, X, y, probs, &loss), 0);
     assert_float_equal(loss, 0.3000584796 + 1.3500584796, 2e-6);
     assert_float_equal(probs[0], 1.0 / (1.0 + exp(-1.05)), 1e-6);
-    rt_model_destroy(m);
+    model_destroy(m);
 
     /* fm, S = 2, k = 2: e0 = (0.1 | 1, 2), e1 = (0.2 | 3, -1), w = b = 0:
      * z = 0.3 + <(1,2),(3,-1)> = 1.3; loss(y=1) = log(1 + e^-1.3) = 0.2410084538. */
-    shape_t fm = {.type = RT_MODEL_FM, .S = 2, .F = 1, .d = 3};
+    shape_t fm = {.type = MODEL_FM, .S = 2, .F = 1, .d = 3};
     m = make_model(&fm, 1, 1, sgd(0.1f));
     const float Ef[6] = {0.1f, 1.0f, 2.0f, 0.2f, 3.0f, -1.0f};
-    assert_int_equal(rt_model_forward(m, 1, Ef, X, y, probs, &loss), 0);
+    assert_int_equal(model_forward(m, 1, Ef, X, y, probs, &loss), 0);
     assert_float_equal(loss, 0.2410084538, 1e-6);
     assert_float_equal(probs[0], 0.7858349831, 1e-6);
-    rt_model_destroy(m);
+    model_destroy(m);
 }
 
 static void test_loss_stable(void **state)
 {
     (void)state;
     /* log1p(e^-50) = 1.9287498479639178e-22 */
-    assert_float_equal(rt_model_logloss(50.0, 1.0) / 1.9287498479639178e-22, 1.0, 1e-9);
-    assert_float_equal(rt_model_logloss(50.0, 0.0), 50.0, 1e-12);
-    assert_float_equal(rt_model_logloss(-50.0, 1.0), 50.0, 1e-12);
-    assert_float_equal(rt_model_logloss(-50.0, 0.0) / 1.9287498479639178e-22, 1.0, 1e-9);
-    assert_float_equal(rt_model_logloss(1000.0, 0.0), 1000.0, 1e-9);
-    assert_true(isfinite(rt_model_logloss(-1e4, 1.0)));
-    assert_true(rt_model_sigmoid(-50.0f) > 0.0f && rt_model_sigmoid(-50.0f) < 1e-21f);
-    assert_float_equal(rt_model_sigmoid(50.0f), 1.0f, 0.0);
-    assert_float_equal(rt_model_sigmoid(-1000.0f), 0.0f, 0.0);
-    assert_float_equal(rt_model_sigmoid(0.0f), 0.5f, 0.0);
+    assert_float_equal(model_logloss(50.0, 1.0) / 1.9287498479639178e-22, 1.0, 1e-9);
+    assert_float_equal(model_logloss(50.0, 0.0), 50.0, 1e-12);
+    assert_float_equal(model_logloss(-50.0, 1.0), 50.0, 1e-12);
+    assert_float_equal(model_logloss(-50.0, 0.0) / 1.9287498479639178e-22, 1.0, 1e-9);
+    assert_float_equal(model_logloss(1000.0, 0.0), 1000.0, 1e-9);
+    assert_true(isfinite(model_logloss(-1e4, 1.0)));
+    assert_true(model_sigmoid(-50.0f) > 0.0f && model_sigmoid(-50.0f) < 1e-21f);
+    assert_float_equal(model_sigmoid(50.0f), 1.0f, 0.0);
+    assert_float_equal(model_sigmoid(-1000.0f), 0.0f, 0.0);
+    assert_float_equal(model_sigmoid(0.0f), 0.5f, 0.0);
 
     /* Through a model: b = 50 with y = 0, and b = -50 with y = 1; the
      * gradient stays finite and is ~(p - y). */
-    shape_t sh = {.type = RT_MODEL_LR, .S = 1, .F = 0, .d = 1};
-    rt_model_t *m = make_model(&sh, 1, 1, sgd(0.1f));
+    shape_t sh = {.type = MODEL_LR, .S = 1, .F = 0, .d = 1};
+    model_t *m = make_model(&sh, 1, 1, sgd(0.1f));
     const float E[1] = {0.0f};
     float dE[1];
     for (int sign = -1; sign <= 1; sign += 2) {
-        rt_model_params(m)[0] = 50.0f * (float)sign;
+        model_params(m)[0] = 50.0f * (float)sign;
         const float y[1] = {sign > 0 ? 0.0f : 1.0f};
         double loss = 0.0;
-        assert_int_equal(rt_model_forward(m, 1, E, NULL, y, NULL, &loss), 0);
+        assert_int_equal(model_forward(m, 1, E, NULL, y, NULL, &loss), 0);
         assert_float_equal(loss, 50.0, 1e-5);
-        assert_int_equal(rt_model_backward(m, 1.0f, dE), 0);
+        assert_int_equal(model_backward(m, 1.0f, dE), 0);
         assert_float_equal(dE[0], (float)sign, 1e-6);
     }
-    rt_model_destroy(m);
+    model_destroy(m);
 }
 
 /* ---- the dense optimizers ------------------------------------------------------------- */
-static void opt_check(rt_dense_opt_t opt)
+static void opt_check(model_dense_opt_t opt)
 {
-    shape_t sh = {.type = RT_MODEL_LR, .S = 1, .F = 3, .d = 1}; /* 4 params */
-    rt_model_t *m = make_model(&sh, 1, 1, opt);
-    assert_int_equal(rt_model_nparams(m), 4);
-    float *p = rt_model_params(m);
-    double *g = rt_model_grads(m);
+    shape_t sh = {.type = MODEL_LR, .S = 1, .F = 3, .d = 1}; /* 4 params */
+    model_t *m = make_model(&sh, 1, 1, opt);
+    assert_int_equal(model_nparams(m), 4);
+    float *p = model_params(m);
+    double *g = model_grads(m);
     double w[4] = {0.5, -1.0, 2.0, 0.0}, a[4], mo[4] = {0}, v[4] = {0};
     for (int i = 0; i < 4; i++) {
         p[i] = (float)w[i];
@@ -496,18 +496,18 @@ static void opt_check(rt_dense_opt_t opt)
     for (int t = 1; t <= 3; t++) {
         for (int i = 0; i < 4; i++)
             g[i] = 0.3 * (i + 1) * (t % 2 ? 1 : -1) + 0.05 * t;
-        assert_int_equal(rt_model_step(m), 0);
+        assert_int_equal(model_step(m), 0);
         for (int i = 0; i < 4; i++) {
             double gi = (double)(float)g[i] + opt.weight_decay * w[i];
             switch (opt.type) {
-            case RT_DENSE_SGD:
+            case MODEL_DENSE_SGD:
                 w[i] -= opt.lr * gi;
                 break;
-            case RT_DENSE_ADAGRAD:
+            case MODEL_DENSE_ADAGRAD:
                 a[i] += gi * gi;
                 w[i] -= opt.lr * gi / (sqrt(a[i]) + opt.eps);
                 break;
-            case RT_DENSE_ADAM:
+            case MODEL_DENSE_ADAM:
                 mo[i] = opt.beta1 * mo[i] + (1 - opt.beta1) * gi;
                 v[i] = opt.beta2 * v[i] + (1 - opt.beta2) * gi * gi;
                 w[i] -= opt.lr * (mo[i] / (1 - pow(opt.beta1, t))) /
@@ -517,28 +517,28 @@ static void opt_check(rt_dense_opt_t opt)
             assert_float_equal(p[i], w[i], 1e-5 * (1 + fabs(w[i])));
         }
     }
-    rt_model_array_t arr[RT_MODEL_MAX_STATE];
+    model_array_t arr[MODEL_MAX_STATE];
     int na = 0;
     int64_t step = -1;
-    rt_model_state(m, arr, &na, &step);
+    model_state(m, arr, &na, &step);
     assert_int_equal(step, 3);
-    assert_int_equal(na, opt.type == RT_DENSE_SGD ? 1 : opt.type == RT_DENSE_ADAGRAD ? 2 : 3);
-    if (opt.type == RT_DENSE_ADAGRAD)
+    assert_int_equal(na, opt.type == MODEL_DENSE_SGD ? 1 : opt.type == MODEL_DENSE_ADAGRAD ? 2 : 3);
+    if (opt.type == MODEL_DENSE_ADAGRAD)
         assert_float_equal(arr[1].data[2], a[2], 1e-5 * a[2]);
-    if (opt.type == RT_DENSE_ADAM)
+    if (opt.type == MODEL_DENSE_ADAM)
         assert_float_equal(arr[2].data[3], v[3], 1e-5 * v[3]);
-    rt_model_destroy(m);
+    model_destroy(m);
 }
 
 static void test_optimizers(void **state)
 {
     (void)state;
-    opt_check((rt_dense_opt_t){RT_DENSE_SGD, 0.1f, 0, 0, 0, 0, 0});
-    opt_check((rt_dense_opt_t){RT_DENSE_SGD, 0.1f, 0, 0, 0, 0.01f, 0});
-    opt_check((rt_dense_opt_t){RT_DENSE_ADAGRAD, 0.05f, 1e-8f, 0, 0, 0, 0.1f});
-    opt_check((rt_dense_opt_t){RT_DENSE_ADAGRAD, 0.05f, 1e-6f, 0, 0, 0.02f, 0.0f});
-    opt_check((rt_dense_opt_t){RT_DENSE_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0, 0});
-    opt_check((rt_dense_opt_t){RT_DENSE_ADAM, 0.01f, 1e-8f, 0.8f, 0.99f, 0.05f, 0});
+    opt_check((model_dense_opt_t){MODEL_DENSE_SGD, 0.1f, 0, 0, 0, 0, 0});
+    opt_check((model_dense_opt_t){MODEL_DENSE_SGD, 0.1f, 0, 0, 0, 0.01f, 0});
+    opt_check((model_dense_opt_t){MODEL_DENSE_ADAGRAD, 0.05f, 1e-8f, 0, 0, 0, 0.1f});
+    opt_check((model_dense_opt_t){MODEL_DENSE_ADAGRAD, 0.05f, 1e-6f, 0, 0, 0.02f, 0.0f});
+    opt_check((model_dense_opt_t){MODEL_DENSE_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0, 0});
+    opt_check((model_dense_opt_t){MODEL_DENSE_ADAM, 0.01f, 1e-8f, 0.8f, 0.99f, 0.05f, 0});
 }
 
 /* ---- init, state, errors --------------------------------------------------------------- */
@@ -546,18 +546,18 @@ static void test_init_deterministic(void **state)
 {
     (void)state;
     shape_t sh = dlrm(5, 4, 4, (const int[]){8, 4, 0}, (const int[]){8, 1, 0});
-    rt_model_t *a = make_model(&sh, 16, 42, sgd(0.1f));
-    rt_model_t *b = make_model(&sh, 64, 42, sgd(0.1f)); /* batch size is not an input */
-    rt_model_t *c = make_model(&sh, 16, 43, sgd(0.1f));
-    size_t np = rt_model_nparams(a);
-    assert_memory_equal(rt_model_params(a), rt_model_params(b), np * sizeof(float));
-    assert_memory_not_equal(rt_model_params(a), rt_model_params(c), np * sizeof(float));
+    model_t *a = make_model(&sh, 16, 42, sgd(0.1f));
+    model_t *b = make_model(&sh, 64, 42, sgd(0.1f)); /* batch size is not an input */
+    model_t *c = make_model(&sh, 16, 43, sgd(0.1f));
+    size_t np = model_nparams(a);
+    assert_memory_equal(model_params(a), model_params(b), np * sizeof(float));
+    assert_memory_not_equal(model_params(a), model_params(c), np * sizeof(float));
     /* nn.Linear's init: a layer's weight (out, in) and bias (out, 1) both
      * U(+-1/sqrt(in)), most values nonzero. */
     int fan_in = 0;
-    for (int gi = 0; gi < rt_model_ngroups(a); gi++) {
-        const rt_model_group_t *g = rt_model_group(a, gi);
-        const float *p = rt_model_params(a) + g->offset;
+    for (int gi = 0; gi < model_ngroups(a); gi++) {
+        const model_group_t *g = model_group(a, gi);
+        const float *p = model_params(a) + g->offset;
         size_t cnt = (size_t)g->rows * g->cols;
         int nonzero = 0;
         if (strstr(g->name, ".weight") != NULL)
@@ -570,121 +570,121 @@ static void test_init_deterministic(void **state)
         }
         assert_true(nonzero > (int)cnt / 2);
     }
-    rt_model_destroy(a);
-    rt_model_destroy(b);
-    rt_model_destroy(c);
+    model_destroy(a);
+    model_destroy(b);
+    model_destroy(c);
 }
 
 static void test_state_roundtrip(void **state)
 {
     (void)state;
     shape_t sh = dlrm(3, 2, 2, (const int[]){4, 2, 0}, (const int[]){3, 1, 0});
-    rt_dense_opt_t adam = {RT_DENSE_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0.0f, 0.0f};
-    rt_model_t *a = make_model(&sh, 4, 1, adam);
-    rt_model_t *b = make_model(&sh, 4, 2, adam);
-    size_t np = rt_model_nparams(a);
+    model_dense_opt_t adam = {MODEL_DENSE_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0.0f, 0.0f};
+    model_t *a = make_model(&sh, 4, 1, adam);
+    model_t *b = make_model(&sh, 4, 2, adam);
+    size_t np = model_nparams(a);
     for (int t = 0; t < 2; t++) {
         for (size_t i = 0; i < np; i++)
-            rt_model_grads(a)[i] = 0.01 * (double)((i % 7) + 1);
-        rt_model_step(a);
+            model_grads(a)[i] = 0.01 * (double)((i % 7) + 1);
+        model_step(a);
     }
-    rt_model_array_t arr[RT_MODEL_MAX_STATE];
+    model_array_t arr[MODEL_MAX_STATE];
     int na;
     int64_t step;
-    rt_model_state(a, arr, &na, &step);
+    model_state(a, arr, &na, &step);
     assert_int_equal(na, 3);
     assert_int_equal(step, 2);
     assert_string_equal(arr[0].name, "dense.params");
-    assert_int_equal(rt_model_load(b, arr, na, step), 0);
+    assert_int_equal(model_load_arrays(b, arr, na, step), 0);
     /* The same next step gives bit-identical weights. */
     for (size_t i = 0; i < np; i++)
-        rt_model_grads(a)[i] = rt_model_grads(b)[i] = 0.02;
-    rt_model_step(a);
-    rt_model_step(b);
-    assert_memory_equal(rt_model_params(a), rt_model_params(b), np * sizeof(float));
+        model_grads(a)[i] = model_grads(b)[i] = 0.02;
+    model_step(a);
+    model_step(b);
+    assert_memory_equal(model_params(a), model_params(b), np * sizeof(float));
 
     /* Without optimizer state: params load, adam starts fresh. */
-    rt_model_state(a, arr, &na, &step);
-    assert_int_equal(rt_model_load(b, arr, 1, step), 0);
-    rt_model_array_t barr[RT_MODEL_MAX_STATE];
+    model_state(a, arr, &na, &step);
+    assert_int_equal(model_load_arrays(b, arr, 1, step), 0);
+    model_array_t barr[MODEL_MAX_STATE];
     int nb;
     int64_t bstep;
-    rt_model_state(b, barr, &nb, &bstep);
+    model_state(b, barr, &nb, &bstep);
     assert_int_equal(bstep, 0);
     assert_true(barr[1].data[0] == 0.0f && barr[2].data[np - 1] == 0.0f);
 
     /* A model of another shape refuses the state; nothing changes. */
     shape_t other = sh;
     other.top[0] = 5;
-    rt_model_t *c = make_model(&other, 4, 1, adam);
-    float before = rt_model_params(c)[0];
-    assert_int_equal(rt_model_load(c, arr, na, step), KILN_ECONFLICT);
+    model_t *c = make_model(&other, 4, 1, adam);
+    float before = model_params(c)[0];
+    assert_int_equal(model_load_arrays(c, arr, na, step), KILN_ECONFLICT);
     assert_non_null(strstr(kiln_errmsg(), "dense.params"));
-    assert_true(rt_model_params(c)[0] == before);
-    assert_int_equal(rt_model_load(c, arr + 1, 2, step), KILN_ENOENT);
-    rt_model_destroy(a);
-    rt_model_destroy(b);
-    rt_model_destroy(c);
+    assert_true(model_params(c)[0] == before);
+    assert_int_equal(model_load_arrays(c, arr + 1, 2, step), KILN_ENOENT);
+    model_destroy(a);
+    model_destroy(b);
+    model_destroy(c);
 
     /* fm with and without dense factors differ by vx: the message says
      * which setting wrote the checkpoint. */
-    shape_t fm = {.type = RT_MODEL_FM, .S = 3, .F = 2, .d = 4, .fm_dense = 1};
-    rt_model_t *with = make_model(&fm, 4, 1, adam);
+    shape_t fm = {.type = MODEL_FM, .S = 3, .F = 2, .d = 4, .fm_dense = 1};
+    model_t *with = make_model(&fm, 4, 1, adam);
     fm.fm_dense = 0;
-    rt_model_t *without = make_model(&fm, 4, 1, adam);
-    rt_model_state(with, arr, &na, &step);
-    assert_int_equal(rt_model_load(without, arr, na, step), KILN_ECONFLICT);
+    model_t *without = make_model(&fm, 4, 1, adam);
+    model_state(with, arr, &na, &step);
+    assert_int_equal(model_load_arrays(without, arr, na, step), KILN_ECONFLICT);
     assert_non_null(strstr(kiln_errmsg(), "it was written with model.fm_dense_factors: true"));
-    rt_model_state(without, arr, &na, &step);
-    assert_int_equal(rt_model_load(with, arr, na, step), KILN_ECONFLICT);
+    model_state(without, arr, &na, &step);
+    assert_int_equal(model_load_arrays(with, arr, na, step), KILN_ECONFLICT);
     assert_non_null(strstr(kiln_errmsg(), "it was written with model.fm_dense_factors: false"));
-    rt_model_destroy(with);
-    rt_model_destroy(without);
+    model_destroy(with);
+    model_destroy(without);
 }
 
 static void test_config_errors(void **state)
 {
     (void)state;
-    rt_model_t *m = (rt_model_t *)&m; /* must become NULL */
+    model_t *m = (model_t *)&m; /* must become NULL */
     shape_t sh = dlrm(3, 2, 4, (const int[]){8, 3, 0}, (const int[]){4, 1, 0});
-    rt_model_config_t c = make_cfg(&sh, 8, 1, sgd(0.1f));
-    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    model_config_t c = make_cfg(&sh, 8, 1, sgd(0.1f));
+    assert_int_equal(model_create(&c, &m), KILN_EINVAL);
     assert_null(m);
     assert_non_null(strstr(kiln_errmsg(), "bottom_mlp"));
     sh.bottom[1] = 4;
     sh.top[1] = 2;
     c = make_cfg(&sh, 8, 1, sgd(0.1f));
-    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    assert_int_equal(model_create(&c, &m), KILN_EINVAL);
     assert_non_null(strstr(kiln_errmsg(), "top_mlp"));
-    shape_t lr = {.type = RT_MODEL_LR, .S = 3, .F = 2, .d = 4};
+    shape_t lr = {.type = MODEL_LR, .S = 3, .F = 2, .d = 4};
     c = make_cfg(&lr, 8, 1, sgd(0.1f));
-    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    assert_int_equal(model_create(&c, &m), KILN_EINVAL);
     lr.d = 1;
     c = make_cfg(&lr, 0, 1, sgd(0.1f));
-    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
-    c = make_cfg(&lr, 8, 1, (rt_dense_opt_t){RT_DENSE_ADAM, 0.1f, 1e-8f, 1.0f, 0.9f, 0, 0});
-    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    assert_int_equal(model_create(&c, &m), KILN_EINVAL);
+    c = make_cfg(&lr, 8, 1, (model_dense_opt_t){MODEL_DENSE_ADAM, 0.1f, 1e-8f, 1.0f, 0.9f, 0, 0});
+    assert_int_equal(model_create(&c, &m), KILN_EINVAL);
     assert_non_null(strstr(kiln_errmsg(), "betas"));
 
     /* Calls out of order or out of range. */
     c = make_cfg(&lr, 2, 1, sgd(0.1f));
-    assert_int_equal(rt_model_create(&c, &m), 0);
+    assert_int_equal(model_create(&c, &m), 0);
     float E[9] = {0}, X[6] = {0}, y[3] = {0}, dE[9];
-    assert_int_equal(rt_model_backward(m, 1.0f, dE), KILN_ESTATE);
-    assert_int_equal(rt_model_forward(m, 3, E, X, y, NULL, NULL), KILN_EINVAL);
-    assert_int_equal(rt_model_forward(m, 2, E, NULL, y, NULL, NULL), KILN_EINVAL);
+    assert_int_equal(model_backward(m, 1.0f, dE), KILN_ESTATE);
+    assert_int_equal(model_forward(m, 3, E, X, y, NULL, NULL), KILN_EINVAL);
+    assert_int_equal(model_forward(m, 2, E, NULL, y, NULL, NULL), KILN_EINVAL);
     double loss = -1;
-    assert_int_equal(rt_model_forward(m, 2, E, X, NULL, NULL, &loss), KILN_EINVAL);
-    assert_int_equal(rt_model_forward(m, 2, E, X, NULL, NULL, NULL), 0);
-    assert_int_equal(rt_model_backward(m, 1.0f, dE), KILN_ESTATE); /* no labels */
-    assert_int_equal(rt_model_forward(m, 2, E, X, y, NULL, &loss), 0);
-    assert_int_equal(rt_model_backward(m, 1.0f, dE), 0);
-    assert_int_equal(rt_model_backward(m, 1.0f, dE), KILN_ESTATE); /* once per forward */
-    assert_int_equal(rt_model_forward(m, 0, NULL, NULL, NULL, NULL, &loss), 0);
+    assert_int_equal(model_forward(m, 2, E, X, NULL, NULL, &loss), KILN_EINVAL);
+    assert_int_equal(model_forward(m, 2, E, X, NULL, NULL, NULL), 0);
+    assert_int_equal(model_backward(m, 1.0f, dE), KILN_ESTATE); /* no labels */
+    assert_int_equal(model_forward(m, 2, E, X, y, NULL, &loss), 0);
+    assert_int_equal(model_backward(m, 1.0f, dE), 0);
+    assert_int_equal(model_backward(m, 1.0f, dE), KILN_ESTATE); /* once per forward */
+    assert_int_equal(model_forward(m, 0, NULL, NULL, NULL, NULL, &loss), 0);
     assert_float_equal(loss, 0.0, 0.0);
-    assert_int_equal(rt_model_backward(m, 1.0f, NULL), 0);
-    rt_model_destroy(m);
-    rt_model_destroy(NULL);
+    assert_int_equal(model_backward(m, 1.0f, NULL), 0);
+    model_destroy(m);
+    model_destroy(NULL);
 }
 
 /* ---- learning a synthetic separable problem --------------------------------------------
@@ -706,8 +706,8 @@ static void train_synthetic(const shape_t *sh, int steps, double *first, double 
     for (int s = 0; s < TS; s++)
         for (int v = 0; v < TV; v++)
             score[s][v] = rng_uniform(&rs, -1.0f, 1.0f);
-    rt_dense_opt_t ada = {RT_DENSE_ADAGRAD, 0.1f, 1e-8f, 0, 0, 0, 0};
-    rt_model_t *m = make_model(sh, TN, 5, ada);
+    model_dense_opt_t ada = {MODEL_DENSE_ADAGRAD, 0.1f, 1e-8f, 0, 0, 0, 0};
+    model_t *m = make_model(sh, TN, 5, ada);
     float *tab = malloc(sizeof(float) * TS * TV * d), *acc = calloc(TS * TV * d, sizeof(float));
     float *tg = malloc(sizeof(float) * TS * TV * d);
     float *E = malloc(sizeof(float) * TN * TS * d), *dE = malloc(sizeof(float) * TN * TS * d);
@@ -731,14 +731,14 @@ static void train_synthetic(const shape_t *sh, int steps, double *first, double 
             y[i] = sc + 0.8f * (X[i * TF] - X[i * TF + 1]) > 0.0f ? 1.0f : 0.0f;
         }
         double loss = 0.0;
-        assert_int_equal(rt_model_forward(m, TN, E, X, y, NULL, &loss), 0);
+        assert_int_equal(model_forward(m, TN, E, X, y, NULL, &loss), 0);
         if (t == 0)
             *first = loss / TN;
         if (t >= steps - 20)
             *last += loss / TN / 20;
-        rt_model_zero_grad(m);
-        assert_int_equal(rt_model_backward(m, 1.0f / TN, dE), 0);
-        assert_int_equal(rt_model_step(m), 0);
+        model_zero_grad(m);
+        assert_int_equal(model_backward(m, 1.0f / TN, dE), 0);
+        assert_int_equal(model_step(m), 0);
         memset(tg, 0, sizeof(float) * TS * TV * d);
         for (int i = 0; i < TN; i++)
             for (int s = 0; s < TS; s++)
@@ -756,12 +756,12 @@ static void train_synthetic(const shape_t *sh, int steps, double *first, double 
     free(tg);
     free(E);
     free(dE);
-    rt_model_destroy(m);
+    model_destroy(m);
 }
 
 /* ---- rank-count invariance ----------------------------------------------------------
  * One call over n rows vs the same rows as two calls of cut and n - cut (two
- * ranks' batches, each a multiple of RT_ROW_BLOCK), on models made for the
+ * ranks' batches, each a multiple of MODEL_ROW_BLOCK), on models made for the
  * batch sizes the trainer would give them: the probabilities and dE
  * must be bit-identical and the dense gradients, rounded to float32 as the
  * optimizer reads them, too. Plain float32 BLAS over the whole batch fails
@@ -770,9 +770,9 @@ static void train_synthetic(const shape_t *sh, int steps, double *first, double 
 static void split_check(const shape_t *sh, int n, int cut, int max_a, int max_b)
 {
     const int S = sh->S, F = sh->F, d = sh->d;
-    rt_model_t *a = make_model(sh, max_a, 5, sgd(0.1f));
-    rt_model_t *b = make_model(sh, max_b, 5, sgd(0.1f));
-    size_t ne = (size_t)n * S * d, np = rt_model_nparams(a);
+    model_t *a = make_model(sh, max_a, 5, sgd(0.1f));
+    model_t *b = make_model(sh, max_b, 5, sgd(0.1f));
+    size_t ne = (size_t)n * S * d, np = model_nparams(a);
     float *E = malloc(ne * sizeof(float)), *X = malloc((size_t)n * F * sizeof(float));
     float *y = malloc(n * sizeof(float)), *pa = malloc(n * sizeof(float)), *pb = malloc(n * sizeof(float));
     float *dEa = malloc(ne * sizeof(float)), *dEb = malloc(ne * sizeof(float));
@@ -785,32 +785,32 @@ static void split_check(const shape_t *sh, int n, int cut, int max_a, int max_b)
     for (int i = 0; i < n; i++)
         y[i] = rng_uniform(&r, 0.0f, 1.0f) < 0.3f ? 1.0f : 0.0f;
     const float scale = 1.0f / (float)n;
-    assert_int_equal(rt_model_forward(a, n, E, X, y, pa, NULL), 0);
-    assert_int_equal(rt_model_backward(a, scale, dEa), 0);
+    assert_int_equal(model_forward(a, n, E, X, y, pa, NULL), 0);
+    assert_int_equal(model_backward(a, scale, dEa), 0);
     const size_t rowE = (size_t)S * d;
-    assert_int_equal(rt_model_forward(b, cut, E, X, y, pb, NULL), 0);
-    assert_int_equal(rt_model_backward(b, scale, dEb), 0);
-    assert_int_equal(rt_model_forward(b, n - cut, E + cut * rowE, X + (size_t)cut * F, y + cut,
+    assert_int_equal(model_forward(b, cut, E, X, y, pb, NULL), 0);
+    assert_int_equal(model_backward(b, scale, dEb), 0);
+    assert_int_equal(model_forward(b, n - cut, E + cut * rowE, X + (size_t)cut * F, y + cut,
                                       pb + cut, NULL), 0);
-    assert_int_equal(rt_model_backward(b, scale, dEb + cut * rowE), 0);
+    assert_int_equal(model_backward(b, scale, dEb + cut * rowE), 0);
     assert_memory_equal(pa, pb, n * sizeof(float));
     assert_memory_equal(dEa, dEb, ne * sizeof(float));
-    const double *ga = rt_model_grads(a), *gb = rt_model_grads(b);
-    const double *la = rt_model_grads_lo(a), *lb = rt_model_grads_lo(b);
+    const double *ga = model_grads(a), *gb = model_grads(b);
+    const double *la = model_grads_lo(a), *lb = model_grads_lo(b);
     size_t differ = 0;
     for (size_t i = 0; i < np; i++)
         differ += (float)(ga[i] + la[i]) != (float)(gb[i] + lb[i]);
     assert_int_equal(differ, 0);
     free(E), free(X), free(y), free(pa), free(pb), free(dEa), free(dEb);
-    rt_model_destroy(a);
-    rt_model_destroy(b);
+    model_destroy(a);
+    model_destroy(b);
 }
 
 static void test_split_invariance(void **state)
 {
     (void)state;
-    shape_t lr = {.type = RT_MODEL_LR, .S = 26, .F = 13, .d = 1};
-    shape_t fm = {.type = RT_MODEL_FM, .S = 26, .F = 13, .d = 17, .fm_dense = 1};
+    shape_t lr = {.type = MODEL_LR, .S = 26, .F = 13, .d = 1};
+    shape_t fm = {.type = MODEL_FM, .S = 26, .F = 13, .d = 17, .fm_dense = 1};
     shape_t dl = dlrm(8, 13, 8, (const int[]){64, 8, 0}, (const int[]){128, 64, 1, 0});
     /* float64 weight gradients (batch sizes not multiples of 256) */
     split_check(&lr, 240, 80, 240, 160);
@@ -827,7 +827,7 @@ static void test_split_invariance(void **state)
 
 static shape_t bf16(shape_t sh)
 {
-    sh.precision = RT_DENSE_BF16;
+    sh.precision = MODEL_DENSE_BF16;
     return sh;
 }
 
@@ -887,7 +887,7 @@ static void test_bf16_layers(void **state)
         skip();
     const shape_t sh =
         bf16(dlrm(26, 13, 16, (const int[]){64, 16, 0}, (const int[]){256, 128, 1, 0}));
-    rt_model_t *m = make_model(&sh, 512, 3, sgd(0.1f));
+    model_t *m = make_model(&sh, 512, 3, sgd(0.1f));
     const size_t big = 512 * 400;
     float *A = malloc(big * sizeof(float)), *dY = malloc(big * sizeof(float));
     float *Y = malloc(big * sizeof(float)), *dA = malloc(big * sizeof(float));
@@ -898,11 +898,11 @@ static void test_bf16_layers(void **state)
         A[i] = rng_uniform(&r, 0.0f, 2.0f);
         dY[i] = rng_uniform(&r, -1.0f, 1.0f);
     }
-    float *p = rt_model_params(m);
+    float *p = model_params(m);
     double beyond_fp32 = 0.0;
     const int ns[2] = {512, 300};
     for (int l = 0; l < m->nbottom + m->ntop; l++) {
-        const rt_model_layer_t *L = &m->layers[l];
+        const model_layer_t *L = &m->layers[l];
         const int in = L->in, out = L->out;
         const int ldy = l == m->nbottom - 1 ? m->ldr : out;
         memset(p + L->b_off, 0, (size_t)out * sizeof(float));
@@ -912,8 +912,8 @@ static void test_bf16_layers(void **state)
             /* forward: the relu layers keep only positive outputs; compare
              * where the reference is clearly positive or the layer is linear */
             m->bf_stale = 1;
-            rt_bf16_sync_weights(m);
-            rt_dense_linear_fwd(m, n, L, A, in, Y, ldy);
+            model_bf16_sync_weights(m);
+            model_dense_linear_fwd(m, n, L, A, in, Y, ldy);
             ref_gemm(n, out, in, A, (size_t)in, 1, p + L->w_off, 1, (size_t)in, ref, mag);
             for (size_t k = 0; L->relu && k < (size_t)n * out; k++)
                 if (ref[k] < 0.0) {
@@ -926,8 +926,8 @@ static void test_bf16_layers(void **state)
             printf("# bf16 %s: worst error %.3f of the bound\n", what, w);
             assert_true(w <= 1.0);
             /* backward */
-            rt_model_zero_grad(m);
-            rt_dense_linear_bwd(m, n, L, A, in, dY, out, l > 0 ? dA : NULL, in);
+            model_zero_grad(m);
+            model_dense_linear_bwd(m, n, L, A, in, dY, out, l > 0 ? dA : NULL, in);
             if (l > 0) {
                 ref_gemm(n, in, out, dY, (size_t)out, 1, p + L->w_off, (size_t)in, 1, ref, mag);
                 w = worst_bf16(dA, in, ref, mag, n, in);
@@ -948,7 +948,7 @@ static void test_bf16_layers(void **state)
     /* float32 would stay near 2^-24 K / 2^-6 of the bound: under 0.01 */
     assert_true(beyond_fp32 > 0.05);
     free(A), free(dY), free(Y), free(dA), free(ref), free(mag);
-    rt_model_destroy(m);
+    model_destroy(m);
 }
 
 /* bf16 keeps rank-count invariance: the same rows split over two "ranks"
@@ -981,10 +981,10 @@ static void test_bf16_refused(void **state)
     cpx.avx512_bf16 = true;
     assert_int_equal(model_bf16_check(&spr), 0);
     assert_int_equal(model_bf16_check(&cpx), 0);
-    rt_model_t *m = NULL;
-    shape_t lr = {.type = RT_MODEL_LR, .S = 3, .F = 2, .d = 1, .precision = RT_DENSE_BF16};
-    rt_model_config_t c = make_cfg(&lr, 8, 1, sgd(0.1f));
-    assert_int_equal(rt_model_create(&c, &m), KILN_EINVAL);
+    model_t *m = NULL;
+    shape_t lr = {.type = MODEL_LR, .S = 3, .F = 2, .d = 1, .precision = MODEL_DENSE_BF16};
+    model_config_t c = make_cfg(&lr, 8, 1, sgd(0.1f));
+    assert_int_equal(model_create(&c, &m), KILN_EINVAL);
     assert_null(m);
     assert_non_null(strstr(kiln_errmsg(), "lr: model.dense_precision: bf16"));
     assert_non_null(strstr(kiln_errmsg(), "use fp32"));
@@ -994,15 +994,15 @@ static void test_trains(void **state)
 {
     (void)state;
     const shape_t shapes[] = {
-        {.type = RT_MODEL_LR, .S = TS, .F = TF, .d = 1},
-        {.type = RT_MODEL_FM, .S = TS, .F = TF, .d = 5, .fm_dense = 1},
+        {.type = MODEL_LR, .S = TS, .F = TF, .d = 1},
+        {.type = MODEL_FM, .S = TS, .F = TF, .d = 5, .fm_dense = 1},
         dlrm(TS, TF, 4, (const int[]){8, 4, 0}, (const int[]){16, 1, 0}),
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         double first, last;
         train_synthetic(&shapes[i], 200, &first, &last);
         printf("# %s: mean loss %.4f at the first step, %.4f over the last 20\n",
-               rt_model_type_name(shapes[i].type), first, last);
+               model_type_name(shapes[i].type), first, last);
         assert_true(first > 0.6);
         assert_true(last < 0.5 * first);
     }
@@ -1027,23 +1027,23 @@ static void test_auc(void **state)
     double auc = -1.0;
     const float l4[4] = {0, 0, 1, 1};
     const float perfect[4] = {0.1f, 0.2f, 0.8f, 0.9f}, reversed[4] = {0.9f, 0.8f, 0.2f, 0.1f};
-    assert_int_equal(rt_metrics_auc(perfect, l4, 4, &auc), 0);
+    assert_int_equal(model_metrics_auc(perfect, l4, 4, &auc), 0);
     assert_float_equal(auc, 1.0, 1e-12);
-    assert_int_equal(rt_metrics_auc(reversed, l4, 4, &auc), 0);
+    assert_int_equal(model_metrics_auc(reversed, l4, 4, &auc), 0);
     assert_float_equal(auc, 0.0, 1e-12);
     /* scikit-learn's roc_auc_score docstring example: 0.75. */
     const float sk[4] = {0.1f, 0.4f, 0.35f, 0.8f};
-    assert_int_equal(rt_metrics_auc(sk, l4, 4, &auc), 0);
+    assert_int_equal(model_metrics_auc(sk, l4, 4, &auc), 0);
     assert_float_equal(auc, 0.75, 1e-12);
     /* A positive tied with a negative counts one half: (0.5 + 1 + 1 + 1) / 4. */
     const float ts[4] = {0.5f, 0.5f, 0.2f, 0.8f}, tl[4] = {1, 0, 0, 1};
-    assert_int_equal(rt_metrics_auc(ts, tl, 4, &auc), 0);
+    assert_int_equal(model_metrics_auc(ts, tl, 4, &auc), 0);
     assert_float_equal(auc, 0.875, 1e-12);
     const float same[4] = {0.3f, 0.3f, 0.3f, 0.3f};
-    assert_int_equal(rt_metrics_auc(same, l4, 4, &auc), 0);
+    assert_int_equal(model_metrics_auc(same, l4, 4, &auc), 0);
     assert_float_equal(auc, 0.5, 1e-12);
     const float ones[3] = {1, 1, 1};
-    assert_int_equal(rt_metrics_auc(perfect, ones, 3, &auc), 0);
+    assert_int_equal(model_metrics_auc(perfect, ones, 3, &auc), 0);
     assert_true(isnan(auc));
 
     /* Against all pairs, with many ties (scores on 12 levels). */
@@ -1054,14 +1054,14 @@ static void test_auc(void **state)
         l[i] = rng_next(&rs) % 3 == 0 ? 1.0f : 0.0f;
         s[i] = (float)(rng_next(&rs) % 12) / 12.0f + 0.05f * l[i] * (float)(i % 2);
     }
-    assert_int_equal(rt_metrics_auc(s, l, N, &auc), 0);
+    assert_int_equal(model_metrics_auc(s, l, N, &auc), 0);
     assert_float_equal(auc, auc_brute(s, l, N), 1e-12);
 
     /* logloss: -(log 0.8 + log 0.6) / 2, and clamping keeps p = 0 finite. */
     const float pr[2] = {0.8f, 0.4f}, lb[2] = {1, 0};
-    assert_float_equal(rt_metrics_logloss(pr, lb, 2), -(log(0.8) + log(0.6)) / 2, 1e-6);
+    assert_float_equal(model_metrics_logloss(pr, lb, 2), -(log(0.8) + log(0.6)) / 2, 1e-6);
     const float zero[1] = {0.0f}, one[1] = {1.0f};
-    assert_float_equal(rt_metrics_logloss(zero, one, 1), -log(1e-7), 1e-6);
+    assert_float_equal(model_metrics_logloss(zero, one, 1), -log(1e-7), 1e-6);
 }
 
 /* Which OpenBLAS kernels kiln-train asks for (model_kernels_decide): the

@@ -105,7 +105,7 @@ static void assert_same_file(const char *a, const char *b, const char *what)
     free(y);
 }
 
-static void assert_same_batch(const rt_batch_t *a, const rt_batch_t *b, const char *what)
+static void assert_same_batch(const data_batch_t *a, const data_batch_t *b, const char *what)
 {
     assert_int_equal(a->n, b->n);
     assert_int_equal(a->nkeys, b->nkeys);
@@ -117,13 +117,13 @@ static void assert_same_batch(const rt_batch_t *a, const rt_batch_t *b, const ch
         fail_msg("%s: step %lld differs from the TSV's", what, (long long)a->step);
 }
 
-static rt_reader_t *open_reader(const char *path, rt_format_t fmt, const rt_columns_t *cols,
+static data_reader_t *open_reader(const char *path, data_format_t fmt, const data_columns_t *cols,
                                 int rank, int nranks, int batch)
 {
-    rt_reader_t *r = NULL;
+    data_reader_t *r = NULL;
     const char *paths[1] = {path};
-    int rc = rt_reader_open_cols(paths, 1, fmt, cols, rank, nranks, batch, RT_DIMS_AUTO,
-                                 RT_DIMS_AUTO, 2, &r);
+    int rc = data_reader_open_cols(paths, 1, fmt, cols, rank, nranks, batch, DATA_DIMS_AUTO,
+                                 DATA_DIMS_AUTO, 2, &r);
     if (rc < 0)
         fail_msg("open %s: %s", path, kiln_errmsg());
     return r;
@@ -136,33 +136,33 @@ static rt_reader_t *open_reader(const char *path, rt_format_t fmt, const rt_colu
 static void assert_same_batches_n(const char *const *tsv, const char *const *pq, int npaths,
                                   const char *what)
 {
-    rt_reader_t *a = NULL, *b = NULL, *c = NULL;
+    data_reader_t *a = NULL, *b = NULL, *c = NULL;
     int saved = omp_get_max_threads();
     omp_set_num_threads(2);
-    if (rt_reader_open_cols(tsv, npaths, RT_FMT_TSV, NULL, 1, 2, 97, RT_DIMS_AUTO, RT_DIMS_AUTO,
+    if (data_reader_open_cols(tsv, npaths, DATA_FMT_TSV, NULL, 1, 2, 97, DATA_DIMS_AUTO, DATA_DIMS_AUTO,
                             2, &a) < 0 ||
-        rt_reader_open_cols(pq, npaths, RT_FMT_PARQUET, NULL, 1, 2, 97, RT_DIMS_AUTO,
-                            RT_DIMS_AUTO, 2, &b) < 0 ||
-        rt_reader_open_cols(pq, npaths, RT_FMT_PARQUET, NULL, 1, 2, 97, RT_DIMS_AUTO,
-                            RT_DIMS_AUTO, 0, &c) < 0)
+        data_reader_open_cols(pq, npaths, DATA_FMT_PARQUET, NULL, 1, 2, 97, DATA_DIMS_AUTO,
+                            DATA_DIMS_AUTO, 2, &b) < 0 ||
+        data_reader_open_cols(pq, npaths, DATA_FMT_PARQUET, NULL, 1, 2, 97, DATA_DIMS_AUTO,
+                            DATA_DIMS_AUTO, 0, &c) < 0)
         fail_msg("%s: %s", what, kiln_errmsg());
-    assert_int_equal(rt_reader_nsteps(a), rt_reader_nsteps(b));
-    rt_batch_t *x, *y, *z;
+    assert_int_equal(data_reader_nsteps(a), data_reader_nsteps(b));
+    data_batch_t *x, *y, *z;
     int ra, steps = 0;
-    while ((ra = rt_reader_next(a, &x)) == 1) {
-        if (rt_reader_next(b, &y) != 1 || rt_reader_next(c, &z) != 1)
+    while ((ra = data_reader_next(a, &x)) == 1) {
+        if (data_reader_next(b, &y) != 1 || data_reader_next(c, &z) != 1)
             fail_msg("%s: %s", what, kiln_errmsg());
         assert_same_batch(x, y, what);
         assert_same_batch(x, z, what);
         steps++;
     }
     assert_int_equal(ra, 0);
-    assert_int_equal(rt_reader_next(b, &y), 0);
-    assert_int_equal(rt_reader_next(c, &z), 0);
+    assert_int_equal(data_reader_next(b, &y), 0);
+    assert_int_equal(data_reader_next(c, &z), 0);
     assert_true(steps > 10);
-    rt_reader_close(a);
-    rt_reader_close(b);
-    rt_reader_close(c);
+    data_reader_close(a);
+    data_reader_close(b);
+    data_reader_close(c);
     omp_set_num_threads(saved);
 }
 
@@ -179,14 +179,14 @@ static void test_every_writer_reads_as_tsv(void **state)
     snprintf(tsv, sizeof tsv, "%s/data/day=0.tsv", tmpdir);
     snprintf(ref, sizeof ref, "%s/ref.kb", tmpdir);
     const char *in[1] = {tsv};
-    rt_reader_stats_t st;
-    assert_int_equal(rt_convert_tsv_to_bin(in, 1, ref, NULL, &st), 0);
+    data_reader_stats_t st;
+    assert_int_equal(data_convert_tsv_to_bin(in, 1, ref, NULL, &st), 0);
     assert_int_equal(st.rows, ROWS);
     for (size_t i = 0; i < NPLAIN; i++) {
         pq_path(path, sizeof path, "pq", plain_files[i]);
         snprintf(out, sizeof out, "%s/%s.kb", tmpdir, plain_files[i]);
         const char *pin[1] = {path};
-        if (rt_convert_parquet_to_bin(pin, 1, NULL, out, NULL, &st) < 0)
+        if (data_convert_parquet_to_bin(pin, 1, NULL, out, NULL, &st) < 0)
             fail_msg("%s: %s", plain_files[i], kiln_errmsg());
         assert_int_equal(st.rows, ROWS);
         assert_int_equal(st.malformed, 0);
@@ -204,11 +204,11 @@ static void test_every_writer_reads_as_tsv(void **state)
     /* BOOLEAN labels (RLE) and DOUBLE features (BYTE_STREAM_SPLIT), read
      * with dense_transform log1p: log(1 + max(x, 0)) of a double is the
      * float a TSV integer gives. */
-    const rt_columns_t log1p_all = {.dense_transform = RT_DENSE_LOG1P};
+    const data_columns_t log1p_all = {.dense_transform = DATA_DENSE_LOG1P};
     pq_path(path, sizeof path, "pq", "arrow-v2-bss-double");
     snprintf(out, sizeof out, "%s/bss.kb", tmpdir);
     const char *pin[1] = {path};
-    if (rt_convert_parquet_to_bin(pin, 1, &log1p_all, out, NULL, &st) < 0)
+    if (data_convert_parquet_to_bin(pin, 1, &log1p_all, out, NULL, &st) < 0)
         fail_msg("arrow-v2-bss-double: %s", kiln_errmsg());
     assert_same_file(ref, out, "arrow-v2-bss-double");
 }
@@ -289,13 +289,13 @@ static void test_train_matches_tsv(void **state)
             if (la[k] != lb[k])
                 fail_msg("%s: loss at step %d is %.17g, the TSV run's %.17g", name, k, lb[k],
                          la[k]);
-        rt_ckpt_chain_t ca, cb;
+        ckpt_chain_t ca, cb;
         snprintf(root_b, sizeof root_b, "%s/ckpt/%s", tmpdir, name);
         fx_open_latest(root_a, &ca);
         fx_open_latest(root_b, &cb);
         fx_ckpt_walk(&ca, &cb, bitwise, name, NULL, NULL);
-        rt_ckpt_chain_fini(&ca);
-        rt_ckpt_chain_fini(&cb);
+        ckpt_chain_fini(&ca);
+        ckpt_chain_fini(&cb);
         json_decref(b);
     }
     json_decref(a);
@@ -344,28 +344,28 @@ static int64_t hex_key(const char *s)
 }
 
 /* Reads the whole file as one rank and hands each batch to check. */
-typedef void (*row_check_fn)(const tsv_rows_t *t, const rt_batch_t *b, int64_t row0);
+typedef void (*row_check_fn)(const tsv_rows_t *t, const data_batch_t *b, int64_t row0);
 
-static void read_all(const char *name, const rt_columns_t *cols, const tsv_rows_t *t,
+static void read_all(const char *name, const data_columns_t *cols, const tsv_rows_t *t,
                      row_check_fn check)
 {
     char path[400];
     pq_path(path, sizeof path, "pq", name);
-    rt_reader_t *r = open_reader(path, RT_FMT_PARQUET, cols, 0, 1, 256);
-    rt_batch_t *b;
+    data_reader_t *r = open_reader(path, DATA_FMT_PARQUET, cols, 0, 1, 256);
+    data_batch_t *b;
     int rc, rows = 0;
-    while ((rc = rt_reader_next(r, &b)) == 1) {
+    while ((rc = data_reader_next(r, &b)) == 1) {
         check(t, b, b->first_row);
         rows += b->n;
     }
     if (rc < 0)
         fail_msg("%s: %s", name, kiln_errmsg());
     assert_int_equal(rows, ROWS);
-    rt_reader_close(r);
+    data_reader_close(r);
 }
 
 /* Slot 0 is the bag of C1's and C2's ids; every other slot is as in TSV. */
-static void check_multihot(const tsv_rows_t *t, const rt_batch_t *b, int64_t row0)
+static void check_multihot(const tsv_rows_t *t, const data_batch_t *b, int64_t row0)
 {
     for (int i = 0; i < b->n; i++) {
         char *const *f = t->f[row0 + i];
@@ -382,14 +382,14 @@ static void check_multihot(const tsv_rows_t *t, const rt_batch_t *b, int64_t row
             const char *v = f[14 + s];
             assert_int_equal(os[i + 1] - os[i], v[0] != '\0');
             if (v[0] != '\0')
-                assert_int_equal(b->keys[os[i]], rt_key_hash(s, v, strlen(v)));
+                assert_int_equal(b->keys[os[i]], data_key_hash(s, v, strlen(v)));
         }
     }
 }
 
 /* Keys are the ids as they are; dense values the floats as written (no
  * log1p: dense_transform auto leaves float columns alone), 0 for nulls. */
-static void check_nvt(const tsv_rows_t *t, const rt_batch_t *b, int64_t row0)
+static void check_nvt(const tsv_rows_t *t, const data_batch_t *b, int64_t row0)
 {
     for (int i = 0; i < b->n; i++) {
         char *const *f = t->f[row0 + i];
@@ -412,7 +412,7 @@ static void check_nvt(const tsv_rows_t *t, const rt_batch_t *b, int64_t row0)
 /* duck-types: I1 a DECIMAL (a fraction: no log1p under auto), I2 and I3
  * unsigned (I3 past 2^31: log1p as an integer), I4 a DOUBLE (as it is),
  * C1 an unsigned id (the key as it is); the rest as TSV. */
-static void check_types(const tsv_rows_t *t, const rt_batch_t *b, int64_t row0)
+static void check_types(const tsv_rows_t *t, const data_batch_t *b, int64_t row0)
 {
     for (int i = 0; i < b->n; i++) {
         char *const *f = t->f[row0 + i];
@@ -422,9 +422,9 @@ static void check_types(const tsv_rows_t *t, const rt_batch_t *b, int64_t row0)
             x[k] = f[1 + k][0] ? (double)atoll(f[1 + k]) : 0.0;
         assert_true(b->labels[i] == (float)atoi(f[0]));
         assert_true(d[0] == (float)x[0]);
-        assert_true(d[1] == rt_dense_int((int64_t)x[1]));
+        assert_true(d[1] == data_dense_int((int64_t)x[1]));
         if (f[3][0] != '\0')
-            assert_true(d[2] == rt_dense_int((int64_t)x[2] + INT64_C(3000000000)));
+            assert_true(d[2] == data_dense_int((int64_t)x[2] + INT64_C(3000000000)));
         else
             assert_true(d[2] == 0.0f);
         assert_true(d[3] == (float)x[3]);
@@ -459,19 +459,19 @@ static void test_multihot_and_nvtabular(void **state)
     json_decref(out);
     free(res);
     /* The same NVTabular file with log1p asked for: floats get it too. */
-    rt_columns_t with_log1p = {.dense_transform = RT_DENSE_LOG1P};
+    data_columns_t with_log1p = {.dense_transform = DATA_DENSE_LOG1P};
     char path[400];
     pq_path(path, sizeof path, "pq", "duck-nvt");
-    rt_reader_t *r = open_reader(path, RT_FMT_PARQUET, &with_log1p, 0, 1, ROWS);
-    rt_batch_t *b;
-    assert_int_equal(rt_reader_next(r, &b), 1);
+    data_reader_t *r = open_reader(path, DATA_FMT_PARQUET, &with_log1p, 0, 1, ROWS);
+    data_batch_t *b;
+    assert_int_equal(data_reader_next(r, &b), 1);
     for (int i = 0; i < b->n; i++) {
         const char *v = t.f[i][1];
         double x = v[0] ? atoll(v) : 0;
         double want = log1p(log(1 + (x > 0 ? x : 0)));
         assert_true(fabs(b->dense[(size_t)i * 13] - want) <= 1e-6 * (1 + want));
     }
-    rt_reader_close(r);
+    data_reader_close(r);
     free(t.f);
     free(t.text);
 }
@@ -533,19 +533,19 @@ static void unknown_encoding(unsigned char *b, size_t *n)
     fail_msg("no PLAIN data page header near the start of the file");
 }
 
-/* rt_reader_open (and, when open succeeds, reading every batch) fails
+/* data_reader_open (and, when open succeeds, reading every batch) fails
  * with code, the message holding each of says[] (NULL-ended). */
-static void refused(const char *const *paths, int npaths, const rt_columns_t *cols, int code,
+static void refused(const char *const *paths, int npaths, const data_columns_t *cols, int code,
                     const char *const *says)
 {
-    rt_reader_t *r = NULL;
-    int rc = rt_reader_open_cols(paths, npaths, RT_FMT_PARQUET, cols, 0, 1, 256, RT_DIMS_AUTO,
-                                 RT_DIMS_AUTO, 2, &r);
+    data_reader_t *r = NULL;
+    int rc = data_reader_open_cols(paths, npaths, DATA_FMT_PARQUET, cols, 0, 1, 256, DATA_DIMS_AUTO,
+                                 DATA_DIMS_AUTO, 2, &r);
     if (rc == 0) {
-        rt_batch_t *b;
-        while ((rc = rt_reader_next(r, &b)) == 1)
+        data_batch_t *b;
+        while ((rc = data_reader_next(r, &b)) == 1)
             ;
-        rt_reader_close(r);
+        data_reader_close(r);
     }
     const char *msg = kiln_errmsg();
     if (rc != code)
@@ -565,9 +565,9 @@ static void test_bad_files_refused(void **state)
     refused(one, 1, NULL, KILN_EBUSY,
             (const char *[]){"cut.parquet", "does not end with PAR1", "still being written",
                              NULL});
-    assert_int_equal(rt_parquet_complete(p), 0);
+    assert_int_equal(data_parquet_complete(p), 0);
     pq_path(q, sizeof q, "pq", "duck-snappy-v1");
-    assert_int_equal(rt_parquet_complete(q), 1);
+    assert_int_equal(data_parquet_complete(q), 1);
 
     bad_copy("duck-snappy-v1", "footer.parquet", p, sizeof p, footer_past_end);
     refused(one, 1, NULL, KILN_ECORRUPT,
@@ -589,13 +589,13 @@ static void test_bad_files_refused(void **state)
                              NULL});
 
     pq_path(p, sizeof p, "pq", "duck-snappy-v1");
-    rt_columns_t missing = {.label = "clicked"};
+    data_columns_t missing = {.label = "clicked"};
     refused(one, 1, &missing, KILN_EINVAL,
             (const char *[]){"duck-snappy-v1.parquet", "no column 'clicked'", "data.columns",
                              NULL});
     const char *dense[13] = {"I1", "I2", "I3", "I4", "I5", "I6", "C7",
                              "I8", "I9", "I10", "I11", "I12", "I13"};
-    rt_columns_t wrong = {.dense = dense};
+    data_columns_t wrong = {.dense = dense};
     refused(one, 1, &wrong, KILN_EINVAL,
             (const char *[]){"column 'C7' is BYTE_ARRAY", "dense column", NULL});
 
@@ -621,9 +621,9 @@ static void test_train_refuses_incomplete(void **state)
     assert_null(v);
     assert_int_not_equal(r->code, 0);
     assert_non_null(strstr(r->err, "writing.parquet does not end with PAR1"));
-    char uid[RT_CKPT_UID_MAX];
+    char uid[CKPT_UID_MAX];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt/writing", tmpdir);
-    if (rt_ckpt_latest(ckpt, uid) == 0)
+    if (ckpt_latest(ckpt, uid) == 0)
         fail_msg("%s holds checkpoint %s", ckpt, uid);
     free(r);
 }
@@ -715,11 +715,11 @@ static void test_convert_with_spec(void **state)
     if (r->code != 0)
         fail_msg("kiln convert --spec: %d: %s", r->code, r->err);
     const char *dense[] = {"I2"}, *cat[] = {"C3", "C1"};
-    const rt_columns_t cols = {.label = "label", .dense = dense, .categorical = cat};
-    const rt_convert_opts_t opts = {.ndense = 1, .nslots = 2};
+    const data_columns_t cols = {.label = "label", .dense = dense, .categorical = cat};
+    const data_convert_opts_t opts = {.ndense = 1, .nslots = 2};
     const char *in[1] = {src};
-    rt_reader_stats_t st;
-    assert_int_equal(rt_convert_parquet_to_bin(in, 1, &cols, b, &opts, &st), 0);
+    data_reader_stats_t st;
+    assert_int_equal(data_convert_parquet_to_bin(in, 1, &cols, b, &opts, &st), 0);
     assert_int_equal(st.rows, ROWS);
     assert_same_file(b, a, "kiln convert --spec");
     fx_write(spec, "name: conv\n"

@@ -1,5 +1,5 @@
 /*
- * tests/test_runtime_gpu.c - rt_comm's NCCL backend (shard/comm_nccl.cu)
+ * tests/test_runtime_gpu.c - shard_comm's NCCL backend (shard/comm_nccl.cu)
  * against its MPI backend on a real GPU (label gpu; exits 77, "skipped: no
  * CUDA device", where none is visible): the same all-to-all-v (uneven
  * counts, zeros, gaps), float64 and double-double allreduce, broadcast.
@@ -61,7 +61,7 @@ static void *dmalloc(size_t bytes)
     return p;
 }
 
-/* ---- rt_comm: NCCL vs MPI ----------------------------------------------------- */
+/* ---- shard_comm: NCCL vs MPI ----------------------------------------------------- */
 
 static size_t pair_bytes(int s, int d)
 {
@@ -72,15 +72,15 @@ static void test_nccl_vs_mpi(void **state)
 {
     (void)state;
     const int n = g_size, me = g_rank;
-    rt_comm_t *cm = NULL, *cn = NULL;
-    assert_int_equal(rt_comm_create(RT_COMM_MPI, MPI_COMM_WORLD, &cm), 0);
-    int rc = rt_comm_create(RT_COMM_NCCL, MPI_COMM_WORLD, &cn);
+    shard_comm_t *cm = NULL, *cn = NULL;
+    assert_int_equal(shard_comm_create(SHARD_COMM_MPI, MPI_COMM_WORLD, &cm), 0);
+    int rc = shard_comm_create(SHARD_COMM_NCCL, MPI_COMM_WORLD, &cn);
     if (rc != 0)
         fprintf(stderr, "rank %d: %s\n", me, kiln_errmsg());
     assert_int_equal(rc, 0);
-    assert_int_equal(rt_comm_kind(cn), RT_COMM_NCCL);
-    assert_true(rt_comm_device(cn) >= 0);
-    assert_non_null(rt_comm_stream(cn));
+    assert_int_equal(shard_comm_kind(cn), SHARD_COMM_NCCL);
+    assert_true(shard_comm_device(cn) >= 0);
+    assert_non_null(shard_comm_stream(cn));
     int bad = 0;
 
     /* all-to-all-v with gaps between blocks; gaps must stay as they were */
@@ -106,9 +106,9 @@ static void test_nccl_vs_mpi(void **state)
     unsigned char *d_sb = dmalloc(so), *d_rb = dmalloc(ro);
     CU(cudaMemcpy(d_sb, sb, so, cudaMemcpyHostToDevice));
     CU(cudaMemset(d_rb, 0xEE, ro));
-    bad += rt_comm_alltoallv(cm, sb, sc, sd, rm, rcn, rd) != 0;
-    bad += rt_comm_alltoallv(cn, d_sb, sc, sd, d_rb, rcn, rd) != 0;
-    bad += rt_comm_sync(cn) != 0;
+    bad += shard_comm_alltoallv(cm, sb, sc, sd, rm, rcn, rd) != 0;
+    bad += shard_comm_alltoallv(cn, d_sb, sc, sd, d_rb, rcn, rd) != 0;
+    bad += shard_comm_sync(cn) != 0;
     CU(cudaMemcpy(rn, d_rb, ro, cudaMemcpyDeviceToHost));
     if (memcmp(rm, rn, ro) != 0) {
         fprintf(stderr, "rank %d: NCCL all-to-all-v differs from MPI's\n", me);
@@ -123,9 +123,9 @@ static void test_nccl_vs_mpi(void **state)
         vm[i] = (double)urand() * (1.0 + (double)me) + 1e-9 * (double)i;
     double *d_v = dmalloc(cnt * sizeof *d_v);
     CU(cudaMemcpy(d_v, vm, cnt * sizeof *vm, cudaMemcpyHostToDevice));
-    bad += rt_comm_allreduce_sum_f64(cm, vm, cnt) != 0;
-    bad += rt_comm_allreduce_sum_f64(cn, d_v, cnt) != 0;
-    bad += rt_comm_sync(cn) != 0;
+    bad += shard_comm_allreduce_sum_f64(cm, vm, cnt) != 0;
+    bad += shard_comm_allreduce_sum_f64(cn, d_v, cnt) != 0;
+    bad += shard_comm_sync(cn) != 0;
     CU(cudaMemcpy(vn, d_v, cnt * sizeof *vn, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < cnt; i++)
         if (!close_enough(vn[i], vm[i], 1e-15, 1e-13) && bad++ < 5)
@@ -143,9 +143,9 @@ static void test_nccl_vs_mpi(void **state)
     }
     double *d_p = dmalloc(2 * np * sizeof *d_p);
     CU(cudaMemcpy(d_p, pm, 2 * np * sizeof *pm, cudaMemcpyHostToDevice));
-    bad += rt_comm_allreduce_sum_dd(cm, pm, np) != 0;
-    bad += rt_comm_allreduce_sum_dd(cn, d_p, np) != 0;
-    bad += rt_comm_sync(cn) != 0;
+    bad += shard_comm_allreduce_sum_dd(cm, pm, np) != 0;
+    bad += shard_comm_allreduce_sum_dd(cn, d_p, np) != 0;
+    bad += shard_comm_sync(cn) != 0;
     CU(cudaMemcpy(pn, d_p, 2 * np * sizeof *pn, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < np; i++)
         if (!close_enough(pn[2 * i] + pn[2 * i + 1], pm[2 * i] + pm[2 * i + 1], 0.0, 1e-15) &&
@@ -153,8 +153,8 @@ static void test_nccl_vs_mpi(void **state)
             fprintf(stderr, "rank %d: dd allreduce[%zu] nccl %.17g mpi %.17g\n", me, i, pn[2 * i],
                     pm[2 * i]);
     double first = pn[0], firstlo = pn[1];
-    bad += rt_comm_bcast(cm, &first, sizeof first, 0) != 0;
-    bad += rt_comm_bcast(cm, &firstlo, sizeof firstlo, 0) != 0;
+    bad += shard_comm_bcast(cm, &first, sizeof first, 0) != 0;
+    bad += shard_comm_bcast(cm, &firstlo, sizeof firstlo, 0) != 0;
     bad += first != pn[0] || firstlo != pn[1];
 
     /* broadcast from the last rank */
@@ -166,16 +166,16 @@ static void test_nccl_vs_mpi(void **state)
         bm[i] = me == root ? (unsigned char)(i * 11 + 1) : 0;
     unsigned char *d_bb = dmalloc(bb);
     CU(cudaMemcpy(d_bb, bm, bb, cudaMemcpyHostToDevice));
-    bad += rt_comm_bcast(cm, bm, bb, root) != 0;
-    bad += rt_comm_bcast(cn, d_bb, bb, root) != 0;
-    bad += rt_comm_sync(cn) != 0;
+    bad += shard_comm_bcast(cm, bm, bb, root) != 0;
+    bad += shard_comm_bcast(cn, d_bb, bb, root) != 0;
+    bad += shard_comm_sync(cn) != 0;
     CU(cudaMemcpy(bn, d_bb, bb, cudaMemcpyDeviceToHost));
     bad += memcmp(bm, bn, bb) != 0;
     for (size_t i = 0; i < bb; i++)
         bad += bm[i] != (unsigned char)(i * 11 + 1);
 
-    rt_comm_destroy(cn);
-    rt_comm_destroy(cm);
+    shard_comm_destroy(cn);
+    shard_comm_destroy(cm);
     cudaFree(d_sb);
     cudaFree(d_rb);
     cudaFree(d_v);
@@ -212,7 +212,7 @@ static void maybe_reexec(char **argv, int gpus)
 
 int main(int argc, char **argv)
 {
-    const int gpus = rt_device_visible_gpus();
+    const int gpus = shard_device_visible_gpus();
     if (gpus == 0) {
         printf("skipped: no CUDA device\n");
         return 77;

@@ -52,7 +52,7 @@ static char tmp_root[256];
 static void make_desc(serve_model_desc_t *d, size_t *nparams)
 {
     memset(d, 0, sizeof *d);
-    d->model_type = RT_MODEL_FM;
+    d->model_type = MODEL_FM;
     d->nslots = 3;
     d->ndense = 2;
     d->dim = 3;
@@ -64,14 +64,14 @@ static void make_desc(serve_model_desc_t *d, size_t *nparams)
         d->slot_table[t] = t;
         d->slot_mean[t] = t == 2;
     }
-    rt_model_config_t cfg = {.type = RT_MODEL_FM, .nslots = 3, .ndense = 2, .dim = 3,
+    model_config_t cfg = {.type = MODEL_FM, .nslots = 3, .ndense = 2, .dim = 3,
                              .fm_dense_factors = 1, .max_batch = 8, .seed = 7,
-                             .opt = {.type = RT_DENSE_SGD, .lr = 0.1f}};
-    rt_model_t *m = NULL;
-    assert_int_equal(rt_model_create(&cfg, &m), 0);
-    *nparams = rt_model_nparams(m);
+                             .opt = {.type = MODEL_DENSE_SGD, .lr = 0.1f}};
+    model_t *m = NULL;
+    assert_int_equal(model_create(&cfg, &m), 0);
+    *nparams = model_nparams(m);
     d->nparams = (int64_t)*nparams;
-    rt_model_destroy(m);
+    model_destroy(m);
 }
 
 /* Deterministic row values for (table, key, version). */
@@ -575,7 +575,7 @@ static int predict(const server_t *srv, const char *label, const char *lines, do
 }
 
 /* The reference: the same rows through the trainer's own pieces in-process
- * (rt_tsv_parse_line, kern_cpu_gather_combine, rt_model_predict) with the
+ * (data_tsv_parse_line, kern_cpu_gather_combine, model_predict) with the
  * version's content computed from rowval. */
 static void reference(const char *lines, int version, int64_t first, int64_t n, double *out,
                       int *count)
@@ -583,16 +583,16 @@ static void reference(const char *lines, int version, int64_t first, int64_t n, 
     serve_model_desc_t d;
     size_t np;
     make_desc(&d, &np);
-    rt_model_config_t cfg = {.type = RT_MODEL_FM, .nslots = 3, .ndense = 2, .dim = 3,
+    model_config_t cfg = {.type = MODEL_FM, .nslots = 3, .ndense = 2, .dim = 3,
                              .fm_dense_factors = 1, .max_batch = 64, .seed = 1,
-                             .opt = {.type = RT_DENSE_SGD}};
-    rt_model_t *m = NULL;
-    assert_int_equal(rt_model_create(&cfg, &m), 0);
+                             .opt = {.type = MODEL_DENSE_SGD}};
+    model_t *m = NULL;
+    assert_int_equal(model_create(&cfg, &m), 0);
     float *dense = calloc(np, sizeof *dense);
     for (size_t i = 0; i < np; i++)
         dense[i] = 0.05f * (float)((int)(i % 7) - 3) * (float)version;
-    rt_model_array_t arr = {"dense.params", dense, np};
-    assert_int_equal(rt_model_load(m, &arr, 1, 0), 0);
+    model_array_t arr = {"dense.params", dense, np};
+    assert_int_equal(model_load_arrays(m, &arr, 1, 0), 0);
     int k = 0;
     const char *p = lines;
     while (*p) {
@@ -602,7 +602,7 @@ static void reference(const char *lines, int version, int64_t first, int64_t n, 
         int64_t keys[3];
         unsigned char has[3];
         char why[256];
-        assert_int_equal(rt_tsv_parse_line(p, ll, 2, 3, &y, X, keys, has, why, sizeof why), 0);
+        assert_int_equal(data_tsv_parse_line(p, ll, 2, 3, &y, X, keys, has, why, sizeof why), 0);
         for (int s = 0; s < 3; s++) {
             if (!has[s] || keys[s] < first || keys[s] >= first + n)
                 continue; /* missing keys read as zeros, as in kiln-train's eval */
@@ -610,13 +610,13 @@ static void reference(const char *lines, int version, int64_t first, int64_t n, 
                 E[s * 3 + j] = rowval(s, keys[s], j, version);
         }
         float prob;
-        assert_int_equal(rt_model_predict(m, 1, E, X, &prob), 0);
+        assert_int_equal(model_predict(m, 1, E, X, &prob), 0);
         out[k++] = prob;
         p = nl ? nl + 1 : p + ll;
     }
     *count = k;
     free(dense);
-    rt_model_destroy(m);
+    model_destroy(m);
 }
 
 /* TSV lines whose categorical values hash into [0, 64) mostly miss; so
@@ -636,7 +636,7 @@ static void collect_keys(void)
         int64_t keys[3];
         unsigned char has[3];
         char why[256];
-        assert_int_equal(rt_tsv_parse_line(p, (size_t)(nl - p), 2, 3, &y, X, keys, has, why,
+        assert_int_equal(data_tsv_parse_line(p, (size_t)(nl - p), 2, 3, &y, X, keys, has, why,
                                            sizeof why),
                          0);
         for (int s = 0; s < 3; s++)
@@ -1765,7 +1765,7 @@ static void test_wrapped_error_reads_right(void **state)
     (void)state;
     serve_model_desc_t d;
     memset(&d, 0, sizeof d);
-    d.model_type = RT_MODEL_DLRM;
+    d.model_type = MODEL_DLRM;
     d.nslots = 1;
     d.ndense = 2;
     d.dim = 4;
@@ -1777,11 +1777,11 @@ static void test_wrapped_error_reads_right(void **state)
     snprintf(d.tables[0].name, SERVE_NAME_MAX, "t0");
     d.tables[0].dim = 4;
     d.nparams = 8;
-    rt_model_config_t cfg = {.type = RT_MODEL_DLRM, .nslots = 1, .ndense = 2, .dim = 4,
+    model_config_t cfg = {.type = MODEL_DLRM, .nslots = 1, .ndense = 2, .dim = 4,
                              .bottom = d.bottom, .nbottom = 1, .top = d.top, .ntop = 1,
-                             .max_batch = 256, .opt = {.type = RT_DENSE_SGD}};
-    rt_model_t *model = NULL;
-    assert_true(rt_model_create(&cfg, &model) < 0);
+                             .max_batch = 256, .opt = {.type = MODEL_DENSE_SGD}};
+    model_t *model = NULL;
+    assert_true(model_create(&cfg, &model) < 0);
     char want[1200];
     snprintf(want, sizeof want, "the pushed model cannot be built: %s", kiln_errmsg());
     serve_memsrc_t *m = NULL;
@@ -2303,11 +2303,11 @@ static void test_e2e_consistency(void **state)
     e2e_train(day1, "run2", e2e.ck2, sizeof e2e.ck2);
     char ck2dir[800];
     snprintf(ck2dir, sizeof ck2dir, "%s/ckpt/e2e/%s", e2e.dir, e2e.ck2);
-    rt_ckpt_t *ck = NULL;
-    assert_int_equal(rt_ckpt_open(ck2dir, &ck), 0);
-    assert_int_equal(rt_ckpt_info(ck)->kind, RT_CKPT_INCREMENTAL);
-    assert_string_equal(rt_ckpt_info(ck)->parent, e2e.ck1);
-    rt_ckpt_close(ck);
+    ckpt_t *ck = NULL;
+    assert_int_equal(ckpt_open(ck2dir, &ck), 0);
+    assert_int_equal(ckpt_info(ck)->kind, CKPT_INCREMENTAL);
+    assert_string_equal(ckpt_info(ck)->parent, e2e.ck1);
+    ckpt_close(ck);
 
     /* 3. A delta to B only. */
     int64_t before = e2e_events;

@@ -115,15 +115,15 @@ static void cmp_weights(void *c, fx_array_kind_t kind, const char *what, const f
  * reference) and b into c. */
 static void compare_weights(const char *a, const char *b, wcmp_t *c)
 {
-    rt_ckpt_chain_t ca, cb;
+    ckpt_chain_t ca, cb;
     int ntables, narrays;
     fx_open_latest(a, &ca);
     fx_open_latest(b, &cb);
     fx_ckpt_walk(&ca, &cb, cmp_weights, c, &ntables, &narrays);
     assert_true(ntables > 0);
     assert_true(narrays > 0);
-    rt_ckpt_chain_fini(&ca);
-    rt_ckpt_chain_fini(&cb);
+    ckpt_chain_fini(&ca);
+    ckpt_chain_fini(&cb);
 }
 
 /* train_opt (may be NULL) goes inside the train mapping, extra (may be
@@ -216,9 +216,9 @@ static int losses(const char *run_name, double *out, int cap)
 /* No checkpoint was written under tmpdir/root (the directory may exist). */
 static void assert_no_checkpoint(const char *root)
 {
-    char dir[400], uid[RT_CKPT_UID_MAX];
+    char dir[400], uid[CKPT_UID_MAX];
     snprintf(dir, sizeof dir, "%s/%s", tmpdir, root);
-    if (rt_ckpt_latest(dir, uid) == 0)
+    if (ckpt_latest(dir, uid) == 0)
         fail_msg("%s holds checkpoint %s", dir, uid);
 }
 
@@ -470,20 +470,20 @@ static void test_twin_store_matches_host(void **state)
 
     char ck[2][400];
     for (int k = 0; k < 2; k++) {
-        rt_ckpt_chain_t ch;
+        ckpt_chain_t ch;
         char root[400];
         snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, names[k]);
         fx_open_latest(root, &ch);
-        assert_int_equal(rt_ckpt_info(ch.items[ch.n - 1])->step, 10);
+        assert_int_equal(ckpt_info(ch.items[ch.n - 1])->step, 10);
         assert_true(ch.n >= 2); /* a full dump and at least one incremental */
         int64_t evicted = 0;
         for (int i = 1; i < ch.n; i++)
-            evicted += rt_ckpt_info(ch.items[i])->evicted;
+            evicted += ckpt_info(ch.items[i])->evicted;
         if (evicted == 0)
             fail_msg("%s: no incremental dump carried an evicted key; the test needs "
                      "eviction pressure", names[k]);
-        snprintf(ck[k], sizeof ck[k], "%s", rt_ckpt_path(ch.items[ch.n - 1]));
-        rt_ckpt_chain_fini(&ch);
+        snprintf(ck[k], sizeof ck[k], "%s", ckpt_path(ch.items[ch.n - 1]));
+        ckpt_chain_fini(&ch);
     }
     const char *const specs2[2] = {big[0], big[1]};
     const char *res_host[] = {"--resume", ck[0], NULL};
@@ -546,10 +546,10 @@ static void tier_compare(const char *const root[2], const char *phase)
 
 static const char *latest_ckpt(const char *root, char *out, size_t cap)
 {
-    rt_ckpt_chain_t ch;
+    ckpt_chain_t ch;
     fx_open_latest(root, &ch);
-    snprintf(out, cap, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
-    rt_ckpt_chain_fini(&ch);
+    snprintf(out, cap, "%s", ckpt_path(ch.items[ch.n - 1]));
+    ckpt_chain_fini(&ch);
     return out;
 }
 
@@ -572,22 +572,22 @@ static int ck_open(void *ctx, const char *held, serve_source_t **out)
 static int push_chain(const fx_serve_t *s, const char *label, const char *root,
                       const serve_model_desc_t *desc)
 {
-    rt_ckpt_chain_t ch;
+    ckpt_chain_t ch;
     fx_open_latest(root, &ch);
     int deltas = 0;
     for (int i = 0; i < ch.n; i++) {
-        ck_open_t o = {rt_ckpt_path(ch.items[i]), desc};
+        ck_open_t o = {ckpt_path(ch.items[i]), desc};
         serve_target_t tg = {.url = s->url, .model = "ctr", .label = label,
-                             .held = i > 0 ? rt_ckpt_info(ch.items[i - 1])->uid : NULL,
+                             .held = i > 0 ? ckpt_info(ch.items[i - 1])->uid : NULL,
                              .open = ck_open, .open_ctx = &o};
         serve_push_opts_t opts = {.token = FX_TOKEN, .retries = 1, .timeout_ms = 30000};
         serve_push_result_t res;
         if (serve_push(&tg, 1, &opts, &res) != 0)
-            fail_msg("push of %s to %s: %s", rt_ckpt_path(ch.items[i]), label, res.error);
+            fail_msg("push of %s to %s: %s", ckpt_path(ch.items[i]), label, res.error);
         assert_true(res.full == (i == 0));
         deltas += !res.full;
     }
-    rt_ckpt_chain_fini(&ch);
+    ckpt_chain_fini(&ch);
     return deltas;
 }
 
@@ -920,11 +920,11 @@ static void test_cuda_matches_cpu(void **state)
     const char *specs[2] = {cpu, gpu};
     const char *runs[2] = {"cuda-on-cpu", "cpu-on-cuda"};
     for (int k = 0; k < 2; k++) {
-        rt_ckpt_chain_t ch;
+        ckpt_chain_t ch;
         fx_open_latest(roots[k], &ch);
         char ck[400];
-        snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
-        rt_ckpt_chain_fini(&ch);
+        snprintf(ck, sizeof ck, "%s", ckpt_path(ch.items[ch.n - 1]));
+        ckpt_chain_fini(&ch);
         const char *more[] = {"--resume", ck, "--max-steps", "3", NULL};
         json_t *v = train_with(2, specs[k], runs[k], r, more);
         if (v == NULL)
@@ -1307,9 +1307,9 @@ static void test_spec_through_symlink(void **state)
     assert_int_equal((int)num(v, "rows"), 6000);
     json_decref(v);
     /* ... and the checkpoint went to the real file's ckpt/sym. */
-    char root[400], uid[RT_CKPT_UID_MAX];
+    char root[400], uid[CKPT_UID_MAX];
     snprintf(root, sizeof root, "%s/symA/ckpt/sym", tmpdir);
-    assert_int_equal(rt_ckpt_latest(root, uid), 0);
+    assert_int_equal(ckpt_latest(root, uid), 0);
     free(r);
 }
 
@@ -1420,19 +1420,19 @@ static void test_empty_column_first_batch(void **state)
  * all ranks); returns the table count and fills names/rows. */
 static int table_rows(const char *root, char names[][64], int64_t *rows, int cap)
 {
-    rt_ckpt_chain_t ch;
+    ckpt_chain_t ch;
     fx_open_latest(root, &ch);
-    const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
+    const ckpt_info_t *in = ckpt_info(ch.items[ch.n - 1]);
     int n = in->ntables < cap ? in->ntables : cap;
     for (int t = 0; t < n; t++) {
-        rt_ckpt_rows_t x;
+        ckpt_rows_t x;
         snprintf(names[t], 64, "%s", in->tables[t].name);
-        if (rt_ckpt_read_table(&ch, names[t], &x) != 0)
+        if (ckpt_read_table(&ch, names[t], &x) != 0)
             fail_msg("table %s: %s", names[t], kiln_errmsg());
         rows[t] = x.n;
-        rt_ckpt_rows_fini(&x);
+        ckpt_rows_fini(&x);
     }
-    rt_ckpt_chain_fini(&ch);
+    ckpt_chain_fini(&ch);
     return n;
 }
 
@@ -1493,11 +1493,11 @@ static void test_capacity_is_job_wide(void **state)
     assert_true(most >= 95); /* the tables did fill up: the bound was tested */
 
     /* The 2-rank checkpoint at capacity resumes on 1 rank. */
-    rt_ckpt_chain_t ch;
+    ckpt_chain_t ch;
     fx_open_latest(root, &ch);
     char ck[400];
-    snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
-    rt_ckpt_chain_fini(&ch);
+    snprintf(ck, sizeof ck, "%s", ckpt_path(ch.items[ch.n - 1]));
+    ckpt_chain_fini(&ch);
     const char *resume[] = {"--resume", ck, "--max-steps", "160", NULL};
     v = train_with(1, spec, "cap1", r, resume);
     if (v == NULL)
@@ -1585,13 +1585,13 @@ static void test_unseen_keys_read_as_zeros(void **state)
         json_t *a = train_with(2, spec, name, r, ev);
         if (a == NULL)
             fail_msg("%s: exit %d: %s", models[m], r->code, r->err);
-        rt_ckpt_chain_t ch;
+        ckpt_chain_t ch;
         char root[400];
         snprintf(root, sizeof root, "%s/ckpt/%s", tmpdir, name);
         fx_open_latest(root, &ch);
-        snprintf(ck, sizeof ck, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
-        assert_int_equal((int64_t)num(a, "keys"), rt_ckpt_info(ch.items[ch.n - 1])->keys);
-        rt_ckpt_chain_fini(&ch);
+        snprintf(ck, sizeof ck, "%s", ckpt_path(ch.items[ch.n - 1]));
+        assert_int_equal((int64_t)num(a, "keys"), ckpt_info(ch.items[ch.n - 1])->keys);
+        ckpt_chain_fini(&ch);
         json_decref(a);
         char run_dir[400];
         snprintf(run_dir, sizeof run_dir, "%s/unseen-predict", tmpdir);
@@ -1666,13 +1666,13 @@ typedef struct {
 
 static void st_load(const char *root, st_state_t *st)
 {
-    rt_ckpt_chain_t ch;
+    ckpt_chain_t ch;
     fx_open_latest(root, &ch);
     for (int s = 0; s < ST_S; s++) {
         char name[16];
         snprintf(name, sizeof name, "slot%d", s);
-        rt_ckpt_rows_t x;
-        if (rt_ckpt_read_table(&ch, name, &x) != 0)
+        ckpt_rows_t x;
+        if (ckpt_read_table(&ch, name, &x) != 0)
             fail_msg("%s: %s", name, kiln_errmsg());
         assert_int_equal(x.dim, ST_D);
         assert_int_equal(x.nstate, 1);
@@ -1684,11 +1684,11 @@ static void st_load(const char *root, st_state_t *st)
         memcpy(t->keys, x.keys, sizeof(int64_t) * (size_t)x.n);
         memcpy(t->v, x.values, sizeof(float) * (size_t)(x.n * ST_D));
         memcpy(t->acc, x.opt, sizeof(float) * (size_t)(x.n * ST_D));
-        rt_ckpt_rows_fini(&x);
+        ckpt_rows_fini(&x);
     }
-    rt_ckpt_array_t *da;
+    ckpt_array_t *da;
     int na;
-    assert_int_equal(rt_ckpt_read_dense(ch.items[ch.n - 1], &da, &na), 0);
+    assert_int_equal(ckpt_read_dense(ch.items[ch.n - 1], &da, &na), 0);
     for (int i = 0; i < na; i++) {
         float **dst = strcmp(da[i].name, "dense.params") == 0        ? &st->params
                       : strcmp(da[i].name, "dense.adagrad_acc") == 0 ? &st->acc
@@ -1701,8 +1701,8 @@ static void st_load(const char *root, st_state_t *st)
     }
     assert_non_null(st->params);
     assert_non_null(st->acc);
-    rt_ckpt_arrays_free(da, na);
-    rt_ckpt_chain_fini(&ch);
+    ckpt_arrays_free(da, na);
+    ckpt_chain_fini(&ch);
 }
 
 static void st_free(st_state_t *st)
@@ -1747,7 +1747,7 @@ static void st_read_batch(const char *path, st_batch_t *b)
         int64_t keys[ST_S];
         unsigned char has[ST_S];
         size_t len = strcspn(line, "\n");
-        assert_int_equal(rt_tsv_parse_line(line, len, ST_F, ST_S, &label, dense, keys, has, why,
+        assert_int_equal(data_tsv_parse_line(line, len, ST_F, ST_S, &label, dense, keys, has, why,
                                            sizeof why),
                          0);
         b->y[i] = label;
@@ -2010,11 +2010,11 @@ static void step_case(const char *model, const char *data, const char *batch_pat
     assert_int_equal(losses(run1, &kloss, 1), 1);
 
     /* The forward on S0, row by row, through kiln-train's predict mode. */
-    rt_ckpt_chain_t ch;
+    ckpt_chain_t ch;
     fx_open_latest(root0, &ch);
     char ck0[400];
-    snprintf(ck0, sizeof ck0, "%s", rt_ckpt_path(ch.items[ch.n - 1]));
-    rt_ckpt_chain_fini(&ch);
+    snprintf(ck0, sizeof ck0, "%s", ckpt_path(ch.items[ch.n - 1]));
+    ckpt_chain_fini(&ch);
     snprintf(probs, sizeof probs, "%s/step-%s.probs", tmpdir, model);
     char run_dir[400];
     snprintf(run_dir, sizeof run_dir, "%s/step-predict", tmpdir);

@@ -60,7 +60,7 @@ int cmd_datagen(cli_t *cli)
         return cli_fail(KILN_EINVAL, NULL);
     if (kiln_mkdir_parent(out) < 0)
         return cli_fail(KILN_EIO, NULL);
-    rt_datagen_opts_t o = {.path = out,
+    data_datagen_opts_t o = {.path = out,
                            .rows = rows,
                            .seed = (uint64_t)seed,
                            .day = (int)day,
@@ -73,7 +73,7 @@ int cmd_datagen(cli_t *cli)
                            .bayes_logloss = &bayes,
                            .ctr = &ctr};
     int64_t t0 = kiln_mono_ns();
-    int rc = rt_datagen(&o);
+    int rc = data_datagen(&o);
     if (rc < 0)
         return cli_fail(rc, NULL);
     double secs = (double)(kiln_mono_ns() - t0) / 1e9;
@@ -92,8 +92,8 @@ int cmd_datagen(cli_t *cli)
 /* convert --spec: the Parquet column mapping and dimensions of a job spec
  * (data.columns, data.dense_features, data.cat_slots) into cols / opts,
  * which borrow from spec. Returns 0 or a CLI exit code (told). */
-static int convert_mapping(const char *path, job_spec_t *spec, rt_columns_t *cols,
-                           rt_convert_opts_t *opts)
+static int convert_mapping(const char *path, job_spec_t *spec, data_columns_t *cols,
+                           data_convert_opts_t *opts)
 {
     job_diags_t diags;
     job_diags_init(&diags);
@@ -111,11 +111,11 @@ static int convert_mapping(const char *path, job_spec_t *spec, rt_columns_t *col
         return cli_fail(KILN_EUSAGE, "--spec %s: data.format is %s; --spec gives the column "
                         "mapping of Parquet input (data.format: parquet)",
                         path, job_format_name(spec->data.format));
-    static const rt_dense_transform_t tfs[] = {[JOB_DENSE_AUTO] = RT_DENSE_AUTO,
-                                               [JOB_DENSE_LOG1P] = RT_DENSE_LOG1P,
-                                               [JOB_DENSE_NONE] = RT_DENSE_NONE};
+    static const data_dense_transform_t tfs[] = {[JOB_DENSE_AUTO] = DATA_DENSE_AUTO,
+                                               [JOB_DENSE_LOG1P] = DATA_DENSE_LOG1P,
+                                               [JOB_DENSE_NONE] = DATA_DENSE_NONE};
     const job_columns_t *m = &spec->data.columns;
-    *cols = (rt_columns_t){.label = m->label,
+    *cols = (data_columns_t){.label = m->label,
                            .dense = (const char *const *)m->dense,
                            .categorical = (const char *const *)m->categorical,
                            .dense_transform = tfs[m->dense_transform]};
@@ -131,18 +131,18 @@ int cmd_convert(cli_t *cli)
         return cli_fail(KILN_EUSAGE, "convert needs --out FILE");
     if (kiln_mkdir_parent(out) < 0)
         return cli_fail(KILN_EIO, NULL);
-    rt_reader_stats_t st;
-    rt_format_t fmt = RT_FMT_TSV;
-    int rc = rt_format_detect(cli->pos[0], &fmt);
+    data_reader_stats_t st;
+    data_format_t fmt = DATA_FMT_TSV;
+    int rc = data_format_detect(cli->pos[0], &fmt);
     if (rc < 0)
         return cli_fail(rc, NULL);
     job_spec_t spec;
     memset(&spec, 0, sizeof spec);
-    rt_columns_t cols = {0};
-    rt_convert_opts_t opts = {0};
+    data_columns_t cols = {0};
+    data_convert_opts_t opts = {0};
     if (spec_path != NULL && (rc = convert_mapping(spec_path, &spec, &cols, &opts)) != 0)
         return rc;
-    if (spec_path != NULL && fmt != RT_FMT_PARQUET) {
+    if (spec_path != NULL && fmt != DATA_FMT_PARQUET) {
         job_spec_fini(&spec);
         return cli_fail(KILN_EUSAGE, "--spec maps Parquet columns, but %s is not a Parquet file",
                         cli->pos[0]);
@@ -150,11 +150,11 @@ int cmd_convert(cli_t *cli)
     /* Parquet inputs (told by PAR1 at the start) are read with the spec's
      * data.columns, or Criteo's names (label, I1..I13, C1..C26):
      * docs/data-formats.md. */
-    if (fmt == RT_FMT_PARQUET)
-        rc = rt_convert_parquet_to_bin(cli->pos, cli->npos, spec_path ? &cols : NULL, out,
+    if (fmt == DATA_FMT_PARQUET)
+        rc = data_convert_parquet_to_bin(cli->pos, cli->npos, spec_path ? &cols : NULL, out,
                                        &opts, &st);
     else
-        rc = rt_convert_tsv_to_bin(cli->pos, cli->npos, out, NULL, &st);
+        rc = data_convert_tsv_to_bin(cli->pos, cli->npos, out, NULL, &st);
     job_spec_fini(&spec);
     if (rc < 0)
         return cli_fail(rc, NULL);

@@ -39,7 +39,7 @@ const cli_opt_t export_opts[] = {
 
 /* Records the export when --db was given; a checkpoint the DB does not know
  * is reported, not fatal. */
-static void record(cli_t *cli, const rt_ckpt_info_t *in, const char *fmt, const char *out,
+static void record(cli_t *cli, const ckpt_info_t *in, const char *fmt, const char *out,
                    int64_t bytes)
 {
     if (cli->db_path == NULL)
@@ -117,20 +117,20 @@ static int export_job_push(cli_t *cli, const char *job)
 /* The matrices of the dense parameter vector of the model desc describes
  * (model/model.c's layout) into m (cap); returns how many, or -1 when more
  * than cap. */
-static int dense_matrices(const serve_model_desc_t *d, rt_export_matrix_t *m, int cap)
+static int dense_matrices(const serve_model_desc_t *d, ckpt_export_matrix_t *m, int cap)
 {
     int n = 0;
 #define PUT(r, c)                                                                                  \
     do {                                                                                           \
         if (n == cap)                                                                              \
             return -1;                                                                             \
-        m[n++] = (rt_export_matrix_t){(r), (c)};                                                   \
+        m[n++] = (ckpt_export_matrix_t){(r), (c)};                                                   \
     } while (0)
-    if (d->model_type != RT_MODEL_DLRM) { /* lr, fm: w (1, F), b (1, 1), fm's vx (k, F) */
+    if (d->model_type != MODEL_DLRM) { /* lr, fm: w (1, F), b (1, 1), fm's vx (k, F) */
         if (d->ndense > 0)
             PUT(1, d->ndense);
         PUT(1, 1);
-        if (d->model_type == RT_MODEL_FM && d->fm_dense_factors)
+        if (d->model_type == MODEL_FM && d->fm_dense_factors)
             PUT(d->dim - 1, d->ndense);
         return n;
     }
@@ -151,7 +151,7 @@ static int dense_matrices(const serve_model_desc_t *d, rt_export_matrix_t *m, in
 /* The dense model's shape, from the spec of the job that wrote checkpoint
  * uid (as the database records it), into *m (cap) and *n; *n 0 when the
  * database does not know the checkpoint. */
-static int spec_dense(state_t *st, const char *uid, rt_export_matrix_t *m, int cap, int *n)
+static int spec_dense(state_t *st, const char *uid, ckpt_export_matrix_t *m, int cap, int *n)
 {
     state_checkpoint_t c = {0};
     state_run_t run = {0};
@@ -237,29 +237,29 @@ int cmd_export(cli_t *cli)
     const char *fmt_s = cli_opt(cli, "format"), *out = cli_opt(cli, "out");
     if (out == NULL)
         return cli_fail(KILN_EUSAGE, "export needs --out DIR");
-    rt_export_format_t fmt = RT_EXPORT_HUGECTR;
+    ckpt_export_format_t fmt = CKPT_EXPORT_HUGECTR;
     /* A format that is not written is a bad option value (exit 3), not a
      * bad command line: the command was well formed (docs/cli.md). */
-    if (fmt_s != NULL && rt_export_format_parse(fmt_s, &fmt) < 0)
+    if (fmt_s != NULL && ckpt_export_format_parse(fmt_s, &fmt) < 0)
         return cli_fail(KILN_EINVAL, NULL);
     char *dir = NULL;
     state_t *st = NULL;
     int rc = resolve(cli, cli->pos[0], &dir, &st);
-    rt_ckpt_chain_t ch;
+    ckpt_chain_t ch;
     if (rc == 0)
-        rc = rt_ckpt_chain_open(dir, true, &ch);
+        rc = ckpt_chain_open(dir, true, &ch);
     free(dir);
     if (rc < 0) {
         state_close(st);
         return cli_fail(rc, NULL);
     }
-    const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
+    const ckpt_info_t *in = ckpt_info(ch.items[ch.n - 1]);
     /* HugeCTR's dense model file needs the layers, which the spec has. */
-    rt_export_matrix_t m[4 * SERVE_MAX_LAYERS + 4];
+    ckpt_export_matrix_t m[4 * SERVE_MAX_LAYERS + 4];
     char dense_file[160];
     snprintf(dense_file, sizeof dense_file, "%s_dense_%" PRId64 ".model", in->job, in->step);
-    rt_export_dense_t dense = {m, 0, dense_file};
-    if (st != NULL && fmt == RT_EXPORT_HUGECTR &&
+    ckpt_export_dense_t dense = {m, 0, dense_file};
+    if (st != NULL && fmt == CKPT_EXPORT_HUGECTR &&
         spec_dense(st, in->uid, m, (int)(sizeof m / sizeof m[0]), &dense.n) < 0) {
         fprintf(stderr, "kiln: the spec of checkpoint %s's job cannot be read: %s\n", in->uid,
                 kiln_errmsg());
@@ -268,16 +268,16 @@ int cmd_export(cli_t *cli)
     state_close(st);
     int64_t bytes = 0;
     if (rc == 0)
-        rc = rt_ckpt_export(&ch, fmt, out, dense.n > 0 ? &dense : NULL, &bytes);
+        rc = ckpt_export(&ch, fmt, out, dense.n > 0 ? &dense : NULL, &bytes);
     if (rc < 0) {
-        rt_ckpt_chain_fini(&ch);
+        ckpt_chain_fini(&ch);
         return cli_fail(rc, NULL);
     }
-    if (fmt == RT_EXPORT_HUGECTR && dense.n == 0)
+    if (fmt == CKPT_EXPORT_HUGECTR && dense.n == 0)
         fprintf(stderr, "kiln: no dense model file: its layers come from the spec of the job that "
                         "wrote checkpoint %s (name the checkpoint by uid, or pass --db)\n",
                 in->uid);
-    const char *fname = fmt == RT_EXPORT_HUGECTR ? "hugectr" : "npy";
+    const char *fname = fmt == CKPT_EXPORT_HUGECTR ? "hugectr" : "npy";
     record(cli, in, fname, out, bytes);
     if (cli->json)
         cli_print_json(json_pack("{s:s, s:s, s:s, s:I, s:i, s:I, s:o}", "checkpoint", in->uid,
@@ -288,6 +288,6 @@ int cmd_export(cli_t *cli)
         printf("exported checkpoint %s (step %" PRId64 ", chain of %d) as %s to %s, %" PRId64
                " bytes\n",
                in->uid, in->step, ch.n, fname, out, bytes);
-    rt_ckpt_chain_fini(&ch);
+    ckpt_chain_fini(&ch);
     return CLI_EXIT_OK;
 }

@@ -99,7 +99,7 @@ static void held_fini(held_t *h)
  * in with it). An online run's inputs count as consumed once a checkpoint
  * holds them. A failure is a warning: the checkpoint is on disk whatever the
  * DB says. */
-static void record_checkpoint(trainer_t *tr, const rt_ckpt_info_t *in, const char *path,
+static void record_checkpoint(trainer_t *tr, const ckpt_info_t *in, const char *path,
                               bool online, double logloss, double auc)
 {
     tr->last_ckpt_id = 0;
@@ -114,7 +114,7 @@ static void record_checkpoint(trainer_t *tr, const rt_ckpt_info_t *in, const cha
         .uid = (char *)in->uid,
         .run_id = tr->opt.run_id,
         .parent_id = parent_id,
-        .kind = (char *)rt_ckpt_kind_name(in->kind),
+        .kind = (char *)ckpt_kind_name(in->kind),
         .path = (char *)path,
         .step = in->step,
         .keys = in->keys,
@@ -137,12 +137,12 @@ static void record_checkpoint(trainer_t *tr, const rt_ckpt_info_t *in, const cha
 }
 
 /* Rank 0, after an online export: RUN_FILE_EXPORT_LAST says which. */
-static void note_export(trainer_t *tr, const rt_ckpt_info_t *in, const char *path)
+static void note_export(trainer_t *tr, const ckpt_info_t *in, const char *path)
 {
     run_export_t e = {.step = in->step, .keys = in->keys, .bytes = in->bytes,
                       .time = kiln_now_s()};
     snprintf(e.checkpoint, sizeof e.checkpoint, "%s", in->uid);
-    snprintf(e.kind, sizeof e.kind, "%s", rt_ckpt_kind_name(in->kind));
+    snprintf(e.kind, sizeof e.kind, "%s", ckpt_kind_name(in->kind));
     snprintf(e.parent, sizeof e.parent, "%s", in->parent);
     snprintf(e.path, sizeof e.path, "%s", path);
     if (run_export_last_write(tr->opt.run_dir, &e) < 0)
@@ -166,14 +166,14 @@ int train_checkpoint(trainer_t *tr, bool online)
     const job_spec_t *sp = &tr->spec;
     if (tr->last_uid[0] != '\0' && tr->last_step == tr->steps)
         return 0;
-    rt_ckpt_info_t *in = kiln_calloc(1, sizeof *in);
+    ckpt_info_t *in = kiln_calloc(1, sizeof *in);
     if (in == NULL)
         return KILN_ENOMEM;
     bool full = tr->last_uid[0] == '\0' || tr->chain_elsewhere ||
                 (!online && tr->chain + 1 >= (sp->checkpoint.full_every > 0
                                                   ? sp->checkpoint.full_every
                                                   : 1));
-    in->kind = full ? RT_CKPT_FULL : RT_CKPT_INCREMENTAL;
+    in->kind = full ? CKPT_FULL : CKPT_INCREMENTAL;
     snprintf(in->parent, sizeof in->parent, "%s", tr->last_uid);
     snprintf(in->base, sizeof in->base, "%s", full ? "" : tr->base_uid);
     in->chain = full ? 0 : tr->chain + 1;
@@ -190,22 +190,22 @@ int train_checkpoint(trainer_t *tr, bool online)
     snprintf(in->inputs_hash, sizeof in->inputs_hash, "%s", tr->inputs_hash);
     char *inputs = tr->done != NULL ? json_dumps(tr->done, JSON_COMPACT) : NULL;
     in->inputs = inputs;
-    rt_model_array_t ma[RT_MODEL_MAX_STATE];
-    rt_ckpt_array_t ca[RT_MODEL_MAX_STATE];
+    model_array_t ma[MODEL_MAX_STATE];
+    ckpt_array_t ca[MODEL_MAX_STATE];
     int na = 0;
-    rt_model_state(tr->model, ma, &na, &in->dense_step);
+    model_state(tr->model, ma, &na, &in->dense_step);
     if (!in->include_optimizer)
         na = 1; /* "dense.params" only */
     for (int i = 0; i < na; i++)
-        ca[i] = (rt_ckpt_array_t){.name = ma[i].name, .data = ma[i].data, .count = ma[i].count};
+        ca[i] = (ckpt_array_t){.name = ma[i].name, .data = ma[i].data, .count = ma[i].count};
     int64_t t0 = kiln_mono_ns();
     /* With a GPU store the checkpoint reads the host mirror: bring it up to
      * date first (every rank, or none dumps). */
-    int rc = agree(rt_store_sync(tr->store, tr->steps));
+    int rc = agree(shard_store_sync(tr->store, tr->steps));
     if (rc == 0) /* expired rows leave before the dump, which carries their removal */
         rc = agree(train_tables_expire(tr));
     if (rc == 0)
-        rc = rt_ckpt_dump(MPI_COMM_WORLD, tr->ckpt_root, tr->T, tr->tables, ca, na, in);
+        rc = ckpt_dump(MPI_COMM_WORLD, tr->ckpt_root, tr->T, tr->tables, ca, na, in);
     in->inputs = NULL;
     free(inputs);
     if (rc < 0) {
@@ -236,14 +236,14 @@ int train_checkpoint(trainer_t *tr, bool online)
         char *path = kiln_asprintf("%s/%s", tr->ckpt_root, in->uid);
         train_say(tr, "checkpoint %s: %s, step %" PRId64 ", %" PRId64 " rows, %" PRId64
                 " evicted, %" PRId64 " bytes, %.3f s%s\n",
-            in->uid, rt_ckpt_kind_name(in->kind), in->step, in->keys, in->evicted, in->bytes,
+            in->uid, ckpt_kind_name(in->kind), in->step, in->keys, in->evicted, in->bytes,
             secs, online ? " (online export)" : "");
         if (tr->progress) {
             run_progress_t rec = {.kind = RUN_REC_CHECKPOINT, .step = in->step,
                                   .time = kiln_now_s(), .keys = in->keys, .bytes = in->bytes,
                                   .ckpt_seconds = secs, .online = online};
             snprintf(rec.checkpoint, sizeof rec.checkpoint, "%s", in->uid);
-            snprintf(rec.ckpt_kind, sizeof rec.ckpt_kind, "%s", rt_ckpt_kind_name(in->kind));
+            snprintf(rec.ckpt_kind, sizeof rec.ckpt_kind, "%s", ckpt_kind_name(in->kind));
             if (run_progress_write(tr->progress, &rec) < 0)
                 KILN_WARN("%s", kiln_errmsg());
         }
@@ -259,7 +259,7 @@ int train_checkpoint(trainer_t *tr, bool online)
         if (held_load(tr->db, &held) < 0)
             KILN_WARN("retention in %s skipped: cannot read what endpoints hold from %s: %s",
                       tr->ckpt_root, tr->opt.db, kiln_errmsg());
-        else if (rt_ckpt_retain(tr->ckpt_root, sp->checkpoint.keep, pinned_by_db, &held,
+        else if (ckpt_retain(tr->ckpt_root, sp->checkpoint.keep, pinned_by_db, &held,
                                 &removed) < 0)
             KILN_WARN("retention in %s: %s", tr->ckpt_root, kiln_errmsg());
         else if (removed > 0)
@@ -373,11 +373,11 @@ bool train_inputs_covered(const trainer_t *tr, const char *path)
 }
 
 /* The inputs c covers, those still on disk, into tr->done. */
-static int load_inputs(trainer_t *tr, const rt_ckpt_t *c)
+static int load_inputs(trainer_t *tr, const ckpt_t *c)
 {
     if (!tr->spec.data.incremental && tr->spec.train.mode != JOB_MODE_ONLINE)
         return 0; /* a batch job over all its files trains them again on purpose */
-    char *text = rt_ckpt_inputs(c);
+    char *text = ckpt_inputs(c);
     json_t *all = text != NULL ? json_loads(text, 0, NULL) : NULL;
     free(text);
     json_decref(tr->done);
@@ -442,14 +442,14 @@ int train_load_start(trainer_t *tr)
     const job_spec_t *sp = &tr->spec;
     char *dir = NULL;
     int rc = 0;
-    rt_ckpt_chain_t ch = {0};
-    rt_ckpt_array_t *dense = NULL;
+    ckpt_chain_t ch = {0};
+    ckpt_array_t *dense = NULL;
     int nd = 0;
     if (tr->opt.resume != NULL) {
         dir = kiln_strdup(tr->opt.resume);
         tr->resumed = true;
     } else if (sp->train.init_from == JOB_INITFROM_LATEST) {
-        rc = rt_ckpt_latest_chain(tr->ckpt_root, true, tr->rank == 0 ? skipped_checkpoint : NULL,
+        rc = ckpt_latest_chain(tr->ckpt_root, true, tr->rank == 0 ? skipped_checkpoint : NULL,
                                   tr, &ch);
         if (rc == KILN_ENOENT) {
             kiln_errclear();
@@ -465,7 +465,7 @@ int train_load_start(trainer_t *tr)
         }
         if (rc < 0)
             goto out;
-        dir = kiln_strdup(rt_ckpt_path(ch.items[ch.n - 1]));
+        dir = kiln_strdup(ckpt_path(ch.items[ch.n - 1]));
     } else if (sp->train.init_from == JOB_INITFROM_CHECKPOINT) {
         const char *id = sp->train.init_from_checkpoint;
         dir = id[0] == '/' ? kiln_strdup(id) : kiln_asprintf("%s/%s", tr->ckpt_root, id);
@@ -477,7 +477,7 @@ int train_load_start(trainer_t *tr)
         goto out;
     }
     if (ch.n == 0) {
-        rc = rt_ckpt_chain_open(dir, true, &ch);
+        rc = ckpt_chain_open(dir, true, &ch);
         if (rc == KILN_ENOENT)
             rc = kiln_errf(KILN_ENOENT,
                            "no checkpoint %s to start from; check --resume or "
@@ -486,25 +486,25 @@ int train_load_start(trainer_t *tr)
         if (rc < 0)
             goto out;
     }
-    const rt_ckpt_info_t *in = rt_ckpt_info(ch.items[ch.n - 1]);
+    const ckpt_info_t *in = ckpt_info(ch.items[ch.n - 1]);
     if (strcmp(in->model, job_model_type_name(sp->model.type)) != 0) {
         rc = kiln_errf(KILN_ECONFLICT, "checkpoint %s holds a %s model but the spec says %s; "
                                        "use init_from: none to start fresh",
                        dir, in->model, job_model_type_name(sp->model.type));
         goto out;
     }
-    KILN_CHECK_GOTO(rt_ckpt_load_tables(&ch, tr->rank, tr->nranks, tr->T, tr->tables), rc, out);
+    KILN_CHECK_GOTO(ckpt_load_tables(&ch, tr->rank, tr->nranks, tr->T, tr->tables), rc, out);
     for (int l = 0; l < ch.n; l++)
-        train_tables_mark_time(tr, rt_ckpt_info(ch.items[l])->step,
-                               rt_ckpt_info(ch.items[l])->created_at);
-    KILN_CHECK_GOTO(rt_store_upload(tr->store, in->step), rc, out);
-    KILN_CHECK_GOTO(rt_ckpt_read_dense(ch.items[ch.n - 1], &dense, &nd), rc, out);
-    rt_model_array_t ma[8];
+        train_tables_mark_time(tr, ckpt_info(ch.items[l])->step,
+                               ckpt_info(ch.items[l])->created_at);
+    KILN_CHECK_GOTO(shard_store_upload(tr->store, in->step), rc, out);
+    KILN_CHECK_GOTO(ckpt_read_dense(ch.items[ch.n - 1], &dense, &nd), rc, out);
+    model_array_t ma[8];
     int nm = 0;
     for (int i = 0; i < nd && nm < 8; i++)
-        ma[nm++] = (rt_model_array_t){.name = dense[i].name, .data = dense[i].data,
+        ma[nm++] = (model_array_t){.name = dense[i].name, .data = dense[i].data,
                                       .count = dense[i].count};
-    rc = rt_model_load(tr->model, ma, nm, in->dense_step);
+    rc = model_load_arrays(tr->model, ma, nm, in->dense_step);
     if (rc < 0) {
         char why[512]; /* a copy: kiln_errf must not read the buffer it writes */
         snprintf(why, sizeof why, "%s", kiln_errmsg());
@@ -515,12 +515,12 @@ int train_load_start(trainer_t *tr)
     tr->last_step = in->step;
     snprintf(tr->last_uid, sizeof tr->last_uid, "%s", in->uid);
     snprintf(tr->base_uid, sizeof tr->base_uid, "%s",
-             in->kind == RT_CKPT_FULL ? in->uid : in->base);
+             in->kind == CKPT_FULL ? in->uid : in->base);
     tr->chain = in->chain;
     /* A chain cannot span directories: after starting from a checkpoint
      * outside checkpoint.dir, the first dump is a full one. */
     char *here = realpath(tr->ckpt_root, NULL), *there = NULL;
-    char *cdir = kiln_asprintf("%s/..", rt_ckpt_path(ch.items[ch.n - 1]));
+    char *cdir = kiln_asprintf("%s/..", ckpt_path(ch.items[ch.n - 1]));
     if (cdir != NULL)
         there = realpath(cdir, NULL);
     tr->chain_elsewhere = here == NULL || there == NULL || strcmp(here, there) != 0;
@@ -545,14 +545,14 @@ int train_load_start(trainer_t *tr)
         }
     }
     if (tr->rank == 0)
-        rc = rt_ckpt_lock(rt_ckpt_path(ch.items[ch.n - 1]), &tr->lock);
+        rc = ckpt_lock(ckpt_path(ch.items[ch.n - 1]), &tr->lock);
     train_say(tr, "kiln-train: %s checkpoint %s (%s, step %" PRId64 ", chain of %d, written by %d "
             "rank%s)\n",
-        tr->resumed ? "resuming from" : "starting from", in->uid, rt_ckpt_kind_name(in->kind),
+        tr->resumed ? "resuming from" : "starting from", in->uid, ckpt_kind_name(in->kind),
         in->step, ch.n, in->world_size, in->world_size == 1 ? "" : "s");
 out:
-    rt_ckpt_arrays_free(dense, nd);
-    rt_ckpt_chain_fini(&ch);
+    ckpt_arrays_free(dense, nd);
+    ckpt_chain_fini(&ch);
     free(dir);
     return rc;
 }

@@ -27,10 +27,10 @@
  *   host         the dense allreduce (through the same communicator) and
  *                the dense step (train_dev_back)
  *
- * The all-to-alls go through rt_comm on device buffers: NCCL on GPUs, MPI on
+ * The all-to-alls go through shard_comm on device buffers: NCCL on GPUs, MPI on
  * the stand-in's host memory; one rank copies. Where NCCL cannot be had
  * (more ranks than GPUs on a host) or with --device-exchange host, the
- * exchange is the host's (rt_shard over MPI, the owners' rows and gradients
+ * exchange is the host's (shard/'s exchange over MPI, the owners' rows and gradients
  * through the host) and the rest of the step stays on the device.
  *
  * The first step of a reader, and any step whose batch was not staged ahead,
@@ -75,7 +75,7 @@ struct train_dev {
      * (table t, then rank r within it) and rank-major (rank r, then table t:
      * what an all-to-all sends or receives). */
     bool dx;
-    rt_comm_t *comm; /* device buffers; NULL with one rank */
+    shard_comm_t *comm; /* device buffers; NULL with one rank */
     int R;
     int64_t *koff, *uoff, *ooff; /* (T + 1) table starts: batch keys, distinct keys, owner's keys */
     int64_t *cnt, *rcnt;         /* (R, T) keys this rank asks of owner r; requester r asks of it */
@@ -200,7 +200,7 @@ void train_dev_destroy(train_dev_t *dv)
 /* With the exchange on the device: the batch's keys into K[k], table by
  * table (each table's slots in order, as train_batch_layout places them),
  * and to the device on the copy stream. */
-static int stage_keys(trainer_t *tr, train_dev_t *dv, const rt_batch_t *b, int k)
+static int stage_keys(trainer_t *tr, train_dev_t *dv, const data_batch_t *b, int k)
 {
     const int n = b->n, T = tr->T;
     int64_t *at = dv->kpos;
@@ -227,7 +227,7 @@ static int stage_keys(trainer_t *tr, train_dev_t *dv, const rt_batch_t *b, int k
 
 /* X and y (and with the exchange on the device, the keys) of the batch
  * through this step's pinned slot to the device, on the copy stream. */
-static int stage(trainer_t *tr, train_dev_t *dv, const rt_batch_t *b)
+static int stage(trainer_t *tr, train_dev_t *dv, const data_batch_t *b)
 {
     const dev_ops_t *o = dv->ops;
     const int k = dv->slot;
@@ -454,7 +454,7 @@ static int lookup_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
     const dev_ops_t *o = dv->ops;
     const int T = tr->T, d = tr->d;
     /* How many keys each requester asks of this rank: control, on MPI. */
-    KILN_CHECK(rt_comm_alltoall(tr->comm, dv->cnt, dv->rcnt, sizeof(int64_t) * (size_t)T));
+    KILN_CHECK(shard_comm_alltoall(tr->comm, dv->cnt, dv->rcnt, sizeof(int64_t) * (size_t)T));
     table_major_starts(dv, T, dv->rcnt, dv->ooff);
     const int64_t m = dv->ooff[T];
     KILN_CHECK(need(dv, &dv->okeys, sizeof(int64_t) * (size_t)m, false));
@@ -470,7 +470,7 @@ static int lookup_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
                          (int32_t *)dv->orows.d + o0);
     }
     /* Every rank must learn whether any owner failed before going on. */
-    int worst = rt_comm_agree(tr->comm, rc, "the embedding lookup");
+    int worst = shard_comm_agree(tr->comm, rc, "the embedding lookup");
     if (worst < 0)
         return rc < 0 ? rc : worst;
     for (int t = 0; t < T; t++) {
@@ -527,7 +527,7 @@ static int update_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
     return o->update(dv->ctx, tr->store, T, &tr->sparse_opt, dv->ug, d, step);
 }
 
-void train_dev_exchange_on(trainer_t *tr, rt_comm_t *comm)
+void train_dev_exchange_on(trainer_t *tr, shard_comm_t *comm)
 {
     train_dev_t *dv = tr->dev;
     dv->dx = true;
@@ -535,13 +535,13 @@ void train_dev_exchange_on(trainer_t *tr, rt_comm_t *comm)
     dv->R = tr->nranks;
 }
 
-/* rt_comm_allreduce_sum_dd of the dense gradients: on the device's
+/* shard_comm_allreduce_sum_dd of the dense gradients: on the device's
  * communicator when the step exchanges on the device, else on tr->comm. */
 static int allreduce_dd(trainer_t *tr, double *pairs, size_t npairs)
 {
     train_dev_t *dv = tr->dev;
     if (!dv->dx || dv->comm == NULL)
-        return rt_comm_allreduce_sum_dd(tr->comm, pairs, npairs);
+        return shard_comm_allreduce_sum_dd(tr->comm, pairs, npairs);
     const dev_ops_t *o = dv->ops;
     const size_t bytes = 2 * sizeof(double) * npairs;
     KILN_CHECK(need(dv, &dv->pairs, bytes, true));
@@ -556,7 +556,7 @@ static int allreduce_dd(trainer_t *tr, double *pairs, size_t npairs)
     return 0;
 }
 
-int train_dev_stage(trainer_t *tr, const rt_batch_t *next)
+int train_dev_stage(trainer_t *tr, const data_batch_t *next)
 {
     train_dev_t *dv = tr->dev;
     if (next->n == 0) /* nothing to copy; its step stages nothing either */
@@ -566,7 +566,7 @@ int train_dev_stage(trainer_t *tr, const rt_batch_t *next)
     return 0;
 }
 
-int train_dev_front(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
+int train_dev_front(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t global_n,
                     double *loss_sum)
 {
     train_dev_t *dv = tr->dev;
@@ -623,7 +623,7 @@ int train_dev_back(trainer_t *tr, int64_t step)
         KILN_CHECK(update_dev(tr, tr->dev, step));
     else
         KILN_CHECK(
-            rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
+            shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
     KILN_CHECK(train_dense_update(tr, allreduce_dd));
     tr->dev->version++; /* the dense step changed the host params */
     return 0;

@@ -36,7 +36,7 @@ enum { DEV_COPY = 0, DEV_COMPUTE = 1, DEV_NSTREAMS = 2 };
 
 /* The dense model's forward, loss and backward for n rows. */
 typedef struct dev_dense {
-    rt_model_t *model;       /* shapes; its params are the host master copy */
+    model_t *model;       /* shapes; its params are the host master copy */
     uint64_t params_version; /* changes whenever the host params changed */
     int n;
     const float *E; /* (n, S, d) device */
@@ -84,26 +84,26 @@ typedef struct dev_ops {
     /* Zeroes [p, p + bytes). */
     int (*zero)(void *ctx, void *p, size_t bytes);
     /* Per table t, whose keys are keys[koff[t] .. koff[t + 1]) (koff: a
-     * host array): its distinct keys ordered by owner (rt_shard_owner over
+     * host array): its distinct keys ordered by owner (shard_owner over
      * nranks), then ascending, to uniq + koff[t]; inv[i] the index of keys[i]
      * among its table's distinct keys; cnt[r * ntables + t] (host) how many
      * of table t's keys rank r owns. Synchronizes. */
     int (*dedupe)(void *ctx, int ntables, const int64_t *koff, const int64_t *keys, int nranks,
                   int64_t *uniq /* OUT */, int32_t *inv /* OUT */,
                   int64_t *cnt /* OUT (nranks, ntables) */);
-    /* rt_comm_alltoallv / rt_comm_allreduce_sum_dd over comm on device
+    /* shard_comm_alltoallv / shard_comm_allreduce_sum_dd over comm on device
      * buffers, after the compute stream's work so far and before its later
      * work. (The stand-in's comm is MPI over its host memory.) */
-    int (*alltoallv)(void *ctx, rt_comm_t *comm, const void *send, const size_t *sc,
+    int (*alltoallv)(void *ctx, shard_comm_t *comm, const void *send, const size_t *sc,
                      const size_t *sd, void *recv, const size_t *rc, const size_t *rd);
-    int (*allreduce_dd)(void *ctx, rt_comm_t *comm, double *pairs, size_t npairs);
-    /* The owner's table calls on device arrays (rt_store_find_dev, _read_dev,
+    int (*allreduce_dd)(void *ctx, shard_comm_t *comm, double *pairs, size_t npairs);
+    /* The owner's table calls on device arrays (shard_store_find_dev, _read_dev,
      * _update_dev); every table's rows are dim floats. find synchronizes. */
-    int (*find)(void *ctx, rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
+    int (*find)(void *ctx, shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
                 bool insert, int32_t *rows /* OUT (n) */);
-    int (*read)(void *ctx, rt_store_t *s, int t, int64_t n, const int32_t *rows, int dim,
+    int (*read)(void *ctx, shard_store_t *s, int t, int64_t n, const int32_t *rows, int dim,
                 float *out /* OUT (n, dim) */);
-    int (*update)(void *ctx, rt_store_t *s, int ntables, const kern_opt_t *opt,
+    int (*update)(void *ctx, shard_store_t *s, int ntables, const kern_opt_t *opt,
                   const kern_row_grads_t *ug, int dim, int64_t step);
     /* tg (ntg, dim) float64: tg[rows[u]] += sums[u] for u < n (distinct rows). */
     int (*accum)(void *ctx, int64_t n, const int32_t *rows, const float *sums, int dim, int64_t ntg,

@@ -152,10 +152,10 @@ __global__ void dense_sums_kernel(const sums_args a, double *out)
 }
 
 /* The offset of parameter group name in m's params; -1 when m has none. */
-long group_offset(const rt_model_t *m, const char *name)
+long group_offset(const model_t *m, const char *name)
 {
-    for (int i = 0; i < rt_model_ngroups(m); i++) {
-        const rt_model_group_t *g = rt_model_group(m, i);
+    for (int i = 0; i < model_ngroups(m); i++) {
+        const model_group_t *g = model_group(m, i);
         if (strcmp(g->name, name) == 0)
             return (long)g->offset;
     }
@@ -206,25 +206,25 @@ int dense_room(cuda_dev *c, int n, int k, int nout, size_t np)
 int c_dense(void *ctx, const dev_dense_t *a, double *loss)
 {
     cuda_dev *c = C(ctx);
-    rt_model_t *m = a->model;
+    model_t *m = a->model;
     *loss = 0.0;
-    if (rt_model_type(m) == RT_MODEL_DLRM)
+    if (model_type(m) == MODEL_DLRM)
         return dev_dlrm_dense(&c->dlrm, c->s[DEV_COMPUTE], a, loss);
     if (a->n == 0)
         return 0;
-    const bool fm = rt_model_type(m) == RT_MODEL_FM;
-    const int S = rt_model_nslots(m), F = rt_model_ndense(m), d = rt_model_dim(m);
+    const bool fm = model_type(m) == MODEL_FM;
+    const int S = model_nslots(m), F = model_ndense(m), d = model_dim(m);
     const int k = fm ? d - 1 : 0;
     const long w_off = group_offset(m, "w"), b_off = group_offset(m, "b"),
                vx_off = group_offset(m, "vx");
     const bool dense = fm && vx_off >= 0 && F > 0;
     const int nout = F + 1 + (dense ? k * F : 0) + 1;
-    const size_t np = rt_model_nparams(m);
+    const size_t np = model_nparams(m);
     cudaStream_t st = c->s[DEV_COMPUTE];
     KILN_CHECK(dense_room(c, a->n, k, nout, np));
     if (c->version != a->params_version) {
         /* The last upload out of h_params is done: the last call synchronized. */
-        memcpy(c->h_params, rt_model_params(m), sizeof(float) * np);
+        memcpy(c->h_params, model_params(m), sizeof(float) * np);
         CUDA_CHECK(cudaMemcpyAsync(c->d_params, c->h_params, sizeof(float) * np,
                                    cudaMemcpyHostToDevice, st));
         c->version = a->params_version;
@@ -256,7 +256,7 @@ int c_dense(void *ctx, const dev_dense_t *a, double *loss)
     CUDA_CHECK(cudaMemcpyAsync(c->h_out, c->d_out, sizeof(double) * (size_t)nout,
                                cudaMemcpyDeviceToHost, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
-    double *g = rt_model_grads(m);
+    double *g = model_grads(m);
     for (int f = 0; f < F; f++)
         g[w_off + f] += c->h_out[f];
     g[b_off] += c->h_out[F];
@@ -400,59 +400,59 @@ int c_dedupe(void *ctx, int ntables, const int64_t *koff, const int64_t *keys, i
 }
 
 /* The NCCL stream waits for the compute stream's work so far. */
-int comm_after_compute(cuda_dev *c, rt_comm_t *comm)
+int comm_after_compute(cuda_dev *c, shard_comm_t *comm)
 {
-    if (rt_comm_kind(comm) != RT_COMM_NCCL)
+    if (shard_comm_kind(comm) != SHARD_COMM_NCCL)
         return kiln_errf(KILN_EINTERNAL, "the device exchange needs an NCCL communicator");
     if (c->to_comm == nullptr) {
         CUDA_CHECK(cudaEventCreateWithFlags(&c->to_comm, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&c->from_comm, cudaEventDisableTiming));
     }
     CUDA_CHECK(cudaEventRecord(c->to_comm, c->s[DEV_COMPUTE]));
-    CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)rt_comm_stream(comm), c->to_comm, 0));
+    CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)shard_comm_stream(comm), c->to_comm, 0));
     return 0;
 }
 
 /* The compute stream's later work waits for the NCCL stream's. */
-int compute_after_comm(cuda_dev *c, rt_comm_t *comm)
+int compute_after_comm(cuda_dev *c, shard_comm_t *comm)
 {
-    CUDA_CHECK(cudaEventRecord(c->from_comm, (cudaStream_t)rt_comm_stream(comm)));
+    CUDA_CHECK(cudaEventRecord(c->from_comm, (cudaStream_t)shard_comm_stream(comm)));
     CUDA_CHECK(cudaStreamWaitEvent(c->s[DEV_COMPUTE], c->from_comm, 0));
     return 0;
 }
 
-int c_alltoallv(void *ctx, rt_comm_t *comm, const void *send, const size_t *sc, const size_t *sd,
+int c_alltoallv(void *ctx, shard_comm_t *comm, const void *send, const size_t *sc, const size_t *sd,
                 void *recv, const size_t *rc, const size_t *rd)
 {
     KILN_CHECK(comm_after_compute(C(ctx), comm));
-    KILN_CHECK(rt_comm_alltoallv(comm, send, sc, sd, recv, rc, rd));
+    KILN_CHECK(shard_comm_alltoallv(comm, send, sc, sd, recv, rc, rd));
     return compute_after_comm(C(ctx), comm);
 }
 
-int c_allreduce_dd(void *ctx, rt_comm_t *comm, double *pairs, size_t npairs)
+int c_allreduce_dd(void *ctx, shard_comm_t *comm, double *pairs, size_t npairs)
 {
     KILN_CHECK(comm_after_compute(C(ctx), comm));
-    KILN_CHECK(rt_comm_allreduce_sum_dd(comm, pairs, npairs));
+    KILN_CHECK(shard_comm_allreduce_sum_dd(comm, pairs, npairs));
     return compute_after_comm(C(ctx), comm);
 }
 
-int c_find(void *ctx, rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
+int c_find(void *ctx, shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
            bool insert, int32_t *rows)
 {
-    return rt_store_find_dev(s, t, n, keys, step, insert, rows, compute(ctx));
+    return shard_store_find_dev(s, t, n, keys, step, insert, rows, compute(ctx));
 }
 
-int c_read(void *ctx, rt_store_t *s, int t, int64_t n, const int32_t *rows, int dim, float *out)
+int c_read(void *ctx, shard_store_t *s, int t, int64_t n, const int32_t *rows, int dim, float *out)
 {
     (void)dim;
-    return rt_store_read_dev(s, t, n, rows, out, compute(ctx));
+    return shard_store_read_dev(s, t, n, rows, out, compute(ctx));
 }
 
-int c_update(void *ctx, rt_store_t *s, int ntables, const kern_opt_t *opt,
+int c_update(void *ctx, shard_store_t *s, int ntables, const kern_opt_t *opt,
              const kern_row_grads_t *ug, int dim, int64_t step)
 {
     (void)ntables, (void)dim;
-    return rt_store_update_dev(s, opt, ug, step, compute(ctx));
+    return shard_store_update_dev(s, opt, ug, step, compute(ctx));
 }
 
 int c_accum(void *ctx, int64_t n, const int32_t *rows, const float *sums, int dim, int64_t ntg,

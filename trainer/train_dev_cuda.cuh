@@ -14,7 +14,7 @@
 
 #include "kiln_cuda.h"
 
-/* rt_model_sigmoid, without overflow for either sign of z. */
+/* model_sigmoid, without overflow for either sign of z. */
 __device__ inline float dev_sigmoid(float z)
 {
     if (z >= 0.0f)
@@ -23,7 +23,7 @@ __device__ inline float dev_sigmoid(float z)
     return e / (1.0f + e);
 }
 
-/* rt_model_logloss: max(z, 0) - z y + log1p(exp(-|z|)). */
+/* model_logloss: max(z, 0) - z y + log1p(exp(-|z|)). */
 __device__ inline double dev_logloss(double z, double y)
 {
     return fmax(z, 0.0) - z * y + log1p(exp(-fabs(z)));

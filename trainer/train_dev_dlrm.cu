@@ -28,7 +28,7 @@
 
 #define THREADS 256
 #define MAX_BLOCKS 4096
-#define MAX_LAYERS (2 * RT_MODEL_MAX_LAYERS)
+#define MAX_LAYERS (2 * MODEL_MAX_LAYERS)
 
 struct layer_t {
     int in, out;
@@ -204,11 +204,11 @@ struct dev_dlrm {
 
 /* The layers from the model's parameter groups ("bottom.0.weight",
  * "bottom.0.bias", ..., "top.K.bias", in that order). */
-static int read_layers(dev_dlrm_t *h, const rt_model_t *m)
+static int read_layers(dev_dlrm_t *h, const model_t *m)
 {
     int nl = 0, nb = 0;
-    for (int i = 0; i + 1 < rt_model_ngroups(m); i += 2) {
-        const rt_model_group_t *w = rt_model_group(m, i), *b = rt_model_group(m, i + 1);
+    for (int i = 0; i + 1 < model_ngroups(m); i += 2) {
+        const model_group_t *w = model_group(m, i), *b = model_group(m, i + 1);
         if (nl == MAX_LAYERS || strstr(w->name, ".weight") == NULL ||
             strstr(b->name, ".bias") == NULL)
             return kiln_errf(KILN_EINTERNAL, "dlrm on the GPU: parameter group %s is not a layer",
@@ -237,15 +237,15 @@ template <typename T> static int halloc(T **p, size_t n)
     return 0;
 }
 
-static int setup(dev_dlrm_t *h, const rt_model_t *m, void *stream)
+static int setup(dev_dlrm_t *h, const model_t *m, void *stream)
 {
     h->st = (cudaStream_t)stream;
-    h->S = rt_model_nslots(m);
-    h->F = rt_model_ndense(m);
-    h->d = rt_model_dim(m);
+    h->S = model_nslots(m);
+    h->F = model_ndense(m);
+    h->d = model_dim(m);
     h->ldr = h->d + h->S * (h->S + 1) / 2;
-    h->np = rt_model_nparams(m);
-    h->cap = rt_model_max_batch(m);
+    h->np = model_nparams(m);
+    h->cap = model_max_batch(m);
     KILN_CHECK(read_layers(h, m));
     h->maxw = h->ldr > h->F ? h->ldr : h->F;
     for (int l = 0; l < h->nl; l++)
@@ -367,7 +367,7 @@ static int forward(dev_dlrm_t *h, const dev_dense_t *a)
     return 0;
 }
 
-/* model_dlrm.c's rt_model_dlrm_backward, buffer for buffer. */
+/* model_dlrm.c's model_dlrm_backward, buffer for buffer. */
 static int backward(dev_dlrm_t *h, const dev_dense_t *a)
 {
     const int n = a->n, nb = h->nb, nl = h->nl;
@@ -408,7 +408,7 @@ static int backward(dev_dlrm_t *h, const dev_dense_t *a)
 
 int dev_dlrm_dense(dev_dlrm_t **hp, void *stream, const dev_dense_t *a, double *loss)
 {
-    rt_model_t *m = a->model;
+    model_t *m = a->model;
     *loss = 0.0;
     if (*hp == nullptr) {
         dev_dlrm_t *h = new (std::nothrow) dev_dlrm_t();
@@ -424,7 +424,7 @@ int dev_dlrm_dense(dev_dlrm_t **hp, void *stream, const dev_dense_t *a, double *
         return kiln_errf(KILN_EINTERNAL, "dlrm on the GPU: %d rows, room for %d", a->n, h->cap);
     if (h->version != a->params_version) {
         /* The last upload out of h_params is done: the last call synchronized. */
-        memcpy(h->h_params, rt_model_params(m), sizeof(float) * h->np);
+        memcpy(h->h_params, model_params(m), sizeof(float) * h->np);
         CUDA_CHECK(cudaMemcpyAsync(h->d_params, h->h_params, sizeof(float) * h->np,
                                    cudaMemcpyHostToDevice, h->st));
         h->version = a->params_version;
@@ -437,7 +437,7 @@ int dev_dlrm_dense(dev_dlrm_t **hp, void *stream, const dev_dense_t *a, double *
     CUDA_CHECK(
         cudaMemcpyAsync(h->h_loss, h->d_loss, sizeof(double), cudaMemcpyDeviceToHost, h->st));
     CUDA_CHECK(cudaStreamSynchronize(h->st));
-    double *g = rt_model_grads(m);
+    double *g = model_grads(m);
     for (size_t i = 0; i < h->np; i++)
         g[i] += h->h_grads[i];
     *loss = *h->h_loss;

@@ -245,9 +245,9 @@ static int h_dense(void *ctx, const dev_dense_t *a, double *loss)
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
-    rt_model_t *m = a->model;
-    const size_t n = (size_t)a->n, S = (size_t)rt_model_nslots(m), d = (size_t)rt_model_dim(m),
-                 F = (size_t)rt_model_ndense(m);
+    model_t *m = a->model;
+    const size_t n = (size_t)a->n, S = (size_t)model_nslots(m), d = (size_t)model_dim(m),
+                 F = (size_t)model_ndense(m);
     *loss = 0.0;
     if (n == 0)
         return 0;
@@ -255,8 +255,8 @@ static int h_dense(void *ctx, const dev_dense_t *a, double *loss)
     KILN_CHECK(access_buf(h, DEV_COMPUTE, now, a->X, sizeof(float) * n * F, false, "dense"));
     KILN_CHECK(access_buf(h, DEV_COMPUTE, now, a->y, sizeof(float) * n, false, "dense"));
     KILN_CHECK(access_buf(h, DEV_COMPUTE, now, a->dE, sizeof(float) * n * S * d, true, "dense"));
-    KILN_CHECK(rt_model_forward(m, a->n, a->E, a->X, a->y, NULL, loss));
-    KILN_CHECK(rt_model_backward(m, a->scale, a->dE));
+    KILN_CHECK(model_forward(m, a->n, a->E, a->X, a->y, NULL, loss));
+    KILN_CHECK(model_backward(m, a->scale, a->dE));
     host_waits_compute(h);
     return 0;
 }
@@ -345,7 +345,7 @@ static int h_dedupe(void *ctx, int ntables, const int64_t *koff, const int64_t *
     for (int t = 0; t < ntables; t++) {
         const int64_t k0 = koff[t], n = koff[t + 1] - k0;
         for (int64_t i = 0; i < n; i++)
-            v[i] = (sortrec_t){rt_shard_owner(keys[k0 + i], nranks), keys[k0 + i], i};
+            v[i] = (sortrec_t){shard_owner(keys[k0 + i], nranks), keys[k0 + i], i};
         qsort(v, (size_t)n, sizeof *v, by_major_minor); /* by owner, then key */
         int64_t u = -1;
         for (int64_t i = 0; i < n; i++) {
@@ -370,49 +370,49 @@ static int access_parts(standin_t *h, uint64_t now, const void *p, const size_t 
     return 0;
 }
 
-static int h_alltoallv(void *ctx, rt_comm_t *comm, const void *send, const size_t *sc,
+static int h_alltoallv(void *ctx, shard_comm_t *comm, const void *send, const size_t *sc,
                        const size_t *sd, void *recv, const size_t *rc, const size_t *rd)
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
-    const int R = rt_comm_size(comm);
+    const int R = shard_comm_size(comm);
     KILN_CHECK(access_parts(h, now, send, sc, sd, R, false));
     KILN_CHECK(access_parts(h, now, recv, rc, rd, R, true));
-    return rt_comm_alltoallv(comm, send, sc, sd, recv, rc, rd);
+    return shard_comm_alltoallv(comm, send, sc, sd, recv, rc, rd);
 }
 
-static int h_allreduce_dd(void *ctx, rt_comm_t *comm, double *pairs, size_t npairs)
+static int h_allreduce_dd(void *ctx, shard_comm_t *comm, double *pairs, size_t npairs)
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
     CHECK_ACCESS(pairs, 2 * sizeof(double) * npairs, false, "allreduce");
     CHECK_ACCESS(pairs, 2 * sizeof(double) * npairs, true, "allreduce");
-    return rt_comm_allreduce_sum_dd(comm, pairs, npairs);
+    return shard_comm_allreduce_sum_dd(comm, pairs, npairs);
 }
 
-static int h_find(void *ctx, rt_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
+static int h_find(void *ctx, shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
                   bool insert, int32_t *rows)
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
     CHECK_ACCESS(keys, sizeof(int64_t) * (size_t)n, false, "find");
     CHECK_ACCESS(rows, sizeof(int32_t) * (size_t)n, true, "find");
-    KILN_CHECK(rt_store_find_dev(s, t, n, keys, step, insert, rows, NULL));
+    KILN_CHECK(shard_store_find_dev(s, t, n, keys, step, insert, rows, NULL));
     host_waits_compute(h);
     return 0;
 }
 
-static int h_read(void *ctx, rt_store_t *s, int t, int64_t n, const int32_t *rows, int dim,
+static int h_read(void *ctx, shard_store_t *s, int t, int64_t n, const int32_t *rows, int dim,
                   float *out)
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
     CHECK_ACCESS(rows, sizeof(int32_t) * (size_t)n, false, "read");
     CHECK_ACCESS(out, sizeof(float) * (size_t)n * (size_t)dim, true, "read");
-    return rt_store_read_dev(s, t, n, rows, out, NULL);
+    return shard_store_read_dev(s, t, n, rows, out, NULL);
 }
 
-static int h_update(void *ctx, rt_store_t *s, int ntables, const kern_opt_t *opt,
+static int h_update(void *ctx, shard_store_t *s, int ntables, const kern_opt_t *opt,
                     const kern_row_grads_t *ug, int dim, int64_t step)
 {
     standin_t *h = ctx;
@@ -421,7 +421,7 @@ static int h_update(void *ctx, rt_store_t *s, int ntables, const kern_opt_t *opt
         CHECK_ACCESS(ug[t].rows, sizeof(int32_t) * (size_t)ug[t].n, false, "update");
         CHECK_ACCESS(ug[t].grads, sizeof(float) * (size_t)ug[t].n * (size_t)dim, false, "update");
     }
-    return rt_store_update_dev(s, opt, ug, step, NULL);
+    return shard_store_update_dev(s, opt, ug, step, NULL);
 }
 
 static int h_accum(void *ctx, int64_t n, const int32_t *rows, const float *sums, int dim,

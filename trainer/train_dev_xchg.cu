@@ -9,7 +9,7 @@
  *            piece copies its 32-bit words.
  *   dedupe   per table: a radix sort of (key, position), run heads and an
  *            inclusive scan (each key's run), the distinct keys' owners
- *            (rt_shard_owner, the host's function), a stable radix sort of
+ *            (shard_owner, the host's function), a stable radix sort of
  *            the distinct keys by owner, then the outputs by scatter; the
  *            counts per owner are integer atomics (exact in any order). One
  *            synchronization for all tables (the counts to the host).
@@ -101,7 +101,7 @@ __global__ void distinct_kernel(const int64_t *skeys, const int32_t *heads, cons
     if (heads[i]) {
         const int32_t r = run[i] - 1;
         ukeys[r] = skeys[i];
-        owner[r] = rt_shard_owner(skeys[i], nranks);
+        owner[r] = shard_owner(skeys[i], nranks);
     }
     if (i == n - 1)
         *nu = run[i];

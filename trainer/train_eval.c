@@ -13,7 +13,7 @@ int train_gather_layout(const trainer_t *tr, int mine, int **counts, int **displ
     *counts = tr->rank == 0 ? kiln_calloc((size_t)tr->nranks, sizeof(int)) : NULL;
     *displs = tr->rank == 0 ? kiln_calloc((size_t)tr->nranks, sizeof(int)) : NULL;
     *total = 0;
-    RT_MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, *counts, 1, MPI_INT, 0, MPI_COMM_WORLD),
+    SHARD_MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, *counts, 1, MPI_INT, 0, MPI_COMM_WORLD),
                  "MPI_Gather of row counts");
     if (tr->rank == 0)
         for (int i = 0; i < tr->nranks; i++) {
@@ -26,16 +26,16 @@ int train_gather_layout(const trainer_t *tr, int mine, int **counts, int **displ
 int train_predict_files(trainer_t *tr, char **files, int nfiles, const char *what, float **probs,
                         float **labels, int64_t **rows, int64_t *n)
 {
-    rt_reader_t *r = NULL;
+    data_reader_t *r = NULL;
     int64_t capp = 0, capl = 0, capr = 0;
     *n = 0;
     int rc = agree(train_open_reader(tr, files, nfiles, &r));
     if (rc < 0)
         goto out;
-    int64_t nsteps = rt_reader_nsteps(r);
+    int64_t nsteps = data_reader_nsteps(r);
     for (int64_t k = 0; k < nsteps; k++) {
-        rt_batch_t *b = NULL;
-        int got = rt_reader_next(r, &b);
+        data_batch_t *b = NULL;
+        int got = data_reader_next(r, &b);
         rc = got < 0 ? got : got == 0 ? KILN_EINTERNAL : 0;
         if (rc == 0 && rows != NULL && b->nskipped > 0)
             rc = kiln_errf(KILN_ECORRUPT,
@@ -59,7 +59,7 @@ int train_predict_files(trainer_t *tr, char **files, int nfiles, const char *wha
             goto out;
         if (b->n == 0) /* every line of the batch malformed: nothing allocated yet, maybe */
             continue;
-        rc = rt_model_predict(tr->model, b->n, tr->E, b->dense, *probs + *n);
+        rc = model_predict(tr->model, b->n, tr->E, b->dense, *probs + *n);
         if (rc < 0)
             goto out;
         if (labels)
@@ -70,7 +70,7 @@ int train_predict_files(trainer_t *tr, char **files, int nfiles, const char *wha
     }
     train_log_malformed(tr, r, what);
 out:
-    rt_reader_close(r);
+    data_reader_close(r);
     return rc;
 }
 
@@ -120,11 +120,11 @@ int train_evaluate(trainer_t *tr, char **files, int nfiles, int64_t *rows, doubl
         mrc = MPI_Gatherv(labels, mine, MPI_FLOAT, all_l, counts, displs, MPI_FLOAT, 0,
                           MPI_COMM_WORLD);
     if (mrc != MPI_SUCCESS)
-        rc = rt_mpi_fail(mrc, "MPI_Gatherv of the eval predictions");
+        rc = shard_mpi_fail(mrc, "MPI_Gatherv of the eval predictions");
     if (rc == 0 && tr->rank == 0) {
         *rows = total;
-        *logloss = rt_metrics_logloss(all_p, all_l, (size_t)total);
-        rc = rt_metrics_auc(all_p, all_l, (size_t)total, auc);
+        *logloss = model_metrics_logloss(all_p, all_l, (size_t)total);
+        rc = model_metrics_auc(all_p, all_l, (size_t)total, auc);
     }
     KILN_FREE_ALL(all_p, all_l, counts, displs);
 out:

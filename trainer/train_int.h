@@ -6,21 +6,21 @@
  *   mpirun -np N kiln-train --spec FILE --run-dir DIR [options]
  *
  * Embedding tables are model parallel (key k of table t lives on rank
- * rt_shard_owner(k)), the dense model is data parallel (replicated, gradients
+ * shard_owner(k)), the dense model is data parallel (replicated, gradients
  * allreduced). One step of one rank:
  *
  *   batch (n rows, S slots, CSR)      from the prefetching reader
  *   keys per table -> dedupe          (a table may serve several slots)
- *   rt_shard_lookup                   one all-to-all of keys, one of rows
+ *   shard_lookup                   one all-to-all of keys, one of rows
  *   kern_cpu_gather_combine           pooled E (n, S, d), all slots at once
- *   rt_model_forward / _backward      loss, dE (n, S, d), dense grads
+ *   model_forward / _backward      loss, dE (n, S, d), dense grads
  *   scatter by the dedupe's inverse   dE -> gradients of each table's unique keys
- *   rt_shard_update                   one all-to-all of gradients, fused update
- *   rt_comm_allreduce_sum_dd          dense grads over the ranks, then the dense
+ *   shard_update                   one all-to-all of gradients, fused update
+ *   shard_comm_allreduce_sum_dd          dense grads over the ranks, then the dense
  *                                     optimizer step
  *
- * The owners' side of the two rt_shard calls goes through the rank's store
- * (rt_store_*, shard/shard.h): host tables, or GPU hash tables with the host tables as the
+ * The owners' side of the two shard/ exchange calls goes through the rank's store
+ * (shard_store_*, shard/shard.h): host tables, or GPU hash tables with the host tables as the
  * checkpoints' mirror (resources.device; docs/gpu.md).
  *
  * Global batch = batch_size x ranks, and the reader deals rows so that any
@@ -102,14 +102,14 @@ typedef struct trainer {
     int S, F, d, T;   /* slots, dense features, pooled width, tables */
     int *slot_table;  /* (S) */
     kern_table_t **tables;   /* (T) this rank's shards; with a GPU, the checkpoint mirror */
-    rt_store_t *store;       /* where the rows of the step live (shard/shard.h) */
-    rt_store_kind_t store_kind;
-    int cuda_device;         /* RT_STORE_CUDA: this rank's GPU */
-    rt_comm_t *comm;         /* the step's collectives: the exchange and the dense allreduce */
-    rt_comm_t *dcomm;        /* the device step's exchange: NCCL on GPUs (NULL: none made) */
-    rt_shard_t *shard;
-    rt_model_t *model;
-    rt_dedupe_t **dedupe;    /* (T) one per table, so that tables dedupe in parallel */
+    shard_store_t *store;       /* where the rows of the step live (shard/shard.h) */
+    shard_store_kind_t store_kind;
+    int cuda_device;         /* SHARD_STORE_CUDA: this rank's GPU */
+    shard_comm_t *comm;         /* the step's collectives: the exchange and the dense allreduce */
+    shard_comm_t *dcomm;        /* the device step's exchange: NCCL on GPUs (NULL: none made) */
+    shard_t *shard;
+    model_t *model;
+    shard_dedupe_t **dedupe;    /* (T) one per table, so that tables dedupe in parallel */
     kern_opt_t sparse_opt;
     kern_combine_t *combine; /* (S) */
 
@@ -141,8 +141,8 @@ typedef struct trainer {
 
     /* checkpoints */
     char *ckpt_root;                 /* spec checkpoint.dir, resolved */
-    char last_uid[RT_CKPT_UID_MAX];  /* the newest checkpoint of this lineage, "" none */
-    char base_uid[RT_CKPT_UID_MAX];  /* the full dump last_uid stands on */
+    char last_uid[CKPT_UID_MAX];  /* the newest checkpoint of this lineage, "" none */
+    char base_uid[CKPT_UID_MAX];  /* the full dump last_uid stands on */
     int64_t last_step;               /* step of last_uid (incremental dumps start after it) */
     int chain;                       /* incrementals since base_uid */
     bool chain_elsewhere;            /* last_uid is not in ckpt_root: next dump is full */
@@ -197,24 +197,24 @@ int train_setup_model(trainer_t *tr);
  * the spec's folder): what training and --predict both do before loading a
  * checkpoint. Returns 0 or the first failure; the caller agrees on it. */
 int train_setup_run(trainer_t *tr);
-int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r);
+int train_open_reader(trainer_t *tr, char **files, int nfiles, data_reader_t **r);
 /* Whether a reader's failure is its file's own (it does not decode, checksum
  * or parse as the spec says; it is gone), not the machine's: an online run
  * sets such a file aside (data_verdict) and goes on. */
 bool train_data_fault(int rc);
-void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what);
+void train_log_malformed(trainer_t *tr, data_reader_t *r, const char *what);
 
 /* ---- train_step.c ---- */
 /* One training step on the CPU. global_n is the rows of all ranks in it. */
-int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
+int train_step(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t global_n,
                double *loss_sum);
-void train_batch_layout(trainer_t *tr, const rt_batch_t *b);
-int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert);
-int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert);
+void train_batch_layout(trainer_t *tr, const data_batch_t *b);
+int train_lookup_keys(trainer_t *tr, const data_batch_t *b, int64_t step, bool insert);
+int train_lookup_batch(trainer_t *tr, const data_batch_t *b, int64_t step, bool insert);
 /* Sums (pairs, npairs) of double-double values over the ranks in place. */
 typedef int (*train_sum_dd_fn)(trainer_t *tr, double *pairs, size_t npairs);
 /* The dense gradients summed over the ranks with sum (the CPU step's
- * rt_comm, or the device step's own communicator), then the dense
+ * shard_comm, or the device step's own communicator), then the dense
  * optimizer step. */
 int train_dense_update(trainer_t *tr, train_sum_dd_fn sum);
 
@@ -226,16 +226,16 @@ struct dev_ops;
 int train_dev_create(trainer_t *tr, const struct dev_ops *ops, int device);
 /* Makes the device step exchange on the device over comm (device buffers;
  * NULL with one rank): after train_dev_create. */
-void train_dev_exchange_on(trainer_t *tr, rt_comm_t *comm);
+void train_dev_exchange_on(trainer_t *tr, shard_comm_t *comm);
 void train_dev_destroy(train_dev_t *dv);
 /* train_step with the pooling, the dense model and the reduce on the
  * device, in two parts: train_dev_front runs the step up to the gradients
  * (after it, the loop may read the next batch and train_dev_stage it, so
  * that its copy to the device overlaps the rest of this step), and
  * train_dev_back the update exchange and the dense step. */
-int train_dev_front(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n,
+int train_dev_front(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t global_n,
                     double *loss_sum);
-int train_dev_stage(trainer_t *tr, const rt_batch_t *next);
+int train_dev_stage(trainer_t *tr, const data_batch_t *next);
 int train_dev_back(trainer_t *tr, int64_t step);
 
 /* ---- train_ckpt.c ---- */
@@ -267,7 +267,7 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT */);
  * that this rank owns (kern_table_prefetch: the kernel reads their pages
  * while the step exchanges keys). Does nothing without a disk tier. Not
  * collective; a failure (out of memory) only costs the warm-up. */
-void train_tables_prefetch(trainer_t *tr, const rt_batch_t *b);
+void train_tables_prefetch(trainer_t *tr, const data_batch_t *b);
 
 /* ---- train_loop.c ---- */
 char *train_spec_base_dir(const char *spec_path);

@@ -14,7 +14,7 @@ static int report_progress(trainer_t *tr, int64_t step, int64_t end_step, double
                            int64_t rows, double seconds, bool human, bool last)
 {
     double in[2] = {loss_sum, (double)rows}, out[2];
-    RT_MPI_CHECK(MPI_Reduce(in, out, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD),
+    SHARD_MPI_CHECK(MPI_Reduce(in, out, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD),
                  "MPI_Reduce of the loss");
     if (tr->rank != 0)
         return 0;
@@ -121,8 +121,8 @@ static int check_finite(trainer_t *tr, double loss_sum, int64_t step)
 {
     int bad = isfinite(loss_sum) ? 0 : 1;
     if (bad == 0) {
-        const float *p = rt_model_params_read(tr->model);
-        const size_t np = rt_model_nparams(tr->model);
+        const float *p = model_params_read(tr->model);
+        const size_t np = model_nparams(tr->model);
         for (size_t i = 0; i < np && bad == 0; i++)
             if (!isfinite(p[i]))
                 bad = 2;
@@ -154,8 +154,8 @@ int64_t train_step_limit(const trainer_t *tr)
 /* The next batch, read during the step before it (dev_step). */
 typedef struct {
     bool held; /* got and b are the next batch's */
-    int got;   /* rt_reader_next's return */
-    rt_batch_t *b;
+    int got;   /* data_reader_next's return */
+    data_batch_t *b;
 } ahead_t;
 
 /* The device step for batch b: its front, then (when more is to come) the
@@ -163,13 +163,13 @@ typedef struct {
  * to the device overlaps this step's update exchange and dense step, then
  * the back. A failed read waits in ahead for the next step's agreement on
  * it, as it would have failed there. */
-static int dev_step(trainer_t *tr, rt_reader_t *r, const rt_batch_t *b, bool more, int64_t global_n,
+static int dev_step(trainer_t *tr, data_reader_t *r, const data_batch_t *b, bool more, int64_t global_n,
                     ahead_t *ahead, double *loss_sum)
 {
     const int64_t step = tr->steps + 1;
     KILN_CHECK(train_dev_front(tr, b, step, global_n, loss_sum));
     if (more) {
-        ahead->got = rt_reader_next(r, &ahead->b); /* b is invalid from here */
+        ahead->got = data_reader_next(r, &ahead->b); /* b is invalid from here */
         ahead->held = true;
         if (ahead->got == 1)
             KILN_CHECK(train_dev_stage(tr, ahead->b));
@@ -190,14 +190,14 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
     for (int64_t epoch = tr->start_epoch; epoch < epochs && rc == 0; epoch++) {
         if (limit > 0 && tr->steps >= limit)
             break;
-        rt_reader_t *r = NULL;
+        data_reader_t *r = NULL;
         rc = agree(train_open_reader(tr, files, nfiles, &r));
         if (rc < 0) {
             tr->data_verdict = train_data_fault(rc); /* the same code on every rank */
-            rt_reader_close(r);
+            data_reader_close(r);
             break;
         }
-        if (rt_reader_total_rows(r) == 0) {
+        if (data_reader_total_rows(r) == 0) {
             /* Every rank counted the same files. */
             tr->error_told = tr->rank != 0;
             tr->data_verdict = true;
@@ -206,10 +206,10 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
                            "to train on; check data.train",
                            nfiles, nfiles == 1 ? "" : "s", files[0], nfiles > 1 ? ", ..." : "",
                            nfiles == 1 ? "s" : "");
-            rt_reader_close(r);
+            data_reader_close(r);
             break;
         }
-        int64_t nsteps = rt_reader_nsteps(r);
+        int64_t nsteps = data_reader_nsteps(r);
         /* The loss curve: a record every few steps, at most ~256 over the
          * run, every step of a short one. */
         if (tr->rec_every <= 0)
@@ -221,8 +221,8 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
             k0 = nsteps;
         /* Continue a resumed run where it stopped: skip the batches it took. */
         for (int64_t k = 0; k < k0; k++) {
-            rt_batch_t *b = NULL;
-            int got = rt_reader_next(r, &b);
+            data_batch_t *b = NULL;
+            int got = data_reader_next(r, &b);
             rc = agree(got < 0 ? got : got == 0 ? kiln_errf(KILN_EINTERNAL, "rank %d ran out of "
                                                                              "batches skipping "
                                                                              "to step %" PRId64,
@@ -246,8 +246,8 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
         int64_t rows_acc = 0;
         ahead_t ahead = {0};
         for (int64_t k = k0; k < nsteps && rc == 0; k++) {
-            rt_batch_t *b = ahead.held ? ahead.b : NULL;
-            int got = ahead.held ? ahead.got : rt_reader_next(r, &b);
+            data_batch_t *b = ahead.held ? ahead.b : NULL;
+            int got = ahead.held ? ahead.got : data_reader_next(r, &b);
             ahead.held = false;
             /* Agree on the rows of this step, whether any rank failed (and
              * whether on its file's own fault), and the malformed lines it
@@ -326,7 +326,7 @@ int train_loop(trainer_t *tr, char **files, int nfiles, int64_t epochs)
                 rc = train_checkpoint(tr, false);
         }
         train_log_malformed(tr, r, "training");
-        rt_reader_close(r);
+        data_reader_close(r);
         if (limit > 0 && tr->steps >= limit)
             break;
     }

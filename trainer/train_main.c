@@ -166,8 +166,8 @@ static int parse_options(int argc, char **argv, options_t *o)
     return 0;
 }
 
-/* resources.device (shard/shard.h, rt_device_*) decides where the embedding tables of the
- * step live: cuda puts this rank's shards in GPU hash tables (RT_STORE_CUDA;
+/* resources.device (shard/shard.h, shard_device_*) decides where the embedding tables of the
+ * step live: cuda puts this rank's shards in GPU hash tables (SHARD_STORE_CUDA;
  * lookups, inserts, evictions and the sparse optimizer run as CUDA
  * kernels), cpu keeps them in host tables. The exchange runs on the CPU
  * either way; with cuda the step also runs on the device
@@ -176,26 +176,26 @@ static int parse_options(int argc, char **argv, options_t *o)
  * agreement, so a refusal is every rank's. */
 static int pick_device(trainer_t *tr)
 {
-    rt_device_t dev = RT_DEVICE_CPU;
+    shard_device_t dev = SHARD_DEVICE_CPU;
     char why[320];
-    const int gpus = rt_device_visible_gpus();
-    int rc = rt_device_pick(tr->spec.resources.device, rt_device_built_cuda(), gpus, &dev, why,
+    const int gpus = shard_device_visible_gpus();
+    int rc = shard_device_pick(tr->spec.resources.device, shard_device_built_cuda(), gpus, &dev, why,
                             sizeof why);
     rc = agree(rc);
     if (rc < 0)
         return rc;
-    int mine = dev == RT_DEVICE_CUDA, all = mine;
+    int mine = dev == SHARD_DEVICE_CUDA, all = mine;
     if (MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
         return kiln_errf(KILN_EMPI, "MPI_Allreduce of the device choice failed");
     if (mine && !all) {
-        dev = RT_DEVICE_CPU;
+        dev = SHARD_DEVICE_CPU;
         snprintf(why, sizeof why, "device auto: another rank sees no CUDA device; every rank "
                                   "uses the CPU backend");
     }
-    tr->store_kind = dev == RT_DEVICE_CUDA ? RT_STORE_CUDA : RT_STORE_HOST;
-    if (dev == RT_DEVICE_CUDA) {
+    tr->store_kind = dev == SHARD_DEVICE_CUDA ? SHARD_STORE_CUDA : SHARD_STORE_HOST;
+    if (dev == SHARD_DEVICE_CUDA) {
         int lrank = 0, lsize = 1;
-        KILN_CHECK(rt_mpi_local_rank(MPI_COMM_WORLD, &lrank, &lsize));
+        KILN_CHECK(shard_mpi_local_rank(MPI_COMM_WORLD, &lrank, &lsize));
         tr->cuda_device = lrank % gpus;
         if (tr->rank == 0)
             KILN_INFO("%s: embedding tables on the GPU (%d rank%s on this host, %d GPU%s%s); "
@@ -206,14 +206,14 @@ static int pick_device(trainer_t *tr)
         KILN_INFO("%s", why);
     }
     if (tr->opt.store != NULL)
-        tr->store_kind = RT_STORE_TWIN;
+        tr->store_kind = SHARD_STORE_TWIN;
     return 0;
 }
 
 static int set_threads(trainer_t *tr)
 {
     int lrank = 0, local_ranks = 1;
-    if (rt_mpi_local_rank(MPI_COMM_WORLD, &lrank, &local_ranks) < 0)
+    if (shard_mpi_local_rank(MPI_COMM_WORLD, &lrank, &local_ranks) < 0)
         local_ranks = 1;
     int threads = tr->opt.threads > 0 ? tr->opt.threads : tr->spec.resources.threads;
     if (threads <= 0) {
@@ -222,7 +222,7 @@ static int set_threads(trainer_t *tr)
             threads = 1;
     }
     /* OpenBLAS itself stays on one thread: the models split their GEMMs over
-     * these OpenMP threads (rt_model_create). */
+     * these OpenMP threads (model_create). */
     omp_set_num_threads(threads);
     /* data.reader: auto. A reader thread that parses TSV or decodes Parquet
      * beside a CPU step whose threads take every core only takes turns with
@@ -250,19 +250,19 @@ static void trainer_fini(trainer_t *tr)
             KILN_FREE_ALL(tr->tkeys[t], tr->tinv[t], tr->tuniq[t], tr->tgrad[t]);
     }
     train_dev_destroy(tr->dev);
-    rt_comm_destroy(tr->dcomm);
-    rt_shard_destroy(tr->shard);
-    rt_comm_destroy(tr->comm);
-    rt_store_destroy(tr->store);
+    shard_comm_destroy(tr->dcomm);
+    shard_destroy(tr->shard);
+    shard_comm_destroy(tr->comm);
+    shard_store_destroy(tr->store);
     for (int t = 0; tr->dedupe && t < tr->T; t++)
-        rt_dedupe_destroy(tr->dedupe[t]);
+        shard_dedupe_destroy(tr->dedupe[t]);
     free(tr->dedupe);
-    rt_model_destroy(tr->model);
+    model_destroy(tr->model);
     KILN_FREE_ALL(tr->tables, tr->slot_table, tr->combine, tr->tkeys, tr->tkeys_cap, tr->tn,
                   tr->tinv, tr->tuniq, tr->tuniq_cap, tr->nuniq, tr->tgrad, tr->tgrad_cap,
                   tr->dense_pairs, tr->slot_koff, tr->boff, tr->bags, tr->E, tr->probs,
                   tr->spec_dir, tr->ckpt_root, tr->marks);
-    rt_ckpt_unlock(tr->lock);
+    ckpt_unlock(tr->lock);
     json_decref(tr->done);
     state_close(tr->db);
     if (tr->progress)
@@ -285,8 +285,8 @@ static int setup_device_step(trainer_t *tr)
         return 0;
     }
 #ifdef KILN_HAVE_CUDA
-    if (tr->store_kind == RT_STORE_CUDA) {
-        if (rt_model_precision(tr->model) == RT_DENSE_BF16)
+    if (tr->store_kind == SHARD_STORE_CUDA) {
+        if (model_precision(tr->model) == MODEL_DENSE_BF16)
             return kiln_errf(KILN_EINVAL,
                              "model.dense_precision: bf16 runs the CPU's dense layers, and this "
                              "run trains the model on the GPU (resources.device: %s found one): "
@@ -297,10 +297,10 @@ static int setup_device_step(trainer_t *tr)
         if (!host_x && tr->nranks == 1) {
             train_dev_exchange_on(tr, NULL);
             where = "the lookup and update on the GPU (one rank)";
-        } else if (!host_x && rt_comm_create(RT_COMM_NCCL, MPI_COMM_WORLD, &tr->dcomm) == 0) {
+        } else if (!host_x && shard_comm_create(SHARD_COMM_NCCL, MPI_COMM_WORLD, &tr->dcomm) == 0) {
             train_dev_exchange_on(tr, tr->dcomm);
             where = "the exchange between the GPUs over NCCL";
-        } else if (!host_x) { /* every rank failed alike (rt_comm_create agrees) */
+        } else if (!host_x) { /* every rank failed alike (shard_comm_create agrees) */
             if (tr->rank == 0)
                 KILN_WARN("the device step exchanges over host buffers: %s", kiln_errmsg());
             kiln_errclear();
@@ -308,7 +308,7 @@ static int setup_device_step(trainer_t *tr)
         if (tr->rank == 0)
             KILN_INFO("the device step: pooling, the %s model and the backward reduce on the "
                       "GPU; %s",
-                      rt_model_type_name(rt_model_type(tr->model)), where);
+                      model_type_name(model_type(tr->model)), where);
     }
 #endif
     return 0;
@@ -365,12 +365,12 @@ static int write_result(trainer_t *tr, int threads, int64_t eval_rows, double lo
 {
     int64_t keys = 0, mine_keys = 0, malformed = 0;
     for (int t = 0; t < tr->T; t++)
-        mine_keys += rt_store_size(tr->store, t);
+        mine_keys += shard_store_size(tr->store, t);
     int mrc = MPI_Reduce(&mine_keys, &keys, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     if (mrc == MPI_SUCCESS)
         mrc = MPI_Reduce(&tr->malformed, &malformed, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     if (mrc != MPI_SUCCESS)
-        return rt_mpi_fail(mrc, "MPI_Reduce of the run's key and malformed-line counts");
+        return shard_mpi_fail(mrc, "MPI_Reduce of the run's key and malformed-line counts");
     run_tables_t tabs = {0};
     KILN_CHECK(train_tables_report(tr, &tabs));
     if (tr->rank == 0) {
@@ -394,7 +394,7 @@ static int write_result(trainer_t *tr, int threads, int64_t eval_rows, double lo
         model_kernels_describe(&k);
         snprintf(res.dense_kernels, sizeof res.dense_kernels, "%s", k.name);
         snprintf(res.dense_precision, sizeof res.dense_precision, "%s",
-                 rt_model_precision_name(rt_model_precision(tr->model)));
+                 model_precision_name(model_precision(tr->model)));
         return run_result_write(tr->opt.run_dir, &res, stdout);
     }
     return 0;
@@ -426,7 +426,7 @@ static int run(trainer_t *tr)
         return rc;
 
     /* Every rank reaches this point (the spec is the same file for all). */
-    KILN_CHECK_GOTO(rt_comm_create(RT_COMM_MPI, MPI_COMM_WORLD, &tr->comm), rc, out);
+    KILN_CHECK_GOTO(shard_comm_create(SHARD_COMM_MPI, MPI_COMM_WORLD, &tr->comm), rc, out);
     KILN_CHECK_GOTO(pick_device(tr), rc, out);
     int threads = set_threads(tr);
     if (tr->opt.predict != NULL)

@@ -36,7 +36,7 @@ static int predict_rows(trainer_t *tr, char **files, int nfiles, float **probs_o
         mrc = MPI_Gatherv(idx, mine, MPI_INT64_T, all_i, counts, displs, MPI_INT64_T, 0,
                           MPI_COMM_WORLD);
     if (mrc != MPI_SUCCESS) {
-        rc = rt_mpi_fail(mrc, "MPI_Gatherv of the predictions");
+        rc = shard_mpi_fail(mrc, "MPI_Gatherv of the predictions");
         goto out;
     }
     if (tr->rank == 0) {

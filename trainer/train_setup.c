@@ -30,7 +30,7 @@ int train_agree_on(trainer_t *tr, int rc)
     int mrc = MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (mrc != MPI_SUCCESS) {
         tr->abort_needed = true;
-        return rt_mpi_fail(mrc, "MPI_Allreduce of the ranks' status");
+        return shard_mpi_fail(mrc, "MPI_Allreduce of the ranks' status");
     }
     if (rc == 0 && worst < 0)
         tr->error_told = true;
@@ -118,20 +118,20 @@ void train_free_list(char **files, int n)
 
 /* ---- the readers ------------------------------------------------------------------ */
 
-int train_open_reader(trainer_t *tr, char **files, int nfiles, rt_reader_t **r)
+int train_open_reader(trainer_t *tr, char **files, int nfiles, data_reader_t **r)
 {
-    static const rt_format_t fmts[] = {[JOB_FMT_CRITEO_TSV] = RT_FMT_TSV,
-                                       [JOB_FMT_KILN_BIN] = RT_FMT_BIN,
-                                       [JOB_FMT_PARQUET] = RT_FMT_PARQUET};
-    static const rt_dense_transform_t tfs[] = {[JOB_DENSE_AUTO] = RT_DENSE_AUTO,
-                                               [JOB_DENSE_LOG1P] = RT_DENSE_LOG1P,
-                                               [JOB_DENSE_NONE] = RT_DENSE_NONE};
+    static const data_format_t fmts[] = {[JOB_FMT_CRITEO_TSV] = DATA_FMT_TSV,
+                                       [JOB_FMT_KILN_BIN] = DATA_FMT_BIN,
+                                       [JOB_FMT_PARQUET] = DATA_FMT_PARQUET};
+    static const data_dense_transform_t tfs[] = {[JOB_DENSE_AUTO] = DATA_DENSE_AUTO,
+                                               [JOB_DENSE_LOG1P] = DATA_DENSE_LOG1P,
+                                               [JOB_DENSE_NONE] = DATA_DENSE_NONE};
     const job_columns_t *m = &tr->spec.data.columns;
-    rt_columns_t cols = {.label = m->label,
+    data_columns_t cols = {.label = m->label,
                          .dense = (const char *const *)m->dense,
                          .categorical = (const char *const *)m->categorical,
                          .dense_transform = tfs[m->dense_transform]};
-    return rt_reader_open_cols((const char *const *)files, nfiles, fmts[tr->spec.data.format],
+    return data_reader_open_cols((const char *const *)files, nfiles, fmts[tr->spec.data.format],
                                &cols, tr->rank, tr->nranks, tr->spec.train.batch_size, tr->F,
                                tr->S, tr->prefetch, r);
 }
@@ -142,10 +142,10 @@ bool train_data_fault(int rc)
            rc == KILN_EINVAL || rc == KILN_ENOENT;
 }
 
-void train_log_malformed(trainer_t *tr, rt_reader_t *r, const char *what)
+void train_log_malformed(trainer_t *tr, data_reader_t *r, const char *what)
 {
-    rt_reader_stats_t st;
-    rt_reader_stats(r, &st);
+    data_reader_stats_t st;
+    data_reader_stats(r, &st);
     for (int i = 0; i < st.nmessages; i++)
         KILN_WARN("rank %d: malformed %s line skipped: %s", tr->rank, what, st.messages[i]);
     if (st.malformed > st.nmessages)
@@ -173,9 +173,9 @@ static kern_opt_kind_t kern_opt_of(job_optimizer_type_t t)
     return t == JOB_OPT_SGD ? KERN_OPT_SGD : t == JOB_OPT_ADAM ? KERN_OPT_ADAM : KERN_OPT_ADAGRAD;
 }
 
-static rt_dense_opt_type_t dense_opt_of(job_optimizer_type_t t)
+static model_dense_opt_type_t dense_opt_of(job_optimizer_type_t t)
 {
-    return t == JOB_OPT_SGD ? RT_DENSE_SGD : t == JOB_OPT_ADAM ? RT_DENSE_ADAM : RT_DENSE_ADAGRAD;
+    return t == JOB_OPT_SGD ? MODEL_DENSE_SGD : t == JOB_OPT_ADAM ? MODEL_DENSE_ADAM : MODEL_DENSE_ADAGRAD;
 }
 
 /* RAM rows of one table on this rank under model.embedding.memory: a
@@ -218,9 +218,9 @@ static int spill_path(trainer_t *tr, const char *table, char *out, size_t cap)
     return rc;
 }
 
-static rt_model_type_t model_type_of(job_model_type_t t)
+static model_type_t model_type_of(job_model_type_t t)
 {
-    return t == JOB_MODEL_FM ? RT_MODEL_FM : t == JOB_MODEL_DLRM ? RT_MODEL_DLRM : RT_MODEL_LR;
+    return t == JOB_MODEL_FM ? MODEL_FM : t == JOB_MODEL_DLRM ? MODEL_DLRM : MODEL_LR;
 }
 
 int train_setup_tables(trainer_t *tr)
@@ -229,8 +229,8 @@ int train_setup_tables(trainer_t *tr)
     tr->S = sp->data.cat_slots;
     tr->F = sp->data.dense_features;
     tr->T = sp->model.ntables;
-    rt_model_type_t mt = model_type_of(sp->model.type);
-    tr->d = rt_model_table_dim(mt, sp->model.embedding.dim);
+    model_type_t mt = model_type_of(sp->model.type);
+    tr->d = model_table_dim(mt, sp->model.embedding.dim);
     if (tr->d < 1)
         return kiln_errf(KILN_EINVAL, "model.embedding.dim %d does not suit model %s",
                          sp->model.embedding.dim, job_model_type_name(sp->model.type));
@@ -251,7 +251,7 @@ int train_setup_tables(trainer_t *tr)
     const job_optimizer_t *so = &sp->train.sparse;
     for (int t = 0; t < tr->T; t++) {
         const job_table_t *jt = &sp->model.tables[t];
-        int d = rt_model_table_dim(mt, jt->emb.dim);
+        int d = model_table_dim(mt, jt->emb.dim);
         if (d != tr->d) {
             rc = kiln_errf(KILN_EINVAL, "table %s has dim %d but the model needs %d for every "
                                         "table",
@@ -267,8 +267,8 @@ int train_setup_tables(trainer_t *tr)
                            jt->name, jt->emb.capacity, tr->nranks, tr->nranks);
             goto out;
         }
-        int64_t share = rt_shard_capacity_share(jt->emb.capacity, tr->rank, tr->nranks);
-        int64_t per_rank = share + rt_shard_capacity_room(share, tr->nranks);
+        int64_t share = shard_capacity_share(jt->emb.capacity, tr->rank, tr->nranks);
+        int64_t per_rank = share + shard_capacity_room(share, tr->nranks);
         if (tr->nranks > 1)
             snprintf(notes[t], sizeof notes[t],
                      "%" PRId64 " rows on this rank, its share of capacity %" PRId64
@@ -295,12 +295,12 @@ int train_setup_tables(trainer_t *tr)
             .admit_decay = jt->emb.admit.decay_steps,
         };
         if ((cfgs[t].ram_rows > 0 || cfgs[t].admit_min > 1) &&
-            (tr->store_kind != RT_STORE_HOST || tr->opt.device_step)) {
+            (tr->store_kind != SHARD_STORE_HOST || tr->opt.device_step)) {
             rc = kiln_errf(KILN_EINVAL, "table %s: model.embedding.memory and admit run on the "
                            "CPU backend's host tables; this run uses the %s store (set "
                            "resources.device: cpu, or remove them)",
                            jt->name, tr->opt.device_step ? "device step's" :
-                           rt_store_kind_name(tr->store_kind));
+                           shard_store_kind_name(tr->store_kind));
             goto out;
         }
         if (cfgs[t].ram_rows > 0) {
@@ -312,7 +312,7 @@ int train_setup_tables(trainer_t *tr)
          * slots come in whole buckets, and a segmented host table can fill
          * a segment a little before the whole (docs/kernels.md). */
         kern_table_config_t mcfg = cfgs[t];
-        if (tr->store_kind == RT_STORE_CUDA)
+        if (tr->store_kind == SHARD_STORE_CUDA)
             mcfg.capacity = per_rank + per_rank / 50 + 1024; /* as job_rows_per_rank */
         KILN_CHECK_GOTO(kern_table_create(&mcfg, &tr->tables[t]), rc, out);
         for (int i = 0; i < jt->nslots; i++) {
@@ -335,16 +335,16 @@ int train_setup_tables(trainer_t *tr)
                                   .eps = (float)so->eps,
                                   .beta1 = (float)so->beta1,
                                   .beta2 = (float)so->beta2};
-    KILN_CHECK_GOTO(rt_store_create(tr->store_kind, tr->T, tr->tables, cfgs, tr->cuda_device,
+    KILN_CHECK_GOTO(shard_store_create(tr->store_kind, tr->T, tr->tables, cfgs, tr->cuda_device,
                                     &tr->store),
                     rc, out);
-    KILN_CHECK_GOTO(rt_shard_create(tr->comm, tr->T, tr->store, dims, &tr->shard), rc, out);
+    KILN_CHECK_GOTO(shard_create(tr->comm, tr->T, tr->store, dims, &tr->shard), rc, out);
     if ((tr->dedupe = kiln_calloc((size_t)tr->T, sizeof *tr->dedupe)) == NULL) {
         rc = KILN_ENOMEM;
         goto out;
     }
     for (int t = 0; t < tr->T; t++)
-        KILN_CHECK_GOTO(rt_dedupe_create(&tr->dedupe[t]), rc, out);
+        KILN_CHECK_GOTO(shard_dedupe_create(&tr->dedupe[t]), rc, out);
 out:
     free(cfgs);
     free(dims);
@@ -367,7 +367,7 @@ static int check_kernels(trainer_t *tr)
         KILN_WARN("%s", line);
     else if (tr->rank == 0)
         KILN_INFO("%s", line);
-    if (tr->rank == 0 && rt_model_precision(tr->model) == RT_DENSE_BF16) {
+    if (tr->rank == 0 && model_precision(tr->model) == MODEL_DENSE_BF16) {
         char bf[96];
         model_bf16_describe(tr->model, bf, sizeof bf);
         KILN_INFO("dense precision: bf16 (dlrm's MLP GEMMs on %s; weights, gradients and "
@@ -376,7 +376,7 @@ static int check_kernels(trainer_t *tr)
     } else if (tr->rank == 0) {
         KILN_INFO("dense precision: fp32");
     }
-    if (rt_model_selfcheck(tr->model) == 0)
+    if (model_selfcheck(tr->model) == 0)
         return 0;
     /* Another kernel set to try: the library's own pick where Kiln changed
      * it, else the generic one (or, where that is what failed, AVX2's). */
@@ -394,7 +394,7 @@ int train_setup_model(trainer_t *tr)
 {
     const job_spec_t *sp = &tr->spec;
     const job_optimizer_t *o = &sp->train.dense;
-    rt_model_config_t cfg = {
+    model_config_t cfg = {
         .type = model_type_of(sp->model.type),
         .nslots = tr->S,
         .ndense = tr->F,
@@ -404,7 +404,7 @@ int train_setup_model(trainer_t *tr)
         .top = sp->model.top_mlp,
         .ntop = sp->model.ntop,
         .fm_dense_factors = sp->model.fm_dense_factors,
-        .precision = sp->model.dense_precision == JOB_PREC_BF16 ? RT_DENSE_BF16 : RT_DENSE_FP32,
+        .precision = sp->model.dense_precision == JOB_PREC_BF16 ? MODEL_DENSE_BF16 : MODEL_DENSE_FP32,
         .max_batch = sp->train.batch_size,
         .seed = sp->train.seed,
         .opt = {.type = dense_opt_of(o->type),
@@ -415,10 +415,10 @@ int train_setup_model(trainer_t *tr)
                 .weight_decay = (float)o->weight_decay,
                 .initial_accumulator = (float)o->initial_accumulator},
     };
-    KILN_CHECK(rt_model_create(&cfg, &tr->model));
+    KILN_CHECK(model_create(&cfg, &tr->model));
     KILN_CHECK(check_kernels(tr));
     if (tr->nranks > 1) {
-        tr->dense_pairs = kiln_calloc(2 * rt_model_nparams(tr->model) + 2, sizeof(double));
+        tr->dense_pairs = kiln_calloc(2 * model_nparams(tr->model) + 2, sizeof(double));
         if (tr->dense_pairs == NULL)
             return KILN_ENOMEM;
     }

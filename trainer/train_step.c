@@ -2,7 +2,7 @@
  * trainer/train_step.c - one training step: keys per table, dedupe, the lookup
  * exchange, forward and backward, the gradients of the unique keys as
  * double-double sums, the update exchange and the dense gradients summed
- * over the ranks through rt_comm.
+ * over the ranks through shard_comm.
  */
 #include "train_int.h"
 
@@ -11,7 +11,7 @@
 /* Where each slot's keys go in its table's list: tn (keys per table),
  * slot_koff (slot s's first key in its table's list) and boff (the bag
  * offsets rebased to 0). */
-void train_batch_layout(trainer_t *tr, const rt_batch_t *b)
+void train_batch_layout(trainer_t *tr, const data_batch_t *b)
 {
     const int n = b->n;
     for (int t = 0; t < tr->T; t++)
@@ -30,7 +30,7 @@ void train_batch_layout(trainer_t *tr, const rt_batch_t *b)
 /* Collects each table's keys from its slots, dedupes them, and looks the
  * unique keys up on their owners. Fills the per-slot bag descriptors (host
  * arrays). */
-int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert)
+int train_lookup_keys(trainer_t *tr, const data_batch_t *b, int64_t step, bool insert)
 {
     const int n = b->n, S = tr->S, T = tr->T;
     train_batch_layout(tr, b);
@@ -58,7 +58,7 @@ int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool ins
     for (int t = 0; t < T; t++) {
         const int64_t *u;
         int64_t nu = 0;
-        int trc = rt_dedupe_run(tr->dedupe[t], tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu);
+        int trc = shard_dedupe_run(tr->dedupe[t], tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu);
         if (trc == 0)
             trc =
                 kiln_grow_to((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t), 1024);
@@ -70,7 +70,7 @@ int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool ins
     if (drc < 0)
         return kiln_errf(drc, "out of memory deduplicating the batch's keys");
     float *const *values;
-    KILN_CHECK(rt_shard_lookup(tr->shard, (const int64_t *const *)tr->tuniq, tr->nuniq, step,
+    KILN_CHECK(shard_lookup(tr->shard, (const int64_t *const *)tr->tuniq, tr->nuniq, step,
                                insert, &values));
     tr->tvalues = values;
     for (int s = 0; s < S; s++) {
@@ -89,7 +89,7 @@ int train_lookup_keys(trainer_t *tr, const rt_batch_t *b, int64_t step, bool ins
 }
 
 /* train_lookup_keys, then the pooled vectors E on the CPU. */
-int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool insert)
+int train_lookup_batch(trainer_t *tr, const data_batch_t *b, int64_t step, bool insert)
 {
     KILN_CHECK(train_lookup_keys(tr, b, step, insert));
     if (b->n == 0) /* this rank has no rows in this step; it only served lookups */
@@ -100,17 +100,17 @@ int train_lookup_batch(trainer_t *tr, const rt_batch_t *b, int64_t step, bool in
 /* The CPU step's sum over the ranks: on tr->comm. */
 static int sum_dd_comm(trainer_t *tr, double *pairs, size_t npairs)
 {
-    return rt_comm_allreduce_sum_dd(tr->comm, pairs, npairs);
+    return shard_comm_allreduce_sum_dd(tr->comm, pairs, npairs);
 }
 
 /* One training step. global_n is the rows of all ranks in this step. */
-int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_n, double *loss_sum)
+int train_step(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t global_n, double *loss_sum)
 {
     const int n = b->n, S = tr->S, T = tr->T, d = tr->d;
     KILN_CHECK(train_lookup_batch(tr, b, step, true));
-    KILN_CHECK(rt_model_forward(tr->model, n, tr->E, b->dense, b->labels, NULL, loss_sum));
+    KILN_CHECK(model_forward(tr->model, n, tr->E, b->dense, b->labels, NULL, loss_sum));
     /* dE replaces E: the pooled vectors are not needed after forward. */
-    KILN_CHECK(rt_model_backward(tr->model, 1.0f / (float)global_n, tr->E));
+    KILN_CHECK(model_backward(tr->model, 1.0f / (float)global_n, tr->E));
 
     /* Bag gradients -> gradients of each table's unique keys, scattered by
      * the dedupe's inverse index (bags[s].rows are indices into the table's
@@ -145,16 +145,16 @@ int train_step(trainer_t *tr, const rt_batch_t *b, int64_t step, int64_t global_
             }
         }
     }
-    KILN_CHECK(rt_shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
+    KILN_CHECK(shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
     return train_dense_update(tr, sum_dd_comm);
 }
 
 /* The dense gradients summed over the ranks, then the dense optimizer step. */
 int train_dense_update(trainer_t *tr, train_sum_dd_fn sum)
 {
-    /* Double-double sums over the ranks too; rt_model_step rounds them once. */
-    double *g = rt_model_grads(tr->model), *gl = rt_model_grads_lo(tr->model);
-    size_t np = rt_model_nparams(tr->model);
+    /* Double-double sums over the ranks too; model_step rounds them once. */
+    double *g = model_grads(tr->model), *gl = model_grads_lo(tr->model);
+    size_t np = model_nparams(tr->model);
     if (tr->nranks > 1) {
         double *pair = tr->dense_pairs; /* (np, 2) */
         for (size_t i = 0; i < np; i++) {
@@ -167,7 +167,7 @@ int train_dense_update(trainer_t *tr, train_sum_dd_fn sum)
             gl[i] = pair[2 * i + 1];
         }
     }
-    KILN_CHECK(rt_model_step(tr->model));
-    rt_model_zero_grad(tr->model);
+    KILN_CHECK(model_step(tr->model));
+    model_zero_grad(tr->model);
     return 0;
 }

@@ -77,11 +77,11 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
     mine[6] = tr->rows_expired;
     int mrc = MPI_Reduce(mine, all, 8, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     if (mrc != MPI_SUCCESS)
-        return rt_mpi_fail(mrc, "MPI_Reduce of the table figures");
+        return shard_mpi_fail(mrc, "MPI_Reduce of the table figures");
     int tiered = out->tiered, any = 0;
     mrc = MPI_Reduce(&tiered, &any, 1, MPI_INT, MPI_MAX, 0, MPI_COMM_WORLD);
     if (mrc != MPI_SUCCESS)
-        return rt_mpi_fail(mrc, "MPI_Reduce of the table figures");
+        return shard_mpi_fail(mrc, "MPI_Reduce of the table figures");
     *out = (run_tables_t){.tiered = any != 0,
                           .rows_ram = all[0],
                           .rows_disk = all[1],
@@ -95,7 +95,7 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
     return 0;
 }
 
-void train_tables_prefetch(trainer_t *tr, const rt_batch_t *b)
+void train_tables_prefetch(trainer_t *tr, const data_batch_t *b)
 {
     int64_t *mine = NULL, cap = 0;
     for (int s = 0; s < tr->S; s++) {
@@ -107,7 +107,7 @@ void train_tables_prefetch(trainer_t *tr, const rt_batch_t *b)
         if (kiln_grow_to((void **)&mine, &cap, off[b->n] - off[0], sizeof *mine, 1024) < 0)
             break;
         for (int64_t i = off[0]; i < off[b->n]; i++)
-            if (rt_shard_owner(b->keys[i], tr->nranks) == tr->rank)
+            if (shard_owner(b->keys[i], tr->nranks) == tr->rank)
                 mine[m++] = b->keys[i];
         if (kern_table_prefetch(t, m, mine) < 0)
             break;

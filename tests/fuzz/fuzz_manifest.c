@@ -2,11 +2,11 @@
  * tests/fuzz/fuzz_manifest.c - libFuzzer harness for the checkpoint manifest
  * reader: the bytes become manifest.json of a checkpoint directory (one
  * temporary directory root/ck for the whole run, rewritten per input), which
- * rt_ckpt_open reads. Any bytes are either a checkpoint whose fields keep
- * their limits (tables <= RT_CKPT_MAX_TABLES, dims in range, file names
+ * ckpt_open reads. Any bytes are either a checkpoint whose fields keep
+ * their limits (tables <= CKPT_MAX_TABLES, dims in range, file names
  * without '/'), or KILN_ECORRUPT / KILN_EVERSION with a message naming the
  * manifest; never a crash. An accepted manifest then goes through
- * rt_ckpt_verify and rt_ckpt_chain_open, which must fail cleanly since the
+ * ckpt_verify and ckpt_chain_open, which must fail cleanly since the
  * files it lists are not there (or be empty).
  */
 #include <stdio.h>
@@ -30,7 +30,7 @@ static void setup(void)
     snprintf(dir, sizeof dir, "%s/ck", root);
     if (mkdir(dir, 0755) != 0)
         abort();
-    snprintf(mpath, sizeof mpath, "%s/%s", dir, RT_CKPT_MANIFEST);
+    snprintf(mpath, sizeof mpath, "%s/%s", dir, CKPT_MANIFEST);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -40,29 +40,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FILE *f = fopen(mpath, "wb");
     if (f == NULL || fwrite(data, 1, size, f) != size || fclose(f) != 0)
         abort();
-    rt_ckpt_t *c = NULL;
-    int rc = rt_ckpt_open(dir, &c);
+    ckpt_t *c = NULL;
+    int rc = ckpt_open(dir, &c);
     if (rc < 0) {
         if (c != NULL || (rc != KILN_ECORRUPT && rc != KILN_EVERSION && rc != KILN_ENOMEM))
             abort();
-        if (strstr(kiln_errmsg(), RT_CKPT_MANIFEST) == NULL && rc != KILN_ENOMEM)
+        if (strstr(kiln_errmsg(), CKPT_MANIFEST) == NULL && rc != KILN_ENOMEM)
             abort();
         kiln_errclear();
         return 0;
     }
-    const rt_ckpt_info_t *in = rt_ckpt_info(c);
-    if (in->ntables < 0 || in->ntables > RT_CKPT_MAX_TABLES || in->world_size < 1 ||
+    const ckpt_info_t *in = ckpt_info(c);
+    if (in->ntables < 0 || in->ntables > CKPT_MAX_TABLES || in->world_size < 1 ||
         in->uid[0] == '\0')
         abort();
     for (int t = 0; t < in->ntables; t++)
         if (in->tables[t].dim < 1 || in->tables[t].nstate < 0 || in->tables[t].nstate > 2)
             abort();
-    (void)rt_ckpt_verify(c);
+    (void)ckpt_verify(c);
     kiln_errclear();
-    rt_ckpt_close(c);
-    rt_ckpt_chain_t ch;
-    if (rt_ckpt_chain_open(dir, true, &ch) == 0)
-        rt_ckpt_chain_fini(&ch);
+    ckpt_close(c);
+    ckpt_chain_t ch;
+    if (ckpt_chain_open(dir, true, &ch) == 0)
+        ckpt_chain_fini(&ch);
     kiln_errclear();
     return 0;
 }

@@ -2,7 +2,7 @@
  * tests/fuzz/fuzz_parquet.c - libFuzzer harness for Kiln's Parquet reader
  * (data/data_parquet.c): the footer's Thrift, the schema, the page headers,
  * the codecs, levels and encodings. The bytes are a file (a memfd, read
- * through the same rt_reader_open_cols as training) mapped as label, one
+ * through the same data_reader_open_cols as training) mapped as label, one
  * dense column I1 and two categorical ones (C1, and C2, a list in the seeds):
  * any bytes either read as rows (labels 0 / 1, finite dense values,
  * non-negative keys, offsets that add up) or are refused with a reason;
@@ -19,7 +19,7 @@
 
 #include "data.h"
 
-static void check_batch(const rt_batch_t *b)
+static void check_batch(const data_batch_t *b)
 {
     for (int i = 0; i < b->n; i++) {
         if (b->labels[i] != 0.0f && b->labels[i] != 1.0f)
@@ -41,23 +41,23 @@ static void check_batch(const rt_batch_t *b)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char *const dense[] = {"I1"}, *const cat[] = {"C1", "C2"};
-    const rt_columns_t cols = {.label = "label", .dense = dense, .categorical = cat};
+    const data_columns_t cols = {.label = "label", .dense = dense, .categorical = cat};
     char path[64];
     int fd = memfd_create("fuzz.parquet", MFD_CLOEXEC);
     if (fd < 0 || write(fd, data, size) != (ssize_t)size)
         abort();
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     const char *paths[1] = {path};
-    rt_reader_t *r = NULL;
-    int rc = rt_reader_open_cols(paths, 1, RT_FMT_PARQUET, &cols, 0, 1, 64, 1, 2, 1, &r);
+    data_reader_t *r = NULL;
+    int rc = data_reader_open_cols(paths, 1, DATA_FMT_PARQUET, &cols, 0, 1, 64, 1, 2, 1, &r);
     int64_t rows = 0;
     if (rc == 0) {
-        rt_batch_t *b;
-        while ((rc = rt_reader_next(r, &b)) == 1) {
+        data_batch_t *b;
+        while ((rc = data_reader_next(r, &b)) == 1) {
             check_batch(b);
             rows += b->n;
         }
-        rt_reader_close(r);
+        data_reader_close(r);
     }
     /* KILN_FUZZ_VERBOSE=1 says what each input gave (to see that the
      * seeds read whole): `fuzz_parquet tests/fuzz/corpus/parquet/x`. */

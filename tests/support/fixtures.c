@@ -398,27 +398,27 @@ int fx_losses(const char *run_dir, double *out, int cap)
     return n;
 }
 
-void fx_open_latest(const char *root, rt_ckpt_chain_t *ch)
+void fx_open_latest(const char *root, ckpt_chain_t *ch)
 {
-    char uid[RT_CKPT_UID_MAX], dir[1200];
-    if (rt_ckpt_latest(root, uid) != 0)
+    char uid[CKPT_UID_MAX], dir[1200];
+    if (ckpt_latest(root, uid) != 0)
         fail_msg("no checkpoint under %s: %s", root, kiln_errmsg());
     snprintf(dir, sizeof dir, "%s/%s", root, uid);
-    if (rt_ckpt_chain_open(dir, true, ch) != 0)
+    if (ckpt_chain_open(dir, true, ch) != 0)
         fail_msg("cannot open checkpoint %s: %s", dir, kiln_errmsg());
 }
 
-void fx_ckpt_walk(const rt_ckpt_chain_t *a, const rt_ckpt_chain_t *b, fx_floats_fn cmp, void *ud,
+void fx_ckpt_walk(const ckpt_chain_t *a, const ckpt_chain_t *b, fx_floats_fn cmp, void *ud,
                   int *ntables, int *narrays)
 {
-    const rt_ckpt_info_t *ia = rt_ckpt_info(a->items[a->n - 1]);
-    const rt_ckpt_info_t *ib = rt_ckpt_info(b->items[b->n - 1]);
+    const ckpt_info_t *ia = ckpt_info(a->items[a->n - 1]);
+    const ckpt_info_t *ib = ckpt_info(b->items[b->n - 1]);
     assert_int_equal(ia->step, ib->step);
     assert_int_equal(ia->ntables, ib->ntables);
     for (int t = 0; t < ia->ntables; t++) {
-        rt_ckpt_rows_t x, y;
+        ckpt_rows_t x, y;
         const char *name = ia->tables[t].name;
-        if (rt_ckpt_read_table(a, name, &x) != 0 || rt_ckpt_read_table(b, name, &y) != 0)
+        if (ckpt_read_table(a, name, &x) != 0 || ckpt_read_table(b, name, &y) != 0)
             fail_msg("table %s: %s", name, kiln_errmsg());
         /* Both resolved tables are sorted by key: the same key set means
          * the same arrays row for row. */
@@ -439,21 +439,21 @@ void fx_ckpt_walk(const rt_ckpt_chain_t *a, const rt_ckpt_chain_t *b, fx_floats_
         assert_int_equal(x.opt_steps == NULL, y.opt_steps == NULL);
         if (x.opt_steps)
             assert_memory_equal(x.opt_steps, y.opt_steps, sizeof(uint32_t) * (size_t)x.n);
-        rt_ckpt_rows_fini(&x);
-        rt_ckpt_rows_fini(&y);
+        ckpt_rows_fini(&x);
+        ckpt_rows_fini(&y);
     }
-    rt_ckpt_array_t *da, *db;
+    ckpt_array_t *da, *db;
     int na, nb;
-    assert_int_equal(rt_ckpt_read_dense(a->items[a->n - 1], &da, &na), 0);
-    assert_int_equal(rt_ckpt_read_dense(b->items[b->n - 1], &db, &nb), 0);
+    assert_int_equal(ckpt_read_dense(a->items[a->n - 1], &da, &na), 0);
+    assert_int_equal(ckpt_read_dense(b->items[b->n - 1], &db, &nb), 0);
     assert_int_equal(na, nb);
     for (int i = 0; i < na; i++) {
         assert_string_equal(da[i].name, db[i].name);
         assert_int_equal(da[i].count, db[i].count);
         cmp(ud, FX_DENSE, da[i].name, da[i].data, db[i].data, da[i].count);
     }
-    rt_ckpt_arrays_free(da, na);
-    rt_ckpt_arrays_free(db, nb);
+    ckpt_arrays_free(da, na);
+    ckpt_arrays_free(db, nb);
     if (ntables != NULL)
         *ntables = ia->ntables;
     if (narrays != NULL)

@@ -146,7 +146,7 @@ int fx_losses(const char *run_dir, double *out, int cap);
 
 /* Opens the newest checkpoint under root into ch, every file verified; the
  * test fails when there is none or it does not open. */
-void fx_open_latest(const char *root, rt_ckpt_chain_t *ch);
+void fx_open_latest(const char *root, ckpt_chain_t *ch);
 
 /* Which of a checkpoint's float arrays fx_ckpt_walk hands over. */
 typedef enum {
@@ -166,7 +166,7 @@ typedef void (*fx_floats_fn)(void *ud, fx_array_kind_t kind, const char *what, c
  * optimizer state width and adam step counts) and the same dense arrays by
  * name and length, and hands each pair of float arrays to cmp. The counts
  * of tables and dense arrays go to ntables and narrays (each may be NULL). */
-void fx_ckpt_walk(const rt_ckpt_chain_t *a, const rt_ckpt_chain_t *b, fx_floats_fn cmp, void *ud,
+void fx_ckpt_walk(const ckpt_chain_t *a, const ckpt_chain_t *b, fx_floats_fn cmp, void *ud,
                   int *ntables /* OUT */, int *narrays /* OUT */);
 
 #endif /* KILN_TESTS_FIXTURES_H */

@@ -21,13 +21,13 @@ int fx_lr_version(const char *uid, int64_t n, const int64_t *keys, const float *
     d.ntables = 1;
     snprintf(d.tables[0].name, SERVE_NAME_MAX, "t0");
     d.tables[0].dim = 1;
-    rt_model_config_t cfg = {.type = RT_MODEL_LR, .nslots = 2, .ndense = 1, .dim = 1,
+    model_config_t cfg = {.type = MODEL_LR, .nslots = 2, .ndense = 1, .dim = 1,
                              .max_batch = 8, .seed = 7,
-                             .opt = {.type = RT_DENSE_SGD, .lr = 0.1f}};
-    rt_model_t *rm = NULL;
-    KILN_CHECK(rt_model_create(&cfg, &rm));
-    d.nparams = (int64_t)rt_model_nparams(rm);
-    rt_model_destroy(rm);
+                             .opt = {.type = MODEL_DENSE_SGD, .lr = 0.1f}};
+    model_t *rm = NULL;
+    KILN_CHECK(model_create(&cfg, &rm));
+    d.nparams = (int64_t)model_nparams(rm);
+    model_destroy(rm);
     serve_memsrc_t *m = NULL;
     float *dense = kiln_calloc((size_t)d.nparams + 1, sizeof *dense);
     int rc = KILN_ENOMEM;
