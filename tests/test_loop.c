@@ -61,44 +61,25 @@ static fx_kilnd_t kd;
 static int setup_all(void **state)
 {
     (void)state;
-    if (proc_tmpdir("loop-data", data_dir, sizeof data_dir) < 0)
-        return -1;
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
-    proc_mpi_env(true);
-    char p[400];
-    int rc = 0;
-    snprintf(p, sizeof p, "%s/day0.tsv", data_dir);
-    rc |= fx_datagen(p, 1200, 5, 0);
-    snprintf(p, sizeof p, "%s/day1.tsv", data_dir);
-    rc |= fx_datagen(p, 1200, 5, 1);
-    snprintf(p, sizeof p, "%s/eval.tsv", data_dir);
-    rc |= fx_datagen(p, 400, 5, 2);
-    return rc == 0 ? 0 : -1;
+    return fx_loop_suite_setup("loop", data_dir, sizeof data_dir);
 }
 
 static int teardown_all(void **state)
 {
     (void)state;
-    curl_global_cleanup();
-    return proc_tmpdir_done(data_dir);
+    return fx_loop_suite_teardown(data_dir);
 }
 
 static int setup(void **state)
 {
     (void)state;
-    memset(&kd, 0, sizeof kd);
-    return proc_tmpdir("loop", home, sizeof home);
+    return fx_loop_test_setup("loop", &kd, home, sizeof home);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    fx_stop_all();
-    /* Runs still going (a test that failed half way) go with their session. */
-    if (system("pkill -KILL -f 'kiln-test-loop-' >/dev/null 2>&1") < 0) {
-    }
-    return proc_tmpdir_done(home);
+    return fx_loop_test_teardown("loop", home);
 }
 
 /* Writes home/<dir>/job.yaml: an lr job over dir's data/day=*.tsv (relative
@@ -136,19 +117,12 @@ static void land(const char *dir, const char *which, int n)
 
 static void kiln_ok(const char *const *args)
 {
-    proc_result_t *r = calloc(1, sizeof *r);
-    fx_kiln(&kd, r, args);
-    if (r->code != 0)
-        fail_msg("kiln %s %s exited %d: %s%s", args[0], args[1] ? args[1] : "", r->code, r->err,
-                 r->out);
-    free(r);
+    fx_kiln_ok(&kd, args);
 }
 
 static state_t *db(void)
 {
-    state_t *st = NULL;
-    assert_int_equal(state_open(kd.db, &st), 0);
-    return st;
+    return fx_kilnd_db(&kd);
 }
 
 /* Runs sql on the test's database. Returns 0 or a KILN_E* code. */

@@ -46,18 +46,10 @@ static fx_kilnd_t kd;
 static int setup_all(void **state)
 {
     (void)state;
-    if (proc_tmpdir("online-data", data_dir, sizeof data_dir) < 0)
-        return -1;
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    proc_mpi_env(true);
     char p[400], q[400], cmd[1024];
-    int rc = 0;
-    snprintf(p, sizeof p, "%s/day0.tsv", data_dir);
-    rc |= fx_datagen(p, 1200, 5, 0);
-    snprintf(p, sizeof p, "%s/day1.tsv", data_dir);
-    rc |= fx_datagen(p, 1200, 5, 1);
-    snprintf(p, sizeof p, "%s/eval.tsv", data_dir);
-    rc |= fx_datagen(p, 400, 5, 2);
+    int rc = fx_loop_suite_setup("online", data_dir, sizeof data_dir);
+    if (rc < 0)
+        return -1;
     /* Every line malformed: three fields, not 40. */
     snprintf(p, sizeof p, "%s/bad.tsv", data_dir);
     FILE *f = fopen(p, "w");
@@ -83,31 +75,24 @@ static int setup_all(void **state)
 static int teardown_all(void **state)
 {
     (void)state;
-    curl_global_cleanup();
-    return proc_tmpdir_done(data_dir);
+    return fx_loop_suite_teardown(data_dir);
 }
 
 static int setup(void **state)
 {
     (void)state;
-    memset(&kd, 0, sizeof kd);
-    return proc_tmpdir("online", home, sizeof home);
+    return fx_loop_test_setup("online", &kd, home, sizeof home);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    fx_stop_all();
-    if (system("pkill -KILL -f 'kiln-test-online-' >/dev/null 2>&1") < 0) {
-    }
-    return proc_tmpdir_done(home);
+    return fx_loop_test_teardown("online", home);
 }
 
 static state_t *db(void)
 {
-    state_t *st = NULL;
-    assert_int_equal(state_open(kd.db, &st), 0);
-    return st;
+    return fx_kilnd_db(&kd);
 }
 
 /* Writes home/<name>/job.yaml (an lr job over data/day=*.tsv with extra)
@@ -139,12 +124,7 @@ static void land(const char *name, const char *which, const char *as)
 
 static void kiln_ok(const char *const *args)
 {
-    proc_result_t *r = calloc(1, sizeof *r);
-    fx_kiln(&kd, r, args);
-    if (r->code != 0)
-        fail_msg("kiln %s %s exited %d: %s%s", args[0], args[1] ? args[1] : "", r->code, r->err,
-                 r->out);
-    free(r);
+    fx_kiln_ok(&kd, args);
 }
 
 /* Submits spec; returns the newest run of job (0: none). */

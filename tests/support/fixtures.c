@@ -120,6 +120,80 @@ void fx_kiln(const fx_kilnd_t *k, proc_result_t *r, const char *const *args)
     proc_run_env(r, k->home, env, argv);
 }
 
+void fx_kiln_ok(const fx_kilnd_t *k, const char *const *args)
+{
+    proc_result_t *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    fx_kiln(k, r, args);
+    if (r->code != 0)
+        fail_msg("kiln %s %s exited %d: %s%s", args[0], args[1] ? args[1] : "", r->code, r->err,
+                 r->out);
+    free(r);
+}
+
+state_t *fx_kilnd_db(const fx_kilnd_t *k)
+{
+    state_t *st = NULL;
+    if (state_open(k->db, &st) < 0)
+        fail_msg("cannot open %s: %s", k->db, kiln_errmsg());
+    return st;
+}
+
+int fx_loop_data(const char *dir)
+{
+    static const struct {
+        const char *name;
+        int rows, day;
+    } files[] = {{"day0.tsv", 1200, 0}, {"day1.tsv", 1200, 1}, {"eval.tsv", 400, 2}};
+    char p[600];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i].name);
+        if (fx_datagen(p, files[i].rows, 5, files[i].day) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+void fx_kill_leftovers(const char *tag)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "pkill -KILL -f 'kiln-test-%s-' >/dev/null 2>&1", tag);
+    if (system(cmd) < 0) {
+    }
+}
+
+int fx_loop_suite_setup(const char *tag, char *data_dir, size_t cap)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s-data", tag);
+    if (proc_tmpdir(name, data_dir, cap) < 0)
+        return -1;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
+    proc_mpi_env(true);
+    return fx_loop_data(data_dir);
+}
+
+int fx_loop_suite_teardown(const char *data_dir)
+{
+    curl_global_cleanup();
+    return proc_tmpdir_done(data_dir);
+}
+
+int fx_loop_test_setup(const char *tag, fx_kilnd_t *kd, char *home, size_t cap)
+{
+    memset(kd, 0, sizeof *kd);
+    return proc_tmpdir(tag, home, cap);
+}
+
+int fx_loop_test_teardown(const char *tag, const char *home)
+{
+    fx_stop_all();
+    /* Runs still going (a test that failed half way) go with their session. */
+    fx_kill_leftovers(tag);
+    return proc_tmpdir_done(home);
+}
+
 /* ---- kiln-serve ---------------------------------------------------------------------- */
 
 bool fx_serve_start(fx_serve_t *s, const char *dir)

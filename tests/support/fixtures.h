@@ -56,6 +56,25 @@ void fx_kilnd_stop(fx_kilnd_t *k, int sig);
 
 /* Runs `kiln --db DB args...` into r (proc_run's capture in home). */
 void fx_kiln(const fx_kilnd_t *k, proc_result_t *r, const char *const *args);
+/* fx_kiln that fails the test, with kiln's words, unless kiln exits 0. */
+void fx_kiln_ok(const fx_kilnd_t *k, const char *const *args);
+/* A connection to k's database (close it with state_close). */
+state_t *fx_kilnd_db(const fx_kilnd_t *k);
+/* The loop tests' shared data in dir: day0.tsv and day1.tsv (1200 rows
+ * each, seed 5, days 0 and 1) and eval.tsv (400 rows, day 2). 0 or -1. */
+int fx_loop_data(const char *dir);
+/* Kills (SIGKILL) what a failed test left running from its proc_tmpdir
+ * tag: every process whose command line holds kiln-test-<tag>-. */
+void fx_kill_leftovers(const char *tag);
+
+/* The set-up the loop suites (test_loop, test_online) share: once, a data
+ * directory "<tag>-data" with fx_loop_data's files, libcurl and the MPI
+ * environment; per test, a fresh home "<tag>" and a zeroed kd; after each,
+ * every fixture process stopped and leftovers killed. */
+int fx_loop_suite_setup(const char *tag, char *data_dir, size_t cap);
+int fx_loop_suite_teardown(const char *data_dir);
+int fx_loop_test_setup(const char *tag, fx_kilnd_t *kd, char *home, size_t cap);
+int fx_loop_test_teardown(const char *tag, const char *home);
 
 /* ---- kiln-serve ---------------------------------------------------------------------- */
 
