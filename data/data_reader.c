@@ -32,7 +32,6 @@
 
 /* One TSV batch: its lines, copied, and their fields, parsed row-major. */
 typedef struct {
-    int cap;               /* rows: the batch size */
     char *text;            /* the lines, back to back */
     size_t text_len;
     int64_t text_cap;
@@ -118,7 +117,6 @@ static void tsv_rows_fini(tsv_rows_t *t)
 static int tsv_rows_init(tsv_rows_t *t, int cap, int ndense, int nslots)
 {
     const size_t n = (size_t)cap, D = (size_t)ndense + 1, S = (size_t)nslots + 1;
-    t->cap = cap;
     t->at = kiln_calloc(n, sizeof *t->at);
     t->len = kiln_calloc(n, sizeof *t->len);
     t->file = kiln_calloc(n, sizeof *t->file);

@@ -116,7 +116,8 @@ static void seen_replace(sched_seen_t *seen, sched_seen_file_t *now, size_t n)
         seen_files_free(now, n);
         return;
     }
-    qsort(now, n, sizeof *now, by_path);
+    if (n > 1)
+        qsort(now, n, sizeof *now, by_path);
     seen_files_free(seen->files, seen->n);
     seen->files = now;
     seen->n = n;
@@ -234,10 +235,9 @@ int sched_new_inputs(sched_t *s, const sched_job_t *job, const job_spec_t *spec,
     }
 out:
     globfree(&g);
-    if (rc == 0)
-        seen_replace(seen, now, nnow);
-    else
-        seen_files_free(now, nnow);
+    /* Also after a failure: the entries taken from the last view belong to
+     * this one now, and a file it did not reach is read again next fire. */
+    seen_replace(seen, now, nnow);
     if (rc < 0) {
         state_inputs_free(ins, n);
         return rc;

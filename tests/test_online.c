@@ -182,6 +182,26 @@ static int64_t newest_step(int64_t id)
 }
 
 /* Waits until run id's newest checkpoint is at step `want` or beyond. */
+/* A succeeded run of job (its id), waiting up to timeout_s; 0 when none came. */
+static int64_t wait_succeeded(const char *job, int timeout_s)
+{
+    state_t *st = db();
+    int64_t id = 0;
+    for (int i = 0; i < timeout_s * 10 && id == 0; i++) {
+        state_run_t *rs = NULL;
+        size_t n = 0;
+        assert_int_equal(state_run_list(st, job, STATE_PAGE_MAX, &rs, &n), 0);
+        for (size_t k = 0; k < n && id == 0; k++)
+            if (rs[k].state == STATE_RUN_SUCCEEDED)
+                id = rs[k].id;
+        state_runs_free(rs, n);
+        if (id == 0)
+            proc_sleep_ms(100);
+    }
+    state_close(st);
+    return id;
+}
+
 static int64_t wait_step(int64_t id, int64_t want, int timeout_s)
 {
     int64_t step = 0;
@@ -227,15 +247,7 @@ static void test_marker_and_changed_partition(void **state)
     state_runs_free(rs, n);
     snprintf(marker, sizeof marker, "%s/mark/data/_SUCCESS", home);
     fx_write(marker, "%s", "");
-    int64_t first = 0;
-    for (int i = 0; i < 300 && first == 0; i++) {
-        assert_int_equal(state_run_list(st, "mark", STATE_PAGE_MAX, &rs, &n), 0);
-        for (size_t k = 0; k < n; k++)
-            if (rs[k].state == STATE_RUN_SUCCEEDED)
-                first = rs[k].id;
-        state_runs_free(rs, n);
-        proc_sleep_ms(100);
-    }
+    int64_t first = wait_succeeded("mark", 30);
     if (first == 0)
         fail_msg("no run trained day=0.tsv within 30 s of its _SUCCESS (see %s)", home);
     /* The writer appends to the consumed file: reported, not trained again. */
@@ -274,7 +286,7 @@ static int64_t kilnd_rchar(void)
 /* Issue 27 item 9's soak: every fire of an incremental job read and hashed
  * every file data.train matched, consumed or not, so kilnd's work per fire
  * grew with all the data a job had ever had. A consumed file whose stat is
- * unchanged is now passed over unread: three fires after a 16 MB partition
+ * unchanged is now passed over unread: three fires after a 24 MB partition
  * was consumed read far less than one pass over it. */
 static void test_consumed_files_not_read_again(void **state)
 {
@@ -293,20 +305,7 @@ static void test_consumed_files_not_read_again(void **state)
     fx_kilnd_start(&kd, home, NULL);
     const char *sub[] = {"submit", spec, NULL};
     kiln_ok(sub);
-    state_t *st = db();
-    state_run_t *rs = NULL;
-    size_t n = 0;
-    bool done = false;
-    for (int i = 0; i < 600 && !done; i++) {
-        assert_int_equal(state_run_list(st, "quiet", STATE_PAGE_MAX, &rs, &n), 0);
-        for (size_t k = 0; k < n; k++)
-            done = done || rs[k].state == STATE_RUN_SUCCEEDED;
-        state_runs_free(rs, n);
-        if (!done)
-            proc_sleep_ms(100);
-    }
-    state_close(st);
-    if (!done)
+    if (wait_succeeded("quiet", 60) == 0)
         fail_msg("no run consumed day=0.tsv within 60 s (see %s)", home);
     proc_sleep_ms(1500); /* the fire after the run: the file is known consumed */
     int64_t before = kilnd_rchar();
