@@ -200,6 +200,7 @@ int ops_endpoints_json(state_t *st, json_t **out /* OUT */);
 #define OPS_ONLINE_TIMEOUT_MS 1000 /* per kiln-serve: what a down one costs a page */
 typedef struct ops_online {
     bool known;                /* the kiln-serve answered; false: error says why */
+    bool unlogged;             /* !known because that kiln-serve logs no impressions */
     char error[400];
     serve_online_label_t f;    /* this label's figures (impressions 0: none joined yet) */
     char base[SERVE_NAME_MAX]; /* the label compared with (kiln-serve's first by name); "": none */

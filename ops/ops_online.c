@@ -62,6 +62,7 @@ ops_online_t *ops_online_read(const state_endpoint_info_t *es, size_t n, int64_t
                 fill(&out[k], es[k].label, ls, nl);
             else
                 snprintf(out[k].error, sizeof out[k].error, "%s", kiln_errmsg());
+            out[k].unlogged = rc == KILN_ENOENT;
         }
         free(ls);
     }
@@ -92,7 +93,9 @@ json_t *ops_online_json(const ops_online_t *o)
 void ops_online_describe(const ops_online_t *o, char *buf, size_t cap)
 {
     const serve_online_label_t *f = &o->f;
-    if (!o->known)
+    if (o->unlogged)
+        snprintf(buf, cap, "not logged");
+    else if (!o->known)
         snprintf(buf, cap, "unknown");
     else if (f->impressions == 0 || isnan(f->logloss))
         snprintf(buf, cap, "no rows yet");

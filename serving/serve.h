@@ -265,9 +265,9 @@ typedef struct serve_online_label {
     double logloss_var; /* the sample variance of the per-row loss; NAN: under 2 rows */
 } serve_online_label_t;
 /* Reads url's /v1/models/model/online (one request, timeout_ms) into *out
- * (malloc'd, *n labels sorted by name; free()). Returns 0, KILN_EHTTP
- * (message names the URL and the status or network error; 404: the
- * kiln-serve logs no impressions) or KILN_ENOMEM. */
+ * (malloc'd, *n labels sorted by name; free()). Returns 0, KILN_ENOENT (404:
+ * the kiln-serve logs no impressions), KILN_EHTTP (message names the URL and
+ * the status or network error) or KILN_ENOMEM. */
 int serve_online_fetch(const char *url, const char *model, int64_t timeout_ms,
                        serve_online_label_t **out /* OUT */, size_t *n /* OUT */);
 /* The difference of two labels' mean online loglosses (ll - base_ll) and its

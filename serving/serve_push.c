@@ -452,8 +452,8 @@ static CURLcode perform(CURL *e, const char *where, int64_t timeout_ms, char **b
 }
 
 /* GETs where (one request, timeout_ms) and parses its 200 answer into *doc
- * (json_decref it). Returns 0 or KILN_EHTTP naming where and the status or
- * network error, or KILN_ENOMEM. */
+ * (json_decref it). Returns 0, KILN_ENOENT (HTTP 404) or KILN_EHTTP naming
+ * where and the status or network error, or KILN_ENOMEM. */
 static int get_json(const char *where, int64_t timeout_ms, json_t **doc /* OUT */)
 {
     *doc = NULL;
@@ -467,6 +467,8 @@ static int get_json(const char *where, int64_t timeout_ms, json_t **doc /* OUT *
     CURLcode cc = perform(e, where, timeout_ms, &body, &status);
     if (cc != CURLE_OK)
         rc = kiln_errf(KILN_EHTTP, "%s: %s", where, curl_easy_strerror(cc));
+    else if (status == 404) /* it answered: nothing there */
+        rc = kiln_errf(KILN_ENOENT, "%s: HTTP 404", where);
     else if (status != 200)
         rc = kiln_errf(KILN_EHTTP, "%s: HTTP %ld", where, status);
     else if ((*doc = body != NULL ? json_loads(body, 0, NULL) : NULL) == NULL)

@@ -640,9 +640,10 @@ static void td_age(web_buf_t *b, int64_t secs)
         web_buf_puts(b, "<td>-</td>");
         return;
     }
-    char d[32];
+    char d[32] = "0s"; /* kiln_duration_format writes 0 as "0ms" */
     int64_t unit = secs >= 86400 ? 86400 : secs >= 3600 ? 3600 : secs >= 60 ? 60 : 1;
-    kiln_duration_format(secs / unit * unit * 1000, d, sizeof d);
+    if (secs > 0)
+        kiln_duration_format(secs / unit * unit * 1000, d, sizeof d);
     web_buf_printf(b, "<td class=\"num\">%s</td>", d);
 }
 
@@ -675,14 +676,16 @@ static void split_forms(web_buf_t *b, const state_endpoint_info_t *es, size_t n)
 }
 
 /* The online A/B cells of one endpoint: rows, logloss, AUC, CTR,
- * calibration and the difference from the base label; one "unknown" cell
- * (its reason as the title) when its kiln-serve did not answer. */
+ * calibration and the difference from the base label; one cell (its
+ * reason as the title) when its kiln-serve logs no impressions ("not
+ * logged") or did not answer ("unknown"). */
 static void td_online(web_buf_t *b, const ops_online_t *o)
 {
     if (!o->known) {
-        web_buf_puts(b, "<td class=\"online unknown\" colspan=\"6\" title=\"");
+        web_buf_printf(b, "<td class=\"online %s\" colspan=\"6\" title=\"",
+                       o->unlogged ? "unlogged" : "unknown");
         web_esc(b, o->error);
-        web_buf_puts(b, "\">unknown</td>");
+        web_buf_printf(b, "\">%s</td>", o->unlogged ? "not logged" : "unknown");
         return;
     }
     web_buf_printf(b, "<td class=\"num online-rows\">%lld</td>", (long long)o->f.impressions);
@@ -782,7 +785,8 @@ int web_page_endpoints(web_req_t *r)
                     "/v1/stats, read by kilnd every few seconds; eval figures are those "
                     "measured on the checkpoint when it was written; online figures are "
                     "read now from each kiln-serve's /v1/models/M/online, over the rows "
-                    "served and joined with their feedback (unknown: it did not answer).</p>\n");
+                    "served and joined with their feedback (not logged: that kiln-serve runs "
+                    "without --impressions-dir; unknown: it did not answer).</p>\n");
     split_forms(b, es, n);
     foot(r);
     free(on);
