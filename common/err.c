@@ -45,6 +45,7 @@ int kiln_errf(int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    kiln_utf8_scrub(msg); /* a cut at the buffer's end or a "%.80s" */
     memcpy(last_msg, msg, strlen(msg) + 1);
     last_code = code;
     return code;

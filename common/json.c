@@ -4,6 +4,7 @@
 #include "kiln_json.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "kiln.h"
 
@@ -22,5 +23,17 @@ json_t *kiln_json_num(double v)
 
 json_t *kiln_json_str(const char *s)
 {
-    return s != NULL ? json_string(s) : json_null();
+    if (s == NULL)
+        return json_null();
+    json_t *j = json_string(s);
+    if (j != NULL)
+        return j;
+    /* Not UTF-8 (a path's bytes, a quote cut mid-character): say it with
+     * '?' for the bad bytes rather than drop the string. */
+    char *copy = kiln_strdup(s);
+    if (copy == NULL)
+        return NULL;
+    j = json_string(kiln_utf8_scrub(copy));
+    free(copy);
+    return j;
 }

@@ -145,6 +145,12 @@ void *kiln_calloc(size_t n, size_t size);
 void *kiln_reallocarray(void *p, size_t n, size_t size);
 char *kiln_strdup(const char *s);
 char *kiln_strndup(const char *s, size_t n);
+/* Replaces, in place, every byte of s that is not part of a well-formed
+ * UTF-8 sequence (a stray continuation byte, a sequence cut short, an
+ * overlong form, a surrogate, a code point past U+10FFFF) with '?', and
+ * returns s. Messages that quote user text through "%.80s" or a fixed
+ * buffer can cut a character in two; JSON (jansson) refuses such a string. */
+char *kiln_utf8_scrub(char *s);
 /* Returns a malloc'd printf result, or NULL (KILN_ENOMEM). */
 char *kiln_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Frees each argument (any may be NULL): the buffers a struct owns, freed by

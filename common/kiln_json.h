@@ -16,7 +16,8 @@
 json_t *kiln_json_time(int64_t t);
 /* A real, or null when v is not finite. */
 json_t *kiln_json_num(double v);
-/* A string, or null for NULL. */
+/* A string, or null for NULL; bytes that are not UTF-8 read '?'
+ * (kiln_utf8_scrub), so text is never dropped for a bad byte. */
 json_t *kiln_json_str(const char *s);
 
 #endif /* KILN_COMMON_KILN_JSON_H */

@@ -2,7 +2,8 @@
  * common/strings.c - small string helpers: edit distance and did-you-mean,
  * the one suggestion rule of Kiln: the spec parser (unknown keys, enum
  * values), cron names and macros, the CLI (commands, options) and kilnd's
- * options all ask kiln_did_you_mean.
+ * options all ask kiln_did_you_mean. And kiln_utf8_scrub, which makes a
+ * message that quotes user text valid UTF-8 again after a cut.
  */
 #include "kiln.h"
 
@@ -54,4 +55,49 @@ const char *kiln_did_you_mean(const char *word, const char *const *candidates)
     if (limit > 3)
         limit = 3;
     return best_d <= limit ? best : NULL;
+}
+
+/* The length of the well-formed UTF-8 sequence at p (1-4), or 0 when the
+ * bytes there are not one (RFC 3629's table: no overlong forms, no
+ * surrogates, nothing past U+10FFFF). */
+static size_t utf8_seq_len(const unsigned char *p)
+{
+    unsigned char b = p[0];
+    if (b < 0x80)
+        return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (b >= 0xc2 && b <= 0xdf) {
+        n = 2;
+    } else if (b >= 0xe0 && b <= 0xef) {
+        n = 3;
+        lo = b == 0xe0 ? 0xa0 : 0x80;
+        hi = b == 0xed ? 0x9f : 0xbf;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+        n = 4;
+        lo = b == 0xf0 ? 0x90 : 0x80;
+        hi = b == 0xf4 ? 0x8f : 0xbf;
+    } else {
+        return 0;
+    }
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf) /* also stops at the NUL */
+            return 0;
+    return n;
+}
+
+char *kiln_utf8_scrub(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    while (*p != '\0') {
+        size_t n = utf8_seq_len(p);
+        if (n == 0) {
+            *p++ = '?';
+            continue;
+        }
+        p += n;
+    }
+    return s;
 }

@@ -71,6 +71,10 @@ static void vdiag(ctx_t *c, int line, int col, const char *path, const char *fmt
             kiln_asprintf("%s:%d:%d: %s%s%s", c->file, line, col, path, *path ? ": " : "", what);
     else
         it->message = kiln_asprintf("%s: %s%s%s", c->file, path, *path ? ": " : "", what);
+    /* A quote of the spec cut mid-character ("%.80s", the buffer's end) is
+     * made whole UTF-8 again: the web API answers these in JSON. */
+    if (it->message != NULL)
+        kiln_utf8_scrub(it->message);
     if (it->path == NULL || it->message == NULL) {
         free(it->path);
         free(it->message);

@@ -144,7 +144,7 @@ static json_t *run_json(walk_t *w, int64_t id)
     size_t nin = 0;
     if (state_input_list(w->st, id, &in, &nin) == 0)
         for (size_t i = 0; i < nin; i++) {
-            json_array_append_new(ins, json_string(in[i].path));
+            json_array_append_new(ins, kiln_json_str(in[i].path));
             json_t *known = json_object_get(w->inputs, in[i].path);
             if (known == NULL) {
                 known = json_pack("{s:s, s:I, s:o, s:s?, s:[]}", "path", in[i].path, "size",

@@ -154,7 +154,7 @@ int run_result_write(const char *run_dir, const run_result_t *r, FILE *out)
                   (json_int_t)r->eval_rows, RUN_FIG_EVAL_LOGLOSS, kiln_json_num(r->eval_logloss),
                   RUN_FIG_EVAL_AUC, kiln_json_num(r->eval_auc), "keys", (json_int_t)r->keys,
                   "malformed", (json_int_t)r->malformed, "checkpoint",
-                  r->checkpoint[0] ? json_string(r->checkpoint) : json_null(), "dense_kernels",
+                  r->checkpoint[0] ? kiln_json_str(r->checkpoint) : json_null(), "dense_kernels",
                   r->dense_kernels, "dense_precision",
                   r->dense_precision[0] ? r->dense_precision : "fp32");
     const run_tables_t *t = &r->tables;

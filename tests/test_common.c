@@ -314,6 +314,21 @@ static void test_did_you_mean(void **state)
     assert_string_equal(kiln_did_you_mean("mdoel", fields), "model");
 }
 
+/* Bytes that are not UTF-8 become '?', one each; whole characters stay. */
+static void test_utf8_scrub(void **state)
+{
+    (void)state;
+    char ok[] = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x94\xa5";
+    assert_string_equal(kiln_utf8_scrub(ok), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x94\xa5");
+    char cut[] = "name \"ab\xc3"; /* "%.80s" cut an e-acute in two */
+    assert_string_equal(kiln_utf8_scrub(cut), "name \"ab?");
+    char bad[] = "\x80x\xc0\xafy\xed\xa0\x80z\xf4\x90\x80\x80";
+    assert_string_equal(kiln_utf8_scrub(bad), "?x??y???z????");
+    /* kiln_errf makes its message whole again after a cut. */
+    kiln_errf(KILN_EINVAL, "\"%.3s\" is bad", "ab\xc3\xa9");
+    assert_string_equal(kiln_errmsg(), "\"ab?\" is bad");
+}
+
 static void *counted_alloc(int *n)
 {
     ++*n;
@@ -424,6 +439,7 @@ PROC_TEST_MAIN(NULL, NULL,
     cmocka_unit_test(test_check_macros), cmocka_unit_test(test_host_allowed),
     cmocka_unit_test(test_durations),  cmocka_unit_test(test_civil_dates),
     cmocka_unit_test(test_iso_instants), cmocka_unit_test(test_xxh64),
-    cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_alloc),
+    cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_utf8_scrub),
+    cmocka_unit_test(test_alloc),
     cmocka_unit_test(test_now_one_clock), cmocka_unit_test(test_backoff),
     cmocka_unit_test(test_log_file), cmocka_unit_test(test_atomic_write))

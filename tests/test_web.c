@@ -499,6 +499,19 @@ static void test_submit(void **state)
     assert_int_equal(r.status, 400);
     assert_non_null(strstr(r.body, "problems"));
     reply_free(&r);
+    /* A name whose quote in the problem ("%.80s") cuts a character in two
+     * is still reported: the problem is JSON, with '?' for the cut bytes. */
+    char longname[160];
+    snprintf(longname, sizeof longname, "name: %079d\xc3\xa9x\ndata: {train: a.tsv}\n", 0);
+    http(&r, "POST", "/api/jobs", longname, auth);
+    assert_int_equal(r.status, 400);
+    doc = json_loads(r.body, 0, NULL);
+    assert_non_null(doc);
+    json_t *probs = json_object_get(doc, "problems");
+    assert_int_equal(json_array_size(probs), 1);
+    assert_non_null(strstr(json_string_value(json_array_get(probs, 0)), "0?\" is not a valid name"));
+    json_decref(doc);
+    reply_free(&r);
 }
 
 /* Job control over HTTP: pause and resume need the token; the job page

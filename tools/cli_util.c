@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kiln.h"
+#include "kiln_json.h"
 #include "state.h"
 
 const char *cli_opt(const cli_t *cli, const char *name)
@@ -84,7 +85,7 @@ void cli_problem(const char *line)
         return;
     if (err_doc.problems == NULL)
         err_doc.problems = json_array();
-    json_array_append_new(err_doc.problems, json_string(line));
+    json_array_append_new(err_doc.problems, kiln_json_str(line));
 }
 
 int cli_finish(int code)

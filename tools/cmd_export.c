@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 
 #include "kiln.h"
+#include "kiln_json.h"
 #include "ops.h"
 #include "ckpt.h"
 #include "model.h"
@@ -99,7 +100,7 @@ static int export_job_push(cli_t *cli, const char *job)
                               r.checkpoint, "ok", rc == 0, "pushes", (int)r.n, "failed",
                               (int)r.n - r.nsucceeded, "results", arr);
         if (rc < 0)
-            json_object_set_new(j, "error", json_string(kiln_errmsg()));
+            json_object_set_new(j, "error", kiln_json_str(kiln_errmsg()));
         cli_print_json(j);
     }
     size_t n = r.n;
@@ -283,7 +284,7 @@ int cmd_export(cli_t *cli)
         cli_print_json(json_pack("{s:s, s:s, s:s, s:I, s:i, s:I, s:o}", "checkpoint", in->uid,
                                  "format", fname, "out", out, "step", (json_int_t)in->step, "chain",
                                  ch.n, "bytes", (json_int_t)bytes, "dense_model",
-                                 dense.n > 0 ? json_string(dense_file) : json_null()));
+                                 dense.n > 0 ? kiln_json_str(dense_file) : json_null()));
     else
         printf("exported checkpoint %s (step %" PRId64 ", chain of %d) as %s to %s, %" PRId64
                " bytes\n",

@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "kiln.h"
+#include "kiln_json.h"
 #include "ops.h"
 #include "state.h"
 
@@ -49,7 +50,7 @@ static int report(cli_t *cli, int rc, ops_push_report_t *r, const char *what)
                               "ok", rc == 0, "succeeded", r->nsucceeded, "failed", r->nfailed,
                               "held", r->nheld, "pending", r->npending, "pushes", arr);
         if (rc < 0)
-            json_object_set_new(j, "error", json_string(kiln_errmsg()));
+            json_object_set_new(j, "error", kiln_json_str(kiln_errmsg()));
         if (r->note[0] != '\0')
             json_object_set_new(j, "promote_when", json_string(r->note));
         cli_print_json(j);

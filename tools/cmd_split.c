@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "kiln.h"
+#include "kiln_json.h"
 #include "ops.h"
 #include "state.h"
 
@@ -51,7 +52,7 @@ int cmd_split(cli_t *cli)
         json_t *j = json_pack("{s:s, s:b, s:o, s:o}", "model", model, "ok", rc == 0, "endpoints",
                               arr, "ramps", jr);
         if (rc < 0)
-            json_object_set_new(j, "error", json_string(kiln_errmsg()));
+            json_object_set_new(j, "error", kiln_json_str(kiln_errmsg()));
         cli_print_json(j);
     } else {
         for (size_t i = 0; i < rep.n; i++) {

@@ -44,6 +44,16 @@ for h in "${harnesses[@]}"; do
   set -e
   grep -E "^(Done|stat::)|ERROR|SUMMARY" "$build/fuzz_$h.log" | tail -n 8
   if [ "$status" -ne 0 ]; then
+    # CI keeps only what is printed: the crash's own lines (the stack, the
+    # harness's reason) and the reproducer, base64, to replay with
+    # `base64 -d > r && build-fuzz/tests/fuzz/fuzz_$h r`.
+    echo "== the last lines of $build/fuzz_$h.log"
+    grep -v -E '^#[0-9]+ +(NEW|REDUCE|pulse|INITED)' "$build/fuzz_$h.log" | tail -n 60
+    repro=$(ls -t "$build/artifacts/$h-"* 2>/dev/null | head -n 1 || true)
+    if [ -n "$repro" ]; then
+      echo "== reproducer $repro ($(stat -c %s "$repro") bytes), base64:"
+      head -c 16384 "$repro" | base64
+    fi
     echo "kiln: fuzz_$h failed (exit $status); reproducer in $build/artifacts/" >&2
     exit 1
   fi

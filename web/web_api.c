@@ -421,7 +421,7 @@ int web_act_submit(web_req_t *r)
     if (rc == KILN_ESPEC) {
         json_t *probs = json_array();
         for (size_t i = 0; i < diags.n; i++)
-            json_array_append_new(probs, json_string(diags.items[i].message));
+            json_array_append_new(probs, kiln_json_str(diags.items[i].message));
         job_diags_fini(&diags);
         r->status = 400;
         return web_json_reply(r, json_pack("{s:i, s:s, s:o}", "status", 400, "error",
@@ -485,7 +485,7 @@ int web_act_split(web_req_t *r)
     json_t *doc = json_pack("{s:s, s:s, s:b, s:o}", "model", model, "split", split, "ok", rc == 0,
                             "endpoints", arr);
     if (rc < 0) {
-        json_object_set_new(doc, "error", json_string(kiln_errmsg()));
+        json_object_set_new(doc, "error", kiln_json_str(kiln_errmsg()));
         r->status = 502;
         r->kind = WEB_JSON;
     }
