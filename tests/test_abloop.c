@@ -11,6 +11,9 @@
  *     the difference from the base label with its interval), and an
  *     endpoint that accepts connections but never answers shows as
  *     unknown within the read's timeout;
+ *   - kilnd's /metrics carries the same figures per endpoint, read and
+ *     kept apart from the scrape, which the endpoint that hangs never
+ *     holds up; promtool reads it;
  *   - push.promote_when: `kiln promote` refuses with the figures while the
  *     labels have too few joined rows, refuses the worse label, and
  *     promotes the better one once the rule holds;
@@ -435,6 +438,44 @@ static void test_online_figures_and_promote_when(void **state)
     assert_non_null(strstr(page, "vs A ["));
     assert_non_null(strstr(page, "class=\"online unknown\""));
     free(page);
+
+    /* kilnd's /metrics: the same figures, read by a thread of kilnd's own
+     * and kept, so that no scrape waits on the endpoint that hangs. */
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", WEB_PORT);
+    char want_b[200], *m = NULL;
+    snprintf(want_b, sizeof want_b,
+             "kiln_endpoint_online_impressions{endpoint=\"%s\",model=\"ctr\",label=\"B\"} 450\n",
+             serve_url);
+    for (int i = 0; i < 50 && (m == NULL || strstr(m, want_b) == NULL); i++) {
+        free(m);
+        t0 = kiln_now_ms();
+        m = fx_get(url);
+        assert_non_null(m);
+        assert_true(kiln_now_ms() - t0 < 2000);
+        if (strstr(m, want_b) == NULL)
+            proc_sleep_ms(200);
+    }
+    if (strstr(m, want_b) == NULL)
+        fail_msg("kilnd's /metrics lacks %s\n%s", want_b, m);
+    char series[300];
+    snprintf(series, sizeof series,
+             "kiln_endpoint_online_logloss{endpoint=\"%s\",model=\"ctr\",label=\"B\"} ",
+             serve_url);
+    assert_non_null(strstr(m, series));
+    assert_true(fabs(strtod(strstr(m, series) + strlen(series), NULL) - llb) < 1e-6);
+    snprintf(series, sizeof series,
+             "kiln_endpoint_online_logloss_diff{endpoint=\"%s\",model=\"ctr\",label=\"B\","
+             "base=\"A\"} ",
+             serve_url);
+    assert_non_null(strstr(m, series));
+    assert_true(fabs(strtod(strstr(m, series) + strlen(series), NULL) - (llb - lla)) < 1e-6);
+    snprintf(series, sizeof series,
+             "kiln_endpoint_online_up{endpoint=\"http://127.0.0.1:%d\",model=\"ctr\",label=\"C\"} "
+             "0\n",
+             HANG_PORT);
+    assert_non_null(strstr(m, series));
+    fx_promtool_check(home, "kilnd-metrics", m, strlen(m));
+    free(m);
 
     /* kiln show of the run whose checkpoint B holds: its endpoints' figures. */
     state_t *st = NULL;
