@@ -122,9 +122,9 @@ static void *reader_main(void *arg)
             for (size_t j = i; es != NULL && which != NULL && j < o->nk; j++)
                 if (strcmp(o->k[j].url, o->k[i].url) == 0 &&
                     strcmp(o->k[j].model, o->k[i].model) == 0) {
-                    es[n] = (state_endpoint_info_t){.url = kiln_strdup(o->k[j].url),
-                                                    .model = kiln_strdup(o->k[j].model),
-                                                    .label = kiln_strdup(o->k[j].label)};
+                    /* borrowed: a kept entry's strings live as long as o */
+                    es[n] = (state_endpoint_info_t){
+                        .url = o->k[j].url, .model = o->k[j].model, .label = o->k[j].label};
                     which[n++] = j;
                 }
             pthread_mutex_unlock(&o->mu);
@@ -135,10 +135,7 @@ static void *reader_main(void *arg)
                 o->k[which[m]].fig = *ops_online_at(on, m);
                 o->k[which[m]].at_ms = now;
             }
-            free(on);
-            for (size_t m = 0; m < n; m++)
-                KILN_FREE_ALL(es[m].url, es[m].model, es[m].label);
-            KILN_FREE_ALL(es, which);
+            KILN_FREE_ALL(on, es, which);
             if (n == 0) { /* out of memory: this entry waits for the next reading */
                 o->k[i].at_ms = now;
                 snprintf(o->k[i].fig.error, sizeof o->k[i].fig.error, "out of memory");
