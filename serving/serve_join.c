@@ -200,6 +200,7 @@ static void join_model(sv_loop_t *l, lp_model_t *m)
             break;
         if (join_segment(l, m, seg) < 0) {
             pthread_mutex_lock(&l->lock);
+            m->join_failed++;
             if (m->join_failures++ == 0)
                 KILN_WARN("join of %s: %s; the segment stays and is joined again (logged "
                           "once until a join succeeds)",

@@ -139,7 +139,9 @@ typedef struct lp_model {
     int nacc;
     int64_t joined_through; /* the last segment id in acc */
     int64_t fb[4];          /* feedback by result: FB_ACCEPTED ... FB_LATE */
-    int64_t logged, partitions, joined_rows, join_failures;
+    int64_t logged, partitions, joined_rows;
+    int64_t join_failures; /* joins failed in a row (a warning for the first) */
+    int64_t join_failed;   /* joins failed since start (retried: the segment stays) */
 } lp_model_t;
 
 enum { DROP_QUEUE, DROP_CAP, DROP_DISK, DROP_ROW, DROP_MODELS, DROP_NREASONS };

@@ -184,7 +184,7 @@ typedef struct snapshot {
     char model[SERVE_NAME_MAX];
     figures_t f[LOOP_LABELS];
     int n;
-    int64_t joined_through, logged, partitions, joined_rows, fb[FB_NRESULTS];
+    int64_t joined_through, logged, partitions, joined_rows, join_failed, fb[FB_NRESULTS];
 } snapshot_t;
 
 static void snapshot_of(const lp_model_t *m, snapshot_t *s)
@@ -198,6 +198,7 @@ static void snapshot_of(const lp_model_t *m, snapshot_t *s)
     s->logged = m->logged;
     s->partitions = m->partitions;
     s->joined_rows = m->joined_rows;
+    s->join_failed = m->join_failed;
     memcpy(s->fb, m->fb, sizeof s->fb);
 }
 
@@ -286,6 +287,10 @@ static const struct {
      offsetof(snapshot_t, partitions)},
     {"kiln_serve_join_rows_total", "Rows joined into training partitions since start, by model.",
      offsetof(snapshot_t, joined_rows)},
+    {"kiln_serve_join_failures_total",
+     "Joins of a segment that failed since start (the join dir full or unwritable), by model; "
+     "the segment stays and is joined again.",
+     offsetof(snapshot_t, join_failed)},
 };
 
 char *sv_loop_prometheus(sv_loop_t *l)

@@ -11,13 +11,27 @@
  *     the difference from the base label with its interval), and an
  *     endpoint that accepts connections but never answers shows as
  *     unknown within the read's timeout;
+ *   - kilnd's /metrics carries the same figures per endpoint, read and
+ *     kept apart from the scrape, which the endpoint that hangs never
+ *     holds up; promtool reads it;
  *   - push.promote_when: `kiln promote` refuses with the figures while the
  *     labels have too few joined rows, refuses the worse label, and
  *     promotes the better one once the rule holds;
  *   - the loop end to end: joined partitions land, a cron job (`@every 1s`,
  *     data.train on the join directory, ready: marker) retrains on them and
  *     pushes to B (kiln lineage from a partition file reaches B); after
- *     four cycles B's online logloss beats stale A's in kiln endpoints.
+ *     four cycles B's online logloss beats stale A's in kiln endpoints;
+ *   - the loop under faults, with the same cron job retraining B on the
+ *     join directory: a flood of duplicate clicks (flipped: a duplicate
+ *     never changes a label), clicks on keys never served, late clicks, then
+ *     the join directory and the impression directory full (each a 2 MiB
+ *     tmpfs in a mount namespace of the test's own; skipped, saying so,
+ *     where this user cannot mount): predicts answer, the drops and the
+ *     failed joins are counted and logged once, and once there is room the
+ *     join and the log go on. At the end kiln-serve's counters match what
+ *     its answers said, every row logged is in one partition once with its
+ *     first click's label, and every partition was trained on by exactly one
+ *     succeeded run.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,13 +41,16 @@
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <errno.h>
 #include <glob.h>
 #include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -213,6 +230,20 @@ static void wait_label_holds_job(const char *label, const char *job, const char 
              label, h, job, ck, timeout_s, home);
 }
 
+/* POSTs the predict of rows (taken) with request key to url; it must answer. */
+static void predict_keyed(const char *url, const char *key, json_t *rows)
+{
+    json_t *req = json_pack("{s:o,s:s}", "rows", rows, "request_key", key);
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    fx_reply_t r;
+    long st = fx_http(&r, "POST", url, NULL, body, strlen(body), 10);
+    if (st != 200)
+        fail_msg("predict %s: HTTP %ld: %s", key, st, r.body ? r.body : "");
+    fx_reply_fini(&r);
+    free(body);
+}
+
 /* Serves rows [from, from + n) of the population to label with request keys
  * "<label><tag>-<batch>" (50 rows a request), then posts every row's click
  * (its datagen label). */
@@ -230,15 +261,7 @@ static void population(const char *label, const char *tag, int from, int n)
             json_array_append_new(fb, json_pack("{s:s,s:i,s:i}", "request_key", key, "row", i - b,
                                                 "label", pop_y[i % npop]));
         }
-        json_t *req = json_pack("{s:o,s:s}", "rows", rows, "request_key", key);
-        char *body = json_dumps(req, JSON_COMPACT);
-        json_decref(req);
-        fx_reply_t r;
-        long st = fx_http(&r, "POST", url, NULL, body, strlen(body), 10);
-        if (st != 200)
-            fail_msg("predict on %s: HTTP %ld: %s", label, st, r.body ? r.body : "");
-        fx_reply_fini(&r);
-        free(body);
+        predict_keyed(url, key, rows);
     }
     char *body = json_dumps(fb, JSON_COMPACT);
     json_decref(fb);
@@ -436,6 +459,43 @@ static void test_online_figures_and_promote_when(void **state)
     assert_non_null(strstr(page, "class=\"online unknown\""));
     free(page);
 
+    /* kilnd's /metrics: the same figures, read by a thread of kilnd's own
+     * and kept, so that no scrape waits on the endpoint that hangs. */
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", WEB_PORT);
+    char want_b[200], *m = NULL;
+    snprintf(want_b, sizeof want_b,
+             "kiln_endpoint_online_impressions{endpoint=\"%s\",model=\"ctr\",label=\"B\"} 450\n",
+             serve_url);
+    for (int i = 0; i < 50 && (m == NULL || strstr(m, want_b) == NULL); i++) {
+        free(m);
+        t0 = kiln_now_ms();
+        m = fx_get(url);
+        assert_non_null(m);
+        assert_true(kiln_now_ms() - t0 < 2000);
+        if (strstr(m, want_b) == NULL)
+            proc_sleep_ms(200);
+    }
+    if (strstr(m, want_b) == NULL)
+        fail_msg("kilnd's /metrics lacks %s\n%s", want_b, m);
+    char series[300];
+    snprintf(series, sizeof series,
+             "kiln_endpoint_online_logloss{endpoint=\"%s\",model=\"ctr\",label=\"B\"} ", serve_url);
+    assert_non_null(strstr(m, series));
+    assert_true(fabs(strtod(strstr(m, series) + strlen(series), NULL) - llb) < 1e-6);
+    snprintf(series, sizeof series,
+             "kiln_endpoint_online_logloss_diff{endpoint=\"%s\",model=\"ctr\",label=\"B\","
+             "base=\"A\"} ",
+             serve_url);
+    assert_non_null(strstr(m, series));
+    assert_true(fabs(strtod(strstr(m, series) + strlen(series), NULL) - (llb - lla)) < 1e-6);
+    snprintf(series, sizeof series,
+             "kiln_endpoint_online_up{endpoint=\"http://127.0.0.1:%d\",model=\"ctr\",label=\"C\"} "
+             "0\n",
+             HANG_PORT);
+    assert_non_null(strstr(m, series));
+    fx_promtool_check(home, "kilnd-metrics", m, strlen(m));
+    free(m);
+
     /* kiln show of the run whose checkpoint B holds: its endpoints' figures. */
     state_t *st = NULL;
     state_run_t *runs = NULL;
@@ -553,7 +613,348 @@ static void test_loop_end_to_end(void **state)
     free(r);
 }
 
+/* ---- the loop under faults (issue 28.5, the second test) ------------------------------- */
+
+static char tiny_imp[400], tiny_join[400]; /* mounted tmpfs (""), unmounted at teardown */
+
+/* Mounts a 2 MiB tmpfs on dir, in a mount namespace of the test's own
+ * (unshare -m, so nothing outside sees it; the programs the test starts
+ * next inherit it). False, having mounted nothing, where this user cannot. */
+static bool mount_tiny(const char *dir)
+{
+    static bool ns;
+    assert_int_equal(kiln_mkdir_p(dir), 0);
+    if (!ns && (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0))
+        return false;
+    ns = true;
+    return mount("kiln-test-tiny", dir, "tmpfs", 0, "size=2m") == 0;
+}
+
+static int teardown_faults(void **state)
+{
+    fx_stop_all();
+    if (tiny_imp[0])
+        umount2(tiny_imp, MNT_DETACH);
+    if (tiny_join[0])
+        umount2(tiny_join, MNT_DETACH);
+    tiny_imp[0] = tiny_join[0] = '\0';
+    return proc_tmpdir_teardown(state);
+}
+
+/* Fills the file system of dir: dir/filler grows until the disk says no. */
+static void fill(const char *dir)
+{
+    char p[480];
+    snprintf(p, sizeof p, "%s/filler", dir);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    static char zeros[4096];
+    while (fwrite(zeros, 1, sizeof zeros, f) == sizeof zeros)
+        ;
+    fclose(f); /* its last write fails too: ENOSPC */
+}
+
+static void unfill(const char *dir)
+{
+    char p[480];
+    snprintf(p, sizeof p, "%s/filler", dir);
+    assert_int_equal(unlink(p), 0);
+}
+
+/* The value of kiln-serve's /metrics sample that starts with prefix (-1: none). */
+static double serve_metric(const char *prefix)
+{
+    char url[128];
+    snprintf(url, sizeof url, "%s/metrics", serve_url);
+    return fx_metric(url, prefix);
+}
+
+/* Predicts population rows [from, from + n) on B, keys "<tag>-<batch>", 50
+ * rows a request; every predict must answer. */
+static void serve_rows(const char *tag, int from, int n)
+{
+    char url[160];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/predict?label=B", serve_url);
+    for (int b = from; b < from + n; b += 50) {
+        char key[64];
+        snprintf(key, sizeof key, "%s-%d", tag, b);
+        json_t *rows = json_array();
+        for (int i = b; i < b + 50 && i < from + n; i++)
+            json_array_append_new(rows, json_string(pop_feat[i]));
+        predict_keyed(url, key, rows);
+    }
+}
+
+/* The feedback tallies the answers gave, by result (and 507: refused,
+ * nothing stored). */
+typedef struct tally {
+    int64_t accepted, duplicate, unknown, late, refused;
+} tally_t;
+
+/* Posts the clicks of rows [from, from + n) of tag (their datagen label,
+ * flipped when flip) and `unknown` items with keys never served; the
+ * answer's counts are added to t and returned in *got (may be NULL). */
+static long post_clicks(tally_t *t, const char *tag, int from, int n, bool flip, int unknown,
+                        tally_t *got)
+{
+    json_t *fb = json_array();
+    for (int i = from; i < from + n; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s-%d", tag, from + (i - from) / 50 * 50);
+        json_array_append_new(fb, json_pack("{s:s,s:i,s:i}", "request_key", key, "row",
+                                            (i - from) % 50, "label", pop_y[i] ^ flip));
+    }
+    for (int i = 0; i < unknown; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "never-served-%s-%d", tag, i);
+        json_array_append_new(fb,
+                              json_pack("{s:s,s:i,s:i}", "request_key", key, "row", 0, "label", 1));
+    }
+    char *body = json_dumps(fb, JSON_COMPACT), url[160];
+    json_decref(fb);
+    snprintf(url, sizeof url, "%s/v1/models/ctr/feedback", serve_url);
+    const char *h[] = {"Authorization: Bearer " FX_TOKEN, "Content-Type: application/json", NULL};
+    fx_reply_t r;
+    long st = fx_http(&r, "POST", url, h, body, strlen(body), 10);
+    free(body);
+    tally_t a = {0};
+    if (st == 200) {
+        json_t *j = json_loads(r.body, 0, NULL);
+        a.accepted = json_integer_value(json_object_get(j, "accepted"));
+        a.duplicate = json_integer_value(json_object_get(j, "duplicate"));
+        a.unknown = json_integer_value(json_object_get(j, "unknown"));
+        a.late = json_integer_value(json_object_get(j, "late"));
+        json_decref(j);
+    } else if (st == 507) {
+        a.refused = 1;
+    } else {
+        fail_msg("feedback %s: HTTP %ld: %s", tag, st, r.body ? r.body : "");
+    }
+    fx_reply_fini(&r);
+    t->accepted += a.accepted, t->duplicate += a.duplicate, t->unknown += a.unknown;
+    t->late += a.late, t->refused += a.refused;
+    if (got != NULL)
+        *got = a;
+    return st;
+}
+
+/* Waits until kiln-serve's /metrics sample prefix is at least want. */
+static double wait_serve_metric(const char *prefix, double want, int timeout_s)
+{
+    double v = -1;
+    for (int i = 0; i < timeout_s * 10 && (v = serve_metric(prefix)) < want; i++)
+        proc_sleep_ms(100);
+    if (v < want)
+        fail_msg("%s is %g, not %g, after %d s", prefix, v, want, timeout_s);
+    return v;
+}
+
+static void test_loop_faults(void **state)
+{
+    (void)state;
+    char imp[400], join[400];
+    snprintf(imp, sizeof imp, "%s/imp", home);
+    snprintf(join, sizeof join, "%s/joined", home);
+    bool tiny = mount_tiny(imp);
+    if (tiny) {
+        snprintf(tiny_imp, sizeof tiny_imp, "%s", imp);
+        tiny = mount_tiny(join);
+        if (tiny)
+            snprintf(tiny_join, sizeof tiny_join, "%s", join);
+    }
+    if (!tiny)
+        print_message("cannot mount a small tmpfs here (%s): the full-disk part is skipped\n",
+                      strerror(errno));
+    /* A seed partition in the join directory, so that the retraining job's
+     * first run puts a model on B. */
+    char seed[480], src[400], p[520];
+    snprintf(seed, sizeof seed, "%s/ctr/part=0000000000000", join);
+    assert_int_equal(kiln_mkdir_p(seed), 0);
+    snprintf(src, sizeof src, "%s/data/day=0.tsv", data_dir);
+    snprintf(p, sizeof p, "%s/part-0.tsv", seed);
+    assert_int_equal(fx_land(src, p), 0);
+    snprintf(p, sizeof p, "%s/_SUCCESS", seed);
+    fx_write(p, "%s", "");
+
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/serve", home);
+    const char *extra[] = {"--impressions-dir", imp,  "--join-dir", join,
+                           "--feedback-window", "2s", NULL};
+    srv.port = SERVE_PORT;
+    assert_true(fx_serve_start_with(&srv, dir, extra));
+    fx_kilnd_start(&kd, home, NULL);
+    char spec[400], body[2000], ck[80] = "", prev[80];
+    snprintf(body, sizeof body,
+             "schedule: \"@every 1s\"\n"
+             "data: {train: \"%s/ctr/part=*/part-*.tsv\", incremental: true, ready: marker}\n"
+             "train: {batch_size: 64}\n"
+             "export: {on_success: incremental}\n"
+             "push:\n  token_env: KILN_TEST_TOKEN\n  endpoints:\n"
+             "    - {url: \"%s\", model: ctr, label: B}\n",
+             join, serve_url);
+    write_job("retrain", body, spec, sizeof spec);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    wait_label_holds_job("B", "retrain", "", ck, sizeof ck, 120);
+
+    /* Served, clicked, then the same clicks again (flipped: a duplicate must
+     * not change a label), a flood of them, and clicks on keys never served. */
+    tally_t t = {0}, a;
+    const int per = 200;
+    int64_t positives = 0, served = 0;
+    serve_rows("p1", 0, per);
+    served += per;
+    post_clicks(&t, "p1", 0, per, false, 50, &a);
+    assert_int_equal(a.accepted, per);
+    assert_int_equal(a.unknown, 50);
+    for (int i = 0; i < per; i++)
+        positives += pop_y[i];
+    for (int k = 0; k < 20; k++) {
+        post_clicks(&t, "p1", 0, per, true, 20, &a);
+        assert_int_equal(a.duplicate, per);
+        assert_int_equal(a.unknown, 20);
+    }
+    /* Joined; clicks now are late. */
+    wait_joined("B", per);
+    post_clicks(&t, "p1", 0, per, true, 0, &a);
+    assert_int_equal(a.late, per);
+
+    int64_t dropped = 0;
+    if (tiny) {
+        /* The join directory fills up: the segment stays, the join fails
+         * (counted) and is retried. */
+        serve_rows("p2", per, per);
+        served += per;
+        post_clicks(&t, "p2", per, per, false, 0, &a);
+        assert_int_equal(a.accepted, per);
+        for (int i = per; i < 2 * per; i++)
+            positives += pop_y[i];
+        fill(join);
+        wait_serve_metric("kiln_serve_join_failures_total{model=\"ctr\"} ", 1, 30);
+        assert_int_equal(online_rows("B", NULL), per); /* nothing joined, nothing counted */
+        /* The impression disk fills up too: predicts answer, the rows are
+         * dropped (counted); clicks on them are unknown, or refused (507)
+         * where some were logged and the feedback log cannot grow. */
+        fill(imp);
+        double logged0 = serve_metric("kiln_serve_impressions_logged_total{model=\"ctr\"} ");
+        serve_rows("p3", 2 * per, per);
+        const char *dprefix = "kiln_serve_impressions_dropped_total{reason=\"disk\"} ";
+        double logged = 0;
+        for (int i = 0; i < 100 && logged + dropped < per; i++, proc_sleep_ms(50)) {
+            dropped = (int64_t)serve_metric(dprefix);
+            logged = serve_metric("kiln_serve_impressions_logged_total{model=\"ctr\"} ") - logged0;
+        }
+        print_message("disk full: %lld of %d rows dropped, %g logged\n", (long long)dropped, per,
+                      logged);
+        assert_true(dropped > 0);
+        assert_true(logged + (double)dropped == per);
+        served += (int64_t)logged;
+        tally_t before = t;
+        post_clicks(&t, "p3", 2 * per, per, false, 0, &a);
+        if (a.refused == 0) {
+            assert_int_equal(a.unknown, dropped);
+            assert_int_equal(a.accepted, (int64_t)logged);
+            for (int i = 2 * per; i < 3 * per && logged > 0; i++)
+                positives += pop_y[i]; /* all or none of p3 was logged: one segment */
+        } else {
+            assert_int_equal(t.accepted, before.accepted);
+        }
+        /* Room again: the join goes on, logging goes on. */
+        unfill(join);
+        unfill(imp);
+        wait_joined("B", served);
+    }
+    serve_rows("p4", 3 * per, per);
+    served += per;
+    post_clicks(&t, "p4", 3 * per, per, false, 0, &a);
+    assert_int_equal(a.accepted, per);
+    for (int i = 3 * per; i < 4 * per; i++)
+        positives += pop_y[i];
+    wait_joined("B", served);
+
+    /* kiln-serve counted what it answered. */
+    static const char *const res[] = {"accepted", "duplicate", "unknown", "late"};
+    const int64_t want[] = {t.accepted, t.duplicate, t.unknown, t.late};
+    for (int k = 0; k < 4; k++) {
+        char prefix[128];
+        snprintf(prefix, sizeof prefix, "kiln_serve_feedback_total{model=\"ctr\",result=\"%s\"} ",
+                 res[k]);
+        if (serve_metric(prefix) != (double)want[k])
+            fail_msg("%s is %g, the answers said %lld", prefix, serve_metric(prefix),
+                     (long long)want[k]);
+    }
+    assert_true(serve_metric("kiln_serve_impressions_logged_total{model=\"ctr\"} ") == served);
+    assert_true(serve_metric("kiln_serve_impressions_dropped_total{reason=\"disk\"} ") ==
+                (double)dropped);
+
+    /* Every row served and logged is in one partition, once, with its first
+     * click's label; every partition is trained on by one run, once. */
+    char pat[480];
+    snprintf(pat, sizeof pat, "%s/ctr/part=*/part-0.tsv", join);
+    int64_t rows = 0, pos = 0;
+    glob_t g;
+    assert_int_equal(glob(pat, 0, NULL, &g), 0);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        if (strstr(g.gl_pathv[i], "part=0000000000000/") != NULL)
+            continue; /* the seed */
+        size_t len;
+        char *b = (char *)proc_read_file(g.gl_pathv[i], &len);
+        for (char *l = b; l < b + len; l = strchr(l, '\n') + 1) {
+            rows++;
+            pos += l[0] == '1';
+        }
+        free(b);
+    }
+    print_message("%zu partitions: %lld rows, %lld positive; served and logged %lld, clicked "
+                  "%lld\n",
+                  g.gl_pathc - 1, (long long)rows, (long long)pos, (long long)served,
+                  (long long)positives);
+    assert_int_equal(rows, served);
+    assert_int_equal(pos, positives);
+    /* The retraining job takes the last partition, then each was read by
+     * exactly one succeeded run. */
+    snprintf(prev, sizeof prev, "%s", ck);
+    state_t *st = fx_kilnd_db(&kd);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        int64_t *ids = NULL;
+        size_t n = 0;
+        for (int k = 0; k < 600 && n == 0; k++) {
+            assert_int_equal(state_input_runs(st, g.gl_pathv[i], 10, &ids, &n), 0);
+            if (n == 0) {
+                free(ids);
+                proc_sleep_ms(100);
+            }
+        }
+        int ok = 0;
+        for (size_t k = 0; k < n; k++) {
+            assert_int_equal(fx_wait_run(st, ids[k], STATE_RUN_NSTATES, 120), STATE_RUN_SUCCEEDED);
+            ok++;
+        }
+        free(ids);
+        if (ok != 1)
+            fail_msg("%s was trained on by %d runs, not 1 (see %s)", g.gl_pathv[i], ok, home);
+    }
+    state_close(st);
+    globfree(&g);
+    wait_label_holds_job("B", "retrain", prev, ck, sizeof ck, 60);
+
+    /* What kiln-serve logged about it, once each. */
+    char log[500];
+    snprintf(log, sizeof log, "%s.log", srv.dir);
+    size_t len;
+    char *text = (char *)proc_read_file(log, &len);
+    if (tiny) {
+        assert_non_null(strstr(text, "dropping impressions (disk)"));
+        assert_null(
+            strstr(strstr(text, "dropping impressions (disk)") + 1, "dropping impressions (disk)"));
+        assert_non_null(strstr(text, "logging again after disk drops"));
+        assert_non_null(strstr(text, "join of ctr works again"));
+    }
+    free(text);
+}
+
 PROC_TEST_MAIN(setup_all, teardown_all,
                cmocka_unit_test_setup_teardown(test_online_figures_and_promote_when, setup,
                                                teardown),
-               cmocka_unit_test_setup_teardown(test_loop_end_to_end, setup, teardown))
+               cmocka_unit_test_setup_teardown(test_loop_end_to_end, setup, teardown),
+               cmocka_unit_test_setup_teardown(test_loop_faults, setup, teardown_faults))

@@ -172,17 +172,7 @@ static double metric(const srv_t *s, const char *prefix)
 {
     char url[128];
     snprintf(url, sizeof url, "%s/metrics", s->url);
-    char *b = fx_get(url);
-    if (b == NULL)
-        return -1;
-    double v = -1;
-    for (char *p = b; p != NULL && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (strncmp(p, prefix, strlen(prefix)) == 0) {
-            v = atof(p + strlen(prefix));
-            break;
-        }
-    free(b);
-    return v;
+    return fx_metric(url, prefix);
 }
 
 /* Waits until /metrics sample prefix reaches want (at most timeout_ms). */

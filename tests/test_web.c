@@ -701,6 +701,10 @@ static void test_metrics(void **state)
         "kiln_job_last_success_timestamp_seconds{job=\"ctr\"} ",
         "kiln_queue_depth ",
         "# TYPE kiln_run_duration_seconds histogram\n",
+        /* the online figures: nothing answers at the fixture's endpoints */
+        "kiln_endpoint_online_up{endpoint=\"http://127.0.0.1:9002\",model=\"ctr\",label=\"B\"} "
+        "0\n",
+        "# TYPE kiln_endpoint_online_logloss gauge\n",
     };
     for (size_t i = 0; i < sizeof has / sizeof has[0]; i++)
         if (strstr(r.body, has[i]) == NULL)

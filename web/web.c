@@ -39,6 +39,7 @@ struct web {
     state_t **all, **idle;
     int nall, nidle;
     web_guard_t *guard; /* the connection limits (web_guard.h) */
+    web_online_t *online; /* the endpoints' online figures for /metrics (web_online.c) */
 };
 
 /* ---- the route table ---------------------------------------------------------------
@@ -245,7 +246,12 @@ static bool authorized(web_t *w, struct MHD_Connection *c, const upload_t *u)
 static enum MHD_Result dispatch(web_t *w, struct MHD_Connection *c, const char *url,
                                 const char *method, upload_t *u)
 {
-    web_req_t r = {.w = w, .conn = c, .status = 200, .kind = WEB_HTML, .refresh_s = w->refresh_s};
+    web_req_t r = {.w = w,
+                   .online = w->online,
+                   .conn = c,
+                   .status = 200,
+                   .kind = WEB_HTML,
+                   .refresh_s = w->refresh_s};
     bool head = strcmp(method, "HEAD") == 0;
     bool path_known = false;
     const route_t *route = NULL;
@@ -499,6 +505,7 @@ int web_start(const web_config_t *cfg, web_t **out)
     }
     KILN_CHECK_GOTO(web_guard_create(cfg->max_connections, cfg->max_per_client, &w->guard), rc,
                     fail);
+    KILN_CHECK_GOTO(web_online_create(&w->online), rc, fail);
     /* MHD_USE_ITC: MHD_stop_daemon wakes every pool thread through its own
      * channel. Without it a thread could miss the listen socket's shutdown
      * and sleep out the connection timeout, so kilnd took 10 s to stop on
@@ -547,6 +554,7 @@ void web_stop(web_t *w)
         return;
     if (w->d != NULL)
         MHD_stop_daemon(w->d);
+    web_online_destroy(w->online);
     web_guard_destroy(w->guard);
     for (int i = 0; i < w->nall; i++)
         state_close(w->all[i]);

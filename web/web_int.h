@@ -47,8 +47,11 @@ char *web_form_value(const char *body, size_t len, const char *key);
 /* ---- requests and routes (web.c) --------------------------------------------------- */
 typedef enum { WEB_HTML, WEB_JSON, WEB_TEXT, WEB_SVG, WEB_FORM } web_kind_t;
 
+typedef struct web_online web_online_t; /* web_online.c */
+
 typedef struct web_req {
     web_t *w;
+    web_online_t *online;    /* the server's kept online figures (web_online.c) */
     state_t *st;             /* a pooled connection, this request's alone */
     void *conn;              /* the MHD connection (web.c, web_req.c) */
     web_kind_t kind;         /* of the route */
@@ -111,6 +114,21 @@ int web_act_split(web_req_t *r);
 
 /* ---- /metrics (web_metrics.c) ------------------------------------------------------ */
 int web_metrics(web_req_t *r);
+
+/* ---- the online figures /metrics shows (web_online.c) ------------------------------
+ * Read by a thread of their own and kept, so that a scrape waits at most
+ * WEB_ONLINE_WAIT_MS on the kiln-serves. */
+#define WEB_ONLINE_TTL_MS 5000 /* a kept reading older than this is read again */
+#define WEB_ONLINE_WAIT_MS 300 /* what a scrape waits for a new reading */
+int web_online_create(web_online_t **out /* OUT */);
+/* Stops the reader (waiting out a read in flight, at most its timeout). NULL is fine. */
+void web_online_destroy(web_online_t *o);
+/* The figures of es (n) as kept, in a malloc'd array (n; free()), each
+ * with its age in age_ms (n, the caller's; -1: never read); asks for a new
+ * reading when one is old or missing and waits WEB_ONLINE_WAIT_MS for it.
+ * NULL when out of memory. */
+ops_online_t *web_online_get(web_online_t *o, const state_endpoint_info_t *es, size_t n,
+                             int64_t *age_ms /* OUT */);
 
 /* ---- data shared by pages and API (web_data.c) ------------------------------------- */
 #define WEB_PAGE_DEFAULT 50

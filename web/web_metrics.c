@@ -4,7 +4,9 @@
  * a histogram per job, push outcomes per endpoint, and the time of the last
  * success per job. Everything comes from small aggregate reads (the trigger
  * kept tables of state/ and one row per job or endpoint), so a scrape costs
- * the same with 100 runs or 100k.
+ * the same with 100 runs or 100k. The endpoints' online A/B figures come
+ * from their kiln-serves, read and kept by web_online.c, so a scrape waits
+ * on them at most WEB_ONLINE_WAIT_MS.
  */
 #include "web_int.h"
 
@@ -95,6 +97,118 @@ static void endpoint_series(web_buf_t *b, const char *name, const state_endpoint
     web_buf_puts(b, "\"");
 }
 
+/* The online figures of one endpoint, a value each (NAN: not written). */
+typedef double (*online_value_fn)(const ops_online_t *o);
+static double v_impressions(const ops_online_t *o)
+{
+    return (double)o->f.impressions;
+}
+static double v_positives(const ops_online_t *o)
+{
+    return (double)o->f.positives;
+}
+static double v_ctr(const ops_online_t *o)
+{
+    return o->f.ctr;
+}
+static double v_logloss(const ops_online_t *o)
+{
+    return o->f.logloss;
+}
+static double v_auc(const ops_online_t *o)
+{
+    return o->f.auc;
+}
+static double v_calibration(const ops_online_t *o)
+{
+    return o->f.calibration;
+}
+static double v_diff(const ops_online_t *o)
+{
+    return o->diff;
+}
+static double v_lo(const ops_online_t *o)
+{
+    return o->lo;
+}
+static double v_hi(const ops_online_t *o)
+{
+    return o->hi;
+}
+
+static const struct {
+    const char *name, *help;
+    online_value_fn value;
+    bool vs_base; /* the series names the base label */
+} online_families[] = {
+    {"kiln_endpoint_online_impressions",
+     "Joined rows (impressions past the feedback window) of the label, as its kiln-serve "
+     "counts them.",
+     v_impressions, false},
+    {"kiln_endpoint_online_positives", "Joined rows of the label whose feedback was positive.",
+     v_positives, false},
+    {"kiln_endpoint_online_ctr", "Observed CTR of the label's joined rows.", v_ctr, false},
+    {"kiln_endpoint_online_logloss",
+     "Logloss of the probabilities the label served, over its "
+     "joined rows.",
+     v_logloss, false},
+    {"kiln_endpoint_online_auc",
+     "AUC of the probabilities the label served, over its joined "
+     "rows.",
+     v_auc, false},
+    {"kiln_endpoint_online_calibration", "Mean probability served / observed CTR of the label.",
+     v_calibration, false},
+    {"kiln_endpoint_online_logloss_diff",
+     "The label's online logloss minus the base label's (its kiln-serve's first by name).", v_diff,
+     true},
+    {"kiln_endpoint_online_logloss_diff_ci95_low",
+     "Low end of the 95% interval of kiln_endpoint_online_logloss_diff.", v_lo, true},
+    {"kiln_endpoint_online_logloss_diff_ci95_high",
+     "High end of the 95% interval of kiln_endpoint_online_logloss_diff.", v_hi, true},
+};
+
+/* The endpoints' online A/B figures (es, n), as web_online.c keeps them. */
+static void online(web_req_t *r, const state_endpoint_info_t *es, size_t n)
+{
+    web_buf_t *b = &r->out;
+    int64_t *age = kiln_calloc(n + 1, sizeof *age);
+    ops_online_t *on = age && r->online ? web_online_get(r->online, es, n, age) : NULL;
+    family(b, "kiln_endpoint_online_up", "gauge",
+           "1 when the endpoint's kiln-serve answered its online figures at the last reading; "
+           "0 when it did not (down, or it logs no impressions).");
+    for (size_t i = 0; i < n; i++) {
+        endpoint_series(b, "kiln_endpoint_online_up", &es[i]);
+        web_buf_printf(b, "} %d\n", ops_online_at(on, i)->known ? 1 : 0);
+    }
+    family(b, "kiln_endpoint_online_age_seconds", "gauge",
+           "How old the last reading of the endpoint's online figures is (kilnd reads them "
+           "again when a scrape finds them older than 5 s).");
+    for (size_t i = 0; i < n; i++) {
+        if (on == NULL || age[i] < 0)
+            continue;
+        endpoint_series(b, "kiln_endpoint_online_age_seconds", &es[i]);
+        web_buf_printf(b, "} %.3f\n", (double)age[i] / 1000.0);
+    }
+    for (size_t k = 0; k < sizeof online_families / sizeof online_families[0]; k++) {
+        family(b, online_families[k].name, "gauge", online_families[k].help);
+        for (size_t i = 0; i < n; i++) {
+            const ops_online_t *o = ops_online_at(on, i);
+            double v = o->known ? online_families[k].value(o) : NAN;
+            if (!isfinite(v) || (online_families[k].vs_base && o->base[0] == '\0'))
+                continue;
+            endpoint_series(b, online_families[k].name, &es[i]);
+            if (online_families[k].vs_base) {
+                web_buf_puts(b, ",base=\"");
+                label_value(b, o->base);
+                web_buf_puts(b, "\"");
+            }
+            web_buf_printf(b, "} %.9g\n", v);
+        }
+    }
+    free(on);
+    free(age);
+}
+
 int web_metrics(web_req_t *r)
 {
     web_buf_t *b = &r->out;
@@ -172,6 +286,7 @@ int web_metrics(web_req_t *r)
         endpoint_series(b, "kiln_endpoint_checkpoint_eval_logloss", &es[i]);
         web_buf_printf(b, "} %.6f\n", es[i].eval_logloss);
     }
+    online(r, es, ne);
 
     family(b, "kiln_job_last_success_timestamp_seconds", "gauge",
            "When the newest succeeded run of the job ended (Unix seconds); absent before the "

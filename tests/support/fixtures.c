@@ -327,6 +327,19 @@ char *fx_get(const char *url)
     return r.body;
 }
 
+double fx_metric(const char *url, const char *prefix)
+{
+    char *b = fx_get(url);
+    double v = -1;
+    for (char *p = b; p != NULL && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, prefix, strlen(prefix)) == 0) {
+            v = atof(p + strlen(prefix));
+            break;
+        }
+    free(b);
+    return v;
+}
+
 /* GET url as JSON (NULL when it does not answer 200 with JSON). */
 json_t *fx_get_json(const char *url)
 {

@@ -119,6 +119,11 @@ void fx_reply_fini(fx_reply_t *r);
 /* GET url: the body (malloc'd) when the status is 200, else NULL. */
 char *fx_get(const char *url);
 
+/* The value of the sample of the Prometheus text at url whose line starts
+ * with prefix (name and labels, then a space); -1 when there is none or
+ * url does not answer. */
+double fx_metric(const char *url, const char *prefix);
+
 /* GET url as JSON (NULL when it does not answer 200 with JSON). */
 json_t *fx_get_json(const char *url);
 
