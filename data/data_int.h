@@ -93,6 +93,18 @@ int data_tsv_cursor_create(const char *const *paths, int npaths, data_tsv_cursor
  * last file, or KILN_EIO / KILN_ENOENT. *file and *lineno (1-based) say where. */
 int data_tsv_cursor_next(data_tsv_cursor_t *c, const char **line /* OUT */, size_t *len /* OUT */,
                        int *too_long /* OUT */, int *file /* OUT */, int64_t *lineno /* OUT */);
+/* The unread bytes of the open file, for a reader that splits whole lines
+ * itself (data_reader.c's batches, on several threads): opens the next file
+ * or reads more when none are left. Returns 1 with *p / *avail (valid until
+ * the next call on the cursor; *avail is 0 while the cursor is inside a
+ * line it drops for length: take that one with data_tsv_cursor_next) and
+ * *file / *lineno (the 1-based line number of the line at *p), or 0 when
+ * the last file is done, or an error. */
+int data_tsv_cursor_peek(data_tsv_cursor_t *c, const char **p /* OUT */, size_t *avail /* OUT */,
+                         int *file /* OUT */, int64_t *lineno /* OUT */);
+/* Consumes the first `bytes` of what peek showed: `lines` whole lines,
+ * each ended by its '\n'. */
+void data_tsv_cursor_consume(data_tsv_cursor_t *c, size_t bytes, int64_t lines);
 /* Skips n lines quickly. Returns 0, or KILN_EIO / KILN_ECORRUPT when the
  * files end early. */
 int data_tsv_cursor_skip(data_tsv_cursor_t *c, int64_t n);

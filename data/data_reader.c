@@ -13,11 +13,15 @@
  * footers at open, and the producer decodes the row groups that hold this
  * rank's rows, one row group at a time.
  *
- * A TSV batch is made in three passes: its lines are copied out of the
- * cursor's buffer (one serial scan for newlines), parsed row-major into
- * tsv_rows_t (rows split over the team), and moved into the batch a slot at
- * a time (data_builder_add_rows). Malformed lines are counted in row order,
- * so the stats read the same on any number of threads.
+ * A TSV batch is made from the cursor's buffer in place, a window at a
+ * time: the team counts the window's newlines (each thread its own part of
+ * the bytes), places the lines, and parses them row-major into tsv_rows_t;
+ * then the rows move into the batch a slot at a time
+ * (data_builder_add_rows). Nothing is copied and nothing is serial but a
+ * prefix sum. A line the window does not hold whole (the end of the
+ * buffer, a line over DATA_TSV_MAX_LINE being dropped) goes through
+ * data_tsv_cursor_next, one at a time. Malformed lines are counted in row
+ * order, so the stats read the same on any number of threads.
  */
 #include "data_int.h"
 #include "data_parquet_int.h"
@@ -30,12 +34,9 @@
 
 /* ---- the reader ------------------------------------------------------------------ */
 
-/* One TSV batch: its lines, copied, and their fields, parsed row-major. */
+/* One TSV batch: where its lines are, and their fields, parsed row-major. */
 typedef struct {
-    char *text;            /* the lines, back to back */
-    size_t text_len;
-    int64_t text_cap;
-    size_t *at;            /* [cap] line i starts at text + at[i] */
+    size_t *at;            /* [cap] row i's line starts at the window + at[i] */
     size_t *len;           /* [cap] */
     int *file;             /* [cap] the file and line number, for messages */
     int64_t *lineno;       /* [cap] */
@@ -65,6 +66,7 @@ struct data_reader {
     /* producer-owned */
     data_tsv_cursor_t *cur;
     int64_t cur_row;       /* TSV: global row the cursor stands at */
+    double line_bytes;     /* TSV: the mean line length so far, to size a window */
     data_batch_builder_t bb;
     tsv_rows_t tr;         /* TSV: the batch being parsed */
 
@@ -110,7 +112,7 @@ void data_reader_stats(data_reader_t *r, data_reader_stats_t *out)
 
 static void tsv_rows_fini(tsv_rows_t *t)
 {
-    KILN_FREE_ALL(t->text, t->at, t->len, t->file, t->lineno, t->labels, t->dense, t->keys,
+    KILN_FREE_ALL(t->at, t->len, t->file, t->lineno, t->labels, t->dense, t->keys,
                   t->has, t->skip, t->why);
 }
 
@@ -133,21 +135,133 @@ static int tsv_rows_init(tsv_rows_t *t, int cap, int ndense, int nslots)
     return 0;
 }
 
-/* Copies the lines of TSV rows [lo, hi) (global) out of the cursor, which
- * stands at r->cur_row <= lo. A line too long to parse is kept as empty
- * and marked to be skipped. */
-static int gather_tsv(data_reader_t *r, int64_t lo, int64_t hi)
+/* Parses row i of the batch from line p[0..len) (NULL: a line too long,
+ * dropped by the cursor). */
+static void parse_row(data_reader_t *r, int i, const char *p, size_t len)
+{
+    tsv_rows_t *t = &r->tr;
+    const int D = r->ndense, S = r->nslots;
+    if (p == NULL || len > DATA_TSV_MAX_LINE) {
+        t->skip[i] = 1;
+        snprintf(t->why[i], DATA_MESSAGE_LEN, "line longer than %d bytes", DATA_TSV_MAX_LINE);
+        return;
+    }
+    t->skip[i] = data_tsv_parse_line(p, len, D, S, &t->labels[i], t->dense + (size_t)i * (size_t)D,
+                                     t->keys + (size_t)i * (size_t)S,
+                                     t->has + (size_t)i * (size_t)S, t->why[i],
+                                     DATA_MESSAGE_LEN) < 0;
+}
+
+/* Places and parses rows [i, i + k) from the first whole lines of window
+ * w[0..avail) (k at most want; 0 when the window holds no '\n' in the
+ * bytes looked at). The window is cut where `want` lines should end, from
+ * the mean line length, and looked at further when that was short. Each
+ * thread of the team counts the newlines of its share of the bytes, a
+ * prefix sum gives each its first row, and it places its lines; then the
+ * rows are parsed, split over the team. Returns k; *used = the bytes they
+ * took, newlines included. */
+static int window_rows(data_reader_t *r, int i, int want, const char *w, size_t avail,
+                       size_t *used)
+{
+    tsv_rows_t *t = &r->tr;
+    size_t limit = (size_t)((double)want * r->line_bytes * 1.125) + 4096;
+    if (limit > avail)
+        limit = avail;
+    int k = 0;
+    size_t from = 0;
+    enum { MAXT = 64 };
+    int counts[MAXT + 1];
+    while (k < want && from < limit) {
+        int nt = 1;
+#pragma omp parallel if (r->on_caller && limit - from >= 65536)
+        {
+#pragma omp single
+            nt = omp_get_num_threads() < MAXT ? omp_get_num_threads() : MAXT;
+            const int me = omp_get_thread_num();
+            const size_t seg = limit - from;
+            const size_t a = from + seg * (size_t)me / (size_t)nt;
+            const size_t e = from + seg * (size_t)(me + 1) / (size_t)nt;
+            int n = 0;
+            if (me < nt) {
+                for (const char *q = w + a; (q = memchr(q, '\n', (size_t)(w + e - q))) != NULL; q++)
+                    n++;
+                counts[me + 1] = n;
+            }
+#pragma omp barrier
+#pragma omp single
+            {
+                counts[0] = k;
+                for (int x = 1; x <= nt; x++)
+                    counts[x] += counts[x - 1];
+            }
+            if (me < nt) {
+                int row = counts[me];
+                for (const char *q = w + a;
+                     row < want && (q = memchr(q, '\n', (size_t)(w + e - q))) != NULL; q++, row++)
+                    t->len[i + row] = (size_t)(q - w); /* the newline's offset, for now */
+            }
+        }
+        int found = counts[nt] - k;
+        k += found < want - k ? found : want - k;
+        from = limit;
+        if (k < want && limit < avail) { /* the estimate was short: look further */
+            limit += (size_t)((double)(want - k) * r->line_bytes * 1.125) + 4096;
+            if (limit > avail)
+                limit = avail;
+        }
+    }
+    if (k == 0)
+        return 0;
+    /* Newline offsets -> line starts and lengths. */
+    size_t start = 0;
+    for (int j = 0; j < k; j++) {
+        size_t nl = t->len[i + j];
+        t->at[i + j] = start;
+        t->len[i + j] = nl - start;
+        start = nl + 1;
+    }
+    *used = start;
+#pragma omp parallel for schedule(static) if (r->on_caller && k >= 256)
+    for (int j = i; j < i + k; j++)
+        parse_row(r, j, w + t->at[j], t->len[j]);
+    r->line_bytes = 0.75 * r->line_bytes + 0.25 * (double)start / (double)k;
+    return k;
+}
+
+/* Parses TSV rows [lo, hi) (global) into r->tr, the cursor standing at
+ * r->cur_row <= lo, window by window (see the top of this file). */
+static int parse_tsv(data_reader_t *r, int64_t lo, int64_t hi)
 {
     tsv_rows_t *t = &r->tr;
     int rc;
     if (lo > r->cur_row) {
-        rc = data_tsv_cursor_skip(r->cur, lo - r->cur_row);
-        if (rc < 0)
-            return rc;
+        KILN_CHECK(data_tsv_cursor_skip(r->cur, lo - r->cur_row));
         r->cur_row = lo;
     }
-    t->text_len = 0;
-    for (int i = 0; r->cur_row < hi; r->cur_row++, i++) {
+    const int n = (int)(hi - lo);
+    for (int i = 0; i < n;) {
+        const char *w;
+        size_t avail = 0, used = 0;
+        int file;
+        int64_t lineno;
+        rc = data_tsv_cursor_peek(r->cur, &w, &avail, &file, &lineno);
+        if (rc < 0)
+            return rc;
+        if (rc == 0)
+            return kiln_errf(KILN_ECORRUPT, "the data files ended at row %lld, before the %lld "
+                             "rows counted at open; did they change while being read?",
+                             (long long)(lo + i), (long long)r->total_rows);
+        int k = avail > 0 ? window_rows(r, i, n - i, w, avail, &used) : 0;
+        if (k > 0) {
+            for (int j = 0; j < k; j++) {
+                t->file[i + j] = file;
+                t->lineno[i + j] = lineno + j;
+            }
+            data_tsv_cursor_consume(r->cur, used, k);
+            i += k;
+            continue;
+        }
+        /* No whole line in the window: the cursor reads on to its end. */
         const char *line;
         size_t len;
         int too_long;
@@ -155,43 +269,22 @@ static int gather_tsv(data_reader_t *r, int64_t lo, int64_t hi)
         if (rc < 0)
             return rc;
         if (rc == 0)
-            return kiln_errf(KILN_ECORRUPT, "the data files ended at row %lld, before the %lld "
-                             "rows counted at open; did they change while being read?",
-                             (long long)r->cur_row, (long long)r->total_rows);
-        t->skip[i] = (unsigned char)too_long;
-        if (too_long) {
-            snprintf(t->why[i], DATA_MESSAGE_LEN, "line longer than %d bytes", DATA_TSV_MAX_LINE);
-            len = 0;
-        }
-        KILN_CHECK(kiln_grow_to((void **)&t->text, &t->text_cap,
-                                (int64_t)(t->text_len + len + 1), 1, 1 << 16));
-        if (len > 0) /* a too-long line has no text (line is NULL) */
-            memcpy(t->text + t->text_len, line, len);
-        t->at[i] = t->text_len;
-        t->len[i] = len;
-        t->text_len += len;
+            continue; /* peek says so next time round */
+        parse_row(r, i, too_long ? NULL : line, len);
+        i++;
     }
+    r->cur_row = hi;
     return 0;
 }
 
-/* Appends TSV rows [lo, hi) (global) to the builder: gathered, parsed on
- * the team (on_caller) or this thread, moved in. Malformed lines are
- * counted and left out. */
+/* Appends TSV rows [lo, hi) (global) to the builder: parsed on the team
+ * (on_caller) or this thread, moved in. Malformed lines are counted and
+ * left out. */
 static int fill_tsv(data_reader_t *r, int64_t lo, int64_t hi, data_batch_t *b)
 {
     tsv_rows_t *t = &r->tr;
-    const int n = (int)(hi - lo), D = r->ndense, S = r->nslots;
-    KILN_CHECK(gather_tsv(r, lo, hi));
-#pragma omp parallel for schedule(static) if (r->on_caller && n >= 256)
-    for (int i = 0; i < n; i++) {
-        if (t->skip[i])
-            continue;
-        t->skip[i] = data_tsv_parse_line(t->text + t->at[i], t->len[i], D, S, &t->labels[i],
-                                       t->dense + (size_t)i * (size_t)D,
-                                       t->keys + (size_t)i * (size_t)S,
-                                       t->has + (size_t)i * (size_t)S, t->why[i],
-                                       DATA_MESSAGE_LEN) < 0;
-    }
+    const int n = (int)(hi - lo);
+    KILN_CHECK(parse_tsv(r, lo, hi));
     int bad = 0;
     for (int i = 0; i < n; i++)
         bad += t->skip[i];
@@ -535,6 +628,7 @@ int data_reader_open_cols(const char *const *paths, int npaths, data_format_t fo
         KILN_CHECK_GOTO(data_tsv_cursor_create((const char *const *)r->paths, npaths, &r->cur), rc,
                         fail);
         KILN_CHECK_GOTO(tsv_rows_init(&r->tr, batch_size, r->ndense, r->nslots), rc, fail);
+        r->line_bytes = 256; /* a Criteo line's size; learnt from the first window */
     }
     if (r->on_caller) {
         *out = r;

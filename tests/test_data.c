@@ -867,14 +867,21 @@ static void sh(const char *fmt, ...)
 static void check_same_rows(const char *const *plain, const char *const *other, int npaths,
                             int nranks, int B)
 {
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(2);
     for (int r = 0; r < nranks; r++) {
-        run_t x, y;
+        run_t x, y, z;
         run_reader(plain, npaths, DATA_FMT_TSV, r, nranks, B, 2, &x);
         run_reader(other, npaths, DATA_FMT_TSV, r, nranks, B, 2, &y);
         assert_true(x.nrows > 0);
         assert_int_equal(y.stats.malformed, 0);
-        assert_same_run(&x, &y);
+        assert_same_run(&x, &y); /* frees both */
+        /* The plain files again on a team of two, windows split between them. */
+        run_reader(plain, npaths, DATA_FMT_TSV, r, nranks, B, 2, &x);
+        run_reader(plain, npaths, DATA_FMT_TSV, r, nranks, B, 0, &z);
+        assert_same_run(&x, &z);
     }
+    omp_set_num_threads(saved);
 }
 
 /* gzip and zstd files (several members / frames too) read exactly as the
@@ -910,14 +917,23 @@ static void test_compressed_tsv(void **state)
     const char *p1[] = {b}, *p2[] = {fake};
     check_same_rows(p1, p2, 1, 2, 8);
 
-    /* Big: 12000 generated rows, about 2 MB of text, each format. */
+    /* Big: 24000 generated rows, about 5 MB of text, each format: more than
+     * the 4 MiB the row count reads first, so a plain file's rest is counted
+     * on the team; and once more without its last newline. */
     char *big = tpath("big.tsv"), *biggz = tpath("big.tsv.gz"), *bigzst = tpath("big.tsv.zst");
-    data_datagen_opts_t g = {.path = big, .rows = 12000, .seed = 5, .day = 0};
+    data_datagen_opts_t g = {.path = big, .rows = 24000, .seed = 5, .day = 0};
     assert_int_equal(data_datagen(&g), 0);
     sh("gzip -c '%s' > '%s' && zstd -q -c '%s' > '%s'", big, biggz, big, bigzst);
     const char *bp[] = {big}, *bg[] = {biggz}, *bz[] = {bigzst};
     check_same_rows(bp, bg, 1, 2, 1000);
     check_same_rows(bp, bz, 1, 3, 700);
+    char *cut = tpath("big-cut.tsv"), *cutgz = tpath("big-cut.tsv.gz");
+    sh("head -c -1 '%s' > '%s' && gzip -c '%s' > '%s'", big, cut, cut, cutgz);
+    int64_t nrows = 0;
+    assert_int_equal(data_tsv_count_rows(cut, &nrows, NULL), 0);
+    assert_int_equal(nrows, 24000);
+    const char *cp[] = {cut}, *cg[] = {cutgz};
+    check_same_rows(cp, cg, 1, 2, 4096);
 
     /* kiln convert reads them too. */
     char *kb1 = tpath("from-plain.kbin"), *kb2 = tpath("from-comp.kbin");
@@ -929,7 +945,7 @@ static void test_compressed_tsv(void **state)
     assert_int_equal(l1, l2);
     assert_memory_equal(c1, c2, l1);
     KILN_FREE_ALL(c1, c2);
-    char *all[] = {a, b, agz, bzst, half1, half2, fake, big, biggz, bigzst, kb1, kb2};
+    char *all[] = {a, b, agz, bzst, half1, half2, fake, big, biggz, bigzst, cut, cutgz, kb1, kb2};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]);
 }
