@@ -68,9 +68,16 @@ int kern_tier_has(kern_tier_t *c, int64_t n, const int64_t *keys, uint8_t *found
  * KILN_EIO or KILN_ENOSPC (the disk, or the file's spare pages, ran out:
  * the message says which and what to do). */
 int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs);
+/* Whether the tier's reads are slow (the last lookups' reads took 20 us
+ * or more each on average: the device, not the page cache, answers them). */
+bool kern_tier_slow(const kern_tier_t *c);
+/* Makes kern_tier_prefetch run whatever kern_tier_slow says. */
+void kern_tier_prefetch_always(kern_tier_t *c, bool always);
 /* Asks the kernel to bring the pages keys[n] would be looked up in into
- * its page cache, without waiting (a later take finds them there). Reads
- * nothing itself; returns 0 or KILN_ENOMEM. */
+ * its page cache, without waiting (a later take finds them there), while
+ * the tier's reads are slow (kern_tier_slow; else it does nothing: the
+ * page cache holds the file). Reads nothing itself; returns 0 or
+ * KILN_ENOMEM. */
 int kern_tier_prefetch(kern_tier_t *c, int64_t n, const int64_t *keys);
 /* Removes keys[n] that the tier holds, reporting each to gone. */
 int kern_tier_delete(kern_tier_t *c, int64_t n, const int64_t *keys, kern_tier_gone_fn gone,
