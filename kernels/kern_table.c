@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kern_int.h"
+#include "kern_tier.h"
 #include "kern_ops.h"
 
 #define MAX_LOAD 0.8

@@ -1,5 +1,5 @@
 /*
- * kernels/kern_tier.c - kern_int.h: the disk tier of an embedding table, a
+ * kernels/kern_tier.c - kern_tier.h: the disk tier of an embedding table, a
  * hash table of row records in one file.
  *
  * Layout. The file is npages pages of page_bytes bytes; page p holds
@@ -38,7 +38,7 @@
  * (fadvise WILLNEED over runs of nearby pages, through the ring without
  * waiting), so that call's reads need not wait for the disk.
  */
-#include "kern_int.h"
+#include "kern_tier.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -764,6 +764,13 @@ int kern_tier_take(kern_tier_t *c, int64_t n, const int64_t *keys, void *out /* 
     return lookup(c, n, keys, out, found, 1, NULL, NULL, &hit);
 }
 
+int kern_tier_get(kern_tier_t *c, int64_t n, const int64_t *keys, void *out /* OUT (n) */,
+                  uint8_t *found /* OUT (n) */)
+{
+    int64_t hit;
+    return lookup(c, n, keys, out, found, 0, NULL, NULL, &hit);
+}
+
 int kern_tier_has(kern_tier_t *c, int64_t n, const int64_t *keys, uint8_t *found /* OUT (n) */)
 {
     int64_t hit;
@@ -1163,6 +1170,38 @@ int kern_tier_count(kern_tier_t *c, int64_t since, int64_t *n /* OUT */)
         rc = batch_visit(c, count_page, &s);
     c->nb = 0;
     *n = s.n;
+    return rc;
+}
+
+int kern_tier_scan(kern_tier_t *c, int64_t *page, int64_t cap, void *out /* OUT (cap) */,
+                   int64_t *n /* OUT */)
+{
+    *n = 0;
+    KILN_CHECK(wb_wait(c));
+    /* One batch: the next pages holding records, as many as fit cap. */
+    int64_t p = *page, fit = 0;
+    c->nb = 0;
+    for (; p < c->npages && c->nb < BATCH; p++) {
+        if (!holds(c, p))
+            continue;
+        if (fit + live_of(c, p) > cap)
+            break;
+        fit += live_of(c, p);
+        c->bpage[c->nb++] = p;
+    }
+    if (c->nb == 0 && p < c->npages)
+        return kiln_errf(KILN_EINVAL, "table '%s': kern_tier_scan needs room for a page's "
+                         "records (%d), not %lld", c->table, c->per_page, (long long)cap);
+    int rc = batch_read(c);
+    int64_t got = 0;
+    for (int b = 0; b < c->nb && rc == 0; b++)
+        for (int i = 0; i < c->nrec[c->bpage[b]]; i++)
+            if (!is_dead(c, c->bpage[b], i))
+                memcpy((uint8_t *)out + (size_t)got++ * c->rec, rec_at(c, buf_at(c, b), i),
+                       c->rec);
+    c->nb = 0;
+    *page = p;
+    *n = got;
     return rc;
 }
 
