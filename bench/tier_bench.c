@@ -6,7 +6,7 @@
  *
  *   tier_bench --keys 10000000 --memory 0.1 [--zipf 1.15] [--batch 4096]
  *              [--slots 26] [--steps 200] [--dir /var/tmp]
- *              [--io auto|pread|uring] [--prefetch 0|1]
+ *              [--io auto|pread|uring] [--prefetch 0|1] [--cold 0|1]
  *
  * The table is filled first (every key, as a resumed checkpoint would be),
  * then `steps` steps of `batch` samples x `slots` keys run, and one line
@@ -15,11 +15,17 @@
  * read and written and the I/O calls per step and the process's peak RSS
  * against the RAM the table was given. Each step's keys are drawn a step
  * ahead (the reader's lookahead); with --prefetch 1 they go to
- * kern_table_prefetch before the step before them runs. --io picks how the
- * tier moves pages (kern_tier_io_t). tools/tier_bench.sh runs the grid in separate processes
+ * kern_table_prefetch before the step before them runs (which acts only
+ * while the tier's reads are slow, as in kiln-train), with --prefetch 2
+ * they are prefetched whatever the reads take. --io picks how the
+ * tier moves pages (kern_tier_io_t). --cold 1 drops the tier file from the
+ * page cache before every step (fdatasync, fadvise DONTNEED; not timed), as
+ * for a file larger than the free RAM: the case prefetch is for.
+ * tools/tier_bench.sh runs the grid in separate processes
  * (so each peak RSS is its own), checks free disk first and prints the
  * ratios to all-in-RAM; docs/benchmarks.md has the results.
  */
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +86,7 @@ int main(int argc, char **argv)
     double memory = 1.0, s = 1.15;
     const char *dir = "/var/tmp";
     kern_tier_io_t io = KERN_TIER_IO_AUTO;
-    int prefetch = 1;
+    int prefetch = 1, cold = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--keys")) keys = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--memory")) memory = atof(argv[i + 1]);
@@ -90,6 +96,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--steps")) steps = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
         else if (!strcmp(argv[i], "--prefetch")) prefetch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--cold")) cold = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--io"))
             io = !strcmp(argv[i + 1], "pread")   ? KERN_TIER_IO_PREAD
                  : !strcmp(argv[i + 1], "uring") ? KERN_TIER_IO_URING
@@ -103,7 +110,7 @@ int main(int argc, char **argv)
                                .opt = KERN_OPT_ADAGRAD, .opt_init = 0.1f,
                                .init = KERN_INIT_UNIFORM, .init_scale = 0.01f, .seed = 1,
                                .evict = KERN_EVICT_LRU, .ram_rows = ram, .spill_path = path,
-                               .spill_io = io};
+                               .spill_io = io, .spill_prefetch_always = prefetch == 2};
     kern_table_t *t = NULL;
     if (kern_table_create(&cfg, &t) < 0) {
         fprintf(stderr, "tier_bench: %s\n", kiln_errmsg());
@@ -125,6 +132,7 @@ int main(int argc, char **argv)
     free(kb);
     free(vb);
     kern_table_set_base(t, 0);
+    int cfd = cold && ram ? open(path, O_RDONLY) : -1;
 
     const int64_t n = batch * slots;
     int64_t *k = malloc(sizeof *k * (size_t)n), *next = malloc(sizeof *next * (size_t)n), nnext;
@@ -142,8 +150,14 @@ int main(int argc, char **argv)
     struct rusage ru0, ru;
     getrusage(RUSAGE_SELF, &ru0);
     for (int bl = 0; bl < blocks; bl++) {
-        double t0 = ((double)kiln_mono_ns() / 1e9);
+        double t0 = ((double)kiln_mono_ns() / 1e9), untimed = 0;
         for (int64_t step = 1 + bl * per; step <= (bl + 1) * per; step++) {
+            if (cfd >= 0) {
+                double d0 = (double)kiln_mono_ns() / 1e9;
+                (void)fdatasync(cfd);
+                (void)posix_fadvise(cfd, 0, 0, POSIX_FADV_DONTNEED);
+                untimed += (double)kiln_mono_ns() / 1e9 - d0;
+            }
             int64_t *sw = k, u = nnext;
             k = next;
             next = sw;
@@ -163,7 +177,7 @@ int main(int argc, char **argv)
             kern_cpu_sparse_update(&opt, 1, &sl, &rg, step);
             kern_table_mark_changed(t, u, rows);
         }
-        rate[bl] = (double)(per * batch) / (((double)kiln_mono_ns() / 1e9) - t0);
+        rate[bl] = (double)(per * batch) / (((double)kiln_mono_ns() / 1e9) - t0 - untimed);
     }
     kern_table_stats(t, &st1);
     qsort(rate, blocks, sizeof *rate, cmp_d);
@@ -178,11 +192,14 @@ int main(int argc, char **argv)
     double hits = (double)(st1.ram_hits - st0.ram_hits),
            miss = (double)(st1.disk_hits - st0.disk_hits);
     double step_n = (double)(per * blocks);
-    printf("keys %lld memory %.0f%% (%lld rows in RAM), io %s, prefetch %d: %.0f samples/s, "
+    if (cfd >= 0)
+        close(cfd);
+    printf("keys %lld memory %.0f%% (%lld rows in RAM), io %s, prefetch %d%s: %.0f samples/s, "
            "CPU %.1f ms/step, RAM hit rate %.4f, I/O calls %.0f/step, disk read %.0f KB/step, written %.0f KB/step, "
            "peak RSS %.0f MB, table in RAM %.0f MB\n",
            (long long)keys, memory * 100, (long long)(ram ? ram : keys),
            !ram ? "-" : st1.disk_io == KERN_TIER_IO_URING ? "io_uring" : "pread", prefetch,
+           cfd >= 0 ? ", cold file" : "",
            rate[blocks / 2], cpu * 1e3, ram ? hits / (hits + miss) : 1.0,
            (double)(st1.disk_submits - st0.disk_submits) / step_n,
            (double)(st1.disk_read_bytes - st0.disk_read_bytes) / step_n / 1e3,

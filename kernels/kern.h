@@ -72,6 +72,9 @@ typedef struct {
     int64_t ram_rows;
     const char *spill_path;
     kern_tier_io_t spill_io; /* AUTO in the trainer; the bench compares the two */
+    /* kern_table_prefetch: false (the trainer) only while the tier's reads
+     * are slow, true always (tests and the bench). */
+    bool spill_prefetch_always;
     /* Admission: with admit_min > 1 a key not in the table gets a row only
      * once a count-min sketch (4 x admit_width 16-bit counters; 0 -> 65536)
      * has seen it admit_min times; until then find_or_insert gives it row
@@ -170,7 +173,9 @@ void kern_table_unpin(kern_table_t *t, int64_t step);
  * bring in from disk: asks the kernel to read their pages into its cache
  * and returns without waiting (call it with the next batch's keys while
  * this one trains). Changes nothing in the table; keys in RAM or in no
- * tier cost a probe. Without a disk tier it does nothing. Returns 0 or
+ * tier cost a probe. It does nothing without a disk tier, and while the
+ * tier's reads come from the page cache (they average under 20 us: the
+ * fadvise would find every page there and only cost CPU). Returns 0 or
  * KILN_ENOMEM. */
 int kern_table_prefetch(kern_table_t *t, int64_t n, const int64_t *keys);
 /* Removes every row whose stamp (step of its last change) is below before,

@@ -1,5 +1,5 @@
 /*
- * kernels/kern_tier.c - kern_int.h: the disk tier of an embedding table, a
+ * kernels/kern_tier.c - kern_tier.h: the disk tier of an embedding table, a
  * hash table of row records in one file.
  *
  * Layout. The file is npages pages of page_bytes bytes; page p holds
@@ -38,10 +38,11 @@
  * (fadvise WILLNEED over runs of nearby pages, through the ring without
  * waiting), so that call's reads need not wait for the disk.
  */
-#include "kern_int.h"
+#include "kern_tier.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,15 @@
  * uniformly, so a batch's pages lie a few apart, and reading the pages
  * between costs the disk less than a call per page costs the CPU. */
 #define PREFETCH_GAP 8
+/* Prefetch runs only while a lookup's reads take longer than this on
+ * average (ns a transfer): reads the page cache answers take 1-3 us, and
+ * there the fadvise finds nothing to do and costs 2-6 ms of CPU a step
+ * (docs/benchmarks.md); reads from the device take 50 us and more. */
+#define PREFETCH_MIN_NS 20000
+
+/* A put's writes up to this many bytes go to the writer thread (copied);
+ * bigger ones (a resume's chunks) are written before the put returns. */
+#define WB_MAX (4 << 20)
 
 /* One transfer: len bytes at file offset off from or to buf. */
 typedef struct {
@@ -88,20 +98,36 @@ struct kern_tier {
     uint64_t *dead;   /* (npages, dw) a bit per slot: dead (its record was taken) */
     int dw;           /* 64-bit words of dead bits per page */
     uint8_t *spilled; /* (npages) a record whose walk passed this page lies further on */
+    uint8_t *fp;      /* (npages, per_page) a byte of each used slot's key hash */
     int64_t *lo, *hi; /* (npages) bounds of the stamps on the page (when nrec > 0) */
     /* The batch: nb pages, ascending, in buffers of `page` bytes. */
     uint8_t *bufs;    /* (BATCH, page) */
     int64_t *bpage;   /* (BATCH) the page buffer b holds */
     int *bmark;       /* (BATCH) put: the first slot it appended to the page */
+    uint64_t *want;   /* (BATCH, dw) lookup: the slots whose fingerprint a key matches */
     int nb;
     iop_t *ops;       /* (2 BATCH) */
     int nops;
     int64_t reads, writes, read_bytes, written_bytes, submits, prefetched;
+    double read_ns;   /* a lookup's read, ns, moving average (0: none yet) */
+    bool prefetch_always;
     kern_tier_io_t io; /* KERN_TIER_IO_URING or KERN_TIER_IO_PREAD, as opened */
 #ifdef KILN_HAVE_URING
     struct io_uring ring;
     int64_t pf_inflight; /* prefetch fadvises not yet reaped */
 #endif
+    /* Write-behind: a put hands its writes (copied into wb_buf) to a
+     * thread of the tier's own and returns; every other call waits for
+     * them first (wb_wait), so reads never see a page before its write. */
+    pthread_t wb_thread;
+    int wb_started, wb_quit;
+    pthread_mutex_t wb_mu;
+    pthread_cond_t wb_cv;
+    iop_t *wb_ops; /* (2 BATCH) */
+    uint8_t *wb_buf; /* (WB_MAX) */
+    int wb_n;      /* writes handed over and not done; 0: idle */
+    int wb_rc;     /* the first failure, till a call reports it */
+    char wb_msg[512];
 };
 
 static inline kern_rec_t *rec_at(const kern_tier_t *c, uint8_t *buf, int i)
@@ -155,10 +181,18 @@ static inline int page_full(const kern_tier_t *c, int64_t p)
     return c->nrec[p] >= c->per_page && first_dead(c, p) < 0;
 }
 
-static int64_t home_of(const kern_tier_t *c, int64_t key)
+/* Page p's fingerprints, a byte a slot. */
+static inline uint8_t *fp_of(const kern_tier_t *c, int64_t p)
 {
-    return (int64_t)kern_hash_index(kern_mix64(kern_key_hash(key) ^ 0x74696572ULL),
-                                    (uint64_t)c->nhome);
+    return c->fp + (size_t)p * (size_t)c->per_page;
+}
+
+/* key's home page (the hash's top half) and fingerprint (its low byte). */
+static inline int64_t home_of(const kern_tier_t *c, int64_t key, uint8_t *fp /* OUT */)
+{
+    uint64_t h = kern_mix64(kern_key_hash(key) ^ 0x74696572ULL);
+    *fp = (uint8_t)h;
+    return (int64_t)kern_hash_index(h, (uint64_t)c->nhome);
 }
 
 static int io_error(const kern_tier_t *c, const char *what, int err)
@@ -274,6 +308,87 @@ static int io_run(kern_tier_t *c, const iop_t *ops, int n)
     return rc;
 }
 
+/* ---- write-behind ------------------------------------------------------------- */
+
+static void *wb_main(void *arg)
+{
+    kern_tier_t *c = arg;
+    pthread_mutex_lock(&c->wb_mu);
+    for (;;) {
+        while (c->wb_n == 0 && !c->wb_quit)
+            pthread_cond_wait(&c->wb_cv, &c->wb_mu);
+        if (c->wb_n == 0)
+            break;
+        int n = c->wb_n, rc = 0;
+        pthread_mutex_unlock(&c->wb_mu);
+        for (int i = 0; i < n && rc == 0; i++)
+            rc = io_sync(c, &c->wb_ops[i], 0);
+        pthread_mutex_lock(&c->wb_mu);
+        if (rc < 0 && c->wb_rc == 0) {
+            c->wb_rc = rc;
+            snprintf(c->wb_msg, sizeof c->wb_msg, "%s", kiln_errmsg());
+        }
+        c->wb_n = 0;
+        pthread_cond_broadcast(&c->wb_cv);
+    }
+    pthread_mutex_unlock(&c->wb_mu);
+    return NULL;
+}
+
+/* Waits for the writes a put handed over; returns 0 or their failure
+ * (KILN_ENOSPC, KILN_EIO, with the message the write gave). */
+static int wb_wait(kern_tier_t *c)
+{
+    if (!c->wb_started)
+        return 0;
+    pthread_mutex_lock(&c->wb_mu);
+    while (c->wb_n > 0)
+        pthread_cond_wait(&c->wb_cv, &c->wb_mu);
+    int rc = c->wb_rc;
+    c->wb_rc = 0;
+    pthread_mutex_unlock(&c->wb_mu);
+    return rc < 0 ? kiln_errf(rc, "%s", c->wb_msg) : 0;
+}
+
+/* Writes the n transfers of ops behind the caller's back (the writer
+ * thread, started on first use) when they fit WB_MAX, else now. The
+ * writes overlap the caller's work that follows (the step's update, its
+ * next batch) on a core the step leaves free. */
+static int wb_write(kern_tier_t *c, const iop_t *ops, int n)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        bytes += ops[i].len;
+    KILN_CHECK(wb_wait(c));
+    if (n == 0 || bytes > WB_MAX)
+        return io_run(c, ops, n);
+    if (!c->wb_started) {
+        if (!c->wb_ops)
+            c->wb_ops = kiln_malloc(sizeof *c->wb_ops * 2 * BATCH);
+        if (!c->wb_buf)
+            c->wb_buf = kiln_malloc(WB_MAX);
+        if (!c->wb_ops || !c->wb_buf ||
+            pthread_create(&c->wb_thread, NULL, wb_main, c) != 0)
+            return io_run(c, ops, n); /* no thread: write as before */
+        c->wb_started = 1;
+    }
+    uint8_t *at = c->wb_buf;
+    for (int i = 0; i < n; i++) {
+        c->wb_ops[i] = ops[i];
+        c->wb_ops[i].buf = at;
+        memcpy(at, ops[i].buf, ops[i].len);
+        at += ops[i].len;
+        c->writes++;
+        c->written_bytes += (int64_t)ops[i].len;
+        c->submits++;
+    }
+    pthread_mutex_lock(&c->wb_mu);
+    c->wb_n = n;
+    pthread_cond_signal(&c->wb_cv);
+    pthread_mutex_unlock(&c->wb_mu);
+    return 0;
+}
+
 /* ---- life cycle --------------------------------------------------------------- */
 
 int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat,
@@ -285,6 +400,8 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
         return KILN_ENOMEM;
     c->fd = -1;
     c->io = KERN_TIER_IO_PREAD;
+    pthread_mutex_init(&c->wb_mu, NULL);
+    pthread_cond_init(&c->wb_cv, NULL);
     c->nfloat = nfloat;
     c->rec = (sizeof(kern_rec_t) + sizeof(float) * (size_t)nfloat + 7) & ~(size_t)7;
     c->page = PAGE_MIN;
@@ -301,6 +418,8 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
     c->table = kiln_strdup(table ? table : "?");
     c->nrec = kiln_calloc((size_t)c->npages, sizeof *c->nrec);
     c->spilled = kiln_calloc((size_t)c->npages, 1);
+    c->fp = kiln_malloc((size_t)c->npages * (size_t)c->per_page);
+    c->want = kiln_malloc(sizeof *c->want * BATCH * (size_t)c->dw);
     c->dead = kiln_calloc((size_t)c->npages * (size_t)c->dw, sizeof *c->dead);
     c->lo = kiln_malloc((size_t)c->npages * sizeof *c->lo);
     c->hi = kiln_malloc((size_t)c->npages * sizeof *c->hi);
@@ -308,8 +427,8 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
     c->bpage = kiln_malloc(sizeof *c->bpage * BATCH);
     c->bmark = kiln_malloc(sizeof *c->bmark * BATCH);
     c->ops = kiln_malloc(sizeof *c->ops * 2 * BATCH);
-    if (!c->path || !c->table || !c->nrec || !c->spilled || !c->dead || !c->lo || !c->hi ||
-        !c->bufs ||
+    if (!c->path || !c->table || !c->nrec || !c->spilled || !c->fp || !c->want || !c->dead ||
+        !c->lo || !c->hi || !c->bufs ||
         !c->bpage || !c->bmark || !c->ops) {
         rc = KILN_ENOMEM;
         goto out;
@@ -351,6 +470,16 @@ void kern_tier_close(kern_tier_t *c)
 {
     if (!c)
         return;
+    if (c->wb_started) {
+        (void)wb_wait(c); /* the file goes: what failed no longer matters */
+        pthread_mutex_lock(&c->wb_mu);
+        c->wb_quit = 1;
+        pthread_cond_signal(&c->wb_cv);
+        pthread_mutex_unlock(&c->wb_mu);
+        pthread_join(c->wb_thread, NULL);
+    }
+    pthread_mutex_destroy(&c->wb_mu);
+    pthread_cond_destroy(&c->wb_cv);
 #ifdef KILN_HAVE_URING
     if (c->io == KERN_TIER_IO_URING) {
         /* Prefetches still running read into the kernel's cache only. */
@@ -368,8 +497,8 @@ void kern_tier_close(kern_tier_t *c)
         close(c->fd);
         unlink(c->path);
     }
-    KILN_FREE_ALL(c->path, c->table, c->nrec, c->spilled, c->dead, c->lo, c->hi, c->bufs, c->bpage,
-                  c->bmark, c->ops);
+    KILN_FREE_ALL(c->path, c->table, c->nrec, c->spilled, c->fp, c->want, c->dead, c->lo, c->hi,
+                  c->bufs, c->bpage, c->bmark, c->ops, c->wb_ops, c->wb_buf);
     free(c);
 }
 
@@ -394,6 +523,7 @@ void kern_tier_stats(const kern_tier_t *c, kern_tier_stats_t *st /* OUT */)
 typedef struct {
     int64_t home;
     int64_t i;
+    uint32_t fp; /* the key's fingerprint */
 } ord_t;
 
 /* Indices of the n keys (every stride bytes from keys) in home page order,
@@ -411,7 +541,9 @@ static ord_t *order(const kern_tier_t *c, int64_t n, const int64_t *keys, size_t
     }
     for (int64_t i = 0; i < n; i++) {
         int64_t key = *(const int64_t *)((const uint8_t *)keys + (size_t)i * stride);
-        o[i] = (ord_t){home_of(c, key), i};
+        uint8_t fp;
+        int64_t home = home_of(c, key, &fp);
+        o[i] = (ord_t){.home = home, .i = i, .fp = fp};
     }
     int bits = 1;
     while (((int64_t)1 << bits) < c->nhome)
@@ -485,7 +617,55 @@ static int batch_read(kern_tier_t *c)
     return io_run(c, c->ops, c->nb);
 }
 
-/* Finds key on its walk through the batch: 0 with *b and *idx, or 1. */
+/* Marks, in the batch's want bits, the live slots on the walk from home
+ * whose fingerprint is fp. */
+static void want_walk(kern_tier_t *c, int64_t home, uint8_t fp)
+{
+    for (int64_t p = home; p < c->npages; p++) {
+        if (holds(c, p)) {
+            int b = batch_find(c, p);
+            const uint8_t *f = fp_of(c, p);
+            uint64_t *w = c->want + (size_t)b * (size_t)c->dw;
+            for (int i = 0; i < c->nrec[p]; i++)
+                if (f[i] == fp && !is_dead(c, p, i))
+                    w[i >> 6] |= (uint64_t)1 << (i & 63);
+        }
+        if (!c->spilled[p])
+            break;
+    }
+}
+
+static inline int is_wanted(const kern_tier_t *c, int b, int i)
+{
+    return (int)(c->want[(size_t)b * (size_t)c->dw + (size_t)(i >> 6)] >> (i & 63)) & 1;
+}
+
+/* Reads of a lookup's batch: of each page only the slots from its first
+ * wanted one to its last (a key's record, not the page: a page holds ~26
+ * records of dim 16 with adagrad), none of a page no key's fingerprint
+ * matches. The rest of the page's buffer is junk. */
+static int batch_read_wanted(kern_tier_t *c)
+{
+    int no = 0;
+    for (int b = 0; b < c->nb; b++) {
+        int64_t p = c->bpage[b];
+        int first = -1, last = -1;
+        for (int i = 0; i < c->nrec[p]; i++)
+            if (is_wanted(c, b, i)) {
+                first = first < 0 ? i : first;
+                last = i;
+            }
+        if (first < 0)
+            continue;
+        c->ops[no++] = (iop_t){.off = p * (int64_t)c->page + first * (int64_t)c->rec,
+                               .len = (size_t)(last - first + 1) * c->rec,
+                               .buf = buf_at(c, b) + (size_t)first * c->rec};
+    }
+    return io_run(c, c->ops, no);
+}
+
+/* Finds key on its walk through the batch's wanted slots: 0 with *b and
+ * *idx, or 1. */
 static int batch_walk(const kern_tier_t *c, int64_t key, int64_t home, int *bout, int *idx)
 {
     for (int64_t p = home; p < c->npages; p++) {
@@ -493,7 +673,7 @@ static int batch_walk(const kern_tier_t *c, int64_t key, int64_t home, int *bout
             int b = batch_find(c, p);
             uint8_t *buf = buf_at(c, b);
             for (int i = 0; i < c->nrec[p]; i++) {
-                if (!is_dead(c, p, i) && rec_at(c, buf, i)->key == key) {
+                if (is_wanted(c, b, i) && !is_dead(c, p, i) && rec_at(c, buf, i)->key == key) {
                     *bout = b;
                     *idx = i;
                     return 0;
@@ -529,6 +709,7 @@ static int lookup(kern_tier_t *c, int64_t n, const int64_t *keys, void *out, uin
     *nhit = 0;
     if (found)
         memset(found, 0, (size_t)n);
+    KILN_CHECK(wb_wait(c));
     if (n == 0 || c->size == 0)
         return 0;
     ord_t *o = order(c, n, keys, sizeof(int64_t));
@@ -545,7 +726,15 @@ static int lookup(kern_tier_t *c, int64_t n, const int64_t *keys, void *out, uin
                            "than %d full pages", c->table, c->path, BATCH);
             break;
         }
-        rc = batch_read(c);
+        memset(c->want, 0, sizeof *c->want * (size_t)c->nb * (size_t)c->dw);
+        for (int64_t j = k; j < end; j++)
+            want_walk(c, o[j].home, (uint8_t)o[j].fp);
+        int64_t r0 = c->reads, t0 = kiln_mono_ns();
+        rc = batch_read_wanted(c);
+        if (c->reads > r0) {
+            double per = (double)(kiln_mono_ns() - t0) / (double)(c->reads - r0);
+            c->read_ns = c->read_ns > 0 ? 0.9 * c->read_ns + 0.1 * per : per;
+        }
         for (; k < end && rc == 0; k++) {
             int64_t i = o[k].i;
             int b, idx;
@@ -575,6 +764,13 @@ int kern_tier_take(kern_tier_t *c, int64_t n, const int64_t *keys, void *out /* 
     return lookup(c, n, keys, out, found, 1, NULL, NULL, &hit);
 }
 
+int kern_tier_get(kern_tier_t *c, int64_t n, const int64_t *keys, void *out /* OUT (n) */,
+                  uint8_t *found /* OUT (n) */)
+{
+    int64_t hit;
+    return lookup(c, n, keys, out, found, 0, NULL, NULL, &hit);
+}
+
 int kern_tier_has(kern_tier_t *c, int64_t n, const int64_t *keys, uint8_t *found /* OUT (n) */)
 {
     int64_t hit;
@@ -600,11 +796,12 @@ static int put_flush(kern_tier_t *c)
     }
     int n = c->nops;
     c->nb = c->nops = 0;
-    return io_run(c, c->ops, n);
+    return wb_write(c, c->ops, n);
 }
 
 int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
 {
+    KILN_CHECK(wb_wait(c));
     if (n == 0)
         return 0;
     ord_t *o = order(c, n, (const int64_t *)recs, c->rec);
@@ -635,6 +832,7 @@ int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
         if (slot >= 0) {
             /* Into the dead slot: the record goes straight from recs. */
             dead_of(c, p)[slot >> 6] &= ~((uint64_t)1 << (slot & 63));
+            fp_of(c, p)[slot] = (uint8_t)o[k].fp;
             c->ops[c->nops++] = (iop_t){.off = p * (int64_t)c->page + slot * (int64_t)c->rec,
                                         .len = c->rec, .buf = r, .write = 1};
         } else {
@@ -644,6 +842,7 @@ int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
             }
             int b = c->nb - 1;
             memcpy(buf_at(c, b) + (size_t)(c->nrec[p] - c->bmark[b]) * c->rec, r, c->rec);
+            fp_of(c, p)[c->nrec[p]] = (uint8_t)o[k].fp;
             c->nrec[p]++;
         }
         if (empty || h.stamp < c->lo[p])
@@ -685,9 +884,16 @@ static void prefetch_run(kern_tier_t *c, int64_t first, int64_t last)
     c->submits++;
 }
 
+bool kern_tier_slow(const kern_tier_t *c)
+{
+    return c->prefetch_always || c->read_ns >= PREFETCH_MIN_NS;
+}
+
+void kern_tier_prefetch_always(kern_tier_t *c, bool always) { c->prefetch_always = always; }
+
 int kern_tier_prefetch(kern_tier_t *c, int64_t n, const int64_t *keys)
 {
-    if (n == 0 || c->size == 0)
+    if (n == 0 || c->size == 0 || !kern_tier_slow(c))
         return 0;
     ord_t *o = order(c, n, keys, sizeof(int64_t));
     if (!o)
@@ -753,8 +959,10 @@ static int batch_visit(kern_tier_t *c, page_fn fn, void *ctx)
             kern_rec_t *rec = rec_at(c, buf_at(c, b), i);
             lo = rec->stamp < lo ? rec->stamp : lo;
             hi = rec->stamp > hi ? rec->stamp : hi;
-            if (m != i)
+            if (m != i) {
                 memcpy(rec_at(c, buf_at(c, b), m), rec, c->rec);
+                fp_of(c, p)[m] = fp_of(c, p)[i];
+            }
             m++;
         }
         memset(dead_of(c, p), 0, sizeof(uint64_t) * (size_t)c->dw);
@@ -847,6 +1055,7 @@ int kern_tier_evict(kern_tier_t *c, int64_t need, uint64_t seed,
                     kern_tier_gone_fn gone, void *ctx, int64_t *nevicted /* OUT */)
 {
     *nevicted = 0;
+    KILN_CHECK(wb_wait(c));
     if (need <= 0 || c->size == 0)
         return 0;
     if (need > c->size)
@@ -918,7 +1127,7 @@ int kern_tier_expire(kern_tier_t *c, int64_t before, kern_tier_gone_fn gone, voi
                      int64_t *nexpired /* OUT */)
 {
     expire_t x = {.before = before, .gone = gone, .ctx = ctx};
-    int rc = 0;
+    int rc = wb_wait(c);
     c->nb = 0;
     for (int64_t p = 0; p < c->npages && rc == 0; p++)
         if (holds(c, p) && c->lo[p] < before)
@@ -947,7 +1156,7 @@ static int count_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
 int kern_tier_count(kern_tier_t *c, int64_t since, int64_t *n /* OUT */)
 {
     since_t s = {.since = since};
-    int rc = 0;
+    int rc = wb_wait(c);
     c->nb = 0;
     for (int64_t p = 0; p < c->npages && rc == 0; p++) {
         if (!holds(c, p) || c->hi[p] <= since)
@@ -961,6 +1170,38 @@ int kern_tier_count(kern_tier_t *c, int64_t since, int64_t *n /* OUT */)
         rc = batch_visit(c, count_page, &s);
     c->nb = 0;
     *n = s.n;
+    return rc;
+}
+
+int kern_tier_scan(kern_tier_t *c, int64_t *page, int64_t cap, void *out /* OUT (cap) */,
+                   int64_t *n /* OUT */)
+{
+    *n = 0;
+    KILN_CHECK(wb_wait(c));
+    /* One batch: the next pages holding records, as many as fit cap. */
+    int64_t p = *page, fit = 0;
+    c->nb = 0;
+    for (; p < c->npages && c->nb < BATCH; p++) {
+        if (!holds(c, p))
+            continue;
+        if (fit + live_of(c, p) > cap)
+            break;
+        fit += live_of(c, p);
+        c->bpage[c->nb++] = p;
+    }
+    if (c->nb == 0 && p < c->npages)
+        return kiln_errf(KILN_EINVAL, "table '%s': kern_tier_scan needs room for a page's "
+                         "records (%d), not %lld", c->table, c->per_page, (long long)cap);
+    int rc = batch_read(c);
+    int64_t got = 0;
+    for (int b = 0; b < c->nb && rc == 0; b++)
+        for (int i = 0; i < c->nrec[c->bpage[b]]; i++)
+            if (!is_dead(c, c->bpage[b], i))
+                memcpy((uint8_t *)out + (size_t)got++ * c->rec, rec_at(c, buf_at(c, b), i),
+                       c->rec);
+    c->nb = 0;
+    *page = p;
+    *n = got;
     return rc;
 }
 
@@ -985,7 +1226,7 @@ static int each_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
 int kern_tier_each(kern_tier_t *c, int64_t since, kern_tier_chunk_fn fn, void *ctx)
 {
     since_t s = {.since = since, .fn = fn, .ctx = ctx};
-    int rc = 0;
+    int rc = wb_wait(c);
     c->nb = 0;
     for (int64_t p = 0; p < c->npages && rc == 0; p++)
         if (holds(c, p) && c->hi[p] > since)

@@ -65,8 +65,7 @@ static int ap_rows(void *ctx, int table, int64_t n, const int64_t *keys, const f
 static int ap_deletes(void *ctx, int table, int64_t n, const int64_t *keys)
 {
     apply_t *a = ctx;
-    serve_table_remove(a->v->tables[table], n, keys);
-    return 0;
+    return serve_table_remove(a->v->tables[table], n, keys);
 }
 
 static int ap_dense(void *ctx, int64_t n, const float *values)
@@ -192,7 +191,10 @@ static int vsrc_next(serve_source_t *s, serve_item_t *item)
     vsrc_t *c = s->impl;
     const sv_version_t *v = c->v;
     for (; c->table < v->desc.ntables; c->table++, c->pos = 0) {
-        int64_t n = serve_table_rows(v->tables[c->table], &c->pos, COMPACT_ROWS, c->keys, c->vals);
+        int64_t n = 0;
+        int rc = serve_table_rows(v->tables[c->table], &c->pos, COMPACT_ROWS, c->keys, c->vals, &n);
+        if (rc < 0)
+            return rc;
         if (n > 0) {
             *item = (serve_item_t){SERVE_ITEM_ROWS, c->table, n, c->keys, c->vals};
             return 1;

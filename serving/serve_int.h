@@ -20,19 +20,31 @@ void serve_table_destroy(serve_table_t *t); /* accepts NULL */
 /* Makes room for `extra` more keys so that the next upserts of at most that
  * many new keys cannot fail. Returns 0 or KILN_ENOMEM. */
 int serve_table_reserve(serve_table_t *t, int64_t extra);
-/* Sets each key's row (inserting missing keys). Returns 0 or KILN_ENOMEM. */
+/* Tables created from now on keep at most table_bytes of rows (and index)
+ * in RAM and the rest in a disk tier in a file under dir (kiln-serve
+ * --table-memory; 0: every row in RAM). Call before any table exists. */
+void serve_table_spill(int64_t table_bytes, const char *dir);
+/* Sets each key's row (inserting missing keys). Returns 0, KILN_ENOMEM, or
+ * with a disk tier KILN_EIO / KILN_ENOSPC (the message names the file). */
 int serve_table_upsert(serve_table_t *t, int64_t n, const int64_t *keys,
                        const float *values /* (n, dim) */);
-/* Removes keys (missing ones are ignored). */
-void serve_table_remove(serve_table_t *t, int64_t n, const int64_t *keys);
-/* The row of key, or NULL. Valid until the next change of t. */
-const float *serve_table_find(const serve_table_t *t, int64_t key);
-/* Copies up to cap live rows, starting at slot *pos (0 at first), into keys
- * (cap) and values (cap, dim); returns how many, 0 at the end, and advances
- * *pos. The order is the table's slot order. */
-int64_t serve_table_rows(const serve_table_t *t, size_t *pos, int64_t cap, int64_t *keys,
-                         float *values);
+/* Removes keys (missing ones are ignored). Returns 0, or with a disk tier
+ * KILN_ENOMEM or KILN_EIO. */
+int serve_table_remove(serve_table_t *t, int64_t n, const int64_t *keys);
+/* The rows of keys[n] into out (n, dim), found[i] 1 for each key held (the
+ * rows of the others are left as they were), from RAM or the disk tier.
+ * Safe in parallel with other lookups. Returns 0, KILN_ENOMEM or KILN_EIO. */
+int serve_table_lookup(serve_table_t *t, int64_t n, const int64_t *keys, float *out,
+                       uint8_t *found /* OUT (n) */);
+/* Copies up to cap live rows (cap >= 1024), starting at *pos (0 at first),
+ * into keys (cap) and values (cap, dim); *n how many, 0 at the end, and
+ * advances *pos. RAM's rows in slot order, then the disk tier's. Returns 0,
+ * KILN_ENOMEM or KILN_EIO. */
+int serve_table_rows(serve_table_t *t, size_t *pos, int64_t cap, int64_t *keys, float *values,
+                     int64_t *n /* OUT */);
+/* Rows held, in RAM and on disk; and in RAM alone. */
 int64_t serve_table_size(const serve_table_t *t);
+int64_t serve_table_ram_rows(const serve_table_t *t);
 int serve_table_dim(const serve_table_t *t);
 
 /* ---- the version store: serve_store.c, serve_chain.c, serve_recv.c, serve_query.c ----

@@ -51,6 +51,9 @@ static void usage(FILE *f)
             "                         counted in /metrics\n"
             "  --feedback-window DURATION  how long feedback may follow an impression\n"
             "                         before the join (1s-7d, default 15m)\n"
+            "  --table-memory BYTES   RAM each served table's rows may take, 4096-2^50;\n"
+            "                         rows past it live in a file under DIR/spill and\n"
+            "                         lookups read them from there (default: all in RAM)\n"
             "  --log-level LEVEL      debug, info, warn, error (default info)\n"
             "  --version              print kiln-serve's version and exit\n");
 }
@@ -62,7 +65,7 @@ typedef struct limit {
     const char *unit;
 } limit_t;
 
-enum { L_CONNECTIONS, L_PER_CLIENT, L_TIMEOUT, L_BODY, L_IMPRESSIONS, L_COUNT };
+enum { L_CONNECTIONS, L_PER_CLIENT, L_TIMEOUT, L_BODY, L_IMPRESSIONS, L_TABLE_MEMORY, L_COUNT };
 
 static const limit_t limits[L_COUNT] = {
     [L_CONNECTIONS] = {"--max-connections", 1, 1000, "connections"}, /* select(): < FD_SETSIZE */
@@ -70,6 +73,7 @@ static const limit_t limits[L_COUNT] = {
     [L_TIMEOUT] = {"--timeout", 1, 86400, "seconds"},
     [L_BODY] = {"--max-body", 1, 1LL << 30, "bytes"},
     [L_IMPRESSIONS] = {"--impressions-max", 65536, 1LL << 50, "bytes"},
+    [L_TABLE_MEMORY] = {"--table-memory", 4096, 1LL << 50, "bytes"},
 };
 
 /* The index in limits of flag, or -1. */
@@ -102,6 +106,7 @@ typedef struct {
     const char *listen, *state_dir, *token_env, *split, *port_file, *level, *window;
     sv_http_opts_t o;
     sv_loop_opts_t lo;
+    long long table_memory; /* 0: every row in RAM */
 } args_t;
 
 /* Reads argv into a. Returns -1 to go on, else the exit code (0 after
@@ -141,6 +146,7 @@ static int read_args(int argc, char **argv, args_t *a)
             case L_PER_CLIENT: a->o.max_per_client = (int)num; break;
             case L_TIMEOUT: a->o.timeout_s = (int)num; break;
             case L_IMPRESSIONS: a->lo.max_bytes = num; break;
+            case L_TABLE_MEMORY: a->table_memory = num; break;
             default: a->o.max_body = (size_t)num; break;
             }
         } else if (strcmp(o, "--allow-host") == 0) {
@@ -248,6 +254,10 @@ static int serve(args_t *a, const sv_split_t *split)
     sv_store_t *store = NULL;
     sv_http_t *http = NULL;
     sv_loop_t *loop = NULL;
+    char *spill = a->table_memory > 0 ? kiln_asprintf("%s/spill", a->state_dir) : NULL;
+    if (a->table_memory > 0)
+        serve_table_spill(spill ? a->table_memory : 0, spill);
+    free(spill);
     int rc = sv_store_open(a->state_dir, &store);
     if (rc == 0)
         sv_store_set_split(store, split);

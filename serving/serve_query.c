@@ -49,24 +49,34 @@ static int predict_rows(const sv_version_t *v, int n, const float *X, const int6
     int64_t *off = kiln_calloc((size_t)S * (size_t)(n + 1), sizeof(int64_t));
     int32_t *rows = kiln_calloc((size_t)S * (size_t)n + 1, sizeof(int32_t));
     kern_bags_t *bags = kiln_calloc((size_t)S + 1, sizeof *bags);
+    int64_t *sk = kiln_malloc(sizeof *sk * (size_t)n + 1);
+    float *sv = kiln_malloc(sizeof *sv * (size_t)n * (size_t)D + 1);
+    uint8_t *sf = kiln_malloc((size_t)n + 1);
     int rc = 0;
-    if (V == NULL || E == NULL || off == NULL || rows == NULL || bags == NULL) {
+    if (V == NULL || E == NULL || off == NULL || rows == NULL || bags == NULL || sk == NULL ||
+        sv == NULL || sf == NULL) {
         rc = KILN_ENOMEM;
         goto out;
     }
-    /* V row (i*S + s) holds the looked-up row of row i, slot s. */
+    /* V row (i*S + s) holds the looked-up row of row i, slot s: a slot's
+     * keys are looked up in one call (one batch of reads for those on disk). */
     for (int s = 0; s < S; s++) {
         int64_t *o = off + (int64_t)s * (n + 1);
         int32_t *r = rows + (int64_t)s * n;
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (has[(int64_t)i * S + s])
+                sk[m++] = keys[(int64_t)i * S + s];
+        KILN_CHECK_GOTO(serve_table_lookup(v->tables[d->slot_table[s]], m, sk, sv, sf), rc, out);
+        m = 0;
         for (int i = 0; i < n; i++) {
             o[i + 1] = o[i];
             if (!has[(int64_t)i * S + s])
                 continue;
             int64_t vr = (int64_t)i * S + s;
-            const float *src = serve_table_find(v->tables[d->slot_table[s]],
-                                                keys[(int64_t)i * S + s]);
-            if (src != NULL)
-                memcpy(V + vr * D, src, (size_t)D * sizeof(float));
+            if (sf[m])
+                memcpy(V + vr * D, sv + (int64_t)m * D, (size_t)D * sizeof(float));
+            m++;
             r[o[i + 1]++] = (int32_t)vr;
         }
         bags[s] = (kern_bags_t){.values = V,
@@ -81,7 +91,7 @@ static int predict_rows(const sv_version_t *v, int n, const float *X, const int6
         KILN_CHECK_GOTO(kern_cpu_gather_combine(S, bags, n, (int64_t)S * D, E), rc, out);
     rc = model_predict(v->rtm, n, E, X, probs);
 out:
-    KILN_FREE_ALL(V, E, off, rows, bags);
+    KILN_FREE_ALL(V, E, off, rows, bags, sk, sv, sf);
     return rc;
 }
 
@@ -157,11 +167,11 @@ int sv_lookup(sv_store_t *s, const char *model, const char *label, const char *t
         rc = KILN_ENOMEM;
         goto out;
     }
-    for (int64_t i = 0; i < n; i++) {
-        const float *r = valid[i] ? serve_table_find(v->tables[t], keys[i]) : NULL;
-        if (r != NULL) {
-            memcpy(out->values + i * dim, r, (size_t)dim * sizeof(float));
-            out->found[i] = 1;
+    rc = serve_table_lookup(v->tables[t], n, keys, out->values, out->found);
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        if (!valid[i] && out->found[i]) { /* an invalid key is never found */
+            out->found[i] = 0;
+            memset(out->values + i * dim, 0, (size_t)dim * sizeof(float));
         }
     }
 out:

@@ -230,26 +230,33 @@ int sv_store_open(const char *state_dir, sv_store_t **out)
     s->dir = kiln_strdup(state_dir);
     char *staging = kiln_asprintf("%s/staging", state_dir);
     char *models = kiln_asprintf("%s/models", state_dir);
+    char *spill = kiln_asprintf("%s/spill", state_dir);
     int rc = 0;
-    if (s->dir == NULL || staging == NULL || models == NULL) {
+    if (s->dir == NULL || staging == NULL || models == NULL || spill == NULL) {
         rc = KILN_ENOMEM;
         goto out;
     }
     KILN_CHECK_GOTO(kiln_mkdir_p(staging), rc, out);
     KILN_CHECK_GOTO(kiln_mkdir_p(models), rc, out);
+    KILN_CHECK_GOTO(kiln_mkdir_p(spill), rc, out);
     KILN_CHECK_GOTO(lock_state_dir(s), rc, out);
-    /* Staging files are pushes that never finished: drop them. */
-    DIR *dd = opendir(staging);
-    for (struct dirent *e; dd != NULL && (e = readdir(dd)) != NULL;) {
-        if (e->d_name[0] == '.')
-            continue;
-        char *p = kiln_asprintf("%s/%s", staging, e->d_name);
-        if (p != NULL)
-            unlink(p);
-        free(p);
+    /* Staging files are pushes that never finished, spill files (the disk
+     * tier of tables past --table-memory) scratch of a kiln-serve gone:
+     * drop them. */
+    for (int k = 0; k < 2; k++) {
+        const char *sub = k == 0 ? staging : spill;
+        DIR *dd = opendir(sub);
+        for (struct dirent *e; dd != NULL && (e = readdir(dd)) != NULL;) {
+            if (e->d_name[0] == '.')
+                continue;
+            char *p = kiln_asprintf("%s/%s", sub, e->d_name);
+            if (p != NULL)
+                unlink(p);
+            free(p);
+        }
+        if (dd != NULL)
+            closedir(dd);
     }
-    if (dd != NULL)
-        closedir(dd);
     DIR *md = opendir(models);
     for (struct dirent *m; rc == 0 && md != NULL && (m = readdir(md)) != NULL;) {
         if (!good_name(m->d_name))
@@ -272,6 +279,7 @@ int sv_store_open(const char *state_dir, sv_store_t **out)
 out:
     free(staging);
     free(models);
+    free(spill);
     if (rc < 0) {
         sv_store_close(s);
         return rc;

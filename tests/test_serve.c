@@ -316,10 +316,19 @@ static void test_wire_corrupt(void **state)
     serve_memsrc_destroy(m);
 }
 
-static void test_table_model(void **state)
+/* A table against a naive array under random upserts and removals; with
+ * spill, the table keeps 100 rows in RAM (4 KiB) and the rest on disk. */
+static void table_model(bool spill)
 {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/spill", tmp_root);
+    if (spill) {
+        assert_int_equal(kiln_mkdir_p(dir), 0);
+        serve_table_spill(4000, dir);
+    }
     serve_table_t *t = NULL;
     assert_int_equal(serve_table_create(2, &t), 0);
+    serve_table_spill(0, NULL);
     enum { K = 3000 };
     static float naive[K][2];
     static int present[K];
@@ -328,7 +337,7 @@ static void test_table_model(void **state)
     for (int it = 0; it < 20000; it++) {
         int64_t k = rand() % K;
         if (rand() % 3 == 0) {
-            serve_table_remove(t, 1, &k);
+            assert_int_equal(serve_table_remove(t, 1, &k), 0);
             present[k] = 0;
         } else {
             float v[2] = {(float)it, (float)-it};
@@ -339,20 +348,43 @@ static void test_table_model(void **state)
         }
     }
     int64_t live = 0;
+    static int64_t all[K + 1];
+    static float got[K + 1][2];
+    static uint8_t found[K + 1];
+    for (int64_t k = 0; k <= K; k++) /* K: never inserted */
+        all[k] = k;
+    assert_int_equal(serve_table_lookup(t, K + 1, all, &got[0][0], found), 0);
     for (int64_t k = 0; k < K; k++) {
-        const float *r = serve_table_find(t, k);
         live += present[k];
-        if (!present[k]) {
-            assert_null(r);
-            continue;
-        }
-        assert_non_null(r);
-        assert_true(r[0] == naive[k][0] && r[1] == naive[k][1]);
+        assert_int_equal(found[k], present[k]);
+        if (present[k])
+            assert_true(got[k][0] == naive[k][0] && got[k][1] == naive[k][1]);
     }
+    assert_int_equal(found[K], 0);
     assert_int_equal(serve_table_size(t), live);
-    int64_t missing = K + 5;
-    assert_null(serve_table_find(t, missing));
+    if (spill)
+        assert_true(serve_table_ram_rows(t) <= 100 && serve_table_size(t) > 10 * 100);
+    /* The rows a compaction reads: every live key once, with its row. */
+    size_t pos = 0;
+    int64_t n, seen = 0, keys[1024];
+    float vals[1024][2];
+    while (serve_table_rows(t, &pos, 1024, keys, &vals[0][0], &n) == 0 && n > 0)
+        for (int64_t i = 0; i < n; i++, seen++)
+            assert_true(present[keys[i]] && vals[i][0] == naive[keys[i]][0]);
+    assert_int_equal(seen, live);
     serve_table_destroy(t);
+}
+
+static void test_table_model(void **state)
+{
+    (void)state;
+    table_model(false);
+}
+
+static void test_table_model_spill(void **state)
+{
+    (void)state;
+    table_model(true);
 }
 
 /* ---- real kiln-serve processes ----------------------------------------------------- */
@@ -916,6 +948,73 @@ static void test_chain_compacted(void **state)
 
 /* predict equals the trainer's forward path for a version whose content
  * the reference knows exactly (range keys only; line keys mostly miss). */
+/* The rows of keys (JSON array text) in table t0 of label A, as srv
+ * answers them. */
+static json_t *lookup_rows(const server_t *srv, const char *keys)
+{
+    char url[256], body[256];
+    snprintf(url, sizeof url, "%s/v1/models/ctr/lookup", srv->url);
+    snprintf(body, sizeof body, "{\"label\":\"A\",\"table\":\"t0\",\"keys\":%s}", keys);
+    resp_t *r = calloc(1, sizeof *r);
+    assert_int_equal(http("POST", url, NULL, body, strlen(body), r), 200);
+    json_t *j = json_loads(r->body, 0, NULL);
+    json_t *rows = json_incref(json_object_get(j, "rows"));
+    json_decref(j);
+    resp_free(r);
+    return rows;
+}
+
+/* A kiln-serve given 4 KiB a table (93 rows of dim 3 in RAM, the other
+ * ~550 of each table on disk) answers lookups and predictions as the
+ * all-in-RAM one does, after a full push, a delta (updates, additions,
+ * deletions) and a restart that loads the chain back. */
+static void test_table_memory_matches_ram(void **state)
+{
+    (void)state;
+    collect_keys();
+    server_t ram, disk;
+    server_up(&ram, "tm-ram");
+    server_new(&disk, "tm-disk");
+    const char *extra[] = {"--table-memory", "4096", NULL};
+    server_start_ex(&disk, extra, 0, true);
+    serve_memsrc_t *full = build_with_lines("ck-1", "", 1);
+    int64_t dels[10];
+    for (int i = 0; i < 10; i++)
+        dels[i] = 1000 + 3 * i;
+    serve_memsrc_t *delta = build("ck-2", "ck-1", 1400, 200, 2, dels, 10);
+    const char *keys = "[1000, 1001, 1003, 1399, 1400, 1450, 1599, 1600, 7]";
+    for (int round = 0; round < 3; round++) {
+        if (round == 0) {
+            push_full(&ram, "A", full);
+            push_full(&disk, "A", full);
+        } else if (round == 1) {
+            opener_t o = {.full = full, .delta = delta, .delta_base = "ck-1"};
+            serve_push_opts_t opt = popts();
+            serve_push_result_t res;
+            assert_int_equal(push_one(&ram, "A", &o, "ck-1", &opt, &res), 0);
+            assert_false(res.full);
+            assert_int_equal(push_one(&disk, "A", &o, "ck-1", &opt, &res), 0);
+            assert_false(res.full);
+        } else {
+            server_kill(&disk, SIGTERM);
+            server_start_ex(&disk, extra, 0, true);
+        }
+        double a[8], b[8];
+        int na = predict(&ram, "A", LINES, a, 8), nb = predict(&disk, "A", LINES, b, 8);
+        assert_int_equal(na, nb);
+        for (int i = 0; i < na; i++)
+            assert_true(a[i] == b[i]);
+        json_t *ra = lookup_rows(&ram, keys), *rb = lookup_rows(&disk, keys);
+        assert_true(json_equal(ra, rb));
+        json_decref(ra);
+        json_decref(rb);
+    }
+    server_kill(&ram, SIGTERM);
+    server_kill(&disk, SIGTERM);
+    serve_memsrc_destroy(full);
+    serve_memsrc_destroy(delta);
+}
+
 static void test_predict_matches_model(void **state)
 {
     server_t srv;
@@ -2448,6 +2547,8 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_wire_roundtrip),
     cmocka_unit_test(test_wire_corrupt),
     cmocka_unit_test(test_table_model),
+    cmocka_unit_test(test_table_model_spill),
+    cmocka_unit_test(test_table_memory_matches_ram),
     cmocka_unit_test(test_push_lookup_predict),
     cmocka_unit_test(test_chain_compacted),
     cmocka_unit_test(test_predict_matches_model),

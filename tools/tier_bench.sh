@@ -5,8 +5,11 @@
 # Sizes whose table (or tier file) does not fit the free RAM or disk are
 # skipped with a line saying so (TIER_BENCH_SIZES="1000000 10000000" picks
 # sizes). Each size with rows on disk runs with the tier's reads through
-# pread, through io_uring, and with prefetch. Then the admission curve (see
-# below). Usage: tools/tier_bench.sh [build] [dir]
+# pread, through io_uring, and with prefetch (as kiln-train calls it: it acts
+# only while the tier's reads are slow), and each tiered line is followed by
+# its ratio to the all-in-RAM line of its size (samples/s, and CPU time per
+# step, which other load on the machine disturbs less). Then the admission
+# curve (see below). Usage: tools/tier_bench.sh [build] [dir]
 set -euo pipefail
 build="${1:-build}"
 dir="${2:-/var/tmp}"
@@ -17,6 +20,8 @@ for keys in ${TIER_BENCH_SIZES-1000000 10000000 100000000}; do
   need=$((keys * 180))                      # bytes: a record and its share of pages
   disk=$(($(df -P -B1 "$dir" | awk 'NR==2 {print $4}')))
   ram=$(($(awk '/MemAvailable/ {print $2}' /proc/meminfo) * 1024))
+  ram_rate=""
+  echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
   for mem in 1 0.25 0.1; do
     if [ "$mem" = 1 ] && [ "$need" -gt "$ram" ]; then
       echo "keys $keys memory 100%: skipped, needs ${need} bytes of RAM, ${ram} free"; continue
@@ -27,15 +32,26 @@ for keys in ${TIER_BENCH_SIZES-1000000 10000000 100000000}; do
     steps=100
     [ "$keys" -ge 100000000 ] && steps=50
     if [ "$mem" = 1 ]; then
-      "$bench" --keys "$keys" --memory "$mem" --zipf 1.15 --steps "$steps" --dir "$dir"
+      line=$("$bench" --keys "$keys" --memory "$mem" --zipf 1.15 --steps "$steps" --dir "$dir")
+      echo "$line"
+      ram_rate=$(sed -E 's/.*: ([0-9]+) samples\/s.*/\1/' <<<"$line")
+      ram_cpu=$(sed -E 's/.*CPU ([0-9.]+) ms\/step.*/\1/' <<<"$line")
       continue
     fi
     # the tier's reads through pread and through io_uring; then with the
     # next step's keys prefetched
     for how in "pread 0" "uring 0" "uring 1"; do
       set -- $how
-      "$bench" --keys "$keys" --memory "$mem" --zipf 1.15 --steps "$steps" --dir "$dir" \
-        --io "$1" --prefetch "$2"
+      line=$("$bench" --keys "$keys" --memory "$mem" --zipf 1.15 --steps "$steps" --dir "$dir" \
+        --io "$1" --prefetch "$2")
+      echo "$line"
+      if [ -n "${ram_rate:-}" ]; then
+        rate=$(sed -E 's/.*: ([0-9]+) samples\/s.*/\1/' <<<"$line")
+        cpu=$(sed -E 's/.*CPU ([0-9.]+) ms\/step.*/\1/' <<<"$line")
+        awk -v r="$rate" -v R="$ram_rate" -v c="$cpu" -v C="$ram_cpu" -v m="$mem" 'BEGIN {
+          printf "  vs all in RAM: %.2fx samples/s, %.2fx by CPU time per step%s\n", r / R, C / c,
+                 (m == 0.1 ? (r / R >= 0.5 ? " (goal >= 0.5x met)" : " (goal >= 0.5x NOT met)") : "") }'
+      fi
     done
   done
 done

@@ -1,7 +1,7 @@
 /*
- * kernels/kern_int.h - what only kernels/ uses: the disk tier of a table
- * (kern_tier.c), which kern_table.c keeps the rows in that do not fit the
- * RAM it was given.
+ * kernels/kern_tier.h - the disk tier of a table (kern_tier.c), which
+ * kern_table.c keeps the rows in that do not fit the RAM it was given, and
+ * kiln-serve's tables (serving/serve_table.c) the rows past --table-memory.
  *
  * The tier is a hash table in one file: pages of fixed-size records, a
  * key's home page picked by its hash, a full page spilling into the next
@@ -20,8 +20,8 @@
  * submission each (io_uring, or pread/pwrite); each table has its own tier,
  * so tables run in parallel but one tier is not thread-safe.
  */
-#ifndef KILN_KERNELS_KERN_INT_H
-#define KILN_KERNELS_KERN_INT_H
+#ifndef KILN_KERNELS_KERN_TIER_H
+#define KILN_KERNELS_KERN_TIER_H
 
 #include <stdint.h>
 
@@ -63,14 +63,24 @@ int kern_tier_take(kern_tier_t *c, int64_t n, const int64_t *keys, void *out /* 
                    uint8_t *found /* OUT (n) */);
 /* Counts which of keys[n] the tier holds (found[i]), reading their pages. */
 int kern_tier_has(kern_tier_t *c, int64_t n, const int64_t *keys, uint8_t *found /* OUT (n) */);
+/* kern_tier_take without taking: the records stay in the tier. */
+int kern_tier_get(kern_tier_t *c, int64_t n, const int64_t *keys, void *out /* OUT (n) */,
+                  uint8_t *found /* OUT (n) */);
 /* Adds n records (distinct keys, none of which the tier holds: a row lives
  * in one tier), appended to their pages without reading them. Returns 0,
  * KILN_EIO or KILN_ENOSPC (the disk, or the file's spare pages, ran out:
  * the message says which and what to do). */
 int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs);
+/* Whether the tier's reads are slow (the last lookups' reads took 20 us
+ * or more each on average: the device, not the page cache, answers them). */
+bool kern_tier_slow(const kern_tier_t *c);
+/* Makes kern_tier_prefetch run whatever kern_tier_slow says. */
+void kern_tier_prefetch_always(kern_tier_t *c, bool always);
 /* Asks the kernel to bring the pages keys[n] would be looked up in into
- * its page cache, without waiting (a later take finds them there). Reads
- * nothing itself; returns 0 or KILN_ENOMEM. */
+ * its page cache, without waiting (a later take finds them there), while
+ * the tier's reads are slow (kern_tier_slow; else it does nothing: the
+ * page cache holds the file). Reads nothing itself; returns 0 or
+ * KILN_ENOMEM. */
 int kern_tier_prefetch(kern_tier_t *c, int64_t n, const int64_t *keys);
 /* Removes keys[n] that the tier holds, reporting each to gone. */
 int kern_tier_delete(kern_tier_t *c, int64_t n, const int64_t *keys, kern_tier_gone_fn gone,
@@ -90,6 +100,12 @@ int kern_tier_count(kern_tier_t *c, int64_t since, int64_t *n /* OUT */);
 /* Hands the records with stamp > since to fn in page order, a page's worth
  * at a time. */
 int kern_tier_each(kern_tier_t *c, int64_t since, kern_tier_chunk_fn fn, void *ctx);
+/* Copies the live records of the pages from *page on into out, whole
+ * pages while they fit cap (at least a page's records), advancing *page;
+ * *n 0 at the end. A cursor over the tier for callers that pull. Returns 0,
+ * KILN_EIO or KILN_EINVAL (cap below a page's records). */
+int kern_tier_scan(kern_tier_t *c, int64_t *page, int64_t cap, void *out /* OUT (cap) */,
+                   int64_t *n /* OUT */);
 
 typedef struct {
     int64_t reads, writes;              /* transfers since open */
@@ -102,4 +118,4 @@ typedef struct {
 } kern_tier_stats_t;
 void kern_tier_stats(const kern_tier_t *c, kern_tier_stats_t *st /* OUT */);
 
-#endif /* KILN_KERNELS_KERN_INT_H */
+#endif /* KILN_KERNELS_KERN_TIER_H */
