@@ -115,20 +115,76 @@
     X(RUN_SET_CANCEL, "UPDATE runs SET cancel_requested = 1 WHERE id = ?1")                        \
     X(RUN_JOB_OF, "SELECT job_id FROM runs WHERE id = ?1")                                         \
     X(RUN_DELETE, "DELETE FROM runs WHERE id = ?1")                                                \
-    /* retention (runs.c, state_runs_prune): ended runs older than ?1 that nothing needs: no     \
-     * checkpoint (chains, lineage and endpoints start there), no push, no input that counts as   \
-     * consumed (a succeeded run's, or one a checkpoint covers), not the newest run nor the       \
-     * newest success of its job. */                                                              \
-    X(RUN_PRUNABLE,                                                                                \
+    /* retention (retain.c): ended runs older than ?1 not compacted yet, but the newest run and  \
+     * the newest success of their job (LAST RUN, last success). */                               \
+    X(RETAIN_COMPACTABLE,                                                                          \
       "SELECT r.id, r.run_dir FROM runs r WHERE r.ended_at > 0 AND r.ended_at < ?1 "               \
+      "AND r.compacted_at = 0 "                                                                    \
       "AND r.state IN ('succeeded', 'failed', 'canceled', 'timed_out', 'skipped') "                \
-      "AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.run_id = r.id) "                        \
-      "AND NOT EXISTS (SELECT 1 FROM pushes p WHERE p.run_id = r.id) "                             \
-      "AND NOT EXISTS (SELECT 1 FROM run_inputs i WHERE i.run_id = r.id "                          \
-      "  AND (r.state = 'succeeded' OR i.covered_by IS NOT NULL)) "                                \
       "AND r.id != (SELECT max(x.id) FROM runs x WHERE x.job_id = r.job_id) "                      \
       "AND r.id IS NOT (SELECT max(x.id) FROM runs x WHERE x.job_id = r.job_id "                   \
       "  AND x.state = 'succeeded') ORDER BY r.ended_at LIMIT ?2")                                 \
+    X(RETAIN_RUN_EVENTS, "DELETE FROM events WHERE run_id = ?1")                                   \
+    X(RETAIN_RUN_METRICS, "DELETE FROM metrics WHERE run_id = ?1")                                 \
+    X(RETAIN_RUN_SLURM, "DELETE FROM slurm_jobs WHERE run_id = ?1")                                \
+    /* inputs that do not count as consumed (the run did not succeed, no checkpoint covers them) */ \
+    X(RETAIN_RUN_UNCONSUMED,                                                                       \
+      "DELETE FROM run_inputs WHERE run_id = ?1 AND covered_by IS NULL AND NOT EXISTS "            \
+      "(SELECT 1 FROM runs r WHERE r.id = ?1 AND r.state = 'succeeded')")                          \
+    X(RETAIN_RUN_MARK, "UPDATE runs SET compacted_at = ?2, run_dir = NULL WHERE id = ?1")          \
+    /* the inputs compacted runs keep, by id after ?1 */                                           \
+    X(RETAIN_INPUTS_KEPT,                                                                          \
+      "SELECT i.id, i.path FROM run_inputs i JOIN runs r ON r.id = i.run_id "                      \
+      "WHERE i.id > ?1 AND r.compacted_at > 0 ORDER BY i.id LIMIT ?2")                             \
+    X(RETAIN_INPUT_DROP, "DELETE FROM run_inputs WHERE id = ?1 AND run_id IN "                     \
+                         "(SELECT id FROM runs WHERE compacted_at > 0)")                           \
+    /* Checkpoints of compacted runs that nothing needs, below id ?1, newest first (a child     \
+     * before its parent). Needed: a whole run's checkpoints and start checkpoint, what an     \
+     * endpoint holds or an open or held push carries, what covers an input, each job's newest \
+     * checkpoint, and every link an incremental one stands on (a full ends the chain). */       \
+    X(RETAIN_CKPT_UNNEEDED,                                                                        \
+      "WITH RECURSIVE need(id) AS ("                                                               \
+      "SELECT c.id FROM checkpoints c LEFT JOIN runs r ON r.id = c.run_id "                        \
+      "  WHERE r.id IS NULL OR r.compacted_at = 0 "                                                \
+      "UNION SELECT start_checkpoint_id FROM runs WHERE compacted_at = 0 "                         \
+      "UNION SELECT checkpoint_id FROM endpoint_holdings WHERE until_at IS NULL "                  \
+      "UNION SELECT checkpoint_id FROM pushes WHERE state IN ('pending', 'sending', 'held') "      \
+      "UNION SELECT covered_by FROM run_inputs WHERE covered_by IS NOT NULL "                      \
+      "UNION SELECT (SELECT c.id FROM checkpoints c JOIN runs r ON r.id = c.run_id "               \
+      "  WHERE r.job_id = j.id ORDER BY c.created_at DESC, c.id DESC LIMIT 1) FROM jobs j "        \
+      "UNION SELECT c.parent_id FROM checkpoints c JOIN need n ON n.id = c.id "                    \
+      "  WHERE c.kind = 'incremental') "                                                           \
+      "SELECT c.id, c.path FROM checkpoints c JOIN runs r ON r.id = c.run_id "                     \
+      "WHERE r.compacted_at > 0 AND c.id < ?1 "                                                    \
+      "AND c.id NOT IN (SELECT id FROM need WHERE id IS NOT NULL) ORDER BY c.id DESC LIMIT ?2")    \
+    /* removing checkpoint ?1 with the ended pushes, closed holdings and exports of it */          \
+    X(RETAIN_CKPT_UNHOLD, "UPDATE endpoint_holdings SET push_id = NULL WHERE push_id IN "          \
+                          "(SELECT id FROM pushes WHERE checkpoint_id = ?1)")                      \
+    X(RETAIN_CKPT_HOLDINGS,                                                                        \
+      "DELETE FROM endpoint_holdings WHERE checkpoint_id = ?1 AND until_at IS NOT NULL")           \
+    X(RETAIN_CKPT_UNEXPORT, "UPDATE pushes SET export_id = NULL WHERE export_id IN "               \
+                            "(SELECT id FROM exports WHERE checkpoint_id = ?1)")                   \
+    X(RETAIN_CKPT_PUSHES, "DELETE FROM pushes WHERE checkpoint_id = ?1 "                           \
+                          "AND state IN ('succeeded', 'failed', 'superseded')")                    \
+    X(RETAIN_CKPT_EXPORTS, "DELETE FROM exports WHERE checkpoint_id = ?1")                         \
+    X(RETAIN_CKPT_UNBASE,                                                                          \
+      "UPDATE exports SET base_checkpoint_id = NULL WHERE base_checkpoint_id = ?1")                \
+    X(RETAIN_CKPT_UNSTART,                                                                         \
+      "UPDATE runs SET start_checkpoint_id = NULL WHERE start_checkpoint_id = ?1")                 \
+    /* a full's parent is lineage only: the full stands alone */                                  \
+    X(RETAIN_CKPT_UNPARENT,                                                                        \
+      "UPDATE checkpoints SET parent_id = NULL WHERE parent_id = ?1 AND kind = 'full'")            \
+    X(RETAIN_CKPT_DELETE, "DELETE FROM checkpoints WHERE id = ?1 AND NOT EXISTS "                  \
+                          "(SELECT 1 FROM checkpoints x WHERE x.parent_id = ?1)")                  \
+    /* compacted runs nothing refers to any more: no checkpoint, input or push */                 \
+    X(RETAIN_REMOVABLE,                                                                            \
+      "SELECT r.id FROM runs r WHERE r.compacted_at > 0 "                                          \
+      "AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.run_id = r.id) "                        \
+      "AND NOT EXISTS (SELECT 1 FROM run_inputs i WHERE i.run_id = r.id) "                         \
+      "AND NOT EXISTS (SELECT 1 FROM pushes p WHERE p.run_id = r.id) "                             \
+      "AND r.id != (SELECT max(x.id) FROM runs x WHERE x.job_id = r.job_id) "                      \
+      "AND r.id IS NOT (SELECT max(x.id) FROM runs x WHERE x.job_id = r.job_id "                   \
+      "  AND x.state = 'succeeded') ORDER BY r.id LIMIT ?1")                                       \
     X(RUN_UNLINK_RETRIES, "UPDATE runs SET retry_of = NULL WHERE retry_of = ?1")                   \
     /* job events (run_id NULL) older than ?1, but the job's submits and spec versions */         \
     X(EVENT_PRUNE, "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE run_id IS NULL "   \
