@@ -410,6 +410,8 @@ static int migrate_one(state_t *st, int to)
     snprintf(what, sizeof what, "migrating from schema version %d to %d (%s)", v, to,
              state_migrations[to - 1].what);
     KILN_CHECK(exec_script(st, state_migrations[to - 1].sql, what, NULL, NULL));
+    if (state_migrations[to - 1].backfill != NULL)
+        KILN_CHECK(state_migrations[to - 1].backfill(st));
     if (state_migrations[to - 1].rebuilds_tables) {
         int64_t broken = 0;
         KILN_CHECK(exec_script(st, "PRAGMA foreign_key_check", what, fk_violation_cb, &broken));

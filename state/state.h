@@ -59,6 +59,7 @@ typedef struct state_job {
     int64_t last_checked_at;  /* the last cron fire that was skipped; 0: none */
     int64_t skipped_fires;    /* cron fires skipped (no new data, missed, forbid): not runs */
     char *last_skip_reason;   /* why the last one was skipped; NULL: none */
+    char *timezone;           /* the zone its schedule fires in (the spec's); NULL: UTC */
 } state_job_t;
 
 /* A submit, as one transaction: the job is inserted or its spec replaced
@@ -75,6 +76,7 @@ typedef struct state_submit {
     const char *schedule; /* NULL: one-off */
     int priority;
     const char *spec_dir; /* absolute; NULL: none (kilnd then uses $KILN_HOME/jobs/NAME) */
+    const char *timezone; /* the spec's timezone; NULL: UTC */
     bool queue_run;       /* queue one run (a one-off job) */
     const char *source;   /* for the event: the spec file, or "the web API" */
     const state_endpoint_ref_t *endpoints; /* (nendpoints) the job's push endpoints, recorded
@@ -91,7 +93,8 @@ int state_submit(state_t *st, const state_submit_t *in, state_submitted_t *out /
 
 /* Inserts a job or, when name exists, replaces its spec (version+1 only when
  * spec_hash differs). *created says which. Leaves spec_dir as it was (NULL
- * for a new job); state_submit is the submit path. */
+ * for a new job) and sets no timezone (UTC); state_submit is the submit
+ * path. */
 int state_job_put(state_t *st, const char *name, const char *spec_yaml, const char *spec_hash,
                   const char *schedule, int priority, int64_t *job_id /* OUT */,
                   bool *created /* OUT, may be NULL */);

@@ -30,7 +30,7 @@
 #define STATE_JOB_COLS                                                          \
     "id, name, spec_yaml, spec_hash, schedule, priority, version, paused, "     \
     "created_at, updated_at, last_scheduled_at, spec_dir, deleted_at, last_checked_at, "       \
-    "skipped_fires, last_skip_reason"
+    "skipped_fires, last_skip_reason, timezone"
 #define STATE_RUN_COLS                                                          \
     "r.id, r.job_id, j.name, r.job_version, r.state, r.trigger, r.attempt, "    \
     "r.retry_of, r.scheduled_at, r.queued_at, r.started_at, r.ended_at, "       \
@@ -64,15 +64,18 @@
     /* jobs */                                                                                     \
     X(JOB_FIND, "SELECT id, spec_hash, version FROM jobs WHERE name = ?1")                         \
     X(JOB_INSERT, "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, priority, "             \
-                  "version, paused, created_at, updated_at, last_scheduled_at, spec_dir) "         \
-                  "VALUES (?1, ?2, ?3, ?4, ?5, 1, 0, ?6, ?6, 0, ?7)")                              \
+                  "version, paused, created_at, updated_at, last_scheduled_at, spec_dir, "         \
+                  "timezone) VALUES (?1, ?2, ?3, ?4, ?5, 1, 0, ?6, ?6, 0, ?7, ?8)")                \
     /* ?7 NULL keeps the job's spec_dir (a spec with no file of its own). A deleted job that is   \
      * submitted again comes back with its schedule starting now (JOB_REVIVE). */                  \
     X(JOB_UPDATE_SPEC, "UPDATE jobs SET spec_yaml = ?2, spec_hash = ?3, schedule = ?4, "           \
                        "priority = ?5, version = version + 1, updated_at = ?6, "                   \
-                       "spec_dir = coalesce(?7, spec_dir) WHERE id = ?1")                          \
+                       "spec_dir = coalesce(?7, spec_dir), timezone = ?8 WHERE id = ?1")           \
     X(JOB_UPDATE_SAME, "UPDATE jobs SET schedule = ?2, priority = ?3, "                            \
-                       "spec_dir = coalesce(?4, spec_dir) WHERE id = ?1")                          \
+                       "spec_dir = coalesce(?4, spec_dir), timezone = ?5 WHERE id = ?1")           \
+    /* migration 8's backfill (schema.c): the jobs whose zone is not known yet */                  \
+    X(JOB_TZ_MISSING, "SELECT id, name, spec_yaml FROM jobs WHERE timezone IS NULL ORDER BY id")   \
+    X(JOB_SET_TZ, "UPDATE jobs SET timezone = ?2 WHERE id = ?1")                                   \
     X(JOB_REVIVE, "UPDATE jobs SET deleted_at = 0, paused = 0, last_scheduled_at = ?2 "            \
                   "WHERE id = ?1 AND deleted_at > 0")                                              \
     X(JOB_DELETE, "UPDATE jobs SET deleted_at = ?2, updated_at = ?2 WHERE id = ?1")               \
@@ -605,6 +608,9 @@ int state_step_ids(state_t *st, sqlite3_stmt *s, const char *what, int64_t *ids 
 typedef struct state_migration {
     const char *what; /* one line for logs and errors */
     const char *sql;  /* statements separated by ';' with no values in them */
+    /* NULL, or what the script cannot do in SQL, run after it in its
+     * transaction: 0 or an error (the migration is rolled back). */
+    int (*backfill)(state_t *st);
     /* The script rebuilds tables that others refer to (create new, copy,
      * drop old, rename): it runs with foreign keys off, as SQLite's own
      * procedure for such changes says, and every reference is checked

@@ -1574,6 +1574,46 @@ static void test_job_skip_delete(void **state)
  * directories, and keeps what is needed: a run with a checkpoint, a
  * succeeded run's consumed inputs, the newest run and success of a job,
  * runs not ended, recent runs. A retry of a removed run loses its link. */
+/* A v7 file's jobs get their time zone from their stored specs when the file
+ * is opened (migration 8's backfill); a submit writes it. */
+static void test_migrate_timezone(void **state)
+{
+    fixture_t *f = *state;
+    char path[256];
+    snprintf(path, sizeof path, "%s/v7tz.db", f->dir);
+    state_t *st = NULL;
+    OK(state_open_at_version(path, 7, &st));
+    OK(state_test_exec(st, "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, created_at,"
+                           "  updated_at) VALUES"
+                           "  ('zoned', 'name: zoned\nschedule: \"0 9 * * *\"\n"
+                           "timezone: \"UTC+02:00\"\ndata: {train: x.tsv}\n"
+                           "model: {type: lr}\n', '01', '0 9 * * *', 1, 1),"
+                           "  ('plain', 'name: plain\nschedule: \"@daily\"\n"
+                           "data: {train: x.tsv}\nmodel: {type: lr}\n', '02', '@daily', 1, 1),"
+                           "  ('broken', 'name: broken\nmodel: [', '03', '@daily', 1, 1);"));
+    state_close(st);
+    OK(state_open(path, &st));
+    const char *want[][2] = {{"zoned", "UTC+02:00"}, {"plain", "UTC"}, {"broken", NULL}};
+    for (size_t i = 0; i < 3; i++) {
+        state_job_t j;
+        OK(state_job_get(st, want[i][0], &j));
+        if (want[i][1] == NULL)
+            assert_null(j.timezone);
+        else
+            assert_string_equal(j.timezone, want[i][1]);
+        state_job_fini(&j);
+    }
+    state_submit_t sub = {.name = "zoned", .spec_yaml = "name: zoned\n", .spec_hash = "04",
+                          .schedule = "0 9 * * *", .timezone = "UTC-05:00", .source = "test"};
+    state_submitted_t done;
+    OK(state_submit(st, &sub, &done));
+    state_job_t j;
+    OK(state_job_get(st, "zoned", &j));
+    assert_string_equal(j.timezone, "UTC-05:00");
+    state_job_fini(&j);
+    state_close(st);
+}
+
 static bool always_gone(const char *path, void *ctx)
 {
     (void)path;
@@ -1899,6 +1939,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_submit_endpoints_atomic, setup_open, teardown),
         cmocka_unit_test_setup_teardown(test_open_foreign, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_job_skip_delete, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_timezone, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_runs_prune, setup_open, teardown),
         cmocka_unit_test_setup_teardown(test_retain_keeps_consumed, setup_open, teardown),
         cmocka_unit_test_setup_teardown(test_retain_bounded, setup_open, teardown),
