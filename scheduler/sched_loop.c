@@ -154,8 +154,9 @@ static int parse_days(const char *name, const char *v, int64_t *ms)
         return 0;
     }
     if (kiln_duration_parse(v, ms) < 0 || *ms <= 0)
-        return kiln_errf(KILN_EUSAGE, "--%s expects a duration like 7d, 12h or 90s (a bare "
-                                      "number counts days), not '%s'",
+        return kiln_errf(KILN_EUSAGE,
+                         "--%s expects a duration like 7d, 12h or 90s (a bare "
+                         "number counts days), not '%s'",
                          name, v);
     return 0;
 }

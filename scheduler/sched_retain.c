@@ -68,7 +68,7 @@ static bool gone(const char *path, void *ctx)
 static int64_t every_ms(const sched_t *s)
 {
     int64_t ms = s->o.keep_runs_ms / 10;
-    return ms < RETAIN_EVERY_MIN_MS ? RETAIN_EVERY_MIN_MS
+    return ms < RETAIN_EVERY_MIN_MS   ? RETAIN_EVERY_MIN_MS
            : ms > RETAIN_EVERY_MAX_MS ? RETAIN_EVERY_MAX_MS
                                       : ms;
 }

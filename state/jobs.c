@@ -140,8 +140,13 @@ typedef struct {
 static int submit_tx(state_t *st, submit_t *x)
 {
     const state_submit_t *in = x->in;
-    job_put_t p = {in->name, in->spec_yaml, in->spec_hash, in->schedule, in->priority,
-                   in->spec_dir, in->timezone, 0, 0, false};
+    job_put_t p = {.name = in->name,
+                   .spec_yaml = in->spec_yaml,
+                   .spec_hash = in->spec_hash,
+                   .schedule = in->schedule,
+                   .priority = in->priority,
+                   .spec_dir = in->spec_dir,
+                   .timezone = in->timezone};
     memset(&x->out, 0, sizeof x->out);
     KILN_CHECK(job_put_tx(st, &p));
     x->out.job_id = p.id;

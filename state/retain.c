@@ -44,9 +44,9 @@ static const state_stmt_id_t compact_stmts[] = {
 /* The statements that remove one checkpoint, in order: what refers to it
  * first, the row last (kept while an incremental still names it). */
 static const state_stmt_id_t ckpt_stmts[] = {
-    STMT_RETAIN_CKPT_UNHOLD,   STMT_RETAIN_CKPT_HOLDINGS, STMT_RETAIN_CKPT_UNEXPORT,
-    STMT_RETAIN_CKPT_PUSHES,   STMT_RETAIN_CKPT_EXPORTS,  STMT_RETAIN_CKPT_UNBASE,
-    STMT_RETAIN_CKPT_UNSTART,  STMT_RETAIN_CKPT_UNPARENT,
+    STMT_RETAIN_CKPT_UNHOLD,  STMT_RETAIN_CKPT_HOLDINGS, STMT_RETAIN_CKPT_UNEXPORT,
+    STMT_RETAIN_CKPT_PUSHES,  STMT_RETAIN_CKPT_EXPORTS,  STMT_RETAIN_CKPT_UNBASE,
+    STMT_RETAIN_CKPT_UNSTART, STMT_RETAIN_CKPT_UNPARENT,
 };
 
 void state_retain_fini(state_retain_t *r)
@@ -90,8 +90,7 @@ static int compact_tx(state_t *st, state_retain_t *r)
     for (size_t i = 0; i < n; i++) {
         for (size_t k = 0; k < sizeof compact_stmts / sizeof compact_stmts[0]; k++)
             KILN_CHECK_GOTO(state_update(st, compact_stmts[k], what, "I", rs[i].id), rc, out);
-        KILN_CHECK_GOTO(state_update(st, STMT_RETAIN_RUN_MARK, what, "II", rs[i].id, now), rc,
-                        out);
+        KILN_CHECK_GOTO(state_update(st, STMT_RETAIN_RUN_MARK, what, "II", rs[i].id, now), rc, out);
         r->compacted++;
         if (rs[i].path != NULL) {
             r->run_dirs[r->ndirs++] = rs[i].path;
@@ -194,8 +193,8 @@ int state_retain_pass(state_t *st, state_retain_t *r)
     int rc;
     state_retain_fini(r);
     if (r->limit < 1 || r->limit > STATE_PAGE_MAX)
-        return kiln_errf(KILN_EINVAL, "a retention step takes 1 to %d rows, not %d",
-                         STATE_PAGE_MAX, r->limit);
+        return kiln_errf(KILN_EINVAL, "a retention step takes 1 to %d rows, not %d", STATE_PAGE_MAX,
+                         r->limit);
     STATE_WRITE(st, "compacting old runs", rc, compact_tx(st, r));
     if (rc < 0)
         return rc;

@@ -12,11 +12,6 @@
  */
 #include "state_int.h"
 
-#include <stdlib.h>
-#include <string.h>
-
-#include "jobs.h"
-
 /* v1: the core - jobs, their runs and the audit log. */
 static const char migration_1[] =
     "CREATE TABLE jobs ("
@@ -361,45 +356,10 @@ static const char migration_7[] =
  * `timezone`, "UTC" by default), so that the job lists and the web page read
  * it instead of parsing every job's YAML for every row. Written with the job
  * on every submit; the rows of an older file are filled from their stored
- * specs by backfill_timezones after the script (NULL, read as UTC, where a
+ * specs by the migration's backfill (state.c) after the script (NULL, read as UTC, where a
  * stored spec no longer parses). */
-static const char migration_8[] =
-    "ALTER TABLE jobs ADD COLUMN timezone TEXT;"
-    "PRAGMA user_version = 8;";
-
-typedef struct {
-    int64_t id;
-    char *name, *spec_yaml;
-} tz_job_t;
-static const state_col_t tz_job_cols[] = {
-    STATE_COL(tz_job_t, id),
-    STATE_COL(tz_job_t, name),
-    STATE_COL(tz_job_t, spec_yaml),
-};
-static const state_row_t tz_job_row = STATE_ROW(tz_job_t, tz_job_cols, NULL);
-
-/* Migration 8's backfill: each job's zone, read from its stored spec by the
- * spec parser that kiln submit uses. */
-static int backfill_timezones(state_t *st)
-{
-    const char *what = "filling in the jobs' time zones";
-    tz_job_t *js = NULL;
-    size_t n = 0;
-    int rc = state_rows_query(st, STMT_JOB_TZ_MISSING, what, &tz_job_row, (void **)&js, &n, "");
-    KILN_CHECK(rc);
-    for (size_t i = 0; rc >= 0 && i < n; i++) {
-        job_spec_t spec;
-        if (job_spec_parse(js[i].spec_yaml, strlen(js[i].spec_yaml), js[i].name, &spec, NULL) <
-            0) {
-            kiln_errclear(); /* it fires in UTC, as it did when its spec stopped parsing */
-            continue;
-        }
-        rc = state_update(st, STMT_JOB_SET_TZ, what, "It", js[i].id, spec.timezone);
-        job_spec_fini(&spec);
-    }
-    state_rows_free(&tz_job_row, js, n);
-    return rc < 0 ? rc : 0;
-}
+static const char migration_8[] = "ALTER TABLE jobs ADD COLUMN timezone TEXT;"
+                                  "PRAGMA user_version = 8;";
 
 /* v9: retention compacts (docs/operations.md, "Retention").
  * - runs.compacted_at: when retention dropped the run's events, loss
@@ -416,17 +376,20 @@ static const char migration_9[] =
     "PRAGMA user_version = 9;";
 
 const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
-    {"v1: jobs, runs, events", migration_1, NULL, false},
+    {"v1: jobs, runs, events", migration_1, STATE_BACKFILL_NONE, false},
     {"v2: job_versions, run_inputs, metrics, checkpoints, exports, endpoints, "
      "endpoint_holdings, pushes",
-     migration_2, NULL, false},
-    {"v3: run_counts, run_durations (kept by triggers), runs_by_job_state", migration_3, NULL, false},
-    {"v4: events_by_job_kind", migration_4, NULL, false},
+     migration_2, STATE_BACKFILL_NONE, false},
+    {"v3: run_counts, run_durations (kept by triggers), runs_by_job_state", migration_3,
+     STATE_BACKFILL_NONE, false},
+    {"v4: events_by_job_kind", migration_4, STATE_BACKFILL_NONE, false},
     {"v5: spec_dir, start checkpoints, checkpoint eval figures, endpoints by label, the push "
      "queue",
-     migration_5, NULL, true},
-    {"v6: slurm_jobs", migration_6, NULL, false},
-    {"v7: deleted jobs, skipped fires counted on the job, runs_by_ended", migration_7, NULL, false},
-    {"v8: jobs.timezone", migration_8, backfill_timezones, false},
-    {"v9: compacted runs, runs_to_compact, run_inputs_by_cover", migration_9, NULL, false},
+     migration_5, STATE_BACKFILL_NONE, true},
+    {"v6: slurm_jobs", migration_6, STATE_BACKFILL_NONE, false},
+    {"v7: deleted jobs, skipped fires counted on the job, runs_by_ended", migration_7,
+     STATE_BACKFILL_NONE, false},
+    {"v8: jobs.timezone", migration_8, STATE_BACKFILL_TIMEZONES, false},
+    {"v9: compacted runs, runs_to_compact, run_inputs_by_cover", migration_9, STATE_BACKFILL_NONE,
+     false},
 };

@@ -1603,8 +1603,12 @@ static void test_migrate_timezone(void **state)
             assert_string_equal(j.timezone, want[i][1]);
         state_job_fini(&j);
     }
-    state_submit_t sub = {.name = "zoned", .spec_yaml = "name: zoned\n", .spec_hash = "04",
-                          .schedule = "0 9 * * *", .timezone = "UTC-05:00", .source = "test"};
+    state_submit_t sub = {.name = "zoned",
+                          .spec_yaml = "name: zoned\n",
+                          .spec_hash = "04",
+                          .schedule = "0 9 * * *",
+                          .timezone = "UTC-05:00",
+                          .source = "test"};
     state_submitted_t done;
     OK(state_submit(st, &sub, &done));
     state_job_t j;
@@ -1716,8 +1720,12 @@ static void test_retain_keeps_consumed(void **state)
     finish_run(st, ran, STATE_RUN_SUCCEEDED, 0);
     OK(state_metric_add(st, ran, 1, "loss", 0.5));
     OK(state_input_add(st, online, &in2));
-    state_checkpoint_t c = {.uid = (char *)"ck-on", .run_id = online, .kind = (char *)"full",
-                            .path = (char *)"/ck/on", .eval_logloss = NAN, .eval_auc = NAN};
+    state_checkpoint_t c = {.uid = (char *)"ck-on",
+                            .run_id = online,
+                            .kind = (char *)"full",
+                            .path = (char *)"/ck/on",
+                            .eval_logloss = NAN,
+                            .eval_auc = NAN};
     int64_t ck = 0;
     OK(state_checkpoint_add(st, &c, &ck));
     OK(state_inputs_cover(st, online, ck));
@@ -1770,9 +1778,13 @@ static void add_pushing_run(state_t *st, int64_t job, int64_t ep, int i, int64_t
     snprintf(uid, sizeof uid, "ck-%06d", i);
     snprintf(path, sizeof path, "/ck/%06d", i);
     bool full = i % 8 == 0; /* checkpoint.full_every: 8 */
-    state_checkpoint_t c = {.uid = uid, .run_id = run, .parent_id = *parent,
-                            .kind = (char *)(full ? "full" : "incremental"), .path = path,
-                            .eval_logloss = NAN, .eval_auc = NAN};
+    state_checkpoint_t c = {.uid = uid,
+                            .run_id = run,
+                            .parent_id = *parent,
+                            .kind = (char *)(full ? "full" : "incremental"),
+                            .path = path,
+                            .eval_logloss = NAN,
+                            .eval_auc = NAN};
     OK(state_checkpoint_add(st, &c, &ck));
     snprintf(sql, sizeof sql,
              "INSERT INTO exports (checkpoint_id, base_checkpoint_id, format, path, created_at) "
@@ -1869,9 +1881,13 @@ static void test_retain_chain_ends(void **state)
         snprintf(path, sizeof path, "/ck/%d", i);
         ids[i] = new_run(st, job);
         finish_run(st, ids[i], STATE_RUN_SUCCEEDED, 0);
-        state_checkpoint_t c = {.uid = uid, .run_id = ids[i], .parent_id = parent,
+        state_checkpoint_t c = {.uid = uid,
+                                .run_id = ids[i],
+                                .parent_id = parent,
                                 .kind = (char *)(i % 3 == 0 ? "full" : "incremental"),
-                                .path = path, .eval_logloss = NAN, .eval_auc = NAN};
+                                .path = path,
+                                .eval_logloss = NAN,
+                                .eval_auc = NAN};
         OK(state_checkpoint_add(st, &c, &cks[i]));
         if (i > 0)
             OK(state_run_set_start_checkpoint(st, ids[i], cks[i - 1]));
