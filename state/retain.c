@@ -41,14 +41,6 @@ static const state_stmt_id_t compact_stmts[] = {
     STMT_RETAIN_RUN_UNCONSUMED,
 };
 
-/* The statements that remove one checkpoint, in order: what refers to it
- * first, the row last (kept while an incremental still names it). */
-static const state_stmt_id_t ckpt_stmts[] = {
-    STMT_RETAIN_CKPT_UNHOLD,  STMT_RETAIN_CKPT_HOLDINGS, STMT_RETAIN_CKPT_UNEXPORT,
-    STMT_RETAIN_CKPT_PUSHES,  STMT_RETAIN_CKPT_EXPORTS,  STMT_RETAIN_CKPT_UNBASE,
-    STMT_RETAIN_CKPT_UNSTART, STMT_RETAIN_CKPT_UNPARENT,
-};
-
 void state_retain_fini(state_retain_t *r)
 {
     if (r == NULL)
@@ -106,62 +98,60 @@ out:
     return rc;
 }
 
-/* Step 2: the kept inputs whose file is gone. */
-static int inputs_tx(state_t *st, state_retain_t *r, int64_t *after)
-{
-    const char *what = "dropping the inputs of files that are gone";
-    id_path_t *is = NULL;
-    size_t n = 0;
-    r->inputs = 0;
-    *after = r->input_after;
-    int rc = state_rows_query(st, STMT_RETAIN_INPUTS_KEPT, what, &id_path_row, (void **)&is, &n,
-                              "Ii", r->input_after, r->limit);
-    KILN_CHECK(rc);
-    for (size_t i = 0; i < n; i++) {
-        if (is_gone(r, is[i].path)) {
-            KILN_CHECK_GOTO(state_update(st, STMT_RETAIN_INPUT_DROP, what, "I", is[i].id), rc, out);
-            r->inputs += rc;
-        }
-        *after = is[i].id;
-    }
-    if ((int64_t)n < r->limit)
-        *after = 0; /* the end: the next pass starts over */
-    else if (r->inputs > 0)
-        r->more = true; /* a batch that found nothing to drop does not hurry the next */
-    rc = 0;
-out:
-    state_rows_free(&id_path_row, is, n);
-    return rc;
-}
+/* Steps 2 and 3 walk what compacted runs kept, newest first from a cursor,
+ * and drop each row whose file is gone and that the listing still offers:
+ * list gives (id, path) below ?1, at most ?2; drop runs on each such row's
+ * id, in order, the last statement's count saying whether it went. */
+typedef struct {
+    const char *what;
+    state_stmt_id_t list;
+    const state_stmt_id_t *drop;
+    size_t ndrop;
+} sweep_t;
 
-/* Step 3: the checkpoints nothing needs whose files are gone. */
-static int checkpoints_tx(state_t *st, state_retain_t *r, int64_t *below)
+/* The statements that remove one checkpoint, in order: what refers to it
+ * first, the row last (kept while an incremental still names it). */
+static const state_stmt_id_t ckpt_drop[] = {
+    STMT_RETAIN_CKPT_UNHOLD,  STMT_RETAIN_CKPT_HOLDINGS, STMT_RETAIN_CKPT_UNEXPORT,
+    STMT_RETAIN_CKPT_PUSHES,  STMT_RETAIN_CKPT_EXPORTS,  STMT_RETAIN_CKPT_UNBASE,
+    STMT_RETAIN_CKPT_UNSTART, STMT_RETAIN_CKPT_UNPARENT, STMT_RETAIN_CKPT_DELETE,
+};
+static const state_stmt_id_t input_drop[] = {STMT_RETAIN_INPUT_DROP};
+
+static const sweep_t sweep_inputs = {"dropping the inputs of files that are gone",
+                                     STMT_RETAIN_INPUTS_KEPT, input_drop,
+                                     sizeof input_drop / sizeof input_drop[0]};
+static const sweep_t sweep_checkpoints = {"dropping checkpoints nothing needs",
+                                          STMT_RETAIN_CKPT_UNNEEDED, ckpt_drop,
+                                          sizeof ckpt_drop / sizeof ckpt_drop[0]};
+
+/* One batch of a sweep from *cursor (0: the top); *cursor gets where the
+ * next batch starts (0 at the end), *dropped how many rows went. */
+static int sweep_tx(state_t *st, const state_retain_t *r, const sweep_t *w, int64_t *cursor,
+                    int64_t *dropped, bool *more)
 {
-    const char *what = "dropping checkpoints nothing needs";
-    id_path_t *cs = NULL;
+    id_path_t *rows = NULL;
     size_t n = 0;
-    r->checkpoints = 0;
-    int64_t from = r->ckpt_below > 0 ? r->ckpt_below : INT64_MAX;
-    *below = from;
-    int rc = state_rows_query(st, STMT_RETAIN_CKPT_UNNEEDED, what, &id_path_row, (void **)&cs, &n,
-                              "Ii", from, r->limit);
+    int64_t from = *cursor > 0 ? *cursor : INT64_MAX;
+    *dropped = 0;
+    int rc = state_rows_query(st, w->list, w->what, &id_path_row, (void **)&rows, &n, "Ii", from,
+                              r->limit);
     KILN_CHECK(rc);
     for (size_t i = 0; i < n; i++) {
-        *below = cs[i].id;
-        if (!is_gone(r, cs[i].path))
+        from = rows[i].id;
+        if (!is_gone(r, rows[i].path))
             continue;
-        for (size_t k = 0; k < sizeof ckpt_stmts / sizeof ckpt_stmts[0]; k++)
-            KILN_CHECK_GOTO(state_update(st, ckpt_stmts[k], what, "I", cs[i].id), rc, out);
-        KILN_CHECK_GOTO(state_update(st, STMT_RETAIN_CKPT_DELETE, what, "I", cs[i].id), rc, out);
-        r->checkpoints += rc;
+        for (size_t k = 0; k < w->ndrop; k++)
+            KILN_CHECK_GOTO(state_update(st, w->drop[k], w->what, "I", rows[i].id), rc, out);
+        *dropped += rc;
     }
-    if ((int64_t)n < r->limit)
-        *below = 0;
-    else if (r->checkpoints > 0)
-        r->more = true;
+    /* At the end the next pass starts over; a full batch that dropped
+     * nothing does not hurry the next. */
+    *cursor = (int64_t)n < r->limit ? 0 : from;
+    *more = (int64_t)n == r->limit && *dropped > 0;
     rc = 0;
 out:
-    state_rows_free(&id_path_row, cs, n);
+    state_rows_free(&id_path_row, rows, n);
     return rc;
 }
 
@@ -198,15 +188,19 @@ int state_retain_pass(state_t *st, state_retain_t *r)
     STATE_WRITE(st, "compacting old runs", rc, compact_tx(st, r));
     if (rc < 0)
         return rc;
-    int64_t cursor = 0;
-    STATE_WRITE(st, "dropping the inputs of files that are gone", rc, inputs_tx(st, r, &cursor));
-    if (rc < 0)
-        return rc;
-    r->input_after = cursor;
-    STATE_WRITE(st, "dropping checkpoints nothing needs", rc, checkpoints_tx(st, r, &cursor));
-    if (rc < 0)
-        return rc;
-    r->ckpt_below = cursor;
+    const sweep_t *sweeps[] = {&sweep_inputs, &sweep_checkpoints};
+    int64_t *cursors[] = {&r->input_below, &r->ckpt_below};
+    int64_t *counts[] = {&r->inputs, &r->checkpoints};
+    for (size_t k = 0; k < sizeof sweeps / sizeof sweeps[0]; k++) {
+        int64_t cursor = *cursors[k];
+        bool more = false;
+        STATE_WRITE(st, sweeps[k]->what, rc,
+                    sweep_tx(st, r, sweeps[k], &cursor, counts[k], &more));
+        if (rc < 0)
+            return rc;
+        *cursors[k] = cursor;
+        r->more |= more;
+    }
     STATE_WRITE(st, "removing compacted runs", rc, remove_tx(st, r));
     return rc;
 }

@@ -230,7 +230,7 @@ int state_run_drop_skipped(state_t *st, int64_t run_id, const char *why);
  *    r->before go too, but submits and spec versions. The newest run and the
  *    newest success of each job stay whole.
  * 2. drops the consumed inputs of compacted runs whose file r->gone says is
- *    gone for good (nothing can be trained twice), from r->input_after on;
+ *    gone for good (nothing can be trained twice), from r->input_below down;
  * 3. drops the checkpoints of compacted runs that nothing needs (no whole
  *    run made or started from it, no endpoint holds it, no open or held push
  *    carries it, it covers no input, it is not its job's newest, no needed
@@ -250,7 +250,7 @@ typedef struct state_retain {
     state_gone_fn gone;
     void *ctx;
     /* kept across passes (start at 0) */
-    int64_t input_after, ckpt_below;
+    int64_t input_below, ckpt_below;
     /* what the last pass did */
     int64_t compacted, events, inputs, checkpoints, removed;
     bool more;

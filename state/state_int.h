@@ -135,9 +135,9 @@
       "DELETE FROM run_inputs WHERE run_id = ?1 AND covered_by IS NULL AND NOT EXISTS "            \
       "(SELECT 1 FROM runs r WHERE r.id = ?1 AND r.state = 'succeeded')")                          \
     X(RETAIN_RUN_MARK, "UPDATE runs SET compacted_at = ?2, run_dir = NULL WHERE id = ?1")          \
-    /* the inputs compacted runs keep, by id after ?1 */                                           \
+    /* the inputs compacted runs keep, below id ?1, newest first */                                \
     X(RETAIN_INPUTS_KEPT, "SELECT i.id, i.path FROM run_inputs i JOIN runs r ON r.id = i.run_id "  \
-                          "WHERE i.id > ?1 AND r.compacted_at > 0 ORDER BY i.id LIMIT ?2")         \
+                          "WHERE i.id < ?1 AND r.compacted_at > 0 ORDER BY i.id DESC LIMIT ?2")    \
     X(RETAIN_INPUT_DROP, "DELETE FROM run_inputs WHERE id = ?1 AND run_id IN "                     \
                          "(SELECT id FROM runs WHERE compacted_at > 0)")                           \
     /* Checkpoints of compacted runs that nothing needs, below id ?1, newest first (a child        \

@@ -1570,10 +1570,6 @@ static void test_job_skip_delete(void **state)
     state_job_fini(&j);
 }
 
-/* Retention removes old ended runs with their events and hands back their
- * directories, and keeps what is needed: a run with a checkpoint, a
- * succeeded run's consumed inputs, the newest run and success of a job,
- * runs not ended, recent runs. A retry of a removed run loses its link. */
 /* A v7 file's jobs get their time zone from their stored specs when the file
  * is opened (migration 8's backfill); a submit writes it. */
 static void test_migrate_timezone(void **state)
@@ -1632,6 +1628,11 @@ static bool never_gone(const char *path, void *ctx)
     return false;
 }
 
+/* Retention compacts old ended runs (their events go, their directories are
+ * handed back) and removes those nothing needs; it keeps a run with the
+ * job's newest checkpoint, a succeeded run's consumed inputs while the file
+ * is there, the newest run and success of a job, runs not ended, recent
+ * runs. A retry of a removed run loses its link. */
 static void test_runs_prune(void **state)
 {
     fixture_t *f = *state;
