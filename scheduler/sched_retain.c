@@ -52,12 +52,13 @@ static void remove_run_dir(const sched_t *s, const char *dir)
 /* Whether path is gone for good: it does not exist, but the directory it
  * was in does. A file whose directory is missing too (an unmounted volume, a
  * share that did not come up) may come back, and its records must stay: a
- * consumed file forgotten would be trained again. */
+ * consumed file forgotten would be trained again. A relative path (kilnd's
+ * directory is not the run's) is never judged. */
 static bool gone(const char *path, void *ctx)
 {
     (void)ctx;
     struct stat sb;
-    if (lstat(path, &sb) == 0 || errno != ENOENT)
+    if (path[0] != '/' || lstat(path, &sb) == 0 || errno != ENOENT)
         return false;
     char dir[4096];
     if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
