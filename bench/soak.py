@@ -37,7 +37,7 @@ from kiln-serve:
 The table compares the first fifth of the samples after warm-up (--warmup
 runs) with the last fifth; each criterion's tolerance is printed beside its
 verdict. With retention the database must stay flat (its highest size in the
-last fifth at most 10 % + 256 KiB over the first fifth's); without, grow by
+last fifth at most 10 % + 64 KiB over the first fifth's); without, grow by
 no more per run than at first. Run:
 
     nice -n 10 /usr/bin/python3 bench/soak.py --build build --runs 1000 \
@@ -65,7 +65,7 @@ PORTS = {"kilnd": 0, "A": 1, "B": 2}   # offsets from --port
 RSS_TOL = (1.10, 4 << 20)    # RSS and peak RSS: at most 10 % + 4 MiB more
 FD_TOL = 2                   # open fds: at most 2 more
 DB_TOL = 1.5                 # database growth per run: at most 1.5x the first window's
-DB_FLAT = (1.10, 256 << 10)  # with retention: at most 10 % + 256 KiB over the first fifth
+DB_FLAT = (1.10, 64 << 10)   # with retention: at most 10 % + 64 KiB over the first fifth
 WAL_MAX = 16 << 20           # the WAL never past 16 MiB (it is checkpointed)
 P99_TOL = (1.5, 0.010)       # predict p99: at most 1.5x + 10 ms
 
@@ -422,7 +422,7 @@ def verdicts(head, tail, lat_head, lat_tail, retention):
         rows.append(("kiln.db growth per run", f"{a:.0f} B", f"{b:.0f} B", "(shown)", True))
         a, b = max(x["db"] for x in head), max(x["db"] for x in tail)
         rows.append(("kiln.db (logical, WAL included; highest)", f"{a / mib:.2f} MiB",
-                     f"{b / mib:.2f} MiB", "<= +10 % + 256 KiB",
+                     f"{b / mib:.2f} MiB", "<= +10 % + 64 KiB",
                      b <= a * DB_FLAT[0] + DB_FLAT[1]))
         a, b = max(x["rows"][0] for x in head), max(x["rows"][0] for x in tail)
         rows.append(("runs in the database (highest)", str(a), str(b), "(shown)", True))
