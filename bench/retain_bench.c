@@ -15,8 +15,11 @@
  *   old      a fire with no new data is a 'skipped' run (the code before
  *            issue 26), no retention;
  *   skips    the fire is dropped and counted on the job, no retention;
- *   keep     the same and, at the end of each day, the retention pass of
- *            kilnd --keep-runs DAYS (default 7), run until it removes nothing.
+ *   keep     the same and, at the end of each day, the retention passes of
+ *            kilnd --keep-runs DAYS (default 7) until a pass finds no full
+ *            batch, with the partitions and checkpoint files of that age gone
+ *            (data rotated away, checkpoint.keep) and a full checkpoint
+ *            every 24 (checkpoint.full_every's default).
  * Prints, after days 1, 7, 14 and the last, each file's size (after a WAL
  * checkpoint; SQLite reuses the pages that deleted rows free, so the file
  * does not shrink but stops growing) and its row counts, as a Markdown
@@ -73,6 +76,15 @@ static void marks(state_t *st, int64_t *mark)
     mark[3] = scalar(st, "SELECT coalesce(max(id), 0) FROM checkpoints");
 }
 
+/* The partitions and checkpoint files of the runs retention reaches are gone
+ * (rotated away, removed by checkpoint.keep). */
+static bool all_gone(const char *path, void *ctx)
+{
+    (void)path;
+    (void)ctx;
+    return true;
+}
+
 /* One fire at scheduled time t: minute m of the hour decides what it is. */
 static void fire(state_t *st, mode_t_ mode, int64_t job, int64_t t, int m, int64_t *parent,
                  int64_t *seq)
@@ -108,7 +120,7 @@ static void fire(state_t *st, mode_t_ mode, int64_t job, int64_t t, int m, int64
     c.uid = uid;
     c.run_id = run;
     c.parent_id = *parent;
-    c.kind = (char *)(*parent ? "incremental" : "full");
+    c.kind = (char *)(*seq % 24 == 1 ? "full" : "incremental"); /* checkpoint.full_every */
     c.path = uid;
     c.step = 1000;
     c.keys = 100000;
@@ -158,14 +170,13 @@ static void simulate(const char *dir, mode_t_ mode, int days, int keep)
         shift_day(st, mark, now - (day0 + 86400));
         if (mode == MODE_KEEP) {
             int64_t before = day0 + 86400 - (int64_t)keep * 86400;
-            for (;;) {
-                state_prune_t p;
-                CHECK(state_runs_prune(st, before, 500, &p));
-                int64_t n = p.runs;
-                state_prune_fini(&p);
-                if (n < 500)
-                    break;
-            }
+            state_retain_t p = {.before = before, .limit = 500, .gone = all_gone};
+            bool more;
+            do {
+                CHECK(state_retain_pass(st, &p));
+                more = p.more;
+                state_retain_fini(&p);
+            } while (more);
         }
         if (d == 0 || d == 6 || d == 13 || d == days - 1)
             report(st, path, mode, d + 1);

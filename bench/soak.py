@@ -7,12 +7,19 @@ job (`@every 1s`, data.incremental with `settle: 0s`, an lr model on 1 rank,
 export.on_success: incremental) pushing every run's delta to both. While it
 runs:
 
-- a lander renames a new small partition into place about every second;
+- a lander renames a new small partition into place about every second (and,
+  with --data-keep, deletes the partitions older than that: data rotated
+  away, as a production feed's retention does);
 - a predictor thread sends predicts at a steady rate (--rate a second, A and
   B in turn, one keep-alive connection each) and times every answer;
 - every --every seconds a sample: VmRSS, VmHWM, open fds and threads of
   kilnd and both kiln-serve (/proc), the size of kiln.db and kiln.db-wal,
   the runs so far, the predict latency p50/p99 of the window.
+
+With --keep-runs DURATION kilnd runs its retention (compaction of old runs,
+then removal of what nothing needs). Retention deletes runs and pushes, so
+every few seconds the soak reads the runs, the inputs of succeeded runs and
+the pushes into its own record; the checks below read that record.
 
 It stops after --runs succeeded runs (or at --deadline, or on SIGINT), lets
 the last partitions and pushes settle, then checks from the database and
@@ -29,9 +36,12 @@ from kiln-serve:
 
 The table compares the first fifth of the samples after warm-up (--warmup
 runs) with the last fifth; each criterion's tolerance is printed beside its
-verdict. Run:
+verdict. With retention the database must stay flat (its highest size in the
+last fifth at most 10 % + 64 KiB over the first fifth's); without, grow by
+no more per run than at first. Run:
 
-    nice -n 10 /usr/bin/python3 bench/soak.py --build build --runs 1000
+    nice -n 10 /usr/bin/python3 bench/soak.py --build build --runs 1000 \
+        --keep-runs 60s --data-keep 120 --warmup 200
 """
 import argparse
 import http.client
@@ -55,6 +65,7 @@ PORTS = {"kilnd": 0, "A": 1, "B": 2}   # offsets from --port
 RSS_TOL = (1.10, 4 << 20)    # RSS and peak RSS: at most 10 % + 4 MiB more
 FD_TOL = 2                   # open fds: at most 2 more
 DB_TOL = 1.5                 # database growth per run: at most 1.5x the first window's
+DB_FLAT = (1.10, 64 << 10)   # with retention: at most 10 % + 64 KiB over the first fifth
 WAL_MAX = 16 << 20           # the WAL never past 16 MiB (it is checkpointed)
 P99_TOL = (1.5, 0.010)       # predict p99: at most 1.5x + 10 ms
 
@@ -114,6 +125,11 @@ class Soak:
         self.procs = {}
         self.stop = threading.Event()
         self.landed = []          # (path, time)
+        self.rotated = 0          # partitions deleted by --data-keep
+        # What the database said, kept here since retention deletes it.
+        self.seen_runs = {}       # run id -> state
+        self.seen_inputs = set()  # (run id, path) of succeeded runs
+        self.seen_pushes = {}     # push id -> (run id, endpoint id, state, checkpoint id)
         self.lat = []             # (time, label, seconds, ok)
         self.lat_lock = threading.Lock()
 
@@ -146,8 +162,9 @@ class Soak:
                 f"127.0.0.1:{PORTS[label]}", "--state-dir",
                 os.path.join(self.home, "serve-" + label), "--token-env", "KILN_SERVE_TOKEN"])
             self.wait_port(PORTS[label])
+        keep = ["--keep-runs", self.a.keep_runs] if self.a.keep_runs else []
         self.start("kilnd", [os.path.join(self.build, "scheduler", "kilnd"), "--listen",
-                             f"127.0.0.1:{PORTS['kilnd']}", "--poll", "200ms"])
+                             f"127.0.0.1:{PORTS['kilnd']}", "--poll", "200ms"] + keep)
         self.wait_port(PORTS["kilnd"])
 
     def down(self):
@@ -181,6 +198,14 @@ class Soak:
             os.rename(dst + ".landing", dst)
             self.landed.append((dst, time.time()))
             k += 1
+            if self.a.data_keep > 0:  # rotate: the partitions older than --data-keep go
+                while self.rotated < len(self.landed) and \
+                        self.landed[self.rotated][1] < time.time() - self.a.data_keep:
+                    try:
+                        os.unlink(self.landed[self.rotated][0])
+                    except OSError:
+                        pass
+                    self.rotated += 1
             t_next += self.a.land_every
             self.stop.wait(max(0.0, t_next - time.time()))
 
@@ -215,6 +240,17 @@ class Soak:
             t_next += period
             self.stop.wait(max(0.0, t_next - time.time()))
 
+    def observe(self):
+        """Adds what the database holds now to the soak's own record."""
+        for rid, state in self.sql("SELECT id, state FROM runs"):
+            self.seen_runs[rid] = state
+        self.seen_inputs.update(self.sql(
+            "SELECT i.run_id, i.path FROM run_inputs i JOIN runs r ON r.id = i.run_id "
+            "WHERE r.state = 'succeeded'"))
+        for pid, rid, ep, state, ck in self.sql(
+                "SELECT id, run_id, endpoint_id, state, checkpoint_id FROM pushes"):
+            self.seen_pushes[pid] = (rid, ep, state, ck)
+
     # --- the samples ----------------------------------------------------------
     def sample(self, t_prev):
         s = {"t": time.time()}
@@ -222,11 +258,17 @@ class Soak:
             s[name] = proc_figures(p.pid)
         s["db_file"] = os.path.getsize(self.db)
         # The logical size (WAL included): the file itself grows only at checkpoints.
-        s["db"] = self.sql("PRAGMA page_count")[0][0] * self.sql("PRAGMA page_size")[0][0]
+        page = self.sql("PRAGMA page_size")[0][0]
+        s["db"] = self.sql("PRAGMA page_count")[0][0] * page
+        s["db_free"] = self.sql("PRAGMA freelist_count")[0][0] * page
+        s["rows"] = self.sql("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM "
+                             "run_inputs), (SELECT count(*) FROM checkpoints), (SELECT count(*) "
+                             "FROM pushes), (SELECT count(*) FROM events)")[0]
         s["others"] = self.others()
         wal = self.db + "-wal"
         s["wal"] = os.path.getsize(wal) if os.path.exists(wal) else 0
-        s["runs"] = self.sql("SELECT count(*) FROM runs WHERE state = 'succeeded'")[0][0]
+        self.observe()
+        s["runs"] = sum(1 for x in self.seen_runs.values() if x == "succeeded")
         s["landed"] = len(self.landed)
         with self.lat_lock:
             w = [x for x in self.lat if t_prev < x[0] <= s["t"]]
@@ -258,7 +300,9 @@ class Soak:
               "  ".join(f"{n} rss {s[n]['VmRSS'] / 2**20:.1f}M hwm {s[n]['VmHWM'] / 2**20:.1f}M "
                         f"fd {s[n]['fds']} thr {s[n]['Threads']} cpu {s[n]['cpu_share']:.0%}"
                         for n in ("kilnd", "serve-A", "serve-B")) +
-              f"  others {s['others']}  db {s['db'] / 2**20:.2f}M (file {s['db_file'] / 2**20:.2f}M) wal {s['wal'] / 2**20:.2f}M  predict "
+              f"  others {s['others']}  db {s['db'] / 2**20:.2f}M (free {s['db_free'] / 2**20:.2f}M, "
+              f"file {s['db_file'] / 2**20:.2f}M) wal {s['wal'] / 2**20:.2f}M rows "
+              f"{'/'.join(str(x) for x in s['rows'])}  predict "
               f"{s['predicts']} (err {s['predict_errors']}) p50 {s['p50'] * 1e3:.1f} ms "
               f"p99 {s['p99'] * 1e3:.1f} ms", flush=True)
 
@@ -271,22 +315,25 @@ class Soak:
                             "('queued', 'launching', 'running')")[0][0]
             busy += self.sql("SELECT count(*) FROM pushes WHERE state IN "
                              "('pending', 'sending')")[0][0]
-            done = {r[0] for r in self.sql(
-                "SELECT i.path FROM run_inputs i JOIN runs r ON r.id = i.run_id "
-                "WHERE r.state = 'succeeded'")}
-            if busy == 0 and all(p in done for p, _ in self.landed):
+            self.observe()
+            done = {p for _, p in self.seen_inputs}
+            if busy == 0 and all(p in done for p, _ in self.landed[self.rotated:]):
                 return True
             time.sleep(1)
         return False
 
     def check(self):
         res = {}
-        res["runs_by_state"] = dict(self.sql("SELECT state, count(*) FROM runs GROUP BY state"))
+        self.observe()
+        res["runs_by_state"] = {}
+        for state in self.seen_runs.values():
+            res["runs_by_state"][state] = res["runs_by_state"].get(state, 0) + 1
+        res["runs_in_db"] = self.sql("SELECT count(*) FROM runs")[0][0]
+        res["partitions_rotated"] = self.rotated
         res["skipped_fires"] = self.sql("SELECT skipped_fires FROM jobs WHERE name = 'soak'")[0][0]
         # Partitions: each landed file an input of exactly one succeeded run.
         n = {}
-        for (path,) in self.sql("SELECT i.path FROM run_inputs i JOIN runs r "
-                                "ON r.id = i.run_id WHERE r.state = 'succeeded'"):
+        for _, path in self.seen_inputs:
             n[path] = n.get(path, 0) + 1
         landed = [p for p, _ in self.landed]
         res["partitions_landed"] = len(landed)
@@ -296,9 +343,9 @@ class Soak:
         # Pushes: per succeeded run and endpoint, exactly one, which went out or
         # was superseded by a newer one.
         eps = dict(self.sql("SELECT label, id FROM endpoints"))
-        runs = [r[0] for r in self.sql("SELECT id FROM runs WHERE state = 'succeeded'")]
+        runs = [r for r, state in self.seen_runs.items() if state == "succeeded"]
         pushes = {}
-        for run, ep, state in self.sql("SELECT run_id, endpoint_id, state FROM pushes"):
+        for run, ep, state, _ in self.seen_pushes.values():
             pushes.setdefault((run, ep), []).append(state)
         lost = dup = superseded = 0
         for run in runs:
@@ -313,17 +360,20 @@ class Soak:
                     lost += 1
         res["pushes_lost"], res["pushes_duplicated"] = lost, dup
         res["pushes_superseded"] = superseded
-        res["pushes_by_state"] = dict(self.sql("SELECT state, count(*) FROM pushes GROUP BY state"))
-        twice = self.sql("SELECT count(*) FROM (SELECT 1 FROM pushes WHERE state = 'succeeded' "
-                         "GROUP BY endpoint_id, checkpoint_id HAVING count(*) > 1)")[0][0]
-        res["checkpoints_pushed_twice"] = twice
+        res["pushes_by_state"] = {}
+        held = {}
+        for _, ep, state, ck in self.seen_pushes.values():
+            res["pushes_by_state"][state] = res["pushes_by_state"].get(state, 0) + 1
+            if state == "succeeded":
+                held[(ep, ck)] = held.get((ep, ck), 0) + 1
+        res["checkpoints_pushed_twice"] = sum(1 for v in held.values() if v > 1)
         last_uid = self.sql("SELECT c.uid FROM checkpoints c JOIN runs r ON r.id = c.run_id "
                             "WHERE r.state = 'succeeded' ORDER BY c.id DESC LIMIT 1")[0][0]
         for label in ("A", "B"):
             st = self.serve_json(label, "/v1/stats")
             v = self.serve_json(label, f"/v1/models/ctr/versions/{label}")
-            recorded = self.sql("SELECT count(*) FROM pushes WHERE state = 'succeeded' "
-                                "AND endpoint_id = ?", eps[label])[0][0]
+            recorded = sum(1 for _, ep, state, _ in self.seen_pushes.values()
+                           if ep == eps[label] and state == "succeeded")
             res[f"serve_{label}"] = {"pushes_applied": st.get("pushes_applied"),
                                      "pushes_rejected": st.get("pushes_rejected"),
                                      "recorded_succeeded": recorded,
@@ -331,7 +381,7 @@ class Soak:
         return res
 
 
-def verdicts(head, tail, lat_head, lat_tail):
+def verdicts(head, tail, lat_head, lat_tail, retention):
     """(criterion, first, last, tolerance, ok) rows: the first fifth of the samples
     after warm-up (head) against the last fifth (tail). A snapshot can catch a
     push in flight (an fd, a thread more), so counts compare each fifth's
@@ -368,10 +418,19 @@ def verdicts(head, tail, lat_head, lat_tail):
         return (xs[-1]["db"] - xs[0]["db"]) / max(1, xs[-1]["runs"] - xs[0]["runs"])
 
     a, b = per_run(head), per_run(tail)
-    rows.append(("kiln.db growth per run", f"{a:.0f} B", f"{b:.0f} B", f"<= {DB_TOL}x",
-                 b <= a * DB_TOL))
-    rows.append(("kiln.db (logical, WAL included)", f"{head[0]['db'] / mib:.2f} MiB",
-                 f"{tail[-1]['db'] / mib:.2f} MiB", "grows with the runs kept", True))
+    if retention:
+        rows.append(("kiln.db growth per run", f"{a:.0f} B", f"{b:.0f} B", "(shown)", True))
+        a, b = max(x["db"] for x in head), max(x["db"] for x in tail)
+        rows.append(("kiln.db (logical, WAL included; highest)", f"{a / mib:.2f} MiB",
+                     f"{b / mib:.2f} MiB", "<= +10 % + 64 KiB",
+                     b <= a * DB_FLAT[0] + DB_FLAT[1]))
+        a, b = max(x["rows"][0] for x in head), max(x["rows"][0] for x in tail)
+        rows.append(("runs in the database (highest)", str(a), str(b), "(shown)", True))
+    else:
+        rows.append(("kiln.db growth per run", f"{a:.0f} B", f"{b:.0f} B", f"<= {DB_TOL}x",
+                     b <= a * DB_TOL))
+        rows.append(("kiln.db (logical, WAL included)", f"{head[0]['db'] / mib:.2f} MiB",
+                     f"{tail[-1]['db'] / mib:.2f} MiB", "grows with the runs kept", True))
     a, b = max(x["wal"] for x in head), max(x["wal"] for x in tail)
     rows.append(("kiln.db-wal (highest)", f"{a / mib:.2f} MiB", f"{b / mib:.2f} MiB",
                  f"<= {WAL_MAX // mib} MiB", b <= WAL_MAX))
@@ -398,6 +457,10 @@ def main():
                     help="kilnd's page on PORT, kiln-serve A and B on the next two")
     ap.add_argument("--samples", help="write every sample to this file (JSON lines)")
     ap.add_argument("--keep", action="store_true", help="keep the KILN_HOME")
+    ap.add_argument("--keep-runs", default="",
+                    help="kilnd --keep-runs DURATION (e.g. 60s): retention on; default off")
+    ap.add_argument("--data-keep", type=float, default=0,
+                    help="delete partitions this many seconds after they land (0: never)")
     a = ap.parse_args()
     for k in PORTS:
         PORTS[k] += a.port
@@ -430,7 +493,10 @@ def main():
         t0 = t_prev = time.time()
         samples = []
         while not interrupted:
-            s.stop.wait(a.every)
+            t_sample = time.time() + a.every
+            while not interrupted and time.time() < t_sample:  # record before retention deletes
+                s.stop.wait(min(5.0, max(0.0, t_sample - time.time())))
+                s.observe()
             for n, p in s.procs.items():
                 if p.poll() is not None:
                     sys.exit(f"{n} exited ({p.returncode}); see {s.home}/{n}.log")
@@ -460,7 +526,7 @@ def main():
             t_a = samples[samples.index(xs[0]) - 1]["t"] if samples.index(xs[0]) else t0
             return [x[2] for x in s.lat if x[3] and t_a < x[0] <= xs[-1]["t"]]
 
-        rows = verdicts(head, tail, lat(head), lat(tail))
+        rows = verdicts(head, tail, lat(head), lat(tail), bool(a.keep_runs))
         span = (tail[-1]["db"] - head[0]["db"]) / max(1, tail[-1]["runs"] - head[0]["runs"])
         print(f"\nfirst fifth after warm-up: {len(head)} samples, runs {head[0]['runs']}-"
               f"{head[-1]['runs']} ({head[0]['t'] - t0:.0f}-{head[-1]['t'] - t0:.0f} s); "

@@ -82,9 +82,17 @@ int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags, ops_subm
         const job_endpoint_t *e = &out->spec.push.endpoints[i];
         eps[i] = (state_endpoint_ref_t){e->url, e->model ? e->model : "", e->label ? e->label : ""};
     }
-    state_submit_t sub = {out->spec.name,     text, hash, out->spec.schedule,
-                          out->spec.priority, dir,  out->spec.schedule == NULL,
-                          source,             eps,  nep};
+    state_submit_t sub = {.name = out->spec.name,
+                          .spec_yaml = text,
+                          .spec_hash = hash,
+                          .schedule = out->spec.schedule,
+                          .priority = out->spec.priority,
+                          .spec_dir = dir,
+                          .timezone = out->spec.timezone,
+                          .queue_run = out->spec.schedule == NULL,
+                          .source = source,
+                          .endpoints = eps,
+                          .nendpoints = nep};
     rc = eps == NULL ? KILN_ENOMEM : state_submit(st, &sub, &out->r);
     free(eps);
     free(text);

@@ -171,6 +171,7 @@ typedef struct sched {
     size_t njobs;
     int64_t next_progress_ms;
     int64_t next_retain_ms; /* the next retention pass (sched_retain.c) */
+    state_retain_t retain;  /* its cursors, kept across passes */
     uint64_t rng;
     sched_pusher_t *pusher;
 } sched_t;
@@ -196,8 +197,9 @@ int sched_cron_tick(sched_t *s, int64_t now_s, int64_t *next_ms /* IN/OUT: earli
 int sched_dispatch(sched_t *s, int64_t now_ms, int64_t *next_ms /* IN/OUT */);
 int sched_ranks_in_use(const sched_t *s);
 
-/* sched_retain.c: with --keep-runs, removes old runs nothing needs (a pass
- * an hour). Returns when the next pass is due (0: retention is off). */
+/* sched_retain.c: with --keep-runs, compacts old runs and removes what
+ * nothing needs any more (a pass a tenth of --keep-runs apart, 1 s to an
+ * hour). Returns when the next pass is due (0: retention is off). */
 int64_t sched_retain(sched_t *s, int64_t now_ms);
 
 /* sched_active.c: the runs supervised now. */

@@ -68,6 +68,7 @@ typedef enum {
     OPT_FLAG,     /* bool: true */
     OPT_INT,      /* int: a positive number */
     OPT_DURATION, /* int64_t ms: a duration, raised to min_ms */
+    OPT_DAYS,     /* int64_t ms: a duration, a bare number counting days */
     OPT_LOG_FORMAT,
     OPT_HELP,
 } opt_kind_t;
@@ -101,10 +102,11 @@ static const opt_t opts[] = {
      "how often a Slurm run's supervisor asks Slurm about its job "
      "(default 5s)",
      OPT_DURATION, AT(slurm_poll_ms), 100},
-    {"keep-runs", "DAYS",
-     "remove runs that ended DAYS ago, with their events and logs, but what checkpoints, "
-     "endpoints, lineage and consumed data need (default: keep every run)",
-     OPT_INT, AT(keep_runs_days), 0},
+    {"keep-runs", "DURATION",
+     "compact runs that ended DURATION ago (7d, 12h, 90s; a bare number is days): their "
+     "events, loss points and logs go, what consumed data, checkpoints and endpoints need "
+     "stays until nothing needs it (default: keep every run whole)",
+     OPT_DAYS, AT(keep_runs_ms), 1000},
     {"drain", NULL, "on SIGTERM, wait for running runs to end (a second SIGTERM stops now)",
      OPT_FLAG, AT(drain), 0},
     {"trainer", "PATH", "kiln-train (default $KILN_TRAIN, else next to kilnd, else PATH)", OPT_STR,
@@ -138,6 +140,24 @@ static int parse_int(const char *name, const char *v, int *out)
     if (*v == '\0' || *end != '\0' || x < 1 || x > 1000000)
         return kiln_errf(KILN_EUSAGE, "--%s expects a positive number, not '%s'", name, v);
     *out = (int)x;
+    return 0;
+}
+
+/* A duration with a unit, or a bare number of days (what --keep-runs took
+ * before it took durations). */
+static int parse_days(const char *name, const char *v, int64_t *ms)
+{
+    char *end;
+    long long days = strtoll(v, &end, 10);
+    if (*v != '\0' && *end == '\0' && days >= 1 && days <= 100000) {
+        *ms = days * 86400 * 1000;
+        return 0;
+    }
+    if (kiln_duration_parse(v, ms) < 0 || *ms <= 0)
+        return kiln_errf(KILN_EUSAGE,
+                         "--%s expects a duration like 7d, 12h or 90s (a bare "
+                         "number counts days), not '%s'",
+                         name, v);
     return 0;
 }
 
@@ -189,6 +209,10 @@ int sched_options_parse(int argc, char **argv, int from, sched_options_t *o)
             if (kiln_duration_parse(v, &ms) < 0 || ms < 0)
                 return kiln_errf(KILN_EUSAGE, "--%s expects a duration like 10s or 500ms, not '%s'",
                                  opt->name, v);
+            *(int64_t *)at = ms < opt->min_ms ? opt->min_ms : ms;
+            break;
+        case OPT_DAYS:
+            KILN_CHECK(parse_days(opt->name, v, &ms));
             *(int64_t *)at = ms < opt->min_ms ? opt->min_ms : ms;
             break;
         case OPT_LOG_FORMAT:

@@ -1,24 +1,30 @@
 /*
- * scheduler/sched_retain.c - retention of runs (kilnd --keep-runs DAYS): once
- * an hour, and at start, kilnd removes the runs that ended more than DAYS ago
- * and that nothing needs any more (state_runs_prune says which: never a run
- * whose checkpoint chains, is served or is traced by lineage, nor one whose
- * inputs mark data as consumed), their events, and their directories under
- * $KILN_HOME/runs, where their logs live. A pass removes at most
- * RETAIN_BATCH runs so that the loop is never held long; a full batch makes
- * the next pass come at once.
+ * scheduler/sched_retain.c - retention (kilnd --keep-runs DURATION): at start
+ * and then every tenth of DURATION (1 s to an hour), a pass of
+ * state_retain_pass compacts the runs that ended more than DURATION ago
+ * (their events, loss points and logs go; what consumed data, checkpoint
+ * chains, endpoints and lineage need stays), then drops what compacted runs
+ * kept once nothing needs it: the input records of files gone from disk, the
+ * checkpoints nothing needs whose files checkpoint.keep removed, and the runs
+ * left with nothing. This file deletes the compacted runs' directories under
+ * $KILN_HOME/runs (the logs) and answers whether a file is gone for good.
+ * Each step of a pass takes at most RETAIN_BATCH rows in one transaction so
+ * the loop is never held long; a full batch brings the next pass at once.
  */
 #include "sched_int.h"
 
 #include <errno.h>
 #include <ftw.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-/* How often a pass runs when the last one found nothing more to remove. */
-#define RETAIN_EVERY_MS (3600 * 1000)
-/* Runs removed in one transaction: about 50 ms at 1000 runs on a laptop. */
+/* Passes are a tenth of --keep-runs apart, within these bounds. */
+#define RETAIN_EVERY_MIN_MS 1000
+#define RETAIN_EVERY_MAX_MS (3600 * 1000)
+/* Rows a step takes in one transaction: about 50 ms at 500 runs on a laptop. */
 #define RETAIN_BATCH 500
 
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -43,27 +49,58 @@ static void remove_run_dir(const sched_t *s, const char *dir)
     nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+/* Whether path is gone for good: it does not exist, but the directory it
+ * was in does. A file whose directory is missing too (an unmounted volume, a
+ * share that did not come up) may come back, and its records must stay: a
+ * consumed file forgotten would be trained again. A relative path (kilnd's
+ * directory is not the run's) is never judged. */
+static bool gone(const char *path, void *ctx)
+{
+    (void)ctx;
+    struct stat sb;
+    if (path[0] != '/' || lstat(path, &sb) == 0 || errno != ENOENT)
+        return false;
+    char dir[4096];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return false;
+    return stat(dirname(dir), &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int64_t every_ms(const sched_t *s)
+{
+    int64_t ms = s->o.keep_runs_ms / 10;
+    return ms < RETAIN_EVERY_MIN_MS   ? RETAIN_EVERY_MIN_MS
+           : ms > RETAIN_EVERY_MAX_MS ? RETAIN_EVERY_MAX_MS
+                                      : ms;
+}
+
 int64_t sched_retain(sched_t *s, int64_t now_ms)
 {
-    if (s->o.keep_runs_days <= 0)
+    if (s->o.keep_runs_ms <= 0)
         return 0;
     if (now_ms < s->next_retain_ms)
         return s->next_retain_ms;
-    int64_t before = now_ms / 1000 - (int64_t)s->o.keep_runs_days * 86400;
-    state_prune_t p;
-    int rc = state_runs_prune(s->st, before, RETAIN_BATCH, &p);
+    state_retain_t *r = &s->retain;
+    r->before = (now_ms - s->o.keep_runs_ms) / 1000;
+    r->limit = RETAIN_BATCH;
+    r->gone = gone;
+    r->ctx = NULL;
+    int rc = state_retain_pass(s->st, r);
     if (rc < 0) {
         KILN_WARN("retention: %s", kiln_errmsg());
-        s->next_retain_ms = now_ms + RETAIN_EVERY_MS;
+        state_retain_fini(r);
+        s->next_retain_ms = now_ms + every_ms(s);
         return s->next_retain_ms;
     }
-    for (size_t i = 0; i < p.ndirs; i++)
-        remove_run_dir(s, p.run_dirs[i]);
-    if (p.runs > 0 || p.events > 0)
-        KILN_INFO("retention: removed %lld runs and %lld job events older than %d days",
-                  (long long)p.runs, (long long)p.events, s->o.keep_runs_days);
-    bool more = p.runs == RETAIN_BATCH || p.events == RETAIN_BATCH;
-    state_prune_fini(&p);
-    s->next_retain_ms = now_ms + (more ? 1 : RETAIN_EVERY_MS);
+    for (size_t i = 0; i < r->ndirs; i++)
+        remove_run_dir(s, r->run_dirs[i]);
+    if (r->compacted > 0 || r->removed > 0 || r->checkpoints > 0 || r->inputs > 0)
+        KILN_INFO("retention: compacted %lld runs, removed %lld runs, %lld checkpoints nothing "
+                  "needs, %lld inputs of files that are gone and %lld job events",
+                  (long long)r->compacted, (long long)r->removed, (long long)r->checkpoints,
+                  (long long)r->inputs, (long long)r->events);
+    bool more = r->more;
+    state_retain_fini(r);
+    s->next_retain_ms = now_ms + (more ? 1 : every_ms(s));
     return s->next_retain_ms;
 }

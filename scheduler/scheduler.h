@@ -35,7 +35,8 @@ typedef struct sched_options {
     int64_t poll_ms;      /* database change poll; default 1 s */
     int64_t stats_every_ms; /* reads of endpoints' /v1/stats; default 10 s; 0: none */
     int64_t slurm_poll_ms; /* how often a Slurm run's supervisor asks about its job; 5 s */
-    int keep_runs_days;   /* remove runs that ended this many days ago (retention); 0: keep all */
+    int64_t keep_runs_ms;  /* compact, then remove, runs that ended this long ago (retention,
+                              sched_retain.c); 0: keep every run whole */
     bool drain;           /* on SIGTERM, wait for running runs instead of leaving them */
     bool log_json;        /* log lines as JSON objects */
 } sched_options_t;

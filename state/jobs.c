@@ -27,6 +27,7 @@ static const state_col_t job_cols[] = {
     STATE_COL(state_job_t, last_checked_at),
     STATE_COL(state_job_t, skipped_fires),
     STATE_COL(state_job_t, last_skip_reason),
+    STATE_COL(state_job_t, timezone),
 };
 static const state_row_t job_row = STATE_ROW(state_job_t, job_cols, NULL);
 
@@ -46,6 +47,7 @@ typedef struct {
     const char *name, *spec_yaml, *spec_hash, *schedule;
     int priority;
     const char *spec_dir; /* NULL: leave it */
+    const char *timezone; /* NULL: UTC */
     int64_t id;
     int version;
     bool created;
@@ -78,21 +80,22 @@ static int job_put_tx(state_t *st, job_put_t *p)
                             rc, out);
     }
     if (p->id == 0) {
-        KILN_CHECK_GOTO(state_insert(st, STMT_JOB_INSERT, what, &p->id, "ttttiIt", p->name,
+        KILN_CHECK_GOTO(state_insert(st, STMT_JOB_INSERT, what, &p->id, "ttttiItt", p->name,
                                      p->spec_yaml, p->spec_hash, p->schedule, p->priority, now,
-                                     p->spec_dir),
+                                     p->spec_dir, p->timezone),
                         rc, out);
         p->created = true;
         version = 1;
     } else if (old_hash == NULL || strcmp(old_hash, p->spec_hash) != 0) {
-        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SPEC, what, "ItttiIt", p->id, p->spec_yaml,
-                                     p->spec_hash, p->schedule, p->priority, now, p->spec_dir),
+        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SPEC, what, "ItttiItt", p->id,
+                                     p->spec_yaml, p->spec_hash, p->schedule, p->priority, now,
+                                     p->spec_dir, p->timezone),
                         rc, out);
         version++;
     } else {
         /* Same spec: nothing to version; keep derived fields in step. */
-        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SAME, what, "Itit", p->id, p->schedule,
-                                     p->priority, p->spec_dir),
+        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SAME, what, "Ititt", p->id, p->schedule,
+                                     p->priority, p->spec_dir, p->timezone),
                         rc, out);
         p->version = version;
         rc = 0;
@@ -116,7 +119,7 @@ int state_job_put(state_t *st, const char *name, const char *spec_yaml, const ch
 {
     if (name == NULL || name[0] == '\0' || spec_yaml == NULL || spec_hash == NULL)
         return kiln_errf(KILN_EINVAL, "a job needs a name, a spec and its hash");
-    job_put_t p = {name, spec_yaml, spec_hash, schedule, priority, NULL, 0, 0, false};
+    job_put_t p = {name, spec_yaml, spec_hash, schedule, priority, NULL, NULL, 0, 0, false};
     int rc;
     STATE_WRITE(st, "submitting a job", rc, job_put_tx(st, &p));
     if (rc < 0)
@@ -137,8 +140,13 @@ typedef struct {
 static int submit_tx(state_t *st, submit_t *x)
 {
     const state_submit_t *in = x->in;
-    job_put_t p = {in->name, in->spec_yaml, in->spec_hash, in->schedule, in->priority,
-                   in->spec_dir, 0, 0, false};
+    job_put_t p = {.name = in->name,
+                   .spec_yaml = in->spec_yaml,
+                   .spec_hash = in->spec_hash,
+                   .schedule = in->schedule,
+                   .priority = in->priority,
+                   .spec_dir = in->spec_dir,
+                   .timezone = in->timezone};
     memset(&x->out, 0, sizeof x->out);
     KILN_CHECK(job_put_tx(st, &p));
     x->out.job_id = p.id;

@@ -352,16 +352,44 @@ static const char migration_7[] =
     "CREATE INDEX runs_by_ended ON runs (ended_at) WHERE ended_at > 0;"
     "PRAGMA user_version = 7;";
 
+/* v8: jobs.timezone, the zone a job's schedule fires in (the spec's
+ * `timezone`, "UTC" by default), so that the job lists and the web page read
+ * it instead of parsing every job's YAML for every row. Written with the job
+ * on every submit; the rows of an older file are filled from their stored
+ * specs by the migration's backfill (state.c) after the script (NULL, read as UTC, where a
+ * stored spec no longer parses). */
+static const char migration_8[] = "ALTER TABLE jobs ADD COLUMN timezone TEXT;"
+                                  "PRAGMA user_version = 8;";
+
+/* v9: retention compacts (docs/operations.md, "Retention").
+ * - runs.compacted_at: when retention dropped the run's events, loss
+ *   points, Slurm record and log, keeping what correctness needs (its
+ *   consumed inputs, checkpoints a chain or lineage needs); 0: whole.
+ * - runs_to_compact: the pass finds the old runs not compacted yet by index,
+ *   without walking the compacted ones.
+ * - run_inputs_by_cover: removing a checkpoint checks the inputs it covers
+ *   by index rather than by a scan (the foreign key's lookup). */
+static const char migration_9[] =
+    "ALTER TABLE runs ADD COLUMN compacted_at INTEGER NOT NULL DEFAULT 0;"
+    "CREATE INDEX runs_to_compact ON runs (ended_at) WHERE ended_at > 0 AND compacted_at = 0;"
+    "CREATE INDEX run_inputs_by_cover ON run_inputs (covered_by);"
+    "PRAGMA user_version = 9;";
+
 const state_migration_t state_migrations[STATE_SCHEMA_VERSION] = {
-    {"v1: jobs, runs, events", migration_1, false},
+    {"v1: jobs, runs, events", migration_1, STATE_BACKFILL_NONE, false},
     {"v2: job_versions, run_inputs, metrics, checkpoints, exports, endpoints, "
      "endpoint_holdings, pushes",
-     migration_2, false},
-    {"v3: run_counts, run_durations (kept by triggers), runs_by_job_state", migration_3, false},
-    {"v4: events_by_job_kind", migration_4, false},
+     migration_2, STATE_BACKFILL_NONE, false},
+    {"v3: run_counts, run_durations (kept by triggers), runs_by_job_state", migration_3,
+     STATE_BACKFILL_NONE, false},
+    {"v4: events_by_job_kind", migration_4, STATE_BACKFILL_NONE, false},
     {"v5: spec_dir, start checkpoints, checkpoint eval figures, endpoints by label, the push "
      "queue",
-     migration_5, true},
-    {"v6: slurm_jobs", migration_6, false},
-    {"v7: deleted jobs, skipped fires counted on the job, runs_by_ended", migration_7, false},
+     migration_5, STATE_BACKFILL_NONE, true},
+    {"v6: slurm_jobs", migration_6, STATE_BACKFILL_NONE, false},
+    {"v7: deleted jobs, skipped fires counted on the job, runs_by_ended", migration_7,
+     STATE_BACKFILL_NONE, false},
+    {"v8: jobs.timezone", migration_8, STATE_BACKFILL_TIMEZONES, false},
+    {"v9: compacted runs, runs_to_compact, run_inputs_by_cover", migration_9, STATE_BACKFILL_NONE,
+     false},
 };

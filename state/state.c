@@ -4,9 +4,12 @@
  * foreign keys), the migration runner, the cached statement table, parameter
  * binding, error reporting (SQL_CHECK and friends), and the transaction runner
  * that reruns a transaction when another process held the lock too long.
- * The queries themselves live in jobs.c, runs.c, events.c and records.c.
+ * The queries themselves live in jobs.c, runs.c, events.c, records.c and
+ * retain.c; the one migration backfill SQL cannot do (v8) is here.
  */
 #include "state_int.h"
+
+#include "jobs.h" /* migration 8 reads each stored spec's time zone */
 
 #include <math.h>
 
@@ -396,6 +399,60 @@ static int too_new(state_t *st, int v)
                      st->path, v, STATE_SCHEMA_VERSION);
 }
 
+/* Migration 8's backfill: each job's time zone, read from its stored spec by
+ * the spec parser kiln submit uses. A spec that no longer parses leaves
+ * NULL (UTC, as it fired since it stopped parsing). The zones are collected
+ * first, then written: no row changes under the SELECT's cursor. */
+typedef struct {
+    int64_t id;
+    char *tz;
+} job_tz_t;
+
+static int backfill_timezones(state_t *st)
+{
+    const char *what = "filling in the jobs' time zones";
+    sqlite3_stmt *s = NULL;
+    job_tz_t *js = NULL;
+    size_t n = 0, cap = 0;
+    int rc = state_stmt(st, STMT_JOB_TZ_MISSING, &s);
+    while (rc == 0 && (rc = state_step(st, s, what)) == 1) {
+        const char *name = (const char *)sqlite3_column_text(s, 1);
+        const char *yaml = (const char *)sqlite3_column_text(s, 2);
+        job_spec_t spec;
+        rc = 0;
+        if (yaml == NULL ||
+            job_spec_parse(yaml, strlen(yaml), name ? name : "job", &spec, NULL) < 0) {
+            kiln_errclear();
+            continue;
+        }
+        job_tz_t *grown = n < cap ? js : realloc(js, (cap = cap ? 2 * cap : 16) * sizeof *js);
+        if (grown == NULL) {
+            rc = KILN_ENOMEM;
+        } else {
+            js = grown;
+            js[n].id = sqlite3_column_int64(s, 0);
+            js[n].tz = spec.timezone ? kiln_strdup(spec.timezone) : NULL;
+            rc = spec.timezone && js[n].tz == NULL ? KILN_ENOMEM : 0;
+            n++;
+        }
+        job_spec_fini(&spec);
+    }
+    state_stmt_done(s);
+    for (size_t i = 0; rc >= 0 && i < n; i++) {
+        s = NULL;
+        rc = state_stmt(st, STMT_JOB_SET_TZ, &s);
+        if (rc == 0)
+            rc = state_bind(st, s, what, "It", js[i].id, js[i].tz);
+        if (rc == 0)
+            rc = state_exec(st, s, what);
+        state_stmt_done(s);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(js[i].tz);
+    free(js);
+    return rc < 0 ? rc : 0;
+}
+
 /* One migration to version `to`, inside the caller's transaction. Another
  * process may have applied it since we looked: then there is nothing to do. */
 static int migrate_one(state_t *st, int to)
@@ -410,6 +467,8 @@ static int migrate_one(state_t *st, int to)
     snprintf(what, sizeof what, "migrating from schema version %d to %d (%s)", v, to,
              state_migrations[to - 1].what);
     KILN_CHECK(exec_script(st, state_migrations[to - 1].sql, what, NULL, NULL));
+    if (state_migrations[to - 1].backfill == STATE_BACKFILL_TIMEZONES)
+        KILN_CHECK(backfill_timezones(st));
     if (state_migrations[to - 1].rebuilds_tables) {
         int64_t broken = 0;
         KILN_CHECK(exec_script(st, "PRAGMA foreign_key_check", what, fk_violation_cb, &broken));

@@ -26,7 +26,7 @@ typedef struct state state_t;
 
 /* The schema version this build writes. Version 0 is an empty file; each
  * migration in state/schema.c brings version i-1 to i (see docs/state.md). */
-#define STATE_SCHEMA_VERSION 7
+#define STATE_SCHEMA_VERSION 9
 /* PRAGMA application_id of Kiln's databases ("KILN"): kilnd and kiln open a
  * file that has it, a new one, or an older Kiln database (which gets it),
  * and refuse any other application's SQLite file. */
@@ -59,6 +59,7 @@ typedef struct state_job {
     int64_t last_checked_at;  /* the last cron fire that was skipped; 0: none */
     int64_t skipped_fires;    /* cron fires skipped (no new data, missed, forbid): not runs */
     char *last_skip_reason;   /* why the last one was skipped; NULL: none */
+    char *timezone;           /* the zone its schedule fires in (the spec's); NULL: UTC */
 } state_job_t;
 
 /* A submit, as one transaction: the job is inserted or its spec replaced
@@ -75,6 +76,7 @@ typedef struct state_submit {
     const char *schedule; /* NULL: one-off */
     int priority;
     const char *spec_dir; /* absolute; NULL: none (kilnd then uses $KILN_HOME/jobs/NAME) */
+    const char *timezone; /* the spec's timezone; NULL: UTC */
     bool queue_run;       /* queue one run (a one-off job) */
     const char *source;   /* for the event: the spec file, or "the web API" */
     const state_endpoint_ref_t *endpoints; /* (nendpoints) the job's push endpoints, recorded
@@ -91,7 +93,8 @@ int state_submit(state_t *st, const state_submit_t *in, state_submitted_t *out /
 
 /* Inserts a job or, when name exists, replaces its spec (version+1 only when
  * spec_hash differs). *created says which. Leaves spec_dir as it was (NULL
- * for a new job); state_submit is the submit path. */
+ * for a new job) and sets no timezone (UTC); state_submit is the submit
+ * path. */
 int state_job_put(state_t *st, const char *name, const char *spec_yaml, const char *spec_hash,
                   const char *schedule, int priority, int64_t *job_id /* OUT */,
                   bool *created /* OUT, may be NULL */);
@@ -217,21 +220,46 @@ int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before);
  * in one transaction. KILN_ESTATE when the run is no longer queued. */
 int state_run_drop_skipped(state_t *st, int64_t run_id, const char *why);
 
-/* Retention (kilnd --keep-runs): removes up to limit runs that ended before
- * `before` (Unix s) with their events, inputs, metrics and Slurm records,
- * keeping every run that something still needs: one that wrote a checkpoint
- * (chains, endpoints and lineage start there) or has a push, one whose
- * inputs count as consumed, the newest run and the newest success of each
- * job, and runs that have not ended. Job events older than `before` go too,
- * but submits and spec versions. The removed runs' directories are in
- * out->run_dirs for the caller to delete (the logs live there). */
-typedef struct state_prune {
-    int64_t runs, events; /* removed */
-    char **run_dirs;      /* (ndirs) of the removed runs that had one */
+/* Retention (kilnd --keep-runs), in batches of r->limit rows, each step its
+ * own transaction so that no writer waits long:
+ * 1. compacts the runs that ended before r->before: their events, loss
+ *    points, Slurm record and the inputs that do not count as consumed go,
+ *    and their directories (the logs) are handed to the caller in
+ *    r->run_dirs; the run row, its consumed inputs (which stop the data being
+ *    trained twice) and its checkpoints stay. Job events older than
+ *    r->before go too, but submits and spec versions. The newest run and the
+ *    newest success of each job stay whole.
+ * 2. drops the consumed inputs of compacted runs whose file r->gone says is
+ *    gone for good (nothing can be trained twice), from r->input_below down;
+ * 3. drops the checkpoints of compacted runs that nothing needs (no whole
+ *    run made or started from it, no endpoint holds it, no open or held push
+ *    carries it, it covers no input, it is not its job's newest, no needed
+ *    incremental stands on it: a newer full ends a chain) and whose
+ *    directory r->gone says is gone (checkpoint.keep removes the files; a row
+ *    stays while its files do), with their ended pushes, closed holdings
+ *    and exports, from r->ckpt_below down;
+ * 4. removes the compacted runs that nothing refers to any more.
+ * gone (NULL: no file is gone) is asked inside the transaction of its step.
+ * The cursors move on and wrap; r->more says a step filled its batch (call
+ * again soon). */
+typedef bool (*state_gone_fn)(const char *path, void *ctx);
+typedef struct state_retain {
+    /* set by the caller */
+    int64_t before; /* Unix s */
+    int limit;      /* rows a step takes, 1..STATE_PAGE_MAX */
+    state_gone_fn gone;
+    void *ctx;
+    /* kept across passes (start at 0) */
+    int64_t input_below, ckpt_below;
+    /* what the last pass did */
+    int64_t compacted, events, inputs, checkpoints, removed;
+    bool more;
+    char **run_dirs; /* (ndirs) of the compacted runs, for the caller to delete */
     size_t ndirs;
-} state_prune_t;
-int state_runs_prune(state_t *st, int64_t before, int limit, state_prune_t *out /* OUT */);
-void state_prune_fini(state_prune_t *p); /* accepts NULL */
+} state_retain_t;
+int state_retain_pass(state_t *st, state_retain_t *r /* IN/OUT */);
+/* Frees r->run_dirs and zeroes what the last pass did; accepts NULL. */
+void state_retain_fini(state_retain_t *r);
 /* Records the checkpoint a run started from (kiln-train's resume or warm
  * start), the edge lineage follows from a run's checkpoints to the runs
  * built on them. */

@@ -27,10 +27,10 @@
  * Every statement Kiln runs, with bound parameters only. Prepared on first use
  * and cached on the state_t (state_stmt). Column lists shared by several
  * SELECTs are macros so that one row reader serves them all. */
-#define STATE_JOB_COLS                                                          \
-    "id, name, spec_yaml, spec_hash, schedule, priority, version, paused, "     \
-    "created_at, updated_at, last_scheduled_at, spec_dir, deleted_at, last_checked_at, "       \
-    "skipped_fires, last_skip_reason"
+#define STATE_JOB_COLS                                                                             \
+    "id, name, spec_yaml, spec_hash, schedule, priority, version, paused, "                        \
+    "created_at, updated_at, last_scheduled_at, spec_dir, deleted_at, last_checked_at, "           \
+    "skipped_fires, last_skip_reason, timezone"
 #define STATE_RUN_COLS                                                          \
     "r.id, r.job_id, j.name, r.job_version, r.state, r.trigger, r.attempt, "    \
     "r.retry_of, r.scheduled_at, r.queued_at, r.started_at, r.ended_at, "       \
@@ -55,7 +55,7 @@
 #define STATE_STMTS(X)                                                                             \
     X(USER_VERSION, "PRAGMA user_version")                                                         \
     X(APPLICATION_ID, "PRAGMA application_id")                                                     \
-    /* the tables of the file (not SQLite's own), Kiln's first three first */                    \
+    /* the tables of the file (not SQLite's own), Kiln's first three first */                      \
     X(TABLES, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "  \
               "ORDER BY name NOT IN ('jobs', 'runs', 'events'), name")                             \
     X(BEGIN, "BEGIN IMMEDIATE")                                                                    \
@@ -64,18 +64,21 @@
     /* jobs */                                                                                     \
     X(JOB_FIND, "SELECT id, spec_hash, version FROM jobs WHERE name = ?1")                         \
     X(JOB_INSERT, "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, priority, "             \
-                  "version, paused, created_at, updated_at, last_scheduled_at, spec_dir) "         \
-                  "VALUES (?1, ?2, ?3, ?4, ?5, 1, 0, ?6, ?6, 0, ?7)")                              \
-    /* ?7 NULL keeps the job's spec_dir (a spec with no file of its own). A deleted job that is   \
+                  "version, paused, created_at, updated_at, last_scheduled_at, spec_dir, "         \
+                  "timezone) VALUES (?1, ?2, ?3, ?4, ?5, 1, 0, ?6, ?6, 0, ?7, ?8)")                \
+    /* ?7 NULL keeps the job's spec_dir (a spec with no file of its own). A deleted job that is    \
      * submitted again comes back with its schedule starting now (JOB_REVIVE). */                  \
     X(JOB_UPDATE_SPEC, "UPDATE jobs SET spec_yaml = ?2, spec_hash = ?3, schedule = ?4, "           \
                        "priority = ?5, version = version + 1, updated_at = ?6, "                   \
-                       "spec_dir = coalesce(?7, spec_dir) WHERE id = ?1")                          \
+                       "spec_dir = coalesce(?7, spec_dir), timezone = ?8 WHERE id = ?1")           \
     X(JOB_UPDATE_SAME, "UPDATE jobs SET schedule = ?2, priority = ?3, "                            \
-                       "spec_dir = coalesce(?4, spec_dir) WHERE id = ?1")                          \
+                       "spec_dir = coalesce(?4, spec_dir), timezone = ?5 WHERE id = ?1")           \
+    /* migration 8's backfill (schema.c): the jobs whose zone is not known yet */                  \
+    X(JOB_TZ_MISSING, "SELECT id, name, spec_yaml FROM jobs WHERE timezone IS NULL ORDER BY id")   \
+    X(JOB_SET_TZ, "UPDATE jobs SET timezone = ?2 WHERE id = ?1")                                   \
     X(JOB_REVIVE, "UPDATE jobs SET deleted_at = 0, paused = 0, last_scheduled_at = ?2 "            \
                   "WHERE id = ?1 AND deleted_at > 0")                                              \
-    X(JOB_DELETE, "UPDATE jobs SET deleted_at = ?2, updated_at = ?2 WHERE id = ?1")               \
+    X(JOB_DELETE, "UPDATE jobs SET deleted_at = ?2, updated_at = ?2 WHERE id = ?1")                \
     X(JOB_SKIP, "UPDATE jobs SET skipped_fires = skipped_fires + 1, last_checked_at = ?2, "        \
                 "last_skip_reason = ?3 WHERE id = ?1")                                             \
     X(JOB_ACTIVE_RUNS, "SELECT id FROM runs WHERE job_id = ?1 "                                    \
@@ -115,24 +118,78 @@
     X(RUN_SET_CANCEL, "UPDATE runs SET cancel_requested = 1 WHERE id = ?1")                        \
     X(RUN_JOB_OF, "SELECT job_id FROM runs WHERE id = ?1")                                         \
     X(RUN_DELETE, "DELETE FROM runs WHERE id = ?1")                                                \
-    /* retention (runs.c, state_runs_prune): ended runs older than ?1 that nothing needs: no     \
-     * checkpoint (chains, lineage and endpoints start there), no push, no input that counts as   \
-     * consumed (a succeeded run's, or one a checkpoint covers), not the newest run nor the       \
-     * newest success of its job. */                                                              \
-    X(RUN_PRUNABLE,                                                                                \
+    /* retention (retain.c): ended runs older than ?1 not compacted yet, but the newest run and    \
+     * the newest success of their job (LAST RUN, last success). */                                \
+    X(RETAIN_COMPACTABLE,                                                                          \
       "SELECT r.id, r.run_dir FROM runs r WHERE r.ended_at > 0 AND r.ended_at < ?1 "               \
+      "AND r.compacted_at = 0 "                                                                    \
       "AND r.state IN ('succeeded', 'failed', 'canceled', 'timed_out', 'skipped') "                \
-      "AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.run_id = r.id) "                        \
-      "AND NOT EXISTS (SELECT 1 FROM pushes p WHERE p.run_id = r.id) "                             \
-      "AND NOT EXISTS (SELECT 1 FROM run_inputs i WHERE i.run_id = r.id "                          \
-      "  AND (r.state = 'succeeded' OR i.covered_by IS NOT NULL)) "                                \
       "AND r.id != (SELECT max(x.id) FROM runs x WHERE x.job_id = r.job_id) "                      \
       "AND r.id IS NOT (SELECT max(x.id) FROM runs x WHERE x.job_id = r.job_id "                   \
       "  AND x.state = 'succeeded') ORDER BY r.ended_at LIMIT ?2")                                 \
+    X(RETAIN_RUN_EVENTS, "DELETE FROM events WHERE run_id = ?1")                                   \
+    X(RETAIN_RUN_METRICS, "DELETE FROM metrics WHERE run_id = ?1")                                 \
+    X(RETAIN_RUN_SLURM, "DELETE FROM slurm_jobs WHERE run_id = ?1")                                \
+    /* inputs that do not count as consumed: the run failed, no checkpoint covers them */          \
+    X(RETAIN_RUN_UNCONSUMED,                                                                       \
+      "DELETE FROM run_inputs WHERE run_id = ?1 AND covered_by IS NULL AND NOT EXISTS "            \
+      "(SELECT 1 FROM runs r WHERE r.id = ?1 AND r.state = 'succeeded')")                          \
+    X(RETAIN_RUN_MARK, "UPDATE runs SET compacted_at = ?2, run_dir = NULL WHERE id = ?1")          \
+    /* the inputs compacted runs keep, below id ?1, newest first */                                \
+    X(RETAIN_INPUTS_KEPT, "SELECT i.id, i.path FROM run_inputs i JOIN runs r ON r.id = i.run_id "  \
+                          "WHERE i.id < ?1 AND r.compacted_at > 0 ORDER BY i.id DESC LIMIT ?2")    \
+    X(RETAIN_INPUT_DROP, "DELETE FROM run_inputs WHERE id = ?1 AND run_id IN "                     \
+                         "(SELECT id FROM runs WHERE compacted_at > 0)")                           \
+    /* Checkpoints of compacted runs that nothing needs, below id ?1, newest first (a child        \
+     * before its parent). Needed: a whole run's checkpoints and start checkpoint, what an         \
+     * endpoint holds or an open or held push carries, what covers an input, each job's newest     \
+     * checkpoint, and every link an incremental one stands on (a full ends the chain). */         \
+    X(RETAIN_CKPT_UNNEEDED,                                                                        \
+      "WITH RECURSIVE need(id) AS ("                                                               \
+      "SELECT c.id FROM checkpoints c LEFT JOIN runs r ON r.id = c.run_id "                        \
+      "  WHERE r.id IS NULL OR r.compacted_at = 0 "                                                \
+      "UNION SELECT start_checkpoint_id FROM runs WHERE compacted_at = 0 "                         \
+      "UNION SELECT checkpoint_id FROM endpoint_holdings WHERE until_at IS NULL "                  \
+      "UNION SELECT checkpoint_id FROM pushes WHERE state IN ('pending', 'sending', 'held') "      \
+      "UNION SELECT covered_by FROM run_inputs WHERE covered_by IS NOT NULL "                      \
+      "UNION SELECT (SELECT c.id FROM checkpoints c JOIN runs r ON r.id = c.run_id "               \
+      "  WHERE r.job_id = j.id ORDER BY c.created_at DESC, c.id DESC LIMIT 1) FROM jobs j "        \
+      "UNION SELECT c.parent_id FROM checkpoints c JOIN need n ON n.id = c.id "                    \
+      "  WHERE c.kind = 'incremental') "                                                           \
+      "SELECT c.id, c.path FROM checkpoints c JOIN runs r ON r.id = c.run_id "                     \
+      "WHERE r.compacted_at > 0 AND c.id < ?1 "                                                    \
+      "AND c.id NOT IN (SELECT id FROM need WHERE id IS NOT NULL) ORDER BY c.id DESC LIMIT ?2")    \
+    /* removing checkpoint ?1 with the ended pushes, closed holdings and exports of it */          \
+    X(RETAIN_CKPT_UNHOLD, "UPDATE endpoint_holdings SET push_id = NULL WHERE push_id IN "          \
+                          "(SELECT id FROM pushes WHERE checkpoint_id = ?1)")                      \
+    X(RETAIN_CKPT_HOLDINGS,                                                                        \
+      "DELETE FROM endpoint_holdings WHERE checkpoint_id = ?1 AND until_at IS NOT NULL")           \
+    X(RETAIN_CKPT_UNEXPORT, "UPDATE pushes SET export_id = NULL WHERE export_id IN "               \
+                            "(SELECT id FROM exports WHERE checkpoint_id = ?1)")                   \
+    X(RETAIN_CKPT_PUSHES, "DELETE FROM pushes WHERE checkpoint_id = ?1 "                           \
+                          "AND state IN ('succeeded', 'failed', 'superseded')")                    \
+    X(RETAIN_CKPT_EXPORTS, "DELETE FROM exports WHERE checkpoint_id = ?1")                         \
+    X(RETAIN_CKPT_UNBASE,                                                                          \
+      "UPDATE exports SET base_checkpoint_id = NULL WHERE base_checkpoint_id = ?1")                \
+    X(RETAIN_CKPT_UNSTART,                                                                         \
+      "UPDATE runs SET start_checkpoint_id = NULL WHERE start_checkpoint_id = ?1")                 \
+    /* a full's parent is lineage only: the full stands alone */                                   \
+    X(RETAIN_CKPT_UNPARENT,                                                                        \
+      "UPDATE checkpoints SET parent_id = NULL WHERE parent_id = ?1 AND kind = 'full'")            \
+    X(RETAIN_CKPT_DELETE, "DELETE FROM checkpoints WHERE id = ?1 AND NOT EXISTS "                  \
+                          "(SELECT 1 FROM checkpoints x WHERE x.parent_id = ?1)")                  \
+    /* compacted runs nothing refers to any more: no checkpoint, input or push */                  \
+    X(RETAIN_REMOVABLE, "SELECT r.id FROM runs r WHERE r.compacted_at > 0 "                        \
+                        "AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.run_id = r.id) "      \
+                        "AND NOT EXISTS (SELECT 1 FROM run_inputs i WHERE i.run_id = r.id) "       \
+                        "AND NOT EXISTS (SELECT 1 FROM pushes p WHERE p.run_id = r.id) "           \
+                        "AND r.id != (SELECT max(x.id) FROM runs x WHERE x.job_id = r.job_id) "    \
+                        "AND r.id IS NOT (SELECT max(x.id) FROM runs x WHERE x.job_id = r.job_id " \
+                        "  AND x.state = 'succeeded') ORDER BY r.id LIMIT ?1")                     \
     X(RUN_UNLINK_RETRIES, "UPDATE runs SET retry_of = NULL WHERE retry_of = ?1")                   \
-    /* job events (run_id NULL) older than ?1, but the job's submits and spec versions */         \
+    /* job events (run_id NULL) older than ?1, but the job's submits and spec versions */          \
     X(EVENT_PRUNE, "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE run_id IS NULL "   \
-                   "AND at < ?1 AND kind NOT IN ('submit', 'spec') ORDER BY id LIMIT ?2)")        \
+                   "AND at < ?1 AND kind NOT IN ('submit', 'spec') ORDER BY id LIMIT ?2)")         \
     /* events */                                                                                   \
     X(EVENT_INSERT, "INSERT INTO events (job_id, run_id, at, kind, message) "                      \
                     "VALUES (?1, ?2, ?3, ?4, ?5)")                                                 \
@@ -546,9 +603,17 @@ int state_step_ids(state_t *st, sqlite3_stmt *s, const char *what, int64_t *ids 
 /* ---- migrations (schema.c) ----------------------------------------------------
  * state_migrations[i] is the SQL script that brings user_version i to i+1;
  * there are STATE_SCHEMA_VERSION of them. Append, never edit. */
+typedef enum {
+    STATE_BACKFILL_NONE,
+    STATE_BACKFILL_TIMEZONES, /* v8: jobs.timezone from each stored spec */
+} state_backfill_t;
 typedef struct state_migration {
     const char *what; /* one line for logs and errors */
     const char *sql;  /* statements separated by ';' with no values in them */
+    /* What the script cannot do in SQL, run after it in its transaction by
+     * state.c (a function of this table would call back into the module
+     * from below the runner). */
+    state_backfill_t backfill;
     /* The script rebuilds tables that others refer to (create new, copy,
      * drop old, rename): it runs with foreign keys off, as SQLite's own
      * procedure for such changes says, and every reference is checked

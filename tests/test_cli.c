@@ -449,6 +449,35 @@ static void test_job_control(void **state)
     json_decref(o);
 }
 
+/* A job's zone is read from its column (schema v8), written by the submit:
+ * 09:15 at UTC+02:00 is 07:15Z, in the list and in the job's own view. */
+static void test_job_timezone(void **state)
+{
+    (void)state;
+    char db[400], path[400];
+    snprintf(db, sizeof db, "%s/tz.db", tmpdir);
+    write_file("zoned.yaml",
+               "name: zoned\nschedule: \"15 9 * * *\"\ntimezone: \"UTC+02:00\"\n"
+               "data: {train: \"data/*.tsv\", incremental: true}\n",
+               path, sizeof path);
+    result_t r;
+    KILN(&r, "--db", db, "submit", path);
+    assert_int_equal(r.code, 0);
+    KILN(&r, "--db", db, "--json", "jobs");
+    assert_int_equal(r.code, 0);
+    json_t *jobs = parse_json(r.out);
+    const char *next = json_string_value(json_object_get(json_array_get(jobs, 0), "next_fire"));
+    assert_non_null(next);
+    assert_non_null(strstr(next, "T07:15:00Z"));
+    json_decref(jobs);
+    KILN(&r, "--db", db, "--json", "show", "zoned");
+    assert_int_equal(r.code, 0);
+    json_t *o = parse_json(r.out);
+    assert_string_equal(json_string_value(json_object_get(o, "timezone")), "UTC+02:00");
+    assert_non_null(strstr(json_string_value(json_object_get(o, "next_fire")), "T07:15:00Z"));
+    json_decref(o);
+}
+
 static void test_kiln_home(void **state)
 {
     (void)state;
@@ -602,6 +631,7 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_json_errors),
     cmocka_unit_test(test_submit_round_trip),
     cmocka_unit_test(test_job_control),
+    cmocka_unit_test(test_job_timezone),
     cmocka_unit_test(test_kiln_home),
     cmocka_unit_test(test_schedule_next),
     cmocka_unit_test(test_submit_shared_checkpoint_dir),

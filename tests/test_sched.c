@@ -565,20 +565,21 @@ static void test_skips_pause_resume(void **state)
     stop_kilnd(k, SIGTERM);
 }
 
-/* kilnd --keep-runs 1 removes a failed run that ended 3 days ago with its
- * events and run directory, and keeps an old run with a checkpoint and a
- * recent one. */
+/* kilnd --keep-runs 1 (a bare number: days) removes a failed run that ended
+ * 3 days ago with its events and run directory, and keeps an old run with a
+ * checkpoint and a recent one; --keep-runs 1s then removes the recent one
+ * too (a duration; the newest run of the job stays). */
 static void test_keep_runs(void **state)
 {
     (void)state;
     state_t *st = open_db();
-    int64_t job = 0, ids[3];
+    int64_t job = 0, ids[4];
     assert_int_equal(state_job_put(st, "old", "name: old\nmodel: {type: lr}\n", "00000000000000aa",
                                    NULL, 0, &job, NULL),
                      0);
     char dir[400];
     snprintf(dir, sizeof dir, "%s/runs/1", home);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         assert_int_equal(state_run_create(st, job, STATE_TRIGGER_MANUAL, 0, 1, 0, &ids[i]), 0);
         assert_int_equal(state_run_transition(st, ids[i], STATE_RUN_QUEUED, STATE_RUN_FAILED, 1,
                                               "lost"),
@@ -619,6 +620,20 @@ static void test_keep_runs(void **state)
     get_run(ids[1], &r); /* it wrote a checkpoint */
     state_run_fini(&r);
     get_run(ids[2], &r); /* it ended now */
+    state_run_fini(&r);
+    k = start_kilnd_opt("--keep-runs", "1s");
+    for (int i = 0; i < 100; i++) {
+        st = open_db();
+        rc = state_run_get(st, ids[2], &r);
+        state_close(st);
+        if (rc == KILN_ENOENT)
+            break;
+        state_run_fini(&r);
+        proc_sleep_ms(100);
+    }
+    stop_kilnd(k, SIGTERM);
+    assert_int_equal(rc, KILN_ENOENT);
+    get_run(ids[3], &r); /* the job's newest */
     state_run_fini(&r);
 }
 

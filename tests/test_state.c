@@ -284,6 +284,8 @@ static const char *const seeds[STATE_SCHEMA_VERSION] = {
     "  VALUES (3, 4242, 'FAILED', 'kn[1-2]', 'kiln', 1900);",
     "UPDATE jobs SET skipped_fires = 7, last_checked_at = 2100, last_skip_reason = 'no new data'"
     "  WHERE id = 1;",
+    "UPDATE jobs SET timezone = 'UTC+02:00' WHERE id = 1;",
+    "UPDATE runs SET compacted_at = 5000 WHERE id = 3;",
 };
 
 static void check_v1(state_t *st)
@@ -425,8 +427,23 @@ static void check_v7(state_t *st)
     state_job_fini(&j);
 }
 
+/* v8: a job's time zone is a column. */
+static void check_v8(state_t *st)
+{
+    assert_int_equal(scalar(st, "SELECT count(*) FROM jobs WHERE id = 1 AND "
+                                "timezone = 'UTC+02:00'"),
+                     1);
+}
+
+/* v9: a compacted run says when it was compacted; others are whole. */
+static void check_v9(state_t *st)
+{
+    assert_int_equal(scalar(st, "SELECT compacted_at FROM runs WHERE id = 3"), 5000);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM runs WHERE compacted_at != 0"), 1);
+}
+
 static void (*const checks[STATE_SCHEMA_VERSION])(state_t *) = {
-    check_v1, check_v2, check_v3, check_v4, check_v5, check_v6, check_v7};
+    check_v1, check_v2, check_v3, check_v4, check_v5, check_v6, check_v7, check_v8, check_v9};
 
 static void test_migrate_every_version(void **state)
 {
@@ -1553,10 +1570,69 @@ static void test_job_skip_delete(void **state)
     state_job_fini(&j);
 }
 
-/* Retention removes old ended runs with their events and hands back their
- * directories, and keeps what is needed: a run with a checkpoint, a
- * succeeded run's consumed inputs, the newest run and success of a job,
- * runs not ended, recent runs. A retry of a removed run loses its link. */
+/* A v7 file's jobs get their time zone from their stored specs when the file
+ * is opened (migration 8's backfill); a submit writes it. */
+static void test_migrate_timezone(void **state)
+{
+    fixture_t *f = *state;
+    char path[256];
+    snprintf(path, sizeof path, "%s/v7tz.db", f->dir);
+    state_t *st = NULL;
+    OK(state_open_at_version(path, 7, &st));
+    OK(state_test_exec(st, "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, created_at,"
+                           "  updated_at) VALUES"
+                           "  ('zoned', 'name: zoned\nschedule: \"0 9 * * *\"\n"
+                           "timezone: \"UTC+02:00\"\ndata: {train: x.tsv}\n"
+                           "model: {type: lr}\n', '01', '0 9 * * *', 1, 1),"
+                           "  ('plain', 'name: plain\nschedule: \"@daily\"\n"
+                           "data: {train: x.tsv}\nmodel: {type: lr}\n', '02', '@daily', 1, 1),"
+                           "  ('broken', 'name: broken\nmodel: [', '03', '@daily', 1, 1);"));
+    state_close(st);
+    OK(state_open(path, &st));
+    const char *want[][2] = {{"zoned", "UTC+02:00"}, {"plain", "UTC"}, {"broken", NULL}};
+    for (size_t i = 0; i < 3; i++) {
+        state_job_t j;
+        OK(state_job_get(st, want[i][0], &j));
+        if (want[i][1] == NULL)
+            assert_null(j.timezone);
+        else
+            assert_string_equal(j.timezone, want[i][1]);
+        state_job_fini(&j);
+    }
+    state_submit_t sub = {.name = "zoned",
+                          .spec_yaml = "name: zoned\n",
+                          .spec_hash = "04",
+                          .schedule = "0 9 * * *",
+                          .timezone = "UTC-05:00",
+                          .source = "test"};
+    state_submitted_t done;
+    OK(state_submit(st, &sub, &done));
+    state_job_t j;
+    OK(state_job_get(st, "zoned", &j));
+    assert_string_equal(j.timezone, "UTC-05:00");
+    state_job_fini(&j);
+    state_close(st);
+}
+
+static bool always_gone(const char *path, void *ctx)
+{
+    (void)path;
+    (void)ctx;
+    return true;
+}
+
+static bool never_gone(const char *path, void *ctx)
+{
+    (void)path;
+    (void)ctx;
+    return false;
+}
+
+/* Retention compacts old ended runs (their events go, their directories are
+ * handed back) and removes those nothing needs; it keeps a run with the
+ * job's newest checkpoint, a succeeded run's consumed inputs while the file
+ * is there, the newest run and success of a job, runs not ended, recent
+ * runs. A retry of a removed run loses its link. */
 static void test_runs_prune(void **state)
 {
     fixture_t *f = *state;
@@ -1594,16 +1670,17 @@ static void test_runs_prune(void **state)
     OK(state_event_add(st, job, 0, "push", "an old job event"));
     OK(state_test_exec(st, "UPDATE runs SET ended_at = 1000 WHERE ended_at > 0;"
                            "UPDATE events SET at = 1000;"));
-    state_prune_t p;
-    OK(state_runs_prune(st, 500, 100, &p)); /* nothing is that old */
-    assert_int_equal(p.runs, 0);
-    state_prune_fini(&p);
-    OK(state_runs_prune(st, 2000, 100, &p));
-    assert_int_equal(p.runs, 3); /* 0, 1 and 4 */
+    state_retain_t p = {.before = 500, .limit = 100};
+    OK(state_retain_pass(st, &p)); /* nothing is that old */
+    assert_int_equal(p.compacted + p.removed, 0);
+    p.before = 2000;
+    OK(state_retain_pass(st, &p));
+    assert_int_equal(p.compacted, 5); /* all but the retry: the newest run and success */
+    assert_int_equal(p.removed, 3);   /* 0, 1 and 4: nothing refers to them */
     assert_int_equal(p.events, 1);
     assert_int_equal(p.ndirs, 1);
     assert_string_equal(p.run_dirs[0], "/k/runs/1");
-    state_prune_fini(&p);
+    state_retain_fini(&p);
     state_run_t r;
     assert_int_equal(state_run_get(st, ids[0], &r), KILN_ENOENT);
     assert_int_equal(state_run_get(st, ids[4], &r), KILN_ENOENT);
@@ -1616,8 +1693,235 @@ static void test_runs_prune(void **state)
     assert_int_equal(r.retry_of, 0);
     state_run_fini(&r);
     assert_int_equal(scalar(st, "SELECT count(*) FROM events WHERE kind = 'spec'"), 1);
+    /* Once its file is gone, the input goes, and its run with it. */
+    p.gone = always_gone;
+    OK(state_retain_pass(st, &p));
+    assert_int_equal(p.inputs, 1);
+    assert_int_equal(p.removed, 1);
+    state_retain_fini(&p);
+    assert_int_equal(state_run_get(st, ids[3], &r), KILN_ENOENT);
+    OK(state_run_get(st, ids[2], &r)); /* its checkpoint is the job's newest */
+    state_run_fini(&r);
     check_counts(st);
-    assert_int_equal(state_runs_prune(st, 2000, 0, &p), KILN_EINVAL);
+    p.limit = 0;
+    assert_int_equal(state_retain_pass(st, &p), KILN_EINVAL);
+}
+
+/* A run that succeeded (or whose inputs a checkpoint covers, online) keeps
+ * its inputs through compaction while their files are there: the data is
+ * still consumed and never trained again. Its events and loss points go. */
+static void test_retain_keeps_consumed(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "inc"), ran = new_run(st, job), online = new_run(st, job);
+    state_input_t in = {(char *)"/d/p1", 10, 20, (char *)"00000000000000c1"};
+    state_input_t in2 = {(char *)"/d/p2", 10, 20, (char *)"00000000000000c2"};
+    OK(state_input_add(st, ran, &in));
+    finish_run(st, ran, STATE_RUN_SUCCEEDED, 0);
+    OK(state_metric_add(st, ran, 1, "loss", 0.5));
+    OK(state_input_add(st, online, &in2));
+    state_checkpoint_t c = {.uid = (char *)"ck-on",
+                            .run_id = online,
+                            .kind = (char *)"full",
+                            .path = (char *)"/ck/on",
+                            .eval_logloss = NAN,
+                            .eval_auc = NAN};
+    int64_t ck = 0;
+    OK(state_checkpoint_add(st, &c, &ck));
+    OK(state_inputs_cover(st, online, ck));
+    finish_run(st, online, STATE_RUN_FAILED, 1); /* failed after the export */
+    for (int i = 0; i < 2; i++)
+        finish_run(st, new_run(st, job), STATE_RUN_SUCCEEDED, 0);
+    OK(state_test_exec(st, "UPDATE runs SET ended_at = 1000"));
+    state_retain_t p = {.before = 2000, .limit = 100, .gone = never_gone};
+    OK(state_retain_pass(st, &p));
+    assert_int_equal(p.compacted, 3); /* the newest run (also the newest success) stays whole */
+    state_retain_fini(&p);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM events WHERE run_id IS NOT NULL AND "
+                                "run_id <= 3"),
+                     0);
+    assert_int_equal(scalar(st, "SELECT count(*) FROM metrics"), 0);
+    assert_true(scalar(st, "SELECT compacted_at FROM runs WHERE id = 1") > 0);
+    bool consumed = false;
+    OK(state_input_consumed(st, job, &in, &consumed));
+    assert_true(consumed);
+    consumed = false;
+    OK(state_input_consumed(st, job, &in2, &consumed));
+    assert_true(consumed);
+    /* The covering checkpoint is not the job's newest... */
+    c.uid = (char *)"ck-new";
+    c.run_id = 4;
+    c.path = (char *)"/ck/new";
+    OK(state_checkpoint_add(st, &c, &ck));
+    /* ...but stays while it covers an input, whose file is there. */
+    OK(state_retain_pass(st, &p));
+    state_retain_fini(&p);
+    state_checkpoint_t got;
+    OK(state_checkpoint_get(st, "ck-on", &got));
+    state_checkpoint_fini(&got);
+    check_counts(st);
+}
+
+/* An incremental job pushing every run, thousands of runs: with the data
+ * rotated away and checkpoint.keep removing old files, what retention keeps
+ * stays bounded, however many runs went by. */
+static void add_pushing_run(state_t *st, int64_t job, int64_t ep, int i, int64_t *parent)
+{
+    char path[64], uid[32], sql[512];
+    int64_t run = new_run(st, job), ck = 0;
+    snprintf(path, sizeof path, "/d/p-%06d", i);
+    state_input_t in = {path, 100, 1, (char *)"00000000000000c1"};
+    OK(state_input_add(st, run, &in));
+    OK(state_event_add(st, 0, run, "info", "a line of the run"));
+    OK(state_metric_add(st, run, 1, "loss", 0.5));
+    finish_run(st, run, STATE_RUN_SUCCEEDED, 0);
+    snprintf(uid, sizeof uid, "ck-%06d", i);
+    snprintf(path, sizeof path, "/ck/%06d", i);
+    bool full = i % 8 == 0; /* checkpoint.full_every: 8 */
+    state_checkpoint_t c = {.uid = uid,
+                            .run_id = run,
+                            .parent_id = *parent,
+                            .kind = (char *)(full ? "full" : "incremental"),
+                            .path = path,
+                            .eval_logloss = NAN,
+                            .eval_auc = NAN};
+    OK(state_checkpoint_add(st, &c, &ck));
+    snprintf(sql, sizeof sql,
+             "INSERT INTO exports (checkpoint_id, base_checkpoint_id, format, path, created_at) "
+             "VALUES (%1$lld, NULL, 'kiln', '/x', 1);"
+             "INSERT INTO pushes (job_id, run_id, checkpoint_id, endpoint_id, export_id, mode, "
+             "state, created_at) VALUES (%2$lld, %3$lld, %1$lld, %4$lld, last_insert_rowid(), "
+             "'incremental', 'succeeded', 1);"
+             "UPDATE endpoint_holdings SET until_at = 1 WHERE endpoint_id = %4$lld "
+             "AND until_at IS NULL;"
+             "INSERT INTO endpoint_holdings (endpoint_id, checkpoint_id, push_id, since) "
+             "VALUES (%4$lld, %1$lld, (SELECT max(id) FROM pushes), 1);",
+             (long long)ck, (long long)job, (long long)run, (long long)ep);
+    OK(state_test_exec(st, sql));
+    *parent = ck;
+}
+
+/* Files /d/p-N and checkpoints /ck/N with N below the mark are gone. */
+static bool gone_below(const char *path, void *ctx)
+{
+    const char *digits = strrchr(path, '-') ? strrchr(path, '-') + 1 : strrchr(path, '/') + 1;
+    return atoi(digits) < *(const int *)ctx;
+}
+
+static void test_retain_bounded(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "soak"), ep = 0, parent = 0;
+    OK(state_test_exec(st, "INSERT INTO endpoints (url, model, label, created_at) "
+                           "VALUES ('http://a', 'ctr', 'A', 1)"));
+    ep = scalar(st, "SELECT id FROM endpoints");
+    int64_t rows[3];
+    const char *count = "SELECT (SELECT count(*) FROM runs) + (SELECT count(*) FROM run_inputs) "
+                        "+ (SELECT count(*) FROM checkpoints) + (SELECT count(*) FROM pushes) "
+                        "+ (SELECT count(*) FROM endpoint_holdings) + (SELECT count(*) FROM "
+                        "exports) + (SELECT count(*) FROM events) + (SELECT count(*) FROM metrics)";
+    int n = 0;
+    for (int round = 0; round < 3; round++) {
+        for (int k = 0; k < 400; k++, n++)
+            add_pushing_run(st, job, ep, n, &parent);
+        /* All but the last 20 runs are old; files of all but the last 30 partitions were
+         * rotated away; checkpoint.keep left the last 5 checkpoints' files. */
+        char sql[160];
+        snprintf(sql, sizeof sql, "UPDATE runs SET ended_at = 1000 WHERE id <= %d", n - 20);
+        OK(state_test_exec(st, sql));
+        int mark = n - 30;
+        state_retain_t p = {.before = 2000, .limit = 64, .gone = gone_below, .ctx = &mark};
+        /* kilnd's passes, until one finds nothing to do (a cursor may wrap first). */
+        int passes = 0;
+        bool busy;
+        do {
+            OK(state_retain_pass(st, &p));
+            busy = p.more || p.compacted + p.inputs + p.checkpoints + p.removed > 0;
+            state_retain_fini(&p);
+        } while (++passes < 500 && busy);
+        rows[round] = scalar(st, count);
+        /* 20 whole runs, 30 with their partition's input, the chain of the newest checkpoint
+         * (back to its full: at most 8) and the 5 checkpoints whose files are there. */
+        assert_true(scalar(st, "SELECT count(*) FROM runs") <= 30 + 8);
+        assert_true(scalar(st, "SELECT count(*) FROM checkpoints") <= 30 + 8);
+        /* Only the whole runs' events are left. */
+        assert_int_equal(scalar(st, "SELECT count(*) FROM events WHERE run_id IS NOT NULL"),
+                         20 * scalar(st, "SELECT count(*) FROM events WHERE run_id = "
+                                         "(SELECT max(id) FROM runs)"));
+        check_counts(st);
+    }
+    assert_true(rows[2] <= rows[0]);
+    /* The chain to the newest checkpoint is whole: a resume finds every link. */
+    state_checkpoint_t c;
+    OK(state_checkpoint_latest(st, job, &c));
+    int links = 0;
+    while (strcmp(c.kind, "incremental") == 0) {
+        int64_t up = c.parent_id;
+        state_checkpoint_fini(&c);
+        OK(state_checkpoint_get_by_id(st, up, &c));
+        links++;
+    }
+    state_checkpoint_fini(&c);
+    assert_true(links < 8);
+}
+
+/* A newer full ends a chain: the deltas before it and their runs go, while
+ * the newest chain (full, deltas) stays whole for a resume; a whole run's
+ * start checkpoint keeps its chain. */
+static void test_retain_chain_ends(void **state)
+{
+    fixture_t *f = *state;
+    state_t *st = f->st;
+    int64_t job = new_job(st, "chain"), parent = 0, ids[6], cks[6];
+    /* runs 0..5: full, delta, delta, full, delta, delta */
+    for (int i = 0; i < 6; i++) {
+        char uid[16], path[16];
+        snprintf(uid, sizeof uid, "ck-%d", i);
+        snprintf(path, sizeof path, "/ck/%d", i);
+        ids[i] = new_run(st, job);
+        finish_run(st, ids[i], STATE_RUN_SUCCEEDED, 0);
+        state_checkpoint_t c = {.uid = uid,
+                                .run_id = ids[i],
+                                .parent_id = parent,
+                                .kind = (char *)(i % 3 == 0 ? "full" : "incremental"),
+                                .path = path,
+                                .eval_logloss = NAN,
+                                .eval_auc = NAN};
+        OK(state_checkpoint_add(st, &c, &cks[i]));
+        if (i > 0)
+            OK(state_run_set_start_checkpoint(st, ids[i], cks[i - 1]));
+        parent = cks[i];
+    }
+    OK(state_test_exec(st, "UPDATE runs SET ended_at = 1000"));
+    state_retain_t p = {.before = 2000, .limit = 100, .gone = always_gone};
+    OK(state_retain_pass(st, &p));
+    assert_int_equal(p.checkpoints, 3); /* ck-0, ck-1, ck-2 */
+    assert_int_equal(p.removed, 3);
+    state_retain_fini(&p);
+    state_run_t r;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(state_run_get(st, ids[i], &r), KILN_ENOENT);
+    /* The newest chain: ck-5 -> ck-4 -> ck-3 (full), every link there. */
+    state_checkpoint_t c;
+    OK(state_checkpoint_latest(st, job, &c));
+    assert_string_equal(c.uid, "ck-5");
+    for (int i = 4; i >= 3; i--) {
+        int64_t up = c.parent_id;
+        state_checkpoint_fini(&c);
+        OK(state_checkpoint_get_by_id(st, up, &c));
+        char uid[16];
+        snprintf(uid, sizeof uid, "ck-%d", i);
+        assert_string_equal(c.uid, uid);
+    }
+    assert_string_equal(c.kind, "full");
+    assert_int_equal(c.parent_id, 0); /* the link to the removed delta is cut */
+    state_checkpoint_fini(&c);
+    OK(state_run_get(st, ids[3], &r));
+    assert_int_equal(r.start_checkpoint_id, 0);
+    state_run_fini(&r);
+    check_counts(st);
 }
 
 int main(void)
@@ -1652,7 +1956,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_submit_endpoints_atomic, setup_open, teardown),
         cmocka_unit_test_setup_teardown(test_open_foreign, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_job_skip_delete, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_timezone, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_runs_prune, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_retain_keeps_consumed, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_retain_bounded, setup_open, teardown),
+        cmocka_unit_test_setup_teardown(test_retain_chain_ends, setup_open, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

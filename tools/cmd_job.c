@@ -60,21 +60,6 @@ static int read_file(const char *path, char **out, size_t *len)
     return 0;
 }
 
-/* The timezone of a stored spec (specs were validated when submitted). */
-static char *stored_timezone(const char *yaml)
-{
-    job_spec_t spec;
-    job_diags_t diags;
-    job_diags_init(&diags);
-    char *tz = NULL;
-    if (job_spec_parse(yaml, strlen(yaml), "stored spec", &spec, &diags) == 0) {
-        tz = spec.timezone ? kiln_strdup(spec.timezone) : NULL;
-        job_spec_fini(&spec);
-    }
-    job_diags_fini(&diags);
-    return tz;
-}
-
 int cmd_submit(cli_t *cli)
 {
     const char *path = cli->pos[0];
@@ -306,9 +291,7 @@ int cmd_jobs(cli_t *cli)
     cli_table_t *t = cli->json ? NULL : cli_table_create(8, hdr);
     for (size_t i = 0; i < n; i++) {
         const state_job_t *j = &jobs[i];
-        char *tz = j->schedule ? stored_timezone(j->spec_yaml) : NULL;
-        int64_t next = j->paused ? 0 : job_next_fire(j->schedule, tz, now);
-        free(tz);
+        int64_t next = j->paused ? 0 : job_next_fire(j->schedule, j->timezone, now);
         state_run_t *last = NULL;
         size_t nlast = 0;
         if (state_run_list(st, j->name, 1, &last, &nlast) < 0)
@@ -553,7 +536,7 @@ static int show_job(cli_t *cli, state_t *st, const char *name)
         return cli_fail(rc, "no job named '%s' (see 'kiln jobs')", name);
     if (rc < 0)
         return cli_fail(rc, NULL);
-    char *tz = j.schedule ? stored_timezone(j.spec_yaml) : NULL;
+    const char *tz = j.schedule ? j.timezone : NULL;
     int64_t next = j.paused ? 0 : job_next_fire(j.schedule, tz, kiln_now_s());
     state_run_t *runs = NULL;
     size_t n = 0;
@@ -607,7 +590,6 @@ static int show_job(cli_t *cli, state_t *st, const char *name)
         }
     }
     state_runs_free(runs, n);
-    free(tz);
     state_job_fini(&j);
     return CLI_EXIT_OK;
 }

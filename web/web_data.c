@@ -207,17 +207,8 @@ int64_t web_next_fire(const state_job_t *job, int64_t now)
 {
     if (job->schedule == NULL || job->paused)
         return 0;
-    /* The zone is in the stored spec; a spec that no longer parses fires in UTC. */
-    job_spec_t spec;
-    int64_t next;
-    if (job_spec_parse(job->spec_yaml, strlen(job->spec_yaml), "stored spec", &spec, NULL) == 0) {
-        next = job_next_fire(job->schedule, spec.timezone, now);
-        job_spec_fini(&spec);
-    } else {
-        kiln_errclear();
-        next = job_next_fire(job->schedule, NULL, now);
-    }
-    return next;
+    /* The zone is the job's column (NULL: UTC). */
+    return job_next_fire(job->schedule, job->timezone, now);
 }
 
 /* ---- lineage graphs ------------------------------------------------------------------ */
