@@ -108,10 +108,8 @@ static job_ctx_t *job_ctx(state_t *st, job_ctx_t *jobs, size_t *njobs, int64_t j
 int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
 {
     memset(d, 0, sizeof *d);
-    model_type_t mt = sp->model.type == JOB_MODEL_FM     ? MODEL_FM
-                         : sp->model.type == JOB_MODEL_DLRM ? MODEL_DLRM
-                                                            : MODEL_LR;
-    d->model_type = (int)mt;
+    model_type_t mt = sp->model.type;
+    d->model_type = (int)mt; /* the wire's number is model_type_t's value */
     d->nslots = sp->data.cat_slots;
     d->ndense = sp->data.dense_features;
     d->dim = model_table_dim(mt, sp->model.embedding.dim);
@@ -134,7 +132,7 @@ int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
         for (int i = 0; i < jt->nslots; i++)
             if (jt->slots[i] >= 0 && jt->slots[i] < d->nslots) {
                 d->slot_table[jt->slots[i]] = t;
-                d->slot_mean[jt->slots[i]] = jt->emb.combiner == JOB_COMB_MEAN;
+                d->slot_mean[jt->slots[i]] = jt->emb.combiner == KERN_COMBINE_MEAN;
             }
     }
     /* nparams: the checkpoint source reads it from the checkpoint itself. */
