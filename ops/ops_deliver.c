@@ -295,17 +295,6 @@ static void prepare(state_t *st, item_t *it, job_ctx_t *jobs, size_t *njobs, con
     }
 }
 
-typedef struct opener {
-    const char *path;
-    const serve_model_desc_t *desc;
-} opener_t;
-
-static int open_ckpt(void *ctx, const char *held, serve_source_t **out)
-{
-    const opener_t *o = ctx;
-    return serve_ckptsrc_open(o->path, o->desc, held, out);
-}
-
 /* What a serve_push result means for the push. */
 static void outcome(item_t *it, const serve_push_result_t *r)
 {
@@ -362,7 +351,7 @@ int ops_deliver_spec(state_t *st, const char *claimer, state_push_t *ps, size_t 
     job_ctx_t *jobs = kiln_calloc(n, sizeof *jobs);
     serve_target_t *targets = kiln_calloc(n, sizeof *targets);
     serve_push_result_t *res = kiln_calloc(n, sizeof *res);
-    opener_t *openers = kiln_calloc(n, sizeof *openers);
+    serve_ckptsrc_at_t *openers = kiln_calloc(n, sizeof *openers);
     size_t *which = kiln_calloc(n, sizeof *which);
     size_t njobs = 0, nt = 0;
     int rc = 0;
@@ -380,9 +369,10 @@ int ops_deliver_spec(state_t *st, const char *claimer, state_push_t *ps, size_t 
         prepare(st, &items[i], jobs, &njobs, role);
         if (!items[i].send)
             continue;
-        openers[nt] = (opener_t){ps[i].checkpoint_path, &items[i].desc};
-        targets[nt] = (serve_target_t){ps[i].url,  ps[i].model, ps[i].label,      items[i].held,
-                                       open_ckpt, &openers[nt], &items[i].opts};
+        openers[nt] = (serve_ckptsrc_at_t){ps[i].checkpoint_path, &items[i].desc};
+        targets[nt] = (serve_target_t){ps[i].url,     ps[i].model,          ps[i].label,
+                                       items[i].held, serve_ckptsrc_opener, &openers[nt],
+                                       &items[i].opts};
         which[nt++] = i;
     }
     if (nt > 0) {
