@@ -218,12 +218,10 @@ static void defer_tables(ctx_t *c, const field_t *f, const yaml_node_t *val, cha
                          const char *path);
 static void parse_slots(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                         const char *path);
-static void parse_interfaces(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                             const char *path);
-static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                              const char *path);
-static void parse_column_list(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                              const char *path);
+static void parse_strings(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                          const char *path);
+static const char *check_interface(const char *s, char *buf, size_t bufsz);
+static const char *check_sbatch_arg(const char *s, char *buf, size_t bufsz);
 static const char *check_column(const char *s, char *buf, size_t bufsz);
 static void parse_memory(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                          const char *path);
@@ -241,7 +239,11 @@ static void parse_ramp(ctx_t *c, const field_t *f, const yaml_node_t *val, char 
 static const field_t mpi_fields[] = {
     {.key = "interfaces",
      .type = T_FN,
-     .fn = parse_interfaces,
+     .fn = parse_strings,
+     .flags = F_JOINED,
+     .check = check_interface,
+     .maxlen = 16,
+     .what = "an interface or a list of them",
      .off = offsetof(job_spec_t, resources.mpi.interfaces)},
     ENUM("transport", job_spec_t, resources.mpi.transport, JOB_MPI_AUTO, mpi_transport_names),
     FIELD_END};
@@ -259,7 +261,10 @@ static const field_t resources_fields[] = {
     INT("gpus_per_node", job_spec_t, resources.gpus_per_node, 0, 0, 64),
     {.key = "sbatch_args",
      .type = T_FN,
-     .fn = parse_sbatch_args,
+     .fn = parse_strings,
+     .check = check_sbatch_arg,
+     .maxlen = 64,
+     .what = "a list of sbatch options",
      .off = offsetof(job_spec_t, resources.sbatch_args),
      .off2 = offsetof(job_spec_t, resources.nsbatch_args)},
     GROUP("mpi", mpi_fields, 0),
@@ -275,13 +280,19 @@ static const field_t columns_fields[] = {
     STR("label", job_columns_t, label, "label", F_NONEMPTY, check_column),
     {.key = "dense",
      .type = T_FN,
-     .fn = parse_column_list,
+     .fn = parse_strings,
+     .flags = F_UNIQUE,
+     .check = check_column,
+     .what = "a list of Parquet column names",
      .off = offsetof(job_columns_t, dense),
      .off2 = offsetof(job_columns_t, ndense),
      .maxlen = 4096},
     {.key = "categorical",
      .type = T_FN,
-     .fn = parse_column_list,
+     .fn = parse_strings,
+     .flags = F_UNIQUE,
+     .check = check_column,
+     .what = "a list of Parquet column names",
      .off = offsetof(job_columns_t, categorical),
      .off2 = offsetof(job_columns_t, ncategorical),
      .maxlen = 1024},
@@ -520,33 +531,6 @@ static const char *check_interface(const char *s, char *buf, size_t bufsz)
     return buf;
 }
 
-static void parse_interfaces(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                             const char *path)
-{
-    int n = 0;
-    char **v =
-        string_items(c, val, path, 16, "an interface or a list of them", check_interface, &n);
-    if (v == NULL)
-        return;
-    size_t len = 1;
-    for (int i = 0; i < n; i++)
-        len += strlen(v[i]) + 1;
-    char *joined = kiln_calloc(1, len);
-    for (int i = 0; i < n; i++) {
-        if (joined != NULL) {
-            strcat(joined, i ? "," : "");
-            strcat(joined, v[i]);
-        }
-        free(v[i]);
-    }
-    free(v);
-    if (joined == NULL)
-        c->nomem = true;
-    char **p = (char **)(base + f->off);
-    free(*p);
-    *p = joined;
-}
-
 /* sbatch options Kiln sets itself, and the spec field that says each. */
 static const struct {
     char shrt; /* 0: no short form */
@@ -606,6 +590,52 @@ static void set_string_list(const field_t *f, char *base, char **v, int n)
     free(*p);
     *p = v;
     *(int *)(base + f->off2) = n;
+}
+
+/* A list of strings (a single string is a list of one) as its row says:
+ * at most f->maxlen items, each checked by f->check; with F_UNIQUE none
+ * twice; with F_JOINED stored as one comma-joined string at off, else as a
+ * list at off with its count at off2. */
+static void parse_strings(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                          const char *path)
+{
+    int n = 0;
+    char **v = string_items(c, val, path, f->maxlen, f->what, f->check, &n);
+    if (v == NULL)
+        return;
+    for (int i = 1; (f->flags & F_UNIQUE) && i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (strcmp(v[i], v[j]) == 0) {
+                char ip[PATH_MAX_LEN];
+                const yaml_node_t *it =
+                    val->type == YAML_SEQUENCE_NODE
+                        ? yaml_document_get_node(c->doc, val->data.sequence.items.start[i])
+                        : val;
+                spec_index_path(ip, path, i);
+                spec_diag(c, it, ip, "\"%.80s\" is listed twice (also %s[%d])", v[i], path, j);
+                j = i;
+            }
+    if (!(f->flags & F_JOINED)) {
+        set_string_list(f, base, v, n);
+        return;
+    }
+    size_t len = 1;
+    for (int i = 0; i < n; i++)
+        len += strlen(v[i]) + 1;
+    char *joined = kiln_calloc(1, len);
+    for (int i = 0; i < n; i++) {
+        if (joined != NULL) {
+            strcat(joined, i ? "," : "");
+            strcat(joined, v[i]);
+        }
+        free(v[i]);
+    }
+    free(v);
+    if (joined == NULL)
+        c->nomem = true;
+    char **p = (char **)(base + f->off);
+    free(*p);
+    *p = joined;
 }
 
 /* model.embedding.memory: "25%" (a share of the table's rows on each rank)
@@ -734,15 +764,6 @@ static void parse_ramp(ctx_t *c, const field_t *f, const yaml_node_t *val, char 
     s->push.ramp_every_ms = ms;
 }
 
-static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                              const char *path)
-{
-    int n = 0;
-    char **v = string_items(c, val, path, 64, "a list of sbatch options", check_sbatch_arg, &n);
-    if (v != NULL)
-        set_string_list(f, base, v, n);
-}
-
 /* A Parquet column name: what a writer may call a top-level field, less
  * what would not survive a message (control characters) or Kiln's footer
  * reader (names over 127 bytes). */
@@ -759,31 +780,6 @@ static const char *check_column(const char *s, char *buf, size_t bufsz)
              "characters)",
              s);
     return buf;
-}
-
-/* data.columns.dense / .categorical: a list of column names, each once. */
-static void parse_column_list(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                              const char *path)
-{
-    int n = 0;
-    char **v = string_items(c, val, path, f->maxlen, "a list of Parquet column names",
-                            check_column, &n);
-    if (v == NULL)
-        return;
-    for (int i = 1; i < n; i++)
-        for (int j = 0; j < i; j++)
-            if (strcmp(v[i], v[j]) == 0) {
-                char ip[PATH_MAX_LEN];
-                const yaml_node_t *it =
-                    val->type == YAML_SEQUENCE_NODE
-                        ? yaml_document_get_node(c->doc, val->data.sequence.items.start[i])
-                        : val;
-                spec_index_path(ip, path, i);
-                spec_diag(c, it, ip, "column \"%.80s\" is listed twice (also %s[%d])", v[i],
-                          path, j);
-                j = i;
-            }
-    set_string_list(f, base, v, n);
 }
 
 static void parse_endpoints(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,

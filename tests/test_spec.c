@@ -726,7 +726,7 @@ static const struct bad {
      "job.yaml:5:20: data.columns.dense: lists 2 columns but data.dense_features is 13: set "
      "data.dense_features: 2, or list 13 columns"},
     {PQ "  cat_slots: 2\n  columns: {categorical: [c, c]}\n",
-     "job.yaml:6:30: data.columns.categorical[1]: column \"c\" is listed twice (also "
+     "job.yaml:6:30: data.columns.categorical[1]: \"c\" is listed twice (also "
      "data.columns.categorical[0])"},
     {PQ "  dense_features: 1\n  columns: {label: a, dense: [a]}\n",
      "job.yaml:6:30: data.columns.dense: column \"a\" is also the label (data.columns.label)"},
