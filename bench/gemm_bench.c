@@ -236,7 +236,7 @@ static model_t *layers_model(model_dense_precision_t p)
     const model_config_t cfg = {.type = MODEL_DLRM, .nslots = 26, .ndense = 13, .dim = 16,
                                    .bottom = bottom, .nbottom = 2, .top = top, .ntop = 3,
                                    .max_batch = BATCH, .seed = 1,
-                                   .opt = {.type = MODEL_DENSE_SGD, .lr = 0.0f},
+                                   .opt = {.type = KERN_OPT_SGD, .lr = 0.0f},
                                    .precision = p};
     model_t *m = NULL;
     if (model_create(&cfg, &m) < 0) {

@@ -65,7 +65,7 @@ static int make_desc(serve_model_desc_t *d)
     d->tables[0].dim = DIM;
     model_config_t cfg = {.type = MODEL_FM, .nslots = 1, .ndense = 1, .dim = DIM,
                              .fm_dense_factors = 1, .max_batch = 1,
-                             .opt = {.type = MODEL_DENSE_SGD}};
+                             .opt = {.type = KERN_OPT_SGD}};
     model_t *m = NULL;
     KILN_CHECK(model_create(&cfg, &m));
     d->nparams = (int64_t)model_nparams(m);
@@ -327,7 +327,7 @@ static int make_criteo_desc(serve_model_desc_t *d)
     d->tables[0].dim = DIM;
     model_config_t cfg = {.type = MODEL_FM, .nslots = CRITEO_SLOTS,
                              .ndense = CRITEO_DENSE, .dim = DIM, .fm_dense_factors = 1,
-                             .max_batch = 1, .opt = {.type = MODEL_DENSE_SGD}};
+                             .max_batch = 1, .opt = {.type = KERN_OPT_SGD}};
     model_t *m = NULL;
     KILN_CHECK(model_create(&cfg, &m));
     d->nparams = (int64_t)model_nparams(m);

@@ -17,11 +17,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kern.h"
+#include "model.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ---- enumerations (each has a _name() that returns the spec spelling) ---- */
+/* ---- enumerations (each has a _name() that returns the spec spelling) ----
+ * The model's fields use the enums of the modules that run them, one home
+ * each: model.type and model.dense_precision are model.h's model_type_t and
+ * model_dense_precision_t; the embeddings' combiner, eviction and init and
+ * both optimizers' type are kern.h's kern_combine_t, kern_evict_t,
+ * kern_init_t and kern_opt_kind_t. So the trainer and the push hand them on
+ * as they are, with no mapping; jobs/ needs only the headers (no link). */
 typedef enum { JOB_CONC_FORBID, JOB_CONC_ALLOW, JOB_CONC_REPLACE } job_concurrency_t;
 typedef enum { JOB_CATCHUP_NONE, JOB_CATCHUP_LATEST, JOB_CATCHUP_ALL } job_catchup_t;
 typedef enum { JOB_LAUNCH_LOCAL, JOB_LAUNCH_HOSTFILE, JOB_LAUNCH_SLURM } job_launcher_t;
@@ -29,13 +38,6 @@ typedef enum { JOB_DEVICE_AUTO, JOB_DEVICE_CPU, JOB_DEVICE_CUDA } job_device_t;
 typedef enum { JOB_MPI_AUTO, JOB_MPI_TCP } job_mpi_transport_t;
 typedef enum { JOB_FMT_CRITEO_TSV, JOB_FMT_KILN_BIN, JOB_FMT_PARQUET } job_format_t;
 typedef enum { JOB_DENSE_AUTO, JOB_DENSE_LOG1P, JOB_DENSE_NONE } job_dense_transform_t;
-typedef enum { JOB_MODEL_LR, JOB_MODEL_FM, JOB_MODEL_DLRM } job_model_type_t;
-/* model.dense_precision: what dlrm's MLP GEMMs multiply in (docs/models.md). */
-typedef enum { JOB_PREC_FP32, JOB_PREC_BF16 } job_precision_t;
-typedef enum { JOB_COMB_SUM, JOB_COMB_MEAN } job_combiner_t;
-typedef enum { JOB_EVICT_LRU, JOB_EVICT_LFU, JOB_EVICT_NONE } job_eviction_t;
-typedef enum { JOB_INIT_UNIFORM, JOB_INIT_NORMAL, JOB_INIT_ZEROS } job_init_t;
-typedef enum { JOB_OPT_SGD, JOB_OPT_ADAGRAD, JOB_OPT_ADAM } job_optimizer_type_t;
 typedef enum { JOB_INITFROM_LATEST, JOB_INITFROM_NONE, JOB_INITFROM_CHECKPOINT } job_init_from_t;
 typedef enum { JOB_EXPORT_NONE, JOB_EXPORT_FULL, JOB_EXPORT_INCREMENTAL } job_export_mode_t;
 typedef enum { JOB_MODE_BATCH, JOB_MODE_ONLINE } job_train_mode_t;
@@ -56,12 +58,12 @@ const char *job_device_name(job_device_t v);
 const char *job_mpi_transport_name(job_mpi_transport_t v);
 const char *job_format_name(job_format_t v);
 const char *job_dense_transform_name(job_dense_transform_t v);
-const char *job_model_type_name(job_model_type_t v);
-const char *job_precision_name(job_precision_t v);
-const char *job_combiner_name(job_combiner_t v);
-const char *job_eviction_name(job_eviction_t v);
-const char *job_init_name(job_init_t v);
-const char *job_optimizer_type_name(job_optimizer_type_t v);
+const char *job_model_type_name(model_type_t v);
+const char *job_precision_name(model_dense_precision_t v);
+const char *job_combiner_name(kern_combine_t v);
+const char *job_eviction_name(kern_evict_t v);
+const char *job_init_name(kern_init_t v);
+const char *job_optimizer_type_name(kern_opt_kind_t v);
 const char *job_export_mode_name(job_export_mode_t v);
 const char *job_init_from_name(job_init_from_t v);
 const char *job_train_mode_name(job_train_mode_t v);
@@ -82,10 +84,10 @@ typedef struct job_columns {
 
 typedef struct job_embedding {
     int dim;                 /* > 0 */
-    job_combiner_t combiner; /* sum */
+    kern_combine_t combiner; /* sum */
     int64_t capacity;        /* rows per table per job (all ranks together) */
-    job_eviction_t eviction; /* lru */
-    job_init_t init;         /* uniform */
+    kern_evict_t eviction; /* lru */
+    kern_init_t init;         /* uniform */
     double init_scale;       /* uniform: U(-s, s); normal: N(0, s); default 0.01 */
     /* Tables larger than memory (docs/models.md): RAM each rank gives the
      * table's rows, as bytes or as a share of its rows; neither set (0):
@@ -113,7 +115,7 @@ typedef struct job_table {
 } job_table_t;
 
 typedef struct job_optimizer {
-    job_optimizer_type_t type;
+    kern_opt_kind_t type;
     double lr;
     double beta1, beta2, eps;    /* adam; eps also for adagrad */
     double initial_accumulator;  /* adagrad */
@@ -191,7 +193,7 @@ typedef struct job_spec {
     } data;
 
     struct {
-        job_model_type_t type;
+        model_type_t type;
         job_embedding_t embedding;
         int *bottom_mlp;
         int nbottom;
@@ -200,7 +202,7 @@ typedef struct job_spec {
         job_table_t *tables; /* always filled: defaulted to one per slot */
         int ntables;
         bool fm_dense_factors; /* fm: the dense features also join the interaction */
-        job_precision_t dense_precision; /* dlrm: fp32, or bf16 GEMMs on a CPU with bf16 */
+        model_dense_precision_t dense_precision; /* dlrm: fp32, or bf16 GEMMs on a CPU with bf16 */
     } model;
 
     struct {

@@ -134,25 +134,25 @@ static void check_model(ctx_t *c)
     int line, col;
     char ip[PATH_MAX_LEN];
     const char *type = job_model_type_name(s->model.type);
-    if (s->model.type != JOB_MODEL_FM && spec_seen(c, "model.fm_dense_factors") != NULL) {
+    if (s->model.type != MODEL_FM && spec_seen(c, "model.fm_dense_factors") != NULL) {
         spec_where(c, &line, &col, "model.fm_dense_factors", NULL);
         spec_diag_at(c, line, col, "model.fm_dense_factors",
                      "only fm has dense factors (model.type is %s)", type);
     }
-    if (s->model.dense_precision == JOB_PREC_BF16 && s->model.type != JOB_MODEL_DLRM) {
+    if (s->model.dense_precision == MODEL_DENSE_BF16 && s->model.type != MODEL_DLRM) {
         spec_where(c, &line, &col, "model.dense_precision", NULL);
         spec_diag_at(c, line, col, "model.dense_precision",
                      "bf16 applies to dlrm's MLP layers, and %s has none (its dense math is a "
                      "dot product per row): remove it or set fp32",
                      type);
     }
-    if (s->model.dense_precision == JOB_PREC_BF16 && s->resources.device == JOB_DEVICE_CUDA) {
+    if (s->model.dense_precision == MODEL_DENSE_BF16 && s->resources.device == JOB_DEVICE_CUDA) {
         spec_where(c, &line, &col, "model.dense_precision", "resources.device", NULL);
         spec_diag_at(c, line, col, "model.dense_precision",
                      "bf16 runs the CPU's dense layers, and resources.device: cuda trains the "
                      "model on the GPU: set resources.device: cpu, or model.dense_precision: fp32");
     }
-    if (s->model.type != JOB_MODEL_DLRM) {
+    if (s->model.type != MODEL_DLRM) {
         static const char *const mlps[] = {"model.bottom_mlp", "model.top_mlp"};
         for (int i = 0; i < 2; i++) {
             if (spec_seen(c, mlps[i]) == NULL)
@@ -187,7 +187,7 @@ static void check_model(ctx_t *c)
         }
     }
     /* dlrm and fm multiply embeddings with each other: one dim for all. */
-    if (s->model.type == JOB_MODEL_LR)
+    if (s->model.type == MODEL_LR)
         return;
     for (int i = 0; i < s->model.ntables; i++) {
         snprintf(ip, sizeof ip, "model.tables[%d].dim", i);
@@ -362,7 +362,7 @@ static void check_spec(ctx_t *c)
                                             "train.optimizer.dense.eps"};
     job_optimizer_t *opts[] = {&s->train.sparse, &s->train.dense};
     for (int i = 0; i < 2; i++)
-        if (opts[i]->type == JOB_OPT_ADAM && spec_seen(c, eps_paths[i]) == NULL)
+        if (opts[i]->type == KERN_OPT_ADAM && spec_seen(c, eps_paths[i]) == NULL)
             opts[i]->eps = 1e-8;
 
     if (s->resources.launcher == JOB_LAUNCH_HOSTFILE && s->resources.hostfile == NULL) {

@@ -67,7 +67,9 @@ enum {
     F_LO_OPEN = 1u << 2,  /* T_NUM: value must be > dlo */
     F_HI_OPEN = 1u << 3,  /* T_NUM: value must be < dhi */
     F_NONE_OK = 1u << 4,  /* T_DUR: "none" means 0; T_NUM: "none" means NAN (unset) */
-    F_DEFINT = 1u << 5    /* T_FN: write def_i as an int at off before the walk */
+    F_DEFINT = 1u << 5,   /* T_FN: write def_i as an int at off before the walk */
+    F_UNIQUE = 1u << 6,   /* parse_strings: an item listed twice is an error */
+    F_JOINED = 1u << 7    /* parse_strings: one char * at off, the items joined by commas */
 };
 
 typedef struct field field_t;
@@ -90,7 +92,8 @@ struct field {
     const field_t *sub;
     field_fn fn;
     check_fn check;
-    int maxlen; /* T_INTLIST */
+    int maxlen;       /* T_INTLIST; parse_strings: the most items */
+    const char *what; /* parse_strings: what the list is, for "expected ..." */
 };
 
 #define FIELD_END                                                                                  \

@@ -26,12 +26,20 @@ static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const mpi_transport_names[] = {"auto", "tcp", NULL};
 static const char *const format_names[] = {"criteo-tsv", "kiln-bin", "parquet", NULL};
 static const char *const dense_transform_names[] = {"auto", "log1p", "none", NULL};
-static const char *const model_type_names[] = {"lr", "fm", "dlrm", NULL};
-static const char *const precision_names[] = {"fp32", "bf16", NULL};
-static const char *const combiner_names[] = {"sum", "mean", NULL};
-static const char *const eviction_names[] = {"lru", "lfu", "none", NULL};
-static const char *const init_names[] = {"uniform", "normal", "zeros", NULL};
-static const char *const optimizer_names[] = {"sgd", "adagrad", "adam", NULL};
+/* The model's enums are model.h's and kern.h's (jobs.h): these spellings are
+ * indexed by their values, which is also the order the refusals list them in. */
+static const char *const model_type_names[] = {
+    [MODEL_LR] = "lr", [MODEL_FM] = "fm", [MODEL_DLRM] = "dlrm", NULL};
+static const char *const precision_names[] = {
+    [MODEL_DENSE_FP32] = "fp32", [MODEL_DENSE_BF16] = "bf16", NULL};
+static const char *const combiner_names[] = {
+    [KERN_COMBINE_SUM] = "sum", [KERN_COMBINE_MEAN] = "mean", NULL};
+static const char *const eviction_names[] = {
+    [KERN_EVICT_NONE] = "none", [KERN_EVICT_LRU] = "lru", [KERN_EVICT_LFU] = "lfu", NULL};
+static const char *const init_names[] = {
+    [KERN_INIT_ZEROS] = "zeros", [KERN_INIT_UNIFORM] = "uniform", [KERN_INIT_NORMAL] = "normal", NULL};
+static const char *const optimizer_names[] = {
+    [KERN_OPT_SGD] = "sgd", [KERN_OPT_ADAGRAD] = "adagrad", [KERN_OPT_ADAM] = "adam", NULL};
 static const char *const init_from_names[] = {"latest", "none", "checkpoint", NULL};
 static const char *const export_names[] = {"none", "full", "incremental", NULL};
 static const char *const mode_names[] = {"batch", "online", NULL};
@@ -54,12 +62,12 @@ ENUM_NAME_FN(job_device_name, job_device_t, device_names)
 ENUM_NAME_FN(job_mpi_transport_name, job_mpi_transport_t, mpi_transport_names)
 ENUM_NAME_FN(job_format_name, job_format_t, format_names)
 ENUM_NAME_FN(job_dense_transform_name, job_dense_transform_t, dense_transform_names)
-ENUM_NAME_FN(job_model_type_name, job_model_type_t, model_type_names)
-ENUM_NAME_FN(job_precision_name, job_precision_t, precision_names)
-ENUM_NAME_FN(job_combiner_name, job_combiner_t, combiner_names)
-ENUM_NAME_FN(job_eviction_name, job_eviction_t, eviction_names)
-ENUM_NAME_FN(job_init_name, job_init_t, init_names)
-ENUM_NAME_FN(job_optimizer_type_name, job_optimizer_type_t, optimizer_names)
+ENUM_NAME_FN(job_model_type_name, model_type_t, model_type_names)
+ENUM_NAME_FN(job_precision_name, model_dense_precision_t, precision_names)
+ENUM_NAME_FN(job_combiner_name, kern_combine_t, combiner_names)
+ENUM_NAME_FN(job_eviction_name, kern_evict_t, eviction_names)
+ENUM_NAME_FN(job_init_name, kern_init_t, init_names)
+ENUM_NAME_FN(job_optimizer_type_name, kern_opt_kind_t, optimizer_names)
 ENUM_NAME_FN(job_init_from_name, job_init_from_t, init_from_names)
 ENUM_NAME_FN(job_export_mode_name, job_export_mode_t, export_names)
 ENUM_NAME_FN(job_train_mode_name, job_train_mode_t, mode_names)
@@ -210,12 +218,10 @@ static void defer_tables(ctx_t *c, const field_t *f, const yaml_node_t *val, cha
                          const char *path);
 static void parse_slots(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                         const char *path);
-static void parse_interfaces(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                             const char *path);
-static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                              const char *path);
-static void parse_column_list(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                              const char *path);
+static void parse_strings(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                          const char *path);
+static const char *check_interface(const char *s, char *buf, size_t bufsz);
+static const char *check_sbatch_arg(const char *s, char *buf, size_t bufsz);
 static const char *check_column(const char *s, char *buf, size_t bufsz);
 static void parse_memory(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
                          const char *path);
@@ -233,7 +239,11 @@ static void parse_ramp(ctx_t *c, const field_t *f, const yaml_node_t *val, char 
 static const field_t mpi_fields[] = {
     {.key = "interfaces",
      .type = T_FN,
-     .fn = parse_interfaces,
+     .fn = parse_strings,
+     .flags = F_JOINED,
+     .check = check_interface,
+     .maxlen = 16,
+     .what = "an interface or a list of them",
      .off = offsetof(job_spec_t, resources.mpi.interfaces)},
     ENUM("transport", job_spec_t, resources.mpi.transport, JOB_MPI_AUTO, mpi_transport_names),
     FIELD_END};
@@ -251,7 +261,10 @@ static const field_t resources_fields[] = {
     INT("gpus_per_node", job_spec_t, resources.gpus_per_node, 0, 0, 64),
     {.key = "sbatch_args",
      .type = T_FN,
-     .fn = parse_sbatch_args,
+     .fn = parse_strings,
+     .check = check_sbatch_arg,
+     .maxlen = 64,
+     .what = "a list of sbatch options",
      .off = offsetof(job_spec_t, resources.sbatch_args),
      .off2 = offsetof(job_spec_t, resources.nsbatch_args)},
     GROUP("mpi", mpi_fields, 0),
@@ -267,13 +280,19 @@ static const field_t columns_fields[] = {
     STR("label", job_columns_t, label, "label", F_NONEMPTY, check_column),
     {.key = "dense",
      .type = T_FN,
-     .fn = parse_column_list,
+     .fn = parse_strings,
+     .flags = F_UNIQUE,
+     .check = check_column,
+     .what = "a list of Parquet column names",
      .off = offsetof(job_columns_t, dense),
      .off2 = offsetof(job_columns_t, ndense),
      .maxlen = 4096},
     {.key = "categorical",
      .type = T_FN,
-     .fn = parse_column_list,
+     .fn = parse_strings,
+     .flags = F_UNIQUE,
+     .check = check_column,
+     .what = "a list of Parquet column names",
      .off = offsetof(job_columns_t, categorical),
      .off2 = offsetof(job_columns_t, ncategorical),
      .maxlen = 1024},
@@ -303,10 +322,10 @@ static const field_t admit_fields[] = {
 
 static const field_t embedding_fields[] = {
     INT("dim", job_embedding_t, dim, 16, 1, 1024),
-    ENUM("combiner", job_embedding_t, combiner, JOB_COMB_SUM, combiner_names),
+    ENUM("combiner", job_embedding_t, combiner, KERN_COMBINE_SUM, combiner_names),
     I64("capacity", job_embedding_t, capacity, 1000000, 1, INT64_C(1) << 40),
-    ENUM("eviction", job_embedding_t, eviction, JOB_EVICT_LRU, eviction_names),
-    ENUM("init", job_embedding_t, init, JOB_INIT_UNIFORM, init_names),
+    ENUM("eviction", job_embedding_t, eviction, KERN_EVICT_LRU, eviction_names),
+    ENUM("init", job_embedding_t, init, KERN_INIT_UNIFORM, init_names),
     NUM("init_scale", job_embedding_t, init_scale, 0.01, 0.0, INFINITY, 0),
     {.key = "memory", .type = T_FN, .fn = parse_memory},
     GROUP("admit", admit_fields, 0),
@@ -326,19 +345,19 @@ const field_t spec_table_fields[] = {STR("name", job_table_t, name, NULL, F_REQU
                                      INLINE(job_table_t, emb, embedding_fields), FIELD_END};
 
 static const field_t model_fields[] = {
-    ENUM("type", job_spec_t, model.type, JOB_MODEL_LR, model_type_names),
+    ENUM("type", job_spec_t, model.type, MODEL_LR, model_type_names),
     MAP("embedding", job_spec_t, model.embedding, model_embedding_fields, 0),
     INTLIST("bottom_mlp", job_spec_t, model.bottom_mlp, model.nbottom, 1, 65536, 16),
     INTLIST("top_mlp", job_spec_t, model.top_mlp, model.ntop, 1, 65536, 16),
     FN("tables", defer_tables, 0),
     BOOL("fm_dense_factors", job_spec_t, model.fm_dense_factors, false),
-    ENUM("dense_precision", job_spec_t, model.dense_precision, JOB_PREC_FP32, precision_names),
+    ENUM("dense_precision", job_spec_t, model.dense_precision, MODEL_DENSE_FP32, precision_names),
     FIELD_END};
 
 /* adagrad's eps default (1e-10) is in the table; adam's (1e-8) is applied
  * by check_spec() when eps is not given. */
 static const field_t optimizer_fields[] = {
-    ENUM("type", job_optimizer_t, type, JOB_OPT_ADAGRAD, optimizer_names),
+    ENUM("type", job_optimizer_t, type, KERN_OPT_ADAGRAD, optimizer_names),
     NUM("lr", job_optimizer_t, lr, 0.05, 0.0, INFINITY, 0),
     NUM("beta1", job_optimizer_t, beta1, 0.9, 0.0, 1.0, F_HI_OPEN),
     NUM("beta2", job_optimizer_t, beta2, 0.999, 0.0, 1.0, F_HI_OPEN),
@@ -512,33 +531,6 @@ static const char *check_interface(const char *s, char *buf, size_t bufsz)
     return buf;
 }
 
-static void parse_interfaces(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                             const char *path)
-{
-    int n = 0;
-    char **v =
-        string_items(c, val, path, 16, "an interface or a list of them", check_interface, &n);
-    if (v == NULL)
-        return;
-    size_t len = 1;
-    for (int i = 0; i < n; i++)
-        len += strlen(v[i]) + 1;
-    char *joined = kiln_calloc(1, len);
-    for (int i = 0; i < n; i++) {
-        if (joined != NULL) {
-            strcat(joined, i ? "," : "");
-            strcat(joined, v[i]);
-        }
-        free(v[i]);
-    }
-    free(v);
-    if (joined == NULL)
-        c->nomem = true;
-    char **p = (char **)(base + f->off);
-    free(*p);
-    *p = joined;
-}
-
 /* sbatch options Kiln sets itself, and the spec field that says each. */
 static const struct {
     char shrt; /* 0: no short form */
@@ -598,6 +590,52 @@ static void set_string_list(const field_t *f, char *base, char **v, int n)
     free(*p);
     *p = v;
     *(int *)(base + f->off2) = n;
+}
+
+/* A list of strings (a single string is a list of one) as its row says:
+ * at most f->maxlen items, each checked by f->check; with F_UNIQUE none
+ * twice; with F_JOINED stored as one comma-joined string at off, else as a
+ * list at off with its count at off2. */
+static void parse_strings(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                          const char *path)
+{
+    int n = 0;
+    char **v = string_items(c, val, path, f->maxlen, f->what, f->check, &n);
+    if (v == NULL)
+        return;
+    for (int i = 1; (f->flags & F_UNIQUE) && i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (strcmp(v[i], v[j]) == 0) {
+                char ip[PATH_MAX_LEN];
+                const yaml_node_t *it =
+                    val->type == YAML_SEQUENCE_NODE
+                        ? yaml_document_get_node(c->doc, val->data.sequence.items.start[i])
+                        : val;
+                spec_index_path(ip, path, i);
+                spec_diag(c, it, ip, "\"%.80s\" is listed twice (also %s[%d])", v[i], path, j);
+                j = i;
+            }
+    if (!(f->flags & F_JOINED)) {
+        set_string_list(f, base, v, n);
+        return;
+    }
+    size_t len = 1;
+    for (int i = 0; i < n; i++)
+        len += strlen(v[i]) + 1;
+    char *joined = kiln_calloc(1, len);
+    for (int i = 0; i < n; i++) {
+        if (joined != NULL) {
+            strcat(joined, i ? "," : "");
+            strcat(joined, v[i]);
+        }
+        free(v[i]);
+    }
+    free(v);
+    if (joined == NULL)
+        c->nomem = true;
+    char **p = (char **)(base + f->off);
+    free(*p);
+    *p = joined;
 }
 
 /* model.embedding.memory: "25%" (a share of the table's rows on each rank)
@@ -726,15 +764,6 @@ static void parse_ramp(ctx_t *c, const field_t *f, const yaml_node_t *val, char 
     s->push.ramp_every_ms = ms;
 }
 
-static void parse_sbatch_args(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                              const char *path)
-{
-    int n = 0;
-    char **v = string_items(c, val, path, 64, "a list of sbatch options", check_sbatch_arg, &n);
-    if (v != NULL)
-        set_string_list(f, base, v, n);
-}
-
 /* A Parquet column name: what a writer may call a top-level field, less
  * what would not survive a message (control characters) or Kiln's footer
  * reader (names over 127 bytes). */
@@ -751,31 +780,6 @@ static const char *check_column(const char *s, char *buf, size_t bufsz)
              "characters)",
              s);
     return buf;
-}
-
-/* data.columns.dense / .categorical: a list of column names, each once. */
-static void parse_column_list(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                              const char *path)
-{
-    int n = 0;
-    char **v = string_items(c, val, path, f->maxlen, "a list of Parquet column names",
-                            check_column, &n);
-    if (v == NULL)
-        return;
-    for (int i = 1; i < n; i++)
-        for (int j = 0; j < i; j++)
-            if (strcmp(v[i], v[j]) == 0) {
-                char ip[PATH_MAX_LEN];
-                const yaml_node_t *it =
-                    val->type == YAML_SEQUENCE_NODE
-                        ? yaml_document_get_node(c->doc, val->data.sequence.items.start[i])
-                        : val;
-                spec_index_path(ip, path, i);
-                spec_diag(c, it, ip, "column \"%.80s\" is listed twice (also %s[%d])", v[i],
-                          path, j);
-                j = i;
-            }
-    set_string_list(f, base, v, n);
 }
 
 static void parse_endpoints(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,

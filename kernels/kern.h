@@ -29,6 +29,10 @@
 extern "C" {
 #endif
 
+/* The optimizer, initializer, eviction and combiner kinds have this one home:
+ * the job spec's fields hold them (jobs.h) and the dense optimizer's type is a
+ * kern_opt_kind_t too (model.h). Their values are never written to a file or
+ * the wire (checkpoints and result.json spell them, e.g. "adagrad"). */
 typedef enum { KERN_INIT_ZEROS = 0, KERN_INIT_UNIFORM = 1, KERN_INIT_NORMAL = 2 } kern_init_t;
 typedef enum { KERN_EVICT_NONE = 0, KERN_EVICT_LRU = 1, KERN_EVICT_LFU = 2 } kern_evict_t;
 /* How a disk tier moves pages: AUTO is io_uring when Kiln is built with

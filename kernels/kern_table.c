@@ -402,14 +402,7 @@ static int64_t find_or_add(kern_table_t *t, int64_t key, int *added)
 
 static int log_removed(kern_table_t *t, int64_t key, int64_t stamp, int64_t step)
 {
-    if (t->nlog == t->caplog) {
-        int64_t ncap = t->caplog ? 2 * t->caplog : 64;
-        kern_evicted_t *p = kiln_reallocarray(t->log, (size_t)ncap, sizeof *p);
-        if (!p)
-            return KILN_ENOMEM;
-        t->log = p;
-        t->caplog = ncap;
-    }
+    KILN_CHECK(kiln_grow_to((void **)&t->log, &t->caplog, t->nlog + 1, sizeof *t->log, 64));
     t->log[t->nlog++] = (kern_evicted_t){.key = key, .stamp = stamp, .step = step};
     return 0;
 }
@@ -696,17 +689,8 @@ static void rec_to_row(kern_table_t *t, const uint8_t *rec, int64_t r)
 
 static int dem_reserve(kern_table_t *t, int64_t more)
 {
-    if (t->ndem + more <= t->capdem)
-        return 0;
-    int64_t ncap = t->capdem ? 2 * t->capdem : 1024;
-    while (ncap < t->ndem + more)
-        ncap *= 2;
-    uint8_t *p = realloc(t->dem, (size_t)ncap * kern_tier_rec_bytes(t->cold));
-    if (!p)
-        return KILN_ENOMEM;
-    t->dem = p;
-    t->capdem = ncap;
-    return 0;
+    return kiln_grow_to((void **)&t->dem, &t->capdem, t->ndem + more,
+                        kern_tier_rec_bytes(t->cold), 1024);
 }
 
 /* Moves live row r (key in slot i of g) to the batch of rows leaving RAM. */
@@ -813,14 +797,7 @@ static int pin(kern_table_t *t, int64_t r, int64_t step)
 {
     if (t->used[r] == (uint16_t)step)
         return 0; /* used by a lookup of the step, or pinned already */
-    if (t->npins == t->cappins) {
-        int64_t ncap = t->cappins ? 2 * t->cappins : 1024;
-        int32_t *p = kiln_reallocarray(t->pins, (size_t)ncap, sizeof *p);
-        if (!p)
-            return KILN_ENOMEM;
-        t->pins = p;
-        t->cappins = ncap;
-    }
+    KILN_CHECK(kiln_grow_to((void **)&t->pins, &t->cappins, t->npins + 1, sizeof *t->pins, 1024));
     t->pins[t->npins++] = (int32_t)r;
     t->used[r] = (uint16_t)step;
     return 0;

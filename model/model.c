@@ -125,7 +125,7 @@ static int check_config(const model_config_t *c)
     if (c->precision == MODEL_DENSE_BF16)
         KILN_CHECK(model_bf16_check_here());
     const model_dense_opt_t *o = &c->opt;
-    if (o->type != MODEL_DENSE_SGD && o->type != MODEL_DENSE_ADAGRAD && o->type != MODEL_DENSE_ADAM)
+    if (o->type != KERN_OPT_SGD && o->type != KERN_OPT_ADAGRAD && o->type != KERN_OPT_ADAM)
         return kiln_errf(KILN_EINVAL, "unknown dense optimizer %d (sgd, adagrad or adam)",
                          (int)o->type);
     if (!(o->lr >= 0.0f) || !isfinite(o->lr))
@@ -133,12 +133,12 @@ static int check_config(const model_config_t *c)
     if (!(o->weight_decay >= 0.0f))
         return kiln_errf(KILN_EINVAL, "dense optimizer: weight_decay must be >= 0, got %g",
                          o->weight_decay);
-    if (o->type != MODEL_DENSE_SGD && !(o->eps >= 0.0f))
+    if (o->type != KERN_OPT_SGD && !(o->eps >= 0.0f))
         return kiln_errf(KILN_EINVAL, "dense optimizer: eps must be >= 0, got %g", o->eps);
-    if (o->type == MODEL_DENSE_ADAGRAD && !(o->initial_accumulator >= 0.0f))
+    if (o->type == KERN_OPT_ADAGRAD && !(o->initial_accumulator >= 0.0f))
         return kiln_errf(KILN_EINVAL, "dense optimizer: initial_accumulator must be >= 0, got %g",
                          o->initial_accumulator);
-    if (o->type == MODEL_DENSE_ADAM &&
+    if (o->type == KERN_OPT_ADAM &&
         !(o->beta1 >= 0.0f && o->beta1 < 1.0f && o->beta2 >= 0.0f && o->beta2 < 1.0f))
         return kiln_errf(KILN_EINVAL,
                          "dense optimizer: adam betas must be in [0, 1), got %g and %g", o->beta1,
@@ -194,10 +194,10 @@ static void init_params(model_t *m)
 static void reset_opt_state(model_t *m)
 {
     m->opt_t = 0;
-    if (m->opt.type == MODEL_DENSE_ADAGRAD)
+    if (m->opt.type == KERN_OPT_ADAGRAD)
         for (size_t i = 0; i < m->nparams; i++)
             m->opt_a[i] = m->opt.initial_accumulator;
-    if (m->opt.type == MODEL_DENSE_ADAM) {
+    if (m->opt.type == KERN_OPT_ADAM) {
         memset(m->opt_a, 0, m->nparams * sizeof(float));
         memset(m->opt_b, 0, m->nparams * sizeof(float));
     }
@@ -247,9 +247,9 @@ int model_create(const model_config_t *cfg, model_t **out /* OUT */)
     m->gz = alloc_f(B);
     if (!m->params || !m->grads || !m->grads_lo || !m->logits || !m->probs || !m->gz)
         goto nomem;
-    if (m->opt.type != MODEL_DENSE_SGD && !(m->opt_a = alloc_f(m->nparams)))
+    if (m->opt.type != KERN_OPT_SGD && !(m->opt_a = alloc_f(m->nparams)))
         goto nomem;
-    if (m->opt.type == MODEL_DENSE_ADAM && !(m->opt_b = alloc_f(m->nparams)))
+    if (m->opt.type == KERN_OPT_ADAM && !(m->opt_b = alloc_f(m->nparams)))
         goto nomem;
 
     if (m->type == MODEL_FM && m->k > 0) {
@@ -534,9 +534,9 @@ void model_state(model_t *m, model_array_t arrays[MODEL_MAX_STATE] /* OUT */,
 {
     int k = 0;
     arrays[k++] = (model_array_t){"dense.params", m->params, m->nparams};
-    if (m->opt.type == MODEL_DENSE_ADAGRAD)
+    if (m->opt.type == KERN_OPT_ADAGRAD)
         arrays[k++] = (model_array_t){"dense.adagrad_acc", m->opt_a, m->nparams};
-    if (m->opt.type == MODEL_DENSE_ADAM) {
+    if (m->opt.type == KERN_OPT_ADAM) {
         arrays[k++] = (model_array_t){"dense.adam_m", m->opt_a, m->nparams};
         arrays[k++] = (model_array_t){"dense.adam_v", m->opt_b, m->nparams};
     }
@@ -596,7 +596,7 @@ int model_load_arrays(model_t *m, const model_array_t *arrays, int narrays, int6
     if (nmine > 1 && !have_opt) {
         reset_opt_state(m);
         KILN_INFO("dense state: no %s optimizer state in the checkpoint; starting it fresh",
-                  m->opt.type == MODEL_DENSE_ADAM ? "adam" : "adagrad");
+                  m->opt.type == KERN_OPT_ADAM ? "adam" : "adagrad");
     } else {
         m->opt_t = step < 0 ? 0 : step;
     }

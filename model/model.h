@@ -57,6 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kern.h"
 #include "kiln.h"
 
 #ifdef __cplusplus
@@ -64,7 +65,6 @@ extern "C" {
 #endif
 
 typedef enum { MODEL_LR = 0, MODEL_FM = 1, MODEL_DLRM = 2 } model_type_t;
-typedef enum { MODEL_DENSE_SGD = 0, MODEL_DENSE_ADAGRAD = 1, MODEL_DENSE_ADAM = 2 } model_dense_opt_type_t;
 
 /* model.dense_precision: what dlrm's MLP GEMMs multiply in. fp32 is
  * OpenBLAS's float32 SGEMM; bf16 rounds both operands to bfloat16 and
@@ -74,7 +74,8 @@ typedef enum { MODEL_DENSE_SGD = 0, MODEL_DENSE_ADAGRAD = 1, MODEL_DENSE_ADAM = 
  * MLP: model_create refuses bf16 for them. */
 typedef enum { MODEL_DENSE_FP32 = 0, MODEL_DENSE_BF16 = 1 } model_dense_precision_t;
 
-/* The dense optimizer; same formulas as the sparse one in kernels/kern_ops.h,
+/* The dense optimizer, of kern.h's kinds (one enum for both optimizers);
+ * same formulas as the sparse one in kernels/kern_ops.h,
  * with coupled L2 weight decay (g += weight_decay * w before the update, on
  * every dense parameter, biases included):
  *   sgd:     w -= lr * g
@@ -83,7 +84,7 @@ typedef enum { MODEL_DENSE_FP32 = 0, MODEL_DENSE_BF16 = 1 } model_dense_precisio
  *   adam:    t += 1; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  *            w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)       */
 typedef struct {
-    model_dense_opt_type_t type;
+    kern_opt_kind_t type;
     float lr;
     float eps;                 /* adagrad, adam */
     float beta1, beta2;        /* adam, each in [0, 1) */

@@ -21,12 +21,12 @@ int model_step(model_t *m)
     const float lr = m->opt.lr, wd = m->opt.weight_decay, eps = m->opt.eps;
 
     switch (m->opt.type) {
-    case MODEL_DENSE_SGD:
+    case KERN_OPT_SGD:
 #pragma omp parallel for simd schedule(static) if (P >= 65536)
         for (long i = 0; i < P; i++)
             kern_sgd_elem(&w[i], kern_dd_float(g[i], gl[i]) + wd * w[i], lr);
         break;
-    case MODEL_DENSE_ADAGRAD: {
+    case KERN_OPT_ADAGRAD: {
         float *acc = m->opt_a;
 #pragma omp parallel for simd schedule(static) if (P >= 65536)
         for (long i = 0; i < P; i++) {
@@ -34,7 +34,7 @@ int model_step(model_t *m)
         }
         break;
     }
-    case MODEL_DENSE_ADAM: {
+    case KERN_OPT_ADAM: {
         float *mm = m->opt_a, *vv = m->opt_b;
         const float b1 = m->opt.beta1, b2 = m->opt.beta2;
         m->opt_t++;
@@ -48,7 +48,7 @@ int model_step(model_t *m)
         break;
     }
     }
-    if (m->opt.type != MODEL_DENSE_ADAM)
+    if (m->opt.type != KERN_OPT_ADAM)
         m->opt_t++;
     /* bf16: the weights the next steps multiply by, rounded once here. */
     if (m->bf)

@@ -15,7 +15,7 @@
  * Also here: reading each endpoint's /v1/stats for the endpoints page, and
  * the push description of a job's model (ops_model_desc; kiln export's too).
  */
-#include "ops.h"
+#include "ops_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -68,10 +68,13 @@ int64_t ops_push_backoff_ms(int rounds)
 /* ---- what each push needs -------------------------------------------------------------- */
 
 /* A job's settings for its pushes: the current spec (token, retries,
- * timeout, gate). */
+ * timeout, gate), parsed once per delivery, or borrowed from the caller
+ * that parsed it already (kiln push). */
 typedef struct job_ctx {
     int64_t job_id;
+    int version; /* the current spec's version */
     bool ok;
+    bool borrowed; /* spec is the caller's: not freed here */
     job_spec_t spec;
 } job_ctx_t;
 
@@ -97,8 +100,10 @@ static job_ctx_t *job_ctx(state_t *st, job_ctx_t *jobs, size_t *njobs, int64_t j
     job_ctx_t *j = &jobs[(*njobs)++];
     j->job_id = job_id;
     state_job_t row = {0};
-    if (job_id > 0 && state_job_get_by_id(st, job_id, &row) == 0)
+    if (job_id > 0 && state_job_get_by_id(st, job_id, &row) == 0) {
+        j->version = row.version;
         j->ok = job_spec_parse(row.spec_yaml, strlen(row.spec_yaml), row.name, &j->spec, NULL) == 0;
+    }
     state_job_fini(&row);
     return j;
 }
@@ -108,10 +113,8 @@ static job_ctx_t *job_ctx(state_t *st, job_ctx_t *jobs, size_t *njobs, int64_t j
 int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
 {
     memset(d, 0, sizeof *d);
-    model_type_t mt = sp->model.type == JOB_MODEL_FM     ? MODEL_FM
-                         : sp->model.type == JOB_MODEL_DLRM ? MODEL_DLRM
-                                                            : MODEL_LR;
-    d->model_type = (int)mt;
+    model_type_t mt = sp->model.type;
+    d->model_type = (int)mt; /* the wire's number is model_type_t's value */
     d->nslots = sp->data.cat_slots;
     d->ndense = sp->data.dense_features;
     d->dim = model_table_dim(mt, sp->model.embedding.dim);
@@ -134,7 +137,7 @@ int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
         for (int i = 0; i < jt->nslots; i++)
             if (jt->slots[i] >= 0 && jt->slots[i] < d->nslots) {
                 d->slot_table[jt->slots[i]] = t;
-                d->slot_mean[jt->slots[i]] = jt->emb.combiner == JOB_COMB_MEAN;
+                d->slot_mean[jt->slots[i]] = jt->emb.combiner == KERN_COMBINE_MEAN;
             }
     }
     /* nparams: the checkpoint source reads it from the checkpoint itself. */
@@ -142,7 +145,11 @@ int ops_model_desc(const job_spec_t *sp, serve_model_desc_t *d)
 }
 
 /* The model description of checkpoint c: from the spec version its run
- * trained with (the job's current spec may have changed the model since). */
+ * trained with. Two documents, because they answer two questions: the
+ * version the run trained with says what model the checkpoint holds, while
+ * the push settings (token, retries, gate) are the job's as they are now.
+ * They are one document, parsed once (job_ctx), unless the job's spec has
+ * changed since the run; only then is the run's version parsed here. */
 static int desc_of(state_t *st, const state_push_t *p, const job_ctx_t *job,
                    serve_model_desc_t *desc)
 {
@@ -150,8 +157,12 @@ static int desc_of(state_t *st, const state_push_t *p, const job_ctx_t *job,
     char *yaml = NULL;
     int rc = p->run_id > 0 ? state_run_get(st, p->run_id, &r) : KILN_ENOENT;
     if (rc == 0) {
-        rc = state_job_version_spec(st, r.job_id, r.job_version, &yaml);
+        bool current = job->ok && r.job_id == job->job_id && r.job_version == job->version;
+        if (!current)
+            rc = state_job_version_spec(st, r.job_id, r.job_version, &yaml);
         state_run_fini(&r);
+        if (current)
+            return ops_model_desc(&job->spec, desc);
     }
     if (rc == 0) {
         job_spec_t sp;
@@ -284,17 +295,6 @@ static void prepare(state_t *st, item_t *it, job_ctx_t *jobs, size_t *njobs, con
     }
 }
 
-typedef struct opener {
-    const char *path;
-    const serve_model_desc_t *desc;
-} opener_t;
-
-static int open_ckpt(void *ctx, const char *held, serve_source_t **out)
-{
-    const opener_t *o = ctx;
-    return serve_ckptsrc_open(o->path, o->desc, held, out);
-}
-
 /* What a serve_push result means for the push. */
 static void outcome(item_t *it, const serve_push_result_t *r)
 {
@@ -339,13 +339,19 @@ static void outcome(item_t *it, const serve_push_result_t *r)
 
 int ops_deliver(state_t *st, const char *claimer, state_push_t *ps, size_t n)
 {
+    return ops_deliver_spec(st, claimer, ps, n, NULL, 0);
+}
+
+int ops_deliver_spec(state_t *st, const char *claimer, state_push_t *ps, size_t n,
+                     const job_spec_t *spec, int version)
+{
     if (n == 0)
         return 0;
     item_t *items = kiln_calloc(n, sizeof *items);
     job_ctx_t *jobs = kiln_calloc(n, sizeof *jobs);
     serve_target_t *targets = kiln_calloc(n, sizeof *targets);
     serve_push_result_t *res = kiln_calloc(n, sizeof *res);
-    opener_t *openers = kiln_calloc(n, sizeof *openers);
+    serve_ckptsrc_at_t *openers = kiln_calloc(n, sizeof *openers);
     size_t *which = kiln_calloc(n, sizeof *which);
     size_t njobs = 0, nt = 0;
     int rc = 0;
@@ -354,6 +360,8 @@ int ops_deliver(state_t *st, const char *claimer, state_push_t *ps, size_t n)
         rc = KILN_ENOMEM;
         goto out;
     }
+    if (spec != NULL) /* every push is of ps[0]'s job, whose spec the caller parsed */
+        jobs[njobs++] = (job_ctx_t){ps[0].job_id, version, true, true, *spec};
     char role[64];
     snprintf(role, sizeof role, "%.*s", (int)strcspn(claimer, "@"), claimer);
     for (size_t i = 0; i < n; i++) {
@@ -361,9 +369,10 @@ int ops_deliver(state_t *st, const char *claimer, state_push_t *ps, size_t n)
         prepare(st, &items[i], jobs, &njobs, role);
         if (!items[i].send)
             continue;
-        openers[nt] = (opener_t){ps[i].checkpoint_path, &items[i].desc};
-        targets[nt] = (serve_target_t){ps[i].url,  ps[i].model, ps[i].label,      items[i].held,
-                                       open_ckpt, &openers[nt], &items[i].opts};
+        openers[nt] = (serve_ckptsrc_at_t){ps[i].checkpoint_path, &items[i].desc};
+        targets[nt] = (serve_target_t){ps[i].url,     ps[i].model,          ps[i].label,
+                                       items[i].held, serve_ckptsrc_opener, &openers[nt],
+                                       &items[i].opts};
         which[nt++] = i;
     }
     if (nt > 0) {
@@ -389,7 +398,7 @@ int ops_deliver(state_t *st, const char *claimer, state_push_t *ps, size_t n)
     }
 out:
     for (size_t i = 0; jobs != NULL && i < njobs; i++)
-        if (jobs[i].ok)
+        if (jobs[i].ok && !jobs[i].borrowed)
             job_spec_fini(&jobs[i].spec);
     KILN_FREE_ALL(items, jobs, targets, res, openers, which);
     return rc;

@@ -30,7 +30,7 @@ int ops_submit(state_t *st, const ops_submit_t *in, job_diags_t *diags, ops_subm
      * local they run on kilnd's host, which is this one (the web API runs in
      * kilnd; kiln submit writes kilnd's database); hostfile and slurm ranks
      * are checked by kiln-train when it starts. */
-    if (out->spec.model.dense_precision == JOB_PREC_BF16 &&
+    if (out->spec.model.dense_precision == MODEL_DENSE_BF16 &&
         out->spec.resources.launcher == JOB_LAUNCH_LOCAL) {
         int rc = model_bf16_check_here();
         if (rc < 0) {

@@ -6,7 +6,7 @@
  * `kiln push`, `kiln promote` and `kiln rollback` queue theirs claimed by the
  * command and deliver them at once (ops_deliver.c).
  */
-#include "ops.h"
+#include "ops_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,10 +119,11 @@ int ops_after_export(state_t *st, int64_t run_id, const job_spec_t *spec, int64_
 #define OPS_CLAIM_LEASE_MS (3600 * 1000)
 
 /* Queues reqs for job_id / run_id claimed by this process, delivers them and
- * fills rep. */
+ * fills rep. spec: the job's current spec (of version `version`) when the
+ * caller parsed it, so that delivery does not parse it again; or NULL. */
 static int queue_and_deliver(state_t *st, int64_t job_id, int64_t run_id,
                              const state_push_req_t *reqs, size_t n, const char *uid,
-                             ops_push_report_t *rep)
+                             const job_spec_t *spec, int version, ops_push_report_t *rep)
 {
     int64_t *ids = kiln_calloc(n + 1, sizeof *ids);
     state_push_t *ps = kiln_calloc(n + 1, sizeof *ps);
@@ -139,7 +140,9 @@ static int queue_and_deliver(state_t *st, int64_t job_id, int64_t run_id,
                     rc, out);
     for (; got < n; got++)
         KILN_CHECK_GOTO(state_push_get(st, ids[got], &ps[got]), rc, out);
-    KILN_CHECK_GOTO(ops_deliver(st, claimer, ps, got), rc, out);
+    KILN_CHECK_GOTO(spec != NULL ? ops_deliver_spec(st, claimer, ps, got, spec, version)
+                                 : ops_deliver(st, claimer, ps, got),
+                    rc, out);
     /* How each stands now. */
     for (size_t i = 0; i < got; i++) {
         state_push_fini(&ps[i]);
@@ -247,7 +250,7 @@ int ops_push_job(state_t *st, const char *job_name, const char *label, const cha
                        job_name, label ? label : "(any)");
         goto out;
     }
-    rc = queue_and_deliver(st, job.id, c.run_id, reqs, n, c.uid, rep);
+    rc = queue_and_deliver(st, job.id, c.run_id, reqs, n, c.uid, &spec, job.version, rep);
 out:
     free(reqs);
     state_checkpoint_fini(&c);
@@ -312,7 +315,8 @@ static int push_to_label(state_t *st, int64_t ckpt_id, const char *model, const 
     for (size_t i = 0; i < n; i++)
         reqs[i] = (state_push_req_t){eps[i].url, eps[i].model, eps[i].label, c.id, false, reason,
                                      token_env, true};
-    rc = queue_and_deliver(st, job_of_checkpoint(st, &c), c.run_id, reqs, n, c.uid, rep);
+    rc = queue_and_deliver(st, job_of_checkpoint(st, &c), c.run_id, reqs, n, c.uid, NULL, 0,
+                           rep);
 out:
     free(reqs);
     state_endpoint_infos_free(eps, n);

@@ -140,15 +140,25 @@ static bool dispatch(sched_pusher_t *p, state_t *st)
     return true;
 }
 
+/* The database handle of one of the pusher's threads, or NULL when it does
+ * not open (logged as an error: what it does stops until kilnd restarts). */
+static state_t *thread_db(const sched_pusher_t *p, const char *what, const char *stopped)
+{
+    state_t *st = NULL;
+    if (state_open(p->db_path, &st) < 0) {
+        KILN_ERROR("%s: cannot open %s: %s; %s until kilnd restarts", what, p->db_path,
+                   kiln_errmsg(), stopped);
+        return NULL;
+    }
+    return st;
+}
+
 static void *dispatcher(void *arg)
 {
     sched_pusher_t *p = arg;
-    state_t *st = NULL;
-    if (state_open(p->db_path, &st) < 0) {
-        KILN_ERROR("pushes: cannot open %s: %s; no push is delivered until kilnd restarts",
-                   p->db_path, kiln_errmsg());
+    state_t *st = thread_db(p, "pushes", "no push is delivered");
+    if (st == NULL)
         return NULL;
-    }
     int64_t next_reclaim = 0;
     pthread_mutex_lock(&p->mu);
     while (!p->stop) {
@@ -192,11 +202,9 @@ static void nap(sched_pusher_t *p, int64_t ms)
 static void *stats_loop(void *arg)
 {
     sched_pusher_t *p = arg;
-    state_t *st = NULL;
-    if (state_open(p->db_path, &st) < 0) {
-        KILN_WARN("endpoint stats: cannot open %s: %s", p->db_path, kiln_errmsg());
+    state_t *st = thread_db(p, "endpoint stats", "no endpoint's stats are read");
+    if (st == NULL)
         return NULL;
-    }
     pthread_mutex_lock(&p->mu);
     while (!p->stop) {
         pthread_mutex_unlock(&p->mu);
@@ -268,12 +276,9 @@ static void ramp_one(state_t *st, const ops_ramp_t *r, ramp_seen_t *e)
 static void *ramp_loop(void *arg)
 {
     sched_pusher_t *p = arg;
-    state_t *st = NULL;
-    if (state_open(p->db_path, &st) < 0) {
-        KILN_WARN("push.ramp: cannot open %s: %s; no ramp moves until kilnd restarts",
-                  p->db_path, kiln_errmsg());
+    state_t *st = thread_db(p, "push.ramp", "no ramp moves");
+    if (st == NULL)
         return NULL;
-    }
     ramp_seen_t *seen = NULL;
     size_t nseen = 0;
     pthread_mutex_lock(&p->mu);

@@ -155,6 +155,14 @@ int serve_memsrc_open(serve_memsrc_t *m, serve_source_t **out /* OUT */);
  * KILN_ECORRUPT (manifest or file named) or KILN_ENOMEM. */
 int serve_ckptsrc_open(const char *ckpt_dir, const serve_model_desc_t *desc, const char *held,
                        serve_source_t **out /* OUT */);
+/* serve_ckptsrc_open as a target's opener (serve_target_t.open, with a
+ * serve_ckptsrc_at_t as open_ctx): the checkpoint to push and its model. */
+typedef struct serve_ckptsrc_at {
+    const char *ckpt_dir;
+    const serve_model_desc_t *desc;
+} serve_ckptsrc_at_t;
+int serve_ckptsrc_opener(void *ctx /* serve_ckptsrc_at_t */, const char *held,
+                         serve_source_t **out /* OUT */);
 
 /* ---- encoder: source -> bytes ------------------------------------------------------- */
 typedef struct serve_enc serve_enc_t;

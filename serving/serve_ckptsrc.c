@@ -125,3 +125,9 @@ out:
     *out = s;
     return 0;
 }
+
+int serve_ckptsrc_opener(void *ctx, const char *held, serve_source_t **out)
+{
+    const serve_ckptsrc_at_t *at = ctx;
+    return serve_ckptsrc_open(at->ckpt_dir, at->desc, held, out);
+}

@@ -154,13 +154,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
     sv_http_t *h = cls;
     conn_t *c = *con_cls;
     if (c == NULL) {
-        c = kiln_calloc(1, sizeof *c);
+        const char *host;
+        bool host_ok;
+        c = web_guard_begin(h->guard, con, sizeof *c, con_cls, h->bind, h->allow_hosts, &host,
+                            &host_ok);
         if (c == NULL)
             return MHD_NO;
-        *con_cls = c;
-        web_guard_request(h->guard, con);
-        const char *host = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Host");
-        if (!kiln_host_allowed(host, h->bind, h->allow_hosts)) {
+        if (!host_ok) {
             c->answered = true;
             char *msg = kiln_asprintf("Host '%.100s' is not a name of this kiln-serve; start it "
                                       "with --allow-host NAME to serve that name",

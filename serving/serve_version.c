@@ -58,7 +58,7 @@ int sv_version_create(const serve_model_desc_t *desc, sv_version_t **out)
         .fm_dense_factors = desc->fm_dense_factors,
         .max_batch = PREDICT_BATCH,
         .seed = 0,
-        .opt = {.type = MODEL_DENSE_SGD, .lr = 0.0f},
+        .opt = {.type = KERN_OPT_SGD, .lr = 0.0f},
     };
     rc = model_create(&cfg, &v->rtm);
     if (rc < 0) {

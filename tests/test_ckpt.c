@@ -53,16 +53,15 @@
 
 static char tmpdir[256];
 
-/* ---- process helpers (the pattern of test_train.c) ------------------------------------ */
+/* ---- process helpers -------------------------------------------------------------------- */
 
-typedef struct {
-    int code;
-    char out[16384];
-    char err[65536];
-} result_t;
+/* A run to its end goes through proc_run (tests/support/proc.c). */
+typedef proc_result_t result_t;
 
-/* Child side: redirect, MPI-as-root env, optional env var and file size cap. */
-static void child_exec(const char *const *argv, const char *env, long fsize)
+/* Child side of a run started in the background (train_start): output to
+ * tmp/stdout and tmp/stderr, MPI-as-root env, optional env var. Leak
+ * checking is off for MPI ranks only. */
+static void child_exec(const char *const *argv, const char *env)
 {
     char outp[512], errp[512];
     snprintf(outp, sizeof outp, "%s/stdout", tmpdir);
@@ -71,35 +70,11 @@ static void child_exec(const char *const *argv, const char *env, long fsize)
     int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(o, 1);
     dup2(e, 2);
-    /* Leak checking is off for MPI ranks only (the kiln CLI and this test
-     * keep it). */
     proc_mpi_env(strcmp(argv[0], "mpirun") == 0);
     if (env != NULL)
         putenv((char *)env);
-    if (fsize > 0) {
-        /* A full disk: writes past fsize fail with EFBIG (SIGXFSZ ignored). */
-        signal(SIGXFSZ, SIG_IGN);
-        struct rlimit rl = {(rlim_t)fsize, (rlim_t)fsize};
-        setrlimit(RLIMIT_FSIZE, &rl);
-    }
     execvp(argv[0], (char *const *)argv);
     _exit(127);
-}
-
-static void run_full(result_t *r, const char *const *argv, const char *env, long fsize)
-{
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0)
-        child_exec(argv, env, fsize);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    r->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    char p[512];
-    snprintf(p, sizeof p, "%s/stdout", tmpdir);
-    proc_slurp(p, r->out, sizeof r->out);
-    snprintf(p, sizeof p, "%s/stderr", tmpdir);
-    proc_slurp(p, r->err, sizeof r->err);
 }
 
 /* A dlrm spec over tmp/data with this train: section and the rest. */
@@ -189,7 +164,7 @@ static pid_t train_start(int np, const char *spec, const char *run_name, const c
     assert_true(pid >= 0);
     if (pid == 0) {
         setpgid(0, 0);
-        child_exec(c.argv, env, 0);
+        child_exec(c.argv, env);
     }
     setpgid(pid, pid);
     return pid;
@@ -198,23 +173,18 @@ static pid_t train_start(int np, const char *spec, const char *run_name, const c
 /* Runs the run of train_cmd to its end into r: its result line as JSON, or
  * NULL when it failed. */
 static json_t *train_full(int np, const char *spec, const char *run_name, const char *const *extra,
-                          const char *env, long fsize, result_t *r)
+                          long fsize, result_t *r)
 {
     train_cmd_t c;
     train_cmd(&c, np, spec, run_name, extra, fsize);
-    run_full(r, c.argv, env, 0);
-    if (r->code != 0)
-        return NULL;
-    json_t *v = json_loads(r->out, 0, NULL);
-    if (v == NULL)
-        fail_msg("kiln-train printed no JSON: %s / %s", r->out, r->err);
-    return v;
+    proc_run(r, tmpdir, c.argv);
+    return fx_train_result(r);
 }
 
 static json_t *train(int np, const char *spec, const char *run_name, const char *const *extra,
                      result_t *r)
 {
-    json_t *v = train_full(np, spec, run_name, extra, NULL, 0, r);
+    json_t *v = train_full(np, spec, run_name, extra, 0, r);
     if (v == NULL)
         fail_msg("kiln-train -np %d %s failed (%d): %s", np, spec, r->code, r->err);
     return v;
@@ -297,7 +267,7 @@ static void kiln_export(result_t *r, const char *db, const char *dir, const char
 {
     const char *argv[] = {KILN_BIN,   "--db", db,      "export", dir,
                           "--format", format, "--out", out,      NULL};
-    run_full(r, argv, NULL, 0);
+    proc_run(r, tmpdir, argv);
     if (r->code != 0)
         fail_msg("kiln export failed (%d): %s", r->code, r->err);
 }
@@ -1598,7 +1568,7 @@ static void test_full_disk_during_dump(void **state)
     write_spec("disk", 120, "checkpoint: {full_every: 1, keep: 10}\n", s, sizeof s);
     json_t *v1 = train_steps(2, s, "disk", "disk1", "5", prev, sizeof prev, r);
     const char *h2[] = {"--resume", prev, "--eval", "none", NULL};
-    json_t *v2 = train_full(2, s, "disk2", h2, NULL, 16384, r);
+    json_t *v2 = train_full(2, s, "disk2", h2, 16384, r);
     assert_null(v2);
     if (r->code != 3)
         fail_msg("expected exit 3, got %d: %s", r->code, r->err);
@@ -1623,7 +1593,7 @@ static void test_corrupt_refused(void **state)
     snprintf(p, sizeof p, "%s/slot5.r0.values.npy", prev);
     poke(p, 130, 0x5a);
     const char *h2[] = {"--resume", prev, NULL};
-    assert_null(train_full(2, s, "corrupt2", h2, NULL, 0, r));
+    assert_null(train_full(2, s, "corrupt2", h2, 0, r));
     assert_int_equal(r->code, 2);
     assert_non_null(strstr(r->err, "slot5.r0.values.npy"));
     assert_non_null(strstr(r->err, "checksum"));
@@ -1724,7 +1694,7 @@ static void test_export_hugectr_fm(void **state)
     snprintf(out, sizeof out, "%s/hfm-hugectr", tmpdir);
     const char *argv[] = {KILN_BIN, "--db", db, "export", uid, "--format", "hugectr", "--out",
                           out, NULL};
-    run_full(r, argv, NULL, 0);
+    proc_run(r, tmpdir, argv);
     if (r->code != 0)
         fail_msg("kiln export %s failed (%d): %s", uid, r->code, r->err);
     char d[1024];
@@ -1889,7 +1859,7 @@ static void test_latest_falls_back(void **state)
     char all[CKPT_UID_MAX * 2 + 2048];
     snprintf(all, sizeof all, "rm -f '%s/ckpt/fb'/*/manifest.json", tmpdir);
     assert_int_equal(system(all), 0);
-    assert_null(train_full(2, s, "fb5", two, NULL, 0, r));
+    assert_null(train_full(2, s, "fb5", two, 0, r));
     assert_int_equal(r->code, 2);
     assert_non_null(strstr(r->err, "init_from latest: none of the "));
     assert_non_null(strstr(r->err, "can be used"));

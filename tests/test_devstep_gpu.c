@@ -73,7 +73,7 @@ static model_t *make_model(model_type_t type, int d)
         .fm_dense_factors = 1,
         .max_batch = N,
         .seed = 7,
-        .opt = {.type = MODEL_DENSE_ADAGRAD, .lr = 0.05f, .eps = 1e-8f},
+        .opt = {.type = KERN_OPT_ADAGRAD, .lr = 0.05f, .eps = 1e-8f},
     };
     model_t *m = NULL;
     assert_int_equal(model_create(&cfg, &m), 0);

@@ -849,6 +849,49 @@ static void test_quality_gate(void **state)
     assert_string_equal(h, ck1);
 }
 
+/* A push describes the model from the spec version its run trained with, not
+ * from the job's spec of now: delivery parses the job's current spec once and
+ * uses it for the model only when the run trained with that version. Here
+ * the job becomes fm (version 2) after an lr run; `kiln push` of the lr
+ * checkpoint must still send lr's shapes, or kiln-serve (and the checkpoint
+ * source) refuse the push. */
+static void test_push_after_model_change(void **state)
+{
+    (void)state;
+    fx_serve_t s = {0};
+    char spec[500], extra[1024], head[600], ck1[64], h[64];
+    serve_start(&s);
+    incremental_head(head, sizeof head);
+    push_to_b(extra, sizeof extra, head, "", s.url);
+    int64_t r1 = submit_first("ver", extra, NULL, spec, sizeof spec);
+    assert_int_equal(wait_end(r1, 120), STATE_RUN_SUCCEEDED);
+    wait_b_holds_run(&s, r1, ck1, sizeof ck1, 60);
+    /* Version 2: fm, which kiln-train cannot start from lr's checkpoint. */
+    size_t len = 0;
+    char *text = (char *)proc_read_file(spec, &len);
+    assert_non_null(text);
+    char *lr = strstr(text, "type: lr");
+    assert_non_null(lr);
+    memcpy(lr, "type: fm", 8);
+    fx_write(spec, "%s", text);
+    free(text);
+    const char *sub[] = {"submit", spec, NULL};
+    kiln_ok(sub);
+    int64_t r2 = newest_run("ver");
+    if (r2 > r1)
+        (void)wait_end(r2, 120); /* it fails or is skipped: either way it ends */
+    const char *push[] = {"push", "--job", "ver", "--checkpoint", ck1, "--full", NULL};
+    kiln_ok(push);
+    fx_holds(&s, "ctr", "B", h, sizeof h);
+    assert_string_equal(h, ck1);
+    state_push_t *ps = NULL;
+    size_t np = run_pushes(r1, &ps);
+    assert_true(np >= 2);
+    assert_int_equal(ps[np - 1].state, STATE_PUSH_SUCCEEDED);
+    assert_true(ps[np - 1].sent_full);
+    state_pushes_free(ps, np);
+}
+
 /* ---- push.ramp ------------------------------------------------------------------------------------ */
 
 /* B's share (percent, rounded) of model ctr's split on s: -1 when the
@@ -1232,6 +1275,7 @@ PROC_TEST_MAIN(setup_all, teardown_all,
     cmocka_unit_test_setup_teardown(test_kill9_before_push, setup, teardown),
     cmocka_unit_test_setup_teardown(test_kill9_after_apply, setup, teardown),
     cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_push_after_model_change, setup, teardown),
     cmocka_unit_test_setup_teardown(test_ramp, setup, teardown),
     cmocka_unit_test_setup_teardown(test_online_job, setup, teardown),
     cmocka_unit_test_setup_teardown(test_cron_parquet_partitions, setup, teardown))

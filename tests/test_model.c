@@ -90,7 +90,7 @@ static model_config_t make_cfg(const shape_t *sh, int max_batch, uint64_t seed,
 
 static model_dense_opt_t sgd(float lr)
 {
-    model_dense_opt_t o = {MODEL_DENSE_SGD, lr, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    model_dense_opt_t o = {KERN_OPT_SGD, lr, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     return o;
 }
 
@@ -500,14 +500,14 @@ static void opt_check(model_dense_opt_t opt)
         for (int i = 0; i < 4; i++) {
             double gi = (double)(float)g[i] + opt.weight_decay * w[i];
             switch (opt.type) {
-            case MODEL_DENSE_SGD:
+            case KERN_OPT_SGD:
                 w[i] -= opt.lr * gi;
                 break;
-            case MODEL_DENSE_ADAGRAD:
+            case KERN_OPT_ADAGRAD:
                 a[i] += gi * gi;
                 w[i] -= opt.lr * gi / (sqrt(a[i]) + opt.eps);
                 break;
-            case MODEL_DENSE_ADAM:
+            case KERN_OPT_ADAM:
                 mo[i] = opt.beta1 * mo[i] + (1 - opt.beta1) * gi;
                 v[i] = opt.beta2 * v[i] + (1 - opt.beta2) * gi * gi;
                 w[i] -= opt.lr * (mo[i] / (1 - pow(opt.beta1, t))) /
@@ -522,10 +522,10 @@ static void opt_check(model_dense_opt_t opt)
     int64_t step = -1;
     model_state(m, arr, &na, &step);
     assert_int_equal(step, 3);
-    assert_int_equal(na, opt.type == MODEL_DENSE_SGD ? 1 : opt.type == MODEL_DENSE_ADAGRAD ? 2 : 3);
-    if (opt.type == MODEL_DENSE_ADAGRAD)
+    assert_int_equal(na, opt.type == KERN_OPT_SGD ? 1 : opt.type == KERN_OPT_ADAGRAD ? 2 : 3);
+    if (opt.type == KERN_OPT_ADAGRAD)
         assert_float_equal(arr[1].data[2], a[2], 1e-5 * a[2]);
-    if (opt.type == MODEL_DENSE_ADAM)
+    if (opt.type == KERN_OPT_ADAM)
         assert_float_equal(arr[2].data[3], v[3], 1e-5 * v[3]);
     model_destroy(m);
 }
@@ -533,12 +533,12 @@ static void opt_check(model_dense_opt_t opt)
 static void test_optimizers(void **state)
 {
     (void)state;
-    opt_check((model_dense_opt_t){MODEL_DENSE_SGD, 0.1f, 0, 0, 0, 0, 0});
-    opt_check((model_dense_opt_t){MODEL_DENSE_SGD, 0.1f, 0, 0, 0, 0.01f, 0});
-    opt_check((model_dense_opt_t){MODEL_DENSE_ADAGRAD, 0.05f, 1e-8f, 0, 0, 0, 0.1f});
-    opt_check((model_dense_opt_t){MODEL_DENSE_ADAGRAD, 0.05f, 1e-6f, 0, 0, 0.02f, 0.0f});
-    opt_check((model_dense_opt_t){MODEL_DENSE_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0, 0});
-    opt_check((model_dense_opt_t){MODEL_DENSE_ADAM, 0.01f, 1e-8f, 0.8f, 0.99f, 0.05f, 0});
+    opt_check((model_dense_opt_t){KERN_OPT_SGD, 0.1f, 0, 0, 0, 0, 0});
+    opt_check((model_dense_opt_t){KERN_OPT_SGD, 0.1f, 0, 0, 0, 0.01f, 0});
+    opt_check((model_dense_opt_t){KERN_OPT_ADAGRAD, 0.05f, 1e-8f, 0, 0, 0, 0.1f});
+    opt_check((model_dense_opt_t){KERN_OPT_ADAGRAD, 0.05f, 1e-6f, 0, 0, 0.02f, 0.0f});
+    opt_check((model_dense_opt_t){KERN_OPT_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0, 0});
+    opt_check((model_dense_opt_t){KERN_OPT_ADAM, 0.01f, 1e-8f, 0.8f, 0.99f, 0.05f, 0});
 }
 
 /* ---- init, state, errors --------------------------------------------------------------- */
@@ -579,7 +579,7 @@ static void test_state_roundtrip(void **state)
 {
     (void)state;
     shape_t sh = dlrm(3, 2, 2, (const int[]){4, 2, 0}, (const int[]){3, 1, 0});
-    model_dense_opt_t adam = {MODEL_DENSE_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0.0f, 0.0f};
+    model_dense_opt_t adam = {KERN_OPT_ADAM, 0.01f, 1e-8f, 0.9f, 0.999f, 0.0f, 0.0f};
     model_t *a = make_model(&sh, 4, 1, adam);
     model_t *b = make_model(&sh, 4, 2, adam);
     size_t np = model_nparams(a);
@@ -662,7 +662,7 @@ static void test_config_errors(void **state)
     lr.d = 1;
     c = make_cfg(&lr, 0, 1, sgd(0.1f));
     assert_int_equal(model_create(&c, &m), KILN_EINVAL);
-    c = make_cfg(&lr, 8, 1, (model_dense_opt_t){MODEL_DENSE_ADAM, 0.1f, 1e-8f, 1.0f, 0.9f, 0, 0});
+    c = make_cfg(&lr, 8, 1, (model_dense_opt_t){KERN_OPT_ADAM, 0.1f, 1e-8f, 1.0f, 0.9f, 0, 0});
     assert_int_equal(model_create(&c, &m), KILN_EINVAL);
     assert_non_null(strstr(kiln_errmsg(), "betas"));
 
@@ -706,7 +706,7 @@ static void train_synthetic(const shape_t *sh, int steps, double *first, double 
     for (int s = 0; s < TS; s++)
         for (int v = 0; v < TV; v++)
             score[s][v] = rng_uniform(&rs, -1.0f, 1.0f);
-    model_dense_opt_t ada = {MODEL_DENSE_ADAGRAD, 0.1f, 1e-8f, 0, 0, 0, 0};
+    model_dense_opt_t ada = {KERN_OPT_ADAGRAD, 0.1f, 1e-8f, 0, 0, 0, 0};
     model_t *m = make_model(sh, TN, 5, ada);
     float *tab = malloc(sizeof(float) * TS * TV * d), *acc = calloc(TS * TV * d, sizeof(float));
     float *tg = malloc(sizeof(float) * TS * TV * d);

@@ -237,13 +237,7 @@ static json_t *train(const char *spec, const char *run, proc_result_t *r)
     const char *argv[] = {"mpirun", "-np", "2", "--oversubscribe", KILN_TRAIN_BIN, "--spec", spec,
                           "--run-dir", run_dir, "--quiet", "--threads", "1", NULL};
     proc_run(r, tmpdir, argv);
-    if (r->code != 0)
-        return NULL;
-    json_error_t e;
-    json_t *v = json_loads(r->out, 0, &e);
-    if (v == NULL)
-        fail_msg("kiln-train printed no JSON: %s / %s", r->out, r->err);
-    return v;
+    return fx_train_result(r);
 }
 
 static void bitwise(void *ud, fx_array_kind_t kind, const char *what, const float *ref,

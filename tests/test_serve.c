@@ -66,7 +66,7 @@ static void make_desc(serve_model_desc_t *d, size_t *nparams)
     }
     model_config_t cfg = {.type = MODEL_FM, .nslots = 3, .ndense = 2, .dim = 3,
                              .fm_dense_factors = 1, .max_batch = 8, .seed = 7,
-                             .opt = {.type = MODEL_DENSE_SGD, .lr = 0.1f}};
+                             .opt = {.type = KERN_OPT_SGD, .lr = 0.1f}};
     model_t *m = NULL;
     assert_int_equal(model_create(&cfg, &m), 0);
     *nparams = model_nparams(m);
@@ -617,7 +617,7 @@ static void reference(const char *lines, int version, int64_t first, int64_t n, 
     make_desc(&d, &np);
     model_config_t cfg = {.type = MODEL_FM, .nslots = 3, .ndense = 2, .dim = 3,
                              .fm_dense_factors = 1, .max_batch = 64, .seed = 1,
-                             .opt = {.type = MODEL_DENSE_SGD}};
+                             .opt = {.type = KERN_OPT_SGD}};
     model_t *m = NULL;
     assert_int_equal(model_create(&cfg, &m), 0);
     float *dense = calloc(np, sizeof *dense);
@@ -1878,7 +1878,7 @@ static void test_wrapped_error_reads_right(void **state)
     d.nparams = 8;
     model_config_t cfg = {.type = MODEL_DLRM, .nslots = 1, .ndense = 2, .dim = 4,
                              .bottom = d.bottom, .nbottom = 1, .top = d.top, .ntop = 1,
-                             .max_batch = 256, .opt = {.type = MODEL_DENSE_SGD}};
+                             .max_batch = 256, .opt = {.type = KERN_OPT_SGD}};
     model_t *model = NULL;
     assert_true(model_create(&cfg, &model) < 0);
     char want[1200];

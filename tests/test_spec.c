@@ -168,12 +168,12 @@ static void test_ctr_hourly(void **state)
         .data = {.format = JOB_FMT_CRITEO_TSV, .train = "data/day=*/part-*.tsv",
                  .eval = "data/eval.tsv", .incremental = true, .dense_features = 13,
                  .cat_slots = 26, .max_malformed = 0.01},
-        .model = {.type = JOB_MODEL_DLRM,
-                  .embedding = {16, JOB_COMB_SUM, 4000000, JOB_EVICT_LRU, JOB_INIT_UNIFORM, 0.01},
+        .model = {.type = MODEL_DLRM,
+                  .embedding = {16, KERN_COMBINE_SUM, 4000000, KERN_EVICT_LRU, KERN_INIT_UNIFORM, 0.01},
                   .nbottom = 2, .ntop = 3, .ntables = 26},
         .train = {.mode = JOB_MODE_BATCH, .batch_size = 4096, .epochs = 1,
-                  .sparse = {.type = JOB_OPT_ADAGRAD, .lr = 0.05, .eps = 1e-10},
-                  .dense = {.type = JOB_OPT_ADAGRAD, .lr = 0.05}, .seed = 42,
+                  .sparse = {.type = KERN_OPT_ADAGRAD, .lr = 0.05, .eps = 1e-10},
+                  .dense = {.type = KERN_OPT_ADAGRAD, .lr = 0.05}, .seed = 42,
                   .init_from = JOB_INITFROM_LATEST, .log_every = 100},
         .checkpoint = {.dir = "ckpt/ctr-hourly", .full_every = 24, .keep = 5,
                        .include_optimizer = true},
@@ -224,12 +224,12 @@ static void test_minimal_defaults(void **state)
         .retries = {.backoff_ms = 30000, .max_backoff_ms = 3600000},
         .data = {.format = JOB_FMT_CRITEO_TSV, .train = "data/*.tsv", .dense_features = 13,
                  .cat_slots = 26, .max_malformed = 0.01},
-        .model = {.type = JOB_MODEL_LR,
-                  .embedding = {16, JOB_COMB_SUM, 1000000, JOB_EVICT_LRU, JOB_INIT_UNIFORM, 0.01},
+        .model = {.type = MODEL_LR,
+                  .embedding = {16, KERN_COMBINE_SUM, 1000000, KERN_EVICT_LRU, KERN_INIT_UNIFORM, 0.01},
                   .ntables = 26},
         .train = {.mode = JOB_MODE_BATCH, .batch_size = 4096, .epochs = 1,
-                  .sparse = {.type = JOB_OPT_ADAGRAD, .lr = 0.05, .eps = 1e-10},
-                  .dense = {.type = JOB_OPT_ADAGRAD, .lr = 0.05}, .seed = 42,
+                  .sparse = {.type = KERN_OPT_ADAGRAD, .lr = 0.05, .eps = 1e-10},
+                  .dense = {.type = KERN_OPT_ADAGRAD, .lr = 0.05}, .seed = 42,
                   .init_from = JOB_INITFROM_LATEST, .log_every = 100},
         .checkpoint = {.dir = "ckpt/tiny", .full_every = 24, .keep = 5,
                        .include_optimizer = true},
@@ -257,9 +257,9 @@ static void test_minimal_defaults(void **state)
     assert_int_equal(s.model.bottom_mlp[1], 32);
     assert_int_equal(s.model.ntop, 3);
     assert_int_equal(s.model.top_mlp[2], 1);
-    assert_int_equal(s.train.sparse.type, JOB_OPT_ADAM);
+    assert_int_equal(s.train.sparse.type, KERN_OPT_ADAM);
     assert_true(s.train.sparse.eps == 1e-8);
-    assert_int_equal(s.train.dense.type, JOB_OPT_ADAGRAD);
+    assert_int_equal(s.train.dense.type, KERN_OPT_ADAGRAD);
     assert_true(s.train.dense.eps == 1e-10);
     job_spec_fini(&s);
 }
@@ -281,12 +281,12 @@ static void test_every_field(void **state)
         .data = {.format = JOB_FMT_KILN_BIN, .train = "bin/part-*.kb", .eval = "bin/eval.kb",
                  .incremental = true, .dense_features = 4, .cat_slots = 6,
                  .max_malformed = 0.25},
-        .model = {.type = JOB_MODEL_FM,
-                  .embedding = {8, JOB_COMB_MEAN, 5000, JOB_EVICT_LFU, JOB_INIT_NORMAL, 0.5},
+        .model = {.type = MODEL_FM,
+                  .embedding = {8, KERN_COMBINE_MEAN, 5000, KERN_EVICT_LFU, KERN_INIT_NORMAL, 0.5},
                   .ntables = 5},
         .train = {.mode = JOB_MODE_ONLINE, .batch_size = 512, .epochs = 3,
-                  .sparse = {.type = JOB_OPT_ADAM, .lr = 0.001, .eps = 1e-6},
-                  .dense = {.type = JOB_OPT_SGD, .lr = 0.1}, .seed = 7,
+                  .sparse = {.type = KERN_OPT_ADAM, .lr = 0.001, .eps = 1e-6},
+                  .dense = {.type = KERN_OPT_SGD, .lr = 0.1}, .seed = 7,
                   .init_from = JOB_INITFROM_CHECKPOINT, .max_steps = 100000, .log_every = 50},
         .checkpoint = {.dir = "/var/lib/kiln/ckpt/every", .full_every = 6, .keep = 2,
                        .every_steps = 1000},
@@ -304,21 +304,21 @@ static void test_every_field(void **state)
     assert_int_equal(u->slots[1], 2);
     assert_int_equal(u->emb.dim, 8);
     assert_int_equal(u->emb.capacity, 100000);
-    assert_int_equal(u->emb.eviction, JOB_EVICT_NONE);
-    assert_int_equal(u->emb.combiner, JOB_COMB_SUM);
-    assert_int_equal(u->emb.init, JOB_INIT_ZEROS);
+    assert_int_equal(u->emb.eviction, KERN_EVICT_NONE);
+    assert_int_equal(u->emb.combiner, KERN_COMBINE_SUM);
+    assert_int_equal(u->emb.init, KERN_INIT_ZEROS);
     assert_true(u->emb.init_scale == 0.0);
     const job_table_t *it = &s.model.tables[1];
     assert_string_equal(it->name, "items");
     assert_int_equal(it->nslots, 1);
     assert_int_equal(it->slots[0], 4);
     assert_int_equal(it->emb.capacity, 5000);
-    assert_int_equal(it->emb.combiner, JOB_COMB_MEAN);
+    assert_int_equal(it->emb.combiner, KERN_COMBINE_MEAN);
     assert_string_equal(s.model.tables[2].name, "slot1");
     assert_string_equal(s.model.tables[3].name, "slot3");
     assert_string_equal(s.model.tables[4].name, "slot5");
     assert_int_equal(s.model.tables[4].slots[0], 5);
-    assert_int_equal(s.model.tables[4].emb.eviction, JOB_EVICT_LFU);
+    assert_int_equal(s.model.tables[4].emb.eviction, KERN_EVICT_LFU);
     assert_true(s.train.sparse.beta1 == 0.8);
     assert_true(s.train.sparse.beta2 == 0.99);
     assert_true(s.train.sparse.weight_decay == 0.0001);
@@ -349,7 +349,7 @@ static void test_every_field(void **state)
     assert_int_equal(s.resources.timeout_ms, 0);
     assert_int_equal(s.train.init_from, JOB_INITFROM_NONE);
     assert_null(s.train.init_from_checkpoint);
-    assert_int_equal(s.train.sparse.type, JOB_OPT_SGD);
+    assert_int_equal(s.train.sparse.type, KERN_OPT_SGD);
     assert_int_equal(s.resources.nodes, 0);
     assert_null(s.resources.partition);
     assert_null(s.resources.sbatch_args);
@@ -408,7 +408,7 @@ static void test_tables(void **state)
     assert_int_equal(it->slots[0], 3);
     assert_int_equal(it->emb.capacity, 99);
     assert_int_equal(it->emb.dim, 4); /* lr: per-table dims are allowed */
-    assert_int_equal(it->emb.init, JOB_INIT_NORMAL);
+    assert_int_equal(it->emb.init, KERN_INIT_NORMAL);
     /* every slot is covered exactly once */
     int covered[5] = {0};
     for (int i = 0; i < s.model.ntables; i++)
@@ -726,7 +726,7 @@ static const struct bad {
      "job.yaml:5:20: data.columns.dense: lists 2 columns but data.dense_features is 13: set "
      "data.dense_features: 2, or list 13 columns"},
     {PQ "  cat_slots: 2\n  columns: {categorical: [c, c]}\n",
-     "job.yaml:6:30: data.columns.categorical[1]: column \"c\" is listed twice (also "
+     "job.yaml:6:30: data.columns.categorical[1]: \"c\" is listed twice (also "
      "data.columns.categorical[0])"},
     {PQ "  dense_features: 1\n  columns: {label: a, dense: [a]}\n",
      "job.yaml:6:30: data.columns.dense: column \"a\" is also the label (data.columns.label)"},
@@ -865,15 +865,15 @@ static void test_names(void **state)
     assert_string_equal(job_launcher_name(JOB_LAUNCH_HOSTFILE), "hostfile");
     assert_string_equal(job_device_name(JOB_DEVICE_CUDA), "cuda");
     assert_string_equal(job_format_name(JOB_FMT_KILN_BIN), "kiln-bin");
-    assert_string_equal(job_model_type_name(JOB_MODEL_DLRM), "dlrm");
-    assert_string_equal(job_combiner_name(JOB_COMB_MEAN), "mean");
-    assert_string_equal(job_eviction_name(JOB_EVICT_LFU), "lfu");
-    assert_string_equal(job_init_name(JOB_INIT_ZEROS), "zeros");
-    assert_string_equal(job_optimizer_type_name(JOB_OPT_ADAM), "adam");
+    assert_string_equal(job_model_type_name(MODEL_DLRM), "dlrm");
+    assert_string_equal(job_combiner_name(KERN_COMBINE_MEAN), "mean");
+    assert_string_equal(job_eviction_name(KERN_EVICT_LFU), "lfu");
+    assert_string_equal(job_init_name(KERN_INIT_ZEROS), "zeros");
+    assert_string_equal(job_optimizer_type_name(KERN_OPT_ADAM), "adam");
     assert_string_equal(job_export_mode_name(JOB_EXPORT_INCREMENTAL), "incremental");
     assert_string_equal(job_init_from_name(JOB_INITFROM_CHECKPOINT), "checkpoint");
     assert_string_equal(job_train_mode_name(JOB_MODE_ONLINE), "online");
-    assert_string_equal(job_model_type_name((job_model_type_t)42), "?");
+    assert_string_equal(job_model_type_name((model_type_t)42), "?");
 }
 
 /* ---- hostile specs: each answers with its error and returns ---------------------------

@@ -157,13 +157,7 @@ static json_t *train_with(int np, const char *spec, const char *run_name, result
     for (int i = 0; more != NULL && more[i] != NULL && i < 4; i++)
         argv[12 + i] = more[i];
     run(r, argv);
-    if (r->code != 0)
-        return NULL;
-    json_error_t e;
-    json_t *v = json_loads(r->out, 0, &e);
-    if (v == NULL)
-        fail_msg("kiln-train printed no JSON: %s / %s", r->out, r->err);
-    return v;
+    return fx_train_result(r);
 }
 
 /* train_with, which must succeed (the failure names the run). */
@@ -553,19 +547,6 @@ static const char *latest_ckpt(const char *root, char *out, size_t cap)
     return out;
 }
 
-/* serve_push's source: the checkpoint dir o->dir as a delta on held (or
- * in full). */
-typedef struct {
-    const char *dir;
-    const serve_model_desc_t *desc;
-} ck_open_t;
-
-static int ck_open(void *ctx, const char *held, serve_source_t **out)
-{
-    const ck_open_t *o = ctx;
-    return serve_ckptsrc_open(o->dir, o->desc, held, out);
-}
-
 /* Pushes the latest chain under root to label of model ctr on s: its full
  * dump, then each incremental as a delta on the one before. Returns how
  * many deltas went. */
@@ -576,10 +557,10 @@ static int push_chain(const fx_serve_t *s, const char *label, const char *root,
     fx_open_latest(root, &ch);
     int deltas = 0;
     for (int i = 0; i < ch.n; i++) {
-        ck_open_t o = {ckpt_path(ch.items[i]), desc};
+        serve_ckptsrc_at_t o = {ckpt_path(ch.items[i]), desc};
         serve_target_t tg = {.url = s->url, .model = "ctr", .label = label,
                              .held = i > 0 ? ckpt_info(ch.items[i - 1])->uid : NULL,
-                             .open = ck_open, .open_ctx = &o};
+                             .open = serve_ckptsrc_opener, .open_ctx = &o};
         serve_push_opts_t opts = {.token = FX_TOKEN, .retries = 1, .timeout_ms = 30000};
         serve_push_result_t res;
         if (serve_push(&tg, 1, &opts, &res) != 0)

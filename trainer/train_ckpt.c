@@ -13,11 +13,6 @@ volatile sig_atomic_t train_export_signal;
 
 /* ---- checkpoints ---------------------------------------------------------------------- */
 
-static const char *sparse_opt_name(kern_opt_kind_t k)
-{
-    return k == KERN_OPT_SGD ? "sgd" : k == KERN_OPT_ADAM ? "adam" : "adagrad";
-}
-
 /* xxh64 hex of a file's bytes (the spec) or "" when unreadable. */
 void train_hash_file(const char *path, char out[17])
 {
@@ -185,7 +180,7 @@ int train_checkpoint(trainer_t *tr, bool online)
     in->include_optimizer = sp->checkpoint.include_optimizer;
     snprintf(in->job, sizeof in->job, "%s", sp->name);
     snprintf(in->model, sizeof in->model, "%s", job_model_type_name(sp->model.type));
-    snprintf(in->optimizer, sizeof in->optimizer, "%s", sparse_opt_name(tr->sparse_opt.kind));
+    snprintf(in->optimizer, sizeof in->optimizer, "%s", job_optimizer_type_name(tr->sparse_opt.kind));
     snprintf(in->spec_hash, sizeof in->spec_hash, "%s", tr->spec_hash);
     snprintf(in->inputs_hash, sizeof in->inputs_hash, "%s", tr->inputs_hash);
     char *inputs = tr->done != NULL ? json_dumps(tr->done, JSON_COMPACT) : NULL;

@@ -159,7 +159,7 @@ typedef struct trainer {
                                         export with no step since would push nothing new */
     int64_t rec_every;               /* steps between progress records (the loss curve) */
     int64_t (*marks)[2];             /* (step, unix time) marks for a ttl as a duration */
-    int nmarks, capmarks;
+    size_t nmarks, capmarks;
     int64_t rows_expired;            /* this rank's rows removed by ttl in this run */
     int64_t train_ns;                /* time in the training loop so far */
     char **eval_files;               /* data.eval, expanded (neval); NULL: none */

@@ -422,7 +422,7 @@ static int run(trainer_t *tr)
     tr->spec_dir = train_spec_base_dir(tr->opt.spec_path);
     /* A spec this CPU cannot run is refused before anything is read (the
      * CPU is the ranks': kiln submit can only check its own). */
-    if (tr->spec.model.dense_precision == JOB_PREC_BF16 && (rc = model_bf16_check_here()) < 0)
+    if (tr->spec.model.dense_precision == MODEL_DENSE_BF16 && (rc = model_bf16_check_here()) < 0)
         return rc;
 
     /* Every rank reaches this point (the spec is the same file for all). */

@@ -156,28 +156,6 @@ void train_log_malformed(trainer_t *tr, data_reader_t *r, const char *what)
 
 /* ---- set-up ----------------------------------------------------------------------- */
 
-static kern_init_t kern_init_of(job_init_t i)
-{
-    return i == JOB_INIT_NORMAL ? KERN_INIT_NORMAL
-                                : i == JOB_INIT_ZEROS ? KERN_INIT_ZEROS : KERN_INIT_UNIFORM;
-}
-
-static kern_evict_t kern_evict_of(job_eviction_t e)
-{
-    return e == JOB_EVICT_LFU ? KERN_EVICT_LFU : e == JOB_EVICT_NONE ? KERN_EVICT_NONE
-                                                                    : KERN_EVICT_LRU;
-}
-
-static kern_opt_kind_t kern_opt_of(job_optimizer_type_t t)
-{
-    return t == JOB_OPT_SGD ? KERN_OPT_SGD : t == JOB_OPT_ADAM ? KERN_OPT_ADAM : KERN_OPT_ADAGRAD;
-}
-
-static model_dense_opt_type_t dense_opt_of(job_optimizer_type_t t)
-{
-    return t == JOB_OPT_SGD ? MODEL_DENSE_SGD : t == JOB_OPT_ADAM ? MODEL_DENSE_ADAM : MODEL_DENSE_ADAGRAD;
-}
-
 /* RAM rows of one table on this rank under model.embedding.memory: a
  * share of its rows, or bytes over what a row costs in RAM (values and
  * optimizer state, key, stamp, lru word, index slot; docs/models.md).
@@ -218,18 +196,13 @@ static int spill_path(trainer_t *tr, const char *table, char *out, size_t cap)
     return rc;
 }
 
-static model_type_t model_type_of(job_model_type_t t)
-{
-    return t == JOB_MODEL_FM ? MODEL_FM : t == JOB_MODEL_DLRM ? MODEL_DLRM : MODEL_LR;
-}
-
 int train_setup_tables(trainer_t *tr)
 {
     const job_spec_t *sp = &tr->spec;
     tr->S = sp->data.cat_slots;
     tr->F = sp->data.dense_features;
     tr->T = sp->model.ntables;
-    model_type_t mt = model_type_of(sp->model.type);
+    model_type_t mt = sp->model.type;
     tr->d = model_table_dim(mt, sp->model.embedding.dim);
     if (tr->d < 1)
         return kiln_errf(KILN_EINVAL, "model.embedding.dim %d does not suit model %s",
@@ -282,14 +255,14 @@ int train_setup_tables(trainer_t *tr)
             .capacity = per_rank,
             .limit = share,
             .capacity_note = notes[t],
-            .opt = kern_opt_of(so->type),
+            .opt = so->type,
             .opt_init = (float)so->initial_accumulator,
-            .init = kern_init_of(jt->emb.init),
+            .init = jt->emb.init,
             .init_scale = (float)jt->emb.init_scale,
             .seed = sp->train.seed ^ kiln_xxh64(jt->name, strlen(jt->name), 0x6b696c6e),
-            .evict = kern_evict_of(jt->emb.eviction),
+            .evict = jt->emb.eviction,
             .evict_fraction = 0.0f,
-            .ram_rows = ram_rows_of(&jt->emb, d, kern_opt_of(so->type), share),
+            .ram_rows = ram_rows_of(&jt->emb, d, so->type, share),
             .admit_min = jt->emb.admit.min_count,
             .admit_width = jt->emb.admit.sketch_width,
             .admit_decay = jt->emb.admit.decay_steps,
@@ -319,8 +292,7 @@ int train_setup_tables(trainer_t *tr)
             int s = jt->slots[i];
             if (s >= 0 && s < tr->S) {
                 tr->slot_table[s] = t;
-                tr->combine[s] = jt->emb.combiner == JOB_COMB_MEAN ? KERN_COMBINE_MEAN
-                                                                   : KERN_COMBINE_SUM;
+                tr->combine[s] = jt->emb.combiner;
             }
         }
     }
@@ -330,7 +302,7 @@ int train_setup_tables(trainer_t *tr)
             goto out;
         }
     }
-    tr->sparse_opt = (kern_opt_t){.kind = kern_opt_of(so->type),
+    tr->sparse_opt = (kern_opt_t){.kind = so->type,
                                   .lr = (float)so->lr,
                                   .eps = (float)so->eps,
                                   .beta1 = (float)so->beta1,
@@ -395,7 +367,7 @@ int train_setup_model(trainer_t *tr)
     const job_spec_t *sp = &tr->spec;
     const job_optimizer_t *o = &sp->train.dense;
     model_config_t cfg = {
-        .type = model_type_of(sp->model.type),
+        .type = sp->model.type,
         .nslots = tr->S,
         .ndense = tr->F,
         .dim = tr->d,
@@ -404,10 +376,10 @@ int train_setup_model(trainer_t *tr)
         .top = sp->model.top_mlp,
         .ntop = sp->model.ntop,
         .fm_dense_factors = sp->model.fm_dense_factors,
-        .precision = sp->model.dense_precision == JOB_PREC_BF16 ? MODEL_DENSE_BF16 : MODEL_DENSE_FP32,
+        .precision = sp->model.dense_precision,
         .max_batch = sp->train.batch_size,
         .seed = sp->train.seed,
-        .opt = {.type = dense_opt_of(o->type),
+        .opt = {.type = o->type,
                 .lr = (float)o->lr,
                 .eps = (float)o->eps,
                 .beta1 = (float)o->beta1,

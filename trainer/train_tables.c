@@ -17,14 +17,8 @@
 
 void train_tables_mark_time(trainer_t *tr, int64_t step, int64_t unix_s)
 {
-    if (tr->nmarks == tr->capmarks) {
-        int ncap = tr->capmarks ? 2 * tr->capmarks : 16;
-        int64_t (*p)[2] = kiln_reallocarray(tr->marks, (size_t)ncap, sizeof *p);
-        if (p == NULL)
-            return; /* a missing mark only keeps rows longer */
-        tr->marks = p;
-        tr->capmarks = ncap;
-    }
+    if (kiln_grow((void **)&tr->marks, &tr->capmarks, tr->nmarks, sizeof *tr->marks, 16) < 0)
+        return; /* a missing mark only keeps rows longer */
     tr->marks[tr->nmarks][0] = step;
     tr->marks[tr->nmarks][1] = unix_s;
     tr->nmarks++;
@@ -39,7 +33,7 @@ static int64_t expire_before(const trainer_t *tr, const job_embedding_t *e, int6
     if (e->ttl_ms <= 0)
         return 0;
     int64_t cutoff = kiln_now_s() - e->ttl_ms / 1000, before = 0;
-    for (int i = 0; i < tr->nmarks; i++)
+    for (size_t i = 0; i < tr->nmarks; i++)
         if (tr->marks[i][1] <= cutoff && tr->marks[i][0] + 1 > before)
             before = tr->marks[i][0] + 1;
     return before;

@@ -328,13 +328,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     upload_t *u = *con_cls;
     bool post = strcmp(method, "POST") == 0;
     if (u == NULL) {
-        u = calloc(1, sizeof *u);
+        bool host_ok;
+        u = web_guard_begin(w->guard, c, sizeof *u, con_cls, w->bind, w->allowed_hosts, NULL,
+                            &host_ok);
         if (u == NULL)
             return MHD_NO;
-        *con_cls = u;
-        web_guard_request(w->guard, c);
-        const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
-        if (!kiln_host_allowed(host, w->bind, w->allowed_hosts)) {
+        if (!host_ok) {
             u->wrong_host = true;
             return dispatch(w, c, url, method, u); /* answer before reading a body */
         }

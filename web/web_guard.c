@@ -167,6 +167,21 @@ void web_guard_request(web_guard_t *g, struct MHD_Connection *c)
     pthread_mutex_unlock(&g->mu);
 }
 
+void *web_guard_begin(web_guard_t *g, struct MHD_Connection *c, size_t size, void **con_cls,
+                      const char *bind, const char *allowed, const char **host, bool *host_ok)
+{
+    void *state = kiln_calloc(1, size);
+    if (state == NULL)
+        return NULL;
+    *con_cls = state;
+    web_guard_request(g, c);
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    *host_ok = kiln_host_allowed(h, bind, allowed);
+    if (host != NULL)
+        *host = h;
+    return state;
+}
+
 void web_guard_done(web_guard_t *g, struct MHD_Connection *c)
 {
     pthread_mutex_lock(&g->mu);

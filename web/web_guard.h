@@ -17,6 +17,8 @@
 #ifndef KILN_WEB_GUARD_H
 #define KILN_WEB_GUARD_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <microhttpd.h>
 
@@ -42,6 +44,15 @@ void web_guard_notify(void *cls, struct MHD_Connection *c, void **socket_context
 /* From the access handler's first call for a request: c is inside a
  * request (its headers arrived) and cannot be evicted. */
 void web_guard_request(web_guard_t *g, struct MHD_Connection *c);
+/* The access handler's first call for a request, the same in both servers:
+ * allocates the request's state (size bytes, zeroed) into *con_cls, marks c
+ * inside a request (web_guard_request), and sets *host_ok to whether its
+ * Host header names this server (kiln_host_allowed of bind and allowed) and
+ * *host (unless NULL) to the header. Returns the state, or NULL when out
+ * of memory (answer MHD_NO). The completion callback frees it. */
+void *web_guard_begin(web_guard_t *g, struct MHD_Connection *c, size_t size, void **con_cls,
+                      const char *bind, const char *allowed, const char **host /* OUT */,
+                      bool *host_ok /* OUT */);
 /* From MHD_OPTION_NOTIFY_COMPLETED's callback: c's request is over; c is
  * idle (evictable) from now. */
 void web_guard_done(web_guard_t *g, struct MHD_Connection *c);

@@ -349,6 +349,16 @@ json_t *fx_get_json(const char *url)
     return v;
 }
 
+json_t *fx_train_result(const proc_result_t *r)
+{
+    if (r->code != 0)
+        return NULL;
+    json_t *v = json_loads(r->out, 0, NULL);
+    if (v == NULL)
+        fail_msg("kiln-train printed no JSON: %s / %s", r->out, r->err);
+    return v;
+}
+
 void fx_holds(const fx_serve_t *s, const char *model, const char *label, char *out, size_t cap)
 {
     char url[256];

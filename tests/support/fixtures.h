@@ -153,6 +153,11 @@ int fx_datagen(const char *path, int rows, int seed, int day);
  * job's training and evaluation data. Returns 0 or -1. */
 int fx_train_data(const char *dir, int rows, int eval_rows, int seed);
 
+/* kiln-train's result JSON from its finished run r (--quiet prints it):
+ * NULL when it exited non-zero (r->err says why); a run that exited 0
+ * without printing JSON fails the test. The caller json_decref()s it. */
+json_t *fx_train_result(const proc_result_t *r);
+
 /* A test executable's temp directory (proc_tmpdir(name), into dir) holding
  * fx_train_data's files in dir/data. Returns 0 or -1. */
 int fx_train_tmpdir(const char *name, char *dir, size_t cap, int rows, int eval_rows, int seed);

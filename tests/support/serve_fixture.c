@@ -23,7 +23,7 @@ int fx_lr_version(const char *uid, int64_t n, const int64_t *keys, const float *
     d.tables[0].dim = 1;
     model_config_t cfg = {.type = MODEL_LR, .nslots = 2, .ndense = 1, .dim = 1,
                              .max_batch = 8, .seed = 7,
-                             .opt = {.type = MODEL_DENSE_SGD, .lr = 0.1f}};
+                             .opt = {.type = KERN_OPT_SGD, .lr = 0.1f}};
     model_t *rm = NULL;
     KILN_CHECK(model_create(&cfg, &rm));
     d.nparams = (int64_t)model_nparams(rm);
