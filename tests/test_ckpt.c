@@ -1336,22 +1336,25 @@ static void test_online_export_sigusr1(void **state)
     const char *h[] = {"--eval", "none", NULL};
     pid_t pid = train_start(3, s, "sig1", h, NULL);
     pid_t ranks[3] = {0, 0, 0};
-    int waited = 0;
-    for (; waited < 3000 && find_ranks(pid, ranks, 3) < 3; waited++) {
+    /* Deadlines by the clock: on a loaded host a poll of 10 ms can take far
+     * longer, and the start itself takes seconds. */
+    const int64_t deadline = kiln_mono_ns() + (int64_t)120 * 1000000000;
+    while (kiln_mono_ns() < deadline && find_ranks(pid, ranks, 3) < 3) {
         if (waitpid(pid, NULL, WNOHANG) == pid)
             fail_msg("kiln-train ended early: see %s/stderr", tmpdir);
         proc_sleep_ms(10);
     }
-    bool ok = waited < 3000;
+    bool ranks_up = find_ranks(pid, ranks, 3) == 3, training = false;
     /* Training has begun once the first progress line is there. */
     char prog[600];
     snprintf(prog, sizeof prog, "%s/sig1/progress.jsonl", tmpdir);
-    for (waited = 0; ok && waited < 3000; waited++) {
+    while (ranks_up && !training && kiln_mono_ns() < deadline) {
         struct stat st;
-        if (stat(prog, &st) == 0 && st.st_size > 0)
-            break;
-        proc_sleep_ms(10);
+        training = stat(prog, &st) == 0 && st.st_size > 0;
+        if (!training)
+            proc_sleep_ms(10);
     }
+    bool ok = ranks_up && training;
     /* A signal that lands while an export is still being finished is served
      * by that export (train.c), so each round waits for the last to settle:
      * its directory appears before the trainer is done with it. */
@@ -1373,9 +1376,14 @@ static void test_online_export_sigusr1(void **state)
     kill(-pid, SIGKILL);
     int status;
     waitpid(pid, &status, 0);
-    if (!ok)
-        fail_msg("online exports after rank 0 / all ranks / mpirun: %d %d %d", after_rank0,
-                 after_all, after_mpirun);
+    if (!ok) {
+        char err[1024], errp[600];
+        snprintf(errp, sizeof errp, "%s/stderr", tmpdir);
+        proc_slurp(errp, err, sizeof err);
+        fail_msg("online exports after rank 0 / all ranks / mpirun: %d %d %d (3 ranks found: "
+                 "%d, training: %d); kiln-train's stderr: %s",
+                 after_rank0, after_all, after_mpirun, ranks_up, training, err);
+    }
     assert_int_equal(after_rank0, 1);
     assert_int_equal(after_all, 2);
     assert_int_equal(after_mpirun, 3);

@@ -473,12 +473,6 @@ static int run(trainer_t *tr)
     tr->neval = neval;
     if (tr->rank == 0 && tr->db != NULL)
         record_start(tr, files, nfiles);
-    struct sigaction sa = {0};
-    sa.sa_handler = on_sigusr1;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGUSR1, &sa, NULL);
-
     train_say(tr, "kiln-train: job %s, model %s, %d tables, %d ranks x %d threads, batch %d x %d, "
             "%d training file%s\n",
         tr->spec.name, job_model_type_name(tr->spec.model.type), tr->T, tr->nranks, threads,
@@ -538,6 +532,16 @@ int main(int argc, char **argv)
      * kiln-train again with the CPU's own kernels; model_kernels.c). */
     if (model_kernels_ensure(argv) < 0)
         fprintf(stderr, "kiln-train: %s\n", kiln_errmsg());
+    /* SIGUSR1's default action ends the process: a rank asked for an export
+     * while it was still loading (a slow start on a loaded host, kilnd or a
+     * user signalling early) died with the job. The handler is in place from
+     * here (after the re-execution above, which would reset it), and a
+     * signal that came early is served at the first step boundary. */
+    struct sigaction sa = {0};
+    sa.sa_handler = on_sigusr1;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
     if (kiln_version_flag(argc, argv, "kiln-train"))
         return RUN_EXIT_OK;
     int prc = parse_options(argc, argv, &tr.opt);
