@@ -36,12 +36,20 @@ for h in "${harnesses[@]}"; do
             sort -n | tail -n 1)
   [ "${max_len:-0}" -gt 8192 ] || max_len=8192
   echo "== fuzz_$h for ${secs}s (inputs up to $max_len bytes)"
+  # The harnesses that need files make /tmp/kiln-fuzz-NAME-XXXXXX and leave
+  # it (libFuzzer ends the process): this run's go after it.
+  before=$(ls -d /tmp/kiln-fuzz-"$h"-* 2>/dev/null || true)
   set +e
   "$build/tests/fuzz/fuzz_$h" "$corpus" -max_total_time="$secs" -timeout=10 \
       -rss_limit_mb=2048 -max_len="$max_len" -print_final_stats=1 \
       -artifact_prefix="$build/artifacts/$h-" > "$build/fuzz_$h.log" 2>&1
   status=$?
   set -e
+  for d in /tmp/kiln-fuzz-"$h"-*; do
+    if [ -d "$d" ] && ! printf '%s\n' "$before" | grep -qxF "$d"; then
+      rm -rf "$d"
+    fi
+  done
   grep -E "^(Done|stat::)|ERROR|SUMMARY" "$build/fuzz_$h.log" | tail -n 8
   if [ "$status" -ne 0 ]; then
     # CI keeps only what is printed: the crash's own lines (the stack, the
