@@ -1339,12 +1339,15 @@ static void test_online_export_sigusr1(void **state)
     /* Deadlines by the clock: on a loaded host a poll of 10 ms can take far
      * longer, and the start itself takes seconds. */
     const int64_t deadline = kiln_mono_ns() + (int64_t)120 * 1000000000;
-    while (kiln_mono_ns() < deadline && find_ranks(pid, ranks, 3) < 3) {
+    int nfound = 0;
+    while (kiln_mono_ns() < deadline && (nfound = find_ranks(pid, ranks, 3)) < 3) {
         if (waitpid(pid, NULL, WNOHANG) == pid)
             fail_msg("kiln-train ended early: see %s/stderr", tmpdir);
         proc_sleep_ms(10);
     }
-    bool ranks_up = find_ranks(pid, ranks, 3) == 3, training = false;
+    /* Found once is enough: a rank re-executes itself with the CPU's BLAS
+     * kernels (same pid), and a second look during that exec misses it. */
+    bool ranks_up = nfound >= 3, training = false;
     /* Training has begun once the first progress line is there. */
     char prog[600];
     snprintf(prog, sizeof prog, "%s/sig1/progress.jsonl", tmpdir);
