@@ -35,6 +35,7 @@
 #include <cmocka.h>
 
 #include <curl/curl.h>
+#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -159,8 +160,38 @@ static void print_tail(const char *title, const char *path)
                   n < 4000 ? n : (size_t)4000, n < 4000 ? buf : buf + n - 4000);
 }
 
+/* Prints each process of process group pgid: pid, name, state and where
+ * it waits in the kernel, for a run that does not end. */
+static void print_group(long long pgid)
+{
+    DIR *proc = opendir("/proc");
+    struct dirent *e;
+    print_message("---- the run's processes (process group %lld) ----\n", pgid);
+    while (proc && (e = readdir(proc)) != NULL) {
+        int pid = atoi(e->d_name);
+        char p[300], buf[1024], wchan[128] = "";
+        if (pid <= 0)
+            continue;
+        snprintf(p, sizeof p, "/proc/%d/stat", pid);
+        proc_slurp(p, buf, sizeof buf);
+        char *close = strrchr(buf, ')');
+        char st = 0;
+        int ppid = 0, pg = 0;
+        if (close == NULL || sscanf(close + 2, "%c %d %d", &st, &ppid, &pg) != 3 || pg != pgid)
+            continue;
+        snprintf(p, sizeof p, "/proc/%d/wchan", pid);
+        proc_slurp(p, wchan, sizeof wchan);
+        *close = '\0';
+        print_message("  %d %s) %c wchan %s\n", pid, strchr(buf, '(') ? strchr(buf, '(') : "?", st,
+                      wchan);
+    }
+    if (proc)
+        closedir(proc);
+}
+
 /* Waits until run id ends; returns its state. When it does not, prints the
- * run's state, kilnd's log and the run's own log before failing. */
+ * run's state, its processes, kilnd's log and the run's own log before
+ * failing. */
 static state_run_state_t wait_end(int64_t id, int timeout_s)
 {
     state_t *st = db();
@@ -171,6 +202,8 @@ static state_run_state_t wait_end(int64_t id, int timeout_s)
         if (state_run_get(st, id, &r) == 0) {
             print_message("run %lld is %s (pgid %lld)\n", (long long)id,
                           state_run_state_name(r.state), (long long)r.pgid);
+            if (r.pgid > 0)
+                print_group((long long)r.pgid);
             if (r.run_dir != NULL) {
                 snprintf(path, sizeof path, "%s/%s", r.run_dir, RUN_FILE_LOG);
                 print_tail("the run's log", path);
