@@ -1289,17 +1289,12 @@ static int find_ranks(pid_t mpirun, pid_t *ranks, int cap)
     DIR *proc = opendir("/proc");
     struct dirent *e;
     while (proc && (e = readdir(proc)) != NULL) {
-        char p[512], buf[8192];
+        char p[512], buf[8192], name[32];
         int pid = atoi(e->d_name);
-        if (pid <= 0)
-            continue;
-        snprintf(p, sizeof p, "/proc/%d/stat", pid);
-        proc_slurp(p, buf, sizeof buf);
-        char *close = strrchr(buf, ')');
         int pg = 0, ppid = 0;
         char st = 0;
-        if (close == NULL || strstr(buf, "(kiln-train)") == NULL ||
-            sscanf(close + 2, "%c %d %d", &st, &ppid, &pg) != 3 || ppid != mpirun)
+        if (pid <= 0 || proc_stat(pid, name, sizeof name, &st, &ppid, &pg) < 0 ||
+            strcmp(name, "(kiln-train)") != 0 || ppid != mpirun)
             continue;
         snprintf(p, sizeof p, "/proc/%d/environ", pid);
         FILE *f = fopen(p, "r");

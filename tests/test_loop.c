@@ -169,21 +169,14 @@ static void print_group(long long pgid)
     print_message("---- the run's processes (process group %lld) ----\n", pgid);
     while (proc && (e = readdir(proc)) != NULL) {
         int pid = atoi(e->d_name);
-        char p[300], buf[1024], wchan[128] = "";
-        if (pid <= 0)
-            continue;
-        snprintf(p, sizeof p, "/proc/%d/stat", pid);
-        proc_slurp(p, buf, sizeof buf);
-        char *close = strrchr(buf, ')');
+        char p[300], name[64], wchan[128] = "";
         char st = 0;
         int ppid = 0, pg = 0;
-        if (close == NULL || sscanf(close + 2, "%c %d %d", &st, &ppid, &pg) != 3 || pg != pgid)
+        if (pid <= 0 || proc_stat(pid, name, sizeof name, &st, &ppid, &pg) < 0 || pg != pgid)
             continue;
         snprintf(p, sizeof p, "/proc/%d/wchan", pid);
         proc_slurp(p, wchan, sizeof wchan);
-        *close = '\0';
-        print_message("  %d %s) %c wchan %s\n", pid, strchr(buf, '(') ? strchr(buf, '(') : "?", st,
-                      wchan);
+        print_message("  %d %s %c wchan %s\n", pid, name, st, wchan);
     }
     if (proc)
         closedir(proc);

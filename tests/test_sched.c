@@ -565,6 +565,24 @@ static void test_skips_pause_resume(void **state)
     stop_kilnd(k, SIGTERM);
 }
 
+/* Polls (100 ms, at most tries times) until retention has removed run id
+ * from the database; returns state_run_get's last code (KILN_ENOENT: gone). */
+static int wait_run_gone(int64_t id, int tries)
+{
+    int rc = 0;
+    for (int i = 0; i < tries; i++) {
+        state_t *st = open_db();
+        state_run_t r;
+        rc = state_run_get(st, id, &r);
+        state_close(st);
+        if (rc == KILN_ENOENT)
+            break;
+        state_run_fini(&r);
+        proc_sleep_ms(100);
+    }
+    return rc;
+}
+
 /* kilnd --keep-runs 1 (a bare number: days) removes a failed run that ended
  * 3 days ago with its events and run directory, and keeps an old run with a
  * checkpoint and a recent one; --keep-runs 1s then removes the recent one
@@ -604,16 +622,7 @@ static void test_keep_runs(void **state)
     state_close(st);
     pid_t k = start_kilnd_opt("--keep-runs", "1");
     state_run_t r;
-    int rc = 0;
-    for (int i = 0; i < 50; i++) {
-        st = open_db();
-        rc = state_run_get(st, ids[0], &r);
-        state_close(st);
-        if (rc == KILN_ENOENT)
-            break;
-        state_run_fini(&r);
-        proc_sleep_ms(100);
-    }
+    int rc = wait_run_gone(ids[0], 50);
     stop_kilnd(k, SIGTERM);
     assert_int_equal(rc, KILN_ENOENT);
     assert_false(file_exists(dir, "log"));
@@ -622,15 +631,7 @@ static void test_keep_runs(void **state)
     get_run(ids[2], &r); /* it ended now */
     state_run_fini(&r);
     k = start_kilnd_opt("--keep-runs", "1s");
-    for (int i = 0; i < 100; i++) {
-        st = open_db();
-        rc = state_run_get(st, ids[2], &r);
-        state_close(st);
-        if (rc == KILN_ENOENT)
-            break;
-        state_run_fini(&r);
-        proc_sleep_ms(100);
-    }
+    rc = wait_run_gone(ids[2], 100);
     stop_kilnd(k, SIGTERM);
     assert_int_equal(rc, KILN_ENOENT);
     get_run(ids[3], &r); /* the job's newest */

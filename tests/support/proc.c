@@ -65,6 +65,20 @@ int proc_tmpdir(const char *name, char *dir, size_t cap)
     return mkdtemp(dir) != NULL ? 0 : -1;
 }
 
+int proc_stat(int pid, char *name, size_t cap, char *state, int *ppid, int *pgid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    proc_slurp(path, buf, sizeof buf);
+    char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+    if (open == NULL || close == NULL || close < open ||
+        sscanf(close + 2, "%c %d %d", state, ppid, pgid) != 3)
+        return -1;
+    close[1] = '\0';
+    snprintf(name, cap, "%s", open);
+    return 0;
+}
+
 int proc_rmtree(const char *dir)
 {
     char cmd[600];

@@ -35,6 +35,11 @@ unsigned char *proc_read_file(const char *path, size_t *len /* OUT */);
  * or -1. */
 int proc_tmpdir(const char *name, char *dir, size_t cap);
 
+/* A process's line of /proc/PID/stat: its name (in parentheses, as the
+ * kernel writes it, cut to cap), state letter, parent and process group.
+ * Returns 0, or -1 when the process is gone or the line cannot be read. */
+int proc_stat(int pid, char *name, size_t cap, char *state, int *ppid, int *pgid);
+
 /* Removes a directory tree made by proc_tmpdir. Returns 0 or -1. */
 int proc_rmtree(const char *dir);
 
