@@ -5,10 +5,10 @@ same data. docs/benchmarks.md and docs/gpu.md say how to read it.
 
     /usr/bin/python3 bench/gpu_train.py [--build build-gpu] [--repeat 3]
         [--rows 200000] [--models lr,fm,dlrm] [--ranks 1] [--zipf 1.15]
-        [--threads 2,0] [--exchange-peer]
+        [--threads 2,0] [--exchange-peer] [--batch 4096]
 
 Needs a build with kiln and kiln-train (CUDA on for the GPU side) and mpirun.
-Per model, --repeat runs of each device (seed 42 + r, batch 4096 / ranks per
+Per model, --repeat runs of each device (seed 42 + r, batch --batch / ranks per
 rank, kiln-bin data, the training loop alone: kiln-train's train_seconds);
 prints the median samples/s of each, the ratio cuda / cpu and both median
 eval loglosses. --exchange-peer adds the GPU run with the exchange over host
@@ -37,13 +37,13 @@ def run(cmd, check=True):
     return p
 
 
-def train(build, work, model, device, ranks, seed, threads=0, check=True, extra=()):
+def train(build, work, model, device, ranks, seed, threads=0, check=True, extra=(), batch=4096):
     spec = os.path.join(work, "%s-%s-%d.yaml" % (model, device, seed))
     with open(spec, "w") as f:
         f.write("name: gpu-bench-%s\n" % model)
         f.write("data: {train: day0.bin, eval: eval.bin, format: kiln-bin}\n")
         f.write("model: {type: %s}\n" % model)
-        f.write("train: {batch_size: %d, seed: %d, init_from: none}\n" % (4096 // ranks, seed))
+        f.write("train: {batch_size: %d, seed: %d, init_from: none}\n" % (batch // ranks, seed))
         f.write("resources: {device: %s, threads: %d}\n" % (device, threads))
     rundir = os.path.join(work, "run")
     shutil.rmtree(rundir, ignore_errors=True)
@@ -61,6 +61,7 @@ def main():
     ap.add_argument("--zipf", type=float, default=1.15)
     ap.add_argument("--threads", default="2,0")
     ap.add_argument("--exchange-peer", action="store_true")
+    ap.add_argument("--batch", type=int, default=4096, help="global batch (split over ranks)")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     threads = [int(t) for t in a.threads.split(",")]
@@ -86,7 +87,7 @@ def main():
         for m in a.models.split(","):
             med = []
             for dev, t, extra in runs:
-                v = [train(build, work, m, dev, a.ranks, 42 + r, t, extra=extra)[0]
+                v = [train(build, work, m, dev, a.ranks, 42 + r, t, extra=extra, batch=a.batch)[0]
                      for r in range(a.repeat)]
                 med.append((statistics.median(j["samples_per_s"] for j in v),
                             statistics.median(j["eval_logloss"] for j in v)))

@@ -41,6 +41,11 @@ pack() {
         echo "$base" | grep -Eq "$skip" && continue
         [ -e "$stage/opt/kiln-kit/lib/$base" ] || cp -L "$lib" "$stage/opt/kiln-kit/lib/$base"
     done
+    # no debug info and no headers: the device tool carries 64 MiB in all
+    rm -rf "$stage/usr/lib/x86_64-linux-gnu/openmpi/include"
+    find "$stage" -type f \( -perm -u+x -o -name '*.so*' \) | while read -r f; do
+        file -b "$f" | grep -q '^ELF' && strip --strip-debug "$f"
+    done
     tar czf "$kit" -C "$stage" .
     echo "packed $(du -h "$kit" | cut -f1) into $kit"
 }
@@ -54,7 +59,14 @@ unpack() {
     for d in usr/lib/x86_64-linux-gnu/openmpi usr/lib/x86_64-linux-gnu/pmix2 \
              usr/share/openmpi usr/share/pmix etc/openmpi; do
         [ -e "$stage/$d" ] || continue
-        if [ -e "/$d" ]; then echo "kept the host's /$d"; continue; fi
+        if [ -e "/$d" ]; then
+            # the host has an Open MPI or PMIx of its own (the first GPU
+            # host had Ubuntu's plugins, no mpirun): the kit's goes beside it
+            # and env.sh points Open MPI's and PMIx's plugin paths there
+            echo "the host has /$d: the kit's is under /opt/kiln-kit/alt"
+            mkdir -p "/opt/kiln-kit/alt/$(dirname "$d")" && mv "$stage/$d" "/opt/kiln-kit/alt/$d"
+            continue
+        fi
         mkdir -p "/$(dirname "$d")" && mv "$stage/$d" "/$d"
     done
     # the build tree: whatever else the kit holds, at its absolute path (a
@@ -62,12 +74,21 @@ unpack() {
     tops=$(cd "$stage" && find . -mindepth 1 -maxdepth 1 ! -name opt ! -name usr ! -name etc)
     (cd "$stage" && tar cf - $tops) | tar xf - -C / --keep-directory-symlink
     [ -e /usr/bin/orted ] || ln -s /opt/kiln-kit/bin/orted /usr/bin/orted
+    ompi=/usr/lib/x86_64-linux-gnu/openmpi pmix=/usr/lib/x86_64-linux-gnu/pmix2 mca=
+    if [ -d "/opt/kiln-kit/alt$ompi" ]; then
+        ompi=/opt/kiln-kit/alt$ompi
+        mca="export OMPI_MCA_mca_base_component_path=$ompi/lib/openmpi3"
+    fi
+    [ -d "/opt/kiln-kit/alt$pmix" ] &&
+        mca="$mca${mca:+
+}export PMIX_MCA_mca_base_component_path=/opt/kiln-kit/alt$pmix/lib/pmix PMIX_MCA_pcompress_base_silence_warning=1"
     cuda=$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")/..
     nccl=$(find / -xdev -name 'libnccl.so.2' -not -path '*/kiln-kit/*' 2>/dev/null | head -1)
     cat > /opt/kiln-kit/env.sh <<ENV
 export PATH=/opt/kiln-kit/bin:\$PATH
-export LD_LIBRARY_PATH=/opt/kiln-kit/lib:/usr/lib/x86_64-linux-gnu/openmpi/lib:$cuda/lib64:$cuda/lib:${nccl:+$(dirname "$nccl"):}\${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=/opt/kiln-kit/lib:$ompi/lib:$cuda/lib64:$cuda/lib:${nccl:+$(dirname "$nccl"):}\${LD_LIBRARY_PATH:-}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+$mca
 ENV
     rm -rf "$stage"
     echo "unpacked; nccl: ${nccl:-none found}; source /opt/kiln-kit/env.sh"
