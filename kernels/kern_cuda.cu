@@ -12,7 +12,8 @@
  * value as the kernel parameter (no device copy of the descriptor array);
  * blockIdx.y picks the table, blockIdx.x strides over bags, rows or tiles,
  * and the threads of a block stride over the dim floats of a row, so loads
- * of a row are coalesced.
+ * of a row are coalesced (the gather's float4 kernel: a group of lanes per
+ * bag instead, where dims and columns allow).
  *
  * The table: buckets of 32 slots, a warp per key. A key's slot is found by
  * one coalesced read of its bucket and a ballot; a missing key claims the
@@ -100,6 +101,90 @@ static __global__ void gather_combine_kernel(const bags_chunk c, int64_t nbags, 
     }
 }
 
+/* The vector path: a group of L lanes (a power of two up to a warp) per
+ * bag, each lane summing float4 columns. All the positions of a bag are
+ * summed in order from zero, as the scalar kernel and the CPU do, so the
+ * result is the same to the bit; the row ids of four positions are read
+ * before their rows, so a lane has four row loads in flight instead of one.
+ * For tables whose dims are multiples of 4 and whose slab and output
+ * columns are 16-byte aligned (kern_cuda_gather_combine checks). */
+static __device__ __forceinline__ void add4(float4 &a, const float4 v)
+{
+    a.x += v.x;
+    a.y += v.y;
+    a.z += v.z;
+    a.w += v.w;
+}
+
+template <int L>
+static __global__ void gather_combine_vec_kernel(const bags_chunk c, int64_t nbags,
+                                                 int64_t out_stride, float *out)
+{
+    const kern_bags_t &g = c.t[blockIdx.y];
+    const int d4 = g.dim >> 2, lane = (int)(threadIdx.x & (L - 1));
+    const int64_t per_block = blockDim.x / L, step = (int64_t)gridDim.x * per_block;
+    const float4 *values = (const float4 *)g.values;
+    for (int64_t b = (int64_t)blockIdx.x * per_block + threadIdx.x / L; b < nbags; b += step) {
+        const int64_t s = g.offsets[b], e = g.offsets[b + 1];
+        float4 *o = (float4 *)(out + b * out_stride + g.out_col);
+        for (int j = lane; j < d4; j += L) {
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            int64_t p = s;
+            for (; p + 4 <= e; p += 4) {
+                const size_t r0 = (size_t)g.rows[p], r1 = (size_t)g.rows[p + 1],
+                             r2 = (size_t)g.rows[p + 2], r3 = (size_t)g.rows[p + 3];
+                const float4 v0 = __ldg(values + r0 * d4 + j), v1 = __ldg(values + r1 * d4 + j),
+                             v2 = __ldg(values + r2 * d4 + j), v3 = __ldg(values + r3 * d4 + j);
+                add4(acc, v0);
+                add4(acc, v1);
+                add4(acc, v2);
+                add4(acc, v3);
+            }
+            for (; p < e; p++)
+                add4(acc, __ldg(values + (size_t)g.rows[p] * d4 + j));
+            if (g.combine == KERN_COMBINE_MEAN && e > s) {
+                const float sc = kern_combine_scale(g.combine, e - s);
+                acc.x *= sc;
+                acc.y *= sc;
+                acc.z *= sc;
+                acc.w *= sc;
+            }
+            o[j] = acc;
+        }
+    }
+}
+
+#define VEC_THREADS 256
+
+/* Launches the vector kernel when the chunk allows it; 1 if it did. */
+static int gather_vec(const bags_chunk &c, int nt, int maxdim, int64_t nbags, int64_t out_stride,
+                      float *d_out, cudaStream_t stream)
+{
+    if (out_stride % 4 || (uintptr_t)d_out % 16)
+        return 0;
+    for (int k = 0; k < nt; k++)
+        if (c.t[k].dim % 4 || c.t[k].out_col % 4 || (uintptr_t)c.t[k].values % 16)
+            return 0;
+    int lanes = 1;
+    while (lanes < 32 && lanes * 4 < maxdim)
+        lanes *= 2;
+    dim3 grid(blocks_for((nbags + VEC_THREADS / lanes - 1) / (VEC_THREADS / lanes)), (unsigned)nt);
+    switch (lanes) {
+#define VEC_CASE(n)                                                                              \
+    case n:                                                                                      \
+        gather_combine_vec_kernel<n><<<grid, VEC_THREADS, 0, stream>>>(c, nbags, out_stride, d_out); \
+        break;
+        VEC_CASE(1)
+        VEC_CASE(2)
+        VEC_CASE(4)
+        VEC_CASE(8)
+        VEC_CASE(16)
+        VEC_CASE(32)
+#undef VEC_CASE
+    }
+    return 1;
+}
+
 extern "C" int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
                                         int64_t out_stride, float *d_out, void *stream)
 {
@@ -115,9 +200,11 @@ extern "C" int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, in
             c.t[k] = bags[t0 + k];
             maxdim = c.t[k].dim > maxdim ? c.t[k].dim : maxdim;
         }
-        dim3 grid(blocks_for(nbags), (unsigned)nt);
-        gather_combine_kernel<<<grid, threads_for(maxdim), 0, (cudaStream_t)stream>>>(
-            c, nbags, out_stride, d_out);
+        if (!gather_vec(c, nt, maxdim, nbags, out_stride, d_out, (cudaStream_t)stream)) {
+            dim3 grid(blocks_for(nbags), (unsigned)nt);
+            gather_combine_kernel<<<grid, threads_for(maxdim), 0, (cudaStream_t)stream>>>(
+                c, nbags, out_stride, d_out);
+        }
         CUDA_CHECK(cudaGetLastError());
     }
     return 0;

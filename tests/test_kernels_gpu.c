@@ -184,6 +184,17 @@ static void test_gather_parity(void **state)
     assert_int_equal(cudaMemcpy(gpu, d_out, sizeof(float) * NBAGS * (size_t)stride,
                                 cudaMemcpyDeviceToHost), cudaSuccess);
     assert_close(gpu, cpu, NBAGS * (size_t)stride);
+    /* Tables 0 and 2 alone (dims 16 and 64) at aligned columns take the
+     * float4 path; table 2 as a mean. */
+    kern_bags_t h2[2] = {b.bags[0], b.bags[2]}, d2[2] = {b.dbags[0], b.dbags[2]};
+    h2[1].out_col = d2[1].out_col = dims[0];
+    h2[1].combine = d2[1].combine = KERN_COMBINE_MEAN;
+    const int64_t s2 = dims[0] + dims[2];
+    assert_int_equal(kern_cpu_gather_combine(2, h2, NBAGS, s2, cpu), 0);
+    assert_int_equal(kern_cuda_gather_combine(2, d2, NBAGS, s2, d_out, NULL), 0);
+    assert_int_equal(cudaMemcpy(gpu, d_out, sizeof(float) * NBAGS * (size_t)s2,
+                                cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_close(gpu, cpu, NBAGS * (size_t)s2);
     batch_free(&b);
     cudaFree(d_out);
     free(cpu);
