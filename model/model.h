@@ -286,6 +286,12 @@ const char *model_kernels_decide(const char *core, const model_cpu_t *cpu, const
  * failed; the program may go on with the library's kernels, and should say
  * so with kiln_errmsg()). */
 int model_kernels_ensure(char *const argv[]);
+/* Also before the first parallel region: when neither OMP_WAIT_POLICY nor
+ * GOMP_SPINCOUNT is set, model_kernels_ensure sets OMP_WAIT_POLICY=passive
+ * for the re-execution (idle OpenMP workers sleep instead of spinning on the
+ * cores that the reader and other threads need). True when this process's
+ * idle workers spin (the user asked for it, or the exec failed). */
+bool model_threads_spin(void);
 
 /* What the dense math runs on, for the log and result.json. */
 typedef struct {

@@ -21,6 +21,9 @@
  * that the log says what was changed, and stops a second exec if the
  * library ignored the setting.
  *
+ * The same re-execution sets OMP_WAIT_POLICY=passive where the environment
+ * says nothing of how idle OpenMP threads wait (below).
+ *
  * Some OpenBLAS builds compute wrong results on some CPUs (the reason a
  * machine sets OPENBLAS_CORETYPE at all), so the kernels are checked too:
  * model_kernels_check runs each GEMM a model makes, at its real shapes
@@ -188,6 +191,29 @@ static int check_defaults(void)
     return model_kernels_check(s, n);
 }
 
+/* ---- how idle OpenMP threads wait ---------------------------------------------------
+ * libgomp's default lets a thread that reaches a barrier spin for up to
+ * 300,000 rounds (milliseconds) before it sleeps, whenever the team is no
+ * larger than the cores. A Kiln rank is rarely alone on its cores: its
+ * reader thread, MPI's progress, a kiln-serve or kilnd beside it. A
+ * spinning worker then holds the core that the thread it waits for needs.
+ * Measured on 2 cores (docs/benchmarks.md, session 12): lr on kiln-bin
+ * 1.10 M samples/s spinning, 1.36 M with passive waits; fm +8 %, dlrm
+ * +1 %; with other work on the machine, 0.07-0.13 M spinning against
+ * 0.46-0.97 M. So Kiln asks for passive waits unless the environment says
+ * how to wait (OMP_WAIT_POLICY or GOMP_SPINCOUNT): libgomp reads them as it
+ * loads, so this too takes the re-execution below. */
+static bool wait_policy_unset(void)
+{
+    return getenv("OMP_WAIT_POLICY") == NULL && getenv("GOMP_SPINCOUNT") == NULL;
+}
+
+bool model_threads_spin(void)
+{
+    const char *w = getenv("OMP_WAIT_POLICY"), *n = getenv("GOMP_SPINCOUNT");
+    return (w == NULL || strcasecmp(w, "passive") != 0) && (n == NULL || atol(n) != 0);
+}
+
 int model_kernels_ensure(char *const argv[])
 {
     model_cpu_t cpu;
@@ -203,8 +229,21 @@ int model_kernels_ensure(char *const argv[])
                          strerror(errno));
     }
     const char *best = model_kernels_decide(core, &cpu, user, own);
-    if (best == NULL)
+    const bool wait = wait_policy_unset();
+    if (best == NULL && !wait)
         return 0;
+    if (wait && setenv("OMP_WAIT_POLICY", "passive", 1) != 0)
+        return KILN_ENOMEM;
+    if (best == NULL) {
+        execv("/proc/self/exe", argv);
+        /* Still here: the threads spin as libgomp's default says. */
+        const int err = errno;
+        unsetenv("OMP_WAIT_POLICY");
+        return kiln_errf(KILN_EIO,
+                         "cannot re-execute with OMP_WAIT_POLICY=passive (%s): idle OpenMP "
+                         "threads spin; set OMP_WAIT_POLICY=passive in the environment",
+                         strerror(err));
+    }
     if (setenv(ENV_OWN, core, 1) != 0)
         return kiln_errf(KILN_ENOMEM, "cannot set OPENBLAS_CORETYPE=%s", best);
     reexec(argv, best);

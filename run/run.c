@@ -146,7 +146,7 @@ int run_result_write(const char *run_dir, const run_result_t *r, FILE *out)
 {
     json_t *o =
         json_pack("{s:s, s:s, s:I, s:i, s:i, s:I, s:f, s:f, s:I, s:o, s:o, s:I, s:I, s:o, s:s, "
-                  "s:s}",
+                  "s:s, s:s, s:s}",
                   "job",
                   r->job, "model", r->model, "rows", (json_int_t)r->rows, "ranks", r->ranks,
                   "threads", r->threads, "steps", (json_int_t)r->steps, RUN_FIG_TRAIN_SECONDS,
@@ -156,7 +156,9 @@ int run_result_write(const char *run_dir, const run_result_t *r, FILE *out)
                   "malformed", (json_int_t)r->malformed, "checkpoint",
                   r->checkpoint[0] ? kiln_json_str(r->checkpoint) : json_null(), "dense_kernels",
                   r->dense_kernels, "dense_precision",
-                  r->dense_precision[0] ? r->dense_precision : "fp32");
+                  r->dense_precision[0] ? r->dense_precision : "fp32", "reader",
+                  r->reader[0] ? r->reader : "thread", "openmp_wait",
+                  r->openmp_wait[0] ? r->openmp_wait : "spin");
     const run_tables_t *t = &r->tables;
     json_t *tab = json_pack("{s:b, s:I, s:I, s:o, s:I, s:I, s:I, s:I}", "tiered", t->tiered,
                             "rows_ram", (json_int_t)t->rows_ram, "rows_disk",
@@ -192,6 +194,8 @@ int run_result_read(const char *run_dir, run_result_t *out)
     str_of(o, "checkpoint", out->checkpoint, sizeof out->checkpoint);
     str_of(o, "dense_kernels", out->dense_kernels, sizeof out->dense_kernels);
     str_of(o, "dense_precision", out->dense_precision, sizeof out->dense_precision);
+    str_of(o, "reader", out->reader, sizeof out->reader);
+    str_of(o, "openmp_wait", out->openmp_wait, sizeof out->openmp_wait);
     out->rows = int_of(o, "rows");
     out->ranks = (int)int_of(o, "ranks");
     out->threads = (int)int_of(o, "threads");

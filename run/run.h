@@ -128,6 +128,8 @@ typedef struct run_result {
     char dense_kernels[64];  /* the BLAS kernel set the dense math ran: "OpenBLAS 0.3.21
                                 Cooperlake" (model_kernels_t.name) */
     char dense_precision[8]; /* model.dense_precision as it ran: "fp32" or "bf16" */
+    char reader[8];          /* where batches were made: "thread" or "team" (data.reader) */
+    char openmp_wait[8];     /* how idle OpenMP workers waited: "passive" or "spin" */
     run_tables_t tables;
 } run_result_t;
 

@@ -1044,6 +1044,44 @@ static void test_dense_kernels(void **state)
     free(r);
 }
 
+/* How idle OpenMP workers wait, and where batches are made: with nothing
+ * set, kiln-train re-executes with OMP_WAIT_POLICY=passive and reads on a
+ * thread; with OMP_WAIT_POLICY=active (the user's, kept) and the step's
+ * threads on every core, TSV is parsed on the team. result.json says both. */
+static void test_openmp_wait(void **state)
+{
+    (void)state;
+    result_t *r = malloc(sizeof *r);
+    char spec[400], cores[16];
+    write_spec("ompwait", "lr", 256, NULL, NULL, spec, sizeof spec);
+    snprintf(cores, sizeof cores, "%ld", sysconf(_SC_NPROCESSORS_ONLN));
+    char *policy = getenv("OMP_WAIT_POLICY") ? strdup(getenv("OMP_WAIT_POLICY")) : NULL;
+    char *spin = getenv("GOMP_SPINCOUNT") ? strdup(getenv("GOMP_SPINCOUNT")) : NULL;
+    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("GOMP_SPINCOUNT");
+    const char *all[] = {"--threads", cores, NULL};
+    json_t *v = train_with(1, spec, "omp-default", r, all);
+    if (v == NULL)
+        fail_msg("kiln-train with no OMP_WAIT_POLICY failed (%d): %s", r->code, r->err);
+    assert_string_equal(json_string_value(json_object_get(v, "openmp_wait")), "passive");
+    assert_string_equal(json_string_value(json_object_get(v, "reader")), "thread");
+    json_decref(v);
+
+    setenv("OMP_WAIT_POLICY", "active", 1);
+    v = train_with(1, spec, "omp-active", r, all);
+    unsetenv("OMP_WAIT_POLICY");
+    if (v == NULL)
+        fail_msg("kiln-train with OMP_WAIT_POLICY=active failed (%d): %s", r->code, r->err);
+    assert_string_equal(json_string_value(json_object_get(v, "openmp_wait")), "spin");
+    assert_string_equal(json_string_value(json_object_get(v, "reader")), "team");
+    json_decref(v);
+    if (policy)
+        setenv("OMP_WAIT_POLICY", policy, 1);
+    if (spin)
+        setenv("GOMP_SPINCOUNT", spin, 1);
+    KILN_FREE_ALL(policy, spin, r);
+}
+
 /* model.dense_precision: bf16 (model_bf16.c). A dlrm run in bf16 learns
  * (its loss over the last steps is well below its first), says so in its
  * log and result.json; an fp32 run resumes its checkpoint for a second
@@ -2107,6 +2145,7 @@ int main(void)
         cmocka_unit_test(test_same_seed_same_result),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_dense_kernels),
+        cmocka_unit_test(test_openmp_wait),
         cmocka_unit_test(test_twin_store_matches_host),
         cmocka_unit_test(test_device_step_standin),
         cmocka_unit_test(test_cuda_lr_dlrm_match_cpu),
