@@ -25,6 +25,23 @@
 #define KERN_HD
 #endif
 
+/* ---- vector width ---------------------------------------------------------------
+ * The build's baseline is x86-64's SSE2, so `omp simd` loops run 128 bits
+ * wide even on AVX-512 hosts. A host function marked KERN_CLONES is also
+ * compiled for AVX2 (x86-64-v3) and AVX-512 (x86-64-v4), and the loader
+ * picks the body the CPU runs. Only for loops whose elements are
+ * independent (no reduction across the vector, like `y += c * x` or a
+ * double-double sum per element): each element then sees the same IEEE
+ * operations at every width (C11 does not contract a*b+c into an FMA), so
+ * every body computes the same bits, and hosts of different vector widths
+ * train the same model. A reduction (a dot product) is not marked: its
+ * order would follow the width. */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__)
+#define KERN_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define KERN_CLONES
+#endif
+
 /* ---- counter-based RNG ------------------------------------------------------
  * Element j of the initial row of key k in a table seeded s is a pure
  * function of (s, k, j): no state, no insertion order, no rank. The mixer is

@@ -193,6 +193,23 @@ void model_grad_gemm_bf16(model_t *m, int n, const model_layer_t *L, const uint1
               dYb);
 }
 
+/* Columns [c0, c1) (at most 16) of colsum: each a double-double sum down the
+ * rows, column by column independent (KERN_CLONES: the same bits at every
+ * vector width). */
+KERN_CLONES static void colsum_block(int n, int c0, int c1, const float *A, int lda, double *g,
+                                     double *gl)
+{
+    double hi[16] = {0}, lo[16] = {0};
+    for (int i = 0; i < n; i++) {
+        const float *a = A + (size_t)i * (size_t)lda + c0;
+#pragma omp simd
+        for (int c = 0; c < c1 - c0; c++)
+            kern_dd_add(&hi[c], &lo[c], (double)a[c]);
+    }
+    for (int c = c0; c < c1; c++)
+        kern_dd_add_dd(&g[c], &gl[c], hi[c - c0], lo[c - c0]);
+}
+
 void model_grad_colsum(model_t *m, int n, int cols, const float *A, int lda, double *g)
 {
     /* Columns in blocks of 16 over the threads; each column a double-double
@@ -200,17 +217,8 @@ void model_grad_colsum(model_t *m, int n, int cols, const float *A, int lda, dou
     double *gl = m->grads_lo + (g - m->grads);
     const int nblk = (cols + 15) / 16;
 #pragma omp parallel for schedule(static) if ((int64_t)n * cols > 65536)
-    for (int blk = 0; blk < nblk; blk++) {
-        const int c0 = blk * 16, c1 = c0 + 16 < cols ? c0 + 16 : cols;
-        double hi[16] = {0}, lo[16] = {0};
-        for (int i = 0; i < n; i++) {
-            const float *a = A + (size_t)i * (size_t)lda;
-            for (int c = c0; c < c1; c++)
-                kern_dd_add(&hi[c - c0], &lo[c - c0], (double)a[c]);
-        }
-        for (int c = c0; c < c1; c++)
-            kern_dd_add_dd(&g[c], &gl[c], hi[c - c0], lo[c - c0]);
-    }
+    for (int blk = 0; blk < nblk; blk++)
+        colsum_block(n, blk * 16, blk * 16 + 16 < cols ? blk * 16 + 16 : cols, A, lda, g, gl);
 }
 
 /* ---- the GEMMs a model makes, for model_kernels_check -------------------------------- */

@@ -16,6 +16,8 @@
 
 #include <string.h>
 
+#include "kern_ops.h"
+
 /* ---- the dense layer ------------------------------------------------------------ */
 void model_dense_linear_fwd(model_t *m, int n, const model_layer_t *L, const float *A, int lda,
                          float *Y, int ldy)
@@ -140,6 +142,40 @@ void model_dlrm_forward(model_t *m, int n, const float *E, const float *X)
 }
 
 /* ---- backward ------------------------------------------------------------------- */
+
+/* One row's interaction backward: dr (its row of dR: d bot, then the pair
+ * gradients gd) -> d bot in place and the row's dE, through dt ((S + 1, d)
+ * scratch, so de may alias e). axpy and the ReLU mask are element-wise, so
+ * every vector width gives the same bits (KERN_CLONES). */
+KERN_CLONES static void interaction_bwd(int S, int d, const float *bot, const float *e, float *dr,
+                                        float *dt, float *de)
+{
+    const size_t rowT = (size_t)(S + 1) * (size_t)d;
+    const float *gd = dr + d;
+    memset(dt, 0, rowT * sizeof(float));
+    int p = 0;
+    for (int s = 0; s < S; s++) {
+        const float c = gd[p++];
+        const float *vs = e + (size_t)s * (size_t)d;
+        axpy(c, vs, dt, d);
+        axpy(c, bot, dt + (size_t)(s + 1) * (size_t)d, d);
+    }
+    for (int a = 0; a < S; a++) {
+        const float *va = e + (size_t)a * (size_t)d;
+        float *da = dt + (size_t)(a + 1) * (size_t)d;
+        for (int b = a + 1; b < S; b++) {
+            const float c = gd[p++];
+            axpy(c, e + (size_t)b * (size_t)d, da, d);
+            axpy(c, va, dt + (size_t)(b + 1) * (size_t)d, d);
+        }
+    }
+    /* d bot = (direct part + interaction part) * ReLU'(bot) */
+    for (int j = 0; j < d; j++)
+        dr[j] = bot[j] > 0.0f ? dr[j] + dt[j] : 0.0f;
+    if (S > 0)
+        memcpy(de, dt + d, (size_t)S * (size_t)d * sizeof(float));
+}
+
 void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, float *dE)
 {
     const int S = m->S, d = m->d, nb = m->nbottom, nl = m->nbottom + m->ntop;
@@ -169,35 +205,9 @@ void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, floa
     const float *R = m->R;
     float *dT = m->dT;
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        const float *bot = R + (size_t)i * ldr;
-        const float *e = E + (size_t)i * rowE;
-        float *dr = dR + (size_t)i * ldr;
-        const float *gd = dr + d;
-        float *dt = dT + (size_t)i * rowT;
-        memset(dt, 0, rowT * sizeof(float));
-        int p = 0;
-        for (int s = 0; s < S; s++) {
-            const float c = gd[p++];
-            const float *vs = e + (size_t)s * (size_t)d;
-            axpy(c, vs, dt, d);
-            axpy(c, bot, dt + (size_t)(s + 1) * (size_t)d, d);
-        }
-        for (int a = 0; a < S; a++) {
-            const float *va = e + (size_t)a * (size_t)d;
-            float *da = dt + (size_t)(a + 1) * (size_t)d;
-            for (int b = a + 1; b < S; b++) {
-                const float c = gd[p++];
-                axpy(c, e + (size_t)b * (size_t)d, da, d);
-                axpy(c, va, dt + (size_t)(b + 1) * (size_t)d, d);
-            }
-        }
-        /* d bot = (direct part + interaction part) * ReLU'(bot) */
-        for (int j = 0; j < d; j++)
-            dr[j] = bot[j] > 0.0f ? dr[j] + dt[j] : 0.0f;
-        if (S > 0)
-            memcpy(dE + (size_t)i * rowE, dt + d, rowE * sizeof(float));
-    }
+    for (int i = 0; i < n; i++)
+        interaction_bwd(S, d, R + (size_t)i * ldr, E + (size_t)i * rowE, dR + (size_t)i * ldr,
+                        dT + (size_t)i * rowT, dE + (size_t)i * rowE);
 
     /* Bottom MLP, last layer first; the top's input gradient dR carries d bot
      * in its first d columns (leading dimension d + P). */

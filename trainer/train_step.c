@@ -103,6 +103,25 @@ static int sum_dd_comm(trainer_t *tr, double *pairs, size_t npairs)
     return shard_comm_allreduce_sum_dd(tr->comm, pairs, npairs);
 }
 
+/* Adds slot bg's bag gradients (go: row i's d floats at go + i * ldE) into
+ * its table's unique-key gradients g (nuniq, d, 2), double-double, in bag
+ * order. Element-wise, so every vector width gives the scalar loop's bits
+ * (KERN_CLONES). */
+KERN_CLONES static void add_slot_grads(const kern_bags_t *bg, int n, int d, const float *go, int64_t ldE, double *g)
+{
+    for (int64_t i = 0; i < n; i++, go += ldE) {
+        const int64_t p0 = bg->offsets[i], p1 = bg->offsets[i + 1];
+        const float sc = /* as kern_ops.h's kern_combine_scale */
+            bg->combine == KERN_COMBINE_MEAN && p1 > p0 ? 1.0f / (float)(p1 - p0) : 1.0f;
+        for (int64_t p = p0; p < p1; p++) {
+            double *acc = g + 2 * (int64_t)bg->rows[p] * d;
+#pragma omp simd
+            for (int j = 0; j < d; j++)
+                kern_dd_add(&acc[2 * j], &acc[2 * j + 1], (double)(go[j] * sc));
+        }
+    }
+}
+
 /* One training step. global_n is the rows of all ranks in this step. */
 int train_step(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t global_n, double *loss_sum)
 {
@@ -128,22 +147,9 @@ int train_step(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t globa
         if (tr->nuniq[t] == 0) /* a column empty in every row: no key, maybe no buffer */
             continue;
         memset(g, 0, (size_t)(tr->nuniq[t] * d) * 2 * sizeof(double));
-        for (int s = 0; s < S; s++) {
-            if (tr->slot_table[s] != t)
-                continue;
-            const kern_bags_t *bg = &tr->bags[s];
-            for (int64_t i = 0; i < n; i++) {
-                const int64_t p0 = bg->offsets[i], p1 = bg->offsets[i + 1];
-                const float sc = /* as kern_ops.h's kern_combine_scale */
-                    bg->combine == KERN_COMBINE_MEAN && p1 > p0 ? 1.0f / (float)(p1 - p0) : 1.0f;
-                const float *go = dE + i * ldE + (int64_t)s * d; /* (d) */
-                for (int64_t p = p0; p < p1; p++) {
-                    double *acc = g + 2 * (int64_t)bg->rows[p] * d;
-                    for (int j = 0; j < d; j++)
-                        kern_dd_add(&acc[2 * j], &acc[2 * j + 1], (double)(go[j] * sc));
-                }
-            }
-        }
+        for (int s = 0; s < S; s++)
+            if (tr->slot_table[s] == t)
+                add_slot_grads(&tr->bags[s], n, d, dE + (int64_t)s * d, ldE, g);
     }
     KILN_CHECK(shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
     return train_dense_update(tr, sum_dd_comm);
