@@ -226,13 +226,16 @@ extern "C" int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, in
  *      the CPU's `acc += go * sc`).
  * Scratch is O(positions) of the largest table (cudaMallocAsync, reused
  * table after table on the stream). Two synchronizations: one to learn the
- * tables' position counts (offsets live on the device), one at the end for
+ * tables' position counts (offsets live on the device; none where the
+ * caller passes them, kern_cuda_backward_reduce_npos), one at the end for
  * the unique-row counts and the bad flag. */
 
 /* grid (bags), block (threads over the bag's positions). */
-static __global__ void reduce_prep_kernel(const kern_bags_t g, int64_t nbags, int32_t *bag_of,
-                                          int32_t *pos, int32_t *bad)
+static __global__ void reduce_prep_kernel(const kern_bags_t g, int64_t nbags, int64_t npos,
+                                          int32_t *bag_of, int32_t *pos, int32_t *bad)
 {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && g.offsets[nbags] != npos)
+        *bad = 1; /* the caller's count (kern_cuda_backward_reduce_npos) is not the offsets' */
     for (int64_t b = blockIdx.x; b < nbags; b += gridDim.x) {
         const int64_t s = g.offsets[b], e = g.offsets[b + 1];
         if (e < s && threadIdx.x == 0)
@@ -293,10 +296,11 @@ static int row_bits(int64_t capacity)
     return bits;
 }
 
-extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
-                                         int64_t out_stride, const float *d_grad_out,
-                                         kern_row_grads_t *grads /* OUT (ntables) */,
-                                         void *stream)
+/* kern_cuda_backward_reduce with npos: the position counts from the host
+ * (known), or NULL to read them from the device offsets. */
+static int backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
+                           const int64_t *known, int64_t out_stride, const float *d_grad_out,
+                           kern_row_grads_t *grads /* OUT (ntables) */, void *stream)
 {
     KILN_CHECK(check_bags("backward", ntables, bags, nbags, out_stride));
     for (int t = 0; t < ntables; t++) {
@@ -320,11 +324,15 @@ extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, i
         rc = KILN_ENOMEM;
         goto out;
     }
-    for (int t = 0; t < ntables; t++)
-        CUDA_CHECK_GOTO(cudaMemcpyAsync(&nnz[t], bags[t].offsets + nbags, sizeof(int64_t),
-                                        cudaMemcpyDeviceToHost, st),
-                        rc, out);
-    CUDA_CHECK_GOTO(cudaStreamSynchronize(st), rc, out);
+    if (known != NULL) {
+        memcpy(nnz, known, sizeof(int64_t) * (size_t)ntables);
+    } else {
+        for (int t = 0; t < ntables; t++)
+            CUDA_CHECK_GOTO(cudaMemcpyAsync(&nnz[t], bags[t].offsets + nbags, sizeof(int64_t),
+                                            cudaMemcpyDeviceToHost, st),
+                            rc, out);
+        CUDA_CHECK_GOTO(cudaStreamSynchronize(st), rc, out);
+    }
     {
         int64_t most = 0;
         size_t temp = 0;
@@ -359,7 +367,7 @@ extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, i
             if (n == 0)
                 continue;
             size_t tb = temp;
-            reduce_prep_kernel<<<blocks_for(nbags), 128, 0, st>>>(g, nbags, bag_of, pos,
+            reduce_prep_kernel<<<blocks_for(nbags), 128, 0, st>>>(g, nbags, nnz[t], bag_of, pos,
                                                                   &d_n[ntables]);
             CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
             CUDA_CHECK_GOTO(cub::DeviceRadixSort::SortPairs(d_temp, tb, g.rows, rows_sorted, pos,
@@ -382,8 +390,9 @@ extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, i
                     rc, out);
     CUDA_CHECK_GOTO(cudaStreamSynchronize(st), rc, out);
     if (hn[ntables]) {
-        rc = kiln_errf(KILN_EINVAL, "cuda backward: a bag has decreasing offsets or a row id "
-                                    "outside its table's slab");
+        rc = kiln_errf(KILN_EINVAL, "cuda backward: a bag has decreasing offsets, a row id "
+                                    "outside its table's slab, or its offsets end elsewhere "
+                                    "than the position count given");
         goto out;
     }
     for (int t = 0; t < ntables; t++)
@@ -394,6 +403,23 @@ out:
     free(nnz);
     free(hn);
     return rc;
+}
+
+extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
+                                         int64_t out_stride, const float *d_grad_out,
+                                         kern_row_grads_t *grads /* OUT (ntables) */,
+                                         void *stream)
+{
+    return backward_reduce(ntables, bags, nbags, NULL, out_stride, d_grad_out, grads, stream);
+}
+
+extern "C" int kern_cuda_backward_reduce_npos(int ntables, const kern_bags_t *bags,
+                                              int64_t nbags, const int64_t *npos,
+                                              int64_t out_stride, const float *d_grad_out,
+                                              kern_row_grads_t *grads /* OUT (ntables) */,
+                                              void *stream)
+{
+    return backward_reduce(ntables, bags, nbags, npos, out_stride, d_grad_out, grads, stream);
 }
 
 /* ---- sparse optimizer update ------------------------------------------------------ */

@@ -44,6 +44,12 @@ int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags
 int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
                               int64_t out_stride, const float *d_grad_out,
                               kern_row_grads_t *grads /* OUT (ntables) */, void *stream);
+/* The same where the caller knows each table's position count
+ * (offsets[nbags], a host array npos): one synchronization, not two, and
+ * no copies of single counts. npos must match the device offsets. */
+int kern_cuda_backward_reduce_npos(int ntables, const kern_bags_t *bags, int64_t nbags,
+                                   const int64_t *npos, int64_t out_stride, const float *d_grad_out,
+                                   kern_row_grads_t *grads /* OUT (ntables) */, void *stream);
 
 /* kern_cpu_sparse_update on the device (grads[t].n is read on the host). */
 int kern_cuda_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t *slabs,
@@ -89,9 +95,8 @@ int kern_cuda_table_find(const kern_cuda_table_t *t, int64_t n, const int64_t *d
  * Returns 0, KILN_ERANGE (more than cap rows; *n says how many) or
  * KILN_ECUDA. */
 int kern_cuda_table_changed_since(const kern_cuda_table_t *t, int64_t since,
-                                  int32_t *d_rows /* OUT (cap) */,
-                                  int64_t *d_keys /* OUT (cap) */, int64_t cap,
-                                  int64_t *n /* OUT */, void *stream);
+                                  int32_t *d_rows /* OUT (cap) */, int64_t *d_keys /* OUT (cap) */,
+                                  int64_t cap, int64_t *n /* OUT */, void *stream);
 
 /* The keys evicted since the last kern_cuda_table_evicted_clear, in host
  * memory, owned by the table, valid until its next change. */

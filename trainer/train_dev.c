@@ -377,7 +377,7 @@ static int reduce_slots(trainer_t *tr, train_dev_t *dv, int n)
     for (int s = 0; s < S; s++)
         dv->dg[s] = (kern_row_grads_t){(int32_t *)dv->grows.d + dv->goff[s],
                                        (float *)dv->ggrads.d + dv->goff[s] * d, 0};
-    return dv->ops->reduce(dv->ctx, S, dv->dbags, n, (int64_t)S * d, dv->E.d, dv->dg);
+    return dv->ops->reduce(dv->ctx, S, dv->dbags, n, dv->npos, (int64_t)S * d, dv->E.d, dv->dg);
 }
 
 /* The host exchange: each slot's row sums to the host, added into its

@@ -36,7 +36,7 @@ enum { DEV_COPY = 0, DEV_COMPUTE = 1, DEV_NSTREAMS = 2 };
 
 /* The dense model's forward, loss and backward for n rows. */
 typedef struct dev_dense {
-    model_t *model;       /* shapes; its params are the host master copy */
+    model_t *model;          /* shapes; its params are the host master copy */
     uint64_t params_version; /* changes whenever the host params changed */
     int n;
     const float *E; /* (n, S, d) device */
@@ -73,10 +73,12 @@ typedef struct dev_ops {
      * sums to the model's host grads and sets *loss to the unscaled loss sum
      * (so it synchronizes). */
     int (*dense)(void *ctx, const dev_dense_t *a, double *loss /* OUT */);
-    /* On DEV_COMPUTE: kern_cpu_backward_reduce's contract on device arrays;
-     * g[i].n is set on the host (so it synchronizes). */
-    int (*reduce)(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t ld,
-                  const float *dE, kern_row_grads_t *g /* OUT (nbags) */);
+    /* On DEV_COMPUTE: kern_cpu_backward_reduce's contract on device arrays,
+     * with npos[i] (host) the positions of bags[i] (its offsets[n], the
+     * offsets starting at 0); g[i].n is set on the host (so it synchronizes,
+     * once). */
+    int (*reduce)(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, const int64_t *npos,
+                  int64_t ld, const float *dE, kern_row_grads_t *g /* OUT (nbags) */);
 
     /* ---- the exchange on the device (train_dev.c); all on DEV_COMPUTE ---- */
     /* Copies nseg pieces (a host array) from src to dst. */

@@ -279,6 +279,14 @@ int c_create(int device, void **ctx)
         CUDA_CHECK(cudaStreamCreateWithFlags(&c->s[i], cudaStreamNonBlocking));
     for (int i = 0; i < DEV_NEVENTS; i++)
         CUDA_CHECK(cudaEventCreateWithFlags(&c->ev[i], cudaEventDisableTiming));
+    /* The backward reduce takes its scratch with cudaMallocAsync every step;
+     * the default pool's release threshold (0) hands that memory back to
+     * the driver at each synchronization, so every step would map it
+     * again. Keep it in the pool. */
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     return 0;
 }
 
@@ -367,10 +375,10 @@ int c_gather(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t l
     return kern_cuda_gather_combine(nbags, bags, n, ld, E, C(ctx)->s[DEV_COMPUTE]);
 }
 
-int c_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t ld, const float *dE,
-             kern_row_grads_t *g)
+int c_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, const int64_t *npos,
+             int64_t ld, const float *dE, kern_row_grads_t *g)
 {
-    return kern_cuda_backward_reduce(nbags, bags, n, ld, dE, g, C(ctx)->s[DEV_COMPUTE]);
+    return kern_cuda_backward_reduce_npos(nbags, bags, n, npos, ld, dE, g, C(ctx)->s[DEV_COMPUTE]);
 }
 
 /* ---- the exchange ---- */

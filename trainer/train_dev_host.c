@@ -261,8 +261,8 @@ static int h_dense(void *ctx, const dev_dense_t *a, double *loss)
     return 0;
 }
 
-static int h_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t ld,
-                    const float *dE, kern_row_grads_t *g)
+static int h_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n,
+                    const int64_t *npos_of, int64_t ld, const float *dE, kern_row_grads_t *g)
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
@@ -271,6 +271,13 @@ static int h_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, in
     if (n == 0)
         return 0;
     KILN_CHECK(access_bags(h, now, nbags, bags, n, "reduce"));
+    for (int i = 0; i < nbags; i++)
+        if (bags[i].offsets[0] != 0 || bags[i].offsets[n] != npos_of[i])
+            return kiln_errf(KILN_EINTERNAL,
+                             "device stand-in: reduce: bag set %d has offsets %lld..%lld, the "
+                             "caller counted %lld positions",
+                             i, (long long)bags[i].offsets[0], (long long)bags[i].offsets[n],
+                             (long long)npos_of[i]);
     KILN_CHECK(
         access_buf(h, DEV_COMPUTE, now, dE, sizeof(float) * (size_t)(n * ld), false, "reduce"));
     for (int i = 0; i < nbags; i++) {
