@@ -577,13 +577,12 @@ static int update_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
     KILN_CHECK(need(dv, &dv->ugrads, sizeof(float) * (size_t)(m * d), false));
     KILN_CHECK(move(tr, dv, dv->tg.d, dv->uoff, dv->ograd.d, dv->ooff, sizeof(double) * d, false));
     for (int t = 0; t < T; t++) {
-        const int64_t o0 = dv->ooff[t], mt = dv->ooff[t + 1] - o0;
+        const int64_t o0 = dv->ooff[t];
         dv->ug[t] =
             (kern_row_grads_t){(int32_t *)dv->urows.d + o0, (float *)dv->ugrads.d + o0 * d, 0};
-        if (mt > 0)
-            KILN_CHECK(o->combine(dv->ctx, mt, (const int32_t *)dv->orows.d + o0,
-                                  (const double *)dv->ograd.d + o0 * d, d, &dv->ug[t]));
     }
+    KILN_CHECK(o->combine(dv->ctx, T, dv->ooff, (const int32_t *)dv->orows.d,
+                          (const double *)dv->ograd.d, d, dv->ug));
     return o->update(dv->ctx, tr->store, T, &tr->sparse_opt, dv->ug, d, step);
 }
 

@@ -110,12 +110,14 @@ typedef struct dev_ops {
     /* tg (ntg, dim) float64: tg[rows[u]] += sums[u] for u < n (distinct rows). */
     int (*accum)(void *ctx, int64_t n, const int32_t *rows, const float *sums, int dim, int64_t ntg,
                  double *tg);
-    /* The owner's sum: rows (n) and their float64 gradients (n, dim) -> the
-     * distinct rows, ascending, each with its gradients summed in input
-     * order and rounded once to float32, in out->rows and out->grads (room
-     * for n); out->n is set on the host (synchronizes). */
-    int (*combine)(void *ctx, int64_t n, const int32_t *rows, const double *grads, int dim,
-                   kern_row_grads_t *out);
+    /* The owner's sum, per table t, whose rows and float64 gradients are
+     * rows[off[t] .. off[t + 1]) and grads (same rows, dim) (off: a host
+     * array): the distinct rows, ascending, each with its gradients summed
+     * in input order and rounded once to float32, in out[t].rows and
+     * out[t].grads (room for its rows); out[t].n is set on the host
+     * (synchronizes, once for all tables). */
+    int (*combine)(void *ctx, int ntables, const int64_t *off, const int32_t *rows,
+                   const double *grads, int dim, kern_row_grads_t *out /* (ntables) */);
 } dev_ops_t;
 
 /* The host stand-in: host memory, the CPU kernels and model, and a vector

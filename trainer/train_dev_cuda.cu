@@ -470,10 +470,10 @@ int c_accum(void *ctx, int64_t n, const int32_t *rows, const float *sums, int di
     return dev_xchg_accum(compute(ctx), n, rows, sums, dim, tg);
 }
 
-int c_combine(void *ctx, int64_t n, const int32_t *rows, const double *grads, int dim,
-              kern_row_grads_t *out)
+int c_combine(void *ctx, int ntables, const int64_t *off, const int32_t *rows, const double *grads,
+              int dim, kern_row_grads_t *out)
 {
-    return dev_xchg_combine(&C(ctx)->xchg, compute(ctx), n, rows, grads, dim, out);
+    return dev_xchg_combine(&C(ctx)->xchg, compute(ctx), ntables, off, rows, grads, dim, out);
 }
 
 } // namespace

@@ -450,16 +450,10 @@ static int h_accum(void *ctx, int64_t n, const int32_t *rows, const float *sums,
     return 0;
 }
 
-static int h_combine(void *ctx, int64_t n, const int32_t *rows, const double *grads, int dim,
-                     kern_row_grads_t *out)
+/* One table of h_combine: rows (n), grads (n, dim) -> out. */
+static int combine_table(int64_t n, const int32_t *rows, const double *grads, int dim,
+                         kern_row_grads_t *out)
 {
-    standin_t *h = ctx;
-    const uint64_t now = tick(h, DEV_COMPUTE);
-    out->n = 0;
-    CHECK_ACCESS(rows, sizeof(int32_t) * (size_t)n, false, "combine");
-    CHECK_ACCESS(grads, sizeof(double) * (size_t)n * (size_t)dim, false, "combine");
-    CHECK_ACCESS(out->rows, sizeof(int32_t) * (size_t)n, true, "combine");
-    CHECK_ACCESS(out->grads, sizeof(float) * (size_t)n * (size_t)dim, true, "combine");
     sortrec_t *v = kiln_malloc(sizeof *v * (size_t)(n ? n : 1));
     double *acc = kiln_malloc(sizeof *acc * (size_t)dim);
     if (v == NULL || acc == NULL) {
@@ -484,6 +478,26 @@ static int h_combine(void *ctx, int64_t n, const int32_t *rows, const double *gr
     }
     out->n = u;
     KILN_FREE_ALL(v, acc);
+    return 0;
+}
+
+static int h_combine(void *ctx, int ntables, const int64_t *off, const int32_t *rows,
+                     const double *grads, int dim, kern_row_grads_t *out)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    for (int t = 0; t < ntables; t++) {
+        const int64_t o0 = off[t], n = off[t + 1] - o0;
+        out[t].n = 0;
+        if (n == 0)
+            continue;
+        CHECK_ACCESS(rows + o0, sizeof(int32_t) * (size_t)n, false, "combine");
+        CHECK_ACCESS(grads + o0 * dim, sizeof(double) * (size_t)n * (size_t)dim, false,
+                     "combine");
+        CHECK_ACCESS(out[t].rows, sizeof(int32_t) * (size_t)n, true, "combine");
+        CHECK_ACCESS(out[t].grads, sizeof(float) * (size_t)n * (size_t)dim, true, "combine");
+        KILN_CHECK(combine_table(n, rows + o0, grads + o0 * dim, dim, &out[t]));
+    }
     host_waits_compute(h);
     return 0;
 }
