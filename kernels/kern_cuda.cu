@@ -535,6 +535,7 @@ struct kern_cuda_table {
     kern_opt_kind_t opt;
     int64_t nslots;
     counters *d_ctr;
+    counters *h_ctr;       /* pinned: where the counters come back */
     int64_t *d_scratch;    /* (2 * scratch_cap): new slots, then pending key indices */
     kern_evicted_t *d_log; /* (scratch_cap) */
     int64_t scratch_cap;
@@ -790,6 +791,7 @@ extern "C" void kern_cuda_table_destroy(kern_cuda_table_t *t)
         cudaFree(*arr[i].p);
     cudaFree(t->d_scratch);
     cudaFree(t->d_log);
+    cudaFreeHost(t->h_ctr);
     free(t->log);
     free(t->name);
     free(t);
@@ -842,6 +844,8 @@ extern "C" int kern_cuda_table_create(const kern_table_config_t *cfg,
         }
         CUDA_CHECK_GOTO(cudaMemset(*arr[i].p, arr[i].fill, arr[i].bytes), rc, out);
     }
+    CUDA_CHECK_GOTO(cudaHostAlloc((void **)&t->h_ctr, sizeof(counters), cudaHostAllocDefault), rc,
+                    out);
     fill_i64_kernel<<<blocks_for((t->nslots + 255) / 256), 256>>>(t->d.keys, t->nslots,
                                                                    KERN_CUDA_EMPTY_KEY);
     CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
@@ -899,17 +903,11 @@ static int fetch_evictions(kern_cuda_table_t *t, int64_t nev, cudaStream_t st)
     return 0;
 }
 
-extern "C" int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n,
-                                              const int64_t *d_keys, int64_t step,
-                                              int32_t *d_rows /* OUT (n) */, void *stream)
+/* The first pass of find_or_insert for n keys, and its counters on their
+ * way to t->h_ctr (read them after synchronizing st). */
+static int find_insert_first(kern_cuda_table_t *t, int64_t n, const int64_t *d_keys,
+                             int64_t step, int32_t *d_rows, cudaStream_t st)
 {
-    cudaStream_t st = (cudaStream_t)stream;
-    counters h;
-    if (n < 0 || (n > 0 && (!d_keys || !d_rows)))
-        return kiln_errf(KILN_EINVAL, "GPU table '%s': bad key count %lld or arrays", t->name,
-                         (long long)n);
-    if (n == 0)
-        return 0;
     KILN_CHECK(reserve_scratch(t, n));
     int64_t *newslots = t->d_scratch, *pending = t->d_scratch + t->scratch_cap;
     const unsigned blocks = blocks_for((n + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK);
@@ -917,7 +915,18 @@ extern "C" int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n,
     table_find_insert_kernel<<<blocks, 32 * WARPS_PER_BLOCK, 0, st>>>(
         t->d, n, d_keys, step, 1, d_rows, newslots, pending, t->d_ctr);
     CUDA_CHECK(cudaGetLastError());
-    KILN_CHECK(read_counters(t, &h, st));
+    CUDA_CHECK(cudaMemcpyAsync(t->h_ctr, t->d_ctr, sizeof(counters), cudaMemcpyDeviceToHost, st));
+    return 0;
+}
+
+/* The rest of find_or_insert once the first pass's counters are in
+ * t->h_ctr: the new rows counted, and the keys without room evicted for
+ * (which synchronizes st again) or taken back. */
+static int find_insert_rest(kern_cuda_table_t *t, const int64_t *d_keys, int64_t step,
+                            int32_t *d_rows, cudaStream_t st)
+{
+    counters h = *t->h_ctr;
+    int64_t *newslots = t->d_scratch, *pending = t->d_scratch + t->scratch_cap;
     t->size += (int64_t)h.nnew;
     if (h.badkey)
         return kiln_errf(KILN_EINVAL, "GPU table '%s': %llu keys equal the reserved key "
@@ -955,6 +964,47 @@ extern "C" int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n,
                          "model.embedding.capacity or use smaller batches",
                          t->name, h.nfull);
     return 0;
+}
+
+extern "C" int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n,
+                                              const int64_t *d_keys, int64_t step,
+                                              int32_t *d_rows /* OUT (n) */, void *stream)
+{
+    const int64_t off[2] = {0, n};
+    return kern_cuda_tables_find_or_insert(1, &t, off, d_keys, step, d_rows, stream);
+}
+
+extern "C" int kern_cuda_tables_find_or_insert(int ntables, kern_cuda_table_t *const *tables,
+                                               const int64_t *off, const int64_t *d_keys,
+                                               int64_t step, int32_t *d_rows, void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    bool any = false;
+    for (int i = 0; i < ntables; i++) {
+        const int64_t n = off[i + 1] - off[i];
+        if (n < 0 || (n > 0 && (!d_keys || !d_rows)))
+            return kiln_errf(KILN_EINVAL, "GPU table '%s': bad key count %lld or arrays",
+                             tables[i]->name, (long long)n);
+        if (n > 0) {
+            KILN_CHECK(find_insert_first(tables[i], n, d_keys + off[i], step, d_rows + off[i], st));
+            any = true;
+        }
+    }
+    if (!any)
+        return 0;
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    int rc = 0;
+    char first[512] = ""; /* the first failure's message: later ones overwrite kiln_errmsg */
+    for (int i = 0; i < ntables; i++) {
+        if (off[i + 1] == off[i])
+            continue;
+        const int r = find_insert_rest(tables[i], d_keys + off[i], step, d_rows + off[i], st);
+        if (r < 0 && rc == 0) {
+            rc = r;
+            snprintf(first, sizeof first, "%s", kiln_errmsg());
+        }
+    }
+    return rc < 0 ? kiln_errf(rc, "%s", first) : 0;
 }
 
 extern "C" int kern_cuda_table_find(const kern_cuda_table_t *t, int64_t n,

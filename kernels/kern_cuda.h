@@ -84,6 +84,16 @@ void kern_cuda_table_destroy(kern_cuda_table_t *t);
  * stay), and KILN_EINVAL for the reserved key. Synchronizes the stream. */
 int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n, const int64_t *d_keys,
                                    int64_t step, int32_t *d_rows /* OUT (n) */, void *stream);
+/* The same for several tables in one call: table i's keys are
+ * d_keys[off[i] .. off[i + 1]) (off: a host array), their rows go to the
+ * same places of d_rows. The first pass runs for every table before one
+ * synchronization reads all their counters; only tables with keys left
+ * over (a full bucket) synchronize again. The tables are independent, so
+ * each ends as the single call leaves it; an error is the first table's,
+ * after every table has had its call. */
+int kern_cuda_tables_find_or_insert(int ntables, kern_cuda_table_t *const *tables,
+                                    const int64_t *off, const int64_t *d_keys, int64_t step,
+                                    int32_t *d_rows /* OUT (off[ntables]) */, void *stream);
 /* Looks d_keys (n) up without inserting or counting a use; a missing key
  * gets -1. Asynchronous. */
 int kern_cuda_table_find(const kern_cuda_table_t *t, int64_t n, const int64_t *d_keys,

@@ -522,13 +522,10 @@ static int lookup_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
     KILN_CHECK(need(dv, &dv->ovals, sizeof(float) * (size_t)(m * d), false));
     KILN_CHECK(need(dv, &dv->vals, sizeof(float) * (size_t)(dv->uoff[T] * d), false));
     KILN_CHECK(move(tr, dv, dv->uniq.d, dv->koff, dv->okeys.d, dv->ooff, sizeof(int64_t), false));
-    int rc = 0;
-    for (int t = 0; t < T && rc == 0; t++) {
-        const int64_t o0 = dv->ooff[t], mt = dv->ooff[t + 1] - o0;
-        if (mt > 0)
-            rc = o->find(dv->ctx, tr->store, t, mt, (const int64_t *)dv->okeys.d + o0, step, true,
-                         (int32_t *)dv->orows.d + o0);
-    }
+    /* Every table in one call: one synchronization. */
+    const int rc = m > 0 ? o->find(dv->ctx, tr->store, T, dv->ooff, (const int64_t *)dv->okeys.d,
+                                   step, true, (int32_t *)dv->orows.d)
+                         : 0;
     /* Every rank must learn whether any owner failed before going on. */
     int worst = shard_comm_agree(tr->comm, rc, "the embedding lookup");
     if (worst < 0)

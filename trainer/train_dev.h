@@ -100,9 +100,11 @@ typedef struct dev_ops {
                      const size_t *sd, void *recv, const size_t *rc, const size_t *rd);
     int (*allreduce_dd)(void *ctx, shard_comm_t *comm, double *pairs, size_t npairs);
     /* The owner's table calls on device arrays (shard_store_find_dev, _read_dev,
-     * _update_dev); every table's rows are dim floats. find synchronizes. */
-    int (*find)(void *ctx, shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
-                bool insert, int32_t *rows /* OUT (n) */);
+     * _update_dev); every table's rows are dim floats. find takes all
+     * ntables tables of s, table t's keys at keys[off[t] .. off[t + 1])
+     * (off: a host array), and synchronizes once. */
+    int (*find)(void *ctx, shard_store_t *s, int ntables, const int64_t *off, const int64_t *keys,
+                int64_t step, bool insert, int32_t *rows /* OUT (off[ntables]) */);
     int (*read)(void *ctx, shard_store_t *s, int t, int64_t n, const int32_t *rows, int dim,
                 float *out /* OUT (n, dim) */);
     int (*update)(void *ctx, shard_store_t *s, int ntables, const kern_opt_t *opt,

@@ -444,10 +444,11 @@ int c_allreduce_dd(void *ctx, shard_comm_t *comm, double *pairs, size_t npairs)
     return compute_after_comm(C(ctx), comm);
 }
 
-int c_find(void *ctx, shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
-           bool insert, int32_t *rows)
+int c_find(void *ctx, shard_store_t *s, int ntables, const int64_t *off, const int64_t *keys,
+           int64_t step, bool insert, int32_t *rows)
 {
-    return shard_store_find_dev(s, t, n, keys, step, insert, rows, compute(ctx));
+    (void)ntables; /* the store's own */
+    return shard_store_find_dev(s, off, keys, step, insert, rows, compute(ctx));
 }
 
 int c_read(void *ctx, shard_store_t *s, int t, int64_t n, const int32_t *rows, int dim, float *out)

@@ -397,14 +397,15 @@ static int h_allreduce_dd(void *ctx, shard_comm_t *comm, double *pairs, size_t n
     return shard_comm_allreduce_sum_dd(comm, pairs, npairs);
 }
 
-static int h_find(void *ctx, shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
-                  bool insert, int32_t *rows)
+static int h_find(void *ctx, shard_store_t *s, int ntables, const int64_t *off,
+                  const int64_t *keys, int64_t step, bool insert, int32_t *rows)
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
-    CHECK_ACCESS(keys, sizeof(int64_t) * (size_t)n, false, "find");
-    CHECK_ACCESS(rows, sizeof(int32_t) * (size_t)n, true, "find");
-    KILN_CHECK(shard_store_find_dev(s, t, n, keys, step, insert, rows, NULL));
+    const size_t n = (size_t)(off[ntables] - off[0]);
+    CHECK_ACCESS(keys + off[0], sizeof(int64_t) * n, false, "find");
+    CHECK_ACCESS(rows + off[0], sizeof(int32_t) * n, true, "find");
+    KILN_CHECK(shard_store_find_dev(s, off, keys, step, insert, rows, NULL));
     host_waits_compute(h);
     return 0;
 }
