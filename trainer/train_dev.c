@@ -4,28 +4,36 @@
  * exchange between ranks on a device (train_dev.h), the CUDA runtime on a GPU
  * or the host stand-in in CI. One step of a rank:
  *
- *   host         X, y, the keys table by table -> the pinned  (during the step before,
- *                slot of this step                            see below; the step two
- *                                                             back, which read the slot,
+ *   host         X, y, the bag offsets (rebased to 0), the    (during the step before,
+ *                keys table by table -> the pinned slot of    see below; the step two
+ *                this step, on the OpenMP threads             back, which read the slot,
  *                                                             is done with it)
  *   copy stream  slot -> device                               event STAGED[slot]
  *   compute      wait STAGED[slot]; dedupe: per table the distinct keys by
  *                owner, the inverse index, the counts (-> host)
  *   host         the counts to the owners (MPI, control)
  *   compute      keys to their owners (one all-to-all, all tables); the
- *                owners find or insert them in their tables and read the
- *                rows; rows back (one all-to-all)
- *   compute      gather -> E; dense forward/backward -> dE,
- *                event FREE[slot]; reduce per slot (sorted), each table's
- *                slots added in slot order into float64 gradients
+ *                owners find or insert them in all their tables (one call,
+ *                one synchronization) and read the rows; rows back (one
+ *                all-to-all)
+ *   compute      gather -> E; dense forward/backward -> dE; reduce per
+ *                slot (sorted; the position counts from the host), event
+ *                FREE[slot]; each table's slots added in slot order into
+ *                float64 gradients
  *   -- train_dev_front ends; the loop reads the next batch and stages it
  *      (train_dev_stage: host into the other slot, the copy stream to the
  *      device), so its copy overlaps what follows --
  *   compute      gradients to the owners (one all-to-all); each owner sums
  *                a row's gradients in source-rank order (sorted) and rounds
- *                once; the fused sparse update
+ *                once (all tables, one synchronization); the fused sparse
+ *                update
  *   host         the dense allreduce (through the same communicator) and
  *                the dense step (train_dev_back)
+ *
+ * With the exchange on the device a step waits for the device five times
+ * whatever the table count (dedupe's counts, find, the dense sums, the
+ * reduce's and the owners' row counts), plus the dense allreduce with
+ * several ranks.
  *
  * The all-to-alls go through shard_comm on device buffers: NCCL on GPUs, MPI on
  * the stand-in's host memory; one rank copies. Where NCCL cannot be had
