@@ -407,15 +407,14 @@ out:
 
 extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
                                          int64_t out_stride, const float *d_grad_out,
-                                         kern_row_grads_t *grads /* OUT (ntables) */,
-                                         void *stream)
+                                         kern_row_grads_t *grads /* OUT (ntables) */, void *stream)
 {
     return backward_reduce(ntables, bags, nbags, NULL, out_stride, d_grad_out, grads, stream);
 }
 
-extern "C" int kern_cuda_backward_reduce_npos(int ntables, const kern_bags_t *bags,
-                                              int64_t nbags, const int64_t *npos,
-                                              int64_t out_stride, const float *d_grad_out,
+extern "C" int kern_cuda_backward_reduce_npos(int ntables, const kern_bags_t *bags, int64_t nbags,
+                                              const int64_t *npos, int64_t out_stride,
+                                              const float *d_grad_out,
                                               kern_row_grads_t *grads /* OUT (ntables) */,
                                               void *stream)
 {
@@ -905,8 +904,8 @@ static int fetch_evictions(kern_cuda_table_t *t, int64_t nev, cudaStream_t st)
 
 /* The first pass of find_or_insert for n keys, and its counters on their
  * way to t->h_ctr (read them after synchronizing st). */
-static int find_insert_first(kern_cuda_table_t *t, int64_t n, const int64_t *d_keys,
-                             int64_t step, int32_t *d_rows, cudaStream_t st)
+static int find_insert_first(kern_cuda_table_t *t, int64_t n, const int64_t *d_keys, int64_t step,
+                             int32_t *d_rows, cudaStream_t st)
 {
     KILN_CHECK(reserve_scratch(t, n));
     int64_t *newslots = t->d_scratch, *pending = t->d_scratch + t->scratch_cap;

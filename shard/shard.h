@@ -146,7 +146,7 @@ int shard_store_update(shard_store_t *s, const kern_opt_t *opt, const kern_row_g
  * step's exchange (trainer/train_dev.c) uses these; the host exchange uses
  * those above. */
 int shard_store_find_dev(shard_store_t *s, const int64_t *off, const int64_t *keys, int64_t step,
-                      bool insert, int32_t *rows /* OUT (off[ntables]) */, void *stream);
+                         bool insert, int32_t *rows /* OUT (off[ntables]) */, void *stream);
 int shard_store_read_dev(shard_store_t *s, int t, int64_t n, const int32_t *rows,
                       float *out /* OUT (n, dim) */, void *stream);
 int shard_store_update_dev(shard_store_t *s, const kern_opt_t *opt, const kern_row_grads_t *ug,

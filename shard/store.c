@@ -369,7 +369,7 @@ int shard_store_update(shard_store_t *s, const kern_opt_t *opt, const kern_row_g
 }
 
 int shard_store_find_dev(shard_store_t *s, const int64_t *off, const int64_t *keys, int64_t step,
-                      bool insert, int32_t *rows, void *stream)
+                         bool insert, int32_t *rows, void *stream)
 {
     if (s->work)
         return s->work->ops->find_dev(s->work, off, keys, step, insert, rows, stream);

@@ -322,8 +322,7 @@ static void exchange_on(const dev_ops_t *o, xresult_t *r)
         r->nu += out[t].n;
     }
     from_dev(o, ctx, durows, pins[4], sizeof r->urows, r->urows);
-    from_dev(o, ctx, dugrads, alloc(o, ctx, sizeof r->ugrads, true), sizeof r->ugrads,
-             r->ugrads);
+    from_dev(o, ctx, dugrads, alloc(o, ctx, sizeof r->ugrads, true), sizeof r->ugrads, r->ugrads);
     while (nheld > 0) {
         nheld--;
         o->release(ctx, held[nheld].p, held[nheld].host);

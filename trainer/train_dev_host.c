@@ -397,8 +397,8 @@ static int h_allreduce_dd(void *ctx, shard_comm_t *comm, double *pairs, size_t n
     return shard_comm_allreduce_sum_dd(comm, pairs, npairs);
 }
 
-static int h_find(void *ctx, shard_store_t *s, int ntables, const int64_t *off,
-                  const int64_t *keys, int64_t step, bool insert, int32_t *rows)
+static int h_find(void *ctx, shard_store_t *s, int ntables, const int64_t *off, const int64_t *keys,
+                  int64_t step, bool insert, int32_t *rows)
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
@@ -493,8 +493,7 @@ static int h_combine(void *ctx, int ntables, const int64_t *off, const int32_t *
         if (n == 0)
             continue;
         CHECK_ACCESS(rows + o0, sizeof(int32_t) * (size_t)n, false, "combine");
-        CHECK_ACCESS(grads + o0 * dim, sizeof(double) * (size_t)n * (size_t)dim, false,
-                     "combine");
+        CHECK_ACCESS(grads + o0 * dim, sizeof(double) * (size_t)n * (size_t)dim, false, "combine");
         CHECK_ACCESS(out[t].rows, sizeof(int32_t) * (size_t)n, true, "combine");
         CHECK_ACCESS(out[t].grads, sizeof(float) * (size_t)n * (size_t)dim, true, "combine");
         KILN_CHECK(combine_table(n, rows + o0, grads + o0 * dim, dim, &out[t]));

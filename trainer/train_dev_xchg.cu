@@ -359,9 +359,8 @@ int dev_xchg_combine(dev_xchg **xp, cudaStream_t st, int ntables, const int64_t 
     for (int t = 0; t < ntables; t++) {
         const int n = (int)(off[t + 1] - off[t]);
         size_t t1 = 0, t2 = 0;
-        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, t1, (const int32_t *)NULL,
-                                                   (int32_t *)NULL, (const int32_t *)NULL,
-                                                   (int32_t *)NULL, n));
+        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, t1, (const int32_t *)NULL, (int32_t *)NULL,
+                                                   (const int32_t *)NULL, (int32_t *)NULL, n));
         CUDA_CHECK(
             cub::DeviceScan::InclusiveSum(NULL, t2, (const int32_t *)NULL, (int32_t *)NULL, n));
         temp = t1 > temp ? t1 : temp;
@@ -383,8 +382,8 @@ int dev_xchg_combine(dev_xchg **xp, cudaStream_t st, int ntables, const int64_t 
         const unsigned nb = blocks_for(n, 256);
         size_t tb = x->temp_cap;
         iota_kernel<<<nb, 256, 0, st>>>(idx, n);
-        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(x->temp, tb, rows + o0, srows, idx, sidx,
-                                                   (int)n, 0, 32, st));
+        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(x->temp, tb, rows + o0, srows, idx, sidx, (int)n,
+                                                   0, 32, st));
         heads_kernel<int32_t><<<nb, 256, 0, st>>>(srows, n, heads);
         tb = x->temp_cap;
         CUDA_CHECK(cub::DeviceScan::InclusiveSum(x->temp, tb, heads, run, (int)n, st));
