@@ -226,13 +226,16 @@ extern "C" int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, in
  *      the CPU's `acc += go * sc`).
  * Scratch is O(positions) of the largest table (cudaMallocAsync, reused
  * table after table on the stream). Two synchronizations: one to learn the
- * tables' position counts (offsets live on the device), one at the end for
+ * tables' position counts (offsets live on the device; none where the
+ * caller passes them, kern_cuda_backward_reduce_npos), one at the end for
  * the unique-row counts and the bad flag. */
 
 /* grid (bags), block (threads over the bag's positions). */
-static __global__ void reduce_prep_kernel(const kern_bags_t g, int64_t nbags, int32_t *bag_of,
-                                          int32_t *pos, int32_t *bad)
+static __global__ void reduce_prep_kernel(const kern_bags_t g, int64_t nbags, int64_t npos,
+                                          int32_t *bag_of, int32_t *pos, int32_t *bad)
 {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && g.offsets[nbags] != npos)
+        *bad = 1; /* the caller's count (kern_cuda_backward_reduce_npos) is not the offsets' */
     for (int64_t b = blockIdx.x; b < nbags; b += gridDim.x) {
         const int64_t s = g.offsets[b], e = g.offsets[b + 1];
         if (e < s && threadIdx.x == 0)
@@ -293,10 +296,11 @@ static int row_bits(int64_t capacity)
     return bits;
 }
 
-extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
-                                         int64_t out_stride, const float *d_grad_out,
-                                         kern_row_grads_t *grads /* OUT (ntables) */,
-                                         void *stream)
+/* kern_cuda_backward_reduce with npos: the position counts from the host
+ * (known), or NULL to read them from the device offsets. */
+static int backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
+                           const int64_t *known, int64_t out_stride, const float *d_grad_out,
+                           kern_row_grads_t *grads /* OUT (ntables) */, void *stream)
 {
     KILN_CHECK(check_bags("backward", ntables, bags, nbags, out_stride));
     for (int t = 0; t < ntables; t++) {
@@ -320,11 +324,15 @@ extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, i
         rc = KILN_ENOMEM;
         goto out;
     }
-    for (int t = 0; t < ntables; t++)
-        CUDA_CHECK_GOTO(cudaMemcpyAsync(&nnz[t], bags[t].offsets + nbags, sizeof(int64_t),
-                                        cudaMemcpyDeviceToHost, st),
-                        rc, out);
-    CUDA_CHECK_GOTO(cudaStreamSynchronize(st), rc, out);
+    if (known != NULL) {
+        memcpy(nnz, known, sizeof(int64_t) * (size_t)ntables);
+    } else {
+        for (int t = 0; t < ntables; t++)
+            CUDA_CHECK_GOTO(cudaMemcpyAsync(&nnz[t], bags[t].offsets + nbags, sizeof(int64_t),
+                                            cudaMemcpyDeviceToHost, st),
+                            rc, out);
+        CUDA_CHECK_GOTO(cudaStreamSynchronize(st), rc, out);
+    }
     {
         int64_t most = 0;
         size_t temp = 0;
@@ -359,7 +367,7 @@ extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, i
             if (n == 0)
                 continue;
             size_t tb = temp;
-            reduce_prep_kernel<<<blocks_for(nbags), 128, 0, st>>>(g, nbags, bag_of, pos,
+            reduce_prep_kernel<<<blocks_for(nbags), 128, 0, st>>>(g, nbags, nnz[t], bag_of, pos,
                                                                   &d_n[ntables]);
             CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
             CUDA_CHECK_GOTO(cub::DeviceRadixSort::SortPairs(d_temp, tb, g.rows, rows_sorted, pos,
@@ -382,8 +390,9 @@ extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, i
                     rc, out);
     CUDA_CHECK_GOTO(cudaStreamSynchronize(st), rc, out);
     if (hn[ntables]) {
-        rc = kiln_errf(KILN_EINVAL, "cuda backward: a bag has decreasing offsets or a row id "
-                                    "outside its table's slab");
+        rc = kiln_errf(KILN_EINVAL, "cuda backward: a bag has decreasing offsets, a row id "
+                                    "outside its table's slab, or its offsets end elsewhere "
+                                    "than the position count given");
         goto out;
     }
     for (int t = 0; t < ntables; t++)
@@ -394,6 +403,22 @@ out:
     free(nnz);
     free(hn);
     return rc;
+}
+
+extern "C" int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
+                                         int64_t out_stride, const float *d_grad_out,
+                                         kern_row_grads_t *grads /* OUT (ntables) */, void *stream)
+{
+    return backward_reduce(ntables, bags, nbags, NULL, out_stride, d_grad_out, grads, stream);
+}
+
+extern "C" int kern_cuda_backward_reduce_npos(int ntables, const kern_bags_t *bags, int64_t nbags,
+                                              const int64_t *npos, int64_t out_stride,
+                                              const float *d_grad_out,
+                                              kern_row_grads_t *grads /* OUT (ntables) */,
+                                              void *stream)
+{
+    return backward_reduce(ntables, bags, nbags, npos, out_stride, d_grad_out, grads, stream);
 }
 
 /* ---- sparse optimizer update ------------------------------------------------------ */
@@ -509,6 +534,7 @@ struct kern_cuda_table {
     kern_opt_kind_t opt;
     int64_t nslots;
     counters *d_ctr;
+    counters *h_ctr;       /* pinned: where the counters come back */
     int64_t *d_scratch;    /* (2 * scratch_cap): new slots, then pending key indices */
     kern_evicted_t *d_log; /* (scratch_cap) */
     int64_t scratch_cap;
@@ -764,6 +790,7 @@ extern "C" void kern_cuda_table_destroy(kern_cuda_table_t *t)
         cudaFree(*arr[i].p);
     cudaFree(t->d_scratch);
     cudaFree(t->d_log);
+    cudaFreeHost(t->h_ctr);
     free(t->log);
     free(t->name);
     free(t);
@@ -816,6 +843,8 @@ extern "C" int kern_cuda_table_create(const kern_table_config_t *cfg,
         }
         CUDA_CHECK_GOTO(cudaMemset(*arr[i].p, arr[i].fill, arr[i].bytes), rc, out);
     }
+    CUDA_CHECK_GOTO(cudaHostAlloc((void **)&t->h_ctr, sizeof(counters), cudaHostAllocDefault), rc,
+                    out);
     fill_i64_kernel<<<blocks_for((t->nslots + 255) / 256), 256>>>(t->d.keys, t->nslots,
                                                                    KERN_CUDA_EMPTY_KEY);
     CUDA_CHECK_GOTO(cudaGetLastError(), rc, out);
@@ -873,17 +902,11 @@ static int fetch_evictions(kern_cuda_table_t *t, int64_t nev, cudaStream_t st)
     return 0;
 }
 
-extern "C" int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n,
-                                              const int64_t *d_keys, int64_t step,
-                                              int32_t *d_rows /* OUT (n) */, void *stream)
+/* The first pass of find_or_insert for n keys, and its counters on their
+ * way to t->h_ctr (read them after synchronizing st). */
+static int find_insert_first(kern_cuda_table_t *t, int64_t n, const int64_t *d_keys, int64_t step,
+                             int32_t *d_rows, cudaStream_t st)
 {
-    cudaStream_t st = (cudaStream_t)stream;
-    counters h;
-    if (n < 0 || (n > 0 && (!d_keys || !d_rows)))
-        return kiln_errf(KILN_EINVAL, "GPU table '%s': bad key count %lld or arrays", t->name,
-                         (long long)n);
-    if (n == 0)
-        return 0;
     KILN_CHECK(reserve_scratch(t, n));
     int64_t *newslots = t->d_scratch, *pending = t->d_scratch + t->scratch_cap;
     const unsigned blocks = blocks_for((n + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK);
@@ -891,7 +914,18 @@ extern "C" int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n,
     table_find_insert_kernel<<<blocks, 32 * WARPS_PER_BLOCK, 0, st>>>(
         t->d, n, d_keys, step, 1, d_rows, newslots, pending, t->d_ctr);
     CUDA_CHECK(cudaGetLastError());
-    KILN_CHECK(read_counters(t, &h, st));
+    CUDA_CHECK(cudaMemcpyAsync(t->h_ctr, t->d_ctr, sizeof(counters), cudaMemcpyDeviceToHost, st));
+    return 0;
+}
+
+/* The rest of find_or_insert once the first pass's counters are in
+ * t->h_ctr: the new rows counted, and the keys without room evicted for
+ * (which synchronizes st again) or taken back. */
+static int find_insert_rest(kern_cuda_table_t *t, const int64_t *d_keys, int64_t step,
+                            int32_t *d_rows, cudaStream_t st)
+{
+    counters h = *t->h_ctr;
+    int64_t *newslots = t->d_scratch, *pending = t->d_scratch + t->scratch_cap;
     t->size += (int64_t)h.nnew;
     if (h.badkey)
         return kiln_errf(KILN_EINVAL, "GPU table '%s': %llu keys equal the reserved key "
@@ -929,6 +963,47 @@ extern "C" int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n,
                          "model.embedding.capacity or use smaller batches",
                          t->name, h.nfull);
     return 0;
+}
+
+extern "C" int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n,
+                                              const int64_t *d_keys, int64_t step,
+                                              int32_t *d_rows /* OUT (n) */, void *stream)
+{
+    const int64_t off[2] = {0, n};
+    return kern_cuda_tables_find_or_insert(1, &t, off, d_keys, step, d_rows, stream);
+}
+
+extern "C" int kern_cuda_tables_find_or_insert(int ntables, kern_cuda_table_t *const *tables,
+                                               const int64_t *off, const int64_t *d_keys,
+                                               int64_t step, int32_t *d_rows, void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    bool any = false;
+    for (int i = 0; i < ntables; i++) {
+        const int64_t n = off[i + 1] - off[i];
+        if (n < 0 || (n > 0 && (!d_keys || !d_rows)))
+            return kiln_errf(KILN_EINVAL, "GPU table '%s': bad key count %lld or arrays",
+                             tables[i]->name, (long long)n);
+        if (n > 0) {
+            KILN_CHECK(find_insert_first(tables[i], n, d_keys + off[i], step, d_rows + off[i], st));
+            any = true;
+        }
+    }
+    if (!any)
+        return 0;
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    int rc = 0;
+    char first[512] = ""; /* the first failure's message: later ones overwrite kiln_errmsg */
+    for (int i = 0; i < ntables; i++) {
+        if (off[i + 1] == off[i])
+            continue;
+        const int r = find_insert_rest(tables[i], d_keys + off[i], step, d_rows + off[i], st);
+        if (r < 0 && rc == 0) {
+            rc = r;
+            snprintf(first, sizeof first, "%s", kiln_errmsg());
+        }
+    }
+    return rc < 0 ? kiln_errf(rc, "%s", first) : 0;
 }
 
 extern "C" int kern_cuda_table_find(const kern_cuda_table_t *t, int64_t n,

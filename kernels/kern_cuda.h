@@ -44,6 +44,12 @@ int kern_cuda_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags
 int kern_cuda_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags,
                               int64_t out_stride, const float *d_grad_out,
                               kern_row_grads_t *grads /* OUT (ntables) */, void *stream);
+/* The same where the caller knows each table's position count
+ * (offsets[nbags], a host array npos): one synchronization, not two, and
+ * no copies of single counts. npos must match the device offsets. */
+int kern_cuda_backward_reduce_npos(int ntables, const kern_bags_t *bags, int64_t nbags,
+                                   const int64_t *npos, int64_t out_stride, const float *d_grad_out,
+                                   kern_row_grads_t *grads /* OUT (ntables) */, void *stream);
 
 /* kern_cpu_sparse_update on the device (grads[t].n is read on the host). */
 int kern_cuda_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t *slabs,
@@ -78,6 +84,16 @@ void kern_cuda_table_destroy(kern_cuda_table_t *t);
  * stay), and KILN_EINVAL for the reserved key. Synchronizes the stream. */
 int kern_cuda_table_find_or_insert(kern_cuda_table_t *t, int64_t n, const int64_t *d_keys,
                                    int64_t step, int32_t *d_rows /* OUT (n) */, void *stream);
+/* The same for several tables in one call: table i's keys are
+ * d_keys[off[i] .. off[i + 1]) (off: a host array), their rows go to the
+ * same places of d_rows. The first pass runs for every table before one
+ * synchronization reads all their counters; only tables with keys left
+ * over (a full bucket) synchronize again. The tables are independent, so
+ * each ends as the single call leaves it; an error is the first table's,
+ * after every table has had its call. */
+int kern_cuda_tables_find_or_insert(int ntables, kern_cuda_table_t *const *tables,
+                                    const int64_t *off, const int64_t *d_keys, int64_t step,
+                                    int32_t *d_rows /* OUT (off[ntables]) */, void *stream);
 /* Looks d_keys (n) up without inserting or counting a use; a missing key
  * gets -1. Asynchronous. */
 int kern_cuda_table_find(const kern_cuda_table_t *t, int64_t n, const int64_t *d_keys,
@@ -89,9 +105,8 @@ int kern_cuda_table_find(const kern_cuda_table_t *t, int64_t n, const int64_t *d
  * Returns 0, KILN_ERANGE (more than cap rows; *n says how many) or
  * KILN_ECUDA. */
 int kern_cuda_table_changed_since(const kern_cuda_table_t *t, int64_t since,
-                                  int32_t *d_rows /* OUT (cap) */,
-                                  int64_t *d_keys /* OUT (cap) */, int64_t cap,
-                                  int64_t *n /* OUT */, void *stream);
+                                  int32_t *d_rows /* OUT (cap) */, int64_t *d_keys /* OUT (cap) */,
+                                  int64_t cap, int64_t *n /* OUT */, void *stream);
 
 /* The keys evicted since the last kern_cuda_table_evicted_clear, in host
  * memory, owned by the table, valid until its next change. */

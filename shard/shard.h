@@ -137,11 +137,16 @@ int shard_store_update(shard_store_t *s, const kern_opt_t *opt, const kern_row_g
  * TWIN (the device step's stand-in). For CUDA they run on `stream` (a
  * cudaStream_t, the caller's) after what it queued there, and after the
  * store's own calls on its stream; the store's later calls run after them.
- * find synchronizes the stream (it returns KILN_EFULL); read and update are
- * enqueued (update reads ug[t].n on the host). The device step's exchange
- * (trainer/train_dev.c) uses these; the host exchange uses those above. */
-int shard_store_find_dev(shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
-                      bool insert, int32_t *rows /* OUT (n) */, void *stream);
+ * find takes every table at once, table t's keys at keys[off[t] .. off[t +
+ * 1]) (off: a host array of ntables + 1), their rows to the same places of
+ * rows; it synchronizes the stream once for all tables (it returns
+ * KILN_EFULL; the host stores stop at the first table that fails, the GPU
+ * store gives every table its call and returns the first failure); read
+ * and update are enqueued (update reads ug[t].n on the host). The device
+ * step's exchange (trainer/train_dev.c) uses these; the host exchange uses
+ * those above. */
+int shard_store_find_dev(shard_store_t *s, const int64_t *off, const int64_t *keys, int64_t step,
+                         bool insert, int32_t *rows /* OUT (off[ntables]) */, void *stream);
 int shard_store_read_dev(shard_store_t *s, int t, int64_t n, const int32_t *rows,
                       float *out /* OUT (n, dim) */, void *stream);
 int shard_store_update_dev(shard_store_t *s, const kern_opt_t *opt, const kern_row_grads_t *ug,

@@ -40,9 +40,10 @@ typedef struct {
     int (*read)(shard_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out);
     int (*update)(shard_store_work_t *w, const kern_opt_t *opt, const kern_row_grads_t *ug,
                   int64_t step);
-    /* find, read and update on arrays in the working copy's memory, on the
-     * caller's stream (shard_store_find_dev and the others, shard.h). */
-    int (*find_dev)(shard_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
+    /* find (every table: its keys at keys[off[t] .. off[t + 1])), read and
+     * update on arrays in the working copy's memory, on the caller's stream
+     * (shard_store_find_dev and the others, shard.h). */
+    int (*find_dev)(shard_store_work_t *w, const int64_t *off, const int64_t *keys, int64_t step,
                     bool insert, int32_t *rows, void *stream);
     int (*read_dev)(shard_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out,
                     void *stream);

@@ -125,11 +125,24 @@ static int twin_update(shard_store_work_t *w, const kern_opt_t *opt, const kern_
     return host_update(tw->tables, tw->ntables, opt, ug, step);
 }
 
-static int twin_find_dev(shard_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
-                         bool insert, int32_t *rows, void *stream)
+/* host_find for every table, table t's keys at keys[off[t] .. off[t + 1]),
+ * up to the first that fails. */
+static int host_find_all(kern_table_t *const *tables, int ntables, const int64_t *off,
+                         const int64_t *keys, int64_t step, bool insert, int32_t *rows)
+{
+    for (int t = 0; t < ntables; t++)
+        if (off[t + 1] > off[t])
+            KILN_CHECK(host_find(tables[t], off[t + 1] - off[t], keys + off[t], step, insert,
+                                 rows + off[t]));
+    return 0;
+}
+
+static int twin_find_dev(shard_store_work_t *w, const int64_t *off, const int64_t *keys,
+                         int64_t step, bool insert, int32_t *rows, void *stream)
 {
     (void)stream; /* the twin's memory is host memory: the host calls */
-    return twin_find(w, t, n, keys, step, insert, rows);
+    const twin_t *tw = (const twin_t *)w;
+    return host_find_all(tw->tables, tw->ntables, off, keys, step, insert, rows);
 }
 
 static int twin_read_dev(shard_store_work_t *w, int t, int64_t n, const int32_t *rows, float *out,
@@ -355,12 +368,12 @@ int shard_store_update(shard_store_t *s, const kern_opt_t *opt, const kern_row_g
     return host_update(s->mirror, s->ntables, opt, ug, step);
 }
 
-int shard_store_find_dev(shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
-                      bool insert, int32_t *rows, void *stream)
+int shard_store_find_dev(shard_store_t *s, const int64_t *off, const int64_t *keys, int64_t step,
+                         bool insert, int32_t *rows, void *stream)
 {
     if (s->work)
-        return s->work->ops->find_dev(s->work, t, n, keys, step, insert, rows, stream);
-    return host_find(s->mirror[t], n, keys, step, insert, rows);
+        return s->work->ops->find_dev(s->work, off, keys, step, insert, rows, stream);
+    return host_find_all(s->mirror, s->ntables, off, keys, step, insert, rows);
 }
 
 int shard_store_read_dev(shard_store_t *s, int t, int64_t n, const int32_t *rows, float *out,

@@ -428,20 +428,25 @@ int ext_end(cuda_work *c, cudaStream_t st)
     return 0;
 }
 
-int cw_find_dev(shard_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step,
+int cw_find_dev(shard_store_work_t *w, const int64_t *off, const int64_t *keys, int64_t step,
                 bool insert, int32_t *rows, void *stream)
 {
     cuda_work *c = W(w);
-    if (n == 0)
+    if (off[c->ntables] == off[0])
         return 0;
     cudaStream_t st;
     KILN_CHECK(ext_begin(c, stream, &st));
     if (insert) {
-        KILN_CHECK(kern_cuda_table_find_or_insert(c->tables[t], n, keys, step, rows, st));
-    } else {
-        KILN_CHECK(kern_cuda_table_find(c->tables[t], n, keys, rows, st));
-        CUDA_CHECK(cudaStreamSynchronize(st));
+        /* One synchronization for all tables (kern_cuda_tables_find_or_insert). */
+        int rc = kern_cuda_tables_find_or_insert(c->ntables, c->tables, off, keys, step, rows, st);
+        const int end = ext_end(c, st); /* later calls wait for what was enqueued */
+        return rc < 0 ? rc : end;
     }
+    for (int t = 0; t < c->ntables; t++)
+        if (off[t + 1] > off[t])
+            KILN_CHECK(kern_cuda_table_find(c->tables[t], off[t + 1] - off[t], keys + off[t],
+                                            rows + off[t], st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
     return ext_end(c, st);
 }
 

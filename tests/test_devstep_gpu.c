@@ -195,7 +195,7 @@ typedef struct {
     double tg[200 * XD];
     int32_t urows[XN];
     float ugrads[XN * XD];
-    int64_t nu;
+    int64_t nu, nt[3]; /* distinct rows: all, per table of the combine */
 } xresult_t;
 
 /* Every buffer exchange_on allocates, released at its end. */
@@ -305,16 +305,24 @@ static void exchange_on(const dev_ops_t *o, xresult_t *r)
     from_dev(o, ctx, dtg, alloc(o, ctx, sizeof r->tg, true), sizeof r->tg, r->tg);
     int32_t *drows = to_dev(o, ctx, rows, sizeof rows, &pins[4]);
     double *dgrads = to_dev(o, ctx, grads, sizeof grads, &pins[5]);
-    kern_row_grads_t out = {alloc(o, ctx, sizeof r->urows, false),
-                            alloc(o, ctx, sizeof r->ugrads, false), 0};
-    if (o->combine(ctx, XN, drows, dgrads, XD, &out) != 0)
+    /* Three tables in one call: the first half of the rows, none, the rest. */
+    const int64_t coff[4] = {0, XN / 2, XN / 2, XN};
+    int32_t *durows = alloc(o, ctx, sizeof r->urows, false);
+    float *dugrads = alloc(o, ctx, sizeof r->ugrads, false);
+    assert_int_equal(o->zero(ctx, durows, sizeof r->urows), 0);
+    assert_int_equal(o->zero(ctx, dugrads, sizeof r->ugrads), 0);
+    kern_row_grads_t out[3];
+    for (int t = 0; t < 3; t++)
+        out[t] = (kern_row_grads_t){durows + coff[t], dugrads + coff[t] * XD, -1};
+    if (o->combine(ctx, 3, coff, drows, dgrads, XD, out) != 0)
         fail_msg("%s: combine: %s", o->name, kiln_errmsg());
-    r->nu = out.n;
-    memset(r->urows, 0, sizeof r->urows);
-    memset(r->ugrads, 0, sizeof r->ugrads);
-    from_dev(o, ctx, out.rows, pins[4], sizeof(int32_t) * (size_t)out.n, r->urows);
-    from_dev(o, ctx, out.grads, alloc(o, ctx, sizeof r->ugrads, true),
-             sizeof(float) * (size_t)(out.n * XD), r->ugrads);
+    r->nu = 0;
+    for (int t = 0; t < 3; t++) {
+        r->nt[t] = out[t].n;
+        r->nu += out[t].n;
+    }
+    from_dev(o, ctx, durows, pins[4], sizeof r->urows, r->urows);
+    from_dev(o, ctx, dugrads, alloc(o, ctx, sizeof r->ugrads, true), sizeof r->ugrads, r->ugrads);
     while (nheld > 0) {
         nheld--;
         o->release(ctx, held[nheld].p, held[nheld].host);
@@ -340,6 +348,8 @@ static void test_exchange(void **state)
     assert_memory_equal(g.perm, h.perm, sizeof h.perm);
     assert_memory_equal(g.tg, h.tg, sizeof h.tg);
     assert_int_equal(g.nu, h.nu);
+    assert_memory_equal(g.nt, h.nt, sizeof h.nt);
+    assert_int_equal(h.nt[1], 0);
     assert_memory_equal(g.urows, h.urows, sizeof h.urows);
     assert_memory_equal(g.ugrads, h.ugrads, sizeof h.ugrads);
     if (memcmp(&g, &g2, sizeof g) != 0)

@@ -7,7 +7,8 @@
 #   sh tools/gpu_run.sh [KIT.tar.gz]       (default gpukit/kit.tar.gz)
 #
 # KILN_GPU_STEPS picks steps (default "bench ctest train"); KILN_GPU_ROWS
-# sets gpu_train.py's rows. A step that fails or runs out of time does not stop the next: one call
+# sets gpu_train.py's rows, KILN_GPU_TRAIN_ARGS adds options to it (later
+# ones win: "--batch 65536 --threads 0 --repeat 1"). A step that fails or runs out of time does not stop the next: one call
 # brings back every log it got to.
 set -u
 out=${OUT:-/tmp/kiln-gpu-out}
@@ -32,5 +33,5 @@ sh tools/gpu_kit.sh unpack "$kit" >> "$out/host.log" 2>&1 || { echo "unpack fail
 step gpu_bench 90 build/bench/gpu_bench
 step ctest 200 sh -c 'cd build && ctest -L gpu --output-on-failure --timeout 150'
 step gpu_train 180 env PYTHONUNBUFFERED=1 python3 bench/gpu_train.py --build build \
-    --threads 2,0 --rows ${KILN_GPU_ROWS:-400000} --repeat 3
+    --threads 2,0 --rows ${KILN_GPU_ROWS:-400000} --repeat 3 ${KILN_GPU_TRAIN_ARGS:-}
 cp build/Testing/Temporary/LastTest.log "$out/" 2>/dev/null

@@ -4,28 +4,36 @@
  * exchange between ranks on a device (train_dev.h), the CUDA runtime on a GPU
  * or the host stand-in in CI. One step of a rank:
  *
- *   host         X, y, the keys table by table -> the pinned  (during the step before,
- *                slot of this step                            see below; the step two
- *                                                             back, which read the slot,
+ *   host         X, y, the bag offsets (rebased to 0), the    (during the step before,
+ *                keys table by table -> the pinned slot of    see below; the step two
+ *                this step, on the OpenMP threads             back, which read the slot,
  *                                                             is done with it)
  *   copy stream  slot -> device                               event STAGED[slot]
  *   compute      wait STAGED[slot]; dedupe: per table the distinct keys by
  *                owner, the inverse index, the counts (-> host)
  *   host         the counts to the owners (MPI, control)
  *   compute      keys to their owners (one all-to-all, all tables); the
- *                owners find or insert them in their tables and read the
- *                rows; rows back (one all-to-all)
- *   compute      gather -> E; dense forward/backward -> dE,
- *                event FREE[slot]; reduce per slot (sorted), each table's
- *                slots added in slot order into float64 gradients
+ *                owners find or insert them in all their tables (one call,
+ *                one synchronization) and read the rows; rows back (one
+ *                all-to-all)
+ *   compute      gather -> E; dense forward/backward -> dE; reduce per
+ *                slot (sorted; the position counts from the host), event
+ *                FREE[slot]; each table's slots added in slot order into
+ *                float64 gradients
  *   -- train_dev_front ends; the loop reads the next batch and stages it
  *      (train_dev_stage: host into the other slot, the copy stream to the
  *      device), so its copy overlaps what follows --
  *   compute      gradients to the owners (one all-to-all); each owner sums
  *                a row's gradients in source-rank order (sorted) and rounds
- *                once; the fused sparse update
+ *                once (all tables, one synchronization); the fused sparse
+ *                update
  *   host         the dense allreduce (through the same communicator) and
  *                the dense step (train_dev_back)
+ *
+ * With the exchange on the device a step waits for the device five times
+ * whatever the table count (dedupe's counts, find, the dense sums, the
+ * reduce's and the owners' row counts), plus the dense allreduce with
+ * several ranks.
  *
  * The all-to-alls go through shard_comm on device buffers: NCCL on GPUs, MPI on
  * the stand-in's host memory; one rank copies. Where NCCL cannot be had
@@ -59,17 +67,19 @@ typedef struct {
 struct train_dev {
     const dev_ops_t *ops;
     void *ctx;
-    int slot;                /* the staging slot of this step: 0, 1, 0, ... */
-    int staged_n;            /* rows staged ahead into slot; -1: none */
-    dbuf_t X[2], y[2];       /* staging: (max_batch, F), (max_batch) */
-    dbuf_t vals, rows, offs; /* the step's lookup: rows of all tables, inverse, bags */
-    dbuf_t E;                /* (max_batch, S, d), device only */
-    dbuf_t grows, ggrads;    /* the reduce's output, per slot at goff[s] */
-    int64_t *voff, *roff;    /* (T) where table t starts in vals (rows) and rows (keys) */
-    int64_t *goff;           /* (S) where slot s's reduce output starts */
-    kern_bags_t *dbags;      /* (S) the bags with device pointers */
-    kern_row_grads_t *dg;    /* (S) */
-    uint64_t version;        /* of the host dense params */
+    int slot;             /* the staging slot of this step: 0, 1, 0, ... */
+    int staged_n;         /* rows staged ahead into slot; -1: none */
+    dbuf_t X[2], y[2];    /* staging: (max_batch, F), (max_batch) */
+    dbuf_t offs[2];       /* staging: the bag offsets rebased to 0, (S, n + 1) */
+    int64_t *npos;        /* (S) the positions of slot s in this step */
+    dbuf_t vals, rows;    /* the step's lookup: rows of all tables, inverse */
+    dbuf_t E;             /* (max_batch, S, d), device only */
+    dbuf_t grows, ggrads; /* the reduce's output, per slot at goff[s] */
+    int64_t *voff, *roff; /* (T) where table t starts in vals (rows) and rows (keys) */
+    int64_t *goff;        /* (S) where slot s's reduce output starts */
+    kern_bags_t *dbags;   /* (S) the bags with device pointers */
+    kern_row_grads_t *dg; /* (S) */
+    uint64_t version;     /* of the host dense params */
 
     /* The exchange on the device (dx); layouts in keys (rows): table-major
      * (table t, then rank r within it) and rank-major (rank r, then table t:
@@ -85,6 +95,7 @@ struct train_dev {
     dbuf_t K[2];                 /* staging: the batch's keys, table by table (with X and y) */
     int64_t nk[2];               /* keys staged into K[slot] */
     int64_t *kpos;               /* (T + 1) stage()'s scratch */
+    int64_t *kdst;               /* (S) stage()'s scratch: where slot s's keys go in K */
     int64_t *tpos;               /* (T) transpose()'s scratch */
     dbuf_t uniq;                 /* the distinct keys */
     dbuf_t xs, xr;               /* rank-major: what an all-to-all sends, receives */
@@ -125,13 +136,31 @@ static int need(train_dev_t *dv, dbuf_t *b, size_t bytes, bool pinned)
     return 0;
 }
 
+/* memcpy on the step's OpenMP threads: the batch's copies into pinned
+ * memory are the largest host work of a device step (tens of MB at batch
+ * 65,536), and one core copies a few GB/s. */
+static void copy_par(void *dst, const void *src, size_t bytes)
+{
+    const size_t chunk = (size_t)1 << 20;
+    const int64_t nchunks = (int64_t)((bytes + chunk - 1) / chunk);
+    if (nchunks <= 1) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < nchunks; c++) {
+        const size_t at = (size_t)c * chunk, len = bytes - at < chunk ? bytes - at : chunk;
+        memcpy((char *)dst + at, (const char *)src + at, len);
+    }
+}
+
 /* The host writes bytes of src into b's pinned buffer at off (bytes). */
 static int put(train_dev_t *dv, dbuf_t *b, size_t off, const void *src, size_t bytes)
 {
     if (bytes == 0)
         return 0;
     KILN_CHECK(dv->ops->host_touch(dv->ctx, (char *)b->h + off, bytes, true));
-    memcpy((char *)b->h + off, src, bytes);
+    copy_par((char *)b->h + off, src, bytes);
     return 0;
 }
 
@@ -149,9 +178,11 @@ int train_dev_create(trainer_t *tr, const dev_ops_t *ops, int device)
     dv->goff = kiln_calloc((size_t)tr->S + 1, sizeof *dv->goff);
     dv->dbags = kiln_calloc((size_t)tr->S + 1, sizeof *dv->dbags);
     dv->dg = kiln_calloc((size_t)tr->S + 1, sizeof *dv->dg);
+    dv->npos = kiln_calloc((size_t)tr->S + 1, sizeof *dv->npos);
     const size_t R = (size_t)tr->nranks, T1 = (size_t)tr->T + 1;
     dv->koff = kiln_calloc(T1, sizeof *dv->koff);
     dv->kpos = kiln_calloc(T1, sizeof *dv->kpos);
+    dv->kdst = kiln_calloc((size_t)tr->S + 1, sizeof *dv->kdst);
     dv->tpos = kiln_calloc(T1, sizeof *dv->tpos);
     dv->uoff = kiln_calloc(T1, sizeof *dv->uoff);
     dv->ooff = kiln_calloc(T1, sizeof *dv->ooff);
@@ -162,17 +193,17 @@ int train_dev_create(trainer_t *tr, const dev_ops_t *ops, int device)
     size_t **zs[] = {&dv->sc, &dv->sd, &dv->rc, &dv->rd};
     for (size_t i = 0; i < 4; i++)
         *zs[i] = kiln_calloc(R, sizeof(size_t));
-    if (!dv->voff || !dv->roff || !dv->goff || !dv->dbags || !dv->dg || !dv->koff || !dv->kpos ||
-        !dv->tpos || !dv->uoff || !dv->ooff || !dv->cnt || !dv->rcnt || !dv->segs || !dv->ug ||
-        !dv->sc || !dv->sd || !dv->rc || !dv->rd)
+    if (!dv->voff || !dv->roff || !dv->goff || !dv->dbags || !dv->dg || !dv->npos || !dv->koff ||
+        !dv->kpos || !dv->kdst || !dv->tpos || !dv->uoff || !dv->ooff || !dv->cnt || !dv->rcnt ||
+        !dv->segs || !dv->ug || !dv->sc || !dv->sd || !dv->rc || !dv->rd)
         return KILN_ENOMEM;
     KILN_CHECK(ops->create(device, &dv->ctx));
     const size_t mb = (size_t)tr->max_batch;
     for (int k = 0; k < 2; k++) {
         KILN_CHECK(need(dv, &dv->X[k], sizeof(float) * mb * (size_t)(tr->F ? tr->F : 1), true));
         KILN_CHECK(need(dv, &dv->y[k], sizeof(float) * mb, true));
+        KILN_CHECK(need(dv, &dv->offs[k], sizeof(int64_t) * (size_t)tr->S * (mb + 1), true));
     }
-    KILN_CHECK(need(dv, &dv->offs, sizeof(int64_t) * (size_t)tr->S * (mb + 1), true));
     return need(dv, &dv->E, sizeof(float) * mb * (size_t)tr->S * (size_t)tr->d, false);
 }
 
@@ -182,19 +213,20 @@ void train_dev_destroy(train_dev_t *dv)
         return;
     if (dv->ctx != NULL) {
         (void)quiesce(dv);
-        dbuf_t *bufs[] = {&dv->X[0], &dv->X[1],  &dv->y[0],  &dv->y[1],   &dv->vals,  &dv->rows,
-                          &dv->offs, &dv->E,     &dv->grows, &dv->ggrads, &dv->K[0],  &dv->K[1],
-                          &dv->uniq, &dv->xs,    &dv->xr,    &dv->okeys,  &dv->orows, &dv->ovals,
-                          &dv->tg,   &dv->ograd, &dv->urows, &dv->ugrads, &dv->pairs};
+        dbuf_t *bufs[] = {&dv->X[0],   &dv->X[1],    &dv->y[0],    &dv->y[1],  &dv->vals,
+                          &dv->rows,   &dv->offs[0], &dv->offs[1], &dv->E,     &dv->grows,
+                          &dv->ggrads, &dv->K[0],    &dv->K[1],    &dv->uniq,  &dv->xs,
+                          &dv->xr,     &dv->okeys,   &dv->orows,   &dv->ovals, &dv->tg,
+                          &dv->ograd,  &dv->urows,   &dv->ugrads,  &dv->pairs};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
             dv->ops->release(dv->ctx, bufs[i]->d, false);
             dv->ops->release(dv->ctx, bufs[i]->h, true);
         }
         dv->ops->destroy(dv->ctx);
     }
-    KILN_FREE_ALL(dv->voff, dv->roff, dv->goff, dv->dbags, dv->dg, dv->koff, dv->kpos, dv->tpos,
-                  dv->uoff, dv->ooff, dv->cnt, dv->rcnt, dv->sc, dv->sd, dv->rc, dv->rd, dv->segs,
-                  dv->ug, dv);
+    KILN_FREE_ALL(dv->voff, dv->roff, dv->goff, dv->dbags, dv->dg, dv->npos, dv->koff, dv->kpos,
+                  dv->kdst, dv->tpos, dv->uoff, dv->ooff, dv->cnt, dv->rcnt, dv->sc, dv->sd, dv->rc,
+                  dv->rd, dv->segs, dv->ug, dv);
 }
 
 /* With the exchange on the device: the batch's keys into K[k], table by
@@ -202,31 +234,56 @@ void train_dev_destroy(train_dev_t *dv)
  * and to the device on the copy stream. */
 static int stage_keys(trainer_t *tr, train_dev_t *dv, const data_batch_t *b, int k)
 {
-    const int n = b->n, T = tr->T;
-    int64_t *at = dv->kpos;
+    const int n = b->n, T = tr->T, S = tr->S;
+    int64_t *at = dv->kpos, *dst = dv->kdst;
     memset(at, 0, sizeof *at * (size_t)(T + 1));
-    for (int s = 0; s < tr->S; s++) {
+    for (int s = 0; s < S; s++) {
         const int64_t *off = b->offsets + (int64_t)s * (n + 1);
         at[tr->slot_table[s] + 1] += off[n] - off[0];
     }
     for (int t = 0; t < T; t++)
         at[t + 1] += at[t];
     const int64_t nk = at[T];
+    for (int s = 0; s < S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
+        dst[s] = at[tr->slot_table[s]];
+        at[tr->slot_table[s]] += off[n] - off[0];
+    }
     KILN_CHECK(need(dv, &dv->K[k], sizeof(int64_t) * (size_t)nk, true));
     KILN_CHECK(dv->ops->host_touch(dv->ctx, dv->K[k].h, sizeof(int64_t) * (size_t)nk, true));
-    for (int s = 0; s < tr->S; s++) {
+    int64_t *K = dv->K[k].h;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int s = 0; s < S; s++) {
         const int64_t *off = b->offsets + (int64_t)s * (n + 1), cnt = off[n] - off[0];
         if (cnt > 0)
-            memcpy((int64_t *)dv->K[k].h + at[tr->slot_table[s]], b->keys + off[0],
-                   sizeof(int64_t) * (size_t)cnt);
-        at[tr->slot_table[s]] += cnt;
+            memcpy(K + dst[s], b->keys + off[0], sizeof(int64_t) * (size_t)cnt);
     }
     dv->nk[k] = nk;
     return dv->ops->copy(dv->ctx, DEV_COPY, dv->K[k].d, dv->K[k].h, sizeof(int64_t) * (size_t)nk);
 }
 
-/* X and y (and with the exchange on the device, the keys) of the batch
- * through this step's pinned slot to the device, on the copy stream. */
+/* The batch's bag offsets rebased to 0, slot s at s * (n + 1), into offs[k]
+ * and to the device on the copy stream (train_batch_layout's boff, without
+ * its max_batch stride, so the copy is of this batch's rows only). */
+static int stage_offsets(trainer_t *tr, train_dev_t *dv, const data_batch_t *b, int k)
+{
+    const int n = b->n, S = tr->S;
+    const size_t bytes = sizeof(int64_t) * (size_t)S * (size_t)(n + 1);
+    KILN_CHECK(dv->ops->host_touch(dv->ctx, dv->offs[k].h, bytes, true));
+    int64_t *bo = dv->offs[k].h;
+#pragma omp parallel for schedule(static)
+    for (int s = 0; s < S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
+        int64_t *o = bo + (int64_t)s * (n + 1);
+        for (int i = 0; i <= n; i++)
+            o[i] = off[i] - off[0];
+    }
+    return dv->ops->copy(dv->ctx, DEV_COPY, dv->offs[k].d, dv->offs[k].h, bytes);
+}
+
+/* X, y, the bag offsets (and with the exchange on the device, the keys) of
+ * the batch through this step's pinned slot to the device, on the copy
+ * stream. */
 static int stage(trainer_t *tr, train_dev_t *dv, const data_batch_t *b)
 {
     const dev_ops_t *o = dv->ops;
@@ -238,33 +295,45 @@ static int stage(trainer_t *tr, train_dev_t *dv, const data_batch_t *b)
     KILN_CHECK(put(dv, &dv->y[k], 0, b->labels, yb));
     KILN_CHECK(o->copy(dv->ctx, DEV_COPY, dv->X[k].d, dv->X[k].h, xb));
     KILN_CHECK(o->copy(dv->ctx, DEV_COPY, dv->y[k].d, dv->y[k].h, yb));
+    KILN_CHECK(stage_offsets(tr, dv, b, k));
     if (dv->dx)
         KILN_CHECK(stage_keys(tr, dv, b, k));
     return o->record(dv->ctx, DEV_COPY, EV_STAGED + k);
 }
 
-/* The bag offsets to the device, on the compute stream, and the bags with
- * device pointers: the rows of table t at vals + voff[t], its inverse index
- * at rows + roff[t]. */
-static int send_bags(trainer_t *tr, train_dev_t *dv)
+/* The bags with device pointers: the offsets staged into offs[slot], the
+ * rows of table t at vals + voff[t], its inverse index at rows + roff[t]. */
+static void make_bags(trainer_t *tr, train_dev_t *dv, int n)
 {
-    const int S = tr->S;
-    const size_t ob = sizeof(int64_t) * (size_t)S * (size_t)(tr->max_batch + 1);
-    KILN_CHECK(put(dv, &dv->offs, 0, tr->boff, ob));
-    KILN_CHECK(dv->ops->copy(dv->ctx, DEV_COMPUTE, dv->offs.d, dv->offs.h, ob));
-    for (int s = 0; s < S; s++) {
+    for (int s = 0; s < tr->S; s++) {
         const int t = tr->slot_table[s];
         dv->dbags[s] = (kern_bags_t){
             .values = (const float *)dv->vals.d + dv->voff[t],
             .capacity = tr->nuniq[t],
             .dim = tr->d,
             .combine = tr->combine[s],
-            .offsets = (const int64_t *)dv->offs.d + (int64_t)s * (tr->max_batch + 1),
+            .offsets = (const int64_t *)dv->offs[dv->slot].d + (int64_t)s * (n + 1),
             .rows = (const int32_t *)dv->rows.d + dv->roff[t] + tr->slot_koff[s],
             .out_col = (int64_t)s * tr->d,
         };
     }
-    return 0;
+}
+
+/* Where each slot's keys go in its table's list (tr->tn, tr->slot_koff)
+ * and each slot's positions (npos): train_batch_layout without the
+ * rebased offsets, which the step stages itself (stage_offsets). */
+static void layout(trainer_t *tr, train_dev_t *dv, const data_batch_t *b)
+{
+    const int n = b->n;
+    for (int t = 0; t < tr->T; t++)
+        tr->tn[t] = 0;
+    for (int s = 0; s < tr->S; s++) {
+        const int64_t *off = b->offsets + (int64_t)s * (n + 1);
+        const int t = tr->slot_table[s];
+        tr->slot_koff[s] = tr->tn[t];
+        dv->npos[s] = off[n] - off[0];
+        tr->tn[t] += dv->npos[s];
+    }
 }
 
 /* Where table t's rows start in vals (floats) and its keys in rows. */
@@ -298,8 +367,7 @@ static int send_lookup(trainer_t *tr, train_dev_t *dv)
                        sizeof(int32_t) * (size_t)tr->tn[t]));
     }
     KILN_CHECK(o->copy(dv->ctx, DEV_COMPUTE, dv->vals.d, dv->vals.h, sizeof(float) * (size_t)nv));
-    KILN_CHECK(o->copy(dv->ctx, DEV_COMPUTE, dv->rows.d, dv->rows.h, sizeof(int32_t) * (size_t)nr));
-    return send_bags(tr, dv);
+    return o->copy(dv->ctx, DEV_COMPUTE, dv->rows.d, dv->rows.h, sizeof(int32_t) * (size_t)nr);
 }
 
 /* Reduces dE per slot on the device into grows / ggrads (slot s at goff[s]). */
@@ -309,7 +377,7 @@ static int reduce_slots(trainer_t *tr, train_dev_t *dv, int n)
     int64_t np = 0;
     for (int s = 0; s < S; s++) {
         dv->goff[s] = np;
-        np += tr->boff[(int64_t)s * (tr->max_batch + 1) + n];
+        np += dv->npos[s];
     }
     dv->goff[S] = np;
     KILN_CHECK(need(dv, &dv->grows, sizeof(int32_t) * (size_t)np, !dv->dx));
@@ -317,7 +385,7 @@ static int reduce_slots(trainer_t *tr, train_dev_t *dv, int n)
     for (int s = 0; s < S; s++)
         dv->dg[s] = (kern_row_grads_t){(int32_t *)dv->grows.d + dv->goff[s],
                                        (float *)dv->ggrads.d + dv->goff[s] * d, 0};
-    return dv->ops->reduce(dv->ctx, S, dv->dbags, n, (int64_t)S * d, dv->E.d, dv->dg);
+    return dv->ops->reduce(dv->ctx, S, dv->dbags, n, dv->npos, (int64_t)S * d, dv->E.d, dv->dg);
 }
 
 /* The host exchange: each slot's row sums to the host, added into its
@@ -462,13 +530,10 @@ static int lookup_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
     KILN_CHECK(need(dv, &dv->ovals, sizeof(float) * (size_t)(m * d), false));
     KILN_CHECK(need(dv, &dv->vals, sizeof(float) * (size_t)(dv->uoff[T] * d), false));
     KILN_CHECK(move(tr, dv, dv->uniq.d, dv->koff, dv->okeys.d, dv->ooff, sizeof(int64_t), false));
-    int rc = 0;
-    for (int t = 0; t < T && rc == 0; t++) {
-        const int64_t o0 = dv->ooff[t], mt = dv->ooff[t + 1] - o0;
-        if (mt > 0)
-            rc = o->find(dv->ctx, tr->store, t, mt, (const int64_t *)dv->okeys.d + o0, step, true,
-                         (int32_t *)dv->orows.d + o0);
-    }
+    /* Every table in one call: one synchronization. */
+    const int rc = m > 0 ? o->find(dv->ctx, tr->store, T, dv->ooff, (const int64_t *)dv->okeys.d,
+                                   step, true, (int32_t *)dv->orows.d)
+                         : 0;
     /* Every rank must learn whether any owner failed before going on. */
     int worst = shard_comm_agree(tr->comm, rc, "the embedding lookup");
     if (worst < 0)
@@ -484,7 +549,7 @@ static int lookup_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
         dv->voff[t] = dv->uoff[t] * d;
         dv->roff[t] = dv->koff[t];
     }
-    return send_bags(tr, dv);
+    return 0;
 }
 
 /* Each slot's row sums added into its table's float64 gradients tg (table
@@ -517,13 +582,12 @@ static int update_dev(trainer_t *tr, train_dev_t *dv, int64_t step)
     KILN_CHECK(need(dv, &dv->ugrads, sizeof(float) * (size_t)(m * d), false));
     KILN_CHECK(move(tr, dv, dv->tg.d, dv->uoff, dv->ograd.d, dv->ooff, sizeof(double) * d, false));
     for (int t = 0; t < T; t++) {
-        const int64_t o0 = dv->ooff[t], mt = dv->ooff[t + 1] - o0;
+        const int64_t o0 = dv->ooff[t];
         dv->ug[t] =
             (kern_row_grads_t){(int32_t *)dv->urows.d + o0, (float *)dv->ugrads.d + o0 * d, 0};
-        if (mt > 0)
-            KILN_CHECK(o->combine(dv->ctx, mt, (const int32_t *)dv->orows.d + o0,
-                                  (const double *)dv->ograd.d + o0 * d, d, &dv->ug[t]));
     }
+    KILN_CHECK(o->combine(dv->ctx, T, dv->ooff, (const int32_t *)dv->orows.d,
+                          (const double *)dv->ograd.d, d, dv->ug));
     return o->update(dv->ctx, tr->store, T, &tr->sparse_opt, dv->ug, d, step);
 }
 
@@ -579,8 +643,8 @@ int train_dev_front(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t 
     if (n > 0 && dv->staged_n < 0)
         KILN_CHECK(stage(tr, dv, b));
     dv->staged_n = -1;
+    layout(tr, dv, b);
     if (dv->dx) {
-        train_batch_layout(tr, b);
         KILN_CHECK(dedupe_keys(tr, dv, n, k));
         KILN_CHECK(lookup_dev(tr, dv, step));
     } else {
@@ -599,6 +663,7 @@ int train_dev_front(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t 
     }
     if (!dv->dx) /* the device exchange waited for the staged batch before its dedupe */
         KILN_CHECK(o->wait(dv->ctx, DEV_COMPUTE, EV_STAGED + k));
+    make_bags(tr, dv, n);
     KILN_CHECK(o->gather(dv->ctx, S, dv->dbags, n, (int64_t)S * d, dv->E.d));
     const dev_dense_t a = {
         .model = tr->model,
@@ -611,8 +676,9 @@ int train_dev_front(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t 
         .dE = dv->E.d, /* dE replaces E, as on the CPU */
     };
     KILN_CHECK(o->dense(dv->ctx, &a, loss_sum));
-    KILN_CHECK(o->record(dv->ctx, DEV_COMPUTE, EV_FREE + k));
     KILN_CHECK(reduce_slots(tr, dv, n));
+    /* After the reduce, which still reads the slot's bag offsets. */
+    KILN_CHECK(o->record(dv->ctx, DEV_COMPUTE, EV_FREE + k));
     dv->slot ^= 1;
     return dv->dx ? grads_to_tables(tr, dv) : grads_to_host(tr, dv);
 }

@@ -36,7 +36,7 @@ enum { DEV_COPY = 0, DEV_COMPUTE = 1, DEV_NSTREAMS = 2 };
 
 /* The dense model's forward, loss and backward for n rows. */
 typedef struct dev_dense {
-    model_t *model;       /* shapes; its params are the host master copy */
+    model_t *model;          /* shapes; its params are the host master copy */
     uint64_t params_version; /* changes whenever the host params changed */
     int n;
     const float *E; /* (n, S, d) device */
@@ -73,10 +73,12 @@ typedef struct dev_ops {
      * sums to the model's host grads and sets *loss to the unscaled loss sum
      * (so it synchronizes). */
     int (*dense)(void *ctx, const dev_dense_t *a, double *loss /* OUT */);
-    /* On DEV_COMPUTE: kern_cpu_backward_reduce's contract on device arrays;
-     * g[i].n is set on the host (so it synchronizes). */
-    int (*reduce)(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t ld,
-                  const float *dE, kern_row_grads_t *g /* OUT (nbags) */);
+    /* On DEV_COMPUTE: kern_cpu_backward_reduce's contract on device arrays,
+     * with npos[i] (host) the positions of bags[i] (its offsets[n], the
+     * offsets starting at 0); g[i].n is set on the host (so it synchronizes,
+     * once). */
+    int (*reduce)(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, const int64_t *npos,
+                  int64_t ld, const float *dE, kern_row_grads_t *g /* OUT (nbags) */);
 
     /* ---- the exchange on the device (train_dev.c); all on DEV_COMPUTE ---- */
     /* Copies nseg pieces (a host array) from src to dst. */
@@ -98,9 +100,11 @@ typedef struct dev_ops {
                      const size_t *sd, void *recv, const size_t *rc, const size_t *rd);
     int (*allreduce_dd)(void *ctx, shard_comm_t *comm, double *pairs, size_t npairs);
     /* The owner's table calls on device arrays (shard_store_find_dev, _read_dev,
-     * _update_dev); every table's rows are dim floats. find synchronizes. */
-    int (*find)(void *ctx, shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
-                bool insert, int32_t *rows /* OUT (n) */);
+     * _update_dev); every table's rows are dim floats. find takes all
+     * ntables tables of s, table t's keys at keys[off[t] .. off[t + 1])
+     * (off: a host array), and synchronizes once. */
+    int (*find)(void *ctx, shard_store_t *s, int ntables, const int64_t *off, const int64_t *keys,
+                int64_t step, bool insert, int32_t *rows /* OUT (off[ntables]) */);
     int (*read)(void *ctx, shard_store_t *s, int t, int64_t n, const int32_t *rows, int dim,
                 float *out /* OUT (n, dim) */);
     int (*update)(void *ctx, shard_store_t *s, int ntables, const kern_opt_t *opt,
@@ -108,12 +112,14 @@ typedef struct dev_ops {
     /* tg (ntg, dim) float64: tg[rows[u]] += sums[u] for u < n (distinct rows). */
     int (*accum)(void *ctx, int64_t n, const int32_t *rows, const float *sums, int dim, int64_t ntg,
                  double *tg);
-    /* The owner's sum: rows (n) and their float64 gradients (n, dim) -> the
-     * distinct rows, ascending, each with its gradients summed in input
-     * order and rounded once to float32, in out->rows and out->grads (room
-     * for n); out->n is set on the host (synchronizes). */
-    int (*combine)(void *ctx, int64_t n, const int32_t *rows, const double *grads, int dim,
-                   kern_row_grads_t *out);
+    /* The owner's sum, per table t, whose rows and float64 gradients are
+     * rows[off[t] .. off[t + 1]) and grads (same rows, dim) (off: a host
+     * array): the distinct rows, ascending, each with its gradients summed
+     * in input order and rounded once to float32, in out[t].rows and
+     * out[t].grads (room for its rows); out[t].n is set on the host
+     * (synchronizes, once for all tables). */
+    int (*combine)(void *ctx, int ntables, const int64_t *off, const int32_t *rows,
+                   const double *grads, int dim, kern_row_grads_t *out /* (ntables) */);
 } dev_ops_t;
 
 /* The host stand-in: host memory, the CPU kernels and model, and a vector

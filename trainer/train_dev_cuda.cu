@@ -279,6 +279,14 @@ int c_create(int device, void **ctx)
         CUDA_CHECK(cudaStreamCreateWithFlags(&c->s[i], cudaStreamNonBlocking));
     for (int i = 0; i < DEV_NEVENTS; i++)
         CUDA_CHECK(cudaEventCreateWithFlags(&c->ev[i], cudaEventDisableTiming));
+    /* The backward reduce takes its scratch with cudaMallocAsync every step;
+     * the default pool's release threshold (0) hands that memory back to
+     * the driver at each synchronization, so every step would map it
+     * again. Keep it in the pool. */
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     return 0;
 }
 
@@ -367,10 +375,10 @@ int c_gather(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t l
     return kern_cuda_gather_combine(nbags, bags, n, ld, E, C(ctx)->s[DEV_COMPUTE]);
 }
 
-int c_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t ld, const float *dE,
-             kern_row_grads_t *g)
+int c_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, const int64_t *npos,
+             int64_t ld, const float *dE, kern_row_grads_t *g)
 {
-    return kern_cuda_backward_reduce(nbags, bags, n, ld, dE, g, C(ctx)->s[DEV_COMPUTE]);
+    return kern_cuda_backward_reduce_npos(nbags, bags, n, npos, ld, dE, g, C(ctx)->s[DEV_COMPUTE]);
 }
 
 /* ---- the exchange ---- */
@@ -436,10 +444,11 @@ int c_allreduce_dd(void *ctx, shard_comm_t *comm, double *pairs, size_t npairs)
     return compute_after_comm(C(ctx), comm);
 }
 
-int c_find(void *ctx, shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
-           bool insert, int32_t *rows)
+int c_find(void *ctx, shard_store_t *s, int ntables, const int64_t *off, const int64_t *keys,
+           int64_t step, bool insert, int32_t *rows)
 {
-    return shard_store_find_dev(s, t, n, keys, step, insert, rows, compute(ctx));
+    (void)ntables; /* the store's own */
+    return shard_store_find_dev(s, off, keys, step, insert, rows, compute(ctx));
 }
 
 int c_read(void *ctx, shard_store_t *s, int t, int64_t n, const int32_t *rows, int dim, float *out)
@@ -462,10 +471,10 @@ int c_accum(void *ctx, int64_t n, const int32_t *rows, const float *sums, int di
     return dev_xchg_accum(compute(ctx), n, rows, sums, dim, tg);
 }
 
-int c_combine(void *ctx, int64_t n, const int32_t *rows, const double *grads, int dim,
-              kern_row_grads_t *out)
+int c_combine(void *ctx, int ntables, const int64_t *off, const int32_t *rows, const double *grads,
+              int dim, kern_row_grads_t *out)
 {
-    return dev_xchg_combine(&C(ctx)->xchg, compute(ctx), n, rows, grads, dim, out);
+    return dev_xchg_combine(&C(ctx)->xchg, compute(ctx), ntables, off, rows, grads, dim, out);
 }
 
 } // namespace

@@ -64,8 +64,8 @@ int dev_xchg_dedupe(dev_xchg_t **x, cudaStream_t st, int ntables, const int64_t 
                     const int64_t *keys, int nranks, int64_t *uniq, int32_t *inv, int64_t *cnt);
 int dev_xchg_accum(cudaStream_t st, int64_t n, const int32_t *rows, const float *sums, int dim,
                    double *tg);
-int dev_xchg_combine(dev_xchg_t **x, cudaStream_t st, int64_t n, const int32_t *rows,
-                     const double *grads, int dim, kern_row_grads_t *out);
+int dev_xchg_combine(dev_xchg_t **x, cudaStream_t st, int ntables, const int64_t *off,
+                     const int32_t *rows, const double *grads, int dim, kern_row_grads_t *out);
 void dev_xchg_destroy(dev_xchg_t *x);
 
 #endif /* KILN_TRAINER_TRAIN_DEV_CUDA_CUH */

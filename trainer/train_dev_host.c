@@ -261,8 +261,8 @@ static int h_dense(void *ctx, const dev_dense_t *a, double *loss)
     return 0;
 }
 
-static int h_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, int64_t ld,
-                    const float *dE, kern_row_grads_t *g)
+static int h_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n,
+                    const int64_t *npos_of, int64_t ld, const float *dE, kern_row_grads_t *g)
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
@@ -271,6 +271,13 @@ static int h_reduce(void *ctx, int nbags, const kern_bags_t *bags, int64_t n, in
     if (n == 0)
         return 0;
     KILN_CHECK(access_bags(h, now, nbags, bags, n, "reduce"));
+    for (int i = 0; i < nbags; i++)
+        if (bags[i].offsets[0] != 0 || bags[i].offsets[n] != npos_of[i])
+            return kiln_errf(KILN_EINTERNAL,
+                             "device stand-in: reduce: bag set %d has offsets %lld..%lld, the "
+                             "caller counted %lld positions",
+                             i, (long long)bags[i].offsets[0], (long long)bags[i].offsets[n],
+                             (long long)npos_of[i]);
     KILN_CHECK(
         access_buf(h, DEV_COMPUTE, now, dE, sizeof(float) * (size_t)(n * ld), false, "reduce"));
     for (int i = 0; i < nbags; i++) {
@@ -390,14 +397,15 @@ static int h_allreduce_dd(void *ctx, shard_comm_t *comm, double *pairs, size_t n
     return shard_comm_allreduce_sum_dd(comm, pairs, npairs);
 }
 
-static int h_find(void *ctx, shard_store_t *s, int t, int64_t n, const int64_t *keys, int64_t step,
-                  bool insert, int32_t *rows)
+static int h_find(void *ctx, shard_store_t *s, int ntables, const int64_t *off, const int64_t *keys,
+                  int64_t step, bool insert, int32_t *rows)
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
-    CHECK_ACCESS(keys, sizeof(int64_t) * (size_t)n, false, "find");
-    CHECK_ACCESS(rows, sizeof(int32_t) * (size_t)n, true, "find");
-    KILN_CHECK(shard_store_find_dev(s, t, n, keys, step, insert, rows, NULL));
+    const size_t n = (size_t)(off[ntables] - off[0]);
+    CHECK_ACCESS(keys + off[0], sizeof(int64_t) * n, false, "find");
+    CHECK_ACCESS(rows + off[0], sizeof(int32_t) * n, true, "find");
+    KILN_CHECK(shard_store_find_dev(s, off, keys, step, insert, rows, NULL));
     host_waits_compute(h);
     return 0;
 }
@@ -443,16 +451,10 @@ static int h_accum(void *ctx, int64_t n, const int32_t *rows, const float *sums,
     return 0;
 }
 
-static int h_combine(void *ctx, int64_t n, const int32_t *rows, const double *grads, int dim,
-                     kern_row_grads_t *out)
+/* One table of h_combine: rows (n), grads (n, dim) -> out. */
+static int combine_table(int64_t n, const int32_t *rows, const double *grads, int dim,
+                         kern_row_grads_t *out)
 {
-    standin_t *h = ctx;
-    const uint64_t now = tick(h, DEV_COMPUTE);
-    out->n = 0;
-    CHECK_ACCESS(rows, sizeof(int32_t) * (size_t)n, false, "combine");
-    CHECK_ACCESS(grads, sizeof(double) * (size_t)n * (size_t)dim, false, "combine");
-    CHECK_ACCESS(out->rows, sizeof(int32_t) * (size_t)n, true, "combine");
-    CHECK_ACCESS(out->grads, sizeof(float) * (size_t)n * (size_t)dim, true, "combine");
     sortrec_t *v = kiln_malloc(sizeof *v * (size_t)(n ? n : 1));
     double *acc = kiln_malloc(sizeof *acc * (size_t)dim);
     if (v == NULL || acc == NULL) {
@@ -477,6 +479,25 @@ static int h_combine(void *ctx, int64_t n, const int32_t *rows, const double *gr
     }
     out->n = u;
     KILN_FREE_ALL(v, acc);
+    return 0;
+}
+
+static int h_combine(void *ctx, int ntables, const int64_t *off, const int32_t *rows,
+                     const double *grads, int dim, kern_row_grads_t *out)
+{
+    standin_t *h = ctx;
+    const uint64_t now = tick(h, DEV_COMPUTE);
+    for (int t = 0; t < ntables; t++) {
+        const int64_t o0 = off[t], n = off[t + 1] - o0;
+        out[t].n = 0;
+        if (n == 0)
+            continue;
+        CHECK_ACCESS(rows + o0, sizeof(int32_t) * (size_t)n, false, "combine");
+        CHECK_ACCESS(grads + o0 * dim, sizeof(double) * (size_t)n * (size_t)dim, false, "combine");
+        CHECK_ACCESS(out[t].rows, sizeof(int32_t) * (size_t)n, true, "combine");
+        CHECK_ACCESS(out[t].grads, sizeof(float) * (size_t)n * (size_t)dim, true, "combine");
+        KILN_CHECK(combine_table(n, rows + o0, grads + o0 * dim, dim, &out[t]));
+    }
     host_waits_compute(h);
     return 0;
 }

@@ -14,9 +14,10 @@
  *            counts per owner are integer atomics (exact in any order). One
  *            synchronization for all tables (the counts to the host).
  *   accum    tg[rows[u]] += sums[u], a thread an element (rows distinct).
- *   combine  a stable radix sort of (row, position), run heads and a scan,
- *            then a block a distinct row summing its positions in order in
- *            float64 and rounding once. One synchronization (the count).
+ *   combine  per table: a stable radix sort of (row, position), run heads
+ *            and a scan, then a block a distinct row summing its positions
+ *            in order in float64 and rounding once. One synchronization for
+ *            all tables (the counts).
  *
  * Scratch lives in a dev_xchg_t that grows to the largest call.
  */
@@ -37,7 +38,8 @@ struct dev_xchg {
     size_t buf_cap = 0;
     unsigned long long *d_cnt = nullptr; /* (cnt_cap) dedupe's counts */
     int cnt_cap = 0;
-    int *d_nu = nullptr, *h_nu = nullptr; /* a distinct count: device, pinned */
+    int *d_nu = nullptr, *h_nu = nullptr; /* (nu_cap) distinct counts: device, pinned */
+    int nu_cap = 0;
 };
 
 namespace
@@ -194,10 +196,24 @@ int room(dev_xchg *x, size_t bytes, size_t temp)
         CUDA_CHECK(cudaMalloc(&x->temp, temp));
         x->temp_cap = temp;
     }
-    if (x->d_nu == nullptr) {
-        CUDA_CHECK(cudaMalloc(&x->d_nu, sizeof(int)));
-        CUDA_CHECK(cudaHostAlloc(&x->h_nu, sizeof(int), cudaHostAllocDefault));
-    }
+    return 0;
+}
+
+/* Makes x's distinct counts hold n ints; st is done with the old ones. */
+int room_nu(dev_xchg *x, int n, cudaStream_t st)
+{
+    if (n <= x->nu_cap)
+        return 0;
+    CUDA_CHECK(cudaStreamSynchronize(st)); /* a copy into h_nu may be in flight */
+    if (x->d_nu)
+        CUDA_CHECK(cudaFree(x->d_nu));
+    if (x->h_nu)
+        CUDA_CHECK(cudaFreeHost(x->h_nu));
+    x->d_nu = x->h_nu = nullptr;
+    x->nu_cap = 0;
+    CUDA_CHECK(cudaMalloc(&x->d_nu, sizeof(int) * (size_t)n));
+    CUDA_CHECK(cudaHostAlloc(&x->h_nu, sizeof(int) * (size_t)n, cudaHostAllocDefault));
+    x->nu_cap = n;
     return 0;
 }
 
@@ -268,6 +284,7 @@ int dev_xchg_dedupe(dev_xchg **xp, cudaStream_t st, int ntables, const int64_t *
     const size_t temp = t1 > t2 ? (t1 > t3 ? t1 : t3) : (t2 > t3 ? t2 : t3);
     const size_t a = ((size_t)most * 8 + 15) / 16 * 16, b = ((size_t)most * 4 + 15) / 16 * 16;
     KILN_CHECK(room(x, 2 * a + 9 * b, temp));
+    KILN_CHECK(room_nu(x, 1, st));
     const int ncnt = nranks * ntables;
     if (ncnt > x->cnt_cap) {
         if (x->d_cnt)
@@ -324,43 +341,62 @@ int dev_xchg_accum(cudaStream_t st, int64_t n, const int32_t *rows, const float 
     return 0;
 }
 
-int dev_xchg_combine(dev_xchg **xp, cudaStream_t st, int64_t n, const int32_t *rows,
-                     const double *grads, int dim, kern_row_grads_t *out)
+int dev_xchg_combine(dev_xchg **xp, cudaStream_t st, int ntables, const int64_t *off,
+                     const int32_t *rows, const double *grads, int dim, kern_row_grads_t *out)
 {
-    out->n = 0;
-    if (n == 0)
+    int64_t most = 0;
+    for (int t = 0; t < ntables; t++) {
+        out[t].n = 0;
+        most = off[t + 1] - off[t] > most ? off[t + 1] - off[t] : most;
+    }
+    if (most == 0)
         return 0;
-    if (n > INT32_MAX)
+    if (most > INT32_MAX)
         return kiln_errf(KILN_ERANGE, "the owners' sum takes at most 2^31 - 1 rows a table");
     KILN_CHECK(make(xp));
     dev_xchg *x = *xp;
-    size_t t1 = 0, t2 = 0;
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, t1, (const int32_t *)NULL, (int32_t *)NULL,
-                                               (const int32_t *)NULL, (int32_t *)NULL, (int)n));
-    CUDA_CHECK(
-        cub::DeviceScan::InclusiveSum(NULL, t2, (const int32_t *)NULL, (int32_t *)NULL, (int)n));
-    const size_t b = ((size_t)n * 4 + 15) / 16 * 16;
-    KILN_CHECK(room(x, 6 * b, t1 > t2 ? t1 : t2));
+    size_t temp = 0;
+    for (int t = 0; t < ntables; t++) {
+        const int n = (int)(off[t + 1] - off[t]);
+        size_t t1 = 0, t2 = 0;
+        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, t1, (const int32_t *)NULL, (int32_t *)NULL,
+                                                   (const int32_t *)NULL, (int32_t *)NULL, n));
+        CUDA_CHECK(
+            cub::DeviceScan::InclusiveSum(NULL, t2, (const int32_t *)NULL, (int32_t *)NULL, n));
+        temp = t1 > temp ? t1 : temp;
+        temp = t2 > temp ? t2 : temp;
+    }
+    const size_t b = ((size_t)most * 4 + 15) / 16 * 16;
+    KILN_CHECK(room(x, 6 * b, temp));
+    KILN_CHECK(room_nu(x, ntables, st));
+    /* Every table carves the same scratch: the stream runs them in turn. */
     char *at = (char *)x->buf;
-    int32_t *idx = carve<int32_t>(&at, n), *srows = carve<int32_t>(&at, n),
-            *sidx = carve<int32_t>(&at, n), *heads = carve<int32_t>(&at, n),
-            *run = carve<int32_t>(&at, n), *starts = carve<int32_t>(&at, n);
-    const unsigned nb = blocks_for(n, 256);
-    size_t tb = x->temp_cap;
-    iota_kernel<<<nb, 256, 0, st>>>(idx, n);
-    CUDA_CHECK(
-        cub::DeviceRadixSort::SortPairs(x->temp, tb, rows, srows, idx, sidx, (int)n, 0, 32, st));
-    heads_kernel<int32_t><<<nb, 256, 0, st>>>(srows, n, heads);
-    tb = x->temp_cap;
-    CUDA_CHECK(cub::DeviceScan::InclusiveSum(x->temp, tb, heads, run, (int)n, st));
-    starts_kernel<<<nb, 256, 0, st>>>(srows, heads, run, n, starts, out->rows, x->d_nu);
+    int32_t *idx = carve<int32_t>(&at, most), *srows = carve<int32_t>(&at, most),
+            *sidx = carve<int32_t>(&at, most), *heads = carve<int32_t>(&at, most),
+            *run = carve<int32_t>(&at, most), *starts = carve<int32_t>(&at, most);
     const int threads = dim < 32 ? 32 : dim < 256 ? (dim + 31) / 32 * 32 : 256;
-    segsum_kernel<<<(unsigned)n, threads, 0, st>>>(starts, sidx, grads, n, dim, x->d_nu,
-                                                   out->grads);
-    CUDA_CHECK(cudaGetLastError());
-    CUDA_CHECK(cudaMemcpyAsync(x->h_nu, x->d_nu, sizeof(int), cudaMemcpyDeviceToHost, st));
+    for (int t = 0; t < ntables; t++) {
+        const int64_t o0 = off[t], n = off[t + 1] - o0;
+        if (n == 0)
+            continue;
+        const unsigned nb = blocks_for(n, 256);
+        size_t tb = x->temp_cap;
+        iota_kernel<<<nb, 256, 0, st>>>(idx, n);
+        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(x->temp, tb, rows + o0, srows, idx, sidx, (int)n,
+                                                   0, 32, st));
+        heads_kernel<int32_t><<<nb, 256, 0, st>>>(srows, n, heads);
+        tb = x->temp_cap;
+        CUDA_CHECK(cub::DeviceScan::InclusiveSum(x->temp, tb, heads, run, (int)n, st));
+        starts_kernel<<<nb, 256, 0, st>>>(srows, heads, run, n, starts, out[t].rows, x->d_nu + t);
+        segsum_kernel<<<(unsigned)n, threads, 0, st>>>(starts, sidx, grads + o0 * dim, n, dim,
+                                                       x->d_nu + t, out[t].grads);
+        CUDA_CHECK(cudaGetLastError());
+    }
+    CUDA_CHECK(cudaMemcpyAsync(x->h_nu, x->d_nu, sizeof(int) * (size_t)ntables,
+                               cudaMemcpyDeviceToHost, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
-    out->n = *x->h_nu;
+    for (int t = 0; t < ntables; t++)
+        out[t].n = off[t + 1] > off[t] ? x->h_nu[t] : 0;
     return 0;
 }
 
