@@ -1293,15 +1293,7 @@ static void test_cron_parquet_partitions(void **state)
 }
 
 /* KILN_TEST_FILTER=test_cron* runs matching tests (cmocka glob). */
-PROC_TEST_MAIN(setup_all, teardown_all,
-    cmocka_unit_test_setup_teardown(test_five_relative_submits, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_one_serve_two_labels, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_cron_three_partitions, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_endpoint_down_then_up, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_kill9_before_push, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_kill9_after_apply, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_push_after_model_change, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_ramp, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_online_job, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_cron_parquet_partitions, setup, teardown))
+PROC_TEST_MAIN_EACH(setup_all, teardown_all, setup, teardown,
+    test_five_relative_submits, test_one_serve_two_labels, test_cron_three_partitions,
+    test_endpoint_down_then_up, test_kill9_before_push, test_kill9_after_apply, test_quality_gate,
+    test_push_after_model_change, test_ramp, test_online_job, test_cron_parquet_partitions)

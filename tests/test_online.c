@@ -535,10 +535,7 @@ static void test_online_export_gated(void **state)
 }
 
 /* KILN_TEST_FILTER=test_online_* runs matching tests (cmocka glob). */
-PROC_TEST_MAIN(setup_all, teardown_all,
-    cmocka_unit_test_setup_teardown(test_marker_and_changed_partition, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_consumed_files_not_read_again, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_online_bad_partition, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_online_retry_trains_nothing_twice, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_failed_eval_leaves_no_checkpoint, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_online_export_gated, setup, teardown))
+PROC_TEST_MAIN_EACH(setup_all, teardown_all, setup, teardown,
+    test_marker_and_changed_partition, test_consumed_files_not_read_again,
+    test_online_bad_partition, test_online_retry_trains_nothing_twice,
+    test_failed_eval_leaves_no_checkpoint, test_online_export_gated)

@@ -133,4 +133,26 @@ void proc_test_filter(void);
         return cmocka_run_group_tests(tests, setup, teardown);                                    \
     }
 
+/* A cmocka test, fixture and group fixture, as proc_test_run takes them. */
+typedef void (*proc_test_fn)(void **state);
+typedef int (*proc_fixture_fn)(void **state);
+
+/* Runs the n tests fns, named by names (their names as the source lists
+ * them, separated by commas), as PROC_TEST_MAIN does, each with each_setup
+ * and each_teardown (either may be NULL). Returns what cmocka returns. */
+int proc_test_run(const char *names, const proc_test_fn *fns, size_t n, proc_fixture_fn setup,
+                  proc_fixture_fn teardown, proc_fixture_fn each_setup,
+                  proc_fixture_fn each_teardown);
+
+/* The main() of a test executable whose tests all have the same fixture:
+ * the group runs with setup and teardown, every test with each_setup and
+ * each_teardown (any may be NULL); the list names the test functions. */
+#define PROC_TEST_MAIN_EACH(setup, teardown, each_setup, each_teardown, ...)                      \
+    int main(void)                                                                                \
+    {                                                                                             \
+        const proc_test_fn fns[] = {__VA_ARGS__};                                                 \
+        return proc_test_run(#__VA_ARGS__, fns, sizeof fns / sizeof fns[0], setup, teardown,      \
+                             each_setup, each_teardown);                                          \
+    }
+
 #endif /* KILN_TESTS_PROC_H */
