@@ -144,15 +144,20 @@ int proc_test_run(const char *names, const proc_test_fn *fns, size_t n, proc_fix
                   proc_fixture_fn teardown, proc_fixture_fn each_setup,
                   proc_fixture_fn each_teardown);
 
-/* The main() of a test executable whose tests all have the same fixture:
- * the group runs with setup and teardown, every test with each_setup and
- * each_teardown (any may be NULL); the list names the test functions. */
+/* Runs the tests named in the list (test functions) as one group with setup
+ * and teardown, every test with each_setup and each_teardown (any may be
+ * NULL), narrowed by proc_test_filter; the value is main()'s status. */
+#define PROC_TESTS(setup, teardown, each_setup, each_teardown, ...)                               \
+    proc_test_run(#__VA_ARGS__, (const proc_test_fn[]){__VA_ARGS__},                              \
+                  sizeof((const proc_test_fn[]){__VA_ARGS__}) / sizeof(proc_test_fn), setup,      \
+                  teardown, each_setup, each_teardown)
+
+/* The main() of a test executable whose tests all have the same fixture
+ * (PROC_TESTS). */
 #define PROC_TEST_MAIN_EACH(setup, teardown, each_setup, each_teardown, ...)                      \
     int main(void)                                                                                \
     {                                                                                             \
-        const proc_test_fn fns[] = {__VA_ARGS__};                                                 \
-        return proc_test_run(#__VA_ARGS__, fns, sizeof fns / sizeof fns[0], setup, teardown,      \
-                             each_setup, each_teardown);                                          \
+        return PROC_TESTS(setup, teardown, each_setup, each_teardown, __VA_ARGS__);               \
     }
 
 #endif /* KILN_TESTS_PROC_H */
