@@ -340,20 +340,3 @@ int run_export_last_write(const char *run_dir, const run_export_t *e)
                                 (json_int_t)e->keys, "bytes", (json_int_t)e->bytes, "time",
                                 (json_int_t)e->time));
 }
-
-int run_export_last_read(const char *run_dir, run_export_t *out)
-{
-    memset(out, 0, sizeof *out);
-    json_t *o = NULL;
-    KILN_CHECK(read_json(run_dir, RUN_FILE_EXPORT_LAST, &o));
-    str_of(o, "checkpoint", out->checkpoint, sizeof out->checkpoint);
-    str_of(o, "kind", out->kind, sizeof out->kind);
-    str_of(o, "parent", out->parent, sizeof out->parent);
-    str_of(o, "path", out->path, sizeof out->path);
-    out->step = int_of(o, "step");
-    out->keys = int_of(o, "keys");
-    out->bytes = int_of(o, "bytes");
-    out->time = int_of(o, "time");
-    json_decref(o);
-    return 0;
-}

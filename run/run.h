@@ -185,7 +185,6 @@ typedef struct run_export {
     int64_t step, keys, bytes, time;
 } run_export_t;
 int run_export_last_write(const char *run_dir, const run_export_t *e);
-int run_export_last_read(const char *run_dir, run_export_t *out /* OUT */);
 
 #ifdef __cplusplus
 }

@@ -434,12 +434,7 @@ static void test_atomic_write(void **state)
     rmdir(dir);
 }
 
-PROC_TEST_MAIN(NULL, NULL,
-    cmocka_unit_test(test_errors),     cmocka_unit_test(test_errors_wrapped),
-    cmocka_unit_test(test_check_macros), cmocka_unit_test(test_host_allowed),
-    cmocka_unit_test(test_durations),  cmocka_unit_test(test_civil_dates),
-    cmocka_unit_test(test_iso_instants), cmocka_unit_test(test_xxh64),
-    cmocka_unit_test(test_did_you_mean), cmocka_unit_test(test_utf8_scrub),
-    cmocka_unit_test(test_alloc),
-    cmocka_unit_test(test_now_one_clock), cmocka_unit_test(test_backoff),
-    cmocka_unit_test(test_log_file), cmocka_unit_test(test_atomic_write))
+PROC_TEST_MAIN_EACH(NULL, NULL, NULL, NULL,
+    test_errors, test_errors_wrapped, test_check_macros, test_host_allowed, test_durations,
+    test_civil_dates, test_iso_instants, test_xxh64, test_did_you_mean, test_utf8_scrub, test_alloc,
+    test_now_one_clock, test_backoff, test_log_file, test_atomic_write)

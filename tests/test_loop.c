@@ -55,32 +55,10 @@
 #error "KILN_BIN, KILND_BIN, KILN_TRAIN_BIN and KILN_SERVE_BIN must name the executables"
 #endif
 
-static char data_dir[256]; /* shared generated data: day0.tsv, day1.tsv, eval.tsv */
-static char home[256];     /* this test's home: kilnd, specs, data, endpoints */
-static fx_kilnd_t kd;
-
 static int setup_all(void **state)
 {
     (void)state;
-    return fx_loop_suite_setup("loop", data_dir, sizeof data_dir);
-}
-
-static int teardown_all(void **state)
-{
-    (void)state;
-    return fx_loop_suite_teardown(data_dir);
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    return fx_loop_test_setup("loop", &kd, home, sizeof home);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    return fx_loop_test_teardown("loop", home);
+    return fx_loop_suite_setup("loop");
 }
 
 /* Writes home/<dir>/job.yaml: an lr job over dir's data/day=*.tsv (relative
@@ -89,7 +67,7 @@ static void write_job(const char *dir, const char *name, const char *extra, char
                       size_t cap)
 {
     char d[400];
-    snprintf(d, sizeof d, "%s/%s", home, dir);
+    snprintf(d, sizeof d, "%s/%s", fx_loop.home, dir);
     mkdir(d, 0755);
     snprintf(path, cap, "%s/job.yaml", d);
     FILE *f = fopen(path, "w");
@@ -103,7 +81,7 @@ static void write_job(const char *dir, const char *name, const char *extra, char
     if (strncmp(extra, "train:", 6) != 0 && strstr(extra, "\ntrain:") == NULL)
         fprintf(f, "train: {batch_size: 128, log_every: 2}\n");
     if (strstr(extra, "data:") == NULL)
-        fprintf(f, "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\"}\n", data_dir);
+        fprintf(f, "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\"}\n", fx_loop.data_dir);
     fclose(f);
 }
 
@@ -111,42 +89,18 @@ static void write_job(const char *dir, const char *name, const char *extra, char
 static void land(const char *dir, const char *which, int n)
 {
     char src[400], dst[500];
-    snprintf(src, sizeof src, "%s/%s", data_dir, which);
-    snprintf(dst, sizeof dst, "%s/%s/data/day=%d.tsv", home, dir, n);
+    snprintf(src, sizeof src, "%s/%s", fx_loop.data_dir, which);
+    snprintf(dst, sizeof dst, "%s/%s/data/day=%d.tsv", fx_loop.home, dir, n);
     assert_int_equal(fx_land(src, dst), 0);
-}
-
-static void kiln_ok(const char *const *args)
-{
-    fx_kiln_ok(&kd, args);
-}
-
-static state_t *db(void)
-{
-    return fx_kilnd_db(&kd);
 }
 
 /* Runs sql on the test's database. Returns 0 or a KILN_E* code. */
 static int db_exec(const char *sql)
 {
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     int rc = state_test_exec(st, sql);
     state_close(st);
     return rc;
-}
-
-/* The newest run of job (0: none yet). */
-static int64_t newest_run(const char *job)
-{
-    state_t *st = db();
-    state_run_t *rs = NULL;
-    size_t n = 0;
-    int64_t id = 0;
-    if (state_run_list(st, job, 1, &rs, &n) == 0 && n > 0)
-        id = rs[0].id;
-    state_runs_free(rs, n);
-    state_close(st);
-    return id;
 }
 
 /* Prints the last cap bytes of path, under a title (a failure's evidence:
@@ -187,7 +141,7 @@ static void print_group(long long pgid)
  * failing. */
 static state_run_state_t wait_end(int64_t id, int timeout_s)
 {
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_run_state_t got = fx_wait_run(st, id, STATE_RUN_NSTATES, timeout_s);
     if (!state_run_state_terminal(got)) {
         char path[600];
@@ -203,20 +157,20 @@ static state_run_state_t wait_end(int64_t id, int timeout_s)
             }
             state_run_fini(&r);
         }
-        snprintf(path, sizeof path, "%s/kilnd.log", home);
+        snprintf(path, sizeof path, "%s/kilnd.log", fx_loop.home);
         print_tail("kilnd's log", path);
     }
     state_close(st);
     if (!state_run_state_terminal(got))
         fail_msg("run %lld did not end within %d s (see %s/kilnd.log)", (long long)id, timeout_s,
-                 home);
+                 fx_loop.home);
     return got;
 }
 
 /* The pushes of run id, oldest first, into ps (state_pushes_free). */
 static size_t run_pushes(int64_t id, state_push_t **ps)
 {
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_push_filter_t f = {.run_id = id};
     size_t n = 0;
     assert_int_equal(state_push_list(st, &f, STATE_PAGE_MAX, ps, &n), 0);
@@ -248,14 +202,14 @@ static state_push_state_t wait_push(int64_t id, state_push_state_t want, int tim
     }
     fail_msg("run %lld has no push %s within %d s (see %s/kilnd.log)", (long long)id,
              want < STATE_PUSH_NSTATES ? state_push_state_name(want) : "that ended", timeout_s,
-             home);
+             fx_loop.home);
     return got;
 }
 
 /* The uid of the final checkpoint of run id. */
 static void run_checkpoint(int64_t id, char *out, size_t cap)
 {
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_checkpoint_t c;
     assert_int_equal(state_checkpoint_newest_of_run(st, id, false, &c), 0);
     snprintf(out, cap, "%s", c.uid);
@@ -274,8 +228,8 @@ static void wait_holds(const fx_serve_t *s, const char *model, const char *label
             return;
         proc_sleep_ms(100);
     }
-    fail_msg("%s %s/%s holds '%s', not %s, after %d s (see %s/kilnd.log)", s->url, model, label,
-             h, uid, timeout_s, home);
+    fail_msg("%s %s/%s holds '%s', not %s, after %d s (see %s/kilnd.log)", s->url, model, label, h,
+             uid, timeout_s, fx_loop.home);
 }
 
 /* Waits until s's label B holds the final checkpoint of run id, whose uid
@@ -290,7 +244,7 @@ static void wait_b_holds_run(const fx_serve_t *s, int64_t id, char *ck, size_t c
 static const char *serve_start(fx_serve_t *s)
 {
     static char sdir[400];
-    snprintf(sdir, sizeof sdir, "%s/serve", home);
+    snprintf(sdir, sizeof sdir, "%s/serve", fx_loop.home);
     assert_true(fx_serve_start(s, sdir));
     return sdir;
 }
@@ -321,10 +275,10 @@ static int64_t submit_first(const char *name, const char *extra, const char *con
 {
     write_job(name, name, extra, spec, cap);
     land(name, "day0.tsv", 0);
-    fx_kilnd_start(&kd, home, env);
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, env);
     const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
-    return newest_run(name);
+    fx_loop_kiln_ok(sub);
+    return fx_loop_newest_run(name);
 }
 
 /* ---- the submit race ------------------------------------------------------------------- */
@@ -332,7 +286,7 @@ static int64_t submit_first(const char *name, const char *extra, const char *con
 static void test_five_relative_submits(void **state)
 {
     (void)state;
-    fx_kilnd_start(&kd, home, NULL);
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, NULL);
     char spec[5][500];
     for (int i = 0; i < 5; i++) {
         char dir[32], name[32];
@@ -345,15 +299,15 @@ static void test_five_relative_submits(void **state)
      * spec's directory at once. */
     for (int i = 0; i < 5; i++) {
         const char *args[] = {"submit", spec[i], NULL};
-        kiln_ok(args);
+        fx_loop_kiln_ok(args);
     }
     for (int i = 0; i < 5; i++) {
         char name[32];
         snprintf(name, sizeof name, "fresh%d", i);
-        int64_t id = newest_run(name);
+        int64_t id = fx_loop_newest_run(name);
         assert_true(id > 0);
         if (wait_end(id, 120) != STATE_RUN_SUCCEEDED) {
-            state_t *st = db();
+            state_t *st = fx_loop_db();
             state_run_t r;
             assert_int_equal(state_run_get(st, id, &r), 0);
             fail_msg("run %lld of %s: %s", (long long)id, name, r.error ? r.error : "?");
@@ -386,14 +340,14 @@ static void test_one_serve_two_labels(void **state)
 
     /* promote B -> A: both labels on one URL stay in the records. */
     const char *promote[] = {"promote", "--model", "ctr", "--from", "B", "--to", "A", NULL};
-    kiln_ok(promote);
+    fx_loop_kiln_ok(promote);
     wait_holds(&s, "ctr", "A", ck1, 10);
 
     /* A second run: B gets its delta, A keeps ck1. */
     land("ab", "day1.tsv", 1);
     const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
-    int64_t r2 = newest_run("ab");
+    fx_loop_kiln_ok(sub);
+    int64_t r2 = fx_loop_newest_run("ab");
     assert_true(r2 > r1);
     assert_int_equal(wait_end(r2, 120), STATE_RUN_SUCCEEDED);
     wait_b_holds_run(&s, r2, ck2, sizeof ck2, 60);
@@ -403,17 +357,17 @@ static void test_one_serve_two_labels(void **state)
     fx_holds(&s, "ctr", "A", h, sizeof h);
     assert_string_equal(h, ck1);
     const char *promote2[] = {"promote", "--model", "ctr", "--from", "B", "--to", "A", NULL};
-    kiln_ok(promote2);
+    fx_loop_kiln_ok(promote2);
     wait_holds(&s, "ctr", "A", ck2, 10);
     /* rollback of A: back to ck1; B untouched. */
     const char *rollback[] = {"rollback", "--model", "ctr", "--label", "A", NULL};
-    kiln_ok(rollback);
+    fx_loop_kiln_ok(rollback);
     wait_holds(&s, "ctr", "A", ck1, 10);
     fx_holds(&s, "ctr", "B", h, sizeof h);
     assert_string_equal(h, ck2);
 
     /* The records agree with the endpoint, label by label. */
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_endpoint_info_t *es = NULL;
     size_t n = 0;
     assert_int_equal(state_endpoint_list(st, &es, &n), 0);
@@ -437,7 +391,7 @@ static json_t *lineage_json(const char *ref)
 {
     proc_result_t *r = calloc(1, sizeof *r);
     const char *args[] = {"--json", "lineage", ref, NULL};
-    fx_kiln(&kd, r, args);
+    fx_kiln(&fx_loop.kd, r, args);
     if (r->code != 0)
         fail_msg("kiln lineage %s: exit %d: %s", ref, r->code, r->err);
     json_t *doc = json_loads(r->out, 0, NULL);
@@ -490,7 +444,7 @@ static void check_logs(int64_t id)
     snprintf(ref, sizeof ref, "%lld", (long long)id);
     proc_result_t *r = calloc(1, sizeof *r);
     const char *args[] = {"logs", ref, NULL};
-    fx_kiln(&kd, r, args);
+    fx_kiln(&fx_loop.kd, r, args);
     assert_int_equal(r->code, 0);
     if (strstr(r->out, "step ") == NULL || strstr(r->out, "loss ") == NULL ||
         strstr(r->out, "samples/s") == NULL)
@@ -536,10 +490,11 @@ static void assert_round_ticks(const double *v, int n, const char *axis)
 static void check_pages(int64_t id, const fx_serve_t *s, const char *uid)
 {
     char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/runs/%lld", kd.web_port, (long long)id);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/runs/%lld", fx_loop.kd.web_port,
+             (long long)id);
     json_t *doc = fx_get_json(url);
     if (doc == NULL)
-        fail_msg("kilnd's page does not answer %s (see %s)", url, kd.log);
+        fail_msg("kilnd's page does not answer %s (see %s)", url, fx_loop.kd.log);
     json_t *pushes = json_object_get(doc, "pushes");
     assert_true(json_array_size(pushes) >= 1);
     json_t *last = json_array_get(pushes, json_array_size(pushes) - 1);
@@ -564,7 +519,7 @@ static void check_pages(int64_t id, const fx_serve_t *s, const char *uid)
                  (long long)id, points, (long long)from, (long long)to, (long long)steps);
     json_decref(doc);
 
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/runs/%lld/loss.svg", kd.web_port,
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/runs/%lld/loss.svg", fx_loop.kd.web_port,
              (long long)id);
     char *svg = fx_get(url);
     assert_non_null(svg);
@@ -580,11 +535,11 @@ static void check_pages(int64_t id, const fx_serve_t *s, const char *uid)
     /* One predict request to B; kilnd reads /v1/stats every second. */
     char purl[300], eval[400], cmd[1200];
     snprintf(purl, sizeof purl, "%s/v1/models/ctr/predict?label=B", s->url);
-    snprintf(eval, sizeof eval, "%s/eval.tsv", data_dir);
+    snprintf(eval, sizeof eval, "%s/eval.tsv", fx_loop.data_dir);
     snprintf(cmd, sizeof cmd, "head -n 5 '%s' | curl -sf --data-binary @- '%s' > /dev/null", eval,
              purl);
     assert_int_equal(system(cmd), 0);
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/endpoints", kd.web_port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/endpoints", fx_loop.kd.web_port);
     bool seen = false;
     for (int i = 0; i < 100 && !seen; i++) {
         doc = fx_get_json(url);
@@ -605,7 +560,7 @@ static void check_pages(int64_t id, const fx_serve_t *s, const char *uid)
     }
     if (!seen)
         fail_msg("the endpoints API never showed B's predict traffic");
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/endpoints", kd.web_port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/endpoints", fx_loop.kd.web_port);
     char *html = fx_get(url);
     assert_non_null(html);
     if (strstr(html, uid) == NULL || strstr(html, "100.0%") == NULL)
@@ -621,13 +576,13 @@ static void test_cron_three_partitions(void **state)
     serve_start(&s);
     snprintf(head, sizeof head,
              "schedule: \"@every 2s\"\n" INCREMENTAL_DATA "export: {on_success: incremental}\n",
-             data_dir);
+             fx_loop.data_dir);
     push_to_b(extra, sizeof extra, head, "", s.url);
     write_job("cron", "hourly", extra, spec, sizeof spec);
-    kd.web_port = proc_free_port();
-    fx_kilnd_start(&kd, home, NULL);
+    fx_loop.kd.web_port = proc_free_port();
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, NULL);
     const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
+    fx_loop_kiln_ok(sub);
     const char *src[] = {"day0.tsv", "day1.tsv", "day0.tsv"};
     char ck[3][64];
     int64_t prev = 0, first = 0;
@@ -636,7 +591,7 @@ static void test_cron_three_partitions(void **state)
         land("cron", src[p], p);
         int64_t id = 0;
         for (int i = 0; i < 600 && id == 0; i++) {
-            state_t *st = db();
+            state_t *st = fx_loop_db();
             state_run_t *rs = NULL;
             size_t n = 0;
             assert_int_equal(state_run_list(st, "hourly", 50, &rs, &n), 0);
@@ -649,7 +604,8 @@ static void test_cron_three_partitions(void **state)
                 proc_sleep_ms(100);
         }
         if (id == 0)
-            fail_msg("no run consumed partition %d within 60 s (see %s/kilnd.log)", p, home);
+            fail_msg("no run consumed partition %d within 60 s (see %s/kilnd.log)", p,
+                     fx_loop.home);
         wait_b_holds_run(&s, id, ck[p], sizeof ck[p], 60);
         assert_int_equal(wait_push(id, STATE_PUSH_SUCCEEDED, 30), STATE_PUSH_SUCCEEDED);
         state_push_t *ps = NULL;
@@ -666,7 +622,7 @@ static void test_cron_three_partitions(void **state)
     /* kiln lineage walks from each partition file to B. */
     for (int p = 0; p < 3; p++) {
         char file[500];
-        snprintf(file, sizeof file, "%s/cron/data/day=%d.tsv", home, p);
+        snprintf(file, sizeof file, "%s/cron/data/day=%d.tsv", fx_loop.home, p);
         json_t *doc = lineage_json(file);
         if (!lineage_reaches_b(doc)) {
             char *text = json_dumps(doc, 0);
@@ -717,7 +673,7 @@ static void test_endpoint_down_then_up(void **state)
     char ids[32];
     snprintf(ids, sizeof ids, "%lld", (long long)id);
     const char *show[] = {"show", ids, NULL};
-    fx_kiln(&kd, r, show);
+    fx_kiln(&fx_loop.kd, r, show);
     assert_non_null(strstr(r->out, s.url));
     if (strstr(r->out, ": pending, full") == NULL)
         fail_msg("kiln show %s does not show the pending push as full:\n%s", ids, r->out);
@@ -750,13 +706,13 @@ static void kill9_case(const char *hook)
             proc_sleep_ms(100);
         assert_int_equal(fx_pushes_applied(&s), 1);
     }
-    fx_kilnd_stop(&kd, SIGKILL);
+    fx_kilnd_stop(&fx_loop.kd, SIGKILL);
     state_push_t *ps = NULL;
     size_t n = run_pushes(id, &ps);
     assert_int_equal(n, 1);
     assert_int_equal(ps[0].state, STATE_PUSH_SENDING); /* claimed by the dead kilnd */
     state_pushes_free(ps, n);
-    fx_kilnd_start(&kd, home, NULL);
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, NULL);
     assert_int_equal(wait_push(id, STATE_PUSH_SUCCEEDED, 60), STATE_PUSH_SUCCEEDED);
     char ck[64];
     wait_b_holds_run(&s, id, ck, sizeof ck, 10);
@@ -787,7 +743,7 @@ static void test_kill9_after_apply(void **state)
 static void write_flipped(const char *dst)
 {
     char src[400], line[65536];
-    snprintf(src, sizeof src, "%s/day0.tsv", data_dir);
+    snprintf(src, sizeof src, "%s/day0.tsv", fx_loop.data_dir);
     FILE *in = fopen(src, "r"), *out = fopen(dst, "w");
     assert_non_null(in);
     assert_non_null(out);
@@ -802,7 +758,7 @@ static void write_flipped(const char *dst)
 /* The head of a job that trains each new partition and pushes a delta. */
 static void incremental_head(char *head, size_t cap)
 {
-    snprintf(head, cap, INCREMENTAL_DATA "export: {on_success: incremental}\n", data_dir);
+    snprintf(head, cap, INCREMENTAL_DATA "export: {on_success: incremental}\n", fx_loop.data_dir);
 }
 
 static void test_quality_gate(void **state)
@@ -818,14 +774,14 @@ static void test_quality_gate(void **state)
     char ck1[64], h[64];
     wait_b_holds_run(&s, r1, ck1, sizeof ck1, 60);
     /* A partition of flipped labels: the next model is worse. */
-    snprintf(bad, sizeof bad, "%s/gate/flipped.tsv", home);
+    snprintf(bad, sizeof bad, "%s/gate/flipped.tsv", fx_loop.home);
     write_flipped(bad);
     char dst[500];
-    snprintf(dst, sizeof dst, "%s/gate/data/day=1.tsv", home);
+    snprintf(dst, sizeof dst, "%s/gate/data/day=1.tsv", fx_loop.home);
     assert_int_equal(fx_land(bad, dst), 0);
     const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
-    int64_t r2 = newest_run("gate");
+    fx_loop_kiln_ok(sub);
+    int64_t r2 = fx_loop_newest_run("gate");
     assert_true(r2 > r1);
     assert_int_equal(wait_end(r2, 120), STATE_RUN_SUCCEEDED);
     assert_int_equal(wait_push(r2, STATE_PUSH_NSTATES, 60), STATE_PUSH_HELD);
@@ -837,7 +793,7 @@ static void test_quality_gate(void **state)
     char ids[32];
     snprintf(ids, sizeof ids, "%lld", (long long)r2);
     const char *show[] = {"--json", "show", ids, NULL};
-    fx_kiln(&kd, r, show);
+    fx_kiln(&fx_loop.kd, r, show);
     json_t *doc = json_loads(r->out, 0, NULL);
     json_t *evs = json_object_get(doc, "events");
     bool said = false;
@@ -851,7 +807,7 @@ static void test_quality_gate(void **state)
     free(r);
     /* kiln push --force overrides the gate. */
     const char *force[] = {"push", "--job", "gate", "--force", NULL};
-    kiln_ok(force);
+    fx_loop_kiln_ok(force);
     char ck2[64];
     wait_b_holds_run(&s, r2, ck2, sizeof ck2, 10);
     /* ... as a delta on ck1, which B holds and ck2 descends from, not in full. */
@@ -869,7 +825,7 @@ static void test_quality_gate(void **state)
     snprintf(sql, sizeof sql, "UPDATE checkpoints SET eval_logloss = 0.0 WHERE uid = '%s'", ck2);
     assert_int_equal(db_exec(sql), 0);
     const char *back[] = {"push", "--job", "gate", "--checkpoint", ck1, NULL};
-    kiln_ok(back);
+    fx_loop_kiln_ok(back);
     for (int i = 0; i < 100 && (fx_holds(&s, "ctr", "B", h, sizeof h), strcmp(h, ck1) != 0); i++)
         proc_sleep_ms(100);
     assert_string_equal(h, ck1);
@@ -902,12 +858,12 @@ static void test_push_after_model_change(void **state)
     fx_write(spec, "%s", text);
     free(text);
     const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
-    int64_t r2 = newest_run("ver");
+    fx_loop_kiln_ok(sub);
+    int64_t r2 = fx_loop_newest_run("ver");
     if (r2 > r1)
         (void)wait_end(r2, 120); /* it fails or is skipped: either way it ends */
     const char *push[] = {"push", "--job", "ver", "--checkpoint", ck1, "--full", NULL};
-    kiln_ok(push);
+    fx_loop_kiln_ok(push);
     fx_holds(&s, "ctr", "B", h, sizeof h);
     assert_string_equal(h, ck1);
     state_push_t *ps = NULL;
@@ -954,7 +910,7 @@ static void wait_b_share(const fx_serve_t *s, int want, int timeout_s)
         proc_sleep_ms(100);
     if (got != want) {
         char log[400];
-        snprintf(log, sizeof log, "%s/kilnd.log", home);
+        snprintf(log, sizeof log, "%s/kilnd.log", fx_loop.home);
         print_tail("kilnd's log", log);
         fail_msg("B's share is %d%% (split '%s'), not %d%%, after %d s", got, split, want,
                  timeout_s);
@@ -964,7 +920,7 @@ static void wait_b_share(const fx_serve_t *s, int want, int timeout_s)
 /* The job's events of kind `kind` that contain `text`. */
 static int job_events(const char *job, const char *kind, const char *text)
 {
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_job_t j;
     assert_int_equal(state_job_get(st, job, &j), 0);
     state_event_t *ev = NULL;
@@ -995,16 +951,16 @@ static void test_ramp(void **state)
              head, s.url, s.url);
     write_job("ramp", "ramp", extra, spec, sizeof spec);
     land("ramp", "day0.tsv", 0);
-    kd.web_port = proc_free_port();
-    fx_kilnd_start(&kd, home, NULL);
+    fx_loop.kd.web_port = proc_free_port();
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, NULL);
     /* The champion A has all the traffic before B first lands. */
     const char *sub[] = {"submit", spec, NULL};
     const char *split[] = {"split", "ctr", "A=100", NULL};
-    int64_t r1 = newest_run("ramp");
+    int64_t r1 = fx_loop_newest_run("ramp");
     assert_int_equal(r1, 0);
-    kiln_ok(sub);
-    kiln_ok(split);
-    r1 = newest_run("ramp");
+    fx_loop_kiln_ok(sub);
+    fx_loop_kiln_ok(split);
+    r1 = fx_loop_newest_run("ramp");
     assert_int_equal(wait_end(r1, 120), STATE_RUN_SUCCEEDED);
     char ck1[64];
     wait_b_holds_run(&s, r1, ck1, sizeof ck1, 60);
@@ -1023,13 +979,13 @@ static void test_ramp(void **state)
     assert_true(job_events("ramp", "ramp", "0% -> 25%") == 1);
     assert_true(job_events("ramp", "ramp", "25% -> 50%") == 1);
     /* A worse model: its push to B is held back, the ramp stops at 0 %. */
-    snprintf(bad, sizeof bad, "%s/ramp/flipped.tsv", home);
+    snprintf(bad, sizeof bad, "%s/ramp/flipped.tsv", fx_loop.home);
     write_flipped(bad);
     char dst[500];
-    snprintf(dst, sizeof dst, "%s/ramp/data/day=1.tsv", home);
+    snprintf(dst, sizeof dst, "%s/ramp/data/day=1.tsv", fx_loop.home);
     assert_int_equal(fx_land(bad, dst), 0);
-    kiln_ok(sub);
-    int64_t r2 = newest_run("ramp");
+    fx_loop_kiln_ok(sub);
+    int64_t r2 = fx_loop_newest_run("ramp");
     assert_true(r2 > r1);
     assert_int_equal(wait_end(r2, 120), STATE_RUN_SUCCEEDED);
     assert_int_equal(wait_push(r2, STATE_PUSH_NSTATES, 60), STATE_PUSH_HELD);
@@ -1039,12 +995,12 @@ static void test_ramp(void **state)
     /* kiln split and /api/endpoints say why. */
     proc_result_t *r = calloc(1, sizeof *r);
     const char *show[] = {"split", "ctr", NULL};
-    fx_kiln(&kd, r, show);
+    fx_kiln(&fx_loop.kd, r, show);
     if (strstr(r->out, "ramp 25%/4s to 50% stopped at 0%") == NULL ||
         strstr(r->out, "held back") == NULL)
         fail_msg("kiln split ctr does not say the ramp stopped:\n%s%s", r->out, r->err);
     const char *eps[] = {"endpoints", "--model", "ctr", NULL};
-    fx_kiln(&kd, r, eps);
+    fx_kiln(&fx_loop.kd, r, eps);
     bool b_told = false; /* the row "ctr B URL ... ramp 25%/4s to 50% stopped at 0%: ..." */
     for (char *line = strtok(r->out, "\n"); line != NULL; line = strtok(NULL, "\n")) {
         char m[16] = "", l[16] = "";
@@ -1055,7 +1011,7 @@ static void test_ramp(void **state)
         fail_msg("kiln endpoints does not show B's stopped ramp:\n%s%s", r->out, r->err);
     free(r);
     char url[300];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/endpoints", kd.web_port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/endpoints", fx_loop.kd.web_port);
     json_t *doc = fx_get_json(url);
     bool stopped = false;
     json_t *e;
@@ -1071,7 +1027,7 @@ static void test_ramp(void **state)
     }
     json_decref(doc);
     assert_true(stopped);
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/endpoints", kd.web_port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/endpoints", fx_loop.kd.web_port);
     char *page = fx_get(url);
     assert_non_null(page);
     if (strstr(page, "<td class=\"ramp stopped\">ramp 25%/4s to 50% stopped at 0%") == NULL)
@@ -1080,13 +1036,13 @@ static void test_ramp(void **state)
     /* A push that lands again (a person sends B the better model back)
      * starts the ramp over from its first step. */
     const char *again[] = {"push", "--job", "ramp", "--label", "B", "--checkpoint", ck1, NULL};
-    kiln_ok(again);
+    fx_loop_kiln_ok(again);
     wait_b_share(&s, 25, 10);
     /* A push that fails (its checkpoint cannot be read: the worse model's
      * files are gone) stops it again. */
     char ck2[64], gone[700];
     run_checkpoint(r2, ck2, sizeof ck2);
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_checkpoint_t c;
     assert_int_equal(state_checkpoint_get(st, ck2, &c), 0);
     snprintf(gone, sizeof gone, "%s.gone", c.path);
@@ -1096,7 +1052,7 @@ static void test_ramp(void **state)
     const char *bad_push[] = {"push", "--job", "ramp", "--label", "B", "--checkpoint", ck2,
                               "--force", NULL};
     r = calloc(1, sizeof *r);
-    fx_kiln(&kd, r, bad_push);
+    fx_kiln(&fx_loop.kd, r, bad_push);
     assert_int_not_equal(r->code, 0);
     free(r);
     wait_b_share(&s, 0, 10);
@@ -1135,8 +1091,8 @@ static void test_online_job(void **state)
         proc_sleep_ms(100);
     }
     if (reached < 3)
-        fail_msg("%d online exports reached B in 90 s (see %s/kilnd.log)", reached, home);
-    state_t *st = db();
+        fail_msg("%d online exports reached B in 90 s (see %s/kilnd.log)", reached, fx_loop.home);
+    state_t *st = fx_loop_db();
     state_run_t r;
     assert_int_equal(state_run_get(st, id, &r), 0);
     assert_int_equal(r.state, STATE_RUN_RUNNING); /* while it trains */
@@ -1147,7 +1103,7 @@ static void test_online_job(void **state)
     char ids[32];
     snprintf(ids, sizeof ids, "%lld", (long long)id);
     cancel[1] = ids;
-    kiln_ok(cancel);
+    fx_loop_kiln_ok(cancel);
     assert_int_equal(wait_end(id, 60), STATE_RUN_CANCELED);
 }
 
@@ -1158,7 +1114,7 @@ static void test_online_job(void **state)
 static int64_t run_after(const char *job, int64_t after, const state_run_state_t *states)
 {
     int64_t id = 0;
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_run_t *rs = NULL;
     size_t n = 0;
     assert_int_equal(state_run_list(st, job, 50, &rs, &n), 0);
@@ -1174,7 +1130,7 @@ static int64_t run_after(const char *job, int64_t after, const state_run_state_t
 /* How many cron fires of job were skipped (counted on the job, not runs). */
 static int64_t skipped_fires(const char *job)
 {
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_job_t j;
     assert_int_equal(state_job_get(st, job, &j), 0);
     int64_t n = j.skipped_fires;
@@ -1187,7 +1143,7 @@ static int64_t skipped_fires(const char *job)
 static unsigned char *duck_file(const char *dir, const char *name, size_t *len)
 {
     char p[500];
-    snprintf(p, sizeof p, "%s/%s/%s.parquet", data_dir, dir, name);
+    snprintf(p, sizeof p, "%s/%s/%s.parquet", fx_loop.data_dir, dir, name);
     return proc_read_file(p, len);
 }
 
@@ -1207,8 +1163,9 @@ static void test_cron_parquet_partitions(void **state)
     for (int d = 0; d < 3; d++) {
         static const char *const in[] = {"day0.tsv", "day1.tsv", "eval.tsv"};
         static const char *const out[] = {"pq0", "pq1", "pq-eval"};
-        if (proc_sh(r, data_dir, "node '%s/tests/parquet/write.mjs' '%s/%s' '%s/%s' duck-snappy-v1",
-                    KILN_SOURCE_DIR, data_dir, in[d], data_dir, out[d]) != 0)
+        if (proc_sh(r, fx_loop.data_dir,
+                    "node '%s/tests/parquet/write.mjs' '%s/%s' '%s/%s' duck-snappy-v1",
+                    KILN_SOURCE_DIR, fx_loop.data_dir, in[d], fx_loop.data_dir, out[d]) != 0)
             fail_msg("DuckDB did not write Parquet (run tools/deps.sh): %s", r->err);
     }
     free(r);
@@ -1220,18 +1177,18 @@ static void test_cron_parquet_partitions(void **state)
              "data: {format: parquet, train: \"data/part-*.parquet\", incremental: true,\n"
              "       eval: \"%s/pq-eval/duck-snappy-v1.parquet\"}\n"
              "export: {on_success: incremental}\n",
-             data_dir);
+             fx_loop.data_dir);
     push_to_b(extra, sizeof extra, head, "", s.url);
     write_job("pq", "pq-hourly", extra, spec, sizeof spec);
-    snprintf(dir, sizeof dir, "%s/pq/data", home);
+    snprintf(dir, sizeof dir, "%s/pq/data", fx_loop.home);
     assert_int_equal(kiln_mkdir_p(dir), 0);
     char src[500];
-    snprintf(src, sizeof src, "%s/pq0/duck-snappy-v1.parquet", data_dir);
+    snprintf(src, sizeof src, "%s/pq0/duck-snappy-v1.parquet", fx_loop.data_dir);
     snprintf(part, sizeof part, "%s/part-0.parquet", dir);
     assert_int_equal(fx_land(src, part), 0);
-    fx_kilnd_start(&kd, home, NULL);
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, NULL);
     const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
+    fx_loop_kiln_ok(sub);
     static const state_run_state_t ok[] = {STATE_RUN_SUCCEEDED, STATE_RUN_NSTATES};
     static const state_run_state_t started[] = {STATE_RUN_LAUNCHING, STATE_RUN_RUNNING,
                                                 STATE_RUN_SUCCEEDED, STATE_RUN_FAILED,
@@ -1242,7 +1199,7 @@ static void test_cron_parquet_partitions(void **state)
     for (int i = 0; i < 600 && first == 0; i++, proc_sleep_ms(100))
         first = run_after("pq-hourly", 0, ok);
     if (first == 0)
-        fail_msg("no run trained on part-0.parquet within 60 s (see %s/kilnd.log)", home);
+        fail_msg("no run trained on part-0.parquet within 60 s (see %s/kilnd.log)", fx_loop.home);
     char ck0[64], ck1[64];
     wait_b_holds_run(&s, first, ck0, sizeof ck0, 60);
 
@@ -1256,7 +1213,7 @@ static void test_cron_parquet_partitions(void **state)
     for (int i = 0; i < 100 && skipped_fires("pq-hourly") == skips; i++)
         proc_sleep_ms(100);
     if (skipped_fires("pq-hourly") == skips)
-        fail_msg("no fire after part-0's run within 10 s (see %s/kilnd.log)", home);
+        fail_msg("no fire after part-0's run within 10 s (see %s/kilnd.log)", fx_loop.home);
     proc_sleep_ms(2500);
     int64_t early = run_after("pq-hourly", first, started);
     if (early != 0)
@@ -1271,7 +1228,7 @@ static void test_cron_parquet_partitions(void **state)
         second = run_after("pq-hourly", first, ended);
     if (second == 0 || run_after("pq-hourly", first, ok) != second)
         fail_msg("part-1.parquet was not trained on when complete (run %lld; see %s/kilnd.log)",
-                 (long long)second, home);
+                 (long long)second, fx_loop.home);
     wait_b_holds_run(&s, second, ck1, sizeof ck1, 60);
     assert_int_equal(wait_push(second, STATE_PUSH_SUCCEEDED, 30), STATE_PUSH_SUCCEEDED);
     state_push_t *ps = NULL;
@@ -1279,7 +1236,7 @@ static void test_cron_parquet_partitions(void **state)
     assert_true(n >= 1);
     assert_false(ps[n - 1].sent_full); /* a delta */
     state_pushes_free(ps, n);
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_input_t *ins = NULL;
     assert_int_equal(state_input_list(st, second, &ins, &n), 0);
     assert_int_equal(n, 1);
@@ -1293,15 +1250,8 @@ static void test_cron_parquet_partitions(void **state)
 }
 
 /* KILN_TEST_FILTER=test_cron* runs matching tests (cmocka glob). */
-PROC_TEST_MAIN(setup_all, teardown_all,
-    cmocka_unit_test_setup_teardown(test_five_relative_submits, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_one_serve_two_labels, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_cron_three_partitions, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_endpoint_down_then_up, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_kill9_before_push, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_kill9_after_apply, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_quality_gate, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_push_after_model_change, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_ramp, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_online_job, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_cron_parquet_partitions, setup, teardown))
+PROC_TEST_MAIN_EACH(setup_all, fx_loop_suite_teardown, fx_loop_test_setup, fx_loop_test_teardown,
+                    test_five_relative_submits, test_one_serve_two_labels,
+                    test_cron_three_partitions, test_endpoint_down_then_up, test_kill9_before_push,
+                    test_kill9_after_apply, test_quality_gate, test_push_after_model_change,
+                    test_ramp, test_online_job, test_cron_parquet_partitions)

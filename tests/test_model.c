@@ -1092,12 +1092,8 @@ static void test_kernels_decide(void **state)
     assert_int_equal(model_kernels_check(sh, 3), 0);
 }
 
-PROC_TEST_MAIN(NULL, NULL,
-    cmocka_unit_test(test_grad_lr),         cmocka_unit_test(test_grad_fm),
-    cmocka_unit_test(test_grad_dlrm),       cmocka_unit_test(test_layout),
-    cmocka_unit_test(test_loss_known),      cmocka_unit_test(test_loss_stable),
-    cmocka_unit_test(test_optimizers),      cmocka_unit_test(test_init_deterministic),
-    cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_config_errors),
-    cmocka_unit_test(test_trains),          cmocka_unit_test(test_split_invariance),          cmocka_unit_test(test_auc),
-    cmocka_unit_test(test_kernels_decide),  cmocka_unit_test(test_bf16_layers),
-    cmocka_unit_test(test_bf16_split_invariance), cmocka_unit_test(test_bf16_refused))
+PROC_TEST_MAIN_EACH(NULL, NULL, NULL, NULL,
+    test_grad_lr, test_grad_fm, test_grad_dlrm, test_layout, test_loss_known, test_loss_stable,
+    test_optimizers, test_init_deterministic, test_state_roundtrip, test_config_errors, test_trains,
+    test_split_invariance, test_auc, test_kernels_decide, test_bf16_layers,
+    test_bf16_split_invariance, test_bf16_refused)

@@ -39,60 +39,33 @@
 #include "run.h"
 #include "state.h"
 
-static char data_dir[256]; /* day0.tsv, day1.tsv, eval.tsv, bad.tsv, flip.tsv, cut.tsv */
-static char home[256];
-static fx_kilnd_t kd;
-
 static int setup_all(void **state)
 {
     (void)state;
     char p[400], q[400], cmd[1024];
-    int rc = fx_loop_suite_setup("online", data_dir, sizeof data_dir);
+    int rc = fx_loop_suite_setup("online");
     if (rc < 0)
         return -1;
     /* Every line malformed: three fields, not 40. */
-    snprintf(p, sizeof p, "%s/bad.tsv", data_dir);
+    snprintf(p, sizeof p, "%s/bad.tsv", fx_loop.data_dir);
     FILE *f = fopen(p, "w");
     for (int i = 0; f != NULL && i < 300; i++)
         fprintf(f, "1\tnot\tcriteo\n");
     rc |= f == NULL || fclose(f) != 0;
     /* day0 with every label flipped, four times over: a model that learns it
      * gets worse on eval.tsv. */
-    snprintf(p, sizeof p, "%s/day0.tsv", data_dir);
-    snprintf(q, sizeof q, "%s/flip.tsv", data_dir);
+    snprintf(p, sizeof p, "%s/day0.tsv", fx_loop.data_dir);
+    snprintf(q, sizeof q, "%s/flip.tsv", fx_loop.data_dir);
     snprintf(cmd, sizeof cmd,
              "for i in 1 2 3 4; do awk -F'\\t' 'BEGIN{OFS=\"\\t\"}{$1=1-$1; print}' %s; done > %s",
              p, q);
     rc |= system(cmd) != 0;
     /* day1 gzipped and cut in the middle: it does not decompress. */
-    snprintf(p, sizeof p, "%s/day1.tsv", data_dir);
-    snprintf(q, sizeof q, "%s/cut.tsv", data_dir);
+    snprintf(p, sizeof p, "%s/day1.tsv", fx_loop.data_dir);
+    snprintf(q, sizeof q, "%s/cut.tsv", fx_loop.data_dir);
     snprintf(cmd, sizeof cmd, "gzip -c %s | head -c 20000 > %s", p, q);
     rc |= system(cmd) != 0;
     return rc == 0 ? 0 : -1;
-}
-
-static int teardown_all(void **state)
-{
-    (void)state;
-    return fx_loop_suite_teardown(data_dir);
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    return fx_loop_test_setup("online", &kd, home, sizeof home);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    return fx_loop_test_teardown("online", home);
-}
-
-static state_t *db(void)
-{
-    return fx_kilnd_db(&kd);
 }
 
 /* Writes home/<name>/job.yaml (an lr job over data/day=*.tsv with extra)
@@ -100,9 +73,9 @@ static state_t *db(void)
 static void write_job(const char *name, const char *extra, char *path, size_t cap)
 {
     char d[400];
-    snprintf(d, sizeof d, "%s/%s", home, name);
+    snprintf(d, sizeof d, "%s/%s", fx_loop.home, name);
     mkdir(d, 0755);
-    snprintf(path, cap, "%s/%s/data", home, name);
+    snprintf(path, cap, "%s/%s/data", fx_loop.home, name);
     mkdir(path, 0755);
     snprintf(path, cap, "%s/job.yaml", d);
     fx_write(path,
@@ -117,36 +90,23 @@ static void write_job(const char *name, const char *extra, char *path, size_t ca
 static void land(const char *name, const char *which, const char *as)
 {
     char src[400], dst[600];
-    snprintf(src, sizeof src, "%s/%s", data_dir, which);
-    snprintf(dst, sizeof dst, "%s/%s/data/%s", home, name, as);
+    snprintf(src, sizeof src, "%s/%s", fx_loop.data_dir, which);
+    snprintf(dst, sizeof dst, "%s/%s/data/%s", fx_loop.home, name, as);
     assert_int_equal(fx_land(src, dst), 0);
-}
-
-static void kiln_ok(const char *const *args)
-{
-    fx_kiln_ok(&kd, args);
 }
 
 /* Submits spec; returns the newest run of job (0: none). */
 static int64_t submit(const char *spec, const char *job)
 {
     const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
-    state_t *st = db();
-    state_run_t *rs = NULL;
-    size_t n = 0;
-    int64_t id = 0;
-    if (state_run_list(st, job, 1, &rs, &n) == 0 && n > 0)
-        id = rs[0].id;
-    state_runs_free(rs, n);
-    state_close(st);
-    return id;
+    fx_loop_kiln_ok(sub);
+    return fx_loop_newest_run(job);
 }
 
 /* The events of run id with kind `kind` whose message holds `text`. */
 static int count_events(int64_t id, const char *kind, const char *text)
 {
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_event_t *es = NULL;
     size_t n = 0;
     int got = 0;
@@ -167,13 +127,13 @@ static void wait_event(int64_t id, const char *kind, const char *text, int timeo
         proc_sleep_ms(100);
     }
     fail_msg("run %lld has no %s event with '%s' after %d s (see %s)", (long long)id, kind, text,
-             timeout_s, home);
+             timeout_s, fx_loop.home);
 }
 
 /* The step of the newest checkpoint run id recorded (0: none). */
 static int64_t newest_step(int64_t id)
 {
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_checkpoint_t c = {0};
     int64_t step = state_checkpoint_newest_of_run(st, id, false, &c) == 0 ? c.step : 0;
     state_checkpoint_fini(&c);
@@ -185,7 +145,7 @@ static int64_t newest_step(int64_t id)
 /* A succeeded run of job (its id), waiting up to timeout_s; 0 when none came. */
 static int64_t wait_succeeded(const char *job, int timeout_s)
 {
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     int64_t id = 0;
     for (int i = 0; i < timeout_s * 10 && id == 0; i++) {
         state_run_t *rs = NULL;
@@ -215,8 +175,8 @@ static void cancel(int64_t id)
     char ids[32];
     snprintf(ids, sizeof ids, "%lld", (long long)id);
     const char *args[] = {"cancel", ids, NULL};
-    kiln_ok(args);
-    state_t *st = db();
+    fx_loop_kiln_ok(args);
+    state_t *st = fx_loop_db();
     fx_wait_run(st, id, STATE_RUN_NSTATES, 60);
     state_close(st);
 }
@@ -233,26 +193,26 @@ static void test_marker_and_changed_partition(void **state)
               "data: {train: \"data/day=*.tsv\", incremental: true, ready: marker}\n",
               spec, sizeof spec);
     land("mark", "day0.tsv", "day=0.tsv");
-    fx_kilnd_start(&kd, home, NULL);
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, NULL);
     const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
+    fx_loop_kiln_ok(sub);
     /* No _SUCCESS yet: nothing is trained, however long it waits. */
     proc_sleep_ms(2500);
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_run_t *rs = NULL;
     size_t n = 0;
     assert_int_equal(state_run_list(st, "mark", STATE_PAGE_MAX, &rs, &n), 0);
     for (size_t i = 0; i < n; i++)
         assert_int_not_equal(rs[i].state, STATE_RUN_SUCCEEDED);
     state_runs_free(rs, n);
-    snprintf(marker, sizeof marker, "%s/mark/data/_SUCCESS", home);
+    snprintf(marker, sizeof marker, "%s/mark/data/_SUCCESS", fx_loop.home);
     fx_write(marker, "%s", "");
     int64_t first = wait_succeeded("mark", 30);
     if (first == 0)
-        fail_msg("no run trained day=0.tsv within 30 s of its _SUCCESS (see %s)", home);
+        fail_msg("no run trained day=0.tsv within 30 s of its _SUCCESS (see %s)", fx_loop.home);
     /* The writer appends to the consumed file: reported, not trained again. */
-    snprintf(part, sizeof part, "%s/mark/data/day=0.tsv", home);
-    snprintf(cmd, sizeof cmd, "cat %s/day1.tsv >> %s", data_dir, part);
+    snprintf(part, sizeof part, "%s/mark/data/day=0.tsv", fx_loop.home);
+    snprintf(cmd, sizeof cmd, "cat %s/day1.tsv >> %s", fx_loop.data_dir, part);
     assert_int_equal(system(cmd), 0);
     wait_event(first, "warning", "changed after run", 30);
     proc_sleep_ms(2000);
@@ -270,7 +230,7 @@ static void test_marker_and_changed_partition(void **state)
 static int64_t kilnd_rchar(void)
 {
     char p[64], line[128];
-    snprintf(p, sizeof p, "/proc/%d/io", (int)kd.pid);
+    snprintf(p, sizeof p, "/proc/%d/io", (int)fx_loop.kd.pid);
     FILE *f = fopen(p, "r");
     long long v = -1;
     while (f != NULL && fgets(line, sizeof line, f) != NULL)
@@ -297,16 +257,16 @@ static void test_consumed_files_not_read_again(void **state)
               "train: {batch_size: 4096}\n"
               "data: {train: \"data/day=*.tsv\", incremental: true, settle: 0s}\n",
               spec, sizeof spec);
-    snprintf(big, sizeof big, "%s/big.tsv", data_dir);
+    snprintf(big, sizeof big, "%s/big.tsv", fx_loop.data_dir);
     assert_int_equal(fx_datagen(big, 100000, 7, 0), 0);
     struct stat sb;
     assert_int_equal(stat(big, &sb), 0);
     land("quiet", "big.tsv", "day=0.tsv");
-    fx_kilnd_start(&kd, home, NULL);
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, NULL);
     const char *sub[] = {"submit", spec, NULL};
-    kiln_ok(sub);
+    fx_loop_kiln_ok(sub);
     if (wait_succeeded("quiet", 60) == 0)
-        fail_msg("no run consumed day=0.tsv within 60 s (see %s)", home);
+        fail_msg("no run consumed day=0.tsv within 60 s (see %s)", fx_loop.home);
     proc_sleep_ms(1500); /* the fire after the run: the file is known consumed */
     int64_t before = kilnd_rchar();
     proc_sleep_ms(3500); /* three fires or more, @every 1s */
@@ -314,7 +274,7 @@ static void test_consumed_files_not_read_again(void **state)
     if (read > (int64_t)sb.st_size / 2)
         fail_msg("kilnd read %lld bytes in 3.5 s of fires with nothing new: the consumed "
                  "%lld-byte partition is read again (see %s)",
-                 (long long)read, (long long)sb.st_size, home);
+                 (long long)read, (long long)sb.st_size, fx_loop.home);
 }
 
 /* ---- a bad partition in an online job (issue 27.4) ---------------------------------- */
@@ -331,26 +291,26 @@ static void test_online_bad_partition(void **state)
     /* The bad partition comes first, before any good line. */
     land("bad", "bad.tsv", "day=0.tsv");
     land("bad", "day0.tsv", "day=1.tsv");
-    fx_kilnd_start(&kd, home, NULL);
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, NULL);
     int64_t id = submit(spec, "bad");
     wait_event(id, "warning", "day=0.tsv set aside", 60);
     /* Training goes on past it: day=1's 10 steps. */
     if (wait_step(id, 10, 60) < 10)
         fail_msg("run %lld did not train day=1.tsv after setting day=0.tsv aside (see %s)",
-                 (long long)id, home);
+                 (long long)id, fx_loop.home);
     /* A bad partition after a large one is judged on its own too. */
     land("bad", "bad.tsv", "day=2.tsv");
     wait_event(id, "warning", "day=2.tsv set aside", 60);
     land("bad", "day1.tsv", "day=3.tsv");
     if (wait_step(id, 20, 60) < 20)
-        fail_msg("run %lld stopped after day=2.tsv (see %s)", (long long)id, home);
+        fail_msg("run %lld stopped after day=2.tsv (see %s)", (long long)id, fx_loop.home);
     /* A partition that does not even decompress is set aside the same way. */
     land("bad", "cut.tsv", "day=4.tsv");
     wait_event(id, "warning", "day=4.tsv set aside", 60);
     land("bad", "day0.tsv", "day=5.tsv");
     if (wait_step(id, 30, 60) < 30)
-        fail_msg("run %lld stopped after day=4.tsv (see %s)", (long long)id, home);
-    state_t *st = db();
+        fail_msg("run %lld stopped after day=4.tsv (see %s)", (long long)id, fx_loop.home);
+    state_t *st = fx_loop_db();
     state_run_t r;
     assert_int_equal(state_run_get(st, id, &r), 0);
     assert_int_equal(r.state, STATE_RUN_RUNNING);
@@ -361,7 +321,7 @@ static void test_online_bad_partition(void **state)
     snprintf(ids, sizeof ids, "%lld", (long long)id);
     const char *show[] = {"show", ids, NULL};
     proc_result_t *res = calloc(1, sizeof *res);
-    fx_kiln(&kd, res, show);
+    fx_kiln(&fx_loop.kd, res, show);
     assert_non_null(strstr(res->out, "day=2.tsv set aside"));
     free(res);
     cancel(id);
@@ -384,12 +344,12 @@ static void test_online_retry_trains_nothing_twice(void **state)
     /* The first attempt dies at step 15, in the second partition, after the
      * checkpoint at step 12. */
     const char *env[] = {"KILN_TEST_KILL_RANK=0", "KILN_TEST_KILL_STEP=15", NULL};
-    fx_kilnd_start(&kd, home, env);
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, env);
     int64_t id = submit(spec, "again");
     if (wait_step(id, 10, 60) < 10)
-        fail_msg("run %lld did not train day=0.tsv (see %s)", (long long)id, home);
+        fail_msg("run %lld did not train day=0.tsv (see %s)", (long long)id, fx_loop.home);
     land("again", "day1.tsv", "day=1.tsv"); /* found by the running trainer */
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     assert_int_equal(fx_wait_run(st, id, STATE_RUN_FAILED, 60), STATE_RUN_FAILED);
     state_run_t *rs = NULL;
     size_t n = 0;
@@ -422,13 +382,13 @@ static void test_failed_eval_leaves_no_checkpoint(void **state)
               "settle: 0s}\n",
               spec, sizeof spec);
     land("evalfail", "day0.tsv", "day=0.tsv");
-    fx_kilnd_start(&kd, home, NULL);
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, NULL);
     int64_t id = submit(spec, "evalfail");
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     assert_int_equal(fx_wait_run(st, id, STATE_RUN_NSTATES, 60), STATE_RUN_FAILED);
     state_close(st);
     /* Nothing in checkpoint.dir that a later run would start from. */
-    snprintf(dir, sizeof dir, "%s/evalfail/ckpt", home);
+    snprintf(dir, sizeof dir, "%s/evalfail/ckpt", fx_loop.home);
     DIR *d = opendir(dir);
     struct dirent *e;
     while (d != NULL && (e = readdir(d)) != NULL)
@@ -445,7 +405,7 @@ static void test_failed_eval_leaves_no_checkpoint(void **state)
 static bool wait_push(int64_t id, state_push_state_t want, const char *why, int timeout_s)
 {
     bool got = false;
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     for (int i = 0; i < timeout_s * 10 && !got; i++) {
         state_push_filter_t f = {.run_id = id};
         state_push_t *ps = NULL;
@@ -466,7 +426,7 @@ static bool wait_push(int64_t id, state_push_state_t want, const char *why, int 
  * eval logloss recorded; the first that has none goes to `which`. */
 static bool exports_evaluated(int64_t id, char *which, size_t cap)
 {
-    state_t *st = db();
+    state_t *st = fx_loop_db();
     state_push_filter_t f = {.run_id = id};
     state_push_t *ps = NULL;
     size_t n = 0;
@@ -497,7 +457,7 @@ static void test_online_export_gated(void **state)
     (void)state;
     fx_serve_t s = {0};
     char spec[500], extra[1500], gated[1600], sdir[400], which[64] = "";
-    snprintf(sdir, sizeof sdir, "%s/serve", home);
+    snprintf(sdir, sizeof sdir, "%s/serve", fx_loop.home);
     assert_true(fx_serve_start(&s, sdir));
     const char *tail = "  endpoints:\n    - {url: \"%s\", model: ctr, label: B}\n";
     snprintf(extra, sizeof extra,
@@ -505,17 +465,17 @@ static void test_online_export_gated(void **state)
              "export: {every: 300ms}\n"
              "data: {train: \"data/day=*.tsv\", eval: \"%s/eval.tsv\", settle: 0s}\n"
              "push:\n  token_env: KILN_TEST_TOKEN\n",
-             data_dir);
+             fx_loop.data_dir);
     size_t len = strlen(extra);
     snprintf(extra + len, sizeof extra - len, tail, s.url);
     write_job("gate", extra, spec, sizeof spec);
     land("gate", "day0.tsv", "day=0.tsv");
     const char *env[] = {"KILN_TEST_TOKEN=" FX_TOKEN, NULL};
-    fx_kilnd_start(&kd, home, env);
+    fx_kilnd_start(&fx_loop.kd, fx_loop.home, env);
     int64_t id = submit(spec, "gate");
     /* The good partition's export lands on B, with its eval figures. */
     if (!wait_push(id, STATE_PUSH_SUCCEEDED, NULL, 60))
-        fail_msg("no export of run %lld reached B (see %s)", (long long)id, home);
+        fail_msg("no export of run %lld reached B (see %s)", (long long)id, fx_loop.home);
     if (!exports_evaluated(id, which, sizeof which))
         fail_msg("export %s of run %lld went to B with no eval logloss (data.eval is set)",
                  which, (long long)id);
@@ -529,16 +489,13 @@ static void test_online_export_gated(void **state)
     bool held = wait_push(id, STATE_PUSH_HELD, "worse than", 60);
     if (!held)
         fail_msg("no export of run %lld was held by the quality gate (see %s)", (long long)id,
-                 home);
+                 fx_loop.home);
     assert_int_equal(count_events(id, "push", "was not applied"), 0);
     cancel(id);
 }
 
 /* KILN_TEST_FILTER=test_online_* runs matching tests (cmocka glob). */
-PROC_TEST_MAIN(setup_all, teardown_all,
-    cmocka_unit_test_setup_teardown(test_marker_and_changed_partition, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_consumed_files_not_read_again, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_online_bad_partition, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_online_retry_trains_nothing_twice, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_failed_eval_leaves_no_checkpoint, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_online_export_gated, setup, teardown))
+PROC_TEST_MAIN_EACH(setup_all, fx_loop_suite_teardown, fx_loop_test_setup, fx_loop_test_teardown,
+                    test_marker_and_changed_partition, test_consumed_files_not_read_again,
+                    test_online_bad_partition, test_online_retry_trains_nothing_twice,
+                    test_failed_eval_leaves_no_checkpoint, test_online_export_gated)

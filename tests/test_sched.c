@@ -1060,22 +1060,9 @@ static void test_end_recorded_after_disk_full(void **state)
 }
 
 /* KILN_TEST_FILTER=test_cancel runs one test (cmocka glob). */
-PROC_TEST_MAIN(
-    setup_all, teardown_all,
-    cmocka_unit_test_setup_teardown(test_submit_to_success, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_oneoff_within_settle, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_queued_run_keeps_its_version, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_cancel, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_timeout, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_rank_killed_then_retry, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_cron_forbid, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_catchup_after_downtime, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_skips_pause_resume, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_keep_runs, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_kill9_recovery, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_kill9_before_supervisor, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_lock_through_symlink, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_refuses_to_start, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_slurm_killed_parsed, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_run_env_in_child, setup_home, teardown_home),
-    cmocka_unit_test_setup_teardown(test_end_recorded_after_disk_full, setup_home, teardown_home))
+PROC_TEST_MAIN_EACH(setup_all, teardown_all, setup_home, teardown_home,
+    test_submit_to_success, test_oneoff_within_settle, test_queued_run_keeps_its_version,
+    test_cancel, test_timeout, test_rank_killed_then_retry, test_cron_forbid,
+    test_catchup_after_downtime, test_skips_pause_resume, test_keep_runs, test_kill9_recovery,
+    test_kill9_before_supervisor, test_lock_through_symlink, test_refuses_to_start,
+    test_slurm_killed_parsed, test_run_env_in_child, test_end_recorded_after_disk_full)

@@ -1114,11 +1114,8 @@ static void test_examples_parse(void **state)
 }
 
 /* KILN_TEST_FILTER='test_hostile*' runs matching tests (cmocka glob). */
-PROC_TEST_MAIN(NULL, NULL,
-    cmocka_unit_test(test_ctr_hourly),    cmocka_unit_test(test_minimal_defaults),
-    cmocka_unit_test(test_every_field),   cmocka_unit_test(test_tables),
-    cmocka_unit_test(test_bad_specs),     cmocka_unit_test(test_bad_schedule_and_timezone),
-    cmocka_unit_test(test_collects_all),  cmocka_unit_test(test_load_errors),
-    cmocka_unit_test(test_names),         cmocka_unit_test(test_examples_parse),
-    cmocka_unit_test(test_hostile_size),  cmocka_unit_test(test_hostile_many_keys),
-    cmocka_unit_test(test_hostile_depth), cmocka_unit_test(test_hostile_aliases))
+PROC_TEST_MAIN_EACH(NULL, NULL, NULL, NULL,
+    test_ctr_hourly, test_minimal_defaults, test_every_field, test_tables, test_bad_specs,
+    test_bad_schedule_and_timezone, test_collects_all, test_load_errors, test_names,
+    test_examples_parse, test_hostile_size, test_hostile_many_keys, test_hostile_depth,
+    test_hostile_aliases)

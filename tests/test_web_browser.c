@@ -128,10 +128,6 @@ int main(void)
         printf("chromium is not installed (apt-get install chromium); skipping\n");
         return 77;
     }
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_runs_table),
-        cmocka_unit_test(test_run_page),
-        cmocka_unit_test(test_lineage_graph),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return PROC_TESTS(setup, teardown, NULL, NULL, test_runs_table, test_run_page,
+                      test_lineage_graph);
 }

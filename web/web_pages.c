@@ -795,8 +795,16 @@ int web_page_endpoints(web_req_t *r)
     return 0;
 }
 
-static void graph_page(web_req_t *r, const char *title, const web_graph_t *g)
+/* The head of a lineage page around g's focus, a `what` ("checkpoint",
+ * "endpoint"), and the graph. */
+static void graph_page(web_req_t *r, const char *what, const web_graph_t *g)
 {
+    char title[160];
+    const char *focus = "";
+    for (int i = 0; i < g->nnodes; i++)
+        if (g->nodes[i].focus)
+            focus = g->nodes[i].title;
+    snprintf(title, sizeof title, "Lineage of %s %s", what, focus);
     head(r, title, 0);
     web_buf_puts(&r->out, "<p>Runs write checkpoints; an incremental checkpoint is built on its "
                           "base; exports of a checkpoint are pushed to endpoints. A thick green "
@@ -813,13 +821,7 @@ int web_page_lineage_ckpt(web_req_t *r)
         return KILN_ENOMEM;
     int rc = web_graph_checkpoint(r->st, r->id, g);
     if (rc == 0) {
-        char title[160];
-        const char *uid = "";
-        for (int i = 0; i < g->nnodes; i++)
-            if (g->nodes[i].focus)
-                uid = g->nodes[i].title;
-        snprintf(title, sizeof title, "Lineage of checkpoint %s", uid);
-        graph_page(r, title, g);
+        graph_page(r, "checkpoint", g);
         foot(r);
     }
     free(g);
@@ -837,13 +839,7 @@ int web_page_lineage_endpoint(web_req_t *r)
     if (rc == 0)
         rc = state_endpoint_history(r->st, r->id, 50, &hs, &nh);
     if (rc == 0) {
-        char title[160];
-        const char *name = "";
-        for (int i = 0; i < g->nnodes; i++)
-            if (g->nodes[i].focus)
-                name = g->nodes[i].title;
-        snprintf(title, sizeof title, "Lineage of endpoint %s", name);
-        graph_page(r, title, g);
+        graph_page(r, "endpoint", g);
         web_buf_t *b = &r->out;
         web_buf_puts(b, "<h2>What it held</h2><table id=\"holdings\"><tr><th>checkpoint</th>"
                         "<th>since</th><th>until</th></tr>\n");

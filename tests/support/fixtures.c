@@ -162,36 +162,65 @@ void fx_kill_leftovers(const char *tag)
     }
 }
 
-int fx_loop_suite_setup(const char *tag, char *data_dir, size_t cap)
+fx_loop_t fx_loop;
+
+int fx_loop_suite_setup(const char *tag)
 {
     char name[64];
+    fx_loop.tag = tag;
     snprintf(name, sizeof name, "%s-data", tag);
-    if (proc_tmpdir(name, data_dir, cap) < 0)
+    if (proc_tmpdir(name, fx_loop.data_dir, sizeof fx_loop.data_dir) < 0)
         return -1;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     /* Open MPI's runtime leaves allocations LeakSanitizer cannot name. */
     proc_mpi_env(true);
-    return fx_loop_data(data_dir);
+    return fx_loop_data(fx_loop.data_dir);
 }
 
-int fx_loop_suite_teardown(const char *data_dir)
+int fx_loop_suite_teardown(void **state)
 {
+    (void)state;
     curl_global_cleanup();
-    return proc_tmpdir_done(data_dir);
+    return proc_tmpdir_done(fx_loop.data_dir);
 }
 
-int fx_loop_test_setup(const char *tag, fx_kilnd_t *kd, char *home, size_t cap)
+int fx_loop_test_setup(void **state)
 {
-    memset(kd, 0, sizeof *kd);
-    return proc_tmpdir(tag, home, cap);
+    (void)state;
+    memset(&fx_loop.kd, 0, sizeof fx_loop.kd);
+    return proc_tmpdir(fx_loop.tag, fx_loop.home, sizeof fx_loop.home);
 }
 
-int fx_loop_test_teardown(const char *tag, const char *home)
+int fx_loop_test_teardown(void **state)
 {
+    (void)state;
     fx_stop_all();
     /* Runs still going (a test that failed half way) go with their session. */
-    fx_kill_leftovers(tag);
-    return proc_tmpdir_done(home);
+    fx_kill_leftovers(fx_loop.tag);
+    return proc_tmpdir_done(fx_loop.home);
+}
+
+void fx_loop_kiln_ok(const char *const *args)
+{
+    fx_kiln_ok(&fx_loop.kd, args);
+}
+
+state_t *fx_loop_db(void)
+{
+    return fx_kilnd_db(&fx_loop.kd);
+}
+
+int64_t fx_loop_newest_run(const char *job)
+{
+    state_t *st = fx_loop_db();
+    state_run_t *rs = NULL;
+    size_t n = 0;
+    int64_t id = 0;
+    if (state_run_list(st, job, 1, &rs, &n) == 0 && n > 0)
+        id = rs[0].id;
+    state_runs_free(rs, n);
+    state_close(st);
+    return id;
 }
 
 /* ---- kiln-serve ---------------------------------------------------------------------- */

@@ -67,14 +67,33 @@ int fx_loop_data(const char *dir);
  * tag: every process whose command line holds kiln-test-<tag>-. */
 void fx_kill_leftovers(const char *tag);
 
-/* The set-up the loop suites (test_loop, test_online) share: once, a data
- * directory "<tag>-data" with fx_loop_data's files, libcurl and the MPI
- * environment; per test, a fresh home "<tag>" and a zeroed kd; after each,
- * every fixture process stopped and leftovers killed. */
-int fx_loop_suite_setup(const char *tag, char *data_dir, size_t cap);
-int fx_loop_suite_teardown(const char *data_dir);
-int fx_loop_test_setup(const char *tag, fx_kilnd_t *kd, char *home, size_t cap);
-int fx_loop_test_teardown(const char *tag, const char *home);
+/* What the loop suites (test_loop, test_online) share, one per executable:
+ * the suite's tag (its temporary directories are "<tag>-data" and "<tag>"),
+ * the data directory with fx_loop_data's files, this test's home and the
+ * test's kilnd. */
+typedef struct fx_loop {
+    const char *tag;
+    char data_dir[256];
+    char home[256];
+    fx_kilnd_t kd;
+} fx_loop_t;
+extern fx_loop_t fx_loop;
+
+/* The loop suites' set-up: once, fx_loop_suite_setup names the suite and
+ * makes its data directory, starts libcurl and sets the MPI environment
+ * (0 or -1); per test, a fresh home and a zeroed kd; after each, every
+ * fixture process stopped and leftovers killed. The last three are cmocka
+ * fixtures. */
+int fx_loop_suite_setup(const char *tag);
+int fx_loop_suite_teardown(void **state);
+int fx_loop_test_setup(void **state);
+int fx_loop_test_teardown(void **state);
+/* `kiln args` against the suite's kilnd; fails the test unless it exits 0. */
+void fx_loop_kiln_ok(const char *const *args);
+/* A connection to the suite's kilnd's database (close it with state_close). */
+state_t *fx_loop_db(void);
+/* The newest run of job (0: none yet). */
+int64_t fx_loop_newest_run(const char *job);
 
 /* ---- kiln-serve ---------------------------------------------------------------------- */
 

@@ -291,3 +291,33 @@ void proc_test_filter(void)
     if (filter != NULL)
         cmocka_set_test_filter(filter);
 }
+
+int proc_test_run(const char *names, const proc_test_fn *fns, size_t n, proc_fixture_fn setup,
+                  proc_fixture_fn teardown, proc_fixture_fn each_setup,
+                  proc_fixture_fn each_teardown)
+{
+    struct CMUnitTest *tests = calloc(n, sizeof *tests);
+    char *list = strdup(names);
+    if (tests == NULL || list == NULL) {
+        fprintf(stderr, "proc_test_run: out of memory for %zu tests\n", n);
+        free(tests);
+        free(list);
+        return 1;
+    }
+    /* The stringized list: "test_a, test_b,   test_c" (the preprocessor
+     * folds the white space between names). */
+    char *save = NULL, *name = strtok_r(list, ", ", &save);
+    size_t i = 0;
+    for (; i < n && name != NULL; i++, name = strtok_r(NULL, ", ", &save))
+        tests[i] = (struct CMUnitTest){name, fns[i], each_setup, each_teardown, NULL};
+    int rc = 1;
+    if (i == n && name == NULL) {
+        proc_test_filter();
+        rc = _cmocka_run_group_tests("tests", tests, n, setup, teardown);
+    } else {
+        fprintf(stderr, "proc_test_run: %zu tests but the names \"%s\"\n", n, names);
+    }
+    free(tests);
+    free(list);
+    return rc;
+}

@@ -133,4 +133,31 @@ void proc_test_filter(void);
         return cmocka_run_group_tests(tests, setup, teardown);                                    \
     }
 
+/* A cmocka test, fixture and group fixture, as proc_test_run takes them. */
+typedef void (*proc_test_fn)(void **state);
+typedef int (*proc_fixture_fn)(void **state);
+
+/* Runs the n tests fns, named by names (their names as the source lists
+ * them, separated by commas), as PROC_TEST_MAIN does, each with each_setup
+ * and each_teardown (either may be NULL). Returns what cmocka returns. */
+int proc_test_run(const char *names, const proc_test_fn *fns, size_t n, proc_fixture_fn setup,
+                  proc_fixture_fn teardown, proc_fixture_fn each_setup,
+                  proc_fixture_fn each_teardown);
+
+/* Runs the tests named in the list (test functions) as one group with setup
+ * and teardown, every test with each_setup and each_teardown (any may be
+ * NULL), narrowed by proc_test_filter; the value is main()'s status. */
+#define PROC_TESTS(setup, teardown, each_setup, each_teardown, ...)                               \
+    proc_test_run(#__VA_ARGS__, (const proc_test_fn[]){__VA_ARGS__},                              \
+                  sizeof((const proc_test_fn[]){__VA_ARGS__}) / sizeof(proc_test_fn), setup,      \
+                  teardown, each_setup, each_teardown)
+
+/* The main() of a test executable whose tests all have the same fixture
+ * (PROC_TESTS). */
+#define PROC_TEST_MAIN_EACH(setup, teardown, each_setup, each_teardown, ...)                      \
+    int main(void)                                                                                \
+    {                                                                                             \
+        return PROC_TESTS(setup, teardown, each_setup, each_teardown, __VA_ARGS__);               \
+    }
+
 #endif /* KILN_TESTS_PROC_H */
