@@ -49,11 +49,6 @@ typedef enum {
     DATA_FMT_PARQUET = 3
 } data_format_t;
 
-/* Parses "auto", "tsv" (also "criteo"), "bin" (also "kiln-bin") or
- * "parquet". Returns 0 or KILN_EINVAL with a message listing the choices. */
-int data_format_parse(const char *s, data_format_t *out /* OUT */);
-/* "auto", "tsv", "bin" or "parquet". */
-const char *data_format_name(data_format_t f);
 /* Looks at the first 8 bytes of path: DATA_FMT_BIN for "KILNBIN1",
  * DATA_FMT_PARQUET for "PAR1", else DATA_FMT_TSV. Returns 0 or KILN_ENOENT /
  * KILN_EIO naming the file. */
@@ -195,9 +190,6 @@ int data_reader_next(data_reader_t *r, data_batch_t **batch /* OUT */);
  * number of batches every rank will return. */
 int64_t data_reader_total_rows(const data_reader_t *r);
 int64_t data_reader_nsteps(const data_reader_t *r);
-/* The dimensions actually used (after DATA_DIMS_AUTO). */
-int data_reader_ndense(const data_reader_t *r);
-int data_reader_nslots(const data_reader_t *r);
 /* A snapshot of the stats so far (safe while the producer runs). */
 void data_reader_stats(data_reader_t *r, data_reader_stats_t *out /* OUT */);
 

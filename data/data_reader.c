@@ -93,16 +93,6 @@ int64_t data_reader_nsteps(const data_reader_t *r)
     return r->nsteps;
 }
 
-int data_reader_ndense(const data_reader_t *r)
-{
-    return r->ndense;
-}
-
-int data_reader_nslots(const data_reader_t *r)
-{
-    return r->nslots;
-}
-
 void data_reader_stats(data_reader_t *r, data_reader_stats_t *out)
 {
     pthread_mutex_lock(&r->mu);

@@ -216,30 +216,6 @@ void data_stats_malformed(data_reader_stats_t *st, const char *path, int64_t lin
 
 /* ---- formats ------------------------------------------------------------------ */
 
-static const struct {
-    const char *name;
-    data_format_t fmt;
-} format_names[] = {
-    {"auto", DATA_FMT_AUTO}, {"tsv", DATA_FMT_TSV}, {"criteo", DATA_FMT_TSV},
-    {"bin", DATA_FMT_BIN},   {"kiln-bin", DATA_FMT_BIN}, {"parquet", DATA_FMT_PARQUET},
-};
-
-int data_format_parse(const char *s, data_format_t *out)
-{
-    for (size_t i = 0; i < sizeof format_names / sizeof format_names[0]; i++) {
-        if (strcmp(s, format_names[i].name) == 0) {
-            *out = format_names[i].fmt;
-            return 0;
-        }
-    }
-    return kiln_errf(KILN_EINVAL, "unknown data format '%s' (choose auto, tsv, bin or parquet)", s);
-}
-
-const char *data_format_name(data_format_t f)
-{
-    return f == DATA_FMT_TSV ? "tsv" : f == DATA_FMT_BIN ? "bin" : f == DATA_FMT_PARQUET ? "parquet" : "auto";
-}
-
 int data_format_detect(const char *path, data_format_t *out)
 {
     char magic[8];
