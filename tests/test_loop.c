@@ -114,26 +114,49 @@ static void print_tail(const char *title, const char *path)
                   n < 4000 ? n : (size_t)4000, n < 4000 ? buf : buf + n - 4000);
 }
 
-/* Prints each process of process group pgid: pid, name, state and where
- * it waits in the kernel, for a run that does not end. */
-static void print_group(long long pgid)
+/* Prints the supervisor (pid sup, which leads the run's process group and
+ * session) and every process below it (mpirun and the ranks have process
+ * groups of their own): pid, parent, name, state, where it waits in the
+ * kernel and its kernel stack, for a run that does not end. */
+static void print_group(long long sup)
 {
+    enum { MAXP = 4096 };
+    static int pid[MAXP], ppid[MAXP];
+    static char mark[MAXP];
+    int n = 0;
     DIR *proc = opendir("/proc");
     struct dirent *e;
-    print_message("---- the run's processes (process group %lld) ----\n", pgid);
-    while (proc && (e = readdir(proc)) != NULL) {
-        int pid = atoi(e->d_name);
-        char p[300], name[64], wchan[128] = "";
-        char st = 0;
-        int ppid = 0, pg = 0;
-        if (pid <= 0 || proc_stat(pid, name, sizeof name, &st, &ppid, &pg) < 0 || pg != pgid)
-            continue;
-        snprintf(p, sizeof p, "/proc/%d/wchan", pid);
-        proc_slurp(p, wchan, sizeof wchan);
-        print_message("  %d %s %c wchan %s\n", pid, name, st, wchan);
+    while (proc && (e = readdir(proc)) != NULL && n < MAXP) {
+        char name[64], st = 0;
+        int pg = 0;
+        pid[n] = atoi(e->d_name);
+        if (pid[n] > 0 && proc_stat(pid[n], name, sizeof name, &st, &ppid[n], &pg) == 0) {
+            mark[n] = pid[n] == sup;
+            n++;
+        }
     }
     if (proc)
         closedir(proc);
+    for (int changed = 1; changed;) { /* every descendant of sup */
+        changed = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n && !mark[i]; j++)
+                if (mark[j] && ppid[i] == pid[j])
+                    mark[i] = changed = 1;
+    }
+    print_message("---- the run's processes (supervisor %lld and below) ----\n", sup);
+    for (int i = 0; i < n; i++) {
+        char p[300], name[64], wchan[128] = "", stack[2048] = "", st = 0;
+        int pp = 0, pg = 0;
+        if (!mark[i] || proc_stat(pid[i], name, sizeof name, &st, &pp, &pg) < 0)
+            continue;
+        snprintf(p, sizeof p, "/proc/%d/wchan", pid[i]);
+        proc_slurp(p, wchan, sizeof wchan);
+        snprintf(p, sizeof p, "/proc/%d/stack", pid[i]);
+        proc_slurp(p, stack, sizeof stack);
+        print_message("  %d (parent %d, group %d) %s %c wchan %s\n%s", pid[i], pp, pg, name, st,
+                      wchan, stack);
+    }
 }
 
 /* Waits until run id ends; returns its state. When it does not, prints the
