@@ -1,12 +1,13 @@
 /*
  * bench/bench.h - what every benchmark program shares: the median of a
  * set of timings (benchmarks quote medians; docs/benchmarks.md), a small
- * seeded xorshift generator, so runs draw the same inputs every time, and a
- * table-driven reader of "--name VALUE" options.
+ * seeded xorshift generator, so runs draw the same inputs every time, a
+ * Zipf draw, and a table-driven reader of "--name VALUE" options.
  */
 #ifndef KILN_BENCH_BENCH_H
 #define KILN_BENCH_BENCH_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -33,6 +34,16 @@ static inline uint64_t bench_rnd(void)
     s ^= s >> 7;
     s ^= s << 17;
     return s;
+}
+
+/* A Zipf(s) rank in [1, n] (s != 1) for the uniform draw u in [0, 1), by
+ * inverting the continuous CDF of k^-s. */
+static inline int64_t bench_zipf(int64_t n, double s, double u)
+{
+    double hn = (pow((double)n + 1.0, 1.0 - s) - 1.0) / (1.0 - s);
+    double x = pow(1.0 + (1.0 - s) * u * hn, 1.0 / (1.0 - s));
+    int64_t k = (int64_t)x;
+    return k < 1 ? 1 : k > n ? n : k;
 }
 
 /* One "--name VALUE" option of a benchmark and where its value goes: read

@@ -6,14 +6,15 @@
  *
  *   tier_bench --keys 10000000 --memory 0.1 [--zipf 1.15] [--batch 4096]
  *              [--slots 26] [--steps 200] [--dir /var/tmp]
- *              [--io auto|pread|uring] [--prefetch 0|1] [--cold 0|1]
+ *              [--io auto|pread|uring|mmap] [--prefetch 0|1] [--cold 0|1]
  *
  * The table is filled first (every key, as a resumed checkpoint would be),
  * then `steps` steps of `batch` samples x `slots` keys run, and one line
  * says samples/s (median of 5 blocks), the CPU time per step (user +
  * system, which other load on the machine disturbs less), the RAM hit rate, the disk bytes
  * read and written and the I/O calls per step and the process's peak RSS
- * against the RAM the table was given. Each step's keys are drawn a step
+ * (and its anonymous part: the tier file's pages that --io mmap maps in
+ * count in RSS) against the RAM the table was given. Each step's keys are drawn a step
  * ahead (the reader's lookahead); with --prefetch 1 they go to
  * kern_table_prefetch before the step before them runs (which acts only
  * while the tier's reads are slow, as in kiln-train), with --prefetch 2
@@ -45,15 +46,6 @@ static double u01(void)
     return (double)(rng >> 11) / 9007199254740992.0;
 }
 
-/* A Zipf(s) rank in [1, n] by inverting the continuous CDF of k^-s. */
-static int64_t zipf(int64_t n, double s)
-{
-    double hn = (pow((double)n + 1.0, 1.0 - s) - 1.0) / (1.0 - s);
-    double x = pow(1.0 + (1.0 - s) * u01() * hn, 1.0 / (1.0 - s));
-    int64_t k = (int64_t)x;
-    return k < 1 ? 1 : k > n ? n : k;
-}
-
 static int cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -65,13 +57,29 @@ static int cmp_i64(const void *a, const void *b)
 static int64_t draw(int64_t *k, int64_t n, int64_t keys, double s)
 {
     for (int64_t i = 0; i < n; i++)
-        k[i] = (int64_t)kern_mix64((uint64_t)zipf(keys, s));
+        k[i] = (int64_t)kern_mix64((uint64_t)bench_zipf(keys, s, u01()));
     qsort(k, (size_t)n, sizeof *k, cmp_i64);
     int64_t u = 0;
     for (int64_t i = 0; i < n; i++)
         if (u == 0 || k[i] != k[u - 1])
             k[u++] = k[i];
     return u;
+}
+
+/* The process's anonymous memory now, MB (RssAnon): its peak RSS also
+ * counts the tier file's pages that a mapping (--io mmap) has mapped in,
+ * which are the kernel's page cache, there whatever reads the file. */
+static double anon_mb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "RssAnon: %lf", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb / 1024.0;
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -100,6 +108,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--io"))
             io = !strcmp(argv[i + 1], "pread")   ? KERN_TIER_IO_PREAD
                  : !strcmp(argv[i + 1], "uring") ? KERN_TIER_IO_URING
+                 : !strcmp(argv[i + 1], "mmap")  ? KERN_TIER_IO_MMAP
                                                  : KERN_TIER_IO_AUTO;
     }
     const int dim = 16;
@@ -148,6 +157,7 @@ int main(int argc, char **argv)
     int64_t per = steps / blocks > 0 ? steps / blocks : 1;
     nnext = draw(next, n, keys, s);
     struct rusage ru0, ru;
+    double anon = anon_mb(); /* its peak, sampled after the fill and each block */
     getrusage(RUSAGE_SELF, &ru0);
     for (int bl = 0; bl < blocks; bl++) {
         double t0 = ((double)kiln_mono_ns() / 1e9), untimed = 0;
@@ -178,6 +188,8 @@ int main(int argc, char **argv)
             kern_table_mark_changed(t, u, rows);
         }
         rate[bl] = (double)(per * batch) / (((double)kiln_mono_ns() / 1e9) - t0 - untimed);
+        double a = anon_mb();
+        anon = a > anon ? a : anon;
     }
     kern_table_stats(t, &st1);
     qsort(rate, blocks, sizeof *rate, cmp_d);
@@ -196,15 +208,16 @@ int main(int argc, char **argv)
         close(cfd);
     printf("keys %lld memory %.0f%% (%lld rows in RAM), io %s, prefetch %d%s: %.0f samples/s, "
            "CPU %.1f ms/step, RAM hit rate %.4f, I/O calls %.0f/step, disk read %.0f KB/step, written %.0f KB/step, "
-           "peak RSS %.0f MB, table in RAM %.0f MB\n",
+           "peak RSS %.0f MB (anonymous %.0f MB), table in RAM %.0f MB\n",
            (long long)keys, memory * 100, (long long)(ram ? ram : keys),
-           !ram ? "-" : st1.disk_io == KERN_TIER_IO_URING ? "io_uring" : "pread", prefetch,
+           !ram ? "-" : st1.disk_io == KERN_TIER_IO_URING ? "io_uring"
+                     : st1.disk_io == KERN_TIER_IO_MMAP ? "mmap" : "pread", prefetch,
            cfd >= 0 ? ", cold file" : "",
            rate[blocks / 2], cpu * 1e3, ram ? hits / (hits + miss) : 1.0,
            (double)(st1.disk_submits - st0.disk_submits) / step_n,
            (double)(st1.disk_read_bytes - st0.disk_read_bytes) / step_n / 1e3,
            (double)(st1.disk_written_bytes - st0.disk_written_bytes) / step_n / 1e3,
-           (double)ru.ru_maxrss / 1024.0,
+           (double)ru.ru_maxrss / 1024.0, anon,
            (double)kern_table_bytes(t) / 1048576.0);
     kern_table_destroy(t);
     free(k);

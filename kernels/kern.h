@@ -35,9 +35,16 @@ extern "C" {
  * the wire (checkpoints and result.json spell them, e.g. "adagrad"). */
 typedef enum { KERN_INIT_ZEROS = 0, KERN_INIT_UNIFORM = 1, KERN_INIT_NORMAL = 2 } kern_init_t;
 typedef enum { KERN_EVICT_NONE = 0, KERN_EVICT_LRU = 1, KERN_EVICT_LFU = 2 } kern_evict_t;
-/* How a disk tier moves pages: AUTO is io_uring when Kiln is built with
- * liburing and the kernel gives the process a ring, else pread/pwrite. */
-typedef enum { KERN_TIER_IO_AUTO = 0, KERN_TIER_IO_PREAD = 1, KERN_TIER_IO_URING = 2 } kern_tier_io_t;
+/* How a disk tier moves pages: AUTO reads through a read-only mapping of the
+ * file (MMAP) and writes with pwrite; where the kernel refuses a mapping,
+ * io_uring reads when Kiln is built with liburing and the kernel gives the
+ * process a ring, else pread/pwrite. PREAD, URING and MMAP ask for one. */
+typedef enum {
+    KERN_TIER_IO_AUTO = 0,
+    KERN_TIER_IO_PREAD = 1,
+    KERN_TIER_IO_URING = 2,
+    KERN_TIER_IO_MMAP = 3
+} kern_tier_io_t;
 typedef enum { KERN_OPT_SGD = 0, KERN_OPT_ADAGRAD = 1, KERN_OPT_ADAM = 2 } kern_opt_kind_t;
 typedef enum { KERN_COMBINE_SUM = 0, KERN_COMBINE_MEAN = 1 } kern_combine_t;
 
@@ -75,7 +82,7 @@ typedef struct {
      * is lru among them, and a row moves between the tiers whole. */
     int64_t ram_rows;
     const char *spill_path;
-    kern_tier_io_t spill_io; /* AUTO in the trainer; the bench compares the two */
+    kern_tier_io_t spill_io; /* AUTO in the trainer; the bench compares them */
     /* kern_table_prefetch: false (the trainer) only while the tier's reads
      * are slow, true always (tests and the bench). */
     bool spill_prefetch_always;
@@ -132,7 +139,7 @@ typedef struct {
     int64_t disk_submits;     /* io_uring_enter, pread/pwrite or fadvise calls */
     int64_t prefetched;       /* pages kern_table_prefetch asked the kernel for */
     int64_t page_bytes;
-    kern_tier_io_t disk_io;   /* what the tier uses: URING or PREAD */
+    kern_tier_io_t disk_io;   /* what the tier reads with: MMAP, URING or PREAD */
     int64_t admit_rejected;   /* lookups of keys not admitted yet */
     int64_t expired;          /* rows removed by kern_table_expire */
 } kern_table_stats_t;

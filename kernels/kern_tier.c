@@ -30,10 +30,14 @@
  * page's stamp range is thus a bound, widened by puts and made exact when
  * a whole-tier pass rewrites the page.
  *
- * A batch's reads are one io_uring_enter when Kiln is built with liburing
- * and the kernel gives the process a ring, else one pread per page
- * (kern_tier_io_t picks; bench/tier_bench measures both); writes are one
- * pwrite per page either way (see io_run). kern_tier_prefetch asks the
+ * A batch's reads are copies from a read-only mapping of the file (AUTO:
+ * the page cache's pages are mapped once and then read without a call
+ * into the kernel; the file is sized to its pages at open, sparse), or one
+ * io_uring_enter when Kiln is built with liburing and the kernel gives the
+ * process a ring, or one pread per page (kern_tier_io_t picks;
+ * bench/tier_bench measures each); writes are one pwrite per page
+ * whatever reads use (see io_run), so a full disk is an error (ENOSPC), not
+ * a signal as a write into a mapping would be. kern_tier_prefetch asks the
  * kernel to bring the pages of a coming call's keys into its page cache
  * (fadvise WILLNEED over runs of nearby pages, through the ring without
  * waiting), so that call's reads need not wait for the disk.
@@ -43,6 +47,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,9 +78,11 @@
  * (docs/benchmarks.md); reads from the device take 50 us and more. */
 #define PREFETCH_MIN_NS 20000
 
-/* A put's writes up to this many bytes go to the writer thread (copied);
- * bigger ones (a resume's chunks) are written before the put returns. */
-#define WB_MAX (4 << 20)
+/* The bytes of each of the writer thread's two queues: a put's writes up
+ * to this go to the writer (copied); bigger ones (a resume's chunks) are
+ * written before the put returns. A step of 1e6 keys at 10% writes 1.2
+ * MB. */
+#define WB_MAX (2 << 20)
 
 /* One transfer: len bytes at file offset off from or to buf. */
 typedef struct {
@@ -84,6 +91,15 @@ typedef struct {
     uint8_t *buf;
     int write;
 } iop_t;
+
+/* A queue of writes handed to the writer thread: n transfers (of cap)
+ * whose bytes were copied into buf (WB_MAX), used of them. */
+typedef struct {
+    iop_t *ops;
+    int64_t n, cap;
+    uint8_t *buf;
+    size_t used;
+} wbq_t;
 
 struct kern_tier {
     char *path, *table;
@@ -112,20 +128,24 @@ struct kern_tier {
     double read_ns;   /* a lookup's read, ns, moving average (0: none yet) */
     bool prefetch_always;
     kern_tier_io_t io; /* KERN_TIER_IO_URING or KERN_TIER_IO_PREAD, as opened */
+    uint8_t *map;      /* the file mapped read-only (MMAP), NULL otherwise */
+    size_t map_bytes;
 #ifdef KILN_HAVE_URING
     struct io_uring ring;
     int64_t pf_inflight; /* prefetch fadvises not yet reaped */
 #endif
-    /* Write-behind: a put hands its writes (copied into wb_buf) to a
-     * thread of the tier's own and returns; every other call waits for
-     * them first (wb_wait), so reads never see a page before its write. */
+    /* Write-behind: a put hands its writes (copied into a queue) to a
+     * thread of the tier's own and returns; every call that reads waits
+     * for them first (wb_wait), so reads never see a page before its
+     * write. The writer writes wbq[!wb_fill] while wb_busy; callers fill
+     * wbq[wb_fill]. */
     pthread_t wb_thread;
     int wb_started, wb_quit;
     pthread_mutex_t wb_mu;
     pthread_cond_t wb_cv;
-    iop_t *wb_ops; /* (2 BATCH) */
-    uint8_t *wb_buf; /* (WB_MAX) */
-    int wb_n;      /* writes handed over and not done; 0: idle */
+    wbq_t wbq[2];
+    int wb_fill;
+    int wb_busy;   /* the writer holds a queue */
     int wb_rc;     /* the first failure, till a call reports it */
     char wb_msg[512];
 };
@@ -295,6 +315,19 @@ static int io_run(kern_tier_t *c, const iop_t *ops, int n)
     }
     if (n == 0)
         return 0;
+    /* Reads from the mapping: a copy each, no call into the kernel once a
+     * page is mapped (a pread of a record cost ~1 us, the copy 0.15 us),
+     * the lines of the transfer 4 ahead asked for meanwhile. */
+    if (c->map && !ops[0].write) {
+        for (int i = 0; i < n; i++) {
+            const uint8_t *src = c->map + ops[i].off;
+            if (i + 4 < n)
+                for (size_t b = 0; b < ops[i + 4].len; b += 64)
+                    __builtin_prefetch(c->map + ops[i + 4].off + (int64_t)b);
+            memcpy(ops[i].buf, src, ops[i].len);
+        }
+        return 0;
+    }
 #ifdef KILN_HAVE_URING
     /* Reads go on the ring, writes by pwrite: the kernel runs a buffered
      * write on an ext4 file from a ring in a worker thread (io-wq), which
@@ -308,88 +341,148 @@ static int io_run(kern_tier_t *c, const iop_t *ops, int n)
     return rc;
 }
 
-/* ---- write-behind ------------------------------------------------------------- */
+/* ---- write-behind -------------------------------------------------------------
+ * Two queues: the caller appends (copies) writes to the filling one while
+ * the writer thread writes the other; when the writer finishes its queue
+ * it takes the filling one if that holds writes, else goes idle. A put of
+ * many pages thus hands its batches over without waiting for the writes of
+ * the batch before (it used to, which left most of a step's writes on the
+ * step's own path), and waits only when a queue's WB_MAX bytes are full. */
 
 static void *wb_main(void *arg)
 {
     kern_tier_t *c = arg;
     pthread_mutex_lock(&c->wb_mu);
     for (;;) {
-        while (c->wb_n == 0 && !c->wb_quit)
+        while (!c->wb_busy && !c->wb_quit)
             pthread_cond_wait(&c->wb_cv, &c->wb_mu);
-        if (c->wb_n == 0)
+        if (!c->wb_busy)
             break;
-        int n = c->wb_n, rc = 0;
+        wbq_t *q = &c->wbq[!c->wb_fill];
+        int rc = 0;
         pthread_mutex_unlock(&c->wb_mu);
-        for (int i = 0; i < n && rc == 0; i++)
-            rc = io_sync(c, &c->wb_ops[i], 0);
+        for (int i = 0; i < q->n && rc == 0; i++)
+            rc = io_sync(c, &q->ops[i], 0);
         pthread_mutex_lock(&c->wb_mu);
         if (rc < 0 && c->wb_rc == 0) {
             c->wb_rc = rc;
             snprintf(c->wb_msg, sizeof c->wb_msg, "%s", kiln_errmsg());
         }
-        c->wb_n = 0;
+        q->n = 0;
+        q->used = 0;
+        if (c->wbq[c->wb_fill].n > 0)
+            c->wb_fill = !c->wb_fill; /* the filled queue is the writer's now */
+        else
+            c->wb_busy = 0;
         pthread_cond_broadcast(&c->wb_cv);
     }
     pthread_mutex_unlock(&c->wb_mu);
     return NULL;
 }
 
-/* Waits for the writes a put handed over; returns 0 or their failure
+/* Takes the failure the writer met, if any (with wb_mu held). */
+static int wb_failed(kern_tier_t *c)
+{
+    int rc = c->wb_rc;
+    c->wb_rc = 0;
+    return rc < 0 ? kiln_errf(rc, "%s", c->wb_msg) : 0;
+}
+
+/* Waits for every write handed over; returns 0 or their failure
  * (KILN_ENOSPC, KILN_EIO, with the message the write gave). */
 static int wb_wait(kern_tier_t *c)
 {
     if (!c->wb_started)
         return 0;
     pthread_mutex_lock(&c->wb_mu);
-    while (c->wb_n > 0)
+    while (c->wb_busy)
         pthread_cond_wait(&c->wb_cv, &c->wb_mu);
-    int rc = c->wb_rc;
-    c->wb_rc = 0;
+    int rc = wb_failed(c);
     pthread_mutex_unlock(&c->wb_mu);
-    return rc < 0 ? kiln_errf(rc, "%s", c->wb_msg) : 0;
+    return rc;
 }
 
 /* Writes the n transfers of ops behind the caller's back (the writer
  * thread, started on first use) when they fit WB_MAX, else now. The
- * writes overlap the caller's work that follows (the step's update, its
- * next batch) on a core the step leaves free. */
+ * writes overlap the caller's work that follows (the rest of the put, the
+ * step's update, its next batch) on a core the step leaves free. */
 static int wb_write(kern_tier_t *c, const iop_t *ops, int n)
 {
     size_t bytes = 0;
     for (int i = 0; i < n; i++)
         bytes += ops[i].len;
-    KILN_CHECK(wb_wait(c));
-    if (n == 0 || bytes > WB_MAX)
+    if (n == 0)
+        return 0;
+    if (bytes > WB_MAX) {
+        KILN_CHECK(wb_wait(c));
         return io_run(c, ops, n);
+    }
     if (!c->wb_started) {
-        if (!c->wb_ops)
-            c->wb_ops = kiln_malloc(sizeof *c->wb_ops * 2 * BATCH);
-        if (!c->wb_buf)
-            c->wb_buf = kiln_malloc(WB_MAX);
-        if (!c->wb_ops || !c->wb_buf ||
+        for (int k = 0; k < 2; k++)
+            if (!c->wbq[k].buf)
+                c->wbq[k].buf = kiln_malloc(WB_MAX);
+        if (!c->wbq[0].buf || !c->wbq[1].buf ||
             pthread_create(&c->wb_thread, NULL, wb_main, c) != 0)
             return io_run(c, ops, n); /* no thread: write as before */
         c->wb_started = 1;
     }
-    uint8_t *at = c->wb_buf;
+    pthread_mutex_lock(&c->wb_mu);
+    int rc = wb_failed(c);
+    wbq_t *q = &c->wbq[c->wb_fill];
+    /* A full queue waits for the writer to take it (or, idle, hands it over). */
+    while (rc == 0 && q->used + bytes > WB_MAX) {
+        if (!c->wb_busy) {
+            c->wb_fill = !c->wb_fill;
+            c->wb_busy = 1;
+            pthread_cond_broadcast(&c->wb_cv);
+        } else {
+            pthread_cond_wait(&c->wb_cv, &c->wb_mu);
+        }
+        rc = wb_failed(c);
+        q = &c->wbq[c->wb_fill];
+    }
+    if (rc == 0)
+        rc = kiln_grow_to((void **)&q->ops, &q->cap, q->n + n, sizeof *q->ops, 2 * BATCH);
+    if (rc < 0) {
+        pthread_mutex_unlock(&c->wb_mu);
+        return rc;
+    }
     for (int i = 0; i < n; i++) {
-        c->wb_ops[i] = ops[i];
-        c->wb_ops[i].buf = at;
-        memcpy(at, ops[i].buf, ops[i].len);
-        at += ops[i].len;
+        iop_t *op = &q->ops[q->n++];
+        *op = ops[i];
+        op->buf = q->buf + q->used;
+        memcpy(op->buf, ops[i].buf, ops[i].len);
+        q->used += ops[i].len;
         c->writes++;
         c->written_bytes += (int64_t)ops[i].len;
         c->submits++;
     }
-    pthread_mutex_lock(&c->wb_mu);
-    c->wb_n = n;
-    pthread_cond_signal(&c->wb_cv);
+    if (!c->wb_busy) {
+        c->wb_fill = !c->wb_fill;
+        c->wb_busy = 1;
+        pthread_cond_broadcast(&c->wb_cv);
+    }
     pthread_mutex_unlock(&c->wb_mu);
     return 0;
 }
 
 /* ---- life cycle --------------------------------------------------------------- */
+
+/* Sizes the file to its pages (sparse: holes take no disk) and maps it for
+ * reading. Returns 0 or the errno. */
+static int map_file(kern_tier_t *c)
+{
+    size_t bytes = (size_t)c->npages * c->page;
+    if (ftruncate(c->fd, (off_t)bytes) != 0)
+        return errno;
+    void *m = mmap(NULL, bytes, PROT_READ, MAP_SHARED, c->fd, 0);
+    if (m == MAP_FAILED)
+        return errno;
+    (void)madvise(m, bytes, MADV_RANDOM); /* a record's read needs its page only */
+    c->map = m;
+    c->map_bytes = bytes;
+    return 0;
+}
 
 int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat,
                    kern_tier_io_t io, kern_tier_t **out /* OUT */)
@@ -440,9 +533,22 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
                        c->table, path, strerror(errno));
         goto out;
     }
+    /* AUTO reads through a mapping (the fastest where the page cache
+     * holds the file, docs/benchmarks.md); where the kernel refuses one it
+     * goes on to io_uring or pread. */
+    if (io == KERN_TIER_IO_AUTO || io == KERN_TIER_IO_MMAP) {
+        int err = map_file(c);
+        if (err == 0)
+            c->io = KERN_TIER_IO_MMAP;
+        else if (io == KERN_TIER_IO_MMAP) {
+            rc = kiln_errf(KILN_EIO, "table '%s': cannot map its disk tier %s: %s; check "
+                           "model.embedding.spill_dir", c->table, path, strerror(err));
+            goto out;
+        }
+    }
 #ifdef KILN_HAVE_URING
     /* A kernel or sandbox without io_uring leaves the pread path (auto). */
-    if (io != KERN_TIER_IO_PREAD) {
+    if (c->io != KERN_TIER_IO_MMAP && io != KERN_TIER_IO_PREAD) {
         int r = io_uring_queue_init(QDEPTH, &c->ring, 0);
         if (r == 0)
             c->io = KERN_TIER_IO_URING;
@@ -493,12 +599,15 @@ void kern_tier_close(kern_tier_t *c)
         io_uring_queue_exit(&c->ring);
     }
 #endif
+    if (c->map)
+        munmap(c->map, c->map_bytes);
     if (c->fd >= 0) {
         close(c->fd);
         unlink(c->path);
     }
     KILN_FREE_ALL(c->path, c->table, c->nrec, c->spilled, c->fp, c->want, c->dead, c->lo, c->hi,
-                  c->bufs, c->bpage, c->bmark, c->ops, c->wb_ops, c->wb_buf);
+                  c->bufs, c->bpage, c->bmark, c->ops, c->wbq[0].ops, c->wbq[0].buf,
+                  c->wbq[1].ops, c->wbq[1].buf);
     free(c);
 }
 
@@ -801,7 +910,8 @@ static int put_flush(kern_tier_t *c)
 
 int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
 {
-    KILN_CHECK(wb_wait(c));
+    /* No wait for earlier writes: the writer keeps their order, and a
+     * slot a put fills was freed by a take, which waited for them. */
     if (n == 0)
         return 0;
     ord_t *o = order(c, n, (const int64_t *)recs, c->rec);

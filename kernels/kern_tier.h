@@ -17,7 +17,8 @@
  * Tiers are exclusive: a key's row lives in the RAM slab or here, never in
  * both (kern_table.c takes rows out when it brings them in). Every call
  * does its page I/O itself, in batches of pages read (and written) in one
- * submission each (io_uring, or pread/pwrite); each table has its own tier,
+ * go each (copies from a mapping of the file, io_uring, or preads; pwrite
+ * for writes); each table has its own tier,
  * so tables run in parallel but one tier is not thread-safe.
  */
 #ifndef KILN_KERNELS_KERN_TIER_H
@@ -44,9 +45,10 @@ typedef int (*kern_tier_gone_fn)(void *ctx, int64_t key, int64_t stamp);
 typedef int (*kern_tier_chunk_fn)(void *ctx, int64_t n, const void *recs);
 
 /* Creates the tier file at path (truncated; removed again by close) for
- * about `rows` records of nfloat floats, its I/O as io says (AUTO: io_uring
- * when built in and the kernel allows it, else pread). Returns 0, KILN_EIO
- * (the message names the path; or io_uring asked for and refused),
+ * about `rows` records of nfloat floats, its I/O as io says (AUTO: reads
+ * from a mapping of the file; where the kernel refuses one io_uring when
+ * built in and allowed, else pread). Returns 0, KILN_EIO (the message
+ * names the path; or io_uring or a mapping asked for and refused),
  * KILN_EINVAL (io_uring asked for, not built in) or KILN_ENOMEM. */
 int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat,
                    kern_tier_io_t io, kern_tier_t **out /* OUT */);
@@ -110,11 +112,12 @@ int kern_tier_scan(kern_tier_t *c, int64_t *page, int64_t cap, void *out /* OUT 
 typedef struct {
     int64_t reads, writes;              /* transfers since open */
     int64_t read_bytes, written_bytes;
-    int64_t submits;                    /* io_uring_enter, pread/pwrite or fadvise calls */
+    int64_t submits;                    /* io_uring_enter, pread/pwrite or fadvise calls
+                                           (a read from the mapping is none) */
     int64_t prefetched;                 /* pages prefetch asked the kernel for */
     int64_t page_bytes;
     int64_t npages;                     /* in the file */
-    kern_tier_io_t io;                  /* KERN_TIER_IO_URING or KERN_TIER_IO_PREAD */
+    kern_tier_io_t io;                  /* what reads use: MMAP, URING or PREAD */
 } kern_tier_stats_t;
 void kern_tier_stats(const kern_tier_t *c, kern_tier_stats_t *st /* OUT */);
 
