@@ -29,6 +29,21 @@
  * alternating between the two so that both see the same machine; the
  * latency of each from the client (p50, p99, max), and at the end how many
  * rows the logging one wrote and dropped.
+ *
+ *   push_bench --serve PATH/kiln-serve --mode tier [--table N] [--requests N] [--rows R]
+ *              [--memory-pct P]
+ *
+ * measures a served table larger than memory (issue 25): two kiln-serve
+ * processes get the same full push of one table of N rows (keys 0..N-1,
+ * dim 16), one with every row in RAM, the other started with
+ * --table-memory at P % of the table's row bytes (default 10: a tenth of
+ * the rows in RAM, the rest in its disk tier); then N lookups
+ * (POST .../lookup) of the keys of R Criteo rows (26 keys each) drawn
+ * Zipf 1.15 over the table, the hot keys scattered over it (rank r is key
+ * (r - 1) x 2654435761 mod N, so RAM, which keeps the rows pushed first,
+ * holds no more of them than its share), one at a time, alternating, after
+ * 200 of each unmeasured; p50, p99 and max from the client, and each
+ * server's peak RSS and anonymous RSS at the end.
  */
 #include <inttypes.h>
 #include <signal.h>
@@ -389,6 +404,106 @@ static double metric_of(CURL *e, const char *url, const char *prefix)
     return p ? atof(p + strlen(prefix)) : -1;
 }
 
+/* Makes request q's JSON body (malloc'd; NULL: out of memory). */
+typedef char *(*body_fn)(void *ctx, int q);
+
+/* A client of the two servers: kept-alive connections to path on each and
+ * the latencies of nreq requests to each. */
+typedef struct {
+    CURL *e[2];
+    char url[2][160];
+    struct curl_slist *h;
+    double *lat[2];
+    int nreq;
+} client_t;
+
+static int client_open(client_t *c, const server_t sv[2], const char *path, int nreq)
+{
+    memset(c, 0, sizeof *c);
+    c->nreq = nreq;
+    c->h = curl_slist_append(NULL, "Content-Type: application/json");
+    for (int i = 0; i < 2; i++) {
+        snprintf(c->url[i], sizeof c->url[i], "%s%s", sv[i].url, path);
+        c->lat[i] = calloc((size_t)nreq, sizeof(double));
+        c->e[i] = curl_easy_init();
+        if (c->lat[i] == NULL || c->e[i] == NULL || c->h == NULL)
+            return kiln_errf(KILN_ENOMEM, "out of memory");
+        curl_easy_setopt(c->e[i], CURLOPT_HTTPHEADER, c->h);
+    }
+    return 0;
+}
+
+static void client_close(client_t *c)
+{
+    for (int i = 0; i < 2; i++) {
+        curl_easy_cleanup(c->e[i]);
+        free(c->lat[i]);
+    }
+    curl_slist_free_all(c->h);
+}
+
+/* Starts two kiln-serve in root/ep0 and root/ep1 (the second with the
+ * options extra), pushes both the same full table of n rows of d and
+ * opens client c for nreq requests to path on each (c to be closed
+ * whatever this returns). */
+static int pair_up(const char *bin, const char *root, const serve_model_desc_t *d,
+                   const char *const *extra, int64_t n, const char *path, int nreq,
+                   server_t sv[2], client_t *c)
+{
+    serve_memsrc_t *m = NULL;
+    int rc = 0;
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        snprintf(sv[i].dir, sizeof sv[i].dir, "%s/ep%d", root, i);
+        rc = server_start(bin, &sv[i], i ? extra : NULL);
+    }
+    if (rc == 0)
+        rc = build(d, "v1", "", n, n, true, &m);
+    double secs;
+    uint64_t bytes;
+    if (rc == 0)
+        rc = push_both(sv, m, "", &secs, &bytes);
+    serve_memsrc_destroy(m);
+    int crc = client_open(c, sv, path, nreq);
+    return rc < 0 ? rc : crc;
+}
+
+/* POSTs warm + nreq requests to each server, one at a time, alternating;
+ * c->lat[i] gets the milliseconds of server i's last nreq, sorted. */
+static int alternate(client_t *c, int warm, body_fn make, void *ctx)
+{
+    int rc = 0;
+    for (int q = 0; rc == 0 && q < 2 * (warm + c->nreq); q++) {
+        int i = q % 2;
+        char *body = make(ctx, q);
+        reply_buf_t *b = calloc(1, sizeof *b);
+        if (body == NULL || b == NULL) {
+            free(body);
+            free(b);
+            return kiln_errf(KILN_ENOMEM, "out of memory");
+        }
+        curl_easy_setopt(c->e[i], CURLOPT_URL, c->url[i]);
+        curl_easy_setopt(c->e[i], CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c->e[i], CURLOPT_WRITEFUNCTION, keep_reply);
+        curl_easy_setopt(c->e[i], CURLOPT_WRITEDATA, b);
+        int64_t t0 = kiln_mono_ns();
+        CURLcode cc = curl_easy_perform(c->e[i]);
+        if (q / 2 >= warm)
+            c->lat[i][q / 2 - warm] = (double)(kiln_mono_ns() - t0) / 1e6;
+        long code = 0;
+        curl_easy_getinfo(c->e[i], CURLINFO_RESPONSE_CODE, &code);
+        if (cc != CURLE_OK || code != 200)
+            rc = kiln_errf(KILN_EIO, "request %d to %s: HTTP %ld %.200s", q, c->url[i], code,
+                           b->text);
+        free(body);
+        free(b);
+    }
+    for (int i = 0; rc == 0 && i < 2; i++)
+        qsort(c->lat[i], (size_t)c->nreq, sizeof(double), bench_cmp_double);
+    return rc;
+}
+
+static char *predict_req(void *ctx, int q) { return predict_body(q, *(const int *)ctx); }
+
 static int predict_bench(const char *bin, const char *root, int nreq, int rows)
 {
     server_t sv[2] = {{0}};
@@ -397,44 +512,15 @@ static int predict_bench(const char *bin, const char *root, int nreq, int rows)
     snprintf(join, sizeof join, "%s/joined", root);
     const char *logging[] = {"--impressions-dir", imp, "--join-dir", join, NULL};
     serve_model_desc_t d;
-    serve_memsrc_t *m = NULL;
     int rc = make_criteo_desc(&d);
-    for (int i = 0; i < 2 && rc == 0; i++) {
-        snprintf(sv[i].dir, sizeof sv[i].dir, "%s/ep%d", root, i);
-        rc = server_start(bin, &sv[i], i ? logging : NULL);
-    }
+    client_t c = {0};
+    rc = rc < 0 ? rc
+                : pair_up(bin, root, &d, logging, 5000, "/v1/models/bench/predict?label=A", nreq,
+                          sv, &c);
     if (rc == 0)
-        rc = build(&d, "v1", "", 5000, 5000, true, &m);
-    double secs;
-    uint64_t bytes;
-    if (rc == 0)
-        rc = push_both(sv, m, "", &secs, &bytes);
-    serve_memsrc_destroy(m);
-    double *lat[2] = {calloc((size_t)nreq, sizeof(double)), calloc((size_t)nreq, sizeof(double))};
-    CURL *e[2] = {curl_easy_init(), curl_easy_init()};
-    char url[2][128];
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    for (int i = 0; i < 2; i++) {
-        snprintf(url[i], sizeof url[i], "%s/v1/models/bench/predict?label=A", sv[i].url);
-        curl_easy_setopt(e[i], CURLOPT_HTTPHEADER, h);
-    }
-    for (int q = 0; rc == 0 && lat[0] && lat[1] && q < 2 * nreq; q++) {
-        int i = q % 2;
-        char *body = predict_body(q, rows);
-        reply_buf_t b = {0};
-        curl_easy_setopt(e[i], CURLOPT_URL, url[i]);
-        curl_easy_setopt(e[i], CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(e[i], CURLOPT_WRITEFUNCTION, keep_reply);
-        curl_easy_setopt(e[i], CURLOPT_WRITEDATA, &b);
-        int64_t t0 = kiln_mono_ns();
-        CURLcode cc = curl_easy_perform(e[i]);
-        lat[i][q / 2] = (double)(kiln_mono_ns() - t0) / 1e6;
-        long code = 0;
-        curl_easy_getinfo(e[i], CURLINFO_RESPONSE_CODE, &code);
-        if (cc != CURLE_OK || code != 200)
-            rc = kiln_errf(KILN_EIO, "predict %d to %s: HTTP %ld %s", q, url[i], code, b.text);
-        free(body);
-    }
+        rc = alternate(&c, 0, predict_req, &rows);
+    double **lat = c.lat;
+    CURL **e = c.e;
     char murl[128];
     snprintf(murl, sizeof murl, "%s/metrics", sv[1].url);
     struct timespec ts = {0, 300000000L}; /* the writer drains */
@@ -452,19 +538,99 @@ static int predict_bench(const char *bin, const char *root, int nreq, int rows)
                "each of 2 kiln-serve on loopback, one at a time, alternating\n",
                nreq, rows, DIM);
         for (int i = 0; i < 2; i++) {
-            qsort(lat[i], (size_t)nreq, sizeof(double), bench_cmp_double);
             printf("  impression log %-3s  p50 %6.3f ms  p99 %6.3f ms  max %6.3f ms\n",
                    i ? "on" : "off", pct(lat[i], nreq, 0.5), pct(lat[i], nreq, 0.99),
                    lat[i][nreq - 1]);
         }
         printf("  logged %.0f rows, dropped %.0f (of %d)\n", logged, dropped, nreq * rows);
     }
-    for (int i = 0; i < 2; i++) {
-        curl_easy_cleanup(e[i]);
-        free(lat[i]);
-        server_stop(&sv[i]);
+    client_close(&c);
+    server_stop(&sv[0]);
+    server_stop(&sv[1]);
+    return rc;
+}
+
+/* ---- lookup latency of a table a tenth in RAM (issue 25) ------------------------ */
+
+/* Field (e.g. "VmHWM:") of /proc/pid/status, MB; -1 when unreadable. */
+static double proc_mb(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    double kb = -1;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, field, strlen(field)) == 0) {
+            kb = atof(line + strlen(field));
+            break;
+        }
+    if (f != NULL)
+        fclose(f);
+    return kb < 0 ? -1 : kb / 1024.0;
+}
+
+/* A lookup of nkeys Zipf 1.15 keys of a table of n rows. */
+typedef struct {
+    int nkeys;
+    int64_t n;
+} lookup_req_t;
+
+static char *lookup_body(void *ctx, int q)
+{
+    (void)q;
+    const lookup_req_t *r = ctx;
+    size_t cap = (size_t)r->nkeys * 24 + 64, len = 0;
+    char *b = malloc(cap);
+    if (b == NULL)
+        return NULL;
+    len += (size_t)snprintf(b, cap, "{\"label\":\"A\",\"table\":\"items\",\"keys\":[");
+    for (int i = 0; i < r->nkeys; i++) {
+        double u = (double)(bench_rnd() >> 11) / 9007199254740992.0;
+        uint64_t rank = (uint64_t)bench_zipf(r->n, 1.15, u);
+        uint64_t key = (rank - 1) * UINT64_C(2654435761) % (uint64_t)r->n;
+        len += (size_t)snprintf(b + len, cap - len, "%s%" PRIu64, i ? "," : "", key);
     }
-    curl_slist_free_all(h);
+    snprintf(b + len, cap - len, "]}");
+    return b;
+}
+
+static int tier_lookup_bench(const char *bin, const char *root, int64_t table, int pct_ram,
+                             int nreq, int rows)
+{
+    server_t sv[2] = {{0}};
+    char mem[32];
+    /* kiln-serve counts a row's floats and 32 bytes of index (serve_table.c). */
+    snprintf(mem, sizeof mem, "%" PRId64,
+             table * (int64_t)(sizeof(float) * DIM + 32) * pct_ram / 100);
+    const char *tiered[] = {"--table-memory", mem, NULL};
+    serve_model_desc_t d;
+    int rc = make_desc(&d);
+    client_t c = {0};
+    rc = rc < 0 ? rc
+                : pair_up(bin, root, &d, tiered, table, "/v1/models/bench/lookup", nreq, sv, &c);
+    lookup_req_t req = {rows * CRITEO_SLOTS, table};
+    if (rc == 0)
+        rc = alternate(&c, 200, lookup_body, &req);
+    double **lat = c.lat;
+    if (rc == 0) {
+        printf("push_bench --mode tier: one table of %" PRId64 " rows x dim %d pushed in full "
+               "to 2 kiln-serve on loopback; %d lookups of %d keys (%d Criteo rows) each, "
+               "Zipf 1.15, one at a time, alternating\n",
+               table, DIM, nreq, req.nkeys, rows);
+        for (int i = 0; i < 2; i++)
+            printf("  %-16s p50 %7.3f ms  p99 %7.3f ms  max %7.3f ms  peak RSS %.0f MB "
+                   "(anonymous now %.0f MB)\n",
+                   i ? "--table-memory" : "all rows in RAM", pct(lat[i], nreq, 0.5),
+                   pct(lat[i], nreq, 0.99), lat[i][nreq - 1], proc_mb(sv[i].pid, "VmHWM:"),
+                   proc_mb(sv[i].pid, "RssAnon:"));
+        printf("  --table-memory %s bytes (%d %% of the rows in RAM): p99 %.2fx, p50 %.2fx "
+               "all in RAM's\n",
+               mem, pct_ram, pct(lat[1], nreq, 0.99) / pct(lat[0], nreq, 0.99),
+               pct(lat[1], nreq, 0.5) / pct(lat[0], nreq, 0.5));
+    }
+    client_close(&c);
+    server_stop(&sv[0]);
+    server_stop(&sv[1]);
     return rc;
 }
 
@@ -472,7 +638,7 @@ int main(int argc, char **argv)
 {
     const char *bin = NULL, *dir = "/tmp";
     int64_t table = 1000000;
-    int runs = 5, requests = 2000, rows = 32;
+    int runs = 5, requests = 2000, rows = 32, pct_ram = 10;
     const char *mode = "push";
     const bench_opt_t opts[] = {{"--serve", BENCH_STR, &bin},
                                 {"--table", BENCH_I64, &table},
@@ -480,15 +646,19 @@ int main(int argc, char **argv)
                                 {"--dir", BENCH_STR, &dir},
                                 {"--mode", BENCH_STR, &mode},
                                 {"--requests", BENCH_INT, &requests},
-                                {"--rows", BENCH_INT, &rows}};
+                                {"--rows", BENCH_INT, &rows},
+                                {"--memory-pct", BENCH_INT, &pct_ram}};
     bench_options(argc, argv, opts, sizeof opts / sizeof opts[0]);
-    bool predict = strcmp(mode, "predict") == 0;
+    bool predict = strcmp(mode, "predict") == 0, tier = strcmp(mode, "tier") == 0;
     if (bin == NULL || table < 1 || runs < 1 || runs > 50 || requests < 1 || rows < 1 ||
-        rows > 1000 || (!predict && strcmp(mode, "push") != 0)) {
+        rows > 1000 || pct_ram < 1 || pct_ram > 100 ||
+        (!predict && !tier && strcmp(mode, "push") != 0)) {
         fprintf(stderr, "usage: push_bench --serve PATH/kiln-serve [--table N] [--runs R] "
                         "[--dir DIR]\n"
                         "       push_bench --serve PATH/kiln-serve --mode predict "
-                        "[--requests N] [--rows R] [--dir DIR]\n");
+                        "[--requests N] [--rows R] [--dir DIR]\n"
+                        "       push_bench --serve PATH/kiln-serve --mode tier [--table N] "
+                        "[--requests N] [--rows R] [--memory-pct P] [--dir DIR]\n");
         return 2;
     }
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -499,8 +669,9 @@ int main(int argc, char **argv)
         perror(root);
         return 1;
     }
-    if (predict) {
-        int prc = predict_bench(bin, root, requests, rows);
+    if (predict || tier) {
+        int prc = predict ? predict_bench(bin, root, requests, rows)
+                          : tier_lookup_bench(bin, root, table, pct_ram, requests, rows);
         char rm[700];
         snprintf(rm, sizeof rm, "rm -rf '%s'", root);
         if (system(rm) != 0)
