@@ -507,6 +507,14 @@ static inline int evictable(const kern_table_t *t, int64_t r, int64_t step, int 
     return demote ? t->used[r] != (uint16_t)step : !used_now(t, r, step);
 }
 
+/* Takes row r of segment g out: to the disk tier (demote) or evicted. */
+static int take_row(kern_table_t *t, seg_t *g, int64_t r, int64_t step, int demote)
+{
+    int found;
+    uint64_t i = probe(t, g, t->keys[r], &found);
+    return demote ? demote_row(t, g, r, i, step) : free_row(t, g, r, i, step);
+}
+
 /* A round of eviction (demote 0: rows leave the table, logged) or of
  * demotion to the disk tier (demote 1: lru over the RAM rows, whatever the
  * table's policy; the rows go to t->dem). */
@@ -546,26 +554,40 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
         k = ns - 1;
     uint32_t thr = sample[k];
 
-    /* Pass 0: strictly below the threshold; 1: equal to it; 2: anything
-     * evictable (only when the sample misled us and need is not met). */
-    for (int pass = 0; pass < 3 && *freed < want; pass++) {
-        if (pass == 2 && *freed >= need)
-            break;
-        for (int64_t r = lo; r < hi && *freed < want; r++) {
-            if (!evictable(t, r, step, demote))
-                continue;
-            uint32_t p = demote ? demote_priority(t, r, step) : priority(t, r, step);
-            if ((pass == 0 && p >= thr) || (pass == 1 && p != thr))
-                continue;
-            int found;
-            uint64_t i = probe(t, g, t->keys[r], &found);
-            if (demote)
-                KILN_CHECK_GOTO(demote_row(t, g, r, i, step), rc, out);
-            else
-                KILN_CHECK_GOTO(free_row(t, g, r, i, step), rc, out);
+    /* One scan, in row order: rows below the threshold go at once; rows
+     * equal to it, then (only when the sample misled us and need is not
+     * met) any other evictable row, go after it, in row order too. The
+     * same rows in the same order as a scan per class, for one scan's
+     * reads where that took two or three. */
+    int32_t *eq = kiln_malloc(sizeof *eq * (size_t)want);
+    int32_t *gt = kiln_malloc(sizeof *gt * (size_t)want);
+    int64_t neq = 0, ngt = 0;
+    if (!eq || !gt) {
+        rc = KILN_ENOMEM;
+        goto lists;
+    }
+    for (int64_t r = lo; r < hi && *freed < want; r++) {
+        if (!evictable(t, r, step, demote))
+            continue;
+        uint32_t p = demote ? demote_priority(t, r, step) : priority(t, r, step);
+        if (p == thr && neq < want)
+            eq[neq++] = (int32_t)r;
+        else if (p > thr && ngt < want)
+            gt[ngt++] = (int32_t)r;
+        if (p < thr) {
+            KILN_CHECK_GOTO(take_row(t, g, r, step, demote), rc, lists);
             (*freed)++;
         }
     }
+    for (int64_t j = 0; j < neq && *freed < want; j++, (*freed)++)
+        KILN_CHECK_GOTO(take_row(t, g, eq[j], step, demote), rc, lists);
+    const int64_t ngo = *freed < need ? ngt : 0;
+    for (int64_t j = 0; j < ngo && *freed < want; j++, (*freed)++)
+        KILN_CHECK_GOTO(take_row(t, g, gt[j], step, demote), rc, lists);
+lists:
+    KILN_FREE_ALL(eq, gt);
+    if (rc < 0)
+        goto out;
     if (demote) {
         t->demoted += *freed;
     } else {

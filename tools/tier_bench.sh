@@ -4,9 +4,10 @@
 # 100%, 25% and 10% of the table in RAM, Zipf 1.15, each in its own process.
 # Sizes whose table (or tier file) does not fit the free RAM or disk are
 # skipped with a line saying so (TIER_BENCH_SIZES="1000000 10000000" picks
-# sizes). Each size with rows on disk runs with the tier's reads through
-# pread, through io_uring, and with prefetch (as kiln-train calls it: it acts
-# only while the tier's reads are slow), and each tiered line is followed by
+# sizes). Each size with rows on disk runs with the tier's reads from a
+# mapping of its file (what kiln-train and kiln-serve use), through pread,
+# through io_uring, and mapped with prefetch (as kiln-train calls it: it
+# acts only while the tier's reads are slow), and each tiered line is followed by
 # its ratio to the all-in-RAM line of its size (samples/s, and CPU time per
 # step, which other load on the machine disturbs less). Then the admission
 # curve (see below). Usage: tools/tier_bench.sh [build] [dir]
@@ -38,9 +39,9 @@ for keys in ${TIER_BENCH_SIZES-1000000 10000000 100000000}; do
       ram_cpu=$(sed -E 's/.*CPU ([0-9.]+) ms\/step.*/\1/' <<<"$line")
       continue
     fi
-    # the tier's reads through pread and through io_uring; then with the
-    # next step's keys prefetched
-    for how in "pread 0" "uring 0" "uring 1"; do
+    # the tier's reads from the mapping, through pread and through io_uring;
+    # then mapped with the next step's keys prefetched
+    for how in "mmap 0" "pread 0" "uring 0" "mmap 1"; do
       set -- $how
       line=$("$bench" --keys "$keys" --memory "$mem" --zipf 1.15 --steps "$steps" --dir "$dir" \
         --io "$1" --prefetch "$2")
