@@ -7,10 +7,12 @@
 # sizes). Each size with rows on disk runs with the tier's reads from a
 # mapping of its file (what kiln-train and kiln-serve use), through pread,
 # through io_uring, and mapped with prefetch (as kiln-train calls it: it
-# acts only while the tier's reads are slow), and each tiered line is followed by
-# its ratio to the all-in-RAM line of its size (samples/s, and CPU time per
-# step, which other load on the machine disturbs less). Then the admission
-# curve (see below). Usage: tools/tier_bench.sh [build] [dir]
+# acts only while the tier's reads are slow), and each tiered line is
+# followed by its ratio to the all-in-RAM lines of its size (the faster of
+# two runs: samples/s, and CPU time per step, which other load on the
+# machine disturbs less); the 10% lines say whether the goal (>= 0.5x) is
+# met. Then the admission curve (see below).
+# Usage: tools/tier_bench.sh [build] [dir]
 set -euo pipefail
 build="${1:-build}"
 dir="${2:-/var/tmp}"
@@ -22,6 +24,7 @@ for keys in ${TIER_BENCH_SIZES-1000000 10000000 100000000}; do
   disk=$(($(df -P -B1 "$dir" | awk 'NR==2 {print $4}')))
   ram=$(($(awk '/MemAvailable/ {print $2}' /proc/meminfo) * 1024))
   ram_rate=""
+  ram_cpu=""
   echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
   for mem in 1 0.25 0.1; do
     if [ "$mem" = 1 ] && [ "$need" -gt "$ram" ]; then
@@ -33,10 +36,18 @@ for keys in ${TIER_BENCH_SIZES-1000000 10000000 100000000}; do
     steps=100
     [ "$keys" -ge 100000000 ] && steps=50
     if [ "$mem" = 1 ]; then
-      line=$("$bench" --keys "$keys" --memory "$mem" --zipf 1.15 --steps "$steps" --dir "$dir")
-      echo "$line"
-      ram_rate=$(sed -E 's/.*: ([0-9]+) samples\/s.*/\1/' <<<"$line")
-      ram_cpu=$(sed -E 's/.*CPU ([0-9.]+) ms\/step.*/\1/' <<<"$line")
+      # twice: the tiered lines are held to the faster run (the lower CPU
+      # time), so a slow moment of a loaded machine does not flatter them
+      for run in 1 2; do
+        line=$("$bench" --keys "$keys" --memory "$mem" --zipf 1.15 --steps "$steps" --dir "$dir")
+        echo "$line"
+        rate=$(sed -E 's/.*: ([0-9]+) samples\/s.*/\1/' <<<"$line")
+        cpu=$(sed -E 's/.*CPU ([0-9.]+) ms\/step.*/\1/' <<<"$line")
+        if [ -z "$ram_rate" ] || [ "$rate" -gt "$ram_rate" ]; then ram_rate=$rate; fi
+        if [ -z "${ram_cpu:-}" ] || awk -v a="$cpu" -v b="$ram_cpu" 'BEGIN { exit !(a < b) }'; then
+          ram_cpu=$cpu
+        fi
+      done
       continue
     fi
     # the tier's reads from the mapping, through pread and through io_uring;
