@@ -92,11 +92,12 @@ typedef struct {
     int write;
 } iop_t;
 
-/* A queue of writes handed to the writer thread: n transfers (of cap)
- * whose bytes were copied into buf (WB_MAX), used of them. */
+/* A queue of writes handed to the writer thread: n transfers (room for
+ * WB_MAX / record bytes + 1) whose bytes were copied into buf (WB_MAX),
+ * used of them. */
 typedef struct {
     iop_t *ops;
-    int64_t n, cap;
+    int64_t n;
     uint8_t *buf;
     size_t used;
 } wbq_t;
@@ -418,10 +419,15 @@ static int wb_write(kern_tier_t *c, const iop_t *ops, int n)
         return io_run(c, ops, n);
     }
     if (!c->wb_started) {
-        for (int k = 0; k < 2; k++)
+        /* A transfer moves a record or more: a queue holds at most this many. */
+        size_t cap = WB_MAX / c->rec + 1;
+        for (int k = 0; k < 2; k++) {
             if (!c->wbq[k].buf)
                 c->wbq[k].buf = kiln_malloc(WB_MAX);
-        if (!c->wbq[0].buf || !c->wbq[1].buf ||
+            if (!c->wbq[k].ops)
+                c->wbq[k].ops = kiln_malloc(sizeof *c->wbq[k].ops * cap);
+        }
+        if (!c->wbq[0].buf || !c->wbq[1].buf || !c->wbq[0].ops || !c->wbq[1].ops ||
             pthread_create(&c->wb_thread, NULL, wb_main, c) != 0)
             return io_run(c, ops, n); /* no thread: write as before */
         c->wb_started = 1;
@@ -441,8 +447,6 @@ static int wb_write(kern_tier_t *c, const iop_t *ops, int n)
         rc = wb_failed(c);
         q = &c->wbq[c->wb_fill];
     }
-    if (rc == 0)
-        rc = kiln_grow_to((void **)&q->ops, &q->cap, q->n + n, sizeof *q->ops, 2 * BATCH);
     if (rc < 0) {
         pthread_mutex_unlock(&c->wb_mu);
         return rc;
