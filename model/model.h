@@ -287,11 +287,15 @@ const char *model_kernels_decide(const char *core, const model_cpu_t *cpu, const
  * so with kiln_errmsg()). */
 int model_kernels_ensure(char *const argv[]);
 /* Also before the first parallel region: when neither OMP_WAIT_POLICY nor
- * GOMP_SPINCOUNT is set, model_kernels_ensure sets OMP_WAIT_POLICY=passive
- * for the re-execution (idle OpenMP workers sleep instead of spinning on the
- * cores that the reader and other threads need). True when this process's
- * idle workers spin (the user asked for it, or the exec failed). */
+ * GOMP_SPINCOUNT is set, model_kernels_ensure sets GOMP_SPINCOUNT=30000 for
+ * the re-execution (idle OpenMP workers spin tens of microseconds, then
+ * sleep, instead of holding for milliseconds the cores that the reader and
+ * other processes need). True when this process's idle workers spin at all
+ * (not OMP_WAIT_POLICY=passive or GOMP_SPINCOUNT=0). */
 bool model_threads_spin(void);
+/* How idle workers wait, for result.json: "GOMP_SPINCOUNT=30000",
+ * "OMP_WAIT_POLICY=passive", ..., or "libgomp's default". */
+void model_threads_wait(char *buf, size_t cap);
 
 /* What the dense math runs on, for the log and result.json. */
 typedef struct {

@@ -21,7 +21,7 @@
  * that the log says what was changed, and stops a second exec if the
  * library ignored the setting.
  *
- * The same re-execution sets OMP_WAIT_POLICY=passive where the environment
+ * The same re-execution sets GOMP_SPINCOUNT=30000 where the environment
  * says nothing of how idle OpenMP threads wait (below).
  *
  * Some OpenBLAS builds compute wrong results on some CPUs (the reason a
@@ -192,17 +192,22 @@ static int check_defaults(void)
 }
 
 /* ---- how idle OpenMP threads wait ---------------------------------------------------
- * libgomp's default lets a thread that reaches a barrier spin for up to
- * 300,000 rounds (milliseconds) before it sleeps, whenever the team is no
- * larger than the cores. A Kiln rank is rarely alone on its cores: its
- * reader thread, MPI's progress, a kiln-serve or kilnd beside it. A
- * spinning worker then holds the core that the thread it waits for needs.
- * Measured on 2 cores (docs/benchmarks.md, session 12): lr on kiln-bin
- * 1.10 M samples/s spinning, 1.36 M with passive waits; fm +8 %, dlrm
- * +1 %; with other work on the machine, 0.07-0.13 M spinning against
- * 0.46-0.97 M. So Kiln asks for passive waits unless the environment says
- * how to wait (OMP_WAIT_POLICY or GOMP_SPINCOUNT): libgomp reads them as it
- * loads, so this too takes the re-execution below. */
+ * libgomp's default lets a worker that reaches a barrier spin for 300,000
+ * rounds (milliseconds) before it sleeps, whenever the team is no larger
+ * than the cores. A Kiln rank is rarely alone on its cores (its reader
+ * thread, MPI, a kiln-serve or kilnd beside it, other jobs), and a spinning
+ * worker holds the core that the thread it waits for needs. Sleeping at
+ * once (OMP_WAIT_POLICY=passive) costs a wake-up at every parallel region
+ * instead. Measured on 2 cores (docs/benchmarks.md, session 12), samples/s
+ * with two other busy processes on the machine: lr 0.22 M spinning the
+ * default, 0.47 M with 30,000 rounds, 0.60 M passive; dlrm 27 k, 45 k,
+ * 59 k. On a quiet machine: dlrm 121 k, 126 k, 104 k; lr and fm within the
+ * noise of each other. So Kiln spins briefly (GOMP_SPINCOUNT=30000, tens of
+ * microseconds), unless the environment says how to wait (OMP_WAIT_POLICY
+ * or GOMP_SPINCOUNT): libgomp reads them as it loads, so this too takes the
+ * re-execution below. */
+#define KILN_SPINCOUNT "30000"
+
 static bool wait_policy_unset(void)
 {
     return getenv("OMP_WAIT_POLICY") == NULL && getenv("GOMP_SPINCOUNT") == NULL;
@@ -211,7 +216,20 @@ static bool wait_policy_unset(void)
 bool model_threads_spin(void)
 {
     const char *w = getenv("OMP_WAIT_POLICY"), *n = getenv("GOMP_SPINCOUNT");
-    return (w == NULL || strcasecmp(w, "passive") != 0) && (n == NULL || atol(n) != 0);
+    if (n != NULL)
+        return atol(n) != 0;
+    return w == NULL || strcasecmp(w, "passive") != 0;
+}
+
+void model_threads_wait(char *buf, size_t cap)
+{
+    const char *w = getenv("OMP_WAIT_POLICY"), *n = getenv("GOMP_SPINCOUNT");
+    if (n != NULL)
+        snprintf(buf, cap, "GOMP_SPINCOUNT=%s", n);
+    else if (w != NULL)
+        snprintf(buf, cap, "OMP_WAIT_POLICY=%s", w);
+    else
+        snprintf(buf, cap, "libgomp's default");
 }
 
 int model_kernels_ensure(char *const argv[])
@@ -232,17 +250,17 @@ int model_kernels_ensure(char *const argv[])
     const bool wait = wait_policy_unset();
     if (best == NULL && !wait)
         return 0;
-    if (wait && setenv("OMP_WAIT_POLICY", "passive", 1) != 0)
+    if (wait && setenv("GOMP_SPINCOUNT", KILN_SPINCOUNT, 1) != 0)
         return KILN_ENOMEM;
     if (best == NULL) {
         execv("/proc/self/exe", argv);
         /* Still here: the threads spin as libgomp's default says. */
         const int err = errno;
-        unsetenv("OMP_WAIT_POLICY");
+        unsetenv("GOMP_SPINCOUNT");
         return kiln_errf(KILN_EIO,
-                         "cannot re-execute with OMP_WAIT_POLICY=passive (%s): idle OpenMP "
-                         "threads spin; set OMP_WAIT_POLICY=passive in the environment",
-                         strerror(err));
+                         "cannot re-execute with GOMP_SPINCOUNT=%s (%s): idle OpenMP threads "
+                         "spin for milliseconds; set GOMP_SPINCOUNT=%s in the environment",
+                         KILN_SPINCOUNT, strerror(err), KILN_SPINCOUNT);
     }
     if (setenv(ENV_OWN, core, 1) != 0)
         return kiln_errf(KILN_ENOMEM, "cannot set OPENBLAS_CORETYPE=%s", best);

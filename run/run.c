@@ -158,7 +158,7 @@ int run_result_write(const char *run_dir, const run_result_t *r, FILE *out)
                   r->dense_kernels, "dense_precision",
                   r->dense_precision[0] ? r->dense_precision : "fp32", "reader",
                   r->reader[0] ? r->reader : "thread", "openmp_wait",
-                  r->openmp_wait[0] ? r->openmp_wait : "spin");
+                  r->openmp_wait[0] ? r->openmp_wait : "libgomp's default");
     const run_tables_t *t = &r->tables;
     json_t *tab = json_pack("{s:b, s:I, s:I, s:o, s:I, s:I, s:I, s:I}", "tiered", t->tiered,
                             "rows_ram", (json_int_t)t->rows_ram, "rows_disk",

@@ -129,7 +129,8 @@ typedef struct run_result {
                                 Cooperlake" (model_kernels_t.name) */
     char dense_precision[8]; /* model.dense_precision as it ran: "fp32" or "bf16" */
     char reader[8];          /* where batches were made: "thread" or "team" (data.reader) */
-    char openmp_wait[8];     /* how idle OpenMP workers waited: "passive" or "spin" */
+    char openmp_wait[48];    /* how idle OpenMP workers waited: "GOMP_SPINCOUNT=30000" (Kiln's
+                                default), "OMP_WAIT_POLICY=passive", ... */
     run_tables_t tables;
 } run_result_t;
 

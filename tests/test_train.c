@@ -1045,9 +1045,10 @@ static void test_dense_kernels(void **state)
 }
 
 /* How idle OpenMP workers wait, and where batches are made: with nothing
- * set, kiln-train re-executes with OMP_WAIT_POLICY=passive and reads on a
- * thread; with OMP_WAIT_POLICY=active (the user's, kept) and the step's
- * threads on every core, TSV is parsed on the team. result.json says both. */
+ * set, kiln-train re-executes with GOMP_SPINCOUNT=30000 (a brief spin) and,
+ * its threads on every core, parses TSV on the team; with
+ * OMP_WAIT_POLICY=passive (the user's, kept) it reads on a thread.
+ * result.json says both. */
 static void test_openmp_wait(void **state)
 {
     (void)state;
@@ -1063,17 +1064,19 @@ static void test_openmp_wait(void **state)
     json_t *v = train_with(1, spec, "omp-default", r, all);
     if (v == NULL)
         fail_msg("kiln-train with no OMP_WAIT_POLICY failed (%d): %s", r->code, r->err);
-    assert_string_equal(json_string_value(json_object_get(v, "openmp_wait")), "passive");
-    assert_string_equal(json_string_value(json_object_get(v, "reader")), "thread");
+    assert_string_equal(json_string_value(json_object_get(v, "openmp_wait")),
+                        "GOMP_SPINCOUNT=30000");
+    assert_string_equal(json_string_value(json_object_get(v, "reader")), "team");
     json_decref(v);
 
-    setenv("OMP_WAIT_POLICY", "active", 1);
-    v = train_with(1, spec, "omp-active", r, all);
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    v = train_with(1, spec, "omp-passive", r, all);
     unsetenv("OMP_WAIT_POLICY");
     if (v == NULL)
-        fail_msg("kiln-train with OMP_WAIT_POLICY=active failed (%d): %s", r->code, r->err);
-    assert_string_equal(json_string_value(json_object_get(v, "openmp_wait")), "spin");
-    assert_string_equal(json_string_value(json_object_get(v, "reader")), "team");
+        fail_msg("kiln-train with OMP_WAIT_POLICY=passive failed (%d): %s", r->code, r->err);
+    assert_string_equal(json_string_value(json_object_get(v, "openmp_wait")),
+                        "OMP_WAIT_POLICY=passive");
+    assert_string_equal(json_string_value(json_object_get(v, "reader")), "thread");
     json_decref(v);
     if (policy)
         setenv("OMP_WAIT_POLICY", policy, 1);

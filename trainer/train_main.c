@@ -224,16 +224,17 @@ static int set_threads(trainer_t *tr)
     /* OpenBLAS itself stays on one thread: the models split their GEMMs over
      * these OpenMP threads (model_create). */
     omp_set_num_threads(threads);
-    /* data.reader: auto. A reader thread beside a CPU step whose threads
-     * take every core takes turns with them. With passive waits (Kiln's
-     * default, model_kernels_ensure) it gets the cores the step's idle
-     * workers leave, and reading ahead wins for every format (session 12,
-     * 2 cores, lr: TSV 1.04 M samples/s on a thread against 0.88 M on the
-     * team, Parquet 1.07 M against 0.92 M). Where the workers spin (the
-     * environment asked for it) they hold the core the reader needs: then
-     * TSV and Parquet are parsed and decoded on the step's own threads,
-     * between steps; kiln-bin's reading (a copy and a checksum per chunk)
-     * stays on its thread. A device step leaves the cores to the reader. */
+    /* data.reader: auto. A reader thread that parses TSV or decodes Parquet
+     * beside a CPU step whose threads take every core only takes turns with
+     * them, and their OpenMP workers spin (briefly by Kiln's default,
+     * model_kernels_ensure) on the core it needs: then batches are parsed
+     * and decoded on the step's own threads, between steps. Where the
+     * workers sleep at once (OMP_WAIT_POLICY=passive) the reader gets the
+     * cores they leave, and a thread reading ahead wins (session 12, 2
+     * cores, lr under chrt: TSV 1.04 M samples/s on a thread against 0.88 M
+     * on the team, Parquet 1.07 M against 0.92 M). kiln-bin's reading (a
+     * copy and a checksum per chunk) stays on its thread. A device step
+     * leaves the cores to the reader. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     bool team = tr->spec.data.reader == JOB_READER_TEAM ||
                 (tr->spec.data.reader == JOB_READER_AUTO && tr->dev == NULL &&
@@ -400,8 +401,7 @@ static int write_result(trainer_t *tr, int threads, int64_t eval_rows, double lo
         snprintf(res.dense_precision, sizeof res.dense_precision, "%s",
                  model_precision_name(model_precision(tr->model)));
         snprintf(res.reader, sizeof res.reader, "%s", tr->prefetch == 0 ? "team" : "thread");
-        snprintf(res.openmp_wait, sizeof res.openmp_wait, "%s",
-                 model_threads_spin() ? "spin" : "passive");
+        model_threads_wait(res.openmp_wait, sizeof res.openmp_wait);
         return run_result_write(tr->opt.run_dir, &res, stdout);
     }
     return 0;
