@@ -86,12 +86,76 @@ int proc_rmtree(const char *dir)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* The session of process pid (field 6 of /proc/PID/stat), or -1. */
+static long proc_session(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the name may hold spaces */
+    char st;
+    long ppid, pgrp, sid;
+    return p != NULL && sscanf(p + 1, " %c %ld %ld %ld", &st, &ppid, &pgrp, &sid) == 4 ? sid : -1;
+}
+
+/* SIGKILL to every session that holds a process working in dir: the runs a
+ * test's kilnd started outlive kilnd by design (each leads a session of its
+ * own), and one still writing its checkpoint makes the directory's removal
+ * fail. Waits up to 5 s for them to go. */
+static void kill_sessions_under(const char *dir)
+{
+    const size_t dl = strlen(dir);
+    const long self = proc_session(getpid());
+    for (int round = 0; round < 50; round++) {
+        long sids[64];
+        int ns = 0;
+        DIR *d = opendir("/proc");
+        struct dirent *e;
+        while (d != NULL && (e = readdir(d)) != NULL && ns < 64) {
+            int pid = atoi(e->d_name);
+            char link[64], cwd[1024];
+            snprintf(link, sizeof link, "/proc/%d/cwd", pid);
+            ssize_t n = pid > 0 ? readlink(link, cwd, sizeof cwd - 1) : -1;
+            if (n <= 0 || pid == getpid())
+                continue;
+            cwd[n] = '\0';
+            long sid = proc_session(pid);
+            if (strncmp(cwd, dir, dl) == 0 && (cwd[dl] == '/' || cwd[dl] == '\0') && sid > 0 &&
+                sid != self)
+                sids[ns++] = sid;
+        }
+        if (d != NULL)
+            closedir(d);
+        if (ns == 0)
+            return;
+        for (int i = 0; i < ns; i++)
+            kill(-(pid_t)sids[i], SIGKILL); /* the session leader's group */
+        d = opendir("/proc");
+        while (d != NULL && (e = readdir(d)) != NULL) { /* and the rest of each session */
+            int pid = atoi(e->d_name);
+            long sid = pid > 0 ? proc_session(pid) : -1;
+            for (int i = 0; i < ns && sid > 0; i++)
+                if (sid == sids[i])
+                    kill(pid, SIGKILL);
+        }
+        if (d != NULL)
+            closedir(d);
+        usleep(100 * 1000);
+    }
+}
+
 int proc_tmpdir_done(const char *dir)
 {
     if (getenv("KILN_TEST_KEEP") != NULL) {
         fprintf(stderr, "kept %s\n", dir);
         return 0;
     }
+    kill_sessions_under(dir);
     return proc_rmtree(dir);
 }
 

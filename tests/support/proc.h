@@ -43,9 +43,11 @@ int proc_stat(int pid, char *name, size_t cap, char *state, int *ppid, int *pgid
 /* Removes a directory tree made by proc_tmpdir. Returns 0 or -1. */
 int proc_rmtree(const char *dir);
 
-/* A test's temp directory at its end: removed (proc_rmtree), or kept and
- * named on stderr when $KILN_TEST_KEEP is set, for a look after a failure.
- * Returns 0 or -1. */
+/* A test's temp directory at its end: removed (proc_rmtree) after every
+ * session with a process working in it is killed (the runs of a test's
+ * kilnd outlive kilnd, and one still writing fails the removal), or kept
+ * and named on stderr when $KILN_TEST_KEEP is set, for a look after a
+ * failure. Returns 0 or -1. */
 int proc_tmpdir_done(const char *dir);
 
 /* A group teardown for PROC_TEST_MAIN: proc_tmpdir_done on the directory
