@@ -165,11 +165,27 @@ void model_kernels_sentence(const model_kernels_t *k, char *buf, size_t cap)
         snprintf(buf, cap, "dense kernels: %s (the library's own pick; CPU: %s)", k->name, cpu);
 }
 
+/* Executes this program again with argv. Through its own path, not
+ * /proc/self/exe: the kernel names a process after the file it executed, and
+ * "exe" in ps, top, pkill and Open MPI's messages hides kiln-train. The link
+ * itself only where the path is gone (the binary was replaced meanwhile).
+ * Returns only on failure (errno set). */
+static void exec_self(char *const argv[])
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        execv(self, argv);
+    }
+    execv("/proc/self/exe", argv);
+}
+
 static int reexec(char *const argv[], const char *core)
 {
     if (setenv("OPENBLAS_CORETYPE", core, 1) != 0)
         return KILN_ENOMEM;
-    execv("/proc/self/exe", argv);
+    exec_self(argv);
     return KILN_EIO;
 }
 
@@ -253,7 +269,7 @@ int model_kernels_ensure(char *const argv[])
     if (wait && setenv("GOMP_SPINCOUNT", KILN_SPINCOUNT, 1) != 0)
         return KILN_ENOMEM;
     if (best == NULL) {
-        execv("/proc/self/exe", argv);
+        exec_self(argv);
         /* Still here: the threads spin as libgomp's default says. */
         const int err = errno;
         unsetenv("GOMP_SPINCOUNT");
