@@ -1340,8 +1340,9 @@ static void test_online_export_sigusr1(void **state)
             fail_msg("kiln-train ended early: see %s/stderr", tmpdir);
         proc_sleep_ms(10);
     }
-    /* Found once is enough: a rank re-executes itself with the CPU's BLAS
-     * kernels (same pid), and a second look during that exec misses it. */
+    /* Found once is enough: a rank re-executes itself (the CPU's BLAS
+     * kernels, the OpenMP spin; same pid, same name), and a look in the
+     * middle of that exec can miss it. */
     bool ranks_up = nfound >= 3, training = false;
     /* Training has begun once the first progress line is there. */
     char prog[600];
