@@ -5,6 +5,8 @@
  */
 #include "proc.h"
 
+#include "kiln.h"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -86,21 +88,11 @@ int proc_rmtree(const char *dir)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* The session of process pid (field 6 of /proc/PID/stat), or -1. */
+/* The session of process pid, or -1 when it is gone. */
 static long proc_session(int pid)
 {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return -1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')'); /* the name may hold spaces */
-    char st;
-    long ppid, pgrp, sid;
-    return p != NULL && sscanf(p + 1, " %c %ld %ld %ld", &st, &ppid, &pgrp, &sid) == 4 ? sid : -1;
+    pid_t sid;
+    return kiln_pid_stat((pid_t)pid, NULL, &sid, NULL) == 0 ? (long)sid : -1;
 }
 
 /* SIGKILL to every session that holds a process working in dir: the runs a
