@@ -181,9 +181,11 @@ static void exec_self(char *const argv[])
     execv("/proc/self/exe", argv);
 }
 
+/* Re-executes with OPENBLAS_CORETYPE=core (NULL: unchanged). Returns only
+ * on failure. */
 static int reexec(char *const argv[], const char *core)
 {
-    if (setenv("OPENBLAS_CORETYPE", core, 1) != 0)
+    if (core != NULL && setenv("OPENBLAS_CORETYPE", core, 1) != 0)
         return KILN_ENOMEM;
     exec_self(argv);
     return KILN_EIO;
@@ -268,21 +270,19 @@ int model_kernels_ensure(char *const argv[])
         return 0;
     if (wait && setenv("GOMP_SPINCOUNT", KILN_SPINCOUNT, 1) != 0)
         return KILN_ENOMEM;
-    if (best == NULL) {
-        exec_self(argv);
-        /* Still here: the threads spin as libgomp's default says. */
-        const int err = errno;
+    if (best != NULL && setenv(ENV_OWN, core, 1) != 0)
+        return kiln_errf(KILN_ENOMEM, "cannot set OPENBLAS_CORETYPE=%s", best);
+    reexec(argv, best);
+    /* Still here: run as the environment was, and say so (result.json's
+     * openmp_wait reads GOMP_SPINCOUNT, so it must not stay set unread). */
+    const int err = errno;
+    if (wait)
         unsetenv("GOMP_SPINCOUNT");
+    if (best == NULL)
         return kiln_errf(KILN_EIO,
                          "cannot re-execute with GOMP_SPINCOUNT=%s (%s): idle OpenMP threads "
                          "spin for milliseconds; set GOMP_SPINCOUNT=%s in the environment",
                          KILN_SPINCOUNT, strerror(err), KILN_SPINCOUNT);
-    }
-    if (setenv(ENV_OWN, core, 1) != 0)
-        return kiln_errf(KILN_ENOMEM, "cannot set OPENBLAS_CORETYPE=%s", best);
-    reexec(argv, best);
-    /* Still here: run with what the library chose, and say so. */
-    const int err = errno;
     unsetenv("OPENBLAS_CORETYPE");
     return kiln_errf(KILN_EIO,
                      "cannot re-execute with OPENBLAS_CORETYPE=%s (%s): the dense math runs "

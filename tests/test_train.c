@@ -1061,23 +1061,22 @@ static void test_openmp_wait(void **state)
     unsetenv("OMP_WAIT_POLICY");
     unsetenv("GOMP_SPINCOUNT");
     const char *all[] = {"--threads", cores, NULL};
-    json_t *v = train_with(1, spec, "omp-default", r, all);
-    if (v == NULL)
-        fail_msg("kiln-train with no OMP_WAIT_POLICY failed (%d): %s", r->code, r->err);
-    assert_string_equal(json_string_value(json_object_get(v, "openmp_wait")),
-                        "GOMP_SPINCOUNT=30000");
-    assert_string_equal(json_string_value(json_object_get(v, "reader")), "team");
-    json_decref(v);
-
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    v = train_with(1, spec, "omp-passive", r, all);
-    unsetenv("OMP_WAIT_POLICY");
-    if (v == NULL)
-        fail_msg("kiln-train with OMP_WAIT_POLICY=passive failed (%d): %s", r->code, r->err);
-    assert_string_equal(json_string_value(json_object_get(v, "openmp_wait")),
-                        "OMP_WAIT_POLICY=passive");
-    assert_string_equal(json_string_value(json_object_get(v, "reader")), "thread");
-    json_decref(v);
+    static const struct {
+        const char *policy, *run, *wait, *reader; /* policy NULL: nothing set */
+    } cases[] = {{NULL, "omp-default", "GOMP_SPINCOUNT=30000", "team"},
+                 {"passive", "omp-passive", "OMP_WAIT_POLICY=passive", "thread"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        if (cases[c].policy != NULL)
+            setenv("OMP_WAIT_POLICY", cases[c].policy, 1);
+        json_t *v = train_with(1, spec, cases[c].run, r, all);
+        unsetenv("OMP_WAIT_POLICY");
+        if (v == NULL)
+            fail_msg("kiln-train with OMP_WAIT_POLICY=%s failed (%d): %s",
+                     cases[c].policy ? cases[c].policy : "(unset)", r->code, r->err);
+        assert_string_equal(json_string_value(json_object_get(v, "openmp_wait")), cases[c].wait);
+        assert_string_equal(json_string_value(json_object_get(v, "reader")), cases[c].reader);
+        json_decref(v);
+    }
     if (policy)
         setenv("OMP_WAIT_POLICY", policy, 1);
     if (spin)

@@ -70,8 +70,8 @@ int train_lookup_keys(trainer_t *tr, const data_batch_t *b, int64_t step, bool i
     if (drc < 0)
         return kiln_errf(drc, "out of memory deduplicating the batch's keys");
     float *const *values;
-    KILN_CHECK(shard_lookup(tr->shard, (const int64_t *const *)tr->tuniq, tr->nuniq, step,
-                               insert, &values));
+    KILN_CHECK(shard_lookup(tr->shard, (const int64_t *const *)tr->tuniq, tr->nuniq, step, insert,
+                            &values));
     tr->tvalues = values;
     for (int s = 0; s < S; s++) {
         int t = tr->slot_table[s];
@@ -107,7 +107,8 @@ static int sum_dd_comm(trainer_t *tr, double *pairs, size_t npairs)
  * its table's unique-key gradients g (nuniq, d, 2), double-double, in bag
  * order. Element-wise, so every vector width gives the scalar loop's bits
  * (KERN_CLONES). */
-KERN_CLONES static void add_slot_grads(const kern_bags_t *bg, int n, int d, const float *go, int64_t ldE, double *g)
+KERN_CLONES static void add_slot_grads(const kern_bags_t *bg, int n, int d, const float *go,
+                                       int64_t ldE, double *g)
 {
     for (int64_t i = 0; i < n; i++, go += ldE) {
         const int64_t p0 = bg->offsets[i], p1 = bg->offsets[i + 1];
@@ -123,7 +124,8 @@ KERN_CLONES static void add_slot_grads(const kern_bags_t *bg, int n, int d, cons
 }
 
 /* One training step. global_n is the rows of all ranks in this step. */
-int train_step(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t global_n, double *loss_sum)
+int train_step(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t global_n,
+               double *loss_sum)
 {
     const int n = b->n, S = tr->S, T = tr->T, d = tr->d;
     KILN_CHECK(train_lookup_batch(tr, b, step, true));
@@ -144,7 +146,7 @@ int train_step(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t globa
 #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < T; t++) {
         double *g = tr->tgrad[t]; /* (nuniq[t], d, 2) */
-        if (tr->nuniq[t] == 0) /* a column empty in every row: no key, maybe no buffer */
+        if (tr->nuniq[t] == 0)    /* a column empty in every row: no key, maybe no buffer */
             continue;
         memset(g, 0, (size_t)(tr->nuniq[t] * d) * 2 * sizeof(double));
         for (int s = 0; s < S; s++)
