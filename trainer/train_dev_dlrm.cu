@@ -1,7 +1,7 @@
 /*
  * trainer/train_dev_dlrm.cu - dlrm's dense model on the GPU for the device
  * step (train_dev.h): the twin of model/model_dlrm.c, its layers on cuBLAS
- * and the pairwise dot products (and their backward) one thread a row.
+ * and the pairwise dot products (and their backward) one block a row.
  * Row-major arrays go to column-major cuBLAS as their transposes, X^T_cm
  * being a row-major X read column-major (no copy):
  *
@@ -95,70 +95,89 @@ __global__ void relu_mask_kernel(int n, int w, const float *act, int lda, float 
     }
 }
 
-__device__ float dot(const float *a, const float *b, int d)
+/* The interaction over a row's N = S + 1 vectors v_0 = bot (R's first d
+ * columns), v_s+1 = E[i, s]: R[i, d + p] = <v_x, v_y> for the p-th pair
+ * x < y in the order (0,1) .. (0,S), (1,2) .. (S-1,S), model_dlrm.c's
+ * order. pair_index and pair_of go between p and (x, y). */
+__device__ int pair_index(int N, int x, int y)
 {
-    float s = 0.0f;
-    for (int j = 0; j < d; j++)
-        s += a[j] * b[j];
-    return s;
+    return x * (2 * N - x - 1) / 2 + (y - x - 1);
 }
 
-__device__ void axpy(float c, const float *x, float *y, int d)
+__device__ void pair_of(int N, int p, int *x, int *y)
 {
-    for (int j = 0; j < d; j++)
-        y[j] += c * x[j];
+    int a = 0;
+    while (p >= N - 1 - a) {
+        p -= N - 1 - a;
+        a++;
+    }
+    *x = a;
+    *y = a + 1 + p;
 }
 
-/* One thread a row: R[i, d + p] = <v_a, v_b> for the p-th pair a < b,
- * v_0 = bot (R's first d columns), v_s+1 = E[i, s]. */
+__device__ const float *vec(const float *bot, const float *e, int d, int v)
+{
+    return v == 0 ? bot : e + (size_t)(v - 1) * (size_t)d;
+}
+
+/* A block a row, a thread a pair (strided): each dot sums its d products in
+ * order, as the CPU does, so the bits do not depend on the launch shape. The
+ * row's vectors are small (N * d floats) and stay in L1 across the pairs. */
 __global__ void interact_fwd_kernel(int n, int S, int d, int ldr, const float *E, float *R)
 {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int i = blockIdx.x, N = S + 1, np = N * (N - 1) / 2;
     if (i >= n)
         return;
     const float *bot = R + (size_t)i * (size_t)ldr;
     const float *e = E + (size_t)i * (size_t)S * (size_t)d;
     float *dots = R + (size_t)i * (size_t)ldr + d;
-    int p = 0;
-    for (int s = 0; s < S; s++)
-        dots[p++] = dot(bot, e + (size_t)s * (size_t)d, d);
-    for (int a = 0; a < S; a++)
-        for (int b = a + 1; b < S; b++)
-            dots[p++] = dot(e + (size_t)a * (size_t)d, e + (size_t)b * (size_t)d, d);
+    for (int p = (int)threadIdx.x; p < np; p += (int)blockDim.x) {
+        int x, y;
+        pair_of(N, p, &x, &y);
+        const float *a = vec(bot, e, d, x), *b = vec(bot, e, d, y);
+        float s = 0.0f;
+        for (int j = 0; j < d; j++)
+            s += a[j] * b[j];
+        dots[p] = s;
+    }
 }
 
-/* One thread a row: the interaction's backward (model_dlrm.c). dR's first
- * d columns become d bot (ReLU'd), dE gets the slots' gradients; dT holds
- * the row's (S + 1, d) gradients first, so dE may alias E. */
+/* A block a row, a thread an output element (vector t, column j): the
+ * interaction's backward (model_dlrm.c). d v_t = sum over u != t of
+ * g(pair t,u) v_u, the u in ascending order, bot's term first: the order in
+ * which the CPU's pair loop adds them, so the same bits. dR's first d
+ * columns become d bot (ReLU'd), dE gets the slots' gradients; dT holds the
+ * row's (S + 1, d) gradients until every thread has read E, so dE may
+ * alias E. */
 __global__ void interact_bwd_kernel(int n, int S, int d, int ldr, const float *R, const float *E,
                                     float *dR, float *dT, float *dE)
 {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int i = blockIdx.x, N = S + 1, out = N * d;
     if (i >= n)
         return;
-    const size_t rowE = (size_t)S * (size_t)d, rowT = rowE + (size_t)d;
+    const size_t rowE = (size_t)S * (size_t)d;
     const float *bot = R + (size_t)i * (size_t)ldr, *e = E + (size_t)i * rowE;
-    float *dr = dR + (size_t)i * (size_t)ldr, *dt = dT + (size_t)i * rowT;
+    float *dr = dR + (size_t)i * (size_t)ldr, *dt = dT + (size_t)i * (size_t)out;
     const float *gd = dr + d;
-    for (size_t j = 0; j < rowT; j++)
-        dt[j] = 0.0f;
-    int p = 0;
-    for (int s = 0; s < S; s++) {
-        const float c = gd[p++];
-        axpy(c, e + (size_t)s * (size_t)d, dt, d);
-        axpy(c, bot, dt + (size_t)(s + 1) * (size_t)d, d);
-    }
-    for (int a = 0; a < S; a++)
-        for (int b = a + 1; b < S; b++) {
-            const float c = gd[p++];
-            axpy(c, e + (size_t)b * (size_t)d, dt + (size_t)(a + 1) * (size_t)d, d);
-            axpy(c, e + (size_t)a * (size_t)d, dt + (size_t)(b + 1) * (size_t)d, d);
+    for (int k = (int)threadIdx.x; k < out; k += (int)blockDim.x) {
+        const int t = k / d, j = k % d;
+        float acc = 0.0f;
+        for (int u = 0; u < N; u++) {
+            if (u == t)
+                continue;
+            const float c = gd[u < t ? pair_index(N, u, t) : pair_index(N, t, u)];
+            acc += c * vec(bot, e, d, u)[j];
         }
-    for (int j = 0; j < d; j++)
-        dr[j] = bot[j] > 0.0f ? dr[j] + dt[j] : 0.0f;
+        dt[k] = acc;
+    }
+    __syncthreads();
     float *de = dE + (size_t)i * rowE;
-    for (size_t j = 0; j < rowE; j++)
-        de[j] = dt[d + j];
+    for (int k = (int)threadIdx.x; k < out; k += (int)blockDim.x) {
+        if (k < d)
+            dr[k] = bot[k] > 0.0f ? dr[k] + dt[k] : 0.0f;
+        else
+            de[k - d] = dt[k];
+    }
 }
 
 /* One thread a row: the row's loss and gz = (sigmoid(z) - y) * scale. */
@@ -351,7 +370,7 @@ static int forward(dev_dlrm_t *h, const dev_dense_t *a)
         lda = ldy;
     }
     const unsigned rb = (unsigned)((n + 127) / 128);
-    interact_fwd_kernel<<<rb, 128, 0, h->st>>>(n, h->S, h->d, h->ldr, a->E, h->R);
+    interact_fwd_kernel<<<(unsigned)n, 128, 0, h->st>>>(n, h->S, h->d, h->ldr, a->E, h->R);
     CUDA_CHECK(cudaGetLastError());
     A = h->R;
     lda = h->ldr;
@@ -386,8 +405,8 @@ static int backward(dev_dlrm_t *h, const dev_dense_t *a)
         cb ^= 1;
     }
     float *dR = h->gbuf[cb ^ 1]; /* the top's input gradient, (n, ldr) */
-    interact_bwd_kernel<<<(unsigned)((n + 127) / 128), 128, 0, h->st>>>(n, h->S, h->d, h->ldr, h->R,
-                                                                        a->E, dR, h->dT, a->dE);
+    interact_bwd_kernel<<<(unsigned)n, 128, 0, h->st>>>(n, h->S, h->d, h->ldr, h->R, a->E, dR,
+                                                        h->dT, a->dE);
     CUDA_CHECK(cudaGetLastError());
     cur = dR;
     ldc = h->ldr;
