@@ -37,7 +37,8 @@ def run(cmd, check=True):
     return p
 
 
-def train(build, work, model, device, ranks, seed, threads=0, check=True, extra=(), batch=4096):
+def train(build, work, model, device, ranks, seed, threads=0, check=True, extra=(), batch=4096,
+          wrap=()):
     spec = os.path.join(work, "%s-%s-%d.yaml" % (model, device, seed))
     with open(spec, "w") as f:
         f.write("name: gpu-bench-%s\n" % model)
@@ -47,11 +48,13 @@ def train(build, work, model, device, ranks, seed, threads=0, check=True, extra=
         f.write("resources: {device: %s, threads: %d}\n" % (device, threads))
     rundir = os.path.join(work, "run")
     shutil.rmtree(rundir, ignore_errors=True)
-    p = run(["mpirun", "-np", str(ranks), "--bind-to", "none",
-             os.path.join(build, "trainer", "kiln-train"), "--spec", spec, "--run-dir", rundir,
+    p = run(["mpirun", "-np", str(ranks), "--bind-to", "none"] + list(wrap) +
+            [os.path.join(build, "trainer", "kiln-train"), "--spec", spec, "--run-dir", rundir,
              "--quiet"] + list(extra), check)
     if p.returncode != 0:
         return None, p.stderr
+    if wrap:
+        return p.stdout, p.stderr
     return json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1]), ""
 
 
@@ -62,6 +65,9 @@ def main():
     ap.add_argument("--threads", default="2,0")
     ap.add_argument("--exchange-peer", action="store_true")
     ap.add_argument("--batch", type=int, default=4096, help="global batch (split over ranks)")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="instead of the table: one cuda run per model under Nsight Systems "
+                    "(NSYS, default nsys), its --stats report into DIR/MODEL.txt")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     threads = [int(t) for t in a.threads.split(",")]
@@ -73,6 +79,18 @@ def main():
         if probe is None:
             line = [l for l in why.splitlines() if "device" in l]
             print("skipped: %s" % (line[0].strip() if line else why.strip()[-300:]))
+            return
+        if a.profile:
+            os.makedirs(a.profile, exist_ok=True)
+            for m in a.models.split(","):
+                rep = os.path.join(a.profile, m)
+                out, err = train(build, work, m, "cuda", a.ranks, 42, batch=a.batch, check=False,
+                                 wrap=(os.environ.get("NSYS", "nsys"), "profile", "--stats=true",
+                                       "--trace=cuda,nvtx", "--force-overwrite=true",
+                                       "-o", rep))
+                with open(rep + ".txt", "w") as f:
+                    f.write((out or "") + "\n--- stderr\n" + err)
+                print("%s: profile in %s.txt" % (m, rep), flush=True)
             return
         runs = [("cuda", 0, ())] + [("cpu", t, ()) for t in threads]
         names = ["cuda"] + ["cpu%s" % (t if t else "-all") for t in threads]

@@ -41,6 +41,11 @@ pack() {
         echo "$base" | grep -Eq "$skip" && continue
         [ -e "$stage/opt/kiln-kit/lib/$base" ] || cp -L "$lib" "$stage/opt/kiln-kit/lib/$base"
     done
+    # Nsight Systems' report importer on the GPU hosts seen so far lacks
+    # elfutils' libraries (QdstrmImporter: libdw.so.1 not found)
+    for l in libdw.so.1 libelf.so.1; do
+        [ -e "/usr/lib/x86_64-linux-gnu/$l" ] && cp -L "/usr/lib/x86_64-linux-gnu/$l" "$stage/opt/kiln-kit/lib/"
+    done
     # no debug info and no headers: the device tool carries 64 MiB in all
     rm -rf "$stage/usr/lib/x86_64-linux-gnu/openmpi/include"
     find "$stage" -type f \( -perm -u+x -o -name '*.so*' \) | while read -r f; do

@@ -6,7 +6,8 @@
 #
 #   sh tools/gpu_run.sh [KIT.tar.gz]       (default gpukit/kit.tar.gz)
 #
-# KILN_GPU_STEPS picks steps (default "bench ctest train"); KILN_GPU_ROWS
+# KILN_GPU_STEPS picks steps (default "bench ctest train"; "profile" runs
+# lr and dlrm once each under Nsight Systems, its reports into $OUT/nsys); KILN_GPU_ROWS
 # sets gpu_train.py's rows, KILN_GPU_TRAIN_ARGS adds options to it (later
 # ones win: "--batch 65536 --threads 0 --repeat 1"). A step that fails or runs out of time does not stop the next: one call
 # brings back every log it got to.
@@ -32,6 +33,21 @@ sh tools/gpu_kit.sh unpack "$kit" >> "$out/host.log" 2>&1 || { echo "unpack fail
   timeout 30 mpirun -np 2 --bind-to none hostname; } >> "$out/host.log" 2>&1
 step gpu_bench 90 build/bench/gpu_bench
 step ctest 200 sh -c 'cd build && ctest -L gpu --output-on-failure --timeout 150'
+# an nsys that can write its report: one with QdstrmImporter beside it
+nsys=
+for n in $(command -v nsys) /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/bin/nsys \
+         /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys; do
+    [ -x "$n" ] || continue
+    d=$(dirname "$(readlink -f "$n")")
+    ls "$d"/QdstrmImporter "$d"/../host-linux-x64/QdstrmImporter "$d"/../*/QdstrmImporter \
+        >/dev/null 2>&1 && { nsys=$n; break; }
+    nsys=${nsys:-$n}
+done
+echo "nsys: ${nsys:-none}" >> "$out/host.log"
+step gpu_profile 150 env NSYS="${nsys:-nsys}" PYTHONUNBUFFERED=1 python3 bench/gpu_train.py --build build \
+    --rows ${KILN_GPU_ROWS:-400000} --models lr,dlrm --profile "$out/nsys" ${KILN_GPU_TRAIN_ARGS:-}
 step gpu_train 180 env PYTHONUNBUFFERED=1 python3 bench/gpu_train.py --build build \
     --threads 2,0 --rows ${KILN_GPU_ROWS:-400000} --repeat 3 ${KILN_GPU_TRAIN_ARGS:-}
 cp build/Testing/Temporary/LastTest.log "$out/" 2>/dev/null
+# the reports' tables are in the .txt files; the raw traces only while small
+find "$out/nsys" \( -name '*.sqlite' -o -name '*.qdstrm' -o -size +8M \) -delete 2>/dev/null
