@@ -96,6 +96,7 @@ typedef struct job_embedding {
     double memory_share;     /* (0, 1] */
     char *spill_dir;         /* model.embedding's only (tables use it); NULL: the run's
                                 scratch directory */
+    kern_tier_io_t spill_io; /* model.embedding's only: how the tiers read (auto) */
     struct {
         int64_t min_count;   /* 1: every key gets a row at once */
         int64_t sketch_width;

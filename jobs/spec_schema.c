@@ -32,6 +32,7 @@ static const char *const model_type_names[] = {
     [MODEL_LR] = "lr", [MODEL_FM] = "fm", [MODEL_DLRM] = "dlrm", NULL};
 static const char *const precision_names[] = {
     [MODEL_DENSE_FP32] = "fp32", [MODEL_DENSE_BF16] = "bf16", NULL};
+static const char *const spill_io_names[] = {"auto", "pread", "uring", "mmap", NULL};
 static const char *const combiner_names[] = {
     [KERN_COMBINE_SUM] = "sum", [KERN_COMBINE_MEAN] = "mean", NULL};
 static const char *const eviction_names[] = {
@@ -336,6 +337,7 @@ static const field_t embedding_fields[] = {
 static const field_t model_embedding_fields[] = {
     {.key = "", .type = T_INLINE, .off = 0, .sub = embedding_fields},
     STR("spill_dir", job_embedding_t, spill_dir, NULL, F_NONEMPTY, NULL),
+    ENUM("spill_io", job_embedding_t, spill_io, KERN_TIER_IO_AUTO, spill_io_names),
     FIELD_END};
 
 /* One entry of model.tables: a name, the slots it reads, and any of the

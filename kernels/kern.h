@@ -35,16 +35,20 @@ extern "C" {
  * the wire (checkpoints and result.json spell them, e.g. "adagrad"). */
 typedef enum { KERN_INIT_ZEROS = 0, KERN_INIT_UNIFORM = 1, KERN_INIT_NORMAL = 2 } kern_init_t;
 typedef enum { KERN_EVICT_NONE = 0, KERN_EVICT_LRU = 1, KERN_EVICT_LFU = 2 } kern_evict_t;
-/* How a disk tier moves pages: AUTO reads through a read-only mapping of the
- * file (MMAP) and writes with pwrite; where the kernel refuses a mapping,
- * io_uring reads when Kiln is built with liburing and the kernel gives the
- * process a ring, else pread/pwrite. PREAD, URING and MMAP ask for one. */
+/* How a disk tier reads pages (writes are pwrite whatever it reads with):
+ * AUTO reads with io_uring when Kiln is built with liburing and the kernel
+ * gives the process a ring, else with pread. MMAP reads through a
+ * read-only mapping of the file: the fastest while the page cache holds the
+ * file, but the mapped pages count in the process's RSS (docs/models.md).
+ * PREAD, URING and MMAP ask for one. */
 typedef enum {
     KERN_TIER_IO_AUTO = 0,
     KERN_TIER_IO_PREAD = 1,
     KERN_TIER_IO_URING = 2,
     KERN_TIER_IO_MMAP = 3
 } kern_tier_io_t;
+/* "auto", "pread", "uring" or "mmap": model.embedding.spill_io's words. */
+const char *kern_tier_io_name(kern_tier_io_t io);
 typedef enum { KERN_OPT_SGD = 0, KERN_OPT_ADAGRAD = 1, KERN_OPT_ADAM = 2 } kern_opt_kind_t;
 typedef enum { KERN_COMBINE_SUM = 0, KERN_COMBINE_MEAN = 1 } kern_combine_t;
 
@@ -82,7 +86,7 @@ typedef struct {
      * is lru among them, and a row moves between the tiers whole. */
     int64_t ram_rows;
     const char *spill_path;
-    kern_tier_io_t spill_io; /* AUTO in the trainer; the bench compares them */
+    kern_tier_io_t spill_io; /* model.embedding.spill_io; the bench compares them */
     /* kern_table_prefetch: false (the trainer) only while the tier's reads
      * are slow, true always (tests and the bench). */
     bool spill_prefetch_always;

@@ -30,12 +30,13 @@
  * page's stamp range is thus a bound, widened by puts and made exact when
  * a whole-tier pass rewrites the page.
  *
- * A batch's reads are copies from a read-only mapping of the file (AUTO:
- * the page cache's pages are mapped once and then read without a call
- * into the kernel; the file is sized to its pages at open, sparse), or one
- * io_uring_enter when Kiln is built with liburing and the kernel gives the
- * process a ring, or one pread per page (kern_tier_io_t picks;
- * bench/tier_bench measures each); writes are one pwrite per page
+ * A batch's reads are one io_uring_enter when Kiln is built with liburing
+ * and the kernel gives the process a ring (AUTO), or one pread per page,
+ * or copies from a read-only mapping of the file (MMAP, when asked: the
+ * page cache's pages are mapped once and then read without a call into the
+ * kernel, but they count in the process's RSS; the file is sized to its
+ * pages at open, sparse) (kern_tier_io_t picks; bench/tier_bench measures
+ * each); writes are one pwrite per page
  * whatever reads use (see io_run), so a full disk is an error (ENOSPC), not
  * a signal as a write into a mapping would be. kern_tier_prefetch asks the
  * kernel to bring the pages of a coming call's keys into its page cache
@@ -128,7 +129,7 @@ struct kern_tier {
     int64_t reads, writes, read_bytes, written_bytes, submits, prefetched;
     double read_ns;   /* a lookup's read, ns, moving average (0: none yet) */
     bool prefetch_always;
-    kern_tier_io_t io; /* KERN_TIER_IO_URING or KERN_TIER_IO_PREAD, as opened */
+    kern_tier_io_t io; /* URING, PREAD or MMAP, as opened */
     uint8_t *map;      /* the file mapped read-only (MMAP), NULL otherwise */
     size_t map_bytes;
 #ifdef KILN_HAVE_URING
@@ -147,6 +148,7 @@ struct kern_tier {
     wbq_t wbq[2];
     int wb_fill;
     int wb_busy;   /* the writer holds a queue */
+    int wb_cold;   /* the tier's reads are slow (kern_tier_slow): the writer reads ahead */
     int wb_rc;     /* the first failure, till a call reports it */
     char wb_msg[512];
 };
@@ -360,8 +362,15 @@ static void *wb_main(void *arg)
         if (!c->wb_busy)
             break;
         wbq_t *q = &c->wbq[!c->wb_fill];
-        int rc = 0;
+        int rc = 0, cold = c->wb_cold;
         pthread_mutex_unlock(&c->wb_mu);
+        /* A record smaller than a page, written where the page is not in
+         * the page cache, makes the kernel read the page first, in the
+         * write and one at a time. With the file cold, ask for all the
+         * queue's pages at once first, so those reads run together. */
+        for (int i = 0; cold && i < q->n; i++)
+            (void)posix_fadvise(c->fd, (off_t)q->ops[i].off, (off_t)q->ops[i].len,
+                                POSIX_FADV_WILLNEED);
         for (int i = 0; i < q->n && rc == 0; i++)
             rc = io_sync(c, &q->ops[i], 0);
         pthread_mutex_lock(&c->wb_mu);
@@ -451,6 +460,7 @@ static int wb_write(kern_tier_t *c, const iop_t *ops, int n)
         pthread_mutex_unlock(&c->wb_mu);
         return rc;
     }
+    c->wb_cold = kern_tier_slow(c);
     for (int i = 0; i < n; i++) {
         iop_t *op = &q->ops[q->n++];
         *op = ops[i];
@@ -537,22 +547,21 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
                        c->table, path, strerror(errno));
         goto out;
     }
-    /* AUTO reads through a mapping (the fastest where the page cache
-     * holds the file, docs/benchmarks.md); where the kernel refuses one it
-     * goes on to io_uring or pread. */
-    if (io == KERN_TIER_IO_AUTO || io == KERN_TIER_IO_MMAP) {
+    /* A mapping only when asked: its pages count in RSS, and with the file
+     * out of the page cache it reads slower than the ring
+     * (docs/benchmarks.md). */
+    if (io == KERN_TIER_IO_MMAP) {
         int err = map_file(c);
-        if (err == 0)
-            c->io = KERN_TIER_IO_MMAP;
-        else if (io == KERN_TIER_IO_MMAP) {
+        if (err != 0) {
             rc = kiln_errf(KILN_EIO, "table '%s': cannot map its disk tier %s: %s; check "
                            "model.embedding.spill_dir", c->table, path, strerror(err));
             goto out;
         }
+        c->io = KERN_TIER_IO_MMAP;
     }
 #ifdef KILN_HAVE_URING
     /* A kernel or sandbox without io_uring leaves the pread path (auto). */
-    if (c->io != KERN_TIER_IO_MMAP && io != KERN_TIER_IO_PREAD) {
+    if (io == KERN_TIER_IO_AUTO || io == KERN_TIER_IO_URING) {
         int r = io_uring_queue_init(QDEPTH, &c->ring, 0);
         if (r == 0)
             c->io = KERN_TIER_IO_URING;
@@ -613,6 +622,12 @@ void kern_tier_close(kern_tier_t *c)
                   c->bufs, c->bpage, c->bmark, c->ops, c->wbq[0].ops, c->wbq[0].buf,
                   c->wbq[1].ops, c->wbq[1].buf);
     free(c);
+}
+
+const char *kern_tier_io_name(kern_tier_io_t io)
+{
+    static const char *const names[] = {"auto", "pread", "uring", "mmap"};
+    return (unsigned)io < sizeof names / sizeof *names ? names[io] : "?";
 }
 
 size_t kern_tier_rec_bytes(const kern_tier_t *c) { return c->rec; }
@@ -975,25 +990,33 @@ static void prefetch_run(kern_tier_t *c, int64_t first, int64_t last)
 {
     off_t off = (off_t)(first * (int64_t)c->page);
     off_t len = (off_t)((last - first) * (int64_t)c->page + (int64_t)c->nrec[last] * (int64_t)c->rec);
-    c->prefetched += last - first + 1;
 #ifdef KILN_HAVE_URING
     if (c->io == KERN_TIER_IO_URING) {
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
-        if (!sqe) { /* the queue is full: send it, keep what came back moving */
+        /* At most QDEPTH fadvises in flight: the completion queue (2
+         * QDEPTH) must keep room for a batch's reads beside them. Past it
+         * the kernel queues completions in memory of its own, and where it
+         * cannot get that memory (a cgroup at its limit: the very case of
+         * a cold file) it drops them and the next submission fails with
+         * EBADR. A prefetch is advice: the lookup reads the pages anyway. */
+        if (c->pf_inflight >= QDEPTH) {
             io_uring_submit(&c->ring);
             c->submits++;
             int done = 0;
             ring_reap(c, NULL, &done, 0);
-            sqe = io_uring_get_sqe(&c->ring);
+            if (c->pf_inflight >= QDEPTH)
+                return;
         }
-        if (sqe) {
-            io_uring_prep_fadvise(sqe, c->fd, (uint64_t)off, len, POSIX_FADV_WILLNEED);
-            sqe->user_data = PREFETCH_TAG;
-            c->pf_inflight++;
-        }
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
+        if (!sqe)
+            return;
+        io_uring_prep_fadvise(sqe, c->fd, (uint64_t)off, len, POSIX_FADV_WILLNEED);
+        sqe->user_data = PREFETCH_TAG;
+        c->pf_inflight++;
+        c->prefetched += last - first + 1;
         return;
     }
 #endif
+    c->prefetched += last - first + 1;
     (void)posix_fadvise(c->fd, off, len, POSIX_FADV_WILLNEED);
     c->submits++;
 }

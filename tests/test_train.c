@@ -655,6 +655,15 @@ static void tier_case(const char *tag, const char *extra, const char *memory)
     /* the slots with many keys outgrow their 10% (small ones fit in RAM) */
     assert_true(json_integer_value(json_object_get(tab, "rows_disk")) > 0);
     assert_true(json_integer_value(json_object_get(tab, "disk_read_bytes")) > 0);
+    /* the tiers read as model.embedding.spill_io says: by default with
+     * io_uring (pread where the kernel gives no ring), not a mapping */
+    const char *io = json_string_value(json_object_get(tab, "disk_io"));
+    assert_non_null(io);
+    if (strstr(extra, "spill_io: mmap"))
+        assert_string_equal(io, "mmap");
+    else
+        assert_true(strcmp(io, "uring") == 0 || strcmp(io, "pread") == 0);
+    assert_true(json_is_null(json_object_get(json_object_get(res[0], "tables"), "disk_io")));
     if (strstr(extra, "ttl")) {
         for (int k = 0; k < 2; k++) {
             json_t *t = json_object_get(res[k], "tables");
@@ -784,7 +793,7 @@ static void test_tables_larger_than_memory(void **state)
     (void)state;
     tier_case("tier", "", "24KiB");
     /* admission keeps the tables small: less RAM so that they spill */
-    tier_case("tier-adm", ", admit: {min_count: 2}, ttl: 20", "12KiB");
+    tier_case("tier-adm", ", admit: {min_count: 2}, ttl: 20, spill_io: mmap", "12KiB");
 }
 
 /* Trains model on 2 ranks twice, as run[0] and run[1] (spec lines extra[k]

@@ -279,6 +279,7 @@ int train_setup_tables(trainer_t *tr)
         if (cfgs[t].ram_rows > 0) {
             KILN_CHECK_GOTO(spill_path(tr, jt->name, spills[t], sizeof spills[t]), rc, out);
             cfgs[t].spill_path = spills[t];
+            cfgs[t].spill_io = tr->spec.model.embedding.spill_io;
         }
         dims[t] = d;
         /* The mirror of a GPU table must take every row the GPU holds: its

@@ -56,9 +56,12 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
     /* ram, disk, ram hits, disk hits, pages read, pages written (bytes),
      * expired, rejected */
     int64_t mine[8] = {0}, all[8] = {0};
+    const char *io = "";
     for (int t = 0; t < tr->T; t++) {
         kern_table_stats_t st;
         kern_table_stats(tr->tables[t], &st);
+        if (kern_table_tiered(tr->tables[t]) && !io[0])
+            io = kern_tier_io_name(st.disk_io);
         mine[0] += st.ram_size;
         mine[1] += st.disk_size;
         mine[2] += st.ram_hits;
@@ -86,6 +89,7 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
                           .disk_written_bytes = all[5],
                           .rows_expired = all[6],
                           .admit_rejected = all[7]};
+    snprintf(out->disk_io, sizeof out->disk_io, "%s", io);
     return 0;
 }
 
