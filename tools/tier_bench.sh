@@ -4,14 +4,19 @@
 # 100%, 25% and 10% of the table in RAM, Zipf 1.15, each in its own process.
 # Sizes whose table (or tier file) does not fit the free RAM or disk are
 # skipped with a line saying so (TIER_BENCH_SIZES="1000000 10000000" picks
-# sizes). Each size with rows on disk runs with the tier's reads from a
-# mapping of its file (what kiln-train and kiln-serve use), through pread,
-# through io_uring, and mapped with prefetch (as kiln-train calls it: it
-# acts only while the tier's reads are slow), and each tiered line is
+# sizes). Each size with rows on disk runs with the tier's reads through
+# io_uring (model.embedding.spill_io: auto, what kiln-train and kiln-serve
+# use), through pread, from a mapping of its file (spill_io: mmap), and
+# through io_uring with prefetch (as kiln-train calls it: it acts only while
+# the tier's reads are slow), and each tiered line is
 # followed by its ratio to the all-in-RAM lines of its size (the faster of
 # two runs: samples/s, and CPU time per step, which other load on the
 # machine disturbs less); the 10% lines say whether the goal (>= 0.5x) is
-# met. Then the admission curve (see below).
+# met. Then, where a memory cgroup can be made (root, cgroup v1 or v2), the
+# 10% lines again with the process and its page cache held to half the
+# tier file plus the process's own memory, so the file is truly cold, as
+# for a table larger than the machine's free RAM ("cold file" lines;
+# TIER_BENCH_COLD=0 skips them). Then the admission curve (see below).
 # Usage: tools/tier_bench.sh [build] [dir]
 set -euo pipefail
 build="${1:-build}"
@@ -52,7 +57,7 @@ for keys in ${TIER_BENCH_SIZES-1000000 10000000 100000000}; do
     fi
     # the tier's reads from the mapping, through pread and through io_uring;
     # then mapped with the next step's keys prefetched
-    for how in "mmap 0" "pread 0" "uring 0" "mmap 1"; do
+    for how in "uring 0" "pread 0" "mmap 0" "uring 1"; do
       set -- $how
       line=$("$bench" --keys "$keys" --memory "$mem" --zipf 1.15 --steps "$steps" --dir "$dir" \
         --io "$1" --prefetch "$2")
@@ -68,6 +73,41 @@ for keys in ${TIER_BENCH_SIZES-1000000 10000000 100000000}; do
   done
 done
 
+# Cold file: tier_bench in a memory cgroup of LIMIT bytes (anonymous memory
+# and page cache together); says why not where none can be made.
+cold_run() { # cold_run LIMIT ARGS...
+  local cg="" limit=$1; shift
+  if [ -w /sys/fs/cgroup/memory ]; then
+    cg=/sys/fs/cgroup/memory/kiln-tier-bench.$$
+    mkdir "$cg" && echo "$limit" > "$cg/memory.limit_in_bytes" || cg=""
+  elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    cg=/sys/fs/cgroup/kiln-tier-bench.$$
+    mkdir "$cg" && echo "$limit" > "$cg/memory.max" || cg=""
+  fi
+  if [ -z "$cg" ]; then
+    echo "cold file: skipped, no memory cgroup can be made here (needs root and cgroup v1's or v2's memory controller)"
+    return 0
+  fi
+  sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" "$@"
+  rmdir "$cg" 2>/dev/null || true
+}
+if [ "${TIER_BENCH_COLD:-1}" != 0 ]; then
+  for keys in ${TIER_BENCH_SIZES-1000000 10000000 100000000}; do
+    [ "$keys" -ge 100000000 ] && continue  # hours at disk speed
+    need=$((keys * 180))
+    disk=$(($(df -P -B1 "$dir" | awk 'NR==2 {print $4}')))
+    [ "$need" -gt "$disk" ] && continue
+    # half the tier file (about 200 bytes a key at dim 16, adagrad) and the
+    # process's own memory at 10% (about 40 bytes a key and 32 MiB)
+    limit=$((keys * 100 + keys * 40 + (32 << 20)))
+    echo "cold file: keys $keys at 10%, memory cgroup of $((limit >> 20)) MiB, 40 steps"
+    for how in "uring 0" "uring 1" "pread 0" "mmap 0"; do
+      set -- $how
+      cold_run "$limit" "$bench" --keys "$keys" --memory 0.1 --zipf 1.15 --steps 40 --dir "$dir" \
+        --io "$1" --prefetch "$2"
+    done
+  done
+fi
 # Admission (model.embedding.admit.min_count 1, 2, 5): kiln-train (fm, dim
 # 16, adagrad, 1 rank) on `kiln datagen` data whose ids are Zipf 1.15 in
 # every slot, one epoch of ${adm_rows} rows, eval on ${adm_eval} rows of the
