@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "jobs.h"
 #include "kern.h"
 #include "kern_ops.h"
 #include "kiln.h"
@@ -210,7 +211,7 @@ int main(int argc, char **argv)
            "CPU %.1f ms/step, RAM hit rate %.4f, I/O calls %.0f/step, disk read %.0f KB/step, written %.0f KB/step, "
            "peak RSS %.0f MB (anonymous %.0f MB), table in RAM %.0f MB\n",
            (long long)keys, memory * 100, (long long)(ram ? ram : keys),
-           !ram ? "-" : kern_tier_io_name(st1.disk_io), prefetch,
+           !ram ? "-" : job_spill_io_name(st1.disk_io), prefetch,
            cfd >= 0 ? ", cold file" : "",
            rate[blocks / 2], cpu * 1e3, ram ? hits / (hits + miss) : 1.0,
            (double)(st1.disk_submits - st0.disk_submits) / step_n,

@@ -64,6 +64,7 @@ const char *job_combiner_name(kern_combine_t v);
 const char *job_eviction_name(kern_evict_t v);
 const char *job_init_name(kern_init_t v);
 const char *job_optimizer_type_name(kern_opt_kind_t v);
+const char *job_spill_io_name(kern_tier_io_t v);
 const char *job_export_mode_name(job_export_mode_t v);
 const char *job_init_from_name(job_init_from_t v);
 const char *job_train_mode_name(job_train_mode_t v);

@@ -32,7 +32,10 @@ static const char *const model_type_names[] = {
     [MODEL_LR] = "lr", [MODEL_FM] = "fm", [MODEL_DLRM] = "dlrm", NULL};
 static const char *const precision_names[] = {
     [MODEL_DENSE_FP32] = "fp32", [MODEL_DENSE_BF16] = "bf16", NULL};
-static const char *const spill_io_names[] = {"auto", "pread", "uring", "mmap", NULL};
+static const char *const spill_io_names[] = {[KERN_TIER_IO_AUTO] = "auto",
+                                             [KERN_TIER_IO_PREAD] = "pread",
+                                             [KERN_TIER_IO_URING] = "uring",
+                                             [KERN_TIER_IO_MMAP] = "mmap", NULL};
 static const char *const combiner_names[] = {
     [KERN_COMBINE_SUM] = "sum", [KERN_COMBINE_MEAN] = "mean", NULL};
 static const char *const eviction_names[] = {
@@ -69,6 +72,7 @@ ENUM_NAME_FN(job_combiner_name, kern_combine_t, combiner_names)
 ENUM_NAME_FN(job_eviction_name, kern_evict_t, eviction_names)
 ENUM_NAME_FN(job_init_name, kern_init_t, init_names)
 ENUM_NAME_FN(job_optimizer_type_name, kern_opt_kind_t, optimizer_names)
+ENUM_NAME_FN(job_spill_io_name, kern_tier_io_t, spill_io_names)
 ENUM_NAME_FN(job_init_from_name, job_init_from_t, init_from_names)
 ENUM_NAME_FN(job_export_mode_name, job_export_mode_t, export_names)
 ENUM_NAME_FN(job_train_mode_name, job_train_mode_t, mode_names)

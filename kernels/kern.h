@@ -47,8 +47,6 @@ typedef enum {
     KERN_TIER_IO_URING = 2,
     KERN_TIER_IO_MMAP = 3
 } kern_tier_io_t;
-/* "auto", "pread", "uring" or "mmap": model.embedding.spill_io's words. */
-const char *kern_tier_io_name(kern_tier_io_t io);
 typedef enum { KERN_OPT_SGD = 0, KERN_OPT_ADAGRAD = 1, KERN_OPT_ADAM = 2 } kern_opt_kind_t;
 typedef enum { KERN_COMBINE_SUM = 0, KERN_COMBINE_MEAN = 1 } kern_combine_t;
 

@@ -624,12 +624,6 @@ void kern_tier_close(kern_tier_t *c)
     free(c);
 }
 
-const char *kern_tier_io_name(kern_tier_io_t io)
-{
-    static const char *const names[] = {"auto", "pread", "uring", "mmap"};
-    return (unsigned)io < sizeof names / sizeof *names ? names[io] : "?";
-}
-
 size_t kern_tier_rec_bytes(const kern_tier_t *c) { return c->rec; }
 int64_t kern_tier_size(const kern_tier_t *c) { return c->size; }
 

@@ -108,7 +108,7 @@ typedef struct run_tables {
     int64_t disk_read_bytes, disk_written_bytes;
     int64_t rows_expired;      /* removed by model.embedding.ttl */
     int64_t admit_rejected;    /* lookups of keys not admitted yet */
-    char disk_io[8];           /* how rank 0's tiers read (kern_tier_io_name); "": none */
+    char disk_io[8];           /* how rank 0's tiers read (job_spill_io_name); "": none */
 } run_tables_t;
 
 /* ---- result.json ----------------------------------------------------------------------

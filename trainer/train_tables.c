@@ -61,7 +61,7 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
         kern_table_stats_t st;
         kern_table_stats(tr->tables[t], &st);
         if (kern_table_tiered(tr->tables[t]) && !io[0])
-            io = kern_tier_io_name(st.disk_io);
+            io = job_spill_io_name(st.disk_io);
         mine[0] += st.ram_size;
         mine[1] += st.disk_size;
         mine[2] += st.ram_hits;
