@@ -39,8 +39,7 @@ for n in $(command -v nsys) /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cud
          /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys; do
     [ -x "$n" ] || continue
     d=$(dirname "$(readlink -f "$n")")
-    ls "$d"/QdstrmImporter "$d"/../host-linux-x64/QdstrmImporter "$d"/../*/QdstrmImporter \
-        >/dev/null 2>&1 && { nsys=$n; break; }
+    ls "$d"/../*/QdstrmImporter >/dev/null 2>&1 && { nsys=$n; break; }
     nsys=${nsys:-$n}
 done
 echo "nsys: ${nsys:-none}" >> "$out/host.log"
