@@ -122,8 +122,9 @@ struct kern_table {
     int64_t ndem, capdem;
     int64_t ram_hits, disk_hits, demoted, expired;
     /* The RAM's own policy (a tier only): how often each key was looked up
-     * lately, in a count-min sketch of 2 rows of hk_width 8-bit counters
-     * (halved each time hk_adds passes hk_window), and each RAM row's
+     * lately, in a count-min sketch of 2 x hk_width 8-bit counters, a
+     * key's two in one 64-byte block (heat_slots; halved each time hk_adds
+     * passes hk_window), and each RAM row's
      * estimate when last used (heat, halved along). Demotion takes the
      * coolest rows first, the longest unused among equals, so the hottest
      * Zipf keys stay in RAM where lru would push them out for keys seen once. */
@@ -463,7 +464,7 @@ static void init_row(kern_table_t *t, int64_t r, int64_t key)
  * Eviction works within one segment (the one that lacks room). A round
  * evicts max(need, evict_fraction x the segment's rows) rows of lowest
  * priority (lru: step of last use, lfu: use count), never a row used at the
- * current step. The priority threshold is the k-th smallest of a sample of
+ * current step. The priority threshold is the k-th smallest (kth_u32) of a sample of
  * EVICT_SAMPLE live rows (all rows when fewer, which makes small tables
  * exact); one scan of the segment then evicts rows below it, a second rows
  * equal to it, in row order, until enough are gone. Cost: O(segment rows)
@@ -477,10 +478,37 @@ static inline uint32_t priority(const kern_table_t *t, int64_t r, int64_t step)
     return kern_evict_priority(t->evict, age_of(t, r, step), 0);
 }
 
-static int cmp_u32(const void *a, const void *b)
+/* The k-th smallest of a[n] (0-based), reordering a: a quickselect (Hoare
+ * partitions around a median of three). The threshold of a round is a
+ * value, the same whichever way it is found; sorting the sample for it
+ * (qsort with a comparison call per step) was a sixth of a tiered lr step. */
+static uint32_t kth_u32(uint32_t *a, int64_t n, int64_t k)
 {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        uint32_t x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi];
+        uint32_t piv = x < y ? (y < z ? y : x < z ? z : x) : (x < z ? x : y < z ? z : y);
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < piv)
+                i++;
+            while (a[j] > piv)
+                j--;
+            if (i <= j) {
+                uint32_t s = a[i];
+                a[i++] = a[j];
+                a[j--] = s;
+            }
+        }
+        /* a[lo..j] <= piv <= a[i..hi], and a[j+1..i-1] == piv */
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            return piv;
+    }
+    return a[k];
 }
 
 static int cmp_i64(const void *a, const void *b)
@@ -526,13 +554,20 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
     const int64_t lo = g->base, hi = g->base + g->hiwater;
     int rc = 0;
     *freed = 0;
-    uint32_t *sample = kiln_malloc(sizeof(uint32_t) * EVICT_SAMPLE);
+    /* A demotion moves rows between RAM and disk and changes no value, so
+     * it takes every row of segments up to 4 x EVICT_SAMPLE: a pass in row
+     * order costs less than EVICT_SAMPLE random draws (a division and a
+     * cache miss each), and the threshold is exact. An eviction keeps its
+     * sample: which rows it drops is part of the trained model. */
+    const int exact = g->hiwater <= (demote ? 4 : 1) * EVICT_SAMPLE;
+    uint32_t *sample =
+        kiln_malloc(sizeof(uint32_t) * (size_t)(exact && g->hiwater > 0 ? g->hiwater : EVICT_SAMPLE));
     if (!sample)
         return KILN_ENOMEM;
 
     /* Sample evictable rows (all of them when the segment is small). */
     int64_t ns = 0;
-    if (g->hiwater <= EVICT_SAMPLE) {
+    if (exact) {
         for (int64_t r = lo; r < hi; r++)
             if (evictable(t, r, step, demote))
                 sample[ns++] = demote ? demote_priority(t, r, step) : priority(t, r, step);
@@ -547,12 +582,11 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
     }
     if (ns == 0)
         goto out;
-    qsort(sample, (size_t)ns, sizeof *sample, cmp_u32);
-    int64_t live = g->hiwater <= EVICT_SAMPLE ? ns : g->size;
+    int64_t live = exact ? ns : g->size;
     int64_t k = (int64_t)((double)want * (double)ns / (double)live);
     if (k >= ns)
         k = ns - 1;
-    uint32_t thr = sample[k];
+    uint32_t thr = kth_u32(sample, ns, k);
 
     /* One scan, in row order: rows below the threshold go at once; rows
      * equal to it, then (only when the sample misled us and need is not
@@ -774,13 +808,41 @@ static uint32_t sketch_add(kern_table_t *t, int64_t key, int64_t m)
     return est;
 }
 
-/* The heat sketch's two counters of key (from one hash: its two halves). */
+static inline uint64_t heat_hash(int64_t key)
+{
+    return kern_mix64(kern_key_hash(key) ^ 0x68656174ULL);
+}
+
+/* The 64-byte block of the heat sketch that holds key's counters (the
+ * hash's low bits pick it; 2 x hk_width is a power of two >= 128). */
+static inline uint8_t *heat_block(const kern_table_t *t, uint64_t h)
+{
+    return t->hk + ((h & ((uint64_t)(2 * t->hk_width) / 64 - 1)) << 6);
+}
+
+/* The heat sketch's two counters of key: two different bytes of one block
+ * (from the hash's high bits), so counting a key costs one cache miss
+ * where two rows of counters cost two. */
 static inline void heat_slots(const kern_table_t *t, int64_t key, uint8_t **a, uint8_t **b)
 {
-    uint64_t h = kern_mix64(kern_key_hash(key) ^ 0x68656174ULL);
-    const uint64_t m = (uint64_t)t->hk_width - 1;
-    *a = t->hk + (h & m);
-    *b = t->hk + t->hk_width + ((h >> 32) & m);
+    const uint64_t h = heat_hash(key);
+    uint8_t *blk = heat_block(t, h);
+    const unsigned i = (unsigned)(h >> 32) & 63;
+    *a = blk + i;
+    *b = blk + ((i + 1 + (unsigned)((h >> 38) % 63)) & 63);
+}
+
+/* Asks the CPU for the lines a probe of key reads first (its home slot,
+ * and with a tier its heat counters) PROBE_AHEAD keys before the probe: a
+ * batch's keys are in no order, so each probe is a cache miss or two that
+ * the loop would otherwise wait for one at a time. */
+#define PROBE_AHEAD 8
+static inline void probe_prefetch(const kern_table_t *t, int64_t key)
+{
+    const seg_t *g = seg_of_key(t, key);
+    __builtin_prefetch(g->slots + slot_of(g, key) * SLOT_BYTES);
+    if (t->hk)
+        __builtin_prefetch(heat_block(t, heat_hash(key)), 1);
 }
 
 /* Counts a lookup of key; returns its estimated count. */
@@ -852,6 +914,8 @@ static int find_ext(kern_table_t *t, int64_t n, const int64_t *keys, int64_t ste
 
     /* Pass 1: rows in RAM, counting a use (fetch: only the RAM's lru word). */
     for (int64_t i = 0; i < n; i++) {
+        if (i + PROBE_AHEAD < n)
+            probe_prefetch(t, keys[i + PROBE_AHEAD]);
         seg_t *g = seg_of_key(t, keys[i]);
         int hit;
         uint64_t s = probe(t, g, keys[i], &hit);
@@ -1299,7 +1363,7 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
                                        &t->cold),
                         rc, out);
         kern_tier_prefetch_always(t->cold, cfg->spill_prefetch_always);
-        /* 4 counters a RAM row per sketch row (8 bytes a RAM row in all),
+        /* 8 counters a RAM row (8 bytes),
          * halved every 8 x ram_rows lookups: a longer window kept more of
          * the hottest keys in RAM (bench/tier_bench, 1e6 keys at 10%: RAM
          * hit rate 0.605 at 2 x, 0.636 at 8 x, 0.645 at 32 x; lru 0.586). */
@@ -1358,6 +1422,8 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
 
     /* Pass 1: existing keys, counting a use; collect the missing ones. */
     for (int64_t i = 0; i < n; i++) {
+        if (i + PROBE_AHEAD < n)
+            probe_prefetch(t, keys[i + PROBE_AHEAD]);
         seg_t *g = seg_of_key(t, keys[i]);
         int found;
         uint64_t s = probe(t, g, keys[i], &found);
