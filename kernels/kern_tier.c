@@ -1182,14 +1182,28 @@ static int cmp_cand_page(const void *a, const void *b)
     return y->idx - x->idx;
 }
 
+/* Who is told of the records an evict or an expire takes out, and how many it took. */
+typedef struct {
+    kern_tier_gone_fn fn;
+    void *ctx;
+    int64_t removed;
+} gone_t;
+
+/* Tells the owner that record r (slot i of page p) goes, then takes it out. */
+static int rec_gone(kern_tier_t *c, gone_t *g, int64_t p, int i, const kern_rec_t *r)
+{
+    KILN_CHECK(g->fn(g->ctx, r->key, r->stamp));
+    slot_kill(c, p, i);
+    g->removed++;
+    return 0;
+}
+
 typedef struct {
     cand_t *cand;
     int64_t nc, cap, at;
     uint32_t (*prio)(const void *pctx, const kern_rec_t *r);
     const void *pctx;
-    kern_tier_gone_fn gone;
-    void *ctx;
-    int64_t removed;
+    gone_t gone;
 } evict_t;
 
 static int evict_sample(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
@@ -1207,10 +1221,7 @@ static int evict_remove(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
     int changed = 0;
     for (; e->at < e->nc && e->cand[e->at].page == p; e->at++) {
         int i = e->cand[e->at].idx;
-        kern_rec_t *r = rec_at(c, buf, i);
-        KILN_CHECK(e->gone(e->ctx, r->key, r->stamp));
-        slot_kill(c, p, i);
-        e->removed++;
+        KILN_CHECK(rec_gone(c, &e->gone, p, i, rec_at(c, buf, i)));
         changed = 1;
     }
     return changed;
@@ -1229,7 +1240,7 @@ int kern_tier_evict(kern_tier_t *c, int64_t need, uint64_t seed,
     /* Sample pages until they hold 4 x need records (every page when the
      * tier is that small). */
     int64_t want = 4 * need, got = 0;
-    evict_t e = {.cap = want + c->per_page, .prio = prio, .pctx = pctx, .gone = gone, .ctx = ctx};
+    evict_t e = {.cap = want + c->per_page, .prio = prio, .pctx = pctx, .gone = {gone, ctx, 0}};
     e.cand = kiln_malloc(sizeof *e.cand * (size_t)e.cap);
     if (!e.cand)
         return KILN_ENOMEM;
@@ -1261,16 +1272,14 @@ int kern_tier_evict(kern_tier_t *c, int64_t need, uint64_t seed,
         rc = batch_visit(c, evict_remove, &e);
 out:
     c->nb = 0;
-    *nevicted = e.removed;
+    *nevicted = e.gone.removed;
     free(e.cand);
     return rc;
 }
 
 typedef struct {
     int64_t before;
-    kern_tier_gone_fn gone;
-    void *ctx;
-    int64_t removed;
+    gone_t gone;
 } expire_t;
 
 static int expire_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
@@ -1281,9 +1290,7 @@ static int expire_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
         kern_rec_t *r = rec_at(c, buf, i);
         if (i >= c->nrec[p] || is_dead(c, p, i) || r->stamp >= x->before)
             continue;
-        KILN_CHECK(x->gone(x->ctx, r->key, r->stamp));
-        slot_kill(c, p, i);
-        x->removed++;
+        KILN_CHECK(rec_gone(c, &x->gone, p, i, r));
         changed = 1;
     }
     return changed;
@@ -1292,7 +1299,7 @@ static int expire_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
 int kern_tier_expire(kern_tier_t *c, int64_t before, kern_tier_gone_fn gone, void *ctx,
                      int64_t *nexpired /* OUT */)
 {
-    expire_t x = {.before = before, .gone = gone, .ctx = ctx};
+    expire_t x = {.before = before, .gone = {gone, ctx, 0}};
     int rc = wb_wait(c);
     c->nb = 0;
     for (int64_t p = 0; p < c->npages && rc == 0; p++)
@@ -1301,7 +1308,7 @@ int kern_tier_expire(kern_tier_t *c, int64_t before, kern_tier_gone_fn gone, voi
     if (rc == 0)
         rc = batch_visit(c, expire_page, &x);
     c->nb = 0;
-    *nexpired = x.removed;
+    *nexpired = x.gone.removed;
     return rc;
 }
 
