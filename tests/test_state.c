@@ -126,6 +126,22 @@ static void finish_run(state_t *st, int64_t run_id, state_run_state_t to, int ex
     OK(state_run_transition(st, run_id, STATE_RUN_RUNNING, to, exit_code, NULL));
 }
 
+/* Writes the file f->dir/name at schema `version` with the rows of `seed_sql`,
+ * then opens it as kilnd does (migrating it to the current version). */
+static state_t *open_migrated(const fixture_t *f, const char *name, int version,
+                              const char *seed_sql)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", f->dir, name);
+    state_t *st = NULL;
+    OK(state_open_at_version(path, version, &st));
+    OK(state_test_exec(st, seed_sql));
+    state_close(st);
+    st = NULL;
+    OK(state_open(path, &st));
+    return st;
+}
+
 /* ---- open ------------------------------------------------------------------------ */
 
 static void test_open_creates(void **state)
@@ -1215,12 +1231,8 @@ static void test_lineage_queries(void **state)
 static void test_migrate_v5_pushes(void **state)
 {
     fixture_t *f = *state;
-    char path[256];
-    snprintf(path, sizeof path, "%s/v4p.db", f->dir);
-    state_t *st = NULL;
-    OK(state_open_at_version(path, 4, &st));
-    OK(state_test_exec(
-        st,
+    state_t *st = open_migrated(
+        f, "v4p.db", 4,
         "INSERT INTO jobs (id, name, spec_yaml, spec_hash, version, created_at, updated_at)"
         "  VALUES (1, 'j', 'x', '00', 1, 1, 1);"
         "INSERT INTO runs (id, job_id, job_version, state, trigger, queued_at)"
@@ -1236,9 +1248,7 @@ static void test_migrate_v5_pushes(void **state)
         "INSERT INTO pushes (id, export_id, endpoint_id, state, http_status, attempts,"
         "  started_at, ended_at) VALUES (9, 3, 5, 'succeeded', 200, 1, 50, 51);"
         "INSERT INTO endpoint_holdings (endpoint_id, checkpoint_id, push_id, since)"
-        "  VALUES (5, 7, 9, 51);"));
-    state_close(st);
-    OK(state_open(path, &st));
+        "  VALUES (5, 7, 9, 51);");
     state_push_t p;
     OK(state_push_get(st, 9, &p));
     assert_int_equal(p.checkpoint_id, 7);
@@ -1575,20 +1585,16 @@ static void test_job_skip_delete(void **state)
 static void test_migrate_timezone(void **state)
 {
     fixture_t *f = *state;
-    char path[256];
-    snprintf(path, sizeof path, "%s/v7tz.db", f->dir);
-    state_t *st = NULL;
-    OK(state_open_at_version(path, 7, &st));
-    OK(state_test_exec(st, "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, created_at,"
-                           "  updated_at) VALUES"
-                           "  ('zoned', 'name: zoned\nschedule: \"0 9 * * *\"\n"
-                           "timezone: \"UTC+02:00\"\ndata: {train: x.tsv}\n"
-                           "model: {type: lr}\n', '01', '0 9 * * *', 1, 1),"
-                           "  ('plain', 'name: plain\nschedule: \"@daily\"\n"
-                           "data: {train: x.tsv}\nmodel: {type: lr}\n', '02', '@daily', 1, 1),"
-                           "  ('broken', 'name: broken\nmodel: [', '03', '@daily', 1, 1);"));
-    state_close(st);
-    OK(state_open(path, &st));
+    state_t *st =
+        open_migrated(f, "v7tz.db", 7,
+                      "INSERT INTO jobs (name, spec_yaml, spec_hash, schedule, created_at,"
+                      "  updated_at) VALUES"
+                      "  ('zoned', 'name: zoned\nschedule: \"0 9 * * *\"\n"
+                      "timezone: \"UTC+02:00\"\ndata: {train: x.tsv}\n"
+                      "model: {type: lr}\n', '01', '0 9 * * *', 1, 1),"
+                      "  ('plain', 'name: plain\nschedule: \"@daily\"\n"
+                      "data: {train: x.tsv}\nmodel: {type: lr}\n', '02', '@daily', 1, 1),"
+                      "  ('broken', 'name: broken\nmodel: [', '03', '@daily', 1, 1);");
     const char *want[][2] = {{"zoned", "UTC+02:00"}, {"plain", "UTC"}, {"broken", NULL}};
     for (size_t i = 0; i < 3; i++) {
         state_job_t j;
