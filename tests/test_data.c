@@ -61,8 +61,9 @@ static char *read_all(const char *path, size_t *len)
 }
 
 /* A TSV line with 13 integer and 26 categorical fields; row i gets values
- * that tell rows apart, and empty fields here and there. */
-static void append_line(char **buf, size_t *len, size_t *cap, int i)
+ * that tell rows apart, and empty fields here and there. Returns where the
+ * line starts in *buf (for a test to spoil it; valid till the next append). */
+static char *append_line(char **buf, size_t *len, size_t *cap, int i)
 {
     char line[1024];
     int n = snprintf(line, sizeof line, "%d", i % 3 == 0);
@@ -84,8 +85,10 @@ static void append_line(char **buf, size_t *len, size_t *cap, int i)
         *buf = realloc(*buf, *cap);
         assert_non_null(*buf);
     }
-    memcpy(*buf + *len, line, (size_t)n + 1);
+    char *at = *buf + *len;
+    memcpy(at, line, (size_t)n + 1);
     *len += (size_t)n;
+    return at;
 }
 
 /* Writes rows [from, to) of the synthetic sequence to path; without the
@@ -504,13 +507,9 @@ static void test_block_cyclic_with_malformed(void **state)
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (int i = 0; i < 30; i++) {
-        append_line(&buf, &len, &cap, i);
-        if (i == 4 || i == 17) { /* a bad label */
-            char *lastline = buf + len - 2;
-            while (lastline > buf && lastline[-1] != '\n')
-                lastline--;
-            lastline[0] = 'y';
-        }
+        char *line = append_line(&buf, &len, &cap, i);
+        if (i == 4 || i == 17)
+            line[0] = 'y'; /* a bad label */
     }
     write_file(path, buf, len);
     const char *paths[] = {path};
@@ -543,10 +542,7 @@ static void test_team_reads_as_thread(void **state)
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (int i = 0; i < 1300; i++) {
-        append_line(&buf, &len, &cap, i);
-        char *line = buf + len - 2;
-        while (line > buf && line[-1] != '\n')
-            line--;
+        char *line = append_line(&buf, &len, &cap, i);
         if (i % 97 == 5)
             line[0] = 'y';                 /* a bad label */
         else if (i % 89 == 7 && line[2] != '\t')
