@@ -1749,28 +1749,28 @@ static bool hdr_int(tc_t *t, const int_field_t *tab, int16_t id, int type, page_
     return true;
 }
 
+/* A header struct: the integers of its table, then `rest` (NULL: skip) for
+ * its other fields. */
 typedef struct {
     const int_field_t *tab;
     page_hdr_t *h;
+    bool (*rest)(tc_t *t, int16_t id, int type, page_hdr_t *h);
 } hdr_walk_t;
 
-/* A header struct of integers only (DataPageHeader, DictionaryPageHeader). */
-static bool ints_field(tc_t *t, int16_t id, int type, void *arg)
+static bool hdr_field(tc_t *t, int16_t id, int type, void *arg)
 {
     hdr_walk_t *w = arg;
     bool done;
-    return hdr_int(t, w->tab, id, type, w->h, &done) && (done || tc_skip(t, type));
-}
-
-/* DataPageHeaderV2: its integers and is_compressed (7). */
-static bool v2_field(tc_t *t, int16_t id, int type, void *arg)
-{
-    page_hdr_t *h = arg;
-    bool done;
-    if (!hdr_int(t, v2_ints, id, type, h, &done))
+    if (!hdr_int(t, w->tab, id, type, w->h, &done))
         return false;
     if (done)
         return true;
+    return w->rest != NULL ? w->rest(t, id, type, w->h) : tc_skip(t, type);
+}
+
+/* DataPageHeaderV2 beside its integers: is_compressed (7). */
+static bool v2_rest(tc_t *t, int16_t id, int type, page_hdr_t *h)
+{
     if (id == 7 && (type == TT_TRUE || type == TT_FALSE)) {
         h->compressed = type == TT_TRUE;
         return true;
@@ -1778,24 +1778,19 @@ static bool v2_field(tc_t *t, int16_t id, int type, void *arg)
     return id != 7 && tc_skip(t, type);
 }
 
-static bool ph_field(tc_t *t, int16_t id, int type, void *arg)
+/* PageHeader beside its integers: the data (5), dictionary (7) or v2 (8)
+ * header, each a struct of integers (DataPageHeader, DictionaryPageHeader). */
+static bool ph_rest(tc_t *t, int16_t id, int type, page_hdr_t *h)
 {
-    page_hdr_t *h = arg;
-    bool done;
-    if (!hdr_int(t, page_ints, id, type, h, &done))
-        return false;
-    if (done)
-        return true;
     if (type != TT_STRUCT || (id != 5 && id != 7 && id != 8))
         return tc_skip(t, type);
-    if (id == 8) {
-        h->has_v2 = true;
-        return tc_struct(t, v2_field, h);
-    }
-    hdr_walk_t w = {.tab = id == 5 ? data_ints : dict_ints, .h = h};
+    hdr_walk_t w = {.tab = id == 5 ? data_ints : id == 7 ? dict_ints : v2_ints, .h = h};
+    if (id == 8)
+        w.rest = v2_rest;
     h->has_data |= id == 5;
     h->has_dict |= id == 7;
-    return tc_struct(t, ints_field, &w);
+    h->has_v2 |= id == 8;
+    return tc_struct(t, hdr_field, &w);
 }
 
 /* Decodes one data page (v1 or v2) whose bytes are [p, p + h->csize). */
@@ -1863,12 +1858,13 @@ static int decode_chunk(data_pq_file_t *f, int g, int c, scratch_t *sc, int64_t 
     int64_t seen = 0;
     while (seen < ch->num_values) {
         page_hdr_t h = {.compressed = true};
+        hdr_walk_t hw = {.tab = page_ints, .h = &h, .rest = ph_rest};
         tc_t t = {.p = p, .end = end};
         w.at = ch->start + (p - sc->chunk_buf);
         if (p >= end)
             return bad_page(&w, "the chunk ends after %lld of its %lld values", (long long)seen,
                             (long long)ch->num_values);
-        if (!tc_struct(&t, ph_field, &h))
+        if (!tc_struct(&t, hdr_field, &hw))
             return bad_page(&w, "the page header does not decode");
         p = t.p;
         if (h.csize > end - p)
