@@ -166,6 +166,18 @@ static void wait_run(int64_t id, state_run_state_t want, int timeout_s)
     }
 }
 
+/* Waits until run id has ended in state want with an error that names
+ * `word` and `also` (NULL: only word); fills *r (state_run_fini it). */
+static void wait_ended_saying(int64_t id, state_run_state_t want, int timeout_s, const char *word,
+                              const char *also, state_run_t *r /* OUT */)
+{
+    wait_run(id, want, timeout_s);
+    get_run(id, r);
+    if (strstr(r->error, word) == NULL || (also != NULL && strstr(r->error, also) == NULL))
+        fail_msg("run %lld: %s", (long long)id, r->error);
+    printf("  run %lld: %s\n", (long long)id, r->error);
+}
+
 static size_t count_runs(void)
 {
     state_t *st = open_db();
@@ -647,12 +659,8 @@ static void test_slurm_time_limit(void **state)
     const char *line = scontrol_job(slurm_job(id, st, sizeof st));
     if (strstr(line, "TimeLimit=00:01:00") == NULL) /* 20 s rounded up to a minute */
         fail_msg("the job's time limit is not 1 minute: %s", line);
-    wait_run(id, STATE_RUN_TIMED_OUT, 180);
     state_run_t r;
-    get_run(id, &r);
-    if (strstr(r.error, "time limit") == NULL || strstr(r.error, "TIMEOUT") == NULL)
-        fail_msg("run %lld: %s", (long long)id, r.error);
-    printf("  run %lld: %s\n", (long long)id, r.error);
+    wait_ended_saying(id, STATE_RUN_TIMED_OUT, 180, "time limit", "TIMEOUT", &r);
     assert_true(r.ended_at - r.started_at >= 60);
     char dir[900];
     snprintf(dir, sizeof dir, "%s", r.run_dir);
@@ -706,12 +714,8 @@ static void test_slurm_node_fail(void **state)
     char cmd[800];
     snprintf(cmd, sizeof cmd, "'%s' crash kn2", testcluster);
     assert_int_equal(system(cmd), 0);
-    wait_run(id, STATE_RUN_FAILED, 90);
     state_run_t r;
-    get_run(id, &r);
-    if (strstr(r.error, "NODE_FAIL") == NULL || strstr(r.error, "kn2") == NULL)
-        fail_msg("run %lld: %s", (long long)id, r.error);
-    printf("  run %lld: %s\n", (long long)id, r.error);
+    wait_ended_saying(id, STATE_RUN_FAILED, 90, "NODE_FAIL", "kn2", &r);
     state_run_fini(&r);
     snprintf(cmd, sizeof cmd, "'%s' reboot kn2", testcluster);
     assert_int_equal(system(cmd), 0);
@@ -736,12 +740,8 @@ static void test_slurm_preempted(void **state)
                             "--output=/dev/null", "--wrap=sleep 2", NULL};
     if (run(urgent) != 0)
         fail_msg("sbatch urgent: %s%s", res.out, res.err);
-    wait_run(id, STATE_RUN_FAILED, 90);
     state_run_t r;
-    get_run(id, &r);
-    if (strstr(r.error, "preempted") == NULL)
-        fail_msg("run %lld: %s", (long long)id, r.error);
-    printf("  run %lld: %s\n", (long long)id, r.error);
+    wait_ended_saying(id, STATE_RUN_FAILED, 90, "preempted", NULL, &r);
     state_run_fini(&r);
     assert_resumed_retry(id, "preempt");
     stop_kilnd(SIGTERM);
