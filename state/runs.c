@@ -436,36 +436,35 @@ int state_run_set_launch(state_t *st, int64_t run_id, const char *run_dir, int64
     return rc;
 }
 
-static int set_not_before_tx(state_t *st, int64_t run_id, int64_t not_before)
+/* Sets one column of run run_id to value (stmt binds the two in that order,
+ * as fmt says); a value that is no checkpoint's id is KILN_ENOENT. */
+static int set_col_tx(state_t *st, state_stmt_id_t stmt, const char *what, const char *fmt,
+                      int64_t run_id, int64_t value)
 {
-    int rc = state_update(st, STMT_RUN_SET_NOT_BEFORE, "setting a run's earliest start", "II",
-                          run_id, not_before);
+    int rc = state_update(st, stmt, what, fmt, run_id, value);
+    if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
+        return kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)value);
     return state_found(rc, "no run %lld", (long long)run_id);
+}
+
+static int set_col(state_t *st, state_stmt_id_t stmt, const char *what, const char *fmt,
+                   int64_t run_id, int64_t value)
+{
+    int rc;
+    STATE_WRITE(st, what, rc, set_col_tx(st, stmt, what, fmt, run_id, value));
+    return rc;
 }
 
 int state_run_set_not_before(state_t *st, int64_t run_id, int64_t not_before)
 {
-    int rc;
-    STATE_WRITE(st, "setting a run's earliest start", rc,
-                set_not_before_tx(st, run_id, not_before));
-    return rc;
-}
-
-static int set_start_tx(state_t *st, int64_t run_id, int64_t ckpt_id)
-{
-    int rc = state_update(st, STMT_RUN_SET_START_CKPT,
-                          "recording the checkpoint a run started from", "IJ", run_id, ckpt_id);
-    if (rc < 0 && st->last_sqlite_rc == SQLITE_CONSTRAINT_FOREIGNKEY)
-        return kiln_errf(KILN_ENOENT, "no checkpoint with id %lld", (long long)ckpt_id);
-    return state_found(rc, "no run %lld", (long long)run_id);
+    return set_col(st, STMT_RUN_SET_NOT_BEFORE, "setting a run's earliest start", "II", run_id,
+                   not_before);
 }
 
 int state_run_set_start_checkpoint(state_t *st, int64_t run_id, int64_t checkpoint_id)
 {
-    int rc;
-    STATE_WRITE(st, "recording the checkpoint a run started from", rc,
-                set_start_tx(st, run_id, checkpoint_id));
-    return rc;
+    return set_col(st, STMT_RUN_SET_START_CKPT, "recording the checkpoint a run started from",
+                   "IJ", run_id, checkpoint_id);
 }
 
 /* ---- ending a run and queuing its retry (the scheduler) ---------------------------- */
@@ -495,7 +494,8 @@ static int run_end_tx(state_t *st, run_end_t *e)
     run_create_t c = {r.job_id, STATE_TRIGGER_RETRY, r.scheduled_at, r.attempt + 1, r.id, 0};
     state_run_fini(&r);
     KILN_CHECK(run_create_tx(st, &c));
-    KILN_CHECK(set_not_before_tx(st, c.id, e->not_before));
+    KILN_CHECK(set_col_tx(st, STMT_RUN_SET_NOT_BEFORE, "setting a run's earliest start", "II", c.id,
+                          e->not_before));
     e->retry_id = c.id;
     return 0;
 }
