@@ -595,15 +595,11 @@ static void check_chain(kern_opt_kind_t opt)
     kern_table_destroy(t);
 }
 
-static void test_chain_bitwise_adagrad(void **state)
+/* The chain with each optimizer's state (adagrad's one array, adam's two). */
+static void test_chain_bitwise(void **state)
 {
     (void)state;
     check_chain(KERN_OPT_ADAGRAD);
-}
-
-static void test_chain_bitwise_adam(void **state)
-{
-    (void)state;
     check_chain(KERN_OPT_ADAM);
 }
 
@@ -1886,8 +1882,7 @@ static int setup(void **state)
 
 PROC_TEST_MAIN(setup, proc_tmpdir_teardown,
     cmocka_unit_test(test_npy_numpy_loads),
-    cmocka_unit_test(test_chain_bitwise_adagrad),
-    cmocka_unit_test(test_chain_bitwise_adam),
+    cmocka_unit_test(test_chain_bitwise),
     cmocka_unit_test(test_incremental_cost),
     cmocka_unit_test(test_load_any_rank_count),
     cmocka_unit_test(test_integrity),

@@ -375,15 +375,11 @@ static void table_model(bool spill)
     serve_table_destroy(t);
 }
 
+/* The model with its tables in memory, then with them spilled to disk. */
 static void test_table_model(void **state)
 {
     (void)state;
     table_model(false);
-}
-
-static void test_table_model_spill(void **state)
-{
-    (void)state;
     table_model(true);
 }
 
@@ -2547,7 +2543,6 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_wire_roundtrip),
     cmocka_unit_test(test_wire_corrupt),
     cmocka_unit_test(test_table_model),
-    cmocka_unit_test(test_table_model_spill),
     cmocka_unit_test(test_table_memory_matches_ram),
     cmocka_unit_test(test_push_lookup_predict),
     cmocka_unit_test(test_chain_compacted),
