@@ -83,6 +83,14 @@ static json_t *parse_json(const char *text)
     return v;
 }
 
+/* The command printed a JSON array of n items. */
+static void assert_json_count(const char *text, size_t n)
+{
+    json_t *v = parse_json(text);
+    assert_int_equal(json_array_size(v), n);
+    json_decref(v);
+}
+
 static const char oneoff_spec[] = "name: oneoff-lr\n"
                                   "data:\n"
                                   "  train: \"data/day=*/part-*.tsv\"\n"
@@ -328,9 +336,7 @@ static void test_submit_round_trip(void **state)
     assert_non_null(strstr(r.out, "next run 20"));
     KILN(&r, "--db", dbpath, "--json", "runs", "--job", "hourly");
     assert_int_equal(r.code, 0);
-    runs = parse_json(r.out);
-    assert_int_equal(json_array_size(runs), 0);
-    json_decref(runs);
+    assert_json_count(r.out, 0);
 
     KILN(&r, "--db", dbpath, "--json", "jobs");
     assert_int_equal(r.code, 0);
@@ -385,9 +391,7 @@ static void test_submit_round_trip(void **state)
     KILN(&r, "--db", dbpath, "cancel", id);
     assert_int_equal(r.code, 5);
     KILN(&r, "--db", dbpath, "--json", "runs", "--state", "canceled");
-    runs = parse_json(r.out);
-    assert_int_equal(json_array_size(runs), 1);
-    json_decref(runs);
+    assert_json_count(r.out, 1);
 }
 
 /* kiln pause / resume / delete: a paused job shows as paused; delete is
@@ -429,9 +433,7 @@ static void test_job_control(void **state)
     assert_int_equal(r.code, 0);
     assert_non_null(strstr(r.out, "1 run canceled"));
     KILN(&r, "--db", db, "--json", "jobs");
-    o = parse_json(r.out);
-    assert_int_equal(json_array_size(o), 1); /* hourly only */
-    json_decref(o);
+    assert_json_count(r.out, 1); /* hourly only */
     KILN(&r, "--db", db, "--json", "show", "1");
     assert_int_equal(r.code, 0);
     o = parse_json(r.out);
@@ -444,9 +446,7 @@ static void test_job_control(void **state)
     KILN(&r, "--db", db, "submit", path);
     assert_int_equal(r.code, 0);
     KILN(&r, "--db", db, "--json", "jobs");
-    o = parse_json(r.out);
-    assert_int_equal(json_array_size(o), 2);
-    json_decref(o);
+    assert_json_count(r.out, 2);
 }
 
 /* A job's zone is read from its column (schema v8), written by the submit:
@@ -567,9 +567,7 @@ static void test_submit_shared_checkpoint_dir(void **state)
     }
     KILN(&r, "--db", db, "--json", "jobs");
     assert_int_equal(r.code, 0);
-    json_t *jobs = parse_json(r.out);
-    assert_int_equal(json_array_size(jobs), 1); /* none of them was stored */
-    json_decref(jobs);
+    assert_json_count(r.out, 1); /* none of them was stored */
     KILN(&r, "--db", db, "submit", a); /* the same job again */
     assert_int_equal(r.code, 0);
     write_file("jobs/c.yaml", "name: c\ndata: {train: d.tsv}\n", path, sizeof path);
