@@ -1653,6 +1653,34 @@ static int read_levels(const where_t *w, const unsigned char **pp, const unsigne
     return 0;
 }
 
+/* A page of a flat column with a value in every row (no nulls, no lists:
+ * what Criteo-shaped files hold): its n values are decoded straight into
+ * the column, with no pass through the scratch values and place_rows. */
+static int decode_flat(const where_t *w, dcol_t *d, int enc, const unsigned char *p,
+                       const unsigned char *end, int64_t n, int64_t rg_rows)
+{
+    const col_t *c = w->col;
+    if (d->rows + n > rg_rows)
+        return bad_page(w, "the pages hold more rows than the row group's %lld",
+                        (long long)rg_rows);
+    sink_t s = {.col = c};
+    if (c->role == ROLE_CAT) {
+        KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + n + 1, sizeof(int64_t)));
+        s.k = d->keys + d->nkeys;
+    } else {
+        s.fl = d->f + d->rows;
+    }
+    KILN_CHECK(decode_values(w, &s, d, enc, p, end, n));
+    if (c->role == ROLE_CAT) {
+        int64_t *off = d->off + d->rows;
+        for (int64_t e = 0; e < n; e++)
+            off[e] = d->nkeys + e;
+        d->nkeys += n;
+    }
+    d->rows += n;
+    return 0;
+}
+
 /* Appends a decoded page's rows (levels + values) to the column. The value
  * arrays hold one slot past nvals, so the flat loops read ahead without a
  * branch and keep what the level says. */
@@ -1678,11 +1706,11 @@ static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int
     }
     KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + nvals + 1, sizeof(int64_t)));
     if (c->max_rep == 0) {
-        int64_t *off = d->off + d->rows, nk = d->nkeys;
+        int64_t *off = d->off + d->rows, *keys = d->keys, nk = d->nkeys;
         for (int64_t e = 0; e < n; e++) {
             const bool has = sc->def[e] == top;
             off[e] = nk;
-            d->keys[nk] = sc->vk[vi];
+            keys[nk] = sc->vk[vi];
             nk += has;
             vi += has;
         }
@@ -1825,6 +1853,8 @@ static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const 
     int64_t nvals = 0;
     for (int64_t e = 0; e < n; e++)
         nvals += (int)sc->def[e] == c->max_def;
+    if (nvals == n && c->max_rep == 0) /* a value a row: into the column as decoded */
+        return decode_flat(w, d, (int)h->encoding, body, end, n, rg_rows);
     KILN_CHECK(reserve_values(sc, nvals));
     sink_t s = {.col = c, .k = sc->vk, .fl = sc->vf};
     KILN_CHECK(decode_values(w, &s, d, (int)h->encoding, body, end, nvals));
