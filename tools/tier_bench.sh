@@ -12,7 +12,8 @@
 # followed by its ratio to the all-in-RAM lines of its size (the faster of
 # two runs: samples/s, and CPU time per step, which other load on the
 # machine disturbs less); the 10% lines say whether the goal (>= 0.5x) is
-# met. Then, where a memory cgroup can be made (root, cgroup v1 or v2), the
+# met (TIER_BENCH_IO="uring:0 mmap:0" picks the ways, IO:PREFETCH). Then,
+# where a memory cgroup can be made (root, cgroup v1 or v2), the
 # 10% lines again with the process and its page cache held to half the
 # tier file plus the process's own memory, so the file is truly cold, as
 # for a table larger than the machine's free RAM ("cold file" lines;
@@ -63,8 +64,8 @@ for keys in ${TIER_BENCH_SIZES-1000000 10000000 100000000}; do
     fi
     # the tier's reads from the mapping, through pread and through io_uring;
     # then mapped with the next step's keys prefetched
-    for how in "uring 0" "pread 0" "mmap 0" "uring 1"; do
-      set -- $how
+    for how in ${TIER_BENCH_IO-uring:0 pread:0 mmap:0 uring:1}; do
+      set -- ${how/:/ }
       line=$("$bench" --keys "$keys" --memory "$mem" --zipf 1.15 --steps "$steps" --dir "$dir" \
         --io "$1" --prefetch "$2")
       echo "$line"
