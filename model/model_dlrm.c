@@ -84,6 +84,12 @@ static void relu_mask(int n, int w, const float *act, int lda, float *dA, int ld
     }
 }
 
+/* Vector v of a row: v_0 = bot, v_s+1 = the row's slot s. */
+static inline const float *vec_of(const float *bot, const float *e, int d, int v)
+{
+    return v == 0 ? bot : e + (size_t)(v - 1) * (size_t)d;
+}
+
 static inline float dot(const float *a, const float *b, int d)
 {
     float s = 0.0f;
@@ -145,28 +151,46 @@ void model_dlrm_forward(model_t *m, int n, const float *E, const float *X)
 
 /* One row's interaction backward: dr (its row of dR: d bot, then the pair
  * gradients gd) -> d bot in place and the row's dE, through dt ((S + 1, d)
- * scratch, so de may alias e). axpy and the ReLU mask are element-wise, so
- * every vector width gives the same bits (KERN_CLONES). */
+ * scratch, so de may alias e). d v_t = the sum over u != t, in ascending
+ * order, of g(t, u) v_u (the GPU's order too), kept in a 16-wide register
+ * tile while u runs rather than added into dt pair by pair. Every sum is
+ * element-wise over the vector's columns, so every vector width gives the
+ * same bits (KERN_CLONES). */
 KERN_CLONES static void interaction_bwd(int S, int d, const float *bot, const float *e, float *dr,
                                         float *dt, float *de)
 {
-    const size_t rowT = (size_t)(S + 1) * (size_t)d;
+    enum { TILE = 16 };
+    const int N = S + 1;
     const float *gd = dr + d;
-    memset(dt, 0, rowT * sizeof(float));
-    int p = 0;
-    for (int s = 0; s < S; s++) {
-        const float c = gd[p++];
-        const float *vs = e + (size_t)s * (size_t)d;
-        axpy(c, vs, dt, d);
-        axpy(c, bot, dt + (size_t)(s + 1) * (size_t)d, d);
-    }
-    for (int a = 0; a < S; a++) {
-        const float *va = e + (size_t)a * (size_t)d;
-        float *da = dt + (size_t)(a + 1) * (size_t)d;
-        for (int b = a + 1; b < S; b++) {
-            const float c = gd[p++];
-            axpy(c, e + (size_t)b * (size_t)d, da, d);
-            axpy(c, va, dt + (size_t)(b + 1) * (size_t)d, d);
+    for (int t = 0; t < N; t++) {
+        /* g(t, u) is gd[first[min] + max - min - 1], first[x] = the index of (x, x + 1) */
+        float *dtt = dt + (size_t)t * (size_t)d;
+        int j0 = 0;
+        for (; j0 + TILE <= d; j0 += TILE) {
+            float acc[TILE] = {0}; /* a constant width, so it stays in registers */
+            for (int u = 0, first = 0; u < N; first += N - 1 - u, u++) {
+                if (u == t)
+                    continue;
+                const float c = u < t ? gd[first + t - u - 1]
+                                      : gd[t * (2 * N - t - 1) / 2 + u - t - 1];
+                const float *vu = vec_of(bot, e, d, u) + j0;
+#pragma omp simd
+                for (int j = 0; j < TILE; j++)
+                    acc[j] += c * vu[j];
+            }
+            for (int j = 0; j < TILE; j++)
+                dtt[j0 + j] = acc[j];
+        }
+        if (j0 < d) { /* the columns past the last whole tile, summed in place */
+            for (int j = j0; j < d; j++)
+                dtt[j] = 0.0f;
+            for (int u = 0, first = 0; u < N; first += N - 1 - u, u++) {
+                if (u == t)
+                    continue;
+                const float c = u < t ? gd[first + t - u - 1]
+                                      : gd[t * (2 * N - t - 1) / 2 + u - t - 1];
+                axpy(c, vec_of(bot, e, d, u) + j0, dtt + j0, d - j0);
+            }
         }
     }
     /* d bot = (direct part + interaction part) * ReLU'(bot) */
