@@ -1187,17 +1187,43 @@ static void unpack_bits(const unsigned char *p, int bw, uint64_t *out, int64_t n
  * Width 1 (the levels of a nullable column) is one bit test a value. */
 static void unpack_bits32(const unsigned char *p, int bw, uint32_t *out, int64_t n)
 {
-    if (bw == 1) {
-        for (int64_t i = 0; i < n; i++)
+    if (bw == 1) { /* a byte's eight values at a time */
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const uint32_t b = p[i >> 3];
+            for (int j = 0; j < 8; j++)
+                out[i + j] = (b >> j) & 1u;
+        }
+        for (; i < n; i++)
             out[i] = (p[i >> 3] >> (i & 7)) & 1u;
         return;
     }
-    uint64_t tmp[64];
-    for (int64_t i = 0; i < n; i += 64) {
-        int64_t m = n - i < 64 ? n - i : 64; /* i is a multiple of 64: whole bytes */
-        unpack_bits(p + (size_t)(i / 8) * (size_t)bw, bw, tmp, m);
-        for (int64_t k = 0; k < m; k++)
-            out[i + k] = (uint32_t)tmp[k];
+    if (bw == 0) {
+        memset(out, 0, (size_t)n * sizeof *out);
+        return;
+    }
+    /* Value i starts at bit i * bw: one 8-byte little-endian load at its
+     * byte holds all of it (an offset below 8 in the byte, plus bw <= 32),
+     * so values decode independently, with no branch a byte. Loads stay
+     * inside the ceil(n * bw / 8) bytes the caller vouches for; the values
+     * whose load would pass their end are read a bit at a time. */
+    const uint64_t nbytes = ((uint64_t)n * (uint64_t)bw + 7) / 8;
+    const uint32_t mask = bw == 32 ? UINT32_MAX : ((uint32_t)1 << bw) - 1;
+    int64_t i = 0;
+    for (; i < n; i++) {
+        const uint64_t bit = (uint64_t)i * (uint64_t)bw;
+        if ((bit >> 3) + 8 > nbytes)
+            break;
+        uint64_t w;
+        memcpy(&w, p + (bit >> 3), 8);
+        out[i] = (uint32_t)(w >> (bit & 7)) & mask;
+    }
+    for (; i < n; i++) {
+        const uint64_t bit = (uint64_t)i * (uint64_t)bw;
+        uint32_t v = 0;
+        for (int k = 0; k < bw; k++)
+            v |= (uint32_t)((p[(bit + (uint64_t)k) >> 3] >> ((bit + (uint64_t)k) & 7)) & 1) << k;
+        out[i] = v;
     }
 }
 
