@@ -16,8 +16,8 @@
  * (and its anonymous part: the tier file's pages that --io mmap maps in
  * count in RSS) against the RAM the table was given. Drawing a step's keys
  * (a Zipf sample and a sort: in kiln-train the reader thread's work) is in
- * neither figure; it cost 14 ms a step, three times the all-in-RAM table's
- * work at 1e6 keys. Each step's keys are drawn a step
+ * neither figure; it cost 14 ms a step, several times the all-in-RAM
+ * table's work at 1e6 keys. Each step's keys are drawn a step
  * ahead (the reader's lookahead); with --prefetch 1 they go to
  * kern_table_prefetch before the step before them runs (which acts only
  * while the tier's reads are slow, as in kiln-train), with --prefetch 2
