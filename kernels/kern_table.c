@@ -808,41 +808,17 @@ static uint32_t sketch_add(kern_table_t *t, int64_t key, int64_t m)
     return est;
 }
 
-static inline uint64_t heat_hash(int64_t key)
-{
-    return kern_mix64(kern_key_hash(key) ^ 0x68656174ULL);
-}
-
-/* The 64-byte block of the heat sketch that holds key's counters (the
- * hash's low bits pick it; 2 x hk_width is a power of two >= 128). */
-static inline uint8_t *heat_block(const kern_table_t *t, uint64_t h)
-{
-    return t->hk + ((h & ((uint64_t)(2 * t->hk_width) / 64 - 1)) << 6);
-}
-
-/* The heat sketch's two counters of key: two different bytes of one block
- * (from the hash's high bits), so counting a key costs one cache miss
- * where two rows of counters cost two. */
+/* The heat sketch's two counters of key: two different bytes (from the
+ * hash's high bits) of one 64-byte block (its low bits; 2 x hk_width is a
+ * power of two >= 128), so counting a key costs one cache miss where two
+ * rows of counters cost two. */
 static inline void heat_slots(const kern_table_t *t, int64_t key, uint8_t **a, uint8_t **b)
 {
-    const uint64_t h = heat_hash(key);
-    uint8_t *blk = heat_block(t, h);
+    const uint64_t h = kern_mix64(kern_key_hash(key) ^ 0x68656174ULL);
+    uint8_t *blk = t->hk + ((h & ((uint64_t)(2 * t->hk_width) / 64 - 1)) << 6);
     const unsigned i = (unsigned)(h >> 32) & 63;
     *a = blk + i;
     *b = blk + ((i + 1 + (unsigned)((h >> 38) % 63)) & 63);
-}
-
-/* Asks the CPU for the lines a probe of key reads first (its home slot,
- * and with a tier its heat counters) PROBE_AHEAD keys before the probe: a
- * batch's keys are in no order, so each probe is a cache miss or two that
- * the loop would otherwise wait for one at a time. */
-#define PROBE_AHEAD 8
-static inline void probe_prefetch(const kern_table_t *t, int64_t key)
-{
-    const seg_t *g = seg_of_key(t, key);
-    __builtin_prefetch(g->slots + slot_of(g, key) * SLOT_BYTES);
-    if (t->hk)
-        __builtin_prefetch(heat_block(t, heat_hash(key)), 1);
 }
 
 /* Counts a lookup of key; returns its estimated count. */
@@ -914,8 +890,6 @@ static int find_ext(kern_table_t *t, int64_t n, const int64_t *keys, int64_t ste
 
     /* Pass 1: rows in RAM, counting a use (fetch: only the RAM's lru word). */
     for (int64_t i = 0; i < n; i++) {
-        if (i + PROBE_AHEAD < n)
-            probe_prefetch(t, keys[i + PROBE_AHEAD]);
         seg_t *g = seg_of_key(t, keys[i]);
         int hit;
         uint64_t s = probe(t, g, keys[i], &hit);
@@ -1422,8 +1396,6 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
 
     /* Pass 1: existing keys, counting a use; collect the missing ones. */
     for (int64_t i = 0; i < n; i++) {
-        if (i + PROBE_AHEAD < n)
-            probe_prefetch(t, keys[i + PROBE_AHEAD]);
         seg_t *g = seg_of_key(t, keys[i]);
         int found;
         uint64_t s = probe(t, g, keys[i], &found);
