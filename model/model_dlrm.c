@@ -90,6 +90,18 @@ static inline const float *vec_of(const float *bot, const float *e, int d, int v
     return v == 0 ? bot : e + (size_t)(v - 1) * (size_t)d;
 }
 
+/* The index of pair (x, y), x != y, among the N vectors' pairs in the
+ * order (0,1) .. (0,N-1), (1,2) ..: the forward's order of the dots. */
+static inline int pair_at(int N, int x, int y)
+{
+    if (x > y) {
+        const int s = x;
+        x = y;
+        y = s;
+    }
+    return x * (2 * N - x - 1) / 2 + y - x - 1;
+}
+
 static inline float dot(const float *a, const float *b, int d)
 {
     float s = 0.0f;
@@ -163,17 +175,14 @@ KERN_CLONES static void interaction_bwd(int S, int d, const float *bot, const fl
     const int N = S + 1;
     const float *gd = dr + d;
     for (int t = 0; t < N; t++) {
-        /* g(t, u) is gd[first[min] + max - min - 1], first[x] = the index of (x, x + 1) */
         float *dtt = dt + (size_t)t * (size_t)d;
         int j0 = 0;
         for (; j0 + TILE <= d; j0 += TILE) {
             float acc[TILE] = {0}; /* a constant width, so it stays in registers */
-            for (int u = 0, first = 0; u < N; first += N - 1 - u, u++) {
+            for (int u = 0; u < N; u++) {
                 if (u == t)
                     continue;
-                const float c = u < t ? gd[first + t - u - 1]
-                                      : gd[t * (2 * N - t - 1) / 2 + u - t - 1];
-                const float *vu = vec_of(bot, e, d, u) + j0;
+                const float c = gd[pair_at(N, t, u)], *vu = vec_of(bot, e, d, u) + j0;
 #pragma omp simd
                 for (int j = 0; j < TILE; j++)
                     acc[j] += c * vu[j];
@@ -184,13 +193,9 @@ KERN_CLONES static void interaction_bwd(int S, int d, const float *bot, const fl
         if (j0 < d) { /* the columns past the last whole tile, summed in place */
             for (int j = j0; j < d; j++)
                 dtt[j] = 0.0f;
-            for (int u = 0, first = 0; u < N; first += N - 1 - u, u++) {
-                if (u == t)
-                    continue;
-                const float c = u < t ? gd[first + t - u - 1]
-                                      : gd[t * (2 * N - t - 1) / 2 + u - t - 1];
-                axpy(c, vec_of(bot, e, d, u) + j0, dtt + j0, d - j0);
-            }
+            for (int u = 0; u < N; u++)
+                if (u != t)
+                    axpy(gd[pair_at(N, t, u)], vec_of(bot, e, d, u) + j0, dtt + j0, d - j0);
         }
     }
     /* d bot = (direct part + interaction part) * ReLU'(bot) */
