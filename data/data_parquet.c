@@ -1146,6 +1146,16 @@ static int decompress(const where_t *w, int codec, const unsigned char *src, siz
     return 0;
 }
 
+/* The bw bits (<= 64) at bit offset `bit` of p, least significant first,
+ * read a bit at a time (touching only the bytes that hold them). */
+static uint64_t bits_at(const unsigned char *p, uint64_t bit, int bw)
+{
+    uint64_t v = 0;
+    for (int k = 0; k < bw; k++, bit++)
+        v |= (uint64_t)((p[bit >> 3] >> (bit & 7)) & 1) << k;
+    return v;
+}
+
 /* Parquet's bit packing: n values of bw bits, least significant bit first,
  * from p, which holds at least ceil(n * bw / 8) bytes (and no more are
  * read). A 64-bit accumulator takes a byte whenever it holds fewer than bw
@@ -1158,15 +1168,8 @@ static void unpack_bits(const unsigned char *p, int bw, uint64_t *out, int64_t n
         return;
     }
     if (bw > 56) {
-        uint64_t bit = 0;
-        for (int64_t i = 0; i < n; i++, bit += (uint64_t)bw) {
-            uint64_t v = 0;
-            for (int k = 0; k < bw; k++) {
-                uint64_t b = bit + (uint64_t)k;
-                v |= (uint64_t)((p[b >> 3] >> (b & 7)) & 1) << k;
-            }
-            out[i] = v;
-        }
+        for (int64_t i = 0; i < n; i++)
+            out[i] = bits_at(p, (uint64_t)i * (uint64_t)bw, bw);
         return;
     }
     const uint64_t mask = (UINT64_C(1) << bw) - 1;
@@ -1218,13 +1221,8 @@ static void unpack_bits32(const unsigned char *p, int bw, uint32_t *out, int64_t
         memcpy(&w, p + (bit >> 3), 8);
         out[i] = (uint32_t)(w >> (bit & 7)) & mask;
     }
-    for (; i < n; i++) {
-        const uint64_t bit = (uint64_t)i * (uint64_t)bw;
-        uint32_t v = 0;
-        for (int k = 0; k < bw; k++)
-            v |= (uint32_t)((p[(bit + (uint64_t)k) >> 3] >> ((bit + (uint64_t)k) & 7)) & 1) << k;
-        out[i] = v;
-    }
+    for (; i < n; i++)
+        out[i] = (uint32_t)bits_at(p, (uint64_t)i * (uint64_t)bw, bw);
 }
 
 static bool varint(const unsigned char **p, const unsigned char *end, uint64_t *v)
@@ -1683,12 +1681,9 @@ static int read_levels(const where_t *w, const unsigned char **pp, const unsigne
  * what Criteo-shaped files hold): its n values are decoded straight into
  * the column, with no pass through the scratch values and place_rows. */
 static int decode_flat(const where_t *w, dcol_t *d, int enc, const unsigned char *p,
-                       const unsigned char *end, int64_t n, int64_t rg_rows)
+                       const unsigned char *end, int64_t n)
 {
     const col_t *c = w->col;
-    if (d->rows + n > rg_rows)
-        return bad_page(w, "the pages hold more rows than the row group's %lld",
-                        (long long)rg_rows);
     sink_t s = {.col = c};
     if (c->role == ROLE_CAT) {
         KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + n + 1, sizeof(int64_t)));
@@ -1716,9 +1711,6 @@ static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int
     const col_t *c = w->col;
     const uint32_t top = (uint32_t)c->max_def;
     int64_t vi = 0;
-    if (c->max_rep == 0 && d->rows + n > rg_rows)
-        return bad_page(w, "the pages hold more rows than the row group's %lld",
-                        (long long)rg_rows);
     if (c->role != ROLE_CAT) {
         const float null = c->role == ROLE_LABEL ? NAN : 0.0f;
         float *out = d->f + d->rows;
@@ -1879,8 +1871,11 @@ static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const 
     int64_t nvals = 0;
     for (int64_t e = 0; e < n; e++)
         nvals += (int)sc->def[e] == c->max_def;
+    if (c->max_rep == 0 && d->rows + n > rg_rows) /* a flat column: a level entry a row */
+        return bad_page(w, "the pages hold more rows than the row group's %lld",
+                        (long long)rg_rows);
     if (nvals == n && c->max_rep == 0) /* a value a row: into the column as decoded */
-        return decode_flat(w, d, (int)h->encoding, body, end, n, rg_rows);
+        return decode_flat(w, d, (int)h->encoding, body, end, n);
     KILN_CHECK(reserve_values(sc, nvals));
     sink_t s = {.col = c, .k = sc->vk, .fl = sc->vf};
     KILN_CHECK(decode_values(w, &s, d, (int)h->encoding, body, end, nvals));
