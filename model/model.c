@@ -287,7 +287,7 @@ int model_create(const model_config_t *cfg, model_t **out /* OUT */)
      * in 256-row calls and the weight gradients in 256-row float32 blocks;
      * others in 16-row calls and float64 (model_blas.c). */
     m->row_block = m->max_batch % MODEL_GRAD_BLOCK == 0 ? MODEL_GRAD_BLOCK : MODEL_ROW_BLOCK;
-    /* model_grad_gemm's 256-row path: a float32 product per OpenMP thread. */
+    /* The per-thread buffers (m->wgT): model_grad_gemm's float32 product, dlrm's tiles. */
     m->wgT_cap = 1;
     if (m->type == MODEL_DLRM)
         for (int l = 0; l < m->nbottom + m->ntop; l++)
@@ -300,8 +300,11 @@ int model_create(const model_config_t *cfg, model_t **out /* OUT */)
     m->wgT_n = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
     if (!(m->wgT = kiln_calloc((size_t)m->wgT_n, sizeof *m->wgT)))
         goto nomem;
+    size_t tbuf = m->wgT_cap;
+    if (m->type == MODEL_DLRM && model_dlrm_scratch(m->S, m->d) > tbuf)
+        tbuf = model_dlrm_scratch(m->S, m->d);
     for (int t = 0; t < m->wgT_n; t++)
-        if (!(m->wgT[t] = alloc_f(m->wgT_cap)))
+        if (!(m->wgT[t] = alloc_f(tbuf)))
             goto nomem;
     if (!(m->wgA = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
         !(m->wgB = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||

@@ -344,6 +344,8 @@ void model_bf16_describe(const model_t *m, char *buf, size_t cap);
 /* ---- implementation (only model/model*.c use what follows) --------------------- */
 #ifdef MODEL_IMPL
 
+#include <omp.h>
+
 #define MODEL_MAX_GROUPS (4 * MODEL_MAX_LAYERS)
 
 typedef struct model_bf16 model_bf16_t; /* model_bf16.c's per-model state */
@@ -407,8 +409,10 @@ struct model {
      * each; model_gemm_rows: the padded last block, (row_block, maxc) each. */
     double *wgA, *wgB;
     float *tailA, *tailC;
-    /* model_grad_gemm's 256-row path: one float32 product per thread, each of
-     * wgT_cap floats (the largest rows x cols of any weight gradient). */
+    /* One float32 buffer per OpenMP thread: model_grad_gemm's 256-row path
+     * keeps a product of up to wgT_cap floats there (the largest rows x cols
+     * of any weight gradient), dlrm's interaction its tiles
+     * (model_dlrm_scratch floats); each buffer holds the larger. */
     float **wgT;
     int wgT_n;
     size_t wgT_cap;
@@ -433,6 +437,8 @@ void model_lr_backward(model_t *m, int n, const float *E, const float *X, float 
 void model_fm_forward(model_t *m, int n, const float *E, const float *X);
 void model_fm_backward(model_t *m, int n, const float *E, const float *X, float *dE);
 void model_dlrm_forward(model_t *m, int n, const float *E, const float *X);
+/* The floats of a thread's interaction tiles for S slots of width d. */
+size_t model_dlrm_scratch(int S, int d);
 void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, float *dE);
 
 /* model_dlrm.c: the dense layer on BLAS, shared by the models.
@@ -491,6 +497,12 @@ static inline bool model_grad_blocked(const model_t *m, int rows, int cols)
 {
     const size_t cnt = (size_t)rows * (size_t)cols;
     return m->row_block == MODEL_GRAD_BLOCK && cnt >= 1024 && cnt <= m->wgT_cap;
+}
+/* The threads of a parallel region in which each thread uses its own
+ * m->wgT buffer: no more than there are buffers. */
+static inline int model_buf_threads(const model_t *m)
+{
+    return omp_get_max_threads() < m->wgT_n ? omp_get_max_threads() : m->wgT_n;
 }
 /* model_grad_gemm for layer L's dW (out, in) += dY^T A, its whole 256-row
  * blocks in bf16 (model_bf16_grad_block; dYb is dY rounded) where model_grad_gemm

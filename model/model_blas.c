@@ -137,6 +137,15 @@ static void grad_f64(model_t *m, int n, int rows, int cols, const float *A, int 
     }
 }
 
+/* (G, L) += t, element by element in double-double: the same bits at
+ * every vector width (KERN_CLONES), eight at a time with AVX-512. */
+KERN_CLONES static void add_block(size_t cnt, const float *t, double *G, double *L)
+{
+#pragma omp simd
+    for (size_t i = 0; i < cnt; i++)
+        kern_dd_add(&G[i], &L[i], (double)t[i]);
+}
+
 /* model_grad_gemm, its blocks in bf16 when bl (a layer with its bf16 matmul)
  * is given: dYb is A rounded to bf16, the layer's bf_in is B rounded. */
 static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int lda,
@@ -155,8 +164,7 @@ static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int
          * of the same shape, added into G in float64 (order does not matter
          * there). */
         const int nblk = n / MODEL_GRAD_BLOCK;
-        const int nt = omp_get_max_threads() < m->wgT_n ? omp_get_max_threads() : m->wgT_n;
-#pragma omp parallel num_threads(nt) if (nblk > 1)
+    #pragma omp parallel num_threads(model_buf_threads(m)) if (nblk > 1)
         {
             float *t = m->wgT[omp_get_thread_num()];
 #pragma omp for schedule(static)
@@ -169,8 +177,7 @@ static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int
                                 MODEL_GRAD_BLOCK, 1.0f, A + r0 * (size_t)lda, lda,
                                 B + r0 * (size_t)ldb, ldb, 0.0f, t, cols);
 #pragma omp critical(kiln_grad_add)
-                for (size_t i = 0; i < cnt; i++)
-                    kern_dd_add(&G[i], &L[i], (double)t[i]);
+                add_block(cnt, t, G, L);
             }
         }
         done = nblk * MODEL_GRAD_BLOCK;

@@ -8,12 +8,25 @@
  *   logit (n)    = top MLP of R, ReLU between layers, none after the last
  *
  * The last bottom layer writes straight into R's first d columns, so the top
- * input is built without a copy. The pairwise dot products are a tight
- * per-row loop (docs/models.md has the measurement against per-row BLAS).
+ * input is built without a copy. The interaction runs a row at a time on
+ * each OpenMP thread's own tiles (m->wgT, model_dlrm_scratch floats):
+ *
+ *   vt (d, NP)   the row's N = S + 1 vectors as columns, NP = N rounded up
+ *                to 16, the padding zero
+ *   g  (NP, NP)  the forward's dots G[a][b] = <v_a, v_b> before they are
+ *                packed into R; the backward's pair gradients made square
+ *                (g[t][u] = g[u][t], zero diagonal)
+ *
+ * Both directions sum along one axis with 16 lanes side by side on the
+ * other (the forward over j for 16 b's, the backward over u for 16 of the
+ * vector's columns), and four sums at a time, so no sum crosses the lanes:
+ * every vector width computes the same bits (KERN_CLONES), and a sum is
+ * never waiting on the one before it. docs/models.md has the measurements.
  */
 #define MODEL_IMPL
 #include "model.h"
 
+#include <omp.h>
 #include <string.h>
 
 #include "kern_ops.h"
@@ -90,25 +103,21 @@ static inline const float *vec_of(const float *bot, const float *e, int d, int v
     return v == 0 ? bot : e + (size_t)(v - 1) * (size_t)d;
 }
 
-/* The index of pair (x, y), x != y, among the N vectors' pairs in the
- * order (0,1) .. (0,N-1), (1,2) ..: the forward's order of the dots. */
-static inline int pair_at(int N, int x, int y)
+/* 16 floats, loaded and stored at any float's alignment; GCC and clang
+ * split it into the widths a clone's ISA has. */
+typedef float v16_t __attribute__((vector_size(64), aligned(4)));
+enum { LANES = 16 };
+
+static inline int round16(int x)
 {
-    if (x > y) {
-        const int s = x;
-        x = y;
-        y = s;
-    }
-    return x * (2 * N - x - 1) / 2 + y - x - 1;
+    return (x + LANES - 1) / LANES * LANES;
 }
 
-static inline float dot(const float *a, const float *b, int d)
+size_t model_dlrm_scratch(int S, int d)
 {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j < d; j++)
-        s += a[j] * b[j];
-    return s;
+    const size_t np = (size_t)round16(S + 1);
+    const size_t vt = (size_t)d * np + LANES, g = np * np; /* the forward's, the backward's */
+    return vt > g ? vt : g;
 }
 
 static inline void axpy(float c, const float *x, float *y, int d)
@@ -119,6 +128,69 @@ static inline void axpy(float c, const float *x, float *y, int d)
 }
 
 /* ---- forward -------------------------------------------------------------------- */
+/* One row's dots, written straight into R: the pairs (a, b > a) of row a
+ * sit side by side, so a task (a, m) sums dots[p_a + 16 m ..] over j
+ * ascending with b = a + 1 + 16 m .. in the lanes, reading 16 columns of vt
+ * from there (lanes past the row read the padding, the next column or the
+ * slack, and are thrown away). Tasks run four at a time and are stored in
+ * the order of their place in dots: a task's thrown-away lanes land on a
+ * later task's place, and that task's store comes after. The last tasks,
+ * whose 16 lanes would run past dots, go through a copy. */
+KERN_CLONES static void interaction_fwd(int S, int d, const float *bot, const float *e,
+                                        float *dots, float *vt)
+{
+    const int N = S + 1, np = round16(N), P = S * (S + 1) / 2;
+    for (int b = 0; b < N; b++) {
+        const float *v = vec_of(bot, e, d, b);
+        for (int j = 0; j < d; j++)
+            vt[(size_t)j * np + b] = v[j];
+    }
+    for (int j = 0; j < d; j++)
+        for (int b = N; b < np; b++)
+            vt[(size_t)j * np + b] = 0.0f;
+    for (int b = 0; b < LANES; b++)
+        vt[(size_t)d * np + b] = 0.0f;
+
+    int a = 0, m = 0, p = 0; /* the next task, and where row a's dots start */
+    while (a < N - 1) {
+        const float *va[4], *w[4];
+        int at[4], nt = 0;
+        for (; nt < 4 && a < N - 1; nt++) {
+            va[nt] = vec_of(bot, e, d, a);
+            w[nt] = vt + a + 1 + m * LANES;
+            at[nt] = p + m * LANES;
+            if (++m * LANES >= N - 1 - a) {
+                p += N - 1 - a;
+                a++;
+                m = 0;
+            }
+        }
+        v16_t c[4] = {{0}};
+        if (nt == 4) {
+            for (int j = 0; j < d; j++) {
+                const size_t o = (size_t)j * np;
+                c[0] += va[0][j] * *(const v16_t *)(w[0] + o);
+                c[1] += va[1][j] * *(const v16_t *)(w[1] + o);
+                c[2] += va[2][j] * *(const v16_t *)(w[2] + o);
+                c[3] += va[3][j] * *(const v16_t *)(w[3] + o);
+            }
+        } else {
+            for (int t = 0; t < nt; t++)
+                for (int j = 0; j < d; j++)
+                    c[t] += va[t][j] * *(const v16_t *)(w[t] + (size_t)j * np);
+        }
+        for (int t = 0; t < nt; t++) {
+            if (at[t] + LANES <= P) {
+                *(v16_t *)(dots + at[t]) = c[t];
+            } else {
+                float tail[LANES];
+                *(v16_t *)tail = c[t];
+                memcpy(dots + at[t], tail, (size_t)(P - at[t]) * sizeof(float));
+            }
+        }
+    }
+}
+
 void model_dlrm_forward(model_t *m, int n, const float *E, const float *X)
 {
     const int S = m->S, d = m->d, nb = m->nbottom, nl = m->nbottom + m->ntop;
@@ -135,19 +207,13 @@ void model_dlrm_forward(model_t *m, int n, const float *E, const float *X)
 
     /* R[i, d + p] = <v_a, v_b> for the p-th pair a < b, v_0 = bot, v_s+1 = E[i,s]. */
     float *R = m->R;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        const float *bot = R + (size_t)i * ldr;
-        const float *e = E + (size_t)i * rowE;
-        float *dots = R + (size_t)i * ldr + d;
-        int p = 0;
-        for (int s = 0; s < S; s++)
-            dots[p++] = dot(bot, e + (size_t)s * (size_t)d, d);
-        for (int a = 0; a < S; a++) {
-            const float *va = e + (size_t)a * (size_t)d;
-            for (int b = a + 1; b < S; b++)
-                dots[p++] = dot(va, e + (size_t)b * (size_t)d, d);
-        }
+#pragma omp parallel num_threads(model_buf_threads(m))
+    {
+        float *vt = m->wgT[omp_get_thread_num()];
+#pragma omp for schedule(static)
+        for (int i = 0; i < n; i++)
+            interaction_fwd(S, d, R + (size_t)i * ldr, E + (size_t)i * rowE,
+                            R + (size_t)i * ldr + d, vt);
     }
 
     A = R;
@@ -162,42 +228,57 @@ void model_dlrm_forward(model_t *m, int n, const float *E, const float *X)
 /* ---- backward ------------------------------------------------------------------- */
 
 /* One row's interaction backward: dr (its row of dR: d bot, then the pair
- * gradients gd) -> d bot in place and the row's dE, through dt ((S + 1, d)
- * scratch, so de may alias e). d v_t = the sum over u != t, in ascending
- * order, of g(t, u) v_u (the GPU's order too), kept in a 16-wide register
- * tile while u runs rather than added into dt pair by pair. Every sum is
- * element-wise over the vector's columns, so every vector width gives the
- * same bits (KERN_CLONES). */
+ * gradients) -> d bot in place and the row's dE, through dt ((S + 1, d)
+ * scratch, so de may alias e). The pair gradients are made square first
+ * (g, zero diagonal); then d v_t = the sum over u ascending of g[t][u] v_u
+ * (the GPU's order too), 16 of the vector's columns in the lanes and four
+ * t's at a time. The diagonal's zeros add nothing: a sum that starts at +0
+ * is never -0, so adding +-0 leaves every bit of it. */
 KERN_CLONES static void interaction_bwd(int S, int d, const float *bot, const float *e, float *dr,
-                                        float *dt, float *de)
+                                        float *dt, float *de, float *g)
 {
-    enum { TILE = 16 };
-    const int N = S + 1;
+    const int N = S + 1, np = round16(N);
     const float *gd = dr + d;
-    for (int t = 0; t < N; t++) {
-        float *dtt = dt + (size_t)t * (size_t)d;
-        int j0 = 0;
-        for (; j0 + TILE <= d; j0 += TILE) {
-            float acc[TILE] = {0}; /* a constant width, so it stays in registers */
+    int p = 0;
+    for (int a = 0; a < N; a++) {
+        g[(size_t)a * np + a] = 0.0f;
+        for (int b = a + 1; b < N; b++, p++)
+            g[(size_t)a * np + b] = g[(size_t)b * np + a] = gd[p];
+    }
+    int j0 = 0;
+    for (; j0 + LANES <= d; j0 += LANES) {
+        int t = 0;
+        for (; t + 4 <= N; t += 4) {
+            const float *g0 = g + (size_t)t * np, *g1 = g0 + np, *g2 = g1 + np, *g3 = g2 + np;
+            v16_t c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
             for (int u = 0; u < N; u++) {
-                if (u == t)
-                    continue;
-                const float c = gd[pair_at(N, t, u)], *vu = vec_of(bot, e, d, u) + j0;
-#pragma omp simd
-                for (int j = 0; j < TILE; j++)
-                    acc[j] += c * vu[j];
+                const v16_t vu = *(const v16_t *)(vec_of(bot, e, d, u) + j0);
+                c0 += g0[u] * vu;
+                c1 += g1[u] * vu;
+                c2 += g2[u] * vu;
+                c3 += g3[u] * vu;
             }
-            for (int j = 0; j < TILE; j++)
-                dtt[j0 + j] = acc[j];
+            *(v16_t *)(dt + (size_t)t * d + j0) = c0;
+            *(v16_t *)(dt + (size_t)(t + 1) * d + j0) = c1;
+            *(v16_t *)(dt + (size_t)(t + 2) * d + j0) = c2;
+            *(v16_t *)(dt + (size_t)(t + 3) * d + j0) = c3;
         }
-        if (j0 < d) { /* the columns past the last whole tile, summed in place */
+        for (; t < N; t++) {
+            const float *g0 = g + (size_t)t * np;
+            v16_t c0 = {0};
+            for (int u = 0; u < N; u++)
+                c0 += g0[u] * *(const v16_t *)(vec_of(bot, e, d, u) + j0);
+            *(v16_t *)(dt + (size_t)t * d + j0) = c0;
+        }
+    }
+    if (j0 < d) /* the columns past the last whole 16, summed in place */
+        for (int t = 0; t < N; t++) {
+            float *dtt = dt + (size_t)t * d;
             for (int j = j0; j < d; j++)
                 dtt[j] = 0.0f;
             for (int u = 0; u < N; u++)
-                if (u != t)
-                    axpy(gd[pair_at(N, t, u)], vec_of(bot, e, d, u) + j0, dtt + j0, d - j0);
+                axpy(g[(size_t)t * np + u], vec_of(bot, e, d, u) + j0, dtt + j0, d - j0);
         }
-    }
     /* d bot = (direct part + interaction part) * ReLU'(bot) */
     for (int j = 0; j < d; j++)
         dr[j] = bot[j] > 0.0f ? dr[j] + dt[j] : 0.0f;
@@ -233,10 +314,14 @@ void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, floa
     float *dR = m->gbuf[cb];
     const float *R = m->R;
     float *dT = m->dT;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++)
-        interaction_bwd(S, d, R + (size_t)i * ldr, E + (size_t)i * rowE, dR + (size_t)i * ldr,
-                        dT + (size_t)i * rowT, dE + (size_t)i * rowE);
+#pragma omp parallel num_threads(model_buf_threads(m))
+    {
+        float *g = m->wgT[omp_get_thread_num()];
+#pragma omp for schedule(static)
+        for (int i = 0; i < n; i++)
+            interaction_bwd(S, d, R + (size_t)i * ldr, E + (size_t)i * rowE,
+                            dR + (size_t)i * ldr, dT + (size_t)i * rowT, dE + (size_t)i * rowE, g);
+    }
 
     /* Bottom MLP, last layer first; the top's input gradient dR carries d bot
      * in its first d columns (leading dimension d + P). */

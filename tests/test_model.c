@@ -107,7 +107,7 @@ static model_t *make_model(const shape_t *sh, int max_batch, uint64_t seed, mode
 }
 
 /* ---- the reference: docs/models.md's formulas, naively, in double ---------------- */
-#define RMAX 128
+#define RMAX 256 /* the widest top input the checks use: 17 + 20 * 21 / 2 = 227 */
 
 static double dotd(const double *a, const double *b, int d)
 {
@@ -374,6 +374,10 @@ static void test_grad_dlrm(void **state)
     grad_check(&sh);
     shape_t small = dlrm(3, 2, 2, (const int[]){2, 0}, (const int[]){1, 0});
     grad_check(&small);
+    /* 21 vectors (two 16-lane blocks of pairs, the last tasks through the
+     * copy) of width 17 (a whole 16-column tile and one column past it). */
+    shape_t wide = dlrm(20, 3, 17, (const int[]){5, 17, 0}, (const int[]){6, 1, 0});
+    grad_check(&wide);
 }
 
 /* ---- the layout and the loss ---------------------------------------------------------- */
