@@ -484,6 +484,8 @@ typedef struct {
     int64_t *vk; /* [vk_cap] one page's values as keys (categorical) */
     float *vf;   /* [vf_cap] one page's values as floats (label, dense) */
     int64_t vk_cap, vf_cap;
+    uint32_t *ids;           /* [ids_cap] one page's dictionary indices */
+    int64_t ids_cap;
     int64_t *dbp, dbp_cap;   /* DELTA_BINARY_PACKED output */
     int64_t *dbp2, dbp2_cap; /* DELTA_BYTE_ARRAY's second stream */
     unsigned char *prev;     /* DELTA_BYTE_ARRAY: the previous value */
@@ -1003,8 +1005,8 @@ static void scratch_fini(scratch_t *sc)
     ZSTD_freeDCtx(sc->zd);
     if (sc->zs_init)
         inflateEnd(&sc->zs);
-    KILN_FREE_ALL(sc->chunk_buf, sc->page_buf, sc->rep, sc->def, sc->vk, sc->vf, sc->dbp,
-                  sc->dbp2, sc->prev);
+    KILN_FREE_ALL(sc->chunk_buf, sc->page_buf, sc->rep, sc->def, sc->vk, sc->vf, sc->ids,
+                  sc->dbp, sc->dbp2, sc->prev);
 }
 
 void data_pq_release(data_pq_file_t *f)
@@ -1186,17 +1188,40 @@ static void unpack_bits(const unsigned char *p, int bw, uint64_t *out, int64_t n
     }
 }
 
+/* A byte's eight bits as eight 32-bit values, least significant first. */
+#define BITS8(b)                                                                                   \
+    {(b) & 1, (b) >> 1 & 1, (b) >> 2 & 1, (b) >> 3 & 1, (b) >> 4 & 1, (b) >> 5 & 1, (b) >> 6 & 1,  \
+     (b) >> 7 & 1}
+#define BITS8_2(b) BITS8(b), BITS8((b) + 1)
+#define BITS8_8(b) BITS8_2(b), BITS8_2((b) + 2), BITS8_2((b) + 4), BITS8_2((b) + 6)
+#define BITS8_32(b) BITS8_8(b), BITS8_8((b) + 8), BITS8_8((b) + 16), BITS8_8((b) + 24)
+static const uint32_t bits8[256][8] = {BITS8_32(0),   BITS8_32(32),  BITS8_32(64),
+                                       BITS8_32(96),  BITS8_32(128), BITS8_32(160),
+                                       BITS8_32(192), BITS8_32(224)};
+
+/* Eight values of bw (2..32) bits, least significant bit first, from the
+ * bw bytes at p; each value one 8-byte load, so p must have 8 readable
+ * bytes past the eighth value's first. */
+static inline __attribute__((always_inline)) void unpack8(const unsigned char *p, int bw,
+                                                          uint32_t mask, uint32_t *out)
+{
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        uint64_t w;
+        memcpy(&w, p + ((k * bw) >> 3), 8);
+        out[k] = (uint32_t)(w >> ((k * bw) & 7)) & mask;
+    }
+}
+
 /* unpack_bits into 32-bit values (levels, dictionary indices: bw <= 32).
- * Width 1 (the levels of a nullable column) is one bit test a value. */
+ * Width 1 (the levels of a nullable column) copies a byte's eight values
+ * from bits8. */
 static void unpack_bits32(const unsigned char *p, int bw, uint32_t *out, int64_t n)
 {
-    if (bw == 1) { /* a byte's eight values at a time */
+    if (bw == 1) {
         int64_t i = 0;
-        for (; i + 8 <= n; i += 8) {
-            const uint32_t b = p[i >> 3];
-            for (int j = 0; j < 8; j++)
-                out[i + j] = (b >> j) & 1u;
-        }
+        for (; i + 8 <= n; i += 8)
+            memcpy(out + i, bits8[p[i >> 3]], sizeof bits8[0]);
         for (; i < n; i++)
             out[i] = (p[i >> 3] >> (i & 7)) & 1u;
         return;
@@ -1207,22 +1232,27 @@ static void unpack_bits32(const unsigned char *p, int bw, uint32_t *out, int64_t
     }
     /* Value i starts at bit i * bw: one 8-byte little-endian load at its
      * byte holds all of it (an offset below 8 in the byte, plus bw <= 32),
-     * so values decode independently, with no branch a byte. Loads stay
-     * inside the ceil(n * bw / 8) bytes the caller vouches for; the values
-     * whose load would pass their end are read a bit at a time. */
+     * so values decode independently, with no branch a byte. Eight values
+     * (bw bytes) at a time while their loads stay inside the
+     * ceil(n * bw / 8) bytes the caller vouches for; the rest from a
+     * zero-padded copy of the bytes left. */
     const uint64_t nbytes = ((uint64_t)n * (uint64_t)bw + 7) / 8;
     const uint32_t mask = bw == 32 ? UINT32_MAX : ((uint32_t)1 << bw) - 1;
     int64_t i = 0;
-    for (; i < n; i++) {
-        const uint64_t bit = (uint64_t)i * (uint64_t)bw;
-        if ((bit >> 3) + 8 > nbytes)
-            break;
-        uint64_t w;
-        memcpy(&w, p + (bit >> 3), 8);
-        out[i] = (uint32_t)(w >> (bit & 7)) & mask;
+    uint64_t at = 0; /* the byte value i starts at (i a multiple of 8) */
+    for (; i + 8 <= n && at + (uint64_t)bw + 8 <= nbytes; i += 8, at += (uint64_t)bw)
+        unpack8(p + at, bw, mask, out + i);
+    if (i < n) {
+        /* fewer than bw + 8 bytes left, so fewer than 8 + 64 / bw values: their
+         * groups' loads end before 2 bw + 16 bytes */
+        unsigned char tail[2 * 32 + 16] = {0};
+        memcpy(tail, p + at, (size_t)(nbytes - at));
+        for (int64_t k = 0; i + k < n; k += 8) {
+            uint32_t v[8];
+            unpack8(tail + (uint64_t)(k / 8) * (uint64_t)bw, bw, mask, v);
+            memcpy(out + i + k, v, (size_t)(n - i - k < 8 ? n - i - k : 8) * sizeof *v);
+        }
     }
-    for (; i < n; i++)
-        out[i] = (uint32_t)bits_at(p, (uint64_t)i * (uint64_t)bw, bw);
 }
 
 static bool varint(const unsigned char **p, const unsigned char *end, uint64_t *v)
@@ -1548,7 +1578,8 @@ static int decode_rle_bool(const where_t *w, const sink_t *s, const unsigned cha
 }
 
 /* Dictionary indices (a bit width byte, then the hybrid) looked up in the
- * column's converted dictionary. */
+ * column's converted dictionary: every index checked first (one pass that
+ * keeps the largest), then a plain gather. */
 static int decode_dict_ids(const where_t *w, const sink_t *s, const dcol_t *d,
                            const unsigned char *p, const unsigned char *end, int64_t n)
 {
@@ -1556,25 +1587,25 @@ static int decode_dict_ids(const where_t *w, const sink_t *s, const dcol_t *d,
         return bad_page(w, "dictionary-encoded values but no dictionary page before them");
     if (p >= end && n > 0)
         return bad_page(w, "dictionary indices missing");
-    uint32_t *ids = kiln_malloc((size_t)(n ? n : 1) * sizeof *ids);
-    if (ids == NULL)
-        return KILN_ENOMEM;
-    int rc = 0;
-    if (n > 0 && rle_decode(p + 1, end, p[0], ids, n) == NULL)
-        rc = bad_page(w, "dictionary indices do not decode");
-    for (int64_t i = 0; rc == 0 && i < n; i++) {
-        if (ids[i] >= (uint64_t)d->ndict) {
-            rc = bad_page(w, "dictionary index %u is past the dictionary's %lld entries", ids[i],
-                          (long long)d->ndict);
-            break;
-        }
-        if (s->col->role == ROLE_CAT)
+    if (n == 0)
+        return 0;
+    KILN_CHECK(grow(&w->sc->ids, &w->sc->ids_cap, n, sizeof(uint32_t)));
+    uint32_t *ids = w->sc->ids, top = 0;
+    if (rle_decode(p + 1, end, p[0], ids, n) == NULL)
+        return bad_page(w, "dictionary indices do not decode");
+#pragma omp simd reduction(max : top)
+    for (int64_t i = 0; i < n; i++)
+        top = ids[i] > top ? ids[i] : top;
+    if (top >= (uint64_t)d->ndict)
+        return bad_page(w, "dictionary index %u is past the dictionary's %lld entries", top,
+                        (long long)d->ndict);
+    if (s->col->role == ROLE_CAT)
+        for (int64_t i = 0; i < n; i++)
             s->k[i] = d->dict_k[ids[i]];
-        else
+    else
+        for (int64_t i = 0; i < n; i++)
             s->fl[i] = d->dict_f[ids[i]];
-    }
-    free(ids);
-    return rc;
+    return 0;
 }
 
 static int decode_values(const where_t *w, const sink_t *s, const dcol_t *d, int enc,
@@ -1643,16 +1674,19 @@ static int read_dict(const where_t *w, dcol_t *d, const unsigned char *p, const 
     return 0;
 }
 
-/* The levels of a page: n entries of rep[] and def[] (all 0 when the column
- * has none). v1 levels carry a 4-byte length; v2 give it in the header. */
+/* The levels of a page: n entries of out[] (rep[] or def[]), and in *ntop
+ * how many equal max (for def[], the values the page holds). A column
+ * without such levels (max 0) has none in the page: out[] is left as it is
+ * and every entry counts. v1 levels carry a 4-byte length; v2 give it in
+ * the header. ntop may be NULL. */
 static int read_levels(const where_t *w, const unsigned char **pp, const unsigned char *end,
-                       int max, uint32_t *out, int64_t n, int64_t v2_len, int enc)
+                       int max, uint32_t *out, int64_t n, int64_t v2_len, int enc, int64_t *ntop)
 {
     const unsigned char *p = *pp;
-    if (max == 0) {
-        memset(out, 0, (size_t)n * sizeof *out);
+    if (ntop != NULL)
+        *ntop = n;
+    if (max == 0)
         return 0;
-    }
     uint64_t len;
     if (v2_len >= 0) {
         len = (uint64_t)v2_len;
@@ -1670,9 +1704,20 @@ static int read_levels(const where_t *w, const unsigned char **pp, const unsigne
         return bad_page(w, "levels of %llu bytes run past the page", (unsigned long long)len);
     if (rle_decode(p, p + len, bit_width(max), out, n) == NULL)
         return bad_page(w, "the levels do not decode");
-    for (int64_t i = 0; i < n; i++)
-        if (out[i] > (uint32_t)max)
-            return bad_page(w, "level %u is past the column's maximum %d", out[i], max);
+    uint32_t over = 0, top = 0; /* n <= PQ_MAX_PAGE_VALUES */
+#pragma omp simd reduction(| : over) reduction(+ : top)
+    for (int64_t i = 0; i < n; i++) {
+        over |= out[i] > (uint32_t)max;
+        top += out[i] == (uint32_t)max;
+    }
+    if (over) {
+        int64_t i = 0;
+        while (out[i] <= (uint32_t)max)
+            i++;
+        return bad_page(w, "level %u is past the column's maximum %d", out[i], max);
+    }
+    if (ntop != NULL)
+        *ntop = top;
     *pp = p + len;
     return 0;
 }
@@ -1702,6 +1747,26 @@ static int decode_flat(const where_t *w, dcol_t *d, int enc, const unsigned char
     return 0;
 }
 
+/* A page of a flat categorical column with nulls: its nvals keys are
+ * decoded straight into the column (they follow each other there as in the
+ * page), and a row's offset counts the values before it. */
+static int decode_flat_nulls(const where_t *w, dcol_t *d, int enc, const unsigned char *p,
+                             const unsigned char *end, int64_t n, int64_t nvals)
+{
+    KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + nvals + 1, sizeof(int64_t)));
+    sink_t s = {.col = w->col, .k = d->keys + d->nkeys};
+    KILN_CHECK(decode_values(w, &s, d, enc, p, end, nvals));
+    const uint32_t top = (uint32_t)w->col->max_def, *def = w->sc->def;
+    int64_t *off = d->off + d->rows, nk = d->nkeys;
+    for (int64_t e = 0; e < n; e++) {
+        off[e] = nk;
+        nk += def[e] == top;
+    }
+    d->nkeys = nk;
+    d->rows += n;
+    return 0;
+}
+
 /* Appends a decoded page's rows (levels + values) to the column. The value
  * arrays hold one slot past nvals, so the flat loops read ahead without a
  * branch and keep what the level says. */
@@ -1722,20 +1787,8 @@ static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int
         d->rows += n;
         return 0;
     }
+    /* A list column (flat categorical ones went through decode_flat_nulls). */
     KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + nvals + 1, sizeof(int64_t)));
-    if (c->max_rep == 0) {
-        int64_t *off = d->off + d->rows, *keys = d->keys, nk = d->nkeys;
-        for (int64_t e = 0; e < n; e++) {
-            const bool has = sc->def[e] == top;
-            off[e] = nk;
-            keys[nk] = sc->vk[vi];
-            nk += has;
-            vi += has;
-        }
-        d->nkeys = nk;
-        d->rows += n;
-        return 0;
-    }
     for (int64_t e = 0; e < n; e++) {
         if (sc->rep[e] == 0) {
             if (d->rows >= rg_rows)
@@ -1847,6 +1900,7 @@ static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const 
     const col_t *c = w->col;
     const int64_t n = h->num_values;
     const unsigned char *body, *end;
+    int64_t nvals; /* the values the page holds: its def levels that equal max_def */
     KILN_CHECK(grow(&sc->rep, &sc->rep_cap, n + 1, sizeof(uint32_t)));
     KILN_CHECK(grow(&sc->def, &sc->def_cap, n + 1, sizeof(uint32_t)));
     if (h->type == PAGE_DATA_V2) {
@@ -1854,9 +1908,11 @@ static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const 
             return bad_page(w, "levels of %lld bytes in a page of %lld",
                             (long long)(h->rep_len + h->def_len), (long long)h->csize);
         const unsigned char *lv = p;
-        KILN_CHECK(read_levels(w, &lv, p + h->rep_len, c->max_rep, sc->rep, n, h->rep_len, 0));
+        KILN_CHECK(read_levels(w, &lv, p + h->rep_len, c->max_rep, sc->rep, n, h->rep_len, 0,
+                               NULL));
         lv = p + h->rep_len;
-        KILN_CHECK(read_levels(w, &lv, lv + h->def_len, c->max_def, sc->def, n, h->def_len, 0));
+        KILN_CHECK(read_levels(w, &lv, lv + h->def_len, c->max_def, sc->def, n, h->def_len, 0,
+                               &nvals));
         const unsigned char *vals = p + h->rep_len + h->def_len;
         size_t clen = (size_t)(h->csize - h->rep_len - h->def_len);
         size_t ulen = (size_t)(h->usize - h->rep_len - h->def_len);
@@ -1865,17 +1921,20 @@ static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const 
     } else {
         KILN_CHECK(decompress(w, ch->codec, p, (size_t)h->csize, (size_t)h->usize, &body));
         end = body + h->usize;
-        KILN_CHECK(read_levels(w, &body, end, c->max_rep, sc->rep, n, -1, (int)h->rep_enc));
-        KILN_CHECK(read_levels(w, &body, end, c->max_def, sc->def, n, -1, (int)h->def_enc));
+        KILN_CHECK(read_levels(w, &body, end, c->max_rep, sc->rep, n, -1, (int)h->rep_enc,
+                               NULL));
+        KILN_CHECK(read_levels(w, &body, end, c->max_def, sc->def, n, -1, (int)h->def_enc,
+                               &nvals));
     }
-    int64_t nvals = 0;
-    for (int64_t e = 0; e < n; e++)
-        nvals += (int)sc->def[e] == c->max_def;
+    if (c->max_def == 0 && c->max_rep > 0) /* a list whose every level entry holds a value */
+        memset(sc->def, 0, (size_t)n * sizeof *sc->def);
     if (c->max_rep == 0 && d->rows + n > rg_rows) /* a flat column: a level entry a row */
         return bad_page(w, "the pages hold more rows than the row group's %lld",
                         (long long)rg_rows);
     if (nvals == n && c->max_rep == 0) /* a value a row: into the column as decoded */
         return decode_flat(w, d, (int)h->encoding, body, end, n);
+    if (c->max_rep == 0 && c->role == ROLE_CAT) /* keys straight in, offsets from the levels */
+        return decode_flat_nulls(w, d, (int)h->encoding, body, end, n, nvals);
     KILN_CHECK(reserve_values(sc, nvals));
     sink_t s = {.col = c, .k = sc->vk, .fl = sc->vf};
     KILN_CHECK(decode_values(w, &s, d, (int)h->encoding, body, end, nvals));
@@ -2028,6 +2087,7 @@ static int append_rows(const data_pq_file_t *f, int64_t r0, int64_t r1, data_bat
             const dcol_t *d = &f->dc[1 + D + s];
             const int64_t a = d->off[r0], cnt = d->off[r1] - a;
             uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
+#pragma omp simd
             for (int64_t r = 0; r < n; r++)
                 counts[r] = (uint32_t)(d->off[r0 + r + 1] - d->off[r0 + r]);
             int src = data_builder_reserve(bb, s, cnt);
