@@ -514,25 +514,29 @@ static void round_grads(int64_t n, const double *in, float *out)
 }
 
 /* One rank: the gradients are already aligned with the unique rows found
- * by lookup_local (loc_pos); round them and update the tables in place. */
+ * by lookup_local (loc_pos); round them and update the tables in place.
+ * The tables are rounded side by side (a table's few thousand rows are too
+ * few to split, 26 of them are not). */
 static int update_local(shard_t *s, const double *const *grads, const kern_opt_t *opt,
                         int64_t step)
 {
     const int T = s->ntables;
     for (int t = 0; t < T; t++) {
         int64_t nf = s->nkeys[t] * s->dims[t];
-        float *g = buf_need(&s->ug_grads[t], (size_t)(nf ? nf : 1) * sizeof(float));
-        if (g == NULL)
+        if (buf_need(&s->ug_grads[t], (size_t)(nf ? nf : 1) * sizeof(float)) == NULL)
             return KILN_ENOMEM;
-        round_grads(nf, grads[t], g);
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (T > 1)
+    for (int t = 0; t < T; t++) {
+        const int dim = s->dims[t];
+        float *g = s->ug_grads[t].p;
+        round_grads(s->nkeys[t] * dim, grads[t], g);
         s->ug[t].rows = s->loc_pos[t];
         s->ug[t].grads = g;
-        s->ug[t].n = s->nkeys[t];
         /* Keys not admitted yet (row -1, kern.h) take no update: leave them
          * out, in place (rows and gradients are this step's scratch). */
-        const int dim = s->dims[t];
         int64_t k = 0;
-        for (int64_t i = 0; i < s->ug[t].n; i++) {
+        for (int64_t i = 0; i < s->nkeys[t]; i++) {
             if (s->loc_pos[t][i] < 0)
                 continue;
             if (k != i) {
