@@ -21,6 +21,9 @@
 //   duck-types      a BOOLEAN label, DECIMAL / UINTEGER / DOUBLE dense columns, a UBIGINT id
 //   duck-nvt        NVTabular's shape: C* BIGINT ids (the hex value), I* FLOAT
 //                   ln(1 + max(I, 0)) (nulls kept), label INT32
+//   duckdefault-*   (only when named: bench/parquet_bench.sh) DuckDB with its own
+//                   defaults but the codec and page version (122,880-row groups,
+//                   where the duck-* files have 2048 to give the tests several)
 // It prints the names written, one per line.
 import { readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
@@ -58,9 +61,12 @@ async function duck(name, select, opts) {
 }
 
 for (const [codec, ver] of [['snappy', 'v1'], ['zstd', 'v2'], ['gzip', 'v1'],
-    ['uncompressed', 'v2'], ['snappy', 'v2'], ['zstd', 'v1']])
+    ['uncompressed', 'v2'], ['snappy', 'v2'], ['zstd', 'v1']]) {
     await duck(`duck-${codec}-${ver}`, base,
         `COMPRESSION ${codec}, PARQUET_VERSION ${ver}, ROW_GROUP_SIZE 2048`);
+    if (only.includes(`duckdefault-${codec}-${ver}`))
+        await duck(`duckdefault-${codec}-${ver}`, base, `COMPRESSION ${codec}, PARQUET_VERSION ${ver}`);
+}
 
 // C1..C3 as one-element lists; an empty TSV field is a null list, an empty
 // list or a list holding a null, by row.
