@@ -343,19 +343,9 @@ struct data_bin_file {
     int64_t *pref;        /* [nslots * (chunk_rows + 1)] key position of (slot, row) */
 };
 
-int64_t data_bin_rows(const data_bin_file_t *f)
+data_bin_info_t data_bin_info(const data_bin_file_t *f)
 {
-    return f->nrows;
-}
-
-int data_bin_ndense(const data_bin_file_t *f)
-{
-    return f->ndense;
-}
-
-int data_bin_nslots(const data_bin_file_t *f)
-{
-    return f->nslots;
+    return (data_bin_info_t){.rows = f->nrows, .ndense = f->ndense, .nslots = f->nslots};
 }
 
 void data_bin_close(data_bin_file_t *f)
