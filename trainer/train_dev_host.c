@@ -246,8 +246,8 @@ static int h_dense(void *ctx, const dev_dense_t *a, double *loss)
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
     model_t *m = a->model;
-    const size_t n = (size_t)a->n, S = (size_t)model_nslots(m), d = (size_t)model_dim(m),
-                 F = (size_t)model_ndense(m);
+    const model_info_t mi = model_info(m);
+    const size_t n = (size_t)a->n, S = (size_t)mi.nslots, d = (size_t)mi.dim, F = (size_t)mi.ndense;
     *loss = 0.0;
     if (n == 0)
         return 0;

@@ -340,7 +340,7 @@ static int check_kernels(trainer_t *tr)
         KILN_WARN("%s", line);
     else if (tr->rank == 0)
         KILN_INFO("%s", line);
-    if (tr->rank == 0 && model_precision(tr->model) == MODEL_DENSE_BF16) {
+    if (tr->rank == 0 && model_info(tr->model).precision == MODEL_DENSE_BF16) {
         char bf[96];
         model_bf16_describe(tr->model, bf, sizeof bf);
         KILN_INFO("dense precision: bf16 (dlrm's MLP GEMMs on %s; weights, gradients and "
