@@ -124,29 +124,14 @@ void shard_comm_destroy(shard_comm_t *c)
     free(c);
 }
 
-shard_comm_kind_t shard_comm_kind(const shard_comm_t *c)
+shard_comm_info_t shard_comm_info(const shard_comm_t *c)
 {
-    return c->kind;
-}
-
-int shard_comm_rank(const shard_comm_t *c)
-{
-    return c->rank;
-}
-
-int shard_comm_size(const shard_comm_t *c)
-{
-    return c->size;
-}
-
-int shard_comm_device(const shard_comm_t *c)
-{
+    shard_comm_info_t i = {.kind = c->kind, .rank = c->rank, .size = c->size, .device = -1};
 #ifdef KILN_HAVE_CUDA
     if (c->kind == SHARD_COMM_NCCL)
-        return shard_comm_nccl_device(c->nccl);
+        i.device = shard_comm_nccl_device(c->nccl);
 #endif
-    (void)c;
-    return -1;
+    return i;
 }
 
 void *shard_comm_stream(const shard_comm_t *c)

@@ -411,7 +411,7 @@ int c_dedupe(void *ctx, int ntables, const int64_t *koff, const int64_t *keys, i
 /* The NCCL stream waits for the compute stream's work so far. */
 int comm_after_compute(cuda_dev *c, shard_comm_t *comm)
 {
-    if (shard_comm_kind(comm) != SHARD_COMM_NCCL)
+    if (shard_comm_info(comm).kind != SHARD_COMM_NCCL)
         return kiln_errf(KILN_EINTERNAL, "the device exchange needs an NCCL communicator");
     if (c->to_comm == nullptr) {
         CUDA_CHECK(cudaEventCreateWithFlags(&c->to_comm, cudaEventDisableTiming));

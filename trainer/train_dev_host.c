@@ -382,7 +382,7 @@ static int h_alltoallv(void *ctx, shard_comm_t *comm, const void *send, const si
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
-    const int R = shard_comm_size(comm);
+    const int R = shard_comm_info(comm).size;
     KILN_CHECK(access_parts(h, now, send, sc, sd, R, false));
     KILN_CHECK(access_parts(h, now, recv, rc, rd, R, true));
     return shard_comm_alltoallv(comm, send, sc, sd, recv, rc, rd);
