@@ -216,6 +216,8 @@ static int allreduce(shard_comm_t *c, double *buf, size_t count, bool dd)
     if (c == NULL || (buf == NULL && count > 0))
         return kiln_errf(KILN_EINVAL, "shard_comm_allreduce_sum_%s: NULL communicator or buffer",
                          dd ? "dd" : "f64");
+    if (count == 0)
+        return 0; /* nothing to move, on either backend */
 #ifdef KILN_HAVE_CUDA
     if (c->kind == SHARD_COMM_NCCL)
         return dd ? shard_comm_nccl_allreduce_sum_dd(c, buf, count)
@@ -253,6 +255,8 @@ int shard_comm_bcast(shard_comm_t *c, void *buf, size_t bytes, int root)
     if (root < 0 || root >= c->size)
         return kiln_errf(KILN_EINVAL, "shard_comm_bcast: root %d is not a rank (0..%d)", root,
                          c->size - 1);
+    if (bytes == 0)
+        return 0; /* nothing to move, on either backend */
 #ifdef KILN_HAVE_CUDA
     if (c->kind == SHARD_COMM_NCCL)
         return shard_comm_nccl_bcast(c, buf, bytes, root);
