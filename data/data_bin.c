@@ -171,17 +171,6 @@ fail:
     return rc;
 }
 
-void data_bin_writer_abort(data_bin_writer_t *w)
-{
-    if (!w)
-        return;
-    kiln_atomic_abort(&w->out);
-    for (int s = 0; w->skeys && s < w->nslots; s++)
-        free(w->skeys[s]);
-    KILN_FREE_ALL(w->skeys, w->slen, w->scap, w->labels, w->dense, w->counts, w->cbuf, w->entries);
-    free(w);
-}
-
 /* Serialises the pending rows as one chunk and writes it. */
 static int flush_chunk(data_bin_writer_t *w)
 {
@@ -322,6 +311,17 @@ out:
     free(idx);
     data_bin_writer_abort(w); /* frees; removes the temporary file unless it was committed */
     return rc;
+}
+
+void data_bin_writer_abort(data_bin_writer_t *w)
+{
+    if (!w)
+        return;
+    kiln_atomic_abort(&w->out);
+    for (int s = 0; w->skeys && s < w->nslots; s++)
+        free(w->skeys[s]);
+    KILN_FREE_ALL(w->skeys, w->slen, w->scap, w->labels, w->dense, w->counts, w->cbuf, w->entries);
+    free(w);
 }
 
 /* ---- the chunk reader --------------------------------------------------------- */
