@@ -780,8 +780,7 @@ int ckpt_read_table(const ckpt_chain_t *ch, const char *name, ckpt_rows_t *out)
     }
 out:
     kern_table_destroy(t);
-    free(rows);
-    free(kr);
+    KILN_FREE_ALL(rows, kr);
     if (rc < 0)
         ckpt_rows_fini(out);
     return rc;
