@@ -834,12 +834,6 @@ static int list_dir(const char *root, char ***out, int *n)
     return rc;
 }
 
-static void free_names(char **names, int n)
-{
-    for (int i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-}
 
 int ckpt_latest(const char *root, char *uid)
 {
@@ -857,7 +851,7 @@ int ckpt_latest(const char *root, char *uid)
             break;
         }
     }
-    free_names(names, n);
+    kiln_strv_free(names, (size_t)n);
     return rc;
 }
 
@@ -915,7 +909,7 @@ int ckpt_latest_chain(const char *root, bool verify, ckpt_skip_fn skip, void *ct
         free(dir);
         rc = KILN_ENOENT;
     }
-    free_names(names, n);
+    kiln_strv_free(names, (size_t)n);
     if (rc == KILN_ENOENT && tried == 0)
         return kiln_errf(KILN_ENOENT, "no checkpoint in %s", root);
     if (rc == KILN_ENOENT)
@@ -1082,7 +1076,7 @@ out:
         ckpt_close(cks[i]);
     free(cks);
     free(need);
-    free_names(names, n);
+    kiln_strv_free(names, (size_t)n);
     if (removed)
         *removed = gone;
     return rc;

@@ -89,6 +89,13 @@ void kiln_free_all(void *const *ptrs, size_t n)
         free(ptrs[i]);
 }
 
+void kiln_strv_free(char **v, size_t n)
+{
+    for (size_t i = 0; v != NULL && i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
 char *kiln_asprintf(const char *fmt, ...)
 {
     va_list ap;

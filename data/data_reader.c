@@ -475,9 +475,7 @@ void data_reader_close(data_reader_t *r)
     for (int f = 0; r->pqs && f < r->npaths; f++)
         data_pq_close(r->pqs[f]);
     free(r->pqs);
-    for (int f = 0; r->paths && f < r->npaths; f++)
-        free(r->paths[f]);
-    free(r->paths);
+    kiln_strv_free(r->paths, (size_t)r->npaths);
     free(r->file_start);
     data_tsv_cursor_destroy(r->cur);
     data_builder_fini(&r->bb);

@@ -521,8 +521,8 @@ out:
     /* tr borrowed the eval list; nothing may reach it once it is freed. */
     tr->eval_files = NULL;
     tr->neval = 0;
-    train_free_list(files, nfiles);
-    train_free_list(eval_files, neval);
+    kiln_strv_free(files, (size_t)nfiles);
+    kiln_strv_free(eval_files, (size_t)neval);
     return rc;
 }
 
