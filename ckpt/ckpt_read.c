@@ -238,9 +238,7 @@ void ckpt_close(ckpt_t *c)
 {
     if (c == NULL)
         return;
-    free(c->path);
-    free(c->files);
-    free(c);
+    KILN_FREE_ALL(c->path, c->files, c);
 }
 
 const ckpt_info_t *ckpt_info(const ckpt_t *c)
