@@ -153,6 +153,8 @@ char *kiln_strndup(const char *s, size_t n);
 char *kiln_utf8_scrub(char *s);
 /* Returns a malloc'd printf result, or NULL (KILN_ENOMEM). */
 char *kiln_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* kiln_asprintf with the arguments in ap (left as it was given). */
+char *kiln_vasprintf(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
 /* Frees each argument (any may be NULL): the buffers a struct owns, freed by
  * its destructor in one statement. The arguments are evaluated once each. */
 #define KILN_FREE_ALL(...)                                                      \
