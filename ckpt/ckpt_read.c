@@ -223,15 +223,13 @@ int ckpt_open(const char *dir, ckpt_t **out)
     uint64_t h = 0;
     if (kiln_xxh64_file(mpath, 0, &h, NULL) == 0)
         kiln_hash_hex(h, in->checksum, sizeof in->checksum);
+    *out = c;
+    c = NULL;
 out:
     json_decref(m);
     free(mpath);
-    if (rc < 0) {
-        ckpt_close(c);
-        return rc;
-    }
-    *out = c;
-    return 0;
+    ckpt_close(c);
+    return rc;
 }
 
 void ckpt_close(ckpt_t *c)
