@@ -104,13 +104,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpu_bench: bad sizes\n");
         return 2;
     }
-    int rt = 0, cublas = 0, nccl = 0;
-    kern_cuda_versions(&rt, &cublas, &nccl);
-    printf("gpu_bench: CUDA runtime %d, cuBLAS %d, NCCL %d\n", rt, cublas, nccl);
-    if (kern_cuda_device_count() < 1) {
-        printf("skipped: no CUDA device\n");
+    if (kern_cuda_announce("gpu_bench") < 1)
         return 0;
-    }
 
     /* The two bandwidth bounds. */
     int dev = 0, clock_khz = 0, bus_bits = 0;

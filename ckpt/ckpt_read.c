@@ -223,24 +223,20 @@ int ckpt_open(const char *dir, ckpt_t **out)
     uint64_t h = 0;
     if (kiln_xxh64_file(mpath, 0, &h, NULL) == 0)
         kiln_hash_hex(h, in->checksum, sizeof in->checksum);
+    *out = c;
+    c = NULL;
 out:
     json_decref(m);
     free(mpath);
-    if (rc < 0) {
-        ckpt_close(c);
-        return rc;
-    }
-    *out = c;
-    return 0;
+    ckpt_close(c);
+    return rc;
 }
 
 void ckpt_close(ckpt_t *c)
 {
     if (c == NULL)
         return;
-    free(c->path);
-    free(c->files);
-    free(c);
+    KILN_FREE_ALL(c->path, c->files, c);
 }
 
 const ckpt_info_t *ckpt_info(const ckpt_t *c)
@@ -780,8 +776,7 @@ int ckpt_read_table(const ckpt_chain_t *ch, const char *name, ckpt_rows_t *out)
     }
 out:
     kern_table_destroy(t);
-    free(rows);
-    free(kr);
+    KILN_FREE_ALL(rows, kr);
     if (rc < 0)
         ckpt_rows_fini(out);
     return rc;
@@ -835,12 +830,6 @@ static int list_dir(const char *root, char ***out, int *n)
     return rc;
 }
 
-static void free_names(char **names, int n)
-{
-    for (int i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-}
 
 int ckpt_latest(const char *root, char *uid)
 {
@@ -858,7 +847,7 @@ int ckpt_latest(const char *root, char *uid)
             break;
         }
     }
-    free_names(names, n);
+    kiln_strv_free(names, (size_t)n);
     return rc;
 }
 
@@ -916,7 +905,7 @@ int ckpt_latest_chain(const char *root, bool verify, ckpt_skip_fn skip, void *ct
         free(dir);
         rc = KILN_ENOENT;
     }
-    free_names(names, n);
+    kiln_strv_free(names, (size_t)n);
     if (rc == KILN_ENOENT && tried == 0)
         return kiln_errf(KILN_ENOENT, "no checkpoint in %s", root);
     if (rc == KILN_ENOENT)
@@ -1083,7 +1072,7 @@ out:
         ckpt_close(cks[i]);
     free(cks);
     free(need);
-    free_names(names, n);
+    kiln_strv_free(names, (size_t)n);
     if (removed)
         *removed = gone;
     return rc;

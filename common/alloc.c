@@ -89,12 +89,19 @@ void kiln_free_all(void *const *ptrs, size_t n)
         free(ptrs[i]);
 }
 
-char *kiln_asprintf(const char *fmt, ...)
+void kiln_strv_free(char **v, size_t n)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
+    for (size_t i = 0; v != NULL && i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+char *kiln_vasprintf(const char *fmt, va_list ap)
+{
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
     if (n < 0) {
         kiln_errf(KILN_EINVAL, "bad format string");
         return NULL;
@@ -102,8 +109,17 @@ char *kiln_asprintf(const char *fmt, ...)
     char *s = kiln_malloc((size_t)n + 1);
     if (s == NULL)
         return NULL;
+    va_copy(ap2, ap);
+    vsnprintf(s, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    return s;
+}
+
+char *kiln_asprintf(const char *fmt, ...)
+{
+    va_list ap;
     va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    char *s = kiln_vasprintf(fmt, ap);
     va_end(ap);
     return s;
 }

@@ -153,11 +153,16 @@ char *kiln_strndup(const char *s, size_t n);
 char *kiln_utf8_scrub(char *s);
 /* Returns a malloc'd printf result, or NULL (KILN_ENOMEM). */
 char *kiln_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* kiln_asprintf with the arguments in ap (left as it was given). */
+char *kiln_vasprintf(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
 /* Frees each argument (any may be NULL): the buffers a struct owns, freed by
  * its destructor in one statement. The arguments are evaluated once each. */
 #define KILN_FREE_ALL(...)                                                      \
     kiln_free_all((void *[]){__VA_ARGS__}, sizeof((void *[]){__VA_ARGS__}) / sizeof(void *))
 void kiln_free_all(void *const *ptrs, size_t n);
+/* Frees the n strings of v, then v (NULL frees nothing): a list of names
+ * or paths that owns its strings. */
+void kiln_strv_free(char **v, size_t n);
 /* Makes room in *items, an array of *cap elements of elem bytes with n in
  * use, for one more: doubles *cap (to first when it is 0). Returns 0, or
  * KILN_ENOMEM with *items and *cap unchanged. */

@@ -171,17 +171,6 @@ fail:
     return rc;
 }
 
-void data_bin_writer_abort(data_bin_writer_t *w)
-{
-    if (!w)
-        return;
-    kiln_atomic_abort(&w->out);
-    for (int s = 0; w->skeys && s < w->nslots; s++)
-        free(w->skeys[s]);
-    KILN_FREE_ALL(w->skeys, w->slen, w->scap, w->labels, w->dense, w->counts, w->cbuf, w->entries);
-    free(w);
-}
-
 /* Serialises the pending rows as one chunk and writes it. */
 static int flush_chunk(data_bin_writer_t *w)
 {
@@ -324,6 +313,17 @@ out:
     return rc;
 }
 
+void data_bin_writer_abort(data_bin_writer_t *w)
+{
+    if (!w)
+        return;
+    kiln_atomic_abort(&w->out);
+    for (int s = 0; w->skeys && s < w->nslots; s++)
+        free(w->skeys[s]);
+    KILN_FREE_ALL(w->skeys, w->slen, w->scap, w->labels, w->dense, w->counts, w->cbuf, w->entries);
+    free(w);
+}
+
 /* ---- the chunk reader --------------------------------------------------------- */
 
 struct data_bin_file {
@@ -343,19 +343,9 @@ struct data_bin_file {
     int64_t *pref;        /* [nslots * (chunk_rows + 1)] key position of (slot, row) */
 };
 
-int64_t data_bin_rows(const data_bin_file_t *f)
+data_bin_info_t data_bin_info(const data_bin_file_t *f)
 {
-    return f->nrows;
-}
-
-int data_bin_ndense(const data_bin_file_t *f)
-{
-    return f->ndense;
-}
-
-int data_bin_nslots(const data_bin_file_t *f)
-{
-    return f->nslots;
+    return (data_bin_info_t){.rows = f->nrows, .ndense = f->ndense, .nslots = f->nslots};
 }
 
 void data_bin_close(data_bin_file_t *f)

@@ -124,9 +124,12 @@ void data_stats_malformed(data_reader_stats_t *st, const char *path, int64_t lin
 typedef struct data_bin_file data_bin_file_t;
 int data_bin_open(const char *path, data_bin_file_t **out /* OUT */);
 void data_bin_close(data_bin_file_t *f);
-int64_t data_bin_rows(const data_bin_file_t *f);
-int data_bin_ndense(const data_bin_file_t *f);
-int data_bin_nslots(const data_bin_file_t *f);
+/* What its header says: rows, dense features and slots of each row. */
+typedef struct {
+    int64_t rows;
+    int ndense, nslots;
+} data_bin_info_t;
+data_bin_info_t data_bin_info(const data_bin_file_t *f);
 /* Appends rows [lo, hi) of the file to the builder and to labels/dense at
  * builder row bb->n onwards (b's arrays sized for the batch). Loads and
  * checksums each chunk touched (the last chunk stays cached). Returns 0,

@@ -475,9 +475,7 @@ void data_reader_close(data_reader_t *r)
     for (int f = 0; r->pqs && f < r->npaths; f++)
         data_pq_close(r->pqs[f]);
     free(r->pqs);
-    for (int f = 0; r->paths && f < r->npaths; f++)
-        free(r->paths[f]);
-    free(r->paths);
+    kiln_strv_free(r->paths, (size_t)r->npaths);
     free(r->file_start);
     data_tsv_cursor_destroy(r->cur);
     data_builder_fini(&r->bb);
@@ -531,15 +529,16 @@ static int scan_files(data_reader_t *r, int ndense, int nslots, const data_colum
         rc = data_bin_open(r->paths[f], &r->bins[f]);
         if (rc < 0)
             return rc;
+        const data_bin_info_t bi = data_bin_info(r->bins[f]);
         if (f == 0) {
-            r->ndense = ndense == DATA_DIMS_AUTO ? data_bin_ndense(r->bins[0]) : ndense;
-            r->nslots = nslots == DATA_DIMS_AUTO ? data_bin_nslots(r->bins[0]) : nslots;
+            r->ndense = ndense == DATA_DIMS_AUTO ? bi.ndense : ndense;
+            r->nslots = nslots == DATA_DIMS_AUTO ? bi.nslots : nslots;
         }
-        if (data_bin_ndense(r->bins[f]) != r->ndense || data_bin_nslots(r->bins[f]) != r->nslots)
+        if (bi.ndense != r->ndense || bi.nslots != r->nslots)
             return kiln_errf(KILN_EINVAL, "%s holds %d dense features and %d slots, but %d and "
-                             "%d were expected", r->paths[f], data_bin_ndense(r->bins[f]),
-                             data_bin_nslots(r->bins[f]), r->ndense, r->nslots);
-        r->file_start[f + 1] = r->file_start[f] + data_bin_rows(r->bins[f]);
+                             "%d were expected", r->paths[f], bi.ndense, bi.nslots, r->ndense,
+                             r->nslots);
+        r->file_start[f + 1] = r->file_start[f] + bi.rows;
     }
     return 0;
 }

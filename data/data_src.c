@@ -161,30 +161,6 @@ fail:
     return rc;
 }
 
-void data_src_close(data_src_t *s)
-{
-    if (s == NULL)
-        return;
-    if (s->zs_init)
-        inflateEnd(&s->zs);
-    ZSTD_freeDStream(s->zd);
-    if (s->fd >= 0)
-        close(s->fd);
-    free(s->in);
-    free(s->path);
-    free(s);
-}
-
-data_comp_t data_src_comp(const data_src_t *s)
-{
-    return s->comp;
-}
-
-int64_t data_src_file_bytes(const data_src_t *s)
-{
-    return s->file_bytes;
-}
-
 /* The byte of the file the decoder has reached (for messages). */
 static int64_t src_at(const data_src_t *s)
 {
@@ -288,4 +264,28 @@ int64_t data_src_read(data_src_t *s, char *buf, size_t cap)
         }
     }
     return (int64_t)pos;
+}
+
+int64_t data_src_file_bytes(const data_src_t *s)
+{
+    return s->file_bytes;
+}
+
+data_comp_t data_src_comp(const data_src_t *s)
+{
+    return s->comp;
+}
+
+void data_src_close(data_src_t *s)
+{
+    if (s == NULL)
+        return;
+    if (s->zs_init)
+        inflateEnd(&s->zs);
+    ZSTD_freeDStream(s->zd);
+    if (s->fd >= 0)
+        close(s->fd);
+    free(s->in);
+    free(s->path);
+    free(s);
 }

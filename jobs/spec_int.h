@@ -73,10 +73,12 @@ enum {
 };
 
 typedef struct field field_t;
-typedef void (*field_fn)(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                         const char *path);
+/* A T_FN row's parser: reads val, the node of field f, into base (path
+ * names it in diagnostics). */
+typedef void field_fn_t(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
+                        const char *path);
 /* Returns NULL when s is fine, else the complaint (may be written to buf). */
-typedef const char *(*check_fn)(const char *s, char *buf, size_t bufsz);
+typedef const char *check_fn_t(const char *s, char *buf, size_t bufsz);
 
 struct field {
     const char *key;
@@ -90,8 +92,8 @@ struct field {
     const char *def_s;
     const char *const *names;
     const field_t *sub;
-    field_fn fn;
-    check_fn check;
+    field_fn_t *fn;
+    check_fn_t *check;
     int maxlen;       /* T_INTLIST; parse_strings: the most items */
     const char *what; /* parse_strings: what the list is, for "expected ..." */
 };

@@ -90,6 +90,13 @@ static bool is_ident(const char *s, size_t max)
     return true;
 }
 
+/* A check's complaint: "\"S\" is not WHAT" in buf (s cut to 80 bytes). Returns buf. */
+static const char *refuse(const char *s, const char *what, char *buf, size_t bufsz)
+{
+    snprintf(buf, bufsz, "\"%.80s\" is not %s", s, what);
+    return buf;
+}
+
 /* Job and table names: a job's name becomes a directory (ckpt/<name>), so
  * "." and ".." (which name the directory itself or its parent) are not
  * names. */
@@ -97,11 +104,8 @@ static const char *check_name(const char *s, char *buf, size_t bufsz)
 {
     if (is_ident(s, 64) && strcmp(s, ".") != 0 && strcmp(s, "..") != 0)
         return NULL;
-    snprintf(buf, bufsz,
-             "\"%.80s\" is not a valid name (1 to 64 letters, digits, '_', '.' or '-', and not "
-             ". or ..)",
-             s);
-    return buf;
+    return refuse(s, "a valid name (1 to 64 letters, digits, '_', '.' or '-', and not "
+                     ". or ..)", buf, bufsz);
 }
 
 /* kiln-serve's own rule for the model and label names a push carries
@@ -116,22 +120,16 @@ static const char *check_label(const char *s, char *buf, size_t bufsz)
 {
     if (is_ident(s, 32) && serve_accepts_name(s))
         return NULL;
-    snprintf(buf, bufsz,
-             "\"%.80s\" is not a valid label (1 to 32 letters, digits, '_', '.' or '-', not "
-             "starting with '.'; kiln-serve refuses others)",
-             s);
-    return buf;
+    return refuse(s, "a valid label (1 to 32 letters, digits, '_', '.' or '-', not "
+                     "starting with '.'; kiln-serve refuses others)", buf, bufsz);
 }
 
 static const char *check_model_name(const char *s, char *buf, size_t bufsz)
 {
     if (serve_accepts_name(s))
         return NULL;
-    snprintf(buf, bufsz,
-             "\"%.80s\" is not a model name kiln-serve accepts (1 to 63 letters, digits, '_', "
-             "'.' or '-', not starting with '.')",
-             s);
-    return buf;
+    return refuse(s, "a model name kiln-serve accepts (1 to 63 letters, digits, '_', "
+                     "'.' or '-', not starting with '.')", buf, bufsz);
 }
 
 static const char *check_schedule(const char *s, char *buf, size_t bufsz)
@@ -184,11 +182,8 @@ static const char *check_env_name(const char *s, char *buf, size_t bufsz)
         ok = isalnum((unsigned char)*p) || *p == '_';
     if (ok)
         return NULL;
-    snprintf(buf, bufsz,
-             "\"%.80s\" is not an environment variable name (letters, digits and '_', "
-             "not starting with a digit)",
-             s);
-    return buf;
+    return refuse(s, "an environment variable name (letters, digits and '_', "
+                     "not starting with a digit)", buf, bufsz);
 }
 
 /* True when s is made of letters, digits and the characters in extra only. */
@@ -207,39 +202,27 @@ static const char *check_slurm_names(const char *s, char *buf, size_t bufsz)
     if (n > 0 && n <= 256 && s[0] != ',' && s[n - 1] != ',' && made_of(s, "_.-,") &&
         strstr(s, ",,") == NULL)
         return NULL;
-    snprintf(buf, bufsz,
-             "\"%.80s\" is not a Slurm name (letters, digits, '_', '.', '-'; partitions may be "
-             "a comma-separated list)",
-             s);
-    return buf;
+    return refuse(s, "a Slurm name (letters, digits, '_', '.', '-'; partitions may be "
+                     "a comma-separated list)", buf, bufsz);
 }
 
-/* ---- custom field parsers (defined further down) ---------------------------------- */
-static void parse_init_from(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                            const char *path);
-static void parse_endpoints(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                            const char *path);
-static void defer_tables(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                         const char *path);
-static void parse_slots(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                        const char *path);
-static void parse_strings(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                          const char *path);
-static const char *check_interface(const char *s, char *buf, size_t bufsz);
-static const char *check_sbatch_arg(const char *s, char *buf, size_t bufsz);
-static const char *check_column(const char *s, char *buf, size_t bufsz);
-static void parse_memory(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                         const char *path);
-static void parse_ttl(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                      const char *path);
-static void parse_ramp(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
-                       const char *path);
+/* ---- custom field parsers and checks (defined further down) ----------------------- */
+static field_fn_t parse_init_from, parse_endpoints, defer_tables, parse_slots, parse_strings,
+    parse_memory, parse_ttl, parse_ramp;
+static check_fn_t check_interface, check_sbatch_arg, check_column;
 
 /* ---- the schema ------------------------------------------------------------------------
  * Offsets of rows inside a GROUP are relative to job_spec_t (the group is an
  * anonymous struct of it); rows of a MAP are relative to the MAP's member. */
 #define MS(ms) ((int64_t)(ms))
 #define S_ (MS(1000))
+/* A list of strings (parse_strings) at member m of T, its count at n: at
+ * most max_ items, each passing chk; what_ says what the list is. */
+#define STRLIST(k, T, m, n, fl, chk, max_, what_)                                                  \
+    {                                                                                              \
+        .key = k, .type = T_FN, .fn = parse_strings, .flags = fl, .check = chk, .maxlen = max_,    \
+        .what = what_, .off = offsetof(T, m), .off2 = offsetof(T, n)                               \
+    }
 
 static const field_t mpi_fields[] = {
     {.key = "interfaces",
@@ -264,14 +247,8 @@ static const field_t resources_fields[] = {
     STR("partition", job_spec_t, resources.partition, NULL, F_NONEMPTY, check_slurm_names),
     STR("account", job_spec_t, resources.account, NULL, F_NONEMPTY, check_slurm_names),
     INT("gpus_per_node", job_spec_t, resources.gpus_per_node, 0, 0, 64),
-    {.key = "sbatch_args",
-     .type = T_FN,
-     .fn = parse_strings,
-     .check = check_sbatch_arg,
-     .maxlen = 64,
-     .what = "a list of sbatch options",
-     .off = offsetof(job_spec_t, resources.sbatch_args),
-     .off2 = offsetof(job_spec_t, resources.nsbatch_args)},
+    STRLIST("sbatch_args", job_spec_t, resources.sbatch_args, resources.nsbatch_args, 0,
+            check_sbatch_arg, 64, "a list of sbatch options"),
     GROUP("mpi", mpi_fields, 0),
     FIELD_END};
 
@@ -283,24 +260,10 @@ static const field_t retries_fields[] = {
 /* data.columns: a list's maxlen is the most columns it may name. */
 static const field_t columns_fields[] = {
     STR("label", job_columns_t, label, "label", F_NONEMPTY, check_column),
-    {.key = "dense",
-     .type = T_FN,
-     .fn = parse_strings,
-     .flags = F_UNIQUE,
-     .check = check_column,
-     .what = "a list of Parquet column names",
-     .off = offsetof(job_columns_t, dense),
-     .off2 = offsetof(job_columns_t, ndense),
-     .maxlen = 4096},
-    {.key = "categorical",
-     .type = T_FN,
-     .fn = parse_strings,
-     .flags = F_UNIQUE,
-     .check = check_column,
-     .what = "a list of Parquet column names",
-     .off = offsetof(job_columns_t, categorical),
-     .off2 = offsetof(job_columns_t, ncategorical),
-     .maxlen = 1024},
+    STRLIST("dense", job_columns_t, dense, ndense, F_UNIQUE, check_column, 4096,
+            "a list of Parquet column names"),
+    STRLIST("categorical", job_columns_t, categorical, ncategorical, F_UNIQUE, check_column, 1024,
+            "a list of Parquet column names"),
     ENUM("dense_transform", job_columns_t, dense_transform, JOB_DENSE_AUTO,
          dense_transform_names),
     FIELD_END};
@@ -472,7 +435,7 @@ static void parse_init_from(ctx_t *c, const field_t *f, const yaml_node_t *val, 
 /* A list of strings (a single string is a list of one), each checked by
  * check(); NULL when the node is not that (reported), *n the count. */
 static char **string_items(ctx_t *c, const yaml_node_t *val, const char *path, int max,
-                           const char *what, check_fn check, int *n)
+                           const char *what, check_fn_t *check, int *n)
 {
     char gb[80], buf[512], ip[PATH_MAX_LEN];
     const yaml_node_t *one[1] = {val};
@@ -563,13 +526,9 @@ static const struct {
 
 static const char *check_sbatch_arg(const char *s, char *buf, size_t bufsz)
 {
-    if (s[0] != '-' || s[1] == '\0' || strpbrk(s, "\n\r") != NULL) {
-        snprintf(buf, bufsz,
-                 "\"%.80s\" is not an option: give each sbatch option as one item, "
-                 "--name=value (like --qos=high) or -xVALUE",
-                 s);
-        return buf;
-    }
+    if (s[0] != '-' || s[1] == '\0' || strpbrk(s, "\n\r") != NULL)
+        return refuse(s, "an option: give each sbatch option as one item, "
+                         "--name=value (like --qos=high) or -xVALUE", buf, bufsz);
     for (size_t i = 0; i < sizeof sbatch_owned / sizeof sbatch_owned[0]; i++) {
         size_t l = strlen(sbatch_owned[i].lng);
         bool hit = (strncmp(s, sbatch_owned[i].lng, l) == 0 && (s[l] == '\0' || s[l] == '=')) ||
@@ -686,6 +645,15 @@ static void parse_memory(ctx_t *c, const field_t *f, const yaml_node_t *val, cha
               "GiB, TiB, KB, MB, GB, TB), got %s", spec_got(val, gb, sizeof gb));
 }
 
+/* A positive number of steps at s, "5000" or "5000 steps": its value, or 0. */
+static long long steps_at(const char *s)
+{
+    char *end = NULL;
+    errno = 0;
+    long long n = strtoll(s, &end, 10);
+    return end != s && !errno && n > 0 && (*end == '\0' || strcmp(end, " steps") == 0) ? n : 0;
+}
+
 /* model.embedding.ttl: a number of steps ("5000", or "5000 steps": the same
  * on every rerun) or a duration ("30d", "12h"). */
 static void parse_ttl(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,
@@ -694,10 +662,8 @@ static void parse_ttl(ctx_t *c, const field_t *f, const yaml_node_t *val, char *
     (void)f;
     job_embedding_t *e = (job_embedding_t *)base;
     const char *s = spec_scalar(val);
-    char gb[64], *end = NULL;
-    errno = 0;
-    long long n = strtoll(s, &end, 10);
-    if (end != s && !errno && n > 0 && (*end == '\0' || strcmp(end, " steps") == 0)) {
+    const long long n = steps_at(s);
+    if (n > 0) {
         e->ttl_steps = n;
         e->ttl_ms = 0;
         return;
@@ -708,6 +674,7 @@ static void parse_ttl(ctx_t *c, const field_t *f, const yaml_node_t *val, char *
         e->ttl_steps = 0;
         return;
     }
+    char gb[64];
     spec_diag(c, val, path, "expected a number of steps (5000 or \"5000 steps\") or a duration "
               "like 30d or 12h, got %s", spec_got(val, gb, sizeof gb));
 }
@@ -781,11 +748,8 @@ static const char *check_column(const char *s, char *buf, size_t bufsz)
         ok = (unsigned char)*p >= 32 && *p != 127;
     if (ok)
         return NULL;
-    snprintf(buf, bufsz,
-             "\"%.80s\" is not a Parquet column name Kiln reads (1 to 127 bytes, no control "
-             "characters)",
-             s);
-    return buf;
+    return refuse(s, "a Parquet column name Kiln reads (1 to 127 bytes, no control "
+                     "characters)", buf, bufsz);
 }
 
 static void parse_endpoints(ctx_t *c, const field_t *f, const yaml_node_t *val, char *base,

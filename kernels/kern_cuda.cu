@@ -30,7 +30,7 @@
 #include <cuda_runtime.h>
 #include <float.h>
 #include <nccl.h>
-
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1100,19 +1100,6 @@ extern "C" int64_t kern_cuda_table_capacity(const kern_cuda_table_t *t) { return
 
 /* ==== the runtime ================================================================== */
 
-extern "C" void kern_cuda_versions(int *runtime, int *cublas, int *nccl)
-{
-    int v = 0, major = 0, minor = 0, patch = 0;
-    *runtime = cudaRuntimeGetVersion(&v) == cudaSuccess ? v : 0;
-    if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
-        cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
-        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
-        *cublas = major * 10000 + minor * 100 + patch;
-    else
-        *cublas = 0;
-    *nccl = ncclGetVersion(&v) == ncclSuccess ? v : 0;
-}
-
 extern "C" int kern_cuda_device_count(void)
 {
     int n = 0;
@@ -1120,5 +1107,21 @@ extern "C" int kern_cuda_device_count(void)
         (void)cudaGetLastError(); /* forget the sticky-free error */
         return 0;
     }
+    return n;
+}
+
+extern "C" int kern_cuda_announce(const char *who)
+{
+    int v = 0, major = 0, minor = 0, patch = 0, cublas = 0;
+    const int runtime = cudaRuntimeGetVersion(&v) == cudaSuccess ? v : 0;
+    if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+        cublas = major * 10000 + minor * 100 + patch;
+    const int nccl = ncclGetVersion(&v) == ncclSuccess ? v : 0;
+    printf("%s: CUDA runtime %d, cuBLAS %d, NCCL %d\n", who, runtime, cublas, nccl);
+    const int n = kern_cuda_device_count();
+    if (n < 1)
+        printf("skipped: no CUDA device\n");
     return n;
 }

@@ -124,12 +124,14 @@ int64_t kern_cuda_table_capacity(const kern_cuda_table_t *t);
 
 /* ---- the runtime ------------------------------------------------------------------- */
 
-/* Versions of the CUDA runtime, cuBLAS (major*10000 + minor*100 + patch)
- * and NCCL the backend is linked against; 0 for one that cannot say. Needs
- * no device. */
-void kern_cuda_versions(int *runtime /* OUT */, int *cublas /* OUT */, int *nccl /* OUT */);
 /* Number of CUDA devices visible (0 when none or the driver is missing). */
 int kern_cuda_device_count(void);
+/* For a GPU test or bench starting up: prints "WHO: CUDA runtime R, cuBLAS
+ * C, NCCL N", the versions the backend is linked against (cuBLAS as
+ * major*10000 + minor*100 + patch; 0 for one that cannot say), then
+ * "skipped: no CUDA device" when none is visible, to stdout. Returns
+ * kern_cuda_device_count(). */
+int kern_cuda_announce(const char *who);
 
 #ifdef __cplusplus
 }

@@ -412,6 +412,20 @@ static int wb_wait(kern_tier_t *c)
     return rc;
 }
 
+/* Stops the writer thread, if wb_write started one, once the writes handed
+ * over are done (what they failed with no longer matters: the file goes). */
+static void wb_stop(kern_tier_t *c)
+{
+    if (!c->wb_started)
+        return;
+    (void)wb_wait(c);
+    pthread_mutex_lock(&c->wb_mu);
+    c->wb_quit = 1;
+    pthread_cond_signal(&c->wb_cv);
+    pthread_mutex_unlock(&c->wb_mu);
+    pthread_join(c->wb_thread, NULL);
+}
+
 /* Writes the n transfers of ops behind the caller's back (the writer
  * thread, started on first use) when they fit WB_MAX, else now. The
  * writes overlap the caller's work that follows (the rest of the put, the
@@ -589,14 +603,7 @@ void kern_tier_close(kern_tier_t *c)
 {
     if (!c)
         return;
-    if (c->wb_started) {
-        (void)wb_wait(c); /* the file goes: what failed no longer matters */
-        pthread_mutex_lock(&c->wb_mu);
-        c->wb_quit = 1;
-        pthread_cond_signal(&c->wb_cv);
-        pthread_mutex_unlock(&c->wb_mu);
-        pthread_join(c->wb_thread, NULL);
-    }
+    wb_stop(c);
     pthread_mutex_destroy(&c->wb_mu);
     pthread_cond_destroy(&c->wb_cv);
 #ifdef KILN_HAVE_URING

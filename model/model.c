@@ -373,29 +373,14 @@ int model_ngroups(const model_t *m)
 {
     return m->ngroups;
 }
-int model_dim(const model_t *m)
+model_info_t model_info(const model_t *m)
 {
-    return m->d;
-}
-int model_nslots(const model_t *m)
-{
-    return m->S;
-}
-int model_ndense(const model_t *m)
-{
-    return m->F;
-}
-model_type_t model_type(const model_t *m)
-{
-    return m->type;
-}
-int model_max_batch(const model_t *m)
-{
-    return m->max_batch;
-}
-model_dense_precision_t model_precision(const model_t *m)
-{
-    return m->precision;
+    return (model_info_t){.type = m->type,
+                          .precision = m->precision,
+                          .nslots = m->S,
+                          .ndense = m->F,
+                          .dim = m->d,
+                          .max_batch = m->max_batch};
 }
 
 const model_group_t *model_group(const model_t *m, int i)

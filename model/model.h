@@ -173,13 +173,19 @@ double *model_grads_lo(model_t *m);
 /* The parameter groups in layout order (0 <= i < ngroups); NULL out of range. */
 int model_ngroups(const model_t *m);
 const model_group_t *model_group(const model_t *m, int i);
-/* The width d of a pooled vector, and S, F, the type and max_batch. */
-int model_dim(const model_t *m);
-int model_nslots(const model_t *m);
-int model_ndense(const model_t *m);
-model_type_t model_type(const model_t *m);
-int model_max_batch(const model_t *m);
-model_dense_precision_t model_precision(const model_t *m);
+
+/* What a model was created as: the sizes of its inputs and what it computes. */
+typedef struct {
+    model_type_t type;
+    model_dense_precision_t precision;
+    int nslots;    /* S, categorical slots */
+    int ndense;    /* F, dense features */
+    int dim;       /* d, floats per pooled vector */
+    int max_batch; /* the largest n a call may pass */
+} model_info_t;
+
+/* Returns m's type, precision and sizes (as its config gave them). */
+model_info_t model_info(const model_t *m);
 
 /* Sets every gradient to 0. */
 void model_zero_grad(model_t *m);

@@ -14,9 +14,7 @@
 
 void ops_split_report_fini(ops_split_report_t *rep)
 {
-    for (size_t i = 0; rep->urls != NULL && i < rep->n; i++)
-        free(rep->urls[i]);
-    free(rep->urls);
+    kiln_strv_free(rep->urls, rep->n);
     free(rep->results);
     memset(rep, 0, sizeof *rep);
 }

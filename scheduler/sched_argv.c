@@ -6,6 +6,7 @@
  */
 #include "sched_int.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,21 +18,35 @@ void sched_argv_free(char **argv)
     free(argv);
 }
 
+/* Appends s, which the list then owns (NULL: an allocation failed). */
+static void adopt(sched_argv_t *a, char *s)
+{
+    /* room for this one and the NULL that ends the list */
+    if (a->oom || s == NULL ||
+        kiln_grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v, 32) < 0) {
+        a->oom = true;
+        free(s);
+        return;
+    }
+    a->v[a->n] = s;
+    a->v[++a->n] = NULL;
+}
+
 void sched_argv_push(sched_argv_t *a, const char *s)
+{
+    if (!a->oom)
+        adopt(a, kiln_strdup(s));
+}
+
+void sched_argv_pushf(sched_argv_t *a, const char *fmt, ...)
 {
     if (a->oom)
         return;
-    /* room for this one and the NULL that ends the list */
-    if (kiln_grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v, 32) < 0) {
-        a->oom = true;
-        return;
-    }
-    a->v[a->n] = kiln_strdup(s);
-    if (a->v[a->n] == NULL) {
-        a->oom = true;
-        return;
-    }
-    a->v[++a->n] = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = kiln_vasprintf(fmt, ap);
+    va_end(ap);
+    adopt(a, s);
 }
 
 int sched_argv_finish(sched_argv_t *a, char ***out)
@@ -46,7 +61,6 @@ int sched_argv_finish(sched_argv_t *a, char ***out)
 
 void sched_argv_trainer(sched_argv_t *a, const sched_launch_ctx_t *c)
 {
-    char id[32];
     sched_argv_push(a, c->trainer);
     sched_argv_push(a, "--spec");
     sched_argv_push(a, c->spec_path);
@@ -63,9 +77,8 @@ void sched_argv_trainer(sched_argv_t *a, const sched_launch_ctx_t *c)
     /* Rank 0 records checkpoints, online exports, inputs and the checkpoint
      * the run started from in the database. No --quiet: the progress lines go
      * to the run's log, which `kiln logs --follow` shows as the run trains. */
-    snprintf(id, sizeof id, "%lld", (long long)c->run_id);
     sched_argv_push(a, "--db");
     sched_argv_push(a, c->db_path);
     sched_argv_push(a, "--run-id");
-    sched_argv_push(a, id);
+    sched_argv_pushf(a, "%lld", (long long)c->run_id);
 }

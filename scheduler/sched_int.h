@@ -64,8 +64,9 @@ const sched_launcher_t *sched_launcher_for(job_launcher_t which);
 int sched_mpi_local_argv(const sched_launch_ctx_t *ctx, char ***argv /* OUT */);
 int sched_mpi_hostfile_argv(const sched_launch_ctx_t *ctx, char ***argv /* OUT */);
 
-/* Building an argv (sched_argv.c): push copies s; after an allocation
- * failure pushes do nothing and finish returns KILN_ENOMEM (argv freed). */
+/* Building an argv (sched_argv.c): push copies s, pushf formats one
+ * argument; after an allocation failure pushes do nothing and finish
+ * returns KILN_ENOMEM (argv freed). */
 void sched_argv_free(char **argv);
 typedef struct sched_argv {
     char **v;
@@ -73,6 +74,7 @@ typedef struct sched_argv {
     bool oom;
 } sched_argv_t;
 void sched_argv_push(sched_argv_t *a, const char *s);
+void sched_argv_pushf(sched_argv_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int sched_argv_finish(sched_argv_t *a, char ***out /* OUT */);
 /* Pushes `kiln-train --spec S --run-dir D [...]` for ctx: the
  * command every launcher ends with. */

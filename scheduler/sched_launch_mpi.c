@@ -26,11 +26,9 @@ static void mca(sched_argv_t *a, const char *name, const char *value)
 
 static void mpirun_head(sched_argv_t *a, const sched_launch_ctx_t *c)
 {
-    char np[16];
-    snprintf(np, sizeof np, "%d", c->spec->resources.ranks);
     sched_argv_push(a, c->mpirun);
     sched_argv_push(a, "-np");
-    sched_argv_push(a, np);
+    sched_argv_pushf(a, "%d", c->spec->resources.ranks);
     if (geteuid() == 0)
         sched_argv_push(a, "--allow-run-as-root");
     /* Ranks set their own thread counts; do not pin them to one core each. */

@@ -109,18 +109,6 @@ static int write_script(const sched_launch_ctx_t *c, const char *path)
     return kiln_atomic_commit(&out);
 }
 
-/* Pushes one printf-formatted argument. */
-static void opt(sched_argv_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void opt(sched_argv_t *a, const char *fmt, ...)
-{
-    char buf[4200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    sched_argv_push(a, buf);
-}
-
 int sched_slurm_argv(const sched_launch_ctx_t *c, char ***out)
 {
     const job_spec_t *spec = c->spec;
@@ -131,27 +119,28 @@ int sched_slurm_argv(const sched_launch_ctx_t *c, char ***out)
     sched_argv_t a = {0};
     sched_argv_push(&a, "sbatch");
     sched_argv_push(&a, "--parsable");
-    opt(&a, "--job-name=kiln.%s.%lld", spec->name, (long long)c->run_id);
-    opt(&a, "--ntasks=%d", spec->resources.ranks);
+    sched_argv_pushf(&a, "--job-name=kiln.%s.%lld", spec->name, (long long)c->run_id);
+    sched_argv_pushf(&a, "--ntasks=%d", spec->resources.ranks);
     if (spec->resources.nodes > 0)
-        opt(&a, "--nodes=%d", spec->resources.nodes);
+        sched_argv_pushf(&a, "--nodes=%d", spec->resources.nodes);
     if (spec->resources.threads > 0)
-        opt(&a, "--cpus-per-task=%d", spec->resources.threads);
+        sched_argv_pushf(&a, "--cpus-per-task=%d", spec->resources.threads);
     if (spec->resources.partition != NULL)
-        opt(&a, "--partition=%s", spec->resources.partition);
+        sched_argv_pushf(&a, "--partition=%s", spec->resources.partition);
     if (spec->resources.account != NULL)
-        opt(&a, "--account=%s", spec->resources.account);
+        sched_argv_pushf(&a, "--account=%s", spec->resources.account);
     if (spec->resources.gpus_per_node > 0)
-        opt(&a, "--gpus-per-node=%d", spec->resources.gpus_per_node);
+        sched_argv_pushf(&a, "--gpus-per-node=%d", spec->resources.gpus_per_node);
     /* Slurm's limits are whole minutes: round up. */
     if (spec->resources.timeout_ms > 0)
-        opt(&a, "--time=%lld", (long long)((spec->resources.timeout_ms + 59999) / 60000));
+        sched_argv_pushf(&a, "--time=%lld",
+                         (long long)((spec->resources.timeout_ms + 59999) / 60000));
     /* A node failure or a preemption ends the job; Kiln retries it from its
      * newest checkpoint (retries.*), so Slurm must not requeue it as well. */
     sched_argv_push(&a, "--no-requeue");
-    opt(&a, "--output=%s/log", c->run_dir);
+    sched_argv_pushf(&a, "--output=%s/log", c->run_dir);
     sched_argv_push(&a, "--open-mode=append");
-    opt(&a, "--chdir=%s", c->run_dir);
+    sched_argv_pushf(&a, "--chdir=%s", c->run_dir);
     for (int i = 0; i < spec->resources.nsbatch_args; i++)
         sched_argv_push(&a, spec->resources.sbatch_args[i]);
     sched_argv_push(&a, script);

@@ -331,9 +331,7 @@ void sv_answer_predict(sv_store_t *s, sv_loop_t *loop, const char *model, const 
                                    "probabilities", probs, "nonfinite_rows", bad));
         sv_loop_log(loop, model, &r, request_key, lines, (const char *const *)ids);
     }
-    for (int64_t i = 0; ids != NULL && i < n; i++)
-        free(ids[i]);
-    free(ids);
+    kiln_strv_free(ids, (size_t)n);
     json_decref(probs);
     json_decref(bad);
     json_decref(jreq);

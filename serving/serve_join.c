@@ -324,10 +324,10 @@ int sv_loop_open(const sv_loop_opts_t *o, sv_loop_t **out)
     return 0;
 }
 
-void sv_loop_close(sv_loop_t *l)
+/* Tells the writer and the joiner sv_loop_open started to stop (waking
+ * either from its wait) and waits for them to end. */
+static void stop_threads(sv_loop_t *l)
 {
-    if (l == NULL)
-        return;
     pthread_mutex_lock(&l->qlock);
     pthread_mutex_lock(&l->stop_lock);
     l->stop = true;
@@ -339,6 +339,13 @@ void sv_loop_close(sv_loop_t *l)
         pthread_join(l->writer, NULL);
     if (l->joiner_up)
         pthread_join(l->joiner, NULL);
+}
+
+void sv_loop_close(sv_loop_t *l)
+{
+    if (l == NULL)
+        return;
+    stop_threads(l);
     for (int i = 0; i < l->qn; i++) {
         lp_rec_t *r = l->q[(l->qhead + i) % LOOP_QUEUE];
         free(r->text);

@@ -407,9 +407,7 @@ out:
         s->pushes_rejected++;
     if (locked)
         pthread_rwlock_unlock(&s->lock);
-    for (int i = 0; i < nold; i++)
-        free(old[i]);
-    free(old);
+    kiln_strv_free(old, (size_t)nold);
     sv_version_destroy(built);
     free(dir);
     free(dest);

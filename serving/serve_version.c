@@ -25,9 +25,7 @@ void sv_version_destroy(sv_version_t *v)
     free(v->tables);
     free(v->dense);
     model_destroy(v->rtm);
-    for (int i = 0; i < v->nfiles; i++)
-        free(v->files[i]);
-    free(v->files);
+    kiln_strv_free(v->files, (size_t)v->nfiles);
     free(v);
 }
 

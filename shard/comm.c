@@ -124,29 +124,14 @@ void shard_comm_destroy(shard_comm_t *c)
     free(c);
 }
 
-shard_comm_kind_t shard_comm_kind(const shard_comm_t *c)
+shard_comm_info_t shard_comm_info(const shard_comm_t *c)
 {
-    return c->kind;
-}
-
-int shard_comm_rank(const shard_comm_t *c)
-{
-    return c->rank;
-}
-
-int shard_comm_size(const shard_comm_t *c)
-{
-    return c->size;
-}
-
-int shard_comm_device(const shard_comm_t *c)
-{
+    shard_comm_info_t i = {.kind = c->kind, .rank = c->rank, .size = c->size, .device = -1};
 #ifdef KILN_HAVE_CUDA
     if (c->kind == SHARD_COMM_NCCL)
-        return shard_comm_nccl_device(c->nccl);
+        i.device = shard_comm_nccl_device(c->nccl);
 #endif
-    (void)c;
-    return -1;
+    return i;
 }
 
 void *shard_comm_stream(const shard_comm_t *c)
@@ -231,6 +216,8 @@ static int allreduce(shard_comm_t *c, double *buf, size_t count, bool dd)
     if (c == NULL || (buf == NULL && count > 0))
         return kiln_errf(KILN_EINVAL, "shard_comm_allreduce_sum_%s: NULL communicator or buffer",
                          dd ? "dd" : "f64");
+    if (count == 0)
+        return 0; /* nothing to move, on either backend */
 #ifdef KILN_HAVE_CUDA
     if (c->kind == SHARD_COMM_NCCL)
         return dd ? shard_comm_nccl_allreduce_sum_dd(c, buf, count)
@@ -268,6 +255,8 @@ int shard_comm_bcast(shard_comm_t *c, void *buf, size_t bytes, int root)
     if (root < 0 || root >= c->size)
         return kiln_errf(KILN_EINVAL, "shard_comm_bcast: root %d is not a rank (0..%d)", root,
                          c->size - 1);
+    if (bytes == 0)
+        return 0; /* nothing to move, on either backend */
 #ifdef KILN_HAVE_CUDA
     if (c->kind == SHARD_COMM_NCCL)
         return shard_comm_nccl_bcast(c, buf, bytes, root);

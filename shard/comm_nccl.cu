@@ -193,8 +193,6 @@ extern "C" int shard_comm_nccl_alltoallv(shard_comm_t *c, const void *sendbuf, c
 extern "C" int shard_comm_nccl_allreduce_sum_f64(shard_comm_t *c, double *buf, size_t count)
 {
     shard_comm_nccl_t *n = c->nccl;
-    if (count == 0)
-        return 0;
     NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclDouble, ncclSum, n->comm, n->stream), n->comm,
                "ncclAllReduce of float64 sums");
     return 0;
@@ -220,8 +218,6 @@ static __global__ void dd_sum_ranks_kernel(const double *gathered, size_t npairs
 extern "C" int shard_comm_nccl_allreduce_sum_dd(shard_comm_t *c, double *pairs, size_t npairs)
 {
     shard_comm_nccl_t *n = c->nccl;
-    if (npairs == 0)
-        return 0;
     if (npairs > n->gather_cap) {
         /* Grows to the new size; the stream's earlier work may still read
          * the old buffer, so wait for it first. */
@@ -247,8 +243,6 @@ extern "C" int shard_comm_nccl_allreduce_sum_dd(shard_comm_t *c, double *pairs, 
 extern "C" int shard_comm_nccl_bcast(shard_comm_t *c, void *buf, size_t bytes, int root)
 {
     shard_comm_nccl_t *n = c->nccl;
-    if (bytes == 0)
-        return 0;
     NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclInt8, root, n->comm, n->stream), n->comm,
                "ncclBroadcast");
     return 0;

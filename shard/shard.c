@@ -168,8 +168,9 @@ int shard_create(shard_comm_t *comm, int ntables, shard_store_t *store, const in
     if (s == NULL)
         return KILN_ENOMEM;
     s->comm = comm;
-    s->rank = shard_comm_rank(comm);
-    s->nranks = shard_comm_size(comm);
+    const shard_comm_info_t ci = shard_comm_info(comm);
+    s->rank = ci.rank;
+    s->nranks = ci.size;
     s->ntables = ntables;
     size_t R = (size_t)s->nranks, T = (size_t)ntables;
     s->store = store;

@@ -181,7 +181,7 @@ int shard_store_upload(shard_store_t *s, int64_t step);
  *   SHARD_COMM_MPI   buffers are HOST memory. Every call is blocking: when it
  *                 returns, the result is in place.
  *   SHARD_COMM_NCCL  buffers are DEVICE memory of the GPU the communicator is
- *                 bound to (shard_comm_device). Calls are enqueued on the
+ *                 bound to (shard_comm_info's device). Calls are enqueued on the
  *                 communicator's own stream (shard_comm_stream) and return
  *                 before the data has moved: call shard_comm_sync() before the
  *                 host reads a result, or make another stream wait on
@@ -223,11 +223,15 @@ int shard_comm_create(shard_comm_kind_t kind, MPI_Comm comm, shard_comm_t **out 
  * communicator); accepts NULL. */
 void shard_comm_destroy(shard_comm_t *c);
 
-shard_comm_kind_t shard_comm_kind(const shard_comm_t *c);
-int shard_comm_rank(const shard_comm_t *c);
-int shard_comm_size(const shard_comm_t *c);
-/* The CUDA device ordinal this rank is bound to (NCCL), or -1 (MPI). */
-int shard_comm_device(const shard_comm_t *c);
+/* Who this rank is in a communicator, and over what it talks. */
+typedef struct {
+    shard_comm_kind_t kind;
+    int rank, size; /* this rank, of size ranks */
+    int device;     /* the CUDA device ordinal this rank is bound to (NCCL), or -1 (MPI) */
+} shard_comm_info_t;
+
+/* Returns c's kind, rank, size and device. */
+shard_comm_info_t shard_comm_info(const shard_comm_t *c);
 /* The cudaStream_t the NCCL calls run on, or NULL (MPI). */
 void *shard_comm_stream(const shard_comm_t *c);
 

@@ -88,7 +88,8 @@ struct shard_comm {
 
 #ifdef KILN_HAVE_CUDA
 /* comm_nccl.cu (library kiln_shard_cuda): the NCCL backend. c->comm,
- * rank and size are set before shard_comm_nccl_create. */
+ * rank and size are set before shard_comm_nccl_create. comm.c calls the
+ * sums and the broadcast only with something to move (count > 0). */
 int shard_comm_nccl_create(shard_comm_t *c, shard_comm_nccl_t **out /* OUT */);
 void shard_comm_nccl_destroy(shard_comm_nccl_t *n);
 int shard_comm_nccl_device(const shard_comm_nccl_t *n);

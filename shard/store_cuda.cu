@@ -207,6 +207,17 @@ int after_ext(cuda_work *c)
     return 0;
 }
 
+/* Copies bytes at host src to the device buffer d (grown to fit) through
+ * the pinned buffer, on the store's stream. */
+int stage_in(cuda_work *c, dbuf *d, const void *src, size_t bytes)
+{
+    KILN_CHECK(dneed(d, bytes));
+    KILN_CHECK(pneed(&c->pin, bytes));
+    memcpy(c->pin.p, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(d->p, c->pin.p, bytes, cudaMemcpyHostToDevice, c->stream));
+    return 0;
+}
+
 int cw_find(shard_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_t step, bool insert,
             int32_t *rows)
 {
@@ -214,12 +225,9 @@ int cw_find(shard_store_work_t *w, int t, int64_t n, const int64_t *keys, int64_
     if (n == 0)
         return 0;
     KILN_CHECK(after_ext(c));
-    KILN_CHECK(dneed(&c->keys, sizeof(int64_t) * (size_t)n));
     KILN_CHECK(dneed(&c->rows, sizeof(int32_t) * (size_t)n));
-    KILN_CHECK(pneed(&c->pin, sizeof(int64_t) * (size_t)n)); /* keys in, then rows out */
-    memcpy(c->pin.p, keys, sizeof(int64_t) * (size_t)n);
-    CUDA_CHECK(cudaMemcpyAsync(c->keys.p, c->pin.p, sizeof(int64_t) * (size_t)n,
-                               cudaMemcpyHostToDevice, c->stream));
+    /* The pinned buffer takes the keys in, then the (smaller) rows out. */
+    KILN_CHECK(stage_in(c, &c->keys, keys, sizeof(int64_t) * (size_t)n));
     int64_t *dk = (int64_t *)c->keys.p;
     int32_t *dr = (int32_t *)c->rows.p;
     if (insert)
@@ -253,11 +261,7 @@ int cw_read(shard_store_work_t *w, int t, int64_t n, const int32_t *rows, float 
     if (n == 0)
         return 0;
     KILN_CHECK(after_ext(c));
-    KILN_CHECK(dneed(&c->rows, sizeof(int32_t) * (size_t)n));
-    KILN_CHECK(pneed(&c->pin, sizeof(int32_t) * (size_t)n));
-    memcpy(c->pin.p, rows, sizeof(int32_t) * (size_t)n);
-    CUDA_CHECK(cudaMemcpyAsync(c->rows.p, c->pin.p, sizeof(int32_t) * (size_t)n,
-                               cudaMemcpyHostToDevice, c->stream));
+    KILN_CHECK(stage_in(c, &c->rows, rows, sizeof(int32_t) * (size_t)n));
     kern_slab_t sl;
     kern_cuda_table_slab(c->tables[t], &sl);
     return read_to_host(c, sl.values, c->dims[t], n, out);

@@ -43,17 +43,10 @@ void state_jobs_free(state_job_t *js, size_t n)
 
 /* ---- put ------------------------------------------------------------------------ */
 
-typedef struct {
-    const char *name, *spec_yaml, *spec_hash, *schedule;
-    int priority;
-    const char *spec_dir; /* NULL: leave it */
-    const char *timezone; /* NULL: UTC */
-    int64_t id;
-    int version;
-    bool created;
-} job_put_t;
-
-static int job_put_tx(state_t *st, job_put_t *p)
+/* Inserts or updates the job of in (name, spec, hash, schedule, priority;
+ * a NULL spec_dir leaves it, a NULL timezone is UTC) and fills out's job_id,
+ * version and created. */
+static int job_put_tx(state_t *st, const state_submit_t *in, state_submitted_t *out)
 {
     sqlite3_stmt *s = NULL;
     int rc, version = 0;
@@ -61,52 +54,53 @@ static int job_put_tx(state_t *st, job_put_t *p)
     char *old_hash = NULL;
     const char *what = "submitting a job";
 
-    p->id = 0;
-    p->created = false;
-    KILN_CHECK_GOTO(state_first_row(st, STMT_JOB_FIND, what, &s, "t", p->name), rc, out);
+    out->job_id = 0;
+    out->created = false;
+    KILN_CHECK_GOTO(state_first_row(st, STMT_JOB_FIND, what, &s, "t", in->name), rc, out);
     if (rc == 1) {
-        p->id = state_col_i64(s, 0);
+        out->job_id = state_col_i64(s, 0);
         KILN_CHECK_GOTO(state_col_str(s, 1, &old_hash), rc, out);
         version = sqlite3_column_int(s, 2);
     }
     state_stmt_done(s);
     s = NULL;
 
-    if (p->id != 0) { /* a deleted job submitted again comes back */
-        KILN_CHECK_GOTO(state_update(st, STMT_JOB_REVIVE, what, "II", p->id, now), rc, out);
+    if (out->job_id != 0) { /* a deleted job submitted again comes back */
+        KILN_CHECK_GOTO(state_update(st, STMT_JOB_REVIVE, what, "II", out->job_id, now), rc,
+                        out);
         if (rc > 0)
-            KILN_CHECK_GOTO(state_event_insert(st, p->id, 0, "spec", "submitted again after a "
-                                               "delete"),
+            KILN_CHECK_GOTO(state_event_insert(st, out->job_id, 0, "spec",
+                                               "submitted again after a delete"),
                             rc, out);
     }
-    if (p->id == 0) {
-        KILN_CHECK_GOTO(state_insert(st, STMT_JOB_INSERT, what, &p->id, "ttttiItt", p->name,
-                                     p->spec_yaml, p->spec_hash, p->schedule, p->priority, now,
-                                     p->spec_dir, p->timezone),
+    if (out->job_id == 0) {
+        KILN_CHECK_GOTO(state_insert(st, STMT_JOB_INSERT, what, &out->job_id, "ttttiItt",
+                                     in->name, in->spec_yaml, in->spec_hash, in->schedule,
+                                     in->priority, now, in->spec_dir, in->timezone),
                         rc, out);
-        p->created = true;
+        out->created = true;
         version = 1;
-    } else if (old_hash == NULL || strcmp(old_hash, p->spec_hash) != 0) {
-        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SPEC, what, "ItttiItt", p->id,
-                                     p->spec_yaml, p->spec_hash, p->schedule, p->priority, now,
-                                     p->spec_dir, p->timezone),
+    } else if (old_hash == NULL || strcmp(old_hash, in->spec_hash) != 0) {
+        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SPEC, what, "ItttiItt", out->job_id,
+                                     in->spec_yaml, in->spec_hash, in->schedule, in->priority, now,
+                                     in->spec_dir, in->timezone),
                         rc, out);
         version++;
     } else {
         /* Same spec: nothing to version; keep derived fields in step. */
-        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SAME, what, "Ititt", p->id, p->schedule,
-                                     p->priority, p->spec_dir, p->timezone),
+        KILN_CHECK_GOTO(state_update(st, STMT_JOB_UPDATE_SAME, what, "Ititt", out->job_id,
+                                     in->schedule, in->priority, in->spec_dir, in->timezone),
                         rc, out);
-        p->version = version;
+        out->version = version;
         rc = 0;
         goto out;
     }
-    KILN_CHECK_GOTO(state_update(st, STMT_JOB_VERSION_INSERT, what, "I", p->id), rc, out);
-    KILN_CHECK_GOTO(state_event_insert(st, p->id, 0, "spec", "%s version %d (spec %s)",
-                                       p->created ? "submitted" : "updated to", version,
-                                       p->spec_hash),
+    KILN_CHECK_GOTO(state_update(st, STMT_JOB_VERSION_INSERT, what, "I", out->job_id), rc, out);
+    KILN_CHECK_GOTO(state_event_insert(st, out->job_id, 0, "spec", "%s version %d (spec %s)",
+                                       out->created ? "submitted" : "updated to", version,
+                                       in->spec_hash),
                     rc, out);
-    p->version = version;
+    out->version = version;
     rc = 0;
 out:
     state_stmt_done(s);
@@ -119,14 +113,16 @@ int state_job_put(state_t *st, const char *name, const char *spec_yaml, const ch
 {
     if (name == NULL || name[0] == '\0' || spec_yaml == NULL || spec_hash == NULL)
         return kiln_errf(KILN_EINVAL, "a job needs a name, a spec and its hash");
-    job_put_t p = {name, spec_yaml, spec_hash, schedule, priority, NULL, NULL, 0, 0, false};
+    const state_submit_t in = {.name = name, .spec_yaml = spec_yaml, .spec_hash = spec_hash,
+                               .schedule = schedule, .priority = priority};
+    state_submitted_t out = {0};
     int rc;
-    STATE_WRITE(st, "submitting a job", rc, job_put_tx(st, &p));
+    STATE_WRITE(st, "submitting a job", rc, job_put_tx(st, &in, &out));
     if (rc < 0)
         return rc;
-    *job_id = p.id;
+    *job_id = out.job_id;
     if (created != NULL)
-        *created = p.created;
+        *created = out.created;
     return 0;
 }
 
@@ -140,26 +136,19 @@ typedef struct {
 static int submit_tx(state_t *st, submit_t *x)
 {
     const state_submit_t *in = x->in;
-    job_put_t p = {.name = in->name,
-                   .spec_yaml = in->spec_yaml,
-                   .spec_hash = in->spec_hash,
-                   .schedule = in->schedule,
-                   .priority = in->priority,
-                   .spec_dir = in->spec_dir,
-                   .timezone = in->timezone};
     memset(&x->out, 0, sizeof x->out);
-    KILN_CHECK(job_put_tx(st, &p));
-    x->out.job_id = p.id;
-    x->out.version = p.version;
-    x->out.created = p.created;
+    KILN_CHECK(job_put_tx(st, in, &x->out));
     if (in->queue_run)
-        KILN_CHECK(state_run_create_tx(st, p.id, STATE_TRIGGER_MANUAL, 0, 1, 0, &x->out.run_id));
+        KILN_CHECK(state_run_create_tx(st, x->out.job_id, STATE_TRIGGER_MANUAL, 0, 1, 0,
+                                       &x->out.run_id));
     for (int i = 0; i < in->nendpoints; i++) {
         int64_t id;
         KILN_CHECK(state_endpoint_put_tx(st, &in->endpoints[i], &id));
     }
-    return state_event_insert(st, p.id, x->out.run_id, "submit", "submitted from %s (version %d)",
-                              in->source != NULL ? in->source : "an unknown source", p.version);
+    return state_event_insert(st, x->out.job_id, x->out.run_id, "submit",
+                              "submitted from %s (version %d)",
+                              in->source != NULL ? in->source : "an unknown source",
+                              x->out.version);
 }
 
 int state_submit(state_t *st, const state_submit_t *in, state_submitted_t *out)

@@ -45,9 +45,7 @@ void state_retain_fini(state_retain_t *r)
 {
     if (r == NULL)
         return;
-    for (size_t i = 0; i < r->ndirs; i++)
-        free(r->run_dirs[i]);
-    free(r->run_dirs);
+    kiln_strv_free(r->run_dirs, r->ndirs);
     r->run_dirs = NULL;
     r->ndirs = 0;
     r->compacted = r->events = r->inputs = r->checkpoints = r->removed = 0;

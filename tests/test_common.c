@@ -350,6 +350,13 @@ static void test_alloc(void **state)
     int made = 0;
     KILN_FREE_ALL(counted_alloc(&made), NULL, counted_alloc(&made));
     assert_int_equal(made, 2);
+    /* A list of strings goes with its strings (ASan again); NULL is none. */
+    char **v = kiln_calloc(3, sizeof *v);
+    assert_non_null(v);
+    v[0] = kiln_strdup("a");
+    v[2] = kiln_strdup("c");
+    kiln_strv_free(v, 3);
+    kiln_strv_free(NULL, 3);
 }
 
 static void test_log_file(void **state)

@@ -91,14 +91,22 @@ static char *append_line(char **buf, size_t *len, size_t *cap, int i)
     return at;
 }
 
-/* Writes rows [from, to) of the synthetic sequence to path; without the
- * last newline when drop_last_newline. */
-static void write_rows(const char *path, int from, int to, int drop_last_newline)
+/* Spoils row i of a file being written: may change its line (at `line`,
+ * in *buf) or append more after it. */
+typedef void spoil_fn(char **buf, size_t *len, size_t *cap, char *line, int i);
+
+/* Writes rows [from, to) of the synthetic sequence to path, each handed to
+ * spoil (when not NULL) once appended; without the last newline when
+ * drop_last_newline. */
+static void write_rows(const char *path, int from, int to, int drop_last_newline, spoil_fn *spoil)
 {
     char *buf = NULL;
     size_t len = 0, cap = 0;
-    for (int i = from; i < to; i++)
-        append_line(&buf, &len, &cap, i);
+    for (int i = from; i < to; i++) {
+        char *line = append_line(&buf, &len, &cap, i);
+        if (spoil != NULL)
+            spoil(&buf, &len, &cap, line, i);
+    }
     if (drop_last_newline && len > 0)
         len--;
     write_file(path, buf ? buf : "", len);
@@ -418,8 +426,8 @@ static void make_partition_files(char **a, char **b)
 {
     *a = tpath("part-a.tsv");
     *b = tpath("part-b.tsv");
-    write_rows(*a, 0, 47, 1);
-    write_rows(*b, 47, 103, 0);
+    write_rows(*a, 0, 47, 1, NULL);
+    write_rows(*b, 47, 103, 0, NULL);
 }
 
 /* make_partition_files (their paths into a and b), converted to kiln-bin
@@ -499,19 +507,19 @@ static void test_block_cyclic_tsv(void **state)
     KILN_FREE_ALL(a, b);
 }
 
+/* Rows 4 and 17 get a bad label. */
+static void spoil_4_17(char **buf, size_t *len, size_t *cap, char *line, int i)
+{
+    if (i == 4 || i == 17)
+        line[0] = 'y';
+}
+
 /* Malformed lines keep their row positions: every rank agrees. */
 static void test_block_cyclic_with_malformed(void **state)
 {
     (void)state;
     char *path = tpath("part-bad.tsv");
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (int i = 0; i < 30; i++) {
-        char *line = append_line(&buf, &len, &cap, i);
-        if (i == 4 || i == 17)
-            line[0] = 'y'; /* a bad label */
-    }
-    write_file(path, buf, len);
+    write_rows(path, 0, 30, 0, spoil_4_17);
     const char *paths[] = {path};
     run_t r0, r1;
     run_reader(paths, 1, DATA_FMT_TSV, 0, 2, 4, 2, &r0);
@@ -527,7 +535,18 @@ static void test_block_cyclic_with_malformed(void **state)
     assert_int_equal(r1.step_rows[3], 2);
     run_free(&r0);
     run_free(&r1);
-    KILN_FREE_ALL(buf, path);
+    free(path);
+}
+
+/* A bad label, a bad integer or two lines as one, here and there. */
+static void spoil_some(char **buf, size_t *len, size_t *cap, char *line, int i)
+{
+    if (i % 97 == 5)
+        line[0] = 'y'; /* a bad label */
+    else if (i % 89 == 7 && line[2] != '\t')
+        line[2] = 'z'; /* the first integer is not one */
+    else if (i % 83 == 3)
+        (*buf)[*len - 1] = '\t', append_line(buf, len, cap, i); /* two lines as one */
 }
 
 /* A reader without a thread (prefetch 0) makes its batches on the caller's
@@ -539,18 +558,7 @@ static void test_team_reads_as_thread(void **state)
 {
     (void)state;
     char *path = tpath("part-team.tsv");
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (int i = 0; i < 1300; i++) {
-        char *line = append_line(&buf, &len, &cap, i);
-        if (i % 97 == 5)
-            line[0] = 'y';                 /* a bad label */
-        else if (i % 89 == 7 && line[2] != '\t')
-            line[2] = 'z';                 /* the first integer is not one */
-        else if (i % 83 == 3)
-            buf[len - 1] = '\t', append_line(&buf, &len, &cap, i); /* two lines as one */
-    }
-    write_file(path, buf, len);
+    write_rows(path, 0, 1300, 0, spoil_some);
     const char *paths[] = {path};
     int saved = omp_get_max_threads();
     omp_set_num_threads(2);
@@ -566,7 +574,7 @@ static void test_team_reads_as_thread(void **state)
         assert_same_run(&thread, &team);
     }
     omp_set_num_threads(saved);
-    KILN_FREE_ALL(buf, path);
+    free(path);
 }
 
 /* ---- kiln-bin ------------------------------------------------------------------------- */

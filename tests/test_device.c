@@ -157,10 +157,11 @@ static void test_comm_basics(void **state)
     shard_comm_t *c = NULL;
     assert_int_equal(shard_comm_create(SHARD_COMM_MPI, MPI_COMM_WORLD, &c), 0);
     assert_non_null(c);
-    assert_int_equal(shard_comm_kind(c), SHARD_COMM_MPI);
-    assert_int_equal(shard_comm_rank(c), g_rank);
-    assert_int_equal(shard_comm_size(c), g_size);
-    assert_int_equal(shard_comm_device(c), -1);
+    const shard_comm_info_t ci = shard_comm_info(c);
+    assert_int_equal(ci.kind, SHARD_COMM_MPI);
+    assert_int_equal(ci.rank, g_rank);
+    assert_int_equal(ci.size, g_size);
+    assert_int_equal(ci.device, -1);
     assert_null(shard_comm_stream(c));
     assert_int_equal(shard_comm_sync(c), 0);
     assert_string_equal(shard_comm_kind_name(SHARD_COMM_MPI), "mpi");

@@ -660,13 +660,8 @@ static void test_train_parity_adam(void **state) { (void)state; train_parity(KER
 
 int main(void)
 {
-    int rt = 0, cublas = 0, nccl = 0;
-    kern_cuda_versions(&rt, &cublas, &nccl);
-    printf("linked: CUDA runtime %d, cuBLAS %d, NCCL %d\n", rt, cublas, nccl);
-    if (kern_cuda_device_count() < 1) {
-        printf("skipped: no CUDA device\n");
+    if (kern_cuda_announce("linked") < 1)
         return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gather_parity),
         cmocka_unit_test(test_update_parity_sgd),

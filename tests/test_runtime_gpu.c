@@ -78,8 +78,8 @@ static void test_nccl_vs_mpi(void **state)
     if (rc != 0)
         fprintf(stderr, "rank %d: %s\n", me, kiln_errmsg());
     assert_int_equal(rc, 0);
-    assert_int_equal(shard_comm_kind(cn), SHARD_COMM_NCCL);
-    assert_true(shard_comm_device(cn) >= 0);
+    assert_int_equal(shard_comm_info(cn).kind, SHARD_COMM_NCCL);
+    assert_true(shard_comm_info(cn).device >= 0);
     assert_non_null(shard_comm_stream(cn));
     int bad = 0;
 

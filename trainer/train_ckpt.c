@@ -83,9 +83,7 @@ static int held_load(state_t *db, held_t *h)
 
 static void held_fini(held_t *h)
 {
-    for (size_t i = 0; i < h->n; i++)
-        free(h->uids[i]);
-    free(h->uids);
+    kiln_strv_free(h->uids, h->n);
 }
 
 /* Rank 0: records a checkpoint in the DB: an online export with its export

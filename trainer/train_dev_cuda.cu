@@ -208,12 +208,13 @@ int c_dense(void *ctx, const dev_dense_t *a, double *loss)
     cuda_dev *c = C(ctx);
     model_t *m = a->model;
     *loss = 0.0;
-    if (model_type(m) == MODEL_DLRM)
+    const model_info_t mi = model_info(m);
+    if (mi.type == MODEL_DLRM)
         return dev_dlrm_dense(&c->dlrm, c->s[DEV_COMPUTE], a, loss);
     if (a->n == 0)
         return 0;
-    const bool fm = model_type(m) == MODEL_FM;
-    const int S = model_nslots(m), F = model_ndense(m), d = model_dim(m);
+    const bool fm = mi.type == MODEL_FM;
+    const int S = mi.nslots, F = mi.ndense, d = mi.dim;
     const int k = fm ? d - 1 : 0;
     const long w_off = group_offset(m, "w"), b_off = group_offset(m, "b"),
                vx_off = group_offset(m, "vx");
@@ -410,7 +411,7 @@ int c_dedupe(void *ctx, int ntables, const int64_t *koff, const int64_t *keys, i
 /* The NCCL stream waits for the compute stream's work so far. */
 int comm_after_compute(cuda_dev *c, shard_comm_t *comm)
 {
-    if (shard_comm_kind(comm) != SHARD_COMM_NCCL)
+    if (shard_comm_info(comm).kind != SHARD_COMM_NCCL)
         return kiln_errf(KILN_EINTERNAL, "the device exchange needs an NCCL communicator");
     if (c->to_comm == nullptr) {
         CUDA_CHECK(cudaEventCreateWithFlags(&c->to_comm, cudaEventDisableTiming));

@@ -48,12 +48,8 @@ __device__ inline double dev_block_sum(double acc)
 
 /* Returns KILN_ECUDA from the enclosing function when a cuBLAS call fails. */
 #define CUBLAS_CHECK(call)                                                                         \
-    do {                                                                                           \
-        cublasStatus_t blas_st_ = (call);                                                          \
-        if (blas_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
-            return kiln_errf(KILN_ECUDA, "%s: %s (%s); " KILN_CUDA_HINT, #call,                    \
-                             cublasGetStatusString(blas_st_), KILN_WHERE);                         \
-    } while (0)
+    KILN_CUDA_STATUS_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, call,    \
+                           #call)
 
 /* The exchange's kernels (train_dev_xchg.cu), train_dev.h's permute,
  * dedupe, accum and combine on stream st; x is their scratch, made on the

@@ -259,12 +259,13 @@ template <typename T> static int halloc(T **p, size_t n)
 static int setup(dev_dlrm_t *h, const model_t *m, void *stream)
 {
     h->st = (cudaStream_t)stream;
-    h->S = model_nslots(m);
-    h->F = model_ndense(m);
-    h->d = model_dim(m);
+    const model_info_t mi = model_info(m);
+    h->S = mi.nslots;
+    h->F = mi.ndense;
+    h->d = mi.dim;
     h->ldr = h->d + h->S * (h->S + 1) / 2;
     h->np = model_nparams(m);
-    h->cap = model_max_batch(m);
+    h->cap = mi.max_batch;
     KILN_CHECK(read_layers(h, m));
     h->maxw = h->ldr > h->F ? h->ldr : h->F;
     for (int l = 0; l < h->nl; l++)

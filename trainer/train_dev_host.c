@@ -246,8 +246,8 @@ static int h_dense(void *ctx, const dev_dense_t *a, double *loss)
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
     model_t *m = a->model;
-    const size_t n = (size_t)a->n, S = (size_t)model_nslots(m), d = (size_t)model_dim(m),
-                 F = (size_t)model_ndense(m);
+    const model_info_t mi = model_info(m);
+    const size_t n = (size_t)a->n, S = (size_t)mi.nslots, d = (size_t)mi.dim, F = (size_t)mi.ndense;
     *loss = 0.0;
     if (n == 0)
         return 0;
@@ -382,7 +382,7 @@ static int h_alltoallv(void *ctx, shard_comm_t *comm, const void *send, const si
 {
     standin_t *h = ctx;
     const uint64_t now = tick(h, DEV_COMPUTE);
-    const int R = shard_comm_size(comm);
+    const int R = shard_comm_info(comm).size;
     KILN_CHECK(access_parts(h, now, send, sc, sd, R, false));
     KILN_CHECK(access_parts(h, now, recv, rc, rd, R, true));
     return shard_comm_alltoallv(comm, send, sc, sd, recv, rc, rd);

@@ -232,6 +232,26 @@ int make(dev_xchg **x)
     return 0;
 }
 
+/* The runs of equal keys among n keys (their low `bits` bits sorted), for
+ * dedupe and combine alike: sorted (n) the keys in order, from (n) the
+ * position each came from, heads (n) 1 where a run starts, run (n) the
+ * run's number (the inclusive sum of heads, from 1). pos (n) is scratch.
+ * Enqueued on st with x's temp storage. */
+template <typename K>
+int sort_runs(dev_xchg *x, cudaStream_t st, const K *keys, int64_t n, int bits, int32_t *pos,
+              K *sorted, int32_t *from, int32_t *heads, int32_t *run)
+{
+    const unsigned nb = blocks_for(n, 256);
+    size_t tb = x->temp_cap;
+    iota_kernel<<<nb, 256, 0, st>>>(pos, n);
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(x->temp, tb, keys, sorted, pos, from, (int)n, 0,
+                                               bits, st));
+    heads_kernel<K><<<nb, 256, 0, st>>>(sorted, n, heads);
+    tb = x->temp_cap;
+    CUDA_CHECK(cub::DeviceScan::InclusiveSum(x->temp, tb, heads, run, (int)n, st));
+    return 0;
+}
+
 } // namespace
 
 int dev_xchg_permute(cudaStream_t st, void *dst, const void *src, int nseg, const dev_seg_t *segs)
@@ -306,17 +326,11 @@ int dev_xchg_dedupe(dev_xchg **xp, cudaStream_t st, int ntables, const int64_t *
         const int64_t k0 = koff[t], n = koff[t + 1] - k0;
         if (n == 0)
             continue;
+        KILN_CHECK(sort_runs(x, st, keys + k0, n, 64, pos, skeys, spos, heads, run));
         const unsigned nb = blocks_for(n, 256);
-        size_t tb = x->temp_cap;
-        iota_kernel<<<nb, 256, 0, st>>>(pos, n);
-        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(x->temp, tb, keys + k0, skeys, pos, spos, (int)n,
-                                                   0, 64, st));
-        heads_kernel<int64_t><<<nb, 256, 0, st>>>(skeys, n, heads);
-        tb = x->temp_cap;
-        CUDA_CHECK(cub::DeviceScan::InclusiveSum(x->temp, tb, heads, run, (int)n, st));
         distinct_kernel<<<nb, 256, 0, st>>>(skeys, heads, run, n, nranks, ukeys, owner, uidx,
                                             x->d_nu);
-        tb = x->temp_cap;
+        size_t tb = x->temp_cap;
         CUDA_CHECK(cub::DeviceRadixSort::SortPairs(x->temp, tb, owner, sowner, uidx, su, (int)n, 0,
                                                    obits, st));
         place_kernel<<<nb, 256, 0, st>>>(sowner, su, ukeys, x->d_nu, ntables, t, uniq + k0, rankof,
@@ -379,15 +393,9 @@ int dev_xchg_combine(dev_xchg **xp, cudaStream_t st, int ntables, const int64_t 
         const int64_t o0 = off[t], n = off[t + 1] - o0;
         if (n == 0)
             continue;
-        const unsigned nb = blocks_for(n, 256);
-        size_t tb = x->temp_cap;
-        iota_kernel<<<nb, 256, 0, st>>>(idx, n);
-        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(x->temp, tb, rows + o0, srows, idx, sidx, (int)n,
-                                                   0, 32, st));
-        heads_kernel<int32_t><<<nb, 256, 0, st>>>(srows, n, heads);
-        tb = x->temp_cap;
-        CUDA_CHECK(cub::DeviceScan::InclusiveSum(x->temp, tb, heads, run, (int)n, st));
-        starts_kernel<<<nb, 256, 0, st>>>(srows, heads, run, n, starts, out[t].rows, x->d_nu + t);
+        KILN_CHECK(sort_runs(x, st, rows + o0, n, 32, idx, srows, sidx, heads, run));
+        starts_kernel<<<blocks_for(n, 256), 256, 0, st>>>(srows, heads, run, n, starts,
+                                                          out[t].rows, x->d_nu + t);
         segsum_kernel<<<(unsigned)n, threads, 0, st>>>(starts, sidx, grads + o0 * dim, n, dim,
                                                        x->d_nu + t, out[t].grads);
         CUDA_CHECK(cudaGetLastError());

@@ -190,7 +190,6 @@ int train_agree_on(trainer_t *tr, int rc);
 char *train_spec_relative(const trainer_t *tr, const char *path);
 int train_expand(const char *pattern, const char *what, char ***out, int *n);
 int train_read_list(const char *path, char ***out, int *n);
-void train_free_list(char **files, int n);
 int train_setup_tables(trainer_t *tr);
 int train_setup_model(trainer_t *tr);
 /* Builds the tables and the model and names the checkpoint root (relative to

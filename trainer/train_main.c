@@ -291,7 +291,7 @@ static int setup_device_step(trainer_t *tr)
     }
 #ifdef KILN_HAVE_CUDA
     if (tr->store_kind == SHARD_STORE_CUDA) {
-        if (model_precision(tr->model) == MODEL_DENSE_BF16)
+        if (model_info(tr->model).precision == MODEL_DENSE_BF16)
             return kiln_errf(KILN_EINVAL,
                              "model.dense_precision: bf16 runs the CPU's dense layers, and this "
                              "run trains the model on the GPU (resources.device: %s found one): "
@@ -313,7 +313,7 @@ static int setup_device_step(trainer_t *tr)
         if (tr->rank == 0)
             KILN_INFO("the device step: pooling, the %s model and the backward reduce on the "
                       "GPU; %s",
-                      model_type_name(model_type(tr->model)), where);
+                      model_type_name(model_info(tr->model).type), where);
     }
 #endif
     return 0;
@@ -399,7 +399,7 @@ static int write_result(trainer_t *tr, int threads, int64_t eval_rows, double lo
         model_kernels_describe(&k);
         snprintf(res.dense_kernels, sizeof res.dense_kernels, "%s", k.name);
         snprintf(res.dense_precision, sizeof res.dense_precision, "%s",
-                 model_precision_name(model_precision(tr->model)));
+                 model_precision_name(model_info(tr->model).precision));
         snprintf(res.reader, sizeof res.reader, "%s", tr->prefetch == 0 ? "team" : "thread");
         model_threads_wait(res.openmp_wait, sizeof res.openmp_wait);
         return run_result_write(tr->opt.run_dir, &res, stdout);
@@ -521,8 +521,8 @@ out:
     /* tr borrowed the eval list; nothing may reach it once it is freed. */
     tr->eval_files = NULL;
     tr->neval = 0;
-    train_free_list(files, nfiles);
-    train_free_list(eval_files, neval);
+    kiln_strv_free(files, (size_t)nfiles);
+    kiln_strv_free(eval_files, (size_t)neval);
     return rc;
 }
 

@@ -327,7 +327,7 @@ int train_online(trainer_t *tr, char **files, int nfiles)
         if (rc < 0)
             break;
         if (cur != files)
-            train_free_list(cur, ncur);
+            kiln_strv_free(cur, (size_t)ncur);
         cur = NULL;
         ncur = 0;
         if (limit > 0 && tr->steps >= limit)
@@ -352,7 +352,7 @@ int train_online(trainer_t *tr, char **files, int nfiles)
         }
     }
     if (cur != files)
-        train_free_list(cur, ncur);
+        kiln_strv_free(cur, (size_t)ncur);
     free(list);
     free(pattern);
     seen_fini(&sc.seen);

@@ -98,6 +98,6 @@ int train_predict_mode(trainer_t *tr)
 out:
     kiln_atomic_abort(&out);
     free(probs);
-    train_free_list(files, nfiles);
+    kiln_strv_free(files, (size_t)nfiles);
     return rc;
 }

@@ -99,21 +99,12 @@ int train_read_list(const char *path, char ***out, int *n)
     if (rc == 0 && cnt == 0)
         rc = kiln_errf(KILN_ENOENT, "input list %s names no files", path);
     if (rc < 0) {
-        for (int i = 0; i < cnt; i++)
-            free(files[i]);
-        free(files);
+        kiln_strv_free(files, (size_t)cnt);
         return rc;
     }
     *out = files;
     *n = cnt;
     return 0;
-}
-
-void train_free_list(char **files, int n)
-{
-    for (int i = 0; i < n; i++)
-        free(files[i]);
-    free(files);
 }
 
 /* ---- the readers ------------------------------------------------------------------ */
@@ -340,7 +331,7 @@ static int check_kernels(trainer_t *tr)
         KILN_WARN("%s", line);
     else if (tr->rank == 0)
         KILN_INFO("%s", line);
-    if (tr->rank == 0 && model_precision(tr->model) == MODEL_DENSE_BF16) {
+    if (tr->rank == 0 && model_info(tr->model).precision == MODEL_DENSE_BF16) {
         char bf[96];
         model_bf16_describe(tr->model, bf, sizeof bf);
         KILN_INFO("dense precision: bf16 (dlrm's MLP GEMMs on %s; weights, gradients and "
