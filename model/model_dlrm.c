@@ -207,14 +207,10 @@ void model_dlrm_forward(model_t *m, int n, const float *E, const float *X)
 
     /* R[i, d + p] = <v_a, v_b> for the p-th pair a < b, v_0 = bot, v_s+1 = E[i,s]. */
     float *R = m->R;
-#pragma omp parallel num_threads(model_buf_threads(m))
-    {
-        float *vt = m->wgT[omp_get_thread_num()];
-#pragma omp for schedule(static)
-        for (int i = 0; i < n; i++)
-            interaction_fwd(S, d, R + (size_t)i * ldr, E + (size_t)i * rowE,
-                            R + (size_t)i * ldr + d, vt);
-    }
+#pragma omp parallel for schedule(static) num_threads(model_buf_threads(m))
+    for (int i = 0; i < n; i++)
+        interaction_fwd(S, d, R + (size_t)i * ldr, E + (size_t)i * rowE, R + (size_t)i * ldr + d,
+                        m->wgT[omp_get_thread_num()]);
 
     A = R;
     lda = m->ldr;
@@ -314,14 +310,10 @@ void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, floa
     float *dR = m->gbuf[cb];
     const float *R = m->R;
     float *dT = m->dT;
-#pragma omp parallel num_threads(model_buf_threads(m))
-    {
-        float *g = m->wgT[omp_get_thread_num()];
-#pragma omp for schedule(static)
-        for (int i = 0; i < n; i++)
-            interaction_bwd(S, d, R + (size_t)i * ldr, E + (size_t)i * rowE,
-                            dR + (size_t)i * ldr, dT + (size_t)i * rowT, dE + (size_t)i * rowE, g);
-    }
+#pragma omp parallel for schedule(static) num_threads(model_buf_threads(m))
+    for (int i = 0; i < n; i++)
+        interaction_bwd(S, d, R + (size_t)i * ldr, E + (size_t)i * rowE, dR + (size_t)i * ldr,
+                        dT + (size_t)i * rowT, dE + (size_t)i * rowE, m->wgT[omp_get_thread_num()]);
 
     /* Bottom MLP, last layer first; the top's input gradient dR carries d bot
      * in its first d columns (leading dimension d + P). */
