@@ -62,8 +62,9 @@ static int check_bags(int ntables, const kern_bags_t *bags, int64_t nbags,
  * id is outside [0, cap), 0 otherwise. A one-row bag is a copy (its mean is
  * itself); otherwise the rows are summed in order from zero, then scaled
  * (mean), so every path gives the same bits. Always inlined, so that a call
- * with a constant dim (16, the common case) compiles to fixed-width code:
- * the copy becomes four vector moves instead of a libc memmove call. */
+ * with a constant dim (the models' default widths) compiles to fixed-width
+ * code: the copy becomes a few moves instead of a libc memmove call (8.6%
+ * of an fm run at width 17 when it was one). */
 __attribute__((always_inline)) static inline int
 combine_bag(const float *restrict values, int64_t cap, int dim, int combine,
             const int32_t *restrict rows, int64_t s, int64_t e, float *restrict o)
@@ -136,8 +137,20 @@ int kern_cpu_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
                     bad = 1;
                     continue;
                 }
-                bad |= dim == 16 ? combine_bag(values, cap, 16, combine, rows, s, e, o)
-                                 : combine_bag(values, cap, dim, combine, rows, s, e, o);
+                /* The default widths as constants: lr's 1, dlrm's 16, fm's 16 + 1. */
+                switch (dim) {
+                case 1:
+                    bad |= combine_bag(values, cap, 1, combine, rows, s, e, o);
+                    break;
+                case 16:
+                    bad |= combine_bag(values, cap, 16, combine, rows, s, e, o);
+                    break;
+                case 17:
+                    bad |= combine_bag(values, cap, 17, combine, rows, s, e, o);
+                    break;
+                default:
+                    bad |= combine_bag(values, cap, dim, combine, rows, s, e, o);
+                }
             }
         }
     }
