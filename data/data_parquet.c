@@ -1722,47 +1722,33 @@ static int read_levels(const where_t *w, const unsigned char **pp, const unsigne
     return 0;
 }
 
-/* A page of a flat column with a value in every row (no nulls, no lists:
- * what Criteo-shaped files hold): its n values are decoded straight into
- * the column, with no pass through the scratch values and place_rows. */
+/* A page of a flat column (no lists) whose values can go straight into the
+ * column, with no pass through the scratch values and place_rows: a page
+ * with a value in every row (what Criteo-shaped files hold), or a
+ * categorical page with nulls, whose nvals keys follow each other in the
+ * column as in the page and whose row offsets count the values before
+ * them. */
 static int decode_flat(const where_t *w, dcol_t *d, int enc, const unsigned char *p,
-                       const unsigned char *end, int64_t n)
+                       const unsigned char *end, int64_t n, int64_t nvals)
 {
     const col_t *c = w->col;
     sink_t s = {.col = c};
     if (c->role == ROLE_CAT) {
-        KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + n + 1, sizeof(int64_t)));
+        KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + nvals + 1, sizeof(int64_t)));
         s.k = d->keys + d->nkeys;
     } else {
         s.fl = d->f + d->rows;
     }
-    KILN_CHECK(decode_values(w, &s, d, enc, p, end, n));
-    if (c->role == ROLE_CAT) {
-        int64_t *off = d->off + d->rows;
-        for (int64_t e = 0; e < n; e++)
-            off[e] = d->nkeys + e;
-        d->nkeys += n;
-    }
-    d->rows += n;
-    return 0;
-}
-
-/* A page of a flat categorical column with nulls: its nvals keys are
- * decoded straight into the column (they follow each other there as in the
- * page), and a row's offset counts the values before it. */
-static int decode_flat_nulls(const where_t *w, dcol_t *d, int enc, const unsigned char *p,
-                             const unsigned char *end, int64_t n, int64_t nvals)
-{
-    KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + nvals + 1, sizeof(int64_t)));
-    sink_t s = {.col = w->col, .k = d->keys + d->nkeys};
     KILN_CHECK(decode_values(w, &s, d, enc, p, end, nvals));
-    const uint32_t top = (uint32_t)w->col->max_def, *def = w->sc->def;
-    int64_t *off = d->off + d->rows, nk = d->nkeys;
-    for (int64_t e = 0; e < n; e++) {
-        off[e] = nk;
-        nk += def[e] == top;
+    if (c->role == ROLE_CAT) {
+        const uint32_t top = (uint32_t)c->max_def, *def = w->sc->def;
+        int64_t *off = d->off + d->rows, nk = d->nkeys;
+        for (int64_t e = 0; e < n; e++) {
+            off[e] = nk;
+            nk += nvals == n || def[e] == top;
+        }
+        d->nkeys = nk;
     }
-    d->nkeys = nk;
     d->rows += n;
     return 0;
 }
@@ -1787,7 +1773,7 @@ static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int
         d->rows += n;
         return 0;
     }
-    /* A list column (flat categorical ones went through decode_flat_nulls). */
+    /* A list column (flat categorical ones went through decode_flat). */
     KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + nvals + 1, sizeof(int64_t)));
     for (int64_t e = 0; e < n; e++) {
         if (sc->rep[e] == 0) {
@@ -1931,10 +1917,8 @@ static int read_data_page(const where_t *w, dcol_t *d, const chunk_t *ch, const 
     if (c->max_rep == 0 && d->rows + n > rg_rows) /* a flat column: a level entry a row */
         return bad_page(w, "the pages hold more rows than the row group's %lld",
                         (long long)rg_rows);
-    if (nvals == n && c->max_rep == 0) /* a value a row: into the column as decoded */
-        return decode_flat(w, d, (int)h->encoding, body, end, n);
-    if (c->max_rep == 0 && c->role == ROLE_CAT) /* keys straight in, offsets from the levels */
-        return decode_flat_nulls(w, d, (int)h->encoding, body, end, n, nvals);
+    if (c->max_rep == 0 && (nvals == n || c->role == ROLE_CAT)) /* into the column as decoded */
+        return decode_flat(w, d, (int)h->encoding, body, end, n, nvals);
     KILN_CHECK(reserve_values(sc, nvals));
     sink_t s = {.col = c, .k = sc->vk, .fl = sc->vf};
     KILN_CHECK(decode_values(w, &s, d, (int)h->encoding, body, end, nvals));

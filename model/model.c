@@ -300,9 +300,8 @@ int model_create(const model_config_t *cfg, model_t **out /* OUT */)
     m->wgT_n = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
     if (!(m->wgT = kiln_calloc((size_t)m->wgT_n, sizeof *m->wgT)))
         goto nomem;
-    size_t tbuf = m->wgT_cap;
-    if (m->type == MODEL_DLRM && model_dlrm_scratch(m->S, m->d) > tbuf)
-        tbuf = model_dlrm_scratch(m->S, m->d);
+    const size_t tiles = m->type == MODEL_DLRM ? model_dlrm_scratch(m->S, m->d) : 0;
+    const size_t tbuf = tiles > m->wgT_cap ? tiles : m->wgT_cap;
     for (int t = 0; t < m->wgT_n; t++)
         if (!(m->wgT[t] = alloc_f(tbuf)))
             goto nomem;

@@ -164,7 +164,7 @@ static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int
          * of the same shape, added into G in float64 (order does not matter
          * there). */
         const int nblk = n / MODEL_GRAD_BLOCK;
-    #pragma omp parallel num_threads(model_buf_threads(m)) if (nblk > 1)
+#pragma omp parallel num_threads(model_buf_threads(m)) if (nblk > 1)
         {
             float *t = m->wgT[omp_get_thread_num()];
 #pragma omp for schedule(static)
