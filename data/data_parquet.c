@@ -34,6 +34,10 @@
 #include "data_parquet_int.h"
 
 #include <errno.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define PQ_EXPAND_AVX512 1
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -464,10 +468,20 @@ typedef struct {
 /* A mapped column's values in the decoded row group. */
 typedef struct {
     float *f;      /* [rows] label / dense: the value (label: NaN when not 0 / 1 / null) */
-    int64_t *off;  /* [rows + 1] categorical: row r's keys are keys[off[r] .. off[r+1]) */
+    uint32_t *cnt; /* [rows + 1] categorical: row r's key count; its keys follow row r-1's */
+    /* categorical: the keys, nkeys of them, as keys or (by_id) as indices
+     * into dict_k, gathered when the rows go into a batch: a dictionary
+     * column's keys are then written once, not in the column and again in
+     * the batch */
     int64_t *keys; /* [kcap] */
-    int64_t nkeys, kcap;
+    uint32_t *ids; /* [icap] */
+    int64_t nkeys, kcap, icap;
+    bool by_id;
     int64_t rows; /* rows filled so far */
+    /* categorical: where append_rows stopped, rows before at_row holding
+     * at_key keys, so that the next run's first key is found without a
+     * table of offsets */
+    int64_t at_row, at_key;
     /* the dictionary, converted */
     float *dict_f;
     int64_t *dict_k;
@@ -984,7 +998,7 @@ fail:
 
 static void dcol_fini(dcol_t *d)
 {
-    KILN_FREE_ALL(d->f, d->off, d->keys, d->dict_f, d->dict_k);
+    KILN_FREE_ALL(d->f, d->cnt, d->keys, d->ids, d->dict_f, d->dict_k);
 }
 
 void data_pq_close(data_pq_file_t *f)
@@ -1577,11 +1591,11 @@ static int decode_rle_bool(const where_t *w, const sink_t *s, const unsigned cha
     return rc;
 }
 
-/* Dictionary indices (a bit width byte, then the hybrid) looked up in the
- * column's converted dictionary: every index checked first (one pass that
- * keeps the largest), then a plain gather. */
-static int decode_dict_ids(const where_t *w, const sink_t *s, const dcol_t *d,
-                           const unsigned char *p, const unsigned char *end, int64_t n)
+/* n dictionary indices (a bit width byte, then the hybrid) into ids[],
+ * every one checked against the column's dictionary (one pass that keeps
+ * the largest). */
+static int read_dict_ids(const where_t *w, const dcol_t *d, const unsigned char *p,
+                         const unsigned char *end, int64_t n, uint32_t *ids)
 {
     if (d->dict_f == NULL && d->dict_k == NULL)
         return bad_page(w, "dictionary-encoded values but no dictionary page before them");
@@ -1589,8 +1603,7 @@ static int decode_dict_ids(const where_t *w, const sink_t *s, const dcol_t *d,
         return bad_page(w, "dictionary indices missing");
     if (n == 0)
         return 0;
-    KILN_CHECK(grow(&w->sc->ids, &w->sc->ids_cap, n, sizeof(uint32_t)));
-    uint32_t *ids = w->sc->ids, top = 0;
+    uint32_t top = 0;
     if (rle_decode(p + 1, end, p[0], ids, n) == NULL)
         return bad_page(w, "dictionary indices do not decode");
 #pragma omp simd reduction(max : top)
@@ -1599,6 +1612,16 @@ static int decode_dict_ids(const where_t *w, const sink_t *s, const dcol_t *d,
     if (top >= (uint64_t)d->ndict)
         return bad_page(w, "dictionary index %u is past the dictionary's %lld entries", top,
                         (long long)d->ndict);
+    return 0;
+}
+
+/* Dictionary indices looked up in the column's converted dictionary. */
+static int decode_dict_ids(const where_t *w, const sink_t *s, const dcol_t *d,
+                           const unsigned char *p, const unsigned char *end, int64_t n)
+{
+    KILN_CHECK(grow(&w->sc->ids, &w->sc->ids_cap, n + 1, sizeof(uint32_t)));
+    uint32_t *ids = w->sc->ids;
+    KILN_CHECK(read_dict_ids(w, d, p, end, n, ids));
     if (s->col->role == ROLE_CAT)
         for (int64_t i = 0; i < n; i++)
             s->k[i] = d->dict_k[ids[i]];
@@ -1649,6 +1672,20 @@ static int reserve_values(scratch_t *sc, int64_t n)
     return grow(&sc->vf, &sc->vf_cap, n + 1, sizeof(float));
 }
 
+/* A categorical column held as dictionary indices turns into keys: before
+ * its dictionary changes, or when a page that is not dictionary-encoded
+ * follows (a writer's dictionary grew too big). */
+static int keys_from_ids(dcol_t *d)
+{
+    if (!d->by_id)
+        return 0;
+    KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + 1, sizeof(int64_t)));
+    for (int64_t i = 0; i < d->nkeys; i++)
+        d->keys[i] = d->dict_k[d->ids[i]];
+    d->by_id = false;
+    return 0;
+}
+
 /* A dictionary page: PLAIN values, converted once. */
 static int read_dict(const where_t *w, dcol_t *d, const unsigned char *p, const unsigned char *end,
                      int64_t n, int enc)
@@ -1657,6 +1694,7 @@ static int read_dict(const where_t *w, dcol_t *d, const unsigned char *p, const 
         return unsupported(w, "dictionary encoding", NAME_OF(encoding_names, enc), enc);
     if (n < 0 || n > end - p + 1)
         return bad_page(w, "a dictionary of %lld entries in %td bytes", (long long)n, end - p);
+    KILN_CHECK(keys_from_ids(d));
     KILN_FREE_ALL(d->dict_f, d->dict_k);
     d->dict_f = NULL;
     d->dict_k = NULL;
@@ -1726,53 +1764,103 @@ static int read_levels(const where_t *w, const unsigned char **pp, const unsigne
  * column, with no pass through the scratch values and place_rows: a page
  * with a value in every row (what Criteo-shaped files hold), or a
  * categorical page with nulls, whose nvals keys follow each other in the
- * column as in the page and whose row offsets count the values before
- * them. */
+ * column as in the page, a row holding one key or (null) none. */
 static int decode_flat(const where_t *w, dcol_t *d, int enc, const unsigned char *p,
                        const unsigned char *end, int64_t n, int64_t nvals)
 {
     const col_t *c = w->col;
     sink_t s = {.col = c};
-    if (c->role == ROLE_CAT) {
-        KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + nvals + 1, sizeof(int64_t)));
-        s.k = d->keys + d->nkeys;
+    const bool dict = enc == ENC_PLAIN_DICT || enc == ENC_RLE_DICT;
+    if (c->role == ROLE_CAT && dict && d->dict_k != NULL && (d->by_id || d->nkeys == 0)) {
+        KILN_CHECK(grow(&d->ids, &d->icap, d->nkeys + nvals + 1, sizeof(uint32_t)));
+        KILN_CHECK(read_dict_ids(w, d, p, end, nvals, d->ids + d->nkeys));
+        d->by_id = true;
     } else {
-        s.fl = d->f + d->rows;
+        if (c->role == ROLE_CAT) {
+            KILN_CHECK(keys_from_ids(d));
+            KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + nvals + 1, sizeof(int64_t)));
+            s.k = d->keys + d->nkeys;
+        } else {
+            s.fl = d->f + d->rows;
+        }
+        KILN_CHECK(decode_values(w, &s, d, enc, p, end, nvals));
     }
-    KILN_CHECK(decode_values(w, &s, d, enc, p, end, nvals));
     if (c->role == ROLE_CAT) {
         const uint32_t top = (uint32_t)c->max_def, *def = w->sc->def;
-        int64_t *off = d->off + d->rows, nk = d->nkeys;
-        for (int64_t e = 0; e < n; e++) {
-            off[e] = nk;
-            nk += nvals == n || def[e] == top;
+        uint32_t *cnt = d->cnt + d->rows;
+        if (nvals == n) {
+#pragma omp simd
+            for (int64_t e = 0; e < n; e++)
+                cnt[e] = 1;
+        } else {
+#pragma omp simd
+            for (int64_t e = 0; e < n; e++)
+                cnt[e] = def[e] == top;
         }
-        d->nkeys = nk;
+        d->nkeys += nvals;
     }
     d->rows += n;
     return 0;
 }
 
+/* out[e] = the next of vals where def[e] == top, else null: a nullable
+ * dense page's values spread over its rows. The scalar loop's index carries
+ * from row to row (two cycles a row); AVX-512's expand places 16 rows in
+ * one instruction, reading only the values the mask selects. */
+static void expand_scalar(float *out, const float *vals, const uint32_t *def, uint32_t top,
+                          float null, int64_t n)
+{
+    int64_t vi = 0;
+    for (int64_t e = 0; e < n; e++) {
+        const bool has = def[e] == top;
+        out[e] = has ? vals[vi] : null;
+        vi += has;
+    }
+}
+
+#ifdef PQ_EXPAND_AVX512
+__attribute__((target("avx512f"))) static void expand_avx512(float *out, const float *vals,
+                                                             const uint32_t *def, uint32_t top,
+                                                             float null, int64_t n)
+{
+    const __m512i t = _mm512_set1_epi32((int)top);
+    const __m512 z = _mm512_set1_ps(null);
+    int64_t e = 0, vi = 0;
+    for (; e + 16 <= n; e += 16) {
+        const __mmask16 k = _mm512_cmpeq_epi32_mask(_mm512_loadu_si512(def + e), t);
+        _mm512_storeu_ps(out + e, _mm512_mask_expandloadu_ps(z, k, vals + vi));
+        vi += __builtin_popcount(k);
+    }
+    expand_scalar(out + e, vals + vi, def + e, top, null, n - e);
+}
+#endif
+
+static void expand_values(float *out, const float *vals, const uint32_t *def, uint32_t top,
+                          float null, int64_t n)
+{
+#ifdef PQ_EXPAND_AVX512
+    if (__builtin_cpu_supports("avx512f")) {
+        expand_avx512(out, vals, def, top, null, n);
+        return;
+    }
+#endif
+    expand_scalar(out, vals, def, top, null, n);
+}
+
 /* Appends a decoded page's rows (levels + values) to the column. The value
- * arrays hold one slot past nvals, so the flat loops read ahead without a
- * branch and keep what the level says. */
+ * arrays hold one slot past nvals, so the list loop reads ahead without a
+ * branch and keeps what the level says. */
 static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int64_t rg_rows)
 {
     scratch_t *sc = w->sc;
     const col_t *c = w->col;
     const uint32_t top = (uint32_t)c->max_def;
-    int64_t vi = 0;
     if (c->role != ROLE_CAT) {
-        const float null = c->role == ROLE_LABEL ? NAN : 0.0f;
-        float *out = d->f + d->rows;
-        for (int64_t e = 0; e < n; e++) {
-            const bool has = sc->def[e] == top;
-            out[e] = has ? sc->vf[vi] : null;
-            vi += has;
-        }
+        expand_values(d->f + d->rows, sc->vf, sc->def, top, c->role == ROLE_LABEL ? NAN : 0.0f, n);
         d->rows += n;
         return 0;
     }
+    int64_t vi = 0;
     /* A list column (flat categorical ones went through decode_flat). */
     KILN_CHECK(grow(&d->keys, &d->kcap, d->nkeys + nvals + 1, sizeof(int64_t)));
     for (int64_t e = 0; e < n; e++) {
@@ -1780,12 +1868,16 @@ static int place_rows(const where_t *w, dcol_t *d, int64_t n, int64_t nvals, int
             if (d->rows >= rg_rows)
                 return bad_page(w, "the pages hold more rows than the row group's %lld",
                                 (long long)rg_rows);
-            d->off[d->rows++] = d->nkeys;
+            d->cnt[d->rows++] = 0;
         } else if (d->rows == 0) {
             return bad_page(w, "the first level entry continues a row that never started");
+        } else if (d->cnt[d->rows - 1] == UINT32_MAX) {
+            return bad_page(w, "a list of more than %u values in one row", UINT32_MAX);
         }
-        if (sc->def[e] == top)
+        if (sc->def[e] == top) {
             d->keys[d->nkeys++] = sc->vk[vi++];
+            d->cnt[d->rows - 1]++;
+        }
     }
     return 0;
 }
@@ -1936,6 +2028,9 @@ static int decode_chunk(data_pq_file_t *f, int g, int c, scratch_t *sc, int64_t 
     where_t w = {.f = f, .sc = sc, .col = &f->cols[c], .rg = g, .at = ch->start};
     d->rows = 0;
     d->nkeys = 0;
+    d->by_id = false;
+    d->at_row = 0;
+    d->at_key = 0;
     d->ndict = 0;
     KILN_FREE_ALL(d->dict_f, d->dict_k);
     d->dict_f = NULL;
@@ -1983,8 +2078,6 @@ static int decode_chunk(data_pq_file_t *f, int g, int c, scratch_t *sc, int64_t 
     if (d->rows != rg_rows)
         return bad_page(&w, "the pages hold %lld rows, the row group %lld", (long long)d->rows,
                         (long long)rg_rows);
-    if (d->off != NULL)
-        d->off[d->rows] = d->nkeys;
     return 0;
 }
 
@@ -1997,14 +2090,14 @@ static int decode_row_group(data_pq_file_t *f, int g, int64_t *bytes)
         for (int c = 0; c < f->ncols; c++) {
             dcol_t *d = &f->dc[c];
             free(d->f);
-            free(d->off);
+            free(d->cnt);
             d->f = NULL;
-            d->off = NULL;
+            d->cnt = NULL;
             if (f->cols[c].role == ROLE_CAT)
-                d->off = kiln_calloc((size_t)rows + 1, sizeof *d->off);
+                d->cnt = kiln_calloc((size_t)rows + 1, sizeof *d->cnt);
             else
                 d->f = kiln_calloc((size_t)rows + 1, sizeof *d->f);
-            if (d->f == NULL && d->off == NULL)
+            if (d->f == NULL && d->cnt == NULL)
                 return KILN_ENOMEM;
         }
         f->dc_rows_cap = rows + 1;
@@ -2068,18 +2161,38 @@ static int append_rows(const data_pq_file_t *f, int64_t r0, int64_t r1, data_bat
         }
 #pragma omp for schedule(dynamic, 1)
         for (int s = 0; s < S; s++) {
-            const dcol_t *d = &f->dc[1 + D + s];
-            const int64_t a = d->off[r0], cnt = d->off[r1] - a;
+            dcol_t *d = &f->dc[1 + D + s];
+            const uint32_t *dc = d->cnt;
+            int64_t a = 0, cnt = 0, from = 0;
+            if (d->at_row <= r0) { /* runs come in order: count on from the last */
+                a = d->at_key;
+                from = d->at_row;
+            }
+#pragma omp simd reduction(+ : a)
+            for (int64_t r = from; r < r0; r++)
+                a += dc[r];
             uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
-#pragma omp simd
-            for (int64_t r = 0; r < n; r++)
-                counts[r] = (uint32_t)(d->off[r0 + r + 1] - d->off[r0 + r]);
+#pragma omp simd reduction(+ : cnt)
+            for (int64_t r = 0; r < n; r++) {
+                counts[r] = dc[r0 + r];
+                cnt += dc[r0 + r];
+            }
+            d->at_row = r1;
+            d->at_key = a + cnt;
             int src = data_builder_reserve(bb, s, cnt);
             if (src < 0) {
                 rc = src;
                 continue;
             }
-            memcpy(bb->slot_keys[s] + bb->slot_len[s], d->keys + a, (size_t)cnt * sizeof(int64_t));
+            int64_t *dst = bb->slot_keys[s] + bb->slot_len[s];
+            if (d->by_id) {
+                const uint32_t *ids = d->ids + a;
+                const int64_t *dict = d->dict_k;
+                for (int64_t j = 0; j < cnt; j++)
+                    dst[j] = dict[ids[j]];
+            } else {
+                memcpy(dst, d->keys + a, (size_t)cnt * sizeof(int64_t));
+            }
             bb->slot_len[s] += cnt;
         }
     }

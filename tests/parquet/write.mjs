@@ -10,7 +10,8 @@
 // (INT64, null where the TSV field is empty), C1..C26 (strings, null where
 // empty), except where a file's name says otherwise:
 //   duck-*-v1/v2    DuckDB, each codec, data page v1 and v2 (v2: DELTA encodings)
-//   arrow-*         parquet-wasm: dictionary on and off, v1 and v2, DELTA_BINARY_PACKED
+//   arrow-*         parquet-wasm: dictionary on and off (and full: arrow-v2-dict-zstd
+//                   goes on in PLAIN), v1 and v2, DELTA_BINARY_PACKED
 //                   and DELTA_BYTE_ARRAY, small row groups
 //   duck-lists      C1..C3 as LIST<VARCHAR> of one element (null / empty lists where
 //                   the TSV field is empty): the same keys as the TSV
@@ -113,8 +114,11 @@ arrow('arrow-v1-dict-snappy', (b) => b.setWriterVersion(V.V1).setCompression(Z.S
     .setDictionaryEnabled(true));
 arrow('arrow-v1-plain-gzip', (b) => b.setWriterVersion(V.V1).setCompression(Z.GZIP)
     .setDictionaryEnabled(false));
+// A dictionary of at most 512 bytes: the wide string columns' dictionaries
+// fill up in each row group and the writer goes on in PLAIN, so their chunks
+// hold dictionary pages followed by plain ones.
 arrow('arrow-v2-dict-zstd', (b) => b.setWriterVersion(V.V2).setCompression(Z.ZSTD)
-    .setDictionaryEnabled(true));
+    .setDictionaryEnabled(true).setDictionaryPageSizeLimit(512));
 arrow('arrow-v2-delta-zstd', (b) => {
     b = b.setWriterVersion(V.V2).setCompression(Z.ZSTD).setDictionaryEnabled(false);
     for (const c of I) b = b.setColumnEncoding(c, E.DELTA_BINARY_PACKED);
