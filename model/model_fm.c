@@ -13,6 +13,64 @@
 #define MODEL_IMPL
 #include "model.h"
 
+#include "kern_ops.h" /* KERN_CLONES */
+
+/* Factors a pass over the slots takes: a row's factor sums and squares
+ * stay in registers (64 floats: four AVX-512 vectors). */
+enum { FM_CHUNK = 64 };
+
+/* Row i's logit from lin (b + w . X[i]), its pooled vectors e (S, d) and
+ * u (k, NULL without dense factors); acc (k) gets the factor sums that the
+ * backward reads. Each factor's sum and sum of squares run across the
+ * slots, factor by factor side by side, then fold over the factors in
+ * order: element-wise (KERN_CLONES gives the same bits at every vector
+ * width), and no add waits on the one before it (a single running sum of
+ * squares, slot by slot, made the row a chain of S k dependent adds). */
+KERN_CLONES static float fm_row_fwd(int S, int d, int k, const float *e, const float *u, float lin,
+                                    float *acc)
+{
+    float inter = 0.0f, sq = 0.0f;
+    for (int s = 0; s < S; s++)
+        lin += e[(size_t)s * (size_t)d];
+    for (int f0 = 0; f0 < k; f0 += FM_CHUNK) {
+        const int nf = k - f0 < FM_CHUNK ? k - f0 : FM_CHUNK;
+        float a[FM_CHUNK], q[FM_CHUNK];
+#pragma omp simd
+        for (int f = 0; f < nf; f++) {
+            a[f] = u ? u[f0 + f] : 0.0f;
+            q[f] = a[f] * a[f];
+        }
+        for (int s = 0; s < S; s++) {
+            const float *v = e + (size_t)s * (size_t)d + 1 + f0;
+#pragma omp simd
+            for (int f = 0; f < nf; f++) {
+                a[f] += v[f];
+                q[f] += v[f] * v[f];
+            }
+        }
+        for (int f = 0; f < nf; f++) {
+            acc[f0 + f] = a[f];
+            inter += a[f] * a[f];
+            sq += q[f];
+        }
+    }
+    return lin + 0.5f * (inter - sq);
+}
+
+/* Row i's dE: d logit / d e[s][0] = 1, d / d v_sf = sum_f - v_sf, times
+ * gi. Element-wise (KERN_CLONES), so de may be e. */
+KERN_CLONES static void fm_row_bwd(int S, int d, int k, float gi, const float *acc,
+                                   const float *e, float *de)
+{
+    for (int s = 0; s < S; s++) {
+        const float *es = e + (size_t)s * (size_t)d;
+        float *ds = de + (size_t)s * (size_t)d;
+        ds[0] = gi;
+#pragma omp simd
+        for (int f = 0; f < k; f++)
+            ds[1 + f] = gi * (acc[f] - es[1 + f]);
+    }
+}
 
 void model_fm_forward(model_t *m, int n, const float *E, const float *X)
 {
@@ -27,29 +85,10 @@ void model_fm_forward(model_t *m, int n, const float *E, const float *X)
     if (dense)
         model_gemm_rows(m, n, k, F, X, F, 1, vx, F, u, k);
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        const float *e = E + (size_t)i * (size_t)S * (size_t)d;
-        float lin = b + (F > 0 ? z[i] : 0.0f);
-        float sq = 0.0f, inter = 0.0f;
-        float *acc = k > 0 ? sum + (size_t)i * (size_t)k : NULL;
-        for (int f = 0; f < k; f++) {
-            float uf = dense ? u[(size_t)i * (size_t)k + f] : 0.0f;
-            acc[f] = uf;
-            sq += uf * uf;
-        }
-        for (int s = 0; s < S; s++) {
-            const float *es = e + (size_t)s * (size_t)d;
-            lin += es[0];
-            for (int f = 0; f < k; f++) {
-                float v = es[1 + f];
-                acc[f] += v;
-                sq += v * v;
-            }
-        }
-        for (int f = 0; f < k; f++)
-            inter += acc[f] * acc[f];
-        z[i] = lin + 0.5f * (inter - sq);
-    }
+    for (int i = 0; i < n; i++)
+        z[i] = fm_row_fwd(S, d, k, E + (size_t)i * (size_t)S * (size_t)d,
+                          dense ? u + (size_t)i * (size_t)k : NULL, b + (F > 0 ? z[i] : 0.0f),
+                          k > 0 ? sum + (size_t)i * (size_t)k : NULL);
 }
 
 void model_fm_backward(model_t *m, int n, const float *E, const float *X, float *dE)
@@ -67,15 +106,8 @@ void model_fm_backward(model_t *m, int n, const float *E, const float *X, float 
     for (int i = 0; i < n; i++) {
         const float gi = g[i];
         const float *acc = k > 0 ? sum + (size_t)i * (size_t)k : NULL;
-        const float *e = E + (size_t)i * (size_t)S * (size_t)d;
-        float *de = dE + (size_t)i * (size_t)S * (size_t)d;
-        for (int s = 0; s < S; s++) {
-            const float *es = e + (size_t)s * (size_t)d;
-            float *ds = de + (size_t)s * (size_t)d;
-            ds[0] = gi;
-            for (int f = 0; f < k; f++)
-                ds[1 + f] = gi * (acc[f] - es[1 + f]);
-        }
+        fm_row_bwd(S, d, k, gi, acc, E + (size_t)i * (size_t)S * (size_t)d,
+                   dE + (size_t)i * (size_t)S * (size_t)d);
         if (dense) {
             float *ui = u + (size_t)i * (size_t)k; /* becomes du (n, k) */
             for (int f = 0; f < k; f++)
