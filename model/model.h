@@ -403,6 +403,7 @@ struct model {
     float *logits; /* (max_batch) */
     float *probs;  /* (max_batch) */
     float *gz;     /* (max_batch) d loss / d logit, scaled */
+    double *loss;  /* (max_batch) each row's logloss, summed in row order */
     float *fm_sum; /* fm: (max_batch, k) sum over slots (and u) of the factors */
     float *fm_u;   /* fm: (max_batch, k) u = X Vx^T; backward reuses it for du */
     float *act[2 * MODEL_MAX_LAYERS]; /* dlrm: layer outputs; the last bottom
