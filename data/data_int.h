@@ -137,6 +137,12 @@ data_bin_info_t data_bin_info(const data_bin_file_t *f);
 int data_bin_read_rows(data_bin_file_t *f, int64_t lo, int64_t hi, data_batch_builder_t *bb,
                      data_batch_t *b, int64_t *bytes /* OUT: added to */);
 
+/* With off set, the Parquet decoder (data_parquet.c) takes its scalar
+ * loops where it would use the CPU's vector instructions (AVX-512's
+ * expand): for tests, so that a host with them checks the loops a host
+ * without them runs. Set it while no file is being read. */
+void data_pq_no_simd(bool off);
+
 #ifdef __cplusplus
 }
 #endif

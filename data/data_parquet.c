@@ -1835,11 +1835,18 @@ __attribute__((target("avx512f"))) static void expand_avx512(float *out, const f
 }
 #endif
 
+static bool pq_no_simd; /* data_pq_no_simd: the tests run the scalar loop too */
+
+void data_pq_no_simd(bool off)
+{
+    pq_no_simd = off;
+}
+
 static void expand_values(float *out, const float *vals, const uint32_t *def, uint32_t top,
                           float null, int64_t n)
 {
 #ifdef PQ_EXPAND_AVX512
-    if (__builtin_cpu_supports("avx512f")) {
+    if (!pq_no_simd && __builtin_cpu_supports("avx512f")) {
         expand_avx512(out, vals, def, top, null, n);
         return;
     }

@@ -201,6 +201,14 @@ static void test_every_writer_reads_as_tsv(void **state)
     pq_path(p2, sizeof p2, "pq", "arrow-v1-dict-snappy");
     const char *tsv3[3] = {tsv, tsv, tsv}, *pq3[3] = {p1, p2, p1};
     assert_same_batches_n(tsv3, pq3, 3, "three partitions");
+    /* The decoder's scalar loops, which a CPU without AVX-512 runs (this
+     * one may have it): nullable dense columns, page v1 and v2. */
+    data_pq_no_simd(true);
+    pq_path(path, sizeof path, "pq", "duck-snappy-v1");
+    assert_same_batches(tsv, path, "duck-snappy-v1, scalar loops");
+    pq_path(path, sizeof path, "pq", "duck-zstd-v2");
+    assert_same_batches(tsv, path, "duck-zstd-v2, scalar loops");
+    data_pq_no_simd(false);
     /* BOOLEAN labels (RLE) and DOUBLE features (BYTE_STREAM_SPLIT), read
      * with dense_transform log1p: log(1 + max(x, 0)) of a double is the
      * float a TSV integer gives. */
