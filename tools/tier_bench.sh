@@ -80,12 +80,13 @@ for keys in ${TIER_BENCH_SIZES-1000000 10000000 100000000}; do
   done
 done
 
-# The whole step: kiln-train (lr and dlrm, 1 rank x 2 threads, batch 4096,
-# kiln-bin) on `kiln datagen` data of 1e6 rows whose ids are Zipf 1.15 over
-# 40,000 ids a slot (about 970,000 keys in the 26 tables at the end), each
-# table's capacity 45,000 rows, with all rows in RAM and with memory: 10%
-# (4,500 rows a table: 12% of the rows the tables end with). train_seconds
-# of the faster of two runs each. TIER_BENCH_TRAIN=0 skips it.
+# The whole step: kiln-train (lr, fm and dlrm: dim 1, 16 + 1 and 16,
+# adagrad; 1 rank x 2 threads, batch 4096, kiln-bin) on `kiln datagen` data
+# of 1e6 rows whose ids are Zipf 1.15 over 40,000 ids a slot (about 970,000
+# keys in the 26 tables at the end), each table's capacity 45,000 rows,
+# with all rows in RAM and with memory: 10% (4,500 rows a table: 12% of the
+# rows the tables end with). train_seconds of the faster of two runs each.
+# TIER_BENCH_TRAIN=0 skips it.
 if [ "${TIER_BENCH_TRAIN:-1}" != 0 ]; then
   tw="$dir/tier_bench_train.$$"
   mkdir -p "$tw"
@@ -94,7 +95,7 @@ if [ "${TIER_BENCH_TRAIN:-1}" != 0 ]; then
   "$build/tools/kiln" convert "$tw/day0.tsv" --out "$tw/day0.bin" >/dev/null
   rm -f "$tw/day0.tsv"
   echo "kiln-train, 1e6 rows, 26 tables of capacity 45000, Zipf 1.15 over 40000 ids a slot:"
-  for model in lr dlrm; do
+  for model in lr fm dlrm; do
     ram_s=""
     for mem in 100% 10%; do
       best=""
