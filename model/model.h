@@ -490,6 +490,20 @@ void model_bf16_grad_block(model_t *m, const model_layer_t *L, const uint16_t *d
 #define MODEL_GRAD_BLOCK 256
 void model_gemm_rows(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
                   const float *B, int ldb, float *C, int ldc);
+/* What model_gemm_rows_epi does to each row i of C after its block's GEMM,
+ * element by element (the same operations as a separate pass, so the same
+ * bits): with mask, C[i][j] = mask[i][j] > 0 ? C[i][j] : 0 (a ReLU's
+ * gradient; bias and relu unused); else C[i][j] += bias[j], then
+ * max(., 0) when relu. */
+typedef struct {
+    const float *bias; /* (nn) */
+    int relu;
+    const float *mask; /* (n, nn; ldm) or NULL */
+    int ldm;
+} model_epi_t;
+/* model_gemm_rows, then ep (NULL: none) on each block while it is in cache. */
+void model_gemm_rows_epi(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+                         const float *B, int ldb, float *C, int ldc, const model_epi_t *ep);
 /* The float64 sums over rows every weight gradient is made of.
  * G (rows, cols) += A^T B for A (n, rows; lda) and B (n, cols; ldb), float32
  * inputs, float64 products and sums; rows, cols <= m->maxc. */

@@ -54,20 +54,50 @@
 
 #include "kern_ops.h"
 
-void model_gemm_rows(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
-                  const float *B, int ldb, float *C, int ldc)
+/* The epilogue on rows [r0, r0 + rows) of C (ldc), nn columns; element by
+ * element, so the same bits at every vector width (KERN_CLONES). */
+KERN_CLONES static void epilogue(const model_epi_t *ep, size_t r0, int rows, int nn, float *C, int ldc)
+{
+    for (size_t i = r0; i < r0 + (size_t)rows; i++) {
+        float *c = C + i * (size_t)ldc;
+        if (ep->mask) {
+            const float *a = ep->mask + i * (size_t)ep->ldm;
+#pragma omp simd
+            for (int j = 0; j < nn; j++)
+                c[j] = a[j] > 0.0f ? c[j] : 0.0f;
+        } else if (ep->relu) {
+#pragma omp simd
+            for (int j = 0; j < nn; j++) {
+                const float v = c[j] + ep->bias[j];
+                c[j] = v > 0.0f ? v : 0.0f;
+            }
+        } else {
+#pragma omp simd
+            for (int j = 0; j < nn; j++)
+                c[j] += ep->bias[j];
+        }
+    }
+}
+
+void model_gemm_rows_epi(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+                         const float *B, int ldb, float *C, int ldc, const model_epi_t *ep)
 {
     if (n <= 0 || nn <= 0)
         return;
     const int RB = m->row_block;
     const CBLAS_TRANSPOSE tb = transb ? CblasTrans : CblasNoTrans;
     const int full = n / RB, nblk = (n + RB - 1) / RB;
+    /* A block's epilogue runs on the thread that computed it, while the
+     * block is in that core's cache, and in the same region: no pass of
+     * its own over C and no barrier between. */
 #pragma omp parallel for schedule(static) if ((int64_t)n * nn * k >= 262144 && !omp_in_parallel())
     for (int blk = 0; blk < nblk; blk++) {
         const size_t r0 = (size_t)blk * RB;
         if (blk < full) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, A + r0 * (size_t)lda, lda,
                         B, ldb, 0.0f, C + r0 * (size_t)ldc, ldc);
+            if (ep)
+                epilogue(ep, r0, RB, nn, C, ldc);
             continue;
         }
         /* The short last block, padded to RB rows (one block, one user). */
@@ -81,7 +111,15 @@ void model_gemm_rows(model_t *m, int n, int nn, int k, const float *A, int lda, 
         for (int i = 0; i < rows; i++)
             memcpy(C + (r0 + (size_t)i) * (size_t)ldc, c + (size_t)i * (size_t)nn,
                    sizeof(float) * (size_t)nn);
+        if (ep)
+            epilogue(ep, r0, rows, nn, C, ldc);
     }
+}
+
+void model_gemm_rows(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+                     const float *B, int ldb, float *C, int ldc)
+{
+    model_gemm_rows_epi(m, n, nn, k, A, lda, transb, B, ldb, C, ldc, NULL);
 }
 
 /* dst (n, cols) float64, dense = src (n, cols; ld) float32 */

@@ -37,14 +37,16 @@ void model_dense_linear_fwd(model_t *m, int n, const model_layer_t *L, const flo
 {
     const int in = L->in, out = L->out, relu = L->relu;
     const float *W = m->params + L->w_off, *b = m->params + L->b_off;
-    /* Y (n, out) = A (n, in) W^T (in, out), in fixed row blocks (model_blas.c);
-     * bf16: A rounded once, kept for the weight gradient (model_bf16.c) */
-    if (m->bf) {
-        model_bf16_round_rows(m, n, in, A, lda, L->bf_in);
-        model_bf16_fwd(m, n, L, Y, ldy);
-    } else {
-        model_gemm_rows(m, n, out, in, A, lda, 1, W, in, Y, ldy);
+    /* Y (n, out) = A (n, in) W^T (in, out), in fixed row blocks (model_blas.c),
+     * each block's bias and ReLU right after its GEMM */
+    if (!m->bf) {
+        const model_epi_t ep = {.bias = b, .relu = relu};
+        model_gemm_rows_epi(m, n, out, in, A, lda, 1, W, in, Y, ldy, &ep);
+        return;
     }
+    /* bf16: A rounded once, kept for the weight gradient (model_bf16.c) */
+    model_bf16_round_rows(m, n, in, A, lda, L->bf_in);
+    model_bf16_fwd(m, n, L, Y, ldy);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float *yi = Y + (size_t)i * (size_t)ldy;
@@ -62,28 +64,6 @@ void model_dense_linear_fwd(model_t *m, int n, const model_layer_t *L, const flo
     }
 }
 
-void model_dense_linear_bwd(model_t *m, int n, const model_layer_t *L, const float *A, int lda,
-                         const float *dY, int ldy, float *dA, int ldda)
-{
-    const int in = L->in, out = L->out;
-    /* db (out) += the column sums of dY */
-    model_grad_colsum(m, n, out, dY, ldy, m->grads + L->b_off);
-    if (m->bf) {
-        /* dY rounded once, for both products */
-        uint16_t *dYb = model_bf16_dy(m);
-        model_bf16_round_rows(m, n, out, dY, ldy, dYb);
-        model_grad_gemm_bf16(m, n, L, dYb, dY, ldy, A, lda);
-        if (dA)
-            model_bf16_bwd_input(m, n, L, dYb, dA, ldda);
-        return;
-    }
-    /* dW (out, in) += dY^T (out, n) A (n, in), in float64 (model_blas.c) */
-    model_grad_gemm(m, n, out, in, dY, ldy, A, lda, m->grads + L->w_off);
-    /* dA (n, in) = dY (n, out) W (out, in), in fixed row blocks */
-    if (dA)
-        model_gemm_rows(m, n, in, out, dY, ldy, 0, m->params + L->w_off, in, dA, ldda);
-}
-
 /* dA *= (act > 0): the ReLU's gradient, act (n, w; lda), dA (n, w; ldd). */
 static void relu_mask(int n, int w, const float *act, int lda, float *dA, int ldd)
 {
@@ -95,6 +75,42 @@ static void relu_mask(int n, int w, const float *act, int lda, float *dA, int ld
         for (int j = 0; j < w; j++)
             g[j] = a[j] > 0.0f ? g[j] : 0.0f;
     }
+}
+
+/* model_dense_linear_bwd; with relu_in (A is a ReLU's output) dA is also
+ * multiplied by (A > 0), the ReLU's gradient, block by block. */
+static void linear_bwd(model_t *m, int n, const model_layer_t *L, const float *A, int lda,
+                       const float *dY, int ldy, float *dA, int ldda, int relu_in)
+{
+    const int in = L->in, out = L->out;
+    /* db (out) += the column sums of dY */
+    model_grad_colsum(m, n, out, dY, ldy, m->grads + L->b_off);
+    if (m->bf) {
+        /* dY rounded once, for both products */
+        uint16_t *dYb = model_bf16_dy(m);
+        model_bf16_round_rows(m, n, out, dY, ldy, dYb);
+        model_grad_gemm_bf16(m, n, L, dYb, dY, ldy, A, lda);
+        if (dA) {
+            model_bf16_bwd_input(m, n, L, dYb, dA, ldda);
+            if (relu_in)
+                relu_mask(n, in, A, lda, dA, ldda);
+        }
+        return;
+    }
+    /* dW (out, in) += dY^T (out, n) A (n, in), in float64 (model_blas.c) */
+    model_grad_gemm(m, n, out, in, dY, ldy, A, lda, m->grads + L->w_off);
+    /* dA (n, in) = dY (n, out) W (out, in), in fixed row blocks */
+    if (dA) {
+        const model_epi_t ep = {.mask = A, .ldm = lda};
+        model_gemm_rows_epi(m, n, in, out, dY, ldy, 0, m->params + L->w_off, in, dA, ldda,
+                            relu_in ? &ep : NULL);
+    }
+}
+
+void model_dense_linear_bwd(model_t *m, int n, const model_layer_t *L, const float *A, int lda,
+                         const float *dY, int ldy, float *dA, int ldda)
+{
+    linear_bwd(m, n, L, A, lda, dY, ldy, dA, ldda, 0);
 }
 
 /* Vector v of a row: v_0 = bot, v_s+1 = the row's slot s. */
@@ -296,9 +312,7 @@ void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, floa
         const float *Ap = l == nb ? m->R : m->act[l - 1];
         int lda = l == nb ? m->ldr : m->layers[l - 1].out;
         float *dA = m->gbuf[cb ^ 1];
-        model_dense_linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in);
-        if (l > nb)
-            relu_mask(n, L->in, Ap, lda, dA, L->in);
+        linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in, l > nb);
         cur = dA;
         ldc = L->in;
         cb ^= 1;
@@ -324,9 +338,7 @@ void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, floa
         const float *Ap = l == 0 ? X : m->act[l - 1];
         int lda = l == 0 ? m->F : m->layers[l - 1].out;
         float *dA = l == 0 ? NULL : m->gbuf[cb ^ 1];
-        model_dense_linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in);
-        if (l > 0)
-            relu_mask(n, L->in, Ap, lda, dA, L->in);
+        linear_bwd(m, n, L, Ap, lda, cur, ldc, dA, L->in, l > 0);
         cur = dA;
         ldc = L->in;
         cb ^= 1;
