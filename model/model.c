@@ -305,6 +305,15 @@ int model_create(const model_config_t *cfg, model_t **out /* OUT */)
     for (int t = 0; t < m->wgT_n; t++)
         if (!(m->wgT[t] = alloc_f(tbuf)))
             goto nomem;
+    /* model_grad_gemm's 256-row path: the threads but the first sum their
+     * blocks into their own double-double buffer (m->wgP). */
+    if (m->row_block == MODEL_GRAD_BLOCK && m->wgT_n > 1) {
+        if (!(m->wgP = kiln_calloc((size_t)m->wgT_n, sizeof *m->wgP)))
+            goto nomem;
+        for (int t = 1; t < m->wgT_n; t++)
+            if (!(m->wgP[t] = kiln_calloc(2 * m->wgT_cap, sizeof(double))))
+                goto nomem;
+    }
     if (!(m->wgA = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
         !(m->wgB = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
         !(m->tailA = alloc_f((size_t)m->row_block * (size_t)m->maxc)) ||
@@ -340,6 +349,9 @@ void model_destroy(model_t *m)
                   m->tailC);
     for (int t = 0; m->wgT && t < m->wgT_n; t++)
         free(m->wgT[t]);
+    for (int t = 0; m->wgP && t < m->wgT_n; t++)
+        free(m->wgP[t]);
+    free(m->wgP);
     KILN_FREE_ALL(m->wgT, m->logits, m->probs, m->gz, m->fm_sum, m->fm_u, m->R, m->gbuf[0],
                   m->gbuf[1], m->dT);
     free(m);

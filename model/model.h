@@ -422,6 +422,10 @@ struct model {
     float **wgT;
     int wgT_n;
     size_t wgT_cap;
+    /* model_grad_gemm's 256-row path (row_block 256, more than one thread):
+     * per thread, the first's NULL, a (2, wgT_cap) double-double sum (hi
+     * then lo) of the thread's blocks; zero between calls. */
+    double **wgP;
     /* rows per BLAS call of model_gemm_rows: MODEL_GRAD_BLOCK when max_batch is a
      * multiple of it (then model_grad_gemm takes its 256-row path too), else
      * MODEL_ROW_BLOCK */

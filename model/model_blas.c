@@ -184,6 +184,17 @@ KERN_CLONES static void add_block(size_t cnt, const float *t, double *G, double 
         kern_dd_add(&G[i], &L[i], (double)t[i]);
 }
 
+/* (G, L) += (ph, pl) element by element in double-double, then (ph, pl)
+ * = 0 (KERN_CLONES: the same bits at every width). */
+KERN_CLONES static void add_dd_block(size_t cnt, double *ph, double *pl, double *G, double *L)
+{
+#pragma omp simd
+    for (size_t i = 0; i < cnt; i++) {
+        kern_dd_add_dd(&G[i], &L[i], ph[i], pl[i]);
+        ph[i] = pl[i] = 0.0;
+    }
+}
+
 /* model_grad_gemm, its blocks in bf16 when bl (a layer with its bf16 matmul)
  * is given: dYb is A rounded to bf16, the layer's bf_in is B rounded. */
 static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int lda,
@@ -199,12 +210,17 @@ static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int
     int done = 0;
     if (model_grad_blocked(m, rows, cols)) {
         /* Whole 256-row blocks: one float32 (or bf16) product each, always
-         * of the same shape, added into G in float64 (order does not matter
-         * there). */
+         * of the same shape, added into a double-double sum (order does not
+         * matter there): the first thread's straight into (G, L), each
+         * other's into its own m->wgP, added into (G, L) at the end, each
+         * thread a share of the elements. No lock: with one, the threads
+         * queued for it at every block (2% of the dlrm model step). */
         const int nblk = n / MODEL_GRAD_BLOCK;
-#pragma omp parallel num_threads(model_buf_threads(m)) if (nblk > 1)
+#pragma omp parallel num_threads(model_buf_threads(m)) if (nblk > 1 && m->wgP)
         {
-            float *t = m->wgT[omp_get_thread_num()];
+            const int id = omp_get_thread_num(), T = omp_get_num_threads();
+            float *t = m->wgT[id];
+            double *gh = id == 0 ? G : m->wgP[id], *gl = id == 0 ? L : m->wgP[id] + cnt;
 #pragma omp for schedule(static)
             for (int blk = 0; blk < nblk; blk++) {
                 const size_t r0 = (size_t)blk * MODEL_GRAD_BLOCK;
@@ -214,9 +230,12 @@ static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int
                     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, cols,
                                 MODEL_GRAD_BLOCK, 1.0f, A + r0 * (size_t)lda, lda,
                                 B + r0 * (size_t)ldb, ldb, 0.0f, t, cols);
-#pragma omp critical(kiln_grad_add)
-                add_block(cnt, t, G, L);
+                add_block(cnt, t, gh, gl);
             }
+            /* (the loop's barrier: every block is in) */
+            const size_t e0 = cnt * (size_t)id / (size_t)T, e1 = cnt * (size_t)(id + 1) / (size_t)T;
+            for (int q = 1; q < T; q++)
+                add_dd_block(e1 - e0, m->wgP[q] + e0, m->wgP[q] + cnt + e0, G + e0, L + e0);
         }
         done = nblk * MODEL_GRAD_BLOCK;
     }
