@@ -310,8 +310,8 @@ int model_create(const model_config_t *cfg, model_t **out /* OUT */)
     if (m->row_block == MODEL_GRAD_BLOCK && m->wgT_n > 1) {
         if (!(m->wgP = kiln_calloc((size_t)m->wgT_n, sizeof *m->wgP)))
             goto nomem;
-        for (int t = 1; t < m->wgT_n; t++)
-            if (!(m->wgP[t] = kiln_calloc(2 * m->wgT_cap, sizeof(double))))
+        for (int t = 0; t < m->wgT_n; t++)
+            if (!(m->wgP[t] = kiln_calloc(2 * m->wgT_cap + 2 * (size_t)m->maxc, sizeof(double))))
                 goto nomem;
     }
     if (!(m->wgA = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||

@@ -423,8 +423,10 @@ struct model {
     int wgT_n;
     size_t wgT_cap;
     /* model_grad_gemm's 256-row path (row_block 256, more than one thread):
-     * per thread, the first's NULL, a (2, wgT_cap) double-double sum (hi
-     * then lo) of the thread's blocks; zero between calls. */
+     * per thread, a (2, wgT_cap) double-double sum (hi then lo) of the
+     * thread's blocks (the first thread's unused: it adds into the
+     * gradient), zero between calls; then (2, maxc), model_dense_bwd_blocks's
+     * column sums. */
     double **wgP;
     /* rows per BLAS call of model_gemm_rows: MODEL_GRAD_BLOCK when max_batch is a
      * multiple of it (then model_grad_gemm takes its 256-row path too), else
@@ -505,6 +507,12 @@ typedef struct {
     const float *mask; /* (n, nn; ldm) or NULL */
     int ldm;
 } model_epi_t;
+/* Block blk of model_gemm_rows_epi for n rows: its rows [blk * row_block,
+ * min(n, (blk + 1) * row_block)) of C, on the calling thread; the short
+ * last block goes through m->tailA/tailC (one caller at a time). */
+void model_gemm_rows_block(model_t *m, int n, int blk, int nn, int k, const float *A, int lda,
+                           int transb, const float *B, int ldb, float *C, int ldc,
+                           const model_epi_t *ep);
 /* model_gemm_rows, then ep (NULL: none) on each block while it is in cache. */
 void model_gemm_rows_epi(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
                          const float *B, int ldb, float *C, int ldc, const model_epi_t *ep);
@@ -537,6 +545,19 @@ static inline int model_buf_threads(const model_t *m)
  * takes its block path, the other rows in float64 from dY and A. */
 void model_grad_gemm_bf16(model_t *m, int n, const model_layer_t *L, const uint16_t *dYb,
                        const float *dY, int ldy, const float *A, int lda);
+/* A dense layer's backward over the whole 256-row blocks of n rows, one
+ * OpenMP region, each block's three parts while its dY rows are in cache:
+ * gb (out) += the column sums of dY, G (out, in) += dY^T A (as
+ * model_grad_gemm's blocks), dA = dY W with ep (as model_gemm_rows_epi's
+ * blocks; skipped when dA is NULL); G and gb point into m's gradient.
+ * Returns the rows done (a multiple of 256), or 0 (nothing done) where
+ * model_grad_gemm does not take its 256-row path for (out, in), the model
+ * is bf16, or there are fewer than two blocks: the caller does the rows
+ * after those, and all of them on 0. The same bits as colsum, grad_gemm
+ * and gemm_rows_epi over the same rows. */
+int model_dense_bwd_blocks(model_t *m, int n, int out, int in, const float *dY, int ldy,
+                           const float *A, int lda, const float *W, double *G, double *gb,
+                           float *dA, int ldda, const model_epi_t *ep);
 /* g (cols) += sum over the n rows of A (n, cols; lda), as double-double;
  * g points into m's gradient. */
 void model_grad_colsum(model_t *m, int n, int cols, const float *A, int lda, double *g);

@@ -79,41 +79,47 @@ KERN_CLONES static void epilogue(const model_epi_t *ep, size_t r0, int rows, int
     }
 }
 
+void model_gemm_rows_block(model_t *m, int n, int blk, int nn, int k, const float *A, int lda,
+                           int transb, const float *B, int ldb, float *C, int ldc,
+                           const model_epi_t *ep)
+{
+    const int RB = m->row_block;
+    const CBLAS_TRANSPOSE tb = transb ? CblasTrans : CblasNoTrans;
+    const size_t r0 = (size_t)blk * RB;
+    if ((int)r0 + RB <= n) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, A + r0 * (size_t)lda, lda, B,
+                    ldb, 0.0f, C + r0 * (size_t)ldc, ldc);
+        if (ep)
+            epilogue(ep, r0, RB, nn, C, ldc);
+        return;
+    }
+    /* The short last block, padded to RB rows (one block, one user). */
+    const int rows = n - (int)r0;
+    float *a = m->tailA, *c = m->tailC;
+    memset(a, 0, sizeof(float) * (size_t)RB * (size_t)k);
+    for (int i = 0; i < rows; i++)
+        memcpy(a + (size_t)i * (size_t)k, A + (r0 + (size_t)i) * (size_t)lda,
+               sizeof(float) * (size_t)k);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, a, k, B, ldb, 0.0f, c, nn);
+    for (int i = 0; i < rows; i++)
+        memcpy(C + (r0 + (size_t)i) * (size_t)ldc, c + (size_t)i * (size_t)nn,
+               sizeof(float) * (size_t)nn);
+    if (ep)
+        epilogue(ep, r0, rows, nn, C, ldc);
+}
+
 void model_gemm_rows_epi(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
                          const float *B, int ldb, float *C, int ldc, const model_epi_t *ep)
 {
     if (n <= 0 || nn <= 0)
         return;
-    const int RB = m->row_block;
-    const CBLAS_TRANSPOSE tb = transb ? CblasTrans : CblasNoTrans;
-    const int full = n / RB, nblk = (n + RB - 1) / RB;
+    const int nblk = (n + m->row_block - 1) / m->row_block;
     /* A block's epilogue runs on the thread that computed it, while the
      * block is in that core's cache, and in the same region: no pass of
      * its own over C and no barrier between. */
 #pragma omp parallel for schedule(static) if ((int64_t)n * nn * k >= 262144 && !omp_in_parallel())
-    for (int blk = 0; blk < nblk; blk++) {
-        const size_t r0 = (size_t)blk * RB;
-        if (blk < full) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, A + r0 * (size_t)lda, lda,
-                        B, ldb, 0.0f, C + r0 * (size_t)ldc, ldc);
-            if (ep)
-                epilogue(ep, r0, RB, nn, C, ldc);
-            continue;
-        }
-        /* The short last block, padded to RB rows (one block, one user). */
-        const int rows = n - (int)r0;
-        float *a = m->tailA, *c = m->tailC;
-        memset(a, 0, sizeof(float) * (size_t)RB * (size_t)k);
-        for (int i = 0; i < rows; i++)
-            memcpy(a + (size_t)i * (size_t)k, A + (r0 + (size_t)i) * (size_t)lda,
-                   sizeof(float) * (size_t)k);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, a, k, B, ldb, 0.0f, c, nn);
-        for (int i = 0; i < rows; i++)
-            memcpy(C + (r0 + (size_t)i) * (size_t)ldc, c + (size_t)i * (size_t)nn,
-                   sizeof(float) * (size_t)nn);
-        if (ep)
-            epilogue(ep, r0, rows, nn, C, ldc);
-    }
+    for (int blk = 0; blk < nblk; blk++)
+        model_gemm_rows_block(m, n, blk, nn, k, A, lda, transb, B, ldb, C, ldc, ep);
 }
 
 void model_gemm_rows(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
@@ -274,6 +280,20 @@ KERN_CLONES static void colsum_block(int n, int c0, int c1, const float *A, int 
         kern_dd_add_dd(&g[c], &gl[c], hi[c - c0], lo[c - c0]);
 }
 
+/* (hi, lo) (cols) += the rows of A (n, cols; lda), row after row, each
+ * column its own double-double sum (KERN_CLONES: the same bits at every
+ * vector width). */
+KERN_CLONES static void colsum_add(int n, int cols, const float *A, int lda, double *hi,
+                                   double *lo)
+{
+    for (int i = 0; i < n; i++) {
+        const float *a = A + (size_t)i * (size_t)lda;
+#pragma omp simd
+        for (int c = 0; c < cols; c++)
+            kern_dd_add(&hi[c], &lo[c], (double)a[c]);
+    }
+}
+
 /* hi, lo (cols) = the double-double sums down the n rows of A (lda), row
  * after row, every column its own sum (KERN_CLONES: the same bits at every
  * vector width). */
@@ -282,12 +302,7 @@ KERN_CLONES static void colsum_rows(int n, int cols, const float *A, int lda, do
 {
     for (int c = 0; c < cols; c++)
         hi[c] = lo[c] = 0.0;
-    for (int i = 0; i < n; i++) {
-        const float *a = A + (size_t)i * (size_t)lda;
-#pragma omp simd
-        for (int c = 0; c < cols; c++)
-            kern_dd_add(&hi[c], &lo[c], (double)a[c]);
-    }
+    colsum_add(n, cols, A, lda, hi, lo);
 }
 
 void model_grad_colsum(model_t *m, int n, int cols, const float *A, int lda, double *g)
@@ -323,6 +338,50 @@ void model_grad_colsum(model_t *m, int n, int cols, const float *A, int lda, dou
         for (int c = 0; c < cols; c++)
             kern_dd_add_dd(&g[c], &gl[c], hi[c], lo[c]);
     }
+}
+
+int model_dense_bwd_blocks(model_t *m, int n, int out, int in, const float *dY, int ldy,
+                           const float *A, int lda, const float *W, double *G, double *gb,
+                           float *dA, int ldda, const model_epi_t *ep)
+{
+    const int nblk = n / MODEL_GRAD_BLOCK;
+    if (nblk < 2 || !m->wgP || m->bf || !model_grad_blocked(m, out, in))
+        return 0;
+    const size_t cnt = (size_t)out * (size_t)in;
+    double *L = m->grads_lo + (G - m->grads), *gbl = m->grads_lo + (gb - m->grads);
+    int nt = 1;
+#pragma omp parallel num_threads(model_buf_threads(m))
+    {
+        const int id = omp_get_thread_num(), T = omp_get_num_threads();
+        float *t = m->wgT[id];
+        double *gh = id == 0 ? G : m->wgP[id], *gl = id == 0 ? L : m->wgP[id] + cnt;
+        double *bh = m->wgP[id] + 2 * m->wgT_cap, *bl = bh + out;
+        for (int c = 0; c < out; c++)
+            bh[c] = bl[c] = 0.0;
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < nblk; blk++) {
+            const size_t r0 = (size_t)blk * MODEL_GRAD_BLOCK;
+            const float *dy = dY + r0 * (size_t)ldy;
+            colsum_add(MODEL_GRAD_BLOCK, out, dy, ldy, bh, bl);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, MODEL_GRAD_BLOCK, 1.0f, dy,
+                        ldy, A + r0 * (size_t)lda, lda, 0.0f, t, in);
+            add_block(cnt, t, gh, gl);
+            if (dA)
+                model_gemm_rows_block(m, n, blk, in, out, dY, ldy, 0, W, in, dA, ldda, ep);
+        }
+        /* (the loop's barrier: every block is in) */
+        const size_t e0 = cnt * (size_t)id / (size_t)T, e1 = cnt * (size_t)(id + 1) / (size_t)T;
+        for (int q = 1; q < T; q++)
+            add_dd_block(e1 - e0, m->wgP[q] + e0, m->wgP[q] + cnt + e0, G + e0, L + e0);
+        if (id == 0)
+            nt = T;
+    }
+    for (int q = 0; q < nt; q++) {
+        const double *bh = m->wgP[q] + 2 * m->wgT_cap, *bl = bh + out;
+        for (int c = 0; c < out; c++)
+            kern_dd_add_dd(&gb[c], &gbl[c], bh[c], bl[c]);
+    }
+    return nblk * MODEL_GRAD_BLOCK;
 }
 
 /* ---- the GEMMs a model makes, for model_kernels_check -------------------------------- */

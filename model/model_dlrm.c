@@ -83,9 +83,9 @@ static void linear_bwd(model_t *m, int n, const model_layer_t *L, const float *A
                        const float *dY, int ldy, float *dA, int ldda, int relu_in)
 {
     const int in = L->in, out = L->out;
-    /* db (out) += the column sums of dY */
-    model_grad_colsum(m, n, out, dY, ldy, m->grads + L->b_off);
     if (m->bf) {
+        /* db (out) += the column sums of dY */
+        model_grad_colsum(m, n, out, dY, ldy, m->grads + L->b_off);
         /* dY rounded once, for both products */
         uint16_t *dYb = model_bf16_dy(m);
         model_bf16_round_rows(m, n, out, dY, ldy, dYb);
@@ -97,13 +97,28 @@ static void linear_bwd(model_t *m, int n, const model_layer_t *L, const float *A
         }
         return;
     }
+    /* The whole 256-row blocks in one region (model_dense_bwd_blocks), the
+     * rows after them (all of them where it does nothing) below. */
+    const float *W = m->params + L->w_off;
+    double *G = m->grads + L->w_off, *gb = m->grads + L->b_off;
+    const model_epi_t epb = {.mask = A, .ldm = lda};
+    const int done = model_dense_bwd_blocks(m, n, out, in, dY, ldy, A, lda, W, G, gb, dA, ldda,
+                                            relu_in ? &epb : NULL);
+    if (done == n && done > 0)
+        return;
+    n -= done;
+    dY += (size_t)done * (size_t)ldy;
+    A += (size_t)done * (size_t)lda;
+    if (dA)
+        dA += (size_t)done * (size_t)ldda;
+    /* db (out) += the column sums of dY */
+    model_grad_colsum(m, n, out, dY, ldy, gb);
     /* dW (out, in) += dY^T (out, n) A (n, in), in float64 (model_blas.c) */
-    model_grad_gemm(m, n, out, in, dY, ldy, A, lda, m->grads + L->w_off);
+    model_grad_gemm(m, n, out, in, dY, ldy, A, lda, G);
     /* dA (n, in) = dY (n, out) W (out, in), in fixed row blocks */
     if (dA) {
         const model_epi_t ep = {.mask = A, .ldm = lda};
-        model_gemm_rows_epi(m, n, in, out, dY, ldy, 0, m->params + L->w_off, in, dA, ldda,
-                            relu_in ? &ep : NULL);
+        model_gemm_rows_epi(m, n, in, out, dY, ldy, 0, W, in, dA, ldda, relu_in ? &ep : NULL);
     }
 }
 
@@ -243,11 +258,52 @@ KERN_CLONES static void interaction_fwd(int S, int d, const float *bot, const fl
     }
 }
 
+/* Row block blk (model_gemm_rows_block's rows of an n-row batch) through
+ * the whole forward, bottom MLP, interaction and top MLP, on the calling
+ * thread: each layer's block is in that core's cache when the next reads
+ * it. The same calls as layer by layer, so the same bits. */
+static void forward_block(model_t *m, int n, int blk, const float *E, const float *X)
+{
+    const int S = m->S, d = m->d, nb = m->nbottom, nl = m->nbottom + m->ntop;
+    const size_t ldr = (size_t)m->ldr, rowE = (size_t)S * (size_t)d;
+    const int r0 = blk * m->row_block, r1 = r0 + m->row_block < n ? r0 + m->row_block : n;
+    const float *A = X;
+    int lda = m->F;
+    for (int l = 0; l < nl; l++) {
+        const model_layer_t *L = &m->layers[l];
+        if (l == nb) {
+            /* R[i, d + p] = <v_a, v_b> for the p-th pair a < b, v_0 = bot,
+             * v_s+1 = E[i,s] */
+            float *R = m->R, *tile = m->wgT[omp_get_thread_num()];
+            for (int i = r0; i < r1; i++)
+                interaction_fwd(S, d, R + (size_t)i * ldr, E + (size_t)i * rowE,
+                                R + (size_t)i * ldr + d, tile);
+            A = R;
+            lda = m->ldr;
+        }
+        const int ldy = l == nb - 1 ? m->ldr : L->out;
+        const model_epi_t ep = {.bias = m->params + L->b_off, .relu = L->relu};
+        model_gemm_rows_block(m, n, blk, L->out, L->in, A, lda, 1, m->params + L->w_off, L->in,
+                              m->act[l], ldy, &ep);
+        A = m->act[l];
+        lda = ldy;
+    }
+}
+
 void model_dlrm_forward(model_t *m, int n, const float *E, const float *X)
 {
     const int S = m->S, d = m->d, nb = m->nbottom, nl = m->nbottom + m->ntop;
     const size_t ldr = (size_t)m->ldr, rowE = (size_t)S * (size_t)d;
 
+    if (!m->bf) {
+        /* One OpenMP region for the whole forward, a row block at a time
+         * (it was 11 regions and their barriers, layer by layer). */
+        const int nblk = (n + m->row_block - 1) / m->row_block;
+#pragma omp parallel for schedule(static) num_threads(model_buf_threads(m))
+        for (int blk = 0; blk < nblk; blk++)
+            forward_block(m, n, blk, E, X);
+        return;
+    }
     const float *A = X;
     int lda = m->F;
     for (int l = 0; l < nb; l++) {
