@@ -263,7 +263,6 @@ int model_create(const model_config_t *cfg, model_t **out /* OUT */)
             if (m->layers[l].out > m->maxw)
                 m->maxw = m->layers[l].out;
         if (!(m->R = alloc_f(B * (size_t)m->ldr)) ||
-            !(m->dT = alloc_f(B * (size_t)(m->S + 1) * (size_t)m->d)) ||
             !(m->gbuf[0] = alloc_f(B * (size_t)m->maxw)) ||
             !(m->gbuf[1] = alloc_f(B * (size_t)m->maxw)))
             goto nomem;
@@ -353,7 +352,7 @@ void model_destroy(model_t *m)
         free(m->wgP[t]);
     free(m->wgP);
     KILN_FREE_ALL(m->wgT, m->logits, m->probs, m->gz, m->fm_sum, m->fm_u, m->R, m->gbuf[0],
-                  m->gbuf[1], m->dT);
+                  m->gbuf[1]);
     free(m);
 }
 

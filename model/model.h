@@ -410,7 +410,6 @@ struct model {
                                             top one is logits */
     float *R;       /* dlrm: (max_batch, d + P) top input [bottom out | dots] */
     float *gbuf[2]; /* dlrm: (max_batch, maxw) ping-pong activation gradients */
-    float *dT;      /* dlrm: (max_batch, S + 1, d) interaction gradients */
     /* model_grad_gemm: float64 copies of its two operands, (max_batch, maxc)
      * each; model_gemm_rows: the padded last block, (row_block, maxc) each. */
     double *wgA, *wgB;

@@ -173,7 +173,8 @@ static inline void transpose4(const float *r0, const float *r1, const float *r2,
 size_t model_dlrm_scratch(int S, int d)
 {
     const size_t np = (size_t)round16(S + 1);
-    const size_t vt = (size_t)d * np + LANES, g = np * np; /* the forward's, the backward's */
+    /* the forward's vt; the backward's g, then its dt ((S + 1, d)) */
+    const size_t vt = (size_t)d * np + LANES, g = np * np + (size_t)(S + 1) * (size_t)d;
     return vt > g ? vt : g;
 }
 
@@ -415,7 +416,6 @@ void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, floa
 {
     const int S = m->S, d = m->d, nb = m->nbottom, nl = m->nbottom + m->ntop;
     const size_t ldr = (size_t)m->ldr, rowE = (size_t)S * (size_t)d;
-    const size_t rowT = (size_t)(S + 1) * (size_t)d;
 
     /* Top MLP, last layer first; cur is d loss / d (layer output). */
     const float *cur = m->gz;
@@ -432,15 +432,20 @@ void model_dlrm_backward(model_t *m, int n, const float *E, const float *X, floa
     }
 
     /* Interaction: dR (n, d + P) -> d bot (in place, R's first d columns of
-     * dR) and dE. dT holds a row's (S + 1, d) gradients before dE is
-     * written, so dE may alias E. */
+     * dR) and dE. A thread's dt tile holds a row's (S + 1, d) gradients
+     * before dE is written, so dE may alias E. */
     float *dR = m->gbuf[cb];
     const float *R = m->R;
-    float *dT = m->dT;
+    const size_t np = (size_t)round16(S + 1);
 #pragma omp parallel for schedule(static) num_threads(model_buf_threads(m))
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        /* the thread's tiles: g, then dt, which stays in L1 from row to
+         * row (a (n, S + 1, d) array for it was 7 MB of fresh lines a
+         * step, written and read back once) */
+        float *tile = m->wgT[omp_get_thread_num()];
         interaction_bwd(S, d, R + (size_t)i * ldr, E + (size_t)i * rowE, dR + (size_t)i * ldr,
-                        dT + (size_t)i * rowT, dE + (size_t)i * rowE, m->wgT[omp_get_thread_num()]);
+                        tile + np * np, dE + (size_t)i * rowE, tile);
+    }
 
     /* Bottom MLP, last layer first; the top's input gradient dR carries d bot
      * in its first d columns (leading dimension d + P). */
