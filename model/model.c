@@ -264,7 +264,6 @@ int model_create(const model_config_t *cfg, model_t **out /* OUT */)
             if (m->layers[l].out > m->maxw)
                 m->maxw = m->layers[l].out;
         if (!(m->R = alloc_f(B * (size_t)m->ldr)) ||
-            !(m->dT = alloc_f(B * (size_t)(m->S + 1) * (size_t)m->d)) ||
             !(m->gbuf[0] = alloc_f(B * (size_t)m->maxw)) ||
             !(m->gbuf[1] = alloc_f(B * (size_t)m->maxw)))
             goto nomem;
@@ -306,6 +305,15 @@ int model_create(const model_config_t *cfg, model_t **out /* OUT */)
     for (int t = 0; t < m->wgT_n; t++)
         if (!(m->wgT[t] = alloc_f(tbuf)))
             goto nomem;
+    /* model_grad_gemm's 256-row path: the threads but the first sum their
+     * blocks into their own double-double buffer (m->wgP). */
+    if (m->row_block == MODEL_GRAD_BLOCK && m->wgT_n > 1) {
+        if (!(m->wgP = kiln_calloc((size_t)m->wgT_n, sizeof *m->wgP)))
+            goto nomem;
+        for (int t = 0; t < m->wgT_n; t++)
+            if (!(m->wgP[t] = kiln_calloc(2 * m->wgT_cap + 2 * (size_t)m->maxc, sizeof(double))))
+                goto nomem;
+    }
     if (!(m->wgA = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
         !(m->wgB = kiln_malloc(B * (size_t)m->maxc * sizeof(double))) ||
         !(m->tailA = alloc_f((size_t)m->row_block * (size_t)m->maxc)) ||
@@ -341,8 +349,11 @@ void model_destroy(model_t *m)
                   m->tailC);
     for (int t = 0; m->wgT && t < m->wgT_n; t++)
         free(m->wgT[t]);
-    KILN_FREE_ALL(m->wgT, m->logits, m->probs, m->gz, m->loss, m->fm_sum, m->fm_u, m->R, m->gbuf[0],
-                  m->gbuf[1], m->dT);
+    for (int t = 0; m->wgP && t < m->wgT_n; t++)
+        free(m->wgP[t]);
+    free(m->wgP);
+    KILN_FREE_ALL(m->wgT, m->logits, m->probs, m->gz, m->loss, m->fm_sum, m->fm_u, m->R,
+                  m->gbuf[0], m->gbuf[1]);
     free(m);
 }
 

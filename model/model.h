@@ -411,7 +411,6 @@ struct model {
                                             top one is logits */
     float *R;       /* dlrm: (max_batch, d + P) top input [bottom out | dots] */
     float *gbuf[2]; /* dlrm: (max_batch, maxw) ping-pong activation gradients */
-    float *dT;      /* dlrm: (max_batch, S + 1, d) interaction gradients */
     /* model_grad_gemm: float64 copies of its two operands, (max_batch, maxc)
      * each; model_gemm_rows: the padded last block, (row_block, maxc) each. */
     double *wgA, *wgB;
@@ -423,6 +422,12 @@ struct model {
     float **wgT;
     int wgT_n;
     size_t wgT_cap;
+    /* model_grad_gemm's 256-row path (row_block 256, more than one thread):
+     * per thread, a (2, wgT_cap) double-double sum (hi then lo) of the
+     * thread's blocks (the first thread's unused: it adds into the
+     * gradient), zero between calls; then (2, maxc), model_dense_bwd_blocks's
+     * column sums. */
+    double **wgP;
     /* rows per BLAS call of model_gemm_rows: MODEL_GRAD_BLOCK when max_batch is a
      * multiple of it (then model_grad_gemm takes its 256-row path too), else
      * MODEL_ROW_BLOCK */
@@ -491,6 +496,26 @@ void model_bf16_grad_block(model_t *m, const model_layer_t *L, const uint16_t *d
 #define MODEL_GRAD_BLOCK 256
 void model_gemm_rows(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
                   const float *B, int ldb, float *C, int ldc);
+/* What model_gemm_rows_epi does to each row i of C after its block's GEMM,
+ * element by element (the same operations as a separate pass, so the same
+ * bits): with mask, C[i][j] = mask[i][j] > 0 ? C[i][j] : 0 (a ReLU's
+ * gradient; bias and relu unused); else C[i][j] += bias[j], then
+ * max(., 0) when relu. */
+typedef struct {
+    const float *bias; /* (nn) */
+    int relu;
+    const float *mask; /* (n, nn; ldm) or NULL */
+    int ldm;
+} model_epi_t;
+/* Block blk of model_gemm_rows_epi for n rows: its rows [blk * row_block,
+ * min(n, (blk + 1) * row_block)) of C, on the calling thread; the short
+ * last block goes through m->tailA/tailC (one caller at a time). */
+void model_gemm_rows_block(model_t *m, int n, int blk, int nn, int k, const float *A, int lda,
+                           int transb, const float *B, int ldb, float *C, int ldc,
+                           const model_epi_t *ep);
+/* model_gemm_rows, then ep (NULL: none) on each block while it is in cache. */
+void model_gemm_rows_epi(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+                         const float *B, int ldb, float *C, int ldc, const model_epi_t *ep);
 /* The float64 sums over rows every weight gradient is made of.
  * G (rows, cols) += A^T B for A (n, rows; lda) and B (n, cols; ldb), float32
  * inputs, float64 products and sums; rows, cols <= m->maxc. */
@@ -499,11 +524,15 @@ void model_grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int 
 /* Whether model_grad_gemm computes a (rows, cols) gradient's whole 256-row
  * blocks as float32 (or bf16) products, else all of it in float64; never
  * depends on n. Here, not in model_blas.c, because model_bf16.c asks it
- * too, and model_blas.c calls model_bf16.c. */
+ * too, and model_blas.c calls model_bf16.c. The floor of 512 takes dlrm's
+ * first bottom layer (13 x 64 = 832) the blocked way: in float64 it cost
+ * two float64 copies and a DGEMM a step, 2.4% of the bench dlrm's profile
+ * for 0.1% of its flops. lr's and fm's dense products (F x 1, k x F) and
+ * dlrm's last top layer stay exact. */
 static inline bool model_grad_blocked(const model_t *m, int rows, int cols)
 {
     const size_t cnt = (size_t)rows * (size_t)cols;
-    return m->row_block == MODEL_GRAD_BLOCK && cnt >= 1024 && cnt <= m->wgT_cap;
+    return m->row_block == MODEL_GRAD_BLOCK && cnt >= 512 && cnt <= m->wgT_cap;
 }
 /* The threads of a parallel region in which each thread uses its own
  * m->wgT buffer: no more than there are buffers. */
@@ -516,6 +545,19 @@ static inline int model_buf_threads(const model_t *m)
  * takes its block path, the other rows in float64 from dY and A. */
 void model_grad_gemm_bf16(model_t *m, int n, const model_layer_t *L, const uint16_t *dYb,
                        const float *dY, int ldy, const float *A, int lda);
+/* A dense layer's backward over the whole 256-row blocks of n rows, one
+ * OpenMP region, each block's three parts while its dY rows are in cache:
+ * gb (out) += the column sums of dY, G (out, in) += dY^T A (as
+ * model_grad_gemm's blocks), dA = dY W with ep (as model_gemm_rows_epi's
+ * blocks; skipped when dA is NULL); G and gb point into m's gradient.
+ * Returns the rows done (a multiple of 256), or 0 (nothing done) where
+ * model_grad_gemm does not take its 256-row path for (out, in), the model
+ * is bf16, or there are fewer than two blocks: the caller does the rows
+ * after those, and all of them on 0. The same bits as colsum, grad_gemm
+ * and gemm_rows_epi over the same rows. */
+int model_dense_bwd_blocks(model_t *m, int n, int out, int in, const float *dY, int ldy,
+                           const float *A, int lda, const float *W, double *G, double *gb,
+                           float *dA, int ldda, const model_epi_t *ep);
 /* g (cols) += sum over the n rows of A (n, cols; lda), as double-double;
  * g points into m's gradient. */
 void model_grad_colsum(model_t *m, int n, int cols, const float *A, int lda, double *g);

@@ -54,34 +54,78 @@
 
 #include "kern_ops.h"
 
-void model_gemm_rows(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
-                  const float *B, int ldb, float *C, int ldc)
+/* The epilogue on rows [r0, r0 + rows) of C (ldc), nn columns; element by
+ * element, so the same bits at every vector width (KERN_CLONES). */
+KERN_CLONES static void epilogue(const model_epi_t *ep, size_t r0, int rows, int nn, float *C, int ldc)
+{
+    for (size_t i = r0; i < r0 + (size_t)rows; i++) {
+        float *c = C + i * (size_t)ldc;
+        if (ep->mask) {
+            const float *a = ep->mask + i * (size_t)ep->ldm;
+#pragma omp simd
+            for (int j = 0; j < nn; j++)
+                c[j] = a[j] > 0.0f ? c[j] : 0.0f;
+        } else if (ep->relu) {
+#pragma omp simd
+            for (int j = 0; j < nn; j++) {
+                const float v = c[j] + ep->bias[j];
+                c[j] = v > 0.0f ? v : 0.0f;
+            }
+        } else {
+#pragma omp simd
+            for (int j = 0; j < nn; j++)
+                c[j] += ep->bias[j];
+        }
+    }
+}
+
+void model_gemm_rows_block(model_t *m, int n, int blk, int nn, int k, const float *A, int lda,
+                           int transb, const float *B, int ldb, float *C, int ldc,
+                           const model_epi_t *ep)
+{
+    const int RB = m->row_block;
+    const CBLAS_TRANSPOSE tb = transb ? CblasTrans : CblasNoTrans;
+    const size_t r0 = (size_t)blk * RB;
+    if ((int)r0 + RB <= n) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, A + r0 * (size_t)lda, lda, B,
+                    ldb, 0.0f, C + r0 * (size_t)ldc, ldc);
+        if (ep)
+            epilogue(ep, r0, RB, nn, C, ldc);
+        return;
+    }
+    /* The short last block, padded to RB rows (one block, one user). */
+    const int rows = n - (int)r0;
+    float *a = m->tailA, *c = m->tailC;
+    memset(a, 0, sizeof(float) * (size_t)RB * (size_t)k);
+    for (int i = 0; i < rows; i++)
+        memcpy(a + (size_t)i * (size_t)k, A + (r0 + (size_t)i) * (size_t)lda,
+               sizeof(float) * (size_t)k);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, a, k, B, ldb, 0.0f, c, nn);
+    for (int i = 0; i < rows; i++)
+        memcpy(C + (r0 + (size_t)i) * (size_t)ldc, c + (size_t)i * (size_t)nn,
+               sizeof(float) * (size_t)nn);
+    if (ep)
+        epilogue(ep, r0, rows, nn, C, ldc);
+}
+
+void model_gemm_rows_epi(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+                         const float *B, int ldb, float *C, int ldc, const model_epi_t *ep)
 {
     if (n <= 0 || nn <= 0)
         return;
-    const int RB = m->row_block;
-    const CBLAS_TRANSPOSE tb = transb ? CblasTrans : CblasNoTrans;
-    const int full = n / RB, nblk = (n + RB - 1) / RB;
+    const int nblk = (n + m->row_block - 1) / m->row_block;
+    /* A block's epilogue runs on the thread that computed it, while the
+     * block is in that core's cache, and in the same region: no pass of
+     * its own over C and no barrier between. */
 #pragma omp parallel for schedule(static) if ((int64_t)n * nn * k >= 262144 && !omp_in_parallel())
-    for (int blk = 0; blk < nblk; blk++) {
-        const size_t r0 = (size_t)blk * RB;
-        if (blk < full) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, A + r0 * (size_t)lda, lda,
-                        B, ldb, 0.0f, C + r0 * (size_t)ldc, ldc);
-            continue;
-        }
-        /* The short last block, padded to RB rows (one block, one user). */
-        const int rows = n - (int)r0;
-        float *a = m->tailA, *c = m->tailC;
-        memset(a, 0, sizeof(float) * (size_t)RB * (size_t)k);
-        for (int i = 0; i < rows; i++)
-            memcpy(a + (size_t)i * (size_t)k, A + (r0 + (size_t)i) * (size_t)lda,
-                   sizeof(float) * (size_t)k);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, RB, nn, k, 1.0f, a, k, B, ldb, 0.0f, c, nn);
-        for (int i = 0; i < rows; i++)
-            memcpy(C + (r0 + (size_t)i) * (size_t)ldc, c + (size_t)i * (size_t)nn,
-                   sizeof(float) * (size_t)nn);
-    }
+    for (int blk = 0; blk < nblk; blk++)
+        model_gemm_rows_block(m, n, blk, nn, k, A, lda, transb, B, ldb, C, ldc, ep);
+}
+
+void model_gemm_rows(model_t *m, int n, int nn, int k, const float *A, int lda, int transb,
+                     const float *B, int ldb, float *C, int ldc)
+{
+    model_gemm_rows_epi(m, n, nn, k, A, lda, transb, B, ldb, C, ldc, NULL);
 }
 
 /* dst (n, cols) float64, dense = src (n, cols; ld) float32 */
@@ -105,9 +149,12 @@ static void grad_f64(model_t *m, int n, int rows, int cols, const float *A, int 
 {
     if (n <= 0)
         return;
-    if ((int64_t)n * rows * cols < 262144) {
+    if ((int64_t)n * rows * cols < 262144 || rows == 1) {
         /* A product of two floats is exact in float64, and the double-double
-         * sum of exact terms is order-independent: this path is exact. */
+         * sum of exact terms is order-independent: this path is exact. A
+         * single output row (dlrm's logit layer, 1 x 128) always goes this
+         * way: its sum costs less than the float64 copies for a DGEMM
+         * (1.5% of the dlrm model step, and three OpenMP regions). */
         for (int i = 0; i < n; i++) {
             const float *a = A + (size_t)i * (size_t)lda, *b = B + (size_t)i * (size_t)ldb;
             for (int r = 0; r < rows; r++) {
@@ -146,6 +193,17 @@ KERN_CLONES static void add_block(size_t cnt, const float *t, double *G, double 
         kern_dd_add(&G[i], &L[i], (double)t[i]);
 }
 
+/* (G, L) += (ph, pl) element by element in double-double, then (ph, pl)
+ * = 0 (KERN_CLONES: the same bits at every width). */
+KERN_CLONES static void add_dd_block(size_t cnt, double *ph, double *pl, double *G, double *L)
+{
+#pragma omp simd
+    for (size_t i = 0; i < cnt; i++) {
+        kern_dd_add_dd(&G[i], &L[i], ph[i], pl[i]);
+        ph[i] = pl[i] = 0.0;
+    }
+}
+
 /* model_grad_gemm, its blocks in bf16 when bl (a layer with its bf16 matmul)
  * is given: dYb is A rounded to bf16, the layer's bf_in is B rounded. */
 static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int lda,
@@ -161,12 +219,17 @@ static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int
     int done = 0;
     if (model_grad_blocked(m, rows, cols)) {
         /* Whole 256-row blocks: one float32 (or bf16) product each, always
-         * of the same shape, added into G in float64 (order does not matter
-         * there). */
+         * of the same shape, added into a double-double sum (order does not
+         * matter there): the first thread's straight into (G, L), each
+         * other's into its own m->wgP, added into (G, L) at the end, each
+         * thread a share of the elements. No lock: with one, the threads
+         * queued for it at every block (2% of the dlrm model step). */
         const int nblk = n / MODEL_GRAD_BLOCK;
-#pragma omp parallel num_threads(model_buf_threads(m)) if (nblk > 1)
+#pragma omp parallel num_threads(model_buf_threads(m)) if (nblk > 1 && m->wgP)
         {
-            float *t = m->wgT[omp_get_thread_num()];
+            const int id = omp_get_thread_num(), T = omp_get_num_threads();
+            float *t = m->wgT[id];
+            double *gh = id == 0 ? G : m->wgP[id], *gl = id == 0 ? L : m->wgP[id] + cnt;
 #pragma omp for schedule(static)
             for (int blk = 0; blk < nblk; blk++) {
                 const size_t r0 = (size_t)blk * MODEL_GRAD_BLOCK;
@@ -176,9 +239,12 @@ static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int
                     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, cols,
                                 MODEL_GRAD_BLOCK, 1.0f, A + r0 * (size_t)lda, lda,
                                 B + r0 * (size_t)ldb, ldb, 0.0f, t, cols);
-#pragma omp critical(kiln_grad_add)
-                add_block(cnt, t, G, L);
+                add_block(cnt, t, gh, gl);
             }
+            /* (the loop's barrier: every block is in) */
+            const size_t e0 = cnt * (size_t)id / (size_t)T, e1 = cnt * (size_t)(id + 1) / (size_t)T;
+            for (int q = 1; q < T; q++)
+                add_dd_block(e1 - e0, m->wgP[q] + e0, m->wgP[q] + cnt + e0, G + e0, L + e0);
         }
         done = nblk * MODEL_GRAD_BLOCK;
     }
@@ -200,7 +266,7 @@ void model_grad_gemm_bf16(model_t *m, int n, const model_layer_t *L, const uint1
               dYb);
 }
 
-/* Columns [c0, c1) (at most 16) of colsum: each a double-double sum down the
+/* Columns [c0, c1) (at most 16) of a small colsum: each a double-double sum down the
  * rows, column by column independent (KERN_CLONES: the same bits at every
  * vector width). */
 KERN_CLONES static void colsum_block(int n, int c0, int c1, const float *A, int lda, double *g,
@@ -217,15 +283,108 @@ KERN_CLONES static void colsum_block(int n, int c0, int c1, const float *A, int 
         kern_dd_add_dd(&g[c], &gl[c], hi[c - c0], lo[c - c0]);
 }
 
+/* (hi, lo) (cols) += the rows of A (n, cols; lda), row after row, each
+ * column its own double-double sum (KERN_CLONES: the same bits at every
+ * vector width). */
+KERN_CLONES static void colsum_add(int n, int cols, const float *A, int lda, double *hi,
+                                   double *lo)
+{
+    for (int i = 0; i < n; i++) {
+        const float *a = A + (size_t)i * (size_t)lda;
+#pragma omp simd
+        for (int c = 0; c < cols; c++)
+            kern_dd_add(&hi[c], &lo[c], (double)a[c]);
+    }
+}
+
+/* hi, lo (cols) = the double-double sums down the n rows of A (lda), row
+ * after row, every column its own sum (KERN_CLONES: the same bits at every
+ * vector width). */
+KERN_CLONES static void colsum_rows(int n, int cols, const float *A, int lda, double *hi,
+                                    double *lo)
+{
+    for (int c = 0; c < cols; c++)
+        hi[c] = lo[c] = 0.0;
+    colsum_add(n, cols, A, lda, hi, lo);
+}
+
 void model_grad_colsum(model_t *m, int n, int cols, const float *A, int lda, double *g)
 {
-    /* Columns in blocks of 16 over the threads; each column a double-double
-     * sum of its float terms, so exact whatever the order. */
+    /* Each column a double-double sum of its float terms, so exact whatever
+     * the order and the grouping. */
     double *gl = m->grads_lo + (g - m->grads);
-    const int nblk = (cols + 15) / 16;
+    if ((int64_t)n * cols <= 65536 || 4 * (size_t)cols > m->wgT_cap) {
+        /* Small, or columns too many for a thread's buffer: columns in
+         * blocks of 16 over the threads. */
+        const int nblk = (cols + 15) / 16;
 #pragma omp parallel for schedule(static) if ((int64_t)n * cols > 65536)
-    for (int blk = 0; blk < nblk; blk++)
-        colsum_block(n, blk * 16, blk * 16 + 16 < cols ? blk * 16 + 16 : cols, A, lda, g, gl);
+        for (int blk = 0; blk < nblk; blk++)
+            colsum_block(n, blk * 16, blk * 16 + 16 < cols ? blk * 16 + 16 : cols, A, lda, g, gl);
+        return;
+    }
+    /* Each thread sums a run of whole rows into its own buffer (hi, lo),
+     * reading A row after row as it lies in memory (a block of 16 columns
+     * down the rows waits on L3 at every row: 3% of the bench dlrm's
+     * profile); the partial sums are then added in thread order. */
+    int nt = 1;
+#pragma omp parallel num_threads(model_buf_threads(m))
+    {
+        const int id = omp_get_thread_num(), T = omp_get_num_threads();
+        const int r0 = (int)((int64_t)n * id / T), r1 = (int)((int64_t)n * (id + 1) / T);
+        double *hi = (double *)(void *)m->wgT[id];
+        colsum_rows(r1 - r0, cols, A + (size_t)r0 * (size_t)lda, lda, hi, hi + cols);
+        if (id == 0)
+            nt = T;
+    }
+    for (int t = 0; t < nt; t++) {
+        const double *hi = (const double *)(const void *)m->wgT[t], *lo = hi + cols;
+        for (int c = 0; c < cols; c++)
+            kern_dd_add_dd(&g[c], &gl[c], hi[c], lo[c]);
+    }
+}
+
+int model_dense_bwd_blocks(model_t *m, int n, int out, int in, const float *dY, int ldy,
+                           const float *A, int lda, const float *W, double *G, double *gb,
+                           float *dA, int ldda, const model_epi_t *ep)
+{
+    const int nblk = n / MODEL_GRAD_BLOCK;
+    if (nblk < 2 || !m->wgP || m->bf || !model_grad_blocked(m, out, in))
+        return 0;
+    const size_t cnt = (size_t)out * (size_t)in;
+    double *L = m->grads_lo + (G - m->grads), *gbl = m->grads_lo + (gb - m->grads);
+    int nt = 1;
+#pragma omp parallel num_threads(model_buf_threads(m))
+    {
+        const int id = omp_get_thread_num(), T = omp_get_num_threads();
+        float *t = m->wgT[id];
+        double *gh = id == 0 ? G : m->wgP[id], *gl = id == 0 ? L : m->wgP[id] + cnt;
+        double *bh = m->wgP[id] + 2 * m->wgT_cap, *bl = bh + out;
+        for (int c = 0; c < out; c++)
+            bh[c] = bl[c] = 0.0;
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < nblk; blk++) {
+            const size_t r0 = (size_t)blk * MODEL_GRAD_BLOCK;
+            const float *dy = dY + r0 * (size_t)ldy;
+            colsum_add(MODEL_GRAD_BLOCK, out, dy, ldy, bh, bl);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, MODEL_GRAD_BLOCK, 1.0f, dy,
+                        ldy, A + r0 * (size_t)lda, lda, 0.0f, t, in);
+            add_block(cnt, t, gh, gl);
+            if (dA)
+                model_gemm_rows_block(m, n, blk, in, out, dY, ldy, 0, W, in, dA, ldda, ep);
+        }
+        /* (the loop's barrier: every block is in) */
+        const size_t e0 = cnt * (size_t)id / (size_t)T, e1 = cnt * (size_t)(id + 1) / (size_t)T;
+        for (int q = 1; q < T; q++)
+            add_dd_block(e1 - e0, m->wgP[q] + e0, m->wgP[q] + cnt + e0, G + e0, L + e0);
+        if (id == 0)
+            nt = T;
+    }
+    for (int q = 0; q < nt; q++) {
+        const double *bh = m->wgP[q] + 2 * m->wgT_cap, *bl = bh + out;
+        for (int c = 0; c < out; c++)
+            kern_dd_add_dd(&gb[c], &gbl[c], bh[c], bl[c]);
+    }
+    return nblk * MODEL_GRAD_BLOCK;
 }
 
 /* ---- the GEMMs a model makes, for model_kernels_check -------------------------------- */
