@@ -204,6 +204,16 @@ KERN_CLONES static void add_dd_block(size_t cnt, double *ph, double *pl, double 
     }
 }
 
+/* Thread id's share of the (G, L) elements (cnt) gets the other threads'
+ * sums of their blocks (m->wgP[q]: hi, then lo), which go back to zero.
+ * Called by each of the T threads after the blocks' loop and its barrier. */
+static void add_thread_sums(const model_t *m, int id, int T, size_t cnt, double *G, double *L)
+{
+    const size_t e0 = cnt * (size_t)id / (size_t)T, e1 = cnt * (size_t)(id + 1) / (size_t)T;
+    for (int q = 1; q < T; q++)
+        add_dd_block(e1 - e0, m->wgP[q] + e0, m->wgP[q] + cnt + e0, G + e0, L + e0);
+}
+
 /* model_grad_gemm, its blocks in bf16 when bl (a layer with its bf16 matmul)
  * is given: dYb is A rounded to bf16, the layer's bf_in is B rounded. */
 static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int lda,
@@ -219,8 +229,8 @@ static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int
     int done = 0;
     if (model_grad_blocked(m, rows, cols)) {
         /* Whole 256-row blocks: one float32 (or bf16) product each, always
-         * of the same shape, added into a double-double sum (order does not
-         * matter there): the first thread's straight into (G, L), each
+         * of the same shape, added into a double-double sum (about 106 bits:
+         * the order does not reach the float32 gradient): the first thread's straight into (G, L), each
          * other's into its own m->wgP, added into (G, L) at the end, each
          * thread a share of the elements. No lock: with one, the threads
          * queued for it at every block (2% of the dlrm model step). */
@@ -241,10 +251,7 @@ static void grad_gemm(model_t *m, int n, int rows, int cols, const float *A, int
                                 B + r0 * (size_t)ldb, ldb, 0.0f, t, cols);
                 add_block(cnt, t, gh, gl);
             }
-            /* (the loop's barrier: every block is in) */
-            const size_t e0 = cnt * (size_t)id / (size_t)T, e1 = cnt * (size_t)(id + 1) / (size_t)T;
-            for (int q = 1; q < T; q++)
-                add_dd_block(e1 - e0, m->wgP[q] + e0, m->wgP[q] + cnt + e0, G + e0, L + e0);
+            add_thread_sums(m, id, T, cnt, G, L); /* after the loop's barrier */
         }
         done = nblk * MODEL_GRAD_BLOCK;
     }
@@ -310,8 +317,8 @@ KERN_CLONES static void colsum_rows(int n, int cols, const float *A, int lda, do
 
 void model_grad_colsum(model_t *m, int n, int cols, const float *A, int lda, double *g)
 {
-    /* Each column a double-double sum of its float terms, so exact whatever
-     * the order and the grouping. */
+    /* Each column a double-double sum of its float terms (about 106 bits),
+     * so neither the order nor the grouping reaches the float32 gradient. */
     double *gl = m->grads_lo + (g - m->grads);
     if ((int64_t)n * cols <= 65536 || 4 * (size_t)cols > m->wgT_cap) {
         /* Small, or columns too many for a thread's buffer: columns in
@@ -372,10 +379,7 @@ int model_dense_bwd_blocks(model_t *m, int n, int out, int in, const float *dY, 
             if (dA)
                 model_gemm_rows_block(m, n, blk, in, out, dY, ldy, 0, W, in, dA, ldda, ep);
         }
-        /* (the loop's barrier: every block is in) */
-        const size_t e0 = cnt * (size_t)id / (size_t)T, e1 = cnt * (size_t)(id + 1) / (size_t)T;
-        for (int q = 1; q < T; q++)
-            add_dd_block(e1 - e0, m->wgP[q] + e0, m->wgP[q] + cnt + e0, G + e0, L + e0);
+        add_thread_sums(m, id, T, cnt, G, L); /* after the loop's barrier */
         if (id == 0)
             nt = T;
     }

@@ -104,7 +104,7 @@ static void linear_bwd(model_t *m, int n, const model_layer_t *L, const float *A
     const model_epi_t epb = {.mask = A, .ldm = lda};
     const int done = model_dense_bwd_blocks(m, n, out, in, dY, ldy, A, lda, W, G, gb, dA, ldda,
                                             relu_in ? &epb : NULL);
-    if (done == n && done > 0)
+    if (done == n)
         return;
     n -= done;
     dY += (size_t)done * (size_t)ldy;
