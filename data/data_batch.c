@@ -2,7 +2,7 @@
  * data/data_batch.c - batches and the batch builder: rows appended one at a
  * time (TSV) or a chunk at a time (kiln-bin) become the CSR layout that all
  * formats share (data.h, data_batch_t). Both readers use it, data_reader.c
- * for TSV (rows parsed row-major, then moved a slot at a time) and
+ * for TSV (rows parsed into slot-major arrays, then moved a slot at a time) and
  * data_bin.c for kiln-bin; it uses neither. With `team` set, the moves
  * run a slot per OpenMP thread.
  */
@@ -101,23 +101,33 @@ int data_builder_add_row(data_batch_builder_t *bb, data_batch_t *b, float label,
     return 0;
 }
 
-/* Slot s's keys and counts of the rows not skipped, a column at a time:
- * the row-major keys are read with a stride, written in one run. */
+/* Slot s's keys and counts of the rows not skipped: one run of each read,
+ * one run written. */
 static int add_slot(data_batch_builder_t *bb, const data_rows_t *rows, int s, int kept)
 {
-    const int S = bb->nslots, i0 = bb->n;
+    const int i0 = bb->n;
     KILN_CHECK(data_builder_reserve(bb, s, kept));
     uint32_t *counts = bb->counts + (size_t)s * (size_t)bb->cap_rows + (size_t)i0;
     int64_t *dst = bb->slot_keys[s] + bb->slot_len[s];
+    const int64_t *keys = rows->keys + (size_t)s * rows->stride;
+    const unsigned char *has = rows->has + (size_t)s * rows->stride;
     int64_t len = 0;
-    for (int i = 0, j = 0; i < rows->n; i++) {
-        if (rows->skip[i])
-            continue;
-        const size_t at = (size_t)i * (size_t)S + (size_t)s;
-        const unsigned char has = rows->has[at] != 0;
-        counts[j++] = has;
-        dst[len] = rows->keys[at];
-        len += has;
+    if (kept == rows->n) { /* no row skipped: the common case, no test a row */
+        for (int i = 0; i < rows->n; i++) {
+            const unsigned char h = has[i] != 0;
+            counts[i] = h;
+            dst[len] = keys[i];
+            len += h;
+        }
+    } else {
+        for (int i = 0, j = 0; i < rows->n; i++) {
+            if (rows->skip[i])
+                continue;
+            const unsigned char h = has[i] != 0;
+            counts[j++] = h;
+            dst[len] = keys[i];
+            len += h;
+        }
     }
     bb->slot_len[s] += len;
     return 0;

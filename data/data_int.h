@@ -51,14 +51,16 @@ typedef struct data_batch_builder {
     bool team;          /* add_rows and finish spread over the caller's OpenMP threads */
 } data_batch_builder_t;
 
-/* Rows parsed row-major, one key per slot (TSV's layout): what
- * data_builder_add_rows takes. skip[i] != 0 leaves row i out. */
+/* Rows parsed one key per slot (TSV's layout): what data_builder_add_rows
+ * takes. Slot s of row i is at s * stride + i in keys and has (stride >=
+ * n): a slot's keys are one run. skip[i] != 0 leaves row i out. */
 typedef struct data_rows {
     int n;
+    size_t stride;
     const float *labels;        /* [n] */
     const float *dense;         /* [n * ndense] */
-    const int64_t *keys;        /* [n * nslots] */
-    const unsigned char *has;   /* [n * nslots] 0: the slot is empty */
+    const int64_t *keys;        /* [nslots * stride] */
+    const unsigned char *has;   /* [nslots * stride] 0: the slot is empty */
     const unsigned char *skip;  /* [n] */
 } data_rows_t;
 
@@ -136,6 +138,25 @@ data_bin_info_t data_bin_info(const data_bin_file_t *f);
  * KILN_EIO, KILN_ECHECKSUM or KILN_ECORRUPT naming file and chunk. */
 int data_bin_read_rows(data_bin_file_t *f, int64_t lo, int64_t hi, data_batch_builder_t *bb,
                      data_batch_t *b, int64_t *bytes /* OUT: added to */);
+
+/* data_tsv_parse_line with slot s's key and flag at keys[s * ks] and
+ * has_key[s * ks]: the reader parses a batch's rows into slot-major arrays. */
+int data_tsv_parse_row(const char *p, size_t len, int ndense, int nslots, float *label,
+                       float *dense, int64_t *keys, unsigned char *has_key, size_t ks, char *why,
+                       size_t whysz);
+
+/* Newlines in p[0..n) (data_tsv.c). */
+int64_t data_tsv_count_nl(const char *p, size_t n);
+/* The offsets base + i of the first newlines p[i] of p[0..n), at most max,
+ * into out[]; returns how many. */
+int data_tsv_find_nl(const char *p, size_t n, size_t base, size_t *out /* OUT */, int max);
+
+/* Which of data_tsv_parse_line's paths may run (data_tsv.c): 0 its byte
+ * loop alone (which otherwise takes only the lines the others leave), 1
+ * also the portable vector path, 2 (the default) also AVX-512 where the
+ * CPU has it. For tests and the fuzzer, which compare them; set it while
+ * no file is being read. */
+void data_tsv_paths(int level);
 
 /* With off set, the Parquet decoder (data_parquet.c) takes its scalar
  * loops where it would use the CPU's vector instructions (AVX-512's

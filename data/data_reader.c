@@ -15,7 +15,7 @@
  *
  * A TSV batch is made from the cursor's buffer in place, a window at a
  * time: the team counts the window's newlines (each thread its own part of
- * the bytes), places the lines, and parses them row-major into tsv_rows_t;
+ * the bytes; the producer thread alone just finds them), places the lines, and parses them row-major into tsv_rows_t;
  * then the rows move into the batch a slot at a time
  * (data_builder_add_rows). Nothing is copied and nothing is serial but a
  * prefix sum. A line the window does not hold whole (the end of the
@@ -41,8 +41,9 @@ typedef struct {
     int *file;             /* [cap] the file and line number, for messages */
     int64_t *lineno;       /* [cap] */
     float *labels, *dense; /* [cap], [cap * ndense] */
-    int64_t *keys;         /* [cap * nslots] */
-    unsigned char *has;    /* [cap * nslots] */
+    int cap;
+    int64_t *keys;         /* [nslots * cap] slot-major: slot s of row i at s * cap + i */
+    unsigned char *has;    /* [nslots * cap] */
     unsigned char *skip;   /* [cap] malformed: why[i] says why */
     char (*why)[DATA_MESSAGE_LEN]; /* [cap] */
 } tsv_rows_t;
@@ -109,6 +110,7 @@ static void tsv_rows_fini(tsv_rows_t *t)
 static int tsv_rows_init(tsv_rows_t *t, int cap, int ndense, int nslots)
 {
     const size_t n = (size_t)cap, D = (size_t)ndense + 1, S = (size_t)nslots + 1;
+    t->cap = cap;
     t->at = kiln_calloc(n, sizeof *t->at);
     t->len = kiln_calloc(n, sizeof *t->len);
     t->file = kiln_calloc(n, sizeof *t->file);
@@ -136,10 +138,9 @@ static void parse_row(data_reader_t *r, int i, const char *p, size_t len)
         snprintf(t->why[i], DATA_MESSAGE_LEN, "line longer than %d bytes", DATA_TSV_MAX_LINE);
         return;
     }
-    t->skip[i] = data_tsv_parse_line(p, len, D, S, &t->labels[i], t->dense + (size_t)i * (size_t)D,
-                                     t->keys + (size_t)i * (size_t)S,
-                                     t->has + (size_t)i * (size_t)S, t->why[i],
-                                     DATA_MESSAGE_LEN) < 0;
+    t->skip[i] = data_tsv_parse_row(p, len, D, S, &t->labels[i], t->dense + (size_t)i * (size_t)D,
+                                    t->keys + i, t->has + i, (size_t)t->cap, t->why[i],
+                                    DATA_MESSAGE_LEN) < 0;
 }
 
 /* Places and parses rows [i, i + k) from the first whole lines of window
@@ -162,36 +163,34 @@ static int window_rows(data_reader_t *r, int i, int want, const char *w, size_t 
     enum { MAXT = 64 };
     int counts[MAXT + 1];
     while (k < want && from < limit) {
-        int nt = 1;
-#pragma omp parallel if (r->on_caller && limit - from >= 65536)
-        {
+        int found;
+        if (!r->on_caller || limit - from < 65536 || omp_get_max_threads() == 1) {
+            /* One thread: it places the lines as it finds them. */
+            found = data_tsv_find_nl(w + from, limit - from, from, t->len + i + k, want - k);
+        } else {
+            int nt = 1;
+#pragma omp parallel
+            {
 #pragma omp single
-            nt = omp_get_num_threads() < MAXT ? omp_get_num_threads() : MAXT;
-            const int me = omp_get_thread_num();
-            const size_t seg = limit - from;
-            const size_t a = from + seg * (size_t)me / (size_t)nt;
-            const size_t e = from + seg * (size_t)(me + 1) / (size_t)nt;
-            int n = 0;
-            if (me < nt) {
-                for (const char *q = w + a; (q = memchr(q, '\n', (size_t)(w + e - q))) != NULL; q++)
-                    n++;
-                counts[me + 1] = n;
-            }
+                nt = omp_get_num_threads() < MAXT ? omp_get_num_threads() : MAXT;
+                const int me = omp_get_thread_num();
+                const size_t seg = limit - from;
+                const size_t a = from + seg * (size_t)me / (size_t)nt;
+                const size_t e = from + seg * (size_t)(me + 1) / (size_t)nt;
+                if (me < nt)
+                    counts[me + 1] = (int)data_tsv_count_nl(w + a, e - a);
 #pragma omp barrier
 #pragma omp single
-            {
-                counts[0] = k;
-                for (int x = 1; x <= nt; x++)
-                    counts[x] += counts[x - 1];
+                {
+                    counts[0] = k;
+                    for (int x = 1; x <= nt; x++)
+                        counts[x] += counts[x - 1];
+                }
+                if (me < nt && counts[me] < want) /* the newlines' offsets, for now */
+                    data_tsv_find_nl(w + a, e - a, a, t->len + i + counts[me], want - counts[me]);
             }
-            if (me < nt) {
-                int row = counts[me];
-                for (const char *q = w + a;
-                     row < want && (q = memchr(q, '\n', (size_t)(w + e - q))) != NULL; q++, row++)
-                    t->len[i + row] = (size_t)(q - w); /* the newline's offset, for now */
-            }
+            found = counts[nt] - k;
         }
-        int found = counts[nt] - k;
         k += found < want - k ? found : want - k;
         from = limit;
         if (k < want && limit < avail) { /* the estimate was short: look further */
@@ -286,7 +285,7 @@ static int fill_tsv(data_reader_t *r, int64_t lo, int64_t hi, data_batch_t *b)
         pthread_mutex_unlock(&r->mu);
         b->nskipped += bad;
     }
-    data_rows_t rows = {.n = n, .labels = t->labels, .dense = t->dense, .keys = t->keys,
+    data_rows_t rows = {.n = n, .stride = (size_t)t->cap, .labels = t->labels, .dense = t->dense, .keys = t->keys,
                       .has = t->has, .skip = t->skip};
     return data_builder_add_rows(&r->bb, b, &rows);
 }

@@ -325,6 +325,95 @@ static void test_parse_bad_lines(void **state)
     assert_non_null(strstr(why, "wrong number of fields: 41"));
 }
 
+/* The parser's three paths (data_tsv_paths: the byte loop, the portable
+ * vector path, AVX-512 where this CPU has it) give the same row or the same
+ * message for lines built to hit each path's edges: empty, signed, 8- and
+ * 9-digit, over-long and non-digit integers, values of 0, 7, 8 and 9 bytes,
+ * a wrong field count, a bad label, CR, lines near 64-byte block ends and
+ * over the vector path's 4096 bytes. */
+static uint64_t pr_state = 12345;
+
+static unsigned pr(unsigned n)
+{
+    pr_state = pr_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (unsigned)(pr_state >> 33) % n;
+}
+
+static int random_line(char *line, size_t cap, int nd, int ns)
+{
+    static const char *const ints[] = {"", "0", "7", "-1", "+3", "-", "+", "12345678", "99999999",
+                                       "123456789", "4095", "4096", "1x", "00000001", "-0",
+                                       "9223372036854775807", "9223372036854775808", " 5", "3:", "/2"};
+    static const char *const vals[] = {"", "68fd1e64", "a", "abcdefg", "abcdefgh1", "0000000",
+                                       "\t", "x\ry"};
+    size_t n = 0;
+    const int nf = 1 + nd + ns + (pr(20) == 0 ? (int)pr(3) - 1 : 0);
+    for (int f = 0; f < nf; f++) {
+        const char *v;
+        char hex[16];
+        if (f == 0)
+            v = pr(30) == 0 ? "2" : pr(2) ? "1" : "0";
+        else if (f <= nd)
+            v = pr(3) ? ints[pr(12)] : ints[pr(sizeof ints / sizeof ints[0])];
+        else if (pr(4)) {
+            snprintf(hex, sizeof hex, "%08x", pr(1u << 30));
+            v = hex;
+        } else
+            v = vals[pr(sizeof vals / sizeof vals[0])];
+        n += (size_t)snprintf(line + n, cap - n, "%s%s", f ? "\t" : "", v);
+    }
+    if (pr(8) == 0) /* pad a value so the line ends near a 64-byte block's end */
+        while (n % 64 != 63 && n + 1 < cap)
+            line[n++] = 'p';
+    if (pr(10) == 0)
+        line[n++] = '\r';
+    if (pr(200) == 0) { /* over the vector path's length: a long last value */
+        while (n < 4200 && n + 1 < cap)
+            line[n++] = 'q';
+    }
+    return (int)n;
+}
+
+static void test_parse_paths_agree(void **state)
+{
+    (void)state;
+    static char line[8192];
+    const int shapes[][2] = {{13, 26}, {2, 3}, {0, 1}, {9, 17}};
+    int parsed = 0;
+    for (int it = 0; it < 6000; it++) {
+        const int nd = shapes[it % 4][0], ns = shapes[it % 4][1];
+        const int n = random_line(line, sizeof line, nd, ns);
+        float label[3], dense[3][16];
+        int64_t keys[3][32];
+        unsigned char has[3][32];
+        char why[3][DATA_MESSAGE_LEN];
+        int rc[3];
+        for (int lv = 0; lv < 3; lv++) {
+            data_tsv_paths(lv);
+            memset(why[lv], 0, sizeof why[lv]);
+            rc[lv] = data_tsv_parse_line(line, (size_t)n, nd, ns, &label[lv], dense[lv], keys[lv],
+                                         has[lv], why[lv], sizeof why[lv]);
+        }
+        data_tsv_paths(2);
+        for (int lv = 1; lv < 3; lv++) {
+            if (rc[lv] != rc[0] || strcmp(why[lv], why[0]) != 0)
+                fail_msg("line %d, path %d: rc %d '%s', byte loop rc %d '%s'", it, lv, rc[lv],
+                         why[lv], rc[0], why[0]);
+            if (rc[0] != 0)
+                continue;
+            assert_true(label[lv] == label[0]);
+            assert_memory_equal(dense[lv], dense[0], sizeof(float) * (size_t)nd);
+            for (int s = 0; s < ns; s++) {
+                assert_int_equal(has[lv][s], has[0][s]);
+                if (has[0][s])
+                    assert_int_equal(keys[lv][s], keys[0][s]);
+            }
+        }
+        parsed += rc[0] == 0;
+    }
+    assert_true(parsed > 1000); /* the good lines are a good share */
+}
+
 /* A file with good and malformed lines read through the reader. */
 static void test_malformed_lines_in_reader(void **state)
 {
@@ -1151,6 +1240,7 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_parse_good_line),
     cmocka_unit_test(test_key_hash),
     cmocka_unit_test(test_parse_bad_lines),
+    cmocka_unit_test(test_parse_paths_agree),
     cmocka_unit_test(test_malformed_lines_in_reader),
     cmocka_unit_test(test_missing_file),
     cmocka_unit_test(test_block_cyclic_tsv),
