@@ -150,6 +150,9 @@ int64_t data_tsv_count_nl(const char *p, size_t n);
 /* The offsets base + i of the first newlines p[i] of p[0..n), at most max,
  * into out[]; returns how many. */
 int data_tsv_find_nl(const char *p, size_t n, size_t base, size_t *out /* OUT */, int max);
+/* Passes over up to k newlines of p[0..n): returns how many (k when p holds
+ * k), *after = the offset just past the last one passed (0 for none). */
+int64_t data_tsv_skip_nl(const char *p, size_t n, int64_t k, size_t *after /* OUT */);
 
 /* Which of data_tsv_parse_line's paths may run (data_tsv.c): 0 its byte
  * loop alone (which otherwise takes only the lines the others leave), 1

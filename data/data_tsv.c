@@ -586,6 +586,34 @@ int data_tsv_find_nl(const char *p, size_t n, size_t base, size_t *out, int max)
     return k;
 }
 
+int64_t data_tsv_skip_nl(const char *p, size_t n, int64_t k, size_t *after)
+{
+    int64_t got = 0;
+    size_t i = 0;
+    *after = 0;
+    for (; i + 64 <= n && got < k; i += 64) {
+        uint64_t m = byte_mask(p + i, '\n');
+        const int c = popcount64(m);
+        if (c == 0)
+            continue;
+        if (got + c <= k) {
+            got += c;
+            *after = i + 64 - (size_t)__builtin_clzll(m); /* past the block's last */
+            continue;
+        }
+        for (int64_t drop = k - got - 1; drop > 0; drop--) /* the (k - got)-th newline */
+            m &= m - 1;
+        *after = i + (size_t)__builtin_ctzll(m) + 1;
+        return k;
+    }
+    for (; i < n && got < k; i++)
+        if (p[i] == '\n') {
+            got++;
+            *after = i + 1;
+        }
+    return got;
+}
+
 int data_tsv_parse_row(const char *p, size_t len, int ndense, int nslots, float *label,
                        float *dense, int64_t *keys, unsigned char *has_key, size_t ks, char *why,
                        size_t whysz)
@@ -906,7 +934,6 @@ int data_tsv_cursor_skip(data_tsv_cursor_t *c, int64_t n)
 {
     int rc;
     while (n > 0) {
-        char *s, *e, *nl;
         if (c->src == NULL) {
             rc = open_next(c);
             if (rc < 0)
@@ -915,15 +942,14 @@ int data_tsv_cursor_skip(data_tsv_cursor_t *c, int64_t n)
                 return kiln_errf(KILN_ECORRUPT, "the data files ended %lld lines early; did "
                                  "they change while being read?", (long long)n);
         }
-        s = c->buf + c->beg;
-        e = c->buf + c->end;
-        while (n > 0 && s < e && (nl = memchr(s, '\n', (size_t)(e - s))) != NULL) {
-            s = nl + 1;
-            n--;
-            c->lineno++;
+        size_t after;
+        const int64_t got = data_tsv_skip_nl(c->buf + c->beg, c->end - c->beg, n, &after);
+        if (got > 0) {
+            c->beg += after;
+            n -= got;
+            c->lineno += got;
             c->partial = 0;
         }
-        c->beg = (size_t)(s - c->buf);
         if (n == 0)
             break;
         if (c->eof) {

@@ -414,6 +414,46 @@ static void test_parse_paths_agree(void **state)
     assert_true(parsed > 1000); /* the good lines are a good share */
 }
 
+/* The newline scans (count, find, skip: 64 bytes a step, then the tail)
+ * against a byte loop, on buffers of every length up to 300 with newlines
+ * sparse, dense and at block edges. */
+static void test_newline_scans(void **state)
+{
+    (void)state;
+    static char buf[320];
+    size_t at[320];
+    for (int it = 0; it < 3000; it++) {
+        const size_t n = (size_t)pr(301);
+        const unsigned every = 1 + pr(it % 3 == 0 ? 3 : 80);
+        for (size_t i = 0; i < n; i++)
+            buf[i] = pr(every) == 0 || (it % 7 == 0 && i % 64 == 63) ? '\n' : 'a';
+        int64_t want = 0;
+        for (size_t i = 0; i < n; i++)
+            want += buf[i] == '\n';
+        assert_int_equal(data_tsv_count_nl(buf, n), want);
+        const int max = (int)pr(40);
+        const int got = data_tsv_find_nl(buf, n, 1000, at, max);
+        int k = 0;
+        for (size_t i = 0; i < n && k < max; i++)
+            if (buf[i] == '\n') {
+                assert_true(k < got);
+                assert_int_equal(at[k], 1000 + i);
+                k++;
+            }
+        assert_int_equal(got, k);
+        const int64_t skip = (int64_t)pr(40);
+        size_t after = 7, ref_after = 0;
+        int64_t ref = 0;
+        for (size_t i = 0; i < n && ref < skip; i++)
+            if (buf[i] == '\n') {
+                ref++;
+                ref_after = i + 1;
+            }
+        assert_int_equal(data_tsv_skip_nl(buf, n, skip, &after), ref);
+        assert_int_equal(after, ref_after);
+    }
+}
+
 /* A file with good and malformed lines read through the reader. */
 static void test_malformed_lines_in_reader(void **state)
 {
@@ -1241,6 +1281,7 @@ PROC_TEST_MAIN(setup, teardown,
     cmocka_unit_test(test_key_hash),
     cmocka_unit_test(test_parse_bad_lines),
     cmocka_unit_test(test_parse_paths_agree),
+    cmocka_unit_test(test_newline_scans),
     cmocka_unit_test(test_malformed_lines_in_reader),
     cmocka_unit_test(test_missing_file),
     cmocka_unit_test(test_block_cyclic_tsv),
