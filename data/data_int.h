@@ -112,7 +112,10 @@ void data_tsv_cursor_consume(data_tsv_cursor_t *c, size_t bytes, int64_t lines);
 int data_tsv_cursor_skip(data_tsv_cursor_t *c, int64_t n);
 int64_t data_tsv_cursor_bytes(const data_tsv_cursor_t *c);
 void data_tsv_cursor_destroy(data_tsv_cursor_t *c);
-/* Counts the rows (lines; a last line without newline counts) of one file. */
+/* Counts the rows (lines; a last line without newline counts) of one file;
+ * *bytes = the bytes read from it. A regular file counted before in this
+ * process and unchanged since (device, inode, size, modification and
+ * change times) is not read again: *bytes = 0. */
 int data_tsv_count_rows(const char *path, int64_t *rows /* OUT */, int64_t *bytes /* OUT */);
 
 /* A dense integer as TSV makes it a feature: log(1 + max(x, 0)). */

@@ -716,7 +716,79 @@ static int count_plain_rest(const char *path, int64_t from, int64_t size, int64_
     return 0;
 }
 
+/* Files this process has counted, by identity: device, inode, size and
+ * the modification and change times (nanoseconds), so that each epoch
+ * after the first, which opens the same files again, does not read them
+ * twice (the count is ~5% of an lr epoch on TSV). A file that changed in
+ * any of these is counted again. */
+enum { COUNT_CACHE = 64 };
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtim, ctim;
+    int64_t rows;
+} counted_t;
+static counted_t counted[COUNT_CACHE];
+static int ncounted, counted_next;
+static pthread_mutex_t counted_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static counted_t identity(const struct stat *st, int64_t rows)
+{
+    return (counted_t){.dev = st->st_dev, .ino = st->st_ino, .size = st->st_size,
+                       .mtim = st->st_mtim, .ctim = st->st_ctim, .rows = rows};
+}
+
+static bool same_file(const counted_t *c, const struct stat *st)
+{
+    return c->dev == st->st_dev && c->ino == st->st_ino && c->size == st->st_size &&
+           c->mtim.tv_sec == st->st_mtim.tv_sec && c->mtim.tv_nsec == st->st_mtim.tv_nsec &&
+           c->ctim.tv_sec == st->st_ctim.tv_sec && c->ctim.tv_nsec == st->st_ctim.tv_nsec;
+}
+
+/* The cached row count of the file st describes: 1 and *rows, or 0. */
+static int counted_get(const struct stat *st, int64_t *rows)
+{
+    int hit = 0;
+    pthread_mutex_lock(&counted_mu);
+    for (int i = 0; i < ncounted && !hit; i++)
+        if (same_file(&counted[i], st)) {
+            *rows = counted[i].rows;
+            hit = 1;
+        }
+    pthread_mutex_unlock(&counted_mu);
+    return hit;
+}
+
+static void counted_put(const struct stat *st, int64_t rows)
+{
+    pthread_mutex_lock(&counted_mu);
+    counted[counted_next] = identity(st, rows);
+    counted_next = (counted_next + 1) % COUNT_CACHE;
+    ncounted += ncounted < COUNT_CACHE;
+    pthread_mutex_unlock(&counted_mu);
+}
+
+static int count_rows_of(const char *path, int64_t *rows, int64_t *bytes);
+
 int data_tsv_count_rows(const char *path, int64_t *rows, int64_t *bytes)
+{
+    struct stat before, after;
+    const bool reg = stat(path, &before) == 0 && S_ISREG(before.st_mode);
+    if (reg && counted_get(&before, rows)) {
+        if (bytes)
+            *bytes = 0;
+        return 0;
+    }
+    KILN_CHECK(count_rows_of(path, rows, bytes));
+    /* Kept only when the file did not change while it was counted. */
+    const counted_t was = reg ? identity(&before, *rows) : (counted_t){0};
+    if (reg && stat(path, &after) == 0 && same_file(&was, &after))
+        counted_put(&after, *rows);
+    return 0;
+}
+
+static int count_rows_of(const char *path, int64_t *rows, int64_t *bytes)
 {
     int rc = 0;
     int64_t nl = 0, total = 0;
