@@ -495,7 +495,8 @@ static int parse_fast(const char *p, size_t len, int ndense, int nslots, float *
     if (end[0] != 1 || (lb[0] != '0' && lb[0] != '1'))
         return 0;
 #ifdef TSV_AVX512
-    if (tsv_paths >= 2 && cpu_avx512) {
+    /* (The vector path scatters keys at 32-bit offsets slot x ks.) */
+    if (tsv_paths >= 2 && cpu_avx512 && (uint64_t)nslots * ks < INT32_MAX) {
         if (!fields_avx512(lb, end, ndense, nslots, dense, keys, has_key, ks))
             return 0;
         *label = (float)(lb[0] - '0');
