@@ -169,37 +169,42 @@ KERN_CLONES static void add_slot_grads(const kern_bags_t *bg, int n, int d, cons
     *next = nx;
 }
 
+/* The step's batch, for fill_table_grads. */
+typedef struct {
+    trainer_t *tr;
+    int n;
+} fill_ctx_t;
+
+/* Bag gradients (the backward's dE, in tr->E) -> the gradients of table
+ * t's unique keys, g (nuniq[t], d, 2), scattered by the dedupe's inverse
+ * index (bags[s].rows are indices into the table's unique keys, so no sort
+ * is needed). A table sums its slots in slot order and each slot in bag
+ * order, and shard_update_fill runs tables side by side, so the sums do
+ * not depend on the thread count. A shard_fill_fn. */
+static void fill_table_grads(void *ctx, int t, double *g)
+{
+    const fill_ctx_t *c = ctx;
+    const trainer_t *tr = c->tr;
+    const int d = tr->d;
+    const int64_t ldE = (int64_t)tr->S * d;
+    int32_t next = 0; /* every unique key's first position sets its sum */
+    for (int s = 0; s < tr->S; s++)
+        if (tr->slot_table[s] == t)
+            add_slot_grads(&tr->bags[s], c->n, d, tr->E + (int64_t)s * d, ldE, g, &next);
+}
+
 /* One training step. global_n is the rows of all ranks in this step. */
 int train_step(trainer_t *tr, const data_batch_t *b, int64_t step, int64_t global_n,
                double *loss_sum)
 {
-    const int n = b->n, S = tr->S, T = tr->T, d = tr->d;
+    const int n = b->n;
     KILN_CHECK(train_lookup_batch(tr, b, step, true));
     KILN_CHECK(model_forward(tr->model, n, tr->E, b->dense, b->labels, NULL, loss_sum));
     /* dE replaces E: the pooled vectors are not needed after forward. */
     KILN_CHECK(model_backward(tr->model, 1.0f / (float)global_n, tr->E));
 
-    /* Bag gradients -> gradients of each table's unique keys, scattered by
-     * the dedupe's inverse index (bags[s].rows are indices into the table's
-     * unique keys, so no sort is needed). Each table sums its slots in slot
-     * order and each slot in bag order; tables run in parallel, so the sums
-     * do not depend on the thread count. */
-    for (int t = 0; t < T; t++)
-        KILN_CHECK(kiln_grow_to((void **)&tr->tgrad[t], &tr->tgrad_cap[t], tr->nuniq[t] * d,
-                                2 * sizeof(double), 1024));
-    const float *dE = tr->E;
-    const int64_t ldE = (int64_t)S * d;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int t = 0; t < T; t++) {
-        double *g = tr->tgrad[t]; /* (nuniq[t], d, 2) */
-        if (tr->nuniq[t] == 0)    /* a column empty in every row: no key, maybe no buffer */
-            continue;
-        int32_t next = 0; /* every unique key's first position sets its sum */
-        for (int s = 0; s < S; s++)
-            if (tr->slot_table[s] == t)
-                add_slot_grads(&tr->bags[s], n, d, dE + (int64_t)s * d, ldE, g, &next);
-    }
-    KILN_CHECK(shard_update(tr->shard, (const double *const *)tr->tgrad, &tr->sparse_opt, step));
+    fill_ctx_t fc = {tr, n};
+    KILN_CHECK(shard_update_fill(tr->shard, fill_table_grads, &fc, &tr->sparse_opt, step));
     return train_dense_update(tr, sum_dd_comm);
 }
 
