@@ -5,11 +5,12 @@
  * comes from kern_ops.h, shared with kern_cuda.cu. This file is the
  * readable reference the CUDA backend is checked against.
  *
- * Parallel schedule: forward over blocks of bags (each thread owns whole
- * output rows and walks its block table by table, prefetching ahead),
- * backward over unique rows after a serial stable radix sort of the
- * (row, position) pairs (no atomics; each row's sum runs in bag order, so
- * the result does not depend on the thread count), update over unique rows.
+ * Parallel schedule: forward over blocks of bags, handed out dynamically
+ * (each thread owns whole output rows and walks its block table by table,
+ * prefetching ahead), backward over unique rows after a serial stable radix
+ * sort of the (row, position) pairs (no atomics; each row's sum runs in bag
+ * order, so the result does not depend on the thread count), update over
+ * unique rows.
  */
 #include "kern.h"
 
@@ -108,7 +109,11 @@ int kern_cpu_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
         block = GATHER_BLOCK_MIN;
     const int64_t nblocks = (nbags + block - 1) / block;
 
-#pragma omp parallel for schedule(static) reduction(| : bad)
+    /* Blocks are handed out as threads come for them: after a loop over
+     * tables a thread may come late (woken from sleep), and the others
+     * take its share instead of waiting for it. Each block writes its own
+     * rows, so the output does not depend on who took it. */
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : bad)
     for (int64_t blk = 0; blk < nblocks; blk++) {
         const int64_t b0 = blk * block;
         const int64_t b1 = b0 + block < nbags ? b0 + block : nbags;

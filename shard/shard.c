@@ -185,6 +185,8 @@ struct shard {
     kern_row_grads_t *ug;
     buf_t *ug_rows, *ug_grads; /* the update's unique rows, float32 gradients */
     buf_t *ug_sum;             /* owners' float64 sums before rounding */
+    const int64_t **fill_keys; /* shard_lookup_fill: (ntables) each table's keys */
+    int64_t *fill_n;
     /* shard_update_fill: per table, the filled sums (several ranks); per
      * thread, one table's sums and their rounding (one rank) */
     buf_t *fill_dd;
@@ -232,11 +234,14 @@ int shard_create(shard_comm_t *comm, int ntables, shard_store_t *store, const in
     s->ug_rows = kiln_calloc(T, sizeof *s->ug_rows);
     s->ug_grads = kiln_calloc(T, sizeof *s->ug_grads);
     s->ug_sum = kiln_calloc(T, sizeof *s->ug_sum);
+    s->fill_keys = kiln_calloc(T, sizeof *s->fill_keys);
+    s->fill_n = kiln_calloc(T, sizeof *s->fill_n);
     s->fill_dd = kiln_calloc(T, sizeof *s->fill_dd);
     s->fill_ddp = kiln_calloc(T, sizeof *s->fill_ddp);
     if (!s->dims || !s->scnt || !s->rcnt || !s->flt_rd || !s->zrd || !s->loc_rank ||
         !s->loc_pos || !s->loc_cap || !s->nkeys || !s->values || !s->values_cap || !s->mark ||
-        !s->ug || !s->ug_rows || !s->ug_grads || !s->ug_sum || !s->fill_dd || !s->fill_ddp) {
+        !s->ug || !s->ug_rows || !s->ug_grads || !s->ug_sum || !s->fill_keys || !s->fill_n ||
+        !s->fill_dd || !s->fill_ddp) {
         rc = KILN_ENOMEM;
         goto out;
     }
@@ -262,7 +267,7 @@ void shard_destroy(shard_t *s)
                   s->flt_sd, s->flt_rc, s->flt_rd, s->loc_rank, s->loc_pos, s->loc_cap, s->nkeys,
                   s->values, s->values_cap, s->mark, s->ug, s->ug_rows, s->ug_grads, s->ug_sum,
                   s->skeys.p, s->rkeys.p, s->rrows.p, s->sflt.p, s->rflt.p, s->zsc, s->zsd, s->zrc,
-                  s->zrd, s->fill_dd, s->fill_ddp, s->thr);
+                  s->zrd, s->fill_keys, s->fill_n, s->fill_dd, s->fill_ddp, s->thr);
     free(s);
 }
 
@@ -392,48 +397,83 @@ static int find_all(shard_t *s, int nreq, const seg_t *seg /* (T, nreq) */,
 /* One rank owns every key: no exchange, no packing. The rows of table t's
  * keys land in loc_pos[t]; the values are gathered straight from the slab.
  * The result is bitwise what the general path computes for one rank. */
+/* Table t's part of lookup_local: its n keys found (or inserted), their
+ * rows in loc_pos[t] and the values copied out to values[t]. Returns 0 or
+ * the table's failure. */
+static int local_table(shard_t *s, int t, const int64_t *keys, int64_t n, int64_t step,
+                       bool insert)
+{
+    if (n > s->loc_cap[t]) {
+        free(s->loc_rank[t]);
+        free(s->loc_pos[t]);
+        s->loc_rank[t] = NULL;
+        s->loc_pos[t] = kiln_malloc((size_t)n * sizeof(int32_t));
+        s->loc_cap[t] = s->loc_pos[t] ? n : 0;
+        if (s->loc_cap[t] == 0)
+            return KILN_ENOMEM;
+    }
+    s->nkeys[t] = n;
+    KILN_CHECK(values_need(s, t, n));
+    if (n == 0)
+        return 0;
+    KILN_CHECK(shard_store_find(s->store, t, n, keys, step, insert, s->loc_pos[t]));
+    return shard_store_read(s->store, t, n, s->loc_pos[t], s->values[t]);
+}
+
+/* The end of a lookup on one rank: the rows read at !insert may move again,
+ * and values[t] holds table t's. */
+static int local_done(shard_t *s, int64_t step, bool insert, float *const **values)
+{
+    if (!insert)
+        shard_store_unpin(s->store, step);
+    s->bytes_last = 0;
+    *values = s->values;
+    return 0;
+}
+
+/* One rank owns every key: no exchange, no packing. The rows of table t's
+ * keys land in loc_pos[t]; the values are gathered straight from the slab.
+ * The result is bitwise what the general path computes for one rank. */
 static int lookup_local(shard_t *s, const int64_t *const *keys, const int64_t *nkeys,
                         int64_t step, bool insert, float *const **values)
 {
     const int T = s->ntables;
-    for (int t = 0; t < T; t++) {
-        int64_t n = nkeys[t];
-        if (n > s->loc_cap[t]) {
-            free(s->loc_rank[t]);
-            free(s->loc_pos[t]);
-            s->loc_rank[t] = NULL;
-            s->loc_pos[t] = kiln_malloc((size_t)n * sizeof(int32_t));
-            s->loc_cap[t] = s->loc_pos[t] ? n : 0;
-            if (s->loc_cap[t] == 0)
-                return KILN_ENOMEM;
-        }
-        s->nkeys[t] = n;
-        KILN_CHECK(values_need(s, t, n));
-    }
     /* Per table: find_or_insert, then copy its rows out, in one parallel
      * loop over tables. */
     int first_bad = T, bad_rc = 0;
     char msg[512] = "";
 #pragma omp parallel for schedule(dynamic, 1) if (shard_store_parallel(s->store))
     for (int t = 0; t < T; t++) {
-        const int64_t n = nkeys[t];
-        int32_t *rows = s->loc_pos[t];
-        if (n == 0)
-            continue;
-        int trc = shard_store_find(s->store, t, n, keys[t], step, insert, rows);
-        if (trc == 0)
-            trc = shard_store_read(s->store, t, n, rows, s->values[t]);
+        int trc = local_table(s, t, keys[t], nkeys[t], step, insert);
         if (trc < 0)
             first_error(t, trc, &first_bad, &bad_rc, msg, sizeof msg);
     }
     /* The message is the table's own; kiln-train's report names the rank. */
     if (bad_rc < 0)
         return kiln_errf(bad_rc, "%s", msg);
-    if (!insert)
-        shard_store_unpin(s->store, step);
-    s->bytes_last = 0;
-    *values = s->values;
-    return 0;
+    return local_done(s, step, insert, values);
+}
+
+int shard_lookup_fill(shard_t *s, shard_keys_fn keys_of, void *ctx, int64_t step, bool insert,
+                      float *const **values)
+{
+    const int T = s->ntables;
+    const bool local = s->nranks == 1 && shard_store_on_host(s->store);
+    int first_bad = T, bad_rc = 0;
+    char msg[512] = "";
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int t = 0; t < T; t++) {
+        int trc = keys_of(ctx, t, &s->fill_keys[t], &s->fill_n[t]);
+        if (trc == 0 && local)
+            trc = local_table(s, t, s->fill_keys[t], s->fill_n[t], step, insert);
+        if (trc < 0)
+            first_error(t, trc, &first_bad, &bad_rc, msg, sizeof msg);
+    }
+    if (bad_rc < 0)
+        return kiln_errf(bad_rc, "%s", msg);
+    if (!local)
+        return shard_lookup(s, s->fill_keys, s->fill_n, step, insert, values);
+    return local_done(s, step, insert, values);
 }
 
 int shard_lookup(shard_t *s, const int64_t *const *keys, const int64_t *nkeys, int64_t step,

@@ -384,6 +384,20 @@ void shard_destroy(shard_t *s);
 int shard_lookup(shard_t *s, const int64_t *const *keys, const int64_t *nkeys, int64_t step,
                     bool insert, float *const **values /* OUT */);
 
+/* Gives table t's unique keys for shard_lookup_fill: *keys (*n), valid
+ * until the lookup returns. Called once for each table, on any thread of
+ * the team, tables side by side. Returns 0 or a code with its message. */
+typedef int (*shard_keys_fn)(void *ctx, int t, const int64_t **keys /* OUT */,
+                             int64_t *n /* OUT */);
+
+/* shard_lookup of the keys keys_of gives, table by table. One rank with its
+ * tables on the host: the thread that gets a table's keys finds them and
+ * reads their rows right after, all tables in one parallel loop. Else every
+ * table's keys are got, then shard_lookup. Returns what shard_lookup
+ * returns, or the first failing table's code. */
+int shard_lookup_fill(shard_t *s, shard_keys_fn keys_of, void *ctx, int64_t step, bool insert,
+                      float *const **values /* OUT */);
+
 /* grads[t] is (nkeys[t], dim_t, 2): double-double sums (hi, lo; kern_ops.h),
  * aligned with the keys of the last lookup. Sends them to the owners, which
  * add the pairs for one row from several ranks, round once to float32,

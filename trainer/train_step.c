@@ -27,6 +27,20 @@ void train_batch_layout(trainer_t *tr, const data_batch_t *b)
     }
 }
 
+/* Dedupes table t's keys of the batch (tkeys[t], tn[t]): nuniq[t] and the
+ * inverse index tinv[t], and the unique keys for the lookup. A
+ * shard_keys_fn: each table has its own hash set, so tables dedupe side by
+ * side. */
+static int dedupe_table(void *ctx, int t, const int64_t **uniq, int64_t *nuniq)
+{
+    trainer_t *tr = ctx;
+    int rc = shard_dedupe_run(tr->dedupe[t], tr->tkeys[t], tr->tn[t], tr->tinv[t], uniq, nuniq);
+    tr->nuniq[t] = rc == 0 ? *nuniq : 0;
+    if (rc < 0)
+        return kiln_errf(rc, "out of memory deduplicating the batch's keys of table %d", t);
+    return 0;
+}
+
 /* Collects each table's keys from its slots, dedupes them, and looks the
  * unique keys up on their owners. Fills the per-slot bag descriptors (host
  * arrays). */
@@ -52,26 +66,8 @@ int train_lookup_keys(trainer_t *tr, const data_batch_t *b, int64_t step, bool i
             memcpy(tr->tkeys[tr->slot_table[s]] + tr->slot_koff[s], b->keys + off[0],
                    (size_t)cnt * sizeof(int64_t));
     }
-    /* Tables dedupe in parallel (each has its own hash set). */
-    int drc = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(min : drc)
-    for (int t = 0; t < T; t++) {
-        const int64_t *u;
-        int64_t nu = 0;
-        int trc = shard_dedupe_run(tr->dedupe[t], tr->tkeys[t], tr->tn[t], tr->tinv[t], &u, &nu);
-        if (trc == 0)
-            trc =
-                kiln_grow_to((void **)&tr->tuniq[t], &tr->tuniq_cap[t], nu, sizeof(int64_t), 1024);
-        if (trc == 0 && nu > 0)
-            memcpy(tr->tuniq[t], u, (size_t)nu * sizeof(int64_t));
-        tr->nuniq[t] = nu;
-        drc = trc < drc ? trc : drc;
-    }
-    if (drc < 0)
-        return kiln_errf(drc, "out of memory deduplicating the batch's keys");
     float *const *values;
-    KILN_CHECK(shard_lookup(tr->shard, (const int64_t *const *)tr->tuniq, tr->nuniq, step, insert,
-                            &values));
+    KILN_CHECK(shard_lookup_fill(tr->shard, dedupe_table, tr, step, insert, &values));
     tr->tvalues = values;
     for (int s = 0; s < S; s++) {
         int t = tr->slot_table[s];
