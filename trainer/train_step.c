@@ -118,6 +118,14 @@ static inline double and_bits(double x, uint64_t mask)
  * first appearance has row == *next, and its sum starts there, written
  * as adding to zero would make it (TwoSum of (0, 0) and x is (0 + x, 0)):
  * g needs no zeroing first (the memset was 1.2% of the dlrm profile). */
+/* Rows of dE ahead of the one being added whose slot gradients are
+ * prefetched (wide rows only). A slot's gradients are a row of dE apart
+ * (S d floats: 1768 bytes for fm), so the hardware's prefetcher, which
+ * stays within a 4 KiB page, misses most of them; 16 ahead: fm's sums and
+ * update 1.30x faster (8 ahead 1.19x, 32 the same as 16). lr's single
+ * floats are 104 bytes apart, which the hardware follows: prefetching them
+ * made lr's sums slower (315 -> 343 ms). */
+#define GO_AHEAD 16
 KERN_CLONES static void add_slot_grads(const kern_bags_t *bg, int n, int d, const float *go,
                                        int64_t ldE, double *g, int32_t *next)
 {
@@ -145,6 +153,9 @@ KERN_CLONES static void add_slot_grads(const kern_bags_t *bg, int n, int d, cons
             }
             continue;
         }
+        if (i + GO_AHEAD < n)
+            for (int j = 0; j < d; j += 16)
+                __builtin_prefetch(go + GO_AHEAD * ldE + j);
         for (int64_t p = p0; p < p1; p++) {
             const int32_t r = bg->rows[p];
             double *acc = g + 2 * (int64_t)r * d;
