@@ -323,6 +323,11 @@ int kern_cpu_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags
 int kern_cpu_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t *slabs,
                            const kern_row_grads_t *grads, int64_t step);
 
+/* kern_cpu_sparse_update of one table (t names it in errors) on the calling
+ * thread alone, for callers that run tables side by side. */
+int kern_cpu_sparse_update_table(const kern_opt_t *opt, int t, const kern_slab_t *slab,
+                                 const kern_row_grads_t *grads, int64_t step);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,11 +5,12 @@
  * comes from kern_ops.h, shared with kern_cuda.cu. This file is the
  * readable reference the CUDA backend is checked against.
  *
- * Parallel schedule: forward over blocks of bags (each thread owns whole
- * output rows and walks its block table by table, prefetching ahead),
- * backward over unique rows after a serial stable radix sort of the
- * (row, position) pairs (no atomics; each row's sum runs in bag order, so
- * the result does not depend on the thread count), update over unique rows.
+ * Parallel schedule: forward over blocks of bags, handed out dynamically
+ * (each thread owns whole output rows and walks its block table by table,
+ * prefetching ahead), backward over unique rows after a serial stable radix
+ * sort of the (row, position) pairs (no atomics; each row's sum runs in bag
+ * order, so the result does not depend on the thread count), update over
+ * unique rows.
  */
 #include "kern.h"
 
@@ -108,7 +109,11 @@ int kern_cpu_gather_combine(int ntables, const kern_bags_t *bags, int64_t nbags,
         block = GATHER_BLOCK_MIN;
     const int64_t nblocks = (nbags + block - 1) / block;
 
-#pragma omp parallel for schedule(static) reduction(| : bad)
+    /* Blocks are handed out as threads come for them: after a loop over
+     * tables a thread may come late (woken from sleep), and the others
+     * take its share instead of waiting for it. Each block writes its own
+     * rows, so the output does not depend on who took it. */
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : bad)
     for (int64_t blk = 0; blk < nblocks; blk++) {
         const int64_t b0 = blk * block;
         const int64_t b1 = b0 + block < nbags ? b0 + block : nbags;
@@ -270,52 +275,72 @@ int kern_cpu_backward_reduce(int ntables, const kern_bags_t *bags, int64_t nbags
 
 /* ---- sparse optimizer update ------------------------------------------------------ */
 
+/* Checks that table t's update rows lie in its slab and that the slab
+ * carries the optimizer's state. Returns 0 or KILN_EINVAL. */
+static int check_update(const kern_opt_t *opt, const kern_slab_t *s, const kern_row_grads_t *g,
+                        int t)
+{
+    KILN_CHECK(kern_slab_check_opt(s, opt->kind, t, "update"));
+    for (int64_t i = 0; i < g->n; i++)
+        if (g->rows[i] < 0 || g->rows[i] >= s->capacity)
+            return kiln_errf(KILN_EINVAL, "update: table %d row %d is outside its slab", t,
+                             g->rows[i]);
+    return 0;
+}
+
+/* The optimizer step of update rows [i0, i1) of g on slab s. */
+static inline void update_rows(const kern_opt_t *opt, const kern_slab_t *s,
+                               const kern_row_grads_t *g, int64_t i0, int64_t i1, int64_t step)
+{
+    const float lr = opt->lr, eps = opt->eps, b1 = opt->beta1, b2 = opt->beta2;
+    const size_t dim = (size_t)s->dim;
+    for (int64_t i = i0; i < i1; i++) {
+        const size_t r = (size_t)g->rows[i];
+        float *restrict w = s->values + r * dim;               /* (dim) */
+        const float *restrict gi = g->grads + (size_t)i * dim; /* (dim) */
+        if (opt->kind == KERN_OPT_SGD) {
+#pragma omp simd
+            for (size_t j = 0; j < dim; j++)
+                kern_sgd_elem(&w[j], gi[j], lr);
+        } else if (opt->kind == KERN_OPT_ADAGRAD) {
+            float *restrict acc = s->opt_state + r * dim;
+#pragma omp simd
+            for (size_t j = 0; j < dim; j++)
+                kern_adagrad_elem(&w[j], &acc[j], gi[j], lr, eps);
+        } else {
+            float *restrict m = s->opt_state + r * 2 * dim;
+            float *restrict v = m + dim;
+            const uint32_t tt = ++s->opt_steps[r];
+            const float bc1 = kern_adam_bias(b1, tt), bc2 = kern_adam_bias(b2, tt);
+#pragma omp simd
+            for (size_t j = 0; j < dim; j++)
+                kern_adam_elem(&w[j], &m[j], &v[j], gi[j], lr, b1, b2, eps, bc1, bc2);
+        }
+        s->stamps[r] = step;
+    }
+}
+
 int kern_cpu_sparse_update(const kern_opt_t *opt, int ntables, const kern_slab_t *slabs,
                            const kern_row_grads_t *grads, int64_t step)
 {
-    for (int t = 0; t < ntables; t++) {
-        const kern_slab_t *s = &slabs[t];
-        KILN_CHECK(kern_slab_check_opt(s, opt->kind, t, "update"));
-        for (int64_t i = 0; i < grads[t].n; i++)
-            if (grads[t].rows[i] < 0 || grads[t].rows[i] >= s->capacity)
-                return kiln_errf(KILN_EINVAL, "update: table %d row %d is outside its slab",
-                                 t, grads[t].rows[i]);
-    }
-    const float lr = opt->lr, eps = opt->eps, b1 = opt->beta1, b2 = opt->beta2;
-
+    for (int t = 0; t < ntables; t++)
+        KILN_CHECK(check_update(opt, &slabs[t], &grads[t], t));
     /* One parallel region for all tables; a table's rows are unique and
      * tables are independent, so threads go on to the next table without
      * waiting (nowait). */
 #pragma omp parallel
     for (int t = 0; t < ntables; t++) {
-        const kern_slab_t *s = &slabs[t];
-        const kern_row_grads_t *g = &grads[t];
-        const size_t dim = (size_t)s->dim;
 #pragma omp for schedule(static) nowait
-        for (int64_t i = 0; i < g->n; i++) {
-            const size_t r = (size_t)g->rows[i];
-            float *restrict w = s->values + r * dim;           /* (dim) */
-            const float *restrict gi = g->grads + (size_t)i * dim; /* (dim) */
-            if (opt->kind == KERN_OPT_SGD) {
-#pragma omp simd
-                for (size_t j = 0; j < dim; j++)
-                    kern_sgd_elem(&w[j], gi[j], lr);
-            } else if (opt->kind == KERN_OPT_ADAGRAD) {
-                float *restrict acc = s->opt_state + r * dim;
-#pragma omp simd
-                for (size_t j = 0; j < dim; j++)
-                    kern_adagrad_elem(&w[j], &acc[j], gi[j], lr, eps);
-            } else {
-                float *restrict m = s->opt_state + r * 2 * dim;
-                float *restrict v = m + dim;
-                const uint32_t tt = ++s->opt_steps[r];
-                const float bc1 = kern_adam_bias(b1, tt), bc2 = kern_adam_bias(b2, tt);
-#pragma omp simd
-                for (size_t j = 0; j < dim; j++)
-                    kern_adam_elem(&w[j], &m[j], &v[j], gi[j], lr, b1, b2, eps, bc1, bc2);
-            }
-            s->stamps[r] = step;
-        }
+        for (int64_t i = 0; i < grads[t].n; i++)
+            update_rows(opt, &slabs[t], &grads[t], i, i + 1, step);
     }
+    return 0;
+}
+
+int kern_cpu_sparse_update_table(const kern_opt_t *opt, int t, const kern_slab_t *slab,
+                                 const kern_row_grads_t *grads, int64_t step)
+{
+    KILN_CHECK(check_update(opt, slab, grads, t));
+    update_rows(opt, slab, grads, 0, grads->n, step);
     return 0;
 }

@@ -131,6 +131,12 @@ int shard_store_read(shard_store_t *s, int t, int64_t n, const int32_t *rows, fl
  * on the change list. */
 int shard_store_update(shard_store_t *s, const kern_opt_t *opt, const kern_row_grads_t *ug,
                     int64_t step);
+/* Whether the tables live in host memory alone (no working copy elsewhere). */
+bool shard_store_on_host(const shard_store_t *s);
+/* shard_store_update of table t alone, on the calling thread, for a store
+ * on the host (shard_store_on_host): callers run tables side by side. */
+int shard_store_update_table(shard_store_t *s, const kern_opt_t *opt, int t,
+                             const kern_row_grads_t *ug, int64_t step);
 
 /* The same three calls on arrays in the working copy's own memory: device
  * memory of the store's GPU for SHARD_STORE_CUDA, host memory for HOST and
@@ -378,6 +384,20 @@ void shard_destroy(shard_t *s);
 int shard_lookup(shard_t *s, const int64_t *const *keys, const int64_t *nkeys, int64_t step,
                     bool insert, float *const **values /* OUT */);
 
+/* Gives table t's unique keys for shard_lookup_fill: *keys (*n), valid
+ * until the lookup returns. Called once for each table, on any thread of
+ * the team, tables side by side. Returns 0 or a code with its message. */
+typedef int (*shard_keys_fn)(void *ctx, int t, const int64_t **keys /* OUT */,
+                             int64_t *n /* OUT */);
+
+/* shard_lookup of the keys keys_of gives, table by table. One rank with its
+ * tables on the host: the thread that gets a table's keys finds them and
+ * reads their rows right after, all tables in one parallel loop. Else every
+ * table's keys are got, then shard_lookup. Returns what shard_lookup
+ * returns, or the first failing table's code. */
+int shard_lookup_fill(shard_t *s, shard_keys_fn keys_of, void *ctx, int64_t step, bool insert,
+                      float *const **values /* OUT */);
+
 /* grads[t] is (nkeys[t], dim_t, 2): double-double sums (hi, lo; kern_ops.h),
  * aligned with the keys of the last lookup. Sends them to the owners, which
  * add the pairs for one row from several ranks, round once to float32,
@@ -386,6 +406,19 @@ int shard_lookup(shard_t *s, const int64_t *const *keys, const int64_t *nkeys, i
  * Returns 0, KILN_EMPI or KILN_ENOMEM. */
 int shard_update(shard_t *s, const double *const *grads, const kern_opt_t *opt,
                     int64_t step);
+
+/* Writes table t's double-double gradient sums, (nkeys[t], dim_t, 2) as
+ * shard_update takes them, into g. Called once for each table with keys,
+ * on any thread of the team, tables side by side. */
+typedef void (*shard_fill_fn)(void *ctx, int t, double *g /* OUT */);
+
+/* shard_update with the sums made by fill, table by table. One rank with
+ * its tables on the host: the thread that fills a table's sums rounds them
+ * and updates the table right after, while they are in its cache. Else
+ * every table's sums are filled, then shard_update. The same bits either
+ * way. Collective. Returns what shard_update returns. */
+int shard_update_fill(shard_t *s, shard_fill_fn fill, void *ctx, const kern_opt_t *opt,
+                      int64_t step);
 
 /* Bytes moved by this rank in the last lookup + update (for progress). */
 int64_t shard_bytes_last_step(const shard_t *s);

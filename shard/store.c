@@ -368,6 +368,18 @@ int shard_store_update(shard_store_t *s, const kern_opt_t *opt, const kern_row_g
     return host_update(s->mirror, s->ntables, opt, ug, step);
 }
 
+bool shard_store_on_host(const shard_store_t *s) { return s->work == NULL; }
+
+int shard_store_update_table(shard_store_t *s, const kern_opt_t *opt, int t,
+                             const kern_row_grads_t *ug, int64_t step)
+{
+    kern_slab_t slab;
+    kern_table_slab(s->mirror[t], &slab);
+    KILN_CHECK(kern_cpu_sparse_update_table(opt, t, &slab, ug, step));
+    kern_table_mark_changed(s->mirror[t], ug->n, ug->rows);
+    return 0;
+}
+
 int shard_store_find_dev(shard_store_t *s, const int64_t *off, const int64_t *keys, int64_t step,
                          bool insert, int32_t *rows, void *stream)
 {

@@ -116,9 +116,9 @@ typedef struct trainer {
     /* per-step scratch, sized for the largest batch seen */
     int64_t **tkeys, *tkeys_cap, *tn; /* (T) keys of each table's slots, concatenated */
     int32_t **tinv;                   /* (T) inverse index into the table's unique keys */
-    int64_t **tuniq, *tuniq_cap, *nuniq;
+    int64_t *nuniq;                   /* (T) unique keys of each table */
     double **tgrad;                   /* (T) (nuniq, d, 2) double-double gradients of the unique
-                                         keys (kern_ops.h) */
+                                         keys (kern_ops.h), the device step's */
     int64_t *tgrad_cap;
     double *dense_pairs;              /* (nparams, 2) the dense gradient for the allreduce */
     int64_t *slot_koff;               /* (S) first key of slot s in its table's list */

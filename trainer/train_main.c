@@ -252,7 +252,7 @@ static void trainer_fini(trainer_t *tr)
     for (int t = 0; tr->tables && t < tr->T; t++) {
         kern_table_destroy(tr->tables[t]);
         if (tr->tkeys)
-            KILN_FREE_ALL(tr->tkeys[t], tr->tinv[t], tr->tuniq[t], tr->tgrad[t]);
+            KILN_FREE_ALL(tr->tkeys[t], tr->tinv[t], tr->tgrad[t]);
     }
     train_dev_destroy(tr->dev);
     shard_comm_destroy(tr->dcomm);
@@ -264,7 +264,7 @@ static void trainer_fini(trainer_t *tr)
     free(tr->dedupe);
     model_destroy(tr->model);
     KILN_FREE_ALL(tr->tables, tr->slot_table, tr->combine, tr->tkeys, tr->tkeys_cap, tr->tn,
-                  tr->tinv, tr->tuniq, tr->tuniq_cap, tr->nuniq, tr->tgrad, tr->tgrad_cap,
+                  tr->tinv, tr->nuniq, tr->tgrad, tr->tgrad_cap,
                   tr->dense_pairs, tr->slot_koff, tr->boff, tr->bags, tr->E, tr->probs,
                   tr->spec_dir, tr->ckpt_root, tr->marks);
     ckpt_unlock(tr->lock);

@@ -392,8 +392,6 @@ int train_setup_model(trainer_t *tr)
     tr->tkeys_cap = kiln_calloc(T, sizeof(int64_t));
     tr->tn = kiln_calloc(T, sizeof(int64_t));
     tr->tinv = kiln_calloc(T, sizeof *tr->tinv);
-    tr->tuniq = kiln_calloc(T, sizeof *tr->tuniq);
-    tr->tuniq_cap = kiln_calloc(T, sizeof(int64_t));
     tr->nuniq = kiln_calloc(T, sizeof(int64_t));
     tr->tgrad = kiln_calloc(T, sizeof *tr->tgrad);
     tr->tgrad_cap = kiln_calloc(T, sizeof(int64_t));
@@ -402,8 +400,7 @@ int train_setup_model(trainer_t *tr)
     tr->bags = kiln_calloc(S, sizeof *tr->bags);
     tr->E = kiln_calloc(B * S * (size_t)tr->d, sizeof(float));
     tr->probs = kiln_calloc(B, sizeof(float));
-    if (!tr->tkeys || !tr->tkeys_cap || !tr->tn || !tr->tinv || !tr->tuniq || !tr->tuniq_cap ||
-        !tr->nuniq || !tr->tgrad || !tr->tgrad_cap || !tr->slot_koff || !tr->boff || !tr->bags ||
+    if (!tr->tkeys || !tr->tkeys_cap || !tr->tn || !tr->tinv || !tr->nuniq || !tr->tgrad || !tr->tgrad_cap || !tr->slot_koff || !tr->boff || !tr->bags ||
         !tr->E || !tr->probs)
         return KILN_ENOMEM;
     return 0;
