@@ -112,22 +112,13 @@ static int add_slot(data_batch_builder_t *bb, const data_rows_t *rows, int s, in
     const int64_t *keys = rows->keys + (size_t)s * rows->stride;
     const unsigned char *has = rows->has + (size_t)s * rows->stride;
     int64_t len = 0;
-    if (kept == rows->n) { /* no row skipped: the common case, no test a row */
-        for (int i = 0; i < rows->n; i++) {
-            const unsigned char h = has[i] != 0;
-            counts[i] = h;
-            dst[len] = keys[i];
-            len += h;
-        }
-    } else {
-        for (int i = 0, j = 0; i < rows->n; i++) {
-            if (rows->skip[i])
-                continue;
-            const unsigned char h = has[i] != 0;
-            counts[j++] = h;
-            dst[len] = keys[i];
-            len += h;
-        }
+    for (int i = 0, j = 0; i < rows->n; i++) {
+        if (rows->skip[i])
+            continue;
+        const unsigned char h = has[i] != 0;
+        counts[j++] = h;
+        dst[len] = keys[i];
+        len += h;
     }
     bb->slot_len[s] += len;
     return 0;

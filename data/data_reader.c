@@ -15,8 +15,9 @@
  *
  * A TSV batch is made from the cursor's buffer in place, a window at a
  * time: the team counts the window's newlines (each thread its own part of
- * the bytes; the producer thread alone just finds them), places the lines, and parses them row-major into tsv_rows_t;
- * then the rows move into the batch a slot at a time
+ * the bytes; one thread alone just finds them), places the lines, and
+ * parses them into tsv_rows_t (keys slot-major); then the rows move into
+ * the batch a slot at a time
  * (data_builder_add_rows). Nothing is copied and nothing is serial but a
  * prefix sum. A line the window does not hold whole (the end of the
  * buffer, a line over DATA_TSV_MAX_LINE being dropped) goes through
@@ -34,7 +35,7 @@
 
 /* ---- the reader ------------------------------------------------------------------ */
 
-/* One TSV batch: where its lines are, and their fields, parsed row-major. */
+/* One TSV batch: where its lines are, and their fields (keys slot-major). */
 typedef struct {
     size_t *at;            /* [cap] row i's line starts at the window + at[i] */
     size_t *len;           /* [cap] */
@@ -285,8 +286,8 @@ static int fill_tsv(data_reader_t *r, int64_t lo, int64_t hi, data_batch_t *b)
         pthread_mutex_unlock(&r->mu);
         b->nskipped += bad;
     }
-    data_rows_t rows = {.n = n, .stride = (size_t)t->cap, .labels = t->labels, .dense = t->dense, .keys = t->keys,
-                      .has = t->has, .skip = t->skip};
+    data_rows_t rows = {.n = n, .stride = (size_t)t->cap, .labels = t->labels, .dense = t->dense,
+                        .keys = t->keys, .has = t->has, .skip = t->skip};
     return data_builder_add_rows(&r->bb, b, &rows);
 }
 

@@ -5,8 +5,9 @@
  * the bytes for the rest and for the messages; no strtok or sscanf), the key
  * hash, the newline count and search, the line cursor that walks several
  * files as one sequence of lines through a big read buffer, and the
- * newline-count pre-pass that tells the reader how many rows there are. Both read a file's bytes
- * through data_src (data_src.c), so gzip and zstd files read like plain ones.
+ * newline-count pre-pass that tells the reader how many rows there are.
+ * Both read a file's bytes through data_src (data_src.c), so gzip and zstd
+ * files read like plain ones.
  * The rules are in docs/data-formats.md.
  */
 #include "data_int.h"
@@ -255,25 +256,28 @@ static inline int popcount64(uint64_t x)
     return (int)((x * 0x0101010101010101ull) >> 56);
 }
 
-/* Bit i set where src[i] is a tab, for the 64 bytes at src, which are
- * copied to dst with the same loads (a copy made by memcpy and read back at
- * once stalls each load on the stores it spans). */
-static inline uint64_t tab_mask_copy(const char *src, char *dst)
+/* Bit i set where src[i] is c, for the 64 bytes at src. With copy set,
+ * the bytes are copied there with the same loads (the line copy: a copy
+ * made by memcpy and read back at once stalls each load on the stores it
+ * spans). */
+static inline uint64_t byte_mask(const char *src, char c, char *copy)
 {
 #if defined(__SSE2__)
-    const __m128i tab = _mm_set1_epi8('\t');
+    const __m128i cv = _mm_set1_epi8(c);
     uint64_t m = 0;
     for (int k = 0; k < 4; k++) {
         __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(src + 16 * k));
-        _mm_storeu_si128((__m128i *)(void *)(dst + 16 * k), v);
-        m |= (uint64_t)(uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(v, tab)) << (16 * k);
+        if (copy)
+            _mm_storeu_si128((__m128i *)(void *)(copy + 16 * k), v);
+        m |= (uint64_t)(uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(v, cv)) << (16 * k);
     }
     return m;
 #else
     uint64_t m = 0;
-    memcpy(dst, src, 64);
+    if (copy)
+        memcpy(copy, src, 64);
     for (int i = 0; i < 64; i++)
-        m |= (uint64_t)(src[i] == '\t') << i;
+        m |= (uint64_t)(src[i] == c) << i;
     return m;
 #endif
 }
@@ -466,27 +470,25 @@ static int parse_fast(const char *p, size_t len, int ndense, int nslots, float *
     char *lb = buf + 8;
     memset(buf, 0, 8);
     memset(lb + len, 0, 16);
-    /* end[f] = the offset of field f's tab (the line's end for the last). */
+    /* end[f] = the offset of field f's tab (the line's end for the last);
+     * 64 more for a block's offsets written past nf - 1 before the check. */
     uint32_t end[FAST_MAX_FIELDS + 64];
     int nt = 0;
     uint32_t b = 0;
     for (; b + 64 <= len; b += 64) {
-        const uint64_t m = tab_mask_copy(p + b, lb + b);
-        if (nt + popcount64(m) > nf - 1)
+        nt += mask_offsets(end + nt, b, byte_mask(p + b, '\t', lb + b));
+        if (nt > nf - 1)
             return 0; /* too many fields */
-        nt += mask_offsets(end + nt, b, m);
     }
     if (b < len) { /* the last bytes: the 64 that end the line, or a copy of a short line */
         uint64_t m;
         if (len >= 64) {
-            m = tab_mask_copy(p + len - 64, lb + len - 64) >> (64 - (len - b));
+            m = byte_mask(p + len - 64, '\t', lb + len - 64) >> (64 - (len - b));
         } else {
             char tail[64] = {0};
             memcpy(tail, p, len);
-            m = tab_mask_copy(tail, lb);
+            m = byte_mask(tail, '\t', lb);
         }
-        if (nt + popcount64(m) > nf - 1)
-            return 0;
         nt += mask_offsets(end + nt, b, m);
     }
     if (nt != nf - 1)
@@ -531,25 +533,6 @@ static int parse_fast(const char *p, size_t len, int ndense, int nslots, float *
  * Lines are ~250 bytes: a memchr call a line costs its call and a
  * mispredicted exit, a compare per 16 bytes does not. */
 
-/* Bit i set where src[i] is c, for the 64 bytes at src. */
-static inline uint64_t byte_mask(const char *src, char c)
-{
-#if defined(__SSE2__)
-    const __m128i cv = _mm_set1_epi8(c);
-    uint64_t m = 0;
-    for (int k = 0; k < 4; k++) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(src + 16 * k));
-        m |= (uint64_t)(uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(v, cv)) << (16 * k);
-    }
-    return m;
-#else
-    uint64_t m = 0;
-    for (int i = 0; i < 64; i++)
-        m |= (uint64_t)(src[i] == c) << i;
-    return m;
-#endif
-}
-
 int64_t data_tsv_count_nl(const char *p, size_t n)
 {
     int64_t count = 0;
@@ -568,7 +551,7 @@ int64_t data_tsv_count_nl(const char *p, size_t n)
     }
 #endif
     for (; i + 64 <= n; i += 64)
-        count += popcount64(byte_mask(p + i, '\n'));
+        count += popcount64(byte_mask(p + i, '\n', NULL));
     for (; i < n; i++)
         count += p[i] == '\n';
     return count;
@@ -579,7 +562,7 @@ int data_tsv_find_nl(const char *p, size_t n, size_t base, size_t *out, int max)
     int k = 0;
     size_t i = 0;
     for (; i + 64 <= n && k < max; i += 64)
-        for (uint64_t m = byte_mask(p + i, '\n'); m != 0 && k < max; m &= m - 1)
+        for (uint64_t m = byte_mask(p + i, '\n', NULL); m != 0 && k < max; m &= m - 1)
             out[k++] = base + i + (size_t)__builtin_ctzll(m);
     for (; i < n && k < max; i++)
         if (p[i] == '\n')
@@ -593,7 +576,7 @@ int64_t data_tsv_skip_nl(const char *p, size_t n, int64_t k, size_t *after)
     size_t i = 0;
     *after = 0;
     for (; i + 64 <= n && got < k; i += 64) {
-        uint64_t m = byte_mask(p + i, '\n');
+        uint64_t m = byte_mask(p + i, '\n', NULL);
         const int c = popcount64(m);
         if (c == 0)
             continue;
@@ -782,10 +765,11 @@ int data_tsv_count_rows(const char *path, int64_t *rows, int64_t *bytes)
         return 0;
     }
     KILN_CHECK(count_rows_of(path, rows, bytes));
-    /* Kept only when the file did not change while it was counted. */
-    const counted_t was = reg ? identity(&before, *rows) : (counted_t){0};
-    if (reg && stat(path, &after) == 0 && same_file(&was, &after))
-        counted_put(&after, *rows);
+    if (reg) { /* kept only when the file did not change while it was counted */
+        const counted_t was = identity(&before, *rows);
+        if (stat(path, &after) == 0 && same_file(&was, &after))
+            counted_put(&after, *rows);
+    }
     return 0;
 }
 

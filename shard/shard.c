@@ -394,9 +394,6 @@ static int find_all(shard_t *s, int nreq, const seg_t *seg /* (T, nreq) */,
     return 0;
 }
 
-/* One rank owns every key: no exchange, no packing. The rows of table t's
- * keys land in loc_pos[t]; the values are gathered straight from the slab.
- * The result is bitwise what the general path computes for one rank. */
 /* Table t's part of lookup_local: its n keys found (or inserted), their
  * rows in loc_pos[t] and the values copied out to values[t]. Returns 0 or
  * the table's failure. */
@@ -799,7 +796,10 @@ static int update_fill_local(shard_t *s, shard_fill_fn fill, void *ctx, const ke
 int shard_update_fill(shard_t *s, shard_fill_fn fill, void *ctx, const kern_opt_t *opt,
                       int64_t step)
 {
-    if (s->nranks == 1 && shard_store_on_host(s->store))
+    /* A table a thread: with fewer tables than threads (slots sharing one
+     * table) some threads would idle where shard_update splits a table's
+     * rows over all of them. */
+    if (s->nranks == 1 && shard_store_on_host(s->store) && s->ntables >= omp_get_max_threads())
         return update_fill_local(s, fill, ctx, opt, step);
     const int T = s->ntables;
     for (int t = 0; t < T; t++) {

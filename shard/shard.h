@@ -413,9 +413,10 @@ int shard_update(shard_t *s, const double *const *grads, const kern_opt_t *opt,
 typedef void (*shard_fill_fn)(void *ctx, int t, double *g /* OUT */);
 
 /* shard_update with the sums made by fill, table by table. One rank with
- * its tables on the host: the thread that fills a table's sums rounds them
- * and updates the table right after, while they are in its cache. Else
- * every table's sums are filled, then shard_update. The same bits either
+ * its tables on the host, and at least a table a thread: the thread that
+ * fills a table's sums rounds them and updates the table right after,
+ * while they are in its cache. Else every table's sums are filled, then
+ * shard_update. The same bits either
  * way. Collective. Returns what shard_update returns. */
 int shard_update_fill(shard_t *s, shard_fill_fn fill, void *ctx, const kern_opt_t *opt,
                       int64_t step);
