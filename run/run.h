@@ -106,6 +106,7 @@ typedef struct run_tables {
     int64_t rows_ram, rows_disk;
     double ram_hit_rate;       /* of the keys looked up, the share found in RAM; NAN: none */
     int64_t disk_read_bytes, disk_written_bytes;
+    int64_t disk_reads, disk_writes; /* transfers: a tier's cost goes by these more than by bytes */
     int64_t rows_expired;      /* removed by model.embedding.ttl */
     int64_t admit_rejected;    /* lookups of keys not admitted yet */
     char disk_io[8];           /* how rank 0's tiers read (job_spill_io_name); "": none */

@@ -86,6 +86,9 @@ done
 # keys in the 26 tables at the end), each table's capacity 45,000 rows,
 # with all rows in RAM and with memory: 10% (4,500 rows a table: 12% of the
 # rows the tables end with). train_seconds of the faster of two runs each.
+# Under each 10% line: bench/tier_floor's cost of one record's read and
+# write here, and the bound those costs put on the ratio (docs/benchmarks.md,
+# "the kernel's floor under the tier").
 # TIER_BENCH_TRAIN=0 skips it.
 if [ "${TIER_BENCH_TRAIN:-1}" != 0 ]; then
   tw="$dir/tier_bench_train.$$"
@@ -130,6 +133,30 @@ if sys.argv[5]:
 print(line)' "$tw/result.json" "$model" "$mem" "$best" "$ram_s"
       [ "$mem" = 100% ] && ram_s=$best
     done
+    # The kernel's floor under that tiered run: its transfers (result.json's
+    # disk_reads, disk_writes; the same every run of these inputs) at what
+    # bench/tier_floor measures one costs here, with a file of the tier's
+    # size; the bound is the all-in-RAM time plus that CPU spread over the
+    # threads: what no work in Kiln's own code could beat while the tier
+    # moves records this way, and the same with the writes as appends.
+    set -- $(python3 -c 'import json, sys
+r = json.load(open(sys.argv[1])); t = r["tables"]
+rec = max(8, round(t["disk_written_bytes"] / max(1, t["disk_writes"]) / 8) * 8)
+print(rec, max(1, int(t["rows_disk"] * rec / 0.75 / 2**20)), t["disk_reads"], t["disk_writes"],
+      t["disk_written_bytes"] // rec, r["steps"])' "$tw/result.json")
+    floor=$("$build/bench/tier_floor" --rec "$1" --file-mb "$2" --dir "$dir")
+    python3 -c 'import re, sys
+f = sys.argv[1]; rec, reads, writes, recs, steps, ram_s, tier_s, thr = sys.argv[2:]
+v = dict(re.findall(r"(pread|uring|pwrite|append) ([0-9.]+)", f))
+rd = float(v.get("uring", v["pread"])); steps = int(steps)
+cpu = (int(reads) * rd + int(writes) * float(v["pwrite"])) / 1e9
+app = (int(reads) * rd + int(recs) * float(v["append"])) / 1e9
+r, t = float(ram_s), float(tier_s)
+print("    %s\n    its %.0f reads and %.0f writes a step cost the kernel %.1f ms of CPU a step at best: "
+      "bound %.2fx of all in RAM with %s threads (measured %.2fx); with the writes as appends "
+      "%.1f ms, bound %.2fx" % (f, int(reads) / steps, int(writes) / steps, cpu / steps * 1e3,
+      r / (r + cpu / int(thr)), thr, r / t, app / steps * 1e3, r / (r + app / int(thr))))' \
+      "$floor" "$1" "$3" "$4" "$5" "$6" "$ram_s" "$best" 2
   done
   rm -rf "$tw"
 fi

@@ -53,9 +53,9 @@ int train_tables_expire(trainer_t *tr)
 
 int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
 {
-    /* ram, disk, ram hits, disk hits, pages read, pages written (bytes),
-     * expired, rejected */
-    int64_t mine[8] = {0}, all[8] = {0};
+    /* ram, disk, ram hits, disk hits, bytes read, bytes written, expired,
+     * rejected, reads, writes (transfers) */
+    int64_t mine[10] = {0}, all[10] = {0};
     const char *io = "";
     for (int t = 0; t < tr->T; t++) {
         kern_table_stats_t st;
@@ -69,10 +69,12 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
         mine[4] += st.disk_read_bytes;
         mine[5] += st.disk_written_bytes;
         mine[7] += st.admit_rejected;
+        mine[8] += st.disk_reads;
+        mine[9] += st.disk_writes;
         out->tiered |= kern_table_tiered(tr->tables[t]);
     }
     mine[6] = tr->rows_expired;
-    int mrc = MPI_Reduce(mine, all, 8, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    int mrc = MPI_Reduce(mine, all, 10, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     if (mrc != MPI_SUCCESS)
         return shard_mpi_fail(mrc, "MPI_Reduce of the table figures");
     int tiered = out->tiered, any = 0;
@@ -87,6 +89,8 @@ int train_tables_report(trainer_t *tr, run_tables_t *out /* OUT: rank 0 */)
                                               : NAN,
                           .disk_read_bytes = all[4],
                           .disk_written_bytes = all[5],
+                          .disk_reads = all[8],
+                          .disk_writes = all[9],
                           .rows_expired = all[6],
                           .admit_rejected = all[7]};
     snprintf(out->disk_io, sizeof out->disk_io, "%s", io);
