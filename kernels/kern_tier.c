@@ -1,45 +1,55 @@
 /*
  * kernels/kern_tier.c - kern_tier.h: the disk tier of an embedding table, a
- * hash table of row records in one file.
+ * log of row records in one file and an index of it in RAM.
  *
- * Layout. The file is npages pages of page_bytes bytes; page p holds
- * nrec[p] records packed from its start (what follows is junk). A key's
- * home page is its hash modulo nhome; when the home page is full the record
- * goes to the next page with room, and every full page passed on the way
- * is flagged `spilled`, so a lookup walks from the home page while pages are
- * spilled and stops at the first that is not. Pages past nhome are spare
- * (npages - nhome of them) so a walk never wraps around. A record taken
- * out of a page leaves a dead slot, marked in RAM only (a bit per slot), so
- * taking a row writes nothing; a later put to the page fills the slot, and
- * a whole-tier pass that changes the page packs it. Removal leaves the
- * flags: a flag only costs a read. Page slot counts, dead bits, flags and
- * stamp ranges live in RAM, so a lookup whose walk meets only empty pages
- * reads nothing.
+ * Layout. The file is a run of segments of seg bytes (64 KiB, or 64
+ * records where a record is wider than 1 KiB); a segment holds per_seg
+ * records packed from its start. A put appends: its records are copied into
+ * the open segment's buffer in RAM, and a put ends by handing what it
+ * appended to the file as one write (a full segment goes at once). So a
+ * step's demotions, which land on random pages of a hashed layout (a
+ * pwrite of 1.5-1.9 us each; docs/benchmarks.md, "the kernel's floor under
+ * the tier"), cost a copy each and a write per put or per 64 KiB (400
+ * records of dim 16 with adagrad).
  *
- * Sizes: a page holds at least 8 records (4 KiB, or more for wide rows),
- * and the file has room for rows / LOAD records at home, LOAD = 0.75, so
- * walks stay short. The file is sparse: pages never written take no disk.
+ * The index. A key's place is no longer a function of its hash, so RAM
+ * keeps an open-addressing table (linear probing, load at most 3/4,
+ * doubled when fuller) of 8-byte entries: the top 28 bits of the key's hash
+ * (which also pick its home bucket, so the table can double without the
+ * keys) and the record's slot number + 1 (36 bits: seg * per_seg + slot).
+ * Two keys may share the 28 bits, so a lookup checks the key of the record
+ * it reads and walks on when it is another's. Removal shifts the entries
+ * after it back (no tombstones).
  *
- * I/O in batches. No call moves a page at a time: it sorts its keys by
- * home page, plans the pages the next keys' walks need (up to BATCH pages
- * that hold records), reads them all in one submission, works on the
- * copies and writes back what changed in one more. Only bytes that matter
- * move: a read takes a page's used slots; taking a record out writes
- * nothing; kern_tier_put (keys the tier does not hold) writes records into
- * dead slots or after a page's last slot without reading the page. A
- * page's stamp range is thus a bound, widened by puts and made exact when
- * a whole-tier pass rewrites the page.
+ * Dead slots. A record taken out (into RAM, evicted, expired, deleted)
+ * leaves a dead slot, marked in RAM (a bit a slot): taking a row writes
+ * nothing. A segment whose records are all dead is free and is appended to
+ * again. When the dead slots outnumber the live records by more than two
+ * segments, a put ends by compacting the sparsest segments: their live
+ * records are read and appended again (one read of the segment), the
+ * segment freed. The file thus stays within about twice the live records
+ * plus a few segments.
  *
- * A batch's reads are one io_uring_enter when Kiln is built with liburing
- * and the kernel gives the process a ring (AUTO), or one pread per page,
- * or copies from a read-only mapping of the file (MMAP, when asked: the
- * page cache's pages are mapped once and then read without a call into the
- * kernel, but they count in the process's RSS; the file is sized to its
- * pages at open, sparse) (kern_tier_io_t picks; bench/tier_bench measures
- * each); writes are one pwrite per page
- * whatever reads use (see io_run), so a full disk is an error (ENOSPC), not
- * a signal as a write into a mapping would be. kern_tier_prefetch asks the
- * kernel to bring the pages of a coming call's keys into its page cache
+ * Per segment RAM keeps its slots in use, its live records, its dead bits
+ * and the smallest and largest stamp of its records, so an incremental dump
+ * reads only segments with changed rows and an expiry only those with old
+ * ones. Peak RSS past the table's rows: the index (10.7 bytes a record
+ * held on disk at 3/4 load, up to 21 just after it doubles), 32 bytes a
+ * segment and a bit a slot, the open segment (64 KiB) and the writer's two
+ * queues (2 x 2 MiB, from the first write) (docs/models.md).
+ *
+ * Reads are one transfer a record (a run of records with consecutive slots
+ * is one), in one submission a call: copies from a read-only mapping of
+ * the file (MMAP, when asked: the page cache's pages are mapped once and
+ * then read without a call into the kernel, but they count in the
+ * process's RSS; the file is sized to its most segments at open, sparse),
+ * io_uring when Kiln is built with liburing and the kernel gives the
+ * process a ring (AUTO), or one pread each (kern_tier_io_t picks;
+ * bench/tier_bench measures each). Writes are pwrite, so a full disk is an error (ENOSPC),
+ * not a signal as a write into a mapping would be; a put hands its full
+ * segments to a writer thread of the tier's own (write-behind) and every
+ * call that reads waits for them first. kern_tier_prefetch asks the kernel
+ * to bring the pages of a coming call's records into its page cache
  * (fadvise WILLNEED over runs of nearby pages, through the ring without
  * waiting), so that call's reads need not wait for the disk.
  */
@@ -59,30 +69,34 @@
 
 #include "kern_ops.h"
 
-#define LOAD 0.75
-#define PAGE_MIN 4096
-#define MIN_PER_PAGE 8
-/* Pages a call holds at once (1 MiB of 4 KiB pages): enough that a step's
- * misses take a few submissions, small beside the table's memory. */
-#define BATCH 256
+#define SEG_MIN (64 << 10)
+#define MIN_PER_SEG 64
+/* The index: at most this full, then doubled. */
+#define IX_LOAD 0.75
+/* Entry bits: the hash's top TAG_BITS, then the slot number + 1. */
+#define TAG_BITS 28
+#define ADDR_BITS 36
+#define ADDR_MASK ((UINT64_C(1) << ADDR_BITS) - 1)
+/* Segments a put may compact before it returns. */
+#define GC_PER_PUT 4
 /* Transfers in flight on the ring: a batch's reads in one submission. */
-#define QDEPTH BATCH
+#define QDEPTH 256
 /* user_data of a prefetch's fadvise on the ring (a batch's are indices). */
 #define PREFETCH_TAG UINT64_MAX
-/* A prefetch joins pages this close into one fadvise: keys hash to pages
- * uniformly, so a batch's pages lie a few apart, and reading the pages
- * between costs the disk less than a call per page costs the CPU. */
-#define PREFETCH_GAP 8
+/* A prefetch joins records this close (bytes) into one fadvise: reading
+ * the pages between costs the disk less than a call each costs the CPU. */
+#define PREFETCH_GAP (32 << 10)
 /* Prefetch runs only while a lookup's reads take longer than this on
  * average (ns a transfer): reads the page cache answers take 1-3 us, and
  * there the fadvise finds nothing to do and costs 2-6 ms of CPU a step
  * (docs/benchmarks.md); reads from the device take 50 us and more. */
 #define PREFETCH_MIN_NS 20000
+/* A lookup reads records of a segment this close (bytes) in one transfer. */
+#define READ_GAP (2 << 10)
 
 /* The bytes of each of the writer thread's two queues: a put's writes up
- * to this go to the writer (copied); bigger ones (a resume's chunks) are
- * written before the put returns. A step of 1e6 keys at 10% writes 1.2
- * MB. */
+ * to this go to the writer (copied); bigger ones are written before the
+ * put returns. A segment is 64 KiB. */
 #define WB_MAX (2 << 20)
 
 /* One transfer: len bytes at file offset off from or to buf. */
@@ -107,25 +121,34 @@ struct kern_tier {
     char *path, *table;
     int fd;
     size_t rec;       /* bytes per record */
-    size_t page;      /* bytes per page */
-    int per_page;     /* records a page holds */
+    size_t seg;       /* bytes per segment */
+    int per_seg;      /* records a segment holds */
     int nfloat;
-    int64_t nhome, npages;
+    int dw;           /* 64-bit words of dead bits per segment */
     int64_t size;     /* records held */
-    uint16_t *nrec;   /* (npages) slots in use: records and dead slots */
-    uint64_t *dead;   /* (npages, dw) a bit per slot: dead (its record was taken) */
-    int dw;           /* 64-bit words of dead bits per page */
-    uint8_t *spilled; /* (npages) a record whose walk passed this page lies further on */
-    uint8_t *fp;      /* (npages, per_page) a byte of each used slot's key hash */
-    int64_t *lo, *hi; /* (npages) bounds of the stamps on the page (when nrec > 0) */
-    /* The batch: nb pages, ascending, in buffers of `page` bytes. */
-    uint8_t *bufs;    /* (BATCH, page) */
-    int64_t *bpage;   /* (BATCH) the page buffer b holds */
-    int *bmark;       /* (BATCH) put: the first slot it appended to the page */
-    uint64_t *want;   /* (BATCH, dw) lookup: the slots whose fingerprint a key matches */
-    int nb;
-    iop_t *ops;       /* (2 BATCH) */
-    int nops;
+    int64_t slots;    /* slots in use in all segments: records and dead slots */
+    int64_t nseg;     /* segments the file has (free ones included) */
+    int64_t maxseg;   /* the most it may have */
+    int32_t *used;    /* (maxseg) slots appended */
+    int32_t *live;    /* (maxseg) records */
+    uint64_t *dead;   /* (maxseg, dw) a bit per slot: dead (its record was taken) */
+    int64_t *lo, *hi; /* (maxseg) bounds of the stamps in the segment (when live > 0) */
+    int64_t *free_seg; /* a stack of segments with no slot in use */
+    int64_t nfree;
+    /* The open segment: appended to in obuf; its slots below flushed are
+     * in the file too. -1: none yet. */
+    int64_t open;
+    uint8_t *obuf;
+    int flushed;
+    /* The index: 2^ixbits entries, ixn of them in use. */
+    uint64_t *ix;
+    int ixbits;
+    int64_t ixn;
+    /* A call's reads: records, transfers, and what they are for. */
+    uint8_t *rbuf, *sbuf; /* records; the spans read (read_wanted) */
+    int64_t rbuf_cap, sbuf_cap;
+    iop_t *ops;
+    int64_t ops_cap;
     int64_t reads, writes, read_bytes, written_bytes, submits, prefetched;
     double read_ns;   /* a lookup's read, ns, moving average (0: none yet) */
     bool prefetch_always;
@@ -134,11 +157,12 @@ struct kern_tier {
     size_t map_bytes;
 #ifdef KILN_HAVE_URING
     struct io_uring ring;
+    bool ring_fixed;     /* the file is registered with the ring (index 0) */
     int64_t pf_inflight; /* prefetch fadvises not yet reaped */
 #endif
     /* Write-behind: a put hands its writes (copied into a queue) to a
      * thread of the tier's own and returns; every call that reads waits
-     * for them first (wb_wait), so reads never see a page before its
+     * for them first (wb_wait), so reads never see a segment before its
      * write. The writer writes wbq[!wb_fill] while wb_busy; callers fill
      * wbq[wb_fill]. */
     pthread_t wb_thread;
@@ -153,69 +177,152 @@ struct kern_tier {
     char wb_msg[512];
 };
 
-static inline kern_rec_t *rec_at(const kern_tier_t *c, uint8_t *buf, int i)
+static inline kern_rec_t *rec_at(const kern_tier_t *c, uint8_t *buf, int64_t i)
 {
     return (kern_rec_t *)(buf + (size_t)i * c->rec);
 }
 
-static inline uint8_t *buf_at(const kern_tier_t *c, int b)
+static inline int64_t seg_off(const kern_tier_t *c, int64_t s) { return s * (int64_t)c->seg; }
+
+static inline uint64_t *dead_of(const kern_tier_t *c, int64_t s)
 {
-    return c->bufs + (size_t)b * c->page;
+    return c->dead + (size_t)s * (size_t)c->dw;
 }
 
-/* Page p's dead bits. */
-static inline uint64_t *dead_of(const kern_tier_t *c, int64_t p)
+static inline int is_dead(const kern_tier_t *c, int64_t s, int i)
 {
-    return c->dead + (size_t)p * (size_t)c->dw;
+    return (int)(dead_of(c, s)[i >> 6] >> (i & 63)) & 1;
 }
 
-static inline int is_dead(const kern_tier_t *c, int64_t p, int i)
+/* ---- the index -------------------------------------------------------------------------- */
+
+static inline uint64_t tag_of(int64_t key)
 {
-    return (int)(dead_of(c, p)[i >> 6] >> (i & 63)) & 1;
+    return kern_mix64(kern_key_hash(key) ^ 0x74696572ULL) >> (64 - TAG_BITS);
 }
 
-/* Live records on page p. */
-static int live_of(const kern_tier_t *c, int64_t p)
+static inline uint64_t ix_mask(const kern_tier_t *c) { return ((uint64_t)1 << c->ixbits) - 1; }
+
+static inline uint64_t ix_home(const kern_tier_t *c, uint64_t tag)
 {
-    int n = c->nrec[p];
-    for (int w = 0; w < c->dw; w++)
-        n -= __builtin_popcountll(dead_of(c, p)[w]);
-    return n;
+    return tag >> (TAG_BITS - c->ixbits);
 }
 
-/* The lowest dead slot of page p, or -1. */
-static int first_dead(const kern_tier_t *c, int64_t p)
+static inline uint64_t ix_entry(uint64_t tag, int64_t addr)
 {
-    for (int w = 0; w < c->dw; w++)
-        if (dead_of(c, p)[w])
-            return w * 64 + __builtin_ctzll(dead_of(c, p)[w]);
-    return -1;
+    return tag << ADDR_BITS | (uint64_t)(addr + 1);
 }
 
-/* Whether page p holds records (a walk reads it). */
-static inline int holds(const kern_tier_t *c, int64_t p)
+static inline int64_t entry_addr(uint64_t e) { return (int64_t)(e & ADDR_MASK) - 1; }
+
+/* The position of the first entry at or after pos (on tag's walk) whose
+ * tag is tag, or -1 where the walk ends. */
+static int64_t ix_next(const kern_tier_t *c, uint64_t tag, uint64_t pos)
 {
-    return c->nrec[p] > 0 && live_of(c, p) > 0;
+    const uint64_t m = ix_mask(c);
+    for (;; pos = (pos + 1) & m) {
+        const uint64_t e = c->ix[pos];
+        if (e == 0)
+            return -1;
+        if (e >> ADDR_BITS == tag)
+            return (int64_t)pos;
+    }
 }
 
-/* Whether a put must pass page p: no free slot and no dead one. */
-static inline int page_full(const kern_tier_t *c, int64_t p)
+static void ix_put_entry(kern_tier_t *c, uint64_t e)
 {
-    return c->nrec[p] >= c->per_page && first_dead(c, p) < 0;
+    const uint64_t m = ix_mask(c);
+    uint64_t pos = ix_home(c, e >> ADDR_BITS);
+    while (c->ix[pos] != 0)
+        pos = (pos + 1) & m;
+    c->ix[pos] = e;
 }
 
-/* Page p's fingerprints, a byte a slot. */
-static inline uint8_t *fp_of(const kern_tier_t *c, int64_t p)
+/* Doubles the index (its entries' tags give their new homes). */
+static int ix_grow(kern_tier_t *c)
 {
-    return c->fp + (size_t)p * (size_t)c->per_page;
+    if (c->ixbits >= TAG_BITS)
+        return kiln_errf(KILN_ENOSPC, "table '%s': its disk tier %s indexes at most %lld "
+                         "records on one rank; run on more ranks",
+                         c->table, c->path, (long long)((1LL << TAG_BITS) * 3 / 4));
+    uint64_t *old = c->ix;
+    const uint64_t n = (uint64_t)1 << c->ixbits;
+    uint64_t *nx = kiln_calloc(n * 2, sizeof *nx);
+    if (!nx)
+        return KILN_ENOMEM;
+    c->ix = nx;
+    c->ixbits++;
+    for (uint64_t i = 0; i < n; i++)
+        if (old[i] != 0)
+            ix_put_entry(c, old[i]);
+    free(old);
+    return 0;
 }
 
-/* key's home page (the hash's top half) and fingerprint (its low byte). */
-static inline int64_t home_of(const kern_tier_t *c, int64_t key, uint8_t *fp /* OUT */)
+static int ix_add(kern_tier_t *c, uint64_t tag, int64_t addr)
 {
-    uint64_t h = kern_mix64(kern_key_hash(key) ^ 0x74696572ULL);
-    *fp = (uint8_t)h;
-    return (int64_t)kern_hash_index(h, (uint64_t)c->nhome);
+    if ((double)(c->ixn + 1) > IX_LOAD * (double)((int64_t)1 << c->ixbits))
+        KILN_CHECK(ix_grow(c));
+    ix_put_entry(c, ix_entry(tag, addr));
+    c->ixn++;
+    return 0;
+}
+
+/* The position of the entry for the record at addr (whose key has tag). */
+static int64_t ix_find(const kern_tier_t *c, uint64_t tag, int64_t addr)
+{
+    const uint64_t m = ix_mask(c), want = ix_entry(tag, addr);
+    for (uint64_t pos = ix_home(c, tag);; pos = (pos + 1) & m) {
+        if (c->ix[pos] == want)
+            return (int64_t)pos;
+        if (c->ix[pos] == 0)
+            return -1;
+    }
+}
+
+/* Removes the entry at pos, shifting the walk after it back. */
+static void ix_remove(kern_tier_t *c, uint64_t pos)
+{
+    const uint64_t m = ix_mask(c);
+    uint64_t hole = pos;
+    for (uint64_t j = (pos + 1) & m; c->ix[j] != 0; j = (j + 1) & m) {
+        const uint64_t h = ix_home(c, c->ix[j] >> ADDR_BITS);
+        /* the entry at j may fill the hole when its home is not in (hole, j] */
+        if (((j - h) & m) >= ((j - hole) & m)) {
+            c->ix[hole] = c->ix[j];
+            hole = j;
+        }
+    }
+    c->ix[hole] = 0;
+    c->ixn--;
+}
+
+/* ---- slots ------------------------------------------------------------------------------- */
+
+/* Segment s holds no live record: its slots go back, it is appended to
+ * again. */
+static void seg_free(kern_tier_t *c, int64_t s)
+{
+    c->slots -= c->used[s];
+    c->used[s] = 0;
+    memset(dead_of(c, s), 0, sizeof(uint64_t) * (size_t)c->dw);
+    c->free_seg[c->nfree++] = s;
+}
+
+/* Takes the record at addr (key's) out: its slot goes dead, its entry goes;
+ * a segment left with no record is free again. */
+static void slot_kill(kern_tier_t *c, int64_t key, int64_t addr)
+{
+    const int64_t s = addr / c->per_seg;
+    const int i = (int)(addr % c->per_seg);
+    int64_t pos = ix_find(c, tag_of(key), addr);
+    if (pos >= 0)
+        ix_remove(c, (uint64_t)pos);
+    dead_of(c, s)[i >> 6] |= (uint64_t)1 << (i & 63);
+    c->live[s]--;
+    c->size--;
+    if (c->live[s] == 0 && s != c->open)
+        seg_free(c, s);
 }
 
 static int io_error(const kern_tier_t *c, const char *what, int err)
@@ -286,10 +393,15 @@ static int ring_run(kern_tier_t *c, const iop_t *ops, int n)
         struct io_uring_sqe *sqe;
         while (rc == 0 && sent < n && (sqe = io_uring_get_sqe(&c->ring)) != NULL) {
             const iop_t *op = &ops[sent];
+            /* the file is the ring's registered file 0 where it took one:
+             * no look-up of the descriptor per transfer */
+            const int fd = c->ring_fixed ? 0 : c->fd;
             if (op->write)
-                io_uring_prep_write(sqe, c->fd, op->buf, (unsigned)op->len, (uint64_t)op->off);
+                io_uring_prep_write(sqe, fd, op->buf, (unsigned)op->len, (uint64_t)op->off);
             else
-                io_uring_prep_read(sqe, c->fd, op->buf, (unsigned)op->len, (uint64_t)op->off);
+                io_uring_prep_read(sqe, fd, op->buf, (unsigned)op->len, (uint64_t)op->off);
+            if (c->ring_fixed)
+                sqe->flags |= IOSQE_FIXED_FILE;
             sqe->user_data = (uint64_t)sent++;
         }
         /* One enter: send what is queued and wait for all in flight. */
@@ -494,13 +606,14 @@ static int wb_write(kern_tier_t *c, const iop_t *ops, int n)
     return 0;
 }
 
+
 /* ---- life cycle --------------------------------------------------------------- */
 
-/* Sizes the file to its pages (sparse: holes take no disk) and maps it for
- * reading. Returns 0 or the errno. */
+/* Sizes the file to its most segments (sparse: holes take no disk) and
+ * maps it for reading. Returns 0 or the errno. */
 static int map_file(kern_tier_t *c)
 {
-    size_t bytes = (size_t)c->npages * c->page;
+    size_t bytes = (size_t)c->maxseg * c->seg;
     if (ftruncate(c->fd, (off_t)bytes) != 0)
         return errno;
     void *m = mmap(NULL, bytes, PROT_READ, MAP_SHARED, c->fd, 0);
@@ -520,38 +633,44 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
     if (!c)
         return KILN_ENOMEM;
     c->fd = -1;
+    c->open = -1;
     c->io = KERN_TIER_IO_PREAD;
     pthread_mutex_init(&c->wb_mu, NULL);
     pthread_cond_init(&c->wb_cv, NULL);
     c->nfloat = nfloat;
     c->rec = (sizeof(kern_rec_t) + sizeof(float) * (size_t)nfloat + 7) & ~(size_t)7;
-    c->page = PAGE_MIN;
-    while (c->page / c->rec < MIN_PER_PAGE)
-        c->page += PAGE_MIN;
-    c->per_page = (int)(c->page / c->rec);
-    if (c->per_page > 65535)
-        c->per_page = 65535;
-    c->dw = (c->per_page + 63) / 64;
-    c->nhome = (int64_t)((double)(rows > 0 ? rows : 1) / (LOAD * c->per_page)) + 1;
-    c->npages = c->nhome + (c->nhome / 64 > 64 ? c->nhome / 64 : 64);
+    c->seg = SEG_MIN;
+    if (c->seg / c->rec < MIN_PER_SEG)
+        c->seg = (c->rec * MIN_PER_SEG + 4095) & ~(size_t)4095;
+    c->per_seg = (int)(c->seg / c->rec);
+    c->dw = (c->per_seg + 63) / 64;
+    if (rows < 1)
+        rows = 1;
+    /* Live records stay within `rows`; with the dead slots compaction
+     * allows (as many again, and two segments) and room to compact into. */
+    c->maxseg = 2 * (rows / c->per_seg + 1) + 8;
+    /* The index starts small and doubles as records come: a table whose
+     * tier never fills pays only for what it holds. */
+    c->ixbits = 10;
     int rc = 0;
     c->path = kiln_strdup(path);
     c->table = kiln_strdup(table ? table : "?");
-    c->nrec = kiln_calloc((size_t)c->npages, sizeof *c->nrec);
-    c->spilled = kiln_calloc((size_t)c->npages, 1);
-    c->fp = kiln_malloc((size_t)c->npages * (size_t)c->per_page);
-    c->want = kiln_malloc(sizeof *c->want * BATCH * (size_t)c->dw);
-    c->dead = kiln_calloc((size_t)c->npages * (size_t)c->dw, sizeof *c->dead);
-    c->lo = kiln_malloc((size_t)c->npages * sizeof *c->lo);
-    c->hi = kiln_malloc((size_t)c->npages * sizeof *c->hi);
-    c->bufs = kiln_malloc(c->page * BATCH);
-    c->bpage = kiln_malloc(sizeof *c->bpage * BATCH);
-    c->bmark = kiln_malloc(sizeof *c->bmark * BATCH);
-    c->ops = kiln_malloc(sizeof *c->ops * 2 * BATCH);
-    if (!c->path || !c->table || !c->nrec || !c->spilled || !c->fp || !c->want || !c->dead ||
-        !c->lo || !c->hi || !c->bufs ||
-        !c->bpage || !c->bmark || !c->ops) {
+    c->used = kiln_calloc((size_t)c->maxseg, sizeof *c->used);
+    c->live = kiln_calloc((size_t)c->maxseg, sizeof *c->live);
+    c->dead = kiln_calloc((size_t)c->maxseg * (size_t)c->dw, sizeof *c->dead);
+    c->lo = kiln_malloc((size_t)c->maxseg * sizeof *c->lo);
+    c->hi = kiln_malloc((size_t)c->maxseg * sizeof *c->hi);
+    c->free_seg = kiln_malloc((size_t)c->maxseg * sizeof *c->free_seg);
+    c->obuf = kiln_malloc(c->seg);
+    c->ix = kiln_calloc((size_t)1 << c->ixbits, sizeof *c->ix);
+    if (!c->path || !c->table || !c->used || !c->live || !c->dead || !c->lo || !c->hi ||
+        !c->free_seg || !c->obuf || !c->ix) {
         rc = KILN_ENOMEM;
+        goto out;
+    }
+    if ((int64_t)c->maxseg * c->per_seg >= (int64_t)ADDR_MASK) {
+        rc = kiln_errf(KILN_EINVAL, "table '%s': %lld rows are more than one rank's disk tier "
+                       "holds; run on more ranks", c->table, (long long)rows);
         goto out;
     }
     c->fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -577,8 +696,10 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
     /* A kernel or sandbox without io_uring leaves the pread path (auto). */
     if (io == KERN_TIER_IO_AUTO || io == KERN_TIER_IO_URING) {
         int r = io_uring_queue_init(QDEPTH, &c->ring, 0);
-        if (r == 0)
+        if (r == 0) {
             c->io = KERN_TIER_IO_URING;
+            c->ring_fixed = io_uring_register_files(&c->ring, &c->fd, 1) == 0;
+        }
         else if (io == KERN_TIER_IO_URING) {
             rc = kiln_errf(KILN_EIO, "table '%s': io_uring is not available here (%s)",
                            c->table, strerror(-r));
@@ -625,9 +746,9 @@ void kern_tier_close(kern_tier_t *c)
         close(c->fd);
         unlink(c->path);
     }
-    KILN_FREE_ALL(c->path, c->table, c->nrec, c->spilled, c->fp, c->want, c->dead, c->lo, c->hi,
-                  c->bufs, c->bpage, c->bmark, c->ops, c->wbq[0].ops, c->wbq[0].buf,
-                  c->wbq[1].ops, c->wbq[1].buf);
+    KILN_FREE_ALL(c->path, c->table, c->used, c->live, c->dead, c->lo, c->hi, c->free_seg,
+                  c->obuf, c->ix, c->rbuf, c->sbuf, c->ops, c->wbq[0].ops, c->wbq[0].buf, c->wbq[1].ops,
+                  c->wbq[1].buf);
     free(c);
 }
 
@@ -642,231 +763,255 @@ void kern_tier_stats(const kern_tier_t *c, kern_tier_stats_t *st /* OUT */)
                               .written_bytes = c->written_bytes,
                               .submits = c->submits,
                               .prefetched = c->prefetched,
-                              .page_bytes = (int64_t)c->page,
-                              .npages = c->npages,
+                              .page_bytes = (int64_t)c->seg,
+                              .npages = c->nseg,
                               .io = c->io};
 }
 
-/* ---- keys in home order --------------------------------------------------------------- */
+/* ---- appending -------------------------------------------------------------------------- */
 
-typedef struct {
-    int64_t home;
-    int64_t i;
-    uint32_t fp; /* the key's fingerprint */
-} ord_t;
-
-/* Indices of the n keys (every stride bytes from keys) in home page order,
- * keys of one page in index order: an LSD radix sort over the bits a home
- * needs, 11 at a time (a step's misses sort in two or three passes instead
- * of a comparison sort's ~15 rounds). */
-static ord_t *order(const kern_tier_t *c, int64_t n, const int64_t *keys, size_t stride)
+/* Hands the open segment's slots not yet in the file to the writer. */
+static int open_flush(kern_tier_t *c)
 {
-    size_t bytes = sizeof(ord_t) * (size_t)(n > 0 ? n : 1);
-    ord_t *o = kiln_malloc(bytes), *tmp = kiln_malloc(bytes);
-    int64_t *cnt = kiln_malloc(sizeof *cnt * 2048);
-    if (!o || !tmp || !cnt) {
-        KILN_FREE_ALL(o, tmp, cnt);
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        int64_t key = *(const int64_t *)((const uint8_t *)keys + (size_t)i * stride);
-        uint8_t fp;
-        int64_t home = home_of(c, key, &fp);
-        o[i] = (ord_t){.home = home, .i = i, .fp = fp};
-    }
-    int bits = 1;
-    while (((int64_t)1 << bits) < c->nhome)
-        bits++;
-    for (int shift = 0; shift < bits; shift += 11) {
-        memset(cnt, 0, sizeof *cnt * 2048);
-        for (int64_t i = 0; i < n; i++)
-            cnt[(o[i].home >> shift) & 2047]++;
-        for (int64_t d = 0, at = 0; d < 2048; d++) {
-            int64_t k = cnt[d];
-            cnt[d] = at;
-            at += k;
-        }
-        for (int64_t i = 0; i < n; i++)
-            tmp[cnt[(o[i].home >> shift) & 2047]++] = o[i];
-        ord_t *sw = o;
-        o = tmp;
-        tmp = sw;
-    }
-    free(tmp);
-    free(cnt);
-    return o;
+    if (c->open < 0 || c->flushed == c->used[c->open])
+        return 0;
+    iop_t op = {.off = seg_off(c, c->open) + (int64_t)c->flushed * (int64_t)c->rec,
+                .len = (size_t)(c->used[c->open] - c->flushed) * c->rec,
+                .buf = c->obuf + (size_t)c->flushed * c->rec,
+                .write = 1};
+    c->flushed = c->used[c->open];
+    return wb_write(c, &op, 1);
 }
 
-/* Adds the pages of key's walk that hold records and the batch lacks.
- * Keys come in home order, so the walk's pages the batch lacks all lie past
- * its last page. Returns 1 (nothing added) when they do not fit. */
-static int plan_walk(kern_tier_t *c, int64_t home)
+/* Writes what the open segment holds and closes it (freed if nothing in it
+ * lives). */
+static int open_seal(kern_tier_t *c)
 {
-    int64_t last = c->nb > 0 ? c->bpage[c->nb - 1] : -1;
-    int add = 0;
-    for (int64_t p = home; p < c->npages; p++) {
-        add += holds(c, p) && p > last;
-        if (!c->spilled[p])
-            break;
+    if (c->open < 0)
+        return 0;
+    KILN_CHECK(open_flush(c));
+    int64_t s = c->open;
+    c->open = -1;
+    if (c->live[s] == 0)
+        seg_free(c, s);
+    return 0;
+}
+
+/* Makes sure the open segment has a free slot: a free segment, or the
+ * file's next. */
+static int open_room(kern_tier_t *c)
+{
+    if (c->open >= 0 && c->used[c->open] < c->per_seg)
+        return 0;
+    KILN_CHECK(open_seal(c));
+    int64_t s;
+    if (c->nfree > 0) {
+        s = c->free_seg[--c->nfree];
+    } else if (c->nseg < c->maxseg) {
+        s = c->nseg++;
+    } else {
+        return kiln_errf(KILN_ENOSPC, "table '%s': its disk tier %s is full (%lld records, "
+                         "%lld segments of %zu bytes); raise model.embedding.capacity, "
+                         "which sizes the tier",
+                         c->table, c->path, (long long)c->size, (long long)c->maxseg, c->seg);
     }
-    if (add > BATCH - c->nb)
-        return 1;
-    for (int64_t p = home; add > 0; p++) {
-        if (holds(c, p) && p > last) {
-            c->bpage[c->nb++] = p;
-            add--;
-        }
+    c->open = s;
+    c->flushed = 0;
+    return 0;
+}
+
+/* Appends record r (its key not in the tier) to the open segment. */
+static int append(kern_tier_t *c, const uint8_t *r)
+{
+    KILN_CHECK(open_room(c));
+    kern_rec_t h;
+    memcpy(&h, r, sizeof h);
+    const int64_t s = c->open;
+    const int i = c->used[s];
+    KILN_CHECK(ix_add(c, tag_of(h.key), s * c->per_seg + i));
+    memcpy(c->obuf + (size_t)i * c->rec, r, c->rec);
+    if (c->live[s] == 0 || h.stamp < c->lo[s])
+        c->lo[s] = h.stamp;
+    if (c->live[s] == 0 || h.stamp > c->hi[s])
+        c->hi[s] = h.stamp;
+    c->used[s]++;
+    c->live[s]++;
+    c->slots++;
+    c->size++;
+    return 0;
+}
+
+/* Room for n records of the call's reads (rbuf) and n transfers (ops). */
+static int scratch(kern_tier_t *c, int64_t n)
+{
+    if (n < 1)
+        n = 1;
+    KILN_CHECK(kiln_grow_to((void **)&c->rbuf, &c->rbuf_cap, n * (int64_t)c->rec, 1,
+                            (int64_t)c->seg));
+    return kiln_grow_to((void **)&c->ops, &c->ops_cap, n, sizeof *c->ops, 256);
+}
+
+/* Reads segment s's slots into buf: from the open segment's buffer or the
+ * file. */
+static int seg_read(kern_tier_t *c, int64_t s, uint8_t *buf)
+{
+    if (s == c->open) {
+        memcpy(buf, c->obuf, (size_t)c->used[s] * c->rec);
+        return 0;
+    }
+    iop_t op = {.off = seg_off(c, s), .len = (size_t)c->used[s] * c->rec, .buf = buf};
+    return io_run(c, &op, 1);
+}
+
+/* Compacts segment s: its live records appended again, the segment freed. */
+static int seg_compact(kern_tier_t *c, int64_t s, uint8_t *buf)
+{
+    KILN_CHECK(seg_read(c, s, buf));
+    for (int i = 0; i < c->used[s]; i++) {
+        if (is_dead(c, s, i))
+            continue;
+        const kern_rec_t *r = rec_at(c, buf, i);
+        const int64_t addr = s * c->per_seg + i;
+        KILN_CHECK(open_room(c));
+        const int64_t to = c->open * c->per_seg + c->used[c->open];
+        const uint64_t tag = tag_of(r->key);
+        const int64_t pos = ix_find(c, tag, addr);
+        if (pos < 0)
+            return kiln_errf(KILN_EINTERNAL, "table '%s': its disk tier %s lost the index "
+                             "entry of key %lld", c->table, c->path, (long long)r->key);
+        c->ix[pos] = ix_entry(tag, to);
+        memcpy(c->obuf + (size_t)c->used[c->open] * c->rec, r, c->rec);
+        const int64_t o = c->open;
+        if (c->live[o] == 0 || r->stamp < c->lo[o])
+            c->lo[o] = r->stamp;
+        if (c->live[o] == 0 || r->stamp > c->hi[o])
+            c->hi[o] = r->stamp;
+        c->used[o]++;
+        c->live[o]++;
+        c->slots++;
+        c->live[s]--;
+        dead_of(c, s)[i >> 6] |= (uint64_t)1 << (i & 63);
+    }
+    seg_free(c, s);
+    return 0;
+}
+
+/* While dead slots outnumber live records by more than two segments, the
+ * sparsest closed segments (at most half live) are compacted, GC_PER_PUT
+ * at most. Counts decide, not time, so a run's file is the same each time. */
+static int collect(kern_tier_t *c)
+{
+    for (int k = 0; k < GC_PER_PUT; k++) {
+        if (c->slots - c->size <= c->size + 2 * (int64_t)c->per_seg)
+            return 0;
+        int64_t best = -1;
+        for (int64_t s = 0; s < c->nseg; s++)
+            if (s != c->open && c->used[s] > 0 &&
+                (best < 0 || c->live[s] < c->live[best]))
+                best = s;
+        if (best < 0 || 2 * (int64_t)c->live[best] > c->used[best])
+            return 0;
+        KILN_CHECK(wb_wait(c)); /* its last writes may be queued */
+        KILN_CHECK(scratch(c, c->per_seg));
+        KILN_CHECK(seg_compact(c, best, c->rbuf));
     }
     return 0;
 }
 
-/* The batch's buffer index of page p, -1 when absent (pages ascend). */
-static int batch_find(const kern_tier_t *c, int64_t p)
-{
-    int lo = 0, hi = c->nb - 1;
-    while (lo <= hi) {
-        int m = lo + (hi - lo) / 2;
-        if (c->bpage[m] == p)
-            return m;
-        if (c->bpage[m] < p)
-            lo = m + 1;
-        else
-            hi = m - 1;
-    }
-    return -1;
-}
-
-/* Reads the batch's pages (their used slots) in one submission. */
-static int batch_read(kern_tier_t *c)
-{
-    for (int b = 0; b < c->nb; b++)
-        c->ops[b] = (iop_t){.off = c->bpage[b] * (int64_t)c->page,
-                            .len = (size_t)c->nrec[c->bpage[b]] * c->rec,
-                            .buf = buf_at(c, b)};
-    return io_run(c, c->ops, c->nb);
-}
-
-/* Bit i set where f[i] == fp, for i < n <= 64. Eight slots at a time: a
- * byte of w ^ fp is zero exactly where they match (the test below has no
- * false alarms, unlike the one that finds a tab in data_tsv.c), and a
- * multiply gathers the eight bytes' high bits. A page of lr rows holds 128
- * records, so a byte at a time was most of a miss's CPU in the tier. */
-static inline uint64_t fp_bits(const uint8_t *f, int n, uint8_t fp)
-{
-    uint64_t m = 0;
-    int i = 0;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    const uint64_t lo7 = 0x7f7f7f7f7f7f7f7full, highs = 0x8080808080808080ull;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, f + i, 8);
-        w ^= 0x0101010101010101ull * fp;
-        const uint64_t z = ~(((w & lo7) + lo7) | w) & highs; /* high bit of each zero byte */
-        m |= (((z >> 7) * 0x0102040810204080ull) >> 56) << i;
-    }
-#endif
-    for (; i < n; i++)
-        m |= (uint64_t)(f[i] == fp) << i;
-    return m;
-}
-
-/* The used slots of page p in its 64-slot word w. */
-static inline uint64_t used_bits(const kern_tier_t *c, int64_t p, int w)
-{
-    const int n = c->nrec[p] - w * 64;
-    return n >= 64 ? ~(uint64_t)0 : n > 0 ? ((uint64_t)1 << n) - 1 : 0;
-}
-
-/* Marks, in the batch's want bits, the live slots on the walk from home
- * whose fingerprint is fp. */
-static void want_walk(kern_tier_t *c, int64_t home, uint8_t fp)
-{
-    for (int64_t p = home; p < c->npages; p++) {
-        if (holds(c, p)) {
-            int b = batch_find(c, p);
-            const uint8_t *f = fp_of(c, p);
-            const uint64_t *dead = dead_of(c, p);
-            uint64_t *want = c->want + (size_t)b * (size_t)c->dw;
-            for (int w = 0; w * 64 < c->nrec[p]; w++) {
-                const int n = c->nrec[p] - w * 64;
-                want[w] |= fp_bits(f + w * 64, n < 64 ? n : 64, fp) & ~dead[w];
-            }
-        }
-        if (!c->spilled[p])
-            break;
-    }
-}
-
-/* Reads of a lookup's batch: of each page only the slots from its first
- * wanted one to its last (a key's record, not the page: a page holds ~26
- * records of dim 16 with adagrad), none of a page no key's fingerprint
- * matches. The rest of the page's buffer is junk. */
-static int batch_read_wanted(kern_tier_t *c)
-{
-    int no = 0;
-    for (int b = 0; b < c->nb; b++) {
-        int64_t p = c->bpage[b];
-        const uint64_t *want = c->want + (size_t)b * (size_t)c->dw;
-        int first = -1, last = -1;
-        for (int w = 0; w < c->dw; w++) {
-            if (!want[w])
-                continue;
-            first = first < 0 ? w * 64 + __builtin_ctzll(want[w]) : first;
-            last = w * 64 + 63 - __builtin_clzll(want[w]);
-        }
-        if (first < 0)
-            continue;
-        c->ops[no++] = (iop_t){.off = p * (int64_t)c->page + first * (int64_t)c->rec,
-                               .len = (size_t)(last - first + 1) * c->rec,
-                               .buf = buf_at(c, b) + (size_t)first * c->rec};
-    }
-    return io_run(c, c->ops, no);
-}
-
-/* Finds key on its walk through the batch's wanted slots: 0 with *b and
- * *idx, or 1. */
-static int batch_walk(const kern_tier_t *c, int64_t key, int64_t home, int *bout, int *idx)
-{
-    for (int64_t p = home; p < c->npages; p++) {
-        if (holds(c, p)) {
-            int b = batch_find(c, p);
-            uint8_t *buf = buf_at(c, b);
-            const uint64_t *want = c->want + (size_t)b * (size_t)c->dw, *dead = dead_of(c, p);
-            for (int w = 0; w * 64 < c->nrec[p]; w++) {
-                /* the wanted live slots, lowest first */
-                for (uint64_t m = want[w] & ~dead[w] & used_bits(c, p, w); m; m &= m - 1) {
-                    const int i = w * 64 + __builtin_ctzll(m);
-                    if (rec_at(c, buf, i)->key == key) {
-                        *bout = b;
-                        *idx = i;
-                        return 0;
-                    }
-                }
-            }
-        }
-        if (!c->spilled[p])
-            break;
-    }
-    return 1;
-}
-
-/* Takes record i of page p out: its slot goes dead, in RAM only (dead
- * slots at the page's end are given back to it). */
-static void slot_kill(kern_tier_t *c, int64_t p, int i)
-{
-    dead_of(c, p)[i >> 6] |= (uint64_t)1 << (i & 63);
-    c->size--;
-    while (c->nrec[p] > 0 && is_dead(c, p, c->nrec[p] - 1)) {
-        int j = c->nrec[p] - 1;
-        dead_of(c, p)[j >> 6] &= ~((uint64_t)1 << (j & 63));
-        c->nrec[p]--;
-    }
-}
-
 /* ---- calls ---------------------------------------------------------------------------- */
 
-/* take (out != NULL), has (found only) or delete (gone) over keys[n]:
- * reads, writes nothing. */
+/* A key's lookup: its tag, the index position of its candidate. */
+typedef struct {
+    uint64_t tag;
+    int64_t pos;
+    int64_t addr;
+    int64_t i;             /* its index in the call's keys */
+    const kern_rec_t *rec; /* the record read (read_wanted), in sbuf */
+} want_t;
+
+/* Sorts w[0..n) by addr: an LSD radix sort, a byte a pass over the bytes
+ * the tier's slot numbers take (two or three; a comparison sort of a
+ * step's misses was 4 % of a tiered lr run). Returns 0 or KILN_ENOMEM. */
+static int sort_wants(const kern_tier_t *c, want_t *w, int64_t n)
+{
+    if (n < 2)
+        return 0;
+    want_t *tmp = kiln_malloc(sizeof *tmp * (size_t)n);
+    if (!tmp)
+        return KILN_ENOMEM;
+    want_t *src = w, *dst = tmp;
+    const int64_t top = c->nseg * c->per_seg;
+    for (int shift = 0; shift == 0 || (top >> shift) > 0; shift += 8) {
+        int64_t cnt[256] = {0};
+        for (int64_t j = 0; j < n; j++)
+            cnt[(src[j].addr >> shift) & 255]++;
+        for (int64_t d = 0, at = 0; d < 256; d++) {
+            const int64_t k = cnt[d];
+            cnt[d] = at;
+            at += k;
+        }
+        for (int64_t j = 0; j < n; j++)
+            dst[cnt[(src[j].addr >> shift) & 255]++] = src[j];
+        want_t *sw = src;
+        src = dst;
+        dst = sw;
+    }
+    if (src != w)
+        memcpy(w, src, sizeof *w * (size_t)n);
+    free(tmp);
+    return 0;
+}
+
+/* Reads the candidates w[0..n) (sorted by addr) in one submission (every
+ * put ends with its records handed to the writer, and a lookup waits for
+ * the writer first), w[j].rec pointing at each record read. Records of a
+ * segment at most READ_GAP bytes apart are one transfer: a transfer costs
+ * the kernel about what copying a few KiB does, and a segment holds rows
+ * demoted together (2 KiB measured best of 0, 2, 4, 8 and 32 KiB:
+ * docs/benchmarks.md). */
+static int read_wanted(kern_tier_t *c, want_t *w, int64_t n)
+{
+    KILN_CHECK(kiln_grow_to((void **)&c->ops, &c->ops_cap, n > 0 ? n : 1, sizeof *c->ops, 256));
+    /* the spans first: where each starts and ends, in file order */
+    int64_t no = 0, sbytes = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t s = w[j].addr / c->per_seg;
+        const int64_t off = seg_off(c, s) + (w[j].addr % c->per_seg) * (int64_t)c->rec;
+        iop_t *last = no > 0 ? &c->ops[no - 1] : NULL;
+        if (last && last->off / (int64_t)c->seg == s &&
+            off - (last->off + (int64_t)last->len) <= READ_GAP) {
+            sbytes += off + (int64_t)c->rec - (last->off + (int64_t)last->len);
+            last->len = (size_t)(off + (int64_t)c->rec - last->off);
+            continue;
+        }
+        c->ops[no++] = (iop_t){.off = off, .len = c->rec};
+        sbytes += (int64_t)c->rec;
+    }
+    KILN_CHECK(kiln_grow_to((void **)&c->sbuf, &c->sbuf_cap, sbytes > 0 ? sbytes : 1, 1,
+                            (int64_t)c->seg));
+    for (int64_t k = 0, at = 0; k < no; k++) {
+        c->ops[k].buf = c->sbuf + at;
+        at += (int64_t)c->ops[k].len;
+    }
+    int64_t r0 = c->reads, t0 = kiln_mono_ns();
+    int rc = io_run(c, c->ops, (int)no);
+    if (c->reads > r0) {
+        double per = (double)(kiln_mono_ns() - t0) / (double)(c->reads - r0);
+        c->read_ns = c->read_ns > 0 ? 0.9 * c->read_ns + 0.1 * per : per;
+    }
+    /* each record in its span */
+    for (int64_t j = 0, k = 0; j < n && rc == 0; j++) {
+        const int64_t off = seg_off(c, w[j].addr / c->per_seg) +
+                            (w[j].addr % c->per_seg) * (int64_t)c->rec;
+        while (off >= c->ops[k].off + (int64_t)c->ops[k].len)
+            k++;
+        w[j].rec = (const kern_rec_t *)(c->ops[k].buf + (off - c->ops[k].off));
+    }
+    return rc;
+}
+
+/* take (out, remove), get (out), has (found only) or delete (remove, gone)
+ * over keys[n] (distinct): reads, writes nothing. */
 static int lookup(kern_tier_t *c, int64_t n, const int64_t *keys, void *out, uint8_t *found,
                   int remove, kern_tier_gone_fn gone, void *ctx, int64_t *nhit)
 {
@@ -876,48 +1021,56 @@ static int lookup(kern_tier_t *c, int64_t n, const int64_t *keys, void *out, uin
     KILN_CHECK(wb_wait(c));
     if (n == 0 || c->size == 0)
         return 0;
-    ord_t *o = order(c, n, keys, sizeof(int64_t));
-    if (!o)
+    want_t *w = kiln_malloc(sizeof *w * (size_t)n);
+    int64_t *hit = kiln_malloc(sizeof *hit * (size_t)n); /* addr of key i's record, or -1 */
+    if (!w || !hit) {
+        KILN_FREE_ALL(w, hit);
         return KILN_ENOMEM;
-    int rc = 0;
-    for (int64_t k = 0; k < n && rc == 0;) {
-        int64_t end = k;
-        c->nb = 0;
-        while (end < n && plan_walk(c, o[end].home) == 0)
-            end++;
-        if (end == k) {
-            rc = kiln_errf(KILN_EINTERNAL, "table '%s': a walk in its disk tier %s passes more "
-                           "than %d full pages", c->table, c->path, BATCH);
-            break;
-        }
-        memset(c->want, 0, sizeof *c->want * (size_t)c->nb * (size_t)c->dw);
-        for (int64_t j = k; j < end; j++)
-            want_walk(c, o[j].home, (uint8_t)o[j].fp);
-        int64_t r0 = c->reads, t0 = kiln_mono_ns();
-        rc = batch_read_wanted(c);
-        if (c->reads > r0) {
-            double per = (double)(kiln_mono_ns() - t0) / (double)(c->reads - r0);
-            c->read_ns = c->read_ns > 0 ? 0.9 * c->read_ns + 0.1 * per : per;
-        }
-        for (; k < end && rc == 0; k++) {
-            int64_t i = o[k].i;
-            int b, idx;
-            if (batch_walk(c, keys[i], o[k].home, &b, &idx) != 0)
-                continue;
-            if (found)
-                found[i] = 1;
-            (*nhit)++;
-            kern_rec_t *r = rec_at(c, buf_at(c, b), idx);
-            if (out)
-                memcpy((uint8_t *)out + (size_t)i * c->rec, r, c->rec);
-            if (gone)
-                rc = gone(ctx, r->key, r->stamp);
-            if (remove && rc == 0)
-                slot_kill(c, c->bpage[b], idx);
-        }
-        c->nb = 0;
     }
-    free(o);
+    int64_t nw = 0;
+    for (int64_t i = 0; i < n; i++) {
+        hit[i] = -1;
+        const uint64_t tag = tag_of(keys[i]);
+        const int64_t pos = ix_next(c, tag, ix_home(c, tag));
+        if (pos >= 0)
+            w[nw++] = (want_t){tag, pos, entry_addr(c->ix[pos]), i, NULL};
+    }
+    int rc = 0;
+    /* Rounds: a candidate whose record holds another key (the same 28
+     * bits of hash) walks on to the next entry with its tag. */
+    while (nw > 0 && rc == 0) {
+        rc = sort_wants(c, w, nw);
+        if (rc == 0)
+            rc = read_wanted(c, w, nw);
+        int64_t next = 0;
+        for (int64_t j = 0; j < nw && rc == 0; j++) {
+            const kern_rec_t *r = w[j].rec;
+            const int64_t i = w[j].i;
+            if (r->key == keys[i]) {
+                hit[i] = w[j].addr;
+                if (out)
+                    memcpy((uint8_t *)out + (size_t)i * c->rec, r, c->rec);
+                if (gone)
+                    rc = gone(ctx, r->key, r->stamp);
+                continue;
+            }
+            const int64_t pos = ix_next(c, w[j].tag, ((uint64_t)w[j].pos + 1) & ix_mask(c));
+            if (pos >= 0)
+                w[next++] = (want_t){w[j].tag, pos, entry_addr(c->ix[pos]), i, NULL};
+        }
+        nw = next;
+    }
+    /* Removals last: a removal moves other entries. */
+    for (int64_t i = 0; i < n; i++) {
+        if (hit[i] < 0)
+            continue;
+        (*nhit)++;
+        if (found)
+            found[i] = 1;
+        if (remove && rc == 0)
+            slot_kill(c, keys[i], hit[i]);
+    }
+    KILN_FREE_ALL(w, hit);
     return rc;
 }
 
@@ -947,85 +1100,28 @@ int kern_tier_delete(kern_tier_t *c, int64_t n, const int64_t *keys, kern_tier_g
     return lookup(c, n, keys, NULL, NULL, 1, gone, ctx, ndeleted);
 }
 
-/* Sends the put's writes: records into dead slots (c->ops[0..nops), from
- * the caller's records) and each batch page's appended slots. */
-static int put_flush(kern_tier_t *c)
-{
-    for (int b = 0; b < c->nb; b++) {
-        int64_t p = c->bpage[b];
-        c->ops[c->nops++] = (iop_t){.off = p * (int64_t)c->page + c->bmark[b] * (int64_t)c->rec,
-                                    .len = (size_t)(c->nrec[p] - c->bmark[b]) * c->rec,
-                                    .buf = buf_at(c, b),
-                                    .write = 1};
-    }
-    int n = c->nops;
-    c->nb = c->nops = 0;
-    return wb_write(c, c->ops, n);
-}
-
 int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
 {
     /* No wait for earlier writes: the writer keeps their order, and a
-     * slot a put fills was freed by a take, which waited for them. */
-    if (n == 0)
-        return 0;
-    ord_t *o = order(c, n, (const int64_t *)recs, c->rec);
-    if (!o)
-        return KILN_ENOMEM;
+     * segment a put reuses was freed by a call that waited for them. */
     int rc = 0;
-    c->nb = c->nops = 0;
-    /* Keys in home order land on pages in ascending order: a key passes
-     * only pages that were full for the keys before it. */
     for (int64_t k = 0; k < n && rc == 0; k++) {
-        uint8_t *r = (uint8_t *)recs + (size_t)o[k].i * c->rec; /* only written from */
-        kern_rec_t h;
-        memcpy(&h, r, sizeof h);
-        int64_t p = o[k].home;
-        while (p < c->npages && page_full(c, p))
-            c->spilled[p++] = 1;
-        if (p == c->npages) {
-            rc = kiln_errf(KILN_ENOSPC, "table '%s': its disk tier %s has no page left for "
-                           "key %lld (%lld records in %lld pages); raise "
-                           "model.embedding.capacity, which sizes the tier",
-                           c->table, c->path, (long long)h.key, (long long)c->size,
-                           (long long)c->npages);
-            break;
-        }
-        if (c->nb == BATCH || c->nops == BATCH)
-            rc = put_flush(c);
-        int empty = live_of(c, p) == 0, slot = first_dead(c, p);
-        if (slot >= 0) {
-            /* Into the dead slot: the record goes straight from recs. */
-            dead_of(c, p)[slot >> 6] &= ~((uint64_t)1 << (slot & 63));
-            fp_of(c, p)[slot] = (uint8_t)o[k].fp;
-            c->ops[c->nops++] = (iop_t){.off = p * (int64_t)c->page + slot * (int64_t)c->rec,
-                                        .len = c->rec, .buf = r, .write = 1};
-        } else {
-            if (c->nb == 0 || c->bpage[c->nb - 1] != p) {
-                c->bpage[c->nb] = p;
-                c->bmark[c->nb++] = c->nrec[p];
-            }
-            int b = c->nb - 1;
-            memcpy(buf_at(c, b) + (size_t)(c->nrec[p] - c->bmark[b]) * c->rec, r, c->rec);
-            fp_of(c, p)[c->nrec[p]] = (uint8_t)o[k].fp;
-            c->nrec[p]++;
-        }
-        if (empty || h.stamp < c->lo[p])
-            c->lo[p] = h.stamp;
-        if (empty || h.stamp > c->hi[p])
-            c->hi[p] = h.stamp;
-        c->size++;
+        rc = append(c, (const uint8_t *)recs + (size_t)k * c->rec);
+        if (rc == 0 && c->used[c->open] == c->per_seg)
+            rc = open_flush(c); /* a full segment goes to the writer now */
     }
-    int wrc = put_flush(c);
-    free(o);
-    return rc < 0 ? rc : wrc;
+    if (rc == 0)
+        rc = collect(c);
+    /* and the rest of the put and of the compactions: every record is in
+     * the file (behind the call), none only in RAM */
+    if (rc == 0)
+        rc = open_flush(c);
+    return rc;
 }
 
-/* Asks the kernel to read pages first..last (their records) ahead. */
-static void prefetch_run(kern_tier_t *c, int64_t first, int64_t last)
+/* Asks the kernel to read bytes [off, end) of the file ahead. */
+static void prefetch_run(kern_tier_t *c, int64_t off, int64_t end)
 {
-    off_t off = (off_t)(first * (int64_t)c->page);
-    off_t len = (off_t)((last - first) * (int64_t)c->page + (int64_t)c->nrec[last] * (int64_t)c->rec);
 #ifdef KILN_HAVE_URING
     if (c->io == KERN_TIER_IO_URING) {
         /* At most QDEPTH fadvises in flight: the completion queue (2
@@ -1045,15 +1141,16 @@ static void prefetch_run(kern_tier_t *c, int64_t first, int64_t last)
         struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
         if (!sqe)
             return;
-        io_uring_prep_fadvise(sqe, c->fd, (uint64_t)off, len, POSIX_FADV_WILLNEED);
+        io_uring_prep_fadvise(sqe, c->fd, (uint64_t)off, (off_t)(end - off),
+                              POSIX_FADV_WILLNEED);
         sqe->user_data = PREFETCH_TAG;
         c->pf_inflight++;
-        c->prefetched += last - first + 1;
+        c->prefetched += (end - off + 4095) / 4096;
         return;
     }
 #endif
-    c->prefetched += last - first + 1;
-    (void)posix_fadvise(c->fd, off, len, POSIX_FADV_WILLNEED);
+    c->prefetched += (end - off + 4095) / 4096;
+    (void)posix_fadvise(c->fd, (off_t)off, (off_t)(end - off), POSIX_FADV_WILLNEED);
     c->submits++;
 }
 
@@ -1068,25 +1165,31 @@ int kern_tier_prefetch(kern_tier_t *c, int64_t n, const int64_t *keys)
 {
     if (n == 0 || c->size == 0 || !kern_tier_slow(c))
         return 0;
-    ord_t *o = order(c, n, keys, sizeof(int64_t));
-    if (!o)
+    want_t *w = kiln_malloc(sizeof *w * (size_t)n);
+    if (!w)
         return KILN_ENOMEM;
-    /* Runs of pages holding records at most PREFETCH_GAP apart, one
-     * fadvise each. */
+    int64_t nw = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t tag = tag_of(keys[i]);
+        const int64_t pos = ix_next(c, tag, ix_home(c, tag));
+        if (pos >= 0)
+            w[nw++] = (want_t){tag, pos, entry_addr(c->ix[pos]), i, NULL};
+    }
+    if (sort_wants(c, w, nw) < 0) {
+        free(w);
+        return KILN_ENOMEM;
+    }
+    /* Runs of records at most PREFETCH_GAP apart, one fadvise each. */
     int64_t first = -1, last = -1;
-    for (int64_t k = 0; k < n; k++) {
-        for (int64_t p = o[k].home; p < c->npages; p++) {
-            if (holds(c, p) && p > last) {
-                if (first >= 0 && p > last + PREFETCH_GAP) {
-                    prefetch_run(c, first, last);
-                    first = -1;
-                }
-                first = first < 0 ? p : first;
-                last = p;
-            }
-            if (!c->spilled[p])
-                break;
+    for (int64_t j = 0; j < nw; j++) {
+        const int64_t off = seg_off(c, w[j].addr / c->per_seg) +
+                            (w[j].addr % c->per_seg) * (int64_t)c->rec;
+        if (first >= 0 && off > last + PREFETCH_GAP) {
+            prefetch_run(c, first, last);
+            first = -1;
         }
+        first = first < 0 ? off : first;
+        last = off + (int64_t)c->rec;
     }
     if (first >= 0)
         prefetch_run(c, first, last);
@@ -1098,75 +1201,42 @@ int kern_tier_prefetch(kern_tier_t *c, int64_t n, const int64_t *keys)
         ring_reap(c, NULL, &done, 0);
     }
 #endif
-    free(o);
+    free(w);
     return 0;
 }
 
 /* ---- whole-tier passes ------------------------------------------------------------------
- * A pass picks pages (those holding records that it needs) BATCH at a time,
- * reads them in one submission and hands each to a page function, which
- * skips dead slots and may take records out (slot_kill); the pages it
- * changed go back packed (no dead slots) and whole in one submission, their
- * stamp ranges exact again. */
+ * A pass reads the segments holding records it needs, one at a time, into
+ * rbuf and works on their live slots; records it takes out go dead
+ * (slot_kill), and a segment left with some gets exact stamp bounds. */
 
-/* Works on page p's records in buf; returns 1 when it changed them, 0 when
- * not, or a negative KILN_E* code. */
-typedef int (*page_fn)(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf);
-
-/* Runs fn over the batch's pages (c->bpage[0..nb), any order). */
-static int batch_visit(kern_tier_t *c, page_fn fn, void *ctx)
+/* Makes the stamp bounds of segment s (read into buf) exact. */
+static void seg_bounds(kern_tier_t *c, int64_t s, uint8_t *buf)
 {
-    int rc = batch_read(c), no = 0;
-    for (int b = 0; b < c->nb && rc == 0; b++) {
-        int64_t p = c->bpage[b];
-        int r = fn(c, ctx, p, buf_at(c, b));
-        if (r < 0)
-            rc = r;
-        if (r <= 0)
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (int i = 0; i < c->used[s]; i++) {
+        if (is_dead(c, s, i))
             continue;
-        int m = 0;
-        int64_t lo = INT64_MAX, hi = INT64_MIN;
-        for (int i = 0; i < c->nrec[p]; i++) {
-            if (is_dead(c, p, i))
-                continue;
-            kern_rec_t *rec = rec_at(c, buf_at(c, b), i);
-            lo = rec->stamp < lo ? rec->stamp : lo;
-            hi = rec->stamp > hi ? rec->stamp : hi;
-            if (m != i) {
-                memcpy(rec_at(c, buf_at(c, b), m), rec, c->rec);
-                fp_of(c, p)[m] = fp_of(c, p)[i];
-            }
-            m++;
-        }
-        memset(dead_of(c, p), 0, sizeof(uint64_t) * (size_t)c->dw);
-        c->nrec[p] = (uint16_t)m;
-        c->lo[p] = lo;
-        c->hi[p] = hi;
-        if (m == 0)
-            continue;
-        c->ops[no++] = (iop_t){.off = p * (int64_t)c->page,
-                               .len = (size_t)c->nrec[p] * c->rec,
-                               .buf = buf_at(c, b),
-                               .write = 1};
+        const int64_t st = rec_at(c, buf, i)->stamp;
+        lo = st < lo ? st : lo;
+        hi = st > hi ? st : hi;
     }
-    c->nb = 0;
-    int wrc = io_run(c, c->ops, no); /* what fn changed goes back, whatever failed */
-    return rc < 0 ? rc : wrc;
+    c->lo[s] = lo;
+    c->hi[s] = hi;
 }
 
-/* Adds page p to the batch, visiting the batch first when it is full. */
-static int batch_add(kern_tier_t *c, int64_t p, page_fn fn, void *ctx)
+/* Reads segment s for a pass (rbuf): 0 or the failure. */
+static int pass_read(kern_tier_t *c, int64_t s)
 {
-    if (c->nb == BATCH)
-        KILN_CHECK(batch_visit(c, fn, ctx));
-    c->bpage[c->nb++] = p;
-    return 0;
+    KILN_CHECK(scratch(c, c->per_seg));
+    return seg_read(c, s, c->rbuf);
 }
 
 typedef struct {
     uint32_t prio;
-    int64_t page;
-    int idx;
+    int64_t addr;
+    int64_t key;
+    int64_t stamp;
 } cand_t;
 
 static int cmp_cand(const void *a, const void *b)
@@ -1174,64 +1244,7 @@ static int cmp_cand(const void *a, const void *b)
     const cand_t *x = a, *y = b;
     if (x->prio != y->prio)
         return x->prio < y->prio ? -1 : 1;
-    if (x->page != y->page)
-        return x->page < y->page ? -1 : 1;
-    return x->idx - y->idx;
-}
-
-/* Removal order: by page ascending, within a page from the last record
- * down, so a slot that slot_kill gives back is never one still to go. */
-static int cmp_cand_page(const void *a, const void *b)
-{
-    const cand_t *x = a, *y = b;
-    if (x->page != y->page)
-        return x->page < y->page ? -1 : 1;
-    return y->idx - x->idx;
-}
-
-/* Who is told of the records an evict or an expire takes out, and how many it took. */
-typedef struct {
-    kern_tier_gone_fn fn;
-    void *ctx;
-    int64_t removed;
-} gone_t;
-
-/* Tells the owner that record r (slot i of page p) goes, then takes it out. */
-static int rec_gone(kern_tier_t *c, gone_t *g, int64_t p, int i, const kern_rec_t *r)
-{
-    KILN_CHECK(g->fn(g->ctx, r->key, r->stamp));
-    slot_kill(c, p, i);
-    g->removed++;
-    return 0;
-}
-
-typedef struct {
-    cand_t *cand;
-    int64_t nc, cap, at;
-    uint32_t (*prio)(const void *pctx, const kern_rec_t *r);
-    const void *pctx;
-    gone_t gone;
-} evict_t;
-
-static int evict_sample(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
-{
-    evict_t *e = ctx;
-    for (int i = 0; i < c->nrec[p] && e->nc < e->cap; i++)
-        if (!is_dead(c, p, i))
-            e->cand[e->nc++] = (cand_t){e->prio(e->pctx, rec_at(c, buf, i)), p, i};
-    return 0;
-}
-
-static int evict_remove(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
-{
-    evict_t *e = ctx;
-    int changed = 0;
-    for (; e->at < e->nc && e->cand[e->at].page == p; e->at++) {
-        int i = e->cand[e->at].idx;
-        KILN_CHECK(rec_gone(c, &e->gone, p, i, rec_at(c, buf, i)));
-        changed = 1;
-    }
-    return changed;
+    return (x->addr > y->addr) - (x->addr < y->addr);
 }
 
 int kern_tier_evict(kern_tier_t *c, int64_t need, uint64_t seed,
@@ -1244,175 +1257,135 @@ int kern_tier_evict(kern_tier_t *c, int64_t need, uint64_t seed,
         return 0;
     if (need > c->size)
         need = c->size;
-    /* Sample pages until they hold 4 x need records (every page when the
-     * tier is that small). */
-    int64_t want = 4 * need, got = 0;
-    evict_t e = {.cap = want + c->per_page, .prio = prio, .pctx = pctx, .gone = {gone, ctx, 0}};
-    e.cand = kiln_malloc(sizeof *e.cand * (size_t)e.cap);
-    if (!e.cand)
+    /* Sample segments until they hold 4 x need records (every segment when
+     * the tier is that small), consecutive ones from a seeded start. */
+    int64_t want = 4 * need, nc = 0;
+    cand_t *cand = kiln_malloc(sizeof *cand * (size_t)(want + c->per_seg));
+    if (!cand)
         return KILN_ENOMEM;
     int rc = 0;
-    /* Consecutive pages from a seeded start: keys land on pages by hash, so
-     * a run of pages is as good a sample as scattered ones, and cheaper. */
     int64_t start = want >= c->size ? 0
-                    : (int64_t)(kern_mix64(seed ^ 0x65766963ULL) % (uint64_t)c->npages);
-    c->nb = 0;
-    for (int64_t j = 0; j < c->npages && got < want && rc == 0; j++) {
-        int64_t pg = (start + j) % c->npages;
-        if (!holds(c, pg))
+                    : (int64_t)(kern_mix64(seed ^ 0x65766963ULL) % (uint64_t)c->nseg);
+    for (int64_t j = 0; j < c->nseg && nc < want && rc == 0; j++) {
+        int64_t s = (start + j) % c->nseg;
+        if (c->live[s] == 0)
             continue;
-        rc = batch_add(c, pg, evict_sample, &e);
-        got += live_of(c, pg);
+        rc = pass_read(c, s);
+        for (int i = 0; i < c->used[s] && rc == 0; i++) {
+            if (is_dead(c, s, i))
+                continue;
+            const kern_rec_t *r = rec_at(c, c->rbuf, i);
+            cand[nc++] = (cand_t){prio(pctx, r), s * c->per_seg + i, r->key, r->stamp};
+        }
     }
-    if (rc == 0)
-        rc = batch_visit(c, evict_sample, &e);
-    if (rc < 0)
-        goto out;
-    qsort(e.cand, (size_t)e.nc, sizeof *e.cand, cmp_cand);
-    if (e.nc > need)
-        e.nc = need;
-    qsort(e.cand, (size_t)e.nc, sizeof *e.cand, cmp_cand_page);
-    for (int64_t j = 0; j < e.nc && rc == 0; j++)
-        if (j == 0 || e.cand[j].page != e.cand[j - 1].page)
-            rc = batch_add(c, e.cand[j].page, evict_remove, &e);
-    if (rc == 0)
-        rc = batch_visit(c, evict_remove, &e);
-out:
-    c->nb = 0;
-    *nevicted = e.gone.removed;
-    free(e.cand);
+    if (rc == 0) {
+        qsort(cand, (size_t)nc, sizeof *cand, cmp_cand);
+        if (nc > need)
+            nc = need;
+        for (int64_t j = 0; j < nc && rc == 0; j++) {
+            rc = gone(ctx, cand[j].key, cand[j].stamp);
+            if (rc == 0) {
+                slot_kill(c, cand[j].key, cand[j].addr);
+                (*nevicted)++;
+            }
+        }
+    }
+    free(cand);
     return rc;
-}
-
-typedef struct {
-    int64_t before;
-    gone_t gone;
-} expire_t;
-
-static int expire_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
-{
-    expire_t *x = ctx;
-    int changed = 0;
-    for (int i = c->nrec[p] - 1; i >= 0; i--) {
-        kern_rec_t *r = rec_at(c, buf, i);
-        if (i >= c->nrec[p] || is_dead(c, p, i) || r->stamp >= x->before)
-            continue;
-        KILN_CHECK(rec_gone(c, &x->gone, p, i, r));
-        changed = 1;
-    }
-    return changed;
 }
 
 int kern_tier_expire(kern_tier_t *c, int64_t before, kern_tier_gone_fn gone, void *ctx,
                      int64_t *nexpired /* OUT */)
 {
-    expire_t x = {.before = before, .gone = {gone, ctx, 0}};
+    *nexpired = 0;
     int rc = wb_wait(c);
-    c->nb = 0;
-    for (int64_t p = 0; p < c->npages && rc == 0; p++)
-        if (holds(c, p) && c->lo[p] < before)
-            rc = batch_add(c, p, expire_page, &x);
-    if (rc == 0)
-        rc = batch_visit(c, expire_page, &x);
-    c->nb = 0;
-    *nexpired = x.gone.removed;
+    for (int64_t s = 0; s < c->nseg && rc == 0; s++) {
+        if (c->live[s] == 0 || c->lo[s] >= before)
+            continue;
+        rc = pass_read(c, s);
+        for (int i = 0; i < c->used[s] && rc == 0; i++) {
+            const kern_rec_t *r = rec_at(c, c->rbuf, i);
+            if (is_dead(c, s, i) || r->stamp >= before)
+                continue;
+            rc = gone(ctx, r->key, r->stamp);
+            if (rc == 0) {
+                slot_kill(c, r->key, s * c->per_seg + i);
+                (*nexpired)++;
+            }
+        }
+        if (c->live[s] > 0)
+            seg_bounds(c, s, c->rbuf);
+    }
     return rc;
-}
-
-typedef struct {
-    int64_t since, n;
-    kern_tier_chunk_fn fn;
-    void *ctx;
-} since_t;
-
-static int count_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
-{
-    since_t *s = ctx;
-    for (int i = 0; i < c->nrec[p]; i++)
-        s->n += !is_dead(c, p, i) && rec_at(c, buf, i)->stamp > s->since;
-    return 0;
 }
 
 int kern_tier_count(kern_tier_t *c, int64_t since, int64_t *n /* OUT */)
 {
-    since_t s = {.since = since};
+    *n = 0;
     int rc = wb_wait(c);
-    c->nb = 0;
-    for (int64_t p = 0; p < c->npages && rc == 0; p++) {
-        if (!holds(c, p) || c->hi[p] <= since)
+    for (int64_t s = 0; s < c->nseg && rc == 0; s++) {
+        if (c->live[s] == 0 || c->hi[s] <= since)
             continue;
-        if (c->lo[p] > since)
-            s.n += live_of(c, p); /* every record of the page is newer */
-        else
-            rc = batch_add(c, p, count_page, &s);
+        if (c->lo[s] > since) {
+            *n += c->live[s]; /* every record of the segment is newer */
+            continue;
+        }
+        rc = pass_read(c, s);
+        for (int i = 0; i < c->used[s] && rc == 0; i++)
+            *n += !is_dead(c, s, i) && rec_at(c, c->rbuf, i)->stamp > since;
     }
-    if (rc == 0)
-        rc = batch_visit(c, count_page, &s);
-    c->nb = 0;
-    *n = s.n;
     return rc;
 }
 
 int kern_tier_scan(kern_tier_t *c, int64_t *page, int64_t cap, void *out /* OUT (cap) */,
                    int64_t *n /* OUT */)
 {
+    /* *page is a slot number: the scan goes on from there, partway
+     * through a segment where cap ran out. */
     *n = 0;
     KILN_CHECK(wb_wait(c));
-    /* One batch: the next pages holding records, as many as fit cap. */
-    int64_t p = *page, fit = 0;
-    c->nb = 0;
-    for (; p < c->npages && c->nb < BATCH; p++) {
-        if (!holds(c, p))
+    if (cap < 1)
+        return kiln_errf(KILN_EINVAL, "table '%s': kern_tier_scan needs room for a record",
+                         c->table);
+    int64_t at = *page, got = 0;
+    int rc = 0;
+    while (got < cap && at < c->nseg * c->per_seg && rc == 0) {
+        const int64_t s = at / c->per_seg;
+        int i = (int)(at % c->per_seg);
+        if (c->live[s] == 0 || i >= c->used[s]) {
+            at = (s + 1) * c->per_seg;
             continue;
-        if (fit + live_of(c, p) > cap)
-            break;
-        fit += live_of(c, p);
-        c->bpage[c->nb++] = p;
+        }
+        rc = pass_read(c, s);
+        for (; i < c->used[s] && got < cap && rc == 0; i++)
+            if (!is_dead(c, s, i))
+                memcpy((uint8_t *)out + (size_t)got++ * c->rec, rec_at(c, c->rbuf, i), c->rec);
+        at = i < c->used[s] ? s * c->per_seg + i : (s + 1) * c->per_seg;
     }
-    if (c->nb == 0 && p < c->npages)
-        return kiln_errf(KILN_EINVAL, "table '%s': kern_tier_scan needs room for a page's "
-                         "records (%d), not %lld", c->table, c->per_page, (long long)cap);
-    int rc = batch_read(c);
-    int64_t got = 0;
-    for (int b = 0; b < c->nb && rc == 0; b++)
-        for (int i = 0; i < c->nrec[c->bpage[b]]; i++)
-            if (!is_dead(c, c->bpage[b], i))
-                memcpy((uint8_t *)out + (size_t)got++ * c->rec, rec_at(c, buf_at(c, b), i),
-                       c->rec);
-    c->nb = 0;
-    *page = p;
+    *page = at;
     *n = got;
     return rc;
 }
 
-/* Packs the page's records newer than since to the front of its copy (the
- * file keeps its order) and hands them on. */
-static int each_page(kern_tier_t *c, void *ctx, int64_t p, uint8_t *buf)
-{
-    since_t *s = ctx;
-    int m = 0;
-    for (int i = 0; i < c->nrec[p]; i++) {
-        kern_rec_t *r = rec_at(c, buf, i);
-        if (is_dead(c, p, i) || r->stamp <= s->since)
-            continue;
-        if (m != i)
-            memmove(rec_at(c, buf, m), r, c->rec);
-        m++;
-    }
-    int rc = m > 0 ? s->fn(s->ctx, m, buf) : 0;
-    return rc < 0 ? rc : 0;
-}
-
 int kern_tier_each(kern_tier_t *c, int64_t since, kern_tier_chunk_fn fn, void *ctx)
 {
-    since_t s = {.since = since, .fn = fn, .ctx = ctx};
     int rc = wb_wait(c);
-    c->nb = 0;
-    for (int64_t p = 0; p < c->npages && rc == 0; p++)
-        if (holds(c, p) && c->hi[p] > since)
-            rc = batch_add(c, p, each_page, &s);
-    if (rc == 0)
-        rc = batch_visit(c, each_page, &s);
-    c->nb = 0;
+    for (int64_t s = 0; s < c->nseg && rc == 0; s++) {
+        if (c->live[s] == 0 || c->hi[s] <= since)
+            continue;
+        rc = pass_read(c, s);
+        int m = 0;
+        for (int i = 0; i < c->used[s] && rc == 0; i++) {
+            kern_rec_t *r = rec_at(c, c->rbuf, i);
+            if (is_dead(c, s, i) || r->stamp <= since)
+                continue;
+            if (m != i)
+                memmove(rec_at(c, c->rbuf, m), r, c->rec);
+            m++;
+        }
+        if (rc == 0 && m > 0)
+            rc = fn(ctx, m, c->rbuf);
+        rc = rc < 0 ? rc : 0;
+    }
     return rc;
 }

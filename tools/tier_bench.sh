@@ -135,14 +135,15 @@ print(line)' "$tw/result.json" "$model" "$mem" "$best" "$ram_s"
     done
     # The kernel's floor under that tiered run: its transfers (result.json's
     # disk_reads, disk_writes; the same every run of these inputs) at what
-    # bench/tier_floor measures one costs here, with a file of the tier's
-    # size; the bound is the all-in-RAM time plus that CPU spread over the
-    # threads: what no work in Kiln's own code could beat while the tier
-    # moves records this way, and the same with the writes as appends.
+    # bench/tier_floor measures one of the reads' average size costs here,
+    # with a file of about the tier's size (200 bytes a row on disk); the
+    # bound is the all-in-RAM time plus that CPU spread over the threads:
+    # what no work in Kiln's own code could beat while the tier moves rows
+    # this way, and the same with the bytes written as appends.
     set -- $(python3 -c 'import json, sys
 r = json.load(open(sys.argv[1])); t = r["tables"]
-rec = max(8, round(t["disk_written_bytes"] / max(1, t["disk_writes"]) / 8) * 8)
-print(rec, max(1, int(t["rows_disk"] * rec / 0.75 / 2**20)), t["disk_reads"], t["disk_writes"],
+rec = min(4096, max(8, round(t["disk_read_bytes"] / max(1, t["disk_reads"]) / 8) * 8))
+print(rec, max(1, int(t["rows_disk"] * 200 / 2**20)), t["disk_reads"], t["disk_writes"],
       t["disk_written_bytes"] // rec, r["steps"])' "$tw/result.json")
     floor=$("$build/bench/tier_floor" --rec "$1" --file-mb "$2" --dir "$dir")
     python3 -c 'import re, sys
