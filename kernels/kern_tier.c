@@ -201,6 +201,8 @@ static inline uint64_t tag_of(int64_t key)
     return kern_mix64(kern_key_hash(key) ^ 0x74696572ULL) >> (64 - TAG_BITS);
 }
 
+uint64_t kern_tier_tag(int64_t key) { return tag_of(key); }
+
 static inline uint64_t ix_mask(const kern_tier_t *c) { return ((uint64_t)1 << c->ixbits) - 1; }
 
 static inline uint64_t ix_home(const kern_tier_t *c, uint64_t tag)
@@ -646,9 +648,11 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
     c->dw = (c->per_seg + 63) / 64;
     if (rows < 1)
         rows = 1;
-    /* Live records stay within `rows`; with the dead slots compaction
-     * allows (as many again, and two segments) and room to compact into. */
-    c->maxseg = 2 * (rows / c->per_seg + 1) + 8;
+    /* Live records stay within `rows`; the dead slots compaction allows
+     * are as many again and two segments, and a put appends before it
+     * compacts: room for one more `rows` of them and 16 segments. The file
+     * is sparse, so room never used takes no disk. */
+    c->maxseg = 3 * (rows / c->per_seg + 1) + 16;
     /* The index starts small and doubles as records come: a table whose
      * tier never fills pays only for what it holds. */
     c->ixbits = 10;

@@ -111,6 +111,10 @@ int kern_tier_each(kern_tier_t *c, int64_t since, kern_tier_chunk_fn fn, void *c
 int kern_tier_scan(kern_tier_t *c, int64_t *page, int64_t cap, void *out /* OUT (cap) */,
                    int64_t *n /* OUT */);
 
+/* The bits of key's hash the index keeps (28): keys sharing them are told
+ * apart by the record's key (tests pick such pairs with it). */
+uint64_t kern_tier_tag(int64_t key);
+
 typedef struct {
     int64_t reads, writes;              /* transfers since open */
     int64_t read_bytes, written_bytes;

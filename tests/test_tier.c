@@ -362,6 +362,68 @@ static void test_tier_put_queues(void **state)
     free(found);
 }
 
+static int cmp_tag(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b; /* {tag, key} */
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+/* Keys whose index tags are the same (28 bits of hash) are told apart by
+ * the record's key: each take, get, has and delete finds its own record,
+ * whichever of the two was put first. */
+static void test_tier_shared_tags(void **state)
+{
+    (void)state;
+    /* a pair with one tag: ~20 k random keys give one (the birthday bound) */
+    const int64_t n = 200000;
+    uint64_t(*tk)[2] = malloc(sizeof *tk * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        tk[i][1] = rnd() >> 1;
+        tk[i][0] = kern_tier_tag((int64_t)tk[i][1]);
+    }
+    qsort(tk, (size_t)n, sizeof *tk, cmp_tag);
+    int64_t pair[2] = {0, 0};
+    for (int64_t i = 1; i < n && pair[0] == 0; i++)
+        if (tk[i][0] == tk[i - 1][0] && tk[i][1] != tk[i - 1][1]) {
+            pair[0] = (int64_t)tk[i - 1][1];
+            pair[1] = (int64_t)tk[i][1];
+        }
+    free(tk);
+    assert_true(pair[0] != 0);
+    for (int first = 0; first < 2; first++) {
+        char path[320];
+        snprintf(path, sizeof path, "%s/tags%d.tier", dir, first);
+        kern_tier_t *c = NULL;
+        assert_int_equal(kern_tier_open(path, "tags", 64, 4, KERN_TIER_IO_AUTO, &c), 0);
+        const size_t rb = kern_tier_rec_bytes(c);
+        uint8_t recs[2][256], back[2][256], found[2];
+        for (int k = 0; k < 2; k++) {
+            memset(recs[k], 0, rb);
+            kern_rec_t h = {.key = pair[k], .stamp = 10 + k};
+            memcpy(recs[k], &h, sizeof h);
+        }
+        /* put in both orders: the walk meets the other key's entry first in one */
+        assert_int_equal(kern_tier_put(c, 1, recs[first]), 0);
+        assert_int_equal(kern_tier_put(c, 1, recs[!first]), 0);
+        const int64_t one[1] = {pair[1]}, other[1] = {pair[0]};
+        assert_int_equal(kern_tier_get(c, 1, one, back[1], found), 0);
+        assert_int_equal(found[0], 1);
+        assert_memory_equal(back[1], recs[1], rb);
+        assert_int_equal(kern_tier_take(c, 1, other, back[0], found), 0);
+        assert_int_equal(found[0], 1);
+        assert_memory_equal(back[0], recs[0], rb);
+        assert_int_equal(kern_tier_has(c, 1, other, found), 0);
+        assert_int_equal(found[0], 0); /* taken: gone, and the other still there */
+        assert_int_equal(kern_tier_has(c, 1, one, found), 0);
+        assert_int_equal(found[0], 1);
+        int64_t nd = 0;
+        assert_int_equal(kern_tier_delete(c, 1, one, NULL, NULL, &nd), 0);
+        assert_int_equal(nd, 1);
+        assert_int_equal(kern_tier_size(c), 0);
+        kern_tier_close(c);
+    }
+}
+
 /* The whole table's limit holds across both tiers: lru evicts from disk
  * (logged), none refuses. */
 static void test_tier_capacity(void **state)
@@ -431,6 +493,7 @@ int main(void)
         cmocka_unit_test(test_tier_pread_prefetch),
         cmocka_unit_test(test_tier_mmap),
         cmocka_unit_test(test_tier_put_queues),
+        cmocka_unit_test(test_tier_shared_tags),
         cmocka_unit_test(test_tier_keeps_hot_rows),
         cmocka_unit_test(test_tier_load_delete_expire),
         cmocka_unit_test(test_tier_capacity),
