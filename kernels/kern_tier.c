@@ -123,7 +123,6 @@ struct kern_tier {
     size_t rec;       /* bytes per record */
     size_t seg;       /* bytes per segment */
     int per_seg;      /* records a segment holds */
-    int nfloat;
     int dw;           /* 64-bit words of dead bits per segment */
     int64_t size;     /* records held */
     int64_t slots;    /* slots in use in all segments: records and dead slots */
@@ -145,8 +144,9 @@ struct kern_tier {
     int ixbits;
     int64_t ixn;
     /* A call's reads: records, transfers, and what they are for. */
-    uint8_t *rbuf, *sbuf; /* records; the spans read (read_wanted) */
-    int64_t rbuf_cap, sbuf_cap;
+    uint8_t *rbuf;     /* a segment's records (seg bytes): compactions and passes */
+    uint8_t *sbuf;     /* the spans a lookup read (read_wanted) */
+    int64_t sbuf_cap;
     iop_t *ops;
     int64_t ops_cap;
     int64_t reads, writes, read_bytes, written_bytes, submits, prefetched;
@@ -639,7 +639,6 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
     c->io = KERN_TIER_IO_PREAD;
     pthread_mutex_init(&c->wb_mu, NULL);
     pthread_cond_init(&c->wb_cv, NULL);
-    c->nfloat = nfloat;
     c->rec = (sizeof(kern_rec_t) + sizeof(float) * (size_t)nfloat + 7) & ~(size_t)7;
     c->seg = SEG_MIN;
     if (c->seg / c->rec < MIN_PER_SEG)
@@ -666,9 +665,10 @@ int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat
     c->hi = kiln_malloc((size_t)c->maxseg * sizeof *c->hi);
     c->free_seg = kiln_malloc((size_t)c->maxseg * sizeof *c->free_seg);
     c->obuf = kiln_malloc(c->seg);
+    c->rbuf = kiln_malloc(c->seg);
     c->ix = kiln_calloc((size_t)1 << c->ixbits, sizeof *c->ix);
     if (!c->path || !c->table || !c->used || !c->live || !c->dead || !c->lo || !c->hi ||
-        !c->free_seg || !c->obuf || !c->ix) {
+        !c->free_seg || !c->obuf || !c->rbuf || !c->ix) {
         rc = KILN_ENOMEM;
         goto out;
     }
@@ -751,8 +751,8 @@ void kern_tier_close(kern_tier_t *c)
         unlink(c->path);
     }
     KILN_FREE_ALL(c->path, c->table, c->used, c->live, c->dead, c->lo, c->hi, c->free_seg,
-                  c->obuf, c->ix, c->rbuf, c->sbuf, c->ops, c->wbq[0].ops, c->wbq[0].buf, c->wbq[1].ops,
-                  c->wbq[1].buf);
+                  c->obuf, c->ix, c->rbuf, c->sbuf, c->ops, c->wbq[0].ops, c->wbq[0].buf,
+                  c->wbq[1].ops, c->wbq[1].buf);
     free(c);
 }
 
@@ -824,16 +824,20 @@ static int open_room(kern_tier_t *c)
     return 0;
 }
 
-/* Appends record r (its key not in the tier) to the open segment. */
-static int append(kern_tier_t *c, const uint8_t *r)
+/* The slot number the open segment's next record gets. */
+static inline int64_t open_next(const kern_tier_t *c)
 {
-    KILN_CHECK(open_room(c));
+    return c->open * c->per_seg + c->used[c->open];
+}
+
+/* Copies record r into the open segment's next slot (open_room made room)
+ * and counts it there. */
+static void slot_append(kern_tier_t *c, const uint8_t *r)
+{
     kern_rec_t h;
     memcpy(&h, r, sizeof h);
     const int64_t s = c->open;
-    const int i = c->used[s];
-    KILN_CHECK(ix_add(c, tag_of(h.key), s * c->per_seg + i));
-    memcpy(c->obuf + (size_t)i * c->rec, r, c->rec);
+    memcpy(c->obuf + (size_t)c->used[s] * c->rec, r, c->rec);
     if (c->live[s] == 0 || h.stamp < c->lo[s])
         c->lo[s] = h.stamp;
     if (c->live[s] == 0 || h.stamp > c->hi[s])
@@ -841,18 +845,18 @@ static int append(kern_tier_t *c, const uint8_t *r)
     c->used[s]++;
     c->live[s]++;
     c->slots++;
-    c->size++;
-    return 0;
 }
 
-/* Room for n records of the call's reads (rbuf) and n transfers (ops). */
-static int scratch(kern_tier_t *c, int64_t n)
+/* Appends record r (its key not in the tier) to the open segment. */
+static int append(kern_tier_t *c, const uint8_t *r)
 {
-    if (n < 1)
-        n = 1;
-    KILN_CHECK(kiln_grow_to((void **)&c->rbuf, &c->rbuf_cap, n * (int64_t)c->rec, 1,
-                            (int64_t)c->seg));
-    return kiln_grow_to((void **)&c->ops, &c->ops_cap, n, sizeof *c->ops, 256);
+    KILN_CHECK(open_room(c));
+    kern_rec_t h;
+    memcpy(&h, r, sizeof h);
+    KILN_CHECK(ix_add(c, tag_of(h.key), open_next(c)));
+    slot_append(c, r);
+    c->size++;
+    return 0;
 }
 
 /* Reads segment s's slots into buf: from the open segment's buffer or the
@@ -867,35 +871,25 @@ static int seg_read(kern_tier_t *c, int64_t s, uint8_t *buf)
     return io_run(c, &op, 1);
 }
 
-/* Compacts segment s: its live records appended again, the segment freed. */
-static int seg_compact(kern_tier_t *c, int64_t s, uint8_t *buf)
+/* Compacts closed segment s: its live records appended again (their index
+ * entries pointed at the new slots), the segment freed. */
+static int seg_compact(kern_tier_t *c, int64_t s)
 {
-    KILN_CHECK(seg_read(c, s, buf));
+    KILN_CHECK(seg_read(c, s, c->rbuf));
     for (int i = 0; i < c->used[s]; i++) {
         if (is_dead(c, s, i))
             continue;
-        const kern_rec_t *r = rec_at(c, buf, i);
-        const int64_t addr = s * c->per_seg + i;
-        KILN_CHECK(open_room(c));
-        const int64_t to = c->open * c->per_seg + c->used[c->open];
+        const kern_rec_t *r = rec_at(c, c->rbuf, i);
         const uint64_t tag = tag_of(r->key);
-        const int64_t pos = ix_find(c, tag, addr);
+        const int64_t pos = ix_find(c, tag, s * c->per_seg + i);
         if (pos < 0)
             return kiln_errf(KILN_EINTERNAL, "table '%s': its disk tier %s lost the index "
                              "entry of key %lld", c->table, c->path, (long long)r->key);
-        c->ix[pos] = ix_entry(tag, to);
-        memcpy(c->obuf + (size_t)c->used[c->open] * c->rec, r, c->rec);
-        const int64_t o = c->open;
-        if (c->live[o] == 0 || r->stamp < c->lo[o])
-            c->lo[o] = r->stamp;
-        if (c->live[o] == 0 || r->stamp > c->hi[o])
-            c->hi[o] = r->stamp;
-        c->used[o]++;
-        c->live[o]++;
-        c->slots++;
-        c->live[s]--;
-        dead_of(c, s)[i >> 6] |= (uint64_t)1 << (i & 63);
+        KILN_CHECK(open_room(c));
+        c->ix[pos] = ix_entry(tag, open_next(c));
+        slot_append(c, (const uint8_t *)r);
     }
+    c->live[s] = 0; /* every live record moved */
     seg_free(c, s);
     return 0;
 }
@@ -916,8 +910,7 @@ static int collect(kern_tier_t *c)
         if (best < 0 || 2 * (int64_t)c->live[best] > c->used[best])
             return 0;
         KILN_CHECK(wb_wait(c)); /* its last writes may be queued */
-        KILN_CHECK(scratch(c, c->per_seg));
-        KILN_CHECK(seg_compact(c, best, c->rbuf));
+        KILN_CHECK(seg_compact(c, best));
     }
     return 0;
 }
@@ -1229,13 +1222,6 @@ static void seg_bounds(kern_tier_t *c, int64_t s, uint8_t *buf)
     c->hi[s] = hi;
 }
 
-/* Reads segment s for a pass (rbuf): 0 or the failure. */
-static int pass_read(kern_tier_t *c, int64_t s)
-{
-    KILN_CHECK(scratch(c, c->per_seg));
-    return seg_read(c, s, c->rbuf);
-}
-
 typedef struct {
     uint32_t prio;
     int64_t addr;
@@ -1274,7 +1260,7 @@ int kern_tier_evict(kern_tier_t *c, int64_t need, uint64_t seed,
         int64_t s = (start + j) % c->nseg;
         if (c->live[s] == 0)
             continue;
-        rc = pass_read(c, s);
+        rc = seg_read(c, s, c->rbuf);
         for (int i = 0; i < c->used[s] && rc == 0; i++) {
             if (is_dead(c, s, i))
                 continue;
@@ -1306,7 +1292,7 @@ int kern_tier_expire(kern_tier_t *c, int64_t before, kern_tier_gone_fn gone, voi
     for (int64_t s = 0; s < c->nseg && rc == 0; s++) {
         if (c->live[s] == 0 || c->lo[s] >= before)
             continue;
-        rc = pass_read(c, s);
+        rc = seg_read(c, s, c->rbuf);
         for (int i = 0; i < c->used[s] && rc == 0; i++) {
             const kern_rec_t *r = rec_at(c, c->rbuf, i);
             if (is_dead(c, s, i) || r->stamp >= before)
@@ -1334,7 +1320,7 @@ int kern_tier_count(kern_tier_t *c, int64_t since, int64_t *n /* OUT */)
             *n += c->live[s]; /* every record of the segment is newer */
             continue;
         }
-        rc = pass_read(c, s);
+        rc = seg_read(c, s, c->rbuf);
         for (int i = 0; i < c->used[s] && rc == 0; i++)
             *n += !is_dead(c, s, i) && rec_at(c, c->rbuf, i)->stamp > since;
     }
@@ -1360,7 +1346,7 @@ int kern_tier_scan(kern_tier_t *c, int64_t *page, int64_t cap, void *out /* OUT 
             at = (s + 1) * c->per_seg;
             continue;
         }
-        rc = pass_read(c, s);
+        rc = seg_read(c, s, c->rbuf);
         for (; i < c->used[s] && got < cap && rc == 0; i++)
             if (!is_dead(c, s, i))
                 memcpy((uint8_t *)out + (size_t)got++ * c->rec, rec_at(c, c->rbuf, i), c->rec);
@@ -1377,7 +1363,7 @@ int kern_tier_each(kern_tier_t *c, int64_t since, kern_tier_chunk_fn fn, void *c
     for (int64_t s = 0; s < c->nseg && rc == 0; s++) {
         if (c->live[s] == 0 || c->hi[s] <= since)
             continue;
-        rc = pass_read(c, s);
+        rc = seg_read(c, s, c->rbuf);
         int m = 0;
         for (int i = 0; i < c->used[s] && rc == 0; i++) {
             kern_rec_t *r = rec_at(c, c->rbuf, i);

@@ -46,10 +46,11 @@ typedef int (*kern_tier_gone_fn)(void *ctx, int64_t key, int64_t stamp);
 typedef int (*kern_tier_chunk_fn)(void *ctx, int64_t n, const void *recs);
 
 /* Creates the tier file at path (truncated; removed again by close) for
- * about `rows` records of nfloat floats (the file may grow to about twice
- * that in segments), its I/O as io says (AUTO: io_uring when built in and
- * the kernel gives a ring, else pread; MMAP: reads from a mapping). Returns 0, KILN_EIO (the message
- * names the path; or io_uring or a mapping asked for and refused),
+ * about `rows` records of nfloat floats (its segments hold up to three
+ * times that; compaction keeps about twice in use), its I/O as io says (AUTO: io_uring when built in and
+ * the kernel gives a ring, else pread; MMAP: reads from a mapping).
+ * Returns 0, KILN_EIO (the message names the path; or io_uring or a
+ * mapping asked for and refused),
  * KILN_EINVAL (io_uring asked for, not built in) or KILN_ENOMEM. */
 int kern_tier_open(const char *path, const char *table, int64_t rows, int nfloat,
                    kern_tier_io_t io, kern_tier_t **out /* OUT */);

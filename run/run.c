@@ -160,16 +160,17 @@ int run_result_write(const char *run_dir, const run_result_t *r, FILE *out)
                   r->reader[0] ? r->reader : "thread", "openmp_wait",
                   r->openmp_wait[0] ? r->openmp_wait : "libgomp's default");
     const run_tables_t *t = &r->tables;
-    json_t *tab = json_pack("{s:b, s:o, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:I, s:I}", "tiered",
-                            t->tiered,
+    json_t *tab = json_pack("{s:b, s:o, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:I, s:I}",
+                            "tiered", t->tiered,
                             "disk_io", t->disk_io[0] ? json_string(t->disk_io) : json_null(),
                             "rows_ram", (json_int_t)t->rows_ram, "rows_disk",
                             (json_int_t)t->rows_disk, "ram_hit_rate", kiln_json_num(t->ram_hit_rate),
                             "disk_read_bytes", (json_int_t)t->disk_read_bytes,
                             "disk_written_bytes", (json_int_t)t->disk_written_bytes,
-                            "disk_reads", (json_int_t)t->disk_reads, "disk_writes",
-                            (json_int_t)t->disk_writes, "rows_expired", (json_int_t)t->rows_expired, "admit_rejected",
-                            (json_int_t)t->admit_rejected);
+                            "disk_reads", (json_int_t)t->disk_reads,
+                            "disk_writes", (json_int_t)t->disk_writes,
+                            "rows_expired", (json_int_t)t->rows_expired,
+                            "admit_rejected", (json_int_t)t->admit_rejected);
     if (o != NULL && (tab == NULL || json_object_set_new(o, "tables", tab) < 0)) {
         json_decref(o);
         o = NULL;

@@ -147,7 +147,7 @@ print(rec, max(1, int(t["rows_disk"] * 200 / 2**20)), t["disk_reads"], t["disk_w
       t["disk_written_bytes"] // rec, r["steps"])' "$tw/result.json")
     floor=$("$build/bench/tier_floor" --rec "$1" --file-mb "$2" --dir "$dir")
     python3 -c 'import re, sys
-f = sys.argv[1]; rec, reads, writes, recs, steps, ram_s, tier_s, thr = sys.argv[2:]
+f = sys.argv[1]; reads, writes, recs, steps, ram_s, tier_s, thr = sys.argv[2:]
 v = dict(re.findall(r"(pread|uring|pwrite|append) ([0-9.]+)", f))
 rd = float(v.get("uring", v["pread"])); steps = int(steps)
 cpu = (int(reads) * rd + int(writes) * float(v["pwrite"])) / 1e9
@@ -157,7 +157,7 @@ print("    %s\n    its %.0f reads and %.0f writes a step cost the kernel %.1f ms
       "bound %.2fx of all in RAM with %s threads (measured %.2fx); with the writes as appends "
       "%.1f ms, bound %.2fx" % (f, int(reads) / steps, int(writes) / steps, cpu / steps * 1e3,
       r / (r + cpu / int(thr)), thr, r / t, app / steps * 1e3, r / (r + app / int(thr))))' \
-      "$floor" "$1" "$3" "$4" "$5" "$6" "$ram_s" "$best" 2
+      "$floor" "$3" "$4" "$5" "$6" "$ram_s" "$best" 2
   done
   rm -rf "$tw"
 fi
