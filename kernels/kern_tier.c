@@ -93,6 +93,9 @@
 #define PREFETCH_MIN_NS 20000
 /* A lookup reads records of a segment this close (bytes) in one transfer. */
 #define READ_GAP (2 << 10)
+/* An index entry is a cache miss (the index of a big tier is megabytes):
+ * loops over a call's keys or records ask for the entry AHEAD items on. */
+#define AHEAD 8
 
 /* The bytes of each of the writer thread's two queues: a put's writes up
  * to this go to the writer (copied); bigger ones are written before the
@@ -208,6 +211,14 @@ static inline uint64_t ix_mask(const kern_tier_t *c) { return ((uint64_t)1 << c-
 static inline uint64_t ix_home(const kern_tier_t *c, uint64_t tag)
 {
     return tag >> (TAG_BITS - c->ixbits);
+}
+
+/* Where key's index walk starts, for __builtin_prefetch (called in the
+ * loop itself: GCC takes a function holding only a prefetch for pure and
+ * drops the call). */
+static inline const uint64_t *ix_start(const kern_tier_t *c, int64_t key)
+{
+    return c->ix + ix_home(c, tag_of(key));
 }
 
 static inline uint64_t ix_entry(uint64_t tag, int64_t addr)
@@ -1026,6 +1037,8 @@ static int lookup(kern_tier_t *c, int64_t n, const int64_t *keys, void *out, uin
     }
     int64_t nw = 0;
     for (int64_t i = 0; i < n; i++) {
+        if (i + AHEAD < n)
+            __builtin_prefetch(ix_start(c, keys[i + AHEAD]));
         hit[i] = -1;
         const uint64_t tag = tag_of(keys[i]);
         const int64_t pos = ix_next(c, tag, ix_home(c, tag));
@@ -1059,6 +1072,8 @@ static int lookup(kern_tier_t *c, int64_t n, const int64_t *keys, void *out, uin
     }
     /* Removals last: a removal moves other entries. */
     for (int64_t i = 0; i < n; i++) {
+        if (remove && i + AHEAD < n && hit[i + AHEAD] >= 0)
+            __builtin_prefetch(ix_start(c, keys[i + AHEAD]));
         if (hit[i] < 0)
             continue;
         (*nhit)++;
@@ -1103,6 +1118,11 @@ int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
      * segment a put reuses was freed by a call that waited for them. */
     int rc = 0;
     for (int64_t k = 0; k < n && rc == 0; k++) {
+        if (k + AHEAD < n) {
+            int64_t key; /* a record's first field; records need not be aligned */
+            memcpy(&key, (const uint8_t *)recs + (size_t)(k + AHEAD) * c->rec, sizeof key);
+            __builtin_prefetch(ix_start(c, key));
+        }
         rc = append(c, (const uint8_t *)recs + (size_t)k * c->rec);
         if (rc == 0 && c->used[c->open] == c->per_seg)
             rc = open_flush(c); /* a full segment goes to the writer now */
