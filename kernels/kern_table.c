@@ -478,43 +478,66 @@ static inline uint32_t priority(const kern_table_t *t, int64_t r, int64_t step)
     return kern_evict_priority(t->evict, age_of(t, r, step), 0);
 }
 
-/* The k-th smallest of a[n] (0-based), reordering a: a quickselect (Hoare
- * partitions around a median of three). The threshold of a round is a
- * value, the same whichever way it is found; sorting the sample for it
- * (qsort with a comparison call per step) was a sixth of a tiered lr step. */
+/* The k-th smallest of a[n] (0-based), reordering a: a radix select, a
+ * byte at a time from the top (a count of each byte's values, then only
+ * the values in the k-th's bucket kept, a pass skipped where they all
+ * are). The threshold of a round is a value, the same whichever way it is
+ * found; sorting the sample for it (qsort with a comparison call per step)
+ * was a sixth of a tiered lr step, and a quickselect's unpredictable
+ * branches a third of a demotion round. */
 static uint32_t kth_u32(uint32_t *a, int64_t n, int64_t k)
 {
-    int64_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        uint32_t x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi];
-        uint32_t piv = x < y ? (y < z ? y : x < z ? z : x) : (x < z ? x : y < z ? z : y);
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] < piv)
-                i++;
-            while (a[j] > piv)
-                j--;
-            if (i <= j) {
-                uint32_t s = a[i];
-                a[i++] = a[j];
-                a[j--] = s;
-            }
-        }
-        /* a[lo..j] <= piv <= a[i..hi], and a[j+1..i-1] == piv */
-        if (k <= j)
-            hi = j;
-        else if (k >= i)
-            lo = i;
-        else
-            return piv;
+    for (int shift = 24; shift >= 0 && n > 1; shift -= 8) {
+        int64_t cnt[256] = {0};
+        for (int64_t j = 0; j < n; j++)
+            cnt[(a[j] >> shift) & 255]++;
+        unsigned d = 0;
+        while (k >= cnt[d])
+            k -= cnt[d++];
+        if (cnt[d] == n)
+            continue;
+        int64_t m = 0;
+        for (int64_t j = 0; j < n; j++)
+            if (((a[j] >> shift) & 255) == d)
+                a[m++] = a[j];
+        n = m;
     }
-    return a[k];
+    return a[0]; /* the values left are all the k-th */
 }
 
 static int cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
+}
+
+/* Sorts a[n] ascending: an LSD radix sort, a byte a pass (passes where
+ * every key has the same byte skipped), tmp[n] its scratch. A step's
+ * misses on a tiered table are a few hundred keys; qsort's comparison
+ * calls were 3.6 % of a tiered lr run. */
+static void sort_i64(int64_t *a, int64_t n, int64_t *tmp)
+{
+    int64_t *src = a, *dst = tmp;
+    for (int shift = 0; shift < 64 && n > 1; shift += 8) {
+        int64_t cnt[256] = {0};
+        /* the sign bit flipped: signed order as unsigned */
+        for (int64_t j = 0; j < n; j++)
+            cnt[(((uint64_t)src[j] ^ (1ULL << 63)) >> shift) & 255]++;
+        if (cnt[(((uint64_t)src[0] ^ (1ULL << 63)) >> shift) & 255] == n)
+            continue;
+        for (int64_t d = 0, at = 0; d < 256; d++) {
+            const int64_t k = cnt[d];
+            cnt[d] = at;
+            at += k;
+        }
+        for (int64_t j = 0; j < n; j++)
+            dst[cnt[(((uint64_t)src[j] ^ (1ULL << 63)) >> shift) & 255]++] = src[j];
+        int64_t *sw = src;
+        src = dst;
+        dst = sw;
+    }
+    if (src != a)
+        memcpy(a, src, sizeof *a * (size_t)n);
 }
 
 static int demote_row(kern_table_t *t, seg_t *g, int64_t r, uint64_t i, int64_t step);
@@ -560,17 +583,25 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
      * cache miss each), and the threshold is exact. An eviction keeps its
      * sample: which rows it drops is part of the trained model. */
     const int exact = g->hiwater <= (demote ? 4 : 1) * EVICT_SAMPLE;
-    uint32_t *sample =
-        kiln_malloc(sizeof(uint32_t) * (size_t)(exact && g->hiwater > 0 ? g->hiwater : EVICT_SAMPLE));
-    if (!sample)
+    const size_t nsample = (size_t)(exact && g->hiwater > 0 ? g->hiwater : EVICT_SAMPLE);
+    uint32_t *sample = kiln_malloc(sizeof(uint32_t) * nsample);
+    /* exact: the evictable rows in row order, each with its priority */
+    uint64_t *cand = exact ? kiln_malloc(sizeof(uint64_t) * nsample) : NULL;
+    if (!sample || (exact && !cand)) {
+        KILN_FREE_ALL(sample, cand);
         return KILN_ENOMEM;
+    }
 
     /* Sample evictable rows (all of them when the segment is small). */
     int64_t ns = 0;
     if (exact) {
-        for (int64_t r = lo; r < hi; r++)
-            if (evictable(t, r, step, demote))
-                sample[ns++] = demote ? demote_priority(t, r, step) : priority(t, r, step);
+        for (int64_t r = lo; r < hi; r++) {
+            if (!evictable(t, r, step, demote))
+                continue;
+            sample[ns] = demote ? demote_priority(t, r, step) : priority(t, r, step);
+            cand[ns] = (uint64_t)sample[ns] << 32 | (uint64_t)r;
+            ns++;
+        }
     } else {
         uint64_t x = kern_mix64(t->seed ^ (uint64_t)step ^ (uint64_t)t->eviction_batches);
         for (int64_t k = 0; k < 4 * EVICT_SAMPLE && ns < EVICT_SAMPLE; k++) {
@@ -592,7 +623,9 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
      * equal to it, then (only when the sample misled us and need is not
      * met) any other evictable row, go after it, in row order too. The
      * same rows in the same order as a scan per class, for one scan's
-     * reads where that took two or three. */
+     * reads where that took two or three. An exact round scans its list
+     * of the rows and priorities (taking a row changes no other's), not
+     * the segment again. */
     int32_t *eq = kiln_malloc(sizeof *eq * (size_t)want);
     int32_t *gt = kiln_malloc(sizeof *gt * (size_t)want);
     int64_t neq = 0, ngt = 0;
@@ -600,10 +633,19 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
         rc = KILN_ENOMEM;
         goto lists;
     }
-    for (int64_t r = lo; r < hi && *freed < want; r++) {
-        if (!evictable(t, r, step, demote))
-            continue;
-        uint32_t p = demote ? demote_priority(t, r, step) : priority(t, r, step);
+    const int64_t nscan = exact ? ns : hi - lo;
+    for (int64_t j = 0; j < nscan && *freed < want; j++) {
+        int64_t r;
+        uint32_t p;
+        if (exact) {
+            r = (int64_t)(cand[j] & 0xffffffffu);
+            p = (uint32_t)(cand[j] >> 32);
+        } else {
+            r = lo + j;
+            if (!evictable(t, r, step, demote))
+                continue;
+            p = demote ? demote_priority(t, r, step) : priority(t, r, step);
+        }
         if (p == thr && neq < want)
             eq[neq++] = (int32_t)r;
         else if (p > thr && ngt < want)
@@ -629,7 +671,7 @@ lists:
         t->eviction_batches++;
     }
 out:
-    free(sample);
+    KILN_FREE_ALL(sample, cand);
     return rc;
 }
 
@@ -660,12 +702,14 @@ static int full_error(const kern_table_t *t, const seg_t *g)
 
 /* Sets each segment's `pending` to the number of keys of missing[n] (keys
  * not in the table) that go to it: distinct keys (missing gets sorted) when
- * counting duplicates too would overflow some segment. Returns the first
+ * counting duplicates too would overflow some segment, unless the caller
+ * says they are distinct already (a tiered table's misses: then every
+ * step would sort them again, its RAM being full). Returns the first
  * segment without room for its new keys under its limit (to_limit) or its
  * capacity, or NULL when all fit. */
-static seg_t *count_new(kern_table_t *t, int64_t *missing, int64_t n, int to_limit)
+static seg_t *count_new(kern_table_t *t, int64_t *missing, int64_t n, int to_limit, int distinct)
 {
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < 2 - distinct; pass++) {
         for (seg_t *g = t->seg; g < t->seg + t->nseg; g++)
             g->pending = 0;
         if (pass == 1)
@@ -677,7 +721,7 @@ static seg_t *count_new(kern_table_t *t, int64_t *missing, int64_t n, int to_lim
         for (seg_t *g = t->seg; g < t->seg + t->nseg && !over; g++)
             if (g->pending > (to_limit ? g->lim : g->cap) - g->size)
                 over = g;
-        if (!over || pass == 1)
+        if (!over || pass == 1 || distinct)
             return over;
     }
     return NULL;
@@ -919,7 +963,7 @@ static int find_ext(kern_table_t *t, int64_t n, const int64_t *keys, int64_t ste
     for (int64_t i = 0, k = 0; i < n; i++)
         if (rows[i] < 0)
             u[k++] = keys[i];
-    qsort(u, (size_t)nmiss, sizeof *u, cmp_i64);
+    sort_i64(u, nmiss, mult); /* mult: scratch until filled below */
     for (int64_t i = 0; i < nmiss; i++) {
         if (nu > 0 && u[nu - 1] == u[i]) {
             mult[nu - 1]++;
@@ -975,7 +1019,7 @@ static int find_ext(kern_table_t *t, int64_t n, const int64_t *keys, int64_t ste
     for (int64_t j = 0; j < nu; j++)
         if (found[j] || is_new[j])
             mult[nin++] = u[j]; /* mult now holds the incoming keys */
-    seg_t *over = nin ? count_new(t, mult, nin, 1) : NULL;
+    seg_t *over = nin ? count_new(t, mult, nin, 1, 1) : NULL;
     if (over && !t->cold && t->evict == KERN_EVICT_NONE) {
         rc = full_error(t, over);
         goto putback;
@@ -1417,7 +1461,7 @@ int kern_table_find_or_insert(kern_table_t *t, int64_t n, const int64_t *keys, i
     /* Make room for the distinct new keys in their segments before
      * inserting any: `none` refuses as a whole, lru/lfu evict a round in
      * each segment that lacks room. */
-    seg_t *over = count_new(t, missing, nmiss, 1);
+    seg_t *over = count_new(t, missing, nmiss, 1, 0);
     if (over && t->evict == KERN_EVICT_NONE) {
         rc = full_error(t, over);
         goto out;
@@ -1628,7 +1672,7 @@ int kern_table_insert_rows(kern_table_t *t, int64_t n, const int64_t *keys,
         for (int64_t i = 0, k = 0; i < n; i++)
             if (rows[i] < 0)
                 missing[k++] = keys[i];
-        seg_t *over = count_new(t, missing, nmiss, 0);
+        seg_t *over = count_new(t, missing, nmiss, 0, 0);
         if (over) {
             char where[160] = "";
             if (t->nseg > 1)
