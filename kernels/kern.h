@@ -191,6 +191,9 @@ void kern_table_unpin(kern_table_t *t, int64_t step);
  * fadvise would find every page there and only cost CPU). Returns 0 or
  * KILN_ENOMEM. */
 int kern_table_prefetch(kern_table_t *t, int64_t n, const int64_t *keys);
+/* Whether kern_table_prefetch would act now (a disk tier whose reads are
+ * slow): a caller may skip gathering the keys otherwise. */
+bool kern_table_prefetching(const kern_table_t *t);
 /* Removes every row whose stamp (step of its last change) is below before,
  * from both tiers, logging each as removed at step. */
 int kern_table_expire(kern_table_t *t, int64_t before, int64_t step, int64_t *nexpired /* OUT */);

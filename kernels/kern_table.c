@@ -1106,9 +1106,14 @@ int kern_table_fetch(kern_table_t *t, int64_t n, const int64_t *keys, int64_t st
     return find_ext(t, n, keys, step, 0, rows);
 }
 
+bool kern_table_prefetching(const kern_table_t *t)
+{
+    return t->cold && kern_tier_slow(t->cold);
+}
+
 int kern_table_prefetch(kern_table_t *t, int64_t n, const int64_t *keys)
 {
-    if (!t->cold || n == 0 || !kern_tier_slow(t->cold))
+    if (n == 0 || !kern_table_prefetching(t))
         return 0;
     int64_t *miss = kiln_malloc(sizeof *miss * (size_t)n), m = 0;
     if (!miss)

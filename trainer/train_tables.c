@@ -102,8 +102,8 @@ void train_tables_prefetch(trainer_t *tr, const data_batch_t *b)
     int64_t *mine = NULL, cap = 0;
     for (int s = 0; s < tr->S; s++) {
         kern_table_t *t = tr->tables[tr->slot_table[s]];
-        if (!kern_table_tiered(t))
-            continue;
+        if (!kern_table_prefetching(t))
+            continue; /* no tier, or its reads come from the page cache */
         const int64_t *off = b->offsets + (int64_t)s * (b->n + 1);
         int64_t m = 0;
         if (kiln_grow_to((void **)&mine, &cap, off[b->n] - off[0], sizeof *mine, 1024) < 0)
