@@ -268,6 +268,11 @@ size_t kern_table_bytes(const kern_table_t *t);
  * any optimizer and policy, and for dim 1 with adagrad or adam under lru or
  * none (docs/kernels.md has the table). */
 size_t kern_table_row_bytes(const kern_table_t *t);
+/* Bytes one RAM row of a table with a disk tier costs: values and optimizer
+ * state (and adam's step count), key, stamp, lru word and its share of the
+ * RAM index (a 3-byte slot at load 0.5: 6). model.embedding.memory in bytes
+ * is divided by this. */
+int64_t kern_table_tier_ram_row_bytes(int dim, kern_opt_kind_t opt);
 
 /* ---- fused ops over all tables of a step ---------------------------------------- */
 

@@ -1920,6 +1920,14 @@ size_t kern_table_bytes(const kern_table_t *t)
     return b;
 }
 
+int64_t kern_table_tier_ram_row_bytes(int dim, kern_opt_kind_t opt)
+{
+    return (int64_t)sizeof(float) * dim * (1 + kern_opt_nstate(opt)) +
+           (opt == KERN_OPT_ADAM ? (int64_t)sizeof(uint32_t) : 0) + (int64_t)sizeof(int64_t) +
+           (int64_t)sizeof(int64_t) + (int64_t)sizeof(uint16_t) +
+           (int64_t)(SLOT_BYTES / TIER_RAM_LOAD);
+}
+
 size_t kern_table_row_bytes(const kern_table_t *t)
 {
     size_t dim = (size_t)t->dim;

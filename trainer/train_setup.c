@@ -148,19 +148,15 @@ void train_log_malformed(trainer_t *tr, data_reader_t *r, const char *what)
 /* ---- set-up ----------------------------------------------------------------------- */
 
 /* RAM rows of one table on this rank under model.embedding.memory: a
- * share of its rows, or bytes over what a row costs in RAM (values and
- * optimizer state, key, stamp, lru word, and 6 bytes of index: a 3-byte
- * slot at load 0.5; docs/models.md).
- * 0: every row in RAM. */
+ * share of its rows, or bytes over what a row costs in RAM
+ * (kern_table_tier_ram_row_bytes; docs/models.md). 0: every row in RAM. */
 static int64_t ram_rows_of(const job_embedding_t *e, int dim, kern_opt_kind_t opt, int64_t share)
 {
     int64_t rows = 0;
     if (e->memory_share > 0)
         rows = (int64_t)ceil(e->memory_share * (double)share);
     else if (e->memory_bytes > 0)
-        rows = e->memory_bytes /
-               (int64_t)(4 * dim * (1 + kern_opt_nstate(opt)) + (opt == KERN_OPT_ADAM ? 4 : 0) +
-                         8 + 8 + 2 + 6);
+        rows = e->memory_bytes / kern_table_tier_ram_row_bytes(dim, opt);
     else
         return 0;
     return rows < share ? (rows > 1 ? rows : 1) : 0;
