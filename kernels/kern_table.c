@@ -661,10 +661,10 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
         k = ns - 1;
     uint32_t thr = kth_u32(sample, ns, k);
 
-    /* One scan, in row order: rows below the threshold go at once; rows
-     * equal to it, then (only when the sample misled us and need is not
-     * met) any other evictable row, go after it, in row order too. The
-     * same rows in the same order as a scan per class, for one scan's
+    /* One scan, in row order, lists the rows to go: those below the
+     * threshold; then those equal to it, then (only when the sample misled
+     * us and need is not met) any other evictable row, in row order too.
+     * The same rows in the same order as a scan per class, for one scan's
      * reads where that took two or three. An exact round scans its list
      * of the rows and priorities (taking a row changes no other's), not
      * the segment again. */
