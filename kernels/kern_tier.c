@@ -35,8 +35,8 @@
  * reads only segments with changed rows and an expiry only those with old
  * ones. Peak RSS past the table's rows: the index (10.7 bytes a record
  * held on disk at 3/4 load, up to 21 just after it doubles), 32 bytes a
- * segment and a bit a slot, the open segment (64 KiB) and the writer's two
- * queues (2 x 2 MiB, from the first write) (docs/models.md).
+ * segment and a bit a slot, the open segment (64 KiB) and, once the tier
+ * has been slow, the writer's two queues (2 x 2 MiB) (docs/models.md).
  *
  * Reads are one transfer a record (a run of records with consecutive slots
  * is one), in one submission a call: copies from a read-only mapping of
@@ -46,9 +46,9 @@
  * io_uring when Kiln is built with liburing and the kernel gives the
  * process a ring (AUTO), or one pread each (kern_tier_io_t picks;
  * bench/tier_bench measures each). Writes are pwrite, so a full disk is an error (ENOSPC),
- * not a signal as a write into a mapping would be; a put hands its full
- * segments to a writer thread of the tier's own (write-behind) and every
- * call that reads waits for them first. kern_tier_prefetch asks the kernel
+ * not a signal as a write into a mapping would be: the put's own while the
+ * page cache holds the file, else handed to a writer thread of the tier's
+ * own (write-behind; every call that reads waits for them first). kern_tier_prefetch asks the kernel
  * to bring the pages of a coming call's records into its page cache
  * (fadvise WILLNEED over runs of nearby pages, through the ring without
  * waiting), so that call's reads need not wait for the disk.
@@ -97,9 +97,9 @@
  * loops over a call's keys or records ask for the entry AHEAD items on. */
 #define AHEAD 8
 
-/* The bytes of each of the writer thread's two queues: a put's writes up
- * to this go to the writer (copied); bigger ones are written before the
- * put returns. A segment is 64 KiB. */
+/* The bytes of each of the writer thread's two queues: a slow tier's put
+ * hands writes up to this to the writer (copied); bigger ones are written
+ * before the put returns. A segment is 64 KiB. */
 #define WB_MAX (2 << 20)
 
 /* One transfer: len bytes at file offset off from or to buf. */
@@ -470,7 +470,7 @@ static int io_run(kern_tier_t *c, const iop_t *ops, int n)
 }
 
 /* ---- write-behind -------------------------------------------------------------
- * Two queues: the caller appends (copies) writes to the filling one while
+ * For a tier whose reads go to the device (wb_write says when). Two queues: the caller appends (copies) writes to the filling one while
  * the writer thread writes the other; when the writer finishes its queue
  * it takes the filling one if that holds writes, else goes idle. A put of
  * many pages thus hands its batches over without waiting for the writes of
@@ -551,10 +551,16 @@ static void wb_stop(kern_tier_t *c)
     pthread_join(c->wb_thread, NULL);
 }
 
-/* Writes the n transfers of ops behind the caller's back (the writer
- * thread, started on first use) when they fit WB_MAX, else now. The
- * writes overlap the caller's work that follows (the rest of the put, the
- * step's update, its next batch) on a core the step leaves free. */
+/* Writes the n transfers of ops: now, in the caller, while the page
+ * cache answers the tier (a put's write is a copy into it, a few us);
+ * behind the caller's back (the writer thread, started on first use)
+ * while the tier is slow (kern_tier_slow: the file is out of the page
+ * cache, so a write that covers part of a page first reads the page from
+ * the device, and the writer asks for its queue's pages together) and the
+ * writes fit WB_MAX. Handing a write over costs a wake-up of the writer,
+ * its context switches and the queue's lock: on a tiered lr run that all
+ * in the page cache, 24 k context switches against 2.5 k, and 6-7 % of
+ * the step's time (docs/benchmarks.md, "Session 21"). */
 static int wb_write(kern_tier_t *c, const iop_t *ops, int n)
 {
     size_t bytes = 0;
@@ -562,7 +568,7 @@ static int wb_write(kern_tier_t *c, const iop_t *ops, int n)
         bytes += ops[i].len;
     if (n == 0)
         return 0;
-    if (bytes > WB_MAX) {
+    if (bytes > WB_MAX || !kern_tier_slow(c)) {
         KILN_CHECK(wb_wait(c));
         return io_run(c, ops, n);
     }

@@ -18,8 +18,9 @@
  * Tiers are exclusive: a key's row lives in the RAM slab or here, never in
  * both (kern_table.c takes rows out when it brings them in). Every call
  * does its I/O itself: a lookup's reads in one submission (copies from a
- * mapping of the file, io_uring, or preads), writes by pwrite from a writer
- * thread of the tier's own; each table has its own tier,
+ * mapping of the file, io_uring, or preads), writes by pwrite (the call's
+ * own while the page cache holds the file, else from a writer thread of
+ * the tier's own); each table has its own tier,
  * so tables run in parallel but one tier is not thread-safe.
  */
 #ifndef KILN_KERNELS_KERN_TIER_H
