@@ -983,9 +983,7 @@ static int sort_wants(const kern_tier_t *c, want_t *w, int64_t n)
 
 /* Reads the candidates w[0..n) (sorted by addr) in one submission (every
  * put ends with its records handed to the writer, and a lookup waits for
- * the writer first), w[j].rec pointing at each record read. Records of the
- * open segment are read from its buffer, with no transfer (rows demoted in
- * the last few steps: 7 % of a tiered lr run's reads). Records of a
+ * the writer first), w[j].rec pointing at each record read. Records of a
  * segment at most READ_GAP bytes apart are one transfer: a transfer costs
  * the kernel about what copying a few KiB does, and a segment holds rows
  * demoted together (2 KiB measured best of 0, 2, 4, 8 and 32 KiB:
@@ -997,8 +995,6 @@ static int read_wanted(kern_tier_t *c, want_t *w, int64_t n)
     int64_t no = 0, sbytes = 0;
     for (int64_t j = 0; j < n; j++) {
         const int64_t s = w[j].addr / c->per_seg;
-        if (s == c->open)
-            continue;
         const int64_t off = seg_off(c, s) + (w[j].addr % c->per_seg) * (int64_t)c->rec;
         iop_t *last = no > 0 ? &c->ops[no - 1] : NULL;
         if (last && last->off / (int64_t)c->seg == s &&
@@ -1024,12 +1020,8 @@ static int read_wanted(kern_tier_t *c, want_t *w, int64_t n)
     }
     /* each record in its span */
     for (int64_t j = 0, k = 0; j < n && rc == 0; j++) {
-        const int64_t s = w[j].addr / c->per_seg;
-        if (s == c->open) {
-            w[j].rec = rec_at(c, c->obuf, w[j].addr % c->per_seg);
-            continue;
-        }
-        const int64_t off = seg_off(c, s) + (w[j].addr % c->per_seg) * (int64_t)c->rec;
+        const int64_t off = seg_off(c, w[j].addr / c->per_seg) +
+                            (w[j].addr % c->per_seg) * (int64_t)c->rec;
         while (off >= c->ops[k].off + (int64_t)c->ops[k].len)
             k++;
         w[j].rec = (const kern_rec_t *)(c->ops[k].buf + (off - c->ops[k].off));
