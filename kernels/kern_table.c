@@ -140,6 +140,14 @@ struct kern_table {
      * Zipf keys stay in RAM where lru would push them out for keys seen once. */
     uint8_t *hk, *heat;
     int64_t hk_width, hk_adds, hk_window;
+    /* The RAM rows of each segment in lists by heat, the last used first
+     * (hl_on): row r is in list heat[r] of its segment. The lists are
+     * circular through a sentinel each, entries capacity + seg * 256 + heat
+     * of hl_next/hl_prev. So a demotion takes its rows from the tails of
+     * the coolest lists, where a scan of every RAM row for their priorities
+     * cost O(RAM rows) a step (the step's misses are far fewer at 1e7 keys). */
+    uint32_t *hl_next, *hl_prev;
+    bool hl_on;
 
     /* Admission: a count-min sketch of SKETCH_DEPTH rows of sk_width. */
     uint16_t *sketch;
@@ -386,6 +394,42 @@ static void age_sweep(kern_table_t *t, int64_t step)
     t->last_step = step;
 }
 
+/* ---- heat lists (a tiered table's RAM: see hl_next) ---- */
+
+/* The sentinel of list h of segment g. */
+static inline uint32_t hl_list(const kern_table_t *t, const seg_t *g, unsigned h)
+{
+    return (uint32_t)(t->capacity + (g - t->seg) * 256 + h);
+}
+
+static inline void hl_unlink(kern_table_t *t, int64_t r)
+{
+    const uint32_t n = t->hl_next[r], p = t->hl_prev[r];
+    t->hl_next[p] = n;
+    t->hl_prev[n] = p;
+}
+
+/* Puts row r at the head (the last used) of list heat[r]. */
+static inline void hl_push(kern_table_t *t, int64_t r)
+{
+    const uint32_t s = hl_list(t, seg_of_row(t, r), t->heat[r]), h = t->hl_next[s];
+    t->hl_prev[r] = s;
+    t->hl_next[r] = h;
+    t->hl_prev[h] = (uint32_t)r;
+    t->hl_next[s] = (uint32_t)r;
+}
+
+/* Row r (live) is used now with heat h. */
+static inline void heat_set(kern_table_t *t, int64_t r, uint8_t h)
+{
+    if (t->heat)
+        t->heat[r] = h;
+    if (t->hl_on) {
+        hl_unlink(t, r);
+        hl_push(t, r);
+    }
+}
+
 /* Takes a free row of segment g; NO_ROW when g is full. */
 static int64_t alloc_row(kern_table_t *t, seg_t *g)
 {
@@ -400,6 +444,8 @@ static int64_t alloc_row(kern_table_t *t, seg_t *g)
     }
     g->size++;
     t->size++;
+    if (t->hl_on)
+        hl_push(t, r); /* in the list of whatever heat the row holds; its user sets it */
     return r;
 }
 
@@ -430,6 +476,8 @@ static int log_removed(kern_table_t *t, int64_t key, int64_t stamp, int64_t step
  * trace (the row moves to the disk tier). */
 static void drop_row(kern_table_t *t, seg_t *g, int64_t r, uint64_t i)
 {
+    if (t->hl_on)
+        hl_unlink(t, r);
     index_remove(t, g, i);
     t->stamps[r] = -1;
     t->keys[r] = g->free_head;
@@ -475,7 +523,7 @@ static void init_row(kern_table_t *t, int64_t r, int64_t key)
     if (t->freq)
         t->freq[r] = 0;
     if (t->heat)
-        t->heat[r] = 0;
+        t->heat[r] = 0; /* its list: the caller's heat_set */
 }
 
 /* ---- eviction ---------------------------------------------------------------------
@@ -584,13 +632,6 @@ static void sort_i64(int64_t *a, int64_t n, int64_t *tmp)
 
 static int demote_row(kern_table_t *t, seg_t *g, int64_t r, uint64_t i, int64_t step);
 
-/* A RAM row's demotion priority (lower goes first): its heat, then how
- * long it has been unused. */
-static inline uint32_t demote_priority(const kern_table_t *t, int64_t r, int64_t step)
-{
-    return (uint32_t)t->heat[r] << 16 | (0xffffu - age_of(t, r, step));
-}
-
 /* Whether round victims may take row r: live and not used at step (for a
  * demotion: not looked up at step, which the RAM's lru word says). */
 static inline int evictable(const kern_table_t *t, int64_t r, int64_t step, int demote)
@@ -608,8 +649,54 @@ static int take_row(kern_table_t *t, seg_t *g, int64_t r, int64_t step, int demo
     return demote ? demote_row(t, g, r, i, step) : free_row(t, g, r, i, step);
 }
 
+/* Takes rows go[n] of segment g out in that order (take_row), each row's
+ * key, values and home slot asked for ahead (a cache miss each: the rows
+ * are scattered); *freed counts them. */
+static int take_rows(kern_table_t *t, seg_t *g, const int32_t *go, int64_t n, int64_t step,
+                     int demote, int64_t *freed)
+{
+    for (int64_t j = 0; j < n; j++) {
+        if (j + TAKE_AHEAD < n) {
+            const int64_t r = go[j + TAKE_AHEAD];
+            __builtin_prefetch(&t->keys[r]);
+            if (demote) {
+                __builtin_prefetch(t->values + r * t->dim);
+                if (t->nstate)
+                    __builtin_prefetch(t->opt + r * t->nstate * t->dim);
+            }
+        }
+        if (j + TAKE_AHEAD / 2 < n)
+            __builtin_prefetch(home_slot_at(t, t->keys[go[j + TAKE_AHEAD / 2]]));
+        KILN_CHECK(take_row(t, g, go[j], step, demote));
+        (*freed)++;
+    }
+    return 0;
+}
+
+/* A demotion round of a table with heat lists: the `want` coolest rows
+ * not used at step, the longest unused first among equal heat: from the
+ * tail of list 0 up. Costs the rows it visits, not a scan of the RAM. */
+static int demote_coolest(kern_table_t *t, seg_t *g, int64_t want, int64_t step,
+                          int64_t *freed /* OUT */)
+{
+    int32_t *go = kiln_malloc(sizeof *go * (size_t)want);
+    if (!go)
+        return KILN_ENOMEM;
+    int64_t ngo = 0;
+    for (unsigned h = 0; h < 256 && ngo < want; h++) {
+        const uint32_t s = hl_list(t, g, h);
+        for (uint32_t x = t->hl_prev[s]; x != s && ngo < want; x = t->hl_prev[x])
+            if (evictable(t, x, step, 1))
+                go[ngo++] = (int32_t)x;
+    }
+    int rc = take_rows(t, g, go, ngo, step, 1, freed);
+    t->demoted += *freed;
+    free(go);
+    return rc;
+}
+
 /* A round of eviction (demote 0: rows leave the table, logged) or of
- * demotion to the disk tier (demote 1: lru over the RAM rows, whatever the
+ * demotion to the disk tier (demote 1: the coolest RAM rows, whatever the
  * table's policy; the rows go to t->dem). */
 static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, int demote,
                        int64_t *freed /* OUT */)
@@ -619,12 +706,11 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
     const int64_t lo = g->base, hi = g->base + g->hiwater;
     int rc = 0;
     *freed = 0;
-    /* A demotion moves rows between RAM and disk and changes no value, so
-     * it takes every row of segments up to 4 x EVICT_SAMPLE: a pass in row
-     * order costs less than EVICT_SAMPLE random draws (a division and a
-     * cache miss each), and the threshold is exact. An eviction keeps its
-     * sample: which rows it drops is part of the trained model. */
-    const int exact = g->hiwater <= (demote ? 4 : 1) * EVICT_SAMPLE;
+    if (demote)
+        return demote_coolest(t, g, want, step, freed); /* a tiered table: heat lists */
+    /* An eviction: which rows it drops is part of the trained model, so
+     * its sample and threshold stay as they are (exact for small segments). */
+    const int exact = g->hiwater <= EVICT_SAMPLE;
     const size_t nsample = (size_t)(exact && g->hiwater > 0 ? g->hiwater : EVICT_SAMPLE);
     uint32_t *sample = kiln_malloc(sizeof(uint32_t) * nsample);
     /* exact: the evictable rows in row order, each with its priority */
@@ -638,9 +724,9 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
     int64_t ns = 0;
     if (exact) {
         for (int64_t r = lo; r < hi; r++) {
-            if (!evictable(t, r, step, demote))
+            if (!evictable(t, r, step, 0))
                 continue;
-            sample[ns] = demote ? demote_priority(t, r, step) : priority(t, r, step);
+            sample[ns] = priority(t, r, step);
             cand[ns] = (uint64_t)sample[ns] << 32 | (uint64_t)r;
             ns++;
         }
@@ -649,8 +735,8 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
         for (int64_t k = 0; k < 4 * EVICT_SAMPLE && ns < EVICT_SAMPLE; k++) {
             x = kern_mix64(x);
             int64_t r = lo + (int64_t)(x % (uint64_t)g->hiwater);
-            if (evictable(t, r, step, demote))
-                sample[ns++] = demote ? demote_priority(t, r, step) : priority(t, r, step);
+            if (evictable(t, r, step, 0))
+                sample[ns++] = priority(t, r, step);
         }
     }
     if (ns == 0)
@@ -685,9 +771,9 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
             p = (uint32_t)(cand[j] >> 32);
         } else {
             r = lo + j;
-            if (!evictable(t, r, step, demote))
+            if (!evictable(t, r, step, 0))
                 continue;
-            p = demote ? demote_priority(t, r, step) : priority(t, r, step);
+            p = priority(t, r, step);
         }
         if (p == thr && neq < want)
             eq[neq++] = (int32_t)r;
@@ -702,33 +788,14 @@ static int evict_round(kern_table_t *t, seg_t *g, int64_t need, int64_t step, in
     const int64_t ngt_go = ngo < need ? ngt : 0;
     for (int64_t j = 0; j < ngt_go && ngo < want; j++)
         go[ngo++] = gt[j];
-    /* Taken in that order, each row's key, values and home slot asked for
-     * ahead (a cache miss each: the victims are scattered rows). */
-    for (int64_t j = 0; j < ngo; j++) {
-        if (j + TAKE_AHEAD < ngo) {
-            const int64_t r = go[j + TAKE_AHEAD];
-            __builtin_prefetch(&t->keys[r]);
-            if (demote) {
-                __builtin_prefetch(t->values + r * t->dim);
-                if (t->nstate)
-                    __builtin_prefetch(t->opt + r * t->nstate * t->dim);
-            }
-        }
-        if (j + TAKE_AHEAD / 2 < ngo)
-            __builtin_prefetch(home_slot_at(t, t->keys[go[j + TAKE_AHEAD / 2]]));
-        KILN_CHECK_GOTO(take_row(t, g, go[j], step, demote), rc, lists);
-        (*freed)++;
-    }
+    /* taken in that order */
+    rc = take_rows(t, g, go, ngo, step, 0, freed);
 lists:
     KILN_FREE_ALL(go, eq, gt);
     if (rc < 0)
         goto out;
-    if (demote) {
-        t->demoted += *freed;
-    } else {
-        t->evictions += *freed;
-        t->eviction_batches++;
-    }
+    t->evictions += *freed;
+    t->eviction_batches++;
 out:
     KILN_FREE_ALL(sample, cand);
     return rc;
@@ -799,8 +866,8 @@ static int reserve_pending(kern_table_t *t)
  * A table with a disk tier keeps at most ram_rows rows in its slab; the
  * rest are records in kern_tier.c's file. find_or_insert looks in RAM,
  * then takes the keys it lacks out of the tier, makes room in RAM by
- * demoting the rows unused longest (a round as eviction does, lru whatever
- * the table's policy) and writes those to the tier in one call. The whole
+ * demoting the coolest rows (the heat lists, whatever the table's policy)
+ * and writes those to the tier in one call. The whole
  * table's limit is kept on disk: when new keys would pass it, lru/lfu evict
  * the lowest-priority records of a sample of pages. Admission counts the
  * keys the table lacks in a count-min sketch and gives a row only to those
@@ -843,7 +910,7 @@ static void rec_to_row(kern_table_t *t, const uint8_t *rec, int64_t r)
     t->stamps[r] = h.stamp;
     if (h.stamp > t->base)
         mark_one(t, r);
-    t->heat[r] = 0;
+    t->heat[r] = 0; /* its list: the caller's heat_set */
 }
 
 static int dem_reserve(kern_table_t *t, int64_t more)
@@ -943,8 +1010,10 @@ static inline uint8_t heat_of(const kern_table_t *t, int64_t key)
 }
 
 /* Halves the sketch and the RAM rows' heat once a window of lookups has
- * been counted, so old popularity fades. */
-static void heat_decay(kern_table_t *t)
+ * been counted, so old popularity fades. Heats 2h and 2h + 1 become h:
+ * their lists are merged into list h, the last used first still (each
+ * list is in that order, so a merge by age keeps it). */
+static void heat_decay(kern_table_t *t, int64_t step)
 {
     if (t->hk_adds < t->hk_window)
         return;
@@ -953,6 +1022,35 @@ static void heat_decay(kern_table_t *t)
     for (int64_t r = 0; r < t->capacity; r++)
         t->heat[r] >>= 1;
     t->hk_adds = 0;
+    for (const seg_t *g = t->seg; g < t->seg + t->nseg; g++) {
+        for (unsigned h = 0; h < 128; h++) {
+            /* old lists 2h and 2h + 1 (untouched yet: h <= 2h), into list h
+             * (read already: its rows went to list h / 2) */
+            const uint32_t sa = hl_list(t, g, 2 * h), sb = hl_list(t, g, 2 * h + 1),
+                           s = hl_list(t, g, h);
+            uint32_t x = t->hl_next[sa], y = t->hl_next[sb];
+            t->hl_next[s] = t->hl_prev[s] = s;
+            while (x != sa || y != sb) {
+                uint32_t pick;
+                if (y == sb || (x != sa && age_of(t, x, step) <= age_of(t, y, step))) {
+                    pick = x;
+                    x = t->hl_next[x];
+                } else {
+                    pick = y;
+                    y = t->hl_next[y];
+                }
+                const uint32_t last = t->hl_prev[s];
+                t->hl_next[last] = pick;
+                t->hl_prev[pick] = last;
+                t->hl_next[pick] = s;
+                t->hl_prev[s] = pick;
+            }
+        }
+        for (unsigned h = 128; h < 256; h++) {
+            const uint32_t s = hl_list(t, g, h);
+            t->hl_next[s] = t->hl_prev[s] = s;
+        }
+    }
 }
 
 /* A fetch's row r counts as used at step until kern_table_unpin. */
@@ -1018,7 +1116,7 @@ static int find_ext(kern_table_t *t, int64_t n, const int64_t *keys, int64_t ste
     if (insert && t->sketch)
         sketch_decay(t, step);
     if (t->cold)
-        heat_decay(t);
+        heat_decay(t, step);
 
     /* Pass 1: rows in RAM, counting a use (fetch: only the RAM's lru word). */
     for (int64_t i = 0; i < n; i++) {
@@ -1045,11 +1143,29 @@ static int find_ext(kern_table_t *t, int64_t n, const int64_t *keys, int64_t ste
         }
         t->ram_hits++;
         if (t->cold)
-            t->heat[rows[i]] = heat;
+            t->heat[rows[i]] = heat; /* and to the head of that list, below */
         if (insert)
             touch(t, rows[i], step);
         else
             KILN_CHECK_GOTO(pin(t, rows[i], step), rc, out);
+    }
+    /* The rows found go to the heads of their lists, in key order, each
+     * row's links asked for 8 keys ahead and its neighbours' 4 ahead (three
+     * cache misses a row otherwise: moving them in pass 1 was 4 % of a
+     * tiered lr run). */
+    for (int64_t i = 0; t->hl_on && i < n; i++) {
+        if (i + 8 < n && rows[i + 8] >= 0) {
+            __builtin_prefetch(&t->hl_next[rows[i + 8]], 1);
+            __builtin_prefetch(&t->hl_prev[rows[i + 8]], 1);
+        }
+        if (i + 4 < n && rows[i + 4] >= 0) {
+            __builtin_prefetch(&t->hl_next[t->hl_prev[rows[i + 4]]], 1);
+            __builtin_prefetch(&t->hl_prev[t->hl_next[rows[i + 4]]], 1);
+        }
+        if (rows[i] >= 0) {
+            hl_unlink(t, rows[i]);
+            hl_push(t, rows[i]);
+        }
     }
     if (nmiss == 0)
         return 0;
@@ -1165,7 +1281,7 @@ static int find_ext(kern_table_t *t, int64_t n, const int64_t *keys, int64_t ste
             mark_one(t, r);
         }
         if (t->cold)
-            t->heat[r] = heat_u[j];
+            heat_set(t, r, heat_u[j]);
         if (insert)
             touch(t, r, step);
         else
@@ -1355,7 +1471,7 @@ typedef struct {
     size_t bytes;
 } array_t;
 
-#define MAX_ARRAYS 12
+#define MAX_ARRAYS 14
 
 /* Lists the slab arrays a table of this shape has (capacity, dim, nstate,
  * opt_kind and evict set); returns how many. The one list that create,
@@ -1375,8 +1491,12 @@ static int table_arrays(kern_table_t *t, array_t a[MAX_ARRAYS] /* OUT */)
         a[n++] = (array_t){(void **)&t->opt_steps, sizeof(uint32_t) * cap};
     if (t->evict == KERN_EVICT_LRU || t->all_capacity > 0) /* a tier's RAM is lru */
         a[n++] = (array_t){(void **)&t->used, sizeof(uint16_t) * cap};
-    if (t->all_capacity > 0)
+    if (t->all_capacity > 0) {
         a[n++] = (array_t){(void **)&t->heat, cap};
+        const size_t links = cap + 256 * (size_t)t->nseg; /* the rows', the sentinels' */
+        a[n++] = (array_t){(void **)&t->hl_next, sizeof(uint32_t) * links};
+        a[n++] = (array_t){(void **)&t->hl_prev, sizeof(uint32_t) * links};
+    }
     if (t->evict == KERN_EVICT_LFU) {
         a[n++] = (array_t){(void **)&t->freq, sizeof(uint16_t) * cap};
         a[n++] = (array_t){(void **)&t->use_step, sizeof(uint32_t) * ((cap + 63) / 64)};
@@ -1507,6 +1627,12 @@ int kern_table_create(const kern_table_config_t *cfg, kern_table_t **out /* OUT 
             goto out;
         }
         t->hk = memset(hk, 0, (size_t)(2 * t->hk_width));
+        for (const seg_t *g = t->seg; g < t->seg + t->nseg; g++)
+            for (unsigned h = 0; h < 256; h++) {
+                const uint32_t s = hl_list(t, g, h);
+                t->hl_next[s] = t->hl_prev[s] = s; /* empty */
+            }
+        t->hl_on = true;
     }
     if (cfg->admit_min > 1) {
         t->admit_min = cfg->admit_min;
@@ -1692,6 +1818,8 @@ static void load_row(kern_table_t *t, int64_t r, int64_t i, const float *values,
     t->stamps[r] = step;
     mark_one(t, r);
     touch(t, r, step);
+    if (t->hl_on)
+        heat_set(t, r, t->heat[r]); /* used now: to the head of its list */
 }
 
 /* insert_rows for a table with a disk tier: keys in RAM are overwritten
@@ -2005,7 +2133,7 @@ int64_t kern_table_tier_ram_row_bytes(int dim, kern_opt_kind_t opt)
     return (int64_t)sizeof(float) * dim * (1 + kern_opt_nstate(opt)) +
            (opt == KERN_OPT_ADAM ? (int64_t)sizeof(uint32_t) : 0) + (int64_t)sizeof(int64_t) +
            (int64_t)sizeof(int64_t) + (int64_t)sizeof(uint16_t) +
-           (int64_t)(SLOT_BYTES / TIER_RAM_LOAD);
+           2 * (int64_t)sizeof(uint32_t) /* heat lists */ + (int64_t)(SLOT_BYTES / TIER_RAM_LOAD);
 }
 
 size_t kern_table_row_bytes(const kern_table_t *t)
