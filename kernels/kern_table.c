@@ -141,7 +141,9 @@ struct kern_table {
     uint8_t *hk, *heat;
     int64_t hk_width, hk_adds, hk_window;
     /* The RAM rows of each segment in lists by heat, the last used first
-     * (hl_on): row r is in list heat[r] of its segment. The lists are
+     * (hl_on): row r is in list heat[r] of its segment once the call that
+     * set its heat has moved it (find_ext, load_row; a row joins a list
+     * when its slab row is taken, leaves it when freed). The lists are
      * circular through a sentinel each, entries capacity + seg * 256 + heat
      * of hl_next/hl_prev. So a demotion takes its rows from the tails of
      * the coolest lists, where a scan of every RAM row for their priorities
