@@ -29,6 +29,7 @@ static uint64_t rnd(void) { return proc_xorshift(&rng); }
 
 static char dir[256];
 static kern_tier_io_t io = KERN_TIER_IO_AUTO; /* how make's tables move pages */
+static int64_t seg_rows; /* make's tables' index segments (0: as few as fit) */
 
 static int setup(void **state)
 {
@@ -52,6 +53,7 @@ static kern_table_t *make(const char *name, int dim, int64_t cap, int64_t ram, k
                                .opt_init = 0.1f, .init = KERN_INIT_UNIFORM, .init_scale = 0.05f,
                                .seed = 42, .evict = ev, .ram_rows = ram, .spill_path = path,
                                .admit_min = admit, .admit_width = 4096, .spill_io = io,
+                               .segment_rows = seg_rows,
                                .spill_prefetch_always = true};
     kern_table_t *t = NULL;
     assert_int_equal(kern_table_create(&cfg, &t), 0);
@@ -224,12 +226,15 @@ static void test_tier_matches_ram(void **state)
 }
 
 /* The same through pread/pwrite (what a kernel without io_uring gets), and
- * with the next step's keys prefetched. */
+ * with the next step's keys prefetched; the RAM in index segments of 256
+ * rows (each with its own heat lists). */
 static void test_tier_pread_prefetch(void **state)
 {
     (void)state;
     io = KERN_TIER_IO_PREAD;
+    seg_rows = 256;
     tier_matches_ram(1);
+    seg_rows = 0;
     io = KERN_TIER_IO_AUTO;
 }
 
