@@ -958,6 +958,18 @@ static int job_events(const char *job, const char *kind, const char *text)
     return found;
 }
 
+/* job_events once it reaches want, or what it is after secs: the pusher
+ * records a ramp's move after it has applied the split, so the endpoint
+ * can show the new share a moment before the event is there. */
+static int wait_events(const char *job, const char *kind, const char *text, int want, int secs)
+{
+    int64_t end = kiln_now_ms() + (int64_t)secs * 1000;
+    int n;
+    while ((n = job_events(job, kind, text)) < want && kiln_now_ms() < end)
+        proc_sleep_ms(100);
+    return n;
+}
+
 static void test_ramp(void **state)
 {
     (void)state;
@@ -1013,7 +1025,7 @@ static void test_ramp(void **state)
     assert_int_equal(wait_end(r2, 120), STATE_RUN_SUCCEEDED);
     assert_int_equal(wait_push(r2, STATE_PUSH_NSTATES, 60), STATE_PUSH_HELD);
     wait_b_share(&s, 0, 10);
-    assert_true(job_events("ramp", "ramp", "50% -> 0%") == 1);
+    assert_true(wait_events("ramp", "ramp", "50% -> 0%", 1, 10) == 1);
     assert_true(job_events("ramp", "ramp", "was held back") == 1);
     /* kiln split and /api/endpoints say why. */
     proc_result_t *r = calloc(1, sizeof *r);
