@@ -796,7 +796,8 @@ void kern_tier_stats(const kern_tier_t *c, kern_tier_stats_t *st /* OUT */)
 
 /* ---- appending -------------------------------------------------------------------------- */
 
-/* Hands the open segment's slots not yet in the file to the writer. */
+/* Writes the open segment's slots not yet in the file (wb_write: now, or
+ * by the writer for a slow tier). */
 static int open_flush(kern_tier_t *c)
 {
     if (c->open < 0 || c->flushed == c->used[c->open])
@@ -982,8 +983,8 @@ static int sort_wants(const kern_tier_t *c, want_t *w, int64_t n)
 }
 
 /* Reads the candidates w[0..n) (sorted by addr) in one submission (every
- * put ends with its records handed to the writer, and a lookup waits for
- * the writer first), w[j].rec pointing at each record read. Records of a
+ * put ends with its records written or handed to the writer, and a lookup
+ * waits for the writer first), w[j].rec pointing at each record read. Records of a
  * segment at most READ_GAP bytes apart are one transfer: a transfer costs
  * the kernel about what copying a few KiB does, and a segment holds rows
  * demoted together (2 KiB measured best of 0, 2, 4, 8 and 32 KiB:
@@ -1136,7 +1137,7 @@ int kern_tier_put(kern_tier_t *c, int64_t n, const void *recs)
         }
         rc = append(c, (const uint8_t *)recs + (size_t)k * c->rec);
         if (rc == 0 && c->used[c->open] == c->per_seg)
-            rc = open_flush(c); /* a full segment goes to the writer now */
+            rc = open_flush(c); /* a full segment is written now */
     }
     if (rc == 0)
         rc = collect(c);
