@@ -421,15 +421,11 @@ static inline void hl_push(kern_table_t *t, int64_t r)
     t->hl_next[s] = (uint32_t)r;
 }
 
-/* Row r (live) is used now with heat h. */
-static inline void heat_set(kern_table_t *t, int64_t r, uint8_t h)
+/* Row r (live, in some list) is used now: to the head of list heat[r]. */
+static inline void hl_move(kern_table_t *t, int64_t r)
 {
-    if (t->heat)
-        t->heat[r] = h;
-    if (t->hl_on) {
-        hl_unlink(t, r);
-        hl_push(t, r);
-    }
+    hl_unlink(t, r);
+    hl_push(t, r);
 }
 
 /* Takes a free row of segment g; NO_ROW when g is full. */
@@ -525,7 +521,7 @@ static void init_row(kern_table_t *t, int64_t r, int64_t key)
     if (t->freq)
         t->freq[r] = 0;
     if (t->heat)
-        t->heat[r] = 0; /* its list: the caller's heat_set */
+        t->heat[r] = 0; /* the caller moves it to its list (hl_move) */
 }
 
 /* ---- eviction ---------------------------------------------------------------------
@@ -912,7 +908,7 @@ static void rec_to_row(kern_table_t *t, const uint8_t *rec, int64_t r)
     t->stamps[r] = h.stamp;
     if (h.stamp > t->base)
         mark_one(t, r);
-    t->heat[r] = 0; /* its list: the caller's heat_set */
+    t->heat[r] = 0; /* the caller moves it to its list (hl_move) */
 }
 
 static int dem_reserve(kern_table_t *t, int64_t more)
@@ -1164,10 +1160,8 @@ static int find_ext(kern_table_t *t, int64_t n, const int64_t *keys, int64_t ste
             __builtin_prefetch(&t->hl_next[t->hl_prev[rows[i + 4]]], 1);
             __builtin_prefetch(&t->hl_prev[t->hl_next[rows[i + 4]]], 1);
         }
-        if (rows[i] >= 0) {
-            hl_unlink(t, rows[i]);
-            hl_push(t, rows[i]);
-        }
+        if (rows[i] >= 0)
+            hl_move(t, rows[i]);
     }
     if (nmiss == 0)
         return 0;
@@ -1282,8 +1276,10 @@ static int find_ext(kern_table_t *t, int64_t n, const int64_t *keys, int64_t ste
             t->stamps[r] = step;
             mark_one(t, r);
         }
-        if (t->cold)
-            heat_set(t, r, heat_u[j]);
+        if (t->cold) {
+            t->heat[r] = heat_u[j];
+            hl_move(t, r);
+        }
         if (insert)
             touch(t, r, step);
         else
@@ -1821,7 +1817,7 @@ static void load_row(kern_table_t *t, int64_t r, int64_t i, const float *values,
     mark_one(t, r);
     touch(t, r, step);
     if (t->hl_on)
-        heat_set(t, r, t->heat[r]); /* used now: to the head of its list */
+        hl_move(t, r); /* used now */
 }
 
 /* insert_rows for a table with a disk tier: keys in RAM are overwritten

@@ -45,13 +45,14 @@
  * process's RSS; the file is sized to its most segments at open, sparse),
  * io_uring when Kiln is built with liburing and the kernel gives the
  * process a ring (AUTO), or one pread each (kern_tier_io_t picks;
- * bench/tier_bench measures each). Writes are pwrite, so a full disk is an error (ENOSPC),
- * not a signal as a write into a mapping would be: the put's own while the
- * page cache holds the file, else handed to a writer thread of the tier's
- * own (write-behind; every call that reads waits for them first). kern_tier_prefetch asks the kernel
- * to bring the pages of a coming call's records into its page cache
- * (fadvise WILLNEED over runs of nearby pages, through the ring without
- * waiting), so that call's reads need not wait for the disk.
+ * bench/tier_bench measures each). Writes are pwrite, so a full disk is
+ * an error (ENOSPC), not a signal as a write into a mapping would be: the
+ * put's own while the page cache holds the file, else handed to a writer
+ * thread of the tier's own (write-behind; every call that reads waits for
+ * them first). kern_tier_prefetch asks the kernel to bring the pages of
+ * a coming call's records into its page cache (fadvise WILLNEED over runs
+ * of nearby pages, through the ring without waiting), so that call's reads
+ * need not wait for the disk.
  */
 #include "kern_tier.h"
 
@@ -175,7 +176,6 @@ struct kern_tier {
     wbq_t wbq[2];
     int wb_fill;
     int wb_busy;   /* the writer holds a queue */
-    int wb_cold;   /* the tier's reads are slow (kern_tier_slow): the writer reads ahead */
     int wb_rc;     /* the first failure, till a call reports it */
     char wb_msg[512];
 };
@@ -470,8 +470,9 @@ static int io_run(kern_tier_t *c, const iop_t *ops, int n)
 }
 
 /* ---- write-behind -------------------------------------------------------------
- * For a tier whose reads go to the device (wb_write says when). Two queues: the caller appends (copies) writes to the filling one while
- * the writer thread writes the other; when the writer finishes its queue
+ * For a tier whose reads go to the device (wb_write says when). Two
+ * queues: the caller appends (copies) writes to the filling one while the
+ * writer thread writes the other; when the writer finishes its queue
  * it takes the filling one if that holds writes, else goes idle. A put of
  * many pages thus hands its batches over without waiting for the writes of
  * the batch before (it used to, which left most of a step's writes on the
@@ -487,13 +488,14 @@ static void *wb_main(void *arg)
         if (!c->wb_busy)
             break;
         wbq_t *q = &c->wbq[!c->wb_fill];
-        int rc = 0, cold = c->wb_cold;
+        int rc = 0;
         pthread_mutex_unlock(&c->wb_mu);
         /* A record smaller than a page, written where the page is not in
          * the page cache, makes the kernel read the page first, in the
-         * write and one at a time. With the file cold, ask for all the
-         * queue's pages at once first, so those reads run together. */
-        for (int i = 0; cold && i < q->n; i++)
+         * write and one at a time. The writer has writes only while the
+         * file is cold (wb_write): it asks for all the queue's pages at
+         * once first, so those reads run together. */
+        for (int i = 0; i < q->n; i++)
             (void)posix_fadvise(c->fd, (off_t)q->ops[i].off, (off_t)q->ops[i].len,
                                 POSIX_FADV_WILLNEED);
         for (int i = 0; i < q->n && rc == 0; i++)
@@ -605,7 +607,6 @@ static int wb_write(kern_tier_t *c, const iop_t *ops, int n)
         pthread_mutex_unlock(&c->wb_mu);
         return rc;
     }
-    c->wb_cold = kern_tier_slow(c);
     for (int i = 0; i < n; i++) {
         iop_t *op = &q->ops[q->n++];
         *op = ops[i];
